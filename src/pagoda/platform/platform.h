@@ -1,0 +1,105 @@
+#pragma once
+/// Platform: the hardware a process runs on (ARCHITECTURE §2). It answers device queries, owns
+/// the allocator for its device, and names the default attention backend. Implementations:
+/// CpuPlatform (here) and CudaPlatform (platform/cuda, built when PAGODA_CUDA is ON).
+///
+/// Thread safety: const methods are safe from any thread; Allocator is thread-safe.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagoda/core/device.h"
+
+namespace pagoda::platform {
+
+/// Raw memory on one device. allocate() returns memory aligned to at least `alignment` bytes or
+/// throws Error(kResourceExhausted) naming the size; deallocate(nullptr) is a no-op.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual Device device() const = 0;
+  virtual void* allocate(size_t bytes, size_t alignment = 256) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  /// Copies bytes between this device and the host; synchronous.
+  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;
+  /// Sets bytes to `value` (byte pattern); synchronous.
+  virtual void fill_bytes(void* dst, uint8_t value, size_t bytes) = 0;
+};
+
+/// Deleter that returns memory to its allocator, for std::unique_ptr<T, AllocatorDeleter>.
+struct AllocatorDeleter {
+  Allocator* allocator = nullptr;
+  void operator()(void* p) const {
+    if (allocator) allocator->deallocate(p);
+  }
+};
+using DeviceBuffer = std::unique_ptr<void, AllocatorDeleter>;
+
+/// Allocates `bytes` on `allocator` and returns an owning buffer.
+DeviceBuffer make_buffer(Allocator& allocator, size_t bytes, size_t alignment = 256);
+
+/// What the hardware can do; filled once at start-up.
+struct Capabilities {
+  // CPU
+  int num_cpu_threads = 1;       ///< OpenMP threads available (OMP_NUM_THREADS or cores)
+  std::vector<std::string> isa;  ///< e.g. {"avx2", "fma", "avx512f"}
+  // CUDA
+  int sm_arch = 0;               ///< 90 for H100/H200, 80 for A100; 0 on CPU
+  int sm_count = 0;
+  size_t max_smem_per_block = 0; ///< opt-in shared memory per block, bytes
+  size_t total_memory = 0;       ///< device memory, bytes (host RAM on CPU)
+  std::string device_name;
+};
+
+enum class PlatformKind { kCpu, kCuda };
+
+class Platform {
+ public:
+  virtual ~Platform() = default;
+  virtual PlatformKind kind() const = 0;
+  /// "cpu" or "cuda".
+  virtual std::string name() const = 0;
+  virtual Device device() const = 0;
+  virtual const Capabilities& capabilities() const = 0;
+  virtual Allocator& allocator() = 0;
+  /// Name of the attention backend this platform uses when the user names none
+  /// ("cpu" on the CPU, "cuda" on a GPU).
+  virtual std::string default_attention_backend() const = 0;
+  /// Blocks until all work queued on the device has finished (no-op on the CPU).
+  virtual void synchronize() {}
+};
+
+/// The CPU platform (always available).
+std::unique_ptr<Platform> make_cpu_platform();
+
+/// A process-wide table of platform factories, filled explicitly at start-up
+/// (register_cuda_platform in platform/cuda adds the GPU when one is present).
+class PlatformRegistry {
+ public:
+  using Factory = std::unique_ptr<Platform> (*)();
+  /// Adds a factory; `priority` higher wins in make_default(). A factory may return nullptr when
+  /// its hardware is absent.
+  void add(std::string name, Factory factory, int priority);
+  /// The highest-priority platform whose factory returns non-null; always at least the CPU.
+  std::unique_ptr<Platform> make_default() const;
+  /// The named platform or Error(kUnsupported) listing what exists.
+  std::unique_ptr<Platform> make(const std::string& name) const;
+  std::vector<std::string> names() const;
+
+ private:
+  struct Entry {
+    std::string name;
+    Factory factory;
+    int priority;
+  };
+  std::vector<Entry> entries_;
+};
+
+/// A registry holding only the CPU platform; callers add others (e.g. CUDA) on top.
+PlatformRegistry make_builtin_platform_registry();
+
+}  // namespace pagoda::platform

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Checks ARCHITECTURE §2: every `#include "pagoda/<module>/..."` must name the including module
+itself or a module it may depend on. Usage: check_layering.py <src-root>. Exit 1 on a violation."""
+import pathlib
+import re
+import sys
+
+LOW = ["core"]
+ALLOWED = {
+    "core": [],
+    "platform": ["core"],
+    "kv": ["core", "platform"],
+    "cache": ["core", "kv"],
+    "attention": ["core", "platform", "kv"],
+    "kernels/common": ["core"],
+    "kernels/cpu": ["core", "kernels/common"],
+    "kernels/cuda": ["core", "kernels/common"],
+    "backends": ["core", "platform", "kv", "attention", "kernels"],
+    "spec": ["core", "platform", "kv", "cache", "attention"],
+    "model": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec"],
+    "engine": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
+               "model"],
+    "cli": ["*"],
+}
+# platform/cuda may launch the KV-write kernels it hosts.
+EXTRA = {"platform/cuda": ["kernels/cuda", "kernels/common"]}
+INCLUDE = re.compile(r'#\s*include\s+"pagoda/([^"]+)"')
+
+
+def module_of(rel: str) -> str:
+    parts = rel.split("/")
+    if parts[0] in ("kernels",) and len(parts) > 2:
+        return "/".join(parts[:2])
+    return parts[0]
+
+
+def allowed(src: str, dst_path: str) -> bool:
+    dst = module_of(dst_path)
+    if dst == src or dst_path.startswith(src + "/"):
+        return True
+    rules = ALLOWED.get(src, [])
+    if "*" in rules:
+        return True
+    for rule in rules + [r for k, v in EXTRA.items() for r in v if k == src]:
+        if dst == rule or dst.startswith(rule + "/") or dst_path.startswith(rule + "/"):
+            return True
+    return False
+
+
+def main() -> int:
+    root = pathlib.Path(sys.argv[1]) / "pagoda"
+    bad = []
+    for f in sorted(root.rglob("*")):
+        if f.suffix not in (".h", ".cpp", ".cu", ".cuh"):
+            continue
+        rel = f.relative_to(root).as_posix()
+        src = module_of(rel)
+        if rel.startswith("platform/cuda/"):
+            src = "platform/cuda"
+            ok_extra = EXTRA["platform/cuda"] + ALLOWED["platform"] + ["platform"]
+        for line_no, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            m = INCLUDE.search(line)
+            if not m:
+                continue
+            target = m.group(1)
+            if src == "platform/cuda":
+                ok = any(module_of(target) == r or target.startswith(r + "/") for r in ok_extra)
+            else:
+                ok = allowed(src, target)
+            if not ok:
+                bad.append(f"{rel}:{line_no}: module '{src}' may not include 'pagoda/{target}'")
+    for b in bad:
+        print(b)
+    print(f"layering: {len(bad)} violation(s)")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
