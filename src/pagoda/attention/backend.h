@@ -1,0 +1,109 @@
+#pragma once
+/// AttentionBackend: SGLang's backend interface in C++ (ARCHITECTURE §3, sglang_spec §1).
+///
+/// Life cycle per engine step:
+///   backend.init_forward_metadata(batch);            // plan once per step (host work)
+///   for each layer: backend.forward(q, k, v, layer, batch, out);   // run per layer
+/// forward() writes the step's new K/V into the pool at batch.out_cache_loc first (unless
+/// SaveKv::kNo), then attends over the paged cache, which then includes the new tokens.
+///
+/// CUDA graphs: init_cuda_graph_state(max_bs, max_tokens) once; per bucket
+/// init_forward_metadata_capture_cuda_graph(batch) before capture; before each replay
+/// init_forward_metadata_replay_cuda_graph(batch) rewrites the persistent buffers in place.
+/// Padded requests use req_to_token row 0, seq_len cuda_graph_seq_len_fill_value() (1) and slot 0.
+///
+/// Threading: a backend instance is used by one thread at a time.
+/// Errors: unsupported features/shapes throw Error(kUnsupported) naming what would work; bad
+/// shapes throw Error(kInvalidArgument). A backend never produces wrong numbers silently.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagoda/attention/forward_batch.h"
+#include "pagoda/attention/layer.h"
+#include "pagoda/core/dtype.h"
+#include "pagoda/core/tensor_view.h"
+
+namespace pagoda::platform {
+class Platform;
+}
+namespace pagoda::kv {
+class KvPool;
+class ReqToTokenTable;
+}  // namespace pagoda::kv
+
+namespace pagoda::attention {
+
+/// What a backend supports, as data (validation and the conformance matrix read it).
+struct BackendCapabilities {
+  std::vector<int> page_sizes;       ///< empty = any page size
+  std::vector<int> head_dims;        ///< supported Dqk (and Dv) values; empty = any
+  std::vector<DType> q_dtypes;       ///< query/output dtypes
+  std::vector<DType> kv_dtypes;      ///< KV storage dtypes
+  bool mha_gqa_mqa = true;
+  bool mla = false;                  ///< absorbed MLA (576 / 512)
+  bool sliding_window = false;
+  bool logit_cap = false;
+  bool sinks = false;
+  bool non_causal = false;
+  bool custom_mask = false;          ///< tree-mask target verify
+  int max_topk = 1;                  ///< multi-step draft branching supported
+  bool multi_step_draft = false;
+  bool mixed_batches = false;
+  bool cuda_graph = false;
+  bool lse = false;                  ///< can return the softmax LSE
+  std::string device = "cpu";        ///< "cpu" or "cuda"
+};
+
+/// Everything a backend holds for its lifetime (sglang HEAD: pools are given at construction).
+struct BackendContext {
+  platform::Platform* platform = nullptr;
+  kv::KvPool* kv_pool = nullptr;
+  kv::ReqToTokenTable* req_to_token = nullptr;
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual std::string name() const = 0;
+  virtual const BackendCapabilities& capabilities() const = 0;
+
+  /// Plans the step (host work: CSR page tables, split-KV schedule, masks). Must be called before
+  /// forward() for every new batch; the plan stays valid for all layers of that step.
+  virtual void init_forward_metadata(const ForwardBatch& batch) = 0;
+
+  /// Runs one layer. q [num_tokens, Hq, Dqk]; k [num_tokens, Hkv, Dqk] and v [num_tokens, Hkv, Dv]
+  /// are the new tokens' K/V (ignored with SaveKv::kNo; for MLA k is the latent row and v is
+  /// empty); out [num_tokens, Hq, Dv] is written. Dispatches by batch.mode: kIdle does nothing,
+  /// kDecode -> forward_decode, every other mode -> forward_extend.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v,
+               const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& out,
+               SaveKv save = SaveKv::kYes);
+
+  /// Optional LSE output of the next forward: [num_tokens, Hq] f32 (base 2). Empty = none.
+  void set_lse_output(const TensorView& lse) { lse_ = lse; }
+
+  virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionLayer& layer, const ForwardBatch& batch,
+                              const TensorView& out, SaveKv save) = 0;
+  virtual void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionLayer& layer, const ForwardBatch& batch,
+                              const TensorView& out, SaveKv save) = 0;
+
+  // ---- CUDA-graph hooks (sglang_spec §7). Defaults throw Error(kUnsupported). ----
+  /// Allocates persistent, address-stable buffers for batches up to max_bs requests and
+  /// max_num_tokens query tokens.
+  virtual void init_cuda_graph_state(int max_bs, int max_num_tokens);
+  /// Plans a capture of `batch` (dummy lengths) into the persistent buffers.
+  virtual void init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch);
+  /// Rewrites the persistent buffers in place for the real (padded) batch; no allocation.
+  virtual void init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch);
+  /// seq_len written into padded rows of a graph batch.
+  virtual int cuda_graph_seq_len_fill_value() const { return 1; }
+
+ protected:
+  TensorView lse_;
+};
+
+}  // namespace pagoda::attention

@@ -1,0 +1,38 @@
+#pragma once
+/// Building the CSR page table of a step from a ForwardBatch and the ReqToTokenTable (host).
+/// Every backend's init_forward_metadata starts here, so all of them interpret the batch the same
+/// way. The result owns its arrays; `input()` views them as a PagedPlanInput.
+
+#include <cstdint>
+#include <vector>
+
+#include "pagoda/attention/batch_attention.h"
+#include "pagoda/attention/forward_batch.h"
+
+namespace pagoda::kv {
+class ReqToTokenTable;
+}
+
+namespace pagoda::attention {
+
+struct PagedPlan {
+  std::vector<int32_t> qo_indptr;
+  std::vector<int32_t> kv_indptr;
+  std::vector<int32_t> kv_indices;
+  std::vector<int32_t> kv_last_page_len;
+  std::vector<uint8_t> custom_mask;  ///< packed (kTargetVerify)
+  std::vector<int64_t> mask_indptr;
+  /// The page size the indices are in: the pool's, or 1 when some row is not page-contiguous
+  /// (e.g. a multi-step draft branch); the caller then views the pool as [num_slots, 1, H, D].
+  int page_size = 1;
+
+  PagedPlanInput input() const;
+};
+
+/// Builds the plan for `batch` (decode, extend, mixed, verify with tree mask, draft steps).
+/// Validates lengths against the table (Error(kOutOfRange) for rows or lengths beyond it) and
+/// checks that page-granular rows really are page-contiguous.
+PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
+                           int pool_page_size);
+
+}  // namespace pagoda::attention
