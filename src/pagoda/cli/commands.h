@@ -9,5 +9,32 @@ namespace pagoda::cli {
 
 /// `pagoda version`: prints the version and the build's capabilities.
 void add_version_command(CLI::App& app);
+/// `pagoda conformance`: every attention backend × case against the reference; non-zero exit on
+/// any failure; prints the backend × feature matrix (Markdown).
+void add_conformance_command(CLI::App& app);
+
+/// `pagoda kernels`: times a BatchAttention backend (cpu, reference) on one synthetic paged shape
+/// (--op decode|extend|verify) and prints ms, GB/s, TFLOP/s and % of the machine's measured
+/// ceiling (read bandwidth for decode, OpenBLAS sgemm for extend/verify); --json for one object.
+void add_kernels_command(CLI::App& app);
+
+/// `pagoda replay`: replays a synthetic multi-turn chat workload through the page allocator and
+/// radix cache like a scheduler (--requests, --page-size, --pool-tokens, --seed, --policy,
+/// --json) and prints prefix hit rate, pages in use / peak, evictions and operations per second.
+void add_replay_command(CLI::App& app);
+
+/// `pagoda generate`: one generation on the engine (builtin model or a HF checkpoint folder),
+/// streamed to stdout; --json prints one object (output_token_ids, output_text, ...).
+void add_generate_command(CLI::App& app);
+
+/// Prepares the process for running the model on this host: OpenBLAS single-threaded (the
+/// attention backend owns the OpenMP threads) and OpenMP waiting passively, so BLAS and OpenMP do
+/// not spin against each other. OMP_WAIT_POLICY is read when the runtime loads, so when it is
+/// unset this re-executes the process with OMP_WAIT_POLICY=passive (never returns then).
+void prepare_host_threads();
+
+/// `pagoda bench`: synthetic serving workload on the engine (shared system prompts, multi-turn
+/// follow-ups); progress on stderr, then a summary table or one JSON object (--json).
+void add_bench_command(CLI::App& app);
 
 }  // namespace pagoda::cli

@@ -12,6 +12,11 @@ int main(int argc, char** argv) {
   CLI::App app{"pagoda: paged KV cache, radix prefix cache and attention backends for LLM serving"};
   app.require_subcommand(1);
   pagoda::cli::add_version_command(app);
+  pagoda::cli::add_conformance_command(app);
+  pagoda::cli::add_kernels_command(app);
+  pagoda::cli::add_replay_command(app);
+  pagoda::cli::add_generate_command(app);
+  pagoda::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,46 @@
+#include "pagoda/attention/backend.h"
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::attention {
+
+void AttentionBackend::forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const AttentionLayer& layer, const ForwardBatch& batch,
+                               const TensorView& out, SaveKv save) {
+  switch (batch.mode) {
+    case ForwardMode::kIdle:
+      return;
+    case ForwardMode::kDecode:
+      forward_decode(q, k, v, layer, batch, out, save);
+      return;
+    case ForwardMode::kExtend:
+    case ForwardMode::kMixed:
+    case ForwardMode::kTargetVerify:
+    case ForwardMode::kDraftExtend:
+      forward_extend(q, k, v, layer, batch, out, save);
+      return;
+  }
+  throw_error(ErrorCode::kInvalidArgument, "unknown forward mode {}",
+              static_cast<int>(batch.mode));
+}
+
+void AttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' does not support CUDA graphs (init_cuda_graph_state({}, {})); use a "
+              "backend whose capabilities().cuda_graph is true, e.g. 'cuda'",
+              name(), max_bs, max_num_tokens);
+}
+
+void AttentionBackend::init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' does not support CUDA-graph capture (mode {}, bs {})", name(),
+              forward_mode_name(batch.mode), batch.batch_size);
+}
+
+void AttentionBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' does not support CUDA-graph replay (mode {}, bs {})", name(),
+              forward_mode_name(batch.mode), batch.batch_size);
+}
+
+}  // namespace pagoda::attention

@@ -1,0 +1,75 @@
+#include "pagoda/attention/batch_attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::attention {
+
+RunParams run_params_for(const AttentionLayer& layer) {
+  return RunParams{.sm_scale = layer.scaling,
+                   .logit_cap = layer.logit_cap,
+                   .window_left = layer.sliding_window,
+                   .mask = layer.mask,
+                   .sinks = layer.sinks,
+                   .k_scale = layer.k_scale,
+                   .v_scale = layer.v_scale};
+}
+
+namespace {
+
+void require_state(const TensorView& v, const TensorView& s, int64_t n, int64_t h, int64_t d,
+                   const char* what) {
+  PAGODA_REQUIRE(v.device().is_cpu() && s.device().is_cpu(), kInvalidArgument,
+                 "merge_state is host-only; {} lives on {}", what, v.device().to_string());
+  PAGODA_REQUIRE(v.dtype() == DType::kF32 && s.dtype() == DType::kF32, kInvalidArgument,
+                 "merge_state {} must be f32 (got {} and {})", what, v.dtype(), s.dtype());
+  PAGODA_REQUIRE(v.rank() == 3 && v.size(0) == n && v.size(1) == h && v.size(2) == d,
+                 kInvalidArgument, "merge_state {} value {} is not [{}, {}, {}]", what,
+                 v.describe(), n, h, d);
+  PAGODA_REQUIRE(s.rank() == 2 && s.size(0) == n && s.size(1) == h, kInvalidArgument,
+                 "merge_state {} lse {} is not [{}, {}]", what, s.describe(), n, h);
+}
+
+float& at2(const TensorView& t, int64_t i, int64_t j) {
+  return t.data_as<float>()[i * t.stride(0) + j * t.stride(1)];
+}
+float& at3(const TensorView& t, int64_t i, int64_t j, int64_t k) {
+  return t.data_as<float>()[i * t.stride(0) + j * t.stride(1) + k * t.stride(2)];
+}
+
+}  // namespace
+
+void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
+                 const TensorView& s_b, const TensorView& v_out, const TensorView& s_out) {
+  PAGODA_REQUIRE(v_a.rank() == 3, kInvalidArgument, "merge_state value must be [n, H, D], got {}",
+                 v_a.describe());
+  const int64_t n = v_a.size(0), h = v_a.size(1), d = v_a.size(2);
+  require_state(v_a, s_a, n, h, d, "state a");
+  require_state(v_b, s_b, n, h, d, "state b");
+  require_state(v_out, s_out, n, h, d, "output");
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < h; ++j) {
+      const double sa = at2(s_a, i, j), sb = at2(s_b, i, j);
+      const double m = std::max(sa, sb);
+      if (m == -std::numeric_limits<double>::infinity()) {
+        for (int64_t k = 0; k < d; ++k) at3(v_out, i, j, k) = 0.f;
+        at2(s_out, i, j) = kNegInf;
+        continue;
+      }
+      const double wa = std::exp2(sa - m), wb = std::exp2(sb - m);
+      const double sum = wa + wb;
+      for (int64_t k = 0; k < d; ++k) {
+        // Read both inputs before writing: v_out may alias v_a (merge in place).
+        const double va = at3(v_a, i, j, k), vb = at3(v_b, i, j, k);
+        at3(v_out, i, j, k) =
+            static_cast<float>(((wa > 0 ? wa * va : 0.0) + (wb > 0 ? wb * vb : 0.0)) / sum);
+      }
+      at2(s_out, i, j) = static_cast<float>(m + std::log2(sum));
+    }
+  }
+}
+
+}  // namespace pagoda::attention

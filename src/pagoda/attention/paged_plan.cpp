@@ -1,0 +1,258 @@
+#include "pagoda/attention/paged_plan.h"
+
+#include <numeric>
+
+#include "pagoda/core/check.h"
+#include "pagoda/core/error.h"
+#include "pagoda/kv/req_to_token.h"
+
+namespace pagoda::attention {
+
+PagedPlanInput PagedPlan::input() const {
+  return PagedPlanInput{.qo_indptr = qo_indptr,
+                        .kv_indptr = kv_indptr,
+                        .kv_indices = kv_indices,
+                        .kv_last_page_len = kv_last_page_len,
+                        .page_size = page_size,
+                        .custom_mask = custom_mask,
+                        .mask_indptr = mask_indptr};
+}
+
+namespace {
+
+/// Token-granular rows: row r has qo_lens[r] queries and keys slots[tok_indptr[r], tok_indptr[r+1]).
+struct TokenRows {
+  std::vector<int32_t> qo_lens;
+  std::vector<int64_t> tok_indptr{0};
+  std::vector<int32_t> slots;
+};
+
+class TableReader {
+ public:
+  TableReader(const kv::ReqToTokenTable& table, const ForwardBatch& batch)
+      : table_(table), batch_(batch) {}
+
+  /// Appends positions [0, len) of request b's row to `out`.
+  void append_prefix(int b, int len, std::vector<int32_t>& out) const {
+    const int32_t row = batch_.req_pool_indices[b];
+    PAGODA_REQUIRE(row >= 0 && row < table_.max_reqs() + 1, kOutOfRange,
+                   "request {}: req_pool_index {} outside the table's rows [0, {})", b, row,
+                   table_.max_reqs() + 1);
+    PAGODA_REQUIRE(len >= 0 && len <= table_.max_context_len(), kOutOfRange,
+                   "request {}: kv length {} outside [0, {}] (the table's max_context_len)", b,
+                   len, table_.max_context_len());
+    const auto slots = table_.row(ReqSlot(row));
+    for (int i = 0; i < len; ++i) {
+      PAGODA_REQUIRE(slots[i] >= 0, kInvalidArgument,
+                     "request {}: position {} of table row {} holds no slot ({})", b, i, row,
+                     slots[i]);
+      out.push_back(slots[i]);
+    }
+  }
+
+ private:
+  const kv::ReqToTokenTable& table_;
+  const ForwardBatch& batch_;
+};
+
+void require_size(size_t got, int64_t want, const char* what) {
+  PAGODA_REQUIRE(static_cast<int64_t>(got) == want, kInvalidArgument,
+                 "ForwardBatch.{} has {} entries, expected {}", what, got, want);
+}
+
+TokenRows rows_for_decode(const ForwardBatch& batch, const TableReader& table) {
+  TokenRows rows;
+  const int bs = batch.batch_size;
+  require_size(batch.out_cache_loc.size(), bs, "out_cache_loc (one per request in decode)");
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(batch.seq_lens[b] >= 1, kInvalidArgument,
+                   "decode request {}: seq_len {} must include the decoded token (>= 1)", b,
+                   batch.seq_lens[b]);
+    rows.qo_lens.push_back(1);
+    table.append_prefix(b, batch.seq_lens[b], rows.slots);
+    rows.tok_indptr.push_back(static_cast<int64_t>(rows.slots.size()));
+  }
+  return rows;
+}
+
+TokenRows rows_for_draft_step(const ForwardBatch& batch, const TableReader& table) {
+  TokenRows rows;
+  const SpecInfo& spec = batch.spec;
+  const int bs = batch.batch_size;
+  PAGODA_REQUIRE(spec.topk >= 1 && spec.num_steps >= 1, kInvalidArgument,
+                 "draft step needs topk >= 1 and num_steps >= 1 (got {}, {})", spec.topk,
+                 spec.num_steps);
+  PAGODA_REQUIRE(spec.draft_step < spec.num_steps, kOutOfRange,
+                 "draft_step {} outside [0, num_steps {})", spec.draft_step, spec.num_steps);
+  require_size(spec.draft_slots.size(), int64_t{bs} * spec.topk * spec.num_steps,
+               "spec.draft_slots ([bs][topk][num_steps])");
+  require_size(batch.out_cache_loc.size(), int64_t{bs} * spec.topk,
+               "out_cache_loc (bs * topk in a draft step)");
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(batch.seq_lens[b] >= 0, kInvalidArgument, "draft request {}: seq_len {} < 0",
+                   b, batch.seq_lens[b]);
+    for (int t = 0; t < spec.topk; ++t) {
+      rows.qo_lens.push_back(1);
+      table.append_prefix(b, batch.seq_lens[b], rows.slots);
+      const int64_t base = (int64_t{b} * spec.topk + t) * spec.num_steps;
+      for (int j = 0; j <= spec.draft_step; ++j) {
+        const int32_t s = spec.draft_slots[base + j];
+        PAGODA_REQUIRE(s >= 0, kInvalidArgument, "draft slot [{}][{}][{}] is {}", b, t, j, s);
+        rows.slots.push_back(s);
+      }
+      rows.tok_indptr.push_back(static_cast<int64_t>(rows.slots.size()));
+    }
+  }
+  return rows;
+}
+
+TokenRows rows_for_extend(const ForwardBatch& batch, const TableReader& table) {
+  TokenRows rows;
+  const int bs = batch.batch_size;
+  require_size(batch.extend_seq_lens.size(), bs, "extend_seq_lens");
+  require_size(batch.extend_prefix_lens.size(), bs, "extend_prefix_lens");
+  int64_t total = 0;
+  for (int b = 0; b < bs; ++b) {
+    const int ext = batch.extend_seq_lens[b], pre = batch.extend_prefix_lens[b];
+    PAGODA_REQUIRE(ext >= 0 && pre >= 0 && pre + ext == batch.seq_lens[b], kInvalidArgument,
+                   "{} request {}: prefix {} + extend {} != seq_len {}",
+                   forward_mode_name(batch.mode), b, pre, ext, batch.seq_lens[b]);
+    total += ext;
+    rows.qo_lens.push_back(ext);
+    table.append_prefix(b, batch.seq_lens[b], rows.slots);
+    rows.tok_indptr.push_back(static_cast<int64_t>(rows.slots.size()));
+  }
+  require_size(batch.out_cache_loc.size(), total, "out_cache_loc (sum of extend_seq_lens)");
+  return rows;
+}
+
+/// Verify rows plus the packed tree mask (SGLang FULL_MASK bytes -> little-endian bits).
+TokenRows rows_for_verify(const ForwardBatch& batch, const TableReader& table, PagedPlan& plan) {
+  TokenRows rows;
+  const int bs = batch.batch_size;
+  const int d = batch.spec.num_draft_tokens;
+  PAGODA_REQUIRE(d >= 1, kInvalidArgument, "target verify needs spec.num_draft_tokens >= 1");
+  require_size(batch.out_cache_loc.size(), int64_t{bs} * d,
+               "out_cache_loc (bs * num_draft_tokens in target verify)");
+  int64_t mask_bytes = 0;
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(batch.seq_lens[b] >= 0, kInvalidArgument, "verify request {}: seq_len {} < 0",
+                   b, batch.seq_lens[b]);
+    if (!batch.extend_seq_lens.empty()) {
+      PAGODA_REQUIRE(batch.extend_seq_lens[b] == d, kInvalidArgument,
+                     "verify request {}: extend_seq_len {} != num_draft_tokens {}", b,
+                     batch.extend_seq_lens[b], d);
+    }
+    rows.qo_lens.push_back(d);
+    table.append_prefix(b, batch.seq_lens[b] + d, rows.slots);
+    rows.tok_indptr.push_back(static_cast<int64_t>(rows.slots.size()));
+    mask_bytes += int64_t{d} * (batch.seq_lens[b] + d);
+  }
+  const auto& full = batch.spec.tree_mask;
+  if (full.empty()) return rows;  // a chain (topk 1): plain bottom-right causal
+  require_size(full.size(), mask_bytes, "spec.tree_mask (sum of D * (seq_len + D) bytes)");
+  plan.mask_indptr.assign(1, 0);
+  int64_t src = 0;
+  for (int b = 0; b < bs; ++b) {
+    const int64_t kv_len = batch.seq_lens[b] + d;
+    const int64_t bits = int64_t{d} * kv_len;
+    const int64_t begin = plan.mask_indptr.back();
+    plan.custom_mask.resize(static_cast<size_t>(begin + (bits + 7) / 8), 0);
+    for (int64_t i = 0; i < bits; ++i) {
+      const uint8_t byte = full[static_cast<size_t>(src + i)];
+      PAGODA_REQUIRE(byte <= 1, kInvalidArgument,
+                     "tree_mask byte {} of request {} is {} (expected 0 or 1)", i, b, byte);
+      if (byte) plan.custom_mask[static_cast<size_t>(begin + i / 8)] |= uint8_t(1u << (i % 8));
+    }
+    for (int q = 0; q < d; ++q) {
+      PAGODA_REQUIRE(full[static_cast<size_t>(src + q * kv_len + batch.seq_lens[b] + q)] == 1,
+                     kInvalidArgument, "tree_mask of request {}: draft token {} cannot see itself",
+                     b, q);
+    }
+    src += bits;
+    plan.mask_indptr.push_back(static_cast<int64_t>(plan.custom_mask.size()));
+  }
+  return rows;
+}
+
+/// True when every token i of the row sits at page_of(i) * P + i % P (sglang invariant 1).
+bool page_contiguous(std::span<const int32_t> slots, int page_size) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (static_cast<size_t>(slots[i] % page_size) != i % page_size) return false;
+    if (i % page_size != 0 && slots[i] != slots[i - 1] + 1) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
+                           int pool_page_size) {
+  PAGODA_REQUIRE(pool_page_size >= 1, kInvalidArgument, "page size {} < 1", pool_page_size);
+  const int bs = batch.batch_size;
+  PAGODA_REQUIRE(bs >= 0, kInvalidArgument, "batch_size {} < 0", bs);
+  PagedPlan plan;
+  if (batch.mode == ForwardMode::kIdle) {
+    PAGODA_REQUIRE(bs == 0, kInvalidArgument, "an idle batch has batch_size 0, got {}", bs);
+    plan.qo_indptr = {0};
+    plan.kv_indptr = {0};
+    plan.page_size = pool_page_size;
+    return plan;
+  }
+  require_size(batch.req_pool_indices.size(), bs, "req_pool_indices");
+  require_size(batch.seq_lens.size(), bs, "seq_lens");
+  if (!batch.positions.empty()) {
+    require_size(batch.positions.size(), batch.num_tokens(), "positions (one per query token)");
+  }
+  const TableReader table(req_to_token, batch);
+  TokenRows rows;
+  switch (batch.mode) {
+    case ForwardMode::kDecode:
+      rows = batch.is_draft_step() ? rows_for_draft_step(batch, table)
+                                   : rows_for_decode(batch, table);
+      break;
+    case ForwardMode::kExtend:
+    case ForwardMode::kMixed:
+    case ForwardMode::kDraftExtend:
+      rows = rows_for_extend(batch, table);
+      break;
+    case ForwardMode::kTargetVerify:
+      rows = rows_for_verify(batch, table, plan);
+      break;
+    case ForwardMode::kIdle:
+      break;
+  }
+  const int num_rows = static_cast<int>(rows.qo_lens.size());
+  plan.qo_indptr.assign(1, 0);
+  for (int r = 0; r < num_rows; ++r) plan.qo_indptr.push_back(plan.qo_indptr.back() + rows.qo_lens[r]);
+  PAGODA_CHECK_EQ(plan.qo_indptr.back(), batch.num_tokens());
+
+  auto row_slots = [&](int r) {
+    return std::span<const int32_t>(rows.slots).subspan(
+        static_cast<size_t>(rows.tok_indptr[r]),
+        static_cast<size_t>(rows.tok_indptr[r + 1] - rows.tok_indptr[r]));
+  };
+  int page = pool_page_size;
+  for (int r = 0; r < num_rows && page > 1; ++r) {
+    if (page_contiguous(row_slots(r), page)) continue;
+    PAGODA_REQUIRE(batch.is_draft_step(), kInvalidArgument,
+                   "{} row {}: its slots are not page-contiguous for page size {} (a request's "
+                   "token i must sit at page_of(i) * page_size + i % page_size)",
+                   forward_mode_name(batch.mode), r, page);
+    page = 1;  // a draft branch that does not continue its prefix's last page
+  }
+  plan.page_size = page;
+  plan.kv_indptr.assign(1, 0);
+  for (int r = 0; r < num_rows; ++r) {
+    const auto slots = row_slots(r);
+    for (size_t i = 0; i < slots.size(); i += static_cast<size_t>(page)) {
+      plan.kv_indices.push_back(slots[i] / page);
+    }
+    plan.kv_indptr.push_back(static_cast<int32_t>(plan.kv_indices.size()));
+    const int64_t n = static_cast<int64_t>(slots.size());
+    plan.kv_last_page_len.push_back(n == 0 ? 0 : static_cast<int32_t>(n - (n - 1) / page * page));
+  }
+  return plan;
+}
+
+}  // namespace pagoda::attention

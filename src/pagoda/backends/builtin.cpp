@@ -1,0 +1,58 @@
+#include "pagoda/backends/builtin.h"
+
+#include "pagoda/backends/reference/reference_backend.h"
+#include "pagoda/platform/platform.h"
+#ifdef PAGODA_HAVE_CPU_BACKEND
+#include "pagoda/backends/cpu/cpu_backend.h"
+#endif
+#ifdef PAGODA_HAVE_CUDA_BACKEND
+#include "pagoda/backends/cuda/cuda_backend.h"
+#endif
+
+namespace pagoda::backends {
+
+using namespace pagoda::attention;
+
+void register_builtin_backends(BackendRegistry& registry) {
+  register_reference_backend(registry);
+#ifdef PAGODA_HAVE_CPU_BACKEND
+  register_cpu_backend(registry);
+#endif
+#ifdef PAGODA_HAVE_CUDA_BACKEND
+  register_cuda_backend(registry);
+#endif
+}
+
+std::pair<std::string, std::string> resolve_selection(const BackendSelection& selection,
+                                                      const BackendContext& ctx) {
+  std::string base = selection.attention;
+  if (base.empty()) {
+    base = ctx.platform != nullptr ? ctx.platform->default_attention_backend() : "reference";
+  }
+  return {selection.prefill.empty() ? base : selection.prefill,
+          selection.decode.empty() ? base : selection.decode};
+}
+
+std::unique_ptr<AttentionBackend> make_backend(const BackendRegistry& registry,
+                                               const BackendSelection& selection,
+                                               const BackendRequirements& requirements,
+                                               const BackendContext& ctx) {
+  const auto [prefill, decode] = resolve_selection(selection, ctx);
+  if (prefill == decode) return registry.create(prefill, requirements, ctx);
+  const bool verify_on_decode = selection.verify == VerifyRoute::kDecode;
+  BackendRequirements prefill_req = requirements;
+  prefill_req.cuda_graph = false;
+  prefill_req.multi_step_draft = false;
+  if (verify_on_decode) prefill_req.custom_mask = false;
+  BackendRequirements decode_req = requirements;
+  decode_req.mixed_batches = false;
+  if (!verify_on_decode) decode_req.custom_mask = false;
+  // Validate both before building either.
+  registry.validate(prefill, prefill_req);
+  registry.validate(decode, decode_req);
+  return std::make_unique<HybridBackend>(registry.create(prefill, prefill_req, ctx),
+                                         registry.create(decode, decode_req, ctx),
+                                         selection.verify);
+}
+
+}  // namespace pagoda::backends

@@ -1,0 +1,43 @@
+#pragma once
+/// The built-in attention backends and the selection rules of the --attention-backend /
+/// --prefill-attention-backend / --decode-attention-backend flags (sglang_spec §1.5).
+///
+///   attention::BackendRegistry registry;
+///   backends::register_builtin_backends(registry);          // "reference", "cpu", "cuda" (as built)
+///   auto backend = backends::make_backend(registry, {.attention = "cpu"}, requirements, ctx);
+
+#include <memory>
+#include <string>
+
+#include "pagoda/attention/registry.h"
+#include "pagoda/backends/hybrid/hybrid_backend.h"
+
+namespace pagoda::backends {
+
+/// Registers every backend this build has: "reference" always, "cpu" and "cuda" when built.
+/// Explicit, never a static initialiser. Throws kInvalidArgument if one is already registered.
+void register_builtin_backends(attention::BackendRegistry& registry);
+
+/// The user's backend choice. Empty prefill / decode fall back to `attention`; an empty
+/// `attention` falls back to ctx.platform->default_attention_backend() ("reference" without a
+/// platform).
+struct BackendSelection {
+  std::string attention;
+  std::string prefill;
+  std::string decode;
+  VerifyRoute verify = VerifyRoute::kPrefill;  ///< which side serves kTargetVerify when split
+};
+
+/// The (prefill, decode) names `selection` resolves to.
+std::pair<std::string, std::string> resolve_selection(const BackendSelection& selection,
+                                                      const attention::BackendContext& ctx);
+
+/// Builds the selected backend: one backend when prefill and decode resolve to the same name,
+/// otherwise HybridBackend(prefill, decode). Each side is validated against the requirements it
+/// serves (decode: CUDA graphs, multi-step draft; prefill: mixed batches, tree mask unless the
+/// verify route is kDecode). Throws Error(kUnsupported) naming the reason and what would work.
+std::unique_ptr<attention::AttentionBackend> make_backend(
+    const attention::BackendRegistry& registry, const BackendSelection& selection,
+    const attention::BackendRequirements& requirements, const attention::BackendContext& ctx);
+
+}  // namespace pagoda::backends

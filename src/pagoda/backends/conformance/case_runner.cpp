@@ -1,0 +1,331 @@
+// One conformance case: builds the pool, the table and the batch; runs the backend under test
+// through the full path; runs the oracle over a dense copy; compares.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "pagoda/attention/backend.h"
+#include "pagoda/backends/builtin.h"
+#include "pagoda/backends/conformance/conformance.h"
+#include "pagoda/backends/conformance/tensors.h"
+#include "pagoda/backends/reference/reference_backend.h"
+#include "pagoda/core/error.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/req_to_token.h"
+#include "pagoda/platform/platform.h"
+
+namespace pagoda::backends::conformance {
+
+using namespace pagoda::attention;
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+/// The logical content of the step: token values and where each token lives.
+struct Scenario {
+  int k_row = 0, v_row = 0;                  ///< floats per token row
+  std::vector<float> k_store, v_store;       ///< [num_tokens, k_row] / [num_tokens, v_row]
+  std::vector<std::vector<int>> tok;         ///< [b][position] logical token id
+  std::vector<std::vector<int32_t>> slot;    ///< [b][position] pool slot
+  std::vector<std::vector<std::vector<int>>> branch_tok;       ///< draft [b][t][j]
+  std::vector<std::vector<std::vector<int32_t>>> branch_slot;  ///< draft [b][t][j]
+  std::vector<std::vector<int>> parent;      ///< verify tree [b][node]
+};
+
+
+int new_token(Scenario& s, std::mt19937_64& rng, DType model_dtype) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  const int id = static_cast<int>(s.k_store.size() / static_cast<size_t>(s.k_row));
+  for (int i = 0; i < s.k_row; ++i) s.k_store.push_back(round_to(model_dtype, u(rng)));
+  for (int i = 0; i < s.v_row; ++i) s.v_store.push_back(round_to(model_dtype, u(rng)));
+  return id;
+}
+
+BackendCapabilities capabilities_of(const BackendRegistry& registry, const std::string& spec) {
+  if (spec == "mutant") return ReferenceBackend::static_capabilities();
+  const auto plus = spec.find('+');
+  if (plus != std::string::npos) {
+    return intersect_capabilities(registry.capabilities(spec.substr(0, plus)),
+                                  registry.capabilities(spec.substr(plus + 1)));
+  }
+  return registry.capabilities(spec);
+}
+
+std::unique_ptr<AttentionBackend> make_under_test(const BackendRegistry& registry,
+                                                  const std::string& spec,
+                                                  const BackendRequirements& req,
+                                                  const BackendContext& ctx) {
+  if (spec == "mutant") {
+    return std::make_unique<ReferenceBackend>(ctx, ReferenceFaults{.causal_shift = -1}, "mutant");
+  }
+  const auto plus = spec.find('+');
+  if (plus != std::string::npos) {
+    return make_backend(registry,
+                        BackendSelection{.attention = {},
+                                         .prefill = spec.substr(0, plus),
+                                         .decode = spec.substr(plus + 1),
+                                         .verify = VerifyRoute::kPrefill},
+                        req, ctx);
+  }
+  return registry.create(spec, req, ctx);
+}
+
+struct Tolerance {
+  double atol, rtol;
+};
+Tolerance tolerance_for(DType out) {
+  switch (out) {
+    case DType::kF32: return {2e-4, 2e-3};
+    case DType::kF16: return {3e-3, 5e-3};
+    default: return {1.6e-2, 1.6e-2};
+  }
+}
+
+}  // namespace
+
+CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& backend,
+                    const Case& c, uint64_t seed) {
+  const BackendCapabilities caps = capabilities_of(registry, backend.spec);
+  const BackendRequirements req = c.requirements();
+  if (auto why = unsupported_reason(caps, req)) return {Verdict::kUnsupported, *why};
+
+  std::mt19937_64 rng(seed);
+  auto uniform_int = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const int bs = c.mode == ForwardMode::kMixed ? c.batch_size + 1 : c.batch_size;
+  const int P = c.page_size;
+  const bool verify = c.mode == ForwardMode::kTargetVerify;
+  const bool draft = c.draft_step >= 0;
+  const int D = c.num_draft_tokens;
+  const int hkv = c.mla ? 1 : c.num_kv_heads;
+
+  // ---- lengths per request: committed prefix (cached), new query tokens, table length ----
+  std::vector<int> prefix(bs), ext(bs), table_len(bs);
+  for (int b = 0; b < bs; ++b) {
+    const bool decode_like = c.mode == ForwardMode::kDecode ||
+                             (c.mode == ForwardMode::kMixed && b % 2 == 1);
+    if (draft || verify) {
+      prefix[b] = uniform_int(1, c.max_len);
+      ext[b] = draft ? 1 : D;
+    } else if (decode_like) {
+      prefix[b] = uniform_int(0, c.max_len - 1);
+      ext[b] = 1;
+    } else {
+      prefix[b] = b == 0 ? 0 : uniform_int(1, c.max_len);
+      ext[b] = uniform_int(1, 16);
+    }
+    table_len[b] = prefix[b] + (draft ? (c.topk == 1 ? c.num_steps : 0) : ext[b]);
+  }
+
+  // ---- pages: shuffled ids 1..num_pages, handed out in that order (non-contiguous) ----
+  int pages_needed = 0;
+  for (int b = 0; b < bs; ++b) {
+    pages_needed += (table_len[b] + P - 1) / P;
+    if (draft && c.topk > 1) pages_needed += c.topk * ((prefix[b] % P + c.num_steps + P - 1) / P);
+  }
+  const int num_pages = pages_needed + 4;
+  std::vector<int32_t> free_pages(static_cast<size_t>(num_pages));
+  std::iota(free_pages.begin(), free_pages.end(), 1);
+  std::shuffle(free_pages.begin(), free_pages.end(), rng);
+  size_t next_page = 0;
+
+  Scenario s;
+  s.k_row = c.mla ? c.head_dim_qk : hkv * c.head_dim_qk;
+  s.v_row = c.mla ? 0 : hkv * c.head_dim_v;
+  s.tok.resize(bs);
+  s.slot.resize(bs);
+  for (int b = 0; b < bs; ++b) {
+    int32_t page = 0;
+    for (int i = 0; i < table_len[b]; ++i) {
+      if (i % P == 0) page = free_pages[next_page++];
+      s.slot[b].push_back(page * P + i % P);
+      s.tok[b].push_back(new_token(s, rng, c.q_dtype));
+    }
+  }
+  if (draft) {
+    s.branch_tok.assign(bs, std::vector<std::vector<int>>(c.topk));
+    s.branch_slot.assign(bs, std::vector<std::vector<int32_t>>(c.topk));
+    for (int b = 0; b < bs; ++b) {
+      for (int t = 0; t < c.topk; ++t) {
+        int32_t page = 0;
+        for (int j = 0; j < c.num_steps; ++j) {
+          s.branch_tok[b][t].push_back(c.topk == 1 ? s.tok[b][prefix[b] + j]
+                                                   : new_token(s, rng, c.q_dtype));
+          if (c.topk == 1) {
+            s.branch_slot[b][t].push_back(s.slot[b][prefix[b] + j]);
+            continue;
+          }
+          const int off = prefix[b] % P + j;  // sglang: fresh pages per branch, tail offset kept
+          if (j == 0 || off % P == 0) page = free_pages[next_page++];
+          s.branch_slot[b][t].push_back(page * P + off % P);
+        }
+      }
+    }
+  }
+  if (verify) {
+    s.parent.resize(bs);
+    for (int b = 0; b < bs; ++b) {
+      s.parent[b].push_back(-1);
+      for (int j = 1; j < D; ++j) s.parent[b].push_back(c.topk == 1 ? j - 1 : uniform_int(0, j - 1));
+    }
+  }
+
+  // ---- pool (NaN everywhere, then the cached tokens) and table ----
+  auto platform = platform::make_cpu_platform();
+  kv::KvPoolConfig pool_cfg{.layout = c.mla ? kv::KvLayout::kMla : kv::KvLayout::kMha,
+                            .num_layers = 2,
+                            .num_pages = num_pages,
+                            .page_size = P,
+                            .dtype = c.kv_dtype};
+  if (c.mla) {
+    pool_cfg.kv_lora_rank = c.head_dim_v;
+    pool_cfg.rope_dim = c.head_dim_qk - c.head_dim_v;
+  } else {
+    pool_cfg.num_kv_heads = hkv;
+    pool_cfg.head_dim = c.head_dim_qk;
+    pool_cfg.head_dim_v = c.head_dim_v;
+  }
+  kv::KvPool pool(pool_cfg, platform->allocator());
+  const LayerId layer_id(1);
+  pool.set_scales(layer_id, c.k_scale, c.v_scale);
+  pool.fill(kNaN);
+  int max_ctx = 8;
+  for (int b = 0; b < bs; ++b) max_ctx = std::max(max_ctx, table_len[b] + 8);
+  kv::ReqToTokenTable table(bs + 3, max_ctx);
+  std::vector<ReqSlot> rows;
+  for (int i = 0; i < bs + 3; ++i) rows.push_back(*table.alloc());
+  std::shuffle(rows.begin(), rows.end(), rng);
+  for (int b = 0; b < bs; ++b) table.write(rows[b], 0, s.slot[b]);
+
+  std::vector<int> cached_tok;
+  std::vector<int32_t> cached_slot;
+  for (int b = 0; b < bs; ++b) {
+    for (int i = 0; i < prefix[b]; ++i) {
+      cached_tok.push_back(s.tok[b][i]);
+      cached_slot.push_back(s.slot[b][i]);
+    }
+    for (int t = 0; draft && t < c.topk; ++t) {
+      for (int j = 0; j < c.draft_step; ++j) {
+        cached_tok.push_back(s.branch_tok[b][t][j]);
+        cached_slot.push_back(s.branch_slot[b][t][j]);
+      }
+    }
+  }
+  {
+    HostTensor ck = gather_rows(s.k_store, s.k_row, cached_tok, DType::kF32, hkv);
+    HostTensor cv = c.mla ? HostTensor() : gather_rows(s.v_store, s.v_row, cached_tok, DType::kF32, hkv);
+    if (!cached_tok.empty()) pool.set_kv(layer_id, cached_slot, ck.view(), cv.view());
+  }
+
+  // ---- the batch ----
+  ForwardBatch batch;
+  batch.mode = c.mode;
+  batch.batch_size = bs;
+  std::vector<int> new_tok;
+  std::vector<DenseRow> dense;
+  for (int b = 0; b < bs; ++b) {
+    batch.req_pool_indices.push_back(rows[b].value());
+    if (draft) {
+      batch.seq_lens.push_back(prefix[b]);
+      for (int t = 0; t < c.topk; ++t) {
+        batch.out_cache_loc.push_back(s.branch_slot[b][t][c.draft_step]);
+        batch.positions.push_back(prefix[b] + c.draft_step);
+        new_tok.push_back(s.branch_tok[b][t][c.draft_step]);
+        DenseRow r{.qo_len = 1, .toks = {s.tok[b].begin(), s.tok[b].begin() + prefix[b]}, .bits = {}};
+        for (int j = 0; j <= c.draft_step; ++j) r.toks.push_back(s.branch_tok[b][t][j]);
+        dense.push_back(std::move(r));
+      }
+      for (int t = 0; t < c.topk; ++t) {
+        for (int j = 0; j < c.num_steps; ++j) batch.spec.draft_slots.push_back(s.branch_slot[b][t][j]);
+      }
+      continue;
+    }
+    batch.seq_lens.push_back(verify ? prefix[b] : prefix[b] + ext[b]);
+    if (c.mode != ForwardMode::kDecode) {
+      batch.extend_prefix_lens.push_back(prefix[b]);
+      batch.extend_seq_lens.push_back(ext[b]);
+    }
+    DenseRow r{.qo_len = ext[b], .toks = s.tok[b], .bits = {}};
+    r.toks.resize(static_cast<size_t>(prefix[b] + ext[b]));
+    for (int i = 0; i < ext[b]; ++i) {
+      batch.out_cache_loc.push_back(s.slot[b][prefix[b] + i]);
+      new_tok.push_back(s.tok[b][prefix[b] + i]);
+      int depth = i;
+      if (verify) {
+        depth = 0;
+        for (int a = s.parent[b][i]; a >= 0; a = s.parent[b][a]) ++depth;
+      }
+      batch.positions.push_back(prefix[b] + depth);
+    }
+    if (verify && c.tree_mask) {
+      const int kv = prefix[b] + D;
+      r.bits.assign(static_cast<size_t>(D * kv), 0);
+      for (int i = 0; i < D; ++i) {
+        std::vector<uint8_t> row(static_cast<size_t>(kv), 0);
+        std::fill(row.begin(), row.begin() + prefix[b], 1);
+        for (int a = i; a >= 0; a = s.parent[b][a]) row[prefix[b] + a] = 1;
+        batch.spec.tree_mask.insert(batch.spec.tree_mask.end(), row.begin(), row.end());
+        std::copy(row.begin(), row.end(), r.bits.begin() + i * kv);
+      }
+    }
+    dense.push_back(std::move(r));
+  }
+  if (draft) {
+    batch.spec.topk = c.topk;
+    batch.spec.num_steps = c.num_steps;
+    batch.spec.draft_step = c.draft_step;
+  }
+  if (verify) {
+    batch.spec.topk = c.topk;
+    batch.spec.num_draft_tokens = D;
+  }
+  const int n = batch.num_tokens();
+
+  // ---- inputs, layer, poisoned outputs ----
+  HostTensor q = random_tensor({n, c.num_q_heads, c.head_dim_qk}, c.q_dtype, rng);
+  HostTensor k_new = gather_rows(s.k_store, s.k_row, new_tok, c.q_dtype, hkv);
+  HostTensor v_new = c.mla ? HostTensor() : gather_rows(s.v_store, s.v_row, new_tok, c.q_dtype, hkv);
+  std::vector<float> sinks;
+  if (c.sinks) {
+    std::uniform_real_distribution<float> u(-1.f, 2.f);
+    for (int h = 0; h < c.num_q_heads; ++h) sinks.push_back(u(rng));
+  }
+  AttentionLayer layer{.layer_id = layer_id,
+                       .num_q_heads = c.num_q_heads,
+                       .num_kv_heads = hkv,
+                       .head_dim_qk = c.head_dim_qk,
+                       .head_dim_v = c.head_dim_v,
+                       .scaling = 1.f / std::sqrt(c.mla ? 192.f : float(c.head_dim_qk)),
+                       .logit_cap = c.logit_cap,
+                       .sliding_window = c.window_left,
+                       .mask = c.mask,
+                       .sinks = sinks,
+                       .k_scale = c.k_scale,
+                       .v_scale = c.v_scale,
+                       .is_mla = c.mla};
+  HostTensor out = filled_tensor({n, c.num_q_heads, c.head_dim_v}, c.q_dtype, kNaN);
+  HostTensor lse = filled_tensor({n, c.num_q_heads}, DType::kF32, kNaN);
+
+  // ---- the backend under test: full path ----
+  try {
+    BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
+    auto impl = make_under_test(registry, backend.spec, req, ctx);
+    impl->init_forward_metadata(batch);
+    if (caps.lse) impl->set_lse_output(lse.view());
+    impl->forward(q.view(), k_new.view(), v_new.view(), layer, batch, out.view());
+  } catch (const Error& e) {
+    return {Verdict::kFail, fmt::format("threw {}", e.what())};
+  }
+
+  // ---- the oracle over a dense copy ----
+  const Expected expected = dense_oracle(s.k_store, s.v_store, s.k_row, s.v_row, dense, q, layer,
+                                         c.kv_dtype, c.mla, c.head_dim_v);
+  const Tolerance tol = tolerance_for(c.q_dtype);
+  return compare(out, caps.lse ? &lse : nullptr, expected, tol.atol, tol.rtol);
+}
+
+}  // namespace pagoda::backends::conformance

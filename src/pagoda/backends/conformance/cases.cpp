@@ -1,0 +1,175 @@
+#include <fmt/format.h>
+
+#include "pagoda/backends/conformance/conformance.h"
+
+namespace pagoda::backends::conformance {
+
+using attention::ForwardMode;
+using attention::MaskKind;
+
+std::string Case::describe() const {
+  std::string s = fmt::format("{} [{} p{} h{}/{} d{}/{} q={} kv={}", feature,
+                              attention::forward_mode_name(mode), page_size, num_q_heads,
+                              num_kv_heads, head_dim_qk, head_dim_v, q_dtype, kv_dtype);
+  if (k_scale != 1.f || v_scale != 1.f) s += fmt::format(" scales={}/{}", k_scale, v_scale);
+  if (mla) s += " mla";
+  if (mask == MaskKind::kNonCausal) s += " non-causal";
+  if (window_left >= 0) s += fmt::format(" window={}", window_left);
+  if (logit_cap > 0.f) s += fmt::format(" cap={}", logit_cap);
+  if (sinks) s += " sinks";
+  if (draft_step >= 0) s += fmt::format(" draft topk={} step={}/{}", topk, draft_step, num_steps);
+  if (mode == ForwardMode::kTargetVerify) {
+    s += fmt::format(" verify D={} topk={}{}", num_draft_tokens, topk, tree_mask ? "" : " chain");
+  }
+  return s + fmt::format(" bs={}]", batch_size);
+}
+
+attention::BackendRequirements Case::requirements() const {
+  attention::BackendRequirements r;
+  r.page_size = page_size;
+  r.head_dim_qk = head_dim_qk;
+  r.head_dim_v = head_dim_v;
+  r.q_dtype = q_dtype;
+  r.kv_dtype = kv_dtype;
+  r.mla = mla;
+  r.sliding_window = window_left >= 0;
+  r.logit_cap = logit_cap > 0.f;
+  r.sinks = sinks;
+  r.non_causal = mask == MaskKind::kNonCausal;
+  r.custom_mask = mode == ForwardMode::kTargetVerify && tree_mask;
+  r.topk = topk;
+  r.multi_step_draft = draft_step >= 0;
+  r.mixed_batches = mode == ForwardMode::kMixed;
+  return r;
+}
+
+namespace {
+
+struct Heads {
+  int q, kv;
+};
+constexpr Heads kMha{4, 4}, kGqa{8, 2}, kMqa{4, 1};
+
+Case base(std::string feature, ForwardMode mode, int page, Heads h, int dim) {
+  Case c;
+  c.feature = std::move(feature);
+  c.mode = mode;
+  c.page_size = page;
+  c.num_q_heads = h.q;
+  c.num_kv_heads = h.kv;
+  c.head_dim_qk = c.head_dim_v = dim;
+  c.max_len = page >= 64 ? 150 : 90;
+  return c;
+}
+
+Case mla_case(ForwardMode mode, int page) {
+  Case c = base("mla", mode, page, Heads{8, 1}, 576);
+  c.head_dim_v = 512;
+  c.mla = true;
+  c.max_len = page >= 64 ? 130 : 70;
+  c.batch_size = 2;
+  return c;
+}
+
+Case verify_case(int page, int topk, bool mask) {
+  Case c = base("verify-tree", ForwardMode::kTargetVerify, page, kGqa, 128);
+  c.topk = topk;
+  c.num_draft_tokens = topk == 1 ? 4 : 6;
+  c.tree_mask = mask;
+  return c;
+}
+
+Case draft_case(int page, int topk, int step) {
+  Case c = base(topk == 1 ? "draft-topk1" : "draft-topk>1", ForwardMode::kDecode, page, kGqa, 128);
+  c.topk = topk;
+  c.num_steps = 3;
+  c.draft_step = step;
+  return c;
+}
+
+std::vector<int> pick(bool quick, std::initializer_list<int> q, std::initializer_list<int> full) {
+  return quick ? std::vector<int>(q) : std::vector<int>(full);
+}
+
+}  // namespace
+
+std::vector<Case> make_cases(bool quick) {
+  std::vector<Case> cases;
+  const std::vector<int> pages = pick(quick, {16}, {1, 16, 64});
+  const std::vector<int> all_pages = {1, 16, 64};
+  const std::vector<Heads> heads = {kMha, kGqa, kMqa};
+  const std::vector<int> dims = {64, 128, 256};
+  const std::vector<std::pair<std::string, ForwardMode>> modes = {
+      {"decode", ForwardMode::kDecode}, {"extend", ForwardMode::kExtend}, {"mixed", ForwardMode::kMixed}};
+  // Core modes over the page × heads × head-dim grid (quick: a diagonal of it).
+  for (const auto& [name, mode] : modes) {
+    if (quick) {
+      for (int i = 0; i < 3; ++i) cases.push_back(base(name, mode, all_pages[i], heads[i], dims[i]));
+      continue;
+    }
+    for (int p : all_pages)
+      for (Heads h : heads)
+        for (int d : dims) cases.push_back(base(name, mode, p, h, d));
+  }
+  for (int p : pages) {
+    for (int d : pick(quick, {128}, {64, 128})) {
+      Case c = base("non-causal", ForwardMode::kExtend, p, kGqa, d);
+      c.mask = MaskKind::kNonCausal;
+      cases.push_back(c);
+    }
+    for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) {
+      Case w = base("window", m, p, kGqa, 128);
+      w.window_left = 9;
+      cases.push_back(w);
+      Case cap = base("softcap", m, p, kGqa, 128);
+      cap.logit_cap = 1.5f;
+      cases.push_back(cap);
+      Case s = base("sinks", m, p, kGqa, 128);
+      s.sinks = true;
+      cases.push_back(s);
+    }
+  }
+  const std::vector<int> spec_pages = pick(quick, {1, 16}, {1, 16, 64});
+  for (int p : spec_pages) {
+    cases.push_back(verify_case(p, 1, true));
+    cases.push_back(verify_case(p, 4, true));
+    if (!quick) cases.push_back(verify_case(p, 1, false));
+    for (int step : pick(quick, {2}, {0, 2})) {
+      cases.push_back(draft_case(p, 1, step));
+      cases.push_back(draft_case(p, 3, step));
+    }
+  }
+  const std::vector<int> mla_pages = pick(quick, {64}, {1, 64});
+  for (int p : mla_pages) {
+    for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) cases.push_back(mla_case(m, p));
+    if (!quick) {
+      Case v = mla_case(ForwardMode::kTargetVerify, p);
+      v.topk = 2;
+      v.num_draft_tokens = 4;
+      cases.push_back(v);
+    }
+  }
+  for (DType kv : {DType::kFp8E4M3, DType::kFp8E5M2}) {
+    for (int p : pick(quick, {16}, {1, 16})) {
+      for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) {
+        Case c = base(kv == DType::kFp8E4M3 ? "fp8-e4m3" : "fp8-e5m2", m, p, kGqa, 128);
+        c.kv_dtype = kv;
+        c.k_scale = 0.5f;
+        c.v_scale = 2.0f;
+        cases.push_back(c);
+      }
+    }
+  }
+  for (DType t : {DType::kF16, DType::kF32}) {
+    for (int p : pages) {
+      for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) {
+        Case c = base(t == DType::kF16 ? "f16" : "f32", m, p, kGqa, 128);
+        c.q_dtype = c.kv_dtype = t;
+        cases.push_back(c);
+      }
+    }
+  }
+  return cases;
+}
+
+}  // namespace pagoda::backends::conformance

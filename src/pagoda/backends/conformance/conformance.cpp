@@ -1,0 +1,149 @@
+#include "pagoda/backends/conformance/conformance.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+namespace pagoda::backends::conformance {
+
+int BackendRow::total_fail() const {
+  int n = 0;
+  for (const Cell& c : cells) n += c.fail;
+  return n;
+}
+
+bool BackendRow::ok() const { return backend.expect_failure ? total_fail() > 0 : total_fail() == 0; }
+
+bool Report::ok() const {
+  return std::all_of(rows.begin(), rows.end(), [](const BackendRow& r) { return r.ok(); });
+}
+
+namespace {
+
+std::string cell_text(const Cell& c, bool mutant) {
+  if (c.pass + c.fail + c.unsupported == 0) return "";
+  std::vector<std::string> parts;
+  if (c.fail) parts.push_back(fmt::format("{} {}", mutant ? "caught" : "**FAIL**", c.fail));
+  if (c.pass) parts.push_back(fmt::format("{} {}", mutant ? "missed" : "pass", c.pass));
+  if (c.unsupported) parts.push_back(fmt::format("unsupported {}", c.unsupported));
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
+  return s;
+}
+
+uint64_t case_seed(uint64_t seed, size_t index) {
+  uint64_t x = seed + 0x9E3779B97F4A7C15ull * (index + 1);
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::string Report::markdown() const {
+  std::string s = fmt::format(
+      "Conformance matrix ({} grid, seed {}): every backend × case against the fp64 reference "
+      "oracle.\nCells count cases: pass / FAIL / unsupported (skipped, from capabilities()). The "
+      "`mutant` row is a deliberately broken reference (causal boundary off by one); \"caught\" "
+      "counts cases where the harness detected it.\n\n| backend |",
+      quick ? "quick" : "full", seed);
+  for (const auto& f : features) s += fmt::format(" {} |", f);
+  s += " result |\n|---|";
+  for (size_t i = 0; i < features.size(); ++i) s += "---|";
+  s += "---|\n";
+  for (const BackendRow& r : rows) {
+    s += fmt::format("| {} |", r.backend.spec);
+    for (const Cell& c : r.cells) s += fmt::format(" {} |", cell_text(c, r.backend.expect_failure));
+    int pass = 0, unsup = 0;
+    for (const Cell& c : r.cells) {
+      pass += c.pass;
+      unsup += c.unsupported;
+    }
+    if (r.backend.expect_failure) {
+      s += r.ok() ? fmt::format(" caught ({} cases) |\n", r.total_fail()) : " **NOT CAUGHT** |\n";
+    } else {
+      s += r.ok() ? fmt::format(" pass ({} run, {} unsupported) |\n", pass, unsup)
+                  : fmt::format(" **FAIL ({} cases)** |\n", r.total_fail());
+    }
+  }
+  return s;
+}
+
+Report run_conformance(const attention::BackendRegistry& registry, const Options& options) {
+  Report report;
+  report.seed = options.seed;
+  report.quick = options.quick;
+  std::vector<std::string> specs = options.backends;
+  if (specs.empty()) {
+    // Host pools only for now: device backends need a device pool path (not built yet).
+    for (const auto& n : registry.names()) {
+      if (registry.capabilities(n).device == "cpu") {
+        specs.push_back(n);
+      } else {
+        fmt::print("skipping '{}' (device {}): the harness builds host pools\n", n,
+                   registry.capabilities(n).device);
+      }
+    }
+    // A hybrid: reference prefill with the fastest other decode backend (or reference).
+    std::string decode = "reference";
+    for (const auto& n : registry.names()) {
+      if (n != "reference" && registry.capabilities(n).device == "cpu") decode = n;
+    }
+    specs.push_back("reference+" + decode);
+  }
+  const std::vector<Case> cases = make_cases(options.quick);
+  for (const Case& c : cases) {
+    if (std::find(report.features.begin(), report.features.end(), c.feature) == report.features.end()) {
+      report.features.push_back(c.feature);
+    }
+  }
+  std::vector<BackendUnderTest> backends;
+  for (const auto& s : specs) backends.push_back({s, s == "mutant"});
+  if (std::none_of(backends.begin(), backends.end(), [](const auto& b) { return b.expect_failure; })) {
+    backends.push_back({"mutant", true});
+  }
+  fmt::print("pagoda conformance: {} cases × {} backends, seed {}\n", cases.size(),
+             backends.size(), options.seed);
+  for (const BackendUnderTest& b : backends) {
+    BackendRow row{b, std::vector<Cell>(report.features.size())};
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      const uint64_t seed = case_seed(options.seed, i);
+      CaseResult r;
+      try {
+        r = run_case(registry, b, c, seed);
+      } catch (const std::exception& e) {
+        r = {Verdict::kFail, fmt::format("harness error: {}", e.what())};
+      }
+      const size_t col = static_cast<size_t>(
+          std::find(report.features.begin(), report.features.end(), c.feature) -
+          report.features.begin());
+      Cell& cell = row.cells[col];
+      if (r.verdict == Verdict::kPass) ++cell.pass;
+      if (r.verdict == Verdict::kUnsupported) ++cell.unsupported;
+      if (r.verdict == Verdict::kFail) {
+        ++cell.fail;
+        if (!b.expect_failure) {
+          report.failures.push_back(fmt::format("{}: case #{} {} (case seed {}): {}", b.spec, i,
+                                                c.describe(), seed, r.message));
+          fmt::print("FAIL {}\n", report.failures.back());
+        }
+      }
+      if (options.verbose) {
+        fmt::print("  {:<10} #{:<3} {:<5} {} {}\n", b.spec, i,
+                   r.verdict == Verdict::kPass ? "pass" : r.verdict == Verdict::kFail ? "FAIL" : "skip",
+                   c.describe(), r.message);
+      }
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    fmt::print("  {:<24} {} ({} failed) in {:.1f} s\n", b.spec,
+               row.ok() ? (b.expect_failure ? "caught" : "ok") : "NOT OK", row.total_fail(), secs);
+    report.rows.push_back(std::move(row));
+  }
+  return report;
+}
+
+}  // namespace pagoda::backends::conformance

@@ -1,0 +1,108 @@
+#pragma once
+/// The conformance harness (ARCHITECTURE §5): every backend × every case against the reference
+/// oracle, with real KvPool + ReqToTokenTable, permuted pages, NaN-poisoned KV outside the
+/// requests and NaN-poisoned outputs. Used by `pagoda conformance` and the CTest "conformance".
+///
+/// The expected values come from the oracle BatchAttention run over a dense, token-granular copy
+/// of each request's logical K/V (built without the pool, the table or build_paged_plan); every
+/// backend under test, the reference backend included, runs the full path (plan from the table,
+/// KV write, paged kernel), so the oracle is never compared with itself. A deliberately broken
+/// "mutant" (causal boundary off by one) must fail, proving the comparison bites.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagoda/attention/forward_mode.h"
+#include "pagoda/attention/layer.h"
+#include "pagoda/attention/registry.h"
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::backends::conformance {
+
+/// One conformance case: a batch shape, the layer's features and the step's mode.
+struct Case {
+  std::string feature;  ///< matrix column ("decode", "extend", "sinks", "verify-tree", ...)
+  attention::ForwardMode mode = attention::ForwardMode::kDecode;
+  int page_size = 16;
+  int num_q_heads = 8;
+  int num_kv_heads = 2;
+  int head_dim_qk = 128;
+  int head_dim_v = 128;
+  bool mla = false;  ///< absorbed MLA (576 / 512) over an MLA pool
+  DType q_dtype = DType::kBF16;
+  DType kv_dtype = DType::kBF16;
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+  attention::MaskKind mask = attention::MaskKind::kCausal;
+  int window_left = -1;
+  float logit_cap = 0.f;
+  bool sinks = false;
+  int batch_size = 3;
+  int max_len = 90;  ///< upper bound of the random prefix / sequence lengths
+  // Speculative decoding.
+  int topk = 1;
+  int num_steps = 3;
+  int draft_step = -1;       ///< >= 0: multi-step draft step (mode kDecode)
+  int num_draft_tokens = 0;  ///< kTargetVerify: tree size D
+  bool tree_mask = true;     ///< kTargetVerify: pass the FULL_MASK (false: chain, no mask)
+
+  /// "decode p16 gqa8/2 d128 bf16/bf16 ..." (stable; used in failure messages).
+  std::string describe() const;
+  /// What a backend must support to run this case.
+  attention::BackendRequirements requirements() const;
+};
+
+/// The full grid (quick = false) or a representative subset covering every feature column.
+std::vector<Case> make_cases(bool quick);
+
+/// Outcome of one backend on one case.
+enum class Verdict { kPass, kFail, kUnsupported };
+struct CaseResult {
+  Verdict verdict = Verdict::kPass;
+  std::string message;  ///< failure detail or unsupported reason
+};
+
+/// A backend under test: a registry name, "prefill+decode" (HybridBackend), or "mutant".
+struct BackendUnderTest {
+  std::string spec;
+  bool expect_failure = false;  ///< the mutant: must fail at least one case
+};
+
+/// Runs `c` on `backend` (built through `registry`) with inputs derived from `seed`.
+CaseResult run_case(const attention::BackendRegistry& registry, const BackendUnderTest& backend,
+                    const Case& c, uint64_t seed);
+
+struct Options {
+  std::vector<std::string> backends;  ///< empty: every registered backend + a hybrid
+  bool quick = false;
+  uint64_t seed = 1234;
+  bool verbose = false;  ///< print every case, not only failures
+};
+
+/// Per-backend, per-feature counts.
+struct Cell {
+  int pass = 0, fail = 0, unsupported = 0;
+};
+struct BackendRow {
+  BackendUnderTest backend;
+  std::vector<Cell> cells;  ///< aligned with Report::features
+  int total_fail() const;
+  /// The row passes: no failure, or (the mutant) at least one failure.
+  bool ok() const;
+};
+struct Report {
+  uint64_t seed = 0;
+  bool quick = false;
+  std::vector<std::string> features;
+  std::vector<BackendRow> rows;
+  std::vector<std::string> failures;  ///< one line per failing case (backend, case, seed)
+  bool ok() const;
+  /// The backend × feature matrix as a Markdown table plus a legend.
+  std::string markdown() const;
+};
+
+/// Runs every backend of `options` on every case, printing progress and failures to stdout.
+Report run_conformance(const attention::BackendRegistry& registry, const Options& options);
+
+}  // namespace pagoda::backends::conformance

@@ -1,0 +1,167 @@
+#include "pagoda/backends/conformance/tensors.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "pagoda/backends/reference/reference_batch_attention.h"
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+
+namespace pagoda::backends::conformance {
+
+HostTensor::HostTensor(std::vector<int64_t> s, DType t) : dtype(t), shape(std::move(s)) {
+  bytes.assign(static_cast<size_t>(numel()) * dtype_size(dtype), 0);
+}
+
+int64_t HostTensor::numel() const {
+  if (shape.empty()) return 0;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+float HostTensor::get(int64_t i) const { return read_as_f32(bytes.data(), dtype, static_cast<size_t>(i)); }
+void HostTensor::set(int64_t i, float v) {
+  write_from_f32(bytes.data(), dtype, static_cast<size_t>(i), v);
+}
+
+TensorView HostTensor::view() const {
+  void* p = const_cast<uint8_t*>(bytes.data());
+  switch (shape.size()) {
+    case 0: return TensorView();
+    case 2: return TensorView(p, dtype, {shape[0], shape[1]});
+    case 3: return TensorView(p, dtype, {shape[0], shape[1], shape[2]});
+    case 4: return TensorView(p, dtype, {shape[0], shape[1], shape[2], shape[3]});
+    default: throw_error(ErrorCode::kInvalidArgument, "HostTensor rank {}", shape.size());
+  }
+}
+
+float round_to(DType dtype, float x) {
+  uint8_t buf[8];
+  write_from_f32(buf, dtype, 0, x);
+  return read_as_f32(buf, dtype, 0);
+}
+
+HostTensor random_tensor(std::vector<int64_t> shape, DType dtype, std::mt19937_64& rng) {
+  HostTensor t(std::move(shape), dtype);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  return t;
+}
+
+HostTensor filled_tensor(std::vector<int64_t> shape, DType dtype, float value) {
+  HostTensor t(std::move(shape), dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, value);
+  return t;
+}
+
+HostTensor gather_rows(const std::vector<float>& store, int row, const std::vector<int>& toks,
+                       DType dtype, int heads) {
+  HostTensor t({static_cast<int64_t>(toks.size()), heads, row / heads}, dtype);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    for (int e = 0; e < row; ++e) {
+      t.set(static_cast<int64_t>(i) * row + e, store[static_cast<size_t>(toks[i]) * row + e]);
+    }
+  }
+  return t;
+}
+
+Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float>& v_store,
+                      int k_row, int v_row, const std::vector<DenseRow>& rows, const HostTensor& q,
+                      const attention::AttentionLayer& layer, DType kv_dtype, bool mla,
+                      int head_dim_v) {
+  const int hkv = layer.num_kv_heads;
+  int64_t total = 0;
+  for (const auto& r : rows) total += static_cast<int64_t>(r.toks.size());
+  const int v_elems = mla ? head_dim_v : v_row;
+  HostTensor k({total, 1, hkv, k_row / hkv}, kv_dtype);
+  HostTensor v({total, 1, hkv, v_elems / hkv}, kv_dtype);
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, indices, last;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> mask_indptr{0};
+  int64_t pos = 0;
+  for (const auto& r : rows) {
+    for (int tok : r.toks) {
+      for (int e = 0; e < k_row; ++e) {
+        k.set(pos * k_row + e, k_store[static_cast<size_t>(tok) * k_row + e] / layer.k_scale);
+      }
+      for (int e = 0; e < v_elems; ++e) {
+        // MLA: V is the first kv_lora_rank elements of the latent, stored once with k's scale.
+        const float x = mla ? k_store[static_cast<size_t>(tok) * k_row + e] / layer.k_scale
+                            : v_store[static_cast<size_t>(tok) * v_row + e] / layer.v_scale;
+        v.set(pos * v_elems + e, x);
+      }
+      indices.push_back(static_cast<int32_t>(pos++));
+    }
+    qo_indptr.push_back(qo_indptr.back() + r.qo_len);
+    kv_indptr.push_back(static_cast<int32_t>(pos));
+    last.push_back(r.toks.empty() ? 0 : 1);
+    if (!r.bits.empty()) {
+      const size_t begin = mask.size();
+      mask.resize(begin + (r.bits.size() + 7) / 8, 0);
+      for (size_t i = 0; i < r.bits.size(); ++i) {
+        if (r.bits[i]) mask[begin + i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+      }
+      mask_indptr.push_back(static_cast<int64_t>(mask.size()));
+    }
+  }
+  auto oracle = make_reference_batch_attention();
+  oracle->plan(attention::PagedPlanInput{.qo_indptr = qo_indptr,
+                                         .kv_indptr = kv_indptr,
+                                         .kv_indices = indices,
+                                         .kv_last_page_len = last,
+                                         .page_size = 1,
+                                         .custom_mask = mask,
+                                         .mask_indptr = mask.empty() ? std::span<const int64_t>{}
+                                                                     : std::span<const int64_t>(mask_indptr)},
+               attention::AttentionShape{.num_qo_heads = layer.num_q_heads,
+                                         .num_kv_heads = hkv,
+                                         .head_dim_qk = layer.head_dim_qk,
+                                         .head_dim_v = layer.head_dim_v,
+                                         .q_dtype = q.dtype,
+                                         .kv_dtype = kv_dtype,
+                                         .out_dtype = q.dtype});
+  Expected e{HostTensor({q.shape[0], layer.num_q_heads, layer.head_dim_v}, q.dtype),
+             HostTensor({q.shape[0], layer.num_q_heads}, DType::kF32)};
+  oracle->run(q.view(), k.view(), v.view(), e.out.view(), e.lse.view(),
+              attention::run_params_for(layer));
+  return e;
+}
+
+CaseResult compare(const HostTensor& out, const HostTensor* lse, const Expected& expected,
+                   double atol, double rtol) {
+  const int64_t heads = out.shape[1], dim = out.shape[2];
+  int64_t bad = 0;
+  double worst = 0;
+  std::string first;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double a = out.get(i), e = expected.out.get(i);
+    const double err = std::fabs(a - e);
+    const bool ok = std::isfinite(a) && err <= atol + rtol * std::fabs(e);
+    if (std::isfinite(a)) worst = std::max(worst, err);
+    if (ok) continue;
+    if (bad++ == 0) {
+      first = fmt::format("out[token {}, head {}, dim {}] = {} expected {}{}", i / (heads * dim),
+                          (i / dim) % heads, i % dim, a, e,
+                          std::isnan(a) ? " (NaN: not written or poisoned KV read)" : "");
+    }
+  }
+  if (bad) {
+    return {Verdict::kFail, fmt::format("{} of {} outputs wrong (max |err| {:.3g}); first: {}", bad,
+                                        out.numel(), worst, first)};
+  }
+  if (lse != nullptr) {
+    for (int64_t i = 0; i < lse->numel(); ++i) {
+      const double a = lse->get(i), e = expected.lse.get(i);
+      const bool ok = std::isinf(e) ? a == e : std::fabs(a - e) <= 1e-3 * (1 + std::fabs(e));
+      if (!ok) {
+        return {Verdict::kFail, fmt::format("lse[token {}, head {}] = {} expected {}",
+                                            i / lse->shape[1], i % lse->shape[1], a, e)};
+      }
+    }
+  }
+  return {Verdict::kPass, fmt::format("max |err| {:.3g}", worst)};
+}
+
+}  // namespace pagoda::backends::conformance

@@ -1,0 +1,63 @@
+#pragma once
+/// Internal helpers of the conformance harness: owning host tensors, the dense oracle run and
+/// the comparison. Not part of the public API.
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "pagoda/attention/layer.h"
+#include "pagoda/backends/conformance/conformance.h"
+#include "pagoda/core/tensor_view.h"
+
+namespace pagoda::backends::conformance {
+
+/// An owning, contiguous host tensor of rank 0 (empty), 2, 3 or 4.
+struct HostTensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+  HostTensor() = default;
+  HostTensor(std::vector<int64_t> shape, DType dtype);
+  int64_t numel() const;
+  float get(int64_t i) const;
+  void set(int64_t i, float v);
+  /// A TensorView of the whole tensor (an empty view when shape is empty).
+  TensorView view() const;
+};
+
+/// x rounded to `dtype` and back (exact conversions).
+float round_to(DType dtype, float x);
+/// Uniform [-1, 1) values rounded to dtype.
+HostTensor random_tensor(std::vector<int64_t> shape, DType dtype, std::mt19937_64& rng);
+HostTensor filled_tensor(std::vector<int64_t> shape, DType dtype, float value);
+/// Rows `toks` of a [*, row] float store as a [toks.size(), heads, row / heads] tensor.
+HostTensor gather_rows(const std::vector<float>& store, int row, const std::vector<int>& toks,
+                       DType dtype, int heads);
+
+/// A token-granular oracle row (one plan row): qo_len queries over keys `toks` (logical token
+/// ids); `bits` the [qo_len, kv_len] visibility when a custom mask applies.
+struct DenseRow {
+  int qo_len = 0;
+  std::vector<int> toks;
+  std::vector<uint8_t> bits;
+};
+
+struct Expected {
+  HostTensor out;
+  HostTensor lse;
+};
+
+/// Runs the oracle BatchAttention over a dense page-size-1 copy of the rows' tokens, stored in
+/// kv_dtype exactly as a KvPool stores them (convert(x / scale)).
+Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float>& v_store,
+                      int k_row, int v_row, const std::vector<DenseRow>& rows, const HostTensor& q,
+                      const attention::AttentionLayer& layer, DType kv_dtype, bool mla,
+                      int head_dim_v);
+
+/// Checks every output element was written (no NaN left from the poisoning) and is within
+/// atol + rtol * |expected|; LSE (when given) within 1e-3 * (1 + |expected|), -inf exactly.
+CaseResult compare(const HostTensor& out, const HostTensor* lse, const Expected& expected,
+                   double atol, double rtol);
+
+}  // namespace pagoda::backends::conformance

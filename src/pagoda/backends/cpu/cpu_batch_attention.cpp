@@ -1,0 +1,353 @@
+#include "pagoda/backends/cpu/cpu_batch_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "pagoda/core/error.h"
+#include "pagoda/kernels/cpu/paged_attention.h"
+
+namespace pagoda::backends {
+
+using attention::AttentionShape;
+using attention::MaskKind;
+using attention::PagedPlanInput;
+using attention::RunParams;
+namespace kc = pagoda::kernels::cpu;
+
+namespace {
+
+bool is_activation_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+/// The planned step: owned copies of the CSR table plus the work partition and workspace.
+struct CpuPlan {
+  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_len;
+  std::vector<uint8_t> custom_mask;
+  std::vector<int64_t> mask_indptr;
+  int page_size = 1;
+  int32_t max_page = -1;
+  AttentionShape shape;
+  std::vector<kc::CpuWorkItem> items;
+  std::vector<kc::CpuMergeItem> merges;
+  int num_partials = 0;
+  int max_rows = 1;
+  int num_threads = 1;
+  int batch_size() const { return static_cast<int>(qo_indptr.size()) - 1; }
+};
+
+void validate_plan(const PagedPlanInput& in, const AttentionShape& s) {
+  const int bs = in.batch_size();
+  PAGODA_REQUIRE(bs >= 0 && static_cast<int>(in.kv_indptr.size()) == bs + 1 &&
+                     static_cast<int>(in.kv_last_page_len.size()) == bs,
+                 kInvalidArgument,
+                 "cpu plan: qo_indptr {} / kv_indptr {} / kv_last_page_len {} sizes disagree",
+                 in.qo_indptr.size(), in.kv_indptr.size(), in.kv_last_page_len.size());
+  PAGODA_REQUIRE(in.page_size >= 1, kInvalidArgument, "cpu plan: page size {} < 1", in.page_size);
+  PAGODA_REQUIRE(s.num_qo_heads > 0 && s.num_kv_heads > 0 && s.num_qo_heads % s.num_kv_heads == 0,
+                 kInvalidArgument, "cpu plan: Hq {} must be a positive multiple of Hkv {}",
+                 s.num_qo_heads, s.num_kv_heads);
+  PAGODA_REQUIRE(s.head_dim_qk >= 1 && s.head_dim_v >= 1 && s.head_dim_qk <= kc::kCpuMaxHeadDim &&
+                     s.head_dim_v <= kc::kCpuMaxHeadDim,
+                 kUnsupported, "cpu plan: head dims {}/{} unsupported (the CPU kernels take 1..{})",
+                 s.head_dim_qk, s.head_dim_v, kc::kCpuMaxHeadDim);
+  PAGODA_REQUIRE(is_activation_dtype(s.q_dtype) && is_activation_dtype(s.out_dtype) &&
+                     dtype_is_float(s.kv_dtype),
+                 kUnsupported,
+                 "cpu plan: dtypes q {} kv {} out {} unsupported (q/out f32, f16, bf16; kv also "
+                 "fp8_e4m3, fp8_e5m2)",
+                 s.q_dtype, s.kv_dtype, s.out_dtype);
+  if (bs < 0) return;
+  PAGODA_REQUIRE(in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0, kInvalidArgument,
+                 "cpu plan: indptrs must start at 0");
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(in.qo_indptr[b + 1] >= in.qo_indptr[b] && in.kv_indptr[b + 1] >= in.kv_indptr[b],
+                   kInvalidArgument, "cpu plan: indptrs decrease at request {}", b);
+    const int pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    const int last = in.kv_last_page_len[b];
+    PAGODA_REQUIRE(pages == 0 ? last == 0 : (last >= 1 && last <= in.page_size), kOutOfRange,
+                   "cpu plan: request {} last_page_len {} outside [1, {}] ({} pages)", b, last,
+                   in.page_size, pages);
+  }
+  PAGODA_REQUIRE(static_cast<size_t>(in.kv_indptr[bs]) == in.kv_indices.size(), kInvalidArgument,
+                 "cpu plan: kv_indices has {} entries, kv_indptr ends at {}", in.kv_indices.size(),
+                 in.kv_indptr[bs]);
+  for (int32_t p : in.kv_indices) {
+    PAGODA_REQUIRE(p >= 0, kOutOfRange, "cpu plan: negative page id {}", p);
+  }
+  if (!in.custom_mask.empty()) {
+    PAGODA_REQUIRE(static_cast<int>(in.mask_indptr.size()) == bs + 1, kInvalidArgument,
+                   "cpu plan: mask_indptr has {} entries, expected {}", in.mask_indptr.size(),
+                   bs + 1);
+    for (int b = 0; b < bs; ++b) {
+      const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+      const int64_t kv = pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b];
+      const int64_t bits = int64_t{in.qo_indptr[b + 1] - in.qo_indptr[b]} * kv;
+      PAGODA_REQUIRE(in.mask_indptr[b] >= 0 && in.mask_indptr[b + 1] - in.mask_indptr[b] >= (bits + 7) / 8 &&
+                         in.mask_indptr[b + 1] <= static_cast<int64_t>(in.custom_mask.size()),
+                     kOutOfRange, "cpu plan: request {} mask bytes [{}, {}) too small for {} bits",
+                     b, in.mask_indptr[b], in.mask_indptr[b + 1], bits);
+    }
+  }
+}
+
+/// Splits the step into work items: per request, KV-head groups x query-head sub-groups x
+/// query tiles of about rows_per_item rows; then, when that leaves fewer than
+/// items_per_thread items per thread, key chunks (split-KV, merged by LSE afterwards).
+void build_schedule(CpuPlan& p, const CpuAttentionOptions& opt) {
+  const AttentionShape& s = p.shape;
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  const int gsplit = (group + 127) / 128;
+  const int gs = (group + gsplit - 1) / gsplit;
+  const int R = opt.rows_per_item;
+  struct Unit {
+    kc::CpuWorkItem item;
+    int64_t cost;
+  };
+  std::vector<Unit> units;
+  for (int b = 0; b < p.batch_size(); ++b) {
+    const int qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
+    if (qo_len == 0) continue;
+    const int qt = std::clamp(R / gs, 1, qo_len);
+    const int hg = std::clamp(R / (qt * gs), 1, s.num_kv_heads);
+    for (int h0 = 0; h0 < s.num_kv_heads; h0 += hg) {
+      for (int g0 = 0; g0 < group; g0 += gs) {
+        for (int q0 = 0; q0 < qo_len; q0 += qt) {
+          kc::CpuWorkItem it;
+          it.request = b;
+          it.kv_head_begin = h0;
+          it.kv_head_end = std::min(s.num_kv_heads, h0 + hg);
+          it.group_begin = g0;
+          it.group_end = std::min(group, g0 + gs);
+          it.q_begin = q0;
+          it.q_end = std::min(qo_len, q0 + qt);
+          it.kv_begin = 0;
+          it.kv_end = p.kv_len[b];
+          const int64_t rows = int64_t{it.kv_head_end - it.kv_head_begin} *
+                               (it.group_end - it.group_begin) * (it.q_end - it.q_begin);
+          units.push_back({it, rows * std::max(1, p.kv_len[b])});
+        }
+      }
+    }
+  }
+  const int64_t target = int64_t{p.num_threads} * opt.items_per_thread;
+  int64_t chunk = 0;  // 0 = no split
+  if (p.num_threads > 1 && static_cast<int64_t>(units.size()) < target) {
+    int64_t total_kv = 0;
+    for (const Unit& u : units) total_kv += u.item.kv_end;
+    chunk = std::max<int64_t>(opt.min_split_tokens, (total_kv + target - 1) / target);
+    chunk = (chunk + opt.kv_block - 1) / opt.kv_block * opt.kv_block;
+  }
+  p.items.clear();
+  p.merges.clear();
+  p.num_partials = 0;
+  p.max_rows = 1;
+  std::vector<Unit> work;
+  for (const Unit& u : units) {
+    const kc::CpuWorkItem& it = u.item;
+    p.max_rows = std::max(p.max_rows, (it.kv_head_end - it.kv_head_begin) *
+                                          (it.group_end - it.group_begin) * (it.q_end - it.q_begin));
+    const int kv = it.kv_end;
+    if (chunk == 0 || kv <= chunk) {
+      work.push_back(u);
+      continue;
+    }
+    const int n = static_cast<int>((kv + chunk - 1) / chunk);
+    kc::CpuMergeItem m;
+    m.request = it.request;
+    m.kv_head_begin = it.kv_head_begin;
+    m.kv_head_end = it.kv_head_end;
+    m.group_begin = it.group_begin;
+    m.group_end = it.group_end;
+    m.q_begin = it.q_begin;
+    m.q_end = it.q_end;
+    m.partial_begin = p.num_partials;
+    m.num_partials = n;
+    p.merges.push_back(m);
+    for (int c = 0; c < n; ++c) {
+      kc::CpuWorkItem part = it;
+      part.kv_begin = static_cast<int32_t>(c * chunk);
+      part.kv_end = static_cast<int32_t>(std::min<int64_t>(kv, (c + 1) * chunk));
+      part.partial = p.num_partials++;
+      work.push_back({part, u.cost / kv * (part.kv_end - part.kv_begin)});
+    }
+  }
+  // Longest first: dynamic scheduling then balances the tail.
+  std::stable_sort(work.begin(), work.end(),
+                   [](const Unit& a, const Unit& b) { return a.cost > b.cost; });
+  p.items.reserve(work.size());
+  for (const Unit& u : work) p.items.push_back(u.item);
+}
+
+void require_view(const TensorView& t, std::initializer_list<int64_t> dims, DType dtype,
+                  const char* what) {
+  PAGODA_REQUIRE(t.device().is_cpu(), kUnsupported, "cpu attention: {} {} is not on the CPU",
+                 what, t.describe());
+  PAGODA_REQUIRE(t.dtype() == dtype, kInvalidArgument, "cpu attention: {} {} has dtype {}, planned {}",
+                 what, t.describe(), t.dtype(), dtype);
+  PAGODA_REQUIRE(t.rank() == static_cast<int>(dims.size()), kInvalidArgument,
+                 "cpu attention: {} {} has rank {}, expected {}", what, t.describe(), t.rank(),
+                 dims.size());
+  int d = 0;
+  for (int64_t want : dims) {
+    PAGODA_REQUIRE(want < 0 || t.size(d) == want, kInvalidArgument,
+                   "cpu attention: {} {}: dim {} is {}, expected {}", what, t.describe(), d,
+                   t.size(d), want);
+    ++d;
+  }
+  PAGODA_REQUIRE(t.numel() == 0 || t.stride(-1) == 1, kUnsupported,
+                 "cpu attention: {} {} needs a contiguous last dimension (stride {})", what,
+                 t.describe(), t.stride(-1));
+}
+
+class CpuBatchAttention final : public attention::BatchAttention {
+ public:
+  explicit CpuBatchAttention(CpuAttentionOptions options) : opt_(options) {}
+  std::string name() const override { return "cpu"; }
+
+  void plan(const PagedPlanInput& in, const AttentionShape& shape) override {
+    validate_plan(in, shape);
+    CpuPlan p;
+    p.qo_indptr.assign(in.qo_indptr.begin(), in.qo_indptr.end());
+    p.kv_indptr.assign(in.kv_indptr.begin(), in.kv_indptr.end());
+    p.kv_indices.assign(in.kv_indices.begin(), in.kv_indices.end());
+    p.custom_mask.assign(in.custom_mask.begin(), in.custom_mask.end());
+    p.mask_indptr.assign(in.mask_indptr.begin(), in.mask_indptr.end());
+    p.page_size = in.page_size;
+    p.shape = shape;
+    p.num_threads = opt_.num_threads > 0 ? opt_.num_threads : omp_get_max_threads();
+    for (int32_t id : p.kv_indices) p.max_page = std::max(p.max_page, id);
+    p.kv_len.resize(std::max(0, p.batch_size()));
+    for (int b = 0; b < p.batch_size(); ++b) {
+      const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+      p.kv_len[b] = static_cast<int32_t>(
+          pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b]);
+    }
+    build_schedule(p, opt_);
+    // Workspace: grown here (host, may allocate), never in run().
+    const int64_t scratch = kc::cpu_attention_scratch_floats(p.max_rows, p.max_rows,
+                                                             shape.head_dim_qk, shape.head_dim_v,
+                                                             opt_.kv_block);
+    const size_t need_scratch = static_cast<size_t>(scratch * p.num_threads);
+    const size_t need_out = static_cast<size_t>(p.num_partials) * p.max_rows * shape.head_dim_v;
+    const size_t need_lse = static_cast<size_t>(p.num_partials) * p.max_rows;
+    if (scratch_.size() < need_scratch) scratch_.resize(need_scratch);
+    if (partial_out_.size() < need_out) partial_out_.resize(need_out);
+    if (partial_lse_.size() < need_lse) partial_lse_.resize(need_lse);
+    scratch_floats_ = scratch;
+    plan_ = std::move(p);
+    planned_ = true;
+  }
+
+  void run(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+           const TensorView& out, const TensorView& lse, const RunParams& params) override;
+
+ private:
+  CpuAttentionOptions opt_;
+  CpuPlan plan_;
+  bool planned_ = false;
+  std::vector<float> scratch_, partial_out_, partial_lse_;
+  int64_t scratch_floats_ = 0;
+};
+
+void CpuBatchAttention::run(const TensorView& q, const TensorView& k_cache,
+                            const TensorView& v_cache, const TensorView& out,
+                            const TensorView& lse, const RunParams& params) {
+  PAGODA_REQUIRE(planned_, kFailedPrecondition, "cpu attention: run() before plan()");
+  const AttentionShape& s = plan_.shape;
+  const int64_t nnz = plan_.batch_size() >= 0 ? plan_.qo_indptr.back() : 0;
+  require_view(q, {nnz, s.num_qo_heads, s.head_dim_qk}, s.q_dtype, "q");
+  require_view(out, {nnz, s.num_qo_heads, s.head_dim_v}, s.out_dtype, "out");
+  require_view(k_cache, {-1, plan_.page_size, s.num_kv_heads, s.head_dim_qk}, s.kv_dtype,
+               "k_cache");
+  require_view(v_cache, {k_cache.size(0), plan_.page_size, s.num_kv_heads, s.head_dim_v},
+               s.kv_dtype, "v_cache");
+  if (!lse.empty()) require_view(lse, {nnz, s.num_qo_heads}, DType::kF32, "lse");
+  PAGODA_REQUIRE(params.sinks.empty() || static_cast<int>(params.sinks.size()) == s.num_qo_heads,
+                 kInvalidArgument, "cpu attention: sinks has {} entries, expected Hq = {}",
+                 params.sinks.size(), s.num_qo_heads);
+  PAGODA_REQUIRE(params.window_left >= -1, kInvalidArgument, "cpu attention: window_left {} < -1",
+                 params.window_left);
+  PAGODA_REQUIRE(params.logit_cap >= 0.f, kInvalidArgument, "cpu attention: logit_cap {} < 0",
+                 params.logit_cap);
+  PAGODA_REQUIRE(plan_.max_page < k_cache.size(0), kOutOfRange,
+                 "cpu attention: page id {} outside the cache's {} pages", plan_.max_page,
+                 k_cache.size(0));
+  if (plan_.items.empty()) return;
+
+  kc::CpuAttentionParams p;
+  p.q = q.data();
+  p.q_dtype = q.dtype();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.k = {k_cache.data(), k_cache.dtype(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
+  p.v = {v_cache.data(), v_cache.dtype(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)};
+  p.out = out.data();
+  p.out_dtype = out.dtype();
+  p.out_stride_token = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  if (!lse.empty()) {
+    p.lse = lse.data_as<float>();
+    p.lse_stride_token = lse.stride(0);
+    p.lse_stride_head = lse.stride(1);
+  }
+  p.num_qo_heads = s.num_qo_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim_qk = s.head_dim_qk;
+  p.head_dim_v = s.head_dim_v;
+  p.page_size = plan_.page_size;
+  p.qo_indptr = plan_.qo_indptr.data();
+  p.kv_indptr = plan_.kv_indptr.data();
+  p.kv_indices = plan_.kv_indices.data();
+  p.kv_len = plan_.kv_len.data();
+  if (!plan_.custom_mask.empty()) {
+    p.mask = kc::CpuMask::kCustom;
+    p.custom_mask = plan_.custom_mask.data();
+    p.mask_indptr = plan_.mask_indptr.data();
+  } else {
+    p.mask = params.mask == MaskKind::kCausal ? kc::CpuMask::kCausal : kc::CpuMask::kNone;
+  }
+  p.window_left = params.window_left;
+  p.sm_scale = params.sm_scale;
+  p.logit_cap = params.logit_cap;
+  p.sinks = params.sinks.empty() ? nullptr : params.sinks.data();
+  p.k_scale = params.k_scale;
+  p.v_scale = params.v_scale;
+
+  kc::CpuSchedule sch;
+  sch.items = plan_.items.data();
+  sch.num_items = static_cast<int64_t>(plan_.items.size());
+  sch.merges = plan_.merges.data();
+  sch.num_merges = static_cast<int64_t>(plan_.merges.size());
+  sch.partial_out = partial_out_.data();
+  sch.partial_lse = partial_lse_.data();
+  sch.max_rows = plan_.max_rows;
+  sch.kv_block = opt_.kv_block;
+  sch.scratch = scratch_.data();
+  sch.scratch_floats = scratch_floats_;
+  sch.num_threads = plan_.num_threads;
+  kc::run_cpu_paged_attention(p, sch);
+}
+
+}  // namespace
+
+std::unique_ptr<attention::BatchAttention> make_cpu_batch_attention(CpuAttentionOptions options) {
+  PAGODA_REQUIRE(options.num_threads >= 0, kInvalidArgument, "cpu attention: num_threads {} < 0",
+                 options.num_threads);
+  PAGODA_REQUIRE(options.kv_block >= 16 && options.kv_block <= 256 && options.kv_block % 16 == 0,
+                 kInvalidArgument, "cpu attention: kv_block {} must be a multiple of 16 in [16, 256]",
+                 options.kv_block);
+  PAGODA_REQUIRE(options.rows_per_item >= 1 && options.rows_per_item <= kc::kCpuMaxRows,
+                 kInvalidArgument, "cpu attention: rows_per_item {} outside [1, {}]",
+                 options.rows_per_item, kc::kCpuMaxRows);
+  PAGODA_REQUIRE(options.min_split_tokens >= 1 && options.items_per_thread >= 1, kInvalidArgument,
+                 "cpu attention: min_split_tokens and items_per_thread must be positive");
+  return std::make_unique<CpuBatchAttention>(options);
+}
+
+int cpu_max_head_dim() { return kc::kCpuMaxHeadDim; }
+
+}  // namespace pagoda::backends

@@ -1,0 +1,211 @@
+#include "pagoda/backends/cuda/cuda_backend.h"
+
+#include "pagoda/attention/kv_access.h"
+#include "pagoda/core/error.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/kernels/cuda/launch.h"
+#include "pagoda/kv/req_to_token.h"
+#include "pagoda/platform/cuda/cuda_platform.h"
+
+namespace pagoda::backends {
+
+using namespace pagoda::attention;
+
+namespace {
+
+bool same_shape(const AttentionShape& a, const AttentionShape& b) {
+  return a.num_qo_heads == b.num_qo_heads && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim_qk == b.head_dim_qk && a.head_dim_v == b.head_dim_v &&
+         a.q_dtype == b.q_dtype && a.kv_dtype == b.kv_dtype && a.out_dtype == b.out_dtype;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const BackendContext& ctx) : ctx_(ctx) {
+  PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
+                 "backend 'cuda' needs a KvPool and a ReqToTokenTable in its BackendContext");
+  PAGODA_REQUIRE(ctx.kv_pool->device().is_cuda(), kUnsupported,
+                 "backend 'cuda' needs a KvPool on a CUDA device (pool is on {}); build the pool "
+                 "with the CUDA platform's allocator, or use 'reference' / 'cpu'",
+                 ctx.kv_pool->device().to_string());
+  if (auto* p = dynamic_cast<platform::CudaPlatform*>(ctx.platform)) {
+    stream_ = p->stream();
+  } else {
+    cuda::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                     "cudaStreamCreate");
+    own_stream_ = true;
+  }
+  attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_);
+}
+
+CudaBackend::~CudaBackend() {
+  attn_.reset();
+  if (own_stream_) (void)cudaStreamDestroy(stream_);
+}
+
+BackendCapabilities CudaBackend::static_capabilities() {
+  BackendCapabilities c;
+  c.q_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
+  c.kv_dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4M3, DType::kFp8E5M2};
+  c.mla = true;
+  c.sliding_window = true;
+  c.logit_cap = true;
+  c.sinks = true;
+  c.non_causal = true;
+  c.custom_mask = true;
+  c.max_topk = 1 << 20;
+  c.multi_step_draft = true;
+  c.mixed_batches = true;
+  c.cuda_graph = true;
+  c.lse = true;
+  c.device = "cuda";
+  return c;
+}
+
+const BackendCapabilities& CudaBackend::capabilities() const {
+  static const BackendCapabilities caps = static_capabilities();
+  return caps;
+}
+
+void CudaBackend::init_forward_metadata(const ForwardBatch& batch) {
+  PagedPlan plan = build_paged_plan(batch, *ctx_.req_to_token, ctx_.kv_pool->page_size());
+  if (last_shape_) attn_->plan(plan.input(), *last_shape_);
+  attn_->upload_cache_loc(batch.out_cache_loc);
+  shape_ = last_shape_;
+  plan_ = std::move(plan);
+  planned_ = true;
+  planned_mode_ = batch.mode;
+  planned_tokens_ = batch.num_tokens();
+}
+
+AttentionShape CudaBackend::shape_for(const AttentionLayer& layer, const TensorView& q,
+                                      const TensorView& out) const {
+  return AttentionShape{.num_qo_heads = layer.num_q_heads,
+                        .num_kv_heads = layer.num_kv_heads,
+                        .head_dim_qk = layer.head_dim_qk,
+                        .head_dim_v = layer.head_dim_v,
+                        .q_dtype = q.dtype(),
+                        .kv_dtype = ctx_.kv_pool->config().dtype,
+                        .out_dtype = out.dtype()};
+}
+
+void CudaBackend::append_kv(const AttentionLayer& layer, const TensorView& k, const TensorView& v,
+                            int num_tokens) {
+  kv::KvPool& pool = *ctx_.kv_pool;
+  PAGODA_REQUIRE(layer.k_scale == pool.k_scale(layer.layer_id) &&
+                     layer.v_scale == pool.v_scale(layer.layer_id),
+                 kInvalidArgument, "layer {} scales ({}, {}) differ from the pool's ({}, {})",
+                 layer.layer_id, layer.k_scale, layer.v_scale, pool.k_scale(layer.layer_id),
+                 pool.v_scale(layer.layer_id));
+  auto write = [&](const TensorView& src, const TensorView& cache, float scale, const char* what) {
+    PAGODA_REQUIRE(src.device().is_cuda() && src.rank() == 3 && src.size(0) == num_tokens &&
+                       src.size(1) == cache.size(2) && src.size(2) == cache.size(3) &&
+                       src.stride(2) == 1,
+                   kInvalidArgument, "new {} {} must be a CUDA [{}, {}, {}] view", what,
+                   src.describe(), num_tokens, cache.size(2), cache.size(3));
+    kernels::cuda::AppendArgs a;
+    a.src = src.data();
+    a.src_stride_n = src.stride(0);
+    a.src_stride_h = src.stride(1);
+    PAGODA_REQUIRE(kernels::cuda::to_elem_type(src.dtype(), a.src_dtype) &&
+                       kernels::cuda::to_elem_type(cache.dtype(), a.cache_dtype),
+                   kInvalidArgument, "KV append needs float dtypes ({} -> {})", src.dtype(),
+                   cache.dtype());
+    a.cache = cache.data();
+    a.page_stride = cache.stride(0);
+    a.token_stride = cache.stride(1);
+    a.head_stride = cache.stride(2);
+    a.loc = attn_->device_cache_loc();
+    a.n = num_tokens;
+    a.num_heads = static_cast<int>(cache.size(2));
+    a.head_dim = static_cast<int>(cache.size(3));
+    a.page_size = static_cast<int>(cache.size(1));
+    a.scale = scale;
+    platform::cuda_append_kv(a, stream_).throw_if_error();
+  };
+  write(k, pool.k_view(layer.layer_id), layer.k_scale, "k");
+  if (!layer.is_mla) write(v, pool.v_view(layer.layer_id), layer.v_scale, "v");
+}
+
+void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out, SaveKv save) {
+  const TensorView lse = lse_;
+  lse_ = TensorView();
+  PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
+                 kFailedPrecondition,
+                 "backend 'cuda': forward({}, {} tokens) without init_forward_metadata for it",
+                 forward_mode_name(batch.mode), batch.num_tokens());
+  kv::KvPool& pool = *ctx_.kv_pool;
+  PAGODA_REQUIRE(layer.is_mla == (pool.config().layout == kv::KvLayout::kMla), kInvalidArgument,
+                 "layer {} is {} but the pool is {}", layer.layer_id, layer.is_mla ? "MLA" : "MHA",
+                 layer.is_mla ? "MHA" : "MLA");
+  const AttentionShape shape = shape_for(layer, q, out);
+  if (!shape_ || !same_shape(*shape_, shape)) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cuda::cuda_check(cudaStreamIsCapturing(stream_, &cs), "cudaStreamIsCapturing");
+    PAGODA_REQUIRE(cs == cudaStreamCaptureStatusNone, kFailedPrecondition,
+                   "layer {} has a shape the captured plan was not made for; run one eager "
+                   "forward of this shape before capturing", layer.layer_id);
+    attn_->plan(plan_.input(), shape);
+    shape_ = shape;
+  }
+  last_shape_ = shape;
+  const PagedCacheViews views = paged_cache_views(pool, layer, plan_.page_size);
+  PAGODA_REQUIRE(q.rank() == 3 && q.size(0) == batch.num_tokens(), kInvalidArgument,
+                 "q {} does not have {} rows", q.describe(), batch.num_tokens());
+  if (save == SaveKv::kYes && batch.num_tokens() > 0) append_kv(layer, k, v, batch.num_tokens());
+  attn_->run(q, views.k, views.v, out, lse, run_params_for(layer));
+}
+
+void CudaBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionLayer& layer, const ForwardBatch& batch,
+                                 const TensorView& out, SaveKv save) {
+  run(q, k, v, layer, batch, out, save);
+}
+
+void CudaBackend::forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionLayer& layer, const ForwardBatch& batch,
+                                 const TensorView& out, SaveKv save) {
+  run(q, k, v, layer, batch, out, save);
+}
+
+void CudaBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
+  PAGODA_REQUIRE(max_bs > 0 && max_num_tokens > 0, kInvalidArgument,
+                 "init_cuda_graph_state needs positive sizes, got {} / {}", max_bs, max_num_tokens);
+  graph_max_bs_ = max_bs;
+  graph_max_tokens_ = max_num_tokens;
+}
+
+void CudaBackend::init_forward_metadata_capture_cuda_graph(const ForwardBatch& batch) {
+  PAGODA_REQUIRE(graph_max_bs_ > 0, kFailedPrecondition,
+                 "init_cuda_graph_state must come before a capture");
+  if (!attn_->graph_mode()) {
+    PAGODA_REQUIRE(last_shape_.has_value(), kFailedPrecondition,
+                   "backend 'cuda' needs one eager forward (to learn the layer shape) before the "
+                   "first CUDA-graph capture");
+    const int64_t ctx_len = ctx_.req_to_token->max_context_len();
+    const int ps = ctx_.kv_pool->page_size();
+    cuda::GraphCapacity cap;
+    cap.max_batch_size = graph_max_bs_;
+    cap.max_tokens = graph_max_tokens_;
+    cap.max_pages = int64_t(graph_max_tokens_) * ((ctx_len + ps - 1) / ps + graph_max_tokens_);
+    cap.max_mask_bytes = int64_t(graph_max_tokens_) * (ctx_len + graph_max_tokens_) / 8 + graph_max_bs_;
+    attn_->enable_graph_mode(cap, *last_shape_);
+  }
+  init_forward_metadata(batch);
+}
+
+void CudaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) {
+  init_forward_metadata(batch);
+}
+
+void register_cuda_backend(BackendRegistry& registry) {
+  registry.add("cuda",
+               "NVIDIA GPU: split-KV decode, tensor-core prefill/extend, generic fallback "
+               "(MLA, f32, e5m2), CUDA graphs",
+               CudaBackend::static_capabilities(),
+               [](const BackendContext& ctx) { return std::make_unique<CudaBackend>(ctx); });
+}
+
+}  // namespace pagoda::backends

@@ -1,0 +1,81 @@
+#pragma once
+/// CudaBackend: the AttentionBackend of the GPU (ARCHITECTURE §3) over CudaBatchAttention.
+///
+/// init_forward_metadata builds the CSR table with build_paged_plan on the host and uploads it
+/// (plus out_cache_loc) once per step into persistent device buffers; forward() appends the new
+/// K/V with the CUDA append kernel (fp8 pools store x / scale) and runs the planned kernel.
+/// The split-KV schedule depends on the layer shape (heads, dims, dtypes): it is planned in
+/// init_forward_metadata with the shape of the last forward, or at the first forward of a step.
+///
+/// CUDA graphs: init_cuda_graph_state(max_bs, max_tokens) records capacities; the first
+/// capture hook freezes them (needs one eager forward before, so the layer shape is known);
+/// capture and replay hooks re-plan into the same addresses; launches use capacity-sized grids
+/// whose blocks read the real counts. Capture on stream(). Not thread-safe.
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <optional>
+
+#include "pagoda/attention/backend.h"
+#include "pagoda/attention/paged_plan.h"
+#include "pagoda/attention/registry.h"
+#include "pagoda/backends/cuda/cuda_batch_attention.h"
+
+namespace pagoda::backends {
+
+class CudaBackend final : public attention::AttentionBackend {
+ public:
+  /// `ctx.kv_pool` must live on a CUDA device and `ctx.req_to_token` be non-null (both outlive
+  /// the backend); Error(kInvalidArgument / kUnsupported) otherwise. Uses the CudaPlatform's
+  /// stream when ctx.platform is one, else its own stream.
+  explicit CudaBackend(const attention::BackendContext& ctx);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  const attention::BackendCapabilities& capabilities() const override;
+  void init_forward_metadata(const attention::ForwardBatch& batch) override;
+  void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+                      const TensorView& out, attention::SaveKv save) override;
+  void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+                      const TensorView& out, attention::SaveKv save) override;
+
+  void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
+  void init_forward_metadata_capture_cuda_graph(const attention::ForwardBatch& batch) override;
+  void init_forward_metadata_replay_cuda_graph(const attention::ForwardBatch& batch) override;
+
+  /// The stream every launch goes to (capture graphs on it).
+  cudaStream_t stream() const { return stream_; }
+  /// The kernel-level object (tests and benchmarks inspect the schedule).
+  const cuda::CudaBatchAttention& batch_attention() const { return *attn_; }
+
+  static attention::BackendCapabilities static_capabilities();
+
+ private:
+  void run(const TensorView& q, const TensorView& k, const TensorView& v,
+           const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+           const TensorView& out, attention::SaveKv save);
+  attention::AttentionShape shape_for(const attention::AttentionLayer& layer, const TensorView& q,
+                                      const TensorView& out) const;
+  void append_kv(const attention::AttentionLayer& layer, const TensorView& k, const TensorView& v,
+                 int num_tokens);
+
+  attention::BackendContext ctx_;
+  cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
+  std::unique_ptr<cuda::CudaBatchAttention> attn_;
+  attention::PagedPlan plan_;
+  bool planned_ = false;
+  attention::ForwardMode planned_mode_ = attention::ForwardMode::kIdle;
+  int planned_tokens_ = 0;
+  std::optional<attention::AttentionShape> shape_;      ///< shape of the uploaded schedule
+  std::optional<attention::AttentionShape> last_shape_; ///< shape of the last forward
+  int graph_max_bs_ = 0, graph_max_tokens_ = 0;
+};
+
+/// Registers "cuda" in `registry` (the factory throws Error(kUnsupported) without a GPU).
+void register_cuda_backend(attention::BackendRegistry& registry);
+
+}  // namespace pagoda::backends

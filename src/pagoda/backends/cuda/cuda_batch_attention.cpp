@@ -1,0 +1,435 @@
+#include "pagoda/backends/cuda/cuda_batch_attention.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "pagoda/core/error.h"
+#include "pagoda/kernels/cuda/launch.h"
+
+namespace pagoda::backends::cuda {
+
+namespace kc = pagoda::kernels::cuda;
+using attention::AttentionShape;
+using attention::PagedPlanInput;
+using attention::RunParams;
+
+/// Byte offsets of the arrays in the device arena (and the identical pinned staging buffer).
+struct CudaBatchAttention::Layout {
+  size_t counts = 0, qo_indptr = 0, kv_indptr = 0, kv_last = 0;
+  size_t item_req = 0, item_a = 0, item_b = 0, item_partial = 0;
+  size_t merge_req = 0, merge_begin = 0, merge_count = 0;
+  size_t kv_indices = 0, mask_indptr = 0, mask = 0, cache_loc = 0, total = 0;
+
+  Layout(int bs, int items, int tokens, int64_t pages, int64_t mask_bytes) {
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+      const size_t o = off;
+      off = (off + bytes + 255) / 256 * 256;
+      return o;
+    };
+    counts = take(16);
+    qo_indptr = take(4 * size_t(bs + 1));
+    kv_indptr = take(4 * size_t(bs + 1));
+    kv_last = take(4 * size_t(bs));
+    item_req = take(4 * size_t(items));
+    item_a = take(4 * size_t(items));
+    item_b = take(4 * size_t(items));
+    item_partial = take(4 * size_t(items));
+    merge_req = take(4 * size_t(bs));
+    merge_begin = take(4 * size_t(bs));
+    merge_count = take(4 * size_t(bs));
+    kv_indices = take(4 * size_t(pages));
+    mask_indptr = take(8 * size_t(bs + 1));
+    mask = take(size_t(mask_bytes));
+    cache_loc = take(4 * size_t(tokens));
+    total = off;
+  }
+};
+
+CudaBatchAttention::CudaBatchAttention(cudaStream_t stream) : stream_(stream) {
+  int dev = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev),
+             "cudaDeviceGetAttribute(SM count)");
+  cuda_check(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming), "cudaEventCreate");
+  ensure_capacity(16, 1024, 512, 0, 256);
+}
+
+CudaBatchAttention::~CudaBatchAttention() {
+  (void)cudaStreamSynchronize(stream_);
+  if (upload_done_ != nullptr) (void)cudaEventDestroy(upload_done_);
+}
+
+void CudaBatchAttention::ensure_capacity(int bs, int64_t pages, int items, int64_t mask_bytes,
+                                         int tokens) {
+  if (layout_ && bs <= cap_bs_ && pages <= cap_pages_ && items <= cap_items_ &&
+      mask_bytes <= cap_mask_ && tokens <= cap_tokens_) {
+    return;
+  }
+  PAGODA_REQUIRE(!graph_mode_, kResourceExhausted,
+                 "CUDA-graph capacity exceeded: batch {} (max {}), pages {} (max {}), work items "
+                 "{} (max {}), mask bytes {} (max {}), tokens {} (max {})",
+                 bs, cap_bs_, pages, cap_pages_, items, cap_items_, mask_bytes, cap_mask_, tokens,
+                 cap_tokens_);
+  auto grow = [](int64_t want, int64_t have) { return std::max(want, have) * 3 / 2 + 16; };
+  const int nbs = static_cast<int>(bs > cap_bs_ ? grow(bs, cap_bs_) : cap_bs_);
+  const int64_t npages = pages > cap_pages_ ? grow(pages, cap_pages_) : cap_pages_;
+  const int nitems = static_cast<int>(items > cap_items_ ? grow(items, cap_items_) : cap_items_);
+  const int64_t nmask = mask_bytes > cap_mask_ ? grow(mask_bytes, cap_mask_) : cap_mask_;
+  const int ntok = static_cast<int>(tokens > cap_tokens_ ? grow(tokens, cap_tokens_) : cap_tokens_);
+  auto layout = std::make_unique<Layout>(nbs, nitems, ntok, npages, nmask);
+  // Work still queued may read the old arena.
+  cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  CudaBuffer arena(layout->total);
+  cuda_check(cudaMemset(arena.get(), 0, layout->total), "cudaMemset(arena)");
+  staging_.reset(layout->total);
+  std::memset(staging_.get(), 0, layout->total);
+  arena_ = std::move(arena);
+  layout_ = std::move(layout);
+  cap_bs_ = nbs;
+  cap_pages_ = npages;
+  cap_items_ = nitems;
+  cap_mask_ = nmask;
+  cap_tokens_ = ntok;
+}
+
+void CudaBatchAttention::ensure_workspace(int partials, int hq, int dv) {
+  const int64_t need = int64_t(std::max(partials, 1)) * hq * std::max(dv, 1);
+  if (need <= cap_partial_floats_ && partial_lse_.bytes() >= size_t(std::max(partials, 1)) * hq * 4) {
+    return;
+  }
+  PAGODA_REQUIRE(!graph_mode_, kResourceExhausted,
+                 "CUDA-graph split-KV workspace exceeded ({} floats needed, {} reserved)", need,
+                 cap_partial_floats_);
+  cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  const int64_t n = need * 3 / 2;
+  partial_o_.reset(size_t(n) * sizeof(float));
+  partial_lse_.reset(size_t(n / std::max(dv, 1) + hq) * sizeof(float));
+  cap_partial_floats_ = n;
+}
+
+void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const AttentionShape& shape) {
+  PAGODA_REQUIRE(cap.max_batch_size > 0 && cap.max_tokens > 0 && cap.max_pages > 0,
+                 kInvalidArgument, "graph capacity needs positive batch, tokens and pages");
+  graph_mode_ = false;
+  const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
+  const int max_grid = sm_count_ * 8;
+  const int items = std::max({cap.max_batch_size, max_grid,
+                              (cap.max_tokens * group + 63) / 64 + cap.max_batch_size});
+  ensure_capacity(cap.max_batch_size, cap.max_pages, items, cap.max_mask_bytes, cap.max_tokens);
+  ensure_workspace(cap_items_, shape.num_qo_heads, shape.head_dim_v);
+  graph_mode_ = true;
+}
+
+namespace {
+
+void validate_input(const PagedPlanInput& in, const AttentionShape& shape) {
+  PAGODA_REQUIRE(in.page_size >= 1, kInvalidArgument, "page_size must be >= 1, got {}",
+                 in.page_size);
+  PAGODA_REQUIRE(!in.qo_indptr.empty(), kInvalidArgument, "qo_indptr must have bs + 1 entries");
+  const int bs = in.batch_size();
+  PAGODA_REQUIRE(in.kv_indptr.size() == size_t(bs + 1) && in.kv_last_page_len.size() == size_t(bs),
+                 kInvalidArgument,
+                 "kv_indptr has {} entries and kv_last_page_len {}; expected {} and {}",
+                 in.kv_indptr.size(), in.kv_last_page_len.size(), bs + 1, bs);
+  PAGODA_REQUIRE(in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0, kInvalidArgument,
+                 "indptrs must start at 0");
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(in.qo_indptr[b + 1] >= in.qo_indptr[b] && in.kv_indptr[b + 1] >= in.kv_indptr[b],
+                   kInvalidArgument, "indptrs must be non-decreasing (request {})", b);
+    const int pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    const int last = in.kv_last_page_len[b];
+    PAGODA_REQUIRE(pages == 0 ? (last == 0 || last <= in.page_size)
+                              : (last >= 1 && last <= in.page_size),
+                   kOutOfRange, "request {}: kv_last_page_len {} outside [1, {}]", b, last,
+                   in.page_size);
+  }
+  PAGODA_REQUIRE(in.kv_indices.size() >= size_t(in.kv_indptr[bs]), kInvalidArgument,
+                 "kv_indices has {} entries, kv_indptr needs {}", in.kv_indices.size(),
+                 in.kv_indptr[bs]);
+  for (int32_t i = 0; i < in.kv_indptr[bs]; ++i) {
+    PAGODA_REQUIRE(in.kv_indices[i] >= 0, kOutOfRange, "page id {} at {} is negative",
+                   in.kv_indices[i], i);
+  }
+  if (!in.custom_mask.empty()) {
+    PAGODA_REQUIRE(in.mask_indptr.size() == size_t(bs + 1), kInvalidArgument,
+                   "mask_indptr needs {} entries, has {}", bs + 1, in.mask_indptr.size());
+    const auto len = kv_lengths(in);
+    for (int b = 0; b < bs; ++b) {
+      const int64_t bits = int64_t(in.qo_indptr[b + 1] - in.qo_indptr[b]) * len[b];
+      PAGODA_REQUIRE(in.mask_indptr[b + 1] - in.mask_indptr[b] >= (bits + 7) / 8 &&
+                         in.mask_indptr[b] >= 0,
+                     kInvalidArgument, "request {}: custom mask segment too short for {} bits", b,
+                     bits);
+    }
+    PAGODA_REQUIRE(in.mask_indptr[bs] <= int64_t(in.custom_mask.size()), kInvalidArgument,
+                   "mask_indptr ends at {} beyond the {} mask bytes", in.mask_indptr[bs],
+                   in.custom_mask.size());
+  }
+  PAGODA_REQUIRE(shape.num_qo_heads > 0 && shape.num_kv_heads > 0 &&
+                     shape.num_qo_heads % shape.num_kv_heads == 0,
+                 kInvalidArgument, "Hq {} must be a positive multiple of Hkv {}",
+                 shape.num_qo_heads, shape.num_kv_heads);
+  PAGODA_REQUIRE(shape.head_dim_qk > 0 && shape.head_dim_v > 0 && shape.head_dim_qk <= 1024 &&
+                     shape.head_dim_v <= 1024,
+                 kUnsupported, "head dims must be in [1, 1024], got {}/{}", shape.head_dim_qk,
+                 shape.head_dim_v);
+  PAGODA_REQUIRE(dtype_is_float(shape.q_dtype) && !dtype_is_fp8(shape.q_dtype) &&
+                     dtype_is_float(shape.kv_dtype) && dtype_is_float(shape.out_dtype) &&
+                     !dtype_is_fp8(shape.out_dtype),
+                 kUnsupported, "dtypes q {} kv {} out {} unsupported (q/out: f32/f16/bf16)",
+                 shape.q_dtype, shape.kv_dtype, shape.out_dtype);
+}
+
+template <typename T>
+void put(unsigned char* base, size_t off, std::span<const T> v) {
+  if (!v.empty()) std::memcpy(base + off, v.data(), v.size_bytes());
+}
+
+}  // namespace
+
+void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& shape) {
+  validate_input(in, shape);
+  const int bs = in.batch_size();
+  ScheduleConfig cfg;
+  cfg.sm_count = sm_count_;
+  cfg.fast_path = kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
+                                          shape.head_dim_qk, shape.head_dim_v);
+  if (cfg.fast_path) {
+    cfg.decode_blocks_per_sm = kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
+                                                        shape.head_dim_qk);
+  }
+  Schedule sched = build_schedule(in, shape, cfg);
+  const int64_t pages = in.kv_indptr[bs];
+  const int64_t mask_bytes = in.custom_mask.empty() ? 0 : in.mask_indptr[bs];
+  ensure_capacity(bs, pages, sched.num_items(), mask_bytes, std::max(sched.nnz_qo, 1));
+  ensure_workspace(sched.num_partials, shape.num_qo_heads, shape.head_dim_v);
+
+  // Commit: the staging buffer may still be read by the previous upload.
+  cuda_check(cudaEventSynchronize(upload_done_), "cudaEventSynchronize");
+  auto* host = static_cast<unsigned char*>(staging_.get());
+  const Layout& L = *layout_;
+  const int32_t counts[4] = {bs, sched.num_items(), sched.num_merges(), 0};
+  std::memcpy(host + L.counts, counts, sizeof(counts));
+  put(host, L.qo_indptr, in.qo_indptr);
+  put(host, L.kv_indptr, in.kv_indptr);
+  put(host, L.kv_last, in.kv_last_page_len);
+  put(host, L.item_req, std::span<const int32_t>(sched.item_req));
+  put(host, L.item_a, std::span<const int32_t>(sched.item_a));
+  put(host, L.item_b, std::span<const int32_t>(sched.item_b));
+  put(host, L.item_partial, std::span<const int32_t>(sched.item_partial));
+  put(host, L.merge_req, std::span<const int32_t>(sched.merge_req));
+  put(host, L.merge_begin, std::span<const int32_t>(sched.merge_begin));
+  put(host, L.merge_count, std::span<const int32_t>(sched.merge_count));
+  put(host, L.kv_indices, in.kv_indices.subspan(0, size_t(pages)));
+  auto* dev = static_cast<unsigned char*>(arena_.get());
+  cuda_check(cudaMemcpyAsync(dev, host, L.kv_indices + size_t(pages) * 4, cudaMemcpyHostToDevice,
+                             stream_),
+             "plan upload");
+  if (mask_bytes > 0) {
+    put(host, L.mask_indptr, in.mask_indptr);
+    put(host, L.mask, in.custom_mask.subspan(0, size_t(mask_bytes)));
+    cuda_check(cudaMemcpyAsync(dev + L.mask_indptr, host + L.mask_indptr,
+                               L.mask + size_t(mask_bytes) - L.mask_indptr, cudaMemcpyHostToDevice,
+                               stream_),
+               "mask upload");
+  }
+  cuda_check(cudaEventRecord(upload_done_, stream_), "cudaEventRecord");
+
+  int32_t max_page = -1;
+  for (int64_t i = 0; i < pages; ++i) max_page = std::max(max_page, in.kv_indices[i]);
+  shape_ = shape;
+  schedule_ = std::move(sched);
+  page_size_ = in.page_size;
+  batch_size_ = bs;
+  nnz_qo_ = schedule_.nnz_qo;
+  max_page_id_ = max_page;
+  has_mask_ = mask_bytes > 0;
+  planned_ = true;
+}
+
+void CudaBatchAttention::upload_cache_loc(std::span<const int32_t> loc) {
+  ensure_capacity(1, 0, 0, 0, static_cast<int>(loc.size()));
+  if (loc.empty()) return;
+  cuda_check(cudaEventSynchronize(upload_done_), "cudaEventSynchronize");
+  auto* host = static_cast<unsigned char*>(staging_.get());
+  put(host, layout_->cache_loc, loc);
+  cuda_check(cudaMemcpyAsync(static_cast<unsigned char*>(arena_.get()) + layout_->cache_loc,
+                             host + layout_->cache_loc, loc.size_bytes(), cudaMemcpyHostToDevice,
+                             stream_),
+             "out_cache_loc upload");
+  cuda_check(cudaEventRecord(upload_done_, stream_), "cudaEventRecord");
+}
+
+const int32_t* CudaBatchAttention::device_cache_loc() const {
+  return reinterpret_cast<const int32_t*>(static_cast<unsigned char*>(arena_.get()) +
+                                          layout_->cache_loc);
+}
+
+const float* CudaBatchAttention::device_sinks(std::span<const float> sinks, Status& st) noexcept {
+  if (sinks.empty()) return nullptr;
+  auto it = sinks_cache_.find(sinks.data());
+  if (it != sinks_cache_.end() && it->second.bytes() == sinks.size_bytes()) {
+    return static_cast<const float*>(it->second.get());
+  }
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  (void)cudaStreamIsCapturing(stream_, &cs);
+  if (cs != cudaStreamCaptureStatusNone) {
+    st = Status(ErrorCode::kFailedPrecondition,
+                "attention sinks first seen during CUDA-graph capture; run the layer eagerly "
+                "once before capturing");
+    return nullptr;
+  }
+  try {
+    CudaBuffer buf(sinks.size_bytes());
+    st = cuda_status(cudaMemcpy(buf.get(), sinks.data(), sinks.size_bytes(),
+                                cudaMemcpyHostToDevice),
+                     "sinks upload");
+    if (!st.is_ok()) return nullptr;
+    auto [pos, _] = sinks_cache_.insert_or_assign(sinks.data(), std::move(buf));
+    return static_cast<const float*>(pos->second.get());
+  } catch (const Error& e) {
+    st = Status(e.code(), e.message());
+    return nullptr;
+  }
+}
+
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+Status check_view(const TensorView& t, const char* what, std::initializer_list<int64_t> dims,
+                  DType dtype) {
+  if (!t.device().is_cuda()) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("{} {} must live on a CUDA device", what, t.describe()));
+  }
+  bool ok = t.rank() == static_cast<int>(dims.size()) && t.dtype() == dtype &&
+            t.stride(t.rank() - 1) == 1;
+  int i = 0;
+  for (int64_t d : dims) {
+    if (ok && d >= 0 && t.size(i) != d) ok = false;
+    ++i;
+  }
+  if (!ok) {
+    std::string want;
+    for (int64_t d : dims) want += (want.empty() ? "" : ", ") + (d < 0 ? std::string("*") : std::to_string(d));
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("{} is {}; expected [{}] {} with unit inner stride", what,
+                              t.describe(), want, dtype));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cache,
+                                   const TensorView& v_cache, const TensorView& out,
+                                   const TensorView& lse, const RunParams& params) noexcept {
+  if (!planned_) return Status(ErrorCode::kFailedPrecondition, "run() before plan()");
+  const AttentionShape& s = shape_;
+  Status st = check_view(q, "q", {nnz_qo_, s.num_qo_heads, s.head_dim_qk}, s.q_dtype);
+  if (st.is_ok()) st = check_view(k_cache, "k_cache", {-1, page_size_, s.num_kv_heads, s.head_dim_qk}, s.kv_dtype);
+  if (st.is_ok()) st = check_view(v_cache, "v_cache", {-1, page_size_, s.num_kv_heads, s.head_dim_v}, s.kv_dtype);
+  if (st.is_ok()) st = check_view(out, "out", {nnz_qo_, s.num_qo_heads, s.head_dim_v}, s.out_dtype);
+  if (st.is_ok() && !lse.empty()) st = check_view(lse, "lse", {nnz_qo_, s.num_qo_heads}, DType::kF32);
+  if (!st.is_ok()) return st;
+  if (max_page_id_ >= k_cache.size(0) || max_page_id_ >= v_cache.size(0)) {
+    return Status(ErrorCode::kOutOfRange,
+                  fmt::format("page id {} beyond the cache's {} pages", max_page_id_,
+                              std::min(k_cache.size(0), v_cache.size(0))));
+  }
+  if (!params.sinks.empty() && params.sinks.size() != size_t(s.num_qo_heads)) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("sinks has {} entries, expected Hq = {}", params.sinks.size(),
+                              s.num_qo_heads));
+  }
+  const float* sinks = device_sinks(params.sinks, st);
+  if (!st.is_ok()) return st;
+
+  const auto* base = static_cast<const unsigned char*>(arena_.get());
+  const Layout& L = *layout_;
+  kc::AttentionArgs a;
+  auto i32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
+  a.plan.counts = i32(L.counts);
+  a.plan.qo_indptr = i32(L.qo_indptr);
+  a.plan.kv_indptr = i32(L.kv_indptr);
+  a.plan.kv_indices = i32(L.kv_indices);
+  a.plan.kv_last_page_len = i32(L.kv_last);
+  a.plan.custom_mask = has_mask_ ? base + L.mask : nullptr;
+  a.plan.mask_indptr = reinterpret_cast<const int64_t*>(base + L.mask_indptr);
+  a.plan.item_req = i32(L.item_req);
+  a.plan.item_a = i32(L.item_a);
+  a.plan.item_b = i32(L.item_b);
+  a.plan.item_partial = i32(L.item_partial);
+  a.plan.merge_req = i32(L.merge_req);
+  a.plan.merge_begin = i32(L.merge_begin);
+  a.plan.merge_count = i32(L.merge_count);
+  a.page_size = page_size_;
+  a.q = q.data();
+  a.q_stride_n = q.stride(0);
+  a.q_stride_h = q.stride(1);
+  a.out = out.data();
+  a.o_stride_n = out.stride(0);
+  a.o_stride_h = out.stride(1);
+  a.lse = lse.empty() ? nullptr : lse.data_as<float>();
+  a.lse_stride_n = lse.empty() ? 0 : lse.stride(0);
+  a.lse_stride_h = lse.empty() ? 0 : lse.stride(1);
+  a.k = {k_cache.data(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
+  a.v = {v_cache.data(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)};
+  a.num_qo_heads = s.num_qo_heads;
+  a.num_kv_heads = s.num_kv_heads;
+  a.head_dim_qk = s.head_dim_qk;
+  a.head_dim_v = s.head_dim_v;
+  if (!kc::to_elem_type(s.q_dtype, a.q_dtype) || !kc::to_elem_type(s.kv_dtype, a.kv_dtype) ||
+      !kc::to_elem_type(s.out_dtype, a.out_dtype)) {
+    return Status(ErrorCode::kUnsupported, "non-float dtype in the attention shape");
+  }
+  a.sm_scale = params.sm_scale;
+  a.logit_cap = params.logit_cap;
+  a.window_left = params.window_left;
+  a.causal = params.mask == attention::MaskKind::kCausal;
+  a.sinks = sinks;
+  a.k_scale = params.k_scale;
+  a.v_scale = params.v_scale;
+  a.partial_o = static_cast<float*>(partial_o_.get());
+  a.partial_lse = static_cast<float*>(partial_lse_.get());
+  a.grid_items = graph_mode_ ? cap_items_ : schedule_.num_items();
+  a.grid_rows = graph_mode_ ? cap_tokens_ : nnz_qo_;
+  a.grid_merge = graph_mode_ ? cap_bs_ : schedule_.num_merges();
+
+  // The tuned kernels need 16-byte rows; anything else takes the generic kernel.
+  const int64_t vec = 8;
+  const bool fast_layout =
+      aligned16(q.data()) && aligned16(k_cache.data()) && aligned16(v_cache.data()) &&
+      (reinterpret_cast<uintptr_t>(out.data()) & 3u) == 0 && q.stride(0) % vec == 0 &&
+      q.stride(1) % vec == 0 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
+      k_cache.stride(0) % vec == 0 && k_cache.stride(1) % vec == 0 &&
+      k_cache.stride(2) % vec == 0 && v_cache.stride(0) % vec == 0 &&
+      v_cache.stride(1) % vec == 0 && v_cache.stride(2) % vec == 0;
+  KernelPath path = schedule_.path;
+  if (!fast_layout) path = KernelPath::kGeneric;
+  switch (path) {
+    case KernelPath::kDecode:
+      st = kc::launch_decode(a, stream_);
+      if (st.is_ok() && (graph_mode_ || schedule_.num_merges() > 0)) st = kc::launch_merge(a, stream_);
+      return st;
+    case KernelPath::kPrefill:
+      return kc::launch_prefill(a, stream_);
+    case KernelPath::kGeneric:
+      return kc::launch_generic(a, stream_);
+  }
+  return Status(ErrorCode::kInternal, "unknown kernel path");
+}
+
+void CudaBatchAttention::run(const TensorView& q, const TensorView& k_cache,
+                             const TensorView& v_cache, const TensorView& out,
+                             const TensorView& lse, const RunParams& params) {
+  try_run(q, k_cache, v_cache, out, lse, params).throw_if_error();
+}
+
+std::unique_ptr<attention::BatchAttention> make_cuda_batch_attention() {
+  return std::make_unique<CudaBatchAttention>();
+}
+
+}  // namespace pagoda::backends::cuda

@@ -1,0 +1,95 @@
+#pragma once
+/// CudaBatchAttention: BatchAttention on an NVIDIA GPU (FlashInfer conventions, see
+/// attention/batch_attention.h). plan() validates the CSR table on the host, builds the work
+/// schedule (split-KV decode, tensor-core prefill or the generic kernel) and uploads it with one
+/// or two async copies into a fixed-address device arena; run() only launches kernels (no
+/// allocation, no host sync), so it can be captured into a CUDA graph and replayed after a later
+/// plan() of the same or smaller batch (graph mode freezes the capacities).
+///
+/// Tensors given to run() must live on the GPU. Threading: one thread at a time; all work goes
+/// to the stream given at construction.
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <unordered_map>
+
+#include "pagoda/attention/batch_attention.h"
+#include "pagoda/backends/cuda/cuda_memory.h"
+#include "pagoda/backends/cuda/cuda_schedule.h"
+#include "pagoda/kernels/cuda/attention_params.h"
+
+namespace pagoda::backends::cuda {
+
+/// Fixed capacities for CUDA-graph use (all batches planned afterwards must fit).
+struct GraphCapacity {
+  int max_batch_size = 0;   ///< requests
+  int max_tokens = 0;       ///< query rows (nnz_qo)
+  int64_t max_pages = 0;    ///< total kv_indices entries
+  int64_t max_mask_bytes = 0;
+};
+
+class CudaBatchAttention final : public attention::BatchAttention {
+ public:
+  /// Uses `stream` (nullptr = legacy default stream) on the current device.
+  explicit CudaBatchAttention(cudaStream_t stream = nullptr);
+  ~CudaBatchAttention() override;
+
+  std::string name() const override { return "cuda"; }
+  void plan(const attention::PagedPlanInput& input, const attention::AttentionShape& shape) override;
+  void run(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+           const TensorView& out, const TensorView& lse, const attention::RunParams& params) override;
+  /// run() without throwing (CUDA-graph paths): kInvalidArgument / kInternal on failure.
+  Status try_run(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                 const TensorView& out, const TensorView& lse,
+                 const attention::RunParams& params) noexcept;
+
+  /// Freezes arena and workspace sizes (allocated now); launches then use capacity-sized grids
+  /// whose blocks read the real counts from the arena. Requires a later plan() per step.
+  void enable_graph_mode(const GraphCapacity& cap, const attention::AttentionShape& shape);
+  bool graph_mode() const { return graph_mode_; }
+
+  /// Device slots for this step's out_cache_loc (the backend's KV append); capacity max_tokens.
+  /// Uploaded with the plan by upload_cache_loc().
+  void upload_cache_loc(std::span<const int32_t> loc);
+  const int32_t* device_cache_loc() const;
+
+  /// Kernel path of the current plan ("decode", "prefill", "generic").
+  KernelPath path() const { return schedule_.path; }
+  const Schedule& schedule() const { return schedule_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  struct Layout;  // arena offsets for the current capacities
+  void ensure_capacity(int bs, int64_t pages, int items, int64_t mask_bytes, int tokens);
+  void ensure_workspace(int partials, int hq, int dv);
+  const float* device_sinks(std::span<const float> sinks, Status& st) noexcept;
+
+  cudaStream_t stream_ = nullptr;
+  int sm_count_ = 132;
+  bool graph_mode_ = false;
+  // capacities
+  int cap_bs_ = 0, cap_items_ = 0, cap_tokens_ = 0;
+  int64_t cap_pages_ = 0, cap_mask_ = 0;
+  int64_t cap_partial_floats_ = 0;
+  CudaBuffer arena_;
+  PinnedBuffer staging_;
+  CudaBuffer partial_o_, partial_lse_;
+  cudaEvent_t upload_done_ = nullptr;
+  std::unordered_map<const float*, CudaBuffer> sinks_cache_;
+  // current plan
+  attention::AttentionShape shape_{};
+  Schedule schedule_;
+  int page_size_ = 1;
+  int batch_size_ = 0;
+  int nnz_qo_ = 0;
+  int32_t max_page_id_ = -1;
+  bool has_mask_ = false;
+  bool planned_ = false;
+  std::unique_ptr<Layout> layout_;
+};
+
+/// A CUDA BatchAttention on the default stream.
+std::unique_ptr<attention::BatchAttention> make_cuda_batch_attention();
+
+}  // namespace pagoda::backends::cuda

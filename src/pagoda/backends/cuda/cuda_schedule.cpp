@@ -1,0 +1,119 @@
+#include "pagoda/backends/cuda/cuda_schedule.h"
+
+#include <algorithm>
+
+namespace pagoda::backends::cuda {
+
+std::string_view kernel_path_name(KernelPath p) {
+  switch (p) {
+    case KernelPath::kDecode: return "decode";
+    case KernelPath::kPrefill: return "prefill";
+    case KernelPath::kGeneric: return "generic";
+  }
+  return "?";
+}
+
+std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in) {
+  const int bs = in.batch_size();
+  std::vector<int32_t> len(static_cast<size_t>(std::max(bs, 0)));
+  for (int b = 0; b < bs; ++b) {
+    const int pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    len[b] = pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b];
+  }
+  return len;
+}
+
+namespace {
+
+constexpr int kMaxGroupPerBlock = 8;  // kernels/cuda kDecodeMaxGroup
+constexpr int kRowsPerTile = 64;      // kernels/cuda kPrefillRowsPerTile
+
+int64_t items_for(const std::vector<int32_t>& len, int chunk) {
+  int64_t n = 0;
+  for (int32_t l : len) n += std::max<int64_t>(1, (l + chunk - 1) / chunk);
+  return n;
+}
+
+}  // namespace
+
+Schedule build_schedule(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
+                        const ScheduleConfig& config) {
+  Schedule s;
+  const int bs = in.batch_size();
+  const std::vector<int32_t> len = kv_lengths(in);
+  s.nnz_qo = bs > 0 ? in.qo_indptr[bs] : 0;
+  bool all_single = true;
+  for (int b = 0; b < bs; ++b) all_single &= (in.qo_indptr[b + 1] - in.qo_indptr[b]) <= 1;
+  const bool has_mask = !in.custom_mask.empty();
+  if (!config.fast_path) {
+    s.path = KernelPath::kGeneric;
+    return s;
+  }
+  const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
+  if (all_single && !has_mask) {
+    s.path = KernelPath::kDecode;
+    const int units = shape.num_kv_heads * ((group + kMaxGroupPerBlock - 1) / kMaxGroupPerBlock);
+    const int64_t max_grid = int64_t(config.sm_count) * config.decode_blocks_per_sm;
+    int chunk = 0;
+    const int32_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
+    if (config.allow_split && int64_t(bs) * units < max_grid && longest > config.min_chunk_tokens) {
+      int lo = config.min_chunk_tokens, hi = longest;  // smallest chunk that fits one wave
+      while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (items_for(len, mid) * units <= max_grid) hi = mid; else lo = mid + 1;
+      }
+      chunk = (lo + 15) / 16 * 16;
+      if (chunk >= longest) chunk = 0;
+    }
+    s.chunk_tokens = chunk;
+    for (int b = 0; b < bs; ++b) {
+      if (in.qo_indptr[b + 1] == in.qo_indptr[b]) continue;
+      const int n = chunk > 0 ? std::max(1, (len[b] + chunk - 1) / chunk) : 1;
+      if (n == 1) {
+        s.item_req.push_back(b);
+        s.item_a.push_back(0);
+        s.item_b.push_back(len[b]);
+        s.item_partial.push_back(-1);
+        continue;
+      }
+      s.merge_req.push_back(b);
+      s.merge_begin.push_back(s.num_partials);
+      s.merge_count.push_back(n);
+      for (int c = 0; c < n; ++c) {
+        s.item_req.push_back(b);
+        s.item_a.push_back(c * chunk);
+        s.item_b.push_back(std::min(len[b], (c + 1) * chunk));
+        s.item_partial.push_back(s.num_partials++);
+      }
+    }
+    return s;
+  }
+  s.path = KernelPath::kPrefill;
+  // Heaviest tiles first (causal: the last rows of long requests see the most keys), so the
+  // tail of the grid is made of short blocks.
+  struct Tile {
+    int64_t work;
+    int32_t b, t;
+  };
+  std::vector<Tile> tiles;
+  for (int b = 0; b < bs; ++b) {
+    const int qo = in.qo_indptr[b + 1] - in.qo_indptr[b];
+    const int rows = qo * group;
+    for (int t = 0; t * kRowsPerTile < rows; ++t) {
+      const int last_tok = (std::min(rows, (t + 1) * kRowsPerTile) - 1) / std::max(group, 1);
+      const int64_t keys = has_mask ? len[b] : std::min<int64_t>(len[b], len[b] - qo + last_tok + 1);
+      tiles.push_back({keys, b, t});
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& x, const Tile& y) { return x.work > y.work; });
+  for (const Tile& t : tiles) {
+    s.item_req.push_back(t.b);
+    s.item_a.push_back(t.t);
+    s.item_b.push_back(0);
+    s.item_partial.push_back(-1);
+  }
+  return s;
+}
+
+}  // namespace pagoda::backends::cuda

@@ -1,0 +1,48 @@
+#pragma once
+/// Host-side work schedule of one CUDA attention step: which kernel runs (decode / prefill /
+/// generic) and its work items. Pure host code (unit-testable without a GPU); a plan is a value.
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "pagoda/attention/batch_attention.h"
+
+namespace pagoda::backends::cuda {
+
+enum class KernelPath : uint8_t { kDecode, kPrefill, kGeneric };
+std::string_view kernel_path_name(KernelPath p);
+
+/// Inputs of the split-KV planner.
+struct ScheduleConfig {
+  int sm_count = 132;
+  int decode_blocks_per_sm = 2;   ///< resident decode blocks per SM
+  bool fast_path = true;          ///< a tuned instantiation exists for the shape
+  bool allow_split = true;
+  int min_chunk_tokens = 256;     ///< never split a request into chunks smaller than this
+};
+
+/// The schedule: work items (request, a, b, partial) and merge rows (request, first partial,
+/// count), in the layout the kernels read (kernels/cuda/attention_params.h DevicePlan).
+struct Schedule {
+  KernelPath path = KernelPath::kGeneric;
+  std::vector<int32_t> item_req, item_a, item_b, item_partial;
+  std::vector<int32_t> merge_req, merge_begin, merge_count;
+  int num_partials = 0;
+  int chunk_tokens = 0;           ///< decode split size (0 = no split)
+  int nnz_qo = 0;
+  int num_items() const { return static_cast<int>(item_req.size()); }
+  int num_merges() const { return static_cast<int>(merge_req.size()); }
+};
+
+/// kv_len of every request of a validated plan input.
+std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in);
+
+/// Builds the schedule. Decode path: every request has qo_len <= 1 and there is no custom mask;
+/// requests are cut into equal token chunks (smallest chunk with
+/// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 8)), so
+/// skewed lengths still fill the GPU. Prefill path: one item per (request, 64 packed rows).
+Schedule build_schedule(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
+                        const ScheduleConfig& config);
+
+}  // namespace pagoda::backends::cuda

@@ -1,0 +1,269 @@
+#include "pagoda/backends/reference/reference_batch_attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+
+namespace pagoda::backends {
+
+using attention::AttentionShape;
+using attention::MaskKind;
+using attention::PagedPlanInput;
+using attention::RunParams;
+
+namespace {
+
+bool is_activation_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+/// The planned step, owned (plan() copies its input).
+struct OwnedPlan {
+  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len;
+  std::vector<uint8_t> custom_mask;
+  std::vector<int64_t> mask_indptr;
+  int page_size = 1;
+  AttentionShape shape;
+  int batch_size() const { return static_cast<int>(qo_indptr.size()) - 1; }
+  int64_t kv_len(int b) const {
+    const int64_t pages = kv_indptr[b + 1] - kv_indptr[b];
+    return pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
+  }
+};
+
+void validate_plan(const PagedPlanInput& in, const AttentionShape& s) {
+  const int bs = in.batch_size();
+  PAGODA_REQUIRE(bs >= 0 && static_cast<int>(in.kv_indptr.size()) == bs + 1 &&
+                     static_cast<int>(in.kv_last_page_len.size()) == bs,
+                 kInvalidArgument, "plan: qo_indptr {} / kv_indptr {} / kv_last_page_len {} sizes disagree",
+                 in.qo_indptr.size(), in.kv_indptr.size(), in.kv_last_page_len.size());
+  PAGODA_REQUIRE(in.page_size >= 1, kInvalidArgument, "plan: page size {} < 1", in.page_size);
+  PAGODA_REQUIRE(s.num_qo_heads > 0 && s.num_kv_heads > 0 && s.num_qo_heads % s.num_kv_heads == 0,
+                 kInvalidArgument, "plan: Hq {} must be a positive multiple of Hkv {}",
+                 s.num_qo_heads, s.num_kv_heads);
+  PAGODA_REQUIRE(s.head_dim_qk > 0 && s.head_dim_v > 0, kInvalidArgument,
+                 "plan: head dims {}/{} must be positive", s.head_dim_qk, s.head_dim_v);
+  PAGODA_REQUIRE(is_activation_dtype(s.q_dtype) && is_activation_dtype(s.out_dtype) &&
+                     dtype_is_float(s.kv_dtype),
+                 kUnsupported, "plan: dtypes q {} kv {} out {} unsupported (q/out f32, f16, bf16)",
+                 s.q_dtype, s.kv_dtype, s.out_dtype);
+  PAGODA_REQUIRE(bs < 0 || (in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0), kInvalidArgument,
+                 "plan: indptrs must start at 0");
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(in.qo_indptr[b + 1] >= in.qo_indptr[b] && in.kv_indptr[b + 1] >= in.kv_indptr[b],
+                   kInvalidArgument, "plan: indptrs decrease at request {}", b);
+    const int pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    const int last = in.kv_last_page_len[b];
+    PAGODA_REQUIRE(pages == 0 ? last == 0 : (last >= 1 && last <= in.page_size), kOutOfRange,
+                   "plan: request {} last_page_len {} outside [1, {}] ({} pages)", b, last,
+                   in.page_size, pages);
+  }
+  PAGODA_REQUIRE(bs <= 0 || static_cast<size_t>(in.kv_indptr[bs]) == in.kv_indices.size(),
+                 kInvalidArgument, "plan: kv_indices has {} entries, kv_indptr ends at {}",
+                 in.kv_indices.size(), bs > 0 ? in.kv_indptr[bs] : 0);
+  for (int32_t p : in.kv_indices) {
+    PAGODA_REQUIRE(p >= 0, kOutOfRange, "plan: negative page id {}", p);
+  }
+  if (!in.custom_mask.empty()) {
+    PAGODA_REQUIRE(static_cast<int>(in.mask_indptr.size()) == bs + 1, kInvalidArgument,
+                   "plan: mask_indptr has {} entries, expected {}", in.mask_indptr.size(), bs + 1);
+    for (int b = 0; b < bs; ++b) {
+      const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+      const int64_t kv = pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b];
+      const int64_t bits = int64_t{in.qo_indptr[b + 1] - in.qo_indptr[b]} * kv;
+      PAGODA_REQUIRE(in.mask_indptr[b + 1] - in.mask_indptr[b] >= (bits + 7) / 8 &&
+                         in.mask_indptr[b + 1] <= static_cast<int64_t>(in.custom_mask.size()),
+                     kOutOfRange, "plan: request {} mask bytes [{}, {}) too small for {} bits", b,
+                     in.mask_indptr[b], in.mask_indptr[b + 1], bits);
+    }
+  }
+}
+
+void require_view(const TensorView& t, std::initializer_list<int64_t> dims, DType dtype,
+                  const char* what) {
+  PAGODA_REQUIRE(t.device().is_cpu(), kUnsupported, "reference attention: {} {} is not on the CPU",
+                 what, t.describe());
+  PAGODA_REQUIRE(t.dtype() == dtype, kInvalidArgument, "{} {} has dtype {}, planned {}", what,
+                 t.describe(), t.dtype(), dtype);
+  PAGODA_REQUIRE(t.rank() == static_cast<int>(dims.size()), kInvalidArgument,
+                 "{} {} has rank {}, expected {}", what, t.describe(), t.rank(), dims.size());
+  int d = 0;
+  for (int64_t want : dims) {
+    PAGODA_REQUIRE(want < 0 || t.size(d) == want, kInvalidArgument,
+                   "{} {}: dim {} is {}, expected {}", what, t.describe(), d, t.size(d), want);
+    ++d;
+  }
+}
+
+class ReferenceBatchAttention final : public attention::BatchAttention {
+ public:
+  explicit ReferenceBatchAttention(ReferenceFaults faults) : faults_(faults) {}
+  std::string name() const override { return "reference"; }
+
+  void plan(const PagedPlanInput& in, const AttentionShape& shape) override {
+    validate_plan(in, shape);
+    OwnedPlan p;
+    p.qo_indptr.assign(in.qo_indptr.begin(), in.qo_indptr.end());
+    p.kv_indptr.assign(in.kv_indptr.begin(), in.kv_indptr.end());
+    p.kv_indices.assign(in.kv_indices.begin(), in.kv_indices.end());
+    p.kv_last_page_len.assign(in.kv_last_page_len.begin(), in.kv_last_page_len.end());
+    p.custom_mask.assign(in.custom_mask.begin(), in.custom_mask.end());
+    p.mask_indptr.assign(in.mask_indptr.begin(), in.mask_indptr.end());
+    p.page_size = in.page_size;
+    p.shape = shape;
+    plan_ = std::move(p);
+    planned_ = true;
+  }
+
+  void run(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+           const TensorView& out, const TensorView& lse, const RunParams& params) override;
+
+ private:
+  void run_request(int b, const TensorView& q, const TensorView& k_cache,
+                   const TensorView& v_cache, const TensorView& out, const TensorView& lse,
+                   const RunParams& params) const;
+
+  ReferenceFaults faults_;
+  OwnedPlan plan_;
+  bool planned_ = false;
+};
+
+void ReferenceBatchAttention::run(const TensorView& q, const TensorView& k_cache,
+                                  const TensorView& v_cache, const TensorView& out,
+                                  const TensorView& lse, const RunParams& params) {
+  PAGODA_REQUIRE(planned_, kFailedPrecondition, "reference attention: run() before plan()");
+  const AttentionShape& s = plan_.shape;
+  const int64_t nnz = plan_.qo_indptr.back();
+  require_view(q, {nnz, s.num_qo_heads, s.head_dim_qk}, s.q_dtype, "q");
+  require_view(out, {nnz, s.num_qo_heads, s.head_dim_v}, s.out_dtype, "out");
+  require_view(k_cache, {-1, plan_.page_size, s.num_kv_heads, s.head_dim_qk}, s.kv_dtype,
+               "k_cache");
+  require_view(v_cache, {k_cache.size(0), plan_.page_size, s.num_kv_heads, s.head_dim_v},
+               s.kv_dtype, "v_cache");
+  if (!lse.empty()) require_view(lse, {nnz, s.num_qo_heads}, DType::kF32, "lse");
+  PAGODA_REQUIRE(params.sinks.empty() || static_cast<int>(params.sinks.size()) == s.num_qo_heads,
+                 kInvalidArgument, "sinks has {} entries, expected Hq = {}", params.sinks.size(),
+                 s.num_qo_heads);
+  PAGODA_REQUIRE(params.window_left >= -1, kInvalidArgument, "window_left {} < -1",
+                 params.window_left);
+  PAGODA_REQUIRE(params.logit_cap >= 0.f, kInvalidArgument, "logit_cap {} < 0", params.logit_cap);
+  for (int32_t p : plan_.kv_indices) {
+    PAGODA_REQUIRE(p < k_cache.size(0), kOutOfRange, "page id {} outside the cache's {} pages", p,
+                   k_cache.size(0));
+  }
+  for (int b = 0; b < plan_.batch_size(); ++b) run_request(b, q, k_cache, v_cache, out, lse, params);
+}
+
+void ReferenceBatchAttention::run_request(int b, const TensorView& q, const TensorView& k_cache,
+                                          const TensorView& v_cache, const TensorView& out,
+                                          const TensorView& lse,
+                                          const RunParams& params) const {
+  const AttentionShape& s = plan_.shape;
+  const int64_t qo_begin = plan_.qo_indptr[b];
+  const int64_t qo_len = plan_.qo_indptr[b + 1] - qo_begin;
+  const int64_t kv_len = plan_.kv_len(b);
+  const int group = s.num_qo_heads / s.num_kv_heads;
+  const int dqk = s.head_dim_qk, dv = s.head_dim_v;
+  const bool custom = !plan_.custom_mask.empty();
+  const bool causal = params.mask == MaskKind::kCausal;
+  const bool use_sinks = !params.sinks.empty() && !faults_.drop_sinks;
+  constexpr double kLog2e = 1.4426950408889634;
+
+  // Gathers this request's keys/values of one kv head into dense fp64 rows.
+  std::vector<double> keys(static_cast<size_t>(kv_len) * dqk), vals(static_cast<size_t>(kv_len) * dv);
+  std::vector<double> logits(static_cast<size_t>(kv_len)), acc(static_cast<size_t>(dv));
+  std::vector<uint8_t> visible(static_cast<size_t>(kv_len));
+  for (int kvh = 0; kvh < s.num_kv_heads; ++kvh) {
+    for (int64_t j = 0; j < kv_len; ++j) {
+      const int64_t page = plan_.kv_indices[plan_.kv_indptr[b] + j / plan_.page_size];
+      const int64_t off = j % plan_.page_size;
+      const int64_t kb = page * k_cache.stride(0) + off * k_cache.stride(1) + kvh * k_cache.stride(2);
+      const int64_t vb = page * v_cache.stride(0) + off * v_cache.stride(1) + kvh * v_cache.stride(2);
+      for (int d = 0; d < dqk; ++d) {
+        keys[j * dqk + d] = double(read_as_f32(k_cache.data(), s.kv_dtype,
+                                               static_cast<size_t>(kb + d * k_cache.stride(3)))) *
+                            params.k_scale;
+      }
+      for (int d = 0; d < dv; ++d) {
+        vals[j * dv + d] = double(read_as_f32(v_cache.data(), s.kv_dtype,
+                                              static_cast<size_t>(vb + d * v_cache.stride(3)))) *
+                           params.v_scale;
+      }
+    }
+    for (int64_t i = 0; i < qo_len; ++i) {
+      // Visibility of key j for query i (shared by the heads of this group).
+      const int64_t diag = kv_len - qo_len + i + (custom ? 0 : faults_.causal_shift);
+      for (int64_t j = 0; j < kv_len; ++j) {
+        bool ok;
+        if (custom) {
+          const int64_t bit = i * kv_len + j;
+          ok = (plan_.custom_mask[plan_.mask_indptr[b] + bit / 8] >> (bit % 8)) & 1;
+        } else {
+          ok = !causal || j <= diag;
+        }
+        if (params.window_left >= 0 && j < kv_len - qo_len + i - params.window_left) ok = false;
+        visible[j] = ok;
+      }
+      for (int g = 0; g < group; ++g) {
+        const int h = kvh * group + g;
+        const int64_t row = qo_begin + i;
+        const int64_t qb = row * q.stride(0) + h * q.stride(1);
+        double m = -std::numeric_limits<double>::infinity();
+        int64_t n_visible = 0;
+        for (int64_t j = 0; j < kv_len; ++j) {
+          if (!visible[j]) continue;
+          double dot = 0;
+          for (int d = 0; d < dqk; ++d) {
+            dot += double(read_as_f32(q.data(), s.q_dtype, static_cast<size_t>(qb + d * q.stride(2)))) *
+                   keys[j * dqk + d];
+          }
+          double logit = double(params.sm_scale) * dot;
+          if (params.logit_cap > 0.f) logit = params.logit_cap * std::tanh(logit / params.logit_cap);
+          logits[j] = logit;
+          m = std::max(m, logit);
+          ++n_visible;
+        }
+        const int64_t ob = row * out.stride(0) + h * out.stride(1);
+        if (n_visible == 0) {
+          for (int d = 0; d < dv; ++d) {
+            write_from_f32(out.data(), s.out_dtype, static_cast<size_t>(ob + d * out.stride(2)), 0.f);
+          }
+          if (!lse.empty()) {
+            lse.data_as<float>()[row * lse.stride(0) + h * lse.stride(1)] =
+                -std::numeric_limits<float>::infinity();
+          }
+          continue;
+        }
+        const double sink = use_sinks ? double(params.sinks[h]) : 0.0;
+        if (use_sinks) m = std::max(m, sink);
+        double denom = use_sinks ? std::exp(sink - m) : 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < kv_len; ++j) {
+          if (!visible[j]) continue;
+          const double p = std::exp(logits[j] - m);
+          denom += p;
+          for (int d = 0; d < dv; ++d) acc[d] += p * vals[j * dv + d];
+        }
+        for (int d = 0; d < dv; ++d) {
+          write_from_f32(out.data(), s.out_dtype, static_cast<size_t>(ob + d * out.stride(2)),
+                         static_cast<float>(acc[d] / denom));
+        }
+        if (!lse.empty()) {
+          lse.data_as<float>()[row * lse.stride(0) + h * lse.stride(1)] =
+              static_cast<float>((m + std::log(denom)) * kLog2e);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<attention::BatchAttention> make_reference_batch_attention(ReferenceFaults faults) {
+  return std::make_unique<ReferenceBatchAttention>(faults);
+}
+
+}  // namespace pagoda::backends

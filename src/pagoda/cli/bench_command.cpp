@@ -1,0 +1,304 @@
+// `pagoda bench`: a synthetic serving workload on the engine (shared system prompts, multi-turn
+// follow-ups, mixed prompt and output lengths), a progress bar on stderr, then a summary table
+// (or one JSON object with --json).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/cli/commands.h"
+#include "pagoda/core/error.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/model/llama.h"
+#include "pagoda/model/ops.h"
+#include "pagoda/model/safetensors.h"
+
+namespace pagoda::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::string model = "builtin";
+  uint64_t weight_seed = 0;
+  std::string backend;
+  std::string prefill_backend;
+  std::string decode_backend;
+  int page_size = 16;
+  int64_t pool_tokens = 12288;
+  int requests = 600;
+  uint64_t seed = 1;
+  int max_new_tokens = 64;
+  std::string policy = "lpm";
+  int chunk_size = 256;
+  int max_running = 48;
+  bool no_radix = false;
+  bool no_mixed = false;
+  bool json = false;
+};
+
+/// One conversation: a system prompt, then turns; each turn adds a user message and generates.
+struct Conversation {
+  int system = 0;
+  std::vector<std::vector<int32_t>> user;  ///< per turn
+  std::vector<int32_t> output_len;         ///< per turn
+  int next_turn = 0;
+  std::vector<int32_t> history;            ///< prompt + outputs so far
+};
+
+struct Workload {
+  std::vector<std::vector<int32_t>> systems;
+  std::vector<Conversation> convs;
+};
+
+Workload make_workload(const BenchOptions& o, int32_t bos, int32_t vocab) {
+  std::mt19937_64 rng(o.seed);
+  const int32_t byte_vocab = std::min<int32_t>(vocab, 256);
+  auto tokens = [&](int lo, int hi) {
+    std::vector<int32_t> t(lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1)));
+    for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(byte_vocab));
+    return t;
+  };
+  Workload w;
+  for (int s = 0; s < 4; ++s) w.systems.push_back(tokens(128, 384));
+  int turns = 0;
+  while (turns < o.requests) {
+    Conversation c;
+    c.system = static_cast<int>(rng() % w.systems.size());
+    const int n = std::min(o.requests - turns, 1 + static_cast<int>(rng() % 3));
+    for (int t = 0; t < n; ++t) {
+      c.user.push_back(t == 0 ? tokens(16, 160) : tokens(8, 64));
+      c.output_len.push_back(
+          std::max(1, 8 + static_cast<int>(rng() % static_cast<uint64_t>(
+                                                std::max(1, o.max_new_tokens - 7)))));
+      c.output_len.back() = std::min(c.output_len.back(), o.max_new_tokens);
+    }
+    if (bos >= 0) c.history.push_back(bos);
+    c.history.insert(c.history.end(), w.systems[c.system].begin(), w.systems[c.system].end());
+    turns += n;
+    w.convs.push_back(std::move(c));
+  }
+  return w;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const double idx = p / 100.0 * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(idx);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (idx - static_cast<double>(lo));
+}
+
+void progress(int done, int total, double elapsed, int64_t out_tokens) {
+  const int width = 30;
+  const int fill = total == 0 ? width : done * width / total;
+  std::fprintf(stderr, "\r[%s%s] %d/%d requests  %.1f s  %.0f out tok/s ",
+               std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), done,
+               total, elapsed, elapsed > 0 ? static_cast<double>(out_tokens) / elapsed : 0.0);
+  std::fflush(stderr);
+}
+
+void run_bench(const BenchOptions& o) {
+  prepare_host_threads();
+  PAGODA_REQUIRE(o.requests >= 1, kInvalidArgument, "--requests must be >= 1");
+  PAGODA_REQUIRE(o.max_new_tokens >= 1, kInvalidArgument, "--max-new-tokens must be >= 1");
+  PAGODA_REQUIRE(o.policy == "fcfs" || o.policy == "lpm", kInvalidArgument,
+                 "--policy must be fcfs or lpm (got {})", o.policy);
+  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LlamaModel llama(loaded.config, loaded.weights);
+  auto platform = platform::make_builtin_platform_registry().make_default();
+
+  engine::EngineConfig cfg;
+  cfg.page_size = o.page_size;
+  cfg.pool_tokens = o.pool_tokens;
+  cfg.radix_cache = !o.no_radix;
+  cfg.scheduler.max_running_requests = o.max_running;
+  cfg.scheduler.chunk_size = o.chunk_size;
+  cfg.scheduler.mixed_batches = !o.no_mixed;
+  cfg.scheduler.policy = o.policy == "lpm" ? engine::SchedulePolicy::kLongestPrefixMatch
+                                           : engine::SchedulePolicy::kFcfs;
+  cfg.backend.attention = o.backend.empty() && o.prefill_backend.empty() &&
+                                  o.decode_backend.empty()
+                              ? engine::default_backend_name(*platform)
+                              : o.backend;
+  cfg.backend.prefill = o.prefill_backend;
+  cfg.backend.decode = o.decode_backend;
+  engine::Engine eng(llama, cfg, platform.get());
+
+  Workload w = make_workload(o, loaded.config.bos_token_id, loaded.config.vocab_size);
+  std::unordered_map<engine::RequestId, size_t> conv_of;
+  auto submit = [&](size_t ci) {
+    Conversation& c = w.convs[ci];
+    const auto& user = c.user[c.next_turn];
+    c.history.insert(c.history.end(), user.begin(), user.end());
+    const engine::RequestId id = eng.add_request(engine::GenerateRequest{
+        .prompt = c.history,
+        .max_new_tokens = c.output_len[c.next_turn],
+        .sampling = {},
+        .ignore_eos = true,
+        .extra_key = {}});
+    conv_of[id] = ci;
+  };
+  for (size_t ci = 0; ci < w.convs.size(); ++ci) submit(ci);
+
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  std::vector<double> ttft, tpot;
+  int64_t in_tokens = 0, out_tokens = 0;
+  int done = 0, failed = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double last_print = -1.0;
+  while (eng.has_work()) {
+    const engine::StepOutput step = eng.step();
+    for (engine::RequestId id : step.finished) {
+      const engine::RequestOutput out = eng.output(id);
+      ++done;
+      if (out.finish_reason == engine::FinishReason::kError) {
+        ++failed;
+        std::fprintf(stderr, "\nrequest %lld failed: %s\n", static_cast<long long>(id),
+                     out.error.c_str());
+      } else {
+        in_tokens += out.prompt_len;
+        out_tokens += static_cast<int64_t>(out.output_ids.size());
+        ttft.push_back(out.first_token_s - out.arrival_s);
+        if (out.output_ids.size() > 1)
+          tpot.push_back((out.finish_s - out.first_token_s) /
+                         static_cast<double>(out.output_ids.size() - 1));
+      }
+      Conversation& c = w.convs[conv_of.at(id)];
+      c.history.insert(c.history.end(), out.output_ids.begin(), out.output_ids.end());
+      eng.release(id);
+      if (++c.next_turn < static_cast<int>(c.user.size()) &&
+          out.finish_reason != engine::FinishReason::kError) {
+        submit(conv_of.at(id));
+      } else if (c.next_turn < static_cast<int>(c.user.size())) {
+        done += static_cast<int>(c.user.size()) - c.next_turn;  // skipped follow-ups
+      }
+    }
+    const double t = elapsed();
+    if (t - last_print > (tty ? 0.1 : 2.0)) {
+      progress(done, o.requests, t, out_tokens);
+      last_print = t;
+    }
+  }
+  const double wall = elapsed();
+  progress(done, o.requests, wall, out_tokens);
+  std::fprintf(stderr, "\n");
+
+  const engine::EngineStats st = eng.stats();
+  const int completed = done - failed;
+  nlohmann::json j = {
+      {"model", loaded.config.name},
+      {"backend", eng.backend_name()},
+      {"page_size", o.page_size},
+      {"pool_tokens", st.pool_tokens},
+      {"requests", completed},
+      {"failed_requests", failed},
+      {"wall_s", wall},
+      {"requests_per_s", completed / wall},
+      {"input_tokens", in_tokens},
+      {"output_tokens", out_tokens},
+      {"input_tokens_per_s", static_cast<double>(in_tokens) / wall},
+      {"output_tokens_per_s", static_cast<double>(out_tokens) / wall},
+      {"ttft_p50_ms", percentile(ttft, 50) * 1e3},
+      {"ttft_p99_ms", percentile(ttft, 99) * 1e3},
+      {"tpot_p50_ms", percentile(tpot, 50) * 1e3},
+      {"tpot_p99_ms", percentile(tpot, 99) * 1e3},
+      {"prefix_hit_rate", st.prefix_hit_rate()},
+      {"computed_tokens", st.computed_tokens},
+      {"peak_kv_tokens", st.scheduler.peak_used_tokens},
+      {"peak_kv_fraction",
+       static_cast<double>(st.scheduler.peak_used_tokens) / static_cast<double>(st.pool_tokens)},
+      {"evicted_tokens", st.cache.evicted_tokens},
+      {"retractions", st.scheduler.retractions},
+      {"steps", st.steps},
+      {"mixed_steps", st.mixed_steps},
+      {"leaked_pages", eng.leaked_pages()},
+  };
+  if (o.json) {
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  fmt::print("pagoda bench: model {} ({:.1f}M params), backend {}, page {}, pool {} tokens, "
+             "policy {}, chunk {}\n",
+             loaded.config.name, static_cast<double>(loaded.config.num_parameters()) / 1e6,
+             eng.backend_name(), o.page_size, st.pool_tokens, o.policy, o.chunk_size);
+  auto row = [](const char* name, const std::string& value) {
+    fmt::print("  {:<24} {:>16}\n", name, value);
+  };
+  row("requests", fmt::format("{} ({} failed)", completed, failed));
+  row("wall time", fmt::format("{:.2f} s", wall));
+  row("requests/s", fmt::format("{:.2f}", completed / wall));
+  row("input tokens/s", fmt::format("{:.0f}", static_cast<double>(in_tokens) / wall));
+  row("output tokens/s", fmt::format("{:.0f}", static_cast<double>(out_tokens) / wall));
+  row("TTFT p50 / p99", fmt::format("{:.0f} / {:.0f} ms", percentile(ttft, 50) * 1e3,
+                                    percentile(ttft, 99) * 1e3));
+  row("TPOT p50 / p99", fmt::format("{:.1f} / {:.1f} ms", percentile(tpot, 50) * 1e3,
+                                    percentile(tpot, 99) * 1e3));
+  row("prefix hit rate", fmt::format("{:.1f} %", st.prefix_hit_rate() * 100));
+  row("peak KV use", fmt::format("{} tok ({:.0f} %)", st.scheduler.peak_used_tokens,
+                                 100.0 * static_cast<double>(st.scheduler.peak_used_tokens) /
+                                     static_cast<double>(st.pool_tokens)));
+  row("evicted tokens", fmt::format("{}", st.cache.evicted_tokens));
+  row("retractions", fmt::format("{}", st.scheduler.retractions));
+  row("steps (mixed)", fmt::format("{} ({})", st.steps, st.mixed_steps));
+  row("leaked pages", fmt::format("{}", eng.leaked_pages()));
+}
+
+}  // namespace
+
+void prepare_host_threads() {
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    std::vector<std::string> args;
+    for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::setenv("OMP_WAIT_POLICY", "passive", 1);
+    if (args.size() > 0) ::execv("/proc/self/exe", argv.data());
+    // execv failed: carry on with the current settings.
+  }
+  model::set_blas_num_threads(1);
+}
+
+void add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  auto* cmd = app.add_subcommand("bench", "Synthetic serving benchmark on the engine");
+  cmd->add_option("--model", o->model, "builtin, or a Hugging Face checkpoint folder")
+      ->capture_default_str();
+  cmd->add_option("--weight-seed", o->weight_seed)->capture_default_str();
+  cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
+  cmd->add_option("--prefill-backend", o->prefill_backend, "backend for extend steps");
+  cmd->add_option("--decode-backend", o->decode_backend, "backend for decode steps");
+  cmd->add_option("--page-size", o->page_size)->capture_default_str();
+  cmd->add_option("--pool-tokens", o->pool_tokens, "KV pool capacity in tokens")
+      ->capture_default_str();
+  cmd->add_option("--requests", o->requests, "requests (turns) in the workload")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "workload seed")->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "largest output length")
+      ->capture_default_str();
+  cmd->add_option("--policy", o->policy, "fcfs or lpm")->capture_default_str();
+  cmd->add_option("--chunk-size", o->chunk_size, "chunked prefill budget (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--max-running", o->max_running, "max running requests")->capture_default_str();
+  cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
+  cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");
+  cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace pagoda::cli

@@ -1,0 +1,159 @@
+// `pagoda generate`: one generation through the engine, streamed to the terminal (or one JSON
+// object with --json).
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "pagoda/cli/commands.h"
+#include "pagoda/core/error.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/model/llama.h"
+#include "pagoda/model/safetensors.h"
+#include "pagoda/model/tokenizer.h"
+
+namespace pagoda::cli {
+
+namespace {
+
+struct GenerateOptions {
+  std::string model = "builtin";
+  uint64_t weight_seed = 0;
+  std::string prompt;
+  std::string token_ids;
+  int max_new_tokens = 32;
+  float temperature = 0.f;
+  int top_k = 0;
+  float top_p = 1.f;
+  uint64_t seed = 0;
+  std::string backend;
+  int page_size = 16;
+  bool ignore_eos = false;
+  bool json = false;
+  bool dump_logits = false;
+};
+
+std::vector<int32_t> parse_token_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      const long v = std::stol(item, &used);
+      PAGODA_REQUIRE(used == item.size() && v >= 0 && v <= INT32_MAX, kInvalidArgument,
+                     "bad token id '{}'", item);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::logic_error&) {
+      throw_error(ErrorCode::kInvalidArgument, "bad token id '{}'", item);
+    }
+  }
+  return ids;
+}
+
+void run_generate(const GenerateOptions& o) {
+  prepare_host_threads();
+  PAGODA_REQUIRE(o.prompt.empty() != o.token_ids.empty(), kInvalidArgument,
+                 "give exactly one of --prompt and --token-ids");
+  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LlamaModel llama(loaded.config, loaded.weights);
+  const model::ByteTokenizer tok(loaded.config.bos_token_id, loaded.config.eos_token_id);
+  const std::vector<int32_t> prompt =
+      o.prompt.empty() ? parse_token_ids(o.token_ids) : tok.encode(o.prompt, true);
+
+  auto platform = platform::make_builtin_platform_registry().make_default();
+  engine::EngineConfig cfg;
+  cfg.page_size = o.page_size;
+  cfg.pool_tokens = std::max<int64_t>(
+      4096, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2);
+  cfg.scheduler.max_running_requests = 4;
+  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
+  engine::Engine eng(llama, cfg, platform.get());
+
+  nlohmann::json logits_json = nlohmann::json::array();
+  if (o.dump_logits) {
+    eng.set_logits_observer([&](engine::RequestId, std::span<const float> logits) {
+      logits_json.push_back(std::vector<float>(logits.begin(), logits.end()));
+    });
+  }
+  const engine::RequestId id = eng.add_request(engine::GenerateRequest{
+      .prompt = prompt,
+      .max_new_tokens = o.max_new_tokens,
+      .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
+                   .seed = o.seed},
+      .ignore_eos = o.ignore_eos,
+      .extra_key = {}});
+  if (!o.json && !o.prompt.empty()) {
+    std::fputs(o.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  while (eng.has_work()) {
+    const engine::StepOutput step = eng.step();
+    if (o.json) continue;
+    for (const auto& [rid, token] : step.tokens) {
+      const std::string text = tok.decode(std::span(&token, 1));
+      if (o.prompt.empty() || text.empty()) {
+        std::printf(o.prompt.empty() ? "%d " : "", token);
+      } else {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+      }
+      std::fflush(stdout);
+    }
+  }
+  const engine::RequestOutput out = eng.output(id);
+  PAGODA_REQUIRE(out.finish_reason != engine::FinishReason::kError, kResourceExhausted, "{}",
+                 out.error);
+  if (!o.json) {
+    std::printf("\n");
+    std::fprintf(stderr, "[%zu tokens, finish: %s, ttft %.1f ms, %.1f tok/s, backend %s]\n",
+                 out.output_ids.size(), engine::finish_reason_name(out.finish_reason),
+                 (out.first_token_s - out.arrival_s) * 1e3,
+                 out.output_ids.size() / std::max(1e-9, out.finish_s - out.arrival_s),
+                 eng.backend_name().c_str());
+    return;
+  }
+  nlohmann::json j = {
+      {"model", loaded.config.name},
+      {"backend", eng.backend_name()},
+      {"prompt_token_ids", prompt},
+      {"output_token_ids", out.output_ids},
+      {"output_text", tok.decode(out.output_ids)},
+      {"finish_reason", engine::finish_reason_name(out.finish_reason)},
+      {"ttft_s", out.first_token_s - out.arrival_s},
+      {"latency_s", out.finish_s - out.arrival_s},
+  };
+  if (o.dump_logits) j["logits"] = std::move(logits_json);
+  // Invalid UTF-8 bytes in output_text are replaced rather than rejected.
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto opts = std::make_shared<GenerateOptions>();
+  auto* cmd = app.add_subcommand("generate", "Generate from one prompt (greedy or sampled)");
+  cmd->add_option("--model", opts->model, "builtin, or a Hugging Face checkpoint folder")
+      ->capture_default_str();
+  cmd->add_option("--weight-seed", opts->weight_seed, "seed of the builtin model's weights")
+      ->capture_default_str();
+  cmd->add_option("--prompt", opts->prompt, "prompt text (byte-level tokens, BOS prepended)");
+  cmd->add_option("--token-ids", opts->token_ids, "prompt token ids, comma separated");
+  cmd->add_option("--max-new-tokens", opts->max_new_tokens)->capture_default_str();
+  cmd->add_option("--temperature", opts->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", opts->top_k, "0 = off")->capture_default_str();
+  cmd->add_option("--top-p", opts->top_p)->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--backend", opts->backend, "attention backend (default: the platform's)");
+  cmd->add_option("--page-size", opts->page_size)->capture_default_str();
+  cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after EOS");
+  cmd->add_flag("--json", opts->json, "print one JSON object instead of streaming");
+  cmd->add_flag("--dump-logits", opts->dump_logits,
+                "with --json: add \"logits\", the f32 logits of every generated step");
+  cmd->callback([opts] { run_generate(*opts); });
+}
+
+}  // namespace pagoda::cli

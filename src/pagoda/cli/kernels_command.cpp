@@ -1,0 +1,314 @@
+// `pagoda kernels`: times one BatchAttention implementation on a synthetic paged shape and
+// reports ms, GB/s, TFLOP/s and the percentage of this machine's ceiling measured in the same
+// run (streaming-read bandwidth for decode, OpenBLAS sgemm rate for extend / verify).
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <omp.h>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/attention/batch_attention.h"
+#include "pagoda/backends/reference/reference_batch_attention.h"
+#include "pagoda/cli/commands.h"
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+#ifdef PAGODA_CLI_HAVE_CPU_BACKEND
+#include "pagoda/backends/cpu/cpu_batch_attention.h"
+#include "pagoda/kernels/cpu/paged_attention.h"
+#endif
+
+#ifdef PAGODA_CLI_HAVE_BLAS
+extern "C" {
+void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                 const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
+void openblas_set_num_threads(int num_threads);
+}
+#endif
+
+namespace pagoda::cli {
+namespace {
+
+struct KernelsArgs {
+  std::string backend = "cpu";
+  std::string op = "decode";
+  int batch = 16;
+  int kv_len = 8192;
+  int q_len = 0;  // 0: 1 for decode, 8 for verify, kv_len for extend
+  int q_heads = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  int head_dim_v = 0;  // 0: head_dim
+  int page_size = 16;
+  std::string kv_dtype = "bf16";
+  std::string q_dtype = "bf16";
+  int threads = 0;
+  int iters = 20;
+  bool json = false;
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+/// Streaming read bandwidth (GB/s) of `threads` threads over a buffer far beyond the LLC.
+double measure_read_bandwidth(int threads) {
+#ifdef PAGODA_CLI_HAVE_CPU_BACKEND
+  const int64_t n = int64_t{1} << 28;  // 1 GiB of floats
+  std::vector<float> buf(static_cast<size_t>(n));
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t i = 0; i < n; ++i) buf[static_cast<size_t>(i)] = static_cast<float>(i & 7);
+  std::vector<double> rates;
+  double sink = 0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    sink += kernels::cpu::cpu_stream_read_sum(buf.data(), n, threads);
+    rates.push_back(static_cast<double>(n) * 4 / seconds_since(t0) / 1e9);
+  }
+  if (sink == 0.125) std::fprintf(stderr, " ");  // keeps the reads observable
+  return median(rates);
+#else
+  (void)threads;
+  return 0.0;
+#endif
+}
+
+/// f32 GEMM rate (TFLOP/s) of OpenBLAS with `threads` threads (0 when BLAS is not built in).
+double measure_sgemm_tflops(int threads) {
+#ifdef PAGODA_CLI_HAVE_BLAS
+  openblas_set_num_threads(threads);
+  const int n = 2048;
+  std::vector<float> a(size_t{n} * n, 0.5f), b(size_t{n} * n, 0.25f), c(size_t{n} * n);
+  std::vector<double> rates;
+  for (int r = 0; r < 4; ++r) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(101, 111, 111, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    rates.push_back(2.0 * n * n * n / seconds_since(t0) / 1e12);
+  }
+  rates.erase(rates.begin());  // warm-up
+  return median(rates);
+#else
+  (void)threads;
+  return 0.0;
+#endif
+}
+
+std::unique_ptr<attention::BatchAttention> make_attention(const std::string& name, int threads) {
+  if (name == "reference") return backends::make_reference_batch_attention();
+#ifdef PAGODA_CLI_HAVE_CPU_BACKEND
+  if (name == "cpu") return backends::make_cpu_batch_attention({.num_threads = threads});
+  throw_error(ErrorCode::kUnsupported, "kernels: unknown backend '{}' (have: cpu, reference)", name);
+#else
+  (void)threads;
+  throw_error(ErrorCode::kUnsupported, "kernels: unknown backend '{}' (have: reference)", name);
+#endif
+}
+
+/// A buffer of `n` elements of `t` filled with uniform values in [-1, 1].
+std::vector<unsigned char> random_buffer(DType t, size_t n, std::mt19937_64& rng) {
+  std::vector<unsigned char> buf(n * dtype_size(t));
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  for (size_t i = 0; i < n; ++i) write_from_f32(buf.data(), t, i, uni(rng));
+  return buf;
+}
+
+void run_kernels(const KernelsArgs& a) {
+  const auto kv_dtype = parse_dtype(a.kv_dtype);
+  const auto q_dtype = parse_dtype(a.q_dtype);
+  PAGODA_REQUIRE(kv_dtype && q_dtype, kInvalidArgument, "kernels: unknown dtype '{}' / '{}'",
+                 a.kv_dtype, a.q_dtype);
+  PAGODA_REQUIRE(a.op == "decode" || a.op == "extend" || a.op == "verify", kInvalidArgument,
+                 "kernels: --op must be decode, extend or verify (got '{}')", a.op);
+  PAGODA_REQUIRE(a.batch >= 1 && a.kv_len >= 1 && a.page_size >= 1 && a.iters >= 1 &&
+                     a.q_heads >= 1 && a.kv_heads >= 1 && a.head_dim >= 1 && a.threads >= 0,
+                 kInvalidArgument, "kernels: sizes must be positive");
+  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  const int q_len = a.q_len > 0 ? a.q_len : (a.op == "decode" ? 1 : a.op == "verify" ? 8 : a.kv_len);
+  PAGODA_REQUIRE(q_len <= a.kv_len, kInvalidArgument, "kernels: --q-len {} > --kv-len {}", q_len,
+                 a.kv_len);
+  const int dv = a.head_dim_v > 0 ? a.head_dim_v : a.head_dim;
+  const bool mla = dv != a.head_dim;  // V is a strided view of K's first dv elements
+  PAGODA_REQUIRE(!mla || (a.kv_heads == 1 && dv < a.head_dim), kInvalidArgument,
+                 "kernels: --head-dim-v != --head-dim means MLA (kv heads 1, Dv < Dqk)");
+
+  // Page table: every request owns ceil(kv_len / page_size) pages, in a shuffled order.
+  std::mt19937_64 rng(1234);
+  const int pages_per_req = (a.kv_len + a.page_size - 1) / a.page_size;
+  const int num_pages = a.batch * pages_per_req;
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, last(a.batch), indices(num_pages);
+  std::iota(indices.begin(), indices.end(), 0);
+  std::shuffle(indices.begin(), indices.end(), rng);
+  for (int b = 0; b < a.batch; ++b) {
+    qo_indptr.push_back(qo_indptr.back() + q_len);
+    kv_indptr.push_back(kv_indptr.back() + pages_per_req);
+    last[b] = a.kv_len - (pages_per_req - 1) * a.page_size;
+  }
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> mask_indptr;
+  if (a.op == "verify") {  // a random tree: prefix visible, draft j sees its random ancestors
+    mask_indptr.push_back(0);
+    for (int b = 0; b < a.batch; ++b) {
+      const int64_t bits = int64_t{q_len} * a.kv_len;
+      std::vector<uint8_t> m(static_cast<size_t>((bits + 7) / 8));
+      std::vector<int> parent(q_len, -1);
+      for (int i = 1; i < q_len; ++i) parent[i] = static_cast<int>(rng() % i);
+      const int prefix = a.kv_len - q_len;
+      for (int i = 0; i < q_len; ++i) {
+        auto set = [&](int64_t j) { const int64_t bit = int64_t{i} * a.kv_len + j; m[bit / 8] |= uint8_t(1u << (bit % 8)); };
+        for (int j = 0; j < prefix; ++j) set(j);
+        for (int x = i; x >= 0; x = parent[x]) set(prefix + x);
+      }
+      mask.insert(mask.end(), m.begin(), m.end());
+      mask_indptr.push_back(static_cast<int64_t>(mask.size()));
+    }
+  }
+
+  // KV copies rotated between iterations so small problems do not run from cache.
+  const int64_t kv_row = int64_t{a.kv_heads} * a.head_dim;
+  const int64_t kv_elems = int64_t{num_pages} * a.page_size * kv_row;
+  const double kv_bytes = static_cast<double>(kv_elems) * dtype_size(*kv_dtype) * (mla ? 1 : 2);
+  const int copies = static_cast<int>(std::clamp(std::ceil(512e6 / kv_bytes), 1.0, 8.0));
+  std::vector<std::vector<unsigned char>> k_bufs, v_bufs;
+  for (int c = 0; c < copies; ++c) {
+    k_bufs.push_back(random_buffer(*kv_dtype, static_cast<size_t>(kv_elems), rng));
+    if (!mla) v_bufs.push_back(random_buffer(*kv_dtype, static_cast<size_t>(kv_elems), rng));
+  }
+  const int nnz = qo_indptr.back();
+  auto q_buf = random_buffer(*q_dtype, static_cast<size_t>(nnz) * a.q_heads * a.head_dim, rng);
+  std::vector<unsigned char> o_buf(static_cast<size_t>(nnz) * a.q_heads * dv * dtype_size(*q_dtype));
+
+  auto attn = make_attention(a.backend, threads);
+  const attention::PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr,
+                                     .kv_indices = indices, .kv_last_page_len = last,
+                                     .page_size = a.page_size, .custom_mask = mask,
+                                     .mask_indptr = mask_indptr};
+  const attention::AttentionShape shape{.num_qo_heads = a.q_heads, .num_kv_heads = a.kv_heads,
+                                        .head_dim_qk = a.head_dim, .head_dim_v = dv,
+                                        .q_dtype = *q_dtype, .kv_dtype = *kv_dtype,
+                                        .out_dtype = *q_dtype};
+  const auto tp = Clock::now();
+  attn->plan(in, shape);
+  const double plan_ms = seconds_since(tp) * 1e3;
+  const attention::RunParams params{.sm_scale = 1.f / std::sqrt(static_cast<float>(a.head_dim))};
+  const TensorView q(q_buf.data(), *q_dtype, {nnz, a.q_heads, a.head_dim});
+  const TensorView out(o_buf.data(), *q_dtype, {nnz, a.q_heads, dv});
+  auto run_once = [&](int it) {
+    auto& kb = k_bufs[static_cast<size_t>(it % copies)];
+    const TensorView k(kb.data(), *kv_dtype, {num_pages, a.page_size, a.kv_heads, a.head_dim});
+    const TensorView v =
+        mla ? TensorView(kb.data(), *kv_dtype, {num_pages, a.page_size, 1, dv},
+                         {int64_t{a.page_size} * a.head_dim, a.head_dim, a.head_dim, 1})
+            : TensorView(v_bufs[static_cast<size_t>(it % copies)].data(), *kv_dtype,
+                         {num_pages, a.page_size, a.kv_heads, dv});
+    attn->run(q, k, v, out, TensorView(), params);
+  };
+  for (int w = 0; w < std::min(3, a.iters); ++w) run_once(w);
+  std::vector<double> ms;
+  for (int it = 0; it < a.iters; ++it) {
+    const auto t0 = Clock::now();
+    run_once(it);
+    ms.push_back(seconds_since(t0) * 1e3);
+  }
+  const double t_ms = median(ms);
+
+  // Work: bytes touched (Q + K + V + O) and FLOPs over visible (query, key) pairs.
+  const double kv_read = static_cast<double>(a.batch) * a.kv_len * a.kv_heads *
+                         (a.head_dim + (mla ? 0 : dv)) * dtype_size(*kv_dtype);
+  const double bytes = kv_read + static_cast<double>(nnz) * a.q_heads * (a.head_dim + dv) *
+                                     dtype_size(*q_dtype);
+  double pairs = 0;  // per request
+  if (a.op == "verify") {
+    for (uint8_t byte : mask) pairs += std::popcount(static_cast<unsigned>(byte));
+    pairs /= a.batch;
+  } else {
+    for (int i = 0; i < q_len; ++i) pairs += std::min(a.kv_len, a.kv_len - q_len + i + 1);
+  }
+  const double flops = 2.0 * pairs * a.batch * a.q_heads * (a.head_dim + dv);
+  const double gbps = bytes / (t_ms * 1e-3) / 1e9;
+  const double tflops = flops / (t_ms * 1e-3) / 1e12;
+  const bool memory_bound = a.op == "decode";
+  const double peak = memory_bound ? measure_read_bandwidth(threads) : measure_sgemm_tflops(threads);
+  const double pct = peak > 0 ? 100.0 * (memory_bound ? gbps : tflops) / peak : 0.0;
+
+  nlohmann::json j;
+  j["backend"] = a.backend;
+  j["op"] = a.op;
+  j["batch"] = a.batch;
+  j["kv_len"] = a.kv_len;
+  j["q_len"] = q_len;
+  j["q_heads"] = a.q_heads;
+  j["kv_heads"] = a.kv_heads;
+  j["head_dim"] = a.head_dim;
+  j["head_dim_v"] = dv;
+  j["page_size"] = a.page_size;
+  j["kv_dtype"] = std::string(dtype_name(*kv_dtype));
+  j["q_dtype"] = std::string(dtype_name(*q_dtype));
+  j["threads"] = threads;
+#ifdef PAGODA_CLI_HAVE_CPU_BACKEND
+  j["simd"] = kernels::cpu::cpu_simd_target_name();
+#endif
+  j["iters"] = a.iters;
+  j["kv_copies"] = copies;
+  j["plan_ms"] = plan_ms;
+  j["ms"] = t_ms;
+  j["ms_min"] = *std::min_element(ms.begin(), ms.end());
+  j["bytes"] = bytes;
+  j["flops"] = flops;
+  j["gbps"] = gbps;
+  j["tflops"] = tflops;
+  j["peak_kind"] = memory_bound ? "stream_read_gbps" : "sgemm_tflops";
+  j["peak"] = peak;
+  j["pct_of_peak"] = pct;
+  if (a.json) {
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("%s %s: %.3f ms, %.1f GB/s, %.3f TFLOP/s, %.1f%% of %s %.2f\n", a.backend.c_str(),
+                a.op.c_str(), t_ms, gbps, tflops, pct, memory_bound ? "read GB/s" : "sgemm TFLOP/s",
+                peak);
+  }
+}
+
+}  // namespace
+
+void add_kernels_command(CLI::App& app) {
+  auto args = std::make_shared<KernelsArgs>();
+  CLI::App* cmd = app.add_subcommand("kernels", "Time a BatchAttention backend on one shape");
+  cmd->add_option("--backend", args->backend, "cpu | reference")->capture_default_str();
+  cmd->add_option("--op", args->op, "decode | extend | verify")->capture_default_str();
+  cmd->add_option("--batch", args->batch, "requests")->capture_default_str();
+  cmd->add_option("--kv-len", args->kv_len, "keys per request (including the queries)")
+      ->capture_default_str();
+  cmd->add_option("--q-len", args->q_len, "queries per request (0: 1 decode, 8 verify, kv-len extend)");
+  cmd->add_option("--q-heads", args->q_heads)->capture_default_str();
+  cmd->add_option("--kv-heads", args->kv_heads)->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "Dqk")->capture_default_str();
+  cmd->add_option("--head-dim-v", args->head_dim_v, "Dv (0: head-dim; smaller = MLA strided V)");
+  cmd->add_option("--page-size", args->page_size)->capture_default_str();
+  cmd->add_option("--kv-dtype", args->kv_dtype, "f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2")
+      ->capture_default_str();
+  cmd->add_option("--q-dtype", args->q_dtype, "f32 | f16 | bf16 (also the output dtype)")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "0: all OpenMP threads");
+  cmd->add_option("--iters", args->iters, "timed iterations (median reported)")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "print one JSON object");
+  cmd->callback([args] { run_kernels(*args); });
+}
+
+}  // namespace pagoda::cli

@@ -1,0 +1,254 @@
+#include "pagoda/engine/engine.h"
+
+#include <algorithm>
+
+#include "pagoda/cache/chunk_cache.h"
+#include "pagoda/cache/radix_cache.h"
+#include "pagoda/core/check.h"
+#include "pagoda/core/error.h"
+
+namespace pagoda::engine {
+
+using attention::ForwardMode;
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kContext: return "context";
+    case FinishReason::kError: return "error";
+  }
+  return "?";
+}
+
+Req::Req(RequestId rid, GenerateRequest&& g, double now)
+    : id(rid),
+      prompt_len(static_cast<int32_t>(g.prompt.size())),
+      max_new_tokens(g.max_new_tokens),
+      ignore_eos(g.ignore_eos),
+      sampler(g.sampling) {
+  cache.tokens = std::move(g.prompt);
+  cache.extra_key = std::move(g.extra_key);
+  out.id = rid;
+  out.prompt_len = prompt_len;
+  out.arrival_s = now;
+}
+
+std::string default_backend_name(const platform::Platform& platform) {
+  attention::BackendRegistry registry;
+  backends::register_builtin_backends(registry);
+  const std::string name = platform.default_attention_backend();
+  return registry.contains(name) ? name : "reference";
+}
+
+namespace {
+
+int32_t context_len_for(const model::LlamaModel& model, const EngineConfig& c) {
+  const int32_t model_max = model.config().max_position_embeddings;
+  PAGODA_REQUIRE(c.max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
+  return c.max_context_len > 0 ? std::min(c.max_context_len, model_max) : model_max;
+}
+
+}  // namespace
+
+Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform)
+    : model_(&model),
+      config_(config),
+      platform_(platform),
+      max_context_len_(context_len_for(model, config)),
+      start_(std::chrono::steady_clock::now()) {
+  PAGODA_REQUIRE(config.page_size >= 1, kInvalidArgument, "page size must be >= 1 (got {})",
+                 config.page_size);
+  const int64_t num_pages = config.pool_tokens / config.page_size;
+  PAGODA_REQUIRE(num_pages >= 1 && num_pages < (int64_t{1} << 30) / config.page_size,
+                 kInvalidArgument, "pool of {} tokens at page size {} is out of range",
+                 config.pool_tokens, config.page_size);
+  if (platform_ == nullptr) {
+    own_platform_ = platform::make_cpu_platform();
+    platform_ = own_platform_.get();
+  }
+  allocator_ = std::make_unique<kv::PageAllocator>(static_cast<int32_t>(num_pages),
+                                                   config.page_size);
+  table_ = std::make_unique<kv::ReqToTokenTable>(config.scheduler.max_running_requests,
+                                                 max_context_len_);
+  pool_ = std::make_unique<kv::KvPool>(
+      model.kv_pool_config(static_cast<int32_t>(num_pages), config.page_size),
+      platform_->allocator());
+  if (config.radix_cache) {
+    cache_ = std::make_unique<cache::RadixCache>(*allocator_, *table_);
+  } else {
+    cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
+  }
+  backends::register_builtin_backends(registry_);
+  auto req = model.backend_requirements(config.page_size);
+  req.mixed_batches = config.scheduler.mixed_batches;
+  req.device = platform_->name();
+  backend_ = backends::make_backend(
+      registry_, config.backend, req,
+      attention::BackendContext{
+          .platform = platform_, .kv_pool = pool_.get(), .req_to_token = table_.get()});
+  runner_ = std::make_unique<model::ModelRunner>(model, *backend_);
+  scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
+  stats_.pool_tokens = num_pages * config.page_size;
+}
+
+Engine::~Engine() = default;
+
+double Engine::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+RequestId Engine::add_request(GenerateRequest request) {
+  const auto& mc = model_->config();
+  const int64_t len = static_cast<int64_t>(request.prompt.size());
+  PAGODA_REQUIRE(len > 0, kInvalidArgument, "empty prompt");
+  for (int32_t id : request.prompt)
+    PAGODA_REQUIRE(id >= 0 && id < mc.vocab_size, kInvalidArgument,
+                   "prompt token id {} outside the vocabulary [0, {})", id, mc.vocab_size);
+  PAGODA_REQUIRE(request.max_new_tokens >= 1, kInvalidArgument,
+                 "max_new_tokens must be >= 1 (got {})", request.max_new_tokens);
+  request.sampling.validate();
+  PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
+                 "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
+                 "one output token)",
+                 len, max_context_len_);
+  PAGODA_REQUIRE(len <= stats_.pool_tokens, kResourceExhausted,
+                 "prompt of {} tokens is larger than the whole KV pool ({} tokens)", len,
+                 stats_.pool_tokens);
+  const RequestId id = next_id_++;
+  auto req = std::make_unique<Req>(id, std::move(request), now());
+  scheduler_->enqueue(req.get());
+  reqs_.emplace(id, std::move(req));
+  return id;
+}
+
+bool Engine::check_finished(Req& req, int32_t token) {
+  const int32_t eos = model_->config().eos_token_id;
+  if (!req.ignore_eos && eos >= 0 && token == eos) {
+    req.out.finish_reason = FinishReason::kStop;
+  } else if (req.num_output() >= req.max_new_tokens) {
+    req.out.finish_reason = FinishReason::kLength;
+  } else if (req.num_tokens() >= max_context_len_) {
+    req.out.finish_reason = FinishReason::kContext;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+StepOutput Engine::step() {
+  StepOutput out;
+  ScheduledStep s = scheduler_->schedule();
+  for (Req* r : s.aborted) {
+    r->out.finish_s = now();
+    out.finished.push_back(r->id);
+  }
+  if (s.empty()) return out;
+
+  model::StepInput in{.mode = s.mode, .seqs = {}, .out_cache_loc = std::move(s.out_cache_loc)};
+  in.seqs.reserve(s.seqs.size());
+  for (const ScheduledSeq& q : s.seqs) {
+    const auto tokens = std::span<const int32_t>(q.req->cache.tokens)
+                            .subspan(static_cast<size_t>(q.prefix_len),
+                                     static_cast<size_t>(q.num_tokens));
+    in.seqs.push_back(model::StepSequence{.req_slot = q.req->cache.req_slot.value(),
+                                          .prefix_len = static_cast<int32_t>(q.prefix_len),
+                                          .tokens = tokens,
+                                          .want_logits = q.completes_fill});
+  }
+  const std::span<const float> logits = runner_->run(in);
+  out.mode = s.mode;
+  out.num_seqs = static_cast<int32_t>(s.seqs.size());
+  out.num_tokens = static_cast<int64_t>(in.out_cache_loc.size());
+
+  const int64_t vocab = model_->config().vocab_size;
+  int64_t row = 0;
+  const double t = now();
+  for (const ScheduledSeq& q : s.seqs) {
+    Req* r = q.req;
+    if (q.is_decode) {
+      scheduler_->complete_decode(r);
+    } else {
+      scheduler_->complete_extend(q);
+    }
+    if (!q.completes_fill) continue;
+    const auto row_logits = logits.subspan(row * vocab, vocab);
+    if (logits_observer_) logits_observer_(r->id, row_logits);
+    const int32_t token = r->sampler.sample(row_logits);
+    ++row;
+    r->cache.tokens.push_back(token);
+    ++stats_.generated_tokens;
+    if (r->out.first_token_s < 0) r->out.first_token_s = t;
+    out.tokens.emplace_back(r->id, token);
+    if (check_finished(*r, token)) {
+      scheduler_->finish(r);
+      r->out.finish_s = t;
+      out.finished.push_back(r->id);
+    }
+  }
+  ++stats_.steps;
+  stats_.computed_tokens += out.num_tokens;
+  switch (s.mode) {
+    case ForwardMode::kExtend: ++stats_.extend_steps; break;
+    case ForwardMode::kDecode: ++stats_.decode_steps; break;
+    case ForwardMode::kMixed: ++stats_.mixed_steps; break;
+    default: break;
+  }
+  if (config_.check_integrity) check_integrity();
+  return out;
+}
+
+void Engine::run_until_idle() {
+  while (has_work()) step();
+}
+
+Req& Engine::find(RequestId id) const {
+  auto it = reqs_.find(id);
+  PAGODA_REQUIRE(it != reqs_.end(), kOutOfRange, "unknown request id {}", id);
+  return *it->second;
+}
+
+RequestOutput Engine::output(RequestId id) const {
+  const Req& r = find(id);
+  RequestOutput o = r.out;
+  o.state = r.state;
+  o.output_ids.assign(r.cache.tokens.begin() + r.prompt_len, r.cache.tokens.end());
+  return o;
+}
+
+void Engine::release(RequestId id) {
+  const Req& r = find(id);
+  PAGODA_REQUIRE(r.state == RequestState::kFinished, kFailedPrecondition,
+                 "request {} is not finished", id);
+  reqs_.erase(id);
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.scheduler = scheduler_->stats();
+  s.cache = cache_->stats();
+  return s;
+}
+
+int64_t Engine::leaked_pages() const {
+  const int64_t tree_pages = cache_->total_size() / config_.page_size;
+  return allocator_->num_referenced_pages() - tree_pages - scheduler_->request_private_pages();
+}
+
+int64_t Engine::leaked_rows() const {
+  int64_t live = 0;
+  for (const auto& [id, r] : reqs_)
+    if (r->cache.req_slot.valid()) ++live;
+  return (table_->max_reqs() - table_->num_free_rows()) - live;
+}
+
+void Engine::check_integrity() const {
+  allocator_->check_integrity();
+  table_->check_integrity();
+  cache_->check_integrity();
+  PAGODA_CHECK_EQ(leaked_pages(), 0);
+  PAGODA_CHECK_EQ(leaked_rows(), 0);
+}
+
+}  // namespace pagoda::engine

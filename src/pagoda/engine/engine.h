@@ -1,0 +1,159 @@
+#pragma once
+/// Engine: the serving loop. Owns the KV memory (PageAllocator, ReqToTokenTable, KvPool), the
+/// prefix cache (RadixCache, or ChunkCache when disabled), the attention backend, the model
+/// runner and the scheduler; drives them one step at a time:
+///
+///   schedule (memory) → ModelRunner::run (plan + layers) → sample → complete / finish
+///
+/// Usage:
+///   Engine engine(model, EngineConfig{.page_size = 16, .pool_tokens = 1 << 15});
+///   RequestId id = engine.add_request({.prompt = ids, .max_new_tokens = 32});
+///   engine.run_until_idle();
+///   RequestOutput out = engine.output(id);
+///
+/// Thread rules: one thread drives an engine. Contract: docs/design/engine.md.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "pagoda/attention/registry.h"
+#include "pagoda/backends/builtin.h"
+#include "pagoda/cache/prefix_cache.h"
+#include "pagoda/engine/request.h"
+#include "pagoda/engine/scheduler.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/page_allocator.h"
+#include "pagoda/kv/req_to_token.h"
+#include "pagoda/model/llama.h"
+#include "pagoda/model/model_runner.h"
+#include "pagoda/platform/platform.h"
+
+namespace pagoda::engine {
+
+struct EngineConfig {
+  int32_t page_size = 16;
+  /// KV pool capacity in tokens (rounded down to whole pages; page 0 is extra).
+  int64_t pool_tokens = 32768;
+  /// Longest request (prompt + output); 0 = the model's max_position_embeddings.
+  int32_t max_context_len = 0;
+  /// Share KV between requests through the radix tree (false: ChunkCache, no sharing).
+  bool radix_cache = true;
+  SchedulerConfig scheduler{};
+  /// Attention backend names; empty = the platform's default.
+  backends::BackendSelection backend{};
+  /// Run every check_integrity() after each step (tests).
+  bool check_integrity = false;
+};
+
+/// What one step produced.
+struct StepOutput {
+  attention::ForwardMode mode = attention::ForwardMode::kIdle;
+  int32_t num_seqs = 0;
+  int64_t num_tokens = 0;                              ///< query tokens computed
+  std::vector<std::pair<RequestId, int32_t>> tokens;   ///< new tokens, batch order
+  std::vector<RequestId> finished;                     ///< finished (any reason) this step
+};
+
+struct EngineStats {
+  int64_t steps = 0;
+  int64_t extend_steps = 0;
+  int64_t decode_steps = 0;
+  int64_t mixed_steps = 0;
+  int64_t computed_tokens = 0;   ///< query tokens run through the model
+  int64_t generated_tokens = 0;  ///< tokens sampled
+  int64_t pool_tokens = 0;       ///< usable pool capacity
+  SchedulerStats scheduler;
+  cache::CacheStats cache;
+  /// Reused prompt tokens / prompt tokens requested at admission.
+  double prefix_hit_rate() const {
+    return scheduler.fill_tokens == 0 ? 0.0
+                                      : static_cast<double>(scheduler.cached_tokens) /
+                                            static_cast<double>(scheduler.fill_tokens);
+  }
+};
+
+/// The attention backend a plain run uses: the platform's default when this build registers it,
+/// else "reference" (always registered).
+std::string default_backend_name(const platform::Platform& platform);
+
+/// Observer of every sampled row: (request, logits [vocab]) before sampling. Tests and tools only.
+using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
+
+class Engine {
+ public:
+  /// Builds the memory, cache and backend for `model` (which must outlive the engine). Uses
+  /// `platform` when given (it must outlive the engine), else the CPU platform. Throws Error on a
+  /// bad config or a backend that cannot serve the model (the message names what would work).
+  Engine(model::LlamaModel& model, const EngineConfig& config,
+         platform::Platform* platform = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// Queues a request. Throws Error (engine unchanged) for an empty prompt, a token id outside
+  /// the vocabulary, max_new_tokens < 1, bad sampling parameters, a prompt that does not leave
+  /// room for one output token in the context (kInvalidArgument), or a prompt larger than the
+  /// whole KV pool (kResourceExhausted).
+  RequestId add_request(GenerateRequest request);
+  /// Runs one step; an idle step (nothing to do) returns an empty StepOutput.
+  StepOutput step();
+  /// Steps until no request is waiting or running.
+  void run_until_idle();
+  bool has_work() const { return scheduler_->has_work(); }
+
+  /// Installs (or clears, with nullptr) the logits observer.
+  void set_logits_observer(LogitsObserver observer) { logits_observer_ = std::move(observer); }
+
+  /// Snapshot of a request (any state). Throws kOutOfRange for an unknown id.
+  RequestOutput output(RequestId id) const;
+  /// Forgets a finished request (its output can no longer be read). Throws when not finished.
+  void release(RequestId id);
+
+  EngineStats stats() const;
+  /// Pages referenced by nobody the engine knows of: referenced − tree − request-private.
+  /// 0 unless there is a bug; when idle every page is free or held by the tree.
+  int64_t leaked_pages() const;
+  /// Request rows in use by no live request (0 unless there is a bug).
+  int64_t leaked_rows() const;
+  /// Aborts (PAGODA_CHECK) when allocator, table or cache invariants are broken.
+  void check_integrity() const;
+
+  const EngineConfig& config() const { return config_; }
+  int32_t max_context_len() const { return max_context_len_; }
+  /// The backend's name ("cpu", "reference", "hybrid(...)").
+  std::string backend_name() const { return backend_->name(); }
+  /// Seconds since the engine was built (the time base of RequestOutput).
+  double now() const;
+
+ private:
+  Req& find(RequestId id) const;
+  bool check_finished(Req& req, int32_t token);
+
+  model::LlamaModel* model_;
+  EngineConfig config_;
+  std::unique_ptr<platform::Platform> own_platform_;
+  platform::Platform* platform_;
+  int32_t max_context_len_;
+  std::chrono::steady_clock::time_point start_;
+  std::unique_ptr<kv::PageAllocator> allocator_;
+  std::unique_ptr<kv::ReqToTokenTable> table_;
+  std::unique_ptr<kv::KvPool> pool_;
+  std::unique_ptr<cache::PrefixCache> cache_;
+  attention::BackendRegistry registry_;
+  std::unique_ptr<attention::AttentionBackend> backend_;
+  std::unique_ptr<model::ModelRunner> runner_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
+  LogitsObserver logits_observer_;
+  RequestId next_id_ = 0;
+  EngineStats stats_;
+};
+
+}  // namespace pagoda::engine

@@ -1,0 +1,146 @@
+#pragma once
+/// Scheduler: continuous batching over a paged KV pool with a prefix cache (sglang_spec §3.8,
+/// §4.5, §4.6). Each schedule() call decides one step and does all of its memory work:
+///
+///   1. decode set D = running requests; make room for one token each (evict the tree, then
+///      retract requests in SGLang's order; a lone request that cannot grow is aborted);
+///   2. prefill admission (if any request waits and the mode allows): the chunked request first,
+///      then the waiting queue in policy order (FCFS / longest prefix match): match the prefix
+///      (capped at len − 1), lock it, compute the exact pages the extend needs, evict exactly
+///      that shortfall from the tree, allocate, write the row; the last request may be cut to a
+///      page-aligned chunk;
+///   3. allocate the decode slots of D.
+///
+/// The engine then runs the step and calls complete_extend / complete_decode / finish.
+/// Ownership of pages between requests and the tree: docs/design/engine.md. Not thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "pagoda/attention/forward_mode.h"
+#include "pagoda/cache/prefix_cache.h"
+#include "pagoda/engine/request.h"
+#include "pagoda/kv/page_allocator.h"
+#include "pagoda/kv/req_to_token.h"
+
+namespace pagoda::engine {
+
+enum class SchedulePolicy : uint8_t {
+  kFcfs,                ///< arrival order (retracted requests go back to the front)
+  kLongestPrefixMatch,  ///< longest cached prefix first (FCFS when more than 128 wait)
+};
+
+/// SGLang's new_token_ratio: the fraction of each running request's remaining max_new_tokens
+/// reserved at admission; decays per decode step, reset upward after a retraction.
+struct NewTokenRatio {
+  double init = 0.7;
+  double min = 0.1;
+  double decay = 0.001;
+};
+
+struct SchedulerConfig {
+  int32_t max_running_requests = 64;
+  /// 0 disables chunked prefill; otherwise a positive multiple of the page size: the token
+  /// budget of one prefill batch, the last request cut to fit.
+  int32_t chunk_size = 0;
+  /// Token budget of one prefill batch without chunking (a longer single request still runs).
+  int32_t max_prefill_tokens = 8192;
+  SchedulePolicy policy = SchedulePolicy::kFcfs;
+  /// Decode requests ride along in prefill steps (ForwardMode::kMixed).
+  bool mixed_batches = true;
+  NewTokenRatio new_token_ratio{};
+};
+
+/// One request's part of a scheduled step.
+struct ScheduledSeq {
+  Req* req = nullptr;
+  int64_t prefix_len = 0;  ///< tokens already in the KV cache
+  int64_t num_tokens = 0;  ///< tokens computed this step (decode: 1)
+  bool completes_fill = true;  ///< extend reaches the end of tokens → sample a token
+  bool is_decode = false;      ///< a decode token (kDecode, or the decode part of kMixed)
+};
+
+struct ScheduledStep {
+  attention::ForwardMode mode = attention::ForwardMode::kIdle;
+  std::vector<ScheduledSeq> seqs;          ///< extends first, then decodes
+  std::vector<SlotIndex> out_cache_loc;    ///< Σ num_tokens, in seqs order
+  std::vector<Req*> retracted;             ///< moved back to the waiting queue this step
+  std::vector<Req*> aborted;               ///< finished with kError this step
+  bool empty() const { return seqs.empty(); }
+};
+
+/// Counters (cumulative).
+struct SchedulerStats {
+  int64_t admitted = 0;
+  int64_t fill_tokens = 0;     ///< tokens requested at admission (prompt, or prompt+output on resume)
+  int64_t cached_tokens = 0;   ///< of which reused from the prefix cache
+  int64_t retractions = 0;
+  int64_t aborted = 0;
+  int64_t peak_used_tokens = 0;  ///< max over steps of pool tokens not free and not evictable
+};
+
+class Scheduler {
+ public:
+  /// Uses (never owns) the allocator, table and cache; all must outlive the scheduler.
+  /// max_context_len bounds a request's tokens. Throws kInvalidArgument on a bad config.
+  Scheduler(const SchedulerConfig& config, kv::PageAllocator& allocator,
+            kv::ReqToTokenTable& table, cache::PrefixCache& cache);
+
+  const SchedulerConfig& config() const { return config_; }
+  /// Appends a new request (state kWaiting) to the waiting queue.
+  void enqueue(Req* req);
+  /// Decides and prepares the next step (see the file comment). Empty when there is nothing to
+  /// run. Never throws for lack of memory: it waits, retracts or aborts instead.
+  ScheduledStep schedule();
+
+  /// After the forward: an extend of `seq` finished. A non-final chunk goes through
+  /// cache_unfinished_req and stays the chunked request; a completed fill moves to decoding.
+  void complete_extend(const ScheduledSeq& seq);
+  /// After the forward: the decode token of `req` is now in the cache (kv_len + 1).
+  void complete_decode(Req* req);
+  /// Releases a finished request: cache_finished_req (insert), free the row, leave the queues.
+  void finish(Req* req);
+
+  bool has_work() const { return !waiting_.empty() || !running_.empty() || chunked_ != nullptr; }
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size() + (chunked_ ? 1 : 0); }
+  const SchedulerStats& stats() const { return stats_; }
+  double new_token_ratio() const { return new_token_ratio_; }
+  /// Pages privately held by active requests (row[cache_protected_len : kv_len], distinct).
+  int64_t request_private_pages() const;
+
+ private:
+  /// Tokens of new pages the decode set needs this step.
+  int64_t decode_need_tokens(const std::vector<Req*>& reqs) const;
+  /// Evicts the tree so that >= tokens are free; true when they are.
+  bool make_room(int64_t tokens);
+  /// Ensures decode memory for running_, retracting (and at worst aborting) as SGLang does.
+  void prepare_decode_memory(ScheduledStep& step);
+  void schedule_prefill(ScheduledStep& step, int64_t reserved_tokens);
+  /// Admits one request or continues the chunked one: allocates its next extend into `step`.
+  /// Returns false (nothing changed) when it does not fit.
+  bool add_extend(Req* req, int64_t& budget, int64_t reserved_tokens, ScheduledStep& step);
+  void alloc_decode(ScheduledStep& step);
+  void retract(Req* req);
+  void abort(Req* req, std::string message);
+  /// Releases a request's KV without inserting it and frees its row.
+  void release_no_insert(Req* req);
+  void sort_waiting();
+  int64_t reserved_for_running() const;
+  int64_t pages_for(int64_t from_len, int64_t to_len) const;
+  void update_peak();
+
+  SchedulerConfig config_;
+  kv::PageAllocator* allocator_;
+  kv::ReqToTokenTable* table_;
+  cache::PrefixCache* cache_;
+  int32_t page_size_;
+  std::deque<Req*> waiting_;
+  std::vector<Req*> running_;  ///< decoding requests, in admission order
+  Req* chunked_ = nullptr;     ///< the request in the middle of a chunked prefill
+  double new_token_ratio_;
+  SchedulerStats stats_;
+};
+
+}  // namespace pagoda::engine

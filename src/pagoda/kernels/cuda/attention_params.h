@@ -1,0 +1,86 @@
+#pragma once
+/// Plain parameter structs of the CUDA attention kernels (host-includable: no CUDA headers).
+/// Everything a kernel reads lives behind these pointers, so a captured CUDA graph replays a new
+/// step after the planner has rewritten the arrays in place (ARCHITECTURE §4: fixed addresses).
+
+#include <cstdint>
+
+
+namespace pagoda::kernels::cuda {
+
+/// Element types the kernels understand (mirror of pagoda::DType without its fmt dependency,
+/// which nvcc's host pass cannot compile).
+enum class ElemType : uint8_t { kF32, kF16, kBF16, kE4M3, kE5M2 };
+
+/// A paged K or V cache: element (page, token, head, d) lives at
+/// data + page * page_stride + token * token_stride + head * head_stride + d (elements).
+struct PagedCache {
+  const void* data = nullptr;
+  int64_t page_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+
+/// The step's plan on the device. All int32 unless noted; written by the host planner.
+struct DevicePlan {
+  const int32_t* counts = nullptr;          ///< [0] batch size, [1] work items, [2] merge rows
+  const int32_t* qo_indptr = nullptr;       ///< [bs + 1]
+  const int32_t* kv_indptr = nullptr;       ///< [bs + 1] pages
+  const int32_t* kv_indices = nullptr;      ///< page ids
+  const int32_t* kv_last_page_len = nullptr;///< [bs]
+  const uint8_t* custom_mask = nullptr;     ///< packed bits, nullptr = none
+  const int64_t* mask_indptr = nullptr;     ///< [bs + 1] byte offsets
+  const int32_t* item_req = nullptr;        ///< work item -> request
+  const int32_t* item_a = nullptr;          ///< decode: kv begin; prefill: packed-row tile index
+  const int32_t* item_b = nullptr;          ///< decode: kv end
+  const int32_t* item_partial = nullptr;    ///< decode: partial slot, -1 = write the output
+  const int32_t* merge_req = nullptr;       ///< merge row -> request
+  const int32_t* merge_begin = nullptr;     ///< first partial slot of that request
+  const int32_t* merge_count = nullptr;     ///< number of partial slots
+};
+
+/// Arguments of one attention launch (one layer of one planned step).
+struct AttentionArgs {
+  DevicePlan plan;
+  int page_size = 1;
+  const void* q = nullptr;                  ///< [nnz, Hq, Dqk]
+  int64_t q_stride_n = 0, q_stride_h = 0;
+  void* out = nullptr;                      ///< [nnz, Hq, Dv]
+  int64_t o_stride_n = 0, o_stride_h = 0;
+  float* lse = nullptr;                     ///< [nnz, Hq] f32 base 2, nullptr = skip
+  int64_t lse_stride_n = 0, lse_stride_h = 0;
+  PagedCache k, v;
+  int num_qo_heads = 0, num_kv_heads = 0, head_dim_qk = 0, head_dim_v = 0;
+  ElemType q_dtype = ElemType::kBF16, kv_dtype = ElemType::kBF16, out_dtype = ElemType::kBF16;
+  float sm_scale = 1.f;
+  float logit_cap = 0.f;
+  int window_left = -1;
+  bool causal = true;
+  const float* sinks = nullptr;             ///< device [Hq], nullptr = none
+  float k_scale = 1.f, v_scale = 1.f;
+  float* partial_o = nullptr;               ///< workspace [partials, Hq, Dv] f32
+  float* partial_lse = nullptr;             ///< workspace [partials, Hq] f32
+  int grid_items = 0;                       ///< blocks launched in x (>= counts[1])
+  int grid_rows = 0;                        ///< generic kernel: query-row capacity (>= nnz)
+  int grid_merge = 0;                       ///< merge kernel: row capacity (>= counts[2])
+};
+
+/// KV append (KvPool::set_kv on the device): cache[loc[i]] = src[i] (converted; fp8 divides by
+/// `scale` first). Slots < 0 are skipped.
+struct AppendArgs {
+  const void* src = nullptr;                ///< [n, H, D]
+  int64_t src_stride_n = 0, src_stride_h = 0;
+  ElemType src_dtype = ElemType::kBF16;
+  void* cache = nullptr;
+  int64_t page_stride = 0, token_stride = 0, head_stride = 0;
+  ElemType cache_dtype = ElemType::kBF16;
+  const int32_t* loc = nullptr;             ///< [n] device slot indices
+  int n = 0, num_heads = 0, head_dim = 0, page_size = 1;
+  float scale = 1.f;
+};
+
+/// Decode tile sizes the host planner needs (tokens per block iteration).
+inline constexpr int kDecodeMaxGroup = 8;   ///< q heads per kv head handled by one block
+inline constexpr int kPrefillRowsPerTile = 64;
+
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,51 @@
+/// Instantiations and raw launcher of the split-KV paged decode kernel.
+
+#include "pagoda/kernels/cuda/decode_kernel.cuh"
+#include "pagoda/kernels/cuda/dispatch.cuh"
+#include "pagoda/kernels/cuda/launch_raw.h"
+
+namespace pagoda::kernels::cuda::raw {
+
+bool fast_path(ElemType q, ElemType kv, int head_dim) {
+  return detail::dispatch_fast(q, kv, head_dim, []<typename T, typename KV, int D>() {
+    static_assert(D % 64 == 0 && sizeof(T) == 2 && sizeof(KV) <= 2);
+  });
+}
+
+int decode_blocks_per_sm(ElemType q, ElemType kv, int head_dim) {
+  int blocks = 1;
+  detail::dispatch_fast(q, kv, head_dim, [&]<typename T, typename KV, int D>() {
+    using Cfg = detail::DecodeConfig<T, KV, D>;
+    auto kernel = detail::decode_kernel<T, KV, D>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Cfg::kSmemBytes)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Cfg::kThreads,
+                                                      Cfg::kSmemBytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      blocks = 1;
+    }
+  });
+  return blocks < 1 ? 1 : blocks;
+}
+
+cudaError_t decode(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.grid_items == 0) return cudaSuccess;
+  cudaError_t st = cudaErrorNotSupported;
+  const int group = args.num_qo_heads / args.num_kv_heads;
+  const dim3 grid(args.grid_items, args.num_kv_heads,
+                  (group + kDecodeMaxGroup - 1) / kDecodeMaxGroup);
+  detail::dispatch_fast(args.q_dtype, args.kv_dtype, args.head_dim_qk,
+                        [&]<typename T, typename KV, int D>() {
+    using Cfg = detail::DecodeConfig<T, KV, D>;
+    auto kernel = detail::decode_kernel<T, KV, D>;
+    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Cfg::kSmemBytes));
+    if (st != cudaSuccess) return;
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+        args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+    st = cudaGetLastError();
+  });
+  return st;
+}
+
+}  // namespace pagoda::kernels::cuda::raw

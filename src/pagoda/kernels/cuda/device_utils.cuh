@@ -1,0 +1,244 @@
+#pragma once
+/// Device helpers shared by the CUDA attention kernels: element conversion, cp.async, ldmatrix,
+/// mma.sync wrappers, the visibility predicate and the softmax finaliser.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "pagoda/kernels/cuda/attention_params.h"
+
+namespace pagoda::kernels::cuda::detail {
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+/// fp8 e4m3 storage tag (one byte).
+struct E4M3 {
+  uint8_t bits;
+};
+
+// ---- scalar conversion -------------------------------------------------------------------
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(E4M3 x) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, __NV_E4M3)));
+}
+
+/// Loads element `i` of a tensor of runtime dtype `t` as f32 (generic paths only).
+__device__ __forceinline__ float load_any(const void* p, int64_t i, ElemType t) {
+  switch (t) {
+    case ElemType::kF32: return static_cast<const float*>(p)[i];
+    case ElemType::kF16: return __half2float(static_cast<const __half*>(p)[i]);
+    case ElemType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case ElemType::kE4M3:
+      return __half2float(
+          __half(__nv_cvt_fp8_to_halfraw(static_cast<const uint8_t*>(p)[i], __NV_E4M3)));
+    case ElemType::kE5M2:
+      return __half2float(
+          __half(__nv_cvt_fp8_to_halfraw(static_cast<const uint8_t*>(p)[i], __NV_E5M2)));
+    default: return 0.f;
+  }
+}
+
+/// Stores f32 `x` as element `i` of a tensor of runtime dtype `t` (fp8 saturates).
+__device__ __forceinline__ void store_any(void* p, int64_t i, ElemType t, float x) {
+  switch (t) {
+    case ElemType::kF32: static_cast<float*>(p)[i] = x; break;
+    case ElemType::kF16: static_cast<__half*>(p)[i] = __float2half_rn(x); break;
+    case ElemType::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(x); break;
+    case ElemType::kE4M3:
+      static_cast<uint8_t*>(p)[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+      break;
+    case ElemType::kE5M2:
+      static_cast<uint8_t*>(p)[i] = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
+      break;
+    default: break;
+  }
+}
+
+// ---- 8-element vectors -------------------------------------------------------------------
+/// Unpacks 8 consecutive elements held in registers (16 bytes for 16-bit types, 8 for fp8).
+template <typename KV>
+struct Vec8;
+template <>
+struct Vec8<__nv_bfloat16> {
+  using Raw = uint4;
+  __device__ __forceinline__ static void unpack(const Raw& r, float (&f)[8]) {
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(h[i]);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  }
+};
+template <>
+struct Vec8<__half> {
+  using Raw = uint4;
+  __device__ __forceinline__ static void unpack(const Raw& r, float (&f)[8]) {
+    const auto* h = reinterpret_cast<const __half2*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __half22float2(h[i]);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  }
+};
+template <>
+struct Vec8<E4M3> {
+  using Raw = uint2;
+  __device__ __forceinline__ static void unpack(const Raw& r, float (&f)[8]) {
+    const auto* b = reinterpret_cast<const __nv_fp8x2_storage_t*>(&r);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __half2 h(__nv_cvt_fp8x2_to_halfraw2(b[i], __NV_E4M3));
+      const float2 x = __half22float2(h);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  }
+};
+
+/// Packs two floats into one 32-bit register of T2.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// ---- async copies / matrix instructions --------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+/// 16-byte cp.async (L2 only); zero-fills when !pred.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(pred ? 16 : 0));
+}
+/// 8-byte cp.async; zero-fills when !pred.
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)),
+               "l"(gmem), "r"(pred ? 8 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+/// d += a * b with m16n8k16, f32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (&a)[4],
+                                                 uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- masks and softmax -------------------------------------------------------------------
+/// What decides whether query row qi of a request sees key kj (kernel_anchors C0).
+struct MaskInfo {
+  int qo_len = 0;
+  int kv_len = 0;
+  const uint8_t* bits = nullptr;  ///< the request's packed custom mask, or nullptr
+  bool causal = true;
+  int window = -1;
+
+  __device__ __forceinline__ bool visible(int qi, int kj) const {
+    const int qpos = kv_len - qo_len + qi;
+    if (bits != nullptr) {
+      const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
+      if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return false;
+    } else if (causal && kj > qpos) {
+      return false;
+    }
+    return window < 0 || kj >= qpos - window;
+  }
+};
+
+/// Number of keys of request b.
+__device__ __forceinline__ int kv_len_of(const DevicePlan& p, int b, int page_size) {
+  const int pages = p.kv_indptr[b + 1] - p.kv_indptr[b];
+  return pages == 0 ? 0 : (pages - 1) * page_size + p.kv_last_page_len[b];
+}
+
+/// exp2 that maps (-inf) - (-inf) to 0 instead of NaN.
+__device__ __forceinline__ float exp2_diff(float a, float m) {
+  return m == neg_inf() ? 0.f : exp2f(a - m);
+}
+
+/// Scales raw q·k (already multiplied by k_scale) into a base-2 logit.
+struct LogitTransform {
+  float scale_log2;   ///< sm_scale * log2(e), when no cap
+  float cap;          ///< soft cap (0 = none)
+  float pre;          ///< sm_scale / cap
+  float post;         ///< cap * log2(e)
+  __device__ __forceinline__ float operator()(float x) const {
+    return cap > 0.f ? post * tanhf(x * pre) : x * scale_log2;
+  }
+};
+inline LogitTransform make_logit_transform(float sm_scale, float cap, float k_scale) {
+  LogitTransform t{};
+  t.scale_log2 = sm_scale * k_scale * kLog2e;
+  t.cap = cap;
+  t.pre = cap > 0.f ? sm_scale * k_scale / cap : 0.f;
+  t.post = cap * kLog2e;
+  return t;
+}
+
+/// Folds an optional sink (natural-log logit) into a state (m, l) in base 2; returns the factor
+/// that multiplies the unnormalised accumulator and sets lse. Factor 0 / lse -inf when empty.
+__device__ __forceinline__ float finalize_state(float m, float l, const float* sinks, int head,
+                                                float v_scale, float& lse) {
+  float sink2 = neg_inf();
+  if (sinks != nullptr) sink2 = sinks[head] * kLog2e;
+  const float mm = fmaxf(m, sink2);
+  if (mm == neg_inf() || l <= 0.f) {
+    lse = neg_inf();
+    return 0.f;
+  }
+  const float a = exp2_diff(m, mm);
+  const float total = l * a + exp2_diff(sink2, mm);
+  lse = mm + log2f(total);
+  return a / total * v_scale;
+}
+
+}  // namespace pagoda::kernels::cuda::detail

@@ -1,0 +1,63 @@
+#include "pagoda/kernels/cuda/launch.h"
+
+#include <string>
+
+#include "pagoda/kernels/cuda/launch_raw.h"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+Status to_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  if (e == cudaErrorNotSupported) {
+    return Status(ErrorCode::kUnsupported, std::string(what) + ": no kernel for this shape");
+  }
+  return Status(ErrorCode::kInternal, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+}  // namespace
+
+bool to_elem_type(DType t, ElemType& out) {
+  switch (t) {
+    case DType::kF32: out = ElemType::kF32; return true;
+    case DType::kF16: out = ElemType::kF16; return true;
+    case DType::kBF16: out = ElemType::kBF16; return true;
+    case DType::kFp8E4M3: out = ElemType::kE4M3; return true;
+    case DType::kFp8E5M2: out = ElemType::kE5M2; return true;
+    default: return false;
+  }
+}
+
+bool fast_path_supported(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v) {
+  ElemType eq{}, ekv{};
+  if (out != q || head_dim_qk != head_dim_v) return false;
+  if (!to_elem_type(q, eq) || !to_elem_type(kv, ekv)) return false;
+  return raw::fast_path(eq, ekv, head_dim_qk);
+}
+
+int decode_blocks_per_sm(DType q, DType kv, int head_dim) {
+  ElemType eq{}, ekv{};
+  if (!to_elem_type(q, eq) || !to_elem_type(kv, ekv)) return 1;
+  return raw::decode_blocks_per_sm(eq, ekv, head_dim);
+}
+
+Status launch_decode(const AttentionArgs& a, cudaStream_t s) {
+  return to_status(raw::decode(a, s), "decode launch");
+}
+Status launch_prefill(const AttentionArgs& a, cudaStream_t s) {
+  return to_status(raw::prefill(a, s), "prefill launch");
+}
+Status launch_generic(const AttentionArgs& a, cudaStream_t s) {
+  if (a.head_dim_qk > 1024 || a.head_dim_v > 1024) {
+    return Status(ErrorCode::kUnsupported, "generic CUDA attention supports head dims <= 1024");
+  }
+  return to_status(raw::generic(a, s), "generic attention launch");
+}
+Status launch_merge(const AttentionArgs& a, cudaStream_t s) {
+  return to_status(raw::merge(a, s), "merge-state launch");
+}
+Status launch_append_kv(const AppendArgs& a, cudaStream_t s) {
+  return to_status(raw::append_kv(a, s), "KV append launch");
+}
+
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,36 @@
+#pragma once
+/// Host entry points of the CUDA attention kernels. Each returns a Status (never throws) and
+/// enqueues on `stream`; none allocates, so all are CUDA-graph capturable.
+
+#include <cuda_runtime_api.h>
+
+#include "pagoda/core/dtype.h"
+#include "pagoda/core/status.h"
+#include "pagoda/kernels/cuda/attention_params.h"
+
+namespace pagoda::kernels::cuda {
+
+/// The kernels' element type of a float DType (f32/f16/bf16/fp8); false for others.
+bool to_elem_type(DType t, ElemType& out);
+
+/// True when the tuned kernels have an instantiation for these dtypes / head dims:
+/// q = out in {bf16, f16}; kv = q's dtype or fp8 e4m3; Dqk == Dv in {64, 128, 256}.
+bool fast_path_supported(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v);
+
+/// Split-KV paged decode over the work items (one query row per request); partial states go to
+/// the workspace and need launch_merge afterwards when counts[2] > 0.
+Status launch_decode(const AttentionArgs& args, cudaStream_t stream);
+/// Tensor-core (mma.sync m16n8k16) paged flash attention over ragged queries (extend, prefill,
+/// tree verify, mixed): one block per (request, 64 packed q rows, kv head).
+Status launch_prefill(const AttentionArgs& args, cudaStream_t stream);
+/// Any dtype / head dim up to 1024 (MLA 576/512, f32, e5m2 ...): one warp per (row, q head).
+Status launch_generic(const AttentionArgs& args, cudaStream_t stream);
+/// Merges split-KV partial states of requests with more than one chunk (sinks applied here).
+Status launch_merge(const AttentionArgs& args, cudaStream_t stream);
+/// Writes new tokens' K or V into a paged cache.
+Status launch_append_kv(const AppendArgs& args, cudaStream_t stream);
+
+/// Resident decode blocks per SM for the given config (for the split-KV planner).
+int decode_blocks_per_sm(DType q, DType kv, int head_dim);
+
+}  // namespace pagoda::kernels::cuda

@@ -1,0 +1,20 @@
+#pragma once
+/// Raw launchers compiled by nvcc (no pagoda core headers: nvcc's host pass cannot compile fmt).
+/// Each returns the CUDA error of its launch; launch.h wraps them into Status.
+
+#include <cuda_runtime_api.h>
+
+#include "pagoda/kernels/cuda/attention_params.h"
+
+namespace pagoda::kernels::cuda::raw {
+
+/// cudaErrorNotSupported when no instantiation matches.
+cudaError_t decode(const AttentionArgs& args, cudaStream_t stream);
+cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream);
+cudaError_t generic(const AttentionArgs& args, cudaStream_t stream);
+cudaError_t merge(const AttentionArgs& args, cudaStream_t stream);
+cudaError_t append_kv(const AppendArgs& args, cudaStream_t stream);
+bool fast_path(ElemType q, ElemType kv, int head_dim);
+int decode_blocks_per_sm(ElemType q, ElemType kv, int head_dim);
+
+}  // namespace pagoda::kernels::cuda::raw

@@ -1,0 +1,27 @@
+/// Instantiations and raw launcher of the tensor-core paged prefill / extend kernel.
+
+#include "pagoda/kernels/cuda/dispatch.cuh"
+#include "pagoda/kernels/cuda/launch_raw.h"
+#include "pagoda/kernels/cuda/prefill_kernel.cuh"
+
+namespace pagoda::kernels::cuda::raw {
+
+cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.grid_items == 0) return cudaSuccess;
+  cudaError_t st = cudaErrorNotSupported;
+  const dim3 grid(args.grid_items, args.num_kv_heads);
+  detail::dispatch_fast(args.q_dtype, args.kv_dtype, args.head_dim_qk,
+                        [&]<typename T, typename KV, int D>() {
+    using Cfg = detail::PrefillConfig<T, KV, D>;
+    auto kernel = detail::prefill_kernel<T, KV, D>;
+    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Cfg::kSmemBytes));
+    if (st != cudaSuccess) return;
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+        args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+    st = cudaGetLastError();
+  });
+  return st;
+}
+
+}  // namespace pagoda::kernels::cuda::raw

@@ -1,0 +1,227 @@
+#include "pagoda/kv/kv_pool.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+
+namespace pagoda::kv {
+
+KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
+    : config_(config), allocator_(&allocator) {
+  const auto& c = config_;
+  PAGODA_REQUIRE(c.num_layers >= 1 && c.num_pages >= 0 && c.page_size >= 1, kInvalidArgument,
+                 "KvPool needs num_layers >= 1, num_pages >= 0, page_size >= 1 (got {}, {}, {})",
+                 c.num_layers, c.num_pages, c.page_size);
+  PAGODA_REQUIRE(dtype_is_float(c.dtype), kInvalidArgument,
+                 "KvPool storage dtype must be f32, f16, bf16, fp8_e4m3 or fp8_e5m2, not {}", c.dtype);
+  if (c.layout == KvLayout::kMha) {
+    if (config_.head_dim_v == 0) config_.head_dim_v = c.head_dim;
+    PAGODA_REQUIRE(c.num_kv_heads >= 1 && c.head_dim >= 1 && config_.head_dim_v >= 1,
+                   kInvalidArgument, "MHA pool needs num_kv_heads, head_dim, head_dim_v >= 1");
+    k_row_ = int64_t{c.num_kv_heads} * c.head_dim;
+    v_row_ = int64_t{c.num_kv_heads} * config_.head_dim_v;
+  } else {
+    PAGODA_REQUIRE(c.kv_lora_rank >= 1 && c.rope_dim >= 0, kInvalidArgument,
+                   "MLA pool needs kv_lora_rank >= 1 and rope_dim >= 0 (got {}, {})",
+                   c.kv_lora_rank, c.rope_dim);
+    config_.num_kv_heads = 1;
+    k_row_ = int64_t{c.kv_lora_rank} + c.rope_dim;
+    v_row_ = c.kv_lora_rank;
+  }
+  num_slots_ = (int64_t{c.num_pages} + 1) * c.page_size;
+  const size_t elem = dtype_size(c.dtype);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const size_t k_bytes = static_cast<size_t>(num_slots_ * k_row_) * elem;
+    k_buffers_.push_back(platform::make_buffer(allocator, k_bytes));
+    allocator.fill_bytes(k_buffers_.back().get(), 0, k_bytes);
+    if (c.layout == KvLayout::kMha) {
+      const size_t v_bytes = static_cast<size_t>(num_slots_ * v_row_) * elem;
+      v_buffers_.push_back(platform::make_buffer(allocator, v_bytes));
+      allocator.fill_bytes(v_buffers_.back().get(), 0, v_bytes);
+    }
+  }
+  k_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
+  v_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
+}
+
+int64_t KvPool::bytes_per_token() const {
+  const int64_t row = config_.layout == KvLayout::kMha ? k_row_ + v_row_ : k_row_;
+  return row * config_.num_layers * static_cast<int64_t>(dtype_size(config_.dtype));
+}
+
+void KvPool::require_layer(LayerId layer) const {
+  PAGODA_REQUIRE(layer.value() >= 0 && layer.value() < config_.num_layers, kOutOfRange,
+                 "layer {} outside [0, {})", layer.value(), config_.num_layers);
+}
+
+void KvPool::require_host(const char* what) const {
+  PAGODA_REQUIRE(device().is_cpu(), kUnsupported,
+                 "KvPool::{} runs on host pools only; this pool lives on {} (use the device "
+                 "backend's KV write)",
+                 what, device().to_string());
+}
+
+TensorView KvPool::k_view(LayerId layer) const {
+  require_layer(layer);
+  const int64_t pages = config_.num_pages + 1;
+  const int64_t dim = config_.layout == KvLayout::kMha ? config_.head_dim : k_row_;
+  return TensorView(k_buffers_[layer.value()].get(), config_.dtype,
+                    {pages, config_.page_size, config_.num_kv_heads, dim}, device());
+}
+
+TensorView KvPool::v_view(LayerId layer) const {
+  require_layer(layer);
+  const int64_t pages = config_.num_pages + 1;
+  if (config_.layout == KvLayout::kMha) {
+    return TensorView(v_buffers_[layer.value()].get(), config_.dtype,
+                      {pages, config_.page_size, config_.num_kv_heads, config_.head_dim_v},
+                      device());
+  }
+  return TensorView(k_buffers_[layer.value()].get(), config_.dtype,
+                    {pages, config_.page_size, 1, config_.kv_lora_rank},
+                    {config_.page_size * k_row_, k_row_, k_row_, 1}, device());
+}
+
+void KvPool::set_scales(LayerId layer, float k_scale, float v_scale) {
+  require_layer(layer);
+  PAGODA_REQUIRE(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0,
+                 kInvalidArgument, "KV scales must be finite and > 0 (got {}, {})", k_scale,
+                 v_scale);
+  k_scales_[layer.value()] = k_scale;
+  v_scales_[layer.value()] = v_scale;
+}
+
+float KvPool::k_scale(LayerId layer) const {
+  require_layer(layer);
+  return k_scales_[layer.value()];
+}
+
+float KvPool::v_scale(LayerId layer) const {
+  require_layer(layer);
+  return v_scales_[layer.value()];
+}
+
+namespace {
+
+void require_rows(const TensorView& t, const char* name, int64_t n, int64_t heads, int64_t dim) {
+  PAGODA_REQUIRE(t.rank() == 3 && t.size(0) == n && t.size(1) == heads && t.size(2) == dim,
+                 kInvalidArgument, "set_kv: {} is {}, expected [{}, {}, {}]", name, t.describe(),
+                 n, heads, dim);
+  PAGODA_REQUIRE(dtype_is_float(t.dtype()), kInvalidArgument, "set_kv: {} has dtype {}", name,
+                 t.dtype());
+  PAGODA_REQUIRE(t.device().is_cpu(), kUnsupported, "set_kv: {} lives on {}, not the host", name,
+                 t.device().to_string());
+  PAGODA_REQUIRE(n == 0 || t.data() != nullptr, kInvalidArgument, "set_kv: {} has no data", name);
+}
+
+}  // namespace
+
+void KvPool::set_kv(LayerId layer, std::span<const SlotIndex> loc, const TensorView& k,
+                    const TensorView& v) {
+  require_layer(layer);
+  require_host("set_kv");
+  const auto n = static_cast<int64_t>(loc.size());
+  if (config_.layout == KvLayout::kMha) {
+    require_rows(k, "k", n, config_.num_kv_heads, config_.head_dim);
+    require_rows(v, "v", n, config_.num_kv_heads, config_.head_dim_v);
+  } else {
+    require_rows(k, "k (latent)", n, 1, k_row_);
+    PAGODA_REQUIRE(v.rank() == 0 || v.numel() == 0, kInvalidArgument,
+                   "set_kv on an MLA pool takes the latent row in k; v must be empty, got {}",
+                   v.describe());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    PAGODA_REQUIRE(loc[i] >= 0 && loc[i] < num_slots_, kOutOfRange,
+                   "set_kv: slot {} (token {}) outside [0, {})", loc[i], i, num_slots_);
+  }
+  write_rows(k_buffers_[layer.value()].get(), k_row_, loc, k, k_scales_[layer.value()]);
+  if (config_.layout == KvLayout::kMha) {
+    write_rows(v_buffers_[layer.value()].get(), v_row_, loc, v, v_scales_[layer.value()]);
+  }
+}
+
+void KvPool::write_rows(void* base, int64_t row_elems, std::span<const SlotIndex> loc,
+                        const TensorView& src, float scale) {
+  const DType dst_type = config_.dtype;
+  const int64_t heads = src.size(1), dim = src.size(2);
+  const int64_t s0 = src.stride(0), s1 = src.stride(1), s2 = src.stride(2);
+  const bool row_contiguous = s2 == 1 && s1 == dim;
+  const size_t elem = dtype_size(dst_type);
+  for (size_t i = 0; i < loc.size(); ++i) {
+    const int64_t dst0 = static_cast<int64_t>(loc[i]) * row_elems;
+    const int64_t src0 = static_cast<int64_t>(i) * s0;
+    if (row_contiguous && src.dtype() == dst_type && scale == 1.0f) {
+      std::memcpy(static_cast<char*>(base) + dst0 * static_cast<int64_t>(elem),
+                  static_cast<const char*>(src.data()) + src0 * static_cast<int64_t>(elem),
+                  static_cast<size_t>(row_elems) * elem);
+      continue;
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < dim; ++d) {
+        const float x = read_as_f32(src.data(), src.dtype(), static_cast<size_t>(src0 + h * s1 + d * s2));
+        write_from_f32(base, dst_type, static_cast<size_t>(dst0 + h * dim + d), x / scale);
+      }
+    }
+  }
+}
+
+float KvPool::read_elem(const void* base, int64_t row_elems, SlotIndex slot, int64_t index,
+                        float scale) const {
+  PAGODA_REQUIRE(slot >= 0 && slot < num_slots_, kOutOfRange, "slot {} outside [0, {})", slot,
+                 num_slots_);
+  return read_as_f32(base, config_.dtype, static_cast<size_t>(slot * row_elems + index)) * scale;
+}
+
+float KvPool::k_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const {
+  require_layer(layer);
+  require_host("k_at");
+  const int64_t dim = config_.layout == KvLayout::kMha ? config_.head_dim : k_row_;
+  PAGODA_REQUIRE(head >= 0 && head < config_.num_kv_heads && d >= 0 && d < dim, kOutOfRange,
+                 "k_at: head {} / dim {} outside [{}, {}]", head, d, config_.num_kv_heads, dim);
+  return read_elem(k_buffers_[layer.value()].get(), k_row_, slot, int64_t{head} * dim + d,
+                   k_scales_[layer.value()]);
+}
+
+float KvPool::v_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const {
+  require_layer(layer);
+  require_host("v_at");
+  if (config_.layout == KvLayout::kMla) {
+    PAGODA_REQUIRE(head == 0 && d >= 0 && d < config_.kv_lora_rank, kOutOfRange,
+                   "v_at: head {} / dim {} outside MLA [1, {}]", head, d, config_.kv_lora_rank);
+    return read_elem(k_buffers_[layer.value()].get(), k_row_, slot, d, v_scales_[layer.value()]);
+  }
+  PAGODA_REQUIRE(head >= 0 && head < config_.num_kv_heads && d >= 0 && d < config_.head_dim_v,
+                 kOutOfRange, "v_at: head {} / dim {} outside [{}, {}]", head, d,
+                 config_.num_kv_heads, config_.head_dim_v);
+  return read_elem(v_buffers_[layer.value()].get(), v_row_, slot,
+                   int64_t{head} * config_.head_dim_v + d, v_scales_[layer.value()]);
+}
+
+void KvPool::fill(float value) {
+  require_host("fill");
+  auto fill_buffer = [&](void* base, int64_t row_elems) {
+    const int64_t n = num_slots_ * row_elems;
+    if (n == 0) return;
+    write_from_f32(base, config_.dtype, 0, value);
+    const size_t elem = dtype_size(config_.dtype);
+    for (int64_t i = 1; i < n; ++i) {
+      std::memcpy(static_cast<char*>(base) + i * static_cast<int64_t>(elem), base, elem);
+    }
+  };
+  for (auto& b : k_buffers_) fill_buffer(b.get(), k_row_);
+  for (auto& b : v_buffers_) fill_buffer(b.get(), v_row_);
+}
+
+void KvPool::fill_bytes(uint8_t byte) {
+  const size_t elem = dtype_size(config_.dtype);
+  for (auto& b : k_buffers_) {
+    allocator_->fill_bytes(b.get(), byte, static_cast<size_t>(num_slots_ * k_row_) * elem);
+  }
+  for (auto& b : v_buffers_) {
+    allocator_->fill_bytes(b.get(), byte, static_cast<size_t>(num_slots_ * v_row_) * elem);
+  }
+}
+
+}  // namespace pagoda::kv

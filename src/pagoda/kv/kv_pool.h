@@ -1,0 +1,123 @@
+#pragma once
+/// KvPool: the per-layer K/V storage of the paged KV cache (sglang_spec §3.2, §3.3).
+///
+/// Sizing. A pool for `num_pages` usable pages holds num_pages + 1 pages: page 0 is the reserved
+/// dummy page (padded batches write there harmlessly), pages 1..num_pages match PageAllocator's
+/// ids. Slot s = page * page_size + offset indexes a token row; num_slots() = (num_pages + 1) * P.
+///
+/// Layouts (NHD, token-major; one slot is one contiguous row):
+///   MHA: per layer, K [num_pages + 1, page_size, num_kv_heads, head_dim] and
+///        V [num_pages + 1, page_size, num_kv_heads, head_dim_v] (separate allocations).
+///   MLA: per layer, one latent buffer [num_pages + 1, page_size, 1, kv_lora_rank + rope_dim];
+///        k_view() is the whole row, v_view() the first kv_lora_rank elements of it.
+/// Storage dtype f32 / f16 / bf16 / fp8 e4m3 / fp8 e5m2 (fp8 stored as raw bytes). Per-layer
+/// scales: the stored value is convert(x / k_scale) (resp. v_scale); readers multiply back.
+///
+/// Memory comes from a platform::Allocator; the pool owns it. Host pools (CPU allocator) support
+/// set_kv()/fill()/k_at(); device pools are written by the CUDA backend through the raw base
+/// pointers and strides (k_view/v_view). The pool knows nothing about requests. Not thread-safe.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/dtype.h"
+#include "pagoda/core/ids.h"
+#include "pagoda/core/tensor_view.h"
+#include "pagoda/platform/platform.h"
+
+namespace pagoda::kv {
+
+enum class KvLayout : uint8_t {
+  kMha,  ///< separate K and V per layer
+  kMla,  ///< one latent (kv_lora_rank + rope_dim) row per token, shared by K and V
+};
+
+/// Shape and dtype of a pool; use designated initialisers. Unused fields stay 0.
+struct KvPoolConfig {
+  KvLayout layout = KvLayout::kMha;
+  int32_t num_layers = 0;
+  int32_t num_pages = 0;   ///< usable pages (page 0 is added on top)
+  int32_t page_size = 1;
+  DType dtype = DType::kBF16;
+  // MHA
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t head_dim_v = 0;  ///< 0 means head_dim
+  // MLA
+  int32_t kv_lora_rank = 0;
+  int32_t rope_dim = 0;
+};
+
+class KvPool {
+ public:
+  /// Validates `config` (kInvalidArgument: non-positive sizes, a non-float dtype, MLA without a
+  /// rank) and allocates every layer from `allocator`, zero-filled. `allocator` must outlive the pool.
+  KvPool(const KvPoolConfig& config, platform::Allocator& allocator);
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  const KvPoolConfig& config() const { return config_; }
+  Device device() const { return allocator_->device(); }
+  int32_t num_layers() const { return config_.num_layers; }
+  int32_t page_size() const { return config_.page_size; }
+  /// Addressable slots including page 0: (num_pages + 1) * page_size.
+  int64_t num_slots() const { return num_slots_; }
+  /// Elements of one K row (MHA: num_kv_heads * head_dim; MLA: kv_lora_rank + rope_dim).
+  int64_t k_row_elems() const { return k_row_; }
+  /// Elements of one V row (MHA: num_kv_heads * head_dim_v; MLA: kv_lora_rank, strided in K's row).
+  int64_t v_row_elems() const { return v_row_; }
+  /// Bytes one token occupies over all layers (SGLang's cell_size).
+  int64_t bytes_per_token() const;
+  /// Bytes of all buffers (num_slots() * bytes_per_token()).
+  int64_t total_bytes() const { return num_slots_ * bytes_per_token(); }
+
+  /// K of `layer`: [num_pages + 1, page_size, heads, head_dim] (MLA: heads 1, dim rank + rope) in
+  /// the storage dtype. Throws kOutOfRange for a bad layer. The view lives as long as the pool.
+  TensorView k_view(LayerId layer) const;
+  /// V of `layer`: [num_pages + 1, page_size, heads, head_dim_v] (MLA: a strided view of the first
+  /// kv_lora_rank elements of the latent rows).
+  TensorView v_view(LayerId layer) const;
+
+  /// Sets the dequantisation scales of `layer` (> 0, finite). Default 1.
+  void set_scales(LayerId layer, float k_scale, float v_scale);
+  float k_scale(LayerId layer) const;
+  float v_scale(LayerId layer) const;
+
+  /// Writes n tokens of `layer` at slots `loc`: k is [n, heads, head_dim] (MLA: [n, 1, rank+rope]),
+  /// v is [n, heads, head_dim_v] (MLA: must be empty), any float dtype, any strides, host memory.
+  /// Stores convert(x / scale). Validates everything (layer, shapes, every slot in
+  /// [0, num_slots())) before writing; on Error nothing changed. Host pools only (kUnsupported).
+  void set_kv(LayerId layer, std::span<const SlotIndex> loc, const TensorView& k,
+              const TensorView& v);
+
+  /// Element (slot, head, d) of K / V as f32, multiplied by the layer's scale (host pools only).
+  float k_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const;
+  float v_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const;
+
+  /// Sets every stored element of every layer to convert(value) (e.g. NaN poisoning in tests;
+  /// e4m3 has a NaN code, so NaN survives every dtype). Host pools only.
+  void fill(float value);
+  /// Sets every byte of every buffer to `byte` through the allocator (any device).
+  void fill_bytes(uint8_t byte);
+
+ private:
+  void require_layer(LayerId layer) const;
+  void require_host(const char* what) const;
+  void write_rows(void* base, int64_t row_elems, std::span<const SlotIndex> loc,
+                  const TensorView& src, float scale);
+  float read_elem(const void* base, int64_t row_elems, SlotIndex slot, int64_t index,
+                  float scale) const;
+
+  KvPoolConfig config_;
+  platform::Allocator* allocator_;
+  int64_t num_slots_ = 0;
+  int64_t k_row_ = 0;
+  int64_t v_row_ = 0;
+  std::vector<platform::DeviceBuffer> k_buffers_;
+  std::vector<platform::DeviceBuffer> v_buffers_;  ///< empty for MLA
+  std::vector<float> k_scales_;
+  std::vector<float> v_scales_;
+};
+
+}  // namespace pagoda::kv

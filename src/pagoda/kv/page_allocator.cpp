@@ -1,0 +1,292 @@
+#include "pagoda/kv/page_allocator.h"
+
+#include <algorithm>
+
+#include "pagoda/core/check.h"
+#include "pagoda/core/error.h"
+
+namespace pagoda::kv {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size)
+    : num_pages_(num_pages), page_size_(page_size) {
+  PAGODA_REQUIRE(num_pages >= 0, kInvalidArgument, "num_pages {} < 0", num_pages);
+  PAGODA_REQUIRE(page_size >= 1, kInvalidArgument, "page_size {} < 1", page_size);
+  PAGODA_REQUIRE((int64_t{num_pages} + 1) * page_size < (int64_t{1} << 31), kInvalidArgument,
+                 "{} pages of {} slots exceed the int32 slot range", num_pages, page_size);
+  free_stack_.resize(static_cast<size_t>(num_pages));
+  pos_.assign(static_cast<size_t>(num_pages) + 1, 0);
+  refcount_.assign(static_cast<size_t>(num_pages) + 1, 0);
+  pending_.reserve(static_cast<size_t>(num_pages));
+  clear();
+}
+
+void PageAllocator::clear() {
+  // Page 1 on top: free_stack_ = [N, N-1, ..., 1].
+  for (int32_t i = 0; i < num_pages_; ++i) {
+    free_stack_[i] = num_pages_ - i;
+    pos_[num_pages_ - i] = i;
+  }
+  pos_[0] = num_pages_;  // never free: position at/above the top and not in the stack
+  std::fill(refcount_.begin(), refcount_.end(), 0);
+  free_top_ = num_pages_;
+  num_referenced_ = 0;
+  pending_.clear();
+  in_free_group_ = false;
+  ++mutation_epoch_;
+}
+
+int32_t PageAllocator::refcount(PageId page) const {
+  PAGODA_REQUIRE(page.value() >= 0 && page.value() <= num_pages_, kOutOfRange,
+                 "page {} outside [0, {}]", page.value(), num_pages_);
+  if (page.value() == 0) return 0;
+  return held_refcount(page.value());
+}
+
+int32_t PageAllocator::pop_free_page() {
+  PAGODA_DCHECK(free_top_ > 0);
+  const int32_t page = free_stack_[--free_top_];
+  refcount_[page] = 1;
+  ++num_referenced_;
+  return page;
+}
+
+void PageAllocator::push_free_page(int32_t page) {
+  free_stack_[free_top_] = page;
+  pos_[page] = free_top_;
+  ++free_top_;
+}
+
+std::optional<std::vector<SlotIndex>> PageAllocator::alloc(int64_t num_tokens) {
+  PAGODA_REQUIRE(num_tokens >= 0 && num_tokens % page_size_ == 0, kInvalidArgument,
+                 "alloc({}) needs a non-negative multiple of page_size {}", num_tokens, page_size_);
+  const int64_t pages = num_tokens / page_size_;
+  if (pages > free_top_) return std::nullopt;
+  std::vector<SlotIndex> out(static_cast<size_t>(num_tokens));
+  size_t k = 0;
+  for (int64_t i = 0; i < pages; ++i) {
+    const SlotIndex base = pop_free_page() * page_size_;
+    for (int32_t j = 0; j < page_size_; ++j) out[k++] = base + j;
+  }
+  return out;
+}
+
+void PageAllocator::validate_last_loc(int64_t b, int32_t pre, SlotIndex last_loc) const {
+  if (pre == 0) {
+    PAGODA_REQUIRE(last_loc == -1, kInvalidArgument,
+                   "request {}: empty prefix needs last_loc -1, got {}", b, last_loc);
+    return;
+  }
+  PAGODA_REQUIRE(last_loc >= page_size_ && last_loc < num_slots_total(), kOutOfRange,
+                 "request {}: last_loc {} outside the pool's slots [{}, {})", b, last_loc,
+                 page_size_, num_slots_total());
+  PAGODA_REQUIRE(held_refcount(last_loc / page_size_) > 0, kFailedPrecondition,
+                 "request {}: last_loc {} is in page {}, which is not allocated", b, last_loc,
+                 last_loc / page_size_);
+  PAGODA_REQUIRE((last_loc + 1) % page_size_ == pre % page_size_, kInvalidArgument,
+                 "request {}: last_loc {} misaligned with prefix length {} (page_size {})", b,
+                 last_loc, pre, page_size_);
+}
+
+bool PageAllocator::alloc_extend(std::span<const int32_t> prefix_lens,
+                                 std::span<const int32_t> seq_lens,
+                                 std::span<const SlotIndex> last_loc, std::span<SlotIndex> out) {
+  const size_t bs = prefix_lens.size();
+  PAGODA_REQUIRE(seq_lens.size() == bs && last_loc.size() == bs, kInvalidArgument,
+                 "alloc_extend: {} prefix_lens, {} seq_lens, {} last_loc", bs, seq_lens.size(),
+                 last_loc.size());
+  // Check everything (and count the fresh pages) before taking any page.
+  int64_t total_tokens = 0;
+  int64_t new_pages = 0;
+  for (size_t b = 0; b < bs; ++b) {
+    const int32_t pre = prefix_lens[b];
+    const int32_t seq = seq_lens[b];
+    PAGODA_REQUIRE(pre >= 0 && seq >= pre, kInvalidArgument,
+                   "request {}: need 0 <= prefix_len {} <= seq_len {}", b, pre, seq);
+    validate_last_loc(static_cast<int64_t>(b), pre, last_loc[b]);
+    total_tokens += seq - pre;
+    new_pages += ceil_div(seq, page_size_) - ceil_div(pre, page_size_);
+  }
+  PAGODA_REQUIRE(static_cast<int64_t>(out.size()) == total_tokens, kInvalidArgument,
+                 "alloc_extend: out has {} slots, the batch extends {} tokens", out.size(),
+                 total_tokens);
+  if (new_pages > free_top_) return false;
+  size_t k = 0;
+  for (size_t b = 0; b < bs; ++b) {
+    const int64_t pre = prefix_lens[b];
+    const int64_t seq = seq_lens[b];
+    const int64_t pre_ceil = ceil_div(pre, page_size_) * page_size_;
+    // Part 1: the tail of the current partial page.
+    const int64_t n1 = std::min(seq, pre_ceil) - pre;
+    for (int64_t i = 0; i < n1; ++i) out[k++] = last_loc[b] + 1 + static_cast<SlotIndex>(i);
+    // Parts 2 and 3: fresh pages, the last one possibly partial.
+    for (int64_t pos = pre_ceil; pos < seq; pos += page_size_) {
+      const SlotIndex base = pop_free_page() * page_size_;
+      const int64_t n = std::min<int64_t>(page_size_, seq - pos);
+      for (int64_t j = 0; j < n; ++j) out[k++] = base + static_cast<SlotIndex>(j);
+    }
+  }
+  PAGODA_CHECK_EQ(static_cast<int64_t>(k), total_tokens);
+  return true;
+}
+
+std::optional<std::vector<SlotIndex>> PageAllocator::alloc_extend(
+    std::span<const int32_t> prefix_lens, std::span<const int32_t> seq_lens,
+    std::span<const SlotIndex> last_loc) {
+  int64_t total = 0;
+  for (size_t b = 0; b < prefix_lens.size() && b < seq_lens.size(); ++b) {
+    total += std::max(0, seq_lens[b] - prefix_lens[b]);
+  }
+  std::vector<SlotIndex> out(static_cast<size_t>(total));
+  if (!alloc_extend(prefix_lens, seq_lens, last_loc, out)) return std::nullopt;
+  return out;
+}
+
+bool PageAllocator::alloc_decode(std::span<const int32_t> seq_lens,
+                                 std::span<const SlotIndex> last_loc, std::span<SlotIndex> out) {
+  const size_t bs = seq_lens.size();
+  PAGODA_REQUIRE(last_loc.size() == bs && out.size() == bs, kInvalidArgument,
+                 "alloc_decode: {} seq_lens, {} last_loc, out of {}", bs, last_loc.size(),
+                 out.size());
+  int64_t new_pages = 0;
+  for (size_t b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(seq_lens[b] >= 1, kInvalidArgument, "request {}: new seq_len {} < 1", b,
+                   seq_lens[b]);
+    validate_last_loc(static_cast<int64_t>(b), seq_lens[b] - 1, last_loc[b]);
+    if ((seq_lens[b] - 1) % page_size_ == 0) ++new_pages;
+  }
+  if (new_pages > free_top_) return false;
+  for (size_t b = 0; b < bs; ++b) {
+    out[b] = (seq_lens[b] - 1) % page_size_ != 0 ? last_loc[b] + 1 : pop_free_page() * page_size_;
+  }
+  return true;
+}
+
+std::optional<std::vector<SlotIndex>> PageAllocator::alloc_decode(
+    std::span<const int32_t> seq_lens, std::span<const SlotIndex> last_loc) {
+  std::vector<SlotIndex> out(seq_lens.size());
+  if (!alloc_decode(seq_lens, last_loc, out)) return std::nullopt;
+  return out;
+}
+
+void PageAllocator::collect_pages(std::span<const SlotIndex> slots) const {
+  scratch_pages_.clear();
+  const int64_t limit = num_slots_total();
+  size_t i = 0;
+  while (i < slots.size()) {
+    const SlotIndex first = slots[i];
+    PAGODA_REQUIRE(first >= 0 && first < limit, kOutOfRange, "slot {} (entry {}) outside [0, {})",
+                   first, i, limit);
+    const int32_t page = first / page_size_;
+    PAGODA_REQUIRE(page != 0, kOutOfRange, "slot {} is in reserved page 0", first);
+    PAGODA_REQUIRE(first % page_size_ == 0, kInvalidArgument,
+                   "partial page: slot {} (entry {}) starts page {} at offset {}, not at its "
+                   "first slot {}",
+                   first, i, page, first % page_size_, page * page_size_);
+    PAGODA_REQUIRE(held_refcount(page) > 0, kFailedPrecondition,
+                   "page {} (slot {}) is not allocated: double or foreign free", page, first);
+    size_t j = i + 1;
+    while (j < slots.size() && j - i < static_cast<size_t>(page_size_) &&
+           slots[j] == first + static_cast<SlotIndex>(j - i)) {
+      ++j;
+    }
+    scratch_pages_.push_back(page);
+    i = j;
+  }
+  std::sort(scratch_pages_.begin(), scratch_pages_.end());
+  const auto dup = std::adjacent_find(scratch_pages_.begin(), scratch_pages_.end());
+  PAGODA_REQUIRE(dup == scratch_pages_.end(), kInvalidArgument,
+                 "page {} is named by two separate runs (duplicate or out-of-order slots)",
+                 dup == scratch_pages_.end() ? 0 : *dup);
+}
+
+void PageAllocator::require_held_runs(std::span<const SlotIndex> slots) const {
+  collect_pages(slots);
+}
+
+void PageAllocator::free(std::span<const SlotIndex> slots) {
+  collect_pages(slots);
+  if (scratch_pages_.empty()) return;
+  ++mutation_epoch_;
+  // Descending push leaves the smallest freed page on top (SGLang prepends sorted pages).
+  for (auto it = scratch_pages_.rbegin(); it != scratch_pages_.rend(); ++it) {
+    const int32_t page = *it;
+    if (--refcount_[page] > 0) continue;
+    --num_referenced_;
+    if (in_free_group_) {
+      pending_.push_back(page);
+    } else {
+      push_free_page(page);
+    }
+  }
+}
+
+void PageAllocator::retain(std::span<const SlotIndex> slots) {
+  collect_pages(slots);
+  if (scratch_pages_.empty()) return;
+  ++mutation_epoch_;
+  for (int32_t page : scratch_pages_) ++refcount_[page];
+}
+
+void PageAllocator::free_group_begin() {
+  PAGODA_REQUIRE(!in_free_group_, kFailedPrecondition, "free_group_begin inside a free group");
+  in_free_group_ = true;
+  ++mutation_epoch_;
+}
+
+void PageAllocator::free_group_end() {
+  PAGODA_REQUIRE(in_free_group_, kFailedPrecondition, "free_group_end without free_group_begin");
+  std::sort(pending_.begin(), pending_.end(), std::greater<>());
+  for (int32_t page : pending_) push_free_page(page);
+  pending_.clear();
+  in_free_group_ = false;
+  ++mutation_epoch_;
+}
+
+AllocatorState PageAllocator::backup_state() const {
+  return AllocatorState{.free_top = free_top_, .mutation_epoch = mutation_epoch_, .owner = this};
+}
+
+void PageAllocator::restore_state(const AllocatorState& state) {
+  PAGODA_REQUIRE(state.owner == this, kInvalidArgument,
+                 "restore_state: the state was taken from another allocator");
+  PAGODA_REQUIRE(state.mutation_epoch == mutation_epoch_ && state.free_top >= free_top_,
+                 kFailedPrecondition,
+                 "restore_state: the allocator was freed, retained, grouped or cleared since the "
+                 "backup (only allocations may happen between backup_state and restore_state)");
+  num_referenced_ -= state.free_top - free_top_;
+  free_top_ = state.free_top;
+}
+
+void PageAllocator::check_integrity() const {
+  PAGODA_CHECK(free_top_ >= 0 && free_top_ <= num_pages_);
+  PAGODA_CHECK(!page_is_free(0), "page 0 is on the free list");
+  int32_t free_count = 0, referenced = 0;
+  for (int32_t i = 0; i < free_top_; ++i) {
+    const int32_t page = free_stack_[i];
+    PAGODA_CHECK(page >= 1 && page <= num_pages_, "free list entry {} holds page {}", i, page);
+    PAGODA_CHECK_EQ(pos_[page], i);
+  }
+  for (int32_t page = 1; page <= num_pages_; ++page) {
+    if (page_is_free(page)) {
+      ++free_count;
+    } else if (refcount_[page] > 0) {
+      ++referenced;
+    }
+    PAGODA_CHECK(refcount_[page] >= 0, "page {} refcount {}", page, refcount_[page]);
+  }
+  PAGODA_CHECK_EQ(free_count, free_top_);
+  PAGODA_CHECK_EQ(referenced, num_referenced_);
+  PAGODA_CHECK(in_free_group_ || pending_.empty(), "pending pages outside a free group");
+  for (int32_t page : pending_) {
+    PAGODA_CHECK(!page_is_free(page) && refcount_[page] == 0, "pending page {} state", page);
+  }
+  PAGODA_CHECK_EQ(free_count + referenced + static_cast<int32_t>(pending_.size()), num_pages_);
+}
+
+}  // namespace pagoda::kv

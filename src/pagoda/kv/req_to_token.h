@@ -1,0 +1,65 @@
+#pragma once
+/// ReqToTokenTable: the [max_reqs + 1, max_context_len] int32 table mapping (request row,
+/// token position) -> KV slot (sglang_spec §3.1). Row 0 is reserved as the padding row of
+/// CUDA-graph batches: it is never handed out, never written, and reads as all zeros (slot 0).
+///
+/// Storage is host memory today; data() / device() / row_stride() are the shape a device mirror
+/// will keep (a CUDA engine copies or mirrors the same layout). Thread rules: not thread-safe.
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/device.h"
+#include "pagoda/core/ids.h"
+
+namespace pagoda::kv {
+
+class ReqToTokenTable {
+ public:
+  /// A table of `max_reqs` usable rows (1..max_reqs) of `max_context_len` slots, zero-filled.
+  /// Requires max_reqs >= 0 and max_context_len >= 1.
+  ReqToTokenTable(int32_t max_reqs, int32_t max_context_len);
+
+  int32_t max_reqs() const { return max_reqs_; }
+  int32_t max_context_len() const { return max_context_len_; }
+  /// Rows not in use.
+  int32_t num_free_rows() const { return static_cast<int32_t>(free_rows_.size()); }
+
+  /// Takes the lowest-numbered row that has been free longest (FIFO reuse, like SGLang's list).
+  /// Empty optional when all rows are in use. The row keeps whatever it held before.
+  std::optional<ReqSlot> alloc();
+  /// Returns `row` to the free list. Throws kOutOfRange for row 0 or outside [1, max_reqs],
+  /// kFailedPrecondition when the row is not in use (double free). Unchanged on throw.
+  void free(ReqSlot row);
+  bool in_use(ReqSlot row) const;
+
+  /// Writes slots into positions [begin, begin + slots.size()) of `row`. Throws (unchanged) when
+  /// the row is not in use or the range leaves [0, max_context_len).
+  void write(ReqSlot row, int64_t begin, std::span<const SlotIndex> slots);
+  /// The whole row (max_context_len entries), read-only. Row 0 allowed. Throws when out of range.
+  std::span<const SlotIndex> row(ReqSlot row) const;
+  /// Positions [begin, begin + len) of `row`; throws when the range leaves the row.
+  std::span<const SlotIndex> read(ReqSlot row, int64_t begin, int64_t len) const;
+
+  /// Raw table, row-major [max_reqs + 1, max_context_len] int32.
+  const SlotIndex* data() const { return table_.data(); }
+  int64_t row_stride() const { return max_context_len_; }
+  Device device() const { return Device::cpu(); }
+
+  /// Aborts when the free list and the in-use flags disagree or row 0 is not all zeros.
+  void check_integrity() const;
+
+ private:
+  void require_row(ReqSlot row) const;
+
+  int32_t max_reqs_;
+  int32_t max_context_len_;
+  std::vector<SlotIndex> table_;
+  std::vector<uint8_t> in_use_;
+  std::deque<int32_t> free_rows_;
+};
+
+}  // namespace pagoda::kv

@@ -1,0 +1,50 @@
+#pragma once
+/// Dense f32 building blocks of the decoder on the host (CPU). GEMMs go through OpenBLAS
+/// (cblas_sgemm); the rest are plain loops. All arrays are row-major and must not alias unless
+/// stated. These are the seam for a device implementation (cuBLAS + small kernels): LlamaModel
+/// calls only these functions for dense math.
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagoda/model/config.h"
+
+namespace pagoda::model {
+
+/// Sets the OpenBLAS thread count for this process (n >= 1). Process-wide; call before running.
+void set_blas_num_threads(int n);
+
+/// y[m, n] = beta * y + x[m, k] · w[n, k]ᵀ (w in HF [out, in] layout). beta 0 or 1.
+void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k,
+            float beta = 0.f);
+
+/// out[t, :] = x[t, :] / sqrt(mean(x[t, :]²) + eps) * weight, for t in [0, rows). out may alias x.
+void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
+              float eps);
+
+/// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] for a fused [rows, 2 * inter] input.
+void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
+
+/// x = cap * tanh(x / cap) elementwise (cap > 0).
+void soft_cap(float* x, int64_t n, float cap);
+
+/// Rotary embedding tables (HF "rotate_half" / NeoX layout: pairs (i, i + D/2)).
+class Rope {
+ public:
+  /// inv_freq[i] = theta^(-2i/D), then linear or llama3 scaling as configured.
+  Rope(const RopeConfig& config, int head_dim);
+  int head_dim() const { return head_dim_; }
+  /// The (scaled) inverse frequencies, [head_dim / 2].
+  const std::vector<double>& inv_freq() const { return inv_freq_; }
+  /// Rotates `x` [rows, num_heads, head_dim] in place; row t uses positions[t].
+  /// angle = float(position) * float(inv_freq) in f32, as HF computes it.
+  void apply(float* x, std::span<const int32_t> positions, int num_heads) const;
+
+ private:
+  int head_dim_;
+  std::vector<double> inv_freq_;
+  std::vector<float> inv_freq_f32_;
+};
+
+}  // namespace pagoda::model

@@ -1,0 +1,92 @@
+#pragma once
+/// Safetensors I/O and Hugging Face checkpoint loading.
+///
+/// File format: an 8-byte little-endian header length N, N bytes of JSON
+/// ({"name": {"dtype": "F32"|"F16"|"BF16"|..., "shape": [...], "data_offsets": [begin, end]},
+/// "__metadata__": {...}}), then the raw little-endian tensor bytes (offsets relative to the byte
+/// after the header). Files are memory-mapped read-only while open.
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pagoda/core/dtype.h"
+#include "pagoda/model/config.h"
+#include "pagoda/model/weights.h"
+
+namespace pagoda::model {
+
+/// One tensor's header entry.
+struct SafetensorInfo {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;  ///< byte offset in the data section
+  uint64_t end = 0;
+  int64_t numel() const;
+};
+
+/// A memory-mapped .safetensors file (read-only). Movable, not copyable.
+class SafetensorsFile {
+ public:
+  /// Opens and validates the header (offsets inside the file, sizes matching shape × dtype).
+  /// Throws Error(kInvalidArgument) on a malformed file, kUnsupported on an unknown dtype,
+  /// kInternal on I/O failure.
+  explicit SafetensorsFile(const std::filesystem::path& path);
+  ~SafetensorsFile();
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) = delete;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::map<std::string, SafetensorInfo>& tensors() const { return tensors_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+  /// The tensor converted to f32 (F32, F16, BF16 sources). Throws kInvalidArgument if absent.
+  std::vector<float> read_f32(const std::string& name) const;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::map<std::string, SafetensorInfo> tensors_;
+  const uint8_t* map_ = nullptr;
+  size_t map_size_ = 0;
+  size_t data_offset_ = 0;
+};
+
+/// A tensor to write: f32 values stored as `dtype` (F32, F16 or BF16; rounded to nearest even).
+struct SafetensorToWrite {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;  ///< numel(shape) values
+  DType dtype = DType::kF32;
+};
+
+/// Writes a .safetensors file (tensors in the given order). Throws kInvalidArgument for an
+/// unsupported dtype, kInternal on I/O failure.
+void write_safetensors(const std::filesystem::path& path,
+                       const std::vector<SafetensorToWrite>& tensors);
+
+/// A model loaded from disk.
+struct LoadedModel {
+  ModelConfig config;
+  ModelWeights weights;
+};
+
+/// Loads a Hugging Face LlamaForCausalLM-style checkpoint folder: config.json plus either
+/// model.safetensors.index.json (sharded; its weight_map names the files) or every *.safetensors
+/// file in the folder. Weights are converted to f32. Throws Error naming the missing or
+/// mismatched tensor / key.
+LoadedModel load_hf_checkpoint(const std::filesystem::path& dir);
+
+/// "builtin" → builtin_tiny_config() with make_random_weights(config, weight_seed); anything
+/// else is a checkpoint folder for load_hf_checkpoint(). Throws Error like those.
+LoadedModel load_model(const std::string& spec, uint64_t weight_seed);
+
+/// Writes `weights` as a HF checkpoint folder (config.json + model.safetensors in `dtype`);
+/// used by tests and tools. `dir` is created if needed.
+void save_hf_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
+                        const ModelWeights& weights, DType dtype);
+
+}  // namespace pagoda::model

@@ -1,0 +1,41 @@
+#pragma once
+/// Token sampling: greedy, temperature, top-k, top-p, with a per-request seeded generator so a
+/// request's output depends only on its logits and its seed (never on batch composition).
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace pagoda::model {
+
+struct SamplingParams {
+  float temperature = 0.f;  ///< 0 = greedy (argmax, lowest id on ties)
+  int top_k = 0;            ///< 0 or < 0 = no top-k filter; 1 = greedy
+  float top_p = 1.f;        ///< (0, 1]; 1 = no nucleus filter
+  uint64_t seed = 0;
+  /// Throws Error(kInvalidArgument) for temperature < 0 or non-finite, top_p outside (0, 1].
+  void validate() const;
+  bool is_greedy() const { return temperature == 0.f || top_k == 1; }
+};
+
+/// Index of the largest value (lowest index on ties). Requires a non-empty span.
+int32_t argmax(std::span<const float> logits);
+
+/// A per-request sampler: owns the request's random stream (seeded by params.seed).
+/// Each sample() call consumes exactly one draw (greedy consumes none).
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+  const SamplingParams& params() const { return params_; }
+  /// Picks the next token from `logits` [vocab] (f32, not modified).
+  int32_t sample(std::span<const float> logits);
+
+ private:
+  double next_uniform();
+  SamplingParams params_;
+  uint64_t state_;
+  std::vector<int32_t> order_;
+  std::vector<double> probs_;
+};
+
+}  // namespace pagoda::model

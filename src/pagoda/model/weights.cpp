@@ -1,0 +1,101 @@
+#include "pagoda/model/weights.h"
+
+#include <cmath>
+#include <string>
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::model {
+
+namespace {
+
+/// splitmix64: tiny, portable, and identical on every platform (std distributions are not).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in (0, 1).
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
+  /// Standard normal (Box-Muller).
+  double normal() {
+    const double u1 = uniform();
+    const double u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+std::vector<float> normal_vec(Rng& rng, int64_t n, double mean, double stddev) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<float>(mean + stddev * rng.normal());
+  return v;
+}
+
+void require_size(const std::vector<float>& v, int64_t expected, const std::string& name) {
+  PAGODA_REQUIRE(static_cast<int64_t>(v.size()) == expected, kInvalidArgument,
+                 "weight {} has {} elements, expected {}", name, v.size(), expected);
+}
+
+}  // namespace
+
+void ModelWeights::validate(const ModelConfig& c) const {
+  const int64_t h = c.hidden_size;
+  const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
+  const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+  require_size(embed, int64_t{c.vocab_size} * h, "embed_tokens");
+  require_size(final_norm, h, "norm");
+  if (!c.tie_word_embeddings || !lm_head.empty())
+    require_size(lm_head, int64_t{c.vocab_size} * h, "lm_head");
+  PAGODA_REQUIRE(static_cast<int>(layers.size()) == c.num_layers, kInvalidArgument,
+                 "{} layers of weights for {} layers", layers.size(), c.num_layers);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerWeights& w = layers[l];
+    const std::string p = "layers." + std::to_string(l) + ".";
+    require_size(w.input_norm, h, p + "input_layernorm");
+    require_size(w.q_proj, qd * h, p + "q_proj");
+    require_size(w.k_proj, kvd * h, p + "k_proj");
+    require_size(w.v_proj, kvd * h, p + "v_proj");
+    require_size(w.o_proj, h * qd, p + "o_proj");
+    require_size(w.post_norm, h, p + "post_attention_layernorm");
+    require_size(w.gate_proj, inter * h, p + "gate_proj");
+    require_size(w.up_proj, inter * h, p + "up_proj");
+    require_size(w.down_proj, h * inter, p + "down_proj");
+  }
+}
+
+ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
+  c.validate();
+  Rng rng(seed ^ 0x5EED5EED5EED5EEDull);
+  const int64_t h = c.hidden_size;
+  const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
+  const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t inter = c.intermediate_size;
+  const double in_h = 1.0 / std::sqrt(static_cast<double>(h));
+  ModelWeights w;
+  w.embed = normal_vec(rng, int64_t{c.vocab_size} * h, 0.0, 1.0);
+  w.layers.resize(c.num_layers);
+  for (LayerWeights& l : w.layers) {
+    l.input_norm = normal_vec(rng, h, 1.0, 0.1);
+    l.q_proj = normal_vec(rng, qd * h, 0.0, in_h);
+    l.k_proj = normal_vec(rng, kvd * h, 0.0, in_h);
+    l.v_proj = normal_vec(rng, kvd * h, 0.0, in_h);
+    l.o_proj = normal_vec(rng, h * qd, 0.0, 1.0 / std::sqrt(static_cast<double>(qd)));
+    l.post_norm = normal_vec(rng, h, 1.0, 0.1);
+    l.gate_proj = normal_vec(rng, inter * h, 0.0, in_h);
+    l.up_proj = normal_vec(rng, inter * h, 0.0, in_h);
+    l.down_proj = normal_vec(rng, h * inter, 0.0, 1.0 / std::sqrt(static_cast<double>(inter)));
+  }
+  w.final_norm = normal_vec(rng, h, 1.0, 0.1);
+  if (!c.tie_word_embeddings) w.lm_head = normal_vec(rng, int64_t{c.vocab_size} * h, 0.0, in_h);
+  return w;
+}
+
+}  // namespace pagoda::model

@@ -1,0 +1,41 @@
+#pragma once
+/// ModelWeights: the f32 parameters of a Llama-family decoder in Hugging Face layout. Every
+/// linear weight is row-major [out_features, in_features] (y = x · Wᵀ). Host memory, owned.
+
+#include <cstdint>
+#include <vector>
+
+#include "pagoda/model/config.h"
+
+namespace pagoda::model {
+
+struct LayerWeights {
+  std::vector<float> input_norm;  ///< [hidden]
+  std::vector<float> q_proj;      ///< [Hq * D, hidden]
+  std::vector<float> k_proj;      ///< [Hkv * D, hidden]
+  std::vector<float> v_proj;      ///< [Hkv * D, hidden]
+  std::vector<float> o_proj;      ///< [hidden, Hq * D]
+  std::vector<float> post_norm;   ///< [hidden]
+  std::vector<float> gate_proj;   ///< [intermediate, hidden]
+  std::vector<float> up_proj;     ///< [intermediate, hidden]
+  std::vector<float> down_proj;   ///< [hidden, intermediate]
+};
+
+struct ModelWeights {
+  std::vector<float> embed;       ///< [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  ///< [hidden]
+  std::vector<float> lm_head;     ///< [vocab, hidden]; empty when tied to `embed`
+
+  /// The LM-head matrix [vocab, hidden] (the embedding when tied).
+  const std::vector<float>& lm_head_matrix() const { return lm_head.empty() ? embed : lm_head; }
+  /// Throws Error(kInvalidArgument) naming the first tensor whose size does not match `config`.
+  void validate(const ModelConfig& config) const;
+};
+
+/// Deterministic random weights from `seed` (same seed, same config → identical bits).
+/// Scales keep activations O(1) so logits are well separated: embedding N(0, 1), linear
+/// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²).
+ModelWeights make_random_weights(const ModelConfig& config, uint64_t seed);
+
+}  // namespace pagoda::model

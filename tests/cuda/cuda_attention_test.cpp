@@ -1,0 +1,305 @@
+/// CUDA BatchAttention vs an fp64 host reference on random problems (NaN-poisoned unused slots
+/// and outputs, permuted pages), plus CUDA-graph capture/replay == eager. Label "gpu": needs a GPU.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cuda_test_util.h"
+#include "pagoda/backends/cuda/cuda_batch_attention.h"
+
+namespace pagoda::cuda_test {
+namespace {
+
+using backends::cuda::CudaBatchAttention;
+
+struct Dev {
+  void* p = nullptr;
+  explicit Dev(size_t n) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 16)), cudaSuccess); }
+  ~Dev() { cudaFree(p); }
+};
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+struct Result {
+  double rel_err = 0, lse_err = 0;
+  bool all_finite = true;
+  std::string path;
+};
+
+Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr) {
+  HostData h = make_host_data(p);
+  const DType out_dtype = p.q_dtype;
+  const int hkv = p.mla ? 1 : p.hkv;
+  Dev q(h.q.size()), k(h.k.size()), v(h.v.size());
+  const size_t out_bytes = size_t(h.nnz) * p.hq * p.dv * dtype_size(out_dtype);
+  Dev out(out_bytes), lse(size_t(h.nnz) * p.hq * 4);
+  cudaMemcpy(q.p, h.q.data(), h.q.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(k.p, h.k.data(), h.k.size(), cudaMemcpyHostToDevice);
+  if (!h.v.empty()) cudaMemcpy(v.p, h.v.data(), h.v.size(), cudaMemcpyHostToDevice);
+  cudaMemset(out.p, 0xFF, out_bytes);  // NaN poison
+  cudaMemset(lse.p, 0xFF, size_t(h.nnz) * p.hq * 4);
+  const Device dev = Device::cuda(0);
+  TensorView qv(q.p, p.q_dtype, {h.nnz, p.hq, p.dqk}, dev);
+  TensorView kc(k.p, p.kv_dtype, {h.num_pages, p.page_size, hkv, p.dqk}, dev);
+  TensorView vc = p.mla ? TensorView(k.p, p.kv_dtype, {h.num_pages, p.page_size, 1, p.dv},
+                                     {int64_t(p.page_size) * p.dqk, p.dqk, p.dqk, 1}, dev)
+                        : TensorView(v.p, p.kv_dtype, {h.num_pages, p.page_size, hkv, p.dv}, dev);
+  TensorView ov(out.p, out_dtype, {h.nnz, p.hq, p.dv}, dev);
+  TensorView lv(lse.p, DType::kF32, {h.nnz, p.hq}, dev);
+  CudaBatchAttention local;
+  CudaBatchAttention& attn = reuse ? *reuse : local;
+  attention::AttentionShape shape{.num_qo_heads = p.hq, .num_kv_heads = hkv, .head_dim_qk = p.dqk,
+                                  .head_dim_v = p.dv, .q_dtype = p.q_dtype,
+                                  .kv_dtype = p.kv_dtype, .out_dtype = out_dtype};
+  attn.plan(h.input(p.page_size), shape);
+  attn.run(qv, kc, vc, ov, lv, p.params);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> ob(out_bytes);
+  std::vector<float> lb(size_t(h.nnz) * p.hq);
+  cudaMemcpy(ob.data(), out.p, out_bytes, cudaMemcpyDeviceToHost);
+  cudaMemcpy(lb.data(), lse.p, lb.size() * 4, cudaMemcpyDeviceToHost);
+  std::vector<float> ref, ref_lse;
+  reference(p, h, ref, ref_lse);
+  Result r;
+  r.path = std::string(kernel_path_name(attn.path()));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float x = read_as_f32(ob.data(), out_dtype, i);
+    if (!std::isfinite(x)) r.all_finite = false;
+    num += (double(x) - ref[i]) * (double(x) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  r.rel_err = std::sqrt(num / std::max(den, 1e-30));
+  for (size_t i = 0; i < ref_lse.size(); ++i) {
+    if (std::isinf(ref_lse[i])) {
+      if (!(std::isinf(lb[i]) && lb[i] < 0)) r.lse_err = 1e9;
+    } else {
+      r.lse_err = std::max(r.lse_err, std::abs(double(lb[i]) - ref_lse[i]) / std::max(1.0, std::abs(double(ref_lse[i]))));
+    }
+  }
+  return r;
+}
+
+void expect_ok(const Problem& p, double tol, const char* want_path = nullptr) {
+  const Result r = run_problem(p);
+  EXPECT_TRUE(r.all_finite) << "path " << r.path;
+  EXPECT_LT(r.rel_err, tol) << "path " << r.path;
+  EXPECT_LT(r.lse_err, 1e-2) << "path " << r.path;
+  if (want_path) {
+    EXPECT_EQ(r.path, want_path);
+  }
+}
+
+Problem decode_problem(int bs, int max_len, int ps, DType kv, int d, uint64_t seed) {
+  Problem p;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  for (int b = 0; b < bs; ++b) {
+    p.qo_lens.push_back(1);
+    p.kv_lens.push_back(1 + static_cast<int>(rng() % max_len));
+  }
+  p.page_size = ps;
+  p.hq = 32;
+  p.hkv = 8;
+  p.dqk = p.dv = d;
+  p.kv_dtype = kv;
+  p.params.sm_scale = 1.f / std::sqrt(float(d));
+  p.seed = seed;
+  return p;
+}
+
+#define REQUIRE_GPU()                          \
+  do {                                         \
+    if (!have_gpu()) {                         \
+      GTEST_SKIP() << "no CUDA device";        \
+    }                                          \
+  } while (0)
+
+TEST(CudaDecode, Bf16Page16Skewed) {
+  REQUIRE_GPU();
+  Problem p = decode_problem(7, 3000, 16, DType::kBF16, 128, 1);
+  p.kv_lens[0] = 9000;  // forces split-KV
+  expect_ok(p, 2e-2, "decode");
+}
+TEST(CudaDecode, Page1AndHeadDims) {
+  REQUIRE_GPU();
+  expect_ok(decode_problem(5, 700, 1, DType::kBF16, 128, 2), 2e-2, "decode");
+  expect_ok(decode_problem(5, 700, 16, DType::kBF16, 64, 3), 2e-2, "decode");
+  expect_ok(decode_problem(5, 700, 16, DType::kBF16, 256, 4), 2e-2, "decode");
+  Problem f16 = decode_problem(4, 500, 8, DType::kF16, 128, 5);
+  f16.q_dtype = DType::kF16;
+  expect_ok(f16, 2e-2, "decode");
+}
+TEST(CudaDecode, Fp8WithScalesCapSinksWindow) {
+  REQUIRE_GPU();
+  Problem p = decode_problem(6, 2000, 16, DType::kFp8E4M3, 128, 6);
+  p.params.k_scale = 0.5f;
+  p.params.v_scale = 2.f;
+  expect_ok(p, 3e-2, "decode");
+  std::vector<float> sinks(32);
+  for (int i = 0; i < 32; ++i) sinks[i] = 0.1f * i - 1.f;
+  Problem q = decode_problem(6, 2000, 16, DType::kBF16, 128, 7);
+  q.params.logit_cap = 30.f;
+  q.params.sinks = sinks;
+  q.params.window_left = 100;
+  q.kv_lens[1] = 6000;
+  expect_ok(q, 2e-2, "decode");
+  Problem e5 = decode_problem(3, 300, 16, DType::kFp8E5M2, 128, 8);
+  expect_ok(e5, 5e-2, "generic");
+}
+TEST(CudaDecode, GroupSizes) {
+  REQUIRE_GPU();
+  Problem mqa = decode_problem(3, 900, 16, DType::kBF16, 128, 9);
+  mqa.hq = 16;
+  mqa.hkv = 1;  // 2 blocks per kv head in z
+  expect_ok(mqa, 2e-2, "decode");
+  Problem mha = decode_problem(3, 900, 16, DType::kBF16, 128, 10);
+  mha.hq = mha.hkv = 4;
+  expect_ok(mha, 2e-2, "decode");
+}
+
+Problem extend_problem(std::vector<int> qo, std::vector<int> prefix, int ps, int d, uint64_t seed) {
+  Problem p;
+  p.qo_lens = qo;
+  for (size_t i = 0; i < qo.size(); ++i) p.kv_lens.push_back(qo[i] + prefix[i]);
+  p.page_size = ps;
+  p.hq = 8;
+  p.hkv = 2;
+  p.dqk = p.dv = d;
+  p.params.sm_scale = 1.f / std::sqrt(float(d));
+  p.seed = seed;
+  return p;
+}
+
+TEST(CudaExtend, CausalWithPrefix) {
+  REQUIRE_GPU();
+  expect_ok(extend_problem({37, 130, 1, 64}, {0, 200, 77, 1000}, 16, 128, 11), 2e-2, "prefill");
+  expect_ok(extend_problem({100, 3}, {50, 0}, 1, 64, 12), 2e-2, "prefill");
+  expect_ok(extend_problem({70, 20}, {33, 300}, 16, 256, 13), 2e-2, "prefill");
+}
+TEST(CudaExtend, NonCausalWindowCapSinksFp8) {
+  REQUIRE_GPU();
+  Problem nc = extend_problem({90, 17}, {10, 200}, 16, 128, 14);
+  nc.params.mask = attention::MaskKind::kNonCausal;
+  expect_ok(nc, 2e-2, "prefill");
+  std::vector<float> sinks(8, 0.5f);
+  Problem w = extend_problem({150, 40}, {100, 500}, 16, 128, 15);
+  w.params.window_left = 63;
+  w.params.logit_cap = 20.f;
+  w.params.sinks = sinks;
+  expect_ok(w, 2e-2, "prefill");
+  Problem f8 = extend_problem({80, 33}, {60, 400}, 16, 128, 16);
+  f8.kv_dtype = DType::kFp8E4M3;
+  f8.params.k_scale = 0.25f;
+  expect_ok(f8, 3e-2, "prefill");
+}
+TEST(CudaExtend, TreeMaskVerify) {
+  REQUIRE_GPU();
+  Problem p = extend_problem({16, 64, 7}, {300, 1000, 50}, 16, 128, 17);
+  p.tree_mask = true;
+  expect_ok(p, 2e-2, "prefill");
+}
+TEST(CudaGeneric, MlaF32AndOddDims) {
+  REQUIRE_GPU();
+  Problem mla = decode_problem(4, 600, 16, DType::kBF16, 576, 18);
+  mla.mla = true;
+  mla.hq = 16;
+  mla.hkv = 1;
+  mla.dv = 512;
+  mla.params.sm_scale = 0.05f;
+  expect_ok(mla, 2e-2, "generic");
+  Problem mla_ext = extend_problem({20, 5}, {100, 30}, 1, 576, 19);
+  mla_ext.mla = true;
+  mla_ext.hq = 8;
+  mla_ext.hkv = 1;
+  mla_ext.dv = 512;
+  mla_ext.params.sm_scale = 0.05f;
+  expect_ok(mla_ext, 2e-2, "generic");
+  Problem f32 = extend_problem({30, 1}, {40, 90}, 4, 96, 20);
+  f32.q_dtype = DType::kF32;
+  f32.kv_dtype = DType::kF32;
+  expect_ok(f32, 1e-4, "generic");
+}
+TEST(CudaExtend, MixedDecodeAndExtend) {
+  REQUIRE_GPU();
+  expect_ok(extend_problem({1, 50, 1, 1, 200}, {500, 20, 3000, 0, 0}, 16, 128, 21), 2e-2,
+            "prefill");
+}
+
+TEST(CudaGraph, ReplayWithNewLengthsEqualsEager) {
+  REQUIRE_GPU();
+  Problem a = decode_problem(8, 3000, 16, DType::kBF16, 128, 30);
+  Problem b = decode_problem(8, 3000, 16, DType::kBF16, 128, 31);
+  b.kv_lens[2] = 12000;  // different split schedule
+  a.poison = b.poison = true;
+  // Same pool for both: build b's data, then plan a's table over it for the capture.
+  HostData hb = make_host_data(b);
+  HostData ha = make_host_data(a);
+  const int pages = std::max(ha.num_pages, hb.num_pages);
+  Dev q(hb.q.size()), k(size_t(pages) * 16 * 8 * 128 * 2), v(size_t(pages) * 16 * 8 * 128 * 2);
+  const size_t ob = size_t(8) * 32 * 128 * 2;
+  Dev out(ob), out_eager(ob);
+  cudaMemcpy(q.p, hb.q.data(), hb.q.size(), cudaMemcpyHostToDevice);
+  cudaMemset(k.p, 0, size_t(pages) * 16 * 8 * 128 * 2);
+  cudaMemset(v.p, 0, size_t(pages) * 16 * 8 * 128 * 2);
+  cudaMemcpy(k.p, hb.k.data(), hb.k.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(v.p, hb.v.data(), hb.v.size(), cudaMemcpyHostToDevice);
+  const Device dev = Device::cuda(0);
+  TensorView qv(q.p, DType::kBF16, {8, 32, 128}, dev);
+  TensorView kc(k.p, DType::kBF16, {pages, 16, 8, 128}, dev);
+  TensorView vc(v.p, DType::kBF16, {pages, 16, 8, 128}, dev);
+  TensorView ov(out.p, DType::kBF16, {8, 32, 128}, dev);
+  TensorView oe(out_eager.p, DType::kBF16, {8, 32, 128}, dev);
+  attention::AttentionShape shape{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim_qk = 128,
+                                  .head_dim_v = 128};
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  {
+    CudaBatchAttention eager(s);
+    eager.plan(hb.input(16), shape);
+    eager.run(qv, kc, vc, oe, TensorView(), b.params);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  }
+  {
+  CudaBatchAttention g(s);
+  g.enable_graph_mode({.max_batch_size = 8, .max_tokens = 8, .max_pages = 4096}, shape);
+  g.plan(ha.input(16), shape);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  g.run(qv, kc, vc, ov, TensorView(), a.params);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaMemsetAsync(out.p, 0xFF, ob, s);
+  g.plan(hb.input(16), shape);  // replay with b's lengths
+  ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  std::vector<uint16_t> x(ob / 2), y(ob / 2);
+  cudaMemcpy(x.data(), out.p, ob, cudaMemcpyDeviceToHost);
+  cudaMemcpy(y.data(), out_eager.p, ob, cudaMemcpyDeviceToHost);
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), ob), 0) << "graph replay differs from eager";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  }  // the attention object (which syncs its stream) goes before the stream
+  cudaStreamDestroy(s);
+}
+
+TEST(CudaPlan, RejectsBadTables) {
+  REQUIRE_GPU();
+  CudaBatchAttention attn;
+  std::vector<int32_t> qo{0, 1}, kvp{0, 1}, idx{-3}, last{1};
+  attention::PagedPlanInput in{.qo_indptr = qo, .kv_indptr = kvp, .kv_indices = idx,
+                               .kv_last_page_len = last, .page_size = 16};
+  attention::AttentionShape shape{.num_qo_heads = 4, .num_kv_heads = 2, .head_dim_qk = 128,
+                                  .head_dim_v = 128};
+  EXPECT_THROW(attn.plan(in, shape), Error);
+  idx[0] = 1;
+  last[0] = 17;
+  EXPECT_THROW(attn.plan(in, shape), Error);
+}
+
+}  // namespace
+}  // namespace pagoda::cuda_test

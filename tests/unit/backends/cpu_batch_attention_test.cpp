@@ -1,0 +1,352 @@
+// CpuBatchAttention against the fp64 reference on random paged inputs: every dtype, page sizes,
+// GQA/MQA/MLA, decode / extend / verify, causal / non-causal, window, soft cap, sinks, custom
+// mask, split-KV, empty rows. Pages are permuted, unused KV slots are NaN, outputs are NaN before
+// each run; every case prints its seed.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagoda/backends/cpu/cpu_batch_attention.h"
+#include "pagoda/backends/reference/reference_batch_attention.h"
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+
+namespace pagoda::backends {
+namespace {
+
+using attention::AttentionShape;
+using attention::MaskKind;
+using attention::PagedPlanInput;
+using attention::RunParams;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct Case {
+  uint64_t seed = 1;
+  int bs = 2;
+  int hq = 4, hkv = 2, dqk = 64, dv = 64;
+  int page_size = 16;
+  DType q_dtype = DType::kBF16, kv_dtype = DType::kBF16, out_dtype = DType::kBF16;
+  int min_qo = 1, max_qo = 1;  ///< query rows per request
+  int min_prefix = 0, max_prefix = 100;  ///< keys before the queries
+  MaskKind mask = MaskKind::kCausal;
+  bool custom_mask = false;
+  bool mla = false;  ///< V is a strided view of K's latent rows (Hkv must be 1)
+  int window_left = -1;
+  float cap = 0.f;
+  bool sinks = false;
+  float k_scale = 1.f, v_scale = 1.f;
+  bool empty_request = false;  ///< add a request without keys (its rows must be 0 / -inf)
+  CpuAttentionOptions options{.num_threads = 2};
+};
+
+std::string describe(const Case& c) {
+  return fmt::format(
+      "seed={} bs={} hq={} hkv={} d={}/{} page={} q={} kv={} out={} qo=[{},{}] prefix=[{},{}] "
+      "mask={} custom={} mla={} window={} cap={} sinks={} threads={}",
+      c.seed, c.bs, c.hq, c.hkv, c.dqk, c.dv, c.page_size, c.q_dtype, c.kv_dtype, c.out_dtype,
+      c.min_qo, c.max_qo, c.min_prefix, c.max_prefix,
+      c.mask == MaskKind::kCausal ? "causal" : "none", c.custom_mask, c.mla, c.window_left, c.cap,
+      c.sinks, c.options.num_threads);
+}
+
+/// A typed buffer filled through f32 values.
+struct Buffer {
+  DType dtype;
+  std::vector<unsigned char> bytes;
+  Buffer(DType t, size_t n) : dtype(t), bytes(n * dtype_size(t)) {}
+  void set(size_t i, float v) { write_from_f32(bytes.data(), dtype, i, v); }
+  float get(size_t i) const { return read_as_f32(bytes.data(), dtype, i); }
+  void* data() { return bytes.data(); }
+};
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  auto rand_int = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+
+  const int bs = c.bs + (c.empty_request ? 1 : 0);
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, kv_indices, last_page_len, kv_lens;
+  for (int b = 0; b < bs; ++b) {
+    const bool empty = c.empty_request && b == bs / 2;
+    const int qo = rand_int(c.min_qo, c.max_qo);
+    const int kv = empty ? 0 : qo + rand_int(c.min_prefix, c.max_prefix);
+    qo_indptr.push_back(qo_indptr.back() + qo);
+    const int pages = (kv + c.page_size - 1) / c.page_size;
+    kv_indptr.push_back(kv_indptr.back() + pages);
+    last_page_len.push_back(pages == 0 ? 0 : kv - (pages - 1) * c.page_size);
+    kv_lens.push_back(kv);
+  }
+  const int total_pages = kv_indptr.back();
+  const int num_pages = total_pages + 3;  // spare pages stay NaN
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  kv_indices.assign(perm.begin(), perm.begin() + total_pages);
+
+  // K/V caches, NaN everywhere, then the used slots get values.
+  const int64_t slots = int64_t{num_pages} * c.page_size;
+  const int krow = c.hkv * c.dqk;
+  const int vrow = c.hkv * c.dv;
+  Buffer kbuf(c.kv_dtype, static_cast<size_t>(slots * krow));
+  Buffer vbuf(c.kv_dtype, c.mla ? 0 : static_cast<size_t>(slots * vrow));
+  const float poison = kNaN;  // every kv dtype has a NaN encoding
+  for (size_t i = 0; i < kbuf.bytes.size() / dtype_size(c.kv_dtype); ++i) kbuf.set(i, poison);
+  for (size_t i = 0; i < vbuf.bytes.size() / dtype_size(c.kv_dtype); ++i) vbuf.set(i, poison);
+  for (int b = 0; b < bs; ++b) {
+    for (int t = 0; t < kv_lens[b]; ++t) {
+      const int64_t slot = int64_t{kv_indices[kv_indptr[b] + t / c.page_size]} * c.page_size +
+                           t % c.page_size;
+      for (int x = 0; x < krow; ++x) kbuf.set(static_cast<size_t>(slot * krow + x), 2.f * uni(rng));
+      if (!c.mla) {
+        for (int x = 0; x < vrow; ++x) vbuf.set(static_cast<size_t>(slot * vrow + x), uni(rng));
+      }
+    }
+  }
+  TensorView k_cache(kbuf.data(), c.kv_dtype, {num_pages, c.page_size, c.hkv, c.dqk});
+  TensorView v_cache =
+      c.mla ? TensorView(kbuf.data(), c.kv_dtype, {num_pages, c.page_size, 1, c.dv},
+                         {int64_t{c.page_size} * c.dqk, c.dqk, c.dqk, 1})
+            : TensorView(vbuf.data(), c.kv_dtype, {num_pages, c.page_size, c.hkv, c.dv});
+
+  const int nnz = qo_indptr.back();
+  Buffer qbuf(c.q_dtype, static_cast<size_t>(nnz) * c.hq * c.dqk);
+  for (size_t i = 0; i < static_cast<size_t>(nnz) * c.hq * c.dqk; ++i) qbuf.set(i, uni(rng));
+  TensorView q(qbuf.data(), c.q_dtype, {nnz, c.hq, c.dqk});
+
+  std::vector<uint8_t> mask_bytes;
+  std::vector<int64_t> mask_indptr;
+  if (c.custom_mask) {
+    mask_indptr.push_back(0);
+    for (int b = 0; b < bs; ++b) {
+      const int64_t bits = int64_t{qo_indptr[b + 1] - qo_indptr[b]} * kv_lens[b];
+      const int64_t bytes = (bits + 7) / 8;
+      for (int64_t i = 0; i < bytes; ++i) mask_bytes.push_back(static_cast<uint8_t>(rng()));
+      mask_indptr.push_back(mask_indptr.back() + bytes);
+    }
+    if (!mask_bytes.empty()) mask_bytes[0] = 0;  // request 0, query 0: sees nothing (first 8)
+  }
+  std::vector<float> sinks;
+  if (c.sinks) {
+    for (int h = 0; h < c.hq; ++h) sinks.push_back(2.f * uni(rng));
+  }
+
+  PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr, .kv_indices = kv_indices,
+                    .kv_last_page_len = last_page_len, .page_size = c.page_size,
+                    .custom_mask = mask_bytes, .mask_indptr = mask_indptr};
+  AttentionShape shape{.num_qo_heads = c.hq, .num_kv_heads = c.hkv, .head_dim_qk = c.dqk,
+                       .head_dim_v = c.dv, .q_dtype = c.q_dtype, .kv_dtype = c.kv_dtype,
+                       .out_dtype = c.out_dtype};
+  RunParams params{.sm_scale = 1.f / std::sqrt(static_cast<float>(c.dqk)), .logit_cap = c.cap,
+                   .window_left = c.window_left, .mask = c.mask, .sinks = sinks,
+                   .k_scale = c.k_scale, .v_scale = c.v_scale};
+
+  const size_t out_n = static_cast<size_t>(nnz) * c.hq * c.dv;
+  Buffer ref_out(c.out_dtype, out_n), cpu_out(c.out_dtype, out_n);
+  std::vector<float> ref_lse(static_cast<size_t>(nnz) * c.hq, kNaN);
+  std::vector<float> cpu_lse(ref_lse.size(), kNaN);
+  for (size_t i = 0; i < out_n; ++i) {
+    ref_out.set(i, kNaN);
+    cpu_out.set(i, kNaN);
+  }
+  auto ref = make_reference_batch_attention();
+  ref->plan(in, shape);
+  ref->run(q, k_cache, v_cache, TensorView(ref_out.data(), c.out_dtype, {nnz, c.hq, c.dv}),
+           TensorView(ref_lse.data(), DType::kF32, {nnz, c.hq}), params);
+  auto cpu = make_cpu_batch_attention(c.options);
+  cpu->plan(in, shape);
+  const TensorView out_view(cpu_out.data(), c.out_dtype, {nnz, c.hq, c.dv});
+  const TensorView lse_view(cpu_lse.data(), DType::kF32, {nnz, c.hq});
+  cpu->run(q, k_cache, v_cache, out_view, lse_view, params);
+  // Run twice: the plan and workspace are reused across layers.
+  cpu->run(q, k_cache, v_cache, out_view, lse_view, params);
+
+  const float tol = c.out_dtype == DType::kF32 ? 2e-4f : (c.out_dtype == DType::kF16 ? 2e-3f : 1.6e-2f);
+  int bad = 0;
+  for (size_t i = 0; i < out_n && bad < 5; ++i) {
+    const float r = ref_out.get(i), g = cpu_out.get(i);
+    if (std::isnan(g) || std::fabs(r - g) > tol * (1.f + std::fabs(r))) {
+      ADD_FAILURE() << "out[" << i / (c.hq * c.dv) << ", " << (i / c.dv) % c.hq << ", "
+                    << i % c.dv << "] cpu " << g << " ref " << r;
+      ++bad;
+    }
+  }
+  for (size_t i = 0; i < ref_lse.size() && bad < 10; ++i) {
+    const float r = ref_lse[i], g = cpu_lse[i];
+    const bool both_inf = std::isinf(r) && std::isinf(g) && (r < 0) == (g < 0);
+    if (!both_inf && !(std::fabs(r - g) <= 1e-3f * (1.f + std::fabs(r)))) {
+      ADD_FAILURE() << "lse[" << i / c.hq << ", " << i % c.hq << "] cpu " << g << " ref " << r;
+      ++bad;
+    }
+  }
+}
+
+const DType kActDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+const DType kKvDtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4M3,
+                           DType::kFp8E5M2};
+
+TEST(CpuBatchAttention, DecodeAllDtypesAndPageSizes) {
+  uint64_t seed = 100;
+  for (DType kv : kKvDtypes) {
+    for (DType qd : kActDtypes) {
+      for (int ps : {1, 3, 16, 64}) {
+        Case c{.seed = seed++, .bs = 5, .hq = 8, .hkv = 2, .dqk = 128, .dv = 128, .page_size = ps,
+               .q_dtype = qd, .kv_dtype = kv, .out_dtype = qd, .max_prefix = 300};
+        run_case(c);
+      }
+    }
+  }
+}
+
+TEST(CpuBatchAttention, DecodeHeadShapes) {
+  uint64_t seed = 200;
+  struct S { int hq, hkv, d; };
+  for (S s : {S{4, 4, 64}, S{8, 1, 128}, S{32, 8, 128}, S{6, 2, 256}, S{2, 1, 80}, S{3, 3, 40}}) {
+    Case c{.seed = seed++, .bs = 3, .hq = s.hq, .hkv = s.hkv, .dqk = s.d, .dv = s.d,
+           .page_size = 16, .out_dtype = DType::kF32, .max_prefix = 500};
+    run_case(c);
+  }
+}
+
+TEST(CpuBatchAttention, SplitKvLongContextSmallBatch) {
+  uint64_t seed = 300;
+  for (int threads : {1, 2, 3}) {
+    Case c{.seed = seed++, .bs = 1, .hq = 8, .hkv = 2, .dqk = 128, .dv = 128, .page_size = 16,
+           .out_dtype = DType::kF32, .min_prefix = 2000, .max_prefix = 5000, .sinks = true,
+           .options = {.num_threads = threads, .min_split_tokens = 64}};
+    run_case(c);
+  }
+}
+
+TEST(CpuBatchAttention, ExtendCausalAndNonCausal) {
+  uint64_t seed = 400;
+  for (MaskKind m : {MaskKind::kCausal, MaskKind::kNonCausal}) {
+    for (int ps : {1, 16}) {
+      Case c{.seed = seed++, .bs = 3, .hq = 8, .hkv = 2, .dqk = 64, .dv = 64, .page_size = ps,
+             .out_dtype = DType::kF32, .min_qo = 1, .max_qo = 70, .min_prefix = 0,
+             .max_prefix = 120, .mask = m};
+      run_case(c);
+    }
+  }
+}
+
+TEST(CpuBatchAttention, WindowCapSinksScales) {
+  uint64_t seed = 500;
+  for (int w : {0, 5, 40}) {
+    for (float cap : {0.f, 5.f}) {
+      Case c{.seed = seed++, .bs = 3, .hq = 4, .hkv = 2, .dqk = 128, .dv = 128, .page_size = 16,
+             .kv_dtype = DType::kFp8E4M3, .out_dtype = DType::kF32, .min_qo = 1, .max_qo = 20,
+             .max_prefix = 200, .window_left = w, .cap = cap, .sinks = true, .k_scale = 0.5f,
+             .v_scale = 2.f};
+      run_case(c);
+    }
+  }
+}
+
+TEST(CpuBatchAttention, CustomMaskVerify) {
+  uint64_t seed = 600;
+  for (int w : {-1, 7}) {
+    Case c{.seed = seed++, .bs = 4, .hq = 8, .hkv = 2, .dqk = 128, .dv = 128, .page_size = 16,
+           .out_dtype = DType::kF32, .min_qo = 4, .max_qo = 16, .max_prefix = 100,
+           .custom_mask = true, .window_left = w};
+    run_case(c);
+  }
+}
+
+TEST(CpuBatchAttention, MlaStridedV) {
+  uint64_t seed = 700;
+  for (int hq : {16, 128}) {
+    for (int qo : {1, 4}) {
+      Case c{.seed = seed++, .bs = 2, .hq = hq, .hkv = 1, .dqk = 576, .dv = 512, .page_size = 64,
+             .out_dtype = DType::kF32, .min_qo = qo, .max_qo = qo, .max_prefix = 300,
+             .mla = true, .options = {.num_threads = 2, .min_split_tokens = 64}};
+      run_case(c);
+    }
+  }
+}
+
+TEST(CpuBatchAttention, EmptyRowsAreZeroWithMinusInfLse) {
+  Case c{.seed = 800, .bs = 3, .hq = 4, .hkv = 2, .dqk = 64, .dv = 64, .page_size = 4,
+         .out_dtype = DType::kF32, .min_qo = 2, .max_qo = 5, .max_prefix = 30, .sinks = true,
+         .empty_request = true};
+  run_case(c);
+  // Custom mask whose first byte is 0: query 0 of request 0 (kv <= 6 keys) sees nothing.
+  Case d{.seed = 801, .bs = 2, .hq = 2, .hkv = 1, .dqk = 64, .dv = 64, .page_size = 1,
+         .out_dtype = DType::kF32, .min_qo = 3, .max_qo = 6, .min_prefix = 0, .max_prefix = 0,
+         .custom_mask = true};
+  run_case(d);
+}
+
+TEST(CpuBatchAttention, RejectsBadInput) {
+  auto cpu = make_cpu_batch_attention({.num_threads = 1});
+  const std::vector<int32_t> qo{0, 1}, kvp{0, 1}, idx{0}, last{1};
+  PagedPlanInput in{.qo_indptr = qo, .kv_indptr = kvp, .kv_indices = idx, .kv_last_page_len = last,
+                    .page_size = 4};
+  AttentionShape big{.num_qo_heads = 1, .num_kv_heads = 1, .head_dim_qk = 2048, .head_dim_v = 2048};
+  try {
+    cpu->plan(in, big);
+    ADD_FAILURE() << "head dim 2048 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("1..1024"), std::string::npos) << e.what();
+  }
+  AttentionShape ok{.num_qo_heads = 2, .num_kv_heads = 1, .head_dim_qk = 64, .head_dim_v = 64};
+  cpu->plan(in, ok);
+  std::vector<uint16_t> qd(2 * 64), kd(4 * 64), od(2 * 64);
+  std::vector<float> lse(2);
+  const TensorView q(qd.data(), DType::kBF16, {1, 2, 64});
+  const TensorView k(kd.data(), DType::kBF16, {1, 4, 1, 64});
+  const TensorView out(od.data(), DType::kBF16, {1, 2, 64});
+  const TensorView wrong_q(qd.data(), DType::kF16, {1, 2, 64});
+  EXPECT_THROW(cpu->run(wrong_q, k, k, out, TensorView(), RunParams{}), Error);
+  const std::vector<int32_t> far{5};
+  PagedPlanInput in2 = in;
+  in2.kv_indices = far;
+  cpu->plan(in2, ok);
+  try {
+    cpu->run(q, k, k, out, TensorView(lse.data(), DType::kF32, {1, 2}), RunParams{});
+    ADD_FAILURE() << "page 5 of a 1-page cache accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
+  }
+  EXPECT_THROW(make_cpu_batch_attention({.kv_block = 20}), Error);
+}
+
+TEST(CpuBatchAttention, RandomFeatureMix) {
+  std::mt19937_64 meta(900);
+  for (int iter = 0; iter < 24; ++iter) {
+    Case c;
+    c.seed = 1000 + iter;
+    const int hkv = 1 + static_cast<int>(meta() % 3);
+    c.hkv = hkv;
+    c.hq = hkv * (1 + static_cast<int>(meta() % 5));
+    c.dqk = c.dv = (1 + static_cast<int>(meta() % 4)) * 32;
+    c.page_size = std::vector<int>{1, 2, 16, 64}[meta() % 4];
+    c.q_dtype = kActDtypes[meta() % 3];
+    c.out_dtype = kActDtypes[meta() % 3];
+    c.kv_dtype = kKvDtypes[meta() % 5];
+    c.bs = 1 + static_cast<int>(meta() % 4);
+    c.max_qo = 1 + static_cast<int>(meta() % 33);
+    c.max_prefix = static_cast<int>(meta() % 700);
+    c.mask = meta() % 3 == 0 ? MaskKind::kNonCausal : MaskKind::kCausal;
+    c.custom_mask = meta() % 4 == 0;
+    c.window_left = meta() % 3 == 0 ? static_cast<int>(meta() % 64) : -1;
+    c.cap = meta() % 3 == 0 ? 10.f : 0.f;
+    c.sinks = meta() % 2 == 0;
+    c.options = {.num_threads = 1 + static_cast<int>(meta() % 2),
+                 .kv_block = 16 * (1 + static_cast<int>(meta() % 4)),
+                 .min_split_tokens = 32};
+    run_case(c);
+  }
+}
+
+}  // namespace
+}  // namespace pagoda::backends

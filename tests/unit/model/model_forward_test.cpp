@@ -1,0 +1,176 @@
+// LlamaModel + ModelRunner over a real paged KV pool and a registered backend, against the naive
+// double-precision model: logits of a two-chunk prefill and of several decode steps.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "naive_llama.h"
+#include "pagoda/backends/builtin.h"
+#include "pagoda/core/error.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/page_allocator.h"
+#include "pagoda/kv/req_to_token.h"
+#include "pagoda/model/model_runner.h"
+#include "pagoda/model/sampler.h"
+#include "pagoda/platform/platform.h"
+#include "test_model.h"
+
+namespace pagoda::model {
+namespace {
+
+using attention::ForwardMode;
+
+std::vector<std::string> backend_names() {
+  attention::BackendRegistry r;
+  backends::register_builtin_backends(r);
+  std::vector<std::string> names = {"reference"};
+  if (r.contains("cpu")) names.push_back("cpu");
+  return names;
+}
+
+struct Variant {
+  std::string name;
+  ModelConfig config;
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  v.push_back({"base", testing::test_model_config()});
+  ModelConfig f = testing::test_model_config();
+  f.layer_window = {5, -1};
+  f.attn_logit_softcap = 5.f;
+  f.final_logit_softcap = 3.f;
+  f.tie_word_embeddings = true;
+  f.rope = RopeConfig{.theta = 500000.0, .scaling = RopeScalingKind::kLlama3, .factor = 8.0,
+                      .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                      .original_max_position = 64};
+  v.push_back({"window_softcap_llama3_tied", f});
+  ModelConfig l = testing::test_model_config();
+  l.rope = RopeConfig{.theta = 10000.0, .scaling = RopeScalingKind::kLinear, .factor = 2.0};
+  v.push_back({"linear_rope", l});
+  return v;
+}
+
+double max_abs_diff(std::span<const float> a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+class ModelForward : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(ModelForward, MatchesNaiveLogits) {
+  const auto [backend_name, page_size] = GetParam();
+  for (const Variant& var : variants()) {
+    SCOPED_TRACE(var.name);
+    const uint64_t seed = 11;
+    SCOPED_TRACE(::testing::Message() << "seed " << seed);
+    ModelWeights w = make_random_weights(var.config, seed);
+    if (var.config.tie_word_embeddings) w.lm_head.clear();
+    LlamaModel model(var.config, w);
+    auto platform = platform::make_cpu_platform();
+    const int32_t num_pages = 64;
+    kv::PageAllocator alloc(num_pages, page_size);
+    kv::ReqToTokenTable table(2, 256);
+    kv::KvPool pool(model.kv_pool_config(num_pages, page_size), platform->allocator());
+    attention::BackendRegistry registry;
+    backends::register_builtin_backends(registry);
+    auto req = model.backend_requirements(page_size);
+    req.mixed_batches = true;
+    auto backend = registry.create(backend_name, req,
+                                   {.platform = platform.get(), .kv_pool = &pool,
+                                    .req_to_token = &table});
+    ModelRunner runner(model, *backend);
+
+    std::mt19937 rng(seed);
+    std::vector<int32_t> tokens(23);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % 256);
+    testing::NaiveLlama naive(var.config, w);
+    std::vector<double> ref;
+    for (int32_t t : tokens) ref = naive.feed(t);
+
+    const ReqSlot row = *table.alloc();
+    // Prefill in two extends: [0, 16) then [16, 23) on top of the cached prefix.
+    const int32_t cut = 16;
+    const int32_t zero = 0, n = static_cast<int32_t>(tokens.size()), none = -1;
+    auto s1 = *alloc.alloc_extend(std::span(&zero, 1), std::span(&cut, 1), std::span(&none, 1));
+    table.write(row, 0, s1);
+    StepInput a{.mode = ForwardMode::kExtend,
+                .seqs = {{.req_slot = row.value(), .prefix_len = 0,
+                          .tokens = std::span(tokens).first(cut), .want_logits = false}},
+                .out_cache_loc = s1};
+    EXPECT_TRUE(runner.run(a).empty());
+    const SlotIndex last = s1.back();
+    auto s2 = *alloc.alloc_extend(std::span(&cut, 1), std::span(&n, 1), std::span(&last, 1));
+    table.write(row, cut, s2);
+    StepInput b{.mode = ForwardMode::kExtend,
+                .seqs = {{.req_slot = row.value(), .prefix_len = cut,
+                          .tokens = std::span(tokens).subspan(cut)}},
+                .out_cache_loc = s2};
+    auto logits = runner.run(b);
+    EXPECT_LT(max_abs_diff(logits, ref), 2e-3);
+
+    for (int step = 0; step < 6; ++step) {
+      const int32_t next = argmax(logits);
+      tokens.push_back(next);
+      ref = naive.feed(next);
+      const int32_t len = static_cast<int32_t>(tokens.size());
+      const SlotIndex last_loc = table.row(row)[len - 2];
+      auto s = *alloc.alloc_decode(std::span(&len, 1), std::span(&last_loc, 1));
+      table.write(row, len - 1, s);
+      StepInput d{.mode = ForwardMode::kDecode,
+                  .seqs = {{.req_slot = row.value(), .prefix_len = len - 1,
+                            .tokens = std::span(tokens).subspan(len - 1, 1)}},
+                  .out_cache_loc = s};
+      logits = runner.run(d);
+      ASSERT_LT(max_abs_diff(logits, ref), 2e-3) << "decode step " << step;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ModelForward,
+                         ::testing::Combine(::testing::ValuesIn(backend_names()),
+                                            ::testing::Values(1, 16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_page" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(ModelRunner, BuildsBatchesPerMode) {
+  const std::vector<int32_t> t = {5, 6, 7, 8};
+  StepInput in{.mode = ForwardMode::kMixed,
+               .seqs = {{.req_slot = 1, .prefix_len = 10, .tokens = std::span(t).first(3)},
+                        {.req_slot = 2, .prefix_len = 4, .tokens = std::span(t).subspan(3)}},
+               .out_cache_loc = {40, 41, 42, 9}};
+  const auto b = build_forward_batch(in);
+  EXPECT_EQ(b.seq_lens, (std::vector<int32_t>{13, 5}));
+  EXPECT_EQ(b.extend_prefix_lens, (std::vector<int32_t>{10, 4}));
+  EXPECT_EQ(b.extend_seq_lens, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(b.positions, (std::vector<int32_t>{10, 11, 12, 4}));
+  in.mode = ForwardMode::kDecode;
+  EXPECT_THROW(build_forward_batch(in), Error);
+  in.out_cache_loc.pop_back();
+  in.mode = ForwardMode::kMixed;
+  EXPECT_THROW(build_forward_batch(in), Error);
+}
+
+TEST(ModelRunner, CudaGraphBucketsAndPadding) {
+  const auto b = cuda_graph_batch_sizes(40);
+  EXPECT_EQ(b, (std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40}));
+  EXPECT_EQ(cuda_graph_batch_sizes(3), (std::vector<int>{1, 2, 3}));
+  attention::ForwardBatch fb;
+  fb.mode = ForwardMode::kDecode;
+  fb.batch_size = 1;
+  fb.req_pool_indices = {3};
+  fb.seq_lens = {9};
+  fb.positions = {8};
+  fb.out_cache_loc = {77};
+  pad_decode_batch(fb, 4, 1);
+  EXPECT_EQ(fb.batch_size, 4);
+  EXPECT_EQ(fb.req_pool_indices, (std::vector<int32_t>{3, 0, 0, 0}));
+  EXPECT_EQ(fb.out_cache_loc, (std::vector<int32_t>{77, 0, 0, 0}));
+  EXPECT_EQ(fb.positions, (std::vector<int32_t>{8, 0, 0, 0}));
+}
+
+}  // namespace
+}  // namespace pagoda::model

@@ -1,0 +1,22 @@
+#pragma once
+// The small model the unit tests run: fast under ASan, head_dim 64 (every backend supports it).
+
+#include "pagoda/model/config.h"
+
+namespace pagoda::testing {
+
+inline model::ModelConfig test_model_config() {
+  model::ModelConfig c = model::builtin_tiny_config();
+  c.vocab_size = 300;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.max_position_embeddings = 512;
+  c.name = "test-tiny";
+  return c;
+}
+
+}  // namespace pagoda::testing
