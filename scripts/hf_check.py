@@ -12,6 +12,7 @@ Exit status: 0 all match, 1 a mismatch, 3 transformers/torch missing (reported, 
 Usage: hf_check.py --pagoda build/pagoda [--backend NAME] [--page-size P] [--max-new-tokens N]
 """
 import argparse
+import copy
 import json
 import math
 import subprocess
@@ -90,9 +91,16 @@ def check_variant(args, variant, seed):
     ok = True
     with tempfile.TemporaryDirectory() as d:
         if variant == "sharded_bf16":
+            # The fp32 reference gets bf16-rounded parameters but keeps its fp32 buffers:
+            # Module.to(bf16) would also round the rotary inv_freq buffer and make the HF
+            # reference itself wrong.
+            ref = copy.deepcopy(model)
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p.copy_(p.to(torch.bfloat16).float())
             model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True,
                                                      max_shard_size="400KB")
-            model = model.float()
+            model = ref
         else:
             model.save_pretrained(d, safe_serialization=True)
         gen = torch.Generator().manual_seed(seed + 1)

@@ -160,6 +160,67 @@ TEST(CudaDecode, GroupSizes) {
   mha.hq = mha.hkv = 4;
   expect_ok(mha, 2e-2, "decode");
 }
+// Tensor-core decode: 16 q heads per block, so G > 16 spans blocks in z and G < 16 pads rows.
+TEST(CudaDecode, TensorCoreGroupsSplitsAndFp8) {
+  REQUIRE_GPU();
+  Problem g32 = decode_problem(3, 700, 16, DType::kBF16, 128, 40);
+  g32.hq = 32;
+  g32.hkv = 1;  // two row blocks per kv head
+  expect_ok(g32, 2e-2, "decode");
+  Problem g6 = decode_problem(4, 1500, 7, DType::kBF16, 64, 41);
+  g6.hq = 12;
+  g6.hkv = 2;  // odd page size, padded rows
+  g6.kv_lens[0] = 5000;
+  expect_ok(g6, 2e-2, "decode");
+  Problem p1 = decode_problem(2, 100, 1, DType::kFp8E4M3, 256, 42);
+  p1.kv_lens = {20000, 3};  // page 1, split, fp8, D 256, a 3-key request
+  p1.params.k_scale = 0.7f;
+  p1.params.v_scale = 1.5f;
+  expect_ok(p1, 3e-2, "decode");
+  Problem h = decode_problem(5, 3000, 16, DType::kFp8E4M3, 64, 43);
+  h.q_dtype = DType::kF16;
+  h.kv_lens[3] = 15000;
+  h.params.window_left = 700;
+  h.params.logit_cap = 20.f;
+  std::vector<float> sinks(32);
+  for (int i = 0; i < 32; ++i) sinks[i] = 0.05f * i;
+  h.params.sinks = sinks;
+  expect_ok(h, 3e-2, "decode");
+  Problem empty = decode_problem(3, 50, 16, DType::kBF16, 128, 44);
+  empty.kv_lens = {0, 17, 1};  // an empty request next to tiny ones
+  expect_ok(empty, 2e-2, "decode");
+}
+
+// fp8 KV with groups <= 8 runs the transposed kernel (S^T = K Q^T, O^T = V^T P^T, lazy rescale);
+// unused cache slots are NaN-poisoned (Problem::poison), so masked keys must never reach the MMA.
+TEST(CudaDecode, TransposedFp8Groups) {
+  REQUIRE_GPU();
+  Problem g8 = decode_problem(6, 4000, 16, DType::kFp8E4M3, 128, 50);
+  g8.hq = 16;
+  g8.hkv = 2;                                   // G 8: all MMA columns used
+  g8.kv_lens[1] = 30000;                        // split-KV partials + merge
+  g8.kv_lens[2] = 17;                           // partial last tile
+  g8.params.sm_scale = 2.f;                     // wide logits: the lazy reference max must move
+  expect_ok(g8, 3e-2, "decode");
+  Problem g1 = decode_problem(4, 900, 1, DType::kFp8E4M3, 64, 51);
+  g1.q_dtype = DType::kF16;
+  g1.hq = g1.hkv = 4;                           // G 1 (MHA), page 1, D 64
+  expect_ok(g1, 3e-2, "decode");
+  Problem g3 = decode_problem(3, 5000, 5, DType::kFp8E4M3, 256, 52);
+  g3.hq = 6;
+  g3.hkv = 2;                                   // G 3, odd page, D 256, all features
+  g3.kv_lens[0] = 9000;
+  g3.params.k_scale = 0.6f;
+  g3.params.v_scale = 1.7f;
+  g3.params.window_left = 1500;
+  g3.params.logit_cap = 15.f;
+  g3.params.sinks = std::vector<float>{0.3f, -1.f, 2.f, 0.f, 1.f, -0.5f};
+  expect_ok(g3, 3e-2, "decode");
+  Problem g12 = decode_problem(3, 2000, 16, DType::kFp8E4M3, 128, 53);
+  g12.hq = 12;
+  g12.hkv = 1;                                  // G 12 > 8: the row-block kernel
+  expect_ok(g12, 3e-2, "decode");
+}
 
 Problem extend_problem(std::vector<int> qo, std::vector<int> prefix, int ps, int d, uint64_t seed) {
   Problem p;
@@ -201,6 +262,29 @@ TEST(CudaExtend, TreeMaskVerify) {
   Problem p = extend_problem({16, 64, 7}, {300, 1000, 50}, 16, 128, 17);
   p.tree_mask = true;
   expect_ok(p, 2e-2, "prefill");
+}
+// 128-row tiles (D <= 128: 4 warps x 32 rows) with partial warps, warp-level causal / window
+// skipping, page size 1 gathers, group sizes 4 and 8, and every head dim with a tree mask.
+TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {
+  REQUIRE_GPU();
+  Problem g4 = extend_problem({300, 129, 5, 33}, {0, 513, 40, 0}, 1, 128, 31);
+  g4.hq = 32;
+  g4.hkv = 8;
+  expect_ok(g4, 2e-2, "prefill");
+  Problem g8 = extend_problem({77, 260}, {1000, 3}, 16, 64, 32);
+  g8.hq = 16;
+  g8.hkv = 2;
+  g8.params.window_left = 100;
+  expect_ok(g8, 2e-2, "prefill");
+  Problem nc = extend_problem({190, 64}, {37, 500}, 1, 128, 33);
+  nc.params.mask = attention::MaskKind::kNonCausal;
+  nc.params.logit_cap = 30.f;
+  expect_ok(nc, 2e-2, "prefill");
+  for (int d : {64, 128, 256}) {
+    Problem t = extend_problem({40, 9}, {200, 77}, 16, d, 34 + uint64_t(d));
+    t.tree_mask = true;
+    expect_ok(t, 2e-2, "prefill");
+  }
 }
 TEST(CudaGeneric, MlaF32AndOddDims) {
   REQUIRE_GPU();

@@ -44,6 +44,7 @@ struct BenchOptions {
   bool no_radix = false;
   bool no_mixed = false;
   bool json = false;
+  std::string cuda_graph = "on";
 };
 
 /// One conversation: a system prompt, then turns; each turn adds a user message and generates.
@@ -116,9 +117,14 @@ void run_bench(const BenchOptions& o) {
                  "--policy must be fcfs or lpm (got {})", o.policy);
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
-  auto platform = platform::make_builtin_platform_registry().make_default();
+  backends::BackendSelection selection;
+  selection.attention = o.backend;
+  selection.prefill = o.prefill_backend;
+  selection.decode = o.decode_backend;
+  auto platform = engine::make_platform_for(selection);
 
   engine::EngineConfig cfg;
+  cfg.cuda_graph = o.cuda_graph == "on";
   cfg.page_size = o.page_size;
   cfg.pool_tokens = o.pool_tokens;
   cfg.radix_cache = !o.no_radix;
@@ -226,6 +232,11 @@ void run_bench(const BenchOptions& o) {
       {"steps", st.steps},
       {"mixed_steps", st.mixed_steps},
       {"leaked_pages", eng.leaked_pages()},
+      {"device_path", st.device_path},
+      {"cuda_graph", st.device_path && o.cuda_graph == "on"},
+      {"cuda_graphs", st.cuda_graphs},
+      {"cuda_graph_steps", st.cuda_graph_steps},
+      {"decode_steps", st.decode_steps},
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -255,6 +266,9 @@ void run_bench(const BenchOptions& o) {
   row("retractions", fmt::format("{}", st.scheduler.retractions));
   row("steps (mixed)", fmt::format("{} ({})", st.steps, st.mixed_steps));
   row("leaked pages", fmt::format("{}", eng.leaked_pages()));
+  if (st.device_path)
+    row("CUDA graphs", fmt::format("{} captured, {} of {} decode steps replayed", st.cuda_graphs,
+                                   st.cuda_graph_steps, st.decode_steps));
 }
 
 }  // namespace
@@ -295,6 +309,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--chunk-size", o->chunk_size, "chunked prefill budget (0 = off)")
       ->capture_default_str();
   cmd->add_option("--max-running", o->max_running, "max running requests")->capture_default_str();
+  cmd->add_option("--cuda-graph", o->cuda_graph,
+                  "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
   cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");
   cmd->add_flag("--json", o->json, "print one JSON object");

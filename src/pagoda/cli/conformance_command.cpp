@@ -10,6 +10,10 @@
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/core/error.h"
+#include "pagoda/platform/platform.h"
+#ifdef PAGODA_HAVE_CUDA_BACKEND
+#include "pagoda/platform/cuda/cuda_platform.h"
+#endif
 
 namespace pagoda::cli {
 
@@ -36,10 +40,16 @@ std::vector<std::string> split_list(const std::string& s) {
 void run(const ConformanceArgs& args) {
   attention::BackendRegistry registry;
   backends::register_builtin_backends(registry);
+  // Device backends run on their platform (the GPU when this build has CUDA and one is present).
+  platform::PlatformRegistry platforms = platform::make_builtin_platform_registry();
+#ifdef PAGODA_HAVE_CUDA_BACKEND
+  platform::register_cuda_platform(platforms);
+#endif
   backends::conformance::Options options{.backends = split_list(args.backends),
                                          .quick = args.quick,
                                          .seed = args.seed,
-                                         .verbose = args.verbose};
+                                         .verbose = args.verbose,
+                                         .platforms = &platforms};
   for (const auto& spec : options.backends) {
     if (spec == "mutant") continue;
     const auto plus = spec.find('+');

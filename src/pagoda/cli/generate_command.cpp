@@ -34,6 +34,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   bool json = false;
   bool dump_logits = false;
+  std::string cuda_graph = "on";
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -65,8 +66,11 @@ void run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt =
       o.prompt.empty() ? parse_token_ids(o.token_ids) : tok.encode(o.prompt, true);
 
-  auto platform = platform::make_builtin_platform_registry().make_default();
+  backends::BackendSelection selection;
+  selection.attention = o.backend;
+  auto platform = engine::make_platform_for(selection);
   engine::EngineConfig cfg;
+  cfg.cuda_graph = o.cuda_graph == "on";
   cfg.page_size = o.page_size;
   cfg.pool_tokens = std::max<int64_t>(
       4096, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2);
@@ -126,6 +130,10 @@ void run_generate(const GenerateOptions& o) {
       {"ttft_s", out.first_token_s - out.arrival_s},
       {"latency_s", out.finish_s - out.arrival_s},
   };
+  const engine::EngineStats st = eng.stats();
+  j["device_path"] = st.device_path;
+  j["cuda_graphs"] = st.cuda_graphs;
+  j["cuda_graph_steps"] = st.cuda_graph_steps;
   if (o.dump_logits) j["logits"] = std::move(logits_json);
   // Invalid UTF-8 bytes in output_text are replaced rather than rejected.
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -149,6 +157,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
   cmd->add_option("--backend", opts->backend, "attention backend (default: the platform's)");
   cmd->add_option("--page-size", opts->page_size)->capture_default_str();
+  cmd->add_option("--cuda-graph", opts->cuda_graph,
+                  "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after EOS");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of streaming");
   cmd->add_flag("--dump-logits", opts->dump_logits,

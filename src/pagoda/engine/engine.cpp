@@ -6,6 +6,12 @@
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#ifdef PAGODA_HAVE_CUDA_MODEL
+#include "pagoda/model/cuda/cuda_model.h"
+#endif
+#ifdef PAGODA_HAVE_CUDA_BACKEND
+#include "pagoda/platform/cuda/cuda_platform.h"
+#endif
 
 namespace pagoda::engine {
 
@@ -40,6 +46,26 @@ std::string default_backend_name(const platform::Platform& platform) {
   backends::register_builtin_backends(registry);
   const std::string name = platform.default_attention_backend();
   return registry.contains(name) ? name : "reference";
+}
+
+std::unique_ptr<platform::Platform> make_platform_for(const backends::BackendSelection& sel) {
+  const bool named = !sel.attention.empty() || !sel.prefill.empty() || !sel.decode.empty();
+  const bool wants_cuda = sel.attention == "cuda" || sel.prefill == "cuda" || sel.decode == "cuda";
+#ifdef PAGODA_HAVE_CUDA_BACKEND
+  if (wants_cuda || !named) {
+    std::unique_ptr<platform::Platform> gpu = platform::make_cuda_platform();
+    if (gpu != nullptr) return gpu;
+    PAGODA_REQUIRE(!wants_cuda, kUnsupported,
+                   "backend 'cuda' needs a GPU and this machine has none; use 'cpu' or "
+                   "'reference'");
+  }
+#else
+  (void)named;
+  PAGODA_REQUIRE(!wants_cuda, kUnsupported,
+                 "backend 'cuda' is not in this build (configure with -DPAGODA_CUDA=ON); use "
+                 "'cpu' or 'reference'");
+#endif
+  return platform::make_cpu_platform();
 }
 
 namespace {
@@ -89,6 +115,31 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
       attention::BackendContext{
           .platform = platform_, .kv_pool = pool_.get(), .req_to_token = table_.get()});
   runner_ = std::make_unique<model::ModelRunner>(model, *backend_);
+  if (backend_->capabilities().device == "cuda") {
+#ifdef PAGODA_HAVE_CUDA_MODEL
+    const int max_bs = config.scheduler.max_running_requests;
+    if (config.cuda_graph && backend_->capabilities().cuda_graph && max_bs >= 1) {
+      graph_backend_ = backends::make_backend(
+          registry_, config.backend, req,
+          attention::BackendContext{
+              .platform = platform_, .kv_pool = pool_.get(), .req_to_token = table_.get()});
+    }
+    auto exec = std::make_unique<model::CudaModelExecutor>(model, *platform_, *backend_,
+                                                           graph_backend_.get(), max_bs);
+    const model::CudaModelExecutor* e = exec.get();
+    executor_stats_ = [e](EngineStats& s) {
+      s.device_path = true;
+      s.cuda_graphs = e->stats().num_graphs;
+      s.cuda_graph_steps = e->stats().graph_steps;
+    };
+    executor_ = std::move(exec);
+    runner_->set_executor(executor_.get());
+#else
+    throw_error(ErrorCode::kUnsupported,
+                "backend '{}' runs on the GPU but this build has no CUDA model path",
+                backend_->name());
+#endif
+  }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
   stats_.pool_tokens = num_pages * config.page_size;
 }
@@ -228,6 +279,7 @@ EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
   s.cache = cache_->stats();
+  if (executor_stats_) executor_stats_(s);
   return s;
 }
 

@@ -50,6 +50,10 @@ struct EngineConfig {
   backends::BackendSelection backend{};
   /// Run every check_integrity() after each step (tests).
   bool check_integrity = false;
+  /// With a CUDA backend (capabilities().device == "cuda"): capture decode steps into CUDA
+  /// graphs per batch-size bucket (cuda_graph_batch_sizes(max_running_requests)) and replay
+  /// them. Ignored on the host path.
+  bool cuda_graph = true;
 };
 
 /// What one step produced.
@@ -69,6 +73,9 @@ struct EngineStats {
   int64_t computed_tokens = 0;   ///< query tokens run through the model
   int64_t generated_tokens = 0;  ///< tokens sampled
   int64_t pool_tokens = 0;       ///< usable pool capacity
+  bool device_path = false;      ///< the model runs on the GPU (CUDA path)
+  int cuda_graphs = 0;           ///< captured decode graphs (buckets)
+  int64_t cuda_graph_steps = 0;  ///< decode steps served by a graph replay
   SchedulerStats scheduler;
   cache::CacheStats cache;
   /// Reused prompt tokens / prompt tokens requested at admission.
@@ -82,6 +89,12 @@ struct EngineStats {
 /// The attention backend a plain run uses: the platform's default when this build registers it,
 /// else "reference" (always registered).
 std::string default_backend_name(const platform::Platform& platform);
+
+/// The platform a backend selection runs on: the GPU when it names "cuda" (prefill, decode or
+/// attention), or names nothing and a GPU is present (its default backend is then "cuda");
+/// the CPU otherwise. Error(kUnsupported) when "cuda" is named but this build or machine has
+/// no GPU.
+std::unique_ptr<platform::Platform> make_platform_for(const backends::BackendSelection& selection);
 
 /// Observer of every sampled row: (request, logits [vocab]) before sampling. Tests and tools only.
 using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
@@ -148,6 +161,11 @@ class Engine {
   std::unique_ptr<cache::PrefixCache> cache_;
   attention::BackendRegistry registry_;
   std::unique_ptr<attention::AttentionBackend> backend_;
+  /// CUDA path only: the backend instance that serves captured decode graphs.
+  std::unique_ptr<attention::AttentionBackend> graph_backend_;
+  /// CUDA path only (model::CudaModelExecutor); destroyed before the backends and the pool.
+  std::unique_ptr<model::StepExecutor> executor_;
+  std::function<void(EngineStats&)> executor_stats_;
   std::unique_ptr<model::ModelRunner> runner_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;

@@ -50,7 +50,8 @@ class LlamaModel {
                attention::AttentionBackend& backend, std::span<const int32_t> logit_rows,
                std::span<float> logits);
 
- private:
+ public:
+  /// One layer's weights as the forward pass uses them (f32, HF [out, in] layout).
   struct PackedLayer {
     std::vector<float> input_norm;
     std::vector<float> qkv_proj;  ///< [(Hq + 2 Hkv) * D, hidden]
@@ -59,6 +60,15 @@ class LlamaModel {
     std::vector<float> gate_up;   ///< [2 * intermediate, hidden]
     std::vector<float> down_proj;
   };
+  /// Read access for device implementations (model/cuda uploads these once).
+  const std::vector<PackedLayer>& packed_layers() const { return packed_; }
+  const std::vector<float>& embed_weights() const { return embed_; }
+  /// The output projection [vocab, hidden] (the embedding when tied).
+  const std::vector<float>& lm_head_weights() const { return lm_head_.empty() ? embed_ : lm_head_; }
+  const std::vector<float>& final_norm_weights() const { return final_norm_; }
+  const Rope& rope() const { return rope_; }
+
+ private:
 
   ModelConfig config_;
   std::vector<float> embed_;

@@ -61,6 +61,10 @@ std::span<const float> ModelRunner::run(const StepInput& in) {
   }
   const int64_t vocab = model_->config().vocab_size;
   logits_.resize(logit_rows_.size() * vocab);
+  if (executor_ != nullptr) {
+    executor_->run(batch_, input_ids_, logit_rows_, logits_);
+    return logits_;
+  }
   backend_->init_forward_metadata(batch_);
   model_->forward(batch_, input_ids_, *backend_, logit_rows_, logits_);
   return logits_;

@@ -45,6 +45,17 @@ struct StepInput {
 /// sequence with more than one token, or a wrong out_cache_loc length.
 attention::ForwardBatch build_forward_batch(const StepInput& in);
 
+/// A device implementation of one planned step (the CUDA path, model/cuda): it replaces
+/// `backend.init_forward_metadata(batch)` + `LlamaModel::forward` and may pad and replay a
+/// captured CUDA graph for decode batches. Same contract as LlamaModel::forward for input_ids,
+/// logit_rows and logits (host spans); throws Error on bad input or a device failure.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual void run(const attention::ForwardBatch& batch, std::span<const int32_t> input_ids,
+                   std::span<const int32_t> logit_rows, std::span<float> logits) = 0;
+};
+
 class ModelRunner {
  public:
   /// `model` and `backend` must outlive the runner; both are used by one thread.
@@ -57,10 +68,13 @@ class ModelRunner {
   const attention::ForwardBatch& last_batch() const { return batch_; }
   LlamaModel& model() { return *model_; }
   attention::AttentionBackend& backend() { return *backend_; }
+  /// Routes every step through `executor` (nullptr: the host path). It must outlive its use.
+  void set_executor(StepExecutor* executor) { executor_ = executor; }
 
  private:
   LlamaModel* model_;
   attention::AttentionBackend* backend_;
+  StepExecutor* executor_ = nullptr;
   attention::ForwardBatch batch_;
   std::vector<int32_t> input_ids_;
   std::vector<int32_t> logit_rows_;

@@ -4,9 +4,6 @@
 
 #include <gtest/gtest.h>
 
-// Tests build batches with partial designated initialisers; the rest stays default.
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-
 #include "pagoda/attention/batch_attention.h"
 
 namespace pagoda::attention {

@@ -1,8 +1,5 @@
 #include <gtest/gtest.h>
 
-// Tests build batches with partial designated initialisers; the rest stays default.
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-
 #include "pagoda/attention/paged_plan.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kv/req_to_token.h"

@@ -1,8 +1,5 @@
 #include <gtest/gtest.h>
 
-// Tests build batches with partial designated initialisers; the rest stays default.
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-
 #include "pagoda/attention/forward_mode.h"
 #include "pagoda/attention/registry.h"
 #include "pagoda/core/error.h"

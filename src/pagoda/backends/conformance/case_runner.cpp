@@ -1,5 +1,6 @@
 // One conformance case: builds the pool, the table and the batch; runs the backend under test
-// through the full path; runs the oracle over a dense copy; compares.
+// through the full path (on its device: a device pool and device tensors for device backends);
+// runs the oracle over a dense copy on the host; compares.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -75,6 +76,21 @@ std::unique_ptr<AttentionBackend> make_under_test(const BackendRegistry& registr
   return registry.create(spec, req, ctx);
 }
 
+/// Copies every layer of the host pool `src` into the device pool `dst` (same config).
+void upload_pool(const kv::KvPool& src, kv::KvPool& dst, platform::Allocator& allocator) {
+  const size_t elem = dtype_size(src.config().dtype);
+  const auto k_bytes = static_cast<size_t>(src.num_slots() * src.k_row_elems()) * elem;
+  const auto v_bytes = static_cast<size_t>(src.num_slots() * src.v_row_elems()) * elem;
+  for (int32_t l = 0; l < src.num_layers(); ++l) {
+    const LayerId id(l);
+    allocator.copy_to_device(dst.k_view(id).data(), src.k_view(id).data(), k_bytes);
+    // MLA: V is a view into K's latent rows, already copied.
+    if (src.config().layout == kv::KvLayout::kMha) {
+      allocator.copy_to_device(dst.v_view(id).data(), src.v_view(id).data(), v_bytes);
+    }
+  }
+}
+
 struct Tolerance {
   double atol, rtol;
 };
@@ -88,11 +104,21 @@ Tolerance tolerance_for(DType out) {
 
 }  // namespace
 
+std::string device_of(const BackendRegistry& registry, const std::string& spec) {
+  return capabilities_of(registry, spec).device;
+}
+
 CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& backend,
-                    const Case& c, uint64_t seed) {
+                    const Case& c, uint64_t seed, platform::Platform* device_platform) {
   const BackendCapabilities caps = capabilities_of(registry, backend.spec);
-  const BackendRequirements req = c.requirements();
+  BackendRequirements req = c.requirements();
+  req.device = caps.device;  // the case runs wherever the backend does
   if (auto why = unsupported_reason(caps, req)) return {Verdict::kUnsupported, *why};
+  const bool on_device = caps.device != "cpu";
+  PAGODA_REQUIRE(!on_device || (device_platform != nullptr && device_platform->name() == caps.device),
+                 kFailedPrecondition, "backend '{}' runs on {} but the harness has {} platform",
+                 backend.spec, caps.device,
+                 device_platform != nullptr ? "a " + device_platform->name() : std::string("no"));
 
   std::mt19937_64 rng(seed);
   auto uniform_int = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -189,6 +215,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
     pool_cfg.head_dim = c.head_dim_qk;
     pool_cfg.head_dim_v = c.head_dim_v;
   }
+  // The host pool holds the cached tokens; device backends get a byte copy on their device.
   kv::KvPool pool(pool_cfg, platform->allocator());
   const LayerId layer_id(1);
   pool.set_scales(layer_id, c.k_scale, c.v_scale);
@@ -312,11 +339,35 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
 
   // ---- the backend under test: full path ----
   try {
-    BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
-    auto impl = make_under_test(registry, backend.spec, req, ctx);
-    impl->init_forward_metadata(batch);
-    if (caps.lse) impl->set_lse_output(lse.view());
-    impl->forward(q.view(), k_new.view(), v_new.view(), layer, batch, out.view());
+    if (!on_device) {
+      BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
+      auto impl = make_under_test(registry, backend.spec, req, ctx);
+      impl->init_forward_metadata(batch);
+      if (caps.lse) impl->set_lse_output(lse.view());
+      impl->forward(q.view(), k_new.view(), v_new.view(), layer, batch, out.view());
+    } else {
+      // Same bytes on the device: the pool (NaN outside the cached tokens), the inputs and the
+      // NaN-poisoned outputs; synchronise before the run (pageable copies may still be in flight
+      // against a non-blocking stream) and before copying O / LSE back.
+      platform::Allocator& dev = device_platform->allocator();
+      kv::KvPool dev_pool(pool_cfg, dev);
+      dev_pool.set_scales(layer_id, c.k_scale, c.v_scale);
+      upload_pool(pool, dev_pool, dev);
+      const DeviceTensor dq = to_device(q, dev), dk = to_device(k_new, dev),
+                         dv = to_device(v_new, dev), dout = to_device(out, dev),
+                         dlse = to_device(lse, dev);
+      device_platform->synchronize();
+      {
+        BackendContext ctx{.platform = device_platform, .kv_pool = &dev_pool, .req_to_token = &table};
+        auto impl = make_under_test(registry, backend.spec, req, ctx);
+        impl->init_forward_metadata(batch);
+        if (caps.lse) impl->set_lse_output(dlse.view);
+        impl->forward(dq.view, dk.view, dv.view, layer, batch, dout.view);
+        device_platform->synchronize();
+      }
+      copy_back(dout, out, dev);
+      copy_back(dlse, lse, dev);
+    }
   } catch (const Error& e) {
     return {Verdict::kFail, fmt::format("threw {}", e.what())};
   }

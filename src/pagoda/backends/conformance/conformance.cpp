@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 
 #include <fmt/format.h>
+
+#include "pagoda/core/error.h"
 
 namespace pagoda::backends::conformance {
 
@@ -30,6 +33,19 @@ std::string cell_text(const Cell& c, bool mutant) {
   std::string s;
   for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
   return s;
+}
+
+/// A platform for `device` from `platforms`, or nullptr when it is absent on this machine.
+std::unique_ptr<platform::Platform> try_platform(const platform::PlatformRegistry* platforms,
+                                                 const std::string& device) {
+  if (platforms == nullptr) return nullptr;
+  const auto names = platforms->names();
+  if (std::find(names.begin(), names.end(), device) == names.end()) return nullptr;
+  try {
+    return platforms->make(device);
+  } catch (const Error&) {
+    return nullptr;
+  }
 }
 
 uint64_t case_seed(uint64_t seed, size_t index) {
@@ -76,13 +92,13 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
   report.quick = options.quick;
   std::vector<std::string> specs = options.backends;
   if (specs.empty()) {
-    // Host pools only for now: device backends need a device pool path (not built yet).
+    // Device backends join when their platform exists on this machine.
     for (const auto& n : registry.names()) {
-      if (registry.capabilities(n).device == "cpu") {
+      const std::string device = registry.capabilities(n).device;
+      if (device == "cpu" || try_platform(options.platforms, device) != nullptr) {
         specs.push_back(n);
       } else {
-        fmt::print("skipping '{}' (device {}): the harness builds host pools\n", n,
-                   registry.capabilities(n).device);
+        fmt::print("skipping '{}': no {} platform on this machine\n", n, device);
       }
     }
     // A hybrid: reference prefill with the fastest other decode backend (or reference).
@@ -107,13 +123,24 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
              backends.size(), options.seed);
   for (const BackendUnderTest& b : backends) {
     BackendRow row{b, std::vector<Cell>(report.features.size())};
+    // One device platform per device backend row (its stream and allocator serve every case).
+    const std::string device = device_of(registry, b.spec);
+    std::unique_ptr<platform::Platform> device_platform;
+    if (device != "cpu") {
+      PAGODA_REQUIRE(options.platforms != nullptr, kUnsupported,
+                     "backend '{}' runs on {}; the harness was given no platform registry",
+                     b.spec, device);
+      device_platform = options.platforms->make(device);  // kUnsupported when absent
+      fmt::print("  {} runs on {} ({})\n", b.spec, device,
+                 device_platform->capabilities().device_name);
+    }
     const auto start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
       const uint64_t seed = case_seed(options.seed, i);
       CaseResult r;
       try {
-        r = run_case(registry, b, c, seed);
+        r = run_case(registry, b, c, seed, device_platform.get());
       } catch (const std::exception& e) {
         r = {Verdict::kFail, fmt::format("harness error: {}", e.what())};
       }

@@ -8,6 +8,13 @@
 /// backend under test, the reference backend included, runs the full path (plan from the table,
 /// KV write, paged kernel), so the oracle is never compared with itself. A deliberately broken
 /// "mutant" (causal boundary off by one) must fail, proving the comparison bites.
+///
+/// Device backends (capabilities().device != "cpu", e.g. "cuda") run the same cases on their
+/// device: the pool is built on the device platform's allocator (a NaN-poisoned host mirror is
+/// filled with the cached tokens and copied over), q/k/v are copied to device views, the outputs
+/// are NaN-poisoned on the device, and O / LSE are copied back for the host comparison. The oracle
+/// always runs on the host. Only the platform::Allocator interface is used, so this module needs
+/// no CUDA headers; the caller supplies the platforms (Options::platforms).
 
 #include <cstdint>
 #include <string>
@@ -17,6 +24,7 @@
 #include "pagoda/attention/layer.h"
 #include "pagoda/attention/registry.h"
 #include "pagoda/core/dtype.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::backends::conformance {
 
@@ -70,14 +78,25 @@ struct BackendUnderTest {
 };
 
 /// Runs `c` on `backend` (built through `registry`) with inputs derived from `seed`.
+/// `device_platform` is the platform a device backend runs on (its name() must equal the
+/// backend's capabilities().device; the harness synchronises it around the run). CPU backends
+/// ignore it and get a fresh CPU platform per case. A device backend without a matching
+/// platform throws Error(kFailedPrecondition). Unsupported requirements: Verdict::kUnsupported.
 CaseResult run_case(const attention::BackendRegistry& registry, const BackendUnderTest& backend,
-                    const Case& c, uint64_t seed);
+                    const Case& c, uint64_t seed, platform::Platform* device_platform = nullptr);
+
+/// The device a backend spec runs on ("cpu" for the mutant; a hybrid's children share one).
+std::string device_of(const attention::BackendRegistry& registry, const std::string& spec);
 
 struct Options {
   std::vector<std::string> backends;  ///< empty: every registered backend + a hybrid
   bool quick = false;
   uint64_t seed = 1234;
   bool verbose = false;  ///< print every case, not only failures
+  /// Platforms for device backends: one is made per device backend row with
+  /// platforms->make(device). Null, or a device absent on this machine: device backends are
+  /// skipped from the default list, and a named one throws Error(kUnsupported).
+  const platform::PlatformRegistry* platforms = nullptr;
 };
 
 /// Per-backend, per-feature counts.

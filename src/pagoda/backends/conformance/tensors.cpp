@@ -1,5 +1,6 @@
 #include "pagoda/backends/conformance/tensors.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -27,14 +28,34 @@ void HostTensor::set(int64_t i, float v) {
 }
 
 TensorView HostTensor::view() const {
-  void* p = const_cast<uint8_t*>(bytes.data());
+  return view_at(const_cast<uint8_t*>(bytes.data()), Device::cpu());
+}
+
+TensorView HostTensor::view_at(void* p, Device device) const {
   switch (shape.size()) {
     case 0: return TensorView();
-    case 2: return TensorView(p, dtype, {shape[0], shape[1]});
-    case 3: return TensorView(p, dtype, {shape[0], shape[1], shape[2]});
-    case 4: return TensorView(p, dtype, {shape[0], shape[1], shape[2], shape[3]});
+    case 2: return TensorView(p, dtype, {shape[0], shape[1]}, device);
+    case 3: return TensorView(p, dtype, {shape[0], shape[1], shape[2]}, device);
+    case 4: return TensorView(p, dtype, {shape[0], shape[1], shape[2], shape[3]}, device);
     default: throw_error(ErrorCode::kInvalidArgument, "HostTensor rank {}", shape.size());
   }
+}
+
+DeviceTensor to_device(const HostTensor& t, platform::Allocator& allocator) {
+  DeviceTensor d;
+  if (t.shape.empty()) return d;
+  d.buffer = platform::make_buffer(allocator, std::max<size_t>(t.bytes.size(), 16));
+  allocator.copy_to_device(d.buffer.get(), t.bytes.data(), t.bytes.size());
+  d.view = t.view_at(d.buffer.get(), allocator.device());
+  return d;
+}
+
+void copy_back(const DeviceTensor& d, HostTensor& t, platform::Allocator& allocator) {
+  if (t.shape.empty()) return;
+  PAGODA_REQUIRE(d.buffer != nullptr && d.view.numel() == t.numel() && d.view.dtype() == t.dtype,
+                 kInvalidArgument, "copy_back: device tensor {} does not match the host tensor",
+                 d.view.describe());
+  allocator.copy_to_host(t.bytes.data(), d.buffer.get(), t.bytes.size());
 }
 
 float round_to(DType dtype, float x) {

@@ -9,6 +9,7 @@
 #include "pagoda/attention/layer.h"
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/core/tensor_view.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::backends::conformance {
 
@@ -24,7 +25,19 @@ struct HostTensor {
   void set(int64_t i, float v);
   /// A TensorView of the whole tensor (an empty view when shape is empty).
   TensorView view() const;
+  /// The same shape and dtype over `data` on `device` (a device copy of this tensor).
+  TensorView view_at(void* data, Device device) const;
 };
+
+/// A device copy of a HostTensor: owning buffer plus a view of it. Empty tensors stay empty.
+struct DeviceTensor {
+  platform::DeviceBuffer buffer;
+  TensorView view;
+};
+/// Allocates `t`'s bytes on `allocator` and copies them there (synchronous copy).
+DeviceTensor to_device(const HostTensor& t, platform::Allocator& allocator);
+/// Copies a device tensor's bytes back into `t` (same shape and dtype; synchronous copy).
+void copy_back(const DeviceTensor& d, HostTensor& t, platform::Allocator& allocator);
 
 /// x rounded to `dtype` and back (exact conversions).
 float round_to(DType dtype, float x);

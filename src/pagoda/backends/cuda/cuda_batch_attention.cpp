@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/kernels/cuda/launch.h"
@@ -19,12 +21,15 @@ struct CudaBatchAttention::Layout {
   size_t item_req = 0, item_a = 0, item_b = 0, item_partial = 0;
   size_t merge_req = 0, merge_begin = 0, merge_count = 0;
   size_t kv_indices = 0, mask_indptr = 0, mask = 0, cache_loc = 0, total = 0;
+  /// (offset, bytes) of every array, in the order above (the same order for every capacity).
+  std::vector<std::pair<size_t, size_t>> regions;
 
   Layout(int bs, int items, int tokens, int64_t pages, int64_t mask_bytes) {
     size_t off = 0;
     auto take = [&](size_t bytes) {
       const size_t o = off;
       off = (off + bytes + 255) / 256 * 256;
+      regions.emplace_back(o, bytes);
       return o;
     };
     counts = take(16);
@@ -81,7 +86,23 @@ void CudaBatchAttention::ensure_capacity(int bs, int64_t pages, int items, int64
   // Work still queued may read the old arena.
   cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   CudaBuffer arena(layout->total);
-  cuda_check(cudaMemset(arena.get(), 0, layout->total), "cudaMemset(arena)");
+  // On stream_ (a legacy-stream cudaMemset is not ordered before stream_'s later uploads).
+  cuda_check(cudaMemsetAsync(arena.get(), 0, layout->total, stream_), "cudaMemsetAsync(arena)");
+  // Keep what the old arena holds: this step's out_cache_loc may already be uploaded when plan()
+  // grows the arena (and the plan when upload_cache_loc() grows it). Every array keeps its
+  // index layout; only its capacity grows.
+  if (layout_) {
+    auto* dst = static_cast<unsigned char*>(arena.get());
+    const auto* src = static_cast<const unsigned char*>(arena_.get());
+    for (size_t i = 0; i < layout->regions.size(); ++i) {
+      const size_t n = std::min(layout_->regions[i].second, layout->regions[i].second);
+      if (n == 0) continue;
+      cuda_check(cudaMemcpyAsync(dst + layout->regions[i].first, src + layout_->regions[i].first, n,
+                                 cudaMemcpyDeviceToDevice, stream_),
+                 "arena copy");
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // before the old frees
+  }
   staging_.reset(layout->total);
   std::memset(staging_.get(), 0, layout->total);
   arena_ = std::move(arena);
@@ -269,8 +290,9 @@ const int32_t* CudaBatchAttention::device_cache_loc() const {
 const float* CudaBatchAttention::device_sinks(std::span<const float> sinks, Status& st) noexcept {
   if (sinks.empty()) return nullptr;
   auto it = sinks_cache_.find(sinks.data());
-  if (it != sinks_cache_.end() && it->second.bytes() == sinks.size_bytes()) {
-    return static_cast<const float*>(it->second.get());
+  if (it != sinks_cache_.end() && it->second.values.size() == sinks.size() &&
+      std::equal(sinks.begin(), sinks.end(), it->second.values.begin())) {
+    return static_cast<const float*>(it->second.buffer.get());
   }
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   (void)cudaStreamIsCapturing(stream_, &cs);
@@ -282,12 +304,16 @@ const float* CudaBatchAttention::device_sinks(std::span<const float> sinks, Stat
   }
   try {
     CudaBuffer buf(sinks.size_bytes());
-    st = cuda_status(cudaMemcpy(buf.get(), sinks.data(), sinks.size_bytes(),
-                                cudaMemcpyHostToDevice),
+    // On stream_: a plain cudaMemcpy from pageable memory may return before its DMA lands, and
+    // the legacy stream does not order the non-blocking stream_'s kernels after it.
+    st = cuda_status(cudaMemcpyAsync(buf.get(), sinks.data(), sinks.size_bytes(),
+                                     cudaMemcpyHostToDevice, stream_),
                      "sinks upload");
     if (!st.is_ok()) return nullptr;
-    auto [pos, _] = sinks_cache_.insert_or_assign(sinks.data(), std::move(buf));
-    return static_cast<const float*>(pos->second.get());
+    if (it != sinks_cache_.end()) retired_sinks_.push_back(std::move(it->second.buffer));
+    auto [pos, _] = sinks_cache_.insert_or_assign(
+        sinks.data(), SinksCopy{std::move(buf), std::vector<float>(sinks.begin(), sinks.end())});
+    return static_cast<const float*>(pos->second.buffer.get());
   } catch (const Error& e) {
     st = Status(e.code(), e.message());
     return nullptr;
@@ -409,6 +435,12 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
       v_cache.stride(1) % vec == 0 && v_cache.stride(2) % vec == 0;
   KernelPath path = schedule_.path;
   if (!fast_layout) path = KernelPath::kGeneric;
+  // The decode kernel copies fp8 rows in 16-byte chunks: every fp8 stride must be a multiple of 16.
+  if (path == KernelPath::kDecode && dtype_size(s.kv_dtype) == 1) {
+    bool ok16 = true;
+    for (int i = 0; i < 3; ++i) ok16 &= k_cache.stride(i) % 16 == 0 && v_cache.stride(i) % 16 == 0;
+    if (!ok16) path = KernelPath::kGeneric;
+  }
   switch (path) {
     case KernelPath::kDecode:
       st = kc::launch_decode(a, stream_);

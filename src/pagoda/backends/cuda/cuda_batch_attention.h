@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "pagoda/attention/batch_attention.h"
 #include "pagoda/backends/cuda/cuda_memory.h"
@@ -76,7 +77,14 @@ class CudaBatchAttention final : public attention::BatchAttention {
   PinnedBuffer staging_;
   CudaBuffer partial_o_, partial_lse_;
   cudaEvent_t upload_done_ = nullptr;
-  std::unordered_map<const float*, CudaBuffer> sinks_cache_;
+  /// Device copies of attention sinks, keyed by the host address and checked against the host
+  /// values on every run (a caller may reuse an address for other values).
+  struct SinksCopy {
+    CudaBuffer buffer;
+    std::vector<float> values;
+  };
+  std::unordered_map<const float*, SinksCopy> sinks_cache_;
+  std::vector<CudaBuffer> retired_sinks_;  ///< replaced copies (queued work or graphs may read them)
   // current plan
   attention::AttentionShape shape_{};
   Schedule schedule_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pagoda/kernels/cuda/attention_params.h"
+
 namespace pagoda::backends::cuda {
 
 std::string_view kernel_path_name(KernelPath p) {
@@ -25,8 +27,7 @@ std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in) {
 
 namespace {
 
-constexpr int kMaxGroupPerBlock = 8;  // kernels/cuda kDecodeMaxGroup
-constexpr int kRowsPerTile = 64;      // kernels/cuda kPrefillRowsPerTile
+constexpr int kMaxGroupPerBlock = kernels::cuda::kDecodeMaxGroup;  // q heads per decode block
 
 int64_t items_for(const std::vector<int32_t>& len, int chunk) {
   int64_t n = 0;
@@ -89,6 +90,7 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
     return s;
   }
   s.path = KernelPath::kPrefill;
+  const int kRowsPerTile = kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk);
   // Heaviest tiles first (causal: the last rows of long requests see the most keys), so the
   // tail of the grid is made of short blocks.
   struct Tile {

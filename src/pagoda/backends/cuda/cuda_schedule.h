@@ -40,8 +40,9 @@ std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in);
 
 /// Builds the schedule. Decode path: every request has qo_len <= 1 and there is no custom mask;
 /// requests are cut into equal token chunks (smallest chunk with
-/// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 8)), so
-/// skewed lengths still fill the GPU. Prefill path: one item per (request, 64 packed rows).
+/// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 16)), so
+/// skewed lengths still fill the GPU. Prefill path: one item per (request,
+/// kernels::cuda::prefill_rows_per_tile(Dqk) packed rows), heaviest (most visible keys) first.
 Schedule build_schedule(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
                         const ScheduleConfig& config);
 

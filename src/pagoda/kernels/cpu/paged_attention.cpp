@@ -2,6 +2,8 @@
 // tile, key chunk). Keys are streamed in blocks of schedule.kv_block; for each block and KV head
 // the K rows are converted to f32 once and scored against every query row of the group (GQA:
 // each KV byte is read once per group), then the V rows are converted once and accumulated.
+// bf16 decode-like items (few rows per head) skip the f32 copy and read K/V straight from the
+// cache in pair-split order (ScoresBf16 / AccumulatePVBf16 in simd_rows-inl.h).
 // Split-KV items leave (o, lse) partials that the merge phase combines.
 #include "pagoda/kernels/cpu/paged_attention.h"
 
@@ -26,6 +28,10 @@
 HWY_BEFORE_NAMESPACE();
 namespace pagoda::kernels::cpu {
 namespace HWY_NAMESPACE {
+
+/// Items with at most this many query rows per KV head (decode, small GQA verify) read bf16 K/V
+/// straight from the cache (ScoresBf16 / AccumulatePVBf16); larger tiles amortise a f32 copy.
+constexpr int kDirectMaxRowsPerHead = 16;
 
 void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuWorkItem& it,
                  float* scratch) {
@@ -56,6 +62,10 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   const float cap = p.logit_cap;
   const float qscale = p.sm_scale * p.k_scale / (cap > 0.f ? cap : 1.f);
   const size_t qes = dtype_size(p.q_dtype);
+  // Direct bf16 path: q rows and accumulators in pair-split order (see simd_rows-inl.h).
+  const bool direct = p.k.dtype == DType::kBF16 && p.v.dtype == DType::kBF16 &&
+                      dqk % PairChunk() == 0 && dv % PairChunk() == 0 &&
+                      rph <= kDirectMaxRowsPerHead;
   for (int r = 0; r < rows; ++r) {
     const int h = it.kv_head_begin + r / rph;
     const int qi = (r % rph) / gs;
@@ -66,6 +76,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     float* row = qf + static_cast<int64_t>(r) * dqk_pad;
     ConvertRow(p.q_dtype, src, dqk, dqk_pad, row);
     ScaleRow(row, qscale, dqk_pad);
+    if (direct) PairSplitRow(row, dqk, /*inverse=*/false, kf);
     mrow[r] = neg_inf;
     lrow[r] = 0.f;
     for (int x = 0; x < dv_pad; ++x) acc[static_cast<int64_t>(r) * dv_pad + x] = 0.f;
@@ -98,13 +109,16 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   const auto* kbase = static_cast<const unsigned char*>(p.k.data);
   const auto* vbase = static_cast<const unsigned char*>(p.v.data);
   const int32_t* pages = p.kv_indices + p.kv_indptr[b];
-  int64_t koff[256];
+  int64_t koff[256];  // element offsets of this block's keys
   int64_t voff[256];
+  const hwy::bfloat16_t* kp[256];
+  const hwy::bfloat16_t* vp[256];
   for (int t0 = ulo; t0 < uhi; t0 += T) {
     const int n = std::min(T, uhi - t0);
     const int npad = (n + 15) / 16 * 16;
     int page_idx = t0 / p.page_size;
     int slot = t0 % p.page_size;
+    const int n_next = t0 + T < uhi ? std::min(T, uhi - t0 - T) : 0;
     for (int j = 0; j < n; ++j) {
       const int64_t page = pages[page_idx];
       koff[j] = page * p.k.stride_page + slot * p.k.stride_slot;
@@ -116,7 +130,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     }
     // Software prefetch of the next block's K/V rows (all heads of the item): page gathers
     // defeat the hardware stream prefetchers.
-    if (t0 + T < uhi) {
+    if (n_next > 0) {
       const int n2 = std::min(T, uhi - t0 - T);
       int pi = (t0 + T) / p.page_size;
       int sl = (t0 + T) % p.page_size;
@@ -135,6 +149,69 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
           ++pi;
         }
       }
+    }
+    if (direct) {
+      // Token-major order: a group of keys is scored (and later accumulated) for every KV head
+      // of the item before the next group, so each page is read front to back (one 2 KB token
+      // row after the other for 8 heads x 128 x bf16) and the hardware stream prefetchers
+      // follow (the next-block software prefetch above covers the page gathers).
+      const auto* kb = static_cast<const hwy::bfloat16_t*>(p.k.data);
+      const auto* vb = static_cast<const hwy::bfloat16_t*>(p.v.data);
+      for (int j = 0; j < n; ++j) {
+        kp[j] = kb + koff[j];
+        vp[j] = vb + voff[j];
+      }
+      for (int j0 = 0; j0 < n; j0 += 4) {
+        const int nj = std::min(4, n - j0);
+        for (int hh = 0; hh < nh; ++hh) {
+          const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.k.stride_head;
+          const float* qh = qf + static_cast<int64_t>(hh * rph) * dqk_pad;
+          float* sh = sc + static_cast<int64_t>(hh * rph) * T + j0;
+          int rr = 0;
+          for (; rr + 4 <= rph; rr += 4) {
+            ScoresBf16<4>(qh + static_cast<int64_t>(rr) * dqk_pad, dqk_pad, kp + j0, off, nj, dqk,
+                          sh + static_cast<int64_t>(rr) * T, T);
+          }
+          const float* qt = qh + static_cast<int64_t>(rr) * dqk_pad;
+          float* st = sh + static_cast<int64_t>(rr) * T;
+          switch (rph - rr) {
+            case 3: ScoresBf16<3>(qt, dqk_pad, kp + j0, off, nj, dqk, st, T); break;
+            case 2: ScoresBf16<2>(qt, dqk_pad, kp + j0, off, nj, dqk, st, T); break;
+            case 1: ScoresBf16<1>(qt, dqk_pad, kp + j0, off, nj, dqk, st, T); break;
+            default: break;
+          }
+        }
+      }
+      bool any = false;
+      for (int r = 0; r < rows; ++r) {
+        any |= SoftmaxBlock(sc + static_cast<int64_t>(r) * T, n, npad, t0, masks[(r % rph) / gs],
+                            cap, mrow + r, lrow + r, acc + static_cast<int64_t>(r) * dv_pad,
+                            dv_pad);
+      }
+      if (!any) continue;
+      constexpr int kPvKeys = 8;
+      for (int j0 = 0; j0 < n; j0 += kPvKeys) {
+        const int nj = std::min(kPvKeys, n - j0);
+        for (int hh = 0; hh < nh; ++hh) {
+          const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.v.stride_head;
+          const float* ph = sc + static_cast<int64_t>(hh * rph) * T + j0;
+          float* ah = acc + static_cast<int64_t>(hh * rph) * dv_pad;
+          int rr = 0;
+          for (; rr + 4 <= rph; rr += 4) {
+            AccumulatePVBf16<4>(ph + static_cast<int64_t>(rr) * T, T, nj, vp + j0, off, dv,
+                                ah + static_cast<int64_t>(rr) * dv_pad, dv_pad);
+          }
+          const float* pt = ph + static_cast<int64_t>(rr) * T;
+          float* at = ah + static_cast<int64_t>(rr) * dv_pad;
+          switch (rph - rr) {
+            case 3: AccumulatePVBf16<3>(pt, T, nj, vp + j0, off, dv, at, dv_pad); break;
+            case 2: AccumulatePVBf16<2>(pt, T, nj, vp + j0, off, dv, at, dv_pad); break;
+            case 1: AccumulatePVBf16<1>(pt, T, nj, vp + j0, off, dv, at, dv_pad); break;
+            default: break;
+          }
+        }
+      }
+      continue;
     }
     for (int hh = 0; hh < nh; ++hh) {
       const int h = it.kv_head_begin + hh;
@@ -186,6 +263,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     const float l = lrow[r];
     const float lse = l > 0.f ? mrow[r] + std::log(l) : neg_inf;
     ScaleRow(o, l > 0.f ? p.v_scale / l : 0.f, dv_pad);
+    if (direct) PairSplitRow(o, dv, /*inverse=*/true, vf);
     if (it.partial < 0) {
       const int h = it.kv_head_begin + r / rph;
       const int qi = (r % rph) / gs;

@@ -179,6 +179,17 @@ HWY_INLINE void Reduce4(VF a0, VF a1, VF a2, VF a3, float* HWY_RESTRICT out) {
   const auto w23 = hn::BitCast(dd, s23);
   const VF s = hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, w01, w23)),
                        hn::BitCast(d, hn::InterleaveUpper(dd, w01, w23)));
+#if HWY_TARGET <= HWY_AVX3
+  // Lanes 4b..4b+3 of s hold block b's partial sums: add the four 128-bit blocks in registers.
+  const __m512 t = _mm512_add_ps(s.raw, _mm512_shuffle_f32x4(s.raw, s.raw, _MM_SHUFFLE(1, 0, 3, 2)));
+  const __m512 u = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(2, 3, 0, 1)));
+  _mm_storeu_ps(out, _mm512_castps512_ps128(u));
+  return;
+#elif HWY_TARGET == HWY_AVX2
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(s.raw), _mm256_extractf128_ps(s.raw, 1));
+  _mm_storeu_ps(out, t);
+  return;
+#endif
   HWY_ALIGN float buf[hn::MaxLanes(DF())];
   hn::Store(s, d, buf);
   const size_t n = hn::Lanes(d);
@@ -374,6 +385,125 @@ HWY_INLINE void AccumulatePV(const float* HWY_RESTRICT p, int n, const float* HW
     const float* v = vf + x;
     for (int j = 0; j < n; ++j, v += ld) a0 = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, v), a0);
     hn::StoreU(a0, d, acc + x);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct bf16 kernels (no f32 scratch copy of K/V). A u32 load of 2N bf16 values splits into two
+// f32 vectors with one shift (even elements) and one AND (odd elements). Dot products do not care
+// about element order, so q rows and output accumulators are kept in the same "pair-split" order:
+// within every chunk of 2N elements, f32 slots [0, N) hold the even elements and [N, 2N) the odd
+// ones. Requires the head dims to be multiples of 2N (PairChunk()).
+
+/// Elements covered by one u32 load of bf16 pairs (2 x lanes of f32).
+HWY_INLINE int PairChunk() { return 2 * static_cast<int>(hn::Lanes(DF())); }
+
+/// Reorders row[0, n) (n a multiple of PairChunk()) from natural into pair-split order
+/// (inverse = false) or back (inverse = true); tmp holds n floats.
+HWY_INLINE void PairSplitRow(float* HWY_RESTRICT row, int n, bool inverse,
+                             float* HWY_RESTRICT tmp) {
+  const int N = PairChunk() / 2;
+  for (int i = 0; i < n; ++i) tmp[i] = row[i];
+  for (int c = 0; c < n; c += 2 * N) {
+    for (int i = 0; i < N; ++i) {
+      if (inverse) {
+        row[c + 2 * i] = tmp[c + i];
+        row[c + 2 * i + 1] = tmp[c + N + i];
+      } else {
+        row[c + i] = tmp[c + 2 * i];
+        row[c + N + i] = tmp[c + 2 * i + 1];
+      }
+    }
+  }
+}
+
+/// f32 views of the even (lo) and odd (hi) bf16 elements of one u32 load.
+HWY_INLINE void SplitBf16Pairs(const void* HWY_RESTRICT src, VF& lo, VF& hi) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::LoadU(du, static_cast<const uint32_t*>(src));
+  lo = hn::BitCast(d, hn::ShiftLeft<16>(u));
+  hi = hn::BitCast(d, hn::And(u, hn::Set(du, 0xFFFF0000u)));
+}
+
+/// s[r * ls + j] = q_r · k_j for R query rows (pair-split order, rows of q with leading dimension
+/// ldq) and keys j in [0, n), where key j is the bf16 row kp[j] + off; dim is a multiple of
+/// PairChunk().
+/// Each K vector is loaded and converted once for all R rows; four keys share one reduction.
+template <int R>
+HWY_INLINE void ScoresBf16(const float* HWY_RESTRICT q, int ldq,
+                           const hwy::bfloat16_t* const* HWY_RESTRICT kp, int64_t off, int n,
+                           int dim, float* HWY_RESTRICT s, int ls) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    VF a[R][4];
+    for (int r = 0; r < R; ++r)
+      for (int k = 0; k < 4; ++k) a[r][k] = hn::Zero(d);
+    for (int c = 0; c < dim; c += 2 * N) {
+      VF klo[4], khi[4];
+      for (int k = 0; k < 4; ++k) SplitBf16Pairs(kp[j + k] + off + c, klo[k], khi[k]);
+      for (int r = 0; r < R; ++r) {
+        const VF qlo = hn::LoadU(d, q + r * ldq + c);
+        const VF qhi = hn::LoadU(d, q + r * ldq + c + N);
+        for (int k = 0; k < 4; ++k) {
+          a[r][k] = hn::MulAdd(qlo, klo[k], a[r][k]);
+          a[r][k] = hn::MulAdd(qhi, khi[k], a[r][k]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) Reduce4(a[r][0], a[r][1], a[r][2], a[r][3], s + r * ls + j);
+  }
+  for (; j < n; ++j) {
+    VF a[R];
+    for (int r = 0; r < R; ++r) a[r] = hn::Zero(d);
+    for (int c = 0; c < dim; c += 2 * N) {
+      VF klo, khi;
+      SplitBf16Pairs(kp[j] + off + c, klo, khi);
+      for (int r = 0; r < R; ++r) {
+        a[r] = hn::MulAdd(hn::LoadU(d, q + r * ldq + c), klo, a[r]);
+        a[r] = hn::MulAdd(hn::LoadU(d, q + r * ldq + c + N), khi, a[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) s[r * ls + j] = hn::GetLane(hn::SumOfLanes(d, a[r]));
+  }
+}
+
+/// acc_r[0, dim) += Σ_j p_r[j] · v_j for R rows (acc in pair-split order, p_r = p + r * lp,
+/// acc_r = acc + r * la), keys j in [0, n) with bf16 rows vp[j] + off; dim a multiple of
+/// PairChunk().
+/// Two u32 loads (4 f32 vectors) per key and pass; each V vector feeds all R rows.
+template <int R>
+HWY_INLINE void AccumulatePVBf16(const float* HWY_RESTRICT p, int lp, int n,
+                                 const hwy::bfloat16_t* const* HWY_RESTRICT vp, int64_t off,
+                                 int dim, float* HWY_RESTRICT acc, int la) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int c = 0; c < dim; c += 4 * N) {
+    const bool two = c + 2 * N < dim;
+    VF a[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < 4; ++k) {
+        a[r][k] = (k < 2 || two) ? hn::LoadU(d, acc + r * la + c + k * N) : hn::Zero(d);
+      }
+    }
+    for (int j = 0; j < n; ++j) {
+      VF v[4];
+      SplitBf16Pairs(vp[j] + off + c, v[0], v[1]);
+      if (two) {
+        SplitBf16Pairs(vp[j] + off + c + 2 * N, v[2], v[3]);
+      } else {
+        v[2] = v[3] = hn::Zero(d);
+      }
+      for (int r = 0; r < R; ++r) {
+        const VF pj = hn::Set(d, p[r * lp + j]);
+        for (int k = 0; k < 4; ++k) a[r][k] = hn::MulAdd(pj, v[k], a[r][k]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int k = 0; k < (two ? 4 : 2); ++k) hn::StoreU(a[r][k], d, acc + r * la + c + k * N);
+    }
   }
 }
 

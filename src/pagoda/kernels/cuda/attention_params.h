@@ -80,7 +80,9 @@ struct AppendArgs {
 };
 
 /// Decode tile sizes the host planner needs (tokens per block iteration).
-inline constexpr int kDecodeMaxGroup = 8;   ///< q heads per kv head handled by one block
-inline constexpr int kPrefillRowsPerTile = 64;
+inline constexpr int kDecodeMaxGroup = 16;  ///< q heads per kv head handled by one decode block (MMA m)
+inline constexpr int kPrefillRowsPerTile = 64;  ///< smallest prefill tile (capacity bound)
+/// Packed query rows of one prefill work item for a head dim (the planner and kernel agree).
+constexpr int prefill_rows_per_tile(int head_dim) { return head_dim <= 128 ? 128 : 64; }
 
 }  // namespace pagoda::kernels::cuda

@@ -17,11 +17,12 @@ bool to_elem_type(DType t, ElemType& out);
 /// q = out in {bf16, f16}; kv = q's dtype or fp8 e4m3; Dqk == Dv in {64, 128, 256}.
 bool fast_path_supported(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v);
 
-/// Split-KV paged decode over the work items (one query row per request); partial states go to
+/// Tensor-core (mma.sync m16n8k16) split-KV paged decode over the work items, one block per (item,
+/// kv head, 16 q heads); one query row per request; partial states go to
 /// the workspace and need launch_merge afterwards when counts[2] > 0.
 Status launch_decode(const AttentionArgs& args, cudaStream_t stream);
 /// Tensor-core (mma.sync m16n8k16) paged flash attention over ragged queries (extend, prefill,
-/// tree verify, mixed): one block per (request, 64 packed q rows, kv head).
+/// tree verify, mixed): one block per (request, prefill_rows_per_tile(D) packed q rows, kv head).
 Status launch_prefill(const AttentionArgs& args, cudaStream_t stream);
 /// Any dtype / head dim up to 1024 (MLA 576/512, f32, e5m2 ...): one warp per (row, q head).
 Status launch_generic(const AttentionArgs& args, cudaStream_t stream);

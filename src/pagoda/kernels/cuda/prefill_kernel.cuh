@@ -1,13 +1,18 @@
 #pragma once
 /// Tensor-core paged flash attention (FA2 style, mma.sync m16n8k16, f32 accumulation).
 ///
-/// One block = one work item (request, tile of 64 packed rows) x one kv head. Packed row r of a
-/// request is query token r / G and q head hkv * G + r % G (G = Hq / Hkv), so every K/V tile
-/// loaded serves all G heads of the group (GQA head fusion). 4 warps x 16 rows. K/V tiles are
-/// double-buffered in XOR-swizzled shared memory (cp.async for 16-bit KV; fp8 is converted to
-/// the query type while staging). Page offsets of tile i+2 are fetched into registers during
-/// tile i. Masks (bottom-right causal, window, packed custom bits, kv tail) are evaluated only
-/// on tiles that need them.
+/// One block = one work item (request, tile of prefill_rows_per_tile(D) packed rows) x one kv
+/// head. Packed row r of a request is query token r / G and q head hkv * G + r % G
+/// (G = Hq / Hkv), so every K/V tile loaded serves all G heads of the group (GQA head fusion).
+/// 4 warps; each warp owns kMT m16 row tiles (32 rows for D <= 128, 16 for D = 256), so every
+/// K/V fragment read from shared memory (ldmatrix / ldmatrix.trans) feeds kMT mma's. K/V tiles
+/// are double-buffered in XOR-swizzled shared memory (cp.async for 16-bit KV; fp8 is converted
+/// to the query type while staging). Page offsets of tile i+2 are fetched into registers during
+/// tile i, so any page size (1 included) gathers per key row. Causal / window bounds skip whole
+/// tiles per block and per warp; masks (bottom-right causal, window, packed custom bits, kv tail)
+/// are evaluated only on tiles that need them for that warp. Softmax in base 2 with the
+/// sm_scale * log2(e) factor folded into the exponent's FFMA; P stays in registers as the A
+/// operand of P.V.
 
 #include <type_traits>
 
@@ -19,12 +24,16 @@ template <typename T, typename KV, int D>
 struct PrefillConfig {
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kRows = kPrefillRowsPerTile;  // 64
-  static constexpr int kKeys = D <= 128 ? 64 : 32;
+  static constexpr int kMT = D <= 128 ? 2 : 1;          // m16 row tiles per warp
+  static constexpr int kWarpRows = 16 * kMT;
+  static constexpr int kRows = kWarps * kWarpRows;      // 128 (D <= 128) or 64 (D = 256)
+  static constexpr int kKeys = D <= 128 ? 64 : 32;        // keys per staged K/V tile
+  static constexpr int kSub = kKeys;                      // keys per softmax step
   static constexpr int kChunks = D / 8;                 // 16-byte chunks per row
   static constexpr size_t kQBytes = size_t(kRows) * D * sizeof(T);
   static constexpr size_t kKvBytes = size_t(kKeys) * D * sizeof(T);
   static constexpr size_t kSmemBytes = kQBytes + 4 * kKvBytes + 2 * kKeys * 2 * sizeof(int64_t);
+  static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
 
 /// Offset of 16-byte chunk `c` of row `r` in a swizzled [rows][D] tile (in elements).
@@ -33,11 +42,30 @@ __device__ __forceinline__ int swz(int r, int c) {
   return (r * (D / 8) + (c ^ (r & 7))) * 8;
 }
 
+/// ldmatrix x4 (optionally transposed) from a 32-bit shared-memory address.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/// Hides `x` from the optimiser so addresses derived from it are recomputed (two integer ops
+/// per ldmatrix) instead of hoisted out of the key loop into registers the accumulators need.
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 template <typename T, typename KV, int D>
-__global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a, LogitTransform xf) {
+__global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitTransform xf) {
   using Cfg = PrefillConfig<T, KV, D>;
   constexpr int kKeys = Cfg::kKeys;
-  constexpr int kNT = kKeys / 8;  // score n-tiles per warp
+  constexpr int kSub = Cfg::kSub;
+  constexpr int kNT = kSub / 8;   // score n-tiles per warp and softmax step
   constexpr int kDT = D / 8;      // output n-tiles per warp
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = reinterpret_cast<T*>(smem);
@@ -106,6 +134,7 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a, LogitTran
   auto issue = [&](int buf) {
     T* kd = kbuf + buf * kKeys * D;
     T* vd = vbuf + buf * kKeys * D;
+#pragma unroll 2
     for (int idx = tid; idx < kKeys * Cfg::kChunks; idx += Cfg::kThreads) {
       const int r = idx / Cfg::kChunks, c = idx % Cfg::kChunks;
       const int64_t ko = koff[buf * kKeys + r], vo = voff[buf * kKeys + r];
@@ -133,17 +162,30 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a, LogitTran
     }
   };
 
-  // Row bookkeeping of this thread: rows lane/4 and lane/4 + 8 of the warp's 16.
-  int row_pr[2], row_tok[2];
+  // ---- this warp's rows: kMT m16 tiles starting at packed row wr0 ----
+  constexpr int kMT = Cfg::kMT;
+  const int wr0 = r0 + warp * Cfg::kWarpRows;
+  const bool warp_active = wr0 < rows;
+  const int wt_first = wr0 / G;
+  const int wt_last = (min(wr0 + Cfg::kWarpRows, rows) - 1) / G;
+  const int qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
+  // Keys this warp can see at all (tiles outside are skipped by the warp, not by the block).
+  int whi = hi, wlo = lo;
+  if (mask.bits == nullptr && mask.causal) whi = min(hi, qoff + wt_last + 1);
+  if (mask.window >= 0) wlo = max(lo, qoff + wt_first - mask.window);
+  // Base-2 logits: s * scale (no cap) or post * tanh(s * pre) (cap, applied in place first).
+  const bool capped = xf.cap > 0.f;
+  const float scale = capped ? 1.f : xf.scale_log2;
+
+  float m[kMT][2], l[kMT][2];
+  float o[kMT][kDT][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_pr[h] = r0 + warp * 16 + lane / 4 + h * 8;
-    row_tok[h] = row_pr[h] / G;
+  for (int mt = 0; mt < kMT; ++mt) {
+    m[mt][0] = m[mt][1] = neg_inf();
+    l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
   }
-  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
-  float o[kDT][4];
-#pragma unroll
-  for (int i = 0; i < kDT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
   if (ntiles > 0) {
     store_offsets(0, 0, fetch_page(0));
@@ -168,83 +210,152 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a, LogitTran
     }
     __syncthreads();
 
-    // S = Q K^T for this warp's 16 rows x kKeys keys.
-    float s[kNT][4];
+#pragma unroll 1
+    for (int sub = 0; sub < kKeys / kSub; ++sub) {
+    const int kb0 = lo + i * kKeys + sub * kSub;
+    if (warp_active && kb0 < whi && kb0 + kSub > wlo) {
+      // S = Q K^T for this warp's kMT x 16 rows x kKeys keys.
+      float s[kMT][kNT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    const T* kt = kbuf + buf * kKeys * D;
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, qs + swz<D>(warp * 16 + lane % 16, kk * 2 + lane / 16));
+        for (int j = 0; j < kNT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
+      // Swizzled fragment addresses: every ldmatrix row of this lane has row % 8 == lane % 8,
+      // so chunk c of it sits at (c ^ (lane % 8)) and 16-element steps are XORs of the chunk.
+      constexpr uint32_t kRowB = D * sizeof(T);
+      const uint32_t y_q = opaque((lane / 16) ^ (lane % 8));        // Q and V lanes
+      const uint32_t y_k = ((lane / 8) % 2) ^ (lane % 8);           // K lanes
+      const uint32_t q_lane = smem_addr(qs) + (warp * Cfg::kWarpRows + lane % 16) * kRowB;
+      const uint32_t k_lane = smem_addr(kbuf) + (buf * kKeys + sub * kSub) * kRowB +
+                              ((lane / 16) * 8 + lane % 8) * kRowB;
 #pragma unroll
-      for (int j2 = 0; j2 < kNT / 2; ++j2) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, kt + swz<D>(j2 * 16 + (lane / 16) * 8 + lane % 8, kk * 2 + (lane / 8) % 2));
-        mma16816<T>(s[2 * j2], qa, kb[0], kb[1]);
-        mma16816<T>(s[2 * j2 + 1], qa, kb[2], kb[3]);
-      }
-    }
-
-    const int kb0 = lo + i * kKeys;
-    const bool full = mask.bits == nullptr && kb0 + kKeys <= hi &&
-                      (!mask.causal || kb0 + kKeys - 1 <= kv_len - qo_len + t_first) &&
-                      (mask.window < 0 || kb0 >= kv_len - qo_len + t_last - mask.window);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[kMT][4];
 #pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = xf(s[j][e]);
-        if (!full) {
-          const int h = e / 2;
-          const int kj = kb0 + j * 8 + (lane % 4) * 2 + (e & 1);
-          if (kj >= hi || row_pr[h] >= rows || !mask.visible(row_tok[h], kj)) x = neg_inf();
+        for (int mt = 0; mt < kMT; ++mt) {
+          ldsm_x4(qa[mt], q_lane + mt * 16 * kRowB + (((kk * 2) ^ y_q) << 4));
         }
-        s[j][e] = x;
+#pragma unroll
+        for (int j2 = 0; j2 < kNT / 2; ++j2) {
+          uint32_t kb[4];
+          ldsm_x4(kb, k_lane + j2 * 16 * kRowB + (((kk * 2) ^ y_k) << 4));
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(s[mt][2 * j2], qa[mt], kb[0], kb[1]);
+            mma16816<T>(s[mt][2 * j2 + 1], qa[mt], kb[2], kb[3]);
+          }
+        }
+      }
+
+      // Mask only where some pair of this warp's rows x the tile's keys is hidden.
+      const bool full = mask.bits == nullptr && kb0 + kSub <= hi &&
+                        wr0 + Cfg::kWarpRows <= rows &&
+                        (!mask.causal || kb0 + kSub - 1 <= qoff + wt_first) &&
+                        (mask.window < 0 || kb0 >= qoff + wt_last - mask.window);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if (capped) {
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][j][e] = xf(s[mt][j][e]);
+        }
+        if (!full) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int pr = wr0 + mt * 16 + lane / 4 + h * 8;
+            const int tok = pr / G;
+#pragma unroll
+            for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
+                if (kj >= hi || pr >= rows || !mask.visible(tok, kj)) s[mt][j][2 * h + e] = neg_inf();
+              }
+            }
+          }
+        }
+      }
+      // Online softmax per row (a quad of 4 lanes shares a row), base 2 with the scale folded
+      // into the exponent's FFMA. Lazy rescaling: the running max m only moves (and O, l are
+      // rescaled) when some row of the warp sees a logit above m + kLazyRescale, so
+      // p = 2^(x - m) <= 2^kLazyRescale stays well inside bf16/f32 range; the final
+      // normalisation uses the same m, so the result is unchanged.
+      constexpr float kLazyRescale = 8.f;
+      float mx[kMT][2];
+      bool grow = false;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float x = neg_inf();
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) x = fmaxf(x, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+          mx[mt][h] = x * scale;
+          grow |= mx[mt][h] > m[mt][h] + kLazyRescale;
+        }
+      }
+      if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float mnew = fmaxf(m[mt][h], mx[mt][h]);
+            const float alpha = exp2f(m[mt][h] - (mnew == neg_inf() ? 0.f : mnew));
+            m[mt][h] = mnew;
+            l[mt][h] *= alpha;
+#pragma unroll
+            for (int d = 0; d < kDT; ++d) {
+              o[mt][d][2 * h] *= alpha;
+              o[mt][d][2 * h + 1] *= alpha;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float msafe = m[mt][h] == neg_inf() ? 0.f : m[mt][h];  // all hidden: exp2 -> 0
+          float sum = 0.f;
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            s[mt][j][2 * h] = exp2f(fmaf(s[mt][j][2 * h], scale, -msafe));
+            s[mt][j][2 * h + 1] = exp2f(fmaf(s[mt][j][2 * h + 1], scale, -msafe));
+            sum += s[mt][j][2 * h] + s[mt][j][2 * h + 1];
+          }
+          l[mt][h] += sum;
+        }
+      }
+      // O += P V, P taken from the S accumulators as the A operand (no shared-memory trip).
+      const uint32_t v_lane = smem_addr(vbuf) + (buf * kKeys + sub * kSub) * kRowB +
+                              (lane % 8 + ((lane / 8) % 2) * 8) * kRowB;
+      const uint32_t y_v = opaque((lane / 16) ^ (lane % 8));
+#pragma unroll
+      for (int k2 = 0; k2 < kSub / 16; ++k2) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = pack2<T>(s[mt][2 * k2][0], s[mt][2 * k2][1]);
+          pa[mt][1] = pack2<T>(s[mt][2 * k2][2], s[mt][2 * k2][3]);
+          pa[mt][2] = pack2<T>(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
+          pa[mt][3] = pack2<T>(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
+        }
+#pragma unroll
+        for (int d2 = 0; d2 < kDT / 2; ++d2) {
+          uint32_t vb[4];
+          ldsm_x4_trans(vb, v_lane + k2 * 16 * kRowB + (((d2 * 2) ^ y_v) << 4));
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma16816<T>(o[mt][2 * d2], pa[mt], vb[0], vb[1]);
+            mma16816<T>(o[mt][2 * d2 + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
       }
     }
-    // Online softmax per row (quad of 4 lanes shares a row).
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m[h];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float scale = exp2_diff(m[h], mx);
-      m[h] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) {
-        s[j][2 * h] = exp2_diff(s[j][2 * h], mx);
-        s[j][2 * h + 1] = exp2_diff(s[j][2 * h + 1], mx);
-        sum += s[j][2 * h] + s[j][2 * h + 1];
-      }
-      l[h] = l[h] * scale + sum;
-#pragma unroll
-      for (int d = 0; d < kDT; ++d) {
-        o[d][2 * h] *= scale;
-        o[d][2 * h + 1] *= scale;
-      }
-    }
-    // O += P V.
-    const T* vt = vbuf + buf * kKeys * D;
-#pragma unroll
-    for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-      uint32_t pa[4];
-      pa[0] = pack2<T>(s[2 * k2][0], s[2 * k2][1]);
-      pa[1] = pack2<T>(s[2 * k2][2], s[2 * k2][3]);
-      pa[2] = pack2<T>(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
-      pa[3] = pack2<T>(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
-#pragma unroll
-      for (int d2 = 0; d2 < kDT / 2; ++d2) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, vt + swz<D>(k2 * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                          d2 * 2 + lane / 16));
-        mma16816<T>(o[2 * d2], pa, vb[0], vb[1]);
-        mma16816<T>(o[2 * d2 + 1], pa, vb[2], vb[3]);
-      }
-    }
+    }  // sub
     __syncthreads();  // everyone done with offsets[buf] and tile buffers
     store_offsets(i + 2, buf, pnext);
   }
@@ -252,23 +363,27 @@ __global__ void __launch_bounds__(128) prefill_kernel(AttentionArgs a, LogitTran
 
   // ---- epilogue ----
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float lsum = l[h];
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    if (row_pr[h] >= rows) continue;
-    const int head = hkv * G + row_pr[h] % G;
-    const int tok = q_begin + row_tok[h];
-    float lse;
-    const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
-    T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int d = 0; d < kDT; ++d) {
-      const uint32_t v = pack2<T>(o[d][2 * h] * f, o[d][2 * h + 1] * f);
-      *reinterpret_cast<uint32_t*>(op + d * 8 + (lane % 4) * 2) = v;
-    }
-    if (a.lse != nullptr && lane % 4 == 0) {
-      a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
+    for (int h = 0; h < 2; ++h) {
+      float lsum = l[mt][h];
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+      const int pr = wr0 + mt * 16 + lane / 4 + h * 8;
+      if (pr >= rows) continue;
+      const int head = hkv * G + pr % G;
+      const int tok = q_begin + pr / G;
+      float lse;
+      const float f = finalize_state(m[mt][h], lsum, a.sinks, head, a.v_scale, lse);
+      T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
+#pragma unroll
+      for (int d = 0; d < kDT; ++d) {
+        const uint32_t v = pack2<T>(o[mt][d][2 * h] * f, o[mt][d][2 * h + 1] * f);
+        *reinterpret_cast<uint32_t*>(op + d * 8 + (lane % 4) * 2) = v;
+      }
+      if (a.lse != nullptr && lane % 4 == 0) {
+        a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
+      }
     }
   }
 }

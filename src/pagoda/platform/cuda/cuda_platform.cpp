@@ -36,11 +36,19 @@ class CudaAllocator final : public Allocator {
   void deallocate(void* ptr) override {
     if (ptr != nullptr) (void)cudaFree(ptr);
   }
+  // The Allocator contract makes copies synchronous with respect to all device work. Plain
+  // cudaMemcpy only orders against the legacy default stream (not the platform's non-blocking
+  // stream) and may return before a pageable H2D copy lands, so both sides are fenced.
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
-    if (bytes) check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    if (!bytes) return;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
-    if (bytes) check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    if (!bytes) return;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   }
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
     if (bytes) {

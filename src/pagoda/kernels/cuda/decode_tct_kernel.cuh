@@ -1,0 +1,321 @@
+#pragma once
+/// Transposed tensor-core split-KV paged decode for fp8 e4m3 KV and GQA groups of <= 8 q heads.
+///
+/// The decode_tc kernel puts the group's q heads in the MMA m dimension (16 rows, 75 % padding
+/// at G 4) and widens fp8 through a shared-memory staging tile. Here the roles are swapped:
+///   S^T = K Q^T   (m16 = 16 keys, n8 = 8 q heads, k16 = head dim)   -> D/16 MMAs per 16 keys
+///   O^T = V^T P^T (m16 = 16 head dims, n8 = 8 q heads, k16 = 16 keys) -> D/16 MMAs per 16 keys
+/// (half the MMAs of decode_tc). Both A operands (K and V^T) are built straight from the fp8
+/// bytes in registers: a lane loads 16-byte chunks of the copied tile, pairs bytes with prmt and
+/// widens them with widen2 (no staging tile, no ldmatrix). The head-dim order inside the K·Q
+/// contraction is permuted (lane quad q owns chunks q, q + 4, ... of a key row) and Q is loaded in
+/// the same order; the V head dims a lane owns are d = g * D/8 + [0, D/8) (g = lane / 4), which
+/// fixes where O^T lands. P (S^T accumulator layout) becomes the B operand of the second MMA with
+/// two movmatrix transposes. Softmax is lazy: the reference max of a head only moves when a
+/// logit exceeds it by more than 2^8 (one warp vote per tile; rescale of O and l only then).
+/// Everything else (warp-private cp.async rings, page prefetch, warp merge, split partials,
+/// sinks, window, cap, scales) follows decode_tc_kernel.cuh.
+
+#include <type_traits>
+
+#include "pagoda/kernels/cuda/decode_tc_kernel.cuh"
+
+namespace pagoda::kernels::cuda::detail {
+
+inline constexpr int kDecodeTctMaxGroup = 8;  ///< q heads of the transposed kernel (MMA n)
+
+template <typename T, int D>
+struct DecodeTctConfig {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = kDecodeTctMaxGroup;
+  static constexpr int kKeys = 16;
+  static constexpr int kRowChunks = D / 16;                      // 16-byte chunks per fp8 row
+  static constexpr int kCopies = kKeys * kRowChunks / 32;        // cp.async per lane per matrix
+  static constexpr size_t kTileBytes = size_t(kKeys) * D;
+  static constexpr size_t kStageBytes = 2 * kTileBytes;
+#ifndef PAGODA_TCT_STAGE_BUDGET
+#define PAGODA_TCT_STAGE_BUDGET 16384
+#endif
+  static constexpr int kStagesRaw = int(PAGODA_TCT_STAGE_BUDGET / kStageBytes);
+  static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > 8 ? 8 : kStagesRaw);
+  static constexpr size_t kWarpBytes = kStages * kStageBytes;
+  static constexpr size_t kPipeBytes = kWarps * kWarpBytes;
+  static constexpr size_t kMergeBytes = size_t(kWarps) * kRows * (D + 2) * sizeof(float);
+  static constexpr size_t kSmemBytes = kPipeBytes > kMergeBytes ? kPipeBytes : kMergeBytes;
+  static constexpr int kVBytes = D / 8;                          // V bytes per key per lane
+  static_assert(kCopies >= 1 && kKeys * kRowChunks % 32 == 0 && D % 64 == 0);
+};
+
+/// Physical 16-byte chunk of K chunk c in key row r (lanes of a quarter warp hit 8 bank groups).
+template <int D>
+__device__ __forceinline__ int tct_ksw(int r, int c) {
+  return D >= 128 ? (c ^ ((r & 1) << 2)) : c;
+}
+/// Physical 16-byte chunk of V chunk c in key row r.
+template <int D>
+__device__ __forceinline__ int tct_vsw(int r, int c) {
+  const int q = (r >> 1) & 3;
+  if constexpr (D == 128) return c ^ (q << 1);
+  if constexpr (D == 256) return c ^ (((q & 1) << 2) | (q >> 1));
+  return c ^ ((q & 1) << 1);
+}
+
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitTransform xf) {
+  using Cfg = DecodeTctConfig<T, D>;
+  using KV = E4M3;
+  constexpr int kS = Cfg::kStages;
+  constexpr int kW = Cfg::kWarps;
+  constexpr int kVB = Cfg::kVBytes;
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const DevicePlan& plan = a.plan;
+  const int item = blockIdx.x;
+  if (item >= plan.counts[1]) return;
+  const int b = plan.item_req[item];
+  int kv_lo = plan.item_a[item];
+  const int kv_hi = plan.item_b[item];
+  const int partial = plan.item_partial[item];
+  const int kv_len = kv_len_of(plan, b, a.page_size);
+  if (a.window_left >= 0) kv_lo = max(kv_lo, kv_len - 1 - a.window_left);
+  const int n = max(kv_hi - kv_lo, 0);
+
+  const int hkv = blockIdx.y;
+  const int group_size = a.num_qo_heads / a.num_kv_heads;
+  const int ng = min(Cfg::kRows, group_size);
+  const int head0 = hkv * group_size;
+  const int row = plan.qo_indptr[b];
+  const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int quad = lane % 4, g = lane / 4;
+
+  unsigned char* pipe = smem;
+  unsigned char* wbase = pipe + warp * Cfg::kWarpBytes;
+
+  // ---- Q^T as the B operand: head g, head dims of chunk quad + 4 (kk / 4), word kk % 4 ----
+  uint32_t qb[D / 16][2];
+  {
+    const T* qg = static_cast<const T*>(a.q) + int64_t(row) * a.q_stride_n +
+                  int64_t(head0 + g) * a.q_stride_h;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int d = (quad + 4 * (kk / 4)) * 16 + (kk % 4) * 4;
+      uint2 v{0u, 0u};
+      if (g < ng) v = *reinterpret_cast<const uint2*>(qg + d);
+      qb[kk][0] = v.x;
+      qb[kk][1] = v.y;
+    }
+  }
+
+  const int ntiles = (n + Cfg::kKeys - 1) / Cfg::kKeys;
+  const int nmy = warp < ntiles ? (ntiles - warp + kW - 1) / kW : 0;
+  const int ps = a.page_size;
+  const KV* kg = static_cast<const KV*>(a.k.data) + int64_t(hkv) * a.k.head_stride;
+  const KV* vg = static_cast<const KV*>(a.v.data) + int64_t(hkv) * a.v.head_stride;
+
+  auto fetch_page = [&](int li) -> int {
+    const int key = (warp + kW * li) * Cfg::kKeys + (lane & 15);
+    return (li < nmy && key < n) ? __ldg(pages + (kv_lo + key) / ps) : -1;
+  };
+  auto stage_k = [&](int st) { return wbase + st * Cfg::kStageBytes; };
+  auto stage_v = [&](int st) { return wbase + st * Cfg::kStageBytes + Cfg::kTileBytes; };
+  auto issue = [&](int li, int page) {
+    const int key = (warp + kW * li) * Cfg::kKeys + (lane & 15);
+    int64_t off = -1;
+    if (page >= 0) {
+      const int64_t o = (kv_lo + key) % ps;
+      off = lane < 16 ? page * a.k.page_stride + o * a.k.token_stride
+                      : page * a.v.page_stride + o * a.v.token_stride;
+    }
+    unsigned char* kd = stage_k(li % kS);
+    unsigned char* vd = stage_v(li % kS);
+#pragma unroll
+    for (int j = 0; j < Cfg::kCopies; ++j) {
+      const int idx = lane + 32 * j;
+      const int r = idx / Cfg::kRowChunks, c = idx % Cfg::kRowChunks;
+      const int64_t ko = __shfl_sync(0xffffffffu, off, r);
+      const int64_t vo = __shfl_sync(0xffffffffu, off, 16 + r);
+      cp_async16(kd + r * D + tct_ksw<D>(r, c) * 16, ko < 0 ? kg : kg + ko + c * 16, ko >= 0);
+      cp_async16(vd + r * D + tct_vsw<D>(r, c) * 16, vo < 0 ? vg : vg + vo + c * 16, vo >= 0);
+    }
+  };
+
+  // Lane state: heads 2 quad + e; m is uniform over the 8 lanes of a quad column, l is partial.
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  float o[D / 16][4];  // O^T m-tile t: [0..1] dim g*kVB + 2t, [2..3] dim g*kVB + 2t + 1
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kS - 1; ++s) {
+    if (s < nmy) issue(s, fetch_page(s));
+    cp_async_commit();
+  }
+  int pg = fetch_page(kS - 1);
+
+  for (int li = 0; li < nmy; ++li) {
+    __syncwarp();
+    const int nx = li + kS - 1;
+    if (nx < nmy) issue(nx, pg);
+    cp_async_commit();
+    pg = fetch_page(nx + 1);
+    cp_async_wait<kS - 1>();
+    __syncwarp();
+
+    const unsigned char* kt = stage_k(li % kS);
+    const unsigned char* vt = stage_v(li % kS);
+
+    // S^T = K Q^T: rows = keys g and g + 8, columns = heads 2 quad, 2 quad + 1.
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j) {
+      const int c = quad + 4 * j;
+      const uint4 k0 = *reinterpret_cast<const uint4*>(kt + g * D + tct_ksw<D>(g, c) * 16);
+      const uint4 k1 =
+          *reinterpret_cast<const uint4*>(kt + (g + 8) * D + tct_ksw<D>(g + 8, c) * 16);
+      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&k0);
+      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&k1);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t ka[4];
+        ka[0] = widen2<T>(__byte_perm(w0[w], 0u, 0x1404));
+        ka[1] = widen2<T>(__byte_perm(w1[w], 0u, 0x1404));
+        ka[2] = widen2<T>(__byte_perm(w0[w], 0u, 0x3424));
+        ka[3] = widen2<T>(__byte_perm(w1[w], 0u, 0x3424));
+        mma16816<T>(s, ka, qb[4 * j + w][0], qb[4 * j + w][1]);
+      }
+    }
+    const int kb0 = (warp + kW * li) * Cfg::kKeys;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = kb0 + g + 8 * (e / 2);
+      s[e] = key < n ? xf(s[e]) : neg_inf();
+    }
+    // Lazy online softmax: move the reference only when a logit exceeds it by more than 2^8.
+    const bool grow = fmaxf(s[0], s[2]) > m[0] + 8.f || fmaxf(s[1], s[3]) > m[1] + 8.f;
+    if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float mx = fmaxf(s[e], s[e + 2]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        if (mx > m[e]) {
+          const float scale = exp2_diff(m[e], mx);
+          m[e] = mx;
+          l[e] *= scale;
+#pragma unroll
+          for (int t = 0; t < D / 16; ++t) {
+            o[t][e] *= scale;
+            o[t][2 + e] *= scale;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = exp2_diff(s[e], m[e & 1]);
+    l[0] += s[0] + s[2];
+    l[1] += s[1] + s[3];
+    // P^T as the B operand: b0 = keys 2 quad, +1 of head g; b1 = keys 8 + 2 quad, +1.
+    const uint32_t pb0 = movmatrix_t(pack2<T>(s[0], s[1]));
+    const uint32_t pb1 = movmatrix_t(pack2<T>(s[2], s[3]));
+
+    // O^T += V^T P^T: lane needs V bytes [g * kVB, +kVB) of keys 2 quad, +1, +8, +9.
+    const int r0 = 2 * quad;
+#pragma unroll
+    for (int p = 0; p < (kVB >= 16 ? kVB / 16 : 1); ++p) {
+      uint32_t x[4][kVB >= 16 ? 4 : 2];  // keys r0, r0 + 1, r0 + 8, r0 + 9
+#pragma unroll
+      for (int kr = 0; kr < 4; ++kr) {
+        const int r = r0 + (kr & 1) + 8 * (kr >> 1);
+        const int byte = g * kVB + p * 16;
+        const unsigned char* src = vt + r * D + tct_vsw<D>(r, byte / 16) * 16 + byte % 16;
+        if constexpr (kVB >= 16) {
+          const uint4 v = *reinterpret_cast<const uint4*>(src);
+          x[kr][0] = v.x; x[kr][1] = v.y; x[kr][2] = v.z; x[kr][3] = v.w;
+        } else {
+          const uint2 v = *reinterpret_cast<const uint2*>(src);
+          x[kr][0] = v.x; x[kr][1] = v.y;
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < (kVB >= 16 ? 4 : 2); ++w) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          // m-tile t: row g = byte 2 hf, row g + 8 = byte 2 hf + 1 of word w.
+          const int t = (p * 16 + w * 4) / 2 + hf;
+          const uint32_t s0 = 0x4000u + 0x1010u * (2 * hf);
+          const uint32_t s1 = 0x4000u + 0x1010u * (2 * hf + 1);
+          uint32_t va[4];
+          va[0] = widen2<T>(__byte_perm(x[0][w], x[1][w], s0));
+          va[1] = widen2<T>(__byte_perm(x[0][w], x[1][w], s1));
+          va[2] = widen2<T>(__byte_perm(x[2][w], x[3][w], s0));
+          va[3] = widen2<T>(__byte_perm(x[2][w], x[3][w], s1));
+          mma16816<T>(o[t], va, pb0, pb1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // ---- merge the 4 warps' states in shared memory ----
+  float* red = reinterpret_cast<float*>(pipe);  // [kW][8][D]
+  float* ml = red + kW * Cfg::kRows * D;        // [kW][8][2]
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 4);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 8);
+    l[e] += __shfl_xor_sync(0xffffffffu, l[e], 16);
+    const int h = 2 * quad + e;
+    if (g == 0) {
+      ml[(warp * Cfg::kRows + h) * 2] = m[e];
+      ml[(warp * Cfg::kRows + h) * 2 + 1] = l[e];
+    }
+    float* dst = red + (warp * Cfg::kRows + h) * D + g * kVB;
+#pragma unroll
+    for (int t = 0; t < D / 16; ++t) {
+      *reinterpret_cast<float2*>(dst + 2 * t) = make_float2(o[t][e], o[t][2 + e]);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < ng * D; idx += Cfg::kThreads) {
+    const int hh = idx / D, d = idx % D;
+    float mm = neg_inf();
+#pragma unroll
+    for (int w = 0; w < kW; ++w) mm = fmaxf(mm, ml[(w * Cfg::kRows + hh) * 2]);
+    float lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      const float f = exp2_diff(ml[(w * Cfg::kRows + hh) * 2], mm);
+      lsum += ml[(w * Cfg::kRows + hh) * 2 + 1] * f;
+      acc += red[(w * Cfg::kRows + hh) * D + d] * f;
+    }
+    const int head = head0 + hh;
+    if (partial < 0) {
+      float lse;
+      const float f = finalize_state(mm, lsum, a.sinks, head, a.v_scale, lse);
+      T* op = static_cast<T*>(a.out) + int64_t(row) * a.o_stride_n + int64_t(head) * a.o_stride_h;
+      if constexpr (std::is_same_v<T, __half>) {
+        op[d] = __float2half_rn(acc * f);
+      } else {
+        op[d] = __float2bfloat16_rn(acc * f);
+      }
+      if (d == 0 && a.lse != nullptr) a.lse[row * a.lse_stride_n + head * a.lse_stride_h] = lse;
+    } else {
+      const bool empty = mm == neg_inf() || lsum <= 0.f;
+      const size_t base = size_t(partial) * a.num_qo_heads + head;
+      a.partial_o[base * D + d] = empty ? 0.f : acc / lsum * a.v_scale;
+      if (d == 0) a.partial_lse[base] = empty ? neg_inf() : mm + log2f(lsum);
+    }
+  }
+}
+
+}  // namespace pagoda::kernels::cuda::detail
