@@ -61,6 +61,48 @@ __device__ __forceinline__ int tct_vsw(int r, int c) {
   return c ^ ((q & 1) << 1);
 }
 
+template <typename T>
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 x = __hmul2(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&x);
+}
+/// e4m3 -> T field placement constants: shift of bytes 0/2 (multiply, FMA pipe), shift of bytes
+/// 1/3 (right shift), exponent/mantissa mask, 2^(bias_T - 7) with the sign OR-ed in.
+template <typename T>
+struct TctWiden;
+template <>
+struct TctWiden<__nv_bfloat16> {
+  static constexpr uint32_t kMulEven = 16u, kShiftOdd = 4u, kMask = 0x07F007F0u, kOne = 0x7B807B80u;
+};
+template <>
+struct TctWiden<__half> {
+  static constexpr uint32_t kMulEven = 128u, kShiftOdd = 1u, kMask = 0x3F803F80u, kOne = 0x5C005C00u;
+};
+/// (a & b) | c in one LOP3 (the compiler splits it in two when b and c are both immediates).
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+/// Bytes 0 and 2 of w -> two T values (exact for all finite e4m3; checked on the host for every
+/// code): magnitude fields placed with a multiply (FMA pipe, off the busy ALU pipe), the sign
+/// folded into the +-2^(bias_T - 7) multiplier. `sign` = 0x80008000, `one` = TctWiden::kOne, in
+/// registers so that and_or stays one instruction.
+template <typename T>
+__device__ __forceinline__ uint32_t widen_even(uint32_t w, uint32_t sign, uint32_t one) {
+  using C = TctWiden<T>;
+  const uint32_t mag = (w * C::kMulEven) & C::kMask;
+  return hmul2_bits<T>(mag, and_or(w * 256u, sign, one));
+}
+/// Bytes 1 and 3 of w -> two T values (the right shift as a high multiply, FMA pipe).
+template <typename T>
+__device__ __forceinline__ uint32_t widen_odd(uint32_t w, uint32_t sign, uint32_t one) {
+  using C = TctWiden<T>;
+  const uint32_t mag = __umulhi(w, 1u << (32 - C::kShiftOdd)) & C::kMask;
+  return hmul2_bits<T>(mag, and_or(w, sign, one));
+}
+
 __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
@@ -109,8 +151,9 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
       const int d = (quad + 4 * (kk / 4)) * 16 + (kk % 4) * 4;
       uint2 v{0u, 0u};
       if (g < ng) v = *reinterpret_cast<const uint2*>(qg + d);
-      qb[kk][0] = v.x;
-      qb[kk][1] = v.y;
+      // K pairs are (d0, d2) and (d1, d3) of each 4-byte word (see widen_even / widen_odd).
+      qb[kk][0] = __byte_perm(v.x, v.y, 0x5410);
+      qb[kk][1] = __byte_perm(v.x, v.y, 0x7632);
     }
   }
 
@@ -148,6 +191,9 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
   };
 
   // Lane state: heads 2 quad + e; m is uniform over the 8 lanes of a quad column, l is partial.
+  // Kept in registers (opaque to constant folding) so that each and_or is a single LOP3.
+  uint32_t ksign = 0x80008000u, kone = TctWiden<T>::kOne;
+  asm volatile("" : "+r"(ksign), "+r"(kone));
   float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
   float o[D / 16][4];  // O^T m-tile t: [0..1] dim g*kVB + 2t, [2..3] dim g*kVB + 2t + 1
 #pragma unroll
@@ -185,10 +231,10 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         uint32_t ka[4];
-        ka[0] = widen2<T>(__byte_perm(w0[w], 0u, 0x1404));
-        ka[1] = widen2<T>(__byte_perm(w1[w], 0u, 0x1404));
-        ka[2] = widen2<T>(__byte_perm(w0[w], 0u, 0x3424));
-        ka[3] = widen2<T>(__byte_perm(w1[w], 0u, 0x3424));
+        ka[0] = widen_even<T>(w0[w], ksign, kone);
+        ka[1] = widen_even<T>(w1[w], ksign, kone);
+        ka[2] = widen_odd<T>(w0[w], ksign, kone);
+        ka[3] = widen_odd<T>(w1[w], ksign, kone);
         mma16816<T>(s, ka, qb[4 * j + w][0], qb[4 * j + w][1]);
       }
     }
@@ -247,17 +293,20 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
       }
 #pragma unroll
       for (int w = 0; w < (kVB >= 16 ? 4 : 2); ++w) {
+        // [key r0 bytes 0-1 | key r0+1 bytes 0-1] and the same for bytes 2-3 (and keys r0+8, +9).
+        const uint32_t u[2][2] = {{__byte_perm(x[0][w], x[1][w], 0x5410),
+                                   __byte_perm(x[0][w], x[1][w], 0x7632)},
+                                  {__byte_perm(x[2][w], x[3][w], 0x5410),
+                                   __byte_perm(x[2][w], x[3][w], 0x7632)}};
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           // m-tile t: row g = byte 2 hf, row g + 8 = byte 2 hf + 1 of word w.
           const int t = (p * 16 + w * 4) / 2 + hf;
-          const uint32_t s0 = 0x4000u + 0x1010u * (2 * hf);
-          const uint32_t s1 = 0x4000u + 0x1010u * (2 * hf + 1);
           uint32_t va[4];
-          va[0] = widen2<T>(__byte_perm(x[0][w], x[1][w], s0));
-          va[1] = widen2<T>(__byte_perm(x[0][w], x[1][w], s1));
-          va[2] = widen2<T>(__byte_perm(x[2][w], x[3][w], s0));
-          va[3] = widen2<T>(__byte_perm(x[2][w], x[3][w], s1));
+          va[0] = widen_even<T>(u[0][hf], ksign, kone);
+          va[1] = widen_odd<T>(u[0][hf], ksign, kone);
+          va[2] = widen_even<T>(u[1][hf], ksign, kone);
+          va[3] = widen_odd<T>(u[1][hf], ksign, kone);
           mma16816<T>(o[t], va, pb0, pb1);
         }
       }

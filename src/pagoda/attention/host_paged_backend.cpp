@@ -1,0 +1,110 @@
+#include "pagoda/attention/host_paged_backend.h"
+
+#include "pagoda/attention/kv_access.h"
+#include "pagoda/core/error.h"
+#include "pagoda/kv/kv_pool.h"
+
+namespace pagoda::attention {
+namespace {
+
+bool same_shape(const AttentionShape& a, const AttentionShape& b) {
+  return a.num_qo_heads == b.num_qo_heads && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim_qk == b.head_dim_qk && a.head_dim_v == b.head_dim_v &&
+         a.q_dtype == b.q_dtype && a.kv_dtype == b.kv_dtype && a.out_dtype == b.out_dtype;
+}
+
+}  // namespace
+
+BackendCapabilities full_host_capabilities() {
+  BackendCapabilities c;
+  c.q_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
+  c.kv_dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4M3, DType::kFp8E5M2};
+  c.mla = true;
+  c.sliding_window = true;
+  c.logit_cap = true;
+  c.sinks = true;
+  c.non_causal = true;
+  c.custom_mask = true;
+  c.max_topk = 1 << 20;
+  c.multi_step_draft = true;
+  c.mixed_batches = true;
+  c.cuda_graph = false;
+  c.lse = true;
+  c.device = "cpu";
+  return c;
+}
+
+HostPagedBackend::HostPagedBackend(const BackendContext& ctx, std::string name,
+                                   BackendCapabilities caps,
+                                   std::unique_ptr<BatchAttention> attention)
+    : ctx_(ctx), name_(std::move(name)), caps_(std::move(caps)), attn_(std::move(attention)) {
+  PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
+                 "backend '{}' needs a KvPool and a ReqToTokenTable in its BackendContext", name_);
+  PAGODA_REQUIRE(ctx.kv_pool->device().is_cpu(), kUnsupported,
+                 "backend '{}' runs on host pools only (pool is on {}); use 'cuda'", name_,
+                 ctx.kv_pool->device().to_string());
+}
+
+void HostPagedBackend::init_forward_metadata(const ForwardBatch& batch) {
+  plan_ = build_paged_plan(batch, *ctx_.req_to_token, ctx_.kv_pool->page_size());
+  planned_ = true;
+  planned_shape_.reset();  // the BatchAttention is planned on the first layer of the step
+  planned_mode_ = batch.mode;
+  planned_tokens_ = batch.num_tokens();
+}
+
+void HostPagedBackend::forward_extend(const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const AttentionLayer& layer,
+                                      const ForwardBatch& batch, const TensorView& out,
+                                      SaveKv save) {
+  run(q, k, v, layer, batch, out, save);
+}
+
+void HostPagedBackend::forward_decode(const TensorView& q, const TensorView& k,
+                                      const TensorView& v, const AttentionLayer& layer,
+                                      const ForwardBatch& batch, const TensorView& out,
+                                      SaveKv save) {
+  run(q, k, v, layer, batch, out, save);
+}
+
+void HostPagedBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
+                           const AttentionLayer& layer, const ForwardBatch& batch,
+                           const TensorView& out, SaveKv save) {
+  const TensorView lse = lse_;
+  lse_ = TensorView();  // the LSE output applies to one forward only
+  PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
+                 kFailedPrecondition,
+                 "backend '{}': forward({}, {} tokens) without init_forward_metadata for it",
+                 name_, forward_mode_name(batch.mode), batch.num_tokens());
+  kv::KvPool& pool = *ctx_.kv_pool;
+  PAGODA_REQUIRE(layer.is_mla == (pool.config().layout == kv::KvLayout::kMla), kInvalidArgument,
+                 "layer {} is {} but the pool is {}", layer.layer_id, layer.is_mla ? "MLA" : "MHA",
+                 layer.is_mla ? "MHA" : "MLA");
+  PAGODA_REQUIRE(!layer.is_mla || layer.num_kv_heads == 1, kInvalidArgument,
+                 "MLA layer {} must have one kv head, has {}", layer.layer_id, layer.num_kv_heads);
+  const AttentionShape shape{.num_qo_heads = layer.num_q_heads,
+                             .num_kv_heads = layer.num_kv_heads,
+                             .head_dim_qk = layer.head_dim_qk,
+                             .head_dim_v = layer.head_dim_v,
+                             .q_dtype = q.dtype(),
+                             .kv_dtype = pool.config().dtype,
+                             .out_dtype = out.dtype()};
+  if (!planned_shape_ || !same_shape(*planned_shape_, shape)) {
+    attn_->plan(plan_.input(), shape);
+    planned_shape_ = shape;
+  }
+  const PagedCacheViews views = paged_cache_views(pool, layer, plan_.page_size);
+  // Validate the run's tensors before mutating the pool, then write the new K/V, then attend.
+  PAGODA_REQUIRE(q.rank() == 3 && q.size(0) == batch.num_tokens() &&
+                     q.size(1) == layer.num_q_heads && q.size(2) == layer.head_dim_qk,
+                 kInvalidArgument, "q {} is not [{}, {}, {}]", q.describe(), batch.num_tokens(),
+                 layer.num_q_heads, layer.head_dim_qk);
+  PAGODA_REQUIRE(out.rank() == 3 && out.size(0) == batch.num_tokens() &&
+                     out.size(1) == layer.num_q_heads && out.size(2) == layer.head_dim_v,
+                 kInvalidArgument, "out {} is not [{}, {}, {}]", out.describe(),
+                 batch.num_tokens(), layer.num_q_heads, layer.head_dim_v);
+  if (save == SaveKv::kYes) save_new_kv(pool, layer, batch, k, v);
+  attn_->run(q, views.k, views.v, out, lse, run_params_for(layer));
+}
+
+}  // namespace pagoda::attention

@@ -1,0 +1,60 @@
+#pragma once
+/// HostPagedBackend: an AttentionBackend for host KV pools over any BatchAttention. It is the
+/// whole backend logic the reference and cpu backends share:
+///   init_forward_metadata: build_paged_plan (ForwardBatch + ReqToTokenTable -> CSR), once/step;
+///   forward (per layer):   validate tensors, write the new K/V (save_new_kv), plan the
+///                          BatchAttention for the layer's shape (only when it differs from the
+///                          last one planned this step), run it over the pool's paged views.
+/// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
+/// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "pagoda/attention/backend.h"
+#include "pagoda/attention/batch_attention.h"
+#include "pagoda/attention/paged_plan.h"
+
+namespace pagoda::attention {
+
+/// Capabilities of a host backend that implements every BatchAttention feature: f32/f16/bf16
+/// queries, f32/f16/bf16/fp8 KV, MLA, window, soft cap, sinks, non-causal, tree mask,
+/// multi-step draft with any topk, mixed batches, LSE, any page size and head dim.
+BackendCapabilities full_host_capabilities();
+
+class HostPagedBackend : public AttentionBackend {
+ public:
+  /// `ctx.kv_pool` and `ctx.req_to_token` must be non-null host objects that outlive the backend
+  /// (Error(kInvalidArgument) otherwise; Error(kUnsupported) for a device pool).
+  HostPagedBackend(const BackendContext& ctx, std::string name, BackendCapabilities caps,
+                   std::unique_ptr<BatchAttention> attention);
+
+  std::string name() const override { return name_; }
+  const BackendCapabilities& capabilities() const override { return caps_; }
+  /// Builds the step's PagedPlan; throws on bad input, keeping the previous plan.
+  void init_forward_metadata(const ForwardBatch& batch) override;
+  void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out, SaveKv save) override;
+  void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out, SaveKv save) override;
+
+ private:
+  void run(const TensorView& q, const TensorView& k, const TensorView& v,
+           const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& out,
+           SaveKv save);
+
+  BackendContext ctx_;
+  std::string name_;
+  BackendCapabilities caps_;
+  std::unique_ptr<BatchAttention> attn_;
+  PagedPlan plan_;
+  bool planned_ = false;
+  std::optional<AttentionShape> planned_shape_;  ///< shape attn_ is planned for this step
+  ForwardMode planned_mode_ = ForwardMode::kIdle;
+  int planned_tokens_ = 0;
+};
+
+}  // namespace pagoda::attention
