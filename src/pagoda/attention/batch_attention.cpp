@@ -73,3 +73,67 @@ void merge_state(const TensorView& v_a, const TensorView& s_a, const TensorView&
 }
 
 }  // namespace pagoda::attention
+
+namespace pagoda::attention {
+namespace {
+
+bool is_activation_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+}  // namespace
+
+void validate_plan_input(const PagedPlanInput& in, const AttentionShape& s, std::string_view who) {
+  const int bs = in.batch_size();
+  PAGODA_REQUIRE(bs >= 0 && static_cast<int>(in.kv_indptr.size()) == bs + 1 &&
+                     static_cast<int>(in.kv_last_page_len.size()) == bs,
+                 kInvalidArgument,
+                 "{} plan: qo_indptr {} / kv_indptr {} / kv_last_page_len {} sizes disagree", who,
+                 in.qo_indptr.size(), in.kv_indptr.size(), in.kv_last_page_len.size());
+  PAGODA_REQUIRE(in.page_size >= 1, kInvalidArgument, "{} plan: page size {} < 1", who,
+                 in.page_size);
+  PAGODA_REQUIRE(s.num_qo_heads > 0 && s.num_kv_heads > 0 && s.num_qo_heads % s.num_kv_heads == 0,
+                 kInvalidArgument, "{} plan: Hq {} must be a positive multiple of Hkv {}", who,
+                 s.num_qo_heads, s.num_kv_heads);
+  PAGODA_REQUIRE(s.head_dim_qk > 0 && s.head_dim_v > 0, kInvalidArgument,
+                 "{} plan: head dims {}/{} must be positive", who, s.head_dim_qk, s.head_dim_v);
+  PAGODA_REQUIRE(is_activation_dtype(s.q_dtype) && is_activation_dtype(s.out_dtype) &&
+                     dtype_is_float(s.kv_dtype),
+                 kUnsupported,
+                 "{} plan: dtypes q {} kv {} out {} unsupported (q/out f32, f16, bf16; kv also "
+                 "fp8_e4m3, fp8_e5m2)",
+                 who, s.q_dtype, s.kv_dtype, s.out_dtype);
+  PAGODA_REQUIRE(in.qo_indptr[0] == 0 && in.kv_indptr[0] == 0, kInvalidArgument,
+                 "{} plan: indptrs must start at 0", who);
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(in.qo_indptr[b + 1] >= in.qo_indptr[b] && in.kv_indptr[b + 1] >= in.kv_indptr[b],
+                   kInvalidArgument, "{} plan: indptrs decrease at request {}", who, b);
+    const int pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    const int last = in.kv_last_page_len[b];
+    PAGODA_REQUIRE(pages == 0 ? last == 0 : (last >= 1 && last <= in.page_size), kOutOfRange,
+                   "{} plan: request {} last_page_len {} outside [1, {}] ({} pages)", who, b, last,
+                   in.page_size, pages);
+  }
+  PAGODA_REQUIRE(static_cast<size_t>(in.kv_indptr[bs]) == in.kv_indices.size(), kInvalidArgument,
+                 "{} plan: kv_indices has {} entries, kv_indptr ends at {}", who,
+                 in.kv_indices.size(), in.kv_indptr[bs]);
+  for (int32_t p : in.kv_indices) {
+    PAGODA_REQUIRE(p >= 0, kOutOfRange, "{} plan: negative page id {}", who, p);
+  }
+  if (in.custom_mask.empty()) return;
+  PAGODA_REQUIRE(static_cast<int>(in.mask_indptr.size()) == bs + 1, kInvalidArgument,
+                 "{} plan: mask_indptr has {} entries, expected {}", who, in.mask_indptr.size(),
+                 bs + 1);
+  for (int b = 0; b < bs; ++b) {
+    const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
+    const int64_t kv = pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b];
+    const int64_t bits = int64_t{in.qo_indptr[b + 1] - in.qo_indptr[b]} * kv;
+    PAGODA_REQUIRE(in.mask_indptr[b] >= 0 &&
+                       in.mask_indptr[b + 1] - in.mask_indptr[b] >= (bits + 7) / 8 &&
+                       in.mask_indptr[b + 1] <= static_cast<int64_t>(in.custom_mask.size()),
+                   kOutOfRange, "{} plan: request {} mask bytes [{}, {}) too small for {} bits",
+                   who, b, in.mask_indptr[b], in.mask_indptr[b + 1], bits);
+  }
+}
+
+}  // namespace pagoda::attention

@@ -35,6 +35,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "pagoda/attention/layer.h"
 #include "pagoda/core/dtype.h"
@@ -75,6 +76,15 @@ struct RunParams {
   float k_scale = 1.f;
   float v_scale = 1.f;
 };
+
+/// Checks a plan against the conventions above: sizes of the CSR arrays, indptrs starting at 0
+/// and non-decreasing, kv_last_page_len in [1, page_size] (0 without pages), page ids >= 0,
+/// custom-mask segments large enough, Hq a positive multiple of Hkv, positive head dims, q/out
+/// f32/f16/bf16 and a float KV dtype. Throws Error (kInvalidArgument / kOutOfRange /
+/// kUnsupported) whose message starts with `who`. Backend-specific limits (head dims a kernel
+/// supports) are checked by the backend on top. Page ids against the cache are checked in run().
+void validate_plan_input(const PagedPlanInput& in, const AttentionShape& shape,
+                         std::string_view who);
 
 /// RunParams for a layer (sm_scale = scaling, window_left = sliding_window, ...).
 RunParams run_params_for(const AttentionLayer& layer);
