@@ -6,10 +6,10 @@
 ///   S^T = K Q^T   (m16 = 16 keys, n8 = 8 q heads, k16 = head dim)   -> D/16 MMAs per 16 keys
 ///   O^T = V^T P^T (m16 = 16 head dims, n8 = 8 q heads, k16 = 16 keys) -> D/16 MMAs per 16 keys
 /// (half the MMAs of decode_tc). Both A operands (K and V^T) are built straight from the fp8
-/// bytes in registers: a lane loads 16-byte chunks of the copied tile, pairs bytes with prmt and
-/// widens them with widen2 (no staging tile, no ldmatrix). The head-dim order inside the K·Q
-/// contraction is permuted (lane quad q owns chunks q, q + 4, ... of a key row) and Q is loaded in
-/// the same order; the V head dims a lane owns are d = g * D/8 + [0, D/8) (g = lane / 4), which
+/// bytes in registers: a lane loads 16-byte chunks of the copied tile, pairs V bytes with prmt and
+/// widens them with widen_even / widen_odd (no staging tile, no ldmatrix). The head-dim order inside the K·Q
+/// contraction is permuted (lane quad q owns chunks q, q + 4, ... of a key row; a 4-byte word
+/// feeds the pairs (d0, d2) and (d1, d3)) and Q is loaded in the same order; the V head dims a lane owns are d = g * D/8 + [0, D/8) (g = lane / 4), which
 /// fixes where O^T lands. P (S^T accumulator layout) becomes the B operand of the second MMA with
 /// two movmatrix transposes. Softmax is lazy: the reference max of a head only moves when a
 /// logit exceeds it by more than 2^8 (one warp vote per tile; rescale of O and l only then).
@@ -34,10 +34,10 @@ struct DecodeTctConfig {
   static constexpr int kCopies = kKeys * kRowChunks / 32;        // cp.async per lane per matrix
   static constexpr size_t kTileBytes = size_t(kKeys) * D;
   static constexpr size_t kStageBytes = 2 * kTileBytes;
-#ifndef PAGODA_TCT_STAGE_BUDGET
-#define PAGODA_TCT_STAGE_BUDGET 16384
-#endif
-  static constexpr int kStagesRaw = int(PAGODA_TCT_STAGE_BUDGET / kStageBytes);
+  // 12 KB ring per warp (3 stages at D 128): 48 KB per block, 4 blocks (16 warps) per SM. On the
+  // H200 this beat 16 KB (3 blocks/SM) by 11 % once the widening left the ALU pipe (NOTES v4).
+  static constexpr int kStageBudget = 12288;
+  static constexpr int kStagesRaw = int(kStageBudget / kStageBytes);
   static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > 8 ? 8 : kStagesRaw);
   static constexpr size_t kWarpBytes = kStages * kStageBytes;
   static constexpr size_t kPipeBytes = kWarps * kWarpBytes;
