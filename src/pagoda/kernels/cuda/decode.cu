@@ -8,7 +8,7 @@
 namespace pagoda::kernels::cuda::raw {
 
 bool fast_path(ElemType q, ElemType kv, int head_dim) {
-  return detail::dispatch_fast(q, kv, head_dim, []<typename T, typename KV, int D>() {
+  return detail::dispatch_fast(q, kv, head_dim, [&]<typename T, typename KV, int D>() {
     static_assert(D % 64 == 0 && sizeof(T) == 2 && sizeof(KV) <= 2);
   });
 }
