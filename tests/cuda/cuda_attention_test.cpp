@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 
 #include "cuda_test_util.h"
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
@@ -30,8 +31,11 @@ struct Result {
   std::string path;
 };
 
-Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr) {
+/// `tweak` may edit the host data (e.g. the custom mask) before upload and the reference.
+Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
+                   const std::function<void(HostData&)>& tweak = {}) {
   HostData h = make_host_data(p);
+  if (tweak) tweak(h);
   const DType out_dtype = p.q_dtype;
   const int hkv = p.mla ? 1 : p.hkv;
   Dev q(h.q.size()), k(h.k.size()), v(h.v.size());
@@ -84,8 +88,9 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr) {
   return r;
 }
 
-void expect_ok(const Problem& p, double tol, const char* want_path = nullptr) {
-  const Result r = run_problem(p);
+void expect_ok(const Problem& p, double tol, const char* want_path = nullptr,
+               const std::function<void(HostData&)>& tweak = {}) {
+  const Result r = run_problem(p, nullptr, tweak);
   EXPECT_TRUE(r.all_finite) << "path " << r.path;
   EXPECT_LT(r.rel_err, tol) << "path " << r.path;
   EXPECT_LT(r.lse_err, 1e-2) << "path " << r.path;
@@ -263,6 +268,110 @@ TEST(CudaExtend, TreeMaskVerify) {
   p.tree_mask = true;
   expect_ok(p, 2e-2, "prefill");
 }
+// Tree verify with the prefix columns all ones: key tiles inside the plan's mask_free_cols run
+// without per-logit bit tests. Covers G 4 / 1 / 8 (full, partial and inactive warps), prefixes
+// that are not multiples of the key tile or of 8 bits, an empty prefix, a window cutting
+// through the free columns, a logit cap, and every head dim.
+TEST(CudaExtend, TreeMaskFreePrefixColumns) {
+  // Host helper first (no GPU needed): a tree over the drafts sees prefix + its root.
+  {
+    Problem p = extend_problem({64, 16, 1, 5}, {1001, 130, 3, 0}, 16, 128, 71);
+    p.tree_mask = true;
+    const HostData h = make_host_data(p);
+    const std::vector<int32_t> f = backends::cuda::mask_free_columns(h.input(p.page_size));
+    ASSERT_EQ(f.size(), 4u);
+    EXPECT_EQ(f[0], 1001 + 1);
+    EXPECT_EQ(f[1], 130 + 1);
+    EXPECT_EQ(f[2], 3 + 1);  // one draft: the whole row is ones -> capped at kv_len
+    EXPECT_EQ(f[3], 0 + 1);
+  }
+  REQUIRE_GPU();
+  Problem g4 = extend_problem({64, 16, 7, 64}, {1001, 130, 0, 63}, 16, 128, 72);
+  g4.tree_mask = true;
+  expect_ok(g4, 2e-2, "prefill");
+  Problem g1 = extend_problem({40, 64, 33}, {777, 515, 64}, 1, 128, 73);  // partial warps
+  g1.hq = g1.hkv = 4;
+  g1.tree_mask = true;
+  expect_ok(g1, 2e-2, "prefill");
+  Problem g8 = extend_problem({64, 9}, {900, 257}, 16, 64, 74);
+  g8.hq = 16;
+  g8.hkv = 2;
+  g8.tree_mask = true;
+  expect_ok(g8, 2e-2, "prefill");
+  Problem w = extend_problem({64, 20}, {1001, 300}, 16, 128, 75);
+  w.tree_mask = true;
+  w.params.window_left = 333;  // the window edge falls inside the free columns
+  w.params.logit_cap = 20.f;
+  expect_ok(w, 2e-2, "prefill");
+  for (int d : {64, 128, 256}) {
+    Problem t = extend_problem({64, 13}, {700, 97}, 16, d, 76 + uint64_t(d));
+    t.tree_mask = true;
+    expect_ok(t, 2e-2, "prefill");
+  }
+}
+
+// Adversarial: some prefix bits are 0, so mask_free_cols is small or falls mid-tile; segments
+// are padded apart (mask_indptr offsets honoured) with 0xA5 junk between them.
+TEST(CudaExtend, TreeMaskHolesInPrefix) {
+  auto clear = [](HostData& h, int b, int kv, int row, int col) {
+    const int64_t bit = int64_t(row) * kv + col;
+    h.mask[size_t(h.mask_indptr[b] + (bit >> 3))] &= uint8_t(~(1u << (bit & 7)));
+  };
+  auto pad = [](HostData& h) {
+    std::vector<uint8_t> m;
+    std::vector<int64_t> ip{0};
+    for (size_t b = 0; b + 1 < h.mask_indptr.size(); ++b) {
+      m.insert(m.end(), h.mask.begin() + h.mask_indptr[b], h.mask.begin() + h.mask_indptr[b + 1]);
+      m.insert(m.end(), 3, uint8_t(0xA5));
+      ip.push_back(static_cast<int64_t>(m.size()));
+    }
+    h.mask = std::move(m);
+    h.mask_indptr = std::move(ip);
+  };
+  std::vector<int> qo{64, 64, 33, 64, 64, 64}, prefix{1001, 700, 450, 513, 900, 256};
+  std::vector<int> kv(qo.size());
+  for (size_t i = 0; i < qo.size(); ++i) kv[i] = qo[i] + prefix[i];
+  // Requests: free 200 (mid-tile), 0, 128 (tile boundary, last row), prefix - 1 (one before the
+  // end), ~1% random holes, and untouched (prefix + 1).
+  auto tweak = [&](HostData& h) {
+    pad(h);
+    clear(h, 0, kv[0], 37, 200);
+    clear(h, 1, kv[1], 0, 0);
+    clear(h, 2, kv[2], qo[2] - 1, 128);
+    clear(h, 3, kv[3], 5, prefix[3] - 1);
+    std::mt19937 rng(99);
+    for (int n = 0; n < qo[4] * prefix[4] / 100; ++n) {
+      clear(h, 4, kv[4], int(rng() % qo[4]), 300 + int(rng() % (prefix[4] - 300)));
+    }
+    clear(h, 4, kv[4], 63, 300);
+  };
+  {
+    Problem p = extend_problem(qo, prefix, 16, 128, 81);
+    p.tree_mask = true;
+    HostData h = make_host_data(p);
+    tweak(h);
+    const std::vector<int32_t> f = backends::cuda::mask_free_columns(h.input(p.page_size));
+    ASSERT_EQ(f.size(), qo.size());
+    EXPECT_EQ(f[0], 200);
+    EXPECT_EQ(f[1], 0);
+    EXPECT_EQ(f[2], 128);
+    EXPECT_EQ(f[3], prefix[3] - 1);
+    EXPECT_EQ(f[4], 300);
+    EXPECT_EQ(f[5], prefix[5] + 1);
+  }
+  REQUIRE_GPU();
+  for (int d : {64, 128, 256}) {
+    Problem p = extend_problem(qo, prefix, 16, d, 81);
+    p.tree_mask = true;
+    expect_ok(p, 2e-2, "prefill", tweak);
+  }
+  Problem g1 = extend_problem(qo, prefix, 1, 128, 82);  // G 1: partial warps
+  g1.hq = g1.hkv = 4;
+  g1.tree_mask = true;
+  g1.params.window_left = 400;
+  expect_ok(g1, 2e-2, "prefill", tweak);
+}
+
 // 128-row tiles (D <= 128: 4 warps x 32 rows) with partial warps, warp-level causal / window
 // skipping, page size 1 gathers, group sizes 4 and 8, and every head dim with a tree mask.
 TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {

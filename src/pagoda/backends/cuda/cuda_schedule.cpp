@@ -1,6 +1,7 @@
 #include "pagoda/backends/cuda/cuda_schedule.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "pagoda/kernels/cuda/attention_params.h"
 
@@ -23,6 +24,52 @@ std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in) {
     len[b] = pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b];
   }
   return len;
+}
+
+namespace {
+
+/// Number of consecutive 1 bits of `bits` starting at bit `start`, stopping at `limit`.
+int64_t leading_ones(const uint8_t* bits, int64_t start, int64_t limit) {
+  int64_t n = 0;
+  // Unaligned head, bit by bit.
+  while (n < limit && ((start + n) & 7) != 0) {
+    const int64_t bit = start + n;
+    if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return n;
+    ++n;
+  }
+  // Whole bytes (8 at a time, then 1 at a time).
+  while (n + 64 <= limit) {
+    uint64_t w;
+    std::memcpy(&w, bits + ((start + n) >> 3), 8);
+    if (w != ~uint64_t{0}) break;
+    n += 64;
+  }
+  while (n + 8 <= limit && bits[(start + n) >> 3] == 0xFF) n += 8;
+  // Tail (or the first byte holding a 0), bit by bit.
+  while (n < limit) {
+    const int64_t bit = start + n;
+    if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return n;
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in) {
+  if (in.custom_mask.empty()) return {};
+  const int bs = in.batch_size();
+  const std::vector<int32_t> len = kv_lengths(in);
+  std::vector<int32_t> free(static_cast<size_t>(std::max(bs, 0)), 0);
+  for (int b = 0; b < bs; ++b) {
+    const int qo = in.qo_indptr[b + 1] - in.qo_indptr[b];
+    const int64_t kv = len[b];
+    const uint8_t* seg = in.custom_mask.data() + in.mask_indptr[b];
+    int64_t c = kv;
+    for (int i = 0; i < qo && c > 0; ++i) c = leading_ones(seg, int64_t(i) * kv, c);
+    free[b] = static_cast<int32_t>(c);
+  }
+  return free;
 }
 
 namespace {

@@ -38,6 +38,11 @@ struct Schedule {
 /// kv_len of every request of a validated plan input.
 std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in);
 
+/// Per request of a validated input with a custom mask: the largest c <= kv_len such that every
+/// row's bits in columns [0, c) are 1 (a tree verify's cached prefix). The prefill kernel runs key
+/// tiles inside [0, c) without per-logit mask tests. Empty when there is no custom mask.
+std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in);
+
 /// Builds the schedule. Decode path: every request has qo_len <= 1 and there is no custom mask;
 /// requests are cut into equal token chunks (smallest chunk with
 /// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 16)), so

@@ -37,6 +37,10 @@ struct DevicePlan {
   const int32_t* merge_req = nullptr;       ///< merge row -> request
   const int32_t* merge_begin = nullptr;     ///< first partial slot of that request
   const int32_t* merge_count = nullptr;     ///< number of partial slots
+  /// [bs] per request (read only with custom_mask): the largest c <= kv_len such that every
+  /// row's mask bits in columns [0, c) are 1 (a tree verify's cached prefix), so key tiles inside
+  /// [0, c) skip the per-logit bit tests. nullptr = 0 for every request.
+  const int32_t* mask_free_cols = nullptr;
 };
 
 /// Arguments of one attention launch (one layer of one planned step).

@@ -10,9 +10,10 @@
 /// to the query type while staging). Page offsets of tile i+2 are fetched into registers during
 /// tile i, so any page size (1 included) gathers per key row. Causal / window bounds skip whole
 /// tiles per block and per warp; masks (bottom-right causal, window, packed custom bits, kv tail)
-/// are evaluated only on tiles that need them for that warp. Softmax in base 2 with the
-/// sm_scale * log2(e) factor folded into the exponent's FFMA; P stays in registers as the A
-/// operand of P.V.
+/// are evaluated only on tiles that need them for that warp; a custom mask's all-ones leading
+/// columns (DevicePlan::mask_free_cols, a tree verify's prefix) need no per-logit bit tests.
+/// Softmax in base 2 with the sm_scale * log2(e) factor folded into the exponent's FFMA; P stays
+/// in registers as the A operand of P.V.
 
 #include <type_traits>
 
@@ -196,7 +197,23 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
     store_offsets(1, 1, p1);
   }
 
-  for (int i = 0; i < ntiles; ++i) {
+  // Custom mask: the first nfree tiles lie inside the columns every row sees (host-computed
+  // DevicePlan::mask_free_cols, a tree verify's prefix), so they run as unmasked tiles (causal
+  // does not apply under a custom mask; the window, kv tail and rows still do). The two phases
+  // are separate loop copies (phase unrolled), so the mask-free test costs no register in the
+  // per-tile code (the D = 128 instantiations sit at 255 registers).
+  const int nfree = mask.bits != nullptr && plan.mask_free_cols != nullptr
+                        ? max(0, (min(hi, plan.mask_free_cols[b]) - lo) / kKeys)
+                        : 0;
+  int i = 0;
+#pragma unroll
+  for (int phase = 0; phase < 2; ++phase) {
+  MaskInfo mk = mask;
+  if (phase == 0) {
+    mk.bits = nullptr;
+    mk.causal = false;
+  }
+  for (; i < (phase == 0 ? nfree : ntiles); ++i) {
     const int buf = i & 1;
     __syncthreads();  // offsets of tile i+1 visible; buffers of tile i-1 free
     const bool more = i + 1 < ntiles;
@@ -248,10 +265,10 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
       }
 
       // Mask only where some pair of this warp's rows x the tile's keys is hidden.
-      const bool full = mask.bits == nullptr && kb0 + kSub <= hi &&
+      const bool full = mk.bits == nullptr && kb0 + kSub <= hi &&
                         wr0 + Cfg::kWarpRows <= rows &&
-                        (!mask.causal || kb0 + kSub - 1 <= qoff + wt_first) &&
-                        (mask.window < 0 || kb0 >= qoff + wt_last - mask.window);
+                        (!mk.causal || kb0 + kSub - 1 <= qoff + wt_first) &&
+                        (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         if (capped) {
@@ -270,7 +287,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
-                if (kj >= hi || pr >= rows || !mask.visible(tok, kj)) s[mt][j][2 * h + e] = neg_inf();
+                if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) s[mt][j][2 * h + e] = neg_inf();
               }
             }
           }
@@ -359,6 +376,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
     __syncthreads();  // everyone done with offsets[buf] and tile buffers
     store_offsets(i + 2, buf, pnext);
   }
+  }  // phase
   cp_async_wait<0>();
 
   // ---- epilogue ----
