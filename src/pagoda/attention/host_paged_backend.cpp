@@ -15,7 +15,7 @@ bool same_shape(const AttentionShape& a, const AttentionShape& b) {
 
 }  // namespace
 
-BackendCapabilities full_host_capabilities() {
+BackendCapabilities full_feature_capabilities() {
   BackendCapabilities c;
   c.q_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
   c.kv_dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4M3, DType::kFp8E5M2};

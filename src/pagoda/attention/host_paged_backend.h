@@ -18,10 +18,11 @@
 
 namespace pagoda::attention {
 
-/// Capabilities of a host backend that implements every BatchAttention feature: f32/f16/bf16
-/// queries, f32/f16/bf16/fp8 KV, MLA, window, soft cap, sinks, non-causal, tree mask,
-/// multi-step draft with any topk, mixed batches, LSE, any page size and head dim.
-BackendCapabilities full_host_capabilities();
+/// Capabilities of a backend that implements every BatchAttention feature: f32/f16/bf16 queries,
+/// f32/f16/bf16/fp8 KV, MLA, window, soft cap, sinks, non-causal, tree mask, multi-step draft
+/// with any topk, mixed batches, LSE, any page size and head dim; device "cpu", no CUDA graphs
+/// (a device backend sets those two on top).
+BackendCapabilities full_feature_capabilities();
 
 class HostPagedBackend : public AttentionBackend {
  public:

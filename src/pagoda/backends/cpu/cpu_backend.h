@@ -22,7 +22,7 @@ class CpuBackend : public attention::HostPagedBackend {
 
   /// The CPU backend's capabilities (everything but CUDA graphs).
   static attention::BackendCapabilities static_capabilities() {
-    return attention::full_host_capabilities();
+    return attention::full_feature_capabilities();
   }
 };
 

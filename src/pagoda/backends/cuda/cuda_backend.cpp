@@ -1,5 +1,6 @@
 #include "pagoda/backends/cuda/cuda_backend.h"
 
+#include "pagoda/attention/host_paged_backend.h"
 #include "pagoda/attention/kv_access.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kv/kv_pool.h"
@@ -44,20 +45,8 @@ CudaBackend::~CudaBackend() {
 }
 
 BackendCapabilities CudaBackend::static_capabilities() {
-  BackendCapabilities c;
-  c.q_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
-  c.kv_dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kFp8E4M3, DType::kFp8E5M2};
-  c.mla = true;
-  c.sliding_window = true;
-  c.logit_cap = true;
-  c.sinks = true;
-  c.non_causal = true;
-  c.custom_mask = true;
-  c.max_topk = 1 << 20;
-  c.multi_step_draft = true;
-  c.mixed_batches = true;
+  BackendCapabilities c = full_feature_capabilities();
   c.cuda_graph = true;
-  c.lse = true;
   c.device = "cuda";
   return c;
 }

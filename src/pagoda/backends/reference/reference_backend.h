@@ -21,7 +21,7 @@ class ReferenceBackend : public attention::HostPagedBackend {
 
   /// The reference backend's capabilities (everything but CUDA graphs; any page size / dim).
   static attention::BackendCapabilities static_capabilities() {
-    return attention::full_host_capabilities();
+    return attention::full_feature_capabilities();
   }
 };
 
