@@ -18,6 +18,18 @@ PagedPlanInput PagedPlan::input() const {
                         .mask_indptr = mask_indptr};
 }
 
+PagedPlan PagedPlan::copy_of(const PagedPlanInput& in) {
+  PagedPlan p;
+  p.qo_indptr.assign(in.qo_indptr.begin(), in.qo_indptr.end());
+  p.kv_indptr.assign(in.kv_indptr.begin(), in.kv_indptr.end());
+  p.kv_indices.assign(in.kv_indices.begin(), in.kv_indices.end());
+  p.kv_last_page_len.assign(in.kv_last_page_len.begin(), in.kv_last_page_len.end());
+  p.custom_mask.assign(in.custom_mask.begin(), in.custom_mask.end());
+  p.mask_indptr.assign(in.mask_indptr.begin(), in.mask_indptr.end());
+  p.page_size = in.page_size;
+  return p;
+}
+
 namespace {
 
 /// Token-granular rows: row r has qo_lens[r] queries and keys slots[tok_indptr[r], tok_indptr[r+1]).

@@ -26,7 +26,17 @@ struct PagedPlan {
   /// (e.g. a multi-step draft branch); the caller then views the pool as [num_slots, 1, H, D].
   int page_size = 1;
 
+  /// A view of the owned arrays (valid while this plan lives and is not modified).
   PagedPlanInput input() const;
+  /// An owning copy of `in`: what a BatchAttention keeps from plan().
+  static PagedPlan copy_of(const PagedPlanInput& in);
+  /// Number of requests (qo_indptr.size() - 1).
+  int batch_size() const { return static_cast<int>(qo_indptr.size()) - 1; }
+  /// Keys of request b: (pages - 1) * page_size + kv_last_page_len[b], 0 without pages.
+  int64_t kv_len(int b) const {
+    const int64_t pages = kv_indptr[b + 1] - kv_indptr[b];
+    return pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
+  }
 };
 
 /// Builds the plan for `batch` (decode, extend, mixed, verify with tree mask, draft steps).

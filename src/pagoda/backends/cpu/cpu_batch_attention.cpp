@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "pagoda/attention/paged_plan.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kernels/cpu/paged_attention.h"
 
@@ -20,11 +21,8 @@ namespace kc = pagoda::kernels::cpu;
 namespace {
 
 /// The planned step: owned copies of the CSR table plus the work partition and workspace.
-struct CpuPlan {
-  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_len;
-  std::vector<uint8_t> custom_mask;
-  std::vector<int64_t> mask_indptr;
-  int page_size = 1;
+struct CpuPlan : attention::PagedPlan {
+  std::vector<int32_t> kv_lens;  ///< keys per request
   int32_t max_page = -1;
   AttentionShape shape;
   std::vector<kc::CpuWorkItem> items;
@@ -32,7 +30,6 @@ struct CpuPlan {
   int num_partials = 0;
   int max_rows = 1;
   int num_threads = 1;
-  int batch_size() const { return static_cast<int>(qo_indptr.size()) - 1; }
 };
 
 void validate_plan(const PagedPlanInput& in, const AttentionShape& s) {
@@ -73,10 +70,10 @@ void build_schedule(CpuPlan& p, const CpuAttentionOptions& opt) {
           it.q_begin = q0;
           it.q_end = std::min(qo_len, q0 + qt);
           it.kv_begin = 0;
-          it.kv_end = p.kv_len[b];
+          it.kv_end = p.kv_lens[b];
           const int64_t rows = int64_t{it.kv_head_end - it.kv_head_begin} *
                                (it.group_end - it.group_begin) * (it.q_end - it.q_begin);
-          units.push_back({it, rows * std::max(1, p.kv_len[b])});
+          units.push_back({it, rows * std::max(1, p.kv_lens[b])});
         }
       }
     }
@@ -159,21 +156,12 @@ class CpuBatchAttention final : public attention::BatchAttention {
   void plan(const PagedPlanInput& in, const AttentionShape& shape) override {
     validate_plan(in, shape);
     CpuPlan p;
-    p.qo_indptr.assign(in.qo_indptr.begin(), in.qo_indptr.end());
-    p.kv_indptr.assign(in.kv_indptr.begin(), in.kv_indptr.end());
-    p.kv_indices.assign(in.kv_indices.begin(), in.kv_indices.end());
-    p.custom_mask.assign(in.custom_mask.begin(), in.custom_mask.end());
-    p.mask_indptr.assign(in.mask_indptr.begin(), in.mask_indptr.end());
-    p.page_size = in.page_size;
+    static_cast<attention::PagedPlan&>(p) = attention::PagedPlan::copy_of(in);
     p.shape = shape;
     p.num_threads = opt_.num_threads > 0 ? opt_.num_threads : omp_get_max_threads();
     for (int32_t id : p.kv_indices) p.max_page = std::max(p.max_page, id);
-    p.kv_len.resize(std::max(0, p.batch_size()));
-    for (int b = 0; b < p.batch_size(); ++b) {
-      const int64_t pages = in.kv_indptr[b + 1] - in.kv_indptr[b];
-      p.kv_len[b] = static_cast<int32_t>(
-          pages == 0 ? 0 : (pages - 1) * in.page_size + in.kv_last_page_len[b]);
-    }
+    p.kv_lens.resize(std::max(0, p.batch_size()));
+    for (int b = 0; b < p.batch_size(); ++b) p.kv_lens[b] = static_cast<int32_t>(p.kv_len(b));
     build_schedule(p, opt_);
     // Workspace: grown here (host, may allocate), never in run().
     const int64_t scratch = kc::cpu_attention_scratch_floats(p.max_rows, p.max_rows,
@@ -250,7 +238,7 @@ void CpuBatchAttention::run(const TensorView& q, const TensorView& k_cache,
   p.qo_indptr = plan_.qo_indptr.data();
   p.kv_indptr = plan_.kv_indptr.data();
   p.kv_indices = plan_.kv_indices.data();
-  p.kv_len = plan_.kv_len.data();
+  p.kv_len = plan_.kv_lens.data();
   if (!plan_.custom_mask.empty()) {
     p.mask = kc::CpuMask::kCustom;
     p.custom_mask = plan_.custom_mask.data();

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "pagoda/attention/paged_plan.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 
@@ -17,17 +18,8 @@ using attention::RunParams;
 namespace {
 
 /// The planned step, owned (plan() copies its input).
-struct OwnedPlan {
-  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len;
-  std::vector<uint8_t> custom_mask;
-  std::vector<int64_t> mask_indptr;
-  int page_size = 1;
+struct OwnedPlan : attention::PagedPlan {
   AttentionShape shape;
-  int batch_size() const { return static_cast<int>(qo_indptr.size()) - 1; }
-  int64_t kv_len(int b) const {
-    const int64_t pages = kv_indptr[b + 1] - kv_indptr[b];
-    return pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
-  }
 };
 
 void validate_plan(const PagedPlanInput& in, const AttentionShape& s) {
@@ -58,13 +50,7 @@ class ReferenceBatchAttention final : public attention::BatchAttention {
   void plan(const PagedPlanInput& in, const AttentionShape& shape) override {
     validate_plan(in, shape);
     OwnedPlan p;
-    p.qo_indptr.assign(in.qo_indptr.begin(), in.qo_indptr.end());
-    p.kv_indptr.assign(in.kv_indptr.begin(), in.kv_indptr.end());
-    p.kv_indices.assign(in.kv_indices.begin(), in.kv_indices.end());
-    p.kv_last_page_len.assign(in.kv_last_page_len.begin(), in.kv_last_page_len.end());
-    p.custom_mask.assign(in.custom_mask.begin(), in.custom_mask.end());
-    p.mask_indptr.assign(in.mask_indptr.begin(), in.mask_indptr.end());
-    p.page_size = in.page_size;
+    static_cast<attention::PagedPlan&>(p) = attention::PagedPlan::copy_of(in);
     p.shape = shape;
     plan_ = std::move(p);
     planned_ = true;
