@@ -28,18 +28,6 @@ fi
 cmake -S . -B build-dev -G Ninja -DPAGODA_CUDA=OFF -DPAGODA_BUILD_TESTS=OFF \
   -DPAGODA_BUILD_BENCH=OFF >"$OUT_DIR/build.log" 2>&1
 PAGODA=build-dev/pagoda
-if ! ninja -C build-dev pagoda >>"$OUT_DIR/build.log" 2>&1; then
-  # The full CLI failed to build (another subcommand broken): build only what `kernels` needs.
-  echo "full CLI build failed; building the kernels-only driver" | tee -a "$OUT_DIR/build.log"
-  ninja -C build-dev pagoda_backend_cpu pagoda_backend_reference >>"$OUT_DIR/build.log" 2>&1
-  L=build-dev/src/pagoda
-  hwy_flags=$(pkg-config --cflags --libs libhwy)
-  g++ -O2 -std=c++20 -fopenmp -DFMT_SHARED -DPAGODA_CLI_HAVE_CPU_BACKEND -DPAGODA_CLI_HAVE_BLAS \
-    -Isrc bench/kernels_main.cpp src/pagoda/cli/kernels_command.cpp \
-    $L/backends/cpu/libpagoda_backend_cpu.a $L/backends/reference/libpagoda_backend_reference.a \
-    $L/attention/libpagoda_attention.a $L/kv/libpagoda_kv.a $L/platform/libpagoda_platform.a \
-    $L/kernels/cpu/libpagoda_kernels_cpu.a $L/core/libpagoda_core.a $hwy_flags -lfmt -lopenblas \
-    -o build-dev/pagoda_kernels >>"$OUT_DIR/build.log" 2>&1
-  PAGODA=build-dev/pagoda_kernels
-fi
+ninja -C build-dev pagoda >>"$OUT_DIR/build.log" 2>&1 ||
+  { grep -E "error|FAILED" "$OUT_DIR/build.log" | head -20; exit 1; }
 PYTHONUNBUFFERED=1 python3 bench/cpu_vs_torch.py --pagoda "$PAGODA" --out "$OUT_DIR" --threads "$@"
