@@ -20,15 +20,33 @@ inline Status cuda_status(cudaError_t e, const char* what) {
 /// Throws Error(kInternal) when `e` is not cudaSuccess (API boundary only).
 inline void cuda_check(cudaError_t e, const char* what) { cuda_status(e, what).throw_if_error(); }
 
-/// Device memory from cudaMalloc; move-only. Never reallocated behind a user's back.
-class CudaBuffer {
+/// Where a CudaMemory allocates: device memory (cudaMalloc) or page-locked host memory
+/// (cudaMallocHost).
+struct DeviceMemory {
+  static constexpr const char* kName = "cudaMalloc";
+  static cudaError_t alloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void free(void* p) { (void)cudaFree(p); }
+};
+struct PinnedHostMemory {
+  static constexpr const char* kName = "cudaMallocHost";
+  static cudaError_t alloc(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void free(void* p) { (void)cudaFreeHost(p); }
+};
+
+/// An owned CUDA allocation of the kind `Kind` names; move-only. Never reallocated behind a
+/// user's back: only reset() changes the pointer.
+template <typename Kind>
+class CudaMemory {
  public:
-  CudaBuffer() = default;
-  explicit CudaBuffer(size_t bytes) { reset(bytes); }
-  CudaBuffer(const CudaBuffer&) = delete;
-  CudaBuffer& operator=(const CudaBuffer&) = delete;
-  CudaBuffer(CudaBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr; o.bytes_ = 0; }
-  CudaBuffer& operator=(CudaBuffer&& o) noexcept {
+  CudaMemory() = default;
+  explicit CudaMemory(size_t bytes) { reset(bytes); }
+  CudaMemory(const CudaMemory&) = delete;
+  CudaMemory& operator=(const CudaMemory&) = delete;
+  CudaMemory(CudaMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  CudaMemory& operator=(CudaMemory&& o) noexcept {
     if (this != &o) {
       release();
       ptr_ = o.ptr_;
@@ -38,15 +56,15 @@ class CudaBuffer {
     }
     return *this;
   }
-  ~CudaBuffer() { release(); }
-  /// Frees and allocates `bytes` (throws Error(kResourceExhausted) when cudaMalloc fails).
+  ~CudaMemory() { release(); }
+  /// Frees and allocates `bytes` (throws Error(kResourceExhausted) when the allocation fails).
   void reset(size_t bytes) {
     release();
     if (bytes == 0) return;
-    const cudaError_t e = cudaMalloc(&ptr_, bytes);
+    const cudaError_t e = Kind::alloc(&ptr_, bytes);
     if (e != cudaSuccess) {
       ptr_ = nullptr;
-      throw_error(ErrorCode::kResourceExhausted, "cudaMalloc({} bytes): {}", bytes,
+      throw_error(ErrorCode::kResourceExhausted, "{}({} bytes): {}", Kind::kName, bytes,
                   cudaGetErrorString(e));
     }
     bytes_ = bytes;
@@ -56,7 +74,7 @@ class CudaBuffer {
 
  private:
   void release() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+    if (ptr_ != nullptr) Kind::free(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
   }
@@ -64,35 +82,9 @@ class CudaBuffer {
   size_t bytes_ = 0;
 };
 
-/// Page-locked host memory from cudaMallocHost; move-only.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() { release(); }
-  void reset(size_t bytes) {
-    release();
-    if (bytes == 0) return;
-    const cudaError_t e = cudaMallocHost(&ptr_, bytes);
-    if (e != cudaSuccess) {
-      ptr_ = nullptr;
-      throw_error(ErrorCode::kResourceExhausted, "cudaMallocHost({} bytes): {}", bytes,
-                  cudaGetErrorString(e));
-    }
-    bytes_ = bytes;
-  }
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void release() {
-    if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+/// Device memory (cudaMalloc).
+using CudaBuffer = CudaMemory<DeviceMemory>;
+/// Page-locked host memory (cudaMallocHost), the staging side of async uploads.
+using PinnedBuffer = CudaMemory<PinnedHostMemory>;
 
 }  // namespace pagoda::backends::cuda
