@@ -1,6 +1,7 @@
 #include "pagoda/attention/batch_attention.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 
 #include "pagoda/core/error.h"
@@ -134,6 +135,48 @@ void validate_plan_input(const PagedPlanInput& in, const AttentionShape& s, std:
                    kOutOfRange, "{} plan: request {} mask bytes [{}, {}) too small for {} bits",
                    who, b, in.mask_indptr[b], in.mask_indptr[b + 1], bits);
   }
+}
+
+namespace {
+
+void require_tensor(const TensorView& t, std::initializer_list<int64_t> dims, DType dtype,
+                    DeviceKind device, std::string_view who, std::string_view what) {
+  PAGODA_REQUIRE(t.device().kind == device, kUnsupported, "{} attention: {} {} is on the wrong device",
+                 who, what, t.describe());
+  PAGODA_REQUIRE(t.dtype() == dtype, kInvalidArgument, "{} attention: {} {} has dtype {}, planned {}",
+                 who, what, t.describe(), t.dtype(), dtype);
+  PAGODA_REQUIRE(t.rank() == static_cast<int>(dims.size()), kInvalidArgument,
+                 "{} attention: {} {} has rank {}, expected {}", who, what, t.describe(), t.rank(),
+                 dims.size());
+  int d = 0;
+  for (int64_t want : dims) {
+    PAGODA_REQUIRE(want < 0 || t.size(d) == want, kInvalidArgument,
+                   "{} attention: {} {}: dim {} is {}, expected {}", who, what, t.describe(), d,
+                   t.size(d), want);
+    ++d;
+  }
+}
+
+}  // namespace
+
+void validate_run_args(const AttentionShape& s, int64_t nnz, int page_size, DeviceKind device,
+                       const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                       const TensorView& out, const TensorView& lse, const RunParams& params,
+                       std::string_view who) {
+  require_tensor(q, {nnz, s.num_qo_heads, s.head_dim_qk}, s.q_dtype, device, who, "q");
+  require_tensor(out, {nnz, s.num_qo_heads, s.head_dim_v}, s.out_dtype, device, who, "out");
+  require_tensor(k_cache, {-1, page_size, s.num_kv_heads, s.head_dim_qk}, s.kv_dtype, device, who,
+                 "k_cache");
+  require_tensor(v_cache, {k_cache.size(0), page_size, s.num_kv_heads, s.head_dim_v}, s.kv_dtype,
+                 device, who, "v_cache");
+  if (!lse.empty()) require_tensor(lse, {nnz, s.num_qo_heads}, DType::kF32, device, who, "lse");
+  PAGODA_REQUIRE(params.sinks.empty() || static_cast<int>(params.sinks.size()) == s.num_qo_heads,
+                 kInvalidArgument, "{} attention: sinks has {} entries, expected Hq = {}", who,
+                 params.sinks.size(), s.num_qo_heads);
+  PAGODA_REQUIRE(params.window_left >= -1, kInvalidArgument, "{} attention: window_left {} < -1",
+                 who, params.window_left);
+  PAGODA_REQUIRE(params.logit_cap >= 0.f, kInvalidArgument, "{} attention: logit_cap {} < 0", who,
+                 params.logit_cap);
 }
 
 }  // namespace pagoda::attention

@@ -86,6 +86,17 @@ struct RunParams {
 void validate_plan_input(const PagedPlanInput& in, const AttentionShape& shape,
                          std::string_view who);
 
+/// Checks run() arguments against a plan: every tensor on a `device` device; q [nnz, Hq, Dqk]
+/// in q_dtype and out [nnz, Hq, Dv] in out_dtype; k_cache [pages, page_size, Hkv, Dqk] and
+/// v_cache [same pages, page_size, Hkv, Dv] in kv_dtype; lse [nnz, Hq] f32 unless empty; sinks
+/// empty or Hq entries; window_left >= -1; logit_cap >= 0. Throws Error (kInvalidArgument, or
+/// kUnsupported for the device) whose message starts with `who`. Page ids against the cache
+/// size are the caller's (it knows its plan's page ids).
+void validate_run_args(const AttentionShape& shape, int64_t nnz, int page_size, DeviceKind device,
+                       const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
+                       const TensorView& out, const TensorView& lse, const RunParams& params,
+                       std::string_view who);
+
 /// RunParams for a layer (sm_scale = scaling, window_left = sliding_window, ...).
 RunParams run_params_for(const AttentionLayer& layer);
 

@@ -127,22 +127,8 @@ void build_schedule(CpuPlan& p, const CpuAttentionOptions& opt) {
   for (const Unit& u : work) p.items.push_back(u.item);
 }
 
-void require_view(const TensorView& t, std::initializer_list<int64_t> dims, DType dtype,
-                  const char* what) {
-  PAGODA_REQUIRE(t.device().is_cpu(), kUnsupported, "cpu attention: {} {} is not on the CPU",
-                 what, t.describe());
-  PAGODA_REQUIRE(t.dtype() == dtype, kInvalidArgument, "cpu attention: {} {} has dtype {}, planned {}",
-                 what, t.describe(), t.dtype(), dtype);
-  PAGODA_REQUIRE(t.rank() == static_cast<int>(dims.size()), kInvalidArgument,
-                 "cpu attention: {} {} has rank {}, expected {}", what, t.describe(), t.rank(),
-                 dims.size());
-  int d = 0;
-  for (int64_t want : dims) {
-    PAGODA_REQUIRE(want < 0 || t.size(d) == want, kInvalidArgument,
-                   "cpu attention: {} {}: dim {} is {}, expected {}", what, t.describe(), d,
-                   t.size(d), want);
-    ++d;
-  }
+/// The CPU kernels read rows with unit stride.
+void require_contiguous_rows(const TensorView& t, const char* what) {
   PAGODA_REQUIRE(t.numel() == 0 || t.stride(-1) == 1, kUnsupported,
                  "cpu attention: {} {} needs a contiguous last dimension (stride {})", what,
                  t.describe(), t.stride(-1));
@@ -195,20 +181,13 @@ void CpuBatchAttention::run(const TensorView& q, const TensorView& k_cache,
   PAGODA_REQUIRE(planned_, kFailedPrecondition, "cpu attention: run() before plan()");
   const AttentionShape& s = plan_.shape;
   const int64_t nnz = plan_.batch_size() >= 0 ? plan_.qo_indptr.back() : 0;
-  require_view(q, {nnz, s.num_qo_heads, s.head_dim_qk}, s.q_dtype, "q");
-  require_view(out, {nnz, s.num_qo_heads, s.head_dim_v}, s.out_dtype, "out");
-  require_view(k_cache, {-1, plan_.page_size, s.num_kv_heads, s.head_dim_qk}, s.kv_dtype,
-               "k_cache");
-  require_view(v_cache, {k_cache.size(0), plan_.page_size, s.num_kv_heads, s.head_dim_v},
-               s.kv_dtype, "v_cache");
-  if (!lse.empty()) require_view(lse, {nnz, s.num_qo_heads}, DType::kF32, "lse");
-  PAGODA_REQUIRE(params.sinks.empty() || static_cast<int>(params.sinks.size()) == s.num_qo_heads,
-                 kInvalidArgument, "cpu attention: sinks has {} entries, expected Hq = {}",
-                 params.sinks.size(), s.num_qo_heads);
-  PAGODA_REQUIRE(params.window_left >= -1, kInvalidArgument, "cpu attention: window_left {} < -1",
-                 params.window_left);
-  PAGODA_REQUIRE(params.logit_cap >= 0.f, kInvalidArgument, "cpu attention: logit_cap {} < 0",
-                 params.logit_cap);
+  attention::validate_run_args(s, nnz, plan_.page_size, DeviceKind::kCpu, q, k_cache, v_cache, out,
+                                lse, params, "cpu");
+  require_contiguous_rows(q, "q");
+  require_contiguous_rows(out, "out");
+  require_contiguous_rows(k_cache, "k_cache");
+  require_contiguous_rows(v_cache, "v_cache");
+  if (!lse.empty()) require_contiguous_rows(lse, "lse");
   PAGODA_REQUIRE(plan_.max_page < k_cache.size(0), kOutOfRange,
                  "cpu attention: page id {} outside the cache's {} pages", plan_.max_page,
                  k_cache.size(0));

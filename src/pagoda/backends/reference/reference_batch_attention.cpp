@@ -22,33 +22,13 @@ struct OwnedPlan : attention::PagedPlan {
   AttentionShape shape;
 };
 
-void validate_plan(const PagedPlanInput& in, const AttentionShape& s) {
-  attention::validate_plan_input(in, s, "reference");
-}
-
-void require_view(const TensorView& t, std::initializer_list<int64_t> dims, DType dtype,
-                  const char* what) {
-  PAGODA_REQUIRE(t.device().is_cpu(), kUnsupported, "reference attention: {} {} is not on the CPU",
-                 what, t.describe());
-  PAGODA_REQUIRE(t.dtype() == dtype, kInvalidArgument, "{} {} has dtype {}, planned {}", what,
-                 t.describe(), t.dtype(), dtype);
-  PAGODA_REQUIRE(t.rank() == static_cast<int>(dims.size()), kInvalidArgument,
-                 "{} {} has rank {}, expected {}", what, t.describe(), t.rank(), dims.size());
-  int d = 0;
-  for (int64_t want : dims) {
-    PAGODA_REQUIRE(want < 0 || t.size(d) == want, kInvalidArgument,
-                   "{} {}: dim {} is {}, expected {}", what, t.describe(), d, t.size(d), want);
-    ++d;
-  }
-}
-
 class ReferenceBatchAttention final : public attention::BatchAttention {
  public:
   explicit ReferenceBatchAttention(ReferenceFaults faults) : faults_(faults) {}
   std::string name() const override { return "reference"; }
 
   void plan(const PagedPlanInput& in, const AttentionShape& shape) override {
-    validate_plan(in, shape);
+    attention::validate_plan_input(in, shape, "reference");
     OwnedPlan p;
     static_cast<attention::PagedPlan&>(p) = attention::PagedPlan::copy_of(in);
     p.shape = shape;
@@ -75,19 +55,8 @@ void ReferenceBatchAttention::run(const TensorView& q, const TensorView& k_cache
   PAGODA_REQUIRE(planned_, kFailedPrecondition, "reference attention: run() before plan()");
   const AttentionShape& s = plan_.shape;
   const int64_t nnz = plan_.qo_indptr.back();
-  require_view(q, {nnz, s.num_qo_heads, s.head_dim_qk}, s.q_dtype, "q");
-  require_view(out, {nnz, s.num_qo_heads, s.head_dim_v}, s.out_dtype, "out");
-  require_view(k_cache, {-1, plan_.page_size, s.num_kv_heads, s.head_dim_qk}, s.kv_dtype,
-               "k_cache");
-  require_view(v_cache, {k_cache.size(0), plan_.page_size, s.num_kv_heads, s.head_dim_v},
-               s.kv_dtype, "v_cache");
-  if (!lse.empty()) require_view(lse, {nnz, s.num_qo_heads}, DType::kF32, "lse");
-  PAGODA_REQUIRE(params.sinks.empty() || static_cast<int>(params.sinks.size()) == s.num_qo_heads,
-                 kInvalidArgument, "sinks has {} entries, expected Hq = {}", params.sinks.size(),
-                 s.num_qo_heads);
-  PAGODA_REQUIRE(params.window_left >= -1, kInvalidArgument, "window_left {} < -1",
-                 params.window_left);
-  PAGODA_REQUIRE(params.logit_cap >= 0.f, kInvalidArgument, "logit_cap {} < 0", params.logit_cap);
+  attention::validate_run_args(s, nnz, plan_.page_size, DeviceKind::kCpu, q, k_cache, v_cache, out,
+                                lse, params, "reference");
   for (int32_t p : plan_.kv_indices) {
     PAGODA_REQUIRE(p < k_cache.size(0), kOutOfRange, "page id {} outside the cache's {} pages", p,
                    k_cache.size(0));
