@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config python3 libgtest-dev libgmock-dev
           libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
-          libomp-dev)
+          libomp-dev libpcre2-dev libicu-dev libsentencepiece-dev python3-pip)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -18,6 +18,18 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# The tokenizer tests' oracles (tests/unit/tokenizer/check_against_hf.py): the `tokenizers` and
+# `sentencepiece` packages, and mistral-common (6.5 MB, installed without its dependencies) for
+# the real Mistral tokenizer.model it ships.
+pip_install() {  # a Debian system Python refuses plain pip installs (PEP 668)
+  python3 -m pip install --quiet "$@" 2>/dev/null ||
+    python3 -m pip install --quiet --break-system-packages "$@"
+}
+python3 -c 'import tokenizers' 2>/dev/null || pip_install tokenizers
+python3 -c 'import sentencepiece' 2>/dev/null || pip_install sentencepiece
+python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mistral_common") is None)' ||
+  pip_install --no-deps mistral-common
 
 BUILD_DIR=${BUILD_DIR:-build}
 # shellcheck disable=SC2086

@@ -12,14 +12,16 @@ ALLOWED = {
     "kv": ["core", "platform"],
     "cache": ["core", "kv"],
     "attention": ["core", "platform", "kv"],
+    "tokenizer": ["core"],
     "kernels/common": ["core"],
     "kernels/cpu": ["core", "kernels/common"],
     "kernels/cuda": ["core", "kernels/common"],
     "backends": ["core", "platform", "kv", "attention", "kernels"],
     "spec": ["core", "platform", "kv", "cache", "attention"],
-    "model": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec"],
+    "model": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
+              "tokenizer"],
     "engine": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
-               "model"],
+               "model", "tokenizer"],
     "cli": ["*"],
 }
 # platform/cuda may launch the KV-write kernels it hosts.
