@@ -1,5 +1,7 @@
 #include "pagoda/model/config.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
@@ -21,37 +23,84 @@ int64_t ModelConfig::num_parameters() const {
   return embed + (tie_word_embeddings ? 0 : embed) + h + num_layers * per_layer;
 }
 
+namespace {
+
+/// a * b (both >= 0) capped at INT64_MAX instead of overflowing.
+int64_t sat_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+}  // namespace
+
+std::string_view hf_architecture_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kLlama:
+      return "LlamaForCausalLM";
+    case ModelFamily::kMistral:
+      return "MistralForCausalLM";
+    case ModelFamily::kQwen2:
+      return "Qwen2ForCausalLM";
+  }
+  return "?";
+}
+
 void ModelConfig::validate() const {
-  PAGODA_REQUIRE(vocab_size > 0, kInvalidArgument, "vocab_size must be > 0 (got {})", vocab_size);
-  PAGODA_REQUIRE(hidden_size > 0, kInvalidArgument, "hidden_size must be > 0 (got {})",
-                 hidden_size);
-  PAGODA_REQUIRE(intermediate_size > 0, kInvalidArgument,
-                 "intermediate_size must be > 0 (got {})", intermediate_size);
-  PAGODA_REQUIRE(num_layers > 0, kInvalidArgument, "num_layers must be > 0 (got {})", num_layers);
-  PAGODA_REQUIRE(num_q_heads > 0 && num_kv_heads > 0 && num_q_heads % num_kv_heads == 0,
-                 kInvalidArgument, "heads {} / kv heads {}: need kv > 0 dividing q", num_q_heads,
-                 num_kv_heads);
-  PAGODA_REQUIRE(head_dim > 0 && head_dim % 2 == 0, kInvalidArgument,
-                 "head_dim must be even and > 0 (got {})", head_dim);
-  PAGODA_REQUIRE(rms_norm_eps > 0.f, kInvalidArgument, "rms_norm_eps must be > 0");
-  PAGODA_REQUIRE(rope.theta > 0.0, kInvalidArgument, "rope theta must be > 0");
-  PAGODA_REQUIRE(rope.scaling == RopeScalingKind::kNone || rope.factor > 0.0, kInvalidArgument,
-                 "rope scaling factor must be > 0");
+  const auto in = [](int64_t v, int64_t hi) { return v > 0 && v <= hi; };
+  PAGODA_REQUIRE(in(vocab_size, kMaxVocabSize), kInvalidArgument,
+                 "vocab_size must be in [1, {}] (got {})", kMaxVocabSize, vocab_size);
+  PAGODA_REQUIRE(in(hidden_size, kMaxModelDim), kInvalidArgument,
+                 "hidden_size must be in [1, {}] (got {})", kMaxModelDim, hidden_size);
+  PAGODA_REQUIRE(in(intermediate_size, kMaxModelDim), kInvalidArgument,
+                 "intermediate_size must be in [1, {}] (got {})", kMaxModelDim, intermediate_size);
+  PAGODA_REQUIRE(in(num_layers, kMaxLayers), kInvalidArgument,
+                 "num_layers must be in [1, {}] (got {})", kMaxLayers, num_layers);
+  PAGODA_REQUIRE(
+      in(num_q_heads, kMaxHeads) && in(num_kv_heads, kMaxHeads) && num_q_heads % num_kv_heads == 0,
+      kInvalidArgument, "heads {} / kv heads {}: need kv > 0 dividing q (at most {})", num_q_heads,
+      num_kv_heads, kMaxHeads);
+  PAGODA_REQUIRE(in(head_dim, kMaxHeadDim) && head_dim % 2 == 0, kInvalidArgument,
+                 "head_dim must be even and in [2, {}] (got {})", kMaxHeadDim, head_dim);
+  const int64_t qd = int64_t{num_q_heads} * head_dim;
+  PAGODA_REQUIRE(sat_mul(qd, hidden_size) <= kMaxTensorElements &&
+                     sat_mul(vocab_size, hidden_size) <= kMaxTensorElements &&
+                     sat_mul(intermediate_size, hidden_size) <= kMaxTensorElements,
+                 kInvalidArgument,
+                 "a weight matrix would exceed {} elements (hidden {}, q width {}, vocab {}, "
+                 "intermediate {})",
+                 kMaxTensorElements, hidden_size, qd, vocab_size, intermediate_size);
+  PAGODA_REQUIRE(rms_norm_eps > 0.f && rms_norm_eps < 1.f, kInvalidArgument,
+                 "rms_norm_eps must be in (0, 1) (got {})", rms_norm_eps);
+  PAGODA_REQUIRE(rope.theta > 0.0 && std::isfinite(rope.theta), kInvalidArgument,
+                 "rope theta must be finite and > 0");
+  PAGODA_REQUIRE(
+      rope.scaling == RopeScalingKind::kNone || (rope.factor > 0.0 && std::isfinite(rope.factor)),
+      kInvalidArgument, "rope scaling factor must be finite and > 0");
   PAGODA_REQUIRE(rope.scaling != RopeScalingKind::kLlama3 ||
-                     (rope.high_freq_factor > rope.low_freq_factor &&
-                      rope.original_max_position > 0),
-                 kInvalidArgument, "llama3 rope scaling needs high_freq_factor > low_freq_factor");
-  PAGODA_REQUIRE(max_position_embeddings > 0, kInvalidArgument,
-                 "max_position_embeddings must be > 0");
+                     (rope.high_freq_factor > rope.low_freq_factor && rope.low_freq_factor > 0.0 &&
+                      std::isfinite(rope.high_freq_factor) && rope.original_max_position > 0),
+                 kInvalidArgument,
+                 "llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and "
+                 "original_max_position_embeddings > 0");
+  PAGODA_REQUIRE(in(max_position_embeddings, kMaxPositions), kInvalidArgument,
+                 "max_position_embeddings must be in [1, {}] (got {})", kMaxPositions,
+                 max_position_embeddings);
   PAGODA_REQUIRE(layer_window.empty() || static_cast<int>(layer_window.size()) == num_layers,
-                 kInvalidArgument, "layer_window has {} entries for {} layers",
-                 layer_window.size(), num_layers);
+                 kInvalidArgument, "layer_window has {} entries for {} layers", layer_window.size(),
+                 num_layers);
   for (int w : layer_window)
-    PAGODA_REQUIRE(w >= -1, kInvalidArgument, "sliding window {} < -1", w);
-  PAGODA_REQUIRE(attn_logit_softcap >= 0.f && final_logit_softcap >= 0.f, kInvalidArgument,
-                 "soft caps must be >= 0");
-  PAGODA_REQUIRE(bos_token_id < vocab_size && eos_token_id < vocab_size, kInvalidArgument,
-                 "bos/eos token ids must be < vocab_size {}", vocab_size);
+    PAGODA_REQUIRE(w >= -1 && w < kMaxPositions, kInvalidArgument,
+                   "sliding window {} outside [-1, {})", w, kMaxPositions);
+  PAGODA_REQUIRE(attn_logit_softcap >= 0.f && final_logit_softcap >= 0.f &&
+                     std::isfinite(attn_logit_softcap) && std::isfinite(final_logit_softcap),
+                 kInvalidArgument, "soft caps must be finite and >= 0");
+  PAGODA_REQUIRE(bos_token_id >= -1 && eos_token_id >= -1 && bos_token_id < vocab_size &&
+                     eos_token_id < vocab_size,
+                 kInvalidArgument, "bos/eos token ids {} / {} must be in [-1, vocab_size {})",
+                 bos_token_id, eos_token_id, vocab_size);
+  PAGODA_REQUIRE(
+      weights_dtype == DType::kF32 || weights_dtype == DType::kF16 || weights_dtype == DType::kBF16,
+      kInvalidArgument, "weights_dtype must be f32, f16 or bf16 (got {})", weights_dtype);
 }
 
 ModelConfig builtin_tiny_config() {
@@ -78,87 +127,439 @@ ModelConfig builtin_tiny_config() {
 
 namespace {
 
-template <typename T>
-T get_or(const nlohmann::json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  return it->get<T>();
+using nlohmann::json;
+
+/// A short printable form of a JSON value for error messages.
+std::string show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 40) s = s.substr(0, 37) + "...";
+  return s;
 }
 
-int first_token_id(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return -1;
-  if (it->is_array()) return it->empty() ? -1 : (*it)[0].get<int>();
-  return it->get<int>();
-}
+/// Reads typed, range-checked values from one JSON object; `where` prefixes key names in
+/// errors ("rope_scaling.factor").
+class Reader {
+ public:
+  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
 
-RopeConfig parse_rope(const nlohmann::json& j) {
-  RopeConfig r;
-  r.theta = get_or<double>(j, "rope_theta", 10000.0);
-  // transformers >= 5 folds rope_theta and rope_scaling into rope_parameters.
-  auto it = j.find("rope_parameters");
-  if (it != j.end() && it->is_object()) {
-    r.theta = get_or<double>(*it, "rope_theta", r.theta);
-  } else {
-    it = j.find("rope_scaling");
+  /// Present and not null.
+  bool has(const char* key) const {
+    auto it = j_.find(key);
+    return it != j_.end() && !it->is_null();
   }
-  if (it == j.end() || it->is_null()) return r;
-  const nlohmann::json& s = *it;
-  std::string type = get_or<std::string>(s, "rope_type", "");
-  if (type.empty()) type = get_or<std::string>(s, "type", "default");
+  /// Present with the value null.
+  bool explicitly_null(const char* key) const {
+    auto it = j_.find(key);
+    return it != j_.end() && it->is_null();
+  }
+  const json& at(const char* key) const { return *j_.find(key); }
+  std::string name(const char* key) const { return where_ + key; }
+
+  int64_t integer(const char* key, int64_t lo, int64_t hi) const {
+    PAGODA_REQUIRE(has(key), kInvalidArgument, "config.json: {} is required", name(key));
+    return integer_value(at(key), name(key), lo, hi);
+  }
+  int64_t integer_or(const char* key, int64_t fallback, int64_t lo, int64_t hi) const {
+    return has(key) ? integer(key, lo, hi) : fallback;
+  }
+  double number_or(const char* key, double fallback, double lo, double hi) const {
+    if (!has(key)) return fallback;
+    const json& v = at(key);
+    PAGODA_REQUIRE(v.is_number(), kInvalidArgument, "config.json: {} must be a number (got {})",
+                   name(key), show(v));
+    const double x = v.get<double>();
+    PAGODA_REQUIRE(std::isfinite(x) && x >= lo && x <= hi, kInvalidArgument,
+                   "config.json: {} = {} outside [{}, {}]", name(key), x, lo, hi);
+    return x;
+  }
+  bool boolean_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    PAGODA_REQUIRE(at(key).is_boolean(), kInvalidArgument,
+                   "config.json: {} must be true or false (got {})", name(key), show(at(key)));
+    return at(key).get<bool>();
+  }
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    PAGODA_REQUIRE(at(key).is_string(), kInvalidArgument,
+                   "config.json: {} must be a string (got {})", name(key), show(at(key)));
+    return at(key).get<std::string>();
+  }
+
+  static int64_t integer_value(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+    PAGODA_REQUIRE(v.is_number_integer(), kInvalidArgument,
+                   "config.json: {} must be an integer (got {})", name, show(v));
+    int64_t x = 0;
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      x = u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
+    } else {
+      x = v.get<int64_t>();
+    }
+    PAGODA_REQUIRE(x >= lo && x <= hi, kInvalidArgument, "config.json: {} = {} outside [{}, {}]",
+                   name, x, lo, hi);
+    return x;
+  }
+
+ private:
+  const json& j_;
+  std::string where_;
+};
+
+/// Keys whose value pagoda reads (each is checked where it is parsed).
+constexpr std::string_view kUnderstoodKeys[] = {
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "hidden_act",
+    "attention_bias",
+    "mlp_bias",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "bos_token_id",
+    "eos_token_id",
+    "torch_dtype",
+    "dtype",
+    "pretraining_tp",
+    "use_mrope",
+};
+
+/// Keys that never change the forward pass of these decoders (bookkeeping, training-only
+/// dropout and init, generation-time defaults, classification-head labels).
+constexpr std::string_view kHarmlessKeys[] = {
+    "transformers_version",
+    "_name_or_path",
+    "initializer_range",
+    "use_cache",
+    "pad_token_id",
+    "attention_dropout",
+    "embd_pdrop",
+    "resid_pdrop",
+    "hidden_dropout",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "use_return_dict",
+    "torchscript",
+    "tokenizer_class",
+    "chunk_size_feed_forward",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "task_specific_params",
+    "finetuning_task",
+    "prefix",
+    "is_decoder",
+    "tie_encoder_decoder",
+    "_attn_implementation_autoset",
+};
+
+template <size_t N>
+bool listed(const std::string_view (&list)[N], std::string_view key) {
+  for (std::string_view k : list)
+    if (k == key) return true;
+  return false;
+}
+
+ModelFamily parse_family(const Reader& r) {
+  if (r.has("architectures")) {
+    const json& a = r.at("architectures");
+    PAGODA_REQUIRE(a.is_array() && a.size() == 1 && a[0].is_string(), kInvalidArgument,
+                   "config.json: architectures must be a list of one name (got {})", show(a));
+    const std::string arch = a[0].get<std::string>();
+    for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kMistral, ModelFamily::kQwen2})
+      if (arch == hf_architecture_name(f)) return f;
+    throw_error(ErrorCode::kUnsupported,
+                "config.json: architectures '{}' is not supported (supported: LlamaForCausalLM, "
+                "MistralForCausalLM, Qwen2ForCausalLM)",
+                arch);
+  }
+  PAGODA_REQUIRE(r.has("model_type"), kInvalidArgument,
+                 "config.json has neither architectures nor model_type");
+  const std::string type = r.string_or("model_type", "");
+  if (type == "llama") return ModelFamily::kLlama;
+  if (type == "mistral") return ModelFamily::kMistral;
+  if (type == "qwen2") return ModelFamily::kQwen2;
+  throw_error(ErrorCode::kUnsupported,
+              "config.json: model_type '{}' is not supported (supported: llama, mistral, qwen2)",
+              type);
+}
+
+void check_model_type(const Reader& r, ModelFamily f) {
+  if (!r.has("model_type")) return;
+  const std::string type = r.string_or("model_type", "");
+  const char* want = f == ModelFamily::kLlama     ? "llama"
+                     : f == ModelFamily::kMistral ? "mistral"
+                                                  : "qwen2";
+  PAGODA_REQUIRE(type == want, kUnsupported,
+                 "config.json: model_type '{}' does not match architectures {} (expected '{}')",
+                 type, hf_architecture_name(f), want);
+}
+
+RopeConfig parse_rope(const Reader& top) {
+  RopeConfig r;
+  r.theta = top.number_or("rope_theta", 10000.0, 1e-9, 1e15);
+  const double partial = top.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
+  PAGODA_REQUIRE(partial == 1.0, kUnsupported,
+                 "config.json: partial_rotary_factor {} is not supported (only 1.0)", partial);
+  const bool params = top.has("rope_parameters");
+  PAGODA_REQUIRE(!(params && top.has("rope_scaling")), kUnsupported,
+                 "config.json: both rope_parameters and rope_scaling are set");
+  const char* key = params ? "rope_parameters" : "rope_scaling";
+  if (!top.has(key)) return r;
+  const json& s = top.at(key);
+  PAGODA_REQUIRE(s.is_object(), kInvalidArgument, "config.json: {} must be an object (got {})", key,
+                 show(s));
+  const Reader sr(s, std::string(key) + ".");
+  for (const auto& [k, v] : s.items()) {
+    static constexpr std::string_view kRopeKeys[] = {"type",
+                                                     "rope_type",
+                                                     "factor",
+                                                     "low_freq_factor",
+                                                     "high_freq_factor",
+                                                     "original_max_position_embeddings",
+                                                     "rope_theta",
+                                                     "partial_rotary_factor"};
+    PAGODA_REQUIRE(listed(kRopeKeys, k), kUnsupported,
+                   "config.json: {}.{} is not supported (it would change the rotary embedding)",
+                   key, k);
+  }
+  // transformers >= 5 keeps rope_theta inside rope_parameters.
+  r.theta = sr.number_or("rope_theta", r.theta, 1e-9, 1e15);
+  const double inner_partial = sr.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
+  PAGODA_REQUIRE(inner_partial == 1.0, kUnsupported,
+                 "config.json: {}.partial_rotary_factor {} is not supported (only 1.0)", key,
+                 inner_partial);
+  std::string type = sr.string_or("rope_type", "");
+  if (type.empty()) type = sr.string_or("type", "default");
   if (type == "default") return r;
-  r.factor = get_or<double>(s, "factor", 1.0);
+  r.factor = sr.number_or("factor", 1.0, 1e-6, 1e6);
   if (type == "linear") {
     r.scaling = RopeScalingKind::kLinear;
   } else if (type == "llama3") {
     r.scaling = RopeScalingKind::kLlama3;
-    r.low_freq_factor = get_or<double>(s, "low_freq_factor", 1.0);
-    r.high_freq_factor = get_or<double>(s, "high_freq_factor", 4.0);
-    r.original_max_position = get_or<int64_t>(s, "original_max_position_embeddings", 8192);
+    r.low_freq_factor = sr.number_or("low_freq_factor", 1.0, 1e-6, 1e6);
+    r.high_freq_factor = sr.number_or("high_freq_factor", 4.0, 1e-6, 1e6);
+    r.original_max_position =
+        sr.integer_or("original_max_position_embeddings", 8192, 1, kMaxPositions);
+  } else if (type == "dynamic") {
+    throw_error(ErrorCode::kUnsupported,
+                "config.json: {} type 'dynamic' (dynamic NTK) is not supported: its frequencies "
+                "depend on the sequence length, which a paged KV cache cannot follow "
+                "(supported: default, linear, llama3)",
+                key);
   } else {
     throw_error(ErrorCode::kUnsupported,
-                "rope_scaling type '{}' is not supported (supported: default, linear, llama3)",
-                type);
+                "config.json: {} type '{}' is not supported (supported: default, linear, llama3)",
+                key, type);
   }
   return r;
+}
+
+int parse_token_id(const Reader& r, const char* key, int64_t vocab) {
+  if (!r.has(key)) return -1;
+  const json& v = r.at(key);
+  if (v.is_array()) {
+    if (v.empty()) return -1;
+    for (const json& e : v) Reader::integer_value(e, r.name(key), 0, vocab - 1);
+    return static_cast<int>(Reader::integer_value(v[0], r.name(key), 0, vocab - 1));
+  }
+  return static_cast<int>(r.integer(key, 0, vocab - 1));
+}
+
+DType parse_weights_dtype(const Reader& r) {
+  const char* key = r.has("dtype") ? "dtype" : "torch_dtype";
+  const std::string s = r.string_or(key, "float32");
+  if (s == "float32") return DType::kF32;
+  if (s == "float16") return DType::kF16;
+  if (s == "bfloat16") return DType::kBF16;
+  throw_error(ErrorCode::kUnsupported,
+              "config.json: {} '{}' is not supported (supported: float32, float16, bfloat16)", key,
+              s);
+}
+
+/// Per-layer windows (FlashInfer convention, HF sliding_window - 1) by family:
+///   Llama: none (transformers' Llama has no sliding window; a non-null sliding_window is an
+///          error rather than silently different numbers).
+///   Mistral: sliding_window (default 4096; null = none) on every layer.
+///   Qwen2: only when use_sliding_window (default false): the layers l >= max_window_layers, or
+///          those layer_types marks.
+std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
+  PAGODA_REQUIRE(f != ModelFamily::kMistral || !r.has("layer_types"), kUnsupported,
+                 "config.json: layer_types on MistralForCausalLM is not supported "
+                 "(transformers' Mistral ignores it)");
+  std::vector<std::string> types;
+  if (r.has("layer_types")) {
+    const json& lt = r.at("layer_types");
+    PAGODA_REQUIRE(lt.is_array() && static_cast<int64_t>(lt.size()) == num_layers, kInvalidArgument,
+                   "config.json: layer_types must be a list of {} names", num_layers);
+    for (const json& e : lt) {
+      PAGODA_REQUIRE(e.is_string() && (e == "sliding_attention" || e == "full_attention"),
+                     kUnsupported,
+                     "config.json: layer_types entry {} is not supported (sliding_attention, "
+                     "full_attention)",
+                     show(e));
+      types.push_back(e.get<std::string>());
+    }
+  }
+  int64_t window = -1;  // HF sliding_window; -1 = none
+  bool enabled = false;
+  int64_t first_sliding = 0;
+  switch (f) {
+    case ModelFamily::kLlama:
+      PAGODA_REQUIRE(
+          !r.has("sliding_window") && !r.boolean_or("use_sliding_window", false), kUnsupported,
+          "config.json: sliding_window on LlamaForCausalLM is not supported "
+          "(transformers' Llama ignores it; use MistralForCausalLM or Qwen2ForCausalLM)");
+      PAGODA_REQUIRE(!r.has("max_window_layers"), kUnsupported,
+                     "config.json: max_window_layers is not a LlamaForCausalLM key");
+      for (const std::string& t : types)
+        PAGODA_REQUIRE(t == "full_attention", kUnsupported,
+                       "config.json: layer_types '{}' on LlamaForCausalLM is not supported", t);
+      return {};
+    case ModelFamily::kMistral:
+      PAGODA_REQUIRE(!r.has("use_sliding_window") && !r.has("max_window_layers"), kUnsupported,
+                     "config.json: use_sliding_window / max_window_layers are not "
+                     "MistralForCausalLM keys");
+      enabled = true;
+      // Absent: HF's default 4096; null (Mistral v0.2 and later): no window.
+      window = r.explicitly_null("sliding_window")
+                   ? -1
+                   : r.integer_or("sliding_window", 4096, 1, kMaxPositions);
+      break;
+    case ModelFamily::kQwen2:
+      enabled = r.boolean_or("use_sliding_window", false);
+      window = r.explicitly_null("sliding_window")
+                   ? -1
+                   : r.integer_or("sliding_window", 4096, 1, kMaxPositions);
+      first_sliding = r.integer_or("max_window_layers", 28, 0, kMaxLayers);
+      // transformers < 4.53 reads max_window_layers, later versions layer_types: they must agree.
+      if (enabled && window >= 0 && !types.empty() && r.has("max_window_layers")) {
+        for (int l = 0; l < num_layers; ++l)
+          PAGODA_REQUIRE((types[l] == "sliding_attention") == (l >= first_sliding), kUnsupported,
+                         "config.json: layer_types[{}] = {} disagrees with max_window_layers {}", l,
+                         types[l], first_sliding);
+      }
+      break;
+  }
+  if (!enabled || window < 0) return {};
+  std::vector<int> w(num_layers, -1);
+  for (int l = 0; l < num_layers; ++l) {
+    const bool sliding = types.empty() ? l >= first_sliding : types[l] == "sliding_attention";
+    if (sliding) w[l] = static_cast<int>(window - 1);
+  }
+  return w;
+}
+
+ModelConfig parse_config(const json& j) {
+  PAGODA_REQUIRE(j.is_object(), kInvalidArgument, "config.json must be a JSON object (got {})",
+                 show(j));
+  for (const auto& [k, v] : j.items())
+    PAGODA_REQUIRE(listed(kUnderstoodKeys, k) || listed(kHarmlessKeys, k), kUnsupported,
+                   "config.json: key '{}' is not supported (pagoda does not implement what it "
+                   "would change)",
+                   k);
+  const Reader r(j, "");
+  ModelConfig c;
+  c.family = parse_family(r);
+  check_model_type(r, c.family);
+  c.vocab_size = static_cast<int>(r.integer("vocab_size", 1, kMaxVocabSize));
+  c.hidden_size = static_cast<int>(r.integer("hidden_size", 1, kMaxModelDim));
+  c.intermediate_size = static_cast<int>(r.integer("intermediate_size", 1, kMaxModelDim));
+  c.num_layers = static_cast<int>(r.integer("num_hidden_layers", 1, kMaxLayers));
+  c.num_q_heads = static_cast<int>(r.integer("num_attention_heads", 1, kMaxHeads));
+  c.num_kv_heads =
+      static_cast<int>(r.integer_or("num_key_value_heads", c.num_q_heads, 1, kMaxHeads));
+  PAGODA_REQUIRE(c.num_q_heads % c.num_kv_heads == 0, kInvalidArgument,
+                 "config.json: num_key_value_heads {} does not divide num_attention_heads {}",
+                 c.num_kv_heads, c.num_q_heads);
+  const bool even_split = c.hidden_size % c.num_q_heads == 0;
+  if (r.has("head_dim")) {
+    c.head_dim = static_cast<int>(r.integer("head_dim", 1, kMaxHeadDim));
+    PAGODA_REQUIRE(c.family != ModelFamily::kQwen2 ||
+                       (even_split && c.head_dim == c.hidden_size / c.num_q_heads),
+                   kUnsupported,
+                   "config.json: head_dim {} != hidden_size {} / num_attention_heads {} is not "
+                   "supported for Qwen2ForCausalLM",
+                   c.head_dim, c.hidden_size, c.num_q_heads);
+  } else {
+    PAGODA_REQUIRE(even_split, kInvalidArgument,
+                   "config.json: hidden_size {} is not a multiple of num_attention_heads {} and "
+                   "head_dim is not given",
+                   c.hidden_size, c.num_q_heads);
+    c.head_dim = c.hidden_size / c.num_q_heads;
+  }
+  c.rms_norm_eps = static_cast<float>(r.number_or("rms_norm_eps", 1e-6, 1e-30, 0.5));
+  c.rope = parse_rope(r);
+  const int64_t default_max_pos = c.family == ModelFamily::kLlama     ? 2048
+                                  : c.family == ModelFamily::kMistral ? 4096 * 32
+                                                                      : 32768;
+  c.max_position_embeddings =
+      static_cast<int>(r.integer_or("max_position_embeddings", default_max_pos, 1, kMaxPositions));
+  c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
+  c.attn_logit_softcap = static_cast<float>(r.number_or("attn_logit_softcapping", 0.0, 0.0, 1e6));
+  c.final_logit_softcap = static_cast<float>(r.number_or("final_logit_softcapping", 0.0, 0.0, 1e6));
+  c.bos_token_id = parse_token_id(r, "bos_token_id", c.vocab_size);
+  c.eos_token_id = parse_token_id(r, "eos_token_id", c.vocab_size);
+  c.weights_dtype = parse_weights_dtype(r);
+
+  const std::string act = r.string_or("hidden_act", "silu");
+  PAGODA_REQUIRE(act == "silu", kUnsupported,
+                 "config.json: hidden_act '{}' is not supported "
+                 "(only silu)",
+                 act);
+  PAGODA_REQUIRE(!r.boolean_or("mlp_bias", false), kUnsupported,
+                 "config.json: mlp_bias true is not supported");
+  PAGODA_REQUIRE(r.integer_or("pretraining_tp", 1, INT64_MIN, INT64_MAX) == 1, kUnsupported,
+                 "config.json: pretraining_tp {} is not supported (only 1)",
+                 r.integer_or("pretraining_tp", 1, INT64_MIN, INT64_MAX));
+  PAGODA_REQUIRE(!r.boolean_or("use_mrope", false), kUnsupported,
+                 "config.json: use_mrope true (multimodal rope) is not supported");
+  const bool attention_bias = r.boolean_or("attention_bias", c.family == ModelFamily::kQwen2);
+  switch (c.family) {
+    case ModelFamily::kLlama:
+      c.qkv_bias = attention_bias;
+      break;
+    case ModelFamily::kMistral:
+      PAGODA_REQUIRE(!attention_bias, kUnsupported,
+                     "config.json: attention_bias true on MistralForCausalLM is not supported "
+                     "(transformers' Mistral has no q/k/v bias)");
+      break;
+    case ModelFamily::kQwen2:
+      PAGODA_REQUIRE(attention_bias, kUnsupported,
+                     "config.json: attention_bias false on Qwen2ForCausalLM is not supported "
+                     "(Qwen2 always has q/k/v biases)");
+      c.qkv_bias = true;
+      break;
+  }
+  c.layer_window = parse_windows(r, c.family, c.num_layers);
+  c.validate();
+  return c;
 }
 
 }  // namespace
 
 ModelConfig config_from_hf_json(const nlohmann::json& j) {
   try {
-    ModelConfig c;
-    c.vocab_size = j.at("vocab_size").get<int>();
-    c.hidden_size = j.at("hidden_size").get<int>();
-    c.intermediate_size = j.at("intermediate_size").get<int>();
-    c.num_layers = j.at("num_hidden_layers").get<int>();
-    c.num_q_heads = j.at("num_attention_heads").get<int>();
-    c.num_kv_heads = get_or<int>(j, "num_key_value_heads", c.num_q_heads);
-    c.head_dim = get_or<int>(j, "head_dim", c.num_q_heads > 0 ? c.hidden_size / c.num_q_heads : 0);
-    c.rms_norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
-    c.rope = parse_rope(j);
-    c.max_position_embeddings = get_or<int>(j, "max_position_embeddings", 4096);
-    c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-    c.attn_logit_softcap = get_or<float>(j, "attn_logit_softcapping", 0.f);
-    c.final_logit_softcap = get_or<float>(j, "final_logit_softcapping", 0.f);
-    c.bos_token_id = first_token_id(j, "bos_token_id");
-    c.eos_token_id = first_token_id(j, "eos_token_id");
-    PAGODA_REQUIRE(!get_or<bool>(j, "attention_bias", false) && !get_or<bool>(j, "mlp_bias", false),
-                   kUnsupported, "attention_bias / mlp_bias checkpoints are not supported");
-    const std::string act = get_or<std::string>(j, "hidden_act", "silu");
-    PAGODA_REQUIRE(act == "silu", kUnsupported, "hidden_act '{}' unsupported (only silu)", act);
-    const int window = get_or<int>(j, "sliding_window", -1);
-    const bool use_window = get_or<bool>(j, "use_sliding_window", true);
-    if (window > 0 && use_window) {
-      c.layer_window.assign(c.num_layers, window - 1);
-      auto lt = j.find("layer_types");
-      if (lt != j.end() && lt->is_array() && static_cast<int>(lt->size()) == c.num_layers) {
-        for (int l = 0; l < c.num_layers; ++l)
-          if ((*lt)[l].get<std::string>() != "sliding_attention") c.layer_window[l] = -1;
-      }
-    }
-    c.validate();
-    return c;
+    return parse_config(j);
   } catch (const nlohmann::json::exception& e) {
     throw_error(ErrorCode::kInvalidArgument, "config.json: {}", e.what());
   }

@@ -1,15 +1,41 @@
 #pragma once
-/// ModelConfig: the hyper-parameters of a Llama-family decoder (Llama 2/3, Mistral-style sliding
-/// window, optional Gemma-2-style soft caps). Filled from a Hugging Face config.json or from
-/// builtin_tiny_config(). A plain value; validate() checks it.
+/// ModelConfig: the hyper-parameters of a Llama-family decoder (Llama 2/3/3.1/3.2, Qwen2/2.5 with
+/// q/k/v biases, Mistral with a sliding window, optional Gemma-2-style soft caps). Filled from a
+/// Hugging Face config.json (strictly: see config_from_hf_json) or from builtin_tiny_config().
+/// A plain value; validate() checks it.
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "pagoda/core/dtype.h"
+
 namespace pagoda::model {
+
+/// The Hugging Face architecture a config came from (it decides the config defaults and the
+/// `architectures` entry save_hf_checkpoint writes). The computation is the same decoder for all;
+/// the differences are data: qkv_bias, layer_window, rope.
+enum class ModelFamily : uint8_t {
+  kLlama,    ///< LlamaForCausalLM (model_type "llama")
+  kMistral,  ///< MistralForCausalLM (model_type "mistral")
+  kQwen2,    ///< Qwen2ForCausalLM (model_type "qwen2")
+};
+
+/// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
+std::string_view hf_architecture_name(ModelFamily f);
+
+/// Upper bounds config validation enforces before anything is allocated (generous: ~16x the
+/// largest open models), so products of sizes stay far from int64 overflow.
+inline constexpr int64_t kMaxModelDim = int64_t{1} << 20;  ///< hidden, intermediate
+inline constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
+inline constexpr int64_t kMaxLayers = 4096;
+inline constexpr int64_t kMaxHeads = 4096;  ///< q or kv heads
+inline constexpr int64_t kMaxHeadDim = 4096;
+inline constexpr int64_t kMaxPositions = int64_t{1} << 30;       ///< max_position_embeddings
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 40;  ///< one weight matrix
 
 /// RoPE frequency scaling (HF `rope_scaling`).
 enum class RopeScalingKind : uint8_t {
@@ -21,10 +47,10 @@ enum class RopeScalingKind : uint8_t {
 struct RopeConfig {
   double theta = 10000.0;
   RopeScalingKind scaling = RopeScalingKind::kNone;
-  double factor = 1.0;                      ///< linear and llama3
-  double low_freq_factor = 1.0;             ///< llama3
-  double high_freq_factor = 4.0;            ///< llama3
-  int64_t original_max_position = 8192;     ///< llama3 original_max_position_embeddings
+  double factor = 1.0;                   ///< linear and llama3
+  double low_freq_factor = 1.0;          ///< llama3
+  double high_freq_factor = 4.0;         ///< llama3
+  int64_t original_max_position = 8192;  ///< llama3 original_max_position_embeddings
 };
 
 struct ModelConfig {
@@ -47,13 +73,22 @@ struct ModelConfig {
   int bos_token_id = -1;            ///< -1 = none
   int eos_token_id = -1;            ///< -1 = none
   std::string name = "custom";      ///< for display ("builtin-tiny", the checkpoint folder, ...)
+  ModelFamily family = ModelFamily::kLlama;
+  /// q/k/v projections carry a bias (Qwen2, or Llama with attention_bias: true): LayerWeights
+  /// q_bias/k_bias/v_bias are [Hq * D], [Hkv * D], [Hkv * D] and q = h·Wqᵀ + b_q (same for k, v).
+  bool qkv_bias = false;
+  /// The checkpoint's declared weight dtype (config.json torch_dtype / dtype): kF32, kF16 or
+  /// kBF16. kF32 when the key is absent (HF's default) and for the built-in model. Weights are
+  /// converted to f32 on load whatever this says; it is the default compute dtype to pick.
+  DType weights_dtype = DType::kF32;
 
   /// Window of layer `l` (-1 = full attention).
   int window_of(int l) const { return layer_window.empty() ? -1 : layer_window[l]; }
   bool has_sliding_window() const;
   /// Parameters (elements), for display.
   int64_t num_parameters() const;
-  /// Throws Error(kInvalidArgument) naming the first bad field.
+  /// Throws Error(kInvalidArgument) naming the first bad field (non-positive or absurd sizes
+  /// beyond the kMax* bounds, heads not dividing, windows, token ids, dtype).
   void validate() const;
 };
 
@@ -62,9 +97,16 @@ struct ModelConfig {
 /// theta 10000, max context 4096.
 ModelConfig builtin_tiny_config();
 
-/// Parses a Hugging Face LlamaForCausalLM / MistralForCausalLM config.json object. Missing
-/// optional keys take HF defaults. Throws Error(kInvalidArgument / kUnsupported) on bad or
-/// unsupported values (e.g. an unknown rope_scaling type).
+/// Parses a Hugging Face config.json object of a LlamaForCausalLM, MistralForCausalLM or
+/// Qwen2ForCausalLM checkpoint (`architectures`, else `model_type`, names the family; one of the
+/// two must be present). Strict: every key must be one it implements (sizes, rope, windows,
+/// biases, token ids, soft caps) or known harmless metadata (transformers_version, use_cache,
+/// initializer_range, dropout rates, pad_token_id, ...); anything else that could change the
+/// computation is Error(kUnsupported) naming the key (e.g. mlp_bias: true, hidden_act other than
+/// silu, rope_scaling "dynamic"/"yarn", pretraining_tp != 1, quantization_config). Numbers are
+/// type- and range-checked before use: a string, a float where an integer belongs, a negative
+/// or absurd size is Error(kInvalidArgument) naming the key. Missing optional keys take the
+/// family's HF defaults (Mistral sliding_window 4096, Qwen2 use_sliding_window false).
 ModelConfig config_from_hf_json(const nlohmann::json& j);
 
 }  // namespace pagoda::model

@@ -38,6 +38,7 @@ LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
     packed_.push_back(PackedLayer{
         .input_norm = w.input_norm,
         .qkv_proj = concat(w.q_proj, w.k_proj, w.v_proj),
+        .qkv_bias = config_.qkv_bias ? concat(w.q_bias, w.k_bias, w.v_bias) : std::vector<float>{},
         .o_proj = w.o_proj,
         .post_norm = w.post_norm,
         .gate_up = concat(w.gate_proj, w.up_proj),
@@ -126,6 +127,12 @@ void LlamaModel::forward(const attention::ForwardBatch& batch, std::span<const i
     const PackedLayer& w = packed_[l];
     rms_norm(x_.data(), w.input_norm.data(), h_.data(), t, hd, config_.rms_norm_eps);
     linear(h_.data(), w.qkv_proj.data(), qkv_.data(), t, qkv_w, hd);
+    if (!w.qkv_bias.empty()) {
+      for (int64_t i = 0; i < t; ++i) {
+        float* row = &qkv_[i * qkv_w];
+        for (int64_t j = 0; j < qkv_w; ++j) row[j] += w.qkv_bias[j];
+      }
+    }
     for (int64_t i = 0; i < t; ++i) {
       const float* row = &qkv_[i * qkv_w];
       std::memcpy(&q_[i * hq * d], row, hq * d * sizeof(float));

@@ -3,7 +3,7 @@
 /// paged KV cache (ARCHITECTURE §1):
 ///
 ///   x = embed[ids]
-///   per layer: h = rms_norm(x); q, k, v = h·Wqkvᵀ; rope(q, k, positions);
+///   per layer: h = rms_norm(x); q, k, v = h·Wqkvᵀ (+ b_qkv when config.qkv_bias); rope(q, k);
 ///              o = backend.forward(q, k, v, layer, batch)   (writes K/V at out_cache_loc);
 ///              x += o·Woᵀ; h = rms_norm(x); x += (silu(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ
 ///   logits = soft_cap(rms_norm(x[rows])·W_lmᵀ)
@@ -55,6 +55,9 @@ class LlamaModel {
   struct PackedLayer {
     std::vector<float> input_norm;
     std::vector<float> qkv_proj;  ///< [(Hq + 2 Hkv) * D, hidden]
+    /// [(Hq + 2 Hkv) * D] (q, k, v biases), added after the qkv GEMM; empty when the config
+    /// has no q/k/v bias. A device implementation must add it too (or refuse the model).
+    std::vector<float> qkv_bias;
     std::vector<float> o_proj;
     std::vector<float> post_norm;
     std::vector<float> gate_up;   ///< [2 * intermediate, hidden]

@@ -33,20 +33,94 @@ std::optional<DType> dtype_from_st(const std::string& s) {
 
 const char* st_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    default: return nullptr;
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    default:
+      return nullptr;
   }
 }
 
 }  // namespace
 
 int64_t SafetensorInfo::numel() const {
+  return checked_numel(shape).value_or(-1);
+}
+
+std::optional<int64_t> checked_numel(std::span<const int64_t> shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
   return n;
 }
+
+namespace {
+
+/// A non-negative JSON integer (an unsigned value above INT64_MAX or a float is not one).
+std::optional<int64_t> json_index(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    if (x < 0) return std::nullopt;
+    return x;
+  }
+  return std::nullopt;
+}
+
+/// Parses one header entry {"dtype", "shape", "data_offsets"}; `data_size` bounds the offsets.
+SafetensorInfo parse_entry(const fs::path& path, const std::string& name,
+                           const nlohmann::json& entry, uint64_t data_size) {
+  const std::string where = fmt::format("{}: tensor {}", path.string(), name);
+  PAGODA_REQUIRE(entry.is_object(), kInvalidArgument, "{}: entry is not an object", where);
+  for (const auto& [k, v] : entry.items())
+    PAGODA_REQUIRE(k == "dtype" || k == "shape" || k == "data_offsets", kInvalidArgument,
+                   "{}: unknown field '{}'", where, k);
+  const auto dt_it = entry.find("dtype");
+  PAGODA_REQUIRE(dt_it != entry.end() && dt_it->is_string(), kInvalidArgument,
+                 "{}: dtype missing or not a string", where);
+  const std::string dt = dt_it->get<std::string>();
+  const auto dtype = dtype_from_st(dt);
+  PAGODA_REQUIRE(dtype.has_value(), kUnsupported, "{} has dtype {} (supported: F32, F16, BF16)",
+                 where, dt);
+  SafetensorInfo info;
+  info.dtype = *dtype;
+  const auto sh = entry.find("shape");
+  PAGODA_REQUIRE(sh != entry.end() && sh->is_array() && sh->size() <= 8, kInvalidArgument,
+                 "{}: shape missing or not a list of at most 8 dims", where);
+  for (const auto& d : *sh) {
+    const auto v = json_index(d);
+    PAGODA_REQUIRE(v.has_value(), kInvalidArgument, "{}: shape has {} (dims must be integers >= 0)",
+                   where, d.dump());
+    info.shape.push_back(*v);
+  }
+  const auto offs = entry.find("data_offsets");
+  PAGODA_REQUIRE(offs != entry.end() && offs->is_array() && offs->size() == 2, kInvalidArgument,
+                 "{}: data_offsets missing or not [begin, end]", where);
+  const auto b = json_index((*offs)[0]), e = json_index((*offs)[1]);
+  PAGODA_REQUIRE(b && e && *b <= *e && static_cast<uint64_t>(*e) <= data_size, kInvalidArgument,
+                 "{}: bad data_offsets {} (data section holds {} bytes)", where, offs->dump(),
+                 data_size);
+  info.begin = static_cast<uint64_t>(*b);
+  info.end = static_cast<uint64_t>(*e);
+  const auto n = checked_numel(info.shape);
+  uint64_t bytes = 0;
+  PAGODA_REQUIRE(n && !__builtin_mul_overflow(static_cast<uint64_t>(*n),
+                                              uint64_t{dtype_size(info.dtype)}, &bytes),
+                 kInvalidArgument, "{}: shape [{}] overflows", where, fmt::join(info.shape, ", "));
+  PAGODA_REQUIRE(bytes == info.end - info.begin, kInvalidArgument,
+                 "{}: shape [{}] x {} is {} bytes but data_offsets span {}", where,
+                 fmt::join(info.shape, ", "), dt, bytes, info.end - info.begin);
+  return info;
+}
+
+}  // namespace
 
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -69,46 +143,50 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
     PAGODA_REQUIRE(header_len <= map_size_ - 8, kInvalidArgument,
                    "{}: header length {} exceeds the file", path.string(), header_len);
     data_offset_ = 8 + static_cast<size_t>(header_len);
-    const size_t data_size = map_size_ - data_offset_;
+    const uint64_t data_size = map_size_ - data_offset_;
     nlohmann::json header;
     try {
-      header = nlohmann::json::parse(map_ + 8, map_ + data_offset_);
+      // Duplicate tensor names would silently keep the last entry: refuse them while parsing.
+      std::set<std::string> seen;
+      auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event,
+                               nlohmann::json& parsed) {
+        if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
+          const std::string key = parsed.get<std::string>();
+          PAGODA_REQUIRE(seen.insert(key).second, kInvalidArgument,
+                         "{}: tensor {} appears twice in the header", path.string(), key);
+        }
+        return true;
+      };
+      header = nlohmann::json::parse(map_ + 8, map_ + data_offset_, no_duplicates);
     } catch (const nlohmann::json::exception& e) {
-      throw_error(ErrorCode::kInvalidArgument, "{}: bad header JSON: {}", path.string(),
-                  e.what());
+      throw_error(ErrorCode::kInvalidArgument, "{}: bad header JSON: {}", path.string(), e.what());
     }
-    PAGODA_REQUIRE(header.is_object(), kInvalidArgument, "{}: header is not an object",
+    PAGODA_REQUIRE(header.is_object(), kInvalidArgument, "{}: header is not a JSON object",
                    path.string());
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") continue;
-      try {
-        SafetensorInfo info;
-        const std::string dt = entry.at("dtype").get<std::string>();
-        const auto dtype = dtype_from_st(dt);
-        PAGODA_REQUIRE(dtype.has_value(), kUnsupported,
-                       "{}: tensor {} has dtype {} (supported: F32, F16, BF16)", path.string(),
-                       name, dt);
-        info.dtype = *dtype;
-        info.shape = entry.at("shape").get<std::vector<int64_t>>();
-        const auto offs = entry.at("data_offsets").get<std::vector<uint64_t>>();
-        PAGODA_REQUIRE(offs.size() == 2 && offs[0] <= offs[1] && offs[1] <= data_size,
-                       kInvalidArgument, "{}: tensor {} has bad data_offsets", path.string(),
-                       name);
-        info.begin = offs[0];
-        info.end = offs[1];
-        for (int64_t d : info.shape)
-          PAGODA_REQUIRE(d >= 0, kInvalidArgument, "{}: tensor {} has a negative dim",
-                         path.string(), name);
-        PAGODA_REQUIRE(static_cast<uint64_t>(info.numel()) * dtype_size(info.dtype) ==
-                           info.end - info.begin,
-                       kInvalidArgument, "{}: tensor {} size does not match its shape",
-                       path.string(), name);
-        tensors_.emplace(name, std::move(info));
-      } catch (const nlohmann::json::exception& e) {
-        throw_error(ErrorCode::kInvalidArgument, "{}: tensor {}: {}", path.string(), name,
-                    e.what());
+      if (name == "__metadata__") {
+        PAGODA_REQUIRE(entry.is_object(), kInvalidArgument, "{}: __metadata__ is not an object",
+                       path.string());
+        continue;
       }
+      SafetensorInfo info = parse_entry(path, name, entry, data_size);
+      ranges.emplace_back(info.begin, info.end);
+      tensors_.emplace(name, std::move(info));
     }
+    // The data section is exactly the tensors' bytes, back to back: no overlap, no hole, no
+    // trailing bytes (the format's own rule; an overlap would alias two tensors).
+    std::sort(ranges.begin(), ranges.end());
+    uint64_t covered = 0;
+    for (const auto& [b, e] : ranges) {
+      PAGODA_REQUIRE(b == covered, kInvalidArgument,
+                     "{}: tensor data ranges {} at byte {} (expected {}: overlapping or gapped "
+                     "data_offsets)",
+                     path.string(), b < covered ? "overlap" : "leave a hole", b, covered);
+      covered = e;
+    }
+    PAGODA_REQUIRE(covered == data_size, kInvalidArgument,
+                   "{}: tensors cover {} of the {} data bytes", path.string(), covered, data_size);
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), map_size_);
     map_ = nullptr;
@@ -132,8 +210,8 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   auto it = tensors_.find(name);
-  PAGODA_REQUIRE(it != tensors_.end(), kInvalidArgument, "{}: no tensor named {}",
-                 path_.string(), name);
+  PAGODA_REQUIRE(it != tensors_.end(), kInvalidArgument, "{}: no tensor named {}", path_.string(),
+                 name);
   const SafetensorInfo& info = it->second;
   const uint8_t* src = map_ + data_offset_ + info.begin;
   std::vector<float> out(static_cast<size_t>(info.numel()));
@@ -159,7 +237,8 @@ void write_safetensors(const fs::path& path, const std::vector<SafetensorToWrite
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
     const uint64_t bytes = static_cast<uint64_t>(n) * dtype_size(t.dtype);
-    header[t.name] = {{"dtype", name}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", name}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}};
@@ -188,7 +267,8 @@ void write_safetensors(const fs::path& path, const std::vector<SafetensorToWrite
 
 namespace {
 
-/// Finds tensors by name across the shards of a checkpoint.
+/// Finds tensors by name across the shards of a checkpoint and remembers which were read, so
+/// that a tensor the model does not use is an error instead of being ignored.
 class TensorSource {
  public:
   explicit TensorSource(const fs::path& dir) {
@@ -199,8 +279,17 @@ class TensorSource {
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(in);
-        for (const auto& [name, file] : j.at("weight_map").items())
-          files.insert(dir / file.get<std::string>());
+        PAGODA_REQUIRE(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                       kInvalidArgument, "{}: no weight_map object", index.string());
+        for (const auto& [name, file] : j.at("weight_map").items()) {
+          PAGODA_REQUIRE(file.is_string(), kInvalidArgument, "{}: weight_map[{}] is not a string",
+                         index.string(), name);
+          const fs::path f = file.get<std::string>();
+          PAGODA_REQUIRE(!f.empty() && f == f.filename() && f != "." && f != "..", kInvalidArgument,
+                         "{}: weight_map[{}] = '{}' is not a file name in {}", index.string(), name,
+                         f.string(), dir.string());
+          files.insert(dir / f);
+        }
       } catch (const nlohmann::json::exception& e) {
         throw_error(ErrorCode::kInvalidArgument, "{}: {}", index.string(), e.what());
       }
@@ -209,37 +298,59 @@ class TensorSource {
         if (e.path().extension() == ".safetensors") files.insert(e.path());
     }
     PAGODA_REQUIRE(!files.empty(), kInvalidArgument, "{}: no *.safetensors files", dir.string());
-    for (const auto& p : files) files_.emplace_back(p);
-  }
-
-  bool contains(const std::string& name) const {
-    return std::any_of(files_.begin(), files_.end(),
-                       [&](const SafetensorsFile& f) { return f.contains(name); });
-  }
-
-  std::vector<float> read(const std::string& name, std::vector<int64_t> expected_shape) const {
-    for (const auto& f : files_) {
-      auto it = f.tensors().find(name);
-      if (it == f.tensors().end()) continue;
-      PAGODA_REQUIRE(it->second.shape == expected_shape, kInvalidArgument,
-                     "tensor {} has shape [{}], expected [{}]", name,
-                     fmt::join(it->second.shape, ", "), fmt::join(expected_shape, ", "));
-      return f.read_f32(name);
+    for (const auto& p : files) {
+      files_.emplace_back(p);
+      for (const auto& [name, info] : files_.back().tensors()) {
+        const auto [it, fresh] = where_.emplace(name, files_.size() - 1);
+        PAGODA_REQUIRE(fresh, kInvalidArgument, "tensor {} is in both {} and {}", name,
+                       files_[it->second].path().filename().string(), p.filename().string());
+      }
     }
-    throw_error(ErrorCode::kInvalidArgument, "checkpoint has no tensor {}", name);
+  }
+
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+
+  /// The tensor as f32, checked against `expected_shape`; marks it used.
+  std::vector<float> read(const std::string& name, std::vector<int64_t> expected_shape) {
+    auto it = where_.find(name);
+    PAGODA_REQUIRE(it != where_.end(), kInvalidArgument, "checkpoint has no tensor {}", name);
+    const SafetensorsFile& f = files_[it->second];
+    const SafetensorInfo& info = f.tensors().at(name);
+    PAGODA_REQUIRE(info.shape == expected_shape, kInvalidArgument,
+                   "tensor {} has shape [{}], expected [{}]", name, fmt::join(info.shape, ", "),
+                   fmt::join(expected_shape, ", "));
+    used_.insert(name);
+    return f.read_f32(name);
+  }
+
+  /// Throws naming the first tensor that was never read (rotary_emb.inv_freq buffers, which
+  /// the model recomputes, are the one harmless exception). `hint` ends the message.
+  void require_all_used(const std::string& hint) const {
+    for (const auto& [name, file] : where_) {
+      if (used_.count(name) != 0 || name.ends_with("rotary_emb.inv_freq")) continue;
+      throw_error(ErrorCode::kInvalidArgument,
+                  "checkpoint tensor {} (in {}) is not used by this model{}", name,
+                  files_[file].path().filename().string(), hint);
+    }
   }
 
  private:
   std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;  ///< tensor name -> index in files_
+  std::set<std::string> used_;
 };
+
+std::string describe(const ModelConfig& c) {
+  return fmt::format("{}, q/k/v bias {}", hf_architecture_name(c.family),
+                     c.qkv_bias ? "yes" : "no (a bias needs attention_bias: true or Qwen2)");
+}
 
 }  // namespace
 
 LoadedModel load_hf_checkpoint(const fs::path& dir) {
   PAGODA_REQUIRE(fs::is_directory(dir), kInvalidArgument, "{} is not a directory", dir.string());
   const fs::path config_path = dir / "config.json";
-  PAGODA_REQUIRE(fs::exists(config_path), kInvalidArgument, "{} has no config.json",
-                 dir.string());
+  PAGODA_REQUIRE(fs::exists(config_path), kInvalidArgument, "{} has no config.json", dir.string());
   nlohmann::json j;
   {
     std::ifstream in(config_path);
@@ -254,7 +365,7 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
   m.config.name = fs::absolute(dir).filename().string();
   if (m.config.name.empty()) m.config.name = dir.string();
   const ModelConfig& c = m.config;
-  const TensorSource src(dir);
+  TensorSource src(dir);
   const int64_t h = c.hidden_size, v = c.vocab_size, inter = c.intermediate_size;
   const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
@@ -263,6 +374,14 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
   w.final_norm = src.read("model.norm.weight", {h});
   if (src.contains("lm_head.weight")) {
     w.lm_head = src.read("lm_head.weight", {v, h});
+    // transformers ties the head to the embedding and ignores a stored copy: so do we, but a
+    // copy that differs would mean two different models.
+    if (c.tie_word_embeddings) {
+      PAGODA_REQUIRE(w.lm_head == w.embed, kInvalidArgument,
+                     "lm_head.weight differs from model.embed_tokens.weight although "
+                     "tie_word_embeddings is true");
+      w.lm_head.clear();
+    }
   } else {
     PAGODA_REQUIRE(c.tie_word_embeddings, kInvalidArgument,
                    "checkpoint has no lm_head.weight and tie_word_embeddings is false");
@@ -275,12 +394,18 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
     lw.q_proj = src.read(p + "self_attn.q_proj.weight", {qd, h});
     lw.k_proj = src.read(p + "self_attn.k_proj.weight", {kvd, h});
     lw.v_proj = src.read(p + "self_attn.v_proj.weight", {kvd, h});
+    if (c.qkv_bias) {
+      lw.q_bias = src.read(p + "self_attn.q_proj.bias", {qd});
+      lw.k_bias = src.read(p + "self_attn.k_proj.bias", {kvd});
+      lw.v_bias = src.read(p + "self_attn.v_proj.bias", {kvd});
+    }
     lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
     lw.post_norm = src.read(p + "post_attention_layernorm.weight", {h});
     lw.gate_proj = src.read(p + "mlp.gate_proj.weight", {inter, h});
     lw.up_proj = src.read(p + "mlp.up_proj.weight", {inter, h});
     lw.down_proj = src.read(p + "mlp.down_proj.weight", {h, inter});
   }
+  src.require_all_used(fmt::format(" ({})", describe(c)));
   w.validate(c);
   return m;
 }
@@ -311,6 +436,11 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
     t.push_back({p + "self_attn.q_proj.weight", {qd, h}, lw.q_proj.data(), dtype});
     t.push_back({p + "self_attn.k_proj.weight", {kvd, h}, lw.k_proj.data(), dtype});
     t.push_back({p + "self_attn.v_proj.weight", {kvd, h}, lw.v_proj.data(), dtype});
+    if (c.qkv_bias) {
+      t.push_back({p + "self_attn.q_proj.bias", {qd}, lw.q_bias.data(), dtype});
+      t.push_back({p + "self_attn.k_proj.bias", {kvd}, lw.k_bias.data(), dtype});
+      t.push_back({p + "self_attn.v_proj.bias", {kvd}, lw.v_bias.data(), dtype});
+    }
     t.push_back({p + "self_attn.o_proj.weight", {h, qd}, lw.o_proj.data(), dtype});
     t.push_back({p + "post_attention_layernorm.weight", {h}, lw.post_norm.data(), dtype});
     t.push_back({p + "mlp.gate_proj.weight", {inter, h}, lw.gate_proj.data(), dtype});
@@ -321,23 +451,37 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
   if (!w.lm_head.empty()) t.push_back({"lm_head.weight", {v, h}, w.lm_head.data(), dtype});
   write_safetensors(dir / "model.safetensors", t);
 
+  const char* model_type = c.family == ModelFamily::kLlama     ? "llama"
+                           : c.family == ModelFamily::kMistral ? "mistral"
+                                                               : "qwen2";
   nlohmann::json j = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {std::string(hf_architecture_name(c.family))}},
+      {"model_type", model_type},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
       {"num_hidden_layers", c.num_layers},
       {"num_attention_heads", c.num_q_heads},
       {"num_key_value_heads", c.num_kv_heads},
-      {"head_dim", c.head_dim},
       {"rms_norm_eps", c.rms_norm_eps},
       {"rope_theta", c.rope.theta},
       {"max_position_embeddings", c.max_position_embeddings},
       {"tie_word_embeddings", w.lm_head.empty()},
       {"hidden_act", "silu"},
-      {"torch_dtype", dtype == DType::kF32 ? "float32" : (dtype == DType::kF16 ? "float16" : "bfloat16")},
+      {"torch_dtype",
+       dtype == DType::kF32 ? "float32" : (dtype == DType::kF16 ? "float16" : "bfloat16")},
   };
+  if (c.family != ModelFamily::kQwen2) {
+    j["head_dim"] = c.head_dim;
+  } else {
+    PAGODA_REQUIRE(c.head_dim * c.num_q_heads == c.hidden_size, kUnsupported,
+                   "Qwen2 configs need head_dim * heads == hidden_size");
+  }
+  if (c.family == ModelFamily::kLlama) j["attention_bias"] = c.qkv_bias;
+  PAGODA_REQUIRE(
+      c.qkv_bias == (c.family != ModelFamily::kMistral) || c.family == ModelFamily::kLlama,
+      kUnsupported, "{} {} q/k/v biases", hf_architecture_name(c.family),
+      c.family == ModelFamily::kQwen2 ? "always has" : "never has");
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   if (c.rope.scaling == RopeScalingKind::kLinear) {
@@ -349,18 +493,41 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
                          {"high_freq_factor", c.rope.high_freq_factor},
                          {"original_max_position_embeddings", c.rope.original_max_position}};
   }
-  if (c.has_sliding_window()) {
-    int w_max = 0;
-    std::vector<std::string> types;
-    for (int l = 0; l < c.num_layers; ++l) {
-      w_max = std::max(w_max, c.window_of(l));
-      types.push_back(c.window_of(l) >= 0 ? "sliding_attention" : "full_attention");
+  int w_max = -1;
+  std::vector<std::string> types;
+  for (int l = 0; l < c.num_layers; ++l) {
+    w_max = std::max(w_max, c.window_of(l));
+    types.push_back(c.window_of(l) >= 0 ? "sliding_attention" : "full_attention");
+  }
+  for (int l = 0; l < c.num_layers; ++l)
+    PAGODA_REQUIRE(c.window_of(l) < 0 || c.window_of(l) == w_max, kUnsupported,
+                   "HF configs hold one sliding_window value for all sliding layers");
+  const bool all_sliding = std::all_of(
+      types.begin(), types.end(), [](const std::string& s) { return s == "sliding_attention"; });
+  switch (c.family) {
+    case ModelFamily::kLlama:
+      PAGODA_REQUIRE(!c.has_sliding_window(), kUnsupported,
+                     "LlamaForCausalLM has no sliding window (save as Mistral or Qwen2)");
+      break;
+    case ModelFamily::kMistral:
+      PAGODA_REQUIRE(!c.has_sliding_window() || all_sliding, kUnsupported,
+                     "MistralForCausalLM slides every layer or none");
+      j["sliding_window"] = c.has_sliding_window() ? nlohmann::json(w_max + 1) : nlohmann::json();
+      break;
+    case ModelFamily::kQwen2: {
+      // Sliding layers must be a suffix [max_window_layers, num_layers): the one pattern both
+      // old (max_window_layers) and new (layer_types) transformers read the same way.
+      int first = c.num_layers;
+      while (first > 0 && types[first - 1] == "sliding_attention") --first;
+      PAGODA_REQUIRE(std::find(types.begin(), types.begin() + first, "sliding_attention") ==
+                         types.begin() + first,
+                     kUnsupported, "Qwen2 sliding layers must be the last ones");
+      j["use_sliding_window"] = c.has_sliding_window();
+      j["sliding_window"] = c.has_sliding_window() ? nlohmann::json(w_max + 1) : nlohmann::json();
+      j["max_window_layers"] = first;
+      j["layer_types"] = types;
+      break;
     }
-    for (int l = 0; l < c.num_layers; ++l)
-      PAGODA_REQUIRE(c.window_of(l) < 0 || c.window_of(l) == w_max, kUnsupported,
-                     "HF configs hold one sliding_window value for all sliding layers");
-    j["sliding_window"] = w_max + 1;
-    j["layer_types"] = types;
   }
   if (c.final_logit_softcap > 0.f) j["final_logit_softcapping"] = c.final_logit_softcap;
   if (c.attn_logit_softcap > 0.f) j["attn_logit_softcapping"] = c.attn_logit_softcap;

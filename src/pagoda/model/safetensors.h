@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,13 +27,21 @@ struct SafetensorInfo {
   std::vector<int64_t> shape;
   uint64_t begin = 0;  ///< byte offset in the data section
   uint64_t end = 0;
+  /// Product of `shape`; -1 when a dim is negative or the product overflows int64 (a header
+  /// SafetensorsFile accepted never gives -1).
   int64_t numel() const;
 };
+
+/// Product of `shape`, or nullopt when a dim is negative or the product overflows int64.
+std::optional<int64_t> checked_numel(std::span<const int64_t> shape);
 
 /// A memory-mapped .safetensors file (read-only). Movable, not copyable.
 class SafetensorsFile {
  public:
-  /// Opens and validates the header (offsets inside the file, sizes matching shape × dtype).
+  /// Opens and validates the header before anything else is read: header length inside the
+  /// file, a JSON object without duplicate names, every entry {dtype, shape, data_offsets} with
+  /// integer dims >= 0 whose product (overflow-checked) × dtype size equals its byte range, and
+  /// the ranges tiling the data section exactly (no overlap, hole or trailing bytes).
   /// Throws Error(kInvalidArgument) on a malformed file, kUnsupported on an unknown dtype,
   /// kInternal on I/O failure.
   explicit SafetensorsFile(const std::filesystem::path& path);
@@ -74,18 +84,24 @@ struct LoadedModel {
   ModelWeights weights;
 };
 
-/// Loads a Hugging Face LlamaForCausalLM-style checkpoint folder: config.json plus either
-/// model.safetensors.index.json (sharded; its weight_map names the files) or every *.safetensors
-/// file in the folder. Weights are converted to f32. Throws Error naming the missing or
-/// mismatched tensor / key.
+/// Loads a Hugging Face LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM checkpoint
+/// folder: config.json (config_from_hf_json, strict) plus either model.safetensors.index.json
+/// (sharded; its weight_map names the files, plain names inside `dir`) or every *.safetensors
+/// file in the folder. Weights are converted to f32. Every tensor in the files must be one the
+/// model uses (only `*.rotary_emb.inv_freq` is ignored): a stray tensor, e.g. a q_proj.bias the
+/// config does not declare, is an Error naming it, as is a name in two shards, a missing or
+/// mismatched tensor, or a tied lm_head.weight that differs from the embedding.
 LoadedModel load_hf_checkpoint(const std::filesystem::path& dir);
 
 /// "builtin" → builtin_tiny_config() with make_random_weights(config, weight_seed); anything
 /// else is a checkpoint folder for load_hf_checkpoint(). Throws Error like those.
 LoadedModel load_model(const std::string& spec, uint64_t weight_seed);
 
-/// Writes `weights` as a HF checkpoint folder (config.json + model.safetensors in `dtype`);
-/// used by tests and tools. `dir` is created if needed.
+/// Writes `weights` as a HF checkpoint folder (config.json + model.safetensors in `dtype`) for
+/// config.family (q/k/v biases when config.qkv_bias; Llama with bias writes attention_bias).
+/// Windows: Mistral needs one window on every layer (or writes layer_types), Qwen2 writes
+/// use_sliding_window + layer_types; a Llama config with windows is Error(kUnsupported)
+/// (transformers' Llama has none). Used by tests and tools. `dir` is created if needed.
 void save_hf_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                         const ModelWeights& weights, DType dtype);
 

@@ -63,6 +63,10 @@ void ModelWeights::validate(const ModelConfig& c) const {
     require_size(w.q_proj, qd * h, p + "q_proj");
     require_size(w.k_proj, kvd * h, p + "k_proj");
     require_size(w.v_proj, kvd * h, p + "v_proj");
+    const int64_t bq = c.qkv_bias ? qd : 0, bkv = c.qkv_bias ? kvd : 0;
+    require_size(w.q_bias, bq, p + "q_proj.bias");
+    require_size(w.k_bias, bkv, p + "k_proj.bias");
+    require_size(w.v_bias, bkv, p + "v_proj.bias");
     require_size(w.o_proj, h * qd, p + "o_proj");
     require_size(w.post_norm, h, p + "post_attention_layernorm");
     require_size(w.gate_proj, inter * h, p + "gate_proj");
@@ -95,6 +99,14 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
   }
   w.final_norm = normal_vec(rng, h, 1.0, 0.1);
   if (!c.tie_word_embeddings) w.lm_head = normal_vec(rng, int64_t{c.vocab_size} * h, 0.0, in_h);
+  // Drawn last so configs without biases keep the weights they always had.
+  if (c.qkv_bias) {
+    for (LayerWeights& l : w.layers) {
+      l.q_bias = normal_vec(rng, qd, 0.0, 0.5);
+      l.k_bias = normal_vec(rng, kvd, 0.0, 0.5);
+      l.v_bias = normal_vec(rng, kvd, 0.0, 0.5);
+    }
+  }
   return w;
 }
 

@@ -14,6 +14,9 @@ struct LayerWeights {
   std::vector<float> q_proj;      ///< [Hq * D, hidden]
   std::vector<float> k_proj;      ///< [Hkv * D, hidden]
   std::vector<float> v_proj;      ///< [Hkv * D, hidden]
+  std::vector<float> q_bias;      ///< [Hq * D] when config.qkv_bias, else empty
+  std::vector<float> k_bias;      ///< [Hkv * D] when config.qkv_bias, else empty
+  std::vector<float> v_bias;      ///< [Hkv * D] when config.qkv_bias, else empty
   std::vector<float> o_proj;      ///< [hidden, Hq * D]
   std::vector<float> post_norm;   ///< [hidden]
   std::vector<float> gate_proj;   ///< [intermediate, hidden]
@@ -29,13 +32,15 @@ struct ModelWeights {
 
   /// The LM-head matrix [vocab, hidden] (the embedding when tied).
   const std::vector<float>& lm_head_matrix() const { return lm_head.empty() ? embed : lm_head; }
-  /// Throws Error(kInvalidArgument) naming the first tensor whose size does not match `config`.
+  /// Throws Error(kInvalidArgument) naming the first tensor whose size does not match `config`
+  /// (including a q/k/v bias present when config.qkv_bias is false, or missing when true).
   void validate(const ModelConfig& config) const;
 };
 
 /// Deterministic random weights from `seed` (same seed, same config → identical bits).
 /// Scales keep activations O(1) so logits are well separated: embedding N(0, 1), linear
-/// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²).
+/// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²), q/k/v biases (when
+/// config.qkv_bias) N(0, 0.5²). Configs without biases draw exactly the numbers they always did.
 ModelWeights make_random_weights(const ModelConfig& config, uint64_t seed);
 
 }  // namespace pagoda::model

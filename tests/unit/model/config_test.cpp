@@ -19,7 +19,8 @@ TEST(ModelConfig, BuiltinIsValid) {
 
 TEST(ModelConfig, ParsesHfLlama3) {
   const auto j = nlohmann::json::parse(R"({
-    "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+    "architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 3,
     "num_attention_heads": 8, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
     "rope_theta": 500000.0, "max_position_embeddings": 2048, "tie_word_embeddings": true,
     "bos_token_id": 1, "eos_token_id": [2, 3],
@@ -37,8 +38,8 @@ TEST(ModelConfig, ParsesHfLlama3) {
 
 TEST(ModelConfig, ParsesTransformers5RopeParameters) {
   const auto j = nlohmann::json::parse(R"({
-    "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 2,
+    "model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 2,
     "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1234.0}})");
   const ModelConfig c = config_from_hf_json(j);
   EXPECT_DOUBLE_EQ(c.rope.theta, 1234.0);
@@ -48,8 +49,9 @@ TEST(ModelConfig, ParsesTransformers5RopeParameters) {
 
 TEST(ModelConfig, ParsesSlidingWindowLayerTypes) {
   const auto j = nlohmann::json::parse(R"({
-    "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "sliding_window": 16,
+    "model_type": "qwen2", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "sliding_window": 16,
+    "use_sliding_window": true,
     "layer_types": ["sliding_attention", "full_attention"]})");
   const ModelConfig c = config_from_hf_json(j);
   EXPECT_EQ(c.window_of(0), 15);
@@ -60,7 +62,7 @@ TEST(ModelConfig, RejectsBadInput) {
   ModelConfig c = builtin_tiny_config();
   c.num_kv_heads = 3;
   EXPECT_THROW(c.validate(), Error);
-  auto j = nlohmann::json::parse(R"({"vocab_size": 100, "hidden_size": 64,
+  auto j = nlohmann::json::parse(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
     "rope_scaling": {"type": "yarn", "factor": 4.0}})");
   try {

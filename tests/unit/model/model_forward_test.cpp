@@ -48,6 +48,12 @@ std::vector<Variant> variants() {
   ModelConfig l = testing::test_model_config();
   l.rope = RopeConfig{.theta = 10000.0, .scaling = RopeScalingKind::kLinear, .factor = 2.0};
   v.push_back({"linear_rope", l});
+  v.push_back({"qwen2_bias", testing::qwen2_test_config()});
+  ModelConfig m = testing::test_model_config();
+  m.family = ModelFamily::kMistral;
+  m.layer_window = {4, 4};  // 5 keys visible, far fewer than the 29 tokens of the test
+  m.rope.theta = 1e6;
+  v.push_back({"mistral_window", m});
   return v;
 }
 
@@ -135,6 +141,25 @@ INSTANTIATE_TEST_SUITE_P(Backends, ModelForward,
                            return std::get<0>(info.param) + "_page" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// The q/k/v biases change the output (so matching the naive model above is not vacuous), and the
+// forward adds them: LlamaModel with biases matches the naive model only when both use them.
+TEST(ModelForwardBias, BiasesMatter) {
+  const ModelConfig c = testing::qwen2_test_config();
+  const ModelWeights w = make_random_weights(c, 21);
+  ModelConfig c0 = c;
+  c0.qkv_bias = false;
+  ModelWeights w0 = w;
+  for (LayerWeights& l : w0.layers) l.q_bias.clear(), l.k_bias.clear(), l.v_bias.clear();
+  testing::NaiveLlama with(c, w), without(c0, w0);
+  std::vector<double> a, b;
+  for (int32_t t : {3, 1, 4, 1, 5, 9, 2, 6}) a = with.feed(t), b = without.feed(t);
+  double diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i]));
+  EXPECT_GT(diff, 0.05);
+  // Biases the config does not declare are refused, not ignored.
+  EXPECT_THROW(LlamaModel(c0, w), Error);
+}
 
 TEST(ModelRunner, BuildsBatchesPerMode) {
   const std::vector<int32_t> t = {5, 6, 7, 8};

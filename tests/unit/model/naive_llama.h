@@ -52,6 +52,11 @@ class NaiveLlama {
       auto q = matvec(lw.q_proj, h, hq * D);
       auto k = matvec(lw.k_proj, h, hkv * D);
       auto v = matvec(lw.v_proj, h, hkv * D);
+      if (c_.qkv_bias) {  // Qwen2: q = h·Wqᵀ + b_q (and k, v)
+        for (int i = 0; i < hq * D; ++i) q[i] += lw.q_bias[i];
+        for (int i = 0; i < hkv * D; ++i) k[i] += lw.k_bias[i];
+        for (int i = 0; i < hkv * D; ++i) v[i] += lw.v_bias[i];
+      }
       rope(q, hq, pos);
       rope(k, hkv, pos);
       k_[l].push_back(k);

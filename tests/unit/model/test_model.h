@@ -19,4 +19,17 @@ inline model::ModelConfig test_model_config() {
   return c;
 }
 
+/// test_model_config() shaped like Qwen2/2.5: q/k/v biases, tied embeddings, theta 1e6,
+/// eps 1e-6.
+inline model::ModelConfig qwen2_test_config() {
+  model::ModelConfig c = test_model_config();
+  c.family = model::ModelFamily::kQwen2;
+  c.qkv_bias = true;
+  c.tie_word_embeddings = true;
+  c.rope.theta = 1e6;
+  c.rms_norm_eps = 1e-6f;
+  c.name = "test-qwen2";
+  return c;
+}
+
 }  // namespace pagoda::testing

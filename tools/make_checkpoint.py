@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Writes a random Hugging Face checkpoint of a named layout, for benchmarks and tests.
+
+    python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out /tmp/llama-1b
+
+Layouts (the shapes of real models, random weights):
+  tiny          LlamaForCausalLM, hidden 256, 4 layers, 4 q / 2 kv heads of 64, vocab 4096
+  qwen2-tiny    Qwen2ForCausalLM (q/k/v biases), tied embeddings, theta 1e6, same small shapes
+  mistral-tiny  MistralForCausalLM with a 32-token sliding window, same small shapes
+  1b            the Llama-3.2-1B layout (1.24 B parameters, tied, llama3 rope scaling x32)
+  8b            the Llama-3.1-8B layout (8.0 B parameters, untied, llama3 rope scaling x8)
+  qwen2-0.5b    the Qwen2.5-0.5B layout (q/k/v biases, tied, vocab 151936)
+
+The model is built on the `meta` device in the target dtype, materialised empty on the CPU and
+filled with seeded normals (std 0.02; norm weights 1 + N(0, 0.02^2); q/k/v biases std 0.1) chunk
+by chunk on all cores: each chunk has its own generator seeded from (seed, tensor name, chunk),
+so the bits depend only on the seed, never on the thread count. An 8B checkpoint takes about a
+minute on 16 cores. The folder then holds config.json, model*.safetensors (save_pretrained) and
+a tokenizer.json: byte-level BPE with the Llama-3 pre-tokenizer regex, trained here with the
+`tokenizers` package on a seeded synthetic corpus (a few thousand merges), with the special
+tokens <|begin_of_text|> / <|end_of_text|> at the config's bos / eos ids (< vocab_size), and a
+post-processor that prepends BOS, as Llama 3's does.
+
+Needs torch, transformers and tokenizers (works on a CPU-only machine).
+"""
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import sys
+import time
+import zlib
+
+LAYOUTS = {
+    "tiny": dict(arch="llama", vocab_size=4096, hidden_size=256, intermediate_size=768,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=64, max_position_embeddings=4096, rope_theta=10000.0,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False, bos=4000, eos=4001),
+    "qwen2-tiny": dict(arch="qwen2", vocab_size=4096, hidden_size=256, intermediate_size=768,
+                       num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, bos=4000, eos=4001),
+    "mistral-tiny": dict(arch="mistral", vocab_size=4096, hidden_size=256,
+                         intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
+                         rope_theta=1e6, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                         sliding_window=32, bos=4000, eos=4001),
+    "1b": dict(arch="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+               num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+               max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5,
+               tie_word_embeddings=True,
+               rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=8192),
+               bos=128000, eos=128001),
+    "8b": dict(arch="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+               num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+               head_dim=128, max_position_embeddings=131072, rope_theta=500000.0,
+               rms_norm_eps=1e-5, tie_word_embeddings=False,
+               rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=8192),
+               bos=128000, eos=128001),
+    "qwen2-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896,
+                       intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, bos=151643, eos=151645),
+}
+
+# Llama 3's pre-tokenizer split pattern (tokenizer.json of Meta-Llama-3).
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+BOS_TOKEN = "<|begin_of_text|>"
+EOS_TOKEN = "<|end_of_text|>"
+TOKENIZER_SIZE = 3840  # 256 bytes + 3584 merges
+
+
+def make_config(layout):
+    import transformers
+
+    spec = dict(LAYOUTS[layout])
+    arch = spec.pop("arch")
+    bos, eos = spec.pop("bos"), spec.pop("eos")
+    assert bos < spec["vocab_size"] and eos < spec["vocab_size"]
+    rope_scaling = spec.pop("rope_scaling", None)
+    kwargs = dict(spec, bos_token_id=bos, eos_token_id=eos, hidden_act="silu")
+    if arch == "llama":
+        cls = transformers.LlamaConfig
+        kwargs.update(attention_bias=False, mlp_bias=False)
+    elif arch == "qwen2":
+        cls = transformers.Qwen2Config
+        kwargs.update(use_sliding_window=False, max_window_layers=spec["num_hidden_layers"])
+    else:
+        cls = transformers.MistralConfig
+    if rope_scaling is not None:
+        kwargs["rope_scaling"] = rope_scaling
+    # save_pretrained records the weights' dtype (torch_dtype in transformers 4, dtype in 5).
+    return cls(**kwargs), arch
+
+
+def model_class(arch):
+    import transformers
+
+    return {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+            "mistral": transformers.MistralForCausalLM}[arch]
+
+
+def fill_weights(model, seed, threads):
+    """Seeded normal init, chunk-parallel; deterministic for any thread count."""
+    import torch
+
+    chunk = 1 << 24
+    jobs = []
+    for name, p in model.named_parameters():  # tied parameters appear once
+        flat = p.data.view(-1)
+        if name.endswith("norm.weight"):
+            mean, std = 1.0, 0.02
+        elif name.endswith(".bias"):
+            mean, std = 0.0, 0.1
+        else:
+            mean, std = 0.0, 0.02
+        base = zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1)
+        for i, start in enumerate(range(0, flat.numel(), chunk)):
+            jobs.append((flat[start:start + chunk], mean, std, (base * 1000003 + i) % (1 << 63)))
+
+    def run(job):
+        view, mean, std, s = job
+        g = torch.Generator().manual_seed(s)
+        view.normal_(mean, std, generator=g)
+
+    torch.set_num_threads(1)  # parallelism comes from the chunks
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as ex:
+        list(ex.map(run, jobs))
+
+
+def synthetic_corpus(seed, n_lines=20000):
+    """Deterministic text with words, numbers, punctuation, whitespace runs and some Unicode."""
+    rng = random.Random(seed)
+    syll = ["ka", "lo", "mi", "ren", "ta", "the", "and", "ing", "er", "on", "st", "qu", "ion",
+            "pre", "com", "ver", "al", "is", "to", "un", "de", "ex", "tion", "ment", "ly"]
+    words = ["".join(rng.choice(syll) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    words += ["the", "of", "and", "to", "in", "is", "that", "for", "it", "with", "as", "was",
+              "model", "token", "cache", "page", "attention", "kernel", "GPU", "CPU", "Hello",
+              "naïve", "café", "Straße", "数据", "模型", "東京", "🙂", "🚀", "Ωmega", "привет"]
+    punct = [".", ",", "!", "?", ";", ":", "'s", "'t", "(", ")", "\"", "-", "—", "..."]
+    lines = []
+    for _ in range(n_lines):
+        parts = []
+        for _ in range(rng.randint(3, 18)):
+            r = rng.random()
+            if r < 0.75:
+                w = rng.choice(words)
+                parts.append(w.capitalize() if rng.random() < 0.1 else w)
+            elif r < 0.85:
+                parts.append(str(rng.randint(0, 100000)))
+            else:
+                parts.append(rng.choice(punct))
+        sep = "  " if rng.random() < 0.05 else " "
+        lines.append(sep.join(parts) + ("\n\n" if rng.random() < 0.1 else "\n"))
+    return lines
+
+
+def write_tokenizer(out, config, seed):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    size = min(TOKENIZER_SIZE, config.bos_token_id, config.eos_token_id)
+    trainer = trainers.BpeTrainer(vocab_size=size, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=[])
+    tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(
+            single=f"{BOS_TOKEN}:0 $A:0", pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
+            special_tokens=[(BOS_TOKEN, config.bos_token_id)]),
+    ])
+    # Special tokens at the config's ids. `tokenizers` renumbers added tokens unless they
+    # continue the model vocabulary without a gap, so the BPE vocabulary is padded up to the
+    # first special id with unreachable entries (no merge produces them), and ids between BOS and
+    # EOS become reserved special tokens, as in Llama 3's tokenizer.json.
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    first, last = sorted([config.bos_token_id, config.eos_token_id])
+    for i in range(len(vocab), first):
+        vocab[f"<|unused_bpe_{i}|>"] = i
+    names = {config.bos_token_id: BOS_TOKEN, config.eos_token_id: EOS_TOKEN}
+    data["added_tokens"] = [
+        {"id": tid, "content": names.get(tid, f"<|reserved_special_token_{tid - first}|>"),
+         "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+         "special": True}
+        for tid in range(first, last + 1)
+    ]
+    path = os.path.join(out, "tokenizer.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False, indent=2)
+    check = Tokenizer.from_file(path)
+    ids = check.encode("Hello world").ids
+    assert ids[0] == config.bos_token_id and max(ids) < config.vocab_size, ids
+    assert check.token_to_id(EOS_TOKEN) == config.eos_token_id
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
+                   "eos_token": EOS_TOKEN, "add_bos_token": True,
+                   "model_max_length": config.max_position_embeddings}, f, indent=2)
+    return check.get_vocab_size()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args()
+
+    import torch
+
+    t0 = time.time()
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
+    config, arch = make_config(args.layout)
+    with torch.device("meta"):
+        model = model_class(arch)(config)
+    model = model.to(dtype).to_empty(device="cpu")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    fill_weights(model, args.seed, max(1, args.threads))
+    t_fill = time.time()
+    os.makedirs(args.out, exist_ok=True)
+    model.save_pretrained(args.out, safe_serialization=True)
+    t_save = time.time()
+    n_tok = write_tokenizer(args.out, config, args.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"{args.layout}: {n_params / 1e9:.3f} B parameters ({args.dtype}), tokenizer {n_tok} "
+          f"tokens, in {args.out}: init {t_fill - t0:.1f} s, save {t_save - t_fill:.1f} s, "
+          f"total {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
