@@ -3,15 +3,45 @@
 //   1,024-token tail each (page sizes 1 and 16), LRU policy.
 //   Allocator: alloc_extend / alloc_decode for a batch of 256 requests (restored in O(1) after
 //   each iteration, so the state is identical every time).
+//   Workload W: the SGLang peer harness's workload (../shared/peers/sglang_radix/bench_radix_w.py):
+//   100 prompts of 1,024 tokens x 100 continuations of 1,024 tokens = 10,000 sequences of 2,048
+//   tokens (vocab 32,000; our own RNG, same shape), then P1 insert all, P2 10,000 full-hit matches
+//   (2,304-token queries), P3 10,000 partial-hit matches (prompt + 1,024 random tokens), P4a one
+//   evict of half the evictable tokens, P4b evict(2,048) until empty. Two page owners: the real
+//   PageAllocator (the tree retains / frees real pages) and CountingPages (only counts, like the
+//   harness's fake allocator). Heap allocations inside the timed regions are counted.
 // Results: bench/results/cache_cpu.md.
 #include <benchmark/benchmark.h>
+#include <malloc.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
+#include <new>
 #include <random>
 #include <vector>
 
 #include "pagoda/cache/radix_cache.h"
+#include "pagoda/core/check.h"
+
+// Every heap allocation in the process is counted (the timed regions read the counter).
+namespace {
+int64_t g_heap_allocs = 0;
+}  // namespace
+
+// noinline: GCC otherwise pairs the inlined malloc/free with new/delete and warns.
+[[gnu::noinline]] void* operator new(size_t n) {
+  ++g_heap_allocs;
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](size_t n) { return operator new(n); }
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { operator delete(p); }
+void operator delete(void* p, size_t) noexcept { operator delete(p); }
+void operator delete[](void* p, size_t) noexcept { operator delete(p); }
 
 namespace {
 
@@ -168,6 +198,255 @@ void BM_AllocDecodeBatch256(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * 256);
 }
 
+
+// ---- Workload W (the SGLang peer harness's workload, side by side) ----
+
+constexpr int32_t kWPrompts = 100;
+constexpr int32_t kWConts = 100;
+constexpr int32_t kWPartLen = 1024;  // prompt and continuation length
+constexpr int32_t kWSeqs = kWPrompts * kWConts;
+constexpr int32_t kWSeqLen = 2 * kWPartLen;
+constexpr int32_t kWQueries = 10000;
+constexpr int32_t kWQ2Tail = 256;
+constexpr int32_t kWQ3Tail = 1024;
+constexpr uint32_t kWVocab = 32000;
+constexpr int32_t kWChunk = 1000;  // queries / sequences built (untimed) per timed batch
+constexpr int kWPhases = 5;
+constexpr const char* kWPhaseNames[kWPhases] = {"P1_insert", "P2_match_full", "P3_match_partial",
+                                                "P4a_evict_half", "P4b_evict_2048"};
+
+struct WorkloadW {
+  std::vector<int32_t> prompts, conts, q2_pick, q2_tail, q3_pick, q3_tail;
+  WorkloadW() {
+    std::mt19937_64 rng(0);
+    auto draw = [&](std::vector<int32_t>& v, size_t n, uint32_t bound) {
+      v.resize(n);
+      for (auto& x : v) x = static_cast<int32_t>(rng() % bound);
+    };
+    draw(prompts, size_t{kWPrompts} * kWPartLen, kWVocab);
+    draw(conts, size_t{kWSeqs} * kWPartLen, kWVocab);
+    draw(q2_pick, kWQueries, kWSeqs);
+    draw(q2_tail, size_t{kWQueries} * kWQ2Tail, kWVocab);
+    draw(q3_pick, kWQueries, kWPrompts);
+    draw(q3_tail, size_t{kWQueries} * kWQ3Tail, kWVocab);
+  }
+  /// Sequence i: prompt i / 100, then continuation i (the harness's order).
+  void sequence(int32_t i, int32_t* out) const {
+    std::copy_n(&prompts[size_t(i / kWConts) * kWPartLen], kWPartLen, out);
+    std::copy_n(&conts[size_t(i) * kWPartLen], kWPartLen, out + kWPartLen);
+  }
+  void query_full(int32_t j, int32_t* out) const {
+    sequence(q2_pick[size_t(j)], out);
+    std::copy_n(&q2_tail[size_t(j) * kWQ2Tail], kWQ2Tail, out + kWSeqLen);
+  }
+  void query_partial(int32_t j, int32_t* out) const {
+    std::copy_n(&prompts[size_t(q3_pick[size_t(j)]) * kWPartLen], kWPartLen, out);
+    std::copy_n(&q3_tail[size_t(j) * kWQ3Tail], kWQ3Tail, out + kWPartLen);
+  }
+};
+
+const WorkloadW& workload_w() {
+  static const WorkloadW w;
+  return w;
+}
+
+/// The harness's fake allocator: holds no state, counts calls and slots (like SGLang's bench).
+class CountingPages final : public kv::PageRefs {
+ public:
+  CountingPages(int32_t num_pages, int32_t page_size) : num_pages_(num_pages), page_size_(page_size) {}
+  int32_t page_size() const override { return page_size_; }
+  int32_t num_pages() const override { return num_pages_; }
+  int32_t refcount(PageId) const override { return 1; }
+  void retain(std::span<const SlotIndex> s) override { retained += static_cast<int64_t>(s.size()); }
+  void free(std::span<const SlotIndex> s) override { freed += static_cast<int64_t>(s.size()); }
+  void require_held_runs(std::span<const SlotIndex>) const override {}
+  int64_t retained = 0, freed = 0;
+
+ private:
+  int32_t num_pages_, page_size_;
+};
+
+// API adapters: the allocation-free match and the ownership-transferring insert.
+int64_t w_match(cache::RadixCache& c, std::span<const int32_t> q, std::vector<SlotIndex>& out) {
+  return c.match_prefix({q, ""}, cache::kNoPrefixLimit, out).length;
+}
+int64_t w_insert(cache::RadixCache& c, std::span<const int32_t> t, std::span<const SlotIndex> s) {
+  return c.insert({t, ""}, s, {.ownership = cache::SlotOwnership::kTransfer}).prefix_len;
+}
+/// What the caller still frees after w_insert (nothing: the tree took its references).
+void w_after_insert(kv::PageAllocator&, std::span<const SlotIndex>) {}
+std::unique_ptr<cache::RadixCache> w_make_cache(kv::PageRefs& pages, kv::PageAllocator*) {
+  return std::make_unique<cache::RadixCache>(pages);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t heap_in_use() {
+  const struct mallinfo2 mi = mallinfo2();
+  return static_cast<int64_t>(mi.uordblks + mi.hblkhd);
+}
+
+struct WResult {
+  double secs[kWPhases] = {};
+  int64_t allocs[kWPhases] = {};
+  int64_t ops[kWPhases] = {kWSeqs, kWQueries, kWQueries, 1, 0};
+  int64_t stored = 0, nodes = 0, p2_hit = 0, p3_hit = 0;
+  int64_t heap_tree = 0, heap_after_evict = 0;
+};
+
+/// One run of workload W on a fresh cache. kReal: the tree holds real pages of a PageAllocator
+/// (the caller matches, allocates the rest with alloc_extend, inserts with ownership transfer);
+/// otherwise CountingPages and the harness's values (sequence i -> slots of its own 2,048).
+template <bool kReal>
+WResult run_w(int32_t page) {
+  const WorkloadW& w = workload_w();
+  WResult r;
+  std::unique_ptr<kv::PageAllocator> alloc;
+  std::unique_ptr<CountingPages> counting;
+  kv::PageRefs* pages;
+  if constexpr (kReal) {
+    alloc = std::make_unique<kv::PageAllocator>(
+        (kWPrompts * kWPartLen + kWSeqs * kWPartLen + kWSeqLen) / page, page);
+    pages = alloc.get();
+  } else {
+    counting = std::make_unique<CountingPages>(kWSeqs * kWSeqLen / page + 1, page);
+    pages = counting.get();
+  }
+  auto cache_ptr = w_make_cache(*pages, alloc.get());
+  cache::RadixCache& cache = *cache_ptr;
+  std::vector<int32_t> buf(size_t{kWChunk} * (kWSeqLen + kWQ2Tail));
+  std::vector<SlotIndex> slots, fresh, values(size_t{kWChunk} * kWSeqLen);
+  slots.reserve(kWSeqLen + kWQ2Tail);
+  const int64_t heap0 = heap_in_use();
+  // P1: insert every sequence.
+  for (int32_t c0 = 0; c0 < kWSeqs; c0 += kWChunk) {
+    for (int32_t i = 0; i < kWChunk; ++i) w.sequence(c0 + i, &buf[size_t(i) * kWSeqLen]);
+    if constexpr (kReal) {
+      for (int32_t i = 0; i < kWChunk; ++i) {
+        const std::span<const int32_t> seq(&buf[size_t(i) * kWSeqLen], kWSeqLen);
+        const auto pre = static_cast<int32_t>(w_match(cache, seq, slots));
+        const int32_t seq_len = kWSeqLen;
+        const SlotIndex last = pre == 0 ? -1 : slots[size_t(pre) - 1];
+        fresh.resize(size_t(kWSeqLen - pre));
+        PAGODA_CHECK(alloc->alloc_extend(std::span(&pre, 1), std::span(&seq_len, 1),
+                                         std::span(&last, 1), fresh));
+        slots.insert(slots.end(), fresh.begin(), fresh.end());
+        const int64_t a0 = g_heap_allocs;
+        const double t0 = now_s();
+        benchmark::DoNotOptimize(w_insert(cache, seq, slots));
+        r.secs[0] += now_s() - t0;
+        r.allocs[0] += g_heap_allocs - a0;
+        w_after_insert(*alloc, fresh);
+      }
+    } else {
+      for (int32_t i = 0; i < kWChunk; ++i) {
+        const auto base = static_cast<SlotIndex>(page + (c0 + i) * kWSeqLen);
+        for (int32_t k = 0; k < kWSeqLen; ++k) values[size_t(i) * kWSeqLen + size_t(k)] = base + k;
+      }
+      const int64_t a0 = g_heap_allocs;
+      const double t0 = now_s();
+      for (int32_t i = 0; i < kWChunk; ++i) {
+        benchmark::DoNotOptimize(
+            w_insert(cache, std::span<const int32_t>(&buf[size_t(i) * kWSeqLen], kWSeqLen),
+                     std::span<const SlotIndex>(&values[size_t(i) * kWSeqLen], kWSeqLen)));
+      }
+      r.secs[0] += now_s() - t0;
+      r.allocs[0] += g_heap_allocs - a0;
+    }
+  }
+  r.stored = cache.total_size();
+  r.nodes = cache.num_nodes();
+  r.heap_tree = heap_in_use() - heap0;
+  // P2 / P3: full and partial hits into one reused buffer.
+  for (int phase = 1; phase <= 2; ++phase) {
+    const int32_t qlen = phase == 1 ? kWSeqLen + kWQ2Tail : kWPartLen + kWQ3Tail;
+    int64_t hit = 0;
+    for (int32_t c0 = 0; c0 < kWQueries; c0 += kWChunk) {
+      for (int32_t j = 0; j < kWChunk; ++j) {
+        int32_t* q = &buf[size_t(j) * size_t(qlen)];
+        phase == 1 ? w.query_full(c0 + j, q) : w.query_partial(c0 + j, q);
+      }
+      const int64_t a0 = g_heap_allocs;
+      const double t0 = now_s();
+      for (int32_t j = 0; j < kWChunk; ++j) {
+        hit += w_match(cache, std::span<const int32_t>(&buf[size_t(j) * size_t(qlen)], size_t(qlen)),
+                       slots);
+      }
+      r.secs[phase] += now_s() - t0;
+      r.allocs[phase] += g_heap_allocs - a0;
+    }
+    (phase == 1 ? r.p2_hit : r.p3_hit) = hit;
+  }
+  PAGODA_CHECK_EQ(r.p2_hit, int64_t{kWQueries} * kWSeqLen);
+  // P4a: one evict of half the evictable tokens; P4b: evict(2048) until empty.
+  const int64_t target = cache.evictable_size() / 2;
+  int64_t a0 = g_heap_allocs;
+  double t0 = now_s();
+  const int64_t evicted = cache.evict(target);
+  r.secs[3] = now_s() - t0;
+  r.allocs[3] = g_heap_allocs - a0;
+  PAGODA_CHECK_GE(evicted, target);
+  a0 = g_heap_allocs;
+  t0 = now_s();
+  while (cache.evictable_size() > 0) {
+    cache.evict(kWSeqLen);
+    ++r.ops[4];
+  }
+  r.secs[4] = now_s() - t0;
+  r.allocs[4] = g_heap_allocs - a0;
+  PAGODA_CHECK_EQ(cache.total_size(), 0);
+  r.heap_after_evict = heap_in_use() - heap0;
+  return r;
+}
+
+template <bool kReal>
+void BM_WorkloadW(benchmark::State& state) {
+  const auto page = static_cast<int32_t>(state.range(0));
+  workload_w();
+  for (auto _ : state) {
+    const WResult r = run_w<kReal>(page);
+    double total = 0;
+    for (int p = 0; p < kWPhases; ++p) {
+      total += r.secs[p];
+      const double per_op = r.secs[p] / static_cast<double>(r.ops[p]);
+      state.counters[std::string(kWPhaseNames[p]) + "_us"] = per_op * 1e6;
+      state.counters[std::string(kWPhaseNames[p]) + "_allocs"] =
+          static_cast<double>(r.allocs[p]) / static_cast<double>(r.ops[p]);
+    }
+    state.SetIterationTime(total);
+    state.counters["P4b_calls"] = static_cast<double>(r.ops[4]);
+    state.counters["nodes"] = static_cast<double>(r.nodes);
+    state.counters["stored_tokens"] = static_cast<double>(r.stored);
+    state.counters["p3_hit_per_query"] = static_cast<double>(r.p3_hit) / kWQueries;
+    state.counters["tree_bytes_per_token"] =
+        static_cast<double>(r.heap_tree) / static_cast<double>(r.stored);
+    state.counters["heap_MiB_after_evict"] = static_cast<double>(r.heap_after_evict) / (1 << 20);
+  }
+}
+
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+
+BENCHMARK_TEMPLATE(BM_WorkloadW, true)
+    ->Name("W_real_allocator")
+    ->Arg(1)
+    ->Arg(16)
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Repetitions(4)
+    ->ComputeStatistics("min", min_of)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_WorkloadW, false)
+    ->Name("W_counting_pages")
+    ->Arg(1)
+    ->Arg(16)
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Repetitions(4)
+    ->ComputeStatistics("min", min_of)
+    ->Unit(benchmark::kMillisecond);
+
 BENCHMARK(BM_MatchPrefix)->Arg(1)->Arg(16)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_InsertNewSequence)->Arg(1)->Arg(16)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EvictOneSequence)->Arg(1)->Arg(16)->Unit(benchmark::kMicrosecond);
@@ -176,4 +455,16 @@ BENCHMARK(BM_AllocDecodeBatch256)->Arg(1)->Arg(16)->Unit(benchmark::kMicrosecond
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  // Keep freed memory in the process (no trimming back to the OS), as CPython's allocator does
+  // for the SGLang harness (its timed runs take ~0 page faults): both sides then measure the
+  // cache, not first-touch page faults. The tree still frees every buffer it evicts
+  // (heap_MiB_after_evict counts bytes in use, not the process's reservation).
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -13,12 +13,18 @@ class ChunkCache final : public PrefixCache {
   ChunkCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table)
       : PrefixCache(allocator, table) {}
 
+  explicit ChunkCache(kv::PageRefs& pages, kv::ReqToTokenTable* table = nullptr)
+      : PrefixCache(pages, table) {}
+
   std::string_view name() const override { return "chunk"; }
+  using PrefixCache::match_prefix;
   /// Always empty slots and no node; counts the query.
-  MatchResult match_prefix(const RadixKey& key, int64_t max_prefix_len = kNoPrefixLimit) override;
-  /// Stores nothing, retains nothing; returns 0.
-  int64_t insert(const RadixKey& key, std::span<const SlotIndex> slots,
-                 InsertOptions options = {}) override;
+  PrefixMatch match_prefix(const RadixKey& key, int64_t max_prefix_len,
+                           std::vector<SlotIndex>& out) override;
+  /// Stores nothing; returns prefix 0 and no node. kRetain retains nothing (the caller keeps its
+  /// references); kTransfer frees slots[:L] (the caller handed them over and nothing keeps them).
+  InsertResult insert(const RadixKey& key, std::span<const SlotIndex> slots,
+                      InsertOptions options = {}) override;
   /// No-ops (any handle accepted).
   void inc_lock_ref(NodeHandle node) override {}
   void dec_lock_ref(NodeHandle node) override {}

@@ -61,6 +61,35 @@ struct MatchResult {
   NodeHandle last_node;
 };
 
+/// Result of the allocation-free match_prefix overload: the matched length (the slots are in the
+/// caller's buffer) and the deepest matched node.
+struct PrefixMatch {
+  int64_t length = 0;
+  NodeHandle last_node;
+};
+
+/// Who owns the caller's page references after insert (see PrefixCache::insert).
+enum class SlotOwnership : uint8_t {
+  /// The tree takes its own reference on the pages it newly stores; the caller keeps every
+  /// reference it had and releases all of them itself (free(slots[:L]) after insert).
+  kRetain,
+  /// The caller hands over its references on slots[:L]: the tree adopts them for the pages it
+  /// newly stores and releases them itself for duplicates of pages it already holds. Positions
+  /// where the caller passed the tree's own slots (from a match) are left alone. After insert the
+  /// caller owns nothing in slots[:L] and must not free it (a second free of a duplicate throws).
+  kTransfer,
+};
+
+/// SGLang's InsertResult: how many leading tokens were already cached, the tokens the tree holds
+/// for the key after the insert (L, the page-aligned key length), and the node holding the last
+/// page of the key (the root when L == 0). Converts to prefix_len for older callers.
+struct InsertResult {
+  int64_t prefix_len = 0;
+  int64_t total_len = 0;
+  NodeHandle last_node;
+  operator int64_t() const { return prefix_len; }  // NOLINT(google-explicit-constructor)
+};
+
 enum class InsertKind : uint8_t {
   kFinished,  ///< a finished request or an explicit insert: bumps hit counts
   kChunked,   ///< a chunked-prefill self-insert: does not bump hit counts
@@ -69,6 +98,7 @@ enum class InsertKind : uint8_t {
 struct InsertOptions {
   int32_t priority = 0;  ///< raises the priority of every node on the path (max)
   InsertKind kind = InsertKind::kFinished;
+  SlotOwnership ownership = SlotOwnership::kRetain;
 };
 
 enum class FinishPolicy : uint8_t {
@@ -118,6 +148,11 @@ class PrefixCache {
   /// The cache uses (never owns) `allocator` and `table`; both must outlive it.
   PrefixCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table)
       : allocator_(&allocator), table_(&table) {}
+  /// A cache over any page-reference owner, optionally without a request table: match_prefix,
+  /// insert, locks and evict work; cache_finished_req / cache_unfinished_req / admit need a
+  /// table and throw kFailedPrecondition without one.
+  explicit PrefixCache(kv::PageRefs& pages, kv::ReqToTokenTable* table = nullptr)
+      : allocator_(&pages), table_(table) {}
   virtual ~PrefixCache() = default;
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
@@ -127,14 +162,26 @@ class PrefixCache {
 
   /// Longest cached prefix of key.tokens[:min(len, max_prefix_len)] rounded down to page_size.
   /// Mutates: splits a node when the match ends inside it, refreshes access times, counts stats.
-  /// The slots are only safe to use after inc_lock_ref(result.last_node).
-  virtual MatchResult match_prefix(const RadixKey& key, int64_t max_prefix_len = kNoPrefixLimit) = 0;
+  /// The slots are only safe to use after inc_lock_ref(result.last_node). Allocates the result.
+  MatchResult match_prefix(const RadixKey& key, int64_t max_prefix_len = kNoPrefixLimit);
+  /// The same match into a caller-owned buffer: `out` is overwritten with the matched slots
+  /// (resized to the match length; its capacity is reused, so a warm buffer means no heap
+  /// allocation). Returns the length and the deepest matched node.
+  virtual PrefixMatch match_prefix(const RadixKey& key, int64_t max_prefix_len,
+                                   std::vector<SlotIndex>& out) = 0;
   /// Stores key.tokens[:L] -> slots[:L], L = len rounded down to page_size; slots[:L] must be whole
   /// held pages. Returns how many leading tokens were already present (the tree keeps its own
-  /// slots there). The tree takes its own reference on the pages it newly stores; the caller keeps
-  /// its references and releases them as usual (see cache_finished_req).
-  virtual int64_t insert(const RadixKey& key, std::span<const SlotIndex> slots,
-                         InsertOptions options = {}) = 0;
+  /// slots there), L, and the node holding the key's last page.
+  /// Ownership (options.ownership):
+  ///  - kRetain (default): the tree takes its own reference on the pages it newly stores; the
+  ///    caller keeps all its references and frees all of slots[:L] afterwards (freeing only the
+  ///    duplicates, the SGLang habit, leaks the new pages under this rule).
+  ///  - kTransfer (SGLang's rule, done by the tree): the caller's references on slots[:L] pass to
+  ///    the tree, which keeps the new pages and frees the duplicates itself; the caller frees
+  ///    nothing of slots[:L] (only what lies beyond L).
+  /// Every check (lengths, whole pages, held pages) runs before any change.
+  virtual InsertResult insert(const RadixKey& key, std::span<const SlotIndex> slots,
+                              InsertOptions options = {}) = 0;
   /// Protects the path from `node` to the root against eviction (counted). Throws on a stale handle.
   virtual void inc_lock_ref(NodeHandle node) = 0;
   /// Undoes one inc_lock_ref; throws kFailedPrecondition (unchanged) when not locked.
@@ -171,7 +218,10 @@ class PrefixCache {
   /// Validates the request-side arguments of cache_*_req; throws before any change.
   void require_request(const CacheRequest& req, int64_t len) const;
 
-  kv::PageAllocator* allocator_;
+  /// Throws kFailedPrecondition when the cache was built without a request table.
+  kv::ReqToTokenTable& table() const;
+
+  kv::PageRefs* allocator_;
   kv::ReqToTokenTable* table_;
 };
 

@@ -1,6 +1,7 @@
 #include "pagoda/cache/radix_cache.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "pagoda/core/check.h"
@@ -11,18 +12,33 @@ namespace pagoda::cache {
 /// A tree node (see radix_cache.h). `id` is a generation: a recycled node gets a new one.
 struct PrefixNode {
   PrefixNode* parent = nullptr;
-  std::vector<int32_t> key;
-  std::vector<SlotIndex> value;
-  std::unordered_multimap<uint64_t, PrefixNode*> children;
+  std::unique_ptr<int32_t[]> data;  ///< [len tokens | len slots], exactly sized; null when empty
+  int64_t len = 0;
   uint64_t id = 0;
+  uint64_t hash = 0;  ///< page_hash(ns, first page of key); with the parent, its child-table key
   int32_t ns = 0;
   int32_t lock_ref = 0;
+  int32_t num_children = 0;
+  int32_t heap_pos = -1;  ///< position in the evictable-leaf heap, -1 when not in it
   NodeStats stats;
-  bool in_evict_set = false;
-  EvictionKey evict_key{};
+
+  const int32_t* key() const { return data.get(); }
+  const SlotIndex* value() const { return data.get() + len; }
+  std::span<const int32_t> key_span() const { return {key(), static_cast<size_t>(len)}; }
+  std::span<const SlotIndex> value_span() const { return {value(), static_cast<size_t>(len)}; }
+  /// Replaces the buffer with an exactly sized copy of key[0, n) and value[0, n).
+  void assign(const int32_t* k, const SlotIndex* v, int64_t n) {
+    auto buf = std::make_unique_for_overwrite<int32_t[]>(static_cast<size_t>(2 * n));
+    std::memcpy(buf.get(), k, static_cast<size_t>(n) * sizeof(int32_t));
+    std::memcpy(buf.get() + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
+    data = std::move(buf);
+    len = n;
+  }
 };
 
 namespace {
+
+constexpr size_t kMinChildTable = 64;
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -31,12 +47,31 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h ^ (h >> 29);
 }
 
+/// Leading equal elements of a[0, n) and b[0, n): one memcmp over the whole run when it matches
+/// (the common case), else a blockwise search for the first difference.
+size_t common_prefix(const int32_t* a, const int32_t* b, size_t n) {
+  if (std::memcmp(a, b, n * sizeof(int32_t)) == 0) return n;
+  constexpr size_t kBlock = 64;
+  size_t i = 0;
+  while (i + kBlock <= n && std::memcmp(a + i, b + i, kBlock * sizeof(int32_t)) == 0) i += kBlock;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
 }  // namespace
 
 RadixCache::RadixCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table,
                        std::unique_ptr<EvictionPolicy> policy)
-    : PrefixCache(allocator, table), policy_(policy ? std::move(policy) : make_lru_policy()) {
-  tree_page_refs_.assign(static_cast<size_t>(allocator.num_pages()) + 1, 0);
+    : RadixCache(static_cast<kv::PageRefs&>(allocator), std::move(policy)) {
+  table_ = &table;
+}
+
+RadixCache::RadixCache(kv::PageRefs& pages, std::unique_ptr<EvictionPolicy> policy)
+    : PrefixCache(pages), policy_(policy ? std::move(policy) : make_lru_policy()) {
+  tree_pages_.assign((static_cast<size_t>(pages.num_pages()) + 64) / 64, 0);
+  const int32_t p = pages.page_size();
+  page_shift_ = (p & (p - 1)) == 0 ? std::countr_zero(static_cast<uint32_t>(p)) : -1;
+  children_.assign(kMinChildTable, ChildEntry{});
   namespaces_.emplace("", 0);
   root_ = new_node(nullptr, 0);
   root_->lock_ref = 1;
@@ -56,16 +91,17 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
   node->id = next_id_++;
   node->ns = ns;
   node->lock_ref = 0;
+  node->num_children = 0;
+  node->heap_pos = -1;
+  node->hash = 0;
   node->stats = NodeStats{.last_access = clock_, .creation = node->id};
-  node->in_evict_set = false;
   return node;
 }
 
 void RadixCache::recycle(PrefixNode* node) {
   node->parent = nullptr;
-  node->key.clear();
-  node->value.clear();
-  node->children.clear();
+  node->data.reset();  // the key/value memory goes back to the heap
+  node->len = 0;
   node->id = 0;  // any handle to it is now stale
   free_nodes_.push_back(node);
 }
@@ -77,127 +113,262 @@ PrefixNode* RadixCache::require_live(NodeHandle handle) const {
   return handle.node;
 }
 
-uint64_t RadixCache::child_hash(int32_t ns, std::span<const int32_t> first_page) const {
+uint64_t RadixCache::page_hash(int32_t ns, const int32_t* first_page) const {
   uint64_t h = mix(0x51ED27u, static_cast<uint64_t>(ns));
-  for (int32_t t : first_page) h = mix(h, static_cast<uint32_t>(t));
+  const int32_t p = page_size();
+  int32_t i = 0;
+  for (; i + 1 < p; i += 2) {
+    h = mix(h, static_cast<uint32_t>(first_page[i]) |
+                   (static_cast<uint64_t>(static_cast<uint32_t>(first_page[i + 1])) << 32));
+  }
+  if (i < p) h = mix(h, static_cast<uint32_t>(first_page[i]));
   return h;
 }
 
-PrefixNode* RadixCache::find_child(const PrefixNode* node, int32_t ns,
-                                   std::span<const int32_t> page) const {
-  auto [it, end] = node->children.equal_range(child_hash(ns, page));
-  for (; it != end; ++it) {
-    const PrefixNode* c = it->second;
-    if (c->ns == ns && std::equal(page.begin(), page.end(), c->key.begin())) return it->second;
-  }
-  return nullptr;
+uint64_t RadixCache::child_key(const PrefixNode* parent, uint64_t hash) const {
+  return mix(hash, parent->id);
 }
 
-int64_t RadixCache::matched_pages_len(std::span<const int32_t> a,
-                                      std::span<const int32_t> b) const {
-  const int64_t n = aligned(static_cast<int64_t>(std::min(a.size(), b.size())));
-  const int64_t p = page_size();
-  int64_t i = 0;
-  while (i < n && std::memcmp(a.data() + i, b.data() + i, static_cast<size_t>(p) * 4) == 0) i += p;
-  return i;
+PrefixNode* RadixCache::find_child(const PrefixNode* node, int32_t ns, const int32_t* page) const {
+  const uint64_t key = child_key(node, page_hash(ns, page));
+  const size_t mask = children_.size() - 1;
+  const auto bytes = static_cast<size_t>(page_size()) * sizeof(int32_t);
+  for (size_t i = key & mask;; i = (i + 1) & mask) {
+    const ChildEntry& e = children_[i];
+    if (e.node == nullptr) return nullptr;
+    if (e.key == key && e.node->parent == node && e.node->ns == ns &&
+        std::memcmp(e.node->key(), page, bytes) == 0) {
+      return e.node;
+    }
+  }
+}
+
+void RadixCache::rehash_children(size_t capacity) {
+  std::vector<ChildEntry> old(capacity, ChildEntry{});
+  old.swap(children_);
+  const size_t mask = capacity - 1;
+  for (const ChildEntry& e : old) {
+    if (e.node == nullptr) continue;
+    size_t i = e.key & mask;
+    while (children_[i].node != nullptr) i = (i + 1) & mask;
+    children_[i] = e;
+  }
+}
+
+void RadixCache::link_child(PrefixNode* parent, PrefixNode* child) {
+  if ((num_children_ + 1) * 2 > children_.size()) rehash_children(children_.size() * 2);
+  child->hash = page_hash(child->ns, child->key());
+  const uint64_t key = child_key(parent, child->hash);
+  const size_t mask = children_.size() - 1;
+  size_t i = key & mask;
+  while (children_[i].node != nullptr) i = (i + 1) & mask;
+  children_[i] = ChildEntry{key, child};
+  ++parent->num_children;
+  ++num_children_;
+}
+
+void RadixCache::relink_child(PrefixNode* old_child, PrefixNode* new_child) {
+  const uint64_t key = child_key(old_child->parent, old_child->hash);
+  const size_t mask = children_.size() - 1;
+  size_t i = key & mask;
+  while (children_[i].node != old_child) i = (i + 1) & mask;
+  children_[i].node = new_child;
+}
+
+void RadixCache::unlink_child(PrefixNode* child) {
+  const uint64_t key = child_key(child->parent, child->hash);
+  const size_t mask = children_.size() - 1;
+  size_t i = key & mask;
+  while (children_[i].node != child) i = (i + 1) & mask;
+  // Backward-shift deletion keeps every probe sequence unbroken without tombstones.
+  for (size_t j = (i + 1) & mask; children_[j].node != nullptr; j = (j + 1) & mask) {
+    const size_t home = children_[j].key & mask;
+    const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+    if (!stays) {
+      children_[i] = children_[j];
+      i = j;
+    }
+  }
+  children_[i] = ChildEntry{};
+  --child->parent->num_children;
+  --num_children_;
+  if (children_.size() > kMinChildTable && num_children_ * 8 < children_.size()) {
+    rehash_children(children_.size() / 2);  // give memory back as the tree shrinks
+  }
 }
 
 int32_t RadixCache::ns_lookup(std::string_view extra_key) const {
-  auto it = namespaces_.find(std::string(extra_key));
+  auto it = namespaces_.find(extra_key);
   return it == namespaces_.end() ? -1 : it->second;
 }
 
 int32_t RadixCache::ns_intern(std::string_view extra_key) {
-  auto [it, added] =
-      namespaces_.emplace(std::string(extra_key), static_cast<int32_t>(namespaces_.size()));
-  return it->second;
+  if (const int32_t ns = ns_lookup(extra_key); ns >= 0) return ns;
+  const auto ns = static_cast<int32_t>(namespaces_.size());
+  namespaces_.emplace(std::string(extra_key), ns);
+  return ns;
+}
+
+bool RadixCache::heap_less(const HeapEntry& a, const HeapEntry& b) {
+  return a.key < b.key || (a.key == b.key && a.id < b.id);
+}
+
+void RadixCache::heap_place(const HeapEntry& entry, size_t pos) {
+  heap_[pos] = entry;
+  entry.node->heap_pos = static_cast<int32_t>(pos);
+}
+
+void RadixCache::heap_sift(size_t pos) {
+  const HeapEntry e = heap_[pos];
+  while (pos > 0) {
+    const size_t up = (pos - 1) / 2;
+    if (!heap_less(e, heap_[up])) break;
+    heap_place(heap_[up], pos);
+    pos = up;
+  }
+  const size_t size = heap_.size();
+  for (;;) {
+    size_t c = 2 * pos + 1;
+    if (c >= size) break;
+    if (c + 1 < size && heap_less(heap_[c + 1], heap_[c])) ++c;
+    if (!heap_less(heap_[c], e)) break;
+    heap_place(heap_[c], pos);
+    pos = c;
+  }
+  heap_place(e, pos);
+}
+
+void RadixCache::heap_remove(PrefixNode* node) {
+  const auto pos = static_cast<size_t>(node->heap_pos);
+  const HeapEntry last = heap_.back();
+  heap_.pop_back();
+  node->heap_pos = -1;
+  if (pos < heap_.size()) {
+    heap_place(last, pos);
+    heap_sift(pos);
+  }
 }
 
 void RadixCache::touch(PrefixNode* node) {
   node->stats.last_access = clock_;
-  if (node->in_evict_set) sync_evictable(node);
+  if (node->heap_pos >= 0) sync_evictable(node);
 }
 
 void RadixCache::sync_evictable(PrefixNode* node) {
-  if (node->in_evict_set) {
-    evictable_leaves_.erase(EvictEntry{node->evict_key, node->id});
-    node->in_evict_set = false;
+  const bool evictable_leaf = node != root_ && node->lock_ref == 0 && node->num_children == 0;
+  if (!evictable_leaf) {
+    if (node->heap_pos >= 0) heap_remove(node);
+    return;
   }
-  if (node != root_ && node->lock_ref == 0 && node->children.empty()) {
-    node->evict_key = policy_->key(node->stats);
-    evictable_leaves_.emplace(EvictEntry{node->evict_key, node->id}, node);
-    node->in_evict_set = true;
+  const EvictionKey key = policy_->key(node->stats);
+  if (node->heap_pos < 0) {
+    heap_.push_back(HeapEntry{key, node->id, node});
+    node->heap_pos = static_cast<int32_t>(heap_.size() - 1);
+  } else {
+    heap_[static_cast<size_t>(node->heap_pos)].key = key;
   }
+  heap_sift(static_cast<size_t>(node->heap_pos));
 }
 
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
-  if (listener_) listener_(event, node->key, node->value);
+  if (listener_) listener_(event, node->key_span(), node->value_span());
 }
 
 PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
   // parent -> child becomes parent -> upper -> child; upper takes key[:len] / value[:len].
-  PrefixNode* parent = child->parent;
-  PrefixNode* upper = new_node(parent, child->ns);
-  upper->key.assign(child->key.begin(), child->key.begin() + len);
-  upper->value.assign(child->value.begin(), child->value.begin() + len);
+  PrefixNode* upper = new_node(child->parent, child->ns);
+  upper->assign(child->key(), child->value(), len);
+  upper->hash = child->hash;  // same first page, same parent: it takes over the child's entry
   upper->lock_ref = child->lock_ref;
   upper->stats = child->stats;
-  child->key.erase(child->key.begin(), child->key.begin() + len);
-  child->value.erase(child->value.begin(), child->value.begin() + len);
-  const uint64_t h = child_hash(child->ns, std::span(upper->key).first(page_size()));
-  for (auto [it, end] = parent->children.equal_range(h); it != end; ++it) {
-    if (it->second == child) {
-      it->second = upper;
-      break;
-    }
-  }
+  relink_child(child, upper);
+  const int64_t rest = child->len - len;
+  std::unique_ptr<int32_t[]> old = std::move(child->data);
+  child->assign(old.get() + len, old.get() + child->len + len, rest);
   child->parent = upper;
-  upper->children.emplace(child_hash(child->ns, std::span(child->key).first(page_size())), child);
+  link_child(upper, child);
   ++num_nodes_;
   return upper;
 }
 
+int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
+                                    std::span<const SlotIndex> slots, bool collect_dups) {
+  const int64_t p = page_size();
+  const auto n = static_cast<int64_t>(tokens.size());
+  const PrefixNode* node = root_;
+  int64_t pos = 0;
+  scratch_path_.clear();
+  while (pos < n) {
+    PrefixNode* child = find_child(node, ns, tokens.data() + pos);
+    if (child == nullptr) break;
+    const int64_t m = std::min(child->len, n - pos);
+    const int64_t plen = aligned(static_cast<int64_t>(
+        common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
+    if (collect_dups && std::memcmp(child->value(), slots.data() + pos,
+                                    static_cast<size_t>(plen) * sizeof(SlotIndex)) != 0) {
+      // Pages where the caller passed its own slots (not the tree's) are duplicates it hands
+      // over; they are collected run by run.
+      const SlotIndex* mine = slots.data() + pos;
+      const SlotIndex* tree = child->value();
+      int64_t j = 0;
+      while (j < plen) {
+        while (j < plen && mine[j] == tree[j]) j += p;
+        const int64_t run = j;
+        while (j < plen && mine[j] != tree[j]) j += p;
+        scratch_dups_.insert(scratch_dups_.end(), mine + run, mine + j);
+      }
+    }
+    scratch_path_.push_back(PathStep{child, plen});
+    pos += plen;
+    if (plen < child->len) break;
+    node = child;
+  }
+  return pos;
+}
+
 PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
-                                   std::vector<SlotIndex>& out) {
-  const auto p = static_cast<size_t>(page_size());
+                                   std::vector<SlotIndex>* out) {
+  const auto n = static_cast<int64_t>(tokens.size());
   PrefixNode* node = root_;
   touch(node);
-  size_t pos = 0;
-  while (pos < tokens.size()) {
-    PrefixNode* child = find_child(node, ns, tokens.subspan(pos, p));
+  int64_t pos = 0;
+  while (pos < n) {
+    PrefixNode* child = find_child(node, ns, tokens.data() + pos);
     if (child == nullptr) break;
-    const auto plen = static_cast<size_t>(matched_pages_len(child->key, tokens.subspan(pos)));
+    const int64_t m = std::min(child->len, n - pos);
+    const int64_t plen = aligned(static_cast<int64_t>(
+        common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
     touch(child);
-    if (plen < child->key.size()) child = split(child, static_cast<int64_t>(plen));
-    out.insert(out.end(), child->value.begin(), child->value.end());
+    const bool partial = plen < child->len;
+    if (partial) child = split(child, plen);
+    out->insert(out->end(), child->value(), child->value() + plen);
     pos += plen;
     node = child;
+    if (partial) break;
   }
   return node;
 }
 
-MatchResult RadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_len) {
+PrefixMatch RadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_len,
+                                     std::vector<SlotIndex>& out) {
   PAGODA_REQUIRE(max_prefix_len >= 0, kInvalidArgument, "max_prefix_len {} < 0", max_prefix_len);
   ++clock_;
   const int64_t capped = std::min(static_cast<int64_t>(key.tokens.size()), max_prefix_len);
   ++stats_.match_calls;
   stats_.queried_tokens += capped;
-  MatchResult result;
+  out.clear();
   const int32_t ns = ns_lookup(key.extra_key);
   const int64_t len = aligned(capped);
-  if (ns < 0 || len == 0) {
-    result.last_node = NodeHandle{root_, root_->id};
-    return result;
-  }
-  result.slots.reserve(static_cast<size_t>(len));
-  PrefixNode* last = match_walk(ns, key.tokens.first(static_cast<size_t>(len)), result.slots);
-  stats_.matched_tokens += static_cast<int64_t>(result.slots.size());
-  result.last_node = NodeHandle{last, last->id};
-  return result;
+  if (ns < 0 || len == 0) return PrefixMatch{0, NodeHandle{root_, root_->id}};
+  PrefixNode* last = match_walk(ns, key.tokens.first(static_cast<size_t>(len)), &out);
+  const auto matched = static_cast<int64_t>(out.size());
+  stats_.matched_tokens += matched;
+  return PrefixMatch{matched, NodeHandle{last, last->id}};
 }
 
 void RadixCache::require_whole_pages(std::span<const SlotIndex> slots) const {
   const auto p = static_cast<size_t>(page_size());
+  if (p == 1) return;  // every slot is a whole page; the allocator checks the rest
   for (size_t i = 0; i < slots.size(); i += p) {
     PAGODA_REQUIRE(slots[i] % page_size() == 0, kInvalidArgument,
                    "insert: slot {} at position {} does not start a page", slots[i], i);
@@ -207,76 +378,120 @@ void RadixCache::require_whole_pages(std::span<const SlotIndex> slots) const {
                      i + p, slots[i + j], i + j);
     }
   }
-  allocator_->require_held_runs(slots);
 }
 
 void RadixCache::require_request_owns(std::span<const SlotIndex> own) const {
   for (SlotIndex s : own) {
     if (s % page_size() != 0) continue;
     const int32_t page = s / page_size();
-    PAGODA_REQUIRE(allocator_->refcount(PageId(page)) > tree_page_refs_[page], kFailedPrecondition,
+    PAGODA_REQUIRE(allocator_->refcount(PageId(page)) > (in_tree(static_cast<size_t>(page)) ? 1 : 0),
+                   kFailedPrecondition,
                    "the request holds no reference of its own on page {} (slot {}): finished "
                    "twice, or its row points at tree pages beyond cache_protected_len",
                    page, s);
   }
 }
 
-int64_t RadixCache::insert_walk(int32_t ns, std::span<const int32_t> tokens,
-                                std::span<const SlotIndex> slots, InsertOptions options) {
-  const auto p = static_cast<size_t>(page_size());
+PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens,
+                                     std::span<const SlotIndex> slots,
+                                     const InsertOptions& options, int64_t pos) {
+  // Replays the path peek_prefix_len recorded (nothing changed the tree since).
+  const auto n = static_cast<int64_t>(tokens.size());
+  const int64_t p = page_size();
   PrefixNode* node = root_;
   touch(node);
-  size_t pos = 0;
-  while (pos < tokens.size()) {
-    PrefixNode* child = find_child(node, ns, tokens.subspan(pos, p));
-    if (child == nullptr) break;
-    const auto plen = static_cast<size_t>(matched_pages_len(child->key, tokens.subspan(pos)));
+  for (const PathStep& step : scratch_path_) {
+    PrefixNode* child = step.child;
     child->stats.priority = std::max(child->stats.priority, options.priority);
     if (options.kind == InsertKind::kFinished) ++child->stats.hit_count;
     touch(child);
-    if (plen < child->key.size()) child = split(child, static_cast<int64_t>(plen));
-    pos += plen;
+    if (step.len < child->len) child = split(child, step.len);
     node = child;
   }
-  const auto prefix_len = static_cast<int64_t>(pos);
-  if (pos < tokens.size()) {
-    PrefixNode* leaf = new_node(node, ns);
-    leaf->key.assign(tokens.begin() + static_cast<int64_t>(pos), tokens.end());
-    leaf->value.assign(slots.begin() + static_cast<int64_t>(pos), slots.end());
-    leaf->stats.priority = options.priority;
-    leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
-    allocator_->retain(leaf->value);
-    for (size_t i = 0; i < leaf->value.size(); i += p) ++tree_page_refs_[leaf->value[i] / page_size()];
-    node->children.emplace(child_hash(ns, std::span(leaf->key).first(p)), leaf);
-    ++num_nodes_;
-    evictable_size_ += static_cast<int64_t>(leaf->key.size());
-    stats_.inserted_tokens += static_cast<int64_t>(leaf->key.size());
-    sync_evictable(node);
-    sync_evictable(leaf);
-    emit(CacheEvent::kStored, leaf);
+  if (pos == n) return node;
+  PrefixNode* leaf = new_node(node, ns);
+  leaf->assign(tokens.data() + pos, slots.data() + pos, n - pos);
+  leaf->stats.priority = options.priority;
+  leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
+  const SlotIndex* v = leaf->value();
+  for (int64_t i = 0; i < leaf->len; i += p) {
+    const size_t page = page_of(v[i]);
+    tree_pages_[page / 64] |= uint64_t{1} << (page % 64);
   }
-  return prefix_len;
+  link_child(node, leaf);
+  ++num_nodes_;
+  evictable_size_ += leaf->len;
+  stats_.inserted_tokens += leaf->len;
+  sync_evictable(node);
+  sync_evictable(leaf);
+  emit(CacheEvent::kStored, leaf);
+  return leaf;
 }
 
-int64_t RadixCache::insert(const RadixKey& key, std::span<const SlotIndex> slots,
-                           InsertOptions options) {
+InsertResult RadixCache::insert_checked(std::string_view extra_key,
+                                        std::span<const int32_t> tokens,
+                                        std::span<const SlotIndex> value,
+                                        const InsertOptions& options) {
+  const int32_t ns = ns_lookup(extra_key);  // -1: a new namespace, nothing cached yet
+  // Validate before any change, each slot once against the allocator: a read-only peek finds the
+  // matched length, records the path and the duplicates; the path is applied after the checks.
+  const bool transfer = options.ownership == SlotOwnership::kTransfer;
+  scratch_dups_.clear();
+  scratch_path_.clear();
+  const int64_t pre = ns < 0 ? 0 : peek_prefix_len(ns, tokens, value, transfer);
+  const auto known = value.first(static_cast<size_t>(pre));
+  const auto fresh = value.subspan(static_cast<size_t>(pre));
+  // A page the tree already stores cannot be stored again, nor handed over as a duplicate.
+  const auto p = static_cast<size_t>(page_size());
+  for (const auto part : {fresh, std::span<const SlotIndex>(scratch_dups_)}) {
+    for (size_t i = 0; i < part.size(); i += p) {
+      const SlotIndex s0 = part[i];
+      PAGODA_REQUIRE(s0 < 0 || page_of(s0) >= tree_pages_.size() * 64 || !in_tree(page_of(s0)),
+                     kInvalidArgument,
+                     "insert: slot {} names page {}, which the tree already stores elsewhere", s0,
+                     page_of(s0));
+    }
+  }
+  if (!transfer) {
+    allocator_->require_held_runs(known);
+    allocator_->retain(fresh);  // validates; the first change
+  } else if (scratch_dups_.empty()) {
+    allocator_->require_held_runs(fresh);  // the tree adopts the caller's references
+  } else {
+    // One validation of everything the caller hands over (duplicates and new pages together, so
+    // a page named in both is caught), then the duplicates go back to the allocator.
+    const size_t num_dups = scratch_dups_.size();
+    scratch_dups_.insert(scratch_dups_.end(), fresh.begin(), fresh.end());
+    allocator_->require_held_runs(scratch_dups_);
+    allocator_->free(std::span<const SlotIndex>(scratch_dups_).first(num_dups));
+  }
+  ++clock_;
+  const int32_t ns_id = ns >= 0 ? ns : ns_intern(extra_key);
+  PrefixNode* last = insert_apply(ns_id, tokens, value, options, pre);
+  return InsertResult{.prefix_len = pre,
+                      .total_len = static_cast<int64_t>(tokens.size()),
+                      .last_node = NodeHandle{last, last->id}};
+}
+
+InsertResult RadixCache::insert(const RadixKey& key, std::span<const SlotIndex> slots,
+                                InsertOptions options) {
   const int64_t len = aligned(static_cast<int64_t>(key.tokens.size()));
   PAGODA_REQUIRE(static_cast<int64_t>(slots.size()) >= len, kInvalidArgument,
                  "insert: {} slots for {} page-aligned tokens", slots.size(), len);
   const auto value = slots.first(static_cast<size_t>(len));
   require_whole_pages(value);
-  ++clock_;
-  if (len == 0) return 0;
-  return insert_walk(ns_intern(key.extra_key), key.tokens.first(static_cast<size_t>(len)), value,
-                     options);
+  if (len == 0) {
+    ++clock_;
+    return InsertResult{.prefix_len = 0, .total_len = 0, .last_node = {root_, root_->id}};
+  }
+  return insert_checked(key.extra_key, key.tokens.first(static_cast<size_t>(len)), value, options);
 }
 
 void RadixCache::inc_lock_ref(NodeHandle handle) {
   for (PrefixNode* n = require_live(handle); n != root_; n = n->parent) {
     if (n->lock_ref++ == 0) {
-      const auto size = static_cast<int64_t>(n->key.size());
-      evictable_size_ -= size;
-      protected_size_ += size;
+      evictable_size_ -= n->len;
+      protected_size_ += n->len;
       sync_evictable(n);
     }
   }
@@ -290,9 +505,8 @@ void RadixCache::dec_lock_ref(NodeHandle handle) {
   }
   for (PrefixNode* n = node; n != root_; n = n->parent) {
     if (--n->lock_ref == 0) {
-      const auto size = static_cast<int64_t>(n->key.size());
-      evictable_size_ += size;
-      protected_size_ -= size;
+      evictable_size_ += n->len;
+      protected_size_ -= n->len;
       sync_evictable(n);
     }
   }
@@ -300,31 +514,28 @@ void RadixCache::dec_lock_ref(NodeHandle handle) {
 
 int32_t RadixCache::lock_ref(NodeHandle handle) const { return require_live(handle)->lock_ref; }
 
+int64_t RadixCache::node_length(NodeHandle handle) const { return require_live(handle)->len; }
+
 int64_t RadixCache::evict(int64_t num_tokens) {
   PAGODA_REQUIRE(num_tokens >= 0, kInvalidArgument, "evict({}) < 0", num_tokens);
+  const int64_t p = page_size();
   int64_t evicted = 0;
-  while (evicted < num_tokens && !evictable_leaves_.empty()) {
-    PrefixNode* leaf = evictable_leaves_.begin()->second;
-    evictable_leaves_.erase(evictable_leaves_.begin());
-    leaf->in_evict_set = false;
-    PAGODA_CHECK(leaf->lock_ref == 0 && leaf->children.empty(), "evicting node {}", leaf->id);
-    allocator_->free(leaf->value);
-    for (size_t i = 0; i < leaf->value.size(); i += static_cast<size_t>(page_size())) {
-      --tree_page_refs_[leaf->value[i] / page_size()];
+  while (evicted < num_tokens && !heap_.empty()) {
+    PrefixNode* leaf = heap_.front().node;
+    heap_remove(leaf);
+    PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
+    allocator_->free(leaf->value_span());
+    const SlotIndex* v = leaf->value();
+    for (int64_t i = 0; i < leaf->len; i += p) {
+      const size_t page = page_of(v[i]);
+      tree_pages_[page / 64] &= ~(uint64_t{1} << (page % 64));
     }
-    const auto size = static_cast<int64_t>(leaf->key.size());
-    evicted += size;
-    evictable_size_ -= size;
+    evicted += leaf->len;
+    evictable_size_ -= leaf->len;
     ++stats_.evicted_nodes;
     emit(CacheEvent::kRemoved, leaf);
     PrefixNode* parent = leaf->parent;
-    const uint64_t h = child_hash(leaf->ns, std::span(leaf->key).first(page_size()));
-    for (auto [it, end] = parent->children.equal_range(h); it != end; ++it) {
-      if (it->second == leaf) {
-        parent->children.erase(it);
-        break;
-      }
-    }
+    unlink_child(leaf);
     recycle(leaf);
     --num_nodes_;
     sync_evictable(parent);
@@ -336,7 +547,7 @@ int64_t RadixCache::evict(int64_t num_tokens) {
 void RadixCache::cache_finished_req(CacheRequest& req, int64_t kv_len, FinishPolicy policy) {
   require_request(req, kv_len);
   if (req.last_node.has_node()) require_live(req.last_node);
-  const auto kv = table_->read(req.req_slot, 0, kv_len);
+  const auto kv = table().read(req.req_slot, 0, kv_len);
   scratch_kv_.assign(kv.begin(), kv.end());
   const std::span<const SlotIndex> all(scratch_kv_);
   const auto protected_len = static_cast<size_t>(req.cache_protected_len);
@@ -347,11 +558,10 @@ void RadixCache::cache_finished_req(CacheRequest& req, int64_t kv_len, FinishPol
   if (policy == FinishPolicy::kInsert && key_len > 0) {
     const auto key_slots = all.first(static_cast<size_t>(key_len));
     require_whole_pages(key_slots);
-    ++clock_;
-    const int64_t prefix_len =
-        insert_walk(ns_intern(req.extra_key), std::span(req.tokens).first(key_slots.size()),
-                    key_slots, InsertOptions{.priority = req.priority});
-    PAGODA_CHECK_GE(prefix_len, req.cache_protected_len);
+    const InsertResult r =
+        insert(RadixKey{std::span(req.tokens).first(key_slots.size()), req.extra_key}, key_slots,
+               InsertOptions{.priority = req.priority});
+    PAGODA_CHECK_GE(r.prefix_len, req.cache_protected_len);
   }
   // The tree holds its own references now; the request drops all of its own: duplicates of tree
   // pages and the unaligned tail return to the free list, newly stored pages stay with the tree.
@@ -365,7 +575,7 @@ void RadixCache::cache_finished_req(CacheRequest& req, int64_t kv_len, FinishPol
 void RadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   require_request(req, fill_len);
   if (req.last_node.has_node()) require_live(req.last_node);
-  const auto kv = table_->read(req.req_slot, 0, fill_len);
+  const auto kv = table().read(req.req_slot, 0, fill_len);
   scratch_kv_.assign(kv.begin(), kv.end());
   const std::span<const SlotIndex> all(scratch_kv_);
   const auto protected_len = static_cast<size_t>(req.cache_protected_len);
@@ -374,20 +584,23 @@ void RadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   const auto key_len = static_cast<size_t>(aligned(fill_len));
   const auto key_slots = all.first(key_len);
   require_whole_pages(key_slots);
-  const int32_t ns = ns_intern(req.extra_key);
   const auto key_tokens = std::span<const int32_t>(req.tokens).first(key_len);
-  ++clock_;
-  const int64_t prefix_len =
-      key_len == 0 ? 0
-                   : insert_walk(ns, key_tokens, key_slots,
-                                 InsertOptions{.priority = req.priority, .kind = InsertKind::kChunked});
+  int64_t prefix_len = 0;
+  if (key_len == 0) {
+    ++clock_;
+  } else {
+    prefix_len = insert(RadixKey{key_tokens, req.extra_key}, key_slots,
+                        InsertOptions{.priority = req.priority, .kind = InsertKind::kChunked})
+                     .prefix_len;
+  }
   PAGODA_CHECK_GE(prefix_len, req.cache_protected_len);
   allocator_->free(all.subspan(protected_len, key_len - protected_len));
   // Re-match: the request now points at the tree's slots for [0, key_len).
   scratch_tree_.clear();
-  PrefixNode* node = key_len == 0 ? root_ : match_walk(ns, key_tokens, scratch_tree_);
+  PrefixNode* node =
+      key_len == 0 ? root_ : match_walk(ns_lookup(req.extra_key), key_tokens, &scratch_tree_);
   PAGODA_CHECK_EQ(scratch_tree_.size(), key_len);
-  table_->write(req.req_slot, req.cache_protected_len,
+  table().write(req.req_slot, req.cache_protected_len,
                 std::span<const SlotIndex>(scratch_tree_).subspan(protected_len));
   const NodeHandle new_node{node, node->id};
   if (req.last_node.has_node()) dec_lock_ref(req.last_node);
@@ -399,9 +612,46 @@ void RadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   req.last_node = new_node;
 }
 
+std::vector<EvictableLeaf> RadixCache::evictable_leaves() const {
+  std::vector<std::pair<uint64_t, EvictableLeaf>> found;
+  for (const ChildEntry& e : children_) {
+    const PrefixNode* n = e.node;
+    if (n == nullptr || n->lock_ref != 0 || n->num_children != 0) continue;
+    found.emplace_back(n->id, EvictableLeaf{.node = NodeHandle{const_cast<PrefixNode*>(n), n->id},
+                                            .key = policy_->key(n->stats),
+                                            .length = n->len});
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return a.second.key < b.second.key || (a.second.key == b.second.key && a.first < b.first);
+  });
+  std::vector<EvictableLeaf> out;
+  out.reserve(found.size());
+  for (const auto& [id, leaf] : found) out.push_back(leaf);
+  return out;
+}
+
 void RadixCache::check_integrity() const {
-  PAGODA_CHECK(root_->key.empty() && root_->value.empty() && root_->lock_ref == 1);
-  const auto p = static_cast<size_t>(page_size());
+  PAGODA_CHECK(root_->len == 0 && root_->lock_ref == 1 && root_->heap_pos == -1);
+  const int64_t p = page_size();
+  PAGODA_CHECK((children_.size() & (children_.size() - 1)) == 0 &&
+               children_.size() >= kMinChildTable);
+  PAGODA_CHECK(num_children_ * 2 <= children_.size(), "child table over half full");
+  // The child table: every entry is a live node under its key, reachable by a lookup.
+  std::unordered_map<const PrefixNode*, std::vector<const PrefixNode*>> kids;
+  size_t entries = 0;
+  for (const ChildEntry& e : children_) {
+    if (e.node == nullptr) continue;
+    ++entries;
+    const PrefixNode* c = e.node;
+    PAGODA_CHECK(c->id != 0 && c->parent != nullptr, "recycled or orphan node in the table");
+    PAGODA_CHECK(c->len >= p, "node {} key shorter than a page", c->id);
+    PAGODA_CHECK_EQ(c->hash, page_hash(c->ns, c->key()));
+    PAGODA_CHECK_EQ(e.key, child_key(c->parent, c->hash));
+    PAGODA_CHECK(find_child(c->parent, c->ns, c->key()) == c, "node {} not found by lookup",
+                 c->id);
+    kids[c->parent].push_back(c);
+  }
+  PAGODA_CHECK_EQ(entries, num_children_);
   int64_t evictable = 0, protected_tokens = 0, nodes = 0, leaves = 0;
   std::unordered_map<int32_t, int32_t> tree_refs;
   std::vector<const PrefixNode*> stack{root_};
@@ -409,48 +659,53 @@ void RadixCache::check_integrity() const {
     const PrefixNode* node = stack.back();
     stack.pop_back();
     int64_t child_locks = 0;
-    for (const auto& [h, c] : node->children) {
-      PAGODA_CHECK(c->parent == node, "node {} has a wrong parent", c->id);
-      PAGODA_CHECK(c->id != 0, "recycled node linked under node {}", node->id);
-      PAGODA_CHECK(c->key.size() >= p, "node {} key shorter than a page", c->id);
-      PAGODA_CHECK_EQ(h, child_hash(c->ns, std::span(c->key).first(p)));
-      PAGODA_CHECK(node == root_ || c->ns == node->ns, "namespace changes below the root");
-      child_locks += c->lock_ref;
-      stack.push_back(c);
+    const auto it = kids.find(node);
+    const size_t num_kids = it == kids.end() ? 0 : it->second.size();
+    PAGODA_CHECK_EQ(static_cast<size_t>(node->num_children), num_kids);
+    if (it != kids.end()) {
+      for (const PrefixNode* c : it->second) {
+        PAGODA_CHECK(node == root_ || c->ns == node->ns, "namespace changes below the root");
+        child_locks += c->lock_ref;
+        stack.push_back(c);
+      }
     }
     if (node == root_) continue;
     ++nodes;
-    PAGODA_CHECK_EQ(node->key.size(), node->value.size());
-    PAGODA_CHECK(!node->key.empty() && node->key.size() % p == 0, "node {} key length {}",
-                 node->id, node->key.size());
-    for (size_t i = 0; i < node->value.size(); ++i) {
-      PAGODA_CHECK_EQ(node->value[i], node->value[i - i % p] + static_cast<SlotIndex>(i % p));
+    PAGODA_CHECK(node->len > 0 && node->len % p == 0, "node {} key length {}", node->id,
+                 node->len);
+    const SlotIndex* v = node->value();
+    for (int64_t i = 0; i < node->len; ++i) {
+      PAGODA_CHECK_EQ(v[i], v[i - i % p] + static_cast<SlotIndex>(i % p));
       if (i % p == 0) {
-        PAGODA_CHECK_EQ(node->value[i] % page_size(), 0);
-        ++tree_refs[node->value[i] / page_size()];
+        PAGODA_CHECK_EQ(v[i] % p, 0);
+        ++tree_refs[static_cast<int32_t>(v[i] / p)];
       }
     }
     PAGODA_CHECK(node->lock_ref >= child_locks, "node {} lock_ref {} < children's {}", node->id,
                  node->lock_ref, child_locks);
-    (node->lock_ref > 0 ? protected_tokens : evictable) += static_cast<int64_t>(node->key.size());
-    const bool evictable_leaf = node->lock_ref == 0 && node->children.empty();
-    PAGODA_CHECK_EQ(node->in_evict_set, evictable_leaf);
+    (node->lock_ref > 0 ? protected_tokens : evictable) += node->len;
+    const bool evictable_leaf = node->lock_ref == 0 && node->num_children == 0;
+    PAGODA_CHECK_EQ(node->heap_pos >= 0, evictable_leaf);
     if (evictable_leaf) {
       ++leaves;
-      PAGODA_CHECK(node->evict_key == policy_->key(node->stats), "stale eviction key, node {}",
-                   node->id);
-      auto it = evictable_leaves_.find(EvictEntry{node->evict_key, node->id});
-      PAGODA_CHECK(it != evictable_leaves_.end() && it->second == node, "leaf {} not in the set",
+      const auto pos = static_cast<size_t>(node->heap_pos);
+      PAGODA_CHECK(pos < heap_.size() && heap_[pos].node == node && heap_[pos].id == node->id,
+                   "leaf {} not at its heap position", node->id);
+      PAGODA_CHECK(heap_[pos].key == policy_->key(node->stats), "stale eviction key, node {}",
                    node->id);
     }
   }
   PAGODA_CHECK_EQ(evictable, evictable_size_);
   PAGODA_CHECK_EQ(protected_tokens, protected_size_);
   PAGODA_CHECK_EQ(nodes, num_nodes_);
-  PAGODA_CHECK_EQ(leaves, static_cast<int64_t>(evictable_leaves_.size()));
-  for (size_t page = 0; page < tree_page_refs_.size(); ++page) {
+  PAGODA_CHECK_EQ(static_cast<size_t>(nodes), num_children_);
+  PAGODA_CHECK_EQ(leaves, static_cast<int64_t>(heap_.size()));
+  for (size_t i = 1; i < heap_.size(); ++i) {
+    PAGODA_CHECK(!heap_less(heap_[i], heap_[(i - 1) / 2]), "heap order broken at {}", i);
+  }
+  for (size_t page = 0; page < tree_pages_.size() * 64; ++page) {
     auto it = tree_refs.find(static_cast<int32_t>(page));
-    PAGODA_CHECK_EQ(tree_page_refs_[page], it == tree_refs.end() ? 0 : it->second);
+    PAGODA_CHECK_EQ(in_tree(page) ? 1 : 0, it == tree_refs.end() ? 0 : it->second);
   }
   for (const auto& [page, refs] : tree_refs) {
     PAGODA_CHECK(allocator_->refcount(PageId(page)) >= refs,

@@ -3,18 +3,25 @@
 /// requests (sglang_spec §4). Contract: prefix_cache.h and docs/design/cache.md.
 ///
 /// Structure. Every non-root node holds a key segment and its slots (equal lengths, a positive
-/// multiple of page_size, whole pages). Children are keyed by a hash of (namespace, first page of
-/// the child's key) and verified on lookup. Node boundaries, splits and matches are page aligned.
-/// Locks (inc_lock_ref) count requests whose path runs through a node; a node with lock_ref 0 is
-/// evictable, and unlocked childless nodes sit in an ordered set keyed by the EvictionPolicy
-/// (O(log n) per update). Nodes come from an internal pool, so stale handles are detected.
+/// multiple of page_size, whole pages) in one exactly sized buffer, freed when the node is evicted.
+/// Children live in one open-addressing table for the whole tree, keyed by (parent, hash of
+/// (namespace, first page of the child's key)) and verified on lookup. Node boundaries, splits and
+/// matches are page aligned. Locks (inc_lock_ref) count requests whose path runs through a node; a
+/// node with lock_ref 0 is evictable, and unlocked childless nodes sit in an intrusive binary heap
+/// ordered by (EvictionPolicy key, node id) (the node stores its heap position). Nodes come from
+/// an internal pool and are reused, so stale handles are detected by a generation id.
 ///
-/// Costs. match_prefix: O(matched tokens) comparisons plus one hash lookup per node; it allocates
-/// only the result vector. insert: the same plus the new leaf. evict: O(log n) per leaf.
+/// Costs. match_prefix: one hash probe and one memcmp-style comparison of the whole edge per node
+/// on the path, one memcpy of its slots; O(log leaves) to refresh a touched leaf; no heap
+/// allocation into a warm caller buffer (a split allocates the new node's buffer). insert: the
+/// same plus one buffer for the new leaf, and O(pages) page validation done once. evict:
+/// O(log leaves) per leaf plus the allocator's O(pages) free.
+///
+/// The allocator is any kv::PageRefs (kv::PageAllocator in production); the request table is only
+/// needed by cache_finished_req / cache_unfinished_req / admit.
 
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -25,12 +32,22 @@
 
 namespace pagoda::cache {
 
+/// An evictable leaf as the eviction policy sees it (introspection for tests and tools).
+struct EvictableLeaf {
+  NodeHandle node;
+  EvictionKey key;
+  int64_t length = 0;  ///< tokens evicting it frees
+};
+
 class RadixCache final : public PrefixCache {
  public:
   /// An empty tree over `allocator` (its page_size is the tree's) and `table`. `policy` defaults
   /// to LRU. All three must outlive the cache; the cache never owns pages beyond its references.
   RadixCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table,
              std::unique_ptr<EvictionPolicy> policy = nullptr);
+  /// An empty tree over any page-reference owner and no request table (match / insert / locks /
+  /// evict only; cache_*_req throw kFailedPrecondition).
+  explicit RadixCache(kv::PageRefs& pages, std::unique_ptr<EvictionPolicy> policy = nullptr);
   ~RadixCache() override;
 
   std::string_view name() const override { return "radix"; }
@@ -38,9 +55,11 @@ class RadixCache final : public PrefixCache {
   /// Installs an observer of stored / removed nodes (replaces any previous one; nullptr clears).
   void set_event_listener(CacheEventListener listener) { listener_ = std::move(listener); }
 
-  MatchResult match_prefix(const RadixKey& key, int64_t max_prefix_len = kNoPrefixLimit) override;
-  int64_t insert(const RadixKey& key, std::span<const SlotIndex> slots,
-                 InsertOptions options = {}) override;
+  using PrefixCache::match_prefix;
+  PrefixMatch match_prefix(const RadixKey& key, int64_t max_prefix_len,
+                           std::vector<SlotIndex>& out) override;
+  InsertResult insert(const RadixKey& key, std::span<const SlotIndex> slots,
+                      InsertOptions options = {}) override;
   void inc_lock_ref(NodeHandle node) override;
   void dec_lock_ref(NodeHandle node) override;
   void cache_finished_req(CacheRequest& req, int64_t kv_len,
@@ -56,27 +75,65 @@ class RadixCache final : public PrefixCache {
   int64_t num_nodes() const { return num_nodes_; }
   /// lock_ref of a node (the root reports 1). Throws on a stale handle.
   int32_t lock_ref(NodeHandle node) const;
+  /// Tokens stored in the subtree edge of `node` (its key length; 0 for the root). Throws on a
+  /// stale handle.
+  int64_t node_length(NodeHandle node) const;
+  /// Every evictable leaf in eviction order (policy key, then node id), computed by a walk of the
+  /// tree, independently of the internal heap; evict() must take them in this order.
+  /// O(nodes log nodes); for tests and tools.
+  std::vector<EvictableLeaf> evictable_leaves() const;
   /// Evicts every unlocked node; returns the tokens evicted.
   int64_t evict_all() { return evict(std::numeric_limits<int64_t>::max()); }
 
  private:
-  struct EvictEntry {
+  /// One entry of the child table; `node == nullptr` marks an empty entry.
+  struct ChildEntry {
+    uint64_t key = 0;
+    PrefixNode* node = nullptr;
+  };
+  /// An evictable leaf in the heap; the key is kept inline so sifting reads only the array.
+  struct HeapEntry {
     EvictionKey key;
     uint64_t id;
-    auto operator<=>(const EvictEntry&) const = default;
+    PrefixNode* node;
+  };
+  /// One edge of a peeked insert path: the child and how many of its tokens matched.
+  struct PathStep {
+    PrefixNode* child;
+    int64_t len;
+  };
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
   };
 
   PrefixNode* new_node(PrefixNode* parent, int32_t ns);
   void recycle(PrefixNode* node);
   PrefixNode* require_live(NodeHandle handle) const;
-  PrefixNode* find_child(const PrefixNode* node, int32_t ns, std::span<const int32_t> page) const;
-  uint64_t child_hash(int32_t ns, std::span<const int32_t> first_page) const;
-  int64_t matched_pages_len(std::span<const int32_t> a, std::span<const int32_t> b) const;
+  uint64_t page_hash(int32_t ns, const int32_t* first_page) const;
+  uint64_t child_key(const PrefixNode* parent, uint64_t page_hash) const;
+  PrefixNode* find_child(const PrefixNode* node, int32_t ns, const int32_t* page) const;
+  void link_child(PrefixNode* parent, PrefixNode* child);
+  void unlink_child(PrefixNode* child);
+  void relink_child(PrefixNode* old_child, PrefixNode* new_child);
+  void rehash_children(size_t capacity);
   PrefixNode* split(PrefixNode* child, int64_t len);
-  PrefixNode* match_walk(int32_t ns, std::span<const int32_t> tokens,
-                         std::vector<SlotIndex>& out);
-  int64_t insert_walk(int32_t ns, std::span<const int32_t> tokens,
-                      std::span<const SlotIndex> slots, InsertOptions options);
+  /// Walks the tree without changing it: the matched length of `tokens` (page aligned), the path
+  /// (scratch_path_), and the caller slots that duplicate tree pages (scratch_dups_, when
+  /// `collect_dups`).
+  int64_t peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
+                          std::span<const SlotIndex> slots, bool collect_dups);
+  /// Appends the matched slots to `out`; returns the deepest matched node.
+  PrefixNode* match_walk(int32_t ns, std::span<const int32_t> tokens, std::vector<SlotIndex>* out);
+  /// Applies an insert along scratch_path_ (recorded by peek_prefix_len, `pos` tokens matched):
+  /// touches, hit counts, priorities, the split, then the new leaf. Returns the last node.
+  PrefixNode* insert_apply(int32_t ns, std::span<const int32_t> tokens,
+                           std::span<const SlotIndex> slots, const InsertOptions& options,
+                           int64_t pos);
+  /// Validates against the allocator (before any change), then inserts.
+  InsertResult insert_checked(std::string_view extra_key, std::span<const int32_t> tokens,
+                              std::span<const SlotIndex> value, const InsertOptions& options);
+  /// Page structure of an insert value: every page-sized block is one whole page (no allocator).
   void require_whole_pages(std::span<const SlotIndex> slots) const;
   /// Throws kFailedPrecondition unless the request holds its own reference (beyond the tree's)
   /// on every page of `own` (catches a double finish that would drop the tree's reference).
@@ -84,27 +141,42 @@ class RadixCache final : public PrefixCache {
   int32_t ns_lookup(std::string_view extra_key) const;
   int32_t ns_intern(std::string_view extra_key);
   int64_t aligned(int64_t len) const { return len / page_size() * page_size(); }
+  bool in_tree(size_t page) const { return (tree_pages_[page / 64] >> (page % 64)) & 1; }
+  /// slot / page_size (a shift when page_size is a power of two: no division per page).
+  size_t page_of(SlotIndex slot) const {
+    return static_cast<size_t>(page_shift_ >= 0 ? slot >> page_shift_ : slot / page_size());
+  }
   void touch(PrefixNode* node);
-  /// Puts `node` in or out of the evictable-leaf set according to its state, refreshing its key.
+  /// Puts `node` in or out of the evictable-leaf heap according to its state, refreshing its key.
   void sync_evictable(PrefixNode* node);
+  static bool heap_less(const HeapEntry& a, const HeapEntry& b);
+  void heap_place(const HeapEntry& entry, size_t pos);
+  void heap_sift(size_t pos);
+  void heap_remove(PrefixNode* node);
   void emit(CacheEvent event, const PrefixNode* node);
 
   std::unique_ptr<EvictionPolicy> policy_;
   CacheEventListener listener_;
+  int32_t page_shift_ = -1;  ///< log2(page_size) when a power of two
   std::deque<PrefixNode> node_pool_;
   std::vector<PrefixNode*> free_nodes_;
   PrefixNode* root_ = nullptr;
-  std::map<EvictEntry, PrefixNode*> evictable_leaves_;
-  std::unordered_map<std::string, int32_t> namespaces_;
+  std::vector<ChildEntry> children_;  ///< open addressing, linear probing, power-of-two size
+  size_t num_children_ = 0;
+  std::vector<HeapEntry> heap_;  ///< evictable leaves, min-heap by (evict key, id)
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> namespaces_;
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
   int64_t num_nodes_ = 0;
   uint64_t clock_ = 0;
   uint64_t next_id_ = 1;
   CacheStats stats_;
-  std::vector<int32_t> tree_page_refs_;  ///< [num_pages + 1] references the tree holds per page
+  /// One bit per page: the tree holds a reference on it (a page is stored in at most one node).
+  std::vector<uint64_t> tree_pages_;
   std::vector<SlotIndex> scratch_kv_;
   std::vector<SlotIndex> scratch_tree_;
+  std::vector<SlotIndex> scratch_dups_;
+  std::vector<PathStep> scratch_path_;
 };
 
 }  // namespace pagoda::cache

@@ -23,6 +23,11 @@ PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size)
   pos_.assign(static_cast<size_t>(num_pages) + 1, 0);
   refcount_.assign(static_cast<size_t>(num_pages) + 1, 0);
   pending_.reserve(static_cast<size_t>(num_pages));
+  if ((page_size & (page_size - 1)) == 0) {
+    while ((1 << page_shift_) < page_size) ++page_shift_;
+  } else {
+    page_shift_ = -1;
+  }
   clear();
 }
 
@@ -174,35 +179,83 @@ std::optional<std::vector<SlotIndex>> PageAllocator::alloc_decode(
   return out;
 }
 
-void PageAllocator::collect_pages(std::span<const SlotIndex> slots) const {
-  scratch_pages_.clear();
+void PageAllocator::throw_bad_run(std::span<const SlotIndex> slots, size_t i) const {
   const int64_t limit = num_slots_total();
-  size_t i = 0;
-  while (i < slots.size()) {
-    const SlotIndex first = slots[i];
-    PAGODA_REQUIRE(first >= 0 && first < limit, kOutOfRange, "slot {} (entry {}) outside [0, {})",
-                   first, i, limit);
-    const int32_t page = first / page_size_;
-    PAGODA_REQUIRE(page != 0, kOutOfRange, "slot {} is in reserved page 0", first);
-    PAGODA_REQUIRE(first % page_size_ == 0, kInvalidArgument,
-                   "partial page: slot {} (entry {}) starts page {} at offset {}, not at its "
-                   "first slot {}",
-                   first, i, page, first % page_size_, page * page_size_);
-    PAGODA_REQUIRE(held_refcount(page) > 0, kFailedPrecondition,
-                   "page {} (slot {}) is not allocated: double or foreign free", page, first);
-    size_t j = i + 1;
-    while (j < slots.size() && j - i < static_cast<size_t>(page_size_) &&
-           slots[j] == first + static_cast<SlotIndex>(j - i)) {
-      ++j;
+  const SlotIndex first = slots[i];
+  PAGODA_REQUIRE(first >= 0 && first < limit, kOutOfRange, "slot {} (entry {}) outside [0, {})",
+                 first, i, limit);
+  const int32_t page = page_of(first);
+  PAGODA_REQUIRE(page != 0, kOutOfRange, "slot {} is in reserved page 0", first);
+  PAGODA_REQUIRE(first - page * page_size_ == 0, kInvalidArgument,
+                 "partial page: slot {} (entry {}) starts page {} at offset {}, not at its "
+                 "first slot {}",
+                 first, i, page, first - page * page_size_, page * page_size_);
+  PAGODA_REQUIRE(held_refcount(page) > 0, kFailedPrecondition,
+                 "page {} (slot {}) is not allocated: double or foreign free", page, first);
+  PAGODA_CHECK(false, "throw_bad_run: entry {} (slot {}) is valid", i, first);
+}
+
+void PageAllocator::collect_pages(std::span<const SlotIndex> slots) const {
+  // One pass over the runs: O(slots) comparisons, O(pages) refcount reads, no sort, no heap
+  // allocation once the scratch buffer has grown. Slot lists are ascending page runs by
+  // construction (allocation pops ascending pages), so duplicates can only exist when the page
+  // sequence is not strictly ascending; only then a marking pass runs.
+  const size_t n = slots.size();
+  if (scratch_pages_.size() < n) scratch_pages_.resize(n);
+  int32_t* out = scratch_pages_.data();
+  const SlotIndex* in = slots.data();
+  // Slots of usable pages are [page_size, limit); a slot starts its page iff offset 0.
+  const auto limit = static_cast<SlotIndex>(num_slots_total());
+  bool ascending = true;
+  int32_t prev_page = 0;
+  size_t count = 0;
+  if (page_size_ == 1) {
+    for (size_t i = 0; i < n; ++i) {
+      const SlotIndex page = in[i];
+      if (page < 1 || page >= limit || held_refcount(page) <= 0) [[unlikely]] {
+        throw_bad_run(slots, i);
+      }
+      out[count++] = page;
+      ascending = ascending && page > prev_page;
+      prev_page = page;
     }
-    scratch_pages_.push_back(page);
-    i = j;
+  } else {
+    const auto p = static_cast<size_t>(page_size_);
+    size_t i = 0;
+    while (i < n) {
+      const SlotIndex first = in[i];
+      const int32_t page = first >= page_size_ && first < limit ? page_of(first) : 0;
+      if (page == 0 || first != page * page_size_ || held_refcount(page) <= 0) [[unlikely]] {
+        throw_bad_run(slots, i);
+      }
+      // The run continues while the slots stay consecutive inside the page.
+      const size_t end = std::min(n, i + p);
+      size_t j = i + 1;
+      while (j < end && in[j] == first + static_cast<SlotIndex>(j - i)) ++j;
+      out[count++] = page;
+      ascending = ascending && page > prev_page;
+      prev_page = page;
+      i = j;
+    }
   }
-  std::sort(scratch_pages_.begin(), scratch_pages_.end());
-  const auto dup = std::adjacent_find(scratch_pages_.begin(), scratch_pages_.end());
-  PAGODA_REQUIRE(dup == scratch_pages_.end(), kInvalidArgument,
-                 "page {} is named by two separate runs (duplicate or out-of-order slots)",
-                 dup == scratch_pages_.end() ? 0 : *dup);
+  scratch_count_ = count;
+  scratch_ascending_ = ascending;
+  if (ascending) return;
+  // Out of order: mark each page by negating its (positive) refcount; a page met twice is
+  // already negative. Every mark is undone before returning or throwing.
+  int32_t dup = 0;
+  size_t marked = 0;
+  for (; marked < count; ++marked) {
+    const int32_t page = out[marked];
+    if (refcount_[page] < 0) {
+      dup = page;
+      break;
+    }
+    refcount_[page] = -refcount_[page];
+  }
+  for (size_t k = 0; k < marked; ++k) refcount_[out[k]] = -refcount_[out[k]];
+  PAGODA_REQUIRE(dup == 0, kInvalidArgument,
+                 "page {} is named by two separate runs (duplicate or out-of-order slots)", dup);
 }
 
 void PageAllocator::require_held_runs(std::span<const SlotIndex> slots) const {
@@ -211,26 +264,38 @@ void PageAllocator::require_held_runs(std::span<const SlotIndex> slots) const {
 
 void PageAllocator::free(std::span<const SlotIndex> slots) {
   collect_pages(slots);
-  if (scratch_pages_.empty()) return;
+  const size_t count = scratch_count_;
+  if (count == 0) return;
   ++mutation_epoch_;
+  int32_t* pages = scratch_pages_.data();
+  if (!scratch_ascending_) {
+    // Free-list order needs the freed pages ascending; only this (rare) path sorts.
+    std::sort(pages, pages + count);
+  }
   // Descending push leaves the smallest freed page on top (SGLang prepends sorted pages).
-  for (auto it = scratch_pages_.rbegin(); it != scratch_pages_.rend(); ++it) {
-    const int32_t page = *it;
+  int32_t released = 0;
+  for (size_t k = count; k-- > 0;) {
+    const int32_t page = pages[k];
     if (--refcount_[page] > 0) continue;
-    --num_referenced_;
+    ++released;
     if (in_free_group_) {
       pending_.push_back(page);
     } else {
-      push_free_page(page);
+      free_stack_[free_top_] = page;
+      pos_[page] = free_top_;
+      ++free_top_;
     }
   }
+  num_referenced_ -= released;
 }
 
 void PageAllocator::retain(std::span<const SlotIndex> slots) {
   collect_pages(slots);
-  if (scratch_pages_.empty()) return;
+  const size_t count = scratch_count_;
+  if (count == 0) return;
   ++mutation_epoch_;
-  for (int32_t page : scratch_pages_) ++refcount_[page];
+  const int32_t* pages = scratch_pages_.data();
+  for (size_t k = 0; k < count; ++k) ++refcount_[pages[k]];
 }
 
 void PageAllocator::free_group_begin() {

@@ -32,6 +32,31 @@
 
 namespace pagoda::kv {
 
+/// The page-reference operations a prefix cache needs: the radix tree holds one reference per
+/// page it stores and names pages through slot runs (the slot-run rule above). PageAllocator is
+/// the implementation; a test or benchmark may supply another (for example one that only counts).
+/// Every method validates its whole input before changing anything and throws pagoda::Error.
+class PageRefs {
+ public:
+  virtual ~PageRefs() = default;
+  virtual int32_t page_size() const = 0;
+  /// Usable pages; page ids are 1..num_pages().
+  virtual int32_t num_pages() const = 0;
+  /// Holders of `page` (0 when free).
+  virtual int32_t refcount(PageId page) const = 0;
+  /// Adds one reference to every distinct page named.
+  virtual void retain(std::span<const SlotIndex> slots) = 0;
+  /// Drops one reference from every distinct page named.
+  virtual void free(std::span<const SlotIndex> slots) = 0;
+  /// Validates `slots` as free()/retain() would, without changing anything.
+  virtual void require_held_runs(std::span<const SlotIndex> slots) const = 0;
+
+ protected:
+  PageRefs() = default;
+  PageRefs(const PageRefs&) = default;
+  PageRefs& operator=(const PageRefs&) = default;
+};
+
 /// An O(1) snapshot of the allocator for speculative scratch allocations (backup_state()).
 struct AllocatorState {
   int32_t free_top = 0;          ///< free-list height at backup time
@@ -39,15 +64,15 @@ struct AllocatorState {
   const void* owner = nullptr;   ///< the allocator that produced it
 };
 
-class PageAllocator {
+class PageAllocator final : public PageRefs {
  public:
   /// A pool of `num_pages` usable pages (ids 1..num_pages) of `page_size` slots each.
   /// Requires num_pages >= 0, page_size >= 1 and (num_pages + 1) * page_size < 2^31.
   PageAllocator(int32_t num_pages, int32_t page_size);
 
-  int32_t page_size() const { return page_size_; }
+  int32_t page_size() const override { return page_size_; }
   /// Usable pages (page 0 excluded).
-  int32_t num_pages() const { return num_pages_; }
+  int32_t num_pages() const override { return num_pages_; }
   /// Slots addressable in a KV pool serving this allocator: (num_pages + 1) * page_size.
   int64_t num_slots_total() const { return int64_t{num_pages_ + 1} * page_size_; }
   /// Free tokens: num_free_pages() * page_size. Pages pending in a free group are not counted.
@@ -58,7 +83,7 @@ class PageAllocator {
   /// Pages freed inside the current free group and not yet returned (0 outside a group).
   int32_t num_pending_pages() const { return static_cast<int32_t>(pending_.size()); }
   /// Holders of `page` (0 when free or pending). Requires 0 <= page <= num_pages; page 0 reports 0.
-  int32_t refcount(PageId page) const;
+  int32_t refcount(PageId page) const override;
 
   /// Takes `num_tokens / page_size` whole pages (num_tokens a multiple of page_size, >= 0) and
   /// returns their slots, page after page, in free-list order. Empty optional when it does not fit.
@@ -91,11 +116,13 @@ class PageAllocator {
   /// Drops one reference from every distinct page named (slot-run rule above). Pages reaching 0
   /// go to the front of the free list (smallest id first, LIFO reuse), or to the pending list
   /// inside a free group. Throws (unchanged) on out-of-range slots, unreferenced pages, bad runs.
-  void free(std::span<const SlotIndex> slots);
-  /// Adds one reference to every distinct page named (same rules as free()).
-  void retain(std::span<const SlotIndex> slots);
+  /// Cost: one pass, O(slots) compares and O(pages) refcount updates; no sort when the pages
+  /// are named in ascending order (allocations hand them out that way), no heap allocation.
+  void free(std::span<const SlotIndex> slots) override;
+  /// Adds one reference to every distinct page named (same rules and costs as free()).
+  void retain(std::span<const SlotIndex> slots) override;
   /// Validates `slots` as free()/retain() would, without changing anything; throws on bad input.
-  void require_held_runs(std::span<const SlotIndex> slots) const;
+  void require_held_runs(std::span<const SlotIndex> slots) const override;
 
   /// Starts a free group: pages reaching refcount 0 are parked until free_group_end(). Requires
   /// no open group. Reference counts still drop immediately, so double frees are still caught.
@@ -127,24 +154,37 @@ class PageAllocator {
   /// Pops the page at the top of the free list and gives it refcount 1.
   int32_t pop_free_page();
   void push_free_page(int32_t page);
-  /// Validates `slots`, then fills scratch_pages_ with the distinct pages named, ascending.
+  /// Validates `slots` in one pass without sorting (O(slots) compares, O(pages) refcount reads),
+  /// then leaves the distinct pages named in scratch_pages_[0, scratch_count_) in the order
+  /// named, and scratch_ascending_ = whether that order is strictly ascending.
   void collect_pages(std::span<const SlotIndex> slots) const;
+  /// Throws the error collect_pages reports for the run starting at entry i (the cold path).
+  [[noreturn, gnu::cold]] void throw_bad_run(std::span<const SlotIndex> slots, size_t i) const;
+  /// slot / page_size (a shift when page_size is a power of two).
+  int32_t page_of(SlotIndex slot) const {
+    return page_shift_ >= 0 ? slot >> page_shift_ : slot / page_size_;
+  }
   void validate_last_loc(int64_t b, int32_t pre, SlotIndex last_loc) const;
 
   int32_t num_pages_;
   int32_t page_size_;
+  int32_t page_shift_ = 0;  ///< log2(page_size) when a power of two, else -1
   /// free_stack_[0, free_top_) are the free pages; the top (free_top_ - 1) is handed out first.
   /// Entries above free_top_ are left untouched by pops, which is what makes restore O(1).
   std::vector<int32_t> free_stack_;
   std::vector<int32_t> pos_;       ///< pos_[page]: last position of page in free_stack_
-  std::vector<int32_t> refcount_;  ///< meaningful only while the page is not free
+  /// Meaningful only while the page is not free. Mutable: collect_pages() marks pages by
+  /// negating their count during duplicate detection and restores it before returning.
+  mutable std::vector<int32_t> refcount_;
   int32_t free_top_ = 0;
   int32_t num_referenced_ = 0;
   uint64_t mutation_epoch_ = 0;
   bool in_free_group_ = false;
   std::vector<int32_t> pending_;
   mutable std::vector<SlotIndex> scratch_slots_;
-  mutable std::vector<int32_t> scratch_pages_;
+  mutable std::vector<int32_t> scratch_pages_;  ///< grows to the largest call, never shrinks
+  mutable size_t scratch_count_ = 0;
+  mutable bool scratch_ascending_ = true;
 };
 
 }  // namespace pagoda::kv

@@ -265,5 +265,37 @@ TEST(PageAllocator, ClearResets) {
   a.check_integrity();
 }
 
+TEST(PageAllocator, UnorderedRunsAreValidatedWithoutSortingAndLeftUnchanged) {
+  for (int32_t P : {1, 4}) {
+    PageAllocator a(8, P);
+    const auto s = *a.alloc(4 * P);  // pages 1..4
+    auto run = [&](int page) {
+      Slots r;
+      for (int i = 0; i < P; ++i) r.push_back(page * P + i);
+      return r;
+    };
+    auto cat = [](std::initializer_list<Slots> parts) {
+      Slots out;
+      for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+      return out;
+    };
+    // A page named twice, not adjacently, in a descending list: the duplicate marks are undone.
+    expect_error_unchanged(a, ErrorCode::kInvalidArgument,
+                           [&] { a.free(cat({run(3), run(1), run(2), run(1)})); });
+    expect_error_unchanged(a, ErrorCode::kInvalidArgument,
+                           [&] { a.retain(cat({run(4), run(2), run(4)})); });
+    // A descending free still leaves the smallest freed page on top of the free list.
+    a.free(cat({run(4), run(2)}));
+    auto next = a.alloc(P);
+    ASSERT_TRUE(next);
+    EXPECT_EQ((*next)[0], 2 * P);
+    a.free(*next);
+    a.free(cat({run(3), run(1)}));
+    EXPECT_EQ(a.num_free_pages(), 8);
+    a.check_integrity();
+    (void)s;
+  }
+}
+
 }  // namespace
 }  // namespace pagoda::kv
