@@ -14,6 +14,8 @@ void SamplingParams::validate() const {
                  "temperature must be finite and >= 0 (got {})", temperature);
   PAGODA_REQUIRE(top_p > 0.f && top_p <= 1.f, kInvalidArgument,
                  "top_p must be in (0, 1] (got {})", top_p);
+  PAGODA_REQUIRE(min_p >= 0.f && min_p < 1.f, kInvalidArgument,
+                 "min_p must be in [0, 1) (got {})", min_p);
 }
 
 int32_t argmax(std::span<const float> logits) {
@@ -73,6 +75,15 @@ int32_t Sampler::sample(std::span<const float> logits) {
         break;
       }
     }
+    keep = cut;
+    total = 0.0;
+    for (int32_t i = 0; i < keep; ++i) total += probs_[i];
+  }
+  if (params_.min_p > 0.f) {
+    // Drop tokens with p < min_p * p_max (probs_ is descending; the first always stays).
+    const double floor_p = static_cast<double>(params_.min_p) * probs_[0];
+    int32_t cut = 1;
+    while (cut < keep && probs_[cut] >= floor_p) ++cut;
     keep = cut;
     total = 0.0;
     for (int32_t i = 0; i < keep; ++i) total += probs_[i];

@@ -1,6 +1,8 @@
 #pragma once
-/// Token sampling: greedy, temperature, top-k, top-p, with a per-request seeded generator so a
-/// request's output depends only on its logits and its seed (never on batch composition).
+/// Token sampling: greedy, temperature, top-k, top-p, min-p, with a per-request seeded generator
+/// so a request's output depends only on its logits and its seed (never on batch composition).
+/// The GPU sampler (cuda/sampling_kernels.h) has the same semantics; its counter-based random
+/// stream, philox_uniform(seed, step), lives in cuda/philox.h (host-usable, no CUDA needed).
 
 #include <cstdint>
 #include <span>
@@ -13,7 +15,10 @@ struct SamplingParams {
   int top_k = 0;            ///< 0 or < 0 = no top-k filter; 1 = greedy
   float top_p = 1.f;        ///< (0, 1]; 1 = no nucleus filter
   uint64_t seed = 0;
-  /// Throws Error(kInvalidArgument) for temperature < 0 or non-finite, top_p outside (0, 1].
+  /// [0, 1); after top-k and top-p, drop tokens with p < min_p * p_max; 0 = no min-p filter.
+  float min_p = 0.f;
+  /// Throws Error(kInvalidArgument) for temperature < 0 or non-finite, top_p outside (0, 1],
+  /// min_p outside [0, 1).
   void validate() const;
   bool is_greedy() const { return temperature == 0.f || top_k == 1; }
 };

@@ -1,0 +1,730 @@
+/// The dense kernels (model/cuda/dense_kernels.h) and the GPU sampler (sampling_kernels.h)
+/// against host references written here (f64 math on the same dtype-rounded inputs), on random
+/// inputs (the seed is printed; PAGODA_TEST_SEED overrides it) at model sizes (hidden 2048/4096,
+/// vocab 128256, rows 1/7/64/300). Outputs are NaN-poisoned before every launch.
+///
+/// Tolerances: every output is rounded once from f32, so |gpu - ref| <= rel * |ref| + abs with
+/// rel = 2^-8 (bf16: 2 x its half-ulp), 2^-10 (f16), 4e-6 (f32) plus a term for the f32 compute
+/// error of the op (stated per test). Bit copies (embedding, the f32 residual add) are exact.
+/// Sampling: greedy is exact; filtered draws must lie in the host's allowed set; results depend
+/// only on (logits, params), not on the batch; frequencies pass a chi-square test at p = 1e-6.
+/// Label "gpu": needs a GPU (skips without one).
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagoda/core/float_convert.h"
+#include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/philox.h"
+#include "pagoda/model/cuda/sampling_kernels.h"
+
+namespace pagoda::model::cuda_kernels {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                   \
+  do {                                                  \
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+uint64_t test_seed(uint64_t fallback) {
+  if (const char* s = std::getenv("PAGODA_TEST_SEED")) return std::strtoull(s, nullptr, 10);
+  return fallback;
+}
+
+/// Device buffer; poisoned with 0xFF bytes (NaN in f32, f16 and bf16) on request.
+struct Dev {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Dev(size_t n) : bytes(n) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 16)), cudaSuccess);
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void poison() { ASSERT_EQ(cudaMemset(p, 0xFF, bytes), cudaSuccess); }
+  template <typename T>
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(v.size() * sizeof(T), bytes);
+    ASSERT_EQ(cudaMemcpy(p, v.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  template <typename T>
+  std::vector<T> download() const {
+    std::vector<T> v(bytes / sizeof(T));
+    EXPECT_EQ(cudaMemcpy(v.data(), p, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+};
+
+const char* name(ActDType t) {
+  return t == ActDType::kF32 ? "f32" : t == ActDType::kF16 ? "f16" : "bf16";
+}
+DType core_dtype(ActDType t) {
+  return t == ActDType::kF32 ? DType::kF32 : t == ActDType::kF16 ? DType::kF16 : DType::kBF16;
+}
+/// Relative rounding tolerance of one rounding to t (2 x half an ulp).
+double rel_tol(ActDType t) {
+  return t == ActDType::kF32 ? 4e-6 : t == ActDType::kF16 ? 0x1p-10 : 0x1p-8;
+}
+float round_to(float v, ActDType t) {
+  unsigned char b[4];
+  write_from_f32(b, core_dtype(t), 0, v);
+  return read_as_f32(b, core_dtype(t), 0);
+}
+
+/// Host values (already representable in t) and their device encoding.
+struct Act {
+  ActDType t;
+  std::vector<float> v;
+  std::vector<unsigned char> bytes() const {
+    std::vector<unsigned char> b(v.size() * static_cast<size_t>(act_dtype_size(t)));
+    for (size_t i = 0; i < v.size(); ++i) write_from_f32(b.data(), core_dtype(t), i, v[i]);
+    return b;
+  }
+};
+
+Act random_act(ActDType t, size_t n, std::mt19937_64& rng, float mean = 0.f, float sd = 1.f) {
+  std::normal_distribution<float> d(mean, sd);
+  Act a{t, std::vector<float>(n)};
+  for (auto& x : a.v) x = round_to(d(rng), t);
+  return a;
+}
+
+std::vector<float> decode(const std::vector<unsigned char>& b, ActDType t, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = read_as_f32(b.data(), core_dtype(t), i);
+  return v;
+}
+
+std::unique_ptr<Dev> to_device(const Act& a) {
+  auto d = std::make_unique<Dev>(a.v.size() * static_cast<size_t>(act_dtype_size(a.t)));
+  d->upload(a.bytes());
+  return d;
+}
+
+/// Counts elements outside tolerance (and prints the first few).
+struct Checker {
+  std::string what;
+  int64_t bad = 0, nan = 0;
+  double worst = 0;
+  void check(double got, double ref, double tol, int64_t index) {
+    if (std::isnan(got)) {
+      if (nan++ < 3) ADD_FAILURE() << what << ": NaN at " << index << " (ref " << ref << ")";
+      return;
+    }
+    const double err = std::fabs(got - ref);
+    worst = std::max(worst, err / std::max(tol, 1e-30));
+    if (err > tol && bad++ < 5)
+      ADD_FAILURE() << what << ": index " << index << " got " << got << " ref " << ref
+                    << " |err| " << err << " > tol " << tol;
+  }
+  ~Checker() { EXPECT_EQ(bad + nan, 0) << what << " (worst err/tol " << worst << ")"; }
+};
+
+constexpr ActDType kAllTypes[] = {ActDType::kF32, ActDType::kF16, ActDType::kBF16};
+constexpr int64_t kRows[] = {1, 7, 64, 300};
+
+// ---------------------------------------------------------------------------------------------
+// Dense kernels.
+
+TEST(DenseKernels, EmbedRowsIsABitCopy) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(101);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = 1000;
+  for (ActDType t : kAllTypes) {
+    for (int64_t hidden : {int64_t{2048}, int64_t{4096}, int64_t{1001}}) {
+      const Act table = random_act(t, static_cast<size_t>(vocab * hidden), rng);
+      auto d_table = to_device(table);
+      for (int64_t rows : kRows) {
+        SCOPED_TRACE(testing::Message() << name(t) << " hidden " << hidden << " rows " << rows);
+        std::vector<int32_t> ids(static_cast<size_t>(rows));
+        for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
+        Dev d_ids(ids.size() * 4), d_out(static_cast<size_t>(rows * hidden * act_dtype_size(t)));
+        d_ids.upload(ids);
+        d_out.poison();
+        ASSERT_EQ(embed_rows(t, d_table->p, static_cast<int32_t*>(d_ids.p), d_out.p, rows, hidden,
+                             nullptr),
+                  cudaSuccess);
+        const auto out = decode(d_out.download<unsigned char>(), t, size_t(rows * hidden));
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t i = 0; i < hidden; ++i)
+            bad += std::memcmp(&out[r * hidden + i], &table.v[ids[r] * hidden + i], 4) != 0;
+        EXPECT_EQ(bad, 0);
+      }
+    }
+  }
+}
+
+/// Host RMSNorm of one f32 row (f64 math).
+void ref_norm(const float* res, const Act& weight, int64_t hidden, float eps, double* out) {
+  double ss = 0;
+  for (int64_t i = 0; i < hidden; ++i) ss += double(res[i]) * res[i];
+  const double inv = 1.0 / std::sqrt(ss / double(hidden) + double(eps));
+  for (int64_t i = 0; i < hidden; ++i) out[i] = double(res[i]) * inv * weight.v[i];
+}
+
+// add_rms_norm: residual exact (one f32 add), out within rel_tol + 1e-5 |ref| (f32 sum of
+// squares over <= 4096 terms and the f32 products).
+TEST(DenseKernels, AddRmsNormMatchesHost) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(202);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const float eps = 1e-5f;
+  for (ActDType t : kAllTypes) {
+    for (int64_t hidden : {int64_t{2048}, int64_t{4096}, int64_t{1003}}) {
+      const Act weight = random_act(t, size_t(hidden), rng, 1.f, 0.2f);
+      auto d_w = to_device(weight);
+      for (int64_t rows : kRows) {
+        for (ResidualOp op : {ResidualOp::kAssign, ResidualOp::kAdd}) {
+          for (bool in_place : {false, true}) {
+            SCOPED_TRACE(testing::Message() << name(t) << " hidden " << hidden << " rows " << rows
+                                            << " op " << int(op) << " in_place " << in_place);
+            const size_t n = size_t(rows * hidden);
+            const Act x = random_act(t, n, rng, 0.f, 2.f);
+            std::vector<float> res(n);
+            std::normal_distribution<float> nd(0.f, 3.f);
+            for (auto& v : res) v = nd(rng);
+            auto d_x = to_device(x);
+            Dev d_res(n * 4), d_out(n * size_t(act_dtype_size(t)));
+            if (op == ResidualOp::kAdd) {
+              d_res.upload(res);
+            } else {
+              d_res.poison();
+            }
+            void* out_ptr = in_place ? d_x->p : d_out.p;
+            if (!in_place) d_out.poison();
+            ASSERT_EQ(add_rms_norm(t, d_x->p, static_cast<float*>(d_res.p), d_w->p, out_ptr, rows,
+                                   hidden, eps, op, nullptr),
+                      cudaSuccess);
+            const auto got_res = d_res.download<float>();
+            const auto got = decode(in_place ? d_x->download<unsigned char>()
+                                             : d_out.download<unsigned char>(),
+                                    t, n);
+            std::vector<float> ref_res(n);
+            for (size_t i = 0; i < n; ++i)
+              ref_res[i] = op == ResidualOp::kAdd ? res[i] + x.v[i] : x.v[i];
+            int64_t res_bad = 0;
+            for (size_t i = 0; i < n; ++i)
+              res_bad += std::memcmp(&got_res[i], &ref_res[i], 4) != 0;
+            EXPECT_EQ(res_bad, 0) << "residual differs from the f32 add";
+            Checker c{"add_rms_norm"};
+            std::vector<double> ref(static_cast<size_t>(hidden));
+            for (int64_t r = 0; r < rows; ++r) {
+              ref_norm(&ref_res[size_t(r * hidden)], weight, hidden, eps, ref.data());
+              for (int64_t i = 0; i < hidden; ++i)
+                c.check(got[size_t(r * hidden + i)], ref[size_t(i)],
+                        (rel_tol(t) + 1e-5) * std::fabs(ref[size_t(i)]) + 1e-6, r * hidden + i);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DenseKernels, RmsNormRowsSelectsRows) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(303);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const float eps = 1e-6f;
+  const int64_t total_rows = 300;
+  for (ActDType t : kAllTypes) {
+    for (int64_t hidden : {int64_t{2048}, int64_t{4096}, int64_t{1003}}) {
+      const Act weight = random_act(t, size_t(hidden), rng, 1.f, 0.2f);
+      auto d_w = to_device(weight);
+      std::vector<float> res(size_t(total_rows * hidden));
+      std::normal_distribution<float> nd(0.f, 3.f);
+      for (auto& v : res) v = nd(rng);
+      Dev d_res(res.size() * 4);
+      d_res.upload(res);
+      for (bool indexed : {true, false}) {
+        const int64_t rows = indexed ? 7 : total_rows;
+        SCOPED_TRACE(testing::Message() << name(t) << " hidden " << hidden << " indexed "
+                                        << indexed);
+        std::vector<int32_t> idx = {299, 0, 17, 17, 150, 298, 1};
+        Dev d_idx(idx.size() * 4), d_out(size_t(rows * hidden * act_dtype_size(t)));
+        d_idx.upload(idx);
+        d_out.poison();
+        ASSERT_EQ(rms_norm_rows(t, static_cast<const float*>(d_res.p),
+                                indexed ? static_cast<int32_t*>(d_idx.p) : nullptr, d_w->p,
+                                d_out.p, rows, hidden, eps, nullptr),
+                  cudaSuccess);
+        const auto got = decode(d_out.download<unsigned char>(), t, size_t(rows * hidden));
+        EXPECT_EQ(d_res.download<float>(), res) << "the residual must not change";
+        Checker c{"rms_norm_rows"};
+        std::vector<double> ref(static_cast<size_t>(hidden));
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t src = indexed ? idx[size_t(r)] : r;
+          ref_norm(&res[size_t(src * hidden)], weight, hidden, eps, ref.data());
+          for (int64_t i = 0; i < hidden; ++i)
+            c.check(got[size_t(r * hidden + i)], ref[size_t(i)],
+                    (rel_tol(t) + 1e-5) * std::fabs(ref[size_t(i)]) + 1e-6, r * hidden + i);
+        }
+      }
+    }
+  }
+}
+
+// qkv_bias_rope: tolerance rel_tol |ref| + 2e-6 (|a| + |b|) + 1e-6: the angle is the same f32
+// product on both sides; sincosf is within 2 ulp; the rotation is f32.
+TEST(DenseKernels, QkvBiasRopeMatchesHost) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(404);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int hq, hkv, d;
+    int64_t rows;
+  };
+  std::vector<Shape> shapes = {{8, 2, 64, 7},   {8, 2, 128, 64}, {4, 1, 256, 7},
+                               {8, 2, 36, 7},   {32, 8, 128, 1}, {32, 8, 128, 300},
+                               {14, 2, 64, 64}};
+  for (ActDType t : kAllTypes) {
+    for (const Shape& s : shapes) {
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(testing::Message() << name(t) << " hq " << s.hq << " hkv " << s.hkv << " d "
+                                        << s.d << " rows " << s.rows << " bias " << with_bias);
+        const int heads = s.hq + 2 * s.hkv;
+        const int64_t width = int64_t(heads) * s.d;
+        const Act qkv = random_act(t, size_t(s.rows * width), rng);
+        const Act bias = random_act(t, size_t(width), rng, 0.f, 0.5f);
+        std::vector<int32_t> pos(size_t(s.rows));
+        for (auto& p : pos) p = static_cast<int32_t>(rng() % 131072);
+        std::vector<float> inv_freq(size_t(s.d / 2));
+        for (int i = 0; i < s.d / 2; ++i)
+          inv_freq[size_t(i)] =
+              static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / static_cast<double>(s.d)));
+        auto d_qkv = to_device(qkv);
+        auto d_bias = to_device(bias);
+        Dev d_pos(pos.size() * 4), d_inv(inv_freq.size() * 4);
+        d_pos.upload(pos);
+        d_inv.upload(inv_freq);
+        const size_t es = size_t(act_dtype_size(t));
+        Dev d_q(size_t(s.rows) * s.hq * s.d * es), d_k(size_t(s.rows) * s.hkv * s.d * es),
+            d_v(size_t(s.rows) * s.hkv * s.d * es);
+        d_q.poison();
+        d_k.poison();
+        d_v.poison();
+        ASSERT_EQ(qkv_bias_rope(t, d_qkv->p, with_bias ? d_bias->p : nullptr,
+                                static_cast<int32_t*>(d_pos.p), static_cast<float*>(d_inv.p),
+                                d_q.p, d_k.p, d_v.p, s.rows, s.hq, s.hkv, s.d, nullptr),
+                  cudaSuccess);
+        const auto q = decode(d_q.download<unsigned char>(), t, d_q.bytes / es);
+        const auto k = decode(d_k.download<unsigned char>(), t, d_k.bytes / es);
+        const auto v = decode(d_v.download<unsigned char>(), t, d_v.bytes / es);
+        Checker c{"qkv_bias_rope"};
+        const int half = s.d / 2;
+        for (int64_t r = 0; r < s.rows; ++r) {
+          for (int h = 0; h < heads; ++h) {
+            const float* out;
+            if (h < s.hq) {
+              out = &q[size_t((r * s.hq + h) * s.d)];
+            } else if (h < s.hq + s.hkv) {
+              out = &k[size_t((r * s.hkv + h - s.hq) * s.d)];
+            } else {
+              out = &v[size_t((r * s.hkv + h - s.hq - s.hkv) * s.d)];
+            }
+            for (int i = 0; i < half; ++i) {
+              const size_t ia = size_t(r * width + h * s.d + i), ib = ia + size_t(half);
+              const double a = double(qkv.v[ia]) + (with_bias ? bias.v[size_t(h * s.d + i)] : 0.0);
+              const double b =
+                  double(qkv.v[ib]) + (with_bias ? bias.v[size_t(h * s.d + i + half)] : 0.0);
+              double ra = a, rb = b;
+              if (h < s.hq + s.hkv) {
+                const float angle = static_cast<float>(pos[size_t(r)]) * inv_freq[size_t(i)];
+                const double cs = std::cos(double(angle)), sn = std::sin(double(angle));
+                ra = a * cs - b * sn;
+                rb = b * cs + a * sn;
+              }
+              const double extra = 2e-6 * (std::fabs(a) + std::fabs(b)) + 1e-6;
+              c.check(out[i], ra, rel_tol(t) * std::fabs(ra) + extra, r * width + h * s.d + i);
+              c.check(out[i + half], rb, rel_tol(t) * std::fabs(rb) + extra,
+                      r * width + h * s.d + i + half);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// silu_mul: tolerance rel_tol |ref| + 1e-6 |ref| + 1e-7 (expf, one division, one product in f32).
+TEST(DenseKernels, SiluMulMatchesHost) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(505);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  for (ActDType t : kAllTypes) {
+    for (int64_t inter : {int64_t{14336}, int64_t{1000}, int64_t{1001}}) {
+      for (int64_t rows : kRows) {
+        SCOPED_TRACE(testing::Message() << name(t) << " inter " << inter << " rows " << rows);
+        const Act gu = random_act(t, size_t(rows * 2 * inter), rng, 0.f, 3.f);
+        auto d_gu = to_device(gu);
+        const size_t es = size_t(act_dtype_size(t));
+        Dev d_out(size_t(rows * inter) * es);
+        d_out.poison();
+        ASSERT_EQ(silu_mul(t, d_gu->p, d_out.p, rows, inter, nullptr), cudaSuccess);
+        const auto got = decode(d_out.download<unsigned char>(), t, size_t(rows * inter));
+        Checker c{"silu_mul"};
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < inter; ++i) {
+            const double g = gu.v[size_t(r * 2 * inter + i)];
+            const double u = gu.v[size_t(r * 2 * inter + inter + i)];
+            const double ref = g / (1.0 + std::exp(-g)) * u;
+            c.check(got[size_t(r * inter + i)], ref, (rel_tol(t) + 1e-6) * std::fabs(ref) + 1e-7,
+                    r * inter + i);
+          }
+        }
+      }
+    }
+  }
+}
+
+// logits_to_f32_softcap: exact without a cap; with one, within 1e-6 |ref| + 1e-6 (tanhf).
+TEST(DenseKernels, LogitsToF32SoftCap) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(606);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = 128256;
+  for (ActDType t : kAllTypes) {
+    for (int64_t n : {int64_t{7} * vocab, int64_t{1001}}) {
+      for (float cap : {0.f, 30.f}) {
+        SCOPED_TRACE(testing::Message() << name(t) << " n " << n << " cap " << cap);
+        const Act in = random_act(t, size_t(n), rng, 0.f, 20.f);
+        auto d_in = to_device(in);
+        Dev d_out(size_t(n) * 4);
+        d_out.poison();
+        ASSERT_EQ(logits_to_f32_softcap(t, d_in->p, static_cast<float*>(d_out.p), n, cap, nullptr),
+                  cudaSuccess);
+        const auto got = d_out.download<float>();
+        Checker c{"logits_to_f32_softcap"};
+        for (int64_t i = 0; i < n; ++i) {
+          const double x = in.v[size_t(i)];
+          const double ref = cap > 0 ? cap * std::tanh(x / cap) : x;
+          c.check(got[size_t(i)], ref, cap > 0 ? 1e-6 * std::fabs(ref) + 1e-6 : 0.0, i);
+        }
+        if (t == ActDType::kF32 && cap > 0) {  // in place, both entry points
+          for (int variant = 0; variant < 2; ++variant) {
+            auto d_x = to_device(in);
+            float* xp = static_cast<float*>(d_x->p);
+            ASSERT_EQ(variant == 0 ? logits_to_f32_softcap(t, xp, xp, n, cap, nullptr)
+                                   : soft_cap_inplace(xp, n, cap, nullptr),
+                      cudaSuccess);
+            EXPECT_EQ(d_x->download<float>(), got) << "in place differs, variant " << variant;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling.
+
+/// Runs sample_tokens over host logits [rows, stride] (stride >= vocab; 0 = one shared row).
+std::vector<int32_t> run_sampler(const std::vector<float>& logits, int64_t stride,
+                                 const std::vector<SamplingRowParams>& params, int vocab) {
+  const int rows = static_cast<int>(params.size());
+  Dev d_logits(logits.size() * 4), d_params(params.size() * sizeof(SamplingRowParams)),
+      d_out(size_t(rows) * 4);
+  d_logits.upload(logits);
+  d_params.upload(params);
+  d_out.poison();
+  const size_t ws_bytes = sample_tokens_workspace_bytes(rows, vocab);
+  Dev d_ws(ws_bytes);
+  EXPECT_EQ(sample_tokens(static_cast<float*>(d_logits.p), stride,
+                          static_cast<SamplingRowParams*>(d_params.p), rows, vocab,
+                          static_cast<int32_t*>(d_out.p), d_ws.p, ws_bytes, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d_out.download<int32_t>();
+}
+
+int32_t host_argmax(const float* x, int vocab) {
+  int32_t best = 0;
+  for (int i = 1; i < vocab; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+/// The host's kept set and probabilities (f64, the CPU Sampler's semantics). `slack` widens
+/// top_p and min_p so that the set is a superset of what f32 rounding at the edges can give.
+struct HostDist {
+  std::vector<int32_t> ids;    ///< kept tokens, descending probability (ties by index)
+  std::vector<double> probs;   ///< renormalised
+  std::vector<double> cum;     ///< cumulative top-k mass fractions before the top-p cut
+};
+
+HostDist host_dist(const float* x, int vocab, const SamplingRowParams& p, double slack) {
+  HostDist d;
+  if (!(p.temperature > 0.f) || p.top_k == 1) {
+    d.ids = {host_argmax(x, vocab)};
+    d.probs = {1.0};
+    return d;
+  }
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+  int keep = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+  const double m = x[order[0]];
+  std::vector<double> w(static_cast<size_t>(keep));
+  double total = 0;
+  for (int i = 0; i < keep; ++i) total += w[size_t(i)] = std::exp((x[order[size_t(i)]] - m) / p.temperature);
+  if (p.top_p < 1.f) {
+    const double tp = std::min(1.0, double(p.top_p) + slack);
+    double cum = 0;
+    int cut = keep;
+    for (int i = 0; i < keep; ++i) {
+      cum += w[size_t(i)] / total;
+      d.cum.push_back(cum);
+      if (cum >= tp) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+  }
+  if (p.min_p > 0.f) {
+    const double floor_p = double(p.min_p) * (1.0 - slack) * w[0];
+    int cut = 1;
+    while (cut < keep && w[size_t(cut)] >= floor_p) ++cut;
+    keep = cut;
+  }
+  double kept = 0;
+  for (int i = 0; i < keep; ++i) kept += w[size_t(i)];
+  for (int i = 0; i < keep; ++i) {
+    d.ids.push_back(order[size_t(i)]);
+    d.probs.push_back(w[size_t(i)] / kept);
+  }
+  return d;
+}
+
+std::vector<float> random_logits(std::mt19937_64& rng, int rows, int64_t stride, int vocab,
+                                 bool bf16_ties) {
+  std::normal_distribution<float> nd(0.f, 2.5f);
+  std::vector<float> v(size_t(rows) * size_t(stride), std::nanf(""));  // padding stays NaN
+  for (int r = 0; r < rows; ++r) {
+    float* x = &v[size_t(r) * size_t(stride)];
+    for (int i = 0; i < vocab; ++i) x[i] = nd(rng);
+    for (int j = 0; j < 8; ++j) x[rng() % vocab] = 8.f + nd(rng) * 0.5f;  // a few likely tokens
+    if (bf16_ties)  // bf16-valued logits: many exact ties, like a bf16 LM head
+      for (int i = 0; i < vocab; ++i) x[i] = bf16_bits_to_f32(f32_to_bf16_bits(x[i]));
+  }
+  return v;
+}
+
+TEST(Sampling, GreedyIsTheHostArgmaxWithTies) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(707);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int vocab = 128256;
+  const int64_t stride = vocab + 13;
+  for (int64_t rows64 : kRows) {
+    const int rows = static_cast<int>(rows64);
+    SCOPED_TRACE(testing::Message() << "rows " << rows);
+    auto logits = random_logits(rng, rows, stride, vocab, true);
+    std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      float* x = &logits[size_t(r) * size_t(stride)];
+      // Plant ties of the maximum before and after its position.
+      const int a = host_argmax(x, vocab);
+      const float mx = x[a];
+      x[rng() % vocab] = mx;
+      x[rng() % vocab] = mx;
+      if (r % 3 == 0) x[vocab - 1] = mx;
+      if (r % 5 == 1) x[0] = mx;
+      params[size_t(r)] = SamplingRowParams{.temperature = r % 2 ? 0.f : 0.7f,
+                                            .top_k = r % 2 ? 0 : 1,
+                                            .top_p = 1.f,
+                                            .min_p = 0.f,
+                                            .seed = rng(),
+                                            .step = int64_t(r)};
+    }
+    const auto got = run_sampler(logits, stride, params, vocab);
+    for (int r = 0; r < rows; ++r)
+      EXPECT_EQ(got[size_t(r)], host_argmax(&logits[size_t(r) * size_t(stride)], vocab))
+          << "row " << r;
+  }
+}
+
+SamplingRowParams random_filter_params(std::mt19937_64& rng, int r) {
+  static constexpr float kTemps[] = {0.3f, 0.7f, 1.f, 1.5f};
+  static constexpr int kTopK[] = {0, 2, 20, 1000, 50000};
+  static constexpr float kTopP[] = {1.f, 0.95f, 0.8f, 0.3f};
+  static constexpr float kMinP[] = {0.f, 0.f, 0.02f, 0.2f};
+  return SamplingRowParams{.temperature = kTemps[rng() % 4],
+                           .top_k = kTopK[rng() % 5],
+                           .top_p = kTopP[rng() % 4],
+                           .min_p = kMinP[rng() % 4],
+                           .seed = rng(),
+                           .step = int64_t(r) * 7 + 3};
+}
+
+TEST(Sampling, FilteredDrawsStayInTheAllowedSet) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(808);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int vocab = 128256;
+  for (bool ties : {false, true}) {
+    for (int64_t rows64 : kRows) {
+      const int rows = static_cast<int>(rows64);
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " bf16 ties " << ties);
+      const auto logits = random_logits(rng, rows, vocab, vocab, ties);
+      std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) params[size_t(r)] = random_filter_params(rng, r);
+      const auto got = run_sampler(logits, vocab, params, vocab);
+      for (int r = 0; r < rows; ++r) {
+        const HostDist d = host_dist(&logits[size_t(r) * vocab], vocab, params[size_t(r)], 1e-4);
+        const auto& p = params[size_t(r)];
+        EXPECT_NE(std::find(d.ids.begin(), d.ids.end(), got[size_t(r)]), d.ids.end())
+            << "row " << r << " sampled " << got[size_t(r)] << " outside the " << d.ids.size()
+            << " allowed (T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p
+            << " min_p " << p.min_p << ")";
+      }
+    }
+  }
+}
+
+TEST(Sampling, ResultIndependentOfBatchPosition) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(909);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int vocab = 128256, rows = 64;
+  for (bool ties : {false, true}) {
+    const auto logits = random_logits(rng, rows, vocab, vocab, ties);
+    std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) params[size_t(r)] = random_filter_params(rng, r);
+    const auto base = run_sampler(logits, vocab, params, vocab);
+    // Reversed batch with other rows interleaved.
+    std::vector<int> perm(static_cast<size_t>(rows));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<float> logits2;
+    std::vector<SamplingRowParams> params2;
+    const auto noise = random_logits(rng, 1, vocab, vocab, ties);
+    for (int i = 0; i < rows; ++i) {
+      const int r = perm[size_t(i)];
+      logits2.insert(logits2.end(), logits.begin() + int64_t(r) * vocab,
+                     logits.begin() + int64_t(r + 1) * vocab);
+      params2.push_back(params[size_t(r)]);
+      logits2.insert(logits2.end(), noise.begin(), noise.end());
+      params2.push_back(random_filter_params(rng, i));
+    }
+    const auto shuffled = run_sampler(logits2, vocab, params2, vocab);
+    for (int i = 0; i < rows; ++i)
+      EXPECT_EQ(shuffled[size_t(2 * i)], base[size_t(perm[size_t(i)])]) << "row " << perm[size_t(i)];
+    // Alone, and again (deterministic).
+    for (int r : {0, rows / 2, rows - 1}) {
+      const std::vector<float> one(logits.begin() + int64_t(r) * vocab,
+                                   logits.begin() + int64_t(r + 1) * vocab);
+      EXPECT_EQ(run_sampler(one, vocab, {params[size_t(r)]}, vocab)[0], base[size_t(r)]);
+    }
+    EXPECT_EQ(run_sampler(logits, vocab, params, vocab), base);
+  }
+}
+
+/// Wilson-Hilferty upper quantile of chi-square with df degrees of freedom at standard normal z.
+double chi2_critical(int df, double z) {
+  const double k = df;
+  const double a = 2.0 / (9.0 * k);
+  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+TEST(Sampling, FrequenciesMatchTheHostDistribution) {
+  REQUIRE_GPU();
+  const std::vector<float> logits = {3.0f, 2.5f, 2.2f, 1.9f, 1.0f, 0.5f, 0.1f, -0.5f,
+                                     -1.f, -2.f, 2.2f, -4.f, 0.7f, 1.4f, -0.2f, 0.f};
+  const int vocab = static_cast<int>(logits.size());
+  struct Case {
+    float t;
+    int k;
+    float p, min_p;
+  };
+  const Case cases[] = {{1.f, 0, 1.f, 0.f},     {0.7f, 5, 1.f, 0.f},   {1.2f, 0, 0.8f, 0.f},
+                        {1.f, 0, 1.f, 0.1f},    {0.9f, 8, 0.9f, 0.05f}, {2.f, 3, 1.f, 0.f},
+                        {1.f, 12, 0.97f, 0.f}};
+  const int draws = 8000;
+  const uint64_t seed = test_seed(1010);
+  std::cout << "seed " << seed << "\n";
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(testing::Message() << "T " << cs.t << " top_k " << cs.k << " top_p " << cs.p
+                                    << " min_p " << cs.min_p);
+    std::vector<SamplingRowParams> params(static_cast<size_t>(draws));
+    for (int i = 0; i < draws; ++i)
+      params[size_t(i)] = SamplingRowParams{.temperature = cs.t, .top_k = cs.k, .top_p = cs.p,
+                                            .min_p = cs.min_p, .seed = seed + uint64_t(i % 7),
+                                            .step = int64_t(i)};
+    const HostDist d = host_dist(logits.data(), vocab, params[0], 0.0);
+    for (double c : d.cum) ASSERT_GT(std::fabs(c - cs.p), 1e-3) << "case too close to a top_p edge";
+    const auto got = run_sampler(logits, 0, params, vocab);  // stride 0: one shared row
+    std::vector<int> counts(size_t(vocab), 0);
+    for (int32_t id : got) {
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, vocab);
+      ++counts[size_t(id)];
+    }
+    double chi2 = 0;
+    int kept_count = 0;
+    for (size_t j = 0; j < d.ids.size(); ++j) {
+      const double expect = d.probs[j] * draws;
+      const double o = counts[size_t(d.ids[j])];
+      chi2 += (o - expect) * (o - expect) / expect;
+      kept_count += counts[size_t(d.ids[j])];
+    }
+    EXPECT_EQ(kept_count, draws) << "draws outside the kept set of " << d.ids.size();
+    if (d.ids.size() > 1) {
+      const int df = static_cast<int>(d.ids.size()) - 1;
+      EXPECT_LT(chi2, chi2_critical(df, 4.75)) << "chi2 " << chi2 << " df " << df;
+    }
+  }
+}
+
+TEST(Sampling, RejectsBadShapes) {
+  REQUIRE_GPU();
+  int32_t* out = nullptr;
+  EXPECT_EQ(sample_tokens(nullptr, 0, nullptr, 1, 0, out, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(sample_tokens(nullptr, 0, nullptr, 1, kMaxSampleVocab + 1, out, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(sample_tokens(nullptr, 0, nullptr, 0, 100, out, nullptr, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(sample_tokens_workspace_bytes(256, 256000), 0u);
+}
+
+TEST(Sampling, PhiloxIsTheSameOnHostAndDevice) {
+  // The device sampler and philox_uniform share philox.h; check the KAT on the host build of it.
+  const Philox4x32Out o = philox4x32_10(0, 0, 0, 0, 0, 0);
+  EXPECT_EQ(o.v[0], 0x6627e8d5u);
+  EXPECT_EQ(o.v[3], 0x9b00dbd8u);
+  const double u = philox_uniform(42, 7);
+  EXPECT_GE(u, 0.0);
+  EXPECT_LT(u, 1.0);
+}
+
+}  // namespace
+}  // namespace pagoda::model::cuda_kernels
