@@ -27,6 +27,12 @@ void add_replay_command(CLI::App& app);
 /// streamed to stdout; --json prints one object (output_token_ids, output_text, ...).
 void add_generate_command(CLI::App& app);
 
+/// `pagoda tokenize`: encodes --text with the tokenizer of --model (builtin, or a folder with
+/// tokenizer.json / tokenizer.model) and prints the ids ({"ids": [...]} with --json); with
+/// --decode prints the text of --ids. --no-special: no BOS/template tokens (encode), special
+/// tokens left out (decode).
+void add_tokenize_command(CLI::App& app);
+
 /// Prepares the process for running the model on this host: OpenBLAS single-threaded (the
 /// attention backend owns the OpenMP threads) and OpenMP waiting passively, so BLAS and OpenMP do
 /// not spin against each other. OMP_WAIT_POLICY is read when the runtime loads, so when it is

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   pagoda::cli::add_replay_command(app);
   pagoda::cli::add_generate_command(app);
   pagoda::cli::add_bench_command(app);
+  pagoda::cli::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

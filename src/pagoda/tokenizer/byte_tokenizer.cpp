@@ -7,10 +7,8 @@
 namespace pagoda::tokenizer {
 
 ByteTokenizer::ByteTokenizer(int32_t bos_id, int32_t eos_id) : bos_id_(bos_id), eos_id_(eos_id) {
-  PAGODA_REQUIRE(bos_id == -1 || bos_id >= kNumBytes, kInvalidArgument,
-                 "byte tokenizer: bos id {} collides with a byte id", bos_id);
-  PAGODA_REQUIRE(eos_id == -1 || eos_id >= kNumBytes, kInvalidArgument,
-                 "byte tokenizer: eos id {} collides with a byte id", eos_id);
+  PAGODA_REQUIRE(bos_id >= -1 && eos_id >= -1, kInvalidArgument,
+                 "byte tokenizer: bos id {} / eos id {} must be >= -1", bos_id, eos_id);
 }
 
 std::vector<int32_t> ByteTokenizer::encode(std::string_view text, bool add_special_tokens) const {

@@ -11,7 +11,8 @@ class ByteTokenizer final : public Tokenizer {
  public:
   static constexpr int32_t kNumBytes = 256;
 
-  /// bos_id / eos_id: special ids (>= 256, or -1 for none).
+  /// bos_id / eos_id: special ids (normally >= 256; -1 for none). An id below 256 is still a
+  /// byte in decode (a checkpoint without tokenizer files whose BOS is 1 decodes id 1 as 0x01).
   explicit ByteTokenizer(int32_t bos_id = 256, int32_t eos_id = 257);
 
   /// One id per byte of `text`, preceded by BOS when `add_special_tokens` and bos_id >= 0.
@@ -25,6 +26,7 @@ class ByteTokenizer final : public Tokenizer {
   std::optional<int32_t> token_to_id(std::string_view token) const override;
   int32_t bos_id() const override { return bos_id_; }
   int32_t eos_id() const override { return eos_id_; }
+  /// Ids >= 256 (they have no text).
   bool is_special(int32_t id) const override { return id >= kNumBytes; }
   std::string_view kind() const override { return "byte"; }
 

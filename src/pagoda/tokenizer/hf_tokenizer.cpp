@@ -162,10 +162,9 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special_
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
     if (skip_special_tokens && is_special(id)) continue;
-    auto t = id_to_token(id);
-    PAGODA_REQUIRE(t.has_value(), kOutOfRange, "tokenizer: token id {} is not in the vocabulary",
-                   id);
-    tokens.push_back(std::move(*t));
+    // Ids outside the vocabulary are left out, as `tokenizers` does (a model's embedding table
+    // is often padded past the tokenizer's vocabulary).
+    if (auto t = id_to_token(id)) tokens.push_back(std::move(*t));
   }
   std::string out;
   if (!decoder_) {

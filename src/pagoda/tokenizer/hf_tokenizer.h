@@ -36,8 +36,9 @@ struct HfTokenizerOptions {
 
 class HfTokenizer final : public Tokenizer {
  public:
-  /// From a parsed tokenizer.json. Throws pagoda::Error naming the field for anything malformed
-  /// or unsupported.
+  /// From a parsed tokenizer.json. Throws pagoda::Error naming the field for anything
+  /// unsupported or inconsistent; a missing member or a member of the wrong JSON type throws
+  /// nlohmann::json::exception (from_file turns that into a pagoda::Error too).
   explicit HfTokenizer(const nlohmann::json& tokenizer_json, const HfTokenizerOptions& options = {});
   /// Reads and parses `path` (tokenizer.json) first.
   static std::unique_ptr<HfTokenizer> from_file(const std::filesystem::path& path,

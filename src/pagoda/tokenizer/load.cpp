@@ -76,6 +76,15 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_dir
   return std::make_unique<SentencePieceTokenizer>(sp_path, options);
 }
 
+bool has_tokenizer(const std::filesystem::path& model_dir) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(model_dir)) {
+    const auto name = model_dir.filename();
+    return name.extension() == ".json" || name.extension() == ".model";
+  }
+  return fs::exists(model_dir / "tokenizer.json") || fs::exists(model_dir / "tokenizer.model");
+}
+
 std::unique_ptr<Tokenizer> make_tokenizer_for(const std::string& model_spec) {
   if (model_spec == "builtin") return std::make_unique<ByteTokenizer>();
   return load_tokenizer(model_spec);

@@ -35,8 +35,7 @@ std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids,
   std::vector<int> in;
   in.reserve(ids.size());
   for (int32_t id : ids) {
-    PAGODA_REQUIRE(id >= 0 && id < vocab_size(), kOutOfRange,
-                   "sentencepiece: token id {} is not in the vocabulary", id);
+    if (id < 0 || id >= vocab_size()) continue;  // outside the vocabulary: left out
     if (skip_special_tokens && is_special(id)) continue;
     in.push_back(id);
   }

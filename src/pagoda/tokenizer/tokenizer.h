@@ -25,8 +25,10 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const = 0;
 
   /// Text of `ids` (bytes; may end in an incomplete UTF-8 sequence only for the byte tokenizer,
-  /// the others replace invalid bytes by U+FFFD like the Python packages). Unknown ids throw
-  /// pagoda::Error. With `skip_special_tokens` special/control ids are left out.
+  /// the others replace invalid bytes by U+FFFD like the Python packages). Ids outside the
+  /// vocabulary are left out, as `tokenizers` does (model vocabularies are often padded past the
+  /// tokenizer's); a negative id throws pagoda::Error in the byte tokenizer. With
+  /// `skip_special_tokens` special/control ids are left out too.
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const = 0;
 
   /// Number of ids, added tokens included (ids are in [0, vocab_size())).

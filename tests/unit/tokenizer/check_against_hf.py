@@ -11,7 +11,7 @@ tokenizer.model that the mistral-common package ships, when installed) are check
 `sentencepiece` package the same way.
 
 A missing `tokenizers` or `sentencepiece` package is a FAILURE, not a skip.
-Usage: check_against_hf.py --tool build/.../tokenize_tool --work DIR [--seed N]
+Usage: check_against_hf.py --tool build/.../tokenize_tool --work DIR [--cli build/pagoda] [--seed N]
 """
 import argparse
 import importlib.util
@@ -207,7 +207,12 @@ def test_texts(rng, corpus, specials):
              "1234567890 12 123 1234", "don't I'M we'Re", "e\u0301 vs é", "ﬁ ① x² Ⅻ ½",
              "ΣΊΣΥΦΟΣ Σοφία ΌΣΟΣ", "İstanbul STRASSE ß", "👩‍💻🇫🇷😀 🚀", "中文字符测试 日本語のテキスト",
              "Pagoda Pagodas xPagoda Pagoda.", "x <mask> y  <mask>z", "a rstrip_me   b",
-             "tokenizer tokenizers", "▁already▁metaspace ▁x"]
+             "tokenizer tokenizers", "▁already▁metaspace ▁x",
+             # white space at the edges of \s: NEL, Mongolian vowel separator, ZWSP, LS, PS,
+             # NBSP, ogham space, NNBSP, BOM, information separators
+             "a\u0085b \u0085 c", "a\u180eb \u180e  c", "a\u200bb\u200b c", "x\u2028y\u2029z",
+             "p\u00a0\u00a0q \u1680r\u202f s\ufeff", "\u001c\u001d \u001e\u001f x",
+             "  \u3000\u3000 end   "]
     texts += corpus[:60]
     for _ in range(40):
         line = rng.choice(corpus)
@@ -241,7 +246,7 @@ def run_tool(tool, model, request, work, name):
     return json.loads(resp_path.read_text(encoding="utf-8")), time.time() - t0
 
 
-def check_hf(name, tok_json, texts, rng, tool, work, checker, big_text=None):
+def check_hf(name, tok_json, texts, rng, tool, work, checker, big_text=None, cli=None):
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tokenizer.json"
@@ -252,6 +257,7 @@ def check_hf(name, tok_json, texts, rng, tool, work, checker, big_text=None):
     decode_ids = list(encoded)
     decode_ids += [[rng.randrange(vocab_size) for _ in range(rng.randint(1, 12))]
                    for _ in range(40)]
+    decode_ids.append(encoded[30][:4] + [vocab_size + 3] + encoded[30][4:])  # unknown id: left out
     all_texts = list(texts) + ([big_text] if big_text else [])
     resp, seconds = run_tool(tool, folder, {"texts": all_texts, "decode_ids": decode_ids}, work,
                              name)
@@ -280,6 +286,19 @@ def check_hf(name, tok_json, texts, rng, tool, work, checker, big_text=None):
                              resp["with_special"][-1], want, big_text[:60] + "...")
         print(f"  {name}: {len(big_text.encode()) / 1e6:.1f} MB text: tokenize_tool {seconds:.2f} s "
               f"in all (load + {len(all_texts)} encodes + decodes), tokenizers {hf_s:.2f} s")
+    if cli:
+        for t, ids in list(zip(texts, encoded))[:12]:
+            out = subprocess.run([cli, "tokenize", "--model", str(folder), "--text", t, "--json"],
+                                 check=True, capture_output=True, text=True).stdout
+            checker.expect_equal(f"{name} pagoda tokenize --json", json.loads(out)["ids"], ids, t)
+        ids = encoded[20]
+        for flags, skip in (([], False), (["--no-special"], True)):
+            out = subprocess.run([cli, "tokenize", "--model", str(folder), "--decode", "--json",
+                                  "--ids", ",".join(map(str, ids))] + flags,
+                                 check=True, capture_output=True, text=True).stdout
+            checker.expect_equal(f"{name} pagoda tokenize --decode {flags}",
+                                 json.loads(out)["text"],
+                                 hf.decode(ids, skip_special_tokens=skip), ids)
     print(f"{name}: {len(texts)} texts, {len(decode_ids)} decodes, "
           f"{'OK' if checker.failed == before else 'FAILED'}")
 
@@ -305,10 +324,49 @@ def check_sentencepiece(name, model_path, texts, tool, work, checker):
     print(f"{name}: {len(texts)} texts, {'OK' if checker.failed == before else 'FAILED'}")
 
 
+def tokenizer_json_from_spm(model_path):
+    """A Llama-2 style tokenizer.json for a SentencePiece BPE model: its pieces as the vocabulary
+    and, as merges, every split of a piece into two pieces, ranked by the merged piece's score
+    (SentencePiece BPE merges the highest-scoring pair first)."""
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    vocab = {p: i for i, p in enumerate(pieces)}
+    merges = []
+    for i, piece in enumerate(pieces):
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i):
+            continue
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                merges.append((-sp.get_score(i), i, vocab[left], vocab[right], left, right))
+    merges.sort()
+    specials = [i for i in range(len(pieces)) if sp.is_control(i) or sp.is_unknown(i)]
+    bos = sp.bos_id()
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": pieces[i], "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}
+                         for i in specials],
+        "normalizer": json.loads(normalizers.Sequence([
+            normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]).__getstate__()),
+        "pre_tokenizer": None,
+        "post_processor": json.loads(processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[(pieces[bos], bos)]).__getstate__()),
+        "decoder": json.loads(decoders.Sequence([
+            decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+            decoders.Strip(" ", 1, 0)]).__getstate__()),
+        "model": {"type": "BPE", "dropout": None, "unk_token": pieces[sp.unk_id()],
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[m[4], m[5]] for m in merges]},
+    }
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
     ap.add_argument("--work", required=True)
+    ap.add_argument("--cli", help="the pagoda binary: also check `pagoda tokenize --json`")
     ap.add_argument("--seed", type=int, default=int(os.environ.get("PAGODA_TOKENIZER_SEED", 20261130)))
     args = ap.parse_args()
     print(f"seed {args.seed} (set PAGODA_TOKENIZER_SEED to change); tokenizers "
@@ -337,7 +395,7 @@ def main():
     ]
     for name, tok_json, specials, big_text in cases:
         check_hf(name, tok_json, test_texts(rng, corpus, specials), rng, args.tool, work, checker,
-                 big_text)
+                 big_text, args.cli)
 
     # A SentencePiece model trained here (BPE with byte fallback), through libsentencepiece.
     corpus_file = work / "spm_corpus.txt"
@@ -357,6 +415,10 @@ def main():
         real = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data" / "tokenizer.model.v1"
     if real and real.exists():
         check_sentencepiece("mistral_tokenizer_model_v1", real, sp_texts, args.tool, work, checker)
+        # The same real vocabulary (32,000 pieces) as a Llama-2 style tokenizer.json.
+        check_hf("mistral_v1_tokenizer_json", tokenizer_json_from_spm(real),
+                 test_texts(rng, corpus, ["<s>", "</s>"]), rng, args.tool, work, checker, big,
+                 args.cli)
     else:
         print("note: mistral-common is not installed; the real Mistral tokenizer.model was not checked")
 
