@@ -249,6 +249,31 @@ void RadixCache::heap_remove(PrefixNode* node) {
   }
 }
 
+bool RadixCache::any_in_tree(size_t page, size_t count) const {
+  for (const size_t end = page + count; page < end;) {
+    const size_t lo = page % 64;
+    const size_t n = std::min<size_t>(64 - lo, end - page);
+    const uint64_t mask = (n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << lo;
+    if ((tree_pages_[page / 64] & mask) != 0) return true;
+    page += n;
+  }
+  return false;
+}
+
+void RadixCache::set_in_tree(size_t page, size_t count, bool on) {
+  for (const size_t end = page + count; page < end;) {
+    const size_t lo = page % 64;
+    const size_t n = std::min<size_t>(64 - lo, end - page);
+    const uint64_t mask = (n == 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1) << lo;
+    if (on) {
+      tree_pages_[page / 64] |= mask;
+    } else {
+      tree_pages_[page / 64] &= ~mask;
+    }
+    page += n;
+  }
+}
+
 void RadixCache::touch(PrefixNode* node) {
   node->stats.last_access = clock_;
   if (node->heap_pos >= 0) sync_evictable(node);
@@ -264,10 +289,17 @@ void RadixCache::sync_evictable(PrefixNode* node) {
   if (node->heap_pos < 0) {
     heap_.push_back(HeapEntry{key, node->id, node});
     node->heap_pos = static_cast<int32_t>(heap_.size() - 1);
-  } else {
-    heap_[static_cast<size_t>(node->heap_pos)].key = key;
+    heap_sift(static_cast<size_t>(node->heap_pos));
+    return;
   }
-  heap_sift(static_cast<size_t>(node->heap_pos));
+  // A smaller key moves the entry at once; a larger one (a touch: LRU time, LFU hits, priority
+  // only grow) is applied lazily when the entry reaches the top in evict(). The stored key is
+  // then a lower bound of the real one, which keeps the eviction order exact.
+  HeapEntry& entry = heap_[static_cast<size_t>(node->heap_pos)];
+  if (key < entry.key) {
+    entry.key = key;
+    heap_sift(static_cast<size_t>(node->heap_pos));
+  }
 }
 
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
@@ -397,7 +429,6 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
                                      const InsertOptions& options, int64_t pos) {
   // Replays the path peek_prefix_len recorded (nothing changed the tree since).
   const auto n = static_cast<int64_t>(tokens.size());
-  const int64_t p = page_size();
   PrefixNode* node = root_;
   touch(node);
   for (const PathStep& step : scratch_path_) {
@@ -413,11 +444,9 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
   leaf->assign(tokens.data() + pos, slots.data() + pos, n - pos);
   leaf->stats.priority = options.priority;
   leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
-  const SlotIndex* v = leaf->value();
-  for (int64_t i = 0; i < leaf->len; i += p) {
-    const size_t page = page_of(v[i]);
-    tree_pages_[page / 64] |= uint64_t{1} << (page % 64);
-  }
+  for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
+    set_in_tree(page, count, true);
+  });
   link_child(node, leaf);
   ++num_nodes_;
   evictable_size_ += leaf->len;
@@ -442,15 +471,14 @@ InsertResult RadixCache::insert_checked(std::string_view extra_key,
   const auto known = value.first(static_cast<size_t>(pre));
   const auto fresh = value.subspan(static_cast<size_t>(pre));
   // A page the tree already stores cannot be stored again, nor handed over as a duplicate.
-  const auto p = static_cast<size_t>(page_size());
+  const size_t tree_bits = tree_pages_.size() * 64;
   for (const auto part : {fresh, std::span<const SlotIndex>(scratch_dups_)}) {
-    for (size_t i = 0; i < part.size(); i += p) {
-      const SlotIndex s0 = part[i];
-      PAGODA_REQUIRE(s0 < 0 || page_of(s0) >= tree_pages_.size() * 64 || !in_tree(page_of(s0)),
+    for_each_page_run(part, [&](SlotIndex first, size_t page, size_t count) {
+      // Slots outside the pool are left to the allocator's checks below.
+      PAGODA_REQUIRE(first < 0 || page + count > tree_bits || !any_in_tree(page, count),
                      kInvalidArgument,
-                     "insert: slot {} names page {}, which the tree already stores elsewhere", s0,
-                     page_of(s0));
-    }
+                     "insert: slots from {} name pages the tree already stores elsewhere", first);
+    });
   }
   if (!transfer) {
     allocator_->require_held_runs(known);
@@ -518,18 +546,22 @@ int64_t RadixCache::node_length(NodeHandle handle) const { return require_live(h
 
 int64_t RadixCache::evict(int64_t num_tokens) {
   PAGODA_REQUIRE(num_tokens >= 0, kInvalidArgument, "evict({}) < 0", num_tokens);
-  const int64_t p = page_size();
   int64_t evicted = 0;
   while (evicted < num_tokens && !heap_.empty()) {
-    PrefixNode* leaf = heap_.front().node;
+    HeapEntry& top = heap_.front();
+    const EvictionKey key = policy_->key(top.node->stats);
+    if (key != top.key) {  // a lazily raised key: settle it and look again
+      top.key = key;
+      heap_sift(0);
+      continue;
+    }
+    PrefixNode* leaf = top.node;
     heap_remove(leaf);
     PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
     allocator_->free(leaf->value_span());
-    const SlotIndex* v = leaf->value();
-    for (int64_t i = 0; i < leaf->len; i += p) {
-      const size_t page = page_of(v[i]);
-      tree_pages_[page / 64] &= ~(uint64_t{1} << (page % 64));
-    }
+    for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
+      set_in_tree(page, count, false);
+    });
     evicted += leaf->len;
     evictable_size_ -= leaf->len;
     ++stats_.evicted_nodes;
@@ -691,8 +723,8 @@ void RadixCache::check_integrity() const {
       const auto pos = static_cast<size_t>(node->heap_pos);
       PAGODA_CHECK(pos < heap_.size() && heap_[pos].node == node && heap_[pos].id == node->id,
                    "leaf {} not at its heap position", node->id);
-      PAGODA_CHECK(heap_[pos].key == policy_->key(node->stats), "stale eviction key, node {}",
-                   node->id);
+      PAGODA_CHECK(!(policy_->key(node->stats) < heap_[pos].key),
+                   "heap key above the policy key, node {}", node->id);
     }
   }
   PAGODA_CHECK_EQ(evictable, evictable_size_);

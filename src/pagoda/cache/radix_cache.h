@@ -8,7 +8,9 @@
 /// (namespace, first page of the child's key)) and verified on lookup. Node boundaries, splits and
 /// matches are page aligned. Locks (inc_lock_ref) count requests whose path runs through a node; a
 /// node with lock_ref 0 is evictable, and unlocked childless nodes sit in an intrusive binary heap
-/// ordered by (EvictionPolicy key, node id) (the node stores its heap position). Nodes come from
+/// ordered by (EvictionPolicy key, node id) (the node stores its heap position). A touch that
+/// raises a leaf's key is applied lazily when the leaf reaches the top (policy keys never drop
+/// when a node is used; a drop is applied at once), so a match does not sift the heap. Nodes come from
 /// an internal pool and are reused, so stale handles are detected by a generation id.
 ///
 /// Costs. match_prefix: one hash probe and one memcmp-style comparison of the whole edge per node
@@ -142,6 +144,22 @@ class RadixCache final : public PrefixCache {
   int32_t ns_intern(std::string_view extra_key);
   int64_t aligned(int64_t len) const { return len / page_size() * page_size(); }
   bool in_tree(size_t page) const { return (tree_pages_[page / 64] >> (page % 64)) & 1; }
+  bool any_in_tree(size_t page, size_t count) const;
+  void set_in_tree(size_t page, size_t count, bool on);
+  /// Calls f(first_slot, first_page, num_pages) for each maximal run of consecutive whole pages
+  /// in `slots` (page-aligned runs of page_size slots): a loop of compares, not one call per page.
+  template <typename F>
+  void for_each_page_run(std::span<const SlotIndex> slots, F&& f) const {
+    const auto p = static_cast<size_t>(page_size());
+    const SlotIndex* v = slots.data();
+    const size_t n = slots.size();
+    for (size_t i = 0; i < n;) {
+      size_t j = i + p;
+      while (j < n && int64_t{v[j]} == int64_t{v[j - p]} + static_cast<int64_t>(p)) j += p;
+      f(v[i], page_of(v[i]), (j - i) / p);
+      i = j;
+    }
+  }
   /// slot / page_size (a shift when page_size is a power of two: no division per page).
   size_t page_of(SlotIndex slot) const {
     return static_cast<size_t>(page_shift_ >= 0 ? slot >> page_shift_ : slot / page_size());

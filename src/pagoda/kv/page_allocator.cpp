@@ -40,6 +40,7 @@ void PageAllocator::clear() {
   pos_[0] = num_pages_;  // never free: position at/above the top and not in the stack
   std::fill(refcount_.begin(), refcount_.end(), 0);
   free_top_ = num_pages_;
+  stale_lo_ = stale_hi_ = 0;
   num_referenced_ = 0;
   pending_.clear();
   in_free_group_ = false;
@@ -56,6 +57,7 @@ int32_t PageAllocator::refcount(PageId page) const {
 int32_t PageAllocator::pop_free_page() {
   PAGODA_DCHECK(free_top_ > 0);
   const int32_t page = free_stack_[--free_top_];
+  if (free_top_ <= stale_lo_) stale_lo_ = stale_hi_ = 0;  // every restored page was handed out
   refcount_[page] = 1;
   ++num_referenced_;
   return page;
@@ -209,23 +211,35 @@ void PageAllocator::collect_pages(std::span<const SlotIndex> slots) const {
   bool ascending = true;
   int32_t prev_page = 0;
   size_t count = 0;
+  // held_refcount() with every member in a local: the stores to `out` cannot alias them.
+  const int32_t* rc = refcount_.data();
+  const int32_t* pos = pos_.data();
+  const int32_t* stack = free_stack_.data();
+  const int32_t top = free_top_, stale_lo = stale_lo_, stale_hi = stale_hi_;
+  const auto held = [=](int32_t page) {
+    if (rc[page] <= 0) return false;
+    if (stale_hi <= stale_lo) return true;
+    const int32_t q = pos[page];
+    return !(q >= stale_lo && q < stale_hi && q < top && stack[q] == page);
+  };
   if (page_size_ == 1) {
     for (size_t i = 0; i < n; ++i) {
       const SlotIndex page = in[i];
-      if (page < 1 || page >= limit || held_refcount(page) <= 0) [[unlikely]] {
-        throw_bad_run(slots, i);
-      }
+      if (page < 1 || page >= limit || !held(page)) [[unlikely]] throw_bad_run(slots, i);
       out[count++] = page;
       ascending = ascending && page > prev_page;
       prev_page = page;
     }
   } else {
     const auto p = static_cast<size_t>(page_size_);
+    const int32_t shift = page_shift_;
+    const int32_t psize = page_size_;
     size_t i = 0;
     while (i < n) {
       const SlotIndex first = in[i];
-      const int32_t page = first >= page_size_ && first < limit ? page_of(first) : 0;
-      if (page == 0 || first != page * page_size_ || held_refcount(page) <= 0) [[unlikely]] {
+      const int32_t page =
+          first >= psize && first < limit ? (shift >= 0 ? first >> shift : first / psize) : 0;
+      if (page == 0 || first != page * psize || !held(page)) [[unlikely]] {
         throw_bad_run(slots, i);
       }
       // The run continues while the slots stay consecutive inside the page.
@@ -273,19 +287,26 @@ void PageAllocator::free(std::span<const SlotIndex> slots) {
     std::sort(pages, pages + count);
   }
   // Descending push leaves the smallest freed page on top (SGLang prepends sorted pages).
+  // Members in locals: the int32 stores below cannot alias them.
   int32_t released = 0;
+  int32_t* rc = refcount_.data();
+  int32_t* stack = free_stack_.data();
+  int32_t* pos = pos_.data();
+  int32_t top = free_top_;
+  const bool group = in_free_group_;
   for (size_t k = count; k-- > 0;) {
     const int32_t page = pages[k];
-    if (--refcount_[page] > 0) continue;
+    if (--rc[page] > 0) continue;
     ++released;
-    if (in_free_group_) {
+    if (group) {
       pending_.push_back(page);
     } else {
-      free_stack_[free_top_] = page;
-      pos_[page] = free_top_;
-      ++free_top_;
+      stack[top] = page;
+      pos[page] = top;
+      ++top;
     }
   }
+  free_top_ = top;
   num_referenced_ -= released;
 }
 
@@ -325,6 +346,11 @@ void PageAllocator::restore_state(const AllocatorState& state) {
                  "restore_state: the allocator was freed, retained, grouped or cleared since the "
                  "backup (only allocations may happen between backup_state and restore_state)");
   num_referenced_ -= state.free_top - free_top_;
+  // Pages at positions [free_top_, state.free_top) are free again with their refcount left at 1.
+  if (state.free_top > free_top_) {
+    stale_lo_ = stale_hi_ > stale_lo_ ? std::min(stale_lo_, free_top_) : free_top_;
+    stale_hi_ = std::max(stale_hi_, state.free_top);
+  }
   free_top_ = state.free_top;
 }
 
@@ -340,6 +366,9 @@ void PageAllocator::check_integrity() const {
   for (int32_t page = 1; page <= num_pages_; ++page) {
     if (page_is_free(page)) {
       ++free_count;
+      PAGODA_CHECK(refcount_[page] == 0 || (pos_[page] >= stale_lo_ && pos_[page] < stale_hi_),
+                   "free page {} has refcount {} outside the restored range", page,
+                   refcount_[page]);
     } else if (refcount_[page] > 0) {
       ++referenced;
     }

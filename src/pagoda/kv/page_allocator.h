@@ -150,7 +150,18 @@ class PageAllocator final : public PageRefs {
     const int32_t pos = pos_[page];
     return pos < free_top_ && free_stack_[pos] == page;
   }
-  int32_t held_refcount(int32_t page) const { return page_is_free(page) ? 0 : refcount_[page]; }
+  /// refcount_ is 0 for every free page except those restore_state() gave back (their count is
+  /// stale); those sit at free-list positions inside [stale_lo_, stale_hi_). So a positive count
+  /// is a holder count unless the page's position falls in that range and it is still free.
+  int32_t held_refcount(int32_t page) const {
+    const int32_t rc = refcount_[page];
+    if (rc <= 0) return 0;
+    if (stale_hi_ > stale_lo_) {
+      const int32_t pos = pos_[page];
+      if (pos >= stale_lo_ && pos < stale_hi_ && page_is_free(page)) return 0;
+    }
+    return rc;
+  }
   /// Pops the page at the top of the free list and gives it refcount 1.
   int32_t pop_free_page();
   void push_free_page(int32_t page);
@@ -177,6 +188,9 @@ class PageAllocator final : public PageRefs {
   /// negating their count during duplicate detection and restores it before returning.
   mutable std::vector<int32_t> refcount_;
   int32_t free_top_ = 0;
+  /// Free-list positions that may hold restored pages with stale refcounts (empty when equal).
+  int32_t stale_lo_ = 0;
+  int32_t stale_hi_ = 0;
   int32_t num_referenced_ = 0;
   uint64_t mutation_epoch_ = 0;
   bool in_free_group_ = false;

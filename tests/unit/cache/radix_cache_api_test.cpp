@@ -155,6 +155,22 @@ TEST_P(RadixApiTest, TransferChecksBeforeAnyChange) {
   check();
 }
 
+TEST_P(RadixApiTest, APageIsStoredInOneNodeOnly) {
+  const Tokens a = iota_tokens(2 * P(), 1000);
+  const Tokens b = iota_tokens(2 * P(), 5000);
+  const Slots s = pages(2 * P());
+  cache_.insert({a, ""}, s);
+  // The same pages under another key (kRetain), or handed over again (kTransfer): rejected.
+  expect_error(ErrorCode::kInvalidArgument, [&] { cache_.insert({b, ""}, s); });
+  expect_error(ErrorCode::kInvalidArgument, [&] {
+    cache_.insert({b, ""}, s, {.ownership = SlotOwnership::kTransfer});
+  });
+  EXPECT_EQ(cache_.total_size(), 2 * P());
+  EXPECT_EQ(alloc_.refcount(PageId(s[0] / P())), 2);  // the caller's and the tree's
+  alloc_.free(s);
+  check();
+}
+
 TEST_P(RadixApiTest, NoRequestTableMeansNoRequestOperations) {
   CacheRequest req = make_request(iota_tokens(3 * P()));
   expect_error(ErrorCode::kFailedPrecondition, [&] { cache_.cache_finished_req(req, 0); });
