@@ -168,7 +168,7 @@ TEST(SafetensorsHostile, SeededMutationsGiveErrorsNeverCrashes) {
                           "]",
                           "}"};
   int opened = 0, rejected = 0;
-  for (int it = 0; it < 2500; ++it) {
+  for (int it = 0; it < 1500; ++it) {
     std::string bytes = valid;
     const int kind = static_cast<int>(rng() % 5);
     if (kind == 0) {  // flip bytes anywhere in the header (and the length prefix)
@@ -212,7 +212,7 @@ TEST(SafetensorsHostile, SeededMutationsGiveErrorsNeverCrashes) {
                     << e.what();
     }
   }
-  EXPECT_GT(rejected, 1000);
+  EXPECT_GT(rejected, 1000);  // of 1500
   std::printf("safetensors mutations: %d opened, %d rejected\n", opened, rejected);
 }
 
