@@ -60,7 +60,9 @@ std::vector<std::vector<int32_t>> prompts(uint64_t seed, int n, bool same_length
 }
 
 RunResult run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t>>& ps,
-                     int max_new, bool cuda, bool graphs, int max_running) {
+                     int max_new, bool cuda, bool graphs, int max_running,
+                     DType dtype = DType::kF32, model::SamplingParams sampling = {},
+                     bool observe_logits = true) {
   std::unique_ptr<platform::Platform> gpu;
   EngineConfig cfg;
   cfg.page_size = 16;
@@ -69,15 +71,17 @@ RunResult run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t
   cfg.backend.attention = cuda ? "cuda" : "reference";
   cfg.cuda_graph = graphs;
   cfg.check_integrity = true;
+  cfg.dtype = dtype;
   if (cuda) gpu = platform::make_cuda_platform();
   Engine eng(m, cfg, gpu.get());
   std::map<RequestId, std::vector<std::vector<float>>> logits;
-  eng.set_logits_observer([&](RequestId id, std::span<const float> l) {
-    logits[id].emplace_back(l.begin(), l.end());
-  });
+  if (observe_logits)
+    eng.set_logits_observer([&](RequestId id, std::span<const float> l) {
+      logits[id].emplace_back(l.begin(), l.end());
+    });
   std::vector<RequestId> ids;
   for (const auto& p : ps)
-    ids.push_back(eng.add_request({.prompt = p, .max_new_tokens = max_new, .sampling = {},
+    ids.push_back(eng.add_request({.prompt = p, .max_new_tokens = max_new, .sampling = sampling,
                                    .ignore_eos = true, .extra_key = {}}));
   eng.run_until_idle();
   RunResult r;
@@ -174,6 +178,56 @@ TEST(CudaEngineGraph, PaddedBucketsAndShrinkingBatches) {
   EXPECT_EQ(graph.stats.cuda_graphs, 5);
   EXPECT_GT(graph.stats.cuda_graph_steps, 0);
   EXPECT_LT(max_logit_diff(eager, graph), 1e-4f);
+}
+
+TEST(CudaEngineBf16, FirstTokensAgreeWithF32AndLogitsClose) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const model::ModelConfig config = model::builtin_tiny_config();
+  model::LlamaModel m(config, model::make_random_weights(config, 20240611));
+  const auto ps = prompts(17, 20, false);
+  const RunResult f32 = run_engine(m, ps, 8, true, true, 8, DType::kF32);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    const RunResult low = run_engine(m, ps, 8, true, true, 8, t);
+    int first_agree = 0;
+    float max_abs = 0.f, max_logit = 0.f;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      first_agree += low.tokens[i][0] == f32.tokens[i][0];
+      const auto& a = f32.logits[i][0];
+      const auto& b = low.logits[i][0];
+      for (size_t v = 0; v < a.size(); ++v) {
+        max_abs = std::max(max_abs, std::fabs(a[v] - b[v]));
+        max_logit = std::max(max_logit, std::fabs(a[v]));
+      }
+    }
+    std::printf("[%s vs f32] first tokens agree %d / %zu, first-step max |logit diff| %.3g "
+                "(max |logit| %.3g), graph steps %lld\n",
+                std::string(dtype_name(t)).c_str(), first_agree, ps.size(), max_abs, max_logit,
+                static_cast<long long>(low.stats.cuda_graph_steps));
+    EXPECT_GE(first_agree, 19);
+    EXPECT_LT(max_abs, 0.05f * max_logit);
+    EXPECT_EQ(low.stats.dtype, t);
+    EXPECT_GT(low.stats.cuda_graph_steps, 0);
+  }
+}
+
+TEST(CudaEngineSampling, SeededSamplingOnTheGpuIsIndependentOfBatching) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  const model::ModelConfig config = model::builtin_tiny_config();
+  model::LlamaModel m(config, model::make_random_weights(config, 8));
+  const auto ps = prompts(23, 6, false);
+  const model::SamplingParams sp{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7,
+                                 .min_p = 0.02f};
+  // Alone (graph bucket 1) and in a busy batch (other buckets, padded rows): same tokens. f32:
+  // bf16 GEMMs of other batch sizes round differently, which could move a draw across a CDF step.
+  const RunResult alone = run_engine(m, {ps[0]}, 16, true, true, 8, DType::kF32, sp, false);
+  const RunResult busy = run_engine(m, ps, 16, true, true, 8, DType::kF32, sp, false);
+  const RunResult eager = run_engine(m, ps, 16, true, false, 8, DType::kF32, sp, false);
+  EXPECT_EQ(alone.tokens[0], busy.tokens[0]);
+  EXPECT_EQ(busy.tokens, eager.tokens);
+  const RunResult greedy = run_engine(m, ps, 16, true, true, 8, DType::kF32, {}, false);
+  int differs = 0;
+  for (size_t i = 0; i < ps.size(); ++i) differs += busy.tokens[i] != greedy.tokens[i];
+  EXPECT_GT(differs, 0);  // it really samples
 }
 
 TEST(CudaEngineGraph, PlatformSelection) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -45,7 +46,14 @@ struct BenchOptions {
   bool no_mixed = false;
   bool json = false;
   std::string cuda_graph = "on";
+  std::string dtype = "auto";
+  std::string kv_dtype = "auto";
+  /// > 0: a fixed workload instead of conversations: `requests` independent prompts of
+  /// input_len random tokens, each generating exactly output_len tokens, all queued at once.
+  int input_len = 0;
+  int output_len = 64;
 };
+
 
 /// One conversation: a system prompt, then turns; each turn adds a user message and generates.
 struct Conversation {
@@ -63,6 +71,19 @@ struct Workload {
 
 Workload make_workload(const BenchOptions& o, int32_t bos, int32_t vocab) {
   std::mt19937_64 rng(o.seed);
+  if (o.input_len > 0) {  // fixed lengths, independent random prompts (no shared prefix)
+    Workload w;
+    for (int r = 0; r < o.requests; ++r) {
+      Conversation c;
+      std::vector<int32_t> prompt(static_cast<size_t>(o.input_len));
+      for (auto& x : prompt) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+      if (bos >= 0) prompt[0] = bos;
+      c.user.push_back(std::move(prompt));
+      c.output_len.push_back(o.output_len);
+      w.convs.push_back(std::move(c));
+    }
+    return w;
+  }
   const int32_t byte_vocab = std::min<int32_t>(vocab, 256);
   auto tokens = [&](int lo, int hi) {
     std::vector<int32_t> t(lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1)));
@@ -115,6 +136,10 @@ void run_bench(const BenchOptions& o) {
   PAGODA_REQUIRE(o.max_new_tokens >= 1, kInvalidArgument, "--max-new-tokens must be >= 1");
   PAGODA_REQUIRE(o.policy == "fcfs" || o.policy == "lpm", kInvalidArgument,
                  "--policy must be fcfs or lpm (got {})", o.policy);
+  PAGODA_REQUIRE(o.input_len >= 0 && o.output_len >= 1, kInvalidArgument,
+                 "--input-len must be >= 0 and --output-len >= 1");
+  const std::optional<DType> dtype = parse_dtype_option(o.dtype, "--dtype");
+  const std::optional<DType> kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
   backends::BackendSelection selection;
@@ -125,6 +150,8 @@ void run_bench(const BenchOptions& o) {
 
   engine::EngineConfig cfg;
   cfg.cuda_graph = o.cuda_graph == "on";
+  cfg.dtype = dtype;
+  cfg.kv_dtype = kv_dtype;
   cfg.page_size = o.page_size;
   cfg.pool_tokens = o.pool_tokens;
   cfg.radix_cache = !o.no_radix;
@@ -166,8 +193,23 @@ void run_bench(const BenchOptions& o) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   double last_print = -1.0;
+  double decode_s = 0.0;  // wall time of pure decode steps
+  int64_t decode_steps = 0, decode_rows = 0;
+  double extend_min_s = 0.0;  // fastest pure extend step (a prefill alone: its compute time)
+  int64_t extend_min_tokens = 0;
   while (eng.has_work()) {
+    const double step_start = elapsed();
     const engine::StepOutput step = eng.step();
+    const double step_s = elapsed() - step_start;
+    if (step.mode == attention::ForwardMode::kDecode) {
+      decode_s += step_s;
+      ++decode_steps;
+      decode_rows += step.num_seqs;
+    } else if (step.mode == attention::ForwardMode::kExtend &&
+               (extend_min_tokens == 0 || step_s < extend_min_s)) {
+      extend_min_s = step_s;
+      extend_min_tokens = step.num_tokens;
+    }
     for (engine::RequestId id : step.finished) {
       const engine::RequestOutput out = eng.output(id);
       ++done;
@@ -237,15 +279,26 @@ void run_bench(const BenchOptions& o) {
       {"cuda_graphs", st.cuda_graphs},
       {"cuda_graph_steps", st.cuda_graph_steps},
       {"decode_steps", st.decode_steps},
+      {"dtype", std::string(dtype_name(st.dtype))},
+      {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
+      {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
+      {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /
+                                                   static_cast<double>(decode_steps)
+                                             : 0.0},
+      {"decode_tokens_per_s", decode_s > 0 ? static_cast<double>(decode_rows) / decode_s : 0.0},
+      {"extend_step_min_ms", extend_min_s * 1e3},
+      {"extend_step_min_tokens", extend_min_tokens},
+      {"params", loaded.config.num_parameters()},
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return;
   }
-  fmt::print("pagoda bench: model {} ({:.1f}M params), backend {}, page {}, pool {} tokens, "
-             "policy {}, chunk {}\n",
+  fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}), backend {}, page {}, pool {} "
+             "tokens, policy {}, chunk {}\n",
              loaded.config.name, static_cast<double>(loaded.config.num_parameters()) / 1e6,
-             eng.backend_name(), o.page_size, st.pool_tokens, o.policy, o.chunk_size);
+             st.dtype, st.kv_dtype, eng.backend_name(), o.page_size, st.pool_tokens, o.policy,
+             o.chunk_size);
   auto row = [](const char* name, const std::string& value) {
     fmt::print("  {:<24} {:>16}\n", name, value);
   };
@@ -266,12 +319,27 @@ void run_bench(const BenchOptions& o) {
   row("retractions", fmt::format("{}", st.scheduler.retractions));
   row("steps (mixed)", fmt::format("{} ({})", st.steps, st.mixed_steps));
   row("leaked pages", fmt::format("{}", eng.leaked_pages()));
+  if (decode_steps > 0)
+    row("decode step", fmt::format("{:.3f} ms (batch {:.1f}, {:.0f} tok/s)",
+                                   decode_s / static_cast<double>(decode_steps) * 1e3,
+                                   static_cast<double>(decode_rows) /
+                                       static_cast<double>(decode_steps),
+                                   static_cast<double>(decode_rows) / decode_s));
   if (st.device_path)
     row("CUDA graphs", fmt::format("{} captured, {} of {} decode steps replayed", st.cuda_graphs,
                                    st.cuda_graph_steps, st.decode_steps));
 }
 
 }  // namespace
+
+std::optional<DType> parse_dtype_option(const std::string& value, const char* option) {
+  if (value == "auto") return std::nullopt;
+  const std::optional<DType> t = parse_dtype(value);
+  PAGODA_REQUIRE(t.has_value() && dtype_is_float(*t), kInvalidArgument,
+                 "{} must be auto, f32, f16, bf16, fp8_e4m3 or fp8_e5m2 (got '{}')", option,
+                 value);
+  return t;
+}
 
 void prepare_host_threads() {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
@@ -312,6 +380,18 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--cuda-graph", o->cuda_graph,
                   "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
       ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", o->dtype,
+                  "model weights/activations: auto (f32 on the CPU, bf16 on CUDA), f32, f16, bf16")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
+      ->capture_default_str();
+  cmd->add_option("--input-len", o->input_len,
+                  "fixed workload: prompt length of each of --requests independent requests "
+                  "(0 = the multi-turn conversation workload)")
+      ->capture_default_str();
+  cmd->add_option("--output-len", o->output_len, "fixed workload: tokens generated per request")
       ->capture_default_str();
   cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
   cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");

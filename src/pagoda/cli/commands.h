@@ -5,6 +5,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
+#include <string>
+
+#include "pagoda/core/dtype.h"
+
 namespace pagoda::cli {
 
 /// `pagoda version`: prints the version and the build's capabilities.
@@ -38,6 +43,10 @@ void add_tokenize_command(CLI::App& app);
 /// not spin against each other. OMP_WAIT_POLICY is read when the runtime loads, so when it is
 /// unset this re-executes the process with OMP_WAIT_POLICY=passive (never returns then).
 void prepare_host_threads();
+
+/// Parses a model or KV dtype option: "auto" → nullopt, else f32 / f16 / bf16 / fp8_e4m3 /
+/// fp8_e5m2 (Error(kInvalidArgument) naming `option` otherwise).
+std::optional<DType> parse_dtype_option(const std::string& value, const char* option);
 
 /// `pagoda bench`: synthetic serving workload on the engine (shared system prompts, multi-turn
 /// follow-ups); progress on stderr, then a summary table or one JSON object (--json).

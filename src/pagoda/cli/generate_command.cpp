@@ -1,6 +1,8 @@
 // `pagoda generate`: one generation through the engine, streamed to the terminal (or one JSON
 // object with --json).
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +26,7 @@ struct GenerateOptions {
   uint64_t weight_seed = 0;
   std::string prompt;
   std::string token_ids;
+  std::string batch_file;
   int max_new_tokens = 32;
   float temperature = 0.f;
   int top_k = 0;
@@ -35,6 +38,9 @@ struct GenerateOptions {
   bool json = false;
   bool dump_logits = false;
   std::string cuda_graph = "on";
+  std::string dtype = "auto";
+  std::string kv_dtype = "auto";
+  float min_p = 0.f;
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -56,8 +62,72 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
   return ids;
 }
 
+/// --batch-file: every line's prompt (comma-separated ids) runs as one request of a single
+/// batch; one JSON object per line on stdout, in file order.
+void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
+                    const model::LoadedModel& loaded) {
+  std::ifstream in(o.batch_file);
+  PAGODA_REQUIRE(in.good(), kInvalidArgument, "cannot read --batch-file '{}'", o.batch_file);
+  std::vector<std::vector<int32_t>> prompts;
+  int64_t total = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    prompts.push_back(parse_token_ids(line));
+    total += static_cast<int64_t>(prompts.back().size()) + o.max_new_tokens;
+  }
+  PAGODA_REQUIRE(!prompts.empty(), kInvalidArgument, "--batch-file '{}' has no prompts",
+                 o.batch_file);
+  backends::BackendSelection selection;
+  selection.attention = o.backend;
+  auto platform = engine::make_platform_for(selection);
+  engine::EngineConfig cfg;
+  cfg.cuda_graph = o.cuda_graph == "on";
+  cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
+  cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
+  cfg.page_size = o.page_size;
+  cfg.pool_tokens = std::max<int64_t>(4096, (total + o.page_size * 2 *
+                                                        static_cast<int64_t>(prompts.size())) *
+                                                2);
+  cfg.scheduler.max_running_requests = static_cast<int32_t>(std::min<size_t>(prompts.size(), 64));
+  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
+  engine::Engine eng(llama, cfg, platform.get());
+  std::map<engine::RequestId, nlohmann::json> logits;
+  if (o.dump_logits)
+    eng.set_logits_observer([&](engine::RequestId id, std::span<const float> l) {
+      logits[id].push_back(std::vector<float>(l.begin(), l.end()));
+    });
+  std::vector<engine::RequestId> ids;
+  for (const auto& p : prompts)
+    ids.push_back(eng.add_request(engine::GenerateRequest{
+        .prompt = p,
+        .max_new_tokens = o.max_new_tokens,
+        .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
+                     .seed = o.seed, .min_p = o.min_p},
+        .ignore_eos = o.ignore_eos,
+        .extra_key = {}}));
+  eng.run_until_idle();
+  for (engine::RequestId id : ids) {
+    const engine::RequestOutput out = eng.output(id);
+    nlohmann::json j = {{"model", loaded.config.name},
+                        {"backend", eng.backend_name()},
+                        {"output_token_ids", out.output_ids},
+                        {"finish_reason", engine::finish_reason_name(out.finish_reason)}};
+    if (!out.error.empty()) j["error"] = out.error;
+    if (o.dump_logits) j["logits"] = std::move(logits[id]);
+    std::printf("%s\n", j.dump().c_str());
+  }
+}
+
 void run_generate(const GenerateOptions& o) {
   prepare_host_threads();
+  if (!o.batch_file.empty()) {
+    PAGODA_REQUIRE(o.prompt.empty() && o.token_ids.empty(), kInvalidArgument,
+                   "--batch-file excludes --prompt and --token-ids");
+    model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+    model::LlamaModel llama(loaded.config, loaded.weights);
+    run_batch_file(o, llama, loaded);
+    return;
+  }
   PAGODA_REQUIRE(o.prompt.empty() != o.token_ids.empty(), kInvalidArgument,
                  "give exactly one of --prompt and --token-ids");
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
@@ -71,6 +141,8 @@ void run_generate(const GenerateOptions& o) {
   auto platform = engine::make_platform_for(selection);
   engine::EngineConfig cfg;
   cfg.cuda_graph = o.cuda_graph == "on";
+  cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
+  cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
   cfg.page_size = o.page_size;
   cfg.pool_tokens = std::max<int64_t>(
       4096, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2);
@@ -88,7 +160,7 @@ void run_generate(const GenerateOptions& o) {
       .prompt = prompt,
       .max_new_tokens = o.max_new_tokens,
       .sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p,
-                   .seed = o.seed},
+                   .seed = o.seed, .min_p = o.min_p},
       .ignore_eos = o.ignore_eos,
       .extra_key = {}});
   if (!o.json && !o.prompt.empty()) {
@@ -150,11 +222,22 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--prompt", opts->prompt, "prompt text (byte-level tokens, BOS prepended)");
   cmd->add_option("--token-ids", opts->token_ids, "prompt token ids, comma separated");
+  cmd->add_option("--batch-file", opts->batch_file,
+                  "run every line (comma-separated prompt ids) as one request of one batch; "
+                  "prints one JSON object per line");
   cmd->add_option("--max-new-tokens", opts->max_new_tokens)->capture_default_str();
   cmd->add_option("--temperature", opts->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", opts->top_k, "0 = off")->capture_default_str();
   cmd->add_option("--top-p", opts->top_p)->capture_default_str();
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--min-p", opts->min_p, "drop tokens below min_p * p_max (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", opts->dtype,
+                  "model weights/activations: auto (f32 on the CPU, bf16 on CUDA), f32, f16, bf16")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", opts->kv_dtype,
+                  "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
+      ->capture_default_str();
   cmd->add_option("--backend", opts->backend, "attention backend (default: the platform's)");
   cmd->add_option("--page-size", opts->page_size)->capture_default_str();
   cmd->add_option("--cuda-graph", opts->cuda_graph,

@@ -6,8 +6,9 @@
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#include "pagoda/model/llama_worker.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
-#include "pagoda/model/cuda/cuda_model.h"
+#include "pagoda/model/cuda/cuda_ops.h"
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND
 #include "pagoda/platform/cuda/cuda_platform.h"
@@ -24,6 +25,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::kStop: return "stop";
     case FinishReason::kContext: return "context";
     case FinishReason::kError: return "error";
+    case FinishReason::kAbort: return "abort";
   }
   return "?";
 }
@@ -33,7 +35,7 @@ Req::Req(RequestId rid, GenerateRequest&& g, double now)
       prompt_len(static_cast<int32_t>(g.prompt.size())),
       max_new_tokens(g.max_new_tokens),
       ignore_eos(g.ignore_eos),
-      sampler(g.sampling) {
+      sampling(g.sampling) {
   cache.tokens = std::move(g.prompt);
   cache.extra_key = std::move(g.extra_key);
   out.id = rid;
@@ -78,6 +80,21 @@ int32_t context_len_for(const model::LlamaModel& model, const EngineConfig& c) {
 
 }  // namespace
 
+DType default_model_dtype(const platform::Platform& platform) {
+  return platform.kind() == platform::PlatformKind::kCpu ? DType::kF32 : DType::kBF16;
+}
+
+std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype) {
+  if (platform.kind() == platform::PlatformKind::kCpu) return model::make_cpu_ops(platform, dtype);
+#ifdef PAGODA_HAVE_CUDA_MODEL
+  return model::make_cuda_ops(platform, dtype);
+#else
+  throw_error(ErrorCode::kUnsupported,
+              "the model cannot run on platform '{}': this build has no CUDA model path",
+              platform.name());
+#endif
+}
+
 Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform)
     : model_(&model),
       config_(config),
@@ -94,54 +111,31 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     own_platform_ = platform::make_cpu_platform();
     platform_ = own_platform_.get();
   }
+  const DType dtype = config.dtype.value_or(default_model_dtype(*platform_));
+  const DType kv_dtype = config.kv_dtype.value_or(dtype);
   allocator_ = std::make_unique<kv::PageAllocator>(static_cast<int32_t>(num_pages),
                                                    config.page_size);
   table_ = std::make_unique<kv::ReqToTokenTable>(config.scheduler.max_running_requests,
                                                  max_context_len_);
-  pool_ = std::make_unique<kv::KvPool>(
-      model.kv_pool_config(static_cast<int32_t>(num_pages), config.page_size),
-      platform_->allocator());
   if (config.radix_cache) {
     cache_ = std::make_unique<cache::RadixCache>(*allocator_, *table_);
   } else {
     cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
   }
-  backends::register_builtin_backends(registry_);
-  auto req = model.backend_requirements(config.page_size);
-  req.mixed_batches = config.scheduler.mixed_batches;
-  req.device = platform_->name();
-  backend_ = backends::make_backend(
-      registry_, config.backend, req,
-      attention::BackendContext{
-          .platform = platform_, .kv_pool = pool_.get(), .req_to_token = table_.get()});
-  runner_ = std::make_unique<model::ModelRunner>(model, *backend_);
-  if (backend_->capabilities().device == "cuda") {
-#ifdef PAGODA_HAVE_CUDA_MODEL
-    const int max_bs = config.scheduler.max_running_requests;
-    if (config.cuda_graph && backend_->capabilities().cuda_graph && max_bs >= 1) {
-      graph_backend_ = backends::make_backend(
-          registry_, config.backend, req,
-          attention::BackendContext{
-              .platform = platform_, .kv_pool = pool_.get(), .req_to_token = table_.get()});
-    }
-    auto exec = std::make_unique<model::CudaModelExecutor>(model, *platform_, *backend_,
-                                                           graph_backend_.get(), max_bs);
-    const model::CudaModelExecutor* e = exec.get();
-    executor_stats_ = [e](EngineStats& s) {
-      s.device_path = true;
-      s.cuda_graphs = e->stats().num_graphs;
-      s.cuda_graph_steps = e->stats().graph_steps;
-    };
-    executor_ = std::move(exec);
-    runner_->set_executor(executor_.get());
-#else
-    throw_error(ErrorCode::kUnsupported,
-                "backend '{}' runs on the GPU but this build has no CUDA model path",
-                backend_->name());
-#endif
-  }
+  worker_ = std::make_unique<model::LlamaWorker>(
+      model, make_model_ops(*platform_, dtype),
+      model::WorkerConfig{.page_size = config.page_size,
+                          .num_pages = static_cast<int32_t>(num_pages),
+                          .kv_dtype = kv_dtype,
+                          .backend = config.backend,
+                          .mixed_batches = config.scheduler.mixed_batches,
+                          .cuda_graph = config.cuda_graph,
+                          .max_batch_size = config.scheduler.max_running_requests},
+      *table_);
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
   stats_.pool_tokens = num_pages * config.page_size;
+  stats_.dtype = dtype;
+  stats_.kv_dtype = kv_dtype;
 }
 
 Engine::~Engine() = default;
@@ -188,6 +182,42 @@ bool Engine::check_finished(Req& req, int32_t token) {
   return true;
 }
 
+void Engine::build_batch(const ScheduledStep& s) {
+  model::WorkerBatch& b = batch_;
+  attention::ForwardBatch& f = b.forward;
+  const bool extend = s.mode != ForwardMode::kDecode;
+  const size_t bs = s.seqs.size();
+  f = attention::ForwardBatch{};
+  f.mode = s.mode;
+  f.batch_size = static_cast<int>(bs);
+  f.out_cache_loc = s.out_cache_loc;
+  f.req_pool_indices.reserve(bs);
+  f.seq_lens.reserve(bs);
+  f.positions.reserve(f.out_cache_loc.size());
+  b.input_ids.clear();
+  b.logit_rows.clear();
+  b.sampling.clear();
+  b.sample_step.clear();
+  for (const ScheduledSeq& q : s.seqs) {
+    const Req& r = *q.req;
+    const int32_t prefix = static_cast<int32_t>(q.prefix_len);
+    const int32_t n = static_cast<int32_t>(q.num_tokens);
+    f.req_pool_indices.push_back(r.cache.req_slot.value());
+    f.seq_lens.push_back(prefix + n);
+    if (extend) {
+      f.extend_prefix_lens.push_back(prefix);
+      f.extend_seq_lens.push_back(n);
+    }
+    for (int32_t i = 0; i < n; ++i) f.positions.push_back(prefix + i);
+    b.input_ids.insert(b.input_ids.end(), r.cache.tokens.begin() + prefix,
+                       r.cache.tokens.begin() + prefix + n);
+    b.logit_rows.push_back(q.completes_fill ? 1 : 0);
+    b.sampling.push_back(r.sampling);
+    b.sample_step.push_back(r.num_output());
+  }
+  b.return_logits = static_cast<bool>(logits_observer_);
+}
+
 StepOutput Engine::step() {
   StepOutput out;
   ScheduledStep s = scheduler_->schedule();
@@ -197,24 +227,14 @@ StepOutput Engine::step() {
   }
   if (s.empty()) return out;
 
-  model::StepInput in{.mode = s.mode, .seqs = {}, .out_cache_loc = std::move(s.out_cache_loc)};
-  in.seqs.reserve(s.seqs.size());
-  for (const ScheduledSeq& q : s.seqs) {
-    const auto tokens = std::span<const int32_t>(q.req->cache.tokens)
-                            .subspan(static_cast<size_t>(q.prefix_len),
-                                     static_cast<size_t>(q.num_tokens));
-    in.seqs.push_back(model::StepSequence{.req_slot = q.req->cache.req_slot.value(),
-                                          .prefix_len = static_cast<int32_t>(q.prefix_len),
-                                          .tokens = tokens,
-                                          .want_logits = q.completes_fill});
-  }
-  const std::span<const float> logits = runner_->run(in);
+  build_batch(s);
+  const model::WorkerOutput result = worker_->run(batch_);
   out.mode = s.mode;
   out.num_seqs = static_cast<int32_t>(s.seqs.size());
-  out.num_tokens = static_cast<int64_t>(in.out_cache_loc.size());
+  out.num_tokens = static_cast<int64_t>(batch_.input_ids.size());
 
   const int64_t vocab = model_->config().vocab_size;
-  int64_t row = 0;
+  size_t row = 0;
   const double t = now();
   for (const ScheduledSeq& q : s.seqs) {
     Req* r = q.req;
@@ -224,9 +244,11 @@ StepOutput Engine::step() {
       scheduler_->complete_extend(q);
     }
     if (!q.completes_fill) continue;
-    const auto row_logits = logits.subspan(row * vocab, vocab);
-    if (logits_observer_) logits_observer_(r->id, row_logits);
-    const int32_t token = r->sampler.sample(row_logits);
+    if (logits_observer_)
+      logits_observer_(r->id, std::span<const float>(result.logits)
+                                  .subspan(row * static_cast<size_t>(vocab),
+                                           static_cast<size_t>(vocab)));
+    const int32_t token = result.tokens[row];
     ++row;
     r->cache.tokens.push_back(token);
     ++stats_.generated_tokens;
@@ -248,6 +270,16 @@ StepOutput Engine::step() {
   }
   if (config_.check_integrity) check_integrity();
   return out;
+}
+
+bool Engine::abort(RequestId id) {
+  Req& r = find(id);
+  if (r.state == RequestState::kFinished) return false;
+  scheduler_->cancel(&r, FinishReason::kAbort);
+  r.out.finish_s = now();
+  ++stats_.aborted_by_user;
+  if (config_.check_integrity) check_integrity();
+  return true;
 }
 
 void Engine::run_until_idle() {
@@ -279,7 +311,10 @@ EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
   s.cache = cache_->stats();
-  if (executor_stats_) executor_stats_(s);
+  const model::WorkerStats w = worker_->stats();
+  s.device_path = w.device;
+  s.cuda_graphs = w.num_graphs;
+  s.cuda_graph_steps = w.graph_steps;
   return s;
 }
 

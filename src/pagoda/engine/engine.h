@@ -1,9 +1,11 @@
 #pragma once
-/// Engine: the serving loop. Owns the KV memory (PageAllocator, ReqToTokenTable, KvPool), the
-/// prefix cache (RadixCache, or ChunkCache when disabled), the attention backend, the model
-/// runner and the scheduler; drives them one step at a time:
+/// Engine: the serving loop between the Scheduler and the ModelWorker (ARCHITECTURE §1). It owns
+/// the host-side memory bookkeeping (PageAllocator, ReqToTokenTable, the prefix cache: RadixCache,
+/// or ChunkCache when disabled), the scheduler and the worker (which owns the KV pool, the
+/// attention backend, the model's device weights, CUDA graphs and sampling). One step:
 ///
-///   schedule (memory) → ModelRunner::run (plan + layers) → sample → complete / finish
+///   Scheduler::schedule (memory) → WorkerBatch → ModelWorker::run (plan, layers, sample)
+///   → sampled ids → complete / finish
 ///
 /// Usage:
 ///   Engine engine(model, EngineConfig{.page_size = 16, .pool_tokens = 1 << 15});
@@ -16,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,7 +35,8 @@
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/llama.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/model_ops.h"
+#include "pagoda/model/worker.h"
 #include "pagoda/platform/platform.h"
 
 namespace pagoda::engine {
@@ -54,6 +58,11 @@ struct EngineConfig {
   /// graphs per batch-size bucket (cuda_graph_batch_sizes(max_running_requests)) and replay
   /// them. Ignored on the host path.
   bool cuda_graph = true;
+  /// Weight and activation dtype; nullopt = the platform's default (f32 on the CPU, bf16 on
+  /// CUDA). The CPU computes in f32 only.
+  std::optional<DType> dtype{};
+  /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
+  std::optional<DType> kv_dtype{};
 };
 
 /// What one step produced.
@@ -76,6 +85,9 @@ struct EngineStats {
   bool device_path = false;      ///< the model runs on the GPU (CUDA path)
   int cuda_graphs = 0;           ///< captured decode graphs (buckets)
   int64_t cuda_graph_steps = 0;  ///< decode steps served by a graph replay
+  int64_t aborted_by_user = 0;   ///< requests ended by Engine::abort
+  DType dtype = DType::kF32;     ///< the model's compute dtype
+  DType kv_dtype = DType::kF32;
   SchedulerStats scheduler;
   cache::CacheStats cache;
   /// Reused prompt tokens / prompt tokens requested at admission.
@@ -96,8 +108,16 @@ std::string default_backend_name(const platform::Platform& platform);
 /// no GPU.
 std::unique_ptr<platform::Platform> make_platform_for(const backends::BackendSelection& selection);
 
-/// Observer of every sampled row: (request, logits [vocab]) before sampling. Tests and tools only.
+/// Observer of every sampled row: (request, logits [vocab]) before sampling. Tests and tools only
+/// (installing one makes every step copy its logits to the host).
 using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
+
+/// The model ops for `platform` in `dtype` (CPU: f32 only; CUDA: f32, f16, bf16). Throws
+/// Error(kUnsupported) naming what would work.
+std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype);
+
+/// The dtype a plain run computes in on `platform`: f32 on the CPU, bf16 on CUDA.
+DType default_model_dtype(const platform::Platform& platform);
 
 class Engine {
  public:
@@ -119,6 +139,11 @@ class Engine {
   StepOutput step();
   /// Steps until no request is waiting or running.
   void run_until_idle();
+  /// Ends a waiting or running request now (FinishReason::kAbort) and frees everything it holds:
+  /// its queue entry, request row, lock and KV pages (computed KV goes to the prefix cache).
+  /// Returns false (nothing changed) when the request has already finished. Throws kOutOfRange
+  /// for an unknown id. Call between steps.
+  bool abort(RequestId id);
   bool has_work() const { return scheduler_->has_work(); }
 
   /// Installs (or clears, with nullptr) the logits observer.
@@ -141,13 +166,17 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   int32_t max_context_len() const { return max_context_len_; }
   /// The backend's name ("cpu", "reference", "hybrid(...)").
-  std::string backend_name() const { return backend_->name(); }
+  std::string backend_name() const { return worker_->backend_name(); }
+  /// The worker that computes the steps.
+  model::ModelWorker& worker() { return *worker_; }
   /// Seconds since the engine was built (the time base of RequestOutput).
   double now() const;
 
  private:
   Req& find(RequestId id) const;
   bool check_finished(Req& req, int32_t token);
+  /// Fills batch_ from a scheduled step.
+  void build_batch(const ScheduledStep& s);
 
   model::LlamaModel* model_;
   EngineConfig config_;
@@ -157,17 +186,10 @@ class Engine {
   std::chrono::steady_clock::time_point start_;
   std::unique_ptr<kv::PageAllocator> allocator_;
   std::unique_ptr<kv::ReqToTokenTable> table_;
-  std::unique_ptr<kv::KvPool> pool_;
   std::unique_ptr<cache::PrefixCache> cache_;
-  attention::BackendRegistry registry_;
-  std::unique_ptr<attention::AttentionBackend> backend_;
-  /// CUDA path only: the backend instance that serves captured decode graphs.
-  std::unique_ptr<attention::AttentionBackend> graph_backend_;
-  /// CUDA path only (model::CudaModelExecutor); destroyed before the backends and the pool.
-  std::unique_ptr<model::StepExecutor> executor_;
-  std::function<void(EngineStats&)> executor_stats_;
-  std::unique_ptr<model::ModelRunner> runner_;
+  std::unique_ptr<model::ModelWorker> worker_;
   std::unique_ptr<Scheduler> scheduler_;
+  model::WorkerBatch batch_;  ///< reused per step
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
   LogitsObserver logits_observer_;
   RequestId next_id_ = 0;

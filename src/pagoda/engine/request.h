@@ -38,10 +38,11 @@ enum class FinishReason : uint8_t {
   kLength,   ///< max_new_tokens reached
   kStop,     ///< EOS sampled
   kContext,  ///< the context (max_context_len) is full
-  kError,    ///< aborted: see RequestOutput::error
+  kError,    ///< aborted by the engine: see RequestOutput::error
+  kAbort,    ///< aborted by the user (Engine::abort)
 };
 
-/// "none", "length", "stop", "context", "error".
+/// "none", "length", "stop", "context", "error", "abort".
 const char* finish_reason_name(FinishReason r);
 
 /// What a user gets back about a request. Times are seconds since the engine started.
@@ -72,7 +73,7 @@ struct Req {
   /// has no K/V yet, so kv_len == tokens.size() - 1 while decoding.
   int64_t kv_len = 0;
   bool admitted_once = false;
-  model::Sampler sampler;
+  model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   RequestOutput out;
 
   Req(RequestId rid, GenerateRequest&& g, double now);

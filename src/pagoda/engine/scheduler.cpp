@@ -319,6 +319,17 @@ void Scheduler::finish(Req* req) {
   if (chunked_ == req) chunked_ = nullptr;
 }
 
+void Scheduler::cancel(Req* req, FinishReason reason) {
+  if (req->state == RequestState::kFinished) return;
+  if (req->state == RequestState::kWaiting) {
+    std::erase(waiting_, req);
+    req->state = RequestState::kFinished;
+  } else {
+    finish(req);
+  }
+  req->out.finish_reason = reason;
+}
+
 void Scheduler::release_no_insert(Req* req) {
   cache_->cache_finished_req(req->cache, req->kv_len, cache::FinishPolicy::kNoInsert);
   table_->free(req->cache.req_slot);

@@ -101,6 +101,10 @@ class Scheduler {
   void complete_decode(Req* req);
   /// Releases a finished request: cache_finished_req (insert), free the row, leave the queues.
   void finish(Req* req);
+  /// Ends a live request on the user's behalf (Engine::abort): a waiting request leaves the
+  /// queue; an admitted one is released like finish() (its computed KV goes to the tree, which
+  /// may reuse it). The request ends kFinished with `reason`. No effect on a finished request.
+  void cancel(Req* req, FinishReason reason);
 
   bool has_work() const { return !waiting_.empty() || !running_.empty() || chunked_ != nullptr; }
   size_t num_waiting() const { return waiting_.size(); }

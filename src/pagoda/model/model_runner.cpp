@@ -61,40 +61,9 @@ std::span<const float> ModelRunner::run(const StepInput& in) {
   }
   const int64_t vocab = model_->config().vocab_size;
   logits_.resize(logit_rows_.size() * vocab);
-  if (executor_ != nullptr) {
-    executor_->run(batch_, input_ids_, logit_rows_, logits_);
-    return logits_;
-  }
   backend_->init_forward_metadata(batch_);
   model_->forward(batch_, input_ids_, *backend_, logit_rows_, logits_);
   return logits_;
-}
-
-std::vector<int> cuda_graph_batch_sizes(int max_bs) {
-  PAGODA_REQUIRE(max_bs >= 1, kInvalidArgument, "max_bs must be >= 1 (got {})", max_bs);
-  std::vector<int> all = {1, 2, 4, 8, 12};
-  for (int b = 16; b <= 256; b += 8) all.push_back(b);
-  for (int b = 272; b < 512; b += 16) all.push_back(b);
-  for (int b = 512; b <= max_bs; b += 32) all.push_back(b);
-  std::vector<int> out;
-  for (int b : all)
-    if (b <= max_bs) out.push_back(b);
-  if (out.empty() || out.back() != max_bs) out.push_back(max_bs);
-  return out;
-}
-
-void pad_decode_batch(ForwardBatch& batch, int bucket_bs, int fill_seq_len) {
-  PAGODA_REQUIRE(batch.mode == ForwardMode::kDecode, kInvalidArgument,
-                 "only decode batches are padded (got {})", attention::forward_mode_name(batch.mode));
-  PAGODA_REQUIRE(bucket_bs >= batch.batch_size && fill_seq_len >= 1, kInvalidArgument,
-                 "bucket {} below batch size {} or fill {} < 1", bucket_bs, batch.batch_size,
-                 fill_seq_len);
-  const int pad = bucket_bs - batch.batch_size;
-  batch.req_pool_indices.insert(batch.req_pool_indices.end(), pad, 0);
-  batch.seq_lens.insert(batch.seq_lens.end(), pad, fill_seq_len);
-  batch.positions.insert(batch.positions.end(), pad, fill_seq_len - 1);
-  batch.out_cache_loc.insert(batch.out_cache_loc.end(), pad, 0);
-  batch.batch_size = bucket_bs;
 }
 
 }  // namespace pagoda::model

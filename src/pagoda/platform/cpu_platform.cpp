@@ -69,6 +69,26 @@ DeviceBuffer make_buffer(Allocator& allocator, size_t bytes, size_t alignment) {
 
 std::unique_ptr<Platform> make_cpu_platform() { return std::make_unique<CpuPlatform>(); }
 
+namespace {
+/// The CPU has no queue: every recorded point is already reached.
+class HostEvent final : public Event {
+ public:
+  void record() override {}
+  void synchronize() override {}
+  bool done() override { return true; }
+};
+}  // namespace
+
+void Platform::copy_to_device_async(void* dst, const void* host_src, size_t bytes) {
+  allocator().copy_to_device(dst, host_src, bytes);
+}
+
+void Platform::copy_to_host_async(void* host_dst, const void* src, size_t bytes) {
+  allocator().copy_to_host(host_dst, src, bytes);
+}
+
+std::unique_ptr<Event> Platform::make_event() { return std::make_unique<HostEvent>(); }
+
 void PlatformRegistry::add(std::string name, Factory factory, int priority) {
   for (const auto& e : entries_) {
     PAGODA_REQUIRE(e.name != name, kInvalidArgument, "platform '{}' registered twice", name);

@@ -57,6 +57,18 @@ struct Capabilities {
 
 enum class PlatformKind { kCpu, kCuda };
 
+/// A point in the platform's stream (cudaEvent_t on CUDA; trivially complete on the CPU).
+class Event {
+ public:
+  virtual ~Event() = default;
+  /// Marks the current end of the platform's stream (enqueued; non-blocking).
+  virtual void record() = 0;
+  /// Blocks the calling thread until the recorded point has been reached.
+  virtual void synchronize() = 0;
+  /// True when the recorded point has been reached (never blocks).
+  virtual bool done() = 0;
+};
+
 class Platform {
  public:
   virtual ~Platform() = default;
@@ -71,6 +83,25 @@ class Platform {
   virtual std::string default_attention_backend() const = 0;
   /// Blocks until all work queued on the device has finished (no-op on the CPU).
   virtual void synchronize() {}
+
+  // ---- Streams, events and asynchronous copies (the model worker's step pipeline). ----
+  /// The platform's one compute stream as an opaque handle (cudaStream_t on CUDA, nullptr on the
+  /// CPU). Backends and model ops enqueue on it; it is capturable into CUDA graphs. Owned by the
+  /// platform, valid while it lives.
+  virtual void* native_stream() const { return nullptr; }
+  /// Blocks until the platform's stream is drained (no-op on the CPU).
+  virtual void synchronize_stream() {}
+  /// Enqueues a host → device copy on the stream (synchronous memcpy on the CPU). For an
+  /// asynchronous copy `host_src` should be pinned (pinned_allocator()) and must stay unchanged
+  /// until the stream passes this point.
+  virtual void copy_to_device_async(void* dst, const void* host_src, size_t bytes);
+  /// Enqueues a device → host copy on the stream; `host_dst` is valid after the stream (or an
+  /// event recorded after this call) completes.
+  virtual void copy_to_host_async(void* host_dst, const void* src, size_t bytes);
+  /// Page-locked host memory for asynchronous copies (plain host memory on the CPU).
+  virtual Allocator& pinned_allocator() { return allocator(); }
+  /// A new event on this platform's stream.
+  virtual std::unique_ptr<Event> make_event();
 };
 
 /// The CPU platform (always available).

@@ -29,8 +29,8 @@ CudaBackend::CudaBackend(const BackendContext& ctx) : ctx_(ctx) {
                  "backend 'cuda' needs a KvPool on a CUDA device (pool is on {}); build the pool "
                  "with the CUDA platform's allocator, or use 'reference' / 'cpu'",
                  ctx.kv_pool->device().to_string());
-  if (auto* p = dynamic_cast<platform::CudaPlatform*>(ctx.platform)) {
-    stream_ = p->stream();
+  if (ctx.platform != nullptr && ctx.platform->native_stream() != nullptr) {
+    stream_ = static_cast<cudaStream_t>(ctx.platform->native_stream());
   } else {
     cuda::cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                      "cudaStreamCreate");

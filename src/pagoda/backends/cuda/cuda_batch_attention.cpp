@@ -135,8 +135,20 @@ void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const Atten
                  kInvalidArgument, "graph capacity needs positive batch, tokens and pages");
   graph_mode_ = false;
   const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
-  const int max_grid = sm_count_ * 8;
-  const int items = std::max({cap.max_batch_size, max_grid,
+  // Decode items of one step: the split-KV planner keeps items × units within one wave
+  // (sm_count × blocks per SM), or one item per request without a split. A captured launch
+  // covers this many items; a looser bound only launches blocks that exit at once (on the H200,
+  // 8,448 empty blocks cost a 1-request decode ~12 µs per layer).
+  int decode_items = sm_count_ * 8;  // generic path
+  if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.head_dim_qk,
+                              shape.head_dim_v)) {
+    const int units =
+        shape.num_kv_heads * ((group + kc::kDecodeMaxGroup - 1) / kc::kDecodeMaxGroup);
+    const int wave = sm_count_ * kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
+                                                          shape.head_dim_qk);
+    decode_items = (wave + units - 1) / std::max(units, 1);
+  }
+  const int items = std::max({cap.max_batch_size, decode_items,
                               (cap.max_tokens * group + 63) / 64 + cap.max_batch_size});
   ensure_capacity(cap.max_batch_size, cap.max_pages, items, cap.max_mask_bytes, cap.max_tokens);
   ensure_workspace(cap_items_, shape.num_qo_heads, shape.head_dim_v);

@@ -1,5 +1,6 @@
 #include "pagoda/platform/cuda/cuda_platform.h"
 
+#include <cstring>
 #include <string>
 
 #include "pagoda/core/error.h"
@@ -61,6 +62,59 @@ class CudaAllocator final : public Allocator {
   int ordinal_;
 };
 
+/// Page-locked host memory (cudaHostAlloc); device() is the host.
+class PinnedAllocator final : public Allocator {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void* allocate(size_t bytes, size_t alignment) override {
+    if (bytes == 0) return nullptr;
+    PAGODA_REQUIRE(alignment <= 4096, kInvalidArgument,
+                   "pinned memory is page aligned; {} requested", alignment);
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw_error(ErrorCode::kResourceExhausted, "cudaHostAlloc of {} bytes failed: {}", bytes,
+                  cudaGetErrorString(e));
+    }
+    return p;
+  }
+  void deallocate(void* ptr) override {
+    if (ptr != nullptr) (void)cudaFreeHost(ptr);
+  }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
+    if (bytes) std::memset(dst, value, bytes);
+  }
+};
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaStream_t stream) : stream_(stream) {
+    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void record() override { check(cudaEventRecord(event_, stream_), "cudaEventRecord"); }
+  void synchronize() override { check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  bool done() override {
+    const cudaError_t e = cudaEventQuery(event_);
+    if (e == cudaErrorNotReady) return false;
+    check(e, "cudaEventQuery");
+    return true;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t event_ = nullptr;
+};
+
 }  // namespace
 
 CudaPlatform::CudaPlatform(int ordinal) : ordinal_(ordinal) {
@@ -77,6 +131,7 @@ CudaPlatform::CudaPlatform(int ordinal) : ordinal_(ordinal) {
   caps_.device_name = prop.name;
   caps_.num_cpu_threads = 1;
   allocator_ = std::make_unique<CudaAllocator>(ordinal);
+  pinned_ = std::make_unique<PinnedAllocator>();
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 }
 
@@ -88,6 +143,24 @@ CudaPlatform::~CudaPlatform() {
 }
 
 void CudaPlatform::synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+void CudaPlatform::synchronize_stream() {
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void CudaPlatform::copy_to_device_async(void* dst, const void* host_src, size_t bytes) {
+  if (bytes)
+    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync H2D");
+}
+
+void CudaPlatform::copy_to_host_async(void* host_dst, const void* src, size_t bytes) {
+  if (bytes)
+    check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync D2H");
+}
+
+std::unique_ptr<Event> CudaPlatform::make_event() { return std::make_unique<CudaEvent>(stream_); }
 
 int cuda_device_count() noexcept {
   int n = 0;

@@ -31,6 +31,14 @@ class CudaPlatform final : public Platform {
   Allocator& allocator() override { return *allocator_; }
   std::string default_attention_backend() const override { return "cuda"; }
   void synchronize() override;
+  void* native_stream() const override { return stream_; }
+  void synchronize_stream() override;
+  void copy_to_device_async(void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host_async(void* host_dst, const void* src, size_t bytes) override;
+  /// cudaHostAlloc'd (portable) host memory.
+  Allocator& pinned_allocator() override { return *pinned_; }
+  /// A cudaEvent (timing disabled) recorded on stream().
+  std::unique_ptr<Event> make_event() override;
 
   /// The platform's stream (non-blocking, capturable into CUDA graphs). Owned; valid while the
   /// platform lives.
@@ -40,6 +48,7 @@ class CudaPlatform final : public Platform {
   int ordinal_;
   Capabilities caps_;
   std::unique_ptr<Allocator> allocator_;
+  std::unique_ptr<Allocator> pinned_;
   cudaStream_t stream_ = nullptr;
 };
 

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""The engine on real checkpoint layouts against the roofline and against `transformers`, in one
+run on one GPU (issue "Engine for real models"; results in bench/results/engine_real_h200.md).
+
+    python3 bench/engine_real.py --pagoda build/pagoda --out DIR [--layouts 1b,8b]
+
+For each layout it writes a random bf16 checkpoint (tools/make_checkpoint.py), then measures, all
+in this process's run:
+  * the ceilings: device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate
+    (8192^3 torch.matmul), each the best of several timed repeats after warm-up;
+  * pagoda single stream (`pagoda bench --requests 1 --max-running 1`) and 64 concurrent requests:
+    decode step time and output tok/s, against the step roofline
+        (weight bytes + KV bytes read per step) / copy bandwidth;
+  * pagoda prefill of a 2,048-token prompt: TTFT and FLOP/s against the GEMM rate;
+  * `transformers` bf16 `generate` at batch 1 and 64 on the same prompt and output lengths
+    (greedy, min_new_tokens = max_new_tokens so both produce every token);
+  * agreement: pagoda bf16 first generated token vs `transformers` fp32 on 20 prompts, and the
+    max |logit| difference of the first step.
+Raw outputs go to DIR (bench_*.json, peer_*.json, summary.json) and a Markdown table to stdout.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def ceilings():
+    dev = torch.device("cuda")
+    n = 1 << 30  # 2 GiB of bf16 each way
+    src = torch.empty(n, dtype=torch.bfloat16, device=dev).normal_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        torch.cuda.synchronize()
+        best = min(best, s.elapsed_time(e) / 1e3)
+    copy_bw = 2 * n * 2 / best
+    del src, dst
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=dev)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        a @ b
+        e.record()
+        torch.cuda.synchronize()
+        best = min(best, s.elapsed_time(e) / 1e3)
+    gemm = 2 * 8192**3 / best
+    del a, b
+    torch.cuda.empty_cache()
+    return copy_bw, gemm
+
+
+def run_json(cmd, out_path):
+    log("$", " ".join(cmd))
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    log(f"  ({time.time() - t0:.1f} s, rc {p.returncode})")
+    if p.returncode != 0:
+        log(p.stdout[-4000:], p.stderr[-4000:])
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    with open(out_path, "w") as f:
+        f.write(p.stdout)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def pagoda_bench(args, ckpt, name, requests, max_running, input_len, output_len, extra=()):
+    cmd = [args.pagoda, "bench", "--model", ckpt, "--backend", "cuda", "--json",
+           "--requests", str(requests), "--max-running", str(max_running),
+           "--input-len", str(input_len), "--output-len", str(output_len),
+           "--pool-tokens", str(max(65536, requests * (input_len + output_len) * 2)),
+           "--chunk-size", "0", "--page-size", "16", *extra]
+    return run_json(cmd, os.path.join(args.out, f"bench_{name}.json"))
+
+
+def prompts(n, length, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, min(vocab, 100000), (n, length), generator=g).tolist()
+
+
+def hf_generate(ckpt, dtype, batch, input_len, output_len, seed):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype).cuda().eval()
+    ids = torch.tensor(prompts(batch, input_len, model.config.vocab_size, seed), device="cuda")
+    attn = torch.ones_like(ids)
+    kw = dict(max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
+              attention_mask=attn, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids, **dict(kw, max_new_tokens=4, min_new_tokens=4))  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.time()
+        out = model.generate(ids, **kw)
+        torch.cuda.synchronize()
+        wall = time.time() - t0
+    new = out.shape[1] - input_len
+    del model
+    torch.cuda.empty_cache()
+    return {"batch": batch, "input_len": input_len, "output_len": new, "wall_s": wall,
+            "output_tokens_per_s": batch * new / wall}
+
+
+def agreement(args, ckpt, n=20, length=32):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).cuda().eval()
+    ps = prompts(n, length, model.config.vocab_size, 1234)
+    with torch.no_grad():
+        logits = model(torch.tensor(ps, device="cuda")).logits[:, -1, :].float().cpu()
+    del model
+    torch.cuda.empty_cache()
+    batch_file = os.path.join(args.out, "agree_prompts.txt")
+    with open(batch_file, "w") as f:
+        for p in ps:
+            f.write(",".join(map(str, p)) + "\n")
+    cmd = [args.pagoda, "generate", "--model", ckpt, "--backend", "cuda", "--batch-file",
+           batch_file, "--max-new-tokens", "1", "--json", "--dump-logits"]
+    log("$", " ".join(cmd))
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        log(p.stdout[-4000:], p.stderr[-4000:])
+        raise SystemExit("pagoda generate --batch-file failed")
+    rows = [json.loads(line) for line in p.stdout.strip().splitlines()]
+    agree, max_diff, max_abs = 0, 0.0, 0.0
+    for i, r in enumerate(rows):
+        ref = logits[i]
+        agree += int(r["output_token_ids"][0] == int(ref.argmax()))
+        ours = torch.tensor(r["logits"][0])
+        max_diff = max(max_diff, float((ours - ref).abs().max()))
+        max_abs = max(max_abs, float(ref.abs().max()))
+    return {"prompts": n, "first_token_agree": agree, "max_abs_logit_diff": max_diff,
+            "max_abs_logit": max_abs}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pagoda", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layouts", default="1b")
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--skip-peer", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    copy_bw, gemm = ceilings()
+    log(f"copy {copy_bw / 1e12:.2f} TB/s, bf16 GEMM {gemm / 1e12:.0f} TFLOP/s")
+    summary = {"copy_bytes_per_s": copy_bw, "gemm_flops": gemm, "layouts": {}}
+    for layout in args.layouts.split(","):
+        ckpt = f"/tmp/ckpt-{layout}"
+        if not os.path.exists(os.path.join(ckpt, "config.json")):
+            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_checkpoint.py"),
+                            "--layout", layout, "--dtype", "bf16", "--out", ckpt], check=True)
+        cfg = json.load(open(os.path.join(ckpt, "config.json")))
+        res = {}
+        il, ol = args.input_len, args.output_len
+        res["single"] = pagoda_bench(args, ckpt, f"{layout}_b1", 1, 1, il, ol)
+        res["batch64"] = pagoda_bench(args, ckpt, f"{layout}_b64", 64, 64, il, ol)
+        res["prefill2048"] = pagoda_bench(args, ckpt, f"{layout}_prefill", 4, 1, 2048, 1)
+        # Roofline of one decode step: every weight once (the LM head is the tied embedding or
+        # its own matrix) + the KV of the batch at its mean context.
+        h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+        kvh = cfg["num_key_value_heads"]
+        d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+        inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
+        per_layer = h * (cfg["num_attention_heads"] * d + 2 * kvh * d) + cfg["num_attention_heads"] * d * h + 3 * h * inter
+        weight_bytes = 2 * (L * per_layer + vocab * h)  # embedding rows read: negligible
+        mean_ctx = il + ol / 2
+        for key, bs in (("single", 1), ("batch64", 64)):
+            kv_bytes = bs * mean_ctx * L * 2 * kvh * d * 2
+            roof_ms = (weight_bytes + kv_bytes) / copy_bw * 1e3
+            step_ms = res[key]["decode_step_ms"]
+            res[key]["roofline_step_ms"] = roof_ms
+            res[key]["step_over_roofline"] = step_ms / roof_ms
+        pf = res["prefill2048"]
+        flops = 2 * 2048 * (L * per_layer + vocab * h / 2048) + 4 * 2048 * 2048 / 2 * cfg["num_attention_heads"] * d * L
+        pf["prefill_flops"] = flops
+        assert pf["extend_step_min_tokens"] == 2048, pf
+        pf["prefill_tflops"] = flops / (pf["extend_step_min_ms"] / 1e3) / 1e12
+        pf["prefill_fraction_of_gemm"] = flops / (pf["extend_step_min_ms"] / 1e3) / gemm
+        if not args.skip_peer:
+            res["hf_b1"] = hf_generate(ckpt, torch.bfloat16, 1, il, ol, 7)
+            res["hf_b64"] = hf_generate(ckpt, torch.bfloat16, 64, il, ol, 7)
+            res["agreement"] = agreement(args, ckpt)
+        summary["layouts"][layout] = res
+        json.dump(summary, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

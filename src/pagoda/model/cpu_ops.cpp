@@ -1,0 +1,145 @@
+// CpuOps: ModelOps on the host in f32 (OpenBLAS GEMMs, plain loops; see model_ops.h). The math
+// is the historical host path's: the same sums in the same order, so f32 outputs are unchanged.
+#include <cmath>
+#include <cstring>
+#include <list>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/error.h"
+#include "pagoda/model/host_sampling.h"
+#include "pagoda/model/model_ops.h"
+#include "pagoda/model/ops.h"
+
+namespace pagoda::model {
+
+std::unique_ptr<ModelOps::Graph> ModelOps::capture(const std::function<void()>&) {
+  throw_error(ErrorCode::kUnsupported, "CUDA graphs are not available on the '{}' platform",
+              platform().name());
+}
+
+namespace {
+
+class CpuOps final : public ModelOps {
+ public:
+  explicit CpuOps(platform::Platform& platform) : platform_(&platform) {}
+  DType dtype() const override { return DType::kF32; }
+  platform::Platform& platform() const override { return *platform_; }
+
+  void* upload(std::span<const float> host) override { return upload_f32(host); }
+  float* upload_f32(std::span<const float> host) override {
+    owned_.emplace_back(host.begin(), host.end());
+    return owned_.back().data();
+  }
+
+  void embed(const void* table, const int32_t* ids, void* out, int64_t rows,
+             int64_t hidden) override {
+    const float* t = static_cast<const float*>(table);
+    float* o = static_cast<float*>(out);
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(o + i * hidden, t + static_cast<int64_t>(ids[i]) * hidden,
+                  static_cast<size_t>(hidden) * sizeof(float));
+  }
+
+  void add_rms_norm(const void* x, float* residual, const void* weight, void* out, int64_t rows,
+                    int64_t hidden, float eps, bool first) override {
+    const float* xs = static_cast<const float*>(x);
+    const size_t n = static_cast<size_t>(rows * hidden);
+    if (first) {
+      if (xs != residual) std::memcpy(residual, xs, n * sizeof(float));
+    } else {
+      for (size_t i = 0; i < n; ++i) residual[i] += xs[i];
+    }
+    rms_norm(residual, static_cast<const float*>(weight), static_cast<float*>(out), rows, hidden,
+             eps);
+  }
+
+  void rms_norm_rows(const float* residual, const int32_t* row_index, const void* weight,
+                     void* out, int64_t rows, int64_t hidden, float eps) override {
+    float* o = static_cast<float*>(out);
+    for (int64_t r = 0; r < rows; ++r)
+      rms_norm(residual + static_cast<int64_t>(row_index[r]) * hidden,
+               static_cast<const float*>(weight), o + r * hidden, 1, hidden, eps);
+  }
+
+  void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+              bool) override {
+    model::linear(static_cast<const float*>(x), static_cast<const float*>(w),
+                  static_cast<float*>(y), m, n, k);
+  }
+
+  void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
+                const float* inv_freq, void* q, void* k, void* v, int64_t rows, int hq, int hkv,
+                int d) override {
+    const float* src = static_cast<const float*>(qkv);
+    const float* b = static_cast<const float*>(bias);
+    float* qo = static_cast<float*>(q);
+    float* ko = static_cast<float*>(k);
+    float* vo = static_cast<float*>(v);
+    const int64_t width = static_cast<int64_t>(hq + 2 * hkv) * d;
+    const int64_t qw = static_cast<int64_t>(hq) * d, kw = static_cast<int64_t>(hkv) * d;
+    const int half = d / 2;
+    cos_.resize(static_cast<size_t>(half));
+    sin_.resize(static_cast<size_t>(half));
+    for (int64_t t = 0; t < rows; ++t) {
+      const float* row = src + t * width;
+      float* dst[3] = {qo + t * qw, ko + t * kw, vo + t * kw};
+      const int64_t off[3] = {0, qw, qw + kw};
+      const int64_t len[3] = {qw, kw, kw};
+      for (int part = 0; part < 3; ++part)
+        for (int64_t i = 0; i < len[part]; ++i)
+          dst[part][i] = row[off[part] + i] + (b != nullptr ? b[off[part] + i] : 0.f);
+      const float pos = static_cast<float>(positions[t]);
+      for (int i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];
+        cos_[i] = std::cos(angle);
+        sin_[i] = std::sin(angle);
+      }
+      for (int part = 0; part < 2; ++part) {
+        const int heads = part == 0 ? hq : hkv;
+        for (int h = 0; h < heads; ++h) {
+          float* vec = dst[part] + static_cast<int64_t>(h) * d;
+          for (int i = 0; i < half; ++i) {
+            const float a = vec[i], c = vec[i + half];
+            vec[i] = a * cos_[i] - c * sin_[i];
+            vec[i + half] = c * cos_[i] + a * sin_[i];
+          }
+        }
+      }
+    }
+  }
+
+  void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
+    model::silu_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inter);
+  }
+
+  void soft_cap(float* x, int64_t n, float cap) override { model::soft_cap(x, n, cap); }
+
+  void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
+              int64_t vocab) override {
+    for (int64_t r = 0; r < rows; ++r)
+      out_ids[r] = sample_row(std::span<const float>(logits + r * vocab, static_cast<size_t>(vocab)),
+                              params[r], order_, probs_);
+  }
+
+ private:
+  platform::Platform* platform_;
+  std::list<std::vector<float>> owned_;  ///< uploaded weights (stable addresses)
+  std::vector<float> cos_, sin_;
+  std::vector<int32_t> order_;
+  std::vector<double> probs_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype) {
+  PAGODA_REQUIRE(platform.kind() == platform::PlatformKind::kCpu, kInvalidArgument,
+                 "CPU model ops need the CPU platform (got '{}')", platform.name());
+  PAGODA_REQUIRE(dtype == DType::kF32, kUnsupported,
+                 "the CPU model computes in f32 (requested {}); bf16/f16 checkpoints are "
+                 "converted to f32 when loaded, use --dtype f32",
+                 dtype_name(dtype));
+  return std::make_unique<CpuOps>(platform);
+}
+
+}  // namespace pagoda::model

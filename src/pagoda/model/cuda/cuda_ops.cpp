@@ -1,0 +1,235 @@
+#include "pagoda/model/cuda/cuda_ops.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+#include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/sampling_kernels.h"
+
+namespace pagoda::model {
+
+namespace ck = cuda_kernels;
+
+static_assert(sizeof(SampleRow) == sizeof(ck::SamplingRowParams));
+static_assert(offsetof(SampleRow, temperature) == offsetof(ck::SamplingRowParams, temperature));
+static_assert(offsetof(SampleRow, top_k) == offsetof(ck::SamplingRowParams, top_k));
+static_assert(offsetof(SampleRow, top_p) == offsetof(ck::SamplingRowParams, top_p));
+static_assert(offsetof(SampleRow, min_p) == offsetof(ck::SamplingRowParams, min_p));
+static_assert(offsetof(SampleRow, seed) == offsetof(ck::SamplingRowParams, seed));
+static_assert(offsetof(SampleRow, step) == offsetof(ck::SamplingRowParams, step));
+
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  throw_error(ErrorCode::kInternal, "{} failed: {} ({})", what, cudaGetErrorString(e),
+              static_cast<int>(e));
+}
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  throw_error(ErrorCode::kInternal, "{} failed: {} ({})", what, cublasGetStatusString(s),
+              static_cast<int>(s));
+}
+
+ck::ActDType act_of(DType t) {
+  switch (t) {
+    case DType::kF32: return ck::ActDType::kF32;
+    case DType::kF16: return ck::ActDType::kF16;
+    case DType::kBF16: return ck::ActDType::kBF16;
+    default: break;
+  }
+  throw_error(ErrorCode::kUnsupported, "the CUDA model computes in f32, f16 or bf16 (not {})",
+              dtype_name(t));
+}
+
+cudaDataType_t cuda_type_of(DType t) {
+  switch (t) {
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+class CudaGraph final : public ModelOps::Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { (void)cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void replay() override { cuda_check(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch"); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
+};
+
+class CudaOps final : public ModelOps {
+ public:
+  CudaOps(platform::Platform& platform, DType dtype)
+      : platform_(&platform), dtype_(dtype), act_(act_of(dtype)) {
+    stream_ = static_cast<cudaStream_t>(platform.native_stream());
+    PAGODA_REQUIRE(stream_ != nullptr, kUnsupported,
+                   "the CUDA model path needs a CUDA platform (got '{}')", platform.name());
+    cublas_check(cublasCreate(&cublas_), "cublasCreate");
+    try {
+      cublas_check(cublasSetStream(cublas_, stream_), "cublasSetStream");
+      // After cublasSetStream (which resets it): a fixed workspace keeps captures allocation-free.
+      workspace_ = platform::make_buffer(platform.allocator(), kCublasWorkspaceBytes);
+      cublas_check(cublasSetWorkspace(cublas_, workspace_.get(), kCublasWorkspaceBytes),
+                   "cublasSetWorkspace");
+      cublas_check(cublasSetMathMode(cublas_, dtype == DType::kF32 ? CUBLAS_PEDANTIC_MATH
+                                                                   : CUBLAS_DEFAULT_MATH),
+                   "cublasSetMathMode");
+    } catch (...) {
+      (void)cublasDestroy(cublas_);
+      throw;
+    }
+  }
+  ~CudaOps() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cublasDestroy(cublas_);
+  }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  DType dtype() const override { return dtype_; }
+  platform::Platform& platform() const override { return *platform_; }
+
+  void* upload(std::span<const float> host) override {
+    const size_t n = host.size();
+    const size_t es = dtype_size(dtype_);
+    std::vector<uint8_t> bytes(std::max<size_t>(n, 1) * es);
+    if (dtype_ == DType::kF32) {
+      std::memcpy(bytes.data(), host.data(), n * sizeof(float));
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t b = dtype_ == DType::kBF16 ? f32_to_bf16_bits(host[i])
+                                                  : f32_to_f16_bits(host[i]);
+        std::memcpy(bytes.data() + 2 * i, &b, 2);
+      }
+    }
+    return keep(bytes.data(), bytes.size());
+  }
+  float* upload_f32(std::span<const float> host) override {
+    return static_cast<float*>(keep(host.data(), std::max<size_t>(host.size(), 1) * 4));
+  }
+
+  void embed(const void* table, const int32_t* ids, void* out, int64_t rows,
+             int64_t hidden) override {
+    cuda_check(ck::embed_rows(act_, table, ids, out, rows, hidden, stream_), "embed_rows");
+  }
+  void add_rms_norm(const void* x, float* residual, const void* weight, void* out, int64_t rows,
+                    int64_t hidden, float eps, bool first) override {
+    cuda_check(ck::add_rms_norm(act_, x, residual, weight, out, rows, hidden, eps,
+                                first ? ck::ResidualOp::kAssign : ck::ResidualOp::kAdd, stream_),
+               "add_rms_norm");
+  }
+  void rms_norm_rows(const float* residual, const int32_t* row_index, const void* weight,
+                     void* out, int64_t rows, int64_t hidden, float eps) override {
+    cuda_check(ck::rms_norm_rows(act_, residual, row_index, weight, out, rows, hidden, eps,
+                                 stream_),
+               "rms_norm_rows");
+  }
+  void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+              bool f32_out) override {
+    if (m == 0 || n == 0) return;
+    // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ is column-major yᵀ[n, m] = wᵀ · xᵀ.
+    const float alpha = 1.f, beta = 0.f;
+    const cudaDataType_t in = cuda_type_of(dtype_);
+    const cudaDataType_t out = f32_out ? CUDA_R_32F : in;
+    const cublasComputeType_t compute =
+        dtype_ == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    cublas_check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
+                              static_cast<int>(m), static_cast<int>(k), &alpha, w, in,
+                              static_cast<int>(k), x, in, static_cast<int>(k), &beta, y, out,
+                              static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+  }
+  void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
+                const float* inv_freq, void* q, void* k, void* v, int64_t rows, int hq, int hkv,
+                int head_dim) override {
+    cuda_check(ck::qkv_bias_rope(act_, qkv, bias, positions, inv_freq, q, k, v, rows, hq, hkv,
+                                 head_dim, stream_),
+               "qkv_bias_rope");
+  }
+  void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
+    cuda_check(ck::silu_mul(act_, gate_up, out, rows, inter, stream_), "silu_mul");
+  }
+  void soft_cap(float* x, int64_t n, float cap) override {
+    cuda_check(ck::soft_cap_inplace(x, n, cap, stream_), "soft_cap");
+  }
+  void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
+              int64_t vocab) override {
+    PAGODA_REQUIRE(vocab <= ck::kMaxSampleVocab, kUnsupported,
+                   "the GPU sampler supports vocabularies up to {} (got {})",
+                   ck::kMaxSampleVocab, vocab);
+    const size_t ws = ck::sample_tokens_workspace_bytes(static_cast<int>(rows),
+                                                        static_cast<int>(vocab));
+    if (ws > sample_ws_bytes_) {  // grows outside graph capture (the worker warms up first)
+      sample_ws_ = platform::make_buffer(platform_->allocator(), ws);
+      sample_ws_bytes_ = ws;
+    }
+    cuda_check(ck::sample_tokens(logits, vocab,
+                                 reinterpret_cast<const ck::SamplingRowParams*>(params),
+                                 static_cast<int>(rows), static_cast<int>(vocab), out_ids,
+                                 sample_ws_.get(), sample_ws_bytes_, stream_),
+               "sample_tokens");
+  }
+
+  bool supports_graphs() const override { return true; }
+  std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
+    cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+               "cudaStreamBeginCapture");
+    cudaGraph_t graph = nullptr;
+    try {
+      body();
+    } catch (...) {
+      (void)cudaStreamEndCapture(stream_, &graph);
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      throw;
+    }
+    cuda_check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    cuda_check(inst, "cudaGraphInstantiate");
+    return std::make_unique<CudaGraph>(exec, stream_);
+  }
+
+ private:
+  void* keep(const void* host, size_t bytes) {
+    platform::DeviceBuffer buf = platform::make_buffer(platform_->allocator(), bytes);
+    platform_->allocator().copy_to_device(buf.get(), host, bytes);
+    void* p = buf.get();
+    owned_.push_back(std::move(buf));
+    return p;
+  }
+
+  platform::Platform* platform_;
+  DType dtype_;
+  ck::ActDType act_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  platform::DeviceBuffer workspace_;
+  platform::DeviceBuffer sample_ws_;
+  size_t sample_ws_bytes_ = 0;
+  std::vector<platform::DeviceBuffer> owned_;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelOps> make_cuda_ops(platform::Platform& platform, DType dtype) {
+  return std::make_unique<CudaOps>(platform, dtype);
+}
+
+}  // namespace pagoda::model

@@ -1,0 +1,281 @@
+#include "pagoda/model/llama_worker.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::model {
+
+using attention::ForwardBatch;
+using attention::ForwardMode;
+
+int64_t WorkerBatch::num_logit_rows() const {
+  int64_t n = 0;
+  for (int32_t r : logit_rows) n += r;
+  return n;
+}
+
+/// Pinned host memory for the per-step copies (grow-only).
+struct LlamaWorker::Staging {
+  platform::Allocator* pinned = nullptr;
+  platform::DeviceBuffer ints, params, out_ids;
+  size_t ints_cap = 0, params_cap = 0, out_cap = 0;
+
+  void reserve(size_t n_ints, size_t n_params, size_t n_out) {
+    auto grow = [&](platform::DeviceBuffer& b, size_t& cap, size_t need, size_t elem) {
+      if (need <= cap) return;
+      cap = std::max(need, cap * 2);
+      b = platform::make_buffer(*pinned, cap * elem);
+    };
+    grow(ints, ints_cap, n_ints, sizeof(int32_t));
+    grow(params, params_cap, n_params, sizeof(SampleRow));
+    grow(out_ids, out_cap, n_out, sizeof(int32_t));
+  }
+};
+
+attention::BackendRequirements worker_backend_requirements(const LlamaModel& model,
+                                                           const WorkerConfig& config,
+                                                           DType q_dtype,
+                                                           const std::string& device) {
+  attention::BackendRequirements req = model.backend_requirements(config.page_size);
+  req.q_dtype = q_dtype;
+  req.kv_dtype = config.kv_dtype;
+  req.mixed_batches = config.mixed_batches;
+  req.device = device;
+  return req;
+}
+
+LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
+                         const WorkerConfig& config, kv::ReqToTokenTable& table)
+    : model_(&model), ops_(std::move(ops)), config_(config), platform_(&ops_->platform()) {
+  PAGODA_REQUIRE(config.page_size >= 1 && config.num_pages >= 1, kInvalidArgument,
+                 "worker needs page_size >= 1 and num_pages >= 1 (got {} / {})",
+                 config.page_size, config.num_pages);
+  PAGODA_REQUIRE(config.max_batch_size >= 1, kInvalidArgument,
+                 "max_batch_size must be >= 1 (got {})", config.max_batch_size);
+  kv::KvPoolConfig pc = model.kv_pool_config(config.num_pages, config.page_size);
+  pc.dtype = config.kv_dtype;
+  pool_ = std::make_unique<kv::KvPool>(pc, platform_->allocator());
+  backends::register_builtin_backends(registry_);
+  const attention::BackendRequirements req =
+      worker_backend_requirements(model, config, ops_->dtype(), platform_->name());
+  const attention::BackendContext ctx{
+      .platform = platform_, .kv_pool = pool_.get(), .req_to_token = &table};
+  backend_ = backends::make_backend(registry_, config.backend, req, ctx);
+  PAGODA_REQUIRE(backend_->capabilities().device == platform_->name(), kUnsupported,
+                 "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
+                 backend_->capabilities().device, platform_->name());
+  decoder_ = std::make_unique<Decoder>(model, *ops_);
+  staging_ = std::make_unique<Staging>();
+  staging_->pinned = &platform_->pinned_allocator();
+  stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
+  if (config.cuda_graph && ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
+    graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
+    capture_graphs();
+  }
+}
+
+LlamaWorker::~LlamaWorker() {
+  try {
+    platform_->synchronize_stream();
+  } catch (...) {  // a destructor must not throw; the device error was reported before
+  }
+  graphs_.clear();
+}
+
+void LlamaWorker::validate(const WorkerBatch& b) const {
+  const ForwardBatch& f = b.forward;
+  const int64_t t = f.num_tokens();
+  const int bs = f.batch_size;
+  const int64_t vocab = model_->config().vocab_size;
+  PAGODA_REQUIRE(f.mode == ForwardMode::kExtend || f.mode == ForwardMode::kDecode ||
+                     f.mode == ForwardMode::kMixed || f.mode == ForwardMode::kTargetVerify ||
+                     f.mode == ForwardMode::kDraftExtend || f.mode == ForwardMode::kIdle,
+                 kInvalidArgument, "unknown forward mode");
+  PAGODA_REQUIRE(static_cast<int64_t>(b.input_ids.size()) == t, kInvalidArgument,
+                 "{} input ids for a batch of {} tokens", b.input_ids.size(), t);
+  PAGODA_REQUIRE(static_cast<int64_t>(f.positions.size()) == t, kInvalidArgument,
+                 "{} positions for a batch of {} tokens", f.positions.size(), t);
+  PAGODA_REQUIRE(static_cast<int>(b.logit_rows.size()) == bs &&
+                     static_cast<int>(b.sampling.size()) == bs &&
+                     static_cast<int>(b.sample_step.size()) == bs,
+                 kInvalidArgument,
+                 "logit_rows / sampling / sample_step have {} / {} / {} entries for {} sequences",
+                 b.logit_rows.size(), b.sampling.size(), b.sample_step.size(), bs);
+  for (int32_t id : b.input_ids)
+    PAGODA_REQUIRE(id >= 0 && id < vocab, kOutOfRange, "token id {} outside [0, {})", id, vocab);
+  const bool extend = f.mode != ForwardMode::kDecode && f.mode != ForwardMode::kIdle;
+  PAGODA_REQUIRE(!extend || static_cast<int>(f.extend_seq_lens.size()) == bs, kInvalidArgument,
+                 "extend batch has {} extend lengths for {} sequences", f.extend_seq_lens.size(),
+                 bs);
+  int64_t total = 0;
+  for (int i = 0; i < bs; ++i) {
+    const int64_t n = extend ? f.extend_seq_lens[i] : (f.mode == ForwardMode::kDecode ? 1 : 0);
+    PAGODA_REQUIRE(b.logit_rows[i] >= 0 && b.logit_rows[i] <= n, kInvalidArgument,
+                   "sequence {} asks for {} logit rows of its {} query tokens", i,
+                   b.logit_rows[i], n);
+    b.sampling[i].validate();
+    total += n;
+  }
+  PAGODA_REQUIRE(f.mode != ForwardMode::kDecode || t == bs || f.is_draft_step(), kInvalidArgument,
+                 "a decode batch of {} sequences has {} tokens", bs, t);
+  PAGODA_REQUIRE(!extend || total == t, kInvalidArgument,
+                 "extend lengths sum to {} but the batch has {} tokens", total, t);
+}
+
+void LlamaWorker::stage(Activations& a, std::span<const int32_t> ids,
+                        std::span<const int32_t> positions, std::span<const int32_t> rows,
+                        std::span<const SampleRow> params) {
+  // Layout of a.ints: ids [a.tokens] | positions [a.tokens] | logit rows [a.rows] | out [a.rows].
+  const size_t n_ints = static_cast<size_t>(2 * a.tokens + a.rows);
+  staging_->reserve(n_ints, static_cast<size_t>(a.rows), static_cast<size_t>(a.rows));
+  int32_t* h = static_cast<int32_t*>(staging_->ints.get());
+  std::fill(h, h + n_ints, 0);
+  std::copy(ids.begin(), ids.end(), h);
+  std::copy(positions.begin(), positions.end(), h + a.tokens);
+  std::copy(rows.begin(), rows.end(), h + 2 * a.tokens);
+  platform_->copy_to_device_async(a.ids(), h, n_ints * sizeof(int32_t));
+  if (!params.empty()) {
+    SampleRow* hp = static_cast<SampleRow*>(staging_->params.get());
+    std::copy(params.begin(), params.end(), hp);
+    platform_->copy_to_device_async(a.params(), hp, params.size() * sizeof(SampleRow));
+  }
+}
+
+WorkerOutput LlamaWorker::finish(Activations& a, int64_t rows, bool want_logits) {
+  WorkerOutput out;
+  out.tokens.resize(static_cast<size_t>(rows));
+  int32_t* host_ids = static_cast<int32_t*>(staging_->out_ids.get());
+  if (rows > 0) platform_->copy_to_host_async(host_ids, a.out_ids(), rows * sizeof(int32_t));
+  if (want_logits && rows > 0) {
+    out.logits.resize(static_cast<size_t>(rows * model_->config().vocab_size));
+    platform_->copy_to_host_async(out.logits.data(), a.logits_f32(),
+                                  out.logits.size() * sizeof(float));
+  }
+  platform_->synchronize_stream();
+  std::copy(host_ids, host_ids + rows, out.tokens.begin());
+  ++stats_.steps;
+  return out;
+}
+
+WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
+  validate(b);
+  const ForwardBatch& f = b.forward;
+  const int64_t t = f.num_tokens();
+  if (f.mode == ForwardMode::kIdle || t == 0) return {};
+  // Logit rows: the last logit_rows[i] query tokens of each sequence.
+  rows_.clear();
+  params_.clear();
+  const bool decode = f.mode == ForwardMode::kDecode;
+  int64_t start = 0;
+  for (int i = 0; i < f.batch_size; ++i) {
+    const int64_t n = decode ? 1 : f.extend_seq_lens[i];
+    const SamplingParams& s = b.sampling[i];
+    for (int32_t r = 0; r < b.logit_rows[i]; ++r) {
+      rows_.push_back(static_cast<int32_t>(start + n - b.logit_rows[i] + r));
+      params_.push_back(SampleRow{.temperature = s.temperature,
+                                  .top_k = s.top_k,
+                                  .top_p = s.top_p,
+                                  .min_p = s.min_p,
+                                  .seed = s.seed,
+                                  .step = b.sample_step[i] + r});
+    }
+    start += n;
+  }
+  const int64_t nrows = static_cast<int64_t>(rows_.size());
+
+  const bool all_rows = decode && nrows == t;
+  if (!graphs_.empty() && all_rows && !f.is_draft_step() && t <= buckets_.back()) {
+    const size_t gi = static_cast<size_t>(
+        std::lower_bound(buckets_.begin(), buckets_.end(), static_cast<int>(t)) -
+        buckets_.begin());
+    const int bs = buckets_[gi];
+    ForwardBatch padded = f;
+    pad_decode_batch(padded, bs, graph_backend_->cuda_graph_seq_len_fill_value());
+    ids_.assign(b.input_ids.begin(), b.input_ids.end());
+    ids_.resize(static_cast<size_t>(bs), 0);
+    rows_.resize(static_cast<size_t>(bs));
+    std::iota(rows_.begin(), rows_.end(), 0);
+    params_.resize(static_cast<size_t>(bs), SampleRow{});
+    graph_backend_->init_forward_metadata_replay_cuda_graph(padded);
+    stage(graph_acts_, ids_, padded.positions, rows_, params_);
+    graphs_[gi]->replay();
+    ++stats_.graph_steps;
+    stats_.padded_rows += bs - t;
+    return finish(graph_acts_, nrows, b.return_logits);
+  }
+  decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
+  stage(eager_, b.input_ids, f.positions, rows_, params_);
+  backend_->init_forward_metadata(f);
+  decoder_->forward(eager_, f, *backend_, t, nrows);
+  decoder_->sample(eager_, nrows);
+  return finish(eager_, nrows, b.return_logits);
+}
+
+void LlamaWorker::capture_graphs() {
+  const int max_bs = config_.max_batch_size;
+  buckets_ = cuda_graph_batch_sizes(max_bs);
+  const int fill = graph_backend_->cuda_graph_seq_len_fill_value();
+  graph_backend_->init_cuda_graph_state(max_bs, max_bs);
+  decoder_->reserve(graph_acts_, max_bs, max_bs);
+  std::vector<std::unique_ptr<ModelOps::Graph>> graphs(buckets_.size());
+  bool shape_known = false;
+  for (size_t i = buckets_.size(); i-- > 0;) {  // largest first, like SGLang
+    const int bs = buckets_[i];
+    ForwardBatch dummy;
+    dummy.mode = ForwardMode::kDecode;
+    pad_decode_batch(dummy, bs, fill);  // row 0, slot 0, seq_len = fill
+    std::vector<int32_t> ids(static_cast<size_t>(bs), 0), rows(static_cast<size_t>(bs));
+    std::iota(rows.begin(), rows.end(), 0);
+    const std::vector<SampleRow> params(static_cast<size_t>(bs), SampleRow{});
+    stage(graph_acts_, ids, dummy.positions, rows, params);
+    auto body = [&] {
+      decoder_->forward(graph_acts_, dummy, *graph_backend_, bs, bs);
+      decoder_->sample(graph_acts_, bs);
+    };
+    if (!shape_known) {  // the backend learns the layer shape from one eager forward
+      graph_backend_->init_forward_metadata(dummy);
+      body();
+      shape_known = true;
+    }
+    graph_backend_->init_forward_metadata_capture_cuda_graph(dummy);
+    for (int warm = 0; warm < 2; ++warm) body();
+    platform_->synchronize_stream();
+    graphs[i] = ops_->capture(body);
+  }
+  platform_->synchronize_stream();
+  graphs_ = std::move(graphs);
+  stats_.num_graphs = static_cast<int>(graphs_.size());
+}
+
+std::vector<int> cuda_graph_batch_sizes(int max_bs) {
+  PAGODA_REQUIRE(max_bs >= 1, kInvalidArgument, "max_bs must be >= 1 (got {})", max_bs);
+  std::vector<int> all = {1, 2, 4, 8, 12};
+  for (int b = 16; b <= 256; b += 8) all.push_back(b);
+  for (int b = 272; b < 512; b += 16) all.push_back(b);
+  for (int b = 512; b <= max_bs; b += 32) all.push_back(b);
+  std::vector<int> out;
+  for (int b : all)
+    if (b <= max_bs) out.push_back(b);
+  if (out.empty() || out.back() != max_bs) out.push_back(max_bs);
+  return out;
+}
+
+void pad_decode_batch(ForwardBatch& batch, int bucket_bs, int fill_seq_len) {
+  PAGODA_REQUIRE(batch.mode == ForwardMode::kDecode, kInvalidArgument,
+                 "only decode batches are padded (got {})",
+                 attention::forward_mode_name(batch.mode));
+  PAGODA_REQUIRE(bucket_bs >= batch.batch_size && fill_seq_len >= 1, kInvalidArgument,
+                 "bucket {} below batch size {} or fill {} < 1", bucket_bs, batch.batch_size,
+                 fill_seq_len);
+  const int pad = bucket_bs - batch.batch_size;
+  batch.req_pool_indices.insert(batch.req_pool_indices.end(), pad, 0);
+  batch.seq_lens.insert(batch.seq_lens.end(), pad, fill_seq_len);
+  batch.positions.insert(batch.positions.end(), pad, fill_seq_len - 1);
+  batch.out_cache_loc.insert(batch.out_cache_loc.end(), pad, 0);
+  batch.batch_size = bucket_bs;
+}
+
+}  // namespace pagoda::model

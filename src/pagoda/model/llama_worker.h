@@ -1,0 +1,109 @@
+#pragma once
+/// LlamaWorker: the ModelWorker of a Llama-family model on one device (ARCHITECTURE §1). It owns
+/// the KV pool, the attention backend (plus a second instance of it that serves captured decode
+/// graphs), the Decoder (weights on the device, in the ops' dtype), the activations and the
+/// graphs; it samples on the device and copies back only the sampled ids (and logits on request).
+///
+/// Step (run):
+///   validate → stage ids, positions, logit-row indices and sampling params (one async copy each
+///   from pinned memory) → plan (backend.init_forward_metadata, or the graph backend's replay
+///   plan for a padded decode batch) → forward + sample (eager, or one graph replay) → copy the
+///   ids back → wait.
+/// Decode batches of size ≤ max_running_requests replay a graph captured per bucket
+/// (cuda_graph_batch_sizes) when the ops support graphs and the backend does; everything else
+/// runs eagerly. Padded rows use row 0, slot 0 and the backend's fill seq_len.
+///
+/// Thread rules: one thread. The model, ops, platform and table must outlive the worker.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pagoda/attention/registry.h"
+#include "pagoda/backends/builtin.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/req_to_token.h"
+#include "pagoda/model/decoder.h"
+#include "pagoda/model/llama.h"
+#include "pagoda/model/model_ops.h"
+#include "pagoda/model/worker.h"
+
+namespace pagoda::model {
+
+struct WorkerConfig {
+  int32_t page_size = 16;
+  int32_t num_pages = 2048;  ///< usable pages (page 0 is added on top)
+  /// KV storage dtype; kF32 / kF16 / kBF16 / fp8 (per-layer scales 1). Must be supported by the
+  /// backend.
+  DType kv_dtype = DType::kF32;
+  backends::BackendSelection backend{};
+  /// Steps may mix extends and decodes (kMixed).
+  bool mixed_batches = true;
+  /// Capture decode graphs (only where the ops and the backend support them).
+  bool cuda_graph = true;
+  /// The largest decode batch (graph buckets up to it).
+  int32_t max_batch_size = 64;
+};
+
+class LlamaWorker final : public ModelWorker {
+ public:
+  /// Builds the pool, backend(s), decoder and graphs. Throws Error naming what is wrong (a
+  /// backend that cannot serve the model lists those that would).
+  LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops, const WorkerConfig& config,
+              kv::ReqToTokenTable& table);
+  ~LlamaWorker() override;
+  LlamaWorker(const LlamaWorker&) = delete;
+  LlamaWorker& operator=(const LlamaWorker&) = delete;
+
+  WorkerOutput run(const WorkerBatch& batch) override;
+  kv::KvPool& kv_pool() override { return *pool_; }
+  std::string backend_name() const override { return backend_->name(); }
+  WorkerStats stats() const override { return stats_; }
+  /// The captured decode buckets, ascending (empty without graphs).
+  const std::vector<int>& graph_batch_sizes() const { return buckets_; }
+
+ private:
+  struct Staging;
+  void validate(const WorkerBatch& b) const;
+  /// Host → device copies of ids, positions, row indices and params into `a`.
+  void stage(Activations& a, std::span<const int32_t> ids, std::span<const int32_t> positions,
+             std::span<const int32_t> rows, std::span<const SampleRow> params);
+  WorkerOutput finish(Activations& a, int64_t rows, bool want_logits);
+  void capture_graphs();
+
+  const LlamaModel* model_;
+  std::unique_ptr<ModelOps> ops_;
+  WorkerConfig config_;
+  platform::Platform* platform_;
+  std::unique_ptr<kv::KvPool> pool_;
+  attention::BackendRegistry registry_;
+  std::unique_ptr<attention::AttentionBackend> backend_;
+  std::unique_ptr<attention::AttentionBackend> graph_backend_;
+  std::unique_ptr<Decoder> decoder_;
+  Activations eager_, graph_acts_;
+  std::unique_ptr<Staging> staging_;
+  std::vector<int> buckets_;
+  std::vector<std::unique_ptr<ModelOps::Graph>> graphs_;  ///< parallel to buckets_
+  // Host scratch, reused per step.
+  std::vector<int32_t> rows_, ids_;
+  std::vector<SampleRow> params_;
+  WorkerStats stats_;
+};
+
+/// The backend requirements of `model` with activations `q_dtype` and KV `kv_dtype`.
+attention::BackendRequirements worker_backend_requirements(const LlamaModel& model,
+                                                           const WorkerConfig& config,
+                                                           DType q_dtype,
+                                                           const std::string& device);
+
+/// SGLang's decode CUDA-graph batch sizes without speculative decoding (sglang_spec §7):
+/// [1, 2, 4, 8, 12] + 16..256 step 8 + 272..511 step 16 + 512..max step 32, truncated to
+/// max_bs, with max_bs appended when missing. Requires max_bs >= 1.
+std::vector<int> cuda_graph_batch_sizes(int max_bs);
+
+/// Pads a kDecode batch to `bucket_bs` requests: padded rows use req_to_token row 0, seq_len
+/// `fill_seq_len`, position fill_seq_len - 1 and slot 0 (the reserved dummy). Requires
+/// bucket_bs >= batch.batch_size and a kDecode batch (Error(kInvalidArgument) otherwise).
+void pad_decode_batch(attention::ForwardBatch& batch, int bucket_bs, int fill_seq_len);
+
+}  // namespace pagoda::model

@@ -1,0 +1,100 @@
+#pragma once
+/// ModelOps: the dense operations of the decoder on one device (ARCHITECTURE §1: "the model's
+/// layer loop is written once over an ops interface with CPU and CUDA implementations").
+/// Decoder (decoder.h) sequences these calls; an implementation only computes.
+///
+/// Data types: weights and activations are `dtype()` (f32 on the CPU; f32, f16 or bf16 on CUDA);
+/// the residual stream, logits and norm statistics are f32. All tensors are contiguous row-major
+/// memory on `device()`; integer arrays (ids, positions, row indices) are int32 on `device()`.
+/// Every call is enqueued on the platform's stream (synchronous on the CPU), never synchronizes,
+/// never allocates after construction except in upload(), and is capturable into a CUDA graph.
+/// Shapes are checked by the caller (Decoder); implementations trust them.
+///
+/// Thread rules: one thread drives an ops object.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/device.h"
+#include "pagoda/core/dtype.h"
+#include "pagoda/platform/platform.h"
+
+namespace pagoda::model {
+
+/// One row's sampling parameters as the device reads them (plain data; a device array of these
+/// is staged per step so a captured graph samples with new values on replay).
+struct SampleRow {
+  float temperature = 0.f;  ///< 0 = greedy
+  int32_t top_k = 0;        ///< <= 0 = all
+  float top_p = 1.f;        ///< (0, 1]
+  float min_p = 0.f;        ///< [0, 1)
+  uint64_t seed = 0;
+  int64_t step = 0;         ///< the index of the token being sampled within its request
+};
+
+class ModelOps {
+ public:
+  virtual ~ModelOps() = default;
+  /// Weight and activation dtype.
+  virtual DType dtype() const = 0;
+  virtual platform::Platform& platform() const = 0;
+  Device device() const { return platform().device(); }
+
+  /// Copies host f32 values to a new device array of dtype() (round to nearest even) owned by
+  /// the ops object; returns its address (valid while the ops live). Synchronous.
+  virtual void* upload(std::span<const float> host) = 0;
+  /// Same, but keeps f32 (RoPE frequencies, f32 norm weights).
+  virtual float* upload_f32(std::span<const float> host) = 0;
+
+  /// out[t, :] = table[ids[t], :] for t < rows. ids are in range (checked by the caller).
+  virtual void embed(const void* table, const int32_t* ids, void* out, int64_t rows,
+                     int64_t hidden) = 0;
+  /// Fused residual + RMSNorm: residual = x (first) or residual += x (f32), then
+  /// out = residual / sqrt(mean(residual²) + eps) * weight.
+  virtual void add_rms_norm(const void* x, float* residual, const void* weight, void* out,
+                            int64_t rows, int64_t hidden, float eps, bool first) = 0;
+  /// out[t, :] = rms_norm(residual[row_index[t], :]) * weight for t < rows (final norm of the
+  /// logit rows only).
+  virtual void rms_norm_rows(const float* residual, const int32_t* row_index, const void* weight,
+                             void* out, int64_t rows, int64_t hidden, float eps) = 0;
+  /// y[m, n] = x[m, k] · w[n, k]ᵀ (HF [out, in] weights); y is dtype() or, with f32_out, f32.
+  virtual void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
+                      bool f32_out = false) = 0;
+  /// Splits qkv [rows, (hq + 2 hkv) d] into q [rows, hq, d], k, v [rows, hkv, d], adding the
+  /// optional fused bias [(hq + 2 hkv) d] first, and rotates q and k (NeoX layout, f32 angles
+  /// float(positions[t]) * inv_freq[i]).
+  virtual void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
+                        const float* inv_freq, void* q, void* k, void* v, int64_t rows, int hq,
+                        int hkv, int head_dim) = 0;
+  /// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i].
+  virtual void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) = 0;
+  /// x = cap * tanh(x / cap), f32, in place.
+  virtual void soft_cap(float* x, int64_t n, float cap) = 0;
+  /// Samples one id per row of logits [rows, vocab] (f32) with params[rows] (device memory);
+  /// writes out_ids[rows] (device memory). Deterministic in (logits, seed, step).
+  virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
+                      int64_t vocab) = 0;
+
+  // ---- CUDA graphs (optional) ----
+  /// Whether capture() works (CUDA); false on the CPU.
+  virtual bool supports_graphs() const { return false; }
+  /// A captured sequence of enqueued work that replays with the same addresses.
+  class Graph {
+   public:
+    virtual ~Graph() = default;
+    /// Enqueues the captured work on the platform's stream.
+    virtual void replay() = 0;
+  };
+  /// Captures everything `body` enqueues on the stream into a graph. Throws Error(kUnsupported)
+  /// where supports_graphs() is false, kInternal when capture fails.
+  virtual std::unique_ptr<Graph> capture(const std::function<void()>& body);
+};
+
+/// The CPU implementation: f32 only (OpenBLAS GEMMs). Throws Error(kUnsupported) for another
+/// dtype. `platform` must be a CPU platform and outlive the ops.
+std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype);
+
+}  // namespace pagoda::model

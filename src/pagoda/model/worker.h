@@ -1,0 +1,76 @@
+#pragma once
+/// The Scheduler → ModelWorker seam (ARCHITECTURE §1).
+///
+/// The scheduler does all memory work (allocation, req→token rows, prefix matching) and emits a
+/// WorkerBatch, a plain value; ModelWorker::run computes it and returns the sampled ids. The
+/// worker owns everything on the device: the KV pool, the attention backend(s), the model's
+/// weights, activations, CUDA graphs and sampling. With tensor parallelism rank 0 broadcasts the
+/// WorkerBatch to every rank's worker; a speculative loop composes a draft and a target worker.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "pagoda/attention/forward_batch.h"
+#include "pagoda/model/sampler.h"
+
+namespace pagoda::kv {
+class KvPool;
+}
+
+namespace pagoda::model {
+
+/// One step for the worker. Sequence b's query tokens are rows [Σ_{j<b} n_j, Σ_{j≤b} n_j) of
+/// input_ids (n_j = extend_seq_lens[j] in extend modes, 1 in decode).
+struct WorkerBatch {
+  /// Mode, lengths, positions, out_cache_loc, spec info (the req→token rows are already written).
+  attention::ForwardBatch forward;
+  /// [num_tokens] token ids of the query rows (each < vocab_size).
+  std::vector<int32_t> input_ids;
+  /// [bs] how many logit rows sequence b needs: its last `logit_rows[b]` query tokens (0 for a
+  /// non-final prefill chunk, 1 normally, the draft-tree size for verify).
+  std::vector<int32_t> logit_rows;
+  /// [bs] sampling parameters of each sequence.
+  std::vector<SamplingParams> sampling;
+  /// [bs] index of the first token sampled for sequence b within its request (the RNG counter:
+  /// row i of sequence b uses step sample_step[b] + i). Makes sampling independent of batching.
+  std::vector<int64_t> sample_step;
+  /// Also return the f32 logits of every logit row (tests, tools, verify).
+  bool return_logits = false;
+
+  int batch_size() const { return forward.batch_size; }
+  /// Σ logit_rows.
+  int64_t num_logit_rows() const;
+};
+
+/// What one step produced.
+struct WorkerOutput {
+  /// [Σ logit_rows] sampled ids, in batch order (sequence b's rows in query order).
+  std::vector<int32_t> tokens;
+  /// [Σ logit_rows, vocab] f32 when WorkerBatch::return_logits, else empty.
+  std::vector<float> logits;
+};
+
+/// Counters of a worker (cumulative).
+struct WorkerStats {
+  int64_t steps = 0;
+  int64_t graph_steps = 0;   ///< decode steps served by a CUDA-graph replay
+  int64_t padded_rows = 0;   ///< dummy rows added by graph padding
+  int num_graphs = 0;        ///< captured decode buckets
+  bool device = false;       ///< computes on a GPU
+};
+
+class ModelWorker {
+ public:
+  virtual ~ModelWorker() = default;
+  /// Runs the step and returns the sampled ids (and logits on request). Throws Error on bad
+  /// input (kInvalidArgument / kOutOfRange, nothing computed) or a device failure (kInternal).
+  virtual WorkerOutput run(const WorkerBatch& batch) = 0;
+  /// The KV pool the scheduler's slots index.
+  virtual kv::KvPool& kv_pool() = 0;
+  /// The attention backend's name.
+  virtual std::string backend_name() const = 0;
+  virtual WorkerStats stats() const = 0;
+};
+
+}  // namespace pagoda::model
