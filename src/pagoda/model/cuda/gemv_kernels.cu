@@ -233,8 +233,11 @@ cudaError_t launch(const void* x, const void* w, void* y, int64_t m, int64_t n, 
                    cudaStream_t stream) {
   constexpr int kRW = rows_per_warp<kMT>();
   // Most row groups per block (fewest warps splitting k, longest streams) that still gives every
-  // multiprocessor at least two blocks; else one row group (the whole block splits k).
-  const int64_t want = 2 * static_cast<int64_t>(sm_count());
+  // multiprocessor two blocks (one for m > 2); else one row group (the whole block splits k).
+  // Every block re-reads all of x from L1/L2 (row groups of one block share it in L1), so the
+  // x traffic is m * (x row length) / (rows per block) of the weight traffic: for m > 2 the
+  // larger tiles keep it at or below the weight bytes (m = 8: 0.25-1x) at the cost of some tail.
+  const int64_t want = (kMT > 2 ? 1 : 2) * static_cast<int64_t>(sm_count());
   int groups = kWarps;
   while (groups > 1 && (n + int64_t{groups} * kRW - 1) / (int64_t{groups} * kRW) < want)
     groups /= 2;
