@@ -28,7 +28,7 @@ class LowercaseNormalizer final : public Normalizer {
   std::string apply(std::string_view text) const override { return to_lower(text); }
 };
 
-/// Drops combining marks (general category Mn), as `tokenizers`' StripAccents does.
+/// Drops combining marks (general categories Mn, Mc, Me), as `tokenizers`' StripAccents does.
 class StripAccentsNormalizer final : public Normalizer {
  public:
   std::string apply(std::string_view text) const override {
@@ -36,7 +36,11 @@ class StripAccentsNormalizer final : public Normalizer {
     for (size_t i = 0; i < text.size();) {
       const size_t b = i;
       const char32_t cp = next_cp(text, i);
-      if (u_charType(static_cast<UChar32>(cp)) != U_NON_SPACING_MARK) out.append(text.substr(b, i - b));
+      const int type = u_charType(static_cast<UChar32>(cp));
+      if (type != U_NON_SPACING_MARK && type != U_COMBINING_SPACING_MARK &&
+          type != U_ENCLOSING_MARK) {
+        out.append(text.substr(b, i - b));
+      }
     }
     return out;
   }

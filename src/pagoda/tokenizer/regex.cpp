@@ -22,11 +22,58 @@ struct MatchData {
 
 }  // namespace
 
-Regex::Regex(std::string_view pattern) : pattern_(pattern) {
+std::string translate_oniguruma(std::string_view pattern) {
+  // Oniguruma (Unicode): \s = White_Space; \w = Letter | Mark | Number | Connector_Punctuation |
+  // Join_Control. PCRE2 (UCP): \s also matches U+180E; \w lacks marks, Nl/No and ZWNJ/ZWJ.
+  constexpr std::string_view kWord = "\\p{L}\\p{M}\\p{N}\\p{Pc}\\x{200C}\\x{200D}";
+  std::string out;
+  out.reserve(pattern.size() + 16);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 's') {
+        out += "\\p{White_Space}";
+      } else if (e == 'S') {
+        out += "\\P{White_Space}";
+      } else if (e == 'w') {
+        out += in_class ? std::string(kWord) : "[" + std::string(kWord) + "]";
+      } else if (e == 'W' && !in_class) {
+        out += "[^" + std::string(kWord) + "]";
+      } else {
+        out.push_back(c);
+        out.push_back(e);
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out.push_back(pattern[++i]);
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out.push_back(pattern[++i]);
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);
+      if (end != std::string_view::npos) {
+        out.append(pattern.substr(i, end + 2 - i));
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+Regex::Regex(std::string_view pattern)
+    : pattern_(pattern), translated_(translate_oniguruma(pattern)) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(),
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated_.data()), translated_.size(),
                     PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &error, &offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];

@@ -202,6 +202,28 @@ def variant_gpt2_nfkc_lower(gpt2_json):
     return j
 
 
+def variant_split_behaviors(gpt2_json, which):
+    """The GPT-2 vocabulary behind other pre-tokenizers: every Split behavior, invert, Digits,
+    Whitespace / WhitespaceSplit, and the NFD / StripAccents / Strip normalizers."""
+    j = json.loads(json.dumps(gpt2_json))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if which == 1:
+        j["normalizer"] = json.loads(normalizers.Sequence([
+            normalizers.NFD(), normalizers.StripAccents(), normalizers.Strip()]).__getstate__())
+        pre = [pre_tokenizers.Split(Regex(r"\s+"), behavior="removed"),
+               pre_tokenizers.Split("-", behavior="merged_with_previous"),
+               pre_tokenizers.Split(Regex(r"\p{N}"), behavior="merged_with_next"), byte_level]
+    elif which == 2:
+        j["normalizer"] = json.loads(normalizers.NFKD().__getstate__())
+        pre = [pre_tokenizers.Split(Regex(r"\p{L}+"), behavior="isolated", invert=True),
+               pre_tokenizers.Split(Regex(r"[.,!?']"), behavior="contiguous"),
+               pre_tokenizers.Digits(individual_digits=False), byte_level]
+    else:
+        pre = [pre_tokenizers.Whitespace(), pre_tokenizers.WhitespaceSplit(), byte_level]
+    j["pre_tokenizer"] = json.loads(pre_tokenizers.Sequence(pre).__getstate__())
+    return j
+
+
 def test_texts(rng, corpus, specials):
     texts = ["", " ", "a", "Hello world", "  leading and trailing  ", "\n\n\t\t  \n",
              "1234567890 12 123 1234", "don't I'M we'Re", "e\u0301 vs é", "ﬁ ① x² Ⅻ ½",
@@ -388,6 +410,9 @@ def main():
     cases = [
         ("gpt2_bytelevel", gpt2, ["<|endoftext|>"], None),
         ("gpt2_nfkc_lower_digits", variant_gpt2_nfkc_lower(gpt2), ["<|endoftext|>"], None),
+        ("split_behaviors_1", variant_split_behaviors(gpt2, 1), ["<|endoftext|>"], None),
+        ("split_behaviors_2", variant_split_behaviors(gpt2, 2), ["<|endoftext|>"], None),
+        ("whitespace_split", variant_split_behaviors(gpt2, 3), ["<|endoftext|>"], None),
         ("llama3_bytelevel", llama3, ["<|begin_of_text|>", "<|eot_id|>", "<mask>", " <mask>"], big),
         ("qwen2_nfc", qwen2, ["<|im_start|>", "<|im_end|>", "<|endoftext|>"], None),
         ("llama2_spm_bpe", llama2, ["<s>", "</s>"], big),

@@ -56,6 +56,12 @@ TEST(Regex, Gpt2PatternSplits) {
                                          " \xE4\xB8\xAD\xE6\x96\x87", "!!", "\n"};
   EXPECT_EQ(parts, want);
   EXPECT_THROW(Regex("(unclosed"), Error);
+  // Oniguruma's \s excludes U+180E and its \w includes marks, all numbers and ZWJ.
+  EXPECT_EQ(translate_oniguruma(R"([^\s\w]+|\S\W)"),
+            R"([^\p{White_Space}\p{L}\p{M}\p{N}\p{Pc}\x{200C}\x{200D}]+|\P{White_Space})"
+            R"([^\p{L}\p{M}\p{N}\p{Pc}\x{200C}\x{200D}])");
+  EXPECT_TRUE(Regex(R"(\s)").find_all("a\xE1\xA0\x8E" "b").empty());       // U+180E
+  EXPECT_EQ(Regex(R"(\w+)").find_all("a\xE2\x80\x8D" "b\xC2\xB2").size(), 1u);  // ZWJ, ²
 }
 
 /// A tiny byte-level tokenizer.json: vocabulary of the byte alphabet plus merges.
