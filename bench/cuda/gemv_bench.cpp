@@ -8,7 +8,9 @@
 /// streams its weights from HBM), after a warm-up replay; the time per launch is the best of 20
 /// replays / R. "GB/s" counts the bytes the kernel must move (weights + x + y); "%copy" is that
 /// over the copy bandwidth. The swiglu rows time our fused SwiGLU + GEMM against cuBLAS's plain
-/// GEMM on the already-activated input (cuBLAS would also need the silu_mul kernel).
+/// GEMM on the already-activated input (cuBLAS would also need the silu_mul kernel). "diff" is
+/// max |ours - cuBLAS| / rms(cuBLAS) of one plain launch (-1 on swiglu rows; ~1e-2 is one bf16
+/// rounding of the largest outputs, f32 rows should show ~1e-6).
 ///
 /// Usage: gemv_bench [--m 1,2,4,8,16]   (needs one CUDA GPU; prints to stdout)
 
@@ -16,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -129,6 +132,32 @@ double time_graph(cudaStream_t s, int copies, F&& launch) {
   return double(best) * 1e3 / reps;
 }
 
+/// max |a - b| / rms(b) over n outputs (bf16 or f32), b the cuBLAS result.
+double max_rel_diff(const void* a, const void* b, size_t n, bool f32) {
+  const size_t es = f32 ? 4 : 2;
+  std::vector<unsigned char> ha(n * es), hb(n * es);
+  CK(cudaMemcpy(ha.data(), a, n * es, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(hb.data(), b, n * es, cudaMemcpyDeviceToHost));
+  auto get = [&](const std::vector<unsigned char>& v, size_t i) {
+    if (f32) {
+      float f;
+      std::memcpy(&f, v.data() + i * 4, 4);
+      return double(f);
+    }
+    uint16_t u;
+    std::memcpy(&u, v.data() + i * 2, 2);
+    const uint32_t bits = uint32_t(u) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return double(f);
+  };
+  double ss = 0, worst = 0;
+  for (size_t i = 0; i < n; ++i) ss += get(hb, i) * get(hb, i);
+  const double rms = std::sqrt(ss / double(n));
+  for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(get(ha, i) - get(hb, i)));
+  return rms > 0 ? worst / rms : worst;
+}
+
 std::vector<int64_t> parse_list(const char* s) {
   std::vector<int64_t> v;
   std::string str(s);
@@ -171,9 +200,14 @@ int main(int argc, char** argv) {
   cublasHandle_t h;
   CB(cublasCreate(&h));
   CB(cublasSetStream(h, s));
+  // A fixed workspace, so that cuBLAS allocates nothing while the graphs are captured.
+  void* cublas_ws = nullptr;
+  const size_t cublas_ws_bytes = size_t{32} << 20;
+  CK(cudaMalloc(&cublas_ws, cublas_ws_bytes));
+  CB(cublasSetWorkspace(h, cublas_ws, cublas_ws_bytes));
 
-  std::printf("%-16s %6s %6s %3s %10s %10s %9s %6s %7s\n", "shape", "k", "n", "m", "ours_us",
-              "cublas_us", "ours_GB/s", "%copy", "speedup");
+  std::printf("%-16s %6s %6s %3s %10s %10s %9s %6s %7s %9s\n", "shape", "k", "n", "m",
+              "ours_us", "cublas_us", "ours_GB/s", "%copy", "speedup", "diff");
   for (const Shape& sh : shapes) {
     const size_t wbytes = size_t(sh.n * sh.k) * 2;
     const size_t l2 = size_t(std::max(prop.l2CacheSize, 1 << 20));
@@ -189,6 +223,8 @@ int main(int argc, char** argv) {
     CK(cudaMalloc(&x, size_t(mmax * xk) * 2));
     fill_bf16(x, size_t(mmax * xk), 5);
     CK(cudaMalloc(&y, size_t(mmax * sh.n) * 4));
+    void* y_ref = nullptr;
+    CK(cudaMalloc(&y_ref, size_t(mmax * sh.n) * 4));
     for (int64_t m : ms) {
       const double ours = time_graph(s, copies, [&](int c) {
         CK(small_m_gemm(ActDType::kBF16, x, w[size_t(c)], y, sh.f32_out, sh.swiglu, m, sh.n,
@@ -201,19 +237,32 @@ int main(int argc, char** argv) {
                         y, sh.f32_out ? CUDA_R_32F : CUDA_R_16BF, int(sh.n), CUBLAS_COMPUTE_32F,
                         CUBLAS_GEMM_DEFAULT));
       });
+      // Sanity check against cuBLAS (plain GEMM only): max |ours - cublas| / rms(cublas).
+      double diff = -1;
+      if (!sh.swiglu) {
+        CK(small_m_gemm(ActDType::kBF16, x, w[0], y, sh.f32_out, false, m, sh.n, sh.k, s));
+        CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(sh.n), int(m), int(sh.k), &alpha, w[0],
+                        CUDA_R_16BF, int(sh.k), x, CUDA_R_16BF, int(sh.k), &beta, y_ref,
+                        sh.f32_out ? CUDA_R_32F : CUDA_R_16BF, int(sh.n), CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        CK(cudaStreamSynchronize(s));
+        diff = max_rel_diff(y, y_ref, size_t(m * sh.n), sh.f32_out);
+      }
       const double bytes = double(wbytes) + double(m * xk * 2) +
                            double(m * sh.n * (sh.f32_out ? 4 : 2));
       const double gbs = bytes / (ours * 1e-6) / 1e9;
-      std::printf("%-16s %6lld %6lld %3lld %10.2f %10.2f %9.0f %5.1f%% %6.2fx\n", sh.name,
-                  (long long)sh.k, (long long)sh.n, (long long)m, ours, cublas, gbs,
-                  100.0 * gbs * 1e9 / copy_bw, cublas / ours);
+      std::printf("%-16s %6lld %6lld %3lld %10.2f %10.2f %9.0f %5.1f%% %6.2fx %9.2e\n",
+                  sh.name, (long long)sh.k, (long long)sh.n, (long long)m, ours, cublas, gbs,
+                  100.0 * gbs * 1e9 / copy_bw, cublas / ours, diff);
       std::fflush(stdout);
     }
     for (void* p : w) CK(cudaFree(p));
     CK(cudaFree(x));
     CK(cudaFree(y));
+    CK(cudaFree(y_ref));
   }
   CB(cublasDestroy(h));
+  CK(cudaFree(cublas_ws));
   CK(cudaStreamDestroy(s));
   return 0;
 }
