@@ -7,7 +7,8 @@
 /// rel = 2^-8 (bf16: 2 x its half-ulp), 2^-10 (f16), 4e-6 (f32) plus a term for the f32 compute
 /// error of the op (stated per test). Bit copies (embedding, the f32 residual add) are exact.
 /// Sampling: greedy is exact; filtered draws must lie in the host's allowed set; results depend
-/// only on (logits, params), not on the batch; frequencies pass a chi-square test at p = 1e-6.
+/// only on (logits, params), not on the batch; frequencies pass a chi-square test at p = 1e-6;
+/// the split-row (small batch) and single-block paths give identical ids.
 /// Label "gpu": needs a GPU (skips without one).
 
 #include <gtest/gtest.h>
@@ -370,6 +371,165 @@ TEST(DenseKernels, QkvBiasRopeMatchesHost) {
   }
 }
 
+// qkv_bias_rope_store: q, and the k/v rows at each token's slot, are bit-identical to
+// qkv_bias_rope's outputs and within the QkvBiasRopeMatchesHost tolerance of the host reference;
+// every other slot of the NaN-poisoned cache stays NaN. Slots: a random page-scattered
+// permutation (slot 0, the padding dummy, among them), plus tokens with slots -1 and num_slots
+// (skipped: their q is written, their k/v nowhere).
+TEST(DenseKernels, QkvBiasRopeStoreWritesTheCache) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(414);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  struct Shape {
+    int hq, hkv, d;
+    int64_t rows;
+  };
+  const std::vector<Shape> shapes = {{8, 2, 64, 7},  {32, 8, 128, 1}, {32, 8, 128, 300},
+                                     {4, 1, 256, 7}, {8, 2, 36, 9},   {14, 2, 64, 64}};
+  const int page_size = 16;
+  for (ActDType t : kAllTypes) {
+    for (const Shape& s : shapes) {
+      for (int variant = 0; variant < 3; ++variant) {  // 0: cache only; 1: + k/v; 2: + bias
+        const bool with_bias = variant == 2, with_kv = variant >= 1;
+        SCOPED_TRACE(testing::Message() << name(t) << " hq " << s.hq << " hkv " << s.hkv << " d "
+                                        << s.d << " rows " << s.rows << " variant " << variant);
+        const int heads = s.hq + 2 * s.hkv;
+        const int64_t width = int64_t(heads) * s.d;
+        const Act qkv = random_act(t, size_t(s.rows * width), rng);
+        const Act bias = random_act(t, size_t(width), rng, 0.f, 0.5f);
+        std::vector<int32_t> pos(size_t(s.rows));
+        for (auto& p : pos) p = static_cast<int32_t>(rng() % 131072);
+        std::vector<float> inv_freq(size_t(s.d / 2));
+        for (int i = 0; i < s.d / 2; ++i)
+          inv_freq[size_t(i)] =
+              static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / static_cast<double>(s.d)));
+        // 3 rows' worth of pages beyond the tokens, so most slots stay untouched.
+        const int64_t num_pages = (3 * s.rows + page_size - 1) / page_size + 1;
+        const int64_t num_slots = (num_pages + 1) * page_size;
+        std::vector<int32_t> perm(static_cast<size_t>(num_slots));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        std::vector<int32_t> slots(perm.begin(), perm.begin() + s.rows);
+        if (s.rows > 2) {
+          auto zero = std::find(slots.begin(), slots.end(), 0);  // keep the slots distinct
+          if (zero != slots.end()) {
+            std::iter_swap(zero, slots.begin() + 1);
+          } else {
+            slots[1] = 0;  // the padding dummy
+          }
+          slots[0] = -1;                                       // out of range: skipped
+          slots[size_t(s.rows - 1)] = static_cast<int32_t>(num_slots);
+        }
+        auto d_qkv = to_device(qkv);
+        auto d_bias = to_device(bias);
+        Dev d_pos(pos.size() * 4), d_inv(inv_freq.size() * 4), d_slots(slots.size() * 4);
+        d_pos.upload(pos);
+        d_inv.upload(inv_freq);
+        d_slots.upload(slots);
+        const size_t es = size_t(act_dtype_size(t));
+        const size_t qn = size_t(s.rows) * s.hq * s.d, kvn = size_t(s.rows) * s.hkv * s.d;
+        const size_t cache_n = size_t(num_slots) * s.hkv * s.d;
+        Dev d_q(qn * es), d_k(kvn * es), d_v(kvn * es);  // reference: qkv_bias_rope
+        Dev d_q2(qn * es), d_k2(kvn * es), d_v2(kvn * es);
+        Dev d_kc(cache_n * es), d_vc(cache_n * es);
+        for (Dev* d : {&d_q, &d_k, &d_v, &d_q2, &d_k2, &d_v2, &d_kc, &d_vc}) d->poison();
+        const void* b = with_bias ? d_bias->p : nullptr;
+        ASSERT_EQ(qkv_bias_rope(t, d_qkv->p, b, static_cast<int32_t*>(d_pos.p),
+                                static_cast<float*>(d_inv.p), d_q.p, d_k.p, d_v.p, s.rows, s.hq,
+                                s.hkv, s.d, nullptr),
+                  cudaSuccess);
+        const KvCacheWrite cache{d_kc.p, d_vc.p, static_cast<int32_t*>(d_slots.p), num_slots};
+        ASSERT_EQ(qkv_bias_rope_store(t, d_qkv->p, b, static_cast<int32_t*>(d_pos.p),
+                                      static_cast<float*>(d_inv.p), d_q2.p,
+                                      with_kv ? d_k2.p : nullptr, with_kv ? d_v2.p : nullptr,
+                                      cache, s.rows, s.hq, s.hkv, s.d, nullptr),
+                  cudaSuccess);
+        const auto q = d_q.download<unsigned char>(), k = d_k.download<unsigned char>(),
+                   v = d_v.download<unsigned char>();
+        EXPECT_TRUE(d_q2.download<unsigned char>() == q) << "q differs from qkv_bias_rope";
+        if (with_kv) {
+          EXPECT_TRUE(d_k2.download<unsigned char>() == k) << "k differs from qkv_bias_rope";
+          EXPECT_TRUE(d_v2.download<unsigned char>() == v) << "v differs from qkv_bias_rope";
+        } else {
+          const auto k2 = d_k2.download<unsigned char>(), v2 = d_v2.download<unsigned char>();
+          EXPECT_TRUE(std::all_of(k2.begin(), k2.end(), [](unsigned char c) { return c == 0xFF; }))
+              << "null k must not be written";
+          EXPECT_TRUE(std::all_of(v2.begin(), v2.end(), [](unsigned char c) { return c == 0xFF; }))
+              << "null v must not be written";
+        }
+        const auto kc = d_kc.download<unsigned char>(), vc = d_vc.download<unsigned char>();
+        const size_t row_bytes = size_t(s.hkv) * s.d * es;
+        std::vector<int64_t> owner(size_t(num_slots), -1);  // token written to each slot
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const int32_t sl = slots[size_t(r)];
+          if (sl >= 0 && sl < num_slots) owner[size_t(sl)] = r;
+        }
+        int64_t bad_written = 0, bad_untouched = 0;
+        for (int64_t sl = 0; sl < num_slots; ++sl) {
+          const int64_t r = owner[size_t(sl)];
+          for (const auto* pair : {&kc, &vc}) {
+            const unsigned char* got = pair->data() + size_t(sl) * row_bytes;
+            if (r >= 0) {
+              const unsigned char* ref = (pair == &kc ? k : v).data() + size_t(r) * row_bytes;
+              bad_written += std::memcmp(got, ref, row_bytes) != 0;
+            } else {
+              bad_untouched += !std::all_of(got, got + row_bytes,
+                                            [](unsigned char c) { return c == 0xFF; });
+            }
+          }
+        }
+        EXPECT_EQ(bad_written, 0) << "cache rows differ from qkv_bias_rope's k/v";
+        EXPECT_EQ(bad_untouched, 0) << "slots without a token were written";
+        // The cache rows against the host reference.
+        const auto kcf = decode(kc, t, cache_n), vcf = decode(vc, t, cache_n);
+        Checker c{"qkv_bias_rope_store"};
+        const int half = s.d / 2;
+        for (int64_t r = 0; r < s.rows; ++r) {
+          const int64_t sl = slots[size_t(r)];
+          if (sl < 0 || sl >= num_slots) continue;
+          for (int h = s.hq; h < heads; ++h) {
+            const bool is_k = h < s.hq + s.hkv;
+            const int kh = is_k ? h - s.hq : h - s.hq - s.hkv;
+            const float* out = &(is_k ? kcf : vcf)[size_t((sl * s.hkv + kh) * s.d)];
+            for (int i = 0; i < half; ++i) {
+              const size_t ia = size_t(r * width + h * s.d + i), ib = ia + size_t(half);
+              const double a = double(qkv.v[ia]) + (with_bias ? bias.v[size_t(h * s.d + i)] : 0.0);
+              const double bb =
+                  double(qkv.v[ib]) + (with_bias ? bias.v[size_t(h * s.d + i + half)] : 0.0);
+              double ra = a, rb = bb;
+              if (is_k) {
+                const float angle = static_cast<float>(pos[size_t(r)]) * inv_freq[size_t(i)];
+                const double cs = std::cos(double(angle)), sn = std::sin(double(angle));
+                ra = a * cs - bb * sn;
+                rb = bb * cs + a * sn;
+              }
+              const double extra = 2e-6 * (std::fabs(a) + std::fabs(bb)) + 1e-6;
+              c.check(out[i], ra, rel_tol(t) * std::fabs(ra) + extra, r * width + h * s.d + i);
+              c.check(out[i + half], rb, rel_tol(t) * std::fabs(rb) + extra,
+                      r * width + h * s.d + i + half);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DenseKernels, QkvBiasRopeStoreRejectsBadArgs) {
+  REQUIRE_GPU();
+  const KvCacheWrite none{nullptr, nullptr, nullptr, 0};
+  EXPECT_EQ(qkv_bias_rope_store(ActDType::kBF16, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                nullptr, nullptr, none, 1, 8, 2, 128, nullptr),
+            cudaErrorInvalidValue);  // null cache
+  EXPECT_EQ(qkv_bias_rope_store(ActDType::kBF16, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                nullptr, nullptr, none, 1, 8, 2, 127, nullptr),
+            cudaErrorInvalidValue);  // odd head_dim
+  EXPECT_EQ(qkv_bias_rope_store(ActDType::kBF16, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                nullptr, nullptr, none, 0, 8, 2, 128, nullptr),
+            cudaSuccess);  // nothing to do
+}
+
 // silu_mul: tolerance rel_tol |ref| + 1e-6 |ref| + 1e-7 (expf, one division, one product in f32).
 TEST(DenseKernels, SiluMulMatchesHost) {
   REQUIRE_GPU();
@@ -445,19 +605,28 @@ TEST(DenseKernels, LogitsToF32SoftCap) {
 // Sampling.
 
 /// Runs sample_tokens over host logits [rows, stride] (stride >= vocab; 0 = one shared row).
+/// `path` kAuto goes through sample_tokens itself.
 std::vector<int32_t> run_sampler(const std::vector<float>& logits, int64_t stride,
-                                 const std::vector<SamplingRowParams>& params, int vocab) {
+                                 const std::vector<SamplingRowParams>& params, int vocab,
+                                 SamplePath path = SamplePath::kAuto) {
   const int rows = static_cast<int>(params.size());
   Dev d_logits(logits.size() * 4), d_params(params.size() * sizeof(SamplingRowParams)),
       d_out(size_t(rows) * 4);
   d_logits.upload(logits);
   d_params.upload(params);
   d_out.poison();
-  const size_t ws_bytes = sample_tokens_workspace_bytes(rows, vocab);
+  const size_t ws_bytes = path == SamplePath::kSplitRow
+                              ? sample_tokens_split_workspace_bytes(rows, vocab)
+                              : sample_tokens_workspace_bytes(rows, vocab);
   Dev d_ws(ws_bytes);
-  EXPECT_EQ(sample_tokens(static_cast<float*>(d_logits.p), stride,
-                          static_cast<SamplingRowParams*>(d_params.p), rows, vocab,
-                          static_cast<int32_t*>(d_out.p), d_ws.p, ws_bytes, nullptr),
+  d_ws.poison();  // the workspace carries no state between calls
+  const float* lp = static_cast<float*>(d_logits.p);
+  auto* pp = static_cast<SamplingRowParams*>(d_params.p);
+  auto* op = static_cast<int32_t*>(d_out.p);
+  EXPECT_EQ(path == SamplePath::kAuto
+                ? sample_tokens(lp, stride, pp, rows, vocab, op, d_ws.p, ws_bytes, nullptr)
+                : sample_tokens_with(path, lp, stride, pp, rows, vocab, op, d_ws.p, ws_bytes,
+                                     nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return d_out.download<int32_t>();
@@ -649,6 +818,134 @@ TEST(Sampling, ResultIndependentOfBatchPosition) {
   }
 }
 
+// The split-row path (many blocks per row for the max/argmax) against the single-block path on
+// the same inputs: identical ids for greedy and filtered rows, at rows 1, 2, 16, 64 (the sizes
+// sample_tokens routes through it) and 300 (forced), vocabularies with 1 to 64 slices, unaligned
+// strides, a shared row (stride 0), bf16 ties, and maxima planted at slice edges, NaN and -inf.
+TEST(Sampling, SplitRowPathEqualsSingleBlock) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(1111);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  struct Case {
+    int rows, vocab;
+    int64_t stride;
+    bool ties;
+  };
+  const std::vector<Case> cases = {
+      {1, 128256, 128256, true},  {1, 128256, 128269, false}, {2, 128256, 128269, true},
+      {2, 32000, 0, false},       {16, 128256, 128256, true}, {16, 4097, 4101, true},
+      {16, 262144, 262144, true}, {64, 151936, 151939, true}, {300, 128256, 128256, true},
+      {3, 1000, 1003, true},      {7, 4096, 4096, false}};
+  for (const Case& cs : cases) {
+    SCOPED_TRACE(testing::Message() << "rows " << cs.rows << " vocab " << cs.vocab << " stride "
+                                    << cs.stride << " ties " << cs.ties);
+    const int rows_stored = cs.stride == 0 ? 1 : cs.rows;
+    auto logits = random_logits(rng, rows_stored, cs.stride == 0 ? cs.vocab : cs.stride, cs.vocab,
+                                cs.ties);
+    const int64_t st = cs.stride == 0 ? cs.vocab : cs.stride;
+    for (int r = 0; r < rows_stored; ++r) {
+      float* x = &logits[size_t(r) * size_t(st)];
+      const int a = host_argmax(x, cs.vocab);
+      const float mx = x[a];
+      switch (r % 6) {
+        case 1:  // ties of the maximum on both sides of slice edges
+          for (int e : {kSampleSplitSlice - 1, kSampleSplitSlice, 3 * kSampleSplitSlice})
+            if (e < cs.vocab) x[e] = mx;
+          break;
+        case 2:  // the maximum at the last index, NaNs elsewhere (NaN counts as -inf)
+          x[cs.vocab - 1] = mx + 1.f;
+          for (int j = 0; j < 50; ++j) x[1 + rng() % (cs.vocab - 1)] = std::nanf("");
+          break;
+        case 3:  // a row of -inf with one finite value in a late slice
+          for (int i = 0; i < cs.vocab; ++i) x[i] = -INFINITY;
+          x[cs.vocab / 2 + 1] = -3.f;
+          break;
+        case 4:  // all -inf: index 0
+          for (int i = 0; i < cs.vocab; ++i) x[i] = -INFINITY;
+          break;
+        case 5:  // +inf twice: the first one
+          x[cs.vocab / 3] = INFINITY;
+          x[cs.vocab / 3 + kSampleSplitSlice / 2] = INFINITY;
+          break;
+        default:
+          break;
+      }
+    }
+    std::vector<SamplingRowParams> params(static_cast<size_t>(cs.rows));
+    for (int r = 0; r < cs.rows; ++r) {
+      params[size_t(r)] = random_filter_params(rng, r);
+      if (r % 3 == 0) params[size_t(r)].temperature = 0.f;  // greedy
+    }
+    const auto single = run_sampler(logits, cs.stride, params, cs.vocab, SamplePath::kSingleBlock);
+    const auto split = run_sampler(logits, cs.stride, params, cs.vocab, SamplePath::kSplitRow);
+    const auto autop = run_sampler(logits, cs.stride, params, cs.vocab, SamplePath::kAuto);
+    EXPECT_EQ(split, single);
+    EXPECT_EQ(autop, single);
+    for (int r = 0; r < cs.rows; r += 3) {  // greedy rows: the host argmax
+      const float* x = &logits[size_t(cs.stride == 0 ? 0 : r) * size_t(st)];
+      EXPECT_EQ(split[size_t(r)], host_argmax(x, cs.vocab)) << "row " << r;
+    }
+  }
+}
+
+TEST(Sampling, WorkspaceSizes) {
+  EXPECT_EQ(sample_tokens_workspace_bytes(1, 128256), 32u * 8u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(16, 128256), 16u * 32u * 8u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(kSampleSplitMaxRows, kMaxSampleVocab),
+            size_t(kSampleSplitMaxRows) * 64u * 8u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(kSampleSplitMaxRows + 1, 128256), 0u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(16, kSampleSplitSlice), 0u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(16, kSampleSplitSlice + 1), 16u * 2u * 8u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(0, 128256), 0u);
+  EXPECT_EQ(sample_tokens_split_workspace_bytes(300, 100), 300u * 8u);
+}
+
+// The split-row path inside a CUDA graph: replays pick up new logits and parameters and match
+// eager calls (the workspace is allocated before capture and carries no state).
+TEST(Sampling, SplitRowPathReplaysInAGraph) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(1212);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int vocab = 128256, rows = 2;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const size_t ws_bytes = sample_tokens_workspace_bytes(rows, vocab);
+  ASSERT_GT(ws_bytes, 0u);
+  Dev d_logits(size_t(rows) * vocab * 4), d_params(rows * sizeof(SamplingRowParams)),
+      d_out(size_t(rows) * 4), d_ws(ws_bytes);
+  d_ws.poison();
+  const float* lp = static_cast<float*>(d_logits.p);
+  auto* pp = static_cast<SamplingRowParams*>(d_params.p);
+  auto* op = static_cast<int32_t*>(d_out.p);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const cudaError_t launch =
+      sample_tokens(lp, vocab, pp, rows, vocab, op, d_ws.p, ws_bytes, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(launch, cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE(testing::Message() << "replay " << replay);
+    const auto logits = random_logits(rng, rows, vocab, vocab, replay % 2 == 0);
+    std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) params[size_t(r)] = random_filter_params(rng, r + replay);
+    params[0].temperature = 0.f;
+    d_logits.upload(logits);
+    d_params.upload(params);
+    d_out.poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(d_out.download<int32_t>(),
+              run_sampler(logits, vocab, params, vocab, SamplePath::kSingleBlock));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 /// Wilson-Hilferty upper quantile of chi-square with df degrees of freedom at standard normal z.
 double chi2_critical(int df, double z) {
   const double k = df;
@@ -714,6 +1011,12 @@ TEST(Sampling, RejectsBadShapes) {
             cudaErrorInvalidValue);
   EXPECT_EQ(sample_tokens(nullptr, 0, nullptr, 0, 100, out, nullptr, 0, nullptr), cudaSuccess);
   EXPECT_EQ(sample_tokens_workspace_bytes(256, 256000), 0u);
+  // The split-row path needs its workspace.
+  EXPECT_EQ(sample_tokens(nullptr, 0, nullptr, 1, 128256, out, nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(sample_tokens_with(SamplePath::kSplitRow, nullptr, 0, nullptr, 300, 1000, out,
+                               nullptr, 300 * 8 - 1, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST(Sampling, PhiloxIsTheSameOnHostAndDevice) {

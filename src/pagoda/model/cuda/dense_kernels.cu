@@ -227,13 +227,14 @@ cudaError_t launch_norm(const void* x, float* residual, const int32_t* row_index
 
 // ---------------------------------------------------------------------------------------------
 // q/k/v split + bias + NeoX RoPE. blockIdx.y strides over rows; x over (head, chunk of N pairs).
+// kStore: k/v rows also (or only, when k/v are null) go to the paged KV cache at the token's slot.
 
-template <typename T, int N, bool kBias>
+template <typename T, int N, bool kBias, bool kStore>
 __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__ bias,
                                 const int32_t* __restrict__ positions,
                                 const float* __restrict__ inv_freq, T* __restrict__ q,
-                                T* __restrict__ k, T* __restrict__ v, int64_t rows, int hq,
-                                int hkv, int d) {
+                                T* __restrict__ k, T* __restrict__ v, KvCacheWrite cache,
+                                int64_t rows, int hq, int hkv, int d) {
   const int half = d / 2;
   const int per_head = half / N;
   const int heads = hq + 2 * hkv;
@@ -241,6 +242,11 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
   for (int64_t t = blockIdx.y; t < rows; t += gridDim.y) {
     const float pos = static_cast<float>(positions[t]);
     const T* row = qkv + t * static_cast<int64_t>(heads) * d;
+    int64_t slot = -1;
+    if (kStore && hkv > 0) {
+      const int64_t s = cache.out_cache_loc[t];
+      slot = (s >= 0 && s < cache.num_slots) ? s : -1;  // out of range: skip the k/v stores
+    }
     for (int it = blockIdx.x * blockDim.x + threadIdx.x; it < items;
          it += gridDim.x * blockDim.x) {
       const int h = it / per_head;
@@ -258,13 +264,20 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
           b[e] = __fadd_rn(b[e], bb[e]);
         }
       }
-      T* dst;
+      T* dst;             // the contiguous row (k/v: null when kStore skips them)
+      T* dst2 = nullptr;  // the cache row (kStore, k/v heads, valid slot)
       if (h < hq) {
         dst = q + (t * hq + h) * static_cast<int64_t>(d);
       } else if (h < hq + hkv) {
-        dst = k + (t * hkv + (h - hq)) * static_cast<int64_t>(d);
+        const int kh = h - hq;
+        dst = k == nullptr ? nullptr : k + (t * hkv + kh) * static_cast<int64_t>(d);
+        if (kStore && slot >= 0)
+          dst2 = static_cast<T*>(cache.k_cache) + (slot * hkv + kh) * static_cast<int64_t>(d);
       } else {
-        dst = v + (t * hkv + (h - hq - hkv)) * static_cast<int64_t>(d);
+        const int vh = h - hq - hkv;
+        dst = v == nullptr ? nullptr : v + (t * hkv + vh) * static_cast<int64_t>(d);
+        if (kStore && slot >= 0)
+          dst2 = static_cast<T*>(cache.v_cache) + (slot * hkv + vh) * static_cast<int64_t>(d);
       }
       if (h < hq + hkv) {
         float f[N];
@@ -279,45 +292,78 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
           b[e] = rb;
         }
       }
-      store_f32<T, N>(dst + i0, a);
-      store_f32<T, N>(dst + half + i0, b);
+      if (!kStore || dst != nullptr) {
+        store_f32<T, N>(dst + i0, a);
+        store_f32<T, N>(dst + half + i0, b);
+      }
+      if constexpr (kStore) {
+        if (dst2 != nullptr) {
+          store_f32<T, N>(dst2 + i0, a);
+          store_f32<T, N>(dst2 + half + i0, b);
+        }
+      }
     }
   }
 }
 
-template <typename T, int N>
+template <typename T, int N, bool kStore>
 cudaError_t launch_qkv_rope_n(const void* qkv, const void* bias, const int32_t* positions,
-                              const float* inv_freq, void* q, void* k, void* v, int64_t rows,
-                              int hq, int hkv, int d, cudaStream_t stream) {
+                              const float* inv_freq, void* q, void* k, void* v,
+                              const KvCacheWrite& cache, int64_t rows, int hq, int hkv, int d,
+                              cudaStream_t stream) {
   const int items = (hq + 2 * hkv) * (d / 2 / N);
   constexpr int kThreads = 128;
   const dim3 grid(blocks_for(items, kThreads),
                   static_cast<unsigned>(rows > 65535 ? 65535 : rows));
   const T* b = static_cast<const T*>(bias);
   if (b != nullptr) {
-    qkv_rope_kernel<T, N, true><<<grid, kThreads, 0, stream>>>(
+    qkv_rope_kernel<T, N, true, kStore><<<grid, kThreads, 0, stream>>>(
         static_cast<const T*>(qkv), b, positions, inv_freq, static_cast<T*>(q),
-        static_cast<T*>(k), static_cast<T*>(v), rows, hq, hkv, d);
+        static_cast<T*>(k), static_cast<T*>(v), cache, rows, hq, hkv, d);
   } else {
-    qkv_rope_kernel<T, N, false><<<grid, kThreads, 0, stream>>>(
+    qkv_rope_kernel<T, N, false, kStore><<<grid, kThreads, 0, stream>>>(
         static_cast<const T*>(qkv), b, positions, inv_freq, static_cast<T*>(q),
-        static_cast<T*>(k), static_cast<T*>(v), rows, hq, hkv, d);
+        static_cast<T*>(k), static_cast<T*>(v), cache, rows, hq, hkv, d);
   }
   return cudaGetLastError();
 }
 
-template <typename T>
+bool aligned16_or_null(const void* p) { return p == nullptr || aligned16(p); }
+
+template <typename T, bool kStore>
 cudaError_t launch_qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
-                            const float* inv_freq, void* q, void* k, void* v, int64_t rows,
-                            int hq, int hkv, int d, cudaStream_t stream) {
+                            const float* inv_freq, void* q, void* k, void* v,
+                            const KvCacheWrite& cache, int64_t rows, int hq, int hkv, int d,
+                            cudaStream_t stream) {
   constexpr int kN = kVec<T>;
-  const bool vec = (d / 2) % kN == 0 && aligned16(qkv) && (bias == nullptr || aligned16(bias)) &&
-                   aligned16(inv_freq) && aligned16(q) && aligned16(k) && aligned16(v);
+  const bool vec = (d / 2) % kN == 0 && aligned16(qkv) && aligned16_or_null(bias) &&
+                   aligned16(inv_freq) && aligned16(q) && aligned16_or_null(k) &&
+                   aligned16_or_null(v) && aligned16_or_null(cache.k_cache) &&
+                   aligned16_or_null(cache.v_cache);
   if (vec)
-    return launch_qkv_rope_n<T, kN>(qkv, bias, positions, inv_freq, q, k, v, rows, hq, hkv, d,
-                                    stream);
-  return launch_qkv_rope_n<T, 1>(qkv, bias, positions, inv_freq, q, k, v, rows, hq, hkv, d,
-                                 stream);
+    return launch_qkv_rope_n<T, kN, kStore>(qkv, bias, positions, inv_freq, q, k, v, cache, rows,
+                                            hq, hkv, d, stream);
+  return launch_qkv_rope_n<T, 1, kStore>(qkv, bias, positions, inv_freq, q, k, v, cache, rows,
+                                         hq, hkv, d, stream);
+}
+
+template <bool kStore>
+cudaError_t dispatch_qkv_rope(ActDType dtype, const void* qkv, const void* bias,
+                              const int32_t* positions, const float* inv_freq, void* q, void* k,
+                              void* v, const KvCacheWrite& cache, int64_t rows, int hq, int hkv,
+                              int d, cudaStream_t stream) {
+  switch (dtype) {
+    case ActDType::kF32:
+      return launch_qkv_rope<float, kStore>(qkv, bias, positions, inv_freq, q, k, v, cache, rows,
+                                            hq, hkv, d, stream);
+    case ActDType::kF16:
+      return launch_qkv_rope<__half, kStore>(qkv, bias, positions, inv_freq, q, k, v, cache,
+                                             rows, hq, hkv, d, stream);
+    case ActDType::kBF16:
+      return launch_qkv_rope<__nv_bfloat16, kStore>(qkv, bias, positions, inv_freq, q, k, v,
+                                                    cache, rows, hq, hkv, d, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -455,18 +501,22 @@ cudaError_t qkv_bias_rope(ActDType dtype, const void* qkv, const void* bias,
                           cudaStream_t stream) {
   if (head_dim <= 0 || head_dim % 2 != 0 || hq < 0 || hkv < 0) return cudaErrorInvalidValue;
   if (rows <= 0 || hq + 2 * hkv == 0) return cudaSuccess;
-  switch (dtype) {
-    case ActDType::kF32:
-      return launch_qkv_rope<float>(qkv, bias, positions, inv_freq, q, k, v, rows, hq, hkv,
-                                    head_dim, stream);
-    case ActDType::kF16:
-      return launch_qkv_rope<__half>(qkv, bias, positions, inv_freq, q, k, v, rows, hq, hkv,
-                                     head_dim, stream);
-    case ActDType::kBF16:
-      return launch_qkv_rope<__nv_bfloat16>(qkv, bias, positions, inv_freq, q, k, v, rows, hq,
-                                            hkv, head_dim, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_qkv_rope<false>(dtype, qkv, bias, positions, inv_freq, q, k, v,
+                                  KvCacheWrite{nullptr, nullptr, nullptr, 0}, rows, hq, hkv,
+                                  head_dim, stream);
+}
+
+cudaError_t qkv_bias_rope_store(ActDType dtype, const void* qkv, const void* bias,
+                                const int32_t* positions, const float* inv_freq, void* q, void* k,
+                                void* v, const KvCacheWrite& cache, int64_t rows, int hq, int hkv,
+                                int head_dim, cudaStream_t stream) {
+  if (head_dim <= 0 || head_dim % 2 != 0 || hq < 0 || hkv < 0) return cudaErrorInvalidValue;
+  if (rows <= 0 || hq + 2 * hkv == 0) return cudaSuccess;
+  if (hkv > 0 && (cache.k_cache == nullptr || cache.v_cache == nullptr ||
+                  cache.out_cache_loc == nullptr || cache.num_slots < 0))
+    return cudaErrorInvalidValue;
+  return dispatch_qkv_rope<true>(dtype, qkv, bias, positions, inv_freq, q, k, v, cache, rows, hq,
+                                 hkv, head_dim, stream);
 }
 
 cudaError_t silu_mul(ActDType dtype, const void* gate_up, void* out, int64_t rows, int64_t inter,

@@ -74,6 +74,36 @@ cudaError_t qkv_bias_rope(ActDType dtype, const void* qkv, const void* bias,
                           void* v, int64_t rows, int hq, int hkv, int head_dim,
                           cudaStream_t stream);
 
+/// Destination of qkv_bias_rope_store's K/V rows: one layer of an MHA KV pool (kv_pool.h) whose
+/// storage dtype equals the activation dtype (f32, f16, bf16; fp8 pools are not supported: the
+/// caller falls back to qkv_bias_rope + the backend's append). Each buffer is
+/// [num_slots, hkv, head_dim] (num_slots = (num_pages + 1) * page_size, page 0 included), so head
+/// h of slot s starts at element (s * hkv + h) * head_dim. No scale is applied (the layer's
+/// k_scale / v_scale must be 1).
+struct KvCacheWrite {
+  void* k_cache;                 ///< K buffer of the layer
+  void* v_cache;                 ///< V buffer of the layer (head_dim_v == head_dim)
+  const int32_t* out_cache_loc;  ///< [rows] device: the slot of token t
+  int64_t num_slots;             ///< slots in each buffer
+};
+
+/// qkv_bias_rope with the KV-cache write fused in (one launch for q, k and v): the same math and
+/// rounding, bit-identical outputs, but the rotated k row and the v row of token t are stored at
+/// slot out_cache_loc[t] of cache.k_cache / cache.v_cache. q [rows, hq, d] is written as before.
+/// k and v (contiguous [rows, hkv, d]) are optional: null skips them, non-null also receives the
+/// rows (e.g. for a backend that still wants contiguous K/V for the current tokens).
+/// Slot contract: slots are trusted to lie in [0, num_slots) (the scheduler guarantees it; slot 0
+/// is the reserved dummy that padded CUDA-graph rows write to, so writes to it are normal); a
+/// slot outside that range is skipped (nothing is written for that token's k/v, q still is), as
+/// a guard, not an error report. Two tokens with the same slot (other than padding rows, whose
+/// content nobody reads) are a caller bug; which one lands is unspecified.
+/// Returns cudaErrorInvalidValue for a bad head_dim/head count (as qkv_bias_rope) or a null
+/// cache pointer when there is something to write.
+cudaError_t qkv_bias_rope_store(ActDType dtype, const void* qkv, const void* bias,
+                                const int32_t* positions, const float* inv_freq, void* q, void* k,
+                                void* v, const KvCacheWrite& cache, int64_t rows, int hq, int hkv,
+                                int head_dim, cudaStream_t stream);
+
 /// SwiGLU: out[t, i] = round(silu(g) * u) with g = f32(gate_up[t, i]), u = f32(gate_up[t, inter
 /// + i]), silu(g) = g / (1 + expf(-g)), all f32, one rounding. gate_up [rows, 2 inter] and out
 /// [rows, inter] are `dtype`. (HF/PyTorch rounds silu(g) to bf16 before the product; the two

@@ -1,7 +1,10 @@
 // Batched GPU sampling (sampling_kernels.h). Built without fast math.
 //
 // One 1024-thread block per row. Passes over the row (all reads of the f32 logits):
-//  1. max and argmax (lowest index on ties). Greedy rows stop here.
+//  1. max and argmax (lowest index on ties). Greedy rows stop here. On the split-row path this
+//     pass is argmax_split_kernel (many blocks per row, one partial each) and the row's block only
+//     merges the partials; (max, argmax) is the maximum of the total order (x descending, index
+//     ascending), so any merge order gives the same pair, bit for bit.
 //  2. (top-k or top-p active) a histogram over "d-bins": d = (max - x) / T in [0, 32), 32 bins per
 //     unit, with the count and the fixed-point mass W of each bin (shared-memory atomics; the
 //     spread over d keeps contention low, and the tail d >= 32 has W == 0 and is not binned).
@@ -252,24 +255,54 @@ __device__ __forceinline__ Cut shorter(const Cut& a, const Cut& b) {
   return a.r <= b.r ? a : b;
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
-    sample_kernel(const float* __restrict__ logits, int64_t row_stride,
-                  const SamplingRowParams* __restrict__ params, int vocab,
-                  int32_t* __restrict__ out_ids) {
-  __shared__ Shared sh;
-  const int row = blockIdx.x;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31, warp = tid >> 5;
-  const float* x = logits + static_cast<int64_t>(row) * row_stride;
-  const SamplingRowParams p = params[row];
+/// One block's (max, argmax) over its slice: 8 bytes in the workspace.
+struct Partial {
+  float v;
+  int i;
+};
+static_assert(sizeof(Partial) == 8);
 
-  // Pass 1: max and argmax (lowest index on ties).
+/// Merges (ov, oi) into (bv, bi): larger value, then lower index; index -1 is "nothing yet".
+__device__ __forceinline__ void arg_merge(float& bv, int& bi, float ov, int oi) {
+  if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+    bv = ov;
+    bi = oi;
+  }
+}
+
+constexpr int kSplitThreads = 256;
+constexpr int kSplitPer = kSampleSplitSlice / kSplitThreads;  // logits per thread
+static_assert(kSplitPer * kSplitThreads == kSampleSplitSlice);
+constexpr int kMaxParts = (kMaxSampleVocab + kSampleSplitSlice - 1) / kSampleSplitSlice;
+static_assert(kMaxParts <= kThreads);
+
+int split_parts(int vocab) { return (vocab + kSampleSplitSlice - 1) / kSampleSplitSlice; }
+
+/// Pass 1 of the split-row path: block (part, row) reduces logits [part * slice, + slice) of the
+/// row to parts[row * gridDim.x + part]. Every thread issues its kSplitPer loads before comparing
+/// (coalesced: load j of a warp is 32 consecutive logits).
+__global__ void __launch_bounds__(kSplitThreads)
+    argmax_split_kernel(const float* __restrict__ logits, int64_t row_stride, int vocab,
+                        Partial* __restrict__ parts) {
+  __shared__ float wv[kSplitThreads / 32];
+  __shared__ int wi[kSplitThreads / 32];
+  const int row = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const float* x = logits + static_cast<int64_t>(row) * row_stride;
+  const int begin = static_cast<int>(blockIdx.x) * kSampleSplitSlice + tid;
+  float v[kSplitPer];
+#pragma unroll
+  for (int j = 0; j < kSplitPer; ++j) {
+    const int i = begin + j * kSplitThreads;
+    v[j] = i < vocab ? load_logit(x, i) : -INFINITY;
+  }
   float bv = -INFINITY;
   int bi = -1;
-  for (int i = tid; i < vocab; i += kThreads) {
-    const float v = load_logit(x, i);
-    if (bi < 0 || v > bv) {
-      bv = v;
+#pragma unroll
+  for (int j = 0; j < kSplitPer; ++j) {  // ascending indices: keep the first maximum
+    const int i = begin + j * kSplitThreads;
+    if (i < vocab && (bi < 0 || v[j] > bv)) {
+      bv = v[j];
       bi = i;
     }
   }
@@ -277,10 +310,55 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int off = 16; off > 0; off >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-    if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
-      bv = ov;
-      bi = oi;
+    arg_merge(bv, bi, ov, oi);
+  }
+  if (lane == 0) {
+    wv[warp] = bv;
+    wi[warp] = bi;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float mv = -INFINITY;
+    int mi = -1;
+    for (int w = 0; w < kSplitThreads / 32; ++w) arg_merge(mv, mi, wv[w], wi[w]);
+    parts[static_cast<int64_t>(row) * gridDim.x + blockIdx.x] = Partial{mv, mi};
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sample_kernel(const float* __restrict__ logits, int64_t row_stride,
+                  const SamplingRowParams* __restrict__ params, int vocab,
+                  const Partial* __restrict__ parts, int nparts, int32_t* __restrict__ out_ids) {
+  __shared__ Shared sh;
+  const int row = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const float* x = logits + static_cast<int64_t>(row) * row_stride;
+  const SamplingRowParams p = params[row];
+
+  // Pass 1: max and argmax (lowest index on ties), or the merge of the split-row partials.
+  float bv = -INFINITY;
+  int bi = -1;
+  if (parts != nullptr) {
+    if (tid < nparts) {
+      const Partial pt = parts[static_cast<int64_t>(row) * nparts + tid];
+      bv = pt.v;
+      bi = pt.i;
     }
+  } else {
+    for (int i = tid; i < vocab; i += kThreads) {
+      const float v = load_logit(x, i);
+      if (bi < 0 || v > bv) {
+        bv = v;
+        bi = i;
+      }
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+    arg_merge(bv, bi, ov, oi);
   }
   if (lane == 0) {
     sh.wv[warp] = bv;
@@ -289,14 +367,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   float max_v = -INFINITY;
   int arg = -1;
-  for (int w = 0; w < kWarps; ++w) {
-    const float ov = sh.wv[w];
-    const int oi = sh.wi[w];
-    if (oi >= 0 && (arg < 0 || ov > max_v || (ov == max_v && oi < arg))) {
-      max_v = ov;
-      arg = oi;
-    }
-  }
+  for (int w = 0; w < kWarps; ++w) arg_merge(max_v, arg, sh.wv[w], sh.wi[w]);
   const float inv_t = 1.f / p.temperature;
   const bool greedy = !(p.temperature > 0.f) || p.top_k == 1 || !isfinite(max_v) ||
                       !isfinite(inv_t);
@@ -410,21 +481,62 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 }  // namespace
 
+namespace {
+
+bool auto_split(int rows, int vocab) {
+  return rows >= 1 && rows <= kSampleSplitMaxRows && vocab > kSampleSplitSlice &&
+         vocab <= kMaxSampleVocab;
+}
+
+}  // namespace
+
+size_t sample_tokens_split_workspace_bytes(int rows, int vocab) {
+  if (rows < 1 || vocab < 1) return 0;
+  return static_cast<size_t>(rows) * static_cast<size_t>(split_parts(vocab)) * sizeof(Partial);
+}
+
 size_t sample_tokens_workspace_bytes(int rows, int vocab) {
-  (void)rows;
-  (void)vocab;
-  return 0;
+  return auto_split(rows, vocab) ? sample_tokens_split_workspace_bytes(rows, vocab) : 0;
+}
+
+cudaError_t sample_tokens_with(SamplePath path, const float* logits, int64_t row_stride,
+                               const SamplingRowParams* params, int rows, int vocab,
+                               int32_t* out_ids, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream) {
+  if (vocab < 1 || vocab > kMaxSampleVocab || rows < 0) return cudaErrorInvalidValue;
+  if (path == SamplePath::kAuto) {
+    if (workspace_bytes < sample_tokens_workspace_bytes(rows, vocab)) return cudaErrorInvalidValue;
+    path = auto_split(rows, vocab) ? SamplePath::kSplitRow : SamplePath::kSingleBlock;
+  } else if (path == SamplePath::kSplitRow) {
+    if (workspace_bytes < sample_tokens_split_workspace_bytes(rows, vocab) || rows > 65535)
+      return cudaErrorInvalidValue;
+  } else if (path != SamplePath::kSingleBlock) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  Partial* parts = nullptr;
+  int nparts = 0;
+  if (path == SamplePath::kSplitRow) {
+    if (workspace == nullptr || (reinterpret_cast<uintptr_t>(workspace) & 7u) != 0)
+      return cudaErrorInvalidValue;
+    parts = static_cast<Partial*>(workspace);
+    nparts = split_parts(vocab);
+    const dim3 grid(static_cast<unsigned>(nparts), static_cast<unsigned>(rows));
+    argmax_split_kernel<<<grid, kSplitThreads, 0, stream>>>(logits, row_stride, vocab, parts);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, row_stride, params,
+                                                                     vocab, parts, nparts,
+                                                                     out_ids);
+  return cudaGetLastError();
 }
 
 cudaError_t sample_tokens(const float* logits, int64_t row_stride, const SamplingRowParams* params,
                           int rows, int vocab, int32_t* out_ids, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream) {
-  if (vocab < 1 || vocab > kMaxSampleVocab || rows < 0) return cudaErrorInvalidValue;
-  if (workspace_bytes < sample_tokens_workspace_bytes(rows, vocab)) return cudaErrorInvalidValue;
-  if (rows == 0) return cudaSuccess;
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, row_stride, params,
-                                                                     vocab, out_ids);
-  return cudaGetLastError();
+  return sample_tokens_with(SamplePath::kAuto, logits, row_stride, params, rows, vocab, out_ids,
+                            workspace, workspace_bytes, stream);
 }
 
 }  // namespace pagoda::model::cuda_kernels

@@ -21,8 +21,16 @@
 /// p < 2^-46 p_max (W == 0) are never sampled, and while top-k or top-p is active tokens with
 /// p < e^-32 p_max (1.3e-14) are dropped (they carry no fixed-point mass). NaN logits count as
 /// -inf. vocab <= 262144 (so that the fixed-point sums fit in 64 bits).
-/// Cost: one 1024-thread block per row; 1 pass over the row for greedy, 2 for plain temperature,
-/// 3 to 10 (all of top-k + top-p) otherwise; ~37 KiB static shared memory; no global workspace.
+/// Cost (two paths, same results bit for bit: the only difference is how the row maximum and
+/// argmax are found, and that function is order-independent):
+///  * single-block: one 1024-thread block per row; 1 pass over the row for greedy, 2 for plain
+///    temperature, 3 to 10 (all of top-k + top-p) otherwise; ~37 KiB static shared memory; no
+///    global workspace. Used for large batches (rows > kSampleSplitMaxRows) and small vocabularies.
+///  * split-row (rows <= kSampleSplitMaxRows, vocab > kSampleSplitSlice): pass 1 reduces the
+///    row's max/argmax over ceil(vocab / kSampleSplitSlice) blocks of 256 threads per row (grid
+///    (parts, rows); each block writes one 8-byte partial to the workspace), pass 2 is the
+///    single-block kernel reading the partials instead of the row: greedy rows finish at once,
+///    sampling rows run the remaining passes of the single-block kernel. Two launches.
 
 #include <cuda_runtime_api.h>
 
@@ -48,17 +56,45 @@ static_assert(sizeof(SamplingRowParams) == 32, "SamplingRowParams is a 32-byte P
 /// Largest vocabulary sample_tokens accepts.
 inline constexpr int kMaxSampleVocab = 262144;
 
-/// Bytes of global workspace sample_tokens needs for (rows, vocab): currently 0 (everything lives
-/// in shared memory); callers should still allocate what this returns and pass it, so a future
-/// multi-block version can use it.
+/// Most rows for which sample_tokens takes the split-row path.
+inline constexpr int kSampleSplitMaxRows = 64;
+/// Logits per pass-1 block of the split-row path (the path needs vocab > this: 2+ blocks a row).
+inline constexpr int kSampleSplitSlice = 4096;
+
+/// Bytes of global workspace sample_tokens needs for (rows, vocab): a function of (rows, vocab)
+/// only, 0 on the single-block path, rows * ceil(vocab / kSampleSplitSlice) * 8 on the split-row
+/// path (rows in [1, kSampleSplitMaxRows] and vocab in (kSampleSplitSlice, kMaxSampleVocab]);
+/// at most 64 * 64 * 8 = 32 KiB. Allocate it once (outside graph capture) for the largest row
+/// count in use: a workspace sized for rows also serves every smaller row count. The workspace
+/// holds no state between calls (no zeroing needed), but calls sharing it must be ordered (one
+/// stream).
 size_t sample_tokens_workspace_bytes(int rows, int vocab);
 
 /// out_ids[r] = the token sampled from logits[r * row_stride, + vocab) (f32, device) with
 /// params[r] (device), for r in [0, rows). row_stride is in elements (0 = every row reads the same
-/// logits). Returns cudaErrorInvalidValue for vocab outside [1, kMaxSampleVocab] or a workspace
-/// smaller than sample_tokens_workspace_bytes; cudaSuccess without a launch when rows == 0.
+/// logits). Returns cudaErrorInvalidValue for vocab outside [1, kMaxSampleVocab], a workspace
+/// smaller than sample_tokens_workspace_bytes, or (split-row path) a workspace not 8-byte aligned;
+/// cudaSuccess without a launch when rows == 0.
 cudaError_t sample_tokens(const float* logits, int64_t row_stride, const SamplingRowParams* params,
                           int rows, int vocab, int32_t* out_ids, void* workspace,
                           size_t workspace_bytes, cudaStream_t stream);
+
+/// Which kernels sample_tokens_with uses (tests, benchmarks); the results are the same.
+enum class SamplePath : int32_t {
+  kAuto = 0,         ///< what sample_tokens does (split-row for small batches, see above)
+  kSingleBlock = 1,  ///< one block per row, no workspace
+  kSplitRow = 2,     ///< split-row at any rows (<= 65535) and vocab; workspace:
+                     ///< sample_tokens_split_workspace_bytes
+};
+
+/// Workspace of the split-row path forced at (rows, vocab): rows * ceil(vocab / 4096) * 8.
+size_t sample_tokens_split_workspace_bytes(int rows, int vocab);
+
+/// sample_tokens on a chosen path (same contract; kSplitRow checks the workspace against
+/// sample_tokens_split_workspace_bytes and returns cudaErrorInvalidValue for rows > 65535).
+cudaError_t sample_tokens_with(SamplePath path, const float* logits, int64_t row_stride,
+                               const SamplingRowParams* params, int rows, int vocab,
+                               int32_t* out_ids, void* workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
 
 }  // namespace pagoda::model::cuda_kernels
