@@ -890,15 +890,19 @@ TEST(Sampling, SplitRowPathEqualsSingleBlock) {
 }
 
 TEST(Sampling, WorkspaceSizes) {
-  EXPECT_EQ(sample_tokens_workspace_bytes(1, 128256), 32u * 8u);
-  EXPECT_EQ(sample_tokens_workspace_bytes(16, 128256), 16u * 32u * 8u);
+  // Split-row path: sized for kSampleSplitMaxRows rows whatever the row count (allocated once).
+  const size_t max_rows = size_t(kSampleSplitMaxRows);
+  EXPECT_EQ(sample_tokens_workspace_bytes(1, 128256), max_rows * 32u * 8u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(16, 128256), max_rows * 32u * 8u);
   EXPECT_EQ(sample_tokens_workspace_bytes(kSampleSplitMaxRows, kMaxSampleVocab),
-            size_t(kSampleSplitMaxRows) * 64u * 8u);
+            max_rows * 64u * 8u);
+  EXPECT_EQ(sample_tokens_workspace_bytes(16, kSampleSplitSlice + 1), max_rows * 2u * 8u);
+  // Single-block path: none.
   EXPECT_EQ(sample_tokens_workspace_bytes(kSampleSplitMaxRows + 1, 128256), 0u);
   EXPECT_EQ(sample_tokens_workspace_bytes(16, kSampleSplitSlice), 0u);
-  EXPECT_EQ(sample_tokens_workspace_bytes(16, kSampleSplitSlice + 1), 16u * 2u * 8u);
   EXPECT_EQ(sample_tokens_workspace_bytes(0, 128256), 0u);
   EXPECT_EQ(sample_tokens_split_workspace_bytes(300, 100), 300u * 8u);
+  EXPECT_EQ(sample_tokens_split_workspace_bytes(2, 128256), 2u * 32u * 8u);
 }
 
 // The split-row path inside a CUDA graph: replays pick up new logits and parameters and match
@@ -916,6 +920,7 @@ TEST(Sampling, SplitRowPathReplaysInAGraph) {
   Dev d_logits(size_t(rows) * vocab * 4), d_params(rows * sizeof(SamplingRowParams)),
       d_out(size_t(rows) * 4), d_ws(ws_bytes);
   d_ws.poison();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const float* lp = static_cast<float*>(d_logits.p);
   auto* pp = static_cast<SamplingRowParams*>(d_params.p);
   auto* op = static_cast<int32_t*>(d_out.p);
@@ -936,6 +941,7 @@ TEST(Sampling, SplitRowPathReplaysInAGraph) {
     d_logits.upload(logits);
     d_params.upload(params);
     d_out.poison();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // `stream` does not wait for the legacy one
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(d_out.download<int32_t>(),

@@ -496,7 +496,10 @@ size_t sample_tokens_split_workspace_bytes(int rows, int vocab) {
 }
 
 size_t sample_tokens_workspace_bytes(int rows, int vocab) {
-  return auto_split(rows, vocab) ? sample_tokens_split_workspace_bytes(rows, vocab) : 0;
+  // Sized for kSampleSplitMaxRows whatever rows is: a caller that grows its buffer on demand then
+  // allocates once, and graphs captured earlier never hold a freed workspace.
+  return auto_split(rows, vocab) ? sample_tokens_split_workspace_bytes(kSampleSplitMaxRows, vocab)
+                                 : 0;
 }
 
 cudaError_t sample_tokens_with(SamplePath path, const float* logits, int64_t row_stride,

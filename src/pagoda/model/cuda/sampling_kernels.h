@@ -62,12 +62,13 @@ inline constexpr int kSampleSplitMaxRows = 64;
 inline constexpr int kSampleSplitSlice = 4096;
 
 /// Bytes of global workspace sample_tokens needs for (rows, vocab): a function of (rows, vocab)
-/// only, 0 on the single-block path, rows * ceil(vocab / kSampleSplitSlice) * 8 on the split-row
-/// path (rows in [1, kSampleSplitMaxRows] and vocab in (kSampleSplitSlice, kMaxSampleVocab]);
-/// at most 64 * 64 * 8 = 32 KiB. Allocate it once (outside graph capture) for the largest row
-/// count in use: a workspace sized for rows also serves every smaller row count. The workspace
-/// holds no state between calls (no zeroing needed), but calls sharing it must be ordered (one
-/// stream).
+/// only: 0 on the single-block path, and on the split-row path (rows in [1, kSampleSplitMaxRows],
+/// vocab in (kSampleSplitSlice, kMaxSampleVocab]) kSampleSplitMaxRows * ceil(vocab /
+/// kSampleSplitSlice) * 8, the same for every such rows (at most 64 * 64 * 8 = 32 KiB), so a
+/// caller that grows its buffer on demand allocates it once, at the first small batch, and never
+/// frees a workspace that an earlier captured graph still uses. Allocate it outside graph
+/// capture. The workspace holds no state between calls (no zeroing needed); calls sharing it must
+/// be ordered (one stream).
 size_t sample_tokens_workspace_bytes(int rows, int vocab);
 
 /// out_ids[r] = the token sampled from logits[r * row_stride, + vocab) (f32, device) with
