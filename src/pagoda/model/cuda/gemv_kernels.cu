@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "pagoda/model/cuda/gemv_kernels.h"
 
@@ -98,8 +99,17 @@ constexpr int rows_per_warp() {
   return kMT <= 4 ? 8 : 32 / kMT;
 }
 
+/// Resident blocks per multiprocessor the register allocation must allow (caps the registers at
+/// 80 for m = 1 and bf16 m = 2, 128 above): without it the m = 3..4 SwiGLU kernels took 150
+/// registers (one block, 8 warps per SM: too few loads in flight). f16 m = 2 needs ~118 (its
+/// conversions keep more live values) and spills under the 80 cap.
+template <typename T, int kMT>
+constexpr int min_blocks_per_sm() {
+  return kMT == 1 || (kMT == 2 && std::is_same_v<T, __nv_bfloat16>) ? 3 : 2;
+}
+
 template <typename T, int kMT, bool kSwiglu, bool kF32Out>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm<T, kMT>())
     small_m_gemm_kernel(const T* __restrict__ x, const T* __restrict__ w, void* __restrict__ y,
                         int m, int64_t n, int64_t k, int groups) {
   constexpr int kRW = rows_per_warp<kMT>();
