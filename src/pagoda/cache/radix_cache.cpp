@@ -20,6 +20,7 @@ struct PrefixNode {
   int32_t lock_ref = 0;
   int32_t num_children = 0;
   int32_t heap_pos = -1;  ///< position in the evictable-leaf heap, -1 when not in it
+  int64_t run_page = -1;  ///< first page when the slots are one run of consecutive pages, else -1
   NodeStats stats;
 
   const int32_t* key() const { return data.get(); }
@@ -93,6 +94,7 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
   node->lock_ref = 0;
   node->num_children = 0;
   node->heap_pos = -1;
+  node->run_page = -1;
   node->hash = 0;
   node->stats = NodeStats{.last_access = clock_, .creation = node->id};
   return node;
@@ -313,6 +315,8 @@ PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
   upper->hash = child->hash;  // same first page, same parent: it takes over the child's entry
   upper->lock_ref = child->lock_ref;
   upper->stats = child->stats;
+  upper->run_page = child->run_page;
+  if (child->run_page >= 0) child->run_page += len / page_size();
   relink_child(child, upper);
   const int64_t rest = child->len - len;
   std::unique_ptr<int32_t[]> old = std::move(child->data);
@@ -331,6 +335,7 @@ int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
   int64_t pos = 0;
   scratch_path_.clear();
   while (pos < n) {
+    if (node->num_children == 0) break;  // a leaf: no lookup needed
     PrefixNode* child = find_child(node, ns, tokens.data() + pos);
     if (child == nullptr) break;
     const int64_t m = std::min(child->len, n - pos);
@@ -365,6 +370,7 @@ PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
   touch(node);
   int64_t pos = 0;
   while (pos < n) {
+    if (node->num_children == 0) break;  // a leaf: no lookup needed
     PrefixNode* child = find_child(node, ns, tokens.data() + pos);
     if (child == nullptr) break;
     const int64_t m = std::min(child->len, n - pos);
@@ -444,9 +450,8 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
   leaf->assign(tokens.data() + pos, slots.data() + pos, n - pos);
   leaf->stats.priority = options.priority;
   leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
-  for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
-    set_in_tree(page, count, true);
-  });
+  for (const auto& [page, count] : scratch_runs_) set_in_tree(page, count, true);
+  leaf->run_page = scratch_runs_.size() == 1 ? static_cast<int64_t>(scratch_runs_[0].first) : -1;
   link_child(node, leaf);
   ++num_nodes_;
   evictable_size_ += leaf->len;
@@ -472,12 +477,15 @@ InsertResult RadixCache::insert_checked(std::string_view extra_key,
   const auto fresh = value.subspan(static_cast<size_t>(pre));
   // A page the tree already stores cannot be stored again, nor handed over as a duplicate.
   const size_t tree_bits = tree_pages_.size() * 64;
+  scratch_runs_.clear();
   for (const auto part : {fresh, std::span<const SlotIndex>(scratch_dups_)}) {
+    const bool record = part.data() == fresh.data();
     for_each_page_run(part, [&](SlotIndex first, size_t page, size_t count) {
       // Slots outside the pool are left to the allocator's checks below.
       PAGODA_REQUIRE(first < 0 || page + count > tree_bits || !any_in_tree(page, count),
                      kInvalidArgument,
                      "insert: slots from {} name pages the tree already stores elsewhere", first);
+      if (record) scratch_runs_.emplace_back(page, count);  // the new leaf's pages, for later
     });
   }
   if (!transfer) {
@@ -559,9 +567,14 @@ int64_t RadixCache::evict(int64_t num_tokens) {
     heap_remove(leaf);
     PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
     allocator_->free(leaf->value_span());
-    for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
-      set_in_tree(page, count, false);
-    });
+    if (leaf->run_page >= 0) {  // one run: no need to read the slots back
+      set_in_tree(static_cast<size_t>(leaf->run_page),
+                  static_cast<size_t>(leaf->len / page_size()), false);
+    } else {
+      for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
+        set_in_tree(page, count, false);
+      });
+    }
     evicted += leaf->len;
     evictable_size_ -= leaf->len;
     ++stats_.evicted_nodes;
@@ -712,6 +725,12 @@ void RadixCache::check_integrity() const {
         PAGODA_CHECK_EQ(v[i] % p, 0);
         ++tree_refs[static_cast<int32_t>(v[i] / p)];
       }
+    }
+    if (node->run_page >= 0) {
+      PAGODA_CHECK_EQ(static_cast<int64_t>(page_of(v[0])), node->run_page);
+      PAGODA_CHECK_EQ(static_cast<int64_t>(page_of(v[node->len - p])),
+                      node->run_page + node->len / p - 1);
+      for (int64_t i = p; i < node->len; i += p) PAGODA_CHECK_EQ(v[i], v[i - p] + p);
     }
     PAGODA_CHECK(node->lock_ref >= child_locks, "node {} lock_ref {} < children's {}", node->id,
                  node->lock_ref, child_locks);

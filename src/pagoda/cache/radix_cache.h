@@ -127,7 +127,8 @@ class RadixCache final : public PrefixCache {
                           std::span<const SlotIndex> slots, bool collect_dups);
   /// Appends the matched slots to `out`; returns the deepest matched node.
   PrefixNode* match_walk(int32_t ns, std::span<const int32_t> tokens, std::vector<SlotIndex>* out);
-  /// Applies an insert along scratch_path_ (recorded by peek_prefix_len, `pos` tokens matched):
+  /// Applies an insert along scratch_path_ (recorded by peek_prefix_len, `pos` tokens matched;
+  /// the new pages' runs in scratch_runs_):
   /// touches, hit counts, priorities, the split, then the new leaf. Returns the last node.
   PrefixNode* insert_apply(int32_t ns, std::span<const int32_t> tokens,
                            std::span<const SlotIndex> slots, const InsertOptions& options,
@@ -195,6 +196,8 @@ class RadixCache final : public PrefixCache {
   std::vector<SlotIndex> scratch_tree_;
   std::vector<SlotIndex> scratch_dups_;
   std::vector<PathStep> scratch_path_;
+  /// Runs of consecutive pages (first page, count) of the leaf being inserted.
+  std::vector<std::pair<size_t, size_t>> scratch_runs_;
 };
 
 }  // namespace pagoda::cache
