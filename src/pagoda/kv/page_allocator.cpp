@@ -54,15 +54,6 @@ int32_t PageAllocator::refcount(PageId page) const {
   return held_refcount(page.value());
 }
 
-int32_t PageAllocator::pop_free_page() {
-  PAGODA_DCHECK(free_top_ > 0);
-  const int32_t page = free_stack_[--free_top_];
-  if (free_top_ <= stale_lo_) stale_lo_ = stale_hi_ = 0;  // every restored page was handed out
-  refcount_[page] = 1;
-  ++num_referenced_;
-  return page;
-}
-
 void PageAllocator::push_free_page(int32_t page) {
   free_stack_[free_top_] = page;
   pos_[page] = free_top_;
@@ -80,6 +71,7 @@ std::optional<std::vector<SlotIndex>> PageAllocator::alloc(int64_t num_tokens) {
     const SlotIndex base = pop_free_page() * page_size_;
     for (int32_t j = 0; j < page_size_; ++j) out[k++] = base + j;
   }
+  settle_stale_range();
   return out;
 }
 
@@ -139,6 +131,7 @@ bool PageAllocator::alloc_extend(std::span<const int32_t> prefix_lens,
     }
   }
   PAGODA_CHECK_EQ(static_cast<int64_t>(k), total_tokens);
+  settle_stale_range();
   return true;
 }
 
@@ -171,6 +164,7 @@ bool PageAllocator::alloc_decode(std::span<const int32_t> seq_lens,
   for (size_t b = 0; b < bs; ++b) {
     out[b] = (seq_lens[b] - 1) % page_size_ != 0 ? last_loc[b] + 1 : pop_free_page() * page_size_;
   }
+  settle_stale_range();
   return true;
 }
 

@@ -28,6 +28,7 @@
 #include <span>
 #include <vector>
 
+#include "pagoda/core/check.h"
 #include "pagoda/core/ids.h"
 
 namespace pagoda::kv {
@@ -162,8 +163,19 @@ class PageAllocator final : public PageRefs {
     }
     return rc;
   }
-  /// Pops the page at the top of the free list and gives it refcount 1.
-  int32_t pop_free_page();
+  /// Pops the page at the top of the free list and gives it refcount 1 (inline: once per page).
+  int32_t pop_free_page() {
+    PAGODA_DCHECK(free_top_ > 0);
+    const int32_t page = free_stack_[--free_top_];
+    refcount_[page] = 1;
+    ++num_referenced_;
+    return page;
+  }
+  /// After allocating: once the free list is below the restored range, no restored page is free
+  /// any more and the range is dropped (called once per allocation call, not per page).
+  void settle_stale_range() {
+    if (free_top_ <= stale_lo_) stale_lo_ = stale_hi_ = 0;
+  }
   void push_free_page(int32_t page);
   /// Validates `slots` in one pass without sorting (O(slots) compares, O(pages) refcount reads),
   /// then leaves the distinct pages named in scratch_pages_[0, scratch_count_) in the order
