@@ -80,8 +80,9 @@ int32_t context_len_for(const model::LlamaModel& model, const EngineConfig& c) {
 
 }  // namespace
 
-DType default_model_dtype(const platform::Platform& platform) {
-  return platform.kind() == platform::PlatformKind::kCpu ? DType::kF32 : DType::kBF16;
+DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model) {
+  if (platform.kind() == platform::PlatformKind::kCpu) return DType::kF32;
+  return model.weights_dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
 }
 
 std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype) {
@@ -111,7 +112,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     own_platform_ = platform::make_cpu_platform();
     platform_ = own_platform_.get();
   }
-  const DType dtype = config.dtype.value_or(default_model_dtype(*platform_));
+  const DType dtype = config.dtype.value_or(default_model_dtype(*platform_, model.config()));
   const DType kv_dtype = config.kv_dtype.value_or(dtype);
   allocator_ = std::make_unique<kv::PageAllocator>(static_cast<int32_t>(num_pages),
                                                    config.page_size);

@@ -58,8 +58,8 @@ struct EngineConfig {
   /// graphs per batch-size bucket (cuda_graph_batch_sizes(max_running_requests)) and replay
   /// them. Ignored on the host path.
   bool cuda_graph = true;
-  /// Weight and activation dtype; nullopt = the platform's default (f32 on the CPU, bf16 on
-  /// CUDA). The CPU computes in f32 only.
+  /// Weight and activation dtype; nullopt = default_model_dtype (f32 on the CPU; bf16, or the
+  /// checkpoint's f16, on CUDA). The CPU computes in f32 only.
   std::optional<DType> dtype{};
   /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
   std::optional<DType> kv_dtype{};
@@ -116,8 +116,9 @@ using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
 /// Error(kUnsupported) naming what would work.
 std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype);
 
-/// The dtype a plain run computes in on `platform`: f32 on the CPU, bf16 on CUDA.
-DType default_model_dtype(const platform::Platform& platform);
+/// The dtype a plain run computes in: f32 on the CPU; on CUDA the checkpoint's f16 when its
+/// weights are f16, else bf16 (an f32 checkpoint runs in bf16 unless f32 is asked for).
+DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model);
 
 class Engine {
  public:

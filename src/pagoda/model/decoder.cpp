@@ -21,7 +21,16 @@ std::span<const float> qkv_bias_of(const Layer& w) {
 
 }  // namespace
 
-Decoder::Decoder(const LlamaModel& model, ModelOps& ops) : model_(&model), ops_(&ops) {
+Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool)
+    : model_(&model), ops_(&ops), kv_pool_(kv_pool) {
+  if (kv_pool != nullptr && kv_pool->config().layout == kv::KvLayout::kMha &&
+      kv_pool->config().dtype == ops.dtype() && kv_pool->device() == ops.device()) {
+    for (int l = 0; l < model.config().num_layers; ++l)
+      stores_.push_back(KvStore{.k_cache = kv_pool->k_view(LayerId{l}).data(),
+                                .v_cache = kv_pool->v_view(LayerId{l}).data(),
+                                .out_cache_loc = nullptr,
+                                .num_slots = kv_pool->num_slots()});
+  }
   embed_ = ops.upload(model.embed_weights());
   lm_head_ = &model.lm_head_weights() == &model.embed_weights()
                  ? embed_
@@ -70,7 +79,7 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
   a.act = make(t * inter, es);
   a.sel = make(r * hd, es);
   a.logits = make(r * c.vocab_size, sizeof(float));
-  a.ints = make(2 * t + 2 * r, sizeof(int32_t));
+  a.ints = make(3 * t + 2 * r, sizeof(int32_t));
   a.sample_params = make(r, sizeof(SampleRow));
   a.tokens = t;
   a.rows = r;
@@ -101,14 +110,26 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
     ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);
-    ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), inv_freq_, a.q.get(), a.k.get(),
-                 a.v.get(), t, hq, hkv, d);
-    backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view);
+    bool stored = false;
+    if (!stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
+        kv_pool_->v_scale(LayerId{l}) == 1.f) {
+      KvStore st = stores_[static_cast<size_t>(l)];
+      st.out_cache_loc = a.cache_loc();
+      stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), inv_freq_, a.q.get(),
+                                  st, t, hq, hkv, d);
+    }
+    if (!stored)
+      ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), inv_freq_, a.q.get(), a.k.get(),
+                   a.v.get(), t, hq, hkv, d);
+    backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
+                    stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
     ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);
     ops.add_rms_norm(a.x.get(), residual, w.post_norm, a.h.get(), t, hd, eps, false);
     ops.linear(a.h.get(), w.gate_up, a.mlp.get(), t, 2 * inter, hd);
-    ops.silu_mul(a.mlp.get(), a.act.get(), t, inter);
-    ops.linear(a.act.get(), w.down, a.x.get(), t, hd, inter);
+    if (!ops.swiglu_linear(a.mlp.get(), w.down, a.x.get(), t, hd, inter)) {
+      ops.silu_mul(a.mlp.get(), a.act.get(), t, inter);
+      ops.linear(a.act.get(), w.down, a.x.get(), t, hd, inter);
+    }
   }
   // The last layer's MLP output joins the residual stream; the final norm runs on logit rows.
   ops.add_rms_norm(a.x.get(), residual, final_norm_, a.h.get(), t, hd, eps, false);

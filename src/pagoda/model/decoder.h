@@ -20,6 +20,7 @@
 
 #include "pagoda/attention/backend.h"
 #include "pagoda/attention/forward_batch.h"
+#include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/platform/platform.h"
@@ -32,30 +33,35 @@ struct Activations {
   int64_t tokens = 0;
   int64_t rows = 0;
   platform::DeviceBuffer residual, x, h, qkv, q, k, v, attn, mlp, act, sel, logits;
-  /// Device ints: ids [tokens], positions [tokens], logit row index [rows], out ids [rows].
+  /// Device ints: ids [tokens], positions [tokens], out_cache_loc [tokens], logit row index
+  /// [rows], out ids [rows].
   platform::DeviceBuffer ints;
   /// Device sampling parameters [rows].
   platform::DeviceBuffer sample_params;
   int32_t* ids() const { return static_cast<int32_t*>(ints.get()); }
   int32_t* positions() const { return ids() + tokens; }
-  int32_t* logit_rows() const { return ids() + 2 * tokens; }
-  int32_t* out_ids() const { return ids() + 2 * tokens + rows; }
+  int32_t* cache_loc() const { return ids() + 2 * tokens; }
+  int32_t* logit_rows() const { return ids() + 3 * tokens; }
+  int32_t* out_ids() const { return ids() + 3 * tokens + rows; }
   float* logits_f32() const { return static_cast<float*>(logits.get()); }
   SampleRow* params() const { return static_cast<SampleRow*>(sample_params.get()); }
 };
 
 class Decoder {
  public:
-  /// Uploads the weights of `model` through `ops` (converted to ops.dtype()).
-  Decoder(const LlamaModel& model, ModelOps& ops);
+  /// Uploads the weights of `model` through `ops` (converted to ops.dtype()). With `kv_pool`
+  /// (an MHA pool on the ops' device in the ops' dtype) the new K/V go into the cache from the
+  /// RoPE kernel (ModelOps::qkv_rope_store) and the backend runs with SaveKv::kNo; otherwise the
+  /// backend appends them.
+  Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool = nullptr);
 
   const LlamaModel& model() const { return *model_; }
   ModelOps& ops() const { return *ops_; }
   /// Makes `a` hold at least `tokens` query rows and `rows` logit rows (reallocates; contents
   /// are lost). Synchronizes the stream before freeing old buffers.
   void reserve(Activations& a, int64_t tokens, int64_t rows) const;
-  /// Enqueues the forward of `tokens` query rows of `batch` whose ids and positions are already
-  /// in a.ids() / a.positions(), computing f32 logits for the `rows` query rows listed in
+  /// Enqueues the forward of `tokens` query rows of `batch` whose ids, positions and slots are
+  /// already in a.ids() / a.positions() / a.cache_loc(), computing f32 logits for the `rows` query rows listed in
   /// a.logit_rows(). The backend must have planned `batch` (init_forward_metadata or a graph
   /// replay plan). Never synchronizes.
   void forward(Activations& a, const attention::ForwardBatch& batch,
@@ -70,6 +76,9 @@ class Decoder {
   const LlamaModel* model_;
   ModelOps* ops_;
   std::vector<LayerPtrs> layers_;
+  /// Per layer K / V cache base pointers for the fused store (empty: the backend appends).
+  std::vector<KvStore> stores_;
+  const kv::KvPool* kv_pool_ = nullptr;
   const void* embed_ = nullptr;
   const void* lm_head_ = nullptr;
   const void* final_norm_ = nullptr;

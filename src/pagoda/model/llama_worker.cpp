@@ -67,7 +67,7 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   PAGODA_REQUIRE(backend_->capabilities().device == platform_->name(), kUnsupported,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
-  decoder_ = std::make_unique<Decoder>(model, *ops_);
+  decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get());
   staging_ = std::make_unique<Staging>();
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
@@ -126,16 +126,17 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
 }
 
 void LlamaWorker::stage(Activations& a, std::span<const int32_t> ids,
-                        std::span<const int32_t> positions, std::span<const int32_t> rows,
-                        std::span<const SampleRow> params) {
-  // Layout of a.ints: ids [a.tokens] | positions [a.tokens] | logit rows [a.rows] | out [a.rows].
-  const size_t n_ints = static_cast<size_t>(2 * a.tokens + a.rows);
+                        std::span<const int32_t> positions, std::span<const int32_t> cache_loc,
+                        std::span<const int32_t> rows, std::span<const SampleRow> params) {
+  // Layout of a.ints: ids | positions | slots [a.tokens each] | logit rows | out [a.rows each].
+  const size_t n_ints = static_cast<size_t>(3 * a.tokens + a.rows);
   staging_->reserve(n_ints, static_cast<size_t>(a.rows), static_cast<size_t>(a.rows));
   int32_t* h = static_cast<int32_t*>(staging_->ints.get());
   std::fill(h, h + n_ints, 0);
   std::copy(ids.begin(), ids.end(), h);
   std::copy(positions.begin(), positions.end(), h + a.tokens);
-  std::copy(rows.begin(), rows.end(), h + 2 * a.tokens);
+  std::copy(cache_loc.begin(), cache_loc.end(), h + 2 * a.tokens);
+  std::copy(rows.begin(), rows.end(), h + 3 * a.tokens);
   platform_->copy_to_device_async(a.ids(), h, n_ints * sizeof(int32_t));
   if (!params.empty()) {
     SampleRow* hp = static_cast<SampleRow*>(staging_->params.get());
@@ -200,14 +201,14 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
     std::iota(rows_.begin(), rows_.end(), 0);
     params_.resize(static_cast<size_t>(bs), SampleRow{});
     graph_backend_->init_forward_metadata_replay_cuda_graph(padded);
-    stage(graph_acts_, ids_, padded.positions, rows_, params_);
+    stage(graph_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
     graphs_[gi]->replay();
     ++stats_.graph_steps;
     stats_.padded_rows += bs - t;
     return finish(graph_acts_, nrows, b.return_logits);
   }
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
-  stage(eager_, b.input_ids, f.positions, rows_, params_);
+  stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
   backend_->init_forward_metadata(f);
   decoder_->forward(eager_, f, *backend_, t, nrows);
   decoder_->sample(eager_, nrows);
@@ -230,7 +231,7 @@ void LlamaWorker::capture_graphs() {
     std::vector<int32_t> ids(static_cast<size_t>(bs), 0), rows(static_cast<size_t>(bs));
     std::iota(rows.begin(), rows.end(), 0);
     const std::vector<SampleRow> params(static_cast<size_t>(bs), SampleRow{});
-    stage(graph_acts_, ids, dummy.positions, rows, params);
+    stage(graph_acts_, ids, dummy.positions, dummy.out_cache_loc, rows, params);
     auto body = [&] {
       decoder_->forward(graph_acts_, dummy, *graph_backend_, bs, bs);
       decoder_->sample(graph_acts_, bs);

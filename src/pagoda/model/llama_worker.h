@@ -67,7 +67,8 @@ class LlamaWorker final : public ModelWorker {
   void validate(const WorkerBatch& b) const;
   /// Host → device copies of ids, positions, row indices and params into `a`.
   void stage(Activations& a, std::span<const int32_t> ids, std::span<const int32_t> positions,
-             std::span<const int32_t> rows, std::span<const SampleRow> params);
+             std::span<const int32_t> cache_loc, std::span<const int32_t> rows,
+             std::span<const SampleRow> params);
   WorkerOutput finish(Activations& a, int64_t rows, bool want_logits);
   void capture_graphs();
 

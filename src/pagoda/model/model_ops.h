@@ -35,6 +35,15 @@ struct SampleRow {
   int64_t step = 0;         ///< the index of the token being sampled within its request
 };
 
+/// Where qkv_rope_store writes the new tokens' K and V: one layer's paged cache (slot-major
+/// [num_slots, hkv, head_dim] in the ops' dtype) and the device slot of each token.
+struct KvStore {
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int32_t* out_cache_loc = nullptr;  ///< [rows], device
+  int64_t num_slots = 0;
+};
+
 class ModelOps {
  public:
   virtual ~ModelOps() = default;
@@ -69,8 +78,23 @@ class ModelOps {
   virtual void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
                         const float* inv_freq, void* q, void* k, void* v, int64_t rows, int hq,
                         int hkv, int head_dim) = 0;
+  /// qkv_rope that writes k and v straight into the paged cache at out_cache_loc (q as before),
+  /// in one launch where the implementation has it; returns false (nothing enqueued) otherwise,
+  /// and the caller runs qkv_rope and lets the attention backend append the K/V.
+  virtual bool qkv_rope_store(const void* qkv, const void* bias, const int32_t* positions,
+                              const float* inv_freq, void* q, const KvStore& cache, int64_t rows,
+                              int hq, int hkv, int head_dim) {
+    return false;
+  }
   /// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i].
   virtual void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) = 0;
+  /// y[m, n] = (silu(g) * u)[m, k] · w[n, k]ᵀ with g, u the halves of gate_up [m, 2k], in one
+  /// fused op where the implementation has one for this shape; returns false (nothing
+  /// enqueued) otherwise, and the caller runs silu_mul + linear.
+  virtual bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
+                             int64_t k) {
+    return false;
+  }
   /// x = cap * tanh(x / cap), f32, in place.
   virtual void soft_cap(float* x, int64_t n, float cap) = 0;
   /// Samples one id per row of logits [rows, vocab] (f32) with params[rows] (device memory);

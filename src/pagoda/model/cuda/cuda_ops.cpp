@@ -5,12 +5,14 @@
 #include <fmt/format.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 
 namespace pagoda::model {
@@ -39,6 +41,15 @@ void cublas_check(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
   throw_error(ErrorCode::kInternal, "{} failed: {} ({})", what, cublasGetStatusString(s),
               static_cast<int>(s));
+}
+
+/// An integer environment override (tuning knobs for measurements), else `fallback`.
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return end != nullptr && *end == '\0' ? x : fallback;
 }
 
 ck::ActDType act_of(DType t) {
@@ -143,6 +154,14 @@ class CudaOps final : public ModelOps {
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool f32_out) override {
     if (m == 0 || n == 0) return;
+    // Decode rows: at m <= 2 small_m_gemm streams each weight once and matches or beats cuBLAS
+    // on every projection of the 1B/8B layouts (H200, gemv_bench); from m = 4 cuBLAS wins.
+    if (m <= small_m_max_ && n * k <= small_m_max_elems_ &&
+        ck::small_m_gemm_supported(act_, m, n, k)) {
+      cuda_check(ck::small_m_gemm(act_, x, w, y, f32_out, /*swiglu=*/false, m, n, k, stream_),
+                 "small_m_gemm");
+      return;
+    }
     // Row-major y[m, n] = x[m, k] · w[n, k]ᵀ is column-major yᵀ[n, m] = wᵀ · xᵀ.
     const float alpha = 1.f, beta = 0.f;
     const cudaDataType_t in = cuda_type_of(dtype_);
@@ -161,6 +180,26 @@ class CudaOps final : public ModelOps {
     cuda_check(ck::qkv_bias_rope(act_, qkv, bias, positions, inv_freq, q, k, v, rows, hq, hkv,
                                  head_dim, stream_),
                "qkv_bias_rope");
+  }
+  bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
+                     int64_t k) override {
+    if (m == 0 || m > swiglu_max_ || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
+    cuda_check(ck::small_m_gemm(act_, gate_up, w, y, /*f32_out=*/false, /*swiglu=*/true, m, n, k,
+                                stream_),
+               "small_m_gemm (swiglu)");
+    return true;
+  }
+  bool qkv_rope_store(const void* qkv, const void* bias, const int32_t* positions,
+                      const float* inv_freq, void* q, const KvStore& cache, int64_t rows, int hq,
+                      int hkv, int head_dim) override {
+    const ck::KvCacheWrite w{.k_cache = cache.k_cache,
+                             .v_cache = cache.v_cache,
+                             .out_cache_loc = cache.out_cache_loc,
+                             .num_slots = cache.num_slots};
+    cuda_check(ck::qkv_bias_rope_store(act_, qkv, bias, positions, inv_freq, q, nullptr, nullptr,
+                                       w, rows, hq, hkv, head_dim, stream_),
+               "qkv_bias_rope_store");
+    return true;
   }
   void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
     cuda_check(ck::silu_mul(act_, gate_up, out, rows, inter, stream_), "silu_mul");
@@ -218,6 +257,12 @@ class CudaOps final : public ModelOps {
   platform::Platform* platform_;
   DType dtype_;
   ck::ActDType act_;
+  /// Largest row count (and weight size, elements) sent to small_m_gemm / its fused SwiGLU form
+  /// (chosen from gemv_bench and engine runs on the H200, bench/results/engine_real_h200.md);
+  /// PAGODA_SMALL_M_MAX, PAGODA_SWIGLU_FUSE_MAX, PAGODA_SMALL_M_MAX_ELEMS override them.
+  int64_t small_m_max_ = env_int("PAGODA_SMALL_M_MAX", 2);
+  int64_t swiglu_max_ = env_int("PAGODA_SWIGLU_FUSE_MAX", 2);
+  int64_t small_m_max_elems_ = env_int("PAGODA_SMALL_M_MAX_ELEMS", int64_t{1} << 62);
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   platform::DeviceBuffer workspace_;
