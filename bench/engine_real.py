@@ -161,6 +161,9 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--single-only", default="",
+                    help="layouts (comma separated) measured at batch 1 only (pagoda and the "
+                         "transformers peer), e.g. 8b to keep the run short")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     copy_bw, gemm = ceilings()
@@ -174,9 +177,11 @@ def main():
         cfg = json.load(open(os.path.join(ckpt, "config.json")))
         res = {}
         il, ol = args.input_len, args.output_len
+        single_only = layout in args.single_only.split(",")
         res["single"] = pagoda_bench(args, ckpt, f"{layout}_b1", 1, 1, il, ol)
-        res["batch64"] = pagoda_bench(args, ckpt, f"{layout}_b64", 64, 64, il, ol)
-        res["prefill2048"] = pagoda_bench(args, ckpt, f"{layout}_prefill", 4, 1, 2048, 1)
+        if not single_only:
+            res["batch64"] = pagoda_bench(args, ckpt, f"{layout}_b64", 64, 64, il, ol)
+            res["prefill2048"] = pagoda_bench(args, ckpt, f"{layout}_prefill", 4, 1, 2048, 1)
         # Roofline of one decode step: every weight once (the LM head is the tied embedding or
         # its own matrix) + the KV of the batch at its mean context.
         h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
@@ -187,12 +192,14 @@ def main():
         weight_bytes = 2 * (L * per_layer + vocab * h)  # embedding rows read: negligible
         mean_ctx = il + ol / 2
         for key, bs in (("single", 1), ("batch64", 64)):
+            if key not in res:
+                continue
             kv_bytes = bs * mean_ctx * L * 2 * kvh * d * 2
             roof_ms = (weight_bytes + kv_bytes) / copy_bw * 1e3
             step_ms = res[key]["decode_step_ms"]
             res[key]["roofline_step_ms"] = roof_ms
             res[key]["step_over_roofline"] = step_ms / roof_ms
-        pf = res["prefill2048"]
+        pf = res.get("prefill2048", {"extend_step_min_tokens": 2048, "extend_step_min_ms": float("nan")})
         flops = 2 * 2048 * (L * per_layer + vocab * h / 2048) + 4 * 2048 * 2048 / 2 * cfg["num_attention_heads"] * d * L
         pf["prefill_flops"] = flops
         assert pf["extend_step_min_tokens"] == 2048, pf
@@ -200,8 +207,9 @@ def main():
         pf["prefill_fraction_of_gemm"] = flops / (pf["extend_step_min_ms"] / 1e3) / gemm
         if not args.skip_peer:
             res["hf_b1"] = hf_generate(ckpt, torch.bfloat16, 1, il, ol, 7)
-            res["hf_b64"] = hf_generate(ckpt, torch.bfloat16, 64, il, ol, 7)
-            res["agreement"] = agreement(args, ckpt)
+            if not single_only:
+                res["hf_b64"] = hf_generate(ckpt, torch.bfloat16, 64, il, ol, 7)
+                res["agreement"] = agreement(args, ckpt)
         summary["layouts"][layout] = res
         json.dump(summary, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
     print(json.dumps(summary, indent=1))
