@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,7 +16,9 @@
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/safetensors.h"
-#include "pagoda/model/tokenizer.h"
+#include "pagoda/tokenizer/byte_tokenizer.h"
+#include "pagoda/tokenizer/incremental_detokenizer.h"
+#include "pagoda/tokenizer/load.h"
 
 namespace pagoda::cli {
 
@@ -132,9 +135,15 @@ void run_generate(const GenerateOptions& o) {
                  "give exactly one of --prompt and --token-ids");
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
-  const model::ByteTokenizer tok(loaded.config.bos_token_id, loaded.config.eos_token_id);
+  // The checkpoint's tokenizer (tokenizer.json / tokenizer.model); the builtin model, and a
+  // checkpoint without tokenizer files driven by --token-ids, use the byte tokenizer.
+  const std::unique_ptr<tokenizer::Tokenizer> tok =
+      o.model != "builtin" && (!o.prompt.empty() || tokenizer::has_tokenizer(o.model))
+          ? tokenizer::load_tokenizer(o.model)
+          : std::make_unique<tokenizer::ByteTokenizer>(loaded.config.bos_token_id,
+                                                       loaded.config.eos_token_id);
   const std::vector<int32_t> prompt =
-      o.prompt.empty() ? parse_token_ids(o.token_ids) : tok.encode(o.prompt, true);
+      o.prompt.empty() ? parse_token_ids(o.token_ids) : tok->encode(o.prompt, true);
 
   backends::BackendSelection selection;
   selection.attention = o.backend;
@@ -167,11 +176,12 @@ void run_generate(const GenerateOptions& o) {
     std::fputs(o.prompt.c_str(), stdout);
     std::fflush(stdout);
   }
+  tokenizer::IncrementalDetokenizer detok(*tok, true, prompt);  // whole UTF-8 characters only
   while (eng.has_work()) {
     const engine::StepOutput step = eng.step();
     if (o.json) continue;
     for (const auto& [rid, token] : step.tokens) {
-      const std::string text = tok.decode(std::span(&token, 1));
+      const std::string text = detok.push(token);
       if (o.prompt.empty() || text.empty()) {
         std::printf(o.prompt.empty() ? "%d " : "", token);
       } else {
@@ -184,6 +194,7 @@ void run_generate(const GenerateOptions& o) {
   PAGODA_REQUIRE(out.finish_reason != engine::FinishReason::kError, kResourceExhausted, "{}",
                  out.error);
   if (!o.json) {
+    if (!o.prompt.empty()) std::fputs(detok.finish().c_str(), stdout);
     std::printf("\n");
     std::fprintf(stderr, "[%zu tokens, finish: %s, ttft %.1f ms, %.1f tok/s, backend %s]\n",
                  out.output_ids.size(), engine::finish_reason_name(out.finish_reason),
@@ -197,7 +208,7 @@ void run_generate(const GenerateOptions& o) {
       {"backend", eng.backend_name()},
       {"prompt_token_ids", prompt},
       {"output_token_ids", out.output_ids},
-      {"output_text", tok.decode(out.output_ids)},
+      {"output_text", tok->decode(out.output_ids, true)},
       {"finish_reason", engine::finish_reason_name(out.finish_reason)},
       {"ttft_s", out.first_token_s - out.arrival_s},
       {"latency_s", out.finish_s - out.arrival_s},
@@ -220,7 +231,8 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--weight-seed", opts->weight_seed, "seed of the builtin model's weights")
       ->capture_default_str();
-  cmd->add_option("--prompt", opts->prompt, "prompt text (byte-level tokens, BOS prepended)");
+  cmd->add_option("--prompt", opts->prompt,
+                  "prompt text (the checkpoint's tokenizer, BOS added; builtin: bytes)");
   cmd->add_option("--token-ids", opts->token_ids, "prompt token ids, comma separated");
   cmd->add_option("--batch-file", opts->batch_file,
                   "run every line (comma-separated prompt ids) as one request of one batch; "

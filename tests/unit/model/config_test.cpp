@@ -4,7 +4,6 @@
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
 #include "pagoda/model/ops.h"
-#include "pagoda/model/tokenizer.h"
 
 namespace pagoda::model {
 namespace {
@@ -99,15 +98,6 @@ TEST(Rope, PositionZeroIsIdentityAndNormIsKept) {
   }
   EXPECT_NEAR(n0, n1, 1e-3);
   EXPECT_NE(x, orig);
-}
-
-TEST(ByteTokenizer, RoundTrips) {
-  const ByteTokenizer tok;
-  const std::string s = "hello \xff\x01 world";
-  auto ids = tok.encode(s, true);
-  EXPECT_EQ(ids.front(), 256);
-  EXPECT_EQ(ids.size(), s.size() + 1);
-  EXPECT_EQ(tok.decode(ids), s);
 }
 
 }  // namespace

@@ -384,6 +384,66 @@ def tokenizer_json_from_spm(model_path):
     }
 
 
+def write_tiny_checkpoint(folder, vocab_size, bos, eos, rng):
+    """A 2-layer random Llama checkpoint (config.json + f32 model.safetensors, written with the
+    standard library) for `pagoda generate --prompt` with the tokenizer next to it."""
+    import array
+    h, inter, layers, heads, kv_heads = 32, 64, 2, 4, 2
+    hd = h // heads
+    shapes = {"model.embed_tokens.weight": [vocab_size, h], "model.norm.weight": [h]}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
+                       p + "self_attn.q_proj.weight": [heads * hd, h],
+                       p + "self_attn.k_proj.weight": [kv_heads * hd, h],
+                       p + "self_attn.v_proj.weight": [kv_heads * hd, h],
+                       p + "self_attn.o_proj.weight": [h, heads * hd],
+                       p + "mlp.gate_proj.weight": [inter, h], p + "mlp.up_proj.weight": [inter, h],
+                       p + "mlp.down_proj.weight": [h, inter]})
+    header, blobs, offset = {}, [], 0
+    for name, shape in shapes.items():
+        n = 1
+        for d in shape:
+            n *= d
+        values = [1.0] * n if name.endswith("norm.weight") else [rng.gauss(0, 0.1) for _ in range(n)]
+        data = array.array("f", values).tobytes()
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header).encode()
+    head += b" " * ((8 - len(head) % 8) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
+        "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": True,
+        "bos_token_id": bos, "eos_token_id": eos, "torch_dtype": "float32"}))
+
+
+def check_generate(cli, tok_dir, work, rng, checker):
+    """`pagoda generate --prompt` encodes with the checkpoint's tokenizer (BOS included)."""
+    folder = work / "generate_ckpt"
+    folder.mkdir(parents=True, exist_ok=True)
+    src = pathlib.Path(tok_dir) / "tokenizer.json"
+    (folder / "tokenizer.json").write_bytes(src.read_bytes())
+    hf = Tokenizer.from_file(str(src))
+    bos = hf.token_to_id("<|begin_of_text|>")
+    write_tiny_checkpoint(folder, 1024, bos, hf.token_to_id("<|end_of_text|>"), rng)
+    for prompt in ["Hello world, 12345 中文 😀", "<|eot_id|>the end"]:
+        out = subprocess.run([cli, "generate", "--model", str(folder), "--prompt", prompt,
+                              "--max-new-tokens", "4", "--ignore-eos", "--json"],
+                             check=True, capture_output=True, text=True).stdout
+        res = json.loads(out)
+        checker.expect_equal("pagoda generate --prompt ids", res["prompt_token_ids"],
+                             hf.encode(prompt).ids, prompt)
+        checker.expect_equal("pagoda generate output_text", res["output_text"],
+                             hf.decode(res["output_token_ids"]), res["output_token_ids"])
+    print(f"generate: prompts encoded with the checkpoint's tokenizer.json, "
+          f"{'OK' if checker.failed == 0 else 'FAILED'}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
@@ -421,6 +481,9 @@ def main():
     for name, tok_json, specials, big_text in cases:
         check_hf(name, tok_json, test_texts(rng, corpus, specials), rng, args.tool, work, checker,
                  big_text, args.cli)
+
+    if args.cli:
+        check_generate(args.cli, work / "llama3_bytelevel", work, rng, checker)
 
     # A SentencePiece model trained here (BPE with byte fallback), through libsentencepiece.
     corpus_file = work / "spm_corpus.txt"
