@@ -65,6 +65,28 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
   return ids;
 }
 
+/// The platform the --backend option runs on.
+std::unique_ptr<platform::Platform> platform_for(const GenerateOptions& o) {
+  backends::BackendSelection selection;
+  selection.attention = o.backend;
+  return engine::make_platform_for(selection);
+}
+
+/// The engine configuration of the options: a pool of at least `pool_tokens` (>= 4096) and
+/// `max_running` running requests.
+engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform::Platform& platform,
+                                       int64_t pool_tokens, int32_t max_running) {
+  engine::EngineConfig cfg;
+  cfg.cuda_graph = o.cuda_graph == "on";
+  cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
+  cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
+  cfg.page_size = o.page_size;
+  cfg.pool_tokens = std::max<int64_t>(4096, pool_tokens);
+  cfg.scheduler.max_running_requests = max_running;
+  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(platform) : o.backend;
+  return cfg;
+}
+
 /// --batch-file: every line's prompt (comma-separated ids) runs as one request of a single
 /// batch; one JSON object per line on stdout, in file order.
 void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
@@ -80,19 +102,10 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   }
   PAGODA_REQUIRE(!prompts.empty(), kInvalidArgument, "--batch-file '{}' has no prompts",
                  o.batch_file);
-  backends::BackendSelection selection;
-  selection.attention = o.backend;
-  auto platform = engine::make_platform_for(selection);
-  engine::EngineConfig cfg;
-  cfg.cuda_graph = o.cuda_graph == "on";
-  cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
-  cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
-  cfg.page_size = o.page_size;
-  cfg.pool_tokens = std::max<int64_t>(4096, (total + o.page_size * 2 *
-                                                        static_cast<int64_t>(prompts.size())) *
-                                                2);
-  cfg.scheduler.max_running_requests = static_cast<int32_t>(std::min<size_t>(prompts.size(), 64));
-  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
+  auto platform = platform_for(o);
+  const engine::EngineConfig cfg = engine_config_for(
+      o, *platform, (total + o.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
+      static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)));
   engine::Engine eng(llama, cfg, platform.get());
   std::map<engine::RequestId, nlohmann::json> logits;
   if (o.dump_logits)
@@ -145,18 +158,10 @@ void run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt =
       o.prompt.empty() ? parse_token_ids(o.token_ids) : tok->encode(o.prompt, true);
 
-  backends::BackendSelection selection;
-  selection.attention = o.backend;
-  auto platform = engine::make_platform_for(selection);
-  engine::EngineConfig cfg;
-  cfg.cuda_graph = o.cuda_graph == "on";
-  cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
-  cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
-  cfg.page_size = o.page_size;
-  cfg.pool_tokens = std::max<int64_t>(
-      4096, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2);
-  cfg.scheduler.max_running_requests = 4;
-  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
+  auto platform = platform_for(o);
+  const engine::EngineConfig cfg = engine_config_for(
+      o, *platform, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2,
+      4);
   engine::Engine eng(llama, cfg, platform.get());
 
   nlohmann::json logits_json = nlohmann::json::array();

@@ -27,7 +27,9 @@ struct SamplingParams {
 int32_t argmax(std::span<const float> logits);
 
 /// A per-request sampler: owns the request's random stream (seeded by params.seed).
-/// Each sample() call consumes exactly one draw (greedy consumes none).
+/// Each sample() call consumes exactly one draw (greedy consumes none): draw n is
+/// sample_row(..., step = n) of host_sampling.h, so a stateful Sampler and the stateless worker
+/// path pick the same tokens.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
@@ -36,9 +38,8 @@ class Sampler {
   int32_t sample(std::span<const float> logits);
 
  private:
-  double next_uniform();
   SamplingParams params_;
-  uint64_t state_;
+  int64_t draws_ = 0;
   std::vector<int32_t> order_;
   std::vector<double> probs_;
 };

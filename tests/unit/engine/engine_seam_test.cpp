@@ -5,7 +5,10 @@
 // keeps the historical seeded stream.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 
 #include "engine_test_util.h"
@@ -166,27 +169,85 @@ TEST(ModelWorker, LogitRowsPerSequenceMatchNaiveAndBadBatchesAreRejected) {
   EXPECT_EQ(rig.worker->stats().steps, 1);
 }
 
-TEST(HostSampling, CounterStreamEqualsTheHistoricalSamplerStream) {
-  std::mt19937 rng(5);
+/// The historical per-request stream, written out here independently of host_sampling.cpp:
+/// state = seed ^ K; each draw adds φ and mixes (splitmix64); 53 bits as a double.
+double historical_draw(uint64_t seed, int64_t n) {
+  uint64_t state = seed ^ 0xA0761D6478BD642Full;
+  uint64_t z = 0;
+  for (int64_t i = 0; i <= n; ++i) {
+    z = (state += 0x9E3779B97F4A7C15ull);
+  }
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+TEST(HostSampling, CounterUniformIsTheHistoricalStream) {
+  for (uint64_t seed : {0ull, 1ull, 99ull, 0xDEADBEEFCAFEull})
+    for (int64_t n = 0; n < 64; ++n)
+      EXPECT_EQ(model::counter_uniform(seed, n), historical_draw(seed, n))
+          << "seed " << seed << " draw " << n;
+}
+
+TEST(HostSampling, SampleRowPicksTheInverseCdfTokenOfAnIndependentReference) {
+  const uint64_t seed = 5;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 2.f);
   std::vector<float> logits(300);
   for (float& x : logits) x = nd(rng);
-  const model::SamplingParams sp{.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 99};
+  const model::SamplingParams sp{.temperature = 0.9f, .top_k = 50, .top_p = 0.95f, .seed = 99,
+                                 .min_p = 0.01f};
+  // Reference: sort by logit (ties by id), top-k, softmax, top-p prefix, min-p, inverse CDF.
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  order.resize(static_cast<size_t>(sp.top_k));
+  std::vector<double> p;
+  for (int32_t id : order) p.push_back(std::exp((logits[id] - logits[order[0]]) / 0.9));
+  double total = 0.0;
+  for (double x : p) total += x;
+  size_t keep = p.size();
+  double cum = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    cum += p[i] / total;
+    if (cum >= sp.top_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  size_t cut = 1;
+  while (cut < keep && p[cut] >= sp.min_p * p[0]) ++cut;
+  keep = cut;
+  double kept = 0.0;
+  for (size_t i = 0; i < keep; ++i) kept += p[i];
   model::Sampler stateful(sp);
-  std::vector<int32_t> order;
-  std::vector<double> probs;
+  std::vector<int32_t> scratch_order;
+  std::vector<double> scratch_probs;
   int distinct = 0, last = -1;
-  for (int step = 0; step < 200; ++step) {
-    const int32_t a = stateful.sample(logits);
+  for (int64_t step = 0; step < 200; ++step) {
+    const double r = historical_draw(sp.seed, step) * kept;
+    double c = 0.0;
+    int32_t want = order[keep - 1];
+    for (size_t i = 0; i < keep; ++i) {
+      c += p[i];
+      if (r < c) {
+        want = order[i];
+        break;
+      }
+    }
     const model::SampleRow row{.temperature = sp.temperature,
                                .top_k = sp.top_k,
                                .top_p = sp.top_p,
-                               .min_p = 0.f,
+                               .min_p = sp.min_p,
                                .seed = sp.seed,
                                .step = step};
-    EXPECT_EQ(model::sample_row(logits, row, order, probs), a) << "step " << step;
-    distinct += a != last;
-    last = a;
+    EXPECT_EQ(model::sample_row(logits, row, scratch_order, scratch_probs), want) << step;
+    EXPECT_EQ(stateful.sample(logits), want) << step;
+    distinct += want != last;
+    last = want;
   }
   EXPECT_GT(distinct, 20);  // it really samples
 }
