@@ -71,7 +71,6 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   staging_ = std::make_unique<Staging>();
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
-  if (stats_.device) warm_up(std::min<int64_t>(256, table.max_context_len() - 1));
   if (config.cuda_graph && ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
     graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
     capture_graphs();
@@ -214,28 +213,6 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   decoder_->forward(eager_, f, *backend_, t, nrows);
   decoder_->sample(eager_, nrows);
   return finish(eager_, nrows, b.return_logits);
-}
-
-void LlamaWorker::warm_up(int64_t tokens) {
-  if (tokens < 1) return;
-  const int32_t n = static_cast<int32_t>(tokens);
-  WorkerBatch b;
-  ForwardBatch& f = b.forward;
-  f.mode = ForwardMode::kExtend;
-  f.batch_size = 1;
-  f.req_pool_indices = {0};  // row 0 maps every position to the dummy slot 0
-  f.seq_lens = {n};
-  f.extend_prefix_lens = {0};
-  f.extend_seq_lens = {n};
-  f.positions.resize(static_cast<size_t>(n));
-  std::iota(f.positions.begin(), f.positions.end(), 0);
-  f.out_cache_loc.assign(static_cast<size_t>(n), 0);
-  b.input_ids.assign(static_cast<size_t>(n), 0);
-  b.logit_rows = {1};
-  b.sampling = {SamplingParams{}};
-  b.sample_step = {0};
-  (void)run(b);
-  stats_.steps = 0;
 }
 
 void LlamaWorker::capture_graphs() {

@@ -13,8 +13,6 @@
 /// (cuda_graph_batch_sizes) when the ops support graphs and the backend does; everything else
 /// runs eagerly. Padded rows use row 0, slot 0 and the backend's fill seq_len.
 ///
-/// A device worker runs one dummy prefill on the reserved row 0 / slot 0 at construction (warm-up).
-///
 /// Thread rules: one thread. The model, ops, platform and table must outlive the worker.
 
 #include <cstdint>
@@ -73,10 +71,6 @@ class LlamaWorker final : public ModelWorker {
              std::span<const SampleRow> params);
   WorkerOutput finish(Activations& a, int64_t rows, bool want_logits);
   void capture_graphs();
-  /// One eager extend of `tokens` dummy tokens on the reserved row 0 / slot 0 (device workers):
-  /// loads the prefill kernels and GEMM heuristics and grows the planner's buffers, so the first
-  /// request's TTFT does not pay for them. Not counted in stats().
-  void warm_up(int64_t tokens);
 
   const LlamaModel* model_;
   std::unique_ptr<ModelOps> ops_;
