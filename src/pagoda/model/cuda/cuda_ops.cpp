@@ -154,10 +154,7 @@ class CudaOps final : public ModelOps {
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool f32_out) override {
     if (m == 0 || n == 0) return;
-    // Decode rows: at m <= 2 small_m_gemm streams each weight once and matches or beats cuBLAS
-    // on every projection of the 1B/8B layouts (H200, gemv_bench); from m = 4 cuBLAS wins.
-    if (m <= small_m_max_ && n * k <= small_m_max_elems_ &&
-        ck::small_m_gemm_supported(act_, m, n, k)) {
+    if (use_small_m(m, n, k, f32_out)) {
       cuda_check(ck::small_m_gemm(act_, x, w, y, f32_out, /*swiglu=*/false, m, n, k, stream_),
                  "small_m_gemm");
       return;
@@ -174,6 +171,15 @@ class CudaOps final : public ModelOps {
                               static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }
+  /// Whether a decode GEMM goes to small_m_gemm rather than cuBLAS. gemv_bench on the H200
+  /// (bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at m = 1 on matrices up to
+  /// ~64 M elements (1B q/k/v 5.1 vs 6.1 µs, down 10.2 vs 13.4) and on the f32-output LM head
+  /// (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the large m <= 2 matrices (8B
+  /// gate_up 62 vs 56 µs) and from m = 4 on.
+  bool use_small_m(int64_t m, int64_t n, int64_t k, bool f32_out) const {
+    if (m > small_m_max_ || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
+    return f32_out || n * k <= (m == 1 ? small_m_max_elems_ : small_m2_max_elems_);
+  }
   void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
                 const float* inv_freq, void* q, void* k, void* v, int64_t rows, int hq, int hkv,
                 int head_dim) override {
@@ -183,7 +189,9 @@ class CudaOps final : public ModelOps {
   }
   bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
                      int64_t k) override {
-    if (m == 0 || m > swiglu_max_ || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
+    if (m == 0 || m > swiglu_max_ || (m > 1 && n * k > small_m2_max_elems_) ||
+        !ck::small_m_gemm_supported(act_, m, n, k))
+      return false;
     cuda_check(ck::small_m_gemm(act_, gate_up, w, y, /*f32_out=*/false, /*swiglu=*/true, m, n, k,
                                 stream_),
                "small_m_gemm (swiglu)");
@@ -257,12 +265,13 @@ class CudaOps final : public ModelOps {
   platform::Platform* platform_;
   DType dtype_;
   ck::ActDType act_;
-  /// Largest row count (and weight size, elements) sent to small_m_gemm / its fused SwiGLU form
-  /// (chosen from gemv_bench and engine runs on the H200, bench/results/engine_real_h200.md);
-  /// PAGODA_SMALL_M_MAX, PAGODA_SWIGLU_FUSE_MAX, PAGODA_SMALL_M_MAX_ELEMS override them.
+  /// The use_small_m / swiglu_linear limits: rows, and weight elements at m = 1 and m = 2
+  /// (measurement knobs: PAGODA_SMALL_M_MAX, PAGODA_SWIGLU_FUSE_MAX, PAGODA_SMALL_M_MAX_ELEMS,
+  /// PAGODA_SMALL_M2_MAX_ELEMS).
   int64_t small_m_max_ = env_int("PAGODA_SMALL_M_MAX", 2);
   int64_t swiglu_max_ = env_int("PAGODA_SWIGLU_FUSE_MAX", 2);
-  int64_t small_m_max_elems_ = env_int("PAGODA_SMALL_M_MAX_ELEMS", int64_t{1} << 62);
+  int64_t small_m_max_elems_ = env_int("PAGODA_SMALL_M_MAX_ELEMS", int64_t{64} << 20);
+  int64_t small_m2_max_elems_ = env_int("PAGODA_SMALL_M2_MAX_ELEMS", int64_t{25} << 20);
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   platform::DeviceBuffer workspace_;
