@@ -247,6 +247,9 @@ void run_bench(const BenchOptions& o) {
 
   const engine::EngineStats st = eng.stats();
   const int completed = done - failed;
+  // Drained: every page reference is the tree's, and free + cached pages are the whole pool.
+  const int64_t leaked = eng.leaked_pages();
+  const bool accounted = eng.idle_pages_accounted();
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.backend_name()},
@@ -273,7 +276,8 @@ void run_bench(const BenchOptions& o) {
       {"retractions", st.scheduler.retractions},
       {"steps", st.steps},
       {"mixed_steps", st.mixed_steps},
-      {"leaked_pages", eng.leaked_pages()},
+      {"leaked_pages", leaked},
+      {"idle_pages_accounted", accounted},
       {"device_path", st.device_path},
       {"cuda_graph", st.device_path && o.cuda_graph == "on"},
       {"cuda_graphs", st.cuda_graphs},
@@ -290,8 +294,16 @@ void run_bench(const BenchOptions& o) {
       {"extend_step_min_tokens", extend_min_tokens},
       {"params", loaded.config.num_parameters()},
   };
+  // Printed first, then checked: a broken run still shows its numbers.
+  auto check_accounting = [&] {
+    PAGODA_REQUIRE(leaked == 0 && accounted, kInternal,
+                   "KV accounting after draining: {} leaked page references, free + cached "
+                   "pages {} the pool",
+                   leaked, accounted ? "equal" : "do not equal");
+  };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
+    check_accounting();
     return;
   }
   fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}), backend {}, page {}, pool {} "
@@ -318,7 +330,7 @@ void run_bench(const BenchOptions& o) {
   row("evicted tokens", fmt::format("{}", st.cache.evicted_tokens));
   row("retractions", fmt::format("{}", st.scheduler.retractions));
   row("steps (mixed)", fmt::format("{} ({})", st.steps, st.mixed_steps));
-  row("leaked pages", fmt::format("{}", eng.leaked_pages()));
+  row("leaked pages", fmt::format("{}{}", leaked, accounted ? "" : " (free + cached != total)"));
   if (decode_steps > 0)
     row("decode step", fmt::format("{:.3f} ms (batch {:.1f}, {:.0f} tok/s)",
                                    decode_s / static_cast<double>(decode_steps) * 1e3,
@@ -328,6 +340,7 @@ void run_bench(const BenchOptions& o) {
   if (st.device_path)
     row("CUDA graphs", fmt::format("{} captured, {} of {} decode steps replayed", st.cuda_graphs,
                                    st.cuda_graph_steps, st.decode_steps));
+  check_accounting();
 }
 
 }  // namespace

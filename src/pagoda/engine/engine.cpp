@@ -321,7 +321,16 @@ EngineStats Engine::stats() const {
 
 int64_t Engine::leaked_pages() const {
   const int64_t tree_pages = cache_->total_size() / config_.page_size;
-  return allocator_->num_referenced_pages() - tree_pages - scheduler_->request_private_pages();
+  int64_t references = 0;
+  for (int32_t p = 1; p <= allocator_->num_pages(); ++p)
+    references += allocator_->refcount(PageId{p});
+  return references - tree_pages - scheduler_->request_private_pages();
+}
+
+bool Engine::idle_pages_accounted() const {
+  if (has_work()) return true;
+  const int64_t tree_pages = cache_->total_size() / config_.page_size;
+  return allocator_->num_free_pages() + tree_pages == allocator_->num_pages();
 }
 
 int64_t Engine::leaked_rows() const {
@@ -337,6 +346,7 @@ void Engine::check_integrity() const {
   cache_->check_integrity();
   PAGODA_CHECK_EQ(leaked_pages(), 0);
   PAGODA_CHECK_EQ(leaked_rows(), 0);
+  PAGODA_CHECK(idle_pages_accounted());
 }
 
 }  // namespace pagoda::engine

@@ -156,9 +156,13 @@ class Engine {
   void release(RequestId id);
 
   EngineStats stats() const;
-  /// Pages referenced by nobody the engine knows of: referenced − tree − request-private.
-  /// 0 unless there is a bug; when idle every page is free or held by the tree.
+  /// Page references held by nobody the engine knows of: Σ refcount over all pages − tree pages
+  /// − request-private pages (a page the tree retained twice counts twice). 0 unless there is a
+  /// bug. O(num_pages).
   int64_t leaked_pages() const;
+  /// When idle (no request waiting or running): every page is either free or held by the tree
+  /// (free + tree == total). Always true while requests are live.
+  bool idle_pages_accounted() const;
   /// Request rows in use by no live request (0 unless there is a bug).
   int64_t leaked_rows() const;
   /// Aborts (PAGODA_CHECK) when allocator, table or cache invariants are broken.
