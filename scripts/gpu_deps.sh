@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The lent H200 machine's image lacks the dev files of three Debian libraries pagoda links (PCRE2,
+# ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them:
+#
+#   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~22 MB)
+#   on the GPU machine:        source scripts/gpu_deps.sh env  # unpacks to /tmp/sys, sets pkg-config
+#
+# then configure as usual (cmake -S . -B /tmp/b -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a). Name
+# `.debs` in the device tool's `carry`. The unpacked libraries are Debian 12's; the image's newer
+# glibc and libstdc++ run them.
+# No `set -e`: `env` is sourced into the caller's shell.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+packages=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
+          libsentencepiece-dev libsentencepiece0 libprotobuf-lite32)
+case "${1:-}" in
+  fetch)
+    mkdir -p "$root/.debs"
+    grep -qx '/.debs/' "$root/.git/info/exclude" 2>/dev/null || echo '/.debs/' >> "$root/.git/info/exclude"
+    (cd "$root/.debs" && apt-get download "${packages[@]}") || exit 1
+    ;;
+  env)
+    mkdir -p /tmp/sys
+    for f in "$root"/.debs/*.deb; do dpkg -x "$f" /tmp/sys; done
+    export PKG_CONFIG_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/sys/usr/share/pkgconfig
+    export PKG_CONFIG_SYSROOT_DIR=/tmp/sys PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
+    export LD_LIBRARY_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    ;;
+  *)
+    echo "usage: scripts/gpu_deps.sh fetch | source scripts/gpu_deps.sh env" >&2
+    return 2 2>/dev/null || exit 2
+    ;;
+esac
