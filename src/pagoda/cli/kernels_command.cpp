@@ -147,6 +147,23 @@ void run_kernels(const KernelsArgs& a) {
   PAGODA_REQUIRE(!mla || (a.kv_heads == 1 && dv < a.head_dim), kInvalidArgument,
                  "kernels: --head-dim-v != --head-dim means MLA (kv heads 1, Dv < Dqk)");
 
+  // Shape products in int64, bounded before anything is allocated: page and row indices are
+  // int32, and the host buffers must fit in memory.
+  const int64_t pages_wanted =
+      int64_t{a.batch} * ((int64_t{a.kv_len} + a.page_size - 1) / a.page_size);
+  const int64_t rows_wanted = int64_t{a.batch} * q_len;
+  PAGODA_REQUIRE(pages_wanted <= INT32_MAX && rows_wanted <= INT32_MAX, kInvalidArgument,
+                 "kernels: {} pages / {} query rows exceed int32 indexing", pages_wanted,
+                 rows_wanted);
+  const double kv_gib = static_cast<double>(pages_wanted) * a.page_size * a.kv_heads *
+                        a.head_dim * static_cast<double>(dtype_size(*kv_dtype)) * (mla ? 1 : 2) /
+                        static_cast<double>(1ull << 30);
+  const double q_gib = static_cast<double>(rows_wanted) * a.q_heads * (a.head_dim + dv) *
+                       static_cast<double>(dtype_size(*q_dtype)) / static_cast<double>(1ull << 30);
+  PAGODA_REQUIRE(kv_gib + q_gib <= 64.0, kResourceExhausted,
+                 "kernels: this shape needs {:.1f} GiB of KV and {:.1f} GiB of q/out (limit 64)",
+                 kv_gib, q_gib);
+
   // Page table: every request owns ceil(kv_len / page_size) pages, in a shuffled order.
   std::mt19937_64 rng(1234);
   const int pages_per_req = (a.kv_len + a.page_size - 1) / a.page_size;
