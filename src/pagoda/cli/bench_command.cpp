@@ -140,8 +140,6 @@ void run_bench(const BenchOptions& o) {
                  "--input-len must be >= 0 and --output-len >= 1");
   const std::optional<DType> dtype = parse_dtype_option(o.dtype, "--dtype");
   const std::optional<DType> kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
-  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
-  model::LlamaModel llama(loaded.config, loaded.weights);
   backends::BackendSelection selection;
   selection.attention = o.backend;
   selection.prefill = o.prefill_backend;
@@ -166,6 +164,9 @@ void run_bench(const BenchOptions& o) {
                               : o.backend;
   cfg.backend.prefill = o.prefill_backend;
   cfg.backend.decode = o.decode_backend;
+  cfg.validate();  // before the (possibly large) model is loaded
+  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LlamaModel llama(loaded.config, loaded.weights);
   engine::Engine eng(llama, cfg, platform.get());
 
   Workload w = make_workload(o, loaded.config.bos_token_id, loaded.config.vocab_size);

@@ -96,18 +96,23 @@ std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DT
 #endif
 }
 
+void EngineConfig::validate() const {
+  PAGODA_REQUIRE(page_size >= 1, kInvalidArgument, "page size must be >= 1 (got {})", page_size);
+  const int64_t num_pages = pool_tokens / page_size;
+  PAGODA_REQUIRE(num_pages >= 1 && num_pages < (int64_t{1} << 30) / page_size, kInvalidArgument,
+                 "pool of {} tokens at page size {} is out of range", pool_tokens, page_size);
+  PAGODA_REQUIRE(max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
+  scheduler.validate(page_size);
+}
+
 Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform)
     : model_(&model),
       config_(config),
       platform_(platform),
       max_context_len_(context_len_for(model, config)),
       start_(std::chrono::steady_clock::now()) {
-  PAGODA_REQUIRE(config.page_size >= 1, kInvalidArgument, "page size must be >= 1 (got {})",
-                 config.page_size);
+  config.validate();
   const int64_t num_pages = config.pool_tokens / config.page_size;
-  PAGODA_REQUIRE(num_pages >= 1 && num_pages < (int64_t{1} << 30) / config.page_size,
-                 kInvalidArgument, "pool of {} tokens at page size {} is out of range",
-                 config.pool_tokens, config.page_size);
   if (platform_ == nullptr) {
     own_platform_ = platform::make_cpu_platform();
     platform_ = own_platform_.get();

@@ -63,6 +63,10 @@ struct EngineConfig {
   std::optional<DType> dtype{};
   /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
   std::optional<DType> kv_dtype{};
+
+  /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
+  /// scheduler limits). Cheap: callers check before loading a model.
+  void validate() const;
 };
 
 /// What one step produced.

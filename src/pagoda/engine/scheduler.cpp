@@ -18,6 +18,20 @@ constexpr int64_t kRetractDecodeSteps = 20;
 constexpr size_t kLpmMaxQueue = 128;
 }  // namespace
 
+void SchedulerConfig::validate(int32_t page_size) const {
+  PAGODA_REQUIRE(page_size >= 1, kInvalidArgument, "page size must be >= 1 (got {})", page_size);
+  PAGODA_REQUIRE(max_running_requests >= 1, kInvalidArgument,
+                 "max_running_requests must be >= 1 (got {})", max_running_requests);
+  PAGODA_REQUIRE(chunk_size >= 0 && chunk_size % page_size == 0, kInvalidArgument,
+                 "chunk size {} must be 0 (off) or a positive multiple of the page size {}",
+                 chunk_size, page_size);
+  PAGODA_REQUIRE(max_prefill_tokens >= 1, kInvalidArgument,
+                 "max_prefill_tokens must be >= 1 (got {})", max_prefill_tokens);
+  const auto& r = new_token_ratio;
+  PAGODA_REQUIRE(r.min >= 0.0 && r.init >= r.min && r.init <= 1.0 && r.decay >= 0.0,
+                 kInvalidArgument, "new_token_ratio needs 0 <= min <= init <= 1, decay >= 0");
+}
+
 Scheduler::Scheduler(const SchedulerConfig& config, kv::PageAllocator& allocator,
                      kv::ReqToTokenTable& table, cache::PrefixCache& cache)
     : config_(config),
@@ -26,16 +40,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, kv::PageAllocator& allocator
       cache_(&cache),
       page_size_(allocator.page_size()),
       new_token_ratio_(config.new_token_ratio.init) {
-  PAGODA_REQUIRE(config.max_running_requests >= 1, kInvalidArgument,
-                 "max_running_requests must be >= 1 (got {})", config.max_running_requests);
-  PAGODA_REQUIRE(config.chunk_size >= 0 && config.chunk_size % page_size_ == 0, kInvalidArgument,
-                 "chunk size {} must be 0 (off) or a positive multiple of the page size {}",
-                 config.chunk_size, page_size_);
-  PAGODA_REQUIRE(config.max_prefill_tokens >= 1, kInvalidArgument,
-                 "max_prefill_tokens must be >= 1 (got {})", config.max_prefill_tokens);
-  const auto& r = config.new_token_ratio;
-  PAGODA_REQUIRE(r.min >= 0.0 && r.init >= r.min && r.init <= 1.0 && r.decay >= 0.0,
-                 kInvalidArgument, "new_token_ratio needs 0 <= min <= init <= 1, decay >= 0");
+  config.validate(page_size_);
 }
 
 void Scheduler::enqueue(Req* req) {

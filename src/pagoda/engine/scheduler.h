@@ -50,6 +50,9 @@ struct SchedulerConfig {
   /// Decode requests ride along in prefill steps (ForwardMode::kMixed).
   bool mixed_batches = true;
   NewTokenRatio new_token_ratio{};
+
+  /// Throws Error(kInvalidArgument) naming the first bad field for pages of `page_size` tokens.
+  void validate(int32_t page_size) const;
 };
 
 /// One request's part of a scheduled step.
