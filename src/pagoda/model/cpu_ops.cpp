@@ -26,7 +26,11 @@ class CpuOps final : public ModelOps {
   DType dtype() const override { return DType::kF32; }
   platform::Platform& platform() const override { return *platform_; }
 
-  void* upload(std::span<const float> host) override { return upload_f32(host); }
+  /// The weights are used in place: the caller's array (a LlamaModel's packed weights, which
+  /// outlive the Decoder and its ops) is already f32 in host memory, so nothing is copied.
+  void* upload(std::span<const float> host) override {
+    return const_cast<float*>(host.data());
+  }
   float* upload_f32(std::span<const float> host) override {
     owned_.emplace_back(host.begin(), host.end());
     return owned_.back().data();
@@ -124,7 +128,7 @@ class CpuOps final : public ModelOps {
 
  private:
   platform::Platform* platform_;
-  std::list<std::vector<float>> owned_;  ///< uploaded weights (stable addresses)
+  std::list<std::vector<float>> owned_;  ///< upload_f32 copies (stable addresses)
   std::vector<float> cos_, sin_;
   std::vector<int32_t> order_;
   std::vector<double> probs_;

@@ -1,16 +1,10 @@
 #pragma once
-/// LlamaModel: a Llama-family decoder whose attention runs through an AttentionBackend over the
-/// paged KV cache (ARCHITECTURE §1):
-///
-///   x = embed[ids]
-///   per layer: h = rms_norm(x); q, k, v = h·Wqkvᵀ (+ b_qkv when config.qkv_bias); rope(q, k);
-///              o = backend.forward(q, k, v, layer, batch)   (writes K/V at out_cache_loc);
-///              x += o·Woᵀ; h = rms_norm(x); x += (silu(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ
-///   logits = soft_cap(rms_norm(x[rows])·W_lmᵀ)
-///
-/// f32 compute on the host (OpenBLAS). The device path (cuBLAS GEMMs + the same backend calls)
-/// plugs in behind the dense ops in ops.h; this class only sequences them.
-/// Not thread-safe (owns scratch buffers); one engine thread uses it.
+/// LlamaModel: a Llama-family decoder's definition on the host: the validated config, the f32
+/// weights packed for the forward pass (q/k/v and gate/up fused, the q/k/v bias when the family
+/// has one), the per-layer attention parameters and the RoPE table. It computes nothing itself:
+/// the one layer loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h) or, for
+/// tests and tools on the host, by ModelRunner (model_runner.h). Immutable after construction;
+/// safe to share between threads.
 
 #include <cstdint>
 #include <span>
@@ -41,14 +35,6 @@ class LlamaModel {
   /// A KV pool shape for this model: f32, num_layers, num_kv_heads, head_dim.
   kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size) const;
 
-  /// Runs every layer for `batch`. The caller has already called
-  /// backend.init_forward_metadata(batch) and written the rows of the ReqToTokenTable.
-  /// input_ids: [batch.num_tokens()] token ids (< vocab_size, checked: Error(kOutOfRange));
-  /// logit_rows: which query rows to compute logits for (each in [0, num_tokens));
-  /// logits: [logit_rows.size(), vocab_size] f32, written. A kIdle batch writes nothing.
-  void forward(const attention::ForwardBatch& batch, std::span<const int32_t> input_ids,
-               attention::AttentionBackend& backend, std::span<const int32_t> logit_rows,
-               std::span<float> logits);
 
  public:
   /// One layer's weights as the forward pass uses them (f32, HF [out, in] layout).
@@ -80,8 +66,6 @@ class LlamaModel {
   std::vector<PackedLayer> packed_;
   std::vector<attention::AttentionLayer> layers_;
   Rope rope_;
-  // Scratch, resized per forward.
-  std::vector<float> x_, h_, qkv_, q_, k_, v_, attn_, mlp_, act_, sel_;
 };
 
 }  // namespace pagoda::model

@@ -52,10 +52,12 @@ class ModelOps {
   virtual platform::Platform& platform() const = 0;
   Device device() const { return platform().device(); }
 
-  /// Copies host f32 values to a new device array of dtype() (round to nearest even) owned by
-  /// the ops object; returns its address (valid while the ops live). Synchronous.
+  /// The weight array `host` (f32) in dtype() on the device (rounded to nearest even), valid
+  /// while the ops live. Device ops copy it into memory they own; the CPU ops (f32) return
+  /// host.data() itself, so `host` must outlive the ops (a LlamaModel's weights do). Synchronous.
   virtual void* upload(std::span<const float> host) = 0;
-  /// Same, but keeps f32 (RoPE frequencies, f32 norm weights).
+  /// A copy of `host` kept in f32 on the device and owned by the ops (RoPE frequencies); the
+  /// argument may be a temporary.
   virtual float* upload_f32(std::span<const float> host) = 0;
 
   /// out[t, :] = table[ids[t], :] for t < rows. ids are in range (checked by the caller).

@@ -47,7 +47,13 @@ ForwardBatch build_forward_batch(const StepInput& in) {
 }
 
 ModelRunner::ModelRunner(LlamaModel& model, attention::AttentionBackend& backend)
-    : model_(&model), backend_(&backend) {}
+    : model_(&model),
+      backend_(&backend),
+      platform_(platform::make_cpu_platform()),
+      ops_(make_cpu_ops(*platform_, DType::kF32)),
+      decoder_(std::make_unique<Decoder>(model, *ops_)) {}
+
+ModelRunner::~ModelRunner() = default;
 
 std::span<const float> ModelRunner::run(const StepInput& in) {
   batch_ = build_forward_batch(in);
@@ -60,9 +66,18 @@ std::span<const float> ModelRunner::run(const StepInput& in) {
     if (s.want_logits) logit_rows_.push_back(row - 1);
   }
   const int64_t vocab = model_->config().vocab_size;
-  logits_.resize(logit_rows_.size() * vocab);
+  for (int32_t id : input_ids_)
+    PAGODA_REQUIRE(id >= 0 && id < vocab, kOutOfRange, "token id {} outside [0, {})", id, vocab);
+  const int64_t t = batch_.num_tokens();
+  const int64_t rows = static_cast<int64_t>(logit_rows_.size());
+  // CPU ops: the activations are host memory, staged directly.
+  decoder_->reserve(acts_, t, std::max<int64_t>(rows, 1));
+  std::copy(input_ids_.begin(), input_ids_.end(), acts_.ids());
+  std::copy(batch_.positions.begin(), batch_.positions.end(), acts_.positions());
+  std::copy(logit_rows_.begin(), logit_rows_.end(), acts_.logit_rows());
   backend_->init_forward_metadata(batch_);
-  model_->forward(batch_, input_ids_, *backend_, logit_rows_, logits_);
+  decoder_->forward(acts_, batch_, *backend_, t, rows);
+  logits_.assign(acts_.logits_f32(), acts_.logits_f32() + rows * vocab);
   return logits_;
 }
 
