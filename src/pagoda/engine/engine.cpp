@@ -7,6 +7,7 @@
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/llama_worker.h"
+#include "pagoda/model/model_runner.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
 #include "pagoda/model/cuda/cuda_ops.h"
 #endif
@@ -190,37 +191,27 @@ bool Engine::check_finished(Req& req, int32_t token) {
 
 void Engine::build_batch(const ScheduledStep& s) {
   model::WorkerBatch& b = batch_;
-  attention::ForwardBatch& f = b.forward;
-  const bool extend = s.mode != ForwardMode::kDecode;
-  const size_t bs = s.seqs.size();
-  f = attention::ForwardBatch{};
-  f.mode = s.mode;
-  f.batch_size = static_cast<int>(bs);
-  f.out_cache_loc = s.out_cache_loc;
-  f.req_pool_indices.reserve(bs);
-  f.seq_lens.reserve(bs);
-  f.positions.reserve(f.out_cache_loc.size());
+  model::StepInput in{.mode = s.mode, .seqs = {}, .out_cache_loc = s.out_cache_loc};
+  in.seqs.reserve(s.seqs.size());
   b.input_ids.clear();
   b.logit_rows.clear();
   b.sampling.clear();
   b.sample_step.clear();
   for (const ScheduledSeq& q : s.seqs) {
     const Req& r = *q.req;
-    const int32_t prefix = static_cast<int32_t>(q.prefix_len);
-    const int32_t n = static_cast<int32_t>(q.num_tokens);
-    f.req_pool_indices.push_back(r.cache.req_slot.value());
-    f.seq_lens.push_back(prefix + n);
-    if (extend) {
-      f.extend_prefix_lens.push_back(prefix);
-      f.extend_seq_lens.push_back(n);
-    }
-    for (int32_t i = 0; i < n; ++i) f.positions.push_back(prefix + i);
-    b.input_ids.insert(b.input_ids.end(), r.cache.tokens.begin() + prefix,
-                       r.cache.tokens.begin() + prefix + n);
+    const auto tokens = std::span<const int32_t>(r.cache.tokens)
+                            .subspan(static_cast<size_t>(q.prefix_len),
+                                     static_cast<size_t>(q.num_tokens));
+    in.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
+                                          .prefix_len = static_cast<int32_t>(q.prefix_len),
+                                          .tokens = tokens,
+                                          .want_logits = q.completes_fill});
+    b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
     b.logit_rows.push_back(q.completes_fill ? 1 : 0);
     b.sampling.push_back(r.sampling);
     b.sample_step.push_back(r.num_output());
   }
+  b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (model_runner.h)
   b.return_logits = static_cast<bool>(logits_observer_);
 }
 
