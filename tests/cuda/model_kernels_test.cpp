@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/model/cuda/dense_kernels.h"
 #include "pagoda/model/cuda/philox.h"
@@ -35,20 +36,9 @@
 namespace pagoda::model::cuda_kernels {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU()                                   \
-  do {                                                  \
-    if (!have_gpu()) GTEST_SKIP() << "no CUDA device"; \
-  } while (0)
-
-uint64_t test_seed(uint64_t fallback) {
-  if (const char* s = std::getenv("PAGODA_TEST_SEED")) return std::strtoull(s, nullptr, 10);
-  return fallback;
-}
+using ::pagoda::gpu_test::have_gpu;
+using ::pagoda::gpu_test::test_seed;
+#define REQUIRE_GPU() PAGODA_REQUIRE_GPU()
 
 /// Device buffer; poisoned with 0xFF bytes (NaN in f32, f16 and bf16) on request.
 struct Dev {
