@@ -67,9 +67,11 @@ PY
   log "killed follower $fol: leader exited rc=$rc after $(python3 -c "print(round($(date +%s.%N)-$t0,2))") s: $(grep -i 'rank' "$OUT/kill.err" | tail -1)"
   # A killed leader takes its follower with it.
   $P bench --model $C --backend cuda --tp 2 --requests 8 --output-len 20000 --pool-tokens 400000 \
-    > /dev/null 2>&1 &
+    > "$OUT/kill2.out" 2> "$OUT/kill2.err" &
   lead=$!; sleep 40; fol=$(pgrep -f "tp-follower" | head -1); kill -9 $lead; sleep 3
   if [ -n "$fol" ] && kill -0 "$fol" 2>/dev/null; then log "leader killed: follower $fol STILL RUNNING"; else log "leader killed: follower ${fol:-?} gone within 3 s"; fi
+  tail -c 3000 "$OUT/kill2.err" > "$OUT/kill2.tail"
+  (cd "$OUT" && tar czf logs.tgz *.log *.err *.jsonl *.txt *.tail 2>/dev/null)
   ;;
 bench)
   C=$(ckpt 8b)

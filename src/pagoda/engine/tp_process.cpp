@@ -115,8 +115,11 @@ struct TpProcessGroup::Impl {
           if (got == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
         done[i] = true;
-        if (got == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0 && stopping.load())
-          continue;  // an orderly stop
+        // A follower exits 0 only after the leader's stop message (or its closed socket).
+        if (got == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+          pids[i] = -1;
+          continue;
+        }
         if (got == pids[i]) pids[i] = -1;
         std::fprintf(stderr,
                      "pagoda: tensor-parallel rank %zu (pid %d) failed (%s); stopping every "
@@ -129,7 +132,7 @@ struct TpProcessGroup::Impl {
         }
         for (pid_t p : pids)
           if (p > 0) ::kill(p, SIGKILL);
-        std::fflush(stderr);
+        std::fflush(nullptr);
         ::_exit(70);
       }
     }
