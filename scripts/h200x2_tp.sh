@@ -5,8 +5,10 @@
 # Carry `.debs` (scripts/gpu_deps.sh fetch). Builds into /tmp/b-tp (kept while the machine is
 # warm). Logs go to $OUT.
 set -uo pipefail
-OUT=${OUT:-/tmp/pagoda_out}
-mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/pagoda_out}
+OUT=/tmp/tp_out  # everything here; $FINAL gets tp.log and logs.tgz (the device returns 8 files)
+mkdir -p "$OUT" "$FINAL"
+trap '(cd "$OUT" && tar czf "$FINAL/logs.tgz" --exclude=logs.tgz . 2>/dev/null); cp "$OUT/tp.log" "$FINAL/" 2>/dev/null' EXIT
 cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1 NCCL_NVLS_ENABLE=0
 B=/tmp/b-tp
@@ -70,8 +72,6 @@ PY
     > "$OUT/kill2.out" 2> "$OUT/kill2.err" &
   lead=$!; sleep 40; fol=$(pgrep -f "tp-follower" | head -1); kill -9 $lead; sleep 3
   if [ -n "$fol" ] && kill -0 "$fol" 2>/dev/null; then log "leader killed: follower $fol STILL RUNNING"; else log "leader killed: follower ${fol:-?} gone within 3 s"; fi
-  tail -c 3000 "$OUT/kill2.err" > "$OUT/kill2.tail"
-  (cd "$OUT" && tar czf logs.tgz *.log *.err *.jsonl *.txt *.tail 2>/dev/null)
   ;;
 bench)
   C=$(ckpt 8b)

@@ -115,11 +115,14 @@ struct TpProcessGroup::Impl {
           if (got == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         }
         done[i] = true;
-        // A follower exits 0 only after the leader's stop message (or its closed socket).
+        // A follower exits 0 only after the leader's stop message (or its closed socket); one
+        // that closed its socket while the group is being stopped may still be tearing down its
+        // GPU context (the destructor reaps it).
         if (got == pids[i] && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
           pids[i] = -1;
           continue;
         }
+        if (got == 0 && stopping.load()) continue;
         if (got == pids[i]) pids[i] = -1;
         std::fprintf(stderr,
                      "pagoda: tensor-parallel rank %zu (pid %d) failed (%s); stopping every "
