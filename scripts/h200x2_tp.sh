@@ -74,14 +74,16 @@ PY
   if [ -n "$fol" ] && kill -0 "$fol" 2>/dev/null; then log "leader killed: follower $fol STILL RUNNING"; else log "leader killed: follower ${fol:-?} gone within 3 s"; fi
   ;;
 bench)
-  C=$(ckpt 8b)
-  for bs in 1 64; do
-    for tp in 1 2; do
-      timeout 280 $P bench --model $C --backend cuda --tp $tp --json --requests $bs --max-running $bs \
-        --input-len 128 --output-len 128 --pool-tokens 65536 --chunk-size 0 --page-size 16 \
-        > "$OUT/bench_8b_b${bs}_tp$tp.json" 2> "$OUT/bench_8b_b${bs}_tp$tp.err"
-      log "8b b$bs tp$tp rc=$? $(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print('decode_step_ms', round(d['decode_step_ms'],3), 'decode tok/s', round(d['decode_tokens_per_s'],1), 'graphs', d['cuda_graph_steps'])" "$OUT/bench_8b_b${bs}_tp$tp.json" 2>&1 | tail -1)"
-    done
-  done
+  # tp 1 vs tp 2 in one run; "nccl" = tp 2 with the IPC all-reduce off (PAGODA_CUSTOM_ALLREDUCE=0).
+  one() {  # one LAYOUT BS TP VARIANT
+    local C=$(ckpt $1) name=bench_$1_b$2_tp$3$4 env=()
+    [ "$4" = _nccl ] && env=(PAGODA_CUSTOM_ALLREDUCE=0)
+    env "${env[@]}" timeout 280 $P bench --model $C --backend cuda --tp $3 --json --requests $2 \
+      --max-running $2 --input-len 128 --output-len 128 --pool-tokens 65536 --chunk-size 0 \
+      --page-size 16 > "$OUT/$name.json" 2> "$OUT/$name.err"
+    log "$1 b$2 tp$3$4 rc=$? $(python3 -c "import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print('decode_step_ms', round(d['decode_step_ms'],3), 'decode tok/s', round(d['decode_tokens_per_s'],1), 'graph steps', d['cuda_graph_steps'])" "$OUT/$name.json" 2>&1 | tail -1) $(grep -h 'tensor parallel' "$OUT/$name.err" | head -1)"
+  }
+  for bs in 1 64; do one 1b $bs 1 ""; one 1b $bs 2 _nccl; one 1b $bs 2 ""; done
+  for bs in 1 64; do one 8b $bs 1 ""; one 8b $bs 2 ""; done
   ;;
 esac

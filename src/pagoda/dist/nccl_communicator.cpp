@@ -10,6 +10,11 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "pagoda/dist/ipc_allreduce.h"
 #endif
 
 namespace pagoda::dist {
@@ -46,10 +51,68 @@ class NcclCommunicator final : public Communicator {
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  std::string name() const override { return "nccl"; }
+  std::string name() const override { return ipc_ != nullptr ? "nccl+ipc" : "nccl"; }
+
+  /// Sets up the one-shot IPC all-reduce (collective) and checks it against NCCL on random
+  /// data; keeps NCCL alone when P2P is unavailable, the check fails, or
+  /// PAGODA_CUSTOM_ALLREDUCE=0. Returns what it decided, for the log.
+  std::string enable_ipc() {
+    const char* env = std::getenv("PAGODA_CUSTOM_ALLREDUCE");
+    if (env != nullptr && std::string(env) == "0") return "NCCL only (PAGODA_CUSTOM_ALLREDUCE=0)";
+    ipc_ = IpcAllReduce::create(*this, size_t{8} << 20, stream_);
+    if (ipc_ == nullptr) return "NCCL only (no P2P between the GPUs)";
+    const int64_t n = 12288;
+    std::vector<float> host(static_cast<size_t>(n));
+    std::mt19937 rng(static_cast<uint32_t>(1234 + rank_));
+    std::uniform_real_distribution<float> u(-2.f, 2.f);
+    for (float& x : host) x = u(rng);
+    float* d = nullptr;
+    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float) * n * 2), "cudaMalloc");
+    cuda_ok(cudaMemcpy(d, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaMemcpy(d + n, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice),
+            "cudaMemcpy");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // before the stream reads them
+    bool same = true;
+    for (int rep = 0; rep < 3; ++rep) {  // several calls: the epochs and halves alternate
+      ipc_->all_reduce_sum(d, n, DType::kF32);
+      nccl_all_reduce(d + n, n, DType::kF32);
+      std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+      cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      cuda_ok(cudaMemcpy(a.data(), d, sizeof(float) * n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      cuda_ok(cudaMemcpy(b.data(), d + n, sizeof(float) * n, cudaMemcpyDeviceToHost),
+              "cudaMemcpy");
+      for (int64_t i = 0; i < n; ++i)
+        same = same && std::fabs(a[static_cast<size_t>(i)] - b[static_cast<size_t>(i)]) <=
+                           1e-5f * (1.f + std::fabs(b[static_cast<size_t>(i)]));
+    }
+    (void)cudaFree(d);
+    // Every rank must agree (NCCL all-reduce of the verdicts).
+    float* v = nullptr;
+    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&v), sizeof(float)), "cudaMalloc");
+    const float mine = same ? 0.f : 1.f;
+    cuda_ok(cudaMemcpy(v, &mine, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    nccl_all_reduce(v, 1, DType::kF32);
+    float bad = 0.f;
+    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    cuda_ok(cudaMemcpy(&bad, v, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    (void)cudaFree(v);
+    if (bad != 0.f) {
+      ipc_.reset();
+      return "NCCL only (the IPC all-reduce disagreed with NCCL on its self-check)";
+    }
+    return "NCCL + one-shot IPC all-reduce for messages up to 8 MiB";
+  }
 
   void all_reduce_sum(void* data, int64_t count, DType dtype) override {
     live();
+    if (ipc_ != nullptr && ipc_->fits(count * static_cast<int64_t>(dtype_size(dtype)))) {
+      ipc_->all_reduce_sum(data, count, dtype);
+      return;
+    }
+    nccl_all_reduce(data, count, dtype);
+  }
+  void nccl_all_reduce(void* data, int64_t count, DType dtype) {
     nccl_check(ncclAllReduce(data, data, static_cast<size_t>(count), nccl_type(dtype), ncclSum,
                              comm_, stream_),
                "ncclAllReduce", comm_);
@@ -76,10 +139,15 @@ class NcclCommunicator final : public Communicator {
     PAGODA_REQUIRE(!aborted_.load(), kFailedPrecondition,
                    "the tensor-parallel group was aborted (a rank failed)");
   }
+  static void cuda_ok(cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw_error(ErrorCode::kInternal, "{} failed: {}", what, cudaGetErrorString(e));
+  }
   ncclComm_t comm_;
   int rank_, world_;
   cudaStream_t stream_;
   std::atomic<bool> aborted_{false};
+  std::unique_ptr<IpcAllReduce> ipc_;
 };
 
 }  // namespace
@@ -105,8 +173,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::span<const std::byte> 
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   ncclComm_t comm = nullptr;
   nccl_check(ncclCommInitRank(&comm, world, id, rank), "ncclCommInitRank");
-  return std::make_unique<NcclCommunicator>(comm, rank, world,
-                                            static_cast<cudaStream_t>(stream));
+  auto c = std::make_unique<NcclCommunicator>(comm, rank, world,
+                                              static_cast<cudaStream_t>(stream));
+  const std::string how = c->enable_ipc();
+  if (rank == 0) std::fprintf(stderr, "pagoda: tensor parallel %d: %s\n", world, how.c_str());
+  return c;
 }
 
 #else  // no NCCL in this build
