@@ -45,9 +45,13 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int world, cudaStream_t stream)
       : comm_(comm), rank_(rank), world_(world), stream_(stream) {}
+  /// Tears down with ncclCommAbort: local and non-blocking. (ncclCommDestroy finalizes with the
+  /// peers and waited ~30 s for a rank that had already left; by the time a communicator is
+  /// destroyed no collective is outstanding, so nothing is lost.)
   ~NcclCommunicator() override {
-    if (aborted_.load()) return;  // abort() already released the communicator
-    (void)ncclCommDestroy(comm_);
+    ipc_.reset();
+    if (aborted_.exchange(true)) return;  // abort() already released the communicator
+    (void)ncclCommAbort(comm_);
   }
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }

@@ -183,6 +183,10 @@ TpProcessGroup::TpProcessGroup(int tp, const std::string& exe, const std::string
 
 TpProcessGroup::~TpProcessGroup() {
   impl_->stopping.store(true);
+  {  // rank 0's communicator goes first: the followers tear theirs down without waiting for it
+    std::lock_guard<std::mutex> lock(impl_->comm_mu);
+    impl_->comm.reset();
+  }
   // The leader worker (destroyed with the engine) sent the stop message; closing the sockets
   // ends followers that never got one.
   for (auto& c : impl_->channels) c->close();
