@@ -260,9 +260,17 @@ class CountingPages final : public kv::PageRefs {
   void retain(std::span<const SlotIndex> s) override { retained += static_cast<int64_t>(s.size()); }
   void free(std::span<const SlotIndex> s) override { freed += static_cast<int64_t>(s.size()); }
   void require_held_runs(std::span<const SlotIndex>) const override {}
+  void retain_pages(std::span<const kv::PageRun> runs) override { retained += tokens(runs); }
+  void free_pages(std::span<const kv::PageRun> runs) override { freed += tokens(runs); }
+  void require_held_pages(std::span<const kv::PageRun>) const override {}
   int64_t retained = 0, freed = 0;
 
  private:
+  int64_t tokens(std::span<const kv::PageRun> runs) const {
+    int64_t n = 0;
+    for (const kv::PageRun& r : runs) n += int64_t{r.count} * page_size_;
+    return n;
+  }
   int32_t num_pages_, page_size_;
 };
 

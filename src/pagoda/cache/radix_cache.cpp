@@ -12,7 +12,9 @@ namespace pagoda::cache {
 /// A tree node (see radix_cache.h). `id` is a generation: a recycled node gets a new one.
 struct PrefixNode {
   PrefixNode* parent = nullptr;
-  std::unique_ptr<int32_t[]> data;  ///< [len tokens | len slots], exactly sized; null when empty
+  /// [len tokens | len slots], exactly sized; only the tokens when the slots are one run of
+  /// consecutive whole pages (run_page >= 0: slot i is run_page * page_size + i). Null when empty.
+  std::unique_ptr<int32_t[]> data;
   int64_t len = 0;
   uint64_t id = 0;
   uint64_t hash = 0;  ///< page_hash(ns, first page of key); with the parent, its child-table key
@@ -24,16 +26,19 @@ struct PrefixNode {
   NodeStats stats;
 
   const int32_t* key() const { return data.get(); }
-  const SlotIndex* value() const { return data.get() + len; }
+  /// The stored slots; only when run_page < 0.
+  const SlotIndex* stored_value() const { return data.get() + len; }
   std::span<const int32_t> key_span() const { return {key(), static_cast<size_t>(len)}; }
-  std::span<const SlotIndex> value_span() const { return {value(), static_cast<size_t>(len)}; }
-  /// Replaces the buffer with an exactly sized copy of key[0, n) and value[0, n).
-  void assign(const int32_t* k, const SlotIndex* v, int64_t n) {
-    auto buf = std::make_unique_for_overwrite<int32_t[]>(static_cast<size_t>(2 * n));
+  /// Replaces the buffer with an exactly sized copy of key[0, n) and, when `v` is not null,
+  /// value[0, n); run_page is set to `run` (>= 0 exactly when v is null).
+  void assign(const int32_t* k, const SlotIndex* v, int64_t n, int64_t run) {
+    const auto cells = static_cast<size_t>(v != nullptr ? 2 * n : n);
+    auto buf = std::make_unique_for_overwrite<int32_t[]>(cells);
     std::memcpy(buf.get(), k, static_cast<size_t>(n) * sizeof(int32_t));
-    std::memcpy(buf.get() + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
+    if (v != nullptr) std::memcpy(buf.get() + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
     data = std::move(buf);
     len = n;
+    run_page = run;
   }
 };
 
@@ -50,6 +55,16 @@ uint64_t mix(uint64_t h, uint64_t v) {
 
 /// Leading equal elements of a[0, n) and b[0, n): one memcmp over the whole run when it matches
 /// (the common case), else a blockwise search for the first difference.
+/// Whether v[i] == first + i for every i (one branch-free, vectorisable pass; wrap-around is
+/// harmless: the page range is checked by the allocator).
+bool is_linear(const SlotIndex* v, size_t n, uint32_t first) {
+  uint32_t diff = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff |= static_cast<uint32_t>(v[i]) ^ (first + static_cast<uint32_t>(i));
+  }
+  return diff == 0;
+}
+
 size_t common_prefix(const int32_t* a, const int32_t* b, size_t n) {
   if (std::memcmp(a, b, n * sizeof(int32_t)) == 0) return n;
   constexpr size_t kBlock = 64;
@@ -305,22 +320,25 @@ void RadixCache::sync_evictable(PrefixNode* node) {
 }
 
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
-  if (listener_) listener_(event, node->key_span(), node->value_span());
+  if (!listener_) return;
+  scratch_emit_.clear();
+  append_slots(node, node->len, &scratch_emit_);
+  listener_(event, node->key_span(), scratch_emit_);
 }
 
 PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
   // parent -> child becomes parent -> upper -> child; upper takes key[:len] / value[:len].
   PrefixNode* upper = new_node(child->parent, child->ns);
-  upper->assign(child->key(), child->value(), len);
+  const bool run = child->run_page >= 0;
+  upper->assign(child->key(), run ? nullptr : child->stored_value(), len, child->run_page);
   upper->hash = child->hash;  // same first page, same parent: it takes over the child's entry
   upper->lock_ref = child->lock_ref;
   upper->stats = child->stats;
-  upper->run_page = child->run_page;
-  if (child->run_page >= 0) child->run_page += len / page_size();
   relink_child(child, upper);
   const int64_t rest = child->len - len;
   std::unique_ptr<int32_t[]> old = std::move(child->data);
-  child->assign(old.get() + len, old.get() + child->len + len, rest);
+  child->assign(old.get() + len, run ? nullptr : old.get() + child->len + len, rest,
+                run ? child->run_page + len / page_size() : -1);
   child->parent = upper;
   link_child(upper, child);
   ++num_nodes_;
@@ -329,7 +347,6 @@ PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
 
 int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
                                     std::span<const SlotIndex> slots, bool collect_dups) {
-  const int64_t p = page_size();
   const auto n = static_cast<int64_t>(tokens.size());
   const PrefixNode* node = root_;
   int64_t pos = 0;
@@ -341,26 +358,64 @@ int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
     const int64_t m = std::min(child->len, n - pos);
     const int64_t plen = aligned(static_cast<int64_t>(
         common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
-    if (collect_dups && std::memcmp(child->value(), slots.data() + pos,
-                                    static_cast<size_t>(plen) * sizeof(SlotIndex)) != 0) {
-      // Pages where the caller passed its own slots (not the tree's) are duplicates it hands
-      // over; they are collected run by run.
-      const SlotIndex* mine = slots.data() + pos;
-      const SlotIndex* tree = child->value();
-      int64_t j = 0;
-      while (j < plen) {
-        while (j < plen && mine[j] == tree[j]) j += p;
-        const int64_t run = j;
-        while (j < plen && mine[j] != tree[j]) j += p;
-        scratch_dups_.insert(scratch_dups_.end(), mine + run, mine + j);
-      }
-    }
+    if (collect_dups && plen > 0) collect_dups_of(child, slots.data() + pos, plen);
     scratch_path_.push_back(PathStep{child, plen});
     pos += plen;
     if (plen < child->len) break;
     node = child;
   }
   return pos;
+}
+
+void RadixCache::collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t n) {
+  const int64_t p = page_size();
+  const bool run = node->run_page >= 0;
+  const auto base = static_cast<SlotIndex>(run ? node->run_page * p : 0);
+  if (run ? is_linear(mine, static_cast<size_t>(n), static_cast<uint32_t>(base))
+          : std::memcmp(node->stored_value(), mine, static_cast<size_t>(n) * sizeof(SlotIndex)) ==
+                0) {
+    return;  // the caller passed the tree's own slots (it matched first): nothing to hand back
+  }
+  // Pages where the caller passed its own slots are duplicates it hands over. The value is whole
+  // pages (checked), so the first slot of each page decides.
+  for (int64_t j = 0; j < n; j += p) {
+    const SlotIndex tree = run ? base + static_cast<SlotIndex>(j) : node->stored_value()[j];
+    if (mine[j] != tree) add_page(scratch_dups_, page_id(mine[j]), 1);
+  }
+}
+
+void RadixCache::add_page(std::vector<kv::PageRun>& runs, int64_t first, int64_t count) {
+  if (!runs.empty() && int64_t{runs.back().first} + runs.back().count == first) {
+    runs.back().count += static_cast<int32_t>(count);
+  } else {
+    runs.push_back(kv::PageRun{static_cast<int32_t>(first), static_cast<int32_t>(count)});
+  }
+}
+
+void RadixCache::collect_page_runs(std::span<const SlotIndex> slots, bool linear,
+                                   std::vector<kv::PageRun>& out) const {
+  if (slots.empty()) return;
+  const auto pages = static_cast<int32_t>(slots.size() / static_cast<size_t>(page_size()));
+  if (linear) {
+    out.push_back(kv::PageRun{static_cast<int32_t>(page_id(slots[0])), pages});
+    return;
+  }
+  for_each_page_run(slots, [&](SlotIndex, int64_t page, size_t count) {
+    out.push_back(kv::PageRun{static_cast<int32_t>(page), static_cast<int32_t>(count)});
+  });
+}
+
+void RadixCache::append_slots(const PrefixNode* node, int64_t n,
+                              std::vector<SlotIndex>* out) const {
+  if (node->run_page < 0) {
+    out->insert(out->end(), node->stored_value(), node->stored_value() + n);
+    return;
+  }
+  const size_t old = out->size();
+  out->resize(old + static_cast<size_t>(n));
+  SlotIndex* o = out->data() + old;
+  const auto base = static_cast<SlotIndex>(node->run_page * page_size());
+  for (int64_t i = 0; i < n; ++i) o[i] = base + static_cast<SlotIndex>(i);
 }
 
 PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
@@ -379,7 +434,7 @@ PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
     touch(child);
     const bool partial = plen < child->len;
     if (partial) child = split(child, plen);
-    out->insert(out->end(), child->value(), child->value() + plen);
+    append_slots(child, plen, out);
     pos += plen;
     node = child;
     if (partial) break;
@@ -402,6 +457,16 @@ PrefixMatch RadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_len
   const auto matched = static_cast<int64_t>(out.size());
   stats_.matched_tokens += matched;
   return PrefixMatch{matched, NodeHandle{last, last->id}};
+}
+
+bool RadixCache::whole_pages_linear(std::span<const SlotIndex> slots) const {
+  if (slots.empty()) return true;
+  if (slots[0] % page_size() == 0 &&
+      is_linear(slots.data(), slots.size(), static_cast<uint32_t>(slots[0]))) {
+    return true;  // one run of consecutive whole pages (the common case): one vector pass
+  }
+  require_whole_pages(slots);
+  return false;
 }
 
 void RadixCache::require_whole_pages(std::span<const SlotIndex> slots) const {
@@ -447,11 +512,15 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
   }
   if (pos == n) return node;
   PrefixNode* leaf = new_node(node, ns);
-  leaf->assign(tokens.data() + pos, slots.data() + pos, n - pos);
+  // One run of pages (what allocations hand out): the tree stores the tokens and the run only.
+  const bool one_run = scratch_runs_.size() == 1 && scratch_runs_[0].first >= 0;
+  leaf->assign(tokens.data() + pos, one_run ? nullptr : slots.data() + pos, n - pos,
+               one_run ? int64_t{scratch_runs_[0].first} : -1);
   leaf->stats.priority = options.priority;
   leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
-  for (const auto& [page, count] : scratch_runs_) set_in_tree(page, count, true);
-  leaf->run_page = scratch_runs_.size() == 1 ? static_cast<int64_t>(scratch_runs_[0].first) : -1;
+  for (const kv::PageRun& r : scratch_runs_) {
+    set_in_tree(static_cast<size_t>(r.first), static_cast<size_t>(r.count), true);
+  }
   link_child(node, leaf);
   ++num_nodes_;
   evictable_size_ += leaf->len;
@@ -464,42 +533,48 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
 
 InsertResult RadixCache::insert_checked(std::string_view extra_key,
                                         std::span<const int32_t> tokens,
-                                        std::span<const SlotIndex> value,
+                                        std::span<const SlotIndex> value, bool linear,
                                         const InsertOptions& options) {
   const int32_t ns = ns_lookup(extra_key);  // -1: a new namespace, nothing cached yet
-  // Validate before any change, each slot once against the allocator: a read-only peek finds the
-  // matched length, records the path and the duplicates; the path is applied after the checks.
+  // Validate before any change, each page once against the allocator: a read-only peek finds the
+  // matched length, records the path and the duplicates (as page runs); the path is applied
+  // after the checks. The value's page structure was checked by the caller (`linear`: it is one
+  // run of consecutive whole pages, so every part of it is one run too).
   const bool transfer = options.ownership == SlotOwnership::kTransfer;
   scratch_dups_.clear();
   scratch_path_.clear();
   const int64_t pre = ns < 0 ? 0 : peek_prefix_len(ns, tokens, value, transfer);
   const auto known = value.first(static_cast<size_t>(pre));
   const auto fresh = value.subspan(static_cast<size_t>(pre));
+  scratch_runs_.clear();
+  collect_page_runs(fresh, linear, scratch_runs_);  // the new leaf's pages
   // A page the tree already stores cannot be stored again, nor handed over as a duplicate.
   const size_t tree_bits = tree_pages_.size() * 64;
-  scratch_runs_.clear();
-  for (const auto part : {fresh, std::span<const SlotIndex>(scratch_dups_)}) {
-    const bool record = part.data() == fresh.data();
-    for_each_page_run(part, [&](SlotIndex first, size_t page, size_t count) {
-      // Slots outside the pool are left to the allocator's checks below.
-      PAGODA_REQUIRE(first < 0 || page + count > tree_bits || !any_in_tree(page, count),
+  for (const std::vector<kv::PageRun>* runs : {&scratch_runs_, &scratch_dups_}) {
+    for (const kv::PageRun& r : *runs) {
+      // Pages outside the pool are left to the allocator's checks below.
+      PAGODA_REQUIRE(r.first < 0 || static_cast<size_t>(r.first) + static_cast<size_t>(r.count) >
+                                        tree_bits ||
+                         !any_in_tree(static_cast<size_t>(r.first), static_cast<size_t>(r.count)),
                      kInvalidArgument,
-                     "insert: slots from {} name pages the tree already stores elsewhere", first);
-      if (record) scratch_runs_.emplace_back(page, count);  // the new leaf's pages, for later
-    });
+                     "insert: slots of pages [{}, {}) name pages the tree already stores elsewhere",
+                     r.first, int64_t{r.first} + r.count);
+    }
   }
   if (!transfer) {
-    allocator_->require_held_runs(known);
-    allocator_->retain(fresh);  // validates; the first change
+    scratch_known_.clear();
+    collect_page_runs(known, linear, scratch_known_);
+    allocator_->require_held_pages(scratch_known_);
+    allocator_->retain_pages(scratch_runs_);  // validates; the first change
   } else if (scratch_dups_.empty()) {
-    allocator_->require_held_runs(fresh);  // the tree adopts the caller's references
+    allocator_->require_held_pages(scratch_runs_);  // the tree adopts the caller's references
   } else {
     // One validation of everything the caller hands over (duplicates and new pages together, so
     // a page named in both is caught), then the duplicates go back to the allocator.
     const size_t num_dups = scratch_dups_.size();
-    scratch_dups_.insert(scratch_dups_.end(), fresh.begin(), fresh.end());
-    allocator_->require_held_runs(scratch_dups_);
-    allocator_->free(std::span<const SlotIndex>(scratch_dups_).first(num_dups));
+    scratch_dups_.insert(scratch_dups_.end(), scratch_runs_.begin(), scratch_runs_.end());
+    allocator_->require_held_pages(scratch_dups_);
+    allocator_->free_pages(std::span<const kv::PageRun>(scratch_dups_).first(num_dups));
   }
   ++clock_;
   const int32_t ns_id = ns >= 0 ? ns : ns_intern(extra_key);
@@ -515,12 +590,13 @@ InsertResult RadixCache::insert(const RadixKey& key, std::span<const SlotIndex> 
   PAGODA_REQUIRE(static_cast<int64_t>(slots.size()) >= len, kInvalidArgument,
                  "insert: {} slots for {} page-aligned tokens", slots.size(), len);
   const auto value = slots.first(static_cast<size_t>(len));
-  require_whole_pages(value);
+  const bool linear = whole_pages_linear(value);
   if (len == 0) {
     ++clock_;
     return InsertResult{.prefix_len = 0, .total_len = 0, .last_node = {root_, root_->id}};
   }
-  return insert_checked(key.extra_key, key.tokens.first(static_cast<size_t>(len)), value, options);
+  return insert_checked(key.extra_key, key.tokens.first(static_cast<size_t>(len)), value, linear,
+                        options);
 }
 
 void RadixCache::inc_lock_ref(NodeHandle handle) {
@@ -566,14 +642,17 @@ int64_t RadixCache::evict(int64_t num_tokens) {
     PrefixNode* leaf = top.node;
     heap_remove(leaf);
     PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
-    allocator_->free(leaf->value_span());
-    if (leaf->run_page >= 0) {  // one run: no need to read the slots back
-      set_in_tree(static_cast<size_t>(leaf->run_page),
-                  static_cast<size_t>(leaf->len / page_size()), false);
+    scratch_evict_.clear();
+    if (leaf->run_page >= 0) {  // one run: no slots to read
+      scratch_evict_.push_back(kv::PageRun{static_cast<int32_t>(leaf->run_page),
+                                           static_cast<int32_t>(leaf->len / page_size())});
     } else {
-      for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
-        set_in_tree(page, count, false);
-      });
+      collect_page_runs({leaf->stored_value(), static_cast<size_t>(leaf->len)}, false,
+                        scratch_evict_);
+    }
+    allocator_->free_pages(scratch_evict_);
+    for (const kv::PageRun& r : scratch_evict_) {
+      set_in_tree(static_cast<size_t>(r.first), static_cast<size_t>(r.count), false);
     }
     evicted += leaf->len;
     evictable_size_ -= leaf->len;
@@ -718,7 +797,9 @@ void RadixCache::check_integrity() const {
     ++nodes;
     PAGODA_CHECK(node->len > 0 && node->len % p == 0, "node {} key length {}", node->id,
                  node->len);
-    const SlotIndex* v = node->value();
+    std::vector<SlotIndex> slots;
+    append_slots(node, node->len, &slots);
+    const SlotIndex* v = slots.data();
     for (int64_t i = 0; i < node->len; ++i) {
       PAGODA_CHECK_EQ(v[i], v[i - i % p] + static_cast<SlotIndex>(i % p));
       if (i % p == 0) {

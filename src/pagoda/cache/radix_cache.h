@@ -135,9 +135,22 @@ class RadixCache final : public PrefixCache {
                            int64_t pos);
   /// Validates against the allocator (before any change), then inserts.
   InsertResult insert_checked(std::string_view extra_key, std::span<const int32_t> tokens,
-                              std::span<const SlotIndex> value, const InsertOptions& options);
+                              std::span<const SlotIndex> value, bool linear,
+                              const InsertOptions& options);
   /// Page structure of an insert value: every page-sized block is one whole page (no allocator).
   void require_whole_pages(std::span<const SlotIndex> slots) const;
+  /// The same check; true when the value is one run of consecutive whole pages (one vectorised
+  /// pass, the common case), false (after the per-page checks passed) otherwise.
+  bool whole_pages_linear(std::span<const SlotIndex> slots) const;
+  /// Appends the page runs of whole-page `slots` to `out` (one run when `linear`).
+  void collect_page_runs(std::span<const SlotIndex> slots, bool linear,
+                         std::vector<kv::PageRun>& out) const;
+  /// Appends pages [first, first + count) to `runs`, merging with the last run when adjacent.
+  static void add_page(std::vector<kv::PageRun>& runs, int64_t first, int64_t count);
+  /// Adds to scratch_dups_ the pages of mine[0, n) (whole pages) that differ from node's slots.
+  void collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t n);
+  /// Appends node's first n slots to `out` (generated for a one-run node, copied otherwise).
+  void append_slots(const PrefixNode* node, int64_t n, std::vector<SlotIndex>* out) const;
   /// Throws kFailedPrecondition unless the request holds its own reference (beyond the tree's)
   /// on every page of `own` (catches a double finish that would drop the tree's reference).
   void require_request_owns(std::span<const SlotIndex> own) const;
@@ -147,7 +160,7 @@ class RadixCache final : public PrefixCache {
   bool in_tree(size_t page) const { return (tree_pages_[page / 64] >> (page % 64)) & 1; }
   bool any_in_tree(size_t page, size_t count) const;
   void set_in_tree(size_t page, size_t count, bool on);
-  /// Calls f(first_slot, first_page, num_pages) for each maximal run of consecutive whole pages
+  /// Calls f(first_slot, first_page (int64), num_pages) for each maximal run of consecutive whole pages
   /// in `slots` (page-aligned runs of page_size slots): a loop of compares, not one call per page.
   template <typename F>
   void for_each_page_run(std::span<const SlotIndex> slots, F&& f) const {
@@ -157,13 +170,15 @@ class RadixCache final : public PrefixCache {
     for (size_t i = 0; i < n;) {
       size_t j = i + p;
       while (j < n && int64_t{v[j]} == int64_t{v[j - p]} + static_cast<int64_t>(p)) j += p;
-      f(v[i], page_of(v[i]), (j - i) / p);
+      f(v[i], page_id(v[i]), (j - i) / p);
       i = j;
     }
   }
   /// slot / page_size (a shift when page_size is a power of two: no division per page).
-  size_t page_of(SlotIndex slot) const {
-    return static_cast<size_t>(page_shift_ >= 0 ? slot >> page_shift_ : slot / page_size());
+  size_t page_of(SlotIndex slot) const { return static_cast<size_t>(page_id(slot)); }
+  /// The same, signed (a negative slot gives a negative page, which the allocator rejects).
+  int64_t page_id(SlotIndex slot) const {
+    return page_shift_ >= 0 ? int64_t{slot} >> page_shift_ : int64_t{slot} / page_size();
   }
   void touch(PrefixNode* node);
   /// Puts `node` in or out of the evictable-leaf heap according to its state, refreshing its key.
@@ -194,10 +209,13 @@ class RadixCache final : public PrefixCache {
   std::vector<uint64_t> tree_pages_;
   std::vector<SlotIndex> scratch_kv_;
   std::vector<SlotIndex> scratch_tree_;
-  std::vector<SlotIndex> scratch_dups_;
+  std::vector<kv::PageRun> scratch_dups_;  ///< pages handed back by a kTransfer insert
+  std::vector<kv::PageRun> scratch_known_;
+  std::vector<kv::PageRun> scratch_evict_;
+  std::vector<SlotIndex> scratch_emit_;
   std::vector<PathStep> scratch_path_;
   /// Runs of consecutive pages (first page, count) of the leaf being inserted.
-  std::vector<std::pair<size_t, size_t>> scratch_runs_;
+  std::vector<kv::PageRun> scratch_runs_;
 };
 
 }  // namespace pagoda::cache
