@@ -21,7 +21,8 @@ struct PrefixNode {
   int32_t ns = 0;
   int32_t lock_ref = 0;
   int32_t num_children = 0;
-  int32_t heap_pos = -1;  ///< position in the evictable-leaf heap, -1 when not in it
+  uint32_t index = 0;  ///< pool index (fixed for the node's storage): its heap_pos_ entry
+  uint64_t entry_key = 0;  ///< its child-table key (child_key(parent, hash)), set when linked
   int64_t run_page = -1;  ///< first page when the slots are one run of consecutive pages, else -1
   NodeStats stats;
 
@@ -102,13 +103,15 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
     free_nodes_.pop_back();
   } else {
     node = &node_pool_.emplace_back();
+    node->index = static_cast<uint32_t>(heap_pos_.size());
+    heap_pos_.push_back(-1);
   }
   node->parent = parent;
   node->id = next_id_++;
   node->ns = ns;
   node->lock_ref = 0;
   node->num_children = 0;
-  node->heap_pos = -1;
+  heap_pos_[node->index] = -1;
   node->run_page = -1;
   node->hash = 0;
   node->stats = NodeStats{.last_access = clock_, .creation = node->id};
@@ -176,6 +179,7 @@ void RadixCache::link_child(PrefixNode* parent, PrefixNode* child) {
   if ((num_children_ + 1) * 2 > children_.size()) rehash_children(children_.size() * 2);
   child->hash = page_hash(child->ns, child->key());
   const uint64_t key = child_key(parent, child->hash);
+  child->entry_key = key;
   const size_t mask = children_.size() - 1;
   size_t i = key & mask;
   while (children_[i].node != nullptr) i = (i + 1) & mask;
@@ -185,7 +189,8 @@ void RadixCache::link_child(PrefixNode* parent, PrefixNode* child) {
 }
 
 void RadixCache::relink_child(PrefixNode* old_child, PrefixNode* new_child) {
-  const uint64_t key = child_key(old_child->parent, old_child->hash);
+  const uint64_t key = old_child->entry_key;
+  new_child->entry_key = key;
   const size_t mask = children_.size() - 1;
   size_t i = key & mask;
   while (children_[i].node != old_child) i = (i + 1) & mask;
@@ -193,7 +198,7 @@ void RadixCache::relink_child(PrefixNode* old_child, PrefixNode* new_child) {
 }
 
 void RadixCache::unlink_child(PrefixNode* child) {
-  const uint64_t key = child_key(child->parent, child->hash);
+  const uint64_t key = child->entry_key;
   const size_t mask = children_.size() - 1;
   size_t i = key & mask;
   while (children_[i].node != child) i = (i + 1) & mask;
@@ -232,7 +237,7 @@ bool RadixCache::heap_less(const HeapEntry& a, const HeapEntry& b) {
 
 void RadixCache::heap_place(const HeapEntry& entry, size_t pos) {
   heap_[pos] = entry;
-  entry.node->heap_pos = static_cast<int32_t>(pos);
+  heap_pos_[entry.index] = static_cast<int32_t>(pos);
 }
 
 void RadixCache::heap_sift(size_t pos) {
@@ -256,10 +261,10 @@ void RadixCache::heap_sift(size_t pos) {
 }
 
 void RadixCache::heap_remove(PrefixNode* node) {
-  const auto pos = static_cast<size_t>(node->heap_pos);
+  const auto pos = static_cast<size_t>(heap_pos_[node->index]);
   const HeapEntry last = heap_.back();
   heap_.pop_back();
-  node->heap_pos = -1;
+  heap_pos_[node->index] = -1;
   if (pos < heap_.size()) {
     heap_place(last, pos);
     heap_sift(pos);
@@ -293,29 +298,30 @@ void RadixCache::set_in_tree(size_t page, size_t count, bool on) {
 
 void RadixCache::touch(PrefixNode* node) {
   node->stats.last_access = clock_;
-  if (node->heap_pos >= 0) sync_evictable(node);
+  if (heap_pos_[node->index] >= 0) sync_evictable(node);
 }
 
 void RadixCache::sync_evictable(PrefixNode* node) {
   const bool evictable_leaf = node != root_ && node->lock_ref == 0 && node->num_children == 0;
   if (!evictable_leaf) {
-    if (node->heap_pos >= 0) heap_remove(node);
+    if (heap_pos_[node->index] >= 0) heap_remove(node);
     return;
   }
   const EvictionKey key = policy_->key(node->stats);
-  if (node->heap_pos < 0) {
-    heap_.push_back(HeapEntry{key, node->id, node});
-    node->heap_pos = static_cast<int32_t>(heap_.size() - 1);
-    heap_sift(static_cast<size_t>(node->heap_pos));
+  const int32_t at = heap_pos_[node->index];
+  if (at < 0) {
+    heap_.push_back(HeapEntry{key, node->id, node, node->index});
+    heap_pos_[node->index] = static_cast<int32_t>(heap_.size() - 1);
+    heap_sift(heap_.size() - 1);
     return;
   }
   // A smaller key moves the entry at once; a larger one (a touch: LRU time, LFU hits, priority
   // only grow) is applied lazily when the entry reaches the top in evict(). The stored key is
   // then a lower bound of the real one, which keeps the eviction order exact.
-  HeapEntry& entry = heap_[static_cast<size_t>(node->heap_pos)];
+  HeapEntry& entry = heap_[static_cast<size_t>(at)];
   if (key < entry.key) {
     entry.key = key;
-    heap_sift(static_cast<size_t>(node->heap_pos));
+    heap_sift(static_cast<size_t>(at));
   }
 }
 
@@ -358,7 +364,7 @@ int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
     const int64_t m = std::min(child->len, n - pos);
     const int64_t plen = aligned(static_cast<int64_t>(
         common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
-    if (collect_dups && plen > 0) collect_dups_of(child, slots.data() + pos, plen);
+    if (collect_dups && plen > 0) collect_dups_of(child, slots.data() + pos, pos, plen);
     scratch_path_.push_back(PathStep{child, plen});
     pos += plen;
     if (plen < child->len) break;
@@ -367,21 +373,24 @@ int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
   return pos;
 }
 
-void RadixCache::collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t n) {
+void RadixCache::collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t pos,
+                                 int64_t n) {
   const int64_t p = page_size();
-  const bool run = node->run_page >= 0;
-  const auto base = static_cast<SlotIndex>(run ? node->run_page * p : 0);
-  if (run ? is_linear(mine, static_cast<size_t>(n), static_cast<uint32_t>(base))
-          : std::memcmp(node->stored_value(), mine, static_cast<size_t>(n) * sizeof(SlotIndex)) ==
-                0) {
-    return;  // the caller passed the tree's own slots (it matched first): nothing to hand back
+  if (node->run_page < 0) {
+    const SlotIndex* tree = node->stored_value();
+    if (std::memcmp(tree, mine, static_cast<size_t>(n) * sizeof(SlotIndex)) == 0) return;
+    // Pages where the caller passed its own slots are duplicates it hands over. The value is
+    // whole pages (checked), so the first slot of each page decides.
+    for (int64_t j = 0; j < n; j += p) {
+      if (mine[j] != tree[j]) add_page(scratch_dups_, page_id(mine[j]), 1);
+    }
+    return;
   }
-  // Pages where the caller passed its own slots are duplicates it hands over. The value is whole
-  // pages (checked), so the first slot of each page decides.
-  for (int64_t j = 0; j < n; j += p) {
-    const SlotIndex tree = run ? base + static_cast<SlotIndex>(j) : node->stored_value()[j];
-    if (mine[j] != tree) add_page(scratch_dups_, page_id(mine[j]), 1);
-  }
+  // A one-run node against the value's runs: each overlapping segment agrees everywhere or
+  // nowhere (both sides are consecutive pages there). O(runs), no slot read.
+  for_each_run_in(pos, pos + n, [&](int64_t at, int64_t first_page, int64_t pages) {
+    if (first_page != node->run_page + (at - pos) / p) add_page(scratch_dups_, first_page, pages);
+  });
 }
 
 void RadixCache::add_page(std::vector<kv::PageRun>& runs, int64_t first, int64_t count) {
@@ -392,16 +401,16 @@ void RadixCache::add_page(std::vector<kv::PageRun>& runs, int64_t first, int64_t
   }
 }
 
-void RadixCache::collect_page_runs(std::span<const SlotIndex> slots, bool linear,
+void RadixCache::collect_page_runs(std::span<const SlotIndex> slots,
                                    std::vector<kv::PageRun>& out) const {
-  if (slots.empty()) return;
-  const auto pages = static_cast<int32_t>(slots.size() / static_cast<size_t>(page_size()));
-  if (linear) {
-    out.push_back(kv::PageRun{static_cast<int32_t>(page_id(slots[0])), pages});
-    return;
-  }
   for_each_page_run(slots, [&](SlotIndex, int64_t page, size_t count) {
     out.push_back(kv::PageRun{static_cast<int32_t>(page), static_cast<int32_t>(count)});
+  });
+}
+
+void RadixCache::runs_in(int64_t begin, int64_t end, std::vector<kv::PageRun>& out) const {
+  for_each_run_in(begin, end, [&](int64_t, int64_t first_page, int64_t pages) {
+    out.push_back(kv::PageRun{static_cast<int32_t>(first_page), static_cast<int32_t>(pages)});
   });
 }
 
@@ -459,14 +468,30 @@ PrefixMatch RadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_len
   return PrefixMatch{matched, NodeHandle{last, last->id}};
 }
 
-bool RadixCache::whole_pages_linear(std::span<const SlotIndex> slots) const {
-  if (slots.empty()) return true;
-  if (slots[0] % page_size() == 0 &&
-      is_linear(slots.data(), slots.size(), static_cast<uint32_t>(slots[0]))) {
-    return true;  // one run of consecutive whole pages (the common case): one vector pass
+void RadixCache::value_runs(std::span<const SlotIndex> slots) {
+  // Maximal runs of consecutive slots, found 64 slots per vectorised step; each must start a page
+  // and cover whole pages, else the per-page check names the first bad position.
+  scratch_value_runs_.clear();
+  const auto p = static_cast<size_t>(page_size());
+  const SlotIndex* v = slots.data();
+  const size_t n = slots.size();
+  constexpr size_t kBlock = 64;
+  for (size_t i = 0; i < n;) {
+    const auto first = static_cast<uint32_t>(v[i]);
+    size_t j = i + 1;
+    while (j + kBlock <= n && is_linear(v + j, kBlock, first + static_cast<uint32_t>(j - i))) {
+      j += kBlock;
+    }
+    while (j < n && static_cast<uint32_t>(v[j]) == first + static_cast<uint32_t>(j - i)) ++j;
+    const size_t end = i + (j - i) / p * p;
+    if (v[i] % page_size() != 0 || end == i) [[unlikely]] {
+      require_whole_pages(slots);
+      PAGODA_CHECK(false, "value_runs: position {} is not a whole page", i);
+    }
+    scratch_value_runs_.push_back(ValueRun{static_cast<int64_t>(i), page_id(v[i]),
+                                           static_cast<int64_t>((end - i) / p)});
+    i = end;
   }
-  require_whole_pages(slots);
-  return false;
 }
 
 void RadixCache::require_whole_pages(std::span<const SlotIndex> slots) const {
@@ -533,21 +558,20 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
 
 InsertResult RadixCache::insert_checked(std::string_view extra_key,
                                         std::span<const int32_t> tokens,
-                                        std::span<const SlotIndex> value, bool linear,
+                                        std::span<const SlotIndex> value,
                                         const InsertOptions& options) {
   const int32_t ns = ns_lookup(extra_key);  // -1: a new namespace, nothing cached yet
   // Validate before any change, each page once against the allocator: a read-only peek finds the
   // matched length, records the path and the duplicates (as page runs); the path is applied
-  // after the checks. The value's page structure was checked by the caller (`linear`: it is one
-  // run of consecutive whole pages, so every part of it is one run too).
+  // after the checks. The value's page structure was checked by the caller, which left its page
+  // runs in scratch_value_runs_.
   const bool transfer = options.ownership == SlotOwnership::kTransfer;
   scratch_dups_.clear();
   scratch_path_.clear();
   const int64_t pre = ns < 0 ? 0 : peek_prefix_len(ns, tokens, value, transfer);
-  const auto known = value.first(static_cast<size_t>(pre));
-  const auto fresh = value.subspan(static_cast<size_t>(pre));
+  const auto n = static_cast<int64_t>(value.size());
   scratch_runs_.clear();
-  collect_page_runs(fresh, linear, scratch_runs_);  // the new leaf's pages
+  runs_in(pre, n, scratch_runs_);  // the new leaf's pages
   // A page the tree already stores cannot be stored again, nor handed over as a duplicate.
   const size_t tree_bits = tree_pages_.size() * 64;
   for (const std::vector<kv::PageRun>* runs : {&scratch_runs_, &scratch_dups_}) {
@@ -563,7 +587,7 @@ InsertResult RadixCache::insert_checked(std::string_view extra_key,
   }
   if (!transfer) {
     scratch_known_.clear();
-    collect_page_runs(known, linear, scratch_known_);
+    runs_in(0, pre, scratch_known_);
     allocator_->require_held_pages(scratch_known_);
     allocator_->retain_pages(scratch_runs_);  // validates; the first change
   } else if (scratch_dups_.empty()) {
@@ -590,13 +614,12 @@ InsertResult RadixCache::insert(const RadixKey& key, std::span<const SlotIndex> 
   PAGODA_REQUIRE(static_cast<int64_t>(slots.size()) >= len, kInvalidArgument,
                  "insert: {} slots for {} page-aligned tokens", slots.size(), len);
   const auto value = slots.first(static_cast<size_t>(len));
-  const bool linear = whole_pages_linear(value);
+  value_runs(value);
   if (len == 0) {
     ++clock_;
     return InsertResult{.prefix_len = 0, .total_len = 0, .last_node = {root_, root_->id}};
   }
-  return insert_checked(key.extra_key, key.tokens.first(static_cast<size_t>(len)), value, linear,
-                        options);
+  return insert_checked(key.extra_key, key.tokens.first(static_cast<size_t>(len)), value, options);
 }
 
 void RadixCache::inc_lock_ref(NodeHandle handle) {
@@ -640,6 +663,14 @@ int64_t RadixCache::evict(int64_t num_tokens) {
       continue;
     }
     PrefixNode* leaf = top.node;
+    // Start the loads the removal needs (bitset word, child-table slot, parent, the buffer's
+    // allocator header) before the heap sift, so their misses overlap it.
+    if (leaf->run_page >= 0) {
+      __builtin_prefetch(&tree_pages_[static_cast<size_t>(leaf->run_page) / 64]);
+    }
+    __builtin_prefetch(&children_[leaf->entry_key & (children_.size() - 1)]);
+    __builtin_prefetch(leaf->parent);
+    __builtin_prefetch(reinterpret_cast<const char*>(leaf->data.get()) - 16);
     heap_remove(leaf);
     PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
     scratch_evict_.clear();
@@ -647,8 +678,7 @@ int64_t RadixCache::evict(int64_t num_tokens) {
       scratch_evict_.push_back(kv::PageRun{static_cast<int32_t>(leaf->run_page),
                                            static_cast<int32_t>(leaf->len / page_size())});
     } else {
-      collect_page_runs({leaf->stored_value(), static_cast<size_t>(leaf->len)}, false,
-                        scratch_evict_);
+      collect_page_runs({leaf->stored_value(), static_cast<size_t>(leaf->len)}, scratch_evict_);
     }
     allocator_->free_pages(scratch_evict_);
     for (const kv::PageRun& r : scratch_evict_) {
@@ -755,7 +785,7 @@ std::vector<EvictableLeaf> RadixCache::evictable_leaves() const {
 }
 
 void RadixCache::check_integrity() const {
-  PAGODA_CHECK(root_->len == 0 && root_->lock_ref == 1 && root_->heap_pos == -1);
+  PAGODA_CHECK(root_->len == 0 && root_->lock_ref == 1 && heap_pos_[root_->index] == -1);
   const int64_t p = page_size();
   PAGODA_CHECK((children_.size() & (children_.size() - 1)) == 0 &&
                children_.size() >= kMinChildTable);
@@ -771,6 +801,7 @@ void RadixCache::check_integrity() const {
     PAGODA_CHECK(c->len >= p, "node {} key shorter than a page", c->id);
     PAGODA_CHECK_EQ(c->hash, page_hash(c->ns, c->key()));
     PAGODA_CHECK_EQ(e.key, child_key(c->parent, c->hash));
+    PAGODA_CHECK_EQ(e.key, c->entry_key);
     PAGODA_CHECK(find_child(c->parent, c->ns, c->key()) == c, "node {} not found by lookup",
                  c->id);
     kids[c->parent].push_back(c);
@@ -817,10 +848,10 @@ void RadixCache::check_integrity() const {
                  node->lock_ref, child_locks);
     (node->lock_ref > 0 ? protected_tokens : evictable) += node->len;
     const bool evictable_leaf = node->lock_ref == 0 && node->num_children == 0;
-    PAGODA_CHECK_EQ(node->heap_pos >= 0, evictable_leaf);
+    PAGODA_CHECK_EQ(heap_pos_[node->index] >= 0, evictable_leaf);
     if (evictable_leaf) {
       ++leaves;
-      const auto pos = static_cast<size_t>(node->heap_pos);
+      const auto pos = static_cast<size_t>(heap_pos_[node->index]);
       PAGODA_CHECK(pos < heap_.size() && heap_[pos].node == node && heap_[pos].id == node->id,
                    "leaf {} not at its heap position", node->id);
       PAGODA_CHECK(!(policy_->key(node->stats) < heap_[pos].key),

@@ -98,11 +98,18 @@ class RadixCache final : public PrefixCache {
     EvictionKey key;
     uint64_t id;
     PrefixNode* node;
+    uint32_t index;  ///< node->index: moving an entry updates heap_pos_, not the node
   };
   /// One edge of a peeked insert path: the child and how many of its tokens matched.
   struct PathStep {
     PrefixNode* child;
     int64_t len;
+  };
+  /// A maximal run of consecutive whole pages in an insert value, from token position `pos`.
+  struct ValueRun {
+    int64_t pos;
+    int64_t first_page;
+    int64_t pages;
   };
   struct StringHash {
     using is_transparent = void;
@@ -122,7 +129,7 @@ class RadixCache final : public PrefixCache {
   PrefixNode* split(PrefixNode* child, int64_t len);
   /// Walks the tree without changing it: the matched length of `tokens` (page aligned), the path
   /// (scratch_path_), and the caller slots that duplicate tree pages (scratch_dups_, when
-  /// `collect_dups`).
+  /// `collect_dups`; needs the value's runs in scratch_value_runs_).
   int64_t peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
                           std::span<const SlotIndex> slots, bool collect_dups);
   /// Appends the matched slots to `out`; returns the deepest matched node.
@@ -135,20 +142,32 @@ class RadixCache final : public PrefixCache {
                            int64_t pos);
   /// Validates against the allocator (before any change), then inserts.
   InsertResult insert_checked(std::string_view extra_key, std::span<const int32_t> tokens,
-                              std::span<const SlotIndex> value, bool linear,
-                              const InsertOptions& options);
+                              std::span<const SlotIndex> value, const InsertOptions& options);
   /// Page structure of an insert value: every page-sized block is one whole page (no allocator).
   void require_whole_pages(std::span<const SlotIndex> slots) const;
-  /// The same check; true when the value is one run of consecutive whole pages (one vectorised
-  /// pass, the common case), false (after the per-page checks passed) otherwise.
-  bool whole_pages_linear(std::span<const SlotIndex> slots) const;
-  /// Appends the page runs of whole-page `slots` to `out` (one run when `linear`).
-  void collect_page_runs(std::span<const SlotIndex> slots, bool linear,
-                         std::vector<kv::PageRun>& out) const;
+  /// The same check, leaving the value's maximal page runs in scratch_value_runs_: one
+  /// vectorised pass over the slots (64 per step), then per-page checks only to name an error.
+  void value_runs(std::span<const SlotIndex> slots);
+  /// Calls f(position, first_page, pages) for each part of a value run inside token positions
+  /// [begin, end) (page aligned).
+  template <typename F>
+  void for_each_run_in(int64_t begin, int64_t end, F&& f) const {
+    const int64_t p = page_size();
+    for (const ValueRun& r : scratch_value_runs_) {
+      const int64_t lo = std::max(begin, r.pos);
+      const int64_t hi = std::min(end, r.pos + r.pages * p);
+      if (lo < hi) f(lo, r.first_page + (lo - r.pos) / p, (hi - lo) / p);
+    }
+  }
+  /// Appends the page runs of value positions [begin, end) to `out`.
+  void runs_in(int64_t begin, int64_t end, std::vector<kv::PageRun>& out) const;
+  /// Appends the page runs of whole-page `slots` to `out`.
+  void collect_page_runs(std::span<const SlotIndex> slots, std::vector<kv::PageRun>& out) const;
   /// Appends pages [first, first + count) to `runs`, merging with the last run when adjacent.
   static void add_page(std::vector<kv::PageRun>& runs, int64_t first, int64_t count);
   /// Adds to scratch_dups_ the pages of mine[0, n) (whole pages) that differ from node's slots.
-  void collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t n);
+  /// (mine = the value at position pos; the value's runs are in scratch_value_runs_.)
+  void collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t pos, int64_t n);
   /// Appends node's first n slots to `out` (generated for a one-run node, copied otherwise).
   void append_slots(const PrefixNode* node, int64_t n, std::vector<SlotIndex>* out) const;
   /// Throws kFailedPrecondition unless the request holds its own reference (beyond the tree's)
@@ -198,6 +217,9 @@ class RadixCache final : public PrefixCache {
   std::vector<ChildEntry> children_;  ///< open addressing, linear probing, power-of-two size
   size_t num_children_ = 0;
   std::vector<HeapEntry> heap_;  ///< evictable leaves, min-heap by (evict key, id)
+  /// heap_pos_[node->index]: the node's position in heap_, -1 when not in it. A dense array, so
+  /// a sift touches no node.
+  std::vector<int32_t> heap_pos_;
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> namespaces_;
   int64_t evictable_size_ = 0;
   int64_t protected_size_ = 0;
@@ -211,6 +233,7 @@ class RadixCache final : public PrefixCache {
   std::vector<SlotIndex> scratch_tree_;
   std::vector<kv::PageRun> scratch_dups_;  ///< pages handed back by a kTransfer insert
   std::vector<kv::PageRun> scratch_known_;
+  std::vector<ValueRun> scratch_value_runs_;
   std::vector<kv::PageRun> scratch_evict_;
   std::vector<SlotIndex> scratch_emit_;
   std::vector<PathStep> scratch_path_;
