@@ -231,15 +231,6 @@ int32_t RadixCache::ns_intern(std::string_view extra_key) {
   return ns;
 }
 
-bool RadixCache::heap_less(const HeapEntry& a, const HeapEntry& b) {
-  return a.key < b.key || (a.key == b.key && a.id < b.id);
-}
-
-void RadixCache::heap_place(const HeapEntry& entry, size_t pos) {
-  heap_[pos] = entry;
-  heap_pos_[entry.index] = static_cast<int32_t>(pos);
-}
-
 void RadixCache::heap_sift(size_t pos) {
   const HeapEntry e = heap_[pos];
   while (pos > 0) {
@@ -327,8 +318,9 @@ void RadixCache::sync_evictable(PrefixNode* node) {
 
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
   if (!listener_) return;
-  scratch_emit_.clear();
-  append_slots(node, node->len, &scratch_emit_);
+  size_t filled = 0;
+  append_slots(node, node->len, &scratch_emit_, filled);
+  scratch_emit_.resize(filled);
   listener_(event, node->key_span(), scratch_emit_);
 }
 
@@ -414,21 +406,23 @@ void RadixCache::runs_in(int64_t begin, int64_t end, std::vector<kv::PageRun>& o
   });
 }
 
-void RadixCache::append_slots(const PrefixNode* node, int64_t n,
-                              std::vector<SlotIndex>* out) const {
+void RadixCache::append_slots(const PrefixNode* node, int64_t n, std::vector<SlotIndex>* out,
+                              size_t& filled) const {
+  const size_t need = filled + static_cast<size_t>(n);
+  if (out->size() < need) out->resize(need);
+  SlotIndex* o = out->data() + filled;
+  filled = need;
   if (node->run_page < 0) {
-    out->insert(out->end(), node->stored_value(), node->stored_value() + n);
+    std::memcpy(o, node->stored_value(), static_cast<size_t>(n) * sizeof(SlotIndex));
     return;
   }
-  const size_t old = out->size();
-  out->resize(old + static_cast<size_t>(n));
-  SlotIndex* o = out->data() + old;
-  const auto base = static_cast<SlotIndex>(node->run_page * page_size());
-  for (int64_t i = 0; i < n; ++i) o[i] = base + static_cast<SlotIndex>(i);
+  const auto base = static_cast<uint32_t>(node->run_page * page_size());
+  const auto count = static_cast<uint32_t>(n);
+  for (uint32_t i = 0; i < count; ++i) o[i] = static_cast<SlotIndex>(base + i);
 }
 
 PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
-                                   std::vector<SlotIndex>* out) {
+                                   std::vector<SlotIndex>* out, size_t& filled) {
   const auto n = static_cast<int64_t>(tokens.size());
   PrefixNode* node = root_;
   touch(node);
@@ -438,12 +432,17 @@ PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
     PrefixNode* child = find_child(node, ns, tokens.data() + pos);
     if (child == nullptr) break;
     const int64_t m = std::min(child->len, n - pos);
+    if (m == child->len && pos + m < n && child->num_children > 0) {
+      // The next lookup's table slot, if the whole edge matches: its miss overlaps the compare.
+      const uint64_t next = child_key(child, page_hash(ns, tokens.data() + pos + m));
+      __builtin_prefetch(&children_[next & (children_.size() - 1)]);
+    }
     const int64_t plen = aligned(static_cast<int64_t>(
         common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
     touch(child);
     const bool partial = plen < child->len;
     if (partial) child = split(child, plen);
-    append_slots(child, plen, out);
+    append_slots(child, plen, out, filled);
     pos += plen;
     node = child;
     if (partial) break;
@@ -458,12 +457,18 @@ PrefixMatch RadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_len
   const int64_t capped = std::min(static_cast<int64_t>(key.tokens.size()), max_prefix_len);
   ++stats_.match_calls;
   stats_.queried_tokens += capped;
-  out.clear();
   const int32_t ns = ns_lookup(key.extra_key);
   const int64_t len = aligned(capped);
-  if (ns < 0 || len == 0) return PrefixMatch{0, NodeHandle{root_, root_->id}};
-  PrefixNode* last = match_walk(ns, key.tokens.first(static_cast<size_t>(len)), &out);
-  const auto matched = static_cast<int64_t>(out.size());
+  if (ns < 0 || len == 0) {
+    out.clear();
+    return PrefixMatch{0, NodeHandle{root_, root_->id}};
+  }
+  // The slots are written over the buffer's old contents, which it grows only when short (so a
+  // warm buffer is neither reallocated nor zero-filled), then it is cut to the match.
+  size_t filled = 0;
+  PrefixNode* last = match_walk(ns, key.tokens.first(static_cast<size_t>(len)), &out, filled);
+  out.resize(filled);
+  const auto matched = static_cast<int64_t>(filled);
   stats_.matched_tokens += matched;
   return PrefixMatch{matched, NodeHandle{last, last->id}};
 }
@@ -750,9 +755,11 @@ void RadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   PAGODA_CHECK_GE(prefix_len, req.cache_protected_len);
   allocator_->free(all.subspan(protected_len, key_len - protected_len));
   // Re-match: the request now points at the tree's slots for [0, key_len).
-  scratch_tree_.clear();
-  PrefixNode* node =
-      key_len == 0 ? root_ : match_walk(ns_lookup(req.extra_key), key_tokens, &scratch_tree_);
+  size_t filled = 0;
+  PrefixNode* node = key_len == 0 ? root_
+                                  : match_walk(ns_lookup(req.extra_key), key_tokens,
+                                               &scratch_tree_, filled);
+  scratch_tree_.resize(filled);
   PAGODA_CHECK_EQ(scratch_tree_.size(), key_len);
   table().write(req.req_slot, req.cache_protected_len,
                 std::span<const SlotIndex>(scratch_tree_).subspan(protected_len));
@@ -829,7 +836,8 @@ void RadixCache::check_integrity() const {
     PAGODA_CHECK(node->len > 0 && node->len % p == 0, "node {} key length {}", node->id,
                  node->len);
     std::vector<SlotIndex> slots;
-    append_slots(node, node->len, &slots);
+    size_t filled = 0;
+    append_slots(node, node->len, &slots, filled);
     const SlotIndex* v = slots.data();
     for (int64_t i = 0; i < node->len; ++i) {
       PAGODA_CHECK_EQ(v[i], v[i - i % p] + static_cast<SlotIndex>(i % p));

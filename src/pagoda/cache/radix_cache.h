@@ -132,8 +132,10 @@ class RadixCache final : public PrefixCache {
   /// `collect_dups`; needs the value's runs in scratch_value_runs_).
   int64_t peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
                           std::span<const SlotIndex> slots, bool collect_dups);
-  /// Appends the matched slots to `out`; returns the deepest matched node.
-  PrefixNode* match_walk(int32_t ns, std::span<const int32_t> tokens, std::vector<SlotIndex>* out);
+  /// Writes the matched slots to (*out)[0, filled) (see append_slots); returns the deepest
+  /// matched node.
+  PrefixNode* match_walk(int32_t ns, std::span<const int32_t> tokens, std::vector<SlotIndex>* out,
+                         size_t& filled);
   /// Applies an insert along scratch_path_ (recorded by peek_prefix_len, `pos` tokens matched;
   /// the new pages' runs in scratch_runs_):
   /// touches, hit counts, priorities, the split, then the new leaf. Returns the last node.
@@ -168,8 +170,10 @@ class RadixCache final : public PrefixCache {
   /// Adds to scratch_dups_ the pages of mine[0, n) (whole pages) that differ from node's slots.
   /// (mine = the value at position pos; the value's runs are in scratch_value_runs_.)
   void collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t pos, int64_t n);
-  /// Appends node's first n slots to `out` (generated for a one-run node, copied otherwise).
-  void append_slots(const PrefixNode* node, int64_t n, std::vector<SlotIndex>* out) const;
+  /// Writes node's first n slots to (*out)[filled, filled + n), growing *out only when it is
+  /// shorter, and advances `filled` (generated for a one-run node, copied otherwise).
+  void append_slots(const PrefixNode* node, int64_t n, std::vector<SlotIndex>* out,
+                    size_t& filled) const;
   /// Throws kFailedPrecondition unless the request holds its own reference (beyond the tree's)
   /// on every page of `own` (catches a double finish that would drop the tree's reference).
   void require_request_owns(std::span<const SlotIndex> own) const;
@@ -202,8 +206,13 @@ class RadixCache final : public PrefixCache {
   void touch(PrefixNode* node);
   /// Puts `node` in or out of the evictable-leaf heap according to its state, refreshing its key.
   void sync_evictable(PrefixNode* node);
-  static bool heap_less(const HeapEntry& a, const HeapEntry& b);
-  void heap_place(const HeapEntry& entry, size_t pos);
+  static bool heap_less(const HeapEntry& a, const HeapEntry& b) {
+    return a.key < b.key || (a.key == b.key && a.id < b.id);
+  }
+  void heap_place(const HeapEntry& entry, size_t pos) {
+    heap_[pos] = entry;
+    heap_pos_[entry.index] = static_cast<int32_t>(pos);
+  }
   void heap_sift(size_t pos);
   void heap_remove(PrefixNode* node);
   void emit(CacheEvent event, const PrefixNode* node);
