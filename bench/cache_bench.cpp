@@ -13,6 +13,7 @@
 // Results: bench/results/cache_cpu.md.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -287,6 +288,14 @@ std::unique_ptr<cache::RadixCache> w_make_cache(kv::PageRefs& pages, kv::PageAll
   return std::make_unique<cache::RadixCache>(pages);
 }
 
+/// CPU time of this thread (s): excludes time the scheduler gave to other processes, so it is
+/// steadier than wall time on a shared machine (the SGLang harness reports wall time only).
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -298,6 +307,7 @@ int64_t heap_in_use() {
 
 struct WResult {
   double secs[kWPhases] = {};
+  double cpu[kWPhases] = {};
   int64_t allocs[kWPhases] = {};
   int64_t ops[kWPhases] = {kWSeqs, kWQueries, kWQueries, 1, 0};
   int64_t stored = 0, nodes = 0, p2_hit = 0, p3_hit = 0;
@@ -342,9 +352,10 @@ WResult run_w(int32_t page) {
                                          std::span(&last, 1), fresh));
         slots.insert(slots.end(), fresh.begin(), fresh.end());
         const int64_t a0 = g_heap_allocs;
-        const double t0 = now_s();
+        const double t0 = now_s(), u0 = cpu_s();
         benchmark::DoNotOptimize(w_insert(cache, seq, slots));
         r.secs[0] += now_s() - t0;
+        r.cpu[0] += cpu_s() - u0;
         r.allocs[0] += g_heap_allocs - a0;
         w_after_insert(*alloc, fresh);
       }
@@ -354,13 +365,14 @@ WResult run_w(int32_t page) {
         for (int32_t k = 0; k < kWSeqLen; ++k) values[size_t(i) * kWSeqLen + size_t(k)] = base + k;
       }
       const int64_t a0 = g_heap_allocs;
-      const double t0 = now_s();
+      const double t0 = now_s(), u0 = cpu_s();
       for (int32_t i = 0; i < kWChunk; ++i) {
         benchmark::DoNotOptimize(
             w_insert(cache, std::span<const int32_t>(&buf[size_t(i) * kWSeqLen], kWSeqLen),
                      std::span<const SlotIndex>(&values[size_t(i) * kWSeqLen], kWSeqLen)));
       }
       r.secs[0] += now_s() - t0;
+      r.cpu[0] += cpu_s() - u0;
       r.allocs[0] += g_heap_allocs - a0;
     }
   }
@@ -377,12 +389,13 @@ WResult run_w(int32_t page) {
         phase == 1 ? w.query_full(c0 + j, q) : w.query_partial(c0 + j, q);
       }
       const int64_t a0 = g_heap_allocs;
-      const double t0 = now_s();
+      const double t0 = now_s(), u0 = cpu_s();
       for (int32_t j = 0; j < kWChunk; ++j) {
         hit += w_match(cache, std::span<const int32_t>(&buf[size_t(j) * size_t(qlen)], size_t(qlen)),
                        slots);
       }
       r.secs[phase] += now_s() - t0;
+      r.cpu[phase] += cpu_s() - u0;
       r.allocs[phase] += g_heap_allocs - a0;
     }
     (phase == 1 ? r.p2_hit : r.p3_hit) = hit;
@@ -391,18 +404,21 @@ WResult run_w(int32_t page) {
   // P4a: one evict of half the evictable tokens; P4b: evict(2048) until empty.
   const int64_t target = cache.evictable_size() / 2;
   int64_t a0 = g_heap_allocs;
-  double t0 = now_s();
+  double t0 = now_s(), u0 = cpu_s();
   const int64_t evicted = cache.evict(target);
   r.secs[3] = now_s() - t0;
+  r.cpu[3] = cpu_s() - u0;
   r.allocs[3] = g_heap_allocs - a0;
   PAGODA_CHECK_GE(evicted, target);
   a0 = g_heap_allocs;
   t0 = now_s();
+  u0 = cpu_s();
   while (cache.evictable_size() > 0) {
     cache.evict(kWSeqLen);
     ++r.ops[4];
   }
   r.secs[4] = now_s() - t0;
+  r.cpu[4] = cpu_s() - u0;
   r.allocs[4] = g_heap_allocs - a0;
   PAGODA_CHECK_EQ(cache.total_size(), 0);
   r.heap_after_evict = heap_in_use() - heap0;
@@ -420,6 +436,8 @@ void BM_WorkloadW(benchmark::State& state) {
       total += r.secs[p];
       const double per_op = r.secs[p] / static_cast<double>(r.ops[p]);
       state.counters[std::string(kWPhaseNames[p]) + "_us"] = per_op * 1e6;
+      state.counters[std::string(kWPhaseNames[p]) + "_cpu_us"] =
+          r.cpu[p] / static_cast<double>(r.ops[p]) * 1e6;
       state.counters[std::string(kWPhaseNames[p]) + "_allocs"] =
           static_cast<double>(r.allocs[p]) / static_cast<double>(r.ops[p]);
     }

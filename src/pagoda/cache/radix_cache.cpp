@@ -46,6 +46,8 @@ struct PrefixNode {
 namespace {
 
 constexpr size_t kMinChildTable = 64;
+/// Heaps smaller than this are not settled in bulk (the lazy path is cheap enough).
+constexpr size_t kSettleMinLeaves = 256;
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -314,6 +316,16 @@ void RadixCache::sync_evictable(PrefixNode* node) {
     entry.key = key;
     heap_sift(static_cast<size_t>(at));
   }
+}
+
+void RadixCache::settle_heap() {
+  const size_t n = heap_.size();
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(&heap_[i + kAhead].node->stats);
+    heap_[i].key = policy_->key(heap_[i].node->stats);
+  }
+  for (size_t i = n / 2; i-- > 0;) heap_sift(i);
 }
 
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
@@ -658,6 +670,9 @@ int64_t RadixCache::node_length(NodeHandle handle) const { return require_live(h
 
 int64_t RadixCache::evict(int64_t num_tokens) {
   PAGODA_REQUIRE(num_tokens >= 0, kInvalidArgument, "evict({}) < 0", num_tokens);
+  // A large eviction settles every lazily raised key first (one pass, then an O(n) heapify)
+  // instead of one extra sift per stale entry it meets at the top.
+  if (heap_.size() >= kSettleMinLeaves && num_tokens >= evictable_size_ / 8) settle_heap();
   int64_t evicted = 0;
   while (evicted < num_tokens && !heap_.empty()) {
     HeapEntry& top = heap_.front();
@@ -675,8 +690,14 @@ int64_t RadixCache::evict(int64_t num_tokens) {
     }
     __builtin_prefetch(&children_[leaf->entry_key & (children_.size() - 1)]);
     __builtin_prefetch(leaf->parent);
-    __builtin_prefetch(reinterpret_cast<const char*>(leaf->data.get()) - 16);
+    const char* buffer = reinterpret_cast<const char*>(leaf->data.get());
+    __builtin_prefetch(buffer - 16);
+    // glibc's free also reads the next chunk's header, just past the buffer.
+    __builtin_prefetch(buffer + static_cast<size_t>(leaf->len) * sizeof(int32_t) *
+                                    (leaf->run_page >= 0 ? 1 : 2));
     heap_remove(leaf);
+    // The likely next victim: its node loads while this one is taken apart.
+    if (!heap_.empty()) __builtin_prefetch(&heap_.front().node->stats);
     PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
     scratch_evict_.clear();
     if (leaf->run_page >= 0) {  // one run: no slots to read

@@ -215,6 +215,8 @@ class RadixCache final : public PrefixCache {
   }
   void heap_sift(size_t pos);
   void heap_remove(PrefixNode* node);
+  /// Recomputes every heap key from its node's stats and rebuilds the heap (O(n)).
+  void settle_heap();
   void emit(CacheEvent event, const PrefixNode* node);
 
   std::unique_ptr<EvictionPolicy> policy_;
