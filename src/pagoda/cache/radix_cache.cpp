@@ -46,8 +46,9 @@ struct PrefixNode {
 namespace {
 
 constexpr size_t kMinChildTable = 64;
-/// Heaps smaller than this are not settled in bulk (the lazy path is cheap enough).
-constexpr size_t kSettleMinLeaves = 256;
+/// Heaps smaller than this are not settled in bulk (the lazy path is as cheap there). Small, so
+/// the property tests (trees of up to ~100 leaves) exercise both paths.
+constexpr size_t kSettleMinLeaves = 16;
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
