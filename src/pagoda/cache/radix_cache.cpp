@@ -12,9 +12,10 @@ namespace pagoda::cache {
 /// A tree node (see radix_cache.h). `id` is a generation: a recycled node gets a new one.
 struct PrefixNode {
   PrefixNode* parent = nullptr;
-  /// [len tokens | len slots], exactly sized; only the tokens when the slots are one run of
+  /// [len tokens | len slots] in an arena block; only the tokens when the slots are one run of
   /// consecutive whole pages (run_page >= 0: slot i is run_page * page_size + i). Null when empty.
-  std::unique_ptr<int32_t[]> data;
+  int32_t* data = nullptr;
+  KeyArena::Block block;
   int64_t len = 0;
   uint64_t id = 0;
   uint64_t hash = 0;  ///< page_hash(ns, first page of key); with the parent, its child-table key
@@ -26,18 +27,21 @@ struct PrefixNode {
   int64_t run_page = -1;  ///< first page when the slots are one run of consecutive pages, else -1
   NodeStats stats;
 
-  const int32_t* key() const { return data.get(); }
+  const int32_t* key() const { return data; }
   /// The stored slots; only when run_page < 0.
-  const SlotIndex* stored_value() const { return data.get() + len; }
+  const SlotIndex* stored_value() const { return data + len; }
   std::span<const int32_t> key_span() const { return {key(), static_cast<size_t>(len)}; }
-  /// Replaces the buffer with an exactly sized copy of key[0, n) and, when `v` is not null,
-  /// value[0, n); run_page is set to `run` (>= 0 exactly when v is null).
-  void assign(const int32_t* k, const SlotIndex* v, int64_t n, int64_t run) {
+  /// Replaces the buffer with a copy of key[0, n) and, when `v` is not null, value[0, n) (the
+  /// sources may lie in the old buffer: it is released after the copy); run_page is set to `run`
+  /// (>= 0 exactly when v is null). Unchanged if the allocation throws.
+  void assign(KeyArena& arena, const int32_t* k, const SlotIndex* v, int64_t n, int64_t run) {
     const auto cells = static_cast<size_t>(v != nullptr ? 2 * n : n);
-    auto buf = std::make_unique_for_overwrite<int32_t[]>(cells);
-    std::memcpy(buf.get(), k, static_cast<size_t>(n) * sizeof(int32_t));
-    if (v != nullptr) std::memcpy(buf.get() + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
-    data = std::move(buf);
+    const KeyArena::Block fresh = arena.allocate(cells);
+    std::memcpy(fresh.data, k, static_cast<size_t>(n) * sizeof(int32_t));
+    if (v != nullptr) std::memcpy(fresh.data + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
+    if (data != nullptr) arena.release(block);
+    block = fresh;
+    data = fresh.data;
     len = n;
     run_page = run;
   }
@@ -123,7 +127,8 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
 
 void RadixCache::recycle(PrefixNode* node) {
   node->parent = nullptr;
-  node->data.reset();  // the key/value memory goes back to the heap
+  if (node->data != nullptr) arena_.release(node->block);  // its slab may go back to the heap
+  node->data = nullptr;
   node->len = 0;
   node->id = 0;  // any handle to it is now stale
   free_nodes_.push_back(node);
@@ -236,12 +241,23 @@ int32_t RadixCache::ns_intern(std::string_view extra_key) {
 
 void RadixCache::heap_sift(size_t pos) {
   const HeapEntry e = heap_[pos];
+  const size_t start = pos;
   while (pos > 0) {
     const size_t up = (pos - 1) / 2;
     if (!heap_less(e, heap_[up])) break;
     heap_place(heap_[up], pos);
     pos = up;
   }
+  if (pos != start) {
+    heap_place(e, pos);
+    return;
+  }
+  heap_sift_down(pos);
+}
+
+
+void RadixCache::heap_sift_down(size_t pos) {
+  const HeapEntry e = heap_[pos];
   const size_t size = heap_.size();
   for (;;) {
     size_t c = 2 * pos + 1;
@@ -326,7 +342,8 @@ void RadixCache::settle_heap() {
     if (i + kAhead < n) __builtin_prefetch(&heap_[i + kAhead].node->stats);
     heap_[i].key = policy_->key(heap_[i].node->stats);
   }
-  for (size_t i = n / 2; i-- > 0;) heap_sift(i);
+  // Floyd's heapify: sift-down only (a sift-up here would move an unordered parent down).
+  for (size_t i = n / 2; i-- > 0;) heap_sift_down(i);
 }
 
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
@@ -341,14 +358,13 @@ PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
   // parent -> child becomes parent -> upper -> child; upper takes key[:len] / value[:len].
   PrefixNode* upper = new_node(child->parent, child->ns);
   const bool run = child->run_page >= 0;
-  upper->assign(child->key(), run ? nullptr : child->stored_value(), len, child->run_page);
+  upper->assign(arena_, child->key(), run ? nullptr : child->stored_value(), len, child->run_page);
   upper->hash = child->hash;  // same first page, same parent: it takes over the child's entry
   upper->lock_ref = child->lock_ref;
   upper->stats = child->stats;
   relink_child(child, upper);
   const int64_t rest = child->len - len;
-  std::unique_ptr<int32_t[]> old = std::move(child->data);
-  child->assign(old.get() + len, run ? nullptr : old.get() + child->len + len, rest,
+  child->assign(arena_, child->key() + len, run ? nullptr : child->stored_value() + len, rest,
                 run ? child->run_page + len / page_size() : -1);
   child->parent = upper;
   link_child(upper, child);
@@ -557,7 +573,7 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
   PrefixNode* leaf = new_node(node, ns);
   // One run of pages (what allocations hand out): the tree stores the tokens and the run only.
   const bool one_run = scratch_runs_.size() == 1 && scratch_runs_[0].first >= 0;
-  leaf->assign(tokens.data() + pos, one_run ? nullptr : slots.data() + pos, n - pos,
+  leaf->assign(arena_, tokens.data() + pos, one_run ? nullptr : slots.data() + pos, n - pos,
                one_run ? int64_t{scratch_runs_[0].first} : -1);
   leaf->stats.priority = options.priority;
   leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
@@ -684,18 +700,13 @@ int64_t RadixCache::evict(int64_t num_tokens) {
       continue;
     }
     PrefixNode* leaf = top.node;
-    // Start the loads the removal needs (bitset word, child-table slot, parent, the buffer's
-    // allocator header) before the heap sift, so their misses overlap it.
+    // Start the loads the removal needs (bitset word, child-table slot, parent) before the heap
+    // sift, so their misses overlap it.
     if (leaf->run_page >= 0) {
       __builtin_prefetch(&tree_pages_[static_cast<size_t>(leaf->run_page) / 64]);
     }
     __builtin_prefetch(&children_[leaf->entry_key & (children_.size() - 1)]);
     __builtin_prefetch(leaf->parent);
-    const char* buffer = reinterpret_cast<const char*>(leaf->data.get());
-    __builtin_prefetch(buffer - 16);
-    // glibc's free also reads the next chunk's header, just past the buffer.
-    __builtin_prefetch(buffer + static_cast<size_t>(leaf->len) * sizeof(int32_t) *
-                                    (leaf->run_page >= 0 ? 1 : 2));
     heap_remove(leaf);
     // The likely next victim: its node loads while this one is taken apart.
     if (!heap_.empty()) __builtin_prefetch(&heap_.front().node->stats);
@@ -891,6 +902,7 @@ void RadixCache::check_integrity() const {
   PAGODA_CHECK_EQ(evictable, evictable_size_);
   PAGODA_CHECK_EQ(protected_tokens, protected_size_);
   PAGODA_CHECK_EQ(nodes, num_nodes_);
+  PAGODA_CHECK_EQ(static_cast<int64_t>(arena_.blocks_in_use()), nodes);  // one block per node
   PAGODA_CHECK_EQ(static_cast<size_t>(nodes), num_children_);
   PAGODA_CHECK_EQ(leaves, static_cast<int64_t>(heap_.size()));
   for (size_t i = 1; i < heap_.size(); ++i) {

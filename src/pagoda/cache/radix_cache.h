@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "pagoda/cache/eviction_policy.h"
+#include "pagoda/cache/key_arena.h"
 #include "pagoda/cache/prefix_cache.h"
 
 namespace pagoda::cache {
@@ -213,7 +214,10 @@ class RadixCache final : public PrefixCache {
     heap_[pos] = entry;
     heap_pos_[entry.index] = static_cast<int32_t>(pos);
   }
+  /// Moves heap_[pos] up or down to its place (the rest of the heap ordered).
   void heap_sift(size_t pos);
+  /// Moves heap_[pos] down only (its subtrees ordered).
+  void heap_sift_down(size_t pos);
   void heap_remove(PrefixNode* node);
   /// Recomputes every heap key from its node's stats and rebuilds the heap (O(n)).
   void settle_heap();
@@ -222,6 +226,7 @@ class RadixCache final : public PrefixCache {
   std::unique_ptr<EvictionPolicy> policy_;
   CacheEventListener listener_;
   int32_t page_shift_ = -1;  ///< log2(page_size) when a power of two
+  KeyArena arena_;  ///< node buffers
   std::deque<PrefixNode> node_pool_;
   std::vector<PrefixNode*> free_nodes_;
   PrefixNode* root_ = nullptr;
