@@ -6,11 +6,31 @@
 
 #include "pagoda/core/check.h"
 
+// Under AddressSanitizer the free blocks and the unused tail of each block are poisoned, so an
+// overrun inside a slab is still reported.
+#if defined(__SANITIZE_ADDRESS__)
+#define PAGODA_KEY_ARENA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PAGODA_KEY_ARENA_ASAN 1
+#endif
+#endif
+#ifdef PAGODA_KEY_ARENA_ASAN
+#include <sanitizer/asan_interface.h>
+#define PAGODA_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define PAGODA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define PAGODA_POISON(p, n) ((void)(p), (void)(n))
+#define PAGODA_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace pagoda::cache {
 
 namespace {
 
-constexpr size_t kExactCells = 16;
+/// Up to 16 cells, classes of 2, 4, ..., 16 cells (every block starts 8-byte aligned).
+constexpr size_t kSmallCells = 16;
+constexpr uint32_t kSmallClasses = kSmallCells / 2;
 constexpr size_t kSlabBytes = size_t{64} << 10;
 constexpr uint32_t kMaxBlocksPerSlab = 64;
 
@@ -18,22 +38,24 @@ constexpr uint32_t kMaxBlocksPerSlab = 64;
 
 KeyArena::~KeyArena() {
   for (Slab& s : slabs_) {
-    if (s.mem != nullptr) ::operator delete(s.mem);
+    if (s.mem == nullptr) continue;
+    PAGODA_UNPOISON(s.mem, class_cells(s.cls) * s.blocks * sizeof(int32_t));
+    ::operator delete(s.mem);
   }
 }
 
 uint32_t KeyArena::class_of(size_t cells) {
-  if (cells <= kExactCells) return static_cast<uint32_t>(cells == 0 ? 0 : cells - 1);
+  if (cells <= kSmallCells) return static_cast<uint32_t>(cells == 0 ? 0 : (cells - 1) / 2);
   // 2^e <= cells - 1 < 2^(e + 1), e >= 4; four classes per power of two.
   const auto e = static_cast<uint32_t>(std::bit_width(cells - 1) - 1);
   const size_t k = (cells - 1) >> (e - 2);  // 4..7
-  return static_cast<uint32_t>(kExactCells + (e - 4) * 4 + (k - 4));
+  return static_cast<uint32_t>(kSmallClasses + (e - 4) * 4 + (k - 4));
 }
 
 size_t KeyArena::class_cells(uint32_t cls) {
-  if (cls < kExactCells) return cls + 1;
-  const uint32_t e = 4 + (cls - kExactCells) / 4;
-  const size_t k = 4 + (cls - kExactCells) % 4;
+  if (cls < kSmallClasses) return 2 * (size_t{cls} + 1);
+  const uint32_t e = 4 + (cls - kSmallClasses) / 4;
+  const size_t k = 4 + (cls - kSmallClasses) % 4;
   return (k + 1) << (e - 2);
 }
 
@@ -64,6 +86,7 @@ uint32_t KeyArena::new_slab(uint32_t cls) {
     unused_slab_ids_.push_back(id);
     throw;
   }
+  PAGODA_POISON(s.mem, bytes);
   s.cls = cls;
   s.blocks = blocks;
   // Block 0 on top of the stack: a fresh slab fills front to back.
@@ -93,17 +116,21 @@ KeyArena::Block KeyArena::allocate(size_t cells) {
   s.free_slots.pop_back();
   if (s.free_slots.empty()) drop_partial(s);
   ++blocks_in_use_;
-  return Block{s.mem + class_cells(cls) * slot, id, slot};
+  int32_t* data = s.mem + class_cells(cls) * slot;
+  PAGODA_UNPOISON(data, cells * sizeof(int32_t));
+  return Block{data, id, slot};
 }
 
 void KeyArena::release(const Block& block) {
   Slab& s = slabs_[block.slab];
   PAGODA_DCHECK(s.mem != nullptr && block.slot < s.blocks);
+  PAGODA_POISON(block.data, class_cells(s.cls) * sizeof(int32_t));
   s.free_slots.push_back(block.slot);
   --blocks_in_use_;
   if (s.free_slots.size() == s.blocks) {
     // The last block came back: the slab returns to the system heap.
     if (s.partial_pos != kNone) drop_partial(s);
+    PAGODA_UNPOISON(s.mem, class_cells(s.cls) * s.blocks * sizeof(int32_t));
     ::operator delete(s.mem);
     s.mem = nullptr;
     bytes_reserved_ -= class_cells(s.cls) * s.blocks * sizeof(int32_t);

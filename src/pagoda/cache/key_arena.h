@@ -6,8 +6,9 @@
 /// malloc each free walks the neighbouring chunks' headers (cache misses). Here a release only
 /// pushes the block's index on its slab's free stack (dense metadata, no access to the block).
 ///
-/// Size classes: exact up to 16 cells, then four per power of two (a block is at most 25 %
-/// larger than asked; 1,024 and 2,048 cells are exact). A slab holds 64 KiB of blocks (between
+/// Size classes: even cell counts up to 16, then four per power of two (a block is at most 25 %
+/// larger than asked, plus one cell; 1,024 and 2,048 cells are exact; blocks start 8-byte
+/// aligned). Under AddressSanitizer free blocks and block tails are poisoned. A slab holds 64 KiB of blocks (between
 /// 1 and 64 blocks). Memory: a slab goes back to the system heap as soon as its last block is
 /// released, so an empty tree holds no slab; a partly used slab keeps its whole size.
 ///

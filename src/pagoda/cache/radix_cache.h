@@ -3,12 +3,14 @@
 /// requests (sglang_spec §4). Contract: prefix_cache.h and docs/design/cache.md.
 ///
 /// Structure. Every non-root node holds a key segment and its slots (equal lengths, a positive
-/// multiple of page_size, whole pages) in one exactly sized buffer, freed when the node is evicted.
+/// multiple of page_size, whole pages) in one KeyArena block, released when the node is evicted;
+/// when the slots are one run of consecutive pages (the usual case) only the tokens and the run's
+/// first page are stored and the slots are generated.
 /// Children live in one open-addressing table for the whole tree, keyed by (parent, hash of
 /// (namespace, first page of the child's key)) and verified on lookup. Node boundaries, splits and
 /// matches are page aligned. Locks (inc_lock_ref) count requests whose path runs through a node; a
 /// node with lock_ref 0 is evictable, and unlocked childless nodes sit in an intrusive binary heap
-/// ordered by (EvictionPolicy key, node id) (the node stores its heap position). A touch that
+/// ordered by (EvictionPolicy key, node id) (heap positions in a dense array). A touch that
 /// raises a leaf's key is applied lazily when the leaf reaches the top (policy keys never drop
 /// when a node is used; a drop is applied at once), so a match does not sift the heap. Nodes come from
 /// an internal pool and are reused, so stale handles are detected by a generation id.
@@ -16,8 +18,9 @@
 /// Costs. match_prefix: one hash probe and one memcmp-style comparison of the whole edge per node
 /// on the path, one memcpy of its slots; O(log leaves) to refresh a touched leaf; no heap
 /// allocation into a warm caller buffer (a split allocates the new node's buffer). insert: the
-/// same plus one buffer for the new leaf, and O(pages) page validation done once. evict:
-/// O(log leaves) per leaf plus the allocator's O(pages) free.
+/// same plus one block for the new leaf, one vectorised pass over the value for its page runs,
+/// and O(pages) page validation of runs, done once. evict: O(log leaves) per leaf plus the
+/// allocator's O(pages) free (a large evict settles lazy keys in one O(leaves) rebuild first).
 ///
 /// The allocator is any kv::PageRefs (kv::PageAllocator in production); the request table is only
 /// needed by cache_finished_req / cache_unfinished_req / admit.
