@@ -158,7 +158,12 @@ uint64_t RadixCache::child_key(const PrefixNode* parent, uint64_t hash) const {
 }
 
 PrefixNode* RadixCache::find_child(const PrefixNode* node, int32_t ns, const int32_t* page) const {
-  const uint64_t key = child_key(node, page_hash(ns, page));
+  return find_child_hashed(node, ns, page, page_hash(ns, page));
+}
+
+PrefixNode* RadixCache::find_child_hashed(const PrefixNode* node, int32_t ns,
+                                          const int32_t* page, uint64_t hash) const {
+  const uint64_t key = child_key(node, hash);
   const size_t mask = children_.size() - 1;
   const auto bytes = static_cast<size_t>(page_size()) * sizeof(int32_t);
   for (size_t i = key & mask;; i = (i + 1) & mask) {
@@ -456,15 +461,19 @@ PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
   PrefixNode* node = root_;
   touch(node);
   int64_t pos = 0;
+  uint64_t hash = 0;
+  int64_t hashed_at = -1;  // the position whose page hash is in `hash`
   while (pos < n) {
     if (node->num_children == 0) break;  // a leaf: no lookup needed
-    PrefixNode* child = find_child(node, ns, tokens.data() + pos);
+    if (hashed_at != pos) hash = page_hash(ns, tokens.data() + pos);
+    PrefixNode* child = find_child_hashed(node, ns, tokens.data() + pos, hash);
     if (child == nullptr) break;
     const int64_t m = std::min(child->len, n - pos);
     if (m == child->len && pos + m < n && child->num_children > 0) {
       // The next lookup's table slot, if the whole edge matches: its miss overlaps the compare.
-      const uint64_t next = child_key(child, page_hash(ns, tokens.data() + pos + m));
-      __builtin_prefetch(&children_[next & (children_.size() - 1)]);
+      hashed_at = pos + m;
+      hash = page_hash(ns, tokens.data() + hashed_at);
+      __builtin_prefetch(&children_[child_key(child, hash) & (children_.size() - 1)]);
     }
     const int64_t plen = aligned(static_cast<int64_t>(
         common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));

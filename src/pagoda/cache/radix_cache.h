@@ -126,6 +126,9 @@ class RadixCache final : public PrefixCache {
   uint64_t page_hash(int32_t ns, const int32_t* first_page) const;
   uint64_t child_key(const PrefixNode* parent, uint64_t page_hash) const;
   PrefixNode* find_child(const PrefixNode* node, int32_t ns, const int32_t* page) const;
+  /// The same with page_hash(ns, page) already computed.
+  PrefixNode* find_child_hashed(const PrefixNode* node, int32_t ns, const int32_t* page,
+                                uint64_t hash) const;
   void link_child(PrefixNode* parent, PrefixNode* child);
   void unlink_child(PrefixNode* child);
   void relink_child(PrefixNode* old_child, PrefixNode* new_child);
