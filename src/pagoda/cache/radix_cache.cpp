@@ -50,6 +50,8 @@ struct PrefixNode {
 namespace {
 
 constexpr size_t kMinChildTable = 64;
+/// Nodes per pool chunk.
+constexpr size_t kNodeChunk = 256;
 /// Heaps smaller than this are not settled in bulk (the lazy path is as cheap there). Small, so
 /// the property tests (trees of up to ~100 leaves) exercise both paths.
 constexpr size_t kSettleMinLeaves = 16;
@@ -109,7 +111,10 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
     node = free_nodes_.back();
     free_nodes_.pop_back();
   } else {
-    node = &node_pool_.emplace_back();
+    // Nodes are allocated kNodeChunk at a time and never move (handles point at them).
+    const size_t count = heap_pos_.size();
+    if (count % kNodeChunk == 0) node_chunks_.push_back(std::make_unique<PrefixNode[]>(kNodeChunk));
+    node = &node_chunks_.back()[count % kNodeChunk];
     node->index = static_cast<uint32_t>(heap_pos_.size());
     heap_pos_.push_back(-1);
   }

@@ -26,7 +26,6 @@
 /// needed by cache_finished_req / cache_unfinished_req / admit.
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -233,7 +232,8 @@ class RadixCache final : public PrefixCache {
   CacheEventListener listener_;
   int32_t page_shift_ = -1;  ///< log2(page_size) when a power of two
   KeyArena arena_;  ///< node buffers
-  std::deque<PrefixNode> node_pool_;
+  /// The node pool: chunks of kNodeChunk nodes, filled in order (node->index is the position).
+  std::vector<std::unique_ptr<PrefixNode[]>> node_chunks_;
   std::vector<PrefixNode*> free_nodes_;
   PrefixNode* root_ = nullptr;
   std::vector<ChildEntry> children_;  ///< open addressing, linear probing, power-of-two size
