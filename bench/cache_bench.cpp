@@ -9,7 +9,9 @@
 //   (2,304-token queries), P3 10,000 partial-hit matches (prompt + 1,024 random tokens), P4a one
 //   evict of half the evictable tokens, P4b evict(2,048) until empty. Two page owners: the real
 //   PageAllocator (the tree retains / frees real pages) and CountingPages (only counts, like the
-//   harness's fake allocator). Heap allocations inside the timed regions are counted.
+//   harness's fake allocator). Heap allocations inside the timed regions are counted; each
+//   phase reports wall time (`*_us`, what the harness reports) and this thread's CPU time
+//   (`*_cpu_us`, steadier on a shared machine).
 // Results: bench/results/cache_cpu.md.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
