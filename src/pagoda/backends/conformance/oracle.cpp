@@ -45,6 +45,12 @@ DenseKv gather(const std::vector<float>& k_store, const std::vector<float>& v_st
 
 }  // namespace
 
+double lse_sum_noise(int64_t n) {
+  constexpr double kUnit = 5.960464477539063e-08;  // 2^-24, f32 unit roundoff
+  constexpr double kLog2e = 1.4426950408889634;
+  return 4.0 * std::sqrt(double(n)) * kUnit * kLog2e;
+}
+
 Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float>& v_store,
                       int k_row, int v_row, const std::vector<DenseRow>& rows, const HostTensor& q,
                       const attention::AttentionLayer& layer, DType kv_dtype, bool mla,
@@ -105,6 +111,7 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
         }
         double z = layer.sinks.empty() ? 0.0 : std::exp(double(layer.sinks[static_cast<size_t>(h)]) - m);
         double w_min = inf;
+        int64_t n_vis = 0;
         std::fill(o.begin(), o.end(), 0.0);
         for (int64_t j = 0; j < kv; ++j) {
           if (!vis[static_cast<size_t>(j)]) continue;
@@ -113,6 +120,7 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
           for (int d = 0; d < dv; ++d) o[static_cast<size_t>(d)] += w * v[d];
           z += w;
           w_min = std::min(w_min, w);
+          ++n_vis;
         }
         for (int d = 0; d < dv; ++d) e.out.set(idx * dv + d, static_cast<float>(o[static_cast<size_t>(d)] / z));
         const double lse = (m + std::log(z)) / std::log(2.0);
@@ -120,8 +128,8 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
         const double p_min = w_min / z;
         const double drop_one = p_min < 1.0 ? -std::log2(1.0 - p_min) : inf;
         const double scale = 1.0 + std::fabs(lse);
-        e.lse_tol[static_cast<size_t>(idx)] =
-            std::clamp(0.5 * drop_one, kLseNoise * scale, 1e-3 * scale);
+        const double noise = kLseNoise * scale + lse_sum_noise(n_vis);
+        e.lse_tol[static_cast<size_t>(idx)] = std::clamp(0.5 * drop_one, noise, 1e-3 * scale);
       }
     }
   }

@@ -17,11 +17,15 @@
 /// LSE tolerance (per query and head; Expected::lse_tol). Dropping visible key j moves the LSE by
 /// |log2(1 - p_j)| >= p_j · log2(e), p_j = exp(s_j) / Z, so the smallest such move of the row is
 /// δ = -log2(1 - p_min). The tolerance is δ / 2, so any single dropped key fails the check, but
-/// never below the f32 noise floor kLseNoise · (1 + |LSE|) (a correct f32 backend's rounding over
-/// up to tens of thousands of keys) and never above the old 1e-3 · (1 + |LSE|). At 4,096 keys
-/// with the harness's logits (|s| <~ 1.5) p_min ~ 1e-5, δ / 2 ~ 1e-5, above the noise floor;
+/// never below the f32 noise floor kLseNoise · (1 + |LSE|) + lse_sum_noise(n) (a correct f32
+/// backend's rounding of log2 and of a sum of n visible terms, 4 · sqrt(n) · 2^-24 · log2 e)
+/// and never above the old 1e-3 · (1 + |LSE|). At 4,096 keys with the harness's logits
+/// (|s| <~ 1.5) δ / 2 ~ 5e-5 against a floor of ~3.5e-5, so the guarantee holds on the CPU grid;
 /// tests/conformance proves it by running the reference with ReferenceFaults::drop_weakest_key.
+/// At 32,768 keys (the GPU grid's --long-kv) δ / 2 falls below the floor: the check is then as
+/// tight as f32 rounding allows, no longer one-key exact.
 
+#include <cstdint>
 #include <vector>
 
 #include "pagoda/attention/layer.h"
@@ -31,6 +35,8 @@ namespace pagoda::backends::conformance {
 
 /// Relative f32 noise floor of the LSE comparison (see above).
 inline constexpr double kLseNoise = 1e-6;
+/// Absolute LSE (base 2) noise of an f32 sum of n positive terms (see above).
+double lse_sum_noise(int64_t n);
 
 /// The answer for `rows` (in order; their qo_len sum is q.shape[0]) with q [n, Hq, Dqk] and the
 /// layer's scale, cap, window, mask kind, sinks and scales. k_store / v_store hold each logical
