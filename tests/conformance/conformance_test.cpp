@@ -54,6 +54,20 @@ TEST(Conformance, MutantCaughtOnPlainDecode) {
   EXPECT_EQ(bad.verdict, Verdict::kFail) << bad.message;
 }
 
+TEST(Conformance, UnknownMutantIsRejectedNamingTheFamily) {
+  const auto registry = builtin();
+  Options options;
+  options.quick = true;
+  options.backends = {"mutant:nope"};
+  try {
+    run_conformance(registry, options);
+    FAIL() << "an unknown mutant was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("mutant:gqa-map"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Conformance, MissedMutantFailsTheRun) {
   // Failures outside the mutant's own column do not count: the row is caught only in it.
   BackendRow row{{"mutant:page+1", true, "long"}, std::vector<Cell>(2), 1, {}};

@@ -62,7 +62,7 @@ ReferenceFaults mutant_faults(const std::string& spec) {
   }
   std::string names;
   for (const Member& m : members()) names += (names.empty() ? "" : ", ") + m.info.spec;
-  throw_error(ErrorCode::kInvalidArgument, "unknown mutant '{}' (known: {})", spec, names);
+  throw_error(ErrorCode::kInvalidArgument, "--backends: unknown mutant '{}' (known: {}; \"mutant\" runs them all)", spec, names);
 }
 
 }  // namespace pagoda::backends::conformance
