@@ -37,6 +37,12 @@ timeout 150 "$P" conformance --backends cuda --output "$OUT/conformance_cuda.md"
 echo "conformance rc=$?"
 grep -E "^FAIL|runs on| in [0-9.]+ s" "$OUT/conformance.log" | head -30
 grep -E "^\| (backend|cuda|mutant)" "$OUT/conformance.log"
+echo "== conformance (full grid, cuda, long column at 32,768 keys)"
+timeout 200 "$P" conformance --backends cuda --long-kv 32768 --output "$OUT/conformance_cuda_32k.md" \
+  > "$OUT/conformance_32k.log" 2>&1
+echo "conformance 32k rc=$?"
+grep -E "^FAIL|runs on| in [0-9.]+ s" "$OUT/conformance_32k.log" | head -30
+grep -E "^\| (backend|cuda)" "$OUT/conformance_32k.log"
 echo "== compute-sanitizer memcheck (quick grid, cuda)"
 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$P" conformance --backends cuda --quick \
   > "$OUT/memcheck.log" 2>&1

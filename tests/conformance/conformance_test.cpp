@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "pagoda/backends/builtin.h"
 #include "pagoda/backends/conformance/conformance.h"
+#include "pagoda/backends/reference/reference_backend.h"
+#include "pagoda/core/error.h"
 
 namespace pagoda::backends::conformance {
 namespace {
@@ -12,7 +16,7 @@ attention::BackendRegistry builtin() {
   return r;
 }
 
-TEST(Conformance, QuickGridAllCpuBackendsPassAndMutantIsCaught) {
+TEST(Conformance, QuickGridAllCpuBackendsPassAndEveryMutantIsCaughtInItsColumn) {
   const auto registry = builtin();
   Options options;
   options.quick = true;
@@ -26,8 +30,17 @@ TEST(Conformance, QuickGridAllCpuBackendsPassAndMutantIsCaught) {
   std::string failures;
   for (const auto& f : report.failures) failures += f + "\n";
   EXPECT_TRUE(report.failures.empty()) << failures << report.markdown();
-  ASSERT_EQ(report.rows.back().backend.spec, "mutant");
-  EXPECT_GT(report.rows.back().total_fail(), 0) << "the mutant was not caught:\n" << report.markdown();
+  int mutants = 0;
+  for (const BackendRow& row : report.rows) {
+    if (!row.backend.expect_failure) continue;
+    ++mutants;
+    ASSERT_GE(row.target_col, 0) << row.backend.spec << ": column " << row.backend.target
+                                 << " is not in the quick grid";
+    EXPECT_GT(row.cells[static_cast<size_t>(row.target_col)].fail, 0)
+        << row.backend.spec << " not caught in " << row.backend.target << "\n" << report.markdown();
+  }
+  EXPECT_EQ(mutants, static_cast<int>(mutant_family().size()));
+  EXPECT_EQ(mutant_family().size(), 9u);
   EXPECT_TRUE(report.ok()) << report.markdown();
 }
 
@@ -35,13 +48,66 @@ TEST(Conformance, MutantCaughtOnPlainDecode) {
   const auto registry = builtin();
   Case c;
   c.feature = "decode";
-  const CaseResult ok = run_case(registry, {"reference", false}, c, 11);
+  const CaseResult ok = run_case(registry, {"reference", false, ""}, c, 11);
   EXPECT_EQ(ok.verdict, Verdict::kPass) << ok.message;
-  const CaseResult bad = run_case(registry, {"mutant", true}, c, 11);
+  const CaseResult bad = run_case(registry, {"mutant", true, "decode"}, c, 11);
   EXPECT_EQ(bad.verdict, Verdict::kFail) << bad.message;
 }
 
-TEST(Conformance, UnsupportedIsSkippedNotFailed) {
+TEST(Conformance, UnknownMutantIsRejectedNamingTheFamily) {
+  const auto registry = builtin();
+  Options options;
+  options.quick = true;
+  options.backends = {"mutant:nope"};
+  try {
+    run_conformance(registry, options);
+    FAIL() << "an unknown mutant was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("mutant:gqa-map"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Conformance, MissedMutantFailsTheRun) {
+  // Failures outside the mutant's own column do not count: the row is caught only in it.
+  BackendRow row{{"mutant:page+1", true, "long"}, std::vector<Cell>(2), 1, {}};
+  row.cells[0].fail = 3;  // caught elsewhere only
+  row.cells[1].pass = 2;
+  EXPECT_FALSE(row.ok());
+  row.cells[1].fail = 1;
+  EXPECT_TRUE(row.ok());
+  Report report;
+  report.rows.push_back({{"mutant:page+1", true, "long"}, std::vector<Cell>(1), -1, {}});
+  report.rows.back().cells[0].fail = 1;
+  EXPECT_FALSE(report.ok()) << "a mutant whose column is absent from the grid is not caught";
+}
+
+// The LSE check resolves a single dropped key at 4,096 keys: the reference that ignores the
+// visible key of smallest weight (the hardest single key to see) must fail, through its LSE.
+TEST(Conformance, LongContextLseDetectsOneDroppedKey) {
+  auto registry = builtin();
+  registry.add("drop-one", "reference without its weakest key",
+               ReferenceBackend::static_capabilities(), [](const attention::BackendContext& ctx) {
+                 return std::make_unique<ReferenceBackend>(
+                     ctx, ReferenceFaults{.drop_weakest_key = true}, "drop-one");
+               });
+  Case c;
+  c.feature = "long";
+  c.long_kv = 4096;
+  c.batch_size = 2;
+  c.page_size = 16;
+  const uint64_t seed = 20261130;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const CaseResult ok = run_case(registry, {"reference", false, ""}, c, seed);
+  EXPECT_EQ(ok.verdict, Verdict::kPass) << ok.message;
+  const CaseResult bad = run_case(registry, {"drop-one", false, ""}, c, seed);
+  ASSERT_EQ(bad.verdict, Verdict::kFail) << bad.message;
+  std::printf("reference: %s\ndrop-one: %s\n", ok.message.c_str(), bad.message.c_str());
+  EXPECT_NE(bad.message.find("lse["), std::string::npos)
+      << "one dropped key should only be visible in the LSE: " << bad.message;
+}
+
+TEST(Conformance, DeclaredUnsupportedIsSkippedWithItsReason) {
   attention::BackendRegistry registry;
   attention::BackendCapabilities caps;  // no sinks, any page size
   registry.add("nosinks", "test", caps, [](const attention::BackendContext&) {
@@ -49,9 +115,41 @@ TEST(Conformance, UnsupportedIsSkippedNotFailed) {
   });
   Case c;
   c.sinks = true;
-  const CaseResult r = run_case(registry, {"nosinks", false}, c, 3);
+  const CaseResult r = run_case(registry, {"nosinks", false, ""}, c, 3);
   EXPECT_EQ(r.verdict, Verdict::kUnsupported);
   EXPECT_NE(r.message.find("sinks"), std::string::npos) << r.message;
+}
+
+TEST(Conformance, UndeclaredUnsupportedFailsTheRun) {
+  auto registry = builtin();
+  // Declares every feature, then refuses sinks at creation.
+  registry.add("liar", "test", ReferenceBackend::static_capabilities(),
+               [](const attention::BackendContext&) -> std::unique_ptr<attention::AttentionBackend> {
+                 throw_error(ErrorCode::kUnsupported, "sinks unsupported");
+               });
+  Case c;
+  c.feature = "sinks";
+  c.sinks = true;
+  const CaseResult r = run_case(registry, {"liar", false, ""}, c, 5);
+  EXPECT_EQ(r.verdict, Verdict::kFail) << r.message;
+  EXPECT_NE(r.message.find("declare"), std::string::npos) << r.message;
+}
+
+TEST(Conformance, MatrixPrintsDeclaredReasons) {
+  attention::BackendRegistry registry = builtin();
+  attention::BackendCapabilities caps = ReferenceBackend::static_capabilities();
+  caps.sinks = false;
+  registry.add("ref-nosinks", "reference declaring no sinks", caps,
+               [](const attention::BackendContext& ctx) { return std::make_unique<ReferenceBackend>(ctx); });
+  Options options;
+  options.quick = true;
+  options.long_kv = 0;
+  options.backends = {"ref-nosinks", "mutant:drop-sinks"};
+  const Report report = run_conformance(registry, options);
+  EXPECT_TRUE(report.ok()) << report.markdown();
+  const std::string md = report.markdown();
+  EXPECT_NE(md.find("ref-nosinks / sinks: "), std::string::npos) << md;
+  EXPECT_NE(md.find("unsupported"), std::string::npos) << md;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "pagoda/attention/backend.h"
 #include "pagoda/backends/builtin.h"
 #include "pagoda/backends/conformance/conformance.h"
+#include "pagoda/backends/conformance/oracle.h"
 #include "pagoda/backends/conformance/tensors.h"
 #include "pagoda/backends/reference/reference_backend.h"
 #include "pagoda/core/error.h"
@@ -48,7 +49,7 @@ int new_token(Scenario& s, std::mt19937_64& rng, DType model_dtype) {
 }
 
 BackendCapabilities capabilities_of(const BackendRegistry& registry, const std::string& spec) {
-  if (spec == "mutant") return ReferenceBackend::static_capabilities();
+  if (spec.rfind("mutant", 0) == 0) return ReferenceBackend::static_capabilities();
   const auto plus = spec.find('+');
   if (plus != std::string::npos) {
     return intersect_capabilities(registry.capabilities(spec.substr(0, plus)),
@@ -61,8 +62,8 @@ std::unique_ptr<AttentionBackend> make_under_test(const BackendRegistry& registr
                                                   const std::string& spec,
                                                   const BackendRequirements& req,
                                                   const BackendContext& ctx) {
-  if (spec == "mutant") {
-    return std::make_unique<ReferenceBackend>(ctx, ReferenceFaults{.causal_shift = -1}, "mutant");
+  if (spec.rfind("mutant", 0) == 0) {
+    return std::make_unique<ReferenceBackend>(ctx, mutant_faults(spec), spec);
   }
   const auto plus = spec.find('+');
   if (plus != std::string::npos) {
@@ -137,6 +138,12 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
     if (draft || verify) {
       prefix[b] = uniform_int(1, c.max_len);
       ext[b] = draft ? 1 : D;
+    } else if (c.long_kv > 0) {
+      // Long context: even requests near long_kv keys (request 0 exactly), odd ones 1 token.
+      ext[b] = decode_like ? 1 : uniform_int(1, 8);
+      const int keys = b == 0 ? c.long_kv : uniform_int(c.long_kv - c.long_kv / 4, c.long_kv);
+      prefix[b] = b % 2 == 0 ? keys - ext[b] : 0;
+      if (b % 2 == 1) ext[b] = 1;
     } else if (decode_like) {
       prefix[b] = uniform_int(0, c.max_len - 1);
       ext[b] = 1;
@@ -369,7 +376,11 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
       copy_back(dlse, lse, dev);
     }
   } catch (const Error& e) {
-    return {Verdict::kFail, fmt::format("threw {}", e.what())};
+    // Declared-unsupported cases never get here; an undeclared one is a failure.
+    return {Verdict::kFail, fmt::format("threw {}{}", e.what(),
+                                        e.code() == ErrorCode::kUnsupported
+                                            ? " (capabilities() declare this case supported)"
+                                            : "")};
   }
 
   // ---- the oracle over a dense copy ----

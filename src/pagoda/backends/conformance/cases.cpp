@@ -17,6 +17,7 @@ std::string Case::describe() const {
   if (window_left >= 0) s += fmt::format(" window={}", window_left);
   if (logit_cap > 0.f) s += fmt::format(" cap={}", logit_cap);
   if (sinks) s += " sinks";
+  if (long_kv > 0) s += fmt::format(" long={}", long_kv);
   if (draft_step >= 0) s += fmt::format(" draft topk={} step={}/{}", topk, draft_step, num_steps);
   if (mode == ForwardMode::kTargetVerify) {
     s += fmt::format(" verify D={} topk={}{}", num_draft_tokens, topk, tree_mask ? "" : " chain");
@@ -93,7 +94,33 @@ std::vector<int> pick(bool quick, std::initializer_list<int> q, std::initializer
 
 }  // namespace
 
-std::vector<Case> make_cases(bool quick) {
+/// The "long" column: split-KV chunks and hundreds of pages, 1-token requests beside long ones.
+void add_long_cases(std::vector<Case>& cases, bool quick, int long_kv) {
+  auto add = [&](ForwardMode mode, int page, Heads h, int bs) -> Case& {
+    Case c = base("long", mode, page, h, 128);
+    c.long_kv = long_kv;
+    c.batch_size = bs;
+    cases.push_back(c);
+    return cases.back();
+  };
+  add(ForwardMode::kDecode, 16, kGqa, 4);
+  add(ForwardMode::kExtend, 64, kGqa, 3);
+  if (quick) return;
+  add(ForwardMode::kDecode, 1, kMqa, 2);
+  add(ForwardMode::kMixed, 16, kGqa, 2);
+  add(ForwardMode::kDecode, 64, kGqa, 2).sinks = true;
+  add(ForwardMode::kDecode, 16, kGqa, 2).window_left = long_kv / 2;
+  Case& fp8 = add(ForwardMode::kDecode, 16, kGqa, 2);
+  fp8.kv_dtype = DType::kFp8E4M3;
+  fp8.k_scale = 0.5f;
+  fp8.v_scale = 2.0f;
+  Case& mla = add(ForwardMode::kDecode, 64, Heads{8, 1}, 2);
+  mla.mla = true;
+  mla.head_dim_qk = 576;
+  mla.head_dim_v = 512;
+}
+
+std::vector<Case> make_cases(bool quick, int long_kv) {
   std::vector<Case> cases;
   const std::vector<int> pages = pick(quick, {16}, {1, 16, 64});
   const std::vector<int> all_pages = {1, 16, 64};
@@ -169,6 +196,7 @@ std::vector<Case> make_cases(bool quick) {
       }
     }
   }
+  if (long_kv > 0) add_long_cases(cases, quick, long_kv);
   return cases;
 }
 

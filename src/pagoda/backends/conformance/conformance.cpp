@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "pagoda/backends/conformance/tensors.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::backends::conformance {
@@ -16,7 +17,13 @@ int BackendRow::total_fail() const {
   return n;
 }
 
-bool BackendRow::ok() const { return backend.expect_failure ? total_fail() > 0 : total_fail() == 0; }
+bool BackendRow::ok() const {
+  if (!backend.expect_failure) return total_fail() == 0;
+  if (!backend.target.empty()) {
+    return target_col >= 0 && cells[static_cast<size_t>(target_col)].fail > 0;
+  }
+  return total_fail() > 0;
+}
 
 bool Report::ok() const {
   return std::all_of(rows.begin(), rows.end(), [](const BackendRow& r) { return r.ok(); });
@@ -59,10 +66,10 @@ uint64_t case_seed(uint64_t seed, size_t index) {
 
 std::string Report::markdown() const {
   std::string s = fmt::format(
-      "Conformance matrix ({} grid, seed {}): every backend × case against the fp64 reference "
-      "oracle.\nCells count cases: pass / FAIL / unsupported (skipped, from capabilities()). The "
-      "`mutant` row is a deliberately broken reference (causal boundary off by one); \"caught\" "
-      "counts cases where the harness detected it.\n\n| backend |",
+      "Conformance matrix ({} grid, seed {}): every backend × case against the independent fp64 "
+      "oracle.\nCells count cases: pass / FAIL / unsupported (declared by capabilities(); reasons "
+      "below). Each `mutant:*` row is the reference with one fault, run on the column that must "
+      "catch it; \"caught\" counts the cases where the harness detected it.\n\n| backend |",
       quick ? "quick" : "full", seed);
   for (const auto& f : features) s += fmt::format(" {} |", f);
   s += " result |\n|---|";
@@ -77,12 +84,28 @@ std::string Report::markdown() const {
       unsup += c.unsupported;
     }
     if (r.backend.expect_failure) {
-      s += r.ok() ? fmt::format(" caught ({} cases) |\n", r.total_fail()) : " **NOT CAUGHT** |\n";
+      const std::string where = r.backend.target.empty() ? "" : " in " + r.backend.target;
+      s += r.ok() ? fmt::format(" caught{} ({} cases) |\n", where, r.total_fail())
+                  : fmt::format(" **NOT CAUGHT{}** |\n", where);
     } else {
       s += r.ok() ? fmt::format(" pass ({} run, {} unsupported) |\n", pass, unsup)
                   : fmt::format(" **FAIL ({} cases)** |\n", r.total_fail());
     }
   }
+  std::string legend;
+  for (const BackendRow& r : rows) {
+    if (const MutantInfo* m = find_mutant(r.backend.spec); m != nullptr) {
+      legend += fmt::format("- `{}` ({}): {}\n", r.backend.spec, m->column, m->fault);
+    }
+  }
+  if (!legend.empty()) s += "\nMutants:\n" + legend;
+  std::string unsupported;
+  for (const BackendRow& r : rows) {
+    for (const auto& [col, why] : r.unsupported) {
+      unsupported += fmt::format("- {} / {}: {}\n", r.backend.spec, col, why);
+    }
+  }
+  if (!unsupported.empty()) s += "\nDeclared unsupported (first reason per column):\n" + unsupported;
   return s;
 }
 
@@ -108,21 +131,35 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
     }
     specs.push_back("reference+" + decode);
   }
-  const std::vector<Case> cases = make_cases(options.quick);
+  const std::vector<Case> cases = make_cases(options.quick, options.long_kv);
   for (const Case& c : cases) {
     if (std::find(report.features.begin(), report.features.end(), c.feature) == report.features.end()) {
       report.features.push_back(c.feature);
     }
   }
   std::vector<BackendUnderTest> backends;
-  for (const auto& s : specs) backends.push_back({s, s == "mutant"});
+  auto add_mutant = [&](const MutantInfo& m) { backends.push_back({m.spec, true, m.column}); };
+  for (const auto& s : specs) {
+    if (s == "mutant") {
+      for (const MutantInfo& m : mutant_family()) add_mutant(m);
+    } else if (const MutantInfo* m = find_mutant(s); m != nullptr) {
+      add_mutant(*m);
+    } else {
+      if (s.rfind("mutant", 0) == 0) mutant_faults(s);  // throws, naming the family
+      backends.push_back({s, false, ""});
+    }
+  }
   if (std::none_of(backends.begin(), backends.end(), [](const auto& b) { return b.expect_failure; })) {
-    backends.push_back({"mutant", true});
+    for (const MutantInfo& m : mutant_family()) add_mutant(m);
   }
   fmt::print("pagoda conformance: {} cases × {} backends, seed {}\n", cases.size(),
              backends.size(), options.seed);
   for (const BackendUnderTest& b : backends) {
-    BackendRow row{b, std::vector<Cell>(report.features.size())};
+    BackendRow row{b, std::vector<Cell>(report.features.size()), -1, {}};
+    if (!b.target.empty()) {
+      const auto it = std::find(report.features.begin(), report.features.end(), b.target);
+      if (it != report.features.end()) row.target_col = static_cast<int>(it - report.features.begin());
+    }
     // One device platform per device backend row (its stream and allocator serve every case).
     const std::string device = device_of(registry, b.spec);
     std::unique_ptr<platform::Platform> device_platform;
@@ -137,6 +174,7 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
     const auto start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < cases.size(); ++i) {
       const Case& c = cases[i];
+      if (!b.target.empty() && c.feature != b.target) continue;  // a mutant runs its column
       const uint64_t seed = case_seed(options.seed, i);
       CaseResult r;
       try {
@@ -149,7 +187,9 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
           report.features.begin());
       Cell& cell = row.cells[col];
       if (r.verdict == Verdict::kPass) ++cell.pass;
-      if (r.verdict == Verdict::kUnsupported) ++cell.unsupported;
+      if (r.verdict == Verdict::kUnsupported) {
+        if (cell.unsupported++ == 0) row.unsupported.emplace_back(c.feature, r.message);
+      }
       if (r.verdict == Verdict::kFail) {
         ++cell.fail;
         if (!b.expect_failure) {

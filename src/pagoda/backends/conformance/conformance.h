@@ -15,9 +15,20 @@
 /// are NaN-poisoned on the device, and O / LSE are copied back for the host comparison. The oracle
 /// always runs on the host. Only the platform::Allocator interface is used, so this module needs
 /// no CUDA headers; the caller supplies the platforms (Options::platforms).
+///
+/// The oracle (oracle.h) is an independent naive fp64 implementation of the math; the reference
+/// backend is a backend under test like any other. The mutant family (mutant_family()) are
+/// reference backends with one ReferenceFaults fault each; each must fail at least one case of
+/// the column that targets it (it runs only that column's cases), or the run fails. A case a
+/// backend's capabilities() do not declare supported is "unsupported" with the declared reason,
+/// printed under the matrix; a backend that throws on a case it declares supported fails it.
+/// The "long" column crosses split-KV chunks and hundreds of pages (kv up to Options::long_kv,
+/// 4,096 by default), with batches mixing 1-token and long requests; its LSE check resolves a
+/// single dropped key (oracle.h).
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagoda/attention/forward_mode.h"
@@ -54,6 +65,9 @@ struct Case {
   int draft_step = -1;       ///< >= 0: multi-step draft step (mode kDecode)
   int num_draft_tokens = 0;  ///< kTargetVerify: tree size D
   bool tree_mask = true;     ///< kTargetVerify: pass the FULL_MASK (false: chain, no mask)
+  /// > 0: long context: even requests hold long_kv - (0..long_kv/4) tokens (request 0 exactly
+  /// long_kv), odd requests are 1-token requests (decode: kv 1; extend: no prefix).
+  int long_kv = 0;
 
   /// "decode p16 gqa8/2 d128 bf16/bf16 ..." (stable; used in failure messages).
   std::string describe() const;
@@ -61,8 +75,23 @@ struct Case {
   attention::BackendRequirements requirements() const;
 };
 
-/// The full grid (quick = false) or a representative subset covering every feature column.
-std::vector<Case> make_cases(bool quick);
+/// The full grid (quick = false) or a representative subset covering every feature column;
+/// the "long" cases reach `long_kv` keys.
+std::vector<Case> make_cases(bool quick, int long_kv = 4096);
+
+/// One member of the mutant family: spec "mutant:<name>", one fault of the reference oracle,
+/// and the matrix column (Case::feature) that must catch it.
+struct MutantInfo {
+  std::string spec;
+  std::string column;
+  std::string fault;  ///< what is broken, for the legend
+};
+/// Every mutant: causal shift, dropped sinks, window off by one, soft cap skipped, one mask bit
+/// flipped, page index off by one, split-KV merge with a wrong LSE, fp8 scale ignored, wrong GQA
+/// head mapping.
+const std::vector<MutantInfo>& mutant_family();
+/// The family member named `spec`, or nullptr.
+const MutantInfo* find_mutant(const std::string& spec);
 
 /// Outcome of one backend on one case.
 enum class Verdict { kPass, kFail, kUnsupported };
@@ -71,10 +100,12 @@ struct CaseResult {
   std::string message;  ///< failure detail or unsupported reason
 };
 
-/// A backend under test: a registry name, "prefill+decode" (HybridBackend), or "mutant".
+/// A backend under test: a registry name, "prefill+decode" (HybridBackend), or a mutant
+/// ("mutant:<name>"; plain "mutant" is the causal-shift one).
 struct BackendUnderTest {
   std::string spec;
-  bool expect_failure = false;  ///< the mutant: must fail at least one case
+  bool expect_failure = false;  ///< a mutant: must fail at least one case of `target`
+  std::string target;           ///< a mutant's column (empty: any column)
 };
 
 /// Runs `c` on `backend` (built through `registry`) with inputs derived from `seed`.
@@ -85,14 +116,17 @@ struct BackendUnderTest {
 CaseResult run_case(const attention::BackendRegistry& registry, const BackendUnderTest& backend,
                     const Case& c, uint64_t seed, platform::Platform* device_platform = nullptr);
 
-/// The device a backend spec runs on ("cpu" for the mutant; a hybrid's children share one).
+/// The device a backend spec runs on ("cpu" for mutants; a hybrid's children share one).
 std::string device_of(const attention::BackendRegistry& registry, const std::string& spec);
 
 struct Options {
-  std::vector<std::string> backends;  ///< empty: every registered backend + a hybrid
+  /// Empty: every registered backend + a hybrid. "mutant" expands to the whole family, which
+  /// is appended when no mutant is named.
+  std::vector<std::string> backends;
   bool quick = false;
   uint64_t seed = 1234;
   bool verbose = false;  ///< print every case, not only failures
+  int long_kv = 4096;    ///< longest context of the "long" column
   /// Platforms for device backends: one is made per device backend row with
   /// platforms->make(device). Null, or a device absent on this machine: device backends are
   /// skipped from the default list, and a named one throws Error(kUnsupported).
@@ -106,8 +140,11 @@ struct Cell {
 struct BackendRow {
   BackendUnderTest backend;
   std::vector<Cell> cells;  ///< aligned with Report::features
+  int target_col = -1;      ///< a mutant's column index in Report::features (-1: absent / any)
+  /// (column, declared reason) of the first unsupported case of each column.
+  std::vector<std::pair<std::string, std::string>> unsupported;
   int total_fail() const;
-  /// The row passes: no failure, or (the mutant) at least one failure.
+  /// The row passes: no failure, or (a mutant) at least one failure in its target column.
   bool ok() const;
 };
 struct Report {
@@ -117,7 +154,8 @@ struct Report {
   std::vector<BackendRow> rows;
   std::vector<std::string> failures;  ///< one line per failing case (backend, case, seed)
   bool ok() const;
-  /// The backend × feature matrix as a Markdown table plus a legend.
+  /// The backend × feature matrix as a Markdown table, then the mutants' faults and every
+  /// declared unsupported reason.
   std::string markdown() const;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
-/// Internal helpers of the conformance harness: owning host tensors, the dense oracle run and
-/// the comparison. Not part of the public API.
+/// Internal helpers of the conformance harness: owning host tensors, the oracle's input rows
+/// and answer, and the comparison. Not part of the public API.
 
 #include <cstdint>
 #include <random>
@@ -8,6 +8,7 @@
 
 #include "pagoda/attention/layer.h"
 #include "pagoda/backends/conformance/conformance.h"
+#include "pagoda/backends/reference/reference_batch_attention.h"
 #include "pagoda/core/tensor_view.h"
 #include "pagoda/platform/platform.h"
 
@@ -56,20 +57,20 @@ struct DenseRow {
   std::vector<uint8_t> bits;
 };
 
+/// The oracle's answer: O (f32, [n, Hq, Dv]), LSE (f32, [n, Hq], base 2) and, per LSE element,
+/// the tolerance the comparison uses (derived in oracle.h so that one dropped key is seen).
 struct Expected {
   HostTensor out;
   HostTensor lse;
+  std::vector<double> lse_tol;
 };
 
-/// Runs the oracle BatchAttention over a dense page-size-1 copy of the rows' tokens, stored in
-/// kv_dtype exactly as a KvPool stores them (convert(x / scale)).
-Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float>& v_store,
-                      int k_row, int v_row, const std::vector<DenseRow>& rows, const HostTensor& q,
-                      const attention::AttentionLayer& layer, DType kv_dtype, bool mla,
-                      int head_dim_v);
+/// The fault of mutant `spec` ("mutant:<name>" or "mutant"); Error(kInvalidArgument) naming the
+/// family when unknown.
+ReferenceFaults mutant_faults(const std::string& spec);
 
 /// Checks every output element was written (no NaN left from the poisoning) and is within
-/// atol + rtol * |expected|; LSE (when given) within 1e-3 * (1 + |expected|), -inf exactly.
+/// atol + rtol * |expected|; LSE (when given) within expected.lse_tol, -inf exactly.
 CaseResult compare(const HostTensor& out, const HostTensor* lse, const Expected& expected,
                    double atol, double rtol);
 
