@@ -116,8 +116,14 @@ class Scheduler {
   double new_token_ratio() const { return new_token_ratio_; }
   /// Speculative decoding (Engine::spec_step) — the decoding requests, in admission order.
   const std::vector<Req*>& running() const { return running_; }
-  /// Whether a prefill (the chunked request or a waiting one) is pending.
-  bool wants_prefill() const { return chunked_ != nullptr || !waiting_.empty(); }
+  /// Whether the next step would prefill: a chunked request continues, or a waiting request
+  /// has a free running slot and request row (memory is checked only when admitting).
+  bool wants_prefill() const {
+    return chunked_ != nullptr ||
+           (!waiting_.empty() &&
+            running_.size() < static_cast<size_t>(config_.max_running_requests) &&
+            table_->num_free_rows() > 0);
+  }
   /// Evicts the tree until `tokens` are free; true when they are. Changes nothing else.
   bool reserve_tokens(int64_t tokens) { return make_room(tokens); }
   /// After a speculative round: `n` (>= 1) more tokens of decoding `req` have K/V in its row
