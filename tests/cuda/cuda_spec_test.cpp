@@ -34,13 +34,13 @@ std::vector<std::vector<int32_t>> repetitive_prompts(uint64_t seed, int n) {
   return out;
 }
 
-struct Run {
+struct SpecRun {
   std::vector<std::vector<int32_t>> tokens;
   engine::EngineStats stats;
   int64_t leaked = 0;
 };
 
-Run run(model::LlamaModel& m, const std::vector<std::vector<int32_t>>& ps, int page,
+SpecRun run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t>>& ps, int page,
         engine::SpecConfig spec) {
   auto gpu = platform::make_cuda_platform();
   engine::EngineConfig cfg;
@@ -55,7 +55,7 @@ Run run(model::LlamaModel& m, const std::vector<std::vector<int32_t>>& ps, int p
   for (const auto& p : ps)
     ids.push_back(eng.add_request({.prompt = p, .max_new_tokens = 24, .ignore_eos = true}));
   eng.run_until_idle();
-  Run r;
+  SpecRun r;
   for (auto id : ids) r.tokens.push_back(eng.output(id).output_ids);
   r.stats = eng.stats();
   r.leaked = eng.leaked_pages();
@@ -68,7 +68,7 @@ TEST(CudaSpec, GreedyIsLossless) {
   model::LlamaModel m(config, model::make_random_weights(config, 20240611));
   const auto ps = repetitive_prompts(3, 6);
   for (int page : {1, 16}) {
-    const Run plain = run(m, ps, page, {});
+    const SpecRun plain = run_engine(m, ps, page, {});
     struct Mode {
       engine::SpecMode mode;
       int topk, steps, tokens;
@@ -82,14 +82,16 @@ TEST(CudaSpec, GreedyIsLossless) {
       sc.steps = md.steps;
       sc.num_draft_tokens = md.tokens;
       sc.min_accepted = 0.0;
-      const Run r = run(m, ps, page, sc);
+      const SpecRun r = run_engine(m, ps, page, sc);
       const std::string what = std::string(engine::spec_mode_name(md.mode)) + " topk " +
                                std::to_string(md.topk) + " page " + std::to_string(page);
-      for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(r.tokens[i], plain.tokens[i]) << what << " prompt " << i;
+      for (size_t i = 0; i < ps.size(); ++i)
+        EXPECT_EQ(r.tokens[i], plain.tokens[i]) << what << " prompt " << i;
       EXPECT_GT(r.stats.spec_steps, 0) << what;
       EXPECT_EQ(r.leaked, 0) << what;
-      if (md.mode == engine::SpecMode::kDraft && md.topk == 1)
+      if (md.mode == engine::SpecMode::kDraft && md.topk == 1) {
         EXPECT_EQ(r.stats.spec.accepted, r.stats.spec.draft_tokens) << what;
+      }
       std::printf("[%s] %lld rounds, accept length %.2f\n", what.c_str(),
                   static_cast<long long>(r.stats.spec_steps), r.stats.spec.mean_accept_length());
     }
