@@ -203,6 +203,10 @@ class Engine {
   /// One speculative round over the running requests; false (nothing changed) when it does not
   /// pay or fit this step (the caller then runs a normal step).
   bool spec_step(StepOutput& out);
+  /// After a round's commit: the draft model's K/V of the kept tokens (draft worker only).
+  void draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
+                    const std::vector<std::vector<int32_t>>& kv_nodes,
+                    std::span<const SlotIndex> slots, int32_t extra);
 
   model::LlamaModel* model_;
   EngineConfig config_;

@@ -180,6 +180,42 @@ bool Engine::spec_ready() {
   return true;
 }
 
+void Engine::draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
+                          const std::vector<std::vector<int32_t>>& kv_nodes,
+                          std::span<const SlotIndex> slots, int32_t extra) {
+  // The draft pool must hold the draft model's K/V of every kept token at its final slot. With
+  // topk 1 the beam is the chain itself: nodes 0 .. steps-1 were forwarded at the slots they keep,
+  // so only a fully accepted chain needs its last node; otherwise every kept token is extended.
+  const SpecConfig& sc = config_.spec;
+  model::StepInput in{.mode = ForwardMode::kExtend, .seqs = {}, .out_cache_loc = {}};
+  model::WorkerBatch db;
+  for (size_t b = 0; b < reqs.size(); ++b) {
+    const Req& r = *reqs[b];
+    const int64_t keep = static_cast<int64_t>(kv_nodes[b].size());
+    const int64_t first = sc.topk == 1 ? std::min<int64_t>(keep, sc.steps) : 0;
+    if (first >= keep) continue;
+    const size_t begin = static_cast<size_t>(old_len[b] + first);
+    in.seqs.push_back(model::StepSequence{
+        .req_slot = r.cache.req_slot.value(),
+        .prefix_len = static_cast<int32_t>(begin),
+        .tokens = std::span<const int32_t>(r.cache.tokens)
+                      .subspan(begin, static_cast<size_t>(keep - first)),
+        .want_logits = true});
+    const auto mine = slots.subspan(b * static_cast<size_t>(extra) + static_cast<size_t>(first),
+                                    static_cast<size_t>(keep - first));
+    in.out_cache_loc.insert(in.out_cache_loc.end(), mine.begin(), mine.end());
+    db.input_ids.insert(db.input_ids.end(), in.seqs.back().tokens.begin(),
+                        in.seqs.back().tokens.end());
+  }
+  if (in.seqs.empty()) return;
+  const size_t n = in.seqs.size();
+  db.forward = model::build_forward_batch(in);
+  db.logit_rows.assign(n, 1);
+  db.sampling.assign(n, model::SamplingParams{});
+  db.sample_step.assign(n, 0);
+  draft_worker_->run(db);
+}
+
 bool Engine::spec_step(StepOutput& out) {
   const SpecConfig& sc = config_.spec;
   const std::vector<Req*> reqs = scheduler_->running();
@@ -293,31 +329,7 @@ bool Engine::spec_step(StepOutput& out) {
   worker_->kv_pool().move_kv(moves.src, moves.dst);
   for (size_t b = 0; b < bs; ++b)
     scheduler_->complete_spec(reqs[b], static_cast<int64_t>(kv_nodes[b].size()));
-  if (draft_worker_ != nullptr) {
-    // Draft extend: the draft model's K/V of the kept tokens, at the slots the target's now use.
-    model::StepInput in{.mode = ForwardMode::kExtend, .seqs = {}, .out_cache_loc = {}};
-    model::WorkerBatch db;
-    for (size_t b = 0; b < bs; ++b) {
-      const Req& r = *reqs[b];
-      const size_t keep = kv_nodes[b].size();
-      in.seqs.push_back(model::StepSequence{
-          .req_slot = r.cache.req_slot.value(),
-          .prefix_len = static_cast<int32_t>(old_len[b]),
-          .tokens = std::span<const int32_t>(r.cache.tokens)
-                        .subspan(static_cast<size_t>(old_len[b]), keep),
-          .want_logits = true});
-      const auto mine = std::span<const SlotIndex>(*slots).subspan(
-          b * static_cast<size_t>(extra), keep);
-      in.out_cache_loc.insert(in.out_cache_loc.end(), mine.begin(), mine.end());
-      db.input_ids.insert(db.input_ids.end(), in.seqs.back().tokens.begin(),
-                          in.seqs.back().tokens.end());
-    }
-    db.forward = model::build_forward_batch(in);
-    db.logit_rows.assign(bs, 1);
-    db.sampling.assign(bs, model::SamplingParams{});
-    db.sample_step.assign(bs, 0);
-    draft_worker_->run(db);
-  }
+  if (draft_worker_ != nullptr) draft_extend(reqs, old_len, kv_nodes, *slots, extra);
   for (size_t b = 0; b < bs; ++b) {
     if (!finished[b]) continue;
     scheduler_->finish(reqs[b]);
