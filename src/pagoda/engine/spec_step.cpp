@@ -95,9 +95,11 @@ model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
 void top_candidates(std::span<const float> logits, int32_t k, std::vector<spec::Candidate>& out) {
   std::vector<int32_t> ids(logits.size());
   std::iota(ids.begin(), ids.end(), 0);
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+  auto better = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
+  };
+  std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), better);  // O(vocab)
+  std::sort(ids.begin(), ids.begin() + k, better);
   const double mx = logits[ids[0]];
   double sum = 0.0;
   for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
@@ -151,6 +153,9 @@ void Engine::init_spec(DType dtype, int32_t num_pages) {
   const SpecConfig& sc = config_.spec;
   ngram_ = spec::NgramDrafter(sc.ngram);
   spec_pause_len_ = sc.backoff_steps;
+  PAGODA_REQUIRE(sc.mode == SpecMode::kNone || sc.topk <= model_->config().vocab_size,
+                 kInvalidArgument, "spec topk {} exceeds the vocabulary of {}", sc.topk,
+                 model_->config().vocab_size);
   if (sc.mode != SpecMode::kDraft) return;
   const model::LlamaModel& draft = sc.draft_model != nullptr ? *sc.draft_model : *model_;
   PAGODA_REQUIRE(draft.config().vocab_size == model_->config().vocab_size, kInvalidArgument,

@@ -210,6 +210,29 @@ TEST(EngineSpec, SamplingFollowsTheTargetDistribution) {
   EXPECT_EQ(engine.leaked_pages(), 0);
 }
 
+TEST(EngineSpec, SpeculatesWhileRequestsWaitForARunningSlot) {
+  // max_running_requests 1: the others wait, yet no prefill can be admitted, so the running
+  // request speculates (a waiting queue alone must not switch speculation off).
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 2048,
+                   .scheduler = SchedulerConfig{.max_running_requests = 1},
+                   .backend = testing::backend_named("reference"),
+                   .check_integrity = true,
+                   .spec = testing::spec_config(SpecMode::kDraft, 1, 3)};
+  Engine engine(test_model().model, cfg);
+  const auto prompts = testing::make_prompts(21, 3);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 12}));
+  engine.run_until_idle();
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.decode_steps, 0);  // every decode was a speculative round
+  EXPECT_GE(st.spec_steps, 3);
+  for (size_t i = 0; i < ids.size(); ++i)
+    testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 12),
+                                  "req " + std::to_string(i));
+  EXPECT_EQ(engine.leaked_pages(), 0);
+}
+
 TEST(EngineSpec, SwitchesItselfOffWhenNothingPays) {
   SpecConfig sc = testing::spec_config(SpecMode::kDraft, 1, 3);
   sc.min_accepted = 1e9;  // no round ever pays: pause after every round, doubling
