@@ -13,15 +13,16 @@ ALLOWED = {
     "cache": ["core", "kv"],
     "attention": ["core", "platform", "kv"],
     "tokenizer": ["core"],
+    "dist": ["core", "platform"],
     "kernels/common": ["core"],
     "kernels/cpu": ["core", "kernels/common"],
     "kernels/cuda": ["core", "kernels/common"],
     "backends": ["core", "platform", "kv", "attention", "kernels"],
     "spec": ["core", "platform", "kv", "cache", "attention"],
     "model": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
-              "tokenizer"],
+              "tokenizer", "dist"],
     "engine": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
-               "model", "tokenizer"],
+               "model", "tokenizer", "dist"],
     "cli": ["*"],
 }
 # platform/cuda may launch the KV-write kernels it hosts.

@@ -107,7 +107,8 @@ void EngineConfig::validate() const {
   spec.validate();
 }
 
-Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform)
+Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform,
+               const WorkerFactory& make_worker)
     : model_(&model),
       config_(config),
       platform_(platform),
@@ -130,18 +131,22 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   } else {
     cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
   }
-  worker_ = std::make_unique<model::LlamaWorker>(
-      model, make_model_ops(*platform_, dtype),
-      model::WorkerConfig{.page_size = config.page_size,
-                          .num_pages = static_cast<int32_t>(num_pages),
-                          .kv_dtype = kv_dtype,
-                          .backend = config.backend,
-                          .mixed_batches = config.scheduler.mixed_batches,
-                          .cuda_graph = config.cuda_graph,
-                          .max_batch_size = config.scheduler.max_running_requests},
-      *table_);
+  const model::WorkerConfig wc{.page_size = config.page_size,
+                               .num_pages = static_cast<int32_t>(num_pages),
+                               .kv_dtype = kv_dtype,
+                               .backend = config.backend,
+                               .mixed_batches = config.scheduler.mixed_batches,
+                               .cuda_graph = config.cuda_graph,
+                               .max_batch_size = config.scheduler.max_running_requests};
+  if (make_worker) {
+    worker_ = make_worker(model, dtype, wc, *table_);
+    PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
+  } else {
+    worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype), wc,
+                                                   *table_);
+  }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
-  init_spec(dtype, static_cast<int32_t>(num_pages));
+  init_spec(dtype, static_cast<int32_t>(num_pages), static_cast<bool>(make_worker));
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;
