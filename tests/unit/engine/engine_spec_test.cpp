@@ -8,6 +8,7 @@
 #include "engine_spec_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/host_sampling.h"
+#include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
 
 namespace pagoda::engine {
@@ -282,6 +283,23 @@ TEST(EngineSpec, BadSettingsNameTheField) {
   sc = testing::spec_config(SpecMode::kDraft, 1, 3);
   sc.draft_model = &draft;
   expect_field(sc, "vocabulary");
+  // A custom worker (tensor parallelism) is refused, with the reason.
+  auto platform = platform::make_cpu_platform();
+  const WorkerFactory factory = [&](const model::LlamaModel& m, DType dt,
+                                    const model::WorkerConfig& wc, kv::ReqToTokenTable& table) {
+    return std::unique_ptr<model::ModelWorker>(
+        new model::LlamaWorker(m, make_model_ops(*platform, dt), wc, table));
+  };
+  try {
+    Engine e(test_model().model,
+             EngineConfig{.page_size = 16,
+                          .pool_tokens = 1024,
+                          .spec = testing::spec_config(SpecMode::kNgram, 1, 3)},
+             platform.get(), factory);
+    ADD_FAILURE() << "a custom worker with speculation was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
+  }
   EXPECT_THROW(parse_spec_mode("eagle"), Error);
   EXPECT_EQ(parse_spec_mode("ngram"), SpecMode::kNgram);
 }
