@@ -18,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/spec_bench.h"
+#include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/llama.h"
@@ -53,6 +55,9 @@ struct BenchOptions {
   /// input_len random tokens, each generating exactly output_len tokens, all queued at once.
   int input_len = 0;
   int output_len = 64;
+  /// Speculative decoding: with --spec ngram|draft the bench runs spec_bench.h's A/B instead.
+  SpecOptions spec{};
+  std::string workload = "chat";
 };
 
 
@@ -133,6 +138,30 @@ void progress(int done, int total, double elapsed, int64_t out_tokens) {
 
 void run_bench(const BenchOptions& o) {
   prepare_host_threads();
+  if (o.spec.mode != "none" || o.workload != "chat") {
+    PAGODA_REQUIRE(o.tp == 1, kUnsupported, "--spec / --workload do not run with --tp > 1 yet");
+    SpecBenchArgs a;
+    a.model = o.model;
+    a.weight_seed = o.weight_seed;
+    a.backend.attention = o.backend;
+    a.backend.prefill = o.prefill_backend;
+    a.backend.decode = o.decode_backend;
+    a.page_size = o.page_size;
+    a.pool_tokens = o.pool_tokens;
+    a.requests = o.requests;
+    a.seed = o.seed;
+    a.max_running = o.max_running;
+    a.cuda_graph = o.cuda_graph == "on";
+    a.dtype = o.dtype;
+    a.kv_dtype = o.kv_dtype;
+    a.workload = o.workload == "chat" ? "random" : o.workload;
+    a.input_len = o.input_len > 0 ? o.input_len : 256;
+    a.output_len = o.output_len;
+    a.json = o.json;
+    a.spec = o.spec;
+    run_spec_bench(a);
+    return;
+  }
   PAGODA_REQUIRE(o.requests >= 1, kInvalidArgument, "--requests must be >= 1");
   PAGODA_REQUIRE(o.max_new_tokens >= 1, kInvalidArgument, "--max-new-tokens must be >= 1");
   PAGODA_REQUIRE(o.policy == "fcfs" || o.policy == "lpm", kInvalidArgument,
@@ -414,6 +443,13 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--output-len", o->output_len, "fixed workload: tokens generated per request")
       ->capture_default_str();
+  cmd->add_option("--workload", o->workload,
+                  "chat (multi-turn conversations), or with --spec: repeat (prompts that repeat "
+                  "a span: editing / retrieval) or random; --spec runs the workload without and "
+                  "with speculation and reports the speed-up")
+      ->check(CLI::IsMember({"chat", "repeat", "random"}))
+      ->capture_default_str();
+  add_spec_options(cmd, o->spec);
   cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
   cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");
   cmd->add_flag("--json", o->json, "print one JSON object");

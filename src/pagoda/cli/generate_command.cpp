@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/llama.h"
@@ -45,6 +46,7 @@ struct GenerateOptions {
   std::string kv_dtype = "auto";
   float min_p = 0.f;
   int tp = 1;
+  SpecOptions spec{};
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -76,8 +78,10 @@ std::unique_ptr<platform::Platform> platform_for(const GenerateOptions& o) {
 /// The engine configuration of the options: a pool of at least `pool_tokens` (>= 4096) and
 /// `max_running` running requests.
 engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform::Platform& platform,
-                                       int64_t pool_tokens, int32_t max_running) {
+                                       int64_t pool_tokens, int32_t max_running,
+                                       SpecDraft& draft) {
   engine::EngineConfig cfg;
+  cfg.spec = make_spec_config(o.spec, draft);
   cfg.cuda_graph = o.cuda_graph == "on";
   cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
@@ -104,9 +108,10 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   PAGODA_REQUIRE(!prompts.empty(), kInvalidArgument, "--batch-file '{}' has no prompts",
                  o.batch_file);
   auto platform = platform_for(o);
+  SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform, (total + o.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
-      static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)));
+      static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
   std::map<engine::RequestId, nlohmann::json> logits;
@@ -161,9 +166,10 @@ void run_generate(const GenerateOptions& o) {
       o.prompt.empty() ? parse_token_ids(o.token_ids) : tok->encode(o.prompt, true);
 
   auto platform = platform_for(o);
+  SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2,
-      4);
+      4, draft);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
 
@@ -225,6 +231,7 @@ void run_generate(const GenerateOptions& o) {
   j["device_path"] = st.device_path;
   j["cuda_graphs"] = st.cuda_graphs;
   j["cuda_graph_steps"] = st.cuda_graph_steps;
+  if (cfg.spec.mode != engine::SpecMode::kNone) j["spec"] = spec_stats_json(cfg, st);
   if (o.dump_logits) j["logits"] = std::move(logits_json);
   // Invalid UTF-8 bytes in output_text are replaced rather than rejected.
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -268,6 +275,7 @@ void add_generate_command(CLI::App& app) {
                   "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
+  add_spec_options(cmd, opts->spec);
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after EOS");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of streaming");
   cmd->add_flag("--dump-logits", opts->dump_logits,

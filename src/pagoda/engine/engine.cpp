@@ -104,6 +104,7 @@ void EngineConfig::validate() const {
                  "pool of {} tokens at page size {} is out of range", pool_tokens, page_size);
   PAGODA_REQUIRE(max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
   scheduler.validate(page_size);
+  spec.validate();
 }
 
 Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform,
@@ -145,6 +146,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                                    *table_);
   }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
+  init_spec(dtype, static_cast<int32_t>(num_pages), static_cast<bool>(make_worker));
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;
@@ -222,6 +224,7 @@ void Engine::build_batch(const ScheduledStep& s) {
 
 StepOutput Engine::step() {
   StepOutput out;
+  if (spec_ready() && spec_step(out)) return out;
   ScheduledStep s = scheduler_->schedule();
   for (Req* r : s.aborted) {
     r->out.finish_s = now();
@@ -231,6 +234,7 @@ StepOutput Engine::step() {
 
   build_batch(s);
   const model::WorkerOutput result = worker_->run(batch_);
+  if (draft_worker_ != nullptr) draft_worker_->run(batch_);  // the draft's KV follows every step
   out.mode = s.mode;
   out.num_seqs = static_cast<int32_t>(s.seqs.size());
   out.num_tokens = static_cast<int64_t>(batch_.input_ids.size());

@@ -31,6 +31,7 @@
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/scheduler.h"
+#include "pagoda/engine/spec_config.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
@@ -39,6 +40,8 @@
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/worker.h"
 #include "pagoda/platform/platform.h"
+#include "pagoda/spec/ngram.h"
+#include "pagoda/spec/verify.h"
 
 namespace pagoda::engine {
 
@@ -64,6 +67,9 @@ struct EngineConfig {
   std::optional<DType> dtype{};
   /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
   std::optional<DType> kv_dtype{};
+  /// Speculative decoding (off by default). Decode-only steps speculate; steps with a prefill
+  /// run as usual (and also on the draft worker, which keeps its KV in step).
+  SpecConfig spec{};
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
   /// scheduler limits). Cheap: callers check before loading a model.
@@ -93,6 +99,8 @@ struct EngineStats {
   int64_t aborted_by_user = 0;   ///< requests ended by Engine::abort
   DType dtype = DType::kF32;     ///< the model's compute dtype
   DType kv_dtype = DType::kF32;
+  int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward)
+  spec::AcceptStats spec;        ///< acceptance counters of those rounds
   SchedulerStats scheduler;
   cache::CacheStats cache;
   /// Reused prompt tokens / prompt tokens requested at admission.
@@ -189,6 +197,8 @@ class Engine {
   std::string backend_name() const { return worker_->backend_name(); }
   /// The worker that computes the steps.
   model::ModelWorker& worker() { return *worker_; }
+  /// The draft model's worker (SpecMode::kDraft), else nullptr.
+  model::ModelWorker* draft_worker() { return draft_worker_.get(); }
   /// Seconds since the engine was built (the time base of RequestOutput).
   double now() const;
 
@@ -197,6 +207,19 @@ class Engine {
   bool check_finished(Req& req, int32_t token);
   /// Fills batch_ from a scheduled step.
   void build_batch(const ScheduledStep& s);
+  // Speculative decoding (spec_step.cpp).
+  /// `custom_worker`: the worker came from a WorkerFactory (tensor parallelism), which
+  /// speculation does not support yet (its K/V moves would reach rank 0's pool only).
+  void init_spec(DType dtype, int32_t num_pages, bool custom_worker);
+  /// Whether this step may speculate (decode-only, not paused); counts the pause down.
+  bool spec_ready();
+  /// One speculative round over the running requests; false (nothing changed) when it does not
+  /// pay or fit this step (the caller then runs a normal step).
+  bool spec_step(StepOutput& out);
+  /// After a round's commit: the draft model's K/V of the kept tokens (draft worker only).
+  void draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
+                    const std::vector<std::vector<int32_t>>& kv_nodes,
+                    std::span<const SlotIndex> slots, int32_t extra);
 
   model::LlamaModel* model_;
   EngineConfig config_;
@@ -208,6 +231,11 @@ class Engine {
   std::unique_ptr<kv::ReqToTokenTable> table_;
   std::unique_ptr<cache::PrefixCache> cache_;
   std::unique_ptr<model::ModelWorker> worker_;
+  std::unique_ptr<model::ModelWorker> draft_worker_;  ///< SpecMode::kDraft only
+  spec::NgramDrafter ngram_;
+  double spec_mean_accepted_ = 1.0;  ///< running mean of accepted draft tokens per request
+  int32_t spec_pause_ = 0;           ///< decode steps left without speculation
+  int32_t spec_pause_len_ = 0;       ///< length of the next pause
   std::unique_ptr<Scheduler> scheduler_;
   model::WorkerBatch batch_;  ///< reused per step
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;

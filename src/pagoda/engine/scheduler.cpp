@@ -315,6 +315,13 @@ void Scheduler::complete_extend(const ScheduledSeq& seq) {
 
 void Scheduler::complete_decode(Req* req) { ++req->kv_len; }
 
+void Scheduler::complete_spec(Req* req, int64_t n) {
+  PAGODA_CHECK_GE(n, 1);
+  PAGODA_CHECK(req->state == RequestState::kDecoding, "speculative commit of a non-decoding request");
+  req->kv_len += n;
+  update_peak();
+}
+
 void Scheduler::finish(Req* req) {
   cache_->cache_finished_req(req->cache, req->kv_len, cache::FinishPolicy::kInsert);
   table_->free(req->cache.req_slot);

@@ -114,6 +114,21 @@ class Scheduler {
   size_t num_running() const { return running_.size() + (chunked_ ? 1 : 0); }
   const SchedulerStats& stats() const { return stats_; }
   double new_token_ratio() const { return new_token_ratio_; }
+  /// Speculative decoding (Engine::spec_step) — the decoding requests, in admission order.
+  const std::vector<Req*>& running() const { return running_; }
+  /// Whether the next step would prefill: a chunked request continues, or a waiting request
+  /// has a free running slot and request row (memory is checked only when admitting).
+  bool wants_prefill() const {
+    return chunked_ != nullptr ||
+           (!waiting_.empty() &&
+            running_.size() < static_cast<size_t>(config_.max_running_requests) &&
+            table_->num_free_rows() > 0);
+  }
+  /// Evicts the tree until `tokens` are free; true when they are. Changes nothing else.
+  bool reserve_tokens(int64_t tokens) { return make_room(tokens); }
+  /// After a speculative round: `n` (>= 1) more tokens of decoding `req` have K/V in its row
+  /// (kv_len += n).
+  void complete_spec(Req* req, int64_t n);
   /// Pages privately held by active requests (row[cache_protected_len : kv_len], distinct).
   int64_t request_private_pages() const;
 

@@ -224,4 +224,29 @@ void KvPool::fill_bytes(uint8_t byte) {
   }
 }
 
+void KvPool::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {
+  PAGODA_REQUIRE(src.size() == dst.size(), kInvalidArgument,
+                 "move_kv got {} sources and {} destinations", src.size(), dst.size());
+  for (size_t i = 0; i < src.size(); ++i)
+    PAGODA_REQUIRE(src[i] >= 0 && src[i] < num_slots_ && dst[i] >= 0 && dst[i] < num_slots_,
+                   kOutOfRange, "move_kv pair {} ({} -> {}) outside [0, {})", i, src[i], dst[i],
+                   num_slots_);
+  if (src.empty()) return;
+  const size_t elem = dtype_size(config_.dtype);
+  std::vector<uint8_t> rows;
+  auto move = [&](void* base, int64_t row_elems) {
+    const size_t bytes = static_cast<size_t>(row_elems) * elem;
+    auto* b = static_cast<uint8_t*>(base);
+    rows.resize(bytes * src.size());
+    for (size_t i = 0; i < src.size(); ++i)
+      allocator_->copy_to_host(rows.data() + i * bytes, b + static_cast<size_t>(src[i]) * bytes,
+                               bytes);
+    for (size_t i = 0; i < dst.size(); ++i)
+      allocator_->copy_to_device(b + static_cast<size_t>(dst[i]) * bytes,
+                                 rows.data() + i * bytes, bytes);
+  };
+  for (auto& b : k_buffers_) move(b.get(), k_row_);
+  for (auto& b : v_buffers_) move(b.get(), v_row_);
+}
+
 }  // namespace pagoda::kv

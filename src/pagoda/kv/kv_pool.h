@@ -101,6 +101,13 @@ class KvPool {
   /// Sets every byte of every buffer to `byte` through the allocator (any device).
   void fill_bytes(uint8_t byte);
 
+  /// Copies the K and V rows of slot src[i] to slot dst[i] in every layer (speculative decoding
+  /// moves accepted K/V into place). All rows are read before any is written, so sources and
+  /// destinations may overlap. Raw bytes (scales unchanged). Any device: rows go through the
+  /// allocator's host copies (synchronous; moves are few per step). Throws kInvalidArgument /
+  /// kOutOfRange (nothing changed) for unequal sizes or a slot outside [0, num_slots()).
+  void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst);
+
  private:
   void require_layer(LayerId layer) const;
   void require_host(const char* what) const;

@@ -18,10 +18,12 @@ double counter_uniform(uint64_t seed, int64_t step) {
   return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
-int32_t sample_row(std::span<const float> logits, const SampleRow& p,
-                   std::vector<int32_t>& order, std::vector<double>& probs) {
-  PAGODA_CHECK(!logits.empty());
-  if (p.temperature == 0.f || p.top_k == 1) return argmax(logits);
+namespace {
+
+/// The candidates a non-greedy row samples from: order[0, keep) in descending logit order with
+/// unnormalised probabilities probs[0, keep). Returns keep.
+int32_t kept_candidates(std::span<const float> logits, const SampleRow& p,
+                        std::vector<int32_t>& order, std::vector<double>& probs) {
   const int32_t n = static_cast<int32_t>(logits.size());
   order.resize(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
@@ -60,7 +62,17 @@ int32_t sample_row(std::span<const float> logits, const SampleRow& p,
     while (cut < keep && probs[cut] >= static_cast<double>(p.min_p) * probs[0]) ++cut;
     keep = cut;
   }
-  total = 0.0;
+  return keep;
+}
+
+}  // namespace
+
+int32_t sample_row(std::span<const float> logits, const SampleRow& p,
+                   std::vector<int32_t>& order, std::vector<double>& probs) {
+  PAGODA_CHECK(!logits.empty());
+  if (p.temperature == 0.f || p.top_k == 1) return argmax(logits);
+  const int32_t keep = kept_candidates(logits, p, order, probs);
+  double total = 0.0;
   for (int32_t i = 0; i < keep; ++i) total += probs[i];
   const double r = counter_uniform(p.seed, p.step) * total;
   double cum = 0.0;
@@ -69,6 +81,22 @@ int32_t sample_row(std::span<const float> logits, const SampleRow& p,
     if (r < cum) return order[i];
   }
   return order[keep - 1];
+}
+
+void sampling_probs(std::span<const float> logits, const SampleRow& p,
+                    std::vector<double>& out) {
+  PAGODA_CHECK(!logits.empty());
+  out.assign(logits.size(), 0.0);
+  if (p.temperature == 0.f || p.top_k == 1) {
+    out[static_cast<size_t>(argmax(logits))] = 1.0;
+    return;
+  }
+  std::vector<int32_t> order;
+  std::vector<double> probs;
+  const int32_t keep = kept_candidates(logits, p, order, probs);
+  double total = 0.0;
+  for (int32_t i = 0; i < keep; ++i) total += probs[i];
+  for (int32_t i = 0; i < keep; ++i) out[static_cast<size_t>(order[i])] = probs[i] / total;
 }
 
 }  // namespace pagoda::model

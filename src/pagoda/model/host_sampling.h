@@ -25,4 +25,10 @@ double counter_uniform(uint64_t seed, int64_t step);
 int32_t sample_row(std::span<const float> logits, const SampleRow& params,
                    std::vector<int32_t>& order_scratch, std::vector<double>& prob_scratch);
 
+/// The distribution sample_row draws from, dense: out[vocab] (resized) holds each token's
+/// probability after temperature, top-k, top-p and min-p (one-hot argmax for greedy rows).
+/// Speculative verification uses it for exact rejection sampling.
+void sampling_probs(std::span<const float> logits, const SampleRow& params,
+                    std::vector<double>& out);
+
 }  // namespace pagoda::model

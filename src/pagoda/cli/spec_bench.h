@@ -1,0 +1,37 @@
+#pragma once
+/// `pagoda bench --spec ngram|draft ...`: the same fixed workload twice in one process — without
+/// speculation, then with it — on identical engines; reports output tok/s of both, the speed-up,
+/// the mean accepted length, and whether the greedy outputs are identical (they must be).
+
+#include <cstdint>
+#include <string>
+
+#include "pagoda/backends/builtin.h"
+#include "pagoda/cli/spec_options.h"
+
+namespace pagoda::cli {
+
+struct SpecBenchArgs {
+  std::string model = "builtin";
+  uint64_t weight_seed = 0;
+  backends::BackendSelection backend{};
+  int page_size = 16;
+  int64_t pool_tokens = 12288;
+  int requests = 16;
+  uint64_t seed = 1;
+  int max_running = 1;        ///< 1 = single stream
+  bool cuda_graph = true;
+  std::string dtype = "auto";
+  std::string kv_dtype = "auto";
+  /// random: independent random prompts; repeat: each prompt is a random span followed by a
+  /// copy of it cut at a random point (editing / retrieval: the answer continues the copy).
+  std::string workload = "repeat";
+  int input_len = 256;
+  int output_len = 128;
+  bool json = false;
+  SpecOptions spec{};
+};
+
+void run_spec_bench(const SpecBenchArgs& a);
+
+}  // namespace pagoda::cli

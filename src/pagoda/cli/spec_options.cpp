@@ -1,0 +1,62 @@
+#include "pagoda/cli/spec_options.h"
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::cli {
+
+void add_spec_options(CLI::App* cmd, SpecOptions& o) {
+  cmd->add_option("--spec", o.mode, "speculative decoding: none, ngram (prompt lookup) or draft")
+      ->check(CLI::IsMember({"none", "ngram", "draft"}))
+      ->capture_default_str();
+  cmd->add_option("--spec-steps", o.steps, "draft depth (draft forwards per round)")
+      ->capture_default_str();
+  cmd->add_option("--spec-topk", o.topk, "draft branching per node")->capture_default_str();
+  cmd->add_option("--spec-draft-tokens", o.draft_tokens, "verify tree size, root included")
+      ->capture_default_str();
+  cmd->add_option("--draft-model", o.draft_model,
+                  "--spec draft: builtin or a checkpoint folder with the target's vocabulary "
+                  "(default: the target itself, self-draft)");
+  cmd->add_option("--draft-weight-seed", o.draft_weight_seed, "seed of a builtin draft's weights")
+      ->capture_default_str();
+  cmd->add_option("--spec-min-accepted", o.min_accepted,
+                  "pause speculation while fewer draft tokens per request and round are "
+                  "accepted (0 = never pause)")
+      ->capture_default_str();
+}
+
+engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft) {
+  engine::SpecConfig s;
+  s.mode = engine::parse_spec_mode(o.mode);
+  s.steps = o.steps;
+  s.topk = o.topk;
+  s.num_draft_tokens = o.draft_tokens;
+  s.min_accepted = o.min_accepted;
+  PAGODA_REQUIRE(o.draft_model.empty() || s.mode == engine::SpecMode::kDraft, kInvalidArgument,
+                 "--draft-model needs --spec draft");
+  if (s.mode == engine::SpecMode::kDraft && !o.draft_model.empty()) {
+    draft.loaded = std::make_unique<model::LoadedModel>(
+        model::load_model(o.draft_model, o.draft_weight_seed));
+    draft.model = std::make_unique<model::LlamaModel>(draft.loaded->config, draft.loaded->weights);
+    s.draft_model = draft.model.get();
+  }
+  s.validate();
+  return s;
+}
+
+nlohmann::json spec_stats_json(const engine::EngineConfig& cfg, const engine::EngineStats& st) {
+  return {{"mode", engine::spec_mode_name(cfg.spec.mode)},
+          {"steps", cfg.spec.steps},
+          {"topk", cfg.spec.topk},
+          {"draft_tokens", cfg.spec.num_draft_tokens},
+          {"rounds", st.spec_steps},
+          {"verified", st.spec.verified},
+          {"drafted", st.spec.draft_tokens},
+          {"accepted", st.spec.accepted},
+          {"mean_accept_length", st.spec.mean_accept_length()},
+          {"acceptance_rate", st.spec.draft_tokens > 0
+                                  ? static_cast<double>(st.spec.accepted) /
+                                        static_cast<double>(st.spec.draft_tokens)
+                                  : 0.0}};
+}
+
+}  // namespace pagoda::cli

@@ -1,0 +1,47 @@
+#pragma once
+/// Speculative-decoding settings of the engine (EngineConfig::spec). The loop itself is
+/// Engine::spec_step (spec_step.cpp); the model-free parts live in spec/. Contract:
+/// docs/design/spec.md.
+
+#include <cstdint>
+#include <string>
+
+#include "pagoda/spec/ngram.h"
+
+namespace pagoda::model {
+class LlamaModel;
+}
+
+namespace pagoda::engine {
+
+enum class SpecMode : uint8_t {
+  kNone,   ///< one token per decode step
+  kNgram,  ///< prompt lookup: draft trees from the request's own context (no model)
+  kDraft,  ///< a draft model (same vocabulary) builds topk × steps trees (EAGLE construction)
+};
+
+/// "none" / "ngram" / "draft".
+const char* spec_mode_name(SpecMode mode);
+/// Parses a spec_mode_name; throws Error(kInvalidArgument) listing the choices.
+SpecMode parse_spec_mode(const std::string& name);
+
+struct SpecConfig {
+  SpecMode mode = SpecMode::kNone;
+  int32_t steps = 3;             ///< draft depth S (draft forwards per round)
+  int32_t topk = 1;              ///< branching K
+  int32_t num_draft_tokens = 4;  ///< verify tree size D, root included (>= 2)
+  /// kDraft: the draft checkpoint (same vocabulary; must outlive the engine). nullptr = the
+  /// target itself (self-draft: measures the mechanics; every drafted chain token is accepted).
+  const model::LlamaModel* draft_model = nullptr;
+  spec::NgramConfig ngram{};
+  /// Switch-off: speculation pauses (plain decode steps) when the running mean of accepted draft
+  /// tokens per request and round falls below this; the pause doubles on each consecutive miss
+  /// (from backoff_steps up to 512 steps). 0 = never pause.
+  double min_accepted = 0.5;
+  int32_t backoff_steps = 4;
+
+  /// Throws Error(kInvalidArgument) naming the first bad field (only checked when mode != kNone).
+  void validate() const;
+};
+
+}  // namespace pagoda::engine

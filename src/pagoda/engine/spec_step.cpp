@@ -1,0 +1,370 @@
+// The engine's speculative loop (docs/design/spec.md): draft (n-gram or a draft ModelWorker) →
+// one kTargetVerify forward of every running request's tree → accept → commit the KV → emit.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "pagoda/core/check.h"
+#include "pagoda/core/error.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/model/host_sampling.h"
+#include "pagoda/model/llama_worker.h"
+#include "pagoda/model/model_runner.h"
+#include "pagoda/spec/draft_tree.h"
+#include "pagoda/spec/spec_kv.h"
+#include "pagoda/spec/tree_builder.h"
+
+namespace pagoda::engine {
+
+using attention::ForwardMode;
+
+const char* spec_mode_name(SpecMode mode) {
+  switch (mode) {
+    case SpecMode::kNone: return "none";
+    case SpecMode::kNgram: return "ngram";
+    case SpecMode::kDraft: return "draft";
+  }
+  return "?";
+}
+
+SpecMode parse_spec_mode(const std::string& name) {
+  for (SpecMode m : {SpecMode::kNone, SpecMode::kNgram, SpecMode::kDraft})
+    if (name == spec_mode_name(m)) return m;
+  throw_error(ErrorCode::kInvalidArgument, "unknown spec mode '{}' (choose none, ngram or draft)",
+              name);
+}
+
+void SpecConfig::validate() const {
+  if (mode == SpecMode::kNone) return;
+  PAGODA_REQUIRE(steps >= 1 && steps <= 64, kInvalidArgument,
+                 "spec steps must be in [1, 64] (got {})", steps);
+  PAGODA_REQUIRE(topk >= 1 && topk <= 16, kInvalidArgument, "spec topk must be in [1, 16] (got {})",
+                 topk);
+  PAGODA_REQUIRE(num_draft_tokens >= 2 && num_draft_tokens <= 256, kInvalidArgument,
+                 "spec num_draft_tokens must be in [2, 256] (got {})", num_draft_tokens);
+  PAGODA_REQUIRE(std::isfinite(min_accepted) && min_accepted >= 0.0, kInvalidArgument,
+                 "spec min_accepted must be finite and >= 0 (got {})", min_accepted);
+  PAGODA_REQUIRE(backoff_steps >= 1, kInvalidArgument, "spec backoff_steps must be >= 1 (got {})",
+                 backoff_steps);
+  ngram.validate();
+}
+
+namespace {
+
+/// Salt of the verify-sampling random stream (distinct from the worker's sampling stream).
+constexpr uint64_t kSpecSalt = 0x5bd1e9955bd1e995ull;
+/// Random draws reserved per emitted token index (a round draws at most tree size + depth).
+constexpr int64_t kDrawsPerToken = 1024;
+
+/// The kTargetVerify batch of `trees` (one per request, all of one size n): node i of request b
+/// at row position kv_len + i (slot slots[b * extra + i]) and RoPE position kv_len + depth(i).
+model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
+                              const std::vector<spec::DraftTree>& trees,
+                              std::span<const SlotIndex> slots, int32_t extra,
+                              const SpecConfig& sc) {
+  model::WorkerBatch b;
+  attention::ForwardBatch& f = b.forward;
+  const int32_t n = trees.front().size();
+  f.mode = ForwardMode::kTargetVerify;
+  f.batch_size = static_cast<int>(reqs.size());
+  f.spec.topk = sc.topk;
+  f.spec.num_steps = sc.steps;
+  f.spec.num_draft_tokens = n;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const Req& r = *reqs[i];
+    const spec::DraftTree& t = trees[i];
+    PAGODA_CHECK_EQ(t.size(), n);
+    const int32_t len = static_cast<int32_t>(r.kv_len);
+    f.req_pool_indices.push_back(r.cache.req_slot.value());
+    f.seq_lens.push_back(len);
+    f.extend_prefix_lens.push_back(len);
+    f.extend_seq_lens.push_back(n);
+    const std::vector<int32_t> depth = t.depths();
+    for (int32_t j = 0; j < n; ++j) {
+      f.positions.push_back(len + depth[static_cast<size_t>(j)]);
+      f.out_cache_loc.push_back(slots[i * static_cast<size_t>(extra) + static_cast<size_t>(j)]);
+    }
+    b.input_ids.insert(b.input_ids.end(), t.tokens.begin(), t.tokens.end());
+    spec::append_verify_mask(t, len, f.spec.tree_mask);
+    b.sample_step.push_back(r.num_output());
+  }
+  return b;
+}
+
+/// The `k` best tokens of a logits row (ties: lower id) with their log-probabilities.
+void top_candidates(std::span<const float> logits, int32_t k, std::vector<spec::Candidate>& out) {
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), better);  // O(vocab)
+  std::sort(ids.begin(), ids.begin() + k, better);
+  const double mx = logits[ids[0]];
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const double lse = mx + std::log(sum);
+  for (int32_t t = 0; t < k; ++t) {
+    const float lp = static_cast<float>(static_cast<double>(logits[ids[t]]) - lse);
+    out.push_back(spec::Candidate{ids[t], std::min(lp, 0.f)});
+  }
+}
+
+/// Runs `steps` draft forwards (kTargetVerify over each request's beam tree) on the draft worker
+/// and returns the verify trees (SGLang's EAGLE construction, spec::TreeBuilder).
+std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::vector<Req*>& reqs,
+                                         std::span<const SlotIndex> slots, int32_t extra,
+                                         const SpecConfig& sc, int64_t vocab) {
+  std::vector<spec::TreeBuilder> builders;
+  for (const Req* r : reqs) builders.emplace_back(r->cache.tokens.back(), sc.topk, sc.steps);
+  std::vector<spec::DraftTree> beams(reqs.size());
+  std::vector<spec::Candidate> children;
+  while (!builders.front().done()) {
+    for (size_t b = 0; b < reqs.size(); ++b) beams[b] = builders[b].beam_tree();
+    model::WorkerBatch batch = tree_batch(reqs, beams, slots, extra, sc);
+    const int32_t nf = builders.front().frontier_size();
+    batch.logit_rows.assign(reqs.size(), nf);
+    batch.sampling.assign(reqs.size(), model::SamplingParams{});  // greedy: argmax rows
+    batch.return_logits = sc.topk > 1;
+    const model::WorkerOutput o = worker.run(batch);
+    for (size_t b = 0; b < reqs.size(); ++b) {
+      children.clear();
+      for (int32_t f = 0; f < nf; ++f) {
+        const size_t row = b * static_cast<size_t>(nf) + static_cast<size_t>(f);
+        if (sc.topk == 1) {
+          children.push_back(spec::Candidate{o.tokens[row], 0.f});
+        } else {
+          top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
+                                                                  static_cast<size_t>(vocab)),
+                         sc.topk, children);
+        }
+      }
+      builders[b].expand(children);
+    }
+  }
+  std::vector<spec::DraftTree> trees;
+  for (const auto& b : builders) trees.push_back(b.finish(sc.num_draft_tokens));
+  return trees;
+}
+
+}  // namespace
+
+void Engine::init_spec(DType dtype, int32_t num_pages, bool custom_worker) {
+  const SpecConfig& sc = config_.spec;
+  PAGODA_REQUIRE(sc.mode == SpecMode::kNone || !custom_worker, kUnsupported,
+                 "speculative decoding (spec mode {}) does not run with a custom worker "
+                 "(tensor parallelism) yet",
+                 spec_mode_name(sc.mode));
+  ngram_ = spec::NgramDrafter(sc.ngram);
+  spec_pause_len_ = sc.backoff_steps;
+  PAGODA_REQUIRE(sc.mode == SpecMode::kNone || sc.topk <= model_->config().vocab_size,
+                 kInvalidArgument, "spec topk {} exceeds the vocabulary of {}", sc.topk,
+                 model_->config().vocab_size);
+  if (sc.mode != SpecMode::kDraft) return;
+  const model::LlamaModel& draft = sc.draft_model != nullptr ? *sc.draft_model : *model_;
+  PAGODA_REQUIRE(draft.config().vocab_size == model_->config().vocab_size, kInvalidArgument,
+                 "draft model vocabulary {} differs from the target's {}",
+                 draft.config().vocab_size, model_->config().vocab_size);
+  // Same page size, pages and req→token table: a slot names the same token in both pools.
+  draft_worker_ = std::make_unique<model::LlamaWorker>(
+      draft, make_model_ops(*platform_, dtype),
+      model::WorkerConfig{.page_size = config_.page_size,
+                          .num_pages = num_pages,
+                          .kv_dtype = config_.kv_dtype.value_or(dtype),
+                          .backend = config_.backend,
+                          .mixed_batches = config_.scheduler.mixed_batches,
+                          .cuda_graph = config_.cuda_graph,
+                          .max_batch_size = config_.scheduler.max_running_requests},
+      *table_);
+}
+
+bool Engine::spec_ready() {
+  if (config_.spec.mode == SpecMode::kNone || logits_observer_ || scheduler_->wants_prefill() ||
+      scheduler_->running().empty())
+    return false;
+  if (spec_pause_ > 0) {
+    --spec_pause_;
+    return false;
+  }
+  return true;
+}
+
+void Engine::draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
+                          const std::vector<std::vector<int32_t>>& kv_nodes,
+                          std::span<const SlotIndex> slots, int32_t extra) {
+  // The draft pool must hold the draft model's K/V of every kept token at its final slot. With
+  // topk 1 the beam is the chain itself: nodes 0 .. steps-1 were forwarded at the slots they keep,
+  // so only a fully accepted chain needs its last node; otherwise every kept token is extended.
+  const SpecConfig& sc = config_.spec;
+  model::StepInput in{.mode = ForwardMode::kExtend, .seqs = {}, .out_cache_loc = {}};
+  model::WorkerBatch db;
+  for (size_t b = 0; b < reqs.size(); ++b) {
+    const Req& r = *reqs[b];
+    const int64_t keep = static_cast<int64_t>(kv_nodes[b].size());
+    const int64_t first = sc.topk == 1 ? std::min<int64_t>(keep, sc.steps) : 0;
+    if (first >= keep) continue;
+    const size_t begin = static_cast<size_t>(old_len[b] + first);
+    in.seqs.push_back(model::StepSequence{
+        .req_slot = r.cache.req_slot.value(),
+        .prefix_len = static_cast<int32_t>(begin),
+        .tokens = std::span<const int32_t>(r.cache.tokens)
+                      .subspan(begin, static_cast<size_t>(keep - first)),
+        .want_logits = true});
+    const auto mine = slots.subspan(b * static_cast<size_t>(extra) + static_cast<size_t>(first),
+                                    static_cast<size_t>(keep - first));
+    in.out_cache_loc.insert(in.out_cache_loc.end(), mine.begin(), mine.end());
+    db.input_ids.insert(db.input_ids.end(), in.seqs.back().tokens.begin(),
+                        in.seqs.back().tokens.end());
+  }
+  if (in.seqs.empty()) return;
+  const size_t n = in.seqs.size();
+  db.forward = model::build_forward_batch(in);
+  db.logit_rows.assign(n, 1);
+  db.sampling.assign(n, model::SamplingParams{});
+  db.sample_step.assign(n, 0);
+  draft_worker_->run(db);
+}
+
+bool Engine::spec_step(StepOutput& out) {
+  const SpecConfig& sc = config_.spec;
+  const std::vector<Req*> reqs = scheduler_->running();
+  const size_t bs = reqs.size();
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<spec::DraftTree> trees;
+  int32_t extra = 0;
+  if (sc.mode == SpecMode::kNgram) {
+    int32_t size = 1;
+    for (const Req* r : reqs) {
+      trees.push_back(ngram_.propose(r->cache.tokens, sc.topk, sc.steps, sc.num_draft_tokens));
+      size = std::max(size, trees.back().size());
+    }
+    if (size == 1) return false;  // nothing to verify: a plain decode step is cheaper
+    for (auto& t : trees) spec::pad_tree(t, size);
+    extra = size;
+  } else {
+    const int32_t candidates = 1 + sc.topk + (sc.steps - 1) * sc.topk * sc.topk;
+    extra = std::max(std::min(sc.num_draft_tokens, candidates),
+                     spec::TreeBuilder::max_beam_nodes(sc.topk, sc.steps));
+  }
+  // Does the round fit: the rows (context) and the pool (evicting the tree if needed)?
+  std::vector<spec::SpecSeqKv> seqs;
+  const int64_t page = config_.page_size;
+  int64_t need = 0;
+  for (const Req* r : reqs) {
+    if (r->kv_len + extra > max_context_len_) return false;
+    seqs.push_back(spec::SpecSeqKv{r->cache.req_slot, static_cast<int32_t>(r->kv_len)});
+    need += ((r->kv_len + extra + page - 1) / page - (r->kv_len + page - 1) / page) * page;
+  }
+  if (!scheduler_->reserve_tokens(need)) return false;  // the normal step retracts if it must
+  const kv::AllocatorState backup = allocator_->backup_state();
+  const auto slots = spec::alloc_draft_slots(*allocator_, *table_, seqs, extra);
+  if (!slots) return false;
+
+  std::vector<spec::AcceptResult> accepts(bs);
+  int32_t tree_size = 0;
+  try {
+    if (sc.mode == SpecMode::kDraft)
+      trees = draft_trees(*draft_worker_, reqs, *slots, extra, sc, vocab);
+    tree_size = trees.front().size();
+    model::WorkerBatch vb = tree_batch(reqs, trees, *slots, extra, sc);
+    vb.logit_rows.assign(bs, tree_size);
+    for (const Req* r : reqs) {
+      vb.sampling.push_back(r->sampling);
+      vb.return_logits = vb.return_logits || !r->sampling.is_greedy();
+    }
+    const model::WorkerOutput o = worker_->run(vb);
+    std::vector<double> probs;
+    for (size_t b = 0; b < bs; ++b) {
+      const Req& r = *reqs[b];
+      const size_t row0 = b * static_cast<size_t>(tree_size);
+      if (r.sampling.is_greedy()) {
+        accepts[b] = spec::greedy_accept(
+            trees[b], std::span<const int32_t>(o.tokens).subspan(row0, tree_size));
+        continue;
+      }
+      const model::SampleRow params{.temperature = r.sampling.temperature,
+                                    .top_k = r.sampling.top_k,
+                                    .top_p = r.sampling.top_p,
+                                    .min_p = r.sampling.min_p,
+                                    .seed = r.sampling.seed,
+                                    .step = 0};
+      int64_t draw = int64_t{r.num_output()} * kDrawsPerToken;
+      accepts[b] = spec::sample_accept(
+          trees[b],
+          [&](int32_t node) {
+            model::sampling_probs(
+                std::span<const float>(o.logits).subspan(
+                    (row0 + static_cast<size_t>(node)) * static_cast<size_t>(vocab),
+                    static_cast<size_t>(vocab)),
+                params, probs);
+            return std::span<const double>(probs);
+          },
+          [&] { return model::counter_uniform(r.sampling.seed ^ kSpecSalt, draw++); });
+    }
+  } catch (...) {
+    allocator_->restore_state(backup);  // the draft slots go back; the rows are unchanged below kv_len
+    throw;
+  }
+
+  // Emit (stopping at a finish) and decide which K/V each request keeps.
+  std::vector<std::vector<int32_t>> kv_nodes(bs);
+  std::vector<int64_t> old_len(bs);
+  std::vector<uint8_t> finished(bs, 0);
+  const double t = now();
+  int64_t accepted_round = 0;
+  for (size_t b = 0; b < bs; ++b) {
+    Req* r = reqs[b];
+    const spec::AcceptResult& a = accepts[b];
+    old_len[b] = r->kv_len;
+    for (size_t j = 0; j < a.tokens.size(); ++j) {
+      kv_nodes[b].push_back(j == 0 ? 0 : a.nodes[j - 1]);
+      const int32_t token = a.tokens[j];
+      r->cache.tokens.push_back(token);
+      ++stats_.generated_tokens;
+      if (r->out.first_token_s < 0) r->out.first_token_s = t;
+      out.tokens.emplace_back(r->id, token);
+      if (check_finished(*r, token)) {
+        finished[b] = 1;
+        break;
+      }
+    }
+    accepted_round += static_cast<int64_t>(a.nodes.size());
+    stats_.spec.draft_tokens += tree_size - 1;
+    stats_.spec.accepted += static_cast<int64_t>(a.nodes.size());
+    stats_.spec.emitted += static_cast<int64_t>(kv_nodes[b].size());
+  }
+  const spec::KvMoves moves =
+      spec::commit_draft_slots(*allocator_, seqs, *slots, extra, kv_nodes);
+  worker_->kv_pool().move_kv(moves.src, moves.dst);
+  for (size_t b = 0; b < bs; ++b)
+    scheduler_->complete_spec(reqs[b], static_cast<int64_t>(kv_nodes[b].size()));
+  if (draft_worker_ != nullptr) draft_extend(reqs, old_len, kv_nodes, *slots, extra);
+  for (size_t b = 0; b < bs; ++b) {
+    if (!finished[b]) continue;
+    scheduler_->finish(reqs[b]);
+    reqs[b]->out.finish_s = t;
+    out.finished.push_back(reqs[b]->id);
+  }
+  out.mode = ForwardMode::kTargetVerify;
+  out.num_seqs = static_cast<int32_t>(bs);
+  out.num_tokens = static_cast<int64_t>(bs) * tree_size;
+  ++stats_.steps;
+  ++stats_.spec_steps;
+  ++stats_.spec.rounds;
+  stats_.spec.verified += static_cast<int64_t>(bs);
+  stats_.computed_tokens += out.num_tokens;
+  // Switch-off: pause speculation while it does not pay.
+  const double acc = static_cast<double>(accepted_round) / static_cast<double>(bs);
+  spec_mean_accepted_ = 0.5 * spec_mean_accepted_ + 0.5 * acc;
+  if (spec_mean_accepted_ < sc.min_accepted) {
+    spec_pause_ = spec_pause_len_;
+    spec_pause_len_ = std::min(2 * spec_pause_len_, 512);
+    spec_mean_accepted_ = sc.min_accepted;
+  } else if (acc >= sc.min_accepted) {
+    spec_pause_len_ = sc.backoff_steps;
+  }
+  if (config_.check_integrity) check_integrity();
+  return true;
+}
+
+}  // namespace pagoda::engine

@@ -1,0 +1,308 @@
+// Speculative decoding in the engine: losslessness with chunked prefill, the radix cache and
+// follow-ups; forced retraction and abort in the middle of speculation; exact sampling at
+// temperature > 0 (randomised PIT against the target's distributions, fixed seed); a draft model
+// that differs from the target; the switch-off; bad settings.
+#include <cmath>
+#include <cstdio>
+
+#include "engine_spec_util.h"
+#include "pagoda/core/error.h"
+#include "pagoda/model/host_sampling.h"
+#include "pagoda/model/llama_worker.h"
+#include "pagoda/model/model_ops.h"
+
+namespace pagoda::engine {
+namespace {
+
+using testing::expect_lossless;
+using testing::test_model;
+
+TEST(EngineSpec, ChunkedPrefillRadixAndFollowUpsStayLossless) {
+  for (SpecMode mode : {SpecMode::kNgram, SpecMode::kDraft}) {
+    for (int page : {1, 16}) {
+      SCOPED_TRACE(::testing::Message() << spec_mode_name(mode) << " page " << page);
+      const int max_new = 12;
+      const auto prompts = testing::make_prompts(77, 6);
+      EngineConfig cfg{.page_size = page,
+                       .pool_tokens = 4096,
+                       .scheduler = SchedulerConfig{.max_running_requests = 8, .chunk_size = 16},
+                       .backend = testing::backend_named("reference"),
+                       .check_integrity = true,
+                       .spec = testing::spec_config(mode, 2, 3)};
+      Engine engine(test_model().model, cfg);
+      std::vector<std::pair<RequestId, std::vector<int32_t>>> ids;
+      for (int i = 0; i < 6; ++i) {
+        ids.emplace_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = max_new}),
+                         prompts[i]);
+        engine.step();
+      }
+      engine.run_until_idle();
+      for (int i = 0; i < 2; ++i) {  // follow-ups reuse the cached conversation (spec KV included)
+        auto follow = ids[i].second;
+        const auto out = engine.output(ids[i].first).output_ids;
+        follow.insert(follow.end(), out.begin(), out.end());
+        follow.push_back(7 + i);
+        ids.emplace_back(engine.add_request({.prompt = follow, .max_new_tokens = max_new}),
+                         follow);
+      }
+      engine.run_until_idle();
+      for (const auto& [id, prompt] : ids)
+        testing::expect_matches_naive(engine.output(id), testing::naive_greedy(prompt, max_new),
+                                      "request " + std::to_string(id));
+      const EngineStats st = engine.stats();
+      EXPECT_GT(st.spec_steps, 0);
+      EXPECT_GT(st.scheduler.cached_tokens, 0);
+      EXPECT_EQ(engine.leaked_pages(), 0);
+      EXPECT_TRUE(engine.idle_pages_accounted());
+    }
+  }
+}
+
+TEST(EngineSpec, RetractionInTheMiddleOfSpeculation) {
+  for (SpecMode mode : {SpecMode::kNgram, SpecMode::kDraft}) {
+    for (int page : {1, 16}) {
+      SCOPED_TRACE(::testing::Message() << spec_mode_name(mode) << " page " << page);
+      EngineConfig cfg{.page_size = page,
+                       .pool_tokens = 192,
+                       .scheduler = SchedulerConfig{.max_running_requests = 8},
+                       .backend = testing::backend_named("reference"),
+                       .check_integrity = true,
+                       .spec = testing::spec_config(mode, 1, 3)};
+      cfg.scheduler.new_token_ratio = NewTokenRatio{.init = 0.0, .min = 0.0, .decay = 0.0};
+      Engine engine(test_model().model, cfg);
+      // Three requests fit at admission and speculate; growing, they run the pool dry.
+      const auto prompts = testing::make_prompts(99, 3);
+      const int max_new = 40;
+      std::vector<RequestId> ids;
+      for (const auto& p : prompts)
+        ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = max_new}));
+      bool retracted_after_spec = false;
+      while (engine.has_work()) {
+        const int64_t spec_before = engine.stats().spec_steps;
+        const int64_t retr_before = engine.stats().scheduler.retractions;
+        engine.step();
+        retracted_after_spec |=
+            spec_before > 0 && engine.stats().scheduler.retractions > retr_before;
+      }
+      EXPECT_TRUE(retracted_after_spec);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const RequestOutput out = engine.output(ids[i]);
+        EXPECT_EQ(static_cast<int>(out.output_ids.size()), max_new);
+        testing::expect_matches_naive(out, testing::naive_greedy(prompts[i], max_new),
+                                      "req " + std::to_string(i));
+      }
+      EXPECT_EQ(engine.leaked_pages(), 0);
+      EXPECT_EQ(engine.leaked_rows(), 0);
+      EXPECT_TRUE(engine.idle_pages_accounted());
+    }
+  }
+}
+
+TEST(EngineSpec, AbortBetweenSpeculativeRounds) {
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 2048,
+                   .backend = testing::backend_named("reference"),
+                   .check_integrity = true,
+                   .spec = testing::spec_config(SpecMode::kDraft, 2, 2)};
+  Engine engine(test_model().model, cfg);
+  const auto prompts = testing::make_prompts(5, 4);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 16}));
+  while (engine.stats().spec_steps < 2) engine.step();
+  EXPECT_TRUE(engine.abort(ids[1]));
+  engine.run_until_idle();
+  EXPECT_EQ(engine.output(ids[1]).finish_reason, FinishReason::kAbort);
+  for (size_t i : {0u, 2u, 3u})
+    testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 16),
+                                  "req " + std::to_string(i));
+  EXPECT_EQ(engine.leaked_pages(), 0);
+  EXPECT_TRUE(engine.idle_pages_accounted());
+}
+
+TEST(EngineSpec, DifferentDraftModelAndEosStayLossless) {
+  // A draft with other random weights: few drafts are accepted, the output does not change.
+  const model::ModelConfig dc = testing::test_model_config();
+  const model::ModelWeights dw = model::make_random_weights(dc, 4242);
+  model::LlamaModel draft(dc, dw);
+  SpecConfig sc = testing::spec_config(SpecMode::kDraft, 4, 3);
+  sc.draft_model = &draft;
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 4096,
+                   .backend = testing::backend_named("cpu"),
+                   .check_integrity = true,
+                   .spec = sc};
+  Engine engine(test_model().model, cfg);
+  const auto prompts = testing::repetitive_prompts(11, 5);
+  const auto& plain = testing::plain_outputs("cpu", 16, prompts, 12);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 12}));
+  engine.run_until_idle();
+  for (size_t i = 0; i < ids.size(); ++i)
+    expect_lossless(engine.output(ids[i]).output_ids, plain[i], prompts[i], 12,
+                    "req " + std::to_string(i));
+  EXPECT_GT(engine.stats().spec_steps, 0);
+  EXPECT_EQ(engine.leaked_pages(), 0);
+}
+
+TEST(EngineSpec, SamplingFollowsTheTargetDistribution) {
+  // Token 2 of each request comes from one speculative round (self-draft, a topk-2 tree). Its
+  // randomised PIT under the target's distribution p(· | prompt, token 1) must be uniform.
+  // (Temperature 0.6 with top-k 12 keeps the distributions peaked enough that a biased rule —
+  // accepting a draft with probability 2·p — scores 58 here; the exact rule scores ~11.)
+  const uint64_t seed = 8080;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const model::SamplingParams base{.temperature = 0.6f, .top_k = 12, .top_p = 0.95f};
+  const auto prompts = testing::make_prompts(seed, 4);
+  const int n = 1536;
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 8192,
+                   .scheduler = SchedulerConfig{.max_running_requests = 64},
+                   .backend = testing::backend_named("cpu"),
+                   .spec = testing::spec_config(SpecMode::kDraft, 2, 2)};
+  Engine engine(test_model().model, cfg);
+  std::vector<RequestId> ids;
+  for (int wave = 0; wave < n / 64; ++wave) {
+    for (int i = 0; i < 64; ++i) {
+      model::SamplingParams sp = base;
+      sp.seed = static_cast<uint64_t>(wave * 64 + i) * 7919 + seed;
+      ids.push_back(engine.add_request(
+          {.prompt = prompts[static_cast<size_t>(i % 4)],
+           .max_new_tokens = 2,
+           .sampling = sp,
+           .ignore_eos = true}));
+    }
+    engine.run_until_idle();  // prefill (token 1), then one spec round (token 2)
+  }
+  EXPECT_EQ(engine.stats().spec_steps, n / 64);
+  // The target distributions: a plain engine's logits after prompt + token 1.
+  Engine ref(test_model().model, EngineConfig{.page_size = 16,
+                                              .pool_tokens = 8192,
+                                              .backend = testing::backend_named("cpu")});
+  std::map<RequestId, std::vector<float>> logits;
+  ref.set_logits_observer([&](RequestId id, std::span<const float> l) {
+    logits[id].assign(l.begin(), l.end());
+  });
+  std::vector<RequestId> ref_ids;
+  for (int i = 0; i < n; ++i) {
+    auto p = prompts[static_cast<size_t>(i % 4)];
+    p.push_back(engine.output(ids[static_cast<size_t>(i)]).output_ids.at(0));
+    ref_ids.push_back(ref.add_request({.prompt = p, .max_new_tokens = 1}));
+  }
+  ref.run_until_idle();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> v(0.0, 1.0);
+  std::vector<int64_t> bins(10, 0);
+  std::vector<double> probs;
+  for (int i = 0; i < n; ++i) {
+    const int32_t t2 = engine.output(ids[static_cast<size_t>(i)]).output_ids.at(1);
+    model::sampling_probs(logits.at(ref_ids[static_cast<size_t>(i)]),
+                          model::SampleRow{.temperature = base.temperature, .top_k = base.top_k, .top_p = base.top_p},
+                          probs);
+    ASSERT_GT(probs[static_cast<size_t>(t2)], 0.0) << "token outside the target's support";
+    double below = 0.0;
+    for (int32_t x = 0; x < t2; ++x) below += probs[static_cast<size_t>(x)];
+    const double u = below + v(rng) * probs[static_cast<size_t>(t2)];
+    ++bins[std::min<size_t>(9, static_cast<size_t>(u * 10.0))];
+  }
+  double chi2 = 0.0;
+  for (int64_t b : bins) chi2 += (b - n / 10.0) * (b - n / 10.0) / (n / 10.0);
+  std::printf("[stat] spec sampling PIT chi-square %.2f (9 dof, limit 27.9)\n", chi2);
+  EXPECT_LT(chi2, 27.9);
+  EXPECT_EQ(engine.leaked_pages(), 0);
+}
+
+TEST(EngineSpec, SpeculatesWhileRequestsWaitForARunningSlot) {
+  // max_running_requests 1: the others wait, yet no prefill can be admitted, so the running
+  // request speculates (a waiting queue alone must not switch speculation off).
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 2048,
+                   .scheduler = SchedulerConfig{.max_running_requests = 1},
+                   .backend = testing::backend_named("reference"),
+                   .check_integrity = true,
+                   .spec = testing::spec_config(SpecMode::kDraft, 1, 3)};
+  Engine engine(test_model().model, cfg);
+  const auto prompts = testing::make_prompts(21, 3);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 12}));
+  engine.run_until_idle();
+  const EngineStats st = engine.stats();
+  EXPECT_EQ(st.decode_steps, 0);  // every decode was a speculative round
+  EXPECT_GE(st.spec_steps, 3);
+  for (size_t i = 0; i < ids.size(); ++i)
+    testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 12),
+                                  "req " + std::to_string(i));
+  EXPECT_EQ(engine.leaked_pages(), 0);
+}
+
+TEST(EngineSpec, SwitchesItselfOffWhenNothingPays) {
+  SpecConfig sc = testing::spec_config(SpecMode::kDraft, 1, 3);
+  sc.min_accepted = 1e9;  // no round ever pays: pause after every round, doubling
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 2048,
+                   .backend = testing::backend_named("reference"),
+                   .spec = sc};
+  Engine engine(test_model().model, cfg);
+  const auto prompts = testing::make_prompts(3, 2);
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts) ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 60}));
+  engine.run_until_idle();
+  const EngineStats st = engine.stats();
+  EXPECT_GE(st.spec_steps, 1);
+  EXPECT_GE(st.decode_steps, 4 * st.spec_steps);
+  for (size_t i = 0; i < ids.size(); ++i)
+    testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 60),
+                                  "req " + std::to_string(i));
+}
+
+TEST(EngineSpec, BadSettingsNameTheField) {
+  auto make = [](SpecConfig sc) {
+    EngineConfig cfg{.page_size = 16, .pool_tokens = 1024, .spec = sc};
+    Engine e(test_model().model, cfg);
+  };
+  auto expect_field = [&](SpecConfig sc, const std::string& field) {
+    try {
+      make(sc);
+      ADD_FAILURE() << "no error for " << field;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  SpecConfig sc = testing::spec_config(SpecMode::kNgram, 1, 3);
+  sc.topk = 0;
+  expect_field(sc, "topk");
+  sc = testing::spec_config(SpecMode::kDraft, 1, 3);
+  sc.steps = 0;
+  expect_field(sc, "steps");
+  sc = testing::spec_config(SpecMode::kDraft, 1, 3);
+  sc.num_draft_tokens = 1;
+  expect_field(sc, "num_draft_tokens");
+  model::ModelConfig dc = testing::test_model_config();
+  dc.vocab_size = 301;
+  const model::ModelWeights dw = model::make_random_weights(dc, 1);
+  model::LlamaModel draft(dc, dw);
+  sc = testing::spec_config(SpecMode::kDraft, 1, 3);
+  sc.draft_model = &draft;
+  expect_field(sc, "vocabulary");
+  // A custom worker (tensor parallelism) is refused, with the reason.
+  auto platform = platform::make_cpu_platform();
+  const WorkerFactory factory = [&](const model::LlamaModel& m, DType dt,
+                                    const model::WorkerConfig& wc, kv::ReqToTokenTable& table) {
+    return std::unique_ptr<model::ModelWorker>(
+        new model::LlamaWorker(m, make_model_ops(*platform, dt), wc, table));
+  };
+  try {
+    Engine e(test_model().model,
+             EngineConfig{.page_size = 16,
+                          .pool_tokens = 1024,
+                          .spec = testing::spec_config(SpecMode::kNgram, 1, 3)},
+             platform.get(), factory);
+    ADD_FAILURE() << "a custom worker with speculation was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_spec_mode("eagle"), Error);
+  EXPECT_EQ(parse_spec_mode("ngram"), SpecMode::kNgram);
+}
+
+}  // namespace
+}  // namespace pagoda::engine
