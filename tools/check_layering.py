@@ -22,6 +22,8 @@ ALLOWED = {
               "tokenizer"],
     "engine": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
                "model", "tokenizer"],
+    "server": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
+               "model", "tokenizer", "engine"],
     "cli": ["*"],
 }
 # platform/cuda may launch the KV-write kernels it hosts.
