@@ -205,12 +205,19 @@ std::string StopMatcher::push(std::string_view text) {
   if (stops_.empty()) return std::string(text);
   const size_t old = pending_.size();
   pending_.append(text);
-  // The earliest stop string that ends in the new text (it may start in the held-back part).
-  size_t first = std::string::npos;
+  // The stop string that completes first (smallest end; on a tie the earliest start), as if the
+  // text arrived one byte at a time. Any match ends in the new text (it may start in the
+  // held-back part).
+  size_t first = std::string::npos, first_end = std::string::npos;
   const size_t from = old >= max_len_ ? old - max_len_ + 1 : 0;
   for (const auto& s : stops_) {
     const size_t at = pending_.find(s, from);
-    if (at != std::string::npos) first = std::min(first, at);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < first_end || (end == first_end && at < first)) {
+      first = at;
+      first_end = end;
+    }
   }
   if (first != std::string::npos) {
     stopped_ = true;

@@ -64,8 +64,9 @@ struct ApiRequest {
 /// penalties, batched prompts). Unknown fields are ignored, as OpenAI-compatible servers do.
 ApiRequest parse_api_request(std::string_view body, Endpoint endpoint);
 
-/// StopMatcher: finds the first occurrence of any stop string in streamed text and holds back
-/// the tail that could still become one, so streamed text never contains a stop string.
+/// StopMatcher: finds the first stop string to complete in streamed text (smallest end; on a
+/// tie the earliest start — the result does not depend on how the text is chunked) and holds
+/// back the tail that could still become one, so streamed text never contains a stop string.
 /// Not thread safe (one per request).
 class StopMatcher {
  public:

@@ -21,6 +21,38 @@ constexpr int kMaxDepth = 200;               // nesting of expressions and block
 
 [[noreturn]] void fail(const std::string& msg) { throw TemplateError(msg); }
 
+// Strings are UTF-8; like Python's str, lengths, indices, slices and iteration count code
+// points (a byte that starts no valid sequence counts as one).
+std::vector<std::string> code_points(const std::string& s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    if (i + n > s.size()) n = 1;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 1;
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+uint32_t decode_cp(const std::string& cp) {
+  const auto c0 = static_cast<unsigned char>(cp[0]);
+  if (cp.size() == 1) return c0;
+  uint32_t v = c0 & (0x7F >> cp.size());
+  for (size_t k = 1; k < cp.size(); ++k) v = (v << 6) | (static_cast<unsigned char>(cp[k]) & 0x3F);
+  return v;
+}
+
+/// Python's str.isspace() for one code point.
+bool py_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
 // ---------------------------------------------------------------- values
 
 struct Value;
@@ -77,21 +109,21 @@ const char* kind_name(K k) {
   return "?";
 }
 
-Value from_json(const nlohmann::json& j) {
+Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::ordered_json::value_t::null: return Value::none();
+    case nlohmann::ordered_json::value_t::boolean: return Value::boolean(j.get<bool>());
+    case nlohmann::ordered_json::value_t::number_integer: return Value::integer(j.get<int64_t>());
+    case nlohmann::ordered_json::value_t::number_unsigned:
       return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: return Value::real(j.get<double>());
-    case nlohmann::json::value_t::string: return Value::str(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::ordered_json::value_t::number_float: return Value::real(j.get<double>());
+    case nlohmann::ordered_json::value_t::string: return Value::str(j.get<std::string>());
+    case nlohmann::ordered_json::value_t::array: {
       List l;
       for (const auto& x : j) l.push_back(from_json(x));
       return Value::make_list(std::move(l));
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::ordered_json::value_t::object: {
       Dict d;
       for (auto it = j.begin(); it != j.end(); ++it) d.emplace_back(it.key(), from_json(it.value()));
       return Value::make_dict(std::move(d));
@@ -807,7 +839,7 @@ class StmtParser {
 
 class Renderer {
  public:
-  explicit Renderer(const nlohmann::json& context) {
+  explicit Renderer(const nlohmann::ordered_json& context) {
     scopes_.emplace_back();
     if (context.is_object())
       for (auto it = context.begin(); it != context.end(); ++it) scopes_[0][it.key()] = from_json(it.value());
@@ -850,7 +882,7 @@ class Renderer {
     List items;
     if (seq.kind == K::kList) items = *seq.list;
     else if (seq.kind == K::kDict) for (const auto& [k, v] : *seq.dict) items.push_back(Value::str(k));
-    else if (seq.kind == K::kString) for (char c : seq.s) items.push_back(Value::str(std::string(1, c)));
+    else if (seq.kind == K::kString) for (auto& cp : code_points(seq.s)) items.push_back(Value::str(cp));
     else if (seq.kind != K::kUndefined && seq.kind != K::kNone) fail(std::string("cannot iterate over ") + kind_name(seq.kind));
     else if (seq.kind == K::kNone) fail("cannot iterate over none");
     auto bind = [&](std::map<std::string, Value>& scope, const Value& item) {
@@ -965,16 +997,20 @@ class Renderer {
       return x ? *x : Value();
     }
     if ((v.kind == K::kList || v.kind == K::kString) && key.kind == K::kInt) {
-      const auto n = static_cast<int64_t>(v.kind == K::kList ? v.list->size() : v.s.size());
+      std::vector<std::string> cps;
+      if (v.kind == K::kString) cps = code_points(v.s);
+      const auto n = static_cast<int64_t>(v.kind == K::kList ? v.list->size() : cps.size());
       int64_t k = key.i < 0 ? key.i + n : key.i;
       if (k < 0 || k >= n) return Value();
-      return v.kind == K::kList ? (*v.list)[static_cast<size_t>(k)] : Value::str(std::string(1, v.s[static_cast<size_t>(k)]));
+      return v.kind == K::kList ? (*v.list)[static_cast<size_t>(k)] : Value::str(cps[static_cast<size_t>(k)]);
     }
     return Value();
   }
   static Value slice(const Value& v, const Value& lo, const Value& hi) {
     if (v.kind != K::kList && v.kind != K::kString) fail(std::string("cannot slice ") + kind_name(v.kind));
-    const auto n = static_cast<int64_t>(v.kind == K::kList ? v.list->size() : v.s.size());
+    std::vector<std::string> cps;
+    if (v.kind == K::kString) cps = code_points(v.s);
+    const auto n = static_cast<int64_t>(v.kind == K::kList ? v.list->size() : cps.size());
     auto clamp = [&](const Value& x, int64_t dflt) {
       if (x.kind == K::kUndefined || x.kind == K::kNone) return dflt;
       if (x.kind != K::kInt) fail("slice indices must be integers");
@@ -982,7 +1018,11 @@ class Renderer {
       return std::clamp<int64_t>(k, 0, n);
     };
     const int64_t a = clamp(lo, 0), b = std::max(a, clamp(hi, n));
-    if (v.kind == K::kString) return Value::str(v.s.substr(static_cast<size_t>(a), static_cast<size_t>(b - a)));
+    if (v.kind == K::kString) {
+      std::string out;
+      for (int64_t k = a; k < b; ++k) out += cps[static_cast<size_t>(k)];
+      return Value::str(std::move(out));
+    }
     return Value::make_list(List(v.list->begin() + a, v.list->begin() + b));
   }
 
@@ -1064,11 +1104,20 @@ class Renderer {
     return at < pos.size() ? pos[at] : Value();
   }
 
-  static std::string strip_chars(std::string s, const Value& chars, bool left, bool right) {
-    const std::string set = chars.kind == K::kString ? chars.s : std::string(" \t\n\r\f\v");
-    if (right) { size_t k = s.find_last_not_of(set); s.erase(k == std::string::npos ? 0 : k + 1); }
-    if (left) s.erase(0, std::min(s.size(), s.find_first_not_of(set)));
-    return s;
+  static std::string strip_chars(const std::string& s, const Value& chars, bool left, bool right) {
+    const std::vector<std::string> cps = code_points(s);
+    std::vector<std::string> set;
+    if (chars.kind == K::kString) set = code_points(chars.s);
+    auto strip = [&](const std::string& cp) {
+      return chars.kind == K::kString ? std::find(set.begin(), set.end(), cp) != set.end()
+                                      : py_space(decode_cp(cp));
+    };
+    size_t a = 0, b = cps.size();
+    if (left) while (a < b && strip(cps[a])) ++a;
+    if (right) while (b > a && strip(cps[b - 1])) --b;
+    std::string out;
+    for (size_t k = a; k < b; ++k) out += cps[k];
+    return out;
   }
   static std::string replace_all(std::string s, const std::string& from, const std::string& to) {
     if (from.empty()) fail("replace of an empty string is not supported");
@@ -1143,14 +1192,19 @@ class Renderer {
       if (m == "split") {
         List l;
         if (a.empty() || a[0].kind == K::kNone) {
-          size_t p = 0;
-          for (;;) {
-            p = self.s.find_first_not_of(" \t\n\r\f\v", p);
-            if (p == std::string::npos) break;
-            const size_t q = std::min(self.s.size(), self.s.find_first_of(" \t\n\r\f\v", p));
-            l.push_back(Value::str(self.s.substr(p, q - p)));
-            p = q;
+          std::string word;
+          bool in_word = false;
+          for (const std::string& cp : code_points(self.s)) {
+            if (py_space(decode_cp(cp))) {
+              if (in_word) l.push_back(Value::str(std::move(word)));
+              word.clear();
+              in_word = false;
+            } else {
+              word += cp;
+              in_word = true;
+            }
           }
+          if (in_word) l.push_back(Value::str(std::move(word)));
         } else {
           if (a[0].kind != K::kString || a[0].s.empty()) fail("split() separator must be a non-empty string");
           size_t p = 0;
@@ -1179,7 +1233,7 @@ class Renderer {
     const std::string& f = e.name;
     if (f == "trim") return Value::str(strip_chars(to_string(v), a.empty() ? Value() : a[0], true, true));
     if (f == "length" || f == "count") {
-      if (v.kind == K::kString) return Value::integer(static_cast<int64_t>(v.s.size()));
+      if (v.kind == K::kString) return Value::integer(static_cast<int64_t>(code_points(v.s).size()));
       if (v.kind == K::kList) return Value::integer(static_cast<int64_t>(v.list->size()));
       if (v.kind == K::kDict) return Value::integer(static_cast<int64_t>(v.dict->size()));
       fail(std::string("length of ") + kind_name(v.kind));
@@ -1217,13 +1271,16 @@ class Renderer {
     }
     if (f == "list") {
       if (v.kind == K::kList) return v;
-      if (v.kind == K::kString) { List l; for (char c : v.s) l.push_back(Value::str(std::string(1, c))); return Value::make_list(std::move(l)); }
+      if (v.kind == K::kString) { List l; for (auto& cp : code_points(v.s)) l.push_back(Value::str(cp)); return Value::make_list(std::move(l)); }
       if (v.kind == K::kDict) { List l; for (const auto& [k, x] : *v.dict) l.push_back(Value::str(k)); return Value::make_list(std::move(l)); }
       fail(std::string("list of ") + kind_name(v.kind));
     }
     if (f == "first" || f == "last") {
       if (v.kind == K::kList) return v.list->empty() ? Value() : (f == "first" ? v.list->front() : v.list->back());
-      if (v.kind == K::kString) return v.s.empty() ? Value() : Value::str(std::string(1, f == "first" ? v.s.front() : v.s.back()));
+      if (v.kind == K::kString) {
+        const std::vector<std::string> cps = code_points(v.s);
+        return cps.empty() ? Value() : Value::str(f == "first" ? cps.front() : cps.back());
+      }
       fail(f + " of " + kind_name(v.kind));
     }
     if (f == "join") {
@@ -1304,7 +1361,7 @@ ChatTemplate::~ChatTemplate() = default;
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
-std::string ChatTemplate::render(const nlohmann::json& context) const {
+std::string ChatTemplate::render(const nlohmann::ordered_json& context) const {
   Renderer r(context);
   r.run(root_->body);
   return std::move(r.out);

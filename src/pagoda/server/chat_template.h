@@ -38,10 +38,11 @@ class ChatTemplate {
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;
 
-  /// Renders with the variables of `context` (a JSON object: messages, bos_token, eos_token,
+  /// Renders with the variables of `context` (a JSON object, keys in insertion order as tojson
+  /// writes them: messages, bos_token, eos_token,
   /// add_generation_prompt, ...). Throws TemplateError (raise_exception's message, a type error,
   /// an unsupported feature, or a limit).
-  std::string render(const nlohmann::json& context) const;
+  std::string render(const nlohmann::ordered_json& context) const;
 
   struct Node;
 

@@ -54,10 +54,11 @@ std::vector<int32_t> prompt_ids(const ServerState& s, const ApiRequest& r) {
         throw ApiError(400, "invalid_request_error",
                        "this model has no chat template (start the server with --chat-template)",
                        "messages");
-      json messages = json::array();
+      using ojson = nlohmann::ordered_json;
+      ojson messages = ojson::array();
       for (const ChatMessage& m : r.messages)
         messages.push_back({{"role", m.role}, {"content", m.content}});
-      const json ctx = {{"messages", messages},
+      const ojson ctx = {{"messages", messages},
                         {"bos_token", s.bos_token},
                         {"eos_token", s.eos_token},
                         {"add_generation_prompt", r.add_generation_prompt}};

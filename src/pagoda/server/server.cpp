@@ -2,8 +2,9 @@
 #include "pagoda/server/server.h"
 
 #include <httplib.h>
-#include <pthread.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -89,6 +90,13 @@ void load_chat_template(ServerState& s, const ServeOptions& o) {
   }
 }
 
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+}
+
 bool authorized(const ServeOptions& o, const httplib::Request& req) {
   if (o.api_key.empty()) return true;
   const std::string h = req.get_header_value("Authorization");
@@ -99,12 +107,14 @@ bool authorized(const ServeOptions& o, const httplib::Request& req) {
 
 int run_server(const ServeOptions& o) {
   validate(o);
-  // Signals go to the signal thread only (blocked here, inherited by every thread made later).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGTERM / SIGINT may land on any thread (OpenBLAS starts its own before main): the handler
+  // only writes the signal number to a pipe that the signal thread reads.
+  PAGODA_REQUIRE(::pipe(g_signal_pipe) == 0, kInternal, "pipe() failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
@@ -241,8 +251,10 @@ int run_server(const ServeOptions& o) {
   // SIGTERM / SIGINT: stop admitting (503), let running requests finish, then stop listening.
   std::atomic<bool> done{false};
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+    unsigned char b = 0;
+    while (::read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    const int sig = b;
     if (done) return;
     draining = true;
     std::fprintf(stderr, "pagoda serve: signal %d, draining %lld request(s)\n", sig,
@@ -256,7 +268,7 @@ int run_server(const ServeOptions& o) {
   const bool ok = svr.listen_after_bind();
   done = true;
   if (signal_thread.joinable()) {
-    if (!draining) pthread_kill(signal_thread.native_handle(), SIGTERM);
+    if (!draining) on_signal(0);  // wakes the signal thread, which sees `done`
     signal_thread.join();
   }
   const EngineSnapshot last = loop.snapshot();

@@ -9,7 +9,7 @@
 namespace pagoda::server {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 json chat(bool gen) {
   return {{"messages", json::array({json{{"role", "user"}, {"content", "hi"}},
@@ -51,7 +51,8 @@ TEST(ChatTemplate, HostileTemplatesHitALimit) {
                             "{% endfor %}{% endfor %}")
                    .render(json::object()),
                TemplateError);
-  EXPECT_THROW(ChatTemplate(std::string(5000, '(') + "1" + std::string(5000, ')')), TemplateError);
+  EXPECT_THROW(ChatTemplate("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
+               TemplateError);
   EXPECT_THROW(ChatTemplate("{% set ns = namespace(s='abcdefgh') %}{% for i in range(40) %}"
                             "{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
                    .render(json::object()),

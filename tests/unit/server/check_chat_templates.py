@@ -27,7 +27,7 @@ except ImportError as e:
 
 HERE = pathlib.Path(__file__).resolve().parent
 PIECES = ["hello", "a", " ", "  ", "\n", "\t", "'", '"', "{{ x }}", "{% if %}", "[INST]", "<|im_end|>",
-          "é", "日本語", "🙂", "\\n", "}", "{", "#", "a b  c", "world", "0", "-", "%"]
+          "é", "日本語", "🙂", "\u00a0", "\u3000", "\x1f", "\\n", "}", "{", "#", "a b  c", "world", "0", "-", "%"]
 ROLES = ["system", "user", "assistant"]
 
 

@@ -16,7 +16,7 @@ int main() {
   std::map<std::string, std::shared_ptr<pagoda::server::ChatTemplate>> cache;
   for (std::string line; std::getline(std::cin, line);) {
     if (line.empty()) continue;
-    const nlohmann::json in = nlohmann::json::parse(line);
+    const nlohmann::ordered_json in = nlohmann::ordered_json::parse(line);
     nlohmann::json out;
     try {
       const std::string path = in.at("template").get<std::string>();
