@@ -24,6 +24,8 @@ struct ServeCliOptions {
   std::string backend;
   int page_size = 16;
   int64_t pool_tokens = 65536;
+  int chunk_size = 256;
+  std::string policy = "lpm";
   std::string dtype = "auto";
   std::string kv_dtype = "auto";
   std::string cuda_graph = "on";
@@ -56,6 +58,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--page-size", o->page_size)->capture_default_str();
   cmd->add_option("--pool-tokens", o->pool_tokens, "KV pool capacity in tokens")
       ->capture_default_str();
+  cmd->add_option("--chunk-size", o->chunk_size, "chunked prefill budget (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--policy", o->policy, "fcfs or lpm")
+      ->check(CLI::IsMember({"fcfs", "lpm"}))
+      ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "auto, f32, f16, bf16")->capture_default_str();
   cmd->add_option("--kv-dtype", o->kv_dtype, "auto, f32, f16, bf16, fp8_e4m3, fp8_e5m2")
       ->capture_default_str();
@@ -83,6 +90,8 @@ void add_serve_command(CLI::App& app) {
     s.backend = o->backend;
     s.page_size = o->page_size;
     s.pool_tokens = o->pool_tokens;
+    s.chunk_size = o->chunk_size;
+    s.lpm = o->policy == "lpm";
     s.dtype = parse_dtype_option(o->dtype, "--dtype");
     s.kv_dtype = parse_dtype_option(o->kv_dtype, "--kv-dtype");
     s.cuda_graph = o->cuda_graph == "on";

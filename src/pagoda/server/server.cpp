@@ -139,6 +139,9 @@ int run_server(const ServeOptions& o) {
   cfg.page_size = o.page_size;
   cfg.pool_tokens = o.pool_tokens;
   cfg.scheduler.max_running_requests = o.max_running;
+  cfg.scheduler.chunk_size = o.chunk_size;
+  cfg.scheduler.policy = o.lpm ? engine::SchedulePolicy::kLongestPrefixMatch
+                               : engine::SchedulePolicy::kFcfs;
   cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
   cfg.cuda_graph = o.cuda_graph;
   cfg.dtype = o.dtype;
