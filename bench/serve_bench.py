@@ -17,7 +17,8 @@ concurrency --compare-concurrency, and reports server output tok/s as a fraction
     python3 bench/serve_bench.py --pagoda build/pagoda --model builtin --out bench/results/serve_raw
     python3 bench/serve_bench.py --url http://127.0.0.1:30000 --model builtin --no-compare
 
-Needs httpx (installed with the `openai` package; httpx2 in recent releases).
+Only the Python standard library: the client speaks HTTP/1.1 over asyncio streams itself (the
+GPU image cannot install packages), one connection per request.
 """
 import argparse
 import asyncio
@@ -30,10 +31,7 @@ import subprocess
 import sys
 import time
 
-try:
-    import httpx2 as httpx
-except ImportError:
-    import httpx
+import urllib.parse
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "unit" / "server"))
 from serve_harness import Server  # noqa: E402
@@ -59,51 +57,100 @@ def percentile(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-async def one_request(ac, url, model, prompt_ids, max_tokens, headers):
+async def http_post(url, body, headers):
+    """POST `body` (JSON) to `url`; yields (status, None) once, then each body line (text)."""
+    u = urllib.parse.urlsplit(url)
+    reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
+    data = json.dumps(body).encode()
+    head = [f"POST {u.path} HTTP/1.1", f"Host: {u.hostname}:{u.port}", "Content-Type: application/json",
+            f"Content-Length: {len(data)}", "Connection: close"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+    await writer.drain()
+    try:
+        status = int((await reader.readline()).split()[1])
+        length, chunked = None, False
+        while True:
+            line = (await reader.readline()).decode().strip()
+            if not line:
+                break
+            k, _, v = line.partition(":")
+            if k.lower() == "content-length":
+                length = int(v)
+            if k.lower() == "transfer-encoding" and "chunked" in v.lower():
+                chunked = True
+        yield status, None
+        buf = b""
+        if chunked:
+            while True:
+                size = int((await reader.readline()).strip() or b"0", 16)
+                if size == 0:
+                    break
+                buf += await reader.readexactly(size + 2)
+                buf = buf[:-2] if buf.endswith(b"\r\n") else buf
+                *lines, buf = buf.split(b"\n")
+                for ln in lines:
+                    yield None, ln.decode(errors="replace")
+        else:
+            buf = await reader.readexactly(length) if length else await reader.read()
+        for ln in buf.split(b"\n"):
+            if ln:
+                yield None, ln.decode(errors="replace")
+    finally:
+        writer.close()
+
+
+async def one_request(url, model, prompt_ids, max_tokens, headers, stream):
     body = {"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     t0 = time.perf_counter()
     ttft, n_out, ok = None, 0, False
-    async with ac.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-        if r.status_code != 200:
-            return {"ok": False, "status": r.status_code}
-        async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                ok = True
-                break
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            ev = json.loads(line[6:])
-            if ev.get("usage"):
-                n_out = ev["usage"]["completion_tokens"]
+    async for status, line in http_post(url + "/v1/completions", body, headers):
+        if status is not None:
+            if status != 200:
+                return {"ok": False, "status": status}
+            continue
+        if not stream:
+            n_out = json.loads(line)["usage"]["completion_tokens"]
+            ok = True
+            break
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            ok = True
+            break
+        if ttft is None:
+            ttft = time.perf_counter() - t0
+        ev = json.loads(line[6:])
+        if ev.get("usage"):
+            n_out = ev["usage"]["completion_tokens"]
     lat = time.perf_counter() - t0
     ttft = ttft if ttft is not None else lat
-    tpot = (lat - ttft) / (n_out - 1) if n_out > 1 else None
-    return {"ok": ok, "ttft": ttft, "tpot": tpot, "latency": lat, "out": n_out}
+    tpot = (lat - ttft) / (n_out - 1) if n_out > 1 and stream else None
+    return {"ok": ok, "ttft": ttft if stream else None, "tpot": tpot, "latency": lat, "out": n_out}
 
 
-async def run_load(url, model, lengths, vocab, concurrency, rate, seed, api_key):
+async def run_load(url, model, lengths, vocab, concurrency, rate, seed, api_key, stream=True):
     rng = random.Random(seed + 1)
     prompts = [[rng.randrange(1, vocab) for _ in range(i)] for i, _ in lengths]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     sem = asyncio.Semaphore(concurrency)
     results = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as ac:
-        async def go(k):
-            async with sem:
-                results.append(await one_request(ac, url, model, prompts[k], lengths[k][1], headers))
 
-        tasks = []
-        t0 = time.perf_counter()
-        for k in range(len(lengths)):
-            tasks.append(asyncio.create_task(go(k)))
-            if rate != float("inf"):
-                await asyncio.sleep(rng.expovariate(rate))
-        await asyncio.gather(*tasks)
-        wall = time.perf_counter() - t0
+    async def go(k):
+        async with sem:
+            results.append(await one_request(url, model, prompts[k], lengths[k][1], headers, stream))
+
+    tasks = []
+    t0 = time.perf_counter()
+    for k in range(len(lengths)):
+        tasks.append(asyncio.create_task(go(k)))
+        if rate != float("inf"):
+            await asyncio.sleep(rng.expovariate(rate))
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - t0
     good = [r for r in results if r["ok"]]
     out_tokens = sum(r["out"] for r in good)
     ms = lambda xs, p: 1e3 * percentile([x for x in xs if x is not None], p)  # noqa: E731
@@ -112,7 +159,8 @@ async def run_load(url, model, lengths, vocab, concurrency, rate, seed, api_key)
             "input_tokens": sum(i for i, _ in lengths), "output_tokens": out_tokens,
             "requests_per_s": len(good) / wall, "output_tokens_per_s": out_tokens / wall,
             "ttft_p50_ms": ms([r["ttft"] for r in good], 50), "ttft_p99_ms": ms([r["ttft"] for r in good], 99),
-            "tpot_p50_ms": ms([r["tpot"] for r in good], 50), "tpot_p99_ms": ms([r["tpot"] for r in good], 99)}
+            "tpot_p50_ms": ms([r["tpot"] for r in good], 50), "tpot_p99_ms": ms([r["tpot"] for r in good], 99),
+            "stream": stream}
 
 
 def engine_args(a):
@@ -145,22 +193,28 @@ def main():
     ap.add_argument("--compare-input-len", type=int, default=128)
     ap.add_argument("--compare-output-len", type=int, default=64)
     ap.add_argument("--compare-requests", type=int, default=256)
+    ap.add_argument("--compare-repeats", type=int, default=3)
+    ap.add_argument("--compare-stream", action="store_true",
+                    help="stream the comparison requests too (default: plain JSON answers, so the "
+                         "Python client's per-token work does not limit the measurement)")
     ap.add_argument("--out", default=None, help="folder for results.json, table.md and the server log")
     a = ap.parse_args()
     out = pathlib.Path(a.out) if a.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
     name = a.served_model_name or (a.model if a.model == "builtin" else pathlib.Path(a.model).name)
-    report = {"model": a.model, "seed": a.seed, "runs": [], "args": vars(a)}
+    report = {"model": a.model, "seed": a.seed, "runs": [], "args": dict(vars(a))}
     report["args"]["request_rate"] = str(a.request_rate)
 
-    if not a.no_compare and a.pagoda:
-        cmd = [a.pagoda, "bench", "--model", a.model, "--input-len", str(a.compare_input_len),
-               "--output-len", str(a.compare_output_len), "--requests", str(a.compare_requests),
-               *engine_args(a), "--json"]
-        print("running", " ".join(cmd), flush=True)
-        bench = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-        report["pagoda_bench"] = bench
+    compare = not a.no_compare and a.pagoda and not a.url
+    bench_cmd = [a.pagoda, "bench", "--model", a.model, "--input-len", str(a.compare_input_len),
+                 "--output-len", str(a.compare_output_len), "--requests", str(a.compare_requests),
+                 *engine_args(a), "--json"]
+
+    def run_bench():
+        # The server is idle meanwhile (both on one machine: never measured at the same time).
+        print("running", " ".join(bench_cmd), flush=True)
+        return json.loads(subprocess.run(bench_cmd, capture_output=True, text=True, check=True).stdout)
 
     server = None
     url = a.url
@@ -171,18 +225,23 @@ def main():
         server = Server(a.pagoda, *server_args, log=str(out / "server.log") if out else None)
         url = server.url
     try:
-        if "pagoda_bench" in report:
+        if compare:
             lengths = [(a.compare_input_len, a.compare_output_len)] * a.compare_requests
             asyncio.run(run_load(url, name, lengths[:8], a.vocab, 8, float("inf"), a.seed, a.api_key))  # warm-up
-            r = asyncio.run(run_load(url, name, lengths, a.vocab, a.compare_concurrency, float("inf"),
-                                     a.seed, a.api_key))
-            r["kind"] = "fixed"
-            report["compare"] = {"server": r, "bench_output_tokens_per_s": report["pagoda_bench"]["output_tokens_per_s"],
-                                 "ratio": r["output_tokens_per_s"] / report["pagoda_bench"]["output_tokens_per_s"]}
-            print(f"fixed {a.compare_input_len}/{a.compare_output_len} x {a.compare_requests}: server "
-                  f"{r['output_tokens_per_s']:.0f} out tok/s at c={a.compare_concurrency}, pagoda bench "
-                  f"{report['pagoda_bench']['output_tokens_per_s']:.0f} -> {report['compare']['ratio']:.3f}",
-                  flush=True)
+            pairs = []
+            for rep in range(a.compare_repeats):  # alternate, so drifting machine load hits both
+                b = run_bench()
+                r = asyncio.run(run_load(url, name, lengths, a.vocab, a.compare_concurrency,
+                                         float("inf"), a.seed, a.api_key, a.compare_stream))
+                r["kind"] = "fixed"
+                ratio = r["output_tokens_per_s"] / b["output_tokens_per_s"]
+                pairs.append({"bench": b, "server": r, "ratio": ratio})
+                print(f"[{rep}] fixed {a.compare_input_len}/{a.compare_output_len} x {a.compare_requests}: "
+                      f"server {r['output_tokens_per_s']:.0f} out tok/s at c={a.compare_concurrency}, "
+                      f"pagoda bench {b['output_tokens_per_s']:.0f} -> {ratio:.3f}", flush=True)
+            ratios = sorted(p["ratio"] for p in pairs)
+            report["compare"] = {"pairs": pairs, "median_ratio": ratios[len(ratios) // 2],
+                                 "min_ratio": ratios[0], "max_ratio": ratios[-1]}
         for c in [int(x) for x in a.concurrency.split(",")]:
             n = a.num_prompts or max(24, 4 * c)
             lengths = sharegpt_like(n, a.seed + c, a.input_median, a.output_median, a.max_input, a.max_output)
@@ -205,10 +264,16 @@ def main():
     if "compare" in report:
         cmp = report["compare"]
         lines += ["", f"Fixed {a.compare_input_len} in / {a.compare_output_len} out x {a.compare_requests} "
-                      f"requests: server at concurrency {a.compare_concurrency} "
-                      f"{cmp['server']['output_tokens_per_s']:.0f} output tok/s, `pagoda bench` "
-                      f"{cmp['bench_output_tokens_per_s']:.0f} output tok/s: **{100 * cmp['ratio']:.1f} %** "
-                      f"(target >= 90 %)."]
+                      f"requests, server at concurrency {a.compare_concurrency} "
+                      f"({'streamed' if a.compare_stream else 'non-streamed'}) vs `pagoda bench` (same "
+                      f"engine settings, alternated {a.compare_repeats} times):", "",
+                  "| run | server output tok/s | pagoda bench output tok/s | server / bench |",
+                  "|---|---|---|---|"]
+        for k, p in enumerate(cmp["pairs"]):
+            lines.append(f"| {k} | {p['server']['output_tokens_per_s']:.0f} | "
+                         f"{p['bench']['output_tokens_per_s']:.0f} | {100 * p['ratio']:.1f} % |")
+        lines += ["", f"Median **{100 * cmp['median_ratio']:.1f} %** (min {100 * cmp['min_ratio']:.1f} %, "
+                      f"max {100 * cmp['max_ratio']:.1f} %; target >= 90 %)."]
     table = "\n".join(lines)
     print(table)
     if out:
