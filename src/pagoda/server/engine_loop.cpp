@@ -152,9 +152,10 @@ void EngineLoop::run() {
         const engine::RequestId id = engine_.add_request(std::move(stream->request));
         live_[id] = stream;
         ids_[stream.get()] = id;
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
+        const auto* err = dynamic_cast<const Error*>(&e);
         stream->finish(engine::FinishReason::kError, e.what(),
-                       e.code() == ErrorCode::kResourceExhausted ? 413 : 400);
+                       !err ? 500 : err->code() == ErrorCode::kResourceExhausted ? 413 : 400);
         std::lock_guard lock(mu_);
         --inflight_;
       }

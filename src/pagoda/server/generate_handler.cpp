@@ -177,7 +177,8 @@ bool stream_step(StreamJob& job, httplib::DataSink& sink) {
   const bool finished = stopped || u.finished;
   if (finished && u.reason == engine::FinishReason::kError && !stopped) {
     const ApiError e(u.error_status ? u.error_status : 500,
-                     u.error_status ? "invalid_request_error" : "server_error", u.error);
+                     u.error_status && u.error_status < 500 ? "invalid_request_error" : "server_error",
+                     u.error);
     send_event(sink, e.to_json());
     send_event(sink, "[DONE]");
     job.done = true;
@@ -262,7 +263,8 @@ void handle_generate(ServerState& s, Endpoint endpoint, const httplib::Request& 
     }
     if (u.finished && u.reason == engine::FinishReason::kError && !text.stop.stopped())
       throw ApiError(u.error_status ? u.error_status : 500,
-                     u.error_status ? "invalid_request_error" : "server_error", u.error);
+                     u.error_status && u.error_status < 500 ? "invalid_request_error" : "server_error",
+                     u.error);
     out += text.finish();
     json choice = {{"index", 0}, {"finish_reason", finish_name(u.reason, text.stop.stopped())}};
     if (chat) {
