@@ -165,7 +165,8 @@ async def run_load(url, model, lengths, vocab, concurrency, rate, seed, api_key,
 
 def engine_args(a):
     return ["--page-size", str(a.page_size), "--pool-tokens", str(a.pool_tokens),
-            "--max-running", str(a.max_running), *a.engine_extra.split()]
+            "--max-running", str(a.max_running), "--chunk-size", str(a.chunk_size),
+            "--policy", a.policy, *a.engine_extra.split()]
 
 
 def main():
@@ -187,6 +188,8 @@ def main():
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--pool-tokens", type=int, default=65536)
     ap.add_argument("--max-running", type=int, default=64)
+    ap.add_argument("--chunk-size", type=int, default=256)
+    ap.add_argument("--policy", default="fcfs", help="fcfs or lpm (both for serve and bench)")
     ap.add_argument("--engine-extra", default="", help="more options for both serve and bench")
     ap.add_argument("--no-compare", action="store_true")
     ap.add_argument("--compare-concurrency", type=int, default=64)

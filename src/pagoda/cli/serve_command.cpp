@@ -25,7 +25,7 @@ struct ServeCliOptions {
   int page_size = 16;
   int64_t pool_tokens = 65536;
   int chunk_size = 256;
-  std::string policy = "lpm";
+  std::string policy = "fcfs";
   std::string dtype = "auto";
   std::string kv_dtype = "auto";
   std::string cuda_graph = "on";
