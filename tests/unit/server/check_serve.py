@@ -279,14 +279,30 @@ async def soak_one(ac, url, rng, stats):
             "ignore_eos": rng.random() < 0.5}
     stream = rng.random() < 0.6
     disconnect_after = rng.randint(1, 6) if rng.random() < 0.2 else None
+    # Some requests must be rejected, with the right status.
+    expect = 200
+    u = rng.random()
+    if u < 0.04:
+        body["temperature"], expect = 3.5, 400
+    elif u < 0.06:
+        body["prompt"], expect = "p" * 5000, 413
+    elif u < 0.07:
+        body["model"], expect = "other", 404
+    if expect != 200:
+        disconnect_after = None
     if stream:
         body["stream"] = True
     headers = {"Authorization": f"Bearer {KEY}"}
     try:
         if stream:
             async with ac.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-                if r.status_code != 200:
-                    stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
+                if r.status_code != 200 or expect != 200:
+                    await r.aread()
+                    ok = r.status_code == expect and "error" in json.loads(r.content)
+                    key = "rejected" if ok else "wrong"
+                    stats[key] += 1
+                    if not ok:
+                        stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
                     return
                 n, done = 0, False
                 async for line in r.aiter_lines():
@@ -308,9 +324,12 @@ async def soak_one(ac, url, rng, stats):
             except asyncio.TimeoutError:
                 stats["disconnected"] += 1
                 return
-            if r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1:
+            if expect != 200 and r.status_code == expect and "error" in r.json():
+                stats["rejected"] += 1
+            elif expect == 200 and r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1:
                 stats["ok"] += 1
             else:
+                stats["wrong"] += 1
                 stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
     except (httpx.HTTPError, asyncio.TimeoutError) as e:
         stats["errors"].append(repr(e))
@@ -318,7 +337,8 @@ async def soak_one(ac, url, rng, stats):
 
 async def soak(server, n, seed, concurrency=32):
     rng = random.Random(seed)
-    stats = {"ok": 0, "disconnected": 0, "truncated": 0, "status": {}, "errors": []}
+    stats = {"ok": 0, "rejected": 0, "wrong": 0, "disconnected": 0, "truncated": 0, "status": {},
+             "errors": []}
     sem = asyncio.Semaphore(concurrency)
     rss = []
     limits = httpx.Limits(max_connections=concurrency + 8)
@@ -377,11 +397,12 @@ def main():
         took = time.time() - t1
         h = s.wait_idle(20)
         print(f"soak: {args.soak_requests} requests in {took:.1f} s: {stats['ok']} ok, "
-              f"{stats['disconnected']} disconnected by the client, statuses {stats['status']}, "
+              f"{stats['rejected']} rejected as expected (400/404/413), "
+              f"{stats['disconnected']} disconnected by the client, wrong statuses {stats['status']}, "
               f"errors {len(stats['errors'])}; health {h}; rss after warm-up / end {rss}")
         check(took < args.soak_seconds, f"soak within {args.soak_seconds} s")
-        check(stats["ok"] + stats["disconnected"] == args.soak_requests and not stats["status"]
-              and not stats["errors"] and not stats["truncated"],
+        check(stats["ok"] + stats["rejected"] + stats["disconnected"] == args.soak_requests
+              and not stats["wrong"] and not stats["errors"] and not stats["truncated"],
               f"every soak request answered: {stats['status']} {stats['errors'][:3]}")
         check(h["inflight"] == 0 and h["leaked_pages"] == 0 and h["leaked_rows"] == 0,
               f"0 in flight and 0 leaked after the soak: {h}")
