@@ -208,6 +208,12 @@ def main():
     name = a.served_model_name or (a.model if a.model == "builtin" else pathlib.Path(a.model).name)
     report = {"model": a.model, "seed": a.seed, "runs": [], "args": dict(vars(a))}
     report["args"]["request_rate"] = str(a.request_rate)
+    try:  # the tree measured
+        report["commit"] = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
+                                          text=True, cwd=pathlib.Path(__file__).parent).stdout.strip()
+    except OSError:
+        pass
+    report["load_average_at_start"] = os.getloadavg()
 
     compare = not a.no_compare and a.pagoda and not a.url
     bench_cmd = [a.pagoda, "bench", "--model", a.model, "--input-len", str(a.compare_input_len),
@@ -254,6 +260,7 @@ def main():
             print(json.dumps(r), flush=True)
         if server:
             report["health_after"] = server.get_json("/health")[1]
+        report["load_average_at_end"] = os.getloadavg()
     finally:
         if server:
             report["server_exit"] = server.stop()

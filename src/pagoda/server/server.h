@@ -28,8 +28,7 @@ struct ServeOptions {
   int page_size = 16;
   int64_t pool_tokens = 65536;
   int chunk_size = 256;               ///< chunked prefill budget (0 = off), as `pagoda bench`
-  bool lpm = false;                   ///< longest-prefix-match scheduling (default fcfs: lpm can
-                                      ///< leave a request waiting for seconds under load)
+  bool lpm = false;                   ///< longest-prefix-match scheduling (default fcfs, as the engine)
   std::optional<DType> dtype;          ///< nullopt: the platform's default
   std::optional<DType> kv_dtype;       ///< nullopt: the model dtype
   bool cuda_graph = true;
