@@ -9,10 +9,13 @@
 //   (2,304-token queries), P3 10,000 partial-hit matches (prompt + 1,024 random tokens), P4a one
 //   evict of half the evictable tokens, P4b evict(2,048) until empty. Two page owners: the real
 //   PageAllocator (the tree retains / frees real pages) and CountingPages (only counts, like the
-//   harness's fake allocator). Heap allocations inside the timed regions are counted.
+//   harness's fake allocator). Heap allocations inside the timed regions are counted; each
+//   phase reports wall time (`*_us`, what the harness reports) and this thread's CPU time
+//   (`*_cpu_us`, steadier on a shared machine).
 // Results: bench/results/cache_cpu.md.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -260,9 +263,17 @@ class CountingPages final : public kv::PageRefs {
   void retain(std::span<const SlotIndex> s) override { retained += static_cast<int64_t>(s.size()); }
   void free(std::span<const SlotIndex> s) override { freed += static_cast<int64_t>(s.size()); }
   void require_held_runs(std::span<const SlotIndex>) const override {}
+  void retain_pages(std::span<const kv::PageRun> runs) override { retained += tokens(runs); }
+  void free_pages(std::span<const kv::PageRun> runs) override { freed += tokens(runs); }
+  void require_held_pages(std::span<const kv::PageRun>) const override {}
   int64_t retained = 0, freed = 0;
 
  private:
+  int64_t tokens(std::span<const kv::PageRun> runs) const {
+    int64_t n = 0;
+    for (const kv::PageRun& r : runs) n += int64_t{r.count} * page_size_;
+    return n;
+  }
   int32_t num_pages_, page_size_;
 };
 
@@ -279,6 +290,14 @@ std::unique_ptr<cache::RadixCache> w_make_cache(kv::PageRefs& pages, kv::PageAll
   return std::make_unique<cache::RadixCache>(pages);
 }
 
+/// CPU time of this thread (s): excludes time the scheduler gave to other processes, so it is
+/// steadier than wall time on a shared machine (the SGLang harness reports wall time only).
+double cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -290,6 +309,7 @@ int64_t heap_in_use() {
 
 struct WResult {
   double secs[kWPhases] = {};
+  double cpu[kWPhases] = {};
   int64_t allocs[kWPhases] = {};
   int64_t ops[kWPhases] = {kWSeqs, kWQueries, kWQueries, 1, 0};
   int64_t stored = 0, nodes = 0, p2_hit = 0, p3_hit = 0;
@@ -334,9 +354,10 @@ WResult run_w(int32_t page) {
                                          std::span(&last, 1), fresh));
         slots.insert(slots.end(), fresh.begin(), fresh.end());
         const int64_t a0 = g_heap_allocs;
-        const double t0 = now_s();
+        const double t0 = now_s(), u0 = cpu_s();
         benchmark::DoNotOptimize(w_insert(cache, seq, slots));
         r.secs[0] += now_s() - t0;
+        r.cpu[0] += cpu_s() - u0;
         r.allocs[0] += g_heap_allocs - a0;
         w_after_insert(*alloc, fresh);
       }
@@ -346,13 +367,14 @@ WResult run_w(int32_t page) {
         for (int32_t k = 0; k < kWSeqLen; ++k) values[size_t(i) * kWSeqLen + size_t(k)] = base + k;
       }
       const int64_t a0 = g_heap_allocs;
-      const double t0 = now_s();
+      const double t0 = now_s(), u0 = cpu_s();
       for (int32_t i = 0; i < kWChunk; ++i) {
         benchmark::DoNotOptimize(
             w_insert(cache, std::span<const int32_t>(&buf[size_t(i) * kWSeqLen], kWSeqLen),
                      std::span<const SlotIndex>(&values[size_t(i) * kWSeqLen], kWSeqLen)));
       }
       r.secs[0] += now_s() - t0;
+      r.cpu[0] += cpu_s() - u0;
       r.allocs[0] += g_heap_allocs - a0;
     }
   }
@@ -369,12 +391,13 @@ WResult run_w(int32_t page) {
         phase == 1 ? w.query_full(c0 + j, q) : w.query_partial(c0 + j, q);
       }
       const int64_t a0 = g_heap_allocs;
-      const double t0 = now_s();
+      const double t0 = now_s(), u0 = cpu_s();
       for (int32_t j = 0; j < kWChunk; ++j) {
         hit += w_match(cache, std::span<const int32_t>(&buf[size_t(j) * size_t(qlen)], size_t(qlen)),
                        slots);
       }
       r.secs[phase] += now_s() - t0;
+      r.cpu[phase] += cpu_s() - u0;
       r.allocs[phase] += g_heap_allocs - a0;
     }
     (phase == 1 ? r.p2_hit : r.p3_hit) = hit;
@@ -383,18 +406,21 @@ WResult run_w(int32_t page) {
   // P4a: one evict of half the evictable tokens; P4b: evict(2048) until empty.
   const int64_t target = cache.evictable_size() / 2;
   int64_t a0 = g_heap_allocs;
-  double t0 = now_s();
+  double t0 = now_s(), u0 = cpu_s();
   const int64_t evicted = cache.evict(target);
   r.secs[3] = now_s() - t0;
+  r.cpu[3] = cpu_s() - u0;
   r.allocs[3] = g_heap_allocs - a0;
   PAGODA_CHECK_GE(evicted, target);
   a0 = g_heap_allocs;
   t0 = now_s();
+  u0 = cpu_s();
   while (cache.evictable_size() > 0) {
     cache.evict(kWSeqLen);
     ++r.ops[4];
   }
   r.secs[4] = now_s() - t0;
+  r.cpu[4] = cpu_s() - u0;
   r.allocs[4] = g_heap_allocs - a0;
   PAGODA_CHECK_EQ(cache.total_size(), 0);
   r.heap_after_evict = heap_in_use() - heap0;
@@ -412,6 +438,8 @@ void BM_WorkloadW(benchmark::State& state) {
       total += r.secs[p];
       const double per_op = r.secs[p] / static_cast<double>(r.ops[p]);
       state.counters[std::string(kWPhaseNames[p]) + "_us"] = per_op * 1e6;
+      state.counters[std::string(kWPhaseNames[p]) + "_cpu_us"] =
+          r.cpu[p] / static_cast<double>(r.ops[p]) * 1e6;
       state.counters[std::string(kWPhaseNames[p]) + "_allocs"] =
           static_cast<double>(r.allocs[p]) / static_cast<double>(r.ops[p]);
     }

@@ -12,34 +12,49 @@ namespace pagoda::cache {
 /// A tree node (see radix_cache.h). `id` is a generation: a recycled node gets a new one.
 struct PrefixNode {
   PrefixNode* parent = nullptr;
-  std::unique_ptr<int32_t[]> data;  ///< [len tokens | len slots], exactly sized; null when empty
+  /// [len tokens | len slots] in an arena block; only the tokens when the slots are one run of
+  /// consecutive whole pages (run_page >= 0: slot i is run_page * page_size + i). Null when empty.
+  int32_t* data = nullptr;
+  KeyArena::Block block;
   int64_t len = 0;
   uint64_t id = 0;
   uint64_t hash = 0;  ///< page_hash(ns, first page of key); with the parent, its child-table key
   int32_t ns = 0;
   int32_t lock_ref = 0;
   int32_t num_children = 0;
-  int32_t heap_pos = -1;  ///< position in the evictable-leaf heap, -1 when not in it
+  uint32_t index = 0;  ///< pool index (fixed for the node's storage): its heap_pos_ entry
+  uint64_t entry_key = 0;  ///< its child-table key (child_key(parent, hash)), set when linked
   int64_t run_page = -1;  ///< first page when the slots are one run of consecutive pages, else -1
   NodeStats stats;
 
-  const int32_t* key() const { return data.get(); }
-  const SlotIndex* value() const { return data.get() + len; }
+  const int32_t* key() const { return data; }
+  /// The stored slots; only when run_page < 0.
+  const SlotIndex* stored_value() const { return data + len; }
   std::span<const int32_t> key_span() const { return {key(), static_cast<size_t>(len)}; }
-  std::span<const SlotIndex> value_span() const { return {value(), static_cast<size_t>(len)}; }
-  /// Replaces the buffer with an exactly sized copy of key[0, n) and value[0, n).
-  void assign(const int32_t* k, const SlotIndex* v, int64_t n) {
-    auto buf = std::make_unique_for_overwrite<int32_t[]>(static_cast<size_t>(2 * n));
-    std::memcpy(buf.get(), k, static_cast<size_t>(n) * sizeof(int32_t));
-    std::memcpy(buf.get() + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
-    data = std::move(buf);
+  /// Replaces the buffer with a copy of key[0, n) and, when `v` is not null, value[0, n) (the
+  /// sources may lie in the old buffer: it is released after the copy); run_page is set to `run`
+  /// (>= 0 exactly when v is null). Unchanged if the allocation throws.
+  void assign(KeyArena& arena, const int32_t* k, const SlotIndex* v, int64_t n, int64_t run) {
+    const auto cells = static_cast<size_t>(v != nullptr ? 2 * n : n);
+    const KeyArena::Block fresh = arena.allocate(cells);
+    std::memcpy(fresh.data, k, static_cast<size_t>(n) * sizeof(int32_t));
+    if (v != nullptr) std::memcpy(fresh.data + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
+    if (data != nullptr) arena.release(block);
+    block = fresh;
+    data = fresh.data;
     len = n;
+    run_page = run;
   }
 };
 
 namespace {
 
 constexpr size_t kMinChildTable = 64;
+/// Nodes per pool chunk.
+constexpr size_t kNodeChunk = 256;
+/// Heaps smaller than this are not settled in bulk (the lazy path is as cheap there). Small, so
+/// the property tests (trees of up to ~100 leaves) exercise both paths.
+constexpr size_t kSettleMinLeaves = 16;
 
 uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
@@ -50,6 +65,16 @@ uint64_t mix(uint64_t h, uint64_t v) {
 
 /// Leading equal elements of a[0, n) and b[0, n): one memcmp over the whole run when it matches
 /// (the common case), else a blockwise search for the first difference.
+/// Whether v[i] == first + i for every i (one branch-free, vectorisable pass; wrap-around is
+/// harmless: the page range is checked by the allocator).
+bool is_linear(const SlotIndex* v, size_t n, uint32_t first) {
+  uint32_t diff = 0;
+  for (size_t i = 0; i < n; ++i) {
+    diff |= static_cast<uint32_t>(v[i]) ^ (first + static_cast<uint32_t>(i));
+  }
+  return diff == 0;
+}
+
 size_t common_prefix(const int32_t* a, const int32_t* b, size_t n) {
   if (std::memcmp(a, b, n * sizeof(int32_t)) == 0) return n;
   constexpr size_t kBlock = 64;
@@ -86,14 +111,19 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
     node = free_nodes_.back();
     free_nodes_.pop_back();
   } else {
-    node = &node_pool_.emplace_back();
+    // Nodes are allocated kNodeChunk at a time and never move (handles point at them).
+    const size_t count = heap_pos_.size();
+    if (count % kNodeChunk == 0) node_chunks_.push_back(std::make_unique<PrefixNode[]>(kNodeChunk));
+    node = &node_chunks_.back()[count % kNodeChunk];
+    node->index = static_cast<uint32_t>(heap_pos_.size());
+    heap_pos_.push_back(-1);
   }
   node->parent = parent;
   node->id = next_id_++;
   node->ns = ns;
   node->lock_ref = 0;
   node->num_children = 0;
-  node->heap_pos = -1;
+  heap_pos_[node->index] = -1;
   node->run_page = -1;
   node->hash = 0;
   node->stats = NodeStats{.last_access = clock_, .creation = node->id};
@@ -102,7 +132,8 @@ PrefixNode* RadixCache::new_node(PrefixNode* parent, int32_t ns) {
 
 void RadixCache::recycle(PrefixNode* node) {
   node->parent = nullptr;
-  node->data.reset();  // the key/value memory goes back to the heap
+  if (node->data != nullptr) arena_.release(node->block);  // its slab may go back to the heap
+  node->data = nullptr;
   node->len = 0;
   node->id = 0;  // any handle to it is now stale
   free_nodes_.push_back(node);
@@ -132,7 +163,12 @@ uint64_t RadixCache::child_key(const PrefixNode* parent, uint64_t hash) const {
 }
 
 PrefixNode* RadixCache::find_child(const PrefixNode* node, int32_t ns, const int32_t* page) const {
-  const uint64_t key = child_key(node, page_hash(ns, page));
+  return find_child_hashed(node, ns, page, page_hash(ns, page));
+}
+
+PrefixNode* RadixCache::find_child_hashed(const PrefixNode* node, int32_t ns,
+                                          const int32_t* page, uint64_t hash) const {
+  const uint64_t key = child_key(node, hash);
   const size_t mask = children_.size() - 1;
   const auto bytes = static_cast<size_t>(page_size()) * sizeof(int32_t);
   for (size_t i = key & mask;; i = (i + 1) & mask) {
@@ -161,6 +197,7 @@ void RadixCache::link_child(PrefixNode* parent, PrefixNode* child) {
   if ((num_children_ + 1) * 2 > children_.size()) rehash_children(children_.size() * 2);
   child->hash = page_hash(child->ns, child->key());
   const uint64_t key = child_key(parent, child->hash);
+  child->entry_key = key;
   const size_t mask = children_.size() - 1;
   size_t i = key & mask;
   while (children_[i].node != nullptr) i = (i + 1) & mask;
@@ -170,7 +207,8 @@ void RadixCache::link_child(PrefixNode* parent, PrefixNode* child) {
 }
 
 void RadixCache::relink_child(PrefixNode* old_child, PrefixNode* new_child) {
-  const uint64_t key = child_key(old_child->parent, old_child->hash);
+  const uint64_t key = old_child->entry_key;
+  new_child->entry_key = key;
   const size_t mask = children_.size() - 1;
   size_t i = key & mask;
   while (children_[i].node != old_child) i = (i + 1) & mask;
@@ -178,7 +216,7 @@ void RadixCache::relink_child(PrefixNode* old_child, PrefixNode* new_child) {
 }
 
 void RadixCache::unlink_child(PrefixNode* child) {
-  const uint64_t key = child_key(child->parent, child->hash);
+  const uint64_t key = child->entry_key;
   const size_t mask = children_.size() - 1;
   size_t i = key & mask;
   while (children_[i].node != child) i = (i + 1) & mask;
@@ -211,23 +249,25 @@ int32_t RadixCache::ns_intern(std::string_view extra_key) {
   return ns;
 }
 
-bool RadixCache::heap_less(const HeapEntry& a, const HeapEntry& b) {
-  return a.key < b.key || (a.key == b.key && a.id < b.id);
-}
-
-void RadixCache::heap_place(const HeapEntry& entry, size_t pos) {
-  heap_[pos] = entry;
-  entry.node->heap_pos = static_cast<int32_t>(pos);
-}
-
 void RadixCache::heap_sift(size_t pos) {
   const HeapEntry e = heap_[pos];
+  const size_t start = pos;
   while (pos > 0) {
     const size_t up = (pos - 1) / 2;
     if (!heap_less(e, heap_[up])) break;
     heap_place(heap_[up], pos);
     pos = up;
   }
+  if (pos != start) {
+    heap_place(e, pos);
+    return;
+  }
+  heap_sift_down(pos);
+}
+
+
+void RadixCache::heap_sift_down(size_t pos) {
+  const HeapEntry e = heap_[pos];
   const size_t size = heap_.size();
   for (;;) {
     size_t c = 2 * pos + 1;
@@ -241,10 +281,10 @@ void RadixCache::heap_sift(size_t pos) {
 }
 
 void RadixCache::heap_remove(PrefixNode* node) {
-  const auto pos = static_cast<size_t>(node->heap_pos);
+  const auto pos = static_cast<size_t>(heap_pos_[node->index]);
   const HeapEntry last = heap_.back();
   heap_.pop_back();
-  node->heap_pos = -1;
+  heap_pos_[node->index] = -1;
   if (pos < heap_.size()) {
     heap_place(last, pos);
     heap_sift(pos);
@@ -278,49 +318,64 @@ void RadixCache::set_in_tree(size_t page, size_t count, bool on) {
 
 void RadixCache::touch(PrefixNode* node) {
   node->stats.last_access = clock_;
-  if (node->heap_pos >= 0) sync_evictable(node);
+  if (heap_pos_[node->index] >= 0) sync_evictable(node);
 }
 
 void RadixCache::sync_evictable(PrefixNode* node) {
   const bool evictable_leaf = node != root_ && node->lock_ref == 0 && node->num_children == 0;
   if (!evictable_leaf) {
-    if (node->heap_pos >= 0) heap_remove(node);
+    if (heap_pos_[node->index] >= 0) heap_remove(node);
     return;
   }
   const EvictionKey key = policy_->key(node->stats);
-  if (node->heap_pos < 0) {
-    heap_.push_back(HeapEntry{key, node->id, node});
-    node->heap_pos = static_cast<int32_t>(heap_.size() - 1);
-    heap_sift(static_cast<size_t>(node->heap_pos));
+  const int32_t at = heap_pos_[node->index];
+  if (at < 0) {
+    heap_.push_back(HeapEntry{key, node->id, node, node->index});
+    heap_pos_[node->index] = static_cast<int32_t>(heap_.size() - 1);
+    heap_sift(heap_.size() - 1);
     return;
   }
   // A smaller key moves the entry at once; a larger one (a touch: LRU time, LFU hits, priority
   // only grow) is applied lazily when the entry reaches the top in evict(). The stored key is
   // then a lower bound of the real one, which keeps the eviction order exact.
-  HeapEntry& entry = heap_[static_cast<size_t>(node->heap_pos)];
+  HeapEntry& entry = heap_[static_cast<size_t>(at)];
   if (key < entry.key) {
     entry.key = key;
-    heap_sift(static_cast<size_t>(node->heap_pos));
+    heap_sift(static_cast<size_t>(at));
   }
 }
 
+void RadixCache::settle_heap() {
+  const size_t n = heap_.size();
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) __builtin_prefetch(&heap_[i + kAhead].node->stats);
+    heap_[i].key = policy_->key(heap_[i].node->stats);
+  }
+  // Floyd's heapify: sift-down only (a sift-up here would move an unordered parent down).
+  for (size_t i = n / 2; i-- > 0;) heap_sift_down(i);
+}
+
 void RadixCache::emit(CacheEvent event, const PrefixNode* node) {
-  if (listener_) listener_(event, node->key_span(), node->value_span());
+  if (!listener_) return;
+  size_t filled = 0;
+  append_slots(node, node->len, &scratch_emit_, filled);
+  scratch_emit_.resize(filled);
+  listener_(event, node->key_span(), scratch_emit_);
 }
 
 PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
   // parent -> child becomes parent -> upper -> child; upper takes key[:len] / value[:len].
   PrefixNode* upper = new_node(child->parent, child->ns);
-  upper->assign(child->key(), child->value(), len);
+  const bool run = child->run_page >= 0;
+  upper->assign(arena_, child->key(), run ? nullptr : child->stored_value(), len, child->run_page);
   upper->hash = child->hash;  // same first page, same parent: it takes over the child's entry
   upper->lock_ref = child->lock_ref;
   upper->stats = child->stats;
-  upper->run_page = child->run_page;
-  if (child->run_page >= 0) child->run_page += len / page_size();
   relink_child(child, upper);
   const int64_t rest = child->len - len;
-  std::unique_ptr<int32_t[]> old = std::move(child->data);
-  child->assign(old.get() + len, old.get() + child->len + len, rest);
+  child->assign(arena_, child->key() + len, run ? nullptr : child->stored_value() + len, rest,
+                run ? child->run_page + len / page_size() : -1);
   child->parent = upper;
   link_child(upper, child);
   ++num_nodes_;
@@ -329,7 +384,6 @@ PrefixNode* RadixCache::split(PrefixNode* child, int64_t len) {
 
 int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
                                     std::span<const SlotIndex> slots, bool collect_dups) {
-  const int64_t p = page_size();
   const auto n = static_cast<int64_t>(tokens.size());
   const PrefixNode* node = root_;
   int64_t pos = 0;
@@ -341,20 +395,7 @@ int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
     const int64_t m = std::min(child->len, n - pos);
     const int64_t plen = aligned(static_cast<int64_t>(
         common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
-    if (collect_dups && std::memcmp(child->value(), slots.data() + pos,
-                                    static_cast<size_t>(plen) * sizeof(SlotIndex)) != 0) {
-      // Pages where the caller passed its own slots (not the tree's) are duplicates it hands
-      // over; they are collected run by run.
-      const SlotIndex* mine = slots.data() + pos;
-      const SlotIndex* tree = child->value();
-      int64_t j = 0;
-      while (j < plen) {
-        while (j < plen && mine[j] == tree[j]) j += p;
-        const int64_t run = j;
-        while (j < plen && mine[j] != tree[j]) j += p;
-        scratch_dups_.insert(scratch_dups_.end(), mine + run, mine + j);
-      }
-    }
+    if (collect_dups && plen > 0) collect_dups_of(child, slots.data() + pos, pos, plen);
     scratch_path_.push_back(PathStep{child, plen});
     pos += plen;
     if (plen < child->len) break;
@@ -363,23 +404,88 @@ int64_t RadixCache::peek_prefix_len(int32_t ns, std::span<const int32_t> tokens,
   return pos;
 }
 
+void RadixCache::collect_dups_of(const PrefixNode* node, const SlotIndex* mine, int64_t pos,
+                                 int64_t n) {
+  const int64_t p = page_size();
+  if (node->run_page < 0) {
+    const SlotIndex* tree = node->stored_value();
+    if (std::memcmp(tree, mine, static_cast<size_t>(n) * sizeof(SlotIndex)) == 0) return;
+    // Pages where the caller passed its own slots are duplicates it hands over. The value is
+    // whole pages (checked), so the first slot of each page decides.
+    for (int64_t j = 0; j < n; j += p) {
+      if (mine[j] != tree[j]) add_page(scratch_dups_, page_id(mine[j]), 1);
+    }
+    return;
+  }
+  // A one-run node against the value's runs: each overlapping segment agrees everywhere or
+  // nowhere (both sides are consecutive pages there). O(runs), no slot read.
+  for_each_run_in(pos, pos + n, [&](int64_t at, int64_t first_page, int64_t pages) {
+    if (first_page != node->run_page + (at - pos) / p) add_page(scratch_dups_, first_page, pages);
+  });
+}
+
+void RadixCache::add_page(std::vector<kv::PageRun>& runs, int64_t first, int64_t count) {
+  if (!runs.empty() && int64_t{runs.back().first} + runs.back().count == first) {
+    runs.back().count += static_cast<int32_t>(count);
+  } else {
+    runs.push_back(kv::PageRun{static_cast<int32_t>(first), static_cast<int32_t>(count)});
+  }
+}
+
+void RadixCache::collect_page_runs(std::span<const SlotIndex> slots,
+                                   std::vector<kv::PageRun>& out) const {
+  for_each_page_run(slots, [&](SlotIndex, int64_t page, size_t count) {
+    out.push_back(kv::PageRun{static_cast<int32_t>(page), static_cast<int32_t>(count)});
+  });
+}
+
+void RadixCache::runs_in(int64_t begin, int64_t end, std::vector<kv::PageRun>& out) const {
+  for_each_run_in(begin, end, [&](int64_t, int64_t first_page, int64_t pages) {
+    out.push_back(kv::PageRun{static_cast<int32_t>(first_page), static_cast<int32_t>(pages)});
+  });
+}
+
+void RadixCache::append_slots(const PrefixNode* node, int64_t n, std::vector<SlotIndex>* out,
+                              size_t& filled) const {
+  const size_t need = filled + static_cast<size_t>(n);
+  if (out->size() < need) out->resize(need);
+  SlotIndex* o = out->data() + filled;
+  filled = need;
+  if (node->run_page < 0) {
+    std::memcpy(o, node->stored_value(), static_cast<size_t>(n) * sizeof(SlotIndex));
+    return;
+  }
+  const auto base = static_cast<uint32_t>(node->run_page * page_size());
+  const auto count = static_cast<uint32_t>(n);
+  for (uint32_t i = 0; i < count; ++i) o[i] = static_cast<SlotIndex>(base + i);
+}
+
 PrefixNode* RadixCache::match_walk(int32_t ns, std::span<const int32_t> tokens,
-                                   std::vector<SlotIndex>* out) {
+                                   std::vector<SlotIndex>* out, size_t& filled) {
   const auto n = static_cast<int64_t>(tokens.size());
   PrefixNode* node = root_;
   touch(node);
   int64_t pos = 0;
+  uint64_t hash = 0;
+  int64_t hashed_at = -1;  // the position whose page hash is in `hash`
   while (pos < n) {
     if (node->num_children == 0) break;  // a leaf: no lookup needed
-    PrefixNode* child = find_child(node, ns, tokens.data() + pos);
+    if (hashed_at != pos) hash = page_hash(ns, tokens.data() + pos);
+    PrefixNode* child = find_child_hashed(node, ns, tokens.data() + pos, hash);
     if (child == nullptr) break;
     const int64_t m = std::min(child->len, n - pos);
+    if (m == child->len && pos + m < n && child->num_children > 0) {
+      // The next lookup's table slot, if the whole edge matches: its miss overlaps the compare.
+      hashed_at = pos + m;
+      hash = page_hash(ns, tokens.data() + hashed_at);
+      __builtin_prefetch(&children_[child_key(child, hash) & (children_.size() - 1)]);
+    }
     const int64_t plen = aligned(static_cast<int64_t>(
         common_prefix(child->key(), tokens.data() + pos, static_cast<size_t>(m))));
     touch(child);
     const bool partial = plen < child->len;
     if (partial) child = split(child, plen);
-    out->insert(out->end(), child->value(), child->value() + plen);
+    append_slots(child, plen, out, filled);
     pos += plen;
     node = child;
     if (partial) break;
@@ -394,14 +500,46 @@ PrefixMatch RadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_len
   const int64_t capped = std::min(static_cast<int64_t>(key.tokens.size()), max_prefix_len);
   ++stats_.match_calls;
   stats_.queried_tokens += capped;
-  out.clear();
   const int32_t ns = ns_lookup(key.extra_key);
   const int64_t len = aligned(capped);
-  if (ns < 0 || len == 0) return PrefixMatch{0, NodeHandle{root_, root_->id}};
-  PrefixNode* last = match_walk(ns, key.tokens.first(static_cast<size_t>(len)), &out);
-  const auto matched = static_cast<int64_t>(out.size());
+  if (ns < 0 || len == 0) {
+    out.clear();
+    return PrefixMatch{0, NodeHandle{root_, root_->id}};
+  }
+  // The slots are written over the buffer's old contents, which it grows only when short (so a
+  // warm buffer is neither reallocated nor zero-filled), then it is cut to the match.
+  size_t filled = 0;
+  PrefixNode* last = match_walk(ns, key.tokens.first(static_cast<size_t>(len)), &out, filled);
+  out.resize(filled);
+  const auto matched = static_cast<int64_t>(filled);
   stats_.matched_tokens += matched;
   return PrefixMatch{matched, NodeHandle{last, last->id}};
+}
+
+void RadixCache::value_runs(std::span<const SlotIndex> slots) {
+  // Maximal runs of consecutive slots, found 64 slots per vectorised step; each must start a page
+  // and cover whole pages, else the per-page check names the first bad position.
+  scratch_value_runs_.clear();
+  const auto p = static_cast<size_t>(page_size());
+  const SlotIndex* v = slots.data();
+  const size_t n = slots.size();
+  constexpr size_t kBlock = 64;
+  for (size_t i = 0; i < n;) {
+    const auto first = static_cast<uint32_t>(v[i]);
+    size_t j = i + 1;
+    while (j + kBlock <= n && is_linear(v + j, kBlock, first + static_cast<uint32_t>(j - i))) {
+      j += kBlock;
+    }
+    while (j < n && static_cast<uint32_t>(v[j]) == first + static_cast<uint32_t>(j - i)) ++j;
+    const size_t end = i + (j - i) / p * p;
+    if (v[i] % page_size() != 0 || end == i) [[unlikely]] {
+      require_whole_pages(slots);
+      PAGODA_CHECK(false, "value_runs: position {} is not a whole page", i);
+    }
+    scratch_value_runs_.push_back(ValueRun{static_cast<int64_t>(i), page_id(v[i]),
+                                           static_cast<int64_t>((end - i) / p)});
+    i = end;
+  }
 }
 
 void RadixCache::require_whole_pages(std::span<const SlotIndex> slots) const {
@@ -447,11 +585,15 @@ PrefixNode* RadixCache::insert_apply(int32_t ns, std::span<const int32_t> tokens
   }
   if (pos == n) return node;
   PrefixNode* leaf = new_node(node, ns);
-  leaf->assign(tokens.data() + pos, slots.data() + pos, n - pos);
+  // One run of pages (what allocations hand out): the tree stores the tokens and the run only.
+  const bool one_run = scratch_runs_.size() == 1 && scratch_runs_[0].first >= 0;
+  leaf->assign(arena_, tokens.data() + pos, one_run ? nullptr : slots.data() + pos, n - pos,
+               one_run ? int64_t{scratch_runs_[0].first} : -1);
   leaf->stats.priority = options.priority;
   leaf->stats.hit_count = options.kind == InsertKind::kFinished ? 1 : 0;
-  for (const auto& [page, count] : scratch_runs_) set_in_tree(page, count, true);
-  leaf->run_page = scratch_runs_.size() == 1 ? static_cast<int64_t>(scratch_runs_[0].first) : -1;
+  for (const kv::PageRun& r : scratch_runs_) {
+    set_in_tree(static_cast<size_t>(r.first), static_cast<size_t>(r.count), true);
+  }
   link_child(node, leaf);
   ++num_nodes_;
   evictable_size_ += leaf->len;
@@ -467,39 +609,44 @@ InsertResult RadixCache::insert_checked(std::string_view extra_key,
                                         std::span<const SlotIndex> value,
                                         const InsertOptions& options) {
   const int32_t ns = ns_lookup(extra_key);  // -1: a new namespace, nothing cached yet
-  // Validate before any change, each slot once against the allocator: a read-only peek finds the
-  // matched length, records the path and the duplicates; the path is applied after the checks.
+  // Validate before any change, each page once against the allocator: a read-only peek finds the
+  // matched length, records the path and the duplicates (as page runs); the path is applied
+  // after the checks. The value's page structure was checked by the caller, which left its page
+  // runs in scratch_value_runs_.
   const bool transfer = options.ownership == SlotOwnership::kTransfer;
   scratch_dups_.clear();
   scratch_path_.clear();
   const int64_t pre = ns < 0 ? 0 : peek_prefix_len(ns, tokens, value, transfer);
-  const auto known = value.first(static_cast<size_t>(pre));
-  const auto fresh = value.subspan(static_cast<size_t>(pre));
+  const auto n = static_cast<int64_t>(value.size());
+  scratch_runs_.clear();
+  runs_in(pre, n, scratch_runs_);  // the new leaf's pages
   // A page the tree already stores cannot be stored again, nor handed over as a duplicate.
   const size_t tree_bits = tree_pages_.size() * 64;
-  scratch_runs_.clear();
-  for (const auto part : {fresh, std::span<const SlotIndex>(scratch_dups_)}) {
-    const bool record = part.data() == fresh.data();
-    for_each_page_run(part, [&](SlotIndex first, size_t page, size_t count) {
-      // Slots outside the pool are left to the allocator's checks below.
-      PAGODA_REQUIRE(first < 0 || page + count > tree_bits || !any_in_tree(page, count),
+  for (const std::vector<kv::PageRun>* runs : {&scratch_runs_, &scratch_dups_}) {
+    for (const kv::PageRun& r : *runs) {
+      // Pages outside the pool are left to the allocator's checks below.
+      PAGODA_REQUIRE(r.first < 0 || static_cast<size_t>(r.first) + static_cast<size_t>(r.count) >
+                                        tree_bits ||
+                         !any_in_tree(static_cast<size_t>(r.first), static_cast<size_t>(r.count)),
                      kInvalidArgument,
-                     "insert: slots from {} name pages the tree already stores elsewhere", first);
-      if (record) scratch_runs_.emplace_back(page, count);  // the new leaf's pages, for later
-    });
+                     "insert: slots of pages [{}, {}) name pages the tree already stores elsewhere",
+                     r.first, int64_t{r.first} + r.count);
+    }
   }
   if (!transfer) {
-    allocator_->require_held_runs(known);
-    allocator_->retain(fresh);  // validates; the first change
+    scratch_known_.clear();
+    runs_in(0, pre, scratch_known_);
+    allocator_->require_held_pages(scratch_known_);
+    allocator_->retain_pages(scratch_runs_);  // validates; the first change
   } else if (scratch_dups_.empty()) {
-    allocator_->require_held_runs(fresh);  // the tree adopts the caller's references
+    allocator_->require_held_pages(scratch_runs_);  // the tree adopts the caller's references
   } else {
     // One validation of everything the caller hands over (duplicates and new pages together, so
     // a page named in both is caught), then the duplicates go back to the allocator.
     const size_t num_dups = scratch_dups_.size();
-    scratch_dups_.insert(scratch_dups_.end(), fresh.begin(), fresh.end());
-    allocator_->require_held_runs(scratch_dups_);
-    allocator_->free(std::span<const SlotIndex>(scratch_dups_).first(num_dups));
+    scratch_dups_.insert(scratch_dups_.end(), scratch_runs_.begin(), scratch_runs_.end());
+    allocator_->require_held_pages(scratch_dups_);
+    allocator_->free_pages(std::span<const kv::PageRun>(scratch_dups_).first(num_dups));
   }
   ++clock_;
   const int32_t ns_id = ns >= 0 ? ns : ns_intern(extra_key);
@@ -515,7 +662,7 @@ InsertResult RadixCache::insert(const RadixKey& key, std::span<const SlotIndex> 
   PAGODA_REQUIRE(static_cast<int64_t>(slots.size()) >= len, kInvalidArgument,
                  "insert: {} slots for {} page-aligned tokens", slots.size(), len);
   const auto value = slots.first(static_cast<size_t>(len));
-  require_whole_pages(value);
+  value_runs(value);
   if (len == 0) {
     ++clock_;
     return InsertResult{.prefix_len = 0, .total_len = 0, .last_node = {root_, root_->id}};
@@ -554,6 +701,9 @@ int64_t RadixCache::node_length(NodeHandle handle) const { return require_live(h
 
 int64_t RadixCache::evict(int64_t num_tokens) {
   PAGODA_REQUIRE(num_tokens >= 0, kInvalidArgument, "evict({}) < 0", num_tokens);
+  // A large eviction settles every lazily raised key first (one pass, then an O(n) heapify)
+  // instead of one extra sift per stale entry it meets at the top.
+  if (heap_.size() >= kSettleMinLeaves && num_tokens >= evictable_size_ / 8) settle_heap();
   int64_t evicted = 0;
   while (evicted < num_tokens && !heap_.empty()) {
     HeapEntry& top = heap_.front();
@@ -564,16 +714,27 @@ int64_t RadixCache::evict(int64_t num_tokens) {
       continue;
     }
     PrefixNode* leaf = top.node;
+    // Start the loads the removal needs (bitset word, child-table slot, parent) before the heap
+    // sift, so their misses overlap it.
+    if (leaf->run_page >= 0) {
+      __builtin_prefetch(&tree_pages_[static_cast<size_t>(leaf->run_page) / 64]);
+    }
+    __builtin_prefetch(&children_[leaf->entry_key & (children_.size() - 1)]);
+    __builtin_prefetch(leaf->parent);
     heap_remove(leaf);
+    // The likely next victim: its node loads while this one is taken apart.
+    if (!heap_.empty()) __builtin_prefetch(&heap_.front().node->stats);
     PAGODA_CHECK(leaf->lock_ref == 0 && leaf->num_children == 0, "evicting node {}", leaf->id);
-    allocator_->free(leaf->value_span());
-    if (leaf->run_page >= 0) {  // one run: no need to read the slots back
-      set_in_tree(static_cast<size_t>(leaf->run_page),
-                  static_cast<size_t>(leaf->len / page_size()), false);
+    scratch_evict_.clear();
+    if (leaf->run_page >= 0) {  // one run: no slots to read
+      scratch_evict_.push_back(kv::PageRun{static_cast<int32_t>(leaf->run_page),
+                                           static_cast<int32_t>(leaf->len / page_size())});
     } else {
-      for_each_page_run(leaf->value_span(), [&](SlotIndex, size_t page, size_t count) {
-        set_in_tree(page, count, false);
-      });
+      collect_page_runs({leaf->stored_value(), static_cast<size_t>(leaf->len)}, scratch_evict_);
+    }
+    allocator_->free_pages(scratch_evict_);
+    for (const kv::PageRun& r : scratch_evict_) {
+      set_in_tree(static_cast<size_t>(r.first), static_cast<size_t>(r.count), false);
     }
     evicted += leaf->len;
     evictable_size_ -= leaf->len;
@@ -641,9 +802,11 @@ void RadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   PAGODA_CHECK_GE(prefix_len, req.cache_protected_len);
   allocator_->free(all.subspan(protected_len, key_len - protected_len));
   // Re-match: the request now points at the tree's slots for [0, key_len).
-  scratch_tree_.clear();
-  PrefixNode* node =
-      key_len == 0 ? root_ : match_walk(ns_lookup(req.extra_key), key_tokens, &scratch_tree_);
+  size_t filled = 0;
+  PrefixNode* node = key_len == 0 ? root_
+                                  : match_walk(ns_lookup(req.extra_key), key_tokens,
+                                               &scratch_tree_, filled);
+  scratch_tree_.resize(filled);
   PAGODA_CHECK_EQ(scratch_tree_.size(), key_len);
   table().write(req.req_slot, req.cache_protected_len,
                 std::span<const SlotIndex>(scratch_tree_).subspan(protected_len));
@@ -676,7 +839,7 @@ std::vector<EvictableLeaf> RadixCache::evictable_leaves() const {
 }
 
 void RadixCache::check_integrity() const {
-  PAGODA_CHECK(root_->len == 0 && root_->lock_ref == 1 && root_->heap_pos == -1);
+  PAGODA_CHECK(root_->len == 0 && root_->lock_ref == 1 && heap_pos_[root_->index] == -1);
   const int64_t p = page_size();
   PAGODA_CHECK((children_.size() & (children_.size() - 1)) == 0 &&
                children_.size() >= kMinChildTable);
@@ -692,6 +855,7 @@ void RadixCache::check_integrity() const {
     PAGODA_CHECK(c->len >= p, "node {} key shorter than a page", c->id);
     PAGODA_CHECK_EQ(c->hash, page_hash(c->ns, c->key()));
     PAGODA_CHECK_EQ(e.key, child_key(c->parent, c->hash));
+    PAGODA_CHECK_EQ(e.key, c->entry_key);
     PAGODA_CHECK(find_child(c->parent, c->ns, c->key()) == c, "node {} not found by lookup",
                  c->id);
     kids[c->parent].push_back(c);
@@ -718,7 +882,10 @@ void RadixCache::check_integrity() const {
     ++nodes;
     PAGODA_CHECK(node->len > 0 && node->len % p == 0, "node {} key length {}", node->id,
                  node->len);
-    const SlotIndex* v = node->value();
+    std::vector<SlotIndex> slots;
+    size_t filled = 0;
+    append_slots(node, node->len, &slots, filled);
+    const SlotIndex* v = slots.data();
     for (int64_t i = 0; i < node->len; ++i) {
       PAGODA_CHECK_EQ(v[i], v[i - i % p] + static_cast<SlotIndex>(i % p));
       if (i % p == 0) {
@@ -736,10 +903,10 @@ void RadixCache::check_integrity() const {
                  node->lock_ref, child_locks);
     (node->lock_ref > 0 ? protected_tokens : evictable) += node->len;
     const bool evictable_leaf = node->lock_ref == 0 && node->num_children == 0;
-    PAGODA_CHECK_EQ(node->heap_pos >= 0, evictable_leaf);
+    PAGODA_CHECK_EQ(heap_pos_[node->index] >= 0, evictable_leaf);
     if (evictable_leaf) {
       ++leaves;
-      const auto pos = static_cast<size_t>(node->heap_pos);
+      const auto pos = static_cast<size_t>(heap_pos_[node->index]);
       PAGODA_CHECK(pos < heap_.size() && heap_[pos].node == node && heap_[pos].id == node->id,
                    "leaf {} not at its heap position", node->id);
       PAGODA_CHECK(!(policy_->key(node->stats) < heap_[pos].key),
@@ -749,6 +916,7 @@ void RadixCache::check_integrity() const {
   PAGODA_CHECK_EQ(evictable, evictable_size_);
   PAGODA_CHECK_EQ(protected_tokens, protected_size_);
   PAGODA_CHECK_EQ(nodes, num_nodes_);
+  PAGODA_CHECK_EQ(static_cast<int64_t>(arena_.blocks_in_use()), nodes);  // one block per node
   PAGODA_CHECK_EQ(static_cast<size_t>(nodes), num_children_);
   PAGODA_CHECK_EQ(leaves, static_cast<int64_t>(heap_.size()));
   for (size_t i = 1; i < heap_.size(); ++i) {

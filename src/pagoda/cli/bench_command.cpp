@@ -30,6 +30,7 @@ namespace {
 
 struct BenchOptions {
   std::string model = "builtin";
+  int tp = 1;
   uint64_t weight_seed = 0;
   std::string backend;
   std::string prefill_backend;
@@ -165,9 +166,11 @@ void run_bench(const BenchOptions& o) {
   cfg.backend.prefill = o.prefill_backend;
   cfg.backend.decode = o.decode_backend;
   cfg.validate();  // before the (possibly large) model is loaded
+  TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
-  engine::Engine eng(llama, cfg, platform.get());
+  loaded.weights = {};  // the model holds its own copy
+  engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
 
   Workload w = make_workload(o, loaded.config.bos_token_id, loaded.config.vocab_size);
   std::unordered_map<engine::RequestId, size_t> conv_of;
@@ -376,6 +379,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "builtin, or a Hugging Face checkpoint folder")
       ->capture_default_str();
   cmd->add_option("--weight-seed", o->weight_seed)->capture_default_str();
+  cmd->add_option("--tp", o->tp,
+                  "tensor parallelism: ranks (GPUs on CUDA, one process each; threads on the "
+                  "CPU)")
+      ->capture_default_str();
   cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
   cmd->add_option("--prefill-backend", o->prefill_backend, "backend for extend steps");
   cmd->add_option("--decode-backend", o->decode_backend, "backend for decode steps");

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "pagoda/core/dtype.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::cli {
 
@@ -37,6 +39,31 @@ void add_generate_command(CLI::App& app);
 /// --decode prints the text of --ids. --no-special: no BOS/template tokens (encode), special
 /// tokens left out (decode).
 void add_tokenize_command(CLI::App& app);
+
+/// `pagoda tp-follower` (hidden): a tensor-parallel rank > 0, started by `--tp N`.
+void add_tp_follower_command(CLI::App& app);
+
+/// The tensor-parallel group behind `--tp N`: nothing for N = 1, an in-process group (one thread
+/// per rank) on the CPU, one process per GPU over NCCL on CUDA (ranks 1..N-1 start at once and
+/// load the model while the caller loads its own). Keep it alive longer than the engine.
+class TpRunner {
+ public:
+  TpRunner();
+  ~TpRunner();
+  TpRunner(TpRunner&&) noexcept;
+  /// The Engine worker factory (empty for N = 1). Call once.
+  engine::WorkerFactory factory(platform::Platform& platform);
+
+ private:
+  friend TpRunner start_tp(int, const platform::Platform&, const std::string&, uint64_t);
+  struct Groups;
+  std::unique_ptr<Groups> groups_;
+};
+
+/// Starts the group for `--tp tp` (Error(kInvalidArgument) outside [1, 64]; kUnsupported
+/// without NCCL or GPUs enough on CUDA).
+TpRunner start_tp(int tp, const platform::Platform& platform, const std::string& model,
+                  uint64_t weight_seed);
 
 /// Prepares the process for running the model on this host: OpenBLAS single-threaded (the
 /// attention backend owns the OpenMP threads) and OpenMP waiting passively, so BLAS and OpenMP do

@@ -44,6 +44,7 @@ struct GenerateOptions {
   std::string dtype = "auto";
   std::string kv_dtype = "auto";
   float min_p = 0.f;
+  int tp = 1;
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -106,7 +107,8 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform, (total + o.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
       static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)));
-  engine::Engine eng(llama, cfg, platform.get());
+  TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
+  engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
   std::map<engine::RequestId, nlohmann::json> logits;
   if (o.dump_logits)
     eng.set_logits_observer([&](engine::RequestId id, std::span<const float> l) {
@@ -162,7 +164,8 @@ void run_generate(const GenerateOptions& o) {
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2,
       4);
-  engine::Engine eng(llama, cfg, platform.get());
+  TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
+  engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
 
   nlohmann::json logits_json = nlohmann::json::array();
   if (o.dump_logits) {
@@ -233,6 +236,10 @@ void add_generate_command(CLI::App& app) {
   auto opts = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate from one prompt (greedy or sampled)");
   cmd->add_option("--model", opts->model, "builtin, or a Hugging Face checkpoint folder")
+      ->capture_default_str();
+  cmd->add_option("--tp", opts->tp,
+                  "tensor parallelism: ranks (GPUs on CUDA, one process each; threads on the "
+                  "CPU)")
       ->capture_default_str();
   cmd->add_option("--weight-seed", opts->weight_seed, "seed of the builtin model's weights")
       ->capture_default_str();

@@ -106,7 +106,8 @@ void EngineConfig::validate() const {
   scheduler.validate(page_size);
 }
 
-Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform)
+Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform,
+               const WorkerFactory& make_worker)
     : model_(&model),
       config_(config),
       platform_(platform),
@@ -129,16 +130,20 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   } else {
     cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
   }
-  worker_ = std::make_unique<model::LlamaWorker>(
-      model, make_model_ops(*platform_, dtype),
-      model::WorkerConfig{.page_size = config.page_size,
-                          .num_pages = static_cast<int32_t>(num_pages),
-                          .kv_dtype = kv_dtype,
-                          .backend = config.backend,
-                          .mixed_batches = config.scheduler.mixed_batches,
-                          .cuda_graph = config.cuda_graph,
-                          .max_batch_size = config.scheduler.max_running_requests},
-      *table_);
+  const model::WorkerConfig wc{.page_size = config.page_size,
+                               .num_pages = static_cast<int32_t>(num_pages),
+                               .kv_dtype = kv_dtype,
+                               .backend = config.backend,
+                               .mixed_batches = config.scheduler.mixed_batches,
+                               .cuda_graph = config.cuda_graph,
+                               .max_batch_size = config.scheduler.max_running_requests};
+  if (make_worker) {
+    worker_ = make_worker(model, dtype, wc, *table_);
+    PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
+  } else {
+    worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype), wc,
+                                                   *table_);
+  }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;

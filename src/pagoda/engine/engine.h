@@ -35,6 +35,7 @@
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/llama.h"
+#include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/worker.h"
 #include "pagoda/platform/platform.h"
@@ -122,6 +123,14 @@ std::unique_ptr<platform::Platform> make_platform_for(const backends::BackendSel
 /// (installing one makes every step copy its logits to the host).
 using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
 
+/// Builds the worker an engine computes with, from the model, the compute dtype, the worker
+/// settings the engine derived from its config and the engine's request table (which the worker's
+/// backend reads). The default builds a LlamaWorker on the engine's platform; tensor parallelism
+/// (engine/tp.h) builds a TpLeaderWorker.
+using WorkerFactory = std::function<std::unique_ptr<model::ModelWorker>(
+    const model::LlamaModel& model, DType dtype, const model::WorkerConfig& config,
+    kv::ReqToTokenTable& table)>;
+
 /// The model ops for `platform` in `dtype` (CPU: f32 only; CUDA: f32, f16, bf16). Throws
 /// Error(kUnsupported) naming what would work.
 std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype);
@@ -135,8 +144,10 @@ class Engine {
   /// Builds the memory, cache and backend for `model` (which must outlive the engine). Uses
   /// `platform` when given (it must outlive the engine), else the CPU platform. Throws Error on a
   /// bad config or a backend that cannot serve the model (the message names what would work).
+  /// `make_worker` replaces the default LlamaWorker (tensor parallelism); it must build a worker
+  /// over `platform` (or the CPU when null).
   Engine(model::LlamaModel& model, const EngineConfig& config,
-         platform::Platform* platform = nullptr);
+         platform::Platform* platform = nullptr, const WorkerFactory& make_worker = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -1,6 +1,7 @@
 #include "pagoda/kv/page_allocator.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
@@ -9,9 +10,32 @@ namespace pagoda::kv {
 
 namespace {
 
+/// The slots of whole pages `runs` (the PageRefs defaults' expansion).
+std::vector<SlotIndex> run_slots(std::span<const PageRun> runs, int32_t page_size) {
+  std::vector<SlotIndex> slots;
+  for (const PageRun& run : runs) {
+    PAGODA_REQUIRE(run.count >= 1 && run.first >= 0, kInvalidArgument,
+                   "page run [{}, +{}): needs first >= 0 and count >= 1", run.first, run.count);
+    const int64_t begin = int64_t{run.first} * page_size;
+    const int64_t end = (int64_t{run.first} + run.count) * page_size;
+    PAGODA_REQUIRE(end <= std::numeric_limits<SlotIndex>::max(), kOutOfRange,
+                   "page run [{}, +{}) beyond the slot range", run.first, run.count);
+    for (int64_t s = begin; s < end; ++s) slots.push_back(static_cast<SlotIndex>(s));
+  }
+  return slots;
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
+
+void PageRefs::retain_pages(std::span<const PageRun> runs) {
+  retain(run_slots(runs, page_size()));
+}
+void PageRefs::free_pages(std::span<const PageRun> runs) { free(run_slots(runs, page_size())); }
+void PageRefs::require_held_pages(std::span<const PageRun> runs) const {
+  require_held_runs(run_slots(runs, page_size()));
+}
 
 PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size)
     : num_pages_(num_pages), page_size_(page_size) {
@@ -280,6 +304,10 @@ void PageAllocator::free(std::span<const SlotIndex> slots) {
     // Free-list order needs the freed pages ascending; only this (rare) path sorts.
     std::sort(pages, pages + count);
   }
+  release_sorted_pages(pages, count);
+}
+
+void PageAllocator::release_sorted_pages(const int32_t* pages, size_t count) {
   // Descending push leaves the smallest freed page on top (SGLang prepends sorted pages).
   // Members in locals: the int32 stores below cannot alias them.
   int32_t released = 0;
@@ -311,6 +339,134 @@ void PageAllocator::retain(std::span<const SlotIndex> slots) {
   ++mutation_epoch_;
   const int32_t* pages = scratch_pages_.data();
   for (size_t k = 0; k < count; ++k) ++refcount_[pages[k]];
+}
+
+bool PageAllocator::check_page_runs(std::span<const PageRun> runs) const {
+  const int32_t* rc = refcount_.data();
+  const bool stale = stale_hi_ > stale_lo_;
+  bool ascending = true;
+  int64_t prev_end = 1;  // one past the previous run's last page
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const PageRun run = runs[r];
+    PAGODA_REQUIRE(run.count >= 1, kInvalidArgument, "page run {}: count {} < 1", r, run.count);
+    PAGODA_REQUIRE(run.first >= 1 && int64_t{run.first} + run.count - 1 <= num_pages_,
+                   kOutOfRange, "page run {}: pages [{}, {}) outside the usable pages [1, {}]", r,
+                   run.first, int64_t{run.first} + run.count, num_pages_);
+    // Every page held: the smallest refcount of the run is positive (a vectorisable loop), and
+    // restored pages with stale counts are looked at only while such a range exists.
+    int32_t lowest = std::numeric_limits<int32_t>::max();
+    const int32_t* c = rc + run.first;
+    for (int32_t k = 0; k < run.count; ++k) lowest = std::min(lowest, c[k]);
+    bool held_all = lowest > 0;
+    if (held_all && stale) {
+      for (int32_t k = 0; k < run.count && held_all; ++k) held_all = held_refcount(run.first + k) > 0;
+    }
+    if (!held_all) [[unlikely]] {
+      for (int32_t k = 0; k < run.count; ++k) {
+        PAGODA_REQUIRE(held_refcount(run.first + k) > 0, kFailedPrecondition,
+                       "page run {}: page {} is not allocated: double or foreign free", r,
+                       run.first + k);
+      }
+    }
+    ascending = ascending && run.first >= prev_end;
+    prev_end = int64_t{run.first} + run.count;
+  }
+  if (ascending) return true;
+  // Out of order: mark each page by negating its (positive) refcount; a page met twice is
+  // already negative. Every mark is undone before returning or throwing.
+  int32_t dup = 0;
+  size_t marked_runs = 0;
+  int32_t marked_in_last = 0;
+  for (; marked_runs < runs.size() && dup == 0; ++marked_runs) {
+    const PageRun run = runs[marked_runs];
+    for (marked_in_last = 0; marked_in_last < run.count; ++marked_in_last) {
+      const int32_t page = run.first + marked_in_last;
+      if (refcount_[page] < 0) {
+        dup = page;
+        break;
+      }
+      refcount_[page] = -refcount_[page];
+    }
+  }
+  for (size_t r = 0; r < marked_runs; ++r) {
+    const int32_t n = r + 1 == marked_runs ? marked_in_last : runs[r].count;
+    for (int32_t k = 0; k < n; ++k) refcount_[runs[r].first + k] = -refcount_[runs[r].first + k];
+  }
+  PAGODA_REQUIRE(dup == 0, kInvalidArgument, "page {} is named by two page runs", dup);
+  return false;
+}
+
+void PageAllocator::require_held_pages(std::span<const PageRun> runs) const {
+  check_page_runs(runs);
+}
+
+void PageAllocator::retain_pages(std::span<const PageRun> runs) {
+  check_page_runs(runs);
+  if (runs.empty()) return;
+  ++mutation_epoch_;
+  int32_t* rc = refcount_.data();
+  for (const PageRun& run : runs) {
+    int32_t* c = rc + run.first;
+    for (int32_t k = 0; k < run.count; ++k) ++c[k];
+  }
+}
+
+void PageAllocator::free_pages(std::span<const PageRun> runs) {
+  const bool ascending = check_page_runs(runs);
+  if (runs.empty()) return;
+  ++mutation_epoch_;
+  if (!ascending) {
+    size_t count = 0;
+    for (const PageRun& run : runs) count += static_cast<size_t>(run.count);
+    if (scratch_pages_.size() < count) scratch_pages_.resize(count);
+    int32_t* pages = scratch_pages_.data();
+    size_t k = 0;
+    for (const PageRun& run : runs) {
+      for (int32_t i = 0; i < run.count; ++i) pages[k++] = run.first + i;
+    }
+    std::sort(pages, pages + count);
+    release_sorted_pages(pages, count);
+    return;
+  }
+  // Runs ascending and disjoint: the pages are already in free-list order. Per run, drop every
+  // count in one loop; when all reach 0 (the tree usually holds the only reference) the run goes
+  // onto the free list with two more loops (stack entries and positions), else page by page.
+  int32_t* rc = refcount_.data();
+  int32_t* stack = free_stack_.data();
+  int32_t* pos = pos_.data();
+  int32_t top = free_top_;
+  int32_t released = 0;
+  const bool group = in_free_group_;
+  for (size_t r = runs.size(); r-- > 0;) {
+    const int32_t first = runs[r].first;
+    const int32_t n = runs[r].count;
+    int32_t* c = rc + first;
+    int32_t highest = 0;
+    for (int32_t k = 0; k < n; ++k) highest = std::max(highest, --c[k]);
+    if (highest == 0 && !group) {
+      int32_t* s = stack + top;
+      for (int32_t k = 0; k < n; ++k) s[k] = first + n - 1 - k;
+      int32_t* q = pos + first;
+      const int32_t last_pos = top + n - 1;
+      for (int32_t k = 0; k < n; ++k) q[k] = last_pos - k;
+      top += n;
+      released += n;
+      continue;
+    }
+    for (int32_t k = n; k-- > 0;) {
+      if (c[k] != 0) continue;
+      ++released;
+      if (group) {
+        pending_.push_back(first + k);
+      } else {
+        stack[top] = first + k;
+        pos[first + k] = top;
+        ++top;
+      }
+    }
+  }
+  free_top_ = top;
+  num_referenced_ -= released;
 }
 
 void PageAllocator::free_group_begin() {

@@ -33,6 +33,12 @@
 
 namespace pagoda::kv {
 
+/// A run of consecutive whole pages: ids [first, first + count), count >= 1.
+struct PageRun {
+  int32_t first = 0;
+  int32_t count = 0;
+};
+
 /// The page-reference operations a prefix cache needs: the radix tree holds one reference per
 /// page it stores and names pages through slot runs (the slot-run rule above). PageAllocator is
 /// the implementation; a test or benchmark may supply another (for example one that only counts).
@@ -51,6 +57,14 @@ class PageRefs {
   virtual void free(std::span<const SlotIndex> slots) = 0;
   /// Validates `slots` as free()/retain() would, without changing anything.
   virtual void require_held_runs(std::span<const SlotIndex> slots) const = 0;
+
+  /// Page-run forms of the three above: each run names whole pages [first, first + count), and no
+  /// page may be named twice over all runs. Same validation (whole input before any change) and
+  /// errors. The defaults expand the runs into slot lists (one heap allocation per call);
+  /// PageAllocator overrides them with O(pages) loops that read no slots.
+  virtual void retain_pages(std::span<const PageRun> runs);
+  virtual void free_pages(std::span<const PageRun> runs);
+  virtual void require_held_pages(std::span<const PageRun> runs) const;
 
  protected:
   PageRefs() = default;
@@ -124,6 +138,12 @@ class PageAllocator final : public PageRefs {
   void retain(std::span<const SlotIndex> slots) override;
   /// Validates `slots` as free()/retain() would, without changing anything; throws on bad input.
   void require_held_runs(std::span<const SlotIndex> slots) const override;
+  /// Page-run forms (PageRefs): the same rules and results as naming every slot of every page,
+  /// in O(pages) tight loops over the refcounts (no slot is read, no sort when the runs are
+  /// ascending, no heap allocation outside a free group).
+  void retain_pages(std::span<const PageRun> runs) override;
+  void free_pages(std::span<const PageRun> runs) override;
+  void require_held_pages(std::span<const PageRun> runs) const override;
 
   /// Starts a free group: pages reaching refcount 0 are parked until free_group_end(). Requires
   /// no open group. Reference counts still drop immediately, so double frees are still caught.
@@ -188,6 +208,12 @@ class PageAllocator final : public PageRefs {
     return page_shift_ >= 0 ? slot >> page_shift_ : slot / page_size_;
   }
   void validate_last_loc(int64_t b, int32_t pre, SlotIndex last_loc) const;
+  /// Validates page runs (range, held, each page once); returns whether they are ascending and
+  /// disjoint (the common case, checked without marking).
+  bool check_page_runs(std::span<const PageRun> runs) const;
+  /// Drops one reference from each of pages[0, count) (ascending, distinct, validated) and puts
+  /// the pages reaching 0 on the free list (or the pending list), smallest on top.
+  void release_sorted_pages(const int32_t* pages, size_t count);
 
   int32_t num_pages_;
   int32_t page_size_;

@@ -36,13 +36,25 @@ class CpuOps final : public ModelOps {
     return owned_.back().data();
   }
 
-  void embed(const void* table, const int32_t* ids, void* out, int64_t rows,
-             int64_t hidden) override {
+  void embed(const void* table, const int32_t* ids, void* out, int64_t rows, int64_t hidden,
+             int64_t vocab_begin, int64_t vocab_rows) override {
     const float* t = static_cast<const float*>(table);
     float* o = static_cast<float*>(out);
-    for (int64_t i = 0; i < rows; ++i)
-      std::memcpy(o + i * hidden, t + static_cast<int64_t>(ids[i]) * hidden,
-                  static_cast<size_t>(hidden) * sizeof(float));
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t local = static_cast<int64_t>(ids[i]) - vocab_begin;
+      if (local >= 0 && local < vocab_rows) {
+        std::memcpy(o + i * hidden, t + local * hidden,
+                    static_cast<size_t>(hidden) * sizeof(float));
+      } else {
+        std::fill(o + i * hidden, o + (i + 1) * hidden, 0.f);
+      }
+    }
+  }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+               int64_t height) override {
+    for (int64_t r = 0; r < height; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                  static_cast<const char*>(src) + r * src_pitch, static_cast<size_t>(width));
   }
 
   void add_rms_norm(const void* x, float* residual, const void* weight, void* out, int64_t rows,

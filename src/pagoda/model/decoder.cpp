@@ -19,37 +19,137 @@ std::span<const float> qkv_bias_of(const Layer& w) {
   }
 }
 
+/// Rows [begin, begin + count) of a row-major matrix with `cols` columns, appended to `out`.
+void append_rows(std::vector<float>& out, std::span<const float> w, int64_t cols, int64_t begin,
+                 int64_t count) {
+  out.insert(out.end(), w.begin() + begin * cols, w.begin() + (begin + count) * cols);
+}
+
+/// Columns [begin, begin + count) of a row-major [rows, cols] matrix.
+std::vector<float> slice_cols(std::span<const float> w, int64_t cols, int64_t begin,
+                              int64_t count) {
+  const int64_t rows = static_cast<int64_t>(w.size()) / cols;
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(rows * count));
+  for (int64_t r = 0; r < rows; ++r)
+    out.insert(out.end(), w.begin() + r * cols + begin, w.begin() + r * cols + begin + count);
+  return out;
+}
+
 }  // namespace
 
-Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool)
-    : model_(&model), ops_(&ops), kv_pool_(kv_pool) {
+Decoder::Shard Decoder::shard_of(const ModelConfig& c, int rank, int size) {
+  PAGODA_REQUIRE(size >= 1 && rank >= 0 && rank < size, kInvalidArgument,
+                 "rank {} of a tensor-parallel group of {}", rank, size);
+  auto divisible = [&](int64_t n, const char* what) {
+    PAGODA_REQUIRE(n % size == 0, kUnsupported,
+                   "tensor parallelism {} needs {} ({}) divisible by {}; use a size that divides "
+                   "it",
+                   size, what, n, size);
+  };
+  divisible(c.num_q_heads, "num_attention_heads");
+  divisible(c.num_kv_heads, "num_key_value_heads");
+  divisible(c.intermediate_size, "intermediate_size");
+  divisible(c.vocab_size, "vocab_size");
+  const int64_t vocab_rows = c.vocab_size / size;
+  return Shard{.rank = rank,
+               .size = size,
+               .num_q_heads = c.num_q_heads / size,
+               .num_kv_heads = c.num_kv_heads / size,
+               .intermediate = c.intermediate_size / size,
+               .vocab_begin = rank * vocab_rows,
+               .vocab_rows = vocab_rows};
+}
+
+const void* Decoder::upload_owned(std::vector<float> host) {
+  host_slices_.push_back(std::move(host));
+  return ops_->upload(host_slices_.back());
+}
+
+Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool,
+                 dist::Communicator* comm)
+    : model_(&model), ops_(&ops), comm_(comm), kv_pool_(kv_pool) {
+  const ModelConfig& c = model.config();
+  const int tp = comm == nullptr ? 1 : comm->world_size();
+  shard_ = shard_of(c, comm == nullptr ? 0 : comm->rank(), tp);
+  if (tp == 1) comm_ = nullptr;
+  attn_layers_ = model.attention_layers();
+  for (attention::AttentionLayer& l : attn_layers_) {
+    PAGODA_REQUIRE(tp == 1 || l.sinks.empty(), kUnsupported,
+                   "tensor parallelism with attention sinks is not implemented");
+    l.num_q_heads = shard_.num_q_heads;
+    l.num_kv_heads = shard_.num_kv_heads;
+  }
   if (kv_pool != nullptr && kv_pool->config().layout == kv::KvLayout::kMha &&
       kv_pool->config().dtype == ops.dtype() && kv_pool->device() == ops.device()) {
-    for (int l = 0; l < model.config().num_layers; ++l)
+    PAGODA_REQUIRE(kv_pool->config().num_kv_heads == shard_.num_kv_heads, kInvalidArgument,
+                   "the KV pool has {} heads but this rank holds {}",
+                   kv_pool->config().num_kv_heads, shard_.num_kv_heads);
+    for (int l = 0; l < c.num_layers; ++l)
       stores_.push_back(KvStore{.k_cache = kv_pool->k_view(LayerId{l}).data(),
                                 .v_cache = kv_pool->v_view(LayerId{l}).data(),
                                 .out_cache_loc = nullptr,
                                 .num_slots = kv_pool->num_slots()});
   }
-  embed_ = ops.upload(model.embed_weights());
-  lm_head_ = &model.lm_head_weights() == &model.embed_weights()
-                 ? embed_
-                 : ops.upload(model.lm_head_weights());
   final_norm_ = ops.upload(model.final_norm_weights());
   const auto& inv = model.rope().inv_freq();
   const std::vector<float> inv_f32(inv.begin(), inv.end());
   inv_freq_ = ops.upload_f32(inv_f32);
   layers_.reserve(model.packed_layers().size());
+  const bool tied = &model.lm_head_weights() == &model.embed_weights();
+  if (tp == 1) {
+    embed_ = ops.upload(model.embed_weights());
+    lm_head_ = tied ? embed_ : ops.upload(model.lm_head_weights());
+    for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
+      const std::span<const float> bias = qkv_bias_of(w);
+      layers_.push_back(LayerPtrs{.input_norm = ops.upload(w.input_norm),
+                                  .qkv = ops.upload(w.qkv_proj),
+                                  .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
+                                  .o_proj = ops.upload(w.o_proj),
+                                  .post_norm = ops.upload(w.post_norm),
+                                  .gate_up = ops.upload(w.gate_up),
+                                  .down = ops.upload(w.down_proj)});
+    }
+    return;
+  }
+  // This rank's slices (host copies, uploaded one at a time to bound host memory).
+  const int64_t hd = c.hidden_size, d = c.head_dim;
+  const int64_t hq = c.num_q_heads, hkv = c.num_kv_heads, inter = c.intermediate_size;
+  const int64_t hq_l = shard_.num_q_heads, hkv_l = shard_.num_kv_heads, r = shard_.rank;
+  const int64_t inter_l = shard_.intermediate;
+  auto qkv_rows = [&](std::span<const float> w, int64_t cols) {  // q, k, v heads of this rank
+    std::vector<float> out;
+    out.reserve(static_cast<size_t>((hq_l + 2 * hkv_l) * d * cols));
+    append_rows(out, w, cols, r * hq_l * d, hq_l * d);
+    append_rows(out, w, cols, hq * d + r * hkv_l * d, hkv_l * d);
+    append_rows(out, w, cols, (hq + hkv) * d + r * hkv_l * d, hkv_l * d);
+    return out;
+  };
+  auto vocab_rows = [&](const std::vector<float>& w) {
+    std::vector<float> out;
+    append_rows(out, w, hd, shard_.vocab_begin, shard_.vocab_rows);
+    return out;
+  };
+  embed_ = upload_owned(vocab_rows(model.embed_weights()));
+  lm_head_ = tied ? embed_ : upload_owned(vocab_rows(model.lm_head_weights()));
   for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
     const std::span<const float> bias = qkv_bias_of(w);
-    layers_.push_back(LayerPtrs{.input_norm = ops.upload(w.input_norm),
-                                .qkv = ops.upload(w.qkv_proj),
-                                .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                                .o_proj = ops.upload(w.o_proj),
-                                .post_norm = ops.upload(w.post_norm),
-                                .gate_up = ops.upload(w.gate_up),
-                                .down = ops.upload(w.down_proj)});
+    std::vector<float> gate_up;
+    gate_up.reserve(static_cast<size_t>(2 * inter_l * hd));
+    append_rows(gate_up, w.gate_up, hd, r * inter_l, inter_l);
+    append_rows(gate_up, w.gate_up, hd, inter + r * inter_l, inter_l);
+    layers_.push_back(LayerPtrs{
+        .input_norm = ops.upload(w.input_norm),
+        .qkv = upload_owned(qkv_rows(w.qkv_proj, hd)),
+        .qkv_bias = bias.empty() ? nullptr : upload_owned(qkv_rows(bias, 1)),
+        .o_proj = upload_owned(slice_cols(w.o_proj, hq * d, r * hq_l * d, hq_l * d)),
+        .post_norm = ops.upload(w.post_norm),
+        .gate_up = upload_owned(std::move(gate_up)),
+        .down = upload_owned(slice_cols(w.down_proj, inter, r * inter_l, inter_l))});
+    // Device ops copied the slices: drop the host copies (the CPU ops use them in place).
+    if (ops.device().is_cuda()) host_slices_.clear();
   }
+  if (ops.device().is_cuda()) host_slices_.clear();
 }
 
 void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
@@ -65,7 +165,7 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
                                  static_cast<size_t>(std::max<int64_t>(elems, 1)) * elem_size);
   };
   const int64_t hd = c.hidden_size, d = c.head_dim;
-  const int64_t hq = c.num_q_heads, hkv = c.num_kv_heads, inter = c.intermediate_size;
+  const int64_t hq = shard_.num_q_heads, hkv = shard_.num_kv_heads, inter = shard_.intermediate;
   a = Activations{};
   a.residual = make(t * hd, sizeof(float));
   a.x = make(t * hd, es);
@@ -79,6 +179,10 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
   a.act = make(t * inter, es);
   a.sel = make(r * hd, es);
   a.logits = make(r * c.vocab_size, sizeof(float));
+  if (shard_.size > 1) {
+    a.shard_logits = make(r * shard_.vocab_rows, sizeof(float));
+    a.gathered = make(r * c.vocab_size, sizeof(float));
+  }
   a.ints = make(3 * t + 2 * r, sizeof(int32_t));
   a.sample_params = make(r, sizeof(SampleRow));
   a.tokens = t;
@@ -92,8 +196,8 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
                  t, rows);
   ModelOps& ops = *ops_;
   const ModelConfig& c = model_->config();
-  const int64_t hd = c.hidden_size, vocab = c.vocab_size, inter = c.intermediate_size;
-  const int hq = c.num_q_heads, hkv = c.num_kv_heads, d = c.head_dim;
+  const int64_t hd = c.hidden_size, vocab = c.vocab_size, inter = shard_.intermediate;
+  const int hq = shard_.num_q_heads, hkv = shard_.num_kv_heads, d = c.head_dim;
   const int64_t qkv_w = static_cast<int64_t>(hq + 2 * hkv) * d;
   const DType dt = ops.dtype();
   const Device dev = ops.device();
@@ -103,9 +207,14 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   const TensorView k_view(a.k.get(), dt, {t, hkv, d}, dev);
   const TensorView v_view(a.v.get(), dt, {t, hkv, d}, dev);
   const TensorView o_view(a.attn.get(), dt, {t, hq, d}, dev);
-  const auto& attn_layers = model_->attention_layers();
+  const auto& attn_layers = attn_layers_;
+  // Tensor parallelism: each rank's partial sums of x add up to the unsharded value.
+  auto reduce_x = [&] {
+    if (comm_ != nullptr) comm_->all_reduce_sum(a.x.get(), t * hd, dt);
+  };
 
-  ops.embed(embed_, a.ids(), a.x.get(), t, hd);
+  ops.embed(embed_, a.ids(), a.x.get(), t, hd, shard_.vocab_begin, shard_.vocab_rows);
+  reduce_x();
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
@@ -124,18 +233,32 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
                     stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
     ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);
+    reduce_x();
     ops.add_rms_norm(a.x.get(), residual, w.post_norm, a.h.get(), t, hd, eps, false);
     ops.linear(a.h.get(), w.gate_up, a.mlp.get(), t, 2 * inter, hd);
     if (!ops.swiglu_linear(a.mlp.get(), w.down, a.x.get(), t, hd, inter)) {
       ops.silu_mul(a.mlp.get(), a.act.get(), t, inter);
       ops.linear(a.act.get(), w.down, a.x.get(), t, hd, inter);
     }
+    reduce_x();
   }
   // The last layer's MLP output joins the residual stream; the final norm runs on logit rows.
   ops.add_rms_norm(a.x.get(), residual, final_norm_, a.h.get(), t, hd, eps, false);
   if (rows == 0) return;
   ops.rms_norm_rows(residual, a.logit_rows(), final_norm_, a.sel.get(), rows, hd, eps);
-  ops.linear(a.sel.get(), lm_head_, a.logits.get(), rows, vocab, hd, /*f32_out=*/true);
+  if (comm_ == nullptr) {
+    ops.linear(a.sel.get(), lm_head_, a.logits.get(), rows, vocab, hd, /*f32_out=*/true);
+  } else {
+    // [rows, V/N] per rank → all-gather [N, rows, V/N] → interleave into [rows, V].
+    const int64_t vl = shard_.vocab_rows;
+    ops.linear(a.sel.get(), lm_head_, a.shard_logits.get(), rows, vl, hd, /*f32_out=*/true);
+    comm_->all_gather(a.shard_logits.get(), a.gathered.get(), rows * vl, DType::kF32);
+    const int64_t row_bytes = vl * static_cast<int64_t>(sizeof(float));
+    for (int s = 0; s < shard_.size; ++s)
+      ops.copy_2d(a.logits_f32() + s * vl, vocab * static_cast<int64_t>(sizeof(float)),
+                  static_cast<const float*>(a.gathered.get()) + s * rows * vl, row_bytes,
+                  row_bytes, rows);
+  }
   if (c.final_logit_softcap > 0.f)
     ops.soft_cap(a.logits_f32(), rows * vocab, c.final_logit_softcap);
 }

@@ -13,13 +13,23 @@
 /// ops' stream: it is capturable into a CUDA graph when the backend's plan is (the worker
 /// captures it per decode bucket).
 ///
+/// Tensor parallelism (a Communicator of world size N > 1; Megatron-style, as SGLang): rank r
+/// keeps q heads [r·Hq/N, (r+1)·Hq/N) and the matching KV heads, gate/up rows and o/down
+/// columns, and vocabulary rows [r·V/N, (r+1)·V/N) of the embedding and LM head. The embedding
+/// (zeros outside the shard), o_proj and down_proj outputs are all-reduced (sum) over the group,
+/// so every rank holds the full residual stream; the LM head's shard logits are all-gathered and
+/// interleaved, so every rank holds the full logits. Requires Hq, Hkv, intermediate and vocab
+/// divisible by N (Error(kUnsupported) naming the first that is not).
+///
 /// Thread rules: one thread; the model and ops must outlive the decoder.
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "pagoda/attention/backend.h"
 #include "pagoda/attention/forward_batch.h"
+#include "pagoda/dist/communicator.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/model_ops.h"
@@ -33,6 +43,9 @@ struct Activations {
   int64_t tokens = 0;
   int64_t rows = 0;
   platform::DeviceBuffer residual, x, h, qkv, q, k, v, attn, mlp, act, sel, logits;
+  /// Tensor parallelism only: this rank's vocabulary shard of the logits [rows, V/N] and the
+  /// all-gathered shards [N, rows, V/N] (f32).
+  platform::DeviceBuffer shard_logits, gathered;
   /// Device ints: ids [tokens], positions [tokens], out_cache_loc [tokens], logit row index
   /// [rows], out ids [rows].
   platform::DeviceBuffer ints;
@@ -53,9 +66,27 @@ class Decoder {
   /// (an MHA pool on the ops' device in the ops' dtype) the new K/V go into the cache from the
   /// RoPE kernel (ModelOps::qkv_rope_store) and the backend runs with SaveKv::kNo; otherwise the
   /// backend appends them.
-  Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool = nullptr);
+  /// With `comm` (world size > 1; it must outlive the decoder) the decoder holds and computes
+  /// only its rank's shard (see above); `kv_pool` then has Hkv/N heads.
+  Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool = nullptr,
+          dist::Communicator* comm = nullptr);
+
+  /// The heads, MLP width and vocabulary rows one rank holds.
+  struct Shard {
+    int rank = 0;
+    int size = 1;
+    int num_q_heads = 0;
+    int num_kv_heads = 0;
+    int64_t intermediate = 0;
+    int64_t vocab_begin = 0;
+    int64_t vocab_rows = 0;
+  };
+  /// The shard of rank `rank` of `size` for `config`. Throws Error(kUnsupported) when a sharded
+  /// dimension is not divisible by `size`, kInvalidArgument for a bad rank.
+  static Shard shard_of(const ModelConfig& config, int rank, int size);
 
   const LlamaModel& model() const { return *model_; }
+  const Shard& shard() const { return shard_; }
   ModelOps& ops() const { return *ops_; }
   /// Makes `a` hold at least `tokens` query rows and `rows` logit rows (reallocates; contents
   /// are lost). Synchronizes the stream before freeing old buffers.
@@ -73,8 +104,16 @@ class Decoder {
   struct LayerPtrs {
     const void *input_norm, *qkv, *qkv_bias, *o_proj, *post_norm, *gate_up, *down;
   };
+  /// A weight slice kept on the host for the ops (the CPU ops use host memory in place).
+  const void* upload_owned(std::vector<float> host);
+
   const LlamaModel* model_;
   ModelOps* ops_;
+  dist::Communicator* comm_ = nullptr;
+  Shard shard_;
+  /// This rank's attention parameters (its heads), one per layer.
+  std::vector<attention::AttentionLayer> attn_layers_;
+  std::deque<std::vector<float>> host_slices_;
   std::vector<LayerPtrs> layers_;
   /// Per layer K / V cache base pointers for the fused store (empty: the backend appends).
   std::vector<KvStore> stores_;

@@ -57,6 +57,10 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  "max_batch_size must be >= 1 (got {})", config.max_batch_size);
   kv::KvPoolConfig pc = model.kv_pool_config(config.num_pages, config.page_size);
   pc.dtype = config.kv_dtype;
+  if (config.comm != nullptr)  // this rank's KV heads only
+    pc.num_kv_heads = Decoder::shard_of(model.config(), config.comm->rank(),
+                                        config.comm->world_size())
+                          .num_kv_heads;
   pool_ = std::make_unique<kv::KvPool>(pc, platform_->allocator());
   backends::register_builtin_backends(registry_);
   const attention::BackendRequirements req =
@@ -67,7 +71,7 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   PAGODA_REQUIRE(backend_->capabilities().device == platform_->name(), kUnsupported,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
-  decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get());
+  decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm);
   staging_ = std::make_unique<Staging>();
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;

@@ -21,6 +21,7 @@
 
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/builtin.h"
+#include "pagoda/dist/communicator.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/decoder.h"
@@ -43,6 +44,10 @@ struct WorkerConfig {
   bool cuda_graph = true;
   /// The largest decode batch (graph buckets up to it).
   int32_t max_batch_size = 64;
+  /// Tensor parallelism: this rank's communicator (world size > 1; must outlive the worker).
+  /// The worker then holds its rank's shard (Decoder) and a KV pool of Hkv/N heads. Every rank's
+  /// worker must be given the same batches in the same order (TpLeaderWorker does that).
+  dist::Communicator* comm = nullptr;
 };
 
 class LlamaWorker final : public ModelWorker {

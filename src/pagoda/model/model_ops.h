@@ -60,9 +60,15 @@ class ModelOps {
   /// argument may be a temporary.
   virtual float* upload_f32(std::span<const float> host) = 0;
 
-  /// out[t, :] = table[ids[t], :] for t < rows. ids are in range (checked by the caller).
+  /// out[t, :] = table[ids[t] - vocab_begin, :] for t < rows when vocab_begin <= ids[t] <
+  /// vocab_begin + vocab_rows, else zeros (a vocabulary-parallel shard of `vocab_rows` rows;
+  /// vocab_rows = vocab, vocab_begin = 0 unsharded). ids are >= 0 (checked by the caller).
   virtual void embed(const void* table, const int32_t* ids, void* out, int64_t rows,
-                     int64_t hidden) = 0;
+                     int64_t hidden, int64_t vocab_begin, int64_t vocab_rows) = 0;
+  /// Copies `height` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (rows
+  /// `dst_pitch` bytes apart), both on the device (interleaves vocabulary shards of logits).
+  virtual void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch,
+                       int64_t width, int64_t height) = 0;
   /// Fused residual + RMSNorm: residual = x (first) or residual += x (f32), then
   /// out = residual / sqrt(mean(residual²) + eps) * weight.
   virtual void add_rms_norm(const void* x, float* residual, const void* weight, void* out,

@@ -4,6 +4,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
 #include "cache_test_util.h"
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/error.h"
@@ -188,6 +193,59 @@ TEST_P(RadixApiTest, EvictedNodesGiveTheirMemoryBackAndAreReused) {
     EXPECT_EQ(alloc_.num_free_pages(), alloc_.num_pages());
     check();
   }
+}
+
+TEST_P(RadixApiTest, RunAndScatteredValuesSplitMatchAndEvictExactly) {
+  // A node stores its slots only when they are not one run of consecutive pages; both forms must
+  // split, match, report events and free exactly the same pages.
+  const char* env = std::getenv("PAGODA_SEED");
+  const auto seed = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
+                                   : std::random_device{}();
+  std::printf("PAGODA_SEED=%u\n", seed);
+  std::mt19937 rng(seed);
+  Slots pool = pages(12 * P());  // pages 1..12, one run
+  std::vector<Slots> page_slots;
+  for (int i = 0; i < 12; ++i) {
+    page_slots.emplace_back(pool.begin() + i * P(), pool.begin() + (i + 1) * P());
+  }
+  std::shuffle(page_slots.begin() + 6, page_slots.end(), rng);
+  Slots run, scattered;
+  for (int i = 0; i < 6; ++i) run.insert(run.end(), page_slots[i].begin(), page_slots[i].end());
+  for (int i = 6; i < 12; ++i) {
+    scattered.insert(scattered.end(), page_slots[i].begin(), page_slots[i].end());
+  }
+  if (std::equal(scattered.begin() + 1, scattered.end(), scattered.begin(),
+                 [](SlotIndex b, SlotIndex a) { return b == a + 1; })) {
+    std::swap_ranges(scattered.begin(), scattered.begin() + P(), scattered.end() - P());
+  }
+  Slots events;
+  cache_.set_event_listener([&](CacheEvent e, std::span<const int32_t> key,
+                                std::span<const SlotIndex> slots) {
+    EXPECT_EQ(key.size(), slots.size());
+    if (e == CacheEvent::kRemoved) events.insert(events.end(), slots.begin(), slots.end());
+  });
+  const Tokens a = iota_tokens(6 * P(), 1);
+  const Tokens b = iota_tokens(6 * P(), 50000);
+  cache_.insert({a, ""}, run, {.ownership = SlotOwnership::kTransfer});
+  cache_.insert({b, ""}, scattered, {.ownership = SlotOwnership::kTransfer});
+  check();
+  Slots out;
+  for (const auto& [key, value] : {std::pair{&a, &run}, std::pair{&b, &scattered}}) {
+    // A match ending inside the node splits it; both halves keep their slots.
+    Tokens q(key->begin(), key->begin() + 3 * P());
+    q.push_back(-5);
+    EXPECT_EQ(cache_.match_prefix({q, ""}, kNoPrefixLimit, out).length, 3 * P());
+    EXPECT_EQ(out, Slots(value->begin(), value->begin() + 3 * P()));
+    EXPECT_EQ(cache_.match_prefix({*key, ""}, kNoPrefixLimit, out).length, 6 * P());
+    EXPECT_EQ(out, *value);
+    check();
+  }
+  EXPECT_EQ(cache_.num_nodes(), 4);
+  EXPECT_EQ(cache_.evict_all(), 12 * P());
+  std::sort(events.begin(), events.end());
+  EXPECT_EQ(events, pool);
+  EXPECT_EQ(alloc_.num_free_pages(), alloc_.num_pages());
+  check();
 }
 
 /// A page owner that only counts, as the SGLang harness's fake allocator does.

@@ -135,9 +135,19 @@ class CudaOps final : public ModelOps {
     return static_cast<float*>(keep(host.data(), std::max<size_t>(host.size(), 1) * 4));
   }
 
-  void embed(const void* table, const int32_t* ids, void* out, int64_t rows,
-             int64_t hidden) override {
-    cuda_check(ck::embed_rows(act_, table, ids, out, rows, hidden, stream_), "embed_rows");
+  void embed(const void* table, const int32_t* ids, void* out, int64_t rows, int64_t hidden,
+             int64_t vocab_begin, int64_t vocab_rows) override {
+    cuda_check(ck::embed_rows(act_, table, ids, out, rows, hidden, stream_, vocab_begin,
+                              vocab_rows),
+               "embed_rows");
+  }
+  void copy_2d(void* dst, int64_t dst_pitch, const void* src, int64_t src_pitch, int64_t width,
+               int64_t height) override {
+    if (width <= 0 || height <= 0) return;
+    cuda_check(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_pitch), src,
+                                 static_cast<size_t>(src_pitch), static_cast<size_t>(width),
+                                 static_cast<size_t>(height), cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpy2DAsync");
   }
   void add_rms_norm(const void* x, float* residual, const void* weight, void* out, int64_t rows,
                     int64_t hidden, float eps, bool first) override {

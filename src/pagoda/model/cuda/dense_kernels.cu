@@ -107,20 +107,28 @@ constexpr int kVec = static_cast<int>(16 / sizeof(T));
 
 template <typename W>
 __global__ void embed_kernel(const W* __restrict__ table, const int32_t* __restrict__ ids,
-                             W* __restrict__ out, int64_t rows, int64_t words) {
+                             W* __restrict__ out, int64_t rows, int64_t words,
+                             int64_t vocab_begin, int64_t vocab_rows) {
   for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
-    const W* src = table + static_cast<int64_t>(ids[t]) * words;
+    const int64_t local = static_cast<int64_t>(ids[t]) - vocab_begin;
     W* dst = out + t * words;
+    if (vocab_rows >= 0 && (local < 0 || local >= vocab_rows)) {
+      for (int64_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = W{};
+      continue;
+    }
+    const W* src = table + local * words;
     for (int64_t i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
   }
 }
 
 template <typename W>
 cudaError_t launch_embed(const void* table, const int32_t* ids, void* out, int64_t rows,
-                         int64_t bytes, cudaStream_t stream) {
+                         int64_t bytes, cudaStream_t stream, int64_t vocab_begin,
+                         int64_t vocab_rows) {
   const int64_t words = bytes / static_cast<int64_t>(sizeof(W));
   embed_kernel<W><<<row_grid(rows), round_up_warp(words, 32, 256), 0, stream>>>(
-      static_cast<const W*>(table), ids, static_cast<W*>(out), rows, words);
+      static_cast<const W*>(table), ids, static_cast<W*>(out), rows, words, vocab_begin,
+      vocab_rows);
   return cudaGetLastError();
 }
 
@@ -439,15 +447,16 @@ cudaError_t launch_to_f32(const void* in, float* out, int64_t n, float cap, cuda
 // Launchers.
 
 cudaError_t embed_rows(ActDType dtype, const void* table, const int32_t* ids, void* out,
-                       int64_t rows, int64_t hidden, cudaStream_t stream) {
+                       int64_t rows, int64_t hidden, cudaStream_t stream, int64_t vocab_begin,
+                       int64_t vocab_rows) {
   if (rows <= 0 || hidden <= 0) return cudaSuccess;
   const int64_t bytes = hidden * act_dtype_size(dtype);
   if (bytes % 16 == 0 && aligned16(table) && aligned16(out))
-    return launch_embed<uint4>(table, ids, out, rows, bytes, stream);
+    return launch_embed<uint4>(table, ids, out, rows, bytes, stream, vocab_begin, vocab_rows);
   if (bytes % 4 == 0 && (reinterpret_cast<uintptr_t>(table) & 3u) == 0 &&
       (reinterpret_cast<uintptr_t>(out) & 3u) == 0)
-    return launch_embed<uint32_t>(table, ids, out, rows, bytes, stream);
-  return launch_embed<uint16_t>(table, ids, out, rows, bytes, stream);
+    return launch_embed<uint32_t>(table, ids, out, rows, bytes, stream, vocab_begin, vocab_rows);
+  return launch_embed<uint16_t>(table, ids, out, rows, bytes, stream, vocab_begin, vocab_rows);
 }
 
 cudaError_t add_rms_norm(ActDType dtype, const void* x, float* residual, const void* weight,

@@ -33,10 +33,13 @@ enum class ResidualOp : int32_t {
   kAdd = 1,     ///< residual += f32(x)     (f32 add, one rounding)
 };
 
-/// out[t, :] = table[ids[t], :] for t in [0, rows); a bit copy (no conversion).
-/// table [vocab, hidden], out [rows, hidden], both `dtype`. ids are trusted (checked on the host).
+/// out[t, :] = table[ids[t] - vocab_begin, :] for t in [0, rows); a bit copy (no conversion).
+/// table [vocab_rows, hidden], out [rows, hidden], both `dtype`. Rows whose id is outside
+/// [vocab_begin, vocab_begin + vocab_rows) are zeros (a vocabulary-parallel shard); vocab_rows < 0
+/// means every id is in range. ids are trusted (checked on the host).
 cudaError_t embed_rows(ActDType dtype, const void* table, const int32_t* ids, void* out,
-                       int64_t rows, int64_t hidden, cudaStream_t stream);
+                       int64_t rows, int64_t hidden, cudaStream_t stream, int64_t vocab_begin = 0,
+                       int64_t vocab_rows = -1);
 
 /// Fused residual add + RMSNorm, one block per row:
 ///   residual[t, :] = f32(x[t, :])                 (op == kAssign)

@@ -1,0 +1,200 @@
+#include "pagoda/engine/tp.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "pagoda/core/error.h"
+#include "pagoda/dist/wire.h"
+#include "pagoda/model/worker_codec.h"
+#include "pagoda/platform/platform.h"
+
+namespace pagoda::engine {
+
+using attention::ForwardMode;
+
+namespace {
+
+enum class MessageKind : uint8_t { kBatch = 1, kStop = 2 };
+
+/// How many req→token entries of sequence b the batch's attention reads.
+int64_t entries_read(const attention::ForwardBatch& f, int b) {
+  const int64_t len = f.seq_lens[static_cast<size_t>(b)];
+  return f.mode == ForwardMode::kTargetVerify ? len + f.spec.num_draft_tokens : len;
+}
+
+}  // namespace
+
+TpLeaderWorker::TpLeaderWorker(std::unique_ptr<model::ModelWorker> local,
+                               std::vector<dist::ByteChannel*> followers,
+                               const kv::ReqToTokenTable& table)
+    : local_(std::move(local)), followers_(std::move(followers)), table_(&table) {
+  PAGODA_REQUIRE(local_ != nullptr, kInvalidArgument, "the leader needs its own worker");
+  shadow_.assign(static_cast<size_t>(table.max_reqs() + 1) *
+                     static_cast<size_t>(table.max_context_len()),
+                 0);
+}
+
+TpLeaderWorker::~TpLeaderWorker() {
+  const std::byte stop{static_cast<uint8_t>(MessageKind::kStop)};
+  for (dist::ByteChannel* c : followers_) {
+    try {
+      c->send(std::span<const std::byte>(&stop, 1));
+    } catch (const Error&) {  // the follower is gone already; nothing to stop
+    }
+  }
+}
+
+model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
+  const attention::ForwardBatch& f = batch.forward;
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kBatch));
+  // The table entries the batch reads that differ from what the followers hold, as runs.
+  struct Run {
+    int32_t row, begin, len;
+  };
+  std::vector<Run> runs;
+  const int64_t stride = table_->row_stride();
+  const int bs = std::min<int>(f.batch_size, static_cast<int>(f.req_pool_indices.size()));
+  for (int b = 0; b < bs && b < static_cast<int>(f.seq_lens.size()); ++b) {
+    const int32_t row = f.req_pool_indices[static_cast<size_t>(b)];
+    const int64_t need = std::min<int64_t>(entries_read(f, b), stride);
+    if (row <= 0 || row > table_->max_reqs() || need <= 0) continue;  // padding / rejected below
+    const int32_t* cur = table_->data() + row * stride;
+    int32_t* sh = shadow_.data() + row * stride;
+    if (std::memcmp(cur, sh, static_cast<size_t>(need) * sizeof(int32_t)) == 0) continue;
+    for (int64_t i = 0; i < need;) {
+      if (cur[i] == sh[i]) {
+        ++i;
+        continue;
+      }
+      int64_t j = i;
+      while (j < need && cur[j] != sh[j]) ++j;
+      runs.push_back(Run{row, static_cast<int32_t>(i), static_cast<int32_t>(j - i)});
+      std::copy(cur + i, cur + j, sh + i);
+      i = j;
+    }
+  }
+  w.put<uint32_t>(static_cast<uint32_t>(runs.size()));
+  for (const Run& r : runs) {
+    w.put(r.row);
+    w.put(r.begin);
+    w.put_vec(std::span<const int32_t>(shadow_.data() + r.row * stride + r.begin,
+                                       static_cast<size_t>(r.len)));
+  }
+  model::encode_worker_batch(batch, w);
+  for (dist::ByteChannel* c : followers_) c->send(message_);
+  bytes_sent_ += static_cast<int64_t>(message_.size());
+  return local_->run(batch);
+}
+
+void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
+                     dist::ByteChannel& channel) {
+  while (table.alloc().has_value()) {
+  }
+  std::vector<std::byte> msg;
+  model::WorkerBatch batch;
+  std::vector<int32_t> entries;
+  while (channel.recv(msg)) {
+    dist::WireReader r(msg);
+    const auto kind = static_cast<MessageKind>(r.get<uint8_t>());
+    if (kind == MessageKind::kStop) return;
+    PAGODA_REQUIRE(kind == MessageKind::kBatch, kInvalidArgument,
+                   "tensor-parallel follower: unknown message kind {}", static_cast<int>(kind));
+    const uint32_t runs = r.get<uint32_t>();
+    for (uint32_t i = 0; i < runs; ++i) {
+      const auto row = r.get<int32_t>();
+      const auto begin = r.get<int32_t>();
+      r.get_vec(entries);
+      table.write(ReqSlot(row), begin, entries);
+    }
+    model::decode_worker_batch(r, batch);
+    try {
+      (void)worker.run(batch);
+    } catch (const Error& e) {
+      // Validation rejects the same batch on every rank before anything is computed.
+      if (e.code() != ErrorCode::kInvalidArgument && e.code() != ErrorCode::kOutOfRange) throw;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-process group.
+
+struct LocalTpGroup::Impl {
+  int tp = 1;
+  std::unique_ptr<dist::LocalGroup> group;
+  std::unique_ptr<platform::Platform> leader_platform;
+  std::unique_ptr<dist::Communicator> leader_comm;
+  std::vector<std::unique_ptr<dist::ByteChannel>> leader_ends, follower_ends;
+  std::vector<std::thread> threads;
+  mutable std::mutex mu;
+  std::string error;
+  bool used = false;
+};
+
+LocalTpGroup::LocalTpGroup(int tp) : impl_(std::make_unique<Impl>()) {
+  PAGODA_REQUIRE(tp >= 1, kInvalidArgument, "tensor parallelism needs tp >= 1 (got {})", tp);
+  impl_->tp = tp;
+  impl_->group = std::make_unique<dist::LocalGroup>(tp);
+}
+
+LocalTpGroup::~LocalTpGroup() {
+  for (auto& c : impl_->leader_ends) c->close();
+  for (std::thread& t : impl_->threads) t.join();
+}
+
+std::string LocalTpGroup::follower_error() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->error;
+}
+
+WorkerFactory LocalTpGroup::factory() {
+  Impl* impl = impl_.get();
+  return [impl](const model::LlamaModel& model, DType dtype, const model::WorkerConfig& config,
+                kv::ReqToTokenTable& table) -> std::unique_ptr<model::ModelWorker> {
+    PAGODA_REQUIRE(!impl->used, kFailedPrecondition, "a LocalTpGroup serves one engine");
+    impl->used = true;
+    // Check the split before starting threads (every rank would fail the same way).
+    (void)model::Decoder::shard_of(model.config(), 0, impl->tp);
+    for (int r = 1; r < impl->tp; ++r) {
+      auto [lead, follow] = dist::make_local_channel_pair();
+      impl->leader_ends.push_back(std::move(lead));
+      impl->follower_ends.push_back(std::move(follow));
+    }
+    const int32_t rows = table.max_reqs(), cols = table.max_context_len();
+    for (int r = 1; r < impl->tp; ++r) {
+      std::unique_ptr<dist::Communicator> comm = impl->group->communicator(r);
+      dist::ByteChannel* ch = impl->follower_ends[static_cast<size_t>(r - 1)].get();
+      impl->threads.emplace_back([impl, &model, dtype, config, rows, cols, ch,
+                                  comm = std::shared_ptr<dist::Communicator>(std::move(comm))] {
+        try {
+          std::unique_ptr<platform::Platform> p = platform::make_cpu_platform();
+          kv::ReqToTokenTable mirror(rows, cols);
+          model::WorkerConfig c = config;
+          c.comm = comm.get();
+          model::LlamaWorker worker(model, make_model_ops(*p, dtype), c, mirror);
+          run_tp_follower(worker, mirror, *ch);
+        } catch (const std::exception& e) {
+          {
+            std::lock_guard<std::mutex> lock(impl->mu);
+            impl->error = e.what();
+          }
+          impl->group->abort();
+        }
+      });
+    }
+    impl->leader_platform = platform::make_cpu_platform();
+    impl->leader_comm = impl->group->communicator(0);
+    model::WorkerConfig c = config;
+    c.comm = impl->leader_comm.get();
+    auto local = std::make_unique<model::LlamaWorker>(
+        model, make_model_ops(*impl->leader_platform, dtype), c, table);
+    std::vector<dist::ByteChannel*> ends;
+    for (auto& e : impl->leader_ends) ends.push_back(e.get());
+    return std::make_unique<TpLeaderWorker>(std::move(local), std::move(ends), table);
+  };
+}
+
+}  // namespace pagoda::engine
