@@ -15,7 +15,7 @@ class Server:
         self.log = open(log, "w") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen([pagoda, "serve", "--port", "0", *args], stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
-        deadline = time.time() + 60
+        deadline = time.time() + 600  # a large checkpoint loads (and captures graphs) first
         line = ""
         while time.time() < deadline:
             line = self.proc.stdout.readline()
