@@ -10,6 +10,14 @@ pkg_check_modules(HWY IMPORTED_TARGET libhwy)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# `pagoda serve` (src/pagoda/server): Debian's libcpp-httplib-dev (a compiled library; its
+# header's class layout depends on the OpenSSL/zlib/Brotli flags its .pc file adds). Optional:
+# without it the server is not built and `pagoda serve` says so.
+pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib)
+set(PAGODA_HAVE_HTTPLIB ${HTTPLIB_FOUND})
+if(NOT HTTPLIB_FOUND)
+  message(STATUS "cpp-httplib not found: `pagoda serve` is not built (apt install libcpp-httplib-dev)")
+endif()
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS)
 if(PAGODA_BUILD_TESTS)

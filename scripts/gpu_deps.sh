@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The lent H200 machine's image lacks the dev files of three Debian libraries pagoda links (PCRE2,
-# ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them:
+# ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them,
+# and cpp-httplib for `pagoda serve` (a compiled library whose header includes OpenSSL, zlib and
+# Brotli headers, so their dev packages come too):
 #
 #   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~22 MB)
 #   on the GPU machine:        source scripts/gpu_deps.sh env  # unpacks to /tmp/sys, sets pkg-config
@@ -11,7 +13,8 @@
 # No `set -e`: `env` is sourced into the caller's shell.
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
-          libsentencepiece-dev libsentencepiece0 libprotobuf-lite32)
+          libsentencepiece-dev libsentencepiece0 libprotobuf-lite32
+          libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1)
 case "${1:-}" in
   fetch)
     mkdir -p "$root/.debs"

@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config python3 libgtest-dev libgmock-dev
           libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
-          libomp-dev libpcre2-dev libicu-dev libsentencepiece-dev python3-pip)
+          libomp-dev libpcre2-dev libicu-dev libsentencepiece-dev python3-pip
+          libcpp-httplib-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -30,6 +31,11 @@ python3 -c 'import tokenizers' 2>/dev/null || pip_install tokenizers
 python3 -c 'import sentencepiece' 2>/dev/null || pip_install sentencepiece
 python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mistral_common") is None)' ||
   pip_install --no-deps mistral-common
+# The server tests' clients and oracles (tests/unit/server): the official `openai` client,
+# prometheus_client's text parser, and jinja2 for the chat templates.
+python3 -c 'import openai' 2>/dev/null || pip_install openai
+python3 -c 'import prometheus_client' 2>/dev/null || pip_install prometheus_client
+python3 -c 'import jinja2' 2>/dev/null || pip_install jinja2
 
 BUILD_DIR=${BUILD_DIR:-build}
 # shellcheck disable=SC2086

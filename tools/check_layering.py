@@ -23,6 +23,8 @@ ALLOWED = {
               "tokenizer", "dist"],
     "engine": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
                "model", "tokenizer", "dist"],
+    "server": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
+               "model", "tokenizer", "engine", "dist"],
     "cli": ["*"],
 }
 # platform/cuda may launch the KV-write kernels it hosts.

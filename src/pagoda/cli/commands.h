@@ -79,4 +79,8 @@ std::optional<DType> parse_dtype_option(const std::string& value, const char* op
 /// follow-ups); progress on stderr, then a summary table or one JSON object (--json).
 void add_bench_command(CLI::App& app);
 
+/// `pagoda serve`: the OpenAI-compatible HTTP server (src/pagoda/server); in a build without
+/// cpp-httplib it fails with a message saying so.
+void add_serve_command(CLI::App& app);
+
 }  // namespace pagoda::cli

@@ -321,6 +321,11 @@ EngineStats Engine::stats() const {
   s.device_path = w.device;
   s.cuda_graphs = w.num_graphs;
   s.cuda_graph_steps = w.graph_steps;
+  s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
+  s.num_running = static_cast<int64_t>(scheduler_->num_running());
+  s.pages_total = allocator_->num_pages();
+  s.pages_free = allocator_->num_free_pages();
+  s.pages_cached = cache_->total_size() / config_.page_size;
   return s;
 }
 

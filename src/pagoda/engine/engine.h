@@ -103,6 +103,12 @@ struct EngineStats {
   spec::AcceptStats spec;        ///< acceptance counters of those rounds
   SchedulerStats scheduler;
   cache::CacheStats cache;
+  /// Load at the time of the snapshot (servers export these as gauges).
+  int64_t num_waiting = 0;       ///< requests queued (new or retracted)
+  int64_t num_running = 0;       ///< requests prefilling or decoding
+  int64_t pages_total = 0;       ///< usable KV pages
+  int64_t pages_free = 0;        ///< pages on the free list
+  int64_t pages_cached = 0;      ///< pages held by the prefix cache (evictable or locked)
   /// Reused prompt tokens / prompt tokens requested at admission.
   double prefix_hit_rate() const {
     return scheduler.fill_tokens == 0 ? 0.0

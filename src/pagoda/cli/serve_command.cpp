@@ -1,0 +1,110 @@
+// `pagoda serve`: options → server::run_server (src/pagoda/server), or a clear error in a build
+// without cpp-httplib.
+#include <memory>
+
+#include "pagoda/cli/commands.h"
+#include "pagoda/core/error.h"
+#ifdef PAGODA_CLI_HAVE_SERVER
+#include "pagoda/server/server.h"
+#endif
+
+namespace pagoda::cli {
+
+namespace {
+struct ServeCliOptions {
+  std::string model = "builtin";
+  uint64_t weight_seed = 0;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string api_key;
+  int max_queue = 256;
+  int max_running = 64;
+  int threads = 0;
+  std::string backend;
+  int page_size = 16;
+  int64_t pool_tokens = 65536;
+  int chunk_size = 256;
+  std::string policy = "fcfs";
+  std::string dtype = "auto";
+  std::string kv_dtype = "auto";
+  std::string cuda_graph = "on";
+  std::string chat_template;
+  double drain_timeout = 60;
+};
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeCliOptions>();
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, "
+                                          "streaming, /metrics)");
+  cmd->add_option("--model", o->model, "builtin, or a Hugging Face checkpoint folder")
+      ->capture_default_str();
+  cmd->add_option("--weight-seed", o->weight_seed, "seed of the builtin model's weights")
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", o->served_model_name,
+                  "the model id clients send (default: builtin or the folder's name)");
+  cmd->add_option("--host", o->host)->capture_default_str();
+  cmd->add_option("--port", o->port, "0 = any free port (printed)")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
+  cmd->add_option("--max-queue", o->max_queue,
+                  "requests accepted beyond --max-running before answering 503")
+      ->capture_default_str();
+  cmd->add_option("--max-running", o->max_running, "max running requests in the engine")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "HTTP threads (0 = max-running + max-queue + 8)")
+      ->capture_default_str();
+  cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
+  cmd->add_option("--page-size", o->page_size)->capture_default_str();
+  cmd->add_option("--pool-tokens", o->pool_tokens, "KV pool capacity in tokens")
+      ->capture_default_str();
+  cmd->add_option("--chunk-size", o->chunk_size, "chunked prefill budget (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--policy", o->policy, "fcfs or lpm")
+      ->check(CLI::IsMember({"fcfs", "lpm"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", o->dtype, "auto, f32, f16, bf16")->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype, "auto, f32, f16, bf16, fp8_e4m3, fp8_e5m2")
+      ->capture_default_str();
+  cmd->add_option("--cuda-graph", o->cuda_graph, "with the cuda backend: on|off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--chat-template", o->chat_template,
+                  "Jinja file overriding the checkpoint's chat template");
+  cmd->add_option("--drain-timeout", o->drain_timeout,
+                  "seconds SIGTERM waits for running requests")
+      ->capture_default_str();
+  cmd->callback([o] {
+#ifdef PAGODA_CLI_HAVE_SERVER
+    prepare_host_threads();
+    server::ServeOptions s;
+    s.model = o->model;
+    s.weight_seed = o->weight_seed;
+    s.served_model_name = o->served_model_name;
+    s.host = o->host;
+    s.port = o->port;
+    s.api_key = o->api_key;
+    s.max_queue = o->max_queue;
+    s.max_running = o->max_running;
+    s.threads = o->threads;
+    s.backend = o->backend;
+    s.page_size = o->page_size;
+    s.pool_tokens = o->pool_tokens;
+    s.chunk_size = o->chunk_size;
+    s.lpm = o->policy == "lpm";
+    s.dtype = parse_dtype_option(o->dtype, "--dtype");
+    s.kv_dtype = parse_dtype_option(o->kv_dtype, "--kv-dtype");
+    s.cuda_graph = o->cuda_graph == "on";
+    s.chat_template = o->chat_template;
+    s.drain_timeout_s = o->drain_timeout;
+    const int rc = server::run_server(s);
+    if (rc != 0) throw_error(ErrorCode::kInternal, "the server stopped with an error");
+#else
+    throw_error(ErrorCode::kUnsupported,
+                "`pagoda serve` is unavailable in this build: cpp-httplib was not found at "
+                "configure time (apt install libcpp-httplib-dev, then reconfigure)");
+#endif
+  });
+}
+
+}  // namespace pagoda::cli

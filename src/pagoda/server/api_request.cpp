@@ -1,0 +1,247 @@
+// Parsing and validation of OpenAI request bodies; the stop-string matcher.
+#include "pagoda/server/api_request.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace pagoda::server {
+
+using nlohmann::json;
+
+std::string ApiError::to_json() const {
+  json e = {{"message", what()},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", status}};
+  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void throw_invalid(const std::string& field, const std::string& message) {
+  throw ApiError(400, "invalid_request_error", field + ": " + message, field);
+}
+
+namespace {
+
+bool present(const json& body, const char* key) {
+  auto it = body.find(key);
+  return it != body.end() && !it->is_null();
+}
+
+double number_field(const json& body, const char* key, double lo, double hi, bool lo_open) {
+  const json& v = body.at(key);
+  if (!v.is_number()) throw_invalid(key, "must be a number");
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo))
+    throw_invalid(key, "must be in " + std::string(lo_open ? "(" : "[") + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+int64_t int_field(const json& body, const char* key, int64_t lo, int64_t hi) {
+  const json& v = body.at(key);
+  if (!v.is_number_integer()) throw_invalid(key, "must be an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw_invalid(key, "must be at most " + std::to_string(hi));
+  const int64_t x = v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>())
+                                           : v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw_invalid(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+bool bool_field(const json& body, const char* key) {
+  const json& v = body.at(key);
+  if (!v.is_boolean()) throw_invalid(key, "must be a boolean");
+  return v.get<bool>();
+}
+
+std::string content_text(const json& content, const std::string& field) {
+  if (content.is_null()) return {};
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) throw_invalid(field, "must be a string or an array of content parts");
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const json& part = content[i];
+    const std::string pf = field + "[" + std::to_string(i) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw_invalid(pf, "must be an object with a string \"type\"");
+    if (part["type"] != "text") throw_invalid(pf + ".type", "only \"text\" parts are supported");
+    if (!part.contains("text") || !part["text"].is_string())
+      throw_invalid(pf + ".text", "must be a string");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+void parse_prompt(const json& body, ApiRequest& r) {
+  if (!present(body, "prompt")) throw_invalid("prompt", "is required");
+  const json& p = body["prompt"];
+  if (p.is_string()) {
+    r.prompt = p.get<std::string>();
+    return;
+  }
+  if (!p.is_array() || p.empty())
+    throw_invalid("prompt", "must be a string, an array of token ids or an array of one string");
+  if (p[0].is_string()) {
+    if (p.size() != 1) throw_invalid("prompt", "only one prompt per request is supported");
+    r.prompt = p[0].get<std::string>();
+    return;
+  }
+  if (p[0].is_array()) throw_invalid("prompt", "only one prompt per request is supported");
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (!p[i].is_number_integer() || p[i].get<int64_t>() < 0 ||
+        p[i].get<int64_t>() > std::numeric_limits<int32_t>::max())
+      throw_invalid("prompt", "token id at index " + std::to_string(i) +
+                                  " must be a non-negative 32-bit integer");
+    r.prompt_ids.push_back(static_cast<int32_t>(p[i].get<int64_t>()));
+  }
+}
+
+void parse_messages(const json& body, ApiRequest& r) {
+  if (!present(body, "messages")) throw_invalid("messages", "is required");
+  const json& m = body["messages"];
+  if (!m.is_array() || m.empty()) throw_invalid("messages", "must be a non-empty array");
+  for (size_t i = 0; i < m.size(); ++i) {
+    const std::string f = "messages[" + std::to_string(i) + "]";
+    if (!m[i].is_object()) throw_invalid(f, "must be an object");
+    const json& msg = m[i];
+    if (!msg.contains("role") || !msg["role"].is_string() || msg["role"].get<std::string>().empty())
+      throw_invalid(f + ".role", "must be a non-empty string");
+    if (!msg.contains("content")) throw_invalid(f + ".content", "is required");
+    r.messages.push_back({msg["role"].get<std::string>(), content_text(msg["content"], f + ".content")});
+  }
+}
+
+void parse_stop(const json& body, ApiRequest& r) {
+  if (!present(body, "stop")) return;
+  const json& s = body["stop"];
+  if (s.is_string()) {
+    r.stop.push_back(s.get<std::string>());
+  } else if (s.is_array()) {
+    if (s.size() > 4) throw_invalid("stop", "at most 4 stop strings");
+    for (const json& x : s) {
+      if (!x.is_string()) throw_invalid("stop", "must be a string or an array of strings");
+      r.stop.push_back(x.get<std::string>());
+    }
+  } else {
+    throw_invalid("stop", "must be a string or an array of strings");
+  }
+  for (const std::string& x : r.stop)
+    if (x.empty()) throw_invalid("stop", "stop strings must not be empty");
+}
+
+}  // namespace
+
+ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
+  json body = json::parse(body_text.begin(), body_text.end(), nullptr, false);
+  if (body.is_discarded()) throw_invalid("body", "is not valid JSON");
+  if (!body.is_object()) throw_invalid("body", "must be a JSON object");
+  ApiRequest r;
+  r.endpoint = endpoint;
+  if (present(body, "model")) {
+    if (!body["model"].is_string()) throw_invalid("model", "must be a string");
+    r.model = body["model"].get<std::string>();
+  }
+  if (endpoint == Endpoint::kCompletions) {
+    parse_prompt(body, r);
+  } else {
+    parse_messages(body, r);
+    if (present(body, "add_generation_prompt"))
+      r.add_generation_prompt = bool_field(body, "add_generation_prompt");
+  }
+  const char* max_key = endpoint == Endpoint::kChat && present(body, "max_completion_tokens")
+                            ? "max_completion_tokens"
+                            : "max_tokens";
+  if (present(body, max_key)) r.max_tokens = static_cast<int32_t>(int_field(body, max_key, 1, 1 << 30));
+  if (present(body, "temperature"))
+    r.temperature = static_cast<float>(number_field(body, "temperature", 0, 2, false));
+  if (present(body, "top_p")) r.top_p = static_cast<float>(number_field(body, "top_p", 0, 1, true));
+  if (present(body, "top_k")) r.top_k = static_cast<int32_t>(int_field(body, "top_k", -1, 1 << 30));
+  if (present(body, "min_p")) {
+    r.min_p = static_cast<float>(number_field(body, "min_p", 0, 1, false));
+    if (r.min_p >= 1.f) throw_invalid("min_p", "must be in [0, 1)");
+  }
+  if (present(body, "seed")) {
+    const json& v = body["seed"];
+    if (!v.is_number_integer()) throw_invalid("seed", "must be an integer");
+    r.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+    r.has_seed = true;
+  }
+  parse_stop(body, r);
+  if (present(body, "stream")) r.stream = bool_field(body, "stream");
+  if (present(body, "stream_options")) {
+    const json& so = body["stream_options"];
+    if (!so.is_object()) throw_invalid("stream_options", "must be an object");
+    if (!r.stream) throw_invalid("stream_options", "is only allowed with stream: true");
+    if (present(so, "include_usage")) {
+      if (!so["include_usage"].is_boolean())
+        throw_invalid("stream_options.include_usage", "must be a boolean");
+      r.include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  if (present(body, "ignore_eos")) r.ignore_eos = bool_field(body, "ignore_eos");
+  if (present(body, "n") && int_field(body, "n", 1, 1 << 20) != 1)
+    throw_invalid("n", "only n = 1 is supported");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (present(body, key) && number_field(body, key, -2, 2, false) != 0.0)
+      throw_invalid(key, "is not supported (only 0)");
+  if (present(body, "logprobs") && !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>()))
+    throw_invalid("logprobs", "is not supported");
+  if (present(body, "echo") && bool_field(body, "echo")) throw_invalid("echo", "is not supported");
+  if (present(body, "best_of") && int_field(body, "best_of", 1, 1 << 20) != 1)
+    throw_invalid("best_of", "only best_of = 1 is supported");
+  return r;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const auto& s : stops_) max_len_ = std::max(max_len_, s.size());
+}
+
+std::string StopMatcher::push(std::string_view text) {
+  if (stopped_) return {};
+  if (stops_.empty()) return std::string(text);
+  const size_t old = pending_.size();
+  pending_.append(text);
+  // The stop string that completes first (smallest end; on a tie the earliest start), as if the
+  // text arrived one byte at a time. Any match ends in the new text (it may start in the
+  // held-back part).
+  size_t first = std::string::npos, first_end = std::string::npos;
+  const size_t from = old >= max_len_ ? old - max_len_ + 1 : 0;
+  for (const auto& s : stops_) {
+    const size_t at = pending_.find(s, from);
+    if (at == std::string::npos) continue;
+    const size_t end = at + s.size();
+    if (end < first_end || (end == first_end && at < first)) {
+      first = at;
+      first_end = end;
+    }
+  }
+  if (first != std::string::npos) {
+    stopped_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const auto& s : stops_)
+    for (size_t n = std::min(s.size() - 1, pending_.size()); n > hold; --n)
+      if (pending_.compare(pending_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopMatcher::finish() {
+  std::string out;
+  out.swap(pending_);
+  return out;
+}
+
+}  // namespace pagoda::server

@@ -1,0 +1,88 @@
+#pragma once
+/// The OpenAI-compatible request bodies of `pagoda serve` (POST /v1/completions and
+/// /v1/chat/completions) parsed into one validated struct, and OpenAI-shaped errors.
+/// Pure functions of their input: no I/O, no engine; thread safe. Contract: docs/design/server.md.
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagoda::server {
+
+/// An error a handler answers with: HTTP status, OpenAI error `type`, message and the offending
+/// field (`param`, empty when none).
+struct ApiError : std::runtime_error {
+  int status;
+  std::string type;
+  std::string param;
+  ApiError(int http_status, std::string error_type, const std::string& message,
+           std::string field = {})
+      : std::runtime_error(message),
+        status(http_status),
+        type(std::move(error_type)),
+        param(std::move(field)) {}
+  /// {"error": {"message", "type", "param", "code"}} as OpenAI writes it.
+  std::string to_json() const;
+};
+
+/// ApiError(400, "invalid_request_error", message, field).
+[[noreturn]] void throw_invalid(const std::string& field, const std::string& message);
+
+struct ChatMessage {
+  std::string role;     ///< any non-empty string (the template decides what it accepts)
+  std::string content;  ///< text; list-of-parts content is joined (text parts only)
+};
+
+enum class Endpoint : uint8_t { kCompletions, kChat };
+
+/// One request after validation. Unset optional numbers mean "the server's default".
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::optional<std::string> model;     ///< absent: the served model
+  std::optional<std::string> prompt;    ///< completions: text prompt
+  std::vector<int32_t> prompt_ids;      ///< completions: token-id prompt (when no text)
+  std::vector<ChatMessage> messages;    ///< chat: at least one
+  std::optional<int32_t> max_tokens;    ///< >= 1
+  float temperature = 1.f;              ///< [0, 2]
+  float top_p = 1.f;                    ///< (0, 1]
+  int32_t top_k = 0;                    ///< -1 or 0 = off
+  float min_p = 0.f;                    ///< [0, 1)
+  uint64_t seed = 0;
+  bool has_seed = false;
+  std::vector<std::string> stop;        ///< up to 4 non-empty strings
+  bool stream = false;
+  bool include_usage = false;           ///< stream_options.include_usage
+  bool ignore_eos = false;
+  bool add_generation_prompt = true;    ///< chat
+};
+
+/// Parses and validates a request body. Throws ApiError(400) naming the field for malformed
+/// JSON, wrong types, out-of-range values or unsupported options (n > 1, logprobs, non-zero
+/// penalties, batched prompts). Unknown fields are ignored, as OpenAI-compatible servers do.
+ApiRequest parse_api_request(std::string_view body, Endpoint endpoint);
+
+/// StopMatcher: finds the first stop string to complete in streamed text (smallest end; on a
+/// tie the earliest start — the result does not depend on how the text is chunked) and holds
+/// back the tail that could still become one, so streamed text never contains a stop string.
+/// Not thread safe (one per request).
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  /// Appends `text`; returns the text that is safe to emit now. After a stop string is found,
+  /// stopped() is true, the returned text ends just before it and later pushes return "".
+  std::string push(std::string_view text);
+  /// Everything still held back (no stop string can complete any more).
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  size_t max_len_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace pagoda::server

@@ -1,0 +1,107 @@
+#pragma once
+/// EngineLoop: the one thread that owns and drives an engine::Engine for the HTTP server.
+/// HTTP threads submit requests (submit), read their tokens through a RequestStream, cancel them
+/// (cancel) and ask for snapshots (snapshot); the loop thread applies submissions, cancels and
+/// snapshot queries between engine steps, then runs one step and hands every new token to its
+/// stream. Nothing but the loop thread touches the engine.
+///
+/// Admission control: at most `max_inflight` requests are submitted and not finished; submit
+/// throws ApiError(503) past that, and after stop_accepting(). Thread safe (all public methods).
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "pagoda/engine/engine.h"
+#include "pagoda/server/metrics.h"
+
+namespace pagoda::server {
+
+/// The tokens of one request as the engine produces them. Written by the loop thread, read by
+/// one HTTP thread.
+class RequestStream {
+ public:
+  /// What wait() hands over: tokens since the last call, and the end when it came.
+  struct Update {
+    std::vector<int32_t> tokens;
+    bool finished = false;
+    engine::FinishReason reason = engine::FinishReason::kNone;
+    int error_status = 0;  ///< non-zero: the request was never admitted (HTTP status)
+    std::string error;
+    int32_t prompt_len = 0;
+  };
+  /// Blocks until there are new tokens or the request finished, at most `timeout_ms`.
+  Update wait(int timeout_ms);
+
+  // Loop thread side.
+  void push(int32_t token);
+  void finish(engine::FinishReason reason, std::string error, int error_status);
+
+  engine::GenerateRequest request;  ///< moved into the engine at admission
+  int32_t prompt_len = 0;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  bool finished_ = false;
+  engine::FinishReason reason_ = engine::FinishReason::kNone;
+  int error_status_ = 0;
+  std::string error_;
+};
+
+class EngineLoop {
+ public:
+  /// Starts the loop thread. `engine` and `metrics` must outlive the loop.
+  EngineLoop(engine::Engine& engine, ServerMetrics& metrics, int64_t max_inflight);
+  ~EngineLoop();  ///< stops the thread (aborting what is left)
+  EngineLoop(const EngineLoop&) = delete;
+  EngineLoop& operator=(const EngineLoop&) = delete;
+
+  /// Queues `request`; its tokens arrive through the returned stream. Throws ApiError(503) when
+  /// `max_inflight` requests are in flight or the loop no longer accepts work. Engine-side
+  /// validation errors arrive as a finished Update with error_status 400 or 413.
+  std::shared_ptr<RequestStream> submit(engine::GenerateRequest request);
+  /// Ends the request of `stream` (a client went away or a stop string matched); its KV is
+  /// freed at the next step boundary. Idempotent.
+  void cancel(const std::shared_ptr<RequestStream>& stream);
+  /// Stats, leaked pages and in-flight count, read on the loop thread between steps.
+  EngineSnapshot snapshot();
+  /// From now on submit() answers 503 (SIGTERM drain).
+  void stop_accepting();
+  /// Blocks until no request is in flight or `timeout_s` passed; true when idle.
+  bool wait_idle(double timeout_s);
+  int64_t inflight() const;
+
+ private:
+  void run();
+  void finish_stream(engine::RequestId id, const engine::RequestOutput& out);
+
+  engine::Engine& engine_;
+  ServerMetrics& metrics_;
+  const int64_t max_inflight_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;       ///< wakes the loop thread
+  std::condition_variable idle_cv_;  ///< wakes wait_idle
+  std::deque<std::shared_ptr<RequestStream>> incoming_;
+  std::vector<std::shared_ptr<RequestStream>> cancels_;
+  std::vector<std::promise<EngineSnapshot>> queries_;
+  int64_t inflight_ = 0;
+  bool accepting_ = true;
+  bool stop_ = false;
+
+  // Loop thread only.
+  std::unordered_map<engine::RequestId, std::shared_ptr<RequestStream>> live_;
+  std::unordered_map<const RequestStream*, engine::RequestId> ids_;
+  std::thread thread_;
+};
+
+}  // namespace pagoda::server

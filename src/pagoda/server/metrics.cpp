@@ -1,0 +1,101 @@
+// Prometheus text for `pagoda serve`.
+#include "pagoda/server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace pagoda::server {
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : bounds(std::move(upper_bounds)), counts(bounds.size() + 1, 0) {}
+
+void Histogram::observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  ++counts[i];
+  sum += v;
+  ++count;
+}
+
+namespace {
+
+std::vector<double> latency_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
+void render_histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < h.bounds.size(); ++i) {
+    cumulative += h.counts[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds[i], cumulative);
+  }
+  cumulative += h.counts.back();
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, cumulative,
+                     name, h.sum, name, h.count);
+}
+
+void render_gauge(std::string& out, const char* name, const char* help, double v) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
+}
+
+void render_counter(std::string& out, const char* name, const char* help, int64_t v) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{}_total {}\n", name, help, name, name, v);
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics()
+    : ttft_(latency_bounds()), tpot_(latency_bounds()), e2e_(latency_bounds()) {}
+
+void ServerMetrics::observe_request(int64_t prompt_tokens, int64_t output_tokens, double ttft_s,
+                                    double tpot_s, double e2e_s) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += prompt_tokens;
+  generation_tokens_ += output_tokens;
+  ++finished_;
+  if (ttft_s >= 0) ttft_.observe(ttft_s);
+  if (tpot_s >= 0) tpot_.observe(tpot_s);
+  if (e2e_s >= 0) e2e_.observe(e2e_s);
+}
+
+void ServerMetrics::count_response(int status) {
+  std::lock_guard lock(mu_);
+  ++responses_[status];
+}
+
+std::string ServerMetrics::render(const EngineSnapshot& snap) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  const engine::EngineStats& s = snap.stats;
+  render_gauge(out, "pagoda_requests_running", "Requests prefilling or decoding.",
+               static_cast<double>(s.num_running));
+  render_gauge(out, "pagoda_requests_waiting", "Requests queued in the engine.",
+               static_cast<double>(s.num_waiting));
+  render_gauge(out, "pagoda_requests_inflight", "Requests accepted and not finished.",
+               static_cast<double>(snap.inflight));
+  render_gauge(out, "pagoda_kv_pages_total", "Usable KV pages.", static_cast<double>(s.pages_total));
+  render_gauge(out, "pagoda_kv_pages_used", "KV pages not on the free list.",
+               static_cast<double>(s.pages_total - s.pages_free));
+  render_gauge(out, "pagoda_kv_pages_cached", "KV pages held by the prefix cache.",
+               static_cast<double>(s.pages_cached));
+  render_gauge(out, "pagoda_kv_pages_leaked", "Page references held by nobody (0 unless a bug).",
+               static_cast<double>(snap.leaked_pages));
+  render_gauge(out, "pagoda_prefix_hit_rate", "Prompt tokens reused from the prefix cache / requested.",
+               s.prefix_hit_rate());
+  render_counter(out, "pagoda_prompt_tokens", "Prompt tokens of finished requests.", prompt_tokens_);
+  render_counter(out, "pagoda_generation_tokens", "Tokens generated for finished requests.",
+                 generation_tokens_);
+  render_counter(out, "pagoda_requests_finished", "Requests the engine finished (any reason).",
+                 finished_);
+  out += "# HELP pagoda_http_responses HTTP answers of the API endpoints by status.\n"
+         "# TYPE pagoda_http_responses counter\n";
+  for (const auto& [status, n] : responses_)
+    out += fmt::format("pagoda_http_responses_total{{status=\"{}\"}} {}\n", status, n);
+  render_histogram(out, "pagoda_time_to_first_token_seconds", "Arrival to first token.", ttft_);
+  render_histogram(out, "pagoda_time_per_output_token_seconds",
+                   "Mean time between output tokens of a request.", tpot_);
+  render_histogram(out, "pagoda_e2e_request_latency_seconds", "Arrival to finish.", e2e_);
+  return out;
+}
+
+}  // namespace pagoda::server

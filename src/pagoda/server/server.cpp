@@ -1,0 +1,283 @@
+// `pagoda serve`: model setup, routes, authentication, signals and the drain.
+#include "pagoda/server/server.h"
+
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/core/error.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/model/llama.h"
+#include "pagoda/model/safetensors.h"
+#include "pagoda/server/server_state.h"
+#include "pagoda/tokenizer/load.h"
+
+namespace pagoda::server {
+
+using nlohmann::json;
+
+namespace {
+
+void validate(const ServeOptions& o) {
+  PAGODA_REQUIRE(o.port >= 0 && o.port <= 65535, kInvalidArgument, "--port must be in [0, 65535]");
+  PAGODA_REQUIRE(o.max_queue >= 0, kInvalidArgument, "--max-queue must be >= 0");
+  PAGODA_REQUIRE(o.max_running >= 1, kInvalidArgument, "--max-running must be >= 1");
+  PAGODA_REQUIRE(o.threads >= 0 && o.threads <= 4096, kInvalidArgument,
+                 "--threads must be in [0, 4096]");
+  PAGODA_REQUIRE(o.max_body_bytes >= 1024, kInvalidArgument, "--max-body-bytes must be >= 1024");
+  PAGODA_REQUIRE(!o.host.empty(), kInvalidArgument, "--host must not be empty");
+}
+
+std::string read_file(const std::filesystem::path& p, const char* what) {
+  std::ifstream in(p, std::ios::binary);
+  PAGODA_REQUIRE(in.good(), kInvalidArgument, "cannot read {} '{}'", what, p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A special token of tokenizer_config.json: a string or {"content": ...}.
+std::string token_string(const json& cfg, const char* key) {
+  auto it = cfg.find(key);
+  if (it == cfg.end()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  return {};
+}
+
+/// The chat template and special tokens of a checkpoint folder (tokenizer_config.json).
+void load_chat_template(ServerState& s, const ServeOptions& o) {
+  std::string source;
+  if (o.model == "builtin") {
+    source = std::string(builtin_chat_template());
+    s.chat_add_special = true;  // the byte tokenizer's BOS id; the template has no BOS text
+  } else {
+    const std::filesystem::path cfg_path = std::filesystem::path(o.model) / "tokenizer_config.json";
+    if (std::filesystem::exists(cfg_path)) {
+      const json cfg = json::parse(read_file(cfg_path, "tokenizer config"), nullptr, false);
+      PAGODA_REQUIRE(!cfg.is_discarded() && cfg.is_object(), kInvalidArgument,
+                     "'{}' is not a JSON object", cfg_path.string());
+      s.bos_token = token_string(cfg, "bos_token");
+      s.eos_token = token_string(cfg, "eos_token");
+      auto it = cfg.find("chat_template");
+      if (it != cfg.end() && it->is_string()) {
+        source = it->get<std::string>();
+      } else if (it != cfg.end() && it->is_array()) {  // [{"name": "default", "template": ...}]
+        for (const json& t : *it)
+          if (t.is_object() && t.value("name", "") == "default" && t.contains("template") &&
+              t["template"].is_string())
+            source = t["template"].get<std::string>();
+      }
+    }
+  }
+  if (!o.chat_template.empty()) source = read_file(o.chat_template, "--chat-template");
+  if (source.empty()) return;
+  try {
+    s.chat_template.emplace(source);
+  } catch (const TemplateError& e) {
+    throw_error(ErrorCode::kInvalidArgument, "chat template: {}", e.what());
+  }
+}
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+}
+
+bool authorized(const ServeOptions& o, const httplib::Request& req) {
+  if (o.api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  return h == "Bearer " + o.api_key;
+}
+
+}  // namespace
+
+int run_server(const ServeOptions& o) {
+  validate(o);
+  // SIGTERM / SIGINT may land on any thread (OpenBLAS starts its own before main): the handler
+  // only writes the signal number to a pipe that the signal thread reads.
+  PAGODA_REQUIRE(::pipe(g_signal_pipe) == 0, kInternal, "pipe() failed");
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LlamaModel llama(loaded.config, loaded.weights);
+  ServerState state;
+  state.model_name = !o.served_model_name.empty() ? o.served_model_name
+                     : o.model == "builtin"
+                         ? std::string("builtin")
+                         : std::filesystem::path(o.model).lexically_normal().filename().string();
+  if (state.model_name.empty()) state.model_name = std::filesystem::path(o.model).parent_path().filename().string();
+  PAGODA_REQUIRE(o.model == "builtin" || tokenizer::has_tokenizer(o.model), kInvalidArgument,
+                 "--model '{}' has no tokenizer.json or tokenizer.model (the server needs one)",
+                 o.model);
+  state.tokenizer = tokenizer::make_tokenizer_for(o.model);
+  state.vocab_size = loaded.config.vocab_size;
+  load_chat_template(state, o);
+
+  backends::BackendSelection selection;
+  selection.attention = o.backend;
+  std::unique_ptr<platform::Platform> platform = engine::make_platform_for(selection);
+  engine::EngineConfig cfg;
+  cfg.page_size = o.page_size;
+  cfg.pool_tokens = o.pool_tokens;
+  cfg.scheduler.max_running_requests = o.max_running;
+  cfg.scheduler.chunk_size = o.chunk_size;
+  cfg.scheduler.policy = o.lpm ? engine::SchedulePolicy::kLongestPrefixMatch
+                               : engine::SchedulePolicy::kFcfs;
+  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
+  cfg.cuda_graph = o.cuda_graph;
+  cfg.dtype = o.dtype;
+  cfg.kv_dtype = o.kv_dtype;
+  cfg.validate();
+  engine::Engine engine(llama, cfg, platform.get());
+  state.max_context_len = engine.max_context_len();
+  state.pool_tokens = engine.stats().pool_tokens;
+  state.seed_base = std::random_device{}();
+
+  ServerMetrics metrics;
+  EngineLoop loop(engine, metrics, static_cast<int64_t>(o.max_running) + o.max_queue);
+  state.loop = &loop;
+  state.metrics = &metrics;
+
+  httplib::Server svr;
+  const int threads = o.threads > 0 ? o.threads : std::min(512, o.max_running + o.max_queue + 8);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
+  svr.set_keep_alive_max_count(1000);
+  svr.set_read_timeout(30);
+  svr.set_write_timeout(30);
+
+  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) == 0 && !authorized(o, req)) {
+      set_error(res, ApiError(401, "authentication_error", "missing or wrong API key (send "
+                                                           "'Authorization: Bearer <key>')"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  svr.set_error_handler(httplib::Server::HandlerWithResponse(
+      [](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404)
+      set_error(res, ApiError(404, "NotFoundError", "no route for " + req.method + " " + req.path));
+    else if (res.status == 413)
+      set_error(res, ApiError(413, "invalid_request_error", "the request body is too large", "body"));
+    else
+      set_error(res, ApiError(res.status, "invalid_request_error",
+                              "HTTP error " + std::to_string(res.status)));
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    } catch (...) {
+    }
+    set_error(res, ApiError(500, "server_error", msg));
+  });
+  svr.set_logger([&](const httplib::Request& req, const httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) == 0) metrics.count_response(res.status);
+  });
+
+  svr.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(state, Endpoint::kCompletions, req, res);
+  });
+  svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(state, Endpoint::kChat, req, res);
+  });
+  svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    const json model = {{"id", state.model_name},
+                        {"object", "model"},
+                        {"created", 0},
+                        {"owned_by", "pagoda"},
+                        {"max_model_len", state.max_context_len}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({model})}}.dump(),
+                    "application/json");
+  });
+  std::atomic<bool> draining{false};
+  svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    const EngineSnapshot snap = loop.snapshot();
+    const json h = {{"status", draining ? "draining" : "ok"},
+                    {"inflight", snap.inflight},
+                    {"running", snap.stats.num_running},
+                    {"waiting", snap.stats.num_waiting},
+                    {"kv_pages_total", snap.stats.pages_total},
+                    {"kv_pages_free", snap.stats.pages_free},
+                    {"kv_pages_cached", snap.stats.pages_cached},
+                    {"leaked_pages", snap.leaked_pages},
+                    {"leaked_rows", snap.leaked_rows},
+                    {"resident_bytes", resident_bytes()}};
+    res.status = draining ? 503 : 200;
+    res.set_content(h.dump(), "application/json");
+  });
+  svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    std::string text = metrics.render(loop.snapshot());
+    text += "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+            "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " +
+            std::to_string(resident_bytes()) + "\n";
+    res.set_content(text, "text/plain; version=0.0.4");
+  });
+
+  int port = o.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(o.host);
+    PAGODA_REQUIRE(port > 0, kInvalidArgument, "cannot bind {} (any port)", o.host);
+  } else {
+    PAGODA_REQUIRE(svr.bind_to_port(o.host, port), kInvalidArgument, "cannot bind {}:{}", o.host,
+                   port);
+  }
+  std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d)\n",
+              o.host.c_str(), port, state.model_name.c_str(), engine.backend_name().c_str(),
+              state.max_context_len);
+  std::fflush(stdout);
+
+  // SIGTERM / SIGINT: stop admitting (503), let running requests finish, then stop listening.
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    unsigned char b = 0;
+    while (::read(g_signal_pipe[0], &b, 1) < 0 && errno == EINTR) {
+    }
+    const int sig = b;
+    if (done) return;
+    draining = true;
+    std::fprintf(stderr, "pagoda serve: signal %d, draining %lld request(s)\n", sig,
+                 static_cast<long long>(loop.inflight()));
+    loop.stop_accepting();
+    const bool idle = loop.wait_idle(o.drain_timeout_s);
+    if (!idle) std::fprintf(stderr, "pagoda serve: drain timed out; aborting the rest\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // last chunks go out
+    svr.stop();
+  });
+  const bool ok = svr.listen_after_bind();
+  done = true;
+  if (signal_thread.joinable()) {
+    if (!draining) on_signal(0);  // wakes the signal thread, which sees `done`
+    signal_thread.join();
+  }
+  const EngineSnapshot last = loop.snapshot();
+  std::fprintf(stderr, "pagoda serve: stopped (leaked pages %lld)\n",
+               static_cast<long long>(last.leaked_pages));
+  return ok ? 0 : 1;
+}
+
+}  // namespace pagoda::server

@@ -1,0 +1,45 @@
+#pragma once
+/// `pagoda serve`: an OpenAI-compatible HTTP server (cpp-httplib) over one engine.
+/// Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events
+/// ending with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+/// Threads: httplib's pool runs the handlers; one EngineLoop thread owns the model and engine;
+/// a signal thread turns SIGTERM / SIGINT into a drain (new requests get 503, running ones
+/// finish, then the process exits 0). Contract: docs/design/server.md.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "pagoda/core/dtype.h"
+
+namespace pagoda::server {
+
+struct ServeOptions {
+  std::string model = "builtin";      ///< builtin, or a Hugging Face checkpoint folder
+  uint64_t weight_seed = 0;
+  std::string served_model_name;      ///< empty: "builtin" or the folder's name
+  std::string host = "127.0.0.1";
+  int port = 30000;                   ///< 0: any free port (printed on stdout)
+  std::string api_key;                ///< empty: no authentication
+  int max_queue = 256;                ///< requests accepted beyond max_running before 503
+  int max_running = 64;               ///< engine's max running requests
+  int threads = 0;                    ///< HTTP threads; 0 = max_running + max_queue + 8, ≤ 512
+  std::string backend;                ///< attention backend; empty = the platform's default
+  int page_size = 16;
+  int64_t pool_tokens = 65536;
+  int chunk_size = 256;               ///< chunked prefill budget (0 = off), as `pagoda bench`
+  bool lpm = false;                   ///< longest-prefix-match scheduling (default fcfs, as the engine)
+  std::optional<DType> dtype;          ///< nullopt: the platform's default
+  std::optional<DType> kv_dtype;       ///< nullopt: the model dtype
+  bool cuda_graph = true;
+  std::string chat_template;          ///< file overriding the checkpoint's template
+  int64_t max_body_bytes = 8 << 20;   ///< larger bodies get 413
+  double drain_timeout_s = 60;        ///< SIGTERM: longest wait for running requests
+};
+
+/// Validates `o` (Error(kInvalidArgument) naming the option), loads the model, binds and serves
+/// until SIGTERM / SIGINT. Prints "pagoda serve: listening on http://HOST:PORT" on stdout once
+/// bound. Returns the process exit status.
+int run_server(const ServeOptions& o);
+
+}  // namespace pagoda::server

@@ -1,0 +1,75 @@
+// libFuzzer target for the server's untrusted inputs: the first byte picks the OpenAI request
+// parser (completions or chat body) or the chat-template renderer (the rest is a template,
+// rendered over a fixed conversation). Either must return or throw its documented error
+// (ApiError / TemplateError) — never crash, hang or leak; parsed requests must satisfy the
+// validated ranges.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "pagoda/server/api_request.h"
+#include "pagoda/server/chat_template.h"
+
+namespace {
+
+void check(bool ok) {
+  if (!ok) std::abort();
+}
+
+void fuzz_request(std::string_view body, pagoda::server::Endpoint ep) {
+  using namespace pagoda::server;
+  try {
+    const ApiRequest r = parse_api_request(body, ep);
+    check(!r.max_tokens || *r.max_tokens >= 1);
+    check(r.temperature >= 0.f && r.temperature <= 2.f);
+    check(r.top_p > 0.f && r.top_p <= 1.f);
+    check(r.top_k >= -1);
+    check(r.min_p >= 0.f && r.min_p < 1.f);
+    check(r.stop.size() <= 4);
+    for (const auto& s : r.stop) check(!s.empty());
+    if (ep == Endpoint::kChat) check(!r.messages.empty());
+    else check(r.prompt.has_value() || !r.prompt_ids.empty());
+    // The stop matcher on the parsed stops never emits a stop string.
+    StopMatcher m(r.stop);
+    std::string out = m.push(body.substr(0, body.size() / 2));
+    out += m.push(body.substr(body.size() / 2));
+    if (!m.stopped()) out += m.finish();
+    for (const auto& s : r.stop) check(out.find(s) == std::string::npos);
+  } catch (const ApiError& e) {
+    check(e.status == 400 && !e.param.empty());
+  }
+}
+
+void fuzz_template(std::string_view source) {
+  using namespace pagoda::server;
+  static const nlohmann::ordered_json ctx = {
+      {"messages", nlohmann::ordered_json::array(
+                       {{{"role", "system"}, {"content", " sys "}},
+                        {{"role", "user"}, {"content", "hi é"}},
+                        {{"role", "assistant"}, {"content", "yo"}}})},
+      {"bos_token", "<s>"},
+      {"eos_token", "</s>"},
+      {"add_generation_prompt", true}};
+  try {
+    const ChatTemplate t(source);
+    const std::string out = t.render(ctx);
+    check(out.size() <= (2u << 20));
+  } catch (const TemplateError&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
+  switch (data[0] % 3) {
+    case 0: fuzz_request(rest, pagoda::server::Endpoint::kCompletions); break;
+    case 1: fuzz_request(rest, pagoda::server::Endpoint::kChat); break;
+    default: fuzz_template(rest); break;
+  }
+  return 0;
+}

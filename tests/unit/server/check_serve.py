@@ -1,0 +1,430 @@
+#!/usr/bin/env python3
+"""`pagoda serve --model builtin` on loopback, driven by the official `openai` client (PyPI).
+
+Checks, against references that are not the server's own code path:
+  * greedy completions equal `pagoda generate --json` on the same prompt (the CLI's output);
+    streamed deltas concatenate to the non-streamed text; chat prompts are the built-in template
+    rendered by Python's jinja2 (usage.prompt_tokens = its bytes + BOS);
+  * stop strings cut the text before the first occurrence (finish_reason "stop");
+  * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
+  * a client that closes its stream mid-way frees its request (inflight 0, 0 leaked pages);
+  * errors in OpenAI's shape: 400 naming the field, 401 without the key, 404 unknown model and
+    route, 413 prompt longer than the context and body too large, 503 when the queue is full;
+  * /metrics parses with prometheus_client and its counters agree with what clients saw;
+  * a soak of --soak-requests random requests (random lengths, streaming or not, random
+    disconnects) within a time bound: every request answered 200 or disconnected by us, then
+    0 in flight, 0 leaked pages / rows, and resident memory flat after warm-up;
+  * SIGTERM drains: a running stream finishes with [DONE], new requests get 503, exit status 0.
+A missing `openai`, `prometheus_client`, `httpx` or `jinja2` package is a FAILURE, not a skip.
+Usage: check_serve.py --pagoda build/pagoda [--seed N] [--soak-requests N]
+"""
+import argparse
+import asyncio
+import json
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+try:
+    try:
+        import httpx2 as httpx  # what recent `openai` releases install
+    except ImportError:
+        import httpx
+    import jinja2
+    import openai
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError as e:
+    print(f"FAIL: {e}; scripts/setup.sh installs openai, prometheus_client and jinja2")
+    sys.exit(1)
+from serve_harness import Server  # noqa: E402
+
+KEY = "sk-test-key"
+BUILTIN_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + "
+                    "message['content'] + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+                    "{{ '<|assistant|>\n' }}{% endif %}")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAIL: {what}")
+
+
+def generate_reference(pagoda, prompt, n):
+    out = subprocess.run([pagoda, "generate", "--prompt", prompt, "--max-new-tokens", str(n),
+                          "--ignore-eos", "--json"], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)["output_text"]
+
+
+def client(server, **kw):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60, **kw)
+
+
+def test_basics(pagoda, server, rng):
+    c = client(server)
+    prompts = ["Hello, pagoda", "a", "The quick brown fox " * 5]
+    for p in prompts:
+        n = rng.randint(4, 24)
+        want = generate_reference(pagoda, p, n)
+        r = c.completions.create(model="builtin", prompt=p, max_tokens=n, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        check(r.choices[0].text == want, f"completion of {p!r} equals pagoda generate")
+        check(r.choices[0].finish_reason == "length", "finish_reason length")
+        check(r.usage.completion_tokens == n and r.usage.prompt_tokens == len(p.encode()) + 1,
+              f"usage of {p!r}: {r.usage}")
+        chunks = list(c.completions.create(model="builtin", prompt=p, max_tokens=n, temperature=0,
+                                           stream=True, stream_options={"include_usage": True},
+                                           extra_body={"ignore_eos": True}))
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        check(text == want, f"streamed completion of {p!r} equals the non-streamed one")
+        check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == n,
+              "streamed usage chunk")
+        check([ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length",
+              "streamed finish_reason")
+
+    # Chat: the prompt is the built-in template as jinja2 renders it (+ BOS).
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    rendered = jinja2.Template(BUILTIN_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
+    r = c.chat.completions.create(model="builtin", messages=msgs, max_tokens=12, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    check(r.usage.prompt_tokens == len(rendered.encode()) + 1,
+          f"chat prompt tokens {r.usage.prompt_tokens} = rendered template + BOS")
+    check(r.choices[0].message.role == "assistant", "chat message role")
+    want = generate_reference(pagoda, rendered, 12)
+    check(r.choices[0].message.content == want, "chat reply equals pagoda generate on the template")
+    chunks = list(c.chat.completions.create(model="builtin", messages=msgs, max_tokens=12,
+                                            temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    check(chunks[0].choices[0].delta.role == "assistant", "first chat chunk carries the role")
+    check("".join(ch.choices[0].delta.content or "" for ch in chunks) == want,
+          "streamed chat equals the non-streamed one")
+
+    # Stop strings: the text is cut before the first occurrence.
+    p = "stop test"
+    full = generate_reference(pagoda, p, 48)
+    ascii_pairs = [i for i in range(4, len(full) - 2) if full[i:i + 2].isascii()
+                   and full[i:i + 2].isprintable() and "\ufffd" not in full[:i + 2]]
+    if ascii_pairs:
+        stop = full[ascii_pairs[len(ascii_pairs) // 2]:][:2]
+        for stream in (False, True):
+            r = c.completions.create(model="builtin", prompt=p, max_tokens=48, temperature=0,
+                                     stop=[stop], stream=stream, extra_body={"ignore_eos": True})
+            if stream:
+                chunks = list(r)
+                text = "".join(ch.choices[0].text for ch in chunks)
+                reason = [ch.choices[0].finish_reason for ch in chunks][-1]
+            else:
+                text, reason = r.choices[0].text, r.choices[0].finish_reason
+            check(text == full[:full.find(stop)] and reason == "stop",
+                  f"stop {stop!r} (stream={stream}): got {text!r} {reason}")
+    # Sampling with a seed is reproducible.
+    a = c.completions.create(model="builtin", prompt="seeded", max_tokens=16, temperature=0.9,
+                             top_p=0.9, seed=7, extra_body={"top_k": 40})
+    b = c.completions.create(model="builtin", prompt="seeded", max_tokens=16, temperature=0.9,
+                             top_p=0.9, seed=7, extra_body={"top_k": 40})
+    check(a.choices[0].text == b.choices[0].text, "same seed, same sample")
+    models = c.models.list()
+    check([m.id for m in models.data] == ["builtin"], "GET /v1/models")
+
+
+def test_concurrent(pagoda, server, rng):
+    prompts = [f"client {i % 8} says hello" for i in range(64)]
+    wants = {p: generate_reference(pagoda, p, 16) for p in set(prompts)}
+    results = [None] * 64
+
+    def run(i):
+        c = client(server)
+        try:
+            if i % 2:
+                r = c.completions.create(model="builtin", prompt=prompts[i], max_tokens=16,
+                                         temperature=0, extra_body={"ignore_eos": True})
+                results[i] = r.choices[0].text
+            else:
+                s = c.completions.create(model="builtin", prompt=prompts[i], max_tokens=16,
+                                         temperature=0, stream=True, extra_body={"ignore_eos": True})
+                results[i] = "".join(ch.choices[0].text for ch in s)
+        except Exception as e:  # noqa: BLE001
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bad = [i for i in range(64) if results[i] != wants[prompts[i]]]
+    check(not bad, f"64 concurrent clients get their greedy text (wrong: {bad[:5]} "
+                   f"{[results[i] for i in bad[:2]]})")
+
+
+def test_abort(server):
+    c = client(server)
+    before = metrics(server)["pagoda_generation_tokens_total"]
+    stream = c.completions.create(model="builtin", prompt="long one", max_tokens=3000,
+                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
+    n = 0
+    for _ in stream:
+        n += 1
+        if n == 5:
+            break
+    stream.close()  # the client goes away mid-stream
+    h = server.wait_idle(10)
+    check(h["inflight"] == 0, f"aborted stream leaves nothing in flight: {h}")
+    check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"no leaked pages after abort: {h}")
+    generated = metrics(server)["pagoda_generation_tokens_total"] - before
+    check(5 <= generated < 3000, f"the aborted request stopped early ({generated} of 3000 tokens)")
+
+
+def test_errors(server, pagoda):
+    c = client(server)
+    try:
+        c.completions.create(model="builtin", prompt="x", max_tokens=4, temperature=5)
+        check(False, "temperature 5 rejected")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "temperature" in str(e), f"400 names temperature: {e}")
+    try:
+        c.completions.create(model="nope", prompt="x", max_tokens=4)
+        check(False, "unknown model rejected")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "404 for an unknown model")
+    try:
+        openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).completions.create(
+            model="builtin", prompt="x", max_tokens=4)
+        check(False, "wrong key rejected")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401, "401 with a wrong key")
+    st, body = server.post("/v1/completions", {"prompt": "x"})
+    check(st == 401 and json.loads(body)["error"]["type"] == "authentication_error", "401 without key")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    st, body = server.post("/v1/completions", b"{not json", auth)
+    check(st == 400 and json.loads(body)["error"]["param"] == "body", f"400 for bad JSON: {body[:200]}")
+    st, body = server.post("/v1/chat/completions", {"messages": [{"role": "user"}]}, auth)
+    check(st == 400 and json.loads(body)["error"]["param"] == "messages[0].content",
+          f"400 names messages[0].content: {body[:200]}")
+    st, body = server.post("/v1/completions", {"prompt": [1, 2, 99999]}, auth)
+    check(st == 400 and "vocabulary" in json.loads(body)["error"]["message"], "400 for a bad token id")
+    try:
+        c.completions.create(model="builtin", prompt="y" * 5000, max_tokens=4)
+        check(False, "prompt longer than the context rejected")
+    except openai.APIStatusError as e:
+        check(e.status_code == 413, f"413 for a prompt longer than the context: {e.status_code}")
+    st, body = server.post("/v1/completions", json.dumps({"prompt": "z" * (9 << 20)}).encode(), auth)
+    check(st == 413, f"413 for a 9 MB body: {st}")
+    st, body = server.post("/v1/nothing", {}, auth)
+    check(st == 404 and "error" in json.loads(body), "404 for an unknown route")
+    h = server.wait_idle(10)
+    check(h["leaked_pages"] == 0, "no leaks after the error paths")
+
+
+def test_queue_full(pagoda):
+    with Server(pagoda, "--max-running", "1", "--max-queue", "1") as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        streams = [c.completions.create(model="builtin", prompt="hold", max_tokens=4000,
+                                        stream=True, extra_body={"ignore_eos": True})
+                   for _ in range(2)]
+        next(iter(streams[0]))  # the first runs; the second waits behind it (max-running 1)
+        deadline = time.time() + 10
+        while s.get_json("/health")[1]["inflight"] < 2 and time.time() < deadline:
+            time.sleep(0.02)
+        try:
+            c.completions.create(model="builtin", prompt="third", max_tokens=4)
+            check(False, "a third request is rejected when the queue is full")
+        except openai.APIStatusError as e:
+            check(e.status_code == 503, f"503 when the queue is full: {e.status_code}")
+        for st in streams:
+            st.close()
+        h = s.wait_idle(10)
+        check(h["inflight"] == 0 and h["leaked_pages"] == 0, f"queue drains after closes: {h}")
+        r = c.completions.create(model="builtin", prompt="after", max_tokens=4)
+        check(r.usage.completion_tokens >= 1, "served again once the queue has room")
+
+
+def metrics(server):
+    out = {}
+    for fam in text_string_to_metric_families(server.get_text("/metrics")):
+        for s in fam.samples:
+            if not s.labels or s.name.endswith("_total"):
+                out[s.name] = out.get(s.name, 0) + s.value
+            if s.name.endswith("_bucket") and s.labels.get("le") == "+Inf":
+                out[s.name + "_inf"] = s.value
+    return out
+
+
+def test_metrics(server):
+    m = metrics(server)
+    for name in ["pagoda_requests_running", "pagoda_requests_waiting", "pagoda_kv_pages_used",
+                 "pagoda_kv_pages_cached", "pagoda_prefix_hit_rate", "pagoda_prompt_tokens_total",
+                 "pagoda_generation_tokens_total", "pagoda_time_to_first_token_seconds_count",
+                 "pagoda_time_per_output_token_seconds_count", "pagoda_e2e_request_latency_seconds_count",
+                 "process_resident_memory_bytes"]:
+        check(name in m, f"/metrics has {name}")
+    check(m.get("pagoda_e2e_request_latency_seconds_count") == m.get("pagoda_requests_finished_total"),
+          "e2e histogram counts every finished request")
+    check(m.get("pagoda_e2e_request_latency_seconds_bucket_inf") ==
+          m.get("pagoda_e2e_request_latency_seconds_count"), "+Inf bucket equals the count")
+    check(0.0 <= m.get("pagoda_prefix_hit_rate", -1) <= 1.0, "hit rate in [0, 1]")
+    check(m.get("pagoda_kv_pages_leaked", 1) == 0, "no leaked pages in /metrics")
+
+
+async def soak_one(ac, url, rng, stats):
+    plen = int(min(1500, rng.lognormvariate(4.0, 1.0)))
+    body = {"model": "builtin", "prompt": "".join(rng.choice("abcdefgh ") for _ in range(max(1, plen))),
+            "max_tokens": rng.randint(1, 24), "temperature": rng.choice([0, 0.8]),
+            "ignore_eos": rng.random() < 0.5}
+    stream = rng.random() < 0.6
+    disconnect_after = rng.randint(1, 6) if rng.random() < 0.2 else None
+    # Some requests must be rejected, with the right status.
+    expect = 200
+    u = rng.random()
+    if u < 0.04:
+        body["temperature"], expect = 3.5, 400
+    elif u < 0.06:
+        body["prompt"], expect = "p" * 5000, 413
+    elif u < 0.07:
+        body["model"], expect = "other", 404
+    if expect != 200:
+        disconnect_after = None
+    if stream:
+        body["stream"] = True
+    headers = {"Authorization": f"Bearer {KEY}"}
+    try:
+        if stream:
+            async with ac.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+                if r.status_code != 200 or expect != 200:
+                    await r.aread()
+                    ok = r.status_code == expect and "error" in json.loads(r.content)
+                    key = "rejected" if ok else "wrong"
+                    stats[key] += 1
+                    if not ok:
+                        stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
+                    return
+                n, done = 0, False
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        done = True
+                        break
+                    n += 1
+                    if disconnect_after and n >= disconnect_after:
+                        stats["disconnected"] += 1
+                        return  # leaving the block closes the connection mid-stream
+                stats["ok" if done else "truncated"] += 1
+        else:
+            timeout = rng.uniform(0.001, 0.05) if disconnect_after else 120
+            try:
+                r = await asyncio.wait_for(ac.post(url + "/v1/completions", json=body, headers=headers),
+                                           timeout)
+            except asyncio.TimeoutError:
+                stats["disconnected"] += 1
+                return
+            if expect != 200 and r.status_code == expect and "error" in r.json():
+                stats["rejected"] += 1
+            elif expect == 200 and r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1:
+                stats["ok"] += 1
+            else:
+                stats["wrong"] += 1
+                stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
+    except (httpx.HTTPError, asyncio.TimeoutError) as e:
+        stats["errors"].append(repr(e))
+
+
+async def soak(server, n, seed, concurrency=32):
+    rng = random.Random(seed)
+    stats = {"ok": 0, "rejected": 0, "wrong": 0, "disconnected": 0, "truncated": 0, "status": {},
+             "errors": []}
+    sem = asyncio.Semaphore(concurrency)
+    rss = []
+    limits = httpx.Limits(max_connections=concurrency + 8)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as ac:
+        async def one(i):
+            async with sem:
+                await soak_one(ac, server.url, rng, stats)
+            if i in (n // 4, n - 1):
+                rss.append(server.get_json("/health")[1]["resident_bytes"])
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return stats, rss
+
+
+def test_drain(pagoda):
+    s = Server(pagoda)
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+    st = c.completions.create(model="builtin", prompt="drain me", max_tokens=200, stream=True,
+                              extra_body={"ignore_eos": True})
+    it = iter(st)
+    first = next(it)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:
+        c.completions.create(model="builtin", prompt="late", max_tokens=2)
+        check(False, "no new request while draining")
+    except openai.APIStatusError as e:
+        check(e.status_code == 503, f"503 while draining: {e.status_code}")
+    except openai.APIConnectionError:
+        pass  # already stopped listening: also a refusal
+    rest = [first] + list(it)
+    text_chunks = [ch for ch in rest if ch.choices]
+    check(text_chunks[-1].choices[0].finish_reason == "length",
+          "the running stream finished during the drain")
+    check(s.proc.wait(30) == 0, "exit status 0 after SIGTERM")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pagoda", required=True)
+    ap.add_argument("--seed", type=int, default=random.randrange(1 << 30))
+    ap.add_argument("--soak-requests", type=int, default=2000)
+    ap.add_argument("--soak-seconds", type=float, default=120.0)
+    ap.add_argument("--server-log", default=None, help="the main server's stderr (default: dropped)")
+    ap.add_argument("--rss-slack", type=float, default=0.10,
+                    help="allowed resident growth after warm-up (sanitizer builds need more)")
+    args = ap.parse_args()
+    print(f"seed {args.seed}")
+    rng = random.Random(args.seed)
+    t0 = time.time()
+    with Server(args.pagoda, "--api-key", KEY, "--max-running", "32", "--pool-tokens", "65536",
+                log=args.server_log) as s:
+        test_basics(args.pagoda, s, rng)
+        test_concurrent(args.pagoda, s, rng)
+        test_abort(s)
+        test_errors(s, args.pagoda)
+        test_metrics(s)
+        print(f"functional checks done ({time.time() - t0:.1f} s)")
+        t1 = time.time()
+        stats, rss = asyncio.run(soak(s, args.soak_requests, args.seed))
+        took = time.time() - t1
+        h = s.wait_idle(20)
+        print(f"soak: {args.soak_requests} requests in {took:.1f} s: {stats['ok']} ok, "
+              f"{stats['rejected']} rejected as expected (400/404/413), "
+              f"{stats['disconnected']} disconnected by the client, wrong statuses {stats['status']}, "
+              f"errors {len(stats['errors'])}; health {h}; rss after warm-up / end {rss}")
+        check(took < args.soak_seconds, f"soak within {args.soak_seconds} s")
+        check(stats["ok"] + stats["rejected"] + stats["disconnected"] == args.soak_requests
+              and not stats["wrong"] and not stats["errors"] and not stats["truncated"],
+              f"every soak request answered: {stats['status']} {stats['errors'][:3]}")
+        check(h["inflight"] == 0 and h["leaked_pages"] == 0 and h["leaked_rows"] == 0,
+              f"0 in flight and 0 leaked after the soak: {h}")
+        check(h["kv_pages_free"] + h["kv_pages_cached"] == h["kv_pages_total"],
+              f"every page free or cached: {h}")
+        if len(rss) == 2:
+            check(rss[1] <= rss[0] * (1 + args.rss_slack) + (16 << 20),
+                  f"resident memory flat after warm-up: {rss}")
+        test_metrics(s)
+        check(s.stop() == 0, "exit status 0 after SIGTERM")
+    test_queue_full(args.pagoda)
+    test_drain(args.pagoda)
+    print(f"total {time.time() - t0:.1f} s")
+    if failures:
+        print(f"FAIL: {len(failures)} check(s) failed (seed {args.seed})")
+        return 1
+    print(f"OK (seed {args.seed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
