@@ -292,52 +292,74 @@ async def soak_one(ac, url, rng, stats):
     if stream:
         body["stream"] = True
     headers = {"Authorization": f"Bearer {KEY}"}
-    try:
-        if stream:
-            async with ac.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
-                if r.status_code != 200 or expect != 200:
-                    await r.aread()
-                    ok = r.status_code == expect and "error" in json.loads(r.content)
-                    key = "rejected" if ok else "wrong"
-                    stats[key] += 1
-                    if not ok:
-                        stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
-                    return
-                n, done = 0, False
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    if line == "data: [DONE]":
-                        done = True
-                        break
-                    n += 1
-                    if disconnect_after and n >= disconnect_after:
-                        stats["disconnected"] += 1
-                        return  # leaving the block closes the connection mid-stream
-                stats["ok" if done else "truncated"] += 1
-        else:
-            timeout = rng.uniform(0.001, 0.05) if disconnect_after else 120
-            try:
-                r = await asyncio.wait_for(ac.post(url + "/v1/completions", json=body, headers=headers),
-                                           timeout)
-            except asyncio.TimeoutError:
-                stats["disconnected"] += 1
+    # A pooled keep-alive connection can be closed by the server's idle timeout just as a request
+    # is sent on it, or left broken by a cancelled request (httpcore): the client then sees a
+    # transport error before any response byte. Real clients retry that (the openai client does);
+    # so does the soak, once, counting it ("retried" must stay rare). An error after a response
+    # began is never retried.
+    for attempt in range(2):
+        began = [False]
+        try:
+            await soak_request(ac, url, body, headers, stream, disconnect_after, expect, rng, stats,
+                               began)
+            return
+        except httpx.TransportError as e:
+            if began[0] or attempt == 1:
+                stats["errors"].append(repr(e))
                 return
-            if expect != 200 and r.status_code == expect and "error" in r.json():
-                stats["rejected"] += 1
-            elif expect == 200 and r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1:
-                stats["ok"] += 1
-            else:
-                stats["wrong"] += 1
-                stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
-    except (httpx.HTTPError, asyncio.TimeoutError) as e:
-        stats["errors"].append(repr(e))
+            stats["retried"].append(repr(e))
+        except asyncio.TimeoutError as e:
+            stats["errors"].append(repr(e))
+            return
+
+
+async def soak_request(ac, url, body, headers, stream, disconnect_after, expect, rng, stats, began):
+    """One soak request; sets began[0] once a response (status line) has arrived."""
+    if stream:
+        async with ac.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+            began[0] = True
+            if r.status_code != 200 or expect != 200:
+                await r.aread()
+                ok = r.status_code == expect and "error" in json.loads(r.content)
+                key = "rejected" if ok else "wrong"
+                stats[key] += 1
+                if not ok:
+                    stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
+                return
+            n, done = 0, False
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    done = True
+                    break
+                n += 1
+                if disconnect_after and n >= disconnect_after:
+                    stats["disconnected"] += 1
+                    return  # leaving the block closes the connection mid-stream
+            stats["ok" if done else "truncated"] += 1
+    else:
+        timeout = rng.uniform(0.001, 0.05) if disconnect_after else 120
+        try:
+            r = await asyncio.wait_for(ac.post(url + "/v1/completions", json=body, headers=headers),
+                                       timeout)
+        except asyncio.TimeoutError:
+            stats["disconnected"] += 1
+            return
+        began[0] = True
+        if expect != 200 and r.status_code == expect and "error" in r.json():
+            stats["rejected"] += 1
+        elif expect == 200 and r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1:
+            stats["ok"] += 1
+        else:
+            stats["wrong"] += 1
+            stats["status"][r.status_code] = stats["status"].get(r.status_code, 0) + 1
 
 
 async def soak(server, n, seed, concurrency=32):
     rng = random.Random(seed)
     stats = {"ok": 0, "rejected": 0, "wrong": 0, "disconnected": 0, "truncated": 0, "status": {},
-             "errors": []}
+             "errors": [], "retried": []}
     sem = asyncio.Semaphore(concurrency)
     rss = []
     limits = httpx.Limits(max_connections=concurrency + 8)
@@ -402,11 +424,15 @@ def main():
         print(f"soak: {args.soak_requests} requests in {took:.1f} s: {stats['ok']} ok, "
               f"{stats['rejected']} rejected as expected (400/404/413), "
               f"{stats['disconnected']} disconnected by the client, wrong statuses {stats['status']}, "
-              f"errors {len(stats['errors'])}; health {h}; rss after warm-up / end {rss}")
+              f"errors {len(stats['errors'])}, retried after a transport error before any response "
+              f"{len(stats['retried'])} {stats['retried'][:3]}; health {h}; "
+              f"rss after warm-up / end {rss}")
         check(took < args.soak_seconds, f"soak within {args.soak_seconds} s")
         check(stats["ok"] + stats["rejected"] + stats["disconnected"] == args.soak_requests
               and not stats["wrong"] and not stats["errors"] and not stats["truncated"],
               f"every soak request answered: {stats['status']} {stats['errors'][:3]}")
+        check(len(stats["retried"]) <= args.soak_requests // 200,
+              f"transport errors before a response stay rare ({len(stats['retried'])} retried)")
         check(h["inflight"] == 0 and h["leaked_pages"] == 0 and h["leaked_rows"] == 0,
               f"0 in flight and 0 leaked after the soak: {h}")
         check(h["kv_pages_free"] + h["kv_pages_cached"] == h["kv_pages_total"],
