@@ -196,7 +196,8 @@ std::vector<std::byte> nccl_unique_id() {
 
 std::unique_ptr<Communicator> make_nccl_communicator(std::span<const std::byte>, int, int,
                                                      void*) {
-  return (void)nccl_unique_id(), nullptr;
+  throw_error(ErrorCode::kUnsupported,
+              "tensor parallelism is unavailable: this build has no NCCL");
 }
 
 #endif

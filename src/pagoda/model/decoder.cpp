@@ -62,7 +62,8 @@ Decoder::Shard Decoder::shard_of(const ModelConfig& c, int rank, int size) {
 }
 
 const void* Decoder::upload_owned(std::vector<float> host) {
-  host_slices_.push_back(std::move(host));
+  if (!ops_->device().is_cpu()) return ops_->upload(host);  // copied: the slice can go
+  host_slices_.push_back(std::move(host));  // the CPU ops use it in place
   return ops_->upload(host_slices_.back());
 }
 
@@ -146,10 +147,7 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
         .post_norm = ops.upload(w.post_norm),
         .gate_up = upload_owned(std::move(gate_up)),
         .down = upload_owned(slice_cols(w.down_proj, inter, r * inter_l, inter_l))});
-    // Device ops copied the slices: drop the host copies (the CPU ops use them in place).
-    if (ops.device().is_cuda()) host_slices_.clear();
   }
-  if (ops.device().is_cuda()) host_slices_.clear();
 }
 
 void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {

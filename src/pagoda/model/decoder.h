@@ -104,7 +104,7 @@ class Decoder {
   struct LayerPtrs {
     const void *input_norm, *qkv, *qkv_bias, *o_proj, *post_norm, *gate_up, *down;
   };
-  /// A weight slice kept on the host for the ops (the CPU ops use host memory in place).
+  /// Uploads a weight slice; keeps the host copy only for the CPU ops (they use it in place).
   const void* upload_owned(std::vector<float> host);
 
   const LlamaModel* model_;
