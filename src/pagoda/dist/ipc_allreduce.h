@@ -1,7 +1,8 @@
 #pragma once
 /// IpcAllReduce: a one-shot all-reduce for small messages over CUDA-IPC-mapped peer memory (the
-/// technique of vLLM's and SGLang's custom all-reduce; written here from the idea). NCCL's ring
-/// costs ~15 µs per 8 KB all-reduce on two H200s; a decode step of an 8B model runs 65 of them.
+/// technique of vLLM's and SGLang's custom all-reduce; written here from the idea). A decode
+/// step runs 2 per layer + 1; measured on two H200s (bench/results/tp_h200x2.md, 4174820) it
+/// saves only ~1 µs per all-reduce over NCCL at 8-512 KB, so NCCL is not the main TP overhead.
 ///
 /// Each rank owns one device allocation, mapped into every peer: a flag area (per block, per
 /// rank) and two data halves used alternately (call parity). One kernel per call: every block
