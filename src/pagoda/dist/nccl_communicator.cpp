@@ -45,8 +45,9 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, int world, cudaStream_t stream)
       : comm_(comm), rank_(rank), world_(world), stream_(stream) {}
-  /// Tears down with ncclCommAbort: local and non-blocking. (ncclCommDestroy finalizes with the
-  /// peers and waited ~30 s for a rank that had already left; by the time a communicator is
+  /// Tears down with ncclCommAbort: local and non-blocking. (With ncclCommDestroy at exit,
+  /// `generate --tp 2` took 50-52 s instead of 21-26 s on the H200s at e08d3e7, the follower
+  /// apparently waiting on its peer until rank 0 killed it; by the time a communicator is
   /// destroyed no collective is outstanding, so nothing is lost.)
   ~NcclCommunicator() override {
     ipc_.reset();
