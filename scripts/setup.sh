@@ -40,4 +40,6 @@ python3 -c 'import jinja2' 2>/dev/null || pip_install jinja2
 BUILD_DIR=${BUILD_DIR:-build}
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} ${CMAKE_ARGS:-} >/dev/null
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"
+# $BUILD_TARGETS (space-separated) builds only those targets (CI's fuzz stage).
+# shellcheck disable=SC2086
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" ${BUILD_TARGETS:+--target $BUILD_TARGETS}

@@ -189,8 +189,16 @@ int main(int argc, char** argv) {
       {"prefill_causal_b4_s4096", 4, 4096, 0, 16, DType::kBF16, false},
       {"extend_q512_prefix8192_p16", 4, 512, 8192, 16},
       {"tree_verify_d64_prefix4096_b16", 16, 64, 4096, 16, DType::kBF16, true, true, true},
+      {"prefill_causal_b1_s16384", 1, 16384, 0, 16, DType::kBF16, false},
+      {"prefill_causal_b16_s1024", 16, 1024, 0, 16, DType::kBF16, false},
+      {"prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, DType::kBF16, false},
+      {"prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 64},
+      {"prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 256},
   };
+  // argv[2]: run only the cases whose name contains it.
+  const std::string filter = argc > 2 ? argv[2] : "";
   for (const Case& c : cases) {
+    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     run_case(c, out);
     if (out != stdout) std::printf("done %s\n", c.name.c_str());
   }

@@ -126,7 +126,12 @@ def main():
         "decode_p16_b64_l4096": decode_peers(64, 4096, 16, flex=flex),
         "decode_p16_b8_l32768": decode_peers(8, 32768, 16),
         "prefill_causal_b4_s4096": prefill_peers(4, 4096, flex=flex),
+        "prefill_causal_b1_s16384": prefill_peers(1, 16384),
+        "prefill_causal_b16_s1024": prefill_peers(16, 1024),
+        "prefill_causal_b4_s4096_d64": prefill_peers(4, 4096, d=64),
+        "prefill_causal_b4_s4096_d256": prefill_peers(4, 4096, d=256),
     }
+    peers["prefill_causal_b4_s4096_p1"] = peers["prefill_causal_b4_s4096"]
     rows = []
     hdr = ("| case | path | ours ms | GB/s | % copy BW | TFLOP/s | % GEMM | cuDNN ms (ratio) | "
            "flash ms (ratio) | flex ms (ratio) | gather+SDPA ms (ratio) |")

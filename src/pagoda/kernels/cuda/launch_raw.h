@@ -11,6 +11,10 @@ namespace pagoda::kernels::cuda::raw {
 /// cudaErrorNotSupported when no instantiation matches.
 cudaError_t decode(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream);
+/// The Hopper prefill (prefill_sm90_kernel): usable when the device is sm_90 with the sm_90a
+/// image built, Q and KV share a 16-bit type, D = 64 or 128, and PAGODA_SM90_PREFILL != 0.
+bool prefill_sm90_usable(const AttentionArgs& args);
+cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t generic(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t append_kv(const AppendArgs& args, cudaStream_t stream);

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""FlashInfer 0.5.3 as a peer on pagoda's prefill / extend / tree-verify shapes (bench_cuda.cpp).
+
+Usage: flashinfer_peer.py OUT.jsonl [name-filter]
+Times BatchPrefillWithPagedKVCacheWrapper with backend "fa3" and "fa2" on a paged bf16 cache with
+shuffled pages (NHD), 32 q / 8 kv heads, causal, the same shapes as bench_cuda.cpp. One JSON
+object per case: {"case", "fa3_ms", "fa2_ms"} (median of triton.testing.do_bench; null when the
+backend refuses). FlashInfer JIT-compiles each kernel variant on first use (about a minute)."""
+import json
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import flashinfer
+
+dev = "cuda"
+bf = torch.bfloat16
+CASES = [  # name, bs, qo, prefix, page, d, tree
+    ("prefill_causal_b4_s4096", 4, 4096, 0, 16, 128, False),
+    ("prefill_causal_b1_s16384", 1, 16384, 0, 16, 128, False),
+    ("prefill_causal_b16_s1024", 16, 1024, 0, 16, 128, False),
+    ("prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, 128, False),
+    ("prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, 64, False),
+    ("prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, 256, False),
+    ("extend_q512_prefix8192_p16", 4, 512, 8192, 16, 128, False),
+    ("tree_verify_d64_prefix4096_b16", 16, 64, 4096, 16, 128, True),
+]
+
+
+def run(name, bs, qo, prefix, ps, d, tree, backend, ws):
+    hq, hkv = 32, 8
+    kv = prefix + qo
+    pages = (kv + ps - 1) // ps
+    num = bs * pages + 1
+    g = torch.Generator(device="cpu").manual_seed(42)
+    ids = (torch.randperm(num - 1, generator=g) + 1).to(torch.int32).to(dev)
+    kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev) * pages
+    last = torch.full((bs,), kv - (pages - 1) * ps, dtype=torch.int32, device=dev)
+    qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev) * qo
+    q = torch.randn(bs * qo, hq, d, device=dev, dtype=bf)
+    kc = torch.randn(num, ps, hkv, d, device=dev, dtype=bf)
+    vc = torch.randn(num, ps, hkv, d, device=dev, dtype=bf)
+    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+    kwargs = {}
+    if tree:
+        masks = []
+        for _ in range(bs):
+            parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, qo)]
+            m = torch.zeros(qo, kv, dtype=torch.bool)
+            m[:, :prefix] = True
+            for i in range(qo):
+                a = i
+                while a >= 0:
+                    m[i, prefix + a] = True
+                    a = parent[a]
+            masks.append(m.flatten())
+        kwargs["custom_mask"] = torch.cat(masks).to(dev)
+    w.plan(qo_indptr, kv_indptr, ids, last, hq, hkv, d, ps, causal=not tree,
+           q_data_type=bf, kv_data_type=bf, **kwargs)
+    fn = lambda: w.run(q, (kc, vc))  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main():
+    out = open(sys.argv[1], "w")
+    filt = sys.argv[2] if len(sys.argv) > 2 else ""
+    ws = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    for case in CASES:
+        if filt and filt not in case[0]:
+            continue
+        r = {"case": case[0]}
+        for backend in ("fa3", "fa2"):
+            try:
+                r[f"{backend}_ms"] = run(*case, backend, ws)
+            except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal
+                print(f"{case[0]} {backend} failed: {type(e).__name__} {str(e)[:200]}", flush=True)
+                r[f"{backend}_ms"] = None
+        print(json.dumps(r), flush=True)
+        out.write(json.dumps(r) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

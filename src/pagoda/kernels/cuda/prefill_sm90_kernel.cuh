@@ -1,0 +1,339 @@
+#pragma once
+/// Hopper (sm_90a) paged prefill / extend / verify: wgmma from shared memory, a producer
+/// warpgroup gathering paged K/V, two consumer warpgroups.
+///
+/// Same work decomposition and plan as prefill_kernel (one block = one work item of
+/// prefill_rows_per_tile(D) = 128 packed rows x one kv head, GQA rows packed as r -> (token r / G,
+/// head hkv * G + r % G)), so the planner is shared and either kernel can run a plan.
+///
+/// Roles (384 threads, one block per SM):
+///  * warpgroup 0, producer: per tile of kKeys = 128 keys it looks up the pages of its keys
+///    (any page size), then gathers K and V rows with 16-byte cp.async into a kStages-deep ring of
+///    128B-swizzled shared-memory tiles (zero-filled past the request's keys), waits for its own
+///    copies of the previous tile, fences them into the async proxy and arrives on that stage's
+///    `full` mbarrier. Before reusing a stage it waits on the stage's `empty` mbarrier.
+///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
+///    S = Q K^T with wgmma m64n128k16 (both operands in shared memory), masking and online
+///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
+///    wgmma m64nDk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
+/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs.
+///
+/// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
+/// [D/64][kKeys][128 B], then the page offsets of each stage's keys and the mbarriers.
+/// Supports 16-bit Q == KV types, D = 64 and 128; fp8 KV and D = 256 use prefill_kernel.
+
+#include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/sm90_utils.cuh"
+
+namespace pagoda::kernels::cuda::detail {
+
+template <typename T, int D>
+struct PrefillSm90Config {
+  static constexpr int kThreads = 384;
+  static constexpr int kRows = 128;        // packed rows per block (2 consumers x 64)
+  static constexpr int kKeys = 128;        // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr int kHalves = D / 64;   // 128-byte atom columns per row
+  static constexpr uint32_t kQBytes = kRows * D * 2;
+  static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
+  static constexpr uint32_t kOffBytes = kStages * kKeys * 2 * 8;      // int64 k/v offsets
+  static constexpr uint32_t kBarBytes = 2 * kStages * 8;
+  static constexpr size_t kSmemBytes =
+      1024 + kQBytes + 2 * kStages * kTileBytes + kOffBytes + kBarBytes;
+  static_assert(D == 64 || D == 128, "sm90 prefill supports D = 64 and 128");
+  static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(384, 1)
+    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = PrefillSm90Config<T, D>;
+  constexpr int kKeys = Cfg::kKeys;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kNT = kKeys / 8;   // score n-tiles of 8 columns
+  constexpr int kDT = D / 8;       // output n-tiles
+  constexpr int kChunks = D / 8;   // 16-byte chunks per row
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
+  unsigned char* smem = smem_raw + pad;
+  const uint32_t q_addr = raw_addr + pad;
+  const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at +2s*tile, V at +(2s+1)*tile
+  int64_t* offs = reinterpret_cast<int64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(offs + kStages * kKeys * 2);
+  uint64_t* empty = full + kStages;
+
+  const DevicePlan& plan = a.plan;
+  const int item = blockIdx.x;
+  if (item >= plan.counts[1]) return;
+  const int b = plan.item_req[item];
+  const int r0 = plan.item_a[item] * Cfg::kRows;
+  const int hkv = blockIdx.y;
+  const int G = a.num_qo_heads / a.num_kv_heads;
+  const int q_begin = plan.qo_indptr[b];
+  const int qo_len = plan.qo_indptr[b + 1] - q_begin;
+  const int rows = qo_len * G;
+  const int kv_len = kv_len_of(plan, b, a.page_size);
+  MaskInfo mask;
+  mask.qo_len = qo_len;
+  mask.kv_len = kv_len;
+  mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[b] : nullptr;
+  mask.causal = a.causal;
+  mask.window = a.window_left;
+  const int qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
+
+  const int t_first = r0 / G;
+  const int t_last = (min(r0 + Cfg::kRows, rows) - 1) / G;
+  int lo = 0, hi = kv_len;
+  if (mask.bits == nullptr && mask.causal) hi = min(kv_len, qoff + t_last + 1);
+  if (mask.window >= 0) lo = max(0, qoff + t_first - mask.window);
+  const int ntiles = hi > lo ? (hi - lo + kKeys - 1) / kKeys : 0;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int t128 = tid % 128;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 256);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ================= producer =================
+    reg_dealloc<56>();
+    const int ps = a.page_size;
+    const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
+    const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
+    const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
+    constexpr int kRowsPerPass = 128 / kChunks;  // 8 (D = 128) or 16 (D = 64)
+    const int c = t128 % kChunks;
+    const int rsub = t128 / kChunks;
+    const uint32_t chunk_off = static_cast<uint32_t>(c / 8) * (kKeys * 128);
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % kStages;
+      if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
+      int64_t* ko = offs + s * 2 * kKeys;
+      int64_t* vo = ko + kKeys;
+      {
+        const int kj = lo + i * kKeys + t128;
+        const int page = kj < hi ? __ldg(pages + kj / ps) : -1;
+        const int64_t o = kj % ps;
+        ko[t128] = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
+        vo[t128] = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
+      }
+      named_bar_sync(1, 128);
+      const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
+      const uint32_t vdst = kdst + Cfg::kTileBytes;
+#pragma unroll 4
+      for (int p = 0; p < kKeys / kRowsPerPass; ++p) {
+        const int r = rsub + p * kRowsPerPass;
+        const int64_t kof = ko[r], vof = vo[r];
+        const uint32_t so = sw128_offset(r, c % 8);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
+                     "l"(kof < 0 ? kg : kg + kof + c * 8), "r"(kof < 0 ? 0 : 16));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
+                     "l"(vof < 0 ? vg : vg + vof + c * 8), "r"(vof < 0 ? 0 : 16));
+      }
+      cp_async_commit();
+      if (i > 0) {
+        cp_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(&full[(i - 1) % kStages]);
+      }
+    }
+    if (ntiles > 0) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbar_arrive(&full[(ntiles - 1) % kStages]);
+    }
+    return;
+  }
+
+  // ================= consumers =================
+  reg_alloc<224>();
+  const int cw = wg - 1;                 // consumer index: rows [64 cw, 64 cw + 64) of the tile
+  const int warp = t128 / 32, lane = tid % 32;
+  const int g0 = r0 + cw * 64;           // first packed row of this warpgroup
+  const int wr0 = g0 + warp * 16;        // first packed row of this warp
+
+  // ---- Q: this warpgroup's 64 rows ----
+  for (int idx = t128; idx < 64 * kChunks; idx += 128) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int pr = g0 + r;
+    const bool ok = pr < rows;
+    const T* src = static_cast<const T*>(a.q);
+    if (ok) src += (q_begin + pr / G) * a.q_stride_n + (hkv * G + pr % G) * a.q_stride_h + c * 8;
+    const uint32_t dst = q_addr + (c / 8) * (Cfg::kRows * 128) + sw128_offset(cw * 64 + r, c % 8);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async();
+  named_bar_sync(2 + cw, 128);
+
+  // Keys this warpgroup can see at all.
+  const bool wg_rows = g0 < rows;
+  const int gt_first = g0 / G;
+  const int gt_last = (min(g0 + 64, rows) - 1) / G;
+  int ghi = hi, glo = lo;
+  if (mask.bits == nullptr && mask.causal) ghi = min(hi, qoff + gt_last + 1);
+  if (mask.window >= 0) glo = max(lo, qoff + gt_first - mask.window);
+  // This warp's rows (for the per-warp full-tile test).
+  const int wt_first = wr0 / G;
+  const int wt_last = (max(min(wr0 + 16, rows), wr0 + 1) - 1) / G;
+  const bool capped = xf.cap > 0.f;
+  const float scale = capped ? 1.f : xf.scale_log2;
+  const int nfree = mask.bits != nullptr && plan.mask_free_cols != nullptr
+                        ? max(0, (min(hi, plan.mask_free_cols[b]) - lo) / kKeys)
+                        : 0;
+
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  float o[kDT * 4];
+#pragma unroll
+  for (int i = 0; i < kDT * 4; ++i) o[i] = 0.f;
+
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % kStages;
+    mbar_wait(&full[s], (i / kStages) & 1);
+    const int kb0 = lo + i * kKeys;
+    if (wg_rows && kb0 < ghi && kb0 + kKeys > glo) {
+      const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
+      const uint32_t v_addr = k_addr + Cfg::kTileBytes;
+      float sc[kNT * 4];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t half = kk / 4, sub = (kk % 4) * 32;
+        const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
+                                       16, 1024);
+        const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
+        wgmma_ss<T, kKeys>(sc, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(sc);
+
+      MaskInfo mk = mask;
+      if (i < nfree) {
+        mk.bits = nullptr;
+        mk.causal = false;
+      }
+      const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
+                             (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
+                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+      if (capped) {
+#pragma unroll
+        for (int e = 0; e < kNT * 4; ++e) sc[e] = xf(sc[e]);
+      }
+      if (!full_tile) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int pr = wr0 + lane / 4 + h * 8;
+          const int tok = pr / G;
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
+              if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) sc[4 * j + 2 * h + e] = neg_inf();
+            }
+          }
+        }
+      }
+      // Online softmax (a quad of lanes shares a row), lazy rescaling as in prefill_kernel.
+      constexpr float kLazyRescale = 8.f;
+      float mx[2];
+      bool grow = false;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x = neg_inf();
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) x = fmaxf(x, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        mx[h] = x * scale;
+        grow |= mx[h] > m[h] + kLazyRescale;
+      }
+      if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float mnew = fmaxf(m[h], mx[h]);
+          const float alpha = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
+          m[h] = mnew;
+          l[h] *= alpha;
+#pragma unroll
+          for (int d = 0; d < kDT; ++d) {
+            o[4 * d + 2 * h] *= alpha;
+            o[4 * d + 2 * h + 1] *= alpha;
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float msafe = m[h] == neg_inf() ? 0.f : m[h];
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          sc[4 * j + 2 * h] = exp2f(fmaf(sc[4 * j + 2 * h], scale, -msafe));
+          sc[4 * j + 2 * h + 1] = exp2f(fmaf(sc[4 * j + 2 * h + 1], scale, -msafe));
+          sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
+        }
+        l[h] += sum;
+      }
+      // O += P V: P is the A operand straight from the S accumulators.
+      uint32_t pa[kKeys / 16][4];
+#pragma unroll
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+        pa[k2][0] = pack2<T>(sc[8 * k2 + 0], sc[8 * k2 + 1]);
+        pa[k2][1] = pack2<T>(sc[8 * k2 + 2], sc[8 * k2 + 3]);
+        pa[k2][2] = pack2<T>(sc[8 * k2 + 4], sc[8 * k2 + 5]);
+        pa[k2][3] = pack2<T>(sc[8 * k2 + 6], sc[8 * k2 + 7]);
+      }
+      fence_operands(o);
+      wgmma_fence();
+#pragma unroll
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+        const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
+        wgmma_rs<T, D>(o, pa[k2], dv);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(o);
+    }
+    mbar_arrive(&empty[s]);
+  }
+
+  // ---- epilogue ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lsum = l[h];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const int pr = wr0 + lane / 4 + h * 8;
+    if (pr >= rows) continue;
+    const int head = hkv * G + pr % G;
+    const int tok = q_begin + pr / G;
+    float lse;
+    const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
+    T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      const uint32_t v = pack2<T>(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
+      *reinterpret_cast<uint32_t*>(op + d * 8 + (lane % 4) * 2) = v;
+    }
+    if (a.lse != nullptr && lane % 4 == 0) {
+      a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
+    }
+  }
+#else
+  __trap();  // launched only where the sm_90a image exists (prefill_sm90_usable)
+#endif
+}
+
+}  // namespace pagoda::kernels::cuda::detail

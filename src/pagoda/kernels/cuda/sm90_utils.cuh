@@ -1,0 +1,102 @@
+#pragma once
+/// sm_90 building blocks of the Hopper kernels: mbarriers, named barriers, proxy fences,
+/// register reallocation, wgmma fences and shared-memory matrix descriptors.
+///
+/// Everything here compiles for any architecture (the kernels guard their sm_90a bodies), but
+/// only runs on sm_90a: the wgmma / setmaxnreg instructions do not exist elsewhere.
+
+#include <cstdint>
+
+#include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/wgmma_ops.cuh"
+
+namespace pagoda::kernels::cuda::detail {
+
+// ---- mbarriers (CTA scope) ----------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+/// Blocks until the barrier's phase with the given parity (0 / 1) has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred P1;\n"
+      "LAB_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      "@P1 bra DONE;\n"
+      "bra LAB_WAIT;\n"
+      "DONE:\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// ---- barriers and fences ------------------------------------------------------------------
+/// bar.sync on a named barrier (id 1..15; 0 is __syncthreads) for `threads` threads.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+/// Orders this thread's generic-proxy shared-memory writes (stores, completed cp.async) before
+/// later async-proxy reads (wgmma operands).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void reg_alloc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void reg_dealloc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+// ---- wgmma ordering -----------------------------------------------------------------------
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Pins accumulator registers at this point of the program, so the compiler neither reads them
+/// before a wgmma_wait nor writes them after a wgmma that is still in flight.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// ---- shared-memory matrix descriptors (128-byte swizzle) ----------------------------------
+/// Byte offset of 16-byte chunk `c` (0..7) of 128-byte row `r` inside a 128B-swizzled atom
+/// column (rows of 64 16-bit elements; the column's base is 1024-byte aligned).
+__device__ __forceinline__ uint32_t sw128_offset(int r, int c) {
+  return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
+}
+/// Descriptor of a 128B-swizzled operand at shared byte address `addr`.
+/// K-major (Q, K): rows of 128 bytes, 8-row groups `sbo` = 1024 bytes apart, `lbo` unused.
+/// MN-major (V with the transpose bit): 8 k-rows of 64 MN elements per 1024-byte atom,
+/// `lbo` = bytes between atoms along MN, `sbo` = bytes between 8-row groups along K.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = (addr & 0x3FFFFu) >> 4;
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFFu) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFFu) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+}  // namespace pagoda::kernels::cuda::detail
