@@ -7,11 +7,13 @@
 /// head hkv * G + r % G)), so the planner is shared and either kernel can run a plan.
 ///
 /// Roles (384 threads, one block per SM):
-///  * warpgroup 0, producer: per tile of kKeys = 128 keys it looks up the pages of its keys
-///    (any page size), then gathers K and V rows with 16-byte cp.async into a kStages-deep ring of
-///    128B-swizzled shared-memory tiles (zero-filled past the request's keys), waits for its own
-///    copies of the previous tile, fences them into the async proxy and arrives on that stage's
-///    `full` mbarrier. Before reusing a stage it waits on the stage's `empty` mbarrier.
+///  * warpgroup 0, producer: per tile of kKeys = 128 keys each lane looks up the page of one key
+///    (any page size; the next tile's lookup is in flight while this one is issued), warp shuffles
+///    hand the row offsets to the copying lanes, which gather K and V rows with 16-byte cp.async
+///    into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
+///    request's keys). It then waits for its own copies of the previous tile, fences them into the
+///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
+///    the stage's `empty` mbarrier.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
 ///    S = Q K^T with wgmma m64n128k16 (both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
@@ -19,7 +21,7 @@
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs.
 ///
 /// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
-/// [D/64][kKeys][128 B], then the page offsets of each stage's keys and the mbarriers.
+/// [D/64][kKeys][128 B], then the mbarriers.
 /// Supports 16-bit Q == KV types, D = 64 and 128; fp8 KV and D = 256 use prefill_kernel.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
@@ -32,14 +34,14 @@ struct PrefillSm90Config {
   static constexpr int kThreads = 384;
   static constexpr int kRows = 128;        // packed rows per block (2 consumers x 64)
   static constexpr int kKeys = 128;        // keys per tile
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
   static constexpr int kHalves = D / 64;   // 128-byte atom columns per row
   static constexpr uint32_t kQBytes = kRows * D * 2;
   static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
-  static constexpr uint32_t kOffBytes = kStages * kKeys * 2 * 8;      // int64 k/v offsets
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
   static constexpr size_t kSmemBytes =
-      1024 + kQBytes + 2 * kStages * kTileBytes + kOffBytes + kBarBytes;
+      1024 + kQBytes + 2 * kStages * kTileBytes + kBarBytes;
+  static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   static_assert(D == 64 || D == 128, "sm90 prefill supports D = 64 and 128");
   static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
@@ -61,8 +63,7 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_addr = raw_addr + pad;
   const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at +2s*tile, V at +(2s+1)*tile
-  int64_t* offs = reinterpret_cast<int64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(offs + kStages * kKeys * 2);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
   uint64_t* empty = full + kStages;
 
   const DevicePlan& plan = a.plan;
@@ -110,34 +111,45 @@ __global__ void __launch_bounds__(384, 1)
     const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
     const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
     const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
-    constexpr int kRowsPerPass = 128 / kChunks;  // 8 (D = 128) or 16 (D = 64)
-    const int c = t128 % kChunks;
-    const int rsub = t128 / kChunks;
+    // Thread t copies chunk c of rows q + p * kRowsPerPass (+ 4 * kRowsPerWarp * ... per warp):
+    // a warp covers kRowsPerWarp rows per pass, 32 rows per tile, so each lane looks up the page
+    // of one of its warp's 32 rows and the pass loop shuffles the offsets to the copying lanes.
+    constexpr int kRowsPerWarp = 32 / kChunks;        // rows a warp copies per pass (2 or 4)
+    constexpr int kRowsPerPass = 4 * kRowsPerWarp;    // rows the warpgroup copies per pass
+    constexpr int kPasses = kKeys / kRowsPerPass;     // 16 (D = 128) or 8 (D = 64)
+    static_assert(kPasses * kRowsPerWarp == 32, "one looked-up row per lane");
+    const int lane = t128 % 32, pw = t128 / 32;
+    const int c = lane % kChunks;
+    const int q = lane / kChunks;
+    // The row this lane looks up: pass lane / kRowsPerWarp, sub-row lane % kRowsPerWarp.
+    const int my_row = (lane / kRowsPerWarp) * kRowsPerPass + pw * kRowsPerWarp + lane % kRowsPerWarp;
     const uint32_t chunk_off = static_cast<uint32_t>(c / 8) * (kKeys * 128);
+    auto lookup = [&](int tile) -> int {
+      const int kj = lo + tile * kKeys + my_row;
+      return tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
+    };
+    int page_next = lookup(0);
     for (int i = 0; i < ntiles; ++i) {
       const int s = i % kStages;
+      const int page = page_next;
+      const int64_t o = (lo + i * kKeys + my_row) % ps;
+      const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
+      const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
+      page_next = lookup(i + 1);  // in flight while this tile is issued
       if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
-      int64_t* ko = offs + s * 2 * kKeys;
-      int64_t* vo = ko + kKeys;
-      {
-        const int kj = lo + i * kKeys + t128;
-        const int page = kj < hi ? __ldg(pages + kj / ps) : -1;
-        const int64_t o = kj % ps;
-        ko[t128] = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
-        vo[t128] = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
-      }
-      named_bar_sync(1, 128);
       const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
       const uint32_t vdst = kdst + Cfg::kTileBytes;
-#pragma unroll 4
-      for (int p = 0; p < kKeys / kRowsPerPass; ++p) {
-        const int r = rsub + p * kRowsPerPass;
-        const int64_t kof = ko[r], vof = vo[r];
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int src = p * kRowsPerWarp + q;
+        const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
+        const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
+        const int r = p * kRowsPerPass + pw * kRowsPerWarp + q;
         const uint32_t so = sw128_offset(r, c % 8);
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
-                     "l"(kof < 0 ? kg : kg + kof + c * 8), "r"(kof < 0 ? 0 : 16));
+                     "l"(kp < 0 ? kg : kg + kp + c * 8), "r"(kp < 0 ? 0 : 16));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
-                     "l"(vof < 0 ? vg : vg + vof + c * 8), "r"(vof < 0 ? 0 : 16));
+                     "l"(vp < 0 ? vg : vg + vp + c * 8), "r"(vp < 0 ? 0 : 16));
       }
       cp_async_commit();
       if (i > 0) {
