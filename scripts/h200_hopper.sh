@@ -25,11 +25,11 @@ echo "HGMMA in sm90 prefill SASS: $(cuobjdump --dump-sass "$obj" 2>/dev/null | g
 T=$B/tests_cuda/cuda_attention_tests
 FILTER=${FILTER:-'CudaExtend.*:CudaGraph.*:CudaPlan.*'}
 echo "== tests (sm90 prefill)"
-timeout 200 $T --gtest_filter="$FILTER" > "$R/tests_sm90.log" 2>&1; echo "tests rc=$?"
+timeout 60 $T --gtest_filter="$FILTER" > "$R/tests_sm90.log" 2>&1; echo "tests rc=$?"
 grep -E "^\[  (PASSED|FAILED)|FAILED|Failure|Expected|Which|actual|max" "$R/tests_sm90.log" | head -30
 if [ "${SANITIZE:-1}" = 1 ]; then
   for tool in memcheck racecheck synccheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $T \
+    timeout 90 compute-sanitizer --tool $tool --error-exitcode 9 $T \
       --gtest_filter='CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify' > "$R/san_$tool.log" 2>&1
     echo "$tool rc=$? $(grep -E 'ERROR SUMMARY' "$R/san_$tool.log" | tail -1)"
   done
@@ -37,8 +37,8 @@ fi
 echo "== bench: sm90 vs mma.sync"
 BF=${BENCH_FILTER:-}
 for rep in 1 2; do
-  timeout 120 $B/tests_cuda/pagoda_cuda_bench "$R/sm90_$rep.jsonl" "$BF" > /dev/null
-  PAGODA_SM90_PREFILL=0 timeout 120 $B/tests_cuda/pagoda_cuda_bench "$R/mma_$rep.jsonl" "$BF" > /dev/null
+  timeout 40 $B/tests_cuda/pagoda_cuda_bench "$R/sm90_$rep.jsonl" "$BF" > /dev/null
+  PAGODA_SM90_PREFILL=0 timeout 40 $B/tests_cuda/pagoda_cuda_bench "$R/mma_$rep.jsonl" "$BF" > /dev/null
 done
 python3 - "$R" <<'PY'
 import json, sys, glob

@@ -42,6 +42,13 @@ struct PrefillSm90Config {
   static constexpr size_t kSmemBytes =
       1024 + kQBytes + 2 * kStages * kTileBytes + kBarBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
+  // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
+  // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
+  // (seen on the H200 with 80 / 216).
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
+                "register split exceeds the launch allocation");
   static_assert(D == 64 || D == 128, "sm90 prefill supports D = 64 and 128");
   static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
@@ -106,7 +113,7 @@ __global__ void __launch_bounds__(384, 1)
 
   if (wg == 0) {
     // ================= producer =================
-    reg_dealloc<56>();
+    reg_dealloc<Cfg::kProducerRegs>();
     const int ps = a.page_size;
     const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
     const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
@@ -167,7 +174,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   // ================= consumers =================
-  reg_alloc<224>();
+  reg_alloc<Cfg::kConsumerRegs>();
   const int cw = wg - 1;                 // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int warp = t128 / 32, lane = tid % 32;
   const int g0 = r0 + cw * 64;           // first packed row of this warpgroup
