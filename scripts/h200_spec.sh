@@ -4,6 +4,8 @@
 # checkpoint (tools/make_checkpoint.py; needs torch + transformers + tokenizers), then runs
 # `pagoda bench --spec ...` A/B runs (each: the same workload without, then with speculation):
 #   self_draft   — the target as its own draft, topk 1: the pure overhead of a round
+#                  (verify and draft forwards replayed from CUDA graphs)
+#   self_draft_eager — the same with --spec-graph-tokens 0 (eager verify/draft: the graph gain)
 #   ngram_chain  — prompt lookup, chain of 6, on prompts that repeat a span (editing/retrieval)
 #   ngram_tree   — prompt lookup, topk 4 tree of 16 tokens, same workload
 #   ngram_random — random prompts (little to accept): the switch-off keeps the loss small
@@ -29,8 +31,8 @@ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
 ninja -C $B pagoda cuda_spec_tests >> "$OUT/build.log" 2>&1 \
   || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
 echo "== GPU spec tests"
-timeout 120 "$B/tests/cuda/cuda_spec_tests" > "$OUT/spec_tests.log" 2>&1; echo "spec tests rc=$?"
-grep -E "^\[  |^\[.*\] [0-9]+ rounds|Failure|Expected|Which" "$OUT/spec_tests.log" | head -40
+timeout 180 "$B/tests/cuda/cuda_spec_tests" > "$OUT/spec_tests.log" 2>&1; echo "spec tests rc=$?"
+grep -E "^\[  |^\[.*\] [0-9]+ rounds|^\[.*max \|logit|^seed|Failure|Expected|Which" "$OUT/spec_tests.log" | head -40
 CKPT=${CKPT:-/tmp/llama-1b}
 if [ ! -f "$CKPT/config.json" ]; then
   python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out "$CKPT" \
@@ -44,6 +46,11 @@ run() {  # name, args...
   cat "$OUT/$name.json"; tail -2 "$OUT/$name.err"
 }
 run self_draft   --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
+                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+run self_draft_eager --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
+                 --spec-graph-tokens 0 \
+                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+run self_tree    --spec draft --spec-steps 3 --spec-topk 4 --spec-draft-tokens 8 \
                  --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
                  --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1

@@ -46,7 +46,15 @@ void SpecConfig::validate() const {
                  "spec min_accepted must be finite and >= 0 (got {})", min_accepted);
   PAGODA_REQUIRE(backoff_steps >= 1, kInvalidArgument, "spec backoff_steps must be >= 1 (got {})",
                  backoff_steps);
+  PAGODA_REQUIRE(graph_tokens >= 0, kInvalidArgument, "spec graph_tokens must be >= 0 (got {})",
+                 graph_tokens);
   ngram.validate();
+}
+
+int32_t SpecConfig::worker_graph_tokens(int32_t max_running) const {
+  if (mode == SpecMode::kNone || graph_tokens <= 0) return 0;
+  const int64_t tree = std::max(num_draft_tokens, spec::TreeBuilder::max_beam_nodes(topk, steps));
+  return static_cast<int32_t>(std::min<int64_t>(graph_tokens, int64_t{max_running} * tree));
 }
 
 namespace {
@@ -174,7 +182,9 @@ void Engine::init_spec(DType dtype, int32_t num_pages, bool custom_worker) {
                           .backend = config_.backend,
                           .mixed_batches = config_.scheduler.mixed_batches,
                           .cuda_graph = config_.cuda_graph,
-                          .max_batch_size = config_.scheduler.max_running_requests},
+                          .max_batch_size = config_.scheduler.max_running_requests,
+                          .verify_graph_tokens =
+                              sc.worker_graph_tokens(config_.scheduler.max_running_requests)},
       *table_);
 }
 
@@ -335,7 +345,7 @@ bool Engine::spec_step(StepOutput& out) {
   }
   const spec::KvMoves moves =
       spec::commit_draft_slots(*allocator_, seqs, *slots, extra, kv_nodes);
-  worker_->kv_pool().move_kv(moves.src, moves.dst);
+  worker_->move_kv(moves.src, moves.dst);
   for (size_t b = 0; b < bs; ++b)
     scheduler_->complete_spec(reqs[b], static_cast<int64_t>(kv_nodes[b].size()));
   if (draft_worker_ != nullptr) draft_extend(reqs, old_len, kv_nodes, *slots, extra);
