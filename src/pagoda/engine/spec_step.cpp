@@ -228,6 +228,9 @@ void Engine::draft_extend(const std::vector<Req*>& reqs, const std::vector<int64
   }
   if (in.seqs.empty()) return;
   const size_t n = in.seqs.size();
+  // One token per request (a fully accepted topk-1 chain): a decode batch, which replays the
+  // draft worker's decode graph instead of an eager extend forward.
+  if (in.out_cache_loc.size() == n) in.mode = ForwardMode::kDecode;
   db.forward = model::build_forward_batch(in);
   db.logit_rows.assign(n, 1);
   db.sampling.assign(n, model::SamplingParams{});
