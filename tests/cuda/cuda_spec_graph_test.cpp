@@ -49,11 +49,15 @@ std::vector<float> slot_rows(platform::Platform& p, kv::KvPool& pool, int layer,
   return out;
 }
 
-TEST(CudaSpecGraph, VerifyGraphMatchesEager) {
-  if (platform::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+std::mt19937_64 seeded_rng() {
   const uint64_t seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  return std::mt19937_64(seed);
+}
+
+TEST(CudaSpecGraph, VerifyGraphMatchesEager) {
+  if (platform::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
+  std::mt19937_64 rng = seeded_rng();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 20240611));
   const int64_t vocab = config.vocab_size;
@@ -170,9 +174,7 @@ TEST(CudaSpecGraph, VerifyGraphMatchesEager) {
 
 TEST(CudaSpecGraph, MoveKvKernelMatchesHostMoves) {
   if (platform::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng = seeded_rng();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 7));
   auto gpu = platform::make_cuda_platform();

@@ -292,19 +292,10 @@ bool LlamaWorker::run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOu
   if (it == verify_graphs_.end()) {
     // Capture on this batch: every run below writes the same K/V the replay writes.
     stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
-    auto body = [&] {
-      decoder_->forward(verify_acts_, padded, *verify_backend_, t, rows);
-      decoder_->sample(verify_acts_, rows);
-    };
-    if (!verify_shape_known_) {  // the backend learns the layer shape from one eager forward
-      verify_backend_->init_forward_metadata(padded);
-      body();
-      verify_shape_known_ = true;
-    }
-    verify_backend_->init_forward_metadata_capture_cuda_graph(padded);
-    for (int warm = 0; warm < 2; ++warm) body();
-    platform_->synchronize_stream();
-    it = verify_graphs_.emplace(key, ops_->capture(body)).first;
+    it = verify_graphs_
+             .emplace(key, capture_step(verify_acts_, padded, *verify_backend_, t, rows,
+                                        verify_shape_known_))
+             .first;
     stats_.num_spec_graphs = static_cast<int>(verify_graphs_.size());
   }
   verify_backend_->init_forward_metadata_replay_cuda_graph(padded);
@@ -314,6 +305,25 @@ bool LlamaWorker::run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOu
   stats_.padded_rows += (bs - nreq) * int64_t{n};
   out = finish(verify_acts_, nrows, b.return_logits);
   return true;
+}
+
+std::unique_ptr<ModelOps::Graph> LlamaWorker::capture_step(Activations& a, const ForwardBatch& f,
+                                                           attention::AttentionBackend& backend,
+                                                           int64_t t, int64_t rows,
+                                                           bool& shape_known) {
+  auto body = [&] {
+    decoder_->forward(a, f, backend, t, rows);
+    decoder_->sample(a, rows);
+  };
+  if (!shape_known) {  // the backend learns the layer shape from one eager forward
+    backend.init_forward_metadata(f);
+    body();
+    shape_known = true;
+  }
+  backend.init_forward_metadata_capture_cuda_graph(f);
+  for (int warm = 0; warm < 2; ++warm) body();
+  platform_->synchronize_stream();
+  return ops_->capture(body);
 }
 
 void LlamaWorker::capture_graphs() {
@@ -333,19 +343,7 @@ void LlamaWorker::capture_graphs() {
     std::iota(rows.begin(), rows.end(), 0);
     const std::vector<SampleRow> params(static_cast<size_t>(bs), SampleRow{});
     stage(graph_acts_, ids, dummy.positions, dummy.out_cache_loc, rows, params);
-    auto body = [&] {
-      decoder_->forward(graph_acts_, dummy, *graph_backend_, bs, bs);
-      decoder_->sample(graph_acts_, bs);
-    };
-    if (!shape_known) {  // the backend learns the layer shape from one eager forward
-      graph_backend_->init_forward_metadata(dummy);
-      body();
-      shape_known = true;
-    }
-    graph_backend_->init_forward_metadata_capture_cuda_graph(dummy);
-    for (int warm = 0; warm < 2; ++warm) body();
-    platform_->synchronize_stream();
-    graphs[i] = ops_->capture(body);
+    graphs[i] = capture_step(graph_acts_, dummy, *graph_backend_, bs, bs, shape_known);
   }
   platform_->synchronize_stream();
   graphs_ = std::move(graphs);

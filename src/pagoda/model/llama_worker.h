@@ -95,6 +95,11 @@ class LlamaWorker final : public ModelWorker {
              std::span<const SampleRow> params);
   WorkerOutput finish(Activations& a, int64_t rows, bool want_logits);
   void capture_graphs();
+  /// Captures forward + sample of `f` (already staged in `a`) on `backend`: one eager forward
+  /// first unless `shape_known` (then set), the capture hook, two warm-ups, the capture.
+  std::unique_ptr<ModelOps::Graph> capture_step(Activations& a, const attention::ForwardBatch& f,
+                                                attention::AttentionBackend& backend, int64_t t,
+                                                int64_t rows, bool& shape_known);
   /// The graph path of a uniform verify batch; false (nothing done) when it does not apply.
   bool run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out);
 
