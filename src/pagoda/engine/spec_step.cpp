@@ -99,25 +99,6 @@ model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
   return b;
 }
 
-/// The `k` best tokens of a logits row (ties: lower id) with their log-probabilities.
-void top_candidates(std::span<const float> logits, int32_t k, std::vector<spec::Candidate>& out) {
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  auto better = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), better);  // O(vocab)
-  std::sort(ids.begin(), ids.begin() + k, better);
-  const double mx = logits[ids[0]];
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  const double lse = mx + std::log(sum);
-  for (int32_t t = 0; t < k; ++t) {
-    const float lp = static_cast<float>(static_cast<double>(logits[ids[t]]) - lse);
-    out.push_back(spec::Candidate{ids[t], std::min(lp, 0.f)});
-  }
-}
-
 /// Runs `steps` draft forwards (kTargetVerify over each request's beam tree) on the draft worker
 /// and returns the verify trees (SGLang's EAGLE construction, spec::TreeBuilder).
 std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::vector<Req*>& reqs,
@@ -142,7 +123,7 @@ std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::
         if (sc.topk == 1) {
           children.push_back(spec::Candidate{o.tokens[row], 0.f});
         } else {
-          top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
+          spec::top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
                                                                   static_cast<size_t>(vocab)),
                          sc.topk, children);
         }
