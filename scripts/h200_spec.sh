@@ -11,7 +11,8 @@
 #   ngram_random — random prompts (little to accept): the switch-off keeps the loss small
 #   ngram_b16    — 16 running requests
 #   f32_lossless — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
-# Outputs land in $OUT (gpu.txt, build.log, spec_tests.log, <name>.json).
+# Runs are in priority order (the graph A/B first) so a cut-off run still answers the main
+# question. Outputs land in $OUT (gpu.txt, build.log, spec_tests.log, <name>.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/pagoda_out}
 mkdir -p "$OUT"
@@ -50,15 +51,15 @@ run self_draft   --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4
 run self_draft_eager --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
                  --spec-graph-tokens 0 \
                  --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
-run self_tree    --spec draft --spec-steps 3 --spec-topk 4 --spec-draft-tokens 8 \
-                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
-run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
-                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
-run ngram_tree   --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
-                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
 run ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 5 \
                  --workload random --requests 8 --input-len 512 --output-len 256 --max-running 1
-run ngram_b16    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
-                 --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
+run self_tree    --spec draft --spec-steps 3 --spec-topk 4 --spec-draft-tokens 8 \
+                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run f32_lossless --spec draft --spec-steps 3 --spec-topk 2 --spec-draft-tokens 6 --dtype f32 \
                  --workload repeat --requests 4 --input-len 256 --output-len 128 --max-running 1
+run ngram_tree   --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
+run ngram_b16    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
