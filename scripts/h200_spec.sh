@@ -4,12 +4,15 @@
 # checkpoint (tools/make_checkpoint.py; needs torch + transformers + tokenizers), then runs
 # `pagoda bench --spec ...` A/B runs (each: the same workload without, then with speculation):
 #   self_draft   — the target as its own draft, topk 1: the pure overhead of a round
+#                  (verify and draft forwards replayed from CUDA graphs)
+#   self_draft_eager — the same with --spec-graph-tokens 0 (eager verify/draft: the graph gain)
 #   ngram_chain  — prompt lookup, chain of 6, on prompts that repeat a span (editing/retrieval)
 #   ngram_tree   — prompt lookup, topk 4 tree of 16 tokens, same workload
 #   ngram_random — random prompts (little to accept): the switch-off keeps the loss small
 #   ngram_b16    — 16 running requests
 #   f32_lossless — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
-# Outputs land in $OUT (gpu.txt, build.log, spec_tests.log, <name>.json).
+# Runs are in priority order (the graph A/B first) so a cut-off run still answers the main
+# question. Outputs land in $OUT (gpu.txt, build.log, spec_tests.log, <name>.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/pagoda_out}
 mkdir -p "$OUT"
@@ -29,8 +32,8 @@ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
 ninja -C $B pagoda cuda_spec_tests >> "$OUT/build.log" 2>&1 \
   || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
 echo "== GPU spec tests"
-timeout 120 "$B/tests/cuda/cuda_spec_tests" > "$OUT/spec_tests.log" 2>&1; echo "spec tests rc=$?"
-grep -E "^\[  |^\[.*\] [0-9]+ rounds|Failure|Expected|Which" "$OUT/spec_tests.log" | head -40
+timeout 180 "$B/tests/cuda/cuda_spec_tests" > "$OUT/spec_tests.log" 2>&1; echo "spec tests rc=$?"
+grep -E "^\[  |^\[.*\] [0-9]+ rounds|^\[.*max \|logit|^seed|Failure|Expected|Which" "$OUT/spec_tests.log" | head -40
 CKPT=${CKPT:-/tmp/llama-1b}
 if [ ! -f "$CKPT/config.json" ]; then
   python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out "$CKPT" \
@@ -45,13 +48,18 @@ run() {  # name, args...
 }
 run self_draft   --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
                  --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
-run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
-                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
-run ngram_tree   --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
-                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
+run self_draft_eager --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
+                 --spec-graph-tokens 0 \
+                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 5 \
                  --workload random --requests 8 --input-len 512 --output-len 256 --max-running 1
-run ngram_b16    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
-                 --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
+run self_tree    --spec draft --spec-steps 3 --spec-topk 4 --spec-draft-tokens 8 \
+                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run f32_lossless --spec draft --spec-steps 3 --spec-topk 2 --spec-draft-tokens 6 --dtype f32 \
                  --workload repeat --requests 4 --input-len 256 --output-len 128 --max-running 1
+run ngram_tree   --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
+run ngram_b16    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16

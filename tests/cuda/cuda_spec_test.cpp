@@ -76,15 +76,26 @@ TEST(CudaSpec, GreedyIsLossless) {
     for (const Mode& md : {Mode{engine::SpecMode::kNgram, 2, 4, 8},
                            Mode{engine::SpecMode::kDraft, 1, 3, 4},
                            Mode{engine::SpecMode::kDraft, 4, 3, 12}}) {
+     for (int graph_tokens : {512, 0}) {  // verify/draft forwards from graphs, then eager
       engine::SpecConfig sc;
       sc.mode = md.mode;
       sc.topk = md.topk;
       sc.steps = md.steps;
       sc.num_draft_tokens = md.tokens;
       sc.min_accepted = 0.0;
+      sc.graph_tokens = graph_tokens;
       const SpecRun r = run_engine(m, ps, page, sc);
       const std::string what = std::string(engine::spec_mode_name(md.mode)) + " topk " +
-                               std::to_string(md.topk) + " page " + std::to_string(page);
+                               std::to_string(md.topk) + " page " + std::to_string(page) +
+                               (graph_tokens > 0 ? " graphs" : " eager");
+      if (graph_tokens > 0) {  // every round's verify (and draft forwards) replayed a graph
+        EXPECT_EQ(r.stats.spec_graph_steps, r.stats.spec_steps) << what;
+        if (md.mode == engine::SpecMode::kDraft) {
+          EXPECT_EQ(r.stats.draft_graph_steps, r.stats.spec_steps * md.steps) << what;
+        }
+      } else {
+        EXPECT_EQ(r.stats.spec_graph_steps + r.stats.draft_graph_steps, 0) << what;
+      }
       for (size_t i = 0; i < ps.size(); ++i)
         EXPECT_EQ(r.tokens[i], plain.tokens[i]) << what << " prompt " << i;
       EXPECT_GT(r.stats.spec_steps, 0) << what;
@@ -92,8 +103,12 @@ TEST(CudaSpec, GreedyIsLossless) {
       if (md.mode == engine::SpecMode::kDraft && md.topk == 1) {
         EXPECT_EQ(r.stats.spec.accepted, r.stats.spec.draft_tokens) << what;
       }
-      std::printf("[%s] %lld rounds, accept length %.2f\n", what.c_str(),
-                  static_cast<long long>(r.stats.spec_steps), r.stats.spec.mean_accept_length());
+      std::printf("[%s] %lld rounds, accept length %.2f, %lld verify / %lld draft graph steps\n",
+                  what.c_str(), static_cast<long long>(r.stats.spec_steps),
+                  r.stats.spec.mean_accept_length(),
+                  static_cast<long long>(r.stats.spec_graph_steps),
+                  static_cast<long long>(r.stats.draft_graph_steps));
+     }
     }
   }
 }

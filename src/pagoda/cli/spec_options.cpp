@@ -22,6 +22,10 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o) {
                   "pause speculation while fewer draft tokens per request and round are "
                   "accepted (0 = never pause)")
       ->capture_default_str();
+  cmd->add_option("--spec-graph-tokens", o.graph_tokens,
+                  "CUDA graphs for verify/draft forwards of at most this many tokens "
+                  "(requests x tree size; 0 = eager)")
+      ->capture_default_str();
 }
 
 engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft) {
@@ -31,6 +35,7 @@ engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft) {
   s.topk = o.topk;
   s.num_draft_tokens = o.draft_tokens;
   s.min_accepted = o.min_accepted;
+  s.graph_tokens = o.graph_tokens;
   PAGODA_REQUIRE(o.draft_model.empty() || s.mode == engine::SpecMode::kDraft, kInvalidArgument,
                  "--draft-model needs --spec draft");
   if (s.mode == engine::SpecMode::kDraft && !o.draft_model.empty()) {
@@ -49,6 +54,8 @@ nlohmann::json spec_stats_json(const engine::EngineConfig& cfg, const engine::En
           {"topk", cfg.spec.topk},
           {"draft_tokens", cfg.spec.num_draft_tokens},
           {"rounds", st.spec_steps},
+          {"verify_graph_steps", st.spec_graph_steps},
+          {"draft_graph_steps", st.draft_graph_steps},
           {"verified", st.spec.verified},
           {"drafted", st.spec.draft_tokens},
           {"accepted", st.spec.accepted},

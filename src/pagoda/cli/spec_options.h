@@ -23,6 +23,7 @@ struct SpecOptions {
   std::string draft_model;  ///< empty: the target itself (self-draft)
   uint64_t draft_weight_seed = 0;
   double min_accepted = 0.5;
+  int graph_tokens = 512;  ///< SpecConfig::graph_tokens
 };
 
 /// Registers the options on `cmd`.

@@ -137,7 +137,9 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                .backend = config.backend,
                                .mixed_batches = config.scheduler.mixed_batches,
                                .cuda_graph = config.cuda_graph,
-                               .max_batch_size = config.scheduler.max_running_requests};
+                               .max_batch_size = config.scheduler.max_running_requests,
+                               .verify_graph_tokens = config.spec.worker_graph_tokens(
+                                   config.scheduler.max_running_requests)};
   if (make_worker) {
     worker_ = make_worker(model, dtype, wc, *table_);
     PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
@@ -321,6 +323,8 @@ EngineStats Engine::stats() const {
   s.device_path = w.device;
   s.cuda_graphs = w.num_graphs;
   s.cuda_graph_steps = w.graph_steps;
+  s.spec_graph_steps = w.spec_graph_steps;
+  if (draft_worker_ != nullptr) s.draft_graph_steps = draft_worker_->stats().spec_graph_steps;
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
   s.pages_total = allocator_->num_pages();

@@ -101,6 +101,8 @@ struct EngineStats {
   DType kv_dtype = DType::kF32;
   int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward)
   spec::AcceptStats spec;        ///< acceptance counters of those rounds
+  int64_t spec_graph_steps = 0;  ///< verify forwards served by a graph replay
+  int64_t draft_graph_steps = 0; ///< draft-model forwards (tree steps) served by a graph replay
   SchedulerStats scheduler;
   cache::CacheStats cache;
   /// Load at the time of the snapshot (servers export these as gauges).

@@ -39,9 +39,17 @@ struct SpecConfig {
   /// (from backoff_steps up to 512 steps). 0 = never pause.
   double min_accepted = 0.5;
   int32_t backoff_steps = 4;
+  /// CUDA graphs for the verify and draft forwards (model::WorkerConfig::verify_graph_tokens):
+  /// rounds of at most this many query tokens (requests × tree size, bucketed) replay graphs
+  /// where decode graphs are on (EngineConfig::cuda_graph); 0 = always eager. Each captured
+  /// size costs activations and logits for this many rows on the device.
+  int32_t graph_tokens = 512;
 
   /// Throws Error(kInvalidArgument) naming the first bad field (only checked when mode != kNone).
   void validate() const;
+  /// Verify-graph token capacity of a worker serving `max_running` requests (0 when off):
+  /// min(graph_tokens, max_running × the largest tree a round forwards).
+  int32_t worker_graph_tokens(int32_t max_running) const;
 };
 
 }  // namespace pagoda::engine

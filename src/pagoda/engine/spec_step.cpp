@@ -46,7 +46,15 @@ void SpecConfig::validate() const {
                  "spec min_accepted must be finite and >= 0 (got {})", min_accepted);
   PAGODA_REQUIRE(backoff_steps >= 1, kInvalidArgument, "spec backoff_steps must be >= 1 (got {})",
                  backoff_steps);
+  PAGODA_REQUIRE(graph_tokens >= 0, kInvalidArgument, "spec graph_tokens must be >= 0 (got {})",
+                 graph_tokens);
   ngram.validate();
+}
+
+int32_t SpecConfig::worker_graph_tokens(int32_t max_running) const {
+  if (mode == SpecMode::kNone || graph_tokens <= 0) return 0;
+  const int64_t tree = std::max(num_draft_tokens, spec::TreeBuilder::max_beam_nodes(topk, steps));
+  return static_cast<int32_t>(std::min<int64_t>(graph_tokens, int64_t{max_running} * tree));
 }
 
 namespace {
@@ -91,25 +99,6 @@ model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
   return b;
 }
 
-/// The `k` best tokens of a logits row (ties: lower id) with their log-probabilities.
-void top_candidates(std::span<const float> logits, int32_t k, std::vector<spec::Candidate>& out) {
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  auto better = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), better);  // O(vocab)
-  std::sort(ids.begin(), ids.begin() + k, better);
-  const double mx = logits[ids[0]];
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  const double lse = mx + std::log(sum);
-  for (int32_t t = 0; t < k; ++t) {
-    const float lp = static_cast<float>(static_cast<double>(logits[ids[t]]) - lse);
-    out.push_back(spec::Candidate{ids[t], std::min(lp, 0.f)});
-  }
-}
-
 /// Runs `steps` draft forwards (kTargetVerify over each request's beam tree) on the draft worker
 /// and returns the verify trees (SGLang's EAGLE construction, spec::TreeBuilder).
 std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::vector<Req*>& reqs,
@@ -134,7 +123,7 @@ std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::
         if (sc.topk == 1) {
           children.push_back(spec::Candidate{o.tokens[row], 0.f});
         } else {
-          top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
+          spec::top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
                                                                   static_cast<size_t>(vocab)),
                          sc.topk, children);
         }
@@ -174,7 +163,9 @@ void Engine::init_spec(DType dtype, int32_t num_pages, bool custom_worker) {
                           .backend = config_.backend,
                           .mixed_batches = config_.scheduler.mixed_batches,
                           .cuda_graph = config_.cuda_graph,
-                          .max_batch_size = config_.scheduler.max_running_requests},
+                          .max_batch_size = config_.scheduler.max_running_requests,
+                          .verify_graph_tokens =
+                              sc.worker_graph_tokens(config_.scheduler.max_running_requests)},
       *table_);
 }
 
@@ -218,6 +209,9 @@ void Engine::draft_extend(const std::vector<Req*>& reqs, const std::vector<int64
   }
   if (in.seqs.empty()) return;
   const size_t n = in.seqs.size();
+  // One token per request (a fully accepted topk-1 chain): a decode batch, which replays the
+  // draft worker's decode graph instead of an eager extend forward.
+  if (in.out_cache_loc.size() == n) in.mode = ForwardMode::kDecode;
   db.forward = model::build_forward_batch(in);
   db.logit_rows.assign(n, 1);
   db.sampling.assign(n, model::SamplingParams{});
@@ -335,7 +329,7 @@ bool Engine::spec_step(StepOutput& out) {
   }
   const spec::KvMoves moves =
       spec::commit_draft_slots(*allocator_, seqs, *slots, extra, kv_nodes);
-  worker_->kv_pool().move_kv(moves.src, moves.dst);
+  worker_->move_kv(moves.src, moves.dst);
   for (size_t b = 0; b < bs; ++b)
     scheduler_->complete_spec(reqs[b], static_cast<int64_t>(kv_nodes[b].size()));
   if (draft_worker_ != nullptr) draft_extend(reqs, old_len, kv_nodes, *slots, extra);

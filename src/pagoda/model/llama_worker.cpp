@@ -17,6 +17,10 @@ int64_t WorkerBatch::num_logit_rows() const {
   return n;
 }
 
+void ModelWorker::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {
+  kv_pool().move_kv(src, dst);
+}
+
 /// Pinned host memory for the per-step copies (grow-only).
 struct LlamaWorker::Staging {
   platform::Allocator* pinned = nullptr;
@@ -78,6 +82,12 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   if (config.cuda_graph && ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
     graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
     capture_graphs();
+    if (config.verify_graph_tokens > 0) {
+      const int cap = config.verify_graph_tokens;
+      verify_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
+      verify_backend_->init_cuda_graph_state(cap, cap);
+      decoder_->reserve(verify_acts_, cap, cap);
+    }
   }
 }
 
@@ -191,6 +201,10 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   }
   const int64_t nrows = static_cast<int64_t>(rows_.size());
 
+  if (verify_backend_ != nullptr && f.mode == ForwardMode::kTargetVerify) {
+    WorkerOutput out;
+    if (run_verify_graph(b, nrows, out)) return out;
+  }
   const bool all_rows = decode && nrows == t;
   if (!graphs_.empty() && all_rows && !f.is_draft_step() && t <= buckets_.back()) {
     const size_t gi = static_cast<size_t>(
@@ -219,6 +233,99 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   return finish(eager_, nrows, b.return_logits);
 }
 
+void LlamaWorker::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {
+  kv::KvPool& pool = *pool_;
+  PAGODA_REQUIRE(src.size() == dst.size(), kInvalidArgument,
+                 "move_kv got {} sources and {} destinations", src.size(), dst.size());
+  const int64_t slots = pool.num_slots();
+  for (size_t i = 0; i < src.size(); ++i)
+    PAGODA_REQUIRE(src[i] >= 0 && src[i] < slots && dst[i] >= 0 && dst[i] < slots, kOutOfRange,
+                   "move_kv pair {} ({} -> {}) outside [0, {})", i, src[i], dst[i], slots);
+  if (src.empty()) return;
+  // One row per slot in each buffer: K rows and V rows (MHA) have the same size.
+  const int layers = pool.config().num_layers;
+  const bool mla = pool.config().layout == kv::KvLayout::kMla;
+  // Slot s of a buffer is the row at s × token stride (the pool's [page, offset] layout).
+  auto row_bytes = [](const TensorView& t) {
+    return t.stride(0) == t.size(1) * t.stride(1) && t.stride(1) == t.size(2) * t.size(3)
+               ? static_cast<size_t>(t.stride(1)) * dtype_size(t.dtype())
+               : size_t{0};
+  };
+  const size_t row = row_bytes(pool.k_view(LayerId{0}));
+  bool same = row > 0;
+  std::vector<void*> bases;
+  for (int l = 0; l < layers; ++l) {
+    const TensorView k = pool.k_view(LayerId{l});
+    same = same && row_bytes(k) == row;
+    bases.push_back(k.data());
+    if (mla) continue;
+    const TensorView v = pool.v_view(LayerId{l});
+    same = same && row_bytes(v) == row;
+    bases.push_back(v.data());
+  }
+  if (!same || !ops_->move_rows(bases, row, src, dst)) pool.move_kv(src, dst);
+}
+
+bool LlamaWorker::run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out) {
+  const ForwardBatch& f = b.forward;
+  const int n = f.spec.num_draft_tokens;
+  const int nreq = f.batch_size;
+  if (n < 1 || nreq < 1) return false;
+  const int r = b.logit_rows[0];
+  for (int i = 0; i < nreq; ++i)
+    if (f.extend_seq_lens[static_cast<size_t>(i)] != n || b.logit_rows[static_cast<size_t>(i)] != r)
+      return false;
+  const int max_bs = config_.verify_graph_tokens / n;
+  if (max_bs < nreq) return false;
+  const std::vector<int> buckets = cuda_graph_batch_sizes(max_bs);
+  const int bs = *std::lower_bound(buckets.begin(), buckets.end(), nreq);
+  const std::array<int, 3> key = {n, r, bs};
+  auto it = verify_graphs_.find(key);
+  if (it == verify_graphs_.end() && verify_graphs_.size() >= kMaxVerifyGraphs) return false;
+  ForwardBatch padded = f;
+  pad_verify_batch(padded, bs);
+  const int64_t t = int64_t{bs} * n, rows = int64_t{bs} * r;
+  ids_.assign(b.input_ids.begin(), b.input_ids.end());
+  ids_.resize(static_cast<size_t>(t), 0);
+  rows_.resize(static_cast<size_t>(rows), 0);  // padded requests' rows: row 0 (never returned)
+  params_.resize(static_cast<size_t>(rows), SampleRow{});
+  if (it == verify_graphs_.end()) {
+    // Capture on this batch: every run below writes the same K/V the replay writes.
+    stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
+    it = verify_graphs_
+             .emplace(key, capture_step(verify_acts_, padded, *verify_backend_, t, rows,
+                                        verify_shape_known_))
+             .first;
+    stats_.num_spec_graphs = static_cast<int>(verify_graphs_.size());
+  }
+  verify_backend_->init_forward_metadata_replay_cuda_graph(padded);
+  stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
+  it->second->replay();
+  ++stats_.spec_graph_steps;
+  stats_.padded_rows += (bs - nreq) * int64_t{n};
+  out = finish(verify_acts_, nrows, b.return_logits);
+  return true;
+}
+
+std::unique_ptr<ModelOps::Graph> LlamaWorker::capture_step(Activations& a, const ForwardBatch& f,
+                                                           attention::AttentionBackend& backend,
+                                                           int64_t t, int64_t rows,
+                                                           bool& shape_known) {
+  auto body = [&] {
+    decoder_->forward(a, f, backend, t, rows);
+    decoder_->sample(a, rows);
+  };
+  if (!shape_known) {  // the backend learns the layer shape from one eager forward
+    backend.init_forward_metadata(f);
+    body();
+    shape_known = true;
+  }
+  backend.init_forward_metadata_capture_cuda_graph(f);
+  for (int warm = 0; warm < 2; ++warm) body();
+  platform_->synchronize_stream();
+  return ops_->capture(body);
+}
+
 void LlamaWorker::capture_graphs() {
   const int max_bs = config_.max_batch_size;
   buckets_ = cuda_graph_batch_sizes(max_bs);
@@ -236,19 +343,7 @@ void LlamaWorker::capture_graphs() {
     std::iota(rows.begin(), rows.end(), 0);
     const std::vector<SampleRow> params(static_cast<size_t>(bs), SampleRow{});
     stage(graph_acts_, ids, dummy.positions, dummy.out_cache_loc, rows, params);
-    auto body = [&] {
-      decoder_->forward(graph_acts_, dummy, *graph_backend_, bs, bs);
-      decoder_->sample(graph_acts_, bs);
-    };
-    if (!shape_known) {  // the backend learns the layer shape from one eager forward
-      graph_backend_->init_forward_metadata(dummy);
-      body();
-      shape_known = true;
-    }
-    graph_backend_->init_forward_metadata_capture_cuda_graph(dummy);
-    for (int warm = 0; warm < 2; ++warm) body();
-    platform_->synchronize_stream();
-    graphs[i] = ops_->capture(body);
+    graphs[i] = capture_step(graph_acts_, dummy, *graph_backend_, bs, bs, shape_known);
   }
   platform_->synchronize_stream();
   graphs_ = std::move(graphs);
@@ -280,6 +375,49 @@ void pad_decode_batch(ForwardBatch& batch, int bucket_bs, int fill_seq_len) {
   batch.seq_lens.insert(batch.seq_lens.end(), pad, fill_seq_len);
   batch.positions.insert(batch.positions.end(), pad, fill_seq_len - 1);
   batch.out_cache_loc.insert(batch.out_cache_loc.end(), pad, 0);
+  batch.batch_size = bucket_bs;
+}
+
+void pad_verify_batch(ForwardBatch& batch, int bucket_bs) {
+  PAGODA_REQUIRE(batch.mode == ForwardMode::kTargetVerify, kInvalidArgument,
+                 "pad_verify_batch needs a target-verify batch (got {})",
+                 attention::forward_mode_name(batch.mode));
+  const int n = batch.spec.num_draft_tokens, bs = batch.batch_size;
+  PAGODA_REQUIRE(bs >= 1 && n >= 1 && bucket_bs >= bs, kInvalidArgument,
+                 "verify batch of {} requests × {} tokens cannot be padded to {}", bs, n,
+                 bucket_bs);
+  PAGODA_REQUIRE(static_cast<int>(batch.extend_seq_lens.size()) == bs &&
+                     static_cast<int>(batch.seq_lens.size()) == bs &&
+                     static_cast<int>(batch.extend_prefix_lens.size()) == bs &&
+                     static_cast<int>(batch.req_pool_indices.size()) == bs &&
+                     static_cast<int64_t>(batch.positions.size()) == int64_t{bs} * n &&
+                     static_cast<int64_t>(batch.out_cache_loc.size()) == int64_t{bs} * n,
+                 kInvalidArgument,
+                 "verify batch arrays do not match {} requests × {} tokens (positions {}, "
+                 "out_cache_loc {})",
+                 bs, n, batch.positions.size(), batch.out_cache_loc.size());
+  for (int i = 0; i < bs; ++i)
+    PAGODA_REQUIRE(batch.extend_seq_lens[static_cast<size_t>(i)] == n, kInvalidArgument,
+                   "verify request {} has {} query tokens, not num_draft_tokens {}", i,
+                   batch.extend_seq_lens[static_cast<size_t>(i)], n);
+  const size_t mask0 = static_cast<size_t>(n) * static_cast<size_t>(batch.seq_lens[0] + n);
+  PAGODA_REQUIRE(batch.spec.tree_mask.size() >= mask0, kInvalidArgument,
+                 "spec.tree_mask has {} bytes, request 0 needs {}", batch.spec.tree_mask.size(),
+                 mask0);
+  const int pad = bucket_bs - bs;
+  if (pad == 0) return;
+  const std::vector<uint8_t> block(batch.spec.tree_mask.begin(),
+                                   batch.spec.tree_mask.begin() + static_cast<ptrdiff_t>(mask0));
+  const std::vector<int32_t> pos(batch.positions.begin(), batch.positions.begin() + n);
+  for (int p = 0; p < pad; ++p) {
+    batch.req_pool_indices.push_back(batch.req_pool_indices[0]);
+    batch.seq_lens.push_back(batch.seq_lens[0]);
+    batch.extend_prefix_lens.push_back(batch.extend_prefix_lens[0]);
+    batch.extend_seq_lens.push_back(n);
+    batch.positions.insert(batch.positions.end(), pos.begin(), pos.end());
+    batch.out_cache_loc.insert(batch.out_cache_loc.end(), static_cast<size_t>(n), 0);
+    batch.spec.tree_mask.insert(batch.spec.tree_mask.end(), block.begin(), block.end());
+  }
   batch.batch_size = bucket_bs;
 }
 

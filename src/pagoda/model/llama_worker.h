@@ -10,12 +10,21 @@
 ///   plan for a padded decode batch) → forward + sample (eager, or one graph replay) → copy the
 ///   ids back → wait.
 /// Decode batches of size ≤ max_running_requests replay a graph captured per bucket
-/// (cuda_graph_batch_sizes) when the ops support graphs and the backend does; everything else
-/// runs eagerly. Padded rows use row 0, slot 0 and the backend's fill seq_len.
+/// (cuda_graph_batch_sizes) when the ops support graphs and the backend does. Padded rows use
+/// row 0, slot 0 and the backend's fill seq_len.
+/// Speculative batches (verify_graph_tokens > 0): a kTargetVerify batch whose requests all have
+/// n = spec.num_draft_tokens query tokens and the same r logit rows replays a graph keyed by
+/// (n, r, bucket) — a third backend instance and its own activations, sized for
+/// verify_graph_tokens tokens. The graph is captured lazily on the first batch of its key, with
+/// that batch padded (pad_verify_batch): warm-up and capture recompute exactly the K/V the replay
+/// writes, so capturing on live data is harmless. At most kMaxVerifyGraphs graphs; everything
+/// else runs eagerly.
 ///
 /// Thread rules: one thread. The model, ops, platform and table must outlive the worker.
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -44,6 +53,10 @@ struct WorkerConfig {
   bool cuda_graph = true;
   /// The largest decode batch (graph buckets up to it).
   int32_t max_batch_size = 64;
+  /// Graphs for uniform kTargetVerify batches (verify and draft steps of speculative decoding)
+  /// of at most this many query tokens (bucket × n); 0 = none. Needs cuda_graph and graph
+  /// support. Costs activations for this many tokens and logit rows.
+  int32_t verify_graph_tokens = 0;
   /// Tensor parallelism: this rank's communicator (world size > 1; must outlive the worker).
   /// The worker then holds its rank's shard (Decoder) and a KV pool of Hkv/N heads. Every rank's
   /// worker must be given the same batches in the same order (TpLeaderWorker does that).
@@ -62,10 +75,16 @@ class LlamaWorker final : public ModelWorker {
 
   WorkerOutput run(const WorkerBatch& batch) override;
   kv::KvPool& kv_pool() override { return *pool_; }
+  /// ModelOps::move_rows over every layer's K and V buffers when the ops have it (CUDA: two
+  /// launches, no host sync), else KvPool::move_kv.
+  void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;
   std::string backend_name() const override { return backend_->name(); }
   WorkerStats stats() const override { return stats_; }
   /// The captured decode buckets, ascending (empty without graphs).
   const std::vector<int>& graph_batch_sizes() const { return buckets_; }
+  /// Captured speculative (kTargetVerify) graphs.
+  int num_verify_graphs() const { return static_cast<int>(verify_graphs_.size()); }
+  static constexpr int kMaxVerifyGraphs = 48;
 
  private:
   struct Staging;
@@ -76,6 +95,13 @@ class LlamaWorker final : public ModelWorker {
              std::span<const SampleRow> params);
   WorkerOutput finish(Activations& a, int64_t rows, bool want_logits);
   void capture_graphs();
+  /// Captures forward + sample of `f` (already staged in `a`) on `backend`: one eager forward
+  /// first unless `shape_known` (then set), the capture hook, two warm-ups, the capture.
+  std::unique_ptr<ModelOps::Graph> capture_step(Activations& a, const attention::ForwardBatch& f,
+                                                attention::AttentionBackend& backend, int64_t t,
+                                                int64_t rows, bool& shape_known);
+  /// The graph path of a uniform verify batch; false (nothing done) when it does not apply.
+  bool run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out);
 
   const LlamaModel* model_;
   std::unique_ptr<ModelOps> ops_;
@@ -90,6 +116,11 @@ class LlamaWorker final : public ModelWorker {
   std::unique_ptr<Staging> staging_;
   std::vector<int> buckets_;
   std::vector<std::unique_ptr<ModelOps::Graph>> graphs_;  ///< parallel to buckets_
+  /// Speculative graphs: key (n tokens per request, r logit rows per request, bucket).
+  std::unique_ptr<attention::AttentionBackend> verify_backend_;
+  Activations verify_acts_;
+  std::map<std::array<int, 3>, std::unique_ptr<ModelOps::Graph>> verify_graphs_;
+  bool verify_shape_known_ = false;
   // Host scratch, reused per step.
   std::vector<int32_t> rows_, ids_;
   std::vector<SampleRow> params_;
@@ -111,5 +142,13 @@ std::vector<int> cuda_graph_batch_sizes(int max_bs);
 /// `fill_seq_len`, position fill_seq_len - 1 and slot 0 (the reserved dummy). Requires
 /// bucket_bs >= batch.batch_size and a kDecode batch (Error(kInvalidArgument) otherwise).
 void pad_decode_batch(attention::ForwardBatch& batch, int bucket_bs, int fill_seq_len);
+
+/// Pads a uniform kTargetVerify batch (every extend_seq_len == spec.num_draft_tokens = n,
+/// batch_size >= 1) to `bucket_bs` requests: each padded request repeats request 0's row,
+/// lengths, positions and tree-mask block (so its plan is valid for any page size), with input
+/// slots 0 (the reserved dummy) for its n tokens. The padded requests read request 0's K/V and
+/// write only slot 0. Error(kInvalidArgument) for another mode, a non-uniform or empty batch,
+/// or bucket_bs < batch_size.
+void pad_verify_batch(attention::ForwardBatch& batch, int bucket_bs);
 
 }  // namespace pagoda::model

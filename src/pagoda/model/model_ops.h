@@ -110,6 +110,16 @@ class ModelOps {
   virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
                       int64_t vocab) = 0;
 
+  /// For every buffer in `bases` (device memory, rows of `row_bytes`) copies row src[i] to row
+  /// dst[i], every source read before any destination is written (overlap-safe); enqueued on the
+  /// stream. Rows must be in range (the caller checks). Returns false (nothing done) where the
+  /// ops have no such kernel (the caller then copies through the host: KvPool::move_kv).
+  virtual bool move_rows(std::span<void* const> bases, size_t row_bytes,
+                         std::span<const int32_t> src, std::span<const int32_t> dst) {
+    (void)bases, (void)row_bytes, (void)src, (void)dst;
+    return false;
+  }
+
   // ---- CUDA graphs (optional) ----
   /// Whether capture() works (CUDA); false on the CPU.
   virtual bool supports_graphs() const { return false; }

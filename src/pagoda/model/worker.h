@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "pagoda/attention/forward_batch.h"
+#include "pagoda/core/ids.h"
 #include "pagoda/model/sampler.h"
 
 namespace pagoda::kv {
@@ -55,6 +57,8 @@ struct WorkerOutput {
 struct WorkerStats {
   int64_t steps = 0;
   int64_t graph_steps = 0;   ///< decode steps served by a CUDA-graph replay
+  int64_t spec_graph_steps = 0;  ///< kTargetVerify steps (verify / draft) served by a replay
+  int num_spec_graphs = 0;   ///< captured kTargetVerify graphs
   int64_t padded_rows = 0;   ///< dummy rows added by graph padding
   int num_graphs = 0;        ///< captured decode buckets
   bool device = false;       ///< computes on a GPU
@@ -68,6 +72,10 @@ class ModelWorker {
   virtual WorkerOutput run(const WorkerBatch& batch) = 0;
   /// The KV pool the scheduler's slots index.
   virtual kv::KvPool& kv_pool() = 0;
+  /// Moves the K/V of slot src[i] to slot dst[i] in every layer (speculative commit; the
+  /// contract of KvPool::move_kv: overlap-safe, kOutOfRange for a bad slot, nothing changed).
+  /// Default: KvPool::move_kv (host copies); the CUDA LlamaWorker runs one kernel pair instead.
+  virtual void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst);
   /// The attention backend's name.
   virtual std::string backend_name() const = 0;
   virtual WorkerStats stats() const = 0;

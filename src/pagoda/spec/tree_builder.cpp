@@ -77,4 +77,33 @@ DraftTree TreeBuilder::finish(int32_t num_draft_tokens) const {
   return tree;
 }
 
+void top_candidates(std::span<const float> logits, int32_t k, std::vector<Candidate>& out) {
+  PAGODA_REQUIRE(k >= 1 && static_cast<size_t>(k) <= logits.size(), kInvalidArgument,
+                 "top_candidates: k {} outside [1, {}]", k, logits.size());
+  const size_t first = out.size();
+  out.resize(first + static_cast<size_t>(k), Candidate{-1, 0.f});
+  Candidate* best = out.data() + first;  // sorted: logit desc, id asc (token -1 = empty)
+  int32_t filled = 0;
+  float mx = logits[0];
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float l = logits[i];
+    mx = std::max(mx, l);
+    // Ids come in ascending order: an equal logit never displaces an earlier (lower) id.
+    if (filled == k && !(l > logits[static_cast<size_t>(best[k - 1].token)])) continue;
+    int32_t pos = filled < k ? filled++ : k - 1;
+    while (pos > 0 && l > logits[static_cast<size_t>(best[pos - 1].token)]) {
+      best[pos] = best[pos - 1];
+      --pos;
+    }
+    best[pos].token = static_cast<int32_t>(i);
+  }
+  double sum = 0.0;  // f32 exponentials (vectorisable), summed in double
+  for (float l : logits) sum += static_cast<double>(std::exp(l - mx));
+  const double lse = static_cast<double>(mx) + std::log(sum);
+  for (int32_t t = 0; t < k; ++t)
+    best[t].logprob = std::min(
+        static_cast<float>(static_cast<double>(logits[static_cast<size_t>(best[t].token)]) - lse),
+        0.f);
+}
+
 }  // namespace pagoda::spec

@@ -26,6 +26,12 @@ struct Candidate {
   float logprob = 0.f;
 };
 
+/// Appends the `k` best tokens of one logits row (higher logit first; ties: lower id) with their
+/// log-probabilities (log-softmax, computed in double, clamped to <= 0) to `out`. One pass for
+/// the top k (k small: insertion into a sorted array) and one for the normaliser; no allocation
+/// besides `out`. Requires 1 <= k <= logits.size() (Error(kInvalidArgument) otherwise).
+void top_candidates(std::span<const float> logits, int32_t k, std::vector<Candidate>& out);
+
 class TreeBuilder {
  public:
   /// Requires topk >= 1 and steps >= 1 (Error kInvalidArgument naming the field).

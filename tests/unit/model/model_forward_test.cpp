@@ -2,14 +2,19 @@
 // double-precision model: logits of a two-chunk prefill and of several decode steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
 #include <random>
 
 #include "naive_llama.h"
+#include "pagoda/attention/paged_plan.h"
 #include "pagoda/backends/builtin.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_runner.h"
 #include "pagoda/model/sampler.h"
 #include "pagoda/platform/platform.h"
@@ -195,6 +200,84 @@ TEST(ModelRunner, CudaGraphBucketsAndPadding) {
   EXPECT_EQ(fb.req_pool_indices, (std::vector<int32_t>{3, 0, 0, 0}));
   EXPECT_EQ(fb.out_cache_loc, (std::vector<int32_t>{77, 0, 0, 0}));
   EXPECT_EQ(fb.positions, (std::vector<int32_t>{8, 0, 0, 0}));
+}
+
+// pad_verify_batch: padded requests repeat request 0 (row, lengths, positions, mask block) and
+// write slot 0, so the padded batch plans at page size 16 (row 0 would not be page-contiguous)
+// and every padded request sees exactly request 0's pages. Checked against the plan of request 0
+// alone (build_paged_plan), on random lengths.
+TEST(ModelRunner, VerifyGraphPadding) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  constexpr int kPage = 16, n = 5;
+  kv::ReqToTokenTable table(4, 256);
+  attention::ForwardBatch fb;
+  fb.mode = ForwardMode::kTargetVerify;
+  fb.spec.num_draft_tokens = n;
+  for (int b = 0; b < 2; ++b) {
+    const ReqSlot row = table.alloc().value();
+    const int32_t len = static_cast<int32_t>(1 + rng() % 100);
+    std::vector<SlotIndex> slots(static_cast<size_t>(len + n));
+    std::iota(slots.begin(), slots.end(), (1 + b * 16) * kPage);  // page-contiguous
+    table.write(row, 0, slots);
+    fb.req_pool_indices.push_back(row.value());
+    fb.seq_lens.push_back(len);
+    fb.extend_prefix_lens.push_back(len);
+    fb.extend_seq_lens.push_back(n);
+    for (int i = 0; i < n; ++i) {
+      fb.positions.push_back(len + i);
+      fb.out_cache_loc.push_back(slots[static_cast<size_t>(len + i)]);
+    }
+    for (int i = 0; i < n; ++i)  // a chain: row i sees the prefix and nodes 0..i
+      for (int j = 0; j < len + n; ++j) fb.spec.tree_mask.push_back(j < len + i + 1 ? 1 : 0);
+    fb.batch_size = b + 1;
+  }
+  attention::ForwardBatch first = fb;  // request 0 alone
+  first.batch_size = 1;
+  first.req_pool_indices.resize(1);
+  first.seq_lens.resize(1);
+  first.extend_prefix_lens.resize(1);
+  first.extend_seq_lens.resize(1);
+  first.positions.resize(n);
+  first.out_cache_loc.resize(n);
+  first.spec.tree_mask.resize(static_cast<size_t>(n * (fb.seq_lens[0] + n)));
+  const attention::PagedPlan one = attention::build_paged_plan(first, table, kPage);
+  attention::ForwardBatch padded = fb;
+  pad_verify_batch(padded, 5);
+  ASSERT_EQ(padded.batch_size, 5);
+  const attention::PagedPlan plan = attention::build_paged_plan(padded, table, kPage);
+  ASSERT_EQ(plan.page_size, kPage);
+  ASSERT_EQ(plan.batch_size(), 5);
+  const auto pages0 = std::vector<int32_t>(one.kv_indices.begin(),
+                                           one.kv_indices.begin() + one.kv_indptr[1]);
+  const auto mask0 = std::vector<uint8_t>(one.custom_mask.begin(),
+                                          one.custom_mask.begin() + one.mask_indptr[1]);
+  for (int b = 2; b < 5; ++b) {
+    EXPECT_EQ(std::vector<int32_t>(plan.kv_indices.begin() + plan.kv_indptr[b],
+                                   plan.kv_indices.begin() + plan.kv_indptr[b + 1]),
+              pages0) << "padded request " << b;
+    EXPECT_EQ(plan.kv_last_page_len[b], one.kv_last_page_len[0]);
+    EXPECT_EQ(std::vector<uint8_t>(plan.custom_mask.begin() + plan.mask_indptr[b],
+                                   plan.custom_mask.begin() + plan.mask_indptr[b + 1]),
+              mask0) << "padded request " << b;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(padded.out_cache_loc[static_cast<size_t>(b * n + i)], 0);
+      EXPECT_EQ(padded.positions[static_cast<size_t>(b * n + i)], fb.positions[static_cast<size_t>(i)]);
+    }
+  }
+  // The real requests are unchanged.
+  EXPECT_TRUE(std::equal(fb.out_cache_loc.begin(), fb.out_cache_loc.end(),
+                         padded.out_cache_loc.begin()));
+  // Bad input is refused by name, the batch unchanged.
+  attention::ForwardBatch bad = fb;
+  EXPECT_THROW(pad_verify_batch(bad, 1), Error);
+  bad.extend_seq_lens[1] = n - 1;
+  EXPECT_THROW(pad_verify_batch(bad, 4), Error);
+  EXPECT_EQ(bad.batch_size, 2);
+  bad = fb;
+  bad.mode = ForwardMode::kExtend;
+  EXPECT_THROW(pad_verify_batch(bad, 4), Error);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 
@@ -204,6 +207,43 @@ TEST(Ngram, EveryPathOccursInTheContext) {
       EXPECT_TRUE(found) << "path to node " << i;
     }
   }
+}
+
+// top_candidates vs a brute force (stable sort of every id by logit, long-double log-softmax) on
+// random rows with many exact ties (logits drawn from a small set), vocabulary 50,000.
+TEST(TopCandidates, MatchesAFullSort) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 6; ++trial) {
+    const size_t vocab = trial < 3 ? 50000 : 1 + rng() % 40;
+    std::vector<float> logits(vocab);
+    for (auto& l : logits) l = static_cast<float>(static_cast<int>(rng() % 200) - 100) / 8.f;
+    std::vector<int32_t> ids(vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    long double sum = 0;
+    for (float l : logits) sum += std::exp(static_cast<long double>(l) - logits[ids[0]]);
+    const long double lse = logits[ids[0]] + std::log(sum);
+    for (int32_t k : {1, 4, 16}) {
+      if (static_cast<size_t>(k) > vocab) continue;
+      std::vector<Candidate> out = {{7, -1.f}};  // appends after what is there
+      top_candidates(logits, k, out);
+      ASSERT_EQ(out.size(), static_cast<size_t>(k) + 1);
+      EXPECT_EQ(out[0].token, 7);
+      for (int32_t t = 0; t < k; ++t) {
+        EXPECT_EQ(out[static_cast<size_t>(t) + 1].token, ids[static_cast<size_t>(t)])
+            << "vocab " << vocab << " k " << k << " rank " << t;
+        EXPECT_NEAR(out[static_cast<size_t>(t) + 1].logprob,
+                    static_cast<double>(std::min<long double>(logits[ids[t]] - lse, 0)), 1e-5);
+      }
+    }
+  }
+  std::vector<Candidate> out;
+  EXPECT_THROW(top_candidates(std::vector<float>(3, 0.f), 4, out), Error);
+  EXPECT_THROW(top_candidates(std::vector<float>(3, 0.f), 0, out), Error);
+  EXPECT_TRUE(out.empty());
 }
 
 }  // namespace

@@ -59,5 +59,15 @@ Status launch_merge(const AttentionArgs& a, cudaStream_t s) {
 Status launch_append_kv(const AppendArgs& a, cudaStream_t s) {
   return to_status(raw::append_kv(a, s), "KV append launch");
 }
+Status launch_move_rows(const MoveRowsArgs& a, cudaStream_t s) {
+  if (a.num_bases < 0 || a.num_pairs < 0 || a.row_bytes < 0)
+    return Status(ErrorCode::kInvalidArgument, "move_rows: negative size");
+  if (a.num_bases == 0 || a.num_pairs == 0 || a.row_bytes == 0) return Status();
+  if (a.bases == nullptr || a.src == nullptr || a.dst == nullptr || a.scratch == nullptr)
+    return Status(ErrorCode::kInvalidArgument, "move_rows: null device pointer");
+  if (a.num_pairs > 0x7fffffff || a.num_bases > 65535)
+    return Status(ErrorCode::kInvalidArgument, "move_rows: more than 65535 buffers");
+  return to_status(raw::move_rows(a, s), "move_rows launch");
+}
 
 }  // namespace pagoda::kernels::cuda

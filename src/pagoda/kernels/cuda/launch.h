@@ -7,6 +7,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
 #include "pagoda/kernels/cuda/attention_params.h"
+#include "pagoda/kernels/cuda/move_rows.h"
 
 namespace pagoda::kernels::cuda {
 
@@ -30,6 +31,9 @@ Status launch_generic(const AttentionArgs& args, cudaStream_t stream);
 Status launch_merge(const AttentionArgs& args, cudaStream_t stream);
 /// Writes new tokens' K or V into a paged cache.
 Status launch_append_kv(const AppendArgs& args, cudaStream_t stream);
+/// Row moves in device buffers (move_rows.h): kInvalidArgument for negative sizes, null pointers
+/// with work to do or a grid past CUDA's limits; kInternal when a launch fails.
+Status launch_move_rows(const MoveRowsArgs& args, cudaStream_t stream);
 
 /// Resident decode blocks per SM for the given config (for the split-KV planner).
 int decode_blocks_per_sm(DType q, DType kv, int head_dim);

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/kernels/cuda/launch.h"
 #include "pagoda/model/cuda/dense_kernels.h"
 #include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
@@ -108,6 +110,7 @@ class CudaOps final : public ModelOps {
   }
   ~CudaOps() override {
     (void)cudaStreamSynchronize(stream_);
+    if (move_done_ != nullptr) (void)cudaEventDestroy(move_done_);
     (void)cublasDestroy(cublas_);
   }
   CudaOps(const CudaOps&) = delete;
@@ -243,6 +246,54 @@ class CudaOps final : public ModelOps {
                "sample_tokens");
   }
 
+  bool move_rows(std::span<void* const> bases, size_t row_bytes, std::span<const int32_t> src,
+                 std::span<const int32_t> dst) override {
+    PAGODA_REQUIRE(src.size() == dst.size(), kInvalidArgument,
+                   "move_rows got {} sources and {} destinations", src.size(), dst.size());
+    if (src.empty() || bases.empty() || row_bytes == 0) return true;
+    // Staging: [bases (u64) | src | dst], pinned, one async upload; scratch for the gather.
+    const size_t nb = bases.size(), np = src.size();
+    const size_t bytes = nb * sizeof(uint64_t) + 2 * np * sizeof(int32_t);
+    if (move_stage_bytes_ < bytes) {
+      platform_->synchronize_stream();  // queued moves may still read the old buffers
+      move_stage_bytes_ = std::max(bytes, 2 * move_stage_bytes_);
+      move_host_ = platform::make_buffer(platform_->pinned_allocator(), move_stage_bytes_);
+      move_dev_ = platform::make_buffer(platform_->allocator(), move_stage_bytes_);
+    }
+    if (move_scratch_bytes_ < nb * np * row_bytes) {
+      platform_->synchronize_stream();
+      move_scratch_bytes_ = std::max(nb * np * row_bytes, 2 * move_scratch_bytes_);
+      move_scratch_ = platform::make_buffer(platform_->allocator(), move_scratch_bytes_);
+    }
+    if (move_pending_) {  // the previous upload may still read the pinned buffer
+      cuda_check(cudaEventSynchronize(move_done_), "cudaEventSynchronize");
+    } else if (move_done_ == nullptr) {
+      cuda_check(cudaEventCreateWithFlags(&move_done_, cudaEventDisableTiming), "cudaEventCreate");
+    }
+    auto* h = static_cast<unsigned char*>(move_host_.get());
+    for (size_t i = 0; i < nb; ++i) {
+      const uint64_t a = reinterpret_cast<uintptr_t>(bases[i]);
+      std::memcpy(h + i * sizeof(uint64_t), &a, sizeof(a));
+    }
+    std::memcpy(h + nb * sizeof(uint64_t), src.data(), src.size_bytes());
+    std::memcpy(h + nb * sizeof(uint64_t) + src.size_bytes(), dst.data(), dst.size_bytes());
+    cuda_check(cudaMemcpyAsync(move_dev_.get(), h, bytes, cudaMemcpyHostToDevice, stream_),
+               "move_rows upload");
+    cuda_check(cudaEventRecord(move_done_, stream_), "cudaEventRecord");
+    move_pending_ = true;
+    auto* d = static_cast<unsigned char*>(move_dev_.get());
+    kernels::cuda::MoveRowsArgs a;
+    a.bases = reinterpret_cast<const uint64_t*>(d);
+    a.num_bases = static_cast<int>(nb);
+    a.row_bytes = static_cast<int64_t>(row_bytes);
+    a.src = reinterpret_cast<const int32_t*>(d + nb * sizeof(uint64_t));
+    a.dst = a.src + np;
+    a.num_pairs = static_cast<int>(np);
+    a.scratch = static_cast<unsigned char*>(move_scratch_.get());
+    kernels::cuda::launch_move_rows(a, stream_).throw_if_error();
+    return true;
+  }
+
   bool supports_graphs() const override { return true; }
   std::unique_ptr<Graph> capture(const std::function<void()>& body) override {
     cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
@@ -288,6 +339,11 @@ class CudaOps final : public ModelOps {
   platform::DeviceBuffer sample_ws_;
   size_t sample_ws_bytes_ = 0;
   std::vector<platform::DeviceBuffer> owned_;
+  // move_rows: pinned staging + device copy of [bases | src | dst], gather scratch.
+  platform::DeviceBuffer move_host_, move_dev_, move_scratch_;
+  size_t move_stage_bytes_ = 0, move_scratch_bytes_ = 0;
+  cudaEvent_t move_done_ = nullptr;
+  bool move_pending_ = false;
 };
 
 }  // namespace

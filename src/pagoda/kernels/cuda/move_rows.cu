@@ -1,0 +1,52 @@
+#include "pagoda/kernels/cuda/move_rows.h"
+
+namespace pagoda::kernels::cuda {
+namespace {
+
+// One block per (pair, buffer); 16-byte words when every row start is 16-byte aligned, else
+// bytes. gather: row src[i] of buffer b -> scratch[(b * n + i) * row]; scatter: the reverse into
+// row dst[i].
+template <typename Word, bool kGather>
+__global__ void move_rows_kernel(MoveRowsArgs a) {
+  const int i = blockIdx.x, b = blockIdx.y;
+  const int64_t words = a.row_bytes / static_cast<int64_t>(sizeof(Word));
+  auto* base = reinterpret_cast<unsigned char*>(a.bases[b]);
+  Word* scratch = reinterpret_cast<Word*>(
+      a.scratch + (static_cast<int64_t>(b) * a.num_pairs + i) * a.row_bytes);
+  Word* row = reinterpret_cast<Word*>(
+      base + static_cast<int64_t>(kGather ? a.src[i] : a.dst[i]) * a.row_bytes);
+  for (int64_t w = threadIdx.x; w < words; w += blockDim.x) {
+    if constexpr (kGather) {
+      scratch[w] = row[w];
+    } else {
+      row[w] = scratch[w];
+    }
+  }
+}
+
+template <typename Word>
+cudaError_t launch_both(const MoveRowsArgs& a, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(a.num_pairs), static_cast<unsigned>(a.num_bases));
+  const int64_t words = a.row_bytes / static_cast<int64_t>(sizeof(Word));
+  const unsigned threads = static_cast<unsigned>(words >= 256 ? 256 : (words + 31) / 32 * 32);
+  move_rows_kernel<Word, true><<<grid, threads, 0, s>>>(a);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  move_rows_kernel<Word, false><<<grid, threads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+namespace raw {
+
+cudaError_t move_rows(const MoveRowsArgs& a, cudaStream_t stream) {
+  if (a.num_bases == 0 || a.num_pairs == 0 || a.row_bytes == 0) return cudaSuccess;
+  // 16-byte words when rows (so every row start) are multiples of 16 bytes; the buffers come
+  // from the allocator (256-byte aligned).
+  return a.row_bytes % 16 == 0 ? launch_both<uint4>(a, stream)
+                               : launch_both<unsigned char>(a, stream);
+}
+
+}  // namespace raw
+}  // namespace pagoda::kernels::cuda
