@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The session's closing GPU evidence in two bounded device calls on one warm H200 (the build in
+# /tmp/b-fin survives between them). Logs: $OUT/final<stage>.tgz.
+#   STAGE=1: build every GPU target (sm_90a, tests on); bench/cuda/run_evidence_h200.sh (ctest -L gpu
+#            with PAGODA_REQUIRE_GPU=1, cuda conformance incl. the long column, `pagoda kernels
+#            --backend cuda` with ceilings); the prefill kernels sm90 vs mma.sync with the cuDNN /
+#            flash SDPA peers (peers.py).
+#   STAGE=2: speculative decoding A/Bs on the 1B layout (graphs vs eager, n-gram); FlashInfer
+#            fa3/fa2 on the prefill / extend / verify shapes (needs .whl carried).
+# COMMIT names the commit measured (the device copy carries no reliable git metadata).
+set -uo pipefail
+STAGE=${STAGE:-1}
+OUT=${OUT:-/tmp/pagoda_out}
+R=/tmp/final$STAGE
+rm -rf "$R"; mkdir -p "$R" "$OUT"
+trap 'tar czf "$OUT/final$STAGE.tgz" -C "$R" .' EXIT
+cd "$(dirname "$0")/.."
+# shellcheck disable=SC1091
+[ -d .debs ] && source scripts/gpu_deps.sh env
+export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
+echo "commit ${COMMIT:-unknown} stage $STAGE $(date -u +%FT%TZ)" | tee "$R/commit.txt"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
+B=/tmp/b-fin
+if [ "$STAGE" = 1 ]; then
+  t0=$(date +%s)
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+  targets="pagoda pagoda_cuda_bench"
+  for t in cuda_attention_tests cuda_backend_tests cuda_engine_tests cuda_spec_tests model_kernels_tests gemv_tests; do
+    ninja -C $B -t targets all 2>/dev/null | grep -q "^$t:" && targets="$targets $t"
+  done
+  ninja -C $B $targets >> "$R/build.log" 2>&1 || { grep -E "error|FAILED" "$R/build.log" | head -30; exit 1; }
+  echo "build $(( $(date +%s) - t0 )) s"
+  if [ -x bench/cuda/run_evidence_h200.sh ]; then
+    PAGODA_COMMIT=${COMMIT:-} timeout 330 bash bench/cuda/run_evidence_h200.sh $B "$R/evidence" > "$R/evidence.out" 2>&1
+    echo "evidence rc=$?"; grep -E "rc=|passed|failed|Failed|FAIL|Timeout" "$R/evidence/summary.txt" | head -30
+  else
+    timeout 200 ctest --test-dir $B -L gpu -j3 --output-on-failure > "$R/ctest_gpu.log" 2>&1
+    echo "ctest gpu rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$R/ctest_gpu.log" | head
+  fi
+  echo "== prefill: sm90 vs mma.sync, then peers"
+  timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/sm90.jsonl" > /dev/null
+  PAGODA_SM90_PREFILL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/mma.jsonl" prefill > /dev/null
+  grep -h -E "prefill|extend|tree" "$R/sm90.jsonl" "$R/mma.jsonl" | cut -c1-120
+  PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 150 python3 bench/cuda/peers.py "$R/sm90.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
+  echo "peers rc=$?"; cat "$R/peers.md" | head -30
+else
+  CKPT=/tmp/llama-1b
+  if [ ! -f $CKPT/config.json ]; then
+    timeout 150 python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out $CKPT \
+      > "$R/checkpoint.log" 2>&1 || { tail -5 "$R/checkpoint.log"; }
+  fi
+  P="$B/pagoda bench --model $CKPT --backend cuda --json"
+  run() {  # name, args...
+    local name=$1; shift
+    timeout 90 $P "$@" > "$R/$name.json" 2> "$R/$name.err"; echo "== $name rc=$?"
+    python3 -c "import json,sys; j=json.load(open(sys.argv[1])); s=j['spec']; print({k: j.get(k) for k in ('speedup','baseline_output_tokens_per_s','spec_output_tokens_per_s','identical_outputs','leaked_pages')}, {k: s.get(k) for k in ('mean_accept_length','rounds','verify_graph_steps','draft_graph_steps')})" "$R/$name.json" 2>/dev/null || tail -3 "$R/$name.err"
+  }
+  run self_draft --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
+      --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+  run self_draft_eager --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 --spec-graph-tokens 0 \
+      --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+  run ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 4 \
+      --workload random --requests 4 --input-len 512 --output-len 256 --max-running 1
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$R/pip.log" 2>&1
+    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout ${FI_TIMEOUT:-240} python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1
+    echo "flashinfer rc=$?"; cat "$R/flashinfer.jsonl"
+  fi
+fi
