@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "pagoda/kernels/cpu/output_writer.h"
 #include "pagoda/kernels/cpu/scratch_layout.h"
+#include "pagoda/kernels/cpu/tile_bf16.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "pagoda/kernels/cpu/paged_attention.cpp"
@@ -33,13 +35,66 @@ namespace HWY_NAMESPACE {
 /// straight from the cache (ScoresBf16 / AccumulatePVBf16); larger tiles amortise a f32 copy.
 constexpr int kDirectMaxRowsPerHead = 16;
 
+/// Visible key range of each query row (token) of the item, clipped to the item's chunk, and
+/// the union [*ulo, *uhi) over the rows (empty when ulo >= uhi).
+void ItemMasks(const CpuAttentionParams& p, const CpuWorkItem& it, RowMask* masks, int* ulo,
+               int* uhi) {
+  const int b = it.request;
+  const int qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
+  const int kv_len = p.kv_len[b];
+  *ulo = it.kv_end;
+  *uhi = it.kv_begin;
+  for (int qi = 0; qi < it.q_end - it.q_begin; ++qi) {
+    const int i = it.q_begin + qi;
+    const int diag = kv_len - qo_len + i;
+    RowMask rm;
+    rm.lo = it.kv_begin;
+    rm.hi = it.kv_end;
+    if (p.mask == CpuMask::kCausal) rm.hi = std::min(rm.hi, diag + 1);
+    if (p.window_left >= 0) rm.lo = std::max(rm.lo, diag - p.window_left);
+    if (p.mask == CpuMask::kCustom) {
+      rm.bits = p.custom_mask + p.mask_indptr[b];
+      rm.bit_base = static_cast<int64_t>(i) * kv_len;
+    }
+    if (rm.lo < rm.hi) {
+      *ulo = std::min(*ulo, rm.lo);
+      *uhi = std::max(*uhi, rm.hi);
+    }
+    masks[qi] = rm;
+  }
+}
+
+/// Writes one finished row (normalised output o[0, Dv), natural lse) of item row r: the final
+/// output, or its partial slot for the split-KV merge.
+void FinishRow(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuWorkItem& it, int r,
+               const float* o, float lse) {
+  const int gs = it.group_end - it.group_begin;
+  const int rph = (it.q_end - it.q_begin) * gs;
+  if (it.partial < 0) {
+    const int group = p.num_qo_heads / p.num_kv_heads;
+    const int h = it.kv_head_begin + r / rph;
+    const int qi = (r % rph) / gs;
+    const int qhead = h * group + it.group_begin + r % gs;
+    detail::write_output_row(p, p.qo_indptr[it.request] + it.q_begin + qi, qhead, o, lse);
+  } else {
+    const int64_t slot = static_cast<int64_t>(it.partial) * sch.max_rows + r;
+    float* dst = sch.partial_out + slot * p.head_dim_v;
+    for (int x = 0; x < p.head_dim_v; ++x) dst[x] = o[x];
+    sch.partial_lse[slot] = lse;
+  }
+}
+
+#include "pagoda/kernels/cpu/tile_item-inl.h"
+
 void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuWorkItem& it,
                  float* scratch) {
+  if (TileEligible(p, it)) {
+    ProcessItemTile(p, sch, it, scratch);
+    return;
+  }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int b = it.request;
   const int64_t qo_start = p.qo_indptr[b];
-  const int qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
-  const int kv_len = p.kv_len[b];
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int gs = it.group_end - it.group_begin;
   const int qr = it.q_end - it.q_begin;
@@ -84,25 +139,8 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
 
   // Visible key range of each query row of the tile, clipped to the item's chunk.
   RowMask masks[kCpuMaxRows];
-  int ulo = it.kv_end, uhi = it.kv_begin;
-  for (int qi = 0; qi < qr; ++qi) {
-    const int i = it.q_begin + qi;
-    const int diag = kv_len - qo_len + i;
-    RowMask rm;
-    rm.lo = it.kv_begin;
-    rm.hi = it.kv_end;
-    if (p.mask == CpuMask::kCausal) rm.hi = std::min(rm.hi, diag + 1);
-    if (p.window_left >= 0) rm.lo = std::max(rm.lo, diag - p.window_left);
-    if (p.mask == CpuMask::kCustom) {
-      rm.bits = p.custom_mask + p.mask_indptr[b];
-      rm.bit_base = static_cast<int64_t>(i) * kv_len;
-    }
-    if (rm.lo < rm.hi) {
-      ulo = std::min(ulo, rm.lo);
-      uhi = std::max(uhi, rm.hi);
-    }
-    masks[qi] = rm;
-  }
+  int ulo = 0, uhi = 0;
+  ItemMasks(p, it, masks, &ulo, &uhi);
 
   const size_t kes = dtype_size(p.k.dtype);
   const size_t ves = dtype_size(p.v.dtype);
@@ -264,17 +302,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     const float lse = l > 0.f ? mrow[r] + std::log(l) : neg_inf;
     ScaleRow(o, l > 0.f ? p.v_scale / l : 0.f, dv_pad);
     if (direct) PairSplitRow(o, dv, /*inverse=*/true, vf);
-    if (it.partial < 0) {
-      const int h = it.kv_head_begin + r / rph;
-      const int qi = (r % rph) / gs;
-      const int qhead = h * group + it.group_begin + r % gs;
-      detail::write_output_row(p, qo_start + it.q_begin + qi, qhead, o, lse);
-    } else {
-      const int64_t slot = static_cast<int64_t>(it.partial) * sch.max_rows + r;
-      float* dst = sch.partial_out + slot * dv;
-      for (int x = 0; x < dv; ++x) dst[x] = o[x];
-      sch.partial_lse[slot] = lse;
-    }
+    FinishRow(p, sch, it, r, o, lse);
   }
 }
 

@@ -1,0 +1,39 @@
+#pragma once
+/// Internal: AVX512-BF16 (`vdpbf16ps`) micro-kernels of the CPU extend tile path. Highway 1.0.x
+/// has no op that emits vdpbf16ps, so these two GEMM inner loops are written with intrinsics in
+/// functions compiled for that ISA only and are called only when cpu_avx512bf16_available().
+/// Everything else of the tile path (packing, online softmax, epilogue) is Highway code in
+/// paged_attention.cpp.
+///
+/// Layouts ("pair" = u32 holding two bf16, the lower-addressed element in the low half):
+///   qt [dq2][ld]    : lane r of pair d2 = (q[r][2 d2], q[r][2 d2 + 1])   (rows in lanes)
+///   st [n][ld]      : f32 scores, key j's row at st + j * ld            (rows in lanes)
+///   pt [np][ld]     : lane r of pair j2 = (p[r][2 j2], p[r][2 j2 + 1])
+///   vpk [np][dv]    : element x of pair j2 = (v[2 j2][x], v[2 j2 + 1][x])
+///   ot [dv][ld]     : f32 output accumulator, transposed                (rows in lanes)
+/// ld is a multiple of 16 and every row vector [c * 16, c * 16 + 16) with c < nrv is computed.
+/// Not thread-safe across calls sharing outputs; no allocation.
+
+#include <cstdint>
+
+namespace pagoda::kernels::cpu::detail {
+
+/// True when the CPU executes AVX-512F/BW/VL and AVX512-BF16 and the environment does not set
+/// PAGODA_CPU_BF16=0 (an escape hatch for A/B timing). Evaluated once.
+bool cpu_avx512bf16_available();
+
+/// st[j * ld + r] = scale * Σ_d q[r][d] k_j[d] for keys j in [0, n) and rows r in [0, nrv * 16):
+/// key j's bf16 row (dq2 pairs) starts at krows[j].
+void tile_scores_bf16(const uint32_t* const* krows, int n, const uint32_t* qt, int dq2, int ld,
+                      int nrv, float scale, float* st);
+
+/// ot[x * ld + r] += Σ_j p[r][j] v[j][x] for x in [0, dv), rows r in [0, nrv * 16), key pairs
+/// j2 in [0, np) (bf16 probabilities: used when the output is bf16, whose rounding is coarser).
+void tile_pv_bf16(const uint32_t* pt, const uint32_t* vpk, int np, int dv, int ld, int nrv,
+                  float* ot);
+
+/// The same in f32 (AVX-512F FMAs, exact probabilities): pf [n][ld] f32 probabilities (rows in
+/// lanes), vf [n][dv] f32 values; used for f32 / f16 outputs.
+void tile_pv_f32(const float* pf, const float* vf, int n, int dv, int ld, int nrv, float* ot);
+
+}  // namespace pagoda::kernels::cpu::detail
