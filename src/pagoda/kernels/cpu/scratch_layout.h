@@ -21,6 +21,7 @@ struct TileLayout {
   int64_t l = 0;       ///< [ld] running sum
   int64_t lo = 0;      ///< [ld] i32 first visible key per row
   int64_t hi = 0;      ///< [ld] i32 one past the last visible key per row
+  int64_t qs = 0;      ///< [ld, Dqk/2] u32 query pairs, row-major staging for qt
   int64_t total = 0;
 
   TileLayout(int max_rows, int dqk, int dv, int kv_block) {
@@ -45,6 +46,8 @@ struct TileLayout {
     at += ld;
     hi = at;
     at += ld;
+    qs = at;
+    at += ld * round((dqk + 1) / 2);
     total = at;
   }
 };

@@ -161,6 +161,7 @@ void ProcessItemTile(const CpuAttentionParams& p, const CpuSchedule& sch, const 
   float* lrow = base + tl.l;
   auto* lo = reinterpret_cast<int32_t*>(base + tl.lo);
   auto* hi = reinterpret_cast<int32_t*>(base + tl.hi);
+  auto* qs = reinterpret_cast<uint32_t*>(base + tl.qs);
   float* orow = scratch + lay.acc;
 
   RowMask masks[kCpuMaxRows];
@@ -188,21 +189,25 @@ void ProcessItemTile(const CpuAttentionParams& p, const CpuSchedule& sch, const 
   const bool bf16_p = p.out_dtype == DType::kBF16;
 
   for (int h = it.kv_head_begin; h < it.kv_head_end; ++h) {
+    // Q pairs: rows copied contiguously (vector loads, many misses in flight), then transposed
+    // inside L1 into rows-in-lanes order.
     for (int rr = 0; rr < rp; ++rr) {
-      const uint16_t* src = nullptr;
+      uint32_t* dst = qs + static_cast<int64_t>(rr) * dq2;
       if (rr < rph) {
         const int qhead = h * group + it.group_begin + rr % gs;
-        src = static_cast<const uint16_t*>(p.q) +
-              (qo_start + it.q_begin + rr / gs) * p.q_stride_token +
-              static_cast<int64_t>(qhead) * p.q_stride_head;
-      }
-      for (int d2 = 0; d2 < dq2; ++d2) {
-        uint32_t w = 0;
-        if (src != nullptr) std::memcpy(&w, src + 2 * d2, sizeof(w));
-        qt[static_cast<int64_t>(d2) * ld + rr] = w;
+        std::memcpy(dst, static_cast<const uint16_t*>(p.q) +
+                             (qo_start + it.q_begin + rr / gs) * p.q_stride_token +
+                             static_cast<int64_t>(qhead) * p.q_stride_head,
+                    static_cast<size_t>(dq2) * sizeof(uint32_t));
+      } else {
+        std::memset(dst, 0, static_cast<size_t>(dq2) * sizeof(uint32_t));
       }
       mrow[rr] = neg_inf;
       lrow[rr] = 0.f;
+    }
+    for (int d2 = 0; d2 < dq2; ++d2) {
+      uint32_t* dst = qt + static_cast<int64_t>(d2) * ld;
+      for (int rr = 0; rr < rp; ++rr) dst[rr] = qs[static_cast<int64_t>(rr) * dq2 + d2];
     }
     for (int x = 0; x < dv; ++x) {
       for (int rv = 0; rv < rp; rv += N) hn::StoreU(hn::Zero(d), d, ot + static_cast<int64_t>(x) * ld + rv);
@@ -220,6 +225,18 @@ void ProcessItemTile(const CpuAttentionParams& p, const CpuSchedule& sch, const 
           slot = 0;
           ++page_idx;
         }
+      }
+      // Software prefetch of the next block's K/V rows (page gathers defeat the hardware
+      // stream prefetchers); the GEMMs of this block hide their latency.
+      for (int j = 0, t = t0 + T; j < T && t < uhi; ++j, ++t) {
+        const int64_t page = pages[t / p.page_size];
+        const int sl = t % p.page_size;
+        const auto* kr = reinterpret_cast<const char*>(
+            kb + page * p.k.stride_page + sl * p.k.stride_slot + h * p.k.stride_head);
+        const auto* vr = reinterpret_cast<const char*>(
+            vb + page * p.v.stride_page + sl * p.v.stride_slot + h * p.v.stride_head);
+        for (int o = 0; o < dqk * 2; o += 64) hwy::Prefetch(kr + o);
+        for (int o = 0; o < dv * 2; o += 64) hwy::Prefetch(vr + o);
       }
       detail::tile_scores_bf16(krows, n, qt, dq2, ld, nrv, qscale, st);
       if (p.mask == CpuMask::kCustom) {
