@@ -121,6 +121,12 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   const bool direct = p.k.dtype == DType::kBF16 && p.v.dtype == DType::kBF16 &&
                       dqk % PairChunk() == 0 && dv % PairChunk() == 0 &&
                       rph <= kDirectMaxRowsPerHead;
+  // AVX512-BF16 decode: bf16 q rows read in place (scores exact in f32); P in bf16 only for a
+  // bf16 output. Accumulators are then in natural order, else in pair-split order.
+  const bool dot16 = direct && p.q_dtype == DType::kBF16 && dqk % 32 == 0 &&
+                     detail::cpu_avx512bf16_available();
+  const bool pv16 = dot16 && p.out_dtype == DType::kBF16 && dv % 32 == 0;
+  const uint16_t* qrows[kCpuMaxRows];
   for (int r = 0; r < rows; ++r) {
     const int h = it.kv_head_begin + r / rph;
     const int qi = (r % rph) / gs;
@@ -129,6 +135,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
                       ((qo_start + it.q_begin + qi) * p.q_stride_token +
                        static_cast<int64_t>(qhead) * p.q_stride_head) * static_cast<int64_t>(qes);
     float* row = qf + static_cast<int64_t>(r) * dqk_pad;
+    qrows[r] = reinterpret_cast<const uint16_t*>(src);
     ConvertRow(p.q_dtype, src, dqk, dqk_pad, row);
     ScaleRow(row, qscale, dqk_pad);
     if (direct) PairSplitRow(row, dqk, /*inverse=*/false, kf);
@@ -151,6 +158,10 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   int64_t voff[256];
   const hwy::bfloat16_t* kp[256];
   const hwy::bfloat16_t* vp[256];
+  const unsigned char* next_k[256];
+  const unsigned char* next_v[256];
+  int n_pref = 0;
+  int64_t pref_kspan = 0, pref_vspan = 0;
   for (int t0 = ulo; t0 < uhi; t0 += T) {
     const int n = std::min(T, uhi - t0);
     const int npad = (n + 15) / 16 * 16;
@@ -168,8 +179,12 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     }
     // Software prefetch of the next block's K/V rows (all heads of the item): page gathers
     // defeat the hardware stream prefetchers.
+    n_pref = 0;
     if (n_next > 0) {
       const int n2 = std::min(T, uhi - t0 - T);
+      n_pref = 0;  // spreading measured slower than the burst (L3-resident decode)
+      pref_kspan = static_cast<int64_t>(nh) * p.k.stride_head * static_cast<int64_t>(kes);
+      pref_vspan = static_cast<int64_t>(nh) * p.v.stride_head * static_cast<int64_t>(ves);
       int pi = (t0 + T) / p.page_size;
       int sl = (t0 + T) % p.page_size;
       const int64_t kspan = static_cast<int64_t>(nh) * p.k.stride_head * static_cast<int64_t>(kes);
@@ -180,8 +195,15 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
         const int64_t page = pages[pi];
         const auto* kr = kbase + (page * p.k.stride_page + sl * p.k.stride_slot + kh0) * static_cast<int64_t>(kes);
         const auto* vr = vbase + (page * p.v.stride_page + sl * p.v.stride_slot + vh0) * static_cast<int64_t>(ves);
-        for (int64_t b0 = 0; b0 < kspan; b0 += 64) hwy::Prefetch(kr + b0);
-        for (int64_t b0 = 0; b0 < vspan; b0 += 64) hwy::Prefetch(vr + b0);
+        if (n_pref > 0) {
+          // Issued later, spread over this block's key groups (a burst of thousands of
+          // prefetches stalls on the miss queue).
+          next_k[j] = kr;
+          next_v[j] = vr;
+        } else {
+          for (int64_t b0 = 0; b0 < kspan; b0 += 64) hwy::Prefetch(kr + b0);
+          for (int64_t b0 = 0; b0 < vspan; b0 += 64) hwy::Prefetch(vr + b0);
+        }
         if (++sl == p.page_size) {
           sl = 0;
           ++pi;
@@ -205,6 +227,17 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
           const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.k.stride_head;
           const float* qh = qf + static_cast<int64_t>(hh * rph) * dqk_pad;
           float* sh = sc + static_cast<int64_t>(hh * rph) * T + j0;
+          if (dot16) {
+            if (hh == 0) {
+              // Next block's K rows, proportionally to this block's progress.
+              for (int j = j0 * n_pref / n; j < std::min(n_pref, (j0 + 4) * n_pref / n); ++j)
+                for (int64_t b0 = 0; b0 < pref_kspan; b0 += 64) hwy::Prefetch(next_k[j] + b0);
+            }
+            detail::decode_scores_bf16(qrows + hh * rph, rph,
+                                       reinterpret_cast<const uint16_t* const*>(kp + j0), off, nj,
+                                       dqk, qscale, sh, T);
+            continue;
+          }
           int rr = 0;
           for (; rr + 4 <= rph; rr += 4) {
             ScoresBf16<4>(qh + static_cast<int64_t>(rr) * dqk_pad, dqk_pad, kp + j0, off, nj, dqk,
@@ -227,6 +260,24 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
                             dv_pad);
       }
       if (!any) continue;
+      if (pv16) {
+        // P as bf16 pairs (one row of T/2 pairs per item row, in the k scratch), then 16 keys
+        // at a time for every KV head.
+        auto* pp = reinterpret_cast<uint32_t*>(kf);
+        detail::decode_pack_p_bf16(sc, T, rows, npad, pp, T / 2);
+        for (int j0 = 0; j0 < n; j0 += 16) {
+          const int nj = std::min(16, n - j0);
+          for (int j = j0 * n_pref / n; j < std::min(n_pref, (j0 + 16) * n_pref / n); ++j)
+            for (int64_t b0 = 0; b0 < pref_vspan; b0 += 64) hwy::Prefetch(next_v[j] + b0);
+          for (int hh = 0; hh < nh; ++hh) {
+            const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.v.stride_head;
+            detail::decode_pv_bf16(pp + static_cast<int64_t>(hh * rph) * (T / 2) + j0 / 2, T / 2,
+                                   rph, reinterpret_cast<const uint16_t* const*>(vp + j0), off, nj,
+                                   dv, acc + static_cast<int64_t>(hh * rph) * dv_pad, dv_pad);
+          }
+        }
+        continue;
+      }
       constexpr int kPvKeys = 8;
       for (int j0 = 0; j0 < n; j0 += kPvKeys) {
         const int nj = std::min(kPvKeys, n - j0);
@@ -301,7 +352,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     const float l = lrow[r];
     const float lse = l > 0.f ? mrow[r] + std::log(l) : neg_inf;
     ScaleRow(o, l > 0.f ? p.v_scale / l : 0.f, dv_pad);
-    if (direct) PairSplitRow(o, dv, /*inverse=*/true, vf);
+    if (direct && !pv16) PairSplitRow(o, dv, /*inverse=*/true, vf);
     FinishRow(p, sch, it, r, o, lse);
   }
 }

@@ -36,4 +36,20 @@ void tile_pv_bf16(const uint32_t* pt, const uint32_t* vpk, int np, int dv, int l
 /// lanes), vf [n][dv] f32 values; used for f32 / f16 outputs.
 void tile_pv_f32(const float* pf, const float* vf, int n, int dv, int ld, int nrv, float* ot);
 
+/// Decode (few rows per KV head, keys read in place): s[r * ls + j] = scale * q_r · k_j for rows
+/// r in [0, rows) (bf16 rows qrows[r], natural order) and keys j in [0, n) (bf16 rows kp[j] + off);
+/// dim a multiple of 32.
+void decode_scores_bf16(const uint16_t* const* qrows, int rows, const uint16_t* const* kp,
+                        int64_t off, int n, int dim, float scale, float* s, int ls);
+
+/// pp[r * lpp + j2] = bf16 pair (p_r[2 j2], p_r[2 j2 + 1]) for j2 < npad / 2, where p_r = p + r * lp
+/// holds npad (a multiple of 16) probabilities.
+void decode_pack_p_bf16(const float* p, int lp, int rows, int npad, uint32_t* pp, int lpp);
+
+/// acc[r * la + x] += Σ_j p_r[j] v_j[x] for rows r in [0, rows), keys j in [0, n) (bf16 rows
+/// vp[j] + off; the odd tail key's partner must have p = 0), x in [0, dim), dim a multiple of 32;
+/// p as the bf16 pairs of decode_pack_p_bf16.
+void decode_pv_bf16(const uint32_t* pp, int lpp, int rows, const uint16_t* const* vp, int64_t off,
+                    int n, int dim, float* acc, int la);
+
 }  // namespace pagoda::kernels::cpu::detail
