@@ -260,6 +260,14 @@ TEST(CpuBatchAttention, ExtendTilePath) {
   }
 }
 
+// Decode items of many KV heads (rows_per_item 256: 128 rows of D = 32 per item) through the
+// AVX512-BF16 decode path with a bf16 output (P pairs must fit the per-thread scratch).
+TEST(CpuBatchAttention, DecodeWideItems) {
+  Case c{.seed = 470, .bs = 3, .hq = 128, .hkv = 32, .dqk = 32, .dv = 32, .page_size = 16,
+         .max_prefix = 200, .options = {.num_threads = 2, .rows_per_item = 256}};
+  run_case(c);
+}
+
 TEST(CpuBatchAttention, WindowCapSinksScales) {
   uint64_t seed = 500;
   for (int w : {0, 5, 40}) {

@@ -261,17 +261,17 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
       }
       if (!any) continue;
       if (pv16) {
-        // P as bf16 pairs (one row of T/2 pairs per item row, in the k scratch), then 16 keys
-        // at a time for every KV head.
-        auto* pp = reinterpret_cast<uint32_t*>(kf);
-        detail::decode_pack_p_bf16(sc, T, rows, npad, pp, T / 2);
+        // P as bf16 pairs, in place over each score row (row stride T), then 16 keys at a time
+        // for every KV head.
+        auto* pp = reinterpret_cast<uint32_t*>(sc);
+        detail::decode_pack_p_bf16(sc, T, rows, npad, pp, T);
         for (int j0 = 0; j0 < n; j0 += 16) {
           const int nj = std::min(16, n - j0);
           for (int j = j0 * n_pref / n; j < std::min(n_pref, (j0 + 16) * n_pref / n); ++j)
             for (int64_t b0 = 0; b0 < pref_vspan; b0 += 64) hwy::Prefetch(next_v[j] + b0);
           for (int hh = 0; hh < nh; ++hh) {
             const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.v.stride_head;
-            detail::decode_pv_bf16(pp + static_cast<int64_t>(hh * rph) * (T / 2) + j0 / 2, T / 2,
+            detail::decode_pv_bf16(pp + static_cast<int64_t>(hh * rph) * T + j0 / 2, T,
                                    rph, reinterpret_cast<const uint16_t* const*>(vp + j0), off, nj,
                                    dv, acc + static_cast<int64_t>(hh * rph) * dv_pad, dv_pad);
           }

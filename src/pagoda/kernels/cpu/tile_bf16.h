@@ -43,7 +43,7 @@ void decode_scores_bf16(const uint16_t* const* qrows, int rows, const uint16_t* 
                         int64_t off, int n, int dim, float scale, float* s, int ls);
 
 /// pp[r * lpp + j2] = bf16 pair (p_r[2 j2], p_r[2 j2 + 1]) for j2 < npad / 2, where p_r = p + r * lp
-/// holds npad (a multiple of 16) probabilities.
+/// holds npad (a multiple of 16) probabilities. pp may be p itself (lpp = lp): in place.
 void decode_pack_p_bf16(const float* p, int lp, int rows, int npad, uint32_t* pp, int lpp);
 
 /// acc[r * la + x] += Σ_j p_r[j] v_j[x] for rows r in [0, rows), keys j in [0, n) (bf16 rows
