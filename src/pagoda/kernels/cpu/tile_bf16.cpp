@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define PAGODA_TILE_BF16_X86 1
@@ -65,74 +66,60 @@ PAGODA_BF16_TARGET void scores_cols(const uint32_t* const* krows, int n, const u
   }
 }
 
-/// XB output columns x C row vectors; the accumulators are the transposed output itself.
-template <int XB, int C>
-PAGODA_BF16_TARGET void pv_block(const uint32_t* pt, const uint32_t* vpk, int np, int dv, int ld,
-                                 float* ot) {
+/// XB output columns x C row vectors; the accumulators are the transposed output itself. T =
+/// uint32_t: `steps` key pairs of bf16 (vdpbf16ps); T = float: `steps` keys of f32 (FMA).
+template <int XB, int C, class T>
+PAGODA_BF16_TARGET void pv_block(const T* pt, const T* vpk, int steps, int dv, int ld, float* ot) {
   __m512 acc[XB][C];
   for (int i = 0; i < XB; ++i)
     for (int c = 0; c < C; ++c) acc[i][c] = _mm512_loadu_ps(ot + static_cast<int64_t>(i) * ld + 16 * c);
-  for (int j2 = 0; j2 < np; ++j2) {
-    __m512i pv[C];
-    for (int c = 0; c < C; ++c) pv[c] = _mm512_loadu_si512(pt + static_cast<int64_t>(j2) * ld + 16 * c);
-    const uint32_t* v = vpk + static_cast<int64_t>(j2) * dv;
-    for (int i = 0; i < XB; ++i) {
-      const __m512i vb = _mm512_set1_epi32(static_cast<int>(v[i]));
-      for (int c = 0; c < C; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], as_bh(vb), as_bh(pv[c]));
+  for (int j = 0; j < steps; ++j) {
+    const T* prow = pt + static_cast<int64_t>(j) * ld;
+    const T* v = vpk + static_cast<int64_t>(j) * dv;
+    if constexpr (std::is_same_v<T, float>) {
+      __m512 pv[C];
+      for (int c = 0; c < C; ++c) pv[c] = _mm512_loadu_ps(prow + 16 * c);
+      for (int i = 0; i < XB; ++i) {
+        const __m512 vb = _mm512_set1_ps(v[i]);
+        for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(vb, pv[c], acc[i][c]);
+      }
+    } else {
+      __m512i pv[C];
+      for (int c = 0; c < C; ++c) pv[c] = _mm512_loadu_si512(prow + 16 * c);
+      for (int i = 0; i < XB; ++i) {
+        const __m512i vb = _mm512_set1_epi32(static_cast<int>(v[i]));
+        for (int c = 0; c < C; ++c) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], as_bh(vb), as_bh(pv[c]));
+      }
     }
   }
   for (int i = 0; i < XB; ++i)
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(ot + static_cast<int64_t>(i) * ld + 16 * c, acc[i][c]);
 }
 
-template <int C>
-PAGODA_BF16_TARGET void pv_cols(const uint32_t* pt, const uint32_t* vpk, int np, int dv, int ld,
-                                float* ot) {
+template <int C, class T>
+PAGODA_BF16_TARGET void pv_cols(const T* pt, const T* vpk, int steps, int dv, int ld, float* ot) {
   int x = 0;
-  for (; x + 6 <= dv; x += 6) pv_block<6, C>(pt, vpk + x, np, dv, ld, ot + static_cast<int64_t>(x) * ld);
+  for (; x + 6 <= dv; x += 6) pv_block<6, C>(pt, vpk + x, steps, dv, ld, ot + static_cast<int64_t>(x) * ld);
   float* o = ot + static_cast<int64_t>(x) * ld;
   switch (dv - x) {
-    case 5: pv_block<5, C>(pt, vpk + x, np, dv, ld, o); break;
-    case 4: pv_block<4, C>(pt, vpk + x, np, dv, ld, o); break;
-    case 3: pv_block<3, C>(pt, vpk + x, np, dv, ld, o); break;
-    case 2: pv_block<2, C>(pt, vpk + x, np, dv, ld, o); break;
-    case 1: pv_block<1, C>(pt, vpk + x, np, dv, ld, o); break;
+    case 5: pv_block<5, C>(pt, vpk + x, steps, dv, ld, o); break;
+    case 4: pv_block<4, C>(pt, vpk + x, steps, dv, ld, o); break;
+    case 3: pv_block<3, C>(pt, vpk + x, steps, dv, ld, o); break;
+    case 2: pv_block<2, C>(pt, vpk + x, steps, dv, ld, o); break;
+    case 1: pv_block<1, C>(pt, vpk + x, steps, dv, ld, o); break;
     default: break;
   }
 }
 
-/// f32 variant of pv_block: one key per step, values broadcast as f32.
-template <int XB, int C>
-PAGODA_BF16_TARGET void pv_block_f32(const float* pf, const float* vf, int n, int dv, int ld,
-                                     float* ot) {
-  __m512 acc[XB][C];
-  for (int i = 0; i < XB; ++i)
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm512_loadu_ps(ot + static_cast<int64_t>(i) * ld + 16 * c);
-  for (int j = 0; j < n; ++j) {
-    __m512 pv[C];
-    for (int c = 0; c < C; ++c) pv[c] = _mm512_loadu_ps(pf + static_cast<int64_t>(j) * ld + 16 * c);
-    const float* v = vf + static_cast<int64_t>(j) * dv;
-    for (int i = 0; i < XB; ++i) {
-      const __m512 vb = _mm512_set1_ps(v[i]);
-      for (int c = 0; c < C; ++c) acc[i][c] = _mm512_fmadd_ps(vb, pv[c], acc[i][c]);
-    }
-  }
-  for (int i = 0; i < XB; ++i)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(ot + static_cast<int64_t>(i) * ld + 16 * c, acc[i][c]);
-}
-
-template <int C>
-PAGODA_BF16_TARGET void pv_cols_f32(const float* pf, const float* vf, int n, int dv, int ld,
-                                    float* ot) {
-  int x = 0;
-  for (; x + 6 <= dv; x += 6) pv_block_f32<6, C>(pf, vf + x, n, dv, ld, ot + static_cast<int64_t>(x) * ld);
-  float* o = ot + static_cast<int64_t>(x) * ld;
-  switch (dv - x) {
-    case 5: pv_block_f32<5, C>(pf, vf + x, n, dv, ld, o); break;
-    case 4: pv_block_f32<4, C>(pf, vf + x, n, dv, ld, o); break;
-    case 3: pv_block_f32<3, C>(pf, vf + x, n, dv, ld, o); break;
-    case 2: pv_block_f32<2, C>(pf, vf + x, n, dv, ld, o); break;
-    case 1: pv_block_f32<1, C>(pf, vf + x, n, dv, ld, o); break;
+/// Row vectors in groups of four (64 rows), then the remainder.
+template <class T>
+void pv_rows(const T* pt, const T* vpk, int steps, int dv, int ld, int nrv, float* ot) {
+  int c = 0;
+  for (; c + 4 <= nrv; c += 4) pv_cols<4>(pt + 16 * c, vpk, steps, dv, ld, ot + 16 * c);
+  switch (nrv - c) {
+    case 3: pv_cols<3>(pt + 16 * c, vpk, steps, dv, ld, ot + 16 * c); break;
+    case 2: pv_cols<2>(pt + 16 * c, vpk, steps, dv, ld, ot + 16 * c); break;
+    case 1: pv_cols<1>(pt + 16 * c, vpk, steps, dv, ld, ot + 16 * c); break;
     default: break;
   }
 }
@@ -246,25 +233,11 @@ void tile_scores_bf16(const uint32_t* const* krows, int n, const uint32_t* qt, i
 
 void tile_pv_bf16(const uint32_t* pt, const uint32_t* vpk, int np, int dv, int ld, int nrv,
                   float* ot) {
-  int c = 0;
-  for (; c + 4 <= nrv; c += 4) pv_cols<4>(pt + 16 * c, vpk, np, dv, ld, ot + 16 * c);
-  switch (nrv - c) {
-    case 3: pv_cols<3>(pt + 16 * c, vpk, np, dv, ld, ot + 16 * c); break;
-    case 2: pv_cols<2>(pt + 16 * c, vpk, np, dv, ld, ot + 16 * c); break;
-    case 1: pv_cols<1>(pt + 16 * c, vpk, np, dv, ld, ot + 16 * c); break;
-    default: break;
-  }
+  pv_rows(pt, vpk, np, dv, ld, nrv, ot);
 }
 
 void tile_pv_f32(const float* pf, const float* vf, int n, int dv, int ld, int nrv, float* ot) {
-  int c = 0;
-  for (; c + 4 <= nrv; c += 4) pv_cols_f32<4>(pf + 16 * c, vf, n, dv, ld, ot + 16 * c);
-  switch (nrv - c) {
-    case 3: pv_cols_f32<3>(pf + 16 * c, vf, n, dv, ld, ot + 16 * c); break;
-    case 2: pv_cols_f32<2>(pf + 16 * c, vf, n, dv, ld, ot + 16 * c); break;
-    case 1: pv_cols_f32<1>(pf + 16 * c, vf, n, dv, ld, ot + 16 * c); break;
-    default: break;
-  }
+  pv_rows(pf, vf, n, dv, ld, nrv, ot);
 }
 
 void decode_scores_bf16(const uint16_t* const* qrows, int rows, const uint16_t* const* kp,
