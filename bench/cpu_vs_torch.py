@@ -47,7 +47,7 @@ def cpu_flags():
     return []
 
 
-def run_pagoda(exe, shape, threads, iters, bf16=True):
+def run_pagoda(exe, shape, threads, iters, bf16=True, extra_env=None):
     op, b, l, q, hq, hk, d, p = shape
     cmd = [exe, "kernels", "--backend", "cpu", "--op", op, "--batch", str(b), "--kv-len", str(l),
            "--q-len", str(q), "--q-heads", str(hq), "--kv-heads", str(hk), "--head-dim", str(d),
@@ -56,6 +56,7 @@ def run_pagoda(exe, shape, threads, iters, bf16=True):
     env = dict(os.environ)
     if not bf16:
         env["PAGODA_CPU_BF16"] = "0"
+    env.update(extra_env or {})
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -115,6 +116,10 @@ def main():
         for shape in SHAPES:
             ours = run_pagoda(args.pagoda, shape, t, args.iters)
             old = None if args.no_ab else run_pagoda(args.pagoda, shape, t, args.iters, bf16=False)
+            dec16 = None
+            if not args.no_ab and shape[0] == "decode":  # the opt-in AVX512-BF16 decode kernels
+                dec16 = run_pagoda(args.pagoda, shape, t, args.iters,
+                                   extra_env={"PAGODA_CPU_BF16_DECODE": "1"})
             torch_ms, variant, variants, torch_version = time_torch(shape, t, args.iters)
             memory = shape[0] == "decode"
             unit = "GB/s" if memory else "TFLOP/s"
@@ -123,12 +128,14 @@ def main():
             torch_rate = ours_rate * scale
             rows.append((t, shape, ours, ours_rate, torch_ms, torch_rate, variant, unit, old))
             raw.append({"threads": t, "shape": shape, "pagoda": ours, "pagoda_f32_path": old,
+                        "pagoda_bf16_decode": dec16,
                         "torch_ms": torch_ms, "torch_variant": variant,
                         "torch_variants": variants})
             print(f"threads={t} {shape[0]}: pagoda {ours['ms']:.3f} ms ({ours_rate:.3f} {unit}, "
                   f"{ours['pct_of_peak']:.1f}% of peak {ours['peak']:.2f}), torch {torch_ms:.3f} ms "
                   f"({variant}), speedup {torch_ms / ours['ms']:.2f}x"
-                  + (f"; f32 path {old['ms']:.3f} ms" if old else ""), flush=True)
+                  + (f"; f32 path {old['ms']:.3f} ms" if old else "")
+                  + (f"; bf16 decode {dec16['ms']:.3f} ms" if dec16 else ""), flush=True)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# pagoda CPU backend vs PyTorch SDPA (CPU)",
@@ -150,6 +157,12 @@ def main():
         lines.append(f"| {t} | {shape[0]} | {ours['ms']:.3f} | {rate:.3f} {unit} | "
                      f"{ours['pct_of_peak']:.1f} % of {ours['peak']:.2f} | {old_ms} | {tms:.3f} | "
                      f"{trate:.3f} {unit} | {variant} | {tms / ours['ms']:.2f}x |")
+    for r in raw:
+        if r["pagoda_bf16_decode"]:
+            d = r["pagoda_bf16_decode"]
+            lines.append(f"- {r['threads']} threads, decode with PAGODA_CPU_BF16_DECODE=1: "
+                         f"{d['ms']:.3f} ms, {d['gbps']:.3f} GB/s, {d['pct_of_peak']:.1f} % of "
+                         f"{d['peak']:.2f}")
     lines.append("")
     lines.append(f"bench wall time {time.time() - t_start:.0f} s (after the build)")
     os.makedirs(args.out, exist_ok=True)

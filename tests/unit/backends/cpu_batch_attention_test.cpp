@@ -263,6 +263,9 @@ TEST(CpuBatchAttention, ExtendTilePath) {
 // Decode items of many KV heads (rows_per_item 256: 128 rows of D = 32 per item) through the
 // AVX512-BF16 decode path with a bf16 output (P pairs must fit the per-thread scratch).
 TEST(CpuBatchAttention, DecodeWideItems) {
+  std::printf("AVX512-BF16 decode path %s\n", kernels::cpu::detail::cpu_decode_bf16_enabled()
+                                                   ? "on"
+                                                   : "off (PAGODA_CPU_BF16_DECODE=1 enables)");
   Case c{.seed = 470, .bs = 3, .hq = 128, .hkv = 32, .dqk = 32, .dv = 32, .page_size = 16,
          .max_prefix = 200, .options = {.num_threads = 2, .rows_per_item = 256}};
   run_case(c);

@@ -218,6 +218,14 @@ bool cpu_avx512bf16_available() {
   return ok;
 }
 
+bool cpu_decode_bf16_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("PAGODA_CPU_BF16_DECODE");
+    return cpu_avx512bf16_available() && env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return on;
+}
+
 void tile_scores_bf16(const uint32_t* const* krows, int n, const uint32_t* qt, int dq2, int ld,
                       int nrv, float scale, float* st) {
   // Row vectors in groups of four (64 rows), then the remainder.
@@ -283,6 +291,7 @@ void decode_pv_bf16(const uint32_t* pp, int lpp, int rows, const uint16_t* const
 #else  // not x86 GCC/Clang: the tile path is never taken
 
 bool cpu_avx512bf16_available() { return false; }
+bool cpu_decode_bf16_enabled() { return false; }
 void tile_scores_bf16(const uint32_t* const*, int, const uint32_t*, int, int, int, float, float*) {}
 void tile_pv_bf16(const uint32_t*, const uint32_t*, int, int, int, int, float*) {}
 void tile_pv_f32(const float*, const float*, int, int, int, int, float*) {}
