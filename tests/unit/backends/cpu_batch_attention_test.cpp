@@ -242,7 +242,8 @@ TEST(CpuBatchAttention, ExtendCausalAndNonCausal) {
 
 // The bf16 extend tile path (more than 16 rows per KV head, bf16 q/K/V; AVX512-BF16 CPUs only,
 // the f32 path elsewhere): bf16 output (bf16 P·V) and f32 output (f32 P·V), GQA groups of 4 and
-// 8, unequal head dims, odd key blocks (kv_block 48), window + cap + sinks, custom masks.
+// 8, unequal head dims, odd key blocks (kv_block 48), window + cap + sinks, custom masks, and
+// split-KV partials merged by LSE.
 TEST(CpuBatchAttention, ExtendTilePath) {
   std::printf("AVX512-BF16 tile path %s\n",
               kernels::cpu::detail::cpu_avx512bf16_available() ? "on" : "off (not this CPU)");
@@ -254,7 +255,9 @@ TEST(CpuBatchAttention, ExtendTilePath) {
              .page_size = variant == 1 ? 1 : 16, .out_dtype = out, .min_qo = 17, .max_qo = 70,
              .max_prefix = 150, .custom_mask = variant == 2,
              .window_left = variant == 0 ? 30 : -1, .cap = variant == 0 ? 5.f : 0.f,
-             .sinks = variant == 0, .options = {.num_threads = 2, .kv_block = 48}};
+             .sinks = variant == 0,
+             .options = {.num_threads = 2, .kv_block = 48, .min_split_tokens = 48,
+                         .items_per_thread = variant == 1 ? 64 : 4}};  // variant 1: split-KV
       run_case(c);
     }
   }
