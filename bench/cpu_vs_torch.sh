@@ -33,12 +33,15 @@ elif ! pkg-config --exists libhwy 2>/dev/null; then
 fi
 
 { grep -m1 "model name" /proc/cpuinfo; echo "flags (SIMD):"; grep -m1 "^flags" /proc/cpuinfo |
-    tr ' ' '\n' | grep -E "avx512|amx|avx2|fma" | tr '\n' ' '; echo; nproc; uptime; } \
-  >"$OUT_DIR/cpuinfo.txt" 2>&1
+    tr ' ' '\n' | grep -E "avx512|amx|avx2|fma" | tr '\n' ' ' || true; echo; nproc; uptime; } \
+  >"$OUT_DIR/cpuinfo.txt" 2>&1 || true
 cat "$OUT_DIR/cpuinfo.txt"
 cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=OFF \
-  -DPAGODA_BUILD_TESTS=OFF -DPAGODA_BUILD_BENCH=OFF >"$OUT_DIR/build.log" 2>&1
+  -DPAGODA_BUILD_TESTS=OFF -DPAGODA_BUILD_BENCH=OFF >"$OUT_DIR/build.log" 2>&1 ||
+  { tail -30 "$OUT_DIR/build.log"; exit 1; }
 PAGODA=build-dev/pagoda
 ninja -C build-dev pagoda >>"$OUT_DIR/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$OUT_DIR/build.log" | head -20; exit 1; }
+echo "build done after ${SECONDS} s"
 PYTHONUNBUFFERED=1 python3 bench/cpu_vs_torch.py --pagoda "$PAGODA" --out "$OUT_DIR" --threads "$@"
+echo "total ${SECONDS} s"
