@@ -4,6 +4,8 @@
 Runs `pagoda kernels --json` for each (op, threads) and times torch SDPA (bf16, contiguous KV,
 same thread count, warm-up then median). Bytes and FLOPs use the same formulas as pagoda
 (decode bytes = Q + K + V + O; FLOPs over visible (query, key) pairs = 4·pairs·H·D).
+Each pagoda shape also runs with PAGODA_CPU_BF16=0 (the f32 kernels without AVX512-BF16 dot
+products: the previous code path) in the same session, for an old/new comparison.
 Writes cpu_vs_torch.md and cpu_vs_torch.json into --out.
 """
 import argparse
@@ -33,13 +35,29 @@ def cpu_model():
     return platform.processor()
 
 
-def run_pagoda(exe, shape, threads, iters):
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    fl = line.split(":", 1)[1].split()
+                    return sorted(x for x in fl if x.startswith(("avx512", "amx")))
+    except OSError:
+        pass
+    return []
+
+
+def run_pagoda(exe, shape, threads, iters, bf16=True, extra_env=None):
     op, b, l, q, hq, hk, d, p = shape
     cmd = [exe, "kernels", "--backend", "cpu", "--op", op, "--batch", str(b), "--kv-len", str(l),
            "--q-len", str(q), "--q-heads", str(hq), "--kv-heads", str(hk), "--head-dim", str(d),
            "--page-size", str(p), "--kv-dtype", "bf16", "--threads", str(threads),
            "--iters", str(iters), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ)
+    if not bf16:
+        env["PAGODA_CPU_BF16"] = "0"
+    env.update(extra_env or {})
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -88,43 +106,65 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", nargs="*", type=int, default=[])
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--no-ab", action="store_true", help="skip the PAGODA_CPU_BF16=0 runs")
     args = ap.parse_args()
+    t_start = time.time()
     threads = args.threads or [2, os.cpu_count() or 2]
     rows, raw = [], []
     torch_version = "?"
     for t in threads:
         for shape in SHAPES:
             ours = run_pagoda(args.pagoda, shape, t, args.iters)
+            old = None if args.no_ab else run_pagoda(args.pagoda, shape, t, args.iters, bf16=False)
+            dec16 = None
+            if not args.no_ab and shape[0] == "decode":  # the opt-in AVX512-BF16 decode kernels
+                dec16 = run_pagoda(args.pagoda, shape, t, args.iters,
+                                   extra_env={"PAGODA_CPU_BF16_DECODE": "1"})
             torch_ms, variant, variants, torch_version = time_torch(shape, t, args.iters)
             memory = shape[0] == "decode"
             unit = "GB/s" if memory else "TFLOP/s"
             ours_rate = ours["gbps"] if memory else ours["tflops"]
             scale = ours["ms"] / torch_ms
             torch_rate = ours_rate * scale
-            rows.append((t, shape, ours, ours_rate, torch_ms, torch_rate, variant, unit))
-            raw.append({"threads": t, "shape": shape, "pagoda": ours, "torch_ms": torch_ms,
-                        "torch_variant": variant, "torch_variants": variants})
+            rows.append((t, shape, ours, ours_rate, torch_ms, torch_rate, variant, unit, old))
+            raw.append({"threads": t, "shape": shape, "pagoda": ours, "pagoda_f32_path": old,
+                        "pagoda_bf16_decode": dec16,
+                        "torch_ms": torch_ms, "torch_variant": variant,
+                        "torch_variants": variants})
             print(f"threads={t} {shape[0]}: pagoda {ours['ms']:.3f} ms ({ours_rate:.3f} {unit}, "
                   f"{ours['pct_of_peak']:.1f}% of peak {ours['peak']:.2f}), torch {torch_ms:.3f} ms "
-                  f"({variant}), speedup {torch_ms / ours['ms']:.2f}x", flush=True)
+                  f"({variant}), speedup {torch_ms / ours['ms']:.2f}x"
+                  + (f"; f32 path {old['ms']:.3f} ms" if old else "")
+                  + (f"; bf16 decode {dec16['ms']:.3f} ms" if dec16 else ""), flush=True)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# pagoda CPU backend vs PyTorch SDPA (CPU)",
         "",
         f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs; date {date}",
+        f"- CPU flags: {' '.join(cpu_flags()) or '?'}",
         f"- torch {torch_version}; pagoda SIMD target {rows[0][2].get('simd', '?')}",
         "- bf16 q/k/v/out; pagoda reads a paged cache (page 16, shuffled pages), torch contiguous "
         "[B, H, L, D] KV; decode: B=16, L=8192, 32/8 heads, D=128; extend: B=1, q=kv=1024 causal",
         "- peak = same run's streaming-read GB/s (decode) or OpenBLAS sgemm TFLOP/s (extend)",
+        "- f32 path = the same binary with PAGODA_CPU_BF16=0 (no AVX512-BF16 kernels), same session",
         "",
-        "| threads | op | pagoda ms | pagoda rate | % of peak | torch ms | torch rate | torch variant "
-        "| speedup (torch ms / pagoda ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| threads | op | pagoda ms | pagoda rate | % of peak | f32 path ms | torch ms | torch rate "
+        "| torch variant | speedup (torch ms / pagoda ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for t, shape, ours, rate, tms, trate, variant, unit in rows:
+    for t, shape, ours, rate, tms, trate, variant, unit, old in rows:
+        old_ms = f"{old['ms']:.3f}" if old else "-"
         lines.append(f"| {t} | {shape[0]} | {ours['ms']:.3f} | {rate:.3f} {unit} | "
-                     f"{ours['pct_of_peak']:.1f} % of {ours['peak']:.2f} | {tms:.3f} | "
+                     f"{ours['pct_of_peak']:.1f} % of {ours['peak']:.2f} | {old_ms} | {tms:.3f} | "
                      f"{trate:.3f} {unit} | {variant} | {tms / ours['ms']:.2f}x |")
+    for r in raw:
+        if r["pagoda_bf16_decode"]:
+            d = r["pagoda_bf16_decode"]
+            lines.append(f"- {r['threads']} threads, decode with PAGODA_CPU_BF16_DECODE=1: "
+                         f"{d['ms']:.3f} ms, {d['gbps']:.3f} GB/s, {d['pct_of_peak']:.1f} % of "
+                         f"{d['peak']:.2f}")
+    lines.append("")
+    lines.append(f"bench wall time {time.time() - t_start:.0f} s (after the build)")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "cpu_vs_torch.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -2,7 +2,7 @@
 # The lent H200 machine's image lacks the dev files of three Debian libraries pagoda links (PCRE2,
 # ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them,
 # and cpp-httplib for `pagoda serve` (a compiled library whose header includes OpenSSL, zlib and
-# Brotli headers, so their dev packages come too):
+# Brotli headers, so their dev packages come too), and Highway (libhwy) for the CPU kernels:
 #
 #   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~22 MB)
 #   on the GPU machine:        source scripts/gpu_deps.sh env  # unpacks to /tmp/sys, sets pkg-config
@@ -14,7 +14,8 @@
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
           libsentencepiece-dev libsentencepiece0 libprotobuf-lite32
-          libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1)
+          libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1
+          libhwy-dev libhwy1)
 case "${1:-}" in
   fetch)
     mkdir -p "$root/.debs"

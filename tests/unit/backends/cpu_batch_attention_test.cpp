@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -17,6 +18,7 @@
 #include "pagoda/backends/reference/reference_batch_attention.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/kernels/cpu/tile_bf16.h"
 
 namespace pagoda::backends {
 namespace {
@@ -236,6 +238,40 @@ TEST(CpuBatchAttention, ExtendCausalAndNonCausal) {
       run_case(c);
     }
   }
+}
+
+// The bf16 extend tile path (more than 16 rows per KV head, bf16 q/K/V; AVX512-BF16 CPUs only,
+// the f32 path elsewhere): bf16 output (bf16 P·V) and f32 output (f32 P·V), GQA groups of 4 and
+// 8, unequal head dims, odd key blocks (kv_block 48), window + cap + sinks, custom masks, and
+// split-KV partials merged by LSE.
+TEST(CpuBatchAttention, ExtendTilePath) {
+  std::printf("AVX512-BF16 tile path %s\n",
+              kernels::cpu::detail::cpu_avx512bf16_available() ? "on" : "off (not this CPU)");
+  uint64_t seed = 450;
+  for (DType out : {DType::kBF16, DType::kF32}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Case c{.seed = seed++, .bs = 2, .hq = variant == 1 ? 16 : 8, .hkv = 2,
+             .dqk = variant == 2 ? 96 : 128, .dv = variant == 2 ? 64 : 128,
+             .page_size = variant == 1 ? 1 : 16, .out_dtype = out, .min_qo = 17, .max_qo = 70,
+             .max_prefix = 150, .custom_mask = variant == 2,
+             .window_left = variant == 0 ? 30 : -1, .cap = variant == 0 ? 5.f : 0.f,
+             .sinks = variant == 0,
+             .options = {.num_threads = 2, .kv_block = 48, .min_split_tokens = 48,
+                         .items_per_thread = variant == 1 ? 64 : 4}};  // variant 1: split-KV
+      run_case(c);
+    }
+  }
+}
+
+// Decode items of many KV heads (rows_per_item 256: 128 rows of D = 32 per item) through the
+// AVX512-BF16 decode path with a bf16 output (P pairs must fit the per-thread scratch).
+TEST(CpuBatchAttention, DecodeWideItems) {
+  std::printf("AVX512-BF16 decode path %s\n", kernels::cpu::detail::cpu_decode_bf16_enabled()
+                                                   ? "on"
+                                                   : "off (PAGODA_CPU_BF16_DECODE=1 enables)");
+  Case c{.seed = 470, .bs = 3, .hq = 128, .hkv = 32, .dqk = 32, .dv = 32, .page_size = 16,
+         .max_prefix = 200, .options = {.num_threads = 2, .rows_per_item = 256}};
+  run_case(c);
 }
 
 TEST(CpuBatchAttention, WindowCapSinksScales) {

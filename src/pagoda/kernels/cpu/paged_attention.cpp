@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "pagoda/kernels/cpu/output_writer.h"
 #include "pagoda/kernels/cpu/scratch_layout.h"
+#include "pagoda/kernels/cpu/tile_bf16.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "pagoda/kernels/cpu/paged_attention.cpp"
@@ -33,13 +35,66 @@ namespace HWY_NAMESPACE {
 /// straight from the cache (ScoresBf16 / AccumulatePVBf16); larger tiles amortise a f32 copy.
 constexpr int kDirectMaxRowsPerHead = 16;
 
+/// Visible key range of each query row (token) of the item, clipped to the item's chunk, and
+/// the union [*ulo, *uhi) over the rows (empty when ulo >= uhi).
+void ItemMasks(const CpuAttentionParams& p, const CpuWorkItem& it, RowMask* masks, int* ulo,
+               int* uhi) {
+  const int b = it.request;
+  const int qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
+  const int kv_len = p.kv_len[b];
+  *ulo = it.kv_end;
+  *uhi = it.kv_begin;
+  for (int qi = 0; qi < it.q_end - it.q_begin; ++qi) {
+    const int i = it.q_begin + qi;
+    const int diag = kv_len - qo_len + i;
+    RowMask rm;
+    rm.lo = it.kv_begin;
+    rm.hi = it.kv_end;
+    if (p.mask == CpuMask::kCausal) rm.hi = std::min(rm.hi, diag + 1);
+    if (p.window_left >= 0) rm.lo = std::max(rm.lo, diag - p.window_left);
+    if (p.mask == CpuMask::kCustom) {
+      rm.bits = p.custom_mask + p.mask_indptr[b];
+      rm.bit_base = static_cast<int64_t>(i) * kv_len;
+    }
+    if (rm.lo < rm.hi) {
+      *ulo = std::min(*ulo, rm.lo);
+      *uhi = std::max(*uhi, rm.hi);
+    }
+    masks[qi] = rm;
+  }
+}
+
+/// Writes one finished row (normalised output o[0, Dv), natural lse) of item row r: the final
+/// output, or its partial slot for the split-KV merge.
+void FinishRow(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuWorkItem& it, int r,
+               const float* o, float lse) {
+  const int gs = it.group_end - it.group_begin;
+  const int rph = (it.q_end - it.q_begin) * gs;
+  if (it.partial < 0) {
+    const int group = p.num_qo_heads / p.num_kv_heads;
+    const int h = it.kv_head_begin + r / rph;
+    const int qi = (r % rph) / gs;
+    const int qhead = h * group + it.group_begin + r % gs;
+    detail::write_output_row(p, p.qo_indptr[it.request] + it.q_begin + qi, qhead, o, lse);
+  } else {
+    const int64_t slot = static_cast<int64_t>(it.partial) * sch.max_rows + r;
+    float* dst = sch.partial_out + slot * p.head_dim_v;
+    for (int x = 0; x < p.head_dim_v; ++x) dst[x] = o[x];
+    sch.partial_lse[slot] = lse;
+  }
+}
+
+#include "pagoda/kernels/cpu/tile_item-inl.h"
+
 void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuWorkItem& it,
                  float* scratch) {
+  if (TileEligible(p, it)) {
+    ProcessItemTile(p, sch, it, scratch);
+    return;
+  }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const int b = it.request;
   const int64_t qo_start = p.qo_indptr[b];
-  const int qo_len = p.qo_indptr[b + 1] - p.qo_indptr[b];
-  const int kv_len = p.kv_len[b];
   const int group = p.num_qo_heads / p.num_kv_heads;
   const int gs = it.group_end - it.group_begin;
   const int qr = it.q_end - it.q_begin;
@@ -66,6 +121,12 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   const bool direct = p.k.dtype == DType::kBF16 && p.v.dtype == DType::kBF16 &&
                       dqk % PairChunk() == 0 && dv % PairChunk() == 0 &&
                       rph <= kDirectMaxRowsPerHead;
+  // AVX512-BF16 decode (opt-in, PAGODA_CPU_BF16_DECODE=1): bf16 q rows read in place (scores exact in f32); P in bf16 only for a
+  // bf16 output. Accumulators are then in natural order, else in pair-split order.
+  const bool dot16 = direct && p.q_dtype == DType::kBF16 && dqk % 32 == 0 &&
+                     detail::cpu_decode_bf16_enabled();
+  const bool pv16 = dot16 && p.out_dtype == DType::kBF16 && dv % 32 == 0;
+  const uint16_t* qrows[kCpuMaxRows];
   for (int r = 0; r < rows; ++r) {
     const int h = it.kv_head_begin + r / rph;
     const int qi = (r % rph) / gs;
@@ -74,6 +135,7 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
                       ((qo_start + it.q_begin + qi) * p.q_stride_token +
                        static_cast<int64_t>(qhead) * p.q_stride_head) * static_cast<int64_t>(qes);
     float* row = qf + static_cast<int64_t>(r) * dqk_pad;
+    qrows[r] = reinterpret_cast<const uint16_t*>(src);
     ConvertRow(p.q_dtype, src, dqk, dqk_pad, row);
     ScaleRow(row, qscale, dqk_pad);
     if (direct) PairSplitRow(row, dqk, /*inverse=*/false, kf);
@@ -84,25 +146,8 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
 
   // Visible key range of each query row of the tile, clipped to the item's chunk.
   RowMask masks[kCpuMaxRows];
-  int ulo = it.kv_end, uhi = it.kv_begin;
-  for (int qi = 0; qi < qr; ++qi) {
-    const int i = it.q_begin + qi;
-    const int diag = kv_len - qo_len + i;
-    RowMask rm;
-    rm.lo = it.kv_begin;
-    rm.hi = it.kv_end;
-    if (p.mask == CpuMask::kCausal) rm.hi = std::min(rm.hi, diag + 1);
-    if (p.window_left >= 0) rm.lo = std::max(rm.lo, diag - p.window_left);
-    if (p.mask == CpuMask::kCustom) {
-      rm.bits = p.custom_mask + p.mask_indptr[b];
-      rm.bit_base = static_cast<int64_t>(i) * kv_len;
-    }
-    if (rm.lo < rm.hi) {
-      ulo = std::min(ulo, rm.lo);
-      uhi = std::max(uhi, rm.hi);
-    }
-    masks[qi] = rm;
-  }
+  int ulo = 0, uhi = 0;
+  ItemMasks(p, it, masks, &ulo, &uhi);
 
   const size_t kes = dtype_size(p.k.dtype);
   const size_t ves = dtype_size(p.v.dtype);
@@ -113,6 +158,10 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   int64_t voff[256];
   const hwy::bfloat16_t* kp[256];
   const hwy::bfloat16_t* vp[256];
+  const unsigned char* next_k[256];
+  const unsigned char* next_v[256];
+  int n_pref = 0;
+  int64_t pref_kspan = 0, pref_vspan = 0;
   for (int t0 = ulo; t0 < uhi; t0 += T) {
     const int n = std::min(T, uhi - t0);
     const int npad = (n + 15) / 16 * 16;
@@ -130,8 +179,12 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     }
     // Software prefetch of the next block's K/V rows (all heads of the item): page gathers
     // defeat the hardware stream prefetchers.
+    n_pref = 0;
     if (n_next > 0) {
       const int n2 = std::min(T, uhi - t0 - T);
+      n_pref = 0;  // spreading measured slower than the burst (L3-resident decode)
+      pref_kspan = static_cast<int64_t>(nh) * p.k.stride_head * static_cast<int64_t>(kes);
+      pref_vspan = static_cast<int64_t>(nh) * p.v.stride_head * static_cast<int64_t>(ves);
       int pi = (t0 + T) / p.page_size;
       int sl = (t0 + T) % p.page_size;
       const int64_t kspan = static_cast<int64_t>(nh) * p.k.stride_head * static_cast<int64_t>(kes);
@@ -142,8 +195,15 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
         const int64_t page = pages[pi];
         const auto* kr = kbase + (page * p.k.stride_page + sl * p.k.stride_slot + kh0) * static_cast<int64_t>(kes);
         const auto* vr = vbase + (page * p.v.stride_page + sl * p.v.stride_slot + vh0) * static_cast<int64_t>(ves);
-        for (int64_t b0 = 0; b0 < kspan; b0 += 64) hwy::Prefetch(kr + b0);
-        for (int64_t b0 = 0; b0 < vspan; b0 += 64) hwy::Prefetch(vr + b0);
+        if (n_pref > 0) {
+          // Issued later, spread over this block's key groups (a burst of thousands of
+          // prefetches stalls on the miss queue).
+          next_k[j] = kr;
+          next_v[j] = vr;
+        } else {
+          for (int64_t b0 = 0; b0 < kspan; b0 += 64) hwy::Prefetch(kr + b0);
+          for (int64_t b0 = 0; b0 < vspan; b0 += 64) hwy::Prefetch(vr + b0);
+        }
         if (++sl == p.page_size) {
           sl = 0;
           ++pi;
@@ -167,6 +227,17 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
           const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.k.stride_head;
           const float* qh = qf + static_cast<int64_t>(hh * rph) * dqk_pad;
           float* sh = sc + static_cast<int64_t>(hh * rph) * T + j0;
+          if (dot16) {
+            if (hh == 0) {
+              // Next block's K rows, proportionally to this block's progress.
+              for (int j = j0 * n_pref / n; j < std::min(n_pref, (j0 + 4) * n_pref / n); ++j)
+                for (int64_t b0 = 0; b0 < pref_kspan; b0 += 64) hwy::Prefetch(next_k[j] + b0);
+            }
+            detail::decode_scores_bf16(qrows + hh * rph, rph,
+                                       reinterpret_cast<const uint16_t* const*>(kp + j0), off, nj,
+                                       dqk, qscale, sh, T);
+            continue;
+          }
           int rr = 0;
           for (; rr + 4 <= rph; rr += 4) {
             ScoresBf16<4>(qh + static_cast<int64_t>(rr) * dqk_pad, dqk_pad, kp + j0, off, nj, dqk,
@@ -189,6 +260,24 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
                             dv_pad);
       }
       if (!any) continue;
+      if (pv16) {
+        // P as bf16 pairs, in place over each score row (row stride T), then 16 keys at a time
+        // for every KV head.
+        auto* pp = reinterpret_cast<uint32_t*>(sc);
+        detail::decode_pack_p_bf16(sc, T, rows, npad, pp, T);
+        for (int j0 = 0; j0 < n; j0 += 16) {
+          const int nj = std::min(16, n - j0);
+          for (int j = j0 * n_pref / n; j < std::min(n_pref, (j0 + 16) * n_pref / n); ++j)
+            for (int64_t b0 = 0; b0 < pref_vspan; b0 += 64) hwy::Prefetch(next_v[j] + b0);
+          for (int hh = 0; hh < nh; ++hh) {
+            const int64_t off = static_cast<int64_t>(it.kv_head_begin + hh) * p.v.stride_head;
+            detail::decode_pv_bf16(pp + static_cast<int64_t>(hh * rph) * T + j0 / 2, T,
+                                   rph, reinterpret_cast<const uint16_t* const*>(vp + j0), off, nj,
+                                   dv, acc + static_cast<int64_t>(hh * rph) * dv_pad, dv_pad);
+          }
+        }
+        continue;
+      }
       constexpr int kPvKeys = 8;
       for (int j0 = 0; j0 < n; j0 += kPvKeys) {
         const int nj = std::min(kPvKeys, n - j0);
@@ -263,18 +352,8 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
     const float l = lrow[r];
     const float lse = l > 0.f ? mrow[r] + std::log(l) : neg_inf;
     ScaleRow(o, l > 0.f ? p.v_scale / l : 0.f, dv_pad);
-    if (direct) PairSplitRow(o, dv, /*inverse=*/true, vf);
-    if (it.partial < 0) {
-      const int h = it.kv_head_begin + r / rph;
-      const int qi = (r % rph) / gs;
-      const int qhead = h * group + it.group_begin + r % gs;
-      detail::write_output_row(p, qo_start + it.q_begin + qi, qhead, o, lse);
-    } else {
-      const int64_t slot = static_cast<int64_t>(it.partial) * sch.max_rows + r;
-      float* dst = sch.partial_out + slot * dv;
-      for (int x = 0; x < dv; ++x) dst[x] = o[x];
-      sch.partial_lse[slot] = lse;
-    }
+    if (direct && !pv16) PairSplitRow(o, dv, /*inverse=*/true, vf);
+    FinishRow(p, sch, it, r, o, lse);
   }
 }
 
