@@ -47,8 +47,11 @@ rc=$?
 grep -E "Test +#|tests passed|tests failed|Total Test time|\*\*\*|Failed|Timeout" "$OUT_DIR/ctest_gpu.out" \
   | tee -a "$OUT_DIR/summary.txt"
 echo "ctest rc=$rc" | tee -a "$OUT_DIR/summary.txt"
-# The conformance matrices from the ctest log (the per-test output).
-grep -E "^\| (backend|cuda)|^FAIL" "$OUT_DIR/ctest_gpu.log" | head -40 >> "$OUT_DIR/summary.txt"
+# Every test's full output (passing ones too) is in ctest's LastTest.log: keep it, and put the
+# conformance matrices in the summary.
+cp "$BUILD/Testing/Temporary/LastTest.log" "$OUT_DIR/ctest_gpu_full.log" 2>/dev/null
+grep -E "^\| (backend|cuda)|^FAIL|runs on| in [0-9.]+ s" "$OUT_DIR/ctest_gpu_full.log" | head -60 \
+  >> "$OUT_DIR/summary.txt"
 
 echo "== 2. pagoda kernels --backend cuda [$(elapsed)]" | tee -a "$OUT_DIR/summary.txt"
 # name | op | batch | kv_len | q_len | page | kv dtype  (32 q / 8 kv heads, D 128, bf16 q/out)

@@ -30,15 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 /// Last-level cache size in bytes (0 when the OS does not say).
 size_t host_llc_bytes() {
   long b = 0;
@@ -133,6 +124,15 @@ class CudaClock final : public KernelClock {
 #endif
 
 }  // namespace
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
 
 std::unique_ptr<KernelClock> make_host_clock(int threads, bool flush) {
   return std::make_unique<HostClock>(threads, flush);

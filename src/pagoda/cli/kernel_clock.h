@@ -13,9 +13,11 @@
 /// bytes read + bytes written per second. Units: ms, GB/s (1e9 B), TFLOP/s (1e12).
 /// Thread rules: one thread.
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pagoda::cli {
 
@@ -44,6 +46,12 @@ std::unique_ptr<KernelClock> make_host_clock(int threads, bool flush);
 /// The CUDA-event clock on the legacy default stream. Throws Error(kUnsupported) when this build
 /// has no CUDA (or there is no GPU).
 std::unique_ptr<KernelClock> make_cuda_clock(bool flush);
+
+/// Seconds on the steady clock since `t0`.
+double seconds_since(std::chrono::steady_clock::time_point t0);
+
+/// The median of `v` (the upper one for an even size; 0 when empty).
+double median(std::vector<double> v);
 
 /// Streaming read bandwidth (GB/s) of `threads` threads over 1 GiB (0 without the CPU backend).
 double measure_host_read_gbps(int threads);

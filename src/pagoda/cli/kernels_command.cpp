@@ -62,15 +62,6 @@ struct KernelsArgs {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 /// The backends this build can time, for the --backend check (before anything is allocated).
 std::vector<std::string> known_backends() {
   std::vector<std::string> names{"reference"};
