@@ -6,6 +6,7 @@
 //   3: a valid config.json with one key's value replaced by the input (JSON text), so the
 //      range checks are reached without the fuzzer first discovering the whole schema
 //   4: a valid two-tensor safetensors file whose dims and offsets come from the input (int64s)
+//   5: a valid tokenizer.json (byte-fallback BPE) with one member replaced by the input (JSON)
 // Each must return or throw its documented error (pagoda::Error; for the tokenizer also
 // nlohmann::json::exception for a wrong member type) — never crash, hang, leak or throw anything
 // else (std::bad_alloc or std::length_error from an unchecked size is a bug: abort). Accepted
@@ -122,6 +123,54 @@ void fuzz_safetensors_numbers(std::span<const uint8_t> in) {
   fuzz_safetensors(file);
 }
 
+/// A valid byte-fallback BPE tokenizer.json: <unk> 0, <s> 1, <0x00>..<0xFF> 2..257, a, b, ab.
+nlohmann::json tokenizer_template() {
+  nlohmann::json vocab = nlohmann::json::object();
+  vocab["<unk>"] = 0;
+  vocab["<s>"] = 1;
+  const char* hex = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) vocab[std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">"] = 2 + b;
+  vocab["a"] = 258;
+  vocab["b"] = 259;
+  vocab["ab"] = 260;
+  return nlohmann::json{
+      {"version", "1.0"},
+      {"added_tokens", nlohmann::json::array({nlohmann::json{
+                           {"id", 1}, {"content", "<s>"}, {"special", true}, {"lstrip", false},
+                           {"rstrip", false}, {"single_word", false}, {"normalized", false}}})},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", nullptr},
+      {"post_processor", nullptr},
+      {"decoder", nlohmann::json{{"type", "ByteFallback"}}},
+      {"model", nlohmann::json{{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true},
+                               {"fuse_unk", true}, {"vocab", vocab},
+                               {"merges", nlohmann::json::array({nlohmann::json::array({"a", "b"})})}}}};
+}
+
+const char* const kTokenizerPaths[] = {
+    "/added_tokens", "/added_tokens/0", "/added_tokens/0/id", "/normalizer", "/pre_tokenizer",
+    "/post_processor", "/decoder", "/model", "/model/type", "/model/vocab", "/model/vocab/ab",
+    "/model/merges", "/model/merges/0", "/model/unk_token", "/model/byte_fallback"};
+
+void fuzz_tokenizer_field(std::span<const uint8_t> in) {
+  if (in.empty()) return;
+  static const nlohmann::json base = [] {
+    nlohmann::json t = tokenizer_template();
+    try {
+      const pagoda::tokenizer::HfTokenizer check_template(t);  // the template itself must load
+    } catch (...) {
+      std::abort();
+    }
+    return t;
+  }();
+  const std::string_view text(reinterpret_cast<const char*>(in.data() + 1), in.size() - 1);
+  nlohmann::json v = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return;
+  nlohmann::json j = base;
+  j[nlohmann::json::json_pointer(kTokenizerPaths[in[0] % std::size(kTokenizerPaths)])] = std::move(v);
+  fuzz_tokenizer(j.dump());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -129,7 +178,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::span<const uint8_t> rest(data + 1, size - 1);
   const std::string_view text(reinterpret_cast<const char*>(rest.data()), rest.size());
   try {
-    switch (data[0] % 5) {
+    switch (data[0] % 6) {
       case 0:
         fuzz_safetensors(rest);
         break;
@@ -142,15 +191,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 3:
         fuzz_config_field(rest);
         break;
-      default:
+      case 4:
         fuzz_safetensors_numbers(rest);
+        break;
+      default:
+        fuzz_tokenizer_field(rest);
         break;
     }
   } catch (const pagoda::Error&) {
   } catch (const nlohmann::json::exception&) {
     // documented for the tokenizer (member of the wrong JSON type); config_from_hf_json must
     // turn every type error into pagoda::Error
-    if (data[0] % 5 != 2) std::abort();
+    const int mode = data[0] % 6;
+    if (mode != 2 && mode != 5) std::abort();
   }
   return 0;
 }
