@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "cuda_test_util.h"
+#include "gpu_test_common.h"
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
 
 namespace pagoda::cuda_test {
@@ -19,11 +20,6 @@ struct Dev {
   explicit Dev(size_t n) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 16)), cudaSuccess); }
   ~Dev() { cudaFree(p); }
 };
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 struct Result {
   double rel_err = 0, lse_err = 0;
@@ -116,12 +112,7 @@ Problem decode_problem(int bs, int max_len, int ps, DType kv, int d, uint64_t se
   return p;
 }
 
-#define REQUIRE_GPU()                          \
-  do {                                         \
-    if (!have_gpu()) {                         \
-      GTEST_SKIP() << "no CUDA device";        \
-    }                                          \
-  } while (0)
+#define REQUIRE_GPU() PAGODA_REQUIRE_GPU()
 
 TEST(CudaDecode, Bf16Page16Skewed) {
   REQUIRE_GPU();

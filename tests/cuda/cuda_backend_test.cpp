@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_common.h"
 #include "pagoda/attention/backend.h"
 #include "pagoda/backends/cuda/cuda_backend.h"
 #include "pagoda/backends/reference/reference_backend.h"
@@ -48,12 +49,7 @@ using backends::ReferenceBackend;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-#define REQUIRE_GPU()                                         \
-  do {                                                        \
-    if (platform::cuda_device_count() == 0) {                 \
-      GTEST_SKIP() << "no CUDA device";                       \
-    }                                                         \
-  } while (0)
+#define REQUIRE_GPU() PAGODA_REQUIRE_GPU()
 
 // ---- small host / device tensors (rank 3: [tokens, heads, dim]) ----
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_common.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/config.h"
 #include "pagoda/model/llama.h"
@@ -113,7 +114,7 @@ bool have_gpu() { return platform::cuda_device_count() > 0; }
 class CudaEngine : public ::testing::TestWithParam<std::tuple<Variant, bool>> {};
 
 TEST_P(CudaEngine, GreedyTokensEqualCpuReferenceEngine) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   const auto& [variant, graphs] = GetParam();
   const model::ModelConfig config = config_for(variant);
   model::LlamaModel m(config, model::make_random_weights(config, 20240611));
@@ -147,7 +148,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(CudaEngineGraph, ReplayEqualsEager) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 99));
   // Equal prompts lengths and outputs: every decode step has exactly 4 (a bucket) requests, so
@@ -165,7 +166,7 @@ TEST(CudaEngineGraph, ReplayEqualsEager) {
 }
 
 TEST(CudaEngineGraph, PaddedBucketsAndShrinkingBatches) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 5));
   // 13 requests, 12 running: buckets 1 2 4 8 12; batches shrink through padded sizes as
@@ -181,7 +182,7 @@ TEST(CudaEngineGraph, PaddedBucketsAndShrinkingBatches) {
 }
 
 TEST(CudaEngineBf16, FirstTokensAgreeWithF32AndLogitsClose) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 20240611));
   const auto ps = prompts(17, 20, false);
@@ -211,7 +212,7 @@ TEST(CudaEngineBf16, FirstTokensAgreeWithF32AndLogitsClose) {
 }
 
 TEST(CudaEngineSampling, SeededSamplingOnTheGpuIsIndependentOfBatching) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 8));
   const auto ps = prompts(23, 6, false);
@@ -234,6 +235,7 @@ TEST(CudaEngineGraph, PlatformSelection) {
   const auto cpu = engine::make_platform_for(named("reference"));
   EXPECT_EQ(cpu->name(), "cpu");
   if (!have_gpu()) {
+    if (gpu_test::gpu_required()) PAGODA_SKIP_GPU_TEST("no GPU");
     EXPECT_THROW((void)engine::make_platform_for(named("cuda")), Error);
     return;
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test_common.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/config.h"
@@ -18,8 +19,6 @@
 
 namespace pagoda {
 namespace {
-
-bool have_gpu() { return platform::cuda_device_count() > 0; }
 
 std::vector<std::vector<int32_t>> repetitive_prompts(uint64_t seed, int n) {
   std::mt19937_64 rng(seed);
@@ -63,7 +62,7 @@ SpecRun run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t>>
 }
 
 TEST(CudaSpec, GreedyIsLossless) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 20240611));
   const auto ps = repetitive_prompts(3, 6);
@@ -114,7 +113,7 @@ TEST(CudaSpec, GreedyIsLossless) {
 }
 
 TEST(CudaSpec, MoveKvOnADevicePool) {
-  if (!have_gpu()) GTEST_SKIP() << "no GPU";
+  PAGODA_REQUIRE_GPU();
   auto gpu = platform::make_cuda_platform();
   kv::KvPool pool(kv::KvPoolConfig{.num_layers = 2,
                                    .num_pages = 4,

@@ -283,6 +283,12 @@ void run_bench(const BenchOptions& o) {
   // Drained: every page reference is the tree's, and free + cached pages are the whole pool.
   const int64_t leaked = eng.leaked_pages();
   const bool accounted = eng.idle_pages_accounted();
+  // Then the prefix cache is evicted too: every page must be free again, every refcount 0.
+  const int64_t drained_tokens = eng.drain_prefix_cache();  // the loop above left it idle
+  const int64_t free_after_drain = eng.free_pages();
+  const int64_t referenced_after_drain = eng.referenced_pages();
+  const bool drained_clean =
+      free_after_drain == eng.total_pages() && referenced_after_drain == 0;
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.backend_name()},
@@ -311,6 +317,10 @@ void run_bench(const BenchOptions& o) {
       {"mixed_steps", st.mixed_steps},
       {"leaked_pages", leaked},
       {"idle_pages_accounted", accounted},
+      {"drained_cache_tokens", drained_tokens},
+      {"pages_total", eng.total_pages()},
+      {"pages_free_after_drain", free_after_drain},
+      {"pages_referenced_after_drain", referenced_after_drain},
       {"device_path", st.device_path},
       {"cuda_graph", st.device_path && o.cuda_graph == "on"},
       {"cuda_graphs", st.cuda_graphs},
@@ -333,6 +343,10 @@ void run_bench(const BenchOptions& o) {
                    "KV accounting after draining: {} leaked page references, free + cached "
                    "pages {} the pool",
                    leaked, accounted ? "equal" : "do not equal");
+    PAGODA_REQUIRE(drained_clean, kInternal,
+                   "KV accounting after evicting the prefix cache: {} of {} pages free, {} "
+                   "pages still referenced",
+                   free_after_drain, eng.total_pages(), referenced_after_drain);
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -364,6 +378,8 @@ void run_bench(const BenchOptions& o) {
   row("retractions", fmt::format("{}", st.scheduler.retractions));
   row("steps (mixed)", fmt::format("{} ({})", st.steps, st.mixed_steps));
   row("leaked pages", fmt::format("{}{}", leaked, accounted ? "" : " (free + cached != total)"));
+  row("pages free after drain", fmt::format("{} / {}, {} referenced", free_after_drain,
+                                            eng.total_pages(), referenced_after_drain));
   if (decode_steps > 0)
     row("decode step", fmt::format("{:.3f} ms (batch {:.1f}, {:.0f} tok/s)",
                                    decode_s / static_cast<double>(decode_steps) * 1e3,

@@ -141,8 +141,19 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   }
 }
 
+/// Every engine option (page size, pool, scheduler, speculation, backend names) checked before
+/// the model or a draft model is loaded and before anything is allocated for them.
+void validate_engine_options(const GenerateOptions& o) {
+  GenerateOptions probe = o;
+  if (probe.spec.mode == "draft") probe.spec.draft_model.clear();  // loaded later
+  SpecDraft none;
+  auto platform = platform_for(probe);
+  engine_config_for(probe, *platform, 4096, 4, none).validate();
+}
+
 void run_generate(const GenerateOptions& o) {
   prepare_host_threads();
+  validate_engine_options(o);
   if (!o.batch_file.empty()) {
     PAGODA_REQUIRE(o.prompt.empty() && o.token_ids.empty(), kInvalidArgument,
                    "--batch-file excludes --prompt and --token-ids");

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <fmt/ranges.h>
+
 #include "pagoda/cache/chunk_cache.h"
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/check.h"
@@ -105,6 +107,23 @@ void EngineConfig::validate() const {
   PAGODA_REQUIRE(max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
   scheduler.validate(page_size);
   spec.validate();
+  // Backend names and the page sizes they declare, checked here so a bad choice fails before the
+  // pools, the worker or the model's device copy are built (the rest of a backend's
+  // requirements depend on the model and are checked when the worker builds it).
+  attention::BackendRegistry registry;
+  backends::register_builtin_backends(registry);
+  for (const std::string* name : {&backend.attention, &backend.prefill, &backend.decode}) {
+    if (name->empty()) continue;
+    PAGODA_REQUIRE(registry.contains(*name), kUnsupported,
+                   "attention backend '{}' is not in this build (have: {})", *name,
+                   fmt::join(registry.names(), ", "));
+    const attention::BackendCapabilities& caps = registry.capabilities(*name);
+    PAGODA_REQUIRE(caps.page_sizes.empty() || std::find(caps.page_sizes.begin(),
+                                                        caps.page_sizes.end(),
+                                                        page_size) != caps.page_sizes.end(),
+                   kUnsupported, "attention backend '{}' does not support page size {} (it takes {})",
+                   *name, page_size, fmt::join(caps.page_sizes, ", "));
+  }
 }
 
 Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform,
@@ -333,12 +352,31 @@ EngineStats Engine::stats() const {
   return s;
 }
 
+int64_t unowned_page_references(const kv::PageRefs& refs, int64_t owned_refs) {
+  int64_t references = 0;
+  for (int32_t p = 1; p <= refs.num_pages(); ++p) references += refs.refcount(PageId{p});
+  return references - owned_refs;
+}
+
 int64_t Engine::leaked_pages() const {
   const int64_t tree_pages = cache_->total_size() / config_.page_size;
-  int64_t references = 0;
-  for (int32_t p = 1; p <= allocator_->num_pages(); ++p)
-    references += allocator_->refcount(PageId{p});
-  return references - tree_pages - scheduler_->request_private_pages();
+  return unowned_page_references(*allocator_, tree_pages + scheduler_->request_private_pages());
+}
+
+int64_t Engine::drain_prefix_cache() {
+  PAGODA_REQUIRE(!has_work(), kFailedPrecondition,
+                 "drain_prefix_cache: {} requests are still waiting or running",
+                 scheduler_->num_running() + scheduler_->num_waiting());
+  return cache_->evict(cache_->evictable_size());
+}
+
+int64_t Engine::free_pages() const { return allocator_->num_free_pages(); }
+int64_t Engine::total_pages() const { return allocator_->num_pages(); }
+
+int64_t Engine::referenced_pages() const {
+  int64_t n = 0;
+  for (int32_t p = 1; p <= allocator_->num_pages(); ++p) n += allocator_->refcount(PageId{p}) != 0;
+  return n;
 }
 
 bool Engine::idle_pages_accounted() const {

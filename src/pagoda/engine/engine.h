@@ -72,7 +72,9 @@ struct EngineConfig {
   SpecConfig spec{};
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
-  /// scheduler limits). Cheap: callers check before loading a model.
+  /// scheduler limits, speculation), Error(kUnsupported) for a backend name this build does not
+  /// register or a page size its capabilities exclude. Cheap: callers check before loading a
+  /// model or building anything.
   void validate() const;
 };
 
@@ -149,6 +151,11 @@ std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DT
 /// weights are f16, else bf16 (an f32 checkpoint runs in bf16 unless f32 is asked for).
 DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model);
 
+/// Page references nobody owns: Σ refcount over pages 1..num_pages of `refs` − `owned_refs`
+/// (the references the engine can account for: one per tree page, one per request-private page).
+/// Counts references, not pages: a page retained twice by one owner counts once extra. O(pages).
+int64_t unowned_page_references(const kv::PageRefs& refs, int64_t owned_refs);
+
 class Engine {
  public:
   /// Builds the memory, cache and backend for `model` (which must outlive the engine). Uses
@@ -196,6 +203,15 @@ class Engine {
   bool idle_pages_accounted() const;
   /// Request rows in use by no live request (0 unless there is a bug).
   int64_t leaked_rows() const;
+  /// When idle: evicts the whole prefix cache (every page back to the allocator) and returns the
+  /// tokens evicted. Throws Error(kFailedPrecondition) while requests are waiting or running.
+  int64_t drain_prefix_cache();
+  /// Pages with refcount 0 / all pages (after drain_prefix_cache() on an idle engine these are
+  /// equal unless a reference leaked).
+  int64_t free_pages() const;
+  int64_t total_pages() const;
+  /// Pages whose refcount is not 0 (O(pages)).
+  int64_t referenced_pages() const;
   /// Aborts (PAGODA_CHECK) when allocator, table or cache invariants are broken.
   void check_integrity() const;
 

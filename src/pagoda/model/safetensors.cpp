@@ -122,6 +122,65 @@ SafetensorInfo parse_entry(const fs::path& path, const std::string& name,
 
 }  // namespace
 
+std::map<std::string, SafetensorInfo> parse_safetensors_header(const fs::path& path,
+                                                               std::span<const uint8_t> bytes,
+                                                               size_t* data_offset_out) {
+  PAGODA_REQUIRE(bytes.size() >= 8, kInvalidArgument, "{}: not a safetensors file (too small)",
+                 path.string());
+  std::map<std::string, SafetensorInfo> tensors;
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  PAGODA_REQUIRE(header_len <= bytes.size() - 8, kInvalidArgument,
+                 "{}: header length {} exceeds the file", path.string(), header_len);
+  const size_t data_offset = 8 + static_cast<size_t>(header_len);
+  const uint64_t data_size = bytes.size() - data_offset;
+  nlohmann::json header;
+  try {
+    // Duplicate tensor names would silently keep the last entry: refuse them while parsing.
+    std::set<std::string> seen;
+    auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event,
+                             nlohmann::json& parsed) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
+        const std::string key = parsed.get<std::string>();
+        PAGODA_REQUIRE(seen.insert(key).second, kInvalidArgument,
+                       "{}: tensor {} appears twice in the header", path.string(), key);
+      }
+      return true;
+    };
+    header = nlohmann::json::parse(bytes.data() + 8, bytes.data() + data_offset, no_duplicates);
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorCode::kInvalidArgument, "{}: bad header JSON: {}", path.string(), e.what());
+  }
+  PAGODA_REQUIRE(header.is_object(), kInvalidArgument, "{}: header is not a JSON object",
+                 path.string());
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      PAGODA_REQUIRE(entry.is_object(), kInvalidArgument, "{}: __metadata__ is not an object",
+                     path.string());
+      continue;
+    }
+    SafetensorInfo info = parse_entry(path, name, entry, data_size);
+    ranges.emplace_back(info.begin, info.end);
+    tensors.emplace(name, std::move(info));
+  }
+  // The data section is exactly the tensors' bytes, back to back: no overlap, no hole, no
+  // trailing bytes (the format's own rule; an overlap would alias two tensors).
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [b, e] : ranges) {
+    PAGODA_REQUIRE(b == covered, kInvalidArgument,
+                   "{}: tensor data ranges {} at byte {} (expected {}: overlapping or gapped "
+                   "data_offsets)",
+                   path.string(), b < covered ? "overlap" : "leave a hole", b, covered);
+    covered = e;
+  }
+  PAGODA_REQUIRE(covered == data_size, kInvalidArgument,
+                 "{}: tensors cover {} of the {} data bytes", path.string(), covered, data_size);
+  if (data_offset_out != nullptr) *data_offset_out = data_offset;
+  return tensors;
+}
+
 SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   PAGODA_REQUIRE(fd >= 0, kInternal, "cannot open {}: {}", path.string(), std::strerror(errno));
@@ -138,55 +197,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path) {
                  std::strerror(errno));
   map_ = static_cast<const uint8_t*>(m);
   try {
-    uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | map_[i];
-    PAGODA_REQUIRE(header_len <= map_size_ - 8, kInvalidArgument,
-                   "{}: header length {} exceeds the file", path.string(), header_len);
-    data_offset_ = 8 + static_cast<size_t>(header_len);
-    const uint64_t data_size = map_size_ - data_offset_;
-    nlohmann::json header;
-    try {
-      // Duplicate tensor names would silently keep the last entry: refuse them while parsing.
-      std::set<std::string> seen;
-      auto no_duplicates = [&](int depth, nlohmann::json::parse_event_t event,
-                               nlohmann::json& parsed) {
-        if (depth == 1 && event == nlohmann::json::parse_event_t::key) {
-          const std::string key = parsed.get<std::string>();
-          PAGODA_REQUIRE(seen.insert(key).second, kInvalidArgument,
-                         "{}: tensor {} appears twice in the header", path.string(), key);
-        }
-        return true;
-      };
-      header = nlohmann::json::parse(map_ + 8, map_ + data_offset_, no_duplicates);
-    } catch (const nlohmann::json::exception& e) {
-      throw_error(ErrorCode::kInvalidArgument, "{}: bad header JSON: {}", path.string(), e.what());
-    }
-    PAGODA_REQUIRE(header.is_object(), kInvalidArgument, "{}: header is not a JSON object",
-                   path.string());
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") {
-        PAGODA_REQUIRE(entry.is_object(), kInvalidArgument, "{}: __metadata__ is not an object",
-                       path.string());
-        continue;
-      }
-      SafetensorInfo info = parse_entry(path, name, entry, data_size);
-      ranges.emplace_back(info.begin, info.end);
-      tensors_.emplace(name, std::move(info));
-    }
-    // The data section is exactly the tensors' bytes, back to back: no overlap, no hole, no
-    // trailing bytes (the format's own rule; an overlap would alias two tensors).
-    std::sort(ranges.begin(), ranges.end());
-    uint64_t covered = 0;
-    for (const auto& [b, e] : ranges) {
-      PAGODA_REQUIRE(b == covered, kInvalidArgument,
-                     "{}: tensor data ranges {} at byte {} (expected {}: overlapping or gapped "
-                     "data_offsets)",
-                     path.string(), b < covered ? "overlap" : "leave a hole", b, covered);
-      covered = e;
-    }
-    PAGODA_REQUIRE(covered == data_size, kInvalidArgument,
-                   "{}: tensors cover {} of the {} data bytes", path.string(), covered, data_size);
+    tensors_ = parse_safetensors_header(path, {map_, map_size_}, &data_offset_);
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(map_), map_size_);
     map_ = nullptr;

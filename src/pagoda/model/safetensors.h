@@ -35,6 +35,15 @@ struct SafetensorInfo {
 /// Product of `shape`, or nullopt when a dim is negative or the product overflows int64.
 std::optional<int64_t> checked_numel(std::span<const int64_t> shape);
 
+/// Validates the header of the safetensors file whose bytes are `bytes` (the whole file: the
+/// data section is only measured, never read) with exactly SafetensorsFile's checks and errors;
+/// `path` only names the file in messages. Returns the entries and, when `data_offset` is not
+/// null, the data section's offset. Nothing is allocated from an unchecked size. Used by
+/// SafetensorsFile and by the fuzz target tests/fuzz/fuzz_model_inputs.cpp.
+std::map<std::string, SafetensorInfo> parse_safetensors_header(const std::filesystem::path& path,
+                                                               std::span<const uint8_t> bytes,
+                                                               size_t* data_offset);
+
 /// A memory-mapped .safetensors file (read-only). Movable, not copyable.
 class SafetensorsFile {
  public:

@@ -6,6 +6,7 @@
 #include <unicode/uchar.h>
 
 #include "pagoda/core/error.h"
+#include "pagoda/tokenizer/json_util.h"
 #include "pagoda/tokenizer/unicode.h"
 
 namespace pagoda::tokenizer {
@@ -31,7 +32,7 @@ AddedVocab::AddedVocab(const nlohmann::json& added_tokens) {
                  "tokenizer.json: added_tokens is not an array");
   for (const auto& t : added_tokens) {
     AddedToken a;
-    a.id = t.at("id").get<int32_t>();
+    a.id = json_token_id(t.at("id"), "added_tokens[].id");
     a.content = t.at("content").get<std::string>();
     a.special = t.value("special", false);
     a.lstrip = t.value("lstrip", false);

@@ -59,11 +59,16 @@ BpeModel::BpeModel(const nlohmann::json& model) {
   PAGODA_REQUIRE(vocab.is_object(), kInvalidArgument, "tokenizer.json: model.vocab is not a map");
   int32_t max_id = -1;
   for (const auto& [tok, id] : vocab.items()) {
-    const auto v = id.get<int32_t>();
-    PAGODA_REQUIRE(v >= 0, kInvalidArgument, "tokenizer.json: model.vocab['{}'] = {}", tok, v);
+    const int32_t v = json_token_id(id, fmt::format("model.vocab['{}']", tok));
     vocab_.emplace(tok, v);
     max_id = std::max(max_id, v);
   }
+  // The id table is sized by the largest id: vocabularies are dense, so a few holes are allowed
+  // but a tiny file cannot ask for a table of millions of entries.
+  PAGODA_REQUIRE(int64_t{max_id} < static_cast<int64_t>(vocab.size()) + 65536, kInvalidArgument,
+                 "tokenizer.json: model.vocab has {} entries but ids up to {} (more than 65,536 "
+                 "unused ids)",
+                 vocab.size(), max_id);
   id_to_token_.resize(static_cast<size_t>(max_id + 1));
   for (const auto& [tok, id] : vocab_) id_to_token_[static_cast<size_t>(id)] = tok;
 

@@ -28,7 +28,7 @@ std::vector<int32_t> special_ids_of(const nlohmann::json& specials, const std::s
 int32_t pair_id(const nlohmann::json& j, std::string_view where) {
   PAGODA_REQUIRE(j.is_array() && j.size() == 2, kInvalidArgument,
                  "tokenizer.json: post_processor.{} malformed", where);
-  return j[1].get<int32_t>();
+  return json_token_id(j[1], fmt::format("post_processor.{}", where));
 }
 
 void add_post_processor(const nlohmann::json& j, Wrap& wrap) {

@@ -30,4 +30,15 @@ void json_require_default(const nlohmann::json& j, std::string_view key,
               it->dump());
 }
 
+int32_t json_token_id(const nlohmann::json& v, std::string_view what) {
+  const bool in_range =
+      (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(kMaxTokenId)) ||
+      (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= 0 &&
+       v.get<int64_t>() <= kMaxTokenId);
+  PAGODA_REQUIRE(in_range, kInvalidArgument,
+                 "tokenizer.json: {} = {} is not a token id (an integer in [0, {}])", what,
+                 v.dump(), kMaxTokenId);
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 }  // namespace pagoda::tokenizer

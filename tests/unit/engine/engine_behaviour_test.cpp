@@ -2,8 +2,12 @@
 // request, input validation, EOS / context limits, seeded sampling independent of batching.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <span>
+
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
+#include "pagoda/kv/page_allocator.h"
 
 namespace pagoda::engine {
 namespace {
@@ -168,6 +172,56 @@ TEST(EngineSampling, SeededSamplingIsIndependentOfBatching) {
   for (size_t i = 0; i < ids.size(); ++i)
     differs += busy.output(ids[i]).output_ids != naive_greedy(prompts[i + 1], 12).tokens;
   EXPECT_GT(differs, 0);
+}
+
+// leaked_pages counts references: a page one owner holds twice is one leaked reference, which a
+// count of referenced pages would miss. Random extra retains on a real allocator, compared with
+// the number of retains made (seed printed).
+TEST(EngineAccounting, UnownedReferencesCountReferencesNotPages) {
+  const uint64_t seed = 0x5eed0009;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int page_size = 4;
+  kv::PageAllocator alloc(64, page_size);
+  const auto slots = alloc.alloc(int64_t{40} * page_size);  // 40 pages, one reference each
+  ASSERT_TRUE(slots.has_value());
+  EXPECT_EQ(unowned_page_references(alloc, 40), 0);
+  int64_t extra = 0;
+  for (int i = 0; i < 200; ++i) {
+    const size_t page = rng() % 40;  // the slots of one whole page, as owners retain them
+    alloc.retain(std::span<const SlotIndex>(slots->data() + page * page_size, page_size));
+    ++extra;
+    ASSERT_EQ(unowned_page_references(alloc, 40), extra);
+  }
+  EXPECT_EQ(alloc.num_referenced_pages(), 40);  // pages alone would report no leak
+  EXPECT_EQ(unowned_page_references(alloc, 40 + extra), 0);
+}
+
+// After a drained run the tree holds the cached pages; evicting it must give every page back
+// (free == total, every refcount 0), and evicting while requests are live is refused.
+TEST(EngineAccounting, DrainedEngineGivesEveryPageBack) {
+  for (bool radix : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "radix " << radix);
+    EngineConfig cfg = small_config(16, 1024);
+    cfg.radix_cache = radix;
+    Engine engine(test_model().model, cfg);
+    const auto prompts = testing::make_prompts(41, 6);
+    for (const auto& p : prompts) engine.add_request({.prompt = p, .max_new_tokens = 5});
+    engine.step();
+    ASSERT_TRUE(engine.has_work());
+    EXPECT_THROW(engine.drain_prefix_cache(), Error);
+    engine.run_until_idle();
+    EXPECT_EQ(engine.leaked_pages(), 0);
+    EXPECT_TRUE(engine.idle_pages_accounted());
+    const int64_t cached = engine.stats().pages_cached;
+    if (radix) {
+      EXPECT_GT(cached, 0);
+    }
+    EXPECT_EQ(engine.drain_prefix_cache(), cached * 16);
+    EXPECT_EQ(engine.free_pages(), engine.total_pages());
+    EXPECT_EQ(engine.referenced_pages(), 0);
+    EXPECT_EQ(engine.stats().pages_cached, 0);
+  }
 }
 
 }  // namespace

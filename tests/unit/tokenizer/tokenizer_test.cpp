@@ -135,6 +135,35 @@ TEST(HfTokenizer, UnsupportedFieldsAreErrorsNamingTheField) {
   EXPECT_THROW(HfTokenizer t(j), Error);
 }
 
+// Hostile ids: a huge vocab id would size the id table (a 20-byte file asking for 2^31
+// strings), a float / string / negative / 64-bit id would be narrowed silently, and an added
+// token id of INT32_MAX made `id + 1` overflow. Each is an Error naming the field.
+TEST(HfTokenizer, HostileTokenIdsAreErrorsNamingTheField) {
+  auto expect_error = [](json j, const std::string& field) {
+    try {
+      HfTokenizer t(j);
+      ADD_FAILURE() << "accepted " << field << ": " << j.dump().substr(0, 200);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  for (const json bad : {json(2147483647), json(int64_t{1} << 40), json(-1), json(1.5),
+                         json("3"), json(uint64_t{18446744073709551615ull})}) {
+    json j = tiny_byte_level();
+    j["model"]["vocab"]["hello"] = bad;
+    expect_error(j, "model.vocab['hello']");
+    j = tiny_byte_level();
+    j["added_tokens"][0]["id"] = bad;
+    expect_error(j, "added_tokens[].id");
+  }
+  json sparse = tiny_byte_level();  // a valid id, but 16M unused ids below it
+  sparse["model"]["vocab"]["hello"] = (1 << 24) - 1;
+  expect_error(sparse, "unused ids");
+  json holes = tiny_byte_level();  // a few holes are fine
+  holes["model"]["vocab"]["hello"] = 1000;
+  EXPECT_EQ(HfTokenizer(holes).token_to_id("hello"), 1000);
+}
+
 TEST(HfTokenizer, SentencePieceStyleByteFallback) {
   json vocab = json::object();
   vocab["<unk>"] = 0;

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -121,6 +123,12 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
       if (device == "cpu" || try_platform(options.platforms, device) != nullptr) {
         specs.push_back(n);
       } else {
+        // PAGODA_REQUIRE_GPU=1 (the GPU evidence runs): a device backend that cannot run fails.
+        const char* req = std::getenv("PAGODA_REQUIRE_GPU");
+        PAGODA_REQUIRE(req == nullptr || *req == '\0' || std::string_view(req) == "0", kUnsupported,
+                       "backend '{}' needs a {} platform, absent on this machine "
+                       "(PAGODA_REQUIRE_GPU is set)",
+                       n, device);
         fmt::print("skipping '{}': no {} platform on this machine\n", n, device);
       }
     }

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Hostile command lines and files through the `pagoda` CLI (issue 9 item 3).
+
+Each case must end with exit status 2 (pagoda::Error) and a message naming the bad field, never a
+signal, a std::bad_alloc / length_error ("fatal") or a message about something that should not
+have been reached yet: engine options are checked before the model is loaded (the model path
+given does not exist, so an error about it means the check came too late), and `kernels` shape
+products are checked before any buffer is allocated.
+
+Also: a drained `pagoda bench --json` reports leaked_pages 0 and, after evicting its prefix
+cache, every page free (pages_free_after_drain == pages_total, none referenced).
+
+Usage: check_hostile_inputs.py PAGODA_BINARY WORK_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+failures = []
+
+
+def run_case(name, args, must_contain, must_not_contain=()):
+    p = subprocess.run([PAGODA] + args, capture_output=True, text=True, timeout=60)
+    err = p.stderr + p.stdout
+    ok = p.returncode == 2 and "pagoda: error:" in err
+    ok = ok and all(s in err for s in must_contain)
+    ok = ok and not any(s in err for s in must_not_contain)
+    status = "ok  " if ok else "FAIL"
+    print(f"{status} {name}: rc={p.returncode} {err.strip().splitlines()[-1] if err.strip() else ''}")
+    if not ok:
+        failures.append(f"{name}: rc={p.returncode}, output:\n{err}")
+
+
+PAGODA, WORK = sys.argv[1], sys.argv[2]
+os.makedirs(WORK, exist_ok=True)
+missing = os.path.join(WORK, "no_such_model_dir")
+
+# kernels: shape arithmetic in int64, bounded before allocation.
+run_case("kernels int32 page overflow",
+         ["kernels", "--batch", "100000", "--kv-len", "2000000000", "--page-size", "1"],
+         ["exceed int32"])
+run_case("kernels absurd head count / dim",
+         ["kernels", "--batch", "1", "--kv-len", "1", "--q-heads", "2147483647",
+          "--kv-heads", "2147483647", "--head-dim", "2147483647"], ["above 4096"])
+run_case("kernels KV beyond memory",
+         ["kernels", "--batch", "4096", "--kv-len", "1000000", "--page-size", "64"], ["limit 64"])
+run_case("kernels verify mask beyond memory",
+         ["kernels", "--op", "verify", "--batch", "64", "--kv-len", "1000000", "--q-len", "1000000",
+          "--page-size", "1024", "--q-heads", "1", "--kv-heads", "1", "--head-dim", "8"],
+         ["GiB of mask"])
+run_case("kernels unknown backend", ["kernels", "--backend", "nosuch"], ["--backend 'nosuch'"])
+
+# Engine options before the model: the model path does not exist, so mentioning it is a failure.
+for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
+    run_case(f"{cmd[0]} page size 0", cmd + ["--model", missing, "--page-size", "0"],
+             ["page size"], [missing])
+    run_case(f"{cmd[0]} unknown backend", cmd + ["--model", missing, "--backend", "nosuch"],
+             ["attention backend 'nosuch'"], [missing])
+run_case("bench pool smaller than a page",
+         ["bench", "--requests", "1", "--model", missing, "--page-size", "16", "--pool-tokens", "8"],
+         ["pool of 8 tokens"], [missing])
+
+# A hostile config.json: a negative layer count with a sliding window (was "cannot create
+# std::vector larger than max_size()").
+bad = os.path.join(WORK, "bad_config")
+os.makedirs(bad, exist_ok=True)
+with open(os.path.join(bad, "config.json"), "w") as f:
+    json.dump({"architectures": ["MistralForCausalLM"], "vocab_size": 1000, "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": -1, "num_attention_heads": 8,
+               "num_key_value_heads": 2, "sliding_window": 4096}, f)
+run_case("config num_hidden_layers -1 + sliding_window",
+         ["generate", "--model", bad, "--token-ids", "1,2,3", "--max-new-tokens", "1"],
+         ["num_hidden_layers"], ["max_size"])
+
+# A drained bench reports its KV accounting: no leaked reference, and once the prefix cache is
+# evicted every page free with refcount 0.
+p = subprocess.run([PAGODA, "bench", "--requests", "6", "--max-new-tokens", "4", "--json"],
+                   capture_output=True, text=True, timeout=120)
+try:
+    j = json.loads(p.stdout.strip().splitlines()[-1])
+    ok = (p.returncode == 0 and j["leaked_pages"] == 0 and j["idle_pages_accounted"] and
+          j["drained_cache_tokens"] > 0 and j["pages_free_after_drain"] == j["pages_total"] and
+          j["pages_referenced_after_drain"] == 0)
+except (ValueError, KeyError, IndexError) as e:
+    ok, j = False, {"error": str(e), "stderr": p.stderr[-2000:]}
+print(f"{'ok  ' if ok else 'FAIL'} bench drained accounting: " +
+      ", ".join(f"{k}={j.get(k)}" for k in ("leaked_pages", "drained_cache_tokens", "pages_total",
+                                            "pages_free_after_drain", "pages_referenced_after_drain")))
+if not ok:
+    failures.append(f"bench drained accounting: rc={p.returncode} {j}")
+
+if failures:
+    print(f"\n{len(failures)} case(s) failed:\n" + "\n".join(failures))
+    sys.exit(1)
+print("all hostile-input cases gave clear errors")
