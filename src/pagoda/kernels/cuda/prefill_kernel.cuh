@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/prefill_common.cuh"
 
 namespace pagoda::kernels::cuda::detail {
 
@@ -78,28 +79,13 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
   const DevicePlan& plan = a.plan;
   const int item = blockIdx.x;
   if (item >= plan.counts[1]) return;
-  const int b = plan.item_req[item];
-  const int r0 = plan.item_a[item] * Cfg::kRows;
+  const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
+  const int b = work.b, r0 = work.r0, q_begin = work.q_begin, rows = work.rows;
+  const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
+  const MaskInfo& mask = work.mask;
   const int hkv = blockIdx.y;
   const int G = a.num_qo_heads / a.num_kv_heads;
-  const int q_begin = plan.qo_indptr[b];
-  const int qo_len = plan.qo_indptr[b + 1] - q_begin;
-  const int rows = qo_len * G;
-  const int kv_len = kv_len_of(plan, b, a.page_size);
   const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
-  MaskInfo mask;
-  mask.qo_len = qo_len;
-  mask.kv_len = kv_len;
-  mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[b] : nullptr;
-  mask.causal = a.causal;
-  mask.window = a.window_left;
-
-  const int t_first = r0 / G;
-  const int t_last = (min(r0 + Cfg::kRows, rows) - 1) / G;
-  int lo = 0, hi = kv_len;
-  if (mask.bits == nullptr && mask.causal) hi = min(kv_len, kv_len - qo_len + t_last + 1);
-  if (mask.window >= 0) lo = max(0, kv_len - qo_len + t_first - mask.window);
-  const int ntiles = hi > lo ? (hi - lo + kKeys - 1) / kKeys : 0;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int ps = a.page_size;
@@ -169,7 +155,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
   const bool warp_active = wr0 < rows;
   const int wt_first = wr0 / G;
   const int wt_last = (min(wr0 + Cfg::kWarpRows, rows) - 1) / G;
-  const int qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
+  const int qoff = work.qoff;  // query token t sits at kv position qoff + t
   // Keys this warp can see at all (tiles outside are skipped by the warp, not by the block).
   int whi = hi, wlo = lo;
   if (mask.bits == nullptr && mask.causal) whi = min(hi, qoff + wt_last + 1);
@@ -277,75 +263,10 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[mt][j][e] = xf(s[mt][j][e]);
         }
-        if (!full) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int pr = wr0 + mt * 16 + lane / 4 + h * 8;
-            const int tok = pr / G;
-#pragma unroll
-            for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
-                if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) s[mt][j][2 * h + e] = neg_inf();
-              }
-            }
-          }
-        }
-      }
-      // Online softmax per row (a quad of 4 lanes shares a row), base 2 with the scale folded
-      // into the exponent's FFMA. Lazy rescaling: the running max m only moves (and O, l are
-      // rescaled) when some row of the warp sees a logit above m + kLazyRescale, so
-      // p = 2^(x - m) <= 2^kLazyRescale stays well inside bf16/f32 range; the final
-      // normalisation uses the same m, so the result is unchanged.
-      constexpr float kLazyRescale = 8.f;
-      float mx[kMT][2];
-      bool grow = false;
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float x = neg_inf();
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) x = fmaxf(x, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-          mx[mt][h] = x * scale;
-          grow |= mx[mt][h] > m[mt][h] + kLazyRescale;
-        }
-      }
-      if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const float mnew = fmaxf(m[mt][h], mx[mt][h]);
-            const float alpha = exp2f(m[mt][h] - (mnew == neg_inf() ? 0.f : mnew));
-            m[mt][h] = mnew;
-            l[mt][h] *= alpha;
-#pragma unroll
-            for (int d = 0; d < kDT; ++d) {
-              o[mt][d][2 * h] *= alpha;
-              o[mt][d][2 * h + 1] *= alpha;
-            }
-          }
-        }
+        if (!full) mask_tile(s[mt], wr0 + mt * 16, G, kb0, hi, rows, mk, lane);
       }
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float msafe = m[mt][h] == neg_inf() ? 0.f : m[mt][h];  // all hidden: exp2 -> 0
-          float sum = 0.f;
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            s[mt][j][2 * h] = exp2f(fmaf(s[mt][j][2 * h], scale, -msafe));
-            s[mt][j][2 * h + 1] = exp2f(fmaf(s[mt][j][2 * h + 1], scale, -msafe));
-            sum += s[mt][j][2 * h] + s[mt][j][2 * h + 1];
-          }
-          l[mt][h] += sum;
-        }
-      }
+      for (int mt = 0; mt < kMT; ++mt) softmax_tile(s[mt], m[mt], l[mt], o[mt], scale);
       // O += P V, P taken from the S accumulators as the A operand (no shared-memory trip).
       const uint32_t v_lane = smem_addr(vbuf) + (buf * kKeys + sub * kSub) * kRowB +
                               (lane % 8 + ((lane / 8) % 2) * 8) * kRowB;
@@ -354,12 +275,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
       for (int k2 = 0; k2 < kSub / 16; ++k2) {
         uint32_t pa[kMT][4];
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          pa[mt][0] = pack2<T>(s[mt][2 * k2][0], s[mt][2 * k2][1]);
-          pa[mt][1] = pack2<T>(s[mt][2 * k2][2], s[mt][2 * k2][3]);
-          pa[mt][2] = pack2<T>(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
-          pa[mt][3] = pack2<T>(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
-        }
+        for (int mt = 0; mt < kMT; ++mt) p_fragment<T>(pa[mt], s[mt], k2);
 #pragma unroll
         for (int d2 = 0; d2 < kDT / 2; ++d2) {
           uint32_t vb[4];
@@ -381,29 +297,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
 
   // ---- epilogue ----
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lsum = l[mt][h];
-      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-      const int pr = wr0 + mt * 16 + lane / 4 + h * 8;
-      if (pr >= rows) continue;
-      const int head = hkv * G + pr % G;
-      const int tok = q_begin + pr / G;
-      float lse;
-      const float f = finalize_state(m[mt][h], lsum, a.sinks, head, a.v_scale, lse);
-      T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
-#pragma unroll
-      for (int d = 0; d < kDT; ++d) {
-        const uint32_t v = pack2<T>(o[mt][d][2 * h] * f, o[mt][d][2 * h + 1] * f);
-        *reinterpret_cast<uint32_t*>(op + d * 8 + (lane % 4) * 2) = v;
-      }
-      if (a.lse != nullptr && lane % 4 == 0) {
-        a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
-      }
-    }
-  }
+  for (int mt = 0; mt < kMT; ++mt) store_tile<T>(a, work, hkv, wr0 + mt * 16, m[mt], l[mt], o[mt], lane);
 }
 
 }  // namespace pagoda::kernels::cuda::detail

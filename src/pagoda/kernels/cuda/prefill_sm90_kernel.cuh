@@ -25,6 +25,7 @@
 /// Supports 16-bit Q == KV types, D = 64 and 128; fp8 KV and D = 256 use prefill_kernel.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/prefill_common.cuh"
 #include "pagoda/kernels/cuda/sm90_utils.cuh"
 
 namespace pagoda::kernels::cuda::detail {
@@ -76,28 +77,12 @@ __global__ void __launch_bounds__(384, 1)
   const DevicePlan& plan = a.plan;
   const int item = blockIdx.x;
   if (item >= plan.counts[1]) return;
-  const int b = plan.item_req[item];
-  const int r0 = plan.item_a[item] * Cfg::kRows;
+  const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
+  const int b = work.b, r0 = work.r0, q_begin = work.q_begin, rows = work.rows;
+  const int lo = work.lo, hi = work.hi, ntiles = work.ntiles, qoff = work.qoff;
+  const MaskInfo& mask = work.mask;
   const int hkv = blockIdx.y;
   const int G = a.num_qo_heads / a.num_kv_heads;
-  const int q_begin = plan.qo_indptr[b];
-  const int qo_len = plan.qo_indptr[b + 1] - q_begin;
-  const int rows = qo_len * G;
-  const int kv_len = kv_len_of(plan, b, a.page_size);
-  MaskInfo mask;
-  mask.qo_len = qo_len;
-  mask.kv_len = kv_len;
-  mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[b] : nullptr;
-  mask.causal = a.causal;
-  mask.window = a.window_left;
-  const int qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
-
-  const int t_first = r0 / G;
-  const int t_last = (min(r0 + Cfg::kRows, rows) - 1) / G;
-  int lo = 0, hi = kv_len;
-  if (mask.bits == nullptr && mask.causal) hi = min(kv_len, qoff + t_last + 1);
-  if (mask.window >= 0) lo = max(0, qoff + t_first - mask.window);
-  const int ntiles = hi > lo ? (hi - lo + kKeys - 1) / kKeys : 0;
 
   const int tid = threadIdx.x;
   const int wg = tid / 128;
@@ -213,9 +198,10 @@ __global__ void __launch_bounds__(384, 1)
                         : 0;
 
   float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
-  float o[kDT * 4];
+  float o[kDT][4];
 #pragma unroll
-  for (int i = 0; i < kDT * 4; ++i) o[i] = 0.f;
+  for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
   for (int i = 0; i < ntiles; ++i) {
     const int s = i % kStages;
@@ -224,7 +210,8 @@ __global__ void __launch_bounds__(384, 1)
     if (wg_rows && kb0 < ghi && kb0 + kKeys > glo) {
       const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
       const uint32_t v_addr = k_addr + Cfg::kTileBytes;
-      float sc[kNT * 4];
+      float sc[kNT][4];
+      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -232,11 +219,11 @@ __global__ void __launch_bounds__(384, 1)
         const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
                                        16, 1024);
         const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
-        wgmma_ss<T, kKeys>(sc, da, db, kk > 0 ? 1 : 0);
+        wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
-      fence_operands(sc);
+      fence_operands(sc_flat);
 
       MaskInfo mk = mask;
       if (i < nfree) {
@@ -248,108 +235,30 @@ __global__ void __launch_bounds__(384, 1)
                              (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
       if (capped) {
 #pragma unroll
-        for (int e = 0; e < kNT * 4; ++e) sc[e] = xf(sc[e]);
+        for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
       }
-      if (!full_tile) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int pr = wr0 + lane / 4 + h * 8;
-          const int tok = pr / G;
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
-              if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) sc[4 * j + 2 * h + e] = neg_inf();
-            }
-          }
-        }
-      }
-      // Online softmax (a quad of lanes shares a row), lazy rescaling as in prefill_kernel.
-      constexpr float kLazyRescale = 8.f;
-      float mx[2];
-      bool grow = false;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float x = neg_inf();
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) x = fmaxf(x, fmaxf(sc[4 * j + 2 * h], sc[4 * j + 2 * h + 1]));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-        mx[h] = x * scale;
-        grow |= mx[h] > m[h] + kLazyRescale;
-      }
-      if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float mnew = fmaxf(m[h], mx[h]);
-          const float alpha = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
-          m[h] = mnew;
-          l[h] *= alpha;
-#pragma unroll
-          for (int d = 0; d < kDT; ++d) {
-            o[4 * d + 2 * h] *= alpha;
-            o[4 * d + 2 * h + 1] *= alpha;
-          }
-        }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float msafe = m[h] == neg_inf() ? 0.f : m[h];
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          sc[4 * j + 2 * h] = exp2f(fmaf(sc[4 * j + 2 * h], scale, -msafe));
-          sc[4 * j + 2 * h + 1] = exp2f(fmaf(sc[4 * j + 2 * h + 1], scale, -msafe));
-          sum += sc[4 * j + 2 * h] + sc[4 * j + 2 * h + 1];
-        }
-        l[h] += sum;
-      }
+      if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
+      softmax_tile(sc, m, l, o, scale);
       // O += P V: P is the A operand straight from the S accumulators.
       uint32_t pa[kKeys / 16][4];
 #pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-        pa[k2][0] = pack2<T>(sc[8 * k2 + 0], sc[8 * k2 + 1]);
-        pa[k2][1] = pack2<T>(sc[8 * k2 + 2], sc[8 * k2 + 3]);
-        pa[k2][2] = pack2<T>(sc[8 * k2 + 4], sc[8 * k2 + 5]);
-        pa[k2][3] = pack2<T>(sc[8 * k2 + 6], sc[8 * k2 + 7]);
-      }
-      fence_operands(o);
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+      fence_operands(o_flat);
       wgmma_fence();
 #pragma unroll
       for (int k2 = 0; k2 < kKeys / 16; ++k2) {
         const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
-        wgmma_rs<T, D>(o, pa[k2], dv);
+        wgmma_rs<T, D>(o_flat, pa[k2], dv);
       }
       wgmma_commit();
       wgmma_wait<0>();
-      fence_operands(o);
+      fence_operands(o_flat);
     }
     mbar_arrive(&empty[s]);
   }
 
   // ---- epilogue ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float lsum = l[h];
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    const int pr = wr0 + lane / 4 + h * 8;
-    if (pr >= rows) continue;
-    const int head = hkv * G + pr % G;
-    const int tok = q_begin + pr / G;
-    float lse;
-    const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
-    T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
-#pragma unroll
-    for (int d = 0; d < kDT; ++d) {
-      const uint32_t v = pack2<T>(o[4 * d + 2 * h] * f, o[4 * d + 2 * h + 1] * f);
-      *reinterpret_cast<uint32_t*>(op + d * 8 + (lane % 4) * 2) = v;
-    }
-    if (a.lse != nullptr && lane % 4 == 0) {
-      a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
-    }
-  }
+  store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
 #else
   __trap();  // launched only where the sm_90a image exists (prefill_sm90_usable)
 #endif

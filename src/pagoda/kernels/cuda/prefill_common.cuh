@@ -1,0 +1,153 @@
+#pragma once
+/// Pieces the two prefill kernels (prefill_kernel: mma.sync; prefill_sm90_kernel: wgmma) share:
+/// a work item's rows and key range, the mask of one 16-row score tile, the online softmax update
+/// of one 16-row tile, and the output of one row. Score and output tiles use the m16n8 fragment
+/// layout both instructions produce: s[j][2h + e] is row lane/4 + 8h, column 8j + 2(lane%4) + e.
+
+#include "pagoda/kernels/cuda/device_utils.cuh"
+
+namespace pagoda::kernels::cuda::detail {
+
+/// A prefill work item: packed rows [r0, r0 + tile_rows) of request b (packed row r is query
+/// token r / G, head hkv * G + r % G) and the keys [lo, hi) its rows can see.
+struct PrefillWork {
+  int b = 0, r0 = 0, q_begin = 0, rows = 0, qoff = 0, lo = 0, hi = 0, ntiles = 0;
+  MaskInfo mask;
+};
+
+__device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int item,
+                                                    int tile_rows, int tile_keys) {
+  const DevicePlan& plan = a.plan;
+  PrefillWork w;
+  const int G = a.num_qo_heads / a.num_kv_heads;
+  w.b = plan.item_req[item];
+  w.r0 = plan.item_a[item] * tile_rows;
+  w.q_begin = plan.qo_indptr[w.b];
+  const int qo_len = plan.qo_indptr[w.b + 1] - w.q_begin;
+  w.rows = qo_len * G;
+  const int kv_len = kv_len_of(plan, w.b, a.page_size);
+  w.mask.qo_len = qo_len;
+  w.mask.kv_len = kv_len;
+  w.mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[w.b] : nullptr;
+  w.mask.causal = a.causal;
+  w.mask.window = a.window_left;
+  w.qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
+  const int t_first = w.r0 / G;
+  const int t_last = (min(w.r0 + tile_rows, w.rows) - 1) / G;
+  w.hi = kv_len;
+  if (w.mask.bits == nullptr && w.mask.causal) w.hi = min(kv_len, w.qoff + t_last + 1);
+  if (w.mask.window >= 0) w.lo = max(0, w.qoff + t_first - w.mask.window);
+  w.ntiles = w.hi > w.lo ? (w.hi - w.lo + tile_keys - 1) / tile_keys : 0;
+  return w;
+}
+
+/// Sets hidden logits of one 16-row tile to -inf: keys >= hi, rows >= rows, and what `mk` hides.
+/// `pr0` is the tile's first packed row.
+template <int kNT>
+__device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, int kb0, int hi,
+                                          int rows, const MaskInfo& mk, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = pr0 + lane / 4 + h * 8;
+    const int tok = pr / G;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
+        if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) s[j][2 * h + e] = neg_inf();
+      }
+    }
+  }
+}
+
+/// Online softmax of one 16-row tile (a quad of lanes shares a row), in base 2 with `scale`
+/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m). Lazy rescaling: the
+/// running max m only moves (and O, l are rescaled) when some row of the warp sees a logit above
+/// m + 8, so p <= 2^8 stays well inside bf16/f32 range; the final normalisation uses the same m,
+/// so the result is unchanged. Warp-collective.
+template <int kNT, int kDT>
+__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kDT][4], float scale) {
+  constexpr float kLazyRescale = 8.f;
+  float mx[2];
+  bool grow = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float x = neg_inf();
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) x = fmaxf(x, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+    mx[h] = x * scale;
+    grow |= mx[h] > m[h] + kLazyRescale;
+  }
+  if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mnew = fmaxf(m[h], mx[h]);
+      const float alpha = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
+      m[h] = mnew;
+      l[h] *= alpha;
+#pragma unroll
+      for (int d = 0; d < kDT; ++d) {
+        o[d][2 * h] *= alpha;
+        o[d][2 * h + 1] *= alpha;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float msafe = m[h] == neg_inf() ? 0.f : m[h];  // all hidden: exp2 -> 0
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      s[j][2 * h] = exp2f(fmaf(s[j][2 * h], scale, -msafe));
+      s[j][2 * h + 1] = exp2f(fmaf(s[j][2 * h + 1], scale, -msafe));
+      sum += s[j][2 * h] + s[j][2 * h + 1];
+    }
+    l[h] += sum;
+  }
+}
+
+/// P of keys [16 k2, 16 k2 + 16) of a 16-row tile as the A operand of an m16n8k16 / m64nNk16
+/// MMA (the same register fragment for mma.sync and wgmma).
+template <typename T, int kNT>
+__device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[kNT][4], int k2) {
+  pa[0] = pack2<T>(s[2 * k2][0], s[2 * k2][1]);
+  pa[1] = pack2<T>(s[2 * k2][2], s[2 * k2][3]);
+  pa[2] = pack2<T>(s[2 * k2 + 1][0], s[2 * k2 + 1][1]);
+  pa[3] = pack2<T>(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
+}
+
+/// Writes the rows of one 16-row output tile (packed rows pr0 + lane/4 + 8h) with the sink
+/// folded in and the LSE when asked. Warp-collective (the l sums are reduced over each quad).
+template <typename T, int kDT>
+__device__ __forceinline__ void store_tile(const AttentionArgs& a, const PrefillWork& w, int hkv,
+                                           int pr0, const float (&m)[2], const float (&l)[2],
+                                           const float (&o)[kDT][4], int lane) {
+  const int G = a.num_qo_heads / a.num_kv_heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lsum = l[h];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const int pr = pr0 + lane / 4 + h * 8;
+    if (pr >= w.rows) continue;
+    const int head = hkv * G + pr % G;
+    const int tok = w.q_begin + pr / G;
+    float lse;
+    const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
+    T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      const uint32_t v = pack2<T>(o[d][2 * h] * f, o[d][2 * h + 1] * f);
+      *reinterpret_cast<uint32_t*>(op + d * 8 + (lane % 4) * 2) = v;
+    }
+    if (a.lse != nullptr && lane % 4 == 0) {
+      a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
+    }
+  }
+}
+
+}  // namespace pagoda::kernels::cuda::detail
