@@ -38,10 +38,17 @@ if [ "$STAGE" = 1 ]; then
     timeout 200 ctest --test-dir $B -L gpu -j3 --output-on-failure > "$R/ctest_gpu.log" 2>&1
     echo "ctest gpu rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$R/ctest_gpu.log" | head
   fi
-  echo "== prefill: sm90 vs mma.sync, then peers"
+  echo "== prefill: sm90, sm90 ping-pong (tests first), mma.sync; then peers"
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/sm90.jsonl" > /dev/null
+  PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/cuda_attention_tests --gtest_filter='CudaExtend.*:CudaGraph.*' > "$R/pingpong_tests.log" 2>&1
+  echo "ping-pong tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/pingpong_tests.log" | tr '\n' ' ')"
+  PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong.jsonl" prefill > /dev/null
+  PAGODA_SM90_PINGPONG=1 timeout 20 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_x.jsonl" extend > /dev/null
+  PAGODA_SM90_PINGPONG=1 timeout 20 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_t.jsonl" tree > /dev/null
   PAGODA_SM90_PREFILL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/mma.jsonl" prefill > /dev/null
-  grep -h -E "prefill|extend|tree" "$R/sm90.jsonl" "$R/mma.jsonl" | cut -c1-120
+  for f in sm90 pingpong pingpong_x pingpong_t mma; do
+    grep -h -E "prefill|extend|tree" "$R/$f.jsonl" 2>/dev/null | sed "s/^/$f /" | cut -c1-110
+  done
   PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 150 python3 bench/cuda/peers.py "$R/sm90.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
   echo "peers rc=$?"; cat "$R/peers.md" | head -30
 else

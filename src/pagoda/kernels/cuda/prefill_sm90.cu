@@ -35,7 +35,7 @@ bool device_has_sm90a() {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     cudaFuncAttributes attr{};
     const bool ok = major == 9 && minor == 0 &&
-                    cudaFuncGetAttributes(&attr, detail::prefill_sm90_kernel<__nv_bfloat16, 128>) ==
+                    cudaFuncGetAttributes(&attr, detail::prefill_sm90_kernel<__nv_bfloat16, 128, false>) ==
                         cudaSuccess &&
                     attr.binaryVersion == 90;
     cudaGetLastError();  // a missing image is an answer, not a sticky error
@@ -66,7 +66,12 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(args.grid_items, args.num_kv_heads);
   dispatch_sm90(args.q_dtype, args.head_dim_qk, [&]<typename T, int D>() {
     using Cfg = detail::PrefillSm90Config<T, D>;
-    auto kernel = detail::prefill_sm90_kernel<T, D>;
+    static const bool pingpong = [] {
+      const char* e = std::getenv("PAGODA_SM90_PINGPONG");
+      return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    auto kernel = pingpong ? detail::prefill_sm90_kernel<T, D, true>
+                           : detail::prefill_sm90_kernel<T, D, false>;
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;

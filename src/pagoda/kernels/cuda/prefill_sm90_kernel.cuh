@@ -18,7 +18,9 @@
 ///    S = Q K^T with wgmma m64n128k16 (both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
 ///    wgmma m64nDk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
-/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs.
+/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
+/// (PAGODA_SM90_PINGPONG=1) the two consumers take strict turns issuing their GEMMs through two
+/// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
 ///
 /// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
 /// [D/64][kKeys][128 B], then the mbarriers.
@@ -54,7 +56,7 @@ struct PrefillSm90Config {
   static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
 
-template <typename T, int D>
+template <typename T, int D, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -203,15 +205,35 @@ __global__ void __launch_bounds__(384, 1)
   for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
+  // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
+  // by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  // Consumer c waits on named barrier 4 + c before issuing and arrives on the other one after;
+  // consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive after the
+  // loop (an unconditional arrive keeps the issue-to-wait path free of divergent code, which
+  // would make ptxas serialise the wgmmas).
+  auto turn_begin = [&]() {
+    if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (kPingPong) named_bar_arrive(5 - cw, 256);
+  };
+  if constexpr (kPingPong) {
+    if (cw == 1) named_bar_arrive(4, 256);
+  }
+
   for (int i = 0; i < ntiles; ++i) {
     const int s = i % kStages;
     mbar_wait(&full[s], (i / kStages) & 1);
     const int kb0 = lo + i * kKeys;
-    if (wg_rows && kb0 < ghi && kb0 + kKeys > glo) {
-      const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
-      const uint32_t v_addr = k_addr + Cfg::kTileBytes;
-      float sc[kNT][4];
-      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+    const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+    const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
+    const uint32_t v_addr = k_addr + Cfg::kTileBytes;
+    float sc[kNT][4];
+    float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+    uint32_t pa[kKeys / 16][4];
+    // ---- S = Q K^T ----
+    turn_begin();
+    if (active) {
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -222,9 +244,9 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
       }
       wgmma_commit();
+      turn_end();
       wgmma_wait<0>();
       fence_operands(sc_flat);
-
       MaskInfo mk = mask;
       if (i < nfree) {
         mk.bits = nullptr;
@@ -239,10 +261,15 @@ __global__ void __launch_bounds__(384, 1)
       }
       if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
       softmax_tile(sc, m, l, o, scale);
-      // O += P V: P is the A operand straight from the S accumulators.
-      uint32_t pa[kKeys / 16][4];
+      // P is the A operand straight from the S accumulators.
 #pragma unroll
       for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+    } else {
+      turn_end();
+    }
+    // ---- O += P V ----
+    turn_begin();
+    if (active) {
       fence_operands(o_flat);
       wgmma_fence();
 #pragma unroll
@@ -251,10 +278,16 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_rs<T, D>(o_flat, pa[k2], dv);
       }
       wgmma_commit();
+      turn_end();
       wgmma_wait<0>();
       fence_operands(o_flat);
+    } else {
+      turn_end();
     }
     mbar_arrive(&empty[s]);
+  }
+  if constexpr (kPingPong) {
+    if (cw == 0) named_bar_sync(4, 256);
   }
 
   // ---- epilogue ----

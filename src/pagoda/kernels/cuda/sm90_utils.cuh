@@ -43,6 +43,10 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+/// bar.arrive on a named barrier: counts this thread towards `threads` without waiting.
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 /// Orders this thread's generic-proxy shared-memory writes (stores, completed cp.async) before
 /// later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() {
