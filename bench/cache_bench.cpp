@@ -508,6 +508,54 @@ void BM_WorkloadW(benchmark::State& state) {
   }
 }
 
+/// The memory floor of W's P4a at page 1 with the real allocator: the same per-page work with no
+/// tree and no allocator around it. 5,050 runs of 1,024 pages (W frees 5.17 M pages in ~5,050
+/// leaves) at random disjoint places in 10.35 M int32 counts (the pool's size): per run, one pass
+/// that finds the smallest count (the held check) and one that decrements; then the same plus
+/// the free-list entries written on a stack (what PageAllocator::free_pages does per page).
+void BM_WFloorRefcounts(benchmark::State& state) {
+  constexpr int32_t kRun = 1024, kSlots = 10100, kRuns = 5050;
+  std::vector<int32_t> rc(size_t{kSlots} * kRun + 1, 1), stack(size_t{kRuns} * kRun);
+  std::vector<int32_t> order(kSlots);
+  for (int32_t i = 0; i < kSlots; ++i) order[size_t(i)] = i;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
+  for (auto _ : state) {
+    std::fill(rc.begin(), rc.end(), 1);
+    double t0 = now_s(), u0 = cpu_s();
+    int64_t bad = 0;
+    for (int32_t r = 0; r < kRuns; ++r) {
+      int32_t* c = rc.data() + 1 + size_t(order[size_t(r)]) * kRun;
+      int32_t lowest = INT32_MAX;
+      for (int32_t k = 0; k < kRun; ++k) lowest = std::min(lowest, c[k]);
+      bad += lowest <= 0;
+      for (int32_t k = 0; k < kRun; ++k) --c[k];
+    }
+    const double counts_only = now_s() - t0, counts_cpu = cpu_s() - u0;
+    std::fill(rc.begin(), rc.end(), 1);
+    t0 = now_s();
+    u0 = cpu_s();
+    int32_t* s = stack.data();
+    for (int32_t r = 0; r < kRuns; ++r) {
+      const int32_t first = 1 + order[size_t(r)] * kRun;
+      int32_t* c = rc.data() + first;
+      int32_t lowest = INT32_MAX;
+      for (int32_t k = 0; k < kRun; ++k) lowest = std::min(lowest, c[k]);
+      bad += lowest <= 0;
+      for (int32_t k = 0; k < kRun; ++k) --c[k];
+      for (int32_t k = 0; k < kRun; ++k) s[k] = first + kRun - 1 - k;
+      s += kRun;
+    }
+    const double with_stack = now_s() - t0, with_stack_cpu = cpu_s() - u0;
+    PAGODA_CHECK_EQ(bad, 0);
+    benchmark::DoNotOptimize(stack.data());
+    state.SetIterationTime(with_stack);
+    state.counters["counts_ms"] = counts_only * 1e3;
+    state.counters["counts_and_stack_ms"] = with_stack * 1e3;
+    state.counters["counts_cpu_ms"] = counts_cpu * 1e3;
+    state.counters["counts_and_stack_cpu_ms"] = with_stack_cpu * 1e3;
+  }
+}
+
 double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
 
 BENCHMARK_TEMPLATE(BM_WorkloadW, true)
@@ -523,6 +571,14 @@ BENCHMARK_TEMPLATE(BM_WorkloadW, false)
     ->Name("W_counting_pages")
     ->Arg(1)
     ->Arg(16)
+    ->UseManualTime()
+    ->Iterations(1)
+    ->Repetitions(4)
+    ->ComputeStatistics("min", min_of)
+    ->Unit(benchmark::kMillisecond);
+
+BENCHMARK(BM_WFloorRefcounts)
+    ->Name("W_floor_refcounts")
     ->UseManualTime()
     ->Iterations(1)
     ->Repetitions(4)
