@@ -11,7 +11,10 @@
 //   PageAllocator (the tree retains / frees real pages) and CountingPages (only counts, like the
 //   harness's fake allocator). Heap allocations inside the timed regions are counted; each
 //   phase reports wall time (`*_us`, what the harness reports) and this thread's CPU time
-//   (`*_cpu_us`, steadier on a shared machine).
+//   (`*_cpu_us`, steadier on a shared machine). With the real allocator each insert is timed
+//   alone with the TSC (P1_timer_ns: an empty window); P2_hot is P2 over 8 cached queries (the
+//   compute part of a full hit). W_floor_refcounts: the memory floor of P4a at page 1 with the
+//   real allocator (the per-page count passes alone).
 // Results: bench/results/cache_cpu.md.
 #include <benchmark/benchmark.h>
 #include <malloc.h>
