@@ -3,45 +3,11 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cache {
-
-namespace {
-
-/// Copies n cells into a node buffer. A large copy (a new leaf's key: the buffer is cold and is
-/// not read again soon) uses non-temporal stores, which skip reading the destination lines into
-/// the cache first (half the memory traffic of a plain copy into cold memory).
-void copy_cells(int32_t* dst, const int32_t* src, size_t n) {
-#if defined(__SSE2__)
-  constexpr size_t kStreamMin = 512;  // cells (2 KB)
-  if (n >= kStreamMin) {
-    size_t i = 0;
-    for (; (reinterpret_cast<uintptr_t>(dst + i) & 15) != 0; ++i) dst[i] = src[i];
-    for (; i + 16 <= n; i += 16) {
-      const auto* s = reinterpret_cast<const __m128i*>(src + i);
-      auto* d = reinterpret_cast<__m128i*>(dst + i);
-      const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
-      const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
-      _mm_stream_si128(d, a);
-      _mm_stream_si128(d + 1, b);
-      _mm_stream_si128(d + 2, c);
-      _mm_stream_si128(d + 3, e);
-    }
-    for (; i < n; ++i) dst[i] = src[i];
-    _mm_sfence();
-    return;
-  }
-#endif
-  std::memcpy(dst, src, n * sizeof(int32_t));
-}
-
-}  // namespace
 
 /// A tree node (see radix_cache.h). `id` is a generation: a recycled node gets a new one.
 struct PrefixNode {
@@ -71,8 +37,8 @@ struct PrefixNode {
   void assign(KeyArena& arena, const int32_t* k, const SlotIndex* v, int64_t n, int64_t run) {
     const auto cells = static_cast<size_t>(v != nullptr ? 2 * n : n);
     const KeyArena::Block fresh = arena.allocate(cells);
-    copy_cells(fresh.data, k, static_cast<size_t>(n));
-    if (v != nullptr) copy_cells(fresh.data + n, v, static_cast<size_t>(n));
+    std::memcpy(fresh.data, k, static_cast<size_t>(n) * sizeof(int32_t));
+    if (v != nullptr) std::memcpy(fresh.data + n, v, static_cast<size_t>(n) * sizeof(SlotIndex));
     if (data != nullptr) arena.release(block);
     block = fresh;
     data = fresh.data;
