@@ -44,7 +44,6 @@ PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size)
   PAGODA_REQUIRE((int64_t{num_pages} + 1) * page_size < (int64_t{1} << 31), kInvalidArgument,
                  "{} pages of {} slots exceed the int32 slot range", num_pages, page_size);
   free_stack_.resize(static_cast<size_t>(num_pages));
-  pos_.assign(static_cast<size_t>(num_pages) + 1, 0);
   refcount_.assign(static_cast<size_t>(num_pages) + 1, 0);
   pending_.reserve(static_cast<size_t>(num_pages));
   if ((page_size & (page_size - 1)) == 0) {
@@ -57,14 +56,9 @@ PageAllocator::PageAllocator(int32_t num_pages, int32_t page_size)
 
 void PageAllocator::clear() {
   // Page 1 on top: free_stack_ = [N, N-1, ..., 1].
-  for (int32_t i = 0; i < num_pages_; ++i) {
-    free_stack_[i] = num_pages_ - i;
-    pos_[num_pages_ - i] = i;
-  }
-  pos_[0] = num_pages_;  // never free: position at/above the top and not in the stack
+  for (int32_t i = 0; i < num_pages_; ++i) free_stack_[i] = num_pages_ - i;
   std::fill(refcount_.begin(), refcount_.end(), 0);
   free_top_ = num_pages_;
-  stale_lo_ = stale_hi_ = 0;
   num_referenced_ = 0;
   pending_.clear();
   in_free_group_ = false;
@@ -80,7 +74,6 @@ int32_t PageAllocator::refcount(PageId page) const {
 
 void PageAllocator::push_free_page(int32_t page) {
   free_stack_[free_top_] = page;
-  pos_[page] = free_top_;
   ++free_top_;
 }
 
@@ -95,7 +88,6 @@ std::optional<std::vector<SlotIndex>> PageAllocator::alloc(int64_t num_tokens) {
     const SlotIndex base = pop_free_page() * page_size_;
     for (int32_t j = 0; j < page_size_; ++j) out[k++] = base + j;
   }
-  settle_stale_range();
   return out;
 }
 
@@ -155,7 +147,6 @@ bool PageAllocator::alloc_extend(std::span<const int32_t> prefix_lens,
     }
   }
   PAGODA_CHECK_EQ(static_cast<int64_t>(k), total_tokens);
-  settle_stale_range();
   return true;
 }
 
@@ -188,7 +179,6 @@ bool PageAllocator::alloc_decode(std::span<const int32_t> seq_lens,
   for (size_t b = 0; b < bs; ++b) {
     out[b] = (seq_lens[b] - 1) % page_size_ != 0 ? last_loc[b] + 1 : pop_free_page() * page_size_;
   }
-  settle_stale_range();
   return true;
 }
 
@@ -229,17 +219,9 @@ void PageAllocator::collect_pages(std::span<const SlotIndex> slots) const {
   bool ascending = true;
   int32_t prev_page = 0;
   size_t count = 0;
-  // held_refcount() with every member in a local: the stores to `out` cannot alias them.
+  // The counts through a local pointer: the stores to `out` cannot alias it.
   const int32_t* rc = refcount_.data();
-  const int32_t* pos = pos_.data();
-  const int32_t* stack = free_stack_.data();
-  const int32_t top = free_top_, stale_lo = stale_lo_, stale_hi = stale_hi_;
-  const auto held = [=](int32_t page) {
-    if (rc[page] <= 0) return false;
-    if (stale_hi <= stale_lo) return true;
-    const int32_t q = pos[page];
-    return !(q >= stale_lo && q < stale_hi && q < top && stack[q] == page);
-  };
+  const auto held = [=](int32_t page) { return rc[page] > 0; };
   if (page_size_ == 1) {
     for (size_t i = 0; i < n; ++i) {
       const SlotIndex page = in[i];
@@ -313,7 +295,6 @@ void PageAllocator::release_sorted_pages(const int32_t* pages, size_t count) {
   int32_t released = 0;
   int32_t* rc = refcount_.data();
   int32_t* stack = free_stack_.data();
-  int32_t* pos = pos_.data();
   int32_t top = free_top_;
   const bool group = in_free_group_;
   for (size_t k = count; k-- > 0;) {
@@ -323,9 +304,7 @@ void PageAllocator::release_sorted_pages(const int32_t* pages, size_t count) {
     if (group) {
       pending_.push_back(page);
     } else {
-      stack[top] = page;
-      pos[page] = top;
-      ++top;
+      stack[top++] = page;
     }
   }
   free_top_ = top;
@@ -343,7 +322,6 @@ void PageAllocator::retain(std::span<const SlotIndex> slots) {
 
 bool PageAllocator::check_page_runs(std::span<const PageRun> runs) const {
   const int32_t* rc = refcount_.data();
-  const bool stale = stale_hi_ > stale_lo_;
   bool ascending = true;
   int64_t prev_end = 1;  // one past the previous run's last page
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -352,16 +330,11 @@ bool PageAllocator::check_page_runs(std::span<const PageRun> runs) const {
     PAGODA_REQUIRE(run.first >= 1 && int64_t{run.first} + run.count - 1 <= num_pages_,
                    kOutOfRange, "page run {}: pages [{}, {}) outside the usable pages [1, {}]", r,
                    run.first, int64_t{run.first} + run.count, num_pages_);
-    // Every page held: the smallest refcount of the run is positive (a vectorisable loop), and
-    // restored pages with stale counts are looked at only while such a range exists.
+    // Every page held: the smallest refcount of the run is positive (a vectorisable loop).
     int32_t lowest = std::numeric_limits<int32_t>::max();
     const int32_t* c = rc + run.first;
     for (int32_t k = 0; k < run.count; ++k) lowest = std::min(lowest, c[k]);
-    bool held_all = lowest > 0;
-    if (held_all && stale) {
-      for (int32_t k = 0; k < run.count && held_all; ++k) held_all = held_refcount(run.first + k) > 0;
-    }
-    if (!held_all) [[unlikely]] {
+    if (lowest <= 0) [[unlikely]] {
       for (int32_t k = 0; k < run.count; ++k) {
         PAGODA_REQUIRE(held_refcount(run.first + k) > 0, kFailedPrecondition,
                        "page run {}: page {} is not allocated: double or foreign free", r,
@@ -430,10 +403,9 @@ void PageAllocator::free_pages(std::span<const PageRun> runs) {
   }
   // Runs ascending and disjoint: the pages are already in free-list order. Per run, drop every
   // count in one loop; when all reach 0 (the tree usually holds the only reference) the run goes
-  // onto the free list with two more loops (stack entries and positions), else page by page.
+  // onto the free list with one more loop (its stack entries), else page by page.
   int32_t* rc = refcount_.data();
   int32_t* stack = free_stack_.data();
-  int32_t* pos = pos_.data();
   int32_t top = free_top_;
   int32_t released = 0;
   const bool group = in_free_group_;
@@ -446,9 +418,6 @@ void PageAllocator::free_pages(std::span<const PageRun> runs) {
     if (highest == 0 && !group) {
       int32_t* s = stack + top;
       for (int32_t k = 0; k < n; ++k) s[k] = first + n - 1 - k;
-      int32_t* q = pos + first;
-      const int32_t last_pos = top + n - 1;
-      for (int32_t k = 0; k < n; ++k) q[k] = last_pos - k;
       top += n;
       released += n;
       continue;
@@ -459,9 +428,7 @@ void PageAllocator::free_pages(std::span<const PageRun> runs) {
       if (group) {
         pending_.push_back(first + k);
       } else {
-        stack[top] = first + k;
-        pos[first + k] = top;
-        ++top;
+        stack[top++] = first + k;
       }
     }
   }
@@ -496,41 +463,43 @@ void PageAllocator::restore_state(const AllocatorState& state) {
                  "restore_state: the allocator was freed, retained, grouped or cleared since the "
                  "backup (only allocations may happen between backup_state and restore_state)");
   num_referenced_ -= state.free_top - free_top_;
-  // Pages at positions [free_top_, state.free_top) are free again with their refcount left at 1.
-  if (state.free_top > free_top_) {
-    stale_lo_ = stale_hi_ > stale_lo_ ? std::min(stale_lo_, free_top_) : free_top_;
-    stale_hi_ = std::max(stale_hi_, state.free_top);
-  }
+  // Pages at positions [free_top_, state.free_top) were popped since the backup (count 1, set by
+  // the pop); they are free again in the same positions.
+  for (int32_t i = free_top_; i < state.free_top; ++i) refcount_[free_stack_[i]] = 0;
   free_top_ = state.free_top;
 }
 
 void PageAllocator::check_integrity() const {
   PAGODA_CHECK(free_top_ >= 0 && free_top_ <= num_pages_);
-  PAGODA_CHECK(!page_is_free(0), "page 0 is on the free list");
-  int32_t free_count = 0, referenced = 0;
+  // 1: on the free list, 2: pending. Every page is on the free list at most once, with count 0;
+  // a page with count 0 is free or pending; pending pages are not on the free list.
+  std::vector<uint8_t> state(static_cast<size_t>(num_pages_) + 1, 0);
   for (int32_t i = 0; i < free_top_; ++i) {
     const int32_t page = free_stack_[i];
     PAGODA_CHECK(page >= 1 && page <= num_pages_, "free list entry {} holds page {}", i, page);
-    PAGODA_CHECK_EQ(pos_[page], i);
+    PAGODA_CHECK(state[page] == 0, "page {} is on the free list twice", page);
+    PAGODA_CHECK(refcount_[page] == 0, "free page {} has refcount {}", page, refcount_[page]);
+    state[page] = 1;
   }
-  for (int32_t page = 1; page <= num_pages_; ++page) {
-    if (page_is_free(page)) {
-      ++free_count;
-      PAGODA_CHECK(refcount_[page] == 0 || (pos_[page] >= stale_lo_ && pos_[page] < stale_hi_),
-                   "free page {} has refcount {} outside the restored range", page,
-                   refcount_[page]);
-    } else if (refcount_[page] > 0) {
-      ++referenced;
-    }
-    PAGODA_CHECK(refcount_[page] >= 0, "page {} refcount {}", page, refcount_[page]);
-  }
-  PAGODA_CHECK_EQ(free_count, free_top_);
-  PAGODA_CHECK_EQ(referenced, num_referenced_);
   PAGODA_CHECK(in_free_group_ || pending_.empty(), "pending pages outside a free group");
   for (int32_t page : pending_) {
-    PAGODA_CHECK(!page_is_free(page) && refcount_[page] == 0, "pending page {} state", page);
+    PAGODA_CHECK(page >= 1 && page <= num_pages_ && state[page] == 0 && refcount_[page] == 0,
+                 "pending page {} state", page);
+    state[page] = 2;
   }
-  PAGODA_CHECK_EQ(free_count + referenced + static_cast<int32_t>(pending_.size()), num_pages_);
+  PAGODA_CHECK(refcount_[0] == 0, "page 0 refcount {}", refcount_[0]);
+  int32_t referenced = 0;
+  for (int32_t page = 1; page <= num_pages_; ++page) {
+    PAGODA_CHECK(refcount_[page] >= 0, "page {} refcount {}", page, refcount_[page]);
+    if (refcount_[page] > 0) {
+      ++referenced;
+    } else {
+      PAGODA_CHECK(state[page] != 0, "page {} has refcount 0 but is neither free nor pending",
+                   page);
+    }
+  }
+  PAGODA_CHECK_EQ(referenced, num_referenced_);
+  PAGODA_CHECK_EQ(free_top_ + referenced + static_cast<int32_t>(pending_.size()), num_pages_);
 }
 
 }  // namespace pagoda::kv

@@ -156,7 +156,9 @@ class PageAllocator final : public PageRefs {
   /// two only alloc / alloc_extend / alloc_decode may run; restore_state() throws
   /// kFailedPrecondition (unchanged) if anything else mutated the allocator since the backup.
   AllocatorState backup_state() const;
-  /// O(1): every page allocated since `state` is free again, in its original free-list position.
+  /// Every page allocated since `state` is free again, in its original free-list position.
+  /// O(pages allocated since the backup): their counts go back to 0 (the allocations that took
+  /// them cost as much); nothing else moves.
   void restore_state(const AllocatorState& state);
 
   /// Frees everything: free list 1..num_pages, all refcounts 0, no group. O(num_pages).
@@ -167,22 +169,9 @@ class PageAllocator final : public PageRefs {
   void check_integrity() const;
 
  private:
-  bool page_is_free(int32_t page) const {
-    const int32_t pos = pos_[page];
-    return pos < free_top_ && free_stack_[pos] == page;
-  }
-  /// refcount_ is 0 for every free page except those restore_state() gave back (their count is
-  /// stale); those sit at free-list positions inside [stale_lo_, stale_hi_). So a positive count
-  /// is a holder count unless the page's position falls in that range and it is still free.
-  int32_t held_refcount(int32_t page) const {
-    const int32_t rc = refcount_[page];
-    if (rc <= 0) return 0;
-    if (stale_hi_ > stale_lo_) {
-      const int32_t pos = pos_[page];
-      if (pos >= stale_lo_ && pos < stale_hi_ && page_is_free(page)) return 0;
-    }
-    return rc;
-  }
+  /// Holders of `page` (refcount_ is exact for every page: restore_state() zeroes the counts of
+  /// the pages it gives back).
+  int32_t held_refcount(int32_t page) const { return refcount_[page]; }
   /// Pops the page at the top of the free list and gives it refcount 1 (inline: once per page).
   int32_t pop_free_page() {
     PAGODA_DCHECK(free_top_ > 0);
@@ -190,11 +179,6 @@ class PageAllocator final : public PageRefs {
     refcount_[page] = 1;
     ++num_referenced_;
     return page;
-  }
-  /// After allocating: once the free list is below the restored range, no restored page is free
-  /// any more and the range is dropped (called once per allocation call, not per page).
-  void settle_stale_range() {
-    if (free_top_ <= stale_lo_) stale_lo_ = stale_hi_ = 0;
   }
   void push_free_page(int32_t page);
   /// Validates `slots` in one pass without sorting (O(slots) compares, O(pages) refcount reads),
@@ -219,16 +203,15 @@ class PageAllocator final : public PageRefs {
   int32_t page_size_;
   int32_t page_shift_ = 0;  ///< log2(page_size) when a power of two, else -1
   /// free_stack_[0, free_top_) are the free pages; the top (free_top_ - 1) is handed out first.
-  /// Entries above free_top_ are left untouched by pops, which is what makes restore O(1).
+  /// Entries above free_top_ are left untouched by pops, which is what makes restore cheap (the
+  /// pages come back in their old positions without moving anything). No per-page position is
+  /// kept: a free page is one with refcount 0 that is not pending, so freeing a run writes only
+  /// its counts and its stack entries (8 bytes a page).
   std::vector<int32_t> free_stack_;
-  std::vector<int32_t> pos_;       ///< pos_[page]: last position of page in free_stack_
-  /// Meaningful only while the page is not free. Mutable: collect_pages() marks pages by
-  /// negating their count during duplicate detection and restores it before returning.
+  /// 0 for free and pending pages. Mutable: collect_pages() marks pages by negating their count
+  /// during duplicate detection and restores it before returning.
   mutable std::vector<int32_t> refcount_;
   int32_t free_top_ = 0;
-  /// Free-list positions that may hold restored pages with stale refcounts (empty when equal).
-  int32_t stale_lo_ = 0;
-  int32_t stale_hi_ = 0;
   int32_t num_referenced_ = 0;
   uint64_t mutation_epoch_ = 0;
   bool in_free_group_ = false;
