@@ -147,7 +147,7 @@ TEST(HfTokenizer, HostileTokenIdsAreErrorsNamingTheField) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
     }
   };
-  for (const json bad : {json(2147483647), json(int64_t{1} << 40), json(-1), json(1.5),
+  for (const json& bad : {json(2147483647), json(int64_t{1} << 40), json(-1), json(1.5),
                          json("3"), json(uint64_t{18446744073709551615ull})}) {
     json j = tiny_byte_level();
     j["model"]["vocab"]["hello"] = bad;
