@@ -4,7 +4,8 @@
 /// min_window); the tokens that followed each occurrence (most recent first) are merged into a
 /// tree rooted at the last token: at most `topk` children per node, depth <= `steps`, at most
 /// `num_draft_tokens` nodes. Nothing found → the root alone (the caller then decodes normally).
-/// Stateless and cheap: O(context × max_window) per call. Thread-safe (const).
+/// Stateless: one backward pass over the context (O(context) compares of the last token, plus
+/// O(max_window) per occurrence), then a sort of the occurrences. Thread-safe (const).
 
 #include <cstdint>
 #include <span>

@@ -177,6 +177,58 @@ TEST(Ngram, TreeHoldsTheContinuationsOfEarlierMatches) {
   EXPECT_THROW(NgramDrafter(NgramConfig{.min_window = 3, .max_window = 2}), Error);
 }
 
+/// The drafter's definition, window by window (longest first), every occurrence most recent
+/// first, each continuation merged into the tree: the brute force the one-pass drafter must equal.
+DraftTree ngram_by_windows(const std::vector<int32_t>& ctx, int min_w, int max_w, int topk,
+                           int steps, int budget) {
+  const int64_t n = static_cast<int64_t>(ctx.size());
+  DraftTree t = DraftTree::root_only(ctx.back());
+  for (int64_t w = std::min<int64_t>(max_w, n - 1); w >= min_w; --w) {
+    for (int64_t p = n - w - 1; p >= 0; --p) {
+      if (t.size() >= budget) return t;
+      bool match = true;
+      for (int64_t i = 0; i < w; ++i) match = match && ctx[p + i] == ctx[n - w + i];
+      if (!match) continue;
+      int32_t node = 0;
+      for (int64_t k = p + w; k < n && k < p + w + steps && t.size() < budget; ++k) {
+        int32_t found = -1, kids = 0;
+        for (int32_t j = 1; j < t.size(); ++j) {
+          if (t.parents[j] != node) continue;
+          ++kids;
+          if (t.tokens[j] == ctx[k]) found = j;
+        }
+        if (found >= 0) {
+          node = found;
+          continue;
+        }
+        if (kids >= topk) break;
+        node = t.add(ctx[k], node);
+      }
+    }
+  }
+  return t;
+}
+
+TEST(Ngram, OnePassEqualsTheWindowByWindowDefinition) {
+  const uint64_t seed = 90210;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 400; ++iter) {
+    const int min_w = 1 + static_cast<int>(rng() % 3);
+    const int max_w = min_w + static_cast<int>(rng() % 5);
+    const NgramDrafter d(NgramConfig{.min_window = min_w, .max_window = max_w});
+    std::vector<int32_t> ctx(1 + rng() % 300);
+    const int vocab = 2 + static_cast<int>(rng() % 6);  // small: many overlapping matches
+    for (auto& x : ctx) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    const int k = 1 + static_cast<int>(rng() % 4), steps = 1 + static_cast<int>(rng() % 6);
+    const int budget = 1 + static_cast<int>(rng() % 24);
+    const DraftTree got = d.propose(ctx, k, steps, budget);
+    const DraftTree want = ngram_by_windows(ctx, min_w, max_w, k, steps, budget);
+    ASSERT_EQ(got.tokens, want.tokens) << "iter " << iter;
+    ASSERT_EQ(got.parents, want.parents) << "iter " << iter;
+  }
+}
+
 TEST(Ngram, EveryPathOccursInTheContext) {
   const uint64_t seed = 4242;
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
