@@ -55,6 +55,7 @@ nlohmann::json spec_stats_json(const engine::EngineConfig& cfg, const engine::En
           {"draft_tokens", cfg.spec.num_draft_tokens},
           {"rounds", st.spec_steps},
           {"verify_graph_steps", st.spec_graph_steps},
+          {"draft_forwards", st.draft_forwards},
           {"draft_graph_steps", st.draft_graph_steps},
           {"verified", st.spec.verified},
           {"drafted", st.spec.draft_tokens},

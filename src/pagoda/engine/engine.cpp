@@ -347,7 +347,6 @@ EngineStats Engine::stats() const {
   s.cuda_graphs = w.num_graphs;
   s.cuda_graph_steps = w.graph_steps;
   s.spec_graph_steps = w.spec_graph_steps;
-  if (draft_worker_ != nullptr) s.draft_graph_steps = draft_worker_->stats().spec_graph_steps;
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
   s.pages_total = allocator_->num_pages();

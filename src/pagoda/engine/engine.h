@@ -116,7 +116,8 @@ struct EngineStats {
   int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward)
   spec::AcceptStats spec;        ///< acceptance counters of those rounds
   int64_t spec_graph_steps = 0;  ///< verify forwards served by a graph replay
-  int64_t draft_graph_steps = 0; ///< draft-model forwards (tree steps) served by a graph replay
+  int64_t draft_forwards = 0;    ///< draft-model forwards of speculative rounds (draft steps)
+  int64_t draft_graph_steps = 0; ///< those served by a graph replay (verify or decode graph)
   SpecTimes spec_time;
   SchedulerStats scheduler;
   cache::CacheStats cache;

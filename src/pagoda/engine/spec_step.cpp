@@ -1,6 +1,7 @@
 // The engine's speculative loop (docs/design/spec.md): draft (n-gram or a draft ModelWorker) →
 // one kTargetVerify forward of every running request's tree → accept → commit the KV → emit.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
@@ -133,14 +134,18 @@ std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::
     const int32_t nf = builders.front().frontier_size();
     batch.logit_rows.assign(reqs.size(), nf);
     batch.sampling.assign(reqs.size(), model::SamplingParams{});  // greedy: argmax rows
-    batch.return_logits = sc.topk > 1;
+    batch.top_k = sc.topk > 1 ? sc.topk : 0;  // device top-k, or whole rows where there is none
     const model::WorkerOutput o = worker.run(batch);
+    const auto k = static_cast<size_t>(sc.topk);
     for (size_t b = 0; b < reqs.size(); ++b) {
       children.clear();
       for (int32_t f = 0; f < nf; ++f) {
         const size_t row = b * static_cast<size_t>(nf) + static_cast<size_t>(f);
         if (sc.topk == 1) {
           children.push_back(spec::Candidate{o.tokens[row], 0.f});
+        } else if (!o.top_ids.empty()) {
+          for (size_t t = 0; t < k; ++t)
+            children.push_back(spec::Candidate{o.top_ids[row * k + t], o.top_logprobs[row * k + t]});
         } else {
           spec::top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
                                                                   static_cast<size_t>(vocab)),
@@ -370,8 +375,16 @@ bool Engine::spec_step(StepOutput& out) {
   try {
     const double t_draft = now();
     if (sc.mode == SpecMode::kDraft) {
+      auto replays = [&] {
+        const model::WorkerStats w = draft_worker_->stats();
+        return std::array<int64_t, 2>{w.steps, w.graph_steps + w.spec_graph_steps};
+      };
+      const auto before = replays();
       trees = sc.topk == 1 ? draft_chain(*draft_worker_, reqs, *table_, *slots, extra, sc)
                            : draft_trees(*draft_worker_, reqs, *slots, extra, sc, vocab);
+      const auto after = replays();
+      stats_.draft_forwards += after[0] - before[0];
+      stats_.draft_graph_steps += after[1] - before[1];
     }
     stats_.spec_time.draft_s += now() - t_draft;
     tree_size = trees.front().size();

@@ -57,6 +57,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
 
   /// Kernel path of the current plan ("decode", "prefill", "generic").
   KernelPath path() const { return schedule_.path; }
+  /// Keys per split-KV chunk of the planned step (0 = not split).
+  int split_chunk() const { return schedule_.chunk_tokens; }
   const Schedule& schedule() const { return schedule_; }
   cudaStream_t stream() const { return stream_; }
 
