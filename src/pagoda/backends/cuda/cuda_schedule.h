@@ -20,6 +20,9 @@ struct ScheduleConfig {
   bool fast_path = true;          ///< a tuned instantiation exists for the shape
   bool allow_split = true;
   int min_chunk_tokens = 256;     ///< never split a request into chunks smaller than this
+  /// Take the prefill path even when every request has one query (a captured draft-extend
+  /// graph must keep its kernel whatever the accepted counts of the replayed batch).
+  bool force_prefill = false;
 };
 
 /// The schedule: work items (request, a, b, partial) and merge rows (request, first partial,
