@@ -471,6 +471,25 @@ ForwardBatch pad_to(const ForwardBatch& real, int bucket, int fill) {
   return p;
 }
 
+/// Plans the capture of `b` and captures the 2-layer stack on the backend's stream into
+/// `graph` / `exec` (gtest failures on error; callers check HasFatalFailure()).
+void capture_stack(CudaBackend& be, const ForwardBatch& b, const Rig& rig, DevStep& d,
+                   cudaGraph_t& graph, cudaGraphExec_t& exec) {
+  be.init_forward_metadata_capture_cuda_graph(b);
+  cudaStream_t stream = be.stream();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  bool captured = true;
+  try {
+    forward_stack(be, b, rig, d);
+  } catch (const Error& err) {
+    ADD_FAILURE() << "forward during capture threw: " << err.what();
+    captured = false;
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+}
+
 TEST(CudaBackendGraph, CaptureNeedsEagerForwardFirst) {
   REQUIRE_GPU();
   Shape s;
@@ -518,21 +537,11 @@ TEST(CudaBackendGraph, TwoLayerStackReplayEqualsEager) {
   graph_be.init_cuda_graph_state(kBucket, kBucket);
   const int fill = graph_be.cuda_graph_seq_len_fill_value();
   const ForwardBatch dummy = pad_to(empty_decode(), kBucket, fill);
-  graph_be.init_forward_metadata_capture_cuda_graph(dummy);
-  cudaStream_t stream = graph_be.stream();
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  bool captured = true;
-  try {
-    forward_stack(graph_be, dummy, rig, g);
-  } catch (const Error& err) {
-    ADD_FAILURE() << "forward during capture threw: " << err.what();
-    captured = false;
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  capture_stack(graph_be, dummy, rig, g, graph, exec);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  cudaStream_t stream = graph_be.stream();
 
   struct Trial {
     int bs;
@@ -657,21 +666,11 @@ TEST(CudaBackendGraph, DraftExtendReplayWithAnyAcceptedCounts) {
   const ForwardBatch full = rig.new_step(ForwardMode::kDraftExtend, reqs_with({4, 4, 4, 4}));
   ASSERT_EQ(full.num_tokens(), kTokens);
   load_step(rig, random_inputs(rig, kTokens), g);
-  graph_be.init_forward_metadata_capture_cuda_graph(full);
-  cudaStream_t stream = graph_be.stream();
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  bool captured = true;
-  try {
-    forward_stack(graph_be, full, rig, g);
-  } catch (const Error& err) {
-    ADD_FAILURE() << "forward during capture threw: " << err.what();
-    captured = false;
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  capture_stack(graph_be, full, rig, g, graph, exec);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  cudaStream_t stream = graph_be.stream();
 
   const int fill = graph_be.cuda_graph_seq_len_fill_value();
   const std::vector<std::vector<int>> trials = {
