@@ -143,7 +143,7 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
     return s;
   }
   const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
-  if (all_single && !has_mask) {
+  if (all_single && !has_mask && !config.force_prefill) {
     s.path = KernelPath::kDecode;
     const int units = shape.num_kv_heads * ((group + kMaxGroupPerBlock - 1) / kMaxGroupPerBlock);
     const int64_t max_grid = int64_t(config.sm_count) * config.decode_blocks_per_sm;
