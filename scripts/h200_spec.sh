@@ -12,6 +12,9 @@
 #   self_tree        — self-draft, topk 4, tree of 8
 #   f32_lossless     — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
 #   ngram_b16        — 16 running requests
+#   copy_chain / copy_tree / copy_b16 — n-gram drafting on the `repeat` workload with the 1B
+#                      layout trained to continue repeated text (tools/train_copy_model.py, run
+#                      here first when $CKPT_COPY is missing): the editing/retrieval case
 # RUNS="a b ..." picks runs (default: all, in this order). Results: $OUT/spec.tgz (every log and
 # JSON) plus the summary on stdout.
 set -uo pipefail
@@ -45,11 +48,11 @@ if [ ! -f "$CKPT/config.json" ]; then
     > "$R/checkpoint.log" 2>&1 || { tail -20 "$R/checkpoint.log"; exit 1; }
 fi
 P="$B/pagoda bench --model $CKPT --backend cuda --json"
-run() {  # name, args...
+run() {  # name, args... (RUN_ENV="A=1 B=2" run ... sets variables for that run only)
   local name=$1; shift
   case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
-  echo "== $name: $*"
-  timeout 240 $P "$@" > "$R/$name.json" 2> "$R/$name.err"; echo "rc=$?"
+  echo "== $name: ${RUN_ENV:-} $*"
+  env ${RUN_ENV:-} timeout 240 $P "$@" > "$R/$name.json" 2> "$R/$name.err"; echo "rc=$?"
   python3 - "$R/$name.json" <<'PY' || tail -3 "$R/$name.err"
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -61,6 +64,12 @@ run self_draft       $D3 --workload random --requests 8 --input-len 256 --output
 run self_draft_eager $D3 --spec-graph-tokens 0 \
                      --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run self_draft_4k    $D3 --workload random --requests 4 --input-len 4096 --output-len 256 --max-running 1
+# Where a verify-shaped forward's extra time goes: the mma.sync prefill kernel instead of the
+# sm90 one, and m <= 4 GEMMs on small_m_gemm instead of cuBLAS.
+RUN_ENV=PAGODA_SM90_PREFILL=0 run self_draft_mma \
+  $D3 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+RUN_ENV=PAGODA_SMALL_M_MAX=4 run self_draft_smallm4 \
+  $D3 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 5 \
                  --workload random --requests 8 --input-len 512 --output-len 256 --max-running 1
 run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
@@ -71,3 +80,21 @@ run f32_lossless --spec draft --spec-steps 3 --spec-topk 2 --spec-draft-tokens 6
                  --workload repeat --requests 4 --input-len 256 --output-len 128 --max-running 1
 run ngram_b16    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
                  --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+
+copy_wanted() { case " ${RUNS:-all} " in *" all "*|*" copy_"*) return 0 ;; esac; return 1; }
+if copy_wanted; then
+  CKPT_COPY=${CKPT_COPY:-/tmp/llama-1b-copy}
+  if [ ! -f "$CKPT_COPY/config.json" ]; then
+    echo "== training the copy model"
+    timeout 300 python3 tools/train_copy_model.py --src "$CKPT" --out "$CKPT_COPY" \
+      --steps ${COPY_STEPS:-300} > "$R/train_copy.log" 2>&1; echo "train rc=$?"
+    grep -E "^step|accuracy" "$R/train_copy.log" | tail -8
+  fi
+  P="$B/pagoda bench --model $CKPT_COPY --backend cuda --json"
+  run copy_chain --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
+  run copy_tree  --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
+  run copy_b16   --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+fi
