@@ -87,7 +87,7 @@ if copy_wanted; then
   if [ ! -f "$CKPT_COPY/config.json" ]; then
     echo "== training the copy model"
     timeout 300 python3 tools/train_copy_model.py --src "$CKPT" --out "$CKPT_COPY" \
-      --steps ${COPY_STEPS:-300} > "$R/train_copy.log" 2>&1; echo "train rc=$?"
+      ${COPY_ARGS:---steps 300} > "$R/train_copy.log" 2>&1; echo "train rc=$?"
     grep -E "^step|accuracy" "$R/train_copy.log" | tail -8
   fi
   P="$B/pagoda bench --model $CKPT_COPY --backend cuda --json"
