@@ -15,9 +15,13 @@ import sys
 
 
 def short(name):
-    name = re.sub(r"\(.*", "", name)
-    name = re.sub(r"<.*", "", name)
-    return name.split("::")[-1][:60]
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    name = re.sub(r"^void ", "", name)
+    m = re.match(r"([\w:]+)(<[^()]*>)?", name)
+    base = m.group(1).split("::")[-1] if m else name
+    targs = m.group(2) if m and m.group(2) else ""
+    targs = targs.replace("__nv_bfloat16", "bf16").replace(" ", "")
+    return (base + targs)[:70]
 
 
 def main():
@@ -43,6 +47,8 @@ def main():
     for fw in forwards:
         names = " ".join(k for k, _ in fw)
         kind = "verify" if "prefill" in names else ("decode" if "decode_t" in names else "other")
+        if kind == "verify":  # a chain's 2-token step 0 vs the target's 4-token verify
+            kind += "-" + ("n2" if "small_m_gemm_kernel<bf16,2" in " ".join(short(k) for k, _ in fw) else "n>2")
         kinds[kind].append(fw)
     print(f"{len(rows)} kernels, {len(forwards)} forwards:",
           {k: len(v) for k, v in kinds.items()})

@@ -93,7 +93,7 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
   const int64_t blocks = tiles * shape.num_kv_heads;
   const int32_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
   if (!config.allow_split || nnz == 0 || nnz > config.prefill_split_max_tokens || blocks == 0 ||
-      2 * blocks > wave || longest < 2 * std::max(config.min_chunk_tokens, kAlign)) {
+      2 * blocks > wave || longest < 2 * std::max(config.prefill_min_chunk_tokens, kAlign)) {
     return 0;
   }
   auto cost = [&](int chunk, int64_t& items, int64_t& partials) {
@@ -112,7 +112,7 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
   // The smallest aligned chunk whose blocks fit one wave, then within the capacities.
   const int64_t per_tile = std::max<int64_t>(1, wave / blocks);
   int chunk = static_cast<int>((longest + per_tile - 1) / per_tile);
-  chunk = std::max(chunk, config.min_chunk_tokens);
+  chunk = std::max(chunk, config.prefill_min_chunk_tokens);
   chunk = (chunk + kAlign - 1) / kAlign * kAlign;
   for (; chunk < longest; chunk += kAlign) {
     int64_t items = 0, partials = 0;

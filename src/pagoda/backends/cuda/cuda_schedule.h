@@ -23,6 +23,9 @@ struct ScheduleConfig {
   /// Prefill split-KV (short extends and tree verify over long contexts): only for steps of at
   /// most this many query tokens whose blocks fill less than half the GPU.
   int prefill_split_max_tokens = 128;
+  /// Smallest prefill split chunk (keys; one 128-key tile): a verify of a few tokens over a few
+  /// hundred keys otherwise runs one block per kv head through every tile.
+  int prefill_min_chunk_tokens = 128;
   int prefill_blocks_per_sm = 1;  ///< resident prefill blocks per SM
   /// Capacities a split must respect (0 = unbounded): work items and partial-state floats
   /// (partials × Hq × Dv) — a CUDA-graph arena's frozen sizes.
