@@ -33,7 +33,7 @@ struct Buf {
 };
 
 /// Output (f32 copy of the bf16 result), LSE and the kernel path of one run.
-struct Run {
+struct MlaRun {
   std::vector<float> out, lse;
   std::string path;
 };
@@ -60,7 +60,7 @@ Problem mla_problem(std::vector<int> kv_lens, int page_size, int hq, DType kv, u
 }
 
 /// Uploads the problem, plans and runs it on the CUDA BatchAttention; NaN-poisoned out and LSE.
-Run run_cuda(const Problem& p, const HostData& h) {
+MlaRun run_cuda(const Problem& p, const HostData& h) {
   Buf q(h.q.size()), k(h.k.size());
   const size_t out_bytes = size_t(h.nnz) * p.hq * kDv * 2;
   Buf out(out_bytes), lse(size_t(h.nnz) * p.hq * 4);
@@ -84,7 +84,7 @@ Run run_cuda(const Problem& p, const HostData& h) {
   attn.run(qv, kc, vc, ov, lv, p.params);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> ob(out_bytes);
-  Run r;
+  MlaRun r;
   r.lse.resize(size_t(h.nnz) * p.hq);
   EXPECT_EQ(cudaMemcpy(ob.data(), out.p, out_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(r.lse.data(), lse.p, r.lse.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -98,9 +98,9 @@ Run run_cuda(const Problem& p, const HostData& h) {
 /// latent columns, o = sum_j softmax(s)_j * v_scale * c_j[0:512]; LSE in base 2. Every query
 /// row sees every key of its request (decode; non-causal for qo_len > 1). Threads over
 /// (request, head).
-Run reference_mla(const Problem& p, const HostData& h) {
+MlaRun reference_mla(const Problem& p, const HostData& h) {
   const int bs = static_cast<int>(p.kv_lens.size());
-  Run r;
+  MlaRun r;
   r.out.assign(size_t(h.nnz) * p.hq * kDv, 0.f);
   r.lse.assign(size_t(h.nnz) * p.hq, -INFINITY);
   // Latent rows of every request, in key order, widened once.
@@ -161,7 +161,7 @@ struct Cmp {
   double rel = 0, lse = 0;
   bool finite = true;
 };
-Cmp compare(const Run& got, const Run& want) {
+Cmp compare(const MlaRun& got, const MlaRun& want) {
   Cmp c;
   double num = 0, den = 0;
   for (size_t i = 0; i < want.out.size(); ++i) {
@@ -186,8 +186,8 @@ void check(const Problem& p, double tol, const char* want_path = "mla_decode") {
   SCOPED_TRACE(testing::Message() << "seed " << p.seed << " page " << p.page_size << " hq " << p.hq
                                   << " kv " << dtype_name(p.kv_dtype));
   const HostData h = make_host_data(p);
-  const Run got = run_cuda(p, h);
-  const Run want = reference_mla(p, h);
+  const MlaRun got = run_cuda(p, h);
+  const MlaRun want = reference_mla(p, h);
   const Cmp c = compare(got, want);
   EXPECT_EQ(got.path, want_path);
   EXPECT_TRUE(c.finite);
@@ -254,9 +254,9 @@ TEST_F(MlaDecode, HeadCountsNotMultipleOf64AndFeatures) {
   for (int i = 0; i < 48; ++i) sinks[i] = 0.05f * float(i) - 1.f;
   p.params.sinks = sinks;
   const HostData h = make_host_data(p);
-  const Run fast = run_cuda(p, h);
+  const MlaRun fast = run_cuda(p, h);
   setenv("PAGODA_MLA_DECODE", "0", 1);
-  const Run slow = run_cuda(p, h);
+  const MlaRun slow = run_cuda(p, h);
   unsetenv("PAGODA_MLA_DECODE");
   EXPECT_EQ(fast.path, "mla_decode");
   EXPECT_EQ(slow.path, "generic");
@@ -270,9 +270,9 @@ TEST_F(MlaDecode, SwitchOffAgreesWithGeneric) {
   for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
     const Problem p = mla_problem(ragged(5, 2500, {0, 12000}, seed_ + 31), 64, 128, kv, seed_ + 31);
     const HostData h = make_host_data(p);
-    const Run fast = run_cuda(p, h);
+    const MlaRun fast = run_cuda(p, h);
     setenv("PAGODA_MLA_DECODE", "0", 1);
-    const Run slow = run_cuda(p, h);
+    const MlaRun slow = run_cuda(p, h);
     unsetenv("PAGODA_MLA_DECODE");
     EXPECT_EQ(fast.path, "mla_decode");
     EXPECT_EQ(slow.path, "generic");
