@@ -212,8 +212,9 @@ class MlaDecode : public testing::Test {
     int dev = 0, smem = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    // The kernel needs 205 KB of shared memory per block (fp8); A100-class GPUs take the generic path.
-    if (smem < 205312) PAGODA_SKIP_GPU_TEST("MLA decode kernel needs an sm_90-class shared memory limit");
+    // The kernel needs up to 226 KB of shared memory per block (fp8, 32 heads); A100-class GPUs
+    // take the generic path.
+    if (smem < 226304) PAGODA_SKIP_GPU_TEST("MLA decode kernel needs an sm_90-class shared memory limit");
     unsetenv("PAGODA_MLA_DECODE");
     seed_ = gpu_test::test_seed(20261201);
     std::printf("MLA decode test seed %llu (PAGODA_TEST_SEED to re-run)\n",

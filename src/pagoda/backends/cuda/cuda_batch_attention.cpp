@@ -142,8 +142,9 @@ void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const Atten
   int decode_items = sm_count_ * 8;  // generic path
   if (kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_kv_heads,
                             shape.head_dim_qk, shape.head_dim_v)) {
-    // One MLA decode block (16 q heads) per SM: ceil(Hq / 16) blocks per item.
-    const int units = (shape.num_qo_heads + kc::kDecodeMaxGroup - 1) / kc::kDecodeMaxGroup;
+    // One MLA decode block (16 or 32 q heads) per SM: ceil(Hq / heads per block) per item.
+    const int per_block = kc::mla_decode_heads_per_block(shape.num_qo_heads);
+    const int units = (shape.num_qo_heads + per_block - 1) / per_block;
     decode_items = (sm_count_ + units - 1) / units;
   } else if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                      shape.head_dim_qk, shape.head_dim_v)) {
@@ -240,7 +241,10 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   }
   cfg.mla_decode = kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                          shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
-  if (cfg.mla_decode) cfg.decode_blocks_per_sm = 1;  // ~165-205 KB of shared memory per block
+  if (cfg.mla_decode) {
+    cfg.decode_blocks_per_sm = 1;  // 165-226 KB of shared memory per block
+    cfg.decode_heads_per_block = kc::mla_decode_heads_per_block(shape.num_qo_heads);
+  }
   Schedule sched = build_schedule(in, shape, cfg);
   const int64_t pages = in.kv_indptr[bs];
   const int64_t mask_bytes = in.custom_mask.empty() ? 0 : in.mask_indptr[bs];

@@ -102,7 +102,8 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
   const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
   if (all_single && !has_mask) {
     s.path = mla ? KernelPath::kMlaDecode : KernelPath::kDecode;
-    const int units = shape.num_kv_heads * ((group + kMaxGroupPerBlock - 1) / kMaxGroupPerBlock);
+    const int per_block = std::max(1, mla ? config.decode_heads_per_block : kMaxGroupPerBlock);
+    const int units = shape.num_kv_heads * ((group + per_block - 1) / per_block);
     const int64_t max_grid = int64_t(config.sm_count) * config.decode_blocks_per_sm;
     int chunk = 0;
     const int32_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());

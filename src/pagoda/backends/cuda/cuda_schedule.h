@@ -23,6 +23,9 @@ struct ScheduleConfig {
   /// The MLA decode kernel serves the shape: decode-shaped batches (qo_len <= 1, no custom mask)
   /// take kMlaDecode with the decode split-KV items; anything else follows fast_path.
   bool mla_decode = false;
+  /// q heads per decode block (units per work item = Hkv * ceil(G / this)): 16 for the decode
+  /// kernel, kernels::cuda::mla_decode_heads_per_block(Hq) for kMlaDecode.
+  int decode_heads_per_block = 16;
   bool allow_split = true;
   int min_chunk_tokens = 256;     ///< never split a request into chunks smaller than this
 };

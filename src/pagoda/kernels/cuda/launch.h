@@ -28,8 +28,8 @@ Status launch_decode(const AttentionArgs& args, cudaStream_t stream);
 bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_dim_qk,
                        int head_dim_v);
 /// Tensor-core (mma.sync m16n8k16) split-KV paged MLA decode (absorbed form): one block per
-/// (work item, 16 q heads); the latent row [576] is K and its first 512 columns are V (args.v is
-/// not read). One query row per request; partials need launch_merge like launch_decode.
+/// (work item, mla_decode_heads_per_block(Hq) q heads); the latent row [576] is K and its first
+/// 512 columns are V (args.v is not read). One query row per request; partials need launch_merge like launch_decode.
 /// kUnsupported for any other shape.
 Status launch_mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// Tensor-core (mma.sync m16n8k16) paged flash attention over ragged queries (extend, prefill,

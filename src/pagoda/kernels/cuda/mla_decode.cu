@@ -54,8 +54,8 @@ bool mla_decode_supported(ElemType q, ElemType kv, ElemType out, int num_kv_head
                           int head_dim_qk, int head_dim_v) {
   if (q != ElemType::kBF16 || out != ElemType::kBF16) return false;
   if (num_kv_heads != 1 || head_dim_qk != 576 || head_dim_v != 512) return false;
-  size_t need = 0;
-  if (!dispatch_mla(kv, [&]<typename KV>() { need = detail::MlaDecodeConfig<KV>::kSmemBytes; })) {
+  size_t need = 0;  // the two-group kernel's (the larger) buffers
+  if (!dispatch_mla(kv, [&]<typename KV>() { need = detail::MlaDecodeConfig<KV, 2>::kSmemBytes; })) {
     return false;
   }
   return size_t(device_smem_optin()) >= need;
@@ -68,16 +68,24 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
     return cudaErrorNotSupported;
   }
   cudaError_t st = cudaErrorNotSupported;
-  const dim3 grid(args.grid_items, (args.num_qo_heads + 15) / 16);
-  dispatch_mla(args.kv_dtype, [&]<typename KV>() {
-    using Cfg = detail::MlaDecodeConfig<KV>;
-    auto kernel = detail::mla_decode_kernel<KV>;
+  const int heads = mla_decode_heads_per_block(args.num_qo_heads);
+  const dim3 grid(args.grid_items, (args.num_qo_heads + heads - 1) / heads);
+  auto launch = [&]<typename KV, int G>() {
+    using Cfg = detail::MlaDecodeConfig<KV, G>;
+    auto kernel = detail::mla_decode_kernel<KV, G>;
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;
     kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
         args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
     st = cudaGetLastError();
+  };
+  dispatch_mla(args.kv_dtype, [&]<typename KV>() {
+    if (heads == 32) {
+      launch.template operator()<KV, 2>();
+    } else {
+      launch.template operator()<KV, 1>();
+    }
   });
   return st;
 }
