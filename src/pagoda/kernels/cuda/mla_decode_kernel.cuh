@@ -73,15 +73,9 @@ __global__ void __launch_bounds__(128 * G, 1)
   extern __shared__ __align__(16) unsigned char smem[];
 
   const DevicePlan& plan = a.plan;
-  const int item = blockIdx.x;
-  if (item >= plan.counts[1]) return;
-  const int b = plan.item_req[item];
-  int kv_lo = plan.item_a[item];
-  const int kv_hi = plan.item_b[item];
-  const int partial = plan.item_partial[item];
-  const int kv_len = kv_len_of(plan, b, a.page_size);
-  if (a.window_left >= 0) kv_lo = max(kv_lo, kv_len - 1 - a.window_left);
-  const int n = max(kv_hi - kv_lo, 0);
+  DecodeItem work;
+  if (!load_decode_item(a, blockIdx.x, work)) return;
+  const int b = work.b, kv_lo = work.kv_lo, n = work.n, partial = work.partial;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int grp = warp / C::kGroupWarps, wl = warp % C::kGroupWarps;  // group, warp in group
@@ -211,15 +205,7 @@ __global__ void __launch_bounds__(128 * G, 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] += s2[j][e];
     }
-    const int kb0 = t * C::kKeys + wl * C::kWarpKeys;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = kb0 + j * 8 + quad * 2 + (e & 1);
-        s[j][e] = key < n ? xf(s[j][e]) : neg_inf();
-      }
-    }
+    transform_logits16(s, t * C::kKeys + wl * C::kWarpKeys, n, quad, xf);
     // Row maxima over the whole 64-key tile (rows = heads; a row lives in one quad per warp).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
