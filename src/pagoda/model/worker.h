@@ -39,6 +39,10 @@ struct WorkerBatch {
   std::vector<int64_t> sample_step;
   /// Also return the f32 logits of every logit row (tests, tools, verify).
   bool return_logits = false;
+  /// Also return each logit row's top_k (ids, log-probabilities), top_k in [0, 16] (0 = none):
+  /// computed on the device where the ops can (ModelOps::top_k_logprobs); otherwise the worker
+  /// returns the whole rows in `logits` instead and leaves top_ids empty.
+  int32_t top_k = 0;
 
   int batch_size() const { return forward.batch_size; }
   /// Σ logit_rows.
@@ -49,8 +53,12 @@ struct WorkerBatch {
 struct WorkerOutput {
   /// [Σ logit_rows] sampled ids, in batch order (sequence b's rows in query order).
   std::vector<int32_t> tokens;
-  /// [Σ logit_rows, vocab] f32 when WorkerBatch::return_logits, else empty.
+  /// [Σ logit_rows, vocab] f32 when WorkerBatch::return_logits (or top_k without device top-k),
+  /// else empty.
   std::vector<float> logits;
+  /// [Σ logit_rows, top_k] when WorkerBatch::top_k > 0 and the device computed them, else empty.
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
 };
 
 /// Counters of a worker (cumulative).

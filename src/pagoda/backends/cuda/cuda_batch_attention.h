@@ -58,6 +58,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
   /// Kernel path of the current plan ("decode", "prefill", "generic", "mla_decode"); run() may
   /// still fall back to the generic kernel for layouts the tuned kernels cannot read.
   KernelPath path() const { return schedule_.path; }
+  /// Keys per split-KV chunk of the planned step (0 = not split).
+  int split_chunk() const { return schedule_.chunk_tokens; }
   const Schedule& schedule() const { return schedule_; }
   cudaStream_t stream() const { return stream_; }
 
