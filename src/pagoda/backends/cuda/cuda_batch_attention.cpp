@@ -236,6 +236,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   const int bs = in.batch_size();
   ScheduleConfig cfg;
   cfg.sm_count = sm_count_;
+  cfg.force_prefill = force_prefill_;
   cfg.fast_path = kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                           shape.head_dim_qk, shape.head_dim_v);
   if (cfg.fast_path) {

@@ -36,6 +36,9 @@ struct ScheduleConfig {
   /// (partials × Hq × Dv) — a CUDA-graph arena's frozen sizes.
   int max_items = 0;
   int64_t max_partial_floats = int64_t{16} << 20;
+  /// Take the prefill path even when every request has one query (a captured draft-extend
+  /// graph must keep its kernel whatever the accepted counts of the replayed batch).
+  bool force_prefill = false;
 };
 
 /// The schedule: work items (request, a, b, partial) and merge rows (request, first partial,
