@@ -2,10 +2,16 @@
 """PyTorch peers on pagoda's CUDA benchmark shapes, plus the machine's measured ceilings.
 
 Usage: peers.py OURS.jsonl OUT.md GPU.txt
+       peers.py --mla MLA.jsonl OUT.md GPU.txt
 Reads pagoda's timings (bench_cuda.cpp), times cuDNN and flash scaled_dot_product_attention on
 contiguous KV, flex_attention, and a gather-then-SDPA paged baseline on the same shapes, measures
 device copy bandwidth and the bf16 GEMM rate, and writes a Markdown table with ratios.
-Ratios are peer_ms / ours_ms (> 1: pagoda faster). Medians of triton.testing.do_bench."""
+Ratios are peer_ms / ours_ms (> 1: pagoda faster). Medians of triton.testing.do_bench.
+
+--mla: MLA.jsonl holds `pagoda kernels --backend cuda --json` lines of absorbed-MLA decode shapes
+(Dqk 576 / Dv 512, kv heads 1; path "mla_decode", and "generic" from PAGODA_MLA_DECODE=0 runs);
+FlashInfer 0.5.3's flashinfer.mla.BatchMLAPagedAttentionWrapper (backends "fa3" and "auto") is
+timed on the same shapes (paged, shuffled pages; n/a when flashinfer is missing or refuses)."""
 import datetime
 import json
 import os
@@ -111,7 +117,91 @@ def fmt(x, spec=".3f"):
     return "n/a" if x is None else format(x, spec)
 
 
+def flashinfer_mla(bs, L, hq, ps, kv_dtype, backend, ws):
+    """Median ms of FlashInfer's paged MLA decode (one query row per request) on a shape."""
+    import flashinfer  # noqa: PLC0415 - optional peer
+    pages = (L + ps - 1) // ps
+    num = bs * pages + 1
+    g = torch.Generator(device="cpu").manual_seed(7)
+    ids = (torch.randperm(num - 1, generator=g) + 1).to(torch.int32).to(dev)
+    kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev) * pages
+    qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
+    kv_len = torch.full((bs,), L, dtype=torch.int32, device=dev)
+    q_nope = torch.randn(bs, hq, 512, device=dev, dtype=bf)
+    q_pe = torch.randn(bs, hq, 64, device=dev, dtype=bf)
+    kvt = torch.float8_e4m3fn if kv_dtype.startswith("fp8") else bf
+    ckv = torch.randn(num, ps, 512, device=dev, dtype=bf).to(kvt)
+    kpe = torch.randn(num, ps, 64, device=dev, dtype=bf).to(kvt)
+    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
+    w.plan(qo_indptr, kv_indptr, ids, kv_len, hq, 512, 64, ps, False, 1.0 / 576 ** 0.5, bf, kvt)
+    return bench(lambda: w.run(q_nope, q_pe, ckv, kpe))
+
+
+def mla_main(src, dst, gpu_file):
+    """MLA decode: ours (new kernel and generic A/B) vs FlashInfer on the same shapes."""
+    shapes = {}
+    for line in open(src):
+        if not line.strip().startswith("{"):
+            continue
+        r = json.loads(line)
+        key = (r["batch"], r["q_heads"], r["kv_len"], r["page_size"], r["kv_dtype"])
+        shapes.setdefault(key, {})[r.get("path", "?")] = r
+    gpu = open(gpu_file).read().strip() if gpu_file else torch.cuda.get_device_name()
+    ws = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    try:
+        import flashinfer  # noqa: F401, PLC0415
+        have_fi = True
+    except Exception as e:  # noqa: BLE001
+        print("flashinfer not importable:", e)
+        have_fi = False
+    rows = ["| B | h_q | L | page | latent | path | ours ms | GB/s | % copy | TFLOP/s | generic ms "
+            "(speed-up) | FlashInfer fa3 ms (ratio) | FlashInfer auto ms (ratio) |",
+            "|" + "---|" * 13]
+    checks = []
+    for key, runs in shapes.items():
+        bs, hq, L, ps, kvd = key
+        ours = runs.get("mla_decode") or next(iter(runs.values()))
+        ms = ours["ms"]
+        gen = runs.get("generic")
+        fi = {}
+        for backend in ("fa3", "auto"):
+            fi[backend] = None
+            if have_fi:
+                try:
+                    fi[backend] = flashinfer_mla(bs, L, hq, ps, kvd, backend, ws)
+                except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal
+                    print(f"  flashinfer {backend} {key} failed: {type(e).__name__} {str(e)[:160]}")
+            print(f"{key} ours {ms:.4f} ms ({ours.get('path')}), fi {backend} {fi[backend]}", flush=True)
+
+        def cell(t):
+            return "n/a" if t is None else f"{t:.3f} ({t / ms:.2f}×)"
+        rows.append(f"| {bs} | {hq} | {L} | {ps} | {kvd} | {ours.get('path')} | {ms:.3f} | "
+                    f"{ours['gbps']:.0f} | {ours['pct_of_copy']:.0f}% | {ours['tflops']:.1f} | "
+                    f"{cell(gen['ms']) if gen else '–'} | {cell(fi['fa3'])} | {cell(fi['auto'])} |")
+        if hq == 16 and ps == 64 and kvd == "bf16":
+            checks.append(f"h_q 16 B{bs} L{L} page 64: {ours['pct_of_copy']:.0f}% of copy BW "
+                          f"(target ≥ 80%)")
+        if hq == 128 and kvd == "bf16":
+            checks.append(f"h_q 128 B{bs} L{L}: {ours['tflops']:.0f} TFLOP/s (target ≥ 500)")
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    md = [f"# pagoda MLA decode on {gpu}", "",
+          f"Measured {now}; torch {torch.__version__}. Absorbed MLA (Dqk 576 = 512 + 64 rope, Dv "
+          "512, one latent row per token), bf16 q/out, one query row per request, shuffled pages. "
+          "Ours: `pagoda kernels --backend cuda --json` (CUDA events, median; bytes = latent rows "
+          "read + q + out; FLOPs = 2·h_q·L·(576 + 512) per request; % copy = of the device copy "
+          "bandwidth measured in the same run). generic = the same shape with PAGODA_MLA_DECODE=0. "
+          "FlashInfer: BatchMLAPagedAttentionWrapper, separate ckv [.., 512] / kpe [.., 64] "
+          "caches, triton do_bench median; ratio = peer ms / ours (> 1: pagoda faster).", ""]
+    md += rows + ["", "## Targets", ""] + [f"- {c}" for c in checks] + [""]
+    with open(dst, "w") as f:
+        f.write("\n".join(md))
+    print("\n".join(md))
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--mla":
+        mla_main(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
+        return
     ours = {}
     with open(sys.argv[1]) as f:
         for line in f:

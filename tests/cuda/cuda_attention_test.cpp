@@ -435,7 +435,9 @@ TEST(CudaGeneric, MlaF32AndOddDims) {
   mla.hkv = 1;
   mla.dv = 512;
   mla.params.sm_scale = 0.05f;
+  setenv("PAGODA_MLA_DECODE", "0", 1);  // this test is the generic kernel's (cuda_mla_test.cpp: the MLA kernel)
   expect_ok(mla, 2e-2, "generic");
+  unsetenv("PAGODA_MLA_DECODE");
   Problem mla_ext = extend_problem({20, 5}, {100, 30}, 1, 576, 19);
   mla_ext.mla = true;
   mla_ext.hq = 8;

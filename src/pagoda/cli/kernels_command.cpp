@@ -351,6 +351,14 @@ void run_kernels(const KernelsArgs& a) {
   j["peak_kind"] = peak_kind;
   j["peak"] = peak;
   j["pct_of_peak"] = pct;
+#ifdef PAGODA_CLI_HAVE_CUDA
+  // Which CUDA kernel ran (decode, mla_decode, prefill, generic) and its split-KV plan.
+  if (const auto* c = dynamic_cast<const backends::cuda::CudaBatchAttention*>(attn.get())) {
+    j["path"] = std::string(backends::cuda::kernel_path_name(c->path()));
+    j["chunk_tokens"] = c->schedule().chunk_tokens;
+    j["work_items"] = c->schedule().num_items();
+  }
+#endif
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {

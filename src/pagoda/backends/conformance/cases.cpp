@@ -121,6 +121,11 @@ void add_long_cases(std::vector<Case>& cases, bool quick, int long_kv) {
   mla.mla = true;
   mla.head_dim_qk = 576;
   mla.head_dim_v = 512;
+  // MLA decode at DeepSeek's 128 q heads (the CUDA MLA kernel's 8 head blocks per chunk).
+  Case& mla128 = add(ForwardMode::kDecode, 16, Heads{128, 1}, 2);
+  mla128.mla = true;
+  mla128.head_dim_qk = 576;
+  mla128.head_dim_v = 512;
 }
 
 /// The "draft-extend" column: after verify, the draft model extends over each request's accepted
@@ -212,15 +217,29 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       cases.push_back(draft_case(p, 3, step));
     }
   }
-  const std::vector<int> mla_pages = pick(quick, {64}, {1, 64});
+  const std::vector<int> mla_pages = pick(quick, {64}, {1, 16, 64});
   for (int p : mla_pages) {
     for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) cases.push_back(mla_case(m, p));
     if (!quick) {
+      // Decode at 16 and 128 q heads (one and eight 16-head blocks of the CUDA MLA kernel).
+      for (int hq : {16, 128}) {
+        Case d = mla_case(ForwardMode::kDecode, p);
+        d.num_q_heads = hq;
+        cases.push_back(d);
+      }
       Case v = mla_case(ForwardMode::kTargetVerify, p);
       v.topk = 2;
       v.num_draft_tokens = 4;
       cases.push_back(v);
     }
+  }
+  if (!quick) {  // an fp8 e4m3 latent with a scale (one stored row: K and V share k_scale)
+    Case f = mla_case(ForwardMode::kDecode, 16);
+    f.num_q_heads = 16;
+    f.kv_dtype = DType::kFp8E4M3;
+    f.k_scale = 0.5f;
+    f.v_scale = 0.5f;
+    cases.push_back(f);
   }
   for (DType kv : {DType::kFp8E4M3, DType::kFp8E5M2}) {
     for (int p : pick(quick, {16}, {1, 16})) {

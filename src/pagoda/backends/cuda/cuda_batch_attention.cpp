@@ -143,8 +143,14 @@ void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const Atten
   // covers this many items; a looser bound only launches blocks that exit at once (on the H200,
   // 8,448 empty blocks cost a 1-request decode ~12 µs per layer).
   int decode_items = sm_count_ * 8;  // generic path
-  if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.head_dim_qk,
-                              shape.head_dim_v)) {
+  if (kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_kv_heads,
+                            shape.head_dim_qk, shape.head_dim_v)) {
+    // One MLA decode block (16 or 32 q heads) per SM: ceil(Hq / heads per block) per item.
+    const int per_block = kc::mla_decode_heads_per_block(shape.num_qo_heads);
+    const int units = (shape.num_qo_heads + per_block - 1) / per_block;
+    decode_items = (sm_count_ + units - 1) / units;
+  } else if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
+                                     shape.head_dim_qk, shape.head_dim_v)) {
     const int units =
         shape.num_kv_heads * ((group + kc::kDecodeMaxGroup - 1) / kc::kDecodeMaxGroup);
     const int wave = sm_count_ * kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
@@ -236,6 +242,12 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   if (cfg.fast_path) {
     cfg.decode_blocks_per_sm = kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
                                                         shape.head_dim_qk);
+  }
+  cfg.mla_decode = kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
+                                         shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
+  if (cfg.mla_decode) {
+    cfg.decode_blocks_per_sm = 1;  // 165-226 KB of shared memory per block
+    cfg.decode_heads_per_block = kc::mla_decode_heads_per_block(shape.num_qo_heads);
   }
   if (graph_mode_) {  // a split must fit the frozen arena and workspace
     cfg.max_items = cap_items_;
@@ -469,7 +481,21 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
     for (int i = 0; i < 3; ++i) ok16 &= k_cache.stride(i) % 16 == 0 && v_cache.stride(i) % 16 == 0;
     if (!ok16) path = KernelPath::kGeneric;
   }
+  // The MLA kernel reads V from K's storage (the MLA pool's V is a view of the latent row) and
+  // copies 16-byte chunks of the latent rows.
+  if (path == KernelPath::kMlaDecode) {
+    const int64_t chunk = 16 / int64_t(dtype_size(s.kv_dtype));
+    const bool same = v_cache.data() == k_cache.data() && v_cache.stride(0) == k_cache.stride(0) &&
+                      v_cache.stride(1) == k_cache.stride(1);
+    if (!same || k_cache.stride(0) % chunk != 0 || k_cache.stride(1) % chunk != 0) {
+      path = KernelPath::kGeneric;
+    }
+  }
   switch (path) {
+    case KernelPath::kMlaDecode:
+      st = kc::launch_mla_decode(a, stream_);
+      if (st.is_ok() && (graph_mode_ || schedule_.num_merges() > 0)) st = kc::launch_merge(a, stream_);
+      return st;
     case KernelPath::kDecode:
       st = kc::launch_decode(a, stream_);
       if (st.is_ok() && (graph_mode_ || schedule_.num_merges() > 0)) st = kc::launch_merge(a, stream_);

@@ -57,7 +57,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
   void upload_cache_loc(std::span<const int32_t> loc);
   const int32_t* device_cache_loc() const;
 
-  /// Kernel path of the current plan ("decode", "prefill", "generic").
+  /// Kernel path of the current plan ("decode", "prefill", "generic", "mla_decode"); run() may
+  /// still fall back to the generic kernel for layouts the tuned kernels cannot read.
   KernelPath path() const { return schedule_.path; }
   /// Keys per split-KV chunk of the planned step (0 = not split).
   int split_chunk() const { return schedule_.chunk_tokens; }

@@ -12,6 +12,7 @@ std::string_view kernel_path_name(KernelPath p) {
     case KernelPath::kDecode: return "decode";
     case KernelPath::kPrefill: return "prefill";
     case KernelPath::kGeneric: return "generic";
+    case KernelPath::kMlaDecode: return "mla_decode";
   }
   return "?";
 }
@@ -138,14 +139,16 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
   bool all_single = true;
   for (int b = 0; b < bs; ++b) all_single &= (in.qo_indptr[b + 1] - in.qo_indptr[b]) <= 1;
   const bool has_mask = !in.custom_mask.empty();
-  if (!config.fast_path) {
+  const bool mla = config.mla_decode && all_single && !has_mask && !config.force_prefill;
+  if (!config.fast_path && !mla) {
     s.path = KernelPath::kGeneric;
     return s;
   }
   const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
   if (all_single && !has_mask && !config.force_prefill) {
-    s.path = KernelPath::kDecode;
-    const int units = shape.num_kv_heads * ((group + kMaxGroupPerBlock - 1) / kMaxGroupPerBlock);
+    s.path = mla ? KernelPath::kMlaDecode : KernelPath::kDecode;
+    const int per_block = std::max(1, mla ? config.decode_heads_per_block : kMaxGroupPerBlock);
+    const int units = shape.num_kv_heads * ((group + per_block - 1) / per_block);
     const int64_t max_grid = int64_t(config.sm_count) * config.decode_blocks_per_sm;
     int chunk = 0;
     const int32_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());

@@ -10,7 +10,9 @@
 
 namespace pagoda::backends::cuda {
 
-enum class KernelPath : uint8_t { kDecode, kPrefill, kGeneric };
+/// kMlaDecode: the absorbed-MLA decode kernel (kernels/cuda/mla_decode_kernel.cuh); its work
+/// items and merge rows have the decode layout.
+enum class KernelPath : uint8_t { kDecode, kPrefill, kGeneric, kMlaDecode };
 std::string_view kernel_path_name(KernelPath p);
 
 /// Inputs of the split-KV planner.
@@ -18,6 +20,12 @@ struct ScheduleConfig {
   int sm_count = 132;
   int decode_blocks_per_sm = 2;   ///< resident decode blocks per SM
   bool fast_path = true;          ///< a tuned instantiation exists for the shape
+  /// The MLA decode kernel serves the shape: decode-shaped batches (qo_len <= 1, no custom mask)
+  /// take kMlaDecode with the decode split-KV items; anything else follows fast_path.
+  bool mla_decode = false;
+  /// q heads per decode block (units per work item = Hkv * ceil(G / this)): 16 for the decode
+  /// kernel, kernels::cuda::mla_decode_heads_per_block(Hq) for kMlaDecode.
+  int decode_heads_per_block = 16;
   bool allow_split = true;
   int min_chunk_tokens = 256;     ///< never split a request into chunks smaller than this
   /// Prefill split-KV (short extends and tree verify over long contexts): only for steps of at
@@ -57,7 +65,7 @@ std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in);
 /// tiles inside [0, c) without per-logit mask tests. Empty when there is no custom mask.
 std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in);
 
-/// Builds the schedule. Decode path: every request has qo_len <= 1 and there is no custom mask;
+/// Builds the schedule. Decode path (and kMlaDecode when config.mla_decode): every request has qo_len <= 1 and there is no custom mask;
 /// requests are cut into equal token chunks (smallest chunk with
 /// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 16)), so
 /// skewed lengths still fill the GPU. Prefill path: one item per (request,

@@ -91,6 +91,9 @@ struct AppendArgs {
 
 /// Decode tile sizes the host planner needs (tokens per block iteration).
 inline constexpr int kDecodeMaxGroup = 16;  ///< q heads per kv head handled by one decode block (MMA m)
+/// q heads per MLA decode block (mla_decode_kernel.cuh): one 16-head group up to 16 heads, else
+/// two (the latent tile then serves 32 heads). The planner's units per work item use it.
+constexpr int mla_decode_heads_per_block(int num_qo_heads) { return num_qo_heads > 16 ? 32 : 16; }
 inline constexpr int kPrefillRowsPerTile = 64;  ///< smallest prefill tile (capacity bound)
 /// Packed query rows of one prefill work item for a head dim (the planner and kernel agree).
 constexpr int prefill_rows_per_tile(int head_dim) { return head_dim <= 128 ? 128 : 64; }

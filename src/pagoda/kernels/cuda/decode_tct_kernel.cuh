@@ -119,15 +119,9 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
   extern __shared__ __align__(16) unsigned char smem[];
 
   const DevicePlan& plan = a.plan;
-  const int item = blockIdx.x;
-  if (item >= plan.counts[1]) return;
-  const int b = plan.item_req[item];
-  int kv_lo = plan.item_a[item];
-  const int kv_hi = plan.item_b[item];
-  const int partial = plan.item_partial[item];
-  const int kv_len = kv_len_of(plan, b, a.page_size);
-  if (a.window_left >= 0) kv_lo = max(kv_lo, kv_len - 1 - a.window_left);
-  const int n = max(kv_hi - kv_lo, 0);
+  DecodeItem work;
+  if (!load_decode_item(a, blockIdx.x, work)) return;
+  const int b = work.b, kv_lo = work.kv_lo, n = work.n, partial = work.partial;
 
   const int hkv = blockIdx.y;
   const int group_size = a.num_qo_heads / a.num_kv_heads;

@@ -200,6 +200,26 @@ __device__ __forceinline__ int kv_len_of(const DevicePlan& p, int b, int page_si
   return pages == 0 ? 0 : (pages - 1) * page_size + p.kv_last_page_len[b];
 }
 
+/// A split-KV decode work item as the kernels read it: request b, its first key kv_lo (the
+/// sliding window applied), the number of keys n of the chunk, and the partial slot (-1: write
+/// the output).
+struct DecodeItem {
+  int b, kv_lo, n, partial;
+};
+/// Reads work item `item` of the plan; false when it is past counts[1] (the block has no work).
+__device__ __forceinline__ bool load_decode_item(const AttentionArgs& a, int item, DecodeItem& w) {
+  const DevicePlan& plan = a.plan;
+  if (item >= plan.counts[1]) return false;
+  w.b = plan.item_req[item];
+  w.kv_lo = plan.item_a[item];
+  const int kv_hi = plan.item_b[item];
+  w.partial = plan.item_partial[item];
+  const int kv_len = kv_len_of(plan, w.b, a.page_size);
+  if (a.window_left >= 0) w.kv_lo = max(w.kv_lo, kv_len - 1 - a.window_left);
+  w.n = max(kv_hi - w.kv_lo, 0);
+  return true;
+}
+
 /// exp2 that maps (-inf) - (-inf) to 0 instead of NaN.
 __device__ __forceinline__ float exp2_diff(float a, float m) {
   return m == neg_inf() ? 0.f : exp2f(a - m);
@@ -215,6 +235,19 @@ struct LogitTransform {
     return cap > 0.f ? post * tanhf(x * pre) : x * scale_log2;
   }
 };
+/// Transforms the logits of a 16-key S tile held as two m16n8 C fragments (this lane's keys
+/// key0 + 8j + 2 (lane % 4) + {0, 1}); keys >= n become -inf.
+__device__ __forceinline__ void transform_logits16(float (&s)[2][4], int key0, int n, int quad,
+                                                   const LogitTransform& xf) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + j * 8 + quad * 2 + (e & 1);
+      s[j][e] = key < n ? xf(s[j][e]) : neg_inf();
+    }
+  }
+}
 inline LogitTransform make_logit_transform(float sm_scale, float cap, float k_scale) {
   LogitTransform t{};
   t.scale_log2 = sm_scale * k_scale * kLog2e;

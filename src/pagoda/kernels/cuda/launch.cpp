@@ -44,6 +44,16 @@ int decode_blocks_per_sm(DType q, DType kv, int head_dim) {
 Status launch_decode(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::decode(a, s), "decode launch");
 }
+bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_dim_qk,
+                       int head_dim_v) {
+  ElemType eq{}, ekv{}, eo{};
+  if (!to_elem_type(q, eq) || !to_elem_type(kv, ekv) || !to_elem_type(out, eo)) return false;
+  return raw::mla_decode_enabled() &&
+         raw::mla_decode_supported(eq, ekv, eo, num_kv_heads, head_dim_qk, head_dim_v);
+}
+Status launch_mla_decode(const AttentionArgs& a, cudaStream_t s) {
+  return to_status(raw::mla_decode(a, s), "MLA decode launch");
+}
 Status launch_prefill(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::prefill(a, s), "prefill launch");
 }

@@ -22,6 +22,16 @@ bool fast_path_supported(DType q, DType kv, DType out, int head_dim_qk, int head
 /// kv head, 16 q heads); one query row per request; partial states go to
 /// the workspace and need launch_merge afterwards when counts[2] > 0.
 Status launch_decode(const AttentionArgs& args, cudaStream_t stream);
+/// True when the MLA decode kernel serves this absorbed-MLA shape (q/out bf16, latent bf16 or fp8
+/// e4m3, Hkv 1, Dqk 576, Dv 512, enough opt-in shared memory on the current device) and the
+/// environment does not set PAGODA_MLA_DECODE=0 (read on every call, for A/B runs).
+bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_dim_qk,
+                       int head_dim_v);
+/// Tensor-core (mma.sync m16n8k16) split-KV paged MLA decode (absorbed form): one block per
+/// (work item, mla_decode_heads_per_block(Hq) q heads); the latent row [576] is K and its first
+/// 512 columns are V (args.v is not read). One query row per request; partials need launch_merge like launch_decode.
+/// kUnsupported for any other shape.
+Status launch_mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// Tensor-core (mma.sync m16n8k16) paged flash attention over ragged queries (extend, prefill,
 /// tree verify, mixed): one block per (request, prefill_rows_per_tile(D) packed q rows, kv head).
 Status launch_prefill(const AttentionArgs& args, cudaStream_t stream);

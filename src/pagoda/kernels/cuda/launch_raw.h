@@ -19,6 +19,13 @@ cudaError_t generic(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t append_kv(const AppendArgs& args, cudaStream_t stream);
 bool fast_path(ElemType q, ElemType kv, int head_dim);
+/// MLA decode (mla_decode_kernel.cuh): q/out bf16, latent bf16 or e4m3, Hkv 1, 576/512, and the
+/// device's opt-in shared memory holds the kernel's buffers. Ignores PAGODA_MLA_DECODE.
+bool mla_decode_supported(ElemType q, ElemType kv, ElemType out, int num_kv_heads,
+                          int head_dim_qk, int head_dim_v);
+/// False when the environment sets PAGODA_MLA_DECODE=0 (read on every call).
+bool mla_decode_enabled();
+cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream);
 int decode_blocks_per_sm(ElemType q, ElemType kv, int head_dim);
 
 }  // namespace pagoda::kernels::cuda::raw

@@ -1,0 +1,93 @@
+/// Instantiations and raw launcher of the tensor-core paged MLA decode kernel (mla_decode_kernel.cuh).
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "pagoda/kernels/cuda/launch_raw.h"
+#include "pagoda/kernels/cuda/mla_decode_kernel.cuh"
+
+namespace pagoda::kernels::cuda::raw {
+namespace {
+
+/// Calls f.template operator()<KV>() for a supported latent type; false when none.
+template <typename F>
+bool dispatch_mla(ElemType kv, F&& f) {
+  if (kv == ElemType::kBF16) {
+    f.template operator()<__nv_bfloat16>();
+    return true;
+  }
+  if (kv == ElemType::kE4M3) {
+    f.template operator()<detail::E4M3>();
+    return true;
+  }
+  return false;
+}
+
+/// The current device's opt-in shared memory per block (cached per device; 0 when unknown).
+int device_smem_optin() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+}  // namespace
+
+bool mla_decode_enabled() {
+  const char* e = std::getenv("PAGODA_MLA_DECODE");  // read per call: tests A/B in one process
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
+bool mla_decode_supported(ElemType q, ElemType kv, ElemType out, int num_kv_heads,
+                          int head_dim_qk, int head_dim_v) {
+  if (q != ElemType::kBF16 || out != ElemType::kBF16) return false;
+  if (num_kv_heads != 1 || head_dim_qk != 576 || head_dim_v != 512) return false;
+  size_t need = 0;  // the two-group kernel's (the larger) buffers
+  if (!dispatch_mla(kv, [&]<typename KV>() { need = detail::MlaDecodeConfig<KV, 2>::kSmemBytes; })) {
+    return false;
+  }
+  return size_t(device_smem_optin()) >= need;
+}
+
+cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
+  if (args.grid_items == 0) return cudaSuccess;
+  if (args.num_kv_heads != 1 || args.head_dim_qk != 576 || args.head_dim_v != 512 ||
+      args.q_dtype != ElemType::kBF16 || args.out_dtype != ElemType::kBF16) {
+    return cudaErrorNotSupported;
+  }
+  cudaError_t st = cudaErrorNotSupported;
+  const int heads = mla_decode_heads_per_block(args.num_qo_heads);
+  const dim3 grid(args.grid_items, (args.num_qo_heads + heads - 1) / heads);
+  auto launch = [&]<typename KV, int G>() {
+    using Cfg = detail::MlaDecodeConfig<KV, G>;
+    auto kernel = detail::mla_decode_kernel<KV, G>;
+    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Cfg::kSmemBytes));
+    if (st != cudaSuccess) return;
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
+        args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+    st = cudaGetLastError();
+  };
+  dispatch_mla(args.kv_dtype, [&]<typename KV>() {
+    if (heads == 32) {
+      launch.template operator()<KV, 2>();
+    } else {
+      launch.template operator()<KV, 1>();
+    }
+  });
+  return st;
+}
+
+}  // namespace pagoda::kernels::cuda::raw
