@@ -89,9 +89,9 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
 void expect_ok(const Problem& p, double tol, const char* want_path = nullptr,
                const std::function<void(HostData&)>& tweak = {}) {
   const Result r = run_problem(p, nullptr, tweak);
-  EXPECT_TRUE(r.all_finite) << "path " << r.path;
-  EXPECT_LT(r.rel_err, tol) << "path " << r.path;
-  EXPECT_LT(r.lse_err, 1e-2) << "path " << r.path;
+  EXPECT_TRUE(r.all_finite) << "path " << r.path << " seed " << p.seed;
+  EXPECT_LT(r.rel_err, tol) << "path " << r.path << " seed " << p.seed;
+  EXPECT_LT(r.lse_err, 1e-2) << "path " << r.path << " seed " << p.seed;
   if (want_path) {
     EXPECT_EQ(r.path, want_path);
   }
