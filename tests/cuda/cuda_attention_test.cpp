@@ -212,7 +212,10 @@ TEST(CudaDecode, TransposedFp8Groups) {
   g3.params.v_scale = 1.7f;
   g3.params.window_left = 1500;
   g3.params.logit_cap = 15.f;
-  g3.params.sinks = std::vector<float>{0.3f, -1.f, 2.f, 0.f, 1.f, -0.5f};
+  // RunParams::sinks is a span: the values must outlive the run (a temporary vector here was
+  // freed at once, and the reused heap made this case fail now and then).
+  const std::vector<float> g3_sinks{0.3f, -1.f, 2.f, 0.f, 1.f, -0.5f};
+  g3.params.sinks = g3_sinks;
   expect_ok(g3, 3e-2, "decode");
   Problem g12 = decode_problem(3, 2000, 16, DType::kFp8E4M3, 128, 53);
   g12.hq = 12;
