@@ -23,15 +23,16 @@ const char* spec_mode_name(SpecMode mode) {
     case SpecMode::kNone: return "none";
     case SpecMode::kNgram: return "ngram";
     case SpecMode::kDraft: return "draft";
+    case SpecMode::kEagle: return "eagle";
   }
   return "?";
 }
 
 SpecMode parse_spec_mode(const std::string& name) {
-  for (SpecMode m : {SpecMode::kNone, SpecMode::kNgram, SpecMode::kDraft})
+  for (SpecMode m : {SpecMode::kNone, SpecMode::kNgram, SpecMode::kDraft, SpecMode::kEagle})
     if (name == spec_mode_name(m)) return m;
-  throw_error(ErrorCode::kInvalidArgument, "unknown spec mode '{}' (choose none, ngram or draft)",
-              name);
+  throw_error(ErrorCode::kInvalidArgument,
+              "unknown spec mode '{}' (choose none, ngram, draft or eagle)", name);
 }
 
 void SpecConfig::validate() const {
@@ -48,6 +49,8 @@ void SpecConfig::validate() const {
                  backoff_steps);
   PAGODA_REQUIRE(graph_tokens >= 0, kInvalidArgument, "spec graph_tokens must be >= 0 (got {})",
                  graph_tokens);
+  PAGODA_REQUIRE(mode != SpecMode::kEagle || eagle_head != nullptr, kInvalidArgument,
+                 "spec mode eagle needs an EAGLE head (spec eagle_head, --draft-model DIR)");
   ngram.validate();
 }
 
@@ -149,6 +152,7 @@ void Engine::init_spec(DType dtype, int32_t num_pages, bool custom_worker) {
   PAGODA_REQUIRE(sc.mode == SpecMode::kNone || sc.topk <= model_->config().vocab_size,
                  kInvalidArgument, "spec topk {} exceeds the vocabulary of {}", sc.topk,
                  model_->config().vocab_size);
+  if (sc.mode == SpecMode::kEagle) init_eagle(dtype, num_pages);
   if (sc.mode != SpecMode::kDraft) return;
   const model::LlamaModel& draft = sc.draft_model != nullptr ? *sc.draft_model : *model_;
   PAGODA_REQUIRE(draft.config().vocab_size == model_->config().vocab_size, kInvalidArgument,
@@ -256,17 +260,21 @@ bool Engine::spec_step(StepOutput& out) {
 
   std::vector<spec::AcceptResult> accepts(bs);
   int32_t tree_size = 0;
+  std::vector<float> verify_hidden;  // kEagle: the target's features of every tree node
   try {
     if (sc.mode == SpecMode::kDraft)
       trees = draft_trees(*draft_worker_, reqs, *slots, extra, sc, vocab);
+    if (sc.mode == SpecMode::kEagle) trees = eagle_trees(reqs, *slots, extra);
     tree_size = trees.front().size();
     model::WorkerBatch vb = tree_batch(reqs, trees, *slots, extra, sc);
     vb.logit_rows.assign(bs, tree_size);
+    if (eagle_ != nullptr) vb.hidden_layers = eagle_feature_layers();
     for (const Req* r : reqs) {
       vb.sampling.push_back(r->sampling);
       vb.return_logits = vb.return_logits || !r->sampling.is_greedy();
     }
-    const model::WorkerOutput o = worker_->run(vb);
+    model::WorkerOutput o = worker_->run(vb);
+    verify_hidden = std::move(o.hidden);
     std::vector<double> probs;
     for (size_t b = 0; b < bs; ++b) {
       const Req& r = *reqs[b];
@@ -333,6 +341,8 @@ bool Engine::spec_step(StepOutput& out) {
   for (size_t b = 0; b < bs; ++b)
     scheduler_->complete_spec(reqs[b], static_cast<int64_t>(kv_nodes[b].size()));
   if (draft_worker_ != nullptr) draft_extend(reqs, old_len, kv_nodes, *slots, extra);
+  if (eagle_ != nullptr)
+    eagle_extend(reqs, old_len, kv_nodes, *slots, extra, verify_hidden, tree_size);
   for (size_t b = 0; b < bs; ++b) {
     if (!finished[b]) continue;
     scheduler_->finish(reqs[b]);

@@ -39,6 +39,10 @@ struct WorkerBatch {
   std::vector<int64_t> sample_step;
   /// Also return the f32 logits of every logit row (tests, tools, verify).
   bool return_logits = false;
+  /// EAGLE heads: also return the outputs (residual stream after the layer, f32) of these
+  /// layers for every query row, in this order (WorkerOutput::hidden). Empty = none (no cost).
+  /// A batch that asks runs eagerly (no graph replay).
+  std::vector<int32_t> hidden_layers;
 
   int batch_size() const { return forward.batch_size; }
   /// Σ logit_rows.
@@ -51,6 +55,8 @@ struct WorkerOutput {
   std::vector<int32_t> tokens;
   /// [Σ logit_rows, vocab] f32 when WorkerBatch::return_logits, else empty.
   std::vector<float> logits;
+  /// [num_tokens, hidden_layers.size() × hidden] f32 when WorkerBatch::hidden_layers, else empty.
+  std::vector<float> hidden;
 };
 
 /// Counters of a worker (cumulative).
