@@ -266,6 +266,13 @@ std::unique_ptr<EagleHead> load_eagle_head(const fs::path& dir, const LlamaModel
     throw_error(ErrorCode::kInvalidArgument, "{}: {}", cp.string(), e.what());
   }
   EagleConfig c = eagle_config_from_json(j);
+  // Against the target first, so a mismatch names the field rather than a tensor shape.
+  PAGODA_REQUIRE(c.hidden_size == target.config().hidden_size, kInvalidArgument,
+                 "eagle config.json: hidden_size {} differs from the target's {}", c.hidden_size,
+                 target.config().hidden_size);
+  PAGODA_REQUIRE(c.vocab_size == target.config().vocab_size, kInvalidArgument,
+                 "eagle config.json: vocab_size {} differs from the target's {}", c.vocab_size,
+                 target.config().vocab_size);
   std::vector<SafetensorsFile> files;
   std::map<std::string, std::pair<size_t, std::string>> where;  // plain name → (file, stored name)
   for (const auto& e : fs::directory_iterator(dir)) {
