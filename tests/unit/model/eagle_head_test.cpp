@@ -17,6 +17,9 @@
 #include "pagoda/model/eagle_runner.h"
 #include "pagoda/model/safetensors.h"
 #include "pagoda/platform/platform.h"
+#include "naive_llama.h"
+#include "pagoda/model/llama_worker.h"
+#include "pagoda/model/model_runner.h"
 #include "test_model.h"
 
 namespace pagoda::model {
@@ -292,6 +295,52 @@ INSTANTIATE_TEST_SUITE_P(Layouts, EagleForward,
                          ::testing::Combine(::testing::Values(EagleLayout::kEagle1,
                                                               EagleLayout::kEagle3),
                                             ::testing::Values(1, 16)));
+
+TEST(EagleFeatures, WorkerReturnsRequestedLayerOutputs) {
+  const Target& tg = target();
+  const uint64_t seed = 99;
+  std::printf("[eagle] worker hidden states, seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> tokens(13);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % tg.config.vocab_size);
+  testing::NaiveLlama naive(tg.config, tg.weights);
+  std::vector<std::vector<std::vector<double>>> ref;  // [token][layer]
+  for (int32_t t : tokens) {
+    naive.feed(t);
+    ref.push_back({naive.layer_output(0), naive.layer_output(1)});
+  }
+  auto platform = platform::make_cpu_platform();
+  kv::PageAllocator alloc(32, 16);
+  kv::ReqToTokenTable table(2, 256);
+  LlamaWorker worker(tg.model, make_cpu_ops(*platform, DType::kF32),
+                     {.page_size = 16, .num_pages = 32, .kv_dtype = DType::kF32,
+                      .backend = {.attention = "reference"}},
+                     table);
+  const ReqSlot row = *table.alloc();
+  const int32_t zero = 0, none = -1, n = static_cast<int32_t>(tokens.size());
+  const auto slots = *alloc.alloc_extend(std::span(&zero, 1), std::span(&n, 1), std::span(&none, 1));
+  table.write(row, 0, slots);
+  StepInput in{.mode = ForwardMode::kExtend,
+               .seqs = {{.req_slot = row.value(), .prefix_len = 0, .tokens = tokens}},
+               .out_cache_loc = slots};
+  WorkerBatch b;
+  b.forward = build_forward_batch(in);
+  b.input_ids = tokens;
+  b.logit_rows = {1};
+  b.sampling = {SamplingParams{}};
+  b.sample_step = {0};
+  EXPECT_TRUE(worker.run(b).hidden.empty());  // not asked: nothing
+  b.hidden_layers = {1, 0};  // order as asked
+  const WorkerOutput o = worker.run(b);
+  const size_t h = static_cast<size_t>(tg.config.hidden_size);
+  ASSERT_EQ(o.hidden.size(), tokens.size() * 2 * h);
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    EXPECT_LT(max_rel_err(std::span(o.hidden).subspan((2 * t) * h, h), ref[t][1]), 1e-4) << t;
+    EXPECT_LT(max_rel_err(std::span(o.hidden).subspan((2 * t + 1) * h, h), ref[t][0]), 1e-4) << t;
+  }
+  b.hidden_layers = {2};
+  EXPECT_THROW(worker.run(b), Error);
+}
 
 // ---- loader ----
 
