@@ -354,8 +354,18 @@ TEST(EngineSpec, BadSettingsNameTheField) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(parse_spec_mode("eagle"), Error);
+  EXPECT_THROW(parse_spec_mode("medusa"), Error);
   EXPECT_EQ(parse_spec_mode("ngram"), SpecMode::kNgram);
+  EXPECT_EQ(parse_spec_mode("eagle"), SpecMode::kEagle);
+  // kEagle without a head names it.
+  try {
+    SpecConfig sc = testing::spec_config(SpecMode::kNgram, 1, 3);
+    sc.mode = SpecMode::kEagle;
+    sc.validate();
+    ADD_FAILURE() << "eagle without a head was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("eagle_head"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
