@@ -55,7 +55,8 @@ void SpecConfig::validate() const {
 }
 
 int32_t SpecConfig::worker_graph_tokens(int32_t max_running) const {
-  if (mode == SpecMode::kNone || graph_tokens <= 0) return 0;
+  // kEagle: every target forward asks for hidden states and runs eagerly (no graphs to size).
+  if (mode == SpecMode::kNone || mode == SpecMode::kEagle || graph_tokens <= 0) return 0;
   const int64_t tree = std::max(num_draft_tokens, spec::TreeBuilder::max_beam_nodes(topk, steps));
   return static_cast<int32_t>(std::min<int64_t>(graph_tokens, int64_t{max_running} * tree));
 }

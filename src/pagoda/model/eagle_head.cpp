@@ -12,6 +12,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/model/safetensors.h"
+#include "pagoda/model/splitmix.h"
 
 namespace pagoda::model {
 
@@ -33,27 +34,15 @@ void require_size(size_t got, int64_t expected, const char* name) {
                  "eagle head tensor {} has {} elements, expected {}", name, got, expected);
 }
 
-/// Splitmix64 normals (same recipe as make_random_weights; a separate stream).
-class Rng {
+/// Seeded normals (SplitMix64, as make_random_weights; a separate stream).
+class Rng : public SplitMix64 {
  public:
-  explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
+  using SplitMix64::SplitMix64;
   std::vector<float> normal(int64_t n, double mean, double sd) {
     std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v)
-      x = static_cast<float>(mean + sd * std::sqrt(-2.0 * std::log(uniform())) *
-                                        std::cos(6.283185307179586 * uniform()));
+    for (float& x : v) x = static_cast<float>(mean + sd * SplitMix64::normal());
     return v;
   }
-
- private:
-  uint64_t s_;
 };
 
 std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {

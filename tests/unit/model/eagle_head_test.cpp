@@ -398,7 +398,9 @@ TEST(EagleLoader, RoundTripsBothLayouts) {
     EXPECT_EQ(head->feature_dim(), (layout == EagleLayout::kEagle3 ? 3 : 1) * target().config.hidden_size);
     // Embedding shared from the target (the checkpoint has none); EAGLE-1's lm_head too.
     EXPECT_EQ(&head->embed(), &target().model.embed_weights());
-    if (layout == EagleLayout::kEagle1) EXPECT_EQ(&head->lm_head(), &target().model.lm_head_weights());
+    if (layout == EagleLayout::kEagle1) {
+      EXPECT_EQ(&head->lm_head(), &target().model.lm_head_weights());
+    }
     for (size_t d = 0; d < w.d2t.size(); ++d)
       EXPECT_EQ(head->to_target(static_cast<int32_t>(d)), static_cast<int64_t>(d) + w.d2t[d]);
     fs::remove_all(dir);
