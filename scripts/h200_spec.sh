@@ -1,56 +1,75 @@
 #!/usr/bin/env bash
 # One device call for speculative decoding (issue 11) on an H200: builds `pagoda` and
-# `cuda_spec_tests` for sm_90a, runs the GPU spec tests, writes a random Llama-3.2-1B-layout
-# checkpoint (tools/make_checkpoint.py; needs torch + transformers + tokenizers), then runs
-# `pagoda bench --spec ...` A/B runs (each: the same workload without, then with speculation):
-#   self_draft   — the target as its own draft, topk 1: the pure overhead of a round
-#                  (verify and draft forwards replayed from CUDA graphs)
+# `cuda_spec_tests` for sm_90a (in $BUILD_DIR, reused while the machine stays warm), runs the GPU
+# spec tests, writes a random Llama-3.2-1B-layout checkpoint (tools/make_checkpoint.py; needs
+# torch + transformers + tokenizers), then runs `pagoda bench --spec ...` A/B runs (each: the same
+# workload without, then with speculation, in one process; the JSON has the per-phase round time):
+#   self_draft       — the target as its own draft, topk 1: the pure overhead of a round
 #   self_draft_eager — the same with --spec-graph-tokens 0 (eager verify/draft: the graph gain)
-#   ngram_chain  — prompt lookup, chain of 6, on prompts that repeat a span (editing/retrieval)
-#   ngram_tree   — prompt lookup, topk 4 tree of 16 tokens, same workload
-#   ngram_random — random prompts (little to accept): the switch-off keeps the loss small
-#   ngram_b16    — 16 running requests
-#   f32_lossless — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
-# Runs are in priority order (the graph A/B first) so a cut-off run still answers the main
-# question. Outputs land in $OUT (gpu.txt, build.log, spec_tests.log, <name>.json).
+#   self_draft_4k    — the same at a 4,096-token context (verify vs decode attention cost)
+#   ngram_random     — random prompts (nothing to accept): the switch-off keeps the loss small
+#   ngram_chain      — prompt lookup, chain of 6, on prompts that repeat a span
+#   self_tree        — self-draft, topk 4, tree of 8
+#   f32_lossless     — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
+#   ngram_b16        — 16 running requests
+#   copy_chain / copy_tree / copy_b16 — n-gram drafting on the `repeat` workload with the 1B
+#                      layout trained to continue repeated text (tools/train_copy_model.py, run
+#                      here first when $CKPT_COPY is missing): the editing/retrieval case
+# RUNS="a b ..." picks runs (default: all, in this order). Results: $OUT/spec.tgz (every log and
+# JSON) plus the summary on stdout.
 set -uo pipefail
 OUT=${OUT:-/tmp/pagoda_out}
-mkdir -p "$OUT"
+R=/tmp/spec_results
+rm -rf "$R"; mkdir -p "$R" "$OUT"
+trap 'tar czf "$OUT/spec.tgz" -C "$R" .' EXIT
 cd "$(dirname "$0")/.."
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-date -u +%Y-%m-%dT%H:%MZ >> "$OUT/gpu.txt"
-git rev-parse HEAD >> "$OUT/gpu.txt" 2>/dev/null
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  date -u +%Y-%m-%dT%H:%MZ; echo "commit ${COMMIT:-unknown}"; } | tee "$R/gpu.txt"
 if compgen -G ".debs/*.deb" > /dev/null; then  # carried: scripts/gpu_deps.sh fetch here
   # shellcheck disable=SC1091
   source scripts/gpu_deps.sh env
 fi
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
-B=${BUILD_DIR:-build-h200s}
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$OUT/build.log" 2>&1 \
-  || { tail -40 "$OUT/build.log"; exit 1; }
-ninja -C $B pagoda cuda_spec_tests >> "$OUT/build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+B=${BUILD_DIR:-/tmp/b-spec}
+if [ ! -f "$B/build.ninja" ]; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 \
+    || { tail -40 "$R/build.log"; exit 1; }
+fi
+timeout 400 ninja -C $B pagoda cuda_spec_tests >> "$R/build.log" 2>&1 \
+  || { grep -E "error|FAILED" "$R/build.log" | head -40; exit 1; }
 echo "== GPU spec tests"
-timeout 180 "$B/tests/cuda/cuda_spec_tests" > "$OUT/spec_tests.log" 2>&1; echo "spec tests rc=$?"
-grep -E "^\[  |^\[.*\] [0-9]+ rounds|^\[.*max \|logit|^seed|Failure|Expected|Which" "$OUT/spec_tests.log" | head -40
+PAGODA_REQUIRE_GPU=1 timeout 180 "$B/tests/cuda/cuda_spec_tests" > "$R/spec_tests.log" 2>&1
+echo "spec tests rc=$?"
+grep -E "^\[  |rounds|^seed|Failure|Expected|Which" "$R/spec_tests.log" | head -40
 CKPT=${CKPT:-/tmp/llama-1b}
 if [ ! -f "$CKPT/config.json" ]; then
-  python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out "$CKPT" \
-    > "$OUT/checkpoint.log" 2>&1 || { tail -20 "$OUT/checkpoint.log"; exit 1; }
+  timeout 300 python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out "$CKPT" \
+    > "$R/checkpoint.log" 2>&1 || { tail -20 "$R/checkpoint.log"; exit 1; }
 fi
 P="$B/pagoda bench --model $CKPT --backend cuda --json"
-run() {  # name, args...
+run() {  # name, args... (RUN_ENV="A=1 B=2" run ... sets variables for that run only)
   local name=$1; shift
-  echo "== $name: $*"
-  timeout 240 $P "$@" > "$OUT/$name.json" 2> "$OUT/$name.err"; echo "rc=$?"
-  cat "$OUT/$name.json"; tail -2 "$OUT/$name.err"
+  case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
+  echo "== $name: ${RUN_ENV:-} $*"
+  env ${RUN_ENV:-} timeout 240 $P "$@" > "$R/$name.json" 2> "$R/$name.err"; echo "rc=$?"
+  python3 - "$R/$name.json" <<'PY' || tail -3 "$R/$name.err"
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(json.dumps(d)[:1500])
+PY
 }
-run self_draft   --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
-                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
-run self_draft_eager --spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4 \
-                 --spec-graph-tokens 0 \
-                 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+D3="--spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4"
+run self_draft       $D3 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+run self_draft_eager $D3 --spec-graph-tokens 0 \
+                     --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+run self_draft_4k    $D3 --workload random --requests 4 --input-len 4096 --output-len 256 --max-running 1
+# Where a verify-shaped forward's extra time goes: the mma.sync prefill kernel instead of the
+# sm90 one, and m <= 4 GEMMs on small_m_gemm instead of cuBLAS.
+RUN_ENV=PAGODA_SM90_PREFILL=0 run self_draft_mma \
+  $D3 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+RUN_ENV=PAGODA_SMALL_M_MAX=4 run self_draft_smallm4 \
+  $D3 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 5 \
                  --workload random --requests 8 --input-len 512 --output-len 256 --max-running 1
 run ngram_chain  --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
@@ -59,7 +78,23 @@ run self_tree    --spec draft --spec-steps 3 --spec-topk 4 --spec-draft-tokens 8
                  --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
 run f32_lossless --spec draft --spec-steps 3 --spec-topk 2 --spec-draft-tokens 6 --dtype f32 \
                  --workload repeat --requests 4 --input-len 256 --output-len 128 --max-running 1
-run ngram_tree   --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
-                 --workload repeat --requests 8 --input-len 512 --output-len 512 --max-running 1
 run ngram_b16    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
                  --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+
+copy_wanted() { case " ${RUNS:-all} " in *" all "*|*" copy_"*) return 0 ;; esac; return 1; }
+if copy_wanted; then
+  CKPT_COPY=${CKPT_COPY:-/tmp/llama-1b-copy}
+  if [ ! -f "$CKPT_COPY/config.json" ]; then
+    echo "== training the copy model"
+    timeout 300 python3 tools/train_copy_model.py --src "$CKPT" --out "$CKPT_COPY" \
+      ${COPY_ARGS:---steps 300} > "$R/train_copy.log" 2>&1; echo "train rc=$?"
+    grep -E "^step|accuracy" "$R/train_copy.log" | tail -8
+  fi
+  P="$B/pagoda bench --model $CKPT_COPY --backend cuda --json"
+  run copy_chain --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
+  run copy_tree  --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
+                 --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
+  run copy_b16   --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+fi

@@ -40,7 +40,7 @@ TEST(Conformance, QuickGridAllCpuBackendsPassAndEveryMutantIsCaughtInItsColumn) 
         << row.backend.spec << " not caught in " << row.backend.target << "\n" << report.markdown();
   }
   EXPECT_EQ(mutants, static_cast<int>(mutant_family().size()));
-  EXPECT_EQ(mutant_family().size(), 9u);
+  EXPECT_EQ(mutant_family().size(), 11u);
   EXPECT_TRUE(report.ok()) << report.markdown();
 }
 
@@ -52,6 +52,36 @@ TEST(Conformance, MutantCaughtOnPlainDecode) {
   EXPECT_EQ(ok.verdict, Verdict::kPass) << ok.message;
   const CaseResult bad = run_case(registry, {"mutant", true, "decode"}, c, 11);
   EXPECT_EQ(bad.verdict, Verdict::kFail) << bad.message;
+}
+
+// The draft-extend mutants fault only kDraftExtend planning: on the same shapes as extend they
+// pass, and the decode-shaped fault needs a request with more than one accepted token.
+TEST(Conformance, DraftExtendMutantsAreModeSpecific) {
+  const auto registry = builtin();
+  Case c;
+  c.feature = "draft-extend";
+  c.mode = attention::ForwardMode::kDraftExtend;
+  c.batch_size = 4;
+  c.num_steps = 3;
+  const uint64_t seed = 20261201;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const char* spec : {"mutant:dext-as-decode", "mutant:dext-drop-last"}) {
+    const CaseResult ok = run_case(registry, {"reference", false, ""}, c, seed);
+    EXPECT_EQ(ok.verdict, Verdict::kPass) << ok.message;
+    const CaseResult bad = run_case(registry, {spec, true, "draft-extend"}, c, seed);
+    EXPECT_EQ(bad.verdict, Verdict::kFail) << spec << ": " << bad.message;
+    Case ext = c;
+    ext.feature = "extend";
+    ext.mode = attention::ForwardMode::kExtend;
+    const CaseResult plain = run_case(registry, {spec, true, "extend"}, ext, seed);
+    EXPECT_EQ(plain.verdict, Verdict::kPass) << spec << " on extend: " << plain.message;
+  }
+  Case ones = c;
+  ones.num_steps = 0;  // every request accepted one token: decode-shaped, the fault is exact
+  const CaseResult exact = run_case(registry, {"mutant:dext-as-decode", true, "draft-extend"}, ones, seed);
+  EXPECT_EQ(exact.verdict, Verdict::kPass) << exact.message;
+  const CaseResult shifted = run_case(registry, {"mutant:dext-drop-last", true, "draft-extend"}, ones, seed);
+  EXPECT_EQ(shifted.verdict, Verdict::kFail) << shifted.message;
 }
 
 TEST(Conformance, UnknownMutantIsRejectedNamingTheFamily) {

@@ -25,6 +25,7 @@ struct Result {
   double rel_err = 0, lse_err = 0;
   bool all_finite = true;
   std::string path;
+  int split_chunk = 0;
 };
 
 /// `tweak` may edit the host data (e.g. the custom mask) before upload and the reference.
@@ -66,6 +67,7 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
   reference(p, h, ref, ref_lse);
   Result r;
   r.path = std::string(kernel_path_name(attn.path()));
+  r.split_chunk = attn.split_chunk();
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const float x = read_as_f32(ob.data(), out_dtype, i);
@@ -298,6 +300,45 @@ TEST(CudaExtend, TreeMaskFreePrefixColumns) {
     Problem t = extend_problem({64, 13}, {700, 97}, 16, d, 76 + uint64_t(d));
     t.tree_mask = true;
     expect_ok(t, 2e-2, "prefill");
+  }
+}
+
+// Few query tokens over long contexts (tree verify, draft steps, short extends): the prefill
+// items are cut into split-KV chunks (partials + merge, sinks and LSE in the merge), including
+// requests too short to split beside long ones, a window that leaves whole chunks empty, fp8
+// with scales, page 1, every head dim, and the tree mask.
+TEST(CudaExtend, SplitKvShortQueriesLongContexts) {
+  REQUIRE_GPU();
+  auto split_ok = [](const Problem& p, double tol) {
+    const Result r = run_problem(p);
+    EXPECT_EQ(r.path, "prefill");
+    EXPECT_GT(r.split_chunk, 0) << "seed " << p.seed;
+    EXPECT_TRUE(r.all_finite) << "seed " << p.seed;
+    EXPECT_LT(r.rel_err, tol) << "seed " << p.seed;
+    EXPECT_LT(r.lse_err, 1e-2) << "seed " << p.seed;
+  };
+  Problem v = extend_problem({4, 4}, {8188, 300}, 16, 128, 91);  // B2 verify of 4 at 8k
+  v.hq = 32;
+  v.hkv = 8;
+  v.tree_mask = true;
+  split_ok(v, 2e-2);
+  Problem c = extend_problem({1, 2, 30}, {32767, 5000, 20000}, 1, 128, 92);  // causal, page 1
+  split_ok(c, 2e-2);
+  std::vector<float> sinks(8, 0.75f);
+  Problem s = extend_problem({6, 3}, {12000, 700}, 16, 128, 93);
+  s.params.sinks = sinks;
+  s.params.window_left = 3000;  // leading chunks see nothing
+  s.params.logit_cap = 30.f;
+  split_ok(s, 2e-2);
+  Problem f8 = extend_problem({5}, {9000}, 64, 128, 94);
+  f8.kv_dtype = DType::kFp8E4M3;
+  f8.params.k_scale = 0.5f;
+  f8.params.v_scale = 2.f;
+  split_ok(f8, 3e-2);
+  for (int d : {64, 256}) {
+    Problem t = extend_problem({8, 3}, {6000, 2500}, 16, d, 95 + uint64_t(d));
+    t.tree_mask = true;
+    split_ok(t, 2e-2);
   }
 }
 

@@ -9,7 +9,8 @@
 /// is captured once on the backend's stream with a dummy batch (row 0, slot 0, seq_len fill
 /// value), then replayed for new batches of other lengths padded to the bucket. Replay must be
 /// bit-identical to eager execution of the same padded batch, close to eager execution of the
-/// unpadded batch, close to the reference, and must have written the new K/V.
+/// unpadded batch, close to the reference, and must have written the new K/V. A draft-extend
+/// graph (4 requests × 4 tokens) replays ragged, padded and all-ones accepted counts.
 ///
 /// Inputs are random with the seed in every failure message (SCOPED_TRACE); outputs and unused
 /// KV slots are NaN-poisoned so unwritten outputs or stray reads fail.
@@ -470,6 +471,25 @@ ForwardBatch pad_to(const ForwardBatch& real, int bucket, int fill) {
   return p;
 }
 
+/// Plans the capture of `b` and captures the 2-layer stack on the backend's stream into
+/// `graph` / `exec` (gtest failures on error; callers check HasFatalFailure()).
+void capture_stack(CudaBackend& be, const ForwardBatch& b, const Rig& rig, DevStep& d,
+                   cudaGraph_t& graph, cudaGraphExec_t& exec) {
+  be.init_forward_metadata_capture_cuda_graph(b);
+  cudaStream_t stream = be.stream();
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  bool captured = true;
+  try {
+    forward_stack(be, b, rig, d);
+  } catch (const Error& err) {
+    ADD_FAILURE() << "forward during capture threw: " << err.what();
+    captured = false;
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(captured);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+}
+
 TEST(CudaBackendGraph, CaptureNeedsEagerForwardFirst) {
   REQUIRE_GPU();
   Shape s;
@@ -517,21 +537,11 @@ TEST(CudaBackendGraph, TwoLayerStackReplayEqualsEager) {
   graph_be.init_cuda_graph_state(kBucket, kBucket);
   const int fill = graph_be.cuda_graph_seq_len_fill_value();
   const ForwardBatch dummy = pad_to(empty_decode(), kBucket, fill);
-  graph_be.init_forward_metadata_capture_cuda_graph(dummy);
-  cudaStream_t stream = graph_be.stream();
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  bool captured = true;
-  try {
-    forward_stack(graph_be, dummy, rig, g);
-  } catch (const Error& err) {
-    ADD_FAILURE() << "forward during capture threw: " << err.what();
-    captured = false;
-  }
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(captured);
   cudaGraphExec_t exec = nullptr;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  capture_stack(graph_be, dummy, rig, g, graph, exec);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  cudaStream_t stream = graph_be.stream();
 
   struct Trial {
     int bs;
@@ -600,6 +610,110 @@ TEST(CudaBackendGraph, TwoLayerStackReplayEqualsEager) {
               "batch): %s (max |diff| %.3g)\n",
               all_bit_identical_padded ? "bit-identical" : "NOT bit-identical",
               all_bit_identical_unpadded ? "bit-identical" : "within rounding", worst_unpadded);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// ---- a draft-extend CUDA graph: one capture, replays with any accepted counts ----
+
+/// A kDraftExtend `real` padded to `bucket` requests: row 0, prefix fill - 1, one token, slot 0.
+ForwardBatch pad_draft_extend(const ForwardBatch& real, int bucket, int fill) {
+  ForwardBatch p = real;
+  p.batch_size = bucket;
+  for (int b = real.batch_size; b < bucket; ++b) {
+    p.req_pool_indices.push_back(0);
+    p.seq_lens.push_back(fill);
+    p.extend_prefix_lens.push_back(fill - 1);
+    p.extend_seq_lens.push_back(1);
+    p.positions.push_back(fill - 1);
+    p.out_cache_loc.push_back(0);
+  }
+  return p;
+}
+
+/// Captured for 4 requests × 4 tokens (num_steps 3, every draft accepted), replayed with ragged
+/// accepted counts, fewer requests (padded) and all ones (a batch the eager schedule runs on the
+/// decode kernel, split-KV over the long prefixes): the graph keeps the prefill kernel and must
+/// match eager execution of the unpadded batch and the reference, and write exactly the real
+/// tokens' K/V (the captured append's spare rows go to slot 0, page 0).
+TEST(CudaBackendGraph, DraftExtendReplayWithAnyAcceptedCounts) {
+  REQUIRE_GPU();
+  const uint64_t seed = 411;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape s;
+  s.hq = 32;
+  s.hkv = 8;
+  constexpr int kBucket = 4, kSteps = 3, kTokens = kBucket * (kSteps + 1), kMaxLen = 1500;
+  const int pages = kBucket * (kMaxLen / s.page_size + 2) + 4;
+  Rig rig(s, pages, 2 * kBucket, kMaxLen + 8, 2, seed);
+  BackendContext gctx{.platform = &rig.gpu(), .kv_pool = &rig.dev_pool(0), .req_to_token = &rig.table()};
+  BackendContext ectx{.platform = &rig.gpu(), .kv_pool = &rig.dev_pool(1), .req_to_token = &rig.table()};
+  CudaBackend graph_be(gctx), eager_be(ectx);
+  DevStep g = alloc_step(rig, kTokens), e = alloc_step(rig, kTokens);
+  auto reqs_with = [&](const std::vector<int>& accepted) {
+    std::vector<Req> reqs;
+    for (int a : accepted) reqs.push_back({300 + static_cast<int>(rig.rng()() % 1100), a});
+    return reqs;
+  };
+  {
+    const ForwardBatch warm = rig.new_step(ForwardMode::kDraftExtend, reqs_with({4, 1, 2, 3}));
+    load_step(rig, random_inputs(rig, warm.num_tokens()), g);
+    graph_be.init_forward_metadata(warm);
+    forward_stack(graph_be, warm, rig, g);
+    rig.gpu().synchronize();
+  }
+  graph_be.init_cuda_graph_state(kBucket, kTokens);
+  const ForwardBatch full = rig.new_step(ForwardMode::kDraftExtend, reqs_with({4, 4, 4, 4}));
+  ASSERT_EQ(full.num_tokens(), kTokens);
+  load_step(rig, random_inputs(rig, kTokens), g);
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  capture_stack(graph_be, full, rig, g, graph, exec);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  cudaStream_t stream = graph_be.stream();
+
+  const int fill = graph_be.cuda_graph_seq_len_fill_value();
+  const std::vector<std::vector<int>> trials = {
+      {1, 1, 1, 1}, {4, 1, 3}, {2, 4, 1, 4}, {1}, {3, 3}, {4, 4, 4, 4}};
+  for (const auto& accepted : trials) {
+    std::string name;
+    for (int a : accepted) name += std::to_string(a) + " ";
+    SCOPED_TRACE("replay accepted " + name);
+    const ForwardBatch real = rig.new_step(ForwardMode::kDraftExtend, reqs_with(accepted));
+    const ForwardBatch padded = pad_draft_extend(real, kBucket, fill);
+    const int n = real.num_tokens();
+    const StepInputs in = random_inputs(rig, n);
+
+    load_step(rig, in, g);
+    graph_be.init_forward_metadata_replay_cuda_graph(padded);
+    EXPECT_EQ(graph_be.batch_attention().path(), pagoda::backends::cuda::KernelPath::kPrefill);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    HostT gout[kLayers];
+    for (int l = 0; l < kLayers; ++l) gout[l] = download(g.out[l], n, rig.dev_alloc());
+
+    load_step(rig, in, e);
+    eager_be.init_forward_metadata(real);
+    forward_stack(eager_be, real, rig, e);
+    rig.gpu().synchronize();
+    if (accepted == std::vector<int>{1, 1, 1, 1}) {
+      EXPECT_EQ(eager_be.batch_attention().path(), pagoda::backends::cuda::KernelPath::kDecode)
+          << "all-ones draft extend should run the decode kernel eagerly";
+    }
+    for (int l = 0; l < kLayers; ++l) {
+      SCOPED_TRACE("vs eager, layer " + std::to_string(l));
+      const HostT eo = download(e.out[l], n, rig.dev_alloc());
+      EXPECT_CLOSE(gout[l], eo, n, 1.6e-2, 1.6e-2);
+    }
+    const std::vector<HostT> ref = run_reference(rig, real, in);
+    for (int l = 0; l < kLayers; ++l) {
+      SCOPED_TRACE("vs reference, layer " + std::to_string(l));
+      EXPECT_CLOSE(gout[l], ref[size_t(l)], n, 3e-2, 3e-2);
+    }
+    std::string first;
+    EXPECT_EQ(rig.pool_mismatches(0, s.page_size, 0.0, first), 0)
+        << "graph pool differs from the reference pool after replay; first " << first;
+  }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }

@@ -92,13 +92,19 @@ TEST(CudaSpec, GreedyIsLossless) {
       const std::string what = std::string(engine::spec_mode_name(md.mode)) + " topk " +
                                std::to_string(md.topk) + " page " + std::to_string(page) +
                                (graph_tokens > 0 ? " graphs" : " eager");
-      if (graph_tokens > 0) {  // every round's verify (and draft forwards) replayed a graph
+      if (md.mode == engine::SpecMode::kDraft) {  // one draft forward per step of each round
+        EXPECT_EQ(r.stats.draft_forwards, r.stats.spec_steps * md.steps) << what;
+      }
+      if (graph_tokens > 0) {  // every round's verify and draft forwards replayed a graph
         EXPECT_EQ(r.stats.spec_graph_steps, r.stats.spec_steps) << what;
         if (md.mode == engine::SpecMode::kDraft) {
-          EXPECT_EQ(r.stats.draft_graph_steps, r.stats.spec_steps * md.steps) << what;
+          EXPECT_EQ(r.stats.draft_graph_steps, r.stats.draft_forwards) << what;
         }
-      } else {
-        EXPECT_EQ(r.stats.spec_graph_steps + r.stats.draft_graph_steps, 0) << what;
+      } else {  // no verify graphs: only a topk-1 chain's decode-shaped steps replay (decode graphs)
+        EXPECT_EQ(r.stats.spec_graph_steps, 0) << what;
+        const int64_t decode_steps =
+            md.mode == engine::SpecMode::kDraft && md.topk == 1 ? md.steps - 1 : 0;
+        EXPECT_EQ(r.stats.draft_graph_steps, r.stats.spec_steps * decode_steps) << what;
       }
       for (size_t i = 0; i < ps.size(); ++i)
         EXPECT_EQ(r.tokens[i], plain.tokens[i]) << what << " prompt " << i;

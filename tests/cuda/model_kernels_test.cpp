@@ -32,6 +32,7 @@
 #include "pagoda/model/cuda/dense_kernels.h"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
+#include "pagoda/model/cuda/topk_kernels.h"
 
 namespace pagoda::model::cuda_kernels {
 namespace {
@@ -1023,6 +1024,85 @@ TEST(Sampling, PhiloxIsTheSameOnHostAndDevice) {
   const double u = philox_uniform(42, 7);
   EXPECT_GE(u, 0.0);
   EXPECT_LT(u, 1.0);
+}
+
+}  // namespace
+}  // namespace pagoda::model::cuda_kernels
+
+namespace pagoda::model::cuda_kernels {
+namespace {
+
+// Top-k log-probabilities (the draft tree's children on the device) vs a host sort in double:
+// a 128,256-token vocabulary, ties at the cut (lower id first), NaN and -inf entries, a row with
+// fewer finite logits than k (the tail is id -1, -inf), every k from 1 to 16.
+TEST(TopKKernels, MatchesAHostSort) {
+  PAGODA_REQUIRE_GPU();
+  const uint64_t seed = 0x70b6c0ffeeull ^ static_cast<uint64_t>(std::random_device{}());
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = 128256;
+  const int rows = 6;
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (auto& x : logits) x = nd(rng);
+  float* r1 = logits.data() + vocab;  // ties: 40 copies of the row's largest value
+  const float top = *std::max_element(r1, r1 + vocab) + 1.f;
+  for (int i = 0; i < 40; ++i) r1[(i * 3203 + 17) % vocab] = top;
+  float* r2 = logits.data() + 2 * vocab;  // NaN and -inf sprinkled
+  for (int i = 0; i < 500; ++i) r2[(i * 257) % vocab] = i % 2 ? NAN : -INFINITY;
+  float* r3 = logits.data() + 3 * vocab;  // only 3 finite logits
+  for (int64_t i = 0; i < vocab; ++i) r3[i] = i % 3 ? NAN : -INFINITY;
+  r3[5] = 1.f, r3[99] = 2.f, r3[70000] = 1.f;
+  float *dl = nullptr, *dp = nullptr;
+  int32_t* di = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dl), logits.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&di), size_t(rows) * 16 * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dp), size_t(rows) * 16 * 4), cudaSuccess);
+  cudaMemcpy(dl, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice);
+  for (int k = 1; k <= 16; ++k) {
+    cudaMemset(di, 0xFF, size_t(rows) * 16 * 4);
+    cudaMemset(dp, 0xFF, size_t(rows) * 16 * 4);  // NaN poison
+    ASSERT_EQ(launch_topk_logprobs(dl, rows, vocab, k, di, dp, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<int32_t> ids(size_t(rows) * k);
+    std::vector<float> lps(size_t(rows) * k);
+    cudaMemcpy(ids.data(), di, ids.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(lps.data(), dp, lps.size() * 4, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < rows; ++r) {
+      const float* x = logits.data() + int64_t(r) * vocab;
+      std::vector<int32_t> order;
+      double mx = -INFINITY;
+      for (int64_t i = 0; i < vocab; ++i) {
+        if (std::isnan(x[i])) continue;
+        order.push_back(static_cast<int32_t>(i));
+        mx = std::max(mx, double(x[i]));
+      }
+      double sum = 0;
+      for (int32_t i : order) sum += std::exp(double(x[i]) - mx);
+      const double lse = mx + std::log(sum);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+      for (int t = 0; t < k; ++t) {
+        const size_t o = size_t(r) * k + t;
+        if (t >= static_cast<int>(order.size())) {
+          EXPECT_EQ(ids[o], -1) << "row " << r << " k " << k << " t " << t;
+          EXPECT_TRUE(std::isinf(lps[o]) && lps[o] < 0) << "row " << r << " k " << k;
+          continue;
+        }
+        ASSERT_EQ(ids[o], order[size_t(t)]) << "row " << r << " k " << k << " t " << t;
+        const double want = std::min(double(x[order[size_t(t)]]) - lse, 0.0);
+        if (std::isinf(want)) {  // a -inf logit is a candidate with no mass
+          EXPECT_TRUE(std::isinf(lps[o]) && lps[o] < 0) << "row " << r << " k " << k;
+        } else {
+          EXPECT_NEAR(lps[o], want, 1e-4 * std::max(1.0, std::abs(want))) << "row " << r;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(launch_topk_logprobs(dl, rows, vocab, 17, di, dp, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_topk_logprobs(dl, rows, vocab, 0, di, dp, nullptr), cudaErrorInvalidValue);
+  cudaFree(dl);
+  cudaFree(di);
+  cudaFree(dp);
 }
 
 }  // namespace

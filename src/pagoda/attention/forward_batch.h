@@ -9,7 +9,9 @@
 ///                  extend_* are empty; num_tokens = bs (bs * topk in a multi-step draft step).
 ///   kExtend/kMixed/kDraftExtend: seq_lens[b] = extend_prefix_lens[b] + extend_seq_lens[b];
 ///                  request b's query tokens are rows [Σ_{j<b} ext_j, Σ_{j≤b} ext_j) of q.
-///                  A decode request inside kMixed has extend_seq_lens[b] = 1.
+///                  A decode request inside kMixed has extend_seq_lens[b] = 1. kDraftExtend:
+///                  extend_seq_lens[b] is request b's accepted count, 1..spec.num_steps + 1
+///                  (checked when spec.num_steps > 0), attended causally after its prefix.
 ///   kTargetVerify: seq_lens[b] is the committed length WITHOUT the draft tokens;
 ///                  extend_seq_lens[b] = spec.num_draft_tokens, extend_prefix_lens[b] = seq_lens[b];
 ///                  the kv range of request b is seq_lens[b] + num_draft_tokens, masked by

@@ -1,5 +1,6 @@
 #include "pagoda/attention/paged_plan.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "pagoda/core/check.h"
@@ -129,6 +130,13 @@ TokenRows rows_for_extend(const ForwardBatch& batch, const TableReader& table) {
     PAGODA_REQUIRE(ext >= 0 && pre >= 0 && pre + ext == batch.seq_lens[b], kInvalidArgument,
                    "{} request {}: prefix {} + extend {} != seq_len {}",
                    forward_mode_name(batch.mode), b, pre, ext, batch.seq_lens[b]);
+    if (batch.mode == ForwardMode::kDraftExtend) {
+      // At least the bonus token; at most every draft step's token plus it.
+      const int most = batch.spec.num_steps > 0 ? batch.spec.num_steps + 1 : ext;
+      PAGODA_REQUIRE(ext >= 1 && ext <= most, kInvalidArgument,
+                     "draft_extend request {}: extend_seq_lens {} accepted tokens outside [1, {}]",
+                     b, ext, std::max(most, 1));
+    }
     total += ext;
     rows.qo_lens.push_back(ext);
     table.append_prefix(b, batch.seq_lens[b], rows.slots);

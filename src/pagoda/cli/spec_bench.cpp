@@ -74,6 +74,15 @@ RunResult run_once(const SpecBenchArgs& a, model::LlamaModel& llama, platform::P
   r.stats.spec.accepted -= before.spec.accepted;
   r.stats.spec.emitted -= before.spec.emitted;
   r.stats.decode_steps -= before.decode_steps;
+  r.stats.spec_graph_steps -= before.spec_graph_steps;
+  r.stats.draft_forwards -= before.draft_forwards;
+  r.stats.draft_graph_steps -= before.draft_graph_steps;
+  r.stats.spec_time.draft_s -= before.spec_time.draft_s;
+  r.stats.spec_time.verify_s -= before.spec_time.verify_s;
+  r.stats.spec_time.accept_s -= before.spec_time.accept_s;
+  r.stats.spec_time.commit_s -= before.spec_time.commit_s;
+  r.stats.spec_time.extend_s -= before.spec_time.extend_s;
+  r.stats.spec_time.plain_forward_s -= before.spec_time.plain_forward_s;
   r.leaked = eng.leaked_pages();
   return r;
 }

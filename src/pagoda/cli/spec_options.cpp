@@ -78,6 +78,7 @@ nlohmann::json spec_stats_json(const engine::EngineConfig& cfg, const engine::En
           {"draft_tokens", cfg.spec.num_draft_tokens},
           {"rounds", st.spec_steps},
           {"verify_graph_steps", st.spec_graph_steps},
+          {"draft_forwards", st.draft_forwards},
           {"draft_graph_steps", st.draft_graph_steps},
           {"verified", st.spec.verified},
           {"drafted", st.spec.draft_tokens},
@@ -86,7 +87,15 @@ nlohmann::json spec_stats_json(const engine::EngineConfig& cfg, const engine::En
           {"acceptance_rate", st.spec.draft_tokens > 0
                                   ? static_cast<double>(st.spec.accepted) /
                                         static_cast<double>(st.spec.draft_tokens)
-                                  : 0.0}};
+                                  : 0.0},
+          {"time_s",
+           {{"draft", st.spec_time.draft_s},
+            {"verify", st.spec_time.verify_s},
+            {"accept", st.spec_time.accept_s},
+            {"commit", st.spec_time.commit_s},
+            {"draft_extend", st.spec_time.extend_s},
+            {"plain_forwards", st.spec_time.plain_forward_s},
+            {"plain_decode_steps", st.decode_steps}}}};
 }
 
 }  // namespace pagoda::cli

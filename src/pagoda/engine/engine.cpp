@@ -246,6 +246,8 @@ void Engine::build_batch(const ScheduledStep& s) {
 StepOutput Engine::step() {
   StepOutput out;
   if (spec_ready() && spec_step(out)) return out;
+  // A plain step (and a retraction inside schedule()) needs the draft pool complete.
+  if (draft_worker_ != nullptr) flush_draft_kv(scheduler_->running());
   ScheduledStep s = scheduler_->schedule();
   for (Req* r : s.aborted) {
     r->out.finish_s = now();
@@ -255,8 +257,10 @@ StepOutput Engine::step() {
 
   build_batch(s);
   if (eagle_ != nullptr) batch_.hidden_layers = eagle_feature_layers();
+  const double t_fwd = now();
   const model::WorkerOutput result = worker_->run(batch_);
   if (draft_worker_ != nullptr) draft_worker_->run(batch_);  // the draft's KV follows every step
+  stats_.spec_time.plain_forward_s += now() - t_fwd;
   if (eagle_ != nullptr) eagle_after_step(s, result);        // so does the EAGLE head's
   out.mode = s.mode;
   out.num_seqs = static_cast<int32_t>(s.seqs.size());
@@ -345,7 +349,6 @@ EngineStats Engine::stats() const {
   s.cuda_graphs = w.num_graphs;
   s.cuda_graph_steps = w.graph_steps;
   s.spec_graph_steps = w.spec_graph_steps;
-  if (draft_worker_ != nullptr) s.draft_graph_steps = draft_worker_->stats().spec_graph_steps;
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
   s.pages_total = allocator_->num_pages();

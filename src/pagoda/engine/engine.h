@@ -89,6 +89,18 @@ struct StepOutput {
   std::vector<RequestId> finished;                     ///< finished (any reason) this step
 };
 
+/// Wall time of the speculative rounds by phase, seconds (each forward waits for its ids, so a
+/// phase's time includes its device time); plain_forward_s is the plain steps' worker time
+/// (target + draft worker), to compare a round against.
+struct SpecTimes {
+  double draft_s = 0;    ///< draft forwards (draft model) or n-gram proposals
+  double verify_s = 0;   ///< the target's verify forward
+  double accept_s = 0;   ///< acceptance walk / rejection sampling on the host
+  double commit_s = 0;   ///< emit, commit_draft_slots, move_kv (enqueued), scheduler updates
+  double extend_s = 0;   ///< the draft worker's draft extend
+  double plain_forward_s = 0;
+};
+
 struct EngineStats {
   int64_t steps = 0;
   int64_t extend_steps = 0;
@@ -106,7 +118,9 @@ struct EngineStats {
   int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward)
   spec::AcceptStats spec;        ///< acceptance counters of those rounds
   int64_t spec_graph_steps = 0;  ///< verify forwards served by a graph replay
-  int64_t draft_graph_steps = 0; ///< draft-model forwards (tree steps) served by a graph replay
+  int64_t draft_forwards = 0;    ///< draft-model forwards of speculative rounds (draft steps)
+  int64_t draft_graph_steps = 0; ///< those served by a graph replay (verify or decode graph)
+  SpecTimes spec_time;
   SchedulerStats scheduler;
   cache::CacheStats cache;
   /// Load at the time of the snapshot (servers export these as gauges).
@@ -242,6 +256,9 @@ class Engine {
   /// One speculative round over the running requests; false (nothing changed) when it does not
   /// pay or fit this step (the caller then runs a normal step).
   bool spec_step(StepOutput& out);
+  /// The draft worker's K/V of the pending token (Req::draft_kv_pending) of each of `reqs` that
+  /// has one: one decode forward; clears the flags.
+  void flush_draft_kv(const std::vector<Req*>& reqs);
   /// After a round's commit: the draft model's K/V of the kept tokens (draft worker only).
   void draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
                     const std::vector<std::vector<int32_t>>& kv_nodes,

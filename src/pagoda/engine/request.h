@@ -74,6 +74,10 @@ struct Req {
   /// has no K/V yet, so kv_len == tokens.size() - 1 while decoding.
   int64_t kv_len = 0;
   bool admitted_once = false;
+  /// Speculative draft model only: the token at kv_len - 1 has no draft-model K/V yet (a fully
+  /// accepted topk-1 chain leaves it to the next round's first draft forward;
+  /// Engine::flush_draft_kv writes it before any other forward needs it).
+  bool draft_kv_pending = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   RequestOutput out;
   /// SpecMode::kEagle: the head's output at the request's last KV position (its hidden state

@@ -1,6 +1,7 @@
 // The engine's speculative loop (docs/design/spec.md): draft (n-gram or a draft ModelWorker) →
 // one kTargetVerify forward of every running request's tree → accept → commit the KV → emit.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 
@@ -69,10 +70,10 @@ constexpr uint64_t kSpecSalt = 0x5bd1e9955bd1e995ull;
 constexpr int64_t kDrawsPerToken = 1024;
 
 /// The kTargetVerify batch of `trees` (one per request, all of one size n): node i of request b
-/// at row position kv_len + i (slot slots[b * extra + i]) and RoPE position kv_len + depth(i).
+/// at row position lens[b] + i (slot node_slots[b * n + i]) and RoPE position lens[b] + depth(i).
 model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
                               const std::vector<spec::DraftTree>& trees,
-                              std::span<const SlotIndex> slots, int32_t extra,
+                              std::span<const int32_t> lens, std::span<const SlotIndex> node_slots,
                               const SpecConfig& sc) {
   model::WorkerBatch b;
   attention::ForwardBatch& f = b.forward;
@@ -82,25 +83,41 @@ model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
   f.spec.topk = sc.topk;
   f.spec.num_steps = sc.steps;
   f.spec.num_draft_tokens = n;
+  f.out_cache_loc.assign(node_slots.begin(), node_slots.end());
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Req& r = *reqs[i];
     const spec::DraftTree& t = trees[i];
     PAGODA_CHECK_EQ(t.size(), n);
-    const int32_t len = static_cast<int32_t>(r.kv_len);
+    const int32_t len = lens[i];
     f.req_pool_indices.push_back(r.cache.req_slot.value());
     f.seq_lens.push_back(len);
     f.extend_prefix_lens.push_back(len);
     f.extend_seq_lens.push_back(n);
     const std::vector<int32_t> depth = t.depths();
-    for (int32_t j = 0; j < n; ++j) {
-      f.positions.push_back(len + depth[static_cast<size_t>(j)]);
-      f.out_cache_loc.push_back(slots[i * static_cast<size_t>(extra) + static_cast<size_t>(j)]);
-    }
+    for (int32_t j = 0; j < n; ++j) f.positions.push_back(len + depth[static_cast<size_t>(j)]);
     b.input_ids.insert(b.input_ids.end(), t.tokens.begin(), t.tokens.end());
     spec::append_verify_mask(t, len, f.spec.tree_mask);
     b.sample_step.push_back(r.num_output());
   }
   return b;
+}
+
+/// The slots of every request's first n draft slots ([b * extra, b * extra + n) of `slots`).
+std::vector<SlotIndex> tree_slots(size_t nreq, std::span<const SlotIndex> slots, int32_t extra,
+                                  int32_t n) {
+  std::vector<SlotIndex> out;
+  out.reserve(nreq * static_cast<size_t>(n));
+  for (size_t b = 0; b < nreq; ++b) {
+    const auto mine = slots.subspan(b * static_cast<size_t>(extra), static_cast<size_t>(n));
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+  return out;
+}
+
+std::vector<int32_t> kv_lens(const std::vector<Req*>& reqs) {
+  std::vector<int32_t> lens;
+  for (const Req* r : reqs) lens.push_back(static_cast<int32_t>(r->kv_len));
+  return lens;
 }
 
 /// Runs `steps` draft forwards (kTargetVerify over each request's beam tree) on the draft worker
@@ -112,20 +129,27 @@ std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::
   for (const Req* r : reqs) builders.emplace_back(r->cache.tokens.back(), sc.topk, sc.steps);
   std::vector<spec::DraftTree> beams(reqs.size());
   std::vector<spec::Candidate> children;
+  const std::vector<int32_t> lens = kv_lens(reqs);
   while (!builders.front().done()) {
     for (size_t b = 0; b < reqs.size(); ++b) beams[b] = builders[b].beam_tree();
-    model::WorkerBatch batch = tree_batch(reqs, beams, slots, extra, sc);
+    const int32_t n = beams.front().size();
+    model::WorkerBatch batch =
+        tree_batch(reqs, beams, lens, tree_slots(reqs.size(), slots, extra, n), sc);
     const int32_t nf = builders.front().frontier_size();
     batch.logit_rows.assign(reqs.size(), nf);
     batch.sampling.assign(reqs.size(), model::SamplingParams{});  // greedy: argmax rows
-    batch.return_logits = sc.topk > 1;
+    batch.top_k = sc.topk > 1 ? sc.topk : 0;  // device top-k, or whole rows where there is none
     const model::WorkerOutput o = worker.run(batch);
+    const auto k = static_cast<size_t>(sc.topk);
     for (size_t b = 0; b < reqs.size(); ++b) {
       children.clear();
       for (int32_t f = 0; f < nf; ++f) {
         const size_t row = b * static_cast<size_t>(nf) + static_cast<size_t>(f);
         if (sc.topk == 1) {
           children.push_back(spec::Candidate{o.tokens[row], 0.f});
+        } else if (!o.top_ids.empty()) {
+          for (size_t t = 0; t < k; ++t)
+            children.push_back(spec::Candidate{o.top_ids[row * k + t], o.top_logprobs[row * k + t]});
         } else {
           spec::top_candidates(std::span<const float>(o.logits).subspan(row * static_cast<size_t>(vocab),
                                                                   static_cast<size_t>(vocab)),
@@ -134,6 +158,74 @@ std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::
       }
       builders[b].expand(children);
     }
+  }
+  std::vector<spec::DraftTree> trees;
+  for (const auto& b : builders) trees.push_back(b.finish(sc.num_draft_tokens));
+  return trees;
+}
+
+/// The topk-1 draft (a chain) in `steps` forwards that each compute one new node: step 0 is a
+/// two-token chain [token kv_len − 1, root] at positions kv_len − 1, kv_len (it writes the draft
+/// K/V the previous round left pending — Req::draft_kv_pending — or rewrites the same K/V, so
+/// every request has the same shape and the batch replays one verify graph); step s ≥ 1 is a
+/// decode batch of node s at position kv_len + s (slot s of the request's draft slots, already in
+/// its row), which replays the draft worker's decode graph. The chain is the one TreeBuilder
+/// builds for topk 1 (same expansion, same finish), so the trees equal draft_trees'.
+std::vector<spec::DraftTree> draft_chain(model::ModelWorker& worker, const std::vector<Req*>& reqs,
+                                         const kv::ReqToTokenTable& table,
+                                         std::span<const SlotIndex> slots, int32_t extra,
+                                         const SpecConfig& sc) {
+  const size_t nreq = reqs.size();
+  std::vector<spec::TreeBuilder> builders;
+  for (const Req* r : reqs) builders.emplace_back(r->cache.tokens.back(), 1, sc.steps);
+  std::vector<spec::Candidate> child(1);
+  auto expand = [&](const model::WorkerOutput& o) {
+    for (size_t b = 0; b < nreq; ++b) {
+      child[0] = spec::Candidate{o.tokens[b], 0.f};
+      builders[b].expand(child);
+    }
+  };
+  {  // step 0: [token at kv_len − 1, root]
+    std::vector<spec::DraftTree> pairs(nreq);
+    std::vector<int32_t> lens;
+    std::vector<SlotIndex> node_slots;
+    for (size_t b = 0; b < nreq; ++b) {
+      Req& r = *reqs[b];
+      PAGODA_CHECK(r.kv_len >= 1);
+      const auto prev = static_cast<size_t>(r.kv_len - 1);
+      pairs[b].tokens = {r.cache.tokens[prev], r.cache.tokens.back()};
+      pairs[b].parents = {-1, 0};
+      lens.push_back(static_cast<int32_t>(r.kv_len - 1));
+      node_slots.push_back(table.read(r.cache.req_slot, r.kv_len - 1, 1)[0]);
+      node_slots.push_back(slots[b * static_cast<size_t>(extra)]);
+    }
+    model::WorkerBatch batch = tree_batch(reqs, pairs, lens, node_slots, sc);
+    batch.logit_rows.assign(nreq, 1);
+    batch.sampling.assign(nreq, model::SamplingParams{});
+    expand(worker.run(batch));
+    for (Req* r : reqs) r->draft_kv_pending = false;
+  }
+  model::StepInput in{.mode = ForwardMode::kDecode, .seqs = {}, .out_cache_loc = {}};
+  model::WorkerBatch db;
+  db.logit_rows.assign(nreq, 1);
+  db.sampling.assign(nreq, model::SamplingParams{});
+  db.sample_step.assign(nreq, 0);
+  for (int32_t s = 1; !builders.front().done(); ++s) {
+    in.seqs.clear();
+    in.out_cache_loc.clear();
+    db.input_ids.clear();
+    for (size_t b = 0; b < nreq; ++b) db.input_ids.push_back(builders[b].beam_tree().tokens.back());
+    for (size_t b = 0; b < nreq; ++b) {
+      const Req& r = *reqs[b];
+      in.seqs.push_back(model::StepSequence{
+          .req_slot = r.cache.req_slot.value(),
+          .prefix_len = static_cast<int32_t>(r.kv_len + s),
+          .tokens = std::span<const int32_t>(db.input_ids).subspan(b, 1),
+          .want_logits = true});
+      in.out_cache_loc.push_back(slots[b * static_cast<size_t>(extra) + static_cast<size_t>(s)]);
+    }
+    db.forward = model::build_forward_batch(in);
+    expand(worker.run(db));
   }
   std::vector<spec::DraftTree> trees;
   for (const auto& b : builders) trees.push_back(b.finish(sc.num_draft_tokens));
@@ -185,37 +277,61 @@ bool Engine::spec_ready() {
   return true;
 }
 
+void Engine::flush_draft_kv(const std::vector<Req*>& reqs) {
+  if (draft_worker_ == nullptr) return;
+  model::StepInput in{.mode = ForwardMode::kDecode, .seqs = {}, .out_cache_loc = {}};
+  model::WorkerBatch db;
+  std::vector<Req*> todo;
+  for (Req* r : reqs)
+    if (r->draft_kv_pending && r->kv_len >= 1) todo.push_back(r);
+  for (Req* r : todo) db.input_ids.push_back(r->cache.tokens[static_cast<size_t>(r->kv_len - 1)]);
+  for (size_t i = 0; i < todo.size(); ++i) {
+    Req& r = *todo[i];
+    r.draft_kv_pending = false;
+    in.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
+                                          .prefix_len = static_cast<int32_t>(r.kv_len - 1),
+                                          .tokens = std::span<const int32_t>(db.input_ids).subspan(i, 1),
+                                          .want_logits = true});
+    in.out_cache_loc.push_back(table_->read(r.cache.req_slot, r.kv_len - 1, 1)[0]);
+  }
+  if (todo.empty()) return;
+  const size_t n = todo.size();
+  db.forward = model::build_forward_batch(in);
+  db.logit_rows.assign(n, 1);
+  db.sampling.assign(n, model::SamplingParams{});
+  db.sample_step.assign(n, 0);
+  draft_worker_->run(db);
+}
+
 void Engine::draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
                           const std::vector<std::vector<int32_t>>& kv_nodes,
                           std::span<const SlotIndex> slots, int32_t extra) {
-  // The draft pool must hold the draft model's K/V of every kept token at its final slot. With
-  // topk 1 the beam is the chain itself: nodes 0 .. steps-1 were forwarded at the slots they keep,
-  // so only a fully accepted chain needs its last node; otherwise every kept token is extended.
-  const SpecConfig& sc = config_.spec;
+  // The draft pool must hold the draft model's K/V of every kept token at its final slot. A tree
+  // (topk > 1) was forwarded at tree slots, and the kept path moved, so every kept token is
+  // extended (topk-1 chains skip this: spec_step / draft_chain).
   model::StepInput in{.mode = ForwardMode::kExtend, .seqs = {}, .out_cache_loc = {}};
   model::WorkerBatch db;
   for (size_t b = 0; b < reqs.size(); ++b) {
     const Req& r = *reqs[b];
     const int64_t keep = static_cast<int64_t>(kv_nodes[b].size());
-    const int64_t first = sc.topk == 1 ? std::min<int64_t>(keep, sc.steps) : 0;
-    if (first >= keep) continue;
-    const size_t begin = static_cast<size_t>(old_len[b] + first);
+    if (keep == 0) continue;
+    const size_t begin = static_cast<size_t>(old_len[b]);
     in.seqs.push_back(model::StepSequence{
         .req_slot = r.cache.req_slot.value(),
         .prefix_len = static_cast<int32_t>(begin),
         .tokens = std::span<const int32_t>(r.cache.tokens)
-                      .subspan(begin, static_cast<size_t>(keep - first)),
+                      .subspan(begin, static_cast<size_t>(keep)),
         .want_logits = true});
-    const auto mine = slots.subspan(b * static_cast<size_t>(extra) + static_cast<size_t>(first),
-                                    static_cast<size_t>(keep - first));
+    const auto mine =
+        slots.subspan(b * static_cast<size_t>(extra), static_cast<size_t>(keep));
     in.out_cache_loc.insert(in.out_cache_loc.end(), mine.begin(), mine.end());
     db.input_ids.insert(db.input_ids.end(), in.seqs.back().tokens.begin(),
                         in.seqs.back().tokens.end());
   }
   if (in.seqs.empty()) return;
   const size_t n = in.seqs.size();
-  // One token per request (a fully accepted topk-1 chain): a decode batch, which replays the
-  // draft worker's decode graph instead of an eager extend forward.
+  // One token per request (only the root kept): a decode batch, which replays the draft worker's
+  // decode graph instead of an eager extend forward.
   if (in.out_cache_loc.size() == n) in.mode = ForwardMode::kDecode;
   db.forward = model::build_forward_batch(in);
   db.logit_rows.assign(n, 1);
@@ -263,19 +379,35 @@ bool Engine::spec_step(StepOutput& out) {
   int32_t tree_size = 0;
   std::vector<float> verify_hidden;  // kEagle: the target's features of every tree node
   try {
-    if (sc.mode == SpecMode::kDraft)
-      trees = draft_trees(*draft_worker_, reqs, *slots, extra, sc, vocab);
+    const double t_draft = now();
+    if (sc.mode == SpecMode::kDraft) {
+      auto replays = [&] {
+        const model::WorkerStats w = draft_worker_->stats();
+        return std::array<int64_t, 2>{w.steps, w.graph_steps + w.spec_graph_steps};
+      };
+      const auto before = replays();
+      trees = sc.topk == 1 ? draft_chain(*draft_worker_, reqs, *table_, *slots, extra, sc)
+                           : draft_trees(*draft_worker_, reqs, *slots, extra, sc, vocab);
+      const auto after = replays();
+      stats_.draft_forwards += after[0] - before[0];
+      stats_.draft_graph_steps += after[1] - before[1];
+    }
     if (sc.mode == SpecMode::kEagle) trees = eagle_trees(reqs, *slots, extra);
+    stats_.spec_time.draft_s += now() - t_draft;
     tree_size = trees.front().size();
-    model::WorkerBatch vb = tree_batch(reqs, trees, *slots, extra, sc);
+    model::WorkerBatch vb = tree_batch(reqs, trees, kv_lens(reqs),
+                                       tree_slots(bs, *slots, extra, tree_size), sc);
     vb.logit_rows.assign(bs, tree_size);
     if (eagle_ != nullptr) vb.hidden_layers = eagle_feature_layers();
     for (const Req* r : reqs) {
       vb.sampling.push_back(r->sampling);
       vb.return_logits = vb.return_logits || !r->sampling.is_greedy();
     }
+    const double t_verify = now();
     model::WorkerOutput o = worker_->run(vb);
     verify_hidden = std::move(o.hidden);
+    const double t_accept = now();
+    stats_.spec_time.verify_s += t_accept - t_verify;
     std::vector<double> probs;
     for (size_t b = 0; b < bs; ++b) {
       const Req& r = *reqs[b];
@@ -304,6 +436,7 @@ bool Engine::spec_step(StepOutput& out) {
           },
           [&] { return model::counter_uniform(r.sampling.seed ^ kSpecSalt, draw++); });
     }
+    stats_.spec_time.accept_s += now() - t_accept;
   } catch (...) {
     allocator_->restore_state(backup);  // the draft slots go back; the rows are unchanged below kv_len
     throw;
@@ -341,9 +474,24 @@ bool Engine::spec_step(StepOutput& out) {
   worker_->move_kv(moves.src, moves.dst);
   for (size_t b = 0; b < bs; ++b)
     scheduler_->complete_spec(reqs[b], static_cast<int64_t>(kv_nodes[b].size()));
-  if (draft_worker_ != nullptr) draft_extend(reqs, old_len, kv_nodes, *slots, extra);
+  const double t_extend = now();
+  stats_.spec_time.commit_s += t_extend - t;
+  if (draft_worker_ != nullptr && sc.topk == 1) {
+    // A chain's nodes 0 .. steps − 1 were forwarded at the slots they keep; a longer kept chain
+    // leaves its last token to the next round's first draft forward (draft_chain), unless the
+    // request finishes now (its tokens reach the prefix cache: write them first).
+    std::vector<Req*> done;
+    for (size_t b = 0; b < bs; ++b) {
+      reqs[b]->draft_kv_pending = static_cast<int64_t>(kv_nodes[b].size()) > sc.steps;
+      if (finished[b] != 0) done.push_back(reqs[b]);
+    }
+    flush_draft_kv(done);
+  } else if (draft_worker_ != nullptr) {
+    draft_extend(reqs, old_len, kv_nodes, *slots, extra);
+  }
   if (eagle_ != nullptr)
     eagle_extend(reqs, old_len, kv_nodes, *slots, extra, verify_hidden, tree_size);
+  stats_.spec_time.extend_s += now() - t_extend;
   for (size_t b = 0; b < bs; ++b) {
     if (!finished[b]) continue;
     scheduler_->finish(reqs[b]);

@@ -120,6 +120,8 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
                  b.logit_rows.size(), b.sampling.size(), b.sample_step.size(), bs);
   for (int32_t id : b.input_ids)
     PAGODA_REQUIRE(id >= 0 && id < vocab, kOutOfRange, "token id {} outside [0, {})", id, vocab);
+  PAGODA_REQUIRE(b.top_k >= 0 && b.top_k <= kMaxTopK && b.top_k <= vocab, kInvalidArgument,
+                 "top_k {} outside [0, min({}, vocab {})]", b.top_k, kMaxTopK, vocab);
   const bool extend = f.mode != ForwardMode::kDecode && f.mode != ForwardMode::kIdle;
   PAGODA_REQUIRE(!extend || static_cast<int>(f.extend_seq_lens.size()) == bs, kInvalidArgument,
                  "extend batch has {} extend lengths for {} sequences", f.extend_seq_lens.size(),
@@ -159,11 +161,31 @@ void LlamaWorker::stage(Activations& a, std::span<const int32_t> ids,
   }
 }
 
-WorkerOutput LlamaWorker::finish(Activations& a, int64_t rows, bool want_logits) {
+WorkerOutput LlamaWorker::finish(Activations& a, int64_t rows, const WorkerBatch& b) {
   WorkerOutput out;
   out.tokens.resize(static_cast<size_t>(rows));
   int32_t* host_ids = static_cast<int32_t*>(staging_->out_ids.get());
   if (rows > 0) platform_->copy_to_host_async(host_ids, a.out_ids(), rows * sizeof(int32_t));
+  bool want_logits = b.return_logits;
+  const size_t nk = static_cast<size_t>(rows) * static_cast<size_t>(b.top_k);
+  if (nk > 0) {
+    const size_t bytes = nk * (sizeof(int32_t) + sizeof(float));
+    if (topk_dev_bytes_ < bytes) {
+      topk_dev_ = platform::make_buffer(platform_->allocator(), bytes);
+      topk_dev_bytes_ = bytes;
+    }
+    auto* ids = static_cast<int32_t*>(topk_dev_.get());
+    auto* lps = reinterpret_cast<float*>(ids + nk);
+    if (ops_->top_k_logprobs(a.logits_f32(), rows, model_->config().vocab_size, b.top_k, ids,
+                             lps)) {
+      out.top_ids.resize(nk);
+      out.top_logprobs.resize(nk);
+      platform_->copy_to_host_async(out.top_ids.data(), ids, nk * sizeof(int32_t));
+      platform_->copy_to_host_async(out.top_logprobs.data(), lps, nk * sizeof(float));
+    } else {
+      want_logits = true;  // the caller takes the top-k of the whole rows
+    }
+  }
   if (want_logits && rows > 0) {
     out.logits.resize(static_cast<size_t>(rows * model_->config().vocab_size));
     platform_->copy_to_host_async(out.logits.data(), a.logits_f32(),
@@ -224,14 +246,14 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
     graphs_[gi]->replay();
     ++stats_.graph_steps;
     stats_.padded_rows += bs - t;
-    return finish(graph_acts_, nrows, b.return_logits);
+    return finish(graph_acts_, nrows, b);
   }
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
   backend_->init_forward_metadata(f);
   decoder_->forward(eager_, f, *backend_, t, nrows);
   decoder_->sample(eager_, nrows);
-  return finish(eager_, nrows, b.return_logits);
+  return finish(eager_, nrows, b);
 }
 
 WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64_t nrows) {
@@ -256,7 +278,7 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
   decoder_->sample(eager_, nrows);
   std::vector<float> hidden(static_cast<size_t>(t * width));
   platform_->copy_to_host_async(hidden.data(), hidden_buf_.get(), bytes);
-  WorkerOutput out = finish(eager_, nrows, b.return_logits);  // synchronizes
+  WorkerOutput out = finish(eager_, nrows, b);  // synchronizes
   out.hidden = std::move(hidden);
   return out;
 }
@@ -331,7 +353,7 @@ bool LlamaWorker::run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOu
   it->second->replay();
   ++stats_.spec_graph_steps;
   stats_.padded_rows += (bs - nreq) * int64_t{n};
-  out = finish(verify_acts_, nrows, b.return_logits);
+  out = finish(verify_acts_, nrows, b);
   return true;
 }
 

@@ -85,6 +85,8 @@ class LlamaWorker final : public ModelWorker {
   /// Captured speculative (kTargetVerify) graphs.
   int num_verify_graphs() const { return static_cast<int>(verify_graphs_.size()); }
   static constexpr int kMaxVerifyGraphs = 48;
+  /// Largest WorkerBatch::top_k.
+  static constexpr int kMaxTopK = 16;
 
  private:
   struct Staging;
@@ -93,7 +95,8 @@ class LlamaWorker final : public ModelWorker {
   void stage(Activations& a, std::span<const int32_t> ids, std::span<const int32_t> positions,
              std::span<const int32_t> cache_loc, std::span<const int32_t> rows,
              std::span<const SampleRow> params);
-  WorkerOutput finish(Activations& a, int64_t rows, bool want_logits);
+  /// Copies the sampled ids back (plus the logits / top-k the batch asks for) and waits.
+  WorkerOutput finish(Activations& a, int64_t rows, const WorkerBatch& b);
   void capture_graphs();
   /// Captures forward + sample of `f` (already staged in `a`) on `backend`: one eager forward
   /// first unless `shape_known` (then set), the capture hook, two warm-ups, the capture.
@@ -126,6 +129,8 @@ class LlamaWorker final : public ModelWorker {
   /// Device buffer of captured hidden states (run_with_hidden; grow-only).
   platform::DeviceBuffer hidden_buf_;
   size_t hidden_cap_ = 0;
+  platform::DeviceBuffer topk_dev_;  ///< top-k ids then log-probs of the last step's rows
+  size_t topk_dev_bytes_ = 0;
   // Host scratch, reused per step.
   std::vector<int32_t> rows_, ids_;
   std::vector<SampleRow> params_;

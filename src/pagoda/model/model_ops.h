@@ -110,6 +110,16 @@ class ModelOps {
   virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
                       int64_t vocab) = 0;
 
+  /// Top-`k` (k in [1, 16]) log-probabilities of each logit row [rows, vocab] (f32, device
+  /// memory): ids [rows, k] sorted by logit descending then id ascending, logprobs [rows, k] =
+  /// logit − logsumexp(row) (device memory; cuda_kernels::launch_topk_logprobs). Returns false
+  /// (nothing enqueued) where the ops have no such kernel: the caller then reads whole rows.
+  virtual bool top_k_logprobs(const float* logits, int64_t rows, int64_t vocab, int k,
+                              int32_t* ids, float* logprobs) {
+    (void)logits, (void)rows, (void)vocab, (void)k, (void)ids, (void)logprobs;
+    return false;
+  }
+
   /// For every buffer in `bases` (device memory, rows of `row_bytes`) copies row src[i] to row
   /// dst[i], every source read before any destination is written (overlap-safe); enqueued on the
   /// stream. Rows must be in range (the caller checks). Returns false (nothing done) where the

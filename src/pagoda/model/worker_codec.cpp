@@ -30,6 +30,7 @@ void encode_worker_batch(const WorkerBatch& b, dist::WireWriter& w) {
   w.put_vec(b.sampling);
   w.put_vec(b.sample_step);
   w.put<uint8_t>(b.return_logits ? 1 : 0);
+  w.put<int32_t>(b.top_k);
 }
 
 void decode_worker_batch(dist::WireReader& r, WorkerBatch& b) {
@@ -58,6 +59,7 @@ void decode_worker_batch(dist::WireReader& r, WorkerBatch& b) {
   r.get_vec(b.sampling);
   r.get_vec(b.sample_step);
   b.return_logits = r.get<uint8_t>() != 0;
+  b.top_k = r.get<int32_t>();
   const size_t bs = static_cast<size_t>(f.batch_size);
   PAGODA_REQUIRE(f.batch_size >= 0 && f.req_pool_indices.size() == bs && f.seq_lens.size() == bs,
                  kInvalidArgument, "WorkerBatch message: {} rows / {} lengths for {} sequences",

@@ -46,6 +46,43 @@ TEST(PagedPlan, ExtendWithPrefixAndMixed) {
   EXPECT_THROW(build_paged_plan(batch, f.table, 4), Error);
 }
 
+TEST(PagedPlan, DraftExtendRaggedAcceptedCounts) {
+  Fixture f;
+  // A accepted 3 tokens after a 5-token prefix (positions 5..7, slots 9..11 on page 2), B
+  // accepted 1 after 2 (slot 38 on page 9).
+  ForwardBatch batch{.mode = ForwardMode::kDraftExtend, .batch_size = 2,
+                     .req_pool_indices = {f.a.value(), f.b.value()}, .seq_lens = {8, 3},
+                     .extend_prefix_lens = {5, 2}, .extend_seq_lens = {3, 1},
+                     .positions = {5, 6, 7, 2}, .out_cache_loc = {9, 10, 11, 38}};
+  batch.spec.num_steps = 3;
+  const PagedPlan p = build_paged_plan(batch, f.table, 4);
+  EXPECT_EQ(p.page_size, 4);
+  EXPECT_EQ(p.qo_indptr, (V{0, 3, 4}));
+  EXPECT_EQ(p.kv_indptr, (V{0, 2, 3}));
+  EXPECT_EQ(p.kv_indices, (V{5, 2, 9}));
+  EXPECT_EQ(p.kv_last_page_len, (V{4, 3}));
+  // No accepted token (not even the bonus) and more than num_steps + 1 are errors.
+  batch.extend_prefix_lens = {8, 2};
+  batch.extend_seq_lens = {0, 1};
+  batch.positions = {2};
+  batch.out_cache_loc = {38};
+  try {
+    build_paged_plan(batch, f.table, 4);
+    ADD_FAILURE() << "a request with 0 accepted tokens was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(e.message().find("extend_seq_lens"), std::string::npos) << e.message();
+  }
+  batch.spec.num_steps = 2;
+  batch.extend_prefix_lens = {4, 2};
+  batch.extend_seq_lens = {4, 1};
+  batch.positions = {4, 5, 6, 7, 2};
+  batch.out_cache_loc = {8, 9, 10, 11, 38};
+  EXPECT_THROW(build_paged_plan(batch, f.table, 4), Error);
+  batch.spec.num_steps = 3;
+  EXPECT_NO_THROW(build_paged_plan(batch, f.table, 4));
+}
+
 TEST(PagedPlan, TargetVerifyPacksFullMask) {
   kv::ReqToTokenTable table(2, 16);
   const ReqSlot r = *table.alloc();

@@ -63,7 +63,7 @@ std::unique_ptr<AttentionBackend> make_under_test(const BackendRegistry& registr
                                                   const BackendRequirements& req,
                                                   const BackendContext& ctx) {
   if (spec.rfind("mutant", 0) == 0) {
-    return std::make_unique<ReferenceBackend>(ctx, mutant_faults(spec), spec);
+    return make_mutant(spec, ctx);
   }
   const auto plus = spec.find('+');
   if (plus != std::string::npos) {
@@ -103,6 +103,30 @@ Tolerance tolerance_for(DType out) {
   }
 }
 
+/// kDraftExtend lengths of request b of bs: accepted tokens 1..num_steps+1 over a prefix >= 1.
+/// Request 0: one token after a few; request 1 (bs >= 3): all num_steps+1, starting on the
+/// last slot of a page (they cross into the next page); the last request: a prefix within the
+/// top eighth of max_len; the others random.
+template <typename Uniform>
+void draft_extend_lengths(const Case& c, int b, int bs, Uniform& uniform_int, int& prefix,
+                          int& ext) {
+  const int full = c.num_steps + 1;
+  if (b == 0) {
+    prefix = uniform_int(1, std::min(8, c.max_len));
+    ext = 1;
+  } else if (b == 1 && bs >= 3) {
+    const int pages = std::max(1, c.max_len / c.page_size);
+    prefix = std::max(1, uniform_int(1, pages) * c.page_size - 1);
+    ext = full;
+  } else if (b == bs - 1) {
+    prefix = uniform_int(c.max_len - c.max_len / 8, c.max_len);
+    ext = uniform_int(1, full);
+  } else {
+    prefix = uniform_int(1, c.max_len);
+    ext = uniform_int(1, full);
+  }
+}
+
 }  // namespace
 
 std::string device_of(const BackendRegistry& registry, const std::string& spec) {
@@ -138,6 +162,8 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
     if (draft || verify) {
       prefix[b] = uniform_int(1, c.max_len);
       ext[b] = draft ? 1 : D;
+    } else if (c.mode == ForwardMode::kDraftExtend) {
+      draft_extend_lengths(c, b, bs, uniform_int, prefix[b], ext[b]);
     } else if (c.long_kv > 0) {
       // Long context: even requests near long_kv keys (request 0 exactly), odd ones 1 token.
       ext[b] = decode_like ? 1 : uniform_int(1, 8);

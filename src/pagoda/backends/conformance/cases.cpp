@@ -19,6 +19,9 @@ std::string Case::describe() const {
   if (sinks) s += " sinks";
   if (long_kv > 0) s += fmt::format(" long={}", long_kv);
   if (draft_step >= 0) s += fmt::format(" draft topk={} step={}/{}", topk, draft_step, num_steps);
+  if (mode == ForwardMode::kDraftExtend) {
+    s += fmt::format(" accepted 1..{} prefix<={}", num_steps + 1, max_len);
+  }
   if (mode == ForwardMode::kTargetVerify) {
     s += fmt::format(" verify D={} topk={}{}", num_draft_tokens, topk, tree_mask ? "" : " chain");
   }
@@ -120,6 +123,49 @@ void add_long_cases(std::vector<Case>& cases, bool quick, int long_kv) {
   mla.head_dim_v = 512;
 }
 
+/// The "draft-extend" column: after verify, the draft model extends over each request's accepted
+/// tokens (1..num_steps+1 per request, ragged; num_steps 0: every request accepted one) on top of
+/// its prefix. Prefixes run from a few tokens to max_len (past the 256-key split-KV chunks in
+/// the long cases); page sizes 1/16/64, MHA / GQA / MQA, bf16 / f16 / f32 and fp8 KV, window,
+/// sinks, MLA. The case runner shapes the batch (case_runner.cpp, kDraftExtend).
+void add_draft_extend_cases(std::vector<Case>& cases, bool quick) {
+  auto add = [&](int page, Heads h, int steps) -> Case& {
+    Case c = base("draft-extend", ForwardMode::kDraftExtend, page, h, 128);
+    c.num_steps = steps;
+    c.batch_size = 4;
+    cases.push_back(c);
+    return cases.back();
+  };
+  add(16, kGqa, 3);
+  add(1, kMha, 3);
+  Case& fp8 = add(64, kGqa, 3);
+  fp8.kv_dtype = DType::kFp8E4M3;
+  fp8.k_scale = 0.5f;
+  fp8.v_scale = 2.0f;
+  add(16, kGqa, 0).max_len = quick ? 600 : 1100;  // all accepted one: decode-shaped, split-KV
+  if (quick) return;
+  add(1, kGqa, 3);
+  add(16, kMha, 3);
+  add(64, kMha, 3);
+  Case& f16 = add(16, kGqa, 5);
+  f16.q_dtype = f16.kv_dtype = DType::kF16;
+  Case& f32 = add(64, kMqa, 3);
+  f32.q_dtype = f32.kv_dtype = DType::kF32;
+  Case& e5m2 = add(1, kGqa, 3);
+  e5m2.kv_dtype = DType::kFp8E5M2;
+  e5m2.k_scale = 0.5f;
+  e5m2.v_scale = 2.0f;
+  add(16, kGqa, 5).max_len = 1100;  // ragged over long prefixes
+  add(64, kGqa, 0).max_len = 1100;
+  add(16, kGqa, 3).window_left = 9;
+  add(64, kGqa, 3).sinks = true;
+  Case& mla = add(64, Heads{8, 1}, 3);
+  mla.mla = true;
+  mla.head_dim_qk = 576;
+  mla.head_dim_v = 512;
+  mla.max_len = 130;
+}
+
 std::vector<Case> make_cases(bool quick, int long_kv) {
   std::vector<Case> cases;
   const std::vector<int> pages = pick(quick, {16}, {1, 16, 64});
@@ -197,6 +243,7 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
     }
   }
   if (long_kv > 0) add_long_cases(cases, quick, long_kv);
+  add_draft_extend_cases(cases, quick);
   return cases;
 }
 

@@ -24,7 +24,9 @@
 /// printed under the matrix; a backend that throws on a case it declares supported fails it.
 /// The "long" column crosses split-KV chunks and hundreds of pages (kv up to Options::long_kv,
 /// 4,096 by default), with batches mixing 1-token and long requests; its LSE check resolves a
-/// single dropped key (oracle.h).
+/// single dropped key (oracle.h). The "draft-extend" column runs kDraftExtend batches: ragged
+/// accepted counts (1..num_steps+1, some requests with one) over prefixes from a few tokens to
+/// past the split-KV chunk size, some accepted runs crossing a page boundary.
 
 #include <cstdint>
 #include <string>
@@ -61,7 +63,7 @@ struct Case {
   int max_len = 90;  ///< upper bound of the random prefix / sequence lengths
   // Speculative decoding.
   int topk = 1;
-  int num_steps = 3;
+  int num_steps = 3;         ///< draft steps; kDraftExtend: 1..num_steps+1 accepted per request
   int draft_step = -1;       ///< >= 0: multi-step draft step (mode kDecode)
   int num_draft_tokens = 0;  ///< kTargetVerify: tree size D
   bool tree_mask = true;     ///< kTargetVerify: pass the FULL_MASK (false: chain, no mask)
@@ -88,7 +90,8 @@ struct MutantInfo {
 };
 /// Every mutant: causal shift, dropped sinks, window off by one, soft cap skipped, one mask bit
 /// flipped, page index off by one, split-KV merge with a wrong LSE, fp8 scale ignored, wrong GQA
-/// head mapping.
+/// head mapping; and two draft-extend planning faults in front of the reference (draft extend
+/// planned as decode; each request's kv range one key short, its last accepted token left out).
 const std::vector<MutantInfo>& mutant_family();
 /// The family member named `spec`, or nullptr.
 const MutantInfo* find_mutant(const std::string& spec);

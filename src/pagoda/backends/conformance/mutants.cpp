@@ -1,17 +1,107 @@
-// The mutant family: one ReferenceFaults fault each, and the column that must catch it.
+// The mutant family: one fault each (a ReferenceFaults fault of the reference oracle, or a
+// draft-extend planning fault in front of the reference backend), and the column that must
+// catch it.
 #include <fmt/format.h>
 
+#include "pagoda/attention/backend.h"
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/backends/conformance/tensors.h"
+#include "pagoda/backends/reference/reference_backend.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::backends::conformance {
 
+using attention::ForwardBatch;
+using attention::ForwardMode;
+
 namespace {
+
+/// A fault in how a backend plans a kDraftExtend batch (the arithmetic stays the reference's).
+enum class DraftExtendFault : uint8_t {
+  kNone,
+  kAsDecode,  ///< every accepted token planned as a decode row over its request's whole kv
+  kKvShort,   ///< each request's kv range ends one key early (its last accepted token's key)
+};
 
 struct Member {
   MutantInfo info;
   ReferenceFaults faults;
+  DraftExtendFault draft_extend = DraftExtendFault::kNone;
+};
+
+/// The batch a backend with `fault` would plan for the kDraftExtend batch `b`.
+ForwardBatch rewrite_draft_extend(const ForwardBatch& b, DraftExtendFault fault) {
+  ForwardBatch r = b;
+  if (fault == DraftExtendFault::kAsDecode) {
+    // One decode row per query token, each over the request's full seq_len: the accepted tokens
+    // see each other both ways (exact only for a request with one accepted token).
+    r.mode = ForwardMode::kDecode;
+    r.batch_size = b.num_tokens();
+    r.req_pool_indices.clear();
+    r.seq_lens.clear();
+    r.extend_prefix_lens.clear();
+    r.extend_seq_lens.clear();
+    for (int i = 0; i < b.batch_size; ++i) {
+      for (int t = 0; t < b.extend_seq_lens[i]; ++t) {
+        r.req_pool_indices.push_back(b.req_pool_indices[i]);
+        r.seq_lens.push_back(b.seq_lens[i]);
+      }
+    }
+  } else if (fault == DraftExtendFault::kKvShort) {
+    // kv = seq_len - 1 keys under the same queries: bottom-right causal alignment shifts every
+    // query one key back, so no request sees its last accepted token.
+    for (int i = 0; i < b.batch_size; ++i) {
+      PAGODA_REQUIRE(b.extend_prefix_lens[i] >= 1, kInvalidArgument,
+                     "mutant: draft-extend request {} has no prefix", i);
+      --r.seq_lens[i];
+      --r.extend_prefix_lens[i];
+    }
+  }
+  return r;
+}
+
+/// The reference backend behind a draft-extend planning fault: kDraftExtend batches are
+/// rewritten before they reach it, every other mode passes through unchanged.
+class DraftExtendMutant final : public attention::AttentionBackend {
+ public:
+  DraftExtendMutant(std::unique_ptr<attention::AttentionBackend> inner, DraftExtendFault fault)
+      : inner_(std::move(inner)), fault_(fault) {}
+
+  std::string name() const override { return inner_->name(); }
+  const attention::BackendCapabilities& capabilities() const override {
+    return inner_->capabilities();
+  }
+  void init_forward_metadata(const ForwardBatch& batch) override {
+    rewritten_ = batch.mode == ForwardMode::kDraftExtend ? rewrite_draft_extend(batch, fault_)
+                                                         : batch;
+    inner_->init_forward_metadata(rewritten_);
+  }
+  void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out, attention::SaveKv save) override {
+    pass_lse();
+    if (batch.mode == ForwardMode::kDraftExtend) {
+      inner_->forward(q, k, v, layer, rewritten_, out, save);
+    } else {
+      inner_->forward_extend(q, k, v, layer, batch, out, save);
+    }
+  }
+  void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out, attention::SaveKv save) override {
+    pass_lse();
+    inner_->forward_decode(q, k, v, layer, batch, out, save);
+  }
+
+ private:
+  void pass_lse() {
+    inner_->set_lse_output(lse_);
+    lse_ = TensorView();
+  }
+
+  std::unique_ptr<attention::AttentionBackend> inner_;
+  DraftExtendFault fault_;
+  ForwardBatch rewritten_;
 };
 
 const std::vector<Member>& members() {
@@ -32,6 +122,14 @@ const std::vector<Member>& members() {
        {.ignore_kv_scale = true}},
       {{"mutant:gqa-map", "decode", "q head h reads kv head h % Hkv (not h / group)"},
        {.interleaved_gqa = true}},
+      {{"mutant:dext-as-decode", "draft-extend",
+        "draft extend planned as decode (each accepted token sees its request's whole kv)"},
+       {},
+       DraftExtendFault::kAsDecode},
+      {{"mutant:dext-drop-last", "draft-extend",
+        "draft-extend kv range one key short (each request's last accepted token left out)"},
+       {},
+       DraftExtendFault::kKvShort},
   };
   return all;
 }
@@ -55,14 +153,28 @@ const MutantInfo* find_mutant(const std::string& spec) {
   return nullptr;
 }
 
-ReferenceFaults mutant_faults(const std::string& spec) {
+namespace {
+
+const Member& member(const std::string& spec) {
   const std::string name = spec == "mutant" ? "mutant:causal-shift" : spec;
   for (const Member& m : members()) {
-    if (m.info.spec == name) return m.faults;
+    if (m.info.spec == name) return m;
   }
   std::string names;
   for (const Member& m : members()) names += (names.empty() ? "" : ", ") + m.info.spec;
   throw_error(ErrorCode::kInvalidArgument, "--backends: unknown mutant '{}' (known: {}; \"mutant\" runs them all)", spec, names);
+}
+
+}  // namespace
+
+ReferenceFaults mutant_faults(const std::string& spec) { return member(spec).faults; }
+
+std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec,
+                                                         const attention::BackendContext& ctx) {
+  const Member& m = member(spec);
+  auto reference = std::make_unique<ReferenceBackend>(ctx, m.faults, spec);
+  if (m.draft_extend == DraftExtendFault::kNone) return reference;
+  return std::make_unique<DraftExtendMutant>(std::move(reference), m.draft_extend);
 }
 
 }  // namespace pagoda::backends::conformance

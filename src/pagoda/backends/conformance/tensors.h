@@ -3,9 +3,11 @@
 /// and answer, and the comparison. Not part of the public API.
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "pagoda/attention/backend.h"
 #include "pagoda/attention/layer.h"
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/backends/reference/reference_batch_attention.h"
@@ -68,6 +70,10 @@ struct Expected {
 /// The fault of mutant `spec` ("mutant:<name>" or "mutant"); Error(kInvalidArgument) naming the
 /// family when unknown.
 ReferenceFaults mutant_faults(const std::string& spec);
+/// Mutant `spec` as a backend over `ctx`: the reference with its ReferenceFaults, behind a
+/// draft-extend planning fault for the draft-extend members. Errors as mutant_faults().
+std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec,
+                                                         const attention::BackendContext& ctx);
 
 /// Checks every output element was written (no NaN left from the poisoning) and is within
 /// atol + rtol * |expected|; LSE (when given) within expected.lse_tol, -inf exactly.

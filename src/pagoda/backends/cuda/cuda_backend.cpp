@@ -1,5 +1,7 @@
 #include "pagoda/backends/cuda/cuda_backend.h"
 
+#include <algorithm>
+
 #include "pagoda/attention/host_paged_backend.h"
 #include "pagoda/attention/kv_access.h"
 #include "pagoda/core/error.h"
@@ -57,9 +59,13 @@ const BackendCapabilities& CudaBackend::capabilities() const {
 }
 
 void CudaBackend::init_forward_metadata(const ForwardBatch& batch) {
+  plan_step(batch, batch.out_cache_loc);
+}
+
+void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> cache_loc) {
   PagedPlan plan = build_paged_plan(batch, *ctx_.req_to_token, ctx_.kv_pool->page_size());
   if (last_shape_) attn_->plan(plan.input(), *last_shape_);
-  attn_->upload_cache_loc(batch.out_cache_loc);
+  attn_->upload_cache_loc(cache_loc);
   shape_ = last_shape_;
   plan_ = std::move(plan);
   planned_ = true;
@@ -182,11 +188,31 @@ void CudaBackend::init_forward_metadata_capture_cuda_graph(const ForwardBatch& b
     cap.max_mask_bytes = int64_t(graph_max_tokens_) * (ctx_len + graph_max_tokens_) / 8 + graph_max_bs_;
     attn_->enable_graph_mode(cap, *last_shape_);
   }
-  init_forward_metadata(batch);
+  plan_graph_step(batch);
 }
 
 void CudaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& batch) {
-  init_forward_metadata(batch);
+  plan_graph_step(batch);
+}
+
+void CudaBackend::plan_graph_step(const ForwardBatch& batch) {
+  if (batch.mode != ForwardMode::kDraftExtend) {
+    plan_step(batch, batch.out_cache_loc);
+    return;
+  }
+  // A draft-extend graph keeps the prefill kernel it captured, whatever the accepted counts
+  // (all ones would plan the decode kernel); its replay may carry fewer tokens than the capture,
+  // so the append's rows past the batch's write the padding slot 0.
+  std::vector<int32_t> loc(batch.out_cache_loc.begin(), batch.out_cache_loc.end());
+  loc.resize(std::max(loc.size(), static_cast<size_t>(graph_max_tokens_)), 0);
+  attn_->set_force_prefill(true);
+  try {
+    plan_step(batch, loc);
+  } catch (...) {
+    attn_->set_force_prefill(false);
+    throw;
+  }
+  attn_->set_force_prefill(false);
 }
 
 void register_cuda_backend(BackendRegistry& registry) {

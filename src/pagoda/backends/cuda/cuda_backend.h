@@ -11,11 +11,18 @@
 /// capture hook freezes them (needs one eager forward before, so the layer shape is known);
 /// capture and replay hooks re-plan into the same addresses; launches use capacity-sized grids
 /// whose blocks read the real counts. Capture on stream(). Not thread-safe.
+/// Graphable modes: kDecode, kTargetVerify, kIdle and kDraftExtend. A kDraftExtend graph is
+/// captured for a bucket of B requests and N tokens (e.g. B * (num_steps + 1)); a replay batch
+/// has at most B requests (padded with row-0, 1-token requests) and at most N tokens, any
+/// accepted counts: the prefill kernel is kept (never the decode one, even when every request
+/// accepted one token), and the captured K/V append's rows past the batch's tokens write slot 0
+/// (N must not exceed init_cuda_graph_state's max_num_tokens).
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "pagoda/attention/backend.h"
 #include "pagoda/attention/paged_plan.h"
@@ -54,6 +61,11 @@ class CudaBackend final : public attention::AttentionBackend {
   static attention::BackendCapabilities static_capabilities();
 
  private:
+  /// Plans `batch` and uploads `cache_loc` (its out_cache_loc, or that padded with slot 0).
+  void plan_step(const attention::ForwardBatch& batch, std::span<const int32_t> cache_loc);
+  /// The capture / replay plan; kDraftExtend: the prefill kernel kept, out_cache_loc padded
+  /// with slot 0 to the graph's token capacity.
+  void plan_graph_step(const attention::ForwardBatch& batch);
   void run(const TensorView& q, const TensorView& k, const TensorView& v,
            const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
            const TensorView& out, attention::SaveKv save);

@@ -19,7 +19,7 @@ using attention::RunParams;
 struct CudaBatchAttention::Layout {
   size_t counts = 0, qo_indptr = 0, kv_indptr = 0, kv_last = 0;
   size_t item_req = 0, item_a = 0, item_b = 0, item_partial = 0;
-  size_t merge_req = 0, merge_begin = 0, merge_count = 0;
+  size_t merge_req = 0, merge_begin = 0, merge_count = 0, merge_tok = 0;
   size_t kv_indices = 0, mask_indptr = 0, mask_free = 0, mask = 0, cache_loc = 0, total = 0;
   /// (offset, bytes) of every array, in the order above (the same order for every capacity).
   std::vector<std::pair<size_t, size_t>> regions;
@@ -40,9 +40,12 @@ struct CudaBatchAttention::Layout {
     item_a = take(4 * size_t(items));
     item_b = take(4 * size_t(items));
     item_partial = take(4 * size_t(items));
-    merge_req = take(4 * size_t(bs));
-    merge_begin = take(4 * size_t(bs));
-    merge_count = take(4 * size_t(bs));
+    // Merge rows: one per request (decode) or per query token (prefill split).
+    const size_t merges = size_t(std::max(bs, tokens));
+    merge_req = take(4 * merges);
+    merge_begin = take(4 * merges);
+    merge_count = take(4 * merges);
+    merge_tok = take(4 * merges);
     kv_indices = take(4 * size_t(pages));
     mask_indptr = take(8 * size_t(bs + 1));
     mask_free = take(4 * size_t(bs));  // between mask_indptr and mask: one upload for all three
@@ -227,11 +230,16 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   const int bs = in.batch_size();
   ScheduleConfig cfg;
   cfg.sm_count = sm_count_;
+  cfg.force_prefill = force_prefill_;
   cfg.fast_path = kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                           shape.head_dim_qk, shape.head_dim_v);
   if (cfg.fast_path) {
     cfg.decode_blocks_per_sm = kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
                                                         shape.head_dim_qk);
+  }
+  if (graph_mode_) {  // a split must fit the frozen arena and workspace
+    cfg.max_items = cap_items_;
+    cfg.max_partial_floats = cap_partial_floats_;
   }
   Schedule sched = build_schedule(in, shape, cfg);
   const int64_t pages = in.kv_indptr[bs];
@@ -245,7 +253,8 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   cuda_check(cudaEventSynchronize(upload_done_), "cudaEventSynchronize");
   auto* host = static_cast<unsigned char*>(staging_.get());
   const Layout& L = *layout_;
-  const int32_t counts[4] = {bs, sched.num_items(), sched.num_merges(), 0};
+  const int32_t counts[4] = {bs, sched.num_items(), sched.num_merges(),
+                             sched.path == KernelPath::kPrefill ? sched.chunk_tokens : 0};
   std::memcpy(host + L.counts, counts, sizeof(counts));
   put(host, L.qo_indptr, in.qo_indptr);
   put(host, L.kv_indptr, in.kv_indptr);
@@ -257,6 +266,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   put(host, L.merge_req, std::span<const int32_t>(sched.merge_req));
   put(host, L.merge_begin, std::span<const int32_t>(sched.merge_begin));
   put(host, L.merge_count, std::span<const int32_t>(sched.merge_count));
+  put(host, L.merge_tok, std::span<const int32_t>(sched.merge_tok));
   put(host, L.kv_indices, in.kv_indices.subspan(0, size_t(pages)));
   auto* dev = static_cast<unsigned char*>(arena_.get());
   cuda_check(cudaMemcpyAsync(dev, host, L.kv_indices + size_t(pages) * 4, cudaMemcpyHostToDevice,
@@ -407,6 +417,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.plan.merge_req = i32(L.merge_req);
   a.plan.merge_begin = i32(L.merge_begin);
   a.plan.merge_count = i32(L.merge_count);
+  a.plan.merge_tok = i32(L.merge_tok);
   a.plan.mask_free_cols = has_mask_ ? i32(L.mask_free) : nullptr;
   a.page_size = page_size_;
   a.q = q.data();
@@ -464,7 +475,9 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
       if (st.is_ok() && (graph_mode_ || schedule_.num_merges() > 0)) st = kc::launch_merge(a, stream_);
       return st;
     case KernelPath::kPrefill:
-      return kc::launch_prefill(a, stream_);
+      st = kc::launch_prefill(a, stream_);
+      if (st.is_ok() && (graph_mode_ || schedule_.num_merges() > 0)) st = kc::launch_merge(a, stream_);
+      return st;
     case KernelPath::kGeneric:
       return kc::launch_generic(a, stream_);
   }

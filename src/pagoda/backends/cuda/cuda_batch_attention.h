@@ -49,6 +49,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
   /// whose blocks read the real counts from the arena. Requires a later plan() per step.
   void enable_graph_mode(const GraphCapacity& cap, const attention::AttentionShape& shape);
   bool graph_mode() const { return graph_mode_; }
+  /// Later plans take the prefill path even for one query per request (ScheduleConfig).
+  void set_force_prefill(bool on) { force_prefill_ = on; }
 
   /// Device slots for this step's out_cache_loc (the backend's KV append); capacity max_tokens.
   /// Uploaded with the plan by upload_cache_loc().
@@ -57,6 +59,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
 
   /// Kernel path of the current plan ("decode", "prefill", "generic").
   KernelPath path() const { return schedule_.path; }
+  /// Keys per split-KV chunk of the planned step (0 = not split).
+  int split_chunk() const { return schedule_.chunk_tokens; }
   const Schedule& schedule() const { return schedule_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -69,6 +73,7 @@ class CudaBatchAttention final : public attention::BatchAttention {
   cudaStream_t stream_ = nullptr;
   int sm_count_ = 132;
   bool graph_mode_ = false;
+  bool force_prefill_ = false;
   // capacities
   int cap_bs_ = 0, cap_items_ = 0, cap_tokens_ = 0;
   int64_t cap_pages_ = 0, cap_mask_ = 0;

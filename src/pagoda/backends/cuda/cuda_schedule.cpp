@@ -82,6 +82,51 @@ int64_t items_for(const std::vector<int32_t>& len, int chunk) {
   return n;
 }
 
+/// The prefill split-KV chunk (keys, a multiple of 128) for a step of `tiles` row tiles, or 0.
+int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
+                        const ScheduleConfig& config, const std::vector<int32_t>& len,
+                        int64_t tiles) {
+  constexpr int kAlign = 128;  // the kernels' key tile
+  const int bs = in.batch_size();
+  const int nnz = bs > 0 ? in.qo_indptr[bs] : 0;
+  const int64_t wave = int64_t(config.sm_count) * std::max(config.prefill_blocks_per_sm, 1);
+  const int64_t blocks = tiles * shape.num_kv_heads;
+  const int32_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
+  if (!config.allow_split || nnz == 0 || nnz > config.prefill_split_max_tokens || blocks == 0 ||
+      2 * blocks > wave || longest < 2 * std::max(config.min_chunk_tokens, kAlign)) {
+    return 0;
+  }
+  auto cost = [&](int chunk, int64_t& items, int64_t& partials) {
+    items = partials = 0;
+    for (int b = 0; b < bs; ++b) {
+      const int qo = in.qo_indptr[b + 1] - in.qo_indptr[b];
+      if (qo == 0) continue;
+      const int n = std::max(1, (len[b] + chunk - 1) / chunk);
+      const int rows = qo * (shape.num_qo_heads / shape.num_kv_heads);
+      const int row_tiles = (rows + kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk) - 1) /
+                            kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk);
+      items += int64_t(row_tiles) * n;
+      if (n > 1) partials += int64_t(qo) * n;
+    }
+  };
+  // The smallest aligned chunk whose blocks fit one wave, then within the capacities.
+  const int64_t per_tile = std::max<int64_t>(1, wave / blocks);
+  int chunk = static_cast<int>((longest + per_tile - 1) / per_tile);
+  chunk = std::max(chunk, config.min_chunk_tokens);
+  chunk = (chunk + kAlign - 1) / kAlign * kAlign;
+  for (; chunk < longest; chunk += kAlign) {
+    int64_t items = 0, partials = 0;
+    cost(chunk, items, partials);
+    const bool fits_items = config.max_items <= 0 || items <= config.max_items;
+    const bool fits_ws = config.max_partial_floats <= 0 ||
+                         partials * shape.num_qo_heads * shape.head_dim_v <=
+                             config.max_partial_floats;
+    if (fits_items && fits_ws) return chunk;
+    if (chunk > longest / 2) break;  // two chunks at most: no longer worth splitting
+  }
+  return 0;
+}
+
 }  // namespace
 
 Schedule build_schedule(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
@@ -98,7 +143,7 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
     return s;
   }
   const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
-  if (all_single && !has_mask) {
+  if (all_single && !has_mask && !config.force_prefill) {
     s.path = KernelPath::kDecode;
     const int units = shape.num_kv_heads * ((group + kMaxGroupPerBlock - 1) / kMaxGroupPerBlock);
     const int64_t max_grid = int64_t(config.sm_count) * config.decode_blocks_per_sm;
@@ -127,6 +172,7 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
       s.merge_req.push_back(b);
       s.merge_begin.push_back(s.num_partials);
       s.merge_count.push_back(n);
+      s.merge_tok.push_back(0);
       for (int c = 0; c < n; ++c) {
         s.item_req.push_back(b);
         s.item_a.push_back(c * chunk);
@@ -156,11 +202,40 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
   }
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& x, const Tile& y) { return x.work > y.work; });
+  const int chunk = prefill_split_chunk(in, shape, config, len, static_cast<int64_t>(tiles.size()));
+  if (chunk == 0) {
+    for (const Tile& t : tiles) {
+      s.item_req.push_back(t.b);
+      s.item_a.push_back(t.t);
+      s.item_b.push_back(0);
+      s.item_partial.push_back(-1);
+    }
+    return s;
+  }
+  s.chunk_tokens = chunk;
+  std::vector<int32_t> base(static_cast<size_t>(bs), -1);
+  for (int b = 0; b < bs; ++b) {
+    const int qo = in.qo_indptr[b + 1] - in.qo_indptr[b];
+    const int n = std::max(1, (len[b] + chunk - 1) / chunk);
+    if (qo == 0 || n == 1) continue;
+    base[b] = s.num_partials;
+    for (int t = 0; t < qo; ++t) {
+      s.merge_req.push_back(b);
+      s.merge_begin.push_back(s.num_partials + t * n);
+      s.merge_count.push_back(n);
+      s.merge_tok.push_back(t);
+    }
+    s.num_partials += qo * n;
+  }
+  // Chunk-major over the heaviest-first tiles: every chunk of a tile runs about as long.
   for (const Tile& t : tiles) {
-    s.item_req.push_back(t.b);
-    s.item_a.push_back(t.t);
-    s.item_b.push_back(0);
-    s.item_partial.push_back(-1);
+    const int n = std::max(1, (len[t.b] + chunk - 1) / chunk);
+    for (int c = 0; c < n; ++c) {
+      s.item_req.push_back(t.b);
+      s.item_a.push_back(t.t);
+      s.item_b.push_back(c);
+      s.item_partial.push_back(base[t.b] < 0 ? -1 : base[t.b] + c);
+    }
   }
   return s;
 }

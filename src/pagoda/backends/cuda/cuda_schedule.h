@@ -20,6 +20,17 @@ struct ScheduleConfig {
   bool fast_path = true;          ///< a tuned instantiation exists for the shape
   bool allow_split = true;
   int min_chunk_tokens = 256;     ///< never split a request into chunks smaller than this
+  /// Prefill split-KV (short extends and tree verify over long contexts): only for steps of at
+  /// most this many query tokens whose blocks fill less than half the GPU.
+  int prefill_split_max_tokens = 128;
+  int prefill_blocks_per_sm = 1;  ///< resident prefill blocks per SM
+  /// Capacities a split must respect (0 = unbounded): work items and partial-state floats
+  /// (partials × Hq × Dv) — a CUDA-graph arena's frozen sizes.
+  int max_items = 0;
+  int64_t max_partial_floats = int64_t{16} << 20;
+  /// Take the prefill path even when every request has one query (a captured draft-extend
+  /// graph must keep its kernel whatever the accepted counts of the replayed batch).
+  bool force_prefill = false;
 };
 
 /// The schedule: work items (request, a, b, partial) and merge rows (request, first partial,
@@ -27,9 +38,9 @@ struct ScheduleConfig {
 struct Schedule {
   KernelPath path = KernelPath::kGeneric;
   std::vector<int32_t> item_req, item_a, item_b, item_partial;
-  std::vector<int32_t> merge_req, merge_begin, merge_count;
+  std::vector<int32_t> merge_req, merge_begin, merge_count, merge_tok;
   int num_partials = 0;
-  int chunk_tokens = 0;           ///< decode split size (0 = no split)
+  int chunk_tokens = 0;           ///< split size in keys (0 = no split; decode or prefill path)
   int nnz_qo = 0;
   int num_items() const { return static_cast<int>(item_req.size()); }
   int num_merges() const { return static_cast<int>(merge_req.size()); }
@@ -47,7 +58,12 @@ std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in);
 /// requests are cut into equal token chunks (smallest chunk with
 /// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 16)), so
 /// skewed lengths still fill the GPU. Prefill path: one item per (request,
-/// kernels::cuda::prefill_rows_per_tile(Dqk) packed rows), heaviest (most visible keys) first.
+/// kernels::cuda::prefill_rows_per_tile(Dqk) packed rows), heaviest (most visible keys) first;
+/// a step of few query tokens (<= prefill_split_max_tokens) whose blocks fill under half the GPU
+/// cuts every request's keys into chunks of chunk_tokens (a multiple of 128) so about one wave
+/// of blocks runs: items (request, tile, chunk) for every chunk of the request (an empty one
+/// still writes its partial), partial slots token-major (token t, chunk c of request b at
+/// base_b + t · n_b + c), one merge row per (request, token) with n_b > 1.
 Schedule build_schedule(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
                         const ScheduleConfig& config);
 

@@ -23,7 +23,9 @@ struct PagedCache {
 
 /// The step's plan on the device. All int32 unless noted; written by the host planner.
 struct DevicePlan {
-  const int32_t* counts = nullptr;          ///< [0] batch size, [1] work items, [2] merge rows
+  /// [0] batch size, [1] work items, [2] merge rows, [3] prefill split-KV chunk (keys; 0 = the
+  /// prefill items are not split). In device memory, so a graph replay sees each plan's values.
+  const int32_t* counts = nullptr;
   const int32_t* qo_indptr = nullptr;       ///< [bs + 1]
   const int32_t* kv_indptr = nullptr;       ///< [bs + 1] pages
   const int32_t* kv_indices = nullptr;      ///< page ids
@@ -32,11 +34,15 @@ struct DevicePlan {
   const int64_t* mask_indptr = nullptr;     ///< [bs + 1] byte offsets
   const int32_t* item_req = nullptr;        ///< work item -> request
   const int32_t* item_a = nullptr;          ///< decode: kv begin; prefill: packed-row tile index
-  const int32_t* item_b = nullptr;          ///< decode: kv end
-  const int32_t* item_partial = nullptr;    ///< decode: partial slot, -1 = write the output
+  const int32_t* item_b = nullptr;          ///< decode: kv end; prefill: kv chunk index (split)
+  /// -1 = write the output. Decode: the partial slot. Prefill (split): the request's first slot
+  /// plus the chunk index; query token t of the request (0-based) writes slot
+  /// item_partial + t · ceil(kv_len / counts[3]).
+  const int32_t* item_partial = nullptr;
   const int32_t* merge_req = nullptr;       ///< merge row -> request
-  const int32_t* merge_begin = nullptr;     ///< first partial slot of that request
+  const int32_t* merge_begin = nullptr;     ///< first partial slot of the row (consecutive slots)
   const int32_t* merge_count = nullptr;     ///< number of partial slots
+  const int32_t* merge_tok = nullptr;       ///< query token of the row within its request
   /// [bs] per request (read only with custom_mask): the largest c <= kv_len such that every
   /// row's mask bits in columns [0, c) are 1 (a tree verify's cached prefix), so key tiles inside
   /// [0, c) skip the per-logit bit tests. nullptr = 0 for every request.

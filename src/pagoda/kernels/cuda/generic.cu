@@ -87,15 +87,14 @@ __global__ void __launch_bounds__(128) generic_kernel(AttentionArgs a, LogitTran
   if (lane == 0 && a.lse != nullptr) a.lse[token * a.lse_stride_n + head * a.lse_stride_h] = lse;
 }
 
-__global__ void __launch_bounds__(128) merge_kernel(AttentionArgs a) {
+/// One merge row: the (O, lse) partials of one query token's split chunks, sinks folded in.
+__device__ void merge_row(const AttentionArgs& a, int r) {
   const DevicePlan& plan = a.plan;
-  const int r = blockIdx.x;
-  if (r >= plan.counts[2]) return;
   const int b = plan.merge_req[r];
   const int p0 = plan.merge_begin[r];
   const int np = plan.merge_count[r];
   const int head = blockIdx.y;
-  const int row = plan.qo_indptr[b];
+  const int row = plan.qo_indptr[b] + (plan.merge_tok != nullptr ? plan.merge_tok[r] : 0);
   const int D = a.head_dim_v;
   float mm = a.sinks != nullptr ? a.sinks[head] * kLog2e : neg_inf();
   float best = neg_inf();
@@ -122,6 +121,11 @@ __global__ void __launch_bounds__(128) merge_kernel(AttentionArgs a) {
   if (threadIdx.x == 0 && a.lse != nullptr) {
     a.lse[row * a.lse_stride_n + head * a.lse_stride_h] = empty ? neg_inf() : mm + log2f(total);
   }
+}
+
+__global__ void __launch_bounds__(128) merge_kernel(AttentionArgs a) {
+  const DevicePlan& plan = a.plan;
+  for (int r = blockIdx.x; r < plan.counts[2]; r += gridDim.x) merge_row(a, r);
 }
 
 __global__ void append_kv_kernel(AppendArgs a) {

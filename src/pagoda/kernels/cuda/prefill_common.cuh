@@ -10,8 +10,11 @@ namespace pagoda::kernels::cuda::detail {
 
 /// A prefill work item: packed rows [r0, r0 + tile_rows) of request b (packed row r is query
 /// token r / G, head hkv * G + r % G) and the keys [lo, hi) its rows can see.
+/// Split-KV items (DevicePlan::counts[3] > 0) see only their chunk's keys and write partial
+/// states (partial >= 0: slot of query token t = partial + t · nchunks) for the merge kernel.
 struct PrefillWork {
   int b = 0, r0 = 0, q_begin = 0, rows = 0, qoff = 0, lo = 0, hi = 0, ntiles = 0;
+  int partial = -1, nchunks = 1;
   MaskInfo mask;
 };
 
@@ -37,6 +40,14 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   w.hi = kv_len;
   if (w.mask.bits == nullptr && w.mask.causal) w.hi = min(kv_len, w.qoff + t_last + 1);
   if (w.mask.window >= 0) w.lo = max(0, w.qoff + t_first - w.mask.window);
+  const int chunk = plan.counts[3];
+  if (chunk > 0) {
+    const int c = plan.item_b[item];
+    w.lo = max(w.lo, c * chunk);
+    w.hi = min(w.hi, (c + 1) * chunk);
+    w.partial = plan.item_partial[item];
+    w.nchunks = (kv_len + chunk - 1) / chunk;
+  }
   w.ntiles = w.hi > w.lo ? (w.hi - w.lo + tile_keys - 1) / tile_keys : 0;
   return w;
 }
@@ -135,6 +146,19 @@ __device__ __forceinline__ void store_tile(const AttentionArgs& a, const Prefill
     const int pr = pr0 + lane / 4 + h * 8;
     if (pr >= w.rows) continue;
     const int head = hkv * G + pr % G;
+    if (w.partial >= 0) {  // split-KV: (O / l, lse) without the sink, for the merge kernel
+      const bool empty = m[h] == neg_inf() || lsum <= 0.f;
+      const float f = empty ? 0.f : a.v_scale / lsum;
+      const size_t base = size_t(w.partial + (pr / G) * w.nchunks) * a.num_qo_heads + head;
+      float* po = a.partial_o + base * a.head_dim_v;
+#pragma unroll
+      for (int d = 0; d < kDT; ++d) {
+        *reinterpret_cast<float2*>(po + d * 8 + (lane % 4) * 2) =
+            make_float2(o[d][2 * h] * f, o[d][2 * h + 1] * f);
+      }
+      if (lane % 4 == 0) a.partial_lse[base] = empty ? neg_inf() : m[h] + log2f(lsum);
+      continue;
+    }
     const int tok = w.q_begin + pr / G;
     float lse;
     const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);

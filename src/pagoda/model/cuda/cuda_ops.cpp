@@ -16,6 +16,7 @@
 #include "pagoda/model/cuda/dense_kernels.h"
 #include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
+#include "pagoda/model/cuda/topk_kernels.h"
 
 namespace pagoda::model {
 
@@ -244,6 +245,13 @@ class CudaOps final : public ModelOps {
                                  static_cast<int>(rows), static_cast<int>(vocab), out_ids,
                                  sample_ws_.get(), sample_ws_bytes_, stream_),
                "sample_tokens");
+  }
+
+  bool top_k_logprobs(const float* logits, int64_t rows, int64_t vocab, int k, int32_t* ids,
+                      float* logprobs) override {
+    cuda_check(ck::launch_topk_logprobs(logits, rows, vocab, k, ids, logprobs, stream_),
+               "topk_logprobs");
+    return true;
   }
 
   bool move_rows(std::span<void* const> bases, size_t row_bytes, std::span<const int32_t> src,
