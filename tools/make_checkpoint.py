@@ -10,6 +10,13 @@ Layouts (the shapes of real models, random weights):
   1b            the Llama-3.2-1B layout (1.24 B parameters, tied, llama3 rope scaling x32)
   8b            the Llama-3.1-8B layout (8.0 B parameters, untied, llama3 rope scaling x8)
   qwen2-0.5b    the Qwen2.5-0.5B layout (q/k/v biases, tied, vocab 151936)
+  eagle1        an EAGLE-1 draft head for --target LAYOUT (fc [H, 2H] + bias, layers.0.* without
+                input_layernorm; embedding and lm_head shared from the target)
+  eagle3        an EAGLE-3 draft head for --target LAYOUT (fc [H, 3H], midlayer.* with 2H
+                attention inputs and hidden_norm, norm, lm_head over draft_vocab_size ids with
+                d2t (I64) / t2d (BOOL): 32000 ids, or vocab/2 for the tiny layouts)
+
+    python3 tools/make_checkpoint.py --layout eagle3 --target 8b --seed 0 --out /tmp/eagle3-8b
 
 The model is built on the `meta` device in the target dtype, materialised empty on the CPU and
 filled with seeded normals (std 0.02; norm weights 1 + N(0, 0.02^2); q/k/v biases std 0.1) chunk
@@ -213,14 +220,82 @@ def write_tokenizer(out, config, seed):
     return check.get_vocab_size()
 
 
+def write_eagle_head(layout, target, dtype_name, seed, out):
+    """A random EAGLE-1 / EAGLE-3 head of the target layout's shapes (config.json +
+    model.safetensors), named as yuhuili's EAGLE-1 and EAGLE-3 checkpoints name them."""
+    import torch
+    from safetensors.torch import save_file
+
+    t = LAYOUTS[target]
+    assert t["arch"] == "llama", "EAGLE heads are written for Llama target layouts"
+    h, inter, v = t["hidden_size"], t["intermediate_size"], t["vocab_size"]
+    hq, hkv = t["num_attention_heads"], t["num_key_value_heads"]
+    d = t.get("head_dim", h // hq)
+    e3 = layout == "eagle3"
+    vd = (32000 if v > 64000 else v // 2) if e3 else v
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[dtype_name]
+    g = torch.Generator().manual_seed(seed)
+
+    def normal(*shape, mean=0.0, std=0.02):
+        return (torch.randn(*shape, generator=g) * std + mean).to(dtype)
+
+    p = "midlayer." if e3 else "layers.0."
+    a_in = 2 * h if e3 else h
+    w = {"fc.weight": normal(h, 3 * h if e3 else 2 * h)}
+    if not e3:
+        w["fc.bias"] = normal(h, std=0.1)
+    else:
+        w[p + "input_layernorm.weight"] = normal(h, mean=1.0)
+        w[p + "hidden_norm.weight"] = normal(h, mean=1.0)
+        w["norm.weight"] = normal(h, mean=1.0)
+        w["lm_head.weight"] = normal(vd, h)
+        ids = torch.sort(torch.randperm(v, generator=g)[:vd]).values
+        w["d2t"] = (ids - torch.arange(vd)).to(torch.int64)
+        t2d = torch.zeros(v, dtype=torch.bool)
+        t2d[ids] = True
+        w["t2d"] = t2d
+    w[p + "self_attn.q_proj.weight"] = normal(hq * d, a_in)
+    w[p + "self_attn.k_proj.weight"] = normal(hkv * d, a_in)
+    w[p + "self_attn.v_proj.weight"] = normal(hkv * d, a_in)
+    w[p + "self_attn.o_proj.weight"] = normal(h, hq * d)
+    w[p + "post_attention_layernorm.weight"] = normal(h, mean=1.0)
+    w[p + "mlp.gate_proj.weight"] = normal(inter, h)
+    w[p + "mlp.up_proj.weight"] = normal(inter, h)
+    w[p + "mlp.down_proj.weight"] = normal(h, inter)
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3" if e3 else "LlamaForCausalLMEagle"],
+        "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
+        "num_hidden_layers": 1, "num_attention_heads": hq, "num_key_value_heads": hkv,
+        "head_dim": d, "rms_norm_eps": t["rms_norm_eps"], "rope_theta": t["rope_theta"],
+        "max_position_embeddings": t["max_position_embeddings"], "vocab_size": v,
+        "hidden_act": "silu", "torch_dtype": {"bf16": "bfloat16", "f32": "float32"}[dtype_name],
+        "bos_token_id": t["bos"], "eos_token_id": t["eos"], "tie_word_embeddings": False,
+    }
+    if "rope_scaling" in t:
+        config["rope_scaling"] = t["rope_scaling"]
+    if e3:
+        config["draft_vocab_size"] = vd
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    save_file({k: x.contiguous() for k, x in w.items()}, os.path.join(out, "model.safetensors"))
+    n = sum(x.numel() for k, x in w.items() if k not in ("d2t", "t2d"))
+    print(f"{layout} head for {target}: {n / 1e6:.1f} M parameters ({dtype_name}), in {out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
+    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS) + ["eagle1", "eagle3"])
+    ap.add_argument("--target", default="tiny", choices=sorted(LAYOUTS),
+                    help="--layout eagle1|eagle3: the target layout the head drafts for")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = ap.parse_args()
+    if args.layout in ("eagle1", "eagle3"):
+        write_eagle_head(args.layout, args.target, args.dtype, args.seed, args.out)
+        return 0
 
     import torch
 

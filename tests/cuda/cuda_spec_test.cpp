@@ -1,7 +1,9 @@
 // Speculative decoding on the CUDA model path: greedy output with speculation (n-gram trees,
 // self-draft chains and trees; page sizes 1 and 16; f32 so verify and decode round alike) equals
 // the plain CUDA engine's token for token, no page leaks, self-draft topk 1 accepts every drafted
-// token; KvPool::move_kv on a device pool (overlapping pairs). Label "gpu": skipped without a GPU.
+// token; KvPool::move_kv on a device pool (overlapping pairs); EAGLE heads (lossless, an echo
+// head accepting exactly the repeats, EagleRunner on CUDA ops vs CPU ops). Label "gpu": skipped
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +15,9 @@
 #include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/config.h"
+#include "pagoda/model/cuda/cuda_ops.h"
+#include "pagoda/model/eagle_runner.h"
+#include "pagoda/model/model_ops.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/weights.h"
 #include "pagoda/platform/cuda/cuda_platform.h"
@@ -114,6 +119,148 @@ TEST(CudaSpec, GreedyIsLossless) {
                   static_cast<long long>(r.stats.spec_graph_steps),
                   static_cast<long long>(r.stats.draft_graph_steps));
      }
+    }
+  }
+}
+
+// EAGLE heads on the CUDA path: random heads (both layouts) stay lossless; an echo head
+// (fc = [0 | I], o_proj = down_proj = 0: it drafts the root again) accepts exactly the target's
+// repeats; the head's forward on the CUDA ops (f32 and bf16) matches the CPU ops.
+TEST(CudaSpec, EagleHeadsAreLosslessAndExact) {
+  PAGODA_REQUIRE_GPU();
+  const model::ModelConfig config = model::builtin_tiny_config();
+  model::LlamaModel m(config, model::make_random_weights(config, 20240611));
+  const auto ps = repetitive_prompts(5, 4);
+  for (int page : {1, 16}) {
+    const SpecRun plain = run_engine(m, ps, page, {});
+    for (model::EagleLayout layout : {model::EagleLayout::kEagle1, model::EagleLayout::kEagle3}) {
+      const model::EagleConfig ec =
+          model::eagle_config_for(config, layout, layout == model::EagleLayout::kEagle3 ? 160 : 0);
+      const model::EagleHead head(ec, model::make_random_eagle_weights(ec, config, 9), m);
+      for (int topk : {1, 4}) {
+        engine::SpecConfig sc;
+        sc.mode = engine::SpecMode::kEagle;
+        sc.eagle_head = &head;
+        sc.topk = topk;
+        sc.steps = 3;
+        sc.num_draft_tokens = topk == 1 ? 4 : 10;
+        sc.min_accepted = 0.0;
+        const SpecRun r = run_engine(m, ps, page, sc);
+        const std::string what = std::string(layout == model::EagleLayout::kEagle1 ? "eagle1" : "eagle3") +
+                                 " topk " + std::to_string(topk) + " page " + std::to_string(page);
+        for (size_t i = 0; i < ps.size(); ++i)
+          EXPECT_EQ(r.tokens[i], plain.tokens[i]) << what << " prompt " << i;
+        EXPECT_GT(r.stats.spec_steps, 0) << what;
+        EXPECT_EQ(r.leaked, 0) << what;
+      }
+    }
+  }
+  // Echo head, one request at a time (every step after its prefill is a round).
+  const int64_t h = config.hidden_size;
+  model::EagleConfig ec = model::eagle_config_for(config, model::EagleLayout::kEagle1);
+  model::EagleWeights w = model::make_random_eagle_weights(ec, config, 5);
+  std::fill(w.fc.begin(), w.fc.end(), 0.f);
+  for (int64_t r = 0; r < h; ++r) w.fc[static_cast<size_t>(r * 2 * h + h + r)] = 1.f;
+  std::fill(w.fc_bias.begin(), w.fc_bias.end(), 0.f);
+  std::fill(w.o_proj.begin(), w.o_proj.end(), 0.f);
+  std::fill(w.down_proj.begin(), w.down_proj.end(), 0.f);
+  const model::EagleHead echo(ec, w, m);
+  engine::SpecConfig sc;
+  sc.mode = engine::SpecMode::kEagle;
+  sc.eagle_head = &echo;
+  sc.steps = 3;
+  sc.num_draft_tokens = 4;
+  sc.min_accepted = 0.0;
+  int64_t expected = 0, accepted = 0;
+  for (int32_t tok : {5, 17, 113, 200}) {
+    const std::vector<std::vector<int32_t>> one = {std::vector<int32_t>(12, tok)};
+    const SpecRun longer = [&] {  // the plain output, 4 tokens longer than the spec run's
+      auto gpu = platform::make_cuda_platform();
+      engine::EngineConfig cfg;
+      cfg.page_size = 16;
+      cfg.pool_tokens = 8192;
+      cfg.backend.attention = "cuda";
+      cfg.dtype = DType::kF32;
+      engine::Engine eng(m, cfg, gpu.get());
+      const auto id = eng.add_request({.prompt = one[0], .max_new_tokens = 28, .ignore_eos = true});
+      eng.run_until_idle();
+      SpecRun out;
+      out.tokens.push_back(eng.output(id).output_ids);
+      return out;
+    }();
+    const SpecRun r = run_engine(m, one, 16, sc);
+    const auto& out = r.tokens[0];
+    const auto& full = longer.tokens[0];
+    ASSERT_EQ(std::vector<int32_t>(full.begin(), full.begin() + 24), out) << "echo prompt " << tok;
+    for (size_t j = 0; j + 1 < out.size();) {
+      size_t a = 0;
+      while (a < 3 && full[j + 1 + a] == full[j]) ++a;
+      expected += static_cast<int64_t>(a);
+      j += a + 1;
+    }
+    accepted += r.stats.spec.accepted;
+  }
+  std::printf("[eagle-echo cuda] accepted %lld, expected %lld\n", static_cast<long long>(accepted),
+              static_cast<long long>(expected));
+  EXPECT_GT(expected, 0);
+  EXPECT_EQ(accepted, expected);
+}
+
+TEST(CudaSpec, EagleRunnerMatchesTheCpuOps) {
+  PAGODA_REQUIRE_GPU();
+  const model::ModelConfig config = model::builtin_tiny_config();
+  const model::LlamaModel m(config, model::make_random_weights(config, 20240611));
+  auto gpu = platform::make_cuda_platform();
+  auto cpu = platform::make_cpu_platform();
+  for (model::EagleLayout layout : {model::EagleLayout::kEagle1, model::EagleLayout::kEagle3}) {
+    const model::EagleConfig ec = model::eagle_config_for(config, layout, 0);
+    const model::EagleHead head(ec, model::make_random_eagle_weights(ec, config, 3), m);
+    kv::ReqToTokenTable table(2, 256);
+    const ReqSlot row = *table.alloc();
+    const int32_t n = 40;
+    std::vector<SlotIndex> slots;
+    for (int32_t p = 0; p < n; ++p) slots.push_back(16 + p);  // pages 1..3, contiguous
+    table.write(row, 0, slots);
+    model::EagleInput in;
+    in.forward.mode = attention::ForwardMode::kExtend;
+    in.forward.batch_size = 1;
+    in.forward.req_pool_indices = {row.value()};
+    in.forward.seq_lens = {n};
+    in.forward.extend_prefix_lens = {0};
+    in.forward.extend_seq_lens = {n};
+    std::mt19937_64 rng(17);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (int32_t p = 0; p < n; ++p) {
+      in.forward.positions.push_back(p);
+      in.forward.out_cache_loc.push_back(slots[static_cast<size_t>(p)]);
+      in.input_ids.push_back(static_cast<int32_t>(rng() % 256));
+      for (int64_t i = 0; i < head.feature_dim(); ++i) in.features.push_back(nd(rng));
+    }
+    in.logit_rows = {n - 1, 0};
+    model::EagleRunner ref(head, model::make_cpu_ops(*cpu, DType::kF32),
+                           {.page_size = 16, .num_pages = 8, .kv_dtype = DType::kF32,
+                            .backend = {.attention = "reference"}},
+                           table);
+    const model::EagleOutput want = ref.run(in);
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      model::EagleRunner dev(head, model::make_cuda_ops(*gpu, dt),
+                             {.page_size = 16, .num_pages = 8, .kv_dtype = dt,
+                              .backend = {.attention = "cuda"}},
+                             table);
+      const model::EagleOutput got = dev.run(in);
+      auto rel = [](const std::vector<float>& a, const std::vector<float>& b) {
+        double scale = 1e-6, err = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+          err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+        }
+        return err / scale;
+      };
+      const double tol = dt == DType::kF32 ? 1e-2 : 6e-2;
+      ASSERT_EQ(got.hidden.size(), want.hidden.size());
+      ASSERT_EQ(got.logits.size(), want.logits.size());
+      EXPECT_LT(rel(got.hidden, want.hidden), tol) << dtype_name(dt);
+      EXPECT_LT(rel(got.logits, want.logits), tol) << dtype_name(dt);
     }
   }
 }

@@ -79,9 +79,10 @@ std::unique_ptr<platform::Platform> platform_for(const GenerateOptions& o) {
 /// `max_running` running requests.
 engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform::Platform& platform,
                                        int64_t pool_tokens, int32_t max_running,
-                                       SpecDraft& draft) {
+                                       SpecDraft& draft,
+                                       const model::LlamaModel* target = nullptr) {
   engine::EngineConfig cfg;
-  cfg.spec = make_spec_config(o.spec, draft);
+  cfg.spec = make_spec_config(o.spec, draft, target);
   cfg.cuda_graph = o.cuda_graph == "on";
   cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
@@ -111,7 +112,7 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform, (total + o.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
-      static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft);
+      static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft, &llama);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
   std::map<engine::RequestId, nlohmann::json> logits;
@@ -146,6 +147,12 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
 void validate_engine_options(const GenerateOptions& o) {
   GenerateOptions probe = o;
   if (probe.spec.mode == "draft") probe.spec.draft_model.clear();  // loaded later
+  if (probe.spec.mode == "eagle") {  // the head is loaded later; check the numbers now
+    PAGODA_REQUIRE(!probe.spec.draft_model.empty(), kInvalidArgument,
+                   "--spec eagle needs --draft-model (an EAGLE head folder, or builtin)");
+    probe.spec.mode = "draft";
+    probe.spec.draft_model.clear();
+  }
   SpecDraft none;
   auto platform = platform_for(probe);
   engine_config_for(probe, *platform, 4096, 4, none).validate();
@@ -180,7 +187,7 @@ void run_generate(const GenerateOptions& o) {
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2,
-      4, draft);
+      4, draft, &llama);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
 

@@ -107,10 +107,14 @@ void run_spec_bench(const SpecBenchArgs& a) {
     cfg.backend.attention = engine::default_backend_name(*platform);
   SpecDraft draft;
   engine::EngineConfig spec_cfg = cfg;
-  spec_cfg.spec = make_spec_config(a.spec, draft);
-  spec_cfg.validate();
+  spec_cfg.spec = make_spec_config(a.spec, draft);  // checks the options before loading
+  if (spec_cfg.spec.mode != engine::SpecMode::kEagle) spec_cfg.validate();
   model::LoadedModel loaded = model::load_model(a.model, a.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
+  if (spec_cfg.spec.mode == engine::SpecMode::kEagle) {  // the head needs the target
+    spec_cfg.spec = make_spec_config(a.spec, draft, &llama);
+    spec_cfg.validate();
+  }
   const auto prompts = make_prompts(a, loaded.config.bos_token_id, loaded.config.vocab_size);
 
   const RunResult base = run_once(a, llama, *platform, cfg, prompts);

@@ -5,8 +5,8 @@
 namespace pagoda::cli {
 
 void add_spec_options(CLI::App* cmd, SpecOptions& o) {
-  cmd->add_option("--spec", o.mode, "speculative decoding: none, ngram (prompt lookup) or draft")
-      ->check(CLI::IsMember({"none", "ngram", "draft"}))
+  cmd->add_option("--spec", o.mode, "speculative decoding: none, ngram (prompt lookup), draft or eagle")
+      ->check(CLI::IsMember({"none", "ngram", "draft", "eagle"}))
       ->capture_default_str();
   cmd->add_option("--spec-steps", o.steps, "draft depth (draft forwards per round)")
       ->capture_default_str();
@@ -15,7 +15,8 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o) {
       ->capture_default_str();
   cmd->add_option("--draft-model", o.draft_model,
                   "--spec draft: builtin or a checkpoint folder with the target's vocabulary "
-                  "(default: the target itself, self-draft)");
+                  "(default: the target itself, self-draft); --spec eagle: an EAGLE-1 / EAGLE-3 "
+                  "head folder, or builtin (a random EAGLE-3 head)");
   cmd->add_option("--draft-weight-seed", o.draft_weight_seed, "seed of a builtin draft's weights")
       ->capture_default_str();
   cmd->add_option("--spec-min-accepted", o.min_accepted,
@@ -28,7 +29,8 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o) {
       ->capture_default_str();
 }
 
-engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft) {
+engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft,
+                                    const model::LlamaModel* target) {
   engine::SpecConfig s;
   s.mode = engine::parse_spec_mode(o.mode);
   s.steps = o.steps;
@@ -36,8 +38,29 @@ engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft) {
   s.num_draft_tokens = o.draft_tokens;
   s.min_accepted = o.min_accepted;
   s.graph_tokens = o.graph_tokens;
-  PAGODA_REQUIRE(o.draft_model.empty() || s.mode == engine::SpecMode::kDraft, kInvalidArgument,
-                 "--draft-model needs --spec draft");
+  const bool eagle = s.mode == engine::SpecMode::kEagle;
+  PAGODA_REQUIRE(o.draft_model.empty() || s.mode == engine::SpecMode::kDraft || eagle,
+                 kInvalidArgument, "--draft-model needs --spec draft or --spec eagle");
+  PAGODA_REQUIRE(!eagle || !o.draft_model.empty(), kInvalidArgument,
+                 "--spec eagle needs --draft-model (an EAGLE head folder, or builtin)");
+  if (eagle && target == nullptr) {  // options only: check them as a draft-model config
+    engine::SpecConfig probe = s;
+    probe.mode = engine::SpecMode::kDraft;
+    probe.validate();
+    return s;
+  }
+  if (eagle) {
+    if (o.draft_model == "builtin") {
+      const model::EagleConfig ec =
+          model::eagle_config_for(target->config(), model::EagleLayout::kEagle3);
+      draft.eagle = std::make_unique<model::EagleHead>(
+          ec, model::make_random_eagle_weights(ec, target->config(), o.draft_weight_seed),
+          *target);
+    } else {
+      draft.eagle = model::load_eagle_head(o.draft_model, *target);
+    }
+    s.eagle_head = draft.eagle.get();
+  }
   if (s.mode == engine::SpecMode::kDraft && !o.draft_model.empty()) {
     draft.loaded = std::make_unique<model::LoadedModel>(
         model::load_model(o.draft_model, o.draft_weight_seed));

@@ -256,10 +256,12 @@ StepOutput Engine::step() {
   if (s.empty()) return out;
 
   build_batch(s);
+  if (eagle_ != nullptr) batch_.hidden_layers = eagle_feature_layers();
   const double t_fwd = now();
   const model::WorkerOutput result = worker_->run(batch_);
   if (draft_worker_ != nullptr) draft_worker_->run(batch_);  // the draft's KV follows every step
   stats_.spec_time.plain_forward_s += now() - t_fwd;
+  if (eagle_ != nullptr) eagle_after_step(s, result);        // so does the EAGLE head's
   out.mode = s.mode;
   out.num_seqs = static_cast<int32_t>(s.seqs.size());
   out.num_tokens = static_cast<int64_t>(batch_.input_ids.size());

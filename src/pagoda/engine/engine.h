@@ -35,11 +35,13 @@
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/model/eagle_runner.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/worker.h"
 #include "pagoda/platform/platform.h"
+#include "pagoda/spec/draft_tree.h"
 #include "pagoda/spec/ngram.h"
 #include "pagoda/spec/verify.h"
 
@@ -262,6 +264,22 @@ class Engine {
                     const std::vector<std::vector<int32_t>>& kv_nodes,
                     std::span<const SlotIndex> slots, int32_t extra);
 
+  // EAGLE heads (spec_eagle.cpp).
+  void init_eagle(DType dtype, int32_t num_pages);
+  /// The target layers the head is fed (WorkerBatch::hidden_layers).
+  std::vector<int32_t> eagle_feature_layers() const;
+  /// After a normal step: the head extends the step's positions (tokens shifted by one, the
+  /// target's features of the step) and records each sampled request's next-draft state.
+  void eagle_after_step(const ScheduledStep& s, const model::WorkerOutput& result);
+  /// A round's draft trees through the head (spec::TreeBuilder, as kDraft).
+  std::vector<spec::DraftTree> eagle_trees(const std::vector<Req*>& reqs,
+                                           std::span<const SlotIndex> slots, int32_t extra);
+  /// After a round's commit: the head extends the kept positions with the verify features.
+  void eagle_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
+                    const std::vector<std::vector<int32_t>>& kv_nodes,
+                    std::span<const SlotIndex> slots, int32_t extra,
+                    const std::vector<float>& verify_hidden, int32_t tree_size);
+
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
@@ -273,6 +291,7 @@ class Engine {
   std::unique_ptr<cache::PrefixCache> cache_;
   std::unique_ptr<model::ModelWorker> worker_;
   std::unique_ptr<model::ModelWorker> draft_worker_;  ///< SpecMode::kDraft only
+  std::unique_ptr<model::EagleRunner> eagle_;         ///< SpecMode::kEagle only
   spec::NgramDrafter ngram_;
   double spec_mean_accepted_ = 1.0;  ///< running mean of accepted draft tokens per request
   int32_t spec_pause_ = 0;           ///< decode steps left without speculation

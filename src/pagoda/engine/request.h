@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagoda/cache/prefix_cache.h"
@@ -79,6 +80,11 @@ struct Req {
   bool draft_kv_pending = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   RequestOutput out;
+  /// SpecMode::kEagle: the head's output at the request's last KV position (its hidden state
+  /// [H] and top-k next-token candidates, target ids) — what the next round's first draft step
+  /// expands. Set after every step that samples for the request (spec_eagle.cpp).
+  std::vector<float> eagle_hidden;
+  std::vector<std::pair<int32_t, float>> eagle_next;  ///< (token, log-prob), best first
 
   Req(RequestId rid, GenerateRequest&& g, double now);
   int32_t num_output() const { return static_cast<int32_t>(cache.tokens.size()) - prompt_len; }

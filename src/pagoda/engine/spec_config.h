@@ -10,6 +10,7 @@
 
 namespace pagoda::model {
 class LlamaModel;
+class EagleHead;
 }
 
 namespace pagoda::engine {
@@ -18,9 +19,10 @@ enum class SpecMode : uint8_t {
   kNone,   ///< one token per decode step
   kNgram,  ///< prompt lookup: draft trees from the request's own context (no model)
   kDraft,  ///< a draft model (same vocabulary) builds topk × steps trees (EAGLE construction)
+  kEagle,  ///< an EAGLE head fed with the target's hidden states builds the same trees
 };
 
-/// "none" / "ngram" / "draft".
+/// "none" / "ngram" / "draft" / "eagle".
 const char* spec_mode_name(SpecMode mode);
 /// Parses a spec_mode_name; throws Error(kInvalidArgument) listing the choices.
 SpecMode parse_spec_mode(const std::string& name);
@@ -33,6 +35,9 @@ struct SpecConfig {
   /// kDraft: the draft checkpoint (same vocabulary; must outlive the engine). nullptr = the
   /// target itself (self-draft: measures the mechanics; every drafted chain token is accepted).
   const model::LlamaModel* draft_model = nullptr;
+  /// kEagle: the head (model::EagleHead over the engine's target model; must outlive the
+  /// engine). Required for kEagle.
+  const model::EagleHead* eagle_head = nullptr;
   spec::NgramConfig ngram{};
   /// Switch-off: speculation pauses (plain decode steps) when the running mean of accepted draft
   /// tokens per request and round falls below this; the pause doubles on each consecutive miss

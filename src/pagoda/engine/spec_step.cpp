@@ -24,15 +24,16 @@ const char* spec_mode_name(SpecMode mode) {
     case SpecMode::kNone: return "none";
     case SpecMode::kNgram: return "ngram";
     case SpecMode::kDraft: return "draft";
+    case SpecMode::kEagle: return "eagle";
   }
   return "?";
 }
 
 SpecMode parse_spec_mode(const std::string& name) {
-  for (SpecMode m : {SpecMode::kNone, SpecMode::kNgram, SpecMode::kDraft})
+  for (SpecMode m : {SpecMode::kNone, SpecMode::kNgram, SpecMode::kDraft, SpecMode::kEagle})
     if (name == spec_mode_name(m)) return m;
-  throw_error(ErrorCode::kInvalidArgument, "unknown spec mode '{}' (choose none, ngram or draft)",
-              name);
+  throw_error(ErrorCode::kInvalidArgument,
+              "unknown spec mode '{}' (choose none, ngram, draft or eagle)", name);
 }
 
 void SpecConfig::validate() const {
@@ -49,11 +50,14 @@ void SpecConfig::validate() const {
                  backoff_steps);
   PAGODA_REQUIRE(graph_tokens >= 0, kInvalidArgument, "spec graph_tokens must be >= 0 (got {})",
                  graph_tokens);
+  PAGODA_REQUIRE(mode != SpecMode::kEagle || eagle_head != nullptr, kInvalidArgument,
+                 "spec mode eagle needs an EAGLE head (spec eagle_head, --draft-model DIR)");
   ngram.validate();
 }
 
 int32_t SpecConfig::worker_graph_tokens(int32_t max_running) const {
-  if (mode == SpecMode::kNone || graph_tokens <= 0) return 0;
+  // kEagle: every target forward asks for hidden states and runs eagerly (no graphs to size).
+  if (mode == SpecMode::kNone || mode == SpecMode::kEagle || graph_tokens <= 0) return 0;
   const int64_t tree = std::max(num_draft_tokens, spec::TreeBuilder::max_beam_nodes(topk, steps));
   return static_cast<int32_t>(std::min<int64_t>(graph_tokens, int64_t{max_running} * tree));
 }
@@ -241,6 +245,7 @@ void Engine::init_spec(DType dtype, int32_t num_pages, bool custom_worker) {
   PAGODA_REQUIRE(sc.mode == SpecMode::kNone || sc.topk <= model_->config().vocab_size,
                  kInvalidArgument, "spec topk {} exceeds the vocabulary of {}", sc.topk,
                  model_->config().vocab_size);
+  if (sc.mode == SpecMode::kEagle) init_eagle(dtype, num_pages);
   if (sc.mode != SpecMode::kDraft) return;
   const model::LlamaModel& draft = sc.draft_model != nullptr ? *sc.draft_model : *model_;
   PAGODA_REQUIRE(draft.config().vocab_size == model_->config().vocab_size, kInvalidArgument,
@@ -372,6 +377,7 @@ bool Engine::spec_step(StepOutput& out) {
 
   std::vector<spec::AcceptResult> accepts(bs);
   int32_t tree_size = 0;
+  std::vector<float> verify_hidden;  // kEagle: the target's features of every tree node
   try {
     const double t_draft = now();
     if (sc.mode == SpecMode::kDraft) {
@@ -386,17 +392,20 @@ bool Engine::spec_step(StepOutput& out) {
       stats_.draft_forwards += after[0] - before[0];
       stats_.draft_graph_steps += after[1] - before[1];
     }
+    if (sc.mode == SpecMode::kEagle) trees = eagle_trees(reqs, *slots, extra);
     stats_.spec_time.draft_s += now() - t_draft;
     tree_size = trees.front().size();
     model::WorkerBatch vb = tree_batch(reqs, trees, kv_lens(reqs),
                                        tree_slots(bs, *slots, extra, tree_size), sc);
     vb.logit_rows.assign(bs, tree_size);
+    if (eagle_ != nullptr) vb.hidden_layers = eagle_feature_layers();
     for (const Req* r : reqs) {
       vb.sampling.push_back(r->sampling);
       vb.return_logits = vb.return_logits || !r->sampling.is_greedy();
     }
     const double t_verify = now();
-    const model::WorkerOutput o = worker_->run(vb);
+    model::WorkerOutput o = worker_->run(vb);
+    verify_hidden = std::move(o.hidden);
     const double t_accept = now();
     stats_.spec_time.verify_s += t_accept - t_verify;
     std::vector<double> probs;
@@ -480,6 +489,8 @@ bool Engine::spec_step(StepOutput& out) {
   } else if (draft_worker_ != nullptr) {
     draft_extend(reqs, old_len, kv_nodes, *slots, extra);
   }
+  if (eagle_ != nullptr)
+    eagle_extend(reqs, old_len, kv_nodes, *slots, extra, verify_hidden, tree_size);
   stats_.spec_time.extend_s += now() - t_extend;
   for (size_t b = 0; b < bs; ++b) {
     if (!finished[b]) continue;

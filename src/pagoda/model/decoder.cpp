@@ -188,7 +188,8 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
 }
 
 void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
-                      attention::AttentionBackend& backend, int64_t t, int64_t rows) const {
+                      attention::AttentionBackend& backend, int64_t t, int64_t rows,
+                      const HiddenCapture* capture) const {
   PAGODA_REQUIRE(t <= a.tokens && rows <= a.rows, kInvalidArgument,
                  "activations hold {} tokens / {} rows, forward needs {} / {}", a.tokens, a.rows,
                  t, rows);
@@ -211,11 +212,21 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     if (comm_ != nullptr) comm_->all_reduce_sum(a.x.get(), t * hd, dt);
   };
 
+  // The residual stream holds layer l's output once the next add_rms_norm has added its MLP.
+  auto capture_layer = [&](int l) {
+    if (capture == nullptr) return;
+    const int64_t row = hd * static_cast<int64_t>(sizeof(float));
+    const int64_t n = static_cast<int64_t>(capture->layers.size());
+    for (int64_t k = 0; k < n; ++k)
+      if (capture->layers[static_cast<size_t>(k)] == l)
+        ops.copy_2d(capture->dst + k * hd, n * row, residual, row, row, t);
+  };
   ops.embed(embed_, a.ids(), a.x.get(), t, hd, shard_.vocab_begin, shard_.vocab_rows);
   reduce_x();
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
+    if (l > 0) capture_layer(l - 1);
     ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);
     bool stored = false;
     if (!stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
@@ -242,6 +253,7 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   }
   // The last layer's MLP output joins the residual stream; the final norm runs on logit rows.
   ops.add_rms_norm(a.x.get(), residual, final_norm_, a.h.get(), t, hd, eps, false);
+  capture_layer(c.num_layers - 1);
   if (rows == 0) return;
   ops.rms_norm_rows(residual, a.logit_rows(), final_norm_, a.sel.get(), rows, hd, eps);
   if (comm_ == nullptr) {

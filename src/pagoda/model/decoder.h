@@ -60,6 +60,13 @@ struct Activations {
   SampleRow* params() const { return static_cast<SampleRow*>(sample_params.get()); }
 };
 
+/// Layer outputs a forward copies out (EAGLE features): the residual stream after layer
+/// layers[k] goes to columns [k·H, (k+1)·H) of dst [tokens, layers.size()·H] (f32, device).
+struct HiddenCapture {
+  std::span<const int32_t> layers;
+  float* dst = nullptr;
+};
+
 class Decoder {
  public:
   /// Uploads the weights of `model` through `ops` (converted to ops.dtype()). With `kv_pool`
@@ -95,8 +102,10 @@ class Decoder {
   /// already in a.ids() / a.positions() / a.cache_loc(), computing f32 logits for the `rows` query rows listed in
   /// a.logit_rows(). The backend must have planned `batch` (init_forward_metadata or a graph
   /// replay plan). Never synchronizes.
+  /// With `capture`, also copies the requested layer outputs (layers in [0, num_layers)).
   void forward(Activations& a, const attention::ForwardBatch& batch,
-               attention::AttentionBackend& backend, int64_t tokens, int64_t rows) const;
+               attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
+               const HiddenCapture* capture = nullptr) const;
   /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params().
   void sample(Activations& a, int64_t rows) const;
 

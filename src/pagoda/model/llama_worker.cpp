@@ -223,6 +223,7 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   }
   const int64_t nrows = static_cast<int64_t>(rows_.size());
 
+  if (!b.hidden_layers.empty()) return run_with_hidden(b, t, nrows);
   if (verify_backend_ != nullptr && f.mode == ForwardMode::kTargetVerify) {
     WorkerOutput out;
     if (run_verify_graph(b, nrows, out)) return out;
@@ -253,6 +254,33 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   decoder_->forward(eager_, f, *backend_, t, nrows);
   decoder_->sample(eager_, nrows);
   return finish(eager_, nrows, b);
+}
+
+WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64_t nrows) {
+  const ModelConfig& c = model_->config();
+  for (int32_t l : b.hidden_layers)
+    PAGODA_REQUIRE(l >= 0 && l < c.num_layers, kInvalidArgument,
+                   "hidden_layers asks for layer {} of a {}-layer model", l, c.num_layers);
+  const int64_t width = static_cast<int64_t>(b.hidden_layers.size()) * c.hidden_size;
+  const size_t bytes = static_cast<size_t>(t * width) * sizeof(float);
+  if (bytes > hidden_cap_) {
+    platform_->synchronize_stream();
+    hidden_cap_ = std::max(bytes, 2 * hidden_cap_);
+    hidden_buf_ = platform::make_buffer(platform_->allocator(), hidden_cap_);
+  }
+  const HiddenCapture cap{.layers = b.hidden_layers,
+                          .dst = static_cast<float*>(hidden_buf_.get())};
+  const ForwardBatch& f = b.forward;
+  decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
+  stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
+  backend_->init_forward_metadata(f);
+  decoder_->forward(eager_, f, *backend_, t, nrows, &cap);
+  decoder_->sample(eager_, nrows);
+  std::vector<float> hidden(static_cast<size_t>(t * width));
+  platform_->copy_to_host_async(hidden.data(), hidden_buf_.get(), bytes);
+  WorkerOutput out = finish(eager_, nrows, b);  // synchronizes
+  out.hidden = std::move(hidden);
+  return out;
 }
 
 void LlamaWorker::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {

@@ -103,6 +103,8 @@ class LlamaWorker final : public ModelWorker {
   std::unique_ptr<ModelOps::Graph> capture_step(Activations& a, const attention::ForwardBatch& f,
                                                 attention::AttentionBackend& backend, int64_t t,
                                                 int64_t rows, bool& shape_known);
+  /// An eager step that also copies WorkerBatch::hidden_layers out (EAGLE features).
+  WorkerOutput run_with_hidden(const WorkerBatch& b, int64_t t, int64_t nrows);
   /// The graph path of a uniform verify batch; false (nothing done) when it does not apply.
   bool run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out);
 
@@ -124,6 +126,9 @@ class LlamaWorker final : public ModelWorker {
   Activations verify_acts_;
   std::map<std::array<int, 3>, std::unique_ptr<ModelOps::Graph>> verify_graphs_;
   bool verify_shape_known_ = false;
+  /// Device buffer of captured hidden states (run_with_hidden; grow-only).
+  platform::DeviceBuffer hidden_buf_;
+  size_t hidden_cap_ = 0;
   platform::DeviceBuffer topk_dev_;  ///< top-k ids then log-probs of the last step's rows
   size_t topk_dev_bytes_ = 0;
   // Host scratch, reused per step.

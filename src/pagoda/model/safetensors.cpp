@@ -28,6 +28,8 @@ std::optional<DType> dtype_from_st(const std::string& s) {
   if (s == "F32") return DType::kF32;
   if (s == "F16") return DType::kF16;
   if (s == "BF16") return DType::kBF16;
+  if (s == "I64") return DType::kI64;   // EAGLE-3 d2t (read_i64)
+  if (s == "BOOL") return DType::kU8;   // EAGLE-3 t2d (read_i64)
   return std::nullopt;
 }
 
@@ -39,6 +41,10 @@ const char* st_name(DType t) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "BOOL";
     default:
       return nullptr;
   }
@@ -87,7 +93,7 @@ SafetensorInfo parse_entry(const fs::path& path, const std::string& name,
                  "{}: dtype missing or not a string", where);
   const std::string dt = dt_it->get<std::string>();
   const auto dtype = dtype_from_st(dt);
-  PAGODA_REQUIRE(dtype.has_value(), kUnsupported, "{} has dtype {} (supported: F32, F16, BF16)",
+  PAGODA_REQUIRE(dtype.has_value(), kUnsupported, "{} has dtype {} (supported: F32, F16, BF16, I64, BOOL)",
                  where, dt);
   SafetensorInfo info;
   info.dtype = *dtype;
@@ -224,6 +230,9 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   PAGODA_REQUIRE(it != tensors_.end(), kInvalidArgument, "{}: no tensor named {}", path_.string(),
                  name);
   const SafetensorInfo& info = it->second;
+  PAGODA_REQUIRE(dtype_is_float(info.dtype), kInvalidArgument,
+                 "{}: tensor {} has dtype {}, expected F32, F16 or BF16", path_.string(), name,
+                 info.dtype);
   const uint8_t* src = map_ + data_offset_ + info.begin;
   std::vector<float> out(static_cast<size_t>(info.numel()));
   if (info.dtype == DType::kF32) {
@@ -233,6 +242,26 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
       uint16_t bits;
       std::memcpy(&bits, src + 2 * i, 2);
       out[i] = info.dtype == DType::kF16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> SafetensorsFile::read_i64(const std::string& name) const {
+  auto it = tensors_.find(name);
+  PAGODA_REQUIRE(it != tensors_.end(), kInvalidArgument, "{}: no tensor named {}", path_.string(),
+                 name);
+  const SafetensorInfo& info = it->second;
+  PAGODA_REQUIRE(info.dtype == DType::kI64 || info.dtype == DType::kU8, kInvalidArgument,
+                 "{}: tensor {} has dtype {}, expected I64 or BOOL", path_.string(), name,
+                 info.dtype);
+  const uint8_t* src = map_ + data_offset_ + info.begin;
+  std::vector<int64_t> out(static_cast<size_t>(info.numel()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (info.dtype == DType::kU8) {
+      out[i] = src[i];
+    } else {
+      std::memcpy(&out[i], src + 8 * i, 8);
     }
   }
   return out;
@@ -266,6 +295,12 @@ void write_safetensors(const fs::path& path, const std::vector<SafetensorToWrite
     for (int64_t d : t.shape) n *= d;
     if (t.dtype == DType::kF32) {
       f.write(reinterpret_cast<const char*>(t.data), n * 4);
+      continue;
+    }
+    if (t.dtype == DType::kI64 || t.dtype == DType::kU8) {  // integral values given as floats
+      std::vector<uint8_t> buf(static_cast<size_t>(n) * dtype_size(t.dtype));
+      for (int64_t i = 0; i < n; ++i) write_from_f32(buf.data(), t.dtype, static_cast<size_t>(i), t.data[i]);
+      f.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
       continue;
     }
     std::vector<uint16_t> buf(static_cast<size_t>(n));

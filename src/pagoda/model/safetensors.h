@@ -64,6 +64,9 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   /// The tensor converted to f32 (F32, F16, BF16 sources). Throws kInvalidArgument if absent.
   std::vector<float> read_f32(const std::string& name) const;
+  /// An I64 or BOOL tensor (EAGLE-3's d2t / t2d) as int64. Throws kInvalidArgument if absent or
+  /// of another dtype (read_f32 likewise refuses integer tensors).
+  std::vector<int64_t> read_i64(const std::string& name) const;
   const std::filesystem::path& path() const { return path_; }
 
  private:
@@ -74,7 +77,8 @@ class SafetensorsFile {
   size_t data_offset_ = 0;
 };
 
-/// A tensor to write: f32 values stored as `dtype` (F32, F16 or BF16; rounded to nearest even).
+/// A tensor to write: f32 values stored as `dtype` (F32, F16 or BF16, rounded to nearest even;
+/// I64 or U8 (written as BOOL), truncated: integral values below 2^24).
 struct SafetensorToWrite {
   std::string name;
   std::vector<int64_t> shape;

@@ -4,33 +4,13 @@
 #include <string>
 
 #include "pagoda/core/error.h"
+#include "pagoda/model/splitmix.h"
 
 namespace pagoda::model {
 
 namespace {
 
-/// splitmix64: tiny, portable, and identical on every platform (std distributions are not).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in (0, 1).
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
-  /// Standard normal (Box-Muller).
-  double normal() {
-    const double u1 = uniform();
-    const double u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-
- private:
-  uint64_t state_;
-};
+using Rng = SplitMix64;
 
 std::vector<float> normal_vec(Rng& rng, int64_t n, double mean, double stddev) {
   std::vector<float> v(static_cast<size_t>(n));

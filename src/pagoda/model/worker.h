@@ -39,6 +39,10 @@ struct WorkerBatch {
   std::vector<int64_t> sample_step;
   /// Also return the f32 logits of every logit row (tests, tools, verify).
   bool return_logits = false;
+  /// EAGLE heads: also return the outputs (residual stream after the layer, f32) of these
+  /// layers for every query row, in this order (WorkerOutput::hidden). Empty = none (no cost).
+  /// A batch that asks runs eagerly (no graph replay).
+  std::vector<int32_t> hidden_layers;
   /// Also return each logit row's top_k (ids, log-probabilities), top_k in [0, 16] (0 = none):
   /// computed on the device where the ops can (ModelOps::top_k_logprobs); otherwise the worker
   /// returns the whole rows in `logits` instead and leaves top_ids empty.
@@ -56,6 +60,8 @@ struct WorkerOutput {
   /// [Σ logit_rows, vocab] f32 when WorkerBatch::return_logits (or top_k without device top-k),
   /// else empty.
   std::vector<float> logits;
+  /// [num_tokens, hidden_layers.size() × hidden] f32 when WorkerBatch::hidden_layers, else empty.
+  std::vector<float> hidden;
   /// [Σ logit_rows, top_k] when WorkerBatch::top_k > 0 and the device computed them, else empty.
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;

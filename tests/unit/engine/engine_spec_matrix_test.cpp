@@ -1,7 +1,9 @@
 // Lossless speculative decoding, the full matrix: backends (reference, cpu, hybrid) × page sizes
 // 1/16/64 × topk 1/4 × steps 1/3/5 × n-gram / self-draft, in a busy batch with staggered
 // arrivals. Greedy output equals the plain engine's token for token; no page leaks; self-draft
-// with topk 1 accepts every drafted token. (Label "spec": not repeated under ASan.)
+// with topk 1 accepts every drafted token. EAGLE heads (random weights: mechanics only) on
+// reference / cpu × pages 1/16/64 × topk 1/4 × steps 1/3 (EAGLE-1 at page 16, EAGLE-3 with a
+// draft vocabulary elsewhere). (Label "spec": not repeated under ASan.)
 #include "engine_spec_util.h"
 
 namespace pagoda::engine {
@@ -29,6 +31,10 @@ std::vector<Case> all_cases() {
       for (int k : {1, 4})
         for (int s : {1, 3, 5})
           for (SpecMode m : {SpecMode::kNgram, SpecMode::kDraft}) cases.push_back({b, p, k, s, m});
+  for (const auto& b : testing::exactness_backends())
+    for (int p : {1, 16, 64})
+      for (int k : {1, 4})
+        for (int s : {1, 3}) cases.push_back({b, p, k, s, SpecMode::kEagle});
   return cases;
 }
 
@@ -46,7 +52,9 @@ TEST_P(SpecMatrix, GreedyIsLosslessInABusyBatch) {
                    .pool_tokens = 8192,
                    .backend = testing::spec_backend(c.backend),
                    .check_integrity = true,
-                   .spec = testing::spec_config(c.mode, c.topk, c.steps)};
+                   .spec = testing::spec_config(
+                       c.mode, c.topk, c.steps,
+                       c.page == 16 ? model::EagleLayout::kEagle1 : model::EagleLayout::kEagle3)};
   Engine engine(testing::test_model().model, cfg);
   std::vector<RequestId> ids;
   for (int i = 0; i < 6; ++i) {

@@ -59,7 +59,7 @@ TEST(EngineSpec, ChunkedPrefillRadixAndFollowUpsStayLossless) {
 }
 
 TEST(EngineSpec, RetractionInTheMiddleOfSpeculation) {
-  for (SpecMode mode : {SpecMode::kNgram, SpecMode::kDraft}) {
+  for (SpecMode mode : {SpecMode::kNgram, SpecMode::kDraft, SpecMode::kEagle}) {
     for (int page : {1, 16}) {
       SCOPED_TRACE(::testing::Message() << spec_mode_name(mode) << " page " << page);
       EngineConfig cfg{.page_size = page,
@@ -117,6 +117,60 @@ TEST(EngineSpec, AbortBetweenSpeculativeRounds) {
                                   "req " + std::to_string(i));
   EXPECT_EQ(engine.leaked_pages(), 0);
   EXPECT_TRUE(engine.idle_pages_accounted());
+}
+
+TEST(EngineSpec, EagleEchoHeadAcceptsExactlyTheTargetsRepeats) {
+  // An EAGLE-1 head that passes the target's feature through (fc = [0 | I], o_proj = 0,
+  // down_proj = 0) predicts lm_head(final_norm(f_p)) = the target's own greedy token at p + 1:
+  // it drafts the root token S times. So a round accepts exactly the number of times the
+  // target's continuation repeats the root (at most S) — which checks that every position is
+  // fed the target feature of the right token, through prefill, verify and draft extend.
+  auto& t = test_model();
+  const int64_t h = t.config.hidden_size;
+  model::EagleConfig ec = model::eagle_config_for(t.config, model::EagleLayout::kEagle1);
+  model::EagleWeights w = model::make_random_eagle_weights(ec, t.config, 5);
+  std::fill(w.fc.begin(), w.fc.end(), 0.f);
+  for (int64_t r = 0; r < h; ++r) w.fc[static_cast<size_t>(r * 2 * h + h + r)] = 1.f;
+  std::fill(w.fc_bias.begin(), w.fc_bias.end(), 0.f);
+  std::fill(w.o_proj.begin(), w.o_proj.end(), 0.f);
+  std::fill(w.down_proj.begin(), w.down_proj.end(), 0.f);
+  const model::EagleHead head(ec, w, t.model);
+  for (int page : {1, 16}) {
+    const int steps = 3, max_new = 24;
+    SpecConfig sc = testing::spec_config(SpecMode::kEagle, 1, steps);
+    sc.eagle_head = &head;
+    Engine engine(t.model, EngineConfig{.page_size = page,
+                                        .pool_tokens = 4096,
+                                        .backend = testing::backend_named("cpu"),
+                                        .check_integrity = true,
+                                        .spec = sc});
+    // The target repeats itself on these prompts (a token run in the prompt).
+    std::vector<std::vector<int32_t>> prompts;
+    for (int32_t tok : {5, 17, 113, 200}) prompts.push_back(std::vector<int32_t>(12, tok));
+    const auto& plain = testing::plain_outputs("cpu", page, prompts, max_new);
+    const auto& longer = testing::plain_outputs("cpu", page, prompts, max_new + steps + 1);
+    int64_t expected = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const RequestId id = engine.add_request({.prompt = prompts[i], .max_new_tokens = max_new});
+      engine.run_until_idle();  // one request at a time: every step after its prefill is a round
+      const auto& out = engine.output(id).output_ids;
+      expect_lossless(out, plain[i], prompts[i], max_new, "req " + std::to_string(i));
+      // The rounds: root full[j], its repeats accepted (a round may accept past max_new; the
+      // emission stops there), next root after them.
+      const auto& full = longer[i];
+      for (size_t j = 0; j + 1 < out.size();) {
+        size_t a = 0;
+        while (a < static_cast<size_t>(steps) && full[j + 1 + a] == full[j]) ++a;
+        expected += static_cast<int64_t>(a);
+        j += a + 1;
+      }
+    }
+    std::printf("[eagle-echo] page %d: accepted %lld, expected %lld\n", page,
+                static_cast<long long>(engine.stats().spec.accepted), static_cast<long long>(expected));
+    EXPECT_GT(expected, 0);
+    EXPECT_EQ(engine.stats().spec.accepted, expected);
+    EXPECT_EQ(engine.leaked_pages(), 0);
+  }
 }
 
 TEST(EngineSpec, DifferentDraftModelAndEosStayLossless) {
@@ -300,8 +354,18 @@ TEST(EngineSpec, BadSettingsNameTheField) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(parse_spec_mode("eagle"), Error);
+  EXPECT_THROW(parse_spec_mode("medusa"), Error);
   EXPECT_EQ(parse_spec_mode("ngram"), SpecMode::kNgram);
+  EXPECT_EQ(parse_spec_mode("eagle"), SpecMode::kEagle);
+  // kEagle without a head names it.
+  try {
+    SpecConfig sc = testing::spec_config(SpecMode::kNgram, 1, 3);
+    sc.mode = SpecMode::kEagle;
+    sc.validate();
+    ADD_FAILURE() << "eagle without a head was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("eagle_head"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

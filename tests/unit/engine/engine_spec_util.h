@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "engine_test_util.h"
+#include "pagoda/model/eagle_head.h"
 
 namespace pagoda::testing {
 
@@ -46,13 +48,30 @@ inline std::vector<std::vector<int32_t>> repetitive_prompts(uint64_t seed, int n
   return out;
 }
 
-inline engine::SpecConfig spec_config(engine::SpecMode mode, int topk, int steps) {
+/// A random EAGLE head (mechanics only: it rarely guesses right) over test_model(); the EAGLE-3
+/// one has a draft vocabulary of 200 of the 300 ids (d2t).
+inline const model::EagleHead& test_eagle_head(model::EagleLayout layout) {
+  static std::map<model::EagleLayout, std::unique_ptr<model::EagleHead>> heads;
+  auto& h = heads[layout];
+  if (h == nullptr) {
+    const auto& t = test_model();
+    const model::EagleConfig c =
+        model::eagle_config_for(t.config, layout, layout == model::EagleLayout::kEagle3 ? 200 : 0);
+    h = std::make_unique<model::EagleHead>(c, model::make_random_eagle_weights(c, t.config, 77),
+                                           t.model);
+  }
+  return *h;
+}
+
+inline engine::SpecConfig spec_config(engine::SpecMode mode, int topk, int steps,
+                                      model::EagleLayout layout = model::EagleLayout::kEagle3) {
   engine::SpecConfig s;
   s.mode = mode;
   s.topk = topk;
   s.steps = steps;
   s.num_draft_tokens = topk == 1 ? steps + 1 : std::min(16, 1 + topk * steps + 2);
   s.min_accepted = 0.0;  // keep speculating: the tests exercise the spec path
+  if (mode == engine::SpecMode::kEagle) s.eagle_head = &test_eagle_head(layout);
   return s;
 }
 

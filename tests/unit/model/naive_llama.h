@@ -41,6 +41,9 @@ class NaiveLlama {
   }
 
   /// Feeds one token at the next position; returns its next-token logits.
+  /// The residual stream after layer l for the last fed token (EAGLE features).
+  const std::vector<double>& layer_output(int l) const { return layer_out_[static_cast<size_t>(l)]; }
+
   std::vector<double> feed(int32_t token) {
     const int H = c_.hidden_size, D = c_.head_dim, hq = c_.num_q_heads, hkv = c_.num_kv_heads;
     const int pos = pos_++;
@@ -90,6 +93,8 @@ class NaiveLlama {
       for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
       auto dn = matvec(lw.down_proj, g, H);
       for (int i = 0; i < H; ++i) x[i] += dn[i];
+      layer_out_.resize(static_cast<size_t>(c_.num_layers));
+      layer_out_[static_cast<size_t>(l)] = x;
     }
     auto f = norm(x, w_.final_norm);
     auto logits = matvec(w_.lm_head_matrix(), f, c_.vocab_size);
@@ -129,6 +134,7 @@ class NaiveLlama {
   }
 
  private:
+  std::vector<std::vector<double>> layer_out_;
   std::vector<double> norm(const std::vector<double>& x, const std::vector<float>& w) const {
     double ss = 0;
     for (double e : x) ss += e * e;
