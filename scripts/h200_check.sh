@@ -5,30 +5,13 @@
 # LONG_KV=32768 adds the long run), then RUNS="..." of scripts/h200_spec.sh (empty: none).
 # Everything lands in $OUT/check.tgz; a summary goes to stdout.
 set -uo pipefail
-OUT=${OUT:-/tmp/pagoda_out}
-R=/tmp/check_results
-rm -rf "$R"; mkdir -p "$R" "$OUT"
-trap 'tar czf "$OUT/check.tgz" -C "$R" .' EXIT
-cd "$(dirname "$0")/.."
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  date -u +%Y-%m-%dT%H:%MZ; echo "commit ${COMMIT:-unknown}"; } | tee "$R/gpu.txt"
-if compgen -G ".debs/*.deb" > /dev/null; then
-  # shellcheck disable=SC1091
-  source scripts/gpu_deps.sh env
-fi
-export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1 PAGODA_REQUIRE_GPU=1
-B=${BUILD_DIR:-/tmp/b-spec}
-export BUILD_DIR=$B
+# shellcheck disable=SC1091
+source "$(dirname "$0")/device_lib.sh"
+device_setup check
+export PAGODA_REQUIRE_GPU=1
 TESTS=${TESTS:-"cuda_attention_tests cuda_backend_tests model_kernels_tests cuda_spec_tests"}
-if [ ! -f "$B/build.ninja" ]; then
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 \
-    || { tail -40 "$R/build.log"; exit 1; }
-fi
-SECONDS=0
-timeout 420 ninja -C $B pagoda $TESTS ${EXTRA_TARGETS:-} >> "$R/build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$R/build.log" | head -40; exit 1; }
-echo "build ${SECONDS}s"
+# shellcheck disable=SC2086
+device_build pagoda $TESTS ${EXTRA_TARGETS:-}
 for t in $TESTS; do
   exe=$(find $B/tests -name "$t" -type f | head -1)
   timeout 240 "$exe" ${GTEST_ARGS:-} > "$R/$t.log" 2>&1

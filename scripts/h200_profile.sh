@@ -4,26 +4,10 @@
 # forward's extra time goes. Reuses $BUILD_DIR / $CKPT of scripts/h200_spec.sh when present.
 # Then, with COPY=1, runs h200_spec.sh's copy_* runs (training the copy model with $COPY_ARGS).
 set -uo pipefail
-OUT=${OUT:-/tmp/pagoda_out}
-R=/tmp/profile_results
-rm -rf "$R"; mkdir -p "$R" "$OUT"
-trap 'tar czf "$OUT/profile.tgz" -C "$R" .' EXIT
-cd "$(dirname "$0")/.."
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ
-  echo "commit ${COMMIT:-unknown}"; } | tee "$R/gpu.txt"
-if compgen -G ".debs/*.deb" > /dev/null; then
-  # shellcheck disable=SC1091
-  source scripts/gpu_deps.sh env
-fi
-export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
-B=${BUILD_DIR:-/tmp/b-spec}
-export BUILD_DIR=$B
-[ -f "$B/build.ninja" ] || cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1
-SECONDS=0
-timeout 400 ninja -C $B pagoda cuda_spec_tests >> "$R/build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$R/build.log" | head; exit 1; }
-echo "build ${SECONDS}s"
+# shellcheck disable=SC1091
+source "$(dirname "$0")/device_lib.sh"
+device_setup profile
+device_build pagoda cuda_spec_tests
 CKPT=${CKPT:-/tmp/llama-1b}
 [ -f "$CKPT/config.json" ] || timeout 300 python3 tools/make_checkpoint.py --layout 1b \
   --dtype bf16 --seed 0 --out "$CKPT" > "$R/checkpoint.log" 2>&1

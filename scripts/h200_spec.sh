@@ -18,26 +18,10 @@
 # RUNS="a b ..." picks runs (default: all, in this order). Results: $OUT/spec.tgz (every log and
 # JSON) plus the summary on stdout.
 set -uo pipefail
-OUT=${OUT:-/tmp/pagoda_out}
-R=/tmp/spec_results
-rm -rf "$R"; mkdir -p "$R" "$OUT"
-trap 'tar czf "$OUT/spec.tgz" -C "$R" .' EXIT
-cd "$(dirname "$0")/.."
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  date -u +%Y-%m-%dT%H:%MZ; echo "commit ${COMMIT:-unknown}"; } | tee "$R/gpu.txt"
-if compgen -G ".debs/*.deb" > /dev/null; then  # carried: scripts/gpu_deps.sh fetch here
-  # shellcheck disable=SC1091
-  source scripts/gpu_deps.sh env
-fi
-export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
-B=${BUILD_DIR:-/tmp/b-spec}
-if [ ! -f "$B/build.ninja" ]; then
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 \
-    || { tail -40 "$R/build.log"; exit 1; }
-fi
-timeout 400 ninja -C $B pagoda cuda_spec_tests >> "$R/build.log" 2>&1 \
-  || { grep -E "error|FAILED" "$R/build.log" | head -40; exit 1; }
+# shellcheck disable=SC1091
+source "$(dirname "$0")/device_lib.sh"
+device_setup spec
+device_build pagoda cuda_spec_tests
 echo "== GPU spec tests"
 PAGODA_REQUIRE_GPU=1 timeout 180 "$B/tests/cuda/cuda_spec_tests" > "$R/spec_tests.log" 2>&1
 echo "spec tests rc=$?"

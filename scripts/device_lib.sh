@@ -1,0 +1,34 @@
+# Sourced by the one-call device scripts (h200_check.sh, h200_spec.sh, h200_profile.sh):
+#   device_setup NAME — results in R=/tmp/NAME_results (tarred into $OUT/NAME.tgz on exit), the
+#   repo root as the working directory, gpu.txt (GPU, driver, date, $COMMIT), the carried Debian
+#   packages (.debs, scripts/gpu_deps.sh) and the thread settings; B = $BUILD_DIR or /tmp/b-spec.
+#   device_build TARGETS... — configures $B once (sm_90a, no benches), builds the targets.
+device_setup() {
+  OUT=${OUT:-/tmp/pagoda_out}
+  R=/tmp/$1_results
+  rm -rf "$R"; mkdir -p "$R" "$OUT"
+  # shellcheck disable=SC2064
+  trap "tar czf '$OUT/$1.tgz' -C '$R' ." EXIT
+  cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    date -u +%Y-%m-%dT%H:%MZ; echo "commit ${COMMIT:-unknown}"; } | tee "$R/gpu.txt"
+  if compgen -G ".debs/*.deb" > /dev/null; then  # carried: scripts/gpu_deps.sh fetch here
+    # shellcheck disable=SC1091
+    source scripts/gpu_deps.sh env
+  fi
+  export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
+  B=${BUILD_DIR:-/tmp/b-spec}
+  export BUILD_DIR=$B
+}
+
+device_build() {
+  if [ ! -f "$B/build.ninja" ]; then
+    cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 \
+      || { tail -40 "$R/build.log"; exit 1; }
+  fi
+  SECONDS=0
+  timeout 420 ninja -C "$B" "$@" >> "$R/build.log" 2>&1 \
+    || { grep -E "error|FAILED" "$R/build.log" | head -40; exit 1; }
+  echo "build ${SECONDS}s"
+}
