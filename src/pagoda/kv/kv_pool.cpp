@@ -89,6 +89,10 @@ void KvPool::set_scales(LayerId layer, float k_scale, float v_scale) {
   PAGODA_REQUIRE(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0,
                  kInvalidArgument, "KV scales must be finite and > 0 (got {}, {})", k_scale,
                  v_scale);
+  PAGODA_REQUIRE(config_.layout != KvLayout::kMla || v_scale == k_scale, kInvalidArgument,
+                 "layer {}: an MLA pool stores one latent row per token and V is that stored row, "
+                 "so v_scale must equal k_scale (got {} and {})",
+                 layer.value(), k_scale, v_scale);
   k_scales_[layer.value()] = k_scale;
   v_scales_[layer.value()] = v_scale;
 }

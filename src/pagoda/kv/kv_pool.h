@@ -79,7 +79,8 @@ class KvPool {
   /// kv_lora_rank elements of the latent rows).
   TensorView v_view(LayerId layer) const;
 
-  /// Sets the dequantisation scales of `layer` (> 0, finite). Default 1.
+  /// Sets the dequantisation scales of `layer` (> 0, finite). Default 1. An MLA pool needs
+  /// v_scale == k_scale (V is the stored latent row); kInvalidArgument otherwise, pool unchanged.
   void set_scales(LayerId layer, float k_scale, float v_scale);
   float k_scale(LayerId layer) const;
   float v_scale(LayerId layer) const;

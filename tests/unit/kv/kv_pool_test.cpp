@@ -127,6 +127,11 @@ TEST_F(KvPoolTest, MlaLatentAndValueView) {
   KvPoolConfig c{.layout = KvLayout::kMla, .num_layers = 1, .num_pages = 2, .page_size = 2,
                  .dtype = DType::kF32, .kv_lora_rank = 4, .rope_dim = 2};
   KvPool pool(c, alloc());
+  // V is the stored latent row: one scale for both (the oracle and every backend agree on it).
+  EXPECT_THROW(pool.set_scales(LayerId(0), 0.5f, 2.0f), Error);
+  EXPECT_EQ(pool.v_scale(LayerId(0)), 1.0f);
+  pool.set_scales(LayerId(0), 0.5f, 0.5f);
+  pool.set_scales(LayerId(0), 1.0f, 1.0f);
   EXPECT_EQ(pool.k_row_elems(), 6);
   EXPECT_EQ(pool.bytes_per_token(), 6 * 4);
   std::vector<float> lat{1, 2, 3, 4, 5, 6};
