@@ -2,8 +2,8 @@
 // 1/16/64 × topk 1/4 × steps 1/3/5 × n-gram / self-draft, in a busy batch with staggered
 // arrivals. Greedy output equals the plain engine's token for token; no page leaks; self-draft
 // with topk 1 accepts every drafted token. EAGLE heads (random weights: mechanics only) on
-// reference / cpu × pages 1/16/64 × topk 1/4 × steps 1/3 (EAGLE-1 at page 16, EAGLE-3 with a
-// draft vocabulary elsewhere). (Label "spec": not repeated under ASan.)
+// reference / cpu × pages 1/16/64 and hybrid × pages 16/64, × topk 1/4 × steps 1/3 (EAGLE-1 at
+// page 16, EAGLE-3 with a draft vocabulary elsewhere). (Label "spec": not repeated under ASan.)
 #include "engine_spec_util.h"
 
 namespace pagoda::engine {
@@ -31,10 +31,13 @@ std::vector<Case> all_cases() {
       for (int k : {1, 4})
         for (int s : {1, 3, 5})
           for (SpecMode m : {SpecMode::kNgram, SpecMode::kDraft}) cases.push_back({b, p, k, s, m});
-  for (const auto& b : testing::exactness_backends())
-    for (int p : {1, 16, 64})
+  for (const auto& b : testing::spec_backends()) {
+    const std::vector<int> pages =
+        b == "hybrid" ? std::vector<int>{16, 64} : std::vector<int>{1, 16, 64};
+    for (int p : pages)
       for (int k : {1, 4})
         for (int s : {1, 3}) cases.push_back({b, p, k, s, SpecMode::kEagle});
+  }
   return cases;
 }
 
