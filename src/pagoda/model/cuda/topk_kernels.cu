@@ -20,21 +20,6 @@ __device__ __forceinline__ bool better(float v, int id, float w, int jd) {
   return v > w || (v == w && id < jd);
 }
 
-/// The warp's best (value, id) by `better`, with the thread that holds it, in every lane.
-__device__ __forceinline__ void warp_best(float& bv, int& bi, int& bt) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-    const int t2 = __shfl_xor_sync(0xffffffffu, bt, o);
-    if (better(v2, i2, bv, bi)) {
-      bv = v2;
-      bi = i2;
-      bt = t2;
-    }
-  }
-}
-
 template <int K>
 __global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict__ logits,
                                                         int64_t vocab, int k, int32_t* ids,
@@ -109,7 +94,17 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict_
   for (int r = 0; r < k; ++r) {
     float bv = val[0];
     int bi = idx[0], bt = threadIdx.x;
-    warp_best(bv, bi, bt);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+      const int t2 = __shfl_xor_sync(0xffffffffu, bt, o);
+      if (better(v2, i2, bv, bi)) {
+        bv = v2;
+        bi = i2;
+        bt = t2;
+      }
+    }
     if (lane == 0) {
       sv[warp] = bv;
       si[warp] = bi;
@@ -120,7 +115,17 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const float* __restrict_
       bv = lane < kWarps ? sv[lane] : -INFINITY;
       bi = lane < kWarps ? si[lane] : -1;
       bt = lane < kWarps ? st[lane] : -1;
-      warp_best(bv, bi, bt);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        const int t2 = __shfl_xor_sync(0xffffffffu, bt, o);
+        if (better(v2, i2, bv, bi)) {
+          bv = v2;
+          bi = i2;
+          bt = t2;
+        }
+      }
       if (lane == 0) {
         ids[row * k + r] = bi;
         logprobs[row * k + r] = bi < 0 ? -INFINITY : fminf(bv - lse, 0.f);
