@@ -68,21 +68,12 @@ RunResult run_once(const SpecBenchArgs& a, model::LlamaModel& llama, platform::P
   r.stats = eng.stats();
   // Counters of the timed part only.
   r.stats.spec_steps -= before.spec_steps;
-  r.stats.spec.rounds -= before.spec.rounds;
-  r.stats.spec.verified -= before.spec.verified;
-  r.stats.spec.draft_tokens -= before.spec.draft_tokens;
-  r.stats.spec.accepted -= before.spec.accepted;
-  r.stats.spec.emitted -= before.spec.emitted;
+  r.stats.spec -= before.spec;
   r.stats.decode_steps -= before.decode_steps;
   r.stats.spec_graph_steps -= before.spec_graph_steps;
   r.stats.draft_forwards -= before.draft_forwards;
   r.stats.draft_graph_steps -= before.draft_graph_steps;
-  r.stats.spec_time.draft_s -= before.spec_time.draft_s;
-  r.stats.spec_time.verify_s -= before.spec_time.verify_s;
-  r.stats.spec_time.accept_s -= before.spec_time.accept_s;
-  r.stats.spec_time.commit_s -= before.spec_time.commit_s;
-  r.stats.spec_time.extend_s -= before.spec_time.extend_s;
-  r.stats.spec_time.plain_forward_s -= before.spec_time.plain_forward_s;
+  r.stats.spec_time -= before.spec_time;
   r.leaked = eng.leaked_pages();
   return r;
 }

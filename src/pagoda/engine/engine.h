@@ -99,6 +99,16 @@ struct SpecTimes {
   double commit_s = 0;   ///< emit, commit_draft_slots, move_kv (enqueued), scheduler updates
   double extend_s = 0;   ///< the draft worker's draft extend
   double plain_forward_s = 0;
+  /// Field-wise difference (the time of a window between two snapshots).
+  SpecTimes& operator-=(const SpecTimes& o) {
+    draft_s -= o.draft_s;
+    verify_s -= o.verify_s;
+    accept_s -= o.accept_s;
+    commit_s -= o.commit_s;
+    extend_s -= o.extend_s;
+    plain_forward_s -= o.plain_forward_s;
+    return *this;
+  }
 };
 
 struct EngineStats {

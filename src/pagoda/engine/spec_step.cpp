@@ -120,6 +120,30 @@ std::vector<int32_t> kv_lens(const std::vector<Req*>& reqs) {
   return lens;
 }
 
+/// A greedy decode batch: request i computes token ids[i] at position prefix[i] into slot
+/// slots[i] (already in its req→token row), one logit row each.
+model::WorkerBatch one_token_batch(const std::vector<Req*>& reqs, std::vector<int32_t> ids,
+                                   std::span<const int32_t> prefix,
+                                   std::span<const SlotIndex> slots) {
+  const size_t n = reqs.size();
+  model::WorkerBatch db;
+  db.input_ids = std::move(ids);
+  model::StepInput in{.mode = ForwardMode::kDecode,
+                      .seqs = {},
+                      .out_cache_loc = std::vector<int32_t>(slots.begin(), slots.end())};
+  for (size_t i = 0; i < n; ++i) {
+    in.seqs.push_back(model::StepSequence{.req_slot = reqs[i]->cache.req_slot.value(),
+                                          .prefix_len = prefix[i],
+                                          .tokens = std::span<const int32_t>(db.input_ids).subspan(i, 1),
+                                          .want_logits = true});
+  }
+  db.forward = model::build_forward_batch(in);
+  db.logit_rows.assign(n, 1);
+  db.sampling.assign(n, model::SamplingParams{});
+  db.sample_step.assign(n, 0);
+  return db;
+}
+
 /// Runs `steps` draft forwards (kTargetVerify over each request's beam tree) on the draft worker
 /// and returns the verify trees (SGLang's EAGLE construction, spec::TreeBuilder).
 std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::vector<Req*>& reqs,
@@ -205,27 +229,15 @@ std::vector<spec::DraftTree> draft_chain(model::ModelWorker& worker, const std::
     expand(worker.run(batch));
     for (Req* r : reqs) r->draft_kv_pending = false;
   }
-  model::StepInput in{.mode = ForwardMode::kDecode, .seqs = {}, .out_cache_loc = {}};
-  model::WorkerBatch db;
-  db.logit_rows.assign(nreq, 1);
-  db.sampling.assign(nreq, model::SamplingParams{});
-  db.sample_step.assign(nreq, 0);
+  std::vector<int32_t> ids(nreq), prefix(nreq);
+  std::vector<SlotIndex> node_slots(nreq);
   for (int32_t s = 1; !builders.front().done(); ++s) {
-    in.seqs.clear();
-    in.out_cache_loc.clear();
-    db.input_ids.clear();
-    for (size_t b = 0; b < nreq; ++b) db.input_ids.push_back(builders[b].beam_tree().tokens.back());
     for (size_t b = 0; b < nreq; ++b) {
-      const Req& r = *reqs[b];
-      in.seqs.push_back(model::StepSequence{
-          .req_slot = r.cache.req_slot.value(),
-          .prefix_len = static_cast<int32_t>(r.kv_len + s),
-          .tokens = std::span<const int32_t>(db.input_ids).subspan(b, 1),
-          .want_logits = true});
-      in.out_cache_loc.push_back(slots[b * static_cast<size_t>(extra) + static_cast<size_t>(s)]);
+      ids[b] = builders[b].beam_tree().tokens.back();
+      prefix[b] = static_cast<int32_t>(reqs[b]->kv_len + s);
+      node_slots[b] = slots[b * static_cast<size_t>(extra) + static_cast<size_t>(s)];
     }
-    db.forward = model::build_forward_batch(in);
-    expand(worker.run(db));
+    expand(worker.run(one_token_batch(reqs, ids, prefix, node_slots)));
   }
   std::vector<spec::DraftTree> trees;
   for (const auto& b : builders) trees.push_back(b.finish(sc.num_draft_tokens));
@@ -279,28 +291,18 @@ bool Engine::spec_ready() {
 
 void Engine::flush_draft_kv(const std::vector<Req*>& reqs) {
   if (draft_worker_ == nullptr) return;
-  model::StepInput in{.mode = ForwardMode::kDecode, .seqs = {}, .out_cache_loc = {}};
-  model::WorkerBatch db;
   std::vector<Req*> todo;
-  for (Req* r : reqs)
-    if (r->draft_kv_pending && r->kv_len >= 1) todo.push_back(r);
-  for (Req* r : todo) db.input_ids.push_back(r->cache.tokens[static_cast<size_t>(r->kv_len - 1)]);
-  for (size_t i = 0; i < todo.size(); ++i) {
-    Req& r = *todo[i];
-    r.draft_kv_pending = false;
-    in.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
-                                          .prefix_len = static_cast<int32_t>(r.kv_len - 1),
-                                          .tokens = std::span<const int32_t>(db.input_ids).subspan(i, 1),
-                                          .want_logits = true});
-    in.out_cache_loc.push_back(table_->read(r.cache.req_slot, r.kv_len - 1, 1)[0]);
+  std::vector<int32_t> ids, prefix;
+  std::vector<SlotIndex> slots;
+  for (Req* r : reqs) {
+    if (!r->draft_kv_pending || r->kv_len < 1) continue;
+    r->draft_kv_pending = false;
+    todo.push_back(r);
+    ids.push_back(r->cache.tokens[static_cast<size_t>(r->kv_len - 1)]);
+    prefix.push_back(static_cast<int32_t>(r->kv_len - 1));
+    slots.push_back(table_->read(r->cache.req_slot, r->kv_len - 1, 1)[0]);
   }
-  if (todo.empty()) return;
-  const size_t n = todo.size();
-  db.forward = model::build_forward_batch(in);
-  db.logit_rows.assign(n, 1);
-  db.sampling.assign(n, model::SamplingParams{});
-  db.sample_step.assign(n, 0);
-  draft_worker_->run(db);
+  if (!todo.empty()) draft_worker_->run(one_token_batch(todo, std::move(ids), prefix, slots));
 }
 
 void Engine::draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,

@@ -45,6 +45,15 @@ struct AcceptStats {
   int64_t draft_tokens = 0;    ///< draft nodes verified (root excluded)
   int64_t accepted = 0;        ///< draft nodes accepted
   int64_t emitted = 0;         ///< tokens emitted by verify (accepted + bonus, after truncation)
+  /// Field-wise difference (the counts of a window between two snapshots).
+  AcceptStats& operator-=(const AcceptStats& o) {
+    rounds -= o.rounds;
+    verified -= o.verified;
+    draft_tokens -= o.draft_tokens;
+    accepted -= o.accepted;
+    emitted -= o.emitted;
+    return *this;
+  }
   /// Mean new tokens per request per verify (SGLang's accept length; 1 = nothing accepted).
   double mean_accept_length() const {
     return verified == 0 ? 0.0 : static_cast<double>(emitted) / static_cast<double>(verified);
