@@ -13,8 +13,8 @@
 #   f32_lossless     — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
 #   ngram_b16        — 16 running requests
 #   copy_chain / copy_tree / copy_b16 — n-gram drafting on the `repeat` workload with the 1B
-#                      layout trained to continue repeated text (tools/train_copy_model.py, run
-#                      here first when $CKPT_COPY is missing): the editing/retrieval case
+#                      layout whose weights copy (tools/make_copy_model.py: an induction circuit,
+#                      written here first when $CKPT_COPY is missing): the editing/retrieval case
 # RUNS="a b ..." picks runs (default: all, in this order). Results: $OUT/spec.tgz (every log and
 # JSON) plus the summary on stdout.
 set -uo pipefail
@@ -69,10 +69,10 @@ copy_wanted() { case " ${RUNS:-all} " in *" all "*|*" copy_"*) return 0 ;; esac;
 if copy_wanted; then
   CKPT_COPY=${CKPT_COPY:-/tmp/llama-1b-copy}
   if [ ! -f "$CKPT_COPY/config.json" ]; then
-    echo "== training the copy model"
-    timeout 300 python3 tools/train_copy_model.py --src "$CKPT" --out "$CKPT_COPY" \
-      ${COPY_ARGS:---steps 300} > "$R/train_copy.log" 2>&1; echo "train rc=$?"
-    grep -E "^step|accuracy" "$R/train_copy.log" | tail -8
+    echo "== constructing the copy model"
+    timeout 300 python3 tools/make_copy_model.py --src "$CKPT" --out "$CKPT_COPY" \
+      > "$R/make_copy.log" 2>&1; echo "make_copy rc=$?"
+    cat "$R/make_copy.log"
   fi
   P="$B/pagoda bench --model $CKPT_COPY --backend cuda --json"
   run copy_chain --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
