@@ -50,11 +50,13 @@ GAIN = 4.0                # induction output relative to the current token's own
 def rope_inv_freq(cfg):
     """HF's default / llama3 inverse frequencies (one per rotary pair)."""
     hd = cfg["head_dim"]
-    f = 1.0 / (cfg["rope_theta"] ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
-    rs = cfg.get("rope_scaling")
-    if rs is None:
+    # transformers >= 5 writes rope_parameters (rope_theta inside), older ones rope_scaling.
+    rs = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    theta = (rs or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    f = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    kind = None if rs is None else rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
         return f
-    kind = rs.get("rope_type", rs.get("type"))
     if kind != "llama3":
         raise SystemExit(f"rope_scaling type {kind!r} is not supported by this tool")
     old = rs["original_max_position_embeddings"]
