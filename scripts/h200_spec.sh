@@ -12,7 +12,7 @@
 #   self_tree        — self-draft, topk 4, tree of 8
 #   f32_lossless     — f32 weights: greedy outputs must be identical (bf16 may flip near ties)
 #   ngram_b16        — 16 running requests
-#   copy_chain / copy_tree / copy_b16 — n-gram drafting on the `repeat` workload with the 1B
+#   copy_chain / copy_tree / copy_4k / copy_b16 — n-gram drafting on the `repeat` workload with the 1B
 #                      layout whose weights copy (tools/make_copy_model.py: an induction circuit,
 #                      written here first when $CKPT_COPY is missing): the editing/retrieval case
 # RUNS="a b ..." picks runs (default: all, in this order). Results: $OUT/spec.tgz (every log and
@@ -79,6 +79,8 @@ if copy_wanted; then
                  --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
   run copy_tree  --spec ngram --spec-steps 6 --spec-topk 4 --spec-draft-tokens 16 \
                  --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
+  run copy_4k    --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+                 --workload repeat --requests 4 --input-len 4096 --output-len 256 --max-running 1
   run copy_b16   --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
                  --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
 fi
