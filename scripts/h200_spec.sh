@@ -15,7 +15,8 @@
 #   copy_chain / copy_tree / copy_4k / copy_b16 — n-gram drafting on the `repeat` workload with the 1B
 #                      layout whose weights copy (tools/make_copy_model.py: an induction circuit,
 #                      written here first when $CKPT_COPY is missing): the editing/retrieval case
-# RUNS="a b ..." picks runs (default: all, in this order). Results: $OUT/spec.tgz (every log and
+# RUNS="a b ..." picks runs (default: all, in this order); SUFFIX is appended to their file names
+# (e.g. SUFFIX=_nopdl RUN_ENV=PAGODA_PDL=0 for an A/B in the same call). Results: $OUT/spec.tgz (every log and
 # JSON) plus the summary on stdout.
 set -uo pipefail
 # shellcheck disable=SC1091
@@ -35,9 +36,10 @@ P="$B/pagoda bench --model $CKPT --backend cuda --json"
 run() {  # name, args... (RUN_ENV="A=1 B=2" run ... sets variables for that run only)
   local name=$1; shift
   case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return ;; esac
-  echo "== $name: ${RUN_ENV:-} $*"
-  env ${RUN_ENV:-} timeout 240 $P "$@" > "$R/$name.json" 2> "$R/$name.err"; echo "rc=$?"
-  python3 - "$R/$name.json" <<'PY' || tail -3 "$R/$name.err"
+  local file=$name${SUFFIX:-}
+  echo "== $file: ${RUN_ENV:-} $*"
+  env ${RUN_ENV:-} timeout 240 $P "$@" > "$R/$file.json" 2> "$R/$file.err"; echo "rc=$?"
+  python3 - "$R/$file.json" <<'PY' || tail -3 "$R/$file.err"
 import json, sys
 d = json.load(open(sys.argv[1]))
 print(json.dumps(d)[:1500])

@@ -58,10 +58,9 @@ cudaError_t decode(const AttentionArgs& args, cudaStream_t stream) {
         st = cudaFuncSetAttribute(tkernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(TCfg::kSmemBytes));
         if (st != cudaSuccess) return;
-        tkernel<<<dim3(args.grid_items, args.num_kv_heads, 1), TCfg::kThreads, TCfg::kSmemBytes,
-                  stream>>>(
-            args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
-        st = cudaGetLastError();
+        st = launch_pdl(tkernel, dim3(args.grid_items, args.num_kv_heads, 1),
+                        dim3(TCfg::kThreads), TCfg::kSmemBytes, stream, args,
+                        detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
         return;
       }
     }
@@ -70,9 +69,8 @@ cudaError_t decode(const AttentionArgs& args, cudaStream_t stream) {
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
-    st = cudaGetLastError();
+    st = launch_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
+                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
   });
   return st;
 }

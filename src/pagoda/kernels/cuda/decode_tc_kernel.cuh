@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/pdl.cuh"
 
 namespace pagoda::kernels::cuda::detail {
 
@@ -96,6 +97,8 @@ __device__ __forceinline__ void widen16(const uint4& raw, uint4& lo, uint4& hi) 
 
 template <typename T, typename KV, int D>
 __global__ void __launch_bounds__(128) decode_tc_kernel(AttentionArgs a, LogitTransform xf) {
+  pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
+  pdl_launch_dependents();
   using Cfg = DecodeTcConfig<T, KV, D>;
   constexpr int kS = Cfg::kStages;
   constexpr int kW = Cfg::kWarps;

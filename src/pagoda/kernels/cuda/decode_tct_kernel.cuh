@@ -111,6 +111,8 @@ __device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitTransform xf) {
+  pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
+  pdl_launch_dependents();
   using Cfg = DecodeTctConfig<T, D>;
   using KV = E4M3;
   constexpr int kS = Cfg::kStages;

@@ -4,6 +4,7 @@
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/launch_raw.h"
+#include "pagoda/kernels/cuda/pdl.cuh"
 
 namespace pagoda::kernels::cuda {
 namespace detail {
@@ -124,6 +125,8 @@ __device__ void merge_row(const AttentionArgs& a, int r) {
 }
 
 __global__ void __launch_bounds__(128) merge_kernel(AttentionArgs a) {
+  pdl_wait();  // reads the partials the attention kernel wrote (pdl.cuh)
+  pdl_launch_dependents();
   const DevicePlan& plan = a.plan;
   for (int r = blockIdx.x; r < plan.counts[2]; r += gridDim.x) merge_row(a, r);
 }
@@ -162,8 +165,8 @@ cudaError_t generic(const AttentionArgs& args, cudaStream_t stream) {
 
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_merge == 0) return cudaSuccess;
-  detail::merge_kernel<<<dim3(args.grid_merge, args.num_qo_heads), 128, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch_pdl(detail::merge_kernel, dim3(args.grid_merge, args.num_qo_heads), dim3(128), 0,
+                    stream, args);
 }
 
 cudaError_t append_kv(const AppendArgs& args, cudaStream_t stream) {

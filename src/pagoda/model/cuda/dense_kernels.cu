@@ -4,11 +4,16 @@
 
 #include <cstdint>
 
+#include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/model/cuda/dense_kernels.h"
 
 namespace pagoda::model::cuda_kernels {
 
 namespace {
+
+using kernels::cuda::launch_pdl;
+using kernels::cuda::pdl_launch_dependents;
+using kernels::cuda::pdl_wait;
 
 // ---------------------------------------------------------------------------------------------
 // Conversions and vector loads.
@@ -109,6 +114,8 @@ template <typename W>
 __global__ void embed_kernel(const W* __restrict__ table, const int32_t* __restrict__ ids,
                              W* __restrict__ out, int64_t rows, int64_t words,
                              int64_t vocab_begin, int64_t vocab_rows) {
+  pdl_wait();  // every kernel here reads its predecessor's output (pdl.cuh)
+  pdl_launch_dependents();
   for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
     const int64_t local = static_cast<int64_t>(ids[t]) - vocab_begin;
     W* dst = out + t * words;
@@ -126,10 +133,9 @@ cudaError_t launch_embed(const void* table, const int32_t* ids, void* out, int64
                          int64_t bytes, cudaStream_t stream, int64_t vocab_begin,
                          int64_t vocab_rows) {
   const int64_t words = bytes / static_cast<int64_t>(sizeof(W));
-  embed_kernel<W><<<row_grid(rows), round_up_warp(words, 32, 256), 0, stream>>>(
-      static_cast<const W*>(table), ids, static_cast<W*>(out), rows, words, vocab_begin,
-      vocab_rows);
-  return cudaGetLastError();
+  return launch_pdl(embed_kernel<W>, row_grid(rows), round_up_warp(words, 32, 256), 0, stream,
+                    static_cast<const W*>(table), ids, static_cast<W*>(out), rows, words,
+                    vocab_begin, vocab_rows);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -143,6 +149,8 @@ template <typename T, int N, NormMode kMode>
 __global__ void __launch_bounds__(1024)
     norm_kernel(const T* x, float* residual, const int32_t* __restrict__ row_index,
                 const T* __restrict__ weight, T* out, int64_t rows, int64_t hidden, float eps) {
+  pdl_wait();  // every kernel here reads its predecessor's output (pdl.cuh)
+  pdl_launch_dependents();
   __shared__ float part[32];
   const int64_t chunks = hidden / N;
   for (int64_t t = blockIdx.x; t < rows; t += gridDim.x) {
@@ -223,14 +231,12 @@ cudaError_t launch_norm(const void* x, float* residual, const int32_t* row_index
   T* ot = static_cast<T*>(out);
   if (vec) {
     const unsigned threads = round_up_warp((hidden / kN + 1) / 2, 64, 1024);
-    norm_kernel<T, kN, kMode><<<row_grid(rows), threads, 0, stream>>>(xt, residual, row_index, wt,
-                                                                      ot, rows, hidden, eps);
-  } else {
-    const unsigned threads = round_up_warp((hidden + 3) / 4, 64, 1024);
-    norm_kernel<T, 1, kMode><<<row_grid(rows), threads, 0, stream>>>(xt, residual, row_index, wt,
-                                                                     ot, rows, hidden, eps);
+    return launch_pdl(norm_kernel<T, kN, kMode>, row_grid(rows), threads, 0, stream, xt, residual,
+                      row_index, wt, ot, rows, hidden, eps);
   }
-  return cudaGetLastError();
+  const unsigned threads = round_up_warp((hidden + 3) / 4, 64, 1024);
+  return launch_pdl(norm_kernel<T, 1, kMode>, row_grid(rows), threads, 0, stream, xt, residual,
+                    row_index, wt, ot, rows, hidden, eps);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -243,6 +249,8 @@ __global__ void qkv_rope_kernel(const T* __restrict__ qkv, const T* __restrict__
                                 const float* __restrict__ inv_freq, T* __restrict__ q,
                                 T* __restrict__ k, T* __restrict__ v, KvCacheWrite cache,
                                 int64_t rows, int hq, int hkv, int d) {
+  pdl_wait();  // every kernel here reads its predecessor's output (pdl.cuh)
+  pdl_launch_dependents();
   const int half = d / 2;
   const int per_head = half / N;
   const int heads = hq + 2 * hkv;
@@ -324,16 +332,11 @@ cudaError_t launch_qkv_rope_n(const void* qkv, const void* bias, const int32_t* 
   const dim3 grid(blocks_for(items, kThreads),
                   static_cast<unsigned>(rows > 65535 ? 65535 : rows));
   const T* b = static_cast<const T*>(bias);
-  if (b != nullptr) {
-    qkv_rope_kernel<T, N, true, kStore><<<grid, kThreads, 0, stream>>>(
-        static_cast<const T*>(qkv), b, positions, inv_freq, static_cast<T*>(q),
-        static_cast<T*>(k), static_cast<T*>(v), cache, rows, hq, hkv, d);
-  } else {
-    qkv_rope_kernel<T, N, false, kStore><<<grid, kThreads, 0, stream>>>(
-        static_cast<const T*>(qkv), b, positions, inv_freq, static_cast<T*>(q),
-        static_cast<T*>(k), static_cast<T*>(v), cache, rows, hq, hkv, d);
-  }
-  return cudaGetLastError();
+  auto kernel = b != nullptr ? qkv_rope_kernel<T, N, true, kStore>
+                             : qkv_rope_kernel<T, N, false, kStore>;
+  return launch_pdl(kernel, grid, kThreads, 0, stream, static_cast<const T*>(qkv), b, positions,
+                    inv_freq, static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), cache,
+                    rows, hq, hkv, d);
 }
 
 bool aligned16_or_null(const void* p) { return p == nullptr || aligned16(p); }
@@ -380,6 +383,8 @@ cudaError_t dispatch_qkv_rope(ActDType dtype, const void* qkv, const void* bias,
 template <typename T, int N>
 __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows,
                                 int64_t inter) {
+  pdl_wait();  // every kernel here reads its predecessor's output (pdl.cuh)
+  pdl_launch_dependents();
   const int64_t per_row = inter / N;
   const int64_t total = rows * per_row;
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < total;
@@ -403,18 +408,17 @@ cudaError_t launch_silu_mul(const void* gate_up, void* out, int64_t rows, int64_
   constexpr int kThreads = 256;
   const T* g = static_cast<const T*>(gate_up);
   T* o = static_cast<T*>(out);
-  if (inter % kN == 0 && aligned16(gate_up) && aligned16(out)) {
-    silu_mul_kernel<T, kN><<<blocks_for(rows * (inter / kN), kThreads), kThreads, 0, stream>>>(
-        g, o, rows, inter);
-  } else {
-    silu_mul_kernel<T, 1><<<blocks_for(rows * inter, kThreads), kThreads, 0, stream>>>(g, o, rows,
-                                                                                       inter);
-  }
-  return cudaGetLastError();
+  if (inter % kN == 0 && aligned16(gate_up) && aligned16(out))
+    return launch_pdl(silu_mul_kernel<T, kN>, blocks_for(rows * (inter / kN), kThreads), kThreads,
+                      0, stream, g, o, rows, inter);
+  return launch_pdl(silu_mul_kernel<T, 1>, blocks_for(rows * inter, kThreads), kThreads, 0, stream,
+                    g, o, rows, inter);
 }
 
 template <typename T, int N>
 __global__ void to_f32_kernel(const T* in, float* out, int64_t chunks, float cap) {
+  pdl_wait();  // every kernel here reads its predecessor's output (pdl.cuh)
+  pdl_launch_dependents();
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < chunks;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float x[N];
@@ -432,13 +436,11 @@ cudaError_t launch_to_f32(const void* in, float* out, int64_t n, float cap, cuda
   constexpr int kN = 8;
   constexpr int kThreads = 256;
   const T* src = static_cast<const T*>(in);
-  if (n % kN == 0 && aligned16(in) && aligned16(out)) {
-    to_f32_kernel<T, kN><<<blocks_for(n / kN, kThreads), kThreads, 0, stream>>>(src, out, n / kN,
-                                                                                cap);
-  } else {
-    to_f32_kernel<T, 1><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(src, out, n, cap);
-  }
-  return cudaGetLastError();
+  if (n % kN == 0 && aligned16(in) && aligned16(out))
+    return launch_pdl(to_f32_kernel<T, kN>, blocks_for(n / kN, kThreads), kThreads, 0, stream, src,
+                      out, n / kN, cap);
+  return launch_pdl(to_f32_kernel<T, 1>, blocks_for(n, kThreads), kThreads, 0, stream, src, out, n,
+                    cap);
 }
 
 }  // namespace

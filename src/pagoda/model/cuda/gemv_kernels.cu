@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/model/cuda/gemv_kernels.h"
 
 namespace pagoda::model::cuda_kernels {
@@ -170,6 +171,24 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<T, kMT>())
 
   const int64_t step = static_cast<int64_t>(per_group) * 32;  // chunk stride of one lane
   int64_t c = static_cast<int64_t>(kg) * 32 + lane;
+  // The weights are no kernel's output: the first iteration's loads are issued before waiting for
+  // the kernel that wrote x (programmatic dependent launch, pdl.cuh), so they overlap its tail.
+  // The accumulation order is the same as without the split.
+  const bool first = c + (kUnroll - 1) * step < chunks;
+  uint4 w0[kUnroll][kRW];
+  if (first) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRW; ++r) w0[u][r] = ld_stream(wrow[r] + (c + u * step) * 8);
+  }
+  kernels::cuda::pdl_wait();
+  kernels::cuda::pdl_launch_dependents();
+  if (first) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) accumulate(c + u * step, w0[u]);
+    c += kUnroll * step;
+  }
   for (; c + (kUnroll - 1) * step < chunks; c += kUnroll * step) {
     uint4 wv[kUnroll][kRW];
 #pragma unroll
@@ -253,11 +272,10 @@ cudaError_t launch(const void* x, const void* w, void* y, int64_t m, int64_t n, 
     groups /= 2;
   const int64_t blocks = (n + int64_t{groups} * kRW - 1) / (int64_t{groups} * kRW);
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  small_m_gemm_kernel<T, kMT, kSwiglu, kF32Out>
-      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(w), y, static_cast<int>(m), n, k,
-          groups);
-  return cudaGetLastError();
+  return kernels::cuda::launch_pdl(small_m_gemm_kernel<T, kMT, kSwiglu, kF32Out>,
+                                   static_cast<unsigned>(blocks), kThreads, 0, stream,
+                                   static_cast<const T*>(x), static_cast<const T*>(w), y,
+                                   static_cast<int>(m), n, k, groups);
 }
 
 template <typename T, int kMT>

@@ -49,7 +49,9 @@ bool small_m_gemm_supported(ActDType dtype, int64_t m, int64_t n, int64_t k);
 /// pointers (y only needs 4-byte alignment for f32 / 2-byte for `dtype`); y must not alias x or w.
 /// Returns cudaErrorInvalidValue (launching nothing) when a requirement fails, else the launch
 /// error. Weights are loaded with ld.global.nc: w must not be written by the device while the
-/// kernel runs.
+/// kernel runs. Launched with programmatic dependent launch (kernels/cuda/pdl.cuh): the first
+/// weight loads are issued before the kernel waits for its predecessor on the stream, so w must
+/// not be the output of an earlier kernel of the stream either (weights are written at load time).
 cudaError_t small_m_gemm(ActDType dtype, const void* x, const void* w, void* y, bool f32_out,
                          bool swiglu, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
 
