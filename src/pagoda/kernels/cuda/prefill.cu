@@ -18,9 +18,8 @@ cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream) {
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
-    st = cudaGetLastError();
+    st = launch_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
+                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
   });
   return st;
 }

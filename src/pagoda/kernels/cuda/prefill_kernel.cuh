@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/kernels/cuda/prefill_common.cuh"
 
 namespace pagoda::kernels::cuda::detail {
@@ -64,6 +65,8 @@ __device__ __forceinline__ uint32_t opaque(uint32_t x) {
 
 template <typename T, typename KV, int D>
 __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitTransform xf) {
+  pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
+  pdl_launch_dependents();
   using Cfg = PrefillConfig<T, KV, D>;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kSub = Cfg::kSub;

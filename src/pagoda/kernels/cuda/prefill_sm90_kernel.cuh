@@ -27,6 +27,7 @@
 /// Supports 16-bit Q == KV types, D = 64 and 128; fp8 KV and D = 256 use prefill_kernel.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/kernels/cuda/prefill_common.cuh"
 #include "pagoda/kernels/cuda/sm90_utils.cuh"
 
@@ -60,6 +61,8 @@ template <typename T, int D, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
+  pdl_launch_dependents();
   using Cfg = PrefillSm90Config<T, D>;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kStages = Cfg::kStages;

@@ -22,6 +22,7 @@
 // scheduling.
 #include <cstdint>
 
+#include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 
@@ -284,6 +285,8 @@ int split_parts(int vocab) { return (vocab + kSampleSplitSlice - 1) / kSampleSpl
 __global__ void __launch_bounds__(kSplitThreads)
     argmax_split_kernel(const float* __restrict__ logits, int64_t row_stride, int vocab,
                         Partial* __restrict__ parts) {
+  kernels::cuda::pdl_wait();  // reads the logits the previous kernel wrote (pdl.cuh)
+  kernels::cuda::pdl_launch_dependents();
   __shared__ float wv[kSplitThreads / 32];
   __shared__ int wi[kSplitThreads / 32];
   const int row = blockIdx.y;
@@ -329,6 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sample_kernel(const float* __restrict__ logits, int64_t row_stride,
                   const SamplingRowParams* __restrict__ params, int vocab,
                   const Partial* __restrict__ parts, int nparts, int32_t* __restrict__ out_ids) {
+  kernels::cuda::pdl_wait();  // reads the logits the previous kernel wrote (pdl.cuh)
+  kernels::cuda::pdl_launch_dependents();
   __shared__ Shared sh;
   const int row = blockIdx.x;
   const int tid = threadIdx.x;
@@ -525,14 +530,13 @@ cudaError_t sample_tokens_with(SamplePath path, const float* logits, int64_t row
     parts = static_cast<Partial*>(workspace);
     nparts = split_parts(vocab);
     const dim3 grid(static_cast<unsigned>(nparts), static_cast<unsigned>(rows));
-    argmax_split_kernel<<<grid, kSplitThreads, 0, stream>>>(logits, row_stride, vocab, parts);
-    const cudaError_t e = cudaGetLastError();
+    const cudaError_t e = kernels::cuda::launch_pdl(argmax_split_kernel, grid, dim3(kSplitThreads),
+                                                    0, stream, logits, row_stride, vocab, parts);
     if (e != cudaSuccess) return e;
   }
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(logits, row_stride, params,
-                                                                     vocab, parts, nparts,
-                                                                     out_ids);
-  return cudaGetLastError();
+  return kernels::cuda::launch_pdl(sample_kernel, static_cast<unsigned>(rows), dim3(kThreads), 0,
+                                   stream, logits, row_stride, params, vocab, parts, nparts,
+                                   out_ids);
 }
 
 cudaError_t sample_tokens(const float* logits, int64_t row_stride, const SamplingRowParams* params,
