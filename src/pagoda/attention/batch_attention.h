@@ -72,7 +72,9 @@ struct RunParams {
   float logit_cap = 0.f;                 ///< 0 disables
   int window_left = -1;                  ///< -1 disables
   MaskKind mask = MaskKind::kCausal;     ///< ignored where a custom mask is planned
-  std::span<const float> sinks{};        ///< [Hq] or empty
+  /// [Hq] or empty. A view: the values must outlive every run() that reads these params (bind a
+  /// named vector or the layer's weights, never a temporary: `{.sinks = std::vector{...}}` dangles).
+  std::span<const float> sinks{};
   float k_scale = 1.f;
   float v_scale = 1.f;
 };

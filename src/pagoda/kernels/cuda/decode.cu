@@ -54,23 +54,15 @@ cudaError_t decode(const AttentionArgs& args, cudaStream_t stream) {
     if constexpr (!std::is_same_v<T, KV>) {
       if (group <= detail::kDecodeTctMaxGroup) {
         using TCfg = detail::DecodeTctConfig<T, D>;
-        auto tkernel = detail::decode_tct_kernel<T, D>;
-        st = cudaFuncSetAttribute(tkernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(TCfg::kSmemBytes));
-        if (st != cudaSuccess) return;
-        st = launch_pdl(tkernel, dim3(args.grid_items, args.num_kv_heads, 1),
-                        dim3(TCfg::kThreads), TCfg::kSmemBytes, stream, args,
-                        detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+        st = detail::launch_attention(detail::decode_tct_kernel<T, D>,
+                                      dim3(args.grid_items, args.num_kv_heads, 1), TCfg::kThreads,
+                                      TCfg::kSmemBytes, args, stream);
         return;
       }
     }
     using Cfg = detail::DecodeTcConfig<T, KV, D>;
-    auto kernel = detail::decode_tc_kernel<T, KV, D>;
-    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Cfg::kSmemBytes));
-    if (st != cudaSuccess) return;
-    st = launch_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
-                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+    st = detail::launch_attention(detail::decode_tc_kernel<T, KV, D>, grid, Cfg::kThreads,
+                                  Cfg::kSmemBytes, args, stream);
   });
   return st;
 }

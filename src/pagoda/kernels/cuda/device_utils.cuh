@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "pagoda/kernels/cuda/attention_params.h"
+#include "pagoda/kernels/cuda/pdl.cuh"
 
 namespace pagoda::kernels::cuda::detail {
 
@@ -255,6 +256,19 @@ inline LogitTransform make_logit_transform(float sm_scale, float cap, float k_sc
   t.pre = cap > 0.f ? sm_scale * k_scale / cap : 0.f;
   t.post = cap * kLog2e;
   return t;
+}
+
+/// The tuned attention kernels' launch: kernel(args, logit transform of args) on `grid` x
+/// `threads` with `smem` bytes of dynamic shared memory (opted in first), through launch_pdl
+/// (every such kernel calls pdl_wait() before touching memory). Returns the first error.
+template <typename Kernel>
+cudaError_t launch_attention(Kernel kernel, dim3 grid, int threads, size_t smem,
+                             const AttentionArgs& args, cudaStream_t stream) {
+  const cudaError_t st = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (st != cudaSuccess) return st;
+  return launch_pdl(kernel, grid, dim3(threads), smem, stream, args,
+                    make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
 }
 
 /// Folds an optional sink (natural-log logit) into a state (m, l) in base 2; returns the factor

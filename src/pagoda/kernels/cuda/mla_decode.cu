@@ -72,13 +72,8 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(args.grid_items, (args.num_qo_heads + heads - 1) / heads);
   auto launch = [&]<typename KV, int G>() {
     using Cfg = detail::MlaDecodeConfig<KV, G>;
-    auto kernel = detail::mla_decode_kernel<KV, G>;
-    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Cfg::kSmemBytes));
-    if (st != cudaSuccess) return;
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(
-        args, detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
-    st = cudaGetLastError();
+    st = detail::launch_attention(detail::mla_decode_kernel<KV, G>, grid, Cfg::kThreads,
+                                  Cfg::kSmemBytes, args, stream);
   };
   dispatch_mla(args.kv_dtype, [&]<typename KV>() {
     if (heads == 32) {

@@ -66,6 +66,8 @@ struct MlaDecodeConfig {
 template <typename KV, int G>
 __global__ void __launch_bounds__(128 * G, 1)
     mla_decode_kernel(AttentionArgs a, LogitTransform xf) {
+  pdl_wait();  // reads the latent rows the previous kernel stored (pdl.cuh)
+  pdl_launch_dependents();
   using T = __nv_bfloat16;
   using C = MlaDecodeConfig<KV, G>;
   constexpr int D = C::kDqk;

@@ -14,12 +14,8 @@ cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream) {
   detail::dispatch_fast(args.q_dtype, args.kv_dtype, args.head_dim_qk,
                         [&]<typename T, typename KV, int D>() {
     using Cfg = detail::PrefillConfig<T, KV, D>;
-    auto kernel = detail::prefill_kernel<T, KV, D>;
-    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Cfg::kSmemBytes));
-    if (st != cudaSuccess) return;
-    st = launch_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
-                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+    st = detail::launch_attention(detail::prefill_kernel<T, KV, D>, grid, Cfg::kThreads,
+                                  Cfg::kSmemBytes, args, stream);
   });
   return st;
 }

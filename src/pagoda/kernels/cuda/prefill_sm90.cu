@@ -72,11 +72,7 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
     }();
     auto kernel = pingpong ? detail::prefill_sm90_kernel<T, D, true>
                            : detail::prefill_sm90_kernel<T, D, false>;
-    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Cfg::kSmemBytes));
-    if (st != cudaSuccess) return;
-    st = launch_pdl(kernel, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
-                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+    st = detail::launch_attention(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, args, stream);
   });
   return st;
 }

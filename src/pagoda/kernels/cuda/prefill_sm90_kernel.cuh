@@ -39,7 +39,6 @@ struct PrefillSm90Config {
   static constexpr int kRows = 128;        // packed rows per block (2 consumers x 64)
   static constexpr int kKeys = 128;        // keys per tile
   static constexpr int kStages = 3;
-  static constexpr int kHalves = D / 64;   // 128-byte atom columns per row
   static constexpr uint32_t kQBytes = kRows * D * 2;
   static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
