@@ -36,6 +36,10 @@ python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mistr
 python3 -c 'import openai' 2>/dev/null || pip_install openai
 python3 -c 'import prometheus_client' 2>/dev/null || pip_install prometheus_client
 python3 -c 'import jinja2' 2>/dev/null || pip_install jinja2
+# The copy-model test (tests/unit/engine/check_copy_model.py) writes its checkpoint with
+# tools/make_copy_model.py: numpy and safetensors.
+python3 -c 'import numpy' 2>/dev/null || pip_install 'numpy<2.4'  # mistral-common's bound
+python3 -c 'import safetensors' 2>/dev/null || pip_install safetensors
 
 BUILD_DIR=${BUILD_DIR:-build}
 # shellcheck disable=SC2086

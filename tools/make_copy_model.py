@@ -27,9 +27,9 @@ are copied, its weights are not read. The weights are an induction circuit of tw
 
 The tool checks its margins before writing (the previous-token score gap over all distances below
 --max-context, the expected content-match gap), runs an independent float64 NumPy forward of the
-two active layers on random repeated sequences and prints the teacher-forced copy accuracy, and
-fails if it is below 0.99. Weights are saved as F16 (pagoda converts them to its compute dtype:
-bf16 on CUDA). Needs numpy and safetensors (no torch).
+two active layers on repeated spans of distinct random ids, prints the teacher-forced copy
+accuracy, and fails (writing nothing) if it is below 0.99. Weights are saved as F16 (pagoda
+converts them to its compute dtype: bf16 on CUDA). Needs numpy and safetensors (no torch).
 """
 
 import argparse
@@ -247,14 +247,14 @@ def attention_layer(h, w, layer, cfg, plan):
 
 
 def check_copy(w, cfg, plan, seed, seq_len, id_range):
-    """Teacher-forced argmax accuracy on the repeated part of random repeated sequences."""
+    """Teacher-forced argmax accuracy on the repeated part of repeated spans of distinct ids."""
     rng = np.random.default_rng(seed + 1)
     E = w["model.embed_tokens.weight"].astype(np.float64)
     W = {k_: v_.astype(np.float64) for k_, v_ in w.items() if ".layers.0." in k_ or
          ".layers.1." in k_}
     right = total = 0
     for span in (17, 61, 170):
-        s = rng.integers(0, id_range, span)
+        s = rng.choice(id_range, span, replace=False)  # distinct: one right answer per step
         x = np.concatenate([[cfg.get("bos_token_id", 0)], np.tile(s, seq_len // span + 1)])
         x = x[:seq_len]
         h = E[x]
