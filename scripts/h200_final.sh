@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The session's closing GPU evidence in two bounded device calls on one warm H200 (the build in
 # /tmp/b-fin survives between them). Logs: $OUT/final<stage>.tgz.
-#   STAGE=1: build every GPU target (sm_90a, tests on); the prefill kernels: sm90, sm90 ping-pong
-#            (its tests first), mma.sync.
+#   STAGE=1: build every GPU target (sm_90a, tests on); the attention tests (the sm90 path under
+#            each consumer schedule), cuda conformance (CONFORMANCE=0 skips), the prefill kernels:
+#            sm90 (overlap, with and without PDL), plain, ping-pong, mma.sync.
 #   STAGE=2: bench/cuda/run_evidence_h200.sh (ctest -L gpu with PAGODA_REQUIRE_GPU=1, cuda
 #            conformance incl. the long column, `pagoda kernels --backend cuda` with ceilings).
 #   STAGE=3: cuDNN / flash SDPA peers of stage 1's shapes (peers.py); speculative decoding A/Bs on
-#            the 1B layout (graphs vs eager, n-gram); FlashInfer fa3/fa2 when FLASHINFER=1 (needs
+#            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when FLASHINFER=1 (needs
 #            .whl carried).
 # COMMIT names the commit measured (the device copy carries no reliable git metadata).
 set -uo pipefail
@@ -43,15 +44,29 @@ if [ "$STAGE" = 2 ]; then
   fi
 fi
 if [ "$STAGE" = 1 ]; then
-  echo "== prefill: sm90, sm90 ping-pong (tests first), mma.sync"
+  echo "== GPU attention tests (default schedule: overlap), then the sm90 path under plain / ping-pong"
+  PAGODA_REQUIRE_GPU=1 timeout 240 $B/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1
+  echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is|^seed" "$R/tests.log" | head -20
+  for sched in plain pingpong; do
+    PAGODA_REQUIRE_GPU=1 PAGODA_SM90_SCHED=$sched timeout 120 $B/tests/cuda/cuda_attention_tests \
+      --gtest_filter='CudaExtend.*:CudaGraph.*' > "$R/tests_$sched.log" 2>&1
+    echo "$sched tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests_$sched.log" | tr '\n' ' ')"
+  done
+  if [ "${CONFORMANCE:-1}" = 1 ]; then
+    timeout 300 $B/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
+    echo "conformance rc=$?"; tail -4 "$R/conformance.txt"
+  fi
+  echo "== prefill: sm90 (overlap; PDL on, then off), plain, ping-pong, mma.sync"
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/sm90.jsonl" > /dev/null
-  PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/cuda_attention_tests --gtest_filter='CudaExtend.*:CudaGraph.*' > "$R/pingpong_tests.log" 2>&1
-  echo "ping-pong tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/pingpong_tests.log" | tr '\n' ' ')"
-  PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong.jsonl" prefill > /dev/null
-  PAGODA_SM90_PINGPONG=1 timeout 20 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_x.jsonl" extend > /dev/null
-  PAGODA_SM90_PINGPONG=1 timeout 20 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_t.jsonl" tree > /dev/null
+  for c in prefill extend tree; do
+    PAGODA_PDL=0 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/nopdl_$c.jsonl" $c > /dev/null
+    PAGODA_SM90_SCHED=plain timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/plain_$c.jsonl" $c > /dev/null
+    PAGODA_SM90_SCHED=pingpong timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_$c.jsonl" $c > /dev/null
+  done
   PAGODA_SM90_PREFILL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/mma.jsonl" prefill > /dev/null
-  for f in sm90 pingpong pingpong_x pingpong_t mma; do
+  for f in sm90 nopdl_prefill nopdl_extend nopdl_tree plain_prefill plain_extend plain_tree \
+           pingpong_prefill pingpong_extend pingpong_tree mma; do
     grep -h -E "prefill|extend|tree" "$R/$f.jsonl" 2>/dev/null | sed "s/^/$f /" | cut -c1-110
   done
   cp "$R/sm90.jsonl" /tmp/sm90_ours.jsonl
@@ -59,6 +74,7 @@ fi
 if [ "$STAGE" = 3 ]; then
   PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 150 python3 bench/cuda/peers.py /tmp/sm90_ours.jsonl "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
   echo "peers rc=$?"; head -30 "$R/peers.md"
+  if [ "${SPEC:-1}" = 1 ]; then
   CKPT=/tmp/llama-1b
   if [ ! -f $CKPT/config.json ]; then
     timeout 150 python3 tools/make_checkpoint.py --layout 1b --dtype bf16 --seed 0 --out $CKPT \
@@ -76,6 +92,7 @@ if [ "$STAGE" = 3 ]; then
       --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
   run ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 4 \
       --workload random --requests 4 --input-len 512 --output-len 256 --max-running 1
+  fi
   if [ "${FLASHINFER:-0}" = 1 ] && [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$R/pip.log" 2>&1
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout ${FI_TIMEOUT:-240} python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1

@@ -73,13 +73,16 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, in
 }
 
 /// Online softmax of one 16-row tile (a quad of lanes shares a row), in base 2 with `scale`
-/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m). Lazy rescaling: the
-/// running max m only moves (and O, l are rescaled) when some row of the warp sees a logit above
+/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m) and l gains the row sums.
+/// Lazy rescaling: the running max m only moves when some row of the warp sees a logit above
 /// m + 8, so p <= 2^8 stays well inside bf16/f32 range; the final normalisation uses the same m,
-/// so the result is unchanged. Warp-collective.
-template <int kNT, int kDT>
-__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[kDT][4], float scale) {
+/// so the result is unchanged. When m moves, l is rescaled here and the function returns true
+/// with the factors O must be multiplied by in `alpha` (rescale_rows): a caller whose O is still
+/// the accumulator of an in-flight wgmma applies them after the wait. Warp-collective; the
+/// result is warp-uniform.
+template <int kNT>
+__device__ __forceinline__ bool softmax_update(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
+                                               float scale, float (&alpha)[2]) {
   constexpr float kLazyRescale = 8.f;
   float mx[2];
   bool grow = false;
@@ -93,18 +96,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], 
     mx[h] = x * scale;
     grow |= mx[h] > m[h] + kLazyRescale;
   }
-  if (__any_sync(0xffffffffu, grow)) {
+  const bool rescale = __any_sync(0xffffffffu, grow);
+  if (rescale) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float mnew = fmaxf(m[h], mx[h]);
-      const float alpha = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
+      alpha[h] = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
       m[h] = mnew;
-      l[h] *= alpha;
-#pragma unroll
-      for (int d = 0; d < kDT; ++d) {
-        o[d][2 * h] *= alpha;
-        o[d][2 * h + 1] *= alpha;
-      }
+      l[h] *= alpha[h];
     }
   }
 #pragma unroll
@@ -119,6 +118,28 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], 
     }
     l[h] += sum;
   }
+  return rescale;
+}
+
+/// Multiplies the rows of one 16-row output tile by softmax_update's factors.
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      o[d][2 * h] *= alpha[h];
+      o[d][2 * h + 1] *= alpha[h];
+    }
+  }
+}
+
+/// softmax_update with O rescaled in place (O not in flight).
+template <int kNT, int kDT>
+__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kDT][4], float scale) {
+  float alpha[2];
+  if (softmax_update(s, m, l, scale, alpha)) rescale_rows(o, alpha);
 }
 
 /// P of keys [16 k2, 16 k2 + 16) of a 16-row tile as the A operand of an m16n8k16 / m64nNk16

@@ -48,15 +48,22 @@ struct PrefillSm90Config {
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
   // (seen on the H200 with 80 / 216).
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
                 "register split exceeds the launch allocation");
   static_assert(D == 64 || D == 128, "sm90 prefill supports D = 64 and 128");
   static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
 
-template <typename T, int D, bool kPingPong>
+/// How the two consumer warpgroups schedule their GEMMs (PAGODA_SM90_SCHED).
+enum class Sm90Sched {
+  kPlain,     // S GEMM, softmax, P V GEMM, each waited for
+  kPingPong,  // plain, with the two consumers taking turns at the tensor cores (FA3 ping-pong)
+  kOverlap,   // S(i+1) and P(i) V(i) in flight while the softmax of S(i+1) runs (FA3 intra-WG)
+};
+
+template <typename T, int D, Sm90Sched kSched>
 __global__ void __launch_bounds__(384, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -207,89 +214,170 @@ __global__ void __launch_bounds__(384, 1)
   for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
-  // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
-  // by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
-  // Consumer c waits on named barrier 4 + c before issuing and arrives on the other one after;
-  // consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive after the
-  // loop (an unconditional arrive keeps the issue-to-wait path free of divergent code, which
-  // would make ptxas serialise the wgmmas).
-  auto turn_begin = [&]() {
-    if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
-  };
-  auto turn_end = [&]() {
-    if constexpr (kPingPong) named_bar_arrive(5 - cw, 256);
-  };
-  if constexpr (kPingPong) {
-    if (cw == 1) named_bar_arrive(4, 256);
-  }
-
-  for (int i = 0; i < ntiles; ++i) {
-    const int s = i % kStages;
-    mbar_wait(&full[s], (i / kStages) & 1);
-    const int kb0 = lo + i * kKeys;
-    const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+  // The three steps of a tile, shared by the schedules below.
+  // S = Q K^T of the tile in stage s into sc (issued, not committed).
+  auto issue_s = [&](float (&sc_flat)[kNT * 4], int s) {
     const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
-    const uint32_t v_addr = k_addr + Cfg::kTileBytes;
-    float sc[kNT][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t half = kk / 4, sub = (kk % 4) * 32;
+      const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
+                                     16, 1024);
+      const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
+      wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
+    }
+  };
+  // Masks, soft cap and online softmax of tile i's scores (sc becomes P); returns whether O must
+  // be multiplied by alpha (softmax_update).
+  auto scores_to_p = [&](float (&sc)[kNT][4], int i, float (&alpha)[2]) -> bool {
     float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-    uint32_t pa[kKeys / 16][4];
-    // ---- S = Q K^T ----
-    turn_begin();
-    if (active) {
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t half = kk / 4, sub = (kk % 4) * 32;
-        const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
-                                       16, 1024);
-        const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
-        wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      fence_operands(sc_flat);
-      MaskInfo mk = mask;
-      if (i < nfree) {
-        mk.bits = nullptr;
-        mk.causal = false;
-      }
-      const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
-                             (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
-                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
-      if (capped) {
-#pragma unroll
-        for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
-      }
-      if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
-      softmax_tile(sc, m, l, o, scale);
-      // P is the A operand straight from the S accumulators.
-#pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
-    } else {
-      turn_end();
+    const int kb0 = lo + i * kKeys;
+    MaskInfo mk = mask;
+    if (i < nfree) {
+      mk.bits = nullptr;
+      mk.causal = false;
     }
-    // ---- O += P V ----
-    turn_begin();
-    if (active) {
-      fence_operands(o_flat);
-      wgmma_fence();
+    const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
+                           (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
+                           (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+    if (capped) {
 #pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-        const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
-        wgmma_rs<T, D>(o_flat, pa[k2], dv);
+      for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
+    }
+    if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
+    return softmax_update(sc, m, l, scale, alpha);
+  };
+  // O += P V of the tile in stage s (issued, not committed).
+  auto issue_pv = [&](const uint32_t (&pa)[kKeys / 16][4], int s) {
+    const uint32_t v_addr = kv_addr + (2 * s + 1) * Cfg::kTileBytes;
+#pragma unroll
+    for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+      const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
+      wgmma_rs<T, D>(o_flat, pa[k2], dv);
+    }
+  };
+  auto to_fragments = [&](uint32_t (&pa)[kKeys / 16][4], const float (&sc)[kNT][4]) {
+#pragma unroll
+    for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+  };
+  // A tile this warpgroup's rows cannot see: wait for it (so the arrive counts towards its
+  // phase of `empty`), then release it.
+  auto skip_tile = [&](int i) {
+    mbar_wait(&full[i % kStages], (i / kStages) & 1);
+    mbar_arrive(&empty[i % kStages]);
+  };
+
+  if constexpr (kSched == Sm90Sched::kOverlap) {
+    // FA3's intra-warpgroup overlap: S(i) is issued together with O += P(i-1) V(i-1), and the
+    // softmax of S(i) runs while the tensor cores work on P(i-1) V(i-1); O is rescaled after
+    // that GEMM completes. The tiles this warpgroup sees are the contiguous run [ia, ib).
+    const int ia = glo > lo ? min(ntiles, (glo - lo) / kKeys) : 0;
+    int ib = ghi > lo ? min(ntiles, (ghi - lo + kKeys - 1) / kKeys) : 0;
+    if (!wg_rows || ib < ia) ib = ia;
+    for (int i = 0; i < ia; ++i) skip_tile(i);
+    if (ia < ib) {
+      uint32_t pa[kKeys / 16][4];
+      {
+        float sc[kNT][4];
+        float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+        mbar_wait(&full[ia % kStages], (ia / kStages) & 1);
+        wgmma_fence();
+        issue_s(sc_flat, ia % kStages);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(sc_flat);
+        float alpha[2];
+        scores_to_p(sc, ia, alpha);  // O is still zero: nothing to rescale
+        to_fragments(pa, sc);
       }
+      for (int i = ia + 1; i < ib; ++i) {
+        const int s = i % kStages, sp = (i - 1) % kStages;
+        float sc[kNT][4];
+        float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+        mbar_wait(&full[s], (i / kStages) & 1);
+        wgmma_fence();
+        issue_s(sc_flat, s);
+        wgmma_commit();
+        issue_pv(pa, sp);
+        wgmma_commit();
+        wgmma_wait<1>();  // S(i) done, P(i-1) V(i-1) may still run
+        fence_operands(sc_flat);
+        float alpha[2];
+        const bool rescale = scores_to_p(sc, i, alpha);
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+        fence_fragments(pa);  // the in-flight GEMM read pa: no new value before the wait
+        mbar_arrive(&empty[sp]);
+        if (rescale) rescale_rows(o, alpha);
+        to_fragments(pa, sc);
+      }
+      const int sl = (ib - 1) % kStages;
+      wgmma_fence();
+      issue_pv(pa, sl);
       wgmma_commit();
-      turn_end();
       wgmma_wait<0>();
       fence_operands(o_flat);
-    } else {
-      turn_end();
+      mbar_arrive(&empty[sl]);
     }
-    mbar_arrive(&empty[s]);
-  }
-  if constexpr (kPingPong) {
-    if (cw == 0) named_bar_sync(4, 256);
+    for (int i = ib; i < ntiles; ++i) skip_tile(i);
+  } else {
+    // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V,
+    // tile by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor
+    // cores. Consumer c waits on named barrier 4 + c before issuing and arrives on the other one
+    // after; consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive
+    // after the loop (an unconditional arrive keeps the issue-to-wait path free of divergent
+    // code, which would make ptxas serialise the wgmmas).
+    constexpr bool kPingPong = kSched == Sm90Sched::kPingPong;
+    auto turn_begin = [&]() {
+      if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
+    };
+    auto turn_end = [&]() {
+      if constexpr (kPingPong) named_bar_arrive(5 - cw, 256);
+    };
+    if constexpr (kPingPong) {
+      if (cw == 1) named_bar_arrive(4, 256);
+    }
+    for (int i = 0; i < ntiles; ++i) {
+      const int s = i % kStages;
+      mbar_wait(&full[s], (i / kStages) & 1);
+      const int kb0 = lo + i * kKeys;
+      const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+      float sc[kNT][4];
+      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      uint32_t pa[kKeys / 16][4];
+      // ---- S = Q K^T ----
+      turn_begin();
+      if (active) {
+        wgmma_fence();
+        issue_s(sc_flat, s);
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<0>();
+        fence_operands(sc_flat);
+        float alpha[2];
+        if (scores_to_p(sc, i, alpha)) rescale_rows(o, alpha);
+        to_fragments(pa, sc);  // P is the A operand straight from the S accumulators
+      } else {
+        turn_end();
+      }
+      // ---- O += P V ----
+      turn_begin();
+      if (active) {
+        fence_operands(o_flat);
+        wgmma_fence();
+        issue_pv(pa, s);
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+      } else {
+        turn_end();
+      }
+      mbar_arrive(&empty[s]);
+    }
+    if constexpr (kPingPong) {
+      if (cw == 0) named_bar_sync(4, 256);
+    }
   }
 
   // ---- epilogue ----

@@ -85,6 +85,17 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/// The same for register A fragments read by an in-flight wgmma: placed after the wait, no new
+/// value can be written into them before it.
+template <int N, int M>
+__device__ __forceinline__ void fence_fragments(uint32_t (&a)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
+}
+
 // ---- shared-memory matrix descriptors (128-byte swizzle) ----------------------------------
 /// Byte offset of 16-byte chunk `c` (0..7) of 128-byte row `r` inside a 128B-swizzled atom
 /// column (rows of 64 16-bit elements; the column's base is 1024-byte aligned).
