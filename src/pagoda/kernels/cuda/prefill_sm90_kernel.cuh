@@ -60,7 +60,8 @@ struct PrefillSm90Config {
 enum class Sm90Sched {
   kPlain,     // S GEMM, softmax, P V GEMM, each waited for
   kPingPong,  // plain, with the two consumers taking turns at the tensor cores (FA3 ping-pong)
-  kOverlap,   // S(i+1) and P(i) V(i) in flight while the softmax of S(i+1) runs (FA3 intra-WG)
+  kOverlap,   // ping-pong turns, each issuing S(i+1) and P(i) V(i); the softmax of S(i+1) runs
+              // while P(i) V(i) is in flight (FA3's intra-warpgroup overlap)
 };
 
 template <typename T, int D, Sm90Sched kSched>
@@ -267,27 +268,54 @@ __global__ void __launch_bounds__(384, 1)
     mbar_arrive(&empty[i % kStages]);
   };
 
+  // Ping-pong: the two consumers take turns issuing their GEMMs, so one warpgroup's softmax runs
+  // while the other's GEMMs occupy the tensor cores. Consumer c waits on named barrier 4 + c
+  // before issuing and arrives on the other one after; consumer 1 opens the first turn, and
+  // consumer 0 takes consumer 1's last arrive after the loop. Both consumers take the same number
+  // of turns (tiles they cannot see take empty turns). An unconditional arrive keeps the
+  // issue-to-wait path free of divergent code, which would make ptxas serialise the wgmmas.
+  constexpr bool kTurns = kSched != Sm90Sched::kPlain;
+  auto turn_begin = [&]() {
+    if constexpr (kTurns) named_bar_sync(4 + cw, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (kTurns) named_bar_arrive(5 - cw, 256);
+  };
+  if constexpr (kTurns) {
+    if (cw == 1) named_bar_arrive(4, 256);
+  }
+
   if constexpr (kSched == Sm90Sched::kOverlap) {
-    // FA3's intra-warpgroup overlap: S(i) is issued together with O += P(i-1) V(i-1), and the
-    // softmax of S(i) runs while the tensor cores work on P(i-1) V(i-1); O is rescaled after
-    // that GEMM completes. The tiles this warpgroup sees are the contiguous run [ia, ib).
+    // FA3's intra-warpgroup overlap, with ping-pong turns: step t issues S(t) and
+    // O += P(t-1) V(t-1) in one turn; the softmax of S(t) runs while the tensor cores work on
+    // P(t-1) V(t-1) (and the other consumer's GEMMs). O is rescaled by the factors of S(t-1)'s
+    // softmax after S(t) is issued, in the shadow of that GEMM. The tiles this warpgroup sees
+    // are the contiguous run [ia, ib): steps [ia, ib] carry GEMMs; every consumer takes
+    // ntiles + 1 turns.
     const int ia = glo > lo ? min(ntiles, (glo - lo) / kKeys) : 0;
     int ib = ghi > lo ? min(ntiles, (ghi - lo + kKeys - 1) / kKeys) : 0;
     if (!wg_rows || ib < ia) ib = ia;
-    for (int i = 0; i < ia; ++i) skip_tile(i);
+    for (int t = 0; t < ia; ++t) {
+      skip_tile(t);
+      turn_begin();
+      turn_end();
+    }
     if (ia < ib) {
       uint32_t pa[kKeys / 16][4];
+      float alpha[2] = {1.f, 1.f};
       {
         float sc[kNT][4];
         float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
         mbar_wait(&full[ia % kStages], (ia / kStages) & 1);
+        turn_begin();
         wgmma_fence();
         issue_s(sc_flat, ia % kStages);
         wgmma_commit();
+        turn_end();
         wgmma_wait<0>();
         fence_operands(sc_flat);
-        float alpha[2];
-        scores_to_p(sc, ia, alpha);  // O is still zero: nothing to rescale
+        float unused[2];
+        scores_to_p(sc, ia, unused);  // O is still zero: nothing to rescale
         to_fragments(pa, sc);
       }
       for (int i = ia + 1; i < ib; ++i) {
@@ -295,48 +323,44 @@ __global__ void __launch_bounds__(384, 1)
         float sc[kNT][4];
         float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
         mbar_wait(&full[s], (i / kStages) & 1);
+        turn_begin();
         wgmma_fence();
         issue_s(sc_flat, s);
         wgmma_commit();
+        rescale_rows(o, alpha);  // factors of S(i-1)'s softmax (1 when the max stayed)
+        wgmma_fence();
         issue_pv(pa, sp);
         wgmma_commit();
+        turn_end();
         wgmma_wait<1>();  // S(i) done, P(i-1) V(i-1) may still run
         fence_operands(sc_flat);
-        float alpha[2];
-        const bool rescale = scores_to_p(sc, i, alpha);
+        alpha[0] = alpha[1] = 1.f;
+        scores_to_p(sc, i, alpha);
         wgmma_wait<0>();
         fence_operands(o_flat);
-        fence_fragments(pa);  // the in-flight GEMM read pa: no new value before the wait
+        fence_fragments(pa);  // the finished GEMM read pa: no new value before the wait
         mbar_arrive(&empty[sp]);
-        if (rescale) rescale_rows(o, alpha);
         to_fragments(pa, sc);
       }
       const int sl = (ib - 1) % kStages;
+      turn_begin();
+      rescale_rows(o, alpha);
       wgmma_fence();
       issue_pv(pa, sl);
       wgmma_commit();
+      turn_end();
       wgmma_wait<0>();
       fence_operands(o_flat);
       mbar_arrive(&empty[sl]);
     }
-    for (int i = ib; i < ntiles; ++i) skip_tile(i);
-  } else {
-    // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V,
-    // tile by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor
-    // cores. Consumer c waits on named barrier 4 + c before issuing and arrives on the other one
-    // after; consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive
-    // after the loop (an unconditional arrive keeps the issue-to-wait path free of divergent
-    // code, which would make ptxas serialise the wgmmas).
-    constexpr bool kPingPong = kSched == Sm90Sched::kPingPong;
-    auto turn_begin = [&]() {
-      if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
-    };
-    auto turn_end = [&]() {
-      if constexpr (kPingPong) named_bar_arrive(5 - cw, 256);
-    };
-    if constexpr (kPingPong) {
-      if (cw == 1) named_bar_arrive(4, 256);
+    int next = ia < ib ? ib : ia;  // the first tile not yet released
+    for (int t = ia < ib ? ib + 1 : ia; t <= ntiles; ++t) {
+      if (next < ntiles) skip_tile(next++);
+      turn_begin();
+      turn_end();
     }
+  } else {
+    // Plain and ping-pong: S GEMM, softmax, P V GEMM, each waited for.
     for (int i = 0; i < ntiles; ++i) {
       const int s = i % kStages;
       mbar_wait(&full[s], (i / kStages) & 1);
@@ -375,9 +399,9 @@ __global__ void __launch_bounds__(384, 1)
       }
       mbar_arrive(&empty[s]);
     }
-    if constexpr (kPingPong) {
-      if (cw == 0) named_bar_sync(4, 256);
-    }
+  }
+  if constexpr (kTurns) {
+    if (cw == 0) named_bar_sync(4, 256);
   }
 
   // ---- epilogue ----
