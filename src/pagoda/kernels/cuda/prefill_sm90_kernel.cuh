@@ -41,7 +41,7 @@ struct PrefillSm90Config {
   static constexpr int kStages = 3;
   static constexpr uint32_t kQBytes = kRows * D * 2;
   static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
-  static constexpr uint32_t kBarBytes = 2 * kStages * 8;
+  static constexpr uint32_t kBarBytes = 4 * kStages * 8;  // full / empty, K and V
   static constexpr size_t kSmemBytes =
       1024 + kQBytes + 2 * kStages * kTileBytes + kBarBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
@@ -83,8 +83,12 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_addr = raw_addr + pad;
   const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at +2s*tile, V at +(2s+1)*tile
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
-  uint64_t* empty = full + kStages;
+  // Per stage: K and V land (full_k / full_v, completed by the producer's cp.async arrivals) and
+  // are released (empty_k after the consumers' S GEMM, empty_v after their P V GEMM).
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty_k = full_v + kStages;
+  uint64_t* empty_v = empty_k + kStages;
 
   const DevicePlan& plan = a.plan;
   const int item = blockIdx.x;
@@ -101,8 +105,10 @@ __global__ void __launch_bounds__(384, 1)
   const int t128 = tid % 128;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 256);
+      mbar_init(&full_k[s], 128);
+      mbar_init(&full_v[s], 128);
+      mbar_init(&empty_k[s], 256);
+      mbar_init(&empty_v[s], 256);
     }
     mbar_init_fence();
   }
@@ -140,33 +146,30 @@ __global__ void __launch_bounds__(384, 1)
       const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
       const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
       page_next = lookup(i + 1);  // in flight while this tile is issued
-      if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
       const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
       const uint32_t vdst = kdst + Cfg::kTileBytes;
+      // K, then V: each waits for its own slot, and each lane's copies complete the stage's
+      // full barrier asynchronously (the producer never waits for its copies).
+      if (i >= kStages) mbar_wait(&empty_k[s], ((i / kStages) - 1) & 1);
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
-        const int src = p * kRowsPerWarp + q;
-        const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
-        const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
+        const int64_t kp = __shfl_sync(0xffffffffu, kof, p * kRowsPerWarp + q);
         const int r = p * kRowsPerPass + pw * kRowsPerWarp + q;
-        const uint32_t so = sw128_offset(r, c % 8);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + sw128_offset(r, c % 8)),
                      "l"(kp < 0 ? kg : kg + kp + c * 8), "r"(kp < 0 ? 0 : 16));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
+      }
+      cp_async_mbar_arrive(&full_k[s]);
+      if (i >= kStages) mbar_wait(&empty_v[s], ((i / kStages) - 1) & 1);
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) {
+        const int64_t vp = __shfl_sync(0xffffffffu, vof, p * kRowsPerWarp + q);
+        const int r = p * kRowsPerPass + pw * kRowsPerWarp + q;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + sw128_offset(r, c % 8)),
                      "l"(vp < 0 ? vg : vg + vp + c * 8), "r"(vp < 0 ? 0 : 16));
       }
-      cp_async_commit();
-      if (i > 0) {
-        cp_async_wait<1>();
-        fence_proxy_async();
-        mbar_arrive(&full[(i - 1) % kStages]);
-      }
+      cp_async_mbar_arrive(&full_v[s]);
     }
-    if (ntiles > 0) {
-      cp_async_wait<0>();
-      fence_proxy_async();
-      mbar_arrive(&full[(ntiles - 1) % kStages]);
-    }
+    cp_async_wait<0>();  // leave no copy in flight behind an exited thread
     return;
   }
 
@@ -264,8 +267,16 @@ __global__ void __launch_bounds__(384, 1)
   // A tile this warpgroup's rows cannot see: wait for it (so the arrive counts towards its
   // phase of `empty`), then release it.
   auto skip_tile = [&](int i) {
-    mbar_wait(&full[i % kStages], (i / kStages) & 1);
-    mbar_arrive(&empty[i % kStages]);
+    mbar_wait(&full_k[i % kStages], (i / kStages) & 1);
+    mbar_arrive(&empty_k[i % kStages]);
+    mbar_wait(&full_v[i % kStages], (i / kStages) & 1);
+    mbar_arrive(&empty_v[i % kStages]);
+  };
+  // Waits until K or V of tile i has landed; the fence orders the producer's cp.async writes
+  // (generic proxy), which the wait made visible, before this thread's wgmma reads (async proxy).
+  auto wait_landed = [&](uint64_t* bars, int i) {
+    mbar_wait(&bars[i % kStages], (i / kStages) & 1);
+    fence_proxy_async();
   };
 
   // Ping-pong: the two consumers take turns issuing their GEMMs, so one warpgroup's softmax runs
@@ -306,7 +317,7 @@ __global__ void __launch_bounds__(384, 1)
       {
         float sc[kNT][4];
         float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-        mbar_wait(&full[ia % kStages], (ia / kStages) & 1);
+        wait_landed(full_k, ia);
         turn_begin();
         wgmma_fence();
         issue_s(sc_flat, ia % kStages);
@@ -314,6 +325,7 @@ __global__ void __launch_bounds__(384, 1)
         turn_end();
         wgmma_wait<0>();
         fence_operands(sc_flat);
+        mbar_arrive(&empty_k[ia % kStages]);
         float unused[2];
         scores_to_p(sc, ia, unused);  // O is still zero: nothing to rescale
         to_fragments(pa, sc);
@@ -322,7 +334,8 @@ __global__ void __launch_bounds__(384, 1)
         const int s = i % kStages, sp = (i - 1) % kStages;
         float sc[kNT][4];
         float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-        mbar_wait(&full[s], (i / kStages) & 1);
+        wait_landed(full_k, i);
+        wait_landed(full_v, i - 1);
         turn_begin();
         wgmma_fence();
         issue_s(sc_flat, s);
@@ -334,15 +347,17 @@ __global__ void __launch_bounds__(384, 1)
         turn_end();
         wgmma_wait<1>();  // S(i) done, P(i-1) V(i-1) may still run
         fence_operands(sc_flat);
+        mbar_arrive(&empty_k[s]);
         alpha[0] = alpha[1] = 1.f;
         scores_to_p(sc, i, alpha);
         wgmma_wait<0>();
         fence_operands(o_flat);
         fence_fragments(pa);  // the finished GEMM read pa: no new value before the wait
-        mbar_arrive(&empty[sp]);
+        mbar_arrive(&empty_v[sp]);
         to_fragments(pa, sc);
       }
       const int sl = (ib - 1) % kStages;
+      wait_landed(full_v, ib - 1);
       turn_begin();
       rescale_rows(o, alpha);
       wgmma_fence();
@@ -351,7 +366,7 @@ __global__ void __launch_bounds__(384, 1)
       turn_end();
       wgmma_wait<0>();
       fence_operands(o_flat);
-      mbar_arrive(&empty[sl]);
+      mbar_arrive(&empty_v[sl]);
     }
     int next = ia < ib ? ib : ia;  // the first tile not yet released
     for (int t = ia < ib ? ib + 1 : ia; t <= ntiles; ++t) {
@@ -363,7 +378,7 @@ __global__ void __launch_bounds__(384, 1)
     // Plain and ping-pong: S GEMM, softmax, P V GEMM, each waited for.
     for (int i = 0; i < ntiles; ++i) {
       const int s = i % kStages;
-      mbar_wait(&full[s], (i / kStages) & 1);
+      wait_landed(full_k, i);
       const int kb0 = lo + i * kKeys;
       const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
       float sc[kNT][4];
@@ -378,13 +393,16 @@ __global__ void __launch_bounds__(384, 1)
         turn_end();
         wgmma_wait<0>();
         fence_operands(sc_flat);
+        mbar_arrive(&empty_k[s]);
         float alpha[2];
         if (scores_to_p(sc, i, alpha)) rescale_rows(o, alpha);
         to_fragments(pa, sc);  // P is the A operand straight from the S accumulators
       } else {
         turn_end();
+        mbar_arrive(&empty_k[s]);
       }
       // ---- O += P V ----
+      wait_landed(full_v, i);
       turn_begin();
       if (active) {
         fence_operands(o_flat);
@@ -397,7 +415,7 @@ __global__ void __launch_bounds__(384, 1)
       } else {
         turn_end();
       }
-      mbar_arrive(&empty[s]);
+      mbar_arrive(&empty_v[s]);
     }
   }
   if constexpr (kTurns) {
