@@ -9,6 +9,10 @@
 #   STAGE=3: cuDNN / flash SDPA peers of stage 1's shapes (peers.py); speculative decoding A/Bs on
 #            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when FLASHINFER=1 (needs
 #            .whl carried).
+#   STAGE=4: the prefill table in one call: pagoda_cuda_bench (default schedule, PDL on and off),
+#            peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3) on
+#            FI_FILTER's shapes (comma-separated; needs .whl carried); an ncu profile (detailed
+#            set) of one sm90 launch on B4 S4096.
 # COMMIT names the commit measured (the device copy carries no reliable git metadata).
 set -uo pipefail
 STAGE=${STAGE:-1}
@@ -33,6 +37,30 @@ build() {
   echo "build $(( $(date +%s) - t0 )) s"
 }
 # A machine gone cold between calls has lost /tmp/b-fin: build again.
+if [ "$STAGE" = 4 ]; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
+  ninja -C $B pagoda_cuda_bench >> "$R/build.log" 2>&1 || { grep -E "error|FAILED" "$R/build.log" | head -30; exit 1; }
+  timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours.jsonl" > /dev/null
+  PAGODA_PDL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopdl.jsonl" > /dev/null
+  PAGODA_SM90_SCHED=plain timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_plain.jsonl" prefill > /dev/null
+  cut -c1-100 "$R/ours.jsonl"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then  # one launch of the sm90 kernel on B4 S4096: where its time goes
+    timeout 120 "$NCU" --clock-control none -k regex:prefill_sm90 -c 1 --set detailed \
+      $B/tests/cuda/pagoda_cuda_bench /tmp/ncu_case.jsonl prefill_causal_b4_s4096 > "$R/ncu_b4_s4096.txt" 2>&1
+    echo "ncu rc=$?"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|DRAM Throughput|Executed Ipc A|Warp Cycles Per Issued" "$R/ncu_b4_s4096.txt" | head -12
+  fi
+  PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 150 python3 bench/cuda/peers.py "$R/ours.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
+  echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode)" "$R/peers.md" | head -20
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$R/pip.log" 2>&1
+    FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout ${FI_TIMEOUT:-240} \
+      python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1
+    echo "flashinfer rc=$?"; cat "$R/flashinfer.jsonl"
+  fi
+  exit 0
+fi
 if [ "$STAGE" = 1 ] || [ ! -x $B/tests/cuda/cuda_attention_tests ]; then build; fi
 if [ "$STAGE" = 2 ]; then
   if [ -x bench/cuda/run_evidence_h200.sh ]; then

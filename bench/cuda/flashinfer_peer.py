@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """FlashInfer 0.5.3 as a peer on pagoda's prefill / extend / tree-verify shapes (bench_cuda.cpp).
 
-Usage: flashinfer_peer.py OUT.jsonl [name-filter]
+Usage: flashinfer_peer.py OUT.jsonl [name-filter[,name-filter...]]
+FI_BACKENDS (default "fa3,fa2") names the backends to time.
 Times BatchPrefillWithPagedKVCacheWrapper with backend "fa3" and "fa2" on a paged bf16 cache with
 shuffled pages (NHD), 32 q / 8 kv heads, causal, the same shapes as bench_cuda.cpp. One JSON
 object per case: {"case", "fa3_ms", "fa2_ms"} (median of triton.testing.do_bench; null when the
 backend refuses). FlashInfer JIT-compiles each kernel variant on first use (about a minute)."""
 import json
+import os
 import sys
 
 import torch
@@ -22,9 +24,9 @@ CASES = [  # name, bs, qo, prefix, page, d, tree
     ("prefill_causal_b16_s1024", 16, 1024, 0, 16, 128, False),
     ("prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, 128, False),
     ("prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, 64, False),
-    ("prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, 256, False),
     ("extend_q512_prefix8192_p16", 4, 512, 8192, 16, 128, False),
     ("tree_verify_d64_prefix4096_b16", 16, 64, 4096, 16, 128, True),
+    ("prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, 256, False),
 ]
 
 
@@ -66,13 +68,14 @@ def run(name, bs, qo, prefix, ps, d, tree, backend, ws):
 
 def main():
     out = open(sys.argv[1], "w")
-    filt = sys.argv[2] if len(sys.argv) > 2 else ""
+    filters = [f for f in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if f]
+    backends = [b for b in os.environ.get("FI_BACKENDS", "fa3,fa2").split(",") if b]
     ws = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
     for case in CASES:
-        if filt and filt not in case[0]:
+        if filters and not any(f in case[0] for f in filters):
             continue
         r = {"case": case[0]}
-        for backend in ("fa3", "fa2"):
+        for backend in backends:
             try:
                 r[f"{backend}_ms"] = run(*case, backend, ws)
             except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal

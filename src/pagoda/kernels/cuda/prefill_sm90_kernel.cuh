@@ -9,18 +9,22 @@
 /// Roles (384 threads, one block per SM):
 ///  * warpgroup 0, producer: per tile of kKeys = 128 keys each lane looks up the page of one key
 ///    (any page size; the next tile's lookup is in flight while this one is issued), warp shuffles
-///    hand the row offsets to the copying lanes, which gather K and V rows with 16-byte cp.async
-///    into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
-///    request's keys). It then waits for its own copies of the previous tile, fences them into the
-///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
-///    the stage's `empty` mbarrier.
+///    hand the row offsets to the copying lanes, which gather K rows, then V rows, with 16-byte
+///    cp.async into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past
+///    the request's keys). K and V each wait for their slot's `empty_k` / `empty_v` mbarrier, and
+///    each lane's cp.async.mbarrier.arrive completes `full_k` / `full_v` when its copies have
+///    landed: the producer never waits for its own copies.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
 ///    S = Q K^T with wgmma m64n128k16 (both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
-///    wgmma m64nDk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
-/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
-/// (PAGODA_SM90_PINGPONG=1) the two consumers take strict turns issuing their GEMMs through two
-/// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
+///    wgmma m64nDk16 (P from registers, V MN-major from shared memory). After waiting on a full
+///    barrier a consumer fences the landed tile into the async proxy; it releases K after its S
+///    GEMM and V after its P V GEMM.
+/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. Three schedules of
+/// the consumers' GEMMs (Sm90Sched, PAGODA_SM90_SCHED): plain; ping-pong (the two consumers take
+/// turns issuing through two named barriers, so one's softmax overlaps the other's GEMMs); and
+/// overlap, the default (ping-pong turns that each issue S(i) and P(i-1) V(i-1), so the softmax
+/// of S(i) also runs under the warpgroup's own P V GEMM: FA3's intra-warpgroup overlap).
 ///
 /// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
 /// [D/64][kKeys][128 B], then the mbarriers.
@@ -47,7 +51,8 @@ struct PrefillSm90Config {
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
-  // (seen on the H200 with 80 / 216).
+  // (seen on the H200 with 80 / 216). 40 / 232: the producer does not spill; the overlap
+  // schedule at D = 128 spills a few words (ptxas -v), outside its GEMM issue.
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
