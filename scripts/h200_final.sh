@@ -9,7 +9,7 @@
 #   STAGE=3: cuDNN / flash SDPA peers of stage 1's shapes (peers.py); speculative decoding A/Bs on
 #            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when FLASHINFER=1 (needs
 #            .whl carried).
-#   STAGE=4: the prefill table in one call: pagoda_cuda_bench (default schedule, PDL on and off),
+#   STAGE=4: the prefill table in one call: cuda conformance (CONFORMANCE=0 skips), pagoda_cuda_bench (default schedule, PDL on and off),
 #            peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3) on
 #            FI_FILTER's shapes (comma-separated; needs .whl carried); an ncu profile (detailed
 #            set) of one sm90 launch on B4 S4096.
@@ -40,7 +40,13 @@ build() {
 if [ "$STAGE" = 4 ]; then
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 || { tail -30 "$R/build.log"; exit 1; }
-  ninja -C $B pagoda_cuda_bench >> "$R/build.log" 2>&1 || { grep -E "error|FAILED" "$R/build.log" | head -30; exit 1; }
+  ninja -C $B pagoda_cuda_bench pagoda >> "$R/build.log" 2>&1 || { grep -E "error|FAILED" "$R/build.log" | head -30; exit 1; }
+  if [ "${CONFORMANCE:-1}" = 1 ]; then
+    timeout 100 $B/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
+    echo "conformance rc=$?"; grep -E "^  (cuda|mutant)" "$R/conformance.txt" | head -14
+    timeout 150 $B/pagoda conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.txt" 2>&1
+    echo "conformance long-kv 32768 rc=$?"; grep -E "^  cuda " "$R/conformance_long32k.txt"
+  fi
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours.jsonl" > /dev/null
   PAGODA_PDL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopdl.jsonl" > /dev/null
   PAGODA_SM90_SCHED=plain timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_plain.jsonl" prefill > /dev/null
