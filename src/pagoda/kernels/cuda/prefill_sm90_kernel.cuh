@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(384, 1)
       wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
     }
   };
-  // Masks, soft cap and online softmax of tile i's scores (sc becomes P); returns whether O must
-  // be multiplied by alpha (softmax_update).
+  // Masks, soft cap and online softmax of tile i's scores (sc becomes P); O is left alone: the
+  // factors it needs go to alpha, and the result says whether there are any (online_softmax).
   auto scores_to_p = [&](float (&sc)[kNT][4], int i, float (&alpha)[2]) -> bool {
     float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
     const int kb0 = lo + i * kKeys;
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(384, 1)
       for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
     }
     if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
-    return softmax_update(sc, m, l, scale, alpha);
+    return online_softmax<true>(sc, m, l, o, scale, alpha);
   };
   // O += P V of the tile in stage s (issued, not committed).
   auto issue_pv = [&](const uint32_t (&pa)[kKeys / 16][4], int s) {
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(384, 1)
         fence_operands(sc_flat);
         mbar_arrive(&empty_k[ia % kStages]);
         float unused[2];
-        scores_to_p(sc, ia, unused);  // O is still zero: nothing to rescale
+        scores_to_p(sc, ia, unused);  // O is still zero
         to_fragments(pa, sc);
       }
       for (int i = ia + 1; i < ib; ++i) {
@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   // ---- epilogue ----
-  store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
+  store_tile<T>(a, work, item, hkv, wr0, m, l, o, lane);
 #else
   __trap();  // launched only where the sm_90a image exists (prefill_sm90_usable)
 #endif
