@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The session's closing GPU evidence in two bounded device calls on one warm H200 (the build in
 # /tmp/b-fin survives between them). Logs: $OUT/final<stage>.tgz.
-#   STAGE=1: build every GPU target (sm_90a, tests on); the attention tests (the sm90 path under
-#            each consumer schedule), cuda conformance (CONFORMANCE=0 skips), the prefill kernels:
-#            sm90 (overlap, with and without PDL), plain, ping-pong, mma.sync.
+#   STAGE=1: build every GPU target (sm_90a, tests on); the attention tests (and the sm90 path
+#            under ping-pong), cuda conformance (CONFORMANCE=0 skips), the prefill kernels: sm90
+#            (with and without PDL), sm90 ping-pong, mma.sync.
 #   STAGE=2: bench/cuda/run_evidence_h200.sh (ctest -L gpu with PAGODA_REQUIRE_GPU=1, cuda
 #            conformance incl. the long column, `pagoda kernels --backend cuda` with ceilings).
 #   STAGE=3: cuDNN / flash SDPA peers of stage 1's shapes (peers.py); speculative decoding A/Bs on
-#            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when FLASHINFER=1 (needs
-#            .whl carried).
-#   STAGE=4: the prefill table in one call: cuda conformance (CONFORMANCE=0 skips), pagoda_cuda_bench (default schedule, PDL on and off),
-#            peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3) on
+#            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when
+#            FLASHINFER=1 (needs .whl carried).
+#   STAGE=4: the prefill table in one call: cuda conformance (CONFORMANCE=0 skips),
+#            pagoda_cuda_bench (PDL on and off, sm90 ping-pong), peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3) on
 #            FI_FILTER's shapes (comma-separated; needs .whl carried); an ncu profile (detailed
 #            set) of one sm90 launch on B4 S4096.
 # COMMIT names the commit measured (the device copy carries no reliable git metadata).
@@ -49,7 +49,7 @@ if [ "$STAGE" = 4 ]; then
   fi
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours.jsonl" > /dev/null
   PAGODA_PDL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopdl.jsonl" > /dev/null
-  PAGODA_SM90_SCHED=plain timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_plain.jsonl" prefill > /dev/null
+  PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_pingpong.jsonl" prefill > /dev/null
   cut -c1-100 "$R/ours.jsonl"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then  # one launch of the sm90 kernel on B4 S4096: where its time goes
@@ -78,29 +78,25 @@ if [ "$STAGE" = 2 ]; then
   fi
 fi
 if [ "$STAGE" = 1 ]; then
-  echo "== GPU attention tests (default schedule: overlap), then the sm90 path under plain / ping-pong"
+  echo "== GPU attention tests, then the sm90 path under ping-pong"
   PAGODA_REQUIRE_GPU=1 timeout 240 $B/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1
   echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|Expected|Which is|^seed" "$R/tests.log" | head -20
-  for sched in plain pingpong; do
-    PAGODA_REQUIRE_GPU=1 PAGODA_SM90_SCHED=$sched timeout 120 $B/tests/cuda/cuda_attention_tests \
-      --gtest_filter='CudaExtend.*:CudaGraph.*' > "$R/tests_$sched.log" 2>&1
-    echo "$sched tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests_$sched.log" | tr '\n' ' ')"
-  done
+  PAGODA_REQUIRE_GPU=1 PAGODA_SM90_PINGPONG=1 timeout 120 $B/tests/cuda/cuda_attention_tests \
+    --gtest_filter='CudaExtend.*:CudaGraph.*' > "$R/tests_pingpong.log" 2>&1
+  echo "pingpong tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests_pingpong.log" | tr '\n' ' ')"
   if [ "${CONFORMANCE:-1}" = 1 ]; then
     timeout 300 $B/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
     echo "conformance rc=$?"; tail -4 "$R/conformance.txt"
   fi
-  echo "== prefill: sm90 (overlap; PDL on, then off), plain, ping-pong, mma.sync"
+  echo "== prefill: sm90 (PDL on, then off), sm90 ping-pong, mma.sync"
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/sm90.jsonl" > /dev/null
   for c in prefill extend tree; do
     PAGODA_PDL=0 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/nopdl_$c.jsonl" $c > /dev/null
-    PAGODA_SM90_SCHED=plain timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/plain_$c.jsonl" $c > /dev/null
-    PAGODA_SM90_SCHED=pingpong timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_$c.jsonl" $c > /dev/null
+    PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/pingpong_$c.jsonl" $c > /dev/null
   done
   PAGODA_SM90_PREFILL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/mma.jsonl" prefill > /dev/null
-  for f in sm90 nopdl_prefill nopdl_extend nopdl_tree plain_prefill plain_extend plain_tree \
-           pingpong_prefill pingpong_extend pingpong_tree mma; do
+  for f in sm90 nopdl_prefill nopdl_extend nopdl_tree pingpong_prefill pingpong_extend pingpong_tree mma; do
     grep -h -E "prefill|extend|tree" "$R/$f.jsonl" 2>/dev/null | sed "s/^/$f /" | cut -c1-110
   done
   cp "$R/sm90.jsonl" /tmp/sm90_ours.jsonl

@@ -1,41 +1,48 @@
 #!/usr/bin/env bash
-# One device call: this tree against an older commit's tree on the same machine, for the prefill
-# kernels. OLD names a directory holding the older tree (e.g. `git archive f719c3b | tar -x -C
-# old_f719`, left untracked so the device copy carries it). Builds both (sm_90a), runs this
-# tree's cuda_attention_tests (PAGODA_REQUIRE_GPU=1), then pagoda_cuda_bench's prefill cases
-# twice, interleaved: old and new sm90 (default schedule), new plain, old and new mma.sync.
-# Logs and JSON lines land in $OUT.
+# One device call: this tree against an older tree on the same machine, for the prefill kernels
+# (different calls may land on different H200s, whose prefill times differ by several percent,
+# so only a same-call A/B can show a change of that size). OLD names a directory holding the
+# older tree, e.g. `git archive f719c3b | tar -x -C old_f719`, left untracked so the device copy
+# carries it. Builds both (sm_90a), runs this tree's cuda_attention_tests (PAGODA_REQUIRE_GPU=1),
+# then pagoda_cuda_bench's prefill cases twice, interleaved: old and new sm90, old and new
+# mma.sync, and new under $VARIANT_ENV (default PAGODA_SM90_PINGPONG=1).
+# Everything lands in $OUT/prefill_ab.tgz (one file: the result folder caps the file count);
+# the times go to stdout.
 set -uo pipefail
-OUT=${OUT:-/tmp/pagoda_out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/pagoda_out}
+R=/tmp/prefill_ab
+rm -rf "$R"; mkdir -p "$R" "$OUT"
+trap 'tar czf "$OUT/prefill_ab.tgz" -C "$R" .' EXIT
 cd "$(dirname "$0")/.." || exit 1
 OLD=${OLD:?OLD=<directory of the older tree>}
+VARIANT_ENV=${VARIANT_ENV:-PAGODA_SM90_PINGPONG=1}
 # shellcheck disable=SC1091
 [ -d .debs ] && source scripts/gpu_deps.sh env
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  echo "commit ${COMMIT:-unknown} vs $OLD $(date -u +%FT%TZ)"; } | tee "$OUT/gpu.txt"
+  echo "commit ${COMMIT:-unknown} vs $OLD, variant $VARIANT_ENV, $(date -u +%FT%TZ)"; } | tee "$R/gpu.txt"
 build() {  # name, source dir, targets...
   local n=$1 d=$2; shift 2
   cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$OUT/cfg_$n.log" 2>&1 &&
-    ninja -C "/tmp/b-$n" -j8 "$@" > "$OUT/build_$n.log" 2>&1
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1 &&
+    ninja -C "/tmp/b-$n" -j8 "$@" > "$R/build_$n.log" 2>&1
   echo "build $n rc=$?"
 }
 build new . pagoda_cuda_bench cuda_attention_tests &
 build old "$OLD" pagoda_cuda_bench &
 wait
-PAGODA_REQUIRE_GPU=1 timeout 120 /tmp/b-new/tests/cuda/cuda_attention_tests > "$OUT/tests.log" 2>&1
-echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tests.log" | tr '\n' ' ')"
+PAGODA_REQUIRE_GPU=1 timeout 120 /tmp/b-new/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1
+echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
 for r in 1 2; do
   for n in old new; do
-    timeout 60 /tmp/b-$n/tests/cuda/pagoda_cuda_bench "$OUT/${n}_sm90_$r.jsonl" prefill > /dev/null
-    PAGODA_SM90_PREFILL=0 timeout 30 /tmp/b-$n/tests/cuda/pagoda_cuda_bench "$OUT/${n}_mma_$r.jsonl" prefill_causal_b4_s4096 > /dev/null
+    timeout 60 /tmp/b-$n/tests/cuda/pagoda_cuda_bench "$R/${n}_sm90_$r.jsonl" prefill > /dev/null
+    PAGODA_SM90_PREFILL=0 timeout 30 /tmp/b-$n/tests/cuda/pagoda_cuda_bench "$R/${n}_mma_$r.jsonl" prefill_causal_b4_s4096 > /dev/null
   done
-  PAGODA_SM90_SCHED=plain timeout 60 /tmp/b-new/tests/cuda/pagoda_cuda_bench "$OUT/new_plain_$r.jsonl" prefill > /dev/null
+  env "$VARIANT_ENV" timeout 60 /tmp/b-new/tests/cuda/pagoda_cuda_bench "$R/new_variant_$r.jsonl" prefill > /dev/null
 done
-for f in "$OUT"/*.jsonl; do
+for f in "$R"/*.jsonl; do
   python3 -c "
 import json, sys
 for l in open(sys.argv[1]):
     j = json.loads(l); print(sys.argv[1].split('/')[-1].ljust(20), j['case'][:30].ljust(30), j['ms'])
 " "$f"
-done
+done | tee "$R/times.txt"

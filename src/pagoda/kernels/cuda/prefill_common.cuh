@@ -11,10 +11,10 @@ namespace pagoda::kernels::cuda::detail {
 /// A prefill work item: packed rows [r0, r0 + tile_rows) of request b (packed row r is query
 /// token r / G, head hkv * G + r % G) and the keys [lo, hi) its rows can see.
 /// Split-KV items (DevicePlan::counts[3] > 0) see only their chunk's keys and write partial
-/// states for the merge kernel (store_tile reads their slots from the plan at the epilogue, so
-/// no register holds them through the main loop).
+/// states (partial >= 0: slot of query token t = partial + t · nchunks) for the merge kernel.
 struct PrefillWork {
   int b = 0, r0 = 0, q_begin = 0, rows = 0, qoff = 0, lo = 0, hi = 0, ntiles = 0;
+  int partial = -1, nchunks = 1;
   MaskInfo mask;
 };
 
@@ -45,6 +45,8 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
     const int c = plan.item_b[item];
     w.lo = max(w.lo, c * chunk);
     w.hi = min(w.hi, (c + 1) * chunk);
+    w.partial = plan.item_partial[item];
+    w.nchunks = (kv_len + chunk - 1) / chunk;
   }
   w.ntiles = w.hi > w.lo ? (w.hi - w.lo + tile_keys - 1) / tile_keys : 0;
   return w;
@@ -71,17 +73,13 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, in
 }
 
 /// Online softmax of one 16-row tile (a quad of lanes shares a row), in base 2 with `scale`
-/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m) and l gains the row sums.
-/// Lazy rescaling: the running max m only moves (and O, l are rescaled) when some row of the
-/// warp sees a logit above m + 8, so p <= 2^8 stays well inside bf16/f32 range; the final
-/// normalisation uses the same m, so the result is unchanged. kDeferred: O is the accumulator of
-/// an in-flight wgmma, so instead of touching it the factors go to `alpha` (left as they were
-/// when m did not move), for rescale_rows after the wait. Returns whether m moved
-/// (warp-uniform). Warp-collective.
-template <bool kDeferred, int kNT, int kDT>
-__device__ __forceinline__ bool online_softmax(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
-                                               float (&o)[kDT][4], float scale,
-                                               float (&alpha)[2]) {
+/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m). Lazy rescaling: the
+/// running max m only moves (and O, l are rescaled) when some row of the warp sees a logit above
+/// m + 8, so p <= 2^8 stays well inside bf16/f32 range; the final normalisation uses the same m,
+/// so the result is unchanged. Warp-collective.
+template <int kNT, int kDT>
+__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kDT][4], float scale) {
   constexpr float kLazyRescale = 8.f;
   float mx[2];
   bool grow = false;
@@ -95,22 +93,17 @@ __device__ __forceinline__ bool online_softmax(float (&s)[kNT][4], float (&m)[2]
     mx[h] = x * scale;
     grow |= mx[h] > m[h] + kLazyRescale;
   }
-  const bool moved = __any_sync(0xffffffffu, grow);
-  if (moved) {
+  if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float mnew = fmaxf(m[h], mx[h]);
-      const float f = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
+      const float alpha = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
       m[h] = mnew;
-      l[h] *= f;
-      if constexpr (kDeferred) {
-        alpha[h] = f;
-      } else {
+      l[h] *= alpha;
 #pragma unroll
-        for (int d = 0; d < kDT; ++d) {
-          o[d][2 * h] *= f;
-          o[d][2 * h + 1] *= f;
-        }
+      for (int d = 0; d < kDT; ++d) {
+        o[d][2 * h] *= alpha;
+        o[d][2 * h + 1] *= alpha;
       }
     }
   }
@@ -126,28 +119,6 @@ __device__ __forceinline__ bool online_softmax(float (&s)[kNT][4], float (&m)[2]
     }
     l[h] += sum;
   }
-  return moved;
-}
-
-/// online_softmax with O rescaled in place (O not in flight).
-template <int kNT, int kDT>
-__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[kDT][4], float scale) {
-  float unused[2];
-  online_softmax<false>(s, m, l, o, scale, unused);
-}
-
-/// Multiplies the rows of one 16-row output tile by online_softmax's deferred factors.
-template <int kDT>
-__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int d = 0; d < kDT; ++d) {
-      o[d][2 * h] *= alpha[h];
-      o[d][2 * h + 1] *= alpha[h];
-    }
-  }
 }
 
 /// P of keys [16 k2, 16 k2 + 16) of a 16-row tile as the A operand of an m16n8k16 / m64nNk16
@@ -160,19 +131,13 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[k
   pa[3] = pack2<T>(s[2 * k2 + 1][2], s[2 * k2 + 1][3]);
 }
 
-/// Writes the rows of one 16-row output tile (packed rows pr0 + lane/4 + 8h) of work item
-/// `item` with the sink folded in and the LSE when asked; a split-KV item writes its partial
-/// state instead (slot of query token t = item_partial + t · nchunks). Warp-collective (the l
-/// sums are reduced over each quad).
+/// Writes the rows of one 16-row output tile (packed rows pr0 + lane/4 + 8h) with the sink
+/// folded in and the LSE when asked. Warp-collective (the l sums are reduced over each quad).
 template <typename T, int kDT>
-__device__ __forceinline__ void store_tile(const AttentionArgs& a, const PrefillWork& w, int item,
-                                           int hkv, int pr0, const float (&m)[2],
-                                           const float (&l)[2], const float (&o)[kDT][4],
-                                           int lane) {
+__device__ __forceinline__ void store_tile(const AttentionArgs& a, const PrefillWork& w, int hkv,
+                                           int pr0, const float (&m)[2], const float (&l)[2],
+                                           const float (&o)[kDT][4], int lane) {
   const int G = a.num_qo_heads / a.num_kv_heads;
-  const int chunk = a.plan.counts[3];
-  const int partial = chunk > 0 ? a.plan.item_partial[item] : -1;
-  const int nchunks = chunk > 0 ? (w.mask.kv_len + chunk - 1) / chunk : 1;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float lsum = l[h];
@@ -181,10 +146,10 @@ __device__ __forceinline__ void store_tile(const AttentionArgs& a, const Prefill
     const int pr = pr0 + lane / 4 + h * 8;
     if (pr >= w.rows) continue;
     const int head = hkv * G + pr % G;
-    if (partial >= 0) {  // split-KV: (O / l, lse) without the sink, for the merge kernel
+    if (w.partial >= 0) {  // split-KV: (O / l, lse) without the sink, for the merge kernel
       const bool empty = m[h] == neg_inf() || lsum <= 0.f;
       const float f = empty ? 0.f : a.v_scale / lsum;
-      const size_t base = size_t(partial + (pr / G) * nchunks) * a.num_qo_heads + head;
+      const size_t base = size_t(w.partial + (pr / G) * w.nchunks) * a.num_qo_heads + head;
       float* po = a.partial_o + base * a.head_dim_v;
 #pragma unroll
       for (int d = 0; d < kDT; ++d) {

@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
 
   // ---- epilogue ----
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) store_tile<T>(a, work, item, hkv, wr0 + mt * 16, m[mt], l[mt], o[mt], lane);
+  for (int mt = 0; mt < kMT; ++mt) store_tile<T>(a, work, hkv, wr0 + mt * 16, m[mt], l[mt], o[mt], lane);
 }
 
 }  // namespace pagoda::kernels::cuda::detail

@@ -1,7 +1,6 @@
 /// Instantiations and raw launcher of the Hopper (sm_90a) paged prefill / extend kernel.
 
 #include <atomic>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -36,7 +35,7 @@ bool device_has_sm90a() {
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     cudaFuncAttributes attr{};
     const bool ok = major == 9 && minor == 0 &&
-                    cudaFuncGetAttributes(&attr, detail::prefill_sm90_kernel<__nv_bfloat16, 128, detail::Sm90Sched::kPlain>) ==
+                    cudaFuncGetAttributes(&attr, detail::prefill_sm90_kernel<__nv_bfloat16, 128, false>) ==
                         cudaSuccess &&
                     attr.binaryVersion == 90;
     cudaGetLastError();  // a missing image is an answer, not a sticky error
@@ -44,23 +43,6 @@ bool device_has_sm90a() {
     cache[dev].store(v, std::memory_order_relaxed);
   }
   return v == 1;
-}
-
-/// PAGODA_SM90_SCHED: "overlap" (default), "pingpong" or "plain"; PAGODA_SM90_PINGPONG=1 is the
-/// older spelling of "pingpong". Anything else is reported on stderr and runs the default.
-detail::Sm90Sched sm90_sched() {
-  const char* e = std::getenv("PAGODA_SM90_SCHED");
-  const char* pp = std::getenv("PAGODA_SM90_PINGPONG");
-  if (e == nullptr) {
-    return pp != nullptr && std::strcmp(pp, "1") == 0 ? detail::Sm90Sched::kPingPong
-                                                      : detail::Sm90Sched::kOverlap;
-  }
-  if (std::strcmp(e, "plain") == 0) return detail::Sm90Sched::kPlain;
-  if (std::strcmp(e, "pingpong") == 0) return detail::Sm90Sched::kPingPong;
-  if (std::strcmp(e, "overlap") != 0) {
-    std::fprintf(stderr, "pagoda: PAGODA_SM90_SCHED=%s is not plain|pingpong|overlap; using overlap\n", e);
-  }
-  return detail::Sm90Sched::kOverlap;
 }
 
 }  // namespace
@@ -84,12 +66,12 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(args.grid_items, args.num_kv_heads);
   dispatch_sm90(args.q_dtype, args.head_dim_qk, [&]<typename T, int D>() {
     using Cfg = detail::PrefillSm90Config<T, D>;
-    static const detail::Sm90Sched sched = sm90_sched();
-    auto kernel = sched == detail::Sm90Sched::kOverlap
-                      ? detail::prefill_sm90_kernel<T, D, detail::Sm90Sched::kOverlap>
-                  : sched == detail::Sm90Sched::kPingPong
-                      ? detail::prefill_sm90_kernel<T, D, detail::Sm90Sched::kPingPong>
-                      : detail::prefill_sm90_kernel<T, D, detail::Sm90Sched::kPlain>;
+    static const bool pingpong = [] {
+      const char* e = std::getenv("PAGODA_SM90_PINGPONG");
+      return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    auto kernel = pingpong ? detail::prefill_sm90_kernel<T, D, true>
+                           : detail::prefill_sm90_kernel<T, D, false>;
     st = detail::launch_attention(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, args, stream);
   });
   return st;

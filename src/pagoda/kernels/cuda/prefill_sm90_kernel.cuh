@@ -9,22 +9,18 @@
 /// Roles (384 threads, one block per SM):
 ///  * warpgroup 0, producer: per tile of kKeys = 128 keys each lane looks up the page of one key
 ///    (any page size; the next tile's lookup is in flight while this one is issued), warp shuffles
-///    hand the row offsets to the copying lanes, which gather K rows, then V rows, with 16-byte
-///    cp.async into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past
-///    the request's keys). K and V each wait for their slot's `empty_k` / `empty_v` mbarrier, and
-///    each lane's cp.async.mbarrier.arrive completes `full_k` / `full_v` when its copies have
-///    landed: the producer never waits for its own copies.
+///    hand the row offsets to the copying lanes, which gather K and V rows with 16-byte cp.async
+///    into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
+///    request's keys). It then waits for its own copies of the previous tile, fences them into the
+///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
+///    the stage's `empty` mbarrier.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
 ///    S = Q K^T with wgmma m64n128k16 (both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
-///    wgmma m64nDk16 (P from registers, V MN-major from shared memory). After waiting on a full
-///    barrier a consumer fences the landed tile into the async proxy; it releases K after its S
-///    GEMM and V after its P V GEMM.
-/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. Three schedules of
-/// the consumers' GEMMs (Sm90Sched, PAGODA_SM90_SCHED): plain; ping-pong (the two consumers take
-/// turns issuing through two named barriers, so one's softmax overlaps the other's GEMMs); and
-/// overlap, the default (ping-pong turns that each issue S(i) and P(i-1) V(i-1), so the softmax
-/// of S(i) also runs under the warpgroup's own P V GEMM: FA3's intra-warpgroup overlap).
+///    wgmma m64nDk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
+/// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
+/// (PAGODA_SM90_PINGPONG=1) the two consumers take strict turns issuing their GEMMs through two
+/// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
 ///
 /// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
 /// [D/64][kKeys][128 B], then the mbarriers.
@@ -45,31 +41,22 @@ struct PrefillSm90Config {
   static constexpr int kStages = 3;
   static constexpr uint32_t kQBytes = kRows * D * 2;
   static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
-  static constexpr uint32_t kBarBytes = 4 * kStages * 8;  // full / empty, K and V
+  static constexpr uint32_t kBarBytes = 2 * kStages * 8;
   static constexpr size_t kSmemBytes =
       1024 + kQBytes + 2 * kStages * kTileBytes + kBarBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
-  // (seen on the H200 with 80 / 216). 40 / 232: the producer does not spill; the overlap
-  // schedule at D = 128 spills a few words (ptxas -v), outside its GEMM issue.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // (seen on the H200 with 80 / 216).
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
                 "register split exceeds the launch allocation");
   static_assert(D == 64 || D == 128, "sm90 prefill supports D = 64 and 128");
   static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
 
-/// How the two consumer warpgroups schedule their GEMMs (PAGODA_SM90_SCHED).
-enum class Sm90Sched {
-  kPlain,     // S GEMM, softmax, P V GEMM, each waited for
-  kPingPong,  // plain, with the two consumers taking turns at the tensor cores (FA3 ping-pong)
-  kOverlap,   // ping-pong turns, each issuing S(i+1) and P(i) V(i); the softmax of S(i+1) runs
-              // while P(i) V(i) is in flight (FA3's intra-warpgroup overlap)
-};
-
-template <typename T, int D, Sm90Sched kSched>
+template <typename T, int D, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -88,12 +75,8 @@ __global__ void __launch_bounds__(384, 1)
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_addr = raw_addr + pad;
   const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at +2s*tile, V at +(2s+1)*tile
-  // Per stage: K and V land (full_k / full_v, completed by the producer's cp.async arrivals) and
-  // are released (empty_k after the consumers' S GEMM, empty_v after their P V GEMM).
-  uint64_t* full_k = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
-  uint64_t* full_v = full_k + kStages;
-  uint64_t* empty_k = full_v + kStages;
-  uint64_t* empty_v = empty_k + kStages;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
+  uint64_t* empty = full + kStages;
 
   const DevicePlan& plan = a.plan;
   const int item = blockIdx.x;
@@ -110,10 +93,8 @@ __global__ void __launch_bounds__(384, 1)
   const int t128 = tid % 128;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full_k[s], 128);
-      mbar_init(&full_v[s], 128);
-      mbar_init(&empty_k[s], 256);
-      mbar_init(&empty_v[s], 256);
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 256);
     }
     mbar_init_fence();
   }
@@ -151,30 +132,33 @@ __global__ void __launch_bounds__(384, 1)
       const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
       const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
       page_next = lookup(i + 1);  // in flight while this tile is issued
+      if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
       const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
       const uint32_t vdst = kdst + Cfg::kTileBytes;
-      // K, then V: each waits for its own slot, and each lane's copies complete the stage's
-      // full barrier asynchronously (the producer never waits for its copies).
-      if (i >= kStages) mbar_wait(&empty_k[s], ((i / kStages) - 1) & 1);
 #pragma unroll
       for (int p = 0; p < kPasses; ++p) {
-        const int64_t kp = __shfl_sync(0xffffffffu, kof, p * kRowsPerWarp + q);
+        const int src = p * kRowsPerWarp + q;
+        const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
+        const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
         const int r = p * kRowsPerPass + pw * kRowsPerWarp + q;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + sw128_offset(r, c % 8)),
+        const uint32_t so = sw128_offset(r, c % 8);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
                      "l"(kp < 0 ? kg : kg + kp + c * 8), "r"(kp < 0 ? 0 : 16));
-      }
-      cp_async_mbar_arrive(&full_k[s]);
-      if (i >= kStages) mbar_wait(&empty_v[s], ((i / kStages) - 1) & 1);
-#pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        const int64_t vp = __shfl_sync(0xffffffffu, vof, p * kRowsPerWarp + q);
-        const int r = p * kRowsPerPass + pw * kRowsPerWarp + q;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + sw128_offset(r, c % 8)),
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
                      "l"(vp < 0 ? vg : vg + vp + c * 8), "r"(vp < 0 ? 0 : 16));
       }
-      cp_async_mbar_arrive(&full_v[s]);
+      cp_async_commit();
+      if (i > 0) {
+        cp_async_wait<1>();
+        fence_proxy_async();
+        mbar_arrive(&full[(i - 1) % kStages]);
+      }
     }
-    cp_async_wait<0>();  // leave no copy in flight behind an exited thread
+    if (ntiles > 0) {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbar_arrive(&full[(ntiles - 1) % kStages]);
+    }
     return;
   }
 
@@ -223,212 +207,93 @@ __global__ void __launch_bounds__(384, 1)
   for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
-  // The three steps of a tile, shared by the schedules below.
-  // S = Q K^T of the tile in stage s into sc (issued, not committed).
-  auto issue_s = [&](float (&sc_flat)[kNT * 4], int s) {
-    const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t half = kk / 4, sub = (kk % 4) * 32;
-      const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
-                                     16, 1024);
-      const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
-      wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
-    }
-  };
-  // Masks, soft cap and online softmax of tile i's scores (sc becomes P); O is left alone: the
-  // factors it needs go to alpha, and the result says whether there are any (online_softmax).
-  auto scores_to_p = [&](float (&sc)[kNT][4], int i, float (&alpha)[2]) -> bool {
-    float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-    const int kb0 = lo + i * kKeys;
-    MaskInfo mk = mask;
-    if (i < nfree) {
-      mk.bits = nullptr;
-      mk.causal = false;
-    }
-    const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
-                           (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
-                           (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
-    if (capped) {
-#pragma unroll
-      for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
-    }
-    if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
-    return online_softmax<true>(sc, m, l, o, scale, alpha);
-  };
-  // O += P V of the tile in stage s (issued, not committed).
-  auto issue_pv = [&](const uint32_t (&pa)[kKeys / 16][4], int s) {
-    const uint32_t v_addr = kv_addr + (2 * s + 1) * Cfg::kTileBytes;
-#pragma unroll
-    for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-      const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
-      wgmma_rs<T, D>(o_flat, pa[k2], dv);
-    }
-  };
-  auto to_fragments = [&](uint32_t (&pa)[kKeys / 16][4], const float (&sc)[kNT][4]) {
-#pragma unroll
-    for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
-  };
-  // A tile this warpgroup's rows cannot see: wait for it (so the arrive counts towards its
-  // phase of `empty`), then release it.
-  auto skip_tile = [&](int i) {
-    mbar_wait(&full_k[i % kStages], (i / kStages) & 1);
-    mbar_arrive(&empty_k[i % kStages]);
-    mbar_wait(&full_v[i % kStages], (i / kStages) & 1);
-    mbar_arrive(&empty_v[i % kStages]);
-  };
-  // Waits until K or V of tile i has landed; the fence orders the producer's cp.async writes
-  // (generic proxy), which the wait made visible, before this thread's wgmma reads (async proxy).
-  auto wait_landed = [&](uint64_t* bars, int i) {
-    mbar_wait(&bars[i % kStages], (i / kStages) & 1);
-    fence_proxy_async();
-  };
-
-  // Ping-pong: the two consumers take turns issuing their GEMMs, so one warpgroup's softmax runs
-  // while the other's GEMMs occupy the tensor cores. Consumer c waits on named barrier 4 + c
-  // before issuing and arrives on the other one after; consumer 1 opens the first turn, and
-  // consumer 0 takes consumer 1's last arrive after the loop. Both consumers take the same number
-  // of turns (tiles they cannot see take empty turns). An unconditional arrive keeps the
-  // issue-to-wait path free of divergent code, which would make ptxas serialise the wgmmas.
-  constexpr bool kTurns = kSched != Sm90Sched::kPlain;
+  // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
+  // by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  // Consumer c waits on named barrier 4 + c before issuing and arrives on the other one after;
+  // consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive after the
+  // loop (an unconditional arrive keeps the issue-to-wait path free of divergent code, which
+  // would make ptxas serialise the wgmmas).
   auto turn_begin = [&]() {
-    if constexpr (kTurns) named_bar_sync(4 + cw, 256);
+    if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
   };
   auto turn_end = [&]() {
-    if constexpr (kTurns) named_bar_arrive(5 - cw, 256);
+    if constexpr (kPingPong) named_bar_arrive(5 - cw, 256);
   };
-  if constexpr (kTurns) {
+  if constexpr (kPingPong) {
     if (cw == 1) named_bar_arrive(4, 256);
   }
 
-  if constexpr (kSched == Sm90Sched::kOverlap) {
-    // FA3's intra-warpgroup overlap, with ping-pong turns: step t issues S(t) and
-    // O += P(t-1) V(t-1) in one turn; the softmax of S(t) runs while the tensor cores work on
-    // P(t-1) V(t-1) (and the other consumer's GEMMs). O is rescaled by the factors of S(t-1)'s
-    // softmax after S(t) is issued, in the shadow of that GEMM. The tiles this warpgroup sees
-    // are the contiguous run [ia, ib): steps [ia, ib] carry GEMMs; every consumer takes
-    // ntiles + 1 turns.
-    const int ia = glo > lo ? min(ntiles, (glo - lo) / kKeys) : 0;
-    int ib = ghi > lo ? min(ntiles, (ghi - lo + kKeys - 1) / kKeys) : 0;
-    if (!wg_rows || ib < ia) ib = ia;
-    for (int t = 0; t < ia; ++t) {
-      skip_tile(t);
-      turn_begin();
+  for (int i = 0; i < ntiles; ++i) {
+    const int s = i % kStages;
+    mbar_wait(&full[s], (i / kStages) & 1);
+    const int kb0 = lo + i * kKeys;
+    const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+    const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
+    const uint32_t v_addr = k_addr + Cfg::kTileBytes;
+    float sc[kNT][4];
+    float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+    uint32_t pa[kKeys / 16][4];
+    // ---- S = Q K^T ----
+    turn_begin();
+    if (active) {
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t half = kk / 4, sub = (kk % 4) * 32;
+        const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
+                                       16, 1024);
+        const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
+        wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      fence_operands(sc_flat);
+      MaskInfo mk = mask;
+      if (i < nfree) {
+        mk.bits = nullptr;
+        mk.causal = false;
+      }
+      const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
+                             (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
+                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+      if (capped) {
+#pragma unroll
+        for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
+      }
+      if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
+      softmax_tile(sc, m, l, o, scale);
+      // P is the A operand straight from the S accumulators.
+#pragma unroll
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+    } else {
       turn_end();
     }
-    if (ia < ib) {
-      uint32_t pa[kKeys / 16][4];
-      float alpha[2] = {1.f, 1.f};
-      {
-        float sc[kNT][4];
-        float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-        wait_landed(full_k, ia);
-        turn_begin();
-        wgmma_fence();
-        issue_s(sc_flat, ia % kStages);
-        wgmma_commit();
-        turn_end();
-        wgmma_wait<0>();
-        fence_operands(sc_flat);
-        mbar_arrive(&empty_k[ia % kStages]);
-        float unused[2];
-        scores_to_p(sc, ia, unused);  // O is still zero
-        to_fragments(pa, sc);
-      }
-      for (int i = ia + 1; i < ib; ++i) {
-        const int s = i % kStages, sp = (i - 1) % kStages;
-        float sc[kNT][4];
-        float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-        wait_landed(full_k, i);
-        wait_landed(full_v, i - 1);
-        turn_begin();
-        wgmma_fence();
-        issue_s(sc_flat, s);
-        wgmma_commit();
-        rescale_rows(o, alpha);  // factors of S(i-1)'s softmax (1 when the max stayed)
-        wgmma_fence();
-        issue_pv(pa, sp);
-        wgmma_commit();
-        turn_end();
-        wgmma_wait<1>();  // S(i) done, P(i-1) V(i-1) may still run
-        fence_operands(sc_flat);
-        mbar_arrive(&empty_k[s]);
-        alpha[0] = alpha[1] = 1.f;
-        scores_to_p(sc, i, alpha);
-        wgmma_wait<0>();
-        fence_operands(o_flat);
-        fence_fragments(pa);  // the finished GEMM read pa: no new value before the wait
-        mbar_arrive(&empty_v[sp]);
-        to_fragments(pa, sc);
-      }
-      const int sl = (ib - 1) % kStages;
-      wait_landed(full_v, ib - 1);
-      turn_begin();
-      rescale_rows(o, alpha);
+    // ---- O += P V ----
+    turn_begin();
+    if (active) {
+      fence_operands(o_flat);
       wgmma_fence();
-      issue_pv(pa, sl);
+#pragma unroll
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+        const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
+        wgmma_rs<T, D>(o_flat, pa[k2], dv);
+      }
       wgmma_commit();
       turn_end();
       wgmma_wait<0>();
       fence_operands(o_flat);
-      mbar_arrive(&empty_v[sl]);
-    }
-    int next = ia < ib ? ib : ia;  // the first tile not yet released
-    for (int t = ia < ib ? ib + 1 : ia; t <= ntiles; ++t) {
-      if (next < ntiles) skip_tile(next++);
-      turn_begin();
+    } else {
       turn_end();
     }
-  } else {
-    // Plain and ping-pong: S GEMM, softmax, P V GEMM, each waited for.
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i % kStages;
-      wait_landed(full_k, i);
-      const int kb0 = lo + i * kKeys;
-      const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
-      float sc[kNT][4];
-      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-      uint32_t pa[kKeys / 16][4];
-      // ---- S = Q K^T ----
-      turn_begin();
-      if (active) {
-        wgmma_fence();
-        issue_s(sc_flat, s);
-        wgmma_commit();
-        turn_end();
-        wgmma_wait<0>();
-        fence_operands(sc_flat);
-        mbar_arrive(&empty_k[s]);
-        float alpha[2];
-        if (scores_to_p(sc, i, alpha)) rescale_rows(o, alpha);
-        to_fragments(pa, sc);  // P is the A operand straight from the S accumulators
-      } else {
-        turn_end();
-        mbar_arrive(&empty_k[s]);
-      }
-      // ---- O += P V ----
-      wait_landed(full_v, i);
-      turn_begin();
-      if (active) {
-        fence_operands(o_flat);
-        wgmma_fence();
-        issue_pv(pa, s);
-        wgmma_commit();
-        turn_end();
-        wgmma_wait<0>();
-        fence_operands(o_flat);
-      } else {
-        turn_end();
-      }
-      mbar_arrive(&empty_v[s]);
-    }
+    mbar_arrive(&empty[s]);
   }
-  if constexpr (kTurns) {
+  if constexpr (kPingPong) {
     if (cw == 0) named_bar_sync(4, 256);
   }
 
   // ---- epilogue ----
-  store_tile<T>(a, work, item, hkv, wr0, m, l, o, lane);
+  store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
 #else
   __trap();  // launched only where the sm_90a image exists (prefill_sm90_usable)
 #endif

@@ -23,12 +23,6 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-/// Arrives on `bar` once every cp.async this thread issued before it has landed in shared
-/// memory (.noinc: the arrival is one of the barrier's expected count). The thread goes on.
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
-               : "memory");
-}
 /// Blocks until the barrier's phase with the given parity (0 / 1) has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   asm volatile(
@@ -89,17 +83,6 @@ template <int N>
 __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/// The same for register A fragments read by an in-flight wgmma: placed after the wait, no new
-/// value can be written into them before it.
-template <int N, int M>
-__device__ __forceinline__ void fence_fragments(uint32_t (&a)[N][M]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int j = 0; j < M; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
-  }
 }
 
 // ---- shared-memory matrix descriptors (128-byte swizzle) ----------------------------------
