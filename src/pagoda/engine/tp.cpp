@@ -1,7 +1,6 @@
 #include "pagoda/engine/tp.h"
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 
 #include "pagoda/core/error.h"
@@ -27,12 +26,11 @@ int64_t entries_read(const attention::ForwardBatch& f, int b) {
 
 TpLeaderWorker::TpLeaderWorker(std::unique_ptr<model::ModelWorker> local,
                                std::vector<dist::ByteChannel*> followers,
-                               const kv::ReqToTokenTable& table)
+                               kv::ReqToTokenTable& table)
     : local_(std::move(local)), followers_(std::move(followers)), table_(&table) {
   PAGODA_REQUIRE(local_ != nullptr, kInvalidArgument, "the leader needs its own worker");
-  shadow_.assign(static_cast<size_t>(table.max_reqs() + 1) *
-                     static_cast<size_t>(table.max_context_len()),
-                 0);
+  // The followers start from a zero table: what was written before this leader existed is sent
+  // the first time a batch reads it.
 }
 
 TpLeaderWorker::~TpLeaderWorker() {
@@ -50,9 +48,11 @@ model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
   message_.clear();
   dist::WireWriter w(message_);
   w.put(static_cast<uint8_t>(MessageKind::kBatch));
-  // The table entries the batch reads that differ from what the followers hold, as runs.
+  // The table entries the batch reads that were written since the followers last got them:
+  // each row's dirty range, cut at what the batch reads (the rest stays dirty for later).
   struct Run {
     int32_t row, begin, len;
+    int64_t upto;  // positions the batch reads: marked clean once sent
   };
   std::vector<Run> runs;
   const int64_t stride = table_->row_stride();
@@ -61,31 +61,32 @@ model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
     const int32_t row = f.req_pool_indices[static_cast<size_t>(b)];
     const int64_t need = std::min<int64_t>(entries_read(f, b), stride);
     if (row <= 0 || row > table_->max_reqs() || need <= 0) continue;  // padding / rejected below
-    const int32_t* cur = table_->data() + row * stride;
-    int32_t* sh = shadow_.data() + row * stride;
-    if (std::memcmp(cur, sh, static_cast<size_t>(need) * sizeof(int32_t)) == 0) continue;
-    for (int64_t i = 0; i < need;) {
-      if (cur[i] == sh[i]) {
-        ++i;
-        continue;
-      }
-      int64_t j = i;
-      while (j < need && cur[j] != sh[j]) ++j;
-      runs.push_back(Run{row, static_cast<int32_t>(i), static_cast<int32_t>(j - i)});
-      std::copy(cur + i, cur + j, sh + i);
-      i = j;
-    }
+    runs.push_back(Run{row, 0, 0, need});
   }
+  // A row listed twice reads the longer of its two ranges.
+  std::sort(runs.begin(), runs.end(), [](const Run& x, const Run& y) {
+    return x.row != y.row ? x.row < y.row : x.upto > y.upto;
+  });
+  runs.erase(std::unique(runs.begin(), runs.end(),
+                         [](const Run& x, const Run& y) { return x.row == y.row; }),
+             runs.end());
+  std::erase_if(runs, [&](Run& r) {
+    const kv::ReqToTokenTable::DirtyRange d = table_->dirty(ReqSlot(r.row));
+    if (d.begin >= d.end || d.begin >= r.upto) return true;  // the followers have it all
+    r.begin = static_cast<int32_t>(d.begin);
+    r.len = static_cast<int32_t>(std::min(d.end, r.upto) - d.begin);
+    return false;
+  });
   w.put<uint32_t>(static_cast<uint32_t>(runs.size()));
   for (const Run& r : runs) {
     w.put(r.row);
     w.put(r.begin);
-    w.put_vec(std::span<const int32_t>(shadow_.data() + r.row * stride + r.begin,
-                                       static_cast<size_t>(r.len)));
+    w.put_vec(table_->read(ReqSlot(r.row), r.begin, r.len));
   }
   model::encode_worker_batch(batch, w);
   for (dist::ByteChannel* c : followers_) c->send(message_);
   bytes_sent_ += static_cast<int64_t>(message_.size());
+  for (const Run& r : runs) table_->mark_clean(ReqSlot(r.row), r.upto);
   return local_->run(batch);
 }
 

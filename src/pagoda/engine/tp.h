@@ -40,9 +40,11 @@ namespace pagoda::engine {
 class TpLeaderWorker final : public model::ModelWorker {
  public:
   /// `local` is rank 0's worker (built over the group's communicator); `followers` the channels
-  /// to ranks 1..N-1 (must outlive this worker); `table` the engine's request table.
+  /// to ranks 1..N-1 (must outlive this worker); `table` the engine's request table, whose dirty
+  /// ranges (ReqToTokenTable::dirty) this leader consumes: each step sends the dirty entries the
+  /// batch reads and marks them clean, so the cost follows what changed, not the rows' lengths.
   TpLeaderWorker(std::unique_ptr<model::ModelWorker> local,
-                 std::vector<dist::ByteChannel*> followers, const kv::ReqToTokenTable& table);
+                 std::vector<dist::ByteChannel*> followers, kv::ReqToTokenTable& table);
   /// Tells the followers to stop (they return from run_tp_follower).
   ~TpLeaderWorker() override;
   TpLeaderWorker(const TpLeaderWorker&) = delete;
@@ -58,9 +60,7 @@ class TpLeaderWorker final : public model::ModelWorker {
  private:
   std::unique_ptr<model::ModelWorker> local_;
   std::vector<dist::ByteChannel*> followers_;
-  const kv::ReqToTokenTable* table_;
-  /// What the followers' tables hold (the leader's table as of the last message).
-  std::vector<int32_t> shadow_;
+  kv::ReqToTokenTable* table_;  // its dirty ranges are this leader's to clear
   std::vector<std::byte> message_;
   int64_t bytes_sent_ = 0;
 };

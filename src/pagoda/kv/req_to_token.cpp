@@ -14,6 +14,7 @@ ReqToTokenTable::ReqToTokenTable(int32_t max_reqs, int32_t max_context_len)
                  max_context_len);
   table_.assign(static_cast<size_t>(max_reqs + 1) * static_cast<size_t>(max_context_len), 0);
   in_use_.assign(static_cast<size_t>(max_reqs) + 1, 0);
+  dirty_.assign(static_cast<size_t>(max_reqs) + 1, DirtyRange{});
   for (int32_t r = 1; r <= max_reqs; ++r) free_rows_.push_back(r);
 }
 
@@ -54,6 +55,28 @@ void ReqToTokenTable::write(ReqSlot row, int64_t begin, std::span<const SlotInde
                  max_context_len_);
   std::copy(slots.begin(), slots.end(),
             table_.begin() + static_cast<int64_t>(row.value()) * max_context_len_ + begin);
+  if (slots.empty()) return;
+  DirtyRange& d = dirty_[static_cast<size_t>(row.value())];
+  if (d.begin == d.end) {
+    d = {begin, end};
+  } else {
+    d = {std::min(d.begin, begin), std::max(d.end, end)};
+  }
+}
+
+ReqToTokenTable::DirtyRange ReqToTokenTable::dirty(ReqSlot row) const {
+  require_row(row);
+  return dirty_[static_cast<size_t>(row.value())];
+}
+
+void ReqToTokenTable::mark_clean(ReqSlot row, int64_t upto) {
+  require_row(row);
+  DirtyRange& d = dirty_[static_cast<size_t>(row.value())];
+  if (d.end <= upto) {
+    d = {};
+  } else {
+    d.begin = std::max(d.begin, upto);
+  }
 }
 
 std::span<const SlotIndex> ReqToTokenTable::row(ReqSlot row) const {

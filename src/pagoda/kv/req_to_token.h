@@ -4,7 +4,10 @@
 /// CUDA-graph batches: it is never handed out, never written, and reads as all zeros (slot 0).
 ///
 /// Storage is host memory today; data() / device() / row_stride() are the shape a device mirror
-/// will keep (a CUDA engine copies or mirrors the same layout). Thread rules: not thread-safe.
+/// will keep (a CUDA engine copies or mirrors the same layout). A copy kept elsewhere (the
+/// tensor-parallel followers' tables) follows through dirty ranges: every write widens its row's
+/// range, and the one consumer that mirrors the table marks what it sent clean, so a step costs
+/// what changed, not the rows' lengths. Thread rules: not thread-safe.
 
 #include <cstdint>
 #include <deque>
@@ -44,6 +47,15 @@ class ReqToTokenTable {
   /// Positions [begin, begin + len) of `row`; throws when the range leaves the row.
   std::span<const SlotIndex> read(ReqSlot row, int64_t begin, int64_t len) const;
 
+  /// Positions of `row` written since they were last marked clean, as one covering range
+  /// [begin, end) (begin == end: nothing). Throws when the row is out of range.
+  struct DirtyRange {
+    int64_t begin = 0, end = 0;
+  };
+  DirtyRange dirty(ReqSlot row) const;
+  /// Marks positions [0, upto) of `row` clean; dirty positions at or past `upto` stay dirty.
+  void mark_clean(ReqSlot row, int64_t upto);
+
   /// Raw table, row-major [max_reqs + 1, max_context_len] int32.
   const SlotIndex* data() const { return table_.data(); }
   int64_t row_stride() const { return max_context_len_; }
@@ -59,6 +71,7 @@ class ReqToTokenTable {
   int32_t max_context_len_;
   std::vector<SlotIndex> table_;
   std::vector<uint8_t> in_use_;
+  std::vector<DirtyRange> dirty_;  // per row
   std::deque<int32_t> free_rows_;
 };
 
