@@ -167,7 +167,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                                    *table_);
   }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
-  init_spec(dtype, static_cast<int32_t>(num_pages), static_cast<bool>(make_worker));
+  init_spec(dtype, static_cast<int32_t>(num_pages));
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;

@@ -258,9 +258,10 @@ class Engine {
   /// Fills batch_ from a scheduled step.
   void build_batch(const ScheduledStep& s);
   // Speculative decoding (spec_step.cpp).
-  /// `custom_worker`: the worker came from a WorkerFactory (tensor parallelism), which
-  /// speculation does not support yet (its K/V moves would reach rank 0's pool only).
-  void init_spec(DType dtype, int32_t num_pages, bool custom_worker);
+  /// With a WorkerFactory (tensor parallelism) the target runs sharded through the factory's
+  /// worker (verify batches and K/V moves reach every rank); a draft model or EAGLE head runs
+  /// whole on this process's platform.
+  void init_spec(DType dtype, int32_t num_pages);
   /// Whether this step may speculate (decode-only, not paused); counts the pause down.
   bool spec_ready();
   /// One speculative round over the running requests; false (nothing changed) when it does not

@@ -246,12 +246,8 @@ std::vector<spec::DraftTree> draft_chain(model::ModelWorker& worker, const std::
 
 }  // namespace
 
-void Engine::init_spec(DType dtype, int32_t num_pages, bool custom_worker) {
+void Engine::init_spec(DType dtype, int32_t num_pages) {
   const SpecConfig& sc = config_.spec;
-  PAGODA_REQUIRE(sc.mode == SpecMode::kNone || !custom_worker, kUnsupported,
-                 "speculative decoding (spec mode {}) does not run with a custom worker "
-                 "(tensor parallelism) yet",
-                 spec_mode_name(sc.mode));
   ngram_ = spec::NgramDrafter(sc.ngram);
   spec_pause_len_ = sc.backoff_steps;
   PAGODA_REQUIRE(sc.mode == SpecMode::kNone || sc.topk <= model_->config().vocab_size,

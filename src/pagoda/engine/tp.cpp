@@ -14,7 +14,7 @@ using attention::ForwardMode;
 
 namespace {
 
-enum class MessageKind : uint8_t { kBatch = 1, kStop = 2 };
+enum class MessageKind : uint8_t { kBatch = 1, kStop = 2, kMoveKv = 3 };
 
 /// How many req→token entries of sequence b the batch's attention reads.
 int64_t entries_read(const attention::ForwardBatch& f, int b) {
@@ -90,17 +90,36 @@ model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
   return local_->run(batch);
 }
 
+void TpLeaderWorker::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {
+  // Rank 0 first: its pool has the shape of every rank's, so what it refuses (kOutOfRange,
+  // nothing changed) never reaches a follower, and what it accepts every follower can apply.
+  local_->move_kv(src, dst);
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kMoveKv));
+  w.put_vec(src);
+  w.put_vec(dst);
+  for (dist::ByteChannel* c : followers_) c->send(message_);
+  bytes_sent_ += static_cast<int64_t>(message_.size());
+}
+
 void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
                      dist::ByteChannel& channel) {
   while (table.alloc().has_value()) {
   }
   std::vector<std::byte> msg;
   model::WorkerBatch batch;
-  std::vector<int32_t> entries;
+  std::vector<int32_t> entries, move_src, move_dst;
   while (channel.recv(msg)) {
     dist::WireReader r(msg);
     const auto kind = static_cast<MessageKind>(r.get<uint8_t>());
     if (kind == MessageKind::kStop) return;
+    if (kind == MessageKind::kMoveKv) {  // rank 0 applied it already: it cannot fail here
+      r.get_vec(move_src);
+      r.get_vec(move_dst);
+      worker.move_kv(move_src, move_dst);
+      continue;
+    }
     PAGODA_REQUIRE(kind == MessageKind::kBatch, kInvalidArgument,
                    "tensor-parallel follower: unknown message kind {}", static_cast<int>(kind));
     const uint32_t runs = r.get<uint32_t>();

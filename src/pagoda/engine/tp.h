@@ -51,6 +51,10 @@ class TpLeaderWorker final : public model::ModelWorker {
   TpLeaderWorker& operator=(const TpLeaderWorker&) = delete;
 
   model::WorkerOutput run(const model::WorkerBatch& batch) override;
+  /// Moves the rows on rank 0, then on every follower (speculative commits: each rank's pool
+  /// holds its own heads of the same slots).
+  void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;
+  /// Rank 0's pool (its kv heads only).
   kv::KvPool& kv_pool() override { return local_->kv_pool(); }
   std::string backend_name() const override { return local_->backend_name(); }
   model::WorkerStats stats() const override { return local_->stats(); }
