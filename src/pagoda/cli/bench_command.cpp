@@ -139,7 +139,6 @@ void progress(int done, int total, double elapsed, int64_t out_tokens) {
 void run_bench(const BenchOptions& o) {
   prepare_host_threads();
   if (o.spec.mode != "none" || o.workload != "chat") {
-    PAGODA_REQUIRE(o.tp == 1, kUnsupported, "--spec / --workload do not run with --tp > 1 yet");
     SpecBenchArgs a;
     a.model = o.model;
     a.weight_seed = o.weight_seed;
@@ -159,6 +158,7 @@ void run_bench(const BenchOptions& o) {
     a.output_len = o.output_len;
     a.json = o.json;
     a.spec = o.spec;
+    a.tp = o.tp;
     run_spec_bench(a);
     return;
   }

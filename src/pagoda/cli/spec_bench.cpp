@@ -48,7 +48,8 @@ struct RunResult {
 RunResult run_once(const SpecBenchArgs& a, model::LlamaModel& llama, platform::Platform& platform,
                    const engine::EngineConfig& cfg,
                    const std::vector<std::vector<int32_t>>& prompts) {
-  engine::Engine eng(llama, cfg, &platform);
+  TpRunner tp = start_tp(a.tp, platform, a.model, a.weight_seed);  // outlives the engine
+  engine::Engine eng(llama, cfg, &platform, tp.factory(platform));
   {  // warm-up (first-touch allocations, lazy plans): not timed
     eng.add_request({.prompt = prompts.front(), .max_new_tokens = 8, .ignore_eos = true});
     eng.run_until_idle();
@@ -118,6 +119,7 @@ void run_spec_bench(const SpecBenchArgs& a) {
       {"model", loaded.config.name},
       {"backend", cfg.backend.attention},
       {"page_size", a.page_size},
+      {"tp", a.tp},
       {"workload", a.workload},
       {"requests", a.requests},
       {"max_running", a.max_running},
@@ -138,10 +140,10 @@ void run_spec_bench(const SpecBenchArgs& a) {
   if (a.json) {
     std::printf("%s\n", j.dump().c_str());
   } else {
-    fmt::print("pagoda bench --spec {}: model {}, backend {}, page {}, workload {}, {} requests "
-               "({} running), input {} / output {} tokens\n",
-               a.spec.mode, loaded.config.name, cfg.backend.attention, a.page_size, a.workload,
-               a.requests, a.max_running, a.input_len, a.output_len);
+    fmt::print("pagoda bench --spec {}: model {}, backend {}, page {}, tp {}, workload {}, {} "
+               "requests ({} running), input {} / output {} tokens\n",
+               a.spec.mode, loaded.config.name, cfg.backend.attention, a.page_size, a.tp,
+               a.workload, a.requests, a.max_running, a.input_len, a.output_len);
     auto row = [](const char* name, const std::string& value) {
       fmt::print("  {:<28} {:>20}\n", name, value);
     };

@@ -2,6 +2,7 @@
 /// `pagoda bench --spec ngram|draft ...`: the same fixed workload twice in one process — without
 /// speculation, then with it — on identical engines; reports output tok/s of both, the speed-up,
 /// the mean accepted length, and whether the greedy outputs are identical (they must be).
+/// --tp N shards the target over N ranks in both runs (cli::start_tp).
 
 #include <cstdint>
 #include <string>
@@ -29,6 +30,9 @@ struct SpecBenchArgs {
   int input_len = 256;
   int output_len = 128;
   bool json = false;
+  /// Tensor-parallel ranks of the target (cli::start_tp: threads on the CPU, one process per GPU
+  /// on CUDA); each of the two runs gets its own group.
+  int tp = 1;
   SpecOptions spec{};
 };
 

@@ -10,9 +10,9 @@ running any model: greedy decoding must continue a span that already occurred in
      break the copy (checked by hand: rope_theta 10,000 instead of 500,000 fails at output 30);
      the matching heads tolerate small errors in the low-frequency pairs (dropping the llama3
      scaling is not caught here: the model tests compare RoPE itself).
-  2. `pagoda bench --spec ngram --workload repeat`: greedy outputs with speculation identical to
-     those without, no leaked page, and prompt lookup accepting most drafts (mean accept length
-     >= 3 of 5), which it can only do if the model really copies.
+  2. `pagoda bench --spec ngram --workload repeat`, with --tp 1 and 2: greedy outputs with
+     speculation identical to those without, no leaked page, and prompt lookup accepting most
+     drafts (mean accept length >= 3 of 5), which it can only do if the model really copies.
 
     check_copy_model.py --pagoda build/pagoda [--seed N]
 
@@ -87,18 +87,22 @@ def main():
                       f"{'ok' if ok else f'MISMATCH at output {first_bad}: {got} vs {want}'}",
                       flush=True)
 
-        # 2. Prompt lookup on repeated prompts: lossless, and it pays.
-        out = json.loads(run([a.pagoda, "bench", "--model", model, "--backend", "cpu", "--json",
-                              "--spec", "ngram", "--spec-steps", "4", "--spec-draft-tokens", "5",
-                              "--workload", "repeat", "--requests", "4", "--input-len", "384",
-                              "--output-len", "48", "--max-running", "2", "--seed", str(seed)]))
-        accept = out["spec"]["mean_accept_length"]
-        ok = (out["identical_outputs"] == out["requests"] and out["leaked_pages"] == 0
-              and accept >= 3.0)
-        failures += not ok
-        print(f"bench --spec ngram: identical {out['identical_outputs']} of {out['requests']}, "
-              f"leaked {out['leaked_pages']}, mean accept length {accept:.2f} (>= 3): "
-              f"{'ok' if ok else 'FAIL'}", flush=True)
+        # 2. Prompt lookup on repeated prompts: lossless, and it pays; also on a target sharded
+        #    over two tensor-parallel ranks (threads), whose verify batches and K/V moves reach
+        #    both ranks.
+        for tp in (1, 2):
+            out = json.loads(run([a.pagoda, "bench", "--model", model, "--backend", "cpu", "--json",
+                                  "--spec", "ngram", "--spec-steps", "4", "--spec-draft-tokens", "5",
+                                  "--workload", "repeat", "--requests", "4", "--input-len", "384",
+                                  "--output-len", "48", "--max-running", "2", "--seed", str(seed),
+                                  "--tp", str(tp)]))
+            accept = out["spec"]["mean_accept_length"]
+            ok = (out["identical_outputs"] == out["requests"] and out["leaked_pages"] == 0
+                  and accept >= 3.0 and out["tp"] == tp)
+            failures += not ok
+            print(f"bench --spec ngram --tp {tp}: identical {out['identical_outputs']} of "
+                  f"{out['requests']}, leaked {out['leaked_pages']}, mean accept length "
+                  f"{accept:.2f} (>= 3): {'ok' if ok else 'FAIL'}", flush=True)
     return 1 if failures else 0
 
 
