@@ -11,8 +11,8 @@
 #            FLASHINFER=1 (needs .whl carried).
 #   STAGE=4: the prefill table in one call: cuda conformance (CONFORMANCE=0 skips),
 #            pagoda_cuda_bench (PDL on and off, sm90 ping-pong), peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3) on
-#            FI_FILTER's shapes (comma-separated; needs .whl carried); an ncu profile (detailed
-#            set) of one sm90 launch on B4 S4096.
+#            FI_FILTER's shapes (comma-separated; needs .whl carried); an ncu profile (full set:
+#            warp stall reasons, pipe utilisation, source hot spots) of one sm90 launch on B4 S4096.
 # COMMIT names the commit measured (the device copy carries no reliable git metadata).
 set -uo pipefail
 STAGE=${STAGE:-1}
@@ -53,9 +53,9 @@ if [ "$STAGE" = 4 ]; then
   cut -c1-100 "$R/ours.jsonl"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then  # one launch of the sm90 kernel on B4 S4096: where its time goes
-    timeout 120 "$NCU" --clock-control none -k regex:prefill_sm90 -c 1 --set detailed \
+    timeout 150 "$NCU" --clock-control none -k regex:prefill_sm90 -c 1 --set full \
       $B/tests/cuda/pagoda_cuda_bench /tmp/ncu_case.jsonl prefill_causal_b4_s4096 > "$R/ncu_b4_s4096.txt" 2>&1
-    echo "ncu rc=$?"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|DRAM Throughput|Executed Ipc A|Warp Cycles Per Issued" "$R/ncu_b4_s4096.txt" | head -12
+    echo "ncu rc=$?"; grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|DRAM Throughput|Executed Ipc A|Warp Cycles Per Issued|No Eligible|Stall" "$R/ncu_b4_s4096.txt" | head -24
   fi
   PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 150 python3 bench/cuda/peers.py "$R/ours.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
   echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode)" "$R/peers.md" | head -20
