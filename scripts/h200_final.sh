@@ -10,9 +10,10 @@
 #            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when
 #            FLASHINFER=1 (needs .whl carried).
 #   STAGE=4: the prefill table in one call: cuda conformance (CONFORMANCE=0 skips),
-#            pagoda_cuda_bench (PDL on and off, sm90 ping-pong), peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3) on
-#            FI_FILTER's shapes (comma-separated; needs .whl carried); an ncu profile (full set:
-#            warp stall reasons, pipe utilisation, source hot spots) of one sm90 launch on B4 S4096.
+#            pagoda_cuda_bench (PDL on and off, sm90 ping-pong), an ncu profile (full set: warp
+#            stall reasons, pipe utilisation, source hot spots) of one sm90 launch on B4 S4096,
+#            peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3)
+#            on FI_FILTER's shapes (comma-separated; needs .whl carried).
 # COMMIT names the commit measured (the device copy carries no reliable git metadata).
 set -uo pipefail
 STAGE=${STAGE:-1}
