@@ -6,8 +6,8 @@
 #     the device copy carries it (scripts/make_prefill_variants.sh makes them: an older commit,
 #     or this tree with a patch from bench/results/hopper_h200/ applied).
 #   VARIANT_ENV — also time this tree under it (default PAGODA_SM90_PINGPONG=1).
-# Builds every tree (sm_90a, in parallel), runs this tree's cuda_attention_tests
-# (PAGODA_REQUIRE_GPU=1), then pagoda_cuda_bench's prefill cases twice, interleaved over the
+# Builds every tree (sm_90a, in parallel), runs this tree's cuda_attention_tests and the other
+# trees' prefill / extend / verify ones (CudaExtend.*; PAGODA_REQUIRE_GPU=1), then pagoda_cuda_bench's prefill cases twice, interleaved over the
 # trees, plus mma.sync (PAGODA_SM90_PREFILL=0) at B4 S4096 for this tree and the first other.
 # Everything lands in $OUT/prefill_ab.tgz (one file: the result folder caps the file count);
 # the times go to stdout. COMMIT names this tree's commit.
@@ -35,11 +35,17 @@ names=(main)
 build main . pagoda_cuda_bench cuda_attention_tests &
 for t in $TREES; do
   names+=("${t%%:*}")
-  build "${t%%:*}" "${t#*:}" pagoda_cuda_bench &
+  build "${t%%:*}" "${t#*:}" pagoda_cuda_bench cuda_attention_tests &
 done
 wait
 PAGODA_REQUIRE_GPU=1 timeout 120 /tmp/b-main/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1
-echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+echo "main tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+for n in "${names[@]:1}"; do  # the prefill / extend / verify tests of every other tree
+  t=/tmp/b-$n/tests/cuda/cuda_attention_tests
+  [ -x "$t" ] || continue
+  PAGODA_REQUIRE_GPU=1 timeout 60 "$t" --gtest_filter='CudaExtend.*' > "$R/tests_$n.log" 2>&1
+  echo "$n tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests_$n.log" | tr '\n' ' ')"
+done
 for r in 1 2; do
   for n in "${names[@]}"; do
     [ -x "/tmp/b-$n/tests/cuda/pagoda_cuda_bench" ] || continue
