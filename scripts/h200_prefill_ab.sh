@@ -7,8 +7,9 @@
 #     or this tree with a patch from bench/results/hopper_h200/ applied).
 #   VARIANT_ENV — also time this tree under it (default PAGODA_SM90_PINGPONG=1).
 # Builds every tree (sm_90a, in parallel), runs this tree's cuda_attention_tests and the other
-# trees' prefill / extend / verify ones (CudaExtend.*; PAGODA_REQUIRE_GPU=1), then pagoda_cuda_bench's prefill cases twice, interleaved over the
-# trees, plus mma.sync (PAGODA_SM90_PREFILL=0) at B4 S4096 for this tree and the first other.
+# trees' prefill / extend / verify ones (CudaExtend.*; PAGODA_REQUIRE_GPU=1), then
+# pagoda_cuda_bench's prefill cases twice, interleaved over the trees, plus mma.sync
+# (PAGODA_SM90_PREFILL=0) at B4 S4096 for this tree and the first other.
 # Everything lands in $OUT/prefill_ab.tgz (one file: the result folder caps the file count);
 # the times go to stdout. COMMIT names this tree's commit.
 set -uo pipefail
