@@ -69,46 +69,54 @@ constexpr uint64_t kSpecSalt = 0x5bd1e9955bd1e995ull;
 /// Random draws reserved per emitted token index (a round draws at most tree size + depth).
 constexpr int64_t kDrawsPerToken = 1024;
 
-/// The kTargetVerify batch of `trees` (one per request, all of one size n): node i of request b
-/// at row position lens[b] + i (slot node_slots[b * n + i]) and RoPE position lens[b] + depth(i).
+/// The kTargetVerify batch of `trees` (one per request, all of one size n) forwarding nodes
+/// first..n−1: node i of request b at row position lens[b] + i (slot node_slots[b * (n − first)
+/// + i − first]) and RoPE position lens[b] + depth(i). Nodes before `first` are not forwarded:
+/// their K/V is already at row positions lens[b] .. lens[b] + first − 1 (a drafter's earlier
+/// steps), and the mask lets each forwarded node see its ancestors among them.
 model::WorkerBatch tree_batch(const std::vector<Req*>& reqs,
                               const std::vector<spec::DraftTree>& trees,
                               std::span<const int32_t> lens, std::span<const SlotIndex> node_slots,
-                              const SpecConfig& sc) {
+                              const SpecConfig& sc, int32_t first = 0) {
   model::WorkerBatch b;
   attention::ForwardBatch& f = b.forward;
   const int32_t n = trees.front().size();
+  const int32_t m = n - first;
+  PAGODA_CHECK(first >= 0 && m >= 1);
   f.mode = ForwardMode::kTargetVerify;
   f.batch_size = static_cast<int>(reqs.size());
   f.spec.topk = sc.topk;
   f.spec.num_steps = sc.steps;
-  f.spec.num_draft_tokens = n;
+  f.spec.num_draft_tokens = m;
   f.out_cache_loc.assign(node_slots.begin(), node_slots.end());
+  PAGODA_CHECK_EQ(f.out_cache_loc.size(), reqs.size() * static_cast<size_t>(m));
   for (size_t i = 0; i < reqs.size(); ++i) {
     const Req& r = *reqs[i];
     const spec::DraftTree& t = trees[i];
     PAGODA_CHECK_EQ(t.size(), n);
     const int32_t len = lens[i];
     f.req_pool_indices.push_back(r.cache.req_slot.value());
-    f.seq_lens.push_back(len);
-    f.extend_prefix_lens.push_back(len);
-    f.extend_seq_lens.push_back(n);
+    f.seq_lens.push_back(len + first);
+    f.extend_prefix_lens.push_back(len + first);
+    f.extend_seq_lens.push_back(m);
     const std::vector<int32_t> depth = t.depths();
-    for (int32_t j = 0; j < n; ++j) f.positions.push_back(len + depth[static_cast<size_t>(j)]);
-    b.input_ids.insert(b.input_ids.end(), t.tokens.begin(), t.tokens.end());
-    spec::append_verify_mask(t, len, f.spec.tree_mask);
+    for (int32_t j = first; j < n; ++j) f.positions.push_back(len + depth[static_cast<size_t>(j)]);
+    b.input_ids.insert(b.input_ids.end(), t.tokens.begin() + first, t.tokens.end());
+    spec::append_verify_mask(t, len, f.spec.tree_mask, first);
     b.sample_step.push_back(r.num_output());
   }
   return b;
 }
 
-/// The slots of every request's first n draft slots ([b * extra, b * extra + n) of `slots`).
+/// The slots of draft nodes first..n−1 of every request ([b * extra + first, b * extra + n) of
+/// `slots`).
 std::vector<SlotIndex> tree_slots(size_t nreq, std::span<const SlotIndex> slots, int32_t extra,
-                                  int32_t n) {
+                                  int32_t n, int32_t first = 0) {
   std::vector<SlotIndex> out;
-  out.reserve(nreq * static_cast<size_t>(n));
+  out.reserve(nreq * static_cast<size_t>(n - first));
   for (size_t b = 0; b < nreq; ++b) {
-    const auto mine = slots.subspan(b * static_cast<size_t>(extra), static_cast<size_t>(n));
+    const auto mine = slots.subspan(b * static_cast<size_t>(extra) + static_cast<size_t>(first),
+                                    static_cast<size_t>(n - first));
     out.insert(out.end(), mine.begin(), mine.end());
   }
   return out;
@@ -144,8 +152,10 @@ model::WorkerBatch one_token_batch(const std::vector<Req*>& reqs, std::vector<in
   return db;
 }
 
-/// Runs `steps` draft forwards (kTargetVerify over each request's beam tree) on the draft worker
-/// and returns the verify trees (SGLang's EAGLE construction, spec::TreeBuilder).
+/// Runs `steps` draft forwards on the draft worker and returns the verify trees (SGLang's EAGLE
+/// construction, spec::TreeBuilder). Step 0 forwards the root; step s >= 1 only the beam's
+/// frontier (topk nodes), whose ancestors' K/V the earlier steps left at the draft slots in the
+/// request's row (beam nodes keep their indices, so node j stays at slot j).
 std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::vector<Req*>& reqs,
                                          std::span<const SlotIndex> slots, int32_t extra,
                                          const SpecConfig& sc, int64_t vocab) {
@@ -157,9 +167,9 @@ std::vector<spec::DraftTree> draft_trees(model::ModelWorker& worker, const std::
   while (!builders.front().done()) {
     for (size_t b = 0; b < reqs.size(); ++b) beams[b] = builders[b].beam_tree();
     const int32_t n = beams.front().size();
-    model::WorkerBatch batch =
-        tree_batch(reqs, beams, lens, tree_slots(reqs.size(), slots, extra, n), sc);
     const int32_t nf = builders.front().frontier_size();
+    model::WorkerBatch batch = tree_batch(
+        reqs, beams, lens, tree_slots(reqs.size(), slots, extra, n, n - nf), sc, n - nf);
     batch.logit_rows.assign(reqs.size(), nf);
     batch.sampling.assign(reqs.size(), model::SamplingParams{});  // greedy: argmax rows
     batch.top_k = sc.topk > 1 ? sc.topk : 0;  // device top-k, or whole rows where there is none

@@ -40,15 +40,19 @@ std::vector<int32_t> DraftTree::path_to(int32_t node) const {
   return path;
 }
 
-void append_verify_mask(const DraftTree& tree, int32_t prefix_len, std::vector<uint8_t>& mask) {
+void append_verify_mask(const DraftTree& tree, int32_t prefix_len, std::vector<uint8_t>& mask,
+                        int32_t first_row) {
   tree.validate();
   PAGODA_REQUIRE(prefix_len >= 0, kInvalidArgument, "prefix_len {} < 0", prefix_len);
+  PAGODA_REQUIRE(first_row >= 0 && first_row < tree.size(), kInvalidArgument,
+                 "first_row {} outside [0, {})", first_row, tree.size());
   const size_t n = static_cast<size_t>(tree.size());
+  const size_t first = static_cast<size_t>(first_row);
   const size_t cols = static_cast<size_t>(prefix_len) + n;
   const size_t base = mask.size();
-  mask.resize(base + n * cols, 0);
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t* row = mask.data() + base + i * cols;
+  mask.resize(base + (n - first) * cols, 0);
+  for (size_t i = first; i < n; ++i) {
+    uint8_t* row = mask.data() + base + (i - first) * cols;
     std::fill(row, row + prefix_len, uint8_t{1});
     for (int32_t j = static_cast<int32_t>(i); j >= 0; j = tree.parents[static_cast<size_t>(j)])
       row[static_cast<size_t>(prefix_len + j)] = 1;

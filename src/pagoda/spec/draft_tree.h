@@ -33,9 +33,13 @@ struct DraftTree {
 };
 
 /// Appends the verify mask of one request to `mask` in SpecInfo::tree_mask's FULL_MASK layout:
-/// n rows × (prefix_len + n) bytes, row-major; prefix columns 1; draft column j of row i is 1
-/// when j == i or j is an ancestor of i. prefix_len = committed tokens with K/V (>= 0).
-void append_verify_mask(const DraftTree& tree, int32_t prefix_len, std::vector<uint8_t>& mask);
+/// rows first_row..n−1 × (prefix_len + n) bytes, row-major; prefix columns 1; draft column j of
+/// row i is 1 when j == i or j is an ancestor of i. prefix_len = committed tokens with K/V (>= 0).
+/// first_row > 0 is the mask of a forward of only nodes first_row..n−1 whose earlier nodes' K/V
+/// are already cached right after the prefix (a drafter's frontier). Requires
+/// 0 <= first_row < n.
+void append_verify_mask(const DraftTree& tree, int32_t prefix_len, std::vector<uint8_t>& mask,
+                        int32_t first_row = 0);
 
 /// SGLang's retrieve arrays of a tree (verify walks them on the device): for node i,
 /// first_child[i] / next_sibling[i] (-1 when none), children in index order.

@@ -52,6 +52,18 @@ TEST(DraftTree, MaskDepthsAndRetrieveMatchBruteForce) {
             << "row " << i << " col " << c;
       }
     }
+    // The rows of a frontier forward (nodes first..n−1, earlier ones cached): the same bits.
+    const int first = static_cast<int>(rng() % static_cast<uint64_t>(n));
+    std::vector<uint8_t> tail;
+    append_verify_mask(t, prefix, tail, first);
+    ASSERT_EQ(tail.size(), static_cast<size_t>((n - first) * (prefix + n)));
+    for (int i = first; i < n; ++i) {
+      for (int c = 0; c < prefix + n; ++c) {
+        const bool want = c < prefix || is_ancestor_or_self(t, c - prefix, i);
+        ASSERT_EQ(tail[static_cast<size_t>((i - first) * (prefix + n) + c)], want ? 1 : 0)
+            << "first " << first << " row " << i << " col " << c;
+      }
+    }
     const RetrieveIndices r = retrieve_indices(t);
     for (int p = 0; p < n; ++p) {
       std::vector<int> want, got;
@@ -66,6 +78,11 @@ TEST(DraftTree, MaskDepthsAndRetrieveMatchBruteForce) {
 TEST(DraftTree, BadTreesAreRejectedByName) {
   DraftTree t{{1, 2}, {-1, 1}};
   EXPECT_THROW(t.validate(), Error);
+  std::vector<uint8_t> m;
+  const DraftTree two{{1, 2}, {-1, 0}};
+  EXPECT_THROW(append_verify_mask(two, 0, m, 2), Error);   // first_row past the last node
+  EXPECT_THROW(append_verify_mask(two, 0, m, -1), Error);
+  EXPECT_TRUE(m.empty());
   DraftTree u{{1, 2}, {-1}};
   EXPECT_THROW(u.validate(), Error);
   DraftTree v = DraftTree::root_only(3);
