@@ -1,5 +1,6 @@
 // Speculative decoding in the engine: losslessness with chunked prefill, the radix cache and
-// follow-ups; forced retraction and abort in the middle of speculation; exact sampling at
+// follow-ups; forced retraction and abort in the middle of speculation; a tree forwarded in two
+// parts (a drafter's frontier over cached ancestors) matching the whole-tree forward; exact sampling at
 // temperature > 0 (randomised PIT against the target's distributions, fixed seed); a draft model
 // that differs from the target; the switch-off; bad settings.
 #include <cmath>
@@ -10,6 +11,8 @@
 #include "pagoda/model/host_sampling.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
+#include "pagoda/model/model_runner.h"
+#include "pagoda/spec/draft_tree.h"
 
 namespace pagoda::engine {
 namespace {
@@ -306,6 +309,104 @@ TEST(EngineSpec, SwitchesItselfOffWhenNothingPays) {
   for (size_t i = 0; i < ids.size(); ++i)
     testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 60),
                                   "req " + std::to_string(i));
+}
+
+// What a draft model's frontier step relies on: forwarding a tree's nodes first..n−1 over the
+// cached K/V of nodes 0..first−1 (mask rows from first_row) gives the logits the whole-tree
+// forward gives those nodes. Random trees, prefixes and splits on every exactness backend, two
+// workers with their own pools (the split one never ran the whole tree).
+TEST(EngineSpec, FrontierForwardMatchesTheWholeTree) {
+  const uint64_t seed = 0xF207;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const model::LlamaModel& lm = test_model().model;
+  const int64_t vocab = lm.config().vocab_size;
+  auto platform = platform::make_cpu_platform();
+  for (const std::string& backend : testing::exactness_backends()) {
+    for (int iter = 0; iter < 6; ++iter) {
+      const int page = iter % 2 == 0 ? 1 : 16;
+      const int prefix = 5 + static_cast<int>(rng() % 60);
+      const int n = 3 + static_cast<int>(rng() % 10);
+      const int first = 1 + static_cast<int>(rng() % static_cast<uint64_t>(n - 1));
+      SCOPED_TRACE(::testing::Message() << backend << " page " << page << " prefix " << prefix
+                                        << " n " << n << " first " << first);
+      spec::DraftTree tree = spec::DraftTree::root_only(static_cast<int32_t>(rng() % 200));
+      for (int i = 1; i < n; ++i)
+        tree.add(static_cast<int32_t>(rng() % 200), static_cast<int32_t>(rng() % static_cast<uint64_t>(i)));
+      std::vector<int32_t> prompt(static_cast<size_t>(prefix));
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 200);
+      // One worker: prefill the prompt, then forward tree nodes [a, n) after nodes [0, a) (each
+      // node j at row position prefix + j, slot page + prefix + j: whole pages from page 1);
+      // returns the logits of the last part.
+      auto run = [&](std::vector<int> splits) {
+        kv::ReqToTokenTable table(2, 256);
+        model::LlamaWorker w(lm, make_model_ops(*platform, DType::kF32),
+                             model::WorkerConfig{.page_size = page, .num_pages = 512 / page,
+                                                 .kv_dtype = DType::kF32,
+                                                 .backend = testing::backend_named(backend)},
+                             table);
+        const ReqSlot row = *table.alloc();
+        std::vector<int32_t> slots(static_cast<size_t>(prefix + n));
+        for (size_t i = 0; i < slots.size(); ++i) slots[i] = static_cast<int32_t>(page + i);
+        table.write(row, 0, slots);
+        model::WorkerBatch pre;
+        pre.forward = model::build_forward_batch(model::StepInput{
+            .mode = attention::ForwardMode::kExtend,
+            .seqs = {model::StepSequence{.req_slot = row.value(), .prefix_len = 0,
+                                         .tokens = prompt, .want_logits = true}},
+            .out_cache_loc = std::vector<int32_t>(slots.begin(), slots.begin() + prefix)});
+        pre.input_ids = prompt;
+        pre.logit_rows = {1};
+        pre.sampling = {model::SamplingParams{}};
+        pre.sample_step = {0};
+        (void)w.run(pre);
+        std::vector<float> logits;
+        const std::vector<int32_t> depth = tree.depths();
+        for (size_t k = 0; k + 1 < splits.size(); ++k) {
+          const int a = splits[k], b = splits[k + 1];
+          spec::DraftTree part = tree;  // nodes [0, b): parents come first, so a tree
+          part.tokens.resize(static_cast<size_t>(b));
+          part.parents.resize(static_cast<size_t>(b));
+          model::WorkerBatch vb;
+          attention::ForwardBatch& f = vb.forward;
+          f.mode = attention::ForwardMode::kTargetVerify;
+          f.batch_size = 1;
+          f.spec.topk = 2;
+          f.spec.num_steps = 1;
+          f.spec.num_draft_tokens = b - a;
+          f.req_pool_indices = {row.value()};
+          f.seq_lens = {prefix + a};
+          f.extend_prefix_lens = {prefix + a};
+          f.extend_seq_lens = {b - a};
+          for (int j = a; j < b; ++j) {
+            f.positions.push_back(prefix + depth[static_cast<size_t>(j)]);
+            f.out_cache_loc.push_back(slots[static_cast<size_t>(prefix + j)]);
+            vb.input_ids.push_back(tree.tokens[static_cast<size_t>(j)]);
+          }
+          spec::append_verify_mask(part, prefix, f.spec.tree_mask, a);
+          vb.logit_rows = {b - a};
+          vb.sampling = {model::SamplingParams{}};
+          vb.sample_step = {0};
+          vb.return_logits = true;
+          const model::WorkerOutput o = w.run(vb);
+          if (k + 2 == splits.size()) logits = o.logits;
+        }
+        return logits;
+      };
+      const std::vector<float> whole = run({0, n});
+      const std::vector<float> split = run({0, first, n});
+      ASSERT_EQ(whole.size(), static_cast<size_t>(n) * static_cast<size_t>(vocab));
+      ASSERT_EQ(split.size(), static_cast<size_t>(n - first) * static_cast<size_t>(vocab));
+      double worst = 0;
+      for (size_t i = 0; i < split.size(); ++i) {
+        const double d = std::fabs(static_cast<double>(split[i]) -
+                                   whole[static_cast<size_t>(first) * static_cast<size_t>(vocab) + i]);
+        ASSERT_TRUE(std::isfinite(split[i])) << "logit " << i;
+        worst = std::max(worst, d);
+      }
+      EXPECT_LT(worst, 1e-4);
+    }
+  }
 }
 
 TEST(EngineSpec, BadSettingsNameTheField) {
