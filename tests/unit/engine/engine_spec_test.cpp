@@ -1,8 +1,8 @@
 // Speculative decoding in the engine: losslessness with chunked prefill, the radix cache and
 // follow-ups; forced retraction and abort in the middle of speculation; a tree forwarded in two
-// parts (a drafter's frontier over cached ancestors) matching the whole-tree forward; exact sampling at
-// temperature > 0 (randomised PIT against the target's distributions, fixed seed); a draft model
-// that differs from the target; the switch-off; bad settings.
+// parts (a drafter's frontier over cached ancestors) matching the whole-tree forward; exact
+// sampling at temperature > 0 (randomised PIT against the target's distributions, fixed seed); a
+// draft model that differs from the target; the switch-off; bad settings.
 #include <cmath>
 #include <cstdio>
 
