@@ -9,7 +9,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PATCHES=${PATCHES:-"sm90_regsplit_40_232 sm90_nonblocking_producer sm90_overlap_variant"}
-trees=""
 rm -rf var_f719c3b && mkdir var_f719c3b && git archive f719c3b | tar -x -C var_f719c3b
 rm -rf var_f719c3b/bench/results var_f719c3b/docs  # not needed to build; keeps the copy small
 trees="f719c3b:var_f719c3b"
