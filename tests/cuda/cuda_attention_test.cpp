@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 
 #include "cuda_test_util.h"
 #include "gpu_test_common.h"
@@ -429,6 +431,48 @@ TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {
     t.tree_mask = true;
     expect_ok(t, 2e-2, "prefill");
   }
+}
+// The persistent sm90 prefill (prefill_sm90_kernel) with many (item, kv head) units per block:
+// the grid capped at 1, 3, 5 and 7 blocks in both unit orders, so K/V tiles stream across unit
+// boundaries through one ring and each consumer loads the next unit's Q under the current
+// unit's last tile. Units of very different lengths (causal with prefixes, page 1, G 4), a
+// window with a logit cap at D 64, a tree mask, and split-KV partials whose leading chunks see
+// no key (units without tiles, so the next Q loads after the epilogue). Where the sm_90a kernel
+// does not run, the knobs do nothing and the problems pass through the mma.sync kernel.
+TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
+  REQUIRE_GPU();
+  struct Knob {
+    const char* blocks;
+    const char* order;
+  };
+  for (const Knob k : {Knob{"1", "0"}, Knob{"3", "1"}, Knob{"5", "0"}, Knob{"7", "1"}}) {
+    SCOPED_TRACE(std::string("PAGODA_SM90_BLOCKS=") + k.blocks + " PAGODA_SM90_ORDER=" + k.order);
+    setenv("PAGODA_SM90_BLOCKS", k.blocks, 1);
+    setenv("PAGODA_SM90_ORDER", k.order, 1);
+    Problem g4 = extend_problem({300, 129, 5, 33}, {0, 513, 40, 0}, 1, 128, 41);
+    g4.hq = 32;
+    g4.hkv = 8;
+    expect_ok(g4, 2e-2, "prefill");
+    Problem w = extend_problem({150, 40, 260}, {100, 500, 3000}, 16, 64, 42);
+    w.params.window_left = 63;
+    w.params.logit_cap = 20.f;
+    expect_ok(w, 2e-2, "prefill");
+    Problem t = extend_problem({16, 64, 7}, {300, 1000, 50}, 16, 128, 43);
+    t.tree_mask = true;
+    expect_ok(t, 2e-2, "prefill");
+    std::vector<float> sinks(8, 0.75f);
+    Problem s = extend_problem({6, 3}, {12000, 700}, 16, 128, 44);
+    s.params.sinks = sinks;
+    s.params.window_left = 3000;  // leading split chunks see nothing
+    const Result r = run_problem(s);
+    EXPECT_EQ(r.path, "prefill");
+    EXPECT_GT(r.split_chunk, 0);
+    EXPECT_TRUE(r.all_finite) << "seed " << s.seed;
+    EXPECT_LT(r.rel_err, 2e-2) << "seed " << s.seed;
+    EXPECT_LT(r.lse_err, 1e-2) << "seed " << s.seed;
+  }
+  unsetenv("PAGODA_SM90_BLOCKS");
+  unsetenv("PAGODA_SM90_ORDER");
 }
 TEST(CudaGeneric, MlaF32AndOddDims) {
   REQUIRE_GPU();

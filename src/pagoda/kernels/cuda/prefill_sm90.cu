@@ -1,10 +1,12 @@
 /// Instantiations and raw launcher of the Hopper (sm_90a) paged prefill / extend kernel.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 #include "pagoda/kernels/cuda/launch_raw.h"
+#include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/kernels/cuda/prefill_sm90_kernel.cuh"
 
 namespace pagoda::kernels::cuda::raw {
@@ -60,10 +62,50 @@ bool prefill_sm90_usable(const AttentionArgs& a) {
   return device_has_sm90a();
 }
 
+namespace {
+
+/// Multiprocessors of the current device (cached per device; 132 when the query fails).
+int device_sm_count() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+      cudaGetLastError();
+      v = 132;
+    }
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+/// Integer value of an environment variable, `fallback` when unset or not a number.
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return *end == '\0' ? static_cast<int>(v) : fallback;
+}
+
+}  // namespace
+
 cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_items == 0) return cudaSuccess;
   cudaError_t st = cudaErrorNotSupported;
-  const dim3 grid(args.grid_items, args.num_kv_heads);
+  // Persistent grid: one block per SM at most, each running a sequence of (item, kv head)
+  // units. Read per call so a test or benchmark can A/B in one process:
+  //   PAGODA_SM90_PERSISTENT=0 — one block per unit (the non-persistent kernel);
+  //   PAGODA_SM90_BLOCKS=n     — at most n blocks (tests: many units per block);
+  //   PAGODA_SM90_ORDER=1      — item-major snake order (kItemSnake), else head-major.
+  const int64_t units = int64_t(args.grid_items) * args.num_kv_heads;
+  int blocks = device_sm_count();
+  if (env_int("PAGODA_SM90_PERSISTENT", 1) == 0) blocks = static_cast<int>(units);
+  const int cap = env_int("PAGODA_SM90_BLOCKS", 0);
+  if (cap > 0) blocks = std::min(blocks, cap);
+  blocks = static_cast<int>(std::min<int64_t>(blocks, units));
+  const int order = env_int("PAGODA_SM90_ORDER", 0) == 1 ? detail::kItemSnake : detail::kHeadMajor;
   dispatch_sm90(args.q_dtype, args.head_dim_qk, [&]<typename T, int D>() {
     using Cfg = detail::PrefillSm90Config<T, D>;
     static const bool pingpong = [] {
@@ -72,7 +114,12 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
     }();
     auto kernel = pingpong ? detail::prefill_sm90_kernel<T, D, true>
                            : detail::prefill_sm90_kernel<T, D, false>;
-    st = detail::launch_attention(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, args, stream);
+    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(Cfg::kSmemBytes));
+    if (st != cudaSuccess) return;
+    st = launch_pdl(kernel, dim3(blocks), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
+                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale),
+                    order);
   });
   return st;
 }

@@ -6,6 +6,13 @@
 /// prefill_rows_per_tile(D) = 128 packed rows x one kv head, GQA rows packed as r -> (token r / G,
 /// head hkv * G + r % G)), so the planner is shared and either kernel can run a plan.
 ///
+/// Persistent: the grid is at most one block per SM (the launcher's choice) and each block runs
+/// a sequence of work units, unit = (work item, kv head); see sm90_unit(). The producer streams
+/// the K/V tiles of one unit after another through one ring (it runs up to kStages tiles ahead,
+/// across unit boundaries), and each consumer loads the next unit's Q as soon as its last S GEMM
+/// of the current unit has read Q, so a unit's prologue and epilogue overlap its neighbours' work.
+/// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
+///
 /// Roles (384 threads, one block per SM):
 ///  * warpgroup 0, producer: per tile of kKeys = 128 keys each lane looks up the page of one key
 ///    (any page size; the next tile's lookup is in flight while this one is issued), warp shuffles
@@ -56,9 +63,44 @@ struct PrefillSm90Config {
   static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
 };
 
+/// Unit orders of the persistent schedule (units u in [0, grid_items * Hkv)).
+///  kHeadMajor: u -> (item u % grid_items, head u / grid_items): the blocks running at one time
+///    share a kv head (its K/V stay in L2); block k runs u = k, k + G, k + 2G, ... (G = gridDim.x).
+///  kItemSnake: u -> (item u / Hkv, head u % Hkv): every head of the heaviest items first; round r
+///    gives block k the unit rG + k (r even) or rG + G - 1 - k (r odd), so with the planner's
+///    heaviest-first items each block's total stays within about one item of the mean.
+enum Sm90Order : int { kHeadMajor = 0, kItemSnake = 1 };
+
+/// Work item and kv head of round r of this block; false past the block's last unit. Items at
+/// or past plan.counts[1] (a graph's spare capacity) come back with item >= counts[1].
+__device__ __forceinline__ bool sm90_unit(const AttentionArgs& a, int order, int r, int& item,
+                                          int& hkv) {
+  const int g = gridDim.x, k = blockIdx.x;
+  const int units = a.grid_items * a.num_kv_heads;
+  const int u = r * g + (order == kItemSnake && (r & 1) ? g - 1 - k : k);
+  if (u >= units) return false;
+  if (order == kItemSnake) {
+    item = u / a.num_kv_heads;
+    hkv = u % a.num_kv_heads;
+  } else {
+    item = u % a.grid_items;
+    hkv = u / a.grid_items;
+  }
+  return true;
+}
+
+/// The next live unit at or after round r (r advances to it); false when the block is done.
+__device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, int order, int& r,
+                                               int& item, int& hkv) {
+  for (;; ++r) {
+    if (!sm90_unit(a, order, r, item, hkv)) return false;
+    if (item < a.plan.counts[1]) return true;
+  }
+}
+
 template <typename T, int D, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
-    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf) {
+    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
@@ -79,13 +121,6 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* empty = full + kStages;
 
   const DevicePlan& plan = a.plan;
-  const int item = blockIdx.x;
-  if (item >= plan.counts[1]) return;
-  const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
-  const int b = work.b, r0 = work.r0, q_begin = work.q_begin, rows = work.rows;
-  const int lo = work.lo, hi = work.hi, ntiles = work.ntiles, qoff = work.qoff;
-  const MaskInfo& mask = work.mask;
-  const int hkv = blockIdx.y;
   const int G = a.num_qo_heads / a.num_kv_heads;
 
   const int tid = threadIdx.x;
@@ -104,9 +139,6 @@ __global__ void __launch_bounds__(384, 1)
     // ================= producer =================
     reg_dealloc<Cfg::kProducerRegs>();
     const int ps = a.page_size;
-    const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
-    const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
-    const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
     // Thread t copies chunk c of rows q + p * kRowsPerPass (+ 4 * kRowsPerWarp * ... per warp):
     // a warp covers kRowsPerWarp rows per pass, 32 rows per tile, so each lane looks up the page
     // of one of its warp's 32 rows and the pass loop shuffles the offsets to the copying lanes.
@@ -120,44 +152,55 @@ __global__ void __launch_bounds__(384, 1)
     // The row this lane looks up: pass lane / kRowsPerWarp, sub-row lane % kRowsPerWarp.
     const int my_row = (lane / kRowsPerWarp) * kRowsPerPass + pw * kRowsPerWarp + lane % kRowsPerWarp;
     const uint32_t chunk_off = static_cast<uint32_t>(c / 8) * (kKeys * 128);
-    auto lookup = [&](int tile) -> int {
-      const int kj = lo + tile * kKeys + my_row;
-      return tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
-    };
-    int page_next = lookup(0);
-    for (int i = 0; i < ntiles; ++i) {
-      const int s = i % kStages;
-      const int page = page_next;
-      const int64_t o = (lo + i * kKeys + my_row) % ps;
-      const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
-      const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
-      page_next = lookup(i + 1);  // in flight while this tile is issued
-      if (i >= kStages) mbar_wait(&empty[s], ((i / kStages) - 1) & 1);
-      const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
-      const uint32_t vdst = kdst + Cfg::kTileBytes;
+    int it = 0;  // tiles issued by this block over all its units: the ring position
+    int item = 0, hkv = 0;
+    for (int r = 0; sm90_next_unit(a, order, r, item, hkv); ++r) {
+      const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
+      const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
+      const int32_t* pages = plan.kv_indices + plan.kv_indptr[work.b];
+      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
+      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
+      auto lookup = [&](int tile) -> int {
+        const int kj = lo + tile * kKeys + my_row;
+        return tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
+      };
+      int page_next = lookup(0);
+      for (int i = 0; i < ntiles; ++i, ++it) {
+        const int s = it % kStages;
+        const int page = page_next;
+        const int64_t o = (lo + i * kKeys + my_row) % ps;
+        const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
+        const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
+        page_next = lookup(i + 1);  // in flight while this tile is issued
+        if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
+        const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
+        const uint32_t vdst = kdst + Cfg::kTileBytes;
 #pragma unroll
-      for (int p = 0; p < kPasses; ++p) {
-        const int src = p * kRowsPerWarp + q;
-        const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
-        const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
-        const int r = p * kRowsPerPass + pw * kRowsPerWarp + q;
-        const uint32_t so = sw128_offset(r, c % 8);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
-                     "l"(kp < 0 ? kg : kg + kp + c * 8), "r"(kp < 0 ? 0 : 16));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
-                     "l"(vp < 0 ? vg : vg + vp + c * 8), "r"(vp < 0 ? 0 : 16));
+        for (int p = 0; p < kPasses; ++p) {
+          const int src = p * kRowsPerWarp + q;
+          const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
+          const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
+          const int rr = p * kRowsPerPass + pw * kRowsPerWarp + q;
+          const uint32_t so = sw128_offset(rr, c % 8);
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
+                       "l"(kp < 0 ? kg : kg + kp + c * 8), "r"(kp < 0 ? 0 : 16));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
+                       "l"(vp < 0 ? vg : vg + vp + c * 8), "r"(vp < 0 ? 0 : 16));
+        }
+        cp_async_commit();
+        if (i > 0) {  // the previous tile of this unit has landed: publish it
+          cp_async_wait<1>();
+          fence_proxy_async();
+          mbar_arrive(&full[(it - 1) % kStages]);
+        }
       }
-      cp_async_commit();
-      if (i > 0) {
-        cp_async_wait<1>();
+      // The unit's last tile is published before the next unit's lookups start, so the
+      // consumers never wait on the producer's prologue of a unit.
+      if (ntiles > 0) {
+        cp_async_wait<0>();
         fence_proxy_async();
-        mbar_arrive(&full[(i - 1) % kStages]);
+        mbar_arrive(&full[(it - 1) % kStages]);
       }
-    }
-    if (ntiles > 0) {
-      cp_async_wait<0>();
-      fence_proxy_async();
-      mbar_arrive(&full[(ntiles - 1) % kStages]);
     }
     return;
   }
@@ -166,53 +209,36 @@ __global__ void __launch_bounds__(384, 1)
   reg_alloc<Cfg::kConsumerRegs>();
   const int cw = wg - 1;                 // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int warp = t128 / 32, lane = tid % 32;
-  const int g0 = r0 + cw * 64;           // first packed row of this warpgroup
-  const int wr0 = g0 + warp * 16;        // first packed row of this warp
 
-  // ---- Q: this warpgroup's 64 rows ----
-  for (int idx = t128; idx < 64 * kChunks; idx += 128) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int pr = g0 + r;
-    const bool ok = pr < rows;
-    const T* src = static_cast<const T*>(a.q);
-    if (ok) src += (q_begin + pr / G) * a.q_stride_n + (hkv * G + pr % G) * a.q_stride_h + c * 8;
-    const uint32_t dst = q_addr + (c / 8) * (Cfg::kRows * 128) + sw128_offset(cw * 64 + r, c % 8);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0));
-  }
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_proxy_async();
-  named_bar_sync(2 + cw, 128);
-
-  // Keys this warpgroup can see at all.
-  const bool wg_rows = g0 < rows;
-  const int gt_first = g0 / G;
-  const int gt_last = (min(g0 + 64, rows) - 1) / G;
-  int ghi = hi, glo = lo;
-  if (mask.bits == nullptr && mask.causal) ghi = min(hi, qoff + gt_last + 1);
-  if (mask.window >= 0) glo = max(lo, qoff + gt_first - mask.window);
-  // This warp's rows (for the per-warp full-tile test).
-  const int wt_first = wr0 / G;
-  const int wt_last = (max(min(wr0 + 16, rows), wr0 + 1) - 1) / G;
-  const bool capped = xf.cap > 0.f;
-  const float scale = capped ? 1.f : xf.scale_log2;
-  const int nfree = mask.bits != nullptr && plan.mask_free_cols != nullptr
-                        ? max(0, (min(hi, plan.mask_free_cols[b]) - lo) / kKeys)
-                        : 0;
-
-  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
-  float o[kDT][4];
-#pragma unroll
-  for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
+  // Q of a unit: this warpgroup's 64 rows, as cp.async into its half of the Q buffer (the
+  // caller waits, fences and syncs the warpgroup before the first S GEMM reads it).
+  auto load_q = [&](int q_item, int q_hkv) {
+    const int qb = plan.item_req[q_item];
+    const int q_begin = plan.qo_indptr[qb];
+    const int rows = (plan.qo_indptr[qb + 1] - q_begin) * G;
+    const int g0 = plan.item_a[q_item] * Cfg::kRows + cw * 64;
+    for (int idx = t128; idx < 64 * kChunks; idx += 128) {
+      const int r = idx / kChunks, c = idx % kChunks;
+      const int pr = g0 + r;
+      const bool ok = pr < rows;
+      const T* src = static_cast<const T*>(a.q);
+      if (ok) {
+        src += (q_begin + pr / G) * a.q_stride_n + (q_hkv * G + pr % G) * a.q_stride_h + c * 8;
+      }
+      const uint32_t dst = q_addr + (c / 8) * (Cfg::kRows * 128) + sw128_offset(cw * 64 + r, c % 8);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                   "r"(ok ? 16 : 0));
+    }
+    cp_async_commit();
+  };
 
   // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
   // by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
   // Consumer c waits on named barrier 4 + c before issuing and arrives on the other one after;
   // consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive after the
   // loop (an unconditional arrive keeps the issue-to-wait path free of divergent code, which
-  // would make ptxas serialise the wgmmas).
+  // would make ptxas serialise the wgmmas). Both consumers run the same tiles of the same
+  // units, so the turns line up across units.
   auto turn_begin = [&]() {
     if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
   };
@@ -223,77 +249,129 @@ __global__ void __launch_bounds__(384, 1)
     if (cw == 1) named_bar_arrive(4, 256);
   }
 
-  for (int i = 0; i < ntiles; ++i) {
-    const int s = i % kStages;
-    mbar_wait(&full[s], (i / kStages) & 1);
-    const int kb0 = lo + i * kKeys;
-    const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
-    const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
-    const uint32_t v_addr = k_addr + Cfg::kTileBytes;
-    float sc[kNT][4];
-    float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-    uint32_t pa[kKeys / 16][4];
-    // ---- S = Q K^T ----
-    turn_begin();
-    if (active) {
-      wgmma_fence();
+  int it = 0;  // tiles consumed over all units (the producer's ring position)
+  int r = 0, item = 0, hkv = 0;
+  bool live = sm90_next_unit(a, order, r, item, hkv);
+  if (live) load_q(item, hkv);
+  while (live) {
+    const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
+    const int rows = work.rows, lo = work.lo, hi = work.hi, ntiles = work.ntiles;
+    const int qoff = work.qoff;
+    const MaskInfo& mask = work.mask;
+    cp_async_wait<0>();  // this unit's Q
+    fence_proxy_async();
+    named_bar_sync(2 + cw, 128);
+
+    const int g0 = work.r0 + cw * 64;    // first packed row of this warpgroup
+    const int wr0 = g0 + warp * 16;      // first packed row of this warp
+    // Keys this warpgroup can see at all.
+    const bool wg_rows = g0 < rows;
+    const int gt_first = g0 / G;
+    const int gt_last = (min(g0 + 64, rows) - 1) / G;
+    int ghi = hi, glo = lo;
+    if (mask.bits == nullptr && mask.causal) ghi = min(hi, qoff + gt_last + 1);
+    if (mask.window >= 0) glo = max(lo, qoff + gt_first - mask.window);
+    // This warp's rows (for the per-warp full-tile test).
+    const int wt_first = wr0 / G;
+    const int wt_last = (max(min(wr0 + 16, rows), wr0 + 1) - 1) / G;
+    const bool capped = xf.cap > 0.f;
+    const float scale = capped ? 1.f : xf.scale_log2;
+    const int nfree = mask.bits != nullptr && plan.mask_free_cols != nullptr
+                          ? max(0, (min(hi, plan.mask_free_cols[work.b]) - lo) / kKeys)
+                          : 0;
+
+    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+    float o[kDT][4];
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t half = kk / 4, sub = (kk % 4) * 32;
-        const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
-                                       16, 1024);
-        const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
-        wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      fence_operands(sc_flat);
-      MaskInfo mk = mask;
-      if (i < nfree) {
-        mk.bits = nullptr;
-        mk.causal = false;
-      }
-      const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
-                             (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
-                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
-      if (capped) {
+    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
+
+    for (int i = 0; i < ntiles; ++i, ++it) {
+      const int s = it % kStages;
+      mbar_wait(&full[s], (it / kStages) & 1);
+      const int kb0 = lo + i * kKeys;
+      const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+      const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
+      const uint32_t v_addr = k_addr + Cfg::kTileBytes;
+      float sc[kNT][4];
+      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      uint32_t pa[kKeys / 16][4];
+      // ---- S = Q K^T ----
+      turn_begin();
+      if (active) {
+        wgmma_fence();
 #pragma unroll
-        for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
+        for (int kk = 0; kk < D / 16; ++kk) {
+          const uint32_t half = kk / 4, sub = (kk % 4) * 32;
+          const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
+                                         16, 1024);
+          const uint64_t db = sw128_desc(k_addr + half * (kKeys * 128) + sub, 16, 1024);
+          wgmma_ss<T, kKeys>(sc_flat, da, db, kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<0>();
+        fence_operands(sc_flat);
+      } else {
+        turn_end();
       }
-      if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
-      softmax_tile(sc, m, l, o, scale);
-      // P is the A operand straight from the S accumulators.
+      // The last S GEMM of the unit has read Q: the next unit's Q loads under the softmax,
+      // the P V GEMM and the epilogue.
+      if (i == ntiles - 1) {
+        int r_next = r + 1, item_next = 0, hkv_next = 0;
+        if (sm90_next_unit(a, order, r_next, item_next, hkv_next)) {
+          named_bar_sync(2 + cw, 128);  // every warp is past its wait: no wgmma reads Q any more
+          load_q(item_next, hkv_next);
+        }
+      }
+      if (active) {
+        MaskInfo mk = mask;
+        if (i < nfree) {
+          mk.bits = nullptr;
+          mk.causal = false;
+        }
+        const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
+                               (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
+                               (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+        if (capped) {
 #pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
-    } else {
-      turn_end();
+          for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
+        }
+        if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
+        softmax_tile(sc, m, l, o, scale);
+        // P is the A operand straight from the S accumulators.
+#pragma unroll
+        for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+      }
+      // ---- O += P V ----
+      turn_begin();
+      if (active) {
+        fence_operands(o_flat);
+        wgmma_fence();
+#pragma unroll
+        for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+          const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
+          wgmma_rs<T, D>(o_flat, pa[k2], dv);
+        }
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+      } else {
+        turn_end();
+      }
+      mbar_arrive(&empty[s]);
     }
-    // ---- O += P V ----
-    turn_begin();
-    if (active) {
-      fence_operands(o_flat);
-      wgmma_fence();
-#pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-        const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
-        wgmma_rs<T, D>(o_flat, pa[k2], dv);
-      }
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      fence_operands(o_flat);
-    } else {
-      turn_end();
-    }
-    mbar_arrive(&empty[s]);
+
+    // ---- epilogue ----
+    store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
+    ++r;
+    live = sm90_next_unit(a, order, r, item, hkv);  // the unit whose Q the last tile loaded
+    if (live && ntiles == 0) load_q(item, hkv);
   }
   if constexpr (kPingPong) {
     if (cw == 0) named_bar_sync(4, 256);
   }
-
-  // ---- epilogue ----
-  store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
 #else
   __trap();  // launched only where the sm_90a image exists (prefill_sm90_usable)
 #endif
