@@ -6,6 +6,9 @@
 #   TESTS=1 (default) — first cuda_attention_tests, then CudaExtend.* under ping-pong
 #     (PAGODA_SM90_PINGPONG=1), with PAGODA_REQUIRE_GPU=1.
 #   REPEAT — rounds over the settings (default 2); FILTER — pagoda_cuda_bench's case filter.
+#   TREES="name:dir ..." — other source trees (e.g. `git archive` of an older commit, left
+#     untracked in this checkout so the device copy carries it), built beside this one and timed
+#     with the defaults in every round (named columns after the settings).
 #   NCU="name" — also an ncu profile (full set) of one sm90 launch at B4 S4096 under that setting.
 # Builds in /tmp/b-ab (reused while the machine stays warm). Everything lands in
 # $OUT/env_ab.tgz; a table of median ms per case and setting goes to stdout. COMMIT names the tree.
@@ -26,6 +29,12 @@ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DCMAKE_CU
   -DPAGODA_BUILD_BENCH=OFF > "$R/cfg.log" 2>&1 &&
   ninja -C $B pagoda_cuda_bench cuda_attention_tests > "$R/build.log" 2>&1 ||
   { grep -E "error|FAILED" "$R/build.log" | head -30; exit 1; }
+for t in ${TREES:-}; do
+  (cmake -S "${t#*:}" -B "/tmp/b-ab-${t%%:*}" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+     -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_${t%%:*}.log" 2>&1 &&
+   ninja -C "/tmp/b-ab-${t%%:*}" pagoda_cuda_bench > "$R/build_${t%%:*}.log" 2>&1) ||
+    echo "build ${t%%:*} failed"
+done
 echo "build ${SECONDS}s"
 if [ "${TESTS:-1}" = 1 ]; then
   PAGODA_REQUIRE_GPU=1 timeout 200 $B/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1
@@ -46,6 +55,9 @@ for r in $(seq 1 "${REPEAT:-2}"); do
   for e in $ENVS; do
     with_env "${e#*:}" timeout 90 $B/tests/cuda/pagoda_cuda_bench "$R/${e%%:*}_$r.jsonl" ${FILTER:-} > /dev/null
   done
+  for t in ${TREES:-}; do
+    timeout 90 "/tmp/b-ab-${t%%:*}/tests/cuda/pagoda_cuda_bench" "$R/${t%%:*}_$r.jsonl" ${FILTER:-} > /dev/null
+  done
 done
 if [ -n "${NCU:-}" ]; then
   NCUBIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
@@ -57,7 +69,7 @@ if [ -n "${NCU:-}" ]; then
     echo "ncu rc=$?"
   done
 fi
-python3 - "$R" $ENVS <<'PY'
+python3 - "$R" $ENVS ${TREES:-} <<'PY'
 import json, sys, glob, statistics, os
 R, envs = sys.argv[1], [e.split(':')[0] for e in sys.argv[2:]]
 t = {}

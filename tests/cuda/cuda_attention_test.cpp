@@ -434,10 +434,10 @@ TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {
 }
 // The persistent sm90 prefill (prefill_sm90_kernel) with many (item, kv head) units per block:
 // the grid capped at 1, 3, 5 and 7 blocks in both unit orders, so K/V tiles stream across unit
-// boundaries through one ring and each consumer loads the next unit's Q under the current
-// unit's last tile. Units of very different lengths (causal with prefixes, page 1, G 4), a
+// boundaries through one ring and each consumer loads the next unit's Q before the current
+// unit's epilogue. Units of very different lengths (causal with prefixes, page 1, G 4), a
 // window with a logit cap at D 64, a tree mask, and split-KV partials whose leading chunks see
-// no key (units without tiles, so the next Q loads after the epilogue). Where the sm_90a kernel
+// no key (units without tiles). Where the sm_90a kernel
 // does not run, the knobs do nothing and the problems pass through the mma.sync kernel.
 TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   REQUIRE_GPU();
