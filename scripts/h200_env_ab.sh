@@ -3,8 +3,8 @@
 # on one machine (different calls may land on different H200s whose prefill times differ by
 # several percent, so only a same-call A/B shows a change of that size).
 #   ENVS="name:VAR=v,VAR=v name2: ..." — the settings compared ("name:" = the defaults).
-#   TESTS=1 (default) — first cuda_attention_tests, then CudaExtend.* under ping-pong
-#     (PAGODA_SM90_PINGPONG=1), with PAGODA_REQUIRE_GPU=1.
+#   TESTS=1 (default) — first cuda_attention_tests, then CudaExtend.* with the sm90 consumers'
+#     ping-pong forced off and on (PP_RUNS, default "0 1"), with PAGODA_REQUIRE_GPU=1.
 #   REPEAT — rounds over the settings (default 2); FILTER — pagoda_cuda_bench's case filter.
 #   TREES="name:dir ..." — other source trees (e.g. `git archive` of an older commit, left
 #     untracked in this checkout so the device copy carries it), built beside this one and timed
@@ -40,10 +40,12 @@ if [ "${TESTS:-1}" = 1 ]; then
   PAGODA_REQUIRE_GPU=1 timeout 200 $B/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1
   echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|Expected|Which is|^seed|PAGODA_SM90" "$R/tests.log" | head -20
-  PAGODA_REQUIRE_GPU=1 PAGODA_SM90_PINGPONG=1 timeout 120 $B/tests/cuda/cuda_attention_tests \
-    --gtest_filter='CudaExtend.*' > "$R/tests_pingpong.log" 2>&1
-  echo "pingpong tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests_pingpong.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED|Failure|Expected|Which is|^seed|PAGODA_SM90" "$R/tests_pingpong.log" | head -20
+  for pp in ${PP_RUNS:-0 1}; do
+    PAGODA_REQUIRE_GPU=1 PAGODA_SM90_PINGPONG=$pp timeout 150 $B/tests/cuda/cuda_attention_tests \
+      --gtest_filter='CudaExtend.*' > "$R/tests_pingpong$pp.log" 2>&1
+    echo "PAGODA_SM90_PINGPONG=$pp tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests_pingpong$pp.log" | tr '\n' ' ')"
+    grep -E "^\[  FAILED|Failure|Expected|Which is|^seed|PAGODA_SM90" "$R/tests_pingpong$pp.log" | head -20
+  done
 fi
 with_env() {  # "VAR=v,VAR=v" command...
   local spec=$1; shift

@@ -10,7 +10,7 @@
 #            the 1B layout (graphs vs eager, n-gram; SPEC=0 skips); FlashInfer fa3/fa2 when
 #            FLASHINFER=1 (needs .whl carried).
 #   STAGE=4: the prefill table in one call: cuda conformance (CONFORMANCE=0 skips),
-#            pagoda_cuda_bench (PDL on and off, sm90 ping-pong), an ncu profile (full set: warp
+#            pagoda_cuda_bench (PDL on and off, sm90 ping-pong off), an ncu profile (full set: warp
 #            stall reasons, pipe utilisation, source hot spots) of one sm90 launch on B4 S4096,
 #            peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3)
 #            on FI_FILTER's shapes (comma-separated; needs .whl carried).
@@ -50,7 +50,7 @@ if [ "$STAGE" = 4 ]; then
   fi
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours.jsonl" > /dev/null
   PAGODA_PDL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopdl.jsonl" > /dev/null
-  PAGODA_SM90_PINGPONG=1 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_pingpong.jsonl" prefill > /dev/null
+  PAGODA_SM90_PINGPONG=0 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopingpong.jsonl" prefill > /dev/null
   cut -c1-100 "$R/ours.jsonl"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then  # one launch of the sm90 kernel on B4 S4096: where its time goes

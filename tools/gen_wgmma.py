@@ -8,7 +8,7 @@ Run: python3 tools/gen_wgmma.py > src/pagoda/kernels/cuda/wgmma_ops.cuh
 
 TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
 SS_N = [64, 128]   # S = Q K^T: A (Q) and B (K) from shared memory, both K-major
-RS_N = [64, 128]   # O += P V: A (P) from registers, B (V) from shared memory, MN-major (tnspB)
+RS_N = [64, 128, 256]   # O += P V: A (P) from registers, B (V) from shared memory, MN-major (tnspB)
 
 
 def regs(n, first=0):

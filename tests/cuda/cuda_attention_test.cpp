@@ -437,7 +437,8 @@ TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {
 // boundaries through one ring and each consumer loads the next unit's Q before the current
 // unit's epilogue. Units of very different lengths (causal with prefixes, page 1, G 4), a
 // window with a logit cap at D 64, a tree mask, and split-KV partials whose leading chunks see
-// no key (units without tiles). Where the sm_90a kernel
+// no key (units without tiles); D 256 (64-key tiles, 128-row items) with page 1, G 4, window,
+// cap and sinks. Where the sm_90a kernel
 // does not run, the knobs do nothing and the problems pass through the mma.sync kernel.
 TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   REQUIRE_GPU();
@@ -460,6 +461,15 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
     Problem t = extend_problem({16, 64, 7}, {300, 1000, 50}, 16, 128, 43);
     t.tree_mask = true;
     expect_ok(t, 2e-2, "prefill");
+    // D 256: 64-key tiles, 2 stages, 128-row items (the plan is made for the sm90 kernel).
+    const std::vector<float> sinks16(16, -0.5f);
+    Problem d = extend_problem({200, 70, 3}, {60, 1500, 257}, 1, 256, 45);
+    d.hq = 16;
+    d.hkv = 4;
+    d.params.window_left = 700;
+    d.params.logit_cap = 25.f;
+    d.params.sinks = sinks16;
+    expect_ok(d, 2e-2, "prefill");
     std::vector<float> sinks(8, 0.75f);
     Problem s = extend_problem({6, 3}, {12000, 700}, 16, 128, 44);
     s.params.sinks = sinks;

@@ -243,6 +243,8 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
     cfg.decode_blocks_per_sm = kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
                                                         shape.head_dim_qk);
   }
+  cfg.sm90_prefill = kc::prefill_sm90_serves(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
+                                            shape.head_dim_qk, shape.head_dim_v);
   cfg.mla_decode = kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                          shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
   if (cfg.mla_decode) {
@@ -463,6 +465,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.grid_items = graph_mode_ ? cap_items_ : schedule_.num_items();
   a.grid_rows = graph_mode_ ? cap_tokens_ : nnz_qo_;
   a.grid_merge = graph_mode_ ? cap_bs_ : schedule_.num_merges();
+  a.prefill_sm90 = schedule_.sm90_prefill;
 
   // The tuned kernels need 16-byte rows; anything else takes the generic kernel.
   const int64_t vec = 8;

@@ -97,6 +97,8 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
       2 * blocks > wave || longest < 2 * std::max(config.prefill_min_chunk_tokens, kAlign)) {
     return 0;
   }
+  const int tile_rows =
+      kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk, config.sm90_prefill);
   auto cost = [&](int chunk, int64_t& items, int64_t& partials) {
     items = partials = 0;
     for (int b = 0; b < bs; ++b) {
@@ -104,8 +106,7 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
       if (qo == 0) continue;
       const int n = std::max(1, (len[b] + chunk - 1) / chunk);
       const int rows = qo * (shape.num_qo_heads / shape.num_kv_heads);
-      const int row_tiles = (rows + kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk) - 1) /
-                            kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk);
+      const int row_tiles = (rows + tile_rows - 1) / tile_rows;
       items += int64_t(row_tiles) * n;
       if (n > 1) partials += int64_t(qo) * n;
     }
@@ -186,7 +187,8 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
     return s;
   }
   s.path = KernelPath::kPrefill;
-  const int kRowsPerTile = kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk);
+  s.sm90_prefill = config.sm90_prefill;
+  const int kRowsPerTile = kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk, config.sm90_prefill);
   // Heaviest tiles first (causal: the last rows of long requests see the most keys), so the
   // tail of the grid is made of short blocks.
   struct Tile {

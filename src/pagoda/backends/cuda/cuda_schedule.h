@@ -35,6 +35,9 @@ struct ScheduleConfig {
   /// hundred keys otherwise runs one block per kv head through every tile.
   int prefill_min_chunk_tokens = 128;
   int prefill_blocks_per_sm = 1;  ///< resident prefill blocks per SM
+  /// Prefill items for the sm90 kernel (kernels::cuda::prefill_sm90_serves): 128 packed rows at
+  /// every head dim (kernels::cuda::prefill_rows_per_tile).
+  bool sm90_prefill = false;
   /// Capacities a split must respect (0 = unbounded): work items and partial-state floats
   /// (partials × Hq × Dv) — a CUDA-graph arena's frozen sizes.
   int max_items = 0;
@@ -52,6 +55,7 @@ struct Schedule {
   std::vector<int32_t> merge_req, merge_begin, merge_count, merge_tok;
   int num_partials = 0;
   int chunk_tokens = 0;           ///< split size in keys (0 = no split; decode or prefill path)
+  bool sm90_prefill = false;      ///< kPrefill items sized for the sm90 kernel (config.sm90_prefill)
   int nnz_qo = 0;
   int num_items() const { return static_cast<int>(item_req.size()); }
   int num_merges() const { return static_cast<int>(merge_req.size()); }
@@ -69,7 +73,7 @@ std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in);
 /// requests are cut into equal token chunks (smallest chunk with
 /// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 16)), so
 /// skewed lengths still fill the GPU. Prefill path: one item per (request,
-/// kernels::cuda::prefill_rows_per_tile(Dqk) packed rows), heaviest (most visible keys) first;
+/// kernels::cuda::prefill_rows_per_tile(Dqk, config.sm90_prefill) packed rows), heaviest (most visible keys) first;
 /// a step of few query tokens (<= prefill_split_max_tokens) whose blocks fill under half the GPU
 /// cuts every request's keys into chunks of chunk_tokens (a multiple of 128) so about one wave
 /// of blocks runs: items (request, tile, chunk) for every chunk of the request (an empty one

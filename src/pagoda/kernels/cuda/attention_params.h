@@ -71,6 +71,9 @@ struct AttentionArgs {
   float* partial_o = nullptr;               ///< workspace [partials, Hq, Dv] f32
   float* partial_lse = nullptr;             ///< workspace [partials, Hq] f32
   int grid_items = 0;                       ///< blocks launched in x (>= counts[1])
+  /// Prefill plans: items were sized for the sm90 kernel (prefill_rows_per_tile(D, true)); the
+  /// launcher runs that kernel or fails, never the mma.sync one on a plan it cannot read.
+  bool prefill_sm90 = false;
   int grid_rows = 0;                        ///< generic kernel: query-row capacity (>= nnz)
   int grid_merge = 0;                       ///< merge kernel: row capacity (>= counts[2])
 };
@@ -95,7 +98,11 @@ inline constexpr int kDecodeMaxGroup = 16;  ///< q heads per kv head handled by 
 /// two (the latent tile then serves 32 heads). The planner's units per work item use it.
 constexpr int mla_decode_heads_per_block(int num_qo_heads) { return num_qo_heads > 16 ? 32 : 16; }
 inline constexpr int kPrefillRowsPerTile = 64;  ///< smallest prefill tile (capacity bound)
-/// Packed query rows of one prefill work item for a head dim (the planner and kernel agree).
-constexpr int prefill_rows_per_tile(int head_dim) { return head_dim <= 128 ? 128 : 64; }
+/// Packed query rows of one prefill work item (the planner and kernel agree): 128, except 64 for
+/// D = 256 on the mma.sync kernel (prefill_kernel); the sm90 kernel runs 128 at every head dim
+/// (`sm90`: the plan is for prefill_sm90_kernel, AttentionArgs::prefill_sm90).
+constexpr int prefill_rows_per_tile(int head_dim, bool sm90) {
+  return sm90 || head_dim <= 128 ? 128 : 64;
+}
 
 }  // namespace pagoda::kernels::cuda

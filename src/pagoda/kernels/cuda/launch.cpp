@@ -54,6 +54,11 @@ bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_
 Status launch_mla_decode(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::mla_decode(a, s), "MLA decode launch");
 }
+bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v) {
+  ElemType eq{}, ekv{};
+  if (out != q || !to_elem_type(q, eq) || !to_elem_type(kv, ekv)) return false;
+  return raw::prefill_sm90_supported(eq, ekv, head_dim_qk, head_dim_v);
+}
 Status launch_prefill(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::prefill(a, s), "prefill launch");
 }

@@ -32,8 +32,14 @@ bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_
 /// 512 columns are V (args.v is not read). One query row per request; partials need launch_merge like launch_decode.
 /// kUnsupported for any other shape.
 Status launch_mla_decode(const AttentionArgs& args, cudaStream_t stream);
-/// Tensor-core (mma.sync m16n8k16) paged flash attention over ragged queries (extend, prefill,
-/// tree verify, mixed): one block per (request, prefill_rows_per_tile(D) packed q rows, kv head).
+/// True when the Hopper prefill kernel (prefill_sm90_kernel) serves these dtypes / head dims on
+/// the current device: sm_90 with the sm_90a image built, q = kv = out in {bf16, f16},
+/// Dqk == Dv in {64, 128, 256}, and PAGODA_SM90_PREFILL is not 0 (read once). A prefill plan
+/// for such a shape sets AttentionArgs::prefill_sm90 (its items are 128 rows at every D).
+bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v);
+/// Paged flash attention over ragged queries (extend, prefill, tree verify, mixed): the sm90
+/// kernel when args.prefill_sm90 (kUnsupported when it cannot run here), else the mma.sync
+/// m16n8k16 kernel; work items of prefill_rows_per_tile(D, args.prefill_sm90) packed q rows.
 Status launch_prefill(const AttentionArgs& args, cudaStream_t stream);
 /// Any dtype / head dim up to 1024 (MLA 576/512, f32, e5m2 ...): one warp per (row, q head).
 Status launch_generic(const AttentionArgs& args, cudaStream_t stream);

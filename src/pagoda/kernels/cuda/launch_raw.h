@@ -11,9 +11,10 @@ namespace pagoda::kernels::cuda::raw {
 /// cudaErrorNotSupported when no instantiation matches.
 cudaError_t decode(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream);
-/// The Hopper prefill (prefill_sm90_kernel): usable when the device is sm_90 with the sm_90a
-/// image built, Q and KV share a 16-bit type, D = 64 or 128, and PAGODA_SM90_PREFILL != 0.
-bool prefill_sm90_usable(const AttentionArgs& args);
+/// The Hopper prefill (prefill_sm90_kernel) runs these types on the current device: sm_90 with
+/// the sm_90a image built, Q and KV share a 16-bit type, Dqk == Dv in {64, 128, 256}, and
+/// PAGODA_SM90_PREFILL != 0 (read once). prefill() runs it when args.prefill_sm90.
+bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v);
 cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t generic(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream);

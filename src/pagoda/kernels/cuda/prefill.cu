@@ -8,7 +8,12 @@ namespace pagoda::kernels::cuda::raw {
 
 cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_items == 0) return cudaSuccess;
-  if (prefill_sm90_usable(args)) return prefill_sm90(args, stream);
+  if (args.prefill_sm90) {  // items of 128 rows at every D: only the sm90 kernel reads them
+    if (!prefill_sm90_supported(args.q_dtype, args.kv_dtype, args.head_dim_qk, args.head_dim_v)) {
+      return cudaErrorNotSupported;
+    }
+    return prefill_sm90(args, stream);
+  }
   cudaError_t st = cudaErrorNotSupported;
   const dim3 grid(args.grid_items, args.num_kv_heads);
   detail::dispatch_fast(args.q_dtype, args.kv_dtype, args.head_dim_qk,

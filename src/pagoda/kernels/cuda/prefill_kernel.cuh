@@ -36,7 +36,7 @@ struct PrefillConfig {
   static constexpr size_t kQBytes = size_t(kRows) * D * sizeof(T);
   static constexpr size_t kKvBytes = size_t(kKeys) * D * sizeof(T);
   static constexpr size_t kSmemBytes = kQBytes + 4 * kKvBytes + 2 * kKeys * 2 * sizeof(int64_t);
-  static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
+  static_assert(kRows == prefill_rows_per_tile(D, false), "planner and kernel disagree on tile rows");
 };
 
 /// Offset of 16-byte chunk `c` of row `r` in a swizzled [rows][D] tile (in elements).

@@ -18,6 +18,7 @@ bool dispatch_sm90(ElemType q, int d, F&& f) {
     using T = decltype(t_tag);
     if (d == 64) return f.template operator()<T, 64>(), true;
     if (d == 128) return f.template operator()<T, 128>(), true;
+    if (d == 256) return f.template operator()<T, 256>(), true;
     return false;
   };
   if (q == ElemType::kBF16) return with_d(__nv_bfloat16{});
@@ -49,16 +50,17 @@ bool device_has_sm90a() {
 
 }  // namespace
 
-bool prefill_sm90_usable(const AttentionArgs& a) {
+bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v) {
   static const bool disabled = [] {
     const char* e = std::getenv("PAGODA_SM90_PREFILL");
     return e != nullptr && std::strcmp(e, "0") == 0;
   }();
   if (disabled) return false;
-  if (a.q_dtype != a.kv_dtype || (a.q_dtype != ElemType::kBF16 && a.q_dtype != ElemType::kF16)) {
+  if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
+  if (head_dim_qk != head_dim_v ||
+      (head_dim_qk != 64 && head_dim_qk != 128 && head_dim_qk != 256)) {
     return false;
   }
-  if (a.head_dim_qk != a.head_dim_v || (a.head_dim_qk != 64 && a.head_dim_qk != 128)) return false;
   return device_has_sm90a();
 }
 
@@ -98,7 +100,8 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   // units. Read per call so a test or benchmark can A/B in one process:
   //   PAGODA_SM90_PERSISTENT=0 — one block per unit (the non-persistent kernel);
   //   PAGODA_SM90_BLOCKS=n     — at most n blocks (tests: many units per block);
-  //   PAGODA_SM90_ORDER=1      — item-major snake order (kItemSnake), else head-major.
+  //   PAGODA_SM90_ORDER=1      — item-major snake order (kItemSnake), else head-major;
+  //   PAGODA_SM90_PINGPONG=0/1 — consumers without / with ping-pong (default: D >= 128).
   const int64_t units = int64_t(args.grid_items) * args.num_kv_heads;
   int blocks = device_sm_count();
   if (env_int("PAGODA_SM90_PERSISTENT", 1) == 0) blocks = static_cast<int>(units);
@@ -106,12 +109,13 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   if (cap > 0) blocks = std::min(blocks, cap);
   blocks = static_cast<int>(std::min<int64_t>(blocks, units));
   const int order = env_int("PAGODA_SM90_ORDER", 0) == 1 ? detail::kItemSnake : detail::kHeadMajor;
+  // Ping-pong consumers (kPingPong) by default at D >= 128, where they measured 1-8 % faster on
+  // the H200 (bench/results/hopper_h200.md); at D = 64 they cost 3 %. PAGODA_SM90_PINGPONG=0 / 1
+  // overrides.
+  const int pp_env = env_int("PAGODA_SM90_PINGPONG", -1);
   dispatch_sm90(args.q_dtype, args.head_dim_qk, [&]<typename T, int D>() {
     using Cfg = detail::PrefillSm90Config<T, D>;
-    static const bool pingpong = [] {
-      const char* e = std::getenv("PAGODA_SM90_PINGPONG");
-      return e != nullptr && std::strcmp(e, "1") == 0;
-    }();
+    const bool pingpong = pp_env == -1 ? D >= 128 : pp_env == 1;
     auto kernel = pingpong ? detail::prefill_sm90_kernel<T, D, true>
                            : detail::prefill_sm90_kernel<T, D, false>;
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -2,9 +2,10 @@
 /// Hopper (sm_90a) paged prefill / extend / verify: wgmma from shared memory, a producer
 /// warpgroup gathering paged K/V, two consumer warpgroups.
 ///
-/// Same work decomposition and plan as prefill_kernel (one block = one work item of
-/// prefill_rows_per_tile(D) = 128 packed rows x one kv head, GQA rows packed as r -> (token r / G,
-/// head hkv * G + r % G)), so the planner is shared and either kernel can run a plan.
+/// Same work decomposition and planner as prefill_kernel (a work item is
+/// prefill_rows_per_tile(D, true) = 128 packed rows x one kv head, GQA rows packed as
+/// r -> (token r / G, head hkv * G + r % G)); at D <= 128 either kernel can run a plan, at D = 256
+/// the plan must have been made for this kernel (AttentionArgs::prefill_sm90: 128 rows, not 64).
 ///
 /// Persistent: the grid is at most one block per SM (the launcher's choice) and each block runs
 /// a sequence of work units, unit = (work item, kv head); see sm90_unit(). The producer streams
@@ -16,7 +17,7 @@
 /// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
 ///
 /// Roles (384 threads, one block per SM):
-///  * warpgroup 0, producer: per tile of kKeys = 128 keys each lane looks up the page of one key
+///  * warpgroup 0, producer: per tile of kKeys keys (128; 64 at D = 256) a lane looks up the page of one key
 ///    (any page size; the next tile's lookup is in flight while this one is issued), warp shuffles
 ///    hand the row offsets to the copying lanes, which gather K and V rows with 16-byte cp.async
 ///    into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
@@ -24,7 +25,7 @@
 ///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
 ///    the stage's `empty` mbarrier.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
-///    S = Q K^T with wgmma m64n128k16 (both operands in shared memory), masking and online
+///    S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
 ///    wgmma m64nDk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
@@ -32,8 +33,9 @@
 /// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
 ///
 /// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
-/// [D/64][kKeys][128 B], then the mbarriers.
-/// Supports 16-bit Q == KV types, D = 64 and 128; fp8 KV and D = 256 use prefill_kernel.
+/// [D/64][kKeys][128 B], then the mbarriers. D = 256 takes 64-key tiles and 2 stages (Q 64 KB +
+/// 2 x 64 KB), so the consumers' registers hold O (128 per thread) beside a 64-key score tile.
+/// Supports 16-bit Q == KV types, D = 64, 128 and 256; fp8 KV uses prefill_kernel.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/pdl.cuh"
@@ -46,8 +48,8 @@ template <typename T, int D>
 struct PrefillSm90Config {
   static constexpr int kThreads = 384;
   static constexpr int kRows = 128;        // packed rows per block (2 consumers x 64)
-  static constexpr int kKeys = 128;        // keys per tile
-  static constexpr int kStages = 3;
+  static constexpr int kKeys = D <= 128 ? 128 : 64;   // keys per tile
+  static constexpr int kStages = D <= 128 ? 3 : 2;
   static constexpr uint32_t kQBytes = kRows * D * 2;
   static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
@@ -57,12 +59,13 @@ struct PrefillSm90Config {
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
   // (seen on the H200 with 80 / 216).
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  // D = 256: O alone takes 128 registers per consumer thread; 224 spill a few, 232 do not.
+  static constexpr int kProducerRegs = D <= 128 ? 56 : 40;
+  static constexpr int kConsumerRegs = D <= 128 ? 224 : 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
                 "register split exceeds the launch allocation");
-  static_assert(D == 64 || D == 128, "sm90 prefill supports D = 64 and 128");
-  static_assert(kRows == prefill_rows_per_tile(D), "planner and kernel disagree on tile rows");
+  static_assert(D == 64 || D == 128 || D == 256, "sm90 prefill supports D = 64, 128 and 256");
+  static_assert(kRows == prefill_rows_per_tile(D, true), "planner and kernel disagree on tile rows");
 };
 
 /// Unit orders of the persistent schedule (units u in [0, grid_items * Hkv)).
@@ -142,17 +145,19 @@ __global__ void __launch_bounds__(384, 1)
     reg_dealloc<Cfg::kProducerRegs>();
     const int ps = a.page_size;
     // Thread t copies chunk c of rows q + p * kRowsPerPass (+ 4 * kRowsPerWarp * ... per warp):
-    // a warp covers kRowsPerWarp rows per pass, 32 rows per tile, so each lane looks up the page
-    // of one of its warp's 32 rows and the pass loop shuffles the offsets to the copying lanes.
-    constexpr int kRowsPerWarp = 32 / kChunks;        // rows a warp copies per pass (2 or 4)
+    // a warp covers kRowsPerWarp rows per pass, kKeys / 4 rows per tile (32; 16 at D = 256), so
+    // lane j < kKeys / 4 looks up the page of its warp's j-th row and the pass loop shuffles the
+    // offsets to the copying lanes.
+    constexpr int kRowsPerWarp = 32 / kChunks;        // rows a warp copies per pass (1, 2 or 4)
     constexpr int kRowsPerPass = 4 * kRowsPerWarp;    // rows the warpgroup copies per pass
-    constexpr int kPasses = kKeys / kRowsPerPass;     // 16 (D = 128) or 8 (D = 64)
-    static_assert(kPasses * kRowsPerWarp == 32, "one looked-up row per lane");
+    constexpr int kPasses = kKeys / kRowsPerPass;     // 16 (D = 128, 256) or 8 (D = 64)
+    static_assert(kPasses * kRowsPerWarp <= 32, "at most one looked-up row per lane");
     const int lane = t128 % 32, pw = t128 / 32;
     const int c = lane % kChunks;
     const int q = lane / kChunks;
     // The row this lane looks up: pass lane / kRowsPerWarp, sub-row lane % kRowsPerWarp.
     const int my_row = (lane / kRowsPerWarp) * kRowsPerPass + pw * kRowsPerWarp + lane % kRowsPerWarp;
+    const bool looks_up = lane < kPasses * kRowsPerWarp;
     const uint32_t chunk_off = static_cast<uint32_t>(c / 8) * (kKeys * 128);
     int it = 0;  // tiles issued by this block over all its units: the ring position
     int item = 0, hkv = 0;
@@ -164,7 +169,7 @@ __global__ void __launch_bounds__(384, 1)
       const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
-        return tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
+        return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
       };
       int page_next = lookup(0);
       for (int i = 0; i < ntiles; ++i, ++it) {
@@ -369,7 +374,7 @@ __global__ void __launch_bounds__(384, 1)
     if (cw == 0) named_bar_sync(4, 256);
   }
 #else
-  __trap();  // launched only where the sm_90a image exists (prefill_sm90_usable)
+  __trap();  // launched only where the sm_90a image exists (prefill_sm90_supported)
 #endif
 }
 
