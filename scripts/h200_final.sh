@@ -13,7 +13,8 @@
 #            pagoda_cuda_bench (PDL on and off, sm90 ping-pong off), an ncu profile (full set: warp
 #            stall reasons, pipe utilisation, source hot spots) of one sm90 launch on B4 S4096,
 #            peers.py (cuDNN / flash SDPA, ceilings) and FlashInfer (FI_BACKENDS, default fa3)
-#            on FI_FILTER's shapes (comma-separated; needs .whl carried).
+#            on FI_FILTER's shapes (comma-separated; needs .whl carried). AB=0 skips the PDL / ping-pong
+#            A/B runs, PROFILE=0 the ncu profile; B names the build folder (default /tmp/b-fin).
 # COMMIT names the commit measured (the device copy carries no reliable git metadata).
 set -uo pipefail
 STAGE=${STAGE:-1}
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
 echo "commit ${COMMIT:-unknown} stage $STAGE $(date -u +%FT%TZ)" | tee "$R/commit.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
-B=/tmp/b-fin
+B=${B:-/tmp/b-fin}
 build() {
   t0=$(date +%s)
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
@@ -49,10 +50,13 @@ if [ "$STAGE" = 4 ]; then
     echo "conformance long-kv 32768 rc=$?"; grep -E "^  cuda " "$R/conformance_long32k.txt"
   fi
   timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours.jsonl" > /dev/null
-  PAGODA_PDL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopdl.jsonl" > /dev/null
-  PAGODA_SM90_PINGPONG=0 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopingpong.jsonl" prefill > /dev/null
+  if [ "${AB:-1}" = 1 ]; then  # AB=0 skips the PDL-off and ping-pong-off runs
+    PAGODA_PDL=0 timeout 60 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopdl.jsonl" > /dev/null
+    PAGODA_SM90_PINGPONG=0 timeout 40 $B/tests/cuda/pagoda_cuda_bench "$R/ours_nopingpong.jsonl" prefill > /dev/null
+  fi
   cut -c1-100 "$R/ours.jsonl"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [ "${PROFILE:-1}" = 1 ] || NCU=""  # PROFILE=0 skips the ncu profile
   if [ -n "$NCU" ]; then  # one launch of the sm90 kernel on B4 S4096: where its time goes
     timeout 150 "$NCU" --clock-control none -k regex:prefill_sm90 -c 1 --set full \
       $B/tests/cuda/pagoda_cuda_bench /tmp/ncu_case.jsonl prefill_causal_b4_s4096 > "$R/ncu_b4_s4096.txt" 2>&1

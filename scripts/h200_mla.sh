@@ -5,24 +5,29 @@
 #                cuda_backend_tests
 #   sanitize:    compute-sanitizer memcheck and racecheck on MlaDecode.SanitizerSmall
 #   conformance: pagoda conformance --backends cuda (full grid, then the long column at 32k)
-#   bench:       pagoda kernels --backend cuda on the MLA shapes, new kernel and generic (A/B)
+#   bench:       pagoda kernels --backend cuda on the MLA shapes under each of VARIANTS (A/B)
+#   ncu:         ncu --set full of one MLA decode launch (B128 h_q 128 L4096) per NCU_VARIANTS
+#   kernels:     pagoda_cuda_bench's GQA decode / prefill / extend / verify shapes (ours only)
 #   peers:       FlashInfer 0.5.3 flashinfer.mla.BatchMLAPagedAttentionWrapper (fa3, auto) beside
 #                ours (bench/cuda/peers.py --mla; needs .whl carried, else n/a); reads the bench
 #                phase's /tmp/mla_ours.jsonl (same call, or a later call on the same warm machine)
 # PHASES="..." selects (default: all, too long for one call); the build in $B (/tmp/b) is reused
-# when present (REBUILD=1 forces it). Results: $OUT/mla/ (summary.txt, mla_h200.md, raw logs).
+# when present (REBUILD=1 forces it). Results: $OUT/mla.tgz (summary.txt, mla_h200.md, raw logs)
+# and $OUT/summary.txt.
 # COMMIT names the commit measured. carry: .debs (scripts/gpu_deps.sh fetch); for FlashInfer .whl.
 set -uo pipefail
 OUT=${OUT:-/tmp/pagoda_out}
-R="$OUT/mla"
-mkdir -p "$R"
+R=/tmp/mla_results
+rm -rf "$R"; mkdir -p "$R" "$OUT"
+# The device tool returns at most 8 files: everything goes back as one archive plus the summary.
+trap 'tar czf "$OUT/mla.tgz" -C "$R" .; cp "$R/summary.txt" "$OUT/" 2>/dev/null' EXIT
 cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 [ -d .debs ] && source scripts/gpu_deps.sh env
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
 B=${B:-/tmp/b}
 T=$B/tests/cuda
-PHASES=${PHASES:-"tests sanitize conformance bench peers"}
+PHASES=${PHASES:-"tests sanitize conformance bench kernels peers"}
 S="$R/summary.txt"
 echo "commit ${COMMIT:-unknown} phases '$PHASES' $(date -u +%FT%TZ)" | tee -a "$S"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$R/gpu.txt"
@@ -33,14 +38,15 @@ if [ ! -x $B/pagoda ] || [ ! -x $T/cuda_attention_tests ] || [ "${REBUILD:-0}" =
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/build.log" 2>&1 \
     || { tail -30 "$R/build.log"; exit 1; }
-  ninja -C $B pagoda cuda_attention_tests cuda_backend_tests >> "$R/build.log" 2>&1 \
+  ninja -C $B pagoda cuda_attention_tests cuda_backend_tests pagoda_cuda_bench >> "$R/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$R/build.log" | head -30; exit 1; }
   echo "build $(( $(date +%s) - t0 )) s" | tee -a "$S"
 fi
 
 if has tests; then
   echo "== cuda_attention_tests (MlaDecode.* and the rest) / cuda_backend_tests" | tee -a "$S"
-  PAGODA_REQUIRE_GPU=1 timeout 300 $T/cuda_attention_tests > "$R/attention_tests.log" 2>&1
+  PAGODA_REQUIRE_GPU=1 timeout 300 $T/cuda_attention_tests ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} \
+    > "$R/attention_tests.log" 2>&1
   echo "cuda_attention_tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/attention_tests.log" | tr '\n' ' ')" | tee -a "$S"
   grep -E "^\[       OK \] (MlaDecode|CudaGeneric)|^\[  FAILED|Failure|MLA decode test seed" \
     "$R/attention_tests.log" | head -40 | tee -a "$S"
@@ -61,26 +67,37 @@ if has conformance; then
   timeout 240 $B/pagoda conformance --backends cuda > "$R/conformance.log" 2>&1
   echo "conformance rc=$?" | tee -a "$S"
   grep -E "^\| (backend|cuda) " "$R/conformance.log" | tee -a "$S"
-  timeout 240 $B/pagoda conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.log" 2>&1
-  echo "conformance long 32k rc=$?" | tee -a "$S"
-  grep -E "^\| cuda " "$R/conformance_long32k.log" | tee -a "$S"
+  if [ "${LONG:-1}" = 1 ]; then  # LONG=0 skips the 32k column
+    timeout 240 $B/pagoda conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.log" 2>&1
+    echo "conformance long 32k rc=$?" | tee -a "$S"
+    grep -E "^\| cuda " "$R/conformance_long32k.log" | tee -a "$S"
+  fi
 fi
 
 if has bench; then
-  echo "== pagoda kernels (MLA decode shapes; generic = PAGODA_MLA_DECODE=0)" | tee -a "$S"
+  # VARIANTS="name:VAR=v,VAR=v ..." — settings each shape is timed under, tagged "variant" in the
+  # JSON (default: the platform's choice, then the mma.sync kernel; GENERIC=1 adds the generic
+  # kernel, PAGODA_MLA_DECODE=0, at 5 iterations).
+  VARIANTS=${VARIANTS:-"default: mma_sync:PAGODA_MLA_SM90=0"}
+  echo "== pagoda kernels (MLA decode shapes; variants: $VARIANTS)" | tee -a "$S"
   J=/tmp/mla_ours.jsonl
   : > "$J"
   # batch h_q kv_len page latent
-  for shape in "64 16 4096 64 bf16" "64 16 4096 64 fp8_e4m3" "64 16 4096 1 bf16" "64 16 4096 16 bf16" \
-               "1 128 8192 64 bf16" "8 128 8192 64 bf16" "1 128 32768 64 bf16" "8 128 32768 64 bf16" \
-               "8 128 8192 64 fp8_e4m3" "128 128 4096 64 bf16"; do
+  # SHAPES overrides the list ("B h_q L page latent;..." ).
+  IFS=';' read -r -a shapes <<< "${SHAPES:-64 16 4096 64 bf16;64 16 4096 64 fp8_e4m3;64 16 4096 1 bf16;64 16 4096 16 bf16;1 128 8192 64 bf16;8 128 8192 64 bf16;1 128 32768 64 bf16;8 128 32768 64 bf16;8 128 8192 64 fp8_e4m3;128 128 4096 64 bf16;64 128 4096 1 bf16}"
+  for shape in "${shapes[@]}"; do
     set -- $shape
     args=(kernels --backend cuda --op decode --batch "$1" --q-heads "$2" --kv-len "$3" --page-size "$4"
           --kv-dtype "$5" --kv-heads 1 --head-dim 576 --head-dim-v 512 --json)
-    timeout 90 $B/pagoda "${args[@]}" --iters 30 >> "$J" 2>> "$R/kernels.err" \
-      || echo "kernels $shape failed" | tee -a "$S"
-    PAGODA_MLA_DECODE=0 timeout 120 $B/pagoda "${args[@]}" --iters 5 --warmup 1 >> "$J" 2>> "$R/kernels.err" \
-      || echo "kernels generic $shape failed" | tee -a "$S"
+    for v in $VARIANTS ${GENERIC:+generic:PAGODA_MLA_DECODE=0}; do
+      name=${v%%:*} spec=${v#*:}
+      iters=(--iters 30)
+      [ "$name" = generic ] && iters=(--iters 5 --warmup 1)
+      envs=()
+      [ -n "$spec" ] && IFS=',' read -r -a envs <<< "$spec"
+      env "${envs[@]}" timeout 120 $B/pagoda "${args[@]}" "${iters[@]}" 2>> "$R/kernels.err" |
+        sed "s/^{/{\"variant\": \"$name\", /" >> "$J" || echo "kernels $name $shape failed" | tee -a "$S"
+    done
   done
   cp "$J" "$R/mla_ours.jsonl"
   python3 - "$J" << 'PYEOF' | tee -a "$S"
@@ -89,10 +106,37 @@ for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
         print(f"B{r['batch']} hq{r['q_heads']} L{r['kv_len']} p{r['page_size']} {r['kv_dtype']} "
-              f"{r.get('path')}: {r['ms']:.4f} ms {r['gbps']:.0f} GB/s ({r['pct_of_copy']:.0f}% of "
-              f"copy {r['copy_gbps']:.0f}) {r['tflops']:.1f} TFLOP/s chunk {r.get('chunk_tokens')} "
-              f"items {r.get('work_items')}")
+              f"{r.get('variant')} {r.get('path')}: {r['ms']:.4f} ms {r['gbps']:.0f} GB/s "
+              f"({r['pct_of_copy']:.0f}% of copy {r['copy_gbps']:.0f}) {r['tflops']:.1f} TFLOP/s "
+              f"chunk {r.get('chunk_tokens')} items {r.get('work_items')}")
 PYEOF
+fi
+
+if has kernels; then
+  # The GQA decode / prefill / extend / verify shapes of bench/cuda/bench_cuda.cpp (ours only;
+  # scripts/h200_final.sh STAGE=4 adds their peers).
+  echo "== pagoda_cuda_bench (GQA kernels)" | tee -a "$S"
+  timeout 120 $T/pagoda_cuda_bench "$R/kernels.jsonl" > "$R/kernels_bench.log" 2>&1
+  echo "pagoda_cuda_bench rc=$?" | tee -a "$S"
+  cut -c1-120 "$R/kernels.jsonl" | tee -a "$S"
+fi
+
+if has ncu; then
+  # One launch of the MLA decode kernel on B128 h_q 128 L4096 page 64 under each of NCU_VARIANTS
+  # ("name:VAR=v,..."), ncu's full set (warp stall reasons, pipe utilisation) without clock control.
+  NCUBIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  for v in ${NCU_VARIANTS:-"default:"}; do
+    name=${v%%:*} spec=${v#*:}
+    envs=()
+    [ -n "$spec" ] && IFS=',' read -r -a envs <<< "$spec"
+    env "${envs[@]}" timeout 180 "$NCUBIN" --clock-control none -k regex:mla_decode -s 1 -c 1 --set full \
+      $B/pagoda kernels --backend cuda --op decode --batch 128 --q-heads 128 --kv-len 4096 \
+      --page-size 64 --kv-dtype bf16 --kv-heads 1 --head-dim 576 --head-dim-v 512 --iters 2 --warmup 1 \
+      > "$R/ncu_$name.txt" 2>&1
+    echo "ncu $name rc=$?" | tee -a "$S"
+    grep -E "^  [a-z_]+.*mla_decode|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Stall [A-Z]|Tensor|Shared Memory" \
+      "$R/ncu_$name.txt" | head -40 | tee -a "$S"
+  done
 fi
 
 if has peers; then

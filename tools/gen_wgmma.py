@@ -7,7 +7,8 @@ Run: python3 tools/gen_wgmma.py > src/pagoda/kernels/cuda/wgmma_ops.cuh
 """
 
 TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
-SS_N = [64, 128]   # S = Q K^T: A (Q) and B (K) from shared memory, both K-major
+SS_N = [32, 64, 128]   # S = Q K^T: A (Q) and B (K) from shared memory, both K-major
+SST_N = [256]   # O += P V: A (P) K-major and B (V) MN-major (tnspB), both from shared memory
 RS_N = [64, 128, 256]   # O += P V: A (P) from registers, B (V) from shared memory, MN-major (tnspB)
 
 
@@ -34,6 +35,20 @@ __device__ __forceinline__ void wgmma_ss<{ctype}, {n}>(float (&d)[{nd}], uint64_
 '''
 
 
+def sst(ctype, ptx, n):
+    nd = n // 2
+    return f'''template <>
+__device__ __forceinline__ void wgmma_ss_tb<{ctype}, {n}>(float (&d)[{nd}], uint64_t da, uint64_t db) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 2}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
+      "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p, 1, 1, 0, 1;\\n}}\\n"
+      : {outs(nd)}
+      : "l"(da), "l"(db), "r"(1));
+}}
+'''
+
+
 def rs(ctype, ptx, n):
     nd = n // 2
     return f'''template <>
@@ -54,6 +69,8 @@ print('''#pragma once
 ///
 /// wgmma_ss<T, N>: d[N/2] (+)= A · B for m64nNk16, A and B described by shared-memory matrix
 ///   descriptors (both K-major); `accumulate` = 0 overwrites d (the first k step).
+/// wgmma_ss_tb<T, N>: d[N/2] += A · B for m64nNk16, A K-major and B MN-major (transpose bit),
+///   both described by shared-memory matrix descriptors.
 /// wgmma_rs<T, N>: d[N/2] += A · B for m64nNk16, A in registers (the m16n8k16 A fragment of
 ///   each warp's 16 rows), B MN-major in shared memory (transpose bit set).
 /// Accumulator layout per warp w of the warpgroup: d[4j + 2h + e] is row 16w + lane/4 + 8h,
@@ -71,12 +88,16 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_t db,
                                          int accumulate);
 template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t da, uint64_t db);
+template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t db);
 ''')
 for ctype, ptx in TYPES.items():
     for n in SS_N:
         print(ss(ctype, ptx, n))
+    for n in SST_N:
+        print(sst(ctype, ptx, n))
     for n in RS_N:
         print(rs(ctype, ptx, n))
 print('}  // namespace pagoda::kernels::cuda::detail')

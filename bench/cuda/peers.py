@@ -9,9 +9,10 @@ device copy bandwidth and the bf16 GEMM rate, and writes a Markdown table with r
 Ratios are peer_ms / ours_ms (> 1: pagoda faster). Medians of triton.testing.do_bench.
 
 --mla: MLA.jsonl holds `pagoda kernels --backend cuda --json` lines of absorbed-MLA decode shapes
-(Dqk 576 / Dv 512, kv heads 1; path "mla_decode", and "generic" from PAGODA_MLA_DECODE=0 runs);
-FlashInfer 0.5.3's flashinfer.mla.BatchMLAPagedAttentionWrapper (backends "fa3" and "auto") is
-timed on the same shapes (paged, shuffled pages; n/a when flashinfer is missing or refuses)."""
+(Dqk 576 / Dv 512, kv heads 1), each tagged with a "variant" (the settings it ran under,
+scripts/h200_mla.sh); FlashInfer 0.5.3's flashinfer.mla.BatchMLAPagedAttentionWrapper (backends
+FI_MLA_BACKENDS, default "fa3") is timed once per shape (paged, shuffled pages; n/a when
+flashinfer is missing or refuses)."""
 import datetime
 import json
 import os
@@ -138,14 +139,14 @@ def flashinfer_mla(bs, L, hq, ps, kv_dtype, backend, ws):
 
 
 def mla_main(src, dst, gpu_file):
-    """MLA decode: ours (new kernel and generic A/B) vs FlashInfer on the same shapes."""
+    """MLA decode: ours under each variant (kernel A/Bs) vs FlashInfer on the same shapes."""
     shapes = {}
     for line in open(src):
         if not line.strip().startswith("{"):
             continue
         r = json.loads(line)
         key = (r["batch"], r["q_heads"], r["kv_len"], r["page_size"], r["kv_dtype"])
-        shapes.setdefault(key, {})[r.get("path", "?")] = r
+        shapes.setdefault(key, []).append(r)
     gpu = open(gpu_file).read().strip() if gpu_file else torch.cuda.get_device_name()
     ws = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
     try:
@@ -154,44 +155,47 @@ def mla_main(src, dst, gpu_file):
     except Exception as e:  # noqa: BLE001
         print("flashinfer not importable:", e)
         have_fi = False
-    rows = ["| B | h_q | L | page | latent | path | ours ms | GB/s | % copy | TFLOP/s | generic ms "
-            "(speed-up) | FlashInfer fa3 ms (ratio) | FlashInfer auto ms (ratio) |",
-            "|" + "---|" * 13]
+    backends = [b for b in os.environ.get("FI_MLA_BACKENDS", "fa3").split(",") if b]
+    rows = ["| B | h_q | L | page | latent | variant | kernel | ours ms | GB/s | % copy | TFLOP/s | "
+            + " | ".join(f"FlashInfer {b} ms (ratio)" for b in backends) + " |",
+            "|" + "---|" * (11 + len(backends))]
     checks = []
     for key, runs in shapes.items():
         bs, hq, L, ps, kvd = key
-        ours = runs.get("mla_decode") or next(iter(runs.values()))
-        ms = ours["ms"]
-        gen = runs.get("generic")
         fi = {}
-        for backend in ("fa3", "auto"):
+        for backend in backends:
             fi[backend] = None
             if have_fi:
                 try:
                     fi[backend] = flashinfer_mla(bs, L, hq, ps, kvd, backend, ws)
                 except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal
                     print(f"  flashinfer {backend} {key} failed: {type(e).__name__} {str(e)[:160]}")
-            print(f"{key} ours {ms:.4f} ms ({ours.get('path')}), fi {backend} {fi[backend]}", flush=True)
+            print(f"{key} flashinfer {backend} {fi[backend]}", flush=True)
+        for r in runs:
+            ms = r["ms"]
 
-        def cell(t):
-            return "n/a" if t is None else f"{t:.3f} ({t / ms:.2f}×)"
-        rows.append(f"| {bs} | {hq} | {L} | {ps} | {kvd} | {ours.get('path')} | {ms:.3f} | "
-                    f"{ours['gbps']:.0f} | {ours['pct_of_copy']:.0f}% | {ours['tflops']:.1f} | "
-                    f"{cell(gen['ms']) if gen else '–'} | {cell(fi['fa3'])} | {cell(fi['auto'])} |")
-        if hq == 16 and ps == 64 and kvd == "bf16":
-            checks.append(f"h_q 16 B{bs} L{L} page 64: {ours['pct_of_copy']:.0f}% of copy BW "
-                          f"(target ≥ 80%)")
-        if hq == 128 and kvd == "bf16":
-            checks.append(f"h_q 128 B{bs} L{L}: {ours['tflops']:.0f} TFLOP/s (target ≥ 500)")
+            def cell(t, ms=ms):
+                return "n/a" if t is None else f"{t:.3f} ({t / ms:.2f}×)"
+            variant = r.get("variant", r.get("path"))
+            rows.append(f"| {bs} | {hq} | {L} | {ps} | {kvd} | {variant} | {r.get('path')} | "
+                        f"{ms:.3f} | {r['gbps']:.0f} | {r['pct_of_copy']:.0f}% | {r['tflops']:.1f} | "
+                        + " | ".join(cell(fi[b]) for b in backends) + " |")
+            if variant == "default" and hq == 16 and ps == 64 and kvd == "bf16":
+                checks.append(f"h_q 16 B{bs} L{L} page 64: {r['pct_of_copy']:.0f}% of copy BW "
+                              f"(target ≥ 80%)")
+            if variant == "default" and hq == 128 and kvd == "bf16":
+                checks.append(f"h_q 128 B{bs} L{L} page {ps}: {r['tflops']:.0f} TFLOP/s "
+                              f"(target ≥ 500)")
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     md = [f"# pagoda MLA decode on {gpu}", "",
           f"Measured {now}; torch {torch.__version__}. Absorbed MLA (Dqk 576 = 512 + 64 rope, Dv "
           "512, one latent row per token), bf16 q/out, one query row per request, shuffled pages. "
           "Ours: `pagoda kernels --backend cuda --json` (CUDA events, median; bytes = latent rows "
           "read + q + out; FLOPs = 2·h_q·L·(576 + 512) per request; % copy = of the device copy "
-          "bandwidth measured in the same run). generic = the same shape with PAGODA_MLA_DECODE=0. "
-          "FlashInfer: BatchMLAPagedAttentionWrapper, separate ckv [.., 512] / kpe [.., 64] "
-          "caches, triton do_bench median; ratio = peer ms / ours (> 1: pagoda faster).", ""]
+          "bandwidth measured in the same run), one row per variant (scripts/h200_mla.sh "
+          "VARIANTS). FlashInfer: BatchMLAPagedAttentionWrapper, separate ckv [.., 512] / kpe "
+          "[.., 64] caches, triton do_bench median; ratio = peer ms / ours (> 1: pagoda faster).",
+          ""]
     md += rows + ["", "## Targets", ""] + [f"- {c}" for c in checks] + [""]
     with open(dst, "w") as f:
         f.write("\n".join(md))

@@ -4,6 +4,9 @@
 /// ragged batches, permuted pages, NaN in every unused slot and page, NaN-poisoned outputs; page
 /// sizes 1/16/64, h_q 16/128 (and 48), bf16 and fp8 e4m3 latents, contexts up to 32k (split-KV
 /// chunks, thousands of pages); PAGODA_MLA_DECODE=0 (generic kernel) agrees with the new path.
+/// Bf16 latents with h_q >= 64 run the Hopper wgmma kernel on sm_90 (mla_decode_sm90_kernel.cuh);
+/// MlaDecode.HopperAndMmaSyncKernels checks that it does, and runs both kernels on 64/96/128
+/// heads and the Hopper one on 16/48 (PAGODA_MLA_SM90=2).
 /// Label "gpu".
 
 #include <gtest/gtest.h>
@@ -17,6 +20,7 @@
 #include "cuda_test_util.h"
 #include "gpu_test_common.h"
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
+#include "pagoda/kernels/cuda/launch.h"
 
 namespace pagoda::cuda_test {
 namespace {
@@ -273,6 +277,57 @@ TEST_F(MlaDecode, HeadCountsNotMultipleOf64AndFeatures) {
   expect_matches_generic(p, make_host_data(p));
 }
 
+TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
+  // On sm_90 the wgmma kernel serves bf16 latents from 64 heads up (one block per 64 heads);
+  // PAGODA_MLA_SM90=0 gives the mma.sync kernel. Both against the reference: 64, 96 (a block
+  // with 32 live heads) and 128 heads, pages 1 / 64, a ragged batch with a split request; then
+  // window, soft cap and sinks against the generic kernel.
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  const bool hopper = major == 9 && minor == 0;
+  namespace kc = kernels::cuda;
+  if (hopper) {
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 64)
+        << "the sm_90a image of the Hopper MLA kernel is missing";
+  }
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128), 32);
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 32);
+  for (const char* sm90 : {"1", "0"}) {
+    setenv("PAGODA_MLA_SM90", sm90, 1);
+    if (std::strcmp(sm90, "0") == 0) {
+      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 32);
+    }
+    int i = 0;
+    for (int hq : {64, 96, 128}) {
+      for (int ps : {1, 64}) {
+        const uint64_t s = seed_ + 61 + uint64_t(i++);
+        SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90=" << sm90);
+        check(mla_problem(ragged(4, 2000, {1, 64, 65, 9000}, s), ps, hq, DType::kBF16, s), 1.5e-2);
+      }
+    }
+    Problem p = mla_problem(ragged(3, 3000, {7000}, seed_ + 71), 16, 128, DType::kBF16, seed_ + 71);
+    p.params.window_left = 1000;
+    p.params.logit_cap = 30.f;
+    std::vector<float> sinks(128);
+    for (int h = 0; h < 128; ++h) sinks[h] = 0.02f * float(h) - 1.5f;
+    p.params.sinks = sinks;
+    expect_matches_generic(p, make_host_data(p));
+  }
+  // PAGODA_MLA_SM90=2: the Hopper kernel at any head count (16 and 48 live rows of its 64).
+  setenv("PAGODA_MLA_SM90", "2", 1);
+  if (hopper) {
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 64);
+  }
+  for (int hq : {16, 48}) {
+    const uint64_t s = seed_ + 81 + uint64_t(hq);
+    SCOPED_TRACE("PAGODA_MLA_SM90=2");
+    check(mla_problem(ragged(5, 2500, {2, 6000}, s), 16, hq, DType::kBF16, s), 1.5e-2);
+  }
+  unsetenv("PAGODA_MLA_SM90");
+}
+
 TEST_F(MlaDecode, SwitchOffAgreesWithGeneric) {
   for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
     const Problem p = mla_problem(ragged(5, 2500, {0, 12000}, seed_ + 31), 64, 128, kv, seed_ + 31);
@@ -291,6 +346,7 @@ TEST_F(MlaDecode, SanitizerSmall) {
   for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
     check(mla_problem({1, 70, 700, 2100}, 16, 32, kv, seed_ + 51), 2e-2);
   }
+  check(mla_problem({1, 70, 700, 2100}, 16, 64, DType::kBF16, seed_ + 52), 2e-2);  // sm_90: wgmma
 }
 
 TEST_F(MlaDecode, PrefillShapesStayGeneric) {

@@ -97,6 +97,8 @@ inline constexpr int kDecodeMaxGroup = 16;  ///< q heads per kv head handled by 
 /// q heads per MLA decode block (mla_decode_kernel.cuh): one 16-head group up to 16 heads, else
 /// two (the latent tile then serves 32 heads). The planner's units per work item use it.
 constexpr int mla_decode_heads_per_block(int num_qo_heads) { return num_qo_heads > 16 ? 32 : 16; }
+/// q heads per block of the Hopper MLA decode kernel (mla_decode_sm90_kernel.cuh, Hq >= 64).
+inline constexpr int kMlaSm90Heads = 64;
 inline constexpr int kPrefillRowsPerTile = 64;  ///< smallest prefill tile (capacity bound)
 /// Packed query rows of one prefill work item (the planner and kernel agree): 128, except 64 for
 /// D = 256 on the mma.sync kernel (prefill_kernel); the sm90 kernel runs 128 at every head dim

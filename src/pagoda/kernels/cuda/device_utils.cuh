@@ -221,6 +221,15 @@ __device__ __forceinline__ bool load_decode_item(const AttentionArgs& a, int ite
   return true;
 }
 
+/// Work item and head block of an MLA decode block: the grid is 1-D, grid_items x nhb blocks,
+/// and the nhb head blocks of one item are adjacent (x = item * nhb + hb), so the blocks that read
+/// one latent chunk run at the same time and share it through L2.
+__device__ __forceinline__ void mla_block_coords(int nhb, int& item, int& hb) {
+  const int x = static_cast<int>(blockIdx.x);
+  item = x / nhb;
+  hb = x % nhb;
+}
+
 /// exp2 that maps (-inf) - (-inf) to 0 instead of NaN.
 __device__ __forceinline__ float exp2_diff(float a, float m) {
   return m == neg_inf() ? 0.f : exp2f(a - m);
@@ -258,17 +267,18 @@ inline LogitTransform make_logit_transform(float sm_scale, float cap, float k_sc
   return t;
 }
 
-/// The tuned attention kernels' launch: kernel(args, logit transform of args) on `grid` x
-/// `threads` with `smem` bytes of dynamic shared memory (opted in first), through launch_pdl
-/// (every such kernel calls pdl_wait() before touching memory). Returns the first error.
-template <typename Kernel>
+/// The tuned attention kernels' launch: kernel(args, logit transform of args, extra...) on
+/// `grid` x `threads` with `smem` bytes of dynamic shared memory (opted in first), through
+/// launch_pdl (every such kernel calls pdl_wait() before touching memory). Returns the first
+/// error.
+template <typename Kernel, typename... Extra>
 cudaError_t launch_attention(Kernel kernel, dim3 grid, int threads, size_t smem,
-                             const AttentionArgs& args, cudaStream_t stream) {
+                             const AttentionArgs& args, cudaStream_t stream, Extra... extra) {
   const cudaError_t st = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (st != cudaSuccess) return st;
   return launch_pdl(kernel, grid, dim3(threads), smem, stream, args,
-                    make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
+                    make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale), extra...);
 }
 
 /// Folds an optional sink (natural-log logit) into a state (m, l) in base 2; returns the factor

@@ -67,9 +67,12 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
       args.q_dtype != ElemType::kBF16 || args.out_dtype != ElemType::kBF16) {
     return cudaErrorNotSupported;
   }
+  if (mla_decode_sm90_chosen(args.q_dtype, args.kv_dtype, args.out_dtype, args.num_qo_heads)) {
+    return mla_decode_sm90(args, stream);
+  }
   cudaError_t st = cudaErrorNotSupported;
   const int heads = mla_decode_heads_per_block(args.num_qo_heads);
-  const dim3 grid(args.grid_items, (args.num_qo_heads + heads - 1) / heads);
+  const dim3 grid(args.grid_items * ((args.num_qo_heads + heads - 1) / heads));
   auto launch = [&]<typename KV, int G>() {
     using Cfg = detail::MlaDecodeConfig<KV, G>;
     st = detail::launch_attention(detail::mla_decode_kernel<KV, G>, grid, Cfg::kThreads,
@@ -83,6 +86,11 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
     }
   });
   return st;
+}
+
+int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads) {
+  return mla_decode_sm90_chosen(q, kv, out, num_qo_heads) ? kMlaSm90Heads
+                                                          : mla_decode_heads_per_block(num_qo_heads);
 }
 
 }  // namespace pagoda::kernels::cuda::raw

@@ -19,7 +19,8 @@
 /// NaN in unused slots never reaches the accumulators. Split chunks write (O / l, lse) partials
 /// for the merge kernel; whole requests write the output (sinks, v_scale, LSE applied here).
 ///
-/// Grid: (work items, ceil(Hq / (16 G))); G = 2 exactly when mla_decode_heads_per_block(Hq) = 32.
+/// Grid: work items x ceil(Hq / (16 G)) blocks in x (mla_block_coords: the head blocks of one item
+/// adjacent); G = 2 exactly when mla_decode_heads_per_block(Hq) = 32.
 /// Contract (checked by the host, mla_decode_usable): q/out bf16; latent bf16 or e4m3; Hkv = 1;
 /// V is K's storage (same pointer and strides); rows 16-byte aligned; one query row per request.
 /// Shared memory (G = 1 / 2): bf16 168,448 / 189,440 B, fp8 205,312 / 226,304 B (needs an
@@ -75,14 +76,17 @@ __global__ void __launch_bounds__(128 * G, 1)
   extern __shared__ __align__(16) unsigned char smem[];
 
   const DevicePlan& plan = a.plan;
+  int item = 0, hb = 0;
+  // G = 1 runs exactly when Hq <= 16 (mla_decode_heads_per_block): one head block.
+  mla_block_coords(G == 1 ? 1 : (a.num_qo_heads + C::kHeads - 1) / C::kHeads, item, hb);
   DecodeItem work;
-  if (!load_decode_item(a, blockIdx.x, work)) return;
+  if (!load_decode_item(a, item, work)) return;
   const int b = work.b, kv_lo = work.kv_lo, n = work.n, partial = work.partial;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int grp = warp / C::kGroupWarps, wl = warp % C::kGroupWarps;  // group, warp in group
   const int quad = lane % 4;
-  const int block_head0 = blockIdx.y * C::kHeads;
+  const int block_head0 = hb * C::kHeads;
   const int nb = min(C::kHeads, a.num_qo_heads - block_head0);   // q heads of this block
   const int head0 = block_head0 + grp * C::kRows;                 // this group's first head
   const int ng = max(0, min(C::kRows, a.num_qo_heads - head0));   // heads of this group

@@ -23,6 +23,13 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+/// Arrives on `bar` once every cp.async this thread issued before it has landed in shared
+/// memory (.noinc: the arrival is one of the barrier's expected count); the thread goes on. A
+/// reader of the data fences it into the async proxy (fence_proxy_async) after its wait.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
+               : "memory");
+}
 /// Blocks until the barrier's phase with the given parity (0 / 1) has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   asm volatile(

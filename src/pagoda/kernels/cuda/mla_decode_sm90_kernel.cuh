@@ -1,0 +1,301 @@
+#pragma once
+/// Hopper (sm_90a) split-KV paged MLA decode, absorbed form (Dqk 576 = 512 + 64 rope, Dv 512,
+/// one latent "kv head" shared by every q head), wgmma from shared memory, bf16 latent.
+///
+/// For many q heads (Hq >= 64, DeepSeek's 128) the mma.sync kernel (mla_decode_kernel.cuh) is
+/// compute-bound at 16-32 heads per block; here one block serves 64 heads (the wgmma M), so
+/// each latent tile read from L2 feeds four times the FLOPs, and the tensor cores are fed by
+/// wgmma instead of warp-level MMAs.
+///
+/// One block = one work item (request, kv chunk [a, b), load_decode_item) x 64 q heads
+/// (mla_block_coords: the head blocks of one item are adjacent in the 1-D grid; rows past Hq are
+/// zero and never written). 384 threads:
+///  * warpgroup 0, producer: per 64-key tile, lanes 0..15 of warp w look up the pages of keys
+///    16w .. 16w + 15 (any page size; the next tile's lookups are in flight while this one is
+///    issued), shuffles hand the row offsets to the copying lanes, which gather the latent rows
+///    [576] with 16-byte cp.async into a 2-stage ring of 128B-swizzled tiles [9][64 keys][128 B]
+///    (keys past the chunk are zero-filled, so unused slots never reach the accumulators); each
+///    lane's cp.async.mbarrier.arrive completes the stage's `full` mbarrier when its copies have
+///    landed, so the producer never waits for its own copies (publishing a tile only after
+///    issuing the next one measured 14 % slower at B128 h_q 128 on the H200), and the consumers
+///    fence the tile into the async proxy after their wait.
+///  * warpgroups 1 and 2, consumers c = 0, 1: per tile
+///      S_c = Q K[32c .. 32c + 31]^T   wgmma m64n32k16 x 36, Q and K from shared memory;
+///      row maxima of both halves exchanged through shared memory (named barrier 1), so both
+///      consumers hold the same running max m; P_c = exp2(S_c - m) stored as bf16 into the
+///      shared P tile [64 heads][64 keys] (named barrier 2 publishes it);
+///      O_c = O_c * alpha + P V[:, 256c .. 256c + 255]   wgmma m64n256k16 x 4, P K-major and V
+///      (the tile's first 512 columns) MN-major from shared memory;
+///    then an arrive on the stage's `empty` mbarrier. Each consumer owns 256 of the 512 output
+///    columns (128 f32 accumulators per thread); the row sums l are summed over both at the end.
+///    (FlashMLA's first schedule, one consumer scoring whole tiles with m64n64k16 while the other
+///    only runs its P V half, measured 36 % slower on the H200: 656 vs 483 us at B128 h_q 128.)
+/// Split chunks write (O / l, lse) partials for the merge kernel; whole requests write the
+/// output (sinks, v_scale and LSE applied here).
+///
+/// Shared memory (bytes, 1024-aligned): Q [9][64][128 B] 73,728, two stages 147,456, P 8,192,
+/// row maxima and sums 1,024, mbarriers: 230,464 + alignment.
+/// Contract (checked by the host, mla_decode_supported and mla_decode_sm90_chosen): q/out/latent bf16; Hkv 1; V is
+/// K's storage (same pointer and strides); rows 16-byte aligned; one query row per request.
+
+#include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/pdl.cuh"
+#include "pagoda/kernels/cuda/sm90_utils.cuh"
+#include "pagoda/kernels/cuda/wgmma_ops.cuh"
+
+namespace pagoda::kernels::cuda::detail {
+
+struct MlaSm90Config {
+  static constexpr int kDqk = 576, kDv = 512;
+  static constexpr int kThreads = 384;
+  static constexpr int kHeads = kMlaSm90Heads;       // q heads per block (wgmma M)
+  static constexpr int kKeys = 64;                   // keys per tile
+  static constexpr int kStages = 2;
+  static constexpr int kChunks = kDqk / 8;           // 16-byte chunks per latent row (72)
+  static constexpr int kAtoms = kDqk / 64;           // 128-byte atom columns (9)
+  static constexpr uint32_t kQBytes = kHeads * kDqk * 2;
+  static constexpr uint32_t kTileBytes = kKeys * kDqk * 2;
+  static constexpr uint32_t kPBytes = kHeads * kKeys * 2;
+  static constexpr uint32_t kRedBytes = 2 * 2 * kHeads * 4;   // [max, sum][consumer][head]
+  static constexpr uint32_t kBarBytes = 2 * kStages * 8;
+  static constexpr size_t kSmemBytes =
+      1024 + kQBytes + kStages * kTileBytes + kPBytes + kRedBytes + kBarBytes;
+  static_assert(kHeads == 64, "one wgmma M per block");
+  static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
+                "register split exceeds the launch allocation");
+};
+
+__global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a, LogitTransform xf) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_wait();  // reads the latent rows the previous kernel stored (pdl.cuh)
+  pdl_launch_dependents();
+  using T = __nv_bfloat16;
+  using C = MlaSm90Config;
+  constexpr int kS = C::kStages;
+  constexpr uint32_t kAtomBytes = C::kKeys * 128;   // one atom column of a 64-row operand
+
+  int item = 0, hb = 0;
+  mla_block_coords((a.num_qo_heads + C::kHeads - 1) / C::kHeads, item, hb);
+  DecodeItem work;
+  if (!load_decode_item(a, item, work)) return;
+  const int b = work.b, kv_lo = work.kv_lo, n = work.n, partial = work.partial;
+  const int ntiles = (n + C::kKeys - 1) / C::kKeys;
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
+  unsigned char* smem = smem_raw + pad;
+  const uint32_t q_addr = raw_addr + pad;
+  const uint32_t kv_addr = q_addr + C::kQBytes;                 // stage s at + s * kTileBytes
+  const uint32_t p_addr = kv_addr + kS * C::kTileBytes;
+  unsigned char* p_smem = smem + C::kQBytes + kS * C::kTileBytes;
+  float* red_max = reinterpret_cast<float*>(p_smem + C::kPBytes);   // [2][64]
+  float* red_sum = red_max + 2 * C::kHeads;                          // [2][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(p_smem + C::kPBytes + C::kRedBytes);
+  uint64_t* empty = full + kS;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, t128 = tid % 128;
+  const int warp = t128 / 32, lane = tid % 32;
+  if (tid == 0) {
+    for (int s = 0; s < kS; ++s) {
+      mbar_init(&full[s], 128);
+      mbar_init(&empty[s], 256);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  const int32_t* pages = a.plan.kv_indices + a.plan.kv_indptr[b];
+  if (wg == 0) {
+    // ================= producer =================
+    reg_dealloc<C::kProducerRegs>();
+    const int ps = a.page_size;
+    const T* kg = static_cast<const T*>(a.k.data);
+    constexpr int kRows = C::kKeys / 4;                    // rows per warp (16)
+    constexpr int kCopies = kRows * C::kChunks / 32;       // cp.async per lane per tile (36)
+    auto lookup = [&](int t) -> int {
+      const int key = t * C::kKeys + warp * kRows + lane;
+      return lane < kRows && t < ntiles && key < n ? __ldg(pages + (kv_lo + key) / ps) : -1;
+    };
+    int page_next = lookup(0);
+    for (int t = 0; t < ntiles; ++t) {
+      const int s = t % kS;
+      const int page = page_next;
+      const int key = t * C::kKeys + warp * kRows + lane;
+      const int64_t off =
+          page < 0 ? -1
+                   : int64_t(page) * a.k.page_stride + int64_t((kv_lo + key) % ps) * a.k.token_stride;
+      page_next = lookup(t + 1);
+      if (t >= kS) mbar_wait(&empty[s], ((t / kS) - 1) & 1);
+      const uint32_t dst = kv_addr + s * C::kTileBytes;
+#pragma unroll 4
+      for (int j = 0; j < kCopies; ++j) {
+        const int idx = lane + 32 * j;
+        const int r = idx / C::kChunks, c = idx % C::kChunks;
+        const int64_t o = __shfl_sync(0xffffffffu, off, r);
+        const uint32_t d = dst + (c / 8) * kAtomBytes + sw128_offset(warp * kRows + r, c % 8);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
+                     "l"(o < 0 ? kg : kg + o + c * 8), "r"(o < 0 ? 0 : 16));
+      }
+      cp_async_mbar_arrive(&full[s]);  // completes when this lane's copies have landed
+    }
+    cp_async_wait<0>();  // leave no copy in flight behind an exited thread
+    return;
+  }
+
+  // ================= consumers =================
+  reg_alloc<C::kConsumerRegs>();
+  const int cw = wg - 1;      // consumer: keys [32 cw, 32 cw + 32) of S, columns [256 cw, +256) of O
+  const int quad = lane % 4;
+  const int block_head0 = hb * C::kHeads;
+  const int nb = min(C::kHeads, a.num_qo_heads - block_head0);   // q heads of this block
+  const int row = a.plan.qo_indptr[b];
+
+  // Q [64 heads][576] (both consumers, 256 threads); rows past Hq are zero.
+  {
+    const T* qg = static_cast<const T*>(a.q) + int64_t(row) * a.q_stride_n +
+                  int64_t(block_head0) * a.q_stride_h;
+    for (int idx = tid - 128; idx < C::kHeads * C::kChunks; idx += 256) {
+      const int r = idx / C::kChunks, c = idx % C::kChunks;
+      const bool ok = r < nb;
+      const T* src = ok ? qg + int64_t(r) * a.q_stride_h + c * 8 : qg;
+      const uint32_t d = q_addr + (c / 8) * kAtomBytes + sw128_offset(r, c % 8);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                   "r"(ok ? 16 : 0));
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    named_bar_sync(1, 256);
+  }
+
+  float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  const int r0 = warp * 16 + lane / 4;   // this thread's rows r0 and r0 + 8 (heads in the block)
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int s = t % kS;
+    mbar_wait(&full[s], (t / kS) & 1);
+    fence_proxy_async();  // the producer's landed copies, before this thread's wgmma reads
+    const uint32_t k_addr = kv_addr + s * C::kTileBytes;
+    // ---- S_c = Q K_c^T ----
+    float sc[16];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kDqk / 16; ++kk) {
+      const uint32_t atom = (kk / 4) * kAtomBytes, sub = (kk % 4) * 32;
+      const uint64_t da = sw128_desc(q_addr + atom + sub, 16, 1024);
+      const uint64_t db = sw128_desc(k_addr + atom + cw * 32 * 128 + sub, 16, 1024);
+      wgmma_ss<T, 32>(sc, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(sc);
+    // sc[4j + 2h + e]: row r0 + 8h, key 32 cw + 8j + 2 quad + e of the tile.
+    const int key0 = t * C::kKeys + cw * 32 + 2 * quad;
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int key = key0 + 8 * (i / 4) + (i & 1);
+      sc[i] = key < n ? xf(sc[i]) : neg_inf();
+      mx[(i / 2) & 1] = fmaxf(mx[(i / 2) & 1], sc[i]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      if (quad == 0) red_max[cw * C::kHeads + r0 + 8 * h] = mx[h];
+    }
+    named_bar_sync(1, 256);
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float mnew = fmaxf(m[h], fmaxf(red_max[r0 + 8 * h], red_max[C::kHeads + r0 + 8 * h]));
+      alpha[h] = exp2_diff(m[h], mnew);
+      m[h] = mnew;
+    }
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = exp2_diff(sc[4 * j + 2 * h], m[h]);
+        const float p1 = exp2_diff(sc[4 * j + 2 * h + 1], m[h]);
+        sum[h] += p0 + p1;
+        *reinterpret_cast<uint32_t*>(p_smem + sw128_offset(r0 + 8 * h, 4 * cw + j) + 4 * quad) =
+            pack2<T>(p0, p1);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i / 2) & 1];
+    fence_proxy_async();        // P (generic stores) before the wgmmas read it
+    named_bar_sync(2, 256);     // both halves of P are in place
+    // ---- O_c += P V_c ----
+    fence_operands(o);
+    wgmma_fence();
+#pragma unroll
+    for (int k2 = 0; k2 < C::kKeys / 16; ++k2) {
+      const uint64_t dp = sw128_desc(p_addr + k2 * 32, 16, 1024);
+      const uint64_t dv = sw128_desc(k_addr + 4 * cw * kAtomBytes + k2 * 16 * 128, kAtomBytes, 1024);
+      wgmma_ss_tb<T, 256>(o, dp, dv);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o);
+    mbar_arrive(&empty[s]);
+  }
+
+  // ---- row sums over the quad and both consumers (m is the same in both) ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (quad == 0) red_sum[cw * C::kHeads + r0 + 8 * h] = l[h];
+  }
+  named_bar_sync(1, 256);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+    if (r >= nb) continue;
+    const float lsum = red_sum[r] + red_sum[C::kHeads + r];
+    const int head = block_head0 + r;
+    const int col0 = cw * 256 + 2 * quad;
+    if (partial < 0) {
+      float lse;
+      const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
+      T* op = static_cast<T*>(a.out) + int64_t(row) * a.o_stride_n + int64_t(head) * a.o_stride_h;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<uint32_t*>(op + col0 + 8 * j) =
+            pack2<T>(o[4 * j + 2 * h] * f, o[4 * j + 2 * h + 1] * f);
+      }
+      if (cw == 0 && quad == 0 && a.lse != nullptr) {
+        a.lse[int64_t(row) * a.lse_stride_n + int64_t(head) * a.lse_stride_h] = lse;
+      }
+    } else {
+      const bool none = m[h] == neg_inf() || lsum <= 0.f;
+      const float f = none ? 0.f : a.v_scale / lsum;
+      const size_t base = size_t(partial) * a.num_qo_heads + head;
+      float* po = a.partial_o + base * C::kDv + col0;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<float2*>(po + 8 * j) =
+            make_float2(o[4 * j + 2 * h] * f, o[4 * j + 2 * h + 1] * f);
+      }
+      if (cw == 0 && quad == 0) a.partial_lse[base] = none ? neg_inf() : m[h] + log2f(lsum);
+    }
+  }
+#else
+  __trap();  // launched only where the sm_90a image exists (mla_decode_sm90_chosen)
+#endif
+}
+
+}  // namespace pagoda::kernels::cuda::detail
