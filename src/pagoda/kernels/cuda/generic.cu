@@ -88,8 +88,16 @@ __global__ void __launch_bounds__(128) generic_kernel(AttentionArgs a, LogitTran
   if (lane == 0 && a.lse != nullptr) a.lse[token * a.lse_stride_n + head * a.lse_stride_h] = lse;
 }
 
+/// Partials whose merge weights the merge kernel keeps in shared memory (rows with more
+/// partials take the same arithmetic with the weights recomputed per partial).
+constexpr int kMergeMaxParts = 1024;
+
 /// One merge row: the (O, lse) partials of one query token's split chunks, sinks folded in.
-__device__ void merge_row(const AttentionArgs& a, int r) {
+/// The weights w_p = 2^(lse_p - max) / total are computed once per row into shared memory, then
+/// every thread accumulates 4 output columns over the partials with 16 loads in flight (before,
+/// each column was a loop over the partials recomputing the weights, one load at a time). A
+/// partial of weight 0 (an empty chunk) contributes nothing, whatever its O holds.
+__device__ void merge_row(const AttentionArgs& a, int r, float* w_s) {
   const DevicePlan& plan = a.plan;
   const int b = plan.merge_req[r];
   const int p0 = plan.merge_begin[r];
@@ -97,27 +105,48 @@ __device__ void merge_row(const AttentionArgs& a, int r) {
   const int head = blockIdx.y;
   const int row = plan.qo_indptr[b] + (plan.merge_tok != nullptr ? plan.merge_tok[r] : 0);
   const int D = a.head_dim_v;
+  const bool cached = np <= kMergeMaxParts;
+  auto lse_of = [&](int p) { return a.partial_lse[size_t(p0 + p) * a.num_qo_heads + head]; };
+  __syncthreads();  // the previous row's weights are no longer read
+  if (cached) {
+    for (int p = threadIdx.x; p < np; p += blockDim.x) w_s[p] = lse_of(p);
+    __syncthreads();
+  }
   float mm = a.sinks != nullptr ? a.sinks[head] * kLog2e : neg_inf();
   float best = neg_inf();
-  for (int p = 0; p < np; ++p) best = fmaxf(best, a.partial_lse[size_t(p0 + p) * a.num_qo_heads + head]);
+  for (int p = 0; p < np; ++p) best = fmaxf(best, cached ? w_s[p] : lse_of(p));
   mm = fmaxf(mm, best);
   float total = 0.f;
   if (a.sinks != nullptr) total += exp2_diff(a.sinks[head] * kLog2e, mm);
-  for (int p = 0; p < np; ++p) {
-    total += exp2_diff(a.partial_lse[size_t(p0 + p) * a.num_qo_heads + head], mm);
-  }
+  for (int p = 0; p < np; ++p) total += exp2_diff(cached ? w_s[p] : lse_of(p), mm);
   const bool empty = best == neg_inf();
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float o = 0.f;
+  if (cached) {
+    __syncthreads();  // every thread has read the lse values
+    for (int p = threadIdx.x; p < np; p += blockDim.x) w_s[p] = exp2_diff(w_s[p], mm) / total;
+    __syncthreads();
+  }
+  constexpr int kCols = 4;  // output columns per thread per pass
+  for (int d0 = threadIdx.x; d0 < D; d0 += kCols * blockDim.x) {
+    float acc[kCols] = {0.f, 0.f, 0.f, 0.f};
     if (!empty) {
+#pragma unroll 4
       for (int p = 0; p < np; ++p) {
         const size_t base = size_t(p0 + p) * a.num_qo_heads + head;
-        const float w = exp2_diff(a.partial_lse[base], mm);
-        if (w > 0.f) o += w * a.partial_o[base * D + d];
+        const float w = cached ? w_s[p] : exp2_diff(a.partial_lse[base], mm) / total;
+        const float* src = a.partial_o + base * D;
+#pragma unroll
+        for (int k = 0; k < kCols; ++k) {
+          const int d = d0 + k * blockDim.x;
+          const float x = d < D ? src[d] : 0.f;
+          acc[k] += w > 0.f ? w * x : 0.f;
+        }
       }
-      o /= total;
     }
-    store_any(a.out, row * a.o_stride_n + head * a.o_stride_h + d, a.out_dtype, o);
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) {
+      const int d = d0 + k * blockDim.x;
+      if (d < D) store_any(a.out, row * a.o_stride_n + head * a.o_stride_h + d, a.out_dtype, acc[k]);
+    }
   }
   if (threadIdx.x == 0 && a.lse != nullptr) {
     a.lse[row * a.lse_stride_n + head * a.lse_stride_h] = empty ? neg_inf() : mm + log2f(total);
@@ -128,7 +157,8 @@ __global__ void __launch_bounds__(128) merge_kernel(AttentionArgs a) {
   pdl_wait();  // reads the partials the attention kernel wrote (pdl.cuh)
   pdl_launch_dependents();
   const DevicePlan& plan = a.plan;
-  for (int r = blockIdx.x; r < plan.counts[2]; r += gridDim.x) merge_row(a, r);
+  __shared__ float w_s[kMergeMaxParts];
+  for (int r = blockIdx.x; r < plan.counts[2]; r += gridDim.x) merge_row(a, r, w_s);
 }
 
 __global__ void append_kv_kernel(AppendArgs a) {
