@@ -145,7 +145,9 @@ __device__ void merge_row(const AttentionArgs& a, int r, float* w_s) {
 #pragma unroll
     for (int k = 0; k < kCols; ++k) {
       const int d = d0 + k * blockDim.x;
-      if (d < D) store_any(a.out, row * a.o_stride_n + head * a.o_stride_h + d, a.out_dtype, acc[k]);
+      if (d < D) {
+        store_any(a.out, row * a.o_stride_n + head * a.o_stride_h + d, a.out_dtype, acc[k]);
+      }
     }
   }
   if (threadIdx.x == 0 && a.lse != nullptr) {

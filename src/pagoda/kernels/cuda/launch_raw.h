@@ -30,8 +30,8 @@ bool mla_decode_enabled();
 cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// The Hopper MLA decode (mla_decode_sm90_kernel.cuh) serves this shape on the current device:
 /// sm_90 with the sm_90a image built, q / latent / out bf16, Hq >= 64 (one block per 64 heads),
-/// and PAGODA_MLA_SM90 is not 0 (read on every call, for A/B runs; 2 = at any Hq). The other MLA checks
-/// (mla_decode_supported) still apply.
+/// and PAGODA_MLA_SM90 is not 0 (read on every call, for A/B runs; 2 = at any Hq). The other MLA
+/// checks (mla_decode_supported) still apply.
 bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_heads);
 cudaError_t mla_decode_sm90(const AttentionArgs& args, cudaStream_t stream);
 /// q heads per MLA decode block for this shape on this device: 64 when mla_decode_sm90_chosen(),

@@ -89,8 +89,8 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
 }
 
 int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads) {
-  return mla_decode_sm90_chosen(q, kv, out, num_qo_heads) ? kMlaSm90Heads
-                                                          : mla_decode_heads_per_block(num_qo_heads);
+  if (mla_decode_sm90_chosen(q, kv, out, num_qo_heads)) return kMlaSm90Heads;
+  return mla_decode_heads_per_block(num_qo_heads);
 }
 
 }  // namespace pagoda::kernels::cuda::raw

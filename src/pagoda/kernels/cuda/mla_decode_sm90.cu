@@ -43,7 +43,7 @@ bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_he
   // PAGODA_MLA_SM90: 0 = never, 2 = every head count (a block of 64 rows, the live heads first),
   // else from kMlaSm90Heads heads up.
   const char* e = std::getenv("PAGODA_MLA_SM90");
-  const int mode = e == nullptr ? 1 : std::atoi(e);
+  const int mode = e == nullptr || *e == '\0' ? 1 : std::atoi(e);
   if (mode == 0 || (mode != 2 && num_qo_heads < kMlaSm90Heads)) return false;
   return device_runs_mla_sm90();
 }

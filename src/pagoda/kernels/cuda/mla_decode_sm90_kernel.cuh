@@ -35,8 +35,9 @@
 ///
 /// Shared memory (bytes, 1024-aligned): Q [9][64][128 B] 73,728, two stages 147,456, P 8,192,
 /// row maxima and sums 1,024, mbarriers: 230,464 + alignment.
-/// Contract (checked by the host, mla_decode_supported and mla_decode_sm90_chosen): q/out/latent bf16; Hkv 1; V is
-/// K's storage (same pointer and strides); rows 16-byte aligned; one query row per request.
+/// Contract (checked by the host, mla_decode_supported and mla_decode_sm90_chosen): q/out/latent
+/// bf16; Hkv 1; V is K's storage (same pointer and strides); rows 16-byte aligned; one query row
+/// per request.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/pdl.cuh"
@@ -48,15 +49,15 @@ namespace pagoda::kernels::cuda::detail {
 struct MlaSm90Config {
   static constexpr int kDqk = 576, kDv = 512;
   static constexpr int kThreads = 384;
-  static constexpr int kHeads = kMlaSm90Heads;       // q heads per block (wgmma M)
-  static constexpr int kKeys = 64;                   // keys per tile
+  static constexpr int kHeads = kMlaSm90Heads;  // q heads per block (wgmma M)
+  static constexpr int kKeys = 64;              // keys per tile
   static constexpr int kStages = 2;
-  static constexpr int kChunks = kDqk / 8;           // 16-byte chunks per latent row (72)
-  static constexpr int kAtoms = kDqk / 64;           // 128-byte atom columns (9)
+  static constexpr int kChunks = kDqk / 8;  // 16-byte chunks per latent row (72)
+  static constexpr int kAtoms = kDqk / 64;  // 128-byte atom columns (9)
   static constexpr uint32_t kQBytes = kHeads * kDqk * 2;
   static constexpr uint32_t kTileBytes = kKeys * kDqk * 2;
   static constexpr uint32_t kPBytes = kHeads * kKeys * 2;
-  static constexpr uint32_t kRedBytes = 2 * 2 * kHeads * 4;   // [max, sum][consumer][head]
+  static constexpr uint32_t kRedBytes = 2 * 2 * kHeads * 4;  // [max, sum][consumer][head]
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
   static constexpr size_t kSmemBytes =
       1024 + kQBytes + kStages * kTileBytes + kPBytes + kRedBytes + kBarBytes;
@@ -68,14 +69,15 @@ struct MlaSm90Config {
                 "register split exceeds the launch allocation");
 };
 
-__global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a, LogitTransform xf) {
+__global__ void __launch_bounds__(384, 1)
+    mla_decode_sm90_kernel(AttentionArgs a, LogitTransform xf) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the latent rows the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
   using T = __nv_bfloat16;
   using C = MlaSm90Config;
   constexpr int kS = C::kStages;
-  constexpr uint32_t kAtomBytes = C::kKeys * 128;   // one atom column of a 64-row operand
+  constexpr uint32_t kAtomBytes = C::kKeys * 128;  // one atom column of a 64-row operand
 
   int item = 0, hb = 0;
   mla_block_coords((a.num_qo_heads + C::kHeads - 1) / C::kHeads, item, hb);
@@ -89,11 +91,11 @@ __global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a
   const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_addr = raw_addr + pad;
-  const uint32_t kv_addr = q_addr + C::kQBytes;                 // stage s at + s * kTileBytes
+  const uint32_t kv_addr = q_addr + C::kQBytes;  // stage s at + s * kTileBytes
   const uint32_t p_addr = kv_addr + kS * C::kTileBytes;
   unsigned char* p_smem = smem + C::kQBytes + kS * C::kTileBytes;
-  float* red_max = reinterpret_cast<float*>(p_smem + C::kPBytes);   // [2][64]
-  float* red_sum = red_max + 2 * C::kHeads;                          // [2][64]
+  float* red_max = reinterpret_cast<float*>(p_smem + C::kPBytes);  // [2][64]
+  float* red_sum = red_max + 2 * C::kHeads;                        // [2][64]
   uint64_t* full = reinterpret_cast<uint64_t*>(p_smem + C::kPBytes + C::kRedBytes);
   uint64_t* empty = full + kS;
 
@@ -115,8 +117,8 @@ __global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a
     reg_dealloc<C::kProducerRegs>();
     const int ps = a.page_size;
     const T* kg = static_cast<const T*>(a.k.data);
-    constexpr int kRows = C::kKeys / 4;                    // rows per warp (16)
-    constexpr int kCopies = kRows * C::kChunks / 32;       // cp.async per lane per tile (36)
+    constexpr int kRows = C::kKeys / 4;               // rows per warp (16)
+    constexpr int kCopies = kRows * C::kChunks / 32;  // cp.async per lane per tile (36)
     auto lookup = [&](int t) -> int {
       const int key = t * C::kKeys + warp * kRows + lane;
       return lane < kRows && t < ntiles && key < n ? __ldg(pages + (kv_lo + key) / ps) : -1;
@@ -126,9 +128,9 @@ __global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a
       const int s = t % kS;
       const int page = page_next;
       const int key = t * C::kKeys + warp * kRows + lane;
-      const int64_t off =
-          page < 0 ? -1
-                   : int64_t(page) * a.k.page_stride + int64_t((kv_lo + key) % ps) * a.k.token_stride;
+      const int64_t off = page < 0 ? -1
+                                   : int64_t(page) * a.k.page_stride +
+                                         int64_t((kv_lo + key) % ps) * a.k.token_stride;
       page_next = lookup(t + 1);
       if (t >= kS) mbar_wait(&empty[s], ((t / kS) - 1) & 1);
       const uint32_t dst = kv_addr + s * C::kTileBytes;
@@ -149,10 +151,10 @@ __global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a
 
   // ================= consumers =================
   reg_alloc<C::kConsumerRegs>();
-  const int cw = wg - 1;      // consumer: keys [32 cw, 32 cw + 32) of S, columns [256 cw, +256) of O
+  const int cw = wg - 1;  // consumer: keys [32 cw, 32 cw + 32) of S, columns [256 cw, +256) of O
   const int quad = lane % 4;
   const int block_head0 = hb * C::kHeads;
-  const int nb = min(C::kHeads, a.num_qo_heads - block_head0);   // q heads of this block
+  const int nb = min(C::kHeads, a.num_qo_heads - block_head0);  // q heads of this block
   const int row = a.plan.qo_indptr[b];
 
   // Q [64 heads][576] (both consumers, 256 threads); rows past Hq are zero.
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  const int r0 = warp * 16 + lane / 4;   // this thread's rows r0 and r0 + 8 (heads in the block)
+  const int r0 = warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8 (heads in the block)
 
   for (int t = 0; t < ntiles; ++t) {
     const int s = t % kS;
@@ -236,15 +238,16 @@ __global__ void __launch_bounds__(384, 1) mla_decode_sm90_kernel(AttentionArgs a
     for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] *= alpha[(i / 2) & 1];
-    fence_proxy_async();        // P (generic stores) before the wgmmas read it
-    named_bar_sync(2, 256);     // both halves of P are in place
+    fence_proxy_async();     // P (generic stores) before the wgmmas read it
+    named_bar_sync(2, 256);  // both halves of P are in place
     // ---- O_c += P V_c ----
     fence_operands(o);
     wgmma_fence();
 #pragma unroll
     for (int k2 = 0; k2 < C::kKeys / 16; ++k2) {
       const uint64_t dp = sw128_desc(p_addr + k2 * 32, 16, 1024);
-      const uint64_t dv = sw128_desc(k_addr + 4 * cw * kAtomBytes + k2 * 16 * 128, kAtomBytes, 1024);
+      const uint64_t dv =
+          sw128_desc(k_addr + 4 * cw * kAtomBytes + k2 * 16 * 128, kAtomBytes, 1024);
       wgmma_ss_tb<T, 256>(o, dp, dv);
     }
     wgmma_commit();
