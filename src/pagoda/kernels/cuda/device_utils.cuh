@@ -267,18 +267,17 @@ inline LogitTransform make_logit_transform(float sm_scale, float cap, float k_sc
   return t;
 }
 
-/// The tuned attention kernels' launch: kernel(args, logit transform of args, extra...) on
-/// `grid` x `threads` with `smem` bytes of dynamic shared memory (opted in first), through
-/// launch_pdl (every such kernel calls pdl_wait() before touching memory). Returns the first
-/// error.
-template <typename Kernel, typename... Extra>
+/// The tuned attention kernels' launch: kernel(args, logit transform of args) on `grid` x
+/// `threads` with `smem` bytes of dynamic shared memory (opted in first), through launch_pdl
+/// (every such kernel calls pdl_wait() before touching memory). Returns the first error.
+template <typename Kernel>
 cudaError_t launch_attention(Kernel kernel, dim3 grid, int threads, size_t smem,
-                             const AttentionArgs& args, cudaStream_t stream, Extra... extra) {
+                             const AttentionArgs& args, cudaStream_t stream) {
   const cudaError_t st = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (st != cudaSuccess) return st;
   return launch_pdl(kernel, grid, dim3(threads), smem, stream, args,
-                    make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale), extra...);
+                    make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale));
 }
 
 /// Folds an optional sink (natural-log logit) into a state (m, l) in base 2; returns the factor

@@ -1,6 +1,5 @@
 /// Raw launcher of the Hopper MLA decode kernel (mla_decode_sm90_kernel.cuh).
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,35 +7,6 @@
 #include "pagoda/kernels/cuda/mla_decode_sm90_kernel.cuh"
 
 namespace pagoda::kernels::cuda::raw {
-namespace {
-
-/// Whether the current device runs the kernel's sm_90a image (cached per device).
-bool device_runs_mla_sm90() {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0, optin = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    cudaFuncAttributes attr{};
-    const bool ok = major == 9 && minor == 0 &&
-                    size_t(optin) >= detail::MlaSm90Config::kSmemBytes &&
-                    cudaFuncGetAttributes(&attr, detail::mla_decode_sm90_kernel) == cudaSuccess &&
-                    attr.binaryVersion == 90;
-    (void)cudaGetLastError();  // a missing image is an answer, not a sticky error
-    v = ok ? 1 : 2;
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
-}  // namespace
 
 bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_heads) {
   if (q != ElemType::kBF16 || kv != ElemType::kBF16 || out != ElemType::kBF16) return false;
@@ -45,7 +15,9 @@ bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_he
   const char* e = std::getenv("PAGODA_MLA_SM90");
   const int mode = e == nullptr || *e == '\0' ? 1 : std::atoi(e);
   if (mode == 0 || (mode != 2 && num_qo_heads < kMlaSm90Heads)) return false;
-  return device_runs_mla_sm90();
+  // The kernel's 231,456 bytes of shared memory fit every sm_90 part (static_assert in its
+  // config).
+  return detail::device_runs_sm90a(detail::mla_decode_sm90_kernel);
 }
 
 cudaError_t mla_decode_sm90(const AttentionArgs& args, cudaStream_t stream) {

@@ -26,28 +26,6 @@ bool dispatch_sm90(ElemType q, int d, F&& f) {
   return false;
 }
 
-/// Whether the current device runs the sm_90a image of the kernel (cached per device).
-bool device_has_sm90a() {
-  static std::atomic<int> cache[64];  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    cudaFuncAttributes attr{};
-    const bool ok = major == 9 && minor == 0 &&
-                    cudaFuncGetAttributes(&attr, detail::prefill_sm90_kernel<__nv_bfloat16, 128, false>) ==
-                        cudaSuccess &&
-                    attr.binaryVersion == 90;
-    cudaGetLastError();  // a missing image is an answer, not a sticky error
-    v = ok ? 1 : 2;
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
-}
-
 }  // namespace
 
 bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v) {
@@ -61,7 +39,7 @@ bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_d
       (head_dim_qk != 64 && head_dim_qk != 128 && head_dim_qk != 256)) {
     return false;
   }
-  return device_has_sm90a();
+  return detail::device_runs_sm90a(detail::prefill_sm90_kernel<__nv_bfloat16, 128, false>);
 }
 
 namespace {

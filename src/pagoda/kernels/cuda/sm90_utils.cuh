@@ -5,12 +5,39 @@
 /// Everything here compiles for any architecture (the kernels guard their sm_90a bodies), but
 /// only runs on sm_90a: the wgmma / setmaxnreg instructions do not exist elsewhere.
 
+#include <atomic>
 #include <cstdint>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/wgmma_ops.cuh"
 
 namespace pagoda::kernels::cuda::detail {
+
+/// Host: whether the current device runs `kernel`'s sm_90a image (compute capability 9.0 and
+/// the sm_90a code built); cached per device for each kernel type. A missing image is an
+/// answer, not a sticky error.
+template <typename Kernel>
+bool device_runs_sm90a(Kernel kernel) {
+  static std::atomic<int> cache[64];  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    cudaFuncAttributes attr{};
+    const bool ok = major == 9 && minor == 0 &&
+                    cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.binaryVersion == 90;
+    (void)cudaGetLastError();
+    v = ok ? 1 : 2;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
 
 // ---- mbarriers (CTA scope) ----------------------------------------------------------------
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
