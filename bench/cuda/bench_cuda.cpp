@@ -71,9 +71,11 @@ struct Case {
   bool causal = true;
   bool tree = false;
   int hq = 32, hkv = 8, d = 128;
+  int dv = 0;      // V head dim (0: d)
 };
 
 void run_case(const Case& c, FILE* out) {
+  const int dv = c.dv > 0 ? c.dv : c.d;
   const int kv_len = c.prefix + c.qo;
   const int pages_per = (kv_len + c.page_size - 1) / c.page_size;
   const int64_t num_pages = int64_t(c.bs) * pages_per + 1;
@@ -107,19 +109,20 @@ void run_case(const Case& c, FILE* out) {
   const int nnz = qo_indptr.back();
   const size_t kvb = dtype_size(c.kv);
   const size_t cache_bytes = size_t(num_pages) * c.page_size * c.hkv * c.d * kvb;
+  const size_t v_bytes = size_t(num_pages) * c.page_size * c.hkv * dv * kvb;
   void *q, *k, *v, *o;
   CK(cudaMalloc(&q, size_t(nnz) * c.hq * c.d * 2));
-  CK(cudaMalloc(&o, size_t(nnz) * c.hq * c.d * 2));
+  CK(cudaMalloc(&o, size_t(nnz) * c.hq * dv * 2));
   CK(cudaMalloc(&k, cache_bytes));
-  CK(cudaMalloc(&v, cache_bytes));
+  CK(cudaMalloc(&v, v_bytes));
   fill_random(q, size_t(nnz) * c.hq * c.d * 2, DType::kBF16, 1);
   fill_random(k, cache_bytes, c.kv, 2);
-  fill_random(v, cache_bytes, c.kv, 3);
+  fill_random(v, v_bytes, c.kv, 3);
   const Device dev = Device::cuda(0);
   TensorView qv(q, DType::kBF16, {nnz, c.hq, c.d}, dev);
-  TensorView ov(o, DType::kBF16, {nnz, c.hq, c.d}, dev);
+  TensorView ov(o, DType::kBF16, {nnz, c.hq, dv}, dev);
   TensorView kc(k, c.kv, {num_pages, c.page_size, c.hkv, c.d}, dev);
-  TensorView vc(v, c.kv, {num_pages, c.page_size, c.hkv, c.d}, dev);
+  TensorView vc(v, c.kv, {num_pages, c.page_size, c.hkv, dv}, dev);
   CudaBatchAttention attn;
   attention::PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr,
                                .kv_indices = ids, .kv_last_page_len = last,
@@ -127,7 +130,7 @@ void run_case(const Case& c, FILE* out) {
                                .mask_indptr = c.tree ? std::span<const int64_t>(mask_indptr)
                                                      : std::span<const int64_t>()};
   attention::AttentionShape shape{.num_qo_heads = c.hq, .num_kv_heads = c.hkv, .head_dim_qk = c.d,
-                                  .head_dim_v = c.d, .q_dtype = DType::kBF16, .kv_dtype = c.kv,
+                                  .head_dim_v = dv, .q_dtype = DType::kBF16, .kv_dtype = c.kv,
                                   .out_dtype = DType::kBF16};
   attn.plan(in, shape);
   attention::RunParams rp;
@@ -151,8 +154,8 @@ void run_case(const Case& c, FILE* out) {
   CK(cudaGetLastError());
   std::sort(ts.begin(), ts.end());
   const double ms = ts[ts.size() / 2];
-  const double kv_bytes = double(c.bs) * kv_len * c.hkv * c.d * kvb * 2;
-  const double qo_bytes = double(nnz) * c.hq * c.d * 2 * 2;
+  const double kv_bytes = double(c.bs) * kv_len * c.hkv * (c.d + dv) * kvb;
+  const double qo_bytes = double(nnz) * c.hq * (c.d + dv) * 2;
   double visible = 0;  // (query, key) pairs per head
   for (int i = 0; i < c.qo; ++i) {
     if (c.tree) {
@@ -161,7 +164,7 @@ void run_case(const Case& c, FILE* out) {
       visible += c.causal ? (c.prefix + i + 1) : kv_len;
     }
   }
-  const double flops = 4.0 * c.bs * visible * c.hq * c.d;
+  const double flops = 2.0 * c.bs * visible * c.hq * (c.d + dv);
   std::fprintf(out,
                "{\"case\": \"%s\", \"ms\": %.5f, \"bytes\": %.0f, \"flops\": %.0f, \"path\": "
                "\"%s\", \"chunk\": %d, \"items\": %d}\n",
@@ -194,6 +197,10 @@ int main(int argc, char** argv) {
       {"prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, DType::kBF16, false},
       {"prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 64},
       {"prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 256},
+      // The non-absorbed MLA prefill (DeepSeek-V2-Lite: 16 heads, Q/K 128 nope + 64 rope, V 128).
+      {"mla_prefill_b4_s4096_h16", 4, 4096, 0, 16, DType::kBF16, false, true, false, 16, 16, 192, 128},
+      {"mla_extend_q512_prefix8192_h16", 4, 512, 8192, 16, DType::kBF16, true, true, false, 16, 16,
+       192, 128},
   };
   // argv[2]: run only the cases whose name contains it.
   const std::string filter = argc > 2 ? argv[2] : "";

@@ -95,13 +95,16 @@ def decode_peers(bs, L, ps, hq=32, hkv=8, d=128, flex=False):
     return out
 
 
-def prefill_peers(bs, s, hq=32, hkv=8, d=128, flex=False):
+def prefill_peers(bs, s, hq=32, hkv=8, d=128, flex=False, dv=None):
+    dv = dv or d
     q = torch.randn(bs, hq, s, d, device=dev, dtype=bf)
     k = torch.randn(bs, hkv, s, d, device=dev, dtype=bf)
-    v = torch.randn(bs, hkv, s, d, device=dev, dtype=bf)
+    v = torch.randn(bs, hkv, s, dv, device=dev, dtype=bf)
     out = {}
     out["cudnn"] = try_bench(sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, True))
     out["flash"] = try_bench(sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, True))
+    if dv != d:  # flash needs equal head dims; the memory-efficient kernel does not
+        out["efficient"] = try_bench(sdpa(SDPBackend.EFFICIENT_ATTENTION, q, k, v, True))
     if flex:
         try:
             from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -224,13 +227,14 @@ def main():
         "prefill_causal_b16_s1024": prefill_peers(16, 1024),
         "prefill_causal_b4_s4096_d64": prefill_peers(4, 4096, d=64),
         "prefill_causal_b4_s4096_d256": prefill_peers(4, 4096, d=256),
+        "mla_prefill_b4_s4096_h16": prefill_peers(4, 4096, hq=16, hkv=16, d=192, dv=128),
     }
     peers["prefill_causal_b4_s4096_p1"] = peers["prefill_causal_b4_s4096"]
     rows = []
     hdr = ("| case | path | ours ms | GB/s | % copy BW | TFLOP/s | % GEMM | cuDNN ms (ratio) | "
-           "flash ms (ratio) | flex ms (ratio) | gather+SDPA ms (ratio) |")
+           "flash ms (ratio) | mem-efficient ms (ratio) | flex ms (ratio) | gather+SDPA ms (ratio) |")
     rows.append(hdr)
-    rows.append("|" + "---|" * 11)
+    rows.append("|" + "---|" * 12)
     for name, r in ours.items():
         ms = r["ms"]
         gbs = r["bytes"] / (ms * 1e-3) / 1e9
@@ -241,7 +245,7 @@ def main():
             t = p.get(key)
             return "–" if key not in p else ("n/a" if t is None else f"{t:.3f} ({t / ms:.2f}×)")
         rows.append(f"| {name} | {r['path']} | {ms:.3f} | {gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | "
-                    f"{tf:.1f} | {100 * tf / gemm:.0f}% | {cell('cudnn')} | {cell('flash')} | "
+                    f"{tf:.1f} | {100 * tf / gemm:.0f}% | {cell('cudnn')} | {cell('flash')} | {cell('efficient')} | "
                     f"{cell('flex')} | {cell('gather_sdpa')} |")
 
     def get(n):
@@ -280,8 +284,8 @@ def main():
           f"Measured {now}; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}. "
           f"Ceilings measured in the same run: device copy {copy_gbs:.0f} GB/s (read + write), "
           f"bf16 GEMM 8192³ {gemm:.0f} TFLOP/s.", "",
-          "bf16 q/out, 32 q heads / 8 kv heads, D = 128. Decode bytes = Q + K + V + O; FLOPs = "
-          "4·visible pairs·H·D. Peer columns: peer time (peer / ours, > 1 = pagoda faster); peers "
+          "bf16 q/out, 32 q heads / 8 kv heads, D = 128 (mla_*: 16 / 16 heads, Q/K 192, V 128). Decode bytes = Q + K + V + O; FLOPs = "
+          "2·visible pairs·H·(Dqk + Dv). Peer columns: peer time (peer / ours, > 1 = pagoda faster); peers "
           "use contiguous KV except gather+SDPA (paged, page 16, permuted pages). Medians.", ""]
     md += rows + ["", "## Targets", ""] + [f"- {c}" for c in checks] + [""]
     with open(sys.argv[2], "w") as f:

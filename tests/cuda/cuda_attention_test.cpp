@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "cuda_test_util.h"
 #include "gpu_test_common.h"
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
+#include "pagoda/kernels/cuda/launch.h"
 
 namespace pagoda::cuda_test {
 namespace {
@@ -483,6 +485,58 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   }
   unsetenv("PAGODA_SM90_BLOCKS");
   unsetenv("PAGODA_SM90_ORDER");
+}
+// DQK 192 / DV 128, the non-absorbed MLA prefill (DeepSeek-style: 128 nope + 64 rope dims of
+// Q and K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 2
+// stages. MHA over ragged prefixes (page 16, long causal rows), G 4 on page 1 with window, cap
+// and sinks, a tree mask over a prefix, split-KV partials of short queries on a long context, a
+// decode-shaped batch (no decode kernel has these dims: the prefill path takes it), and the
+// persistent grid capped at 3 blocks. Where the sm_90a kernel does not run, the generic kernel
+// serves the shape.
+TEST(CudaExtend, MlaPrefillDims192x128) {
+  REQUIRE_GPU();
+  namespace kc = kernels::cuda;
+  const bool sm90 = kc::prefill_sm90_serves(DType::kBF16, DType::kBF16, DType::kBF16, 192, 128);
+  const char* want = sm90 ? "prefill" : "generic";
+  std::printf("DQK 192 / DV 128 runs the %s path\n", want);
+  auto mla = [](std::vector<int> qo, std::vector<int> prefix, int ps, uint64_t seed) {
+    Problem p = extend_problem(std::move(qo), std::move(prefix), ps, 192, seed);
+    p.dv = 128;
+    p.hq = p.hkv = 16;
+    p.params.sm_scale = 1.f / std::sqrt(192.f);
+    return p;
+  };
+  for (const char* blocks : {"0", "3"}) {
+    SCOPED_TRACE(std::string("PAGODA_SM90_BLOCKS=") + blocks);
+    setenv("PAGODA_SM90_BLOCKS", blocks, 1);
+    expect_ok(mla({300, 129, 5, 1000}, {0, 513, 2000, 37}, 16, 61), 2e-2, want);
+    std::vector<float> sinks(32, 0.25f);
+    Problem g4 = mla({150, 40, 260}, {100, 500, 3000}, 1, 62);
+    g4.hq = 32;
+    g4.hkv = 8;
+    g4.params.window_left = 700;
+    g4.params.logit_cap = 25.f;
+    g4.params.sinks = sinks;
+    expect_ok(g4, 2e-2, want);
+    Problem t = mla({16, 64, 7}, {300, 1000, 50}, 16, 63);
+    t.tree_mask = true;
+    expect_ok(t, 2e-2, want);
+    Problem nc = mla({90, 17}, {10, 200}, 64, 64);
+    nc.params.mask = attention::MaskKind::kNonCausal;
+    expect_ok(nc, 2e-2, want);
+  }
+  unsetenv("PAGODA_SM90_BLOCKS");
+  Problem s = mla({6, 3}, {12000, 700}, 16, 65);
+  const Result r = run_problem(s);
+  EXPECT_EQ(r.path, want);
+  if (sm90) {
+    EXPECT_GT(r.split_chunk, 0);
+  }
+  EXPECT_TRUE(r.all_finite) << "seed " << s.seed;
+  EXPECT_LT(r.rel_err, 2e-2) << "seed " << s.seed;
+  EXPECT_LT(r.lse_err, 1e-2) << "seed " << s.seed;
+  Problem d = mla({1, 1, 1, 1, 1}, {4000, 17, 600, 0, 9000}, 16, 66);
+  expect_ok(d, 2e-2, want);
 }
 TEST(CudaGeneric, MlaF32AndOddDims) {
   REQUIRE_GPU();

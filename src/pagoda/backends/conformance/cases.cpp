@@ -233,6 +233,24 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       cases.push_back(v);
     }
   }
+  // The non-absorbed MLA prefill (DeepSeek-style Q/K 192 = 128 nope + 64 rope, V 128, kv heads =
+  // q heads): extend and mixed steps, a tree verify (the CUDA sm90 prefill kernel's DQK / DV
+  // pair).
+  for (int p : pick(quick, {16}, {1, 16, 64})) {
+    for (ForwardMode m : {ForwardMode::kExtend, ForwardMode::kMixed}) {
+      Case c = base("mla-prefill", m, p, kMha, 192);
+      c.head_dim_v = 128;
+      cases.push_back(c);
+    }
+    if (!quick) {
+      Case v = base("mla-prefill", ForwardMode::kTargetVerify, p, kMha, 192);
+      v.head_dim_v = 128;
+      v.topk = 2;
+      v.num_draft_tokens = 4;
+      v.tree_mask = true;
+      cases.push_back(v);
+    }
+  }
   if (!quick) {  // an fp8 e4m3 latent with a scale (one stored row: K and V share k_scale)
     Case f = mla_case(ForwardMode::kDecode, 16);
     f.num_q_heads = 16;

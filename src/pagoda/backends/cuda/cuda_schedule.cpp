@@ -141,12 +141,14 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
   for (int b = 0; b < bs; ++b) all_single &= (in.qo_indptr[b + 1] - in.qo_indptr[b]) <= 1;
   const bool has_mask = !in.custom_mask.empty();
   const bool mla = config.mla_decode && all_single && !has_mask && !config.force_prefill;
-  if (!config.fast_path && !mla) {
+  // The sm90 prefill kernel also serves head dims the mma.sync kernels lack (DQK 192 / DV 128):
+  // such steps take the prefill path, single-token ones included.
+  if (!config.fast_path && !mla && !config.sm90_prefill) {
     s.path = KernelPath::kGeneric;
     return s;
   }
   const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
-  if (all_single && !has_mask && !config.force_prefill) {
+  if (all_single && !has_mask && !config.force_prefill && (config.fast_path || mla)) {
     s.path = mla ? KernelPath::kMlaDecode : KernelPath::kDecode;
     const int per_block = std::max(1, mla ? config.decode_heads_per_block : kMaxGroupPerBlock);
     const int units = shape.num_kv_heads * ((group + per_block - 1) / per_block);

@@ -36,7 +36,9 @@ struct ScheduleConfig {
   int prefill_min_chunk_tokens = 128;
   int prefill_blocks_per_sm = 1;  ///< resident prefill blocks per SM
   /// Prefill items for the sm90 kernel (kernels::cuda::prefill_sm90_serves): 128 packed rows at
-  /// every head dim (kernels::cuda::prefill_rows_per_tile).
+  /// every head dim (kernels::cuda::prefill_rows_per_tile). Without fast_path (DQK 192 / DV 128:
+  /// no decode or mma.sync instantiation) every step of such a shape takes the prefill path,
+  /// decode-shaped ones included.
   bool sm90_prefill = false;
   /// Capacities a split must respect (0 = unbounded): work items and partial-state floats
   /// (partials × Hq × Dv) — a CUDA-graph arena's frozen sizes.

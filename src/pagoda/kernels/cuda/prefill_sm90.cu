@@ -12,14 +12,20 @@
 namespace pagoda::kernels::cuda::raw {
 namespace {
 
+/// Head dims of the sm90 kernel: DQK = DV = 64, 128, 256, and DQK 192 / DV 128.
+bool sm90_dims(int dqk, int dv) {
+  return (dqk == dv && (dqk == 64 || dqk == 128 || dqk == 256)) || (dqk == 192 && dv == 128);
+}
+
 template <typename F>
-bool dispatch_sm90(ElemType q, int d, F&& f) {
+bool dispatch_sm90(ElemType q, int dqk, int dv, F&& f) {
   auto with_d = [&](auto t_tag) {
     using T = decltype(t_tag);
-    if (d == 64) return f.template operator()<T, 64>(), true;
-    if (d == 128) return f.template operator()<T, 128>(), true;
-    if (d == 256) return f.template operator()<T, 256>(), true;
-    return false;
+    if (!sm90_dims(dqk, dv)) return false;
+    if (dqk == 64) return f.template operator()<T, 64, 64>(), true;
+    if (dqk == 128) return f.template operator()<T, 128, 128>(), true;
+    if (dqk == 192) return f.template operator()<T, 192, 128>(), true;
+    return f.template operator()<T, 256, 256>(), true;
   };
   if (q == ElemType::kBF16) return with_d(__nv_bfloat16{});
   if (q == ElemType::kF16) return with_d(__half{});
@@ -35,11 +41,8 @@ bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_d
   }();
   if (disabled) return false;
   if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
-  if (head_dim_qk != head_dim_v ||
-      (head_dim_qk != 64 && head_dim_qk != 128 && head_dim_qk != 256)) {
-    return false;
-  }
-  return detail::device_runs_sm90a(detail::prefill_sm90_kernel<__nv_bfloat16, 128, false>);
+  if (!sm90_dims(head_dim_qk, head_dim_v)) return false;
+  return detail::device_runs_sm90a(detail::prefill_sm90_kernel<__nv_bfloat16, 128, 128, false>);
 }
 
 namespace {
@@ -91,11 +94,11 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   // the H200 (bench/results/hopper_h200.md); at D = 64 they cost 3 %. PAGODA_SM90_PINGPONG=0 / 1
   // overrides.
   const int pp_env = env_int("PAGODA_SM90_PINGPONG", -1);
-  dispatch_sm90(args.q_dtype, args.head_dim_qk, [&]<typename T, int D>() {
-    using Cfg = detail::PrefillSm90Config<T, D>;
-    const bool pingpong = pp_env == -1 ? D >= 128 : pp_env == 1;
-    auto kernel = pingpong ? detail::prefill_sm90_kernel<T, D, true>
-                           : detail::prefill_sm90_kernel<T, D, false>;
+  dispatch_sm90(args.q_dtype, args.head_dim_qk, args.head_dim_v, [&]<typename T, int DQK, int DV>() {
+    using Cfg = detail::PrefillSm90Config<T, DQK, DV>;
+    const bool pingpong = pp_env == -1 ? DQK >= 128 : pp_env == 1;
+    auto kernel = pingpong ? detail::prefill_sm90_kernel<T, DQK, DV, true>
+                           : detail::prefill_sm90_kernel<T, DQK, DV, false>;
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;

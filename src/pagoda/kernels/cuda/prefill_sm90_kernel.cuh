@@ -3,7 +3,7 @@
 /// warpgroup gathering paged K/V, two consumer warpgroups.
 ///
 /// Same work decomposition and planner as prefill_kernel (a work item is
-/// prefill_rows_per_tile(D, true) = 128 packed rows x one kv head, GQA rows packed as
+/// prefill_rows_per_tile(DQK, true) = 128 packed rows x one kv head, GQA rows packed as
 /// r -> (token r / G, head hkv * G + r % G)); at D <= 128 either kernel can run a plan, at D = 256
 /// the plan must have been made for this kernel (AttentionArgs::prefill_sm90: 128 rows, not 64).
 ///
@@ -17,25 +17,29 @@
 /// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
 ///
 /// Roles (384 threads, one block per SM):
-///  * warpgroup 0, producer: per tile of kKeys keys (128; 64 at D = 256) a lane looks up the page of one key
-///    (any page size; the next tile's lookup is in flight while this one is issued), warp shuffles
-///    hand the row offsets to the copying lanes, which gather K and V rows with 16-byte cp.async
-///    into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
+///  * warpgroup 0, producer: per tile of kKeys keys (128; 64 at D = 256) each warp owns a quarter
+///    of the rows and a lane looks up the page of one of them (any page size; the next tile's
+///    lookup is in flight while this one is issued); warp shuffles hand the row offsets to the
+///    copying lanes (8 per row, 4 rows per instruction, every 128-byte atom column of K and V
+///    per shuffle), which gather K and V rows with 16-byte cp.async into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
 ///    request's keys). It then waits for its own copies of the previous tile, fences them into the
 ///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
 ///    the stage's `empty` mbarrier.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
 ///    S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
-///    wgmma m64nDk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
+///    wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
 /// (PAGODA_SM90_PINGPONG=1) the two consumers take strict turns issuing their GEMMs through two
 /// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
 ///
-/// Shared memory (bytes, 1024-aligned): Q [D/64][128 rows][128 B], then per stage K and V
-/// [D/64][kKeys][128 B], then the mbarriers. D = 256 takes 64-key tiles and 2 stages (Q 64 KB +
-/// 2 x 64 KB), so the consumers' registers hold O (128 per thread) beside a 64-key score tile.
-/// Supports 16-bit Q == KV types, D = 64, 128 and 256; fp8 KV uses prefill_kernel.
+/// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
+/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers. D = 256 takes 64-key
+/// tiles and 2 stages (Q 64 KB + 2 x 64 KB), so the consumers' registers hold O (128 per thread)
+/// beside a 64-key score tile; DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style
+/// models) takes 128-key tiles and 2 stages (Q 48 KB + 2 x 80 KB).
+/// Supports 16-bit Q == KV types, DQK = DV = 64, 128 and 256, and DQK 192 / DV 128; fp8 KV uses
+/// prefill_kernel (D = DQK = DV) or the generic kernel.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/pdl.cuh"
@@ -44,28 +48,33 @@
 
 namespace pagoda::kernels::cuda::detail {
 
-template <typename T, int D>
+template <typename T, int DQK, int DV>
 struct PrefillSm90Config {
   static constexpr int kThreads = 384;
   static constexpr int kRows = 128;        // packed rows per block (2 consumers x 64)
-  static constexpr int kKeys = D <= 128 ? 128 : 64;   // keys per tile
-  static constexpr int kStages = D <= 128 ? 3 : 2;
-  static constexpr uint32_t kQBytes = kRows * D * 2;
-  static constexpr uint32_t kTileBytes = kKeys * D * 2;               // one K or V tile
+  // Keys per tile and ring depth: 128 keys x 3 stages at D <= 128, 64 x 2 at D = 256 (O then
+  // takes 128 registers per consumer thread), 128 x 2 at DQK 192 / DV 128 (K 48 KB + V 32 KB
+  // per stage; registers as at D = 128).
+  static constexpr int kKeys = DQK <= 192 ? 128 : 64;
+  static constexpr int kStages = DQK <= 128 ? 3 : 2;
+  static constexpr uint32_t kQBytes = kRows * DQK * 2;
+  static constexpr uint32_t kKTileBytes = kKeys * DQK * 2;            // one K tile
+  static constexpr uint32_t kVTileBytes = kKeys * DV * 2;             // one V tile
+  static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
   static constexpr uint32_t kBarBytes = 2 * kStages * 8;
-  static constexpr size_t kSmemBytes =
-      1024 + kQBytes + 2 * kStages * kTileBytes + kBarBytes;
+  static constexpr size_t kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kBarBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
   // (seen on the H200 with 80 / 216).
   // D = 256: O alone takes 128 registers per consumer thread; 224 spill a few, 232 do not.
-  static constexpr int kProducerRegs = D <= 128 ? 56 : 40;
-  static constexpr int kConsumerRegs = D <= 128 ? 224 : 232;
+  static constexpr int kProducerRegs = DV <= 128 ? 56 : 40;
+  static constexpr int kConsumerRegs = DV <= 128 ? 224 : 232;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
                 "register split exceeds the launch allocation");
-  static_assert(D == 64 || D == 128 || D == 256, "sm90 prefill supports D = 64, 128 and 256");
-  static_assert(kRows == prefill_rows_per_tile(D, true), "planner and kernel disagree on tile rows");
+  static_assert((DQK == DV && (DQK == 64 || DQK == 128 || DQK == 256)) || (DQK == 192 && DV == 128),
+                "sm90 prefill supports D = 64, 128, 256 and DQK 192 / DV 128");
+  static_assert(kRows == prefill_rows_per_tile(DQK, true), "planner and kernel disagree on tile rows");
 };
 
 /// Unit orders of the persistent schedule (units u in [0, grid_items * Hkv)).
@@ -103,26 +112,26 @@ __device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, int order
   }
 }
 
-template <typename T, int D, bool kPingPong>
+template <typename T, int DQK, int DV, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
-  using Cfg = PrefillSm90Config<T, D>;
+  using Cfg = PrefillSm90Config<T, DQK, DV>;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kStages = Cfg::kStages;
-  constexpr int kNT = kKeys / 8;   // score n-tiles of 8 columns
-  constexpr int kDT = D / 8;       // output n-tiles
-  constexpr int kChunks = D / 8;   // 16-byte chunks per row
+  constexpr int kNT = kKeys / 8;     // score n-tiles of 8 columns
+  constexpr int kDT = DV / 8;        // output n-tiles
+  constexpr int kQChunks = DQK / 8;  // 16-byte chunks per Q / K row
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_addr = raw_addr + pad;
-  const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at +2s*tile, V at +(2s+1)*tile
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + 2 * kStages * Cfg::kTileBytes);
+  const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at + s * stage, V after it
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
   uint64_t* empty = full + kStages;
 
   const DevicePlan& plan = a.plan;
@@ -144,29 +153,30 @@ __global__ void __launch_bounds__(384, 1)
     // ================= producer =================
     reg_dealloc<Cfg::kProducerRegs>();
     const int ps = a.page_size;
-    // Thread t copies chunk c of rows q + p * kRowsPerPass (+ 4 * kRowsPerWarp * ... per warp):
-    // a warp covers kRowsPerWarp rows per pass, kKeys / 4 rows per tile (32; 16 at D = 256), so
-    // lane j < kKeys / 4 looks up the page of its warp's j-th row and the pass loop shuffles the
-    // offsets to the copying lanes.
-    constexpr int kRowsPerWarp = 32 / kChunks;        // rows a warp copies per pass (1, 2 or 4)
-    constexpr int kRowsPerPass = 4 * kRowsPerWarp;    // rows the warpgroup copies per pass
-    constexpr int kPasses = kKeys / kRowsPerPass;     // 16 (D = 128, 256) or 8 (D = 64)
-    static_assert(kPasses * kRowsPerWarp <= 32, "at most one looked-up row per lane");
+    // Each warp copies a quarter of the tile's rows, kGroups groups of 4; lane j < kWarpRows looks
+    // up the page of its warp's row j (group j / 4, row j % 4 of it). A copy instruction covers
+    // one group x one 128-byte atom column (8 lanes per row, lane % 8 = the 16-byte chunk): per
+    // group the row offsets are shuffled once and reused for every atom column of K (DQK / 64)
+    // and of V (DV / 64). Group g of warp pw is the rows [4 (g W + pw), +4) with W = 4 at D = 64
+    // (the four warps side by side), and [pw kWarpRows + 4 g, +4) otherwise (a contiguous
+    // quarter per warp): on the H200 (bench/results/hopper_h200.md, 2026-12-02) each was the
+    // faster of the two at its head dims (contiguous: D 64 9 % slower; D 256 7 % faster).
+    constexpr int kWarpRows = kKeys / 4;     // 32 (16 at D = 256)
+    constexpr int kGroups = kWarpRows / 4;   // 4-row groups per warp and tile
+    constexpr bool kSideBySide = DQK == 64;
     const int lane = t128 % 32, pw = t128 / 32;
-    const int c = lane % kChunks;
-    const int q = lane / kChunks;
-    // The row this lane looks up: pass lane / kRowsPerWarp, sub-row lane % kRowsPerWarp.
-    const int my_row = (lane / kRowsPerWarp) * kRowsPerPass + pw * kRowsPerWarp + lane % kRowsPerWarp;
-    const bool looks_up = lane < kPasses * kRowsPerWarp;
-    const uint32_t chunk_off = static_cast<uint32_t>(c / 8) * (kKeys * 128);
+    const int c8 = lane % 8, sub = lane / 8;
+    auto group_row0 = [&](int g) { return kSideBySide ? 4 * (g * 4 + pw) : pw * kWarpRows + 4 * g; };
+    const int my_row = group_row0(lane / 4) + lane % 4;
+    const bool looks_up = lane < kWarpRows;
     int it = 0;  // tiles issued by this block over all its units: the ring position
     int item = 0, hkv = 0;
     for (int r = 0; sm90_next_unit(a, order, r, item, hkv); ++r) {
       const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
       const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
       const int32_t* pages = plan.kv_indices + plan.kv_indptr[work.b];
-      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
-      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
+      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride + c8 * 8;
+      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride + c8 * 8;
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
@@ -180,19 +190,26 @@ __global__ void __launch_bounds__(384, 1)
         const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
         page_next = lookup(i + 1);  // in flight while this tile is issued
         if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
-        const uint32_t kdst = kv_addr + (2 * s) * Cfg::kTileBytes + chunk_off;
-        const uint32_t vdst = kdst + Cfg::kTileBytes;
+        const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
+        const uint32_t vdst = kdst + Cfg::kKTileBytes;
 #pragma unroll
-        for (int p = 0; p < kPasses; ++p) {
-          const int src = p * kRowsPerWarp + q;
+        for (int g = 0; g < kGroups; ++g) {
+          const int src = g * 4 + sub;
           const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
           const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
-          const int rr = p * kRowsPerPass + pw * kRowsPerWarp + q;
-          const uint32_t so = sw128_offset(rr, c % 8);
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(kdst + so),
-                       "l"(kp < 0 ? kg : kg + kp + c * 8), "r"(kp < 0 ? 0 : 16));
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(vdst + so),
-                       "l"(vp < 0 ? vg : vg + vp + c * 8), "r"(vp < 0 ? 0 : 16));
+          const uint32_t so = sw128_offset(group_row0(g) + sub, c8);
+#pragma unroll
+          for (int at = 0; at < DQK / 64; ++at) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                             kdst + at * (kKeys * 128) + so),
+                         "l"(kp < 0 ? kg : kg + kp + at * 64), "r"(kp < 0 ? 0 : 16));
+          }
+#pragma unroll
+          for (int at = 0; at < DV / 64; ++at) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                             vdst + at * (kKeys * 128) + so),
+                         "l"(vp < 0 ? vg : vg + vp + at * 64), "r"(vp < 0 ? 0 : 16));
+          }
         }
         cp_async_commit();
         if (i > 0) {  // the previous tile of this unit has landed: publish it
@@ -224,8 +241,8 @@ __global__ void __launch_bounds__(384, 1)
     const int q_begin = plan.qo_indptr[qb];
     const int rows = (plan.qo_indptr[qb + 1] - q_begin) * G;
     const int g0 = plan.item_a[q_item] * Cfg::kRows + cw * 64;
-    for (int idx = t128; idx < 64 * kChunks; idx += 128) {
-      const int r = idx / kChunks, c = idx % kChunks;
+    for (int idx = t128; idx < 64 * kQChunks; idx += 128) {
+      const int r = idx / kQChunks, c = idx % kQChunks;
       const int pr = g0 + r;
       const bool ok = pr < rows;
       const T* src = static_cast<const T*>(a.q);
@@ -299,8 +316,8 @@ __global__ void __launch_bounds__(384, 1)
       mbar_wait(&full[s], (it / kStages) & 1);
       const int kb0 = lo + i * kKeys;
       const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
-      const uint32_t k_addr = kv_addr + (2 * s) * Cfg::kTileBytes;
-      const uint32_t v_addr = k_addr + Cfg::kTileBytes;
+      const uint32_t k_addr = kv_addr + s * Cfg::kStageBytes;
+      const uint32_t v_addr = k_addr + Cfg::kKTileBytes;
       float sc[kNT][4];
       float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
       uint32_t pa[kKeys / 16][4];
@@ -309,7 +326,7 @@ __global__ void __launch_bounds__(384, 1)
       if (active) {
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
+        for (int kk = 0; kk < DQK / 16; ++kk) {
           const uint32_t half = kk / 4, sub = (kk % 4) * 32;
           const uint64_t da = sw128_desc(q_addr + half * (Cfg::kRows * 128) + cw * 64 * 128 + sub,
                                          16, 1024);
@@ -348,7 +365,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
         for (int k2 = 0; k2 < kKeys / 16; ++k2) {
           const uint64_t dv = sw128_desc(v_addr + k2 * 16 * 128, kKeys * 128, 1024);
-          wgmma_rs<T, D>(o_flat, pa[k2], dv);
+          wgmma_rs<T, DV>(o_flat, pa[k2], dv);
         }
         wgmma_commit();
         turn_end();

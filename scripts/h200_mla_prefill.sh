@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Evidence for the sm90 prefill kernel's DQK 192 / DV 128 instantiation (the non-absorbed MLA
+# prefill) and its producer, in two device calls that each fit the 10-minute limit:
+#   STAGE=A: builds this tree and, when BASE names an untracked directory holding an older tree
+#            (`mkdir var_base && git archive <commit> | tar -x -C var_base`), that one too, in
+#            parallel; runs this tree's cuda_attention_tests (PAGODA_REQUIRE_GPU=1), compute-
+#            sanitizer memcheck on CudaExtend.MlaPrefillDims192x128, and pagoda_cuda_bench's
+#            prefill / extend / verify / MLA-prefill cases twice, interleaved with the base tree's
+#            (same call: a same-machine A/B), plus the MLA-prefill cases on the generic kernel
+#            (PAGODA_SM90_PREFILL=0, the route before the 192 / 128 instantiation).
+#   STAGE=B: builds this tree when the machine lost it, then `pagoda conformance --backends cuda`
+#            (full grid, then the long column at 32k keys), pagoda_cuda_bench once more, the
+#            cuDNN / flash / memory-efficient SDPA peers with the machine's ceilings
+#            (bench/cuda/peers.py) and FlashInfer 0.5.3 fa3 (bench/cuda/flashinfer_peer.py,
+#            FI_FILTER's cases; needs .whl carried) in the same call.
+#   STAGE=C: the short closing call: builds this tree, runs the prefill / generic / graph / plan
+#            tests that STAGE A's 200 s did not reach, pagoda_cuda_bench, peers.py (cuDNN / flash
+#            / memory-efficient SDPA and the ceilings), then the cuda conformance grid.
+# COMMIT names the commit measured. Results: $OUT/mla_prefill_<stage>.tgz and $OUT/summary_<stage>.txt.
+set -uo pipefail
+STAGE=${STAGE:-A}
+OUT=${OUT:-/tmp/pagoda_out}
+R=/tmp/mla_prefill_$STAGE
+rm -rf "$R"; mkdir -p "$R" "$OUT"
+trap 'tar czf "$OUT/mla_prefill_$STAGE.tgz" -C "$R" .; cp "$R/summary.txt" "$OUT/summary_$STAGE.txt" 2>/dev/null' EXIT
+cd "$(dirname "$0")/.." || exit 1
+# shellcheck disable=SC1091
+[ -d .debs ] && source scripts/gpu_deps.sh env
+export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
+exec > >(tee -a "$R/summary.txt") 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  echo "commit ${COMMIT:-unknown} stage $STAGE base ${BASE:-none} $(date -u +%FT%TZ)"; } | tee "$R/gpu.txt"
+build() {  # name, source dir, jobs, targets...
+  local n=$1 d=$2 j=$3; shift 3
+  local t0; t0=$(date +%s)
+  cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1 &&
+    ninja -C "/tmp/b-$n" -j"$j" "$@" > "$R/build_$n.log" 2>&1
+  local rc=$?
+  echo "build $n rc=$rc $(( $(date +%s) - t0 )) s"
+  [ $rc = 0 ] || grep -E "error|FAILED" "$R/build_$n.log" | head -20
+}
+M=/tmp/b-main/tests/cuda
+bench() {  # build name, output, filter[, env...]
+  local n=$1 o=$2 f=$3; shift 3
+  env "$@" timeout 90 "/tmp/b-$n/tests/cuda/pagoda_cuda_bench" "$R/$o.jsonl" "$f" > /dev/null ||
+    echo "bench $n $o $f rc=$?"
+}
+times() {
+  for f in "$R"/*.jsonl; do
+    python3 - "$f" <<'EOF'
+import json, sys
+for l in open(sys.argv[1]):
+    try:
+        j = json.loads(l)
+    except ValueError:
+        continue
+    if "ms" in j and "flops" in j:
+        print(sys.argv[1].split('/')[-1].ljust(26), j['case'][:34].ljust(34), f"{j['ms']:.4f}",
+              f"{j['flops'] / j['ms'] / 1e9:.0f} TFLOP/s", j.get('path', ''), j.get('chunk', ''))
+EOF
+  done | tee "$R/times.txt"
+}
+
+if [ "$STAGE" = A ]; then
+  # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
+  build main . 12 pagoda pagoda_cuda_bench cuda_attention_tests &
+  pids=$!
+  if [ -n "${BASE:-}" ] && [ -d "$BASE" ]; then build base "$BASE" 4 pagoda_cuda_bench & pids="$pids $!"; fi
+  # shellcheck disable=SC2086
+  wait $pids
+  PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
+  echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is|seed|runs the" "$R/tests.log" | head -20
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$SAN" ]; then
+    PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
+      --gtest_filter='CudaExtend.MlaPrefillDims192x128' > "$R/memcheck.log" 2>&1
+    echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
+  fi
+  for r in $(seq 1 "${ROUNDS:-2}"); do
+    for c in prefill extend tree; do
+      bench main "main_${c}_$r" "$c"
+      [ -x /tmp/b-base/tests/cuda/pagoda_cuda_bench ] && bench base "base_${c}_$r" "$c"
+    done
+  done
+  bench main main_mla_generic mla_ PAGODA_SM90_PREFILL=0
+  bench main main_mla_plain mla_ PAGODA_SM90_PINGPONG=0
+  times
+fi
+
+if [ "$STAGE" = B ]; then
+  [ -x $M/pagoda_cuda_bench ] && [ -x /tmp/b-main/pagoda ] || build main . 16 pagoda pagoda_cuda_bench
+  timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
+  echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|mla-prefill" "$R/conformance.txt" | head -16
+  timeout 150 /tmp/b-main/pagoda conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.txt" 2>&1
+  echo "conformance long-kv 32768 rc=$?"; grep -E "^  cuda " "$R/conformance_long32k.txt"
+  bench main ours ""
+  times
+  PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 170 python3 bench/cuda/peers.py "$R/ours.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
+  echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode|mla)|^- " "$R/peers.md" | cut -c1-220
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$R/pip.log" 2>&1
+    FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "${FI_TIMEOUT:-300}" \
+      python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1
+    echo "flashinfer rc=$?"; cat "$R/flashinfer.jsonl"; grep -E "failed" "$R/flashinfer.log" | head -5
+  fi
+fi
+
+if [ "$STAGE" = C ]; then
+  build main . 16 pagoda pagoda_cuda_bench cuda_attention_tests
+  PAGODA_REQUIRE_GPU=1 timeout 100 $M/cuda_attention_tests --gtest_filter='CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:CudaExtend.PrefillTilesPage1GroupsHeadDims:CudaExtend.MixedDecodeAndExtend:CudaGeneric.*:CudaGraph.*:CudaPlan.*' > "$R/tests.log" 2>&1
+  echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -10
+  bench main ours ""
+  times
+  PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 130 python3 bench/cuda/peers.py "$R/ours.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
+  echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode|mla)|^- " "$R/peers.md" | cut -c1-230
+  timeout 110 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
+  echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|mla-prefill" "$R/conformance.txt" | head -16
+fi
