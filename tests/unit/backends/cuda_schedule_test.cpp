@@ -1,0 +1,192 @@
+/// The CUDA planner (backends/cuda/cuda_schedule.h, pure host code) on random batches: which
+/// kernel path a shape takes, and that the prefill path's work items cover every (request, row
+/// tile) exactly once, heaviest first, with split-KV partial slots that tile [0, num_partials)
+/// without overlap (checked against the slot rule the kernels use, not the planner's code).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "pagoda/backends/cuda/cuda_schedule.h"
+
+namespace pagoda::backends::cuda {
+namespace {
+
+struct Batch {
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, kv_indices, last;
+  std::vector<int> qo, kv;
+  int page = 16;
+  attention::PagedPlanInput input() const {
+    return {.qo_indptr = qo_indptr, .kv_indptr = kv_indptr, .kv_indices = kv_indices,
+            .kv_last_page_len = last, .page_size = page};
+  }
+};
+
+Batch make_batch(const std::vector<int>& qo, const std::vector<int>& kv, int page) {
+  Batch b;
+  b.page = page;
+  b.qo = qo;
+  b.kv = kv;
+  int32_t next_page = 1;
+  for (size_t i = 0; i < qo.size(); ++i) {
+    const int pages = (kv[i] + page - 1) / page;
+    b.qo_indptr.push_back(b.qo_indptr.back() + qo[i]);
+    b.kv_indptr.push_back(b.kv_indptr.back() + pages);
+    for (int p = 0; p < pages; ++p) b.kv_indices.push_back(next_page++);
+    b.last.push_back(pages == 0 ? 0 : kv[i] - (pages - 1) * page);
+  }
+  return b;
+}
+
+// The non-absorbed MLA prefill's dims: only the sm90 prefill kernel serves them.
+attention::AttentionShape mla_prefill_shape(int heads) {
+  return {.num_qo_heads = heads, .num_kv_heads = heads, .head_dim_qk = 192, .head_dim_v = 128};
+}
+
+ScheduleConfig sm90_only() {
+  ScheduleConfig c;
+  c.fast_path = false;  // no decode / mma.sync instantiation has 192 / 128
+  c.sm90_prefill = true;
+  return c;
+}
+
+/// Checks the prefill-path invariants of `s` for `b` with G q heads per kv head.
+void expect_prefill_items(const Schedule& s, const Batch& b, int G) {
+  const int bs = static_cast<int>(b.qo.size());
+  constexpr int kRows = 128;  // the sm90 kernel's rows per item
+  std::map<std::pair<int, int>, std::set<int>> chunks;  // (request, tile) -> chunk indices
+  const int chunk = s.chunk_tokens;
+  int64_t prev_keys = INT64_MAX;
+  for (int i = 0; i < s.num_items(); ++i) {
+    const int r = s.item_req[i], t = s.item_a[i], c = s.item_b[i];
+    ASSERT_GE(r, 0);
+    ASSERT_LT(r, bs);
+    ASSERT_LT(int64_t(t) * kRows, int64_t(b.qo[r]) * G) << "tile past the request's rows";
+    EXPECT_TRUE((chunks[{r, t}].insert(c).second)) << "duplicate item " << r << "/" << t << "/" << c;
+    if (chunk == 0) {  // heaviest first: visible keys of the tile's last query token (causal)
+      const int last_tok = (std::min(b.qo[r] * G, (t + 1) * kRows) - 1) / G;
+      const int64_t keys = std::min<int64_t>(b.kv[r], b.kv[r] - b.qo[r] + last_tok + 1);
+      EXPECT_LE(keys, prev_keys) << "item " << i << " is heavier than the one before it";
+      prev_keys = keys;
+      EXPECT_EQ(c, 0);
+      EXPECT_EQ(s.item_partial[i], -1);
+    }
+  }
+  for (int r = 0; r < bs; ++r) {
+    const int tiles = (b.qo[r] * G + kRows - 1) / kRows;
+    const int n = chunk > 0 ? std::max(1, (b.kv[r] + chunk - 1) / chunk) : 1;
+    for (int t = 0; t < tiles; ++t) {
+      const auto it = chunks.find({r, t});
+      ASSERT_NE(it, chunks.end()) << "request " << r << " tile " << t << " has no item";
+      EXPECT_EQ(int(it->second.size()), n) << "request " << r << " tile " << t;
+    }
+  }
+  if (chunk == 0) {
+    EXPECT_EQ(s.num_partials, 0);
+    return;
+  }
+  EXPECT_EQ(chunk % 128, 0);
+  // Slots: an item of chunk c writes token q's partial at item_partial + q * n (its request's
+  // chunk count); every slot of [0, num_partials) is written exactly once, and each merge row
+  // (request, token) reads its n consecutive slots.
+  std::vector<int> written(size_t(s.num_partials), 0);
+  for (int i = 0; i < s.num_items(); ++i) {
+    const int r = s.item_req[i];
+    const int n = std::max(1, (b.kv[r] + chunk - 1) / chunk);
+    if (n == 1) {
+      EXPECT_EQ(s.item_partial[i], -1) << "a request of one chunk writes its output directly";
+      continue;
+    }
+    const int t = s.item_a[i];
+    const int q0 = t * kRows / G, q1 = std::min(b.qo[r], ((t + 1) * kRows + G - 1) / G);
+    for (int q = q0; q < q1; ++q) {
+      const int64_t slot = int64_t(s.item_partial[i]) + int64_t(q) * n;
+      ASSERT_GE(slot, 0);
+      ASSERT_LT(slot, s.num_partials);
+      ++written[size_t(slot)];
+    }
+  }
+  for (int p = 0; p < s.num_partials; ++p) EXPECT_EQ(written[size_t(p)], 1) << "slot " << p;
+  std::set<std::pair<int, int>> merged;
+  for (int m = 0; m < s.num_merges(); ++m) {
+    const int r = s.merge_req[m];
+    const int n = std::max(1, (b.kv[r] + chunk - 1) / chunk);
+    EXPECT_EQ(s.merge_count[m], n);
+    EXPECT_TRUE((merged.insert({r, s.merge_tok[m]}).second));
+    EXPECT_GE(s.merge_begin[m], 0);
+    EXPECT_LE(s.merge_begin[m] + n, s.num_partials);
+  }
+  for (int r = 0; r < bs; ++r) {
+    const int n = std::max(1, (b.kv[r] + chunk - 1) / chunk);
+    for (int q = 0; q < b.qo[r]; ++q) EXPECT_EQ((merged.count({r, q})), n > 1 ? 1u : 0u);
+  }
+}
+
+TEST(CudaSchedule, Sm90OnlyDimsTakeThePrefillPathForEveryStep) {
+  const uint64_t seed = 20261202;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int lo, int hi) { return lo + static_cast<int>(rng() % uint64_t(hi - lo + 1)); };
+  for (int round = 0; round < 40; ++round) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed << " round " << round);
+    const int page = std::vector<int>{1, 16, 64}[size_t(round % 3)];
+    const int heads = round % 2 == 0 ? 16 : 4;
+    const int bs = uni(1, 6);
+    std::vector<int> qo, kv;
+    const bool decode_shaped = round % 4 == 0;
+    for (int i = 0; i < bs; ++i) {
+      qo.push_back(decode_shaped ? 1 : uni(1, round % 4 == 1 ? 12 : 700));
+      kv.push_back(qo.back() + uni(0, round % 4 == 1 ? 20000 : 3000));
+    }
+    const Batch b = make_batch(qo, kv, page);
+    const Schedule s = build_schedule(b.input(), mla_prefill_shape(heads), sm90_only());
+    EXPECT_EQ(s.path, KernelPath::kPrefill);
+    EXPECT_TRUE(s.sm90_prefill);
+    expect_prefill_items(s, b, 1);
+    // Without the sm90 kernel (another GPU, fp8 KV, PAGODA_SM90_PREFILL=0) the shape has no
+    // tuned kernel at all.
+    ScheduleConfig none = sm90_only();
+    none.sm90_prefill = false;
+    EXPECT_EQ(build_schedule(b.input(), mla_prefill_shape(heads), none).path,
+              KernelPath::kGeneric);
+  }
+}
+
+TEST(CudaSchedule, ShortStepsOnLongContextsSplitAtSm90OnlyDims) {
+  // 2 requests x 16 kv heads = 32 blocks, under half of 132 SMs: the keys are split.
+  const Batch b = make_batch({1, 7}, {30000, 9000}, 16);
+  const Schedule s = build_schedule(b.input(), mla_prefill_shape(16), sm90_only());
+  EXPECT_EQ(s.path, KernelPath::kPrefill);
+  EXPECT_GT(s.chunk_tokens, 0);
+  EXPECT_GT(s.num_merges(), 0);
+  expect_prefill_items(s, b, 1);
+  // Eight such requests fill over half the GPU: one item per request, no merge.
+  const Batch wide = make_batch({1, 1, 1, 1, 1, 1, 1, 1}, {30000, 9000, 5, 800, 3000, 1, 64, 129},
+                                16);
+  const Schedule w = build_schedule(wide.input(), mla_prefill_shape(16), sm90_only());
+  EXPECT_EQ(w.chunk_tokens, 0);
+  expect_prefill_items(w, wide, 1);
+}
+
+TEST(CudaSchedule, TunedDimsKeepTheDecodeKernelForDecodeSteps) {
+  const Batch b = make_batch({1, 1, 1}, {4000, 17, 600}, 16);
+  const attention::AttentionShape gqa{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim_qk = 128,
+                                      .head_dim_v = 128};
+  ScheduleConfig c;
+  c.fast_path = true;
+  c.sm90_prefill = true;
+  EXPECT_EQ(build_schedule(b.input(), gqa, c).path, KernelPath::kDecode);
+  const Batch ext = make_batch({300, 5}, {800, 5}, 16);
+  const Schedule s = build_schedule(ext.input(), gqa, c);
+  EXPECT_EQ(s.path, KernelPath::kPrefill);
+  expect_prefill_items(s, ext, 4);
+}
+
+}  // namespace
+}  // namespace pagoda::backends::cuda
