@@ -5,9 +5,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "pagoda/attention/batch_attention.h"
@@ -106,7 +110,9 @@ inline HostData make_host_data(const Problem& p) {
   return h;
 }
 
-/// fp64 reference: out [nnz, hq, dv] f32 and lse [nnz, hq] (base 2).
+/// fp64 reference: out [nnz, hq, dv] f32 and lse [nnz, hq] (base 2). Query rows are spread over
+/// the host's threads; each (row, head) is computed by one thread in a fixed order, so the result
+/// does not depend on the thread count.
 inline void reference(const Problem& p, const HostData& h, std::vector<float>& out,
                       std::vector<float>& lse) {
   const int bs = static_cast<int>(p.qo_lens.size());
@@ -114,56 +120,73 @@ inline void reference(const Problem& p, const HostData& h, std::vector<float>& o
   lse.assign(size_t(h.nnz) * p.hq, -INFINITY);
   const auto& rp = p.params;
   const int group = p.mla ? p.hq : p.hq / p.hkv;
+  std::vector<std::pair<int, int>> rows;  // (request, query index)
   for (int b = 0; b < bs; ++b) {
-    const int qo = p.qo_lens[b], kv = p.kv_lens[b];
-    for (int i = 0; i < qo; ++i) {
-      const int row = h.qo_indptr[b] + i;
-      const int qpos = kv - qo + i;
-      for (int hh = 0; hh < p.hq; ++hh) {
-        const int g = hh / group;
-        std::vector<double> s;
-        std::vector<int64_t> slot_of;
-        for (int j = 0; j < kv; ++j) {
-          bool vis;
-          if (!h.mask.empty()) {
-            const int64_t bit = int64_t(i) * kv + j;
-            vis = (h.mask[h.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1;
-          } else {
-            vis = rp.mask != attention::MaskKind::kCausal || j <= qpos;
-          }
-          if (rp.window_left >= 0 && j < qpos - rp.window_left) vis = false;
-          if (!vis) continue;
-          const int64_t slot = int64_t(h.kv_indices[h.kv_indptr[b] + j / p.page_size]) * p.page_size + j % p.page_size;
-          double d = 0;
-          for (int e = 0; e < p.dqk; ++e) {
-            d += double(read_as_f32(h.q.data(), p.q_dtype, (size_t(row) * p.hq + hh) * p.dqk + e)) *
-                 double(read_as_f32(h.k.data(), p.kv_dtype, slot * h.k_row + g * p.dqk + e)) * rp.k_scale;
-          }
-          double x = d * rp.sm_scale;
-          if (rp.logit_cap > 0) x = rp.logit_cap * std::tanh(x / rp.logit_cap);
-          s.push_back(x);
-          slot_of.push_back(slot);
-        }
-        if (s.empty()) continue;
-        double m = -INFINITY;
-        for (double x : s) m = std::max(m, x);
-        const double sink = rp.sinks.empty() ? -INFINITY : double(rp.sinks[hh]);
-        m = std::max(m, sink);
-        double tot = rp.sinks.empty() ? 0.0 : std::exp(sink - m);
-        for (double x : s) tot += std::exp(x - m);
-        for (int e = 0; e < p.dv; ++e) {
-          double acc = 0;
-          for (size_t t = 0; t < s.size(); ++t) {
-            const float vv = p.mla ? read_as_f32(h.k.data(), p.kv_dtype, slot_of[t] * h.k_row + e)
-                                   : read_as_f32(h.v.data(), p.kv_dtype, slot_of[t] * h.v_row + g * p.dv + e);
-            acc += std::exp(s[t] - m) * double(vv) * rp.v_scale;
-          }
-          out[(size_t(row) * p.hq + hh) * p.dv + e] = float(acc / tot);
-        }
-        lse[size_t(row) * p.hq + hh] = float((m + std::log(tot)) / std::log(2.0));
-      }
-    }
+    for (int i = 0; i < p.qo_lens[b]; ++i) rows.emplace_back(b, i);
   }
+  auto one_row = [&](int b, int i) {
+    const int qo = p.qo_lens[b], kv = p.kv_lens[b];
+    const int row = h.qo_indptr[b] + i;
+    const int qpos = kv - qo + i;
+    std::vector<double> s, w, acc(size_t(p.dv));
+    std::vector<int64_t> slot_of;
+    for (int hh = 0; hh < p.hq; ++hh) {
+      const int g = hh / group;
+      s.clear();
+      slot_of.clear();
+      for (int j = 0; j < kv; ++j) {
+        bool vis;
+        if (!h.mask.empty()) {
+          const int64_t bit = int64_t(i) * kv + j;
+          vis = (h.mask[h.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1;
+        } else {
+          vis = rp.mask != attention::MaskKind::kCausal || j <= qpos;
+        }
+        if (rp.window_left >= 0 && j < qpos - rp.window_left) vis = false;
+        if (!vis) continue;
+        const int64_t slot = int64_t(h.kv_indices[h.kv_indptr[b] + j / p.page_size]) * p.page_size + j % p.page_size;
+        double d = 0;
+        for (int e = 0; e < p.dqk; ++e) {
+          d += double(read_as_f32(h.q.data(), p.q_dtype, (size_t(row) * p.hq + hh) * p.dqk + e)) *
+               double(read_as_f32(h.k.data(), p.kv_dtype, slot * h.k_row + g * p.dqk + e)) * rp.k_scale;
+        }
+        double x = d * rp.sm_scale;
+        if (rp.logit_cap > 0) x = rp.logit_cap * std::tanh(x / rp.logit_cap);
+        s.push_back(x);
+        slot_of.push_back(slot);
+      }
+      if (s.empty()) continue;
+      double m = -INFINITY;
+      for (double x : s) m = std::max(m, x);
+      const double sink = rp.sinks.empty() ? -INFINITY : double(rp.sinks[hh]);
+      m = std::max(m, sink);
+      double tot = rp.sinks.empty() ? 0.0 : std::exp(sink - m);
+      w.resize(s.size());
+      for (size_t t = 0; t < s.size(); ++t) {
+        w[t] = std::exp(s[t] - m);
+        tot += w[t];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (size_t t = 0; t < s.size(); ++t) {  // each column sums over t in order
+        const int64_t base = p.mla ? slot_of[t] * h.k_row : slot_of[t] * h.v_row + g * p.dv;
+        const void* src = p.mla ? h.k.data() : h.v.data();
+        for (int e = 0; e < p.dv; ++e) {
+          acc[size_t(e)] += w[t] * double(read_as_f32(src, p.kv_dtype, size_t(base + e))) * rp.v_scale;
+        }
+      }
+      for (int e = 0; e < p.dv; ++e) out[(size_t(row) * p.hq + hh) * p.dv + e] = float(acc[size_t(e)] / tot);
+      lse[size_t(row) * p.hq + hh] = float((m + std::log(tot)) / std::log(2.0));
+    }
+  };
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    for (size_t k = next++; k < rows.size(); k = next++) one_row(rows[k].first, rows[k].second);
+  };
+  const unsigned n = std::max(1u, std::min(std::thread::hardware_concurrency(), 32u));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < n; ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
 }
 
 }  // namespace pagoda::cuda_test
