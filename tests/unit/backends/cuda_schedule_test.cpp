@@ -68,7 +68,8 @@ void expect_prefill_items(const Schedule& s, const Batch& b, int G) {
     ASSERT_GE(r, 0);
     ASSERT_LT(r, bs);
     ASSERT_LT(int64_t(t) * kRows, int64_t(b.qo[r]) * G) << "tile past the request's rows";
-    EXPECT_TRUE((chunks[{r, t}].insert(c).second)) << "duplicate item " << r << "/" << t << "/" << c;
+    EXPECT_TRUE((chunks[{r, t}].insert(c).second))
+        << "duplicate item " << r << "/" << t << "/" << c;
     if (chunk == 0) {  // heaviest first: visible keys of the tile's last query token (causal)
       const int last_tok = (std::min(b.qo[r] * G, (t + 1) * kRows) - 1) / G;
       const int64_t keys = std::min<int64_t>(b.kv[r], b.kv[r] - b.qo[r] + last_tok + 1);

@@ -90,11 +90,11 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   if (cap > 0) blocks = std::min(blocks, cap);
   blocks = static_cast<int>(std::min<int64_t>(blocks, units));
   const int order = env_int("PAGODA_SM90_ORDER", 0) == 1 ? detail::kItemSnake : detail::kHeadMajor;
-  // Ping-pong consumers (kPingPong) by default at D >= 128, where they measured 1-8 % faster on
-  // the H200 (bench/results/hopper_h200.md); at D = 64 they cost 3 %. PAGODA_SM90_PINGPONG=0 / 1
-  // overrides.
+  // Ping-pong consumers (kPingPong) by default at DQK >= 128, where they measured 1-8 % faster on
+  // the H200 (bench/results/hopper_h200.md; 9-11 % at DQK 192 / DV 128); at D = 64 they cost
+  // 3 %. PAGODA_SM90_PINGPONG=0 / 1 overrides.
   const int pp_env = env_int("PAGODA_SM90_PINGPONG", -1);
-  dispatch_sm90(args.q_dtype, args.head_dim_qk, args.head_dim_v, [&]<typename T, int DQK, int DV>() {
+  const auto launch = [&]<typename T, int DQK, int DV>() {
     using Cfg = detail::PrefillSm90Config<T, DQK, DV>;
     const bool pingpong = pp_env == -1 ? DQK >= 128 : pp_env == 1;
     auto kernel = pingpong ? detail::prefill_sm90_kernel<T, DQK, DV, true>
@@ -105,7 +105,8 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
     st = launch_pdl(kernel, dim3(blocks), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
                     detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale),
                     order);
-  });
+  };
+  dispatch_sm90(args.q_dtype, args.head_dim_qk, args.head_dim_v, launch);
   return st;
 }
 

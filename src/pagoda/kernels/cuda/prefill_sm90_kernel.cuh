@@ -21,8 +21,8 @@
 ///    of the rows and a lane looks up the page of one of them (any page size; the next tile's
 ///    lookup is in flight while this one is issued); warp shuffles hand the row offsets to the
 ///    copying lanes (8 per row, 4 rows per instruction, every 128-byte atom column of K and V
-///    per shuffle), which gather K and V rows with 16-byte cp.async into a kStages-deep ring of 128B-swizzled shared-memory tiles (zero-filled past the
-///    request's keys). It then waits for its own copies of the previous tile, fences them into the
+///    per shuffle), which gather K and V rows with 16-byte cp.async into a kStages-deep ring of
+///    128B-swizzled shared-memory tiles (zero-filled past the request's keys). It then waits for its own copies of the previous tile, fences them into the
 ///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
 ///    the stage's `empty` mbarrier.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
@@ -74,7 +74,8 @@ struct PrefillSm90Config {
                 "register split exceeds the launch allocation");
   static_assert((DQK == DV && (DQK == 64 || DQK == 128 || DQK == 256)) || (DQK == 192 && DV == 128),
                 "sm90 prefill supports D = 64, 128, 256 and DQK 192 / DV 128");
-  static_assert(kRows == prefill_rows_per_tile(DQK, true), "planner and kernel disagree on tile rows");
+  static_assert(kRows == prefill_rows_per_tile(DQK, true),
+                "planner and kernel disagree on tile rows");
 };
 
 /// Unit orders of the persistent schedule (units u in [0, grid_items * Hkv)).
@@ -166,7 +167,9 @@ __global__ void __launch_bounds__(384, 1)
     constexpr bool kSideBySide = DQK == 64;
     const int lane = t128 % 32, pw = t128 / 32;
     const int c8 = lane % 8, sub = lane / 8;
-    auto group_row0 = [&](int g) { return kSideBySide ? 4 * (g * 4 + pw) : pw * kWarpRows + 4 * g; };
+    auto group_row0 = [&](int g) {
+      return kSideBySide ? 4 * (g * 4 + pw) : pw * kWarpRows + 4 * g;
+    };
     const int my_row = group_row0(lane / 4) + lane % 4;
     const bool looks_up = lane < kWarpRows;
     int it = 0;  // tiles issued by this block over all its units: the ring position
