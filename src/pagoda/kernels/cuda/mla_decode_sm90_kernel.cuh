@@ -102,13 +102,7 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x;
   const int wg = tid / 128, t128 = tid % 128;
   const int warp = t128 / 32, lane = tid % 32;
-  if (tid == 0) {
-    for (int s = 0; s < kS; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 256);
-    }
-    mbar_init_fence();
-  }
+  if (tid == 0) mbar_init_ring(full, empty, kS, 128, 256);  // producer 128, consumers 256
   __syncthreads();
 
   const int32_t* pages = a.plan.kv_indices + a.plan.kv_indptr[b];

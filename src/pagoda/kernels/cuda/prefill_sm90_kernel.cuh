@@ -141,13 +141,7 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x;
   const int wg = tid / 128;
   const int t128 = tid % 128;
-  if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 128);
-      mbar_init(&empty[s], 256);
-    }
-    mbar_init_fence();
-  }
+  if (tid == 0) mbar_init_ring(full, empty, kStages, 128, 256);  // producer 128, consumers 256
   __syncthreads();
 
   if (wg == 0) {

@@ -57,6 +57,16 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
                : "memory");
 }
+/// A ring of `stages` (full, empty) mbarrier pairs, full[s] expecting `full_count` arrivals and
+/// empty[s] `empty_count`, then the init fence. One thread calls it; the block syncs after.
+__device__ __forceinline__ void mbar_init_ring(uint64_t* full, uint64_t* empty, int stages,
+                                               int full_count, int empty_count) {
+  for (int s = 0; s < stages; ++s) {
+    mbar_init(&full[s], full_count);
+    mbar_init(&empty[s], empty_count);
+  }
+  mbar_init_fence();
+}
 /// Blocks until the barrier's phase with the given parity (0 / 1) has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
   asm volatile(
