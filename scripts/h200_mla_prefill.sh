@@ -8,14 +8,15 @@
 #            prefill / extend / verify / MLA-prefill cases twice, interleaved with the base tree's
 #            (same call: a same-machine A/B), plus the MLA-prefill cases on the generic kernel
 #            (PAGODA_SM90_PREFILL=0, the route before the 192 / 128 instantiation).
-#   STAGE=B: builds this tree when the machine lost it, then `pagoda conformance --backends cuda`
-#            (full grid, then the long column at 32k keys), pagoda_cuda_bench once more, the
-#            cuDNN / flash / memory-efficient SDPA peers with the machine's ceilings
-#            (bench/cuda/peers.py) and FlashInfer 0.5.3 fa3 (bench/cuda/flashinfer_peer.py,
-#            FI_FILTER's cases; needs .whl carried) in the same call.
-#   STAGE=C: the short closing call: builds this tree, runs the prefill / generic / graph / plan
-#            tests that STAGE A's 200 s did not reach, pagoda_cuda_bench, peers.py (cuDNN / flash
-#            / memory-efficient SDPA and the ceilings), then the cuda conformance grid.
+#   STAGE=B: builds this tree when the machine lost it; with TESTS="gtest filter" those GPU tests
+#            (PAGODA_REQUIRE_GPU=1); pagoda_cuda_bench; the cuDNN / flash / memory-efficient SDPA
+#            peers with the machine's ceilings (bench/cuda/peers.py); `pagoda conformance
+#            --backends cuda` (full grid; LONG=1, the default, adds the long column at 32k keys);
+#            FlashInfer 0.5.3 fa3 (bench/cuda/flashinfer_peer.py, FI_FILTER's cases) when .whl is
+#            carried and FLASHINFER is not 0. Call C of 2026-12-02 (hopper_h200.md) ran
+#            TESTS='CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:CudaExtend.PrefillTiles*:
+#            CudaExtend.MixedDecodeAndExtend:CudaGeneric.*:CudaGraph.*:CudaPlan.*' LONG=0
+#            FLASHINFER=0 (then named STAGE=C).
 # COMMIT names the commit measured. Results: $OUT/mla_prefill_<stage>.tgz and $OUT/summary_<stage>.txt.
 set -uo pipefail
 STAGE=${STAGE:-A}
@@ -90,32 +91,29 @@ if [ "$STAGE" = A ]; then
 fi
 
 if [ "$STAGE" = B ]; then
-  [ -x $M/pagoda_cuda_bench ] && [ -x /tmp/b-main/pagoda ] || build main . 16 pagoda pagoda_cuda_bench
-  timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
-  echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|mla-prefill" "$R/conformance.txt" | head -16
-  timeout 150 /tmp/b-main/pagoda conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.txt" 2>&1
-  echo "conformance long-kv 32768 rc=$?"; grep -E "^  cuda " "$R/conformance_long32k.txt"
+  if [ -n "${TESTS:-}" ]; then
+    [ -x $M/cuda_attention_tests ] && [ -x /tmp/b-main/pagoda ] ||
+      build main . 16 pagoda pagoda_cuda_bench cuda_attention_tests
+    PAGODA_REQUIRE_GPU=1 timeout 150 $M/cuda_attention_tests --gtest_filter="$TESTS" > "$R/tests.log" 2>&1
+    echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+    grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -10
+  else
+    [ -x $M/pagoda_cuda_bench ] && [ -x /tmp/b-main/pagoda ] || build main . 16 pagoda pagoda_cuda_bench
+  fi
   bench main ours ""
   times
   PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 170 python3 bench/cuda/peers.py "$R/ours.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
-  echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode|mla)|^- " "$R/peers.md" | cut -c1-220
-  if [ -d .whl ]; then
+  echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode|mla)|^- " "$R/peers.md" | cut -c1-230
+  timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
+  echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|mla-prefill" "$R/conformance.txt" | head -16
+  if [ "${LONG:-1}" = 1 ]; then
+    timeout 150 /tmp/b-main/pagoda conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.txt" 2>&1
+    echo "conformance long-kv 32768 rc=$?"; grep -E "^  cuda " "$R/conformance_long32k.txt"
+  fi
+  if [ -d .whl ] && [ "${FLASHINFER:-1}" != 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$R/pip.log" 2>&1
     FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "${FI_TIMEOUT:-300}" \
       python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1
     echo "flashinfer rc=$?"; cat "$R/flashinfer.jsonl"; grep -E "failed" "$R/flashinfer.log" | head -5
   fi
-fi
-
-if [ "$STAGE" = C ]; then
-  build main . 16 pagoda pagoda_cuda_bench cuda_attention_tests
-  PAGODA_REQUIRE_GPU=1 timeout 100 $M/cuda_attention_tests --gtest_filter='CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:CudaExtend.PrefillTilesPage1GroupsHeadDims:CudaExtend.MixedDecodeAndExtend:CudaGeneric.*:CudaGraph.*:CudaPlan.*' > "$R/tests.log" 2>&1
-  echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -10
-  bench main ours ""
-  times
-  PYTHONUNBUFFERED=1 PAGODA_FLEX=0 timeout 130 python3 bench/cuda/peers.py "$R/ours.jsonl" "$R/peers.md" "$R/gpu.txt" > "$R/peers.log" 2>&1
-  echo "peers rc=$?"; grep -E "^\| (prefill|extend|tree|decode|mla)|^- " "$R/peers.md" | cut -c1-230
-  timeout 110 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
-  echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|mla-prefill" "$R/conformance.txt" | head -16
 fi
