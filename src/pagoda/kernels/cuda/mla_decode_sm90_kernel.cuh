@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* empty = full + kS;
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128, t128 = tid % 128;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), t128 = tid % 128;  // wg: warp-uniform
   const int warp = t128 / 32, lane = tid % 32;
   if (tid == 0) mbar_init_ring(full, empty, kS, 128, 256);  // producer 128, consumers 256
   __syncthreads();
@@ -175,20 +175,22 @@ __global__ void __launch_bounds__(384, 1)
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
   const int r0 = warp * 16 + lane / 4;  // this thread's rows r0 and r0 + 8 (heads in the block)
 
+  const uint64_t q_desc = sw128_desc(q_addr, 16, 1024);  // operand descriptors (desc_advance)
+  const uint64_t p_desc = sw128_desc(p_addr, 16, 1024);
   for (int t = 0; t < ntiles; ++t) {
     const int s = t % kS;
     mbar_wait(&full[s], (t / kS) & 1);
     fence_proxy_async();  // the producer's landed copies, before this thread's wgmma reads
     const uint32_t k_addr = kv_addr + s * C::kTileBytes;
+    const uint64_t k_desc = sw128_desc(k_addr + cw * 32 * 128, 16, 1024);
     // ---- S_c = Q K_c^T ----
     float sc[16];
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kDqk / 16; ++kk) {
       const uint32_t atom = (kk / 4) * kAtomBytes, sub = (kk % 4) * 32;
-      const uint64_t da = sw128_desc(q_addr + atom + sub, 16, 1024);
-      const uint64_t db = sw128_desc(k_addr + atom + cw * 32 * 128 + sub, 16, 1024);
-      wgmma_ss<T, 32>(sc, da, db, kk > 0 ? 1 : 0);
+      wgmma_ss<T, 32>(sc, desc_advance(q_desc, atom + sub), desc_advance(k_desc, atom + sub),
+                      kk > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -238,11 +240,9 @@ __global__ void __launch_bounds__(384, 1)
     fence_operands(o);
     wgmma_fence();
 #pragma unroll
+    const uint64_t v_desc = sw128_desc(k_addr + 4 * cw * kAtomBytes, kAtomBytes, 1024);
     for (int k2 = 0; k2 < C::kKeys / 16; ++k2) {
-      const uint64_t dp = sw128_desc(p_addr + k2 * 32, 16, 1024);
-      const uint64_t dv =
-          sw128_desc(k_addr + 4 * cw * kAtomBytes + k2 * 16 * 128, kAtomBytes, 1024);
-      wgmma_ss_tb<T, 256>(o, dp, dv);
+      wgmma_ss_tb<T, 256>(o, desc_advance(p_desc, k2 * 32), desc_advance(v_desc, k2 * 16 * 128));
     }
     wgmma_commit();
     wgmma_wait<0>();

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call: where the sm90 prefill kernel's warps stall. Builds this tree, runs every
+# cuda_attention_tests case (PAGODA_REQUIRE_GPU=1), then profiles one launch of the kernel per
+# CASES entry (pagoda_cuda_bench case names) with Nsight Compute (--set full, clocks left alone)
+# and prints the details page and the SASS source page with its warp-stall samples
+# (ncu_<case>.details.txt, ncu_<case>.sass.csv; tools/ncu_stalls.py summarises the latter).
+# LONG=1 (default) also runs `pagoda conformance --backends cuda` with and without --long-kv 32768.
+# COMMIT names the commit measured. Results: $OUT/prefill_ncu.tgz.
+set -uo pipefail
+# shellcheck disable=SC1091
+source "$(dirname "$0")/device_lib.sh"
+BUILD_DIR=${BUILD_DIR:-/tmp/b-main}
+device_setup prefill_ncu
+device_build pagoda pagoda_cuda_bench cuda_attention_tests
+T=$B/tests/cuda
+if [ "${TESTS:-1}" != 0 ]; then
+  SECONDS=0
+  PAGODA_REQUIRE_GPU=1 timeout 300 "$T/cuda_attention_tests" > "$R/tests.log" 2>&1
+  echo "tests rc=$? ${SECONDS}s $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -20
+fi
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+for c in ${CASES:-prefill_causal_b4_s4096 prefill_causal_b16_s1024}; do
+  SECONDS=0
+  timeout 200 "$NCU" --clock-control none --kernel-name "regex:${KERNEL:-prefill_sm90}" \
+    --launch-skip 3 --launch-count 1 --set full --import-source no -f -o "$R/ncu_$c" \
+    "$T/pagoda_cuda_bench" "$R/bench_$c.jsonl" "$c" > "$R/ncu_$c.log" 2>&1
+  echo "ncu $c rc=$? ${SECONDS}s"
+  "$NCU" -i "$R/ncu_$c.ncu-rep" --page details > "$R/ncu_$c.details.txt" 2>&1
+  "$NCU" -i "$R/ncu_$c.ncu-rep" --page source --csv --print-source sass \
+    > "$R/ncu_$c.sass.csv" 2> "$R/ncu_$c.sass.err"
+  grep -E "Duration|SM Busy|Issue Slots Busy|Registers Per|Warp Cycles Per Issued|No Eligible" \
+    "$R/ncu_$c.details.txt" | head -12
+  python3 tools/ncu_stalls.py "$R/ncu_$c.sass.csv" 2>&1 | head -30
+done
+if [ "${LONG:-1}" = 1 ]; then
+  timeout 120 "$B/pagoda" conformance --backends cuda > "$R/conformance.txt" 2>&1
+  echo "conformance rc=$?"; grep -E "^  (cuda|mutant)" "$R/conformance.txt" | head -8
+  timeout 150 "$B/pagoda" conformance --backends cuda --long-kv 32768 > "$R/conformance_long32k.txt" 2>&1
+  echo "conformance long-kv 32768 rc=$?"; grep -E "^  cuda " "$R/conformance_long32k.txt"
+fi

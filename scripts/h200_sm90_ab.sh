@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# One device call: this tree's Hopper kernels against other trees on the same machine (only a
+# same-call A/B shows changes of a few percent: H200s differ by that much between calls).
+#   TREES="name:dir ..." — the other trees, each an untracked directory of this checkout (so the
+#     device copy carries it), e.g. `mkdir var_base && git archive <commit> | tar -x -C var_base`.
+#   ROUNDS (2) — interleaved rounds over the trees.
+# Builds every tree (sm_90a, in parallel); runs this tree's cuda_attention_tests
+# (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
+# pagoda_cuda_bench's prefill / extend / verify / MLA-prefill cases and `pagoda kernels` on the
+# MLA decode shapes (MLA_SHAPES). Prints per case the median over rounds for each tree and its
+# ratio to the first other tree. COMMIT names this tree's commit. Results: $OUT/sm90_ab.tgz.
+set -uo pipefail
+OUT=${OUT:-/tmp/pagoda_out}
+R=/tmp/sm90_ab
+rm -rf "$R"; mkdir -p "$R" "$OUT"
+trap 'tar czf "$OUT/sm90_ab.tgz" -C "$R" .' EXIT
+cd "$(dirname "$0")/.." || exit 1
+# shellcheck disable=SC1091
+[ -d .debs ] && source scripts/gpu_deps.sh env
+export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
+exec > >(tee -a "$R/summary.txt") 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  echo "commit ${COMMIT:-unknown}; trees: main:. ${TREES:-}; $(date -u +%FT%TZ)"; } | tee "$R/gpu.txt"
+build() {  # name, source dir, jobs, targets...
+  local n=$1 d=$2 j=$3; shift 3
+  local t0; t0=$(date +%s)
+  if [ ! -f "/tmp/b-$n/build.ninja" ]; then
+    cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1
+  fi
+  ninja -C "/tmp/b-$n" -j"$j" "$@" > "$R/build_$n.log" 2>&1
+  local rc=$?
+  echo "build $n rc=$rc $(( $(date +%s) - t0 )) s"
+  [ $rc = 0 ] || grep -E "error|FAILED" "$R/build_$n.log" | head -20
+}
+names=(main)
+# Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
+build main . 10 pagoda pagoda_cuda_bench cuda_attention_tests &
+pids=$!
+for t in ${TREES:-}; do
+  names+=("${t%%:*}")
+  build "${t%%:*}" "${t#*:}" 6 pagoda pagoda_cuda_bench &
+  pids="$pids $!"
+done
+# shellcheck disable=SC2086
+wait $pids
+M=/tmp/b-main/tests/cuda
+SECONDS=0
+PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
+echo "tests rc=$? ${SECONDS}s $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -20
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+SAN_TESTS=${SAN_TESTS:-CudaExtend.MlaPrefillDims192x128:CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:MlaDecode.SanitizerSmall}
+if [ -n "$SAN" ] && [ "$SAN_TESTS" != none ]; then
+  SECONDS=0
+  PAGODA_REQUIRE_GPU=1 timeout 200 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
+    --gtest_filter="$SAN_TESTS" > "$R/memcheck.log" 2>&1
+  echo "memcheck rc=$? ${SECONDS}s $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
+fi
+IFS=';' read -r -a mla <<< "${MLA_SHAPES:-64 16 4096 64 bf16;8 128 8192 64 bf16;128 128 4096 64 bf16;1 128 32768 64 bf16;8 128 8192 64 fp8_e4m3}"
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  for n in "${names[@]}"; do
+    for c in prefill extend tree; do
+      timeout 90 "/tmp/b-$n/tests/cuda/pagoda_cuda_bench" "$R/${n}_${c}_$r.jsonl" "$c" > /dev/null ||
+        echo "bench $n $c rc=$?"
+    done
+    for shape in "${mla[@]}"; do
+      # shellcheck disable=SC2086
+      set -- $shape
+      timeout 60 "/tmp/b-$n/pagoda" kernels --backend cuda --op decode --batch "$1" --q-heads "$2" \
+        --kv-len "$3" --page-size "$4" --kv-dtype "$5" --kv-heads 1 --head-dim 576 \
+        --head-dim-v 512 --json --iters 30 2>> "$R/kernels.err" |
+        sed "s/^{/{\"case\": \"mla_decode_b$1_h$2_l$3_p$4_$5\", /" >> "$R/${n}_mladec_$r.jsonl" ||
+        echo "kernels $n $shape rc=$?"
+    done
+  done
+done
+python3 - "$R" "${names[@]}" <<'EOF' | tee "$R/ab.txt"
+import glob, json, statistics, sys
+root, names = sys.argv[1], sys.argv[2:]
+t = {}
+for n in names:
+    for f in glob.glob(f"{root}/{n}_*_*.jsonl"):
+        for line in open(f):
+            try:
+                j = json.loads(line)
+            except ValueError:
+                continue
+            ms = j.get("ms", j.get("median_ms", j.get("time_ms")))
+            if "case" in j and ms is not None:
+                t.setdefault(j["case"], {}).setdefault(n, []).append(float(ms))
+print("case".ljust(40) + "".join(n.rjust(12) for n in names) + "  main/" + (names[1] if len(names) > 1 else ""))
+for c in sorted(t):
+    med = {n: statistics.median(v) for n, v in t[c].items()}
+    row = c[:40].ljust(40) + "".join((f"{med[n]:.4f}" if n in med else "-").rjust(12) for n in names)
+    if len(names) > 1 and names[1] in med and "main" in med:
+        row += f"  {med['main'] / med[names[1]]:.3f}"
+    print(row)
+EOF
