@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(384, 1)
     // ---- O_c += P V_c ----
     fence_operands(o);
     wgmma_fence();
-#pragma unroll
     const uint64_t v_desc = sw128_desc(k_addr + 4 * cw * kAtomBytes, kAtomBytes, 1024);
+#pragma unroll
     for (int k2 = 0; k2 < C::kKeys / 16; ++k2) {
       wgmma_ss_tb<T, 256>(o, desc_advance(p_desc, k2 * 32), desc_advance(v_desc, k2 * 16 * 128));
     }

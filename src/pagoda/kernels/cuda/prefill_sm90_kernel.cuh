@@ -29,14 +29,15 @@
 ///    S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
 ///    wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
-///    With three stages (D <= 128) the loop is software-pipelined: P V of tile i and S of tile
-///    i + 1 go out together, and tile i + 1's softmax runs after both land.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
 /// (PAGODA_SM90_PINGPONG=1) the two consumers take strict turns issuing their GEMMs through two
 /// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
 /// The warpgroup index goes through a lane-0 shuffle so the compiler knows it is warp-uniform:
-/// the ring indices and wgmma descriptors then live in uniform registers (sm90_utils.cuh,
-/// desc_advance), and a wgmma's issue costs a few uniform adds.
+/// the ring indices and wgmma descriptors then live in uniform registers (built once, moved by
+/// desc_advance, sm90_utils.cuh), and issuing a wgmma costs a few uniform adds instead of a
+/// dependent mask / shift / move chain (2-10 % faster on the H200, hopper_h200.md, 2026-12-02).
+/// Issuing P V of tile i together with S of tile i + 1 in one turn (software pipelining, FA3's
+/// order) measured 5 % slower at D 128 in the same call and is not used.
 ///
 /// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
 /// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers. D = 256 takes 64-key
@@ -130,10 +131,6 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kNT = kKeys / 8;     // score n-tiles of 8 columns
   constexpr int kDT = DV / 8;        // output n-tiles
   constexpr int kQChunks = DQK / 8;  // 16-byte chunks per Q / K row
-  // The pipelined consumer schedule holds two stages at once (tile i's V, tile i + 1's K), and
-  // the producer publishes a tile only after issuing the next one: with two stages that would
-  // deadlock, so D = 256 and DQK 192 (two stages) keep the tile-by-tile schedule.
-  constexpr bool kPipelined = kStages >= 3;
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -262,8 +259,8 @@ __global__ void __launch_bounds__(384, 1)
     cp_async_commit();
   };
 
-  // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (a turn issues one
-  // or two of them), so one warpgroup's softmax runs while the other's occupy the tensor cores.
+  // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
+  // by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
   // Consumer c waits on named barrier 4 + c before issuing and arrives on the other one after;
   // consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive after the
   // loop (an unconditional arrive keeps the issue-to-wait path free of divergent code, which
@@ -323,130 +320,68 @@ __global__ void __launch_bounds__(384, 1)
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
-    float sc[kNT][4];
-    float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-    uint32_t pa[kKeys / 16][4];
-    // Whether this warpgroup's rows see any key of tile i (else both its GEMMs are skipped).
-    auto tile_active = [&](int i) {
+    for (int i = 0; i < ntiles; ++i, ++it) {
+      const int s = it % kStages;
+      mbar_wait(&full[s], (it / kStages) & 1);
       const int kb0 = lo + i * kKeys;
-      return wg_rows && kb0 < ghi && kb0 + kKeys > glo;
-    };
-    // S = Q K^T of the tile in `stage` into sc (wgmma m64nKk16, both operands in shared memory).
-    auto issue_s = [&](int stage) {
-      const uint64_t k_desc = desc_advance(k_desc0, stage * Cfg::kStageBytes);
+      const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+      const uint64_t k_desc = desc_advance(k_desc0, s * Cfg::kStageBytes);
+      const uint64_t v_desc = desc_advance(v_desc0, s * Cfg::kStageBytes);
+      float sc[kNT][4];
+      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      uint32_t pa[kKeys / 16][4];
+      // ---- S = Q K^T ----
+      turn_begin();
+      if (active) {
+        wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < DQK / 16; ++kk) {
-        const uint32_t half = kk / 4, sub = (kk % 4) * 32;
-        wgmma_ss<T, kKeys>(sc_flat, desc_advance(q_desc, half * (Cfg::kRows * 128) + sub),
-                           desc_advance(k_desc, half * (kKeys * 128) + sub), kk > 0 ? 1 : 0);
-      }
-    };
-    // O += P V of the tile in `stage` (P from registers, V MN-major from shared memory).
-    auto issue_pv = [&](int stage) {
-      const uint64_t v_desc = desc_advance(v_desc0, stage * Cfg::kStageBytes);
-#pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-        wgmma_rs<T, DV>(o_flat, pa[k2], desc_advance(v_desc, k2 * 16 * 128));
-      }
-    };
-    // Tile i's finished scores: cap, mask, online softmax (rescales O), then P into pa.
-    auto scores_to_p = [&](int i) {
-      fence_operands(sc_flat);
-      const int kb0 = lo + i * kKeys;
-      MaskInfo mk = mask;
-      if (i < nfree) {
-        mk.bits = nullptr;
-        mk.causal = false;
-      }
-      const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
-                             (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
-                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
-      if (capped) {
-#pragma unroll
-        for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
-      }
-      if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
-      softmax_tile(sc, m, l, o, scale);
-#pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
-    };
-
-    if constexpr (kPipelined) {
-      // Software-pipelined over the unit's tiles: turn i issues P V of tile i and S of tile
-      // i + 1 together (turn -1: S of tile 0 alone); the warpgroup waits for both, frees tile
-      // i's stage and runs tile i + 1's softmax while the other consumer's turn keeps the tensor
-      // cores busy. (Turn by turn S, then P V, leaves them idle whenever a softmax outlasts the
-      // other consumer's single GEMM.) Every branch ends its turn before its wait.
-      bool act = false;  // tile i has work for this warpgroup; its P is in pa
-      for (int i = -1; i < ntiles; ++i) {
-        const int t = it + i;  // ring position of tile i
-        const int s = (t + kStages) % kStages, s1 = (t + 1) % kStages;
-        const bool more = i + 1 < ntiles;
-        if (more) mbar_wait(&full[s1], ((t + 1) / kStages) & 1);
-        const bool act1 = more && tile_active(i + 1);
-        turn_begin();
-        if (act && act1) {
-          fence_operands(o_flat);
-          wgmma_fence();
-          issue_pv(s);
-          issue_s(s1);
-          wgmma_commit();
-          turn_end();
-          wgmma_wait<0>();
-        } else if (act) {
-          fence_operands(o_flat);
-          wgmma_fence();
-          issue_pv(s);
-          wgmma_commit();
-          turn_end();
-          wgmma_wait<0>();
-        } else if (act1) {
-          wgmma_fence();
-          issue_s(s1);
-          wgmma_commit();
-          turn_end();
-          wgmma_wait<0>();
-        } else {
-          turn_end();
+        for (int kk = 0; kk < DQK / 16; ++kk) {
+          const uint32_t half = kk / 4, sub = (kk % 4) * 32;
+          wgmma_ss<T, kKeys>(sc_flat, desc_advance(q_desc, half * (Cfg::kRows * 128) + sub),
+                             desc_advance(k_desc, half * (kKeys * 128) + sub), kk > 0 ? 1 : 0);
         }
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<0>();
+        fence_operands(sc_flat);
+        MaskInfo mk = mask;
+        if (i < nfree) {
+          mk.bits = nullptr;
+          mk.causal = false;
+        }
+        const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
+                               (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
+                               (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+        if (capped) {
+#pragma unroll
+          for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
+        }
+        if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
+        softmax_tile(sc, m, l, o, scale);
+        // P is the A operand straight from the S accumulators.
+#pragma unroll
+        for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+      } else {
+        turn_end();
+      }
+      // ---- O += P V ----
+      turn_begin();
+      if (active) {
         fence_operands(o_flat);
-        if (i >= 0) mbar_arrive(&empty[s]);
-        if (act1) scores_to_p(i + 1);
-        act = act1;
-      }
-    } else {
-      // Tile by tile: a turn for S, the softmax, a turn for P V, then the stage is freed.
-      for (int i = 0; i < ntiles; ++i) {
-        const int t = it + i, s = t % kStages;
-        mbar_wait(&full[s], (t / kStages) & 1);
-        const bool act = tile_active(i);
-        turn_begin();
-        if (act) {
-          wgmma_fence();
-          issue_s(s);
-          wgmma_commit();
-          turn_end();
-          wgmma_wait<0>();
-          scores_to_p(i);
-        } else {
-          turn_end();
+        wgmma_fence();
+#pragma unroll
+        for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+          wgmma_rs<T, DV>(o_flat, pa[k2], desc_advance(v_desc, k2 * 16 * 128));
         }
-        turn_begin();
-        if (act) {
-          fence_operands(o_flat);
-          wgmma_fence();
-          issue_pv(s);
-          wgmma_commit();
-          turn_end();
-          wgmma_wait<0>();
-          fence_operands(o_flat);
-        } else {
-          turn_end();
-        }
-        mbar_arrive(&empty[s]);
+        wgmma_commit();
+        turn_end();
+        wgmma_wait<0>();
+        fence_operands(o_flat);
+      } else {
+        turn_end();
       }
+      mbar_arrive(&empty[s]);
     }
-    it += ntiles;
     // Every S GEMM of the unit has read Q: the next unit's Q loads under the epilogue.
     ++r;
     live = sm90_next_unit(a, order, r, item, hkv);
