@@ -35,7 +35,8 @@
 /// The warpgroup index goes through a lane-0 shuffle so the compiler knows it is warp-uniform:
 /// the ring indices and wgmma descriptors then live in uniform registers (built once, moved by
 /// desc_advance, sm90_utils.cuh), and issuing a wgmma costs a few uniform adds instead of a
-/// dependent mask / shift / move chain (2-10 % faster on the H200, hopper_h200.md, 2026-12-02).
+/// dependent mask / shift / move chain (2-10 % faster at D >= 128 on the H200, D 64 unchanged;
+/// bench/results/hopper_h200.md, 2026-12-02).
 /// Issuing P V of tile i together with S of tile i + 1 in one turn (software pipelining, FA3's
 /// order) measured 5 % slower at D 128 in the same call and is not used.
 ///
