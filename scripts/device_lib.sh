@@ -3,6 +3,9 @@
 #   repo root as the working directory, gpu.txt (GPU, driver, date, $COMMIT), the carried Debian
 #   packages (.debs, scripts/gpu_deps.sh) and the thread settings; B = $BUILD_DIR or /tmp/b-spec.
 #   device_build TARGETS... — configures $B once (sm_90a, no benches), builds the targets.
+#   device_build_tree NAME DIR JOBS TARGETS... — the same for the tree in DIR, in /tmp/b-NAME
+#   (logs cfg_NAME.log / build_NAME.log in $R; prints "build NAME rc=… s"); for same-call A/Bs of
+#   several trees, run in the background and waited on by pid.
 device_setup() {
   OUT=${OUT:-/tmp/pagoda_out}
   R=/tmp/$1_results
@@ -31,4 +34,18 @@ device_build() {
   timeout 420 ninja -C "$B" "$@" >> "$R/build.log" 2>&1 \
     || { grep -E "error|FAILED" "$R/build.log" | head -40; exit 1; }
   echo "build ${SECONDS}s"
+}
+
+device_build_tree() {
+  local n=$1 d=$2 j=$3; shift 3
+  local t0; t0=$(date +%s)
+  if [ ! -f "/tmp/b-$n/build.ninja" ]; then
+    cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1
+  fi
+  ninja -C "/tmp/b-$n" -j"$j" "$@" > "$R/build_$n.log" 2>&1
+  local rc=$?
+  echo "build $n rc=$rc $(( $(date +%s) - t0 )) s"
+  [ $rc = 0 ] || grep -E "error|FAILED" "$R/build_$n.log" | head -20
+  return $rc
 }

@@ -31,16 +31,8 @@ export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
 exec > >(tee -a "$R/summary.txt") 2>&1
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   echo "commit ${COMMIT:-unknown} stage $STAGE base ${BASE:-none} $(date -u +%FT%TZ)"; } | tee "$R/gpu.txt"
-build() {  # name, source dir, jobs, targets...
-  local n=$1 d=$2 j=$3; shift 3
-  local t0; t0=$(date +%s)
-  cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1 &&
-    ninja -C "/tmp/b-$n" -j"$j" "$@" > "$R/build_$n.log" 2>&1
-  local rc=$?
-  echo "build $n rc=$rc $(( $(date +%s) - t0 )) s"
-  [ $rc = 0 ] || grep -E "error|FAILED" "$R/build_$n.log" | head -20
-}
+# shellcheck disable=SC1091
+source scripts/device_lib.sh  # device_build_tree (only its functions: nothing runs on source)
 M=/tmp/b-main/tests/cuda
 bench() {  # build name, output, filter[, env...]
   local n=$1 o=$2 f=$3; shift 3
@@ -65,9 +57,9 @@ EOF
 
 if [ "$STAGE" = A ]; then
   # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
-  build main . 12 pagoda pagoda_cuda_bench cuda_attention_tests &
+  device_build_tree main . 12 pagoda pagoda_cuda_bench cuda_attention_tests &
   pids=$!
-  if [ -n "${BASE:-}" ] && [ -d "$BASE" ]; then build base "$BASE" 4 pagoda_cuda_bench & pids="$pids $!"; fi
+  if [ -n "${BASE:-}" ] && [ -d "$BASE" ]; then device_build_tree base "$BASE" 4 pagoda_cuda_bench & pids="$pids $!"; fi
   # shellcheck disable=SC2086
   wait $pids
   PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
@@ -93,12 +85,12 @@ fi
 if [ "$STAGE" = B ]; then
   if [ -n "${TESTS:-}" ]; then
     [ -x $M/cuda_attention_tests ] && [ -x /tmp/b-main/pagoda ] ||
-      build main . 16 pagoda pagoda_cuda_bench cuda_attention_tests
+      device_build_tree main . 16 pagoda pagoda_cuda_bench cuda_attention_tests
     PAGODA_REQUIRE_GPU=1 timeout 150 $M/cuda_attention_tests --gtest_filter="$TESTS" > "$R/tests.log" 2>&1
     echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
     grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -10
   else
-    [ -x $M/pagoda_cuda_bench ] && [ -x /tmp/b-main/pagoda ] || build main . 16 pagoda pagoda_cuda_bench
+    [ -x $M/pagoda_cuda_bench ] && [ -x /tmp/b-main/pagoda ] || device_build_tree main . 16 pagoda pagoda_cuda_bench
   fi
   bench main ours ""
   times

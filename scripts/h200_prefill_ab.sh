@@ -6,6 +6,8 @@
 #     the device copy carries it (scripts/make_prefill_variants.sh makes them: an older commit,
 #     or this tree with a patch from bench/results/hopper_h200/ applied).
 #   VARIANT_ENV — also time this tree under it (default PAGODA_SM90_PINGPONG=1).
+# Superseded by h200_sm90_ab.sh (which also times extend / verify / MLA decode); kept as the
+# generator of the 2026-12-01 results in hopper_h200.md.
 # Builds every tree (sm_90a, in parallel), runs this tree's cuda_attention_tests and the other
 # trees' prefill / extend / verify ones (CudaExtend.*; PAGODA_REQUIRE_GPU=1), then
 # pagoda_cuda_bench's prefill cases twice, interleaved over the trees, plus mma.sync
@@ -25,18 +27,13 @@ VARIANT_ENV=${VARIANT_ENV:-PAGODA_SM90_PINGPONG=1}
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   echo "commit ${COMMIT:-unknown}; trees: main:. $TREES; variant $VARIANT_ENV; $(date -u +%FT%TZ)"
 } | tee "$R/gpu.txt"
-build() {  # name, source dir, targets...
-  local n=$1 d=$2; shift 2
-  cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1 &&
-    ninja -C "/tmp/b-$n" -j4 "$@" > "$R/build_$n.log" 2>&1
-  echo "build $n rc=$?"
-}
+# shellcheck disable=SC1091
+source scripts/device_lib.sh  # device_build_tree
 names=(main)
-build main . pagoda_cuda_bench cuda_attention_tests &
+device_build_tree main . 4 pagoda_cuda_bench cuda_attention_tests &
 for t in $TREES; do
   names+=("${t%%:*}")
-  build "${t%%:*}" "${t#*:}" pagoda_cuda_bench cuda_attention_tests &
+  device_build_tree "${t%%:*}" "${t#*:}" 4 pagoda_cuda_bench cuda_attention_tests &
 done
 wait
 PAGODA_REQUIRE_GPU=1 timeout 120 /tmp/b-main/tests/cuda/cuda_attention_tests > "$R/tests.log" 2>&1

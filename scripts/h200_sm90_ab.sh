@@ -8,38 +8,21 @@
 # (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
 # pagoda_cuda_bench's prefill / extend / verify / MLA-prefill cases and `pagoda kernels` on the
 # MLA decode shapes (MLA_SHAPES). Prints per case the median over rounds for each tree and its
-# ratio to the first other tree. COMMIT names this tree's commit. Results: $OUT/sm90_ab.tgz.
+# ratio to the first other tree. COMMIT names this tree's commit. Results: $OUT/sm90_ab.tgz (device_lib.sh).
 set -uo pipefail
-OUT=${OUT:-/tmp/pagoda_out}
-R=/tmp/sm90_ab
-rm -rf "$R"; mkdir -p "$R" "$OUT"
-trap 'tar czf "$OUT/sm90_ab.tgz" -C "$R" .' EXIT
-cd "$(dirname "$0")/.." || exit 1
 # shellcheck disable=SC1091
-[ -d .debs ] && source scripts/gpu_deps.sh env
-export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/device_lib.sh"
+device_setup sm90_ab
 exec > >(tee -a "$R/summary.txt") 2>&1
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  echo "commit ${COMMIT:-unknown}; trees: main:. ${TREES:-}; $(date -u +%FT%TZ)"; } | tee "$R/gpu.txt"
-build() {  # name, source dir, jobs, targets...
-  local n=$1 d=$2 j=$3; shift 3
-  local t0; t0=$(date +%s)
-  if [ ! -f "/tmp/b-$n/build.ninja" ]; then
-    cmake -S "$d" -B "/tmp/b-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$R/cfg_$n.log" 2>&1
-  fi
-  ninja -C "/tmp/b-$n" -j"$j" "$@" > "$R/build_$n.log" 2>&1
-  local rc=$?
-  echo "build $n rc=$rc $(( $(date +%s) - t0 )) s"
-  [ $rc = 0 ] || grep -E "error|FAILED" "$R/build_$n.log" | head -20
-}
+echo "trees: main:. ${TREES:-}; SM clock max $(nvidia-smi --query-gpu=clocks.max.sm \
+  --format=csv,noheader)" | tee -a "$R/gpu.txt"
 names=(main)
 # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
-build main . 10 pagoda pagoda_cuda_bench cuda_attention_tests &
+device_build_tree main . 10 pagoda pagoda_cuda_bench cuda_attention_tests &
 pids=$!
 for t in ${TREES:-}; do
   names+=("${t%%:*}")
-  build "${t%%:*}" "${t#*:}" 6 pagoda pagoda_cuda_bench &
+  device_build_tree "${t%%:*}" "${t#*:}" 6 pagoda pagoda_cuda_bench &
   pids="$pids $!"
 done
 # shellcheck disable=SC2086
