@@ -150,8 +150,8 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint
 /// address field (bits 0-13, 16-byte units) changes, by a 32-bit add that cannot carry out of it
 /// while the address stays inside shared memory (< 256 KB). A kernel builds each operand's base
 /// descriptor once and advances it per wgmma: one add instead of the mask / shift / or chain of
-/// sw128_desc in front of every wgmma (on the H200 that chain was a sixth of the prefill
-/// consumers' stall samples, ncu, 2026-12-02).
+/// sw128_desc in front of every wgmma (on the H200 those instructions held a fifth of the sm90
+/// prefill consumer loop's stall samples at D 128, ncu, 2026-12-02).
 __device__ __forceinline__ uint64_t desc_advance(uint64_t d, uint32_t bytes) {
   const uint32_t lo = static_cast<uint32_t>(d) + (bytes >> 4);
   return (d & 0xFFFFFFFF00000000ull) | lo;
