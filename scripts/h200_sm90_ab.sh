@@ -3,6 +3,8 @@
 # same-call A/B shows changes of a few percent: H200s differ by that much between calls).
 #   TREES="name:dir ..." — the other trees, each an untracked directory of this checkout (so the
 #     device copy carries it), e.g. `mkdir var_base && git archive <commit> | tar -x -C var_base`.
+#   VARIANTS="name:VAR=value ..." — this tree's build again under an environment setting
+#     (e.g. notma:PAGODA_SM90_TMA=0), timed like another tree.
 #   ROUNDS (2) — interleaved rounds over the trees.
 # Builds every tree (sm_90a, in parallel); runs this tree's cuda_attention_tests
 # (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
@@ -17,16 +19,26 @@ exec > >(tee -a "$R/summary.txt") 2>&1
 echo "trees: main:. ${TREES:-}; SM clock max $(nvidia-smi --query-gpu=clocks.max.sm \
   --format=csv,noheader)" | tee -a "$R/gpu.txt"
 names=(main)
+declare -A bin_of env_of
+bin_of[main]=main
+env_of[main]=
 # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
 device_build_tree main . 10 pagoda pagoda_cuda_bench cuda_attention_tests &
 pids=$!
 for t in ${TREES:-}; do
   names+=("${t%%:*}")
+  bin_of[${t%%:*}]=${t%%:*}
+  env_of[${t%%:*}]=
   device_build_tree "${t%%:*}" "${t#*:}" 6 pagoda pagoda_cuda_bench &
   pids="$pids $!"
 done
 # shellcheck disable=SC2086
 wait $pids
+for v in ${VARIANTS:-}; do
+  names+=("${v%%:*}")
+  bin_of[${v%%:*}]=main
+  env_of[${v%%:*}]=${v#*:}
+done
 M=/tmp/b-main/tests/cuda
 SECONDS=0
 PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
@@ -43,14 +55,16 @@ fi
 IFS=';' read -r -a mla <<< "${MLA_SHAPES:-64 16 4096 64 bf16;8 128 8192 64 bf16;128 128 4096 64 bf16;1 128 32768 64 bf16;8 128 8192 64 fp8_e4m3}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for n in "${names[@]}"; do
+    b=/tmp/b-${bin_of[$n]}
     for c in prefill extend tree; do
-      timeout 90 "/tmp/b-$n/tests/cuda/pagoda_cuda_bench" "$R/${n}_${c}_$r.jsonl" "$c" > /dev/null ||
-        echo "bench $n $c rc=$?"
+      # shellcheck disable=SC2086
+      env ${env_of[$n]} timeout 90 "$b/tests/cuda/pagoda_cuda_bench" "$R/${n}_${c}_$r.jsonl" "$c" \
+        > /dev/null || echo "bench $n $c rc=$?"
     done
     for shape in "${mla[@]}"; do
       # shellcheck disable=SC2086
       set -- $shape
-      timeout 60 "/tmp/b-$n/pagoda" kernels --backend cuda --op decode --batch "$1" --q-heads "$2" \
+      env ${env_of[$n]} timeout 60 "$b/pagoda" kernels --backend cuda --op decode --batch "$1" --q-heads "$2" \
         --kv-len "$3" --page-size "$4" --kv-dtype "$5" --kv-heads 1 --head-dim 576 \
         --head-dim-v 512 --json --iters 30 2>> "$R/kernels.err" |
         sed "s/^{/{\"case\": \"mla_decode_b$1_h$2_l$3_p$4_$5\", /" >> "$R/${n}_mladec_$r.jsonl" ||

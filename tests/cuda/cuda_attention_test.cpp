@@ -486,6 +486,48 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   unsetenv("PAGODA_SM90_BLOCKS");
   unsetenv("PAGODA_SM90_ORDER");
 }
+// The sm90 prefill's K/V copies by TMA (the two-stage configurations, D 256 and DQK 192 / DV
+// 128, at page sizes >= 16; boxes of min(page, tile keys) tokens, so whole pages at 16-64 and
+// part of a page at 128 and 256 with D 256's 64-key tiles; DQK 192 at page 32 here, 16 and 64
+// in MlaPrefillDims192x128),
+// with the last tile of a unit that ends past kv_len (NaN-poisoned rows) and units whose first
+// key is off a box boundary (window) by cp.async; D 64 and 128 (cp.async, the schedule walked
+// by every warpgroup) over the same pages; every problem again with PAGODA_SM90_TMA=0 (all tiles
+// by cp.async). Where the sm_90a kernel does not run, the knob does nothing and the problems
+// pass through the mma.sync kernel.
+TEST(CudaExtend, Sm90TmaPagesAndTails) {
+  REQUIRE_GPU();
+  for (const char* tma : {"1", "0"}) {
+    SCOPED_TRACE(std::string("PAGODA_SM90_TMA=") + tma);
+    setenv("PAGODA_SM90_TMA", tma, 1);
+    for (int ps : {16, 32, 64, 128, 256}) {
+      for (int d : {64, 128, 256}) {
+        SCOPED_TRACE("page " + std::to_string(ps) + " D " + std::to_string(d));
+        Problem p = extend_problem({300, 129, 1, 64}, {0, 513, 1000, 2047}, ps, d,
+                                   uint64_t(70 + ps + d));
+        p.hq = 16;
+        p.hkv = 4;
+        expect_ok(p, 2e-2, "prefill");
+      }
+    }
+    Problem w = extend_problem({150, 40, 260}, {100, 500, 3000}, 64, 128, 71);
+    w.params.window_left = 200;  // units start at keys off the 64-key boxes
+    w.params.logit_cap = 20.f;
+    expect_ok(w, 2e-2, "prefill");
+    Problem t = extend_problem({16, 64, 7}, {300, 1000, 50}, 32, 128, 72);
+    t.tree_mask = true;
+    expect_ok(t, 2e-2, "prefill");
+    Problem m = extend_problem({300, 129, 5}, {0, 513, 2000}, 32, 192, 73);  // MLA prefill dims
+    m.dv = 128;
+    m.hq = m.hkv = 16;
+    m.params.sm_scale = 1.f / std::sqrt(192.f);
+    expect_ok(m, 2e-2, kernels::cuda::prefill_sm90_serves(DType::kBF16, DType::kBF16, DType::kBF16,
+                                                          192, 128)
+                           ? "prefill"
+                           : "generic");
+  }
+  unsetenv("PAGODA_SM90_TMA");
+}
 // DQK 192 / DV 128, the non-absorbed MLA prefill (DeepSeek-style: 128 nope + 64 rope dims of
 // Q and K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 2
 // stages. MHA over ragged prefixes (page 16, long causal rows), G 4 on page 1 with window, cap

@@ -445,8 +445,8 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.lse = lse.empty() ? nullptr : lse.data_as<float>();
   a.lse_stride_n = lse.empty() ? 0 : lse.stride(0);
   a.lse_stride_h = lse.empty() ? 0 : lse.stride(1);
-  a.k = {k_cache.data(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
-  a.v = {v_cache.data(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2)};
+  a.k = {k_cache.data(), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), k_cache.size(0)};
+  a.v = {v_cache.data(), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), v_cache.size(0)};
   a.num_qo_heads = s.num_qo_heads;
   a.num_kv_heads = s.num_kv_heads;
   a.head_dim_qk = s.head_dim_qk;

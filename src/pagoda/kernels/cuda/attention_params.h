@@ -14,11 +14,14 @@ enum class ElemType : uint8_t { kF32, kF16, kBF16, kE4M3, kE5M2 };
 
 /// A paged K or V cache: element (page, token, head, d) lives at
 /// data + page * page_stride + token * token_stride + head * head_stride + d (elements).
+/// num_pages bounds the page ids (0 = unknown: kernels that need the bound, the Hopper
+/// prefill's TMA copies, then do without it).
 struct PagedCache {
   const void* data = nullptr;
   int64_t page_stride = 0;
   int64_t token_stride = 0;
   int64_t head_stride = 0;
+  int64_t num_pages = 0;
 };
 
 /// The step's plan on the device. All int32 unless noted; written by the host planner.

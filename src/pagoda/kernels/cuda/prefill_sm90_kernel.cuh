@@ -15,16 +15,34 @@
 /// that load inside the tile loop, right after the last S GEMM, cost 13 % at B4 S4096 on the
 /// H200: ptxas then gave P its own registers and moved the row sums between the P V wgmmas.)
 /// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
+/// Unit records (PrefillSm90Config::kRecords, the two-stage configurations D 256 and DQK 192):
+/// only the producer walks the schedule and reads the plan; it publishes each unit (its work
+/// item, kv head, rows and keys: Sm90UnitRec) in a two-slot ring of shared-memory records with
+/// their own full / empty mbarriers, and the consumers take their units from there. The
+/// three-stage configurations (D 64, 128) walk the schedule in every warpgroup (sm90_next_unit,
+/// prefill_work), which measured faster there. Either way the consumers gather Q without
+/// integer divisions (it had two per 16-byte chunk: with the plan loads, ~2,300 instructions per
+/// unit against ~570 per key tile; ncu put 19 % of all stall samples at B16 S1024 there).
 ///
 /// Roles (384 threads, one block per SM):
-///  * warpgroup 0, producer: per tile of kKeys keys (128; 64 at D = 256) each warp owns a quarter
-///    of the rows and a lane looks up the page of one of them (any page size; the next tile's
-///    lookup is in flight while this one is issued); warp shuffles hand the row offsets to the
-///    copying lanes (8 per row, 4 rows per instruction, every 128-byte atom column of K and V
-///    per shuffle), which gather K and V rows with 16-byte cp.async into a kStages-deep ring of
-///    128B-swizzled shared-memory tiles (zero-filled past the request's keys). It then waits for its own copies of the previous tile, fences them into the
-///    async proxy and arrives on that stage's `full` mbarrier. Before reusing a stage it waits on
-///    the stage's `empty` mbarrier.
+///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D = 256) into a
+///    kStages-deep ring of 128B-swizzled shared-memory tiles, each stage with a `full` and an
+///    `empty` mbarrier (it waits on `empty` before reusing a stage). Two ways:
+///    - TMA (kRecords configurations at page size >= 16, Sm90KvMaps): lane 0 of warp 0 arrives on `full` with the stage's
+///      byte count and issues one 4-D box per page (or per tile when the page is larger) and atom
+///      column of K and V; lanes of warp 0 look up the next tile's pages meanwhile, and the
+///      other producer threads only arrive. Used for every tile of a unit whose first key is on
+///      a box boundary, except a last tile that ends past the request's keys (a box copies
+///      whole page rows, and the unused rows of the last page may hold anything: NaN there
+///      would reach O through P = 0 times V).
+///    - cp.async (every other tile: D 64 / 128, page sizes < 16, the tails, window starts off
+///      a box; at D 128 TMA boxes of 16-key pages measured 2-5 % slower than this): each
+///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
+///      size; the next tile's lookup is in flight while this one is issued); warp shuffles hand
+///      the row offsets to the copying lanes (8 per row, 4 rows per instruction, every 128-byte
+///      atom column of K and V per shuffle), which copy 16-byte chunks (zero-filled past the
+///      request's keys). The producer then waits for its own copies of the previous tile,
+///      fences them into the async proxy and arrives on that stage's `full` mbarrier.
 ///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
 ///    S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
@@ -41,7 +59,8 @@
 /// order) measured 5 % slower at D 128 in the same call and is not used.
 ///
 /// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
-/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers. D = 256 takes 64-key
+/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers (K/V ring, record
+/// ring) and the two unit records. D = 256 takes 64-key
 /// tiles and 2 stages (Q 64 KB + 2 x 64 KB), so the consumers' registers hold O (128 per thread)
 /// beside a 64-key score tile; DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style
 /// models) takes 128-key tiles and 2 stages (Q 48 KB + 2 x 80 KB).
@@ -64,19 +83,29 @@ struct PrefillSm90Config {
   // per stage; registers as at D = 128).
   static constexpr int kKeys = DQK <= 192 ? 128 : 64;
   static constexpr int kStages = DQK <= 128 ? 3 : 2;
+  // The two-stage configurations (D 256, DQK 192) take their units from the producer's records
+  // and their full K/V tiles by TMA; the three-stage ones (D 64, 128) walk the schedule in every
+  // warpgroup and copy by cp.async, which measured faster there in the same H200 call
+  // (bench/results/hopper_h200.md, 2026-12-02, fourth session: records cost 2-9 % at D 128
+  // wherever units have many tiles, TMA another 2-5 %; at D 256 / 192 both together gained
+  // 8-12 %).
+  static constexpr bool kRecords = kStages == 2;
   static constexpr uint32_t kQBytes = kRows * DQK * 2;
   static constexpr uint32_t kKTileBytes = kKeys * DQK * 2;            // one K tile
   static constexpr uint32_t kVTileBytes = kKeys * DV * 2;             // one V tile
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
-  static constexpr uint32_t kBarBytes = 2 * kStages * 8;
-  static constexpr size_t kSmemBytes = 1024 + kQBytes + kStages * kStageBytes + kBarBytes;
+  static constexpr uint32_t kBarBytes = 2 * kStages * 8 + 2 * 2 * 8;  // K/V ring, record ring
+  static constexpr uint32_t kRecBytes = 2 * 128;                       // two Sm90UnitRec slots
+  static constexpr size_t kSmemBytes =
+      1024 + kQBytes + kStages * kStageBytes + kBarBytes + kRecBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
-  // (seen on the H200 with 80 / 216).
-  // D = 256: O alone takes 128 registers per consumer thread; 224 spill a few, 232 do not.
-  static constexpr int kProducerRegs = DV <= 128 ? 56 : 40;
-  static constexpr int kConsumerRegs = DV <= 128 ? 224 : 232;
+  // (seen on the H200 with 80 / 216). 56 / 224 at every head dim: since the consumers read their
+  // units from the producer's records, D = 256 (O alone 128 registers per consumer thread) no
+  // longer spills at 224, and a 40-register producer spilled in its tile loop (ptxas -v).
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
   static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
                 "register split exceeds the launch allocation");
   static_assert((DQK == DV && (DQK == 64 || DQK == 128 || DQK == 256)) || (DQK == 192 && DV == 128),
@@ -120,9 +149,28 @@ __device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, int order
   }
 }
 
+/// What the producer tells the consumers about one unit (a slot of the record ring in shared
+/// memory): its work item (item < 0: the block has no more units), kv head, rows and keys, and
+/// the number of leading key tiles the custom mask leaves free (mask_free_cols).
+struct Sm90UnitRec {
+  PrefillWork work;
+  int item, hkv, nfree;
+};
+static_assert(sizeof(Sm90UnitRec) <= 128, "record slot is 128 bytes");
+
+/// K and V of the paged cache as 4-D TMA tensors (prefill_sm90.cu encodes them per launch):
+/// dims (d, kv head, token in page, page), box {64 elements, 1, `rows` tokens, 1}, 128-byte
+/// swizzle: one box is `rows` keys x one 128-byte atom column, laid out as the cp.async path
+/// lays it. rows = 0: no TMA (every tile by cp.async).
+struct Sm90KvMaps {
+  CUtensorMap k, v;
+  int rows = 0;
+};
+
 template <typename T, int DQK, int DV, bool kPingPong>
 __global__ void __launch_bounds__(384, 1)
-    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order) {
+    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order,
+                        const __grid_constant__ Sm90KvMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
@@ -131,7 +179,6 @@ __global__ void __launch_bounds__(384, 1)
   constexpr int kStages = Cfg::kStages;
   constexpr int kNT = kKeys / 8;     // score n-tiles of 8 columns
   constexpr int kDT = DV / 8;        // output n-tiles
-  constexpr int kQChunks = DQK / 8;  // 16-byte chunks per Q / K row
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -141,6 +188,9 @@ __global__ void __launch_bounds__(384, 1)
   const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at + s * stage, V after it
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
   uint64_t* empty = full + kStages;
+  uint64_t* rec_full = empty + kStages;  // [2]: the producer wrote the slot (1 arrival)
+  uint64_t* rec_empty = rec_full + 2;    // [2]: every consumer thread read it (256 arrivals)
+  Sm90UnitRec* recs = reinterpret_cast<Sm90UnitRec*>(rec_empty + 2);
 
   const DevicePlan& plan = a.plan;
   const int G = a.num_qo_heads / a.num_kv_heads;
@@ -148,7 +198,10 @@ __global__ void __launch_bounds__(384, 1)
   const int tid = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform to the compiler
   const int t128 = tid % 128;
-  if (tid == 0) mbar_init_ring(full, empty, kStages, 128, 256);  // producer 128, consumers 256
+  if (tid == 0) {
+    mbar_init_ring(rec_full, rec_empty, 2, 1, 256);
+    mbar_init_ring(full, empty, kStages, 128, 256);  // producer 128, consumers 256
+  }
   __syncthreads();
 
   if (wg == 0) {
@@ -171,22 +224,101 @@ __global__ void __launch_bounds__(384, 1)
     auto group_row0 = [&](int g) {
       return kSideBySide ? 4 * (g * 4 + pw) : pw * kWarpRows + 4 * g;
     };
+    // Shared-memory offset of this lane's chunk in group g: the swizzle depends on the row mod 8,
+    // which is the same for every group side by side and alternates with g % 2 for contiguous
+    // rows, so two offsets (and a constant per group) cover every group.
+    const uint32_t so_base[2] = {sw128_offset(group_row0(0) + sub, c8),
+                                 sw128_offset(group_row0(1) + sub, c8)};
+    auto group_so = [&](int g) -> uint32_t {
+      const int base = kSideBySide ? 0 : (g & 1);
+      return so_base[base] + uint32_t(group_row0(g) - group_row0(base)) * 128u;
+    };
     const int my_row = group_row0(lane / 4) + lane % 4;
     const bool looks_up = lane < kWarpRows;
     int it = 0;  // tiles issued by this block over all its units: the ring position
+    int ku = 0;  // units of this block so far: the record ring position
+    // Thread 0 publishes unit ku's record (item < 0: no more units) in slot ku % 2, once the
+    // consumers have read the record two units back.
+    auto publish = [&](const PrefillWork& w, int rec_item, int rec_hkv, int nfree) {
+      if (!Cfg::kRecords || t128 != 0) return;
+      const int slot = ku & 1;
+      if (ku >= 2) mbar_wait(&rec_empty[slot], ((ku >> 1) - 1) & 1);
+      Sm90UnitRec& rec = recs[slot];
+      rec.work = w;
+      rec.item = rec_item;
+      rec.hkv = rec_hkv;
+      rec.nfree = nfree;
+      mbar_arrive(&rec_full[slot]);  // release: the consumers' wait acquires the record
+    };
     int item = 0, hkv = 0;
-    for (int r = 0; sm90_next_unit(a, order, r, item, hkv); ++r) {
+    for (int r = 0; sm90_next_unit(a, order, r, item, hkv); ++r, ++ku) {
       const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
       const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
+      publish(work, item, hkv,
+              work.mask.bits != nullptr && plan.mask_free_cols != nullptr
+                  ? max(0, (min(hi, plan.mask_free_cols[work.b]) - lo) / kKeys)
+                  : 0);
       const int32_t* pages = plan.kv_indices + plan.kv_indptr[work.b];
+      // TMA tiles: the unit's keys start on a box boundary and the tile's keys all exist (a
+      // box copies whole rows of the page; past kv_len they may hold anything, and V rows must
+      // be finite where P is 0). Only the last tile can end past kv_len: it goes by cp.async,
+      // with zero fill. So a unit is a run of TMA tiles, then cp.async tiles, each its own loop
+      // (one merged loop spilled the producer's 56 registers).
+      int i = 0;
+      const int box = maps.rows;
+      if (box > 0 && lo % box == 0) {
+        const int ntma = min(ntiles, (work.mask.kv_len - lo) / kKeys);
+        // Lane j < kKeys / box of warp 0 looks up the page of box j (the next tile's lookup is
+        // in flight while this one is issued).
+        auto box_page = [&](int tile) -> int {
+          const int kj = lo + tile * kKeys + lane * box;
+          return pw == 0 && tile < ntma && lane * box < kKeys ? __ldg(pages + kj / ps) : 0;
+        };
+        int page_next = box_page(0);
+        for (; i < ntma; ++i, ++it) {
+          const int s = it % kStages;
+          const int page = page_next;
+          page_next = box_page(i + 1);
+          if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
+          // Lane 0 of warp 0 arrives with the stage's byte count and issues every box; the
+          // other 127 producer threads arrive at once (full counts 128 arrivals).
+          if (pw == 0) {
+            const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
+            if (lane == 0) mbar_arrive_expect_tx(&full[s], Cfg::kStageBytes);
+            // Boxes of whole pages start at token 0; a box smaller than the page (one per tile)
+            // at the tile's offset in it.
+            const int t = box < ps ? (lo + i * kKeys) % ps : 0;
+            for (int j = 0; j * box < kKeys; ++j) {
+              const int pg = __shfl_sync(0xffffffffu, page, j);
+              if (lane == 0) {
+                const uint32_t dst = kdst + uint32_t(j * box) * 128u;
+#pragma unroll
+                for (int at = 0; at < DQK / 64; ++at) {
+                  tma_load_4d(dst + at * (kKeys * 128), &maps.k, at * 64, hkv, t, pg, &full[s]);
+                }
+#pragma unroll
+                for (int at = 0; at < DV / 64; ++at) {
+                  tma_load_4d(dst + Cfg::kKTileBytes + at * (kKeys * 128), &maps.v, at * 64, hkv,
+                              t, pg, &full[s]);
+                }
+              }
+            }
+            if (lane != 0) mbar_arrive(&full[s]);
+          } else {
+            mbar_arrive(&full[s]);
+          }
+        }
+      }
+      if (i == ntiles) continue;
+      const int i0 = i;
       const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride + c8 * 8;
       const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride + c8 * 8;
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
       };
-      int page_next = lookup(0);
-      for (int i = 0; i < ntiles; ++i, ++it) {
+      int page_next = lookup(i);
+      for (; i < ntiles; ++i, ++it) {
         const int s = it % kStages;
         const int page = page_next;
         const int64_t o = (lo + i * kKeys + my_row) % ps;
@@ -201,7 +333,7 @@ __global__ void __launch_bounds__(384, 1)
           const int src = g * 4 + sub;
           const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
           const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
-          const uint32_t so = sw128_offset(group_row0(g) + sub, c8);
+          const uint32_t so = group_so(g);
 #pragma unroll
           for (int at = 0; at < DQK / 64; ++at) {
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
@@ -216,7 +348,7 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
         cp_async_commit();
-        if (i > 0) {  // the previous tile of this unit has landed: publish it
+        if (i > i0) {  // the previous tile of this unit has landed: publish it
           cp_async_wait<1>();
           fence_proxy_async();
           mbar_arrive(&full[(it - 1) % kStages]);
@@ -224,12 +356,11 @@ __global__ void __launch_bounds__(384, 1)
       }
       // The unit's last tile is published before the next unit's lookups start, so the
       // consumers never wait on the producer's prologue of a unit.
-      if (ntiles > 0) {
-        cp_async_wait<0>();
-        fence_proxy_async();
-        mbar_arrive(&full[(it - 1) % kStages]);
-      }
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbar_arrive(&full[(it - 1) % kStages]);
     }
+    publish(PrefillWork{}, -1, 0, 0);
     return;
   }
 
@@ -239,23 +370,35 @@ __global__ void __launch_bounds__(384, 1)
   const int warp = t128 / 32, lane = tid % 32;
 
   // Q of a unit: this warpgroup's 64 rows, as cp.async into its half of the Q buffer (the
-  // caller waits, fences and syncs the warpgroup before the first S GEMM reads it).
-  auto load_q = [&](int q_item, int q_hkv) {
-    const int qb = plan.item_req[q_item];
-    const int q_begin = plan.qo_indptr[qb];
-    const int rows = (plan.qo_indptr[qb + 1] - q_begin) * G;
-    const int g0 = plan.item_a[q_item] * Cfg::kRows + cw * 64;
-    for (int idx = t128; idx < 64 * kQChunks; idx += 128) {
-      const int r = idx / kQChunks, c = idx % kQChunks;
-      const int pr = g0 + r;
-      const bool ok = pr < rows;
-      const T* src = static_cast<const T*>(a.q);
-      if (ok) {
-        src += (q_begin + pr / G) * a.q_stride_n + (q_hkv * G + pr % G) * a.q_stride_h + c * 8;
+  // caller waits, fences and syncs the warpgroup before the first S GEMM reads it). Lane t128
+  // copies 16-byte chunk t128 % 8 of every 128-byte atom column of the rows t128 / 8 + 16 j
+  // (j < 4); the row's token and head step by 16 packed rows without a division.
+  const int q_c8 = t128 % 8, q_rs = t128 / 8;
+  const int g16_tok = 16 / G, g16_head = 16 % G;
+  auto load_q = [&](const PrefillWork& w, int q_hkv) {
+    int pr = w.r0 + cw * 64 + q_rs;
+    int tok = pr / G, hh = pr - tok * G;
+    const T* q0 = static_cast<const T*>(a.q) + q_c8 * 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool ok = pr < w.rows;
+      const T* src =
+          ok ? q0 + int64_t(w.q_begin + tok) * a.q_stride_n + int64_t(q_hkv * G + hh) * a.q_stride_h
+             : q0;
+      const uint32_t dst = q_addr + sw128_offset(cw * 64 + q_rs + 16 * j, q_c8);
+#pragma unroll
+      for (int at = 0; at < DQK / 64; ++at) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                         dst + at * (Cfg::kRows * 128)),
+                     "l"(src + (ok ? at * 64 : 0)), "r"(ok ? 16 : 0));
       }
-      const uint32_t dst = q_addr + (c / 8) * (Cfg::kRows * 128) + sw128_offset(cw * 64 + r, c % 8);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                   "r"(ok ? 16 : 0));
+      pr += 16;
+      tok += g16_tok;
+      hh += g16_head;
+      if (hh >= G) {
+        hh -= G;
+        ++tok;
+      }
     }
     cp_async_commit();
   };
@@ -283,13 +426,48 @@ __global__ void __launch_bounds__(384, 1)
   const uint64_t k_desc0 = sw128_desc(kv_addr, 16, 1024);
   const uint64_t v_desc0 = sw128_desc(kv_addr + Cfg::kKTileBytes, kKeys * 128, 1024);
 
+  // Without records (kRecords false) a warpgroup walks the schedule itself: Q of unit (item,
+  // kv head) with the plan's rows of it.
+  auto load_q_plan = [&](int q_item, int q_hkv) {
+    const int qb = plan.item_req[q_item];
+    PrefillWork w;
+    w.q_begin = plan.qo_indptr[qb];
+    w.rows = (plan.qo_indptr[qb + 1] - w.q_begin) * G;
+    w.r0 = plan.item_a[q_item] * Cfg::kRows;
+    load_q(w, q_hkv);
+  };
+
   int it = 0;  // tiles consumed over all units (the producer's ring position)
-  int r = 0, item = 0, hkv = 0;
-  bool live = sm90_next_unit(a, order, r, item, hkv);
-  if (live) load_q(item, hkv);
-  while (live) {
-    const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
-    const int hkv_done = hkv;
+  // With records (Sm90UnitRec) the producer says which unit comes next and what it covers, so
+  // the consumers' unit switch reads shared memory instead of the plan's dependent global loads.
+  auto rec_wait = [&](int k) { mbar_wait(&rec_full[k & 1], (k >> 1) & 1); };
+  int sched_r = 0, sched_item = 0, sched_hkv = 0;  // the schedule walk without records
+  bool sched_live = false;
+  if constexpr (Cfg::kRecords) {
+    rec_wait(0);
+    if (recs[0].item >= 0) load_q(recs[0].work, recs[0].hkv);
+  } else {
+    sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+    if (sched_live) load_q_plan(sched_item, sched_hkv);
+  }
+  for (int ku = 0;; ++ku) {
+    PrefillWork work;
+    int hkv = 0, nfree = 0;
+    if constexpr (Cfg::kRecords) {
+      const Sm90UnitRec& rec = recs[ku & 1];
+      if (rec.item < 0) break;
+      work = rec.work;
+      hkv = rec.hkv;
+      nfree = rec.nfree;
+      mbar_arrive(&rec_empty[ku & 1]);
+    } else {
+      if (!sched_live) break;
+      work = prefill_work(a, sched_item, Cfg::kRows, kKeys);
+      hkv = sched_hkv;
+      nfree = work.mask.bits != nullptr && plan.mask_free_cols != nullptr
+                  ? max(0, (min(work.hi, plan.mask_free_cols[work.b]) - work.lo) / kKeys)
+                  : 0;
+    }
     const int rows = work.rows, lo = work.lo, hi = work.hi, ntiles = work.ntiles;
     const int qoff = work.qoff;
     const MaskInfo& mask = work.mask;
@@ -311,9 +489,6 @@ __global__ void __launch_bounds__(384, 1)
     const int wt_last = (max(min(wr0 + 16, rows), wr0 + 1) - 1) / G;
     const bool capped = xf.cap > 0.f;
     const float scale = capped ? 1.f : xf.scale_log2;
-    const int nfree = mask.bits != nullptr && plan.mask_free_cols != nullptr
-                          ? max(0, (min(hi, plan.mask_free_cols[work.b]) - lo) / kKeys)
-                          : 0;
 
     float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
     float o[kDT][4];
@@ -384,15 +559,24 @@ __global__ void __launch_bounds__(384, 1)
       mbar_arrive(&empty[s]);
     }
     // Every S GEMM of the unit has read Q: the next unit's Q loads under the epilogue.
-    ++r;
-    live = sm90_next_unit(a, order, r, item, hkv);
-    if (live) {
-      named_bar_sync(2 + cw, 128);  // every warp is past its last wait: no wgmma reads Q
-      load_q(item, hkv);
+    if constexpr (Cfg::kRecords) {
+      rec_wait(ku + 1);
+      const Sm90UnitRec& next = recs[(ku + 1) & 1];
+      if (next.item >= 0) {
+        named_bar_sync(2 + cw, 128);  // every warp is past its last wait: no wgmma reads Q
+        load_q(next.work, next.hkv);
+      }
+    } else {
+      ++sched_r;
+      sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+      if (sched_live) {
+        named_bar_sync(2 + cw, 128);
+        load_q_plan(sched_item, sched_hkv);
+      }
     }
 
     // ---- epilogue ----
-    store_tile<T>(a, work, hkv_done, wr0, m, l, o, lane);
+    store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
   }
   if constexpr (kPingPong) {
     if (cw == 0) named_bar_sync(4, 256);

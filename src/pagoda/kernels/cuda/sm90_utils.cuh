@@ -5,6 +5,8 @@
 /// Everything here compiles for any architecture (the kernels guard their sm_90a bodies), but
 /// only runs on sm_90a: the wgmma / setmaxnreg instructions do not exist elsewhere.
 
+#include <cuda.h>  // CUtensorMap (a plain struct; no driver call is made here)
+
 #include <atomic>
 #include <cstdint>
 
@@ -79,6 +81,30 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
       "DONE:\n"
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
+      : "memory");
+}
+
+/// Arrives on `bar` (counting as one of its arrivals) and raises the bytes its current phase
+/// waits for by `bytes`: the phase completes once every arrival came and that many bytes of
+/// tensor copies (tma_load_4d) signalled it.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+// ---- tensor memory access (TMA) -----------------------------------------------------------
+/// One box of the 4-D tensor `map` (a kernel parameter: __grid_constant__) at coordinates
+/// c0 (innermost) .. c3 into shared memory at `dst`, completing `bytes` of `bar`'s transaction
+/// count when it lands. Issued by one thread; the writes are in the async proxy (a wgmma may
+/// read them once the barrier's phase completed, without a proxy fence).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, int c3, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(smem_addr(bar))
       : "memory");
 }
 
