@@ -28,10 +28,10 @@
 ///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D = 256) into a
 ///    kStages-deep ring of 128B-swizzled shared-memory tiles, each stage with a `full` and an
 ///    `empty` mbarrier (it waits on `empty` before reusing a stage). Two ways:
-///    - TMA (kRecords configurations at page size >= 16, Sm90KvMaps): lane 0 of warp 0 arrives on `full` with the stage's
-///      byte count and issues one 4-D box per page (or per tile when the page is larger) and atom
-///      column of K and V; lanes of warp 0 look up the next tile's pages meanwhile, and the
-///      other producer threads only arrive. Used for every tile of a unit whose first key is on
+///    - TMA (kRecords configurations at page size >= 16, Sm90KvMaps): lane 0 of warp 0 arrives
+///      on `full` with the stage's byte count and issues one 4-D box per page (or per tile when
+///      the page is larger) and atom column of K and V; lanes of warp 0 look up the next tile's
+///      pages meanwhile, and the other producer threads only arrive. Used for every tile of a unit whose first key is on
 ///      a box boundary, except a last tile that ends past the request's keys (a box copies
 ///      whole page rows, and the unused rows of the last page may hold anything: NaN there
 ///      would reach O through P = 0 times V).
@@ -60,8 +60,7 @@
 ///
 /// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
 /// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers (K/V ring, record
-/// ring) and the two unit records. D = 256 takes 64-key
-/// tiles and 2 stages (Q 64 KB + 2 x 64 KB), so the consumers' registers hold O (128 per thread)
+/// ring) and the two unit records. D = 256 takes 64-key tiles and 2 stages (Q 64 KB + 2 x 64 KB), so the consumers' registers hold O (128 per thread)
 /// beside a 64-key score tile; DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style
 /// models) takes 128-key tiles and 2 stages (Q 48 KB + 2 x 80 KB).
 /// Supports 16-bit Q == KV types, DQK = DV = 64, 128 and 256, and DQK 192 / DV 128; fp8 KV uses
