@@ -21,8 +21,10 @@
 /// their own full / empty mbarriers, and the consumers take their units from there. The
 /// three-stage configurations (D 64, 128) walk the schedule in every warpgroup (sm90_next_unit,
 /// prefill_work), which measured faster there. Either way the consumers gather Q without
-/// integer divisions (it had two per 16-byte chunk: with the plan loads, ~2,300 instructions per
-/// unit against ~570 per key tile; ncu put 19 % of all stall samples at B16 S1024 there).
+/// integer divisions (it had a division and a modulo by G per 16-byte chunk; at d684115 a
+/// consumer warp ran ~1,800 instructions per unit switch, 1,262 once plus a 135-instruction Q
+/// loop about 4 times, against ~570 per key tile, and ncu put 19 % of all stall samples at B16
+/// S1024 on the once-per-unit code and 5 % on the Q loop).
 ///
 /// Roles (384 threads, one block per SM):
 ///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D = 256) into a
@@ -36,7 +38,7 @@
 ///      whole page rows, and the unused rows of the last page may hold anything: NaN there
 ///      would reach O through P = 0 times V).
 ///    - cp.async (every other tile: D 64 / 128, page sizes < 16, the tails, window starts off
-///      a box; at D 128 TMA boxes of 16-key pages measured 2-5 % slower than this): each
+///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this): each
 ///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
 ///      size; the next tile's lookup is in flight while this one is issued); warp shuffles hand
 ///      the row offsets to the copying lanes (8 per row, 4 rows per instruction, every 128-byte
@@ -86,8 +88,8 @@ struct PrefillSm90Config {
   // and their full K/V tiles by TMA; the three-stage ones (D 64, 128) walk the schedule in every
   // warpgroup and copy by cp.async, which measured faster there in the same H200 call
   // (bench/results/hopper_h200.md, 2026-12-02, fourth session: records cost 2-9 % at D 128
-  // wherever units have many tiles, TMA another 2-5 %; at D 256 / 192 both together gained
-  // 8-12 %).
+  // wherever units have many tiles, TMA another 2-7 %; at D 256 / 192 both together gained
+  // 7-12 %).
   static constexpr bool kRecords = kStages == 2;
   static constexpr uint32_t kQBytes = kRows * DQK * 2;
   static constexpr uint32_t kKTileBytes = kKeys * DQK * 2;            // one K tile
