@@ -130,10 +130,19 @@ if has ncu; then
     envs=()
     [ -n "$spec" ] && IFS=',' read -r -a envs <<< "$spec"
     env "${envs[@]}" timeout 180 "$NCUBIN" --clock-control none -k regex:mla_decode -s 1 -c 1 --set full \
+      --import-source no -f -o "$R/ncu_$name" \
       $B/pagoda kernels --backend cuda --op decode --batch 128 --q-heads 128 --kv-len 4096 \
       --page-size 64 --kv-dtype bf16 --kv-heads 1 --head-dim 576 --head-dim-v 512 --iters 2 --warmup 1 \
-      > "$R/ncu_$name.txt" 2>&1
+      > "$R/ncu_$name.log" 2>&1
     echo "ncu $name rc=$?" | tee -a "$S"
+    # The details page (throughputs, stall reasons) and the per-SASS-instruction samples, which
+    # tools/ncu_stalls.py summarises (where the warps wait, and on what).
+    "$NCUBIN" -i "$R/ncu_$name.ncu-rep" --page details > "$R/ncu_$name.txt" 2>&1
+    "$NCUBIN" -i "$R/ncu_$name.ncu-rep" --page source --csv --print-source sass \
+      > "$R/ncu_$name.sass.csv" 2> "$R/ncu_$name.sass.err"
+    python3 tools/ncu_stalls.py "$R/ncu_$name.sass.csv" 40 > "$R/ncu_$name.stalls.txt" 2>&1
+    head -60 "$R/ncu_$name.stalls.txt" | tee -a "$S"
+    gzip -f "$R/ncu_$name.sass.csv"
     grep -E "^  [a-z_]+.*mla_decode|Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|Stall [A-Z]|Tensor|Shared Memory" \
       "$R/ncu_$name.txt" | head -40 | tee -a "$S"
   done

@@ -6,6 +6,7 @@
 #   VARIANTS="name:VAR=value ..." — this tree's build again under an environment setting
 #     (e.g. notma:PAGODA_SM90_TMA=0), timed like another tree.
 #   ROUNDS (2) — interleaved rounds over the trees.
+#   BENCH_CASES ("prefill extend tree") — pagoda_cuda_bench's case filters; empty: MLA decode only.
 # Builds every tree (sm_90a, in parallel); runs this tree's cuda_attention_tests
 # (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
 # pagoda_cuda_bench's prefill / extend / verify / MLA-prefill cases and `pagoda kernels` on the
@@ -56,7 +57,7 @@ IFS=';' read -r -a mla <<< "${MLA_SHAPES:-64 16 4096 64 bf16;8 128 8192 64 bf16;
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for n in "${names[@]}"; do
     b=/tmp/b-${bin_of[$n]}
-    for c in prefill extend tree; do
+    for c in ${BENCH_CASES-prefill extend tree}; do
       # shellcheck disable=SC2086
       env ${env_of[$n]} timeout 90 "$b/tests/cuda/pagoda_cuda_bench" "$R/${n}_${c}_$r.jsonl" "$c" \
         > /dev/null || echo "bench $n $c rc=$?"

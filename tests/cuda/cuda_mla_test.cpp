@@ -6,7 +6,8 @@
 /// chunks, thousands of pages); PAGODA_MLA_DECODE=0 (generic kernel) agrees with the new path.
 /// Bf16 latents with h_q >= 64 run the Hopper wgmma kernel on sm_90 (mla_decode_sm90_kernel.cuh);
 /// MlaDecode.HopperAndMmaSyncKernels checks that it does, and runs both kernels on 64/96/128
-/// heads and the Hopper one on 16/48 (PAGODA_MLA_SM90=2).
+/// heads and the Hopper one on 16/48 (PAGODA_MLA_SM90=2); MlaDecode.HopperTmaPagesTailsAndRescales
+/// runs its TMA and cp.async copies and its lazy rescaling.
 /// Label "gpu".
 
 #include <gtest/gtest.h>
@@ -289,15 +290,19 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   const bool hopper = major == 9 && minor == 0;
   namespace kc = kernels::cuda;
   if (hopper) {
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 64)
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128, 1), 64)
         << "the sm_90a image of the Hopper MLA kernel is missing";
+    // Below 64 heads the Hopper kernel runs where its tiles come by TMA (pages >= 16).
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16, 64), 64);
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48, 16), 64);
   }
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128), 32);
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 32);
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128, 64), 32);
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48, 1), 32);
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48, 7), 32);
   for (const char* sm90 : {"1", "0"}) {
     setenv("PAGODA_MLA_SM90", sm90, 1);
     if (std::strcmp(sm90, "0") == 0) {
-      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 32);
+      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128, 64), 32);
     }
     int i = 0;
     for (int hq : {64, 96, 128}) {
@@ -318,7 +323,7 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   // PAGODA_MLA_SM90=2: the Hopper kernel at any head count (16 and 48 live rows of its 64).
   setenv("PAGODA_MLA_SM90", "2", 1);
   if (hopper) {
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 64);
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16, 1), 64);
   }
   for (int hq : {16, 48}) {
     const uint64_t s = seed_ + 81 + uint64_t(hq);
@@ -326,6 +331,49 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
     check(mla_problem(ragged(5, 2500, {2, 6000}, s), 16, hq, DType::kBF16, s), 1.5e-2);
   }
   unsetenv("PAGODA_MLA_SM90");
+}
+
+TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
+  // The Hopper kernel copies whole 64-key tiles by TMA at page sizes >= 16 (one box per page
+  // and atom column, or one per tile when the page is larger) and the last tile of a chunk
+  // that ends past its keys by cp.async; PAGODA_MLA_TMA=0 copies every tile by cp.async. Both
+  // against the reference on pages 16 / 64 / 128 / 256, lengths with and without tails, a
+  // request split over several chunks, and "spike" keys whose latent rows are scaled by 12:
+  // their logits jump by far more than the lazy rescaling's threshold in the middle of a
+  // chunk, so the running max moves (and O is rescaled) after many tiles that did not move it.
+  if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128, 64) !=
+      64) {
+    PAGODA_SKIP_GPU_TEST("the Hopper MLA decode kernel does not run on this device");
+  }
+  int i = 0;
+  for (const char* tma : {"1", "0"}) {
+    setenv("PAGODA_MLA_TMA", tma, 1);
+    for (int ps : {16, 64, 128, 256}) {
+      const uint64_t s = seed_ + 91 + uint64_t(i++);
+      SCOPED_TRACE(testing::Message() << "PAGODA_MLA_TMA=" << tma << " seed " << s << " page "
+                                      << ps);
+      Problem p = mla_problem({64, 640, 1000, 4096, 129, 11000}, ps, 128, DType::kBF16, s);
+      HostData h = make_host_data(p);
+      // Spikes: every 1,500th key of each request (its latent row x 12, still finite in bf16).
+      for (size_t b = 0; b < p.kv_lens.size(); ++b) {
+        for (int j = 700; j < p.kv_lens[b]; j += 1500) {
+          const int64_t slot = int64_t(h.kv_indices[h.kv_indptr[b] + j / ps]) * ps + j % ps;
+          for (int e = 0; e < kDqk; ++e) {
+            const size_t at = size_t(slot) * kDqk + e;
+            const float x = read_as_f32(h.k.data(), DType::kBF16, at);
+            write_from_f32(h.k.data(), DType::kBF16, at, 12.f * x);
+          }
+        }
+      }
+      const MlaRun got = run_cuda(p, h);
+      const Cmp c = compare(got, reference_mla(p, h));
+      EXPECT_EQ(got.path, "mla_decode");
+      EXPECT_TRUE(c.finite);
+      EXPECT_LT(c.rel, 1.5e-2);
+      EXPECT_LT(c.lse, 1e-3);
+    }
+  }
+  unsetenv("PAGODA_MLA_TMA");
 }
 
 TEST_F(MlaDecode, SwitchOffAgreesWithGeneric) {
@@ -346,7 +394,9 @@ TEST_F(MlaDecode, SanitizerSmall) {
   for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
     check(mla_problem({1, 70, 700, 2100}, 16, 32, kv, seed_ + 51), 2e-2);
   }
-  check(mla_problem({1, 70, 700, 2100}, 16, 64, DType::kBF16, seed_ + 52), 2e-2);  // sm_90: wgmma
+  // sm_90: the wgmma kernel, its TMA copies by page (16) and by tile inside a page (128).
+  check(mla_problem({1, 70, 700, 2100}, 16, 64, DType::kBF16, seed_ + 52), 2e-2);
+  check(mla_problem({1, 70, 700, 2100}, 128, 64, DType::kBF16, seed_ + 53), 2e-2);
 }
 
 TEST_F(MlaDecode, PrefillShapesStayGeneric) {

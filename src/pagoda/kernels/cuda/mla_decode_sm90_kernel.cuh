@@ -5,12 +5,24 @@
 /// For many q heads (Hq >= 64, DeepSeek's 128) the mma.sync kernel (mla_decode_kernel.cuh) is
 /// compute-bound at 16-32 heads per block; here one block serves 64 heads (the wgmma M), so
 /// each latent tile read from L2 feeds four times the FLOPs, and the tensor cores are fed by
-/// wgmma instead of warp-level MMAs.
+/// wgmma instead of warp-level MMAs. Below 64 heads it runs where the tiles come by TMA (its
+/// empty rows cost tensor-core time, which the bandwidth-bound h_q 16 case has to spare).
 ///
 /// One block = one work item (request, kv chunk [a, b), load_decode_item) x 64 q heads
 /// (mla_block_coords: the head blocks of one item are adjacent in the 1-D grid; rows past Hq are
 /// zero and never written). 384 threads:
-///  * warpgroup 0, producer: per 64-key tile, lanes 0..15 of warp w look up the pages of keys
+///  * warpgroup 0, producer, two ways:
+///    - TMA (kTma: page sizes >= 16, MlaSm90Map): every whole 64-key tile of a chunk that starts
+///      on a box boundary. Lane 0 of warp 0 arrives on the stage's `full` mbarrier with the
+///      tile's byte count and issues 9 boxes (one per 128-byte atom column) per page of the
+///      tile, or per tile when the page is larger; lanes of warp 0 look up the next tile's
+///      pages meanwhile, the other producer threads only arrive. At B128 h_q 128 page 64 on the
+///      H200 this made the kernel 1.6x faster than the cp.async gather below (0.30 vs 0.48 ms,
+///      bench/results/mla_h200.md), which ncu had shown waiting on `full` for 20 % of its
+///      samples, its producer lanes busy with address math.
+///    - cp.async (page sizes < 16, and a chunk's last tile when it ends past the chunk's keys:
+///      a box copies whole page rows, and unused rows may hold NaN, which would reach O through
+///      P = 0 times V): per 64-key tile, lanes 0..15 of warp w look up the pages of keys
 ///    16w .. 16w + 15 (any page size; the next tile's lookups are in flight while this one is
 ///    issued), shuffles hand the row offsets to the copying lanes, which gather the latent rows
 ///    [576] with 16-byte cp.async into a 2-stage ring of 128B-swizzled tiles [9][64 keys][128 B]
@@ -25,11 +37,15 @@
 ///      consumers hold the same running max m; P_c = exp2(S_c - m) stored as bf16 into the
 ///      shared P tile [64 heads][64 keys] (named barrier 2 publishes it);
 ///      O_c = O_c * alpha + P V[:, 256c .. 256c + 255]   wgmma m64n256k16 x 4, P K-major and V
-///      (the tile's first 512 columns) MN-major from shared memory;
+///      (the tile's first 512 columns) MN-major from shared memory (with kTma, m, O and l move
+///      only when a row's max grows by more than 8, base 2);
 ///    then an arrive on the stage's `empty` mbarrier. Each consumer owns 256 of the 512 output
 ///    columns (128 f32 accumulators per thread); the row sums l are summed over both at the end.
 ///    (FlashMLA's first schedule, one consumer scoring whole tiles with m64n64k16 while the other
-///    only runs its P V half, measured 36 % slower on the H200: 656 vs 483 us at B128 h_q 128.)
+///    only runs its P V half, measured 36 % slower on the H200: 656 vs 483 us at B128 h_q 128.
+///    Issuing S of tile t + 1 behind P V of tile t before releasing tile t's stage measured
+///    20 % slower with TMA: the release then waits for tile t + 1 to land, and with two stages
+///    that leaves one tile in flight.)
 /// Split chunks write (O / l, lse) partials for the merge kernel; whole requests write the
 /// output (sinks, v_scale and LSE applied here).
 ///
@@ -69,8 +85,23 @@ struct MlaSm90Config {
                 "register split exceeds the launch allocation");
 };
 
+/// The latent cache as a 4-D TMA tensor (mla_decode_sm90.cu encodes it per launch, tma_map.h):
+/// dims (d, head, token in page, page), boxes of `rows` keys x one 128-byte atom column. rows = 0:
+/// no TMA (every tile by cp.async).
+struct MlaSm90Map {
+  CUtensorMap latent;
+  int rows = 0;
+};
+
+/// kTma: the launch has a latent map (map.rows > 0): whole tiles by TMA, and lazy rescaling in
+/// the consumers. Without it every tile goes by cp.async and O is rescaled on every tile: on the
+/// H200 the lazy rescaling measured 3 % faster with TMA and 2-3 % slower without it, and the
+/// TMA branch in the producer cost the page-1 path another few percent when compiled in
+/// (bench/results/mla_h200.md, 2026-12-02, fifth session).
+template <bool kTma>
 __global__ void __launch_bounds__(384, 1)
-    mla_decode_sm90_kernel(AttentionArgs a, LogitTransform xf) {
+    mla_decode_sm90_kernel(AttentionArgs a, LogitTransform xf,
+                           const __grid_constant__ MlaSm90Map map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the latent rows the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
@@ -113,12 +144,54 @@ __global__ void __launch_bounds__(384, 1)
     const T* kg = static_cast<const T*>(a.k.data);
     constexpr int kRows = C::kKeys / 4;               // rows per warp (16)
     constexpr int kCopies = kRows * C::kChunks / 32;  // cp.async per lane per tile (36)
-    auto lookup = [&](int t) -> int {
-      const int key = t * C::kKeys + warp * kRows + lane;
-      return lane < kRows && t < ntiles && key < n ? __ldg(pages + (kv_lo + key) / ps) : -1;
+    // TMA: the chunk's whole tiles when it starts on a box boundary. A box copies whole page
+    // rows, and the rows past the chunk's keys may hold anything (NaN there would reach O
+    // through P = 0 times V), so a last tile that ends past them goes by cp.async, zero-filled.
+    const int box = map.rows;
+    const int ntma = kTma && kv_lo % box == 0 ? n / C::kKeys : 0;
+    int t = 0;
+    if (kTma && ntma > 0) {
+      // Lane j < kKeys / box of warp 0 looks up the page of box j (the next tile's lookup is in
+      // flight while this one is issued).
+      auto box_page = [&](int tile) -> int {
+        return warp == 0 && tile < ntma && lane * box < C::kKeys
+                   ? __ldg(pages + (kv_lo + tile * C::kKeys + lane * box) / ps)
+                   : 0;
+      };
+      int pnext = box_page(0);
+      for (; t < ntma; ++t) {
+        const int s = t % kS;
+        const int page = pnext;
+        pnext = box_page(t + 1);
+        if (t >= kS) mbar_wait(&empty[s], ((t / kS) - 1) & 1);
+        // Lane 0 of warp 0 arrives with the tile's byte count and issues every box; the other
+        // 127 producer threads arrive at once (full counts 128 arrivals).
+        if (warp == 0) {
+          if (lane == 0) mbar_arrive_expect_tx(&full[s], C::kTileBytes);
+          const int tok = box < ps ? (kv_lo + t * C::kKeys) % ps : 0;  // boxes of whole pages: 0
+          const uint32_t dst = kv_addr + s * C::kTileBytes;
+          for (int j = 0; j * box < C::kKeys; ++j) {
+            const int pg = __shfl_sync(0xffffffffu, page, j);
+            if (lane == 0) {
+#pragma unroll
+              for (int at = 0; at < C::kAtoms; ++at) {
+                tma_load_4d(dst + at * kAtomBytes + uint32_t(j * box) * 128u, &map.latent, at * 64,
+                            0, tok, pg, &full[s]);
+              }
+            }
+          }
+          if (lane != 0) mbar_arrive(&full[s]);
+        } else {
+          mbar_arrive(&full[s]);
+        }
+      }
+    }
+    auto lookup = [&](int tile) -> int {
+      const int key = tile * C::kKeys + warp * kRows + lane;
+      return lane < kRows && tile < ntiles && key < n ? __ldg(pages + (kv_lo + key) / ps) : -1;
     };
-    int page_next = lookup(0);
-    for (int t = 0; t < ntiles; ++t) {
+    int page_next = lookup(t);
+    for (; t < ntiles; ++t) {
       const int s = t % kS;
       const int page = page_next;
       const int key = t * C::kKeys + warp * kRows + lane;
@@ -211,12 +284,25 @@ __global__ void __launch_bounds__(384, 1)
       if (quad == 0) red_max[cw * C::kHeads + r0 + 8 * h] = mx[h];
     }
     named_bar_sync(1, 256);
-    float alpha[2];
+    // Lazy rescaling with kTma (as in prefill_common's softmax_tile): m moves, and O and l are
+    // rescaled, only when some row of this warp's 16 grows by more than kLazyRescale (P then
+    // stays <= 2^8). Warp w of both consumers holds the same rows, the same m and reads the same
+    // maxima, so both take the same branch and their halves of P share one m.
+    constexpr float kLazyRescale = 8.f;
+    float mnew[2], alpha[2] = {1.f, 1.f};
+    bool grow = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float mnew = fmaxf(m[h], fmaxf(red_max[r0 + 8 * h], red_max[C::kHeads + r0 + 8 * h]));
-      alpha[h] = exp2_diff(m[h], mnew);
-      m[h] = mnew;
+      mnew[h] = fmaxf(m[h], fmaxf(red_max[r0 + 8 * h], red_max[C::kHeads + r0 + 8 * h]));
+      grow |= mnew[h] > m[h] + kLazyRescale;
+    }
+    const bool rescale = !kTma || __any_sync(0xffffffffu, grow);
+    if (rescale) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        alpha[h] = exp2_diff(m[h], mnew[h]);
+        m[h] = mnew[h];
+      }
     }
     float sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -232,8 +318,10 @@ __global__ void __launch_bounds__(384, 1)
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * alpha[h] + sum[h];
+    if (rescale) {
 #pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i / 2) & 1];
+      for (int i = 0; i < 128; ++i) o[i] *= alpha[(i / 2) & 1];
+    }
     fence_proxy_async();     // P (generic stores) before the wgmmas read it
     named_bar_sync(2, 256);  // both halves of P are in place
     // ---- O_c += P V_c ----

@@ -1,8 +1,5 @@
 /// Instantiations and raw launcher of the Hopper (sm_90a) paged prefill / extend kernel.
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -11,6 +8,7 @@
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/kernels/cuda/prefill_sm90_kernel.cuh"
+#include "pagoda/kernels/cuda/tma_map.h"
 
 namespace pagoda::kernels::cuda::raw {
 namespace {
@@ -75,59 +73,18 @@ int env_int(const char* name, int fallback) {
   return *end == '\0' ? static_cast<int>(v) : fallback;
 }
 
-/// The driver's cuTensorMapEncodeTiled through the runtime (no link to libcuda); nullptr when
-/// the driver does not have it.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      p = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-/// Encodes `c` as Sm90KvMaps describes it (dims d, head, token, page; boxes of `rows` tokens
-/// of one 64-element atom column); false when the driver refuses the layout (the caller then
-/// copies by cp.async).
-bool encode_kv_map(CUtensorMap& map, const PagedCache& c, ElemType t, int head_dim, int heads,
-                   int page_size, int rows) {
-  const auto encode = tensor_map_encoder();
-  if (encode == nullptr || c.num_pages <= 0) return false;
-  const cuuint64_t e = 2;  // bytes per element (16-bit types only)
-  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(page_size),
-                              cuuint64_t(c.num_pages)};
-  const cuuint64_t strides[3] = {cuuint64_t(c.head_stride) * e, cuuint64_t(c.token_stride) * e,
-                                 cuuint64_t(c.page_stride) * e};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
-  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
-  const CUresult r = encode(
-      &map, t == ElemType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-      4, const_cast<void*>(c.data), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-
 /// The K / V tensor maps of a launch whose tiles have `keys` keys (when `wanted`: the
-/// configuration copies by TMA, PrefillSm90Config::kRecords): boxes of min(page size, keys)
-/// tokens where that divides both (page sizes >= 16) and a page's heads sit inside its token
-/// rows (head stride <= token stride, the pool's layout), else rows = 0 (every tile by
-/// cp.async). PAGODA_SM90_TMA=0 turns TMA off (read per call, for same-process A/B runs).
+/// configuration copies by TMA, PrefillSm90Config::kRecords), with paged_box_rows() rows per
+/// box, else rows = 0 (every tile by cp.async). PAGODA_SM90_TMA=0 turns TMA off (read per call,
+/// for same-process A/B runs).
 detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
   detail::Sm90KvMaps m{};
   if (!wanted || env_int("PAGODA_SM90_TMA", 1) == 0) return m;
   const int ps = a.page_size;
-  const int rows = std::min(ps, keys);
-  if (ps < 16 || ps % rows != 0 || keys % rows != 0) return m;
-  if (a.k.head_stride > a.k.token_stride || a.v.head_stride > a.v.token_stride) return m;
-  if (!encode_kv_map(m.k, a.k, a.kv_dtype, a.head_dim_qk, a.num_kv_heads, ps, rows) ||
-      !encode_kv_map(m.v, a.v, a.kv_dtype, a.head_dim_v, a.num_kv_heads, ps, rows)) {
+  const int rows = paged_box_rows(a.k, ps, keys);
+  if (rows == 0 || paged_box_rows(a.v, ps, keys) != rows) return m;
+  if (!encode_paged_map(m.k, a.k, a.kv_dtype, a.head_dim_qk, a.num_kv_heads, ps, rows) ||
+      !encode_paged_map(m.v, a.v, a.kv_dtype, a.head_dim_v, a.num_kv_heads, ps, rows)) {
     return detail::Sm90KvMaps{};
   }
   m.rows = rows;

@@ -1,0 +1,62 @@
+/// Tensor maps of the paged caches (tma_map.h).
+
+#include "pagoda/kernels/cuda/tma_map.h"
+
+#include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+namespace pagoda::kernels::cuda::raw {
+namespace {
+
+/// The driver's cuTensorMapEncodeTiled through the runtime; nullptr when the driver does not
+/// have it.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+bool encode_paged_map(CUtensorMap& map, const PagedCache& c, ElemType t, int head_dim, int heads,
+                      int page_size, int rows) {
+  if (t != ElemType::kBF16 && t != ElemType::kF16) return false;
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || c.num_pages <= 0) return false;
+  const cuuint64_t e = 2;  // bytes per element
+  const cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(page_size),
+                              cuuint64_t(c.num_pages)};
+  const cuuint64_t strides[3] = {cuuint64_t(c.head_stride) * e, cuuint64_t(c.token_stride) * e,
+                                 cuuint64_t(c.page_stride) * e};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(rows), 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      t == ElemType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(
+      &map, type, 4, const_cast<void*>(c.data), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+int box_rows_for_page(int page_size, int keys) {
+  const int rows = std::min(page_size, keys);
+  return rows >= 16 && page_size % rows == 0 && keys % rows == 0 ? rows : 0;
+}
+
+int paged_box_rows(const PagedCache& c, int page_size, int keys) {
+  return c.head_stride > c.token_stride ? 0 : box_rows_for_page(page_size, keys);
+}
+
+}  // namespace pagoda::kernels::cuda::raw
