@@ -6,6 +6,7 @@
 #   VARIANTS="name:VAR=value ..." — this tree's build again under an environment setting
 #     (e.g. notma:PAGODA_SM90_TMA=0), timed like another tree.
 #   ROUNDS (2) — interleaved rounds over the trees.
+#   TEST_FILTER — a gtest filter for this tree's cuda_attention_tests (default: all).
 #   BENCH_CASES ("prefill extend tree") — pagoda_cuda_bench's case filters; empty: MLA decode only.
 # Builds every tree (sm_90a, in parallel); runs this tree's cuda_attention_tests
 # (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
@@ -42,7 +43,8 @@ for v in ${VARIANTS:-}; do
 done
 M=/tmp/b-main/tests/cuda
 SECONDS=0
-PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
+PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} \
+  > "$R/tests.log" 2>&1
 echo "tests rc=$? ${SECONDS}s $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -20
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
