@@ -16,8 +16,10 @@ bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_he
   // PAGODA_MLA_SM90: 0 = never, 2 = every head count and page size (a block of 64 rows, the
   // live heads first), else from kMlaSm90Heads heads up, and below that where the latent tiles
   // come by TMA (page sizes >= 16): at h_q 16 the Hopper kernel then measured 13 % faster than
-  // the mma.sync kernel on the H200, with cp.async copies (page 1) 1.4x slower
-  // (bench/results/mla_h200.md).
+  // the mma.sync kernel on the H200 (bench/results/mla_h200.md). At page 1 it was 1.4x slower
+  // with the first cp.async gather and 1.14x faster (h_q 16; 1.33x at 32) with the row-group
+  // gather that replaced it; routing page 1 here too is not yet tested on a GPU
+  // (mla_tma_h200_31227eb/route_all_heads_untested.patch).
   const char* e = std::getenv("PAGODA_MLA_SM90");
   const int mode = e == nullptr || *e == '\0' ? 1 : std::atoi(e);
   if (mode == 0) return false;
