@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(384, 1)
     const int box = map.rows;
     const int ntma = kTma && kv_lo % box == 0 ? n / C::kKeys : 0;
     int t = 0;
-    if (kTma && ntma > 0) {
+    if (ntma > 0) {  // never without kTma (ntma is then the constant 0)
       // Lane j < kKeys / box of warp 0 looks up the page of box j (the next tile's lookup is in
       // flight while this one is issued).
       auto box_page = [&](int tile) -> int {

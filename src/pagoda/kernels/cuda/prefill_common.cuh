@@ -52,6 +52,16 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   return w;
 }
 
+/// Leading key tiles of [lo, hi) (tiles of tile_keys keys from lo) inside the columns every row
+/// of request b's custom mask sees (DevicePlan::mask_free_cols, a tree verify's prefix): they
+/// run as unmasked tiles. 0 without a custom mask.
+__device__ __forceinline__ int mask_free_tiles(const DevicePlan& plan, const MaskInfo& mask, int b,
+                                               int lo, int hi, int tile_keys) {
+  return mask.bits != nullptr && plan.mask_free_cols != nullptr
+             ? max(0, (min(hi, plan.mask_free_cols[b]) - lo) / tile_keys)
+             : 0;
+}
+
 /// Sets hidden logits of one 16-row tile to -inf: keys >= hi, rows >= rows, and what `mk` hides.
 /// `pr0` is the tile's first packed row.
 template <int kNT>

@@ -191,9 +191,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
   // does not apply under a custom mask; the window, kv tail and rows still do). The two phases
   // are separate loop copies (phase unrolled), so the mask-free test costs no register in the
   // per-tile code (the D = 128 instantiations sit at 255 registers).
-  const int nfree = mask.bits != nullptr && plan.mask_free_cols != nullptr
-                        ? max(0, (min(hi, plan.mask_free_cols[b]) - lo) / kKeys)
-                        : 0;
+  const int nfree = mask_free_tiles(plan, mask, b, lo, hi, kKeys);
   int i = 0;
 #pragma unroll
   for (int phase = 0; phase < 2; ++phase) {

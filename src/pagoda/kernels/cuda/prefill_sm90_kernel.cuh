@@ -255,10 +255,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int r = 0; sm90_next_unit(a, order, r, item, hkv); ++r, ++ku) {
       const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
       const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
-      publish(work, item, hkv,
-              work.mask.bits != nullptr && plan.mask_free_cols != nullptr
-                  ? max(0, (min(hi, plan.mask_free_cols[work.b]) - lo) / kKeys)
-                  : 0);
+      publish(work, item, hkv, mask_free_tiles(plan, work.mask, work.b, lo, hi, kKeys));
       const int32_t* pages = plan.kv_indices + plan.kv_indptr[work.b];
       // TMA tiles: the unit's keys start on a box boundary and the tile's keys all exist (a
       // box copies whole rows of the page; past kv_len they may hold anything, and V rows must
@@ -465,9 +462,7 @@ __global__ void __launch_bounds__(384, 1)
       if (!sched_live) break;
       work = prefill_work(a, sched_item, Cfg::kRows, kKeys);
       hkv = sched_hkv;
-      nfree = work.mask.bits != nullptr && plan.mask_free_cols != nullptr
-                  ? max(0, (min(work.hi, plan.mask_free_cols[work.b]) - work.lo) / kKeys)
-                  : 0;
+      nfree = mask_free_tiles(plan, work.mask, work.b, work.lo, work.hi, kKeys);
     }
     const int rows = work.rows, lo = work.lo, hi = work.hi, ntiles = work.ntiles;
     const int qoff = work.qoff;
