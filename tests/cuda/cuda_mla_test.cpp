@@ -4,10 +4,11 @@
 /// ragged batches, permuted pages, NaN in every unused slot and page, NaN-poisoned outputs; page
 /// sizes 1/16/64, h_q 16/128 (and 48), bf16 and fp8 e4m3 latents, contexts up to 32k (split-KV
 /// chunks, thousands of pages); PAGODA_MLA_DECODE=0 (generic kernel) agrees with the new path.
-/// Bf16 latents with h_q >= 64 run the Hopper wgmma kernel on sm_90 (mla_decode_sm90_kernel.cuh);
-/// MlaDecode.HopperAndMmaSyncKernels checks that it does, and runs both kernels on 64/96/128
-/// heads and the Hopper one on 16/48 (PAGODA_MLA_SM90=2); MlaDecode.HopperTmaPagesTailsAndRescales
-/// runs its TMA and cp.async copies and its lazy rescaling.
+/// Bf16 latents run the Hopper wgmma kernel on sm_90 at every head count and page size
+/// (mla_decode_sm90_kernel.cuh); MlaDecode.HopperAndMmaSyncKernels checks that they do, and runs
+/// both kernels on 16/64/96/128 heads and the Hopper one on 48 (PAGODA_MLA_SM90=0 gives the
+/// mma.sync kernel); MlaDecode.HopperTmaPagesTailsAndRescales runs its TMA and cp.async copies
+/// and its lazy rescaling.
 /// Label "gpu".
 
 #include <gtest/gtest.h>
@@ -279,10 +280,10 @@ TEST_F(MlaDecode, HeadCountsNotMultipleOf64AndFeatures) {
 }
 
 TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
-  // On sm_90 the wgmma kernel serves bf16 latents from 64 heads up (one block per 64 heads);
-  // PAGODA_MLA_SM90=0 gives the mma.sync kernel. Both against the reference: 64, 96 (a block
-  // with 32 live heads) and 128 heads, pages 1 / 64, a ragged batch with a split request; then
-  // window, soft cap and sinks against the generic kernel.
+  // On sm_90 the wgmma kernel serves every bf16 latent (one block per 64 heads, the live heads
+  // first); PAGODA_MLA_SM90=0 gives the mma.sync kernel. Both against the reference: 16, 64, 96
+  // (a block with 32 live heads) and 128 heads, pages 1 / 64, a ragged batch with a split
+  // request; then window, soft cap and sinks against the generic kernel.
   int dev = 0, major = 0, minor = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -290,22 +291,21 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   const bool hopper = major == 9 && minor == 0;
   namespace kc = kernels::cuda;
   if (hopper) {
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128, 1), 64)
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 64)
         << "the sm_90a image of the Hopper MLA kernel is missing";
-    // Below 64 heads the Hopper kernel runs where its tiles come by TMA (pages >= 16).
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16, 64), 64);
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48, 16), 64);
+    // Below 64 heads too, at any page size.
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 64);
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 64);
   }
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128, 64), 32);
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48, 1), 32);
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48, 7), 32);
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128), 32);
   for (const char* sm90 : {"1", "0"}) {
     setenv("PAGODA_MLA_SM90", sm90, 1);
     if (std::strcmp(sm90, "0") == 0) {
-      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128, 64), 32);
+      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 32);
+      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 32);
     }
     int i = 0;
-    for (int hq : {64, 96, 128}) {
+    for (int hq : {16, 64, 96, 128}) {  // 16: the mma.sync kernel's 16-head block, bf16
       for (int ps : {1, 64}) {
         const uint64_t s = seed_ + 61 + uint64_t(i++);
         SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90=" << sm90);
@@ -320,17 +320,15 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
     p.params.sinks = sinks;
     expect_matches_generic(p, make_host_data(p));
   }
-  // PAGODA_MLA_SM90=2: the Hopper kernel at any head count (16 and 48 live rows of its 64).
-  setenv("PAGODA_MLA_SM90", "2", 1);
-  if (hopper) {
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16, 1), 64);
-  }
-  for (int hq : {16, 48}) {
-    const uint64_t s = seed_ + 81 + uint64_t(hq);
-    SCOPED_TRACE("PAGODA_MLA_SM90=2");
-    check(mla_problem(ragged(5, 2500, {2, 6000}, s), 16, hq, DType::kBF16, s), 1.5e-2);
-  }
+  // The default route with 16 and 48 live rows of the Hopper kernel's 64, page 16 and page 1.
   unsetenv("PAGODA_MLA_SM90");
+  for (int hq : {16, 48}) {
+    for (int ps : {16, 1}) {
+      const uint64_t s = seed_ + 81 + uint64_t(hq + ps);
+      SCOPED_TRACE(testing::Message() << "default route, hq " << hq << " page " << ps);
+      check(mla_problem(ragged(5, 2500, {2, 6000}, s), ps, hq, DType::kBF16, s), 1.5e-2);
+    }
+  }
 }
 
 TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
@@ -341,8 +339,7 @@ TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
   // request split over several chunks, and "spike" keys whose latent rows are scaled by 12:
   // their logits jump by far more than the lazy rescaling's threshold in the middle of a
   // chunk, so the running max moves (and O is rescaled) after many tiles that did not move it.
-  if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128, 64) !=
-      64) {
+  if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128) != 64) {
     PAGODA_SKIP_GPU_TEST("the Hopper MLA decode kernel does not run on this device");
   }
   int i = 0;

@@ -145,11 +145,10 @@ void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const Atten
   int decode_items = sm_count_ * 8;  // generic path
   if (kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_kv_heads,
                             shape.head_dim_qk, shape.head_dim_v)) {
-    // One MLA decode block (16, 32 or 64 q heads) per SM: ceil(Hq / heads per block) per item.
-    // The page size is not known yet: page 64 gives the largest blocks the device may choose,
-    // so the fewest units per item and the most items (the capacity bound).
+    // One MLA decode block (16, 32 or 64 q heads) per SM: ceil(Hq / heads per block) per item
+    // (the heads per block do not depend on the page size, which is not known yet).
     const int per_block = kc::mla_decode_block_heads(shape.q_dtype, shape.kv_dtype,
-                                                     shape.out_dtype, shape.num_qo_heads, 64);
+                                                     shape.out_dtype, shape.num_qo_heads);
     const int units = (shape.num_qo_heads + per_block - 1) / per_block;
     decode_items = (sm_count_ + units - 1) / units;
   } else if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
@@ -253,7 +252,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   if (cfg.mla_decode) {
     cfg.decode_blocks_per_sm = 1;  // 165-226 KB of shared memory per block
     cfg.decode_heads_per_block = kc::mla_decode_block_heads(
-        shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads, in.page_size);
+        shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads);
   }
   if (graph_mode_) {  // a split must fit the frozen arena and workspace
     cfg.max_items = cap_items_;

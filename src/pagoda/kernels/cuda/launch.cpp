@@ -51,12 +51,12 @@ bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_
   return raw::mla_decode_enabled() &&
          raw::mla_decode_supported(eq, ekv, eo, num_kv_heads, head_dim_qk, head_dim_v);
 }
-int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads, int page_size) {
+int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads) {
   ElemType eq{}, ekv{}, eo{};
   if (!to_elem_type(q, eq) || !to_elem_type(kv, ekv) || !to_elem_type(out, eo)) {
     return mla_decode_heads_per_block(num_qo_heads);
   }
-  return raw::mla_decode_block_heads(eq, ekv, eo, num_qo_heads, page_size);
+  return raw::mla_decode_block_heads(eq, ekv, eo, num_qo_heads);
 }
 Status launch_mla_decode(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::mla_decode(a, s), "MLA decode launch");

@@ -27,10 +27,10 @@ Status launch_decode(const AttentionArgs& args, cudaStream_t stream);
 /// environment does not set PAGODA_MLA_DECODE=0 (read on every call, for A/B runs).
 bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_dim_qk,
                        int head_dim_v);
-/// q heads per MLA decode block on the current device and page size (the split-KV planner's
-/// unit): 64 where the Hopper kernel runs (sm_90a, bf16 latent, Hq >= 64 or pages of >= 16 keys,
-/// PAGODA_MLA_SM90 not 0), else mla_decode_heads_per_block(Hq).
-int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads, int page_size);
+/// q heads per MLA decode block on the current device (the split-KV planner's unit): 64 where
+/// the Hopper kernel runs (sm_90a, bf16 latent, any Hq and page size, PAGODA_MLA_SM90 not 0),
+/// else mla_decode_heads_per_block(Hq).
+int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads);
 /// Split-KV paged MLA decode (absorbed form): one block per (work item,
 /// mla_decode_block_heads() q heads): the Hopper wgmma kernel (mla_decode_sm90_kernel.cuh) where
 /// it runs, else the tensor-core mma.sync kernel (mla_decode_kernel.cuh). The latent row [576] is

@@ -29,17 +29,14 @@ bool mla_decode_enabled();
 /// Runs mla_decode_sm90_kernel when mla_decode_sm90_chosen(), else mla_decode_kernel.
 cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// The Hopper MLA decode (mla_decode_sm90_kernel.cuh) serves this shape on the current device:
-/// sm_90 with the sm_90a image built, q / latent / out bf16, Hq >= 64 (one block per 64 heads)
-/// or a page size whose tiles go by TMA (box_rows_for_page, tma_map.h), and PAGODA_MLA_SM90 is
-/// not 0 (read on every call, for A/B runs; 2 = at any Hq and page size). The other MLA checks
-/// (mla_decode_supported) still apply.
-bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_heads,
-                            int page_size);
+/// sm_90 with the sm_90a image built, q / latent / out bf16 (any Hq: one block per 64 heads, the
+/// live heads first; any page size), and PAGODA_MLA_SM90 is not 0 (read on every call, for A/B
+/// runs). The other MLA checks (mla_decode_supported) still apply.
+bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out);
 cudaError_t mla_decode_sm90(const AttentionArgs& args, cudaStream_t stream);
 /// q heads per MLA decode block for this shape on this device: 64 when mla_decode_sm90_chosen(),
 /// else mla_decode_heads_per_block(Hq) (the planner sizes its split-KV chunks with it).
-int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads,
-                           int page_size);
+int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads);
 int decode_blocks_per_sm(ElemType q, ElemType kv, int head_dim);
 
 }  // namespace pagoda::kernels::cuda::raw

