@@ -64,9 +64,38 @@ __device__ __forceinline__ int mask_free_tiles(const DevicePlan& plan, const Mas
 
 /// Sets hidden logits of one 16-row tile to -inf: keys >= hi, rows >= rows, and what `mk` hides.
 /// `pr0` is the tile's first packed row.
-template <int kNT>
+/// Without a custom mask every row's visible keys are one interval [wlo, lim) (window start,
+/// then min(hi, causal limit)), so each logit costs two compares with constant offsets and a
+/// select: the per-logit MaskInfo::visible, with its branches, had made the diagonal tile of a
+/// causal unit cost ~1,000 more instructions per warp than a full tile (ncu, H200: 19 % of the
+/// sm90 kernel's stall samples at B16 S1024 sat there). A custom mask reads its bits per logit.
+/// kInterval = false keeps the per-logit test for every mask: the mma.sync kernel uses it, since
+/// with the interval path its sm_90a instantiations (fp8 KV at D 128) spilled 76 bytes instead
+/// of 16 (ptxas; its sm_80 ones spilled less, not measured on a GPU).
+template <bool kInterval, int kNT>
 __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, int kb0, int hi,
                                           int rows, const MaskInfo& mk, int lane) {
+  if (kInterval && mk.bits == nullptr) {
+    const int c0 = kb0 + (lane % 4) * 2;  // key of s[0][2h]; s[j][2h + e] holds key c0 + 8j + e
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pr = pr0 + lane / 4 + h * 8;
+      const int qpos = mk.kv_len - mk.qo_len + pr / G;
+      int lim = mk.causal ? min(hi, qpos + 1) : hi;
+      if (pr >= rows) lim = c0;  // no such row: nothing visible
+      const int hi_off = lim - c0;                                  // visible: off < hi_off
+      const int lo_off = mk.window >= 0 ? qpos - mk.window - c0 : -1;  // and off >= lo_off
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int off = j * 8 + e;
+          if (off >= hi_off || off < lo_off) s[j][2 * h + e] = neg_inf();
+        }
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int pr = pr0 + lane / 4 + h * 8;

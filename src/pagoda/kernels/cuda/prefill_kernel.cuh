@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[mt][j][e] = xf(s[mt][j][e]);
         }
-        if (!full) mask_tile(s[mt], wr0 + mt * 16, G, kb0, hi, rows, mk, lane);
+        if (!full) mask_tile<false>(s[mt], wr0 + mt * 16, G, kb0, hi, rows, mk, lane);
       }
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) softmax_tile(s[mt], m[mt], l[mt], o[mt], scale);

@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
         }
-        if (!full_tile) mask_tile(sc, wr0, G, kb0, hi, rows, mk, lane);
+        if (!full_tile) mask_tile<true>(sc, wr0, G, kb0, hi, rows, mk, lane);
         softmax_tile(sc, m, l, o, scale);
         // P is the A operand straight from the S accumulators.
 #pragma unroll
