@@ -68,9 +68,9 @@ __device__ __forceinline__ int mask_free_tiles(const DevicePlan& plan, const Mas
 /// interval [lo, lim), so a logit costs two compares with constant offsets and a select; with a
 /// custom mask, its bit too, taken from the 17 bytes of the row's mask that hold this lane's 32
 /// keys (keys c0 + 8j + e are bits (p0 & 7) + e of the byte pair j, j + 1 past p0 >> 3). The
-/// per-logit MaskInfo::visible, with its branches and a byte load per logit, had made the
-/// diagonal tile of a causal unit cost ~2,300 instructions per warp against ~460 for a full tile
-/// (ncu, H200: 19 % of the sm90 kernel's stall samples at B16 S1024 sat there).
+/// per-logit MaskInfo::visible, with its branches and a byte load per logit, took 2,374 SASS
+/// instructions in the sm90 kernel, of which a warp ran ~1,120 on each diagonal tile of a causal
+/// unit, against ~460 for all of a full tile (ncu, H200, B16 S1024: 19.7 % of the stall samples).
 /// kInterval = false keeps the per-logit test: the mma.sync kernel uses it, since with the
 /// interval path its sm_90a instantiations (fp8 KV at D 128) spilled 76 bytes instead of 16
 /// (ptxas; its sm_80 ones spilled less, not measured on a GPU).
