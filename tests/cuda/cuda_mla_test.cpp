@@ -305,7 +305,7 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
       EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 32);
     }
     int i = 0;
-    for (int hq : {16, 64, 96, 128}) {  // 16: the mma.sync kernel's 16-head block, bf16
+    for (int hq : {16, 64, 96, 128}) {  // 16: 48 empty rows of the Hopper block; mma.sync: 16
       for (int ps : {1, 64}) {
         const uint64_t s = seed_ + 61 + uint64_t(i++);
         SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90=" << sm90);
