@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "pagoda/kernels/cuda/attention_params.h"
+#include "pagoda/kernels/cuda/mask_rows.h"
 #include "pagoda/kernels/cuda/pdl.cuh"
 
 namespace pagoda::kernels::cuda::detail {
@@ -175,26 +176,6 @@ __device__ __forceinline__ void mma16816<__half>(float (&d)[4], const uint32_t (
 }
 
 // ---- masks and softmax -------------------------------------------------------------------
-/// What decides whether query row qi of a request sees key kj (kernel_anchors C0).
-struct MaskInfo {
-  int qo_len = 0;
-  int kv_len = 0;
-  const uint8_t* bits = nullptr;  ///< the request's packed custom mask, or nullptr
-  bool causal = true;
-  int window = -1;
-
-  __device__ __forceinline__ bool visible(int qi, int kj) const {
-    const int qpos = kv_len - qo_len + qi;
-    if (bits != nullptr) {
-      const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
-      if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return false;
-    } else if (causal && kj > qpos) {
-      return false;
-    }
-    return window < 0 || kj >= qpos - window;
-  }
-};
-
 /// Number of keys of request b.
 __device__ __forceinline__ int kv_len_of(const DevicePlan& p, int b, int page_size) {
   const int pages = p.kv_indptr[b + 1] - p.kv_indptr[b];

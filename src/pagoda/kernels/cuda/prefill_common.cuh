@@ -64,13 +64,12 @@ __device__ __forceinline__ int mask_free_tiles(const DevicePlan& plan, const Mas
 
 /// Sets hidden logits of one 16-row tile to -inf: keys >= hi, rows >= rows, and what `mk` hides.
 /// `pr0` is the tile's first packed row.
-/// kInterval: every row's keys that pass hi, the row bound, causality and the window are one
-/// interval [lo, lim), so a logit costs two compares with constant offsets and a select; with a
-/// custom mask, its bit too, taken from the 17 bytes of the row's mask that hold this lane's 32
-/// keys (keys c0 + 8j + e are bits (p0 & 7) + e of the byte pair j, j + 1 past p0 >> 3). The
-/// per-logit MaskInfo::visible, with its branches and a byte load per logit, took 2,374 SASS
-/// instructions in the sm90 kernel, of which a warp ran ~1,120 on each diagonal tile of a causal
-/// unit, against ~460 for all of a full tile (ncu, H200, B16 S1024: 19.7 % of the stall samples).
+/// kInterval: hide_row_keys (mask_rows.h) per row: one interval of keys, two compares with
+/// constant offsets and a select per logit, and with a custom mask its bits from the 17 bytes
+/// of the row's mask that hold this lane's 32 keys. The per-logit MaskInfo::visible, with its
+/// branches and a byte load per logit, took 2,374 SASS instructions in the sm90 kernel, of which
+/// a warp ran ~1,120 on each diagonal tile of a causal unit, against ~460 for all of a full tile
+/// (ncu, H200, B16 S1024: 19.7 % of the stall samples).
 /// kInterval = false keeps the per-logit test: the mma.sync kernel uses it, since with the
 /// interval path its sm_90a instantiations (fp8 KV at D 128) spilled 76 bytes instead of 16
 /// (ptxas; its sm_80 ones spilled less, not measured on a GPU).
@@ -81,60 +80,21 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, in
     const int c0 = kb0 + (lane % 4) * 2;  // key of s[0][2h]; s[j][2h + e] holds key c0 + 8j + e
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      hide_row_keys<kNT>(mk, pr0 + lane / 4 + h * 8, G, c0, hi, rows,
+                         [&](int j, int e) { s[j][2 * h + e] = neg_inf(); });
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
       const int pr = pr0 + lane / 4 + h * 8;
       const int tok = pr / G;
-      const int qpos = mk.kv_len - mk.qo_len + tok;
-      int lim = mk.causal && mk.bits == nullptr ? min(hi, qpos + 1) : hi;
-      if (pr >= rows) lim = c0;  // no such row: nothing visible
-      const int hi_off = lim - c0;                                     // visible: off < hi_off
-      const int lo_off = mk.window >= 0 ? qpos - mk.window - c0 : -1;  // and off >= lo_off
-      if (mk.bits == nullptr) {
 #pragma unroll
-        for (int j = 0; j < kNT; ++j) {
+      for (int j = 0; j < kNT; ++j) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int off = j * 8 + e;
-            if (off >= hi_off || off < lo_off) s[j][2 * h + e] = neg_inf();
-          }
+        for (int e = 0; e < 2; ++e) {
+          const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
+          if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) s[j][2 * h + e] = neg_inf();
         }
-      } else {
-        // Byte k of the row's span is read only when it holds a key of this lane below lim
-        // (offset max(8k - sh, 0) < hi_off): that key is a bit of this request's mask (tok <
-        // qo_len, key < kv_len), so no read leaves the mask, also for rows past `rows`.
-        const int64_t p0 = int64_t(tok) * mk.kv_len + c0;
-        const uint8_t* span = mk.bits + (p0 >> 3);
-        const int sh = static_cast<int>(p0 & 7);
-        auto byte = [&](int k) -> uint32_t {
-          return (k == 0 ? 0 : 8 * k - sh) < hi_off ? uint32_t(span[k]) : 0u;
-        };
-        uint32_t cur = byte(0);
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          const uint32_t nxt = byte(j + 1);
-          const uint32_t pair = (cur | (nxt << 8)) >> sh;
-          cur = nxt;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int off = j * 8 + e;
-            if (off >= hi_off || off < lo_off || ((pair >> e) & 1u) == 0) {
-              s[j][2 * h + e] = neg_inf();
-            }
-          }
-        }
-      }
-    }
-    return;
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int pr = pr0 + lane / 4 + h * 8;
-    const int tok = pr / G;
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
-        if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) s[j][2 * h + e] = neg_inf();
       }
     }
   }
