@@ -11,8 +11,8 @@
 # Builds every tree (sm_90a, in parallel); runs this tree's cuda_attention_tests
 # (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
 # pagoda_cuda_bench's prefill / extend / verify / MLA-prefill cases and `pagoda kernels` on the
-# MLA decode shapes (MLA_SHAPES). Prints per case the median over rounds for each tree and its
-# ratio to the first other tree. COMMIT names this tree's commit. Results: $OUT/sm90_ab.tgz (device_lib.sh).
+# MLA decode shapes (MLA_SHAPES; set but empty: none). Prints per case the median over rounds
+# for each tree and its ratio to the first other tree. COMMIT names this tree's commit. Results: $OUT/sm90_ab.tgz (device_lib.sh).
 set -uo pipefail
 # shellcheck disable=SC1091
 source "$(dirname "$0")/device_lib.sh"
@@ -55,7 +55,7 @@ if [ -n "$SAN" ] && [ "$SAN_TESTS" != none ]; then
     --gtest_filter="$SAN_TESTS" > "$R/memcheck.log" 2>&1
   echo "memcheck rc=$? ${SECONDS}s $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
 fi
-IFS=';' read -r -a mla <<< "${MLA_SHAPES:-64 16 4096 64 bf16;8 128 8192 64 bf16;128 128 4096 64 bf16;1 128 32768 64 bf16;8 128 8192 64 fp8_e4m3}"
+IFS=';' read -r -a mla <<< "${MLA_SHAPES-64 16 4096 64 bf16;8 128 8192 64 bf16;128 128 4096 64 bf16;1 128 32768 64 bf16;8 128 8192 64 fp8_e4m3}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
   for n in "${names[@]}"; do
     b=/tmp/b-${bin_of[$n]}
