@@ -12,7 +12,8 @@
 # (PAGODA_REQUIRE_GPU=1) and compute-sanitizer memcheck on SAN_TESTS; then per round and tree
 # pagoda_cuda_bench's prefill / extend / verify / MLA-prefill cases and `pagoda kernels` on the
 # MLA decode shapes (MLA_SHAPES; set but empty: none). Prints per case the median over rounds
-# for each tree and its ratio to the first other tree. COMMIT names this tree's commit. Results: $OUT/sm90_ab.tgz (device_lib.sh).
+# for each tree and its ratio to the first other tree. COMMIT names this tree's commit.
+# Results: $OUT/sm90_ab.tgz (device_lib.sh).
 set -uo pipefail
 # shellcheck disable=SC1091
 source "$(dirname "$0")/device_lib.sh"
