@@ -12,11 +12,10 @@ namespace pagoda::kernels::cuda::raw {
 
 bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out) {
   if (q != ElemType::kBF16 || kv != ElemType::kBF16 || out != ElemType::kBF16) return false;
-  // At every head count and page size (a block of 64 rows, the live heads first): with TMA
-  // (pages >= 16) the Hopper kernel measured 13 % faster than the mma.sync kernel at h_q 16 on
-  // the H200, and with the row-group cp.async gather (page 1) 1.14x faster at h_q 16 and 1.33x
-  // at h_q 32 (bench/results/mla_h200.md). PAGODA_MLA_SM90=0 (read on every call, for A/B
-  // runs) keeps the mma.sync kernel.
+  // At every head count and page size (a block of 64 rows, the live heads first): on the H200
+  // at 6d3aaae (bench/results/mla_h200.md) it was faster than the mma.sync kernel at h_q 16 on
+  // pages 64 and 1 (1.12x, 1.11x) and at h_q 32 on page 1 (1.24x). PAGODA_MLA_SM90=0 (read on
+  // every call, for A/B runs) keeps the mma.sync kernel.
   const char* e = std::getenv("PAGODA_MLA_SM90");
   if (e != nullptr && std::strcmp(e, "0") == 0) return false;
   // The kernel's 231,456 bytes of shared memory fit every sm_90 part (static_assert in its

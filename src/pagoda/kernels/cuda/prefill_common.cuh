@@ -65,8 +65,8 @@ __device__ __forceinline__ int mask_free_tiles(const DevicePlan& plan, const Mas
 /// Sets hidden logits of one 16-row tile to -inf: keys >= hi, rows >= rows, and what `mk` hides.
 /// `pr0` is the tile's first packed row.
 /// kInterval: hide_row_keys (mask_rows.h) per row: one interval of keys, two compares with
-/// constant offsets and a select per logit, and with a custom mask its bits from the 17 bytes
-/// of the row's mask that hold this lane's 32 keys. The per-logit MaskInfo::visible, with its
+/// constant offsets and a select per logit, and with a custom mask its bits from the kNT + 1
+/// bytes of the row's mask that hold this lane's 2 kNT keys. The per-logit MaskInfo::visible, with its
 /// branches and a byte load per logit, took 2,374 SASS instructions in the sm90 kernel, of which
 /// a warp ran ~1,120 on each diagonal tile of a causal unit, against ~460 for all of a full tile
 /// (ncu, H200, B16 S1024: 19.7 % of the stall samples).
