@@ -29,6 +29,23 @@ for c in ${CASES:-prefill_causal_b4_s4096 prefill_causal_b16_s1024}; do
   "$NCU" -i "$R/ncu_$c.ncu-rep" --page details > "$R/ncu_$c.details.txt" 2>&1
   "$NCU" -i "$R/ncu_$c.ncu-rep" --page source --csv --print-source sass \
     > "$R/ncu_$c.sass.csv" 2> "$R/ncu_$c.sass.err"
+  # Pipe and memory rates from the raw page (RAW=0 skips): tensor (gmma) pipe activity, L2 and
+  # L1 traffic, issue activity.
+  if [ "${RAW:-1}" = 1 ]; then
+    "$NCU" -i "$R/ncu_$c.ncu-rep" --page raw --csv > "$R/ncu_$c.raw.csv" 2>&1
+    python3 - "$R/ncu_$c.raw.csv" > "$R/ncu_$c.pipes.txt" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+hdr, units, vals = rows[0], rows[1], rows[2]
+keys = ("pipe_tensor", "gmma", "lts__t_bytes", "lts__t_sectors_srcunit_tex", "l1tex__m_xbar2l1tex",
+        "sm__throughput", "inst_issued", "pipe_fma", "pipe_alu", "pipe_xu", "dram__bytes")
+for h, u, v in zip(hdr, units, vals):
+    if any(k in h for k in keys) and ("pct" in h or "per_second" in h or h.endswith(".sum")):
+        print(f"{h} [{u}] {v}")
+PY
+    head -60 "$R/ncu_$c.pipes.txt"
+    gzip -f "$R/ncu_$c.raw.csv"
+  fi
   grep -E "Duration|SM Busy|Issue Slots Busy|Registers Per|Warp Cycles Per Issued|No Eligible" \
     "$R/ncu_$c.details.txt" | head -12
   python3 tools/ncu_stalls.py "$R/ncu_$c.sass.csv" 2>&1 | head -30

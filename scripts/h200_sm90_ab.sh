@@ -4,7 +4,8 @@
 #   TREES="name:dir ..." — the other trees, each an untracked directory of this checkout (so the
 #     device copy carries it), e.g. `mkdir var_base && git archive <commit> | tar -x -C var_base`.
 #   VARIANTS="name:VAR=value ..." — this tree's build again under an environment setting
-#     (e.g. notma:PAGODA_SM90_TMA=0), timed like another tree.
+#     (e.g. notma:PAGODA_SM90_TMA=0), timed like another tree; "name@tree:VAR=value" runs the
+#     build of TREES entry `tree` instead; commas separate several settings (A=1,B=0).
 #   ROUNDS (2) — interleaved rounds over the trees.
 #   TEST_FILTER — a gtest filter for this tree's cuda_attention_tests (default: all).
 #   BENCH_CASES ("prefill extend tree") — pagoda_cuda_bench's case filters; empty: MLA decode only.
@@ -38,9 +39,11 @@ done
 # shellcheck disable=SC2086
 wait $pids
 for v in ${VARIANTS:-}; do
-  names+=("${v%%:*}")
-  bin_of[${v%%:*}]=main
-  env_of[${v%%:*}]=${v#*:}
+  n=${v%%:*}
+  names+=("${n%%@*}")
+  if [ "$n" != "${n#*@}" ]; then bin_of[${n%%@*}]=${n#*@}; else bin_of[$n]=main; fi
+  e=${v#*:}
+  env_of[${n%%@*}]=${e//,/ }
 done
 M=/tmp/b-main/tests/cuda
 SECONDS=0
@@ -77,19 +80,25 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 python3 - "$R" "${names[@]}" <<'EOF' | tee "$R/ab.txt"
-import glob, json, statistics, sys
+import glob, json, os, re, statistics, sys
 root, names = sys.argv[1], sys.argv[2:]
 t = {}
-for n in names:
-    for f in glob.glob(f"{root}/{n}_*_*.jsonl"):
-        for line in open(f):
-            try:
-                j = json.loads(line)
-            except ValueError:
-                continue
-            ms = j.get("ms", j.get("median_ms", j.get("time_ms")))
-            if "case" in j and ms is not None:
-                t.setdefault(j["case"], {}).setdefault(n, []).append(float(ms))
+# <name>_<case filter>_<round>.jsonl, by the longest name that fits (a tree "base" must not
+# take the files of a variant "base_snake").
+for f in glob.glob(f"{root}/*.jsonl"):
+    base = os.path.basename(f)
+    fits = [n for n in names if re.match(re.escape(n) + r"_.+_\d+\.jsonl$", base)]
+    if not fits:
+        continue
+    name = max(fits, key=len)
+    for line in open(f):
+        try:
+            j = json.loads(line)
+        except ValueError:
+            continue
+        ms = j.get("ms", j.get("median_ms", j.get("time_ms")))
+        if "case" in j and ms is not None:
+            t.setdefault(j["case"], {}).setdefault(name, []).append(float(ms))
 print("case".ljust(40) + "".join(n.rjust(12) for n in names) + "  main/" + (names[1] if len(names) > 1 else ""))
 for c in sorted(t):
     med = {n: statistics.median(v) for n, v in t[c].items()}

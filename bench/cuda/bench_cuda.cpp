@@ -194,11 +194,14 @@ int main(int argc, char** argv) {
       {"tree_verify_d64_prefix4096_b16", 16, 64, 4096, 16, DType::kBF16, true, true, true},
       {"prefill_causal_b1_s16384", 1, 16384, 0, 16, DType::kBF16, false},
       {"prefill_causal_b16_s1024", 16, 1024, 0, 16, DType::kBF16, false},
+      // One prompt: few units per head, where the unit order decides how even the SMs' loads are.
+      {"prefill_causal_b1_s4096", 1, 4096, 0, 16, DType::kBF16, false},
       {"prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, DType::kBF16, false},
       {"prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 64},
       {"prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 256},
       // The non-absorbed MLA prefill (DeepSeek-V2-Lite: 16 heads, Q/K 128 nope + 64 rope, V 128).
       {"mla_prefill_b4_s4096_h16", 4, 4096, 0, 16, DType::kBF16, false, true, false, 16, 16, 192, 128},
+      {"mla_prefill_b1_s8192_h16", 1, 8192, 0, 16, DType::kBF16, false, true, false, 16, 16, 192, 128},
       {"mla_extend_q512_prefix8192_h16", 4, 512, 8192, 16, DType::kBF16, true, true, false, 16, 16,
        192, 128},
   };

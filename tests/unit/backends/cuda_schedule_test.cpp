@@ -62,7 +62,8 @@ void expect_prefill_items(const Schedule& s, const Batch& b, int G) {
   constexpr int kRows = 128;  // the sm90 kernel's rows per item
   std::map<std::pair<int, int>, std::set<int>> chunks;  // (request, tile) -> chunk indices
   const int chunk = s.chunk_tokens;
-  int64_t prev_keys = INT64_MAX;
+  int64_t prev_keys = INT64_MAX, prev_weight = INT64_MAX;
+  int prev_req = -1;
   for (int i = 0; i < s.num_items(); ++i) {
     const int r = s.item_req[i], t = s.item_a[i], c = s.item_b[i];
     ASSERT_GE(r, 0);
@@ -70,10 +71,21 @@ void expect_prefill_items(const Schedule& s, const Batch& b, int G) {
     ASSERT_LT(int64_t(t) * kRows, int64_t(b.qo[r]) * G) << "tile past the request's rows";
     EXPECT_TRUE((chunks[{r, t}].insert(c).second))
         << "duplicate item " << r << "/" << t << "/" << c;
-    if (chunk == 0) {  // heaviest first: visible keys of the tile's last query token (causal)
+    if (chunk == 0) {
+      // Heaviest first, in 128-key tiles of the visible keys of the tile's last query token
+      // (causal); within a weight, by request, and heaviest first within a request.
       const int last_tok = (std::min(b.qo[r] * G, (t + 1) * kRows) - 1) / G;
       const int64_t keys = std::min<int64_t>(b.kv[r], b.kv[r] - b.qo[r] + last_tok + 1);
-      EXPECT_LE(keys, prev_keys) << "item " << i << " is heavier than the one before it";
+      const int64_t weight = (keys + 127) / 128;
+      EXPECT_LE(weight, prev_weight) << "item " << i << " is heavier than the one before it";
+      if (weight == prev_weight) {
+        EXPECT_GE(r, prev_req) << "item " << i << ": requests of one weight out of order";
+        if (r == prev_req) {
+          EXPECT_LE(keys, prev_keys) << "item " << i;
+        }
+      }
+      prev_weight = weight;
+      prev_req = r;
       prev_keys = keys;
       EXPECT_EQ(c, 0);
       EXPECT_EQ(s.item_partial[i], -1);

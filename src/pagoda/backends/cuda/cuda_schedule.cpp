@@ -192,7 +192,9 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
   s.sm90_prefill = config.sm90_prefill;
   const int kRowsPerTile = kernels::cuda::prefill_rows_per_tile(shape.head_dim_qk, config.sm90_prefill);
   // Heaviest tiles first (causal: the last rows of long requests see the most keys), so the
-  // tail of the grid is made of short blocks.
+  // tail of the grid is made of short blocks. Weight = 128-key tiles (the kernels' key tile);
+  // tiles of equal weight stay together by request, so the blocks running at one time read
+  // the keys of a few requests (the order of units over items and heads is the kernel's).
   struct Tile {
     int64_t work;
     int32_t b, t;
@@ -207,8 +209,13 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
       tiles.push_back({keys, b, t});
     }
   }
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const Tile& x, const Tile& y) { return x.work > y.work; });
+  constexpr int64_t kKeyTile = 128;
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& x, const Tile& y) {
+    const int64_t wx = (x.work + kKeyTile - 1) / kKeyTile, wy = (y.work + kKeyTile - 1) / kKeyTile;
+    if (wx != wy) return wx > wy;
+    if (x.b != y.b) return x.b < y.b;
+    return x.work > y.work;
+  });
   const int chunk = prefill_split_chunk(in, shape, config, len, static_cast<int64_t>(tiles.size()));
   if (chunk == 0) {
     for (const Tile& t : tiles) {

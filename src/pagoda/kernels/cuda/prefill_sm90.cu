@@ -100,7 +100,7 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   // units. Read per call so a test or benchmark can A/B in one process:
   //   PAGODA_SM90_PERSISTENT=0 — one block per unit (the non-persistent kernel);
   //   PAGODA_SM90_BLOCKS=n     — at most n blocks (tests: many units per block);
-  //   PAGODA_SM90_ORDER=1      — item-major snake order (kItemSnake), else head-major;
+  //   PAGODA_SM90_ORDER=0      — head-major order (kHeadMajor), else the item-major snake;
   //   PAGODA_SM90_PINGPONG=0/1 — consumers without / with ping-pong (default: D >= 128).
   const int64_t units = int64_t(args.grid_items) * args.num_kv_heads;
   int blocks = device_sm_count();
@@ -108,7 +108,7 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   const int cap = env_int("PAGODA_SM90_BLOCKS", 0);
   if (cap > 0) blocks = std::min(blocks, cap);
   blocks = static_cast<int>(std::min<int64_t>(blocks, units));
-  const int order = env_int("PAGODA_SM90_ORDER", 0) == 1 ? detail::kItemSnake : detail::kHeadMajor;
+  const int order = env_int("PAGODA_SM90_ORDER", 1) == 0 ? detail::kHeadMajor : detail::kItemSnake;
   // Ping-pong consumers (kPingPong) by default at DQK >= 128, where they measured 1-8 % faster on
   // the H200 (bench/results/hopper_h200.md; 9-11 % at DQK 192 / DV 128); at D = 64 they cost
   // 3 %. PAGODA_SM90_PINGPONG=0 / 1 overrides.

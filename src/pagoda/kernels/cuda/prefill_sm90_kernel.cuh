@@ -116,11 +116,18 @@ struct PrefillSm90Config {
 };
 
 /// Unit orders of the persistent schedule (units u in [0, grid_items * Hkv)).
-///  kHeadMajor: u -> (item u % grid_items, head u / grid_items): the blocks running at one time
-///    share a kv head (its K/V stay in L2); block k runs u = k, k + G, k + 2G, ... (G = gridDim.x).
-///  kItemSnake: u -> (item u / Hkv, head u % Hkv): every head of the heaviest items first; round r
-///    gives block k the unit rG + k (r even) or rG + G - 1 - k (r odd), so with the planner's
-///    heaviest-first items each block's total stays within about one item of the mean.
+///  kItemSnake (the default): u -> (item u / Hkv, head u % Hkv): every head of the heaviest items
+///    first; round r gives block k the unit rG + k (r even) or rG + G - 1 - k (r odd), so with the
+///    planner's heaviest-first items each block's total stays within about one item of the mean.
+///    The planner keeps items of one weight together by request, so the blocks running at one
+///    time read the keys of a few requests.
+///  kHeadMajor (PAGODA_SM90_ORDER=0): u -> (item u % grid_items, head u / grid_items): the blocks
+///    running at one time share a kv head; block k runs u = k, k + G, k + 2G, ... (G =
+///    gridDim.x). Its loads are uneven whenever grid_items is near a multiple of G: block k then
+///    takes items k, k + G - grid_items, ... of the sorted list, all heavy or all light (at 128
+///    items and 132 SMs the heaviest block carries 1.5-1.75x the mean; on the H200 one 4,096-token
+///    prompt at 32 / 8 heads ran 1.66x longer than in kItemSnake order, the DQK 192 MLA prefill
+///    1.5x; bench/results/hopper_h200.md, 2026-12-04 seventh session).
 enum Sm90Order : int { kHeadMajor = 0, kItemSnake = 1 };
 
 /// Work item and kv head of round r of this block; false past the block's last unit. Items at
