@@ -24,12 +24,14 @@ CASES = [  # name, bs, qo, prefix, page, d, tree[, hq, hkv, dv]
     ("prefill_causal_b4_s4096", 4, 4096, 0, 16, 128, False),
     ("prefill_causal_b1_s16384", 1, 16384, 0, 16, 128, False),
     ("prefill_causal_b16_s1024", 16, 1024, 0, 16, 128, False),
+    ("prefill_causal_b1_s4096", 1, 4096, 0, 16, 128, False),
     ("prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, 128, False),
     ("prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, 64, False),
     ("extend_q512_prefix8192_p16", 4, 512, 8192, 16, 128, False),
     ("tree_verify_d64_prefix4096_b16", 16, 64, 4096, 16, 128, True),
     ("prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, 256, False),
     ("mla_prefill_b4_s4096_h16", 4, 4096, 0, 16, 192, False, 16, 16, 128),
+    ("mla_prefill_b1_s8192_h16", 1, 8192, 0, 16, 192, False, 16, 16, 128),
     ("mla_extend_q512_prefix8192_h16", 4, 512, 8192, 16, 192, False, 16, 16, 128),
 ]
 

@@ -225,9 +225,11 @@ def main():
         "prefill_causal_b4_s4096": prefill_peers(4, 4096, flex=flex),
         "prefill_causal_b1_s16384": prefill_peers(1, 16384),
         "prefill_causal_b16_s1024": prefill_peers(16, 1024),
+        "prefill_causal_b1_s4096": prefill_peers(1, 4096),
         "prefill_causal_b4_s4096_d64": prefill_peers(4, 4096, d=64),
         "prefill_causal_b4_s4096_d256": prefill_peers(4, 4096, d=256),
         "mla_prefill_b4_s4096_h16": prefill_peers(4, 4096, hq=16, hkv=16, d=192, dv=128),
+        "mla_prefill_b1_s8192_h16": prefill_peers(1, 8192, hq=16, hkv=16, d=192, dv=128),
     }
     peers["prefill_causal_b4_s4096_p1"] = peers["prefill_causal_b4_s4096"]
     rows = []
