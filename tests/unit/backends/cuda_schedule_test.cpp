@@ -56,10 +56,10 @@ ScheduleConfig sm90_only() {
   return c;
 }
 
-/// Checks the prefill-path invariants of `s` for `b` with G q heads per kv head.
-void expect_prefill_items(const Schedule& s, const Batch& b, int G) {
+/// Checks the prefill-path invariants of `s` for `b` with G q heads per kv head and kRows packed
+/// rows per item (the sm90 kernel's: 192 at D 64, else 128).
+void expect_prefill_items(const Schedule& s, const Batch& b, int G, int kRows = 128) {
   const int bs = static_cast<int>(b.qo.size());
-  constexpr int kRows = 128;  // the sm90 kernel's rows per item
   std::map<std::pair<int, int>, std::set<int>> chunks;  // (request, tile) -> chunk indices
   const int chunk = s.chunk_tokens;
   int64_t prev_keys = INT64_MAX, prev_weight = INT64_MAX;
@@ -199,6 +199,14 @@ TEST(CudaSchedule, TunedDimsKeepTheDecodeKernelForDecodeSteps) {
   const Schedule s = build_schedule(ext.input(), gqa, c);
   EXPECT_EQ(s.path, KernelPath::kPrefill);
   expect_prefill_items(s, ext, 4);
+  // D 64 on the sm90 kernel: items of 192 packed rows (three consumer warpgroups), one of the
+  // requests long enough to need many.
+  const attention::AttentionShape d64{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim_qk = 64,
+                                      .head_dim_v = 64};
+  const Batch ext64 = make_batch({3000, 5, 190}, {3000, 805, 700}, 16);
+  const Schedule s64 = build_schedule(ext64.input(), d64, c);
+  EXPECT_EQ(s64.path, KernelPath::kPrefill);
+  expect_prefill_items(s64, ext64, 4, 192);
 }
 
 }  // namespace

@@ -104,10 +104,12 @@ constexpr int mla_decode_heads_per_block(int num_qo_heads) { return num_qo_heads
 inline constexpr int kMlaSm90Heads = 64;
 inline constexpr int kPrefillRowsPerTile = 64;  ///< smallest prefill tile (capacity bound)
 /// Packed query rows of one prefill work item (the planner and kernel agree): 128, except 64 for
-/// D = 256 on the mma.sync kernel (prefill_kernel); the sm90 kernel runs 128 at every head dim
-/// (`sm90`: the plan is for prefill_sm90_kernel, AttentionArgs::prefill_sm90).
+/// D = 256 on the mma.sync kernel (prefill_kernel); the sm90 kernel runs 64 per consumer
+/// warpgroup, 192 at D 64 (three consumers) and 128 at every other head dim (`sm90`: the plan
+/// is for prefill_sm90_kernel, AttentionArgs::prefill_sm90).
 constexpr int prefill_rows_per_tile(int head_dim, bool sm90) {
-  return sm90 || head_dim <= 128 ? 128 : 64;
+  if (sm90) return head_dim == 64 ? 192 : 128;
+  return head_dim <= 128 ? 128 : 64;
 }
 
 }  // namespace pagoda::kernels::cuda

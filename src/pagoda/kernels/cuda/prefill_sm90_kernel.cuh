@@ -1,11 +1,15 @@
 #pragma once
 /// Hopper (sm_90a) paged prefill / extend / verify: wgmma from shared memory, a producer
-/// warpgroup gathering paged K/V, two consumer warpgroups.
+/// warpgroup gathering paged K/V, two consumer warpgroups (three at D 64).
 ///
 /// Same work decomposition and planner as prefill_kernel (a work item is
-/// prefill_rows_per_tile(DQK, true) = 128 packed rows x one kv head, GQA rows packed as
-/// r -> (token r / G, head hkv * G + r % G)); at D <= 128 either kernel can run a plan, at D = 256
-/// the plan must have been made for this kernel (AttentionArgs::prefill_sm90: 128 rows, not 64).
+/// prefill_rows_per_tile(DQK, true) packed rows x one kv head, 64 rows per consumer: 192 at D 64,
+/// 128 elsewhere; GQA rows packed as r -> (token r / G, head hkv * G + r % G)). The plan must
+/// have been made for this kernel (AttentionArgs::prefill_sm90): the mma.sync kernel's items are
+/// 128 rows (64 at D 256). Three consumers at D 64 (512 threads): there a tile's GEMMs are half
+/// as long as at D 128 while its softmax is as long, and two consumers left the tensor cores idle
+/// whenever both ran their softmax; the third made D 64 1.24x faster on the H200 (same-call A/B,
+/// bench/results/hopper_h200.md, 2026-12-04 seventh session), as FA3 does at that head dim.
 ///
 /// Persistent: the grid is at most one block per SM (the launcher's choice) and each block runs
 /// a sequence of work units, unit = (work item, kv head); see sm90_unit(). The producer streams
@@ -26,7 +30,7 @@
 /// loop about 4 times, against ~570 per key tile, and ncu put 19 % of all stall samples at B16
 /// S1024 on the once-per-unit code and 5 % on the Q loop).
 ///
-/// Roles (384 threads, one block per SM):
+/// Roles (Cfg::kThreads: 384, 512 at D 64; one block per SM):
 ///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D = 256) into a
 ///    kStages-deep ring of 128B-swizzled shared-memory tiles, each stage with a `full` and an
 ///    `empty` mbarrier (it waits on `empty` before reusing a stage). Two ways:
@@ -45,12 +49,12 @@
 ///      atom column of K and V per shuffle), which copy 16-byte chunks (zero-filled past the
 ///      request's keys). The producer then waits for its own copies of the previous tile,
 ///      fences them into the async proxy and arrives on that stage's `full` mbarrier.
-///  * warpgroups 1 and 2, consumers, 64 packed rows each: Q staged once (128B-swizzled); per tile
-///    S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
+///  * warpgroups 1 .. kConsumers, consumers, 64 packed rows each: Q staged once (128B-swizzled);
+///    per tile S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
 ///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
 ///    wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
-/// (PAGODA_SM90_PINGPONG=1) the two consumers take strict turns issuing their GEMMs through two
+/// (PAGODA_SM90_PINGPONG=1; two consumers only) the two consumers take strict turns issuing their GEMMs through two
 /// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
 /// The warpgroup index goes through a lane-0 shuffle so the compiler knows it is warp-uniform:
 /// the ring indices and wgmma descriptors then live in uniform registers (built once, moved by
@@ -77,8 +81,12 @@ namespace pagoda::kernels::cuda::detail {
 
 template <typename T, int DQK, int DV>
 struct PrefillSm90Config {
-  static constexpr int kThreads = 384;
-  static constexpr int kRows = 128;        // packed rows per block (2 consumers x 64)
+  // Consumer warpgroups of 64 packed rows each: three at D 64, whose tiles are short enough that
+  // two consumers leave the tensor cores idle while both run their softmax; two elsewhere.
+  static constexpr int kConsumers = DQK == 64 ? 3 : 2;
+  static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kRows = 64 * kConsumers;  // packed rows per block
   // Keys per tile and ring depth: 128 keys x 3 stages at D <= 128, 64 x 2 at D = 256 (O then
   // takes 128 registers per consumer thread), 128 x 2 at DQK 192 / DV 128 (K 48 KB + V 32 KB
   // per stage; registers as at D = 128).
@@ -101,13 +109,16 @@ struct PrefillSm90Config {
       1024 + kQBytes + kStages * kStageBytes + kBarBytes + kRecBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
-  // __launch_bounds__(384, 1)); asking for more than was freed blocks the consumers forever
-  // (seen on the H200 with 80 / 216). 56 / 224 at every head dim: since the consumers read their
-  // units from the producer's records, D = 256 (O alone 128 registers per consumer thread) no
-  // longer spills at 224, and a 40-register producer spilled in its tile loop (ptxas -v).
+  // __launch_bounds__(384, 1), 128 x 512 with three consumers); asking for more than was freed
+  // blocks the consumers forever (seen on the H200 with 80 / 216). Producer / consumer: 56 / 224
+  // with two consumers (since the consumers read their units from the producer's records, D 256,
+  // O alone 128 registers per consumer thread, no longer spills at 224, and a 40-register
+  // producer spilled in its tile loop, ptxas -v); 56 / 152 with three (D 64: the consumer code
+  // uses up to R138, no spill).
   static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
-  static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * kThreads,
+  static constexpr int kConsumerRegs = kConsumers == 2 ? 224 : 152;
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kLaunchRegs * kThreads,
                 "register split exceeds the launch allocation");
   static_assert((DQK == DV && (DQK == 64 || DQK == 128 || DQK == 256)) || (DQK == 192 && DV == 128),
                 "sm90 prefill supports D = 64, 128, 256 and DQK 192 / DV 128");
@@ -175,14 +186,17 @@ struct Sm90KvMaps {
   int rows = 0;
 };
 
-template <typename T, int DQK, int DV, bool kPingPong>
-__global__ void __launch_bounds__(384, 1)
+template <typename T, int DQK, int DV, bool kPingPongAsked>
+__global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order,
                         const __grid_constant__ Sm90KvMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
   using Cfg = PrefillSm90Config<T, DQK, DV>;
+  // Ping-pong takes turns between exactly two consumers.
+  constexpr bool kPingPong = kPingPongAsked && Cfg::kConsumers == 2;
+  constexpr int kCT = Cfg::kConsumerThreads;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kStages = Cfg::kStages;
   constexpr int kNT = kKeys / 8;     // score n-tiles of 8 columns
@@ -197,7 +211,7 @@ __global__ void __launch_bounds__(384, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
   uint64_t* empty = full + kStages;
   uint64_t* rec_full = empty + kStages;  // [2]: the producer wrote the slot (1 arrival)
-  uint64_t* rec_empty = rec_full + 2;    // [2]: every consumer thread read it (256 arrivals)
+  uint64_t* rec_empty = rec_full + 2;    // [2]: every consumer thread read it (kCT arrivals)
   Sm90UnitRec* recs = reinterpret_cast<Sm90UnitRec*>(rec_empty + 2);
 
   const DevicePlan& plan = a.plan;
@@ -207,8 +221,8 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform to the compiler
   const int t128 = tid % 128;
   if (tid == 0) {
-    mbar_init_ring(rec_full, rec_empty, 2, 1, 256);
-    mbar_init_ring(full, empty, kStages, 128, 256);  // producer 128, consumers 256
+    mbar_init_ring(rec_full, rec_empty, 2, 1, kCT);
+    mbar_init_ring(full, empty, kStages, 128, kCT);  // producer 128, every consumer thread
   }
   __syncthreads();
 
@@ -410,19 +424,19 @@ __global__ void __launch_bounds__(384, 1)
 
   // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
   // by tile), so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
-  // Consumer c waits on named barrier 4 + c before issuing and arrives on the other one after;
+  // Consumer c waits on named barrier 1 + c before issuing and arrives on the other one after;
   // consumer 1 opens the first turn, and consumer 0 takes consumer 1's last arrive after the
   // loop (an unconditional arrive keeps the issue-to-wait path free of divergent code, which
   // would make ptxas serialise the wgmmas). Both consumers run the same tiles of the same
   // units, so the turns line up across units.
   auto turn_begin = [&]() {
-    if constexpr (kPingPong) named_bar_sync(4 + cw, 256);
+    if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
   };
   auto turn_end = [&]() {
-    if constexpr (kPingPong) named_bar_arrive(5 - cw, 256);
+    if constexpr (kPingPong) named_bar_arrive(2 - cw, 256);
   };
   if constexpr (kPingPong) {
-    if (cw == 1) named_bar_arrive(4, 256);
+    if (cw == 1) named_bar_arrive(1, 256);
   }
 
   // Operand descriptors: this warpgroup's Q rows, and K / V of stage 0 (desc_advance moves
@@ -476,7 +490,7 @@ __global__ void __launch_bounds__(384, 1)
     const MaskInfo& mask = work.mask;
     cp_async_wait<0>();  // this unit's Q
     fence_proxy_async();
-    named_bar_sync(2 + cw, 128);
+    named_bar_sync(3 + cw, 128);
 
     const int g0 = work.r0 + cw * 64;    // first packed row of this warpgroup
     const int wr0 = g0 + warp * 16;      // first packed row of this warp
@@ -566,14 +580,14 @@ __global__ void __launch_bounds__(384, 1)
       rec_wait(ku + 1);
       const Sm90UnitRec& next = recs[(ku + 1) & 1];
       if (next.item >= 0) {
-        named_bar_sync(2 + cw, 128);  // every warp is past its last wait: no wgmma reads Q
+        named_bar_sync(3 + cw, 128);  // every warp is past its last wait: no wgmma reads Q
         load_q(next.work, next.hkv);
       }
     } else {
       ++sched_r;
       sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
       if (sched_live) {
-        named_bar_sync(2 + cw, 128);
+        named_bar_sync(3 + cw, 128);
         load_q_plan(sched_item, sched_hkv);
       }
     }
@@ -582,7 +596,7 @@ __global__ void __launch_bounds__(384, 1)
     store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
   }
   if constexpr (kPingPong) {
-    if (cw == 0) named_bar_sync(4, 256);
+    if (cw == 0) named_bar_sync(1, 256);
   }
 #else
   __trap();  // launched only where the sm_90a image exists (prefill_sm90_supported)
