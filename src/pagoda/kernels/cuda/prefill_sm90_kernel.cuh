@@ -50,12 +50,14 @@
 ///      request's keys). The producer then waits for its own copies of the previous tile,
 ///      fences them into the async proxy and arrives on that stage's `full` mbarrier.
 ///  * warpgroups 1 .. kConsumers, consumers, 64 packed rows each: Q staged once (128B-swizzled);
-///    per tile S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory), masking and online
-///    softmax in registers (base 2, lazy rescaling as in prefill_kernel), then O += P V with
-///    wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an arrive on `empty`.
+///    per tile S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory),
+///    masking and online softmax in registers (base 2, lazy rescaling as in prefill_kernel), then
+///    O += P V with wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an
+///    arrive on `empty`.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
-/// (PAGODA_SM90_PINGPONG=1; two consumers only) the two consumers take strict turns issuing their GEMMs through two
-/// named barriers, so one's softmax overlaps the other's tensor-core work (FA3's ping-pong).
+/// (PAGODA_SM90_PINGPONG=1; two consumers only) the two consumers take strict turns issuing
+/// their GEMMs through two named barriers, so one's softmax overlaps the other's tensor-core
+/// work (FA3's ping-pong).
 /// The warpgroup index goes through a lane-0 shuffle so the compiler knows it is warp-uniform:
 /// the ring indices and wgmma descriptors then live in uniform registers (built once, moved by
 /// desc_advance, sm90_utils.cuh), and issuing a wgmma costs a few uniform adds instead of a
