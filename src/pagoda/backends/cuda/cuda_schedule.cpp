@@ -29,6 +29,10 @@ std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in) {
 
 namespace {
 
+/// The sm90 prefill kernel's key tile at DQK <= 192 (the other prefill tiles, 64 and 32 keys,
+/// divide it): the unit of split-KV chunks and of the work items' weights.
+constexpr int kKeyTile = 128;
+
 /// Number of consecutive 1 bits of `bits` starting at bit `start`, stopping at `limit`.
 int64_t leading_ones(const uint8_t* bits, int64_t start, int64_t limit) {
   int64_t n = 0;
@@ -87,14 +91,13 @@ int64_t items_for(const std::vector<int32_t>& len, int chunk) {
 int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
                         const ScheduleConfig& config, const std::vector<int32_t>& len,
                         int64_t tiles) {
-  constexpr int kAlign = 128;  // the kernels' key tile
   const int bs = in.batch_size();
   const int nnz = bs > 0 ? in.qo_indptr[bs] : 0;
   const int64_t wave = int64_t(config.sm_count) * std::max(config.prefill_blocks_per_sm, 1);
   const int64_t blocks = tiles * shape.num_kv_heads;
   const int32_t longest = len.empty() ? 0 : *std::max_element(len.begin(), len.end());
   if (!config.allow_split || nnz == 0 || nnz > config.prefill_split_max_tokens || blocks == 0 ||
-      2 * blocks > wave || longest < 2 * std::max(config.prefill_min_chunk_tokens, kAlign)) {
+      2 * blocks > wave || longest < 2 * std::max(config.prefill_min_chunk_tokens, kKeyTile)) {
     return 0;
   }
   const int tile_rows =
@@ -115,8 +118,8 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
   const int64_t per_tile = std::max<int64_t>(1, wave / blocks);
   int chunk = static_cast<int>((longest + per_tile - 1) / per_tile);
   chunk = std::max(chunk, config.prefill_min_chunk_tokens);
-  chunk = (chunk + kAlign - 1) / kAlign * kAlign;
-  for (; chunk < longest; chunk += kAlign) {
+  chunk = (chunk + kKeyTile - 1) / kKeyTile * kKeyTile;
+  for (; chunk < longest; chunk += kKeyTile) {
     int64_t items = 0, partials = 0;
     cost(chunk, items, partials);
     const bool fits_items = config.max_items <= 0 || items <= config.max_items;
@@ -209,7 +212,6 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
       tiles.push_back({keys, b, t});
     }
   }
-  constexpr int64_t kKeyTile = 128;
   std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& x, const Tile& y) {
     const int64_t wx = (x.work + kKeyTile - 1) / kKeyTile, wy = (y.work + kKeyTile - 1) / kKeyTile;
     if (wx != wy) return wx > wy;

@@ -1,9 +1,8 @@
 /// Instantiations and raw launcher of the tensor-core paged MLA decode kernel (mla_decode_kernel.cuh).
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "pagoda/kernels/cuda/env_knob.h"
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/mla_decode_kernel.cuh"
 
@@ -46,8 +45,7 @@ int device_smem_optin() {
 }  // namespace
 
 bool mla_decode_enabled() {
-  const char* e = std::getenv("PAGODA_MLA_DECODE");  // read per call: tests A/B in one process
-  return e == nullptr || std::strcmp(e, "0") != 0;
+  return !env_knob_off("PAGODA_MLA_DECODE");  // read per call: tests A/B in one process
 }
 
 bool mla_decode_supported(ElemType q, ElemType kv, ElemType out, int num_kv_heads,

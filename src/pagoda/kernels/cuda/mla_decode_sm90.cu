@@ -1,8 +1,6 @@
 /// Raw launcher of the Hopper MLA decode kernel (mla_decode_sm90_kernel.cuh).
 
-#include <cstdlib>
-#include <cstring>
-
+#include "pagoda/kernels/cuda/env_knob.h"
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/mla_decode_sm90_kernel.cuh"
 #include "pagoda/kernels/cuda/pdl.cuh"
@@ -16,8 +14,7 @@ bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out) {
   // at 6d3aaae (bench/results/mla_h200.md) it was faster than the mma.sync kernel at h_q 16 on
   // pages 64 and 1 (1.12x, 1.11x) and at h_q 32 on page 1 (1.24x). PAGODA_MLA_SM90=0 (read on
   // every call, for A/B runs) keeps the mma.sync kernel.
-  const char* e = std::getenv("PAGODA_MLA_SM90");
-  if (e != nullptr && std::strcmp(e, "0") == 0) return false;
+  if (env_knob_off("PAGODA_MLA_SM90")) return false;
   // The kernel's 231,456 bytes of shared memory fit every sm_90 part (static_assert in its
   // config).
   return detail::device_runs_sm90a(detail::mla_decode_sm90_kernel<true>);
@@ -30,8 +27,7 @@ namespace {
 /// call, for same-process A/B runs).
 detail::MlaSm90Map latent_map(const AttentionArgs& a) {
   detail::MlaSm90Map m{};
-  const char* e = std::getenv("PAGODA_MLA_TMA");
-  if (e != nullptr && std::strcmp(e, "0") == 0) return m;
+  if (env_knob_off("PAGODA_MLA_TMA")) return m;
   const int rows = paged_box_rows(a.k, a.page_size, detail::MlaSm90Config::kKeys);
   if (rows == 0 || !encode_paged_map(m.latent, a.k, a.kv_dtype, detail::MlaSm90Config::kDqk,
                                      a.num_kv_heads, a.page_size, rows)) {

@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "pagoda/kernels/cuda/env_knob.h"
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/kernels/cuda/prefill_sm90_kernel.cuh"
@@ -36,10 +35,7 @@ bool dispatch_sm90(ElemType q, int dqk, int dv, F&& f) {
 }  // namespace
 
 bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v) {
-  static const bool disabled = [] {
-    const char* e = std::getenv("PAGODA_SM90_PREFILL");
-    return e != nullptr && std::strcmp(e, "0") == 0;
-  }();
+  static const bool disabled = env_knob_off("PAGODA_SM90_PREFILL");
   if (disabled) return false;
   if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
   if (!sm90_dims(head_dim_qk, head_dim_v)) return false;
@@ -64,22 +60,13 @@ int device_sm_count() {
   return v;
 }
 
-/// Integer value of an environment variable, `fallback` when unset or not a number.
-int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return *end == '\0' ? static_cast<int>(v) : fallback;
-}
-
 /// The K / V tensor maps of a launch whose tiles have `keys` keys (when `wanted`: the
 /// configuration copies by TMA, PrefillSm90Config::kRecords), with paged_box_rows() rows per
 /// box, else rows = 0 (every tile by cp.async). PAGODA_SM90_TMA=0 turns TMA off (read per call,
 /// for same-process A/B runs).
 detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
   detail::Sm90KvMaps m{};
-  if (!wanted || env_int("PAGODA_SM90_TMA", 1) == 0) return m;
+  if (!wanted || env_knob("PAGODA_SM90_TMA", 1) == 0) return m;
   const int ps = a.page_size;
   const int rows = paged_box_rows(a.k, ps, keys);
   if (rows == 0 || paged_box_rows(a.v, ps, keys) != rows) return m;
@@ -104,15 +91,15 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   //   PAGODA_SM90_PINGPONG=0/1 — consumers without / with ping-pong (default: D >= 128).
   const int64_t units = int64_t(args.grid_items) * args.num_kv_heads;
   int blocks = device_sm_count();
-  if (env_int("PAGODA_SM90_PERSISTENT", 1) == 0) blocks = static_cast<int>(units);
-  const int cap = env_int("PAGODA_SM90_BLOCKS", 0);
+  if (env_knob("PAGODA_SM90_PERSISTENT", 1) == 0) blocks = static_cast<int>(units);
+  const int cap = env_knob("PAGODA_SM90_BLOCKS", 0);
   if (cap > 0) blocks = std::min(blocks, cap);
   blocks = static_cast<int>(std::min<int64_t>(blocks, units));
-  const int order = env_int("PAGODA_SM90_ORDER", 1) == 0 ? detail::kHeadMajor : detail::kItemSnake;
+  const int order = env_knob("PAGODA_SM90_ORDER", 1) == 0 ? detail::kHeadMajor : detail::kItemSnake;
   // Ping-pong consumers (kPingPong) by default at DQK >= 128, where they measured 1-8 % faster on
   // the H200 (bench/results/hopper_h200.md; 9-11 % at DQK 192 / DV 128); at D = 64 they cost
   // 3 %. PAGODA_SM90_PINGPONG=0 / 1 overrides.
-  const int pp_env = env_int("PAGODA_SM90_PINGPONG", -1);
+  const int pp_env = env_knob("PAGODA_SM90_PINGPONG", -1);
   const auto launch = [&]<typename T, int DQK, int DV>() {
     using Cfg = detail::PrefillSm90Config<T, DQK, DV>;
     const bool pingpong = pp_env == -1 ? DQK >= 128 : pp_env == 1;
