@@ -6,10 +6,11 @@
 /// prefill_rows_per_tile(DQK, true) packed rows x one kv head, 64 rows per consumer: 192 at D 64,
 /// 128 elsewhere; GQA rows packed as r -> (token r / G, head hkv * G + r % G)). The plan must
 /// have been made for this kernel (AttentionArgs::prefill_sm90): the mma.sync kernel's items are
-/// 128 rows (64 at D 256). Three consumers at D 64 (512 threads): there a tile's GEMMs are half
-/// as long as at D 128 while its softmax is as long, and two consumers left the tensor cores idle
-/// whenever both ran their softmax; the third made D 64 1.24x faster on the H200 (same-call A/B,
-/// bench/results/hopper_h200.md, 2026-12-04 seventh session), as FA3 does at that head dim.
+/// 128 rows (64 at D 256). Three consumers at D 64 (512 threads), as FA3 has at that head dim:
+/// a D 64 tile has half a D 128 tile's GEMM work and the same softmax work, and with two
+/// consumers ncu put no pipe above 39 % busy there (tensor 34 %, MUFU 37 %); the third made D 64
+/// 1.24x faster on the H200 (same-call A/B, bench/results/hopper_h200.md, 2026-12-04 seventh
+/// session).
 ///
 /// Persistent: the grid is at most one block per SM (the launcher's choice) and each block runs
 /// a sequence of work units, unit = (work item, kv head); see sm90_unit(). The producer streams
@@ -83,8 +84,8 @@ namespace pagoda::kernels::cuda::detail {
 
 template <typename T, int DQK, int DV>
 struct PrefillSm90Config {
-  // Consumer warpgroups of 64 packed rows each: three at D 64, whose tiles are short enough that
-  // two consumers leave the tensor cores idle while both run their softmax; two elsewhere.
+  // Consumer warpgroups of 64 packed rows each: three at D 64 (see the top of this file), two
+  // elsewhere.
   static constexpr int kConsumers = DQK == 64 ? 3 : 2;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr int kConsumerThreads = 128 * kConsumers;
@@ -137,10 +138,11 @@ struct PrefillSm90Config {
 ///  kHeadMajor (PAGODA_SM90_ORDER=0): u -> (item u % grid_items, head u / grid_items): the blocks
 ///    running at one time share a kv head; block k runs u = k, k + G, k + 2G, ... (G =
 ///    gridDim.x). Its loads are uneven whenever grid_items is near a multiple of G: block k then
-///    takes items k, k + G - grid_items, ... of the sorted list, all heavy or all light (at 128
-///    items and 132 SMs the heaviest block carries 1.5-1.75x the mean; on the H200 one 4,096-token
-///    prompt at 32 / 8 heads ran 1.66x longer than in kItemSnake order, the DQK 192 MLA prefill
-///    1.5x; bench/results/hopper_h200.md, 2026-12-04 seventh session).
+///    takes items k, k + G - grid_items, ... of the sorted list, all heavy or all light (a host
+///    simulation of the schedule at 128 items and 132 SMs put the heaviest block at 1.5-1.75x the
+///    mean; ncu had the DQK 192 MLA prefill's SMs 65 % active; on the H200 one 4,096-token prompt
+///    at 32 / 8 heads ran 1.66x longer than in kItemSnake order, the MLA prefill 1.5x;
+///    bench/results/hopper_h200.md, 2026-12-04 seventh session).
 enum Sm90Order : int { kHeadMajor = 0, kItemSnake = 1 };
 
 /// Work item and kv head of round r of this block; false past the block's last unit. Items at
