@@ -440,18 +440,25 @@ TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {
 // unit's epilogue. Units of very different lengths (causal with prefixes, page 1, G 4), a
 // window with a logit cap at D 64, a tree mask, and split-KV partials whose leading chunks see
 // no key (units without tiles); D 256 (64-key tiles, 128-row items) with page 1, G 4, window,
-// cap and sinks. Where the sm_90a kernel
-// does not run, the knobs do nothing and the problems pass through the mma.sync kernel.
+// cap and sinks. The D 128 problems run under both consumer schedules (PAGODA_SM90_OVERLAP: the
+// intra-warpgroup overlap and tile by tile), with and without ping-pong turns. Where the sm_90a
+// kernel does not run, the knobs do nothing and the problems pass through the mma.sync kernel.
 TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   REQUIRE_GPU();
   struct Knob {
     const char* blocks;
     const char* order;
+    const char* overlap;
+    const char* pingpong;  // -1: the launcher's default
   };
-  for (const Knob k : {Knob{"1", "0"}, Knob{"3", "1"}, Knob{"5", "0"}, Knob{"7", "1"}}) {
-    SCOPED_TRACE(std::string("PAGODA_SM90_BLOCKS=") + k.blocks + " PAGODA_SM90_ORDER=" + k.order);
+  for (const Knob k : {Knob{"1", "0", "1", "-1"}, Knob{"3", "1", "0", "-1"},
+                       Knob{"5", "0", "1", "0"}, Knob{"7", "1", "0", "0"}}) {
+    SCOPED_TRACE(std::string("PAGODA_SM90_BLOCKS=") + k.blocks + " PAGODA_SM90_ORDER=" + k.order +
+                 " PAGODA_SM90_OVERLAP=" + k.overlap + " PAGODA_SM90_PINGPONG=" + k.pingpong);
     setenv("PAGODA_SM90_BLOCKS", k.blocks, 1);
     setenv("PAGODA_SM90_ORDER", k.order, 1);
+    setenv("PAGODA_SM90_OVERLAP", k.overlap, 1);
+    setenv("PAGODA_SM90_PINGPONG", k.pingpong, 1);
     Problem g4 = extend_problem({300, 129, 5, 33}, {0, 513, 40, 0}, 1, 128, 41);
     g4.hq = 32;
     g4.hkv = 8;
@@ -485,6 +492,8 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   }
   unsetenv("PAGODA_SM90_BLOCKS");
   unsetenv("PAGODA_SM90_ORDER");
+  unsetenv("PAGODA_SM90_OVERLAP");
+  unsetenv("PAGODA_SM90_PINGPONG");
 }
 // The sm90 prefill's K/V copies by TMA (the two-stage configurations, D 256 and DQK 192 / DV
 // 128, at page sizes >= 16; boxes of min(page, tile keys) tokens, so whole pages at 16-64 and

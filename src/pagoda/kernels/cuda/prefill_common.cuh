@@ -100,16 +100,16 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, in
   }
 }
 
-/// Online softmax of one 16-row tile (a quad of lanes shares a row), in base 2 with `scale`
-/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m). Lazy rescaling: the
-/// running max m only moves (and O, l are rescaled) when some row of the warp sees a logit above
-/// m + 8, so p <= 2^8 stays well inside bf16/f32 range; the final normalisation uses the same m,
-/// so the result is unchanged. Warp-collective.
-template <int kNT, int kDT>
-__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
-                                             float (&o)[kDT][4], float scale) {
-  constexpr float kLazyRescale = 8.f;
-  float mx[2];
+/// Lazy rescaling threshold of the online softmax (base 2): the running max only moves when a
+/// logit exceeds it by more than this, so p <= 2^8 stays well inside bf16 / f32 range.
+constexpr float kLazyRescale = 8.f;
+
+/// Row maxima of one 16-row tile (a quad of lanes shares a row), times `scale`, into mx; returns
+/// whether a row's maximum exceeds its running max m by more than kLazyRescale (this lane's
+/// rows only). Warp-collective.
+template <int kNT>
+__device__ __forceinline__ bool tile_row_max(const float (&s)[kNT][4], float scale,
+                                             const float (&m)[2], float (&mx)[2]) {
   bool grow = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -121,7 +121,37 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], 
     mx[h] = x * scale;
     grow |= mx[h] > m[h] + kLazyRescale;
   }
-  if (__any_sync(0xffffffffu, grow)) {
+  return grow;
+}
+
+/// s becomes p = 2^(s * scale - m) and l gains the row sums of p (m = -inf: every p is 0).
+template <int kNT>
+__device__ __forceinline__ void tile_exp_rows(float (&s)[kNT][4], const float (&m)[2],
+                                              float (&l)[2], float scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float msafe = m[h] == neg_inf() ? 0.f : m[h];  // all hidden: exp2 -> 0
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      s[j][2 * h] = exp2f(fmaf(s[j][2 * h], scale, -msafe));
+      s[j][2 * h + 1] = exp2f(fmaf(s[j][2 * h + 1], scale, -msafe));
+      sum += s[j][2 * h] + s[j][2 * h + 1];
+    }
+    l[h] += sum;
+  }
+}
+
+/// Online softmax of one 16-row tile (a quad of lanes shares a row), in base 2 with `scale`
+/// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m). Lazy rescaling: the
+/// running max m only moves (and O, l are rescaled) when some row of the warp sees a logit above
+/// m + kLazyRescale; the final normalisation uses the same m, so the result is unchanged.
+/// Warp-collective.
+template <int kNT, int kDT>
+__device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], float (&l)[2],
+                                             float (&o)[kDT][4], float scale) {
+  float mx[2];
+  if (__any_sync(0xffffffffu, tile_row_max(s, scale, m, mx))) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float mnew = fmaxf(m[h], mx[h]);
@@ -135,17 +165,40 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], 
       }
     }
   }
+  tile_exp_rows(s, m, l, scale);
+}
+
+/// softmax_tile for an O that an in-flight wgmma still accumulates: O is not touched; when the
+/// running max moves, the rows' factors go to `alpha` and the call returns true (warp-uniform),
+/// and the caller multiplies O by them (rescale_rows) once the wgmma has landed.
+template <int kNT>
+__device__ __forceinline__ bool softmax_tile_deferred(float (&s)[kNT][4], float (&m)[2],
+                                                      float (&l)[2], float scale,
+                                                      float (&alpha)[2]) {
+  float mx[2];
+  const bool moved = __any_sync(0xffffffffu, tile_row_max(s, scale, m, mx));
+  if (moved) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float msafe = m[h] == neg_inf() ? 0.f : m[h];  // all hidden: exp2 -> 0
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      s[j][2 * h] = exp2f(fmaf(s[j][2 * h], scale, -msafe));
-      s[j][2 * h + 1] = exp2f(fmaf(s[j][2 * h + 1], scale, -msafe));
-      sum += s[j][2 * h] + s[j][2 * h + 1];
+    for (int h = 0; h < 2; ++h) {
+      const float mnew = fmaxf(m[h], mx[h]);
+      alpha[h] = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
+      m[h] = mnew;
+      l[h] *= alpha[h];
     }
-    l[h] += sum;
+  }
+  tile_exp_rows(s, m, l, scale);
+  return moved;
+}
+
+/// O rows times the factors softmax_tile_deferred left in `alpha`.
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int d = 0; d < kDT; ++d) {
+    o[d][0] *= alpha[0];
+    o[d][1] *= alpha[0];
+    o[d][2] *= alpha[1];
+    o[d][3] *= alpha[1];
   }
 }
 

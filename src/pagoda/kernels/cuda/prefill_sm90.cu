@@ -39,7 +39,7 @@ bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_d
   if (disabled) return false;
   if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
   if (!sm90_dims(head_dim_qk, head_dim_v)) return false;
-  return detail::device_runs_sm90a(detail::prefill_sm90_kernel<__nv_bfloat16, 128, 128, false>);
+  return detail::device_runs_sm90a(detail::prefill_sm90_kernel<__nv_bfloat16, 128, 128, false, false>);
 }
 
 namespace {
@@ -100,11 +100,20 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   // the H200 (bench/results/hopper_h200.md; 9-11 % at DQK 192 / DV 128); at D = 64 they cost
   // 3 %. PAGODA_SM90_PINGPONG=0 / 1 overrides.
   const int pp_env = env_knob("PAGODA_SM90_PINGPONG", -1);
+  // Intra-warpgroup overlap of softmax and GEMMs (PrefillSm90Config::kCanOverlap: D 128):
+  // PAGODA_SM90_OVERLAP=0 / 1.
+  const bool overlap = env_knob("PAGODA_SM90_OVERLAP", 1) != 0;
   const auto launch = [&]<typename T, int DQK, int DV>() {
     using Cfg = detail::PrefillSm90Config<T, DQK, DV>;
     const bool pingpong = pp_env == -1 ? DQK >= 128 : pp_env == 1;
-    auto kernel = pingpong ? detail::prefill_sm90_kernel<T, DQK, DV, true>
-                           : detail::prefill_sm90_kernel<T, DQK, DV, false>;
+    constexpr bool kCanOverlap = Cfg::kCanOverlap;
+    auto kernel = detail::prefill_sm90_kernel<T, DQK, DV, false, false>;
+    if (overlap && kCanOverlap) {
+      kernel = pingpong ? detail::prefill_sm90_kernel<T, DQK, DV, true, kCanOverlap>
+                        : detail::prefill_sm90_kernel<T, DQK, DV, false, kCanOverlap>;
+    } else if (pingpong) {
+      kernel = detail::prefill_sm90_kernel<T, DQK, DV, true, false>;
+    }
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;

@@ -34,27 +34,41 @@
 /// Roles (Cfg::kThreads: 384, 512 at D 64; one block per SM):
 ///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D = 256) into a
 ///    kStages-deep ring of 128B-swizzled shared-memory tiles, each stage with a `full` and an
-///    `empty` mbarrier (it waits on `empty` before reusing a stage). Two ways:
+///    `empty` mbarrier (it waits on `empty` before reusing a stage; under the overlap schedule
+///    K and V of a stage have a pair each, full_k / empty_k and full_v / empty_v). Every
+///    arrival is one per warp (lane 0): per thread, the shared-memory atomics were 32 times as
+///    many. Two ways:
 ///    - TMA (kRecords configurations at page size >= 16, Sm90KvMaps): lane 0 of warp 0 arrives
 ///      on `full` with the stage's byte count and issues one 4-D box per page (or per tile when
 ///      the page is larger) and atom column of K and V; lanes of warp 0 look up the next tile's
-///      pages meanwhile, and the other producer threads only arrive. Used for every tile of a unit whose first key is on
-///      a box boundary, except a last tile that ends past the request's keys (a box copies
-///      whole page rows, and the unused rows of the last page may hold anything: NaN there
-///      would reach O through P = 0 times V).
+///      pages meanwhile, and lane 0 of each other producer warp only arrives. Used for every
+///      tile of a unit whose first key is on a box boundary, except a last tile that ends past
+///      the request's keys (a box copies whole page rows, and the unused rows of the last page
+///      may hold anything: NaN there would reach O through P = 0 times V).
 ///    - cp.async (every other tile: D 64 / 128, page sizes < 16, the tails, window starts off
 ///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this): each
 ///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
 ///      size; the next tile's lookup is in flight while this one is issued); warp shuffles hand
 ///      the row offsets to the copying lanes (8 per row, 4 rows per instruction, every 128-byte
-///      atom column of K and V per shuffle), which copy 16-byte chunks (zero-filled past the
-///      request's keys). The producer then waits for its own copies of the previous tile,
-///      fences them into the async proxy and arrives on that stage's `full` mbarrier.
+///      atom column per shuffle), which copy 16-byte chunks (zero-filled past the request's
+///      keys): first the tile's K, then, once only that group is younger, the previous tile is
+///      published (its copies waited for, fenced into the async proxy, `full` arrived on), then
+///      V. So a tile is published as soon as the next tile's K stage is free, not after its V
+///      stage, which the overlapped consumers hold longer.
 ///  * warpgroups 1 .. kConsumers, consumers, 64 packed rows each: Q staged once (128B-swizzled);
 ///    per tile S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory),
 ///    masking and online softmax in registers (base 2, lazy rescaling as in prefill_kernel), then
 ///    O += P V with wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an
-///    arrive on `empty`.
+///    arrive on `empty`. Two schedules:
+///    - overlap (kOverlap, D 128 by default; PrefillSm90Config::kCanOverlap): FA3's
+///      intra-warpgroup overlap. Turn i issues S of tile i, then P V of tile i - 1; the
+///      warpgroup waits for S alone, frees K, and runs tile i's softmax while its own P V GEMM
+///      runs; then it waits for P V, frees V, rescales O by the softmax's factors
+///      (softmax_tile_deferred) and converts P. Its own tensor work thus overlaps its softmax,
+///      not only the other consumer's. Same call on the H200 against the tile-by-tile kernel
+///      (2026-12-04 eighth session): 1.6-4.2 % faster on every D 128 shape.
+///    - tile by tile (D 64, 256, DQK 192; PAGODA_SM90_OVERLAP=0 at D 128): S, the softmax, P V,
+///      then the stage is freed.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
 /// (PAGODA_SM90_PINGPONG=1; two consumers only) the two consumers take strict turns issuing
 /// their GEMMs through two named barriers, so one's softmax overlaps the other's tensor-core
@@ -64,8 +78,9 @@
 /// desc_advance, sm90_utils.cuh), and issuing a wgmma costs a few uniform adds instead of a
 /// dependent mask / shift / move chain (2-10 % faster at D >= 128 on the H200, D 64 unchanged;
 /// bench/results/hopper_h200.md, 2026-12-02).
-/// Issuing P V of tile i together with S of tile i + 1 in one turn (software pipelining, FA3's
-/// order) measured 5 % slower at D 128 in the same call and is not used.
+/// (Issuing P V of tile i together with S of tile i + 1 in one turn and waiting for both before
+/// the softmax measured 5 % slower at D 128, 2026-12-02: it delays the softmax, overlapping
+/// nothing.)
 ///
 /// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
 /// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers (K/V ring, record
@@ -102,11 +117,19 @@ struct PrefillSm90Config {
   // wherever units have many tiles, TMA another 2-7 %; at D 256 / 192 both together gained
   // 7-12 %).
   static constexpr bool kRecords = kStages == 2;
+  // Intra-warpgroup overlap of softmax and GEMMs (the consumers' kOverlap schedule): a consumer
+  // then holds the V stage of tile i - 1 while tile i's K lands, so three stages are needed
+  // (with two, the cp.async producer's publish of tile i waits for the stage of tile i - 1,
+  // which the consumer frees only after tile i's softmax: a deadlock); and a second score tile
+  // beside O and P, which three consumers' 152 registers do not hold (ptxas at D 64: 172 bytes
+  // of spills and serialised wgmmas). So D 128 only.
+  static constexpr bool kCanOverlap = kStages >= 3 && kConsumers == 2;
   static constexpr uint32_t kQBytes = kRows * DQK * 2;
   static constexpr uint32_t kKTileBytes = kKeys * DQK * 2;            // one K tile
   static constexpr uint32_t kVTileBytes = kKeys * DV * 2;             // one V tile
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
-  static constexpr uint32_t kBarBytes = 2 * kStages * 8 + 2 * 2 * 8;  // K/V ring, record ring
+  // K and V rings (full / empty each), record ring.
+  static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8;
   static constexpr uint32_t kRecBytes = 2 * 128;                       // two Sm90UnitRec slots
   static constexpr size_t kSmemBytes =
       1024 + kQBytes + kStages * kStageBytes + kBarBytes + kRecBytes;
@@ -190,7 +213,7 @@ struct Sm90KvMaps {
   int rows = 0;
 };
 
-template <typename T, int DQK, int DV, bool kPingPongAsked>
+template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked>
 __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order,
                         const __grid_constant__ Sm90KvMaps maps) {
@@ -200,6 +223,12 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   using Cfg = PrefillSm90Config<T, DQK, DV>;
   // Ping-pong takes turns between exactly two consumers.
   constexpr bool kPingPong = kPingPongAsked && Cfg::kConsumers == 2;
+  constexpr bool kOverlap = kOverlapAsked && Cfg::kCanOverlap;
+  // K and V of a stage get their own barriers only under kOverlap (which frees K after the S
+  // GEMM and V after the next turn's P V GEMM); elsewhere the V ring is unused and a stage is
+  // one K+V unit as before (split barriers in the tile-by-tile schedules measured 14-16 %
+  // slower at D 256 and DQK 192 on the H200, 2026-12-04 eighth session, cause not found).
+  constexpr bool kSplitKV = kOverlap;
   constexpr int kCT = Cfg::kConsumerThreads;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kStages = Cfg::kStages;
@@ -212,9 +241,14 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   unsigned char* smem = smem_raw + pad;
   const uint32_t q_addr = raw_addr + pad;
   const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at + s * stage, V after it
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
-  uint64_t* empty = full + kStages;
-  uint64_t* rec_full = empty + kStages;  // [2]: the producer wrote the slot (1 arrival)
+  // Stage barriers: full_k / empty_k cover K and V of a stage, or only K under kSplitKV, where
+  // full_v / empty_v cover V.
+  uint64_t* full_k =
+      reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty_k = full_v + kStages;
+  uint64_t* empty_v = empty_k + kStages;
+  uint64_t* rec_full = empty_v + kStages;  // [2]: the producer wrote the slot (1 arrival)
   uint64_t* rec_empty = rec_full + 2;    // [2]: every consumer thread read it (kCT arrivals)
   Sm90UnitRec* recs = reinterpret_cast<Sm90UnitRec*>(rec_empty + 2);
 
@@ -226,7 +260,9 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   const int t128 = tid % 128;
   if (tid == 0) {
     mbar_init_ring(rec_full, rec_empty, 2, 1, kCT);
-    mbar_init_ring(full, empty, kStages, 128, kCT);  // producer 128, every consumer thread
+    // One arrival per warp: the four producer warps, every consumer warp (see kWarps below).
+    mbar_init_ring(full_k, empty_k, kStages, 4, kCT / 32);
+    mbar_init_ring(full_v, empty_v, kStages, 4, kCT / 32);
   }
   __syncthreads();
 
@@ -289,7 +325,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       // (one merged loop spilled the producer's 56 registers).
       int i = 0;
       const int box = maps.rows;
-      if (box > 0 && lo % box == 0) {
+      if (!kSplitKV && box > 0 && lo % box == 0) {
         const int ntma = min(ntiles, (work.mask.kv_len - lo) / kKeys);
         // Lane j < kKeys / box of warp 0 looks up the page of box j (the next tile's lookup is
         // in flight while this one is issued).
@@ -297,19 +333,20 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           const int kj = lo + tile * kKeys + lane * box;
           return pw == 0 && tile < ntma && lane * box < kKeys ? __ldg(pages + kj / ps) : 0;
         };
+        // Lane 0 of warp 0 arrives on `full` with the stage's byte count and issues one box per
+        // page (or per tile when the page is larger) and atom column of K and V; lane 0 of each
+        // other producer warp arrives at once (full counts one arrival per producer warp).
+        // Boxes of whole pages start at token 0; a box smaller than the page (one per tile) at
+        // the tile's offset in it. (kSplitKV configurations copy by cp.async only.)
         int page_next = box_page(0);
         for (; i < ntma; ++i, ++it) {
           const int s = it % kStages;
           const int page = page_next;
           page_next = box_page(i + 1);
-          if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
-          // Lane 0 of warp 0 arrives with the stage's byte count and issues every box; the
-          // other 127 producer threads arrive at once (full counts 128 arrivals).
+          if (it >= kStages) mbar_wait(&empty_k[s], ((it / kStages) - 1) & 1);
           if (pw == 0) {
             const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
-            if (lane == 0) mbar_arrive_expect_tx(&full[s], Cfg::kStageBytes);
-            // Boxes of whole pages start at token 0; a box smaller than the page (one per tile)
-            // at the tile's offset in it.
+            if (lane == 0) mbar_arrive_expect_tx(&full_k[s], Cfg::kStageBytes);
             const int t = box < ps ? (lo + i * kKeys) % ps : 0;
             for (int j = 0; j * box < kKeys; ++j) {
               const int pg = __shfl_sync(0xffffffffu, page, j);
@@ -317,18 +354,17 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
                 const uint32_t dst = kdst + uint32_t(j * box) * 128u;
 #pragma unroll
                 for (int at = 0; at < DQK / 64; ++at) {
-                  tma_load_4d(dst + at * (kKeys * 128), &maps.k, at * 64, hkv, t, pg, &full[s]);
+                  tma_load_4d(dst + at * (kKeys * 128), &maps.k, at * 64, hkv, t, pg, &full_k[s]);
                 }
 #pragma unroll
                 for (int at = 0; at < DV / 64; ++at) {
                   tma_load_4d(dst + Cfg::kKTileBytes + at * (kKeys * 128), &maps.v, at * 64, hkv,
-                              t, pg, &full[s]);
+                              t, pg, &full_k[s]);
                 }
               }
             }
-            if (lane != 0) mbar_arrive(&full[s]);
-          } else {
-            mbar_arrive(&full[s]);
+          } else if (lane == 0) {
+            mbar_arrive(&full_k[s]);
           }
         }
       }
@@ -341,47 +377,60 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
       };
       int page_next = lookup(i);
+      // Per tile: K's copies, then the previous tile published (its copies have landed once
+      // only this tile's K group is younger), then V's copies. So tile i - 1 is published as
+      // soon as tile i's K stage is free, which the consumers give back right after their S
+      // GEMM, not after the V stage they hold until their P V GEMM has landed.
+      auto publish_tile = [&](int t) {
+        fence_proxy_async();
+        __syncwarp();  // the warp's copies are ordered before lane 0's arrive (release)
+        if (lane == 0) {
+          mbar_arrive(&full_k[t % kStages]);
+          if constexpr (kSplitKV) mbar_arrive(&full_v[t % kStages]);
+        }
+      };
       for (; i < ntiles; ++i, ++it) {
-        const int s = it % kStages;
+        const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
         const int page = page_next;
         const int64_t o = (lo + i * kKeys + my_row) % ps;
         const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
         const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
         page_next = lookup(i + 1);  // in flight while this tile is issued
-        if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);
         const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
         const uint32_t vdst = kdst + Cfg::kKTileBytes;
+        if (it >= kStages) mbar_wait(&empty_k[s], ph);
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-          const int src = g * 4 + sub;
-          const int64_t kp = __shfl_sync(0xffffffffu, kof, src);
-          const int64_t vp = __shfl_sync(0xffffffffu, vof, src);
-          const uint32_t so = group_so(g);
+          const int64_t kp = __shfl_sync(0xffffffffu, kof, g * 4 + sub);
 #pragma unroll
           for (int at = 0; at < DQK / 64; ++at) {
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                             kdst + at * (kKeys * 128) + so),
+                             kdst + at * (kKeys * 128) + group_so(g)),
                          "l"(kp < 0 ? kg : kg + kp + at * 64), "r"(kp < 0 ? 0 : 16));
           }
+        }
+        cp_async_commit();
+        if (i > i0) {  // the previous tile's K and V groups have landed: publish it
+          cp_async_wait<1>();
+          publish_tile(it - 1);
+        }
+        if (kSplitKV && it >= kStages) mbar_wait(&empty_v[s], ph);
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const int64_t vp = __shfl_sync(0xffffffffu, vof, g * 4 + sub);
 #pragma unroll
           for (int at = 0; at < DV / 64; ++at) {
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                             vdst + at * (kKeys * 128) + so),
+                             vdst + at * (kKeys * 128) + group_so(g)),
                          "l"(vp < 0 ? vg : vg + vp + at * 64), "r"(vp < 0 ? 0 : 16));
           }
         }
         cp_async_commit();
-        if (i > i0) {  // the previous tile of this unit has landed: publish it
-          cp_async_wait<1>();
-          fence_proxy_async();
-          mbar_arrive(&full[(it - 1) % kStages]);
-        }
       }
       // The unit's last tile is published before the next unit's lookups start, so the
       // consumers never wait on the producer's prologue of a unit.
       cp_async_wait<0>();
-      fence_proxy_async();
-      mbar_arrive(&full[(it - 1) % kStages]);
+      publish_tile(it - 1);
     }
     publish(PrefillWork{}, -1, 0, 0);
     return;
@@ -391,6 +440,12 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   reg_alloc<Cfg::kConsumerRegs>();
   const int cw = wg - 1;                 // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int warp = t128 / 32, lane = tid % 32;
+  // A stage is given back by lane 0 of each consumer warp once the warp's wgmma wait has
+  // returned (the wgmmas that read it have completed: they are warpgroup-wide). Arrivals are
+  // shared-memory atomics; one per thread made them 32 times as many.
+  auto arrive_empty = [&](uint64_t* bar) {
+    if (lane == 0) mbar_arrive(bar);
+  };
 
   // Q of a unit: this warpgroup's 64 rows, as cp.async into its half of the Q buffer (the
   // caller waits, fences and syncs the warpgroup before the first S GEMM reads it). Lane t128
@@ -517,67 +572,170 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
-    for (int i = 0; i < ntiles; ++i, ++it) {
-      const int s = it % kStages;
-      mbar_wait(&full[s], (it / kStages) & 1);
+    // The score tile sc is declared per tile (a wgmma's accumulators are read-write operands: one
+    // declared outside the loop stays live from tile to tile, and at D 64 that made ptxas spill
+    // and serialise the wgmmas); so are the P fragments pa, except where the overlap carries
+    // them to the next turn.
+    using ScoreTile = float[kNT][4];
+    using PFrags = uint32_t[kKeys / 16][4];
+    // Whether this warpgroup's rows see any key of tile i (else both its GEMMs are skipped).
+    auto tile_active = [&](int i) {
       const int kb0 = lo + i * kKeys;
-      const bool active = wg_rows && kb0 < ghi && kb0 + kKeys > glo;
-      const uint64_t k_desc = desc_advance(k_desc0, s * Cfg::kStageBytes);
-      const uint64_t v_desc = desc_advance(v_desc0, s * Cfg::kStageBytes);
-      float sc[kNT][4];
+      return wg_rows && kb0 < ghi && kb0 + kKeys > glo;
+    };
+    // S = Q K^T of the tile in stage s into sc (wgmma m64nKk16, both operands in shared memory).
+    auto issue_s = [&](ScoreTile& sc, int s) {
       float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
-      uint32_t pa[kKeys / 16][4];
-      // ---- S = Q K^T ----
-      turn_begin();
-      if (active) {
-        wgmma_fence();
+      const uint64_t k_desc = desc_advance(k_desc0, s * Cfg::kStageBytes);
 #pragma unroll
-        for (int kk = 0; kk < DQK / 16; ++kk) {
-          const uint32_t half = kk / 4, sub = (kk % 4) * 32;
-          wgmma_ss<T, kKeys>(sc_flat, desc_advance(q_desc, half * (Cfg::kRows * 128) + sub),
-                             desc_advance(k_desc, half * (kKeys * 128) + sub), kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        turn_end();
-        wgmma_wait<0>();
-        fence_operands(sc_flat);
-        MaskInfo mk = mask;
-        if (i < nfree) {
-          mk.bits = nullptr;
-          mk.causal = false;
-        }
-        const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
-                               (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
-                               (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
-        if (capped) {
-#pragma unroll
-          for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
-        }
-        if (!full_tile) mask_tile<true>(sc, wr0, G, kb0, hi, rows, mk, lane);
-        softmax_tile(sc, m, l, o, scale);
-        // P is the A operand straight from the S accumulators.
-#pragma unroll
-        for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
-      } else {
-        turn_end();
+      for (int kk = 0; kk < DQK / 16; ++kk) {
+        const uint32_t half = kk / 4, sub = (kk % 4) * 32;
+        wgmma_ss<T, kKeys>(sc_flat, desc_advance(q_desc, half * (Cfg::kRows * 128) + sub),
+                           desc_advance(k_desc, half * (kKeys * 128) + sub), kk > 0 ? 1 : 0);
       }
-      // ---- O += P V ----
-      turn_begin();
-      if (active) {
-        fence_operands(o_flat);
-        wgmma_fence();
+    };
+    // O += P V of the tile in stage s (P from registers, V MN-major from shared memory).
+    auto issue_pv = [&](PFrags& pa, int s) {
+      const uint64_t v_desc = desc_advance(v_desc0, s * Cfg::kStageBytes);
 #pragma unroll
-        for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-          wgmma_rs<T, DV>(o_flat, pa[k2], desc_advance(v_desc, k2 * 16 * 128));
-        }
-        wgmma_commit();
-        turn_end();
-        wgmma_wait<0>();
-        fence_operands(o_flat);
-      } else {
-        turn_end();
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+        wgmma_rs<T, DV>(o_flat, pa[k2], desc_advance(v_desc, k2 * 16 * 128));
       }
-      mbar_arrive(&empty[s]);
+    };
+    // Tile i's landed scores: cap, mask, online softmax. deferred: O belongs to an in-flight
+    // wgmma, so the rescale factors go to alpha and the return says whether O needs them.
+    auto softmax_scores = [&](ScoreTile& sc, int i, bool deferred, float (&alpha)[2]) -> bool {
+      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      const int kb0 = lo + i * kKeys;
+      MaskInfo mk = mask;
+      if (i < nfree) {
+        mk.bits = nullptr;
+        mk.causal = false;
+      }
+      const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
+                             (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
+                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+      if (capped) {
+#pragma unroll
+        for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
+      }
+      if (!full_tile) mask_tile<true>(sc, wr0, G, kb0, hi, rows, mk, lane);
+      if (deferred) return softmax_tile_deferred(sc, m, l, scale, alpha);
+      softmax_tile(sc, m, l, o, scale);
+      return false;
+    };
+    // One GEMM alone in a turn, waited for: S of stage s into sc, or O += P V of stage s.
+    auto s_gemm_alone = [&](ScoreTile& sc, int s) {
+      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      wgmma_fence();
+      issue_s(sc, s);
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      fence_operands(sc_flat);
+    };
+    auto pv_gemm_alone = [&](PFrags& pa, int s) {
+      fence_operands(o_flat);
+      wgmma_fence();
+      issue_pv(pa, s);
+      wgmma_commit();
+      turn_end();
+      wgmma_wait<0>();
+      fence_operands(o_flat);
+    };
+    // P is the A operand straight from the S accumulators.
+    auto scores_to_p = [&](const ScoreTile& sc, PFrags& pa) {
+#pragma unroll
+      for (int k2 = 0; k2 < kKeys / 16; ++k2) p_fragment<T>(pa[k2], sc, k2);
+    };
+
+    if constexpr (kOverlap) {
+      // Intra-warpgroup overlap (FA3's order): turn i issues S of tile i and then P V of tile
+      // i - 1 (turn ntiles: P V of the last tile alone); the warpgroup waits for S only, frees
+      // K, and runs tile i's softmax while its own P V GEMM (and, with ping-pong, the other
+      // consumer's GEMMs) keep the tensor cores busy; then it waits for P V, frees V, applies
+      // the softmax's rescale to O and converts P. A consumer holds V of tile i - 1 and K of
+      // tile i at once.
+      PFrags pa;
+      uint32_t (&pa_flat)[kKeys / 4] = reinterpret_cast<uint32_t (&)[kKeys / 4]>(pa);
+      bool act_prev = false;  // tile i - 1 has work for this warpgroup: its P is in pa
+      int s_prev = 0;
+      for (int i = 0; i <= ntiles; ++i) {
+        const int t = it + i, s = t % kStages;
+        const bool more = i < ntiles;
+        const bool act = more && tile_active(i);
+        if (more) mbar_wait(&full_k[s], (t / kStages) & 1);
+        if (act_prev) mbar_wait(&full_v[s_prev], ((t - 1) / kStages) & 1);
+        // Each case issues, commits and waits on one straight path: wgmmas issued under one
+        // branch and waited for after the join are serialised by ptxas (C7515).
+        float alpha[2] = {1.f, 1.f};
+        bool moved = false;
+        ScoreTile sc;
+        float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+        turn_begin();
+        if (act && act_prev) {
+          fence_operands(o_flat);
+          fence_operands(pa_flat);
+          wgmma_fence();
+          issue_s(sc, s);
+          wgmma_commit();
+          wgmma_fence();
+          issue_pv(pa, s_prev);
+          wgmma_commit();
+          turn_end();
+          wgmma_wait<1>();
+          fence_operands(sc_flat);
+          arrive_empty(&empty_k[s]);
+          moved = softmax_scores(sc, i, true, alpha);
+          wgmma_wait<0>();
+          fence_operands(o_flat);
+          fence_operands(pa_flat);
+        } else if (act) {  // the warpgroup's first visible tile: no P V in flight
+          s_gemm_alone(sc, s);
+          arrive_empty(&empty_k[s]);
+          softmax_scores(sc, i, false, alpha);
+        } else if (act_prev) {  // after its last visible tile: P V alone
+          fence_operands(pa_flat);
+          pv_gemm_alone(pa, s_prev);
+          if (more) arrive_empty(&empty_k[s]);
+        } else {
+          turn_end();
+          if (more) arrive_empty(&empty_k[s]);
+        }
+        if (i > 0) arrive_empty(&empty_v[s_prev]);
+        if (moved) rescale_rows(o, alpha);
+        if (act) scores_to_p(sc, pa);
+        act_prev = act;
+        s_prev = s;
+      }
+      it += ntiles;
+    } else {
+      // Tile by tile: a turn for S, the softmax, a turn for P V, then the stage is freed.
+      for (int i = 0; i < ntiles; ++i, ++it) {
+        const int s = it % kStages, ph = (it / kStages) & 1;
+        const bool active = tile_active(i);
+        ScoreTile sc;
+        PFrags pa;
+        mbar_wait(&full_k[s], ph);
+        turn_begin();
+        if (active) {
+          s_gemm_alone(sc, s);
+        } else {
+          turn_end();
+        }
+        if (active) {
+          float alpha[2];
+          softmax_scores(sc, i, false, alpha);
+          scores_to_p(sc, pa);
+        }
+        turn_begin();
+        if (active) {
+          pv_gemm_alone(pa, s);
+        } else {
+          turn_end();
+        }
+        arrive_empty(&empty_k[s]);
+      }
     }
     // Every S GEMM of the unit has read Q: the next unit's Q loads under the epilogue.
     if constexpr (Cfg::kRecords) {

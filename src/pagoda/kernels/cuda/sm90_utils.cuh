@@ -154,6 +154,12 @@ __device__ __forceinline__ void fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+/// The same for registers a wgmma reads (its A fragments): they stay live, unchanged, up to here.
+template <int N>
+__device__ __forceinline__ void fence_operands(uint32_t (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // ---- shared-memory matrix descriptors (128-byte swizzle) ----------------------------------
 /// Byte offset of 16-byte chunk `c` (0..7) of 128-byte row `r` inside a 128B-swizzled atom
