@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   constexpr bool kOverlap = kOverlapAsked && Cfg::kCanOverlap;
   // K and V of a stage get their own barriers only under kOverlap (which frees K after the S
   // GEMM and V after the next turn's P V GEMM); elsewhere the V ring is unused and a stage is
-  // one K+V unit as before (split barriers in the tile-by-tile schedules measured 14-16 %
+  // one K+V unit as before (split barriers in the tile-by-tile schedules measured 13-19 %
   // slower at D 256 and DQK 192 on the H200, 2026-12-04 eighth session, cause not found).
   constexpr bool kSplitKV = kOverlap;
   constexpr int kCT = Cfg::kConsumerThreads;
@@ -260,7 +260,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   const int t128 = tid % 128;
   if (tid == 0) {
     mbar_init_ring(rec_full, rec_empty, 2, 1, kCT);
-    // One arrival per warp: the four producer warps, every consumer warp (see kWarps below).
+    // One arrival per warp: the four producer warps, every consumer warp (publish_tile,
+    // arrive_empty).
     mbar_init_ring(full_k, empty_k, kStages, 4, kCT / 32);
     mbar_init_ring(full_v, empty_v, kStages, 4, kCT / 32);
   }
@@ -379,8 +380,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       int page_next = lookup(i);
       // Per tile: K's copies, then the previous tile published (its copies have landed once
       // only this tile's K group is younger), then V's copies. So tile i - 1 is published as
-      // soon as tile i's K stage is free, which the consumers give back right after their S
-      // GEMM, not after the V stage they hold until their P V GEMM has landed.
+      // soon as tile i's K stage is free; under kSplitKV the consumers give that back right
+      // after their S GEMM, not after the V stage they hold until their P V GEMM has landed.
       auto publish_tile = [&](int t) {
         fence_proxy_async();
         __syncwarp();  // the warp's copies are ordered before lane 0's arrive (release)
@@ -573,9 +574,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
 
     // The score tile sc is declared per tile (a wgmma's accumulators are read-write operands: one
-    // declared outside the loop stays live from tile to tile, and at D 64 that made ptxas spill
-    // and serialise the wgmmas); so are the P fragments pa, except where the overlap carries
-    // them to the next turn.
+    // declared outside the loop would stay live from tile to tile); so are the P fragments pa,
+    // except where the overlap carries them to the next turn.
     using ScoreTile = float[kNT][4];
     using PFrags = uint32_t[kKeys / 16][4];
     // Whether this warpgroup's rows see any key of tile i (else both its GEMMs are skipped).
@@ -711,6 +711,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       it += ntiles;
     } else {
       // Tile by tile: a turn for S, the softmax, a turn for P V, then the stage is freed.
+      // (Freeing it in two halves, K after the S GEMM, made ptxas spill at D 64 and serialise
+      // its wgmmas.)
       for (int i = 0; i < ntiles; ++i, ++it) {
         const int s = it % kStages, ph = (it / kStages) & 1;
         const bool active = tile_active(i);
