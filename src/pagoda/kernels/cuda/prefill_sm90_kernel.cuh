@@ -666,8 +666,9 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         const bool act = more && tile_active(i);
         if (more) mbar_wait(&full_k[s], (t / kStages) & 1);
         if (act_prev) mbar_wait(&full_v[s_prev], ((t - 1) / kStages) & 1);
-        // Each case issues, commits and waits on one straight path: wgmmas issued under one
-        // branch and waited for after the join are serialised by ptxas (C7515).
+        // Each case issues, commits and waits on one straight path: with S and P V each issued
+        // under its own `if` between shared commits and waits, ptxas serialised every wgmma
+        // (C7515; tools/check_sm90_ptxas.py, a CPU test, fails on that).
         float alpha[2] = {1.f, 1.f};
         bool moved = false;
         ScoreTile sc;
