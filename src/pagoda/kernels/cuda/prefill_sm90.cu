@@ -39,7 +39,8 @@ bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_d
   if (disabled) return false;
   if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
   if (!sm90_dims(head_dim_qk, head_dim_v)) return false;
-  return detail::device_runs_sm90a(detail::prefill_sm90_kernel<__nv_bfloat16, 128, 128, false, false>);
+  return detail::device_runs_sm90a(
+      detail::prefill_sm90_kernel<__nv_bfloat16, 128, 128, false, false>);
 }
 
 namespace {

@@ -83,10 +83,11 @@
 /// nothing.)
 ///
 /// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
-/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers (K/V ring, record
-/// ring) and the two unit records. D = 256 takes 64-key tiles and 2 stages (Q 64 KB + 2 x 64 KB), so the consumers' registers hold O (128 per thread)
-/// beside a 64-key score tile; DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style
-/// models) takes 128-key tiles and 2 stages (Q 48 KB + 2 x 80 KB).
+/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers (K and V rings,
+/// record ring) and the two unit records. D = 256 takes 64-key tiles and 2 stages (Q 64 KB +
+/// 2 x 64 KB), so the consumers' registers hold O (128 per thread) beside a 64-key score tile;
+/// DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style models) takes 128-key tiles
+/// and 2 stages (Q 48 KB + 2 x 80 KB).
 /// Supports 16-bit Q == KV types, DQK = DV = 64, 128 and 256, and DQK 192 / DV 128; fp8 KV uses
 /// prefill_kernel (D = DQK = DV) or the generic kernel.
 
