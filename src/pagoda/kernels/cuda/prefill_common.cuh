@@ -142,6 +142,31 @@ __device__ __forceinline__ void tile_exp_rows(float (&s)[kNT][4], const float (&
   }
 }
 
+/// Moves the running max m to max(m, mx) and scales l by the factors alpha = 2^(m_old - m_new)
+/// (m = -inf: the factor of a row that saw nothing yet is 0, l is 0 anyway).
+__device__ __forceinline__ void move_row_max(float (&m)[2], float (&l)[2], const float (&mx)[2],
+                                             float (&alpha)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mnew = fmaxf(m[h], mx[h]);
+    alpha[h] = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
+    m[h] = mnew;
+    l[h] *= alpha[h];
+  }
+}
+
+/// O rows times the factors move_row_max left in `alpha` (h = 0: rows lane / 4, h = 1: + 8).
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int d = 0; d < kDT; ++d) {
+    o[d][0] *= alpha[0];
+    o[d][1] *= alpha[0];
+    o[d][2] *= alpha[1];
+    o[d][3] *= alpha[1];
+  }
+}
+
 /// Online softmax of one 16-row tile (a quad of lanes shares a row), in base 2 with `scale`
 /// folded into the exponent's FFMA; s becomes p = 2^(s * scale - m). Lazy rescaling: the
 /// running max m only moves (and O, l are rescaled) when some row of the warp sees a logit above
@@ -152,18 +177,9 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kNT][4], float (&m)[2], 
                                              float (&o)[kDT][4], float scale) {
   float mx[2];
   if (__any_sync(0xffffffffu, tile_row_max(s, scale, m, mx))) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mnew = fmaxf(m[h], mx[h]);
-      const float alpha = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
-      m[h] = mnew;
-      l[h] *= alpha;
-#pragma unroll
-      for (int d = 0; d < kDT; ++d) {
-        o[d][2 * h] *= alpha;
-        o[d][2 * h + 1] *= alpha;
-      }
-    }
+    float alpha[2];
+    move_row_max(m, l, mx, alpha);
+    rescale_rows(o, alpha);
   }
   tile_exp_rows(s, m, l, scale);
 }
@@ -177,29 +193,9 @@ __device__ __forceinline__ bool softmax_tile_deferred(float (&s)[kNT][4], float 
                                                       float (&alpha)[2]) {
   float mx[2];
   const bool moved = __any_sync(0xffffffffu, tile_row_max(s, scale, m, mx));
-  if (moved) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float mnew = fmaxf(m[h], mx[h]);
-      alpha[h] = exp2f(m[h] - (mnew == neg_inf() ? 0.f : mnew));
-      m[h] = mnew;
-      l[h] *= alpha[h];
-    }
-  }
+  if (moved) move_row_max(m, l, mx, alpha);
   tile_exp_rows(s, m, l, scale);
   return moved;
-}
-
-/// O rows times the factors softmax_tile_deferred left in `alpha`.
-template <int kDT>
-__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&alpha)[2]) {
-#pragma unroll
-  for (int d = 0; d < kDT; ++d) {
-    o[d][0] *= alpha[0];
-    o[d][1] *= alpha[0];
-    o[d][2] *= alpha[1];
-    o[d][3] *= alpha[1];
-  }
 }
 
 /// P of keys [16 k2, 16 k2 + 16) of a 16-row tile as the A operand of an m16n8k16 / m64nNk16
