@@ -49,9 +49,12 @@
 ///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this): each
 ///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
 ///      size; the next tile's lookup is in flight while this one is issued); warp shuffles hand
-///      the row offsets to the copying lanes (8 per row, 4 rows per instruction, every 128-byte
-///      atom column per shuffle), which copy 16-byte chunks (zero-filled past the request's
-///      keys): first the tile's K, then, once only that group is younger, the previous tile is
+///      the row addresses and pages to the copying lanes (8 per row, 4 rows per instruction,
+///      every 128-byte atom column per shuffle), which copy 16-byte chunks (zero-filled past the
+///      request's keys) at immediate offsets from one pointer per row. (Per chunk, a select and a
+///      64-bit add of an element offset took ~14 instructions; the leaner issue made D 128
+///      3.5-6 % faster on the H200, so the producer's issue slots are the consumers' too.)
+///      First the tile's K, then, once only that group is younger, the previous tile is
 ///      published (its copies waited for, fenced into the async proxy, `full` arrived on), then
 ///      V. So a tile is published as soon as the next tile's K stage is free, not after its V
 ///      stage, which the overlapped consumers hold longer.
@@ -372,13 +375,33 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       }
       if (i == ntiles) continue;
       const int i0 = i;
-      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride + c8 * 8;
-      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride + c8 * 8;
+      // The kv head's K and V; a lookup lane offsets them to its row, a copying lane to its
+      // 16-byte chunk of the row.
+      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
+      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
+      auto shfl_ptr = [](const T* p, int src_lane) {
+        return reinterpret_cast<const T*>(__shfl_sync(
+            0xffffffffu, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)),
+            src_lane));
+      };
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
       };
       int page_next = lookup(i);
+      // One 4-row group's chunks of K or V for this lane: `row` is the group row's address
+      // (the lookup lane's; the tensor's base when the row is past the keys, `ok` false, and
+      // the chunks are zero-filled without a read). Every atom column is an immediate offset.
+      auto copy_group = [&](uint32_t dst, const T* row, bool ok, int atoms) {
+        const T* src = row + c8 * 8;
+#pragma unroll
+        for (int at = 0; at < atoms; ++at) {
+          asm volatile(
+              "{\n.reg .pred p;\nsetp.eq.u32 p, %2, 0;\n"
+              "cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst + at * (kKeys * 128)),
+              "l"(src + at * 64), "r"(int(ok)));
+        }
+      };
       // Per tile: K's copies, then the previous tile published (its copies have landed once
       // only this tile's K group is younger), then V's copies. So tile i - 1 is published as
       // soon as tile i's K stage is free; under kSplitKV the consumers give that back right
@@ -395,21 +418,17 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
         const int page = page_next;
         const int64_t o = (lo + i * kKeys + my_row) % ps;
-        const int64_t kof = page < 0 ? -1 : page * a.k.page_stride + o * a.k.token_stride;
-        const int64_t vof = page < 0 ? -1 : page * a.v.page_stride + o * a.v.token_stride;
+        const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+        const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
         page_next = lookup(i + 1);  // in flight while this tile is issued
         const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
         const uint32_t vdst = kdst + Cfg::kKTileBytes;
         if (it >= kStages) mbar_wait(&empty_k[s], ph);
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-          const int64_t kp = __shfl_sync(0xffffffffu, kof, g * 4 + sub);
-#pragma unroll
-          for (int at = 0; at < DQK / 64; ++at) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                             kdst + at * (kKeys * 128) + group_so(g)),
-                         "l"(kp < 0 ? kg : kg + kp + at * 64), "r"(kp < 0 ? 0 : 16));
-          }
+          const int src_lane = g * 4 + sub;
+          copy_group(kdst + group_so(g), shfl_ptr(krow, src_lane),
+                     __shfl_sync(0xffffffffu, page, src_lane) >= 0, DQK / 64);
         }
         cp_async_commit();
         if (i > i0) {  // the previous tile's K and V groups have landed: publish it
@@ -419,13 +438,9 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         if (kSplitKV && it >= kStages) mbar_wait(&empty_v[s], ph);
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
-          const int64_t vp = __shfl_sync(0xffffffffu, vof, g * 4 + sub);
-#pragma unroll
-          for (int at = 0; at < DV / 64; ++at) {
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                             vdst + at * (kKeys * 128) + group_so(g)),
-                         "l"(vp < 0 ? vg : vg + vp + at * 64), "r"(vp < 0 ? 0 : 16));
-          }
+          const int src_lane = g * 4 + sub;
+          copy_group(vdst + group_so(g), shfl_ptr(vrow, src_lane),
+                     __shfl_sync(0xffffffffu, page, src_lane) >= 0, DV / 64);
         }
         cp_async_commit();
       }
