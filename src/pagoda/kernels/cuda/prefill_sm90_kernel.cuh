@@ -46,14 +46,16 @@
 ///      the request's keys (a box copies whole page rows, and the unused rows of the last page
 ///      may hold anything: NaN there would reach O through P = 0 times V).
 ///    - cp.async (every other tile: D 64 / 128, page sizes < 16, the tails, window starts off
-///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this): each
+///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this under tile
+///      by tile, 35-54 % under the overlap, bench/results/hopper_h200.md): each
 ///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
 ///      size; the next tile's lookup is in flight while this one is issued); warp shuffles hand
 ///      the row addresses and pages to the copying lanes (8 per row, 4 rows per instruction,
 ///      every 128-byte atom column per shuffle), which copy 16-byte chunks (zero-filled past the
 ///      request's keys) at immediate offsets from one pointer per row. (Per chunk, a select and a
 ///      64-bit add of an element offset took ~14 instructions; the leaner issue made D 128
-///      3.5-6 % faster on the H200, so the producer's issue slots are the consumers' too.)
+///      3.5-6 % faster on the H200, so the producer's issue slots are the consumers' too:
+///      bench/results/hopper_h200.md, 2026-12-04 ninth session.)
 ///      First the tile's K, then, once only that group is younger, the previous tile is
 ///      published (its copies waited for, fenced into the async proxy, `full` arrived on), then
 ///      V. So a tile is published as soon as the next tile's K stage is free, not after its V
@@ -68,7 +70,10 @@
 ///      warpgroup waits for S alone, frees K, and runs tile i's softmax while its own P V GEMM
 ///      runs; then it waits for P V, frees V, rescales O by the softmax's factors
 ///      (softmax_tile_deferred) and converts P. Its own tensor work thus overlaps its softmax,
-///      not only the other consumer's. Same call on the H200 against the tile-by-tile kernel
+///      not only the other consumer's. (ptxas hoists the P V wait above the tile's
+///      exponentials, so in the SASS the P V GEMM overlaps the row maxima only; a loop
+///      between the two kept the exponentials first and measured 3-6 % slower on the H200,
+///      2026-12-04 ninth session.) Same call on the H200 against the tile-by-tile kernel
 ///      (2026-12-04 eighth session): 1.6-4.2 % faster on every D 128 shape.
 ///    - tile by tile (D 64, 256, DQK 192; PAGODA_SM90_OVERLAP=0 at D 128): S, the softmax, P V,
 ///      then the stage is freed.
