@@ -5,26 +5,55 @@ instructions are serialized ...", "warpgroup.arrive is injected ..."). Those are
 warnings, so a change that costs the Hopper kernels their asynchronous GEMMs otherwise builds
 green; the sm90 prefill's intra-warpgroup overlap needs every wgmma issued, committed and waited
 on one straight path (prefill_sm90_kernel.cuh). Spills are printed, not failed.
-Usage: check_sm90_ptxas.py <nvcc> <src-root> <file relative to src-root>... Exit 1 on a finding
-or a failed compile."""
+Each file is compiled with its own command from the build's compile_commands.json (so the flags
+follow CMake's), with the target architectures replaced by sm_90a and the output discarded.
+Usage: check_sm90_ptxas.py <compile_commands.json> <source path suffix>... Exit 1 on a finding,
+a file missing from the database, or a failed compile."""
+import json
 import re
+import shlex
 import subprocess
 import sys
 
+# Flags dropped from the recorded command: its architectures, output and dependency file.
+DROP_WITH_VALUE = {"-o", "-MT", "-MF", "-arch", "--gpu-architecture", "-code", "-gencode"}
+DROP_PREFIXES = ("--generate-code", "-gencode=", "-arch=", "--gpu-architecture=", "-code=")
+DROP_ALONE = {"-MD", "-MMD"}
+
+
+def ptxas_command(entry: dict) -> list[str]:
+    args = entry.get("arguments") or shlex.split(entry["command"])
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in DROP_WITH_VALUE:
+            skip = True
+        elif a in DROP_ALONE or a.startswith(DROP_PREFIXES):
+            continue
+        else:
+            out.append(a)
+    return out + ["-arch=sm_90a", "-Xptxas", "-v", "-o", "/dev/null"]
+
 
 def main() -> int:
-    if len(sys.argv) < 4:
+    if len(sys.argv) < 3:
         print(__doc__)
         return 2
-    nvcc, src = sys.argv[1], sys.argv[2]
+    with open(sys.argv[1]) as f:
+        db = json.load(f)
     bad = 0
-    for rel in sys.argv[3:]:
-        cmd = [nvcc, f"-I{src}", "-std=c++20", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG",
-               "-arch=sm_90a", "--use_fast_math", "-Xptxas", "-v", "-x", "cu", "-c",
-               f"{src}/{rel}", "-o", "/dev/null"]
-        run = subprocess.run(cmd, capture_output=True, text=True)
+    for rel in sys.argv[2:]:
+        entries = [e for e in db if e["file"].endswith("/" + rel)]
+        if not entries:
+            print(f"FAIL {rel}: not in {sys.argv[1]}")
+            bad += 1
+            continue
+        cmd = ptxas_command(entries[0])
+        run = subprocess.run(cmd, capture_output=True, text=True, cwd=entries[0]["directory"])
         out = run.stdout + run.stderr
         if run.returncode != 0:
+            print(" ".join(cmd))
             print(out)
             print(f"FAIL {rel}: nvcc exited {run.returncode}")
             bad += 1
@@ -39,7 +68,7 @@ def main() -> int:
               f"serialisation / injection reports, {len(spills)} with spills")
         for line in spills:
             print("  spill:", line)
-        bad += bool(found)
+        bad += bool(found) or kernels == 0
     return 1 if bad else 0
 
 

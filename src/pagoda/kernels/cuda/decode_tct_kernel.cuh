@@ -240,8 +240,10 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
       const int key = kb0 + g + 8 * (e / 2);
       s[e] = key < n ? xf(s[e]) : neg_inf();
     }
-    // Lazy online softmax: move the reference only when a logit exceeds it by more than 2^8.
-    const bool grow = fmaxf(s[0], s[2]) > m[0] + 8.f || fmaxf(s[1], s[3]) > m[1] + 8.f;
+    // Lazy online softmax: move the reference only when a logit exceeds it by more than
+    // kLazyRescale (base 2).
+    const bool grow =
+        fmaxf(s[0], s[2]) > m[0] + kLazyRescale || fmaxf(s[1], s[3]) > m[1] + kLazyRescale;
     if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {

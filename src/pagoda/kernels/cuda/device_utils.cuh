@@ -17,6 +17,11 @@ namespace pagoda::kernels::cuda::detail {
 inline constexpr float kLog2e = 1.4426950408889634f;
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+/// Lazy rescaling threshold of the online softmax (base 2), shared by the prefill and decode
+/// kernels: the running max only moves when a logit exceeds it by more than this, so
+/// p <= 2^8 stays well inside bf16 / f32 range.
+constexpr float kLazyRescale = 8.f;
+
 /// fp8 e4m3 storage tag (one byte).
 struct E4M3 {
   uint8_t bits;

@@ -300,7 +300,6 @@ __global__ void __launch_bounds__(384, 1)
     // rescaled, only when some row of this warp's 16 grows by more than kLazyRescale (P then
     // stays <= 2^8). Warp w of both consumers holds the same rows, the same m and reads the same
     // maxima, so both take the same branch and their halves of P share one m.
-    constexpr float kLazyRescale = 8.f;
     float mnew[2], alpha[2] = {1.f, 1.f};
     bool grow = false;
 #pragma unroll

@@ -100,10 +100,6 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, in
   }
 }
 
-/// Lazy rescaling threshold of the online softmax (base 2): the running max only moves when a
-/// logit exceeds it by more than this, so p <= 2^8 stays well inside bf16 / f32 range.
-constexpr float kLazyRescale = 8.f;
-
 /// Row maxima of one 16-row tile (a quad of lanes shares a row), times `scale`, into mx; returns
 /// whether a row's maximum exceeds its running max m by more than kLazyRescale (this lane's
 /// rows only). Warp-collective.
