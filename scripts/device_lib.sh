@@ -18,6 +18,11 @@ device_setup() {
   if compgen -G ".debs/*.deb" > /dev/null; then  # carried: scripts/gpu_deps.sh fetch here
     # shellcheck disable=SC1091
     source scripts/gpu_deps.sh env
+  elif ! pkg-config --exists libpcre2-8 2> /dev/null; then
+    # Without them nothing configures; say so instead of timing builds that do not exist.
+    echo "device_setup: no .debs/*.deb carried and no PCRE2 on this machine: run" \
+      "scripts/gpu_deps.sh fetch here and name .debs in the device tool's carry" | tee "$R/error.txt"
+    exit 1
   fi
   export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
   B=${BUILD_DIR:-/tmp/b-spec}

@@ -25,8 +25,14 @@ R=/tmp/mla_prefill_$STAGE
 rm -rf "$R"; mkdir -p "$R" "$OUT"
 trap 'tar czf "$OUT/mla_prefill_$STAGE.tgz" -C "$R" .; cp "$R/summary.txt" "$OUT/summary_$STAGE.txt" 2>/dev/null' EXIT
 cd "$(dirname "$0")/.." || exit 1
-# shellcheck disable=SC1091
-[ -d .debs ] && source scripts/gpu_deps.sh env
+if compgen -G ".debs/*.deb" > /dev/null; then
+  # shellcheck disable=SC1091
+  source scripts/gpu_deps.sh env
+elif ! pkg-config --exists libpcre2-8 2> /dev/null; then
+  echo "no .debs/*.deb carried and no PCRE2 on this machine: run scripts/gpu_deps.sh fetch here" \
+    "and name .debs in the device tool's carry" | tee "$R/summary.txt"
+  exit 1
+fi
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
 exec > >(tee -a "$R/summary.txt") 2>&1
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
