@@ -54,7 +54,7 @@
 ///      every 128-byte atom column per shuffle), which copy 16-byte chunks (zero-filled past the
 ///      request's keys) at immediate offsets from one pointer per row. (Per chunk, a select and a
 ///      64-bit add of an element offset took ~14 instructions; the leaner issue made D 128
-///      3.5-6 % faster on the H200, so the producer's issue slots are the consumers' too:
+///      1.9-5.8 % faster on the H200, so the producer's issue slots are the consumers' too:
 ///      bench/results/hopper_h200.md, 2026-12-04 ninth session.)
 ///      First the tile's K, then, once only that group is younger, the previous tile is
 ///      published (its copies waited for, fenced into the async proxy, `full` arrived on), then
