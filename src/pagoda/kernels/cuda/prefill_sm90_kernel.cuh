@@ -384,19 +384,15 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       // 16-byte chunk of the row.
       const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
       const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
-      auto shfl_ptr = [](const T* p, int src_lane) {
-        return reinterpret_cast<const T*>(__shfl_sync(
-            0xffffffffu, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)),
-            src_lane));
-      };
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
       };
       int page_next = lookup(i);
-      // One 4-row group's chunks of K or V for this lane: `row` is the group row's address
-      // (the lookup lane's; the tensor's base when the row is past the keys, `ok` false, and
-      // the chunks are zero-filled without a read). Every atom column is an immediate offset.
+      // This warp's rows of one K or V tile into shared memory at dst, then a commit: per 4-row
+      // group g the lookup lane's row address `row` (the tensor's base when the row is past the
+      // keys: its page < 0, and the chunks are zero-filled without a read) goes to the copying
+      // lanes, each of which adds its 16-byte chunk; every atom column is an immediate offset.
       auto copy_group = [&](uint32_t dst, const T* row, bool ok, int atoms) {
         const T* src = row + c8 * 8;
 #pragma unroll
@@ -406,6 +402,17 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
               "cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst + at * (kKeys * 128)),
               "l"(src + at * 64), "r"(int(ok)));
         }
+      };
+      auto copy_tile = [&](uint32_t dst, const T* row, int page, int atoms) {
+        const auto row_bits = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(row));
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) {
+          const int src_lane = g * 4 + sub;
+          copy_group(dst + group_so(g),
+                     reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, row_bits, src_lane)),
+                     __shfl_sync(0xffffffffu, page, src_lane) >= 0, atoms);
+        }
+        cp_async_commit();
       };
       // Per tile: K's copies, then the previous tile published (its copies have landed once
       // only this tile's K group is younger), then V's copies. So tile i - 1 is published as
@@ -429,25 +436,13 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
         const uint32_t vdst = kdst + Cfg::kKTileBytes;
         if (it >= kStages) mbar_wait(&empty_k[s], ph);
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          const int src_lane = g * 4 + sub;
-          copy_group(kdst + group_so(g), shfl_ptr(krow, src_lane),
-                     __shfl_sync(0xffffffffu, page, src_lane) >= 0, DQK / 64);
-        }
-        cp_async_commit();
+        copy_tile(kdst, krow, page, DQK / 64);
         if (i > i0) {  // the previous tile's K and V groups have landed: publish it
           cp_async_wait<1>();
           publish_tile(it - 1);
         }
         if (kSplitKV && it >= kStages) mbar_wait(&empty_v[s], ph);
-#pragma unroll
-        for (int g = 0; g < kGroups; ++g) {
-          const int src_lane = g * 4 + sub;
-          copy_group(vdst + group_so(g), shfl_ptr(vrow, src_lane),
-                     __shfl_sync(0xffffffffu, page, src_lane) >= 0, DV / 64);
-        }
-        cp_async_commit();
+        copy_tile(vdst, vrow, page, DV / 64);
       }
       // The unit's last tile is published before the next unit's lookups start, so the
       // consumers never wait on the producer's prologue of a unit.
