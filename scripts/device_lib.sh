@@ -6,6 +6,20 @@
 #   device_build_tree NAME DIR JOBS TARGETS... — the same for the tree in DIR, in /tmp/b-NAME
 #   (logs cfg_NAME.log / build_NAME.log in $R; prints "build NAME rc=… s"); for same-call A/Bs of
 #   several trees, run in the background and waited on by pid.
+# device_deps FILE — from the repo root: unpacks the carried Debian packages (.debs,
+# scripts/gpu_deps.sh) into this shell's environment; without them and without PCRE2 on the
+# machine nothing configures, so it says so (also into FILE) and returns 1.
+device_deps() {
+  if compgen -G ".debs/*.deb" > /dev/null; then  # carried: scripts/gpu_deps.sh fetch here
+    # shellcheck disable=SC1091
+    source scripts/gpu_deps.sh env
+  elif ! pkg-config --exists libpcre2-8 2> /dev/null; then
+    echo "no .debs/*.deb carried and no PCRE2 on this machine: run scripts/gpu_deps.sh fetch" \
+      "here and name .debs in the device tool's carry" | tee "$1"
+    return 1
+  fi
+}
+
 device_setup() {
   OUT=${OUT:-/tmp/pagoda_out}
   R=/tmp/$1_results
@@ -15,15 +29,7 @@ device_setup() {
   cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
   { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     date -u +%Y-%m-%dT%H:%MZ; echo "commit ${COMMIT:-unknown}"; } | tee "$R/gpu.txt"
-  if compgen -G ".debs/*.deb" > /dev/null; then  # carried: scripts/gpu_deps.sh fetch here
-    # shellcheck disable=SC1091
-    source scripts/gpu_deps.sh env
-  elif ! pkg-config --exists libpcre2-8 2> /dev/null; then
-    # Without them nothing configures; say so instead of timing builds that do not exist.
-    echo "device_setup: no .debs/*.deb carried and no PCRE2 on this machine: run" \
-      "scripts/gpu_deps.sh fetch here and name .debs in the device tool's carry" | tee "$R/error.txt"
-    exit 1
-  fi
+  device_deps "$R/error.txt" || exit 1
   export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
   B=${BUILD_DIR:-/tmp/b-spec}
   export BUILD_DIR=$B

@@ -25,20 +25,13 @@ R=/tmp/mla_prefill_$STAGE
 rm -rf "$R"; mkdir -p "$R" "$OUT"
 trap 'tar czf "$OUT/mla_prefill_$STAGE.tgz" -C "$R" .; cp "$R/summary.txt" "$OUT/summary_$STAGE.txt" 2>/dev/null' EXIT
 cd "$(dirname "$0")/.." || exit 1
-if compgen -G ".debs/*.deb" > /dev/null; then
-  # shellcheck disable=SC1091
-  source scripts/gpu_deps.sh env
-elif ! pkg-config --exists libpcre2-8 2> /dev/null; then
-  echo "no .debs/*.deb carried and no PCRE2 on this machine: run scripts/gpu_deps.sh fetch here" \
-    "and name .debs in the device tool's carry" | tee "$R/summary.txt"
-  exit 1
-fi
+# shellcheck disable=SC1091
+source scripts/device_lib.sh  # device_deps, device_build_tree (only functions: nothing runs)
+device_deps "$R/summary.txt" || exit 1
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
 exec > >(tee -a "$R/summary.txt") 2>&1
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   echo "commit ${COMMIT:-unknown} stage $STAGE base ${BASE:-none} $(date -u +%FT%TZ)"; } | tee "$R/gpu.txt"
-# shellcheck disable=SC1091
-source scripts/device_lib.sh  # device_build_tree (only its functions: nothing runs on source)
 M=/tmp/b-main/tests/cuda
 bench() {  # build name, output, filter[, env...]
   local n=$1 o=$2 f=$3; shift 3
