@@ -139,7 +139,7 @@ struct PrefillSm90Config {
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
   // K and V rings (full / empty each), record ring.
   static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8;
-  static constexpr uint32_t kRecBytes = 2 * 128;                       // two Sm90UnitRec slots
+  static constexpr uint32_t kRecBytes = 2 * 128;  // two Sm90UnitRec slots
   static constexpr size_t kSmemBytes =
       1024 + kQBytes + kStages * kStageBytes + kBarBytes + kRecBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
@@ -196,8 +196,8 @@ __device__ __forceinline__ bool sm90_unit(const AttentionArgs& a, int order, int
 }
 
 /// The next live unit at or after round r (r advances to it); false when the block is done.
-__device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, int order, int& r,
-                                               int& item, int& hkv) {
+__device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, int order, int& r, int& item,
+                                               int& hkv) {
   for (;; ++r) {
     if (!sm90_unit(a, order, r, item, hkv)) return false;
     if (item < a.plan.counts[1]) return true;
@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   constexpr int kCT = Cfg::kConsumerThreads;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kStages = Cfg::kStages;
-  constexpr int kNT = kKeys / 8;     // score n-tiles of 8 columns
-  constexpr int kDT = DV / 8;        // output n-tiles
+  constexpr int kNT = kKeys / 8;  // score n-tiles of 8 columns
+  constexpr int kDT = DV / 8;     // output n-tiles
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
@@ -252,13 +252,12 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at + s * stage, V after it
   // Stage barriers: full_k / empty_k cover K and V of a stage, or only K under kSplitKV, where
   // full_v / empty_v cover V.
-  uint64_t* full_k =
-      reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
   uint64_t* rec_full = empty_v + kStages;  // [2]: the producer wrote the slot (1 arrival)
-  uint64_t* rec_empty = rec_full + 2;    // [2]: every consumer thread read it (kCT arrivals)
+  uint64_t* rec_empty = rec_full + 2;      // [2]: every consumer thread read it (kCT arrivals)
   Sm90UnitRec* recs = reinterpret_cast<Sm90UnitRec*>(rec_empty + 2);
 
   const DevicePlan& plan = a.plan;
@@ -288,8 +287,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     // (the four warps side by side), and [pw kWarpRows + 4 g, +4) otherwise (a contiguous
     // quarter per warp): on the H200 (bench/results/hopper_h200.md, 2026-12-02) each was the
     // faster of the two at its head dims (contiguous: D 64 9 % slower; D 256 7 % faster).
-    constexpr int kWarpRows = kKeys / 4;     // 32 (16 at D = 256)
-    constexpr int kGroups = kWarpRows / 4;   // 4-row groups per warp and tile
+    constexpr int kWarpRows = kKeys / 4;    // 32 (16 at D = 256)
+    constexpr int kGroups = kWarpRows / 4;  // 4-row groups per warp and tile
     constexpr bool kSideBySide = DQK == 64;
     const int lane = t128 % 32, pw = t128 / 32;
     const int c8 = lane % 8, sub = lane / 8;
@@ -368,8 +367,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
                 }
 #pragma unroll
                 for (int at = 0; at < DV / 64; ++at) {
-                  tma_load_4d(dst + Cfg::kKTileBytes + at * (kKeys * 128), &maps.v, at * 64, hkv,
-                              t, pg, &full_k[s]);
+                  tma_load_4d(dst + Cfg::kKTileBytes + at * (kKeys * 128), &maps.v, at * 64, hkv, t,
+                              pg, &full_k[s]);
                 }
               }
             }
@@ -455,7 +454,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
 
   // ================= consumers =================
   reg_alloc<Cfg::kConsumerRegs>();
-  const int cw = wg - 1;                 // consumer index: rows [64 cw, 64 cw + 64) of the tile
+  const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int warp = t128 / 32, lane = tid % 32;
   // A stage is given back by lane 0 of each consumer warp once the warp's wgmma wait has
   // returned (the wgmmas that read it have completed: they are warpgroup-wide). Arrivals are
@@ -483,9 +482,9 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       const uint32_t dst = q_addr + sw128_offset(cw * 64 + q_rs + 16 * j, q_c8);
 #pragma unroll
       for (int at = 0; at < DQK / 64; ++at) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                         dst + at * (Cfg::kRows * 128)),
-                     "l"(src + (ok ? at * 64 : 0)), "r"(ok ? 16 : 0));
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + at * (Cfg::kRows * 128)),
+            "l"(src + (ok ? at * 64 : 0)), "r"(ok ? 16 : 0));
       }
       pr += 16;
       tok += g16_tok;
@@ -568,8 +567,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     fence_proxy_async();
     named_bar_sync(3 + cw, 128);
 
-    const int g0 = work.r0 + cw * 64;    // first packed row of this warpgroup
-    const int wr0 = g0 + warp * 16;      // first packed row of this warp
+    const int g0 = work.r0 + cw * 64;  // first packed row of this warpgroup
+    const int wr0 = g0 + warp * 16;    // first packed row of this warp
     // Keys this warpgroup can see at all.
     const bool wg_rows = g0 < rows;
     const int gt_first = g0 / G;
@@ -587,7 +586,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     float o[kDT][4];
 #pragma unroll
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    float (&o_flat)[kDT * 4] = reinterpret_cast<float (&)[kDT * 4]>(o);
+    float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
 
     // The score tile sc is declared per tile (a wgmma's accumulators are read-write operands: one
     // declared outside the loop would stay live from tile to tile); so are the P fragments pa,
@@ -601,7 +600,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     };
     // S = Q K^T of the tile in stage s into sc (wgmma m64nKk16, both operands in shared memory).
     auto issue_s = [&](ScoreTile& sc, int s) {
-      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      float(&sc_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
       const uint64_t k_desc = desc_advance(k_desc0, s * Cfg::kStageBytes);
 #pragma unroll
       for (int kk = 0; kk < DQK / 16; ++kk) {
@@ -620,8 +619,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     };
     // Tile i's landed scores: cap, mask, online softmax. deferred: O belongs to an in-flight
     // wgmma, so the rescale factors go to alpha and the return says whether O needs them.
-    auto softmax_scores = [&](ScoreTile& sc, int i, bool deferred, float (&alpha)[2]) -> bool {
-      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+    auto softmax_scores = [&](ScoreTile& sc, int i, bool deferred, float(&alpha)[2]) -> bool {
+      float(&sc_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
       const int kb0 = lo + i * kKeys;
       MaskInfo mk = mask;
       if (i < nfree) {
@@ -642,7 +641,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     };
     // One GEMM alone in a turn, waited for: S of stage s into sc, or O += P V of stage s.
     auto s_gemm_alone = [&](ScoreTile& sc, int s) {
-      float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+      float(&sc_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
       wgmma_fence();
       issue_s(sc, s);
       wgmma_commit();
@@ -673,7 +672,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       // the softmax's rescale to O and converts P. A consumer holds V of tile i - 1 and K of
       // tile i at once.
       PFrags pa;
-      uint32_t (&pa_flat)[kKeys / 4] = reinterpret_cast<uint32_t (&)[kKeys / 4]>(pa);
+      uint32_t(&pa_flat)[kKeys / 4] = reinterpret_cast<uint32_t(&)[kKeys / 4]>(pa);
       bool act_prev = false;  // tile i - 1 has work for this warpgroup: its P is in pa
       int s_prev = 0;
       for (int i = 0; i <= ntiles; ++i) {
@@ -688,7 +687,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         float alpha[2] = {1.f, 1.f};
         bool moved = false;
         ScoreTile sc;
-        float (&sc_flat)[kNT * 4] = reinterpret_cast<float (&)[kNT * 4]>(sc);
+        float(&sc_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
         turn_begin();
         if (act && act_prev) {
           fence_operands(o_flat);
