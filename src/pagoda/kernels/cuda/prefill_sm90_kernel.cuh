@@ -15,10 +15,19 @@
 /// Persistent: the grid is at most one block per SM (the launcher's choice) and each block runs
 /// a sequence of work units, unit = (work item, kv head); see sm90_unit(). The producer streams
 /// the K/V tiles of one unit after another through one ring (it runs up to kStages tiles ahead,
-/// across unit boundaries), and each consumer issues the next unit's Q load before it stores the
-/// current unit's output, so a unit's prologue and epilogue overlap its neighbours' work. (Issuing
-/// that load inside the tile loop, right after the last S GEMM, cost 13 % at B4 S4096 on the
-/// H200: ptxas then gave P its own registers and moved the row sums between the P V wgmmas.)
+/// across unit boundaries). Outside the overlap schedule each consumer issues the next unit's Q
+/// load before it stores the current unit's output, so a unit's prologue and epilogue overlap
+/// its neighbours' work. (Issuing that load inside the tile loop, right after the last S GEMM,
+/// cost 13 % at B4 S4096 on the H200: ptxas then gave P its own registers and moved the row sums
+/// between the P V wgmmas.) Under the overlap schedule (kOverlap, D 128) the pipeline runs across
+/// units: the producer loads Q into two buffers (the next unit's while this one runs; Q `empty`
+/// barriers), a unit's first turn issues its first S GEMM beside the previous unit's last P V
+/// GEMM, and the previous unit's output goes out after that GEMM's wait, staged through the
+/// previous unit's own Q buffer (store_tile_staged: 16-byte row stores). The first turn is a
+/// copy of its own (turn<true>), so the steady-state turns carry none of that code (a runtime
+/// test there cost ~550 register moves in the loop). Two Q buffers leave 2 K and 3 V stages.
+/// Same call on the H200 against the unit-by-unit overlap (2026-12-04, eleventh session):
+/// B16 S1024 4.3 % faster, B4 S4096 2.8 %, extend 1.0 %; bench/results/hopper_h200.md.
 /// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
 /// Unit records (PrefillSm90Config::kRecords, the two-stage configurations D 256 and DQK 192):
 /// only the producer walks the schedule and reads the plan; it publishes each unit (its work
@@ -60,7 +69,8 @@
 ///      published (its copies waited for, fenced into the async proxy, `full` arrived on), then
 ///      V. So a tile is published as soon as the next tile's K stage is free, not after its V
 ///      stage, which the overlapped consumers hold longer.
-///  * warpgroups 1 .. kConsumers, consumers, 64 packed rows each: Q staged once (128B-swizzled);
+///  * warpgroups 1 .. kConsumers, consumers, 64 packed rows each: Q staged once per unit
+///    (128B-swizzled; by the consumers themselves, or by the producer under kOverlap);
 ///    per tile S = Q K^T with wgmma m64nKk16 (K = kKeys; both operands in shared memory),
 ///    masking and online softmax in registers (base 2, lazy rescaling as in prefill_kernel), then
 ///    O += P V with wgmma m64nDVk16 (P from registers, V MN-major from shared memory), and an
@@ -91,9 +101,10 @@
 /// nothing.)
 ///
 /// Shared memory (bytes, 1024-aligned): Q [DQK/64][128 rows][128 B], then per stage K
-/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B], then the mbarriers (K and V rings,
-/// record ring) and the two unit records. D = 256 takes 64-key tiles and 2 stages (Q 64 KB +
-/// 2 x 64 KB), so the consumers' registers hold O (128 per thread) beside a 64-key score tile;
+/// [DQK/64][kKeys][128 B] and V [DV/64][kKeys][128 B] (kOverlap: two Q buffers, then the K ring
+/// of 2, then the V ring of 3, in the same bytes), then the mbarriers (K and V rings, record
+/// ring, Q `empty` pair) and the two unit records. D = 256 takes 64-key tiles and 2 stages (Q 64
+/// KB, 2 x 64 KB), so the consumers' registers hold O (128 per thread) beside a 64-key score tile;
 /// DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style models) takes 128-key tiles
 /// and 2 stages (Q 48 KB + 2 x 80 KB).
 /// Supports 16-bit Q == KV types, DQK = DV = 64, 128 and 256, and DQK 192 / DV 128; fp8 KV uses
@@ -137,11 +148,18 @@ struct PrefillSm90Config {
   static constexpr uint32_t kKTileBytes = kKeys * DQK * 2;            // one K tile
   static constexpr uint32_t kVTileBytes = kKeys * DV * 2;             // one V tile
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
-  // K and V rings (full / empty each), record ring.
-  static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8;
+  // Data: Q, then kStages (K, V) stages; under the overlap schedule (which pipelines across
+  // units, see the top of this file) the same bytes hold two Q buffers, a 2-deep K ring and a
+  // 3-deep V ring instead.
+  static constexpr uint32_t kDataBytes = kQBytes + kStages * kStageBytes;
+  static constexpr int kXKStages = 2, kXVStages = 3;
+  static_assert(!kCanOverlap ||
+                    2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes <= kDataBytes,
+                "the overlap schedule's rings do not fit the data bytes");
+  // K and V rings (full / empty each), record ring, and the overlap schedule's Q `empty` pair.
+  static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8 + 2 * 8;
   static constexpr uint32_t kRecBytes = 2 * 128;  // two Sm90UnitRec slots
-  static constexpr size_t kSmemBytes =
-      1024 + kQBytes + kStages * kStageBytes + kBarBytes + kRecBytes;
+  static constexpr size_t kSmemBytes = 1024 + kDataBytes + kBarBytes + kRecBytes;
   static_assert(kSmemBytes <= 232448, "over the sm_90 shared-memory limit per block");
   // setmaxnreg moves registers inside the block's launch allocation (168 x 384 under
   // __launch_bounds__(384, 1), 128 x 512 with three consumers); asking for more than was freed
@@ -213,6 +231,78 @@ struct Sm90UnitRec {
 };
 static_assert(sizeof(Sm90UnitRec) <= 128, "record slot is 128 bytes");
 
+/// store_tile for one consumer warpgroup's 64 rows through shared memory: each warp writes its 16
+/// rows of normalised O (16-bit pairs) into `stage` (row 0 of this warpgroup's rows of a Q
+/// buffer, 128B-swizzled like Q, atom columns kAtomStride bytes apart), the warpgroup syncs on
+/// named barrier `bar`, and each thread then copies 16-byte chunks of whole rows to global
+/// memory (two 256-byte rows per warp instruction at DV 128) instead of store_tile's 4-byte
+/// pieces of eight rows (at B16 S1024 store_tile held 10 % of the stall samples, lg throttle
+/// and short_sb: ncu, 2026-12-04 tenth session). LSE as store_tile. The caller keeps split-KV
+/// partials (w.partial >= 0) and outputs whose rows are not 16-byte aligned on store_tile.
+/// Warpgroup-collective.
+template <typename T, int kDT, uint32_t kAtomStride>
+__device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const PrefillWork& w,
+                                                  int hkv, int g0, int warp, int lane,
+                                                  const float (&m)[2], const float (&l)[2],
+                                                  const float (&o)[kDT][4], uint32_t stage,
+                                                  int bar) {
+  const int G = a.num_qo_heads / a.num_kv_heads;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lsum = l[h];
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+    const int r = warp * 16 + lane / 4 + h * 8;  // row of the warpgroup's 64
+    const int pr = g0 + r;
+    float f = 0.f;
+    if (pr < w.rows) {
+      const int head = hkv * G + pr % G;
+      float lse;
+      f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
+      if (a.lse != nullptr && lane % 4 == 0) {
+        a.lse[(w.q_begin + pr / G) * a.lse_stride_n + head * a.lse_stride_h] = lse;
+      }
+    }
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) {
+      const uint32_t v = pack2<T>(o[d][2 * h] * f, o[d][2 * h + 1] * f);
+      const uint32_t dst = stage + (d / 8) * kAtomStride + sw128_offset(r, d % 8) + (lane % 4) * 4;
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
+    }
+  }
+  named_bar_sync(bar, 128);
+  // Thread t copies chunk t % C of rows t / C + (128 / C) j (C = kDT 16-byte chunks per row: an
+  // n-tile is 8 columns of 16-bit values).
+  constexpr int kChunks = kDT, kRowStep = 128 / kChunks;
+  static_assert(kRowStep > 0 && 64 % kRowStep == 0, "whole rows per pass");
+  const int t128 = warp * 32 + lane;
+  const int c = t128 % kChunks;
+  int pr = g0 + t128 / kChunks;
+  int tok = pr / G, hh = pr - tok * G;
+  const int step_tok = kRowStep / G, step_head = kRowStep % G;
+#pragma unroll
+  for (int j = 0; j < 64 / kRowStep; ++j) {
+    if (pr < w.rows) {
+      const int r = pr - g0;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(stage + (c / 8) * kAtomStride + sw128_offset(r, c % 8))
+                   : "memory");
+      T* op = static_cast<T*>(a.out) + (w.q_begin + tok) * a.o_stride_n +
+              (hkv * G + hh) * a.o_stride_h + c * 8;
+      *reinterpret_cast<uint4*>(op) = v;
+    }
+    pr += kRowStep;
+    tok += step_tok;
+    hh += step_head;
+    if (hh >= G) {
+      hh -= G;
+      ++tok;
+    }
+  }
+}
+
 /// K and V of the paged cache as 4-D TMA tensors (prefill_sm90.cu encodes them per launch):
 /// dims (d, kv head, token in page, page), box {64 elements, 1, `rows` tokens, 1}, 128-byte
 /// swizzle: one box is `rows` keys x one 128-byte atom column, laid out as the cp.async path
@@ -233,14 +323,20 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // Ping-pong takes turns between exactly two consumers.
   constexpr bool kPingPong = kPingPongAsked && Cfg::kConsumers == 2;
   constexpr bool kOverlap = kOverlapAsked && Cfg::kCanOverlap;
-  // K and V of a stage get their own barriers only under kOverlap (which frees K after the S
-  // GEMM and V after the next turn's P V GEMM); elsewhere the V ring is unused and a stage is
-  // one K+V unit as before (split barriers in the tile-by-tile schedules measured 13-19 %
-  // slower at D 256 and DQK 192 on the H200, 2026-12-04 eighth session, cause not found).
-  constexpr bool kSplitKV = kOverlap;
+  // Under kOverlap K and V have rings of their own (full_k / empty_k, full_v / empty_v; the
+  // consumers free K after the S GEMM and V after the next turn's P V GEMM) with their own
+  // depths (PrefillSm90Config::kXKStages, kXVStages), the pipeline runs across units, and the
+  // producer loads Q into two buffers. Elsewhere the V barriers are unused and a stage is one
+  // K+V unit (split barriers in the tile-by-tile schedules measured 13-19 % slower at D 256 and
+  // DQK 192 on the H200, 2026-12-04 eighth session, cause not found).
   constexpr int kCT = Cfg::kConsumerThreads;
   constexpr int kKeys = Cfg::kKeys;
   constexpr int kStages = Cfg::kStages;
+  constexpr int kKStages = kOverlap ? Cfg::kXKStages : kStages;
+  constexpr int kVStages = kOverlap ? Cfg::kXVStages : kStages;
+  // Ring strides: K and V interleaved per stage, or (kOverlap) each ring contiguous.
+  constexpr uint32_t kKStride = kOverlap ? Cfg::kKTileBytes : Cfg::kStageBytes;
+  constexpr uint32_t kVStride = kOverlap ? Cfg::kVTileBytes : Cfg::kStageBytes;
   constexpr int kNT = kKeys / 8;  // score n-tiles of 8 columns
   constexpr int kDT = DV / 8;     // output n-tiles
 
@@ -248,17 +344,24 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t pad = ((raw_addr + 1023u) & ~1023u) - raw_addr;
   unsigned char* smem = smem_raw + pad;
-  const uint32_t q_addr = raw_addr + pad;
-  const uint32_t kv_addr = q_addr + Cfg::kQBytes;  // stage s: K at + s * stage, V after it
-  // Stage barriers: full_k / empty_k cover K and V of a stage, or only K under kSplitKV, where
+  const uint32_t q_addr = raw_addr + pad;  // Q buffer b (kOverlap: b < 2) at + b * kQBytes
+  // K of stage s at k_addr + s * kKStride, V at v_addr + s * kVStride.
+  const uint32_t k_addr = q_addr + (kOverlap ? 2 : 1) * Cfg::kQBytes;
+  const uint32_t v_addr =
+      kOverlap ? k_addr + kKStages * Cfg::kKTileBytes : k_addr + Cfg::kKTileBytes;
+  // Stage barriers: full_k / empty_k cover K and V of a stage, or only K under kOverlap, where
   // full_v / empty_v cover V.
-  uint64_t* full_k = reinterpret_cast<uint64_t*>(smem + Cfg::kQBytes + kStages * Cfg::kStageBytes);
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(smem + Cfg::kDataBytes);
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
   uint64_t* rec_full = empty_v + kStages;  // [2]: the producer wrote the slot (1 arrival)
   uint64_t* rec_empty = rec_full + 2;      // [2]: every consumer thread read it (kCT arrivals)
   Sm90UnitRec* recs = reinterpret_cast<Sm90UnitRec*>(rec_empty + 2);
+  // [2] (kOverlap): Q buffer b is free again (every consumer warp stored its unit's O through it).
+  // After the records (its 16 bytes are the last of kBarBytes).
+  uint64_t* q_empty =
+      reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(recs) + Cfg::kRecBytes);
 
   const DevicePlan& plan = a.plan;
   const int G = a.num_qo_heads / a.num_kv_heads;
@@ -272,8 +375,48 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     // arrive_empty).
     mbar_init_ring(full_k, empty_k, kStages, 4, kCT / 32);
     mbar_init_ring(full_v, empty_v, kStages, 4, kCT / 32);
+    if constexpr (kOverlap) {
+      mbar_init(&q_empty[0], kCT / 32);
+      mbar_init(&q_empty[1], kCT / 32);
+      mbar_init_fence();
+    }
   }
   __syncthreads();
+
+  // Q rows [row0, row0 + 16 nj) of a unit's tile (row0 tile-local) into the Q buffer at q_buf,
+  // by cp.async without a commit (the caller commits, waits, fences and syncs before an S GEMM
+  // reads them): the consumers load their 64 rows each (nj = 4), or under kOverlap the producer
+  // the tile's 128 (nj = 8). Thread t128 copies 16-byte chunk t128 % 8 of every 128-byte atom
+  // column of the rows row0 + t128 / 8 + 16 j (j < nj); the row's token and head step by 16
+  // packed rows without a division.
+  const int q_c8 = t128 % 8, q_rs = t128 / 8;
+  const int g16_tok = 16 / G, g16_head = 16 % G;
+  auto load_q = [&](const PrefillWork& w, int q_hkv, uint32_t q_buf, int row0, int nj) {
+    int pr = w.r0 + row0 + q_rs;
+    int tok = pr / G, hh = pr - tok * G;
+    const T* q0 = static_cast<const T*>(a.q) + q_c8 * 8;
+#pragma unroll
+    for (int j = 0; j < nj; ++j) {
+      const bool ok = pr < w.rows;
+      const T* src =
+          ok ? q0 + int64_t(w.q_begin + tok) * a.q_stride_n + int64_t(q_hkv * G + hh) * a.q_stride_h
+             : q0;
+      const uint32_t dst = q_buf + sw128_offset(row0 + q_rs + 16 * j, q_c8);
+#pragma unroll
+      for (int at = 0; at < DQK / 64; ++at) {
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + at * (Cfg::kRows * 128)),
+            "l"(src + (ok ? at * 64 : 0)), "r"(ok ? 16 : 0));
+      }
+      pr += 16;
+      tok += g16_tok;
+      hh += g16_head;
+      if (hh >= G) {
+        hh -= G;
+        ++tok;
+      }
+    }
+  };
 
   if (wg == 0) {
     // ================= producer =================
@@ -308,6 +451,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     const bool looks_up = lane < kWarpRows;
     int it = 0;  // tiles issued by this block over all its units: the ring position
     int ku = 0;  // units of this block so far: the record ring position
+    int qk = 0;  // (kOverlap) units with tiles so far: the Q buffer ring position
     // Thread 0 publishes unit ku's record (item < 0: no more units) in slot ku % 2, once the
     // consumers have read the record two units back.
     auto publish = [&](const PrefillWork& w, int rec_item, int rec_hkv, int nfree) {
@@ -334,7 +478,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       // (one merged loop spilled the producer's 56 registers).
       int i = 0;
       const int box = maps.rows;
-      if (!kSplitKV && box > 0 && lo % box == 0) {
+      if (!kOverlap && box > 0 && lo % box == 0) {
         const int ntma = min(ntiles, (work.mask.kv_len - lo) / kKeys);
         // Lane j < kKeys / box of warp 0 looks up the page of box j (the next tile's lookup is
         // in flight while this one is issued).
@@ -346,7 +490,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         // page (or per tile when the page is larger) and atom column of K and V; lane 0 of each
         // other producer warp arrives at once (full counts one arrival per producer warp).
         // Boxes of whole pages start at token 0; a box smaller than the page (one per tile) at
-        // the tile's offset in it. (kSplitKV configurations copy by cp.async only.)
+        // the tile's offset in it. (The overlap schedule copies by cp.async only.)
         int page_next = box_page(0);
         for (; i < ntma; ++i, ++it) {
           const int s = it % kStages;
@@ -354,7 +498,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           page_next = box_page(i + 1);
           if (it >= kStages) mbar_wait(&empty_k[s], ((it / kStages) - 1) & 1);
           if (pw == 0) {
-            const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
+            const uint32_t kdst = k_addr + s * kKStride;
             if (lane == 0) mbar_arrive_expect_tx(&full_k[s], Cfg::kStageBytes);
             const int t = box < ps ? (lo + i * kKeys) % ps : 0;
             for (int j = 0; j * box < kKeys; ++j) {
@@ -413,40 +557,70 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         }
         cp_async_commit();
       };
-      // Per tile: K's copies, then the previous tile published (its copies have landed once
-      // only this tile's K group is younger), then V's copies. So tile i - 1 is published as
-      // soon as tile i's K stage is free; under kSplitKV the consumers give that back right
-      // after their S GEMM, not after the V stage they hold until their P V GEMM has landed.
+      // Per tile (one K+V stage, outside kOverlap): K's copies, then the previous tile
+      // published (its copies have landed once only this tile's K group is younger), then V's.
       auto publish_tile = [&](int t) {
         fence_proxy_async();
         __syncwarp();  // the warp's copies are ordered before lane 0's arrive (release)
-        if (lane == 0) {
-          mbar_arrive(&full_k[t % kStages]);
-          if constexpr (kSplitKV) mbar_arrive(&full_v[t % kStages]);
-        }
+        if (lane == 0) mbar_arrive(&full_k[t % kStages]);
       };
-      for (; i < ntiles; ++i, ++it) {
-        const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
-        const int page = page_next;
-        const int64_t o = (lo + i * kKeys + my_row) % ps;
-        const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
-        const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
-        page_next = lookup(i + 1);  // in flight while this tile is issued
-        const uint32_t kdst = kv_addr + s * Cfg::kStageBytes;
-        const uint32_t vdst = kdst + Cfg::kKTileBytes;
-        if (it >= kStages) mbar_wait(&empty_k[s], ph);
-        copy_tile(kdst, krow, page, DQK / 64);
-        if (i > i0) {  // the previous tile's K and V groups have landed: publish it
+      if constexpr (kOverlap) {
+        // Q of the unit into buffer qk % 2 once the consumers' S GEMMs of the unit two back
+        // with tiles have landed; it joins the first K tile's group and is published with it
+        // (a consumer waits for that tile's `full` before its first S GEMM).
+        if (qk >= 2) mbar_wait(&q_empty[qk & 1], ((qk >> 1) - 1) & 1);
+        load_q(work, hkv, q_addr + (qk & 1) * Cfg::kQBytes, 0, 8);
+        ++qk;
+        // Per tile: K (once the S GEMMs of the tile kKStages back landed), then V (once the
+        // P V GEMMs of the tile kVStages back landed), then, once only V's group is younger,
+        // this K and the previous tile's V are published. The unit's last V is published
+        // before the next unit's lookups start.
+        for (; i < ntiles; ++i, ++it) {
+          const int page = page_next;
+          const int64_t o = (lo + i * kKeys + my_row) % ps;
+          const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+          const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
+          page_next = lookup(i + 1);  // in flight while this tile is issued
+          const int sk = it % kKStages, sv = it % kVStages;
+          if (it >= kKStages) mbar_wait(&empty_k[sk], ((it / kKStages) - 1) & 1);
+          copy_tile(k_addr + sk * kKStride, krow, page, DQK / 64);
+          if (it >= kVStages) mbar_wait(&empty_v[sv], ((it / kVStages) - 1) & 1);
+          copy_tile(v_addr + sv * kVStride, vrow, page, DV / 64);
           cp_async_wait<1>();
-          publish_tile(it - 1);
+          fence_proxy_async();
+          __syncwarp();  // the warp's copies are ordered before lane 0's arrive (release)
+          if (lane == 0) {
+            mbar_arrive(&full_k[sk]);
+            if (i > 0) mbar_arrive(&full_v[(it - 1) % kVStages]);
+          }
         }
-        if (kSplitKV && it >= kStages) mbar_wait(&empty_v[s], ph);
-        copy_tile(vdst, vrow, page, DV / 64);
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&full_v[(it - 1) % kVStages]);
+      } else {
+        for (; i < ntiles; ++i, ++it) {
+          const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
+          const int page = page_next;
+          const int64_t o = (lo + i * kKeys + my_row) % ps;
+          const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+          const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
+          page_next = lookup(i + 1);  // in flight while this tile is issued
+          const uint32_t kdst = k_addr + s * kKStride;
+          const uint32_t vdst = v_addr + s * kVStride;
+          if (it >= kStages) mbar_wait(&empty_k[s], ph);
+          copy_tile(kdst, krow, page, DQK / 64);
+          if (i > i0) {  // the previous tile's K and V groups have landed: publish it
+            cp_async_wait<1>();
+            publish_tile(it - 1);
+          }
+          copy_tile(vdst, vrow, page, DV / 64);
+        }
+        // The unit's last tile is published before the next unit's lookups start, so the
+        // consumers never wait on the producer's prologue of a unit.
+        cp_async_wait<0>();
+        publish_tile(it - 1);
       }
-      // The unit's last tile is published before the next unit's lookups start, so the
-      // consumers never wait on the producer's prologue of a unit.
-      cp_async_wait<0>();
-      publish_tile(it - 1);
     }
     publish(PrefillWork{}, -1, 0, 0);
     return;
@@ -461,40 +635,6 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // shared-memory atomics; one per thread made them 32 times as many.
   auto arrive_empty = [&](uint64_t* bar) {
     if (lane == 0) mbar_arrive(bar);
-  };
-
-  // Q of a unit: this warpgroup's 64 rows, as cp.async into its half of the Q buffer (the
-  // caller waits, fences and syncs the warpgroup before the first S GEMM reads it). Lane t128
-  // copies 16-byte chunk t128 % 8 of every 128-byte atom column of the rows t128 / 8 + 16 j
-  // (j < 4); the row's token and head step by 16 packed rows without a division.
-  const int q_c8 = t128 % 8, q_rs = t128 / 8;
-  const int g16_tok = 16 / G, g16_head = 16 % G;
-  auto load_q = [&](const PrefillWork& w, int q_hkv) {
-    int pr = w.r0 + cw * 64 + q_rs;
-    int tok = pr / G, hh = pr - tok * G;
-    const T* q0 = static_cast<const T*>(a.q) + q_c8 * 8;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const bool ok = pr < w.rows;
-      const T* src =
-          ok ? q0 + int64_t(w.q_begin + tok) * a.q_stride_n + int64_t(q_hkv * G + hh) * a.q_stride_h
-             : q0;
-      const uint32_t dst = q_addr + sw128_offset(cw * 64 + q_rs + 16 * j, q_c8);
-#pragma unroll
-      for (int at = 0; at < DQK / 64; ++at) {
-        asm volatile(
-            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + at * (Cfg::kRows * 128)),
-            "l"(src + (ok ? at * 64 : 0)), "r"(ok ? 16 : 0));
-      }
-      pr += 16;
-      tok += g16_tok;
-      hh += g16_head;
-      if (hh >= G) {
-        hh -= G;
-        ++tok;
-      }
-    }
-    cp_async_commit();
   };
 
   // Ping-pong (kPingPong): the two consumers take turns issuing their GEMMs (S, then P V, tile
@@ -514,12 +654,17 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     if (cw == 1) named_bar_arrive(1, 256);
   }
 
-  // Operand descriptors: this warpgroup's Q rows, and K / V of stage 0 (desc_advance moves
-  // them to a stage and a k-step).
-  const uint64_t q_desc = sw128_desc(q_addr + cw * 64 * 128, 16, 1024);
-  const uint64_t k_desc0 = sw128_desc(kv_addr, 16, 1024);
-  const uint64_t v_desc0 = sw128_desc(kv_addr + Cfg::kKTileBytes, kKeys * 128, 1024);
+  // Operand descriptors: this warpgroup's Q rows (of buffer 0), and K / V of stage 0
+  // (desc_advance moves them to a buffer, a stage and a k-step).
+  const uint64_t q_desc0 = sw128_desc(q_addr + cw * 64 * 128, 16, 1024);
+  const uint64_t k_desc0 = sw128_desc(k_addr, 16, 1024);
+  const uint64_t v_desc0 = sw128_desc(v_addr, kKeys * 128, 1024);
 
+  // This warpgroup's Q rows of a unit (outside kOverlap, where the producer loads Q).
+  auto load_q_own = [&](const PrefillWork& w, int q_hkv) {
+    load_q(w, q_hkv, q_addr, cw * 64, 4);
+    cp_async_commit();
+  };
   // Without records (kRecords false) a warpgroup walks the schedule itself: Q of unit (item,
   // kv head) with the plan's rows of it.
   auto load_q_plan = [&](int q_item, int q_hkv) {
@@ -528,7 +673,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     w.q_begin = plan.qo_indptr[qb];
     w.rows = (plan.qo_indptr[qb + 1] - w.q_begin) * G;
     w.r0 = plan.item_a[q_item] * Cfg::kRows;
-    load_q(w, q_hkv);
+    load_q_own(w, q_hkv);
   };
 
   int it = 0;  // tiles consumed over all units (the producer's ring position)
@@ -539,11 +684,95 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   bool sched_live = false;
   if constexpr (Cfg::kRecords) {
     rec_wait(0);
-    if (recs[0].item >= 0) load_q(recs[0].work, recs[0].hkv);
+    if (recs[0].item >= 0) load_q_own(recs[0].work, recs[0].hkv);
   } else {
     sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
-    if (sched_live) load_q_plan(sched_item, sched_hkv);
+    if (!kOverlap && sched_live) load_q_plan(sched_item, sched_hkv);
   }
+
+  // The running softmax state and O of this warpgroup's rows of the current unit.
+  float m[2], l[2];
+  float o[kDT][4];
+  float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
+  auto reset_state = [&]() {
+    m[0] = m[1] = neg_inf();
+    l[0] = l[1] = 0.f;
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  };
+  reset_state();
+  // The score tile sc is declared per tile (a wgmma's accumulators are read-write operands: one
+  // declared outside the loop would stay live from tile to tile); so are the P fragments, except
+  // where the overlap carries them (pa) to the next turn.
+  using ScoreTile = float[kNT][4];
+  using PFrags = uint32_t[kKeys / 16][4];
+  // O += P V of the tile in V stage s (P from registers, V MN-major from shared memory).
+  auto issue_pv = [&](PFrags& pf, int s) {
+    const uint64_t v_desc = desc_advance(v_desc0, s * kVStride);
+#pragma unroll
+    for (int k2 = 0; k2 < kKeys / 16; ++k2) {
+      wgmma_rs<T, DV>(o_flat, pf[k2], desc_advance(v_desc, k2 * 16 * 128));
+    }
+  };
+  // O += P V alone in a turn, waited for.
+  auto pv_gemm_alone = [&](PFrags& pf, int s) {
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_pv(pf, s);
+    wgmma_commit();
+    turn_end();
+    wgmma_wait<0>();
+    fence_operands(o_flat);
+  };
+
+  // Cross-unit pipelining (kOverlap): the last P V GEMM of a unit runs in the next unit's first
+  // turn, beside its first S GEMM, and the unit's epilogue (ew, e_hkv, e_wr0, em, el: pend)
+  // follows that GEMM's wait. pa holds P of the previous tile (act_prev: it has work for this
+  // warpgroup); v_held: this warpgroup has not given back V of tile it - 1 yet.
+  PFrags pa;
+  uint32_t(&pa_flat)[kKeys / 4] = reinterpret_cast<uint32_t(&)[kKeys / 4]>(pa);
+  bool act_prev = false, pend = false, v_held = false;
+  PrefillWork ew;
+  int e_hkv = 0, e_wr0 = 0, qk = 0;  // qk: units with tiles so far (the Q buffer ring)
+  float em[2] = {neg_inf(), neg_inf()}, el[2] = {0.f, 0.f};
+  // kOverlap: the pending unit's O goes out through its own Q buffer (its S GEMMs have all
+  // landed), which the producer may refill only after that (q_empty arrives here, not after the
+  // unit's last S GEMM); split-KV partials and unaligned outputs take store_tile.
+  const bool o_aligned = (reinterpret_cast<uintptr_t>(a.out) % 16) == 0 && a.o_stride_n % 8 == 0 &&
+                         a.o_stride_h % 8 == 0;
+  auto epilogue = [&](const float(&mm)[2], const float(&ll)[2]) {
+    const int slot = (qk - 1) & 1;  // qk already counts the pending unit
+    if (kOverlap && DQK == DV && ew.partial < 0 && o_aligned) {
+      store_tile_staged<T, kDT, Cfg::kRows * 128>(a, ew, e_hkv, ew.r0 + cw * 64, warp, lane, mm, ll,
+                                                  o, q_addr + slot * Cfg::kQBytes + cw * 64 * 128,
+                                                  3 + cw);
+      fence_proxy_async();  // the staging's accesses, before the producer refills the buffer
+    } else {
+      store_tile<T>(a, ew, e_hkv, e_wr0, mm, ll, o, lane);
+    }
+    if constexpr (kOverlap) arrive_empty(&q_empty[slot]);
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    pend = false;
+  };
+  // The pending P V GEMM alone in a turn of its own (both consumers take it: ping-pong turns
+  // stay paired), V given back, and the pending epilogue: after the last unit and before a
+  // unit without tiles.
+  auto drain = [&]() {
+    const int tp = max(it - 1, 0), sp = tp % kVStages;
+    if (act_prev) mbar_wait(&full_v[sp], (tp / kVStages) & 1);
+    turn_begin();
+    if (act_prev) {
+      fence_operands(pa_flat);
+      pv_gemm_alone(pa, sp);
+    } else {
+      turn_end();
+    }
+    if (v_held) arrive_empty(&empty_v[sp]);
+    v_held = act_prev = false;
+    if (pend) epilogue(m, l);
+  };
+
   for (int ku = 0;; ++ku) {
     PrefillWork work;
     int hkv = 0, nfree = 0;
@@ -563,9 +792,29 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     const int rows = work.rows, lo = work.lo, hi = work.hi, ntiles = work.ntiles;
     const int qoff = work.qoff;
     const MaskInfo& mask = work.mask;
-    cp_async_wait<0>();  // this unit's Q
-    fence_proxy_async();
-    named_bar_sync(3 + cw, 128);
+    if constexpr (kOverlap) {
+      if (ntiles == 0) {
+        // No keys: its rows store l = 0 at once; the pipeline (a pending P V GEMM and
+        // epilogue, the rings) goes on to the next unit with tiles.
+        float zo[kDT][4] = {}, zm[2] = {neg_inf(), neg_inf()}, zl[2] = {0.f, 0.f};
+        store_tile<T>(a, work, hkv, work.r0 + cw * 64 + warp * 16, zm, zl, zo, lane);
+        ++sched_r;
+        sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+        continue;
+      }
+      em[0] = m[0];  // the previous unit's state, for its epilogue in this unit's first turn
+      em[1] = m[1];
+      el[0] = l[0];
+      el[1] = l[1];
+      m[0] = m[1] = neg_inf();
+      l[0] = l[1] = 0.f;
+    } else {
+      cp_async_wait<0>();  // this unit's Q
+      fence_proxy_async();
+      named_bar_sync(3 + cw, 128);
+      reset_state();
+    }
+    const uint32_t q_off = kOverlap ? (qk & 1) * Cfg::kQBytes : 0u;  // this unit's Q buffer
 
     const int g0 = work.r0 + cw * 64;  // first packed row of this warpgroup
     const int wr0 = g0 + warp * 16;    // first packed row of this warp
@@ -582,17 +831,6 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     const bool capped = xf.cap > 0.f;
     const float scale = capped ? 1.f : xf.scale_log2;
 
-    float m[2] = {neg_inf(), neg_inf()}, l[2] = {0.f, 0.f};
-    float o[kDT][4];
-#pragma unroll
-    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-    float(&o_flat)[kDT * 4] = reinterpret_cast<float(&)[kDT * 4]>(o);
-
-    // The score tile sc is declared per tile (a wgmma's accumulators are read-write operands: one
-    // declared outside the loop would stay live from tile to tile); so are the P fragments pa,
-    // except where the overlap carries them to the next turn.
-    using ScoreTile = float[kNT][4];
-    using PFrags = uint32_t[kKeys / 16][4];
     // Whether this warpgroup's rows see any key of tile i (else both its GEMMs are skipped).
     auto tile_active = [&](int i) {
       const int kb0 = lo + i * kKeys;
@@ -601,20 +839,18 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     // S = Q K^T of the tile in stage s into sc (wgmma m64nKk16, both operands in shared memory).
     auto issue_s = [&](ScoreTile& sc, int s) {
       float(&sc_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
-      const uint64_t k_desc = desc_advance(k_desc0, s * Cfg::kStageBytes);
+      const uint64_t k_desc = desc_advance(k_desc0, s * kKStride);
+      // The buffer offset is re-read per S GEMM (an opaque move): hoisted out of the tile loop,
+      // the eight per-k-step Q descriptors of the unit took registers and the consumers spilled
+      // ~170 bytes (ptxas).
+      uint32_t qo = q_off;
+      asm volatile("" : "+r"(qo));
+      const uint64_t q_desc = desc_advance(q_desc0, qo);
 #pragma unroll
       for (int kk = 0; kk < DQK / 16; ++kk) {
         const uint32_t half = kk / 4, sub = (kk % 4) * 32;
         wgmma_ss<T, kKeys>(sc_flat, desc_advance(q_desc, half * (Cfg::kRows * 128) + sub),
                            desc_advance(k_desc, half * (kKeys * 128) + sub), kk > 0 ? 1 : 0);
-      }
-    };
-    // O += P V of the tile in stage s (P from registers, V MN-major from shared memory).
-    auto issue_pv = [&](PFrags& pa, int s) {
-      const uint64_t v_desc = desc_advance(v_desc0, s * Cfg::kStageBytes);
-#pragma unroll
-      for (int k2 = 0; k2 < kKeys / 16; ++k2) {
-        wgmma_rs<T, DV>(o_flat, pa[k2], desc_advance(v_desc, k2 * 16 * 128));
       }
     };
     // Tile i's landed scores: cap, mask, online softmax. deferred: O belongs to an in-flight
@@ -639,7 +875,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       softmax_tile(sc, m, l, o, scale);
       return false;
     };
-    // One GEMM alone in a turn, waited for: S of stage s into sc, or O += P V of stage s.
+    // S alone in a turn, waited for (pv_gemm_alone: P V alone).
     auto s_gemm_alone = [&](ScoreTile& sc, int s) {
       float(&sc_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(sc);
       wgmma_fence();
@@ -649,15 +885,6 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       wgmma_wait<0>();
       fence_operands(sc_flat);
     };
-    auto pv_gemm_alone = [&](PFrags& pa, int s) {
-      fence_operands(o_flat);
-      wgmma_fence();
-      issue_pv(pa, s);
-      wgmma_commit();
-      turn_end();
-      wgmma_wait<0>();
-      fence_operands(o_flat);
-    };
     // P is the A operand straight from the S accumulators.
     auto scores_to_p = [&](const ScoreTile& sc, PFrags& pa) {
 #pragma unroll
@@ -665,25 +892,22 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     };
 
     if constexpr (kOverlap) {
-      // Intra-warpgroup overlap (FA3's order): turn i issues S of tile i and then P V of tile
-      // i - 1 (turn ntiles: P V of the last tile alone); the warpgroup waits for S only, frees
-      // K, and runs tile i's softmax while its own P V GEMM (and, with ping-pong, the other
-      // consumer's GEMMs) keep the tensor cores busy; then it waits for P V, frees V, applies
-      // the softmax's rescale to O and converts P. A consumer holds V of tile i - 1 and K of
-      // tile i at once.
-      PFrags pa;
-      uint32_t(&pa_flat)[kKeys / 4] = reinterpret_cast<uint32_t(&)[kKeys / 4]>(pa);
-      bool act_prev = false;  // tile i - 1 has work for this warpgroup: its P is in pa
-      int s_prev = 0;
-      for (int i = 0; i <= ntiles; ++i) {
-        const int t = it + i, s = t % kStages;
-        const bool more = i < ntiles;
-        const bool act = more && tile_active(i);
-        if (more) mbar_wait(&full_k[s], (t / kStages) & 1);
-        if (act_prev) mbar_wait(&full_v[s_prev], ((t - 1) / kStages) & 1);
-        // Each case issues, commits and waits on one straight path: with S and P V each issued
-        // under its own `if` between shared commits and waits, ptxas serialised every wgmma
-        // (C7515; tools/check_sm90_ptxas.py, a CPU test, fails on that).
+      // Intra-warpgroup overlap (FA3's order), pipelined across units: turn t (tile t of the
+      // block's stream, tile i of this unit) issues S of tile t and then P V of tile t - 1,
+      // which may be the previous unit's last; the warpgroup waits for S only, frees K, and
+      // runs tile t's softmax while its own P V GEMM (and, with ping-pong, the other consumer's
+      // GEMMs) keep the tensor cores busy; then it waits for P V, frees V, applies the
+      // softmax's rescale to O (or, in a unit's first turn, stores the previous unit's O and
+      // clears it) and converts P. A consumer holds V of tile t - 1 and K of tile t at once.
+      // Only the block's last P V GEMM runs alone (drain, after the unit loop).
+      // kFirst: the unit's first turn with the previous unit's epilogue due (pend), a copy of
+      // its own so that the steady-state turns carry none of that code.
+      auto turn = [&]<bool kFirst>(int i) {
+        const int t = it + i, s = t % kKStages;
+        const int tp = max(t - 1, 0), sp = tp % kVStages;  // the previous tile's V stage
+        const bool act = tile_active(i);
+        mbar_wait(&full_k[s], (t / kKStages) & 1);
+        if (act_prev) mbar_wait(&full_v[sp], (tp / kVStages) & 1);
         float alpha[2] = {1.f, 1.f};
         bool moved = false;
         ScoreTile sc;
@@ -696,7 +920,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           issue_s(sc, s);
           wgmma_commit();
           wgmma_fence();
-          issue_pv(pa, s_prev);
+          issue_pv(pa, sp);
           wgmma_commit();
           turn_end();
           wgmma_wait<1>();
@@ -706,25 +930,48 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           wgmma_wait<0>();
           fence_operands(o_flat);
           fence_operands(pa_flat);
-        } else if (act) {  // the warpgroup's first visible tile: no P V in flight
+        } else if (act) {
           s_gemm_alone(sc, s);
           arrive_empty(&empty_k[s]);
-          softmax_scores(sc, i, false, alpha);
-        } else if (act_prev) {  // after its last visible tile: P V alone
+          softmax_scores(sc, i, kFirst, alpha);
+        } else if (act_prev) {
           fence_operands(pa_flat);
-          pv_gemm_alone(pa, s_prev);
-          if (more) arrive_empty(&empty_k[s]);
+          pv_gemm_alone(pa, sp);
+          arrive_empty(&empty_k[s]);
         } else {
           turn_end();
-          if (more) arrive_empty(&empty_k[s]);
+          arrive_empty(&empty_k[s]);
         }
-        if (i > 0) arrive_empty(&empty_v[s_prev]);
-        if (moved) rescale_rows(o, alpha);
-        if (act) scores_to_p(sc, pa);
+        if (v_held) arrive_empty(&empty_v[sp]);
+        if constexpr (kFirst) {
+          if (act) scores_to_p(sc, pa);
+          epilogue(em, el);
+        } else {
+          if (moved) rescale_rows(o, alpha);
+          if (act) scores_to_p(sc, pa);
+        }
         act_prev = act;
-        s_prev = s;
+        v_held = true;
+      };
+      if (ntiles > 0) {
+        if (pend) {
+          turn.template operator()<true>(0);
+        } else {
+          turn.template operator()<false>(0);
+        }
       }
-      it += ntiles;
+      for (int i = 1; i < ntiles; ++i) turn.template operator()<false>(i);
+      if (ntiles > 0) {
+        ++sched_r;
+        sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+        it += ntiles;
+        ++qk;
+        ew = work;
+        e_hkv = hkv;
+        e_wr0 = wr0;
+        pend = true;
+        continue;
+      }
     } else {
       // Tile by tile: a turn for S, the softmax, a turn for P V, then the stage is freed.
       // (Freeing it in two halves, K after the S GEMM, made ptxas spill at D 64 and serialise
@@ -733,7 +980,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         const int s = it % kStages, ph = (it / kStages) & 1;
         const bool active = tile_active(i);
         ScoreTile sc;
-        PFrags pa;
+        PFrags pf;
         mbar_wait(&full_k[s], ph);
         turn_begin();
         if (active) {
@@ -744,11 +991,11 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         if (active) {
           float alpha[2];
           softmax_scores(sc, i, false, alpha);
-          scores_to_p(sc, pa);
+          scores_to_p(sc, pf);
         }
         turn_begin();
         if (active) {
-          pv_gemm_alone(pa, s);
+          pv_gemm_alone(pf, s);
         } else {
           turn_end();
         }
@@ -761,12 +1008,12 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       const Sm90UnitRec& next = recs[(ku + 1) & 1];
       if (next.item >= 0) {
         named_bar_sync(3 + cw, 128);  // every warp is past its last wait: no wgmma reads Q
-        load_q(next.work, next.hkv);
+        load_q_own(next.work, next.hkv);
       }
     } else {
       ++sched_r;
       sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
-      if (sched_live) {
+      if (!kOverlap && sched_live) {
         named_bar_sync(3 + cw, 128);
         load_q_plan(sched_item, sched_hkv);
       }
@@ -775,6 +1022,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     // ---- epilogue ----
     store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
   }
+  if constexpr (kOverlap) drain();
   if constexpr (kPingPong) {
     if (cw == 0) named_bar_sync(1, 256);
   }
