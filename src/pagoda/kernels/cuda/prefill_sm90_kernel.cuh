@@ -232,7 +232,7 @@ struct Sm90UnitRec {
 static_assert(sizeof(Sm90UnitRec) <= 128, "record slot is 128 bytes");
 
 /// store_tile for one consumer warpgroup's 64 rows through shared memory: each warp writes its 16
-/// rows of normalised O (16-bit pairs) into `stage` (row 0 of this warpgroup's rows of a Q
+/// rows of normalised O (16-bit, stmatrix) into `stage` (row 0 of this warpgroup's rows of a Q
 /// buffer, 128B-swizzled like Q, atom columns kAtomStride bytes apart), the warpgroup syncs on
 /// named barrier `bar`, and each thread then copies 16-byte chunks of whole rows to global
 /// memory (two 256-byte rows per warp instruction at DV 128) instead of store_tile's 4-byte
@@ -247,28 +247,39 @@ __device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const 
                                                   const float (&o)[kDT][4], uint32_t stage,
                                                   int bar) {
   const int G = a.num_qo_heads / a.num_kv_heads;
+  float f[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float lsum = l[h];
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    const int r = warp * 16 + lane / 4 + h * 8;  // row of the warpgroup's 64
-    const int pr = g0 + r;
-    float f = 0.f;
+    const int pr = g0 + warp * 16 + lane / 4 + h * 8;  // packed row
+    f[h] = 0.f;
     if (pr < w.rows) {
       const int head = hkv * G + pr % G;
       float lse;
-      f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
+      f[h] = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
       if (a.lse != nullptr && lane % 4 == 0) {
         a.lse[(w.q_begin + pr / G) * a.lse_stride_n + head * a.lse_stride_h] = lse;
       }
     }
+  }
+  // The accumulator fragment of one n-tile and row half is an 8 x 8 matrix in stmatrix's
+  // layout: one stmatrix.x4 per n-tile pair stores (d, rows 0-7), (d, 8-15), (d + 1, 0-7) and
+  // (d + 1, 8-15) of the warp's 16 rows; lane j gives row j % 8 of matrix j / 8. (Four
+  // st.shared.b32 per pair before.)
+  const int sr = warp * 16 + ((lane / 8) & 1) * 8 + lane % 8;  // this lane's row of the 64
+  const uint32_t srow = stage + uint32_t(sr) * 128u;
+  const int sc = lane / 16;  // + 1 n-tile for matrices 2 and 3
 #pragma unroll
-    for (int d = 0; d < kDT; ++d) {
-      const uint32_t v = pack2<T>(o[d][2 * h] * f, o[d][2 * h + 1] * f);
-      const uint32_t dst = stage + (d / 8) * kAtomStride + sw128_offset(r, d % 8) + (lane % 4) * 4;
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(v) : "memory");
-    }
+  for (int d = 0; d < kDT; d += 2) {
+    const uint32_t dst = srow + (d / 8) * kAtomStride + uint32_t((((d % 8) + sc) ^ (sr & 7)) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
+                 "r"(pack2<T>(o[d][0] * f[0], o[d][1] * f[0])),
+                 "r"(pack2<T>(o[d][2] * f[1], o[d][3] * f[1])),
+                 "r"(pack2<T>(o[d + 1][0] * f[0], o[d + 1][1] * f[0])),
+                 "r"(pack2<T>(o[d + 1][2] * f[1], o[d + 1][3] * f[1]))
+                 : "memory");
   }
   named_bar_sync(bar, 128);
   // Thread t copies chunk t % C of rows t / C + (128 / C) j (C = kDT 16-byte chunks per row: an
