@@ -28,6 +28,7 @@ struct Dev {
 struct Result {
   double rel_err = 0, lse_err = 0;
   bool all_finite = true;
+  bool outside_poisoned = true;  // no byte of the output buffer outside the view was written
   std::string path;
   int split_chunk = 0;
 };
@@ -41,11 +42,14 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
   const int hkv = p.mla ? 1 : p.hkv;
   Dev q(h.q.size()), k(h.k.size()), v(h.v.size());
   const size_t out_bytes = size_t(h.nnz) * p.hq * p.dv * dtype_size(out_dtype);
-  Dev out(out_bytes), lse(size_t(h.nnz) * p.hq * 4);
+  // The output buffer: rows of hq heads of dv + out_pad_h elements, out_offset elements in.
+  const int64_t o_sh = p.dv + p.out_pad_h, o_sn = int64_t(p.hq) * o_sh;
+  const size_t buf_bytes = (size_t(h.nnz) * o_sn + p.out_offset) * dtype_size(out_dtype);
+  Dev out(buf_bytes), lse(size_t(h.nnz) * p.hq * 4);
   cudaMemcpy(q.p, h.q.data(), h.q.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(k.p, h.k.data(), h.k.size(), cudaMemcpyHostToDevice);
   if (!h.v.empty()) cudaMemcpy(v.p, h.v.data(), h.v.size(), cudaMemcpyHostToDevice);
-  cudaMemset(out.p, 0xFF, out_bytes);  // NaN poison
+  cudaMemset(out.p, 0xFF, buf_bytes);  // NaN poison
   cudaMemset(lse.p, 0xFF, size_t(h.nnz) * p.hq * 4);
   const Device dev = Device::cuda(0);
   TensorView qv(q.p, p.q_dtype, {h.nnz, p.hq, p.dqk}, dev);
@@ -53,7 +57,8 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
   TensorView vc = p.mla ? TensorView(k.p, p.kv_dtype, {h.num_pages, p.page_size, 1, p.dv},
                                      {int64_t(p.page_size) * p.dqk, p.dqk, p.dqk, 1}, dev)
                         : TensorView(v.p, p.kv_dtype, {h.num_pages, p.page_size, hkv, p.dv}, dev);
-  TensorView ov(out.p, out_dtype, {h.nnz, p.hq, p.dv}, dev);
+  TensorView ov(static_cast<uint8_t*>(out.p) + size_t(p.out_offset) * dtype_size(out_dtype),
+                out_dtype, {h.nnz, p.hq, p.dv}, {o_sn, o_sh, 1}, dev);
   TensorView lv(lse.p, DType::kF32, {h.nnz, p.hq}, dev);
   CudaBatchAttention local;
   CudaBatchAttention& attn = reuse ? *reuse : local;
@@ -63,13 +68,30 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
   attn.plan(h.input(p.page_size), shape);
   attn.run(qv, kc, vc, ov, lv, p.params);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<uint8_t> ob(out_bytes);
+  std::vector<uint8_t> buf(buf_bytes), ob(out_bytes);
   std::vector<float> lb(size_t(h.nnz) * p.hq);
-  cudaMemcpy(ob.data(), out.p, out_bytes, cudaMemcpyDeviceToHost);
+  cudaMemcpy(buf.data(), out.p, buf_bytes, cudaMemcpyDeviceToHost);
+  // The view's rows into ob (dense [nnz][hq][dv]); every byte outside them must still be the
+  // poison (a kernel that writes past a row or into the padding fails here).
+  const size_t es = dtype_size(out_dtype);
+  std::vector<uint8_t> in_view(buf_bytes, 0);
+  for (int n = 0; n < h.nnz; ++n) {
+    for (int hh = 0; hh < p.hq; ++hh) {
+      const size_t src = (size_t(p.out_offset) + size_t(n) * o_sn + size_t(hh) * o_sh) * es;
+      const size_t dst = (size_t(n) * p.hq + hh) * p.dv * es;
+      std::memcpy(ob.data() + dst, buf.data() + src, p.dv * es);
+      std::memset(in_view.data() + src, 1, p.dv * es);
+    }
+  }
+  bool outside_poisoned = true;
+  for (size_t i = 0; i < buf_bytes; ++i) {
+    if (!in_view[i] && buf[i] != 0xFF) outside_poisoned = false;
+  }
   cudaMemcpy(lb.data(), lse.p, lb.size() * 4, cudaMemcpyDeviceToHost);
   std::vector<float> ref, ref_lse;
   reference(p, h, ref, ref_lse);
   Result r;
+  r.outside_poisoned = outside_poisoned;
   r.path = std::string(kernel_path_name(attn.path()));
   r.split_chunk = attn.split_chunk();
   double num = 0, den = 0;
@@ -94,6 +116,7 @@ void expect_ok(const Problem& p, double tol, const char* want_path = nullptr,
                const std::function<void(HostData&)>& tweak = {}) {
   const Result r = run_problem(p, nullptr, tweak);
   EXPECT_TRUE(r.all_finite) << "path " << r.path << " seed " << p.seed;
+  EXPECT_TRUE(r.outside_poisoned) << "path " << r.path << " seed " << p.seed;
   EXPECT_LT(r.rel_err, tol) << "path " << r.path << " seed " << p.seed;
   EXPECT_LT(r.lse_err, 1e-2) << "path " << r.path << " seed " << p.seed;
   if (want_path) {
@@ -494,6 +517,61 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   unsetenv("PAGODA_SM90_ORDER");
   unsetenv("PAGODA_SM90_OVERLAP");
   unsetenv("PAGODA_SM90_PINGPONG");
+}
+// Output views that are not dense rows: each head's row padded (o stride h = dv + pad) and the
+// view starting some elements into its buffer. On the sm90 D 128 overlap kernel, rows whose
+// 16-bit elements start on 16-byte boundaries (pad 8) take the staged epilogue (16-byte row
+// chunks through shared memory), 4-byte aligned ones (pad 4, a view 2 elements in) store_tile;
+// group sizes 1, 3, 4 and 5 step the staged copy's (token, head) walk differently. A view 1
+// element in is not 4-byte aligned and must take the generic kernel. Both consumer schedules;
+// D 64 / 256, decode and split-KV partials over the same layouts. Every byte of the buffer
+// outside the view must keep its NaN poison.
+TEST(CudaExtend, StridedAndUnalignedOutputs) {
+  REQUIRE_GPU();
+  struct Layout {
+    int pad, offset;
+  };
+  for (const char* overlap : {"1", "0"}) {
+    SCOPED_TRACE(std::string("PAGODA_SM90_OVERLAP=") + overlap);
+    setenv("PAGODA_SM90_OVERLAP", overlap, 1);
+    for (const Layout lay : {Layout{8, 0}, Layout{4, 0}, Layout{0, 2}, Layout{0, 1}}) {
+      SCOPED_TRACE("pad " + std::to_string(lay.pad) + " offset " + std::to_string(lay.offset));
+      const bool fast = lay.offset % 2 == 0;
+      const char* want = fast ? "prefill" : "generic";
+      uint64_t seed = 230 + uint64_t(lay.pad) * 4 + uint64_t(lay.offset) * 16;
+      for (const int g : {1, 3, 4, 5}) {
+        Problem x = extend_problem({300, 129, 5, 70}, {0, 513, 40, 1000}, 16, 128, seed++);
+        x.hkv = 4;
+        x.hq = 4 * g;
+        x.out_pad_h = lay.pad;
+        x.out_offset = lay.offset;
+        expect_ok(x, 2e-2, want);
+      }
+      for (const int d : {64, 256}) {
+        Problem x = extend_problem({200, 33}, {64, 700}, 16, d, seed++);
+        x.out_pad_h = lay.pad;
+        x.out_offset = lay.offset;
+        expect_ok(x, 2e-2, want);
+      }
+      Problem dec = decode_problem(9, 3000, 16, DType::kBF16, 128, seed++);
+      dec.out_pad_h = lay.pad;
+      dec.out_offset = lay.offset;
+      expect_ok(dec, 2e-2, fast ? "decode" : "generic");
+      Problem sk = extend_problem({6, 3}, {12000, 700}, 16, 128, seed++);
+      sk.out_pad_h = lay.pad;
+      sk.out_offset = lay.offset;
+      const Result r = run_problem(sk);
+      EXPECT_EQ(r.path, want);
+      if (fast) {
+        EXPECT_GT(r.split_chunk, 0);
+      }
+      EXPECT_TRUE(r.all_finite) << "seed " << sk.seed;
+      EXPECT_TRUE(r.outside_poisoned) << "seed " << sk.seed;
+      EXPECT_LT(r.rel_err, 2e-2) << "seed " << sk.seed;
+      EXPECT_LT(r.lse_err, 1e-2) << "seed " << sk.seed;
+    }
+  }
+  unsetenv("PAGODA_SM90_OVERLAP");
 }
 // The sm90 prefill's K/V copies by TMA (the two-stage configurations, D 256 and DQK 192 / DV
 // 128, at page sizes >= 16; boxes of min(page, tile keys) tokens, so whole pages at 16-64 and

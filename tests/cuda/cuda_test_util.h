@@ -28,6 +28,9 @@ struct Problem {
   bool permute_pages = true;
   bool tree_mask = false;      ///< random tree over the last qo_len keys (prefix visible)
   bool poison = true;
+  /// Output layout: each head's row padded by out_pad_h elements (o stride h = dv + out_pad_h,
+  /// stride n = hq * that) and the view starting out_offset elements into its buffer.
+  int out_pad_h = 0, out_offset = 0;
   attention::RunParams params;
   uint64_t seed = 1;
 };
