@@ -60,3 +60,15 @@ device_build_tree() {
   [ $rc = 0 ] || grep -E "error|FAILED" "$R/build_$n.log" | head -20
   return $rc
 }
+
+# device_build_tree for every TREES entry "name:dir" (untracked directories of this checkout),
+# in the background, with `jobs` ninja jobs and the given targets; appends the builds' pids to
+# TREE_PIDS. Wait on them by pid: a bare `wait` also waits for a caller's `tee`, which never ends.
+device_build_trees() {
+  local j=$1 t
+  shift
+  for t in ${TREES:-}; do
+    device_build_tree "${t%%:*}" "${t#*:}" "$j" "$@" &
+    TREE_PIDS="${TREE_PIDS:-} $!"
+  done
+}

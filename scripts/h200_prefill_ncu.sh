@@ -13,14 +13,11 @@ set -uo pipefail
 source "$(dirname "$0")/device_lib.sh"
 BUILD_DIR=${BUILD_DIR:-/tmp/b-main}
 device_setup prefill_ncu
-pids=
-for t in ${TREES:-}; do
-  device_build_tree "${t%%:*}" "${t#*:}" 6 pagoda_cuda_bench &
-  pids="$pids $!"
-done
+TREE_PIDS=
+device_build_trees 6 pagoda_cuda_bench
 device_build pagoda pagoda_cuda_bench cuda_attention_tests
 # shellcheck disable=SC2086
-[ -z "$pids" ] || wait $pids
+[ -z "$TREE_PIDS" ] || wait $TREE_PIDS
 T=$B/tests/cuda
 if [ "${TESTS:-1}" != 0 ]; then
   SECONDS=0

@@ -28,16 +28,15 @@ bin_of[main]=main
 env_of[main]=
 # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
 device_build_tree main . 10 pagoda pagoda_cuda_bench cuda_attention_tests &
-pids=$!
+TREE_PIDS=$!
+device_build_trees 6 pagoda pagoda_cuda_bench
 for t in ${TREES:-}; do
   names+=("${t%%:*}")
   bin_of[${t%%:*}]=${t%%:*}
   env_of[${t%%:*}]=
-  device_build_tree "${t%%:*}" "${t#*:}" 6 pagoda pagoda_cuda_bench &
-  pids="$pids $!"
 done
 # shellcheck disable=SC2086
-wait $pids
+wait $TREE_PIDS
 for v in ${VARIANTS:-}; do
   n=${v%%:*}
   names+=("${n%%@*}")
