@@ -27,7 +27,8 @@
 /// copy of its own (turn<true>), so the steady-state turns carry none of that code (a runtime
 /// test there cost ~550 register moves in the loop). Two Q buffers leave 2 K and 3 V stages.
 /// Same call on the H200 against the unit-by-unit overlap (2026-12-04, eleventh session):
-/// B16 S1024 4.3 % faster, B4 S4096 2.8 %, extend 1.0 %; bench/results/hopper_h200.md.
+/// B16 S1024 4.3 % faster, B4 S4096 2.8 %, extend 1.0 %, but tree verify 5.8 % slower (every
+/// round; without the staged epilogue 1.6-1.9 %; cause not found): bench/results/hopper_h200.md.
 /// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
 /// Unit records (PrefillSm90Config::kRecords, the two-stage configurations D 256 and DQK 192):
 /// only the producer walks the schedule and reads the plan; it publishes each unit (its work
