@@ -92,7 +92,7 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
   reference(p, h, ref, ref_lse);
   Result r;
   r.outside_poisoned = outside_poisoned;
-  r.path = std::string(kernel_path_name(attn.path()));
+  r.path = std::string(kernel_path_name(attn.run_path()));  // after run()'s layout fallback
   r.split_chunk = attn.split_chunk();
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {

@@ -497,6 +497,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
       path = KernelPath::kGeneric;
     }
   }
+  run_path_ = path;
   switch (path) {
     case KernelPath::kMlaDecode:
       st = kc::launch_mla_decode(a, stream_);

@@ -60,6 +60,9 @@ class CudaBatchAttention final : public attention::BatchAttention {
   /// Kernel path of the current plan ("decode", "prefill", "generic", "mla_decode"); run() may
   /// still fall back to the generic kernel for layouts the tuned kernels cannot read.
   KernelPath path() const { return schedule_.path; }
+  /// Kernel path the last run() launched: path(), or the generic kernel where the views' layout
+  /// made run() fall back to it (kGeneric before any run()).
+  KernelPath run_path() const { return run_path_; }
   /// Keys per split-KV chunk of the planned step (0 = not split).
   int split_chunk() const { return schedule_.chunk_tokens; }
   const Schedule& schedule() const { return schedule_; }
@@ -75,6 +78,7 @@ class CudaBatchAttention final : public attention::BatchAttention {
   int sm_count_ = 132;
   bool graph_mode_ = false;
   bool force_prefill_ = false;
+  KernelPath run_path_ = KernelPath::kGeneric;
   // capacities
   int cap_bs_ = 0, cap_items_ = 0, cap_tokens_ = 0;
   int64_t cap_pages_ = 0, cap_mask_ = 0;

@@ -232,6 +232,21 @@ struct Sm90UnitRec {
 };
 static_assert(sizeof(Sm90UnitRec) <= 128, "record slot is 128 bytes");
 
+/// Packed row pr's (token offset, head in the kv group): pr = tok * G + head. step() moves it
+/// on by a fixed number of rows given as (rows / G, rows % G), without a division.
+struct PackedRow {
+  int tok, head;
+  __device__ __forceinline__ PackedRow(int pr, int G) : tok(pr / G), head(pr - tok * G) {}
+  __device__ __forceinline__ void step(int dtok, int dhead, int G) {
+    tok += dtok;
+    head += dhead;
+    if (head >= G) {
+      head -= G;
+      ++tok;
+    }
+  }
+};
+
 /// store_tile for one consumer warpgroup's 64 rows through shared memory: each warp writes its 16
 /// rows of normalised O (16-bit, stmatrix) into `stage` (row 0 of this warpgroup's rows of a Q
 /// buffer, 128B-swizzled like Q, atom columns kAtomStride bytes apart), the warpgroup syncs on
@@ -290,7 +305,7 @@ __device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const 
   const int t128 = warp * 32 + lane;
   const int c = t128 % kChunks;
   int pr = g0 + t128 / kChunks;
-  int tok = pr / G, hh = pr - tok * G;
+  PackedRow row(pr, G);
   const int step_tok = kRowStep / G, step_head = kRowStep % G;
 #pragma unroll
   for (int j = 0; j < 64 / kRowStep; ++j) {
@@ -301,17 +316,12 @@ __device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const 
                    : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                    : "r"(stage + (c / 8) * kAtomStride + sw128_offset(r, c % 8))
                    : "memory");
-      T* op = static_cast<T*>(a.out) + (w.q_begin + tok) * a.o_stride_n +
-              (hkv * G + hh) * a.o_stride_h + c * 8;
+      T* op = static_cast<T*>(a.out) + (w.q_begin + row.tok) * a.o_stride_n +
+              (hkv * G + row.head) * a.o_stride_h + c * 8;
       *reinterpret_cast<uint4*>(op) = v;
     }
     pr += kRowStep;
-    tok += step_tok;
-    hh += step_head;
-    if (hh >= G) {
-      hh -= G;
-      ++tok;
-    }
+    row.step(step_tok, step_head, G);
   }
 }
 
@@ -405,14 +415,14 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   const int g16_tok = 16 / G, g16_head = 16 % G;
   auto load_q = [&](const PrefillWork& w, int q_hkv, uint32_t q_buf, int row0, int nj) {
     int pr = w.r0 + row0 + q_rs;
-    int tok = pr / G, hh = pr - tok * G;
+    PackedRow row(pr, G);
     const T* q0 = static_cast<const T*>(a.q) + q_c8 * 8;
 #pragma unroll
     for (int j = 0; j < nj; ++j) {
       const bool ok = pr < w.rows;
-      const T* src =
-          ok ? q0 + int64_t(w.q_begin + tok) * a.q_stride_n + int64_t(q_hkv * G + hh) * a.q_stride_h
-             : q0;
+      const T* src = ok ? q0 + int64_t(w.q_begin + row.tok) * a.q_stride_n +
+                              int64_t(q_hkv * G + row.head) * a.q_stride_h
+                        : q0;
       const uint32_t dst = q_buf + sw128_offset(row0 + q_rs + 16 * j, q_c8);
 #pragma unroll
       for (int at = 0; at < DQK / 64; ++at) {
@@ -421,12 +431,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
             "l"(src + (ok ? at * 64 : 0)), "r"(ok ? 16 : 0));
       }
       pr += 16;
-      tok += g16_tok;
-      hh += g16_head;
-      if (hh >= G) {
-        hh -= G;
-        ++tok;
-      }
+      row.step(g16_tok, g16_head, G);
     }
   };
 
@@ -738,14 +743,14 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   };
 
   // Cross-unit pipelining (kOverlap): the last P V GEMM of a unit runs in the next unit's first
-  // turn, beside its first S GEMM, and the unit's epilogue (ew, e_hkv, e_wr0, em, el: pend)
+  // turn, beside its first S GEMM, and the unit's epilogue (ew, e_hkv, em, el: pend)
   // follows that GEMM's wait. pa holds P of the previous tile (act_prev: it has work for this
   // warpgroup); v_held: this warpgroup has not given back V of tile it - 1 yet.
   PFrags pa;
   uint32_t(&pa_flat)[kKeys / 4] = reinterpret_cast<uint32_t(&)[kKeys / 4]>(pa);
   bool act_prev = false, pend = false, v_held = false;
   PrefillWork ew;
-  int e_hkv = 0, e_wr0 = 0, qk = 0;  // qk: units with tiles so far (the Q buffer ring)
+  int e_hkv = 0, qk = 0;  // qk: units with tiles so far (the Q buffer ring)
   float em[2] = {neg_inf(), neg_inf()}, el[2] = {0.f, 0.f};
   // kOverlap: the pending unit's O goes out through its own Q buffer (its S GEMMs have all
   // landed), which the producer may refill only after that (q_empty arrives here, not after the
@@ -760,7 +765,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
                                                   3 + cw);
       fence_proxy_async();  // the staging's accesses, before the producer refills the buffer
     } else {
-      store_tile<T>(a, ew, e_hkv, e_wr0, mm, ll, o, lane);
+      store_tile<T>(a, ew, e_hkv, ew.r0 + cw * 64 + warp * 16, mm, ll, o, lane);
     }
     if constexpr (kOverlap) arrive_empty(&q_empty[slot]);
 #pragma unroll
@@ -804,12 +809,14 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     const int rows = work.rows, lo = work.lo, hi = work.hi, ntiles = work.ntiles;
     const int qoff = work.qoff;
     const MaskInfo& mask = work.mask;
+    const int g0 = work.r0 + cw * 64;  // first packed row of this warpgroup
+    const int wr0 = g0 + warp * 16;    // first packed row of this warp
     if constexpr (kOverlap) {
       if (ntiles == 0) {
         // No keys: its rows store l = 0 at once; the pipeline (a pending P V GEMM and
         // epilogue, the rings) goes on to the next unit with tiles.
         float zo[kDT][4] = {}, zm[2] = {neg_inf(), neg_inf()}, zl[2] = {0.f, 0.f};
-        store_tile<T>(a, work, hkv, work.r0 + cw * 64 + warp * 16, zm, zl, zo, lane);
+        store_tile<T>(a, work, hkv, wr0, zm, zl, zo, lane);
         ++sched_r;
         sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
         continue;
@@ -828,8 +835,6 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     }
     const uint32_t q_off = kOverlap ? (qk & 1) * Cfg::kQBytes : 0u;  // this unit's Q buffer
 
-    const int g0 = work.r0 + cw * 64;  // first packed row of this warpgroup
-    const int wr0 = g0 + warp * 16;    // first packed row of this warp
     // Keys this warpgroup can see at all.
     const bool wg_rows = g0 < rows;
     const int gt_first = g0 / G;
@@ -965,25 +970,21 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         act_prev = act;
         v_held = true;
       };
-      if (ntiles > 0) {
-        if (pend) {
-          turn.template operator()<true>(0);
-        } else {
-          turn.template operator()<false>(0);
-        }
+      // ntiles > 0 here (units without tiles took the branch at the top).
+      if (pend) {
+        turn.template operator()<true>(0);
+      } else {
+        turn.template operator()<false>(0);
       }
       for (int i = 1; i < ntiles; ++i) turn.template operator()<false>(i);
-      if (ntiles > 0) {
-        ++sched_r;
-        sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
-        it += ntiles;
-        ++qk;
-        ew = work;
-        e_hkv = hkv;
-        e_wr0 = wr0;
-        pend = true;
-        continue;
-      }
+      ++sched_r;
+      sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+      it += ntiles;
+      ++qk;
+      ew = work;
+      e_hkv = hkv;
+      pend = true;
+      continue;  // this unit's epilogue runs in the next unit's first turn (or drain)
     } else {
       // Tile by tile: a turn for S, the softmax, a turn for P V, then the stage is freed.
       // (Freeing it in two halves, K after the S GEMM, made ptxas spill at D 64 and serialise
