@@ -513,20 +513,27 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
 }
 // Output views that are not dense rows: each head's row padded (o stride h = dv + pad) and the
 // view starting some elements into its buffer. On the sm90 D 128 overlap kernel, rows whose
-// 16-bit elements start on 16-byte boundaries (pad 8) take the staged epilogue (16-byte row
-// chunks through shared memory), 4-byte aligned ones (pad 4, a view 2 elements in) store_tile;
-// group sizes 1, 3, 4 and 5 step the staged copy's (token, head) walk differently. A view 1
-// element in is not 4-byte aligned and must take the generic kernel. Both consumer schedules;
-// D 64 / 256, decode and split-KV partials over the same layouts. Every byte of the buffer
-// outside the view must keep its NaN poison.
+// 16-bit elements start on 16-byte boundaries (pad 8) take the staged epilogue (through shared
+// memory, then TMA stores where G divides 64 and a warpgroup's 64 rows are whole, else 16-byte
+// row chunks by every thread; PAGODA_SM90_TMA_STORE=0: always the latter), 4-byte aligned ones
+// (pad 4, a view 2 elements in) store_tile; group sizes 1, 3, 4 and 5 step the staged copy's
+// (token, head) walk differently. A view 1 element in is not 4-byte aligned and must take the
+// generic kernel. Both consumer schedules; D 64 / 256, decode and split-KV partials over the
+// same layouts. Every byte of the buffer outside the view must keep its NaN poison.
 TEST(CudaExtend, StridedAndUnalignedOutputs) {
   REQUIRE_GPU();
   struct Layout {
     int pad, offset;
   };
-  for (const char* overlap : {"1", "0"}) {
-    SCOPED_TRACE(std::string("PAGODA_SM90_OVERLAP=") + overlap);
+  struct Mode {
+    const char *overlap, *tma_store;
+  };
+  for (const Mode mode : {Mode{"1", "1"}, Mode{"1", "0"}, Mode{"0", "1"}}) {
+    const char* overlap = mode.overlap;
+    SCOPED_TRACE(std::string("PAGODA_SM90_OVERLAP=") + overlap +
+                 " PAGODA_SM90_TMA_STORE=" + mode.tma_store);
     setenv("PAGODA_SM90_OVERLAP", overlap, 1);
+    setenv("PAGODA_SM90_TMA_STORE", mode.tma_store, 1);
     for (const Layout lay : {Layout{8, 0}, Layout{4, 0}, Layout{0, 2}, Layout{0, 1}}) {
       SCOPED_TRACE("pad " + std::to_string(lay.pad) + " offset " + std::to_string(lay.offset));
       const bool fast = lay.offset % 2 == 0;
@@ -560,6 +567,7 @@ TEST(CudaExtend, StridedAndUnalignedOutputs) {
     }
   }
   unsetenv("PAGODA_SM90_OVERLAP");
+  unsetenv("PAGODA_SM90_TMA_STORE");
 }
 // The sm90 prefill's K/V copies by TMA (the two-stage configurations, D 256 and DQK 192 / DV
 // 128, at page sizes >= 16; boxes of min(page, tile keys) tokens, so whole pages at 16-64 and

@@ -79,6 +79,20 @@ detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
   return m;
 }
 
+/// The output's tensor map for the staged epilogue's TMA stores (the overlap schedule only:
+/// `wanted`), when the group size divides a consumer's 64 rows and the output's rows are
+/// 16-byte aligned; else o_ok stays false (the consumers copy the rows themselves).
+/// PAGODA_SM90_TMA_STORE=0 turns it off (read per call, for same-process A/B runs).
+void out_map(detail::Sm90KvMaps& m, const AttentionArgs& a, bool wanted) {
+  if (!wanted || env_knob("PAGODA_SM90_TMA_STORE", 1) == 0) return;
+  const int G = a.num_qo_heads / a.num_kv_heads;
+  const bool aligned = (reinterpret_cast<uintptr_t>(a.out) % 16) == 0 && a.o_stride_n % 8 == 0 &&
+                       a.o_stride_h % 8 == 0;
+  if (G <= 0 || 64 % G != 0 || !aligned) return;
+  m.o_ok = encode_out_map(m.o, a.out, a.out_dtype, a.head_dim_v, a.num_qo_heads, a.grid_rows,
+                          a.o_stride_n, a.o_stride_h, G, 64 / G);
+}
+
 }  // namespace
 
 cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
@@ -118,9 +132,11 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
     st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               static_cast<int>(Cfg::kSmemBytes));
     if (st != cudaSuccess) return;
+    detail::Sm90KvMaps maps = kv_maps(args, Cfg::kKeys, Cfg::kRecords);
+    out_map(maps, args, overlap && kCanOverlap && DQK == DV);
     st = launch_pdl(kernel, dim3(blocks), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
                     detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale),
-                    order, kv_maps(args, Cfg::kKeys, Cfg::kRecords));
+                    order, maps);
   };
   dispatch_sm90(args.q_dtype, args.head_dim_qk, args.head_dim_v, launch);
   return st;

@@ -23,12 +23,18 @@
 /// units: the producer loads Q into two buffers (the next unit's while this one runs; Q `empty`
 /// barriers), a unit's first turn issues its first S GEMM beside the previous unit's last P V
 /// GEMM, and the previous unit's output goes out after that GEMM's wait, staged through the
-/// previous unit's own Q buffer (store_tile_staged: 16-byte row stores). The first turn is a
-/// copy of its own (turn<true>), so the steady-state turns carry none of that code (a runtime
-/// test there cost ~550 register moves in the loop). Two Q buffers leave 2 K and 3 V stages.
-/// Same call on the H200 against the unit-by-unit overlap (2026-12-04, eleventh session):
-/// B16 S1024 4.3 % faster, B4 S4096 2.8 %, extend 1.0 %, but tree verify 5.8 % slower (every
-/// round; without the staged epilogue 1.6-1.9 %; cause not found): bench/results/hopper_h200.md.
+/// previous unit's own Q buffer: one TMA store per atom column when the warpgroup's 64 rows are
+/// whole and G divides 64, else 16-byte row stores by every thread (store_tile_staged). The TMA
+/// stores' reads of the buffer are waited for a turn later (release_q), when the buffer goes
+/// back to the producer. The first turn is a copy of its own (turn<true>), so the steady-state
+/// turns carry none of that code (a runtime test there cost ~550 register moves in the loop).
+/// Two Q buffers leave 2 K and 3 V stages. Same call on the H200 against the unit-by-unit
+/// overlap (2026-12-04, eleventh session): B16 S1024 4.3 % faster, B4 S4096 2.8 %, extend
+/// 1.0 %, but tree verify 5.8 % slower (every round). The deferred TMA stores then took 4.8 %
+/// at B16 S1024, 3.5 % at B1 S4096, 1.9 % at B4 S4096 and 4.2 % at tree verify, which is back
+/// at its time before the cross-unit pipeline; waiting for the stores' reads in the epilogue
+/// itself held warp 0, and the warpgroup's next GEMM with it, and lost 1.1-1.3 % at B4 S4096,
+/// page 1 and extend (twelfth session, bench/results/hopper_h200.md).
 /// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
 /// Unit records (PrefillSm90Config::kRecords, the two-stage configurations D 256 and DQK 192):
 /// only the producer walks the schedule and reads the plan; it publishes each unit (its work
@@ -255,30 +261,36 @@ struct PackedRow {
 /// pieces of eight rows (at B16 S1024 store_tile held 10 % of the stall samples, lg throttle
 /// and short_sb: ncu, 2026-12-04 tenth session). LSE as store_tile. The caller keeps split-KV
 /// partials (w.partial >= 0) and outputs whose rows are not 16-byte aligned on store_tile.
-/// Warpgroup-collective.
+/// With `omap` (the output's tensor map, Sm90KvMaps::o) and all 64 rows inside the unit, lane 0
+/// of warp 0 stores the staged rows instead, one TMA box per atom column, and returns true: that
+/// thread must wait for the boxes' reads (tma_store_wait_read) before the stage is written
+/// again. Warpgroup-collective (the result is the same in every thread).
 template <typename T, int kDT, uint32_t kAtomStride>
-__device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const PrefillWork& w,
+__device__ __forceinline__ bool store_tile_staged(const AttentionArgs& a, const PrefillWork& w,
                                                   int hkv, int g0, int warp, int lane,
                                                   const float (&m)[2], const float (&l)[2],
-                                                  const float (&o)[kDT][4], uint32_t stage,
-                                                  int bar) {
+                                                  const float (&o)[kDT][4], uint32_t stage, int bar,
+                                                  const CUtensorMap* omap) {
   const int G = a.num_qo_heads / a.num_kv_heads;
   float f[2];
+  // Row h of this lane is packed row pr0 + 8 h: its (token, head) from one division, stepped.
+  const int pr0 = g0 + warp * 16 + lane / 4;
+  PackedRow lrow(pr0, G);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float lsum = l[h];
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    const int pr = g0 + warp * 16 + lane / 4 + h * 8;  // packed row
     f[h] = 0.f;
-    if (pr < w.rows) {
-      const int head = hkv * G + pr % G;
+    if (pr0 + 8 * h < w.rows) {
+      const int head = hkv * G + lrow.head;
       float lse;
       f[h] = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
       if (a.lse != nullptr && lane % 4 == 0) {
-        a.lse[(w.q_begin + pr / G) * a.lse_stride_n + head * a.lse_stride_h] = lse;
+        a.lse[(w.q_begin + lrow.tok) * a.lse_stride_n + head * a.lse_stride_h] = lse;
       }
     }
+    lrow.step(8 / G, 8 % G, G);
   }
   // The accumulator fragment of one n-tile and row half is an 8 x 8 matrix in stmatrix's
   // layout: one stmatrix.x4 per n-tile pair stores (d, rows 0-7), (d, 8-15), (d + 1, 0-7) and
@@ -296,6 +308,18 @@ __device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const 
                  "r"(pack2<T>(o[d + 1][0] * f[0], o[d + 1][1] * f[0])),
                  "r"(pack2<T>(o[d + 1][2] * f[1], o[d + 1][3] * f[1]))
                  : "memory");
+  }
+  if (omap != nullptr && g0 + 64 <= w.rows) {
+    fence_proxy_async();  // the stmatrix writes, before the TMA engine reads them
+    named_bar_sync(bar, 128);
+    if (warp == 0 && lane == 0) {
+#pragma unroll
+      for (int at = 0; at < kDT / 8; ++at) {
+        tma_store_3d(omap, stage + at * kAtomStride, at * 64, hkv * G, w.q_begin + g0 / G);
+      }
+      tma_store_commit();
+    }
+    return true;
   }
   named_bar_sync(bar, 128);
   // Thread t copies chunk t % C of rows t / C + (128 / C) j (C = kDT 16-byte chunks per row: an
@@ -323,15 +347,20 @@ __device__ __forceinline__ void store_tile_staged(const AttentionArgs& a, const 
     pr += kRowStep;
     row.step(step_tok, step_head, G);
   }
+  return false;
 }
 
 /// K and V of the paged cache as 4-D TMA tensors (prefill_sm90.cu encodes them per launch):
 /// dims (d, kv head, token in page, page), box {64 elements, 1, `rows` tokens, 1}, 128-byte
 /// swizzle: one box is `rows` keys x one 128-byte atom column, laid out as the cp.async path
 /// lays it. rows = 0: no TMA (every tile by cp.async).
+/// The output as a 3-D TMA tensor (o; o_ok false: none): dims (d < DV, q head, token), box {64
+/// elements, G heads, 64 / G tokens} under the 128-byte swizzle, i.e. one consumer
+/// warpgroup's 64 packed rows x one atom column, laid out as store_tile_staged stages them.
 struct Sm90KvMaps {
-  CUtensorMap k, v;
+  CUtensorMap k, v, o;
   int rows = 0;
+  bool o_ok = false;
 };
 
 template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked>
@@ -757,17 +786,35 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // unit's last S GEMM); split-KV partials and unaligned outputs take store_tile.
   const bool o_aligned = (reinterpret_cast<uintptr_t>(a.out) % 16) == 0 && a.o_stride_n % 8 == 0 &&
                          a.o_stride_h % 8 == 0;
+  // q_rel: 1 + the Q buffer whose staged rows are still being read by TMA stores (0: none);
+  // release_q waits for those reads and frees it, a turn later than the epilogue that issued
+  // them (the wait there held warp 0, and with it the warpgroup's next GEMM).
+  int q_rel = 0;
+  auto release_q = [&]() {
+    if (q_rel == 0) return;
+    if (warp == 0 && lane == 0) tma_store_wait_read();
+    __syncwarp();
+    arrive_empty(&q_empty[q_rel - 1]);
+    q_rel = 0;
+  };
   auto epilogue = [&](const float(&mm)[2], const float(&ll)[2]) {
     const int slot = (qk - 1) & 1;  // qk already counts the pending unit
+    bool tma = false;
     if (kOverlap && DQK == DV && ew.partial < 0 && o_aligned) {
-      store_tile_staged<T, kDT, Cfg::kRows * 128>(a, ew, e_hkv, ew.r0 + cw * 64, warp, lane, mm, ll,
-                                                  o, q_addr + slot * Cfg::kQBytes + cw * 64 * 128,
-                                                  3 + cw);
+      tma = store_tile_staged<T, kDT, Cfg::kRows * 128>(
+          a, ew, e_hkv, ew.r0 + cw * 64, warp, lane, mm, ll, o,
+          q_addr + slot * Cfg::kQBytes + cw * 64 * 128, 3 + cw, maps.o_ok ? &maps.o : nullptr);
       fence_proxy_async();  // the staging's accesses, before the producer refills the buffer
     } else {
       store_tile<T>(a, ew, e_hkv, ew.r0 + cw * 64 + warp * 16, mm, ll, o, lane);
     }
-    if constexpr (kOverlap) arrive_empty(&q_empty[slot]);
+    if constexpr (kOverlap) {
+      if (tma) {
+        q_rel = slot + 1;
+      } else {
+        arrive_empty(&q_empty[slot]);
+      }
+    }
 #pragma unroll
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     pend = false;
@@ -788,6 +835,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     if (v_held) arrive_empty(&empty_v[sp]);
     v_held = act_prev = false;
     if (pend) epilogue(m, l);
+    release_q();
+    if (warp == 0 && lane == 0) tma_store_wait_all();  // the stores done before the block exits
   };
 
   for (int ku = 0;; ++ku) {
@@ -976,7 +1025,11 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       } else {
         turn.template operator()<false>(0);
       }
-      for (int i = 1; i < ntiles; ++i) turn.template operator()<false>(i);
+      for (int i = 1; i < ntiles; ++i) {
+        turn.template operator()<false>(i);
+        if (i == 1) release_q();
+      }
+      release_q();  // a unit of one tile; before the next unit's first turn waits for its Q
       ++sched_r;
       sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
       it += ntiles;

@@ -108,6 +108,31 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+/// One box of the 3-D tensor `map` (a kernel parameter: __grid_constant__) from shared memory
+/// at `src` to global memory at coordinates c0 (innermost) .. c2, in the issuing thread's bulk
+/// async group: that thread commits (tma_store_commit) and, before `src` may be written again,
+/// waits for the group's reads (tma_store_wait_read). Generic-proxy writes of `src` must be
+/// fenced into the async proxy (fence_proxy_async) by their writers and synced before the issue.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1,
+                                             int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
+      " [%0, {%2, %3, %4}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/// Waits until every committed bulk store of this thread has read its shared-memory source.
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/// Waits until every committed bulk store of this thread has completed.
+__device__ __forceinline__ void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 // ---- barriers and fences ------------------------------------------------------------------
 /// bar.sync on a named barrier (id 1..15; 0 is __syncthreads) for `threads` threads.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {

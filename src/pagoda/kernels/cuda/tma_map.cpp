@@ -50,6 +50,25 @@ bool encode_paged_map(CUtensorMap& map, const PagedCache& c, ElemType t, int hea
   return r == CUDA_SUCCESS;
 }
 
+bool encode_out_map(CUtensorMap& map, void* out, ElemType t, int head_dim, int heads,
+                    int64_t tokens, int64_t stride_n, int64_t stride_h, int box_heads,
+                    int box_tokens) {
+  if (t != ElemType::kBF16 && t != ElemType::kF16) return false;
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr || out == nullptr || tokens <= 0 || head_dim % 64 != 0) return false;
+  const cuuint64_t e = 2;  // bytes per element
+  const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(tokens)};
+  const cuuint64_t strides[2] = {cuuint64_t(stride_h) * e, cuuint64_t(stride_n) * e};
+  const cuuint32_t box[3] = {64, cuuint32_t(box_heads), cuuint32_t(box_tokens)};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      t == ElemType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult r = encode(&map, type, 3, out, dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
 int box_rows_for_page(int page_size, int keys) {
   const int rows = std::min(page_size, keys);
   return rows >= 16 && page_size % rows == 0 && keys % rows == 0 ? rows : 0;

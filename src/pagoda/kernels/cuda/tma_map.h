@@ -17,6 +17,17 @@ namespace pagoda::kernels::cuda::raw {
 bool encode_paged_map(CUtensorMap& map, const PagedCache& c, ElemType t, int head_dim, int heads,
                       int page_size, int rows);
 
+/// Encodes an attention output (16-bit elements of type `t` at `out`; element strides
+/// `stride_n` per token and `stride_h` per head, unit inner stride) as a 3-D tensor with dims
+/// (d < head_dim, head < heads, token < tokens) and boxes of {64 elements, `box_heads` heads,
+/// `box_tokens` tokens} under the 128-byte swizzle: one box is box_heads x box_tokens rows of one
+/// 128-byte atom column, token-major (the packed-row order of the sm90 prefill's staged output).
+/// False when the driver has no encoder or refuses the layout (16-byte aligned base and strides
+/// needed). Never throws; leaves no CUDA error behind.
+bool encode_out_map(CUtensorMap& map, void* out, ElemType t, int head_dim, int heads,
+                    int64_t tokens, int64_t stride_n, int64_t stride_h, int box_heads,
+                    int box_tokens);
+
 /// The rows of the boxes a kernel with tiles of `keys` keys can copy a cache of this page size
 /// with: min(page_size, keys) where that divides both and is >= 16 (a box's rows start at a
 /// 1024-byte boundary of the swizzle pattern only from 8 rows up; 16 keeps the boxes few), and
