@@ -34,8 +34,7 @@ struct Result {
 };
 
 /// `tweak` may edit the host data (e.g. the custom mask) before upload and the reference.
-Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
-                   const std::function<void(HostData&)>& tweak = {}) {
+Result run_problem(const Problem& p, const std::function<void(HostData&)>& tweak = {}) {
   HostData h = make_host_data(p);
   if (tweak) tweak(h);
   const DType out_dtype = p.q_dtype;
@@ -60,8 +59,7 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
   TensorView ov(static_cast<uint8_t*>(out.p) + size_t(p.out_offset) * dtype_size(out_dtype),
                 out_dtype, {h.nnz, p.hq, p.dv}, {o_sn, o_sh, 1}, dev);
   TensorView lv(lse.p, DType::kF32, {h.nnz, p.hq}, dev);
-  CudaBatchAttention local;
-  CudaBatchAttention& attn = reuse ? *reuse : local;
+  CudaBatchAttention attn;
   attention::AttentionShape shape{.num_qo_heads = p.hq, .num_kv_heads = hkv, .head_dim_qk = p.dqk,
                                   .head_dim_v = p.dv, .q_dtype = p.q_dtype,
                                   .kv_dtype = p.kv_dtype, .out_dtype = out_dtype};
@@ -116,7 +114,7 @@ Result run_problem(const Problem& p, CudaBatchAttention* reuse = nullptr,
 /// reference, LSE) and the kernel path when named; returns the result for further checks.
 Result expect_ok(const Problem& p, double tol, const char* want_path = nullptr,
                  const std::function<void(HostData&)>& tweak = {}) {
-  const Result r = run_problem(p, nullptr, tweak);
+  const Result r = run_problem(p, tweak);
   EXPECT_TRUE(r.all_finite) << "path " << r.path << " seed " << p.seed;
   EXPECT_TRUE(r.outside_poisoned) << "path " << r.path << " seed " << p.seed;
   EXPECT_LT(r.rel_err, tol) << "path " << r.path << " seed " << p.seed;
