@@ -6,7 +6,10 @@
 #   sanitize:    compute-sanitizer memcheck and racecheck on MlaDecode.SanitizerSmall
 #   conformance: pagoda conformance --backends cuda (full grid, then the long column at 32k)
 #   bench:       pagoda kernels --backend cuda on the MLA shapes under each of VARIANTS (A/B)
-#   ncu:         ncu --set full of one MLA decode launch (B128 h_q 128 L4096) per NCU_VARIANTS
+#   ncu:         ncu --set full of one MLA decode launch (B128 h_q 128 L4096) per NCU_VARIANTS;
+#                NCU_SHAPE="batch q_heads kv_len page kv_dtype" another shape, NCU_KERNELS a
+#                kernel-name regex (default mla_decode; "mla_decode|merge" with NCU_COUNT=2 also
+#                profiles the split-KV merge that follows it)
 #   kernels:     pagoda_cuda_bench's GQA decode / prefill / extend / verify shapes (ours only)
 #   peers:       FlashInfer 0.5.3 flashinfer.mla.BatchMLAPagedAttentionWrapper (fa3, auto) beside
 #                ours (bench/cuda/peers.py --mla; needs .whl carried, else n/a); reads the bench
@@ -122,17 +125,19 @@ if has kernels; then
 fi
 
 if has ncu; then
-  # One launch of the MLA decode kernel on B128 h_q 128 L4096 page 64 under each of NCU_VARIANTS
-  # ("name:VAR=v,..."), ncu's full set (warp stall reasons, pipe utilisation) without clock control.
+  # One launch of the MLA decode kernel (NCU_SHAPE, default B128 h_q 128 L4096 page 64 bf16) under
+  # each of NCU_VARIANTS ("name:VAR=v,..."), ncu's full set (warp stall reasons, pipe utilisation)
+  # without clock control; NCU_KERNELS / NCU_COUNT pick the kernels (the merge too, for split KV).
   NCUBIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  read -r nb nh nl np nd <<< "${NCU_SHAPE:-128 128 4096 64 bf16}"
   for v in ${NCU_VARIANTS:-"default:"}; do
     name=${v%%:*} spec=${v#*:}
     envs=()
     [ -n "$spec" ] && IFS=',' read -r -a envs <<< "$spec"
-    env "${envs[@]}" timeout 180 "$NCUBIN" --clock-control none -k regex:mla_decode -s 1 -c 1 --set full \
-      --import-source no -f -o "$R/ncu_$name" \
-      $B/pagoda kernels --backend cuda --op decode --batch 128 --q-heads 128 --kv-len 4096 \
-      --page-size 64 --kv-dtype bf16 --kv-heads 1 --head-dim 576 --head-dim-v 512 --iters 2 --warmup 1 \
+    env "${envs[@]}" timeout 180 "$NCUBIN" --clock-control none -k "regex:${NCU_KERNELS:-mla_decode}" -s 1 \
+      -c "${NCU_COUNT:-1}" --set full --import-source no -f -o "$R/ncu_$name" \
+      $B/pagoda kernels --backend cuda --op decode --batch "$nb" --q-heads "$nh" --kv-len "$nl" \
+      --page-size "$np" --kv-dtype "$nd" --kv-heads 1 --head-dim 576 --head-dim-v 512 --iters 2 --warmup 1 \
       > "$R/ncu_$name.log" 2>&1
     echo "ncu $name rc=$?" | tee -a "$S"
     # The details page (throughputs, stall reasons) and the per-SASS-instruction samples, which
