@@ -516,8 +516,9 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
 // row chunks by every thread; PAGODA_SM90_TMA_STORE=0: always the latter), 4-byte aligned ones
 // (pad 4, a view 2 elements in) store_tile; group sizes 1, 3, 4 and 5 step the staged copy's
 // (token, head) walk differently. A view 1 element in is not 4-byte aligned and must take the
-// generic kernel. Both consumer schedules; D 64 / 256, decode and split-KV partials over the
-// same layouts. Every byte of the buffer outside the view must keep its NaN poison.
+// generic kernel. The overlap schedule with and without the TMA stores, tile by tile; D 64 /
+// 256, decode and split-KV partials over the same layouts. Every byte of the buffer outside the
+// view must keep its NaN poison.
 TEST(CudaExtend, StridedAndUnalignedOutputs) {
   REQUIRE_GPU();
   struct Layout {
@@ -527,10 +528,9 @@ TEST(CudaExtend, StridedAndUnalignedOutputs) {
     const char *overlap, *tma_store;
   };
   for (const Mode mode : {Mode{"1", "1"}, Mode{"1", "0"}, Mode{"0", "1"}}) {
-    const char* overlap = mode.overlap;
-    SCOPED_TRACE(std::string("PAGODA_SM90_OVERLAP=") + overlap +
+    SCOPED_TRACE(std::string("PAGODA_SM90_OVERLAP=") + mode.overlap +
                  " PAGODA_SM90_TMA_STORE=" + mode.tma_store);
-    setenv("PAGODA_SM90_OVERLAP", overlap, 1);
+    setenv("PAGODA_SM90_OVERLAP", mode.overlap, 1);
     setenv("PAGODA_SM90_TMA_STORE", mode.tma_store, 1);
     for (const Layout lay : {Layout{8, 0}, Layout{4, 0}, Layout{0, 2}, Layout{0, 1}}) {
       SCOPED_TRACE("pad " + std::to_string(lay.pad) + " offset " + std::to_string(lay.offset));
