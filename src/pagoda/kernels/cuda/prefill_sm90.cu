@@ -86,9 +86,7 @@ detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
 void out_map(detail::Sm90KvMaps& m, const AttentionArgs& a, bool wanted) {
   if (!wanted || env_knob("PAGODA_SM90_TMA_STORE", 1) == 0) return;
   const int G = a.num_qo_heads / a.num_kv_heads;
-  const bool aligned = (reinterpret_cast<uintptr_t>(a.out) % 16) == 0 && a.o_stride_n % 8 == 0 &&
-                       a.o_stride_h % 8 == 0;
-  if (G <= 0 || 64 % G != 0 || !aligned) return;
+  if (G <= 0 || 64 % G != 0 || !detail::out_rows_aligned16(a)) return;
   m.o_ok = encode_out_map(m.o, a.out, a.out_dtype, a.head_dim_v, a.num_qo_heads, a.grid_rows,
                           a.o_stride_n, a.o_stride_h, G, 64 / G);
 }

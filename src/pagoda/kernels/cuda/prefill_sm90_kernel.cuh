@@ -363,6 +363,14 @@ struct Sm90KvMaps {
   bool o_ok = false;
 };
 
+/// Whether every output row (token, head) starts on a 16-byte boundary: the staged epilogue's
+/// 16-byte row stores and its TMA stores need it (the launcher encodes the output map only then;
+/// the kernel takes store_tile otherwise).
+__host__ __device__ __forceinline__ bool out_rows_aligned16(const AttentionArgs& a) {
+  return (reinterpret_cast<uintptr_t>(a.out) % 16) == 0 && a.o_stride_n % 8 == 0 &&
+         a.o_stride_h % 8 == 0;
+}
+
 template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked>
 __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order,
@@ -784,8 +792,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // kOverlap: the pending unit's O goes out through its own Q buffer (its S GEMMs have all
   // landed), which the producer may refill only after that (q_empty arrives here, not after the
   // unit's last S GEMM); split-KV partials and unaligned outputs take store_tile.
-  const bool o_aligned = (reinterpret_cast<uintptr_t>(a.out) % 16) == 0 && a.o_stride_n % 8 == 0 &&
-                         a.o_stride_h % 8 == 0;
+  const bool o_aligned = out_rows_aligned16(a);
   // q_rel: 1 + the Q buffer whose staged rows are still being read by TMA stores (0: none);
   // release_q waits for those reads and frees it, a turn later than the epilogue that issued
   // them (the wait there held warp 0, and with it the warpgroup's next GEMM).
