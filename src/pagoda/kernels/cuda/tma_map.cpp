@@ -1,4 +1,4 @@
-/// Tensor maps of the paged caches (tma_map.h).
+/// Tensor maps of the paged caches and of attention outputs (tma_map.h).
 
 #include "pagoda/kernels/cuda/tma_map.h"
 

@@ -1,6 +1,7 @@
 #pragma once
 /// Host side of the Hopper kernels' TMA copies: the paged K / V / latent cache as a 4-D tensor
-/// map (no link to libcuda: the driver's encoder is reached through the runtime).
+/// map, and an attention output as a 3-D one (no link to libcuda: the driver's encoder is
+/// reached through the runtime).
 
 #include <cuda.h>
 
