@@ -21,7 +21,9 @@ DROP_PREFIXES = ("--generate-code", "-gencode=", "-arch=", "--gpu-architecture="
 DROP_ALONE = {"-MD", "-MMD"}
 
 
-def ptxas_command(entry: dict) -> list[str]:
+def nvcc_command(entry: dict, arch: str = "sm_90a") -> list[str]:
+    """The entry's compile command for `arch` alone, without its output or dependency file
+    (the caller adds what to write). Also used by tools/sass_diff.py."""
     args = entry.get("arguments") or shlex.split(entry["command"])
     out, skip = [], False
     for a in args:
@@ -33,7 +35,11 @@ def ptxas_command(entry: dict) -> list[str]:
             continue
         else:
             out.append(a)
-    return out + ["-arch=sm_90a", "-Xptxas", "-v", "-o", "/dev/null"]
+    return out + [f"-arch={arch}"]
+
+
+def ptxas_command(entry: dict) -> list[str]:
+    return nvcc_command(entry) + ["-Xptxas", "-v", "-o", "/dev/null"]
 
 
 def main() -> int:
