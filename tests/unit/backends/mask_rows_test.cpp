@@ -1,31 +1,27 @@
 /// hide_row_keys (kernels/cuda/mask_rows.h), the tile mask the sm90 prefill kernel runs, against
 /// a per-key reference written from the definition (key >= hi, row past the tile's rows, or
 /// MaskInfo::visible false: hidden). Random requests (causal or not, sliding windows, packed
-/// custom masks of random and tree-like bits), GQA packing, rows past the request, tile starts
-/// off any alignment and chunk ends short of kv_len, at the kernel's 16 and 8 score n-tiles per
-/// lane. Each mask sits alone in a vector of exactly its bytes, so a read past the request's
-/// mask is a heap overflow under AddressSanitizer (CI's sanitizer stage runs this test).
+/// custom masks of random and tree-like bits), GQA packing (group sizes 1..8, given as an int or
+/// as a FastDiv), rows past the request, tile starts off any alignment and chunk ends short of
+/// kv_len, at the kernel's 16 and 8 score n-tiles per lane. Each mask sits alone in a vector of
+/// exactly its bytes, so a read past the request's mask is a heap overflow under
+/// AddressSanitizer (CI's sanitizer stage runs this test).
 /// Header-only code: no GPU, no CUDA toolkit. Seed printed; PAGODA_TEST_SEED overrides it.
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "pagoda/kernels/cuda/mask_rows.h"
+#include "seed.h"
 
 namespace pagoda::kernels::cuda::detail {
 namespace {
 
-uint32_t test_seed() {
-  if (const char* env = std::getenv("PAGODA_TEST_SEED")) {
-    return static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
-  }
-  return std::random_device{}();
-}
+using pagoda::test::test_seed;
 
 /// One request's mask, with its custom bits (if any) in a vector of exactly their bytes.
 struct Request {
@@ -65,7 +61,8 @@ void check_random_rows(uint32_t seed, int cases) {
   for (int c = 0; c < cases; ++c) {
     const Request r = random_request(rng, c % 2 == 1);
     const MaskInfo& mk = r.mk;
-    const int G = 1 << (rng() % 4);
+    const int G = 1 + static_cast<int>(rng() % 8);  // group sizes 1..8, powers of two or not
+    const FastDiv gdiv = FastDiv::make(G);
     const int rows = mk.qo_len * G;
     for (int trial = 0; trial < 24; ++trial) {
       // A split-KV chunk ends anywhere in (0, kv_len]; a tile starts anywhere before it (lo is
@@ -75,10 +72,16 @@ void check_random_rows(uint32_t seed, int cases) {
       const int c0 = kb0 + 2 * static_cast<int>(rng() % 4);
       const int pr = static_cast<int>(rng() % (rows + 40));  // rows past the request too
       bool hidden[kNT][2] = {};
-      hide_row_keys<kNT>(mk, pr, G, c0, hi, rows, [&](int j, int e) {
+      auto hide = [&](int j, int e) {
         ASSERT_FALSE(hidden[j][e]) << "key hidden twice";
         hidden[j][e] = true;
-      });
+      };
+      // The group size as an int (a division) or a FastDiv (the sm90 kernel's), in turn.
+      if (trial % 2 == 0) {
+        hide_row_keys<kNT>(mk, pr, G, c0, hi, rows, hide);
+      } else {
+        hide_row_keys<kNT>(mk, pr, gdiv, c0, hi, rows, hide);
+      }
       for (int j = 0; j < kNT; ++j) {
         for (int e = 0; e < 2; ++e) {
           const int kj = c0 + 8 * j + e;

@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "pagoda/kernels/cuda/fast_div.h"
+
 #if defined(__CUDACC__)
 #define PAGODA_MASK_HD __host__ __device__ __forceinline__
 #define PAGODA_MASK_UNROLL _Pragma("unroll")
@@ -44,19 +46,19 @@ struct MaskInfo {
   }
 };
 
-/// For packed row pr (query token pr / G; no row when pr >= rows) and the keys c0 + 8j + e of one
-/// lane (j < kNT, e < 2; c0 >= 0), calls hide(j, e) for every key the row does not see or that
-/// is at or past hi (hi <= kv_len). Without a custom mask the keys it sees are one interval
-/// [window start, min(hi, causal limit)), so a key costs two compares with constant offsets; a
-/// custom mask's bits for the lane's keys are bits sh + e of the byte pairs (j, j + 1) of the
-/// kNT + 1 bytes from bit p0 = qi * kv_len + c0 on (sh = p0 & 7). Byte k is read only when it
-/// holds a key below the interval's end (offset max(8k - sh, 0)): such a key is a bit of the
+/// For packed row pr (query token pr / G, G an int or a FastDiv; no row when pr >= rows) and the
+/// keys c0 + 8j + e of one lane (j < kNT, e < 2; c0 >= 0), calls hide(j, e) for every key the row
+/// does not see or that is at or past hi (hi <= kv_len). Without a custom mask the keys it sees are
+/// one interval [window start, min(hi, causal limit)), so a key costs two compares with constant
+/// offsets; a custom mask's bits for the lane's keys are bits sh + e of the byte pairs (j, j + 1)
+/// of the kNT + 1 bytes from bit p0 = qi * kv_len + c0 on (sh = p0 & 7). Byte k is read only when
+/// it holds a key below the interval's end (offset max(8k - sh, 0)): such a key is a bit of the
 /// request's mask (qi < qo_len, key < kv_len), so no read leaves the request's mask bytes, also
 /// for rows past `rows` (none is read).
-template <int kNT, typename Hide>
-PAGODA_MASK_HD void hide_row_keys(const MaskInfo& mk, int pr, int G, int c0, int hi, int rows,
-                                  Hide&& hide) {
-  const int tok = pr / G;
+template <int kNT, typename GDiv, typename Hide>
+PAGODA_MASK_HD void hide_row_keys(const MaskInfo& mk, int pr, const GDiv& G, int c0, int hi,
+                                  int rows, Hide&& hide) {
+  const int tok = div_by(pr, G);
   const int qpos = mk.kv_len - mk.qo_len + tok;
 #if !defined(__CUDA_ARCH__)
   using std::min;  // the device pass takes CUDA's min(int, int)

@@ -5,6 +5,7 @@
 /// layout both instructions produce: s[j][2h + e] is row lane/4 + 8h, column 8j + 2(lane%4) + e.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/fast_div.h"
 
 namespace pagoda::kernels::cuda::detail {
 
@@ -18,16 +19,17 @@ struct PrefillWork {
   MaskInfo mask;
 };
 
-__device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int item,
-                                                    int tile_rows, int tile_keys) {
+/// G: the group size num_qo_heads / num_kv_heads, as an int or a FastDiv (fast_div.h).
+template <typename GDiv>
+__device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int item, int tile_rows,
+                                                    int tile_keys, const GDiv& G) {
   const DevicePlan& plan = a.plan;
   PrefillWork w;
-  const int G = a.num_qo_heads / a.num_kv_heads;
   w.b = plan.item_req[item];
   w.r0 = plan.item_a[item] * tile_rows;
   w.q_begin = plan.qo_indptr[w.b];
   const int qo_len = plan.qo_indptr[w.b + 1] - w.q_begin;
-  w.rows = qo_len * G;
+  w.rows = qo_len * divisor(G);
   const int kv_len = kv_len_of(plan, w.b, a.page_size);
   w.mask.qo_len = qo_len;
   w.mask.kv_len = kv_len;
@@ -35,8 +37,8 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   w.mask.causal = a.causal;
   w.mask.window = a.window_left;
   w.qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
-  const int t_first = w.r0 / G;
-  const int t_last = (min(w.r0 + tile_rows, w.rows) - 1) / G;
+  const int t_first = div_by(w.r0, G);
+  const int t_last = div_by(min(w.r0 + tile_rows, w.rows) - 1, G);
   w.hi = kv_len;
   if (w.mask.bits == nullptr && w.mask.causal) w.hi = min(kv_len, w.qoff + t_last + 1);
   if (w.mask.window >= 0) w.lo = max(0, w.qoff + t_first - w.mask.window);
@@ -50,6 +52,10 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   }
   w.ntiles = w.hi > w.lo ? (w.hi - w.lo + tile_keys - 1) / tile_keys : 0;
   return w;
+}
+__device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int item, int tile_rows,
+                                                    int tile_keys) {
+  return prefill_work(a, item, tile_rows, tile_keys, a.num_qo_heads / a.num_kv_heads);
 }
 
 /// Leading key tiles of [lo, hi) (tiles of tile_keys keys from lo) inside the columns every row
@@ -73,9 +79,9 @@ __device__ __forceinline__ int mask_free_tiles(const DevicePlan& plan, const Mas
 /// kInterval = false keeps the per-logit test: the mma.sync kernel uses it, since with the
 /// interval path its sm_90a instantiations (fp8 KV at D 128) spilled 76 bytes instead of 16
 /// (ptxas; its sm_80 ones spilled less, not measured on a GPU).
-template <bool kInterval, int kNT>
-__device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, int kb0, int hi,
-                                          int rows, const MaskInfo& mk, int lane) {
+template <bool kInterval, int kNT, typename GDiv>
+__device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, const GDiv& G, int kb0,
+                                          int hi, int rows, const MaskInfo& mk, int lane) {
   if constexpr (kInterval) {
     const int c0 = kb0 + (lane % 4) * 2;  // key of s[0][2h]; s[j][2h + e] holds key c0 + 8j + e
 #pragma unroll
@@ -87,7 +93,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, int G, in
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int pr = pr0 + lane / 4 + h * 8;
-      const int tok = pr / G;
+      const int tok = div_by(pr, G);
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
 #pragma unroll
@@ -206,11 +212,12 @@ __device__ __forceinline__ void p_fragment(uint32_t (&pa)[4], const float (&s)[k
 
 /// Writes the rows of one 16-row output tile (packed rows pr0 + lane/4 + 8h) with the sink
 /// folded in and the LSE when asked. Warp-collective (the l sums are reduced over each quad).
-template <typename T, int kDT>
+/// G: the group size, as an int or a FastDiv (fast_div.h); the overload without it divides.
+template <typename T, int kDT, typename GDiv>
 __device__ __forceinline__ void store_tile(const AttentionArgs& a, const PrefillWork& w, int hkv,
                                            int pr0, const float (&m)[2], const float (&l)[2],
-                                           const float (&o)[kDT][4], int lane) {
-  const int G = a.num_qo_heads / a.num_kv_heads;
+                                           const float (&o)[kDT][4], int lane, const GDiv& gdiv) {
+  const int G = divisor(gdiv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float lsum = l[h];
@@ -218,11 +225,11 @@ __device__ __forceinline__ void store_tile(const AttentionArgs& a, const Prefill
     lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
     const int pr = pr0 + lane / 4 + h * 8;
     if (pr >= w.rows) continue;
-    const int head = hkv * G + pr % G;
+    const int head = hkv * G + mod_by(pr, gdiv);
     if (w.partial >= 0) {  // split-KV: (O / l, lse) without the sink, for the merge kernel
       const bool empty = m[h] == neg_inf() || lsum <= 0.f;
       const float f = empty ? 0.f : a.v_scale / lsum;
-      const size_t base = size_t(w.partial + (pr / G) * w.nchunks) * a.num_qo_heads + head;
+      const size_t base = size_t(w.partial + div_by(pr, gdiv) * w.nchunks) * a.num_qo_heads + head;
       float* po = a.partial_o + base * a.head_dim_v;
 #pragma unroll
       for (int d = 0; d < kDT; ++d) {
@@ -232,7 +239,7 @@ __device__ __forceinline__ void store_tile(const AttentionArgs& a, const Prefill
       if (lane % 4 == 0) a.partial_lse[base] = empty ? neg_inf() : m[h] + log2f(lsum);
       continue;
     }
-    const int tok = w.q_begin + pr / G;
+    const int tok = w.q_begin + div_by(pr, gdiv);
     float lse;
     const float f = finalize_state(m[h], lsum, a.sinks, head, a.v_scale, lse);
     T* op = static_cast<T*>(a.out) + tok * a.o_stride_n + head * a.o_stride_h;
@@ -245,6 +252,12 @@ __device__ __forceinline__ void store_tile(const AttentionArgs& a, const Prefill
       a.lse[tok * a.lse_stride_n + head * a.lse_stride_h] = lse;
     }
   }
+}
+template <typename T, int kDT>
+__device__ __forceinline__ void store_tile(const AttentionArgs& a, const PrefillWork& w, int hkv,
+                                           int pr0, const float (&m)[2], const float (&l)[2],
+                                           const float (&o)[kDT][4], int lane) {
+  store_tile<T, kDT>(a, w, hkv, pr0, m, l, o, lane, a.num_qo_heads / a.num_kv_heads);
 }
 
 }  // namespace pagoda::kernels::cuda::detail
