@@ -47,6 +47,15 @@ def find_tool(name: str) -> str | None:
     return None
 
 
+def compile_entry(compile_commands: str, source: str) -> dict:
+    """The compile_commands.json entry of the file whose path ends with /source (exits if none)."""
+    with open(compile_commands) as f:
+        entries = [e for e in json.load(f) if e["file"].endswith("/" + source)]
+    if not entries:
+        sys.exit(f"{source} is not in {compile_commands}")
+    return entries[0]
+
+
 def compile_cubin(cmd: list[str], cwd: str, out: str) -> None:
     run = subprocess.run(cmd + ["-cubin", "-o", out], capture_output=True, text=True, cwd=cwd)
     if run.returncode != 0:
@@ -104,11 +113,7 @@ def main() -> int:
     if not cuobjdump:
         sys.exit("no cuobjdump: install the CUDA toolkit's, set CUOBJDUMP, or run "
                  "scripts/sass_tools.sh fetch")
-    with open(a.compile_commands) as f:
-        entries = [e for e in json.load(f) if e["file"].endswith("/" + a.source)]
-    if not entries:
-        sys.exit(f"{a.source} is not in {a.compile_commands}")
-    entry = entries[0]
+    entry = compile_entry(a.compile_commands, a.source)
     cmd = nvcc_command(entry, a.arch)
     with tempfile.TemporaryDirectory() as tmp:
         base_root, worktree = a.base_tree, None
