@@ -11,7 +11,8 @@ the function whose opcode sequence equals the export's is taken; none equal: exi
 compiled code is not the profiled code). Prints:
   * per class of instructions executed the same number of times (once per tile, per unit, per
     launch and per warp ...; --classes N, the N with most samples): its shares of the stall
-    samples and of the executed warp instructions, its static size, and its source lines;
+    samples and of the executed warp instructions, its static size, and its source lines (most
+    samples first; --lines N of them);
   * --grep REGEX: the share of samples and of executed instructions on the lines whose source
     text matches (e.g. a division: '/ G\\b|% G\\b').
 A line is named by its innermost file:line (a helper's line when inlined) and the kernel-body
@@ -150,7 +151,7 @@ def report(rows: list[dict], ins: list, src: Sources, classes: int, nlines: int,
             key = (chain[0], chain[-1]) if chain else ()
             per[key][0] += 1
             per[key][1] += r["samples"]
-        for key, (n, s2) in sorted(per.items(), key=lambda kv: -kv[1][0])[:nlines]:
+        for key, (n, s2) in sorted(per.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:nlines]:
             out.append(f"  {n:5} ins {100 * s2 / samples:5.2f} %  {label(key, src)}")
     if grep:
         rx = re.compile(grep)
