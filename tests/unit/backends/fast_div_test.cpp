@@ -53,7 +53,8 @@ TEST(FastDiv, AroundMultiplesAndPowersOfTwo) {
   divisors.push_back(kMaxInt);
   for (const int d : divisors) {
     const FastDiv f = FastDiv::make(d);
-    std::vector<int64_t> xs = {0, 1, 2, d - 1, d, d + 1, kMaxInt - 1, kMaxInt};
+    const int64_t dd = d;  // d + 1 overflows an int at d = 2^31 - 1
+    std::vector<int64_t> xs = {0, 1, 2, dd - 1, dd, dd + 1, kMaxInt - 1, kMaxInt};
     for (int k = 1; k <= 31; ++k) {
       for (int e = -1; e <= 1; ++e) xs.push_back((int64_t(1) << k) + e);
     }
