@@ -116,7 +116,10 @@ class Sources:
             for d, _, names in os.walk(os.path.join(self.root, "src")):
                 if base in names:
                     found.append(os.path.join(d, base))
-            self.files[base] = open(found[0]).read().split("\n") if found else []
+            self.files[base] = []
+            if found:
+                with open(found[0]) as f:
+                    self.files[base] = f.read().split("\n")
         lines = self.files[base]
         return lines[line - 1].strip() if 0 < line <= len(lines) else ""
 
@@ -126,7 +129,7 @@ def label(chain: tuple, src: Sources) -> str:
         return "(no line)"
     inner = chain[0]
     where = f"{inner[0]}:{inner[1]}"
-    if len(chain) > 1:
+    if len(chain) > 1 and chain[-1] != inner:
         where += f" @ {chain[-1][0]}:{chain[-1][1]}"
     return f"{where}  {src.text(*inner)[:72]}"
 
