@@ -1,8 +1,8 @@
 /// FastDiv (kernels/cuda/fast_div.h), the launch-constant divider the sm90 prefill kernel's
 /// schedule and row packing use, against the host's / and %: every dividend below 2^20 for the
-/// divisors 1..72 (every GQA group size and head count a model has), the dividends around every
-/// multiple and power of two up to 2^31 - 1 for the divisors 1..4096, and random dividends for
-/// random divisors up to 2^31 - 1. Header-only code: no GPU, no CUDA toolkit. Seed printed;
+/// divisors 1..72 (the GQA group sizes and kv head counts of common models), the dividends around
+/// every multiple and power of two up to 2^31 - 1 for the divisors 1..4096, and random dividends
+/// for random divisors up to 2^31 - 1. Header-only code: no GPU, no CUDA toolkit. Seed printed;
 /// PAGODA_TEST_SEED overrides it.
 
 #include <gtest/gtest.h>
