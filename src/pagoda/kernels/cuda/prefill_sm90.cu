@@ -95,6 +95,10 @@ void out_map(detail::Sm90KvMaps& m, const AttentionArgs& a, bool wanted) {
 
 cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_items == 0) return cudaSuccess;
+  // FastDiv::make needs divisors >= 1 (the backend has checked the head counts already).
+  if (args.num_kv_heads < 1 || args.num_qo_heads < args.num_kv_heads || args.page_size < 1) {
+    return cudaErrorInvalidValue;
+  }
   cudaError_t st = cudaErrorNotSupported;
   // Persistent grid: one block per SM at most, each running a sequence of (item, kv head)
   // units. Read per call so a test or benchmark can A/B in one process:
@@ -108,7 +112,12 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   const int cap = env_knob("PAGODA_SM90_BLOCKS", 0);
   if (cap > 0) blocks = std::min(blocks, cap);
   blocks = static_cast<int>(std::min<int64_t>(blocks, units));
-  const int order = env_knob("PAGODA_SM90_ORDER", 1) == 0 ? detail::kHeadMajor : detail::kItemSnake;
+  detail::Sm90Sched sched;
+  sched.order = env_knob("PAGODA_SM90_ORDER", 1) == 0 ? detail::kHeadMajor : detail::kItemSnake;
+  sched.g = detail::FastDiv::make(args.num_qo_heads / args.num_kv_heads);
+  sched.hkv = detail::FastDiv::make(args.num_kv_heads);
+  sched.items = detail::FastDiv::make(args.grid_items);
+  sched.page = detail::FastDiv::make(args.page_size);
   // Ping-pong consumers (kPingPong) by default at DQK >= 128, where they measured 1-8 % faster on
   // the H200 (bench/results/hopper_h200.md; 9-11 % at DQK 192 / DV 128); at D = 64 they cost
   // 3 %. PAGODA_SM90_PINGPONG=0 / 1 overrides.
@@ -134,7 +143,7 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
     out_map(maps, args, overlap && kCanOverlap && DQK == DV);
     st = launch_pdl(kernel, dim3(blocks), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
                     detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale),
-                    order, maps);
+                    sched, maps);
   };
   dispatch_sm90(args.q_dtype, args.head_dim_qk, args.head_dim_v, launch);
   return st;

@@ -202,29 +202,43 @@ struct PrefillSm90Config {
 ///    bench/results/hopper_h200.md, 2026-12-04 seventh session).
 enum Sm90Order : int { kHeadMajor = 0, kItemSnake = 1 };
 
+/// What the schedule, the row packing and the page lookups divide by, fixed per launch (the
+/// launcher fills it): the unit order (Sm90Order), and as FastDivs (fast_div.h) the group size
+/// G = num_qo_heads / num_kv_heads, the kv head count, the plan's grid_items and the page size.
+/// A runtime int division is ~30 instructions. In 5d0d4df's D 128 overlap kernel at B16 S1024
+/// (ncu's per-instruction counts of one launch on the H200, mapped to source lines with
+/// nvdisasm -gi on this machine) 29 division sequences ran 335,232 times per launch, 8.0 % of all
+/// warp instructions and of the stall samples: a consumer warp divided by G or the kv head
+/// count six times per unit, a producer warp four times per unit and by the page size once per
+/// tile.
+struct Sm90Sched {
+  int order = kItemSnake;
+  FastDiv g, hkv, items, page;
+};
+
 /// Work item and kv head of round r of this block; false past the block's last unit. Items at
 /// or past plan.counts[1] (a graph's spare capacity) come back with item >= counts[1].
-__device__ __forceinline__ bool sm90_unit(const AttentionArgs& a, int order, int r, int& item,
-                                          int& hkv) {
+__device__ __forceinline__ bool sm90_unit(const AttentionArgs& a, const Sm90Sched& sc, int r,
+                                          int& item, int& hkv) {
   const int g = gridDim.x, k = blockIdx.x;
   const int units = a.grid_items * a.num_kv_heads;
-  const int u = r * g + (order == kItemSnake && (r & 1) ? g - 1 - k : k);
+  const int u = r * g + (sc.order == kItemSnake && (r & 1) ? g - 1 - k : k);
   if (u >= units) return false;
-  if (order == kItemSnake) {
-    item = u / a.num_kv_heads;
-    hkv = u % a.num_kv_heads;
+  if (sc.order == kItemSnake) {
+    item = sc.hkv.div(u);
+    hkv = u - item * a.num_kv_heads;
   } else {
-    item = u % a.grid_items;
-    hkv = u / a.grid_items;
+    hkv = sc.items.div(u);
+    item = u - hkv * a.grid_items;
   }
   return true;
 }
 
 /// The next live unit at or after round r (r advances to it); false when the block is done.
-__device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, int order, int& r, int& item,
-                                               int& hkv) {
+__device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, const Sm90Sched& sc, int& r,
+                                               int& item, int& hkv) {
   for (;; ++r) {
-    if (!sm90_unit(a, order, r, item, hkv)) return false;
+    if (!sm90_unit(a, sc, r, item, hkv)) return false;
     if (item < a.plan.counts[1]) return true;
   }
 }
@@ -242,7 +256,8 @@ static_assert(sizeof(Sm90UnitRec) <= 128, "record slot is 128 bytes");
 /// on by a fixed number of rows given as (rows / G, rows % G), without a division.
 struct PackedRow {
   int tok, head;
-  __device__ __forceinline__ PackedRow(int pr, int G) : tok(pr / G), head(pr - tok * G) {}
+  __device__ __forceinline__ PackedRow(int pr, const FastDiv& G)
+      : tok(G.div(pr)), head(pr - tok * G.d) {}
   __device__ __forceinline__ void step(int dtok, int dhead, int G) {
     tok += dtok;
     head += dhead;
@@ -270,12 +285,12 @@ __device__ __forceinline__ bool store_tile_staged(const AttentionArgs& a, const 
                                                   int hkv, int g0, int warp, int lane,
                                                   const float (&m)[2], const float (&l)[2],
                                                   const float (&o)[kDT][4], uint32_t stage, int bar,
-                                                  const CUtensorMap* omap) {
-  const int G = a.num_qo_heads / a.num_kv_heads;
+                                                  const CUtensorMap* omap, const FastDiv& gdiv) {
+  const int G = gdiv.d;
   float f[2];
   // Row h of this lane is packed row pr0 + 8 h: its (token, head) from one division, stepped.
   const int pr0 = g0 + warp * 16 + lane / 4;
-  PackedRow lrow(pr0, G);
+  PackedRow lrow(pr0, gdiv);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float lsum = l[h];
@@ -290,7 +305,7 @@ __device__ __forceinline__ bool store_tile_staged(const AttentionArgs& a, const 
         a.lse[(w.q_begin + lrow.tok) * a.lse_stride_n + head * a.lse_stride_h] = lse;
       }
     }
-    lrow.step(8 / G, 8 % G, G);
+    lrow.step(gdiv.div(8), gdiv.mod(8), G);
   }
   // The accumulator fragment of one n-tile and row half is an 8 x 8 matrix in stmatrix's
   // layout: one stmatrix.x4 per n-tile pair stores (d, rows 0-7), (d, 8-15), (d + 1, 0-7) and
@@ -315,7 +330,7 @@ __device__ __forceinline__ bool store_tile_staged(const AttentionArgs& a, const 
     if (warp == 0 && lane == 0) {
 #pragma unroll
       for (int at = 0; at < kDT / 8; ++at) {
-        tma_store_3d(omap, stage + at * kAtomStride, at * 64, hkv * G, w.q_begin + g0 / G);
+        tma_store_3d(omap, stage + at * kAtomStride, at * 64, hkv * G, w.q_begin + gdiv.div(g0));
       }
       tma_store_commit();
     }
@@ -329,8 +344,8 @@ __device__ __forceinline__ bool store_tile_staged(const AttentionArgs& a, const 
   const int t128 = warp * 32 + lane;
   const int c = t128 % kChunks;
   int pr = g0 + t128 / kChunks;
-  PackedRow row(pr, G);
-  const int step_tok = kRowStep / G, step_head = kRowStep % G;
+  PackedRow row(pr, gdiv);
+  const int step_tok = gdiv.div(kRowStep), step_head = gdiv.mod(kRowStep);
 #pragma unroll
   for (int j = 0; j < 64 / kRowStep; ++j) {
     if (pr < w.rows) {
@@ -373,7 +388,7 @@ __host__ __device__ __forceinline__ bool out_rows_aligned16(const AttentionArgs&
 
 template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked>
 __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
-    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, int order,
+    prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, const Sm90Sched sched,
                         const __grid_constant__ Sm90KvMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
@@ -423,7 +438,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(recs) + Cfg::kRecBytes);
 
   const DevicePlan& plan = a.plan;
-  const int G = a.num_qo_heads / a.num_kv_heads;
+  const FastDiv& gdiv = sched.g;
+  const int G = gdiv.d;
 
   const int tid = threadIdx.x;
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform to the compiler
@@ -449,10 +465,10 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // column of the rows row0 + t128 / 8 + 16 j (j < nj); the row's token and head step by 16
   // packed rows without a division.
   const int q_c8 = t128 % 8, q_rs = t128 / 8;
-  const int g16_tok = 16 / G, g16_head = 16 % G;
+  const int g16_tok = gdiv.div(16), g16_head = gdiv.mod(16);
   auto load_q = [&](const PrefillWork& w, int q_hkv, uint32_t q_buf, int row0, int nj) {
     int pr = w.r0 + row0 + q_rs;
-    PackedRow row(pr, G);
+    PackedRow row(pr, gdiv);
     const T* q0 = static_cast<const T*>(a.q) + q_c8 * 8;
 #pragma unroll
     for (int j = 0; j < nj; ++j) {
@@ -476,6 +492,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     // ================= producer =================
     reg_dealloc<Cfg::kProducerRegs>();
     const int ps = a.page_size;
+    const FastDiv& pdiv = sched.page;  // ps, for the page lookups
     // Each warp copies a quarter of the tile's rows, kGroups groups of 4; lane j < kWarpRows looks
     // up the page of its warp's row j (group j / 4, row j % 4 of it). A copy instruction covers
     // one group x one 128-byte atom column (8 lanes per row, lane % 8 = the 16-byte chunk): per
@@ -520,8 +537,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       mbar_arrive(&rec_full[slot]);  // release: the consumers' wait acquires the record
     };
     int item = 0, hkv = 0;
-    for (int r = 0; sm90_next_unit(a, order, r, item, hkv); ++r, ++ku) {
-      const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys);
+    for (int r = 0; sm90_next_unit(a, sched, r, item, hkv); ++r, ++ku) {
+      const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys, gdiv);
       const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
       publish(work, item, hkv, mask_free_tiles(plan, work.mask, work.b, lo, hi, kKeys));
       const int32_t* pages = plan.kv_indices + plan.kv_indptr[work.b];
@@ -538,7 +555,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         // in flight while this one is issued).
         auto box_page = [&](int tile) -> int {
           const int kj = lo + tile * kKeys + lane * box;
-          return pw == 0 && tile < ntma && lane * box < kKeys ? __ldg(pages + kj / ps) : 0;
+          return pw == 0 && tile < ntma && lane * box < kKeys ? __ldg(pages + pdiv.div(kj)) : 0;
         };
         // Lane 0 of warp 0 arrives on `full` with the stage's byte count and issues one box per
         // page (or per tile when the page is larger) and atom column of K and V; lane 0 of each
@@ -554,7 +571,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           if (pw == 0) {
             const uint32_t kdst = k_addr + s * kKStride;
             if (lane == 0) mbar_arrive_expect_tx(&full_k[s], Cfg::kStageBytes);
-            const int t = box < ps ? (lo + i * kKeys) % ps : 0;
+            const int t = box < ps ? pdiv.mod(lo + i * kKeys) : 0;
             for (int j = 0; j * box < kKeys; ++j) {
               const int pg = __shfl_sync(0xffffffffu, page, j);
               if (lane == 0) {
@@ -583,7 +600,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
-        return looks_up && tile < ntiles && kj < hi ? __ldg(pages + kj / ps) : -1;
+        return looks_up && tile < ntiles && kj < hi ? __ldg(pages + pdiv.div(kj)) : -1;
       };
       int page_next = lookup(i);
       // This warp's rows of one K or V tile into shared memory at dst, then a commit: per 4-row
@@ -631,7 +648,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         // before the next unit's lookups start.
         for (; i < ntiles; ++i, ++it) {
           const int page = page_next;
-          const int64_t o = (lo + i * kKeys + my_row) % ps;
+          const int64_t o = pdiv.mod(lo + i * kKeys + my_row);
           const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
           const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
           page_next = lookup(i + 1);  // in flight while this tile is issued
@@ -656,7 +673,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         for (; i < ntiles; ++i, ++it) {
           const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
           const int page = page_next;
-          const int64_t o = (lo + i * kKeys + my_row) % ps;
+          const int64_t o = pdiv.mod(lo + i * kKeys + my_row);
           const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
           const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
           page_next = lookup(i + 1);  // in flight while this tile is issued
@@ -740,7 +757,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     rec_wait(0);
     if (recs[0].item >= 0) load_q_own(recs[0].work, recs[0].hkv);
   } else {
-    sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+    sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
     if (!kOverlap && sched_live) load_q_plan(sched_item, sched_hkv);
   }
 
@@ -810,10 +827,11 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     if (kOverlap && DQK == DV && ew.partial < 0 && o_aligned) {
       tma = store_tile_staged<T, kDT, Cfg::kRows * 128>(
           a, ew, e_hkv, ew.r0 + cw * 64, warp, lane, mm, ll, o,
-          q_addr + slot * Cfg::kQBytes + cw * 64 * 128, 3 + cw, maps.o_ok ? &maps.o : nullptr);
+          q_addr + slot * Cfg::kQBytes + cw * 64 * 128, 3 + cw, maps.o_ok ? &maps.o : nullptr,
+          gdiv);
       fence_proxy_async();  // the staging's accesses, before the producer refills the buffer
     } else {
-      store_tile<T>(a, ew, e_hkv, ew.r0 + cw * 64 + warp * 16, mm, ll, o, lane);
+      store_tile<T>(a, ew, e_hkv, ew.r0 + cw * 64 + warp * 16, mm, ll, o, lane, gdiv);
     }
     if constexpr (kOverlap) {
       if (tma) {
@@ -858,7 +876,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       mbar_arrive(&rec_empty[ku & 1]);
     } else {
       if (!sched_live) break;
-      work = prefill_work(a, sched_item, Cfg::kRows, kKeys);
+      work = prefill_work(a, sched_item, Cfg::kRows, kKeys, gdiv);
       hkv = sched_hkv;
       nfree = mask_free_tiles(plan, work.mask, work.b, work.lo, work.hi, kKeys);
     }
@@ -872,9 +890,9 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         // No keys: its rows store l = 0 at once; the pipeline (a pending P V GEMM and
         // epilogue, the rings) goes on to the next unit with tiles.
         float zo[kDT][4] = {}, zm[2] = {neg_inf(), neg_inf()}, zl[2] = {0.f, 0.f};
-        store_tile<T>(a, work, hkv, wr0, zm, zl, zo, lane);
+        store_tile<T>(a, work, hkv, wr0, zm, zl, zo, lane, gdiv);
         ++sched_r;
-        sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+        sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
         continue;
       }
       em[0] = m[0];  // the previous unit's state, for its epilogue in this unit's first turn
@@ -893,14 +911,14 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
 
     // Keys this warpgroup can see at all.
     const bool wg_rows = g0 < rows;
-    const int gt_first = g0 / G;
-    const int gt_last = (min(g0 + 64, rows) - 1) / G;
+    const int gt_first = gdiv.div(g0);
+    const int gt_last = div_by(min(g0 + 64, rows) - 1, gdiv);
     int ghi = hi, glo = lo;
     if (mask.bits == nullptr && mask.causal) ghi = min(hi, qoff + gt_last + 1);
     if (mask.window >= 0) glo = max(lo, qoff + gt_first - mask.window);
     // This warp's rows (for the per-warp full-tile test).
-    const int wt_first = wr0 / G;
-    const int wt_last = (max(min(wr0 + 16, rows), wr0 + 1) - 1) / G;
+    const int wt_first = gdiv.div(wr0);
+    const int wt_last = gdiv.div(max(min(wr0 + 16, rows), wr0 + 1) - 1);
     const bool capped = xf.cap > 0.f;
     const float scale = capped ? 1.f : xf.scale_log2;
 
@@ -943,7 +961,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
       }
-      if (!full_tile) mask_tile<true>(sc, wr0, G, kb0, hi, rows, mk, lane);
+      if (!full_tile) mask_tile<true>(sc, wr0, gdiv, kb0, hi, rows, mk, lane);
       if (deferred) return softmax_tile_deferred(sc, m, l, scale, alpha);
       softmax_tile(sc, m, l, o, scale);
       return false;
@@ -1038,7 +1056,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       }
       release_q();  // a unit of one tile; before the next unit's first turn waits for its Q
       ++sched_r;
-      sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+      sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
       it += ntiles;
       ++qk;
       ew = work;
@@ -1085,7 +1103,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       }
     } else {
       ++sched_r;
-      sched_live = sm90_next_unit(a, order, sched_r, sched_item, sched_hkv);
+      sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
       if (!kOverlap && sched_live) {
         named_bar_sync(3 + cw, 128);
         load_q_plan(sched_item, sched_hkv);
@@ -1093,7 +1111,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     }
 
     // ---- epilogue ----
-    store_tile<T>(a, work, hkv, wr0, m, l, o, lane);
+    store_tile<T>(a, work, hkv, wr0, m, l, o, lane, gdiv);
   }
   if constexpr (kOverlap) drain();
   if constexpr (kPingPong) {
