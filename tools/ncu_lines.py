@@ -22,6 +22,7 @@ usage: ncu_lines.py EXPORT compile_commands.json SOURCE [--rev REV] [--arch sm_9
                     [--classes 8] [--lines 12] [--grep REGEX]
 nvdisasm: the CUDA toolkit's, $NVDISASM, or scripts/sass_tools.sh fetch (.sass-tools/bin)."""
 import argparse
+import contextlib
 import collections
 import csv
 import gzip
@@ -33,7 +34,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from check_sm90_ptxas import nvcc_command  # noqa: E402
-from sass_diff import ROOT, compile_cubin, compile_entry, find_tool  # noqa: E402
+from sass_diff import ROOT, compile_cubin, compile_entry, find_tool, rev_tree  # noqa: E402
 
 
 def opcode(ins: str) -> str:
@@ -189,31 +190,23 @@ def main() -> int:
     cmd = nvcc_command(entry, a.arch)
     if "-lineinfo" not in cmd:
         cmd.append("-lineinfo")
-    with tempfile.TemporaryDirectory() as tmp:
-        root, worktree = ROOT, None
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        root = ROOT
         if a.rev:
-            worktree = os.path.join(tmp, "rev")
-            subprocess.run(["git", "-C", ROOT, "worktree", "add", "-q", "--detach", worktree,
-                            a.rev], check=True)
-            root = worktree
+            root = stack.enter_context(rev_tree(a.rev, tmp))
             cmd = [x.replace(ROOT + "/", root + "/") for x in cmd]
-        try:
-            cubin = os.path.join(tmp, "k.cubin")
-            compile_cubin(cmd, entry["directory"], cubin)
-            run = subprocess.run([nvdisasm, "-gi", cubin], capture_output=True, text=True)
-            if run.returncode != 0:
-                sys.exit(f"nvdisasm failed: {run.stderr.strip()}")
-            found = match_function(parse_listing(run.stdout), rows)
-            if found is None:
-                print(f"no function of {a.source} at {a.rev or 'the working tree'} has the "
-                      f"export's {len(rows)} opcodes ({name[:100]})")
-                return 1
-            print(f"{found[0]}\n(matched {len(rows)} instructions; {name[:120]})")
-            print(report(rows, found[1], Sources(root), a.classes, a.lines, a.grep))
-        finally:
-            if worktree:
-                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", worktree],
-                               check=False)
+        cubin = os.path.join(tmp, "k.cubin")
+        compile_cubin(cmd, entry["directory"], cubin)
+        run = subprocess.run([nvdisasm, "-gi", cubin], capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"nvdisasm failed: {run.stderr.strip()}")
+        found = match_function(parse_listing(run.stdout), rows)
+        if found is None:
+            print(f"no function of {a.source} at {a.rev or 'the working tree'} has the "
+                  f"export's {len(rows)} opcodes ({name[:100]})")
+            return 1
+        print(f"{found[0]}\n(matched {len(rows)} instructions; {name[:120]})")
+        print(report(rows, found[1], Sources(root), a.classes, a.lines, a.grep))
     return 0
 
 

@@ -21,6 +21,7 @@ Usage: sass_diff.py <compile_commands.json> <source path suffix> (--base REV | -
 Exit 1 on a failed compile or a missing tool; with --expect-identical also when any kernel
 differs (after --loose, if given) or is on one side only."""
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -45,6 +46,18 @@ def find_tool(name: str) -> str | None:
         if d and os.access(p, os.X_OK):
             return p
     return None
+
+
+@contextlib.contextmanager
+def rev_tree(rev: str, tmp: str):
+    """A temporary git worktree of this checkout at rev under tmp (removed on exit); yields its
+    path."""
+    path = os.path.join(tmp, "rev")
+    subprocess.run(["git", "-C", ROOT, "worktree", "add", "-q", "--detach", path, rev], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", path], check=False)
 
 
 def compile_entry(compile_commands: str, source: str) -> dict:
@@ -115,24 +128,14 @@ def main() -> int:
                  "scripts/sass_tools.sh fetch")
     entry = compile_entry(a.compile_commands, a.source)
     cmd = nvcc_command(entry, a.arch)
-    with tempfile.TemporaryDirectory() as tmp:
-        base_root, worktree = a.base_tree, None
-        if a.base:
-            worktree = os.path.join(tmp, "base")
-            subprocess.run(["git", "-C", ROOT, "worktree", "add", "-q", "--detach", worktree,
-                            a.base], check=True)
-            base_root = worktree
-        try:
-            base_root = os.path.abspath(base_root)
-            base_cmd = [x.replace(ROOT + "/", base_root + "/") for x in cmd]
-            compile_cubin(cmd, entry["directory"], os.path.join(tmp, "head.cubin"))
-            compile_cubin(base_cmd, entry["directory"], os.path.join(tmp, "base.cubin"))
-            head = kernels(cuobjdump, os.path.join(tmp, "head.cubin"), a.loose)
-            base = kernels(cuobjdump, os.path.join(tmp, "base.cubin"), a.loose)
-        finally:
-            if worktree:
-                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", worktree],
-                               check=False)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        base_root = stack.enter_context(rev_tree(a.base, tmp)) if a.base else a.base_tree
+        base_root = os.path.abspath(base_root)
+        base_cmd = [x.replace(ROOT + "/", base_root + "/") for x in cmd]
+        compile_cubin(cmd, entry["directory"], os.path.join(tmp, "head.cubin"))
+        compile_cubin(base_cmd, entry["directory"], os.path.join(tmp, "base.cubin"))
+        head = kernels(cuobjdump, os.path.join(tmp, "head.cubin"), a.loose)
+        base = kernels(cuobjdump, os.path.join(tmp, "base.cubin"), a.loose)
     bad = 0
     for name in sorted(set(head) | set(base)):
         if a.kernels and not re.search(a.kernels, name):
