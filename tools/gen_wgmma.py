@@ -7,8 +7,9 @@ Run: python3 tools/gen_wgmma.py > src/pagoda/kernels/cuda/wgmma_ops.cuh
 """
 
 TYPES = {"__nv_bfloat16": "bf16", "__half": "f16"}
-SS_N = [32, 64, 128]   # S = Q K^T: A (Q) and B (K) from shared memory, both K-major
+SS_N = [16, 32, 64, 128]   # S = Q K^T (16: the MLA decode's S^T = K Q^T): both K-major
 SST_N = [256]   # O += P V: A (P) K-major and B (V) MN-major (tnspB), both from shared memory
+SSTA_N = [16]   # O^T += V^T P^T (MLA decode, few heads): A (V) MN-major (tnspA), B (P) K-major
 RS_N = [64, 128, 256]   # O += P V: A (P) from registers, B (V) from shared memory, MN-major (tnspB)
 
 
@@ -20,33 +21,34 @@ def outs(n):
     return ", ".join(f'"+f"(d[{i}])' for i in range(n))
 
 
-def ss(ctype, ptx, n):
+def ss_form(name, ctype, ptx, n, trans_a, trans_b, accumulate):
+    """A wrapper with both operands in shared memory: `accumulate` adds the scale-d argument
+    (0 overwrites d), else d is always accumulated into; trans_a / trans_b: MN-major operands."""
     nd = n // 2
+    arg = ",\n                                                       int accumulate" if accumulate else ""
+    scale = "accumulate" if accumulate else "1"
     return f'''template <>
-__device__ __forceinline__ void wgmma_ss<{ctype}, {n}>(float (&d)[{nd}], uint64_t da, uint64_t db,
-                                                       int accumulate) {{
+__device__ __forceinline__ void {name}<{ctype}, {n}>(float (&d)[{nd}], uint64_t da, uint64_t db{arg}) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 2}, 0;\\n"
       "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-      "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+      "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p, 1, 1, {trans_a}, {trans_b};\\n}}\\n"
       : {outs(nd)}
-      : "l"(da), "l"(db), "r"(accumulate));
+      : "l"(da), "l"(db), "r"({scale}));
 }}
 '''
+
+
+def ss(ctype, ptx, n):
+    return ss_form("wgmma_ss", ctype, ptx, n, 0, 0, True)
 
 
 def sst(ctype, ptx, n):
-    nd = n // 2
-    return f'''template <>
-__device__ __forceinline__ void wgmma_ss_tb<{ctype}, {n}>(float (&d)[{nd}], uint64_t da, uint64_t db) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nd + 2}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "
-      "{{{regs(nd)}}}, %{nd}, %{nd + 1}, p, 1, 1, 0, 1;\\n}}\\n"
-      : {outs(nd)}
-      : "l"(da), "l"(db), "r"(1));
-}}
-'''
+    return ss_form("wgmma_ss_tb", ctype, ptx, n, 0, 1, False)
+
+
+def ssta(ctype, ptx, n):
+    return ss_form("wgmma_ss_ta", ctype, ptx, n, 1, 0, False)
 
 
 def rs(ctype, ptx, n):
@@ -71,6 +73,8 @@ print('''#pragma once
 ///   descriptors (both K-major); `accumulate` = 0 overwrites d (the first k step).
 /// wgmma_ss_tb<T, N>: d[N/2] += A · B for m64nNk16, A K-major and B MN-major (transpose bit),
 ///   both described by shared-memory matrix descriptors.
+/// wgmma_ss_ta<T, N>: d[N/2] += A · B for m64nNk16, A MN-major (transpose bit) and B K-major,
+///   both described by shared-memory matrix descriptors.
 /// wgmma_rs<T, N>: d[N/2] += A · B for m64nNk16, A in registers (the m16n8k16 A fragment of
 ///   each warp's 16 rows), B MN-major in shared memory (transpose bit set).
 /// Accumulator layout per warp w of the warpgroup: d[4j + 2h + e] is row 16w + lane/4 + 8h,
@@ -82,6 +86,8 @@ print('''#pragma once
 
 #include <cstdint>
 
+// Generated: the operand lists stay one line each.
+// clang-format off
 namespace pagoda::kernels::cuda::detail {
 
 template <typename T, int N>
@@ -89,6 +95,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t da, uint64_
                                          int accumulate);
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss_tb(float (&d)[N / 2], uint64_t da, uint64_t db);
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_ss_ta(float (&d)[N / 2], uint64_t da, uint64_t db);
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t db);
@@ -98,6 +106,9 @@ for ctype, ptx in TYPES.items():
         print(ss(ctype, ptx, n))
     for n in SST_N:
         print(sst(ctype, ptx, n))
+    for n in SSTA_N:
+        print(ssta(ctype, ptx, n))
     for n in RS_N:
         print(rs(ctype, ptx, n))
 print('}  // namespace pagoda::kernels::cuda::detail')
+print('// clang-format on')

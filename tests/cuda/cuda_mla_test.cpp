@@ -4,11 +4,13 @@
 /// ragged batches, permuted pages, NaN in every unused slot and page, NaN-poisoned outputs; page
 /// sizes 1/16/64, h_q 16/128 (and 48), bf16 and fp8 e4m3 latents, contexts up to 32k (split-KV
 /// chunks, thousands of pages); PAGODA_MLA_DECODE=0 (generic kernel) agrees with the new path.
-/// Bf16 latents run the Hopper wgmma kernel on sm_90 at every head count and page size
-/// (mla_decode_sm90_kernel.cuh); MlaDecode.HopperAndMmaSyncKernels checks that they do, and runs
-/// both kernels on 16/64/96/128 heads and the Hopper one on 48 (PAGODA_MLA_SM90=0 gives the
-/// mma.sync kernel); MlaDecode.HopperTmaPagesTailsAndRescales runs its TMA and cp.async copies
-/// and its lazy rescaling.
+/// Bf16 and fp8 latents run the Hopper wgmma kernel on sm_90 at every head count and page size
+/// (mla_decode_sm90_kernel.cuh; fp8 tiles widened to bf16 in place in shared memory);
+/// MlaDecode.HopperAndMmaSyncKernels checks that they do, and runs both kernels on 16/64/96/128
+/// heads (fp8 on 16/128) and the Hopper one on 48 (PAGODA_MLA_SM90=0 gives the mma.sync kernel);
+/// MlaDecode.HopperTmaPagesTailsAndRescales runs its TMA and cp.async copies and its lazy
+/// rescaling with both latent types; MlaDecode.HopperFewHeadsTransposed the transposed kernel
+/// that serves h_q <= 16 (PAGODA_MLA_SM90_SMALL=0 gives the 64-row one).
 /// Label "gpu".
 
 #include <gtest/gtest.h>
@@ -187,11 +189,11 @@ Cmp compare(const MlaRun& got, const MlaRun& want) {
   return c;
 }
 
-/// Runs p on the CUDA backend and checks it against the reference and the expected path.
-void check(const Problem& p, double tol, const char* want_path = "mla_decode") {
+/// Runs p (host data h) on the CUDA backend and checks it against the reference and the
+/// expected path.
+void check(const Problem& p, const HostData& h, double tol, const char* want_path = "mla_decode") {
   SCOPED_TRACE(testing::Message() << "seed " << p.seed << " page " << p.page_size << " hq " << p.hq
                                   << " kv " << dtype_name(p.kv_dtype));
-  const HostData h = make_host_data(p);
   const MlaRun got = run_cuda(p, h);
   const MlaRun want = reference_mla(p, h);
   const Cmp c = compare(got, want);
@@ -199,6 +201,26 @@ void check(const Problem& p, double tol, const char* want_path = "mla_decode") {
   EXPECT_TRUE(c.finite);
   EXPECT_LT(c.rel, tol);
   EXPECT_LT(c.lse, 1e-3);
+}
+void check(const Problem& p, double tol, const char* want_path = "mla_decode") {
+  check(p, make_host_data(p), tol, want_path);
+}
+
+/// "Spike" keys: keys first, first + step, ... of every request get their latent row scaled by 12
+/// (still finite in bf16 and e4m3: the latents are uniform in [-1, 1]). Their logits jump by far
+/// more than the lazy rescaling's threshold mid-chunk, so the running max moves (and O is
+/// rescaled) after tiles that did not move it.
+void add_spikes(const Problem& p, HostData& h, int first, int step) {
+  const int ps = p.page_size;
+  for (size_t b = 0; b < p.kv_lens.size(); ++b) {
+    for (int j = first; j < p.kv_lens[b]; j += step) {
+      const int64_t slot = int64_t(h.kv_indices[h.kv_indptr[b] + j / ps]) * ps + j % ps;
+      for (int e = 0; e < kDqk; ++e) {
+        const size_t at = size_t(slot) * kDqk + e;
+        write_from_f32(h.k.data(), p.kv_dtype, at, 12.f * read_as_f32(h.k.data(), p.kv_dtype, at));
+      }
+    }
+  }
 }
 
 /// Runs p with the MLA kernel and again with PAGODA_MLA_DECODE=0 (the generic kernel), expects
@@ -293,23 +315,35 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   if (hopper) {
     EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 64)
         << "the sm_90a image of the Hopper MLA kernel is missing";
-    // Below 64 heads too, at any page size.
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 64);
+    // Below 64 heads too, at any page size; at 16 heads and fewer its transposed form
+    // (mla_decode_sm90_small_kernel.cuh), unless PAGODA_MLA_SM90_SMALL=0.
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 16);
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 17), 64);
     EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 64);
+    setenv("PAGODA_MLA_SM90_SMALL", "0", 1);
+    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 64);
+    unsetenv("PAGODA_MLA_SM90_SMALL");
   }
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128), 32);
+  // fp8 latents: the Hopper kernel widens them in shared memory.
+  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128),
+            hopper ? 64 : 32);
   for (const char* sm90 : {"1", "0"}) {
     setenv("PAGODA_MLA_SM90", sm90, 1);
     if (std::strcmp(sm90, "0") == 0) {
       EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 32);
       EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 32);
+      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128), 32);
     }
     int i = 0;
     for (int hq : {16, 64, 96, 128}) {  // 16: 48 empty rows of the Hopper block; mma.sync: 16
       for (int ps : {1, 64}) {
-        const uint64_t s = seed_ + 61 + uint64_t(i++);
-        SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90=" << sm90);
-        check(mla_problem(ragged(4, 2000, {1, 64, 65, 9000}, s), ps, hq, DType::kBF16, s), 1.5e-2);
+        for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
+          if (kv == DType::kFp8E4M3 && hq != 16 && hq != 128) continue;
+          const uint64_t s = seed_ + 61 + uint64_t(i++);
+          SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90=" << sm90);
+          check(mla_problem(ragged(4, 2000, {1, 64, 65, 9000}, s), ps, hq, kv, s),
+                kv == DType::kBF16 ? 1.5e-2 : 2e-2);
+        }
       }
     }
     Problem p = mla_problem(ragged(3, 3000, {7000}, seed_ + 71), 16, 128, DType::kBF16, seed_ + 71);
@@ -320,7 +354,8 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
     p.params.sinks = sinks;
     expect_matches_generic(p, make_host_data(p));
   }
-  // The default route with 16 and 48 live rows of the Hopper kernel's 64, page 16 and page 1.
+  // The default route at 16 heads (the transposed kernel) and 48 (48 live rows of the 64-row
+  // kernel), page 16 and page 1.
   unsetenv("PAGODA_MLA_SM90");
   for (int hq : {16, 48}) {
     for (int ps : {16, 1}) {
@@ -335,42 +370,66 @@ TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
   // The Hopper kernel copies whole 64-key tiles by TMA at page sizes >= 16 (one box per page
   // and atom column, or one per tile when the page is larger) and the last tile of a chunk
   // that ends past its keys by cp.async; PAGODA_MLA_TMA=0 copies every tile by cp.async. Both
-  // against the reference on pages 16 / 64 / 128 / 256, lengths with and without tails, a
-  // request split over several chunks, and "spike" keys whose latent rows are scaled by 12:
-  // their logits jump by far more than the lazy rescaling's threshold in the middle of a
-  // chunk, so the running max moves (and O is rescaled) after many tiles that did not move it.
+  // against the reference on pages 16 / 64 / 128 / 256, bf16 and fp8 latents (fp8: raw tiles
+  // of 5 half-width atom columns, widened in place), lengths with and without tails, a request
+  // split over several chunks, and spike keys (add_spikes) every 1,500 keys.
   if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128) != 64) {
     PAGODA_SKIP_GPU_TEST("the Hopper MLA decode kernel does not run on this device");
   }
   int i = 0;
   for (const char* tma : {"1", "0"}) {
     setenv("PAGODA_MLA_TMA", tma, 1);
-    for (int ps : {16, 64, 128, 256}) {
-      const uint64_t s = seed_ + 91 + uint64_t(i++);
-      SCOPED_TRACE(testing::Message() << "PAGODA_MLA_TMA=" << tma << " seed " << s << " page "
-                                      << ps);
-      Problem p = mla_problem({64, 640, 1000, 4096, 129, 11000}, ps, 128, DType::kBF16, s);
-      HostData h = make_host_data(p);
-      // Spikes: every 1,500th key of each request (its latent row x 12, still finite in bf16).
-      for (size_t b = 0; b < p.kv_lens.size(); ++b) {
-        for (int j = 700; j < p.kv_lens[b]; j += 1500) {
-          const int64_t slot = int64_t(h.kv_indices[h.kv_indptr[b] + j / ps]) * ps + j % ps;
-          for (int e = 0; e < kDqk; ++e) {
-            const size_t at = size_t(slot) * kDqk + e;
-            const float x = read_as_f32(h.k.data(), DType::kBF16, at);
-            write_from_f32(h.k.data(), DType::kBF16, at, 12.f * x);
-          }
-        }
+    for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
+      for (int ps : {16, 64, 128, 256}) {
+        const uint64_t s = seed_ + 91 + uint64_t(i++);
+        SCOPED_TRACE(testing::Message() << "PAGODA_MLA_TMA=" << tma << " seed " << s << " page "
+                                        << ps << " kv " << dtype_name(kv));
+        const Problem p = mla_problem({64, 640, 1000, 4096, 129, 11000}, ps, 128, kv, s);
+        HostData h = make_host_data(p);
+        add_spikes(p, h, 700, 1500);
+        check(p, h, kv == DType::kBF16 ? 1.5e-2 : 2e-2);
       }
-      const MlaRun got = run_cuda(p, h);
-      const Cmp c = compare(got, reference_mla(p, h));
-      EXPECT_EQ(got.path, "mla_decode");
-      EXPECT_TRUE(c.finite);
-      EXPECT_LT(c.rel, 1.5e-2);
-      EXPECT_LT(c.lse, 1e-3);
     }
   }
   unsetenv("PAGODA_MLA_TMA");
+}
+
+TEST_F(MlaDecode, HopperFewHeadsTransposed) {
+  // h_q <= 16 runs the transposed kernel (keys fill the wgmma's 64 rows, heads are its N = 16):
+  // h_q 1, 8 (rows past Hq zero) and 16, pages 1 / 16 / 64, bf16 and fp8, ragged lengths with
+  // 1- and 2-key requests and a request split over chunks (partials and the merge), "spike"
+  // keys (latent row x 12) that move one head's running max mid-chunk (lazy rescaling per
+  // head), against the reference; then the same problems on the 64-row kernel
+  // (PAGODA_MLA_SM90_SMALL=0) against the reference, and window, soft cap and sinks against the
+  // generic kernel.
+  if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16) != 16) {
+    PAGODA_SKIP_GPU_TEST("the transposed Hopper MLA decode kernel does not run on this device");
+  }
+  int i = 0;
+  for (const char* small : {"1", "0"}) {
+    setenv("PAGODA_MLA_SM90_SMALL", small, 1);
+    for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
+      for (int hq : {1, 8, 16}) {
+        for (int ps : {1, 16, 64}) {
+          const uint64_t s = seed_ + 201 + uint64_t(i++);
+          SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90_SMALL=" << small << " hq " << hq
+                                          << " page " << ps << " kv " << dtype_name(kv));
+          const Problem p = mla_problem(ragged(5, 2500, {1, 2, 64, 65, 9000}, s), ps, hq, kv, s);
+          HostData h = make_host_data(p);
+          add_spikes(p, h, 300, 1700);
+          check(p, h, kv == DType::kBF16 ? 1.5e-2 : 2e-2);
+        }
+      }
+    }
+  }
+  unsetenv("PAGODA_MLA_SM90_SMALL");
+  Problem p = mla_problem(ragged(4, 3000, {8000}, seed_ + 251), 16, 16, DType::kBF16, seed_ + 251);
+  p.params.window_left = 900;
+  p.params.logit_cap = 30.f;
+  std::vector<float> sinks(16);
+  for (int h = 0; h < 16; ++h) sinks[h] = 0.1f * float(h) - 1.f;
+  p.params.sinks = sinks;
+  expect_matches_generic(p, make_host_data(p));
 }
 
 TEST_F(MlaDecode, SwitchOffAgreesWithGeneric) {
@@ -391,9 +450,19 @@ TEST_F(MlaDecode, SanitizerSmall) {
   for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
     check(mla_problem({1, 70, 700, 2100}, 16, 32, kv, seed_ + 51), 2e-2);
   }
-  // sm_90: the wgmma kernel, its TMA copies by page (16) and by tile inside a page (128).
-  check(mla_problem({1, 70, 700, 2100}, 16, 64, DType::kBF16, seed_ + 52), 2e-2);
-  check(mla_problem({1, 70, 700, 2100}, 128, 64, DType::kBF16, seed_ + 53), 2e-2);
+  // sm_90: the wgmma kernel, its TMA copies by page (16) and by tile inside a page (128), and
+  // the fp8 producer's widening (the gather at page 1).
+  for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
+    const uint64_t s = seed_ + 52 + (kv == DType::kBF16 ? 0 : 10);
+    check(mla_problem({1, 70, 700, 2100}, 16, 64, kv, s), 2e-2);
+    check(mla_problem({1, 70, 700, 2100}, 128, 64, kv, s + 1), 2e-2);
+  }
+  check(mla_problem({1, 70, 700, 2100}, 1, 64, DType::kFp8E4M3, seed_ + 64), 2e-2);
+  // The transposed kernel (16 heads and fewer), both latents, TMA (page 16) and gather (page 1).
+  for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
+    check(mla_problem({1, 70, 700, 2100}, 16, 16, kv, seed_ + 65), 2e-2);
+    check(mla_problem({1, 70, 700, 2100}, 1, 8, kv, seed_ + 66), 2e-2);
+  }
 }
 
 TEST_F(MlaDecode, PrefillShapesStayGeneric) {

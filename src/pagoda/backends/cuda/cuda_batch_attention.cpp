@@ -468,6 +468,13 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.grid_items = graph_mode_ ? cap_items_ : schedule_.num_items();
   a.grid_rows = graph_mode_ ? cap_tokens_ : nnz_qo_;
   a.grid_merge = graph_mode_ ? cap_bs_ : schedule_.num_merges();
+  // The merge block follows the mean partials per row: this plan's, or in a graph (whose launch
+  // is frozen) the capacity's, items over rows.
+  a.merge_parts =
+      graph_mode_ ? (cap_items_ + std::max(cap_bs_, 1) - 1) / std::max(cap_bs_, 1)
+      : schedule_.num_merges() > 0
+          ? (schedule_.num_partials + schedule_.num_merges() - 1) / schedule_.num_merges()
+          : 0;
   a.prefill_sm90 = schedule_.sm90_prefill;
 
   // The tuned kernels need 16-byte rows; anything else takes the generic kernel.

@@ -79,6 +79,9 @@ struct AttentionArgs {
   bool prefill_sm90 = false;
   int grid_rows = 0;                        ///< generic kernel: query-row capacity (>= nnz)
   int grid_merge = 0;                       ///< merge kernel: row capacity (>= counts[2])
+  /// Mean partials per merge row the plan has (the merge kernel's block size follows it; any
+  /// value is correct, 0 = unknown). A CUDA-graph plan gives its capacity's estimate.
+  int merge_parts = 0;
 };
 
 /// KV append (KvPool::set_kv on the device): cache[loc[i]] = src[i] (converted; fp8 divides by
@@ -100,8 +103,11 @@ inline constexpr int kDecodeMaxGroup = 16;  ///< q heads per kv head handled by 
 /// q heads per MLA decode block (mla_decode_kernel.cuh): one 16-head group up to 16 heads, else
 /// two (the latent tile then serves 32 heads). The planner's units per work item use it.
 constexpr int mla_decode_heads_per_block(int num_qo_heads) { return num_qo_heads > 16 ? 32 : 16; }
-/// q heads per block of the Hopper MLA decode kernel (mla_decode_sm90_kernel.cuh, Hq >= 64).
+/// q heads per block of the Hopper MLA decode kernel (mla_decode_sm90_kernel.cuh).
 inline constexpr int kMlaSm90Heads = 64;
+/// q heads per block of its transposed form for few heads (mla_decode_sm90_small_kernel.cuh,
+/// Hq <= 16).
+inline constexpr int kMlaSm90SmallHeads = 16;
 inline constexpr int kPrefillRowsPerTile = 64;  ///< smallest prefill tile (capacity bound)
 /// Packed query rows of one prefill work item (the planner and kernel agree): 128, except 64 for
 /// D = 256 on the mma.sync kernel (prefill_kernel); the sm90 kernel runs 64 per consumer

@@ -56,45 +56,6 @@ __device__ __forceinline__ int dtc_swz(int r, int c) {
   return (r * (D / 8) + (c ^ (r & 7))) * 8;
 }
 
-/// Widens two e4m3 bytes (in bits 8-15 and 24-31 of w) to two T values with integer ops and one
-/// packed multiply: e4m3's sign/exponent/mantissa are placed into T's fields (exponent bias 7
-/// instead of T's), then 2^(bias_T - 7) restores the value. Exact for every finite e4m3 value
-/// (subnormals included; checked against cuda_fp8 for all 254 finite codes); the two NaN codes
-/// come out finite. Avoids the f32 round trip, whose conversions run at 16/clk/SM on Hopper.
-template <typename T>
-__device__ __forceinline__ uint32_t widen2(uint32_t w);
-template <>
-__device__ __forceinline__ uint32_t widen2<__nv_bfloat16>(uint32_t w) {
-  const uint32_t r = (w & 0x80008000u) | ((w >> 4) & 0x07F007F0u);
-  __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&r);
-  const __nv_bfloat162 k = __halves2bfloat162(__ushort_as_bfloat16(0x7B80),
-                                               __ushort_as_bfloat16(0x7B80));  // 2^120
-  x = __hmul2(x, k);
-  return *reinterpret_cast<uint32_t*>(&x);
-}
-template <>
-__device__ __forceinline__ uint32_t widen2<__half>(uint32_t w) {
-  const uint32_t r = (w & 0x80008000u) | ((w >> 1) & 0x3F803F80u);
-  __half2 x = *reinterpret_cast<const __half2*>(&r);
-  const __half2 k = __halves2half2(__ushort_as_half(0x5C00), __ushort_as_half(0x5C00));  // 2^8
-  x = __hmul2(x, k);
-  return *reinterpret_cast<uint32_t*>(&x);
-}
-
-/// Widens 16 e4m3 bytes to 16 T values (two 16-byte chunks, element order kept).
-template <typename T>
-__device__ __forceinline__ void widen16(const uint4& raw, uint4& lo, uint4& hi) {
-  const uint32_t* x = reinterpret_cast<const uint32_t*>(&raw);
-  uint32_t out[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = widen2<T>(__byte_perm(x[i], 0u, 0x1404));      // bytes 0, 1 -> bits 8, 24
-    out[2 * i + 1] = widen2<T>(__byte_perm(x[i], 0u, 0x3424));  // bytes 2, 3
-  }
-  lo = make_uint4(out[0], out[1], out[2], out[3]);
-  hi = make_uint4(out[4], out[5], out[6], out[7]);
-}
-
 template <typename T, typename KV, int D>
 __global__ void __launch_bounds__(128) decode_tc_kernel(AttentionArgs a, LogitTransform xf) {
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)

@@ -91,13 +91,80 @@ __global__ void __launch_bounds__(128) generic_kernel(AttentionArgs a, LogitTran
 /// Partials whose merge weights the merge kernel keeps in shared memory (rows with more
 /// partials take the same arithmetic with the weights recomputed per partial).
 constexpr int kMergeMaxParts = 1024;
+/// Threads of a merge block (one block per (merge row, q head) at a time): C threads per pass
+/// over the row's 4-column groups (C = min(groups, threads)) times S subsets of its partials, S
+/// about one per 8 partials, at least 128 threads (S = 4 at D 128: the block size before) and
+/// at most kMergeThreads. MLA's D 512 at 64 partials a row takes 512 threads (128 groups x 4
+/// subsets); at 2 partials, 128 (one subset). Sizing by D alone (512 at D 512) cost ~15 us at
+/// B64 h_q 16 L4096, 1,024 rows of 2 partials: one 512-thread block fits an SM at 80
+/// registers, so the short merges ran in waves (H200, 2026-12-04,
+/// bench/results/sm90_fastdiv_h200_129e22f/). `parts`: the mean partials per row the host
+/// planned (AttentionArgs::merge_parts; 0 = unknown, sized for many).
+constexpr int kMergeThreads = 512;
+constexpr int kMergeSmallThreads = 128;
+inline int merge_threads(int head_dim_v, int parts) {
+  const int groups = (head_dim_v + 3) / 4;
+  const int c = groups < kMergeThreads ? groups : kMergeThreads;
+  int s = parts > 0 ? (parts + 7) / 8 : kMergeThreads;
+  if (s > kMergeThreads / c) s = kMergeThreads / c;
+  const int t = (c * s + 31) / 32 * 32;
+  return t < kMergeSmallThreads ? kMergeSmallThreads : (t > kMergeThreads ? kMergeThreads : t);
+}
+
+/// The weighted sum over one merge row's partials p = sub, sub + S, ... of W columns (4: one
+/// float4) starting at column g * W, into acc, four partials at a time: their loads are issued
+/// (predicated) before any is used, so they are in flight together. kCached: the weights are
+/// in w_s.
+struct PartialSum {
+  const AttentionArgs& a;
+  const float* w_s;
+  int p0, np, head, D, g, sub, S;
+  float mm, total;
+  template <int W, bool kCached>
+  __device__ __forceinline__ void run(float (&acc)[4]) const {
+    constexpr int kBatch = 4;  // partials whose loads are issued before any is used
+    for (int p = sub; p < np; p += kBatch * S) {
+      float w[kBatch], x[kBatch][4];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int q = p + u * S;
+        const bool ok = q < np;
+        const size_t base = size_t(p0 + (ok ? q : 0)) * a.num_qo_heads + head;
+        const float* src = a.partial_o + base * D + size_t(g) * W;
+        if constexpr (W == 4) {
+          const float4 v =
+              ok ? *reinterpret_cast<const float4*>(src) : make_float4(0.f, 0.f, 0.f, 0.f);
+          x[u][0] = v.x, x[u][1] = v.y, x[u][2] = v.z, x[u][3] = v.w;
+        } else {
+          x[u][0] = ok ? src[0] : 0.f;
+          x[u][1] = x[u][2] = x[u][3] = 0.f;
+        }
+        if constexpr (kCached) {
+          w[u] = ok ? w_s[q] : 0.f;
+        } else {
+          w[u] = ok ? exp2_diff(a.partial_lse[base], mm) / total : 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) acc[k] += w[u] > 0.f ? w[u] * x[u][k] : 0.f;
+      }
+    }
+  }
+};
 
 /// One merge row: the (O, lse) partials of one query token's split chunks, sinks folded in.
-/// The weights w_p = 2^(lse_p - max) / total are computed once per row into shared memory, then
-/// every thread accumulates 4 output columns over the partials with 16 loads in flight (before,
-/// each column was a loop over the partials recomputing the weights, one load at a time). A
-/// partial of weight 0 (an empty chunk) contributes nothing, whatever its O holds.
-__device__ void merge_row(const AttentionArgs& a, int r, float* w_s) {
+/// The weights w_p = 2^(lse_p - max) / total are computed once per row into shared memory. The
+/// threads then split the row's columns, four at a time (float4 loads) where D % 4 == 0, and,
+/// where a row has fewer 4-column groups than the block has threads, its partials too: thread t
+/// sums group t % C (C = min(groups, threads)) over partials t / C, t / C + S, ... (S = threads /
+/// C) with four loads in flight, and the S sums of a group meet in shared memory. (Before,
+/// each of 128 threads summed 4 scalar columns over every partial: at B1 h_q 128 L32768 MLA
+/// decode, 64 partials of 512 columns per head, that merge ran at 6 % occupancy and took
+/// 36.5 us beside the attention kernel's 29.4 us, ncu on the H200, 2026-12-04.) A partial of
+/// weight 0 (an empty chunk) contributes nothing, whatever its O holds.
+__device__ void merge_row(const AttentionArgs& a, int r, float* w_s, float4* red_s) {
   const DevicePlan& plan = a.plan;
   const int b = plan.merge_req[r];
   const int p0 = plan.merge_begin[r];
@@ -125,28 +192,40 @@ __device__ void merge_row(const AttentionArgs& a, int r, float* w_s) {
     for (int p = threadIdx.x; p < np; p += blockDim.x) w_s[p] = exp2_diff(w_s[p], mm) / total;
     __syncthreads();
   }
-  constexpr int kCols = 4;  // output columns per thread per pass
-  for (int d0 = threadIdx.x; d0 < D; d0 += kCols * blockDim.x) {
-    float acc[kCols] = {0.f, 0.f, 0.f, 0.f};
-    if (!empty) {
-#pragma unroll 4
-      for (int p = 0; p < np; ++p) {
-        const size_t base = size_t(p0 + p) * a.num_qo_heads + head;
-        const float w = cached ? w_s[p] : exp2_diff(a.partial_lse[base], mm) / total;
-        const float* src = a.partial_o + base * D;
-#pragma unroll
-        for (int k = 0; k < kCols; ++k) {
-          const int d = d0 + k * blockDim.x;
-          const float x = d < D ? src[d] : 0.f;
-          acc[k] += w > 0.f ? w * x : 0.f;
+  const bool vec = D % 4 == 0 && (reinterpret_cast<uintptr_t>(a.partial_o) & 15u) == 0;
+  const int W = vec ? 4 : 1;                   // columns per group
+  const int groups = D / W;                    // column groups of the row
+  const int C = min(groups, int(blockDim.x));  // groups per pass
+  const int S = int(blockDim.x) / C;           // partial subsets
+  const int c = int(threadIdx.x) % C, sub = int(threadIdx.x) / C;
+  const bool summing = sub < S;  // threads past C * S idle
+  const size_t o_base = size_t(row) * a.o_stride_n + size_t(head) * a.o_stride_h;
+  for (int g0 = 0; g0 < groups; g0 += C) {
+    const int g = g0 + c;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (!empty && summing && g < groups) {
+      const PartialSum ps{a, w_s, p0, np, head, D, g, sub, S, mm, total};
+      if (vec) {
+        cached ? ps.run<4, true>(acc) : ps.run<4, false>(acc);
+      } else {
+        cached ? ps.run<1, true>(acc) : ps.run<1, false>(acc);
+      }
+    }
+    if (S > 1) {
+      __syncthreads();  // the previous pass's sums are read
+      if (summing) red_s[threadIdx.x] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      __syncthreads();
+      if (sub == 0) {
+        for (int k = 1; k < S; ++k) {
+          const float4 v = red_s[k * C + c];
+          acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
         }
       }
     }
+    if (sub == 0 && g < groups) {
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) {
-      const int d = d0 + k * blockDim.x;
-      if (d < D) {
-        store_any(a.out, row * a.o_stride_n + head * a.o_stride_h + d, a.out_dtype, acc[k]);
+      for (int k = 0; k < 4; ++k) {
+        if (k < W) store_any(a.out, o_base + size_t(g) * W + k, a.out_dtype, acc[k]);
       }
     }
   }
@@ -155,12 +234,18 @@ __device__ void merge_row(const AttentionArgs& a, int r, float* w_s) {
   }
 }
 
-__global__ void __launch_bounds__(128) merge_kernel(AttentionArgs a) {
+/// kMaxThreads bounds the block (launch bounds and the reduction's shared memory): 128, the
+/// common short merge, keeps the occupancy it had before; 512 sets one block an SM as the
+/// bound (without it ptxas aims at two and spills at sm_90a, 64 registers).
+template <int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == kMergeThreads ? 1 : 8)
+    merge_kernel(AttentionArgs a) {
   pdl_wait();  // reads the partials the attention kernel wrote (pdl.cuh)
   pdl_launch_dependents();
   const DevicePlan& plan = a.plan;
   __shared__ float w_s[kMergeMaxParts];
-  for (int r = blockIdx.x; r < plan.counts[2]; r += gridDim.x) merge_row(a, r, w_s);
+  __shared__ float4 red_s[kMaxThreads];
+  for (int r = blockIdx.x; r < plan.counts[2]; r += gridDim.x) merge_row(a, r, w_s, red_s);
 }
 
 __global__ void append_kv_kernel(AppendArgs a) {
@@ -197,8 +282,14 @@ cudaError_t generic(const AttentionArgs& args, cudaStream_t stream) {
 
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_merge == 0) return cudaSuccess;
-  return launch_pdl(detail::merge_kernel, dim3(args.grid_merge, args.num_qo_heads), dim3(128), 0,
-                    stream, args);
+  const int threads = detail::merge_threads(args.head_dim_v, args.merge_parts);
+  const dim3 grid(args.grid_merge, args.num_qo_heads);
+  if (threads <= detail::kMergeSmallThreads) {
+    return launch_pdl(detail::merge_kernel<detail::kMergeSmallThreads>, grid, dim3(threads), 0,
+                      stream, args);
+  }
+  return launch_pdl(detail::merge_kernel<detail::kMergeThreads>, grid, dim3(threads), 0, stream,
+                    args);
 }
 
 cudaError_t append_kv(const AppendArgs& args, cudaStream_t stream) {

@@ -29,13 +29,18 @@ bool mla_decode_enabled();
 /// Runs mla_decode_sm90_kernel when mla_decode_sm90_chosen(), else mla_decode_kernel.
 cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// The Hopper MLA decode (mla_decode_sm90_kernel.cuh) serves this shape on the current device:
-/// sm_90 with the sm_90a image built, q / latent / out bf16 (any Hq: one block per 64 heads, the
-/// live heads first; any page size), and PAGODA_MLA_SM90 is not 0 (read on every call, for A/B
-/// runs). The other MLA checks (mla_decode_supported) still apply.
+/// sm_90 with the sm_90a image built, q / out bf16 and a bf16 or e4m3 latent (any Hq; any page
+/// size), and PAGODA_MLA_SM90 is not 0 (read on every call, for A/B runs). The other MLA checks
+/// (mla_decode_supported) still apply.
 bool mla_decode_sm90_chosen(ElemType q, ElemType kv, ElemType out);
+/// q heads per block of the Hopper MLA decode: 16 for Hq <= 16 (the transposed kernel,
+/// mla_decode_sm90_small_kernel.cuh) unless PAGODA_MLA_SM90_SMALL=0, else 64 (the live heads
+/// first). Read on every call; the planner and the launcher both ask it.
+int mla_decode_sm90_block_heads(int num_qo_heads);
 cudaError_t mla_decode_sm90(const AttentionArgs& args, cudaStream_t stream);
-/// q heads per MLA decode block for this shape on this device: 64 when mla_decode_sm90_chosen(),
-/// else mla_decode_heads_per_block(Hq) (the planner sizes its split-KV chunks with it).
+/// q heads per MLA decode block for this shape on this device: mla_decode_sm90_block_heads()
+/// when mla_decode_sm90_chosen(), else mla_decode_heads_per_block(Hq) (the planner sizes its
+/// split-KV chunks with it).
 int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads);
 int decode_blocks_per_sm(ElemType q, ElemType kv, int head_dim);
 

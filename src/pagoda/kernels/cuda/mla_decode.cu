@@ -87,7 +87,7 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
 }
 
 int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads) {
-  if (mla_decode_sm90_chosen(q, kv, out)) return kMlaSm90Heads;
+  if (mla_decode_sm90_chosen(q, kv, out)) return mla_decode_sm90_block_heads(num_qo_heads);
   return mla_decode_heads_per_block(num_qo_heads);
 }
 

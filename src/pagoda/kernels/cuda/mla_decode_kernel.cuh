@@ -14,7 +14,7 @@
 ///   O_w += P V[:, 128w .. 128w + 127] (each warp owns 128 of the 512 output columns: 16 x 128
 ///   f32 accumulators per warp, no final cross-warp O merge; only the row sums l are summed).
 /// fp8 e4m3 latent: the raw bytes are copied (half the traffic) and each warp widens the rows it
-/// copied into a bf16 tile (exact, decode_tc_kernel.cuh's widen16); k_scale is folded into the
+/// copied into a bf16 tile (exact, device_utils.cuh's widen16); k_scale is folded into the
 /// logit transform and v_scale into the final factor. Keys past the chunk are zero-filled, so
 /// NaN in unused slots never reaches the accumulators. Split chunks write (O / l, lse) partials
 /// for the merge kernel; whole requests write the output (sinks, v_scale, LSE applied here).

@@ -9,12 +9,13 @@
 
 namespace pagoda::kernels::cuda::raw {
 
-/// Encodes the paged cache `c` (16-bit elements of type `t`) as a 4-D tensor with dims
-/// (d < head_dim, head < heads, token < page_size, page < c.num_pages) and boxes of
-/// {64 elements, 1 head, `rows` tokens, 1 page} under the 128-byte swizzle: one box is `rows`
-/// keys x one 128-byte atom column of a head, laid out as the kernels' cp.async gathers lay it
-/// (sw128_offset). False when the driver has no encoder or refuses the layout (the caller then
-/// copies by cp.async). Never throws; leaves no CUDA error behind.
+/// Encodes the paged cache `c` (elements of type `t`: bf16 / f16, or e4m3 as bytes) as a 4-D
+/// tensor with dims (d < head_dim, head < heads, token < page_size, page < c.num_pages) and
+/// boxes of {128 bytes of elements (64 16-bit, 128 e4m3), 1 head, `rows` tokens, 1 page} under
+/// the 128-byte swizzle: one box is `rows` keys x one 128-byte atom column of a head, laid out as
+/// the kernels' cp.async gathers lay it (sw128_offset); a box past head_dim is zero-filled. False
+/// when the driver has no encoder or refuses the layout (the caller then copies by cp.async). Never
+/// throws; leaves no CUDA error behind.
 bool encode_paged_map(CUtensorMap& map, const PagedCache& c, ElemType t, int head_dim, int heads,
                       int page_size, int rows);
 
