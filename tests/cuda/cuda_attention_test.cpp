@@ -150,6 +150,24 @@ TEST(CudaDecode, Bf16Page16Skewed) {
   p.kv_lens[0] = 9000;  // forces split-KV
   expect_ok(p, 2e-2, "decode");
 }
+TEST(CudaDecode, MergeBlockSizes) {
+  // The split-KV merge at every block shape it can take (PAGODA_MERGE_THREADS forces one; the
+  // launcher sizes it by D and the mean partials per row): at D 128 (32 float4 column groups)
+  // 32 threads is one subset of the partials, 160 five with none idle, 128 / 256 / 512 four, eight
+  // and sixteen; at D 64 and 256 the same block sizes split differently. One request of each
+  // batch is long enough to be split into several chunks, the others are not.
+  REQUIRE_GPU();
+  for (const char* t : {"32", "128", "160", "256", "384", "512"}) {
+    setenv("PAGODA_MERGE_THREADS", t, 1);
+    for (int d : {64, 128, 256}) {
+      SCOPED_TRACE(testing::Message() << "PAGODA_MERGE_THREADS=" << t << " D " << d);
+      Problem p = decode_problem(5, 2000, 16, DType::kBF16, d, 40 + uint64_t(d));
+      p.kv_lens[1] = 20000;  // many chunks (partials) for one row, a few for the rest
+      EXPECT_GT(expect_ok(p, 2e-2, "decode").split_chunk, 0);
+    }
+  }
+  unsetenv("PAGODA_MERGE_THREADS");
+}
 TEST(CudaDecode, Page1AndHeadDims) {
   REQUIRE_GPU();
   expect_ok(decode_problem(5, 700, 1, DType::kBF16, 128, 2), 2e-2, "decode");

@@ -288,6 +288,24 @@ TEST_F(MlaDecode, LongContexts32k) {
   check(mla_problem({20000, 12000}, 16, 128, DType::kBF16, seed_ + 13), 1.5e-2);
 }
 
+TEST_F(MlaDecode, MergeBlockSizes) {
+  // The split-KV merge at D 512 (128 float4 column groups) under every block size it can take
+  // (PAGODA_MERGE_THREADS forces one): 128 threads sum each group over all of a row's partials,
+  // 256 / 384 / 512 split the partials two, three and four ways and reduce in shared memory, 160
+  // leaves 32 threads idle, 32 makes four passes over the groups. A ragged batch with one request
+  // over many chunks.
+  int i = 0;
+  for (const char* t : {"32", "128", "160", "256", "384", "512"}) {
+    setenv("PAGODA_MERGE_THREADS", t, 1);
+    for (int hq : {16, 128}) {
+      SCOPED_TRACE(testing::Message() << "PAGODA_MERGE_THREADS=" << t << " hq " << hq);
+      const uint64_t s = seed_ + 301 + uint64_t(i++);
+      check(mla_problem(ragged(3, 3000, {1, 24000}, s), 64, hq, DType::kBF16, s), 1.5e-2);
+    }
+  }
+  unsetenv("PAGODA_MERGE_THREADS");
+}
+
 TEST_F(MlaDecode, HeadCountsNotMultipleOf64AndFeatures) {
   // 48 heads (a 32-head block and a block whose second 16-head group is empty), odd page size, sliding window, soft cap and sinks (natural-log
   // logits), which the reference above does not model: checked against the generic kernel.
