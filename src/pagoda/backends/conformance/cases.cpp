@@ -251,13 +251,20 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       cases.push_back(v);
     }
   }
-  if (!quick) {  // an fp8 e4m3 latent with a scale (one stored row: K and V share k_scale)
-    Case f = mla_case(ForwardMode::kDecode, 16);
-    f.num_q_heads = 16;
-    f.kv_dtype = DType::kFp8E4M3;
-    f.k_scale = 0.5f;
-    f.v_scale = 0.5f;
-    cases.push_back(f);
+  if (!quick) {
+    // An fp8 e4m3 latent with a scale (one stored row: K and V share k_scale), at 16 and 128 q
+    // heads and pages 1 / 16 / 64: on the CUDA backend's Hopper kernels the page-1 gather, the
+    // TMA boxes within a tile and whole-page tiles, the transposed and the 64-row kernel.
+    for (int p : {1, 16, 64}) {
+      for (int hq : {16, 128}) {
+        Case f = mla_case(ForwardMode::kDecode, p);
+        f.num_q_heads = hq;
+        f.kv_dtype = DType::kFp8E4M3;
+        f.k_scale = 0.5f;
+        f.v_scale = 0.5f;
+        cases.push_back(f);
+      }
+    }
   }
   for (DType kv : {DType::kFp8E4M3, DType::kFp8E5M2}) {
     for (int p : pick(quick, {16}, {1, 16})) {
