@@ -7,7 +7,10 @@
 #            sanitizer memcheck on CudaExtend.MlaPrefillDims192x128, and pagoda_cuda_bench's
 #            prefill / extend / verify / MLA-prefill cases twice, interleaved with the base tree's
 #            (same call: a same-machine A/B), plus the MLA-prefill cases on the generic kernel
-#            (PAGODA_SM90_PREFILL=0, the route before the 192 / 128 instantiation).
+#            (PAGODA_SM90_PREFILL=0, the route before the 192 / 128 instantiation), and with
+#            EXTRA="name:filter:VAR=v ..." this tree's bench cases matching filter under VAR=v,
+#            ROUNDS times each (e.g. EXTRA="tbt:mla_:PAGODA_SM90_OVERLAP=0"); CONFORMANCE=1 adds
+#            this tree's full conformance grid on cuda.
 #   STAGE=B: builds this tree when the machine lost it; with TESTS="gtest filter" those GPU tests
 #            (PAGODA_REQUIRE_GPU=1); pagoda_cuda_bench; the cuDNN / flash / memory-efficient SDPA
 #            peers with the machine's ceilings (bench/cuda/peers.py); `pagoda conformance
@@ -71,6 +74,10 @@ if [ "$STAGE" = A ]; then
       --gtest_filter='CudaExtend.MlaPrefillDims192x128' > "$R/memcheck.log" 2>&1
     echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
   fi
+  if [ "${CONFORMANCE:-0}" = 1 ]; then  # this tree on the full grid (mla-prefill column included)
+    timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
+    echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|^\| cuda " "$R/conformance.txt" | head -16
+  fi
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for c in prefill extend tree; do
       bench main "main_${c}_$r" "$c"
@@ -79,6 +86,11 @@ if [ "$STAGE" = A ]; then
   done
   bench main main_mla_generic mla_ PAGODA_SM90_PREFILL=0
   bench main main_mla_plain mla_ PAGODA_SM90_PINGPONG=0
+  # EXTRA="name:filter:VAR=v ..." — more runs of this tree's bench, each with one setting.
+  for x in ${EXTRA:-}; do
+    IFS=: read -r xn xf xe <<< "$x"
+    for r in $(seq 1 "${ROUNDS:-2}"); do bench main "main_${xn}_$r" "$xf" "$xe"; done
+  done
   times
 fi
 
