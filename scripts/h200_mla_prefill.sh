@@ -16,7 +16,9 @@
 #            peers with the machine's ceilings (bench/cuda/peers.py); `pagoda conformance
 #            --backends cuda` (full grid; LONG=1, the default, adds the long column at 32k keys);
 #            FlashInfer 0.5.3 fa3 (bench/cuda/flashinfer_peer.py, FI_FILTER's cases) when .whl is
-#            carried and FLASHINFER is not 0; CONFORMANCE=0 skips both conformance runs. Call C
+#            carried and FLASHINFER is not 0, and with PEER_ROUNDS=n that many interleaved rounds
+#            of ours and fa3 (bench/cuda/peer_rounds.py: per-round ratios, their median);
+#            CONFORMANCE=0 skips both conformance runs. Call C
 #            of 2026-12-02 (hopper_h200.md) ran
 #            TESTS='CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:CudaExtend.PrefillTiles*:
 #            CudaExtend.MixedDecodeAndExtend:CudaGeneric.*:CudaGraph.*:CudaPlan.*' LONG=0
@@ -121,5 +123,16 @@ if [ "$STAGE" = B ]; then
     FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "${FI_TIMEOUT:-300}" \
       python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1
     echo "flashinfer rc=$?"; cat "$R/flashinfer.jsonl"; grep -E "failed" "$R/flashinfer.log" | head -5
+    # PEER_ROUNDS=n (n > 1): n - 1 more rounds of ours then FlashInfer (its kernels JIT-compiled
+    # by now), and the per-round ratios with their median (bench/cuda/peer_rounds.py).
+    if [ "${PEER_ROUNDS:-1}" -gt 1 ]; then
+      cp "$R/ours.jsonl" "$R/ours_r1.jsonl"; cp "$R/flashinfer.jsonl" "$R/flashinfer_r1.jsonl"
+      for r in $(seq 2 "$PEER_ROUNDS"); do
+        bench main "ours_r$r" ""
+        FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 150 \
+          python3 bench/cuda/flashinfer_peer.py "$R/flashinfer_r$r.jsonl" "${FI_FILTER:-}" >> "$R/flashinfer.log" 2>&1
+      done
+      python3 bench/cuda/peer_rounds.py "$R" "$R/peer_rounds.md"
+    fi
   fi
 fi
