@@ -192,6 +192,31 @@ __device__ __forceinline__ void mla_widen_stage(uint32_t stage, int t128) {
   write.template operator()<4>();
 }
 
+/// Warp 0 of a producer, lane `lane`: the TMA boxes of the 64-key tile whose first key is `key0`
+/// into the stage at `dst`, kAtoms atom columns of kColElems elements (128 bytes) each, one box of
+/// map.rows keys per page (or one per tile inside a larger page; lane j holds the page of box j
+/// in `page`), completing on `bar`, on which lane 0 first arrives expecting `bytes`.
+template <int kAtoms, int kColElems>
+__device__ __forceinline__ void mla_sm90_tma_tile(const MlaSm90Map& map, uint32_t dst, int key0,
+                                                  int page, int ps, uint64_t* bar, uint32_t bytes,
+                                                  int lane) {
+  constexpr int kKeys = MlaSm90Config::kKeys;
+  constexpr uint32_t kAtomBytes = kKeys * 128;  // one atom column of a 64-key tile
+  if (lane == 0) mbar_arrive_expect_tx(bar, bytes);
+  const int box = map.rows;
+  const int tok = box < ps ? map.page.mod(key0) : 0;  // boxes of whole pages: 0
+  for (int j = 0; j * box < kKeys; ++j) {
+    const int pg = __shfl_sync(0xffffffffu, page, j);
+    if (lane == 0) {
+#pragma unroll
+      for (int at = 0; at < kAtoms; ++at) {
+        tma_load_4d(dst + at * kAtomBytes + uint32_t(j * box) * 128u, &map.latent, at * kColElems,
+                    0, tok, pg, bar);
+      }
+    }
+  }
+}
+
 /// The producer warpgroup of the fp8 path (kFp8; t128 = 0..127, warp = t128 / 32): tile t's raw
 /// bytes land in stage t % 2 (TMA boxes of `map.rows` keys x 128 bytes into `landed`, the
 /// whole tiles of a chunk that starts on a box boundary, as the bf16 path; the rest by the
@@ -240,19 +265,8 @@ __device__ __forceinline__ void mla_sm90_fp8_producer(const AttentionArgs& a, co
       const int page = box_next;
       box_next = box_page(t + 1);
       if (warp == 0) {
-        if (lane == 0) mbar_arrive_expect_tx(&landed[s], F::kBytes);
-        const int tok =
-            box < ps ? map.page.mod(kv_lo + t * C::kKeys) : 0;  // boxes of whole pages: 0
-        for (int j = 0; j * box < C::kKeys; ++j) {
-          const int pg = __shfl_sync(0xffffffffu, page, j);
-          if (lane == 0) {
-#pragma unroll
-            for (int at = 0; at < F::kAtoms; ++at) {
-              tma_load_4d(raw + at * F::kAtomBytes + uint32_t(j * box) * 128u, &map.latent,
-                          at * 128, 0, tok, pg, &landed[s]);
-            }
-          }
-        }
+        mla_sm90_tma_tile<F::kAtoms, 128>(map, raw, kv_lo + t * C::kKeys, page, ps, &landed[s],
+                                          F::kBytes, lane);
       }
       return;
     }
@@ -345,20 +359,8 @@ __device__ __forceinline__ void mla_sm90_bf16_producer(const AttentionArgs& a,
       // Lane 0 of warp 0 arrives with the tile's byte count and issues every box; the other
       // 127 producer threads arrive at once (full counts 128 arrivals).
       if (warp == 0) {
-        if (lane == 0) mbar_arrive_expect_tx(&full[s], C::kTileBytes);
-        const int tok =
-            box < ps ? map.page.mod(kv_lo + t * C::kKeys) : 0;  // boxes of whole pages: 0
-        const uint32_t dst = kv_addr + s * C::kTileBytes;
-        for (int j = 0; j * box < C::kKeys; ++j) {
-          const int pg = __shfl_sync(0xffffffffu, page, j);
-          if (lane == 0) {
-#pragma unroll
-            for (int at = 0; at < C::kAtoms; ++at) {
-              tma_load_4d(dst + at * kAtomBytes + uint32_t(j * box) * 128u, &map.latent, at * 64, 0,
-                          tok, pg, &full[s]);
-            }
-          }
-        }
+        mla_sm90_tma_tile<C::kAtoms, 64>(map, kv_addr + s * C::kTileBytes, kv_lo + t * C::kKeys,
+                                         page, ps, &full[s], C::kTileBytes, lane);
         if (lane != 0) mbar_arrive(&full[s]);
       } else {
         mbar_arrive(&full[s]);
