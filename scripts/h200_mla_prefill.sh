@@ -120,8 +120,11 @@ if [ "$STAGE" = B ]; then
   fi
   if [ -d .whl ] && [ "${FLASHINFER:-1}" != 0 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl > "$R/pip.log" 2>&1
-    FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "${FI_TIMEOUT:-300}" \
-      python3 bench/cuda/flashinfer_peer.py "$R/flashinfer.jsonl" "${FI_FILTER:-}" > "$R/flashinfer.log" 2>&1
+    fi_peer() {  # output jsonl, timeout (s); appends to flashinfer.log
+      FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout "$2" \
+        python3 bench/cuda/flashinfer_peer.py "$1" "${FI_FILTER:-}" >> "$R/flashinfer.log" 2>&1
+    }
+    fi_peer "$R/flashinfer.jsonl" "${FI_TIMEOUT:-300}"
     echo "flashinfer rc=$?"; cat "$R/flashinfer.jsonl"; grep -E "failed" "$R/flashinfer.log" | head -5
     # PEER_ROUNDS=n (n > 1): n - 1 more rounds of ours then FlashInfer (its kernels JIT-compiled
     # by now), and the per-round ratios with their median (bench/cuda/peer_rounds.py).
@@ -129,8 +132,7 @@ if [ "$STAGE" = B ]; then
       cp "$R/ours.jsonl" "$R/ours_r1.jsonl"; cp "$R/flashinfer.jsonl" "$R/flashinfer_r1.jsonl"
       for r in $(seq 2 "$PEER_ROUNDS"); do
         bench main "ours_r$r" ""
-        FI_BACKENDS=${FI_BACKENDS:-fa3} PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout 150 \
-          python3 bench/cuda/flashinfer_peer.py "$R/flashinfer_r$r.jsonl" "${FI_FILTER:-}" >> "$R/flashinfer.log" 2>&1
+        fi_peer "$R/flashinfer_r$r.jsonl" 150  # compiled in the first round
       done
       python3 bench/cuda/peer_rounds.py "$R" "$R/peer_rounds.md"
     fi

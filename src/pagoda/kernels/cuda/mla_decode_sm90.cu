@@ -53,12 +53,12 @@ detail::MlaSm90Map latent_map(const AttentionArgs& a) {
 
 cudaError_t mla_decode_sm90(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_items == 0) return cudaSuccess;
+  if (args.page_size < 1) return cudaErrorInvalidValue;  // FastDiv::make needs a divisor >= 1
   // The planner sized the work items for this block size (mla_decode_block_heads).
   const int heads = mla_decode_sm90_block_heads(args.num_qo_heads);
   const bool small = heads == kMlaSm90SmallHeads;
   const dim3 grid(args.grid_items * ((args.num_qo_heads + heads - 1) / heads));
   detail::MlaSm90Map map = latent_map(args);
-  if (args.page_size < 1) return cudaErrorInvalidValue;  // FastDiv::make needs a divisor >= 1
   map.page = detail::FastDiv::make(args.page_size);
   const bool tma = map.rows > 0, fp8 = args.kv_dtype == ElemType::kE4M3;
   auto pick = [&](auto k_tt, auto k_tf, auto k_ft, auto k_ff) {
