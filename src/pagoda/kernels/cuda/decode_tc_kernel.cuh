@@ -56,6 +56,47 @@ __device__ __forceinline__ int dtc_swz(int r, int c) {
   return (r * (D / 8) + (c ^ (r & 7))) * 8;
 }
 
+/// The end of a decode block (decode_tc and decode_tct): the kW warps' states, published in
+/// shared memory (maxima and sums ml [kW][kRows][2], unnormalised O red [kW][kRows][D]) before
+/// the caller's __syncthreads, merged per (q head g < ng, dim) and written: the output row (sinks
+/// and v_scale applied, LSE when asked) for a whole request (partial < 0), else the split
+/// partial (O / l, lse) for the merge kernel.
+template <typename T, int D, int kW, int kRows, int kThreads>
+__device__ __forceinline__ void merge_warp_states(const AttentionArgs& a, const float* red,
+                                                  const float* ml, int ng, int tid, int head0,
+                                                  int row, int partial) {
+  for (int idx = tid; idx < ng * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mm = neg_inf();
+#pragma unroll
+    for (int w = 0; w < kW; ++w) mm = fmaxf(mm, ml[(w * kRows + g) * 2]);
+    float lsum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) {
+      const float f = exp2_diff(ml[(w * kRows + g) * 2], mm);
+      lsum += ml[(w * kRows + g) * 2 + 1] * f;
+      acc += red[(w * kRows + g) * D + d] * f;
+    }
+    const int head = head0 + g;
+    if (partial < 0) {
+      float lse;
+      const float f = finalize_state(mm, lsum, a.sinks, head, a.v_scale, lse);
+      T* op = static_cast<T*>(a.out) + int64_t(row) * a.o_stride_n + int64_t(head) * a.o_stride_h;
+      if constexpr (std::is_same_v<T, __half>) {
+        op[d] = __float2half_rn(acc * f);
+      } else {
+        op[d] = __float2bfloat16_rn(acc * f);
+      }
+      if (d == 0 && a.lse != nullptr) a.lse[row * a.lse_stride_n + head * a.lse_stride_h] = lse;
+    } else {
+      const bool empty = mm == neg_inf() || lsum <= 0.f;
+      const size_t base = size_t(partial) * a.num_qo_heads + head;
+      a.partial_o[base * D + d] = empty ? 0.f : acc / lsum * a.v_scale;
+      if (d == 0) a.partial_lse[base] = empty ? neg_inf() : mm + log2f(lsum);
+    }
+  }
+}
+
 template <typename T, typename KV, int D>
 __global__ void __launch_bounds__(128) decode_tc_kernel(AttentionArgs a, LogitTransform xf) {
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
@@ -277,36 +318,7 @@ __global__ void __launch_bounds__(128) decode_tc_kernel(AttentionArgs a, LogitTr
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < ng * D; idx += Cfg::kThreads) {
-    const int g = idx / D, d = idx % D;
-    float mm = neg_inf();
-#pragma unroll
-    for (int w = 0; w < kW; ++w) mm = fmaxf(mm, ml[(w * Cfg::kRows + g) * 2]);
-    float lsum = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) {
-      const float f = exp2_diff(ml[(w * Cfg::kRows + g) * 2], mm);
-      lsum += ml[(w * Cfg::kRows + g) * 2 + 1] * f;
-      acc += red[(w * Cfg::kRows + g) * D + d] * f;
-    }
-    const int head = head0 + g;
-    if (partial < 0) {
-      float lse;
-      const float f = finalize_state(mm, lsum, a.sinks, head, a.v_scale, lse);
-      T* op = static_cast<T*>(a.out) + int64_t(row) * a.o_stride_n + int64_t(head) * a.o_stride_h;
-      if constexpr (std::is_same_v<T, __half>) {
-        op[d] = __float2half_rn(acc * f);
-      } else {
-        op[d] = __float2bfloat16_rn(acc * f);
-      }
-      if (d == 0 && a.lse != nullptr) a.lse[row * a.lse_stride_n + head * a.lse_stride_h] = lse;
-    } else {
-      const bool empty = mm == neg_inf() || lsum <= 0.f;
-      const size_t base = size_t(partial) * a.num_qo_heads + head;
-      a.partial_o[base * D + d] = empty ? 0.f : acc / lsum * a.v_scale;
-      if (d == 0) a.partial_lse[base] = empty ? neg_inf() : mm + log2f(lsum);
-    }
-  }
+  merge_warp_states<T, D, kW, Cfg::kRows, Cfg::kThreads>(a, red, ml, ng, tid, head0, row, partial);
 }
 
 }  // namespace pagoda::kernels::cuda::detail

@@ -333,36 +333,7 @@ __global__ void __launch_bounds__(128) decode_tct_kernel(AttentionArgs a, LogitT
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < ng * D; idx += Cfg::kThreads) {
-    const int hh = idx / D, d = idx % D;
-    float mm = neg_inf();
-#pragma unroll
-    for (int w = 0; w < kW; ++w) mm = fmaxf(mm, ml[(w * Cfg::kRows + hh) * 2]);
-    float lsum = 0.f, acc = 0.f;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) {
-      const float f = exp2_diff(ml[(w * Cfg::kRows + hh) * 2], mm);
-      lsum += ml[(w * Cfg::kRows + hh) * 2 + 1] * f;
-      acc += red[(w * Cfg::kRows + hh) * D + d] * f;
-    }
-    const int head = head0 + hh;
-    if (partial < 0) {
-      float lse;
-      const float f = finalize_state(mm, lsum, a.sinks, head, a.v_scale, lse);
-      T* op = static_cast<T*>(a.out) + int64_t(row) * a.o_stride_n + int64_t(head) * a.o_stride_h;
-      if constexpr (std::is_same_v<T, __half>) {
-        op[d] = __float2half_rn(acc * f);
-      } else {
-        op[d] = __float2bfloat16_rn(acc * f);
-      }
-      if (d == 0 && a.lse != nullptr) a.lse[row * a.lse_stride_n + head * a.lse_stride_h] = lse;
-    } else {
-      const bool empty = mm == neg_inf() || lsum <= 0.f;
-      const size_t base = size_t(partial) * a.num_qo_heads + head;
-      a.partial_o[base * D + d] = empty ? 0.f : acc / lsum * a.v_scale;
-      if (d == 0) a.partial_lse[base] = empty ? neg_inf() : mm + log2f(lsum);
-    }
-  }
+  merge_warp_states<T, D, kW, Cfg::kRows, Cfg::kThreads>(a, red, ml, ng, tid, head0, row, partial);
 }
 
 }  // namespace pagoda::kernels::cuda::detail
