@@ -10,7 +10,8 @@
 #            (PAGODA_SM90_PREFILL=0, the route before the 192 / 128 instantiation), and with
 #            EXTRA="name:filter:VAR=v ..." this tree's bench cases matching filter under VAR=v,
 #            ROUNDS times each (e.g. EXTRA="tbt:mla_:PAGODA_SM90_OVERLAP=0"); CONFORMANCE=1 adds
-#            this tree's full conformance grid on cuda.
+#            this tree's full conformance grid on cuda; MEMCHECK="gtest filter" replaces the
+#            memcheck tests; RACECHECK="gtest filter" adds a racecheck run (RACE_TIMEOUT s).
 #   STAGE=B: builds this tree when the machine lost it; with TESTS="gtest filter" those GPU tests
 #            (PAGODA_REQUIRE_GPU=1); pagoda_cuda_bench; the cuDNN / flash / memory-efficient SDPA
 #            peers with the machine's ceilings (bench/cuda/peers.py); `pagoda conformance
@@ -73,8 +74,15 @@ if [ "$STAGE" = A ]; then
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
-      --gtest_filter='CudaExtend.MlaPrefillDims192x128' > "$R/memcheck.log" 2>&1
+      --gtest_filter="${MEMCHECK:-CudaExtend.MlaPrefillDims192x128}" > "$R/memcheck.log" 2>&1
     echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
+    # RACECHECK="gtest filter": racecheck on those tests, cut at RACE_TIMEOUT seconds (100
+    # by default) so that a slow run leaves the A/B below its time.
+    if [ -n "${RACECHECK:-}" ]; then
+      PAGODA_REQUIRE_GPU=1 timeout "${RACE_TIMEOUT:-100}" "$SAN" --tool racecheck --error-exitcode 9 \
+        $M/cuda_attention_tests --gtest_filter="$RACECHECK" > "$R/racecheck.log" 2>&1
+      echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck.log" | tr '\n' ' ')"
+    fi
   fi
   if [ "${CONFORMANCE:-0}" = 1 ]; then  # this tree on the full grid (mla-prefill column included)
     timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1

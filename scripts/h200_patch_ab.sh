@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Same-call A/B of prepared patches, set up on the device itself, so the working tree here stays
-# at the head: the copied tree becomes the base (var_base: src tests bench/cuda cmake
-# CMakeLists.txt CMakePresets.json tools scripts), the patches are applied to the copy in order
-# (PATCHES="a.patch b.patch", paths from the repo root; git apply, else patch -p1), and
-# scripts/h200_mla_prefill.sh STAGE=A builds both and compares them (its settings pass through:
-# COMMIT, ROUNDS, EXTRA, CONFORMANCE). A patch that does not apply stops the call before any
-# build. Example (bench/results/sm90_unit_lists_prep_5265e93/README.md):
+# at the head: a copy of the tree becomes the base (var_base: src tests bench/cuda cmake
+# CMakeLists.txt CMakePresets.json tools scripts), the patches are applied in order to the
+# device's working tree (PATCHES="a.patch b.patch", paths from the repo root; git apply, else
+# patch -p1), and scripts/h200_mla_prefill.sh STAGE=A builds both and compares them, the patched
+# tree as "main" (its settings pass through: COMMIT, ROUNDS, EXTRA, CONFORMANCE, MEMCHECK,
+# RACECHECK). A patch that does not apply stops the call before any build. Example
+# (bench/results/sm90_unit_lists_prep_5265e93/README.md):
 #   PATCHES="bench/results/sm90_mla192_prep_bfee805/mla192_k64_overlap.patch
 #            bench/results/sm90_unit_lists_prep_5265e93/unit_lists.patch" COMMIT=<head>+patches
 #   ROUNDS=3 CONFORMANCE=1 EXTRA="..." bash scripts/h200_patch_ab.sh
