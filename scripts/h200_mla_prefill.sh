@@ -61,6 +61,8 @@ EOF
   done | tee "$R/times.txt"
 }
 
+stamp() { echo "[${SECONDS} s] $*"; }  # seconds since the script started: where a call's time went
+
 if [ "$STAGE" = A ]; then
   # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
   device_build_tree main . 12 pagoda pagoda_cuda_bench cuda_attention_tests &
@@ -68,9 +70,11 @@ if [ "$STAGE" = A ]; then
   if [ -n "${BASE:-}" ] && [ -d "$BASE" ]; then device_build_tree base "$BASE" 4 pagoda_cuda_bench & pids="$pids $!"; fi
   # shellcheck disable=SC2086
   wait $pids
+  stamp built
   PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
   echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|Expected|Which is|seed|runs the" "$R/tests.log" | head -20
+  stamp tested
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
@@ -83,10 +87,12 @@ if [ "$STAGE" = A ]; then
         $M/cuda_attention_tests --gtest_filter="$RACECHECK" > "$R/racecheck.log" 2>&1
       echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck.log" | tr '\n' ' ')"
     fi
+    stamp sanitized
   fi
   if [ "${CONFORMANCE:-0}" = 1 ]; then  # this tree on the full grid (mla-prefill column included)
     timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
     echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|^\| cuda " "$R/conformance.txt" | head -16
+    stamp conformance
   fi
   for r in $(seq 1 "${ROUNDS:-2}"); do
     for c in prefill extend tree; do
@@ -101,6 +107,7 @@ if [ "$STAGE" = A ]; then
     IFS=: read -r xn xf xe <<< "$x"
     for r in $(seq 1 "${ROUNDS:-2}"); do bench main "main_${xn}_$r" "$xf" "$xe"; done
   done
+  stamp benched
   times
 fi
 
