@@ -204,6 +204,11 @@ int main(int argc, char** argv) {
       {"mla_prefill_b1_s8192_h16", 1, 8192, 0, 16, DType::kBF16, false, true, false, 16, 16, 192, 128},
       {"mla_extend_q512_prefix8192_h16", 4, 512, 8192, 16, DType::kBF16, true, true, false, 16, 16,
        192, 128},
+      // fp8 e4m3 KV on the prefill path: the mma.sync prefill kernel, on Hopper too (the wgmma
+      // kernel takes 16-bit KV only). Named without "prefill" / "extend", which the sm90 A/B
+      // scripts filter on.
+      {"fp8kv_causal_b4_s4096", 4, 4096, 0, 16, DType::kFp8E4M3, false},
+      {"fp8kv_ext_q512_prefix8192", 4, 512, 8192, 16, DType::kFp8E4M3},
   };
   // argv[2]: run only the cases whose name contains it.
   const std::string filter = argc > 2 ? argv[2] : "";

@@ -3,9 +3,10 @@
 
 Usage: flashinfer_peer.py OUT.jsonl [name-filter[,name-filter...]]
 FI_BACKENDS (default "fa3,fa2") names the backends to time.
-Times BatchPrefillWithPagedKVCacheWrapper with backend "fa3" and "fa2" on a paged bf16 cache with
-shuffled pages (NHD), 32 q / 8 kv heads (the MLA prefill cases: 16 / 16, head dims 192 / 128),
-causal, the same shapes as bench_cuda.cpp. One JSON object per case: {"case", "fa3_ms", "fa2_ms"}
+Times BatchPrefillWithPagedKVCacheWrapper with backend "fa3" and "fa2" on a paged bf16 cache
+(e4m3 for the "fp8kv" cases, which always time fa2 too) with shuffled pages (NHD), 32 q / 8 kv
+heads (the MLA prefill cases: 16 / 16, head dims 192 / 128), causal, the same shapes as
+bench_cuda.cpp. One JSON object per case: {"case", "fa3_ms", "fa2_ms"}
 (median of triton.testing.do_bench; null when the backend refuses); where the paged wrapper
 refuses a case, BatchPrefillWithRaggedKVCacheWrapper on contiguous K/V is tried as
 "<backend>_ragged_ms". FlashInfer JIT-compiles each kernel variant on first use (about a minute)."""
@@ -33,6 +34,10 @@ CASES = [  # name, bs, qo, prefix, page, d, tree[, hq, hkv, dv]
     ("mla_prefill_b4_s4096_h16", 4, 4096, 0, 16, 192, False, 16, 16, 128),
     ("mla_prefill_b1_s8192_h16", 1, 8192, 0, 16, 192, False, 16, 16, 128),
     ("mla_extend_q512_prefix8192_h16", 4, 512, 8192, 16, 192, False, 16, 16, 128),
+    # fp8 e4m3 K/V cache with bf16 queries (the "fp8kv" prefix picks the cache type), last: a
+    # backend may refuse them, and their JIT builds come after every bf16 case's.
+    ("fp8kv_causal_b4_s4096", 4, 4096, 0, 16, 128, False),
+    ("fp8kv_ext_q512_prefix8192", 4, 512, 8192, 16, 128, False),
 ]
 
 
@@ -62,9 +67,10 @@ def run(name, bs, qo, prefix, ps, d, tree, hq=32, hkv=8, dv=None, *, backend, ws
     kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev) * pages
     last = torch.full((bs,), kv - (pages - 1) * ps, dtype=torch.int32, device=dev)
     qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev) * qo
+    kvt = torch.float8_e4m3fn if name.startswith("fp8kv") else bf
     q = torch.randn(bs * qo, hq, d, device=dev, dtype=bf)
-    kc = torch.randn(num, ps, hkv, d, device=dev, dtype=bf)
-    vc = torch.randn(num, ps, hkv, dv, device=dev, dtype=bf)
+    kc = torch.randn(num, ps, hkv, d, device=dev, dtype=bf).to(kvt)
+    vc = torch.randn(num, ps, hkv, dv, device=dev, dtype=bf).to(kvt)
     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
     kwargs = {}
     if tree:
@@ -83,7 +89,7 @@ def run(name, bs, qo, prefix, ps, d, tree, hq=32, hkv=8, dv=None, *, backend, ws
     if dv != d:
         kwargs["head_dim_vo"] = dv
     w.plan(qo_indptr, kv_indptr, ids, last, hq, hkv, d, ps, causal=not tree,
-           q_data_type=bf, kv_data_type=bf, **kwargs)
+           q_data_type=bf, kv_data_type=kvt, **kwargs)
     fn = lambda: w.run(q, (kc, vc))  # noqa: E731
     fn()
     torch.cuda.synchronize()
@@ -99,7 +105,8 @@ def main():
         if filters and not any(f in case[0] for f in filters):
             continue
         r = {"case": case[0]}
-        for backend in backends:
+        fp8_extra = ["fa2"] if case[0].startswith("fp8kv") and "fa2" not in backends else []
+        for backend in backends + fp8_extra:
             try:
                 r[f"{backend}_ms"] = run(*case, backend=backend, ws=ws)
             except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal
