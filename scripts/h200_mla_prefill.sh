@@ -11,7 +11,8 @@
 #            EXTRA="name:filter:VAR=v ..." this tree's bench cases matching filter under VAR=v,
 #            ROUNDS times each (e.g. EXTRA="tbt:mla_:PAGODA_SM90_OVERLAP=0"); CONFORMANCE=1 adds
 #            this tree's full conformance grid on cuda; MEMCHECK="gtest filter" replaces the
-#            memcheck tests; RACECHECK="gtest filter" adds a racecheck run (RACE_TIMEOUT s).
+#            memcheck tests; RACECHECK="test:test..." adds a racecheck run of each (RACE_TIMEOUT s);
+#            AB_FILTERS (default "prefill extend tree") names the bench filters of the A/B rounds.
 #   STAGE=B: builds this tree when the machine lost it; with TESTS="gtest filter" those GPU tests
 #            (PAGODA_REQUIRE_GPU=1); pagoda_cuda_bench; the cuDNN / flash / memory-efficient SDPA
 #            peers with the machine's ceilings (bench/cuda/peers.py); `pagoda conformance
@@ -80,13 +81,15 @@ if [ "$STAGE" = A ]; then
     PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
       --gtest_filter="${MEMCHECK:-CudaExtend.MlaPrefillDims192x128}" > "$R/memcheck.log" 2>&1
     echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
-    # RACECHECK="gtest filter": racecheck on those tests, cut at RACE_TIMEOUT seconds (100
-    # by default) so that a slow run leaves the A/B below its time.
-    if [ -n "${RACECHECK:-}" ]; then
-      PAGODA_REQUIRE_GPU=1 timeout "${RACE_TIMEOUT:-100}" "$SAN" --tool racecheck --error-exitcode 9 \
-        $M/cuda_attention_tests --gtest_filter="$RACECHECK" > "$R/racecheck.log" 2>&1
-      echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck.log" | tr '\n' ' ')"
-    fi
+    # RACECHECK="test:test...": racecheck on each of those tests in turn, each cut at
+    # RACE_TIMEOUT seconds (60 by default) so that one slow run costs neither the others nor the
+    # A/B below much time.
+    IFS=: read -r -a race_tests <<< "${RACECHECK:-}"
+    for rt in "${race_tests[@]}"; do
+      PAGODA_REQUIRE_GPU=1 timeout "${RACE_TIMEOUT:-60}" "$SAN" --tool racecheck --error-exitcode 9 \
+        $M/cuda_attention_tests --gtest_filter="$rt" > "$R/racecheck_$rt.log" 2>&1
+      echo "racecheck $rt rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck_$rt.log" | tr '\n' ' ')"
+    done
     stamp sanitized
   fi
   if [ "${CONFORMANCE:-0}" = 1 ]; then  # this tree on the full grid (mla-prefill column included)
@@ -95,7 +98,7 @@ if [ "$STAGE" = A ]; then
     stamp conformance
   fi
   for r in $(seq 1 "${ROUNDS:-2}"); do
-    for c in prefill extend tree; do
+    for c in ${AB_FILTERS:-prefill extend tree}; do
       bench main "main_${c}_$r" "$c"
       [ -x /tmp/b-base/tests/cuda/pagoda_cuda_bench ] && bench base "base_${c}_$r" "$c"
     done
