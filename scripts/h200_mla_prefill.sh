@@ -12,6 +12,8 @@
 #            ROUNDS times each (e.g. EXTRA="tbt:mla_:PAGODA_SM90_OVERLAP=0"); CONFORMANCE=1 adds
 #            this tree's full conformance grid on cuda; MEMCHECK="gtest filter" replaces the
 #            memcheck tests; RACECHECK="test:test..." adds a racecheck run of each (RACE_TIMEOUT s);
+#            SYNCCHECK="gtest filter" a synccheck run; SANITIZE_FIRST=1 runs the sanitizers
+#            before the whole test binary;
 #            AB_FILTERS (default "prefill extend tree") names the bench filters of the A/B rounds.
 #   STAGE=B: builds this tree when the machine lost it; with TESTS="gtest filter" those GPU tests
 #            (PAGODA_REQUIRE_GPU=1); pagoda_cuda_bench; the cuDNN / flash / memory-efficient SDPA
@@ -72,26 +74,39 @@ if [ "$STAGE" = A ]; then
   # shellcheck disable=SC2086
   wait $pids
   stamp built
-  PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
-  echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
-  grep -E "^\[  FAILED|Failure|Expected|Which is|seed|runs the" "$R/tests.log" | head -20
-  stamp tested
-  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-  if [ -n "$SAN" ]; then
-    PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
-      --gtest_filter="${MEMCHECK:-CudaExtend.MlaPrefillDims192x128}" > "$R/memcheck.log" 2>&1
-    echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
-    # RACECHECK="test:test...": racecheck on each of those tests in turn, each cut at
-    # RACE_TIMEOUT seconds (60 by default) so that one slow run costs neither the others nor the
-    # A/B below much time.
-    IFS=: read -r -a race_tests <<< "${RACECHECK:-}"
-    for rt in "${race_tests[@]}"; do
-      PAGODA_REQUIRE_GPU=1 timeout "${RACE_TIMEOUT:-60}" "$SAN" --tool racecheck --error-exitcode 9 \
-        $M/cuda_attention_tests --gtest_filter="$rt" > "$R/racecheck_$rt.log" 2>&1
-      echo "racecheck $rt rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck_$rt.log" | tr '\n' ' ')"
-    done
-    stamp sanitized
-  fi
+  sanitize() {
+    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+    if [ -n "$SAN" ]; then
+      PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
+        --gtest_filter="${MEMCHECK:-CudaExtend.MlaPrefillDims192x128}" > "$R/memcheck.log" 2>&1
+      echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
+      # RACECHECK="test:test...": racecheck on each of those tests in turn, each cut at
+      # RACE_TIMEOUT seconds (60 by default) so that one slow run costs neither the others nor the
+      # A/B below much time.
+      IFS=: read -r -a race_tests <<< "${RACECHECK:-}"
+      for rt in "${race_tests[@]}"; do
+        PAGODA_REQUIRE_GPU=1 timeout "${RACE_TIMEOUT:-60}" "$SAN" --tool racecheck --error-exitcode 9 \
+          $M/cuda_attention_tests --gtest_filter="$rt" > "$R/racecheck_$rt.log" 2>&1
+        echo "racecheck $rt rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck_$rt.log" | tr '\n' ' ')"
+      done
+      # SYNCCHECK="gtest filter": synccheck (barrier use) on those tests, cut at 90 s.
+      if [ -n "${SYNCCHECK:-}" ]; then
+        PAGODA_REQUIRE_GPU=1 timeout 90 "$SAN" --tool synccheck --error-exitcode 9 \
+          $M/cuda_attention_tests --gtest_filter="$SYNCCHECK" > "$R/synccheck.log" 2>&1
+        echo "synccheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/synccheck.log" | tr '\n' ' ')"
+      fi
+      stamp sanitized
+    fi
+  }
+  run_tests() {
+    PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
+    echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+    grep -E "^\[  FAILED|Failure|Expected|Which is|seed|runs the" "$R/tests.log" | head -20
+    stamp tested
+  }
+  # SANITIZE_FIRST=1: the sanitizer runs before the whole test binary (a call short of time
+  # then loses the tests' run, not the sanitizers').
+  if [ "${SANITIZE_FIRST:-0}" = 1 ]; then sanitize; run_tests; else run_tests; sanitize; fi
   if [ "${CONFORMANCE:-0}" = 1 ]; then  # this tree on the full grid (mla-prefill column included)
     timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
     echo "conformance rc=$?"; grep -E "^  (cuda|mutant)|^\| cuda " "$R/conformance.txt" | head -16
