@@ -5,7 +5,8 @@
 # device's working tree (PATCHES="a.patch b.patch", paths from the repo root; git apply, else
 # patch -p1), and scripts/h200_mla_prefill.sh STAGE=A builds both and compares them, the patched
 # tree as "main" (its settings pass through: COMMIT, ROUNDS, EXTRA, CONFORMANCE, MEMCHECK,
-# RACECHECK, AB_FILTERS). A patch that does not apply stops the call before any build. Example
+# RACECHECK, SYNCCHECK, SANITIZE_FIRST, AB_FILTERS). A patch that does not apply stops the call
+# before any build. Example
 # (bench/results/sm90_unit_lists_prep_5265e93/README.md):
 #   PATCHES="bench/results/sm90_mla192_prep_bfee805/mla192_k64_overlap.patch
 #            bench/results/sm90_unit_lists_prep_5265e93/unit_lists.patch" COMMIT=<head>+patches
