@@ -6,6 +6,7 @@
 #   device_build_tree NAME DIR JOBS TARGETS... — the same for the tree in DIR, in /tmp/b-NAME
 #   (logs cfg_NAME.log / build_NAME.log in $R; prints "build NAME rc=… s"); for same-call A/Bs of
 #   several trees, run in the background and waited on by pid.
+#   device_sanitize TOOL SECONDS LOG BINARY ARGS... — one compute-sanitizer run (below).
 # device_deps FILE — from the repo root: unpacks the carried Debian packages (.debs,
 # scripts/gpu_deps.sh) into this shell's environment; without them and without PCRE2 on the
 # machine nothing configures, so it says so (also into FILE) and returns 1.
@@ -18,6 +19,20 @@ device_deps() {
       "here and name .debs in the device tool's carry" | tee "$1"
     return 1
   fi
+}
+
+# device_sanitize TOOL SECONDS LOG BINARY ARGS... — compute-sanitizer --tool TOOL on BINARY ARGS
+# (PAGODA_REQUIRE_GPU=1: a skipped GPU test fails), its output into LOG, cut at SECONDS; prints
+# "TOOL rc=N" with the run's gtest verdict and the sanitizer's summary line. Returns 1 when the
+# machine has no compute-sanitizer (and says so).
+device_sanitize() {
+  local tool=$1 secs=$2 log=$3 san rc
+  shift 3
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+  [ -n "$san" ] || { echo "$tool: no compute-sanitizer on this machine"; return 1; }
+  PAGODA_REQUIRE_GPU=1 timeout "$secs" "$san" --tool "$tool" --error-exitcode 9 "$@" > "$log" 2>&1
+  rc=$?
+  echo "$tool rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY|^\[  (PASSED|FAILED)' "$log" | tr '\n' ' ')"
 }
 
 device_setup() {

@@ -36,7 +36,7 @@ rm -rf "$R"; mkdir -p "$R" "$OUT"
 trap 'tar czf "$OUT/mla_prefill_$STAGE.tgz" -C "$R" .; cp "$R/summary.txt" "$OUT/summary_$STAGE.txt" 2>/dev/null' EXIT
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck disable=SC1091
-source scripts/device_lib.sh  # device_deps, device_build_tree (only functions: nothing runs)
+source scripts/device_lib.sh  # device_deps, device_build_tree, device_sanitize (only functions)
 device_deps "$R/summary.txt" || exit 1
 export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1
 exec > >(tee -a "$R/summary.txt") 2>&1
@@ -66,6 +66,27 @@ EOF
 
 stamp() { echo "[${SECONDS} s] $*"; }  # seconds since the script started: where a call's time went
 
+# STAGE A's sanitizers on this tree's tests: memcheck on MEMCHECK (one run); racecheck on each
+# RACECHECK test in turn, each cut at RACE_TIMEOUT seconds (60 by default) so that one slow run
+# costs neither the others nor the A/B much time; synccheck on SYNCCHECK when set.
+sanitize() {
+  local t=$M/cuda_attention_tests rt race_tests
+  device_sanitize memcheck 150 "$R/memcheck.log" "$t" \
+    --gtest_filter="${MEMCHECK:-CudaExtend.MlaPrefillDims192x128}" || return
+  IFS=: read -r -a race_tests <<< "${RACECHECK:-}"
+  for rt in "${race_tests[@]}"; do
+    echo "$rt: $(device_sanitize racecheck "${RACE_TIMEOUT:-60}" "$R/racecheck_$rt.log" "$t" --gtest_filter="$rt")"
+  done
+  [ -z "${SYNCCHECK:-}" ] || device_sanitize synccheck 90 "$R/synccheck.log" "$t" --gtest_filter="$SYNCCHECK"
+  stamp sanitized
+}
+run_tests() {  # [gtest filter]: this tree's cuda_attention_tests, all of them without one
+  PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests ${1:+--gtest_filter="$1"} > "$R/tests.log" 2>&1
+  echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED|Failure|Expected|Which is|seed|runs the" "$R/tests.log" | head -20
+  stamp tested
+}
+
 if [ "$STAGE" = A ]; then
   # Wait on the builds by pid: a bare `wait` also waits for the tee above, which never ends.
   device_build_tree main . 12 pagoda pagoda_cuda_bench cuda_attention_tests &
@@ -74,38 +95,6 @@ if [ "$STAGE" = A ]; then
   # shellcheck disable=SC2086
   wait $pids
   stamp built
-  sanitize() {
-    SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
-    if [ -n "$SAN" ]; then
-      PAGODA_REQUIRE_GPU=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
-        --gtest_filter="${MEMCHECK:-CudaExtend.MlaPrefillDims192x128}" > "$R/memcheck.log" 2>&1
-      echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
-      # RACECHECK="test:test...": racecheck on each of those tests in turn, each cut at
-      # RACE_TIMEOUT seconds (60 by default) so that one slow run costs neither the others nor the
-      # A/B below much time.
-      IFS=: read -r -a race_tests <<< "${RACECHECK:-}"
-      for rt in "${race_tests[@]}"; do
-        PAGODA_REQUIRE_GPU=1 timeout "${RACE_TIMEOUT:-60}" "$SAN" --tool racecheck --error-exitcode 9 \
-          $M/cuda_attention_tests --gtest_filter="$rt" > "$R/racecheck_$rt.log" 2>&1
-        echo "racecheck $rt rc=$? $(grep -E 'RACECHECK SUMMARY|^\[  (PASSED|FAILED)' "$R/racecheck_$rt.log" | tr '\n' ' ')"
-      done
-      # SYNCCHECK="gtest filter": synccheck (barrier use) on those tests, cut at 90 s.
-      if [ -n "${SYNCCHECK:-}" ]; then
-        PAGODA_REQUIRE_GPU=1 timeout 90 "$SAN" --tool synccheck --error-exitcode 9 \
-          $M/cuda_attention_tests --gtest_filter="$SYNCCHECK" > "$R/synccheck.log" 2>&1
-        echo "synccheck rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/synccheck.log" | tr '\n' ' ')"
-      fi
-      stamp sanitized
-    fi
-  }
-  run_tests() {
-    PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests > "$R/tests.log" 2>&1
-    echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
-    grep -E "^\[  FAILED|Failure|Expected|Which is|seed|runs the" "$R/tests.log" | head -20
-    stamp tested
-  }
-  # SANITIZE_FIRST=1: the sanitizer runs before the whole test binary (a call short of time
-  # then loses the tests' run, not the sanitizers').
   if [ "${SANITIZE_FIRST:-0}" = 1 ]; then sanitize; run_tests; else run_tests; sanitize; fi
   if [ "${CONFORMANCE:-0}" = 1 ]; then  # this tree on the full grid (mla-prefill column included)
     timeout 120 /tmp/b-main/pagoda conformance --backends cuda > "$R/conformance.txt" 2>&1
@@ -133,9 +122,7 @@ if [ "$STAGE" = B ]; then
   if [ -n "${TESTS:-}" ]; then
     [ -x $M/cuda_attention_tests ] && [ -x /tmp/b-main/pagoda ] ||
       device_build_tree main . 16 pagoda pagoda_cuda_bench cuda_attention_tests
-    PAGODA_REQUIRE_GPU=1 timeout 150 $M/cuda_attention_tests --gtest_filter="$TESTS" > "$R/tests.log" 2>&1
-    echo "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
-    grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -10
+    run_tests "$TESTS"
   else
     [ -x $M/pagoda_cuda_bench ] && [ -x /tmp/b-main/pagoda ] || device_build_tree main . 16 pagoda pagoda_cuda_bench
   fi

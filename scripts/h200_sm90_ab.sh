@@ -50,13 +50,11 @@ PAGODA_REQUIRE_GPU=1 timeout 200 $M/cuda_attention_tests ${TEST_FILTER:+--gtest_
   > "$R/tests.log" 2>&1
 echo "tests rc=$? ${SECONDS}s $(grep -E '^\[  (PASSED|FAILED)' "$R/tests.log" | tr '\n' ' ')"
 grep -E "^\[  FAILED|Failure|Expected|Which is" "$R/tests.log" | head -20
-SAN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 SAN_TESTS=${SAN_TESTS:-CudaExtend.MlaPrefillDims192x128:CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:MlaDecode.SanitizerSmall}
-if [ -n "$SAN" ] && [ "$SAN_TESTS" != none ]; then
+if [ "$SAN_TESTS" != none ]; then
   SECONDS=0
-  PAGODA_REQUIRE_GPU=1 timeout 200 "$SAN" --tool memcheck --error-exitcode 9 $M/cuda_attention_tests \
-    --gtest_filter="$SAN_TESTS" > "$R/memcheck.log" 2>&1
-  echo "memcheck rc=$? ${SECONDS}s $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED)' "$R/memcheck.log" | tr '\n' ' ')"
+  echo "$(device_sanitize memcheck 200 "$R/memcheck.log" $M/cuda_attention_tests \
+    --gtest_filter="$SAN_TESTS") ${SECONDS}s"
 fi
 IFS=';' read -r -a mla <<< "${MLA_SHAPES-64 16 4096 64 bf16;8 128 8192 64 bf16;128 128 4096 64 bf16;1 128 32768 64 bf16;8 128 8192 64 fp8_e4m3}"
 for r in $(seq 1 "${ROUNDS:-2}"); do
