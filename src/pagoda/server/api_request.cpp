@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +59,14 @@ bool bool_field(const json& body, const char* key) {
   return v.get<bool>();
 }
 
+/// 400 naming `prefix.key` for a non-null member of `obj` outside `allowed`.
+void reject_unknown_keys(const json& obj, std::initializer_list<std::string_view> allowed,
+                         const std::string& prefix) {
+  for (const auto& [key, value] : obj.items())
+    if (!value.is_null() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      throw_invalid(prefix + "." + key, "is not supported by this server");
+}
+
 std::string content_text(const json& content, const std::string& field) {
   if (content.is_null()) return {};
   if (content.is_string()) return content.get<std::string>();
@@ -111,6 +120,7 @@ void parse_messages(const json& body, ApiRequest& r) {
     if (!msg.contains("role") || !msg["role"].is_string() || msg["role"].get<std::string>().empty())
       throw_invalid(f + ".role", "must be a non-empty string");
     if (!msg.contains("content")) throw_invalid(f + ".content", "is required");
+    reject_unknown_keys(msg, {"role", "content"}, f);
     r.messages.push_back({msg["role"].get<std::string>(), content_text(msg["content"], f + ".content")});
   }
 }
@@ -133,9 +143,92 @@ void parse_stop(const json& body, ApiRequest& r) {
     if (x.empty()) throw_invalid("stop", "stop strings must not be empty");
 }
 
+bool known_field(std::string_view key, Endpoint endpoint) {
+  static constexpr std::string_view kCommon[] = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
+      "stream_options", "ignore_eos", "n", "presence_penalty", "frequency_penalty", "logprobs",
+      "user"};
+  static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
+  static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
+                                               "max_completion_tokens"};
+  auto in = [key](const auto& list) {
+    return std::find(std::begin(list), std::end(list), key) != std::end(list);
+  };
+  return in(kCommon) || (endpoint == Endpoint::kCompletions ? in(kCompletions) : in(kChat));
+}
+
+/// A SAX pass over the body before any DOM is built: it stops at the first top-level field this
+/// server does not implement (unless its value is null, i.e. not given) and bounds nesting and the
+/// number of values, so a large body cannot make the parser allocate a large tree.
+class ShapeCheck final : public nlohmann::json_sax<json> {
+ public:
+  explicit ShapeCheck(Endpoint endpoint) : endpoint_(endpoint) {}
+  std::string field, message;  ///< the error, when the pass stopped early
+
+  bool null() override { return scalar(true); }
+  bool boolean(bool) override { return scalar(false); }
+  bool number_integer(number_integer_t) override { return scalar(false); }
+  bool number_unsigned(number_unsigned_t) override { return scalar(false); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(false); }
+  bool string(string_t&) override { return scalar(false); }
+  bool binary(binary_t&) override { return scalar(false); }
+  bool start_object(std::size_t) override { return open(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1 && !known_field(k, endpoint_)) pending_ = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return fail("body", "is not valid JSON");
+  }
+
+ private:
+  bool fail(std::string f, std::string m) {
+    field = std::move(f);
+    message = std::move(m);
+    return false;
+  }
+  bool unsupported() { return fail(pending_, "is not supported by this server"); }
+  bool scalar(bool is_null) {
+    if (++values_ > kMaxJsonValues)
+      return fail("body", "has more than " + std::to_string(kMaxJsonValues) + " JSON values");
+    if (depth_ == 1 && !pending_.empty()) {
+      if (!is_null) return unsupported();
+      pending_.clear();
+    }
+    return true;
+  }
+  bool open() {  // a container is one value, then a level deeper
+    if (!scalar(false)) return false;
+    if (++containers_ > kMaxJsonContainers)
+      return fail("body", "has more than " + std::to_string(kMaxJsonContainers) +
+                              " JSON objects and arrays");
+    if (++depth_ > kMaxJsonDepth)
+      return fail("body", "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  Endpoint endpoint_;
+  int depth_ = 0;
+  int64_t values_ = 0;
+  int64_t containers_ = 0;
+  std::string pending_;  ///< an unknown top-level key whose value comes next
+};
+
 }  // namespace
 
 ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
+  ShapeCheck shape(endpoint);
+  if (!json::sax_parse(body_text.begin(), body_text.end(), &shape)) {
+    if (shape.field.empty()) throw_invalid("body", "is not valid JSON");
+    throw_invalid(shape.field, shape.message);
+  }
   json body = json::parse(body_text.begin(), body_text.end(), nullptr, false);
   if (body.is_discarded()) throw_invalid("body", "is not valid JSON");
   if (!body.is_object()) throw_invalid("body", "must be a JSON object");
@@ -176,6 +269,7 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
     const json& so = body["stream_options"];
     if (!so.is_object()) throw_invalid("stream_options", "must be an object");
     if (!r.stream) throw_invalid("stream_options", "is only allowed with stream: true");
+    reject_unknown_keys(so, {"include_usage"}, "stream_options");
     if (present(so, "include_usage")) {
       if (!so["include_usage"].is_boolean())
         throw_invalid("stream_options.include_usage", "must be a boolean");
@@ -194,6 +288,12 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
   if (present(body, "best_of") && int_field(body, "best_of", 1, 1 << 20) != 1)
     throw_invalid("best_of", "only best_of = 1 is supported");
   return r;
+}
+
+std::string client_text(std::string_view text) {
+  const std::string s(text);
+  const std::string dumped = json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+  return json::parse(dumped).get<std::string>();
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {

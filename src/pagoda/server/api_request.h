@@ -59,10 +59,27 @@ struct ApiRequest {
   bool add_generation_prompt = true;    ///< chat
 };
 
+/// Bounds of a request body's JSON (checked before any tree is built): nesting depth, the number
+/// of values (containers included) and of objects and arrays (the costly nodes: a chat of 65536
+/// messages fits). With the body's size (the server's --max-request-bytes) they bound the
+/// memory a parse takes.
+inline constexpr int kMaxJsonDepth = 16;
+inline constexpr int64_t kMaxJsonValues = int64_t{1} << 21;
+inline constexpr int64_t kMaxJsonContainers = int64_t{1} << 16;
+
 /// Parses and validates a request body. Throws ApiError(400) naming the field for malformed
-/// JSON, wrong types, out-of-range values or unsupported options (n > 1, logprobs, non-zero
-/// penalties, batched prompts). Unknown fields are ignored, as OpenAI-compatible servers do.
+/// JSON, wrong types, out-of-range values, a top-level field this server does not implement
+/// (e.g. tools, tool_choice, response_format, logit_bias, suffix, or a misspelt one; a null
+/// value counts as absent) and unsupported values (n > 1, logprobs, non-zero penalties, batched
+/// prompts); ApiError(400) naming `body` past kMaxJsonDepth, kMaxJsonValues or
+/// kMaxJsonContainers. A SAX pass checks
+/// the fields and the bounds before the tree is built, so parse memory is bounded by the body.
 ApiRequest parse_api_request(std::string_view body, Endpoint endpoint);
+
+/// The text a client receives for `text` once it is written into a JSON response: invalid UTF-8
+/// replaced by U+FFFD the way the server's JSON writer does it (nlohmann's `replace` handler,
+/// applied here through that writer). Valid UTF-8 comes back unchanged.
+std::string client_text(std::string_view text);
 
 /// StopMatcher: finds the first stop string to complete in streamed text (smallest end; on a
 /// tie the earliest start — the result does not depend on how the text is chunked) and holds

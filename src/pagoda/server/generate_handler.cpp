@@ -1,7 +1,10 @@
 // POST /v1/completions and /v1/chat/completions: request → prompt ids → EngineLoop → JSON or
 // server-sent events.
 #include <httplib.h>
+#include <malloc.h>
 
+#include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <fstream>
 #include <memory>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
+#include "pagoda/server/http_server.h"
 #include "pagoda/server/server_state.h"
 #include "pagoda/tokenizer/incremental_detokenizer.h"
 
@@ -23,6 +27,16 @@ void set_error(httplib::Response& res, const ApiError& e) {
   res.set_content(e.to_json(), "application/json");
 }
 
+bool authorized(const ServerState& s, const httplib::Request& req) {
+  if (s.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return true;
+  return req.get_header_value("Authorization") == "Bearer " + s.api_key;
+}
+
+ApiError unauthorized() {
+  return ApiError(401, "authentication_error",
+                  "missing or wrong API key (send 'Authorization: Bearer <key>')");
+}
+
 int64_t resident_bytes() {
   std::ifstream in("/proc/self/statm");
   int64_t size = 0, resident = 0;
@@ -31,6 +45,14 @@ int64_t resident_bytes() {
 }
 
 namespace {
+
+/// Requests with a body at least this large return freed heap pages to the system afterwards.
+constexpr size_t kTrimAfterBodyBytes = size_t{1} << 20;
+/// How often a non-streamed request checks that its client is still connected.
+constexpr int kDisconnectPollMs = 100;
+/// The status recorded (in /metrics) for a request whose client left before its answer (as
+/// nginx's 499); nothing reaches the client.
+constexpr int kClientClosedRequest = 499;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -93,7 +115,10 @@ std::vector<int32_t> prompt_ids(const ServerState& s, const ApiRequest& r) {
   return ids;
 }
 
-/// Detokenizes and stop-matches one request's tokens (the HTTP thread's side).
+/// Detokenizes and stop-matches one request's tokens (the HTTP thread's side). Stop strings are
+/// matched on the text the client receives (client_text: invalid UTF-8 already U+FFFD); the
+/// detokenizer emits pieces that end on a complete sequence, so converting piece by piece gives
+/// the same text as converting the whole.
 struct TextState {
   tokenizer::IncrementalDetokenizer detok;
   StopMatcher stop;
@@ -107,17 +132,31 @@ struct TextState {
     for (int32_t t : tokens) {
       if (stop.stopped()) break;
       ++completion_tokens;
-      out += stop.push(detok.push(t));
+      out += stop.push(client_text(detok.push(t)));
     }
     return out;
   }
   std::string finish() {
     if (stop.stopped()) return {};
-    std::string out = stop.push(detok.finish());
+    std::string out = stop.push(client_text(detok.finish()));
     if (!stop.stopped()) out += stop.finish();
     return out;
   }
 };
+
+/// 415 unless the body is declared `application/json` (parameters such as charset allowed).
+void check_json_content_type(const httplib::Request& req) {
+  std::string type = req.get_header_value("Content-Type");
+  type = type.substr(0, type.find(';'));
+  while (!type.empty() && type.back() == ' ') type.pop_back();
+  std::transform(type.begin(), type.end(), type.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (type != "application/json")
+    throw ApiError(415, "invalid_request_error",
+                   "Content-Type must be application/json (got '" +
+                       req.get_header_value("Content-Type") + "')",
+                   "Content-Type");
+}
 
 json usage_json(int64_t prompt, int64_t completion) {
   return {{"prompt_tokens", prompt},
@@ -206,6 +245,8 @@ bool stream_step(StreamJob& job, httplib::DataSink& sink) {
 void handle_generate(ServerState& s, Endpoint endpoint, const httplib::Request& req,
                      httplib::Response& res) {
   try {
+    if (!authorized(s, req)) throw unauthorized();
+    check_json_content_type(req);
     ApiRequest r = parse_api_request(req.body, endpoint);
     if (r.model && *r.model != s.model_name)
       throw ApiError(404, "NotFoundError", "the model '" + *r.model + "' does not exist (serving '" +
@@ -253,13 +294,18 @@ void handle_generate(ServerState& s, Endpoint endpoint, const httplib::Request& 
     std::string out;
     RequestStream::Update u;
     for (;;) {
-      u = stream->wait(1000);
+      u = stream->wait(kDisconnectPollMs);
       out += text.push(u.tokens);
       if (text.stop.stopped()) {
         s.loop->cancel(stream);
         break;
       }
       if (u.finished) break;
+      if (HttpServer::client_gone()) {  // nobody will read the answer: free the engine's work
+        s.loop->cancel(stream);
+        res.status = kClientClosedRequest;
+        return;
+      }
     }
     if (u.finished && u.reason == engine::FinishReason::kError && !text.stop.stopped())
       throw ApiError(u.error_status ? u.error_status : 500,
@@ -283,6 +329,9 @@ void handle_generate(ServerState& s, Endpoint endpoint, const httplib::Request& 
   } catch (const ApiError& e) {
     set_error(res, e);
   }
+  // A large body's parse freed many small blocks, which glibc keeps in this thread's arena:
+  // hand the free pages back to the system so resident memory returns to its idle size.
+  if (req.body.size() >= kTrimAfterBodyBytes) ::malloc_trim(0);
 }
 
 }  // namespace pagoda::server

@@ -34,7 +34,15 @@ struct ServerState {
   ServerMetrics* metrics = nullptr;
   std::atomic<uint64_t> next_id{1};
   uint64_t seed_base = 0;
+  std::string api_key;  ///< empty: no authentication
 };
+
+/// Whether `req` may use /v1/*: no --api-key, or `Authorization: Bearer <key>`; paths outside
+/// /v1/ are always allowed.
+bool authorized(const ServerState& s, const httplib::Request& req);
+
+/// The 401 answer of a request that is not authorized.
+ApiError unauthorized();
 
 /// POST /v1/completions and /v1/chat/completions. Answers errors as OpenAI JSON.
 void handle_generate(ServerState& state, Endpoint endpoint, const httplib::Request& req,

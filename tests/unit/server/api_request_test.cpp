@@ -6,12 +6,19 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagoda/server/api_request.h"
 
 namespace pagoda::server {
 namespace {
+
+/// PAGODA_TEST_SEED when set (to replay a failure), else a random seed; tests print it.
+unsigned test_seed() {
+  const char* env = std::getenv("PAGODA_TEST_SEED");
+  return env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+}
 
 ApiError expect_error(const std::string& body, Endpoint ep = Endpoint::kCompletions) {
   try {
@@ -104,9 +111,7 @@ TEST(ApiRequest, NamesTheBadField) {
 /// Reference: the emitted text is the whole text cut before the stop string that completes first
 /// (a direct search of the whole text).
 TEST(StopMatcher, MatchesADirectSearchOnRandomChunks) {
-  const char* env = std::getenv("PAGODA_TEST_SEED");
-  const unsigned seed = env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10))
-                            : std::random_device{}();
+  const unsigned seed = test_seed();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
   const std::string alphabet = "abc";
@@ -151,6 +156,105 @@ TEST(StopMatcher, MatchesADirectSearchOnRandomChunks) {
     for (const auto& s : stops) all += "'" + s + "' ";
     ASSERT_EQ(got, want) << "seed " << seed << " text " << text << " stops " << all;
   }
+}
+
+TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
+  const std::vector<std::tuple<std::string, Endpoint, std::string>> cases = {
+      {R"({"prompt":"x","tools":[{"type":"function"}]})", Endpoint::kCompletions, "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", Endpoint::kChat, "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none"})", Endpoint::kChat,
+       "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       Endpoint::kChat, "response_format"},
+      {R"({"prompt":"x","logit_bias":{"1":2}})", Endpoint::kCompletions, "logit_bias"},
+      {R"({"prompt":"x","suffix":"y"})", Endpoint::kCompletions, "suffix"},
+      {R"({"prompt":"x","temprature":0})", Endpoint::kCompletions, "temprature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", Endpoint::kChat, "echo"},
+      {R"({"prompt":"x","messages":[]})", Endpoint::kCompletions, "messages"},
+      {R"({"messages":[{"role":"user","content":"x","name":"b"}]})", Endpoint::kChat,
+       "messages[0].name"},
+      {R"({"prompt":"x","stream":true,"stream_options":{"x":1}})", Endpoint::kCompletions,
+       "stream_options.x"},
+  };
+  for (const auto& [body, ep, field] : cases) {
+    const ApiError e = expect_error(body, ep);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, field) << body;
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+  // null means "not given": accepted.
+  EXPECT_EQ(*parse_api_request(R"({"prompt":"x","tools":null,"suffix":null})",
+                               Endpoint::kCompletions).prompt, "x");
+}
+
+TEST(ApiRequest, BoundsNestingAndValueCount) {
+  auto nested = [](int depth) {
+    return R"({"prompt":)" + std::string(depth, '[') + "1" + std::string(depth, ']') + "}";
+  };
+  // Depth counts the top-level object: a prompt nested kMaxJsonDepth - 1 deep fits the bound
+  // (and is then refused as a prompt), one more level is refused as a body.
+  EXPECT_EQ(expect_error(nested(kMaxJsonDepth - 1)).param, "prompt");
+  EXPECT_EQ(expect_error(nested(kMaxJsonDepth)).param, "body");
+  // An unimplemented field is refused before its (large, deep) value is looked at.
+  EXPECT_EQ(expect_error(R"({"prompt":"x","extra":)" + std::string(100000, '[')).param, "extra");
+  auto arrays = [](int64_t n) {  // the object, the outer array and n - 2 inner arrays
+    std::string b = R"({"prompt":[)";
+    for (int64_t i = 0; i < n - 2; ++i) b += "[1],";
+    b.back() = ']';
+    return b + "}";
+  };
+  EXPECT_EQ(expect_error(arrays(kMaxJsonContainers)).param, "prompt");  // fits; then one prompt only
+  EXPECT_EQ(expect_error(arrays(kMaxJsonContainers + 1)).param, "body");
+  std::string ids = R"({"prompt":[)";
+  for (int64_t i = 0; i < kMaxJsonValues; ++i) ids += "1,";
+  ids.back() = ']';
+  EXPECT_EQ(expect_error(ids + "}").param, "body");  // the object, the array and 2^21 ids
+  ids.resize(ids.size() - 5);  // two ids fewer: drop ",1,1]"
+  ids += "]}";
+  EXPECT_EQ(parse_api_request(ids, Endpoint::kCompletions).prompt_ids.size(),
+            static_cast<size_t>(kMaxJsonValues - 2));
+}
+
+TEST(ClientText, ValidUtf8IsUnchangedOnRandomText) {
+  const unsigned seed = test_seed();
+  std::printf("client_text seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string s;
+    const int n = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int i = 0; i < n; ++i) {  // random code points of every length, no surrogates
+      static constexpr uint32_t kMax[] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+      const int len = std::uniform_int_distribution<int>(0, 3)(rng);
+      uint32_t cp = std::uniform_int_distribution<uint32_t>(len ? kMax[len - 1] + 1 : 0, kMax[len])(rng);
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0x20;
+      if (cp < 0x80) {
+        s += static_cast<char>(cp);
+      } else if (cp < 0x800) {
+        s += static_cast<char>(0xC0 | (cp >> 6));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        s += static_cast<char>(0xE0 | (cp >> 12));
+        s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      } else {
+        s += static_cast<char>(0xF0 | (cp >> 18));
+        s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+        s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+    }
+    EXPECT_EQ(client_text(s), s);
+  }
+}
+
+TEST(ClientText, InvalidUtf8BecomesReplacementCharacters) {
+  // The Unicode Standard's example of U+FFFD substitution (chapter 3, "maximal subparts"):
+  // 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 -> a FFFD FFFD FFFD b FFFD c FFFD FFFD d.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(client_text("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"),
+            "a" + r + r + r + "b" + r + "c" + r + r + "d");
+  EXPECT_EQ(client_text("\xC3"), r);  // an incomplete sequence at the end
+  EXPECT_EQ(client_text("x\xC3\xA9y"), "x\xC3\xA9y");
 }
 
 }  // namespace
