@@ -163,9 +163,10 @@ int run_server(const ServeOptions& o) {
   state.pool_tokens = engine.stats().pool_tokens;
   state.seed_base = std::random_device{}();
   state.api_key = o.api_key;
+  state.max_inflight = static_cast<int64_t>(o.max_running) + o.max_queue;
 
   ServerMetrics metrics;
-  EngineLoop loop(engine, metrics, static_cast<int64_t>(o.max_running) + o.max_queue);
+  EngineLoop loop(engine, metrics, state.max_inflight);
   state.loop = &loop;
   state.metrics = &metrics;
 
@@ -220,6 +221,12 @@ int run_server(const ServeOptions& o) {
   });
   svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_generate(state, Endpoint::kChat, req, res);
+  });
+  svr.Post("/v1/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_tokenize(state, req, res);
+  });
+  svr.Post("/v1/detokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_detokenize(state, req, res);
   });
   svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", state.model_name},

@@ -1,7 +1,8 @@
 #pragma once
 /// `pagoda serve`: an OpenAI-compatible HTTP server (cpp-httplib) over one engine.
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events
-/// ending with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
+/// ending with `data: [DONE]`), POST /v1/tokenize, POST /v1/detokenize, GET /v1/models,
+/// GET /health, GET /metrics (Prometheus text).
 /// Threads: httplib's pool runs the handlers (HttpServer: httplib with a configurable backlog
 /// and client-disconnect detection); one EngineLoop thread owns the model and engine;
 /// a signal thread turns SIGTERM / SIGINT into a drain (new requests get 503, running ones

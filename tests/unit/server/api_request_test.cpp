@@ -37,7 +37,8 @@ TEST(ApiRequest, ParsesACompletion) {
       R"("ignore_eos":true,"user":"x","n":1})",
       Endpoint::kCompletions);
   EXPECT_EQ(*r.model, "m");
-  EXPECT_EQ(*r.prompt, "hi");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(*r.prompts[0].text, "hi");
   EXPECT_EQ(*r.max_tokens, 7);
   EXPECT_FLOAT_EQ(r.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.top_p, 0.9f);
@@ -49,9 +50,9 @@ TEST(ApiRequest, ParsesACompletion) {
 }
 
 TEST(ApiRequest, ParsesTokenIdsAndChat) {
-  EXPECT_EQ(parse_api_request(R"({"prompt":[1,2,3]})", Endpoint::kCompletions).prompt_ids,
+  EXPECT_EQ(parse_api_request(R"({"prompt":[1,2,3]})", Endpoint::kCompletions).prompts[0].ids,
             (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(*parse_api_request(R"({"prompt":["x"]})", Endpoint::kCompletions).prompt, "x");
+  EXPECT_EQ(*parse_api_request(R"({"prompt":["x"]})", Endpoint::kCompletions).prompts[0].text, "x");
   const ApiRequest c = parse_api_request(
       R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"max_completion_tokens":3})",
       Endpoint::kChat);
@@ -60,13 +61,59 @@ TEST(ApiRequest, ParsesTokenIdsAndChat) {
   EXPECT_EQ(*c.max_tokens, 3);
 }
 
+TEST(ApiRequest, ParsesPromptListsChoicesAndStopIds) {
+  const ApiRequest r = parse_api_request(
+      R"({"prompt":["a",[5,6],"b"],"n":3,"best_of":3,"echo":true,"stop_token_ids":[7,8]})",
+      Endpoint::kCompletions);
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(*r.prompts[0].text, "a");
+  EXPECT_FALSE(r.prompts[1].text.has_value());
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(*r.prompts[2].text, "b");
+  EXPECT_EQ(r.n, 3);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{7, 8}));
+  const TokenizeRequest t = parse_tokenize_request(R"({"prompt":"hi","add_special_tokens":false})");
+  EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_FALSE(t.add_special_tokens);
+  EXPECT_EQ(parse_tokenize_request(R"({"messages":[{"role":"user","content":"x"}]})").messages.size(),
+            1u);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens":[1,2]})").tokens, (std::vector<int32_t>{1, 2}));
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt":"a","messages":[]})", "prompt"},
+           {R"({})", "prompt"},
+           {R"({"prompt":"a","max_tokens":3})", "max_tokens"}}) {
+    try {
+      parse_tokenize_request(body);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, field) << body;
+    }
+  }
+  try {
+    parse_detokenize_request(R"({"tokens":[1,"x"]})");
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tokens");
+  }
+}
+
 TEST(ApiRequest, NamesTheBadField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"(nope)", "body"},
       {R"([1])", "body"},
       {R"({})", "prompt"},
       {R"({"prompt":5})", "prompt"},
-      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"prompt":["a",[]]})", "prompt[1]"},
+      {R"({"prompt":["a",[1,-1]]})", "prompt[1]"},
+      {R"({"prompt":[[1],"b",{}]})", "prompt[2]"},
+      {R"({"prompt":"x","n":0})", "n"},
+      {R"({"prompt":"x","n":129})", "n"},
+      {R"({"prompt":["a","b","c"],"n":43})", "n"},
+      {R"({"prompt":"x","n":2,"best_of":3})", "best_of"},
+      {R"({"prompt":"x","stop_token_ids":[1,-2]})", "stop_token_ids"},
+      {R"({"prompt":"x","stop_token_ids":3})", "stop_token_ids"},
+      {R"({"prompt":"x","echo":1})", "echo"},
       {R"({"prompt":[1,-2]})", "prompt"},
       {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
       {R"({"prompt":"x","max_tokens":1.5})", "max_tokens"},
@@ -82,7 +129,6 @@ TEST(ApiRequest, NamesTheBadField) {
       {R"({"prompt":"x","stop":3})", "stop"},
       {R"({"prompt":"x","stream":"yes"})", "stream"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
-      {R"({"prompt":"x","n":2})", "n"},
       {R"({"prompt":"x","logprobs":5})", "logprobs"},
       {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
       {R"({"prompt":"x","model":3})", "model"},
@@ -103,7 +149,7 @@ TEST(ApiRequest, NamesTheBadField) {
                 .param,
             "messages[0].content[0].type");
   // The error JSON has OpenAI's shape.
-  const std::string j = expect_error(R"({"prompt":"x","n":2})").to_json();
+  const std::string j = expect_error(R"({"prompt":"x","n":0})").to_json();
   EXPECT_NE(j.find(R"("error":{)"), std::string::npos) << j;
   EXPECT_NE(j.find(R"("param":"n")"), std::string::npos) << j;
 }
@@ -184,7 +230,7 @@ TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
   }
   // null means "not given": accepted.
   EXPECT_EQ(*parse_api_request(R"({"prompt":"x","tools":null,"suffix":null})",
-                               Endpoint::kCompletions).prompt, "x");
+                               Endpoint::kCompletions).prompts[0].text, "x");
 }
 
 TEST(ApiRequest, BoundsNestingAndValueCount) {
@@ -193,7 +239,7 @@ TEST(ApiRequest, BoundsNestingAndValueCount) {
   };
   // Depth counts the top-level object: a prompt nested kMaxJsonDepth - 1 deep fits the bound
   // (and is then refused as a prompt), one more level is refused as a body.
-  EXPECT_EQ(expect_error(nested(kMaxJsonDepth - 1)).param, "prompt");
+  EXPECT_EQ(expect_error(nested(kMaxJsonDepth - 1)).param, "prompt[0]");
   EXPECT_EQ(expect_error(nested(kMaxJsonDepth)).param, "body");
   // An unimplemented field is refused before its (large, deep) value is looked at.
   EXPECT_EQ(expect_error(R"({"prompt":"x","extra":)" + std::string(100000, '[')).param, "extra");
@@ -203,7 +249,7 @@ TEST(ApiRequest, BoundsNestingAndValueCount) {
     b.back() = ']';
     return b + "}";
   };
-  EXPECT_EQ(expect_error(arrays(kMaxJsonContainers)).param, "prompt");  // fits; then one prompt only
+  EXPECT_EQ(expect_error(arrays(kMaxJsonContainers)).param, "n");  // fits; then too many choices
   EXPECT_EQ(expect_error(arrays(kMaxJsonContainers + 1)).param, "body");
   std::string ids = R"({"prompt":[)";
   for (int64_t i = 0; i < kMaxJsonValues; ++i) ids += "1,";
@@ -211,7 +257,7 @@ TEST(ApiRequest, BoundsNestingAndValueCount) {
   EXPECT_EQ(expect_error(ids + "}").param, "body");  // the object, the array and 2^21 ids
   ids.resize(ids.size() - 5);  // two ids fewer: drop ",1,1]"
   ids += "]}";
-  EXPECT_EQ(parse_api_request(ids, Endpoint::kCompletions).prompt_ids.size(),
+  EXPECT_EQ(parse_api_request(ids, Endpoint::kCompletions).prompts[0].ids.size(),
             static_cast<size_t>(kMaxJsonValues - 2));
 }
 

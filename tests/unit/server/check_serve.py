@@ -279,6 +279,108 @@ def test_stop_on_client_text(pagoda, server):
     check_stop_cut(c, f"replacement {k}", full, full[at - 1:at + 1])
 
 
+def texts_by_index(r, stream):
+    """{choice index: text} of a completion (streamed chunks concatenated), the finish reasons,
+    and the usage."""
+    if not stream:
+        return ({ch.index: ch.text for ch in r.choices},
+                {ch.index: ch.finish_reason for ch in r.choices}, r.usage)
+    texts, reasons, usage = {}, {}, None
+    for chunk in r:
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                reasons[ch.index] = ch.finish_reason
+        usage = chunk.usage or usage
+    return texts, reasons, usage
+
+
+def test_choices(pagoda, server):
+    """A list of prompts, n > 1, echo and stop_token_ids through the openai client, against
+    `pagoda generate` on each prompt."""
+    c = client(server)
+    prompts = ["alpha", "beta gamma", "delta"]
+    want = [generate_reference(pagoda, p, 8) for p in prompts]
+    for stream in (False, True):
+        extra = {"stream_options": {"include_usage": True}} if stream else {}
+        r = c.completions.create(model="builtin", prompt=prompts, max_tokens=8, temperature=0, n=2,
+                                 stream=stream, extra_body={"ignore_eos": True}, **extra)
+        texts, reasons, usage = texts_by_index(r, stream)
+        check(texts == {i: want[i // 2] for i in range(6)},
+              f"prompts x n=2 (stream={stream}): choice i is prompt i // 2's greedy text: {texts}")
+        check(set(reasons.values()) == {"length"} and len(reasons) == 6, f"finish reasons {reasons}")
+        check(usage is not None and usage.completion_tokens == 48 and
+              usage.prompt_tokens == sum(len(p.encode()) + 1 for p in prompts),
+              f"usage counts each prompt once and every choice's tokens: {usage}")
+    # Sampled choices differ from one another and repeat with the same seed.
+    a = c.completions.create(model="builtin", prompt="sample", max_tokens=16, temperature=1.0, n=4,
+                             seed=11)
+    b = c.completions.create(model="builtin", prompt="sample", max_tokens=16, temperature=1.0, n=4,
+                             seed=11)
+    ta, tb = [ch.text for ch in a.choices], [ch.text for ch in b.choices]
+    check(len(set(ta)) > 1 and ta == tb, f"n=4 sampled choices differ and repeat by seed: {ta} {tb}")
+    chat = c.chat.completions.create(model="builtin", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=6, temperature=0, n=3, extra_body={"ignore_eos": True})
+    check(len({ch.message.content for ch in chat.choices}) == 1 and
+          [ch.index for ch in chat.choices] == [0, 1, 2], "chat n=3 greedy: three equal choices")
+    # echo: the prompt's text precedes the completion (token-id prompts: their decoded bytes).
+    for stream in (False, True):
+        r = c.completions.create(model="builtin", prompt="echo me", max_tokens=8, temperature=0,
+                                 echo=True, stream=stream, extra_body={"ignore_eos": True})
+        texts, _, _ = texts_by_index(r, stream)
+        check(texts == {0: "echo me" + generate_reference(pagoda, "echo me", 8)},
+              f"echo (stream={stream}): {texts}")
+    ids = list("ids é".encode())
+    r = c.completions.create(model="builtin", prompt=ids, max_tokens=1, echo=True)
+    check(r.choices[0].text.startswith("ids é"), f"echo of a token-id prompt: {r.choices[0].text!r}")
+    # stop_token_ids (the byte tokenizer: token b is byte b): the text ends before the first
+    # occurrence of that byte's character.
+    cut = None
+    for k in range(16):
+        prompt = f"stop ids {k}"
+        full = generate_reference(pagoda, prompt, 48)
+        cut = next((i for i in range(2, len(full))
+                    if full[i].isascii() and full[i].isprintable()), None)
+        if cut is not None:
+            break
+    check(cut is not None, f"a printable ASCII character in {full!r}")
+    if cut is not None:
+        ch = full[cut]
+        for stream in (False, True):
+            r = c.completions.create(model="builtin", prompt=prompt, max_tokens=48, temperature=0,
+                                     stream=stream, extra_body={"ignore_eos": True,
+                                                                "stop_token_ids": [ord(ch), 300]})
+            texts, reasons, _ = texts_by_index(r, stream)
+            check(texts == {0: full[:full.index(ch)]} and reasons == {0: "stop"},
+                  f"stop_token_ids [{ord(ch)}] (stream={stream}): {texts} {reasons}")
+
+
+def test_tokenize(server):
+    """/v1/tokenize and /v1/detokenize against the byte tokenizer's definition (BOS 256, then the
+    UTF-8 bytes) and jinja2's rendering of the chat template."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    text = "héllo, wörld"
+    st, out = server.post("/v1/tokenize", {"model": "builtin", "prompt": text}, auth)
+    out = json.loads(out)
+    check(st == 200 and out["tokens"] == [256] + list(text.encode()) and
+          out["count"] == len(text.encode()) + 1, f"tokenize {text!r}: {out}")
+    st, out = server.post("/v1/tokenize", {"prompt": text, "add_special_tokens": False}, auth)
+    check(json.loads(out)["tokens"] == list(text.encode()), "tokenize without the BOS")
+    msgs = [{"role": "user", "content": "hi"}]
+    rendered = jinja2.Template(BUILTIN_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
+    st, out = server.post("/v1/tokenize", {"messages": msgs}, auth)
+    check(json.loads(out)["tokens"] == [256] + list(rendered.encode()), "tokenize a chat")
+    raw = bytes([104, 105, 0xC3, 0x41, 0xE2, 0x82])
+    st, out = server.post("/v1/detokenize", {"tokens": list(raw)}, auth)
+    check(st == 200 and json.loads(out)["prompt"] == raw.decode("utf-8", "replace"),
+          f"detokenize {raw!r}: {out}")
+    st, out = server.post("/v1/detokenize", {"tokens": [1, 99999]}, auth)
+    check(st == 400 and json.loads(out)["error"]["param"] == "tokens", f"detokenize a bad id: {out}")
+    st, out = server.post("/v1/tokenize", {"prompt": "x", "temperature": 1}, auth)
+    check(st == 400 and json.loads(out)["error"]["param"] == "temperature",
+          f"tokenize refuses a field it does not take: {out}")
+
+
 def test_auth_keep_alive(server):
     """A request refused with 401 leaves nothing on its keep-alive connection: the next request
     on the same connection is served."""
@@ -580,6 +682,8 @@ def main():
         test_metrics(s)
         test_metrics_format(s)
         test_stop_on_client_text(args.pagoda, s)
+        test_choices(args.pagoda, s)
+        test_tokenize(s)
         test_auth_keep_alive(s)
         test_unsupported_fields(s)
         test_nonstream_disconnect(s)
