@@ -255,7 +255,7 @@ json response_json(const Job& job) {
 }
 
 /// Builds and submits one engine request per choice (prompts × n, choice index = prompt × n +
-/// copy). Copies of one prompt share its KV through the prefix cache.
+/// copy). Each copy reuses what of its prompt the prefix cache holds at admission.
 void submit_choices(ServerState& s, Job& job) {
   const ApiRequest& r = job.request;
   std::vector<std::vector<int32_t>> prompts;
