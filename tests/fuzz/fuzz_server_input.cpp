@@ -31,7 +31,10 @@ void fuzz_request(std::string_view body, pagoda::server::Endpoint ep) {
     check(r.stop.size() <= 4);
     for (const auto& s : r.stop) check(!s.empty());
     if (ep == Endpoint::kChat) check(!r.messages.empty());
-    else check(r.prompt.has_value() || !r.prompt_ids.empty());
+    else check(!r.prompts.empty());
+    for (const PromptInput& p : r.prompts) check(p.text.has_value() || !p.ids.empty());
+    check(r.n >= 1 && static_cast<int64_t>(std::max<size_t>(r.prompts.size(), 1)) * r.n <=
+                          kMaxChoices);
     // The stop matcher on the parsed stops never emits a stop string.
     StopMatcher m(r.stop);
     std::string out = m.push(body.substr(0, body.size() / 2));

@@ -31,6 +31,8 @@ struct ServeCliOptions {
   std::string cuda_graph = "on";
   std::string chat_template;
   double drain_timeout = 60;
+  int64_t max_request_bytes = 8 << 20;
+  int listen_backlog = 1024;
 };
 }  // namespace
 
@@ -74,6 +76,13 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", o->drain_timeout,
                   "seconds SIGTERM waits for running requests")
       ->capture_default_str();
+  cmd->add_option("--max-request-bytes", o->max_request_bytes,
+                  "largest request body accepted (larger: 413, not read into memory)")
+      ->capture_default_str();
+  cmd->add_option("--listen-backlog", o->listen_backlog,
+                  "listen queue length for bursts of new connections (capped by the kernel's "
+                  "net.core.somaxconn)")
+      ->capture_default_str();
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -97,6 +106,8 @@ void add_serve_command(CLI::App& app) {
     s.cuda_graph = o->cuda_graph == "on";
     s.chat_template = o->chat_template;
     s.drain_timeout_s = o->drain_timeout;
+    s.max_request_bytes = o->max_request_bytes;
+    s.listen_backlog = o->listen_backlog;
     const int rc = server::run_server(s);
     if (rc != 0) throw_error(ErrorCode::kInternal, "the server stopped with an error");
 #else

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 
 #include <nlohmann/json.hpp>
+
+#include "pagoda/core/check.h"
 
 namespace pagoda::server {
 
@@ -58,6 +61,14 @@ bool bool_field(const json& body, const char* key) {
   return v.get<bool>();
 }
 
+/// 400 naming `prefix.key` for a non-null member of `obj` outside `allowed`.
+void reject_unknown_keys(const json& obj, std::initializer_list<std::string_view> allowed,
+                         const std::string& prefix) {
+  for (const auto& [key, value] : obj.items())
+    if (!value.is_null() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      throw_invalid(prefix + "." + key, "is not supported by this server");
+}
+
 std::string content_text(const json& content, const std::string& field) {
   if (content.is_null()) return {};
   if (content.is_string()) return content.get<std::string>();
@@ -76,27 +87,46 @@ std::string content_text(const json& content, const std::string& field) {
   return text;
 }
 
+/// A token-id array (each a non-negative 32-bit integer), or nullopt when `v` is not an array of
+/// numbers; `field` names it in errors.
+std::optional<std::vector<int32_t>> token_ids(const json& v, const std::string& field) {
+  if (!v.is_array() || v.empty() || !v[0].is_number()) return std::nullopt;
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!v[i].is_number_integer() || v[i].get<int64_t>() < 0 ||
+        v[i].get<int64_t>() > std::numeric_limits<int32_t>::max())
+      throw_invalid(field, "token id at index " + std::to_string(i) +
+                               " must be a non-negative 32-bit integer");
+    ids.push_back(static_cast<int32_t>(v[i].get<int64_t>()));
+  }
+  return ids;
+}
+
+/// `prompt`: a string, token ids, or a non-empty list of either (one choice set per prompt).
 void parse_prompt(const json& body, ApiRequest& r) {
   if (!present(body, "prompt")) throw_invalid("prompt", "is required");
   const json& p = body["prompt"];
+  const char* shape = "must be a string, an array of token ids, or an array of strings or of "
+                      "token-id arrays";
   if (p.is_string()) {
-    r.prompt = p.get<std::string>();
+    r.prompts.push_back({p.get<std::string>(), {}});
     return;
   }
-  if (!p.is_array() || p.empty())
-    throw_invalid("prompt", "must be a string, an array of token ids or an array of one string");
-  if (p[0].is_string()) {
-    if (p.size() != 1) throw_invalid("prompt", "only one prompt per request is supported");
-    r.prompt = p[0].get<std::string>();
+  if (!p.is_array() || p.empty()) throw_invalid("prompt", shape);
+  if (auto ids = token_ids(p, "prompt")) {
+    r.prompts.push_back({std::nullopt, std::move(*ids)});
     return;
   }
-  if (p[0].is_array()) throw_invalid("prompt", "only one prompt per request is supported");
   for (size_t i = 0; i < p.size(); ++i) {
-    if (!p[i].is_number_integer() || p[i].get<int64_t>() < 0 ||
-        p[i].get<int64_t>() > std::numeric_limits<int32_t>::max())
-      throw_invalid("prompt", "token id at index " + std::to_string(i) +
-                                  " must be a non-negative 32-bit integer");
-    r.prompt_ids.push_back(static_cast<int32_t>(p[i].get<int64_t>()));
+    const std::string f = "prompt[" + std::to_string(i) + "]";
+    if (p[i].is_string()) {
+      r.prompts.push_back({p[i].get<std::string>(), {}});
+    } else if (auto ids = token_ids(p[i], f)) {
+      r.prompts.push_back({std::nullopt, std::move(*ids)});
+    } else {
+      throw_invalid(f, "must be a string or a non-empty array of token ids");
+    }
   }
 }
 
@@ -111,6 +141,7 @@ void parse_messages(const json& body, ApiRequest& r) {
     if (!msg.contains("role") || !msg["role"].is_string() || msg["role"].get<std::string>().empty())
       throw_invalid(f + ".role", "must be a non-empty string");
     if (!msg.contains("content")) throw_invalid(f + ".content", "is required");
+    reject_unknown_keys(msg, {"role", "content"}, f);
     r.messages.push_back({msg["role"].get<std::string>(), content_text(msg["content"], f + ".content")});
   }
 }
@@ -133,18 +164,120 @@ void parse_stop(const json& body, ApiRequest& r) {
     if (x.empty()) throw_invalid("stop", "stop strings must not be empty");
 }
 
-}  // namespace
+bool known_field(std::string_view key, Endpoint endpoint) {
+  static constexpr std::string_view kCommon[] = {
+      "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
+      "stream_options", "ignore_eos", "n", "presence_penalty", "frequency_penalty", "logprobs",
+      "user", "stop_token_ids"};
+  static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
+  static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
+                                               "max_completion_tokens"};
+  static constexpr std::string_view kTokenize[] = {"model", "prompt", "messages",
+                                                   "add_generation_prompt", "add_special_tokens"};
+  static constexpr std::string_view kDetokenize[] = {"model", "tokens"};
+  auto in = [key](const auto& list) {
+    return std::find(std::begin(list), std::end(list), key) != std::end(list);
+  };
+  switch (endpoint) {
+    case Endpoint::kCompletions: return in(kCommon) || in(kCompletions);
+    case Endpoint::kChat: return in(kCommon) || in(kChat);
+    case Endpoint::kTokenize: return in(kTokenize);
+    case Endpoint::kDetokenize: return in(kDetokenize);
+  }
+  return false;
+}
 
-ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
+/// A SAX pass over the body before any DOM is built: it stops at the first top-level field this
+/// server does not implement (unless its value is null, i.e. not given) and bounds nesting and the
+/// number of values, so a large body cannot make the parser allocate a large tree.
+class ShapeCheck final : public nlohmann::json_sax<json> {
+ public:
+  explicit ShapeCheck(Endpoint endpoint) : endpoint_(endpoint) {}
+  std::string field, message;  ///< the error, when the pass stopped early
+
+  bool null() override { return scalar(true); }
+  bool boolean(bool) override { return scalar(false); }
+  bool number_integer(number_integer_t) override { return scalar(false); }
+  bool number_unsigned(number_unsigned_t) override { return scalar(false); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(false); }
+  bool string(string_t&) override { return scalar(false); }
+  bool binary(binary_t&) override { return scalar(false); }
+  bool start_object(std::size_t) override { return open(); }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1 && !known_field(k, endpoint_)) pending_ = k;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return fail("body", "is not valid JSON");
+  }
+
+ private:
+  bool fail(std::string f, std::string m) {
+    field = std::move(f);
+    message = std::move(m);
+    return false;
+  }
+  bool unsupported() { return fail(pending_, "is not supported by this server"); }
+  bool scalar(bool is_null) {
+    if (++values_ > kMaxJsonValues)
+      return fail("body", "has more than " + std::to_string(kMaxJsonValues) + " JSON values");
+    if (depth_ == 1 && !pending_.empty()) {
+      if (!is_null) return unsupported();
+      pending_.clear();
+    }
+    return true;
+  }
+  bool open() {  // a container is one value, then a level deeper
+    if (!scalar(false)) return false;
+    if (++containers_ > kMaxJsonContainers)
+      return fail("body", "has more than " + std::to_string(kMaxJsonContainers) +
+                              " JSON objects and arrays");
+    if (++depth_ > kMaxJsonDepth)
+      return fail("body", "nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  Endpoint endpoint_;
+  int depth_ = 0;
+  int64_t values_ = 0;
+  int64_t containers_ = 0;
+  std::string pending_;  ///< an unknown top-level key whose value comes next
+};
+
+/// The body as a JSON object, after the SAX pass (ShapeCheck) for `endpoint`.
+json parse_body(std::string_view body_text, Endpoint endpoint) {
+  ShapeCheck shape(endpoint);
+  if (!json::sax_parse(body_text.begin(), body_text.end(), &shape)) {
+    if (shape.field.empty()) throw_invalid("body", "is not valid JSON");
+    throw_invalid(shape.field, shape.message);
+  }
   json body = json::parse(body_text.begin(), body_text.end(), nullptr, false);
   if (body.is_discarded()) throw_invalid("body", "is not valid JSON");
   if (!body.is_object()) throw_invalid("body", "must be a JSON object");
+  return body;
+}
+
+std::optional<std::string> model_field(const json& body) {
+  if (!present(body, "model")) return std::nullopt;
+  if (!body["model"].is_string()) throw_invalid("model", "must be a string");
+  return body["model"].get<std::string>();
+}
+
+}  // namespace
+
+ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
+  PAGODA_CHECK(endpoint == Endpoint::kCompletions || endpoint == Endpoint::kChat);
+  const json body = parse_body(body_text, endpoint);
   ApiRequest r;
   r.endpoint = endpoint;
-  if (present(body, "model")) {
-    if (!body["model"].is_string()) throw_invalid("model", "must be a string");
-    r.model = body["model"].get<std::string>();
-  }
+  r.model = model_field(body);
   if (endpoint == Endpoint::kCompletions) {
     parse_prompt(body, r);
   } else {
@@ -176,6 +309,7 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
     const json& so = body["stream_options"];
     if (!so.is_object()) throw_invalid("stream_options", "must be an object");
     if (!r.stream) throw_invalid("stream_options", "is only allowed with stream: true");
+    reject_unknown_keys(so, {"include_usage"}, "stream_options");
     if (present(so, "include_usage")) {
       if (!so["include_usage"].is_boolean())
         throw_invalid("stream_options.include_usage", "must be a boolean");
@@ -183,17 +317,60 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
     }
   }
   if (present(body, "ignore_eos")) r.ignore_eos = bool_field(body, "ignore_eos");
-  if (present(body, "n") && int_field(body, "n", 1, 1 << 20) != 1)
-    throw_invalid("n", "only n = 1 is supported");
+  if (present(body, "n")) r.n = static_cast<int32_t>(int_field(body, "n", 1, kMaxChoices));
+  if (present(body, "stop_token_ids")) {
+    const json& v = body["stop_token_ids"];
+    if (!v.is_array()) throw_invalid("stop_token_ids", "must be an array of token ids");
+    if (!v.empty()) r.stop_token_ids = *token_ids(v, "stop_token_ids");
+  }
   for (const char* key : {"presence_penalty", "frequency_penalty"})
     if (present(body, key) && number_field(body, key, -2, 2, false) != 0.0)
       throw_invalid(key, "is not supported (only 0)");
   if (present(body, "logprobs") && !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>()))
     throw_invalid("logprobs", "is not supported");
-  if (present(body, "echo") && bool_field(body, "echo")) throw_invalid("echo", "is not supported");
-  if (present(body, "best_of") && int_field(body, "best_of", 1, 1 << 20) != 1)
-    throw_invalid("best_of", "only best_of = 1 is supported");
+  if (present(body, "echo")) r.echo = bool_field(body, "echo");
+  if (present(body, "best_of") && int_field(body, "best_of", 1, kMaxChoices) != r.n)
+    throw_invalid("best_of", "only best_of = n is supported");
+  if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)
+    throw_invalid("n", "prompts × n must be at most " + std::to_string(kMaxChoices));
   return r;
+}
+
+TokenizeRequest parse_tokenize_request(std::string_view body_text) {
+  const json body = parse_body(body_text, Endpoint::kTokenize);
+  TokenizeRequest r;
+  r.model = model_field(body);
+  if (present(body, "prompt") == present(body, "messages"))
+    throw_invalid("prompt", "give exactly one of prompt (a string) and messages");
+  if (present(body, "prompt")) {
+    if (!body["prompt"].is_string()) throw_invalid("prompt", "must be a string");
+    r.prompt = body["prompt"].get<std::string>();
+  } else {
+    ApiRequest chat;
+    parse_messages(body, chat);
+    r.messages = std::move(chat.messages);
+  }
+  if (present(body, "add_generation_prompt"))
+    r.add_generation_prompt = bool_field(body, "add_generation_prompt");
+  if (present(body, "add_special_tokens"))
+    r.add_special_tokens = bool_field(body, "add_special_tokens");
+  return r;
+}
+
+DetokenizeRequest parse_detokenize_request(std::string_view body_text) {
+  const json body = parse_body(body_text, Endpoint::kDetokenize);
+  DetokenizeRequest r;
+  r.model = model_field(body);
+  if (!present(body, "tokens") || !body["tokens"].is_array())
+    throw_invalid("tokens", "must be an array of token ids");
+  if (!body["tokens"].empty()) r.tokens = *token_ids(body["tokens"], "tokens");
+  return r;
+}
+
+std::string client_text(std::string_view text) {
+  const std::string s(text);
+  const std::string dumped = json(s).dump(-1, ' ', false, json::error_handler_t::replace);
+  return json::parse(dumped).get<std::string>();
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {

@@ -36,15 +36,26 @@ struct ChatMessage {
   std::string content;  ///< text; list-of-parts content is joined (text parts only)
 };
 
-enum class Endpoint : uint8_t { kCompletions, kChat };
+enum class Endpoint : uint8_t { kCompletions, kChat, kTokenize, kDetokenize };
+
+/// One completions prompt: text, or token ids when `text` is absent.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int32_t> ids;
+};
+
+/// The most choices (prompts × n) one request may ask for (OpenAI's bound on n).
+inline constexpr int32_t kMaxChoices = 128;
 
 /// One request after validation. Unset optional numbers mean "the server's default".
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::optional<std::string> model;     ///< absent: the served model
-  std::optional<std::string> prompt;    ///< completions: text prompt
-  std::vector<int32_t> prompt_ids;      ///< completions: token-id prompt (when no text)
+  std::vector<PromptInput> prompts;     ///< completions: at least one (a list of prompts)
   std::vector<ChatMessage> messages;    ///< chat: at least one
+  int32_t n = 1;                        ///< choices per prompt; prompts × n <= kMaxChoices
+  bool echo = false;                    ///< completions: the prompt's text precedes each choice
+  std::vector<int32_t> stop_token_ids;  ///< generating one ends the choice (its text not sent)
   std::optional<int32_t> max_tokens;    ///< >= 1
   float temperature = 1.f;              ///< [0, 2]
   float top_p = 1.f;                    ///< (0, 1]
@@ -59,10 +70,44 @@ struct ApiRequest {
   bool add_generation_prompt = true;    ///< chat
 };
 
+/// Bounds of a request body's JSON (checked before any tree is built): nesting depth, the number
+/// of values (containers included) and of objects and arrays (the costly nodes: a chat of 65536
+/// messages fits). With the body's size (the server's --max-request-bytes) they bound the
+/// memory a parse takes.
+inline constexpr int kMaxJsonDepth = 16;
+inline constexpr int64_t kMaxJsonValues = int64_t{1} << 21;
+inline constexpr int64_t kMaxJsonContainers = int64_t{1} << 16;
+
 /// Parses and validates a request body. Throws ApiError(400) naming the field for malformed
-/// JSON, wrong types, out-of-range values or unsupported options (n > 1, logprobs, non-zero
-/// penalties, batched prompts). Unknown fields are ignored, as OpenAI-compatible servers do.
+/// JSON, wrong types, out-of-range values, a top-level field this server does not implement
+/// (e.g. tools, tool_choice, response_format, logit_bias, suffix, or a misspelt one; a null
+/// value counts as absent) and unsupported values (logprobs, non-zero penalties, best_of ≠ n,
+/// prompts × n > kMaxChoices); ApiError(400) naming `body` past kMaxJsonDepth, kMaxJsonValues or
+/// kMaxJsonContainers. A SAX pass checks
+/// the fields and the bounds before the tree is built, so parse memory is bounded by the body.
 ApiRequest parse_api_request(std::string_view body, Endpoint endpoint);
+
+/// POST /v1/tokenize: `prompt` (a string) or `messages` (rendered by the chat template).
+struct TokenizeRequest {
+  std::optional<std::string> model;
+  std::optional<std::string> prompt;
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt = true;  ///< messages only
+  bool add_special_tokens = true;     ///< prompt: the tokenizer's BOS, as completions encode it
+};
+/// POST /v1/detokenize: token ids to text.
+struct DetokenizeRequest {
+  std::optional<std::string> model;
+  std::vector<int32_t> tokens;
+};
+/// The bodies of /v1/tokenize and /v1/detokenize; errors as parse_api_request.
+TokenizeRequest parse_tokenize_request(std::string_view body);
+DetokenizeRequest parse_detokenize_request(std::string_view body);
+
+/// The text a client receives for `text` once it is written into a JSON response: invalid UTF-8
+/// replaced by U+FFFD the way the server's JSON writer does it (nlohmann's `replace` handler,
+/// applied here through that writer). Valid UTF-8 comes back unchanged.
+std::string client_text(std::string_view text);
 
 /// StopMatcher: finds the first stop string to complete in streamed text (smallest end; on a
 /// tie the earliest start — the result does not depend on how the text is chunked) and holds

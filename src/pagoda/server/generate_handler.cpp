@@ -1,9 +1,9 @@
-// POST /v1/completions and /v1/chat/completions: request → prompt ids → EngineLoop → JSON or
-// server-sent events.
+// POST /v1/completions and /v1/chat/completions: request → prompt ids → one engine request per
+// choice (prompts × n) → EngineLoop → JSON or server-sent events.
 #include <httplib.h>
 
+#include <algorithm>
 #include <ctime>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
+#include "pagoda/server/http_server.h"
 #include "pagoda/server/server_state.h"
 #include "pagoda/tokenizer/incremental_detokenizer.h"
 
@@ -18,21 +19,59 @@ namespace pagoda::server {
 
 using nlohmann::json;
 
-void set_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  res.set_content(e.to_json(), "application/json");
-}
-
-int64_t resident_bytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  if (!(in >> size >> resident)) return 0;
-  return resident * 4096;
-}
-
 namespace {
 
+/// How often a non-streamed request checks that its client is still connected.
+constexpr int kDisconnectPollMs = 100;
+/// The status recorded (in /metrics) for a request whose client left before its answer (as
+/// nginx's 499); nothing reaches the client.
+constexpr int kClientClosedRequest = 499;
+/// How long a streamed request waits for its first unfinished choice before looking at the others.
+constexpr int kStreamWaitMs = 200;
+constexpr int kMultiChoiceWaitMs = 20;
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+/// Detokenizes and stop-matches one choice's tokens (the HTTP thread's side). Stop strings are
+/// matched on the text the client receives (client_text: invalid UTF-8 already U+FFFD); the
+/// detokenizer emits pieces that end on a complete sequence, so converting piece by piece gives
+/// the same text as converting the whole. A token of `stop_ids` ends the choice; its text is
+/// not sent, it is counted.
+struct TextState {
+  tokenizer::IncrementalDetokenizer detok;
+  StopMatcher stop;
+  const std::vector<int32_t>& stop_ids;
+  bool stopped_by_token = false;
+  int64_t completion_tokens = 0;
+  TextState(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& prompt,
+            std::vector<std::string> stops, const std::vector<int32_t>& stop_token_ids)
+      : detok(tok, true, prompt), stop(std::move(stops)), stop_ids(stop_token_ids) {}
+  bool stopped() const { return stop.stopped() || stopped_by_token; }
+  /// Text of new tokens (stop strings cut). Tokens after a stop are not counted.
+  std::string push(const std::vector<int32_t>& tokens) {
+    std::string out;
+    for (int32_t t : tokens) {
+      if (stopped()) break;
+      ++completion_tokens;
+      if (std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end()) {
+        out += flush();  // the text before the stop token, held-back bytes included
+        stopped_by_token = !stop.stopped();
+        break;
+      }
+      out += stop.push(client_text(detok.push(t)));
+    }
+    return out;
+  }
+  std::string finish() { return stopped() ? std::string() : flush(); }
+
+ private:
+  /// Everything the detokenizer and the stop matcher still hold (stop strings cut).
+  std::string flush() {
+    std::string out = stop.push(client_text(detok.finish()));
+    if (!stop.stopped()) out += stop.finish();
+    return out;
+  }
+};
 
 const char* finish_name(engine::FinishReason r, bool stopped) {
   if (stopped) return "stop";
@@ -45,112 +84,82 @@ const char* finish_name(engine::FinishReason r, bool stopped) {
   }
 }
 
-/// The prompt ids of a validated request (400 / 413 on a bad or too long prompt).
-std::vector<int32_t> prompt_ids(const ServerState& s, const ApiRequest& r) {
-  std::vector<int32_t> ids;
-  try {
-    if (r.endpoint == Endpoint::kChat) {
-      if (!s.chat_template)
-        throw ApiError(400, "invalid_request_error",
-                       "this model has no chat template (start the server with --chat-template)",
-                       "messages");
-      using ojson = nlohmann::ordered_json;
-      ojson messages = ojson::array();
-      for (const ChatMessage& m : r.messages)
-        messages.push_back({{"role", m.role}, {"content", m.content}});
-      const ojson ctx = {{"messages", messages},
-                        {"bos_token", s.bos_token},
-                        {"eos_token", s.eos_token},
-                        {"add_generation_prompt", r.add_generation_prompt}};
-      std::string text;
-      try {
-        text = s.chat_template->render(ctx);
-      } catch (const TemplateError& e) {
-        throw_invalid("messages", std::string("chat template: ") + e.what());
-      }
-      ids = s.tokenizer->encode(text, s.chat_add_special);
-    } else if (r.prompt) {
-      ids = s.tokenizer->encode(*r.prompt, true);
-    } else {
-      ids = r.prompt_ids;
-      for (size_t i = 0; i < ids.size(); ++i)
-        if (ids[i] >= s.vocab_size)
-          throw_invalid("prompt", "token id " + std::to_string(ids[i]) + " at index " +
-                                      std::to_string(i) + " is outside the vocabulary (" +
-                                      std::to_string(s.vocab_size) + ")");
-    }
-  } catch (const Error& e) {  // the tokenizer refused the text (e.g. invalid UTF-8)
-    throw_invalid(r.endpoint == Endpoint::kChat ? "messages" : "prompt", e.what());
-  }
-  if (ids.empty()) throw_invalid("prompt", "the prompt has no tokens");
-  const auto n = static_cast<int64_t>(ids.size());
-  if (n >= s.max_context_len || n > s.pool_tokens)
-    throw ApiError(413, "context_length_exceeded",
-                   "the prompt has " + std::to_string(n) + " tokens; this model's context is " +
-                       std::to_string(s.max_context_len) +
-                       " tokens and one must be left for the output",
-                   r.endpoint == Endpoint::kChat ? "messages" : "prompt");
-  return ids;
-}
-
-/// Detokenizes and stop-matches one request's tokens (the HTTP thread's side).
-struct TextState {
-  tokenizer::IncrementalDetokenizer detok;
-  StopMatcher stop;
-  int64_t completion_tokens = 0;
-  TextState(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& prompt,
-            std::vector<std::string> stops)
-      : detok(tok, true, prompt), stop(std::move(stops)) {}
-  /// Text of new tokens (stop strings cut). Tokens after a stop string are not counted.
-  std::string push(const std::vector<int32_t>& tokens) {
-    std::string out;
-    for (int32_t t : tokens) {
-      if (stop.stopped()) break;
-      ++completion_tokens;
-      out += stop.push(detok.push(t));
-    }
-    return out;
-  }
-  std::string finish() {
-    if (stop.stopped()) return {};
-    std::string out = stop.push(detok.finish());
-    if (!stop.stopped()) out += stop.finish();
-    return out;
-  }
-};
-
 json usage_json(int64_t prompt, int64_t completion) {
   return {{"prompt_tokens", prompt},
           {"completion_tokens", completion},
           {"total_tokens", prompt + completion}};
 }
 
-/// One streamed request: the state the chunked content provider keeps between calls.
-struct StreamJob {
-  ServerState* server = nullptr;
-  ApiRequest request;
+/// One choice: an engine request and the text sent for it so far.
+struct Choice {
+  int index = 0;
   std::shared_ptr<RequestStream> stream;
   std::unique_ptr<TextState> text;
+  int64_t prompt_len = 0;
+  std::string echo;  ///< the prompt's text when `echo` (sent before the completion)
+  bool finished = false;
+  const char* finish = nullptr;
+  std::string out;   ///< non-streamed: the whole text
+};
+
+/// Whatever a request's choices share.
+struct Job {
+  ServerState* server = nullptr;
+  ApiRequest request;
+  std::vector<Choice> choices;
   std::string id;
   int64_t created = 0;
-  int64_t prompt_len = 0;
   bool started = false;
   bool done = false;
 
-  json chunk(const std::string& content, const char* finish) const {
-    json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
-    const bool chat = request.endpoint == Endpoint::kChat;
-    if (chat) {
+  bool chat() const { return request.endpoint == Endpoint::kChat; }
+  void cancel_all() {
+    for (Choice& c : choices)
+      if (!c.finished) server->loop->cancel(c.stream);
+  }
+  /// Usage over every choice; the prompt once per prompt (as OpenAI counts it).
+  json usage() const {
+    int64_t prompt = 0, completion = 0;
+    for (const Choice& c : choices) {
+      if (c.index % request.n == 0) prompt += c.prompt_len;
+      completion += c.text->completion_tokens;
+    }
+    return usage_json(prompt, completion);
+  }
+  json chunk(int index, const std::string& content, const char* finish) const {
+    json choice = {{"index", index}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
+    if (chat()) {
       choice["delta"] = finish && content.empty() ? json::object() : json{{"content", content}};
     } else {
       choice["text"] = content;
       choice["logprobs"] = nullptr;
     }
     return {{"id", id},
-            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"object", chat() ? "chat.completion.chunk" : "text_completion"},
             {"created", created},
             {"model", server->model_name},
             {"choices", json::array({choice})}};
+  }
+  /// Reads `c`'s new tokens (waiting at most `wait_ms`); returns their text and sets c.finished /
+  /// c.finish when it ended. Throws ApiError when the engine failed the request.
+  std::string advance(Choice& c, int wait_ms) {
+    RequestStream::Update u = c.stream->wait(wait_ms);
+    std::string text = c.text->push(u.tokens);
+    if (c.text->stopped()) server->loop->cancel(c.stream);
+    if (!c.text->stopped() && u.finished && u.reason == engine::FinishReason::kError)
+      throw ApiError(u.error_status ? u.error_status : 500,
+                     u.error_status && u.error_status < 500 ? "invalid_request_error"
+                                                            : "server_error",
+                     u.error);
+    if (c.text->stopped() || u.finished) {
+      text += c.text->finish();
+      c.finished = true;
+      c.finish = finish_name(u.reason, c.text->stopped());
+    }
+    return text;
+  }
+  bool all_finished() const {
+    return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.finished; });
   }
 };
 
@@ -160,39 +169,44 @@ bool send_event(httplib::DataSink& sink, const std::string& data) {
 }
 
 /// The content provider of a streamed request: one call waits for tokens and writes them.
-bool stream_step(StreamJob& job, httplib::DataSink& sink) {
+bool stream_step(Job& job, httplib::DataSink& sink) {
   if (job.done) return false;
   if (!job.started) {
     job.started = true;
-    if (job.request.endpoint == Endpoint::kChat) {
-      json first = job.chunk("", nullptr);
-      first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
-      if (!send_event(sink, dump(first))) return false;
+    for (const Choice& c : job.choices) {
+      if (job.chat()) {
+        json first = job.chunk(c.index, "", nullptr);
+        first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
+        if (!send_event(sink, dump(first))) return false;
+      } else if (!c.echo.empty() && !send_event(sink, dump(job.chunk(c.index, c.echo, nullptr)))) {
+        return false;
+      }
     }
   }
-  RequestStream::Update u = job.stream->wait(200);
-  std::string text = job.text->push(u.tokens);
-  const bool stopped = job.text->stop.stopped();
-  if (stopped) job.server->loop->cancel(job.stream);
-  const bool finished = stopped || u.finished;
-  if (finished && u.reason == engine::FinishReason::kError && !stopped) {
-    const ApiError e(u.error_status ? u.error_status : 500,
-                     u.error_status && u.error_status < 500 ? "invalid_request_error" : "server_error",
-                     u.error);
-    send_event(sink, e.to_json());
-    send_event(sink, "[DONE]");
-    job.done = true;
-    sink.done();
-    return true;
+  bool waited = false;
+  for (Choice& c : job.choices) {
+    if (c.finished) continue;
+    std::string text;
+    try {
+      text = job.advance(c, waited ? 0 : job.choices.size() == 1 ? kStreamWaitMs
+                                                                  : kMultiChoiceWaitMs);
+    } catch (const ApiError& e) {
+      job.cancel_all();
+      send_event(sink, e.to_json());
+      send_event(sink, "[DONE]");
+      job.done = true;
+      sink.done();
+      return true;
+    }
+    waited = true;
+    if (!text.empty() && !send_event(sink, dump(job.chunk(c.index, text, nullptr)))) return false;
+    if (c.finished && !send_event(sink, dump(job.chunk(c.index, "", c.finish)))) return false;
   }
-  if (finished) text += job.text->finish();
-  if (!text.empty() && !send_event(sink, dump(job.chunk(text, nullptr)))) return false;
-  if (!finished) return true;
-  if (!send_event(sink, dump(job.chunk("", finish_name(u.reason, stopped))))) return false;
+  if (!job.all_finished()) return true;
   if (job.request.include_usage) {
-    json last = job.chunk("", nullptr);
+    json last = job.chunk(0, "", nullptr);
     last["choices"] = json::array();
-    last["usage"] = usage_json(job.prompt_len, job.text->completion_tokens);
+    last["usage"] = job.usage();
     if (!send_event(sink, dump(last))) return false;
   }
   if (!send_event(sink, "[DONE]")) return false;
@@ -201,88 +215,139 @@ bool stream_step(StreamJob& job, httplib::DataSink& sink) {
   return true;
 }
 
+/// Waits for every choice of a non-streamed request; false when its client left (all cancelled).
+bool collect(Job& job) {
+  try {
+    for (Choice& c : job.choices) {
+      while (!c.finished) {
+        c.out += job.advance(c, kDisconnectPollMs);
+        if (!c.finished && HttpServer::client_gone()) {  // nobody will read the answer
+          job.cancel_all();
+          return false;
+        }
+      }
+    }
+  } catch (const ApiError&) {
+    job.cancel_all();
+    throw;
+  }
+  return true;
+}
+
+json response_json(const Job& job) {
+  json choices = json::array();
+  for (const Choice& c : job.choices) {
+    json choice = {{"index", c.index}, {"finish_reason", c.finish}};
+    if (job.chat()) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.out}};
+    } else {
+      choice["text"] = c.echo + c.out;
+      choice["logprobs"] = nullptr;
+    }
+    choices.push_back(std::move(choice));
+  }
+  return {{"id", job.id},
+          {"object", job.chat() ? "chat.completion" : "text_completion"},
+          {"created", job.created},
+          {"model", job.server->model_name},
+          {"choices", std::move(choices)},
+          {"usage", job.usage()}};
+}
+
+/// Builds and submits one engine request per choice (prompts × n, choice index = prompt × n +
+/// copy). Each copy reuses what of its prompt the prefix cache holds at admission.
+void submit_choices(ServerState& s, Job& job) {
+  const ApiRequest& r = job.request;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> echoes;
+  if (r.endpoint == Endpoint::kChat) {
+    prompts.push_back(encode_chat(s, r.messages, r.add_generation_prompt));
+    check_prompt_length(s, prompts.back(), "messages");
+    echoes.emplace_back();
+  } else {
+    for (size_t i = 0; i < r.prompts.size(); ++i) {
+      const std::string field =
+          r.prompts.size() == 1 ? std::string("prompt") : "prompt[" + std::to_string(i) + "]";
+      prompts.push_back(encode_prompt(s, r.prompts[i], field, true));
+      check_prompt_length(s, prompts.back(), field);
+      echoes.push_back(!r.echo                ? std::string()
+                       : r.prompts[i].text    ? client_text(*r.prompts[i].text)
+                                              : client_text(s.tokenizer->decode(prompts.back(), true)));
+    }
+  }
+  for (int32_t id : r.stop_token_ids)
+    if (id >= s.vocab_size)
+      throw_invalid("stop_token_ids", "token id " + std::to_string(id) +
+                                          " is outside the vocabulary (" +
+                                          std::to_string(s.vocab_size) + ")");
+  const auto total = static_cast<int64_t>(prompts.size()) * r.n;
+  if (total > s.max_inflight)
+    throw_invalid("n", "prompts × n = " + std::to_string(total) +
+                           " is more than this server runs and queues (" +
+                           std::to_string(s.max_inflight) + ")");
+  const uint64_t serial = s.next_id.fetch_add(1);
+  job.id = (job.chat() ? "chatcmpl-" : "cmpl-") + std::to_string(serial);
+  job.created = static_cast<int64_t>(std::time(nullptr));
+  job.choices.resize(static_cast<size_t>(total));
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    const auto prompt_len = static_cast<int32_t>(prompts[p].size());
+    const int32_t room = s.max_context_len - prompt_len;
+    const int32_t max_tokens = std::min(r.max_tokens.value_or(job.chat() ? room : 16), room);
+    for (int32_t k = 0; k < r.n; ++k) {
+      Choice& c = job.choices[p * static_cast<size_t>(r.n) + static_cast<size_t>(k)];
+      c.index = static_cast<int>(p) * r.n + k;
+      c.prompt_len = prompt_len;
+      c.echo = echoes[p];
+      c.text = std::make_unique<TextState>(*s.tokenizer, prompts[p], r.stop, job.request.stop_token_ids);
+      engine::GenerateRequest g;
+      g.prompt = prompts[p];
+      g.max_new_tokens = max_tokens;
+      g.sampling.temperature = r.temperature;
+      g.sampling.top_k = r.top_k < 0 ? 0 : r.top_k;
+      g.sampling.top_p = r.top_p;
+      g.sampling.min_p = r.min_p;
+      const uint64_t base = r.has_seed ? r.seed : s.seed_base + serial * 0x9E3779B97F4A7C15ull;
+      g.sampling.seed = base + static_cast<uint64_t>(c.index);  // distinct samples per choice
+      g.ignore_eos = r.ignore_eos;
+      try {
+        c.stream = s.loop->submit(std::move(g));
+      } catch (const ApiError&) {  // the queue filled up part-way: nothing of this request runs
+        job.choices.resize(static_cast<size_t>(c.index));
+        job.cancel_all();
+        throw;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void handle_generate(ServerState& s, Endpoint endpoint, const httplib::Request& req,
                      httplib::Response& res) {
   try {
-    ApiRequest r = parse_api_request(req.body, endpoint);
-    if (r.model && *r.model != s.model_name)
-      throw ApiError(404, "NotFoundError", "the model '" + *r.model + "' does not exist (serving '" +
-                                               s.model_name + "')", "model");
-    std::vector<int32_t> ids = prompt_ids(s, r);
-    const auto prompt_len = static_cast<int32_t>(ids.size());
-    const int32_t room = s.max_context_len - prompt_len;
-    const int32_t max_tokens =
-        std::min(r.max_tokens.value_or(endpoint == Endpoint::kChat ? room : 16), room);
-    engine::GenerateRequest g;
-    g.prompt = ids;
-    g.max_new_tokens = max_tokens;
-    g.sampling.temperature = r.temperature;
-    g.sampling.top_k = r.top_k < 0 ? 0 : r.top_k;
-    g.sampling.top_p = r.top_p;
-    g.sampling.min_p = r.min_p;
-    const uint64_t serial = s.next_id.fetch_add(1);
-    g.sampling.seed = r.has_seed ? r.seed : s.seed_base + serial * 0x9E3779B97F4A7C15ull;
-    g.ignore_eos = r.ignore_eos;
-    std::shared_ptr<RequestStream> stream = s.loop->submit(std::move(g));
-    const bool chat = endpoint == Endpoint::kChat;
-    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(serial);
-    const auto created = static_cast<int64_t>(std::time(nullptr));
-
-    if (r.stream) {
-      auto job = std::make_shared<StreamJob>();
-      job->server = &s;
-      job->text = std::make_unique<TextState>(*s.tokenizer, ids, r.stop);
-      job->request = std::move(r);
-      job->stream = stream;
-      job->id = id;
-      job->created = created;
-      job->prompt_len = prompt_len;
+    check_api_request(s, req);
+    auto job = std::make_shared<Job>();
+    job->server = &s;
+    job->request = parse_api_request(req.body, endpoint);
+    check_model(s, job->request.model);
+    submit_choices(s, *job);
+    if (job->request.stream) {
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
           [job](size_t, httplib::DataSink& sink) { return stream_step(*job, sink); },
           [job](bool) {
-            if (!job->done) job->server->loop->cancel(job->stream);  // the client went away
+            if (!job->done) job->cancel_all();  // the client went away
           });
-      return;
-    }
-
-    TextState text(*s.tokenizer, ids, r.stop);
-    std::string out;
-    RequestStream::Update u;
-    for (;;) {
-      u = stream->wait(1000);
-      out += text.push(u.tokens);
-      if (text.stop.stopped()) {
-        s.loop->cancel(stream);
-        break;
-      }
-      if (u.finished) break;
-    }
-    if (u.finished && u.reason == engine::FinishReason::kError && !text.stop.stopped())
-      throw ApiError(u.error_status ? u.error_status : 500,
-                     u.error_status && u.error_status < 500 ? "invalid_request_error" : "server_error",
-                     u.error);
-    out += text.finish();
-    json choice = {{"index", 0}, {"finish_reason", finish_name(u.reason, text.stop.stopped())}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", out}};
+    } else if (collect(*job)) {
+      res.set_content(dump(response_json(*job)), "application/json");
     } else {
-      choice["text"] = out;
-      choice["logprobs"] = nullptr;
+      res.status = kClientClosedRequest;
     }
-    const json body = {{"id", id},
-                       {"object", chat ? "chat.completion" : "text_completion"},
-                       {"created", created},
-                       {"model", s.model_name},
-                       {"choices", json::array({choice})},
-                       {"usage", usage_json(prompt_len, text.completion_tokens)}};
-    res.set_content(dump(body), "application/json");
   } catch (const ApiError& e) {
     set_error(res, e);
   }
+  release_request_memory(req);
 }
 
 }  // namespace pagoda::server

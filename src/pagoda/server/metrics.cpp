@@ -38,8 +38,10 @@ void render_gauge(std::string& out, const char* name, const char* help, double v
   out += fmt::format("# HELP {} {}\n# TYPE {} gauge\n{} {}\n", name, help, name, name, v);
 }
 
+/// A counter family is named with its `_total` suffix in HELP, TYPE and the sample alike (text
+/// format 0.0.4: the TYPE line names the samples that follow).
 void render_counter(std::string& out, const char* name, const char* help, int64_t v) {
-  out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{}_total {}\n", name, help, name, name, v);
+  out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
 }
 
 }  // namespace
@@ -82,13 +84,13 @@ std::string ServerMetrics::render(const EngineSnapshot& snap) const {
                static_cast<double>(snap.leaked_pages));
   render_gauge(out, "pagoda_prefix_hit_rate", "Prompt tokens reused from the prefix cache / requested.",
                s.prefix_hit_rate());
-  render_counter(out, "pagoda_prompt_tokens", "Prompt tokens of finished requests.", prompt_tokens_);
-  render_counter(out, "pagoda_generation_tokens", "Tokens generated for finished requests.",
+  render_counter(out, "pagoda_prompt_tokens_total", "Prompt tokens of finished requests.", prompt_tokens_);
+  render_counter(out, "pagoda_generation_tokens_total", "Tokens generated for finished requests.",
                  generation_tokens_);
-  render_counter(out, "pagoda_requests_finished", "Requests the engine finished (any reason).",
+  render_counter(out, "pagoda_requests_finished_total", "Requests the engine finished (any reason).",
                  finished_);
-  out += "# HELP pagoda_http_responses HTTP answers of the API endpoints by status.\n"
-         "# TYPE pagoda_http_responses counter\n";
+  out += "# HELP pagoda_http_responses_total HTTP answers of the API endpoints by status.\n"
+         "# TYPE pagoda_http_responses_total counter\n";
   for (const auto& [status, n] : responses_)
     out += fmt::format("pagoda_http_responses_total{{status=\"{}\"}} {}\n", status, n);
   render_histogram(out, "pagoda_time_to_first_token_seconds", "Arrival to first token.", ttft_);

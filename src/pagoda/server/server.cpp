@@ -2,6 +2,7 @@
 #include "pagoda/server/server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -19,6 +20,7 @@
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/safetensors.h"
+#include "pagoda/server/http_server.h"
 #include "pagoda/server/server_state.h"
 #include "pagoda/tokenizer/load.h"
 
@@ -34,7 +36,10 @@ void validate(const ServeOptions& o) {
   PAGODA_REQUIRE(o.max_running >= 1, kInvalidArgument, "--max-running must be >= 1");
   PAGODA_REQUIRE(o.threads >= 0 && o.threads <= 4096, kInvalidArgument,
                  "--threads must be in [0, 4096]");
-  PAGODA_REQUIRE(o.max_body_bytes >= 1024, kInvalidArgument, "--max-body-bytes must be >= 1024");
+  PAGODA_REQUIRE(o.max_request_bytes >= 1024, kInvalidArgument,
+                 "--max-request-bytes must be >= 1024");
+  PAGODA_REQUIRE(o.listen_backlog >= 1 && o.listen_backlog <= 65535, kInvalidArgument,
+                 "--listen-backlog must be in [1, 65535]");
   PAGODA_REQUIRE(!o.host.empty(), kInvalidArgument, "--host must not be empty");
 }
 
@@ -90,6 +95,8 @@ void load_chat_template(ServerState& s, const ServeOptions& o) {
   }
 }
 
+constexpr int kMmapThresholdBytes = 1 << 20;
+
 int g_signal_pipe[2] = {-1, -1};
 
 extern "C" void on_signal(int sig) {
@@ -97,10 +104,10 @@ extern "C" void on_signal(int sig) {
   [[maybe_unused]] const ssize_t n = ::write(g_signal_pipe[1], &b, 1);
 }
 
-bool authorized(const ServeOptions& o, const httplib::Request& req) {
-  if (o.api_key.empty()) return true;
-  const std::string h = req.get_header_value("Authorization");
-  return h == "Bearer " + o.api_key;
+/// Whether the request carries a body that httplib reads before routing to a handler.
+bool has_body(const httplib::Request& req) {
+  return req.get_header_value<uint64_t>("Content-Length") > 0 ||
+         req.has_header("Transfer-Encoding");
 }
 
 }  // namespace
@@ -116,6 +123,10 @@ int run_server(const ServeOptions& o) {
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  // Request bodies (up to --max-request-bytes) and their copies are large, short-lived buffers:
+  // a fixed mmap threshold keeps them out of the heap (glibc's dynamic threshold would grow past
+  // them after the first one is freed and then keep their pages in every thread's arena).
+  ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
 
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
@@ -151,32 +162,38 @@ int run_server(const ServeOptions& o) {
   state.max_context_len = engine.max_context_len();
   state.pool_tokens = engine.stats().pool_tokens;
   state.seed_base = std::random_device{}();
+  state.api_key = o.api_key;
+  state.max_inflight = static_cast<int64_t>(o.max_running) + o.max_queue;
 
   ServerMetrics metrics;
-  EngineLoop loop(engine, metrics, static_cast<int64_t>(o.max_running) + o.max_queue);
+  EngineLoop loop(engine, metrics, state.max_inflight);
   state.loop = &loop;
   state.metrics = &metrics;
 
-  httplib::Server svr;
+  HttpServer svr;
   const int threads = o.threads > 0 ? o.threads : std::min(512, o.max_running + o.max_queue + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  svr.set_payload_max_length(static_cast<size_t>(o.max_body_bytes));
+  svr.set_payload_max_length(static_cast<size_t>(o.max_request_bytes));
   svr.set_keep_alive_max_count(1000);
   svr.set_read_timeout(30);
   svr.set_write_timeout(30);
 
+  // Authentication: a request without a body is refused here, before routing; one with a body
+  // is refused by its handler (or the 404 below) once httplib has read the body (at most
+  // --max-request-bytes), so a refused body never stays on a keep-alive connection.
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) == 0 && !authorized(o, req)) {
-      set_error(res, ApiError(401, "authentication_error", "missing or wrong API key (send "
-                                                           "'Authorization: Bearer <key>')"));
+    if (!has_body(req) && !authorized(state, req)) {
+      set_error(res, unauthorized());
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
   svr.set_error_handler(httplib::Server::HandlerWithResponse(
-      [](const httplib::Request& req, httplib::Response& res) {
+      [&](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    if (res.status == 404)
+    if (res.status == 404 && !authorized(state, req))
+      set_error(res, unauthorized());
+    else if (res.status == 404)
       set_error(res, ApiError(404, "NotFoundError", "no route for " + req.method + " " + req.path));
     else if (res.status == 413)
       set_error(res, ApiError(413, "invalid_request_error", "the request body is too large", "body"));
@@ -204,6 +221,12 @@ int run_server(const ServeOptions& o) {
   });
   svr.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_generate(state, Endpoint::kChat, req, res);
+  });
+  svr.Post("/v1/tokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_tokenize(state, req, res);
+  });
+  svr.Post("/v1/detokenize", [&](const httplib::Request& req, httplib::Response& res) {
+    handle_detokenize(state, req, res);
   });
   svr.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
     const json model = {{"id", state.model_name},
@@ -246,6 +269,8 @@ int run_server(const ServeOptions& o) {
     PAGODA_REQUIRE(svr.bind_to_port(o.host, port), kInvalidArgument, "cannot bind {}:{}", o.host,
                    port);
   }
+  PAGODA_REQUIRE(svr.set_listen_backlog(o.listen_backlog), kInternal,
+                 "listen() with backlog {} failed", o.listen_backlog);
   std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d)\n",
               o.host.c_str(), port, state.model_name.c_str(), engine.backend_name().c_str(),
               state.max_context_len);

@@ -1,8 +1,10 @@
 #pragma once
 /// `pagoda serve`: an OpenAI-compatible HTTP server (cpp-httplib) over one engine.
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events
-/// ending with `data: [DONE]`), GET /v1/models, GET /health, GET /metrics (Prometheus text).
-/// Threads: httplib's pool runs the handlers; one EngineLoop thread owns the model and engine;
+/// ending with `data: [DONE]`), POST /v1/tokenize, POST /v1/detokenize, GET /v1/models,
+/// GET /health, GET /metrics (Prometheus text).
+/// Threads: httplib's pool runs the handlers (HttpServer: httplib with a configurable backlog
+/// and client-disconnect detection); one EngineLoop thread owns the model and engine;
 /// a signal thread turns SIGTERM / SIGINT into a drain (new requests get 503, running ones
 /// finish, then the process exits 0). Contract: docs/design/server.md.
 
@@ -33,7 +35,8 @@ struct ServeOptions {
   std::optional<DType> kv_dtype;       ///< nullopt: the model dtype
   bool cuda_graph = true;
   std::string chat_template;          ///< file overriding the checkpoint's template
-  int64_t max_body_bytes = 8 << 20;   ///< larger bodies get 413
+  int64_t max_request_bytes = 8 << 20;  ///< larger request bodies get 413 (unread)
+  int listen_backlog = 1024;          ///< listen queue length (the kernel caps it at somaxconn)
   double drain_timeout_s = 60;        ///< SIGTERM: longest wait for running requests
 };
 

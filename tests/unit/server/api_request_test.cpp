@@ -6,12 +6,19 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagoda/server/api_request.h"
 
 namespace pagoda::server {
 namespace {
+
+/// PAGODA_TEST_SEED when set (to replay a failure), else a random seed; tests print it.
+unsigned test_seed() {
+  const char* env = std::getenv("PAGODA_TEST_SEED");
+  return env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+}
 
 ApiError expect_error(const std::string& body, Endpoint ep = Endpoint::kCompletions) {
   try {
@@ -30,7 +37,8 @@ TEST(ApiRequest, ParsesACompletion) {
       R"("ignore_eos":true,"user":"x","n":1})",
       Endpoint::kCompletions);
   EXPECT_EQ(*r.model, "m");
-  EXPECT_EQ(*r.prompt, "hi");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(*r.prompts[0].text, "hi");
   EXPECT_EQ(*r.max_tokens, 7);
   EXPECT_FLOAT_EQ(r.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.top_p, 0.9f);
@@ -42,9 +50,9 @@ TEST(ApiRequest, ParsesACompletion) {
 }
 
 TEST(ApiRequest, ParsesTokenIdsAndChat) {
-  EXPECT_EQ(parse_api_request(R"({"prompt":[1,2,3]})", Endpoint::kCompletions).prompt_ids,
+  EXPECT_EQ(parse_api_request(R"({"prompt":[1,2,3]})", Endpoint::kCompletions).prompts[0].ids,
             (std::vector<int32_t>{1, 2, 3}));
-  EXPECT_EQ(*parse_api_request(R"({"prompt":["x"]})", Endpoint::kCompletions).prompt, "x");
+  EXPECT_EQ(*parse_api_request(R"({"prompt":["x"]})", Endpoint::kCompletions).prompts[0].text, "x");
   const ApiRequest c = parse_api_request(
       R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],"max_completion_tokens":3})",
       Endpoint::kChat);
@@ -53,13 +61,59 @@ TEST(ApiRequest, ParsesTokenIdsAndChat) {
   EXPECT_EQ(*c.max_tokens, 3);
 }
 
+TEST(ApiRequest, ParsesPromptListsChoicesAndStopIds) {
+  const ApiRequest r = parse_api_request(
+      R"({"prompt":["a",[5,6],"b"],"n":3,"best_of":3,"echo":true,"stop_token_ids":[7,8]})",
+      Endpoint::kCompletions);
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(*r.prompts[0].text, "a");
+  EXPECT_FALSE(r.prompts[1].text.has_value());
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(*r.prompts[2].text, "b");
+  EXPECT_EQ(r.n, 3);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{7, 8}));
+  const TokenizeRequest t = parse_tokenize_request(R"({"prompt":"hi","add_special_tokens":false})");
+  EXPECT_EQ(*t.prompt, "hi");
+  EXPECT_FALSE(t.add_special_tokens);
+  EXPECT_EQ(parse_tokenize_request(R"({"messages":[{"role":"user","content":"x"}]})").messages.size(),
+            1u);
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens":[1,2]})").tokens, (std::vector<int32_t>{1, 2}));
+  for (const auto& [body, field] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt":"a","messages":[]})", "prompt"},
+           {R"({})", "prompt"},
+           {R"({"prompt":"a","max_tokens":3})", "max_tokens"}}) {
+    try {
+      parse_tokenize_request(body);
+      ADD_FAILURE() << body;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.param, field) << body;
+    }
+  }
+  try {
+    parse_detokenize_request(R"({"tokens":[1,"x"]})");
+    ADD_FAILURE();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tokens");
+  }
+}
+
 TEST(ApiRequest, NamesTheBadField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"(nope)", "body"},
       {R"([1])", "body"},
       {R"({})", "prompt"},
       {R"({"prompt":5})", "prompt"},
-      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"prompt":["a",[]]})", "prompt[1]"},
+      {R"({"prompt":["a",[1,-1]]})", "prompt[1]"},
+      {R"({"prompt":[[1],"b",{}]})", "prompt[2]"},
+      {R"({"prompt":"x","n":0})", "n"},
+      {R"({"prompt":"x","n":129})", "n"},
+      {R"({"prompt":["a","b","c"],"n":43})", "n"},
+      {R"({"prompt":"x","n":2,"best_of":3})", "best_of"},
+      {R"({"prompt":"x","stop_token_ids":[1,-2]})", "stop_token_ids"},
+      {R"({"prompt":"x","stop_token_ids":3})", "stop_token_ids"},
+      {R"({"prompt":"x","echo":1})", "echo"},
       {R"({"prompt":[1,-2]})", "prompt"},
       {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
       {R"({"prompt":"x","max_tokens":1.5})", "max_tokens"},
@@ -75,7 +129,6 @@ TEST(ApiRequest, NamesTheBadField) {
       {R"({"prompt":"x","stop":3})", "stop"},
       {R"({"prompt":"x","stream":"yes"})", "stream"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
-      {R"({"prompt":"x","n":2})", "n"},
       {R"({"prompt":"x","logprobs":5})", "logprobs"},
       {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
       {R"({"prompt":"x","model":3})", "model"},
@@ -96,7 +149,7 @@ TEST(ApiRequest, NamesTheBadField) {
                 .param,
             "messages[0].content[0].type");
   // The error JSON has OpenAI's shape.
-  const std::string j = expect_error(R"({"prompt":"x","n":2})").to_json();
+  const std::string j = expect_error(R"({"prompt":"x","n":0})").to_json();
   EXPECT_NE(j.find(R"("error":{)"), std::string::npos) << j;
   EXPECT_NE(j.find(R"("param":"n")"), std::string::npos) << j;
 }
@@ -104,9 +157,7 @@ TEST(ApiRequest, NamesTheBadField) {
 /// Reference: the emitted text is the whole text cut before the stop string that completes first
 /// (a direct search of the whole text).
 TEST(StopMatcher, MatchesADirectSearchOnRandomChunks) {
-  const char* env = std::getenv("PAGODA_TEST_SEED");
-  const unsigned seed = env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10))
-                            : std::random_device{}();
+  const unsigned seed = test_seed();
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
   const std::string alphabet = "abc";
@@ -151,6 +202,105 @@ TEST(StopMatcher, MatchesADirectSearchOnRandomChunks) {
     for (const auto& s : stops) all += "'" + s + "' ";
     ASSERT_EQ(got, want) << "seed " << seed << " text " << text << " stops " << all;
   }
+}
+
+TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
+  const std::vector<std::tuple<std::string, Endpoint, std::string>> cases = {
+      {R"({"prompt":"x","tools":[{"type":"function"}]})", Endpoint::kCompletions, "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", Endpoint::kChat, "tools"},
+      {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none"})", Endpoint::kChat,
+       "tool_choice"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
+       Endpoint::kChat, "response_format"},
+      {R"({"prompt":"x","logit_bias":{"1":2}})", Endpoint::kCompletions, "logit_bias"},
+      {R"({"prompt":"x","suffix":"y"})", Endpoint::kCompletions, "suffix"},
+      {R"({"prompt":"x","temprature":0})", Endpoint::kCompletions, "temprature"},
+      {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", Endpoint::kChat, "echo"},
+      {R"({"prompt":"x","messages":[]})", Endpoint::kCompletions, "messages"},
+      {R"({"messages":[{"role":"user","content":"x","name":"b"}]})", Endpoint::kChat,
+       "messages[0].name"},
+      {R"({"prompt":"x","stream":true,"stream_options":{"x":1}})", Endpoint::kCompletions,
+       "stream_options.x"},
+  };
+  for (const auto& [body, ep, field] : cases) {
+    const ApiError e = expect_error(body, ep);
+    EXPECT_EQ(e.status, 400) << body;
+    EXPECT_EQ(e.param, field) << body;
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+  // null means "not given": accepted.
+  EXPECT_EQ(*parse_api_request(R"({"prompt":"x","tools":null,"suffix":null})",
+                               Endpoint::kCompletions).prompts[0].text, "x");
+}
+
+TEST(ApiRequest, BoundsNestingAndValueCount) {
+  auto nested = [](int depth) {
+    return R"({"prompt":)" + std::string(depth, '[') + "1" + std::string(depth, ']') + "}";
+  };
+  // Depth counts the top-level object: a prompt nested kMaxJsonDepth - 1 deep fits the bound
+  // (and is then refused as a prompt), one more level is refused as a body.
+  EXPECT_EQ(expect_error(nested(kMaxJsonDepth - 1)).param, "prompt[0]");
+  EXPECT_EQ(expect_error(nested(kMaxJsonDepth)).param, "body");
+  // An unimplemented field is refused before its (large, deep) value is looked at.
+  EXPECT_EQ(expect_error(R"({"prompt":"x","extra":)" + std::string(100000, '[')).param, "extra");
+  auto arrays = [](int64_t n) {  // the object, the outer array and n - 2 inner arrays
+    std::string b = R"({"prompt":[)";
+    for (int64_t i = 0; i < n - 2; ++i) b += "[1],";
+    b.back() = ']';
+    return b + "}";
+  };
+  EXPECT_EQ(expect_error(arrays(kMaxJsonContainers)).param, "n");  // fits; then too many choices
+  EXPECT_EQ(expect_error(arrays(kMaxJsonContainers + 1)).param, "body");
+  std::string ids = R"({"prompt":[)";
+  for (int64_t i = 0; i < kMaxJsonValues; ++i) ids += "1,";
+  ids.back() = ']';
+  EXPECT_EQ(expect_error(ids + "}").param, "body");  // the object, the array and 2^21 ids
+  ids.resize(ids.size() - 5);  // two ids fewer: drop ",1,1]"
+  ids += "]}";
+  EXPECT_EQ(parse_api_request(ids, Endpoint::kCompletions).prompts[0].ids.size(),
+            static_cast<size_t>(kMaxJsonValues - 2));
+}
+
+TEST(ClientText, ValidUtf8IsUnchangedOnRandomText) {
+  const unsigned seed = test_seed();
+  std::printf("client_text seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string s;
+    const int n = std::uniform_int_distribution<int>(0, 40)(rng);
+    for (int i = 0; i < n; ++i) {  // random code points of every length, no surrogates
+      static constexpr uint32_t kMax[] = {0x7F, 0x7FF, 0xFFFF, 0x10FFFF};
+      const int len = std::uniform_int_distribution<int>(0, 3)(rng);
+      uint32_t cp = std::uniform_int_distribution<uint32_t>(len ? kMax[len - 1] + 1 : 0, kMax[len])(rng);
+      if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0x20;
+      if (cp < 0x80) {
+        s += static_cast<char>(cp);
+      } else if (cp < 0x800) {
+        s += static_cast<char>(0xC0 | (cp >> 6));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        s += static_cast<char>(0xE0 | (cp >> 12));
+        s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      } else {
+        s += static_cast<char>(0xF0 | (cp >> 18));
+        s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+        s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        s += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+    }
+    EXPECT_EQ(client_text(s), s);
+  }
+}
+
+TEST(ClientText, InvalidUtf8BecomesReplacementCharacters) {
+  // The Unicode Standard's example of U+FFFD substitution (chapter 3, "maximal subparts"):
+  // 61 F1 80 80 E1 80 C2 62 80 63 80 BF 64 -> a FFFD FFFD FFFD b FFFD c FFFD FFFD d.
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(client_text("\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64"),
+            "a" + r + r + r + "b" + r + "c" + r + r + "d");
+  EXPECT_EQ(client_text("\xC3"), r);  // an incomplete sequence at the end
+  EXPECT_EQ(client_text("x\xC3\xA9y"), "x\xC3\xA9y");
 }
 
 }  // namespace

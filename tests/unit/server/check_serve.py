@@ -5,7 +5,12 @@ Checks, against references that are not the server's own code path:
   * greedy completions equal `pagoda generate --json` on the same prompt (the CLI's output);
     streamed deltas concatenate to the non-streamed text; chat prompts are the built-in template
     rendered by Python's jinja2 (usage.prompt_tokens = its bytes + BOS);
-  * stop strings cut the text before the first occurrence (finish_reason "stop");
+  * stop strings cut the text before the first occurrence (finish_reason "stop"), also one that
+    contains U+FFFD (matched on the text the client receives);
+  * a 401 leaves nothing on its keep-alive connection; unimplemented fields (tools,
+    response_format, logit_bias, suffix, unknown ones) are a 400 naming them, a non-JSON
+    Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
+    8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
   * a client that closes its stream mid-way frees its request (inflight 0, 0 leaked pages);
   * errors in OpenAI's shape: 400 naming the field, 401 without the key, 404 unknown model and
@@ -20,14 +25,17 @@ Usage: check_serve.py --pagoda build/pagoda [--seed N] [--soak-requests N]
 """
 import argparse
 import asyncio
+import http.client
 import json
 import pathlib
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 try:
@@ -41,7 +49,7 @@ try:
 except ImportError as e:
     print(f"FAIL: {e}; scripts/setup.sh installs openai, prometheus_client and jinja2")
     sys.exit(1)
-from serve_harness import Server  # noqa: E402
+from serve_harness import Server, large_body_memory  # noqa: E402
 
 KEY = "sk-test-key"
 BUILTIN_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + "
@@ -64,6 +72,22 @@ def generate_reference(pagoda, prompt, n):
 
 def client(server, **kw):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=60, **kw)
+
+
+def check_stop_cut(c, prompt, full, stop):
+    """With `stop`, the greedy 48-token completion of `prompt` (whose full text is `full`) is cut
+    before the stop string's first occurrence, streamed and not, with finish_reason stop."""
+    for stream in (False, True):
+        r = c.completions.create(model="builtin", prompt=prompt, max_tokens=48, temperature=0,
+                                 stop=[stop], stream=stream, extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(r)
+            text = "".join(ch.choices[0].text for ch in chunks)
+            reason = [ch.choices[0].finish_reason for ch in chunks][-1]
+        else:
+            text, reason = r.choices[0].text, r.choices[0].finish_reason
+        check(text == full[:full.find(stop)] and reason == "stop",
+              f"stop {stop!r} (stream={stream}): got {text!r} {reason}")
 
 
 def test_basics(pagoda, server, rng):
@@ -111,18 +135,7 @@ def test_basics(pagoda, server, rng):
     ascii_pairs = [i for i in range(4, len(full) - 2) if full[i:i + 2].isascii()
                    and full[i:i + 2].isprintable() and "\ufffd" not in full[:i + 2]]
     if ascii_pairs:
-        stop = full[ascii_pairs[len(ascii_pairs) // 2]:][:2]
-        for stream in (False, True):
-            r = c.completions.create(model="builtin", prompt=p, max_tokens=48, temperature=0,
-                                     stop=[stop], stream=stream, extra_body={"ignore_eos": True})
-            if stream:
-                chunks = list(r)
-                text = "".join(ch.choices[0].text for ch in chunks)
-                reason = [ch.choices[0].finish_reason for ch in chunks][-1]
-            else:
-                text, reason = r.choices[0].text, r.choices[0].finish_reason
-            check(text == full[:full.find(stop)] and reason == "stop",
-                  f"stop {stop!r} (stream={stream}): got {text!r} {reason}")
+        check_stop_cut(c, p, full, full[ascii_pairs[len(ascii_pairs) // 2]:][:2])
     # Sampling with a seed is reproducible.
     a = c.completions.create(model="builtin", prompt="seeded", max_tokens=16, temperature=0.9,
                              top_p=0.9, seed=7, extra_body={"top_k": 40})
@@ -242,6 +255,257 @@ def test_queue_full(pagoda):
         check(h["inflight"] == 0 and h["leaked_pages"] == 0, f"queue drains after closes: {h}")
         r = c.completions.create(model="builtin", prompt="after", max_tokens=4)
         check(r.usage.completion_tokens >= 1, "served again once the queue has room")
+
+
+def api_error(e):
+    """The OpenAI error object of an openai.APIStatusError."""
+    body = e.body if isinstance(e.body, dict) else {}
+    return body.get("error", body)
+
+
+def test_stop_on_client_text(pagoda, server):
+    """A stop string containing U+FFFD (what the client sees for an invalid UTF-8 byte) cuts the
+    text there, as a search of the client's own text says."""
+    c = client(server)
+    full, at = "", -1
+    for k in range(16):
+        full = generate_reference(pagoda, f"replacement {k}", 48)
+        at = full.find("\ufffd", 1, len(full) - 1)
+        if at > 0:
+            break
+    check(at > 0, "some greedy output of the built-in model contains U+FFFD")
+    if at <= 0:
+        return
+    check_stop_cut(c, f"replacement {k}", full, full[at - 1:at + 1])
+
+
+def texts_by_index(r, stream):
+    """{choice index: text} of a completion (streamed chunks concatenated), the finish reasons,
+    and the usage."""
+    if not stream:
+        return ({ch.index: ch.text for ch in r.choices},
+                {ch.index: ch.finish_reason for ch in r.choices}, r.usage)
+    texts, reasons, usage = {}, {}, None
+    for chunk in r:
+        for ch in chunk.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.finish_reason:
+                reasons[ch.index] = ch.finish_reason
+        usage = chunk.usage or usage
+    return texts, reasons, usage
+
+
+def test_choices(pagoda, server):
+    """A list of prompts, n > 1, echo and stop_token_ids through the openai client, against
+    `pagoda generate` on each prompt."""
+    c = client(server)
+    prompts = ["alpha", "beta gamma", "delta"]
+    want = [generate_reference(pagoda, p, 8) for p in prompts]
+    for stream in (False, True):
+        extra = {"stream_options": {"include_usage": True}} if stream else {}
+        r = c.completions.create(model="builtin", prompt=prompts, max_tokens=8, temperature=0, n=2,
+                                 stream=stream, extra_body={"ignore_eos": True}, **extra)
+        texts, reasons, usage = texts_by_index(r, stream)
+        check(texts == {i: want[i // 2] for i in range(6)},
+              f"prompts x n=2 (stream={stream}): choice i is prompt i // 2's greedy text: {texts}")
+        check(set(reasons.values()) == {"length"} and len(reasons) == 6, f"finish reasons {reasons}")
+        check(usage is not None and usage.completion_tokens == 48 and
+              usage.prompt_tokens == sum(len(p.encode()) + 1 for p in prompts),
+              f"usage counts each prompt once and every choice's tokens: {usage}")
+    # Sampled choices differ from one another and repeat with the same seed.
+    a = c.completions.create(model="builtin", prompt="sample", max_tokens=16, temperature=1.0, n=4,
+                             seed=11)
+    b = c.completions.create(model="builtin", prompt="sample", max_tokens=16, temperature=1.0, n=4,
+                             seed=11)
+    ta, tb = [ch.text for ch in a.choices], [ch.text for ch in b.choices]
+    check(len(set(ta)) > 1 and ta == tb, f"n=4 sampled choices differ and repeat by seed: {ta} {tb}")
+    chat = c.chat.completions.create(model="builtin", messages=[{"role": "user", "content": "hi"}],
+                                     max_tokens=6, temperature=0, n=3, extra_body={"ignore_eos": True})
+    check(len({ch.message.content for ch in chat.choices}) == 1 and
+          [ch.index for ch in chat.choices] == [0, 1, 2], "chat n=3 greedy: three equal choices")
+    # echo: the prompt's text precedes the completion (token-id prompts: their decoded bytes).
+    for stream in (False, True):
+        r = c.completions.create(model="builtin", prompt="echo me", max_tokens=8, temperature=0,
+                                 echo=True, stream=stream, extra_body={"ignore_eos": True})
+        texts, _, _ = texts_by_index(r, stream)
+        check(texts == {0: "echo me" + generate_reference(pagoda, "echo me", 8)},
+              f"echo (stream={stream}): {texts}")
+    ids = list("ids é".encode())
+    r = c.completions.create(model="builtin", prompt=ids, max_tokens=1, echo=True)
+    check(r.choices[0].text.startswith("ids é"), f"echo of a token-id prompt: {r.choices[0].text!r}")
+    # stop_token_ids (the byte tokenizer: token b is byte b): the text ends before the first
+    # occurrence of that byte's character.
+    cut = None
+    for k in range(16):
+        prompt = f"stop ids {k}"
+        full = generate_reference(pagoda, prompt, 48)
+        cut = next((i for i in range(2, len(full))
+                    if full[i].isascii() and full[i].isprintable()), None)
+        if cut is not None:
+            break
+    check(cut is not None, f"a printable ASCII character in {full!r}")
+    if cut is not None:
+        ch = full[cut]
+        for stream in (False, True):
+            r = c.completions.create(model="builtin", prompt=prompt, max_tokens=48, temperature=0,
+                                     stream=stream, extra_body={"ignore_eos": True,
+                                                                "stop_token_ids": [ord(ch), 300]})
+            texts, reasons, _ = texts_by_index(r, stream)
+            check(texts == {0: full[:full.index(ch)]} and reasons == {0: "stop"},
+                  f"stop_token_ids [{ord(ch)}] (stream={stream}): {texts} {reasons}")
+
+
+def test_tokenize(server):
+    """/v1/tokenize and /v1/detokenize against the byte tokenizer's definition (BOS 256, then the
+    UTF-8 bytes) and jinja2's rendering of the chat template."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    text = "héllo, wörld"
+    st, out = server.post("/v1/tokenize", {"model": "builtin", "prompt": text}, auth)
+    out = json.loads(out)
+    check(st == 200 and out["tokens"] == [256] + list(text.encode()) and
+          out["count"] == len(text.encode()) + 1, f"tokenize {text!r}: {out}")
+    st, out = server.post("/v1/tokenize", {"prompt": text, "add_special_tokens": False}, auth)
+    check(json.loads(out)["tokens"] == list(text.encode()), "tokenize without the BOS")
+    msgs = [{"role": "user", "content": "hi"}]
+    rendered = jinja2.Template(BUILTIN_TEMPLATE).render(messages=msgs, add_generation_prompt=True)
+    st, out = server.post("/v1/tokenize", {"messages": msgs}, auth)
+    check(json.loads(out)["tokens"] == [256] + list(rendered.encode()), "tokenize a chat")
+    raw = bytes([104, 105, 0xC3, 0x41, 0xE2, 0x82])
+    st, out = server.post("/v1/detokenize", {"tokens": list(raw)}, auth)
+    check(st == 200 and json.loads(out)["prompt"] == raw.decode("utf-8", "replace"),
+          f"detokenize {raw!r}: {out}")
+    st, out = server.post("/v1/detokenize", {"tokens": [1, 99999]}, auth)
+    check(st == 400 and json.loads(out)["error"]["param"] == "tokens", f"detokenize a bad id: {out}")
+    st, out = server.post("/v1/tokenize", {"prompt": "x", "temperature": 1}, auth)
+    check(st == 400 and json.loads(out)["error"]["param"] == "temperature",
+          f"tokenize refuses a field it does not take: {out}")
+
+
+def test_auth_keep_alive(server):
+    """A request refused with 401 leaves nothing on its keep-alive connection: the next request
+    on the same connection is served."""
+    u = urllib.parse.urlparse(server.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    for size in (16, 1 << 16, 1 << 20):
+        body = json.dumps({"model": "builtin", "prompt": "k" * size, "max_tokens": 2}).encode()
+        conn.request("POST", "/v1/completions", body,
+                     {"Content-Type": "application/json", "Authorization": "Bearer wrong"})
+        r = conn.getresponse()
+        err = json.loads(r.read())
+        check(r.status == 401 and err["error"]["type"] == "authentication_error",
+              f"401 with a wrong key ({size} B body): {r.status}")
+        sock = conn.sock
+        good = json.dumps({"model": "builtin", "prompt": "after 401", "max_tokens": 3,
+                           "ignore_eos": True}).encode()
+        conn.request("POST", "/v1/completions", good,
+                     {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+        r = conn.getresponse()
+        data = r.read()
+        check(r.status == 200 and json.loads(data)["usage"]["completion_tokens"] == 3,
+              f"the request after a 401 on the same connection is served: {r.status} {data[:200]}")
+        check(sock is not None and conn.sock is sock, "the 401 kept the connection open")
+    conn.close()
+
+
+def test_unsupported_fields(server):
+    """Fields pagoda does not implement are a 400 naming them (never ignored); a body that is not
+    declared JSON is a 415."""
+    c = client(server)
+    msgs = [{"role": "user", "content": "hi"}]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                          "properties": {}}}}
+    cases = [
+        ("tools", lambda: c.chat.completions.create(model="builtin", messages=msgs, tools=[tool])),
+        ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
+                                                          tool_choice="none")),
+        ("response_format", lambda: c.chat.completions.create(
+            model="builtin", messages=msgs, response_format={"type": "json_object"})),
+        ("logit_bias", lambda: c.completions.create(model="builtin", prompt="x",
+                                                    logit_bias={"65": 5})),
+        ("suffix", lambda: c.completions.create(model="builtin", prompt="x", suffix="y")),
+        ("frobnicate", lambda: c.completions.create(model="builtin", prompt="x",
+                                                    extra_body={"frobnicate": {"a": [1]}})),
+        ("messages[0].name", lambda: c.chat.completions.create(
+            model="builtin", messages=[{"role": "user", "content": "hi", "name": "bob"}])),
+        ("stream_options.other", lambda: c.completions.create(
+            model="builtin", prompt="x", stream=True, stream_options={"other": 1})),
+    ]
+    for field, call in cases:
+        try:
+            call()
+            check(False, f"{field} is refused")
+        except openai.BadRequestError as e:
+            check(api_error(e).get("param") == field and field in api_error(e).get("message", ""),
+                  f"400 names {field}: {api_error(e)}")
+    r = c.completions.create(model="builtin", prompt="x", max_tokens=2,
+                             extra_body={"tools": None, "suffix": None})
+    check(r.usage.completion_tokens >= 1, "a null unimplemented field counts as absent")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    body = json.dumps({"model": "builtin", "prompt": "x", "max_tokens": 2}).encode()
+    for ctype in ("text/plain", "application/x-www-form-urlencoded"):
+        st, out = server.post("/v1/completions", body, {**auth, "Content-Type": ctype})
+        check(st == 415 and json.loads(out)["error"]["param"] == "Content-Type",
+              f"415 for Content-Type {ctype}: {st} {out[:200]}")
+    st, _ = server.post("/v1/completions", body,
+                        {**auth, "Content-Type": "application/json; charset=utf-8"})
+    check(st == 200, f"application/json with a charset is accepted: {st}")
+
+
+def test_nonstream_disconnect(server):
+    """A non-streamed request whose client leaves is aborted, not run to max_tokens."""
+    _, models = server.get_json("/v1/models", {"Authorization": f"Bearer {KEY}"})
+    n = models["data"][0]["max_model_len"] - 64
+    before = metrics(server)["pagoda_generation_tokens_total"]
+    u = urllib.parse.urlparse(server.url)
+    body = json.dumps({"model": "builtin", "prompt": "leave early", "max_tokens": n,
+                       "ignore_eos": True}).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+                     f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                     .encode() + body)
+        time.sleep(0.5)
+    h = server.wait_idle(30)
+    generated = metrics(server)["pagoda_generation_tokens_total"] - before
+    check(h["inflight"] == 0 and h["leaked_pages"] == 0, f"nothing left after the disconnect: {h}")
+    check(generated < n, f"the abandoned non-streamed request stopped early ({generated} of {n})")
+
+
+def test_large_bodies(server):
+    """30 bodies of 8 MB (serve_harness.large_bodies): each answered with the right status, and
+    resident memory back within 100 MB of its size before them."""
+    m = large_body_memory(server, {"Authorization": f"Bearer {KEY}"}, 8_000_000, 30)
+    want = [400, 400, 400, 200]  # unimplemented field, too deep, chat over the template bound, ok
+    check(m["statuses"] == [want[i % 4] for i in range(30)], f"large-body statuses {m['statuses']}")
+    growth = (m["after"] - m["idle"]) / (1 << 20)
+    print(f"large bodies: resident {m['idle'] >> 20} MB idle, {m['after'] >> 20} MB after 30 x 8 MB "
+          f"(+{growth:.1f} MB), peak {m['peak'] >> 20} MB")
+    check(growth <= 100, f"resident memory within 100 MB of idle after 30 x 8 MB bodies: +{growth:.1f}")
+
+
+def test_metrics_format(server):
+    """/metrics is Prometheus text 0.0.4: every sample belongs to the family its TYPE line names
+    (checked on the text itself), and prometheus_client sees typed, non-empty counters."""
+    text = server.get_text("/metrics")
+    family, kind = None, None
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, family, kind = line.split()
+            continue
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{")[0].split()[0]
+        allowed = {family} if kind in ("counter", "gauge") else \
+            {family + "_bucket", family + "_sum", family + "_count"}
+        check(name in allowed, f"/metrics sample {name} belongs to its TYPE line ({family} {kind})")
+    fams = list(text_string_to_metric_families(text))
+    check(all(f.type != "unknown" for f in fams),
+          f"no untyped families: {[f.name for f in fams if f.type == 'unknown']}")
+    counters = {f.name: f for f in fams if f.type == "counter"}
+    for name in ["pagoda_prompt_tokens", "pagoda_generation_tokens", "pagoda_requests_finished",
+                 "pagoda_http_responses"]:
+        f = counters.get(name)
+        check(f is not None and f.samples and all(s.name == name + "_total" for s in f.samples),
+              f"counter {name} parses with its samples: {f}")
 
 
 def metrics(server):
@@ -416,6 +680,14 @@ def main():
         test_abort(s)
         test_errors(s, args.pagoda)
         test_metrics(s)
+        test_metrics_format(s)
+        test_stop_on_client_text(args.pagoda, s)
+        test_choices(args.pagoda, s)
+        test_tokenize(s)
+        test_auth_keep_alive(s)
+        test_unsupported_fields(s)
+        test_nonstream_disconnect(s)
+        test_large_bodies(s)
         print(f"functional checks done ({time.time() - t0:.1f} s)")
         t1 = time.time()
         stats, rss = asyncio.run(soak(s, args.soak_requests, args.seed))

@@ -8,6 +8,51 @@ import time
 import urllib.request
 
 
+def large_bodies(size, count):
+    """`count` request bodies of about `size` bytes each, cycling through the shapes that cost a
+    JSON parser the most memory: a wide object under a field the server does not implement, a
+    deep nesting inside a known field, a chat of many tiny messages (a large tree, then a prompt
+    longer than the context) and one large string in a known field. Returns (path, body) pairs."""
+    n_keys = size // 15
+    wide = json.dumps({"model": "builtin", "prompt": "x", "max_tokens": 1,
+                       "metadata": {f"k{i}": 1 for i in range(n_keys)}}).encode()
+    depth = (size - 100) // 2
+    deep = (b'{"model":"builtin","messages":[{"role":"user","content":' + b"[" * depth +
+            b"]" * depth + b"}]}")
+    n_msgs = size // 37
+    chat = json.dumps({"model": "builtin", "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "hi"}] * n_msgs}).encode()
+    string = json.dumps({"model": "builtin", "prompt": "x", "max_tokens": 1,
+                         "user": "u" * (size - 100)}).encode()
+    shapes = [("/v1/completions", wide), ("/v1/chat/completions", deep),
+              ("/v1/chat/completions", chat), ("/v1/completions", string)]
+    return [shapes[i % len(shapes)] for i in range(count)]
+
+
+def proc_memory(pid):
+    """(resident bytes, peak resident bytes) of process `pid` from /proc/PID/status."""
+    fields = {}
+    for line in open(f"/proc/{pid}/status"):
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def large_body_memory(server, headers, size=8_000_000, count=30, concurrency=1):
+    """Sends large_bodies(size, count) to `server` (a Server), `concurrency` at a time, and returns
+    {"idle", "after", "peak" (bytes), "statuses"}: resident memory before and after (once the
+    server is idle again) and the process's peak."""
+    from concurrent.futures import ThreadPoolExecutor
+    idle, _ = proc_memory(server.proc.pid)
+    bodies = large_bodies(size, count)
+    with ThreadPoolExecutor(concurrency) as pool:
+        statuses = list(pool.map(lambda pb: server.post(pb[0], pb[1], headers)[0], bodies))
+    server.wait_idle(30)
+    after, peak = proc_memory(server.proc.pid)
+    return {"idle": idle, "after": after, "peak": peak, "statuses": statuses}
+
+
 class Server:
     """`pagoda serve --port 0 ...` in a child process; .url is its base URL."""
 
