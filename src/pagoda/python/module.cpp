@@ -4,10 +4,12 @@
 #include <nanobind/nanobind.h>
 
 #include "pagoda/python/attention_bindings.h"
+#include "pagoda/python/engine_bindings.h"
 #include "pagoda/python/tensor_bridge.h"
 
 NB_MODULE(_pagoda, m) {
   m.doc() = "pagoda's C++ API: paged attention kernels, KV pool, radix cache, offline engine.";
   pagoda::python::register_error_translator();
   pagoda::python::bind_attention(m);
+  pagoda::python::bind_engine(m);
 }
