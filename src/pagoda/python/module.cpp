@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 
 #include "pagoda/python/attention_bindings.h"
+#include "pagoda/python/cache_bindings.h"
 #include "pagoda/python/engine_bindings.h"
 #include "pagoda/python/tensor_bridge.h"
 
@@ -12,4 +13,5 @@ NB_MODULE(_pagoda, m) {
   pagoda::python::register_error_translator();
   pagoda::python::bind_attention(m);
   pagoda::python::bind_engine(m);
+  pagoda::python::bind_cache(m);
 }
