@@ -145,3 +145,46 @@ def from_f32(x, ref):
         rounded = bits + 0x7FFF + ((bits >> 16) & 1)
         return np.where(np.isnan(x), 0x7FC0, rounded >> 16).astype(np.uint16)
     return x.astype(ref.dtype)
+
+
+def data_ptr(x):
+    return x.data_ptr() if is_torch(x) else x.__array_interface__["data"][0]
+
+
+def element_size(x):
+    return x.element_size() if is_torch(x) else x.itemsize
+
+
+def strides(x):
+    """Strides in elements."""
+    return tuple(x.stride()) if is_torch(x) else tuple(s // x.itemsize for s in x.strides)
+
+
+def as_strided(x, shape, strides_elems):
+    """A view of x's memory (from x's first element) with other shape / strides (elements)."""
+    if is_torch(x):
+        return x.as_strided(shape, strides_elems)
+    return np.lib.stride_tricks.as_strided(
+        x, shape, tuple(s * x.itemsize for s in strides_elems))
+
+
+def cat_last(a, b):
+    """a and b concatenated along the last dim (a copy)."""
+    return _torch().cat([a, b], -1) if is_torch(a) else np.concatenate([a, b], -1)
+
+
+def joined_last(a, b):
+    """One array whose last dim is a's then b's: a zero-copy view where b's rows start right
+    after a's in the same buffer (SGLang's MLA latent layout), else a concatenated copy."""
+    n = a.shape[-1]
+    same = (a.shape[:-1] == b.shape[:-1] and strides(a) == strides(b) and
+            strides(a)[-1] == 1 and same_dtype(a, b) and
+            data_ptr(b) == data_ptr(a) + n * element_size(a) and
+            all(s >= n + b.shape[-1] for s, d in zip(strides(a)[:-1], a.shape[:-1]) if d > 1))
+    if same:
+        return as_strided(a, tuple(a.shape[:-1]) + (n + b.shape[-1],), strides(a))
+    return cat_last(a, b)
+
+
+def same_dtype(a, b):
+    return dtype_name(a) == dtype_name(b)

@@ -10,6 +10,7 @@ LSE is base 2, as FlashInfer's. See docs/python.md for the covered and missing A
 """
 from pagoda.flashinfer.cascade import merge_state, merge_state_in_place, merge_states
 from pagoda.flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache
+from pagoda.flashinfer.mla import BatchMLAPagedAttentionWrapper
 from pagoda.flashinfer.page import append_paged_kv_cache, get_batch_indices_positions
 from pagoda.flashinfer.prefill import (BatchPrefillWithPagedKVCacheWrapper,
                                        BatchPrefillWithRaggedKVCacheWrapper,
@@ -18,7 +19,8 @@ from pagoda.flashinfer.quantization import packbits, segment_packbits
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
-    "BatchPrefillWithRaggedKVCacheWrapper", "single_decode_with_kv_cache",
+    "BatchPrefillWithRaggedKVCacheWrapper", "BatchMLAPagedAttentionWrapper",
+    "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache", "merge_state", "merge_state_in_place", "merge_states",
     "append_paged_kv_cache", "get_batch_indices_positions", "packbits", "segment_packbits",
 ]

@@ -242,3 +242,42 @@ def test_packbits_matches_numpy(rng):
     for i in range(5):
         seg = np.packbits(x[indptr[i]:indptr[i + 1]])
         assert np.array_equal(y[new_indptr[i]:new_indptr[i + 1]], seg)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("joined", [True, False])
+def test_mla_paged(rng, dtype, page_size, joined):
+    heads, ckv, kpe = 16, 128, 32
+    qo_kv = [(int(q), int(q + rng.integers(0, 90))) for q in rng.integers(1, 6, size=4)]
+    qo_lens, kv_lens, qo_indptr = _prefill_case(rng, page_size, qo_kv)
+    cache = PagedCache(rng, kv_lens, page_size, 1, ckv + kpe, ckv + kpe, dtype, "NHD")
+    latent = cache.k[:, :, 0]  # [pages, P, ckv + kpe]; V is its first ckv elements
+    refs = [(k, k[..., :ckv]) for k in cache.k_ref]
+    if joined:
+        ckv_cache, kpe_cache = latent[..., :ckv], latent[..., ckv:]
+    else:
+        ckv_cache = np.ascontiguousarray(latent[..., :ckv])
+        kpe_cache = np.ascontiguousarray(latent[..., ckv:])
+    sm_scale = 1 / math.sqrt(ckv + kpe)
+    w = flashinfer.BatchMLAPagedAttentionWrapper(WORKSPACE)
+    w.plan(qo_indptr, cache.indptr, cache.indices, np.array(kv_lens, np.int32), heads, ckv, kpe,
+           page_size, True, sm_scale, dtype, dtype)
+    q, qval = _random_q(rng, int(qo_indptr[-1]), heads, ckv + kpe, dtype)
+    out, lse = w.run(q[..., :ckv], q[..., ckv:], ckv_cache, kpe_cache, return_lse=True,
+                     return_lse_base_on_e=True)
+    assert out.shape == (int(qo_indptr[-1]), heads, ckv)
+    for b in range(len(qo_kv)):
+        s, e = qo_indptr[b], qo_indptr[b + 1]
+        want, want_lse = reference(qval[s:e], *refs[b], causal=True, sm_scale=sm_scale)
+        assert_close(out[s:e], want, dtype, f"request {b}")
+        assert_lse_close(lse[s:e], want_lse * math.log(2.0), f"request {b}")
+
+
+def test_mla_latent_view_is_zero_copy(rng):
+    from pagoda import _arrays
+    buf = rng.standard_normal((5, 16, 160)).astype(np.float32)
+    joined = _arrays.joined_last(buf[..., :128], buf[..., 128:])
+    assert np.shares_memory(joined, buf) and np.array_equal(joined, buf)
+    apart = _arrays.joined_last(buf[..., :128].copy(), buf[..., 128:].copy())
+    assert not np.shares_memory(apart, buf) and np.array_equal(apart, buf)
