@@ -16,6 +16,10 @@ from pagoda.flashinfer.prefill import (BatchPrefillWithPagedKVCacheWrapper,
                                        BatchPrefillWithRaggedKVCacheWrapper,
                                        single_prefill_with_kv_cache)
 from pagoda.flashinfer.quantization import packbits, segment_packbits
+from pagoda.flashinfer.sampling import (min_p_sampling_from_probs, sampling_from_logits,
+                                        sampling_from_probs, top_k_sampling_from_probs,
+                                        top_k_top_p_sampling_from_logits,
+                                        top_k_top_p_sampling_from_probs, top_p_sampling_from_probs)
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
@@ -23,4 +27,7 @@ __all__ = [
     "single_decode_with_kv_cache",
     "single_prefill_with_kv_cache", "merge_state", "merge_state_in_place", "merge_states",
     "append_paged_kv_cache", "get_batch_indices_positions", "packbits", "segment_packbits",
+    "sampling_from_logits", "sampling_from_probs", "top_p_sampling_from_probs",
+    "top_k_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
 ]

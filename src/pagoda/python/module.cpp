@@ -6,6 +6,7 @@
 #include "pagoda/python/attention_bindings.h"
 #include "pagoda/python/cache_bindings.h"
 #include "pagoda/python/engine_bindings.h"
+#include "pagoda/python/sampling_bindings.h"
 #include "pagoda/python/tensor_bridge.h"
 
 NB_MODULE(_pagoda, m) {
@@ -14,4 +15,5 @@ NB_MODULE(_pagoda, m) {
   pagoda::python::bind_attention(m);
   pagoda::python::bind_engine(m);
   pagoda::python::bind_cache(m);
+  pagoda::python::bind_sampling(m);
 }
