@@ -58,6 +58,16 @@ def backend_for(device, stream=0):
     raise ValueError(f"pagoda.flashinfer: unsupported device {device}")
 
 
+def attention_for(cache, device):
+    """The BatchAttention of `device` on its current CUDA stream (created once per stream and
+    kept in `cache`); a plan is bound to the stream it was made on."""
+    stream = current_stream(device)
+    attn = cache.get(stream)
+    if attn is None:
+        attn = cache[stream] = backend_for(device, stream)
+    return attn
+
+
 def current_stream(device):
     if not device.startswith("cuda"):
         return 0
@@ -145,6 +155,7 @@ class PagedPlan:
             raise ValueError(f"logits_soft_cap must be >= 0, got {logits_soft_cap}")
         self.sm_scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
         self.device = device
+        self.stream = current_stream(device)
         attn.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_qo_heads,
                   num_kv_heads, head_dim_qk, head_dim_vo, self.q_dtype, self.kv_dtype,
                   self.out_dtype, packed_mask, mask_indptr)
@@ -161,6 +172,11 @@ class PagedPlan:
         """Checks (FlashInfer's ValueErrors), allocates what is missing, launches; returns out or
         (out, lse). k / v are NHD views [pages, page_size, Hkv, D]."""
         hq, hkv = self.num_qo_heads, self.num_kv_heads
+        if self.stream and current_stream(self.device) != self.stream:
+            raise RuntimeError("pagoda.flashinfer: run() on another CUDA stream than plan(); plan "
+                               "on the stream you run on (for graph capture: plan under "
+                               "torch.cuda.stream(s) and capture with torch.cuda.graph(g, "
+                               "stream=s))")
         check_tensor(q, (self.nnz, hq, self.head_dim_qk), None, self.device, "q")
         if not A.matches(q, self.q_dtype):
             raise ValueError(f"The dtype of q {A.dtype_name(q)} does not match the q_data_type "

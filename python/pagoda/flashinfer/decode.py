@@ -32,7 +32,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self.device = A.device_of(float_workspace_buffer)
         self._use_tensor_cores = use_tensor_cores
         self._plan = None
-        self._attn = None
+        self._attns = {}  # one BatchAttention per CUDA stream (host: one)
 
     @property
     def use_tensor_cores(self):
@@ -60,10 +60,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
             q_data_type = kv_data_type = data_type
         kv_indptr = P.host_int32(indptr, "indptr")
         bs = len(kv_indptr) - 1
-        if self._attn is None:
-            self._attn = P.backend_for(self.device, P.current_stream(self.device))
         plan = P.PagedPlan(
-            self._attn, qo_indptr=np.arange(bs + 1, dtype=np.int32), kv_indptr=kv_indptr,
+            P.attention_for(self._attns, self.device),
+            qo_indptr=np.arange(bs + 1, dtype=np.int32), kv_indptr=kv_indptr,
             kv_indices=P.host_int32(indices, "indices"),
             kv_last_page_len=P.host_int32(last_page_len, "last_page_len"), page_size=page_size,
             num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim,
@@ -121,7 +120,7 @@ def single_decode_with_kv_cache(q, k, v, kv_layout="NHD", pos_encoding_mode="NON
     return res[0]
 
 
-_SINGLE = {}
+_SINGLE = {}  # device -> {stream: BatchAttention} of the single-request functions
 
 
 def single_attention(q, k, v, *, kv_layout, causal, packed_mask, window_left, logits_soft_cap,
@@ -139,10 +138,7 @@ def single_attention(q, k, v, *, kv_layout, causal, packed_mask, window_left, lo
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} disagree on kv_len / heads")
     kv_len = k.shape[0]
     device = A.device_of(q)
-    key = (device, P.current_stream(device))
-    attn = _SINGLE.get(key)
-    if attn is None:
-        attn = _SINGLE[key] = P.backend_for(device, key[1])
+    attn = P.attention_for(_SINGLE.setdefault(device, {}), device)
     q_dtype = A.dtype_name(q)
     if o_dtype is not None and A.canonical_dtype(o_dtype, "o_dtype") != q_dtype:
         P.unsupported(f"o_dtype={o_dtype!r} different from q's dtype")

@@ -25,7 +25,7 @@ class BatchMLAPagedAttentionWrapper:
         self._float_workspace_buffer = float_workspace_buffer
         self.device = A.device_of(float_workspace_buffer)
         self._plan = None
-        self._attn = None
+        self._attns = {}  # one BatchAttention per CUDA stream (host: one)
 
     def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
         self._float_workspace_buffer = float_workspace_buffer
@@ -42,13 +42,13 @@ class BatchMLAPagedAttentionWrapper:
             raise ValueError(f"kv_len_arr has {len(kv_len)} entries, kv_indptr implies "
                              f"{len(kv_ptr) - 1}")
         pages = np.diff(kv_ptr)
-        if np.any(kv_len > pages * page_size) or np.any((kv_len > 0) & (kv_len <= (pages - 1) * page_size)):
+        if np.any(kv_len > pages * page_size) or \
+                np.any((kv_len > 0) & (kv_len <= (pages - 1) * page_size)):
             raise ValueError("kv_len_arr does not match the pages of kv_indptr")
         last = np.where(pages > 0, kv_len - (pages - 1) * page_size, 0).astype(np.int32)
-        if self._attn is None:
-            self._attn = P.backend_for(self.device, P.current_stream(self.device))
         plan = P.PagedPlan(
-            self._attn, qo_indptr=P.host_int32(qo_indptr, "qo_indptr"), kv_indptr=kv_ptr,
+            P.attention_for(self._attns, self.device),
+            qo_indptr=P.host_int32(qo_indptr, "qo_indptr"), kv_indptr=kv_ptr,
             kv_indices=P.host_int32(kv_indices, "kv_indices"), kv_last_page_len=last,
             page_size=page_size, num_qo_heads=num_heads, num_kv_heads=1,
             head_dim_qk=head_dim_ckv + head_dim_kpe, head_dim_vo=head_dim_ckv,
@@ -67,7 +67,8 @@ class BatchMLAPagedAttentionWrapper:
         for name, t, d in (("q_nope", q_nope, self._ckv), ("q_pe", q_pe, self._kpe)):
             P.check_tensor(t, (self._plan.nnz, self._plan.num_qo_heads, d), None, self.device,
                            name)
-        for name, t, d in (("ckv_cache", ckv_cache, self._ckv), ("kpe_cache", kpe_cache, self._kpe)):
+        for name, t, d in (("ckv_cache", ckv_cache, self._ckv),
+                           ("kpe_cache", kpe_cache, self._kpe)):
             if t.ndim != 3 or t.shape[-1] != d:
                 raise ValueError(f"{name} must be [num_pages, page_size, {d}], got "
                                  f"{tuple(t.shape)}")

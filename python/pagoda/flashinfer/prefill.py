@@ -59,7 +59,7 @@ class _PrefillBase:
         self._float_workspace_buffer = float_workspace_buffer
         self.device = A.device_of(float_workspace_buffer)
         self._plan = None
-        self._attn = None
+        self._attns = {}  # one BatchAttention per CUDA stream (host: one)
 
     @property
     def is_cuda_graph_enabled(self):
@@ -78,9 +78,8 @@ class _PrefillBase:
         kv_lens = _kv_lens(kv_indptr, kv_last_page_len, page_size)
         packed, mask_indptr = _packed_mask(custom_mask, packed_custom_mask, np.diff(qo_indptr),
                                            kv_lens)
-        if self._attn is None:
-            self._attn = P.backend_for(self.device, P.current_stream(self.device))
-        plan = P.PagedPlan(self._attn, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
+        plan = P.PagedPlan(P.attention_for(self._attns, self.device), qo_indptr=qo_indptr,
+                           kv_indptr=kv_indptr,
                            kv_indices=kv_indices, kv_last_page_len=kv_last_page_len,
                            page_size=page_size, causal=causal if packed is None else True,
                            packed_mask=packed, mask_indptr=mask_indptr, device=self.device, **kw)

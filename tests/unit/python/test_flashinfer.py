@@ -26,8 +26,8 @@ def test_batch_decode(rng, dtype, page_size, layout):
     window = int(rng.integers(0, 64)) if rng.random() < 0.5 else -1
     cap = 30.0 if rng.random() < 0.5 else None
     sm_scale = 0.7 / math.sqrt(d)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(WORKSPACE, layout,
-                                                            use_tensor_cores=bool(rng.random() < .5))
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        WORKSPACE, layout, use_tensor_cores=bool(rng.random() < .5))
     wrapper.plan(cache.indptr, cache.indices, cache.last_page_len, hq, hkv, d, page_size,
                  window_left=window, logits_soft_cap=cap, q_data_type=dtype, sm_scale=sm_scale)
     q, qval = _random_q(rng, len(kv_lens), hq, d, dtype)

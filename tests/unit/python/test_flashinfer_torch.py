@@ -31,7 +31,8 @@ def _paged(rng, kv_lens, page_size, hkv, d, dtype, device, layout, spare=3):
     order = torch.from_numpy(rng.permutation(total).astype(np.int32))
     indptr = torch.tensor(np.concatenate([[0], np.cumsum(pages)]), dtype=torch.int32)
     indices = order[: int(indptr[-1])]
-    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(kv_lens, pages)], dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(kv_lens, pages)],
+                        dtype=torch.int32)
     k = torch.full((total, page_size, hkv, d), float("nan"))
     v = torch.full((total, page_size, hkv, d), float("nan"))
     g = _gen(rng)
