@@ -81,6 +81,11 @@ def empty(shape, name, like):
     return np.empty(shape, dtype=_NP_STORAGE[name])
 
 
+def numpy_storage(name):
+    """The NumPy dtype that holds pagoda dtype `name` (bf16: uint16 bits, fp8: uint8 bits)."""
+    return np.dtype(_NP_STORAGE[name])
+
+
 def _torch_dtype(name):
     t = _torch()
     return {"f32": t.float32, "f16": t.float16, "bf16": t.bfloat16, "i32": t.int32,

@@ -156,6 +156,10 @@ class PagedPlan:
         self.sm_scale = 1.0 / math.sqrt(head_dim_qk) if sm_scale is None else float(sm_scale)
         self.device = device
         self.stream = current_stream(device)
+        self._out_shape = (self.nnz, num_qo_heads, head_dim_vo)
+        self._q_np, self._out_np = A.numpy_storage(self.q_dtype), A.numpy_storage(self.out_dtype)
+        self._kv_np = A.numpy_storage(self.kv_dtype)
+        self._kv_fp8 = self.kv_dtype.startswith("fp8")
         attn.plan(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_qo_heads,
                   num_kv_heads, head_dim_qk, head_dim_vo, self.q_dtype, self.kv_dtype,
                   self.out_dtype, packed_mask, mask_indptr)
@@ -168,15 +172,61 @@ class PagedPlan:
         return 4 * max(self.nnz, 1) * self.num_qo_heads * (self.head_dim_vo + 1)
 
     def run(self, q, k, v, *, out, lse, return_lse, q_scale=None, k_scale=None, v_scale=None,
-            window_left=None, sinks=None, who="run"):
-        """Checks (FlashInfer's ValueErrors), allocates what is missing, launches; returns out or
-        (out, lse). k / v are NHD views [pages, page_size, Hkv, D]."""
-        hq, hkv = self.num_qo_heads, self.num_kv_heads
+            window_left=None, sinks=None):
+        """Allocates what is missing and launches; returns out or (out, lse). k / v are NHD
+        views [pages, page_size, Hkv, D]. The C++ run checks every shape, dtype and device
+        against the plan before computing; when it refuses, diagnose() names the fault with
+        FlashInfer's message (the hot path stays a few microseconds of Python)."""
         if self.stream and current_stream(self.device) != self.stream:
             raise RuntimeError("pagoda.flashinfer: run() on another CUDA stream than plan(); plan "
                                "on the stream you run on (for graph capture: plan under "
                                "torch.cuda.stream(s) and capture with torch.cuda.graph(g, "
                                "stream=s))")
+        numpy = type(q) is np.ndarray
+        if out is None:
+            out = np.empty(self._out_shape, self._out_np) if numpy else \
+                A.empty(self._out_shape, self.out_dtype, q)
+        if return_lse:
+            if lse is None:
+                lse = np.empty(self._out_shape[:2], np.float32) if numpy else \
+                    A.empty(self._out_shape[:2], "f32", q)
+        else:
+            lse = None
+        if numpy:  # bf16 / fp8 travel as uint16 / uint8 bits: name them, only on those types
+            names = (self.q_dtype if q.dtype == self._q_np else "",
+                     self.kv_dtype if k.dtype == self._kv_np else "",
+                     self.out_dtype if out.dtype == self._out_np else "")
+            kk, kv = k, v
+        elif self._kv_fp8:
+            names = ("", self.kv_dtype if A.matches(k, self.kv_dtype) else "", "")
+            kk, kv = A.kernel_array(k), A.kernel_array(v)
+        else:
+            names, kk, kv = ("", "", ""), k, v
+        sinks_host = None
+        if sinks is not None:
+            sinks_host = A.host_numpy(sinks, np.float32)
+            if sinks_host.shape != (self.num_qo_heads,):
+                raise ValueError(f"Invalid shape of sinks: expected ({self.num_qo_heads},), got "
+                                 f"{tuple(sinks_host.shape)}")
+        try:
+            self.attn.run(q, kk, kv, out, lse,
+                          sm_scale=self.sm_scale if q_scale is None else
+                          self.sm_scale * float(q_scale),
+                          logits_soft_cap=self.logits_soft_cap,
+                          window_left=self.window_left if window_left is None else window_left,
+                          causal=self.causal, sinks=sinks_host,
+                          k_scale=1.0 if k_scale is None else k_scale,
+                          v_scale=1.0 if v_scale is None else v_scale,
+                          q_dtype=names[0], kv_dtype=names[1], out_dtype=names[2])
+        except ValueError:
+            self.diagnose(q, k, v, out, lse)
+            raise
+        return (out, lse) if return_lse else out
+
+    def diagnose(self, q, k, v, out, lse):
+        """Raises FlashInfer's ValueError for the first argument that does not fit the plan
+        (returns when it finds none: the caller re-raises pagoda's own error)."""
+        hq, hkv = self.num_qo_heads, self.num_kv_heads
         check_tensor(q, (self.nnz, hq, self.head_dim_qk), None, self.device, "q")
         if not A.matches(q, self.q_dtype):
             raise ValueError(f"The dtype of q {A.dtype_name(q)} does not match the q_data_type "
@@ -192,29 +242,6 @@ class PagedPlan:
                              f"{tuple(k.shape[:3]) + (self.head_dim_vo,)}")
         for name, t in (("k_cache", k), ("v_cache", v)):
             check_tensor(t, None, None, self.device, name)
-        if out is None:
-            out = A.empty((self.nnz, hq, self.head_dim_vo), self.out_dtype, q)
-        else:
-            check_tensor(out, (self.nnz, hq, self.head_dim_vo), self.out_dtype, self.device,
-                         "out")
-        if return_lse:
-            if lse is None:
-                lse = A.empty((self.nnz, hq), "f32", q)
-            else:
-                check_tensor(lse, (self.nnz, hq), "f32", self.device, "lse")
-        sinks_host = None
-        if sinks is not None:
-            sinks_host = A.host_numpy(sinks, np.float32)
-            if sinks_host.shape != (hq,):
-                raise ValueError(f"Invalid shape of sinks: expected ({hq},), got "
-                                 f"{tuple(sinks_host.shape)}")
-        window = self.window_left if window_left is None else int(window_left)
-        sm_scale = self.sm_scale * (1.0 if q_scale is None else float(q_scale))
-        self.attn.run(A.kernel_array(q), A.kernel_array(k), A.kernel_array(v),
-                      A.kernel_array(out), lse if return_lse else None, sm_scale=sm_scale,
-                      logits_soft_cap=self.logits_soft_cap, window_left=window,
-                      causal=self.causal, sinks=sinks_host,
-                      k_scale=1.0 if k_scale is None else float(k_scale),
-                      v_scale=1.0 if v_scale is None else float(v_scale),
-                      q_dtype=self.q_dtype, kv_dtype=self.kv_dtype, out_dtype=self.out_dtype)
-        return (out, lse) if return_lse else out
+        check_tensor(out, self._out_shape, self.out_dtype, self.device, "out")
+        if lse is not None:
+            check_tensor(lse, self._out_shape[:2], "f32", self.device, "lse")

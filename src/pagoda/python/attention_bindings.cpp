@@ -103,10 +103,14 @@ class PyBatchAttention {
     const TensorView vv = to_view(v_cache, kv_dtype, "v_cache");
     const TensorView ov = to_view(out, out_dtype, "out");
     const TensorView lv = lse ? to_view(*lse, "", "lse") : TensorView();
-    for (const TensorView* t : {&qv, &kv, &vv, &ov}) {
+    for (const TensorView* t : {&qv, &kv, &vv, &ov, &lv}) {
+      if (t->empty()) continue;
       PAGODA_REQUIRE(t->device().kind == device_, kInvalidArgument,
                      "BatchAttention.run: backend '{}' needs {} tensors, got {}", impl_->name(),
                      device_ == DeviceKind::kCpu ? "cpu" : "cuda", t->describe());
+      PAGODA_REQUIRE(t->device() == qv.device(), kInvalidArgument,
+                     "BatchAttention.run: every tensor must be on q's device {}, got {}",
+                     qv.device().to_string(), t->describe());
     }
     attention::RunParams params{.sm_scale = sm_scale,
                                 .logit_cap = logits_soft_cap,
