@@ -31,3 +31,27 @@ __all__ = [
     "top_k_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_logits",
     "top_k_top_p_sampling_from_probs",
 ]
+
+# FlashInfer names pagoda does not provide: looking one up raises an error that names it. It is
+# both a NotImplementedError (what pagoda cannot do) and an AttributeError (so hasattr() and
+# feature checks see the name as absent).
+_NOT_PROVIDED = (
+    "CUDAGraphBatchDecodeWithPagedKVCacheWrapper", "BatchDecodeMlaWithPagedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper", "BatchPODWithPagedKVCacheWrapper",
+    "BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper", "BatchAttention",
+    "softmax", "top_p_renorm_probs", "top_k_renorm_probs", "top_k_mask_logits",
+    "chain_speculative_sampling", "append_paged_mla_kv_cache", "trtllm_batch_decode_with_kv_cache",
+    "xqa_batch_decode_with_kv_cache", "apply_rope", "apply_rope_inplace", "rmsnorm",
+    "fused_add_rmsnorm", "silu_and_mul", "gelu_and_mul",
+)
+
+
+class NotProvidedError(NotImplementedError, AttributeError):
+    """A FlashInfer name that pagoda.flashinfer does not provide."""
+
+
+def __getattr__(name):
+    if name in _NOT_PROVIDED:
+        raise NotProvidedError(f"pagoda.flashinfer: {name} is not provided by pagoda "
+                               "(see docs/python.md for the covered API)")
+    raise AttributeError(f"module 'pagoda.flashinfer' has no attribute {name!r}")

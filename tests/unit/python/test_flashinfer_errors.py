@@ -118,3 +118,10 @@ def test_helpers_reject_bad_input():
                                          np.zeros((1, 1, 8), np.float32), np.array([0]),
                                          np.array([5]), (k, k), np.array([0]), np.array([0, 1]),
                                          np.array([3]))
+
+
+def test_names_pagoda_does_not_provide():
+    with pytest.raises(NotImplementedError, match="CUDAGraphBatchDecodeWithPagedKVCacheWrapper"):
+        flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper
+    assert not hasattr(flashinfer, "top_k_renorm_probs")
+    assert not hasattr(flashinfer, "no_such_name")
