@@ -166,10 +166,11 @@ class PagedPlan:
         self.attn = attn
 
     def workspace_bytes(self):
-        """Bytes FlashInfer-sized callers must provide: one f32 partial output and LSE per query
-        row and head (pagoda keeps its own scratch; the check keeps undersized buffers failing
-        here as they would with FlashInfer)."""
-        return 4 * max(self.nnz, 1) * self.num_qo_heads * (self.head_dim_vo + 1)
+        """Bytes the caller's float workspace must hold: one f32 partial output and LSE per query
+        row and head, capped at 8 MiB (pagoda keeps its own scratch; the check keeps undersized
+        buffers failing here as they would with FlashInfer, and never asks more than a
+        FlashInfer-sized buffer has)."""
+        return min(4 * max(self.nnz, 1) * self.num_qo_heads * (self.head_dim_vo + 1), 8 << 20)
 
     def run(self, q, k, v, *, out, lse, return_lse, q_scale=None, k_scale=None, v_scale=None,
             window_left=None, sinks=None):
