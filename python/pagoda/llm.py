@@ -14,6 +14,7 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   dtype, kv_cache_dtype             'auto', 'float32', 'float16', 'bfloat16', 'fp8_e4m3', ...
   max_model_len / context_length    longest request (0 = the model's)
   weight_seed                       the builtin model's random weights
+  seed                              the sampling seed of requests whose SamplingParams.seed is None
 Anything else raises NotImplementedError naming it (tensor_parallel_size > 1, quantization, ...).
 """
 from dataclasses import dataclass, field
@@ -30,13 +31,13 @@ _ARG_ALIASES = {
 }
 # Arguments whose default (or a value meaning "the default") is accepted and changes nothing.
 _NEUTRAL = {"tensor_parallel_size": 1, "tp_size": 1, "trust_remote_code": None,
-            "tokenizer": None, "seed": None, "skip_tokenizer_init": False}
+            "tokenizer": None, "skip_tokenizer_init": False}
 
 
 @dataclass
 class SamplingParams:
     """Per-request sampling (vLLM's names; SGLang's max_new_tokens is accepted too).
-    temperature 0 is greedy; top_k 0 or -1 disables top-k; seed None draws from 0."""
+    temperature 0 is greedy; top_k 0 or -1 disables top-k; seed None: the LLM's seed (0)."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -54,7 +55,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
 
-    def _resolved(self):
+    def _resolved(self, default_seed=0):
         """The engine tuple; NotImplementedError for what pagoda's sampler does not do."""
         for name, neutral in (("n", 1), ("stop", None), ("stop_token_ids", None),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
@@ -71,7 +72,8 @@ class SamplingParams:
         if top_k < 0:
             raise ValueError(f"top_k must be -1, 0 or positive, got {self.top_k}")
         return (int(max_new), float(self.temperature), top_k, float(self.top_p),
-                float(self.min_p), int(self.seed or 0), bool(self.ignore_eos))
+                float(self.min_p), int(default_seed if self.seed is None else self.seed),
+                bool(self.ignore_eos))
 
 
 @dataclass
@@ -98,6 +100,7 @@ class LLM:
     def __init__(self, model="builtin", **engine_args):
         args = _pagoda.EngineArgs()
         weight_seed = 0
+        self._seed = 0
         for name, value in engine_args.items():
             if name in _ARG_ALIASES:
                 target = _ARG_ALIASES[name]
@@ -118,6 +121,8 @@ class LLM:
                 args.cuda_graph = not value
             elif name == "weight_seed":
                 weight_seed = int(value)
+            elif name == "seed":
+                self._seed = 0 if value is None else int(value)
             elif name in _NEUTRAL and (value == _NEUTRAL[name] or
                                        (name == "tokenizer" and value == model)):
                 continue
@@ -149,7 +154,7 @@ class LLM:
         if len(params) != len(ids):
             raise ValueError(f"{len(ids)} prompts but {len(params)} sampling_params")
         params = [_as_params(p) for p in params]
-        results = self._engine.generate(ids, [p._resolved() for p in params])
+        results = self._engine.generate(ids, [p._resolved(self._seed) for p in params])
         outs = []
         for text, prompt_ids, p, (out_ids, reason, cached, error) in zip(texts, ids, params,
                                                                          results):

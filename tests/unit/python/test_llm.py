@@ -133,3 +133,13 @@ def test_serve_matches_offline_engine():
     offline = pagoda.LLM("builtin", backend="cpu").generate(
         "Hello", pagoda.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     assert served == offline[0].outputs[0].text
+
+
+def test_engine_seed_is_the_default_sampling_seed():
+    params = pagoda.SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    a = pagoda.LLM("builtin", seed=11).generate("seeded", params)[0].outputs[0].token_ids
+    b = pagoda.LLM("builtin").generate(
+        "seeded", pagoda.SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True,
+                                        seed=11))[0].outputs[0].token_ids
+    c = pagoda.LLM("builtin", seed=12).generate("seeded", params)[0].outputs[0].token_ids
+    assert a == b and a != c
