@@ -2,7 +2,8 @@
 # The lent H200 machine's image lacks the dev files of three Debian libraries pagoda links (PCRE2,
 # ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them,
 # and cpp-httplib for `pagoda serve` (a compiled library whose header includes OpenSSL, zlib and
-# Brotli headers, so their dev packages come too), and Highway (libhwy) for the CPU kernels:
+# Brotli headers, so their dev packages come too), Highway (libhwy) for the CPU kernels, and the
+# nanobind wheel for the Python package:
 #
 #   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~22 MB)
 #   on the GPU machine:        source scripts/gpu_deps.sh env  # unpacks to /tmp/sys, sets pkg-config
@@ -21,6 +22,8 @@ case "${1:-}" in
     mkdir -p "$root/.debs"
     grep -qx '/.debs/' "$root/.git/info/exclude" 2>/dev/null || echo '/.debs/' >> "$root/.git/info/exclude"
     (cd "$root/.debs" && apt-get download "${packages[@]}") || exit 1
+    # nanobind (PyPI wheel, ~0.3 MB) for the Python package (src/pagoda/python).
+    python3 -m pip download --quiet --no-deps -d "$root/.debs" nanobind || exit 1
     ;;
   env)
     mkdir -p /tmp/sys
@@ -28,6 +31,13 @@ case "${1:-}" in
     export PKG_CONFIG_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/sys/usr/share/pkgconfig
     export PKG_CONFIG_SYSROOT_DIR=/tmp/sys PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
     export LD_LIBRARY_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    # The carried nanobind wheel, unpacked onto PYTHONPATH (CMake finds it through
+    # `python3 -m nanobind --cmake_dir`); nothing is installed into the image's Python.
+    for w in "$root"/.debs/nanobind-*.whl; do
+      [ -f "$w" ] || continue
+      mkdir -p /tmp/sys/py && python3 -m zipfile -e "$w" /tmp/sys/py
+      export PYTHONPATH=/tmp/sys/py${PYTHONPATH:+:$PYTHONPATH}
+    done
     ;;
   *)
     echo "usage: scripts/gpu_deps.sh fetch | source scripts/gpu_deps.sh env" >&2

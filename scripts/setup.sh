@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config python3 libgtest-dev libgmock-dev
           libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
-          libomp-dev libpcre2-dev libicu-dev libsentencepiece-dev python3-pip
+          libomp-dev libpcre2-dev libicu-dev libsentencepiece-dev python3-pip python3-dev
           libcpp-httplib-dev)
 missing=()
 for p in "${packages[@]}"; do
@@ -40,6 +40,11 @@ python3 -c 'import jinja2' 2>/dev/null || pip_install jinja2
 # tools/make_copy_model.py: numpy and safetensors.
 python3 -c 'import numpy' 2>/dev/null || pip_install 'numpy<2.4'  # mistral-common's bound
 python3 -c 'import safetensors' 2>/dev/null || pip_install safetensors
+# The Python package (src/pagoda/python, python/pagoda): nanobind builds the extension, its tests
+# run under pytest; scikit-build-core is what `pip install .` builds with.
+python3 -c 'import nanobind' 2>/dev/null || pip_install 'nanobind>=2.4'
+python3 -c 'import scikit_build_core' 2>/dev/null || pip_install 'scikit-build-core>=0.10'
+python3 -c 'import pytest' 2>/dev/null || pip_install pytest
 
 BUILD_DIR=${BUILD_DIR:-build}
 # shellcheck disable=SC2086

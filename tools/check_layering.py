@@ -26,6 +26,7 @@ ALLOWED = {
     "server": ["core", "platform", "kv", "cache", "attention", "backends", "kernels", "spec",
                "model", "tokenizer", "engine", "dist"],
     "cli": ["*"],
+    "python": ["*"],
 }
 # platform/cuda may launch the KV-write kernels it hosts.
 EXTRA = {"platform/cuda": ["kernels/cuda", "kernels/common"]}

@@ -31,6 +31,19 @@ TensorView::TensorView(void* data, DType dtype, std::initializer_list<int64_t> s
   for (int64_t s : strides) strides_[i++] = s;
 }
 
+TensorView::TensorView(void* data, DType dtype, std::span<const int64_t> shape,
+                       std::span<const int64_t> strides, Device device)
+    : data_(data), dtype_(dtype), device_(device), rank_(static_cast<int>(shape.size())) {
+  PAGODA_REQUIRE(rank_ <= kMaxDims, kInvalidArgument, "tensor rank {} exceeds {}", rank_, kMaxDims);
+  PAGODA_REQUIRE(strides.size() == shape.size(), kInvalidArgument,
+                 "strides rank {} != shape rank {}", strides.size(), shape.size());
+  for (int d = 0; d < rank_; ++d) {
+    PAGODA_REQUIRE(shape[d] >= 0, kInvalidArgument, "negative extent {} in dim {}", shape[d], d);
+    shape_[d] = shape[d];
+    strides_[d] = strides[d];
+  }
+}
+
 int64_t TensorView::numel() const {
   if (rank_ == 0) return data_ ? 1 : 0;
   int64_t n = 1;

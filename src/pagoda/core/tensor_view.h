@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 #include "pagoda/core/device.h"
@@ -25,6 +26,10 @@ class TensorView {
   /// A view with explicit strides (in elements); `strides` must have the same rank as `shape`.
   TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape,
              std::initializer_list<int64_t> strides, Device device = Device::cpu());
+  /// A view of any rank up to kMaxDims from runtime extents and strides (in elements; same
+  /// rank), e.g. an array that crossed a language boundary (DLPack).
+  TensorView(void* data, DType dtype, std::span<const int64_t> shape,
+             std::span<const int64_t> strides, Device device);
 
   void* data() const { return data_; }
   template <typename T>
