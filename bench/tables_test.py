@@ -16,6 +16,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "cuda"))
+from cases import jit_groups, kind, load_cases  # noqa: E402 - bench/cuda/cases.py
 RECORD = os.path.join(HERE, "device", "record.py")
 TABLES = os.path.join(HERE, "tables.py")
 
@@ -92,7 +94,29 @@ def expect(cond, what):
         sys.exit(1)
 
 
+def check_cases():
+    """bench/cuda/cases.json: every field pagoda_cuda_bench reads (json.at) is present after the
+    defaults, names are unique, the name prefixes agree with the kind the peers derive, and the
+    FlashInfer module groups cover every case once."""
+    cases = load_cases(os.path.join(HERE, "cuda", "cases.json"))
+    fields = {"name", "batch", "qo", "prefix", "page", "kv", "tree", "hq", "hkv", "d", "dv", "latent"}
+    for c in cases:
+        expect(fields <= set(c), f"{c.get('name')}: missing {fields - set(c)}")
+        expect(c["kv"] in ("bf16", "fp8_e4m3"), f"{c['name']}: kv {c['kv']}")
+    names = [c["name"] for c in cases]
+    expect(len(set(names)) == len(names), "unique case names")
+    for c in cases:
+        k = kind(c)
+        want = {"decode": ("decode",), "mla_decode": ("mla_decode",), "tree": ("tree",),
+                "prefill": ("prefill", "mla_prefill", "fp8kv_causal"),
+                "extend": ("extend", "mla_extend", "fp8kv_ext")}[k]
+        expect(c["name"].startswith(want), f"{c['name']} classified as {k}")
+    grouped = [n for g in jit_groups(cases) for n in g]
+    expect(sorted(grouped) == sorted(names), "JIT groups cover every case once")
+
+
 def main():
+    check_cases()
     seed = int(time.time()) % 100000
     print(f"seed {seed}")
     rng = random.Random(seed)

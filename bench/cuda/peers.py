@@ -2,7 +2,9 @@
 """The peers of pagoda's kernel benchmark, on the shapes of bench/cuda/cases.json.
 
 Usage: peers.py CASES.json OUT.jsonl [--peers cudnn,flash,flashinfer] [--filter S[,S...]]
-                [--ceilings]
+                [--only NAME[,NAME...]] [--ceilings]
+
+--filter keeps the cases whose name contains one of the strings, --only the cases named exactly.
 
 Writes one JSON object per (case, peer): {"case", "peer", "ms", "samples_ms"} or, where the peer
 refuses the case, {"case", "peer", "error"}; with --ceilings first {"ceiling": "copy_gbps" |
@@ -15,12 +17,12 @@ Peers:
                 not theirs); MLA prefill (Dqk != Dv) with cuDNN only.
   flashinfer    FlashInfer on the same paged layout as pagoda (NHD, shuffled pages, random data):
                 BatchDecodeWithPagedKVCacheWrapper for decode, BatchPrefillWithPagedKVCacheWrapper
-                (backend FI_BACKEND-like names below) for prefill / extend / tree verify (the
-                case's mask bits for trees), BatchMLAPagedAttentionWrapper for absorbed MLA
-                decode; peer names "flashinfer_fa3" / "flashinfer_fa2" for the prefill
-                backends, "flashinfer" otherwise. A shape the paged prefill wrapper refuses is
-                retried on contiguous K/V (BatchPrefillWithRaggedKVCacheWrapper) as
-                "flashinfer_<backend>_ragged".
+                for prefill / extend / tree verify (the case's mask bits for trees) with the
+                Hopper backend "fa3" (its fastest here), or "fa2" where fa3 refuses the case,
+                BatchMLAPagedAttentionWrapper for absorbed MLA decode; peer names
+                "flashinfer_fa3" / "flashinfer_fa2" for prefill, "flashinfer" otherwise. A shape
+                the paged prefill wrapper refuses is retried on contiguous K/V
+                (BatchPrefillWithRaggedKVCacheWrapper) as "flashinfer_<backend>_ragged".
 
 Timing policy (the same as pagoda_cuda_bench's, bench/cuda/bench_cuda.cpp): 3 untimed warm-up
 calls, then 30 timed calls, each preceded by zeroing a 256 MiB device buffer (what
@@ -36,6 +38,8 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from cases import kind, load_cases  # bench/cuda/cases.py, beside this file
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -61,21 +65,6 @@ def time_samples(fn):
         b.synchronize()
         out.append(a.elapsed_time(b))
     return out
-
-
-def load_cases(path):
-    doc = json.load(open(path))
-    return [{**doc["defaults"], **c} for c in doc["cases"]]
-
-
-def kind(c):
-    if c["latent"]:
-        return "mla_decode"
-    if c["qo"] == 1:
-        return "decode"
-    if c["tree"]:
-        return "tree"
-    return "prefill" if c["prefix"] == 0 else "extend"
 
 
 def paged(c, gen):
@@ -161,27 +150,34 @@ def flashinfer_fns(c, ws):
     kwargs = {"custom_mask": tree_mask(c, gen)} if c["tree"] else {}
     if dv != d:
         kwargs["head_dim_vo"] = dv
-    fns = []
-    for backend in ("fa3", "fa2"):
+    for backend in ("fa3", "fa2"):  # fa2 only where fa3 refuses
         name = f"flashinfer_{backend}"
         try:
             w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
             w.plan(qo_indptr, kv_indptr, ids, last, hq, hkv, d, ps, causal=not c["tree"],
                    q_data_type=BF, kv_data_type=kvt, **kwargs)
-            fns.append((name, lambda w=w: w.run(q, (kc, vc))))
-        except Exception as e:  # noqa: BLE001 - the ragged wrapper below, or a refusal
+            fn = lambda w=w: w.run(q, (kc, vc))  # noqa: E731
+            fn()  # a backend may accept the plan and refuse the run
+            return [(name, fn)]
+        except Exception as e:  # noqa: BLE001 - the ragged wrapper below, or the next backend
             print(f"{c['name']} {name} paged refused: {type(e).__name__} {str(e)[:160]}",
                   flush=True)
-            if kvt != BF:
-                continue
+        if kvt != BF:
+            continue
+        try:
             rk = torch.randn(b * kv, hkv, d, device=DEV, dtype=BF)
             rv = torch.randn(b * kv, hkv, dv, device=DEV, dtype=BF)
             ragged_indptr = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * kv
             w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
             w.plan(qo_indptr, ragged_indptr, hq, hkv, d, causal=not c["tree"], q_data_type=BF,
                    kv_data_type=BF, **kwargs)
-            fns.append((name + "_ragged", lambda w=w, rk=rk, rv=rv: w.run(q, rk, rv)))
-    return fns
+            fn = lambda w=w, rk=rk, rv=rv: w.run(q, rk, rv)  # noqa: E731
+            fn()
+            return [(name + "_ragged", fn)]
+        except Exception as e:  # noqa: BLE001 - the next backend
+            print(f"{c['name']} {name} ragged refused: {type(e).__name__} {str(e)[:160]}",
+                  flush=True)
+    raise ValueError("every FlashInfer prefill backend refused this case")
 
 
 def ceilings():
@@ -204,10 +200,12 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--peers", default="cudnn,flash,flashinfer")
     ap.add_argument("--filter", default="")
+    ap.add_argument("--only", default="")
     ap.add_argument("--ceilings", action="store_true")
     a = ap.parse_args()
     peers = [p for p in a.peers.split(",") if p]
     filters = [f for f in a.filter.split(",") if f]
+    only = {f for f in a.only.split(",") if f}
     out = open(a.out, "w")
 
     def emit(r):
@@ -222,7 +220,7 @@ def main():
     ws = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
     sdpa = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
     for c in load_cases(a.cases):
-        if filters and not any(f in c["name"] for f in filters):
+        if (filters and not any(f in c["name"] for f in filters)) or (only and c["name"] not in only):
             continue
         for peer in peers:
             try:

@@ -8,17 +8,19 @@
 #   KIND   h100 | h200 (one GPU) or x2 | h200x2 (two GPUs, tensor parallelism)
 #   GROUP  one GPU:  kernels  build, GPU tests (ctest -L gpu: every CUDA gtest binary and
 #                             `pagoda conformance --backends cuda`), the kernel table: pagoda vs
-#                             cuDNN, flash SDPA and FlashInfer in N interleaved rounds
-#                    engine   build, engine_real (1B and 8B layouts vs transformers), speculative
-#                             decoding A/Bs, `pagoda serve` vs `pagoda bench`
-#                    all      both (default; longer than one 10-minute device call: use the two
-#                             groups in two calls)
-#          two GPUs: tp       build, GPU tests, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 ==
-#                             tp 1 greedy outputs (default)
+#                             cuDNN, flash SDPA and FlashInfer in N interleaved rounds (FlashInfer
+#                             compiles its kernels meanwhile, from the start of the call)
+#                    engine   build, engine_real (1B and 8B layouts vs transformers in the same
+#                             call), speculative decoding A/Bs (each without, then with)
+#                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings)
+#                    all      all three (longer than one 10-minute device call: one group a call)
+#          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
+#                             outputs (default)
 #   --commit SHA   the commit measured (the device copy of the tree may have no .git)
 #   --rounds N     interleaved kernel rounds (default 5): ours, peers, ours, peers, ...
-#   --budget S     stop starting kernel rounds after S seconds of this run (default 540), so the
-#                  call ends inside its 10-minute limit; the record says how many rounds ran
+#   --budget S     start a kernel round only if it should end (judged by the last round's length)
+#                  within S seconds of this run's start (default 550), so the call ends inside
+#                  its 10-minute limit; the record holds the rounds that ran
 #   --sanitize     compute-sanitizer memcheck and racecheck on the attention tests too
 # Carry `.debs` (scripts/gpu_deps.sh fetch: libraries the image lacks) and `.whl` (FlashInfer
 # 0.5.3 wheels: flashinfer_python, apache_tvm_ffi, nvidia_cudnn_frontend) in the device call.
@@ -34,7 +36,7 @@ case "$KIND" in
   *) echo "run.sh: unknown kind '$KIND' (h100, h200, x2, h200x2)"; exit 2 ;;
 esac
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then GROUP=$1; shift; fi
-COMMIT="" ROUNDS=5 BUDGET=540 SANITIZE=0
+COMMIT="" ROUNDS=5 BUDGET=550 SANITIZE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --commit) COMMIT=$2; shift 2 ;;
@@ -46,9 +48,10 @@ while [ $# -gt 0 ]; do
 done
 case "$GPUS:$GROUP" in
   1:kernels) STAGES="build tests kernels" ;;
-  1:engine) STAGES="build engine spec serve" ;;
+  1:engine) STAGES="build engine spec" ;;
+  1:serve) STAGES="build serve" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
-  2:tp) STAGES="build tests tp" ;;
+  2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
 esac
 
@@ -97,6 +100,21 @@ B=/tmp/b-device  # kept while the machine stays warm: a second call rebuilds not
 P=$B/pagoda
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 
+FI_WARM=""
+if has kernels && [ -n "${PYTHONPATH:-}" ]; then
+  # FlashInfer compiles each kernel module on first use (about a minute each). A warm-up pass,
+  # timings thrown away, one process per module (bench/cuda/cases.py --jit-groups) so they
+  # compile in parallel, overlaps the build and the GPU tests; the timed rounds then find every
+  # module built (the cache lives on this machine while it stays warm).
+  g=0
+  while read -r names; do
+    g=$((g + 1))
+    timeout 420 python3 bench/cuda/peers.py bench/cuda/cases.json "$W/fi_warmup_$g.jsonl" \
+      --peers flashinfer --only "$names" > "$W/fi_warmup_$g.log" 2>&1 &
+    FI_WARM="$FI_WARM $!"
+  done < <(python3 bench/cuda/cases.py bench/cuda/cases.json --jit-groups)
+fi
+
 if has build; then
   t0=$(date +%s)
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
@@ -105,7 +123,9 @@ if has build; then
   gpu_bins=$(ctest --test-dir $B -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
 import json, os, sys
 cmds = [t.get("command", []) for t in json.load(sys.stdin).get("tests", [])]
-print(" ".join(sorted({os.path.basename(c[0]) for c in cmds if c})))')
+build = os.path.realpath(sys.argv[1])
+print(" ".join(sorted({os.path.basename(c[0]) for c in cmds
+                       if c and os.path.realpath(c[0]).startswith(build + "/")})))' $B)
   targets="pagoda pagoda_cuda_bench $(echo "$gpu_bins" | tr ' ' '\n' | grep -vx pagoda | tr '\n' ' ')"
   # shellcheck disable=SC2086 # one word per target
   timeout 480 ninja -C $B $targets >> "$W/build.log" 2>&1
@@ -115,18 +135,9 @@ print(" ".join(sorted({os.path.basename(c[0]) for c in cmds if c})))')
   [ $rc = 0 ] || { grep -E "error|FAILED" "$W/build.log" | head -30 | tee -a "$SUMMARY"; exit 1; }
 fi
 
-FI_WARM=""
-if has kernels && [ -n "${PYTHONPATH:-}" ]; then
-  # FlashInfer compiles each kernel variant on first use (about a minute each): a warm-up pass,
-  # timings thrown away, overlaps the GPU tests so the timed rounds find every variant built.
-  timeout 420 python3 bench/cuda/peers.py bench/cuda/cases.json "$W/fi_warmup.jsonl" \
-    --peers flashinfer > "$W/fi_warmup.log" 2>&1 &
-  FI_WARM=$!
-fi
-
 if has tests; then
   t0=$(date +%s)
-  PAGODA_REQUIRE_GPU=1 timeout 300 ctest --test-dir $B -L gpu -j2 --timeout 280 --no-tests=error \
+  PAGODA_REQUIRE_GPU=1 timeout 300 ctest --test-dir $B -L gpu -j3 --timeout 280 --no-tests=error \
     --output-on-failure --output-junit "$W/ctest_gpu.xml" > "$W/ctest_gpu.log" 2>&1
   say "ctest -L gpu rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed|tests failed' "$W/ctest_gpu.log")"
   cp $B/Testing/Temporary/LastTest.log "$W/ctest_gpu_full.log" 2>/dev/null
@@ -142,22 +153,28 @@ if has tests; then
 fi
 
 if has kernels; then
-  [ -n "$FI_WARM" ] && { wait "$FI_WARM"; say "FlashInfer warm-up rc=$?"; }
+  if [ -n "$FI_WARM" ]; then
+    for pid in $FI_WARM; do wait "$pid"; done
+    say "FlashInfer warm-up done: $(cat "$W"/fi_warmup_*.jsonl 2>/dev/null | grep -c '"ms"') timed, $(cat "$W"/fi_warmup_*.jsonl 2>/dev/null | grep -c '"error"') refused"
+  fi
   python3 bench/cuda/peers.py bench/cuda/cases.json "$W/ceilings.jsonl" --peers "" --ceilings \
     > "$W/ceilings.log" 2>&1
   peers=cudnn,flash
   [ -n "${PYTHONPATH:-}" ] && peers=$peers,flashinfer
+  last=60  # a round's expected length before the first one has run
   for k in $(seq 1 "$ROUNDS"); do
-    if [ $(( $(date +%s) - start )) -gt "$BUDGET" ]; then
-      say "budget of $BUDGET s reached: $((k - 1)) of $ROUNDS rounds ran"
+    if [ $(( $(date +%s) - start + last )) -gt "$BUDGET" ]; then
+      say "budget of $BUDGET s: $((k - 1)) of $ROUNDS rounds ran"
       break
     fi
+    t0=$(date +%s)
     timeout 120 $B/tests/cuda/pagoda_cuda_bench bench/cuda/cases.json "$W/ours_r$k.jsonl" \
       > "$W/ours_r$k.log" 2>&1
     rc_o=$?
     timeout 200 python3 bench/cuda/peers.py bench/cuda/cases.json "$W/peers_r$k.jsonl" \
       --peers $peers > "$W/peers_r$k.log" 2>&1
     say "kernel round $k: ours rc=$rc_o ($(wc -l < "$W/ours_r$k.jsonl") cases), peers rc=$? ($(wc -l < "$W/peers_r$k.jsonl") rows)"
+    last=$(( $(date +%s) - t0 ))
   done
 fi
 
