@@ -119,14 +119,14 @@ if has build; then
   t0=$(date +%s)
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$W/build.log" 2>&1
-  # The GPU tests' binaries (every ctest -L gpu command), the CLI and the kernel benchmark.
-  gpu_bins=$(ctest --test-dir $B -L gpu --show-only=json-v1 2>/dev/null | python3 -c '
-import json, os, sys
-cmds = [t.get("command", []) for t in json.load(sys.stdin).get("tests", [])]
-build = os.path.realpath(sys.argv[1])
-print(" ".join(sorted({os.path.basename(c[0]) for c in cmds
-                       if c and os.path.realpath(c[0]).startswith(build + "/")})))' $B)
-  targets="pagoda pagoda_cuda_bench $(echo "$gpu_bins" | tr ' ' '\n' | grep -vx pagoda | tr '\n' ' ')"
+  # The GPU tests' binaries: every ctest -L gpu test named after a target of this build (the
+  # others, the conformance runs, run the pagoda CLI).
+  gpu_bins=$(comm -12 \
+    <(ctest --test-dir $B -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p' | sort -u) \
+    <(ninja -C $B -t targets all 2>/dev/null | sed 's/:.*//' | sort -u) | tr '\n' ' ')
+  targets=pagoda  # what every group runs; the GPU tests and the kernel benchmark where used
+  has tests && targets="$targets $gpu_bins"
+  has kernels && targets="$targets pagoda_cuda_bench"
   # shellcheck disable=SC2086 # one word per target
   timeout 480 ninja -C $B $targets >> "$W/build.log" 2>&1
   rc=$?
