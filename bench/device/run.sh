@@ -12,7 +12,8 @@
 #                             compiles its kernels meanwhile, from the start of the call)
 #                    engine   build, engine_real (1B and 8B layouts vs transformers in the same
 #                             call), speculative decoding A/Bs (each without, then with)
-#                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings)
+#                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings),
+#                             and compute-sanitizer with --sanitize
 #                    all      all three (longer than one 10-minute device call: one group a call)
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
 #                             outputs (default)
@@ -21,7 +22,8 @@
 #   --budget S     start a kernel round only if it should end (judged by the last round's length)
 #                  within S seconds of this run's start (default 550), so the call ends inside
 #                  its 10-minute limit; the record holds the rounds that ran
-#   --sanitize     compute-sanitizer memcheck and racecheck on the attention tests too
+#   --sanitize     compute-sanitizer memcheck and racecheck on a quick subset of the attention
+#                  tests (decode, extend with prefix, tree mask, MLA decode) in the group's call
 # Carry `.debs` (scripts/gpu_deps.sh fetch: libraries the image lacks) and `.whl` (FlashInfer
 # 0.5.3 wheels: flashinfer_python, apache_tvm_ffi, nvidia_cudnn_frontend) in the device call.
 # Results in $OUT: record_<kind>_<group>.json, tables_<kind>_<group>.md, logs_<kind>_<group>.tgz
@@ -54,6 +56,7 @@ case "$GPUS:$GROUP" in
   2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
 esac
+[ $SANITIZE = 1 ] && STAGES="$STAGES sanitize"
 
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/pagoda_out}
@@ -127,6 +130,7 @@ if has build; then
   targets=pagoda  # what every group runs; the GPU tests and the kernel benchmark where used
   has tests && targets="$targets $gpu_bins"
   has kernels && targets="$targets pagoda_cuda_bench"
+  has sanitize && targets="$targets cuda_attention_tests"
   # shellcheck disable=SC2086 # one word per target
   timeout 480 ninja -C $B $targets >> "$W/build.log" 2>&1
   rc=$?
@@ -141,15 +145,6 @@ if has tests; then
     --output-on-failure --output-junit "$W/ctest_gpu.xml" > "$W/ctest_gpu.log" 2>&1
   say "ctest -L gpu rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed|tests failed' "$W/ctest_gpu.log")"
   cp $B/Testing/Temporary/LastTest.log "$W/ctest_gpu_full.log" 2>/dev/null
-  if [ $SANITIZE = 1 ]; then
-    san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
-    for tool in memcheck racecheck; do
-      PAGODA_REQUIRE_GPU=1 timeout 240 "$san" --tool $tool --error-exitcode 9 \
-        $B/tests/cuda/cuda_attention_tests --gtest_filter='CudaDecode.*:CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:MlaDecode.SanitizerSmall' \
-        > "$W/sanitize_$tool.log" 2>&1
-      say "compute-sanitizer $tool rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$W/sanitize_$tool.log")"
-    done
-  fi
 fi
 
 if has kernels; then
@@ -256,6 +251,16 @@ for i in range(20):
       --batch-file "$W/tp/prompts.txt" --max-new-tokens 24 --ignore-eos \
       > "$W/tp/gen_f32_tp$tp.jsonl" 2> "$W/tp/gen_f32_tp$tp.err"
     say "tp generate f32 tp$tp rc=$?"
+  done
+fi
+if has sanitize; then
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+  for tool in memcheck racecheck; do
+    PAGODA_REQUIRE_GPU=1 timeout 150 "$san" --tool $tool --error-exitcode 9 \
+      $B/tests/cuda/cuda_attention_tests \
+      --gtest_filter='CudaDecode.Bf16Page16Skewed:CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:MlaDecode.SanitizerSmall' \
+      > "$W/sanitize_$tool.log" 2>&1
+    say "compute-sanitizer $tool rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$W/sanitize_$tool.log")"
   done
 fi
 say "done"
