@@ -11,7 +11,8 @@ median (pagoda_cuda_bench), with the range of the round medians; per peer, the p
 the ratio peer / ours (> 1: pagoda faster) computed per round (round k's peer median over round
 k's ours median), shown as median [min–max]. Verdict: "faster" when every round's ratio is > 1,
 "slower" when every one is < 1, else "within noise" — no verdict is drawn from a single round
-("1 round"). Decode rows add % of the copy bandwidth, the others % of the GEMM rate (the
+("1 round"). A peer cell says "refused" where the peer rejected the case and "n/a" where it has
+no kernel of that kind (SDPA on fp8 K/V or with a prefix). Decode rows add % of the copy bandwidth, the others % of the GEMM rate (the
 record's ceilings)."""
 import argparse
 import json
@@ -57,6 +58,8 @@ def kernel_rows(k):
             if c is None:
                 continue
             c["peers"].setdefault(p["peer"], [None] * len(rounds))[i] = p.get("ms")
+            if "skipped" in p:
+                c.setdefault("skipped", set()).add(p["peer"])
     return cases
 
 
@@ -88,7 +91,8 @@ def kernel_table(rec):
             pm = c["peers"].get(p, [])
             ratios = [b / a for a, b in zip(c["ours"], pm) if a and b]
             if not ratios:
-                cells.append("refused" if p in c["peers"] else "–")
+                cells.append("n/a" if p in c.get("skipped", ()) else
+                             "refused" if p in c["peers"] else "–")
                 continue
             pms = [x for x in pm if x]
             cells.append(f"{statistics.median(pms):.4f}; {statistics.median(ratios):.3f} "

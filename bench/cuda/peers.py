@@ -6,8 +6,9 @@ Usage: peers.py CASES.json OUT.jsonl [--peers cudnn,flash,flashinfer] [--filter 
 
 --filter keeps the cases whose name contains one of the strings, --only the cases named exactly.
 
-Writes one JSON object per (case, peer): {"case", "peer", "ms", "samples_ms"} or, where the peer
-refuses the case, {"case", "peer", "error"}; with --ceilings first {"ceiling": "copy_gbps" |
+Writes one JSON object per (case, peer): {"case", "peer", "ms", "samples_ms"}; where the peer
+refuses the case {"case", "peer", "error"}, where it has no such kernel at all {"case", "peer",
+"skipped"}; with --ceilings first {"ceiling": "copy_gbps" |
 "gemm_tflops", "value"} (device-to-device copy, read + write; bf16 GEMM 8192^3 through torch).
 
 Peers:
@@ -100,11 +101,15 @@ def tree_mask(c, gen):
     return torch.cat(masks).to(DEV)
 
 
+class NotApplicable(Exception):
+    """The peer does not implement this kind of case (a row "skipped", not a refusal)."""
+
+
 def sdpa_fn(backend, c):
     if c["kv"] != "bf16":
-        raise ValueError("SDPA takes no fp8 K/V")
+        raise NotApplicable("SDPA takes no fp8 K/V")
     if kind(c) not in ("prefill", "decode"):
-        raise ValueError("SDPA's causal mask is top-left aligned: prefill and decode only")
+        raise NotApplicable("SDPA's causal mask is top-left aligned: prefill and decode only")
     d, dv = c["d"], c["dv"] or c["d"]
     s_q, s_kv = c["qo"], c["prefix"] + c["qo"]
     q = torch.randn(c["batch"], c["hq"], s_q, d, device=DEV, dtype=BF)
@@ -226,12 +231,15 @@ def main():
             try:
                 if peer in sdpa:
                     if peer == "flash" and (c["dv"] or c["d"]) != c["d"]:
-                        raise ValueError("flash SDPA needs equal Q/K and V head dims")
+                        raise NotApplicable("flash SDPA needs equal Q/K and V head dims")
                     fns = [(peer, sdpa_fn(sdpa[peer], c))]
                 elif peer == "flashinfer":
                     fns = flashinfer_fns(c, ws)
                 else:
                     raise SystemExit(f"unknown peer {peer}")
+            except NotApplicable as e:
+                emit({"case": c["name"], "peer": peer, "skipped": str(e)})
+                continue
             except Exception as e:  # noqa: BLE001 - a refusal is a row, not a failure
                 emit({"case": c["name"], "peer": peer, "error": f"{type(e).__name__}: {str(e)[:200]}"})
                 continue
