@@ -186,7 +186,7 @@ class CudaOps final : public ModelOps {
                  "cublasGemmEx");
   }
   /// Whether a decode GEMM goes to small_m_gemm rather than cuBLAS. gemv_bench on the H200
-  /// (git show 0049bf3:bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at
+  /// (git show 1f78aca:bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at
   /// m = 1 on matrices up to ~64 M elements (1B q/k/v 5.1 vs 6.1 µs, down 10.2 vs 13.4) and on
   /// the f32-output LM head (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the
   /// large m <= 2 matrices (8B gate_up 62 vs 56 µs) and from m = 4 on.
