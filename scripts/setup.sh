@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # Installs missing Debian packages, then configures and builds pagoda into build/ (or $BUILD_DIR).
+# Usage: ./scripts/setup.sh [TARGET ...]. With no argument it builds every target (tests and
+# benchmarks included; the README's test command); with targets it builds only those, e.g.
+# `./scripts/setup.sh pagoda` for the CLI and the libraries it links (the README's first command).
 # Extra CMake arguments can be passed through $CMAKE_ARGS, e.g. CMAKE_ARGS="-DPAGODA_CUDA=OFF".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +52,10 @@ python3 -c 'import pytest' 2>/dev/null || pip_install pytest
 BUILD_DIR=${BUILD_DIR:-build}
 # shellcheck disable=SC2086
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release} ${CMAKE_ARGS:-} >/dev/null
-# $BUILD_TARGETS (space-separated) builds only those targets (CI's fuzz stage).
-# shellcheck disable=SC2086
-cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" ${BUILD_TARGETS:+--target $BUILD_TARGETS}
+# The arguments (or, equivalently, the space-separated $BUILD_TARGETS) name the targets to build.
+# shellcheck disable=SC2206
+targets=("$@")
+((${#targets[@]})) || targets=(${BUILD_TARGETS:-})
+target_args=()
+((${#targets[@]})) && target_args=(--target "${targets[@]}")
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}" "${target_args[@]}"

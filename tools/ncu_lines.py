@@ -2,7 +2,7 @@
 """Attributes an Nsight Compute per-instruction export to source lines, without a GPU.
 
 Input: the SASS source page of one kernel launch (`ncu -i REPORT --page source --csv
---print-source sass`, as scripts/h200_prefill_ncu.sh and h200_mla.sh write it: one row per SASS
+--print-source sass`, as the since-removed h200 profiling scripts wrote it: one row per SASS
 instruction, with its warp-stall samples and how many times warps executed it; .gz read too).
 The export has no line numbers, so the kernel's source file is compiled here, with its own
 command from the build's compile_commands.json and -lineinfo (at --rev REV: a temporary git

@@ -1,6 +1,14 @@
-/// Times pagoda's CUDA attention on the H200 benchmark shapes (bench/cuda/run_h200.sh) and
-/// prints one JSON object per case: {"case", "ms", "bytes", "flops", "path"}. Inputs are random
-/// (never zeros); timings are the median of CUDA-event-timed single runs after warm-up.
+/// Times pagoda's CUDA attention on the kernel benchmark shapes of bench/cuda/cases.json (the
+/// file bench/cuda/peers.py reads for the same shapes) and prints one JSON object per case:
+/// {"case", "ms" (median), "samples_ms" (every timed run), "bytes", "flops", "path", ...}.
+///
+/// Usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER]
+///
+/// Timing policy (the same as bench/cuda/peers.py's, which mirrors triton.testing.do_bench):
+/// pages shuffled in every case; inputs random (never zeros or a constant); 3 untimed warm-up
+/// runs, then 30 timed runs, each preceded by an untimed write of a 256 MiB device buffer
+/// (platform::CudaL2Flusher: 2x the L2, at least do_bench's 256 MiB) and timed alone between two
+/// CUDA events on the launch stream; the median is reported with every sample.
 
 #include <cuda_runtime_api.h>
 
@@ -8,12 +16,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
+#include "pagoda/core/dtype.h"
+#include "pagoda/platform/cuda/cuda_timing.h"
 
 using namespace pagoda;
 using backends::cuda::CudaBatchAttention;
@@ -62,17 +75,51 @@ void fill_random(void* dst, size_t bytes, DType t, uint64_t seed) {
 
 struct Case {
   std::string name;
-  int bs;
-  int qo;          // query tokens per request
-  int prefix;      // cached keys before the new tokens (kv = prefix + qo)
-  int page_size;
+  int bs = 0;
+  int qo = 0;      // query tokens per request
+  int prefix = 0;  // cached keys before the new tokens (kv = prefix + qo)
+  int page_size = 0;
   DType kv = DType::kBF16;
-  bool permute = true;
-  bool causal = true;
-  bool tree = false;
+  bool tree = false;  // a random draft tree mask (else causal)
   int hq = 32, hkv = 8, d = 128;
-  int dv = 0;      // V head dim (0: d)
+  int dv = 0;          // V head dim (0: d)
+  bool latent = false;  // absorbed MLA: V is a strided view of K's first dv elements
 };
+
+/// The cases of bench/cuda/cases.json ("defaults" fill the fields a case leaves out).
+std::vector<Case> load_cases(const char* path) {
+  std::ifstream f(path);
+  if (!f) {
+    std::fprintf(stderr, "cannot open %s\n", path);
+    std::exit(2);
+  }
+  const nlohmann::json doc = nlohmann::json::parse(f);
+  std::vector<Case> out;
+  for (const auto& j0 : doc.at("cases")) {
+    nlohmann::json j = doc.at("defaults");
+    j.update(j0);
+    Case c;
+    c.name = j.at("name").get<std::string>();
+    c.bs = j.at("batch").get<int>();
+    c.qo = j.at("qo").get<int>();
+    c.prefix = j.at("prefix").get<int>();
+    c.page_size = j.at("page").get<int>();
+    const auto kv = parse_dtype(j.at("kv").get<std::string>());
+    if (!kv) {
+      std::fprintf(stderr, "%s: unknown kv dtype\n", c.name.c_str());
+      std::exit(2);
+    }
+    c.kv = *kv;
+    c.tree = j.at("tree").get<bool>();
+    c.hq = j.at("hq").get<int>();
+    c.hkv = j.at("hkv").get<int>();
+    c.d = j.at("d").get<int>();
+    c.dv = j.at("dv").get<int>();
+    c.latent = j.at("latent").get<bool>();
+    out.push_back(c);
+  }
+  return out;
+}
 
 void run_case(const Case& c, FILE* out) {
   const int dv = c.dv > 0 ? c.dv : c.d;
@@ -82,7 +129,7 @@ void run_case(const Case& c, FILE* out) {
   std::vector<int32_t> ids(size_t(num_pages - 1));
   std::iota(ids.begin(), ids.end(), 1);
   std::mt19937_64 rng(42);
-  if (c.permute) std::shuffle(ids.begin(), ids.end(), rng);
+  std::shuffle(ids.begin(), ids.end(), rng);  // every case: pages out of order
   std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, last;
   for (int b = 0; b < c.bs; ++b) {
     qo_indptr.push_back(qo_indptr.back() + c.qo);
@@ -109,20 +156,24 @@ void run_case(const Case& c, FILE* out) {
   const int nnz = qo_indptr.back();
   const size_t kvb = dtype_size(c.kv);
   const size_t cache_bytes = size_t(num_pages) * c.page_size * c.hkv * c.d * kvb;
-  const size_t v_bytes = size_t(num_pages) * c.page_size * c.hkv * dv * kvb;
-  void *q, *k, *v, *o;
+  const size_t v_bytes = c.latent ? 0 : size_t(num_pages) * c.page_size * c.hkv * dv * kvb;
+  void *q, *k, *v = nullptr, *o;
   CK(cudaMalloc(&q, size_t(nnz) * c.hq * c.d * 2));
   CK(cudaMalloc(&o, size_t(nnz) * c.hq * dv * 2));
   CK(cudaMalloc(&k, cache_bytes));
-  CK(cudaMalloc(&v, v_bytes));
   fill_random(q, size_t(nnz) * c.hq * c.d * 2, DType::kBF16, 1);
   fill_random(k, cache_bytes, c.kv, 2);
-  fill_random(v, v_bytes, c.kv, 3);
+  if (!c.latent) {
+    CK(cudaMalloc(&v, v_bytes));
+    fill_random(v, v_bytes, c.kv, 3);
+  }
   const Device dev = Device::cuda(0);
   TensorView qv(q, DType::kBF16, {nnz, c.hq, c.d}, dev);
   TensorView ov(o, DType::kBF16, {nnz, c.hq, dv}, dev);
   TensorView kc(k, c.kv, {num_pages, c.page_size, c.hkv, c.d}, dev);
-  TensorView vc(v, c.kv, {num_pages, c.page_size, c.hkv, dv}, dev);
+  TensorView vc = c.latent ? TensorView(k, c.kv, {num_pages, c.page_size, 1, dv},
+                                        {int64_t{c.page_size} * c.d, c.d, c.d, 1}, dev)
+                           : TensorView(v, c.kv, {num_pages, c.page_size, c.hkv, dv}, dev);
   CudaBatchAttention attn;
   attention::PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr,
                                .kv_indices = ids, .kv_last_page_len = last,
@@ -135,88 +186,71 @@ void run_case(const Case& c, FILE* out) {
   attn.plan(in, shape);
   attention::RunParams rp;
   rp.sm_scale = 1.f / std::sqrt(float(c.d));
-  rp.mask = c.causal ? attention::MaskKind::kCausal : attention::MaskKind::kNonCausal;
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  rp.mask = attention::MaskKind::kCausal;  // the tree cases' custom mask overrides it
+  platform::CudaEventTimer timer(nullptr);  // the legacy default stream, which attn launches on
+  platform::CudaL2Flusher flusher(nullptr);
   for (int i = 0; i < 3; ++i) attn.run(qv, kc, vc, ov, TensorView(), rp);
   CK(cudaDeviceSynchronize());
-  std::vector<float> ts;
+  std::vector<double> ts;
   for (int i = 0; i < 30; ++i) {
-    CK(cudaEventRecord(e0));
+    flusher.flush();
+    timer.start();
     attn.run(qv, kc, vc, ov, TensorView(), rp);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms);
+    ts.push_back(timer.stop_ms());
   }
   CK(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  const double ms = ts[ts.size() / 2];
-  const double kv_bytes = double(c.bs) * kv_len * c.hkv * (c.d + dv) * kvb;
+  std::vector<double> sorted = ts;
+  std::sort(sorted.begin(), sorted.end());
+  const double ms = sorted[sorted.size() / 2];
+  const double kv_bytes = double(c.bs) * kv_len * c.hkv * (c.d + (c.latent ? 0 : dv)) * kvb;
   const double qo_bytes = double(nnz) * c.hq * (c.d + dv) * 2;
   double visible = 0;  // (query, key) pairs per head
   for (int i = 0; i < c.qo; ++i) {
     if (c.tree) {
       visible += c.prefix + 1;  // approximate: prefix + own path
     } else {
-      visible += c.causal ? (c.prefix + i + 1) : kv_len;
+      visible += c.prefix + i + 1;
     }
   }
   const double flops = 2.0 * c.bs * visible * c.hq * (c.d + dv);
-  std::fprintf(out,
-               "{\"case\": \"%s\", \"ms\": %.5f, \"bytes\": %.0f, \"flops\": %.0f, \"path\": "
-               "\"%s\", \"chunk\": %d, \"items\": %d}\n",
-               c.name.c_str(), ms, kv_bytes + qo_bytes, flops,
-               std::string(backends::cuda::kernel_path_name(attn.path())).c_str(),
-               attn.schedule().chunk_tokens, attn.schedule().num_items());
+  nlohmann::json j;
+  j["case"] = c.name;
+  j["ms"] = ms;
+  j["samples_ms"] = ts;
+  j["bytes"] = kv_bytes + qo_bytes;
+  j["flops"] = flops;
+  j["path"] = std::string(backends::cuda::kernel_path_name(attn.path()));
+  j["chunk"] = attn.schedule().chunk_tokens;
+  j["items"] = attn.schedule().num_items();
+  j["flush_bytes"] = flusher.buffer_bytes();
+  std::fprintf(out, "%s\n", j.dump().c_str());
   std::fflush(out);
   cudaFree(q);
   cudaFree(o);
   cudaFree(k);
-  cudaFree(v);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  if (v != nullptr) cudaFree(v);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  FILE* out = argc > 1 ? std::fopen(argv[1], "w") : stdout;
-  const std::vector<Case> cases = {
-      {"decode_p16_b64_l4096", 64, 1, 4095, 16},
-      {"decode_p1_b64_l4096", 64, 1, 4095, 1},
-      {"decode_p16_b8_l32768", 8, 1, 32767, 16},
-      {"decode_fp8_p16_b64_l4096", 64, 1, 4095, 16, DType::kFp8E4M3},
-      {"prefill_causal_b4_s4096", 4, 4096, 0, 16, DType::kBF16, false},
-      {"extend_q512_prefix8192_p16", 4, 512, 8192, 16},
-      {"tree_verify_d64_prefix4096_b16", 16, 64, 4096, 16, DType::kBF16, true, true, true},
-      {"prefill_causal_b1_s16384", 1, 16384, 0, 16, DType::kBF16, false},
-      {"prefill_causal_b16_s1024", 16, 1024, 0, 16, DType::kBF16, false},
-      // One prompt: few units per head, where the unit order decides how even the SMs' loads are.
-      {"prefill_causal_b1_s4096", 1, 4096, 0, 16, DType::kBF16, false},
-      {"prefill_causal_b4_s4096_p1", 4, 4096, 0, 1, DType::kBF16, false},
-      {"prefill_causal_b4_s4096_d64", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 64},
-      {"prefill_causal_b4_s4096_d256", 4, 4096, 0, 16, DType::kBF16, false, true, false, 32, 8, 256},
-      // The non-absorbed MLA prefill (DeepSeek-V2-Lite: 16 heads, Q/K 128 nope + 64 rope, V 128).
-      {"mla_prefill_b4_s4096_h16", 4, 4096, 0, 16, DType::kBF16, false, true, false, 16, 16, 192, 128},
-      {"mla_prefill_b1_s8192_h16", 1, 8192, 0, 16, DType::kBF16, false, true, false, 16, 16, 192, 128},
-      {"mla_extend_q512_prefix8192_h16", 4, 512, 8192, 16, DType::kBF16, true, true, false, 16, 16,
-       192, 128},
-      // fp8 e4m3 KV on the prefill path: the mma.sync prefill kernel, on Hopper too (the wgmma
-      // kernel takes 16-bit KV only). Named without "prefill" / "extend", which the sm90 A/B
-      // scripts filter on.
-      {"fp8kv_causal_b4_s4096", 4, 4096, 0, 16, DType::kFp8E4M3, false},
-      {"fp8kv_ext_q512_prefix8192", 4, 512, 8192, 16, DType::kFp8E4M3},
-  };
-  // argv[2]: run only the cases whose name contains it.
-  const std::string filter = argc > 2 ? argv[2] : "";
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER]\n");
+    return 2;
+  }
+  const std::vector<Case> cases = load_cases(argv[1]);
+  FILE* out = std::fopen(argv[2], "w");
+  if (out == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", argv[2]);
+    return 2;
+  }
+  // argv[3]: run only the cases whose name contains it.
+  const std::string filter = argc > 3 ? argv[3] : "";
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
     run_case(c, out);
-    if (out != stdout) std::printf("done %s\n", c.name.c_str());
+    std::printf("done %s\n", c.name.c_str());
   }
-  if (out != stdout) std::fclose(out);
+  std::fclose(out);
   return 0;
 }

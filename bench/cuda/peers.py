@@ -1,299 +1,259 @@
 #!/usr/bin/env python3
-"""PyTorch peers on pagoda's CUDA benchmark shapes, plus the machine's measured ceilings.
+"""The peers of pagoda's kernel benchmark, on the shapes of bench/cuda/cases.json.
 
-Usage: peers.py OURS.jsonl OUT.md GPU.txt
-       peers.py --mla MLA.jsonl OUT.md GPU.txt
-Reads pagoda's timings (bench_cuda.cpp), times cuDNN and flash scaled_dot_product_attention on
-contiguous KV, flex_attention, and a gather-then-SDPA paged baseline on the same shapes, measures
-device copy bandwidth and the bf16 GEMM rate, and writes a Markdown table with ratios.
-Ratios are peer_ms / ours_ms (> 1: pagoda faster). Medians of triton.testing.do_bench.
+Usage: peers.py CASES.json OUT.jsonl [--peers cudnn,flash,flashinfer] [--filter S[,S...]]
+                [--only NAME[,NAME...]] [--ceilings]
 
---mla: MLA.jsonl holds `pagoda kernels --backend cuda --json` lines of absorbed-MLA decode shapes
-(Dqk 576 / Dv 512, kv heads 1), each tagged with a "variant" (the settings it ran under,
-scripts/h200_mla.sh); FlashInfer 0.5.3's flashinfer.mla.BatchMLAPagedAttentionWrapper (backends
-FI_MLA_BACKENDS, default "fa3") is timed once per shape (paged, shuffled pages; n/a when
-flashinfer is missing or refuses)."""
-import datetime
+--filter keeps the cases whose name contains one of the strings, --only the cases named exactly.
+
+Writes one JSON object per (case, peer): {"case", "peer", "ms", "samples_ms"}; where the peer
+refuses the case {"case", "peer", "error"}, where it has no such kernel at all {"case", "peer",
+"skipped"}; with --ceilings first {"ceiling": "copy_gbps" |
+"gemm_tflops", "value"} (device-to-device copy, read + write; bf16 GEMM 8192^3 through torch).
+
+Peers:
+  cudnn, flash  torch scaled_dot_product_attention with the cuDNN / flash backend on contiguous
+                K/V (SDPA has no page table), bf16 only; prefill and decode cases (SDPA's causal
+                mask is top-left aligned, so cases with both a prefix and several queries are
+                not theirs); MLA prefill (Dqk != Dv) with cuDNN only.
+  flashinfer    FlashInfer on the same paged layout as pagoda (NHD, shuffled pages, random data):
+                BatchDecodeWithPagedKVCacheWrapper for decode, BatchPrefillWithPagedKVCacheWrapper
+                for prefill / extend / tree verify (the case's mask bits for trees) with the
+                Hopper backend "fa3" (its fastest here), or "fa2" where fa3 refuses the case,
+                BatchMLAPagedAttentionWrapper for absorbed MLA decode; peer names
+                "flashinfer_fa3" / "flashinfer_fa2" for prefill, "flashinfer" otherwise. A shape
+                the paged prefill wrapper refuses is retried on contiguous K/V
+                (BatchPrefillWithRaggedKVCacheWrapper) as "flashinfer_<backend>_ragged".
+
+Timing policy (the same as pagoda_cuda_bench's, bench/cuda/bench_cuda.cpp): 3 untimed warm-up
+calls, then 30 timed calls, each preceded by zeroing a 256 MiB device buffer (what
+triton.testing.do_bench does before every repetition) and timed alone between two CUDA events
+on the current stream; median reported with every sample. Inputs are torch.randn (bf16, or
+bf16 cast to e4m3 for fp8 KV), never constant. FlashInfer JIT-compiles each kernel variant on
+its first use (about a minute each); bench/device/run.sh runs this script once per round, so
+only the first round pays for it."""
+import argparse
 import json
-import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from triton.testing import do_bench
 
-torch.manual_seed(0)
-dev = "cuda"
-bf = torch.bfloat16
+from cases import kind, load_cases  # bench/cuda/cases.py, beside this file
+
+DEV = "cuda"
+BF = torch.bfloat16
+WARMUP, ITERS = 3, 30
+FLUSH = None  # the 256 MiB buffer zeroed before every timed call
 
 
-def bench(fn):
-    fn()
+def time_samples(fn):
+    """Every timed call's milliseconds under the policy above."""
+    global FLUSH
+    if FLUSH is None:
+        FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device=DEV)
+    for _ in range(WARMUP):
+        fn()
     torch.cuda.synchronize()
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    out = []
+    for _ in range(ITERS):
+        FLUSH.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return out
 
 
-def try_bench(fn):
-    try:
-        return bench(fn)
-    except Exception as e:  # noqa: BLE001 - report any backend refusal as n/a
-        print("  peer failed:", type(e).__name__, str(e).split("\n")[0][:160])
-        return None
+def paged(c, gen):
+    """pagoda's layout: every request owns ceil(kv / page) shuffled pages of a pool."""
+    kv = c["prefix"] + c["qo"]
+    ps = c["page"]
+    pages = (kv + ps - 1) // ps
+    num = c["batch"] * pages + 1
+    ids = (torch.randperm(num - 1, generator=gen) + 1).to(torch.int32).to(DEV)
+    kv_indptr = torch.arange(0, c["batch"] + 1, dtype=torch.int32, device=DEV) * pages
+    last = torch.full((c["batch"],), kv - (pages - 1) * ps, dtype=torch.int32, device=DEV)
+    return kv, num, ids, kv_indptr, last
 
 
-def ceilings():
-    n = 1 << 30  # 1 GiB per buffer
-    a = torch.randn(n // 2, device=dev, dtype=bf)
-    b = torch.empty_like(a)
-    t = bench(lambda: b.copy_(a))
-    copy_gbs = 2 * n / (t * 1e-3) / 1e9
-    del a, b
-    m = 8192
-    x = torch.randn(m, m, device=dev, dtype=bf)
-    y = torch.randn(m, m, device=dev, dtype=bf)
-    t = bench(lambda: x @ y)
-    gemm_tflops = 2 * m**3 / (t * 1e-3) / 1e12
-    return copy_gbs, gemm_tflops
+def kv_type(c):
+    return torch.float8_e4m3fn if c["kv"].startswith("fp8") else BF
 
 
-def sdpa(backend, q, k, v, causal):
+def tree_mask(c, gen):
+    """The random draft tree bench_cuda.cpp builds: prefix visible, each draft its ancestors."""
+    kv = c["prefix"] + c["qo"]
+    masks = []
+    for _ in range(c["batch"]):
+        parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, c["qo"])]
+        m = torch.zeros(c["qo"], kv, dtype=torch.bool)
+        m[:, : c["prefix"]] = True
+        for i in range(c["qo"]):
+            a = i
+            while a >= 0:
+                m[i, c["prefix"] + a] = True
+                a = parent[a]
+        masks.append(m.flatten())
+    return torch.cat(masks).to(DEV)
+
+
+class NotApplicable(Exception):
+    """The peer does not implement this kind of case (a row "skipped", not a refusal)."""
+
+
+def sdpa_fn(backend, c):
+    if c["kv"] != "bf16":
+        raise NotApplicable("SDPA takes no fp8 K/V")
+    if kind(c) not in ("prefill", "decode"):
+        raise NotApplicable("SDPA's causal mask is top-left aligned: prefill and decode only")
+    d, dv = c["d"], c["dv"] or c["d"]
+    s_q, s_kv = c["qo"], c["prefix"] + c["qo"]
+    q = torch.randn(c["batch"], c["hq"], s_q, d, device=DEV, dtype=BF)
+    k = torch.randn(c["batch"], c["hkv"], s_kv, d, device=DEV, dtype=BF)
+    v = torch.randn(c["batch"], c["hkv"], s_kv, dv, device=DEV, dtype=BF)
+    causal = s_q > 1
+
     def fn():
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     return fn
 
 
-def decode_peers(bs, L, ps, hq=32, hkv=8, d=128, flex=False):
-    q = torch.randn(bs, hq, 1, d, device=dev, dtype=bf)
-    k = torch.randn(bs, hkv, L, d, device=dev, dtype=bf)
-    v = torch.randn(bs, hkv, L, d, device=dev, dtype=bf)
-    out = {}
-    out["cudnn"] = try_bench(sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, False))
-    out["flash"] = try_bench(sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, False))
-    if flex:
+def flashinfer_fns(c, ws):
+    """(peer name, callable) pairs of FlashInfer for one case; raises where none applies."""
+    import flashinfer  # noqa: PLC0415 - optional peer, carried as wheels
+
+    gen = torch.Generator(device="cpu").manual_seed(42)
+    kv, num, ids, kv_indptr, last = paged(c, gen)
+    kvt = kv_type(c)
+    b, ps, hq, hkv, d = c["batch"], c["page"], c["hq"], c["hkv"], c["d"]
+    dv = c["dv"] or d
+    if kind(c) == "mla_decode":
+        qo_indptr = torch.arange(0, b + 1, dtype=torch.int32, device=DEV)
+        kv_lens = torch.full((b,), kv, dtype=torch.int32, device=DEV)
+        rope = d - dv
+        q_nope = torch.randn(b, hq, dv, device=DEV, dtype=BF)
+        q_pe = torch.randn(b, hq, rope, device=DEV, dtype=BF)
+        ckv = torch.randn(num, ps, dv, device=DEV, dtype=BF).to(kvt)
+        kpe = torch.randn(num, ps, rope, device=DEV, dtype=BF).to(kvt)
+        w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend="auto")
+        w.plan(qo_indptr, kv_indptr, ids, kv_lens, hq, dv, rope, ps, False, d ** -0.5, BF, kvt)
+        return [("flashinfer", lambda: w.run(q_nope, q_pe, ckv, kpe))]
+    kc = torch.randn(num, ps, hkv, d, device=DEV, dtype=BF).to(kvt)
+    vc = torch.randn(num, ps, hkv, dv, device=DEV, dtype=BF).to(kvt)
+    if kind(c) == "decode":
+        q = torch.randn(b, hq, d, device=DEV, dtype=BF)
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+        w.plan(kv_indptr, ids, last, hq, hkv, d, ps, q_data_type=BF, kv_data_type=kvt)
+        return [("flashinfer", lambda: w.run(q, (kc, vc)))]
+    qo_indptr = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * c["qo"]
+    q = torch.randn(b * c["qo"], hq, d, device=DEV, dtype=BF)
+    kwargs = {"custom_mask": tree_mask(c, gen)} if c["tree"] else {}
+    if dv != d:
+        kwargs["head_dim_vo"] = dv
+    for backend in ("fa3", "fa2"):  # fa2 only where fa3 refuses
+        name = f"flashinfer_{backend}"
         try:
-            from torch.nn.attention.flex_attention import flex_attention
-            fa = torch.compile(flex_attention)
-            out["flex"] = try_bench(lambda: fa(q, k, v, enable_gqa=True))
-        except Exception as e:  # noqa: BLE001
-            print("  flex failed:", e)
-            out["flex"] = None
-    # gather-then-SDPA over a paged pool with permuted pages
-    pages = (L + ps - 1) // ps
-    num = bs * pages + 1
-    pool_k = torch.randn(num, ps, hkv, d, device=dev, dtype=bf)
-    pool_v = torch.randn(num, ps, hkv, d, device=dev, dtype=bf)
-    idx = (torch.randperm(num - 1, device=dev) + 1)[: bs * pages].view(bs, pages)
-    del k, v
-
-    def gather():
-        kk = pool_k[idx].view(bs, pages * ps, hkv, d)[:, :L].transpose(1, 2)
-        vv = pool_v[idx].view(bs, pages * ps, hkv, d)[:, :L].transpose(1, 2)
-        return F.scaled_dot_product_attention(q, kk, vv, enable_gqa=True)
-    out["gather_sdpa"] = try_bench(gather)
-    return out
-
-
-def prefill_peers(bs, s, hq=32, hkv=8, d=128, flex=False, dv=None):
-    dv = dv or d
-    q = torch.randn(bs, hq, s, d, device=dev, dtype=bf)
-    k = torch.randn(bs, hkv, s, d, device=dev, dtype=bf)
-    v = torch.randn(bs, hkv, s, dv, device=dev, dtype=bf)
-    out = {}
-    out["cudnn"] = try_bench(sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, True))
-    out["flash"] = try_bench(sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, True))
-    if dv != d:  # flash needs equal head dims; the memory-efficient kernel does not
-        out["efficient"] = try_bench(sdpa(SDPBackend.EFFICIENT_ATTENTION, q, k, v, True))
-    if flex:
-        try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, s, s, device=dev)
-            fa = torch.compile(flex_attention)
-            out["flex"] = try_bench(lambda: fa(q, k, v, block_mask=bm, enable_gqa=True))
-        except Exception as e:  # noqa: BLE001
-            print("  flex failed:", e)
-            out["flex"] = None
-    return out
-
-
-def fmt(x, spec=".3f"):
-    return "n/a" if x is None else format(x, spec)
-
-
-def flashinfer_mla(bs, L, hq, ps, kv_dtype, backend, ws):
-    """Median ms of FlashInfer's paged MLA decode (one query row per request) on a shape."""
-    import flashinfer  # noqa: PLC0415 - optional peer
-    pages = (L + ps - 1) // ps
-    num = bs * pages + 1
-    g = torch.Generator(device="cpu").manual_seed(7)
-    ids = (torch.randperm(num - 1, generator=g) + 1).to(torch.int32).to(dev)
-    kv_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev) * pages
-    qo_indptr = torch.arange(0, bs + 1, dtype=torch.int32, device=dev)
-    kv_len = torch.full((bs,), L, dtype=torch.int32, device=dev)
-    q_nope = torch.randn(bs, hq, 512, device=dev, dtype=bf)
-    q_pe = torch.randn(bs, hq, 64, device=dev, dtype=bf)
-    kvt = torch.float8_e4m3fn if kv_dtype.startswith("fp8") else bf
-    ckv = torch.randn(num, ps, 512, device=dev, dtype=bf).to(kvt)
-    kpe = torch.randn(num, ps, 64, device=dev, dtype=bf).to(kvt)
-    w = flashinfer.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend)
-    w.plan(qo_indptr, kv_indptr, ids, kv_len, hq, 512, 64, ps, False, 1.0 / 576 ** 0.5, bf, kvt)
-    return bench(lambda: w.run(q_nope, q_pe, ckv, kpe))
-
-
-def mla_main(src, dst, gpu_file):
-    """MLA decode: ours under each variant (kernel A/Bs) vs FlashInfer on the same shapes."""
-    shapes = {}
-    for line in open(src):
-        if not line.strip().startswith("{"):
+            w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend)
+            w.plan(qo_indptr, kv_indptr, ids, last, hq, hkv, d, ps, causal=not c["tree"],
+                   q_data_type=BF, kv_data_type=kvt, **kwargs)
+            fn = lambda w=w: w.run(q, (kc, vc))  # noqa: E731
+            fn()  # a backend may accept the plan and refuse the run
+            return [(name, fn)]
+        except Exception as e:  # noqa: BLE001 - the ragged wrapper below, or the next backend
+            print(f"{c['name']} {name} paged refused: {type(e).__name__} {str(e)[:160]}",
+                  flush=True)
+        if kvt != BF:
             continue
-        r = json.loads(line)
-        key = (r["batch"], r["q_heads"], r["kv_len"], r["page_size"], r["kv_dtype"])
-        shapes.setdefault(key, []).append(r)
-    gpu = open(gpu_file).read().strip() if gpu_file else torch.cuda.get_device_name()
-    ws = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
-    try:
-        import flashinfer  # noqa: F401, PLC0415
-        have_fi = True
-    except Exception as e:  # noqa: BLE001
-        print("flashinfer not importable:", e)
-        have_fi = False
-    backends = [b for b in os.environ.get("FI_MLA_BACKENDS", "fa3").split(",") if b]
-    rows = ["| B | h_q | L | page | latent | variant | kernel | ours ms | GB/s | % copy | TFLOP/s | "
-            + " | ".join(f"FlashInfer {b} ms (ratio)" for b in backends) + " |",
-            "|" + "---|" * (11 + len(backends))]
-    checks = []
-    for key, runs in shapes.items():
-        bs, hq, L, ps, kvd = key
-        fi = {}
-        for backend in backends:
-            fi[backend] = None
-            if have_fi:
-                try:
-                    fi[backend] = flashinfer_mla(bs, L, hq, ps, kvd, backend, ws)
-                except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal
-                    print(f"  flashinfer {backend} {key} failed: {type(e).__name__} {str(e)[:160]}")
-            print(f"{key} flashinfer {backend} {fi[backend]}", flush=True)
-        for r in runs:
-            ms = r["ms"]
+        try:
+            rk = torch.randn(b * kv, hkv, d, device=DEV, dtype=BF)
+            rv = torch.randn(b * kv, hkv, dv, device=DEV, dtype=BF)
+            ragged_indptr = torch.arange(0, b + 1, dtype=torch.int32, device=DEV) * kv
+            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
+            w.plan(qo_indptr, ragged_indptr, hq, hkv, d, causal=not c["tree"], q_data_type=BF,
+                   kv_data_type=BF, **kwargs)
+            fn = lambda w=w, rk=rk, rv=rv: w.run(q, rk, rv)  # noqa: E731
+            fn()
+            return [(name + "_ragged", fn)]
+        except Exception as e:  # noqa: BLE001 - the next backend
+            print(f"{c['name']} {name} ragged refused: {type(e).__name__} {str(e)[:160]}",
+                  flush=True)
+    raise ValueError("every FlashInfer prefill backend refused this case")
 
-            def cell(t, ms=ms):
-                return "n/a" if t is None else f"{t:.3f} ({t / ms:.2f}×)"
-            variant = r.get("variant", r.get("path"))
-            rows.append(f"| {bs} | {hq} | {L} | {ps} | {kvd} | {variant} | {r.get('path')} | "
-                        f"{ms:.3f} | {r['gbps']:.0f} | {r['pct_of_copy']:.0f}% | {r['tflops']:.1f} | "
-                        + " | ".join(cell(fi[b]) for b in backends) + " |")
-            if variant == "default" and hq == 16 and ps == 64 and kvd == "bf16":
-                checks.append(f"h_q 16 B{bs} L{L} page 64: {r['pct_of_copy']:.0f}% of copy BW "
-                              f"(target ≥ 80%)")
-            if variant == "default" and hq == 128 and kvd == "bf16":
-                checks.append(f"h_q 128 B{bs} L{L} page {ps}: {r['tflops']:.0f} TFLOP/s "
-                              f"(target ≥ 500)")
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    md = [f"# pagoda MLA decode on {gpu}", "",
-          f"Measured {now}; torch {torch.__version__}. Absorbed MLA (Dqk 576 = 512 + 64 rope, Dv "
-          "512, one latent row per token), bf16 q/out, one query row per request, shuffled pages. "
-          "Ours: `pagoda kernels --backend cuda --json` (CUDA events, median; bytes = latent rows "
-          "read + q + out; FLOPs = 2·h_q·L·(576 + 512) per request; % copy = of the device copy "
-          "bandwidth measured in the same run), one row per variant (scripts/h200_mla.sh "
-          "VARIANTS). FlashInfer: BatchMLAPagedAttentionWrapper, separate ckv [.., 512] / kpe "
-          "[.., 64] caches, triton do_bench median; ratio = peer ms / ours (> 1: pagoda faster).",
-          ""]
-    md += rows + ["", "## Targets", ""] + [f"- {c}" for c in checks] + [""]
-    with open(dst, "w") as f:
-        f.write("\n".join(md))
-    print("\n".join(md))
+
+def ceilings():
+    n = 1 << 30
+    a = torch.randn(n // 2, device=DEV, dtype=BF)
+    b = torch.empty_like(a)
+    copy_ms = sorted(time_samples(lambda: b.copy_(a)))[ITERS // 2]
+    del a, b
+    m = 8192
+    x = torch.randn(m, m, device=DEV, dtype=BF)
+    y = torch.randn(m, m, device=DEV, dtype=BF)
+    gemm_ms = sorted(time_samples(lambda: x @ y))[ITERS // 2]
+    return {"copy_gbps": 2 * n / (copy_ms * 1e-3) / 1e9,
+            "gemm_tflops": 2 * m ** 3 / (gemm_ms * 1e-3) / 1e12}
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--mla":
-        mla_main(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
-        return
-    ours = {}
-    with open(sys.argv[1]) as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                ours[r["case"]] = r
-    gpu = open(sys.argv[3]).read().strip() if len(sys.argv) > 3 else torch.cuda.get_device_name()
-    copy_gbs, gemm = ceilings()
-    print(f"copy {copy_gbs:.0f} GB/s, gemm {gemm:.0f} TFLOP/s")
-    flex = os.environ.get("PAGODA_FLEX", "1") == "1"
-    peers = {
-        "decode_p16_b64_l4096": decode_peers(64, 4096, 16, flex=flex),
-        "decode_p16_b8_l32768": decode_peers(8, 32768, 16),
-        "prefill_causal_b4_s4096": prefill_peers(4, 4096, flex=flex),
-        "prefill_causal_b1_s16384": prefill_peers(1, 16384),
-        "prefill_causal_b16_s1024": prefill_peers(16, 1024),
-        "prefill_causal_b1_s4096": prefill_peers(1, 4096),
-        "prefill_causal_b4_s4096_d64": prefill_peers(4, 4096, d=64),
-        "prefill_causal_b4_s4096_d256": prefill_peers(4, 4096, d=256),
-        "mla_prefill_b4_s4096_h16": prefill_peers(4, 4096, hq=16, hkv=16, d=192, dv=128),
-        "mla_prefill_b1_s8192_h16": prefill_peers(1, 8192, hq=16, hkv=16, d=192, dv=128),
-    }
-    peers["prefill_causal_b4_s4096_p1"] = peers["prefill_causal_b4_s4096"]
-    rows = []
-    hdr = ("| case | path | ours ms | GB/s | % copy BW | TFLOP/s | % GEMM | cuDNN ms (ratio) | "
-           "flash ms (ratio) | mem-efficient ms (ratio) | flex ms (ratio) | gather+SDPA ms (ratio) |")
-    rows.append(hdr)
-    rows.append("|" + "---|" * 12)
-    for name, r in ours.items():
-        ms = r["ms"]
-        gbs = r["bytes"] / (ms * 1e-3) / 1e9
-        tf = r["flops"] / (ms * 1e-3) / 1e12
-        p = peers.get(name, {})
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cases")
+    ap.add_argument("out")
+    ap.add_argument("--peers", default="cudnn,flash,flashinfer")
+    ap.add_argument("--filter", default="")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--ceilings", action="store_true")
+    a = ap.parse_args()
+    peers = [p for p in a.peers.split(",") if p]
+    filters = [f for f in a.filter.split(",") if f]
+    only = {f for f in a.only.split(",") if f}
+    out = open(a.out, "w")
 
-        def cell(key):
-            t = p.get(key)
-            return "–" if key not in p else ("n/a" if t is None else f"{t:.3f} ({t / ms:.2f}×)")
-        rows.append(f"| {name} | {r['path']} | {ms:.3f} | {gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | "
-                    f"{tf:.1f} | {100 * tf / gemm:.0f}% | {cell('cudnn')} | {cell('flash')} | {cell('efficient')} | "
-                    f"{cell('flex')} | {cell('gather_sdpa')} |")
+    def emit(r):
+        print(json.dumps(r)[:300], flush=True)
+        out.write(json.dumps(r) + "\n")
+        out.flush()
 
-    def get(n):
-        return ours.get(n, {}).get("ms")
-    checks = []
-
-    def ratio(a, b):
-        return None if a is None or b is None else a / b
-    d16 = get("decode_p16_b64_l4096")
-    pk = peers["decode_p16_b64_l4096"]
-    r = ratio(pk.get("cudnn"), d16)
-    checks.append(f"decode p16 B64 L4096 vs cuDNN: {fmt(r, '.2f')}× (target ≥ 0.90×)")
-    bw = ours["decode_p16_b64_l4096"]["bytes"] / (d16 * 1e-3) / 1e9 if d16 else None
-    checks.append(f"decode p16 B64 L4096 bandwidth: {fmt(bw and 100 * bw / copy_gbs, '.0f')}% of copy (target ≥ 80%)")
-    r = ratio(peers["decode_p16_b8_l32768"].get("cudnn"), get("decode_p16_b8_l32768"))
-    checks.append(f"decode p16 B8 L32768 vs cuDNN: {fmt(r, '.2f')}× (target ≥ 0.90×)")
-    r = ratio(get("decode_p1_b64_l4096"), d16)
-    checks.append(f"page 1 / page 16 time: {fmt(r, '.2f')} (target ≤ 1.10)")
-    r = ratio(d16, get("decode_fp8_p16_b64_l4096"))
-    checks.append(f"fp8 e4m3 speed-up over our bf16 decode: {fmt(r, '.2f')}× (target ≥ 1.6×)")
-    pf = get("prefill_causal_b4_s4096")
-    pp = peers["prefill_causal_b4_s4096"]
-    checks.append(f"prefill causal B4 S4096 vs flash: {fmt(ratio(pp.get('flash'), pf), '.2f')}× (target ≥ 1.15×); "
-                  f"vs cuDNN: {fmt(ratio(pp.get('cudnn'), pf), '.2f')}×")
-    ex = ours.get("extend_q512_prefix8192_p16")
-    pr = ours.get("prefill_causal_b4_s4096")
-    if ex and pr:
-        rate = (ex["flops"] / ex["ms"]) / (pr["flops"] / pr["ms"])
-        checks.append(f"extend Q512 prefix 8192 rate / contiguous prefill rate: {rate:.2f} (target ≥ 0.85)")
-    tv = ours.get("tree_verify_d64_prefix4096_b16")
-    if tv:
-        bwt = tv["bytes"] / (tv["ms"] * 1e-3) / 1e9
-        checks.append(f"tree verify 64 tokens prefix 4096 B16: {100 * bwt / copy_gbs:.0f}% of copy BW (target ≥ 70%)")
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    md = [f"# pagoda CUDA backend on {gpu}", "",
-          f"Measured {now}; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}. "
-          f"Ceilings measured in the same run: device copy {copy_gbs:.0f} GB/s (read + write), "
-          f"bf16 GEMM 8192³ {gemm:.0f} TFLOP/s.", "",
-          "bf16 q/out, 32 q heads / 8 kv heads, D = 128 (mla_*: 16 / 16 heads, Q/K 192, V 128). Decode bytes = Q + K + V + O; FLOPs = "
-          "2·visible pairs·H·(Dqk + Dv). Peer columns: peer time (peer / ours, > 1 = pagoda faster); peers "
-          "use contiguous KV except gather+SDPA (paged, page 16, permuted pages). Medians.", ""]
-    md += rows + ["", "## Targets", ""] + [f"- {c}" for c in checks] + [""]
-    with open(sys.argv[2], "w") as f:
-        f.write("\n".join(md))
-    print("\n".join(md))
+    torch.manual_seed(0)
+    if a.ceilings:
+        for k, v in ceilings().items():
+            emit({"ceiling": k, "value": v})
+    ws = torch.empty(512 << 20, dtype=torch.uint8, device=DEV)
+    sdpa = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+    for c in load_cases(a.cases):
+        if (filters and not any(f in c["name"] for f in filters)) or (only and c["name"] not in only):
+            continue
+        for peer in peers:
+            try:
+                if peer in sdpa:
+                    if peer == "flash" and (c["dv"] or c["d"]) != c["d"]:
+                        raise NotApplicable("flash SDPA needs equal Q/K and V head dims")
+                    fns = [(peer, sdpa_fn(sdpa[peer], c))]
+                elif peer == "flashinfer":
+                    fns = flashinfer_fns(c, ws)
+                else:
+                    raise SystemExit(f"unknown peer {peer}")
+            except NotApplicable as e:
+                emit({"case": c["name"], "peer": peer, "skipped": str(e)})
+                continue
+            except Exception as e:  # noqa: BLE001 - a refusal is a row, not a failure
+                emit({"case": c["name"], "peer": peer, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                continue
+            for name, fn in fns:
+                try:
+                    s = time_samples(fn)
+                    emit({"case": c["name"], "peer": name, "ms": sorted(s)[len(s) // 2],
+                          "samples_ms": s})
+                except Exception as e:  # noqa: BLE001
+                    emit({"case": c["name"], "peer": name,
+                          "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            torch.cuda.empty_cache()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

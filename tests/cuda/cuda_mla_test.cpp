@@ -462,8 +462,8 @@ TEST_F(MlaDecode, SwitchOffAgreesWithGeneric) {
   }
 }
 
-// Small enough for compute-sanitizer (memcheck / racecheck in scripts/h200_mla.sh): a partial
-// last tile, a 1-key request, a split request with its merge, both latent types.
+// Small enough for compute-sanitizer (memcheck / racecheck: bench/device/run.sh --sanitize): a
+// partial last tile, a 1-key request, a split request with its merge, both latent types.
 TEST_F(MlaDecode, SanitizerSmall) {
   for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
     check(mla_problem({1, 70, 700, 2100}, 16, 32, kv, seed_ + 51), 2e-2);

@@ -5,7 +5,7 @@
 // A GPU test never passes by skipping: under ctest a skipped case fails its test
 // (FAIL_REGULAR_EXPRESSION in tests/cuda/CMakeLists.txt), and with PAGODA_REQUIRE_GPU=1 in the
 // environment PAGODA_SKIP_GPU_TEST turns the skip itself into a failure (binaries run by hand,
-// bench/cuda/run_evidence_h200.sh).
+// bench/device/run.sh).
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -6,8 +6,8 @@
 ///     is done (a synchronised loop); flush() writes a buffer of 2x the LLC (at least 64 MiB);
 ///     copy = host memcpy, GEMM = OpenBLAS sgemm (0 when BLAS is not built in).
 ///   cuda: CUDA events recorded on the backend's stream (the legacy default stream) around each
-///     run; flush() writes 2x the L2 on the device; copy = device-to-device cudaMemcpy, GEMM =
-///     cuBLAS bf16 (platform/cuda/cuda_timing.h).
+///     run; flush() writes 2x the L2 on the device, at least 256 MiB (triton's do_bench buffer);
+///     copy = device-to-device cudaMemcpy, GEMM = cuBLAS bf16 (platform/cuda/cuda_timing.h).
 ///
 /// flush() is enqueued before start() and is never inside a timed interval. Copy bandwidth counts
 /// bytes read + bytes written per second. Units: ms, GB/s (1e9 B), TFLOP/s (1e12).

@@ -1,6 +1,7 @@
 // `pagoda kernels`: times one BatchAttention implementation (cpu, reference, cuda) on a
 // synthetic paged shape with one timer for every backend (KernelClock: wall clock on the host,
-// CUDA events on the GPU; optional cache flush between iterations) and reports ms, GB/s, TFLOP/s
+// CUDA events on the GPU; cache flush before every timed run, by default on the GPU, as
+// triton.testing.do_bench does for the Python peers) and reports ms, GB/s, TFLOP/s
 // beside the ceilings measured in the same run: copy bandwidth and GEMM rate for every backend,
 // plus the host streaming-read bandwidth for CPU decode (its historical "peak").
 #include <algorithm>
@@ -56,7 +57,7 @@ struct KernelsArgs {
   int threads = 0;
   int iters = 20;
   int warmup = 3;
-  bool flush_l2 = false;
+  int flush_l2 = 0;  // +1 --flush-l2, -1 --no-flush-l2, 0: the backend's default (flush_default)
   bool json = false;
 };
 
@@ -86,9 +87,15 @@ std::unique_ptr<attention::BatchAttention> make_attention(const std::string& nam
   throw_error(ErrorCode::kUnsupported, "kernels: unknown backend '{}'", name);
 }
 
+/// Whether the last cache level is flushed before every timed run when neither --flush-l2 nor
+/// --no-flush-l2 is given: on the GPU yes (the peers' triton.testing.do_bench zeroes a 256 MiB
+/// buffer before every repetition), on the host no (bench/cpu_vs_torch.py times torch without a
+/// flush). One default per side of each comparison, so both sides run under one policy.
+bool flush_default(const std::string& backend) { return backend == "cuda"; }
+
 /// Where the timed tensors live: host vectors, or device copies of them (cuda). The KV copies are
-/// rotated between iterations; device copies are uploads of the same host data (values do not
-/// matter to the timing, only that each copy is a distinct allocation).
+/// rotated between iterations; every copy holds its own random values (constant data would let
+/// the tensor cores run cooler and faster than on real K/V).
 struct KernelBuffers {
   Device device = Device::cpu();
   std::vector<void*> k, v;  // per copy; v empty for MLA
@@ -226,15 +233,8 @@ void run_kernels(const KernelsArgs& a) {
   }
 #endif
   for (int c = 0; c < copies; ++c) {
-    // Device copies upload the same host data (a distinct allocation is what matters).
-    if (!on_gpu || c == 0) {
-      bufs.k.push_back(bufs.keep(random_buffer(*kv_dtype, static_cast<size_t>(kv_elems), rng)));
-      if (!mla) bufs.v.push_back(bufs.keep(random_buffer(*kv_dtype, static_cast<size_t>(kv_elems), rng)));
-    } else {
-      const size_t n = static_cast<size_t>(kv_elems) * dtype_size(*kv_dtype);
-      bufs.k.push_back(bufs.keep(std::vector<unsigned char>(n, 0x3c)));
-      if (!mla) bufs.v.push_back(bufs.keep(std::vector<unsigned char>(n, 0x3c)));
-    }
+    bufs.k.push_back(bufs.keep(random_buffer(*kv_dtype, static_cast<size_t>(kv_elems), rng)));
+    if (!mla) bufs.v.push_back(bufs.keep(random_buffer(*kv_dtype, static_cast<size_t>(kv_elems), rng)));
   }
   const int nnz = qo_indptr.back();
   bufs.q = bufs.keep(random_buffer(*q_dtype, static_cast<size_t>(nnz) * a.q_heads * a.head_dim, rng));
@@ -242,7 +242,8 @@ void run_kernels(const KernelsArgs& a) {
       std::vector<unsigned char>(static_cast<size_t>(nnz) * a.q_heads * dv * dtype_size(*q_dtype)));
 
   auto attn = make_attention(a.backend, threads);
-  auto clock = on_gpu ? make_cuda_clock(a.flush_l2) : make_host_clock(threads, a.flush_l2);
+  const bool flush = a.flush_l2 != 0 ? a.flush_l2 > 0 : flush_default(a.backend);
+  auto clock = on_gpu ? make_cuda_clock(flush) : make_host_clock(threads, flush);
   const attention::PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr,
                                      .kv_indices = indices, .kv_last_page_len = last,
                                      .page_size = a.page_size, .custom_mask = mask,
@@ -269,11 +270,11 @@ void run_kernels(const KernelsArgs& a) {
     attn->run(q, k, v, out, TensorView(), params);
   };
   // Warm-up (untimed), then each timed run between clock->start() and clock->stop_ms(); the
-  // optional flush comes before start().
+  // flush (when on) comes before start().
   for (int w = 0; w < a.warmup; ++w) run_once(w);
   std::vector<double> ms;
   for (int it = 0; it < a.iters; ++it) {
-    if (a.flush_l2) clock->flush();
+    if (flush) clock->flush();
     clock->start();
     run_once(it);
     ms.push_back(clock->stop_ms());
@@ -332,12 +333,13 @@ void run_kernels(const KernelsArgs& a) {
   j["iters"] = a.iters;
   j["warmup"] = a.warmup;
   j["timer"] = clock->timer_name();
-  j["flush_l2"] = a.flush_l2;
+  j["flush_l2"] = flush;
   j["flush_bytes"] = clock->flush_bytes();
   j["kv_copies"] = copies;
   j["plan_ms"] = plan_ms;
   j["ms"] = t_ms;
   j["ms_min"] = *std::min_element(ms.begin(), ms.end());
+  j["samples_ms"] = ms;  // every timed run, in order
   j["bytes"] = bytes;
   j["flops"] = flops;
   j["gbps"] = gbps;
@@ -365,7 +367,7 @@ void run_kernels(const KernelsArgs& a) {
     std::printf("%s %s: %.3f ms (%s%s), %.1f GB/s = %.1f%% of %s %.1f GB/s, %.3f TFLOP/s = %.1f%% "
                 "of %s %.2f TFLOP/s; headline %.1f%% of %s %.2f\n",
                 a.backend.c_str(), a.op.c_str(), t_ms, clock->timer_name().c_str(),
-                a.flush_l2 ? ", flushed" : "", gbps, pct_copy, clock->copy_name().c_str(),
+                flush ? ", flushed" : "", gbps, pct_copy, clock->copy_name().c_str(),
                 copy_gbps, tflops, pct_gemm, clock->gemm_name().c_str(), gemm_tflops, pct,
                 peak_kind.c_str(), peak);
   }
@@ -397,8 +399,9 @@ void add_kernels_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "untimed runs before the timed ones")
       ->capture_default_str();
-  cmd->add_flag("--flush-l2", args->flush_l2,
-                "before each timed run, write a buffer of 2x the L2 (GPU) / LLC (host), untimed");
+  cmd->add_flag("--flush-l2,!--no-flush-l2", args->flush_l2,
+                "before each timed run, write a buffer of 2x the L2 (GPU, at least 256 MiB) / LLC "
+                "(host), untimed; default: on for cuda, off for cpu and reference");
   cmd->add_flag("--json", args->json, "print one JSON object");
   cmd->callback([args] { run_kernels(*args); });
 }

@@ -186,10 +186,10 @@ class CudaOps final : public ModelOps {
                  "cublasGemmEx");
   }
   /// Whether a decode GEMM goes to small_m_gemm rather than cuBLAS. gemv_bench on the H200
-  /// (bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at m = 1 on matrices up to
-  /// ~64 M elements (1B q/k/v 5.1 vs 6.1 µs, down 10.2 vs 13.4) and on the f32-output LM head
-  /// (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the large m <= 2 matrices (8B
-  /// gate_up 62 vs 56 µs) and from m = 4 on.
+  /// (git show 1f78aca:bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at
+  /// m = 1 on matrices up to ~64 M elements (1B q/k/v 5.1 vs 6.1 µs, down 10.2 vs 13.4) and on
+  /// the f32-output LM head (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the
+  /// large m <= 2 matrices (8B gate_up 62 vs 56 µs) and from m = 4 on.
   bool use_small_m(int64_t m, int64_t n, int64_t k, bool f32_out) const {
     if (m > small_m_max_ || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
     return f32_out || n * k <= (m == 1 ? small_m_max_elems_ : small_m2_max_elems_);

@@ -90,7 +90,7 @@ size_t cuda_l2_bytes() {
 }
 
 CudaL2Flusher::CudaL2Flusher(void* stream)
-    : stream_(stream), bytes_(std::max<size_t>(2 * cuda_l2_bytes(), size_t{64} << 20)) {
+    : stream_(stream), bytes_(std::max<size_t>(2 * cuda_l2_bytes(), size_t{256} << 20)) {
   check(cudaMalloc(&buf_, bytes_), "cudaMalloc (L2 flush buffer)");
 }
 

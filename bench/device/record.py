@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Folds one bench/device/run.sh run's working folder into ONE JSON record.
+
+Usage: record.py DIR --kind KIND --group GROUP --commit SHA --stages "build tests ..." --out FILE
+
+The record (schema 1) holds what the tables are generated from, every sample included:
+  commit, kind, group, stages, date (UTC), gpus (nvidia-smi: name, driver, memory, SM and memory
+  clocks now and at most, power limit), torch / cuDNN / FlashInfer versions;
+  build       {"rc", "seconds", "targets"}
+  tests       [{"name", "status", "seconds"}] from ctest's JUnit file; sanitizers' summary lines
+  kernels     {"ceilings": {"copy_gbps", "gemm_tflops"}, "rounds": [{"ours": [row...],
+              "peers": [row...]}]}: a row is pagoda_cuda_bench's / peers.py's JSON line (ms =
+              median, samples_ms = every timed call), rounds in the order they ran
+  engine      bench/engine_real.py's summary.json
+  spec        {run name: `pagoda bench --spec ... --json`}
+  serve       bench/serve_bench.py's results.json
+  tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
+              {"prompts", "identical", "first_token_identical"}}
+Missing parts (a stage not run, a step that failed) are left out; the record says which stages
+were asked for. Reading only: nothing in DIR is changed."""
+import argparse
+import csv
+import datetime
+import glob
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+
+def read_json(path):
+    """A JSON document, or the last JSON line of a file that has other lines first."""
+    try:
+        text = open(path).read()
+    except OSError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        for line in reversed(text.strip().splitlines()):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def read_jsonl(path):
+    rows = []
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if "samples_ms" in row:  # CUDA events resolve ~0.5 us: 10 ns is plenty
+                    row["samples_ms"] = [round(x, 5) for x in row["samples_ms"]]
+                rows.append(row)
+    except OSError:
+        pass
+    return rows
+
+
+def gpus(path):
+    keys = ["index", "name", "driver", "memory", "sm_mhz", "sm_max_mhz", "mem_mhz", "mem_max_mhz",
+            "power_limit"]
+    out = []
+    try:
+        for row in csv.reader(open(path)):
+            if len(row) == len(keys):
+                out.append({k: v.strip() for k, v in zip(keys, row)})
+    except OSError:
+        pass
+    return out
+
+
+def tests(d):
+    out = []
+    try:
+        root = ET.parse(os.path.join(d, "ctest_gpu.xml")).getroot()
+    except (OSError, ET.ParseError):
+        return None
+    for tc in root.iter("testcase"):
+        status = tc.get("status") or ("failed" if tc.find("failure") is not None else "run")
+        out.append({"name": tc.get("name"), "status": status,
+                    "seconds": float(tc.get("time") or 0)})
+    return out
+
+
+def numbered(d, stem):
+    found = {}
+    for path in glob.glob(os.path.join(d, stem + "_r*.jsonl")):
+        m = re.search(r"_r(\d+)\.jsonl$", path)
+        if m:
+            found[int(m.group(1))] = read_jsonl(path)
+    return [found[k] for k in sorted(found)]
+
+
+def kernels(d):
+    ours, peers = numbered(d, "ours"), numbered(d, "peers")
+    if not ours:
+        return None
+    ceil = {r["ceiling"]: r["value"] for r in read_jsonl(os.path.join(d, "ceilings.jsonl"))
+            if "ceiling" in r}
+    rounds = [{"ours": o, "peers": peers[i] if i < len(peers) else []} for i, o in enumerate(ours)]
+    return {"ceilings": ceil, "rounds": rounds,
+            "policy": "shuffled pages and random data on both sides; 3 warm-up calls, then 30 "
+                      "timed calls, each after an untimed 256 MiB device write (L2 flushed, as "
+                      "triton's do_bench does), CUDA events around the call alone; rounds "
+                      "interleaved: ours, peers, ours, peers, ..."}
+
+
+def tp(d):
+    tdir = os.path.join(d, "tp")
+    if not os.path.isdir(tdir):
+        return None
+    bench = {}
+    for path in sorted(glob.glob(os.path.join(tdir, "bench_*.json"))):
+        j = read_json(path)
+        if j is not None:
+            bench[os.path.basename(path)[len("bench_"):-len(".json")]] = j
+    out = {"bench": bench}
+    a = read_jsonl(os.path.join(tdir, "gen_f32_tp1.jsonl"))
+    b = read_jsonl(os.path.join(tdir, "gen_f32_tp2.jsonl"))
+    if a and len(a) == len(b):
+        ta = [r.get("output_token_ids") for r in a]
+        tb = [r.get("output_token_ids") for r in b]
+        out["generate_f32"] = {"prompts": len(a), "identical": sum(x == y for x, y in zip(ta, tb)),
+                               "first_token_identical": sum(bool(x) and bool(y) and x[0] == y[0]
+                                                            for x, y in zip(ta, tb))}
+    return out
+
+
+def versions(d):
+    out = {}
+    try:
+        torch_v = open(os.path.join(d, "torch.txt")).read().split()
+        out["torch"], out["cudnn"] = torch_v[0], torch_v[1]
+    except (OSError, IndexError):
+        pass
+    for path in glob.glob("/tmp/site/flashinfer_python-*.dist-info"):
+        out["flashinfer"] = os.path.basename(path).split("-")[1]
+    return out
+
+
+def build_record(d, kind, group, commit, stages):
+    rec = {"schema": 1, "commit": commit, "kind": kind, "group": group, "stages": stages.split(),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "gpus": gpus(os.path.join(d, "gpu.csv")), "versions": versions(d)}
+    parts = {
+        "build": read_json(os.path.join(d, "build.json")),
+        "tests": tests(d),
+        "sanitizers": {os.path.basename(p)[len("sanitize_"):-4]:
+                       [ln.strip() for ln in open(p) if "SUMMARY" in ln]
+                       for p in glob.glob(os.path.join(d, "sanitize_*.log"))} or None,
+        "kernels": kernels(d),
+        "engine": read_json(os.path.join(d, "engine", "summary.json")),
+        "spec": {os.path.basename(p)[:-5]: j for p in sorted(glob.glob(os.path.join(d, "spec", "*.json")))
+                 if (j := read_json(p)) is not None} or None,
+        "serve": read_json(os.path.join(d, "serve", "results.json")),
+        "tp": tp(d),
+    }
+    rec.update({k: v for k, v in parts.items() if v is not None})
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("dir")
+    ap.add_argument("--kind", required=True)
+    ap.add_argument("--group", required=True)
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--stages", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    rec = build_record(a.dir, a.kind, a.group, a.commit, a.stages)
+    with open(a.out, "w") as f:  # compact: thousands of samples
+        json.dump(rec, f, separators=(",", ":"))
+    print(f"record: {a.out} ({', '.join(k for k in rec if k not in ('schema',))})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

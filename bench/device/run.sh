@@ -1,0 +1,266 @@
+#!/usr/bin/env bash
+# The one entry point for GPU evidence: builds pagoda for the lent GPU, runs the GPU tests and
+# regenerates every GPU table, writing ONE JSON record per run (bench/device/record.py) and the
+# Markdown tables generated from it (bench/tables.py).
+#
+# Usage (from the repository root, on the device machine; $OUT is the device tool's folder):
+#   bash bench/device/run.sh KIND [GROUP] [--commit SHA] [--rounds N] [--budget S] [--sanitize]
+#   KIND   h100 | h200 (one GPU) or x2 | h200x2 (two GPUs, tensor parallelism)
+#   GROUP  one GPU:  kernels  build, GPU tests (ctest -L gpu: every CUDA gtest binary and
+#                             `pagoda conformance --backends cuda`), the kernel table: pagoda vs
+#                             cuDNN, flash SDPA and FlashInfer in N interleaved rounds (FlashInfer
+#                             compiles its kernels meanwhile, from the start of the call)
+#                    engine   build, engine_real (1B and 8B layouts vs transformers in the same
+#                             call), speculative decoding A/Bs (each without, then with)
+#                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings),
+#                             and compute-sanitizer with --sanitize
+#                    all      all three (longer than one 10-minute device call: one group a call)
+#          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
+#                             outputs (default)
+#   --commit SHA   the commit measured (the device copy of the tree may have no .git)
+#   --rounds N     interleaved kernel rounds (default 5): ours, peers, ours, peers, ...
+#   --budget S     start a kernel round only if it should end (judged by the last round's length)
+#                  within S seconds of this run's start (default 550), so the call ends inside
+#                  its 10-minute limit; the record holds the rounds that ran
+#   --sanitize     compute-sanitizer memcheck and racecheck on a quick subset of the attention
+#                  tests (decode, extend with prefix, tree mask, MLA decode) in the group's call
+# Carry `.debs` (scripts/gpu_deps.sh fetch: libraries the image lacks) and `.whl` (FlashInfer
+# 0.5.3 wheels: flashinfer_python, apache_tvm_ffi, nvidia_cudnn_frontend) in the device call.
+# Results in $OUT: record_<kind>_<group>.json, tables_<kind>_<group>.md, logs_<kind>_<group>.tgz
+# (every raw log), summary.txt. Copy the record into bench/results/records/ and regenerate
+# bench/results/tables.md with `python3 bench/tables.py bench/results/records/*.json`.
+set -uo pipefail
+KIND=${1:?usage: run.sh KIND [GROUP] [options] (see the header)}
+shift
+case "$KIND" in
+  h100|h200) GPUS=1; GROUP=all ;;
+  x2|h200x2) GPUS=2; GROUP=tp ;;
+  *) echo "run.sh: unknown kind '$KIND' (h100, h200, x2, h200x2)"; exit 2 ;;
+esac
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then GROUP=$1; shift; fi
+COMMIT="" ROUNDS=5 BUDGET=550 SANITIZE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --commit) COMMIT=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --budget) BUDGET=$2; shift 2 ;;
+    --sanitize) SANITIZE=1; shift ;;
+    *) echo "run.sh: unknown option '$1'"; exit 2 ;;
+  esac
+done
+case "$GPUS:$GROUP" in
+  1:kernels) STAGES="build tests kernels" ;;
+  1:engine) STAGES="build engine spec" ;;
+  1:serve) STAGES="build serve" ;;
+  1:all) STAGES="build tests kernels engine spec serve" ;;
+  2:tp) STAGES="build tp" ;;
+  *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
+esac
+[ $SANITIZE = 1 ] && STAGES="$STAGES sanitize"
+
+cd "$(dirname "$0")/../.." || exit 1
+OUT=${OUT:-/tmp/pagoda_out}
+W=/tmp/pagoda_run_${KIND}_$GROUP  # the run's working folder: logs, JSON lines, checkpoints' outputs
+rm -rf "$W"; mkdir -p "$W" "$OUT"
+TAG=${KIND}_$GROUP
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+start=$(date +%s)
+say() { echo "[$(( $(date +%s) - start )) s] $*" | tee -a "$SUMMARY"; }
+finish() {
+  python3 bench/device/record.py "$W" --kind "$KIND" --group "$GROUP" --commit "${COMMIT:-unknown}" \
+    --stages "$STAGES" --out "$OUT/record_$TAG.json" >> "$SUMMARY" 2>&1 \
+    && python3 bench/tables.py "$OUT/record_$TAG.json" > "$OUT/tables_$TAG.md" 2>> "$SUMMARY"
+  say "record rc=$? -> record_$TAG.json, tables_$TAG.md"
+  tar czf "$OUT/logs_$TAG.tgz" -C "$W" --exclude='*.safetensors' . 2>/dev/null
+}
+trap finish EXIT
+
+[ -n "$COMMIT" ] || COMMIT=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit --format=csv,noheader
+} > "$W/gpu.csv" 2>&1
+python3 -c 'import torch; print(torch.__version__, torch.backends.cudnn.version())' > "$W/torch.txt" 2>&1
+say "kind $KIND group $GROUP commit $COMMIT stages: $STAGES"
+say "$(head -1 "$W/gpu.csv")"
+
+# Libraries the image lacks (PCRE2, ICU, SentencePiece, cpp-httplib, Highway): the carried .debs.
+if compgen -G ".debs/*.deb" > /dev/null; then
+  # shellcheck disable=SC1091
+  source scripts/gpu_deps.sh env
+elif ! pkg-config --exists libpcre2-8 2> /dev/null; then
+  say "no .debs carried and no PCRE2 here: run scripts/gpu_deps.sh fetch and carry .debs"
+  exit 1
+fi
+# FlashInfer and its two dependencies, carried as wheels.
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$W/pip.log" 2>&1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export OMP_WAIT_POLICY=passive OPENBLAS_NUM_THREADS=1 NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+B=/tmp/b-device  # kept while the machine stays warm: a second call rebuilds nothing
+P=$B/pagoda
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+
+FI_WARM=""
+if has kernels && [ -n "${PYTHONPATH:-}" ]; then
+  # FlashInfer compiles each kernel module on first use (about a minute each). A warm-up pass,
+  # timings thrown away, one process per module (bench/cuda/cases.py --jit-groups) so they
+  # compile in parallel, overlaps the build and the GPU tests; the timed rounds then find every
+  # module built (the cache lives on this machine while it stays warm).
+  g=0
+  while read -r names; do
+    g=$((g + 1))
+    timeout 420 python3 bench/cuda/peers.py bench/cuda/cases.json "$W/fi_warmup_$g.jsonl" \
+      --peers flashinfer --only "$names" > "$W/fi_warmup_$g.log" 2>&1 &
+    FI_WARM="$FI_WARM $!"
+  done < <(python3 bench/cuda/cases.py bench/cuda/cases.json --jit-groups)
+fi
+
+if has build; then
+  t0=$(date +%s)
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$W/build.log" 2>&1
+  # The GPU tests' binaries: every ctest -L gpu test named after a target of this build (the
+  # others, the conformance runs, run the pagoda CLI).
+  gpu_bins=$(comm -12 \
+    <(ctest --test-dir $B -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p' | sort -u) \
+    <(ninja -C $B -t targets all 2>/dev/null | sed 's/:.*//' | sort -u) | tr '\n' ' ')
+  targets=pagoda  # what every group runs; the GPU tests and the kernel benchmark where used
+  has tests && targets="$targets $gpu_bins"
+  has kernels && targets="$targets pagoda_cuda_bench"
+  has sanitize && targets="$targets cuda_attention_tests"
+  # shellcheck disable=SC2086 # one word per target
+  timeout 480 ninja -C $B $targets >> "$W/build.log" 2>&1
+  rc=$?
+  echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 )), \"targets\": \"$targets\"}" > "$W/build.json"
+  say "build rc=$rc ($(( $(date +%s) - t0 )) s): $targets"
+  [ $rc = 0 ] || { grep -E "error|FAILED" "$W/build.log" | head -30 | tee -a "$SUMMARY"; exit 1; }
+fi
+
+if has tests; then
+  t0=$(date +%s)
+  PAGODA_REQUIRE_GPU=1 timeout 300 ctest --test-dir $B -L gpu -j3 --timeout 280 --no-tests=error \
+    --output-on-failure --output-junit "$W/ctest_gpu.xml" > "$W/ctest_gpu.log" 2>&1
+  say "ctest -L gpu rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E 'tests passed|tests failed' "$W/ctest_gpu.log")"
+  cp $B/Testing/Temporary/LastTest.log "$W/ctest_gpu_full.log" 2>/dev/null
+fi
+
+if has kernels; then
+  if [ -n "$FI_WARM" ]; then
+    for pid in $FI_WARM; do wait "$pid"; done
+    say "FlashInfer warm-up done: $(cat "$W"/fi_warmup_*.jsonl 2>/dev/null | grep -c '"ms"') timed, $(cat "$W"/fi_warmup_*.jsonl 2>/dev/null | grep -c '"error"') refused"
+  fi
+  python3 bench/cuda/peers.py bench/cuda/cases.json "$W/ceilings.jsonl" --peers "" --ceilings \
+    > "$W/ceilings.log" 2>&1
+  peers=cudnn,flash
+  [ -n "${PYTHONPATH:-}" ] && peers=$peers,flashinfer
+  last=60  # a round's expected length before the first one has run
+  for k in $(seq 1 "$ROUNDS"); do
+    if [ $(( $(date +%s) - start + last )) -gt "$BUDGET" ]; then
+      say "budget of $BUDGET s: $((k - 1)) of $ROUNDS rounds ran"
+      break
+    fi
+    t0=$(date +%s)
+    timeout 120 $B/tests/cuda/pagoda_cuda_bench bench/cuda/cases.json "$W/ours_r$k.jsonl" \
+      > "$W/ours_r$k.log" 2>&1
+    rc_o=$?
+    timeout 200 python3 bench/cuda/peers.py bench/cuda/cases.json "$W/peers_r$k.jsonl" \
+      --peers $peers > "$W/peers_r$k.log" 2>&1
+    say "kernel round $k: ours rc=$rc_o ($(wc -l < "$W/ours_r$k.jsonl") cases), peers rc=$? ($(wc -l < "$W/peers_r$k.jsonl") rows)"
+    last=$(( $(date +%s) - t0 ))
+  done
+fi
+
+ckpt() {  # ckpt LAYOUT [copy] -> a random bf16 checkpoint of that layout (tools/make_checkpoint.py)
+  local c=/tmp/ckpt-$1
+  [ -f "$c/config.json" ] || timeout 300 python3 tools/make_checkpoint.py --layout "$1" --dtype bf16 \
+    --seed 0 --out "$c" > "$W/ckpt_$1.log" 2>&1
+  echo "$c"
+}
+
+if has engine; then
+  t0=$(date +%s)
+  timeout 420 python3 bench/engine_real.py --pagoda $P --out "$W/engine" --layouts 1b,8b \
+    --single-only 8b > "$W/engine.log" 2>&1
+  say "engine_real rc=$? ($(( $(date +%s) - t0 )) s)"
+fi
+
+if has spec; then
+  mkdir -p "$W/spec"
+  C=$(ckpt 1b)
+  # Each run is an A/B in one process: the same workload without, then with speculation.
+  spec() {  # spec NAME ARGS...
+    local name=$1; shift
+    timeout 200 $P bench --model "$C" --backend cuda --json "$@" > "$W/spec/$name.json" \
+      2> "$W/spec/$name.err"
+    say "spec $name rc=$?"
+  }
+  D3="--spec draft --spec-steps 3 --spec-topk 1 --spec-draft-tokens 4"
+  spec self_draft $D3 --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+  spec self_tree --spec draft --spec-steps 3 --spec-topk 4 --spec-draft-tokens 8 \
+    --workload random --requests 8 --input-len 256 --output-len 256 --max-running 1
+  spec ngram_random --spec ngram --spec-steps 4 --spec-topk 1 --spec-draft-tokens 5 \
+    --workload random --requests 8 --input-len 512 --output-len 256 --max-running 1
+  if [ ! -f /tmp/ckpt-1b-copy/config.json ]; then
+    timeout 300 python3 tools/make_copy_model.py --src "$C" --out /tmp/ckpt-1b-copy \
+      > "$W/spec/make_copy.log" 2>&1
+  fi
+  C=/tmp/ckpt-1b-copy
+  spec copy_chain --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+    --workload repeat --requests 8 --input-len 512 --output-len 256 --max-running 1
+  spec copy_b16 --spec ngram --spec-steps 6 --spec-topk 1 --spec-draft-tokens 7 \
+    --workload repeat --requests 32 --input-len 512 --output-len 256 --max-running 16
+fi
+
+if has serve; then
+  C=$(ckpt 1b)
+  # The server and `pagoda bench` with the same engine settings, at concurrency 1, 16 and 64.
+  timeout 400 python3 bench/serve_bench.py --pagoda $P --model "$C" --out "$W/serve" \
+    --concurrency 1,16,64 --num-prompts 0 --input-median 256 --output-median 128 \
+    --max-input 2048 --max-output 512 --pool-tokens 262144 --max-running 64 \
+    --compare-input-len 512 --compare-output-len 256 --compare-requests 512 --compare-repeats 3 \
+    > "$W/serve_bench.log" 2>&1
+  say "serve_bench rc=$?"
+fi
+
+if has tp; then
+  mkdir -p "$W/tp"
+  nvidia-smi topo -m > "$W/tp/topo.txt" 2>&1
+  # Decode at batch 1 and 64, tp 1 then tp 2 (the same workload, one process each).
+  for layout in 1b 8b; do
+    C=$(ckpt $layout)
+    for bs in 1 64; do
+      for tp in 1 2; do
+        timeout 280 $P bench --model "$C" --backend cuda --tp $tp --json --requests $bs \
+          --max-running $bs --input-len 128 --output-len 128 --pool-tokens 65536 --chunk-size 0 \
+          --page-size 16 > "$W/tp/bench_${layout}_b${bs}_tp$tp.json" 2> "$W/tp/bench_${layout}_b${bs}_tp$tp.err"
+        say "tp bench $layout b$bs tp$tp rc=$?"
+      done
+    done
+  done
+  # Greedy outputs of tp 2 == tp 1 (f32 weights: no reduction-order ties) on 20 random prompts.
+  python3 -c '
+import random, sys
+r = random.Random(1313)
+for i in range(20):
+    print(",".join(str(r.randrange(100000)) for _ in range(r.randrange(16, 300))))' > "$W/tp/prompts.txt"
+  for tp in 1 2; do
+    timeout 200 $P generate --model "$(ckpt 1b)" --backend cuda --dtype f32 --tp $tp \
+      --batch-file "$W/tp/prompts.txt" --max-new-tokens 24 --ignore-eos \
+      > "$W/tp/gen_f32_tp$tp.jsonl" 2> "$W/tp/gen_f32_tp$tp.err"
+    say "tp generate f32 tp$tp rc=$?"
+  done
+fi
+if has sanitize; then
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+  for tool in memcheck racecheck; do
+    PAGODA_REQUIRE_GPU=1 timeout 150 "$san" --tool $tool --error-exitcode 9 \
+      $B/tests/cuda/cuda_attention_tests \
+      --gtest_filter='CudaDecode.Bf16Page16Skewed:CudaExtend.CausalWithPrefix:CudaExtend.TreeMaskVerify:MlaDecode.SanitizerSmall' \
+      > "$W/sanitize_$tool.log" 2>&1
+    say "compute-sanitizer $tool rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$W/sanitize_$tool.log")"
+  done
+fi
+say "done"

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""The Markdown tables of pagoda's GPU results, generated from run records (bench/device/record.py).
+
+Usage: tables.py RECORD.json [RECORD.json ...] [--out FILE]
+
+Every table names the record's commit, GPU, driver and clocks. Nothing here is measured: every
+number is the record's, or a median / ratio of its samples.
+
+Kernel table (records with "kernels"): per case, ours = the median over rounds of each round's
+median (pagoda_cuda_bench), with the range of the round medians; per peer, the peer's median and
+the ratio peer / ours (> 1: pagoda faster) computed per round (round k's peer median over round
+k's ours median), shown as median [min–max]. Verdict: "faster" when every round's ratio is > 1,
+"slower" when every one is < 1, else "within noise" — no verdict is drawn from a single round
+("1 round"). A peer cell says "refused" where the peer rejected the case and "n/a" where it has
+no kernel of that kind (SDPA on fp8 K/V or with a prefix). Decode rows add % of the copy bandwidth, the others % of the GEMM rate (the
+record's ceilings)."""
+import argparse
+import json
+import statistics
+import sys
+
+
+def fmt(x, spec=".3f"):
+    return "–" if x is None else format(x, spec)
+
+
+def header(rec):
+    g = (rec.get("gpus") or [{}])[0]
+    n = len(rec.get("gpus") or [])
+    v = rec.get("versions", {})
+    soft = ", ".join(f"{k} {v[k]}" for k in ("torch", "cudnn", "flashinfer") if k in v)
+    return (f"commit `{rec.get('commit', 'unknown')}`, {rec.get('date', '?')}, "
+            f"{n} × {g.get('name', '?')} (driver {g.get('driver', '?')}, SM clock "
+            f"{g.get('sm_mhz', '?')} now / {g.get('sm_max_mhz', '?')} max, memory "
+            f"{g.get('mem_max_mhz', '?')} max)" + (f"; {soft}" if soft else ""))
+
+
+def verdict(ratios):
+    if len(ratios) < 2:
+        return "1 round"
+    if min(ratios) > 1:
+        return "faster"
+    if max(ratios) < 1:
+        return "slower"
+    return "within noise"
+
+
+def kernel_rows(k):
+    """{case: {"ours": [ms per round], "row": last ours row, "peers": {peer: [ms or None]}}}."""
+    cases = {}
+    rounds = k.get("rounds", [])
+    for i, rnd in enumerate(rounds):
+        for r in rnd.get("ours", []):
+            c = cases.setdefault(r["case"], {"ours": [None] * len(rounds), "row": r, "peers": {}})
+            c["ours"][i] = r["ms"]
+        for p in rnd.get("peers", []):
+            c = cases.get(p["case"])
+            if c is None:
+                continue
+            c["peers"].setdefault(p["peer"], [None] * len(rounds))[i] = p.get("ms")
+            if "skipped" in p:
+                c.setdefault("skipped", set()).add(p["peer"])
+    return cases
+
+
+def kernel_table(rec):
+    k = rec["kernels"]
+    cases = kernel_rows(k)
+    peers = sorted({p for c in cases.values() for p in c["peers"]})
+    ceil = k.get("ceilings", {})
+    n = len(k.get("rounds", []))
+    out = [f"### Kernels ({n} interleaved rounds) — {header(rec)}", "",
+           f"Policy: {k.get('policy', '?')}. Ceilings in the same run: copy "
+           f"{fmt(ceil.get('copy_gbps'), '.0f')} GB/s, bf16 GEMM {fmt(ceil.get('gemm_tflops'), '.0f')} "
+           "TFLOP/s. Peer cells: peer ms; ratio peer / ours per round, median [min–max] "
+           "(> 1: pagoda faster); verdict.", "",
+           "| case | path | ours ms [range] | % of ceiling | "
+           + " | ".join(peers) + " |", "|" + "---|" * (4 + len(peers))]
+    for name, c in cases.items():
+        ours = [x for x in c["ours"] if x is not None]
+        med = statistics.median(ours)
+        r = c["row"]
+        if name.startswith(("decode", "mla_decode")) and ceil.get("copy_gbps"):
+            pct = f"{100 * r['bytes'] / (med * 1e-3) / 1e9 / ceil['copy_gbps']:.0f}% copy"
+        elif ceil.get("gemm_tflops"):
+            pct = f"{100 * r['flops'] / (med * 1e-3) / 1e12 / ceil['gemm_tflops']:.0f}% GEMM"
+        else:
+            pct = "–"
+        cells = []
+        for p in peers:
+            pm = c["peers"].get(p, [])
+            ratios = [b / a for a, b in zip(c["ours"], pm) if a and b]
+            if not ratios:
+                cells.append("n/a" if p in c.get("skipped", ()) else
+                             "refused" if p in c["peers"] else "–")
+                continue
+            pms = [x for x in pm if x]
+            cells.append(f"{statistics.median(pms):.4f}; {statistics.median(ratios):.3f} "
+                         f"[{min(ratios):.3f}–{max(ratios):.3f}] {verdict(ratios)}")
+        out.append(f"| {name} | {r.get('path', '?')} | {med:.4f} [{min(ours):.4f}–{max(ours):.4f}] "
+                   f"| {pct} | " + " | ".join(cells) + " |")
+    return out
+
+
+def tests_table(rec):
+    t = rec["tests"]
+    passed = sum(x["status"] in ("run", "passed") for x in t)
+    out = [f"### GPU tests — {header(rec)}", "", f"{passed} / {len(t)} passed.", "",
+           "| test | status | s |", "|---|---|---|"]
+    out += [f"| {x['name']} | {x['status']} | {x['seconds']:.1f} |" for x in t]
+    for tool, lines in rec.get("sanitizers", {}).items():
+        out += ["", f"compute-sanitizer {tool}: " + ("; ".join(lines) or "no summary line")]
+    return out
+
+
+def engine_table(rec):
+    e = rec["engine"]
+    out = [f"### Engine on random checkpoints of real layouts — {header(rec)}", "",
+           f"Ceilings: copy {e.get('copy_bytes_per_s', 0) / 1e9:.0f} GB/s, GEMM "
+           f"{e.get('gemm_flops', 0) / 1e12:.0f} TFLOP/s. Peer: transformers bf16 `generate` on the "
+           "same lengths, in the same call.", "",
+           "| layout | batch | pagoda decode step ms | step / roofline | pagoda output tok/s | "
+           "transformers output tok/s | pagoda / transformers |", "|---|---|---|---|---|---|---|"]
+    for layout, res in e.get("layouts", {}).items():
+        for key, hf_key, bs in (("single", "hf_b1", 1), ("batch64", "hf_b64", 64)):
+            if key not in res:
+                continue
+            ours = res[key].get("output_tokens_per_s")
+            hf = res.get(hf_key, {}).get("output_tokens_per_s")
+            out.append(f"| {layout} | {bs} | {fmt(res[key].get('decode_step_ms'))} | "
+                       f"{fmt(res[key].get('step_over_roofline'), '.2f')} | {fmt(ours, '.0f')} | "
+                       f"{fmt(hf, '.0f')} | {fmt(ours / hf if ours and hf else None, '.2f')}× |")
+        pf = res.get("prefill2048")
+        if pf:
+            out.append(f"| {layout} | prefill 2048 | TTFT step {fmt(pf.get('extend_step_min_ms'))} ms | "
+                       f"{fmt(100 * pf['prefill_fraction_of_gemm'] if pf.get('prefill_fraction_of_gemm') else None, '.0f')}% of GEMM | | | |")
+        ag = res.get("agreement")
+        if ag:
+            out.append(f"| {layout} | agreement | first token {ag['first_token_agree']}/{ag['prompts']} "
+                       f"vs transformers f32; max logit diff {ag['max_abs_logit_diff']:.3f} | | | | |")
+    return out
+
+
+def spec_table(rec):
+    out = [f"### Speculative decoding A/B (same workload without, then with) — {header(rec)}", "",
+           "| run | baseline out tok/s | spec out tok/s | speed-up | mean accept length | "
+           "identical outputs |", "|---|---|---|---|---|---|"]
+    for name, j in rec["spec"].items():
+        s = j.get("spec", {})
+        out.append(f"| {name} | {fmt(j.get('baseline_output_tokens_per_s'), '.0f')} | "
+                   f"{fmt(j.get('spec_output_tokens_per_s'), '.0f')} | {fmt(j.get('speedup'), '.2f')}× | "
+                   f"{fmt(s.get('mean_accept_length'), '.2f')} | {j.get('identical_outputs', '–')} |")
+    return out
+
+
+def serve_table(rec):
+    s = rec["serve"]
+    out = [f"### `pagoda serve` (OpenAI API) — {header(rec)}", "",
+           "| concurrency | requests | req/s | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+           "| failed |", "|---|---|---|---|---|---|---|"]
+    for r in s.get("runs", []):
+        out.append(f"| {r['concurrency']} | {r['requests']} | {r['requests_per_s']:.2f} | "
+                   f"{r['output_tokens_per_s']:.0f} | {r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | "
+                   f"{r['tpot_p50_ms']:.2f} / {r['tpot_p99_ms']:.2f} | {r['failed']} |")
+    c = s.get("compare")
+    if c:
+        per = " / ".join(f"{100 * p['ratio']:.1f} %" for p in c["pairs"])
+        out += ["", f"Server vs `pagoda bench` (same engine settings, alternated): server / bench "
+                    f"output tok/s per pair {per}; median {100 * c['median_ratio']:.1f} %."]
+    return out
+
+
+def tp_table(rec):
+    t = rec["tp"]
+    out = [f"### Tensor parallelism — {header(rec)}", "",
+           "| layout | batch | tp 1 decode step ms | tp 2 decode step ms | tp 2 speed-up |",
+           "|---|---|---|---|---|"]
+    keys = sorted({k.rsplit("_tp", 1)[0] for k in t.get("bench", {})})
+    for key in keys:
+        a = t["bench"].get(key + "_tp1", {}).get("decode_step_ms")
+        b = t["bench"].get(key + "_tp2", {}).get("decode_step_ms")
+        layout, batch = key.split("_b")
+        out.append(f"| {layout} | {batch} | {fmt(a)} | {fmt(b)} | "
+                   f"{fmt(a / b if a and b else None, '.2f')}× |")
+    g = t.get("generate_f32")
+    if g:
+        out += ["", f"Greedy f32 outputs, tp 2 vs tp 1: {g['identical']}/{g['prompts']} identical "
+                    f"(first tokens {g['first_token_identical']}/{g['prompts']})."]
+    return out
+
+
+SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
+            ("spec", spec_table), ("serve", serve_table), ("tp", tp_table))
+
+
+def render(records):
+    out = ["# pagoda GPU results (generated by bench/tables.py from bench/results/records/)", ""]
+    for rec in records:
+        for key, fn in SECTIONS:
+            if rec.get(key):
+                out += fn(rec) + [""]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("records", nargs="+")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    records = sorted((json.load(open(p)) for p in a.records), key=lambda r: r.get("date", ""))
+    text = render(records)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

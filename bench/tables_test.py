@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""bench/device/record.py and bench/tables.py on a synthetic run folder (ctest label unit).
+
+Writes what bench/device/run.sh leaves behind (gpu.csv, ctest's JUnit file, ours_r<k>.jsonl /
+peers_r<k>.jsonl with random samples, ceilings, spec / tp outputs), folds it into a record, renders
+the tables and checks them against numbers computed here from the raw samples: per-round medians,
+ratios peer / ours, their median and range, the verdict rule, % of ceiling, test counts, tp
+agreement. The seed (from the clock) is printed first."""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "cuda"))
+from cases import jit_groups, kind, load_cases  # noqa: E402 - bench/cuda/cases.py
+RECORD = os.path.join(HERE, "device", "record.py")
+TABLES = os.path.join(HERE, "tables.py")
+
+
+def med(xs):
+    """Median as pagoda_cuda_bench / peers.py report it (upper middle of the sorted samples)."""
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+def median_of(xs):
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def write_jsonl(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def make_run(d, rng, rounds, cases, peers):
+    """A synthetic run folder; returns {case: {"ours": [ms], peer: [ms or None]}} per round."""
+    truth = {c: {"ours": [], **{p: [] for p in peers}} for c in cases}
+    base = {c: rng.uniform(0.05, 3.0) for c in cases}
+    # Peers clearly slower (1.6x), clearly faster (0.6x) or level with ours: every verdict.
+    factor = {(c, p): (0.6, 1.0, 1.6)[(i + j) % 3] for i, c in enumerate(cases)
+              for j, p in enumerate(peers)}
+    with open(os.path.join(d, "gpu.csv"), "w") as f:
+        f.write("0, NVIDIA H200, 580.159.04, 143771 MiB, 1980 MHz, 1980 MHz, 3201 MHz, 3201 MHz, 700.00 W\n")
+    with open(os.path.join(d, "torch.txt"), "w") as f:
+        f.write("2.11.0+cu130 91900\n")
+    write_jsonl(os.path.join(d, "ceilings.jsonl"),
+                [{"ceiling": "copy_gbps", "value": 4200.0}, {"ceiling": "gemm_tflops", "value": 700.0}])
+    for k in range(1, rounds + 1):
+        ours, prs = [], []
+        for c in cases:
+            s = [base[c] * rng.uniform(0.95, 1.1) for _ in range(30)]
+            ours.append({"case": c, "ms": med(s), "samples_ms": s, "bytes": 1.07e9,
+                         "flops": 5.5e11, "path": "sm90"})
+            truth[c]["ours"].append(med(s))
+            for p in peers:
+                if p == "flashinfer_fa2" and c.startswith("mla"):
+                    prs.append({"case": c, "peer": p, "error": "ValueError: refused"})
+                    truth[c][p].append(None)
+                    continue
+                if p == "cudnn" and c.startswith("decode"):
+                    prs.append({"case": c, "peer": p, "skipped": "SDPA takes no fp8 K/V"})
+                    truth[c][p].append("skipped")
+                    continue
+                ps = [base[c] * factor[(c, p)] * rng.uniform(0.9, 1.15) for _ in range(30)]
+                prs.append({"case": c, "peer": p, "ms": med(ps), "samples_ms": ps})
+                truth[c][p].append(med(ps))
+        # Round files as run.sh names them; extra non-JSON lines must be skipped.
+        write_jsonl(os.path.join(d, f"ours_r{k}.jsonl"), ours)
+        write_jsonl(os.path.join(d, f"peers_r{k}.jsonl"), prs)
+        with open(os.path.join(d, f"peers_r{k}.jsonl"), "a") as f:
+            f.write("flashinfer: compiling kernel ...\n")
+    return truth
+
+
+def run_record(d, out, stages):
+    subprocess.run([sys.executable, RECORD, d, "--kind", "h200", "--group", "kernels",
+                    "--commit", "abc1234", "--stages", stages, "--out", out], check=True,
+                   capture_output=True)
+    return json.load(open(out))
+
+
+def tables(*records):
+    return subprocess.run([sys.executable, TABLES, *records], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def expect(cond, what):
+    if not cond:
+        print("FAIL:", what)
+        sys.exit(1)
+
+
+def check_cases():
+    """bench/cuda/cases.json: every field pagoda_cuda_bench reads (json.at) is present after the
+    defaults, names are unique, the name prefixes agree with the kind the peers derive, and the
+    FlashInfer module groups cover every case once."""
+    cases = load_cases(os.path.join(HERE, "cuda", "cases.json"))
+    fields = {"name", "batch", "qo", "prefix", "page", "kv", "tree", "hq", "hkv", "d", "dv", "latent"}
+    for c in cases:
+        expect(fields <= set(c), f"{c.get('name')}: missing {fields - set(c)}")
+        expect(c["kv"] in ("bf16", "fp8_e4m3"), f"{c['name']}: kv {c['kv']}")
+    names = [c["name"] for c in cases]
+    expect(len(set(names)) == len(names), "unique case names")
+    for c in cases:
+        k = kind(c)
+        want = {"decode": ("decode",), "mla_decode": ("mla_decode",), "tree": ("tree",),
+                "prefill": ("prefill", "mla_prefill", "fp8kv_causal"),
+                "extend": ("extend", "mla_extend", "fp8kv_ext")}[k]
+        expect(c["name"].startswith(want), f"{c['name']} classified as {k}")
+    grouped = [n for g in jit_groups(cases) for n in g]
+    expect(sorted(grouped) == sorted(names), "JIT groups cover every case once")
+
+
+def main():
+    check_cases()
+    seed = int(time.time()) % 100000
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    cases = ["decode_p16_b64_l4096", "prefill_causal_b4_s4096", "mla_prefill_b4_s4096_h16"]
+    peers = ["cudnn", "flashinfer_fa2", "flashinfer_fa3"]
+    with tempfile.TemporaryDirectory() as tmp:
+        d = os.path.join(tmp, "run")
+        os.mkdir(d)
+        rounds = 5
+        truth = make_run(d, rng, rounds, cases, peers)
+        with open(os.path.join(d, "ctest_gpu.xml"), "w") as f:
+            f.write('<?xml version="1.0"?><testsuite tests="3">'
+                    '<testcase name="cuda_attention_tests" time="12.5" status="run"/>'
+                    '<testcase name="cuda_backend_tests" time="3.0" status="run"/>'
+                    '<testcase name="conformance_cuda" time="40.0" status="fail">'
+                    '<failure message="Failed"/></testcase></testsuite>')
+        os.makedirs(os.path.join(d, "tp"))
+        same = rng.randrange(0, 21)
+        a = [[rng.randrange(1000) for _ in range(24)] for _ in range(20)]
+        b = [x if i < same else [x[0] + 1] + x[1:] for i, x in enumerate(a)]
+        write_jsonl(os.path.join(d, "tp", "gen_f32_tp1.jsonl"), [{"output_token_ids": x} for x in a])
+        write_jsonl(os.path.join(d, "tp", "gen_f32_tp2.jsonl"), [{"output_token_ids": x} for x in b])
+        step = {1: rng.uniform(5, 10), 2: rng.uniform(3, 6)}
+        for tp in (1, 2):
+            with open(os.path.join(d, "tp", f"bench_8b_b64_tp{tp}.json"), "w") as f:
+                f.write("tensor parallel: 2 ranks\n" + json.dumps({"decode_step_ms": step[tp]}) + "\n")
+        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp")
+
+        # The record: metadata, every sample (rounded to 10 ns), tests, tp agreement.
+        expect(rec["commit"] == "abc1234" and rec["gpus"][0]["name"] == "NVIDIA H200", "metadata")
+        expect(rec["gpus"][0]["sm_max_mhz"] == "1980 MHz", "clocks")
+        expect(len(rec["kernels"]["rounds"]) == rounds, "rounds")
+        n = sum(len(r["samples_ms"]) for rnd in rec["kernels"]["rounds"] for r in rnd["ours"])
+        expect(n == rounds * len(cases) * 30, f"every ours sample kept ({n})")
+        r0 = rec["kernels"]["rounds"][0]["ours"][0]
+        expect(all(abs(x - round(x, 5)) < 1e-12 for x in r0["samples_ms"]), "samples rounded")
+        expect([t["status"] for t in rec["tests"]] == ["run", "run", "fail"], "junit statuses")
+        g = rec["tp"]["generate_f32"]
+        expect(g["identical"] == same and g["first_token_identical"] == same, "tp agreement")
+        expect(rec["tp"]["bench"]["8b_b64_tp2"]["decode_step_ms"] == step[2], "tp bench last line")
+
+        md = tables(os.path.join(tmp, "rec.json"))
+        print(md)
+        expect("commit `abc1234`" in md and "driver 580.159.04" in md, "header")
+        expect("2 / 3 passed." in md, "test count")
+        for c in cases:
+            line = next(ln for ln in md.splitlines() if ln.startswith(f"| {c} |"))
+            cells = [x.strip() for x in line.strip("|").split("|")]
+            o = truth[c]["ours"]
+            expect(cells[2] == f"{median_of(o):.4f} [{min(o):.4f}–{max(o):.4f}]", f"{c} ours {cells[2]}")
+            if c.startswith("decode"):
+                pct = 100 * 1.07e9 / (median_of(o) * 1e-3) / 1e9 / 4200.0
+                expect(cells[3] == f"{pct:.0f}% copy", f"{c} % copy")
+            else:
+                pct = 100 * 5.5e11 / (median_of(o) * 1e-3) / 1e12 / 700.0
+                expect(cells[3] == f"{pct:.0f}% GEMM", f"{c} % GEMM")
+            for i, p in enumerate(peers):
+                pm = truth[c][p]
+                cell = cells[4 + i]
+                if all(x is None for x in pm):
+                    expect(cell == "refused", f"{c} {p} refused")
+                    continue
+                if all(x == "skipped" for x in pm):
+                    expect(cell == "n/a", f"{c} {p} n/a")
+                    continue
+                ratios = [y / x for x, y in zip(o, pm)]
+                v = ("faster" if min(ratios) > 1 else "slower" if max(ratios) < 1 else "within noise")
+                want = (f"{median_of(pm):.4f}; {median_of(ratios):.3f} "
+                        f"[{min(ratios):.3f}–{max(ratios):.3f}] {v}")
+                expect(cell == want, f"{c} {p}: {cell!r} != {want!r}")
+        for v in ("faster", "slower", "within noise"):
+            expect(v in md, f"the synthetic run covers the verdict '{v}'")
+        expect(f"{step[1] / step[2]:.2f}×" in md, "tp speed-up")
+        expect(f"{same}/20 identical" in md, "tp identical line")
+
+        # One round: no verdict.
+        d1 = os.path.join(tmp, "one")
+        os.mkdir(d1)
+        make_run(d1, rng, 1, cases[:1], peers[2:])
+        run_record(d1, os.path.join(tmp, "one.json"), "kernels")
+        md1 = tables(os.path.join(tmp, "one.json"))
+        expect(re.search(r"\| decode_p16_b64_l4096 \|.*1 round \|", md1) is not None, "1 round")
+    print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
