@@ -20,7 +20,8 @@ struct CudaBatchAttention::Layout {
   size_t counts = 0, qo_indptr = 0, kv_indptr = 0, kv_last = 0;
   size_t item_req = 0, item_a = 0, item_b = 0, item_partial = 0;
   size_t merge_req = 0, merge_begin = 0, merge_count = 0, merge_tok = 0;
-  size_t kv_indices = 0, mask_indptr = 0, mask_free = 0, mask = 0, cache_loc = 0, total = 0;
+  size_t kv_indices = 0, mask_indptr = 0, mask_free = 0, mask_qpos = 0, mask = 0, cache_loc = 0,
+         total = 0;
   /// (offset, bytes) of every array, in the order above (the same order for every capacity).
   std::vector<std::pair<size_t, size_t>> regions;
 
@@ -48,7 +49,9 @@ struct CudaBatchAttention::Layout {
     merge_tok = take(4 * merges);
     kv_indices = take(4 * size_t(pages));
     mask_indptr = take(8 * size_t(bs + 1));
-    mask_free = take(4 * size_t(bs));  // between mask_indptr and mask: one upload for all three
+    // mask_free and mask_qpos between mask_indptr and mask: one upload for all four
+    mask_free = take(4 * size_t(bs));
+    mask_qpos = take(4 * size_t(tokens));
     mask = take(size_t(mask_bytes));
     cache_loc = take(4 * size_t(tokens));
     total = off;
@@ -263,6 +266,8 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   const int64_t mask_bytes = in.custom_mask.empty() ? 0 : in.mask_indptr[bs];
   const std::vector<int32_t> mask_free = mask_bytes > 0 ? mask_free_columns(in)
                                                         : std::vector<int32_t>();
+  const std::vector<int32_t> mask_qpos = mask_bytes > 0 ? mask_positions(in)
+                                                        : std::vector<int32_t>();
   ensure_capacity(bs, pages, sched.num_items(), mask_bytes, std::max(sched.nnz_qo, 1));
   ensure_workspace(sched.num_partials, shape.num_qo_heads, shape.head_dim_v);
 
@@ -292,6 +297,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   if (mask_bytes > 0) {
     put(host, L.mask_indptr, in.mask_indptr);
     put(host, L.mask_free, std::span<const int32_t>(mask_free));
+    put(host, L.mask_qpos, std::span<const int32_t>(mask_qpos));
     put(host, L.mask, in.custom_mask.subspan(0, size_t(mask_bytes)));
     cuda_check(cudaMemcpyAsync(dev + L.mask_indptr, host + L.mask_indptr,
                                L.mask + size_t(mask_bytes) - L.mask_indptr, cudaMemcpyHostToDevice,
@@ -436,6 +442,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.plan.merge_count = i32(L.merge_count);
   a.plan.merge_tok = i32(L.merge_tok);
   a.plan.mask_free_cols = has_mask_ ? i32(L.mask_free) : nullptr;
+  a.plan.mask_qpos = has_mask_ ? i32(L.mask_qpos) : nullptr;
   a.page_size = page_size_;
   a.q = q.data();
   a.q_stride_n = q.stride(0);

@@ -8,8 +8,11 @@
 /// tokens sit at kv positions kv_len - qo_len + qi) sees key kj when its custom-mask bit
 /// qi * kv_len + kj is set (LSB first within a byte) or, without a custom mask, when the mask is
 /// not causal or kj is at or before its position; and, with a window w >= 0, when kj is at or
-/// after its position - w. hide_row_keys is the tile form mask_tile<true> (prefill_common.cuh)
-/// runs: one interval of keys per row, plus the custom mask's bits read a byte pair at a time.
+/// after window_start(qi): its position - w without a custom mask; under one, the row's
+/// (w + 1)-th last visible key (the row sits at position qpos[qi] = visible keys - 1, its r-th
+/// visible key at r: a tree node's positions, attention/batch_attention.h). hide_row_keys is the
+/// tile form mask_tile<true> (prefill_common.cuh) runs: one interval of keys per row, plus the
+/// custom mask's bits read a byte pair at a time.
 
 #include <algorithm>
 #include <cstdint>
@@ -33,16 +36,37 @@ struct MaskInfo {
   const uint8_t* bits = nullptr;  ///< the request's packed custom mask, or nullptr
   bool causal = true;
   int window = -1;
+  /// Custom-mask requests: the request's rows' mask positions (DevicePlan::mask_qpos from its
+  /// first query row) and its mask-free columns (DevicePlan::mask_free_cols; every row sees
+  /// [0, free_cols)). Kept when a tile clears `bits` for its mask-free keys. nullptr: none.
+  const int32_t* qpos = nullptr;
+  int free_cols = 0;
+
+  /// The first key of row qi's window (window >= 0). Under a custom mask the row's visible keys
+  /// are ranked in key order; [0, free_cols) are all visible, so there rank = key and the start
+  /// is qpos - window unless that lies past free_cols: then the (window + 1)-th last visible
+  /// key, found from the row's bits (a window shorter than a tree's depth; with `bits` cleared
+  /// every key is below free_cols and qpos - window hides them all, as it should).
+  PAGODA_MASK_HD int window_start(int qi) const {
+    const int p = qpos != nullptr ? qpos[qi] : kv_len - qo_len + qi;
+    const int lo = p - window;
+    if (qpos == nullptr || bits == nullptr || lo < free_cols) return lo;
+    int need = window + 1;
+    for (int kj = kv_len - 1; kj > free_cols; --kj) {
+      const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
+      if (((bits[bit >> 3] >> (bit & 7)) & 1) != 0 && --need == 0) return kj;
+    }
+    return free_cols;
+  }
 
   PAGODA_MASK_HD bool visible(int qi, int kj) const {
-    const int qpos = kv_len - qo_len + qi;
     if (bits != nullptr) {
       const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
       if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return false;
-    } else if (causal && kj > qpos) {
+    } else if (causal && kj > kv_len - qo_len + qi) {
       return false;
     }
-    return window < 0 || kj >= qpos - window;
+    return window < 0 || kj >= window_start(qi);
   }
 };
 
@@ -59,14 +83,15 @@ template <int kNT, typename GDiv, typename Hide>
 PAGODA_MASK_HD void hide_row_keys(const MaskInfo& mk, int pr, const GDiv& G, int c0, int hi,
                                   int rows, Hide&& hide) {
   const int tok = div_by(pr, G);
-  const int qpos = mk.kv_len - mk.qo_len + tok;
+  const int diag = mk.kv_len - mk.qo_len + tok;  // the causal limit
 #if !defined(__CUDA_ARCH__)
   using std::min;  // the device pass takes CUDA's min(int, int)
 #endif
-  int lim = mk.causal && mk.bits == nullptr ? min(hi, qpos + 1) : hi;
-  if (pr >= rows) lim = c0;                                        // no such row: nothing seen
-  const int hi_off = lim - c0;                                     // seen: off < hi_off
-  const int lo_off = mk.window >= 0 ? qpos - mk.window - c0 : -1;  // and off >= lo_off
+  int lim = mk.causal && mk.bits == nullptr ? min(hi, diag + 1) : hi;
+  if (pr >= rows) lim = c0;  // no such row: nothing seen
+  const int hi_off = lim - c0;  // seen: off < hi_off
+  // and off >= lo_off (a row past `rows` reads no position: it sees nothing anyway)
+  const int lo_off = mk.window >= 0 && pr < rows ? mk.window_start(tok) - c0 : -1;
   if (mk.bits == nullptr) {
     PAGODA_MASK_UNROLL
     for (int j = 0; j < kNT; ++j) {

@@ -36,12 +36,20 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   w.mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[w.b] : nullptr;
   w.mask.causal = a.causal;
   w.mask.window = a.window_left;
+  if (w.mask.bits != nullptr) {
+    w.mask.qpos = plan.mask_qpos + w.q_begin;
+    w.mask.free_cols = plan.mask_free_cols != nullptr ? plan.mask_free_cols[w.b] : 0;
+  }
   w.qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
   const int t_first = div_by(w.r0, G);
   const int t_last = div_by(min(w.r0 + tile_rows, w.rows) - 1, G);
   w.hi = kv_len;
   if (w.mask.bits == nullptr && w.mask.causal) w.hi = min(kv_len, w.qoff + t_last + 1);
-  if (w.mask.window >= 0) w.lo = max(0, w.qoff + t_first - w.mask.window);
+  // Under a custom mask every row sits at qpos >= free_cols - 1 (MaskInfo::window_start).
+  if (w.mask.window >= 0) {
+    w.lo = max(0, (w.mask.bits != nullptr ? w.mask.free_cols - 1 : w.qoff + t_first) -
+                      w.mask.window);
+  }
   const int chunk = plan.counts[3];
   if (chunk > 0) {
     const int c = plan.item_b[item];
