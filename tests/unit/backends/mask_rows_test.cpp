@@ -31,6 +31,7 @@ struct Request {
   MaskInfo mk;
   std::vector<uint8_t> bits;
   std::vector<int32_t> qpos;
+  int free_cols = 0;  ///< leading columns every row sees
 };
 
 bool bit_of(const Request& r, int qi, int kj) {
@@ -50,7 +51,7 @@ void set_positions(Request& r) {
   }
   r.mk.bits = r.bits.data();
   r.mk.qpos = r.qpos.data();
-  r.mk.free_cols = free_cols;
+  r.free_cols = free_cols;
 }
 
 Request random_request(std::mt19937& rng, bool custom) {
@@ -139,9 +140,10 @@ TEST(MaskRows, MatchesVisibleOnRandomRows64Keys) {
 
 // Under a custom mask the window keeps a row's last W + 1 visible keys (a tree node at position
 // prefix + depth, not at its index; issue 52): MaskInfo::visible against that definition on
-// random trees (prefix, then each node's ancestors and itself), windows from 0 past the depth;
-// and the mask-free form the kernels run on the columns every row sees (bits cleared, positions
-// kept) agrees with it there.
+// random trees (prefix, then each node's ancestors and itself), for every window the CUDA
+// backend accepts (from the deepest row's depth up: CudaBatchAttention::run refuses shorter
+// ones); and the mask-free form the kernels run on the columns every row sees (bits cleared,
+// positions kept) agrees with it there.
 TEST(MaskRows, CustomMaskWindowKeepsTheLastVisibleKeys) {
   const uint32_t seed = test_seed() + 2;
   std::printf("mask_rows seed %u (PAGODA_TEST_SEED to re-run)\n", seed - 2);
@@ -165,7 +167,9 @@ TEST(MaskRows, CustomMaskWindowKeepsTheLastVisibleKeys) {
       for (int a = i; a >= 0; a = parent[static_cast<size_t>(a)]) set(i, prefix + a);
     }
     set_positions(r);
-    r.mk.window = static_cast<int>(rng() % 12);
+    int tail = 0;  // visible keys past the mask-free columns, at most (the deepest row's depth)
+    for (int i = 0; i < n; ++i) tail = std::max(tail, r.qpos[static_cast<size_t>(i)] + 1 - r.free_cols);
+    r.mk.window = tail + static_cast<int>(rng() % 8);
     for (int i = 0; i < n; ++i) {
       int depth = 0;
       for (int a = parent[static_cast<size_t>(i)]; a >= 0; a = parent[static_cast<size_t>(a)]) ++depth;
@@ -178,7 +182,7 @@ TEST(MaskRows, CustomMaskWindowKeepsTheLastVisibleKeys) {
                                             << " key " << kj << " window " << r.mk.window;
         cut += in_mask && !ref;
         after += in_mask;
-        if (kj < r.mk.free_cols) {
+        if (kj < r.free_cols) {
           MaskInfo free = r.mk;
           free.bits = nullptr;
           free.causal = false;

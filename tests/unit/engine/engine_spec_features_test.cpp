@@ -14,6 +14,7 @@
 #include <random>
 
 #include "engine_spec_util.h"
+#include "pagoda/core/error.h"
 
 namespace pagoda::engine {
 namespace {
@@ -259,6 +260,35 @@ TEST(SpecFeatures, WindowChangesTheOutput) {
   }
   EXPECT_GT(longer, 0) << "every prompt fits in the window";
   EXPECT_GT(changed, 0);
+}
+
+// A tree deeper than the window is refused, naming the window: a tree row's window must start
+// in the cached prefix (the CUDA kernels' rule; docs/design/spec.md §3).
+TEST(SpecFeatures, StepsBeyondTheWindowAreRefused) {
+  model::ModelConfig c = feature_config(Feature::kWindow);
+  c.layer_window.assign(static_cast<size_t>(c.num_layers), 2);
+  const model::ModelWeights w = model::make_random_weights(c, testing::kWeightSeed);
+  model::LlamaModel m(c, w);
+  for (SpecMode mode : {SpecMode::kNgram, SpecMode::kDraft}) {
+    try {
+      Engine engine(m, EngineConfig{.page_size = 16,
+                                    .pool_tokens = 1024,
+                                    .backend = testing::backend_named(backend_name()),
+                                    .spec = testing::spec_config(mode, 2, 3)});
+      ADD_FAILURE() << spec_mode_name(mode) << ": steps 3 over a window of 2 were accepted";
+    } catch (const pagoda::Error& e) {
+      EXPECT_EQ(e.code(), pagoda::ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("sliding window 2"), std::string::npos) << e.what();
+    }
+  }
+  // Steps equal to the window are fine.
+  Engine ok(m, EngineConfig{.page_size = 16,
+                            .pool_tokens = 1024,
+                            .backend = testing::backend_named(backend_name()),
+                            .spec = testing::spec_config(SpecMode::kDraft, 2, 2)});
+  const RequestId id = ok.add_request({.prompt = {1, 2, 3, 4, 5, 6, 7, 8}, .max_new_tokens = 6});
+  ok.run_until_idle();
+  EXPECT_EQ(ok.output(id).output_ids.size(), 6u);
 }
 
 }  // namespace

@@ -308,6 +308,12 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
 
   int32_t max_page = -1;
   for (int64_t i = 0; i < pages; ++i) max_page = std::max(max_page, in.kv_indices[i]);
+  int32_t max_tail = 0;
+  for (int b = 0; b < bs && mask_bytes > 0; ++b) {
+    for (int32_t t = in.qo_indptr[b]; t < in.qo_indptr[b + 1]; ++t) {
+      max_tail = std::max(max_tail, mask_qpos[size_t(t)] + 1 - mask_free[size_t(b)]);
+    }
+  }
   shape_ = shape;
   schedule_ = std::move(sched);
   page_size_ = in.page_size;
@@ -315,6 +321,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   nnz_qo_ = schedule_.nnz_qo;
   max_page_id_ = max_page;
   has_mask_ = mask_bytes > 0;
+  max_mask_tail_ = max_tail;
   planned_ = true;
 }
 
@@ -413,6 +420,12 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
     return Status(ErrorCode::kOutOfRange,
                   fmt::format("page id {} beyond the cache's {} pages", max_page_id_,
                               std::min(k_cache.size(0), v_cache.size(0))));
+  }
+  if (has_mask_ && params.window_left >= 0 && params.window_left < max_mask_tail_) {
+    return Status(ErrorCode::kUnsupported,
+                  fmt::format("sliding window {} under a custom mask whose rows see up to {} keys "
+                              "past the columns every row sees (a tree deeper than the window)",
+                              params.window_left, max_mask_tail_));
   }
   if (!params.sinks.empty() && params.sinks.size() != size_t(s.num_qo_heads)) {
     return Status(ErrorCode::kInvalidArgument,

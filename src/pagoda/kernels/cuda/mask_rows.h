@@ -8,11 +8,10 @@
 /// tokens sit at kv positions kv_len - qo_len + qi) sees key kj when its custom-mask bit
 /// qi * kv_len + kj is set (LSB first within a byte) or, without a custom mask, when the mask is
 /// not causal or kj is at or before its position; and, with a window w >= 0, when kj is at or
-/// after window_start(qi): its position - w without a custom mask; under one, the row's
-/// (w + 1)-th last visible key (the row sits at position qpos[qi] = visible keys - 1, its r-th
-/// visible key at r: a tree node's positions, attention/batch_attention.h). hide_row_keys is the
-/// tile form mask_tile<true> (prefill_common.cuh) runs: one interval of keys per row, plus the
-/// custom mask's bits read a byte pair at a time.
+/// after window_start(qi) = its position - w, where under a custom mask the row sits at position
+/// qpos[qi] = (keys it sees) - 1 (a tree node's prefix + depth, attention/batch_attention.h).
+/// hide_row_keys is the tile form mask_tile<true> (prefill_common.cuh) runs: one interval of keys
+/// per row, plus the custom mask's bits read a byte pair at a time.
 
 #include <algorithm>
 #include <cstdint>
@@ -37,36 +36,30 @@ struct MaskInfo {
   bool causal = true;
   int window = -1;
   /// Custom-mask requests: the request's rows' mask positions (DevicePlan::mask_qpos from its
-  /// first query row) and its mask-free columns (DevicePlan::mask_free_cols; every row sees
-  /// [0, free_cols)). Kept when a tile clears `bits` for its mask-free keys. nullptr: none.
+  /// first query row), kept when a tile clears `bits` for its mask-free keys. nullptr: none.
   const int32_t* qpos = nullptr;
-  int free_cols = 0;
 
-  /// The first key of row qi's window (window >= 0). Under a custom mask the row's visible keys
-  /// are ranked in key order; [0, free_cols) are all visible, so there rank = key and the start
-  /// is qpos - window unless that lies past free_cols: then the (window + 1)-th last visible
-  /// key, found from the row's bits (a window shorter than a tree's depth; with `bits` cleared
-  /// every key is below free_cols and qpos - window hides them all, as it should).
+  /// The first key of row qi's window (window >= 0): its position - window. Under a custom mask
+  /// the contract keeps the row's last window + 1 visible keys (its r-th visible key sits at
+  /// position r); on the columns every row sees (a tree's prefix, DevicePlan::mask_free_cols) r
+  /// is the key itself, so this is that rule while the window reaches back into them (window >=
+  /// the row's visible keys past those columns, a tree's depth): CudaBatchAttention::run refuses
+  /// shorter windows. No scan for the rarer case: it cost the Hopper prefill 4-8 spilled bytes.
   PAGODA_MASK_HD int window_start(int qi) const {
-    const int p = qpos != nullptr ? qpos[qi] : kv_len - qo_len + qi;
-    const int lo = p - window;
-    if (qpos == nullptr || bits == nullptr || lo < free_cols) return lo;
-    int need = window + 1;
-    for (int kj = kv_len - 1; kj > free_cols; --kj) {
+    return (qpos != nullptr ? qpos[qi] : kv_len - qo_len + qi) - window;
+  }
+
+  /// visible() without the window (the custom bit, or causal).
+  PAGODA_MASK_HD bool unwindowed(int qi, int kj) const {
+    if (bits != nullptr) {
       const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
-      if (((bits[bit >> 3] >> (bit & 7)) & 1) != 0 && --need == 0) return kj;
+      return ((bits[bit >> 3] >> (bit & 7)) & 1) != 0;
     }
-    return free_cols;
+    return !causal || kj <= kv_len - qo_len + qi;
   }
 
   PAGODA_MASK_HD bool visible(int qi, int kj) const {
-    if (bits != nullptr) {
-      const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
-      if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return false;
-    } else if (causal && kj > kv_len - qo_len + qi) {
-      return false;
-    }
-    return window < 0 || kj >= window_start(qi);
+    return unwindowed(qi, kj) && (window < 0 || kj >= window_start(qi));
   }
 };
 
