@@ -36,7 +36,9 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   w.mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[w.b] : nullptr;
   w.mask.causal = a.causal;
   w.mask.window = a.window_left;
-  if (w.mask.bits != nullptr) w.mask.qpos = plan.mask_qpos + w.q_begin;
+  if (w.mask.bits != nullptr && plan.mask_qpos != nullptr) {
+    w.mask.qpos = plan.mask_qpos + w.q_begin;
+  }
   w.qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
   const int t_first = div_by(w.r0, G);
   const int t_last = div_by(min(w.r0 + tile_rows, w.rows) - 1, G);
