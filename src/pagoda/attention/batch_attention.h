@@ -13,12 +13,17 @@
 ///    in order, all slots of a page used except on the last page;
 ///  - causal is bottom-right aligned: query i sees key j iff j <= kv_len - qo_len + i;
 ///  - window_left W >= 0 additionally requires j >= kv_len - qo_len + i - W (W + 1 keys);
+///    under a custom mask it keeps a query's last W + 1 visible keys instead: query i sits at
+///    position p_i = (keys its mask row sees) - 1, its r-th visible key (0-based, in key order)
+///    at position r, and it sees that key iff r >= p_i - W. A tree verify row sees its cached
+///    prefix and its ancestors, so these are its RoPE positions (prefix + depth, never the
+///    node's index in the flattened tree) and the window is the model's sliding window;
 ///  - soft cap: s = cap * tanh(sm_scale * q·k / cap) when cap > 0, else s = sm_scale * q·k;
 ///  - sinks: per-head logit added to the softmax denominator only;
 ///  - fp8 KV: k = stored * k_scale, v = stored * v_scale (scales applied inside the kernel);
 ///  - custom mask: bit-packed, little-endian within each byte; request b's bits start at byte
 ///    mask_indptr[b] and are row-major [qo_len, kv_len]; a 1 bit means "may attend". The custom
-///    mask replaces the causal mask (the window still applies);
+///    mask replaces the causal mask (the window still applies, in the positions above);
 ///  - LSE is log2(Σ exp(s)) over the visible keys (base 2, sinks included), f32; a query that
 ///    sees no key gets out = 0 and lse = -inf;
 ///  - all indices int32.

@@ -254,6 +254,17 @@ std::vector<spec::DraftTree> draft_chain(model::ModelWorker& worker, const std::
   return trees;
 }
 
+/// A round's trees are at most `steps` deep; every sliding window must reach back past them
+/// (a tree row's window then starts in the cached prefix: the CUDA kernels' rule, exact there,
+/// docs/design/spec.md §3; the host backends would be exact anyway).
+void require_window_covers_trees(const model::ModelConfig& c, int steps, const char* which) {
+  for (int l = 0; l < c.num_layers; ++l) {
+    PAGODA_REQUIRE(c.window_of(l) < 0 || c.window_of(l) >= steps, kInvalidArgument,
+                   "spec steps {} exceed the sliding window {} of the {} model's layer {}", steps,
+                   c.window_of(l), which, l);
+  }
+}
+
 }  // namespace
 
 void Engine::init_spec(DType dtype, int32_t num_pages) {
@@ -263,12 +274,14 @@ void Engine::init_spec(DType dtype, int32_t num_pages) {
   PAGODA_REQUIRE(sc.mode == SpecMode::kNone || sc.topk <= model_->config().vocab_size,
                  kInvalidArgument, "spec topk {} exceeds the vocabulary of {}", sc.topk,
                  model_->config().vocab_size);
+  if (sc.mode != SpecMode::kNone) require_window_covers_trees(model_->config(), sc.steps, "target");
   if (sc.mode == SpecMode::kEagle) init_eagle(dtype, num_pages);
   if (sc.mode != SpecMode::kDraft) return;
   const model::LlamaModel& draft = sc.draft_model != nullptr ? *sc.draft_model : *model_;
   PAGODA_REQUIRE(draft.config().vocab_size == model_->config().vocab_size, kInvalidArgument,
                  "draft model vocabulary {} differs from the target's {}",
                  draft.config().vocab_size, model_->config().vocab_size);
+  require_window_covers_trees(draft.config(), sc.steps, "draft");
   // Same page size, pages and req→token table: a slot names the same token in both pools.
   draft_worker_ = std::make_unique<model::LlamaWorker>(
       draft, make_model_ops(*platform_, dtype),

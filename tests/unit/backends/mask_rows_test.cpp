@@ -1,7 +1,8 @@
 /// hide_row_keys (kernels/cuda/mask_rows.h), the tile mask the sm90 prefill kernel runs, against
 /// a per-key reference written from the definition (key >= hi, row past the tile's rows, or
 /// MaskInfo::visible false: hidden). Random requests (causal or not, sliding windows, packed
-/// custom masks of random and tree-like bits), GQA packing (group sizes 1..8, given as an int or
+/// custom masks of random and tree-like bits, with the planner's row positions and mask-free
+/// columns, so windows start per row), GQA packing (group sizes 1..8, given as an int or
 /// as a FastDiv), rows past the request, tile starts off any alignment and chunk ends short of
 /// kv_len, at the kernel's 16 and 8 score n-tiles per lane. Each mask sits alone in a vector of
 /// exactly its bytes, so a read past the request's mask is a heap overflow under
@@ -10,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -23,11 +25,34 @@ namespace {
 
 using pagoda::test::test_seed;
 
-/// One request's mask, with its custom bits (if any) in a vector of exactly their bytes.
+/// One request's mask, with its custom bits (if any) in a vector of exactly their bytes, and
+/// their rows' positions (visible keys - 1) and mask-free columns as the CUDA planner makes them.
 struct Request {
   MaskInfo mk;
   std::vector<uint8_t> bits;
+  std::vector<int32_t> qpos;
+  int free_cols = 0;  ///< leading columns every row sees
 };
+
+bool bit_of(const Request& r, int qi, int kj) {
+  const int64_t bit = int64_t(qi) * r.mk.kv_len + kj;
+  return ((r.bits[static_cast<size_t>(bit >> 3)] >> (bit & 7)) & 1) != 0;
+}
+
+/// Fills qpos (each row's visible keys - 1) and free_cols (leading columns every row sees).
+void set_positions(Request& r) {
+  r.qpos.assign(static_cast<size_t>(r.mk.qo_len), -1);
+  int free_cols = r.mk.kv_len;
+  for (int qi = 0; qi < r.mk.qo_len; ++qi) {
+    int lead = 0;
+    while (lead < r.mk.kv_len && bit_of(r, qi, lead)) ++lead;
+    free_cols = std::min(free_cols, lead);
+    for (int kj = 0; kj < r.mk.kv_len; ++kj) r.qpos[static_cast<size_t>(qi)] += bit_of(r, qi, kj);
+  }
+  r.mk.bits = r.bits.data();
+  r.mk.qpos = r.qpos.data();
+  r.free_cols = free_cols;
+}
 
 Request random_request(std::mt19937& rng, bool custom) {
   Request r;
@@ -49,7 +74,7 @@ Request random_request(std::mt19937& rng, bool custom) {
         if (on) r.bits[static_cast<size_t>(bit >> 3)] |= uint8_t(1u << (bit & 7));
       }
     }
-    r.mk.bits = r.bits.data();
+    set_positions(r);
   }
   return r;
 }
@@ -113,6 +138,62 @@ TEST(MaskRows, MatchesVisibleOnRandomRows64Keys) {
   check_random_rows<8>(seed, 600);
 }
 
+// Under a custom mask the window keeps a row's last W + 1 visible keys (a tree node at position
+// prefix + depth, not at its index; issue 52): MaskInfo::visible against that definition on
+// random trees (prefix, then each node's ancestors and itself), for every window the CUDA
+// backend accepts (from the deepest row's depth up: CudaBatchAttention::run refuses shorter
+// ones); and the mask-free form the kernels run on the columns every row sees (bits cleared,
+// positions kept) agrees with it there.
+TEST(MaskRows, CustomMaskWindowKeepsTheLastVisibleKeys) {
+  const uint32_t seed = test_seed() + 2;
+  std::printf("mask_rows seed %u (PAGODA_TEST_SEED to re-run)\n", seed - 2);
+  std::mt19937 rng(seed);
+  int cut = 0;
+  for (int c = 0; c < 400; ++c) {
+    Request r;
+    const int n = 2 + static_cast<int>(rng() % 14), prefix = static_cast<int>(rng() % 60);
+    r.mk.qo_len = n;
+    r.mk.kv_len = prefix + n;
+    r.mk.causal = true;  // ignored under a custom mask
+    std::vector<int> parent(static_cast<size_t>(n), -1);
+    for (int i = 1; i < n; ++i) parent[static_cast<size_t>(i)] = static_cast<int>(rng() % i);
+    r.bits.assign(static_cast<size_t>((int64_t(n) * r.mk.kv_len + 7) / 8), 0);
+    auto set = [&](int qi, int kj) {
+      const int64_t bit = int64_t(qi) * r.mk.kv_len + kj;
+      r.bits[static_cast<size_t>(bit >> 3)] |= uint8_t(1u << (bit & 7));
+    };
+    for (int i = 0; i < n; ++i) {
+      for (int kj = 0; kj < prefix; ++kj) set(i, kj);
+      for (int a = i; a >= 0; a = parent[static_cast<size_t>(a)]) set(i, prefix + a);
+    }
+    set_positions(r);
+    int tail = 0;  // visible keys past the mask-free columns, at most (the deepest row's depth)
+    for (int i = 0; i < n; ++i) tail = std::max(tail, r.qpos[static_cast<size_t>(i)] + 1 - r.free_cols);
+    r.mk.window = tail + static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i) {
+      int depth = 0;
+      for (int a = parent[static_cast<size_t>(i)]; a >= 0; a = parent[static_cast<size_t>(a)]) ++depth;
+      ASSERT_EQ(r.qpos[static_cast<size_t>(i)], prefix + depth);
+      int after = 0;  // visible keys after kj
+      for (int kj = r.mk.kv_len - 1; kj >= 0; --kj) {
+        const bool in_mask = bit_of(r, i, kj);
+        const bool ref = in_mask && after <= r.mk.window;
+        ASSERT_EQ(r.mk.visible(i, kj), ref) << "seed " << seed << " case " << c << " node " << i
+                                            << " key " << kj << " window " << r.mk.window;
+        cut += in_mask && !ref;
+        after += in_mask;
+        if (kj < r.free_cols) {
+          MaskInfo free = r.mk;
+          free.bits = nullptr;
+          free.causal = false;
+          ASSERT_EQ(free.visible(i, kj), ref) << "mask-free column " << kj << " case " << c;
+        }
+      }
+    }
+  }
+  EXPECT_GT(cut, 400);  // the window hid keys (prefix and ancestors) often
+}
+
 TEST(MaskRows, ByteBoundariesOfACustomMask) {
   // Every bit offset of the row start (p0 & 7 = 0..7) with the last key of the request in the
   // lane's span: the byte pair of the last key may be the mask's last byte.
@@ -122,7 +203,7 @@ TEST(MaskRows, ByteBoundariesOfACustomMask) {
     r.mk.kv_len = kv_len;
     r.mk.causal = false;
     r.bits.assign(static_cast<size_t>((3 * kv_len + 7) / 8), 0xA5);
-    r.mk.bits = r.bits.data();
+    set_positions(r);
     for (int c0 = 0; c0 < kv_len; ++c0) {
       for (int pr = 0; pr < 4; ++pr) {  // pr 3: no such row
         bool hidden[16][2] = {};

@@ -129,15 +129,8 @@ TEST(EngineSpec, EagleEchoHeadAcceptsExactlyTheTargetsRepeats) {
   // target's continuation repeats the root (at most S) — which checks that every position is
   // fed the target feature of the right token, through prefill, verify and draft extend.
   auto& t = test_model();
-  const int64_t h = t.config.hidden_size;
-  model::EagleConfig ec = model::eagle_config_for(t.config, model::EagleLayout::kEagle1);
-  model::EagleWeights w = model::make_random_eagle_weights(ec, t.config, 5);
-  std::fill(w.fc.begin(), w.fc.end(), 0.f);
-  for (int64_t r = 0; r < h; ++r) w.fc[static_cast<size_t>(r * 2 * h + h + r)] = 1.f;
-  std::fill(w.fc_bias.begin(), w.fc_bias.end(), 0.f);
-  std::fill(w.o_proj.begin(), w.o_proj.end(), 0.f);
-  std::fill(w.down_proj.begin(), w.down_proj.end(), 0.f);
-  const model::EagleHead head(ec, w, t.model);
+  const model::EagleConfig ec = model::eagle_config_for(t.config, model::EagleLayout::kEagle1);
+  const model::EagleHead head(ec, testing::echo_eagle_weights(ec, t.config), t.model);
   for (int page : {1, 16}) {
     const int steps = 3, max_new = 24;
     SpecConfig sc = testing::spec_config(SpecMode::kEagle, 1, steps);

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -61,6 +63,34 @@ inline const model::EagleHead& test_eagle_head(model::EagleLayout layout) {
                                            t.model);
   }
   return *h;
+}
+
+/// An EAGLE-1 head's weights that pass the target's feature through (fc = [0 | I], o_proj = 0,
+/// down_proj = 0): it predicts lm_head(final_norm(f_p)), the target's own top-k at the root's
+/// parent position, at every depth, so a round accepts exactly where the target repeats.
+inline model::EagleWeights echo_eagle_weights(const model::EagleConfig& ec,
+                                              const model::ModelConfig& target) {
+  const int64_t h = target.hidden_size;
+  model::EagleWeights w = model::make_random_eagle_weights(ec, target, 5);
+  std::fill(w.fc.begin(), w.fc.end(), 0.f);
+  for (int64_t r = 0; r < h; ++r) w.fc[static_cast<size_t>(r * 2 * h + h + r)] = 1.f;
+  std::fill(w.fc_bias.begin(), w.fc_bias.end(), 0.f);
+  std::fill(w.o_proj.begin(), w.o_proj.end(), 0.f);
+  std::fill(w.down_proj.begin(), w.down_proj.end(), 0.f);
+  return w;
+}
+
+/// Prints a matrix case's round statistics; a self-draft chain (kDraft, topk 1, no draft model)
+/// is the target's own greedy chain, so every drafted token must be accepted.
+inline void report_spec_case(const std::string& name, const engine::EngineStats& st,
+                             engine::SpecMode mode, int topk) {
+  std::printf("[spec] %s: %lld rounds, accept length %.2f, accepted %lld of %lld drafted\n",
+              name.c_str(), static_cast<long long>(st.spec_steps), st.spec.mean_accept_length(),
+              static_cast<long long>(st.spec.accepted),
+              static_cast<long long>(st.spec.draft_tokens));
+  if (mode == engine::SpecMode::kDraft && topk == 1) {
+    EXPECT_EQ(st.spec.accepted, st.spec.draft_tokens) << name;
+  }
 }
 
 inline engine::SpecConfig spec_config(engine::SpecMode mode, int topk, int steps,

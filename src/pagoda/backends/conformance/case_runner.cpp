@@ -229,7 +229,16 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
     s.parent.resize(bs);
     for (int b = 0; b < bs; ++b) {
       s.parent[b].push_back(-1);
-      for (int j = 1; j < D; ++j) s.parent[b].push_back(c.topk == 1 ? j - 1 : uniform_int(0, j - 1));
+      // A window case's tree (topk > 1, D >= 5) starts with a root branch and a path of depth 3
+      // (nodes 1 and 2 under the root, 3 under 1, 4 under 3): node i's position prefix + depth
+      // lies below prefix + i, which a window measured from the node's index gets wrong.
+      const bool deep = c.window_left >= 0 && c.topk > 1 && D >= 5;
+      constexpr int kDeepParents[] = {-1, 0, 0, 1, 3};
+      for (int j = 1; j < D; ++j) {
+        s.parent[b].push_back(c.topk == 1 ? j - 1
+                              : deep && j < 5 ? kDeepParents[j]
+                                              : uniform_int(0, j - 1));
+      }
     }
   }
 
@@ -320,6 +329,11 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
         for (int a = s.parent[b][i]; a >= 0; a = s.parent[b][a]) ++depth;
       }
       batch.positions.push_back(prefix[b] + depth);
+    }
+    if (verify) {  // the oracle's key positions: the prefix, then each node at prefix + depth
+      r.pos.resize(static_cast<size_t>(prefix[b]));
+      std::iota(r.pos.begin(), r.pos.end(), 0);
+      r.pos.insert(r.pos.end(), batch.positions.end() - ext[b], batch.positions.end());
     }
     if (verify && c.tree_mask) {
       const int kv = prefix[b] + D;

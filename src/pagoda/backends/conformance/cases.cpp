@@ -217,6 +217,22 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       cases.push_back(draft_case(p, 3, step));
     }
   }
+  // Tree verify under a sliding window smaller than the prefix (issue 52): depth >= 3 and a
+  // root branch (case_runner's window trees), so a node's position is below its index; every
+  // page size in the quick grid too, plus sinks and a soft cap on top in the full one.
+  for (int p : all_pages) {
+    Case v = verify_case(p, 2, true);
+    v.feature = "verify-window";
+    v.num_draft_tokens = 8;
+    v.window_left = 9;
+    cases.push_back(v);
+    if (!quick) {
+      v.topk = 4;
+      v.sinks = true;
+      v.logit_cap = 1.5f;
+      cases.push_back(v);
+    }
+  }
   const std::vector<int> mla_pages = pick(quick, {64}, {1, 16, 64});
   for (int p : mla_pages) {
     for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) cases.push_back(mla_case(m, p));

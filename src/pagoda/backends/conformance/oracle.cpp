@@ -74,16 +74,19 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
     const int64_t kv = static_cast<int64_t>(r.toks.size());
     PAGODA_REQUIRE(r.bits.empty() || static_cast<int64_t>(r.bits.size()) == r.qo_len * kv,
                    kInvalidArgument, "oracle: mask has {} bits for {} x {}", r.bits.size(), r.qo_len, kv);
+    PAGODA_REQUIRE(r.pos.empty() || static_cast<int64_t>(r.pos.size()) == kv, kInvalidArgument,
+                   "oracle: {} key positions for {} keys", r.pos.size(), kv);
     const DenseKv dense = gather(k_store, v_store, k_row, v_row, r, layer, kv_dtype, mla);
     s.resize(static_cast<size_t>(kv));
     vis.resize(static_cast<size_t>(kv));
     for (int i = 0; i < r.qo_len; ++i, ++t) {
       PAGODA_REQUIRE(t < n, kInvalidArgument, "oracle: rows hold more queries than q's {}", n);
-      const int64_t self = kv - r.qo_len + i;  // the query's own position among the keys
+      const int64_t self = kv - r.qo_len + i;  // the query's own index among the keys
+      auto pos = [&](int64_t j) { return r.pos.empty() ? j : int64_t{r.pos[static_cast<size_t>(j)]}; };
       for (int64_t j = 0; j < kv; ++j) {
         bool v = r.bits.empty() ? (layer.mask == attention::MaskKind::kNonCausal || j <= self)
                                 : r.bits[static_cast<size_t>(i * kv + j)] != 0;
-        if (layer.sliding_window >= 0 && j < self - layer.sliding_window) v = false;
+        if (layer.sliding_window >= 0 && pos(j) < pos(self) - layer.sliding_window) v = false;
         vis[static_cast<size_t>(j)] = v;
       }
       for (int h = 0; h < hq; ++h) {

@@ -6,7 +6,9 @@
 ///   s_j  = scale · q·k_j                       (k_j, v_j: kv head h / (Hq / Hkv); MLA: the one
 ///   s_j  = cap · tanh(s_j / cap)   if cap > 0    latent row, v_j its first Dv elements)
 ///   vis  = bits[i, j] if the row has a custom mask (tree verify), else causal j <= kv - qo + i
-///          (every j when non-causal), and with a window W >= 0 also j >= kv - qo + i - W
+///          (every j when non-causal), and with a window W >= 0 also pos(j) >= pos(i) - W, where
+///          pos is the key's sequence position (DenseRow::pos: a tree node's is prefix + depth)
+///          and pos(i) that of the query's own key kv - qo + i
 ///   Z    = Σ_vis exp(s_j) [+ exp(sink_h)],  O = Σ_vis exp(s_j) v_j / Z,  LSE = log2 Z
 ///   (no visible key: O = 0, LSE = -inf)
 ///

@@ -52,11 +52,14 @@ HostTensor gather_rows(const std::vector<float>& store, int row, const std::vect
                        DType dtype, int heads);
 
 /// A token-granular oracle row (one plan row): qo_len queries over keys `toks` (logical token
-/// ids); `bits` the [qo_len, kv_len] visibility when a custom mask applies.
+/// ids); `bits` the [qo_len, kv_len] visibility when a custom mask applies; `pos` each key's
+/// sequence position (a tree node's is prefix + depth), empty = its index. Query i is the key at
+/// index kv_len - qo_len + i.
 struct DenseRow {
   int qo_len = 0;
   std::vector<int> toks;
   std::vector<uint8_t> bits;
+  std::vector<int> pos;
 };
 
 /// The oracle's answer: O (f32, [n, Hq, Dv]), LSE (f32, [n, Hq], base 2) and, per LSE element,

@@ -20,7 +20,8 @@ struct CudaBatchAttention::Layout {
   size_t counts = 0, qo_indptr = 0, kv_indptr = 0, kv_last = 0;
   size_t item_req = 0, item_a = 0, item_b = 0, item_partial = 0;
   size_t merge_req = 0, merge_begin = 0, merge_count = 0, merge_tok = 0;
-  size_t kv_indices = 0, mask_indptr = 0, mask_free = 0, mask = 0, cache_loc = 0, total = 0;
+  size_t kv_indices = 0, mask_indptr = 0, mask_free = 0, mask_qpos = 0, mask = 0, cache_loc = 0,
+         total = 0;
   /// (offset, bytes) of every array, in the order above (the same order for every capacity).
   std::vector<std::pair<size_t, size_t>> regions;
 
@@ -48,7 +49,9 @@ struct CudaBatchAttention::Layout {
     merge_tok = take(4 * merges);
     kv_indices = take(4 * size_t(pages));
     mask_indptr = take(8 * size_t(bs + 1));
-    mask_free = take(4 * size_t(bs));  // between mask_indptr and mask: one upload for all three
+    // mask_free and mask_qpos between mask_indptr and mask: one upload for all four
+    mask_free = take(4 * size_t(bs));
+    mask_qpos = take(4 * size_t(tokens));
     mask = take(size_t(mask_bytes));
     cache_loc = take(4 * size_t(tokens));
     total = off;
@@ -263,6 +266,8 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   const int64_t mask_bytes = in.custom_mask.empty() ? 0 : in.mask_indptr[bs];
   const std::vector<int32_t> mask_free = mask_bytes > 0 ? mask_free_columns(in)
                                                         : std::vector<int32_t>();
+  const std::vector<int32_t> mask_qpos = mask_bytes > 0 ? mask_positions(in)
+                                                        : std::vector<int32_t>();
   ensure_capacity(bs, pages, sched.num_items(), mask_bytes, std::max(sched.nnz_qo, 1));
   ensure_workspace(sched.num_partials, shape.num_qo_heads, shape.head_dim_v);
 
@@ -292,6 +297,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   if (mask_bytes > 0) {
     put(host, L.mask_indptr, in.mask_indptr);
     put(host, L.mask_free, std::span<const int32_t>(mask_free));
+    put(host, L.mask_qpos, std::span<const int32_t>(mask_qpos));
     put(host, L.mask, in.custom_mask.subspan(0, size_t(mask_bytes)));
     cuda_check(cudaMemcpyAsync(dev + L.mask_indptr, host + L.mask_indptr,
                                L.mask + size_t(mask_bytes) - L.mask_indptr, cudaMemcpyHostToDevice,
@@ -302,6 +308,12 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
 
   int32_t max_page = -1;
   for (int64_t i = 0; i < pages; ++i) max_page = std::max(max_page, in.kv_indices[i]);
+  int32_t max_tail = 0;
+  for (int b = 0; b < bs && mask_bytes > 0; ++b) {
+    for (int32_t t = in.qo_indptr[b]; t < in.qo_indptr[b + 1]; ++t) {
+      max_tail = std::max(max_tail, mask_qpos[size_t(t)] + 1 - mask_free[size_t(b)]);
+    }
+  }
   shape_ = shape;
   schedule_ = std::move(sched);
   page_size_ = in.page_size;
@@ -309,6 +321,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   nnz_qo_ = schedule_.nnz_qo;
   max_page_id_ = max_page;
   has_mask_ = mask_bytes > 0;
+  max_mask_tail_ = max_tail;
   planned_ = true;
 }
 
@@ -408,6 +421,12 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
                   fmt::format("page id {} beyond the cache's {} pages", max_page_id_,
                               std::min(k_cache.size(0), v_cache.size(0))));
   }
+  if (has_mask_ && params.window_left >= 0 && params.window_left < max_mask_tail_) {
+    return Status(ErrorCode::kUnsupported,
+                  fmt::format("sliding window {} under a custom mask whose rows see up to {} keys "
+                              "past the columns every row sees (a tree deeper than the window)",
+                              params.window_left, max_mask_tail_));
+  }
   if (!params.sinks.empty() && params.sinks.size() != size_t(s.num_qo_heads)) {
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("sinks has {} entries, expected Hq = {}", params.sinks.size(),
@@ -436,6 +455,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.plan.merge_count = i32(L.merge_count);
   a.plan.merge_tok = i32(L.merge_tok);
   a.plan.mask_free_cols = has_mask_ ? i32(L.mask_free) : nullptr;
+  a.plan.mask_qpos = has_mask_ ? i32(L.mask_qpos) : nullptr;
   a.page_size = page_size_;
   a.q = q.data();
   a.q_stride_n = q.stride(0);

@@ -103,6 +103,9 @@ class CudaBatchAttention final : public attention::BatchAttention {
   int nnz_qo_ = 0;
   int32_t max_page_id_ = -1;
   bool has_mask_ = false;
+  /// Custom mask: the most visible keys a row has past its request's mask-free columns (a tree
+  /// row's depth); a window shorter than this is refused (mask_rows.h: window_start).
+  int32_t max_mask_tail_ = 0;
   bool planned_ = false;
   std::unique_ptr<Layout> layout_;
 };

@@ -71,6 +71,11 @@ std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in);
 /// tiles inside [0, c) without per-logit mask tests. Empty when there is no custom mask.
 std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in);
 
+/// Per query row of a validated input with a custom mask (nnz entries, in row order): its
+/// position in the mask, (keys the row sees) - 1 — a tree node's prefix + depth, from which the
+/// kernels measure the sliding window (DevicePlan::mask_qpos). Empty without a custom mask.
+std::vector<int32_t> mask_positions(const attention::PagedPlanInput& in);
+
 /// Builds the schedule. Decode path (and kMlaDecode when config.mla_decode): every request has qo_len <= 1 and there is no custom mask;
 /// requests are cut into equal token chunks (smallest chunk with
 /// sum(ceil(len / chunk)) * units <= sm_count * blocks_per_sm, units = Hkv * ceil(G / 16)), so

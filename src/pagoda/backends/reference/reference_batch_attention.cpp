@@ -122,8 +122,20 @@ void ReferenceBatchAttention::run_request(int b, const TensorView& q, const Tens
         } else {
           ok = !causal || j <= diag;
         }
-        if (window >= 0 && j < kv_len - qo_len + i - window) ok = false;
+        if (!custom && window >= 0 && j < kv_len - qo_len + i - window) ok = false;
         visible[j] = ok;
+      }
+      if (custom && window >= 0) {
+        // The mask's positions: the r-th visible key sits at r, the query at (visible keys) - 1.
+        int64_t seen = 0;
+        for (int64_t j = 0; j < kv_len; ++j) seen += visible[j];
+        const int64_t first = faults_.window_by_index ? kv_len - qo_len + i - window
+                                                      : seen - 1 - window;
+        for (int64_t j = 0, r = 0; j < kv_len; ++j) {
+          if (!visible[j]) continue;
+          if ((faults_.window_by_index ? j : r) < first) visible[j] = 0;
+          ++r;
+        }
       }
       for (int g = 0; g < group; ++g) {
         const int h = faults_.interleaved_gqa ? g * s.num_kv_heads + kvh : kvh * group + g;

@@ -27,6 +27,9 @@ struct ReferenceFaults {
   /// Each (query, head) ignores its visible key of smallest logit (when it sees at least two):
   /// the worst-case single dropped key, used to prove the LSE check's resolution.
   bool drop_weakest_key = false;
+  /// Custom mask: the window measured from the query's row index (kv_len - qo_len + i) instead
+  /// of its position in the mask (issue 52: a tree node's index is not its position).
+  bool window_by_index = false;
 };
 
 /// Creates the oracle. Host memory only (every view must be on the CPU). Not thread-safe.

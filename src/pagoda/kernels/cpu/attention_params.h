@@ -13,7 +13,8 @@
 
 namespace pagoda::kernels::cpu {
 
-/// How a query row chooses its keys (the sliding window applies on top of every kind).
+/// How a query row chooses its keys (the sliding window applies on top of every kind; under
+/// kCustom it keeps a row's last window_left + 1 visible keys, batch_attention.h).
 enum class CpuMask : uint8_t {
   kNone,    ///< every key of the request
   kCausal,  ///< key j visible iff j <= kv_len - qo_len + i

@@ -35,6 +35,18 @@ namespace HWY_NAMESPACE {
 /// straight from the cache (ScoresBf16 / AccumulatePVBf16); larger tiles amortise a f32 copy.
 constexpr int kDirectMaxRowsPerHead = 16;
 
+/// First key of a custom-mask row's sliding window: its (window + 1)-th last visible key, since
+/// under a custom mask a query sits at position (visible keys) - 1 and its r-th visible key at r
+/// (attention/batch_attention.h); 0 when the row sees at most window + 1 keys.
+int CustomWindowStart(const uint8_t* bits, int64_t bit_base, int kv_len, int window) {
+  int need = window + 1;
+  for (int j = kv_len - 1; j >= 0; --j) {
+    const int64_t bit = bit_base + j;
+    if (((bits[bit >> 3] >> (bit & 7)) & 1) != 0 && --need == 0) return j;
+  }
+  return 0;
+}
+
 /// Visible key range of each query row (token) of the item, clipped to the item's chunk, and
 /// the union [*ulo, *uhi) over the rows (empty when ulo >= uhi).
 void ItemMasks(const CpuAttentionParams& p, const CpuWorkItem& it, RowMask* masks, int* ulo,
@@ -51,10 +63,14 @@ void ItemMasks(const CpuAttentionParams& p, const CpuWorkItem& it, RowMask* mask
     rm.lo = it.kv_begin;
     rm.hi = it.kv_end;
     if (p.mask == CpuMask::kCausal) rm.hi = std::min(rm.hi, diag + 1);
-    if (p.window_left >= 0) rm.lo = std::max(rm.lo, diag - p.window_left);
     if (p.mask == CpuMask::kCustom) {
       rm.bits = p.custom_mask + p.mask_indptr[b];
       rm.bit_base = static_cast<int64_t>(i) * kv_len;
+      if (p.window_left >= 0) {
+        rm.lo = std::max(rm.lo, CustomWindowStart(rm.bits, rm.bit_base, kv_len, p.window_left));
+      }
+    } else if (p.window_left >= 0) {
+      rm.lo = std::max(rm.lo, diag - p.window_left);
     }
     if (rm.lo < rm.hi) {
       *ulo = std::min(*ulo, rm.lo);

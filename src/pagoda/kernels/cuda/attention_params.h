@@ -50,6 +50,11 @@ struct DevicePlan {
   /// row's mask bits in columns [0, c) are 1 (a tree verify's cached prefix), so key tiles inside
   /// [0, c) skip the per-logit bit tests. nullptr = 0 for every request.
   const int32_t* mask_free_cols = nullptr;
+  /// [nnz] (read only with custom_mask): each query row's position in its request's mask,
+  /// (keys the row sees) - 1 (a tree node's prefix + depth); the sliding window keeps the row's
+  /// last window + 1 visible keys (attention/batch_attention.h, mask_rows.h). nullptr: a row
+  /// sits at its index, kv_len - qo_len + row (CudaBatchAttention always sets it with a mask).
+  const int32_t* mask_qpos = nullptr;
 };
 
 /// Arguments of one attention launch (one layer of one planned step).

@@ -36,6 +36,9 @@ __global__ void __launch_bounds__(128) generic_kernel(AttentionArgs a, LogitTran
   mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[b] : nullptr;
   mask.causal = a.causal;
   mask.window = a.window_left;
+  if (mask.bits != nullptr && plan.mask_qpos != nullptr) {
+    mask.qpos = plan.mask_qpos + plan.qo_indptr[b];
+  }
   const int32_t* pages = plan.kv_indices + plan.kv_indptr[b];
   const int hkv = head / (a.num_qo_heads / a.num_kv_heads);
   const int dq = a.head_dim_qk, dv = a.head_dim_v;
@@ -51,7 +54,7 @@ __global__ void __launch_bounds__(128) generic_kernel(AttentionArgs a, LogitTran
   float m = neg_inf(), l = 0.f;
   int hi = mask.kv_len;
   if (mask.bits == nullptr && mask.causal) hi = min(hi, mask.kv_len - mask.qo_len + qi + 1);
-  const int lo = mask.window >= 0 ? max(0, mask.kv_len - mask.qo_len + qi - mask.window) : 0;
+  const int lo = mask.window >= 0 ? max(0, mask.window_start(qi)) : 0;
   for (int kj = lo; kj < hi; ++kj) {
     if (!mask.visible(qi, kj)) continue;
     const int page = pages[kj / a.page_size];

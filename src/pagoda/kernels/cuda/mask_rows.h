@@ -8,8 +8,10 @@
 /// tokens sit at kv positions kv_len - qo_len + qi) sees key kj when its custom-mask bit
 /// qi * kv_len + kj is set (LSB first within a byte) or, without a custom mask, when the mask is
 /// not causal or kj is at or before its position; and, with a window w >= 0, when kj is at or
-/// after its position - w. hide_row_keys is the tile form mask_tile<true> (prefill_common.cuh)
-/// runs: one interval of keys per row, plus the custom mask's bits read a byte pair at a time.
+/// after window_start(qi) = its position - w, where under a custom mask the row sits at position
+/// qpos[qi] = (keys it sees) - 1 (a tree node's prefix + depth, attention/batch_attention.h).
+/// hide_row_keys is the tile form mask_tile<true> (prefill_common.cuh) runs: one interval of keys
+/// per row, plus the custom mask's bits read a byte pair at a time.
 
 #include <algorithm>
 #include <cstdint>
@@ -33,16 +35,31 @@ struct MaskInfo {
   const uint8_t* bits = nullptr;  ///< the request's packed custom mask, or nullptr
   bool causal = true;
   int window = -1;
+  /// Custom-mask requests: the request's rows' mask positions (DevicePlan::mask_qpos from its
+  /// first query row), kept when a tile clears `bits` for its mask-free keys. nullptr: none.
+  const int32_t* qpos = nullptr;
 
-  PAGODA_MASK_HD bool visible(int qi, int kj) const {
-    const int qpos = kv_len - qo_len + qi;
+  /// The first key of row qi's window (window >= 0): its position - window. Under a custom mask
+  /// the contract keeps the row's last window + 1 visible keys (its r-th visible key sits at
+  /// position r); on the columns every row sees (a tree's prefix, DevicePlan::mask_free_cols) r
+  /// is the key itself, so this is that rule while the window reaches back into them (window >=
+  /// the row's visible keys past those columns, a tree's depth): CudaBatchAttention::run refuses
+  /// shorter windows. No scan for the rarer case: it cost the Hopper prefill 4-8 spilled bytes.
+  PAGODA_MASK_HD int window_start(int qi) const {
+    return (qpos != nullptr ? qpos[qi] : kv_len - qo_len + qi) - window;
+  }
+
+  /// visible() without the window (the custom bit, or causal).
+  PAGODA_MASK_HD bool unwindowed(int qi, int kj) const {
     if (bits != nullptr) {
       const int64_t bit = static_cast<int64_t>(qi) * kv_len + kj;
-      if (((bits[bit >> 3] >> (bit & 7)) & 1) == 0) return false;
-    } else if (causal && kj > qpos) {
-      return false;
+      return ((bits[bit >> 3] >> (bit & 7)) & 1) != 0;
     }
-    return window < 0 || kj >= qpos - window;
+    return !causal || kj <= kv_len - qo_len + qi;
+  }
+
+  PAGODA_MASK_HD bool visible(int qi, int kj) const {
+    return unwindowed(qi, kj) && (window < 0 || kj >= window_start(qi));
   }
 };
 
@@ -59,14 +76,15 @@ template <int kNT, typename GDiv, typename Hide>
 PAGODA_MASK_HD void hide_row_keys(const MaskInfo& mk, int pr, const GDiv& G, int c0, int hi,
                                   int rows, Hide&& hide) {
   const int tok = div_by(pr, G);
-  const int qpos = mk.kv_len - mk.qo_len + tok;
+  const int diag = mk.kv_len - mk.qo_len + tok;  // the causal limit
 #if !defined(__CUDA_ARCH__)
   using std::min;  // the device pass takes CUDA's min(int, int)
 #endif
-  int lim = mk.causal && mk.bits == nullptr ? min(hi, qpos + 1) : hi;
-  if (pr >= rows) lim = c0;                                        // no such row: nothing seen
-  const int hi_off = lim - c0;                                     // seen: off < hi_off
-  const int lo_off = mk.window >= 0 ? qpos - mk.window - c0 : -1;  // and off >= lo_off
+  int lim = mk.causal && mk.bits == nullptr ? min(hi, diag + 1) : hi;
+  if (pr >= rows) lim = c0;  // no such row: nothing seen
+  const int hi_off = lim - c0;  // seen: off < hi_off
+  // and off >= lo_off (a row past `rows` reads no position: it sees nothing anyway)
+  const int lo_off = mk.window >= 0 && pr < rows ? mk.window_start(tok) - c0 : -1;
   if (mk.bits == nullptr) {
     PAGODA_MASK_UNROLL
     for (int j = 0; j < kNT; ++j) {

@@ -36,12 +36,19 @@ __device__ __forceinline__ PrefillWork prefill_work(const AttentionArgs& a, int 
   w.mask.bits = plan.custom_mask != nullptr ? plan.custom_mask + plan.mask_indptr[w.b] : nullptr;
   w.mask.causal = a.causal;
   w.mask.window = a.window_left;
+  if (w.mask.bits != nullptr && plan.mask_qpos != nullptr) {
+    w.mask.qpos = plan.mask_qpos + w.q_begin;
+  }
   w.qoff = kv_len - qo_len;  // query token t sits at kv position qoff + t
   const int t_first = div_by(w.r0, G);
   const int t_last = div_by(min(w.r0 + tile_rows, w.rows) - 1, G);
   w.hi = kv_len;
   if (w.mask.bits == nullptr && w.mask.causal) w.hi = min(kv_len, w.qoff + t_last + 1);
-  if (w.mask.window >= 0) w.lo = max(0, w.qoff + t_first - w.mask.window);
+  // Under a custom mask every row sits at qpos >= free_cols - 1 (it sees those columns).
+  if (w.mask.window >= 0) {
+    const int free_cols = plan.mask_free_cols != nullptr ? plan.mask_free_cols[w.b] : 0;
+    w.lo = max(0, (w.mask.bits != nullptr ? free_cols - 1 : w.qoff + t_first) - w.mask.window);
+  }
   const int chunk = plan.counts[3];
   if (chunk > 0) {
     const int c = plan.item_b[item];
@@ -94,12 +101,16 @@ __device__ __forceinline__ void mask_tile(float (&s)[kNT][4], int pr0, const GDi
     for (int h = 0; h < 2; ++h) {
       const int pr = pr0 + lane / 4 + h * 8;
       const int tok = div_by(pr, G);
+      // MaskInfo::visible with the row's window start read once (a custom mask's is a load).
+      const int lo = pr < rows && mk.window >= 0 ? mk.window_start(tok) : kb0;
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int kj = kb0 + j * 8 + (lane % 4) * 2 + e;
-          if (kj >= hi || pr >= rows || !mk.visible(tok, kj)) s[j][2 * h + e] = neg_inf();
+          if (kj >= hi || pr >= rows || kj < lo || !mk.unwindowed(tok, kj)) {
+            s[j][2 * h + e] = neg_inf();
+          }
         }
       }
     }

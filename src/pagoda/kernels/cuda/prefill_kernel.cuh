@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
   // Keys this warp can see at all (tiles outside are skipped by the warp, not by the block).
   int whi = hi, wlo = lo;
   if (mask.bits == nullptr && mask.causal) whi = min(hi, qoff + wt_last + 1);
-  if (mask.window >= 0) wlo = max(lo, qoff + wt_first - mask.window);
+  if (mask.window >= 0 && mask.bits == nullptr) wlo = max(lo, qoff + wt_first - mask.window);
   // Base-2 logits: s * scale (no cap) or post * tanh(s * pre) (cap, applied in place first).
   const bool capped = xf.cap > 0.f;
   const float scale = capped ? 1.f : xf.scale_log2;
@@ -252,10 +252,12 @@ __global__ void __launch_bounds__(128, 2) prefill_kernel(AttentionArgs a, LogitT
       }
 
       // Mask only where some pair of this warp's rows x the tile's keys is hidden.
+      // (A custom mask's window starts per row: its mask-free tiles are masked too.)
       const bool full = mk.bits == nullptr && kb0 + kSub <= hi &&
                         wr0 + Cfg::kWarpRows <= rows &&
                         (!mk.causal || kb0 + kSub - 1 <= qoff + wt_first) &&
-                        (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+                        (mk.window < 0 ||
+                         (mask.bits == nullptr && kb0 >= qoff + wt_last - mk.window));
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
         if (capped) {

@@ -915,7 +915,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     const int gt_last = div_by(min(g0 + 64, rows) - 1, gdiv);
     int ghi = hi, glo = lo;
     if (mask.bits == nullptr && mask.causal) ghi = min(hi, qoff + gt_last + 1);
-    if (mask.window >= 0) glo = max(lo, qoff + gt_first - mask.window);
+    if (mask.window >= 0 && mask.bits == nullptr) glo = max(lo, qoff + gt_first - mask.window);
     // This warp's rows (for the per-warp full-tile test).
     const int wt_first = gdiv.div(wr0);
     const int wt_last = gdiv.div(max(min(wr0 + 16, rows), wr0 + 1) - 1);
@@ -954,9 +954,11 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         mk.bits = nullptr;
         mk.causal = false;
       }
+      // (A custom mask's window starts per row: its mask-free tiles are masked too.)
       const bool full_tile = mk.bits == nullptr && kb0 + kKeys <= hi && wr0 + 16 <= rows &&
                              (!mk.causal || kb0 + kKeys - 1 <= qoff + wt_first) &&
-                             (mk.window < 0 || kb0 >= qoff + wt_last - mk.window);
+                             (mk.window < 0 ||
+                              (mask.bits == nullptr && kb0 >= qoff + wt_last - mk.window));
       if (capped) {
 #pragma unroll
         for (int e = 0; e < kNT * 4; ++e) sc_flat[e] = xf(sc_flat[e]);
