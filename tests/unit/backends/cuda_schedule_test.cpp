@@ -209,5 +209,73 @@ TEST(CudaSchedule, TunedDimsKeepTheDecodeKernelForDecodeSteps) {
   expect_prefill_items(s64, ext64, 4, 192);
 }
 
+// mask_free_columns and mask_positions on random tree-verify masks (a cached prefix every row
+// sees, then a random tree over the draft tokens: each node sees its parent's keys and itself),
+// against counts taken bit by bit here: free columns are 1 in every row, and a row's position is
+// the number of keys it sees minus one (a tree node's prefix + depth).
+TEST(CudaSchedule, MaskPositionsCountEachRowsVisibleKeys) {
+  const unsigned seed = std::random_device{}();
+  std::printf("seed %u\n", seed);
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int bs = 1 + int(rng() % 4);
+    std::vector<int> qo, kv;
+    std::vector<std::vector<uint8_t>> rows;  // per request: qo x kv bits, row-major
+    std::vector<int> depth_all;
+    for (int b = 0; b < bs; ++b) {
+      const int prefix = int(rng() % 300);
+      const int n = 1 + int(rng() % 24);
+      const int len = prefix + n;
+      std::vector<int> parent(size_t(n), -1), depth(size_t(n), 0);
+      std::vector<uint8_t> bits(size_t(n) * size_t(len), 0);
+      for (int i = 0; i < n; ++i) {
+        if (i > 0 && rng() % 4 != 0) parent[size_t(i)] = int(rng() % unsigned(i));
+        for (int j = 0; j < prefix; ++j) bits[size_t(i) * size_t(len) + size_t(j)] = 1;
+        for (int a = i; a >= 0; a = parent[size_t(a)]) {
+          bits[size_t(i) * size_t(len) + size_t(prefix + a)] = 1;
+          if (a != i) ++depth[size_t(i)];
+        }
+        depth_all.push_back(prefix + depth[size_t(i)]);
+      }
+      qo.push_back(n);
+      kv.push_back(len);
+      rows.push_back(std::move(bits));
+    }
+    Batch batch = make_batch(qo, kv, 1 + int(rng() % 16));
+    std::vector<uint8_t> packed;
+    std::vector<int64_t> mask_indptr{0};
+    for (const auto& bits : rows) {
+      std::vector<uint8_t> seg((bits.size() + 7) / 8, 0);
+      for (size_t k = 0; k < bits.size(); ++k) seg[k >> 3] |= uint8_t(bits[k] << (k & 7));
+      packed.insert(packed.end(), seg.begin(), seg.end());
+      mask_indptr.push_back(int64_t(packed.size()));
+    }
+    attention::PagedPlanInput in = batch.input();
+    in.custom_mask = packed;
+    in.mask_indptr = mask_indptr;
+    const std::vector<int32_t> free = mask_free_columns(in);
+    const std::vector<int32_t> pos = mask_positions(in, free);
+    ASSERT_EQ(free.size(), size_t(bs));
+    ASSERT_EQ(pos.size(), depth_all.size());
+    size_t row = 0;
+    for (int b = 0; b < bs; ++b) {
+      const auto& bits = rows[size_t(b)];
+      const int len = kv[size_t(b)];
+      int c = len;
+      for (int i = 0; i < qo[size_t(b)]; ++i) {
+        int ones = 0;
+        while (ones < len && bits[size_t(i) * size_t(len) + size_t(ones)]) ++ones;
+        c = std::min(c, ones);
+        int seen = 0;
+        for (int j = 0; j < len; ++j) seen += bits[size_t(i) * size_t(len) + size_t(j)];
+        EXPECT_EQ(pos[row], seen - 1) << "request " << b << " row " << i;
+        EXPECT_EQ(pos[row], depth_all[row]) << "request " << b << " row " << i;
+        ++row;
+      }
+      EXPECT_EQ(free[size_t(b)], c) << "request " << b;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagoda::backends::cuda

@@ -266,7 +266,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   const int64_t mask_bytes = in.custom_mask.empty() ? 0 : in.mask_indptr[bs];
   const std::vector<int32_t> mask_free = mask_bytes > 0 ? mask_free_columns(in)
                                                         : std::vector<int32_t>();
-  const std::vector<int32_t> mask_qpos = mask_bytes > 0 ? mask_positions(in)
+  const std::vector<int32_t> mask_qpos = mask_bytes > 0 ? mask_positions(in, mask_free)
                                                         : std::vector<int32_t>();
   ensure_capacity(bs, pages, sched.num_items(), mask_bytes, std::max(sched.nnz_qo, 1));
   ensure_workspace(sched.num_partials, shape.num_qo_heads, shape.head_dim_v);

@@ -77,7 +77,8 @@ std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in) {
   return free;
 }
 
-std::vector<int32_t> mask_positions(const attention::PagedPlanInput& in) {
+std::vector<int32_t> mask_positions(const attention::PagedPlanInput& in,
+                                    std::span<const int32_t> free) {
   if (in.custom_mask.empty()) return {};
   const int bs = in.batch_size();
   const std::vector<int32_t> len = kv_lengths(in);
@@ -86,9 +87,10 @@ std::vector<int32_t> mask_positions(const attention::PagedPlanInput& in) {
   for (int b = 0; b < bs; ++b) {
     const uint8_t* seg = in.custom_mask.data() + in.mask_indptr[b];
     const int64_t kv = len[b];
+    const int32_t c = free[static_cast<size_t>(b)];
     for (int i = 0; i < in.qo_indptr[b + 1] - in.qo_indptr[b]; ++i) {
-      int32_t seen = 0;
-      for (int64_t bit = int64_t(i) * kv; bit < int64_t(i + 1) * kv; ++bit) {
+      int32_t seen = c;
+      for (int64_t bit = int64_t(i) * kv + c; bit < int64_t(i + 1) * kv; ++bit) {
         seen += (seg[bit >> 3] >> (bit & 7)) & 1;
       }
       pos.push_back(seen - 1);

@@ -3,6 +3,7 @@
 /// generic) and its work items. Pure host code (unit-testable without a GPU); a plan is a value.
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -74,7 +75,10 @@ std::vector<int32_t> mask_free_columns(const attention::PagedPlanInput& in);
 /// Per query row of a validated input with a custom mask (nnz entries, in row order): its
 /// position in the mask, (keys the row sees) - 1 — a tree node's prefix + depth, from which the
 /// kernels measure the sliding window (DevicePlan::mask_qpos). Empty without a custom mask.
-std::vector<int32_t> mask_positions(const attention::PagedPlanInput& in);
+/// `free` is mask_free_columns(in): those columns are 1 in every row, so only the bits after
+/// them are counted (a tree verify's draft tokens, not its whole cached prefix).
+std::vector<int32_t> mask_positions(const attention::PagedPlanInput& in,
+                                    std::span<const int32_t> free);
 
 /// Builds the schedule. Decode path (and kMlaDecode when config.mla_decode): every request has qo_len <= 1 and there is no custom mask;
 /// requests are cut into equal token chunks (smallest chunk with
