@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagoda/cache/prefix_cache.h"
+#include "pagoda/model/logit_processing.h"
 #include "pagoda/model/sampler.h"
 
 namespace pagoda::engine {
@@ -21,6 +22,9 @@ struct GenerateRequest {
   std::vector<int32_t> prompt;  ///< token ids, non-empty, each < vocab_size
   int32_t max_new_tokens = 16;  ///< >= 1
   model::SamplingParams sampling{};
+  /// logit_bias and penalties, applied to the logits before sampling (the worker's eager path;
+  /// not with speculative decoding: Error(kUnsupported)).
+  model::LogitProcessing logit_processing{};
   /// Keep generating after EOS (benchmarks: every request produces max_new_tokens).
   bool ignore_eos = false;
   /// Prefix-cache namespace (SGLang's extra_key); requests only share KV within one namespace.
@@ -79,6 +83,7 @@ struct Req {
   /// Engine::flush_draft_kv writes it before any other forward needs it).
   bool draft_kv_pending = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
+  model::LogitProcessing logit_processing;  ///< validated at add_request
   RequestOutput out;
   /// SpecMode::kEagle: the head's output at the request's last KV position (its hidden state
   /// [H] and top-k next-token candidates, target ids) — what the next round's first draft step

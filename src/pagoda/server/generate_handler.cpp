@@ -275,11 +275,13 @@ void submit_choices(ServerState& s, Job& job) {
                                               : client_text(s.tokenizer->decode(prompts.back(), true)));
     }
   }
-  for (int32_t id : r.stop_token_ids)
+  auto check_vocab = [&s](const char* field, int32_t id) {
     if (id >= s.vocab_size)
-      throw_invalid("stop_token_ids", "token id " + std::to_string(id) +
-                                          " is outside the vocabulary (" +
-                                          std::to_string(s.vocab_size) + ")");
+      throw_invalid(field, "token id " + std::to_string(id) + " is outside the vocabulary (" +
+                               std::to_string(s.vocab_size) + ")");
+  };
+  for (int32_t id : r.stop_token_ids) check_vocab("stop_token_ids", id);
+  for (const auto& [id, bias] : r.logit_bias) check_vocab("logit_bias", id);
   const auto total = static_cast<int64_t>(prompts.size()) * r.n;
   if (total > s.max_inflight)
     throw_invalid("n", "prompts × n = " + std::to_string(total) +
@@ -309,6 +311,10 @@ void submit_choices(ServerState& s, Job& job) {
       const uint64_t base = r.has_seed ? r.seed : s.seed_base + serial * 0x9E3779B97F4A7C15ull;
       g.sampling.seed = base + static_cast<uint64_t>(c.index);  // distinct samples per choice
       g.ignore_eos = r.ignore_eos;
+      g.logit_processing = {.presence_penalty = r.presence_penalty,
+                            .frequency_penalty = r.frequency_penalty,
+                            .repetition_penalty = r.repetition_penalty,
+                            .logit_bias = r.logit_bias};
       try {
         c.stream = s.loop->submit(std::move(g));
       } catch (const ApiError&) {  // the queue filled up part-way: nothing of this request runs

@@ -98,6 +98,22 @@ TEST(ApiRequest, ParsesPromptListsChoicesAndStopIds) {
   }
 }
 
+TEST(ApiRequest, ParsesPenaltiesAndLogitBias) {
+  const ApiRequest r = parse_api_request(
+      R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":-1.5,
+          "frequency_penalty":0.25,"repetition_penalty":1.2,"logit_bias":{"42":-100,"7":3.5}})",
+      Endpoint::kChat);
+  EXPECT_FLOAT_EQ(r.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.frequency_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(r.repetition_penalty, 1.2f);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, -100.f}, {7, 3.5f}}));
+  const ApiRequest d = parse_api_request(R"({"prompt":"x"})", Endpoint::kCompletions);
+  EXPECT_EQ(d.presence_penalty, 0.f);
+  EXPECT_EQ(d.frequency_penalty, 0.f);
+  EXPECT_EQ(d.repetition_penalty, 1.f);
+  EXPECT_TRUE(d.logit_bias.empty());
+}
+
 TEST(ApiRequest, NamesTheBadField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"(nope)", "body"},
@@ -130,7 +146,15 @@ TEST(ApiRequest, NamesTheBadField) {
       {R"({"prompt":"x","stream":"yes"})", "stream"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
       {R"({"prompt":"x","logprobs":5})", "logprobs"},
-      {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
+      {R"({"prompt":"x","presence_penalty":2.5})", "presence_penalty"},
+      {R"({"prompt":"x","frequency_penalty":-3})", "frequency_penalty"},
+      {R"({"prompt":"x","repetition_penalty":0})", "repetition_penalty"},
+      {R"({"prompt":"x","repetition_penalty":2.5})", "repetition_penalty"},
+      {R"({"prompt":"x","logit_bias":[1]})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"a":1}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1":101}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1":"2"}})", "logit_bias"},
       {R"({"prompt":"x","model":3})", "model"},
   };
   for (const auto& [body, field] : cases) {
@@ -212,7 +236,6 @@ TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
        "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        Endpoint::kChat, "response_format"},
-      {R"({"prompt":"x","logit_bias":{"1":2}})", Endpoint::kCompletions, "logit_bias"},
       {R"({"prompt":"x","suffix":"y"})", Endpoint::kCompletions, "suffix"},
       {R"({"prompt":"x","temprature":0})", Endpoint::kCompletions, "temprature"},
       {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", Endpoint::kChat, "echo"},

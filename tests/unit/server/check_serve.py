@@ -7,8 +7,10 @@ Checks, against references that are not the server's own code path:
     rendered by Python's jinja2 (usage.prompt_tokens = its bytes + BOS);
   * stop strings cut the text before the first occurrence (finish_reason "stop"), also one that
     contains U+FFFD (matched on the text the client receives);
+  * logit_bias forces its token (greedy and sampled); a presence penalty reduces repeats; bad
+    penalty / bias values are a 400 naming them;
   * a 401 leaves nothing on its keep-alive connection; unimplemented fields (tools,
-    response_format, logit_bias, suffix, unknown ones) are a 400 naming them, a non-JSON
+    response_format, suffix, unknown ones) are a 400 naming them, a non-JSON
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
@@ -355,6 +357,47 @@ def test_choices(pagoda, server):
                   f"stop_token_ids [{ord(ch)}] (stream={stream}): {texts} {reasons}")
 
 
+def repeats(text):
+    return len(text) - len(set(text))
+
+
+def test_penalties(server):
+    """logit_bias and the penalties through the openai client (the byte tokenizer: token b is
+    byte b). The exact formulas are checked against a reference in engine_tests."""
+    c = client(server)
+    for temperature in (0, 1.0):
+        r = c.completions.create(model="builtin", prompt="bias", max_tokens=8, seed=3,
+                                 temperature=temperature, logit_bias={"65": 100},
+                                 extra_body={"ignore_eos": True})
+        check(r.choices[0].text == "A" * 8, f"logit_bias 65: +100 (T={temperature}): {r.choices[0].text!r}")
+    chat = c.chat.completions.create(model="builtin", messages=[{"role": "user", "content": "x"}],
+                                     max_tokens=4, temperature=0, logit_bias={"66": 100},
+                                     extra_body={"ignore_eos": True})
+    check(chat.choices[0].message.content == "BBBB", f"chat logit_bias: {chat.choices[0].message}")
+    plain = pen = 0
+    for k in range(4):
+        kw = dict(model="builtin", prompt=f"repeat {k}", max_tokens=24, temperature=0,
+                  extra_body={"ignore_eos": True})
+        a = c.completions.create(**kw).choices[0].text
+        b = c.completions.create(presence_penalty=2.0, **kw).choices[0].text
+        b2 = c.completions.create(presence_penalty=2.0, **kw).choices[0].text
+        check(b == b2, f"a penalised greedy request repeats itself: {b!r} {b2!r}")
+        plain, pen = plain + repeats(a.encode()), pen + repeats(b.encode())
+    check(pen < plain, f"presence_penalty 2 reduces repeated tokens ({plain} -> {pen})")
+    r = c.completions.create(model="builtin", prompt="rep", max_tokens=8, temperature=0,
+                             frequency_penalty=1.0, extra_body={"repetition_penalty": 1.5})
+    check(r.choices[0].finish_reason in ("length", "stop"), "frequency + repetition penalties run")
+    for field, kw in (("logit_bias", {"logit_bias": {"999999": 1}}),
+                      ("logit_bias", {"logit_bias": {"65": 200}}),
+                      ("presence_penalty", {"presence_penalty": 2.5}),
+                      ("repetition_penalty", {"extra_body": {"repetition_penalty": 0}})):
+        try:
+            c.completions.create(model="builtin", prompt="x", max_tokens=2, **kw)
+            check(False, f"{field} {kw} is refused")
+        except openai.BadRequestError as e:
+            check(api_error(e).get("param") == field, f"400 names {field}: {api_error(e)}")
+
+
 def test_tokenize(server):
     """/v1/tokenize and /v1/detokenize against the byte tokenizer's definition (BOS 256, then the
     UTF-8 bytes) and jinja2's rendering of the chat template."""
@@ -420,8 +463,6 @@ def test_unsupported_fields(server):
                                                           tool_choice="none")),
         ("response_format", lambda: c.chat.completions.create(
             model="builtin", messages=msgs, response_format={"type": "json_object"})),
-        ("logit_bias", lambda: c.completions.create(model="builtin", prompt="x",
-                                                    logit_bias={"65": 5})),
         ("suffix", lambda: c.completions.create(model="builtin", prompt="x", suffix="y")),
         ("frobnicate", lambda: c.completions.create(model="builtin", prompt="x",
                                                     extra_body={"frobnicate": {"a": [1]}})),
@@ -684,6 +725,7 @@ def main():
         test_stop_on_client_text(args.pagoda, s)
         test_choices(args.pagoda, s)
         test_tokenize(s)
+        test_penalties(s)
         test_auth_keep_alive(s)
         test_unsupported_fields(s)
         test_nonstream_disconnect(s)
