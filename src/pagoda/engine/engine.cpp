@@ -39,7 +39,8 @@ Req::Req(RequestId rid, GenerateRequest&& g, double now)
       max_new_tokens(g.max_new_tokens),
       ignore_eos(g.ignore_eos),
       sampling(g.sampling),
-      logit_processing(std::move(g.logit_processing)) {
+      logit_processing(std::move(g.logit_processing)),
+      logprobs(g.logprobs) {
   cache.tokens = std::move(g.prompt);
   cache.extra_key = std::move(g.extra_key);
   out.id = rid;
@@ -191,9 +192,14 @@ RequestId Engine::add_request(GenerateRequest request) {
                  "max_new_tokens must be >= 1 (got {})", request.max_new_tokens);
   request.sampling.validate();
   request.logit_processing.validate(mc.vocab_size);
-  PAGODA_REQUIRE(!request.logit_processing.active() || config_.spec.mode == SpecMode::kNone,
+  PAGODA_REQUIRE(request.logprobs >= -1 && request.logprobs <= model::kMaxLogprobs &&
+                     request.logprobs <= mc.vocab_size,
+                 kInvalidArgument, "logprobs {} outside [-1, {}]", request.logprobs,
+                 model::kMaxLogprobs);
+  PAGODA_REQUIRE((!request.logit_processing.active() && request.logprobs < 0) ||
+                     config_.spec.mode == SpecMode::kNone,
                  kUnsupported,
-                 "logit_bias and penalties are not supported with speculative decoding");
+                 "logit_bias, penalties and logprobs are not supported with speculative decoding");
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
                  "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
                  "one output token)",
@@ -254,7 +260,9 @@ void Engine::build_batch(const ScheduledStep& s) {
     b.sample_step.push_back(r.num_output());
   }
   b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (model_runner.h)
-  b.return_logits = static_cast<bool>(logits_observer_);
+  bool any_logprobs = false;
+  for (const ScheduledSeq& q : s.seqs) any_logprobs |= q.completes_fill && q.req->logprobs >= 0;
+  b.return_logits = static_cast<bool>(logits_observer_) || any_logprobs;
 }
 
 StepOutput Engine::step() {
@@ -296,6 +304,14 @@ StepOutput Engine::step() {
                                   .subspan(row * static_cast<size_t>(vocab),
                                            static_cast<size_t>(vocab)));
     const int32_t token = result.tokens[row];
+    if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
+      r->out.logprobs.push_back(model::token_logprobs(
+          std::span<const float>(result.logits).subspan(row * static_cast<size_t>(vocab),
+                                                        static_cast<size_t>(vocab)),
+          token, r->logprobs));
+      out.logprobs.resize(out.tokens.size());
+      out.logprobs.push_back(r->out.logprobs.back());
+    }
     ++row;
     r->cache.tokens.push_back(token);
     ++stats_.generated_tokens;

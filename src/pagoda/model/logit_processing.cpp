@@ -1,8 +1,11 @@
 #include "pagoda/model/logit_processing.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <map>
 
+#include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::model {
@@ -44,6 +47,27 @@ void append_logit_adjust(std::span<const int32_t> prompt, std::span<const int32_
       entry(token).sub = p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
   }
   for (const auto& [token, e] : by_token) out.push_back(e);
+}
+
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n) {
+  PAGODA_CHECK(!logits.empty() && token >= 0 && static_cast<size_t>(token) < logits.size() &&
+               top_n >= 0 && static_cast<size_t>(top_n) <= logits.size());
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const double lse = mx + std::log(sum);
+  TokenLogprobs out;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - lse);
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + top_n, ids.end(), [&](int32_t a, int32_t b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+  });
+  for (int32_t i = 0; i < top_n; ++i)
+    out.top.emplace_back(ids[static_cast<size_t>(i)],
+                         static_cast<float>(logits[static_cast<size_t>(ids[static_cast<size_t>(i)])] - lse));
+  return out;
 }
 
 void apply_logit_adjust(float* logits, int64_t vocab, std::span<const LogitAdjust> adj) {

@@ -38,6 +38,20 @@ struct LogitProcessing {
 void append_logit_adjust(std::span<const int32_t> prompt, std::span<const int32_t> output,
                          const LogitProcessing& p, int32_t row, std::vector<LogitAdjust>& out);
 
+/// One sampled token's log-probabilities: the log-softmax of the logit row it was sampled from
+/// (after logit_bias and penalties, before temperature and top-k / top-p / min-p).
+struct TokenLogprobs {
+  float logprob = 0.f;                          ///< of the sampled token
+  std::vector<std::pair<int32_t, float>> top;   ///< the most likely tokens, best first (ties: lower id)
+};
+
+/// Most alternatives TokenLogprobs::top may hold (vLLM's default max_logprobs).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+/// The log-probabilities of `token` and of the `top_n` (in [0, kMaxLogprobs], <= vocab) most
+/// likely tokens of `logits` [vocab] (sums in double).
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n);
+
 /// The host implementation of ModelOps::adjust_logits.
 void apply_logit_adjust(float* logits, int64_t vocab, std::span<const LogitAdjust> adj);
 

@@ -182,6 +182,28 @@ void parse_logit_bias(const json& body, ApiRequest& r) {
   }
 }
 
+/// Completions: `logprobs` N in [0, kMaxTopLogprobs] (false: none). Chat: `logprobs` a boolean,
+/// `top_logprobs` N only with logprobs true.
+void parse_logprobs(const json& body, ApiRequest& r) {
+  const bool chat = r.endpoint == Endpoint::kChat;
+  if (present(body, "logprobs")) {
+    const json& v = body["logprobs"];
+    if (v.is_boolean()) {
+      if (v.get<bool>() && !chat) throw_invalid("logprobs", "must be an integer (top alternatives)");
+      if (v.get<bool>()) r.logprobs = 0;
+    } else if (chat) {
+      throw_invalid("logprobs", "must be a boolean (top_logprobs gives the alternatives)");
+    } else {
+      r.logprobs = static_cast<int32_t>(int_field(body, "logprobs", 0, kMaxTopLogprobs));
+    }
+  }
+  if (chat && present(body, "top_logprobs")) {
+    const auto n = static_cast<int32_t>(int_field(body, "top_logprobs", 0, kMaxTopLogprobs));
+    if (r.logprobs < 0) throw_invalid("top_logprobs", "needs logprobs: true");
+    r.logprobs = n;
+  }
+}
+
 bool known_field(std::string_view key, Endpoint endpoint) {
   static constexpr std::string_view kCommon[] = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
@@ -189,7 +211,7 @@ bool known_field(std::string_view key, Endpoint endpoint) {
       "user", "stop_token_ids", "repetition_penalty", "logit_bias"};
   static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
   static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
-                                               "max_completion_tokens"};
+                                               "max_completion_tokens", "top_logprobs"};
   static constexpr std::string_view kTokenize[] = {"model", "prompt", "messages",
                                                    "add_generation_prompt", "add_special_tokens"};
   static constexpr std::string_view kDetokenize[] = {"model", "tokens"};
@@ -348,9 +370,10 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
   if (present(body, "repetition_penalty"))
     r.repetition_penalty = static_cast<float>(number_field(body, "repetition_penalty", 0, 2, true));
   parse_logit_bias(body, r);
-  if (present(body, "logprobs") && !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>()))
-    throw_invalid("logprobs", "is not supported");
+  parse_logprobs(body, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");
+  if (r.echo && r.logprobs >= 0)
+    throw_invalid("logprobs", "is not supported with echo (no prompt log-probabilities)");
   if (present(body, "best_of") && int_field(body, "best_of", 1, kMaxChoices) != r.n)
     throw_invalid("best_of", "only best_of = n is supported");
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)

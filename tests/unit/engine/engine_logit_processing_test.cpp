@@ -1,4 +1,4 @@
-// logit_bias and penalties through the engine: greedy outputs of a batch mixing processed and
+// logit_bias, penalties and logprobs through the engine: greedy outputs of a batch mixing processed and
 // plain requests (chunked prefill, decode) against a naive f64 model whose logits go through the
 // reference formulas (logit_reference.h) token by token.
 #include <gtest/gtest.h>
@@ -113,6 +113,73 @@ TEST(EngineLogitProcessing, PresencePenaltyStopsRepetition) {
   EXPECT_GT(plain_repeats, 0) << "the test needs a model that repeats without the penalty";
 }
 
+// logprobs are the log-softmax of the processed row each token was sampled from (after bias and
+// penalties, before temperature): the naive model fed the engine's tokens, its logits through the
+// reference processing, log-softmax in double.
+TEST(EngineLogitProcessing, LogprobsAreTheLogSoftmaxOfTheProcessedRow) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int vocab = test_model().config.vocab_size;
+  const auto prompts = testing::make_prompts(seed, 4);
+  std::vector<LogitProcessing> lps(4);
+  lps[1].logit_bias = {{static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)), 3.f}};
+  lps[2] = {.presence_penalty = 1.f, .frequency_penalty = 0.5f, .repetition_penalty = 1.2f};
+  const int32_t tops[] = {5, 0, model::kMaxLogprobs, -1};
+  const float temps[] = {0.f, 0.f, 0.7f, 0.f};
+  Engine engine(test_model().model,
+                EngineConfig{.page_size = 16, .pool_tokens = 2048,
+                             .scheduler = SchedulerConfig{.max_running_requests = 8, .chunk_size = 16},
+                             .backend = testing::backend_named("reference")});
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    ids.push_back(engine.add_request({.prompt = prompts[i],
+                                      .max_new_tokens = 10,
+                                      .sampling = {.temperature = temps[i], .seed = seed + i},
+                                      .logit_processing = lps[i],
+                                      .logprobs = tops[i],
+                                      .ignore_eos = true}));
+  engine.run_until_idle();
+  EXPECT_TRUE(engine.output(ids[3]).logprobs.empty()) << "a request that did not ask";
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(::testing::Message() << "request " << i);
+    const RequestOutput out = engine.output(ids[i]);
+    ASSERT_EQ(out.logprobs.size(), out.output_ids.size());
+    const auto& m = test_model();
+    NaiveLlama naive(m.config, m.weights);
+    std::vector<double> logits;
+    for (int32_t t : prompts[i]) logits = naive.feed(t);
+    for (size_t k = 0; k < out.output_ids.size(); ++k) {
+      const auto l = testing::reference_processed_logits(
+          std::span<const double>(logits), std::span<const int32_t>(prompts[i]),
+          std::span<const int32_t>(out.output_ids).first(k), lps[i]);
+      const double mx = *std::max_element(l.begin(), l.end());
+      double z = 0;
+      for (double x : l) z += std::exp(x - mx);
+      auto ref = [&](int32_t t) { return l[static_cast<size_t>(t)] - mx - std::log(z); };
+      const model::TokenLogprobs& got = out.logprobs[k];
+      const int32_t token = out.output_ids[k];
+      EXPECT_NEAR(got.logprob, ref(token), 1e-3) << "token " << k;
+      ASSERT_EQ(got.top.size(), static_cast<size_t>(tops[i]));
+      for (size_t j = 0; j < got.top.size(); ++j) {
+        EXPECT_NEAR(got.top[j].second, ref(got.top[j].first), 1e-3) << "token " << k;
+        if (j > 0) {
+          EXPECT_LE(got.top[j].second, got.top[j - 1].second);
+        }
+      }
+      const double best = ref(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+      if (!got.top.empty()) {
+        EXPECT_NEAR(got.top[0].second, best, 1e-3);
+      }
+      if (temps[i] == 0.f) {
+        EXPECT_NEAR(got.logprob, best, 1e-3) << "greedy takes the max";
+      }
+      logits = naive.feed(token);
+    }
+  }
+}
+
 TEST(EngineLogitProcessing, BadValuesAndSpeculationAreRefused) {
   Engine engine(test_model().model, EngineConfig{.page_size = 16, .pool_tokens = 1024,
                                                  .backend = testing::backend_named("reference")});
@@ -135,6 +202,9 @@ TEST(EngineLogitProcessing, BadValuesAndSpeculationAreRefused) {
                            .spec = testing::spec_config(SpecMode::kNgram, 1, 3)});
   EXPECT_EQ(code(spec, {.prompt = {1, 2}, .logit_processing = {.frequency_penalty = 1.f}}),
             ErrorCode::kUnsupported);
+  EXPECT_EQ(code(spec, {.prompt = {1, 2}, .logprobs = 2}), ErrorCode::kUnsupported);
+  EXPECT_EQ(code(engine, {.prompt = {1, 2}, .logprobs = model::kMaxLogprobs + 1}),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(code(spec, {.prompt = {1, 2}}), std::nullopt);
 }
 

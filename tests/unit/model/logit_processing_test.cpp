@@ -64,6 +64,38 @@ TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
     }
 }
 
+// token_logprobs against log(softmax) in long double and a full sort (ties by id).
+TEST(LogitProcessing, TokenLogprobsAreTheLogSoftmax) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 4.f);
+  for (int iter = 0; iter < 20; ++iter) {
+    const int vocab = 50 + static_cast<int>(rng() % 5000);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& x : logits) x = std::round(normal(rng) * 8.f) / 8.f;  // with ties
+    const auto token = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    const auto n = static_cast<int32_t>(rng() % (kMaxLogprobs + 1));
+    const TokenLogprobs got = token_logprobs(logits, token, n);
+    long double z = 0;
+    for (float l : logits) z += std::exp(static_cast<long double>(l));
+    auto lp = [&](int32_t t) {
+      return static_cast<double>(std::log(std::exp(static_cast<long double>(logits[t])) / z));
+    };
+    EXPECT_NEAR(got.logprob, lp(token), 1e-4);
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    ASSERT_EQ(got.top.size(), static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      EXPECT_EQ(got.top[i].first, order[static_cast<size_t>(i)]) << "rank " << i;
+      EXPECT_NEAR(got.top[i].second, lp(order[static_cast<size_t>(i)]), 1e-4) << "rank " << i;
+    }
+  }
+}
+
 TEST(LogitProcessing, ValidateNamesTheBadValue) {
   auto code = [](const LogitProcessing& p) -> std::optional<ErrorCode> {
     try {
