@@ -367,8 +367,10 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
     r.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", -2, 2, false));
   if (present(body, "frequency_penalty"))
     r.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", -2, 2, false));
-  if (present(body, "repetition_penalty"))
+  if (present(body, "repetition_penalty")) {
     r.repetition_penalty = static_cast<float>(number_field(body, "repetition_penalty", 0, 2, true));
+    if (!(r.repetition_penalty > 0.f)) throw_invalid("repetition_penalty", "must be in (0, 2]");
+  }
   parse_logit_bias(body, r);
   parse_logprobs(body, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");

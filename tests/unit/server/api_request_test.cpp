@@ -167,6 +167,7 @@ TEST(ApiRequest, NamesTheBadField) {
       {R"({"prompt":"x","frequency_penalty":-3})", "frequency_penalty"},
       {R"({"prompt":"x","repetition_penalty":0})", "repetition_penalty"},
       {R"({"prompt":"x","repetition_penalty":2.5})", "repetition_penalty"},
+      {R"({"prompt":"x","repetition_penalty":1e-300})", "repetition_penalty"},
       {R"({"prompt":"x","logit_bias":[1]})", "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"a":1}})", "logit_bias"},
       {R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
