@@ -554,8 +554,9 @@ __global__ void adjust_logits_kernel(float* logits, int64_t vocab, const LogitAd
   if (i >= n) return;
   const LogitAdjustEntry a = adj[i];
   float& l = logits[static_cast<int64_t>(a.row) * vocab + a.token];
-  const float l1 = l + a.bias;
-  l = (l1 > 0.f ? l1 / a.rep : l1 * a.rep) - a.sub;
+  const float l1 = __fadd_rn(l, a.bias);
+  // _rn intrinsics: no FMA contraction, so the result is the host's (apply_logit_adjust) bit for bit.
+  l = __fsub_rn(l1 > 0.f ? __fdiv_rn(l1, a.rep) : __fmul_rn(l1, a.rep), a.sub);
 }
 
 }  // namespace
