@@ -29,6 +29,7 @@
 
 #include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/model/logit_processing.h"
 #include "pagoda/model/cuda/dense_kernels.h"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
@@ -997,6 +998,51 @@ TEST(Sampling, FrequenciesMatchTheHostDistribution) {
       EXPECT_LT(chi2, chi2_critical(df, 4.75)) << "chi2 " << chi2 << " df " << df;
     }
   }
+}
+
+// adjust_logits (logit_bias and penalties) equals the host's apply_logit_adjust bit for bit (the
+// host path is checked against a dense reference in model_tests); untouched logits stay as they
+// were.
+TEST(Sampling, AdjustLogitsEqualsTheHost) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(4848);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  const int64_t vocab = 128256, rows = 9;
+  std::normal_distribution<float> normal(0.f, 4.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  for (float& x : logits) x = normal(rng);
+  std::vector<LogitAdjust> adj;
+  for (int64_t r = 0; r < rows; ++r) {
+    auto tokens = [&](int n) {
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+      return t;
+    };
+    const auto prompt = tokens(1 + static_cast<int>(rng() % 2000));
+    const auto output = tokens(static_cast<int>(rng() % 500));
+    LogitProcessing p{.presence_penalty = unit(rng) * 4.f - 2.f,
+                      .frequency_penalty = unit(rng) * 4.f - 2.f,
+                      .repetition_penalty = 0.25f + unit(rng) * 1.75f};
+    for (int i = 0; i < 50; ++i)
+      p.logit_bias.emplace_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)),
+                                unit(rng) * 200.f - 100.f);
+    append_logit_adjust(prompt, output, p, static_cast<int32_t>(r), adj);
+  }
+  Dev d_logits(logits.size() * sizeof(float));
+  d_logits.upload(logits);
+  Dev d_adj(adj.size() * sizeof(LogitAdjust));
+  d_adj.upload(adj);
+  ASSERT_EQ(adjust_logits(static_cast<float*>(d_logits.p), vocab,
+                          static_cast<const LogitAdjustEntry*>(d_adj.p),
+                          static_cast<int64_t>(adj.size()), nullptr),
+            cudaSuccess);
+  apply_logit_adjust(logits.data(), vocab, adj);
+  const auto got = d_logits.download<float>();
+  ASSERT_EQ(std::memcmp(got.data(), logits.data(), logits.size() * sizeof(float)), 0);
+  EXPECT_EQ(adjust_logits(static_cast<float*>(d_logits.p), vocab, nullptr, 0, nullptr),
+            cudaSuccess);  // nothing to do
 }
 
 TEST(Sampling, RejectsBadShapes) {

@@ -28,6 +28,12 @@ void fuzz_request(std::string_view body, pagoda::server::Endpoint ep) {
     check(r.top_p > 0.f && r.top_p <= 1.f);
     check(r.top_k >= -1);
     check(r.min_p >= 0.f && r.min_p < 1.f);
+    check(r.presence_penalty >= -2.f && r.presence_penalty <= 2.f);
+    check(r.frequency_penalty >= -2.f && r.frequency_penalty <= 2.f);
+    check(r.repetition_penalty > 0.f && r.repetition_penalty <= 2.f);
+    for (const auto& [id, bias] : r.logit_bias) check(id >= 0 && bias >= -100.f && bias <= 100.f);
+    check(r.logprobs >= -1 && r.logprobs <= kMaxTopLogprobs);
+    check(r.logprobs < 0 || !r.echo);
     check(r.stop.size() <= 4);
     for (const auto& s : r.stop) check(!s.empty());
     if (ep == Endpoint::kChat) check(!r.messages.empty());

@@ -38,7 +38,9 @@ Req::Req(RequestId rid, GenerateRequest&& g, double now)
       prompt_len(static_cast<int32_t>(g.prompt.size())),
       max_new_tokens(g.max_new_tokens),
       ignore_eos(g.ignore_eos),
-      sampling(g.sampling) {
+      sampling(g.sampling),
+      logit_processing(std::move(g.logit_processing)),
+      logprobs(g.logprobs) {
   cache.tokens = std::move(g.prompt);
   cache.extra_key = std::move(g.extra_key);
   out.id = rid;
@@ -189,6 +191,15 @@ RequestId Engine::add_request(GenerateRequest request) {
   PAGODA_REQUIRE(request.max_new_tokens >= 1, kInvalidArgument,
                  "max_new_tokens must be >= 1 (got {})", request.max_new_tokens);
   request.sampling.validate();
+  request.logit_processing.validate(mc.vocab_size);
+  PAGODA_REQUIRE(request.logprobs >= -1 && request.logprobs <= model::kMaxLogprobs &&
+                     request.logprobs <= mc.vocab_size,
+                 kInvalidArgument, "logprobs {} outside [-1, {}]", request.logprobs,
+                 model::kMaxLogprobs);
+  PAGODA_REQUIRE((!request.logit_processing.active() && request.logprobs < 0) ||
+                     config_.spec.mode == SpecMode::kNone,
+                 kUnsupported,
+                 "logit_bias, penalties and logprobs are not supported with speculative decoding");
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
                  "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
                  "one output token)",
@@ -225,6 +236,8 @@ void Engine::build_batch(const ScheduledStep& s) {
   b.logit_rows.clear();
   b.sampling.clear();
   b.sample_step.clear();
+  b.logit_adjust.clear();
+  int64_t rows = 0;  // logit rows so far
   for (const ScheduledSeq& q : s.seqs) {
     const Req& r = *q.req;
     const auto tokens = std::span<const int32_t>(r.cache.tokens)
@@ -235,12 +248,21 @@ void Engine::build_batch(const ScheduledStep& s) {
                                           .tokens = tokens,
                                           .want_logits = q.completes_fill});
     b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
+    if (q.completes_fill) {
+      const auto all = std::span<const int32_t>(r.cache.tokens);
+      model::append_logit_adjust(all.first(static_cast<size_t>(r.prompt_len)),
+                                 all.subspan(static_cast<size_t>(r.prompt_len)),
+                                 r.logit_processing, static_cast<int32_t>(rows++),
+                                 b.logit_adjust);
+    }
     b.logit_rows.push_back(q.completes_fill ? 1 : 0);
     b.sampling.push_back(r.sampling);
     b.sample_step.push_back(r.num_output());
   }
   b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (model_runner.h)
-  b.return_logits = static_cast<bool>(logits_observer_);
+  bool any_logprobs = false;
+  for (const ScheduledSeq& q : s.seqs) any_logprobs |= q.completes_fill && q.req->logprobs >= 0;
+  b.return_logits = static_cast<bool>(logits_observer_) || any_logprobs;
 }
 
 StepOutput Engine::step() {
@@ -282,6 +304,14 @@ StepOutput Engine::step() {
                                   .subspan(row * static_cast<size_t>(vocab),
                                            static_cast<size_t>(vocab)));
     const int32_t token = result.tokens[row];
+    if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
+      r->out.logprobs.push_back(model::token_logprobs(
+          std::span<const float>(result.logits).subspan(row * static_cast<size_t>(vocab),
+                                                        static_cast<size_t>(vocab)),
+          token, r->logprobs));
+      out.logprobs.resize(out.tokens.size());
+      out.logprobs.push_back(r->out.logprobs.back());
+    }
     ++row;
     r->cache.tokens.push_back(token);
     ++stats_.generated_tokens;

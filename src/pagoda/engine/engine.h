@@ -87,6 +87,9 @@ struct StepOutput {
   int64_t num_tokens = 0;                              ///< query tokens computed
   std::vector<std::pair<RequestId, int32_t>> tokens;   ///< new tokens, batch order
   std::vector<RequestId> finished;                     ///< finished (any reason) this step
+  /// logprobs[i] belongs to tokens[i] when that request asked for logprobs (then i < size);
+  /// other entries are empty, and the vector is empty when no request asked.
+  std::vector<model::TokenLogprobs> logprobs;
 };
 
 /// Wall time of the speculative rounds by phase, seconds (each forward waits for its ids, so a

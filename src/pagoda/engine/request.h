@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagoda/cache/prefix_cache.h"
+#include "pagoda/model/logit_processing.h"
 #include "pagoda/model/sampler.h"
 
 namespace pagoda::engine {
@@ -21,6 +22,13 @@ struct GenerateRequest {
   std::vector<int32_t> prompt;  ///< token ids, non-empty, each < vocab_size
   int32_t max_new_tokens = 16;  ///< >= 1
   model::SamplingParams sampling{};
+  /// logit_bias and penalties, applied to the logits before sampling (the worker's eager path;
+  /// not with speculative decoding: Error(kUnsupported)).
+  model::LogitProcessing logit_processing{};
+  /// -1: none; n in [0, model::kMaxLogprobs]: each output token's log-probability and the n most
+  /// likely alternatives (RequestOutput::logprobs, StepOutput::logprobs; not with speculative
+  /// decoding: Error(kUnsupported)).
+  int32_t logprobs = -1;
   /// Keep generating after EOS (benchmarks: every request produces max_new_tokens).
   bool ignore_eos = false;
   /// Prefix-cache namespace (SGLang's extra_key); requests only share KV within one namespace.
@@ -54,6 +62,7 @@ struct RequestOutput {
   std::string error;                ///< set when finish_reason == kError
   int32_t prompt_len = 0;
   std::vector<int32_t> output_ids;
+  std::vector<model::TokenLogprobs> logprobs;  ///< one per output token when asked, else empty
   int64_t cached_tokens = 0;        ///< prompt tokens reused from the prefix cache (first admission)
   int32_t num_retractions = 0;
   double arrival_s = 0.0;
@@ -79,6 +88,8 @@ struct Req {
   /// Engine::flush_draft_kv writes it before any other forward needs it).
   bool draft_kv_pending = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
+  model::LogitProcessing logit_processing;  ///< validated at add_request
+  int32_t logprobs = -1;                    ///< GenerateRequest::logprobs
   RequestOutput out;
   /// SpecMode::kEagle: the head's output at the request's last KV position (its hidden state
   /// [H] and top-k next-token candidates, target ids) — what the next round's first draft step

@@ -8,6 +8,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/model/host_sampling.h"
+#include "pagoda/model/logit_processing.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/ops.h"
 
@@ -130,6 +131,10 @@ class CpuOps final : public ModelOps {
   }
 
   void soft_cap(float* x, int64_t n, float cap) override { model::soft_cap(x, n, cap); }
+
+  void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
+    apply_logit_adjust(logits, vocab, std::span<const LogitAdjust>(adj, static_cast<size_t>(n)));
+  }
 
   void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
               int64_t vocab) override {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "pagoda/core/error.h"
 
@@ -122,6 +123,17 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
     PAGODA_REQUIRE(id >= 0 && id < vocab, kOutOfRange, "token id {} outside [0, {})", id, vocab);
   PAGODA_REQUIRE(b.top_k >= 0 && b.top_k <= kMaxTopK && b.top_k <= vocab, kInvalidArgument,
                  "top_k {} outside [0, min({}, vocab {})]", b.top_k, kMaxTopK, vocab);
+  const int64_t logit_rows = std::accumulate(b.logit_rows.begin(), b.logit_rows.end(), int64_t{0});
+  for (size_t i = 0; i < b.logit_adjust.size(); ++i) {
+    const LogitAdjust& a = b.logit_adjust[i];
+    PAGODA_REQUIRE(a.row >= 0 && a.row < logit_rows && a.token >= 0 && a.token < vocab,
+                   kInvalidArgument, "logit_adjust {} (row {}, token {}) outside {} rows x {}",
+                   i, a.row, a.token, logit_rows, vocab);
+    PAGODA_REQUIRE(i == 0 || std::pair(b.logit_adjust[i - 1].row, b.logit_adjust[i - 1].token) <
+                                 std::pair(a.row, a.token),
+                   kInvalidArgument, "logit_adjust is not strictly ordered by (row, token) at {}",
+                   i);
+  }
   const bool extend = f.mode != ForwardMode::kDecode && f.mode != ForwardMode::kIdle;
   PAGODA_REQUIRE(!extend || static_cast<int>(f.extend_seq_lens.size()) == bs, kInvalidArgument,
                  "extend batch has {} extend lengths for {} sequences", f.extend_seq_lens.size(),
@@ -159,6 +171,20 @@ void LlamaWorker::stage(Activations& a, std::span<const int32_t> ids,
     std::copy(params.begin(), params.end(), hp);
     platform_->copy_to_device_async(a.params(), hp, params.size() * sizeof(SampleRow));
   }
+}
+
+void LlamaWorker::adjust_logits(Activations& a, const WorkerBatch& b) {
+  if (b.logit_adjust.empty()) return;
+  const size_t bytes = b.logit_adjust.size() * sizeof(LogitAdjust);
+  if (adjust_dev_bytes_ < bytes) {
+    platform_->synchronize_stream();  // an earlier step may still read the old buffer
+    adjust_dev_bytes_ = std::max(bytes, 2 * adjust_dev_bytes_);
+    adjust_dev_ = platform::make_buffer(platform_->allocator(), adjust_dev_bytes_);
+  }
+  platform_->copy_to_device_async(adjust_dev_.get(), b.logit_adjust.data(), bytes);
+  ops_->adjust_logits(a.logits_f32(), model_->config().vocab_size,
+                      static_cast<const LogitAdjust*>(adjust_dev_.get()),
+                      static_cast<int64_t>(b.logit_adjust.size()));
 }
 
 WorkerOutput LlamaWorker::finish(Activations& a, int64_t rows, const WorkerBatch& b) {
@@ -224,12 +250,13 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   const int64_t nrows = static_cast<int64_t>(rows_.size());
 
   if (!b.hidden_layers.empty()) return run_with_hidden(b, t, nrows);
-  if (verify_backend_ != nullptr && f.mode == ForwardMode::kTargetVerify) {
+  const bool adjust = !b.logit_adjust.empty();  // runs eagerly: the graphs sample unadjusted
+  if (verify_backend_ != nullptr && f.mode == ForwardMode::kTargetVerify && !adjust) {
     WorkerOutput out;
     if (run_verify_graph(b, nrows, out)) return out;
   }
   const bool all_rows = decode && nrows == t;
-  if (!graphs_.empty() && all_rows && !f.is_draft_step() && t <= buckets_.back()) {
+  if (!graphs_.empty() && all_rows && !adjust && !f.is_draft_step() && t <= buckets_.back()) {
     const size_t gi = static_cast<size_t>(
         std::lower_bound(buckets_.begin(), buckets_.end(), static_cast<int>(t)) -
         buckets_.begin());
@@ -252,6 +279,7 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
   backend_->init_forward_metadata(f);
   decoder_->forward(eager_, f, *backend_, t, nrows);
+  adjust_logits(eager_, b);
   decoder_->sample(eager_, nrows);
   return finish(eager_, nrows, b);
 }
@@ -275,6 +303,7 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
   backend_->init_forward_metadata(f);
   decoder_->forward(eager_, f, *backend_, t, nrows, &cap);
+  adjust_logits(eager_, b);
   decoder_->sample(eager_, nrows);
   std::vector<float> hidden(static_cast<size_t>(t * width));
   platform_->copy_to_host_async(hidden.data(), hidden_buf_.get(), bytes);

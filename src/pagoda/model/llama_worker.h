@@ -97,6 +97,8 @@ class LlamaWorker final : public ModelWorker {
              std::span<const SampleRow> params);
   /// Copies the sampled ids back (plus the logits / top-k the batch asks for) and waits.
   WorkerOutput finish(Activations& a, int64_t rows, const WorkerBatch& b);
+  /// Applies b.logit_adjust to a's logits (uploaded through adjust_dev_); nothing when empty.
+  void adjust_logits(Activations& a, const WorkerBatch& b);
   void capture_graphs();
   /// Captures forward + sample of `f` (already staged in `a`) on `backend`: one eager forward
   /// first unless `shape_known` (then set), the capture hook, two warm-ups, the capture.
@@ -131,6 +133,8 @@ class LlamaWorker final : public ModelWorker {
   size_t hidden_cap_ = 0;
   platform::DeviceBuffer topk_dev_;  ///< top-k ids then log-probs of the last step's rows
   size_t topk_dev_bytes_ = 0;
+  platform::DeviceBuffer adjust_dev_;  ///< the last step's WorkerBatch::logit_adjust (grow-only)
+  size_t adjust_dev_bytes_ = 0;
   // Host scratch, reused per step.
   std::vector<int32_t> rows_, ids_;
   std::vector<SampleRow> params_;

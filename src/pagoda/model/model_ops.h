@@ -35,6 +35,17 @@ struct SampleRow {
   int64_t step = 0;         ///< the index of the token being sampled within its request
 };
 
+/// One logit changed before sampling (logit_processing.h builds them): row `row`'s logit l of
+/// `token` becomes l1 = l + bias, l2 = l1 > 0 ? l1 / rep : l1 * rep, l2 - sub. A row lists each
+/// token at most once. Plain data, uploaded as an array (cuda_ops mirrors the layout).
+struct LogitAdjust {
+  int32_t row = 0;
+  int32_t token = 0;
+  float bias = 0.f;  ///< logit_bias
+  float rep = 1.f;   ///< repetition penalty (1 = none)
+  float sub = 0.f;   ///< presence + frequency penalties
+};
+
 /// Where qkv_rope_store writes the new tokens' K and V: one layer's paged cache (slot-major
 /// [num_slots, hkv, head_dim] in the ops' dtype) and the device slot of each token.
 struct KvStore {
@@ -109,6 +120,10 @@ class ModelOps {
   /// writes out_ids[rows] (device memory). Deterministic in (logits, seed, step).
   virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
                       int64_t vocab) = 0;
+
+  /// Applies adj[n] (device memory) to logits [rows, vocab] (f32) in place; rows and tokens are
+  /// in range (the caller checks) and no (row, token) appears twice.
+  virtual void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) = 0;
 
   /// Top-`k` (k in [1, 16]) log-probabilities of each logit row [rows, vocab] (f32, device
   /// memory): ids [rows, k] sorted by logit descending then id ascending, logprobs [rows, k] =

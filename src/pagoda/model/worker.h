@@ -14,6 +14,7 @@
 
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/core/ids.h"
+#include "pagoda/model/model_ops.h"
 #include "pagoda/model/sampler.h"
 
 namespace pagoda::kv {
@@ -37,6 +38,10 @@ struct WorkerBatch {
   /// [bs] index of the first token sampled for sequence b within its request (the RNG counter:
   /// row i of sequence b uses step sample_step[b] + i). Makes sampling independent of batching.
   std::vector<int64_t> sample_step;
+  /// Logit changes applied before sampling (logit_bias and penalties; logit_processing.h),
+  /// `row` indexing the Σ logit_rows logit rows. Empty = none (no cost). A batch that has some
+  /// runs eagerly (no graph replay).
+  std::vector<LogitAdjust> logit_adjust;
   /// Also return the f32 logits of every logit row (tests, tools, verify).
   bool return_logits = false;
   /// EAGLE heads: also return the outputs (residual stream after the layer, f32) of these

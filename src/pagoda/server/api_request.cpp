@@ -164,14 +164,54 @@ void parse_stop(const json& body, ApiRequest& r) {
     if (x.empty()) throw_invalid("stop", "stop strings must not be empty");
 }
 
+/// logit_bias: an object from token ids (decimal strings, as JSON keys must be) to biases in
+/// [-100, 100].
+void parse_logit_bias(const json& body, ApiRequest& r) {
+  if (!present(body, "logit_bias")) return;
+  const json& m = body["logit_bias"];
+  if (!m.is_object()) throw_invalid("logit_bias", "must be an object of token id -> bias");
+  for (const auto& [key, value] : m.items()) {
+    const bool digits = !key.empty() && key.size() <= 9 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) throw_invalid("logit_bias", "key '" + key + "' is not a token id");
+    if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+        value.get<double>() > 100)
+      throw_invalid("logit_bias", "the bias of token " + key + " must be a number in [-100, 100]");
+    r.logit_bias.emplace_back(static_cast<int32_t>(std::stol(key)),
+                              static_cast<float>(value.get<double>()));
+  }
+}
+
+/// Completions: `logprobs` N in [0, kMaxTopLogprobs] (false: none). Chat: `logprobs` a boolean,
+/// `top_logprobs` N only with logprobs true.
+void parse_logprobs(const json& body, ApiRequest& r) {
+  const bool chat = r.endpoint == Endpoint::kChat;
+  if (present(body, "logprobs")) {
+    const json& v = body["logprobs"];
+    if (v.is_boolean()) {
+      if (v.get<bool>() && !chat) throw_invalid("logprobs", "must be an integer (top alternatives)");
+      if (v.get<bool>()) r.logprobs = 0;
+    } else if (chat) {
+      throw_invalid("logprobs", "must be a boolean (top_logprobs gives the alternatives)");
+    } else {
+      r.logprobs = static_cast<int32_t>(int_field(body, "logprobs", 0, kMaxTopLogprobs));
+    }
+  }
+  if (chat && present(body, "top_logprobs")) {
+    const auto n = static_cast<int32_t>(int_field(body, "top_logprobs", 0, kMaxTopLogprobs));
+    if (r.logprobs < 0) throw_invalid("top_logprobs", "needs logprobs: true");
+    r.logprobs = n;
+  }
+}
+
 bool known_field(std::string_view key, Endpoint endpoint) {
   static constexpr std::string_view kCommon[] = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
       "stream_options", "ignore_eos", "n", "presence_penalty", "frequency_penalty", "logprobs",
-      "user", "stop_token_ids"};
+      "user", "stop_token_ids", "repetition_penalty", "logit_bias"};
   static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
   static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
-                                               "max_completion_tokens"};
+                                               "max_completion_tokens", "top_logprobs"};
   static constexpr std::string_view kTokenize[] = {"model", "prompt", "messages",
                                                    "add_generation_prompt", "add_special_tokens"};
   static constexpr std::string_view kDetokenize[] = {"model", "tokens"};
@@ -323,12 +363,19 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
     if (!v.is_array()) throw_invalid("stop_token_ids", "must be an array of token ids");
     if (!v.empty()) r.stop_token_ids = *token_ids(v, "stop_token_ids");
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (present(body, key) && number_field(body, key, -2, 2, false) != 0.0)
-      throw_invalid(key, "is not supported (only 0)");
-  if (present(body, "logprobs") && !(body["logprobs"].is_boolean() && !body["logprobs"].get<bool>()))
-    throw_invalid("logprobs", "is not supported");
+  if (present(body, "presence_penalty"))
+    r.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", -2, 2, false));
+  if (present(body, "frequency_penalty"))
+    r.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", -2, 2, false));
+  if (present(body, "repetition_penalty")) {
+    r.repetition_penalty = static_cast<float>(number_field(body, "repetition_penalty", 0, 2, true));
+    if (!(r.repetition_penalty > 0.f)) throw_invalid("repetition_penalty", "must be in (0, 2]");
+  }
+  parse_logit_bias(body, r);
+  parse_logprobs(body, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");
+  if (r.echo && r.logprobs >= 0)
+    throw_invalid("logprobs", "is not supported with echo (no prompt log-probabilities)");
   if (present(body, "best_of") && int_field(body, "best_of", 1, kMaxChoices) != r.n)
     throw_invalid("best_of", "only best_of = n is supported");
   if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace pagoda::server {
@@ -68,7 +69,18 @@ struct ApiRequest {
   bool include_usage = false;           ///< stream_options.include_usage
   bool ignore_eos = false;
   bool add_generation_prompt = true;    ///< chat
+  float presence_penalty = 0.f;         ///< [-2, 2]
+  float frequency_penalty = 0.f;        ///< [-2, 2]
+  float repetition_penalty = 1.f;       ///< (0, 2]
+  /// logit_bias: {"token id": bias in [-100, 100]} (ids < the vocabulary: checked by the engine)
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  /// -1: none; else each output token's log-probability and this many top alternatives
+  /// (completions: `logprobs` N; chat: `logprobs: true` with `top_logprobs` N, default 0).
+  int32_t logprobs = -1;
 };
+
+/// The most top alternatives `logprobs` / `top_logprobs` may ask for (vLLM's default).
+inline constexpr int32_t kMaxTopLogprobs = 20;
 
 /// Bounds of a request body's JSON (checked before any tree is built): nesting depth, the number
 /// of values (containers included) and of objects and arrays (the costly nodes: a chat of 65536
@@ -80,8 +92,8 @@ inline constexpr int64_t kMaxJsonContainers = int64_t{1} << 16;
 
 /// Parses and validates a request body. Throws ApiError(400) naming the field for malformed
 /// JSON, wrong types, out-of-range values, a top-level field this server does not implement
-/// (e.g. tools, tool_choice, response_format, logit_bias, suffix, or a misspelt one; a null
-/// value counts as absent) and unsupported values (logprobs, non-zero penalties, best_of ≠ n,
+/// (e.g. tools, tool_choice, response_format, suffix, or a misspelt one; a null
+/// value counts as absent) and unsupported values (echo with logprobs, best_of ≠ n,
 /// prompts × n > kMaxChoices); ApiError(400) naming `body` past kMaxJsonDepth, kMaxJsonValues or
 /// kMaxJsonContainers. A SAX pass checks
 /// the fields and the bounds before the tree is built, so parse memory is bounded by the body.

@@ -15,6 +15,7 @@ RequestStream::Update RequestStream::wait(int timeout_ms) {
                [&] { return !tokens_.empty() || finished_; });
   Update u;
   u.tokens.swap(tokens_);
+  u.logprobs.swap(logprobs_);
   u.finished = finished_;
   u.reason = reason_;
   u.error_status = error_status_;
@@ -23,10 +24,11 @@ RequestStream::Update RequestStream::wait(int timeout_ms) {
   return u;
 }
 
-void RequestStream::push(int32_t token) {
+void RequestStream::push(int32_t token, const model::TokenLogprobs* logprobs) {
   {
     std::lock_guard lock(mu_);
     tokens_.push_back(token);
+    if (logprobs != nullptr) logprobs_.push_back(*logprobs);
   }
   cv_.notify_one();
 }
@@ -60,6 +62,7 @@ EngineLoop::~EngineLoop() {
 std::shared_ptr<RequestStream> EngineLoop::submit(engine::GenerateRequest request) {
   auto stream = std::make_shared<RequestStream>();
   stream->prompt_len = static_cast<int32_t>(request.prompt.size());
+  stream->want_logprobs = request.logprobs >= 0;
   stream->request = std::move(request);
   {
     std::lock_guard lock(mu_);
@@ -183,9 +186,11 @@ void EngineLoop::run() {
     if (!engine_.has_work()) continue;
     try {
       const engine::StepOutput out = engine_.step();
-      for (const auto& [id, token] : out.tokens) {
-        auto it = live_.find(id);
-        if (it != live_.end()) it->second->push(token);
+      for (size_t i = 0; i < out.tokens.size(); ++i) {
+        auto it = live_.find(out.tokens[i].first);
+        if (it == live_.end()) continue;
+        const bool lp = it->second->want_logprobs && i < out.logprobs.size();
+        it->second->push(out.tokens[i].second, lp ? &out.logprobs[i] : nullptr);
       }
       for (engine::RequestId id : out.finished) finish_stream(id, engine_.output(id));
     } catch (const std::exception& e) {

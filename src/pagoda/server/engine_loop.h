@@ -31,6 +31,7 @@ class RequestStream {
   /// What wait() hands over: tokens since the last call, and the end when it came.
   struct Update {
     std::vector<int32_t> tokens;
+    std::vector<model::TokenLogprobs> logprobs;  ///< parallel to tokens when the request asked
     bool finished = false;
     engine::FinishReason reason = engine::FinishReason::kNone;
     int error_status = 0;  ///< non-zero: the request was never admitted (HTTP status)
@@ -41,16 +42,19 @@ class RequestStream {
   Update wait(int timeout_ms);
 
   // Loop thread side.
-  void push(int32_t token);
+  /// `logprobs`: the token's log-probabilities when the request asked for them, else nullptr.
+  void push(int32_t token, const model::TokenLogprobs* logprobs);
   void finish(engine::FinishReason reason, std::string error, int error_status);
 
   engine::GenerateRequest request;  ///< moved into the engine at admission
   int32_t prompt_len = 0;
+  bool want_logprobs = false;  ///< request.logprobs >= 0 (set at submit)
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
+  std::vector<model::TokenLogprobs> logprobs_;
   bool finished_ = false;
   engine::FinishReason reason_ = engine::FinishReason::kNone;
   int error_status_ = 0;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <ctime>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,37 @@ json usage_json(int64_t prompt, int64_t completion) {
           {"total_tokens", prompt + completion}};
 }
 
+/// One token as chat's logprobs list it: {token (the text the client receives), logprob, bytes}.
+json token_entry(const tokenizer::Tokenizer& tok, int32_t id, float logprob) {
+  const std::string raw = tok.decode(std::span<const int32_t>(&id, 1), false);
+  json bytes = json::array();
+  for (unsigned char b : raw) bytes.push_back(b);
+  return {{"token", client_text(raw)}, {"logprob", logprob}, {"bytes", std::move(bytes)}};
+}
+
+/// OpenAI's `logprobs` of a choice from chat-shaped entries ({token, logprob, bytes,
+/// top_logprobs: [{token, logprob, bytes}]}): chat {"content": entries}; completions {tokens,
+/// token_logprobs, top_logprobs (token → logprob), text_offset} with offsets in code points
+/// from `chars` (advanced past these tokens).
+json logprobs_json(bool chat, const json& entries, int64_t& chars) {
+  if (chat) return {{"content", entries}};
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const json& e : entries) {
+    const std::string& t = e["token"].get_ref<const std::string&>();
+    tokens.push_back(t);
+    lps.push_back(e["logprob"]);
+    json top = json::object();
+    for (const json& a : e["top_logprobs"]) top[a["token"].get<std::string>()] = a["logprob"];
+    tops.push_back(std::move(top));
+    offsets.push_back(chars);
+    chars += std::count_if(t.begin(), t.end(), [](char ch) { return (ch & 0xC0) != 0x80; });
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
 /// One choice: an engine request and the text sent for it so far.
 struct Choice {
   int index = 0;
@@ -100,6 +132,9 @@ struct Choice {
   bool finished = false;
   const char* finish = nullptr;
   std::string out;   ///< non-streamed: the whole text
+  bool logprobs = false;
+  json lp = json::array();  ///< logprobs entries not yet sent (streamed) / all (non-streamed)
+  int64_t lp_chars = 0;     ///< completions: code points of the tokens already sent
 };
 
 /// Whatever a request's choices share.
@@ -126,12 +161,18 @@ struct Job {
     }
     return usage_json(prompt, completion);
   }
-  json chunk(int index, const std::string& content, const char* finish) const {
+  /// `lp`: the choice's unsent logprobs entries to send with this chunk (taken), or nullptr.
+  json chunk(int index, const std::string& content, const char* finish, Choice* lp = nullptr) const {
     json choice = {{"index", index}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
     if (chat()) {
       choice["delta"] = finish && content.empty() ? json::object() : json{{"content", content}};
     } else {
       choice["text"] = content;
+    }
+    if (lp != nullptr) {
+      choice["logprobs"] = logprobs_json(chat(), lp->lp, lp->lp_chars);
+      lp->lp = json::array();
+    } else if (!chat()) {
       choice["logprobs"] = nullptr;
     }
     return {{"id", id},
@@ -144,7 +185,20 @@ struct Job {
   /// c.finish when it ended. Throws ApiError when the engine failed the request.
   std::string advance(Choice& c, int wait_ms) {
     RequestStream::Update u = c.stream->wait(wait_ms);
+    const int64_t counted = c.text->completion_tokens;
     std::string text = c.text->push(u.tokens);
+    if (c.logprobs) {  // the counted tokens (up to a stop) get entries
+      const tokenizer::Tokenizer& tok = *server->tokenizer;
+      const auto n = std::min<size_t>(static_cast<size_t>(c.text->completion_tokens - counted),
+                                      u.logprobs.size());
+      for (size_t i = 0; i < n; ++i) {
+        json e = token_entry(tok, u.tokens[i], u.logprobs[i].logprob);
+        e["top_logprobs"] = json::array();
+        for (const auto& [id, lp] : u.logprobs[i].top)
+          e["top_logprobs"].push_back(token_entry(tok, id, lp));
+        c.lp.push_back(std::move(e));
+      }
+    }
     if (c.text->stopped()) server->loop->cancel(c.stream);
     if (!c.text->stopped() && u.finished && u.reason == engine::FinishReason::kError)
       throw ApiError(u.error_status ? u.error_status : 500,
@@ -199,7 +253,9 @@ bool stream_step(Job& job, httplib::DataSink& sink) {
       return true;
     }
     waited = true;
-    if (!text.empty() && !send_event(sink, dump(job.chunk(c.index, text, nullptr)))) return false;
+    Choice* lp = c.logprobs && !c.lp.empty() ? &c : nullptr;
+    if ((!text.empty() || lp) && !send_event(sink, dump(job.chunk(c.index, text, nullptr, lp))))
+      return false;
     if (c.finished && !send_event(sink, dump(job.chunk(c.index, "", c.finish)))) return false;
   }
   if (!job.all_finished()) return true;
@@ -242,8 +298,9 @@ json response_json(const Job& job) {
       choice["message"] = {{"role", "assistant"}, {"content", c.out}};
     } else {
       choice["text"] = c.echo + c.out;
-      choice["logprobs"] = nullptr;
     }
+    int64_t chars = 0;
+    choice["logprobs"] = c.logprobs ? logprobs_json(job.chat(), c.lp, chars) : json(nullptr);
     choices.push_back(std::move(choice));
   }
   return {{"id", job.id},
@@ -275,11 +332,13 @@ void submit_choices(ServerState& s, Job& job) {
                                               : client_text(s.tokenizer->decode(prompts.back(), true)));
     }
   }
-  for (int32_t id : r.stop_token_ids)
+  auto check_vocab = [&s](const char* field, int32_t id) {
     if (id >= s.vocab_size)
-      throw_invalid("stop_token_ids", "token id " + std::to_string(id) +
-                                          " is outside the vocabulary (" +
-                                          std::to_string(s.vocab_size) + ")");
+      throw_invalid(field, "token id " + std::to_string(id) + " is outside the vocabulary (" +
+                               std::to_string(s.vocab_size) + ")");
+  };
+  for (int32_t id : r.stop_token_ids) check_vocab("stop_token_ids", id);
+  for (const auto& [id, bias] : r.logit_bias) check_vocab("logit_bias", id);
   const auto total = static_cast<int64_t>(prompts.size()) * r.n;
   if (total > s.max_inflight)
     throw_invalid("n", "prompts × n = " + std::to_string(total) +
@@ -298,6 +357,7 @@ void submit_choices(ServerState& s, Job& job) {
       c.index = static_cast<int>(p) * r.n + k;
       c.prompt_len = prompt_len;
       c.echo = echoes[p];
+      c.logprobs = r.logprobs >= 0;
       c.text = std::make_unique<TextState>(*s.tokenizer, prompts[p], r.stop, job.request.stop_token_ids);
       engine::GenerateRequest g;
       g.prompt = prompts[p];
@@ -309,6 +369,11 @@ void submit_choices(ServerState& s, Job& job) {
       const uint64_t base = r.has_seed ? r.seed : s.seed_base + serial * 0x9E3779B97F4A7C15ull;
       g.sampling.seed = base + static_cast<uint64_t>(c.index);  // distinct samples per choice
       g.ignore_eos = r.ignore_eos;
+      g.logprobs = r.logprobs;
+      g.logit_processing = {.presence_penalty = r.presence_penalty,
+                            .frequency_penalty = r.frequency_penalty,
+                            .repetition_penalty = r.repetition_penalty,
+                            .logit_bias = r.logit_bias};
       try {
         c.stream = s.loop->submit(std::move(g));
       } catch (const ApiError&) {  // the queue filled up part-way: nothing of this request runs

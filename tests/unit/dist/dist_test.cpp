@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <thread>
 
@@ -182,6 +183,12 @@ TEST(WorkerCodec, RandomBatchesRoundTripBitForBit) {
       b.sample_step.push_back(static_cast<int64_t>(rng()));
     }
     b.return_logits = rng() % 2 == 0;
+    for (uint64_t i = rng() % 5; i > 0; --i)
+      b.logit_adjust.push_back({.row = static_cast<int32_t>(rng() % 8),
+                                .token = static_cast<int32_t>(rng() % 1000),
+                                .bias = 1.5f,
+                                .rep = 1.25f,
+                                .sub = -0.5f});
     std::vector<std::byte> buf;
     WireWriter w(buf);
     model::encode_worker_batch(b, w);
@@ -195,6 +202,9 @@ TEST(WorkerCodec, RandomBatchesRoundTripBitForBit) {
     ASSERT_EQ(buf, again) << iter;
     EXPECT_EQ(d.forward.out_cache_loc, b.forward.out_cache_loc);
     EXPECT_EQ(d.sample_step, b.sample_step);
+    ASSERT_EQ(d.logit_adjust.size(), b.logit_adjust.size());
+    for (size_t i = 0; i < b.logit_adjust.size(); ++i)
+      EXPECT_EQ(std::memcmp(&d.logit_adjust[i], &b.logit_adjust[i], sizeof(model::LogitAdjust)), 0);
     buf[4] = std::byte{200};  // an unknown forward mode
     WireReader bad(buf);
     EXPECT_THROW(model::decode_worker_batch(bad, d), Error);

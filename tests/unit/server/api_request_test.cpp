@@ -98,6 +98,36 @@ TEST(ApiRequest, ParsesPromptListsChoicesAndStopIds) {
   }
 }
 
+TEST(ApiRequest, ParsesPenaltiesAndLogitBias) {
+  const ApiRequest r = parse_api_request(
+      R"({"messages":[{"role":"user","content":"x"}],"presence_penalty":-1.5,
+          "frequency_penalty":0.25,"repetition_penalty":1.2,"logit_bias":{"42":-100,"7":3.5}})",
+      Endpoint::kChat);
+  EXPECT_FLOAT_EQ(r.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.frequency_penalty, 0.25f);
+  EXPECT_FLOAT_EQ(r.repetition_penalty, 1.2f);
+  EXPECT_EQ(r.logit_bias, (std::vector<std::pair<int32_t, float>>{{42, -100.f}, {7, 3.5f}}));
+  const ApiRequest d = parse_api_request(R"({"prompt":"x"})", Endpoint::kCompletions);
+  EXPECT_EQ(d.presence_penalty, 0.f);
+  EXPECT_EQ(d.frequency_penalty, 0.f);
+  EXPECT_EQ(d.repetition_penalty, 1.f);
+  EXPECT_TRUE(d.logit_bias.empty());
+  EXPECT_EQ(d.logprobs, -1);
+}
+
+TEST(ApiRequest, ParsesLogprobs) {
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x","logprobs":3})", Endpoint::kCompletions).logprobs, 3);
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x","logprobs":0})", Endpoint::kCompletions).logprobs, 0);
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x","logprobs":false})", Endpoint::kCompletions).logprobs,
+            -1);
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(parse_api_request(chat + R"("logprobs":true})", Endpoint::kChat).logprobs, 0);
+  EXPECT_EQ(parse_api_request(chat + R"("logprobs":true,"top_logprobs":20})", Endpoint::kChat)
+                .logprobs,
+            20);
+  EXPECT_EQ(parse_api_request(chat + R"("logprobs":false})", Endpoint::kChat).logprobs, -1);
+}
+
 TEST(ApiRequest, NamesTheBadField) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"(nope)", "body"},
@@ -129,8 +159,20 @@ TEST(ApiRequest, NamesTheBadField) {
       {R"({"prompt":"x","stop":3})", "stop"},
       {R"({"prompt":"x","stream":"yes"})", "stream"},
       {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
-      {R"({"prompt":"x","logprobs":5})", "logprobs"},
-      {R"({"prompt":"x","presence_penalty":0.5})", "presence_penalty"},
+      {R"({"prompt":"x","logprobs":21})", "logprobs"},
+      {R"({"prompt":"x","logprobs":true})", "logprobs"},
+      {R"({"prompt":"x","logprobs":2,"echo":true})", "logprobs"},
+      {R"({"prompt":"x","top_logprobs":2})", "top_logprobs"},
+      {R"({"prompt":"x","presence_penalty":2.5})", "presence_penalty"},
+      {R"({"prompt":"x","frequency_penalty":-3})", "frequency_penalty"},
+      {R"({"prompt":"x","repetition_penalty":0})", "repetition_penalty"},
+      {R"({"prompt":"x","repetition_penalty":2.5})", "repetition_penalty"},
+      {R"({"prompt":"x","repetition_penalty":1e-300})", "repetition_penalty"},
+      {R"({"prompt":"x","logit_bias":[1]})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"a":1}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"-1":1}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1":101}})", "logit_bias"},
+      {R"({"prompt":"x","logit_bias":{"1":"2"}})", "logit_bias"},
       {R"({"prompt":"x","model":3})", "model"},
   };
   for (const auto& [body, field] : cases) {
@@ -140,6 +182,11 @@ TEST(ApiRequest, NamesTheBadField) {
     EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << body;
   }
   EXPECT_EQ(expect_error(R"({"messages":[]})", Endpoint::kChat).param, "messages");
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],)";
+  EXPECT_EQ(expect_error(chat + R"("logprobs":3})", Endpoint::kChat).param, "logprobs");
+  EXPECT_EQ(expect_error(chat + R"("top_logprobs":3})", Endpoint::kChat).param, "top_logprobs");
+  EXPECT_EQ(expect_error(chat + R"("logprobs":true,"top_logprobs":21})", Endpoint::kChat).param,
+            "top_logprobs");
   EXPECT_EQ(expect_error(R"({"messages":[{"content":"x"}]})", Endpoint::kChat).param,
             "messages[0].role");
   EXPECT_EQ(expect_error(R"({"messages":[{"role":"user"}]})", Endpoint::kChat).param,
@@ -212,7 +259,6 @@ TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
        "tool_choice"},
       {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
        Endpoint::kChat, "response_format"},
-      {R"({"prompt":"x","logit_bias":{"1":2}})", Endpoint::kCompletions, "logit_bias"},
       {R"({"prompt":"x","suffix":"y"})", Endpoint::kCompletions, "suffix"},
       {R"({"prompt":"x","temprature":0})", Endpoint::kCompletions, "temprature"},
       {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", Endpoint::kChat, "echo"},

@@ -7,8 +7,12 @@ Checks, against references that are not the server's own code path:
     rendered by Python's jinja2 (usage.prompt_tokens = its bytes + BOS);
   * stop strings cut the text before the first occurrence (finish_reason "stop"), also one that
     contains U+FFFD (matched on the text the client receives);
+  * logprobs / top_logprobs (completions and chat, streamed and not): one entry per token,
+    greedy takes the best alternative, sorted and consistent;
+  * logit_bias forces its token (greedy and sampled); a presence penalty reduces repeats; bad
+    penalty / bias values are a 400 naming them;
   * a 401 leaves nothing on its keep-alive connection; unimplemented fields (tools,
-    response_format, logit_bias, suffix, unknown ones) are a 400 naming them, a non-JSON
+    response_format, suffix, unknown ones) are a 400 naming them, a non-JSON
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
@@ -27,6 +31,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import math
 import pathlib
 import random
 import signal
@@ -355,6 +360,114 @@ def test_choices(pagoda, server):
                   f"stop_token_ids [{ord(ch)}] (stream={stream}): {texts} {reasons}")
 
 
+def repeats(text):
+    return len(text) - len(set(text))
+
+
+def test_penalties(server):
+    """logit_bias and the penalties through the openai client (the byte tokenizer: token b is
+    byte b). The exact formulas are checked against a reference in engine_tests."""
+    c = client(server)
+    for temperature in (0, 1.0):
+        r = c.completions.create(model="builtin", prompt="bias", max_tokens=8, seed=3,
+                                 temperature=temperature, logit_bias={"65": 100},
+                                 extra_body={"ignore_eos": True})
+        check(r.choices[0].text == "A" * 8, f"logit_bias 65: +100 (T={temperature}): {r.choices[0].text!r}")
+    chat = c.chat.completions.create(model="builtin", messages=[{"role": "user", "content": "x"}],
+                                     max_tokens=4, temperature=0, logit_bias={"66": 100},
+                                     extra_body={"ignore_eos": True})
+    check(chat.choices[0].message.content == "BBBB", f"chat logit_bias: {chat.choices[0].message}")
+    plain = pen = 0
+    for k in range(4):
+        kw = dict(model="builtin", prompt=f"repeat {k}", max_tokens=24, temperature=0,
+                  extra_body={"ignore_eos": True})
+        a = c.completions.create(**kw).choices[0].text
+        b = c.completions.create(presence_penalty=2.0, **kw).choices[0].text
+        b2 = c.completions.create(presence_penalty=2.0, **kw).choices[0].text
+        check(b == b2, f"a penalised greedy request repeats itself: {b!r} {b2!r}")
+        plain, pen = plain + repeats(a.encode()), pen + repeats(b.encode())
+    check(pen < plain, f"presence_penalty 2 reduces repeated tokens ({plain} -> {pen})")
+    r = c.completions.create(model="builtin", prompt="rep", max_tokens=8, temperature=0,
+                             frequency_penalty=1.0, extra_body={"repetition_penalty": 1.5})
+    check(r.choices[0].finish_reason in ("length", "stop"), "frequency + repetition penalties run")
+    for field, kw in (("logit_bias", {"logit_bias": {"999999": 1}}),
+                      ("logit_bias", {"logit_bias": {"65": 200}}),
+                      ("presence_penalty", {"presence_penalty": 2.5}),
+                      ("repetition_penalty", {"extra_body": {"repetition_penalty": 0}})):
+        try:
+            c.completions.create(model="builtin", prompt="x", max_tokens=2, **kw)
+            check(False, f"{field} {kw} is refused")
+        except openai.BadRequestError as e:
+            check(api_error(e).get("param") == field, f"400 names {field}: {api_error(e)}")
+
+
+def test_logprobs(server):
+    """logprobs / top_logprobs through the openai client: one entry per completion token; for a
+    greedy request the sampled token's log-probability is the best of its alternatives, which
+    come sorted (chat) and consistent with it; streamed equals non-streamed; exp of the top
+    alternatives sums to at most 1."""
+    c = client(server)
+    kw = dict(model="builtin", prompt="logprobs", max_tokens=12, temperature=0, logprobs=5,
+              extra_body={"ignore_eos": True})
+    r = c.completions.create(**kw)
+    lp, text = r.choices[0].logprobs, r.choices[0].text
+    n = len(lp.tokens)
+    check(n == 12 == r.usage.completion_tokens and len(lp.token_logprobs) == n and
+          len(lp.top_logprobs) == n and len(lp.text_offset) == n, f"one entry per token: {lp}")
+    for i in range(n):
+        top = lp.top_logprobs[i]
+        ok = (1 <= len(top) <= 5 and abs(lp.token_logprobs[i] - max(top.values())) < 1e-6 and
+              abs(top.get(lp.tokens[i], 1.0) - lp.token_logprobs[i]) < 1e-6 and
+              sum(math.exp(v) for v in top.values()) <= 1 + 1e-5 and lp.token_logprobs[i] <= 0)
+        check(ok, f"greedy token {i}: its logprob is the best alternative's: {lp.tokens[i]!r} "
+                  f"{lp.token_logprobs[i]} {top}")
+    if text.isascii():
+        check("".join(lp.tokens) == text and lp.text_offset == [len("".join(lp.tokens[:i]))
+                                                                 for i in range(n)],
+              f"tokens join to the text, offsets count them: {lp.tokens} {lp.text_offset}")
+    chunks = list(c.completions.create(stream=True, **kw))
+    toks = [t for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for t in ch.choices[0].logprobs.tokens]
+    vals = [v for ch in chunks if ch.choices and ch.choices[0].logprobs
+            for v in ch.choices[0].logprobs.token_logprobs]
+    check(toks == lp.tokens and vals == lp.token_logprobs, "streamed logprobs equal non-streamed")
+    msgs = [{"role": "user", "content": "logprobs"}]
+    for stream in (False, True):
+        r = c.chat.completions.create(model="builtin", messages=msgs, max_tokens=10, temperature=0,
+                                      logprobs=True, top_logprobs=3, stream=stream,
+                                      extra_body={"ignore_eos": True})
+        if stream:
+            content = [e for ch in r if ch.choices and ch.choices[0].logprobs
+                       for e in ch.choices[0].logprobs.content]
+        else:
+            content = r.choices[0].logprobs.content
+        ok = len(content) == 10
+        for e in content:
+            vals = [a.logprob for a in e.top_logprobs]
+            ok = ok and len(vals) == 3 and vals == sorted(vals, reverse=True) and \
+                abs(e.logprob - vals[0]) < 1e-6 and e.top_logprobs[0].token == e.token and \
+                bytes(e.bytes).decode("utf-8", "replace") == e.token
+        check(ok, f"chat logprobs (stream={stream}): sorted top_logprobs, greedy = the best: "
+                  f"{content[:2]}")
+        if not stream:
+            joined = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
+            check(joined == r.choices[0].message.content, "chat logprobs bytes join to the content")
+    r = c.completions.create(model="builtin", prompt="sampled", max_tokens=8, temperature=1.0,
+                             seed=5, logprobs=2)
+    lp = r.choices[0].logprobs
+    check(all(v <= max(t.values()) + 1e-6 for v, t in zip(lp.token_logprobs, lp.top_logprobs)),
+          f"sampled tokens' logprobs are at most the best alternative's: {lp}")
+    for field, call in (("logprobs", lambda: c.completions.create(model="builtin", prompt="x",
+                                                                 logprobs=2, echo=True)),
+                        ("top_logprobs", lambda: c.chat.completions.create(
+                            model="builtin", messages=msgs, logprobs=True, top_logprobs=21))):
+        try:
+            call()
+            check(False, f"{field} is refused")
+        except openai.BadRequestError as e:
+            check(api_error(e).get("param") == field, f"400 names {field}: {api_error(e)}")
+
+
 def test_tokenize(server):
     """/v1/tokenize and /v1/detokenize against the byte tokenizer's definition (BOS 256, then the
     UTF-8 bytes) and jinja2's rendering of the chat template."""
@@ -420,8 +533,6 @@ def test_unsupported_fields(server):
                                                           tool_choice="none")),
         ("response_format", lambda: c.chat.completions.create(
             model="builtin", messages=msgs, response_format={"type": "json_object"})),
-        ("logit_bias", lambda: c.completions.create(model="builtin", prompt="x",
-                                                    logit_bias={"65": 5})),
         ("suffix", lambda: c.completions.create(model="builtin", prompt="x", suffix="y")),
         ("frobnicate", lambda: c.completions.create(model="builtin", prompt="x",
                                                     extra_body={"frobnicate": {"a": [1]}})),
@@ -684,6 +795,8 @@ def main():
         test_stop_on_client_text(args.pagoda, s)
         test_choices(args.pagoda, s)
         test_tokenize(s)
+        test_penalties(s)
+        test_logprobs(s)
         test_auth_keep_alive(s)
         test_unsupported_fields(s)
         test_nonstream_disconnect(s)

@@ -29,6 +29,12 @@ static_assert(offsetof(SampleRow, top_p) == offsetof(ck::SamplingRowParams, top_
 static_assert(offsetof(SampleRow, min_p) == offsetof(ck::SamplingRowParams, min_p));
 static_assert(offsetof(SampleRow, seed) == offsetof(ck::SamplingRowParams, seed));
 static_assert(offsetof(SampleRow, step) == offsetof(ck::SamplingRowParams, step));
+static_assert(sizeof(LogitAdjust) == sizeof(ck::LogitAdjustEntry));
+static_assert(offsetof(LogitAdjust, row) == offsetof(ck::LogitAdjustEntry, row));
+static_assert(offsetof(LogitAdjust, token) == offsetof(ck::LogitAdjustEntry, token));
+static_assert(offsetof(LogitAdjust, bias) == offsetof(ck::LogitAdjustEntry, bias));
+static_assert(offsetof(LogitAdjust, rep) == offsetof(ck::LogitAdjustEntry, rep));
+static_assert(offsetof(LogitAdjust, sub) == offsetof(ck::LogitAdjustEntry, sub));
 
 namespace {
 
@@ -228,6 +234,11 @@ class CudaOps final : public ModelOps {
   }
   void soft_cap(float* x, int64_t n, float cap) override {
     cuda_check(ck::soft_cap_inplace(x, n, cap, stream_), "soft_cap");
+  }
+  void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
+    cuda_check(ck::adjust_logits(logits, vocab, reinterpret_cast<const ck::LogitAdjustEntry*>(adj),
+                                 n, stream_),
+               "adjust_logits");
   }
   void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
               int64_t vocab) override {

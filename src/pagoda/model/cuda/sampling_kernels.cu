@@ -546,4 +546,28 @@ cudaError_t sample_tokens(const float* logits, int64_t row_stride, const Samplin
                             workspace, workspace_bytes, stream);
 }
 
+namespace {
+
+__global__ void adjust_logits_kernel(float* logits, int64_t vocab, const LogitAdjustEntry* adj,
+                                     int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const LogitAdjustEntry a = adj[i];
+  float& l = logits[static_cast<int64_t>(a.row) * vocab + a.token];
+  const float l1 = __fadd_rn(l, a.bias);
+  // _rn intrinsics: no FMA contraction, so the result is the host's (apply_logit_adjust) bit for bit.
+  l = __fsub_rn(l1 > 0.f ? __fdiv_rn(l1, a.rep) : __fmul_rn(l1, a.rep), a.sub);
+}
+
+}  // namespace
+
+cudaError_t adjust_logits(float* logits, int64_t vocab, const LogitAdjustEntry* adj, int64_t n,
+                          cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  adjust_logits_kernel<<<blocks, kThreads, 0, stream>>>(logits, vocab, adj, n);
+  return cudaGetLastError();
+}
+
 }  // namespace pagoda::model::cuda_kernels

@@ -53,6 +53,22 @@ struct SamplingRowParams {
 };
 static_assert(sizeof(SamplingRowParams) == 32, "SamplingRowParams is a 32-byte POD");
 
+/// One logit changed before sampling (the layout of model::LogitAdjust, checked in cuda_ops.cpp):
+/// logits[row * vocab + token] = l1 > 0 ? l1 / rep : l1 * rep, minus sub, with l1 = l + bias.
+struct LogitAdjustEntry {
+  int32_t row;
+  int32_t token;
+  float bias;
+  float rep;
+  float sub;
+};
+static_assert(sizeof(LogitAdjustEntry) == 20, "LogitAdjustEntry is a 20-byte POD");
+
+/// Applies adj[n] (device) to logits [rows, vocab] (f32, device) in place, one thread per entry;
+/// entries must name distinct (row, token) pairs in range. cudaSuccess without a launch for n <= 0.
+cudaError_t adjust_logits(float* logits, int64_t vocab, const LogitAdjustEntry* adj, int64_t n,
+                          cudaStream_t stream);
+
 /// Largest vocabulary sample_tokens accepts.
 inline constexpr int kMaxSampleVocab = 262144;
 

@@ -1,0 +1,58 @@
+#pragma once
+/// Per-request logit processing before sampling (OpenAI / vLLM semantics), as sparse
+/// LogitAdjust entries (model_ops.h) so that only the logits it changes are touched:
+///   1. logit_bias: l += bias[token];
+///   2. repetition_penalty p (HF / vLLM): a token seen in the prompt or the output gets
+///      l / p when l > 0, else l * p;
+///   3. presence / frequency (OpenAI): l -= presence * (count > 0) + frequency * count, where
+///      count is how often the token occurs in the output so far (not the prompt).
+/// A request without any of them yields no entries (the worker's step is unchanged).
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "pagoda/model/model_ops.h"
+
+namespace pagoda::model {
+
+struct LogitProcessing {
+  float presence_penalty = 0.f;    ///< [-2, 2]; 0 = off
+  float frequency_penalty = 0.f;   ///< [-2, 2]; 0 = off
+  float repetition_penalty = 1.f;  ///< (0, 2]; 1 = off
+  /// (token, bias) pairs, bias in [-100, 100]; a token listed twice gets the last bias.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+
+  bool active() const {
+    return presence_penalty != 0.f || frequency_penalty != 0.f || repetition_penalty != 1.f ||
+           !logit_bias.empty();
+  }
+  /// Throws Error(kInvalidArgument) for a value outside its range or a biased token outside
+  /// [0, vocab).
+  void validate(int64_t vocab) const;
+};
+
+/// Appends the entries of logit row `row` for a sequence with `prompt` and `output` tokens so far
+/// (sorted by token; none when !p.active()).
+void append_logit_adjust(std::span<const int32_t> prompt, std::span<const int32_t> output,
+                         const LogitProcessing& p, int32_t row, std::vector<LogitAdjust>& out);
+
+/// One sampled token's log-probabilities: the log-softmax of the logit row it was sampled from
+/// (after logit_bias and penalties, before temperature and top-k / top-p / min-p).
+struct TokenLogprobs {
+  float logprob = 0.f;                          ///< of the sampled token
+  std::vector<std::pair<int32_t, float>> top;   ///< the most likely tokens, best first (ties: lower id)
+};
+
+/// Most alternatives TokenLogprobs::top may hold (vLLM's default max_logprobs).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+/// The log-probabilities of `token` and of the `top_n` (in [0, kMaxLogprobs], <= vocab) most
+/// likely tokens of `logits` [vocab] (sums in double).
+TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n);
+
+/// The host implementation of ModelOps::adjust_logits.
+void apply_logit_adjust(float* logits, int64_t vocab, std::span<const LogitAdjust> adj);
+
+}  // namespace pagoda::model

@@ -1,0 +1,121 @@
+// logit_bias and penalties (logit_processing.h) against a dense reference of the same formulas
+// (OpenAI presence / frequency over the output, HF / vLLM repetition over prompt + output).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
+
+#include "pagoda/core/error.h"
+#include "logit_reference.h"
+#include "pagoda/model/logit_processing.h"
+
+namespace pagoda::model {
+namespace {
+
+TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int vocab = 4096, rows = 8;
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+  for (float& x : logits) x = normal(rng);
+  std::vector<LogitAdjust> adj;
+  std::vector<std::vector<double>> want;
+  for (int r = 0; r < rows; ++r) {
+    auto tokens = [&](int n) {  // from a narrow range so tokens repeat
+      std::vector<int32_t> t(static_cast<size_t>(n));
+      for (auto& x : t) x = static_cast<int32_t>(rng() % 600);
+      return t;
+    };
+    const auto prompt = tokens(1 + static_cast<int>(rng() % 300));
+    const auto output = tokens(static_cast<int>(rng() % 120));
+    LogitProcessing p;
+    if (r % 4 != 1) p.presence_penalty = unit(rng) * 4.f - 2.f;
+    if (r % 4 != 2) p.frequency_penalty = unit(rng) * 4.f - 2.f;
+    if (r % 4 != 3) p.repetition_penalty = 0.25f + unit(rng) * 1.75f;
+    if (r == 5) p = LogitProcessing{};  // a plain row between adjusted ones
+    const int nbias = r == 5 ? 0 : static_cast<int>(rng() % 24);
+    for (int i = 0; i < nbias; ++i)  // some of them repeat a token
+      p.logit_bias.emplace_back(static_cast<int32_t>(rng() % 700), unit(rng) * 200.f - 100.f);
+    p.validate(vocab);
+    EXPECT_EQ(p.active(), r != 5);
+    const size_t before = adj.size();
+    append_logit_adjust(prompt, output, p, r, adj);
+    if (r == 5) {
+      EXPECT_EQ(adj.size(), before) << "a plain row adds no entries";
+    }
+    want.push_back(testing::reference_processed_logits(
+        std::span<const float>(logits).subspan(static_cast<size_t>(r) * vocab, vocab),
+        std::span<const int32_t>(prompt), std::span<const int32_t>(output), p));
+  }
+  for (size_t i = 1; i < adj.size(); ++i)  // the order the worker requires
+    ASSERT_LT(std::pair(adj[i - 1].row, adj[i - 1].token), std::pair(adj[i].row, adj[i].token));
+  apply_logit_adjust(logits.data(), vocab, adj);
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < vocab; ++v) {
+      const double w = want[static_cast<size_t>(r)][static_cast<size_t>(v)];
+      ASSERT_NEAR(logits[static_cast<size_t>(r) * vocab + v], w, 1e-5 * (1.0 + std::abs(w)))
+          << "row " << r << " token " << v;
+    }
+}
+
+// token_logprobs against log(softmax) in long double and a full sort (ties by id).
+TEST(LogitProcessing, TokenLogprobsAreTheLogSoftmax) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 4.f);
+  for (int iter = 0; iter < 20; ++iter) {
+    const int vocab = 50 + static_cast<int>(rng() % 5000);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (float& x : logits) x = std::round(normal(rng) * 8.f) / 8.f;  // with ties
+    const auto token = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+    const auto n = static_cast<int32_t>(rng() % (kMaxLogprobs + 1));
+    const TokenLogprobs got = token_logprobs(logits, token, n);
+    long double z = 0;
+    for (float l : logits) z += std::exp(static_cast<long double>(l));
+    auto lp = [&](int32_t t) {
+      return static_cast<double>(std::log(std::exp(static_cast<long double>(logits[t])) / z));
+    };
+    EXPECT_NEAR(got.logprob, lp(token), 1e-4);
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < vocab; ++i) order[static_cast<size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    ASSERT_EQ(got.top.size(), static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      EXPECT_EQ(got.top[i].first, order[static_cast<size_t>(i)]) << "rank " << i;
+      EXPECT_NEAR(got.top[i].second, lp(order[static_cast<size_t>(i)]), 1e-4) << "rank " << i;
+    }
+  }
+}
+
+TEST(LogitProcessing, ValidateNamesTheBadValue) {
+  auto code = [](const LogitProcessing& p) -> std::optional<ErrorCode> {
+    try {
+      p.validate(100);
+    } catch (const Error& e) {
+      return e.code();
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(code({.presence_penalty = 2.f, .frequency_penalty = -2.f, .repetition_penalty = 2.f,
+                  .logit_bias = {{99, -100.f}, {0, 100.f}}}),
+            std::nullopt);
+  EXPECT_EQ(code({.presence_penalty = 2.5f}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code({.frequency_penalty = NAN}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code({.repetition_penalty = 0.f}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code({.repetition_penalty = 2.5f}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code({.logit_bias = {{100, 1.f}}}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code({.logit_bias = {{-1, 1.f}}}), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code({.logit_bias = {{3, 101.f}}}), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagoda::model
