@@ -169,7 +169,7 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
     }
     backup_pages(due, false);
   }
-  int64_t loaded = 0;
+  int64_t loaded = 0, skipped = 0;
   if (device_len / p < cap) {
     page_keys(req.extra_key, req.tokens, p, cap, keys_);
     const auto first = static_cast<size_t>(device_len / p);
@@ -194,7 +194,8 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
               TreePage{.key = k,
                        .parent = first + i > 0 ? keys_[first + i - 1] : root_key(req.extra_key),
                        .hits = 0,
-                       .in_tree = true};
+                       .in_tree = true,
+                       .from_host = true};
         }
         controller_.load(host_pages, dev_pages);
         std::vector<SlotIndex> all(req.prefix_slots.begin(),
@@ -206,7 +207,7 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
         PAGODA_CHECK_EQ(r.prefix_len, device_len);
         loaded = need;
       } else {
-        tier_.load_skipped_tokens += need;
+        skipped = need;
       }
       device_.dec_lock_ref(m.last_node);
       if (loaded > 0) m = device_.match_prefix(key, max_prefix_len, req.prefix_slots);
@@ -215,11 +216,31 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
   device_.inc_lock_ref(m.last_node);
   req.cache_protected_len = m.length;
   req.last_node = m.last_node;
-  ++stats_.match_calls;
-  stats_.queried_tokens += queried;
-  stats_.matched_tokens += m.length;
-  tier_.device_hit_tokens += device_len;
-  tier_.host_hit_tokens += loaded;
+  Admission a{.req = &req, .queried = queried, .skipped = skipped, .pages = {}};
+  for (int64_t i = 0; i < m.length / p; ++i)
+    a.pages.push_back(page_of(req.prefix_slots[static_cast<size_t>(i * p)]));
+  pending_.push_back(std::move(a));
+}
+
+void HiCache::unadmit(cache::CacheRequest& req) {
+  PrefixCache::unadmit(req);
+  std::erase_if(pending_, [&](const Admission& a) { return a.req == &req; });
+}
+
+void HiCache::begin_forward() {
+  for (const Admission& a : pending_) {
+    ++stats_.match_calls;
+    stats_.queried_tokens += a.queried;
+    stats_.matched_tokens += static_cast<int64_t>(a.pages.size()) * page_size();
+    tier_.load_skipped_tokens += a.skipped;
+    for (int32_t page : a.pages) {
+      TreePage& tp = tree_pages_[static_cast<size_t>(page)];
+      (tp.from_host ? tier_.host_hit_tokens : tier_.device_hit_tokens) += page_size();
+      tp.from_host = false;
+    }
+  }
+  pending_.clear();
+  controller_.begin_forward();
 }
 
 int64_t HiCache::drain_host() { return host_.evict(host_.num_entries()); }

@@ -88,12 +88,16 @@ class HiCache final : public cache::PrefixCache {
   void check_integrity() const override;
   /// Match, load back the host continuation (all or nothing), lock (see the file comment).
   void admit(cache::CacheRequest& req, int64_t max_prefix_len) override;
+  /// Unlocks like PrefixCache::unadmit; the admission is not counted (its load-back stays:
+  /// the pages are in the tree, and the next admission that uses them counts them as host hits).
+  void unadmit(cache::CacheRequest& req) override;
 
   /// Device prefix and host continuation of key[:min(len, max_prefix_len)], page aligned.
   /// Touches the device tree like match_prefix; changes nothing else.
   TierMatch match_tiers(const cache::RadixKey& key, int64_t max_prefix_len);
-  /// Around each forward: submits queued copies and gates the device pool per layer.
-  void begin_forward() { controller_.begin_forward(); }
+  /// Around each forward: counts the step's admissions (hits per tier), submits queued copies
+  /// and gates the device pool per layer.
+  void begin_forward();
   void end_forward() { controller_.end_forward(); }
   /// Submits every queued copy and waits for all of them.
   void synchronize() { controller_.synchronize(); }
@@ -111,6 +115,14 @@ class HiCache final : public cache::PrefixCache {
     PageKey parent;
     int32_t hits = 0;
     bool in_tree = false;
+    bool from_host = false;  ///< loaded back and not yet counted as a host hit
+  };
+  /// An admission not yet counted: counted by begin_forward() unless unadmit() drops it.
+  struct Admission {
+    const cache::CacheRequest* req = nullptr;
+    int64_t queried = 0;
+    int64_t skipped = 0;
+    std::vector<int32_t> pages;  ///< the admitted prefix's device pages
   };
   int32_t page_of(SlotIndex slot) const { return slot / page_size(); }
   /// Records the keys of the tree pages holding tokens[:len] (after an insert) and applies the
@@ -137,6 +149,7 @@ class HiCache final : public cache::PrefixCache {
   std::vector<SlotIndex> scratch_;
   mutable cache::CacheStats stats_;
   TierStats tier_;
+  std::vector<Admission> pending_;  ///< admissions since the last begin_forward()
   cache::RadixCache device_;  ///< last: destroyed first, while its listener's state still lives
 };
 

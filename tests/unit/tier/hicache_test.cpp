@@ -163,8 +163,20 @@ TEST(HiCache, NoDeviceRoomMeansRecompute) {
   r.tokens = a;
   h.cache.admit(r, 40);
   EXPECT_EQ(r.cache_protected_len, 0);
+  h.cache.begin_forward();  // the step's admissions are counted here
+  h.cache.end_forward();
   EXPECT_EQ(h.cache.tier_stats().load_skipped_tokens, 40);
   h.cache.dec_lock_ref(r.last_node);
+  // An admission the scheduler takes back (unadmit) is not counted.
+  const int64_t calls = h.cache.stats().match_calls;
+  r = cache::CacheRequest{};
+  r.tokens = a;
+  h.cache.admit(r, 40);
+  h.cache.unadmit(r);
+  h.cache.begin_forward();
+  h.cache.end_forward();
+  EXPECT_EQ(h.cache.stats().match_calls, calls);
+  EXPECT_FALSE(r.last_node.has_node());
   for (cache::CacheRequest* r : {&x, &y}) {
     h.cache.cache_finished_req(*r, static_cast<int64_t>(r->tokens.size()));
     h.table.free(r->req_slot);
