@@ -8,11 +8,16 @@
 // is bounded by it. Every admitted prefix must hold exactly the K/V computed for its tokens
 // (checked per layer after the forward's layer wait), and every page reference is accounted for:
 // device refcounts == tree pages + request pages, host references == host-tier entries.
+// Small-host cases also run a storage tier (file backend) whose pages the test corrupts or
+// deletes at random: such a page is a miss and the prefix is recomputed, never wrong KV.
 // The seed comes from std::random_device unless PAGODA_SEED is set; it is always printed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 
@@ -49,10 +54,12 @@ class TierRun {
         alloc_(kDevicePages, c.page_size),
         table_(6, 4096),
         dev_(testing::small_pool(kDevicePages, c.page_size), platform_->allocator()),
+        dir_(c.big_host ? std::string() : storage_dir(seed)),
         cache_(alloc_, table_, dev_, *platform_,
                HiCacheConfig{.host = {.ratio = c.big_host ? 400.0 : 0.5},
                              .write_policy = c.policy,
-                             .selective_threshold = 2}) {
+                             .selective_threshold = 2,
+                             .storage = dir_.empty() ? std::string() : "file:" + dir_}) {
     for (int d = 0; d < 5; ++d) docs_.push_back(tokens(static_cast<size_t>(c.page_size) * 10));
   }
 
@@ -66,6 +73,8 @@ class TierRun {
       continue_chunk();
     } else if (op < 72) {
       finish_one(cache::FinishPolicy::kNoInsert);
+    } else if (op < 77) {
+      break_a_stored_page();
     } else {
       cache_.evict(static_cast<int64_t>(rng_() % (8 * static_cast<uint64_t>(c_.page_size))) + 1);
     }
@@ -79,11 +88,46 @@ class TierRun {
     check();
     EXPECT_EQ(alloc_.num_free_pages(), alloc_.num_pages());
     EXPECT_EQ(cache_.host_pool().pages().num_free_pages(), cache_.host_pool().pages().num_pages());
+    if (!dir_.empty()) {
+      EXPECT_GT(cache_.tier_stats().storage.puts, 0);
+      std::printf("storage: %lld hit tokens, %lld corrupt, %lld misses\n",
+                  static_cast<long long>(cache_.tier_stats().storage_hit_tokens),
+                  static_cast<long long>(cache_.tier_stats().storage.corrupt_pages),
+                  static_cast<long long>(cache_.tier_stats().storage.get_misses));
+      std::filesystem::remove_all(dir_);
+    }
   }
 
   int64_t admitted = 0, host_hits = 0;
 
  private:
+  static std::string storage_dir(uint64_t seed) {
+    const auto p = std::filesystem::path(::testing::TempDir()) /
+                   ("pagoda_hicache_property_" + std::to_string(seed));
+    std::filesystem::remove_all(p);
+    return p.string();
+  }
+
+  /// Storage failure: flips a byte of, truncates or deletes a random stored page.
+  void break_a_stored_page() {
+    if (dir_.empty()) return;
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) files.push_back(e.path());
+    if (files.empty()) return;
+    std::sort(files.begin(), files.end());
+    const auto& f = files[rng_() % files.size()];
+    switch (rng_() % 3) {
+      case 0: {
+        std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+        io.seekp(static_cast<std::streamoff>(rng_() % std::filesystem::file_size(f)));
+        io.put(static_cast<char>(rng_()));
+        break;
+      }
+      case 1: std::filesystem::resize_file(f, std::filesystem::file_size(f) / 2); break;
+      default: std::filesystem::remove(f); break;
+    }
+  }
+
   static constexpr int32_t kDevicePages = 40;
 
   std::vector<int32_t> tokens(size_t n) {
@@ -129,8 +173,12 @@ class TierRun {
     l.req.tokens = t;
     cache_.admit(l.req, cap);
     const int64_t pre = l.req.cache_protected_len;
-    ASSERT_TRUE(pre == m.device_len || pre == m.device_len + m.host_len)
-        << pre << " vs " << m.device_len << " + " << m.host_len;
+    // All or nothing: the device prefix, or it plus the host continuation (plus what storage
+    // had after it), never beyond what was stored.
+    ASSERT_TRUE(pre == m.device_len ||
+                (pre >= m.device_len + m.host_len && (dir_.empty() ? pre == m.device_len + m.host_len
+                                                                   : pre <= expect)))
+        << pre << " vs " << m.device_len << " + " << m.host_len << " (stored " << expect << ")";
     ++admitted;
     host_hits += pre - m.device_len;
     // The forward: every layer waits for its load-back, then its prefix rows must be exact.
@@ -217,6 +265,7 @@ class TierRun {
   kv::PageAllocator alloc_;
   kv::ReqToTokenTable table_;
   kv::KvPool dev_;
+  std::string dir_;  ///< the storage tier's directory (small-host cases), else empty
   HiCache cache_;
   std::vector<std::vector<int32_t>> docs_;
   std::vector<Live> live_;

@@ -469,6 +469,10 @@ void run_bench(const BenchOptions& o) {
                                    t.transfer.load_stall_s * 1e3, t.transfer.d2h_wait_s * 1e3));
     row("skipped loads / backups", fmt::format("{} tok / {} pages", t.load_skipped_tokens,
                                                t.backup_skipped_pages));
+    if (t.has_storage)
+      row("storage", fmt::format("{} hit tok, {} put, {} errors, {} corrupt",
+                                 t.storage_hit_tokens, t.storage.puts, t.storage.put_errors,
+                                 t.storage.corrupt_pages));
   }
   row("peak KV use", fmt::format("{} tok ({:.0f} %)", st.scheduler.peak_used_tokens,
                                  100.0 * static_cast<double>(st.scheduler.peak_used_tokens) /

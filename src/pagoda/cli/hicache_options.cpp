@@ -47,6 +47,13 @@ void add_hicache_options(CLI::App* cmd, HiCacheOptions& o) {
                   "when device pages get a host copy: write_through (when stored), "
                   "write_through_selective (after 2 hits), write_back (on eviction)")
       ->capture_default_str();
+  cmd->add_option("--hicache-storage", o.storage,
+                  "hierarchical KV cache: a storage tier below the host tier, file:DIR (pages "
+                  "leaving the host tier are kept there; any engine on DIR can reuse them)");
+  cmd->add_option("--hicache-prefetch-policy", o.prefetch_policy,
+                  "how long an admission waits for its pages from storage: wait_complete or "
+                  "timeout (1 s + 0.25 s per 1,000 tokens); best_effort is not implemented yet")
+      ->capture_default_str();
 }
 
 tier::HiCacheConfig make_hicache_config(const HiCacheOptions& o) {
@@ -58,6 +65,8 @@ tier::HiCacheConfig make_hicache_config(const HiCacheOptions& o) {
   c.host.ratio = o.ratio;
   if (!o.size.empty()) c.host.bytes = parse_bytes(o.size);
   c.write_policy = tier::parse_write_policy(o.write_policy);
+  c.storage = o.storage;
+  c.prefetch = tier::parse_prefetch_policy(o.prefetch_policy);
   c.validate();
   return c;
 }
@@ -79,7 +88,18 @@ nlohmann::json hicache_stats_json(const engine::EngineStats& st) {
           {"load_batches", t.transfer.load_batches},
           {"copy_wait_s", t.transfer.d2h_wait_s},
           {"load_stalls", t.transfer.load_stalls},
-          {"load_stall_s", t.transfer.load_stall_s}};
+          {"load_stall_s", t.transfer.load_stall_s},
+          {"storage_hit_tokens", t.storage_hit_tokens},
+          {"storage",
+           t.has_storage ? nlohmann::json{{"puts", t.storage.puts},
+                                          {"put_skipped", t.storage.put_skipped},
+                                          {"put_errors", t.storage.put_errors},
+                                          {"get_hits", t.storage.get_hits},
+                                          {"get_misses", t.storage.get_misses},
+                                          {"corrupt_pages", t.storage.corrupt_pages},
+                                          {"bytes_written", t.storage.bytes_written},
+                                          {"bytes_read", t.storage.bytes_read}}
+                         : nlohmann::json(nullptr)}};
 }
 
 }  // namespace pagoda::cli

@@ -1,6 +1,7 @@
 #include "pagoda/kv/host_pool.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "pagoda/core/dtype.h"
@@ -97,6 +98,46 @@ void copy_layer_pages(const KvPool& src, KvPool& dst, LayerId layer, std::span<c
   if (a.layout == KvLayout::kMha) {
     copy_buffer(src.v_view(layer).data(), dst.v_view(layer).data(), src.v_row_elems());
   }
+}
+
+namespace {
+
+/// Calls f(page_block, bytes) for page `page`'s K (and V) block of every layer, in order.
+template <typename F>
+void for_each_page_block(const KvPool& pool, int32_t page, size_t size, F&& f) {
+  PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported, "page (de)serialisation needs a host pool");
+  PAGODA_REQUIRE(page >= 0 && page <= pool.config().num_pages, kOutOfRange,
+                 "page {} outside [0, {}]", page, pool.config().num_pages);
+  PAGODA_REQUIRE(static_cast<int64_t>(size) == bytes_per_page(pool), kInvalidArgument,
+                 "a page is {} bytes, not {}", bytes_per_page(pool), size);
+  const auto elem = static_cast<int64_t>(dtype_size(pool.config().dtype));
+  const int64_t p = pool.page_size();
+  for (int32_t l = 0; l < pool.num_layers(); ++l) {
+    const int64_t k = p * pool.k_row_elems() * elem;
+    f(static_cast<char*>(pool.k_view(LayerId{l}).data()) + page * k, k);
+    if (pool.config().layout == KvLayout::kMha) {
+      const int64_t v = p * pool.v_row_elems() * elem;
+      f(static_cast<char*>(pool.v_view(LayerId{l}).data()) + page * v, v);
+    }
+  }
+}
+
+}  // namespace
+
+void read_page(const KvPool& pool, int32_t page, std::span<std::byte> out) {
+  size_t at = 0;
+  for_each_page_block(pool, page, out.size(), [&](const char* block, int64_t n) {
+    std::memcpy(out.data() + at, block, static_cast<size_t>(n));
+    at += static_cast<size_t>(n);
+  });
+}
+
+void write_page(KvPool& pool, int32_t page, std::span<const std::byte> in) {
+  size_t at = 0;
+  for_each_page_block(pool, page, in.size(), [&](char* block, int64_t n) {
+    std::memcpy(block, in.data() + at, static_cast<size_t>(n));
+    at += static_cast<size_t>(n);
+  });
 }
 
 HostKvPool::HostKvPool(const KvPoolConfig& device, const HostPoolSize& size,

@@ -60,6 +60,12 @@ using CopyFn = std::function<void(void*, const void*, size_t)>;
 void copy_layer_pages(const KvPool& src, KvPool& dst, LayerId layer, std::span<const PageCopy> runs,
                       const CopyFn& copy);
 
+/// Copies page `page` of every layer of a host pool into `out` (bytes_per_page(pool) bytes:
+/// per layer its K rows, then its V rows for MHA) / back from `in`. kInvalidArgument for a
+/// wrong size, kOutOfRange for a bad page, kUnsupported for a device pool; checked first.
+void read_page(const KvPool& pool, int32_t page, std::span<std::byte> out);
+void write_page(KvPool& pool, int32_t page, std::span<const std::byte> in);
+
 class HostKvPool {
  public:
   /// A host pool for a device pool of `device` geometry, sized by `size` (host_pool_pages), in

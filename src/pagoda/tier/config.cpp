@@ -26,6 +26,25 @@ WritePolicy parse_write_policy(std::string_view name) {
               name);
 }
 
+std::string_view prefetch_policy_name(PrefetchPolicy p) {
+  switch (p) {
+    case PrefetchPolicy::kBestEffort: return "best_effort";
+    case PrefetchPolicy::kWaitComplete: return "wait_complete";
+    case PrefetchPolicy::kTimeout: return "timeout";
+  }
+  return "?";
+}
+
+PrefetchPolicy parse_prefetch_policy(std::string_view name) {
+  for (PrefetchPolicy p :
+       {PrefetchPolicy::kBestEffort, PrefetchPolicy::kWaitComplete, PrefetchPolicy::kTimeout}) {
+    if (prefetch_policy_name(p) == name) return p;
+  }
+  throw_error(ErrorCode::kInvalidArgument,
+              "unknown hicache prefetch policy '{}' (have: best_effort, wait_complete, timeout)",
+              name);
+}
+
 void HiCacheConfig::validate() const {
   PAGODA_REQUIRE(host.ratio == 0 || host.bytes == 0, kInvalidArgument,
                  "give either hicache_ratio or hicache_size, not both");
@@ -35,6 +54,11 @@ void HiCacheConfig::validate() const {
                  host.bytes);
   PAGODA_REQUIRE(selective_threshold >= 1, kInvalidArgument,
                  "hicache selective threshold must be >= 1 (got {})", selective_threshold);
+  PAGODA_REQUIRE(prefetch != PrefetchPolicy::kBestEffort, kUnsupported,
+                 "hicache prefetch policy best_effort is not implemented yet (it needs a "
+                 "background prefetch thread); use wait_complete or timeout");
+  PAGODA_REQUIRE(storage.empty() || enabled(), kInvalidArgument,
+                 "hicache storage needs a host tier (hicache_ratio or hicache_size)");
 }
 
 }  // namespace pagoda::tier

@@ -1,6 +1,7 @@
 #include "pagoda/tier/hicache.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
@@ -31,6 +32,15 @@ HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::K
                      device_pool.config().num_pages == allocator.num_pages(),
                  kInvalidArgument, "HiCache: the device pool and the allocator differ in pages");
   host_.set_before_free([this] { controller_.synchronize(); });
+  if (!config_.storage.empty()) {
+    storage_ = make_storage(config_.storage);
+    staging_.resize(static_cast<size_t>(kv::bytes_per_page(host_pool_.pool())));
+    // A page leaving the host tier stays in storage (the copies into it are done: before_free).
+    host_.set_on_evict([this](const PageKey& key, int32_t page) {
+      kv::read_page(host_pool_.pool(), page, staging_);
+      storage_->put(key, staging_);
+    });
+  }
   device_.set_event_listener(
       [this](cache::CacheEvent event, std::span<const int32_t>, std::span<const SlotIndex> slots) {
         if (event == cache::CacheEvent::kRemoved) on_removed(slots);
@@ -81,9 +91,10 @@ void HiCache::note_tree_pages(std::string_view extra_key, std::span<const int32_
       keyed = true;
     }
     tp = TreePage{.key = keys_[static_cast<size_t>(i)],
-                  .parent = i > 0 ? keys_[static_cast<size_t>(i - 1)] : root_key(extra_key),
+                  .parent = parent_key(extra_key, static_cast<size_t>(i)),
                   .hits = 0,
-                  .in_tree = true};
+                  .in_tree = true,
+                  .origin = Origin::kCounted};
     fresh.push_back(page_of(scratch_[static_cast<size_t>(i * p)]));
   }
   if (config_.write_policy == WritePolicy::kWriteThrough) backup_pages(fresh, false);
@@ -169,49 +180,22 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
     }
     backup_pages(due, false);
   }
-  int64_t loaded = 0, skipped = 0;
+  int64_t skipped = 0;
   if (device_len / p < cap) {
     page_keys(req.extra_key, req.tokens, p, cap, keys_);
     const auto first = static_cast<size_t>(device_len / p);
     const int64_t run = host_run(first, static_cast<size_t>(cap));
-    if (run > 0) {
-      const std::span<const PageKey> want(keys_.data() + first, static_cast<size_t>(run));
-      device_.inc_lock_ref(m.last_node);  // the device prefix survives the room-making below
-      for (const PageKey& k : want) host_.pin(k);
-      const int64_t need = run * p;
-      if (allocator_->available_size() < need) evict(need - allocator_->available_size());
-      auto slots = allocator_->alloc(need);
-      for (const PageKey& k : want) host_.unpin(k);
-      if (slots) {
-        std::vector<int32_t> host_pages, dev_pages;
-        for (int64_t i = 0; i < run; ++i) {
-          const PageKey& k = want[static_cast<size_t>(i)];
-          host_pages.push_back(host_.page_of(k));
-          host_.touch(k);
-          const int32_t page = page_of((*slots)[static_cast<size_t>(i * p)]);
-          dev_pages.push_back(page);
-          tree_pages_[static_cast<size_t>(page)] =
-              TreePage{.key = k,
-                       .parent = first + i > 0 ? keys_[first + i - 1] : root_key(req.extra_key),
-                       .hits = 0,
-                       .in_tree = true,
-                       .from_host = true};
-        }
-        controller_.load(host_pages, dev_pages);
-        std::vector<SlotIndex> all(req.prefix_slots.begin(),
-                                   req.prefix_slots.begin() + device_len);
-        all.insert(all.end(), slots->begin(), slots->end());
-        const cache::InsertResult r = device_.insert(
-            cache::RadixKey{std::span<const int32_t>(req.tokens).first(all.size()), req.extra_key},
-            all, cache::InsertOptions{.ownership = cache::SlotOwnership::kTransfer});
-        PAGODA_CHECK_EQ(r.prefix_len, device_len);
-        loaded = need;
-      } else {
-        skipped = need;
-      }
-      device_.dec_lock_ref(m.last_node);
-      if (loaded > 0) m = device_.match_prefix(key, max_prefix_len, req.prefix_slots);
-    }
+    // Pinned: the room-making below may evict host pages, never these.
+    for (size_t i = first; i < first + static_cast<size_t>(run); ++i) host_.pin(keys_[i]);
+    const int64_t fetched =
+        storage_ != nullptr ? fetch_from_storage(req.extra_key, first + static_cast<size_t>(run),
+                                                 static_cast<size_t>(cap))
+                            : 0;
+    const int64_t total = run + fetched;
+    const bool loaded = total > 0 && load_back(req, m, first, total, run);
+    if (total > 0 && !loaded) skipped = total * p;
+    for (size_t i = first; i < first + static_cast<size_t>(total); ++i) host_.unpin(keys_[i]);
+    if (loaded) m = device_.match_prefix(key, max_prefix_len, req.prefix_slots);
   }
   device_.inc_lock_ref(m.last_node);
   req.cache_protected_len = m.length;
@@ -220,6 +204,74 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
   for (int64_t i = 0; i < m.length / p; ++i)
     a.pages.push_back(page_of(req.prefix_slots[static_cast<size_t>(i * p)]));
   pending_.push_back(std::move(a));
+}
+
+bool HiCache::load_back(const cache::CacheRequest& req, const cache::PrefixMatch& m, size_t first,
+                        int64_t total, int64_t from_host) {
+  const int32_t p = page_size();
+  const int64_t device_len = m.length;
+  device_.inc_lock_ref(m.last_node);  // the device prefix survives the room-making below
+  const int64_t need = total * p;
+  if (allocator_->available_size() < need) evict(need - allocator_->available_size());
+  auto slots = allocator_->alloc(need);
+  if (slots) {
+    std::vector<int32_t> host_pages, dev_pages;
+    for (int64_t i = 0; i < total; ++i) {
+      const PageKey& k = keys_[first + static_cast<size_t>(i)];
+      host_pages.push_back(host_.page_of(k));
+      host_.touch(k);
+      const int32_t page = page_of((*slots)[static_cast<size_t>(i * p)]);
+      dev_pages.push_back(page);
+      tree_pages_[static_cast<size_t>(page)] = TreePage{
+          .key = k,
+          .parent = parent_key(req.extra_key, first + static_cast<size_t>(i)),
+          .hits = 0,
+          .in_tree = true,
+          .origin = i < from_host ? Origin::kHost : Origin::kStorage};
+    }
+    controller_.load(host_pages, dev_pages);
+    std::vector<SlotIndex> all(req.prefix_slots.begin(), req.prefix_slots.begin() + device_len);
+    all.insert(all.end(), slots->begin(), slots->end());
+    const cache::InsertResult r = device_.insert(
+        cache::RadixKey{std::span<const int32_t>(req.tokens).first(all.size()), req.extra_key},
+        all, cache::InsertOptions{.ownership = cache::SlotOwnership::kTransfer});
+    PAGODA_CHECK_EQ(r.prefix_len, device_len);
+  }
+  device_.dec_lock_ref(m.last_node);
+  return slots.has_value();
+}
+
+int64_t HiCache::fetch_from_storage(std::string_view extra_key, size_t from, size_t to) {
+  const std::span<const PageKey> want(keys_.data() + from, to - from);
+  const int64_t present = storage_->batch_exists(want);
+  if (present == 0) return 0;
+  // SGLang's timeout: 1 s plus 0.25 s per 1,000 tokens.
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
+          1.0 + 0.25 * static_cast<double>(present * page_size()) / 1000.0));
+  std::vector<int32_t> pages = host_.reserve(present);
+  size_t used = 0;
+  int64_t got = 0;
+  for (int64_t i = 0; i < present; ++i) {
+    const PageKey& k = want[static_cast<size_t>(i)];
+    if (!host_.contains(k)) {
+      if (used == pages.size()) break;  // the host tier is full
+      if (config_.prefetch == PrefetchPolicy::kTimeout && std::chrono::steady_clock::now() > deadline)
+        break;
+      if (!storage_->get(k, staging_)) break;  // a miss or a corrupt page: recompute from here
+      kv::write_page(host_pool_.pool(), pages[used], staging_);
+      host_.add(k, parent_key(extra_key, from + static_cast<size_t>(i)), pages[used++]);
+    }
+    host_.pin(k);
+    ++got;
+  }
+  host_.give_back(std::span<const int32_t>(pages).subspan(used));
+  return got;
+}
+
+PageKey HiCache::parent_key(std::string_view extra_key, size_t index) const {
+  return index > 0 ? keys_[index - 1] : root_key(extra_key);
 }
 
 void HiCache::unadmit(cache::CacheRequest& req) {
@@ -235,8 +287,11 @@ void HiCache::begin_forward() {
     tier_.load_skipped_tokens += a.skipped;
     for (int32_t page : a.pages) {
       TreePage& tp = tree_pages_[static_cast<size_t>(page)];
-      (tp.from_host ? tier_.host_hit_tokens : tier_.device_hit_tokens) += page_size();
-      tp.from_host = false;
+      int64_t& hits = tp.origin == Origin::kHost      ? tier_.host_hit_tokens
+                      : tp.origin == Origin::kStorage ? tier_.storage_hit_tokens
+                                                      : tier_.device_hit_tokens;
+      hits += page_size();
+      tp.origin = Origin::kCounted;
     }
   }
   pending_.clear();
@@ -259,6 +314,10 @@ TierStats HiCache::tier_stats() const {
   s.host_evicted_pages = host_.evicted_pages();
   s.host_capacity_pages = host_.capacity_pages();
   s.transfer = controller_.stats();
+  if (storage_ != nullptr) {
+    s.has_storage = true;
+    s.storage = storage_->stats();
+  }
   return s;
 }
 

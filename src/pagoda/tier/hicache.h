@@ -21,7 +21,9 @@
 ///
 /// Not thread-safe: the scheduler thread owns it; the copies run on the copy stream.
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -34,6 +36,7 @@
 #include "pagoda/tier/controller.h"
 #include "pagoda/tier/host_tier.h"
 #include "pagoda/tier/page_key.h"
+#include "pagoda/tier/storage.h"
 
 namespace pagoda::tier {
 
@@ -41,12 +44,15 @@ namespace pagoda::tier {
 struct TierStats {
   int64_t device_hit_tokens = 0;    ///< admitted prefix tokens already on the device
   int64_t host_hit_tokens = 0;      ///< admitted prefix tokens loaded back from the host tier
+  int64_t storage_hit_tokens = 0;   ///< admitted prefix tokens fetched from storage
   int64_t load_skipped_tokens = 0;  ///< host hits recomputed: no device room for the load-back
   int64_t backup_skipped_pages = 0; ///< backups dropped: the host tier had no room
   int64_t host_evicted_pages = 0;
   int64_t host_pages = 0;           ///< pages in the host tier now
   int64_t host_capacity_pages = 0;
   TransferStats transfer;
+  bool has_storage = false;
+  StorageStats storage;
 };
 
 /// What the tiers hold for a key: the device prefix, then its continuation in the host tier.
@@ -110,12 +116,14 @@ class HiCache final : public cache::PrefixCache {
   const cache::RadixCache& device() const { return device_; }
 
  private:
+  /// Where a tree page's KV came from, until an admission counts it.
+  enum class Origin : uint8_t { kCounted, kHost, kStorage };
   struct TreePage {
     PageKey key;
     PageKey parent;
     int32_t hits = 0;
     bool in_tree = false;
-    bool from_host = false;  ///< loaded back and not yet counted as a host hit
+    Origin origin = Origin::kCounted;
   };
   /// An admission not yet counted: counted by begin_forward() unless unadmit() drops it.
   struct Admission {
@@ -135,6 +143,17 @@ class HiCache final : public cache::PrefixCache {
   void on_removed(std::span<const SlotIndex> slots);
   /// After a device eviction: host copies per policy, then the pages' records are dropped.
   void finish_evictions();
+  /// Loads keys_[first, first + total) (host entries, pinned; the first `from_host` were in the
+  /// host tier, the rest came from storage) onto new device pages after `m`, all or nothing,
+  /// and stores them in the tree. False (nothing changed) when the device has no room.
+  bool load_back(const cache::CacheRequest& req, const cache::PrefixMatch& m, size_t first,
+                 int64_t total, int64_t from_host);
+  /// Brings keys_[from, to)'s leading pages present in storage into the host tier (pinned);
+  /// stops at a miss, a corrupt page, a full host tier, or the timeout policy's deadline.
+  /// Returns the pages now in the host tier.
+  int64_t fetch_from_storage(std::string_view extra_key, size_t from, size_t to);
+  /// The key of page keys_[index]'s parent.
+  PageKey parent_key(std::string_view extra_key, size_t index) const;
   /// Host-tier continuation of keys_[from, to): the number of consecutive pages present.
   int64_t host_run(size_t from, size_t to) const;
 
@@ -143,6 +162,8 @@ class HiCache final : public cache::PrefixCache {
   kv::HostKvPool host_pool_;
   HostTier host_;
   TierController controller_;
+  std::unique_ptr<StorageBackend> storage_;  ///< null without a storage tier
+  std::vector<std::byte> staging_;           ///< one page, for storage reads and writes
   std::vector<TreePage> tree_pages_;      ///< per device page id
   std::vector<int32_t> evicted_;          ///< device pages removed by the current evict()
   std::vector<PageKey> keys_;             ///< scratch: page keys of one request

@@ -95,7 +95,7 @@ void HostTier::add(const PageKey& key, const PageKey& parent, int32_t page) {
   sync_leaf(key, e, false, 0);
 }
 
-int64_t HostTier::evict(int64_t n, const std::function<void(const PageKey&, int32_t)>& on_evict) {
+int64_t HostTier::evict(int64_t n) {
   int64_t evicted = 0;
   std::vector<int32_t> freed;
   while (evicted < n && !leaves_.empty()) {
@@ -105,7 +105,7 @@ int64_t HostTier::evict(int64_t n, const std::function<void(const PageKey&, int3
     auto it = entries_.find(key);
     PAGODA_CHECK(it != entries_.end(), "host leaf {} without an entry", key.hex());
     const Entry e = it->second;
-    if (on_evict) on_evict(key, e.page);
+    if (on_evict_) on_evict_(key, e.page);
     freed.push_back(e.page);
     entries_.erase(it);
     auto cit = child_count_.find(e.parent);

@@ -33,6 +33,10 @@ class HostTier {
 
   /// Called once before an eviction frees host pages (nullptr: none).
   void set_before_free(std::function<void()> hook) { before_free_ = std::move(hook); }
+  /// Called with each evicted entry (key, page) before its page is freed (nullptr: none).
+  void set_on_evict(std::function<void(const PageKey&, int32_t)> hook) {
+    on_evict_ = std::move(hook);
+  }
 
   int64_t num_entries() const { return static_cast<int64_t>(entries_.size()); }
   /// Pages evicted since construction.
@@ -58,8 +62,8 @@ class HostTier {
   /// `key` is present.
   void add(const PageKey& key, const PageKey& parent, int32_t page);
   /// Evicts up to `n` pages (unpinned leaves, LRU first; a parent may become a leaf and follow);
-  /// returns how many were evicted. `on_evict(key, page)` sees each before its page is freed.
-  int64_t evict(int64_t n, const std::function<void(const PageKey&, int32_t)>& on_evict = {});
+  /// returns how many were evicted.
+  int64_t evict(int64_t n);
 
   /// Aborts when the index and the allocator disagree: one reference per entry page, distinct
   /// pages, referenced pages == entries, child counts and the leaf set match the entries.
@@ -84,6 +88,7 @@ class HostTier {
 
   kv::PageAllocator* pages_;
   std::function<void()> before_free_;
+  std::function<void(const PageKey&, int32_t)> on_evict_;
   std::unordered_map<PageKey, Entry, PageKeyHash> entries_;
   /// Entries naming each key as their parent (the parent itself may be absent: its KV is on the
   /// device, or it was never backed up).

@@ -50,6 +50,10 @@ PageKey chain_key(const PageKey& parent, std::span<const int32_t> page_tokens) {
   return digest(b);
 }
 
+PageKey content_digest(std::span<const std::byte> bytes) {
+  return digest({reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()});
+}
+
 void page_keys(std::string_view extra_key, std::span<const int32_t> tokens, int32_t page_size,
                int64_t num_pages, std::vector<PageKey>& out) {
   PAGODA_REQUIRE(page_size >= 1 && num_pages >= 0 &&

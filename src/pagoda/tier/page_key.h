@@ -33,6 +33,8 @@ struct PageKeyHash {
 PageKey root_key(std::string_view extra_key);
 /// The key of a page with tokens `page_tokens` whose parent page has key `parent`.
 PageKey chain_key(const PageKey& parent, std::span<const int32_t> page_tokens);
+/// SHA-256 of `bytes`, truncated to 128 bits (the storage tier's page checksum).
+PageKey content_digest(std::span<const std::byte> bytes);
 /// Keys of the first `num_pages` whole pages of `tokens` (num_pages * page_size <= len) into
 /// `out` (overwritten).
 void page_keys(std::string_view extra_key, std::span<const int32_t> tokens, int32_t page_size,

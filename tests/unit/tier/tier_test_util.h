@@ -13,8 +13,11 @@
 #include <tuple>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/platform/platform.h"
+#include "pagoda/tier/hicache.h"
 
 namespace pagoda::tier::testing {
 
@@ -150,6 +153,60 @@ class ManualPlatform final : public platform::Platform {
  private:
   std::unique_ptr<platform::Platform> cpu_;
   std::shared_ptr<ManualStream::Shared> shared_;
+};
+
+/// A minimal scheduler around one HiCache: runs requests one at a time.
+struct Harness {
+  Harness(int32_t pages, int32_t page_size, HiCacheConfig config)
+      : alloc(pages, page_size),
+        table(8, 4096),
+        dev(small_pool(pages, page_size), platform->allocator()),
+        cache(alloc, table, dev, *platform, config) {}
+
+  /// Admits `tokens` (prefix checked after the forward's layer waits), computes the rest and
+  /// finishes with an insert unless `keep`. Returns the admitted prefix length.
+  int64_t run(const std::vector<int32_t>& tokens, cache::CacheRequest* keep = nullptr) {
+    cache::CacheRequest local;
+    cache::CacheRequest& req = keep ? *keep : local;
+    req.tokens = tokens;
+    const int64_t len = static_cast<int64_t>(tokens.size());
+    cache.admit(req, cache::scheduler_prefix_limit(len));
+    const int64_t pre = req.cache_protected_len;
+    req.req_slot = *table.alloc();
+    table.write(req.req_slot, 0, req.prefix_slots);
+    cache.begin_forward();
+    for (int32_t l = 0; l < dev.num_layers(); ++l) {
+      dev.wait_layer(LayerId{l});
+      EXPECT_TRUE(testing::kv_matches(dev, tokens, req.prefix_slots, l)) << "layer " << l;
+    }
+    cache.end_forward();
+    const int32_t p = pre, s = static_cast<int32_t>(len);
+    const SlotIndex last = pre > 0 ? req.prefix_slots.back() : -1;
+    auto slots = alloc.alloc_extend(std::span(&p, 1), std::span(&s, 1), std::span(&last, 1));
+    if (!slots) {
+      cache.evict(len);
+      slots = alloc.alloc_extend(std::span(&p, 1), std::span(&s, 1), std::span(&last, 1));
+    }
+    EXPECT_TRUE(slots.has_value());
+    testing::write_kv(dev, tokens, pre, *slots);
+    table.write(req.req_slot, pre, *slots);
+    if (keep == nullptr) {
+      cache.cache_finished_req(req, len);
+      table.free(req.req_slot);
+    }
+    check();
+    return pre;
+  }
+  void check() {
+    cache.check_integrity();
+    alloc.check_integrity();
+  }
+
+  std::unique_ptr<platform::Platform> platform = platform::make_cpu_platform();
+  kv::PageAllocator alloc;
+  kv::ReqToTokenTable table;
+  kv::KvPool dev;
+  HiCache cache;
 };
 
 }  // namespace pagoda::tier::testing
