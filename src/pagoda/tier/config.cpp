@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pagoda/core/error.h"
+#include "pagoda/tier/storage.h"
 
 namespace pagoda::tier {
 
@@ -59,6 +60,7 @@ void HiCacheConfig::validate() const {
                  "background prefetch thread); use wait_complete or timeout");
   PAGODA_REQUIRE(storage.empty() || enabled(), kInvalidArgument,
                  "hicache storage needs a host tier (hicache_ratio or hicache_size)");
+  if (!storage.empty()) check_storage_spec(storage);
 }
 
 }  // namespace pagoda::tier

@@ -153,15 +153,20 @@ std::unique_ptr<StorageBackend> make_file_storage(const std::string& dir) {
   return std::make_unique<FileStorage>(dir);
 }
 
-std::unique_ptr<StorageBackend> make_storage(std::string_view spec) {
+void check_storage_spec(std::string_view spec) {
   const size_t colon = spec.find(':');
   PAGODA_REQUIRE(colon != std::string_view::npos && colon > 0, kInvalidArgument,
                  "hicache storage '{}' must look like file:DIR", spec);
-  const std::string_view scheme = spec.substr(0, colon), rest = spec.substr(colon + 1);
+  const std::string_view scheme = spec.substr(0, colon);
   PAGODA_REQUIRE(scheme == "file", kUnsupported,
                  "hicache storage scheme '{}' is not in this build (have: file:DIR)", scheme);
-  PAGODA_REQUIRE(!rest.empty(), kInvalidArgument, "hicache storage 'file:' needs a directory");
-  return make_file_storage(std::string(rest));
+  PAGODA_REQUIRE(colon + 1 < spec.size(), kInvalidArgument,
+                 "hicache storage 'file:' needs a directory");
+}
+
+std::unique_ptr<StorageBackend> make_storage(std::string_view spec) {
+  check_storage_spec(spec);
+  return make_file_storage(std::string(spec.substr(spec.find(':') + 1)));
 }
 
 }  // namespace pagoda::tier

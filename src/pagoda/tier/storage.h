@@ -54,7 +54,11 @@ class StorageBackend {
 /// created or is not writable.
 std::unique_ptr<StorageBackend> make_file_storage(const std::string& dir);
 
-/// The backend a --hicache-storage value names: "file:DIR". Throws Error(kInvalidArgument) for
+/// Checks a --hicache-storage value without opening anything: Error(kInvalidArgument) for a
+/// malformed value, Error(kUnsupported) naming a scheme this build does not have.
+void check_storage_spec(std::string_view spec);
+
+/// The backend a --hicache-storage value names: "file:DIR" (check_storage_spec first). Throws Error(kInvalidArgument) for
 /// a malformed value and Error(kUnsupported) naming a scheme this build does not have.
 std::unique_ptr<StorageBackend> make_storage(std::string_view spec);
 
