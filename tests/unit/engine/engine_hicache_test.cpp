@@ -116,6 +116,23 @@ INSTANTIATE_TEST_SUITE_P(Pages, EngineHiCache,
                                   std::to_string(info.param.max_new);
                          });
 
+TEST(EngineHiCacheSpec, NgramSpeculationGivesTheSameTokens) {
+  // n-gram speculation (decode rounds; admissions with load-backs happen in normal steps):
+  // the same tokens with and without the host tier, hits from the host tier.
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 256,
+                   .scheduler = SchedulerConfig{.max_running_requests = 4, .chunk_size = 32},
+                   .backend = testing::backend_named("cpu"),
+                   .check_integrity = true};
+  cfg.spec.mode = SpecMode::kNgram;
+  const Turns spec_only = run_multiturn(cfg, 4399, 6, 4, 12);
+  cfg.hicache = tier::HiCacheConfig{.host = {.ratio = 8}};
+  const Turns tiered = run_multiturn(cfg, 4399, 6, 4, 12);
+  EXPECT_EQ(spec_only.outputs, tiered.outputs);
+  EXPECT_GT(tiered.stats.spec_steps, 0);
+  EXPECT_GT(tiered.stats.tier.host_hit_tokens, 0);
+}
+
 TEST(EngineHiCacheConfig, BadOrUnsupportedCombinationsAreErrors) {
   EngineConfig cfg{.page_size = 16, .pool_tokens = 256};
   cfg.hicache = tier::HiCacheConfig{.host = {.ratio = 2}};
