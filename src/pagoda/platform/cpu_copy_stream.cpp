@@ -37,6 +37,8 @@ class ThreadCopyStream final : public CopyStream {
     return std::make_unique<CountEvent>(this, enqueued_);
   }
 
+  void wait(Event& event) override { event.synchronize(); }
+
   void synchronize() override {
     uint64_t target = 0;
     {

@@ -83,6 +83,10 @@ class CopyStream {
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
   /// An event that completes when every copy enqueued so far has finished.
   virtual std::unique_ptr<Event> record() = 0;
+  /// Copies enqueued after this call start only once `event` (e.g. one recorded on the compute
+  /// stream) has completed: cudaStreamWaitEvent on CUDA; on the CPU, whose compute stream is
+  /// the calling thread, it blocks until `event` is done. Never blocks on CUDA.
+  virtual void wait(Event& event) = 0;
   /// Blocks until every copy enqueued so far has finished.
   virtual void synchronize() = 0;
 };

@@ -51,6 +51,11 @@ void TierController::load(std::span<const int32_t> host_pages,
 
 int64_t TierController::submit(const kv::KvPool& src, kv::KvPool& dst, Pending& pending,
                                bool layer_events) {
+  // The copies start after everything already enqueued on the compute stream (a K/V write or
+  // move of a page being backed up, the last reader of a page being overwritten).
+  const std::unique_ptr<platform::Event> compute = platform_->make_event();
+  compute->record();
+  stream_->wait(*compute);
   const auto runs = kv::page_copy_runs(pending.src, pending.dst);
   const kv::CopyFn copy = [this](void* d, const void* s, size_t n) { stream_->copy(d, s, n); };
   for (int32_t l = 0; l < src.num_layers(); ++l) {

@@ -12,6 +12,8 @@
 ///   so layer l's attention overlaps the copies of the layers after it. end_forward() removes
 ///   the gate (every layer has been waited for by then).
 /// - One copy stream, in submission order: a load submitted after a backup never overtakes it.
+///   Each submission first makes the copy stream wait for the compute stream (an event recorded
+///   on it), so no copy overtakes compute work enqueued before it.
 /// - synchronize() submits everything queued and waits: the scheduler calls it (through HiCache)
 ///   before device or host pages that a copy may touch are freed.
 ///

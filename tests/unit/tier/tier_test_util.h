@@ -113,6 +113,7 @@ class ManualStream final : public platform::CopyStream {
     return std::make_unique<Mark>(s_, s_->enqueued);
   }
   void synchronize() override { s_->run(s_->queue.size()); }
+  void wait(platform::Event& e) override { e.synchronize(); }
 
  private:
   class Mark final : public platform::Event {
