@@ -4,6 +4,8 @@ find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
+# SHA-256 of the hierarchical KV cache's page keys (src/pagoda/tier): Debian's libssl-dev.
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HWY IMPORTED_TARGET libhwy)
 # Tokenizers (src/pagoda/tokenizer): PCRE2 regexes, ICU normalisation, SentencePiece models.

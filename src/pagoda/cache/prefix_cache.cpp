@@ -26,6 +26,13 @@ void PrefixCache::admit(CacheRequest& req, int64_t max_prefix_len) {
   req.last_node = m.last_node;
 }
 
+void PrefixCache::unadmit(CacheRequest& req) {
+  dec_lock_ref(req.last_node);
+  req.last_node = NodeHandle{};
+  req.prefix_slots.clear();
+  req.cache_protected_len = 0;
+}
+
 void PrefixCache::require_request(const CacheRequest& req, int64_t len) const {
   const kv::ReqToTokenTable& tab = table();
   PAGODA_REQUIRE(tab.in_use(req.req_slot), kFailedPrecondition,

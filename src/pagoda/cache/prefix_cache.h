@@ -211,8 +211,14 @@ class PrefixCache {
   virtual void check_integrity() const = 0;
 
   /// Scheduler admission: match (capped at max_prefix_len), set req.prefix_slots,
-  /// cache_protected_len and last_node, and lock it. Requires req to hold no lock.
-  void admit(CacheRequest& req, int64_t max_prefix_len);
+  /// cache_protected_len and last_node, and lock it. Requires req to hold no lock. A tiered
+  /// cache (tier::HiCache) first brings the lower tiers' continuation of the match back to the
+  /// device, so the prefix it admits may be longer than match_prefix's.
+  virtual void admit(CacheRequest& req, int64_t max_prefix_len);
+  /// Undoes admit() for a request the scheduler did not schedule after all: unlocks last_node
+  /// and clears prefix_slots, cache_protected_len and last_node (a tiered cache also takes the
+  /// admission back out of its hit statistics). Throws (unchanged) like dec_lock_ref.
+  virtual void unadmit(CacheRequest& req);
 
  protected:
   /// Validates the request-side arguments of cache_*_req; throws before any change.

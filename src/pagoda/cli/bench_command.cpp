@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/hicache_options.h"
 #include "pagoda/cli/spec_bench.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
@@ -58,6 +59,11 @@ struct BenchOptions {
   /// Speculative decoding: with --spec ngram|draft the bench runs spec_bench.h's A/B instead.
   SpecOptions spec{};
   std::string workload = "chat";
+  /// --workload multiturn: conversations x turns over one shared system prompt.
+  int conversations = 32;
+  int turns = 4;
+  int system_len = 256;
+  HiCacheOptions hicache{};
 };
 
 
@@ -75,7 +81,34 @@ struct Workload {
   std::vector<Conversation> convs;
 };
 
+/// --workload multiturn: `conversations` x `turns`, one shared system prompt of system_len
+/// tokens, a user message of 16..64 tokens per turn and max_new_tokens answers; each turn's
+/// prompt is the conversation so far (every previous answer included).
+Workload make_multiturn(const BenchOptions& o, int32_t bos, int32_t vocab) {
+  std::mt19937_64 rng(o.seed);
+  const auto byte_vocab = static_cast<uint64_t>(std::min<int32_t>(vocab, 256));
+  auto tokens = [&](int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = static_cast<int32_t>(rng() % byte_vocab);
+    return t;
+  };
+  Workload w;
+  w.systems.push_back(tokens(o.system_len));
+  for (int c = 0; c < o.conversations; ++c) {
+    Conversation conv;
+    for (int t = 0; t < o.turns; ++t) {
+      conv.user.push_back(tokens(16 + static_cast<int>(rng() % 49)));
+      conv.output_len.push_back(o.max_new_tokens);
+    }
+    if (bos >= 0) conv.history.push_back(bos);
+    conv.history.insert(conv.history.end(), w.systems[0].begin(), w.systems[0].end());
+    w.convs.push_back(std::move(conv));
+  }
+  return w;
+}
+
 Workload make_workload(const BenchOptions& o, int32_t bos, int32_t vocab) {
+  if (o.workload == "multiturn") return make_multiturn(o, bos, vocab);
   std::mt19937_64 rng(o.seed);
   if (o.input_len > 0) {  // fixed lengths, independent random prompts (no shared prefix)
     Workload w;
@@ -138,7 +171,14 @@ void progress(int done, int total, double elapsed, int64_t out_tokens) {
 
 void run_bench(const BenchOptions& o) {
   prepare_host_threads();
-  if (o.spec.mode != "none" || o.workload != "chat") {
+  const tier::HiCacheConfig hicache = make_hicache_config(o.hicache);
+  const bool engine_workload = o.workload == "chat" || o.workload == "multiturn";
+  PAGODA_REQUIRE(!hicache.enabled() || (o.spec.mode == "none" && engine_workload),
+                 kInvalidArgument,
+                 "--hicache-* runs with the chat or multiturn workload and no --spec");
+  PAGODA_REQUIRE(o.workload != "multiturn" || o.spec.mode == "none", kInvalidArgument,
+                 "--workload multiturn runs without --spec");
+  if (o.spec.mode != "none" || !engine_workload) {
     SpecBenchArgs a;
     a.model = o.model;
     a.weight_seed = o.weight_seed;
@@ -168,6 +208,11 @@ void run_bench(const BenchOptions& o) {
                  "--policy must be fcfs or lpm (got {})", o.policy);
   PAGODA_REQUIRE(o.input_len >= 0 && o.output_len >= 1, kInvalidArgument,
                  "--input-len must be >= 0 and --output-len >= 1");
+  PAGODA_REQUIRE(o.workload != "multiturn" ||
+                     (o.conversations >= 1 && o.turns >= 1 && o.system_len >= 1 && o.input_len == 0),
+                 kInvalidArgument,
+                 "--workload multiturn needs --conversations, --turns, --system-len >= 1 and no "
+                 "--input-len");
   const std::optional<DType> dtype = parse_dtype_option(o.dtype, "--dtype");
   const std::optional<DType> kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
   backends::BackendSelection selection;
@@ -194,6 +239,7 @@ void run_bench(const BenchOptions& o) {
                               : o.backend;
   cfg.backend.prefill = o.prefill_backend;
   cfg.backend.decode = o.decode_backend;
+  cfg.hicache = hicache;
   cfg.validate();  // before the (possibly large) model is loaded
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
@@ -202,6 +248,8 @@ void run_bench(const BenchOptions& o) {
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
 
   Workload w = make_workload(o, loaded.config.bos_token_id, loaded.config.vocab_size);
+  int total_requests = 0;
+  for (const Conversation& c : w.convs) total_requests += static_cast<int>(c.user.size());
   std::unordered_map<engine::RequestId, size_t> conv_of;
   auto submit = [&](size_t ci) {
     Conversation& c = w.convs[ci];
@@ -216,6 +264,7 @@ void run_bench(const BenchOptions& o) {
     conv_of[id] = ci;
   };
   for (size_t ci = 0; ci < w.convs.size(); ++ci) submit(ci);
+  const bool rounds = o.workload == "multiturn";
 
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::vector<double> ttft, tpot;
@@ -263,23 +312,43 @@ void run_bench(const BenchOptions& o) {
       eng.release(id);
       if (++c.next_turn < static_cast<int>(c.user.size()) &&
           out.finish_reason != engine::FinishReason::kError) {
-        submit(conv_of.at(id));
+        if (!rounds) submit(conv_of.at(id));
       } else if (c.next_turn < static_cast<int>(c.user.size())) {
         done += static_cast<int>(c.user.size()) - c.next_turn;  // skipped follow-ups
       }
     }
+    // multiturn: the next turn of every conversation starts once the whole round is done, so
+    // each conversation comes back after all the others (live KV: every history).
+    if (rounds && !eng.has_work()) {
+      for (size_t ci = 0; ci < w.convs.size(); ++ci)
+        if (w.convs[ci].next_turn < static_cast<int>(w.convs[ci].user.size())) submit(ci);
+    }
     const double t = elapsed();
     if (t - last_print > (tty ? 0.1 : 2.0)) {
-      progress(done, o.requests, t, out_tokens);
+      progress(done, total_requests, t, out_tokens);
       last_print = t;
     }
   }
   const double wall = elapsed();
-  progress(done, o.requests, wall, out_tokens);
+  progress(done, total_requests, wall, out_tokens);
   std::fprintf(stderr, "\n");
 
   const engine::EngineStats st = eng.stats();
   const int completed = done - failed;
+  // The KV every conversation would keep alive (the shared system prompt counted once).
+  int64_t live_kv = w.systems.empty() ? 0 : static_cast<int64_t>(w.systems[0].size());
+  for (const Conversation& c : w.convs) {
+    const size_t sys = w.systems.empty() ? 0 : w.systems[static_cast<size_t>(c.system)].size();
+    live_kv += static_cast<int64_t>(c.history.size() - std::min(sys, c.history.size()));
+  }
+  const int64_t leaked_host = eng.leaked_host_pages();
+  // Every conversation's final history (prompts + every answer) hashed in order: two runs
+  // of one workload gave identical outputs iff their digests agree.
+  uint64_t digest = 0xcbf29ce484222325ull;
+  for (const Conversation& c : w.convs) {
+    for (int32_t t : c.history) digest = (digest ^ static_cast<uint32_t>(t)) * 0x100000001b3ull;
+    digest = (digest ^ 0xffffffffull) * 0x100000001b3ull;
+  }
   // Drained: every page reference is the tree's, and free + cached pages are the whole pool.
   const int64_t leaked = eng.leaked_pages();
   const bool accounted = eng.idle_pages_accounted();
@@ -287,8 +356,9 @@ void run_bench(const BenchOptions& o) {
   const int64_t drained_tokens = eng.drain_prefix_cache();  // the loop above left it idle
   const int64_t free_after_drain = eng.free_pages();
   const int64_t referenced_after_drain = eng.referenced_pages();
-  const bool drained_clean =
-      free_after_drain == eng.total_pages() && referenced_after_drain == 0;
+  const int64_t host_drained_pages = eng.drain_host_cache();
+  const bool drained_clean = free_after_drain == eng.total_pages() &&
+                             referenced_after_drain == 0 && eng.leaked_host_pages() == 0;
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.backend_name()},
@@ -336,17 +406,30 @@ void run_bench(const BenchOptions& o) {
       {"extend_step_min_ms", extend_min_s * 1e3},
       {"extend_step_min_tokens", extend_min_tokens},
       {"params", loaded.config.num_parameters()},
+      {"workload", o.workload},
+      {"output_digest", fmt::format("{:016x}", digest)},
+      {"live_kv_tokens", live_kv},
+      {"live_kv_over_pool", static_cast<double>(live_kv) / static_cast<double>(st.pool_tokens)},
+      {"cached_tokens", st.scheduler.cached_tokens},
+      {"fill_tokens", st.scheduler.fill_tokens},
   };
+  if (st.hicache) {
+    j["hicache"] = hicache_stats_json(st);
+    j["hicache"]["write_policy"] = o.hicache.write_policy;
+    j["hicache"]["leaked_host_pages"] = leaked_host;
+    j["hicache"]["host_pages_drained"] = host_drained_pages;
+  }
   // Printed first, then checked: a broken run still shows its numbers.
   auto check_accounting = [&] {
-    PAGODA_REQUIRE(leaked == 0 && accounted, kInternal,
-                   "KV accounting after draining: {} leaked page references, free + cached "
-                   "pages {} the pool",
-                   leaked, accounted ? "equal" : "do not equal");
+    PAGODA_REQUIRE(leaked == 0 && accounted && leaked_host == 0, kInternal,
+                   "KV accounting after draining: {} leaked page references ({} in the host "
+                   "tier), free + cached pages {} the pool",
+                   leaked, leaked_host, accounted ? "equal" : "do not equal");
     PAGODA_REQUIRE(drained_clean, kInternal,
                    "KV accounting after evicting the prefix cache: {} of {} pages free, {} "
-                   "pages still referenced",
-                   free_after_drain, eng.total_pages(), referenced_after_drain);
+                   "pages still referenced, {} host pages leaked",
+                   free_after_drain, eng.total_pages(), referenced_after_drain,
+                   eng.leaked_host_pages());
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -371,6 +454,26 @@ void run_bench(const BenchOptions& o) {
   row("TPOT p50 / p99", fmt::format("{:.1f} / {:.1f} ms", percentile(tpot, 50) * 1e3,
                                     percentile(tpot, 99) * 1e3));
   row("prefix hit rate", fmt::format("{:.1f} %", st.prefix_hit_rate() * 100));
+  row("output digest", fmt::format("{:016x}", digest));
+  if (o.workload == "multiturn")
+    row("live KV", fmt::format("{} tok ({:.1f} x pool)", live_kv,
+                               static_cast<double>(live_kv) / static_cast<double>(st.pool_tokens)));
+  if (st.hicache) {
+    const tier::TierStats& t = st.tier;
+    row("hits device / host", fmt::format("{} / {} tok", t.device_hit_tokens, t.host_hit_tokens));
+    row("host tier", fmt::format("{} / {} pages, {} evicted", t.host_pages, t.host_capacity_pages,
+                                 t.host_evicted_pages));
+    row("moved d2h / h2d", fmt::format("{:.1f} / {:.1f} MB", t.transfer.bytes_d2h / 1e6,
+                                       t.transfer.bytes_h2d / 1e6));
+    row("load stalls", fmt::format("{} ({:.1f} ms), copy waits {:.1f} ms", t.transfer.load_stalls,
+                                   t.transfer.load_stall_s * 1e3, t.transfer.d2h_wait_s * 1e3));
+    row("skipped loads / backups", fmt::format("{} tok / {} pages", t.load_skipped_tokens,
+                                               t.backup_skipped_pages));
+    if (t.has_storage)
+      row("storage", fmt::format("{} hit tok, {} put, {} errors, {} corrupt",
+                                 t.storage_hit_tokens, t.storage.puts, t.storage.put_errors,
+                                 t.storage.corrupt_pages));
+  }
   row("peak KV use", fmt::format("{} tok ({:.0f} %)", st.scheduler.peak_used_tokens,
                                  100.0 * static_cast<double>(st.scheduler.peak_used_tokens) /
                                      static_cast<double>(st.pool_tokens)));
@@ -460,12 +563,20 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--output-len", o->output_len, "fixed workload: tokens generated per request")
       ->capture_default_str();
   cmd->add_option("--workload", o->workload,
-                  "chat (multi-turn conversations), or with --spec: repeat (prompts that repeat "
-                  "a span: editing / retrieval) or random; --spec runs the workload without and "
-                  "with speculation and reports the speed-up")
-      ->check(CLI::IsMember({"chat", "repeat", "random"}))
+                  "chat (multi-turn conversations), multiturn (--conversations x --turns over "
+                  "one shared system prompt, every answer kept in the next prompt), or with "
+                  "--spec: repeat (prompts that repeat a span: editing / retrieval) or random; "
+                  "--spec runs the workload without and with speculation and reports the "
+                  "speed-up")
+      ->check(CLI::IsMember({"chat", "multiturn", "repeat", "random"}))
+      ->capture_default_str();
+  cmd->add_option("--conversations", o->conversations, "multiturn: conversations")
+      ->capture_default_str();
+  cmd->add_option("--turns", o->turns, "multiturn: turns per conversation")->capture_default_str();
+  cmd->add_option("--system-len", o->system_len, "multiturn: shared system prompt tokens")
       ->capture_default_str();
   add_spec_options(cmd, o->spec);
+  add_hicache_options(cmd, o->hicache);
   cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
   cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");
   cmd->add_flag("--json", o->json, "print one JSON object");

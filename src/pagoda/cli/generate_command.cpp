@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/hicache_options.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
@@ -47,6 +48,7 @@ struct GenerateOptions {
   float min_p = 0.f;
   int tp = 1;
   SpecOptions spec{};
+  HiCacheOptions hicache{};
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -83,6 +85,7 @@ engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform:
                                        const model::LlamaModel* target = nullptr) {
   engine::EngineConfig cfg;
   cfg.spec = make_spec_config(o.spec, draft, target);
+  cfg.hicache = make_hicache_config(o.hicache);
   cfg.cuda_graph = o.cuda_graph == "on";
   cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
@@ -250,6 +253,7 @@ void run_generate(const GenerateOptions& o) {
   j["cuda_graphs"] = st.cuda_graphs;
   j["cuda_graph_steps"] = st.cuda_graph_steps;
   if (cfg.spec.mode != engine::SpecMode::kNone) j["spec"] = spec_stats_json(cfg, st);
+  if (st.hicache) j["hicache"] = hicache_stats_json(st);
   if (o.dump_logits) j["logits"] = std::move(logits_json);
   // Invalid UTF-8 bytes in output_text are replaced rather than rejected.
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -294,6 +298,7 @@ void add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   add_spec_options(cmd, opts->spec);
+  add_hicache_options(cmd, opts->hicache);
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after EOS");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of streaming");
   cmd->add_flag("--dump-logits", opts->dump_logits,

@@ -109,6 +109,15 @@ void EngineConfig::validate() const {
   PAGODA_REQUIRE(max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
   scheduler.validate(page_size);
   spec.validate();
+  hicache.validate();
+  if (hicache.enabled()) {
+    PAGODA_REQUIRE(radix_cache, kInvalidArgument,
+                   "the hierarchical cache (hicache) needs the radix cache (radix_cache off)");
+    PAGODA_REQUIRE(spec.mode == SpecMode::kNone || spec.mode == SpecMode::kNgram, kUnsupported,
+                   "the hierarchical cache (hicache) does not support speculative mode '{}' yet: "
+                   "its draft KV pool would miss the pages loaded back (use none or ngram)",
+                   spec_mode_name(spec.mode));
+  }
   // Backend names and the page sizes they declare, checked here so a bad choice fails before the
   // pools, the worker or the model's device copy are built (the rest of a backend's
   // requirements depend on the model and are checked when the worker builds it).
@@ -147,11 +156,9 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                                    config.page_size);
   table_ = std::make_unique<kv::ReqToTokenTable>(config.scheduler.max_running_requests,
                                                  max_context_len_);
-  if (config.radix_cache) {
-    cache_ = std::make_unique<cache::RadixCache>(*allocator_, *table_);
-  } else {
-    cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
-  }
+  PAGODA_REQUIRE(!config.hicache.enabled() || !make_worker, kUnsupported,
+                 "the hierarchical cache (hicache) does not support a custom worker (tensor "
+                 "parallelism) yet");
   const model::WorkerConfig wc{.page_size = config.page_size,
                                .num_pages = static_cast<int32_t>(num_pages),
                                .kv_dtype = kv_dtype,
@@ -168,6 +175,17 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype), wc,
                                                    *table_);
   }
+  if (config.hicache.enabled()) {
+    // The host tier copies to and from the worker's pool, so it comes after the worker.
+    auto hi = std::make_unique<tier::HiCache>(*allocator_, *table_, worker_->kv_pool(), *platform_,
+                                              config.hicache);
+    hicache_ = hi.get();
+    cache_ = std::move(hi);
+  } else if (config.radix_cache) {
+    cache_ = std::make_unique<cache::RadixCache>(*allocator_, *table_);
+  } else {
+    cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
+  }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
   init_spec(dtype, static_cast<int32_t>(num_pages));
   stats_.pool_tokens = num_pages * config.page_size;
@@ -175,7 +193,11 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   stats_.kv_dtype = kv_dtype;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // The hierarchical cache finishes its copies into the worker's pool: it goes before the worker.
+  scheduler_.reset();
+  cache_.reset();
+}
 
 double Engine::now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
@@ -280,6 +302,14 @@ StepOutput Engine::step() {
   build_batch(s);
   if (eagle_ != nullptr) batch_.hidden_layers = eagle_feature_layers();
   const double t_fwd = now();
+  // The hierarchical cache's queued copies start now; layer l waits only for its own pages.
+  if (hicache_ != nullptr) hicache_->begin_forward();
+  struct EndForward {
+    tier::HiCache* hi;
+    ~EndForward() {
+      if (hi != nullptr) hi->end_forward();
+    }
+  } end_forward{hicache_};
   const model::WorkerOutput result = worker_->run(batch_);
   if (draft_worker_ != nullptr) draft_worker_->run(batch_);  // the draft's KV follows every step
   stats_.spec_time.plain_forward_s += now() - t_fwd;
@@ -384,6 +414,10 @@ EngineStats Engine::stats() const {
   s.pages_total = allocator_->num_pages();
   s.pages_free = allocator_->num_free_pages();
   s.pages_cached = cache_->total_size() / config_.page_size;
+  if (hicache_ != nullptr) {
+    s.hicache = true;
+    s.tier = hicache_->tier_stats();
+  }
   return s;
 }
 
@@ -403,6 +437,19 @@ int64_t Engine::drain_prefix_cache() {
                  "drain_prefix_cache: {} requests are still waiting or running",
                  scheduler_->num_running() + scheduler_->num_waiting());
   return cache_->evict(cache_->evictable_size());
+}
+
+int64_t Engine::drain_host_cache() {
+  PAGODA_REQUIRE(!has_work(), kFailedPrecondition,
+                 "drain_host_cache: {} requests are still waiting or running",
+                 scheduler_->num_running() + scheduler_->num_waiting());
+  return hicache_ != nullptr ? hicache_->drain_host() : 0;
+}
+
+int64_t Engine::leaked_host_pages() const {
+  if (hicache_ == nullptr) return 0;
+  const kv::PageAllocator& host = hicache_->host_pool().pages();
+  return unowned_page_references(host, hicache_->host().num_entries());
 }
 
 int64_t Engine::free_pages() const { return allocator_->num_free_pages(); }
@@ -432,6 +479,7 @@ void Engine::check_integrity() const {
   table_->check_integrity();
   cache_->check_integrity();
   PAGODA_CHECK_EQ(leaked_pages(), 0);
+  PAGODA_CHECK_EQ(leaked_host_pages(), 0);
   PAGODA_CHECK_EQ(leaked_rows(), 0);
   PAGODA_CHECK(idle_pages_accounted());
 }

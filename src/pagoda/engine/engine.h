@@ -44,6 +44,8 @@
 #include "pagoda/spec/draft_tree.h"
 #include "pagoda/spec/ngram.h"
 #include "pagoda/spec/verify.h"
+#include "pagoda/tier/config.h"
+#include "pagoda/tier/hicache.h"
 
 namespace pagoda::engine {
 
@@ -72,6 +74,10 @@ struct EngineConfig {
   /// Speculative decoding (off by default). Decode-only steps speculate; steps with a prefill
   /// run as usual (and also on the draft worker, which keeps its KV in step).
   SpecConfig spec{};
+  /// Hierarchical KV cache (docs/design/tier.md): off unless a host pool size is given. Needs
+  /// the radix cache, the default worker (no tensor parallelism) and no draft model or EAGLE
+  /// head (their KV pools would miss the pages loaded back).
+  tier::HiCacheConfig hicache{};
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
   /// scheduler limits, speculation), Error(kUnsupported) for a backend name this build does not
@@ -142,6 +148,8 @@ struct EngineStats {
   int64_t pages_total = 0;       ///< usable KV pages
   int64_t pages_free = 0;        ///< pages on the free list
   int64_t pages_cached = 0;      ///< pages held by the prefix cache (evictable or locked)
+  bool hicache = false;          ///< the hierarchical cache is on (tier below)
+  tier::TierStats tier;          ///< hits per tier, copies, host pool (hicache only)
   /// Reused prompt tokens / prompt tokens requested at admission.
   double prefix_hit_rate() const {
     return scheduler.fill_tokens == 0 ? 0.0
@@ -235,6 +243,12 @@ class Engine {
   /// When idle: evicts the whole prefix cache (every page back to the allocator) and returns the
   /// tokens evicted. Throws Error(kFailedPrecondition) while requests are waiting or running.
   int64_t drain_prefix_cache();
+  /// When idle: also empties the hierarchical cache's host tier (after drain_prefix_cache) and
+  /// returns the host pages evicted (0 without one). Throws like drain_prefix_cache.
+  int64_t drain_host_cache();
+  /// Host-tier page references nobody owns (host allocator references − host-tier entries; 0
+  /// without a hierarchical cache or unless there is a bug).
+  int64_t leaked_host_pages() const;
   /// Pages with refcount 0 / all pages (after drain_prefix_cache() on an idle engine these are
   /// equal unless a reference leaked).
   int64_t free_pages() const;
@@ -303,6 +317,7 @@ class Engine {
   std::unique_ptr<kv::PageAllocator> allocator_;
   std::unique_ptr<kv::ReqToTokenTable> table_;
   std::unique_ptr<cache::PrefixCache> cache_;
+  tier::HiCache* hicache_ = nullptr;  ///< cache_ when the hierarchical cache is on
   std::unique_ptr<model::ModelWorker> worker_;
   std::unique_ptr<model::ModelWorker> draft_worker_;  ///< SpecMode::kDraft only
   std::unique_ptr<model::EagleRunner> eagle_;         ///< SpecMode::kEagle only

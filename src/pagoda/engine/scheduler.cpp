@@ -214,11 +214,7 @@ bool Scheduler::add_extend(Req* req, int64_t& budget, int64_t reserved_tokens,
   const int64_t prefix_len =
       is_new ? static_cast<int64_t>(req->cache.prefix_slots.size()) : req->kv_len;
   auto undo = [&] {
-    if (!is_new) return false;
-    cache_->dec_lock_ref(req->cache.last_node);
-    req->cache.last_node = cache::NodeHandle{};
-    req->cache.prefix_slots.clear();
-    req->cache.cache_protected_len = 0;
+    if (is_new) cache_->unadmit(req->cache);
     return false;
   };
   const int64_t remaining = req->num_tokens() - prefix_len;

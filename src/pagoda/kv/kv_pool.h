@@ -49,6 +49,16 @@ struct KvPoolConfig {
   int32_t rope_dim = 0;
 };
 
+/// Per-layer readiness of a pool's pages: the hierarchical cache's load-back copies pages into
+/// the pool layer by layer while the model runs, and the forward calls KvPool::wait_layer(l)
+/// before layer l's attention reads the pool. wait() makes the compute stream (on the CPU: the
+/// calling thread) wait until layer `layer`'s pending copies are done.
+class LayerGate {
+ public:
+  virtual ~LayerGate() = default;
+  virtual void wait(LayerId layer) = 0;
+};
+
 class KvPool {
  public:
   /// Validates `config` (kInvalidArgument: non-positive sizes, a non-float dtype, MLA without a
@@ -102,6 +112,15 @@ class KvPool {
   /// Sets every byte of every buffer to `byte` through the allocator (any device).
   void fill_bytes(uint8_t byte);
 
+  /// Installs the gate wait_layer() consults (nullptr: none, the default). The gate must stay
+  /// valid while installed. Set between steps by the thread that runs the forward.
+  void set_layer_gate(LayerGate* gate) { gate_ = gate; }
+  /// Waits for `layer`'s pending page copies (through the installed gate; no-op without one).
+  /// Called by the forward before layer `layer`'s attention.
+  void wait_layer(LayerId layer) const {
+    if (gate_ != nullptr) gate_->wait(layer);
+  }
+
   /// Copies the K and V rows of slot src[i] to slot dst[i] in every layer (speculative decoding
   /// moves accepted K/V into place). All rows are read before any is written, so sources and
   /// destinations may overlap. Raw bytes (scales unchanged). Any device: rows go through the
@@ -126,6 +145,7 @@ class KvPool {
   std::vector<platform::DeviceBuffer> v_buffers_;  ///< empty for MLA
   std::vector<float> k_scales_;
   std::vector<float> v_scales_;
+  LayerGate* gate_ = nullptr;
 };
 
 }  // namespace pagoda::kv

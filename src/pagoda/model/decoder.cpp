@@ -239,6 +239,7 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     if (!stored)
       ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), inv_freq_, a.q.get(), a.k.get(),
                    a.v.get(), t, hq, hkv, d);
+    if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
     backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
                     stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
     ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);

@@ -55,6 +55,7 @@ class CpuPlatform final : public Platform {
   const Capabilities& capabilities() const override { return caps_; }
   Allocator& allocator() override { return allocator_; }
   std::string default_attention_backend() const override { return "cpu"; }
+  std::unique_ptr<CopyStream> make_copy_stream() override { return make_thread_copy_stream(); }
 
  private:
   Capabilities caps_;
@@ -88,6 +89,11 @@ void Platform::copy_to_host_async(void* host_dst, const void* src, size_t bytes)
 }
 
 std::unique_ptr<Event> Platform::make_event() { return std::make_unique<HostEvent>(); }
+
+std::unique_ptr<CopyStream> Platform::make_copy_stream() {
+  throw_error(ErrorCode::kUnsupported, "platform '{}' has no copy stream (hierarchical KV cache)",
+              name());
+}
 
 void PlatformRegistry::add(std::string name, Factory factory, int priority) {
   for (const auto& e : entries_) {

@@ -69,6 +69,28 @@ class Event {
   virtual bool done() = 0;
 };
 
+/// A second queue for bulk copies that run beside the compute stream (the hierarchical KV
+/// cache's backups and load-backs). Copies enqueued on one CopyStream run in order; an Event
+/// from record() completes once every copy enqueued before it has finished. On CUDA this is a
+/// cudaStream_t of its own with cudaEvent_t marks; on the CPU a worker thread doing memcpy, so
+/// the ordering and waiting logic runs for real. Not thread-safe: one thread enqueues.
+class CopyStream {
+ public:
+  virtual ~CopyStream() = default;
+  /// Enqueues a copy of `bytes` from `src` to `dst` (host or this platform's device memory;
+  /// host memory should come from pinned_allocator()). Both must stay valid, and `src`
+  /// unchanged, until an event recorded after this call completes. Never blocks.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  /// An event that completes when every copy enqueued so far has finished.
+  virtual std::unique_ptr<Event> record() = 0;
+  /// Copies enqueued after this call start only once `event` (e.g. one recorded on the compute
+  /// stream) has completed: cudaStreamWaitEvent on CUDA; on the CPU, whose compute stream is
+  /// the calling thread, it blocks until `event` is done. Never blocks on CUDA.
+  virtual void wait(Event& event) = 0;
+  /// Blocks until every copy enqueued so far has finished.
+  virtual void synchronize() = 0;
+};
+
 class Platform {
  public:
   virtual ~Platform() = default;
@@ -102,7 +124,17 @@ class Platform {
   virtual Allocator& pinned_allocator() { return allocator(); }
   /// A new event on this platform's stream.
   virtual std::unique_ptr<Event> make_event();
+  /// A new copy stream (see CopyStream). Throws Error(kUnsupported) on a platform without one.
+  virtual std::unique_ptr<CopyStream> make_copy_stream();
+  /// Makes the compute stream wait for `event` (of a CopyStream of this platform) before the
+  /// work enqueued after this call: cudaStreamWaitEvent on CUDA (graph-capturable, never blocks
+  /// the host); on the CPU, whose compute stream is the calling thread, it blocks until done.
+  virtual void wait_event(Event& event) { event.synchronize(); }
 };
+
+/// A CopyStream whose copies run on one host thread (memcpy), in order: the CPU platform's copy
+/// stream. Events it records must be destroyed before it; destroying it waits for its copies.
+std::unique_ptr<CopyStream> make_thread_copy_stream();
 
 /// The CPU platform (always available).
 std::unique_ptr<Platform> make_cpu_platform();

@@ -57,6 +57,22 @@ for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
              ["page size"], [missing])
     run_case(f"{cmd[0]} unknown backend", cmd + ["--model", missing, "--backend", "nosuch"],
              ["attention backend 'nosuch'"], [missing])
+# Hierarchical cache options, also checked before the model is loaded.
+for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
+    run_case(f"{cmd[0]} hicache ratio -1", cmd + ["--model", missing, "--hicache-ratio", "-1"],
+             ["--hicache-ratio"], [missing])
+    run_case(f"{cmd[0]} hicache ratio and size",
+             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-size", "1G"],
+             ["not both"], [missing])
+    run_case(f"{cmd[0]} hicache write policy",
+             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-write-policy", "nope"],
+             ["write policy 'nope'"], [missing])
+    run_case(f"{cmd[0]} hicache remote storage",
+             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "redis://h:1"],
+             ["scheme 'redis'"], [missing])
+    run_case(f"{cmd[0]} hicache best_effort",
+             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x",
+                    "--hicache-prefetch-policy", "best_effort"], ["best_effort"], [missing])
 run_case("bench pool smaller than a page",
          ["bench", "--requests", "1", "--model", missing, "--page-size", "16", "--pool-tokens", "8"],
          ["pool of 8 tokens"], [missing])

@@ -103,6 +103,7 @@ class CudaEvent final : public Event {
   CudaEvent& operator=(const CudaEvent&) = delete;
   void record() override { check(cudaEventRecord(event_, stream_), "cudaEventRecord"); }
   void synchronize() override { check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  cudaEvent_t native() const { return event_; }
   bool done() override {
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaErrorNotReady) return false;
@@ -115,7 +116,47 @@ class CudaEvent final : public Event {
   cudaEvent_t event_ = nullptr;
 };
 
+/// A stream of its own for bulk copies (the hierarchical KV cache); events are CudaEvents
+/// recorded on it, which the compute stream can wait for (CudaPlatform::wait_event).
+class CudaCopyStream final : public CopyStream {
+ public:
+  CudaCopyStream() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~CudaCopyStream() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  CudaCopyStream(const CudaCopyStream&) = delete;
+  CudaCopyStream& operator=(const CudaCopyStream&) = delete;
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+  }
+  std::unique_ptr<Event> record() override {
+    auto e = std::make_unique<CudaEvent>(stream_);
+    e->record();
+    return e;
+  }
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void wait(Event& event) override {
+    auto* e = dynamic_cast<CudaEvent*>(&event);
+    PAGODA_REQUIRE(e != nullptr, kInvalidArgument, "CopyStream::wait: not a CUDA event");
+    check(cudaStreamWaitEvent(stream_, e->native(), 0), "cudaStreamWaitEvent");
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 }  // namespace
+
+std::unique_ptr<CopyStream> CudaPlatform::make_copy_stream() {
+  return std::make_unique<CudaCopyStream>();
+}
+
+void CudaPlatform::wait_event(Event& event) {
+  auto* e = dynamic_cast<CudaEvent*>(&event);
+  PAGODA_REQUIRE(e != nullptr, kInvalidArgument, "wait_event: not an event of the CUDA platform");
+  check(cudaStreamWaitEvent(stream_, e->native(), 0), "cudaStreamWaitEvent");
+}
 
 CudaPlatform::CudaPlatform(int ordinal) : ordinal_(ordinal) {
   const int n = cuda_device_count();

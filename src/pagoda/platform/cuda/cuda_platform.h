@@ -39,6 +39,11 @@ class CudaPlatform final : public Platform {
   Allocator& pinned_allocator() override { return *pinned_; }
   /// A cudaEvent (timing disabled) recorded on stream().
   std::unique_ptr<Event> make_event() override;
+  /// A non-blocking stream of its own (cudaMemcpyAsync, cudaMemcpyDefault) whose events are
+  /// cudaEvents (timing disabled).
+  std::unique_ptr<CopyStream> make_copy_stream() override;
+  /// cudaStreamWaitEvent(stream(), event): never blocks the host; capturable.
+  void wait_event(Event& event) override;
 
   /// The platform's stream (non-blocking, capturable into CUDA graphs). Owned; valid while the
   /// platform lives.

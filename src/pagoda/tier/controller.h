@@ -1,0 +1,106 @@
+#pragma once
+/// TierController: moves KV pages between the device pool and the host pool on a
+/// platform::CopyStream (HiCache's cache controller). Contract: docs/design/tier.md.
+///
+/// - Backups (device -> host) are queued by backup() and submitted in one batch by flush(), per
+///   layer and per run of pages consecutive on both sides; complete() says when the last
+///   submitted batch has finished.
+/// - Load-backs (host -> device) are queued by load() during scheduling and submitted by
+///   begin_forward(): layer 0's pages of every queued load, an event, layer 1's pages, an event,
+///   and so on. The controller is then the device pool's LayerGate: the forward's
+///   KvPool::wait_layer(l) makes the compute stream wait for event l only (Platform::wait_event),
+///   so layer l's attention overlaps the copies of the layers after it. end_forward() removes
+///   the gate (every layer has been waited for by then).
+/// - One copy stream, in submission order: a load submitted after a backup never overtakes it.
+///   Each submission first makes the copy stream wait for the compute stream (an event recorded
+///   on it), so no copy overtakes compute work enqueued before it.
+/// - synchronize() submits everything queued and waits: the scheduler calls it (through HiCache)
+///   before device or host pages that a copy may touch are freed.
+///
+/// Threads: one thread (the scheduler's) calls every method; the copies run on the stream
+/// (on the CPU platform: a worker thread).
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "pagoda/kv/host_pool.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/platform/platform.h"
+
+namespace pagoda::tier {
+
+/// Bytes and time moved each way (cumulative).
+struct TransferStats {
+  int64_t backup_pages = 0;   ///< device -> host
+  int64_t load_pages = 0;     ///< host -> device
+  int64_t bytes_d2h = 0;
+  int64_t bytes_h2d = 0;
+  int64_t backup_batches = 0;
+  int64_t load_batches = 0;
+  double d2h_wait_s = 0;      ///< time the scheduler blocked waiting for copies (synchronize)
+  double load_stall_s = 0;    ///< time the forward blocked in wait_layer for a load-back
+  int64_t load_stalls = 0;    ///< layer waits that found the layer not yet loaded
+};
+
+class TierController final : public kv::LayerGate {
+ public:
+  /// Copies between `device` and `host` (same geometry) on a new copy stream of `platform`
+  /// (Error(kUnsupported) when the platform has none). All three must outlive the controller.
+  TierController(platform::Platform& platform, kv::KvPool& device, kv::HostKvPool& host);
+  ~TierController() override;
+  TierController(const TierController&) = delete;
+  TierController& operator=(const TierController&) = delete;
+
+  /// Queues copies of device pages -> host pages (page ids, equal lengths). The device pages
+  /// must stay unchanged and allocated, and the host pages unread, until complete().
+  void backup(std::span<const int32_t> device_pages, std::span<const int32_t> host_pages);
+  /// Submits the queued backups as one batch (no-op when none).
+  void flush();
+  /// True when every submitted copy has finished and nothing is queued.
+  bool idle();
+
+  /// Queues copies of host pages -> device pages for the next begin_forward(). The device pages
+  /// must not be read before the forward's wait_layer, the host pages stay allocated until then.
+  void load(std::span<const int32_t> host_pages, std::span<const int32_t> device_pages);
+  /// Submits queued backups, then the queued loads layer by layer (one event per layer), and
+  /// installs the controller as the device pool's layer gate (also when nothing is loaded).
+  void begin_forward();
+  /// Makes the compute stream wait for this step's whole load-back (a no-op when the forward
+  /// already waited for every layer) and removes the gate: a page loaded in a step is complete
+  /// for every later step.
+  void end_forward();
+  /// LayerGate: the compute stream waits for `layer`'s load-back event of this step.
+  void wait(LayerId layer) override;
+
+  /// Submits everything queued and blocks until every copy has finished.
+  void synchronize();
+
+  const TransferStats& stats() const { return stats_; }
+
+ private:
+  struct Pending {
+    std::vector<int32_t> src;
+    std::vector<int32_t> dst;
+  };
+  void submit_loads();
+  /// Enqueues `pending`'s pages from `src` to `dst`, layer by layer (an event after each layer
+  /// when `layer_events`), then last_; clears `pending` and returns its page count.
+  int64_t submit(const kv::KvPool& src, kv::KvPool& dst, Pending& pending, bool layer_events);
+
+  platform::Platform* platform_;
+  kv::KvPool* device_;
+  kv::HostKvPool* host_;
+  std::unique_ptr<platform::CopyStream> stream_;
+  int64_t page_bytes_ = 0;
+  Pending backups_;
+  Pending loads_;
+  std::unique_ptr<platform::Event> last_;                 ///< after the last submitted copy
+  std::vector<std::unique_ptr<platform::Event>> layer_;   ///< this step's per-layer load events
+  bool gate_installed_ = false;
+  TransferStats stats_;
+};
+
+}  // namespace pagoda::tier
