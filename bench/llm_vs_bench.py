@@ -3,7 +3,7 @@
 
     PYTHONPATH=build/python python3 bench/llm_vs_bench.py --pagoda build/pagoda \\
         [--model builtin] [--backend B] [--input-len 512] [--output-len 128] [--requests 64]
-        [--rounds 5]
+        [--rounds 5] [--json OUT]
 
 `pagoda bench --input-len L --output-len M --requests R` queues R random prompts of L tokens, each
 generating exactly M tokens (greedy, EOS ignored), and reports output tokens/s over the run. This
@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--pool-tokens", type=int, default=0, help="0: room for every request")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", default=None, help="write the samples and medians to this file")
     a = ap.parse_args()
     pool = a.pool_tokens or a.requests * (a.input_len + a.output_len + 2 * a.page_size)
     cli = [a.pagoda, "bench", "--model", a.model, "--input-len", str(a.input_len),
@@ -67,6 +68,11 @@ def main():
     for k, v in rates.items():
         print(f"{k:5s}: {med[k]:9.1f} output tok/s (rounds {min(v):.1f} .. {max(v):.1f})")
     print(f"LLM / bench: {med['llm'] / med['bench']:.3f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"backend": llm.backend, "requests": a.requests, "input_len": a.input_len,
+                       "output_len": a.output_len, "output_tokens_per_s": rates,
+                       "median": med, "ratio": med["llm"] / med["bench"]}, f)
 
 
 if __name__ == "__main__":

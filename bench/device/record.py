@@ -16,6 +16,8 @@ The record (schema 1) holds what the tables are generated from, every sample inc
   serve       bench/serve_bench.py's results.json
   tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
               {"prompts", "identical", "first_token_identical"}}
+  python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py
+              row...], "llm_vs_bench": bench/llm_vs_bench.py's --json}
 Missing parts (a stage not run, a step that failed) are left out; the record says which stages
 were asked for. Reading only: nothing in DIR is changed."""
 import argparse
@@ -134,6 +136,19 @@ def tp(d):
     return out
 
 
+def python(d):
+    pdir = os.path.join(d, "python")
+    if not os.path.isdir(pdir):
+        return None
+    out = {"vs_flashinfer": read_jsonl(os.path.join(pdir, "vs_flashinfer.jsonl")),
+           "llm_vs_bench": read_json(os.path.join(pdir, "llm_vs_bench.json"))}
+    try:
+        out["torch_tests"] = open(os.path.join(pdir, "pytest_torch.log")).read().strip().splitlines()[-1]
+    except (OSError, IndexError):
+        pass
+    return {k: v for k, v in out.items() if v}
+
+
 def versions(d):
     out = {}
     try:
@@ -162,6 +177,7 @@ def build_record(d, kind, group, commit, stages):
                  if (j := read_json(p)) is not None} or None,
         "serve": read_json(os.path.join(d, "serve", "results.json")),
         "tp": tp(d),
+        "python": python(d),
     }
     rec.update({k: v for k, v in parts.items() if v is not None})
     return rec

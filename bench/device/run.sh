@@ -14,6 +14,9 @@
 #                             call), speculative decoding A/Bs (each without, then with)
 #                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings),
 #                             and compute-sanitizer with --sanitize
+#                    python   build (with the Python package), the torch/CUDA tests of
+#                             pagoda.flashinfer, pagoda.flashinfer vs FlashInfer in one process
+#                             (bench/python_vs_flashinfer.py), pagoda.LLM vs `pagoda bench`
 #                    all      all three (longer than one 10-minute device call: one group a call)
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
 #                             outputs (default)
@@ -52,6 +55,7 @@ case "$GPUS:$GROUP" in
   1:kernels) STAGES="build tests kernels" ;;
   1:engine) STAGES="build engine spec" ;;
   1:serve) STAGES="build serve" ;;
+  1:python) STAGES="build python" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
   2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
@@ -131,6 +135,7 @@ if has build; then
   has tests && targets="$targets $gpu_bins"
   has kernels && targets="$targets pagoda_cuda_bench"
   has sanitize && targets="$targets cuda_attention_tests"
+  has python && targets="$targets pagoda_python"
   # shellcheck disable=SC2086 # one word per target
   timeout 480 ninja -C $B $targets >> "$W/build.log" 2>&1
   rc=$?
@@ -223,6 +228,24 @@ if has serve; then
     --compare-input-len 512 --compare-output-len 256 --compare-requests 512 --compare-repeats 3 \
     > "$W/serve_bench.log" 2>&1
   say "serve_bench rc=$?"
+fi
+
+if has python; then
+  mkdir -p "$W/python"
+  if [ -f $B/python/pagoda/__init__.py ]; then
+    PP=$B/python${PYTHONPATH:+:$PYTHONPATH}
+    PAGODA_REQUIRE_GPU=1 PYTHONPATH=$PP timeout 240 python3 -m pytest -q -rs -p no:cacheprovider \
+      tests/unit/python/test_flashinfer_torch.py > "$W/python/pytest_torch.log" 2>&1
+    say "python torch tests rc=$? $(tail -1 "$W/python/pytest_torch.log")"
+    PYTHONPATH=$PP timeout 420 python3 bench/python_vs_flashinfer.py --pagoda $P \
+      --json "$W/python/vs_flashinfer.jsonl" > "$W/python/vs_flashinfer.log" 2>&1
+    say "python_vs_flashinfer rc=$?"
+    PYTHONPATH=$PP timeout 240 python3 bench/llm_vs_bench.py --pagoda $P --model "$(ckpt 1b)" \
+      --backend cuda --rounds 3 --json "$W/python/llm_vs_bench.json" > "$W/python/llm_vs_bench.log" 2>&1
+    say "llm_vs_bench rc=$? $(tail -1 "$W/python/llm_vs_bench.log")"
+  else
+    say "no Python package was built (nanobind or Python headers missing: see build.log)"
+  fi
 fi
 
 if has tp; then
