@@ -444,8 +444,20 @@ TEST(CudaExtend, TreeMaskHolesInPrefix) {
   Problem g1 = extend_problem(qo, prefix, 1, 128, 82);  // G 1: partial warps
   g1.hq = g1.hkv = 4;
   g1.tree_mask = true;
-  g1.params.window_left = 400;
   expect_ok(g1, 2e-2, "prefill", tweak);
+  // The kernels measure a row's window from its mask position, which keeps its last window + 1
+  // visible keys only while those reach the mask-free columns: here rows see up to 809 keys past
+  // them, so a window of 809 is exact (and still cuts the free columns of the deepest rows) and
+  // one of 808 is refused.
+  g1.params.window_left = 809;
+  expect_ok(g1, 2e-2, "prefill", tweak);
+  g1.params.window_left = 808;
+  try {
+    run_problem(g1, tweak);
+    ADD_FAILURE() << "a window of 808 under rows 809 keys past the free columns ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("see up to 809 keys"), std::string::npos) << e.what();
+  }
 }
 
 // 128-row tiles (D <= 128: 4 warps x 32 rows) with partial warps, warp-level causal / window

@@ -131,22 +131,29 @@ inline void reference(const Problem& p, const HostData& h, std::vector<float>& o
     const int qo = p.qo_lens[b], kv = p.kv_lens[b];
     const int row = h.qo_indptr[b] + i;
     const int qpos = kv - qo + i;
+    // The keys the row sees (attention/batch_attention.h): without a custom mask, causal or not,
+    // then the window from its position; under a custom mask, its set bits, of which a window
+    // keeps the last window + 1 (a tree node's prefix + depth is its position).
+    std::vector<int> keys;
+    for (int j = 0; j < kv; ++j) {
+      if (!h.mask.empty()) {
+        const int64_t bit = int64_t(i) * kv + j;
+        if ((h.mask[h.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1) keys.push_back(j);
+      } else if ((rp.mask != attention::MaskKind::kCausal || j <= qpos) &&
+                 (rp.window_left < 0 || j >= qpos - rp.window_left)) {
+        keys.push_back(j);
+      }
+    }
+    if (!h.mask.empty() && rp.window_left >= 0 && keys.size() > size_t(rp.window_left) + 1) {
+      keys.erase(keys.begin(), keys.end() - (rp.window_left + 1));
+    }
     std::vector<double> s, w, acc(size_t(p.dv));
     std::vector<int64_t> slot_of;
     for (int hh = 0; hh < p.hq; ++hh) {
       const int g = hh / group;
       s.clear();
       slot_of.clear();
-      for (int j = 0; j < kv; ++j) {
-        bool vis;
-        if (!h.mask.empty()) {
-          const int64_t bit = int64_t(i) * kv + j;
-          vis = (h.mask[h.mask_indptr[b] + (bit >> 3)] >> (bit & 7)) & 1;
-        } else {
-          vis = rp.mask != attention::MaskKind::kCausal || j <= qpos;
-        }
-        if (rp.window_left >= 0 && j < qpos - rp.window_left) vis = false;
-        if (!vis) continue;
+      for (int j : keys) {
         const int64_t slot = int64_t(h.kv_indices[h.kv_indptr[b] + j / p.page_size]) * p.page_size + j % p.page_size;
         double d = 0;
         for (int e = 0; e < p.dqk; ++e) {
