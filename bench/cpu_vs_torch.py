@@ -4,8 +4,9 @@
 Runs `pagoda kernels --json` for each (op, threads) and times torch SDPA (bf16, contiguous KV,
 same thread count, warm-up then median). Bytes and FLOPs use the same formulas as pagoda
 (decode bytes = Q + K + V + O; FLOPs over visible (query, key) pairs = 4·pairs·H·D).
-Each pagoda shape also runs with PAGODA_CPU_BF16=0 (the f32 kernels without AVX512-BF16 dot
-products: the previous code path) in the same session, for an old/new comparison.
+Each pagoda shape also runs with `--kernel-option cpu_bf16=0` (the f32 kernels without
+AVX512-BF16 dot products: the previous code path) in the same session, for an old/new comparison,
+and each decode shape with `--kernel-option cpu_bf16_decode=1` (the opt-in AVX512-BF16 decode).
 Writes cpu_vs_torch.md and cpu_vs_torch.json into --out.
 """
 import argparse
@@ -47,17 +48,15 @@ def cpu_flags():
     return []
 
 
-def run_pagoda(exe, shape, threads, iters, bf16=True, extra_env=None):
+def run_pagoda(exe, shape, threads, iters, kernel_options=()):
     op, b, l, q, hq, hk, d, p = shape
     cmd = [exe, "kernels", "--backend", "cpu", "--op", op, "--batch", str(b), "--kv-len", str(l),
            "--q-len", str(q), "--q-heads", str(hq), "--kv-heads", str(hk), "--head-dim", str(d),
            "--page-size", str(p), "--kv-dtype", "bf16", "--threads", str(threads),
            "--iters", str(iters), "--json"]
-    env = dict(os.environ)
-    if not bf16:
-        env["PAGODA_CPU_BF16"] = "0"
-    env.update(extra_env or {})
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    for option in kernel_options:
+        cmd += ["--kernel-option", option]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -106,7 +105,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--threads", nargs="*", type=int, default=[])
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--no-ab", action="store_true", help="skip the PAGODA_CPU_BF16=0 runs")
+    ap.add_argument("--no-ab", action="store_true", help="skip the cpu_bf16=0 and cpu_bf16_decode=1 runs")
     args = ap.parse_args()
     t_start = time.time()
     threads = args.threads or [2, os.cpu_count() or 2]
@@ -115,11 +114,12 @@ def main():
     for t in threads:
         for shape in SHAPES:
             ours = run_pagoda(args.pagoda, shape, t, args.iters)
-            old = None if args.no_ab else run_pagoda(args.pagoda, shape, t, args.iters, bf16=False)
+            old = None if args.no_ab else run_pagoda(args.pagoda, shape, t, args.iters,
+                                                     kernel_options=["cpu_bf16=0"])
             dec16 = None
             if not args.no_ab and shape[0] == "decode":  # the opt-in AVX512-BF16 decode kernels
                 dec16 = run_pagoda(args.pagoda, shape, t, args.iters,
-                                   extra_env={"PAGODA_CPU_BF16_DECODE": "1"})
+                                   kernel_options=["cpu_bf16_decode=1"])
             torch_ms, variant, variants, torch_version = time_torch(shape, t, args.iters)
             memory = shape[0] == "decode"
             unit = "GB/s" if memory else "TFLOP/s"
@@ -146,7 +146,8 @@ def main():
         "- bf16 q/k/v/out; pagoda reads a paged cache (page 16, shuffled pages), torch contiguous "
         "[B, H, L, D] KV; decode: B=16, L=8192, 32/8 heads, D=128; extend: B=1, q=kv=1024 causal",
         "- peak = same run's streaming-read GB/s (decode) or OpenBLAS sgemm TFLOP/s (extend)",
-        "- f32 path = the same binary with PAGODA_CPU_BF16=0 (no AVX512-BF16 kernels), same session",
+        "- f32 path = the same binary with --kernel-option cpu_bf16=0 (no AVX512-BF16 kernels), "
+        "same session",
         "",
         "| threads | op | pagoda ms | pagoda rate | % of peak | f32 path ms | torch ms | torch rate "
         "| torch variant | speedup (torch ms / pagoda ms) |",
@@ -160,7 +161,7 @@ def main():
     for r in raw:
         if r["pagoda_bf16_decode"]:
             d = r["pagoda_bf16_decode"]
-            lines.append(f"- {r['threads']} threads, decode with PAGODA_CPU_BF16_DECODE=1: "
+            lines.append(f"- {r['threads']} threads, decode with cpu_bf16_decode=1: "
                          f"{d['ms']:.3f} ms, {d['gbps']:.3f} GB/s, {d['pct_of_peak']:.1f} % of "
                          f"{d['peak']:.2f}")
     lines.append("")

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Checks ARCHITECTURE §2: every `#include "pagoda/<module>/..."` must name the including module
-itself or a module it may depend on. Usage: check_layering.py <src-root>. Exit 1 on a violation."""
+itself or a module it may depend on, and no source reads the environment (kernel variants are
+typed configuration: backends/kernel_options.h) except the process-level settings in
+GETENV_ALLOWED. Usage: check_layering.py <src-root>. Exit 1 on a violation."""
 import pathlib
 import re
 import sys
@@ -32,6 +34,12 @@ ALLOWED = {
 # platform/cuda may launch the KV-write kernels it hosts.
 EXTRA = {"platform/cuda": ["kernels/cuda", "kernels/common"]}
 INCLUDE = re.compile(r'#\s*include\s+"pagoda/([^"]+)"')
+GETENV = re.compile(r"\b(secure_)?getenv\s*\(")
+# Process-level settings, not kernel or engine switches (docs/design/core.md, cli):
+GETENV_ALLOWED = {
+    "core/log.cpp",          # PAGODA_LOG_LEVEL: the process's log threshold
+    "cli/bench_command.cpp", # OMP_WAIT_POLICY: left as the user set it, else set to passive
+}
 
 
 def module_of(rel: str) -> str:
@@ -66,6 +74,9 @@ def main() -> int:
             src = "platform/cuda"
             ok_extra = EXTRA["platform/cuda"] + ALLOWED["platform"] + ["platform"]
         for line_no, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            if GETENV.search(line) and rel not in GETENV_ALLOWED:
+                bad.append(f"{rel}:{line_no}: reads the environment (use typed configuration; "
+                           "process-level exceptions: GETENV_ALLOWED in tools/check_layering.py)")
             m = INCLUDE.search(line)
             if not m:
                 continue

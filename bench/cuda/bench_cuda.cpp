@@ -2,7 +2,8 @@
 /// file bench/cuda/peers.py reads for the same shapes) and prints one JSON object per case:
 /// {"case", "ms" (median), "samples_ms" (every timed run), "bytes", "flops", "path", ...}.
 ///
-/// Usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER]
+/// Usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER] [--kernel-option NAME=VALUE]...
+/// (kernel options: backends/kernel_options.h; each JSON object carries them as "kernel_options").
 ///
 /// Timing policy (the same as bench/cuda/peers.py's, which mirrors triton.testing.do_bench):
 /// pages shuffled in every case; inputs random (never zeros or a constant); 3 untimed warm-up
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -121,7 +123,7 @@ std::vector<Case> load_cases(const char* path) {
   return out;
 }
 
-void run_case(const Case& c, FILE* out) {
+void run_case(const Case& c, const backends::KernelOptions& kernels, FILE* out) {
   const int dv = c.dv > 0 ? c.dv : c.d;
   const int kv_len = c.prefix + c.qo;
   const int pages_per = (kv_len + c.page_size - 1) / c.page_size;
@@ -174,7 +176,7 @@ void run_case(const Case& c, FILE* out) {
   TensorView vc = c.latent ? TensorView(k, c.kv, {num_pages, c.page_size, 1, dv},
                                         {int64_t{c.page_size} * c.d, c.d, c.d, 1}, dev)
                            : TensorView(v, c.kv, {num_pages, c.page_size, c.hkv, dv}, dev);
-  CudaBatchAttention attn;
+  CudaBatchAttention attn(nullptr, kernels);
   attention::PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr,
                                .kv_indices = ids, .kv_last_page_len = last,
                                .page_size = c.page_size, .custom_mask = mask,
@@ -220,6 +222,9 @@ void run_case(const Case& c, FILE* out) {
   j["bytes"] = kv_bytes + qo_bytes;
   j["flops"] = flops;
   j["path"] = std::string(backends::cuda::kernel_path_name(attn.path()));
+  for (const auto& [name, value] : backends::kernel_option_values(kernels)) {
+    j["kernel_options"][name] = value;
+  }
   j["chunk"] = attn.schedule().chunk_tokens;
   j["items"] = attn.schedule().num_items();
   j["flush_bytes"] = flusher.buffer_bytes();
@@ -235,8 +240,24 @@ void run_case(const Case& c, FILE* out) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER]\n");
+    std::fprintf(stderr, "usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER] "
+                         "[--kernel-option NAME=VALUE]...\n");
     return 2;
+  }
+  // Then: an optional name filter (only the cases whose name contains it) and kernel options.
+  std::string filter;
+  backends::KernelOptions kernels;
+  for (int i = 3; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--kernel-option") == 0 && i + 1 < argc) {
+      try {
+        backends::set_kernel_option(kernels, argv[++i]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "pagoda_cuda_bench: %s\n", e.what());
+        return 2;
+      }
+    } else {
+      filter = argv[i];
+    }
   }
   const std::vector<Case> cases = load_cases(argv[1]);
   FILE* out = std::fopen(argv[2], "w");
@@ -244,11 +265,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", argv[2]);
     return 2;
   }
-  // argv[3]: run only the cases whose name contains it.
-  const std::string filter = argc > 3 ? argv[3] : "";
   for (const Case& c : cases) {
     if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
-    run_case(c, out);
+    run_case(c, kernels, out);
     std::printf("done %s\n", c.name.c_str());
   }
   std::fclose(out);

@@ -19,6 +19,10 @@ namespace {
 
 using backends::cuda::CudaBatchAttention;
 
+/// The kernel options every CudaBatchAttention of this file is built with: a test sets fields to
+/// reach a variant and resets them (kernel_options = {}) when done.
+backends::KernelOptions kernel_options;
+
 struct Dev {
   void* p = nullptr;
   explicit Dev(size_t n) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 16)), cudaSuccess); }
@@ -59,7 +63,7 @@ Result run_problem(const Problem& p, const std::function<void(HostData&)>& tweak
   TensorView ov(static_cast<uint8_t*>(out.p) + size_t(p.out_offset) * dtype_size(out_dtype),
                 out_dtype, {h.nnz, p.hq, p.dv}, {o_sn, o_sh, 1}, dev);
   TensorView lv(lse.p, DType::kF32, {h.nnz, p.hq}, dev);
-  CudaBatchAttention attn;
+  CudaBatchAttention attn(nullptr, kernel_options);
   attention::AttentionShape shape{.num_qo_heads = p.hq, .num_kv_heads = hkv, .head_dim_qk = p.dqk,
                                   .head_dim_v = p.dv, .q_dtype = p.q_dtype,
                                   .kv_dtype = p.kv_dtype, .out_dtype = out_dtype};
@@ -151,22 +155,22 @@ TEST(CudaDecode, Bf16Page16Skewed) {
   expect_ok(p, 2e-2, "decode");
 }
 TEST(CudaDecode, MergeBlockSizes) {
-  // The split-KV merge at every block shape it can take (PAGODA_MERGE_THREADS forces one; the
+  // The split-KV merge at every block shape it can take (merge_threads forces one; the
   // launcher sizes it by D and the mean partials per row): at D 128 (32 float4 column groups)
   // 32 threads is one subset of the partials, 160 five with none idle, 128 / 256 / 512 four, eight
   // and sixteen; at D 64 and 256 the same block sizes split differently. One request of each
   // batch is long enough to be split into several chunks, the others are not.
   REQUIRE_GPU();
   for (const char* t : {"32", "128", "160", "256", "384", "512"}) {
-    setenv("PAGODA_MERGE_THREADS", t, 1);
+    kernel_options.cuda.merge_threads = std::atoi(t);
     for (int d : {64, 128, 256}) {
-      SCOPED_TRACE(testing::Message() << "PAGODA_MERGE_THREADS=" << t << " D " << d);
+      SCOPED_TRACE(testing::Message() << "merge_threads=" << t << " D " << d);
       Problem p = decode_problem(5, 2000, 16, DType::kBF16, d, 40 + uint64_t(d));
       p.kv_lens[1] = 20000;  // many chunks (partials) for one row, a few for the rest
       EXPECT_GT(expect_ok(p, 2e-2, "decode").split_chunk, 0);
     }
   }
-  unsetenv("PAGODA_MERGE_THREADS");
+  kernel_options = {};
 }
 TEST(CudaDecode, Page1AndHeadDims) {
   REQUIRE_GPU();
@@ -489,25 +493,26 @@ TEST(CudaExtend, PrefillTilesPage1GroupsHeadDims) {
 // unit's epilogue. Units of very different lengths (causal with prefixes, page 1, G 4), a
 // window with a logit cap at D 64, a tree mask, and split-KV partials whose leading chunks see
 // no key (units without tiles); D 256 (64-key tiles, 128-row items) with page 1, G 4, window,
-// cap and sinks. The D 128 problems run under both consumer schedules (PAGODA_SM90_OVERLAP: the
+// cap and sinks. The D 128 problems run under both consumer schedules (sm90_overlap: the
 // intra-warpgroup overlap and tile by tile), with and without ping-pong turns. Where the sm_90a
 // kernel does not run, the knobs do nothing and the problems pass through the mma.sync kernel.
 TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   REQUIRE_GPU();
   struct Knob {
-    const char* blocks;
-    const char* order;
-    const char* overlap;
-    const char* pingpong;  // -1: the launcher's default
+    int blocks;
+    bool head_major;
+    bool overlap;
+    int pingpong;  // -1: the launcher's default
   };
-  for (const Knob k : {Knob{"1", "0", "1", "-1"}, Knob{"3", "1", "0", "-1"},
-                       Knob{"5", "0", "1", "0"}, Knob{"7", "1", "0", "0"}}) {
-    SCOPED_TRACE(std::string("PAGODA_SM90_BLOCKS=") + k.blocks + " PAGODA_SM90_ORDER=" + k.order +
-                 " PAGODA_SM90_OVERLAP=" + k.overlap + " PAGODA_SM90_PINGPONG=" + k.pingpong);
-    setenv("PAGODA_SM90_BLOCKS", k.blocks, 1);
-    setenv("PAGODA_SM90_ORDER", k.order, 1);
-    setenv("PAGODA_SM90_OVERLAP", k.overlap, 1);
-    setenv("PAGODA_SM90_PINGPONG", k.pingpong, 1);
+  for (const Knob k : {Knob{1, true, true, -1}, Knob{3, false, false, -1},
+                       Knob{5, true, true, 0}, Knob{7, false, false, 0}}) {
+    SCOPED_TRACE(testing::Message() << "sm90_max_blocks=" << k.blocks << " sm90_head_major="
+                                    << k.head_major << " sm90_overlap=" << k.overlap
+                                    << " sm90_pingpong=" << k.pingpong);
+    kernel_options.cuda.sm90_max_blocks = k.blocks;
+    kernel_options.cuda.sm90_head_major = k.head_major;
+    kernel_options.cuda.sm90_overlap = k.overlap;
+    kernel_options.cuda.sm90_pingpong = k.pingpong;
     Problem g4 = extend_problem({300, 129, 5, 33}, {0, 513, 40, 0}, 1, 128, 41);
     g4.hq = 32;
     g4.hkv = 8;
@@ -534,16 +539,13 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
     s.params.window_left = 3000;  // leading split chunks see nothing
     EXPECT_GT(expect_ok(s, 2e-2, "prefill").split_chunk, 0);
   }
-  unsetenv("PAGODA_SM90_BLOCKS");
-  unsetenv("PAGODA_SM90_ORDER");
-  unsetenv("PAGODA_SM90_OVERLAP");
-  unsetenv("PAGODA_SM90_PINGPONG");
+  kernel_options = {};
 }
 // Output views that are not dense rows: each head's row padded (o stride h = dv + pad) and the
 // view starting some elements into its buffer. On the sm90 D 128 overlap kernel, rows whose
 // 16-bit elements start on 16-byte boundaries (pad 8) take the staged epilogue (through shared
 // memory, then TMA stores where G divides 64 and a warpgroup's 64 rows are whole, else 16-byte
-// row chunks by every thread; PAGODA_SM90_TMA_STORE=0: always the latter), 4-byte aligned ones
+// row chunks by every thread; sm90_tma_store=0: always the latter), 4-byte aligned ones
 // (pad 4, a view 2 elements in) store_tile; group sizes 1, 3, 4 and 5 step the staged copy's
 // (token, head) walk differently. A view 1 element in is not 4-byte aligned and must take the
 // generic kernel. The overlap schedule with and without the TMA stores, tile by tile; D 64 /
@@ -558,10 +560,10 @@ TEST(CudaExtend, StridedAndUnalignedOutputs) {
     const char *overlap, *tma_store;
   };
   for (const Mode mode : {Mode{"1", "1"}, Mode{"1", "0"}, Mode{"0", "1"}}) {
-    SCOPED_TRACE(std::string("PAGODA_SM90_OVERLAP=") + mode.overlap +
-                 " PAGODA_SM90_TMA_STORE=" + mode.tma_store);
-    setenv("PAGODA_SM90_OVERLAP", mode.overlap, 1);
-    setenv("PAGODA_SM90_TMA_STORE", mode.tma_store, 1);
+    SCOPED_TRACE(std::string("sm90_overlap=") + mode.overlap +
+                 " sm90_tma_store=" + mode.tma_store);
+    kernel_options.cuda.sm90_overlap = std::atoi(mode.overlap) != 0;
+    kernel_options.cuda.sm90_tma_store = std::atoi(mode.tma_store) != 0;
     for (const Layout lay : {Layout{8, 0}, Layout{4, 0}, Layout{0, 2}, Layout{0, 1}}) {
       SCOPED_TRACE("pad " + std::to_string(lay.pad) + " offset " + std::to_string(lay.offset));
       const bool fast = lay.offset % 2 == 0;
@@ -594,8 +596,7 @@ TEST(CudaExtend, StridedAndUnalignedOutputs) {
       }
     }
   }
-  unsetenv("PAGODA_SM90_OVERLAP");
-  unsetenv("PAGODA_SM90_TMA_STORE");
+  kernel_options = {};
 }
 // The sm90 prefill's K/V copies by TMA (the two-stage configurations, D 256 and DQK 192 / DV
 // 128, at page sizes >= 16; boxes of min(page, tile keys) tokens, so whole pages at 16-64 and
@@ -603,14 +604,14 @@ TEST(CudaExtend, StridedAndUnalignedOutputs) {
 // in MlaPrefillDims192x128),
 // with the last tile of a unit that ends past kv_len (NaN-poisoned rows) and units whose first
 // key is off a box boundary (window) by cp.async; D 64 and 128 (cp.async, the schedule walked
-// by every warpgroup) over the same pages; every problem again with PAGODA_SM90_TMA=0 (all tiles
+// by every warpgroup) over the same pages; every problem again with sm90_tma=0 (all tiles
 // by cp.async). Where the sm_90a kernel does not run, the knob does nothing and the problems
 // pass through the mma.sync kernel.
 TEST(CudaExtend, Sm90TmaPagesAndTails) {
   REQUIRE_GPU();
   for (const char* tma : {"1", "0"}) {
-    SCOPED_TRACE(std::string("PAGODA_SM90_TMA=") + tma);
-    setenv("PAGODA_SM90_TMA", tma, 1);
+    SCOPED_TRACE(std::string("sm90_tma=") + tma);
+    kernel_options.cuda.sm90_tma = std::atoi(tma) != 0;
     for (int ps : {16, 32, 64, 128, 256}) {
       for (int d : {64, 128, 256}) {
         SCOPED_TRACE("page " + std::to_string(ps) + " D " + std::to_string(d));
@@ -637,7 +638,7 @@ TEST(CudaExtend, Sm90TmaPagesAndTails) {
                            ? "prefill"
                            : "generic");
   }
-  unsetenv("PAGODA_SM90_TMA");
+  kernel_options = {};
 }
 // DQK 192 / DV 128, the non-absorbed MLA prefill (DeepSeek-style: 128 nope + 64 rope dims of
 // Q and K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 2
@@ -660,8 +661,8 @@ TEST(CudaExtend, MlaPrefillDims192x128) {
     return p;
   };
   for (const char* blocks : {"0", "3"}) {
-    SCOPED_TRACE(std::string("PAGODA_SM90_BLOCKS=") + blocks);
-    setenv("PAGODA_SM90_BLOCKS", blocks, 1);
+    SCOPED_TRACE(std::string("sm90_max_blocks=") + blocks);
+    kernel_options.cuda.sm90_max_blocks = std::atoi(blocks);
     expect_ok(mla({300, 129, 5, 1000}, {0, 513, 2000, 37}, 16, 61), 2e-2, want);
     std::vector<float> sinks(32, 0.25f);
     Problem g4 = mla({150, 40, 260}, {100, 500, 3000}, 1, 62);
@@ -678,7 +679,7 @@ TEST(CudaExtend, MlaPrefillDims192x128) {
     nc.params.mask = attention::MaskKind::kNonCausal;
     expect_ok(nc, 2e-2, want);
   }
-  unsetenv("PAGODA_SM90_BLOCKS");
+  kernel_options = {};
   Problem s = mla({6, 3}, {12000, 700}, 16, 65);
   const Result r = expect_ok(s, 2e-2, want);
   if (sm90) {
@@ -695,9 +696,10 @@ TEST(CudaGeneric, MlaF32AndOddDims) {
   mla.hkv = 1;
   mla.dv = 512;
   mla.params.sm_scale = 0.05f;
-  setenv("PAGODA_MLA_DECODE", "0", 1);  // this test is the generic kernel's (cuda_mla_test.cpp: the MLA kernel)
+  // This test is the generic kernel's (cuda_mla_test.cpp: the MLA kernel).
+  kernel_options.mla_decode = false;
   expect_ok(mla, 2e-2, "generic");
-  unsetenv("PAGODA_MLA_DECODE");
+  kernel_options = {};
   Problem mla_ext = extend_problem({20, 5}, {100, 30}, 1, 576, 19);
   mla_ext.mla = true;
   mla_ext.hq = 8;
@@ -776,7 +778,7 @@ TEST(CudaGraph, ReplayWithNewLengthsEqualsEager) {
 
 TEST(CudaPlan, RejectsBadTables) {
   REQUIRE_GPU();
-  CudaBatchAttention attn;
+  CudaBatchAttention attn(nullptr, kernel_options);
   std::vector<int32_t> qo{0, 1}, kvp{0, 1}, idx{-3}, last{1};
   attention::PagedPlanInput in{.qo_indptr = qo, .kv_indptr = kvp, .kv_indices = idx,
                                .kv_last_page_len = last, .page_size = 16};

@@ -3,14 +3,14 @@
 /// K, its first 512 columns = V). Random inputs (seed printed, PAGODA_TEST_SEED overrides),
 /// ragged batches, permuted pages, NaN in every unused slot and page, NaN-poisoned outputs; page
 /// sizes 1/16/64, h_q 16/128 (and 48), bf16 and fp8 e4m3 latents, contexts up to 32k (split-KV
-/// chunks, thousands of pages); PAGODA_MLA_DECODE=0 (generic kernel) agrees with the new path.
+/// chunks, thousands of pages); mla_decode=0 (generic kernel) agrees with the new path.
 /// Bf16 and fp8 latents run the Hopper wgmma kernel on sm_90 at every head count and page size
 /// (mla_decode_sm90_kernel.cuh; fp8 tiles widened to bf16 in place in shared memory);
 /// MlaDecode.HopperAndMmaSyncKernels checks that they do, and runs both kernels on 16/64/96/128
-/// heads (fp8 on 16/128) and the Hopper one on 48 (PAGODA_MLA_SM90=0 gives the mma.sync kernel);
+/// heads (fp8 on 16/128) and the Hopper one on 48 (mla_sm90=0 gives the mma.sync kernel);
 /// MlaDecode.HopperTmaPagesTailsAndRescales runs its TMA and cp.async copies and its lazy
 /// rescaling with both latent types; MlaDecode.HopperFewHeadsTransposed the transposed kernel
-/// that serves h_q <= 16 (PAGODA_MLA_SM90_SMALL=0 gives the 64-row one).
+/// that serves h_q <= 16 (mla_sm90_small=0 gives the 64-row one).
 /// Label "gpu".
 
 #include <gtest/gtest.h>
@@ -30,6 +30,16 @@ namespace pagoda::cuda_test {
 namespace {
 
 using backends::cuda::CudaBatchAttention;
+
+/// The kernel options every CudaBatchAttention of this file is built with: a test sets fields to
+/// reach a variant and resets them (kernel_options = {}) when done.
+backends::KernelOptions kernel_options;
+
+/// q heads per MLA decode block (bf16 q / out) under kernel_options.
+int block_heads(DType kv, int hq) {
+  return kernels::cuda::mla_decode_block_heads(DType::kBF16, kv, DType::kBF16, hq,
+                                               kernel_options.cuda);
+}
 constexpr int kDqk = 576, kDv = 512;
 
 struct Buf {
@@ -83,7 +93,7 @@ MlaRun run_cuda(const Problem& p, const HostData& h) {
                 {int64_t(p.page_size) * kDqk, kDqk, kDqk, 1}, dev);
   TensorView ov(out.p, DType::kBF16, {h.nnz, p.hq, kDv}, dev);
   TensorView lv(lse.p, DType::kF32, {h.nnz, p.hq}, dev);
-  CudaBatchAttention attn;
+  CudaBatchAttention attn(nullptr, kernel_options);
   const attention::AttentionShape shape{.num_qo_heads = p.hq, .num_kv_heads = 1,
                                         .head_dim_qk = kDqk, .head_dim_v = kDv,
                                         .q_dtype = DType::kBF16, .kv_dtype = p.kv_dtype,
@@ -223,13 +233,13 @@ void add_spikes(const Problem& p, HostData& h, int first, int step) {
   }
 }
 
-/// Runs p with the MLA kernel and again with PAGODA_MLA_DECODE=0 (the generic kernel), expects
+/// Runs p with the MLA kernel and again with mla_decode=0 (the generic kernel), expects
 /// both paths and their agreement; returns the MLA kernel's run.
 MlaRun expect_matches_generic(const Problem& p, const HostData& h) {
   const MlaRun fast = run_cuda(p, h);
-  setenv("PAGODA_MLA_DECODE", "0", 1);
+  kernel_options.mla_decode = false;
   const MlaRun slow = run_cuda(p, h);
-  unsetenv("PAGODA_MLA_DECODE");
+  kernel_options = {};
   EXPECT_EQ(fast.path, "mla_decode");
   EXPECT_EQ(slow.path, "generic");
   const Cmp c = compare(fast, slow);
@@ -259,7 +269,7 @@ class MlaDecode : public testing::Test {
     // The kernel needs up to 226 KB of shared memory per block (fp8, 32 heads); A100-class GPUs
     // take the generic path.
     if (smem < 226304) PAGODA_SKIP_GPU_TEST("MLA decode kernel needs an sm_90-class shared memory limit");
-    unsetenv("PAGODA_MLA_DECODE");
+    kernel_options = {};
     seed_ = gpu_test::test_seed(20261201);
     std::printf("MLA decode test seed %llu (PAGODA_TEST_SEED to re-run)\n",
                 static_cast<unsigned long long>(seed_));
@@ -290,20 +300,20 @@ TEST_F(MlaDecode, LongContexts32k) {
 
 TEST_F(MlaDecode, MergeBlockSizes) {
   // The split-KV merge at D 512 (128 float4 column groups) under every block size it can take
-  // (PAGODA_MERGE_THREADS forces one): 128 threads sum each group over all of a row's partials,
+  // (merge_threads forces one): 128 threads sum each group over all of a row's partials,
   // 256 / 384 / 512 split the partials two, three and four ways and reduce in shared memory, 160
   // leaves 32 threads idle, 32 makes four passes over the groups. A ragged batch with one request
   // over many chunks.
   int i = 0;
   for (const char* t : {"32", "128", "160", "256", "384", "512"}) {
-    setenv("PAGODA_MERGE_THREADS", t, 1);
+    kernel_options.cuda.merge_threads = std::atoi(t);
     for (int hq : {16, 128}) {
-      SCOPED_TRACE(testing::Message() << "PAGODA_MERGE_THREADS=" << t << " hq " << hq);
+      SCOPED_TRACE(testing::Message() << "merge_threads=" << t << " hq " << hq);
       const uint64_t s = seed_ + 301 + uint64_t(i++);
       check(mla_problem(ragged(3, 3000, {1, 24000}, s), 64, hq, DType::kBF16, s), 1.5e-2);
     }
   }
-  unsetenv("PAGODA_MERGE_THREADS");
+  kernel_options = {};
 }
 
 TEST_F(MlaDecode, HeadCountsNotMultipleOf64AndFeatures) {
@@ -321,7 +331,7 @@ TEST_F(MlaDecode, HeadCountsNotMultipleOf64AndFeatures) {
 
 TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   // On sm_90 the wgmma kernel serves every bf16 latent (one block per 64 heads, the live heads
-  // first); PAGODA_MLA_SM90=0 gives the mma.sync kernel. Both against the reference: 16, 64, 96
+  // first); mla_sm90=0 gives the mma.sync kernel. Both against the reference: 16, 64, 96
   // (a block with 32 live heads) and 128 heads, pages 1 / 64, a ragged batch with a split
   // request; then window, soft cap and sinks against the generic kernel.
   int dev = 0, major = 0, minor = 0;
@@ -331,26 +341,26 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   const bool hopper = major == 9 && minor == 0;
   namespace kc = kernels::cuda;
   if (hopper) {
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 64)
+    EXPECT_EQ(block_heads(DType::kBF16, 128), 64)
         << "the sm_90a image of the Hopper MLA kernel is missing";
     // Below 64 heads too, at any page size; at 16 heads and fewer its transposed form
-    // (mla_decode_sm90_small_kernel.cuh), unless PAGODA_MLA_SM90_SMALL=0.
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 16);
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 17), 64);
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 64);
-    setenv("PAGODA_MLA_SM90_SMALL", "0", 1);
-    EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16), 64);
-    unsetenv("PAGODA_MLA_SM90_SMALL");
+    // (mla_decode_sm90_small_kernel.cuh), unless mla_sm90_small=0.
+    EXPECT_EQ(block_heads(DType::kBF16, 16), 16);
+    EXPECT_EQ(block_heads(DType::kBF16, 17), 64);
+    EXPECT_EQ(block_heads(DType::kBF16, 48), 64);
+    kernel_options.cuda.mla_sm90_small = false;
+    EXPECT_EQ(block_heads(DType::kBF16, 16), 64);
+    kernel_options = {};
   }
   // fp8 latents: the Hopper kernel widens them in shared memory.
-  EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128),
+  EXPECT_EQ(block_heads(DType::kFp8E4M3, 128),
             hopper ? 64 : 32);
   for (const char* sm90 : {"1", "0"}) {
-    setenv("PAGODA_MLA_SM90", sm90, 1);
+    kernel_options.cuda.mla_sm90 = std::atoi(sm90) != 0;
     if (std::strcmp(sm90, "0") == 0) {
-      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128), 32);
-      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 48), 32);
-      EXPECT_EQ(kc::mla_decode_block_heads(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128), 32);
+      EXPECT_EQ(block_heads(DType::kBF16, 128), 32);
+      EXPECT_EQ(block_heads(DType::kBF16, 48), 32);
+      EXPECT_EQ(block_heads(DType::kFp8E4M3, 128), 32);
     }
     int i = 0;
     for (int hq : {16, 64, 96, 128}) {  // 16: 48 empty rows of the Hopper block; mma.sync: 16
@@ -358,7 +368,7 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
         for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
           if (kv == DType::kFp8E4M3 && hq != 16 && hq != 128) continue;
           const uint64_t s = seed_ + 61 + uint64_t(i++);
-          SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90=" << sm90);
+          SCOPED_TRACE(testing::Message() << "mla_sm90=" << sm90);
           check(mla_problem(ragged(4, 2000, {1, 64, 65, 9000}, s), ps, hq, kv, s),
                 kv == DType::kBF16 ? 1.5e-2 : 2e-2);
         }
@@ -374,7 +384,7 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   }
   // The default route at 16 heads (the transposed kernel) and 48 (48 live rows of the 64-row
   // kernel), page 16 and page 1.
-  unsetenv("PAGODA_MLA_SM90");
+  kernel_options = {};
   for (int hq : {16, 48}) {
     for (int ps : {16, 1}) {
       const uint64_t s = seed_ + 81 + uint64_t(hq + ps);
@@ -387,20 +397,20 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
 TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
   // The Hopper kernel copies whole 64-key tiles by TMA at page sizes >= 16 (one box per page
   // and atom column, or one per tile when the page is larger) and the last tile of a chunk
-  // that ends past its keys by cp.async; PAGODA_MLA_TMA=0 copies every tile by cp.async. Both
+  // that ends past its keys by cp.async; mla_tma=0 copies every tile by cp.async. Both
   // against the reference on pages 16 / 64 / 128 / 256, bf16 and fp8 latents (fp8: raw tiles
   // of 5 half-width atom columns, widened in place), lengths with and without tails, a request
   // split over several chunks, and spike keys (add_spikes) every 1,500 keys.
-  if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 128) != 64) {
+  if (block_heads(DType::kBF16, 128) != 64) {
     PAGODA_SKIP_GPU_TEST("the Hopper MLA decode kernel does not run on this device");
   }
   int i = 0;
   for (const char* tma : {"1", "0"}) {
-    setenv("PAGODA_MLA_TMA", tma, 1);
+    kernel_options.cuda.mla_tma = std::atoi(tma) != 0;
     for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
       for (int ps : {16, 64, 128, 256}) {
         const uint64_t s = seed_ + 91 + uint64_t(i++);
-        SCOPED_TRACE(testing::Message() << "PAGODA_MLA_TMA=" << tma << " seed " << s << " page "
+        SCOPED_TRACE(testing::Message() << "mla_tma=" << tma << " seed " << s << " page "
                                         << ps << " kv " << dtype_name(kv));
         const Problem p = mla_problem({64, 640, 1000, 4096, 129, 11000}, ps, 128, kv, s);
         HostData h = make_host_data(p);
@@ -409,7 +419,7 @@ TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
       }
     }
   }
-  unsetenv("PAGODA_MLA_TMA");
+  kernel_options = {};
 }
 
 TEST_F(MlaDecode, HopperFewHeadsTransposed) {
@@ -418,19 +428,19 @@ TEST_F(MlaDecode, HopperFewHeadsTransposed) {
   // 1- and 2-key requests and a request split over chunks (partials and the merge), "spike"
   // keys (latent row x 12) that move one head's running max mid-chunk (lazy rescaling per
   // head), against the reference; then the same problems on the 64-row kernel
-  // (PAGODA_MLA_SM90_SMALL=0) against the reference, and window, soft cap and sinks against the
+  // (mla_sm90_small=0) against the reference, and window, soft cap and sinks against the
   // generic kernel.
-  if (kernels::cuda::mla_decode_block_heads(DType::kBF16, DType::kBF16, DType::kBF16, 16) != 16) {
+  if (block_heads(DType::kBF16, 16) != 16) {
     PAGODA_SKIP_GPU_TEST("the transposed Hopper MLA decode kernel does not run on this device");
   }
   int i = 0;
   for (const char* small : {"1", "0"}) {
-    setenv("PAGODA_MLA_SM90_SMALL", small, 1);
+    kernel_options.cuda.mla_sm90_small = std::atoi(small) != 0;
     for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
       for (int hq : {1, 8, 16}) {
         for (int ps : {1, 16, 64}) {
           const uint64_t s = seed_ + 201 + uint64_t(i++);
-          SCOPED_TRACE(testing::Message() << "PAGODA_MLA_SM90_SMALL=" << small << " hq " << hq
+          SCOPED_TRACE(testing::Message() << "mla_sm90_small=" << small << " hq " << hq
                                           << " page " << ps << " kv " << dtype_name(kv));
           const Problem p = mla_problem(ragged(5, 2500, {1, 2, 64, 65, 9000}, s), ps, hq, kv, s);
           HostData h = make_host_data(p);
@@ -440,7 +450,7 @@ TEST_F(MlaDecode, HopperFewHeadsTransposed) {
       }
     }
   }
-  unsetenv("PAGODA_MLA_SM90_SMALL");
+  kernel_options = {};
   Problem p = mla_problem(ragged(4, 3000, {8000}, seed_ + 251), 16, 16, DType::kBF16, seed_ + 251);
   p.params.window_left = 900;
   p.params.logit_cap = 30.f;

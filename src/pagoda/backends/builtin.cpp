@@ -13,13 +13,15 @@ namespace pagoda::backends {
 
 using namespace pagoda::attention;
 
-void register_builtin_backends(BackendRegistry& registry) {
+void register_builtin_backends(BackendRegistry& registry, const KernelOptions& kernels) {
+  kernels.validate();
   register_reference_backend(registry);
 #ifdef PAGODA_HAVE_CPU_BACKEND
-  register_cpu_backend(registry);
+  register_cpu_backend(registry, {.bf16_tiles = kernels.cpu_bf16,
+                                  .bf16_decode = kernels.cpu_bf16_decode});
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND
-  register_cuda_backend(registry);
+  register_cuda_backend(registry, kernels);
 #endif
 }
 

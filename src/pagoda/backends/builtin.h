@@ -3,7 +3,7 @@
 /// --prefill-attention-backend / --decode-attention-backend flags (sglang_spec §1.5).
 ///
 ///   attention::BackendRegistry registry;
-///   backends::register_builtin_backends(registry);          // "reference", "cpu", "cuda" (as built)
+///   backends::register_builtin_backends(registry, selection.kernels);  // reference, cpu, cuda
 ///   auto backend = backends::make_backend(registry, {.attention = "cpu"}, requirements, ctx);
 
 #include <memory>
@@ -11,12 +11,16 @@
 
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/hybrid/hybrid_backend.h"
+#include "pagoda/backends/kernel_options.h"
 
 namespace pagoda::backends {
 
-/// Registers every backend this build has: "reference" always, "cpu" and "cuda" when built.
-/// Explicit, never a static initialiser. Throws kInvalidArgument if one is already registered.
-void register_builtin_backends(attention::BackendRegistry& registry);
+/// Registers every backend this build has: "reference" always, "cpu" and "cuda" when built; their
+/// factories build backends with `kernels` (a worker registers with its selection's options).
+/// Explicit, never a static initialiser. Throws kInvalidArgument if one is already registered or
+/// `kernels` is invalid (KernelOptions::validate).
+void register_builtin_backends(attention::BackendRegistry& registry,
+                               const KernelOptions& kernels = {});
 
 /// The user's backend choice. Empty prefill / decode fall back to `attention`; an empty
 /// `attention` falls back to ctx.platform->default_attention_backend() ("reference" without a
@@ -26,6 +30,8 @@ struct BackendSelection {
   std::string prefill;
   std::string decode;
   VerifyRoute verify = VerifyRoute::kPrefill;  ///< which side serves kTargetVerify when split
+  /// Kernel variants of the backends built for this selection (register_builtin_backends).
+  KernelOptions kernels{};
 };
 
 /// The (prefill, decode) names `selection` resolves to.

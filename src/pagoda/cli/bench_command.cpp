@@ -19,6 +19,7 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/hicache_options.h"
+#include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/cli/spec_bench.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
@@ -36,6 +37,7 @@ struct BenchOptions {
   int tp = 1;
   uint64_t weight_seed = 0;
   std::string backend;
+  backends::KernelOptions kernels;  ///< --kernel-option
   std::string prefill_backend;
   std::string decode_backend;
   int page_size = 16;
@@ -185,6 +187,7 @@ void run_bench(const BenchOptions& o) {
     a.backend.attention = o.backend;
     a.backend.prefill = o.prefill_backend;
     a.backend.decode = o.decode_backend;
+    a.backend.kernels = o.kernels;
     a.page_size = o.page_size;
     a.pool_tokens = o.pool_tokens;
     a.requests = o.requests;
@@ -239,6 +242,7 @@ void run_bench(const BenchOptions& o) {
                               : o.backend;
   cfg.backend.prefill = o.prefill_backend;
   cfg.backend.decode = o.decode_backend;
+  cfg.backend.kernels = o.kernels;
   cfg.hicache = hicache;
   cfg.validate();  // before the (possibly large) model is loaded
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
@@ -362,6 +366,7 @@ void run_bench(const BenchOptions& o) {
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.backend_name()},
+      {"kernel_options", kernel_options_json(o.kernels)},
       {"page_size", o.page_size},
       {"pool_tokens", st.pool_tokens},
       {"requests", completed},
@@ -532,6 +537,7 @@ void add_bench_command(CLI::App& app) {
                   "CPU)")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
+  add_kernel_option_flag(cmd, o->kernels);
   cmd->add_option("--prefill-backend", o->prefill_backend, "backend for extend steps");
   cmd->add_option("--decode-backend", o->decode_backend, "backend for decode steps");
   cmd->add_option("--page-size", o->page_size)->capture_default_str();

@@ -9,6 +9,7 @@
 #include "pagoda/backends/builtin.h"
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/core/error.h"
 #include "pagoda/platform/platform.h"
 #ifdef PAGODA_HAVE_CUDA_BACKEND
@@ -26,6 +27,8 @@ struct ConformanceArgs {
   bool verbose = false;
   int long_kv = 4096;
   std::string output;
+  bool require_gpu = false;
+  backends::KernelOptions kernels;
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -40,7 +43,7 @@ std::vector<std::string> split_list(const std::string& s) {
 
 void run(const ConformanceArgs& args) {
   attention::BackendRegistry registry;
-  backends::register_builtin_backends(registry);
+  backends::register_builtin_backends(registry, args.kernels);
   // Device backends run on their platform (the GPU when this build has CUDA and one is present).
   platform::PlatformRegistry platforms = platform::make_builtin_platform_registry();
 #ifdef PAGODA_HAVE_CUDA_BACKEND
@@ -51,6 +54,7 @@ void run(const ConformanceArgs& args) {
                                          .seed = args.seed,
                                          .verbose = args.verbose,
                                          .long_kv = args.long_kv,
+                                         .require_gpu = args.require_gpu,
                                          .platforms = &platforms};
   for (const auto& spec : options.backends) {
     if (spec.rfind("mutant", 0) == 0) continue;  // the harness checks the family's names
@@ -92,6 +96,10 @@ void add_conformance_command(CLI::App& app) {
                   "Longest context of the 'long' column (keys; 0 drops the column)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--output", args->output, "Also write the Markdown matrix to this file");
+  cmd->add_flag("--require-gpu", args->require_gpu,
+                "Fail (instead of skipping) when a device backend has no platform on this machine "
+                "(the GPU evidence runs)");
+  add_kernel_option_flag(cmd, args->kernels);
   cmd->callback([args] { run(*args); });
 }
 

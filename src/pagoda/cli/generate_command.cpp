@@ -13,6 +13,7 @@
 
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/hicache_options.h"
+#include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
@@ -38,6 +39,7 @@ struct GenerateOptions {
   float top_p = 1.f;
   uint64_t seed = 0;
   std::string backend;
+  backends::KernelOptions kernels;  ///< --kernel-option
   int page_size = 16;
   bool ignore_eos = false;
   bool json = false;
@@ -93,6 +95,7 @@ engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform:
   cfg.pool_tokens = std::max<int64_t>(4096, pool_tokens);
   cfg.scheduler.max_running_requests = max_running;
   cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(platform) : o.backend;
+  cfg.backend.kernels = o.kernels;
   return cfg;
 }
 
@@ -292,6 +295,7 @@ void add_generate_command(CLI::App& app) {
                   "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
       ->capture_default_str();
   cmd->add_option("--backend", opts->backend, "attention backend (default: the platform's)");
+  add_kernel_option_flag(cmd, opts->kernels);
   cmd->add_option("--page-size", opts->page_size)->capture_default_str();
   cmd->add_option("--cuda-graph", opts->cuda_graph,
                   "with the cuda backend: replay decode steps from CUDA graphs (on|off)")

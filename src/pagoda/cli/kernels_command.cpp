@@ -27,6 +27,7 @@
 #include "pagoda/backends/reference/reference_batch_attention.h"
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/kernel_clock.h"
+#include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 #ifdef PAGODA_CLI_HAVE_CPU_BACKEND
@@ -58,6 +59,7 @@ struct KernelsArgs {
   int iters = 20;
   int warmup = 3;
   int flush_l2 = 0;  // +1 --flush-l2, -1 --no-flush-l2, 0: the backend's default (flush_default)
+  backends::KernelOptions kernels;  // --kernel-option
   bool json = false;
 };
 
@@ -75,14 +77,20 @@ std::vector<std::string> known_backends() {
   return names;
 }
 
-std::unique_ptr<attention::BatchAttention> make_attention(const std::string& name, int threads) {
+std::unique_ptr<attention::BatchAttention> make_attention(const std::string& name, int threads,
+                                                          const backends::KernelOptions& kernels) {
   (void)threads;
+  (void)kernels;
   if (name == "reference") return backends::make_reference_batch_attention();
 #ifdef PAGODA_CLI_HAVE_CPU_BACKEND
-  if (name == "cpu") return backends::make_cpu_batch_attention({.num_threads = threads});
+  if (name == "cpu") {
+    return backends::make_cpu_batch_attention({.num_threads = threads,
+                                               .bf16_tiles = kernels.cpu_bf16,
+                                               .bf16_decode = kernels.cpu_bf16_decode});
+  }
 #endif
 #ifdef PAGODA_CLI_HAVE_CUDA
-  if (name == "cuda") return backends::cuda::make_cuda_batch_attention();
+  if (name == "cuda") return backends::cuda::make_cuda_batch_attention(kernels);
 #endif
   throw_error(ErrorCode::kUnsupported, "kernels: unknown backend '{}'", name);
 }
@@ -241,7 +249,7 @@ void run_kernels(const KernelsArgs& a) {
   bufs.out = bufs.keep(
       std::vector<unsigned char>(static_cast<size_t>(nnz) * a.q_heads * dv * dtype_size(*q_dtype)));
 
-  auto attn = make_attention(a.backend, threads);
+  auto attn = make_attention(a.backend, threads, a.kernels);
   const bool flush = a.flush_l2 != 0 ? a.flush_l2 > 0 : flush_default(a.backend);
   auto clock = on_gpu ? make_cuda_clock(flush) : make_host_clock(threads, flush);
   const attention::PagedPlanInput in{.qo_indptr = qo_indptr, .kv_indptr = kv_indptr,
@@ -315,6 +323,7 @@ void run_kernels(const KernelsArgs& a) {
 
   nlohmann::json j;
   j["backend"] = a.backend;
+  j["kernel_options"] = kernel_options_json(a.kernels);
   j["op"] = a.op;
   j["batch"] = a.batch;
   j["kv_len"] = a.kv_len;
@@ -380,6 +389,7 @@ void add_kernels_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("kernels", "Time a BatchAttention backend on one shape");
   cmd->add_option("--backend", args->backend, "cpu | reference | cuda (as built)")
       ->capture_default_str();
+  add_kernel_option_flag(cmd, args->kernels);
   cmd->add_option("--op", args->op, "decode | extend | verify")->capture_default_str();
   cmd->add_option("--batch", args->batch, "requests")->capture_default_str();
   cmd->add_option("--kv-len", args->kv_len, "keys per request (including the queries)")

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/core/error.h"
 #ifdef PAGODA_CLI_HAVE_SERVER
 #include "pagoda/server/server.h"
@@ -22,6 +23,7 @@ struct ServeCliOptions {
   int max_running = 64;
   int threads = 0;
   std::string backend;
+  backends::KernelOptions kernels;  ///< --kernel-option
   int page_size = 16;
   int64_t pool_tokens = 65536;
   int chunk_size = 256;
@@ -57,6 +59,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "HTTP threads (0 = max-running + max-queue + 8)")
       ->capture_default_str();
   cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
+  add_kernel_option_flag(cmd, o->kernels);
   cmd->add_option("--page-size", o->page_size)->capture_default_str();
   cmd->add_option("--pool-tokens", o->pool_tokens, "KV pool capacity in tokens")
       ->capture_default_str();
@@ -97,6 +100,7 @@ void add_serve_command(CLI::App& app) {
     s.max_running = o->max_running;
     s.threads = o->threads;
     s.backend = o->backend;
+    s.kernels = o->kernels;
     s.page_size = o->page_size;
     s.pool_tokens = o->pool_tokens;
     s.chunk_size = o->chunk_size;

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::cli {
@@ -118,6 +119,7 @@ void run_spec_bench(const SpecBenchArgs& a) {
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", cfg.backend.attention},
+      {"kernel_options", kernel_options_json(cfg.backend.kernels)},
       {"page_size", a.page_size},
       {"tp", a.tp},
       {"workload", a.workload},

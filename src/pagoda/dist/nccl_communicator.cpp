@@ -59,11 +59,9 @@ class NcclCommunicator final : public Communicator {
   std::string name() const override { return ipc_ != nullptr ? "nccl+ipc" : "nccl"; }
 
   /// Sets up the one-shot IPC all-reduce (collective) and checks it against NCCL on random
-  /// data; keeps NCCL alone when P2P is unavailable, the check fails, or
-  /// PAGODA_CUSTOM_ALLREDUCE=0. Returns what it decided, for the log.
+  /// data; keeps NCCL alone when P2P is unavailable or the check fails (NCCL alone measured
+  /// slower: bench/results/tp_h200x2.md). Returns what it decided, for the log.
   std::string enable_ipc() {
-    const char* env = std::getenv("PAGODA_CUSTOM_ALLREDUCE");
-    if (env != nullptr && std::string(env) == "0") return "NCCL only (PAGODA_CUSTOM_ALLREDUCE=0)";
     ipc_ = IpcAllReduce::create(*this, size_t{8} << 20, stream_);
     if (ipc_ == nullptr) return "NCCL only (no P2P between the GPUs)";
     const int64_t n = 12288;

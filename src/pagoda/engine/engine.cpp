@@ -121,6 +121,7 @@ void EngineConfig::validate() const {
   // Backend names and the page sizes they declare, checked here so a bad choice fails before the
   // pools, the worker or the model's device copy are built (the rest of a backend's
   // requirements depend on the model and are checked when the worker builds it).
+  backend.kernels.validate();
   attention::BackendRegistry registry;
   backends::register_builtin_backends(registry);
   for (const std::string* name : {&backend.attention, &backend.prefill, &backend.decode}) {

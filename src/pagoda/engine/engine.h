@@ -58,7 +58,8 @@ struct EngineConfig {
   /// Share KV between requests through the radix tree (false: ChunkCache, no sharing).
   bool radix_cache = true;
   SchedulerConfig scheduler{};
-  /// Attention backend names; empty = the platform's default.
+  /// Attention backend names (empty = the platform's default) and the kernel variants'
+  /// options (backend.kernels: backends/kernel_options.h).
   backends::BackendSelection backend{};
   /// Run every check_integrity() after each step (tests).
   bool check_integrity = false;
@@ -80,9 +81,9 @@ struct EngineConfig {
   tier::HiCacheConfig hicache{};
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
-  /// scheduler limits, speculation), Error(kUnsupported) for a backend name this build does not
-  /// register or a page size its capabilities exclude. Cheap: callers check before loading a
-  /// model or building anything.
+  /// scheduler limits, speculation, kernel options), Error(kUnsupported) for a backend name this
+  /// build does not register or a page size its capabilities exclude. Cheap: callers check
+  /// before loading a model or building anything.
   void validate() const;
 };
 

@@ -27,7 +27,7 @@ EagleRunner::EagleRunner(const EagleHead& head, std::unique_ptr<ModelOps> ops,
                             .head_dim = c.head_dim,
                             .head_dim_v = c.head_dim};
   pool_ = std::make_unique<kv::KvPool>(pc, platform_->allocator());
-  backends::register_builtin_backends(registry_);
+  backends::register_builtin_backends(registry_, config.backend.kernels);
   attention::BackendRequirements req{.page_size = config.page_size,
                                      .head_dim_qk = c.head_dim,
                                      .head_dim_v = c.head_dim,

@@ -67,7 +67,7 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                                         config.comm->world_size())
                           .num_kv_heads;
   pool_ = std::make_unique<kv::KvPool>(pc, platform_->allocator());
-  backends::register_builtin_backends(registry_);
+  backends::register_builtin_backends(registry_, config.backend.kernels);
   const attention::BackendRequirements req =
       worker_backend_requirements(model, config, ops_->dtype(), platform_->name());
   const attention::BackendContext ctx{

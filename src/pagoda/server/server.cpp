@@ -154,6 +154,7 @@ int run_server(const ServeOptions& o) {
   cfg.scheduler.policy = o.lpm ? engine::SchedulePolicy::kLongestPrefixMatch
                                : engine::SchedulePolicy::kFcfs;
   cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
+  cfg.backend.kernels = o.kernels;
   cfg.cuda_graph = o.cuda_graph;
   cfg.dtype = o.dtype;
   cfg.kv_dtype = o.kv_dtype;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "pagoda/backends/kernel_options.h"
 #include "pagoda/core/dtype.h"
 
 namespace pagoda::server {
@@ -27,6 +28,7 @@ struct ServeOptions {
   int max_running = 64;               ///< engine's max running requests
   int threads = 0;                    ///< HTTP threads; 0 = max_running + max_queue + 8, ≤ 512
   std::string backend;                ///< attention backend; empty = the platform's default
+  backends::KernelOptions kernels{};  ///< kernel variants (--kernel-option)
   int page_size = 16;
   int64_t pool_tokens = 65536;
   int chunk_size = 256;               ///< chunked prefill budget (0 = off), as `pagoda bench`

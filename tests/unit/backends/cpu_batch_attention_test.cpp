@@ -208,23 +208,33 @@ TEST(CpuBatchAttention, DecodeAllDtypesAndPageSizes) {
   }
 }
 
+// The decode tests run with the opt-in AVX512-BF16 decode kernels off (the default) and on
+// (CpuAttentionOptions::bf16_decode; on CPUs without AVX512-BF16 both runs take the f32 path).
 TEST(CpuBatchAttention, DecodeHeadShapes) {
-  uint64_t seed = 200;
-  struct S { int hq, hkv, d; };
-  for (S s : {S{4, 4, 64}, S{8, 1, 128}, S{32, 8, 128}, S{6, 2, 256}, S{2, 1, 80}, S{3, 3, 40}}) {
-    Case c{.seed = seed++, .bs = 3, .hq = s.hq, .hkv = s.hkv, .dqk = s.d, .dv = s.d,
-           .page_size = 16, .out_dtype = DType::kF32, .max_prefix = 500};
-    run_case(c);
+  for (const bool bf16_decode : {false, true}) {
+    SCOPED_TRACE(bf16_decode ? "bf16_decode on" : "bf16_decode off");
+    uint64_t seed = 200;
+    struct S { int hq, hkv, d; };
+    for (S s : {S{4, 4, 64}, S{8, 1, 128}, S{32, 8, 128}, S{6, 2, 256}, S{2, 1, 80}, S{3, 3, 40}}) {
+      Case c{.seed = seed++, .bs = 3, .hq = s.hq, .hkv = s.hkv, .dqk = s.d, .dv = s.d,
+             .page_size = 16, .out_dtype = DType::kF32, .max_prefix = 500,
+             .options = {.num_threads = 2, .bf16_decode = bf16_decode}};
+      run_case(c);
+    }
   }
 }
 
 TEST(CpuBatchAttention, SplitKvLongContextSmallBatch) {
-  uint64_t seed = 300;
-  for (int threads : {1, 2, 3}) {
-    Case c{.seed = seed++, .bs = 1, .hq = 8, .hkv = 2, .dqk = 128, .dv = 128, .page_size = 16,
-           .out_dtype = DType::kF32, .min_prefix = 2000, .max_prefix = 5000, .sinks = true,
-           .options = {.num_threads = threads, .min_split_tokens = 64}};
-    run_case(c);
+  for (const bool bf16_decode : {false, true}) {
+    SCOPED_TRACE(bf16_decode ? "bf16_decode on" : "bf16_decode off");
+    uint64_t seed = 300;
+    for (int threads : {1, 2, 3}) {
+      Case c{.seed = seed++, .bs = 1, .hq = 8, .hkv = 2, .dqk = 128, .dv = 128, .page_size = 16,
+             .out_dtype = DType::kF32, .min_prefix = 2000, .max_prefix = 5000, .sinks = true,
+             .options = {.num_threads = threads, .min_split_tokens = 64,
+                         .bf16_decode = bf16_decode}};
+      run_case(c);
+    }
   }
 }
 
@@ -266,12 +276,16 @@ TEST(CpuBatchAttention, ExtendTilePath) {
 // Decode items of many KV heads (rows_per_item 256: 128 rows of D = 32 per item) through the
 // AVX512-BF16 decode path with a bf16 output (P pairs must fit the per-thread scratch).
 TEST(CpuBatchAttention, DecodeWideItems) {
-  std::printf("AVX512-BF16 decode path %s\n", kernels::cpu::detail::cpu_decode_bf16_enabled()
-                                                   ? "on"
-                                                   : "off (PAGODA_CPU_BF16_DECODE=1 enables)");
-  Case c{.seed = 470, .bs = 3, .hq = 128, .hkv = 32, .dqk = 32, .dv = 32, .page_size = 16,
-         .max_prefix = 200, .options = {.num_threads = 2, .rows_per_item = 256}};
-  run_case(c);
+  std::printf("AVX512-BF16 decode path %s\n", kernels::cpu::detail::cpu_avx512bf16_available()
+                                                   ? "runs with bf16_decode"
+                                                   : "off (not this CPU)");
+  for (const bool bf16_decode : {false, true}) {
+    SCOPED_TRACE(bf16_decode ? "bf16_decode on" : "bf16_decode off");
+    Case c{.seed = 470, .bs = 3, .hq = 128, .hkv = 32, .dqk = 32, .dv = 32, .page_size = 16,
+           .max_prefix = 200,
+           .options = {.num_threads = 2, .rows_per_item = 256, .bf16_decode = bf16_decode}};
+    run_case(c);
+  }
 }
 
 TEST(CpuBatchAttention, WindowCapSinksScales) {

@@ -162,8 +162,8 @@ TEST(CudaSchedule, Sm90OnlyDimsTakeThePrefillPathForEveryStep) {
     EXPECT_EQ(s.path, KernelPath::kPrefill);
     EXPECT_TRUE(s.sm90_prefill);
     expect_prefill_items(s, b, 1);
-    // Without the sm90 kernel (another GPU, fp8 KV, PAGODA_SM90_PREFILL=0) the shape has no
-    // tuned kernel at all.
+    // Without the sm90 kernel (another GPU, fp8 KV, kernel option sm90_prefill off) the shape
+    // has no tuned kernel at all.
     ScheduleConfig none = sm90_only();
     none.sm90_prefill = false;
     EXPECT_EQ(build_schedule(b.input(), mla_prefill_shape(heads), none).path,

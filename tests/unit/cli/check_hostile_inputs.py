@@ -7,8 +7,12 @@ have been reached yet: engine options are checked before the model is loaded (th
 given does not exist, so an error about it means the check came too late), and `kernels` shape
 products are checked before any buffer is allocated.
 
+Kernel options (--kernel-option NAME=VALUE) with an unknown name or a bad value fail the command
+line of every command that takes them, naming the option.
+
 Also: a drained `pagoda bench --json` reports leaked_pages 0 and, after evicting its prefix
-cache, every page free (pages_free_after_drain == pages_total, none referenced).
+cache, every page free (pages_free_after_drain == pages_total, none referenced), and prints the
+kernel options it ran with.
 
 Usage: check_hostile_inputs.py PAGODA_BINARY WORK_DIR
 """
@@ -73,6 +77,13 @@ for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
     run_case(f"{cmd[0]} hicache best_effort",
              cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x",
                     "--hicache-prefetch-policy", "best_effort"], ["best_effort"], [missing])
+# Kernel options: checked while the command line is parsed (before anything is built).
+for cmd in (["generate", "--prompt", "hi", "--model", missing], ["bench", "--model", missing],
+            ["serve", "--model", missing], ["conformance", "--quick"], ["kernels"]):
+    run_case(f"{cmd[0]} unknown kernel option", cmd + ["--kernel-option", "sm90_tmaa=0"],
+             ["unknown kernel option 'sm90_tmaa'"], [missing])
+    run_case(f"{cmd[0]} bad kernel option value", cmd + ["--kernel-option", "merge_threads=48"],
+             ["merge_threads must be"], [missing])
 run_case("bench pool smaller than a page",
          ["bench", "--requests", "1", "--model", missing, "--page-size", "16", "--pool-tokens", "8"],
          ["pool of 8 tokens"], [missing])
@@ -91,18 +102,22 @@ run_case("config num_hidden_layers -1 + sliding_window",
 
 # A drained bench reports its KV accounting: no leaked reference, and once the prefix cache is
 # evicted every page free with refcount 0.
-p = subprocess.run([PAGODA, "bench", "--requests", "6", "--max-new-tokens", "4", "--json"],
+p = subprocess.run([PAGODA, "bench", "--requests", "6", "--max-new-tokens", "4", "--json",
+                    "--kernel-option", "cpu_bf16=off", "--kernel-option", "sm90_max_blocks=3"],
                    capture_output=True, text=True, timeout=120)
 try:
     j = json.loads(p.stdout.strip().splitlines()[-1])
+    ko = j["kernel_options"]
     ok = (p.returncode == 0 and j["leaked_pages"] == 0 and j["idle_pages_accounted"] and
           j["drained_cache_tokens"] > 0 and j["pages_free_after_drain"] == j["pages_total"] and
-          j["pages_referenced_after_drain"] == 0)
+          j["pages_referenced_after_drain"] == 0 and ko["cpu_bf16"] is False and
+          ko["sm90_max_blocks"] == 3 and ko["mla_decode"] is True and ko["merge_threads"] == 0)
 except (ValueError, KeyError, IndexError) as e:
     ok, j = False, {"error": str(e), "stderr": p.stderr[-2000:]}
 print(f"{'ok  ' if ok else 'FAIL'} bench drained accounting: " +
       ", ".join(f"{k}={j.get(k)}" for k in ("leaked_pages", "drained_cache_tokens", "pages_total",
-                                            "pages_free_after_drain", "pages_referenced_after_drain")))
+                                            "pages_free_after_drain", "pages_referenced_after_drain",
+                                            "kernel_options")))
 if not ok:
     failures.append(f"bench drained accounting: rc={p.returncode} {j}")
 

@@ -224,5 +224,22 @@ TEST(EngineAccounting, DrainedEngineGivesEveryPageBack) {
   }
 }
 
+// Kernel options are part of the configuration: EngineConfig::validate refuses an out-of-range
+// one, naming it, before anything is built.
+TEST(EngineConfigKernels, BadKernelOptionIsAnErrorNamingIt) {
+  EngineConfig cfg = small_config(16, 4096);
+  cfg.backend.kernels.cuda.sm90_pingpong = 3;
+  try {
+    cfg.validate();
+    ADD_FAILURE() << "sm90_pingpong 3 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("sm90_pingpong"), std::string::npos) << e.what();
+  }
+  cfg.backend.kernels.cuda.sm90_pingpong = 1;
+  cfg.backend.kernels.cpu_bf16 = false;
+  EXPECT_NO_THROW(cfg.validate());
+}
+
 }  // namespace
 }  // namespace pagoda::engine

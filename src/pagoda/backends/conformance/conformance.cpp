@@ -123,11 +123,10 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
       if (device == "cpu" || try_platform(options.platforms, device) != nullptr) {
         specs.push_back(n);
       } else {
-        // PAGODA_REQUIRE_GPU=1 (the GPU evidence runs): a device backend that cannot run fails.
-        const char* req = std::getenv("PAGODA_REQUIRE_GPU");
-        PAGODA_REQUIRE(req == nullptr || *req == '\0' || std::string_view(req) == "0", kUnsupported,
+        // require_gpu (the GPU evidence runs): a device backend that cannot run fails.
+        PAGODA_REQUIRE(!options.require_gpu, kUnsupported,
                        "backend '{}' needs a {} platform, absent on this machine "
-                       "(PAGODA_REQUIRE_GPU is set)",
+                       "(--require-gpu is set)",
                        n, device);
         fmt::print("skipping '{}': no {} platform on this machine\n", n, device);
       }

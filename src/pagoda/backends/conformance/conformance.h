@@ -130,6 +130,9 @@ struct Options {
   uint64_t seed = 1234;
   bool verbose = false;  ///< print every case, not only failures
   int long_kv = 4096;    ///< longest context of the "long" column
+  /// A device backend of the default list without its platform fails the run (Error
+  /// kUnsupported) instead of being skipped (`pagoda conformance --require-gpu`).
+  bool require_gpu = false;
   /// Platforms for device backends: one is made per device backend row with
   /// platforms->make(device). Null, or a device absent on this machine: device backends are
   /// skipped from the default list, and a named one throws Error(kUnsupported).

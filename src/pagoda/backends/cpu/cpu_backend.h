@@ -26,7 +26,7 @@ class CpuBackend : public attention::HostPagedBackend {
   }
 };
 
-/// Registers "cpu" in `registry`.
-void register_cpu_backend(attention::BackendRegistry& registry);
+/// Registers "cpu" in `registry`; its factory builds CpuBackend(ctx, options).
+void register_cpu_backend(attention::BackendRegistry& registry, CpuAttentionOptions options = {});
 
 }  // namespace pagoda::backends

@@ -231,6 +231,8 @@ void CpuBatchAttention::run(const TensorView& q, const TensorView& k_cache,
   p.sinks = params.sinks.empty() ? nullptr : params.sinks.data();
   p.k_scale = params.k_scale;
   p.v_scale = params.v_scale;
+  p.bf16_tiles = opt_.bf16_tiles;
+  p.bf16_decode = opt_.bf16_decode;
 
   kc::CpuSchedule sch;
   sch.items = plan_.items.data();

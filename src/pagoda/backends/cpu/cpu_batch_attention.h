@@ -24,6 +24,8 @@ struct CpuAttentionOptions {
   int rows_per_item = 64;       ///< target query rows (tokens x heads) per work item
   int min_split_tokens = 256;   ///< smallest key chunk of a split-KV work item
   int items_per_thread = 4;     ///< split KV until there are this many items per thread
+  bool bf16_tiles = true;       ///< CpuAttentionParams::bf16_tiles (AVX512-BF16 extend tile)
+  bool bf16_decode = false;     ///< CpuAttentionParams::bf16_decode (AVX512-BF16 decode)
 };
 
 /// Creates the CPU BatchAttention. Throws Error(kInvalidArgument) for bad options.

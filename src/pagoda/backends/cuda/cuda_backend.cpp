@@ -24,7 +24,7 @@ bool same_shape(const AttentionShape& a, const AttentionShape& b) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(const BackendContext& ctx) : ctx_(ctx) {
+CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels) : ctx_(ctx) {
   PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
                  "backend 'cuda' needs a KvPool and a ReqToTokenTable in its BackendContext");
   PAGODA_REQUIRE(ctx.kv_pool->device().is_cuda(), kUnsupported,
@@ -38,7 +38,7 @@ CudaBackend::CudaBackend(const BackendContext& ctx) : ctx_(ctx) {
                      "cudaStreamCreate");
     own_stream_ = true;
   }
-  attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_);
+  attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels);
 }
 
 CudaBackend::~CudaBackend() {
@@ -215,12 +215,14 @@ void CudaBackend::plan_graph_step(const ForwardBatch& batch) {
   attn_->set_force_prefill(false);
 }
 
-void register_cuda_backend(BackendRegistry& registry) {
+void register_cuda_backend(BackendRegistry& registry, const KernelOptions& kernels) {
   registry.add("cuda",
                "NVIDIA GPU: split-KV decode, tensor-core prefill/extend, generic fallback "
                "(MLA, f32, e5m2), CUDA graphs",
                CudaBackend::static_capabilities(),
-               [](const BackendContext& ctx) { return std::make_unique<CudaBackend>(ctx); });
+               [kernels](const BackendContext& ctx) {
+                 return std::make_unique<CudaBackend>(ctx, kernels);
+               });
 }
 
 }  // namespace pagoda::backends

@@ -35,8 +35,9 @@ class CudaBackend final : public attention::AttentionBackend {
  public:
   /// `ctx.kv_pool` must live on a CUDA device and `ctx.req_to_token` be non-null (both outlive
   /// the backend); Error(kInvalidArgument / kUnsupported) otherwise. Uses the CudaPlatform's
-  /// stream when ctx.platform is one, else its own stream.
-  explicit CudaBackend(const attention::BackendContext& ctx);
+  /// stream when ctx.platform is one, else its own stream. `kernels` chooses the kernel variants
+  /// with the device's capabilities (CudaBatchAttention).
+  explicit CudaBackend(const attention::BackendContext& ctx, const KernelOptions& kernels = {});
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
@@ -87,7 +88,9 @@ class CudaBackend final : public attention::AttentionBackend {
   int graph_max_bs_ = 0, graph_max_tokens_ = 0;
 };
 
-/// Registers "cuda" in `registry` (the factory throws Error(kUnsupported) without a GPU).
-void register_cuda_backend(attention::BackendRegistry& registry);
+/// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws
+/// Error(kUnsupported) without a GPU). One backend for every NVIDIA device: the Hopper kernels
+/// are variants its plan chooses (docs/design/cuda_backend.md "Why one cuda backend").
+void register_cuda_backend(attention::BackendRegistry& registry, const KernelOptions& kernels = {});
 
 }  // namespace pagoda::backends

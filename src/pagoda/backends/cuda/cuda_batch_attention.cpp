@@ -58,7 +58,8 @@ struct CudaBatchAttention::Layout {
   }
 };
 
-CudaBatchAttention::CudaBatchAttention(cudaStream_t stream) : stream_(stream) {
+CudaBatchAttention::CudaBatchAttention(cudaStream_t stream, const KernelOptions& options)
+    : stream_(stream), options_(options) {
   int dev = 0;
   cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, dev),
@@ -146,12 +147,13 @@ void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const Atten
   // covers this many items; a looser bound only launches blocks that exit at once (on the H200,
   // 8,448 empty blocks cost a 1-request decode ~12 µs per layer).
   int decode_items = sm_count_ * 8;  // generic path
-  if (kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_kv_heads,
+  if (options_.mla_decode &&
+      kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_kv_heads,
                             shape.head_dim_qk, shape.head_dim_v)) {
     // One MLA decode block (16, 32 or 64 q heads) per SM: ceil(Hq / heads per block) per item
     // (the heads per block do not depend on the page size, which is not known yet).
-    const int per_block = kc::mla_decode_block_heads(shape.q_dtype, shape.kv_dtype,
-                                                     shape.out_dtype, shape.num_qo_heads);
+    const int per_block = kc::mla_decode_block_heads(
+        shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads, options_.cuda);
     const int units = (shape.num_qo_heads + per_block - 1) / per_block;
     decode_items = (sm_count_ + units - 1) / units;
   } else if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
@@ -248,14 +250,17 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
     cfg.decode_blocks_per_sm = kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
                                                         shape.head_dim_qk);
   }
-  cfg.sm90_prefill = kc::prefill_sm90_serves(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
-                                            shape.head_dim_qk, shape.head_dim_v);
-  cfg.mla_decode = kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
+  // The variants: what the device runs for this shape, where the options allow it.
+  cfg.sm90_prefill = options_.sm90_prefill &&
+                     kc::prefill_sm90_serves(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
+                                             shape.head_dim_qk, shape.head_dim_v);
+  cfg.mla_decode = options_.mla_decode &&
+                   kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                          shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
   if (cfg.mla_decode) {
     cfg.decode_blocks_per_sm = 1;  // 165-226 KB of shared memory per block
     cfg.decode_heads_per_block = kc::mla_decode_block_heads(
-        shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads);
+        shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads, options_.cuda);
   }
   if (graph_mode_) {  // a split must fit the frozen arena and workspace
     cfg.max_items = cap_items_;
@@ -438,6 +443,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   const auto* base = static_cast<const unsigned char*>(arena_.get());
   const Layout& L = *layout_;
   kc::AttentionArgs a;
+  a.variants = options_.cuda;
   auto i32 = [&](size_t off) { return reinterpret_cast<const int32_t*>(base + off); };
   a.plan.counts = i32(L.counts);
   a.plan.qo_indptr = i32(L.qo_indptr);
@@ -550,8 +556,8 @@ void CudaBatchAttention::run(const TensorView& q, const TensorView& k_cache,
   try_run(q, k_cache, v_cache, out, lse, params).throw_if_error();
 }
 
-std::unique_ptr<attention::BatchAttention> make_cuda_batch_attention() {
-  return std::make_unique<CudaBatchAttention>();
+std::unique_ptr<attention::BatchAttention> make_cuda_batch_attention(const KernelOptions& options) {
+  return std::make_unique<CudaBatchAttention>(nullptr, options);
 }
 
 }  // namespace pagoda::backends::cuda

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pagoda/attention/batch_attention.h"
+#include "pagoda/backends/kernel_options.h"
 #include "pagoda/backends/cuda/cuda_memory.h"
 #include "pagoda/backends/cuda/cuda_schedule.h"
 #include "pagoda/kernels/cuda/attention_params.h"
@@ -32,8 +33,11 @@ struct GraphCapacity {
 
 class CudaBatchAttention final : public attention::BatchAttention {
  public:
-  /// Uses `stream` (nullptr = legacy default stream) on the current device.
-  explicit CudaBatchAttention(cudaStream_t stream = nullptr);
+  /// Uses `stream` (nullptr = legacy default stream) on the current device. plan() chooses the
+  /// kernels from the shape, what the device runs and `options` (the MLA decode and sm90 prefill
+  /// kernels only where options allow them); run() passes options.cuda down as the launch
+  /// variants. `options` must be valid (KernelOptions::validate).
+  explicit CudaBatchAttention(cudaStream_t stream = nullptr, const KernelOptions& options = {});
   ~CudaBatchAttention() override;
 
   std::string name() const override { return "cuda"; }
@@ -75,6 +79,7 @@ class CudaBatchAttention final : public attention::BatchAttention {
   const float* device_sinks(std::span<const float> sinks, Status& st) noexcept;
 
   cudaStream_t stream_ = nullptr;
+  KernelOptions options_;
   int sm_count_ = 132;
   bool graph_mode_ = false;
   bool force_prefill_ = false;
@@ -110,7 +115,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
   std::unique_ptr<Layout> layout_;
 };
 
-/// A CUDA BatchAttention on the default stream.
-std::unique_ptr<attention::BatchAttention> make_cuda_batch_attention();
+/// A CUDA BatchAttention on the default stream with `options`.
+std::unique_ptr<attention::BatchAttention> make_cuda_batch_attention(
+    const KernelOptions& options = {});
 
 }  // namespace pagoda::backends::cuda

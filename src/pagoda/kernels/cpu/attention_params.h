@@ -68,6 +68,11 @@ struct CpuAttentionParams {
   const float* sinks = nullptr; ///< [Hq] natural-log logits, or nullptr
   float k_scale = 1.f;
   float v_scale = 1.f;
+  /// The AVX512-BF16 micro-kernels (tile_bf16.h), used only where the CPU has them: the extend
+  /// tile (default on) and the decode kernels (default off: on the local Zen 4 they measured no
+  /// faster than the f32 direct path, bench/results/cpu_attention.md).
+  bool bf16_tiles = true;
+  bool bf16_decode = false;
 };
 
 /// One unit of work: request `request`, KV heads [kv_head_begin, kv_head_end), query heads

@@ -137,10 +137,11 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
   const bool direct = p.k.dtype == DType::kBF16 && p.v.dtype == DType::kBF16 &&
                       dqk % PairChunk() == 0 && dv % PairChunk() == 0 &&
                       rph <= kDirectMaxRowsPerHead;
-  // AVX512-BF16 decode (opt-in, PAGODA_CPU_BF16_DECODE=1): bf16 q rows read in place (scores exact in f32); P in bf16 only for a
-  // bf16 output. Accumulators are then in natural order, else in pair-split order.
-  const bool dot16 = direct && p.q_dtype == DType::kBF16 && dqk % 32 == 0 &&
-                     detail::cpu_decode_bf16_enabled();
+  // AVX512-BF16 decode (opt-in: p.bf16_decode): bf16 q rows read in place (scores exact in
+  // f32); P in bf16 only for a bf16 output. Accumulators are then in natural order, else in
+  // pair-split order.
+  const bool dot16 = direct && p.q_dtype == DType::kBF16 && dqk % 32 == 0 && p.bf16_decode &&
+                     detail::cpu_avx512bf16_available();
   const bool pv16 = dot16 && p.out_dtype == DType::kBF16 && dv % 32 == 0;
   const uint16_t* qrows[kCpuMaxRows];
   for (int r = 0; r < rows; ++r) {

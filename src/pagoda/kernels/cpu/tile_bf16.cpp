@@ -3,8 +3,6 @@
 // are broadcast from memory as bf16 pairs, so K and V rows are consumed without a transpose.
 #include "pagoda/kernels/cpu/tile_bf16.h"
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
@@ -203,8 +201,6 @@ PAGODA_BF16_TARGET void dec_pv(const uint32_t* pp, int lpp, const uint16_t* cons
 }
 
 bool detect() {
-  const char* env = std::getenv("PAGODA_CPU_BF16");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -216,14 +212,6 @@ bool detect() {
 bool cpu_avx512bf16_available() {
   static const bool ok = detect();
   return ok;
-}
-
-bool cpu_decode_bf16_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("PAGODA_CPU_BF16_DECODE");
-    return cpu_avx512bf16_available() && env != nullptr && std::strcmp(env, "1") == 0;
-  }();
-  return on;
 }
 
 void tile_scores_bf16(const uint32_t* const* krows, int n, const uint32_t* qt, int dq2, int ld,

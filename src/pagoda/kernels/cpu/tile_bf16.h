@@ -18,14 +18,10 @@
 
 namespace pagoda::kernels::cpu::detail {
 
-/// True when the CPU executes AVX-512F/BW/VL and AVX512-BF16 and the environment does not set
-/// PAGODA_CPU_BF16=0 (an escape hatch for A/B timing). Evaluated once.
+/// True when the CPU executes AVX-512F/BW/VL and AVX512-BF16. Evaluated once. The kernels use
+/// these micro-kernels where it holds and the params allow them (CpuAttentionParams::bf16_tiles
+/// for the extend tile, bf16_decode for the decode kernels below).
 bool cpu_avx512bf16_available();
-
-/// True when cpu_avx512bf16_available() and PAGODA_CPU_BF16_DECODE=1: the decode kernels below
-/// are opt-in because on the local Zen 4 (latency-bound K/V loads) they measured no faster than
-/// the f32 direct path (bench/results/cpu_attention.md). Evaluated once.
-bool cpu_decode_bf16_enabled();
 
 /// st[j * ld + r] = scale * Σ_d q[r][d] k_j[d] for keys j in [0, n) and rows r in [0, nrv * 16):
 /// key j's bf16 row (dq2 pairs) starts at krows[j].

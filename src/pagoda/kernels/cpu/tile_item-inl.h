@@ -8,14 +8,15 @@
 // and FinishRow); no include guard on purpose.
 
 /// True when item `it` takes the tile path: bf16 q/K/V, even head dims, 4-byte aligned K rows,
-/// more than kDirectMaxRowsPerHead rows per KV head, and a CPU with AVX512-BF16.
+/// more than kDirectMaxRowsPerHead rows per KV head, p.bf16_tiles and a CPU with AVX512-BF16.
 HWY_INLINE bool TileEligible(const CpuAttentionParams& p, const CpuWorkItem& it) {
   const int rph = (it.q_end - it.q_begin) * (it.group_end - it.group_begin);
   const bool aligned = reinterpret_cast<uintptr_t>(p.k.data) % 4 == 0 &&
                        (p.k.stride_page | p.k.stride_slot | p.k.stride_head) % 2 == 0;
   return rph > kDirectMaxRowsPerHead && p.q_dtype == DType::kBF16 &&
          p.k.dtype == DType::kBF16 && p.v.dtype == DType::kBF16 && p.head_dim_qk % 2 == 0 &&
-         p.head_dim_v % 2 == 0 && aligned && detail::cpu_avx512bf16_available();
+         p.head_dim_v % 2 == 0 && aligned && p.bf16_tiles &&
+         detail::cpu_avx512bf16_available();
 }
 
 /// bf16 bits (round to nearest even) of finite non-negative f32 lanes, in the low 16 bits.

@@ -57,8 +57,28 @@ struct DevicePlan {
   const int32_t* mask_qpos = nullptr;
 };
 
+/// Launch variants of the tuned kernels, chosen by the backend's plan (CudaBatchAttention copies
+/// them from backends::KernelOptions; docs/design/cuda_backend.md "Kernel options"). The defaults
+/// are the measured choices; each applies only where its kernel runs (sm_90a image on an sm_90
+/// device), so on other devices they change nothing. Every value computes the same result.
+struct CudaLaunchVariants {
+  bool mla_sm90 = true;         ///< MLA decode: the Hopper wgmma kernel where it runs
+  bool mla_sm90_small = true;   ///< ... in its transposed 16-head form at Hq <= 16
+  bool mla_tma = true;          ///< ... latent tiles by TMA at page sizes >= 16 (else cp.async)
+  bool sm90_tma = true;         ///< sm90 prefill: K/V tiles by TMA where the configuration does
+  bool sm90_tma_store = true;   ///< sm90 prefill: output rows by TMA stores (overlap schedule)
+  bool sm90_persistent = true;  ///< sm90 prefill: at most one block per SM (else one per unit)
+  int sm90_max_blocks = 0;      ///< sm90 prefill: cap on the grid's blocks (0 = none)
+  bool sm90_head_major = false; ///< sm90 prefill: head-major unit order (else item-major snake)
+  int sm90_pingpong = -1;       ///< sm90 prefill ping-pong consumers: -1 at DQK >= 128, 0 off, 1 on
+  bool sm90_overlap = true;     ///< sm90 prefill: intra-warpgroup softmax / GEMM overlap (D 128)
+  /// Split-KV merge block size: 32..512 in steps of 32, or 0 = sized by Dv and the partials.
+  int merge_threads = 0;
+};
+
 /// Arguments of one attention launch (one layer of one planned step).
 struct AttentionArgs {
+  CudaLaunchVariants variants;              ///< the plan's launch variants
   DevicePlan plan;
   int page_size = 1;
   const void* q = nullptr;                  ///< [nnz, Hq, Dqk]

@@ -3,7 +3,6 @@
 /// (query row, q head); lane owns dims lane, lane + 32, ... Correct first, not fast.
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
-#include "pagoda/kernels/cuda/env_knob.h"
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/pdl.cuh"
 
@@ -286,9 +285,9 @@ cudaError_t generic(const AttentionArgs& args, cudaStream_t stream) {
 
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_merge == 0) return cudaSuccess;
-  // PAGODA_MERGE_THREADS (read on every call; tests and A/B runs): a block size of 32..512, a
-  // multiple of 32, instead of the sized one. Every size computes the same sums.
-  const int forced = env_knob("PAGODA_MERGE_THREADS", 0);
+  // args.variants.merge_threads (tests and A/B runs): a block size of 32..512, a multiple of
+  // 32, instead of the sized one. Every size computes the same sums.
+  const int forced = args.variants.merge_threads;
   const int threads = forced >= 32 && forced <= detail::kMergeThreads && forced % 32 == 0
                           ? forced
                           : detail::merge_threads(args.head_dim_v, args.merge_parts);

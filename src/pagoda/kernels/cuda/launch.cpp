@@ -48,15 +48,15 @@ bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_
                        int head_dim_v) {
   ElemType eq{}, ekv{}, eo{};
   if (!to_elem_type(q, eq) || !to_elem_type(kv, ekv) || !to_elem_type(out, eo)) return false;
-  return raw::mla_decode_enabled() &&
-         raw::mla_decode_supported(eq, ekv, eo, num_kv_heads, head_dim_qk, head_dim_v);
+  return raw::mla_decode_supported(eq, ekv, eo, num_kv_heads, head_dim_qk, head_dim_v);
 }
-int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads) {
+int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads,
+                           const CudaLaunchVariants& v) {
   ElemType eq{}, ekv{}, eo{};
   if (!to_elem_type(q, eq) || !to_elem_type(kv, ekv) || !to_elem_type(out, eo)) {
     return mla_decode_heads_per_block(num_qo_heads);
   }
-  return raw::mla_decode_block_heads(eq, ekv, eo, num_qo_heads);
+  return raw::mla_decode_block_heads(eq, ekv, eo, num_qo_heads, v);
 }
 Status launch_mla_decode(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::mla_decode(a, s), "MLA decode launch");

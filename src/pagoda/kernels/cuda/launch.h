@@ -23,14 +23,15 @@ bool fast_path_supported(DType q, DType kv, DType out, int head_dim_qk, int head
 /// the workspace and need launch_merge afterwards when counts[2] > 0.
 Status launch_decode(const AttentionArgs& args, cudaStream_t stream);
 /// True when the MLA decode kernel serves this absorbed-MLA shape (q/out bf16, latent bf16 or fp8
-/// e4m3, Hkv 1, Dqk 576, Dv 512, enough opt-in shared memory on the current device) and the
-/// environment does not set PAGODA_MLA_DECODE=0 (read on every call, for A/B runs).
+/// e4m3, Hkv 1, Dqk 576, Dv 512, enough opt-in shared memory on the current device). Whether
+/// to use it is the plan's choice (KernelOptions::mla_decode).
 bool mla_decode_usable(DType q, DType kv, DType out, int num_kv_heads, int head_dim_qk,
                        int head_dim_v);
-/// q heads per MLA decode block on the current device (the split-KV planner's unit): 64 where
-/// the Hopper kernel runs (sm_90a, bf16 latent, any Hq and page size, PAGODA_MLA_SM90 not 0),
-/// else mla_decode_heads_per_block(Hq).
-int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads);
+/// q heads per MLA decode block on the current device (the split-KV planner's unit) with the
+/// plan's variants: 64 (16 at Hq <= 16 with v.mla_sm90_small) where the Hopper kernel runs
+/// (sm_90a, bf16 or e4m3 latent, any page size, v.mla_sm90), else mla_decode_heads_per_block(Hq).
+int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads,
+                           const CudaLaunchVariants& v);
 /// Split-KV paged MLA decode (absorbed form): one block per (work item,
 /// mla_decode_block_heads() q heads): the Hopper wgmma kernel (mla_decode_sm90_kernel.cuh) where
 /// it runs, else the tensor-core mma.sync kernel (mla_decode_kernel.cuh). The latent row [576] is
@@ -39,8 +40,8 @@ int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads);
 Status launch_mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// True when the Hopper prefill kernel (prefill_sm90_kernel) serves these dtypes / head dims on
 /// the current device: sm_90 with the sm_90a image built, q = kv = out in {bf16, f16},
-/// Dqk == Dv in {64, 128, 256}, and PAGODA_SM90_PREFILL is not 0 (read once). A prefill plan
-/// for such a shape sets AttentionArgs::prefill_sm90 (its items are 128 rows at every D).
+/// Dqk == Dv in {64, 128, 256} or 192 / 128. A prefill plan that uses it (the plan's choice:
+/// KernelOptions::sm90_prefill) sets AttentionArgs::prefill_sm90 (items: prefill_rows_per_tile).
 bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v);
 /// Paged flash attention over ragged queries (extend, prefill, tree verify, mixed): the sm90
 /// kernel when args.prefill_sm90 (kUnsupported when it cannot run here), else the mma.sync

@@ -2,7 +2,6 @@
 
 #include <atomic>
 
-#include "pagoda/kernels/cuda/env_knob.h"
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/mla_decode_kernel.cuh"
 
@@ -44,10 +43,6 @@ int device_smem_optin() {
 
 }  // namespace
 
-bool mla_decode_enabled() {
-  return !env_knob_off("PAGODA_MLA_DECODE");  // read per call: tests A/B in one process
-}
-
 bool mla_decode_supported(ElemType q, ElemType kv, ElemType out, int num_kv_heads,
                           int head_dim_qk, int head_dim_v) {
   if (q != ElemType::kBF16 || out != ElemType::kBF16) return false;
@@ -65,7 +60,7 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
       args.q_dtype != ElemType::kBF16 || args.out_dtype != ElemType::kBF16) {
     return cudaErrorNotSupported;
   }
-  if (mla_decode_sm90_chosen(args.q_dtype, args.kv_dtype, args.out_dtype)) {
+  if (mla_decode_sm90_chosen(args.q_dtype, args.kv_dtype, args.out_dtype, args.variants)) {
     return mla_decode_sm90(args, stream);
   }
   cudaError_t st = cudaErrorNotSupported;
@@ -86,8 +81,9 @@ cudaError_t mla_decode(const AttentionArgs& args, cudaStream_t stream) {
   return st;
 }
 
-int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads) {
-  if (mla_decode_sm90_chosen(q, kv, out)) return mla_decode_sm90_block_heads(num_qo_heads);
+int mla_decode_block_heads(ElemType q, ElemType kv, ElemType out, int num_qo_heads,
+                           const CudaLaunchVariants& v) {
+  if (mla_decode_sm90_chosen(q, kv, out, v)) return mla_decode_sm90_block_heads(num_qo_heads, v);
   return mla_decode_heads_per_block(num_qo_heads);
 }
 

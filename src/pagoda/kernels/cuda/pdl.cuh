@@ -15,12 +15,10 @@
 ///     every block of this one has called it or exited (it then waits in its own pdl_wait()).
 /// A kernel launched without the attribute (PDL off, sm_80, or a plain <<<>>> launch) finds
 /// pdl_wait() and pdl_launch_dependents() to be no-ops, and a non-PDL kernel after a PDL one is
-/// ordered as usual. PAGODA_PDL=0 in the environment launches everything without the attribute.
+/// ordered as usual.
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 namespace pagoda::kernels::cuda {
@@ -37,11 +35,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-/// True when the current device is sm_90+ and PAGODA_PDL is not "0" (read once per process).
+/// True when the current device is sm_90+ (asked once per process).
 inline bool pdl_enabled() {
   static const bool on = [] {
-    const char* env = std::getenv("PAGODA_PDL");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {

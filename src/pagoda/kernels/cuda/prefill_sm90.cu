@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "pagoda/kernels/cuda/env_knob.h"
 #include "pagoda/kernels/cuda/launch_raw.h"
 #include "pagoda/kernels/cuda/pdl.cuh"
 #include "pagoda/kernels/cuda/prefill_sm90_kernel.cuh"
@@ -35,8 +34,6 @@ bool dispatch_sm90(ElemType q, int dqk, int dv, F&& f) {
 }  // namespace
 
 bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v) {
-  static const bool disabled = env_knob_off("PAGODA_SM90_PREFILL");
-  if (disabled) return false;
   if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
   if (!sm90_dims(head_dim_qk, head_dim_v)) return false;
   return detail::device_runs_sm90a(
@@ -63,11 +60,10 @@ int device_sm_count() {
 
 /// The K / V tensor maps of a launch whose tiles have `keys` keys (when `wanted`: the
 /// configuration copies by TMA, PrefillSm90Config::kRecords), with paged_box_rows() rows per
-/// box, else rows = 0 (every tile by cp.async). PAGODA_SM90_TMA=0 turns TMA off (read per call,
-/// for same-process A/B runs).
+/// box, else rows = 0 (every tile by cp.async). a.variants.sm90_tma = false turns TMA off.
 detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
   detail::Sm90KvMaps m{};
-  if (!wanted || env_knob("PAGODA_SM90_TMA", 1) == 0) return m;
+  if (!wanted || !a.variants.sm90_tma) return m;
   const int ps = a.page_size;
   const int rows = paged_box_rows(a.k, ps, keys);
   if (rows == 0 || paged_box_rows(a.v, ps, keys) != rows) return m;
@@ -82,9 +78,9 @@ detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
 /// The output's tensor map for the staged epilogue's TMA stores (the overlap schedule only:
 /// `wanted`), when the group size divides a consumer's 64 rows and the output's rows are
 /// 16-byte aligned; else o_ok stays false (the consumers copy the rows themselves).
-/// PAGODA_SM90_TMA_STORE=0 turns it off (read per call, for same-process A/B runs).
+/// a.variants.sm90_tma_store = false turns it off.
 void out_map(detail::Sm90KvMaps& m, const AttentionArgs& a, bool wanted) {
-  if (!wanted || env_knob("PAGODA_SM90_TMA_STORE", 1) == 0) return;
+  if (!wanted || !a.variants.sm90_tma_store) return;
   const int G = a.num_qo_heads / a.num_kv_heads;
   if (G <= 0 || 64 % G != 0 || !detail::out_rows_aligned16(a)) return;
   m.o_ok = encode_out_map(m.o, a.out, a.out_dtype, a.head_dim_v, a.num_qo_heads, a.grid_rows,
@@ -101,30 +97,29 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   }
   cudaError_t st = cudaErrorNotSupported;
   // Persistent grid: one block per SM at most, each running a sequence of (item, kv head)
-  // units. Read per call so a test or benchmark can A/B in one process:
-  //   PAGODA_SM90_PERSISTENT=0 — one block per unit (the non-persistent kernel);
-  //   PAGODA_SM90_BLOCKS=n     — at most n blocks (tests: many units per block);
-  //   PAGODA_SM90_ORDER=0      — head-major order (kHeadMajor), else the item-major snake;
-  //   PAGODA_SM90_PINGPONG=0/1 — consumers without / with ping-pong (default: D >= 128).
+  // units. The plan's variants (args.variants) choose:
+  //   sm90_persistent = false — one block per unit (the non-persistent kernel);
+  //   sm90_max_blocks = n     — at most n blocks (tests: many units per block);
+  //   sm90_head_major         — head-major order (kHeadMajor), else the item-major snake;
+  //   sm90_pingpong = 0 / 1   — consumers without / with ping-pong (-1: at D >= 128).
+  const CudaLaunchVariants& v = args.variants;
   const int64_t units = int64_t(args.grid_items) * args.num_kv_heads;
   int blocks = device_sm_count();
-  if (env_knob("PAGODA_SM90_PERSISTENT", 1) == 0) blocks = static_cast<int>(units);
-  const int cap = env_knob("PAGODA_SM90_BLOCKS", 0);
-  if (cap > 0) blocks = std::min(blocks, cap);
+  if (!v.sm90_persistent) blocks = static_cast<int>(units);
+  if (v.sm90_max_blocks > 0) blocks = std::min(blocks, v.sm90_max_blocks);
   blocks = static_cast<int>(std::min<int64_t>(blocks, units));
   detail::Sm90Sched sched;
-  sched.order = env_knob("PAGODA_SM90_ORDER", 1) == 0 ? detail::kHeadMajor : detail::kItemSnake;
+  sched.order = v.sm90_head_major ? detail::kHeadMajor : detail::kItemSnake;
   sched.g = detail::FastDiv::make(args.num_qo_heads / args.num_kv_heads);
   sched.hkv = detail::FastDiv::make(args.num_kv_heads);
   sched.items = detail::FastDiv::make(args.grid_items);
   sched.page = detail::FastDiv::make(args.page_size);
   // Ping-pong consumers (kPingPong) by default at DQK >= 128, where they measured 1-8 % faster on
   // the H200 (bench/results/hopper_h200.md; 9-11 % at DQK 192 / DV 128); at D = 64 they cost
-  // 3 %. PAGODA_SM90_PINGPONG=0 / 1 overrides.
-  const int pp_env = env_knob("PAGODA_SM90_PINGPONG", -1);
-  // Intra-warpgroup overlap of softmax and GEMMs (PrefillSm90Config::kCanOverlap: D 128):
-  // PAGODA_SM90_OVERLAP=0 / 1.
-  const bool overlap = env_knob("PAGODA_SM90_OVERLAP", 1) != 0;
+  // 3 %. v.sm90_pingpong = 0 / 1 overrides.
+  const int pp_env = v.sm90_pingpong;
+  // Intra-warpgroup overlap of softmax and GEMMs (PrefillSm90Config::kCanOverlap: D 128).
+  const bool overlap = v.sm90_overlap;
   const auto launch = [&]<typename T, int DQK, int DV>() {
     using Cfg = detail::PrefillSm90Config<T, DQK, DV>;
     const bool pingpong = pp_env == -1 ? DQK >= 128 : pp_env == 1;

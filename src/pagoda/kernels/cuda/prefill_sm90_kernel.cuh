@@ -35,7 +35,7 @@
 /// at its time before the cross-unit pipeline; waiting for the stores' reads in the epilogue
 /// itself held warp 0, and the warpgroup's next GEMM with it, and lost 1.1-1.3 % at B4 S4096,
 /// page 1 and extend (twelfth session, bench/results/hopper_h200.md).
-/// A grid of one block per unit (PAGODA_SM90_PERSISTENT=0) is the non-persistent kernel.
+/// A grid of one block per unit (KernelOptions::sm90_persistent off) is the non-persistent kernel.
 /// Unit records (PrefillSm90Config::kRecords, the two-stage configurations D 256 and DQK 192):
 /// only the producer walks the schedule and reads the plan; it publishes each unit (its work
 /// item, kv head, rows and keys: Sm90UnitRec) in a two-slot ring of shared-memory records with
@@ -92,10 +92,10 @@
 ///      between the two kept the exponentials first and measured 3-6 % slower on the H200,
 ///      2026-12-04 ninth session.) Same call on the H200 against the tile-by-tile kernel
 ///      (2026-12-04 eighth session): 1.6-4.2 % faster on every D 128 shape.
-///    - tile by tile (D 64, 256, DQK 192; PAGODA_SM90_OVERLAP=0 at D 128): S, the softmax, P V,
+///    - tile by tile (D 64, 256, DQK 192; sm90_overlap off at D 128): S, the softmax, P V,
 ///      then the stage is freed.
 /// Tiles a consumer's 64 rows cannot see (causal, window) skip both GEMMs. With kPingPong
-/// (PAGODA_SM90_PINGPONG=1; two consumers only) the two consumers take strict turns issuing
+/// (sm90_pingpong; two consumers only) the two consumers take strict turns issuing
 /// their GEMMs through two named barriers, so one's softmax overlaps the other's tensor-core
 /// work (FA3's ping-pong).
 /// The warpgroup index goes through a lane-0 shuffle so the compiler knows it is warp-uniform:
@@ -192,7 +192,7 @@ struct PrefillSm90Config {
 ///    planner's heaviest-first items each block's total stays within about one item of the mean.
 ///    The planner keeps items of one weight together by request, so the blocks running at one
 ///    time read the keys of a few requests.
-///  kHeadMajor (PAGODA_SM90_ORDER=0): u -> (item u % grid_items, head u / grid_items): the blocks
+///  kHeadMajor (sm90_head_major): u -> (item u % grid_items, head u / grid_items): the blocks
 ///    running at one time share a kv head; block k runs u = k, k + G, k + 2G, ... (G =
 ///    gridDim.x). Its loads are uneven whenever grid_items is near a multiple of G: block k then
 ///    takes items k, k + G - grid_items, ... of the sorted list, all heavy or all light (a host

@@ -52,15 +52,6 @@ void cublas_check(cublasStatus_t s, const char* what) {
               static_cast<int>(s));
 }
 
-/// An integer environment override (tuning knobs for measurements), else `fallback`.
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long long x = std::strtoll(v, &end, 10);
-  return end != nullptr && *end == '\0' ? x : fallback;
-}
-
 ck::ActDType act_of(DType t) {
   switch (t) {
     case DType::kF32: return ck::ActDType::kF32;
@@ -197,8 +188,8 @@ class CudaOps final : public ModelOps {
   /// the f32-output LM head (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the
   /// large m <= 2 matrices (8B gate_up 62 vs 56 µs) and from m = 4 on.
   bool use_small_m(int64_t m, int64_t n, int64_t k, bool f32_out) const {
-    if (m > small_m_max_ || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
-    return f32_out || n * k <= (m == 1 ? small_m_max_elems_ : small_m2_max_elems_);
+    if (m > kSmallMMaxRows || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
+    return f32_out || n * k <= (m == 1 ? kSmallM1MaxElems : kSmallM2MaxElems);
   }
   void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
                 const float* inv_freq, void* q, void* k, void* v, int64_t rows, int hq, int hkv,
@@ -209,7 +200,7 @@ class CudaOps final : public ModelOps {
   }
   bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
                      int64_t k) override {
-    if (m == 0 || m > swiglu_max_ || (m > 1 && n * k > small_m2_max_elems_) ||
+    if (m == 0 || m > kSwigluFuseMaxRows || (m > 1 && n * k > kSmallM2MaxElems) ||
         !ck::small_m_gemm_supported(act_, m, n, k))
       return false;
     cuda_check(ck::small_m_gemm(act_, gate_up, w, y, /*f32_out=*/false, /*swiglu=*/true, m, n, k,
@@ -346,12 +337,12 @@ class CudaOps final : public ModelOps {
   DType dtype_;
   ck::ActDType act_;
   /// The use_small_m / swiglu_linear limits: rows, and weight elements at m = 1 and m = 2
-  /// (measurement knobs: PAGODA_SMALL_M_MAX, PAGODA_SWIGLU_FUSE_MAX, PAGODA_SMALL_M_MAX_ELEMS,
-  /// PAGODA_SMALL_M2_MAX_ELEMS).
-  int64_t small_m_max_ = env_int("PAGODA_SMALL_M_MAX", 2);
-  int64_t swiglu_max_ = env_int("PAGODA_SWIGLU_FUSE_MAX", 2);
-  int64_t small_m_max_elems_ = env_int("PAGODA_SMALL_M_MAX_ELEMS", int64_t{64} << 20);
-  int64_t small_m2_max_elems_ = env_int("PAGODA_SMALL_M2_MAX_ELEMS", int64_t{25} << 20);
+  /// (measured with bench/cuda/gemv_bench on the H200, docs/design/engine.md; wider limits ran
+  /// slower, e.g. m <= 4 off cuBLAS cost self-drafting 5 %, bench/results/spec_h200.md).
+  static constexpr int64_t kSmallMMaxRows = 2;
+  static constexpr int64_t kSwigluFuseMaxRows = 2;
+  static constexpr int64_t kSmallM1MaxElems = int64_t{64} << 20;
+  static constexpr int64_t kSmallM2MaxElems = int64_t{25} << 20;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   platform::DeviceBuffer workspace_;

@@ -1,0 +1,55 @@
+#pragma once
+/// KernelOptions: the typed configuration of the attention kernels' variants (ARCHITECTURE §2:
+/// variants are chosen by a backend's plan from device capabilities and this configuration,
+/// never by environment variables). It travels in BackendSelection::kernels (EngineConfig,
+/// WorkerConfig, the TP settings) to register_builtin_backends, whose factories give it to the
+/// backends they build; the CUDA plan combines it with what the device runs
+/// (CudaBatchAttention::plan) and passes the launch variants down in AttentionArgs.
+///
+/// The defaults are the measured choices (each field names its measurement); the others exist
+/// for tests (code paths a default run does not reach on a given shape) and A/B runs. Every value
+/// computes the same result. Set from the CLI with `--kernel-option NAME=VALUE` (repeatable;
+/// names = the field names below) and printed by `pagoda bench --json` ("kernel_options").
+///
+///   KernelOptions o;
+///   set_kernel_option(o, "sm90_max_blocks=3");  // Error(kInvalidArgument) naming a bad one
+///   o.validate();
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "pagoda/kernels/cuda/attention_params.h"
+
+namespace pagoda::backends {
+
+struct KernelOptions {
+  // ---- CUDA backend (docs/design/cuda_backend.md "Kernel options") ----
+  /// The absorbed-MLA decode kernels where they serve the shape (else the generic kernel).
+  bool mla_decode = true;
+  /// The Hopper (sm_90a) prefill / extend kernel where it runs (else the mma.sync kernel).
+  bool sm90_prefill = true;
+  /// Launch variants of the tuned kernels (attention_params.h); only where their kernel runs.
+  kernels::cuda::CudaLaunchVariants cuda{};
+  // ---- CPU backend (docs/design/cpu_backend.md) ----
+  /// The AVX512-BF16 extend tile micro-kernels where the CPU has them (else the f32 kernels).
+  bool cpu_bf16 = true;
+  /// The AVX512-BF16 decode micro-kernels (opt-in: no faster on the local Zen 4).
+  bool cpu_bf16_decode = false;
+
+  /// Throws Error(kInvalidArgument) naming the first out-of-range field (sm90_max_blocks < 0,
+  /// sm90_pingpong outside -1..1, merge_threads not 0 or 32..512 in steps of 32).
+  void validate() const;
+};
+
+/// Sets one option from "NAME=VALUE" (booleans: 1/0, true/false, on/off; integers in base 10),
+/// then checks the whole struct (validate). Error(kInvalidArgument) naming an unknown NAME (and
+/// listing the known ones), a missing '=' or a VALUE that is not valid for NAME.
+void set_kernel_option(KernelOptions& options, std::string_view assignment);
+
+/// Every option as (name, value) in a fixed order, values as set_kernel_option reads them
+/// (booleans "true"/"false"): for printing (bench --json) and for the TP settings' wire form.
+std::vector<std::pair<std::string, std::string>> kernel_option_values(const KernelOptions& options);
+
+}  // namespace pagoda::backends
