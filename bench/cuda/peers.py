@@ -35,6 +35,7 @@ only the first round pays for it."""
 import argparse
 import json
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -227,6 +228,7 @@ def main():
     for c in load_cases(a.cases):
         if (filters and not any(f in c["name"] for f in filters)) or (only and c["name"] not in only):
             continue
+        t_case = time.perf_counter()
         for peer in peers:
             try:
                 if peer in sdpa:
@@ -252,6 +254,7 @@ def main():
                     emit({"case": c["name"], "peer": name,
                           "error": f"{type(e).__name__}: {str(e)[:200]}"})
             torch.cuda.empty_cache()
+        print(f"case {c['name']}: {time.perf_counter() - t_case:.1f} s", flush=True)
     return 0
 
 
