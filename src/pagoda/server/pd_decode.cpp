@@ -19,6 +19,7 @@ namespace {
 
 constexpr int kPreallocRetryMs = 5;
 constexpr int kAbortNoticeTimeoutS = 1;
+constexpr int kDeadlineSlackMs = 100;
 
 using Clock = std::chrono::steady_clock;
 
@@ -119,7 +120,10 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   const httplib::Result res =
       cli.Post("/pd/bootstrap", bootstrap_body(pd, g, room, pages).dump(), "application/json");
   if (!res) {
-    const bool timed_out = res.error() == httplib::Error::Read && Clock::now() >= deadline;
+    // A read that ends at the deadline is the timeout (httplib rounds it); one that ends earlier
+    // is a lost connection.
+    const bool timed_out = res.error() == httplib::Error::Read &&
+                           Clock::now() + std::chrono::milliseconds(kDeadlineSlackMs) >= deadline;
     if (timed_out) {
       send_abort(prefill_url, room);
       guard.fail("timeout", 504, "the prefill server " + prefill_url + " did not finish room " +

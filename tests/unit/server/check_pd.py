@@ -12,7 +12,8 @@ Checks, against references that are not the disaggregated code path:
   * handshake: a page-size mismatch fails the request with a 502 naming "page size"; a decode
     server without the router's headers answers 400; n = 2 is a 400 naming n;
   * rejections, counted: a duplicate room (409), an unknown room (/pd/abort, 404), a fake
-    prefill server answering a short transfer, a corrupt one (checksum) and the wrong room;
+    prefill server answering a short transfer, a corrupt one (checksum) and the wrong room; a
+    fake prefill server that stalls past the room timeout (504, abort notice, pages freed);
   * kill -9 of the prefill server mid-prefill: the client gets an error through the router, the
     decode server frees the room (failure counted); kill -9 of the decode server mid-stream: the
     stream ends with an error event; kill -9 of the decode server mid-prefill: the prefill server
@@ -36,13 +37,23 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-try:
-    import openai
-    from prometheus_client.parser import text_string_to_metric_families
-except ImportError as e:
-    print(f"FAIL: {e}; scripts/setup.sh installs openai and prometheus_client")
-    sys.exit(1)
 from serve_harness import Server  # noqa: E402
+
+openai = None
+text_string_to_metric_families = None
+
+
+def import_clients():
+    """Imports openai and prometheus_client (slow: done while the servers start)."""
+    global openai, text_string_to_metric_families
+    try:
+        import openai as client
+        from prometheus_client.parser import text_string_to_metric_families as parse
+    except ImportError as e:
+        print(f"FAIL: {e}; scripts/setup.sh installs openai and prometheus_client")
+        return False
+    openai, text_string_to_metric_families = client, parse
+    return True
 
 failures = []
 POOL = ["--pool-tokens", "16384"]
@@ -199,28 +210,41 @@ def test_handshake_errors(p16, d16, d1, router):
 
 
 class FakePrefill(BaseHTTPRequestHandler):
-    """A prefill server that writes nothing and answers per `mode`: short, corrupt, room."""
+    """A prefill server that writes nothing and answers per `mode`: short, corrupt, room, or
+    stall (answers after 1.5 s); it records the rooms of the /pd/abort notices it gets."""
     mode = "short"
+    aborted = []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/pd/abort":
+            FakePrefill.aborted.append(body["room"])
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if FakePrefill.mode == "stall":
+            time.sleep(1.5)
         lay = body["layout"]
         per_page = 2 * lay["num_layers"] * lay["page_size"] * lay["num_kv_heads"] * lay["head_dim"] * 4
         full = per_page * len(body["pages"])
         ans = {"room": body["room"] + (1 if FakePrefill.mode == "room" else 0), "first_token": 65,
                "bytes": full - (per_page if FakePrefill.mode == "short" else 0), "checksum": 12345}
         data = json.dumps(ans).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the decode server gave up on a stalled room
+            pass
 
     def log_message(self, *args):
         pass
 
 
-def test_bad_transfers(d16):
+def test_bad_transfers(d16, d_quick):
     fake = ThreadingHTTPServer(("127.0.0.1", 0), FakePrefill)
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{fake.server_address[1]}"
@@ -231,6 +255,15 @@ def test_bad_transfers(d16):
                                {"X-Pagoda-Bootstrap-Room": str(900 + i), "X-Pagoda-Bootstrap-Url": url})
         check(s == 502 and metric(d16, "pagoda_pd_rejected_total", reason=reason) == 1,
               f"{mode} transfer rejected and counted: {s} {err}")
+    # A prefill server that stalls past the room timeout (1 s on d_quick): 504, the pages freed,
+    # the failure counted and an abort notice sent for the room.
+    FakePrefill.mode = "stall"
+    s, _, _, err = request(d_quick.url, {"model": "builtin", "prompt": "stall", "max_tokens": 3},
+                           {"X-Pagoda-Bootstrap-Room": "31337", "X-Pagoda-Bootstrap-Url": url})
+    check(s == 504 and metric(d_quick, "pagoda_pd_room_failures_total", reason="timeout") == 1,
+          f"stalled prefill: the room times out: {s} {err}")
+    check(wait_for(lambda: FakePrefill.aborted == [31337], 2), "stalled prefill: abort notice sent")
+    check_accounted(d_quick, "decode server after a stalled prefill")
     fake.shutdown()
 
 
@@ -241,11 +274,8 @@ def wait_for(cond, timeout=10.0):
     return cond()
 
 
-def test_kills(pagoda):
-    pk, dk, pk2, dk3 = [Server(pagoda, *POOL, "--disaggregation-mode", m, wait=False)
-                        for m in ("prefill", "decode", "prefill", "decode")]
-    for s in (pk, dk, pk2, dk3):
-        s.started()
+def test_kills(pagoda, pk, dk, pk2, dk3):
+    """pk, dk, pk2, dk3: started prefill, decode, prefill, decode servers (killed here)."""
     rk, rk2, rk3 = [Server(pagoda, "--prefill", p.url, "--decode", d.url, command="router",
                            wait=False) for p, d in ((pk, dk), (pk2, dk), (pk2, dk3))]
     for s in (rk, rk2, rk3):
@@ -285,8 +315,16 @@ def test_kills(pagoda):
         check_accounted(pk2, "prefill server after the decode server died mid-prefill")
         check(metric(pk2, "pagoda_pd_room_failures_total") >= 1,
               "decode killed mid-prefill: the prefill server counts the failed room")
-    for s in (rk, rk2, rk3, pk, dk, pk2, dk3):
-        s.stop(signal.SIGKILL if s.proc.poll() is None and s in (pk, dk, dk3) else signal.SIGTERM)
+    stop_all([rk, rk2, rk3, pk2])
+
+
+def stop_all(servers):
+    """SIGTERM to every server, then wait for each (they drain in parallel)."""
+    for s in servers:
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+    for s in servers:
+        s.stop()
 
 
 def main():
@@ -302,7 +340,14 @@ def main():
         for mode in ("null", "prefill", "decode"):
             servers[(ps, mode)] = Server(args.pagoda, *POOL, "--page-size", ps,
                                          "--disaggregation-mode", mode, wait=False)
-    for s in servers.values():
+    servers[("16", "quick")] = Server(args.pagoda, *POOL, "--disaggregation-mode", "decode",
+                                      "--disaggregation-timeout", "1", wait=False)
+    doomed = [Server(args.pagoda, *POOL, "--disaggregation-mode", m, wait=False)
+              for m in ("prefill", "decode", "prefill", "decode")]
+    if not import_clients():
+        stop_all(list(servers.values()) + doomed)
+        return 1
+    for s in list(servers.values()) + doomed:
         s.started()
     routers = {ps: Server(args.pagoda, "--prefill", servers[(ps, "prefill")].url, "--decode",
                           servers[(ps, "decode")].url, "--policy",
@@ -319,15 +364,14 @@ def main():
             check(metric(p16, name) == metric(d16, name) and metric(p16, name) > 0,
                   f"{name}: prefill {metric(p16, name)} == decode {metric(d16, name)}")
         test_handshake_errors(p16, d16, servers[("1", "decode")], routers["16"])
-        test_bad_transfers(d16)
+        test_bad_transfers(d16, servers[("16", "quick")])
         section(t0, "errors")
-        test_kills(args.pagoda)
+        test_kills(args.pagoda, *doomed)
         section(t0, "kills")
         for key, s in servers.items():
             check_accounted(s, f"page size {key[0]}, {key[1]} server at the end")
     finally:
-        for s in list(routers.values()) + list(servers.values()):
-            s.stop()
+        stop_all(list(routers.values()) + list(servers.values()) + doomed)
     print(f"{len(failures)} failure(s) in {time.time() - t0:.1f} s")
     return 1 if failures else 0
 
