@@ -172,10 +172,14 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   }
   const auto first = static_cast<int32_t>(field("first_token"));
   pd.rooms.add_transfer(expected, std::chrono::duration<double>(Clock::now() - t0).count());
-  pd.loop->run_on_loop([&](engine::Engine& e) {
-    e.commit_transfer(id, first);
-    stream->push(first, nullptr);
-  });
+  try {
+    pd.loop->run_on_loop([&](engine::Engine& e) {
+      e.commit_transfer(id, first);
+      stream->push(first, nullptr);
+    });
+  } catch (const Error& e) {  // cancelled meanwhile (client gone), or a token outside the vocabulary
+    guard.fail("commit_failed", 502, std::string("cannot commit the transferred room: ") + e.what());
+  }
   guard.committed = true;
   return stream;
 }
