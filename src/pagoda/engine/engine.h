@@ -227,7 +227,8 @@ class Engine {
   /// prompt KV comes from a prefill server. preallocate() reserves its memory.
   RequestId add_transfer_request(GenerateRequest request);
   /// Decode side: reserves the row and prompt pages of a request from add_transfer_request like
-  /// an admission (Scheduler::preallocate); false when they do not fit now (retry later).
+  /// an admission (Scheduler::preallocate; the prefix cache's match, output(id).cached_tokens
+  /// long and page-aligned, is reused); false when they do not fit now (retry later).
   /// Throws kFailedPrecondition for a request in another state.
   bool preallocate(RequestId id);
   /// The pages of positions [0, prompt_len) of a preallocated or held request, in order (the

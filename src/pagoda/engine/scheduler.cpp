@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "pagoda/core/check.h"
@@ -385,28 +386,36 @@ bool Scheduler::preallocate(Req* req) {
   if (live >= static_cast<size_t>(config_.max_running_requests) || table_->num_free_rows() == 0)
     return false;
   const int64_t len = req->prompt_len;
-  const int64_t hard = pages_for(0, len) * page_size_;
+  cache_->admit(req->cache, cache::scheduler_prefix_limit(len));
+  const auto prefix = static_cast<int64_t>(req->cache.prefix_slots.size());
+  const int64_t hard = pages_for(prefix, len) * page_size_;
   const auto future = static_cast<int64_t>(
       std::ceil(static_cast<double>(req->max_new_tokens) * new_token_ratio_));
   const int64_t capacity = allocator_->available_size() + cache_->evictable_size();
-  if (live > 0 && hard + reserved_for_running() + future > capacity) return false;
-  if (!make_room(hard)) return false;
-  const auto row = table_->alloc();
-  if (!row) return false;
-  const int32_t pre = 0;
+  std::optional<ReqSlot> row;
+  const bool fits = live == 0 || hard + reserved_for_running() + future <= capacity;
+  if (fits && make_room(hard)) row = table_->alloc();
+  if (!row) {
+    cache_->unadmit(req->cache);
+    return false;
+  }
+  req->cache.req_slot = *row;
+  table_->write(*row, 0, req->cache.prefix_slots);
+  const auto pre = static_cast<int32_t>(prefix);
   const auto seq = static_cast<int32_t>(len);
-  const SlotIndex last_loc = -1;
+  const SlotIndex last_loc = pre > 0 ? table_->row(*row)[pre - 1] : -1;
   auto slots = allocator_->alloc_extend(std::span(&pre, 1), std::span(&seq, 1),
                                         std::span(&last_loc, 1));
   PAGODA_CHECK(slots.has_value(), "alloc_extend failed after make_room({})", hard);
-  req->cache.req_slot = *row;
-  table_->write(*row, 0, *slots);
+  table_->write(*row, prefix, *slots);
   req->kv_len = len;
   req->state = RequestState::kPrefilling;
   req->admitted_once = true;
+  req->out.cached_tokens = prefix;
   transferring_.push_back(req);
   ++stats_.admitted;
   stats_.fill_tokens += len;
+  stats_.cached_tokens += prefix;
   update_peak();
   return true;
 }

@@ -134,11 +134,13 @@ class Scheduler {
   int64_t request_private_pages() const;
 
   // Prefill–decode disaggregation (docs/design/pd.md).
-  /// Decode side: reserves a row and the pages of `req`'s prompt KV (positions [0, prompt_len),
-  /// no prefix reuse) like an admission: a free running slot and row, and room for the pages
-  /// plus the reserved growth of the running and transferring requests (evicting the tree as
-  /// needed). `req` must be kWaiting and not queued. On success it is kPrefilling, kv_len =
-  /// prompt_len, and parked until complete_transfer / cancel; false: nothing changed.
+  /// Decode side: reserves a row and the pages of `req`'s prompt KV (positions [0, prompt_len))
+  /// like an admission: the prefix cache's match (capped at prompt_len - 1, locked; its length
+  /// is out.cached_tokens: those pages need no transfer), a free running slot and row, and room
+  /// for the other pages plus the reserved growth of the running and transferring requests
+  /// (evicting the tree as needed). `req` must be kWaiting and not queued. On success it is
+  /// kPrefilling, kv_len = prompt_len, and parked until complete_transfer / cancel; false:
+  /// nothing changed.
   bool preallocate(Req* req);
   /// Decode side: the prompt KV of a preallocated `req` arrived (its first token appended by
   /// the caller): it joins the running requests (kDecoding).

@@ -6,7 +6,8 @@
 ///   1. records the request (EngineLoop::submit_transfer) and preallocates its prompt's KV pages
 ///      like an admission (retrying until they fit or the room times out);
 ///   2. POSTs the bootstrap message to the prefill server's /pd/bootstrap: room, prompt, sampling,
-///      its KV layout, the destination pages and its KvTransfer descriptor;
+///      its KV layout, the destination pages, the first one to write (pages before it hold a
+///      prefix its own radix cache matched) and its KvTransfer descriptor;
 ///   3. on the answer (first token, bytes, checksum) checks the room, the byte count and the
 ///      checksum of the received pages, then commits (Engine::commit_transfer) and decodes.
 /// The prefill server (PdPrefill) checks the layout and the room, runs the prefill with its own
@@ -56,6 +57,8 @@ class PdRooms {
   /// A bootstrap message or answer rejected before any room state (counted per reason).
   void reject(const std::string& reason);
   void add_transfer(uint64_t bytes, double seconds);
+  /// Decode side: prompt pages a room found in this server's radix cache (not transferred).
+  void add_reused(uint64_t pages);
   /// Registers a new room in `state`; false (nothing changed) when it is already live.
   bool open(uint64_t room, const std::string& state);
   /// Marks a live room aborted (its owner stops at the next check); false when unknown.
@@ -73,6 +76,7 @@ class PdRooms {
   uint64_t bytes_ = 0;
   double seconds_ = 0;
   int64_t transfers_ = 0;
+  uint64_t reused_pages_ = 0;
 };
 
 /// What both roles share: the engine's KV regions behind a KvTransfer, the layout, timeouts.

@@ -40,6 +40,11 @@ void PdRooms::add_transfer(uint64_t bytes, double seconds) {
   ++transfers_;
 }
 
+void PdRooms::add_reused(uint64_t pages) {
+  std::lock_guard lock(mu_);
+  reused_pages_ += pages;
+}
+
 bool PdRooms::abort(uint64_t room) {
   std::lock_guard lock(mu_);
   if (rooms_.count(room) == 0) return false;
@@ -91,6 +96,12 @@ std::string PdRooms::render() const {
       "# TYPE pagoda_pd_transfers_total counter\n"
       "pagoda_pd_transfers_total{{role=\"{0}\"}} {3}\n",
       role, bytes_, seconds_, transfers_);
+  if (role_ == PdRole::kDecode)
+    out += fmt::format(
+        "# HELP pagoda_pd_reused_pages_total Prompt pages found in this server's radix cache "
+        "(not transferred).\n# TYPE pagoda_pd_reused_pages_total counter\n"
+        "pagoda_pd_reused_pages_total {}\n",
+        reused_pages_);
   return out;
 }
 

@@ -45,7 +45,7 @@ struct RoomGuard {
 };
 
 json bootstrap_body(const PdContext& pd, const engine::GenerateRequest& g, uint64_t room,
-                    const std::vector<PageId>& pages) {
+                    const std::vector<PageId>& pages, size_t start_page) {
   json ids = json::array();
   for (PageId p : pages) ids.push_back(p.value());
   return {{"room", room},
@@ -58,6 +58,7 @@ json bootstrap_body(const PdContext& pd, const engine::GenerateRequest& g, uint6
           {"extra_key", g.extra_key},
           {"layout", layout_json(pd.layout)},
           {"pages", std::move(ids)},
+          {"start_page", start_page},
           {"descriptor", to_hex(pd.transfer->descriptor())}};
 }
 
@@ -92,12 +93,17 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   RoomGuard guard{pd, room, stream};
 
   // 1. Preallocate (an admission: it waits for room like a queued request).
+  // Pages [0, start) hold a prefix this server's radix cache already had: not transferred.
   std::vector<PageId> pages;
+  size_t start = 0;
   for (;;) {
     bool ok = false;
     pd.loop->run_on_loop([&](engine::Engine& e) {
       ok = e.preallocate(id);
-      if (ok) pages = e.prompt_pages(id);
+      if (ok) {
+        pages = e.prompt_pages(id);
+        start = static_cast<size_t>(e.output(id).cached_tokens / pd.layout.page_size);
+      }
     });
     if (ok) break;
     if (Clock::now() > deadline)
@@ -118,7 +124,8 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   cli.set_read_timeout(sec, usec);
   cli.set_write_timeout(sec, usec);
   const httplib::Result res =
-      cli.Post("/pd/bootstrap", bootstrap_body(pd, g, room, pages).dump(), "application/json");
+      cli.Post("/pd/bootstrap", bootstrap_body(pd, g, room, pages, start).dump(),
+               "application/json");
   if (!res) {
     // A read that ends at the deadline is the timeout (httplib rounds it); one that ends earlier
     // is a lost connection.
@@ -158,20 +165,22 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
                                         std::to_string(field("room")) + ", not " +
                                         std::to_string(room));
   }
+  const auto moved = std::span<const PageId>(pages).subspan(start);
   uint64_t expected = 0;
-  for (uint64_t b : pd.page_bytes) expected += b * pages.size();
+  for (uint64_t b : pd.page_bytes) expected += b * moved.size();
   if (field("bytes") != expected) {
     pd.rooms.reject("short_transfer");
     guard.fail("short_transfer", 502, "short KV transfer: " + std::to_string(field("bytes")) +
                                           " of " + std::to_string(expected) + " bytes");
   }
-  if (field("checksum") != disagg::pages_checksum(pd.regions, pd.page_bytes, pages)) {
+  if (field("checksum") != disagg::pages_checksum(pd.regions, pd.page_bytes, moved)) {
     pd.rooms.reject("corrupt_transfer");
     guard.fail("corrupt_transfer", 502, "corrupt KV transfer: the checksum of the received pages "
                                         "differs from the prefill server's");
   }
   const auto first = static_cast<int32_t>(field("first_token"));
   pd.rooms.add_transfer(expected, std::chrono::duration<double>(Clock::now() - t0).count());
+  pd.rooms.add_reused(start);
   try {
     pd.loop->run_on_loop([&](engine::Engine& e) {
       e.commit_transfer(id, first);

@@ -27,6 +27,7 @@ struct Bootstrap {
   engine::GenerateRequest request;
   disagg::KvLayout layout;
   std::vector<PageId> pages;
+  size_t start_page = 0;  ///< pages before it are in the decode server's cache: not written
   std::vector<std::byte> descriptor;
 };
 
@@ -69,6 +70,9 @@ Bootstrap parse_bootstrap(const std::string& body) {
       throw_invalid("pages", "must hold page ids >= 1");
     b.pages.emplace_back(p.get<int32_t>());
   }
+  if (!get("start_page").is_number_unsigned() || get("start_page").get<uint64_t>() >= b.pages.size())
+    throw_invalid("start_page", "must be a page index below the number of pages");
+  b.start_page = get("start_page").get<size_t>();
   if (!get("descriptor").is_string()) throw_invalid("descriptor", "must be a hex string");
   b.descriptor = from_hex(get("descriptor").get<std::string>());
   return b;
@@ -158,6 +162,8 @@ void handle_pd_bootstrap(PdContext& pd, const httplib::Request& req, httplib::Re
       room.fail("prefill_error", u.error_status ? u.error_status : 500, u.error);
     std::vector<PageId> src;
     pd.loop->run_on_loop([&](engine::Engine& e) { src = e.prompt_pages(u.id); });
+    src.erase(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(b.start_page));
+    b.pages.erase(b.pages.begin(), b.pages.begin() + static_cast<std::ptrdiff_t>(b.start_page));
 
     // The transfer: layer by layer (K and V regions), checking between layers that the decode
     // server still waits.

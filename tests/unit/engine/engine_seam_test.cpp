@@ -298,8 +298,12 @@ TEST(EngineTransfer, HeldKvMovedIntoPreallocatedPagesDecodesLikeOneEngine) {
       const RequestId did = decode.add_transfer_request({.prompt = p, .max_new_tokens = max_new});
       ASSERT_TRUE(decode.preallocate(did));
       EXPECT_THROW(decode.preallocate(did), Error);
-      copy_pages(prefill.worker().kv_pool(), prefill.prompt_pages(pid), decode.worker().kv_pool(),
-                 decode.prompt_pages(did));
+      // Pages of the prefix the decode engine's cache matched hold that KV already.
+      const auto start = static_cast<std::ptrdiff_t>(decode.output(did).cached_tokens / page_size);
+      std::vector<PageId> src = prefill.prompt_pages(pid), dst = decode.prompt_pages(did);
+      src.erase(src.begin(), src.begin() + start);
+      dst.erase(dst.begin(), dst.begin() + start);
+      copy_pages(prefill.worker().kv_pool(), src, decode.worker().kv_pool(), dst);
       EXPECT_THROW(decode.commit_transfer(did, 1 << 30), Error);  // outside the vocabulary
       EXPECT_FALSE(decode.commit_transfer(did, po.output_ids[0]));
       prefill.release_kv(pid);

@@ -7,7 +7,8 @@ Checks, against references that are not the disaggregated code path:
     not, concurrent) through routers over pairs of page size 16 and 1 gives the greedy text and
     finish reason of a colocated server of the same page size; a seeded sampled request too;
   * the official `openai` client through the router (completions, streamed chat) equals the
-    colocated server;
+    colocated server; prompts sharing a prefix reuse the decode server's cached pages (counted)
+    and still equal it;
   * both sides count the same KV bytes and completed rooms in /metrics (prometheus_client parses it);
   * handshake: a page-size mismatch fails the request with a 502 naming "page size"; a decode
     server without the router's headers answers 400; n = 2 is a 400 naming n;
@@ -163,6 +164,20 @@ def test_equal_outputs(rng, router, colocated, what):
           f"{what}: seeded sampled text equals the colocated server's")
 
 
+def test_prefix_reuse(rng, router, colocated, decode):
+    """Sequential prompts sharing a long prefix: the decode server reuses the prefix's pages from
+    its own radix cache (counted, not transferred) and the text still equals the colocated one."""
+    base = random_text(rng, 330)
+    before = metric(decode, "pagoda_pd_reused_pages_total")
+    for suffix in ("one", "two", "three"):
+        body = {"model": "builtin", "prompt": base + suffix, "max_tokens": 5, "temperature": 0,
+                "ignore_eos": True}
+        check(request(router.url, body)[1] == request(colocated.url, body)[1],
+              f"prefix reuse: text of suffix {suffix!r} equals the colocated server's")
+    reused = metric(decode, "pagoda_pd_reused_pages_total") - before
+    check(reused >= 2 * (330 // 16), f"prefix reuse: {reused} pages reused on the decode server")
+
+
 def test_openai_client(router, colocated):
     clients = [openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
                for s in (router, colocated)]
@@ -227,7 +242,7 @@ class FakePrefill(BaseHTTPRequestHandler):
             time.sleep(1.5)
         lay = body["layout"]
         per_page = 2 * lay["num_layers"] * lay["page_size"] * lay["num_kv_heads"] * lay["head_dim"] * 4
-        full = per_page * len(body["pages"])
+        full = per_page * (len(body["pages"]) - body["start_page"])
         ans = {"room": body["room"] + (1 if FakePrefill.mode == "room" else 0), "first_token": 65,
                "bytes": full - (per_page if FakePrefill.mode == "short" else 0), "checksum": 12345}
         data = json.dumps(ans).encode()
@@ -359,6 +374,7 @@ def main():
             test_equal_outputs(rng, routers[ps], servers[(ps, "null")], f"page size {ps}")
             section(t0, f"page size {ps} workload")
         test_openai_client(routers["16"], servers[("16", "null")])
+        test_prefix_reuse(rng, routers["16"], servers[("16", "null")], servers[("16", "decode")])
         p16, d16 = servers[("16", "prefill")], servers[("16", "decode")]
         for name in ("pagoda_pd_transfer_bytes_total", "pagoda_pd_rooms_completed_total"):
             check(metric(p16, name) == metric(d16, name) and metric(p16, name) > 0,
