@@ -16,7 +16,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
           libsentencepiece-dev libsentencepiece0 libprotobuf-lite32
           libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1
-          libhwy-dev libhwy1)
+          libhwy-dev libhwy1 libucx-dev libucx0 libxxhash-dev libxxhash0 libnuma1 librdmacm1 libibverbs1)
 case "${1:-}" in
   fetch)
     mkdir -p "$root/.debs"

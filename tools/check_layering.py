@@ -17,6 +17,7 @@ ALLOWED = {
     "attention": ["core", "platform", "kv"],
     "tokenizer": ["core"],
     "dist": ["core", "platform"],
+    "disagg": ["core", "platform", "kv", "dist"],
     "kernels/common": ["core"],
     "kernels/cpu": ["core", "kernels/common"],
     "kernels/cuda": ["core", "kernels/common"],
@@ -27,7 +28,7 @@ ALLOWED = {
     "engine": ["core", "platform", "kv", "cache", "tier", "attention", "backends", "kernels", "spec",
                "model", "tokenizer", "dist"],
     "server": ["core", "platform", "kv", "cache", "tier", "attention", "backends", "kernels", "spec",
-               "model", "tokenizer", "engine", "dist"],
+               "model", "tokenizer", "engine", "dist", "disagg"],
     "cli": ["*"],
     "python": ["*"],
 }

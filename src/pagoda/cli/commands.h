@@ -82,5 +82,7 @@ void add_bench_command(CLI::App& app);
 /// `pagoda serve`: the OpenAI-compatible HTTP server (src/pagoda/server); in a build without
 /// cpp-httplib it fails with a message saying so.
 void add_serve_command(CLI::App& app);
+/// `pagoda router`: the front of prefill–decode disaggregation (src/pagoda/server/router.h).
+void add_router_command(CLI::App& app);
 
 }  // namespace pagoda::cli

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   pagoda::cli::add_tokenize_command(app);
   pagoda::cli::add_tp_follower_command(app);
   pagoda::cli::add_serve_command(app);
+  pagoda::cli::add_router_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -35,6 +35,9 @@ struct ServeCliOptions {
   double drain_timeout = 60;
   int64_t max_request_bytes = 8 << 20;
   int listen_backlog = 1024;
+  std::string disaggregation_mode = "null";
+  double disaggregation_timeout = 30;
+  std::string disaggregation_transfer_backend = "ucx";
 };
 }  // namespace
 
@@ -86,6 +89,17 @@ void add_serve_command(CLI::App& app) {
                   "listen queue length for bursts of new connections (capped by the kernel's "
                   "net.core.somaxconn)")
       ->capture_default_str();
+  cmd->add_option("--disaggregation-mode", o->disaggregation_mode,
+                  "prefill–decode disaggregation role: null (colocated), prefill (serves the "
+                  "bootstrap) or decode (takes requests from `pagoda router`)")
+      ->check(CLI::IsMember({"null", "prefill", "decode"}))
+      ->capture_default_str();
+  cmd->add_option("--disaggregation-timeout", o->disaggregation_timeout,
+                  "seconds a room may take (pages, prefill, KV transfer) before it fails")
+      ->capture_default_str();
+  cmd->add_option("--disaggregation-transfer-backend", o->disaggregation_transfer_backend,
+                  "KV transfer engine (ucx: host memory over TCP / shared memory)")
+      ->capture_default_str();
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -112,6 +126,9 @@ void add_serve_command(CLI::App& app) {
     s.drain_timeout_s = o->drain_timeout;
     s.max_request_bytes = o->max_request_bytes;
     s.listen_backlog = o->listen_backlog;
+    s.disaggregation_mode = o->disaggregation_mode;
+    s.disaggregation_timeout_s = o->disaggregation_timeout;
+    s.disaggregation_transfer_backend = o->disaggregation_transfer_backend;
     const int rc = server::run_server(s);
     if (rc != 0) throw_error(ErrorCode::kInternal, "the server stopped with an error");
 #else

@@ -38,6 +38,7 @@ Req::Req(RequestId rid, GenerateRequest&& g, double now)
       prompt_len(static_cast<int32_t>(g.prompt.size())),
       max_new_tokens(g.max_new_tokens),
       ignore_eos(g.ignore_eos),
+      hold_kv(g.hold_kv),
       sampling(g.sampling),
       logit_processing(std::move(g.logit_processing)),
       logprobs(g.logprobs) {
@@ -205,6 +206,66 @@ double Engine::now() const {
 }
 
 RequestId Engine::add_request(GenerateRequest request) {
+  Req& req = create_request(std::move(request));
+  scheduler_->enqueue(&req);
+  return req.id;
+}
+
+RequestId Engine::add_transfer_request(GenerateRequest request) {
+  PAGODA_REQUIRE(config_.spec.mode == SpecMode::kNone, kUnsupported,
+                 "a transferred (disaggregated) request needs speculative decoding off");
+  return create_request(std::move(request)).id;
+}
+
+bool Engine::preallocate(RequestId id) {
+  Req& r = find(id);
+  PAGODA_REQUIRE(r.state == RequestState::kWaiting && !r.admitted_once, kFailedPrecondition,
+                 "request {} is not a transfer request waiting for its pages", id);
+  return scheduler_->preallocate(&r);
+}
+
+std::vector<PageId> Engine::prompt_pages(RequestId id) const {
+  const Req& r = find(id);
+  PAGODA_REQUIRE(r.cache.req_slot.valid() && r.kv_len >= r.prompt_len, kFailedPrecondition,
+                 "request {} holds no prompt KV", id);
+  const auto row = table_->row(r.cache.req_slot);
+  std::vector<PageId> pages;
+  for (int64_t pos = 0; pos < r.prompt_len; pos += config_.page_size)
+    pages.push_back(PageId{static_cast<int32_t>(row[pos] / config_.page_size)});
+  return pages;
+}
+
+bool Engine::commit_transfer(RequestId id, int32_t first_token) {
+  Req& r = find(id);
+  PAGODA_REQUIRE(first_token >= 0 && first_token < model_->config().vocab_size, kInvalidArgument,
+                 "first token {} outside the vocabulary [0, {})", first_token,
+                 model_->config().vocab_size);
+  PAGODA_REQUIRE(r.state == RequestState::kPrefilling && r.num_output() == 0 &&
+                     r.kv_len == r.prompt_len,
+                 kFailedPrecondition, "request {} is not waiting for its transferred KV", id);
+  scheduler_->complete_transfer(&r);
+  r.cache.tokens.push_back(first_token);
+  ++stats_.generated_tokens;
+  r.out.first_token_s = now();
+  bool done = false;
+  if (check_finished(r, first_token)) {
+    scheduler_->finish(&r);
+    r.out.finish_s = r.out.first_token_s;
+    done = true;
+  }
+  if (config_.check_integrity) check_integrity();
+  return done;
+}
+
+void Engine::release_kv(RequestId id) {
+  Req& r = find(id);
+  PAGODA_REQUIRE(r.out.kv_held, kFailedPrecondition, "request {} holds no KV to release", id);
+  scheduler_->release_held(&r);
+  r.out.kv_held = false;
+  if (config_.check_integrity) check_integrity();
+}
+
+Req& Engine::create_request(GenerateRequest request) {
   const auto& mc = model_->config();
   const int64_t len = static_cast<int64_t>(request.prompt.size());
   PAGODA_REQUIRE(len > 0, kInvalidArgument, "empty prompt");
@@ -232,9 +293,9 @@ RequestId Engine::add_request(GenerateRequest request) {
                  stats_.pool_tokens);
   const RequestId id = next_id_++;
   auto req = std::make_unique<Req>(id, std::move(request), now());
-  scheduler_->enqueue(req.get());
+  Req& ref = *req;
   reqs_.emplace(id, std::move(req));
-  return id;
+  return ref;
 }
 
 bool Engine::check_finished(Req& req, int32_t token) {
@@ -349,7 +410,12 @@ StepOutput Engine::step() {
     if (r->out.first_token_s < 0) r->out.first_token_s = t;
     out.tokens.emplace_back(r->id, token);
     if (check_finished(*r, token)) {
-      scheduler_->finish(r);
+      if (r->hold_kv) {
+        scheduler_->hold(r);
+        r->out.kv_held = true;
+      } else {
+        scheduler_->finish(r);
+      }
       r->out.finish_s = t;
       out.finished.push_back(r->id);
     }
@@ -396,8 +462,8 @@ RequestOutput Engine::output(RequestId id) const {
 
 void Engine::release(RequestId id) {
   const Req& r = find(id);
-  PAGODA_REQUIRE(r.state == RequestState::kFinished, kFailedPrecondition,
-                 "request {} is not finished", id);
+  PAGODA_REQUIRE(r.state == RequestState::kFinished && !r.out.kv_held, kFailedPrecondition,
+                 "request {} is not finished or still holds its KV (release_kv)", id);
   reqs_.erase(id);
 }
 
@@ -463,7 +529,7 @@ int64_t Engine::referenced_pages() const {
 }
 
 bool Engine::idle_pages_accounted() const {
-  if (has_work()) return true;
+  if (has_work() || scheduler_->num_parked() > 0) return true;
   const int64_t tree_pages = cache_->total_size() / config_.page_size;
   return allocator_->num_free_pages() + tree_pages == allocator_->num_pages();
 }

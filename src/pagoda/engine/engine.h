@@ -223,6 +223,28 @@ class Engine {
   bool abort(RequestId id);
   bool has_work() const { return scheduler_->has_work(); }
 
+  // Prefill–decode disaggregation (docs/design/pd.md). Call between steps.
+  /// Decode side: validates and records a request like add_request, but does not queue it: its
+  /// prompt KV comes from a prefill server. preallocate() reserves its memory.
+  RequestId add_transfer_request(GenerateRequest request);
+  /// Decode side: reserves the row and prompt pages of a request from add_transfer_request like
+  /// an admission (Scheduler::preallocate; the prefix cache's match, output(id).cached_tokens
+  /// long and page-aligned, is reused); false when they do not fit now (retry later).
+  /// Throws kFailedPrecondition for a request in another state.
+  bool preallocate(RequestId id);
+  /// The pages of positions [0, prompt_len) of a preallocated or held request, in order (the
+  /// last one may be partly used). Throws kFailedPrecondition when it holds no KV.
+  std::vector<PageId> prompt_pages(RequestId id) const;
+  /// Decode side: the prompt KV of a preallocated request is in its pages; `first_token` (sampled
+  /// by the prefill server) becomes its first output token and it joins the running requests.
+  /// Returns true when that token already finishes it (EOS, max_new_tokens 1, context).
+  /// Throws kInvalidArgument for a token outside the vocabulary, kFailedPrecondition for a
+  /// request that is not preallocated (nothing changed).
+  bool commit_transfer(RequestId id, int32_t first_token);
+  /// Prefill side: releases the row and KV that a finished hold_kv request still holds (its KV
+  /// goes to the prefix cache). Throws kFailedPrecondition when it holds none.
+  void release_kv(RequestId id);
+
   /// Installs (or clears, with nullptr) the logits observer.
   void set_logits_observer(LogitsObserver observer) { logits_observer_ = std::move(observer); }
 
@@ -272,6 +294,8 @@ class Engine {
 
  private:
   Req& find(RequestId id) const;
+  /// Validates `request` (add_request's checks) and records it (not queued).
+  Req& create_request(GenerateRequest request);
   bool check_finished(Req& req, int32_t token);
   /// Fills batch_ from a scheduled step.
   void build_batch(const ScheduledStep& s);

@@ -33,6 +33,9 @@ struct GenerateRequest {
   bool ignore_eos = false;
   /// Prefix-cache namespace (SGLang's extra_key); requests only share KV within one namespace.
   std::string extra_key{};
+  /// Prefill–decode disaggregation, prefill side (docs/design/pd.md): when the request finishes,
+  /// its row and prompt KV stay held (RequestOutput::kv_held) until Engine::release_kv.
+  bool hold_kv = false;
 };
 
 enum class RequestState : uint8_t {
@@ -68,6 +71,7 @@ struct RequestOutput {
   double arrival_s = 0.0;
   double first_token_s = -1.0;      ///< -1 until the first token
   double finish_s = -1.0;           ///< -1 until finished
+  bool kv_held = false;             ///< finished, row and prompt KV held (GenerateRequest::hold_kv)
 };
 
 /// The scheduler's view of a request. Owned by the engine; moved between queues by pointer.
@@ -76,6 +80,7 @@ struct Req {
   int32_t prompt_len = 0;
   int32_t max_new_tokens = 0;
   bool ignore_eos = false;
+  bool hold_kv = false;  ///< GenerateRequest::hold_kv
   RequestState state = RequestState::kWaiting;
   /// tokens = prompt ++ output; row, lock and protected prefix (see cache::CacheRequest).
   cache::CacheRequest cache;

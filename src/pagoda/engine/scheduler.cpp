@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "pagoda/core/check.h"
@@ -71,6 +72,8 @@ int64_t Scheduler::reserved_for_running() const {
   double reserved = 0.0;
   for (const Req* r : running_)
     reserved += static_cast<double>(r->max_new_tokens - r->num_output()) * new_token_ratio_;
+  for (const Req* r : transferring_)
+    reserved += static_cast<double>(r->max_new_tokens) * new_token_ratio_;
   if (chunked_ != nullptr) {
     reserved += static_cast<double>(chunked_->num_tokens() - chunked_->kv_len);
     reserved += static_cast<double>(chunked_->max_new_tokens - chunked_->num_output()) *
@@ -182,7 +185,7 @@ void Scheduler::schedule_prefill(ScheduledStep& step, int64_t reserved_tokens) {
     const size_t admitted_now =
         std::count_if(step.seqs.begin(), step.seqs.end(),
                       [&](const ScheduledSeq& s) { return s.req != chunked_; });
-    if (running_.size() + (chunked_ ? 1 : 0) + admitted_now >=
+    if (running_.size() + transferring_.size() + (chunked_ ? 1 : 0) + admitted_now >=
             static_cast<size_t>(config_.max_running_requests) ||
         table_->num_free_rows() == 0) {
       break;
@@ -332,6 +335,9 @@ void Scheduler::cancel(Req* req, FinishReason reason) {
   if (req->state == RequestState::kWaiting) {
     std::erase(waiting_, req);
     req->state = RequestState::kFinished;
+  } else if (std::erase(transferring_, req) > 0) {  // its KV never arrived: nothing to cache
+    release_no_insert(req);
+    req->state = RequestState::kFinished;
   } else {
     finish(req);
   }
@@ -367,8 +373,69 @@ int64_t Scheduler::request_private_pages() const {
     pages += pages_for(0, r->kv_len) - r->cache.cache_protected_len / page_size_;
   };
   for (const Req* r : running_) count(r);
+  for (const Req* r : transferring_) count(r);
+  for (const Req* r : held_) count(r);
   if (chunked_ != nullptr) count(chunked_);
   return pages;
+}
+
+bool Scheduler::preallocate(Req* req) {
+  PAGODA_CHECK(req->state == RequestState::kWaiting && !req->cache.req_slot.valid(),
+               "preallocate of a request that is queued or holds memory");
+  const size_t live = running_.size() + transferring_.size() + (chunked_ ? 1 : 0);
+  if (live >= static_cast<size_t>(config_.max_running_requests) || table_->num_free_rows() == 0)
+    return false;
+  const int64_t len = req->prompt_len;
+  cache_->admit(req->cache, cache::scheduler_prefix_limit(len));
+  const auto prefix = static_cast<int64_t>(req->cache.prefix_slots.size());
+  const int64_t hard = pages_for(prefix, len) * page_size_;
+  const auto future = static_cast<int64_t>(
+      std::ceil(static_cast<double>(req->max_new_tokens) * new_token_ratio_));
+  const int64_t capacity = allocator_->available_size() + cache_->evictable_size();
+  std::optional<ReqSlot> row;
+  const bool fits = live == 0 || hard + reserved_for_running() + future <= capacity;
+  if (fits && make_room(hard)) row = table_->alloc();
+  if (!row) {
+    cache_->unadmit(req->cache);
+    return false;
+  }
+  req->cache.req_slot = *row;
+  table_->write(*row, 0, req->cache.prefix_slots);
+  const auto pre = static_cast<int32_t>(prefix);
+  const auto seq = static_cast<int32_t>(len);
+  const SlotIndex last_loc = pre > 0 ? table_->row(*row)[pre - 1] : -1;
+  auto slots = allocator_->alloc_extend(std::span(&pre, 1), std::span(&seq, 1),
+                                        std::span(&last_loc, 1));
+  PAGODA_CHECK(slots.has_value(), "alloc_extend failed after make_room({})", hard);
+  table_->write(*row, prefix, *slots);
+  req->kv_len = len;
+  req->state = RequestState::kPrefilling;
+  req->admitted_once = true;
+  req->out.cached_tokens = prefix;
+  transferring_.push_back(req);
+  ++stats_.admitted;
+  stats_.fill_tokens += len;
+  stats_.cached_tokens += prefix;
+  update_peak();
+  return true;
+}
+
+void Scheduler::complete_transfer(Req* req) {
+  PAGODA_CHECK(std::erase(transferring_, req) == 1, "complete_transfer of a request not preallocated");
+  req->state = RequestState::kDecoding;
+  running_.push_back(req);
+}
+
+void Scheduler::hold(Req* req) {
+  std::erase(running_, req);
+  if (chunked_ == req) chunked_ = nullptr;
+  req->state = RequestState::kFinished;
+  held_.push_back(req);
+}
+
+void Scheduler::release_held(Req* req) {
+  PAGODA_CHECK(std::erase(held_, req) == 1, "release_held of a request that is not held");
+  finish(req);
 }
 
 void Scheduler::update_peak() {

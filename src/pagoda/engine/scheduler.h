@@ -129,8 +129,29 @@ class Scheduler {
   /// After a speculative round: `n` (>= 1) more tokens of decoding `req` have K/V in its row
   /// (kv_len += n).
   void complete_spec(Req* req, int64_t n);
-  /// Pages privately held by active requests (row[cache_protected_len : kv_len], distinct).
+  /// Pages privately held by active requests (row[cache_protected_len : kv_len], distinct),
+  /// transferring and held ones included.
   int64_t request_private_pages() const;
+
+  // Prefill–decode disaggregation (docs/design/pd.md).
+  /// Decode side: reserves a row and the pages of `req`'s prompt KV (positions [0, prompt_len))
+  /// like an admission: the prefix cache's match (capped at prompt_len - 1, locked; its length
+  /// is out.cached_tokens: those pages need no transfer), a free running slot and row, and room
+  /// for the other pages plus the reserved growth of the running and transferring requests
+  /// (evicting the tree as needed). `req` must be kWaiting and not queued. On success it is
+  /// kPrefilling, kv_len = prompt_len, and parked until complete_transfer / cancel; false:
+  /// nothing changed.
+  bool preallocate(Req* req);
+  /// Decode side: the prompt KV of a preallocated `req` arrived (its first token appended by
+  /// the caller): it joins the running requests (kDecoding).
+  void complete_transfer(Req* req);
+  /// Prefill side: a finished request (GenerateRequest::hold_kv) leaves the running requests but
+  /// keeps its row, lock and KV (state kFinished) until release_held().
+  void hold(Req* req);
+  /// Releases a held request like finish() (its KV goes to the prefix cache).
+  void release_held(Req* req);
+  /// Requests parked by preallocate() or hold() (they hold KV but are not stepped).
+  size_t num_parked() const { return transferring_.size() + held_.size(); }
 
  private:
   /// Tokens of new pages the decode set needs this step.
@@ -161,6 +182,8 @@ class Scheduler {
   std::deque<Req*> waiting_;
   std::vector<Req*> running_;  ///< decoding requests, in admission order
   Req* chunked_ = nullptr;     ///< the request in the middle of a chunked prefill
+  std::vector<Req*> transferring_;  ///< preallocated, waiting for their prompt KV (PD decode)
+  std::vector<Req*> held_;          ///< finished, KV held for a transfer (PD prefill)
   double new_token_ratio_;
   SchedulerStats stats_;
 };

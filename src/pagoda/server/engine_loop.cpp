@@ -21,7 +21,13 @@ RequestStream::Update RequestStream::wait(int timeout_ms) {
   u.error_status = error_status_;
   u.error = error_;
   u.prompt_len = prompt_len;
+  u.id = id_;
   return u;
+}
+
+void RequestStream::set_id(engine::RequestId id) {
+  std::lock_guard lock(mu_);
+  id_ = id;
 }
 
 void RequestStream::push(int32_t token, const model::TokenLogprobs* logprobs) {
@@ -86,6 +92,69 @@ void EngineLoop::cancel(const std::shared_ptr<RequestStream>& stream) {
   cv_.notify_all();
 }
 
+void EngineLoop::run_on_loop(std::function<void(engine::Engine&)> task) {
+  std::future<void> f;
+  {
+    std::lock_guard lock(mu_);
+    if (stop_) throw ApiError(503, "service_unavailable", "the server is shutting down");
+    tasks_.push_back(Task{std::move(task), {}});
+    f = tasks_.back().done.get_future();
+  }
+  cv_.notify_all();
+  f.get();
+}
+
+std::pair<std::shared_ptr<RequestStream>, engine::RequestId> EngineLoop::submit_transfer(
+    engine::GenerateRequest request) {
+  auto stream = std::make_shared<RequestStream>();
+  stream->prompt_len = static_cast<int32_t>(request.prompt.size());
+  {
+    std::lock_guard lock(mu_);
+    if (!accepting_) throw ApiError(503, "service_unavailable", "the server is shutting down");
+    if (inflight_ >= max_inflight_)
+      throw ApiError(503, "service_unavailable",
+                     "the request queue is full (" + std::to_string(max_inflight_) +
+                         " requests in flight); retry later");
+    ++inflight_;
+  }
+  engine::RequestId id = -1;
+  try {
+    run_on_loop([&](engine::Engine& e) {
+      id = e.add_transfer_request(std::move(request));
+      live_[id] = stream;
+      ids_[stream.get()] = id;
+      stream->set_id(id);
+    });
+  } catch (const std::exception& ex) {
+    {
+      std::lock_guard lock(mu_);
+      --inflight_;
+    }
+    idle_cv_.notify_all();
+    if (const auto* api = dynamic_cast<const ApiError*>(&ex)) throw *api;
+    const auto* err = dynamic_cast<const Error*>(&ex);
+    throw ApiError(!err ? 500 : err->code() == ErrorCode::kResourceExhausted ? 413 : 400,
+                   !err ? "server_error" : "invalid_request_error", ex.what());
+  }
+  return {stream, id};
+}
+
+void EngineLoop::run_tasks(std::vector<Task>& tasks) {
+  for (Task& t : tasks) {
+    try {
+      t.fn(engine_);
+      t.done.set_value();
+    } catch (...) {
+      t.done.set_exception(std::current_exception());
+    }
+  }
+  if (tasks.empty()) return;
+  std::vector<engine::RequestId> done;
+  for (const auto& [id, stream] : live_)
+    if (engine_.output(id).state == engine::RequestState::kFinished) done.push_back(id);
+  for (engine::RequestId id : done) finish_stream(id, engine_.output(id));
+}
+
 EngineSnapshot EngineLoop::snapshot() {
   std::future<EngineSnapshot> f;
   {
@@ -125,7 +194,7 @@ void EngineLoop::finish_stream(engine::RequestId id, const engine::RequestOutput
   const double tpot = n > 1 ? (out.finish_s - out.first_token_s) / static_cast<double>(n - 1) : -1.0;
   metrics_.observe_request(out.prompt_len, n, ttft, tpot, out.finish_s - out.arrival_s);
   stream->finish(out.finish_reason, out.error, 0);
-  engine_.release(id);
+  if (!out.kv_held) engine_.release(id);  // a held request is released by its owner (pd.h)
   {
     std::lock_guard lock(mu_);
     --inflight_;
@@ -138,14 +207,16 @@ void EngineLoop::run() {
     std::deque<std::shared_ptr<RequestStream>> incoming;
     std::vector<std::shared_ptr<RequestStream>> cancels;
     std::vector<std::promise<EngineSnapshot>> queries;
+    std::vector<Task> tasks;
     bool stop = false;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] {
         return stop_ || engine_.has_work() || !incoming_.empty() || !cancels_.empty() ||
-               !queries_.empty();
+               !queries_.empty() || !tasks_.empty();
       });
       incoming.swap(incoming_);
+      tasks.swap(tasks_);
       cancels.swap(cancels_);
       queries.swap(queries_);
       stop = stop_;
@@ -155,6 +226,7 @@ void EngineLoop::run() {
         const engine::RequestId id = engine_.add_request(std::move(stream->request));
         live_[id] = stream;
         ids_[stream.get()] = id;
+        stream->set_id(id);
       } catch (const std::exception& e) {
         const auto* err = dynamic_cast<const Error*>(&e);
         stream->finish(engine::FinishReason::kError, e.what(),
@@ -163,6 +235,7 @@ void EngineLoop::run() {
         --inflight_;
       }
     }
+    run_tasks(tasks);
     if (stop) {  // shutting down: abort everything still live
       for (auto& [stream_ptr, id] : ids_) cancels.push_back(live_.at(id));
     }

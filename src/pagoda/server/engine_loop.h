@@ -11,12 +11,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pagoda/engine/engine.h"
@@ -37,6 +39,7 @@ class RequestStream {
     int error_status = 0;  ///< non-zero: the request was never admitted (HTTP status)
     std::string error;
     int32_t prompt_len = 0;
+    engine::RequestId id = -1;  ///< the engine's id once admitted
   };
   /// Blocks until there are new tokens or the request finished, at most `timeout_ms`.
   Update wait(int timeout_ms);
@@ -45,6 +48,8 @@ class RequestStream {
   /// `logprobs`: the token's log-probabilities when the request asked for them, else nullptr.
   void push(int32_t token, const model::TokenLogprobs* logprobs);
   void finish(engine::FinishReason reason, std::string error, int error_status);
+  /// At admission: the engine's id of the request.
+  void set_id(engine::RequestId id);
 
   engine::GenerateRequest request;  ///< moved into the engine at admission
   int32_t prompt_len = 0;
@@ -59,6 +64,7 @@ class RequestStream {
   engine::FinishReason reason_ = engine::FinishReason::kNone;
   int error_status_ = 0;
   std::string error_;
+  engine::RequestId id_ = -1;
 };
 
 class EngineLoop {
@@ -76,6 +82,15 @@ class EngineLoop {
   /// Ends the request of `stream` (a client went away or a stop string matched); its KV is
   /// freed at the next step boundary. Idempotent.
   void cancel(const std::shared_ptr<RequestStream>& stream);
+  /// Runs `task` on the loop thread between steps and waits for it; an exception it throws is
+  /// rethrown here. Afterwards every live request that the task finished (e.g. through
+  /// Engine::commit_transfer) is finished on its stream. Used by disaggregation (pd.h).
+  void run_on_loop(std::function<void(engine::Engine&)> task);
+  /// Disaggregation, decode side: records `request` with Engine::add_transfer_request (not
+  /// queued: its KV comes from a prefill server) and returns its stream and engine id. Admission
+  /// control as submit (ApiError 503); engine validation errors as ApiError(400 / 413).
+  std::pair<std::shared_ptr<RequestStream>, engine::RequestId> submit_transfer(
+      engine::GenerateRequest request);
   /// Stats, leaked pages and in-flight count, read on the loop thread between steps.
   EngineSnapshot snapshot();
   /// From now on submit() answers 503 (SIGTERM drain).
@@ -85,7 +100,13 @@ class EngineLoop {
   int64_t inflight() const;
 
  private:
+  struct Task {
+    std::function<void(engine::Engine&)> fn;
+    std::promise<void> done;
+  };
   void run();
+  /// Runs `tasks` (loop thread), then finishes the streams of requests they finished.
+  void run_tasks(std::vector<Task>& tasks);
   void finish_stream(engine::RequestId id, const engine::RequestOutput& out);
 
   engine::Engine& engine_;
@@ -98,6 +119,7 @@ class EngineLoop {
   std::deque<std::shared_ptr<RequestStream>> incoming_;
   std::vector<std::shared_ptr<RequestStream>> cancels_;
   std::vector<std::promise<EngineSnapshot>> queries_;
+  std::vector<Task> tasks_;
   int64_t inflight_ = 0;
   bool accepting_ = true;
   bool stop_ = false;

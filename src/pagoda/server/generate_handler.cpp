@@ -13,6 +13,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/server/http_server.h"
+#include "pagoda/server/pd.h"
 #include "pagoda/server/server_state.h"
 #include "pagoda/tokenizer/incremental_detokenizer.h"
 
@@ -146,6 +147,8 @@ struct Job {
   int64_t created = 0;
   bool started = false;
   bool done = false;
+  uint64_t room = 0;        ///< disaggregation, decode role: the router's room id
+  std::string prefill_url;  ///< and the prefill server it picked
 
   bool chat() const { return request.endpoint == Endpoint::kChat; }
   void cancel_all() {
@@ -311,6 +314,37 @@ json response_json(const Job& job) {
           {"usage", job.usage()}};
 }
 
+/// A decode server of a disaggregated pair takes one choice without logprobs or logit
+/// processing (the prefill server samples the first token with the sampling parameters only).
+void check_disaggregated(const ApiRequest& r, int64_t choices) {
+  if (choices != 1) throw_invalid(r.n != 1 ? "n" : "prompt", "a disaggregated server runs one "
+                                                            "choice per request (n 1, one prompt)");
+  if (r.logprobs >= 0) throw_invalid("logprobs", "not supported by a disaggregated server yet");
+  if (r.presence_penalty != 0.f || r.frequency_penalty != 0.f || r.repetition_penalty != 1.f)
+    throw_invalid("presence_penalty", "penalties are not supported by a disaggregated server yet");
+  if (!r.logit_bias.empty())
+    throw_invalid("logit_bias", "not supported by a disaggregated server yet");
+}
+
+/// The router's stamp on a request for a decode server (pd.h); 400 when it is missing.
+void read_room(const httplib::Request& req, Job& job) {
+  const std::string room = req.get_header_value(kRoomHeader);
+  job.prefill_url = req.get_header_value(kPrefillHeader);
+  if (room.empty() || job.prefill_url.empty())
+    throw ApiError(400, "invalid_request_error",
+                   std::string("this server runs --disaggregation-mode decode: send requests "
+                               "through `pagoda router` (headers ") +
+                       kRoomHeader + ", " + kPrefillHeader + ")");
+  size_t used = 0;
+  try {
+    job.room = std::stoull(room, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != room.size() || room[0] == '-')
+    throw ApiError(400, "invalid_request_error", std::string(kRoomHeader) + " must be an integer");
+}
+
 /// Builds and submits one engine request per choice (prompts × n, choice index = prompt × n +
 /// copy). Each copy reuses what of its prompt the prefix cache holds at admission.
 void submit_choices(ServerState& s, Job& job) {
@@ -340,6 +374,7 @@ void submit_choices(ServerState& s, Job& job) {
   for (int32_t id : r.stop_token_ids) check_vocab("stop_token_ids", id);
   for (const auto& [id, bias] : r.logit_bias) check_vocab("logit_bias", id);
   const auto total = static_cast<int64_t>(prompts.size()) * r.n;
+  if (s.pd_decode != nullptr) check_disaggregated(r, total);
   if (total > s.max_inflight)
     throw_invalid("n", "prompts × n = " + std::to_string(total) +
                            " is more than this server runs and queues (" +
@@ -375,7 +410,9 @@ void submit_choices(ServerState& s, Job& job) {
                             .repetition_penalty = r.repetition_penalty,
                             .logit_bias = r.logit_bias};
       try {
-        c.stream = s.loop->submit(std::move(g));
+        c.stream = s.pd_decode != nullptr
+                       ? pd_decode_room(*s.pd_decode, std::move(g), job.room, job.prefill_url)
+                       : s.loop->submit(std::move(g));
       } catch (const ApiError&) {  // the queue filled up part-way: nothing of this request runs
         job.choices.resize(static_cast<size_t>(c.index));
         job.cancel_all();
@@ -395,6 +432,7 @@ void handle_generate(ServerState& s, Endpoint endpoint, const httplib::Request& 
     job->server = &s;
     job->request = parse_api_request(req.body, endpoint);
     check_model(s, job->request.model);
+    if (s.pd_decode != nullptr) read_room(req, *job);
     submit_choices(s, *job);
     if (job->request.stream) {
       res.set_header("Cache-Control", "no-cache");

@@ -21,6 +21,7 @@
 #include "pagoda/model/llama.h"
 #include "pagoda/model/safetensors.h"
 #include "pagoda/server/http_server.h"
+#include "pagoda/server/pd.h"
 #include "pagoda/server/server_state.h"
 #include "pagoda/tokenizer/load.h"
 
@@ -41,6 +42,15 @@ void validate(const ServeOptions& o) {
   PAGODA_REQUIRE(o.listen_backlog >= 1 && o.listen_backlog <= 65535, kInvalidArgument,
                  "--listen-backlog must be in [1, 65535]");
   PAGODA_REQUIRE(!o.host.empty(), kInvalidArgument, "--host must not be empty");
+  PAGODA_REQUIRE(o.disaggregation_mode == "null" || o.disaggregation_mode == "prefill" ||
+                     o.disaggregation_mode == "decode",
+                 kInvalidArgument, "--disaggregation-mode must be null, prefill or decode (got '{}')",
+                 o.disaggregation_mode);
+  PAGODA_REQUIRE(o.disaggregation_timeout_s > 0, kInvalidArgument,
+                 "--disaggregation-timeout must be > 0");
+  PAGODA_REQUIRE(o.disaggregation_transfer_backend == "ucx", kUnsupported,
+                 "--disaggregation-transfer-backend '{}' is not built (have: ucx)",
+                 o.disaggregation_transfer_backend);
 }
 
 std::string read_file(const std::filesystem::path& p, const char* what) {
@@ -170,6 +180,13 @@ int run_server(const ServeOptions& o) {
   EngineLoop loop(engine, metrics, state.max_inflight);
   state.loop = &loop;
   state.metrics = &metrics;
+  std::unique_ptr<PdContext> pd;
+  if (o.disaggregation_mode != "null") {
+    pd = make_pd_context(o.disaggregation_mode == "prefill" ? PdRole::kPrefill : PdRole::kDecode,
+                         engine, loop, state.model_name,
+                         o.model == "builtin" ? o.weight_seed : 0, o.disaggregation_timeout_s);
+    if (pd->role == PdRole::kDecode) state.pd_decode = pd.get();
+  }
 
   HttpServer svr;
   const int threads = o.threads > 0 ? o.threads : std::min(512, o.max_running + o.max_queue + 8);
@@ -254,8 +271,17 @@ int run_server(const ServeOptions& o) {
     res.status = draining ? 503 : 200;
     res.set_content(h.dump(), "application/json");
   });
+  if (pd != nullptr && pd->role == PdRole::kPrefill) {
+    svr.Post("/pd/bootstrap", [&](const httplib::Request& req, httplib::Response& res) {
+      handle_pd_bootstrap(*pd, req, res);
+    });
+    svr.Post("/pd/abort", [&](const httplib::Request& req, httplib::Response& res) {
+      handle_pd_abort(*pd, req, res);
+    });
+  }
   svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     std::string text = metrics.render(loop.snapshot());
+    if (pd != nullptr) text += pd->rooms.render();
     text += "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
             "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " +
             std::to_string(resident_bytes()) + "\n";
@@ -272,9 +298,10 @@ int run_server(const ServeOptions& o) {
   }
   PAGODA_REQUIRE(svr.set_listen_backlog(o.listen_backlog), kInternal,
                  "listen() with backlog {} failed", o.listen_backlog);
-  std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d)\n",
+  std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d, "
+              "disaggregation %s)\n",
               o.host.c_str(), port, state.model_name.c_str(), engine.backend_name().c_str(),
-              state.max_context_len);
+              state.max_context_len, o.disaggregation_mode.c_str());
   std::fflush(stdout);
 
   // SIGTERM / SIGINT: stop admitting (503), let running requests finish, then stop listening.

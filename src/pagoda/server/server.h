@@ -2,7 +2,8 @@
 /// `pagoda serve`: an OpenAI-compatible HTTP server (cpp-httplib) over one engine.
 /// Endpoints: POST /v1/completions, POST /v1/chat/completions (streaming as server-sent events
 /// ending with `data: [DONE]`), POST /v1/tokenize, POST /v1/detokenize, GET /v1/models,
-/// GET /health, GET /metrics (Prometheus text).
+/// GET /health, GET /metrics (Prometheus text); with --disaggregation-mode prefill also
+/// POST /pd/bootstrap and POST /pd/abort (pd.h).
 /// Threads: httplib's pool runs the handlers (HttpServer: httplib with a configurable backlog
 /// and client-disconnect detection); one EngineLoop thread owns the model and engine;
 /// a signal thread turns SIGTERM / SIGINT into a drain (new requests get 503, running ones
@@ -40,6 +41,12 @@ struct ServeOptions {
   int64_t max_request_bytes = 8 << 20;  ///< larger request bodies get 413 (unread)
   int listen_backlog = 1024;          ///< listen queue length (the kernel caps it at somaxconn)
   double drain_timeout_s = 60;        ///< SIGTERM: longest wait for running requests
+  /// Prefill–decode disaggregation (docs/design/pd.md): "null" (colocated), "prefill" (serves
+  /// POST /pd/bootstrap) or "decode" (takes requests from `pagoda router`).
+  std::string disaggregation_mode = "null";
+  /// Room timeout: decode waits this long for pages + prefill + transfer; prefill for its part.
+  double disaggregation_timeout_s = 30;
+  std::string disaggregation_transfer_backend = "ucx";  ///< only "ucx" is built
 };
 
 /// Validates `o` (Error(kInvalidArgument) naming the option), loads the model, binds and serves

@@ -22,6 +22,8 @@ struct Response;
 
 namespace pagoda::server {
 
+struct PdContext;
+
 struct ServerState {
   std::string model_name;
   int32_t vocab_size = 0;
@@ -37,6 +39,8 @@ struct ServerState {
   uint64_t seed_base = 0;
   std::string api_key;  ///< empty: no authentication
   int64_t max_inflight = 0;  ///< max_running + max_queue (EngineLoop's admission bound)
+  /// Disaggregation, decode role: requests come from `pagoda router` (pd.h); else nullptr.
+  PdContext* pd_decode = nullptr;
 };
 
 /// Whether `req` may use /v1/*: no --api-key, or `Authorization: Bearer <key>`; paths outside

@@ -2,8 +2,11 @@
 // stage (waiting, chunked prefill, decoding) and the others' tokens are unchanged; the worker
 // alone runs hand-built WorkerBatches (several logit rows per sequence, non-final chunks) against
 // the naive reference and rejects malformed batches without computing anything; the host sampler
-// keeps the historical seeded stream.
+// keeps the historical seeded stream; disaggregation's seam: a prefill engine's held KV copied
+// page by page into a decode engine's preallocated pages continues exactly like one engine.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -250,6 +253,83 @@ TEST(HostSampling, SampleRowPicksTheInverseCdfTokenOfAnIndependentReference) {
     last = want;
   }
   EXPECT_GT(distinct, 20);  // it really samples
+}
+
+
+/// Copies the K and V of pages src[i] of `from` into pages dst[i] of `to` (host pools, same shape).
+void copy_pages(const kv::KvPool& from, const std::vector<PageId>& src, kv::KvPool& to,
+                const std::vector<PageId>& dst) {
+  ASSERT_EQ(src.size(), dst.size());
+  const size_t elem = dtype_size(from.config().dtype);
+  for (int32_t l = 0; l < from.num_layers(); ++l) {
+    for (bool v : {false, true}) {
+      const LayerId layer{l};
+      const size_t page = static_cast<size_t>(from.page_size()) * elem *
+                          static_cast<size_t>(v ? from.v_row_elems() : from.k_row_elems());
+      auto* out = static_cast<char*>((v ? to.v_view(layer) : to.k_view(layer)).data());
+      const auto* in = static_cast<const char*>((v ? from.v_view(layer) : from.k_view(layer)).data());
+      for (size_t i = 0; i < src.size(); ++i)
+        std::memcpy(out + static_cast<size_t>(dst[i].value()) * page,
+                    in + static_cast<size_t>(src[i].value()) * page, page);
+    }
+  }
+}
+
+TEST(EngineTransfer, HeldKvMovedIntoPreallocatedPagesDecodesLikeOneEngine) {
+  const uint64_t seed = 0x7D15A6;
+  std::printf("prompt seed %llu\n", static_cast<unsigned long long>(seed));
+  const auto prompts = testing::make_prompts(seed, 6);
+  const int max_new = 9;
+  for (int page_size : {1, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page " << page_size);
+    Engine colocated(test_model().model, abort_config(page_size, 0));
+    Engine prefill(test_model().model, abort_config(page_size, 0));
+    Engine decode(test_model().model, abort_config(page_size, 0));
+    std::vector<RequestId> want, got;
+    for (const auto& p : prompts) want.push_back(colocated.add_request({.prompt = p, .max_new_tokens = max_new}));
+    colocated.run_until_idle();
+    for (const auto& p : prompts) {
+      const RequestId pid = prefill.add_request({.prompt = p, .max_new_tokens = 1, .hold_kv = true});
+      prefill.run_until_idle();
+      const RequestOutput po = prefill.output(pid);
+      ASSERT_TRUE(po.kv_held);
+      ASSERT_EQ(po.output_ids.size(), 1u);
+      EXPECT_THROW(prefill.release(pid), Error);  // its KV is still held
+      const RequestId did = decode.add_transfer_request({.prompt = p, .max_new_tokens = max_new});
+      ASSERT_TRUE(decode.preallocate(did));
+      EXPECT_THROW(decode.preallocate(did), Error);
+      // Pages of the prefix the decode engine's cache matched hold that KV already.
+      const auto start = static_cast<std::ptrdiff_t>(decode.output(did).cached_tokens / page_size);
+      std::vector<PageId> src = prefill.prompt_pages(pid), dst = decode.prompt_pages(did);
+      src.erase(src.begin(), src.begin() + start);
+      dst.erase(dst.begin(), dst.begin() + start);
+      copy_pages(prefill.worker().kv_pool(), src, decode.worker().kv_pool(), dst);
+      EXPECT_THROW(decode.commit_transfer(did, 1 << 30), Error);  // outside the vocabulary
+      EXPECT_FALSE(decode.commit_transfer(did, po.output_ids[0]));
+      prefill.release_kv(pid);
+      prefill.release(pid);
+      got.push_back(did);
+      decode.step();  // requests join a running batch one by one
+    }
+    decode.run_until_idle();
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_EQ(decode.output(got[i]).output_ids, colocated.output(want[i]).output_ids) << i;
+    // Preallocation admits like the scheduler (8 running slots here) and an abort gives the
+    // pages back; a refused one changes nothing.
+    std::vector<RequestId> parked;
+    for (int i = 0; i < 9; ++i) {
+      parked.push_back(decode.add_transfer_request({.prompt = prompts[i % 6], .max_new_tokens = 4}));
+      EXPECT_EQ(decode.preallocate(parked.back()), i < 8) << i;
+    }
+    EXPECT_TRUE(decode.idle_pages_accounted());
+    for (RequestId id : parked) EXPECT_TRUE(decode.abort(id));
+    for (Engine* e : {&prefill, &decode}) {
+      EXPECT_EQ(e->leaked_pages(), 0);
+      EXPECT_TRUE(e->idle_pages_accounted());
+      e->drain_prefix_cache();
+      EXPECT_EQ(e->free_pages(), e->total_pages());
+    }
+  }
 }
 
 }  // namespace

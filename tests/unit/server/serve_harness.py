@@ -54,12 +54,19 @@ def large_body_memory(server, headers, size=8_000_000, count=30, concurrency=1):
 
 
 class Server:
-    """`pagoda serve --port 0 ...` in a child process; .url is its base URL."""
+    """`pagoda serve --port 0 ...` (or another listening command, e.g. `router`) in a child
+    process; .url is its base URL. With wait=False, call started() before using it (several
+    servers then start in parallel)."""
 
-    def __init__(self, pagoda, *args, log=None):
+    def __init__(self, pagoda, *args, log=None, command="serve", wait=True):
         self.log = open(log, "w") if log else subprocess.DEVNULL
-        self.proc = subprocess.Popen([pagoda, "serve", "--port", "0", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([pagoda, command, "--port", "0", *args], stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
+        if wait:
+            self.started()
+
+    def started(self):
+        """Waits for the "listening on" line; returns self."""
         deadline = time.time() + 600  # a large checkpoint loads (and captures graphs) first
         line = ""
         while time.time() < deadline:
@@ -69,7 +76,7 @@ class Server:
             m = re.search(r"listening on (http://[0-9.]+:\d+)", line)
             if m:
                 self.url = m.group(1)
-                return
+                return self
         raise RuntimeError(f"pagoda serve did not start: {line!r}")
 
     def get_json(self, path, headers=None):
