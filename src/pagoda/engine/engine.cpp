@@ -187,7 +187,20 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
   }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
-  init_spec(dtype, static_cast<int32_t>(num_pages));
+  if (config.spec.mode != SpecMode::kNone) {
+    // With tensor parallelism the target runs sharded through the factory's worker; a draft
+    // model or EAGLE head runs whole on this process's platform.
+    auto spec = std::make_unique<SpecWorker>(
+        std::move(worker_), model, config.spec, wc,
+        [this, dtype] { return make_model_ops(*platform_, dtype); },
+        SpecMemory{.allocator = allocator_.get(),
+                   .table = table_.get(),
+                   .reserve_tokens = [s = scheduler_.get()](int64_t n) {
+                     return s->reserve_tokens(n);
+                   }});
+    spec_ = spec.get();
+    worker_ = std::move(spec);
+  }
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;
@@ -259,6 +272,10 @@ void Engine::build_batch(const ScheduledStep& s) {
   b.sampling.clear();
   b.sample_step.clear();
   b.logit_adjust.clear();
+  b.context.clear();
+  b.max_emit.clear();
+  b.stop_token.clear();
+  const int32_t eos = model_->config().eos_token_id;
   int64_t rows = 0;  // logit rows so far
   for (const ScheduledSeq& q : s.seqs) {
     const Req& r = *q.req;
@@ -280,18 +297,25 @@ void Engine::build_batch(const ScheduledStep& s) {
     b.logit_rows.push_back(q.completes_fill ? 1 : 0);
     b.sampling.push_back(r.sampling);
     b.sample_step.push_back(r.num_output());
+    // What check_finished ends the request on: its stop token, and the tokens left before
+    // max_new_tokens or the context is reached.
+    b.context.emplace_back(r.cache.tokens);
+    b.max_emit.push_back(static_cast<int32_t>(
+        std::min<int64_t>(r.max_new_tokens - r.num_output(), max_context_len_ - r.num_tokens())));
+    b.stop_token.push_back(r.ignore_eos || eos < 0 ? -1 : eos);
   }
   b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (model_runner.h)
   bool any_logprobs = false;
   for (const ScheduledSeq& q : s.seqs) any_logprobs |= q.completes_fill && q.req->logprobs >= 0;
   b.return_logits = static_cast<bool>(logits_observer_) || any_logprobs;
+  // Several tokens per sequence only where nobody needs every row's logits and no waiting
+  // request could be admitted instead (a speculative worker then runs a round).
+  b.allow_multi_token = s.mode == ForwardMode::kDecode && !b.return_logits &&
+                        !scheduler_->wants_prefill();
 }
 
 StepOutput Engine::step() {
   StepOutput out;
-  if (spec_ready() && spec_step(out)) return out;
-  // A plain step (and a retraction inside schedule()) needs the draft pool complete.
-  if (draft_worker_ != nullptr) flush_draft_kv(scheduler_->running());
   ScheduledStep s = scheduler_->schedule();
   for (Req* r : s.aborted) {
     r->out.finish_s = now();
@@ -300,8 +324,6 @@ StepOutput Engine::step() {
   if (s.empty()) return out;
 
   build_batch(s);
-  if (eagle_ != nullptr) batch_.hidden_layers = eagle_feature_layers();
-  const double t_fwd = now();
   // The hierarchical cache's queued copies start now; layer l waits only for its own pages.
   if (hicache_ != nullptr) hicache_->begin_forward();
   struct EndForward {
@@ -311,51 +333,53 @@ StepOutput Engine::step() {
     }
   } end_forward{hicache_};
   const model::WorkerOutput result = worker_->run(batch_);
-  if (draft_worker_ != nullptr) draft_worker_->run(batch_);  // the draft's KV follows every step
-  stats_.spec_time.plain_forward_s += now() - t_fwd;
-  if (eagle_ != nullptr) eagle_after_step(s, result);        // so does the EAGLE head's
-  out.mode = s.mode;
+  // A worker that ran the step otherwise (a speculative round) says so.
+  out.mode = result.mode != ForwardMode::kIdle ? result.mode : s.mode;
   out.num_seqs = static_cast<int32_t>(s.seqs.size());
-  out.num_tokens = static_cast<int64_t>(batch_.input_ids.size());
+  out.num_tokens = result.mode != ForwardMode::kIdle
+                       ? result.num_tokens
+                       : static_cast<int64_t>(batch_.input_ids.size());
 
   const int64_t vocab = model_->config().vocab_size;
-  size_t row = 0;
+  size_t row = 0;  // entry of result.tokens (a logit row when one token per row)
   const double t = now();
-  for (const ScheduledSeq& q : s.seqs) {
+  for (size_t i = 0; i < s.seqs.size(); ++i) {
+    const ScheduledSeq& q = s.seqs[i];
     Req* r = q.req;
+    const int32_t n = !q.completes_fill ? 0 : result.counts.empty() ? 1 : result.counts[i];
     if (q.is_decode) {
-      scheduler_->complete_decode(r);
+      scheduler_->complete_decode(r, std::max(n, 1));
     } else {
       scheduler_->complete_extend(q);
     }
-    if (!q.completes_fill) continue;
-    if (logits_observer_)
-      logits_observer_(r->id, std::span<const float>(result.logits)
-                                  .subspan(row * static_cast<size_t>(vocab),
-                                           static_cast<size_t>(vocab)));
-    const int32_t token = result.tokens[row];
-    if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
-      r->out.logprobs.push_back(model::token_logprobs(
-          std::span<const float>(result.logits).subspan(row * static_cast<size_t>(vocab),
-                                                        static_cast<size_t>(vocab)),
-          token, r->logprobs));
-      out.logprobs.resize(out.tokens.size());
-      out.logprobs.push_back(r->out.logprobs.back());
-    }
-    ++row;
-    r->cache.tokens.push_back(token);
-    ++stats_.generated_tokens;
-    if (r->out.first_token_s < 0) r->out.first_token_s = t;
-    out.tokens.emplace_back(r->id, token);
-    if (check_finished(*r, token)) {
-      scheduler_->finish(r);
-      r->out.finish_s = t;
-      out.finished.push_back(r->id);
+    for (int32_t j = 0; j < n; ++j, ++row) {
+      const auto logits = result.logits.empty()
+                              ? std::span<const float>()
+                              : std::span<const float>(result.logits)
+                                    .subspan(row * static_cast<size_t>(vocab),
+                                             static_cast<size_t>(vocab));
+      if (logits_observer_) logits_observer_(r->id, logits);
+      const int32_t token = result.tokens[row];
+      if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
+        r->out.logprobs.push_back(model::token_logprobs(logits, token, r->logprobs));
+        out.logprobs.resize(out.tokens.size());
+        out.logprobs.push_back(r->out.logprobs.back());
+      }
+      r->cache.tokens.push_back(token);
+      ++stats_.generated_tokens;
+      if (r->out.first_token_s < 0) r->out.first_token_s = t;
+      out.tokens.emplace_back(r->id, token);
+      if (check_finished(*r, token)) {
+        PAGODA_CHECK(j == n - 1, "the worker emitted tokens past request {}'s finish", r->id);
+        scheduler_->finish(r);
+        r->out.finish_s = t;
+        out.finished.push_back(r->id);
+      }
     }
   }
   ++stats_.steps;
   stats_.computed_tokens += out.num_tokens;
-  switch (s.mode) {
+  switch (out.mode) {
     case ForwardMode::kExtend: ++stats_.extend_steps; break;
     case ForwardMode::kDecode: ++stats_.decode_steps; break;
     case ForwardMode::kMixed: ++stats_.mixed_steps; break;
@@ -409,6 +433,14 @@ EngineStats Engine::stats() const {
   s.cuda_graphs = w.num_graphs;
   s.cuda_graph_steps = w.graph_steps;
   s.spec_graph_steps = w.spec_graph_steps;
+  if (spec_ != nullptr) {
+    const SpecStats& sp = spec_->spec_stats();
+    s.spec = sp.accept;
+    s.spec_steps = sp.accept.rounds;
+    s.draft_forwards = sp.draft_forwards;
+    s.draft_graph_steps = sp.draft_graph_steps;
+    s.spec_time = sp.time;
+  }
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
   s.pages_total = allocator_->num_pages();

@@ -32,18 +32,15 @@
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/spec_config.h"
+#include "pagoda/engine/spec_worker.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
-#include "pagoda/model/eagle_runner.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/worker.h"
 #include "pagoda/platform/platform.h"
-#include "pagoda/spec/draft_tree.h"
-#include "pagoda/spec/ngram.h"
-#include "pagoda/spec/verify.h"
 #include "pagoda/tier/config.h"
 #include "pagoda/tier/hicache.h"
 
@@ -71,8 +68,9 @@ struct EngineConfig {
   std::optional<DType> dtype{};
   /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
   std::optional<DType> kv_dtype{};
-  /// Speculative decoding (off by default). Decode-only steps speculate; steps with a prefill
-  /// run as usual (and also on the draft worker, which keeps its KV in step).
+  /// Speculative decoding (off by default): the worker becomes a SpecWorker (spec_worker.h)
+  /// around the target's. Decode-only steps speculate; steps with a prefill run as usual (and
+  /// the drafter follows them).
   SpecConfig spec{};
   /// Hierarchical KV cache (docs/design/tier.md): off unless a host pool size is given. Needs
   /// the radix cache, the default worker (no tensor parallelism) and no draft model or EAGLE
@@ -98,28 +96,6 @@ struct StepOutput {
   std::vector<model::TokenLogprobs> logprobs;
 };
 
-/// Wall time of the speculative rounds by phase, seconds (each forward waits for its ids, so a
-/// phase's time includes its device time); plain_forward_s is the plain steps' worker time
-/// (target + draft worker), to compare a round against.
-struct SpecTimes {
-  double draft_s = 0;    ///< draft forwards (draft model) or n-gram proposals
-  double verify_s = 0;   ///< the target's verify forward
-  double accept_s = 0;   ///< acceptance walk / rejection sampling on the host
-  double commit_s = 0;   ///< emit, commit_draft_slots, move_kv (enqueued), scheduler updates
-  double extend_s = 0;   ///< the draft worker's draft extend
-  double plain_forward_s = 0;
-  /// Field-wise difference (the time of a window between two snapshots).
-  SpecTimes& operator-=(const SpecTimes& o) {
-    draft_s -= o.draft_s;
-    verify_s -= o.verify_s;
-    accept_s -= o.accept_s;
-    commit_s -= o.commit_s;
-    extend_s -= o.extend_s;
-    plain_forward_s -= o.plain_forward_s;
-    return *this;
-  }
-};
-
 struct EngineStats {
   int64_t steps = 0;
   int64_t extend_steps = 0;
@@ -134,7 +110,7 @@ struct EngineStats {
   int64_t aborted_by_user = 0;   ///< requests ended by Engine::abort
   DType dtype = DType::kF32;     ///< the model's compute dtype
   DType kv_dtype = DType::kF32;
-  int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward)
+  int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward; no decode_steps)
   spec::AcceptStats spec;        ///< acceptance counters of those rounds
   int64_t spec_graph_steps = 0;  ///< verify forwards served by a graph replay
   int64_t draft_forwards = 0;    ///< draft-model forwards of speculative rounds (draft steps)
@@ -262,10 +238,8 @@ class Engine {
   int32_t max_context_len() const { return max_context_len_; }
   /// The backend's name ("cpu", "reference", "hybrid(...)").
   std::string backend_name() const { return worker_->backend_name(); }
-  /// The worker that computes the steps.
+  /// The worker that computes the steps (a SpecWorker around the target's when speculating).
   model::ModelWorker& worker() { return *worker_; }
-  /// The draft model's worker (SpecMode::kDraft), else nullptr.
-  model::ModelWorker* draft_worker() { return draft_worker_.get(); }
   /// Seconds since the engine was built (the time base of RequestOutput).
   double now() const;
 
@@ -274,39 +248,6 @@ class Engine {
   bool check_finished(Req& req, int32_t token);
   /// Fills batch_ from a scheduled step.
   void build_batch(const ScheduledStep& s);
-  // Speculative decoding (spec_step.cpp).
-  /// With a WorkerFactory (tensor parallelism) the target runs sharded through the factory's
-  /// worker (verify batches and K/V moves reach every rank); a draft model or EAGLE head runs
-  /// whole on this process's platform.
-  void init_spec(DType dtype, int32_t num_pages);
-  /// Whether this step may speculate (decode-only, not paused); counts the pause down.
-  bool spec_ready();
-  /// One speculative round over the running requests; false (nothing changed) when it does not
-  /// pay or fit this step (the caller then runs a normal step).
-  bool spec_step(StepOutput& out);
-  /// The draft worker's K/V of the pending token (Req::draft_kv_pending) of each of `reqs` that
-  /// has one: one decode forward; clears the flags.
-  void flush_draft_kv(const std::vector<Req*>& reqs);
-  /// After a round's commit: the draft model's K/V of the kept tokens (draft worker only).
-  void draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
-                    const std::vector<std::vector<int32_t>>& kv_nodes,
-                    std::span<const SlotIndex> slots, int32_t extra);
-
-  // EAGLE heads (spec_eagle.cpp).
-  void init_eagle(DType dtype, int32_t num_pages);
-  /// The target layers the head is fed (WorkerBatch::hidden_layers).
-  std::vector<int32_t> eagle_feature_layers() const;
-  /// After a normal step: the head extends the step's positions (tokens shifted by one, the
-  /// target's features of the step) and records each sampled request's next-draft state.
-  void eagle_after_step(const ScheduledStep& s, const model::WorkerOutput& result);
-  /// A round's draft trees through the head (spec::TreeBuilder, as kDraft).
-  std::vector<spec::DraftTree> eagle_trees(const std::vector<Req*>& reqs,
-                                           std::span<const SlotIndex> slots, int32_t extra);
-  /// After a round's commit: the head extends the kept positions with the verify features.
-  void eagle_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
-                    const std::vector<std::vector<int32_t>>& kv_nodes,
-                    std::span<const SlotIndex> slots, int32_t extra,
-                    const std::vector<float>& verify_hidden, int32_t tree_size);
 
   model::LlamaModel* model_;
   EngineConfig config_;
@@ -319,12 +260,7 @@ class Engine {
   std::unique_ptr<cache::PrefixCache> cache_;
   tier::HiCache* hicache_ = nullptr;  ///< cache_ when the hierarchical cache is on
   std::unique_ptr<model::ModelWorker> worker_;
-  std::unique_ptr<model::ModelWorker> draft_worker_;  ///< SpecMode::kDraft only
-  std::unique_ptr<model::EagleRunner> eagle_;         ///< SpecMode::kEagle only
-  spec::NgramDrafter ngram_;
-  double spec_mean_accepted_ = 1.0;  ///< running mean of accepted draft tokens per request
-  int32_t spec_pause_ = 0;           ///< decode steps left without speculation
-  int32_t spec_pause_len_ = 0;       ///< length of the next pause
+  const SpecWorker* spec_ = nullptr;  ///< worker_ when speculating (its counters)
   std::unique_ptr<Scheduler> scheduler_;
   model::WorkerBatch batch_;  ///< reused per step
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
