@@ -1,8 +1,9 @@
 #pragma once
 /// Engine: the serving loop between the Scheduler and the ModelWorker (ARCHITECTURE §1). It owns
-/// the host-side memory bookkeeping (PageAllocator, ReqToTokenTable, the prefix cache: RadixCache,
-/// or ChunkCache when disabled), the scheduler and the worker (which owns the KV pool, the
-/// attention backend, the model's device weights, CUDA graphs and sampling). One step:
+/// the host-side memory bookkeeping (EngineMemory: PageAllocator, ReqToTokenTable, the prefix
+/// cache: RadixCache, ChunkCache when disabled, or HiCache), the scheduler and the worker (which
+/// owns the KV pool, the attention backend, the model's device weights, CUDA graphs and
+/// sampling; a SpecWorker around it when speculating). One step, one loop:
 ///
 ///   Scheduler::schedule (memory) → WorkerBatch → ModelWorker::run (plan, layers, sample)
 ///   → sampled ids → complete / finish
@@ -29,6 +30,7 @@
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/builtin.h"
 #include "pagoda/cache/prefix_cache.h"
+#include "pagoda/engine/memory.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/spec_config.h"
@@ -164,11 +166,6 @@ std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DT
 /// weights are f16, else bf16 (an f32 checkpoint runs in bf16 unless f32 is asked for).
 DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model);
 
-/// Page references nobody owns: Σ refcount over pages 1..num_pages of `refs` − `owned_refs`
-/// (the references the engine can account for: one per tree page, one per request-private page).
-/// Counts references, not pages: a page retained twice by one owner counts once extra. O(pages).
-int64_t unowned_page_references(const kv::PageRefs& refs, int64_t owned_refs);
-
 class Engine {
  public:
   /// Builds the memory, cache and backend for `model` (which must outlive the engine). Uses
@@ -207,58 +204,27 @@ class Engine {
   void release(RequestId id);
 
   EngineStats stats() const;
-  /// Page references held by nobody the engine knows of: Σ refcount over all pages − tree pages
-  /// − request-private pages (a page the tree retained twice counts twice). 0 unless there is a
-  /// bug. O(num_pages).
-  int64_t leaked_pages() const;
-  /// When idle (no request waiting or running): every page is either free or held by the tree
-  /// (free + tree == total). Always true while requests are live.
-  bool idle_pages_accounted() const;
-  /// Request rows in use by no live request (0 unless there is a bug).
-  int64_t leaked_rows() const;
-  /// When idle: evicts the whole prefix cache (every page back to the allocator) and returns the
-  /// tokens evicted. Throws Error(kFailedPrecondition) while requests are waiting or running.
-  int64_t drain_prefix_cache();
-  /// When idle: also empties the hierarchical cache's host tier (after drain_prefix_cache) and
-  /// returns the host pages evicted (0 without one). Throws like drain_prefix_cache.
-  int64_t drain_host_cache();
-  /// Host-tier page references nobody owns (host allocator references − host-tier entries; 0
-  /// without a hierarchical cache or unless there is a bug).
-  int64_t leaked_host_pages() const;
-  /// Pages with refcount 0 / all pages (after drain_prefix_cache() on an idle engine these are
-  /// equal unless a reference leaked).
-  int64_t free_pages() const;
-  int64_t total_pages() const;
-  /// Pages whose refcount is not 0 (O(pages)).
-  int64_t referenced_pages() const;
-  /// Aborts (PAGODA_CHECK) when allocator, table or cache invariants are broken.
-  void check_integrity() const;
+  /// The host-side memory bookkeeping (allocator, request table, prefix cache) and its audits:
+  /// leaked_pages(), leaked_rows(), idle_pages_accounted(), check_integrity(), drain_prefix_cache()
+  /// ... (memory.h).
+  EngineMemory& memory() { return *memory_; }
 
   const EngineConfig& config() const { return config_; }
   int32_t max_context_len() const { return max_context_len_; }
-  /// The backend's name ("cpu", "reference", "hybrid(...)").
-  std::string backend_name() const { return worker_->backend_name(); }
-  /// The worker that computes the steps (a SpecWorker around the target's when speculating).
+  /// The worker that computes the steps (a SpecWorker around the target's when speculating);
+  /// worker().backend_name() is the attention backend's name ("cpu", "reference", "hybrid(...)").
   model::ModelWorker& worker() { return *worker_; }
   /// Seconds since the engine was built (the time base of RequestOutput).
   double now() const;
 
  private:
-  Req& find(RequestId id) const;
-  bool check_finished(Req& req, int32_t token);
-  /// Fills batch_ from a scheduled step.
-  void build_batch(const ScheduledStep& s);
-
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
   platform::Platform* platform_;
   int32_t max_context_len_;
   std::chrono::steady_clock::time_point start_;
-  std::unique_ptr<kv::PageAllocator> allocator_;
-  std::unique_ptr<kv::ReqToTokenTable> table_;
-  std::unique_ptr<cache::PrefixCache> cache_;
-  tier::HiCache* hicache_ = nullptr;  ///< cache_ when the hierarchical cache is on
+  std::unique_ptr<EngineMemory> memory_;
   std::unique_ptr<model::ModelWorker> worker_;
   const SpecWorker* spec_ = nullptr;  ///< worker_ when speculating (its counters)
   std::unique_ptr<Scheduler> scheduler_;

@@ -9,7 +9,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/engine/spec_batch.h"
 #include "pagoda/model/llama_worker.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #include "pagoda/spec/tree_builder.h"
 
 namespace pagoda::engine {

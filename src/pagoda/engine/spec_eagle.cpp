@@ -12,7 +12,7 @@
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/spec_worker.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #include "pagoda/spec/tree_builder.h"
 
 namespace pagoda::engine {
@@ -30,9 +30,8 @@ void head_candidates(const model::EagleHead& head, std::span<const float> logits
 }
 
 /// Records the head's output row `row` as a request row's next-draft state.
-template <typename State>
-void set_state(State& state, const model::EagleHead& head, const model::EagleOutput& o,
-               size_t row, size_t logit_row, int32_t topk) {
+void set_state(SpecWorker::EagleState& state, const model::EagleHead& head,
+               const model::EagleOutput& o, size_t row, size_t logit_row, int32_t topk) {
   const size_t h = static_cast<size_t>(head.config().hidden_size);
   const size_t vd = static_cast<size_t>(head.config().draft_vocab_size);
   state.hidden.assign(o.hidden.begin() + static_cast<ptrdiff_t>(row * h),

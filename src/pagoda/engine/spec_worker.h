@@ -117,6 +117,14 @@ class SpecWorker final : public model::ModelWorker {
     int32_t stop_token = -1;
   };
 
+  /// The EAGLE head's output at a row's last KV position: its hidden state [H] and top-k
+  /// next-token candidates (target ids, best first) — what the next round's first draft step
+  /// expands. Set after every step that samples for the row.
+  struct EagleState {
+    std::vector<float> hidden;
+    std::vector<std::pair<int32_t, float>> next;
+  };
+
  private:
   /// The batch on the target, followed by the drafter.
   model::WorkerOutput run_plain(const model::WorkerBatch& batch);
@@ -159,14 +167,6 @@ class SpecWorker final : public model::ModelWorker {
                     const std::vector<std::vector<int32_t>>& tails,
                     std::span<const SlotIndex> slots, int32_t extra,
                     const std::vector<float>& verify_hidden, int32_t tree_size);
-
-  /// The EAGLE head's output at a row's last KV position: its hidden state [H] and top-k
-  /// next-token candidates (target ids, best first) — what the next round's first draft step
-  /// expands. Set after every step that samples for the row.
-  struct EagleState {
-    std::vector<float> hidden;
-    std::vector<std::pair<int32_t, float>> next;
-  };
 
   std::unique_ptr<model::ModelWorker> target_;
   const model::LlamaModel* model_;

@@ -272,7 +272,7 @@ int run_server(const ServeOptions& o) {
   PAGODA_REQUIRE(svr.set_listen_backlog(o.listen_backlog), kInternal,
                  "listen() with backlog {} failed", o.listen_backlog);
   std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d)\n",
-              o.host.c_str(), port, state.model_name.c_str(), engine.backend_name().c_str(),
+              o.host.c_str(), port, state.model_name.c_str(), engine.worker().backend_name().c_str(),
               state.max_context_len);
   std::fflush(stdout);
 

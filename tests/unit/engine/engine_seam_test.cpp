@@ -59,8 +59,8 @@ TEST(EngineAbort, AbortAtEveryStageFreesEverythingOthersUnchanged) {
       EXPECT_FALSE(engine.abort(victim));  // already finished: no effect
       EXPECT_EQ(engine.output(victim).finish_reason, FinishReason::kAbort) << int(before);
       EXPECT_EQ(engine.output(victim).state, RequestState::kFinished);
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_EQ(engine.leaked_rows(), 0);
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_rows(), 0);
       engine.run_until_idle();
       for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] == victim) continue;
@@ -69,11 +69,11 @@ TEST(EngineAbort, AbortAtEveryStageFreesEverythingOthersUnchanged) {
         expect_matches_naive(out, naive_greedy(prompts[i], max_new), "req " + std::to_string(i));
       }
       EXPECT_LE(engine.output(victim).output_ids.size(), static_cast<size_t>(abort_after_steps));
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_EQ(engine.leaked_rows(), 0);
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_rows(), 0);
       EXPECT_EQ(engine.stats().aborted_by_user, 2);
       EXPECT_THROW(engine.abort(12345), Error);
-      engine.check_integrity();
+      engine.memory().check_integrity();
     }
   }
 }
