@@ -51,8 +51,8 @@ Turns multiturn(model::LlamaModel& m, bool hicache) {
     }
   }
   out.stats = eng.stats();
-  EXPECT_EQ(eng.leaked_pages(), 0);
-  EXPECT_EQ(eng.leaked_host_pages(), 0);
+  EXPECT_EQ(eng.memory().leaked_pages(), 0);
+  EXPECT_EQ(eng.memory().leaked_host_pages(), 0);
   return out;
 }
 

@@ -22,7 +22,7 @@
 #include "pagoda/model/config.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/llama_worker.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #include "pagoda/model/weights.h"
 #include "pagoda/platform/cuda/cuda_platform.h"
 #include "pagoda/spec/draft_tree.h"

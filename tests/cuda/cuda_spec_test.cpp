@@ -62,7 +62,7 @@ SpecRun run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t>>
   SpecRun r;
   for (auto id : ids) r.tokens.push_back(eng.output(id).output_ids);
   r.stats = eng.stats();
-  r.leaked = eng.leaked_pages();
+  r.leaked = eng.memory().leaked_pages();
   return r;
 }
 

@@ -17,17 +17,8 @@ enum class ForwardMode : uint8_t {
   kIdle,          ///< no sequences; forward returns an empty output
 };
 
-/// Modes that run through forward_extend (everything with per-request query ranges).
-constexpr bool is_extend_like(ForwardMode m) {
-  return m == ForwardMode::kExtend || m == ForwardMode::kMixed ||
-         m == ForwardMode::kTargetVerify || m == ForwardMode::kDraftExtend;
-}
 constexpr bool is_decode_or_idle(ForwardMode m) {
   return m == ForwardMode::kDecode || m == ForwardMode::kIdle;
-}
-/// Modes a decode CUDA graph may capture (sglang: DECODE, TARGET_VERIFY, IDLE).
-constexpr bool is_cuda_graph_mode(ForwardMode m) {
-  return m == ForwardMode::kDecode || m == ForwardMode::kTargetVerify || m == ForwardMode::kIdle;
 }
 
 /// "extend", "decode", "mixed", "target_verify", "draft_extend", "idle".

@@ -345,7 +345,7 @@ void run_bench(const BenchOptions& o) {
     const size_t sys = w.systems.empty() ? 0 : w.systems[static_cast<size_t>(c.system)].size();
     live_kv += static_cast<int64_t>(c.history.size() - std::min(sys, c.history.size()));
   }
-  const int64_t leaked_host = eng.leaked_host_pages();
+  const int64_t leaked_host = eng.memory().leaked_host_pages();
   // Every conversation's final history (prompts + every answer) hashed in order: two runs
   // of one workload gave identical outputs iff their digests agree.
   uint64_t digest = 0xcbf29ce484222325ull;
@@ -354,18 +354,18 @@ void run_bench(const BenchOptions& o) {
     digest = (digest ^ 0xffffffffull) * 0x100000001b3ull;
   }
   // Drained: every page reference is the tree's, and free + cached pages are the whole pool.
-  const int64_t leaked = eng.leaked_pages();
-  const bool accounted = eng.idle_pages_accounted();
+  const int64_t leaked = eng.memory().leaked_pages();
+  const bool accounted = eng.memory().idle_pages_accounted();
   // Then the prefix cache is evicted too: every page must be free again, every refcount 0.
-  const int64_t drained_tokens = eng.drain_prefix_cache();  // the loop above left it idle
-  const int64_t free_after_drain = eng.free_pages();
-  const int64_t referenced_after_drain = eng.referenced_pages();
-  const int64_t host_drained_pages = eng.drain_host_cache();
-  const bool drained_clean = free_after_drain == eng.total_pages() &&
-                             referenced_after_drain == 0 && eng.leaked_host_pages() == 0;
+  const int64_t drained_tokens = eng.memory().drain_prefix_cache();  // the loop above left it idle
+  const int64_t free_after_drain = eng.memory().free_pages();
+  const int64_t referenced_after_drain = eng.memory().referenced_pages();
+  const int64_t host_drained_pages = eng.memory().drain_host_cache();
+  const bool drained_clean = free_after_drain == eng.memory().total_pages() &&
+                             referenced_after_drain == 0 && eng.memory().leaked_host_pages() == 0;
   nlohmann::json j = {
       {"model", loaded.config.name},
-      {"backend", eng.backend_name()},
+      {"backend", eng.worker().backend_name()},
       {"kernel_options", kernel_options_json(o.kernels)},
       {"page_size", o.page_size},
       {"pool_tokens", st.pool_tokens},
@@ -393,7 +393,7 @@ void run_bench(const BenchOptions& o) {
       {"leaked_pages", leaked},
       {"idle_pages_accounted", accounted},
       {"drained_cache_tokens", drained_tokens},
-      {"pages_total", eng.total_pages()},
+      {"pages_total", eng.memory().total_pages()},
       {"pages_free_after_drain", free_after_drain},
       {"pages_referenced_after_drain", referenced_after_drain},
       {"device_path", st.device_path},
@@ -433,8 +433,8 @@ void run_bench(const BenchOptions& o) {
     PAGODA_REQUIRE(drained_clean, kInternal,
                    "KV accounting after evicting the prefix cache: {} of {} pages free, {} "
                    "pages still referenced, {} host pages leaked",
-                   free_after_drain, eng.total_pages(), referenced_after_drain,
-                   eng.leaked_host_pages());
+                   free_after_drain, eng.memory().total_pages(), referenced_after_drain,
+                   eng.memory().leaked_host_pages());
   };
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
@@ -444,7 +444,7 @@ void run_bench(const BenchOptions& o) {
   fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}), backend {}, page {}, pool {} "
              "tokens, policy {}, chunk {}\n",
              loaded.config.name, static_cast<double>(loaded.config.num_parameters()) / 1e6,
-             st.dtype, st.kv_dtype, eng.backend_name(), o.page_size, st.pool_tokens, o.policy,
+             st.dtype, st.kv_dtype, eng.worker().backend_name(), o.page_size, st.pool_tokens, o.policy,
              o.chunk_size);
   auto row = [](const char* name, const std::string& value) {
     fmt::print("  {:<24} {:>16}\n", name, value);
@@ -487,7 +487,7 @@ void run_bench(const BenchOptions& o) {
   row("steps (mixed)", fmt::format("{} ({})", st.steps, st.mixed_steps));
   row("leaked pages", fmt::format("{}{}", leaked, accounted ? "" : " (free + cached != total)"));
   row("pages free after drain", fmt::format("{} / {}, {} referenced", free_after_drain,
-                                            eng.total_pages(), referenced_after_drain));
+                                            eng.memory().total_pages(), referenced_after_drain));
   if (decode_steps > 0)
     row("decode step", fmt::format("{:.3f} ms (batch {:.1f}, {:.0f} tok/s)",
                                    decode_s / static_cast<double>(decode_steps) * 1e3,

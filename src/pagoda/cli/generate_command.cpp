@@ -139,7 +139,7 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   for (engine::RequestId id : ids) {
     const engine::RequestOutput out = eng.output(id);
     nlohmann::json j = {{"model", loaded.config.name},
-                        {"backend", eng.backend_name()},
+                        {"backend", eng.worker().backend_name()},
                         {"output_token_ids", out.output_ids},
                         {"finish_reason", engine::finish_reason_name(out.finish_reason)}};
     if (!out.error.empty()) j["error"] = out.error;
@@ -238,12 +238,12 @@ void run_generate(const GenerateOptions& o) {
                  out.output_ids.size(), engine::finish_reason_name(out.finish_reason),
                  (out.first_token_s - out.arrival_s) * 1e3,
                  out.output_ids.size() / std::max(1e-9, out.finish_s - out.arrival_s),
-                 eng.backend_name().c_str());
+                 eng.worker().backend_name().c_str());
     return;
   }
   nlohmann::json j = {
       {"model", loaded.config.name},
-      {"backend", eng.backend_name()},
+      {"backend", eng.worker().backend_name()},
       {"prompt_token_ids", prompt},
       {"output_token_ids", out.output_ids},
       {"output_text", tok->decode(out.output_ids, true)},

@@ -76,7 +76,7 @@ RunResult run_once(const SpecBenchArgs& a, model::LlamaModel& llama, platform::P
   r.stats.draft_forwards -= before.draft_forwards;
   r.stats.draft_graph_steps -= before.draft_graph_steps;
   r.stats.spec_time -= before.spec_time;
-  r.leaked = eng.leaked_pages();
+  r.leaked = eng.memory().leaked_pages();
   return r;
 }
 

@@ -9,7 +9,7 @@
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/llama_worker.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
 #include "pagoda/model/cuda/cuda_ops.h"
 #endif
@@ -84,6 +84,80 @@ int32_t context_len_for(const model::LlamaModel& model, const EngineConfig& c) {
   return c.max_context_len > 0 ? std::min(c.max_context_len, model_max) : model_max;
 }
 
+
+/// Sets req's finish reason when `token` (just appended) ends it: EOS (unless ignore_eos), then
+/// max_new_tokens, then the context; false when it goes on.
+bool check_finished(Req& req, int32_t token, int32_t eos, int32_t max_context_len) {
+  if (!req.ignore_eos && eos >= 0 && token == eos) {
+    req.out.finish_reason = FinishReason::kStop;
+  } else if (req.num_output() >= req.max_new_tokens) {
+    req.out.finish_reason = FinishReason::kLength;
+  } else if (req.num_tokens() >= max_context_len) {
+    req.out.finish_reason = FinishReason::kContext;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+/// Fills `b` from a scheduled step. `observe`: every logit row's logits are wanted (a logits
+/// observer); `prefill_waits`: a waiting request could be admitted (no multi-token step then).
+void build_batch(const ScheduledStep& s, const model::ModelConfig& mc, int32_t max_context_len,
+                 bool observe, bool prefill_waits, model::WorkerBatch& b) {
+  model::StepInput in{.mode = s.mode, .seqs = {}, .out_cache_loc = s.out_cache_loc};
+  in.seqs.reserve(s.seqs.size());
+  b.input_ids.clear();
+  b.logit_rows.clear();
+  b.sampling.clear();
+  b.sample_step.clear();
+  b.logit_adjust.clear();
+  b.context.clear();
+  b.max_emit.clear();
+  b.stop_token.clear();
+  const int32_t eos = mc.eos_token_id;
+  int64_t rows = 0;  // logit rows so far
+  for (const ScheduledSeq& q : s.seqs) {
+    const Req& r = *q.req;
+    const auto tokens = std::span<const int32_t>(r.cache.tokens)
+                            .subspan(static_cast<size_t>(q.prefix_len),
+                                     static_cast<size_t>(q.num_tokens));
+    in.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
+                                          .prefix_len = static_cast<int32_t>(q.prefix_len),
+                                          .tokens = tokens,
+                                          .want_logits = q.completes_fill});
+    b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
+    if (q.completes_fill) {
+      const auto all = std::span<const int32_t>(r.cache.tokens);
+      model::append_logit_adjust(all.first(static_cast<size_t>(r.prompt_len)),
+                                 all.subspan(static_cast<size_t>(r.prompt_len)),
+                                 r.logit_processing, static_cast<int32_t>(rows++),
+                                 b.logit_adjust);
+    }
+    b.logit_rows.push_back(q.completes_fill ? 1 : 0);
+    b.sampling.push_back(r.sampling);
+    b.sample_step.push_back(r.num_output());
+    // What check_finished ends the request on: its stop token, and the tokens left before
+    // max_new_tokens or the context is reached.
+    b.context.emplace_back(r.cache.tokens);
+    b.max_emit.push_back(static_cast<int32_t>(
+        std::min<int64_t>(r.max_new_tokens - r.num_output(), max_context_len - r.num_tokens())));
+    b.stop_token.push_back(r.ignore_eos || eos < 0 ? -1 : eos);
+  }
+  b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (step_input.h)
+  bool any_logprobs = false;
+  for (const ScheduledSeq& q : s.seqs) any_logprobs |= q.completes_fill && q.req->logprobs >= 0;
+  b.return_logits = observe || any_logprobs;
+  // Several tokens per sequence only where nobody needs every row's logits and no waiting
+  // request could be admitted instead (a speculative worker then runs a round).
+  b.allow_multi_token = s.mode == ForwardMode::kDecode && !b.return_logits && !prefill_waits;
+}
+
+Req& find_req(const std::unordered_map<RequestId, std::unique_ptr<Req>>& reqs, RequestId id) {
+  auto it = reqs.find(id);
+  PAGODA_REQUIRE(it != reqs.end(), kOutOfRange, "unknown request id {}", id);
+  return *it->second;
+}
+
 }  // namespace
 
 DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model) {
@@ -154,10 +228,11 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   }
   const DType dtype = config.dtype.value_or(default_model_dtype(*platform_, model.config()));
   const DType kv_dtype = config.kv_dtype.value_or(dtype);
-  allocator_ = std::make_unique<kv::PageAllocator>(static_cast<int32_t>(num_pages),
-                                                   config.page_size);
-  table_ = std::make_unique<kv::ReqToTokenTable>(config.scheduler.max_running_requests,
-                                                 max_context_len_);
+  memory_ = std::make_unique<EngineMemory>(static_cast<int32_t>(num_pages), config.page_size,
+                                           config.scheduler.max_running_requests,
+                                           max_context_len_);
+  kv::PageAllocator& allocator = memory_->allocator();
+  kv::ReqToTokenTable& table = memory_->table();
   PAGODA_REQUIRE(!config.hicache.enabled() || !make_worker, kUnsupported,
                  "the hierarchical cache (hicache) does not support a custom worker (tensor "
                  "parallelism) yet");
@@ -171,25 +246,54 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                .verify_graph_tokens = config.spec.worker_graph_tokens(
                                    config.scheduler.max_running_requests)};
   if (make_worker) {
-    worker_ = make_worker(model, dtype, wc, *table_);
+    worker_ = make_worker(model, dtype, wc, table);
     PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
   } else {
     worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype), wc,
-                                                   *table_);
+                                                   table);
   }
+  std::unique_ptr<cache::PrefixCache> cache;
+  tier::HiCache* hicache = nullptr;
   if (config.hicache.enabled()) {
     // The host tier copies to and from the worker's pool, so it comes after the worker.
-    auto hi = std::make_unique<tier::HiCache>(*allocator_, *table_, worker_->kv_pool(), *platform_,
+    auto hi = std::make_unique<tier::HiCache>(allocator, table, worker_->kv_pool(), *platform_,
                                               config.hicache);
-    hicache_ = hi.get();
-    cache_ = std::move(hi);
+    hicache = hi.get();
+    cache = std::move(hi);
   } else if (config.radix_cache) {
-    cache_ = std::make_unique<cache::RadixCache>(*allocator_, *table_);
+    cache = std::make_unique<cache::RadixCache>(allocator, table);
   } else {
-    cache_ = std::make_unique<cache::ChunkCache>(*allocator_, *table_);
+    cache = std::make_unique<cache::ChunkCache>(allocator, table);
   }
-  scheduler_ = std::make_unique<Scheduler>(config.scheduler, *allocator_, *table_, *cache_);
-  init_spec(dtype, static_cast<int32_t>(num_pages));
+  scheduler_ = std::make_unique<Scheduler>(config.scheduler, allocator, table, *cache);
+  memory_->set_cache(std::move(cache), hicache,
+                     EngineMemory::Owners{
+                         .live_requests = [this] {
+                           return static_cast<int64_t>(scheduler_->num_running() +
+                                                       scheduler_->num_waiting() +
+                                                       scheduler_->num_parked());
+                         },
+                         .request_private_pages =
+                             [this] { return scheduler_->request_private_pages(); },
+                         .live_rows = [this] {
+                           int64_t live = 0;
+                           for (const auto& [id, r] : reqs_) live += r->cache.req_slot.valid();
+                           return live;
+                         }});
+  if (config.spec.mode != SpecMode::kNone) {
+    // With tensor parallelism the target runs sharded through the factory's worker; a draft
+    // model or EAGLE head runs whole on this process's platform.
+    auto spec = std::make_unique<SpecWorker>(
+        std::move(worker_), model, config.spec, wc,
+        [this, dtype] { return make_model_ops(*platform_, dtype); },
+        SpecMemory{.allocator = &allocator,
+                   .table = &table,
+                   .reserve_tokens = [s = scheduler_.get()](int64_t n) {
+                     return s->reserve_tokens(n);
+                   }});
+    spec_ = spec.get();
+    worker_ = std::move(spec);
+  }
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;
@@ -198,7 +302,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
 Engine::~Engine() {
   // The hierarchical cache finishes its copies into the worker's pool: it goes before the worker.
   scheduler_.reset();
-  cache_.reset();
+  memory_->reset_cache();
 }
 
 double Engine::now() const {
@@ -218,14 +322,14 @@ RequestId Engine::add_transfer_request(GenerateRequest request) {
 }
 
 bool Engine::preallocate(RequestId id) {
-  Req& r = find(id);
+  Req& r = find_req(reqs_, id);
   PAGODA_REQUIRE(r.state == RequestState::kWaiting && !r.admitted_once, kFailedPrecondition,
                  "request {} is not a transfer request waiting for its pages", id);
   return scheduler_->preallocate(&r);
 }
 
 std::vector<PageId> Engine::prompt_pages(RequestId id) const {
-  const Req& r = find(id);
+  const Req& r = find_req(reqs_, id);
   PAGODA_REQUIRE(r.cache.req_slot.valid() && r.kv_len >= r.prompt_len, kFailedPrecondition,
                  "request {} holds no prompt KV", id);
   const auto row = table_->row(r.cache.req_slot);
@@ -236,7 +340,7 @@ std::vector<PageId> Engine::prompt_pages(RequestId id) const {
 }
 
 bool Engine::commit_transfer(RequestId id, int32_t first_token) {
-  Req& r = find(id);
+  Req& r = find_req(reqs_, id);
   PAGODA_REQUIRE(first_token >= 0 && first_token < model_->config().vocab_size, kInvalidArgument,
                  "first token {} outside the vocabulary [0, {})", first_token,
                  model_->config().vocab_size);
@@ -248,21 +352,21 @@ bool Engine::commit_transfer(RequestId id, int32_t first_token) {
   ++stats_.generated_tokens;
   r.out.first_token_s = now();
   bool done = false;
-  if (check_finished(r, first_token)) {
+  if (check_finished(r, first_token, model_->config().eos_token_id, max_context_len_)) {
     scheduler_->finish(&r);
     r.out.finish_s = r.out.first_token_s;
     done = true;
   }
-  if (config_.check_integrity) check_integrity();
+  if (config_.check_integrity) memory_->check_integrity();
   return done;
 }
 
 void Engine::release_kv(RequestId id) {
-  Req& r = find(id);
+  Req& r = find_req(reqs_, id);
   PAGODA_REQUIRE(r.out.kv_held, kFailedPrecondition, "request {} holds no KV to release", id);
   scheduler_->release_held(&r);
   r.out.kv_held = false;
-  if (config_.check_integrity) check_integrity();
+  if (config_.check_integrity) memory_->check_integrity();
 }
 
 Req& Engine::create_request(GenerateRequest request) {
@@ -298,62 +402,8 @@ Req& Engine::create_request(GenerateRequest request) {
   return ref;
 }
 
-bool Engine::check_finished(Req& req, int32_t token) {
-  const int32_t eos = model_->config().eos_token_id;
-  if (!req.ignore_eos && eos >= 0 && token == eos) {
-    req.out.finish_reason = FinishReason::kStop;
-  } else if (req.num_output() >= req.max_new_tokens) {
-    req.out.finish_reason = FinishReason::kLength;
-  } else if (req.num_tokens() >= max_context_len_) {
-    req.out.finish_reason = FinishReason::kContext;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-void Engine::build_batch(const ScheduledStep& s) {
-  model::WorkerBatch& b = batch_;
-  model::StepInput in{.mode = s.mode, .seqs = {}, .out_cache_loc = s.out_cache_loc};
-  in.seqs.reserve(s.seqs.size());
-  b.input_ids.clear();
-  b.logit_rows.clear();
-  b.sampling.clear();
-  b.sample_step.clear();
-  b.logit_adjust.clear();
-  int64_t rows = 0;  // logit rows so far
-  for (const ScheduledSeq& q : s.seqs) {
-    const Req& r = *q.req;
-    const auto tokens = std::span<const int32_t>(r.cache.tokens)
-                            .subspan(static_cast<size_t>(q.prefix_len),
-                                     static_cast<size_t>(q.num_tokens));
-    in.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
-                                          .prefix_len = static_cast<int32_t>(q.prefix_len),
-                                          .tokens = tokens,
-                                          .want_logits = q.completes_fill});
-    b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
-    if (q.completes_fill) {
-      const auto all = std::span<const int32_t>(r.cache.tokens);
-      model::append_logit_adjust(all.first(static_cast<size_t>(r.prompt_len)),
-                                 all.subspan(static_cast<size_t>(r.prompt_len)),
-                                 r.logit_processing, static_cast<int32_t>(rows++),
-                                 b.logit_adjust);
-    }
-    b.logit_rows.push_back(q.completes_fill ? 1 : 0);
-    b.sampling.push_back(r.sampling);
-    b.sample_step.push_back(r.num_output());
-  }
-  b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (model_runner.h)
-  bool any_logprobs = false;
-  for (const ScheduledSeq& q : s.seqs) any_logprobs |= q.completes_fill && q.req->logprobs >= 0;
-  b.return_logits = static_cast<bool>(logits_observer_) || any_logprobs;
-}
-
 StepOutput Engine::step() {
   StepOutput out;
-  if (spec_ready() && spec_step(out)) return out;
-  // A plain step (and a retraction inside schedule()) needs the draft pool complete.
-  if (draft_worker_ != nullptr) flush_draft_kv(scheduler_->running());
   ScheduledStep s = scheduler_->schedule();
   for (Req* r : s.aborted) {
     r->out.finish_s = now();
@@ -361,84 +411,86 @@ StepOutput Engine::step() {
   }
   if (s.empty()) return out;
 
-  build_batch(s);
-  if (eagle_ != nullptr) batch_.hidden_layers = eagle_feature_layers();
-  const double t_fwd = now();
+  build_batch(s, model_->config(), max_context_len_, static_cast<bool>(logits_observer_),
+              scheduler_->wants_prefill(), batch_);
+  tier::HiCache* hicache = memory_->hicache();
   // The hierarchical cache's queued copies start now; layer l waits only for its own pages.
-  if (hicache_ != nullptr) hicache_->begin_forward();
+  if (hicache != nullptr) hicache->begin_forward();
   struct EndForward {
     tier::HiCache* hi;
     ~EndForward() {
       if (hi != nullptr) hi->end_forward();
     }
-  } end_forward{hicache_};
+  } end_forward{hicache};
   const model::WorkerOutput result = worker_->run(batch_);
-  if (draft_worker_ != nullptr) draft_worker_->run(batch_);  // the draft's KV follows every step
-  stats_.spec_time.plain_forward_s += now() - t_fwd;
-  if (eagle_ != nullptr) eagle_after_step(s, result);        // so does the EAGLE head's
-  out.mode = s.mode;
+  // A worker that ran the step otherwise (a speculative round) says so.
+  out.mode = result.mode != ForwardMode::kIdle ? result.mode : s.mode;
   out.num_seqs = static_cast<int32_t>(s.seqs.size());
-  out.num_tokens = static_cast<int64_t>(batch_.input_ids.size());
+  out.num_tokens = result.mode != ForwardMode::kIdle
+                       ? result.num_tokens
+                       : static_cast<int64_t>(batch_.input_ids.size());
 
   const int64_t vocab = model_->config().vocab_size;
-  size_t row = 0;
+  size_t row = 0;  // entry of result.tokens (a logit row when one token per row)
   const double t = now();
-  for (const ScheduledSeq& q : s.seqs) {
+  for (size_t i = 0; i < s.seqs.size(); ++i) {
+    const ScheduledSeq& q = s.seqs[i];
     Req* r = q.req;
+    const int32_t n = !q.completes_fill ? 0 : result.counts.empty() ? 1 : result.counts[i];
     if (q.is_decode) {
-      scheduler_->complete_decode(r);
+      scheduler_->complete_decode(r, std::max(n, 1));
     } else {
       scheduler_->complete_extend(q);
     }
-    if (!q.completes_fill) continue;
-    if (logits_observer_)
-      logits_observer_(r->id, std::span<const float>(result.logits)
-                                  .subspan(row * static_cast<size_t>(vocab),
-                                           static_cast<size_t>(vocab)));
-    const int32_t token = result.tokens[row];
-    if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
-      r->out.logprobs.push_back(model::token_logprobs(
-          std::span<const float>(result.logits).subspan(row * static_cast<size_t>(vocab),
-                                                        static_cast<size_t>(vocab)),
-          token, r->logprobs));
-      out.logprobs.resize(out.tokens.size());
-      out.logprobs.push_back(r->out.logprobs.back());
-    }
-    ++row;
-    r->cache.tokens.push_back(token);
-    ++stats_.generated_tokens;
-    if (r->out.first_token_s < 0) r->out.first_token_s = t;
-    out.tokens.emplace_back(r->id, token);
-    if (check_finished(*r, token)) {
-      if (r->hold_kv) {
-        scheduler_->hold(r);
-        r->out.kv_held = true;
-      } else {
-        scheduler_->finish(r);
+    for (int32_t j = 0; j < n; ++j, ++row) {
+      const auto logits = result.logits.empty()
+                              ? std::span<const float>()
+                              : std::span<const float>(result.logits)
+                                    .subspan(row * static_cast<size_t>(vocab),
+                                             static_cast<size_t>(vocab));
+      if (logits_observer_) logits_observer_(r->id, logits);
+      const int32_t token = result.tokens[row];
+      if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
+        r->out.logprobs.push_back(model::token_logprobs(logits, token, r->logprobs));
+        out.logprobs.resize(out.tokens.size());
+        out.logprobs.push_back(r->out.logprobs.back());
       }
-      r->out.finish_s = t;
-      out.finished.push_back(r->id);
+      r->cache.tokens.push_back(token);
+      ++stats_.generated_tokens;
+      if (r->out.first_token_s < 0) r->out.first_token_s = t;
+      out.tokens.emplace_back(r->id, token);
+      if (check_finished(*r, token, model_->config().eos_token_id, max_context_len_)) {
+        PAGODA_CHECK(j == n - 1, "the worker emitted tokens past request {}'s finish", r->id);
+        if (r->hold_kv) {  // a prefill server's request: its KV waits for the transfer
+          scheduler_->hold(r);
+          r->out.kv_held = true;
+        } else {
+          scheduler_->finish(r);
+        }
+        r->out.finish_s = t;
+        out.finished.push_back(r->id);
+      }
     }
   }
   ++stats_.steps;
   stats_.computed_tokens += out.num_tokens;
-  switch (s.mode) {
+  switch (out.mode) {
     case ForwardMode::kExtend: ++stats_.extend_steps; break;
     case ForwardMode::kDecode: ++stats_.decode_steps; break;
     case ForwardMode::kMixed: ++stats_.mixed_steps; break;
     default: break;
   }
-  if (config_.check_integrity) check_integrity();
+  if (config_.check_integrity) memory_->check_integrity();
   return out;
 }
 
 bool Engine::abort(RequestId id) {
-  Req& r = find(id);
+  Req& r = find_req(reqs_, id);
   if (r.state == RequestState::kFinished) return false;
   scheduler_->cancel(&r, FinishReason::kAbort);
   r.out.finish_s = now();
   ++stats_.aborted_by_user;
-  if (config_.check_integrity) check_integrity();
+  if (config_.check_integrity) memory_->check_integrity();
   return true;
 }
 
@@ -446,14 +498,8 @@ void Engine::run_until_idle() {
   while (has_work()) step();
 }
 
-Req& Engine::find(RequestId id) const {
-  auto it = reqs_.find(id);
-  PAGODA_REQUIRE(it != reqs_.end(), kOutOfRange, "unknown request id {}", id);
-  return *it->second;
-}
-
 RequestOutput Engine::output(RequestId id) const {
-  const Req& r = find(id);
+  const Req& r = find_req(reqs_, id);
   RequestOutput o = r.out;
   o.state = r.state;
   o.output_ids.assign(r.cache.tokens.begin() + r.prompt_len, r.cache.tokens.end());
@@ -461,7 +507,7 @@ RequestOutput Engine::output(RequestId id) const {
 }
 
 void Engine::release(RequestId id) {
-  const Req& r = find(id);
+  const Req& r = find_req(reqs_, id);
   PAGODA_REQUIRE(r.state == RequestState::kFinished && !r.out.kv_held, kFailedPrecondition,
                  "request {} is not finished or still holds its KV (release_kv)", id);
   reqs_.erase(id);
@@ -470,85 +516,31 @@ void Engine::release(RequestId id) {
 EngineStats Engine::stats() const {
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
-  s.cache = cache_->stats();
+  const cache::PrefixCache& cache = memory_->cache();
+  s.cache = cache.stats();
   const model::WorkerStats w = worker_->stats();
   s.device_path = w.device;
   s.cuda_graphs = w.num_graphs;
   s.cuda_graph_steps = w.graph_steps;
   s.spec_graph_steps = w.spec_graph_steps;
+  if (spec_ != nullptr) {
+    const SpecStats& sp = spec_->spec_stats();
+    s.spec = sp.accept;
+    s.spec_steps = sp.accept.rounds;
+    s.draft_forwards = sp.draft_forwards;
+    s.draft_graph_steps = sp.draft_graph_steps;
+    s.spec_time = sp.time;
+  }
   s.num_waiting = static_cast<int64_t>(scheduler_->num_waiting());
   s.num_running = static_cast<int64_t>(scheduler_->num_running());
-  s.pages_total = allocator_->num_pages();
-  s.pages_free = allocator_->num_free_pages();
-  s.pages_cached = cache_->total_size() / config_.page_size;
-  if (hicache_ != nullptr) {
+  s.pages_total = memory_->total_pages();
+  s.pages_free = memory_->free_pages();
+  s.pages_cached = cache.total_size() / config_.page_size;
+  if (memory_->hicache() != nullptr) {
     s.hicache = true;
-    s.tier = hicache_->tier_stats();
+    s.tier = memory_->hicache()->tier_stats();
   }
   return s;
-}
-
-int64_t unowned_page_references(const kv::PageRefs& refs, int64_t owned_refs) {
-  int64_t references = 0;
-  for (int32_t p = 1; p <= refs.num_pages(); ++p) references += refs.refcount(PageId{p});
-  return references - owned_refs;
-}
-
-int64_t Engine::leaked_pages() const {
-  const int64_t tree_pages = cache_->total_size() / config_.page_size;
-  return unowned_page_references(*allocator_, tree_pages + scheduler_->request_private_pages());
-}
-
-int64_t Engine::drain_prefix_cache() {
-  PAGODA_REQUIRE(!has_work(), kFailedPrecondition,
-                 "drain_prefix_cache: {} requests are still waiting or running",
-                 scheduler_->num_running() + scheduler_->num_waiting());
-  return cache_->evict(cache_->evictable_size());
-}
-
-int64_t Engine::drain_host_cache() {
-  PAGODA_REQUIRE(!has_work(), kFailedPrecondition,
-                 "drain_host_cache: {} requests are still waiting or running",
-                 scheduler_->num_running() + scheduler_->num_waiting());
-  return hicache_ != nullptr ? hicache_->drain_host() : 0;
-}
-
-int64_t Engine::leaked_host_pages() const {
-  if (hicache_ == nullptr) return 0;
-  const kv::PageAllocator& host = hicache_->host_pool().pages();
-  return unowned_page_references(host, hicache_->host().num_entries());
-}
-
-int64_t Engine::free_pages() const { return allocator_->num_free_pages(); }
-int64_t Engine::total_pages() const { return allocator_->num_pages(); }
-
-int64_t Engine::referenced_pages() const {
-  int64_t n = 0;
-  for (int32_t p = 1; p <= allocator_->num_pages(); ++p) n += allocator_->refcount(PageId{p}) != 0;
-  return n;
-}
-
-bool Engine::idle_pages_accounted() const {
-  if (has_work() || scheduler_->num_parked() > 0) return true;
-  const int64_t tree_pages = cache_->total_size() / config_.page_size;
-  return allocator_->num_free_pages() + tree_pages == allocator_->num_pages();
-}
-
-int64_t Engine::leaked_rows() const {
-  int64_t live = 0;
-  for (const auto& [id, r] : reqs_)
-    if (r->cache.req_slot.valid()) ++live;
-  return (table_->max_reqs() - table_->num_free_rows()) - live;
-}
-
-void Engine::check_integrity() const {
-  allocator_->check_integrity();
-  table_->check_integrity();
-  cache_->check_integrity();
-  PAGODA_CHECK_EQ(leaked_pages(), 0);
-  PAGODA_CHECK_EQ(leaked_host_pages(), 0);
-  PAGODA_CHECK_EQ(leaked_rows(), 0);
-  PAGODA_CHECK(idle_pages_accounted());
 }
 
 }  // namespace pagoda::engine

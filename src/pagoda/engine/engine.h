@@ -1,8 +1,9 @@
 #pragma once
 /// Engine: the serving loop between the Scheduler and the ModelWorker (ARCHITECTURE §1). It owns
-/// the host-side memory bookkeeping (PageAllocator, ReqToTokenTable, the prefix cache: RadixCache,
-/// or ChunkCache when disabled), the scheduler and the worker (which owns the KV pool, the
-/// attention backend, the model's device weights, CUDA graphs and sampling). One step:
+/// the host-side memory bookkeeping (EngineMemory: PageAllocator, ReqToTokenTable, the prefix
+/// cache: RadixCache, ChunkCache when disabled, or HiCache), the scheduler and the worker (which
+/// owns the KV pool, the attention backend, the model's device weights, CUDA graphs and
+/// sampling; a SpecWorker around it when speculating). One step, one loop:
 ///
 ///   Scheduler::schedule (memory) → WorkerBatch → ModelWorker::run (plan, layers, sample)
 ///   → sampled ids → complete / finish
@@ -29,21 +30,19 @@
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/builtin.h"
 #include "pagoda/cache/prefix_cache.h"
+#include "pagoda/engine/memory.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/spec_config.h"
+#include "pagoda/engine/spec_worker.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
-#include "pagoda/model/eagle_runner.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/worker.h"
 #include "pagoda/platform/platform.h"
-#include "pagoda/spec/draft_tree.h"
-#include "pagoda/spec/ngram.h"
-#include "pagoda/spec/verify.h"
 #include "pagoda/tier/config.h"
 #include "pagoda/tier/hicache.h"
 
@@ -72,8 +71,9 @@ struct EngineConfig {
   std::optional<DType> dtype{};
   /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
   std::optional<DType> kv_dtype{};
-  /// Speculative decoding (off by default). Decode-only steps speculate; steps with a prefill
-  /// run as usual (and also on the draft worker, which keeps its KV in step).
+  /// Speculative decoding (off by default): the worker becomes a SpecWorker (spec_worker.h)
+  /// around the target's. Decode-only steps speculate; steps with a prefill run as usual (and
+  /// the drafter follows them).
   SpecConfig spec{};
   /// Hierarchical KV cache (docs/design/tier.md): off unless a host pool size is given. Needs
   /// the radix cache, the default worker (no tensor parallelism) and no draft model or EAGLE
@@ -99,28 +99,6 @@ struct StepOutput {
   std::vector<model::TokenLogprobs> logprobs;
 };
 
-/// Wall time of the speculative rounds by phase, seconds (each forward waits for its ids, so a
-/// phase's time includes its device time); plain_forward_s is the plain steps' worker time
-/// (target + draft worker), to compare a round against.
-struct SpecTimes {
-  double draft_s = 0;    ///< draft forwards (draft model) or n-gram proposals
-  double verify_s = 0;   ///< the target's verify forward
-  double accept_s = 0;   ///< acceptance walk / rejection sampling on the host
-  double commit_s = 0;   ///< emit, commit_draft_slots, move_kv (enqueued), scheduler updates
-  double extend_s = 0;   ///< the draft worker's draft extend
-  double plain_forward_s = 0;
-  /// Field-wise difference (the time of a window between two snapshots).
-  SpecTimes& operator-=(const SpecTimes& o) {
-    draft_s -= o.draft_s;
-    verify_s -= o.verify_s;
-    accept_s -= o.accept_s;
-    commit_s -= o.commit_s;
-    extend_s -= o.extend_s;
-    plain_forward_s -= o.plain_forward_s;
-    return *this;
-  }
-};
-
 struct EngineStats {
   int64_t steps = 0;
   int64_t extend_steps = 0;
@@ -135,7 +113,7 @@ struct EngineStats {
   int64_t aborted_by_user = 0;   ///< requests ended by Engine::abort
   DType dtype = DType::kF32;     ///< the model's compute dtype
   DType kv_dtype = DType::kF32;
-  int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward)
+  int64_t spec_steps = 0;        ///< speculative rounds (each one verify forward; no decode_steps)
   spec::AcceptStats spec;        ///< acceptance counters of those rounds
   int64_t spec_graph_steps = 0;  ///< verify forwards served by a graph replay
   int64_t draft_forwards = 0;    ///< draft-model forwards of speculative rounds (draft steps)
@@ -188,11 +166,6 @@ std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DT
 /// The dtype a plain run computes in: f32 on the CPU; on CUDA the checkpoint's f16 when its
 /// weights are f16, else bf16 (an f32 checkpoint runs in bf16 unless f32 is asked for).
 DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model);
-
-/// Page references nobody owns: Σ refcount over pages 1..num_pages of `refs` − `owned_refs`
-/// (the references the engine can account for: one per tree page, one per request-private page).
-/// Counts references, not pages: a page retained twice by one owner counts once extra. O(pages).
-int64_t unowned_page_references(const kv::PageRefs& refs, int64_t owned_refs);
 
 class Engine {
  public:
@@ -254,102 +227,31 @@ class Engine {
   void release(RequestId id);
 
   EngineStats stats() const;
-  /// Page references held by nobody the engine knows of: Σ refcount over all pages − tree pages
-  /// − request-private pages (a page the tree retained twice counts twice). 0 unless there is a
-  /// bug. O(num_pages).
-  int64_t leaked_pages() const;
-  /// When idle (no request waiting or running): every page is either free or held by the tree
-  /// (free + tree == total). Always true while requests are live.
-  bool idle_pages_accounted() const;
-  /// Request rows in use by no live request (0 unless there is a bug).
-  int64_t leaked_rows() const;
-  /// When idle: evicts the whole prefix cache (every page back to the allocator) and returns the
-  /// tokens evicted. Throws Error(kFailedPrecondition) while requests are waiting or running.
-  int64_t drain_prefix_cache();
-  /// When idle: also empties the hierarchical cache's host tier (after drain_prefix_cache) and
-  /// returns the host pages evicted (0 without one). Throws like drain_prefix_cache.
-  int64_t drain_host_cache();
-  /// Host-tier page references nobody owns (host allocator references − host-tier entries; 0
-  /// without a hierarchical cache or unless there is a bug).
-  int64_t leaked_host_pages() const;
-  /// Pages with refcount 0 / all pages (after drain_prefix_cache() on an idle engine these are
-  /// equal unless a reference leaked).
-  int64_t free_pages() const;
-  int64_t total_pages() const;
-  /// Pages whose refcount is not 0 (O(pages)).
-  int64_t referenced_pages() const;
-  /// Aborts (PAGODA_CHECK) when allocator, table or cache invariants are broken.
-  void check_integrity() const;
+  /// The host-side memory bookkeeping (allocator, request table, prefix cache) and its audits:
+  /// leaked_pages(), leaked_rows(), idle_pages_accounted(), check_integrity(), drain_prefix_cache()
+  /// ... (memory.h).
+  EngineMemory& memory() { return *memory_; }
 
   const EngineConfig& config() const { return config_; }
   int32_t max_context_len() const { return max_context_len_; }
-  /// The backend's name ("cpu", "reference", "hybrid(...)").
-  std::string backend_name() const { return worker_->backend_name(); }
-  /// The worker that computes the steps.
+  /// The worker that computes the steps (a SpecWorker around the target's when speculating);
+  /// worker().backend_name() is the attention backend's name ("cpu", "reference", "hybrid(...)").
   model::ModelWorker& worker() { return *worker_; }
-  /// The draft model's worker (SpecMode::kDraft), else nullptr.
-  model::ModelWorker* draft_worker() { return draft_worker_.get(); }
   /// Seconds since the engine was built (the time base of RequestOutput).
   double now() const;
 
  private:
-  Req& find(RequestId id) const;
   /// Validates `request` (add_request's checks) and records it (not queued).
   Req& create_request(GenerateRequest request);
-  bool check_finished(Req& req, int32_t token);
-  /// Fills batch_ from a scheduled step.
-  void build_batch(const ScheduledStep& s);
-  // Speculative decoding (spec_step.cpp).
-  /// With a WorkerFactory (tensor parallelism) the target runs sharded through the factory's
-  /// worker (verify batches and K/V moves reach every rank); a draft model or EAGLE head runs
-  /// whole on this process's platform.
-  void init_spec(DType dtype, int32_t num_pages);
-  /// Whether this step may speculate (decode-only, not paused); counts the pause down.
-  bool spec_ready();
-  /// One speculative round over the running requests; false (nothing changed) when it does not
-  /// pay or fit this step (the caller then runs a normal step).
-  bool spec_step(StepOutput& out);
-  /// The draft worker's K/V of the pending token (Req::draft_kv_pending) of each of `reqs` that
-  /// has one: one decode forward; clears the flags.
-  void flush_draft_kv(const std::vector<Req*>& reqs);
-  /// After a round's commit: the draft model's K/V of the kept tokens (draft worker only).
-  void draft_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
-                    const std::vector<std::vector<int32_t>>& kv_nodes,
-                    std::span<const SlotIndex> slots, int32_t extra);
-
-  // EAGLE heads (spec_eagle.cpp).
-  void init_eagle(DType dtype, int32_t num_pages);
-  /// The target layers the head is fed (WorkerBatch::hidden_layers).
-  std::vector<int32_t> eagle_feature_layers() const;
-  /// After a normal step: the head extends the step's positions (tokens shifted by one, the
-  /// target's features of the step) and records each sampled request's next-draft state.
-  void eagle_after_step(const ScheduledStep& s, const model::WorkerOutput& result);
-  /// A round's draft trees through the head (spec::TreeBuilder, as kDraft).
-  std::vector<spec::DraftTree> eagle_trees(const std::vector<Req*>& reqs,
-                                           std::span<const SlotIndex> slots, int32_t extra);
-  /// After a round's commit: the head extends the kept positions with the verify features.
-  void eagle_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
-                    const std::vector<std::vector<int32_t>>& kv_nodes,
-                    std::span<const SlotIndex> slots, int32_t extra,
-                    const std::vector<float>& verify_hidden, int32_t tree_size);
-
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
   platform::Platform* platform_;
   int32_t max_context_len_;
   std::chrono::steady_clock::time_point start_;
-  std::unique_ptr<kv::PageAllocator> allocator_;
-  std::unique_ptr<kv::ReqToTokenTable> table_;
-  std::unique_ptr<cache::PrefixCache> cache_;
-  tier::HiCache* hicache_ = nullptr;  ///< cache_ when the hierarchical cache is on
+  std::unique_ptr<EngineMemory> memory_;
   std::unique_ptr<model::ModelWorker> worker_;
-  std::unique_ptr<model::ModelWorker> draft_worker_;  ///< SpecMode::kDraft only
-  std::unique_ptr<model::EagleRunner> eagle_;         ///< SpecMode::kEagle only
-  spec::NgramDrafter ngram_;
-  double spec_mean_accepted_ = 1.0;  ///< running mean of accepted draft tokens per request
-  int32_t spec_pause_ = 0;           ///< decode steps left without speculation
-  int32_t spec_pause_len_ = 0;       ///< length of the next pause
+  const SpecWorker* spec_ = nullptr;  ///< worker_ when speculating (its counters)
   std::unique_ptr<Scheduler> scheduler_;
   model::WorkerBatch batch_;  ///< reused per step
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;

@@ -88,20 +88,10 @@ struct Req {
   /// has no K/V yet, so kv_len == tokens.size() - 1 while decoding.
   int64_t kv_len = 0;
   bool admitted_once = false;
-  /// Speculative draft model only: the token at kv_len - 1 has no draft-model K/V yet (a fully
-  /// accepted topk-1 chain leaves it to the next round's first draft forward;
-  /// Engine::flush_draft_kv writes it before any other forward needs it).
-  bool draft_kv_pending = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   model::LogitProcessing logit_processing;  ///< validated at add_request
   int32_t logprobs = -1;                    ///< GenerateRequest::logprobs
   RequestOutput out;
-  /// SpecMode::kEagle: the head's output at the request's last KV position (its hidden state
-  /// [H] and top-k next-token candidates, target ids) — what the next round's first draft step
-  /// expands. Set after every step that samples for the request (spec_eagle.cpp).
-  std::vector<float> eagle_hidden;
-  std::vector<std::pair<int32_t, float>> eagle_next;  ///< (token, log-prob), best first
-
   Req(RequestId rid, GenerateRequest&& g, double now);
   int32_t num_output() const { return static_cast<int32_t>(cache.tokens.size()) - prompt_len; }
   int64_t num_tokens() const { return static_cast<int64_t>(cache.tokens.size()); }

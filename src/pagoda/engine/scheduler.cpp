@@ -312,13 +312,10 @@ void Scheduler::complete_extend(const ScheduledSeq& seq) {
   running_.push_back(req);
 }
 
-void Scheduler::complete_decode(Req* req) { ++req->kv_len; }
-
-void Scheduler::complete_spec(Req* req, int64_t n) {
+void Scheduler::complete_decode(Req* req, int64_t n) {
   PAGODA_CHECK_GE(n, 1);
-  PAGODA_CHECK(req->state == RequestState::kDecoding, "speculative commit of a non-decoding request");
   req->kv_len += n;
-  update_peak();
+  if (n > 1) update_peak();  // a speculative round's kept tokens
 }
 
 void Scheduler::finish(Req* req) {

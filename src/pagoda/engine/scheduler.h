@@ -100,8 +100,10 @@ class Scheduler {
   /// After the forward: an extend of `seq` finished. A non-final chunk goes through
   /// cache_unfinished_req and stays the chunked request; a completed fill moves to decoding.
   void complete_extend(const ScheduledSeq& seq);
-  /// After the forward: the decode token of `req` is now in the cache (kv_len + 1).
-  void complete_decode(Req* req);
+  /// After the forward: the decode token of `req` and the n − 1 tokens a speculative round
+  /// accepted after it (n >= 1; their slots are already in its row) are now in the cache
+  /// (kv_len + n).
+  void complete_decode(Req* req, int64_t n = 1);
   /// Releases a finished request: cache_finished_req (insert), free the row, leave the queues.
   void finish(Req* req);
   /// Ends a live request on the user's behalf (Engine::abort): a waiting request leaves the
@@ -114,8 +116,6 @@ class Scheduler {
   size_t num_running() const { return running_.size() + (chunked_ ? 1 : 0); }
   const SchedulerStats& stats() const { return stats_; }
   double new_token_ratio() const { return new_token_ratio_; }
-  /// Speculative decoding (Engine::spec_step) — the decoding requests, in admission order.
-  const std::vector<Req*>& running() const { return running_; }
   /// Whether the next step would prefill: a chunked request continues, or a waiting request
   /// has a free running slot and request row (memory is checked only when admitting).
   bool wants_prefill() const {
@@ -124,11 +124,9 @@ class Scheduler {
             running_.size() < static_cast<size_t>(config_.max_running_requests) &&
             table_->num_free_rows() > 0);
   }
-  /// Evicts the tree until `tokens` are free; true when they are. Changes nothing else.
+  /// Evicts the tree until `tokens` are free; true when they are. Changes nothing else (a
+  /// speculative round's draft slots, SpecMemory::reserve_tokens).
   bool reserve_tokens(int64_t tokens) { return make_room(tokens); }
-  /// After a speculative round: `n` (>= 1) more tokens of decoding `req` have K/V in its row
-  /// (kv_len += n).
-  void complete_spec(Req* req, int64_t n);
   /// Pages privately held by active requests (row[cache_protected_len : kv_len], distinct),
   /// transferring and held ones included.
   int64_t request_private_pages() const;

@@ -1,6 +1,6 @@
 #pragma once
-/// Speculative-decoding settings of the engine (EngineConfig::spec). The loop itself is
-/// Engine::spec_step (spec_step.cpp); the model-free parts live in spec/. Contract:
+/// Speculative-decoding settings of the engine (EngineConfig::spec). The loop itself is the
+/// SpecWorker (spec_worker.h); the model-free parts live in spec/. Contract:
 /// docs/design/spec.md.
 
 #include <cstdint>

@@ -4,15 +4,15 @@
 //
 // Positions: the head's entry at position p is (token x_{p+1}, target feature f_p), so its KV
 // covers exactly the target's kv_len positions, at the same slots. A round's root x_n (kv_len n)
-// starts from the head's output at position n − 1 (Req::eagle_hidden / eagle_next); a tree node
+// starts from the head's output at position n − 1 (SpecWorker::EagleState of its row); a tree node
 // at depth d ≥ 1 is fed (its token, the hidden state of the head output that proposed it) at
 // position n + d − 1.
 #include <algorithm>
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
-#include "pagoda/engine/engine.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/engine/spec_worker.h"
+#include "pagoda/model/step_input.h"
 #include "pagoda/spec/tree_builder.h"
 
 namespace pagoda::engine {
@@ -29,23 +29,24 @@ void head_candidates(const model::EagleHead& head, std::span<const float> logits
   for (size_t i = first; i < out.size(); ++i) out[i].token = head.to_target(out[i].token);
 }
 
-/// Records the head's output row `row` as request r's next-draft state.
-void set_state(Req& r, const model::EagleHead& head, const model::EagleOutput& o, size_t row,
-               size_t logit_row, int32_t topk) {
+/// Records the head's output row `row` as a request row's next-draft state.
+void set_state(SpecWorker::EagleState& state, const model::EagleHead& head,
+               const model::EagleOutput& o, size_t row, size_t logit_row, int32_t topk) {
   const size_t h = static_cast<size_t>(head.config().hidden_size);
   const size_t vd = static_cast<size_t>(head.config().draft_vocab_size);
-  r.eagle_hidden.assign(o.hidden.begin() + static_cast<ptrdiff_t>(row * h),
-                        o.hidden.begin() + static_cast<ptrdiff_t>((row + 1) * h));
+  state.hidden.assign(o.hidden.begin() + static_cast<ptrdiff_t>(row * h),
+                      o.hidden.begin() + static_cast<ptrdiff_t>((row + 1) * h));
   std::vector<spec::Candidate> c;
   head_candidates(head, std::span<const float>(o.logits).subspan(logit_row * vd, vd), topk, c);
-  r.eagle_next.clear();
-  for (const spec::Candidate& x : c) r.eagle_next.emplace_back(x.token, x.logprob);
+  state.next.clear();
+  for (const spec::Candidate& x : c) state.next.emplace_back(x.token, x.logprob);
 }
 
 }  // namespace
 
-void Engine::init_eagle(DType dtype, int32_t num_pages) {
-  const SpecConfig& sc = config_.spec;
+void SpecWorker::init_eagle(const model::WorkerConfig& worker,
+                            const std::function<std::unique_ptr<model::ModelOps>()>& make_ops) {
+  const SpecConfig& sc = config_;
   const model::EagleHead& head = *sc.eagle_head;
   PAGODA_REQUIRE(&head.target() == model_ ||
                      (head.config().hidden_size == model_->config().hidden_size &&
@@ -57,51 +58,57 @@ void Engine::init_eagle(DType dtype, int32_t num_pages) {
                  head.config().draft_vocab_size);
   // Same page size, pages and req→token table as the target: a slot names the same position.
   eagle_ = std::make_unique<model::EagleRunner>(
-      head, make_model_ops(*platform_, dtype),
-      model::EagleRunnerConfig{.page_size = config_.page_size,
-                               .num_pages = num_pages,
-                               .kv_dtype = config_.kv_dtype.value_or(dtype),
-                               .backend = config_.backend,
-                               .mixed_batches = config_.scheduler.mixed_batches},
-      *table_);
+      head, make_ops(),
+      model::EagleRunnerConfig{.page_size = worker.page_size,
+                               .num_pages = worker.num_pages,
+                               .kv_dtype = worker.kv_dtype,
+                               .backend = worker.backend,
+                               .mixed_batches = worker.mixed_batches},
+      *memory_.table);
+  eagle_state_.resize(static_cast<size_t>(memory_.table->max_reqs()) + 1);
 }
 
-std::vector<int32_t> Engine::eagle_feature_layers() const {
-  return eagle_->head().feature_layers();
-}
-
-void Engine::eagle_after_step(const ScheduledStep& s, const model::WorkerOutput& result) {
+void SpecWorker::eagle_after_step(const model::WorkerBatch& batch,
+                                  const model::WorkerOutput& result) {
   const model::EagleHead& head = eagle_->head();
+  const attention::ForwardBatch& f = batch.forward;
+  const auto bs = static_cast<size_t>(f.batch_size);
+  PAGODA_REQUIRE(batch.context.size() == bs, kInvalidArgument,
+                 "an EAGLE step needs every sequence's context ({} of {})", batch.context.size(),
+                 bs);
   model::EagleInput in;
-  in.forward = batch_.forward;
+  in.forward = f;
   in.features = result.hidden;
   in.from_target = true;
-  std::vector<std::pair<Req*, size_t>> sampled;  // (request, query row of its last token)
+  std::vector<std::pair<size_t, size_t>> sampled;  // (request row, query row of its last token)
   size_t row = 0, sample_row = 0;
-  for (const ScheduledSeq& q : s.seqs) {
-    const Req& r = *q.req;
-    const size_t p = static_cast<size_t>(q.prefix_len), n = static_cast<size_t>(q.num_tokens);
+  const bool decode = f.mode == ForwardMode::kDecode;
+  for (size_t b = 0; b < bs; ++b) {
+    const std::span<const int32_t> tokens = batch.context[b];
+    const auto p = static_cast<size_t>(decode ? f.seq_lens[b] - 1 : f.extend_prefix_lens[b]);
+    const auto n = static_cast<size_t>(decode ? 1 : f.extend_seq_lens[b]);
     // Position p + i gets token x_{p+i+1}: the chunk shifted by one, then the sampled token (or,
     // for a non-final chunk, the next prompt token).
-    in.input_ids.insert(in.input_ids.end(), r.cache.tokens.begin() + static_cast<ptrdiff_t>(p + 1),
-                        r.cache.tokens.begin() + static_cast<ptrdiff_t>(p + n));
-    if (q.completes_fill) {
+    in.input_ids.insert(in.input_ids.end(), tokens.begin() + static_cast<ptrdiff_t>(p + 1),
+                        tokens.begin() + static_cast<ptrdiff_t>(p + n));
+    if (batch.logit_rows[b] > 0) {
       in.input_ids.push_back(result.tokens[sample_row++]);
-      sampled.emplace_back(q.req, row + n - 1);
+      sampled.emplace_back(static_cast<size_t>(f.req_pool_indices[b]), row + n - 1);
       in.logit_rows.push_back(static_cast<int32_t>(row + n - 1));
     } else {
-      in.input_ids.push_back(r.cache.tokens[p + n]);
+      in.input_ids.push_back(tokens[p + n]);
     }
     row += n;
   }
   const model::EagleOutput o = eagle_->run(in);
   for (size_t i = 0; i < sampled.size(); ++i)
-    set_state(*sampled[i].first, head, o, sampled[i].second, i, config_.spec.topk);
+    set_state(eagle_state_[sampled[i].first], head, o, sampled[i].second, i, config_.topk);
 }
 
-std::vector<spec::DraftTree> Engine::eagle_trees(const std::vector<Req*>& reqs,
-                                                 std::span<const SlotIndex> slots, int32_t extra) {
-  const SpecConfig& sc = config_.spec;
+std::vector<spec::DraftTree> SpecWorker::eagle_trees(const std::vector<Seq>& reqs,
+                                                     std::span<const SlotIndex> slots,
+                                                     int32_t extra) {
+  const SpecConfig& sc = config_;
   const model::EagleHead& head = eagle_->head();
   const size_t h = static_cast<size_t>(head.config().hidden_size);
   const size_t vd = static_cast<size_t>(head.config().draft_vocab_size);
@@ -112,13 +119,15 @@ std::vector<spec::DraftTree> Engine::eagle_trees(const std::vector<Req*>& reqs,
   std::vector<std::vector<std::vector<float>>> hidden(bs);
   std::vector<spec::Candidate> children;
   for (size_t b = 0; b < bs; ++b) {
-    const Req& r = *reqs[b];
-    PAGODA_REQUIRE(r.eagle_hidden.size() == h && static_cast<int32_t>(r.eagle_next.size()) == sc.topk,
-                   kInternal, "request {} has no EAGLE state (the head missed a step)", r.id);
-    builders.emplace_back(r.cache.tokens.back(), sc.topk, sc.steps);
-    hidden[b].push_back(r.eagle_hidden);
+    const Seq& r = reqs[b];
+    const EagleState& state = eagle_state_[static_cast<size_t>(r.row.value())];
+    PAGODA_REQUIRE(state.hidden.size() == h && static_cast<int32_t>(state.next.size()) == sc.topk,
+                   kInternal, "request row {} has no EAGLE state (the head missed a step)",
+                   r.row.value());
+    builders.emplace_back(r.context.back(), sc.topk, sc.steps);
+    hidden[b].push_back(state.hidden);
     children.clear();
-    for (const auto& [tok, lp] : r.eagle_next) children.push_back(spec::Candidate{tok, lp});
+    for (const auto& [tok, lp] : state.next) children.push_back(spec::Candidate{tok, lp});
     builders[b].expand(children);  // step 0: the state's own candidates, no forward
   }
   while (!builders.front().done()) {
@@ -134,11 +143,11 @@ std::vector<spec::DraftTree> Engine::eagle_trees(const std::vector<Req*>& reqs,
     f.spec.num_steps = sc.steps;
     f.spec.num_draft_tokens = m;
     for (size_t b = 0; b < bs; ++b) {
-      const Req& r = *reqs[b];
+      const Seq& r = reqs[b];
       const spec::DraftTree& t = builders[b].beam_tree();
       PAGODA_CHECK_EQ(t.size(), m + 1);
-      const int32_t len = static_cast<int32_t>(r.kv_len);
-      f.req_pool_indices.push_back(r.cache.req_slot.value());
+      const int32_t len = r.kv_len;
+      f.req_pool_indices.push_back(r.row.value());
       f.seq_lens.push_back(len);
       f.extend_prefix_lens.push_back(len);
       f.extend_seq_lens.push_back(m);
@@ -181,24 +190,24 @@ std::vector<spec::DraftTree> Engine::eagle_trees(const std::vector<Req*>& reqs,
   return trees;
 }
 
-void Engine::eagle_extend(const std::vector<Req*>& reqs, const std::vector<int64_t>& old_len,
-                          const std::vector<std::vector<int32_t>>& kv_nodes,
-                          std::span<const SlotIndex> slots, int32_t extra,
-                          const std::vector<float>& verify_hidden, int32_t tree_size) {
+void SpecWorker::eagle_extend(const std::vector<Seq>& reqs,
+                              const std::vector<std::vector<int32_t>>& kv_nodes,
+                              const std::vector<std::vector<int32_t>>& tails,
+                              std::span<const SlotIndex> slots, int32_t extra,
+                              const std::vector<float>& verify_hidden, int32_t tree_size) {
   const model::EagleHead& head = eagle_->head();
   const size_t fd = static_cast<size_t>(head.feature_dim());
   model::StepInput si{.mode = ForwardMode::kExtend, .seqs = {}, .out_cache_loc = {}};
   model::EagleInput in;
   in.from_target = true;
   for (size_t b = 0; b < reqs.size(); ++b) {
-    const Req& r = *reqs[b];
+    const Seq& r = reqs[b];
     const size_t keep = kv_nodes[b].size();
-    const size_t n = static_cast<size_t>(old_len[b]);
-    // Positions n .. n + keep − 1 get tokens x_{n+1} .. x_{n+keep} and the verify features of
-    // the kept nodes (the root, then the accepted path).
-    const auto tokens = std::span<const int32_t>(r.cache.tokens).subspan(n + 1, keep);
-    si.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
-                                          .prefix_len = static_cast<int32_t>(n),
+    // Positions n .. n + keep − 1 (n = kv_len) get tokens x_{n+1} .. x_{n+keep} (the emitted
+    // tokens) and the verify features of the kept nodes (the root, then the accepted path).
+    const auto tokens = std::span<const int32_t>(tails[b]).subspan(1, keep);
+    si.seqs.push_back(model::StepSequence{.req_slot = r.row.value(),
+                                          .prefix_len = r.kv_len,
                                           .tokens = tokens,
                                           .want_logits = true});
     const auto mine = slots.subspan(b * static_cast<size_t>(extra), keep);
@@ -214,7 +223,8 @@ void Engine::eagle_extend(const std::vector<Req*>& reqs, const std::vector<int64
   in.forward = model::build_forward_batch(si);
   const model::EagleOutput o = eagle_->run(in);
   for (size_t b = 0; b < reqs.size(); ++b)
-    set_state(*reqs[b], head, o, static_cast<size_t>(in.logit_rows[b]), b, config_.spec.topk);
+    set_state(eagle_state_[static_cast<size_t>(reqs[b].row.value())], head, o,
+              static_cast<size_t>(in.logit_rows[b]), b, config_.topk);
 }
 
 }  // namespace pagoda::engine

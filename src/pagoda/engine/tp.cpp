@@ -85,7 +85,6 @@ model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
   }
   model::encode_worker_batch(batch, w);
   for (dist::ByteChannel* c : followers_) c->send(message_);
-  bytes_sent_ += static_cast<int64_t>(message_.size());
   for (const Run& r : runs) table_->mark_clean(ReqSlot(r.row), r.upto);
   return local_->run(batch);
 }
@@ -100,7 +99,6 @@ void TpLeaderWorker::move_kv(std::span<const SlotIndex> src, std::span<const Slo
   w.put_vec(src);
   w.put_vec(dst);
   for (dist::ByteChannel* c : followers_) c->send(message_);
-  bytes_sent_ += static_cast<int64_t>(message_.size());
 }
 
 void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,

@@ -58,15 +58,12 @@ class TpLeaderWorker final : public model::ModelWorker {
   kv::KvPool& kv_pool() override { return local_->kv_pool(); }
   std::string backend_name() const override { return local_->backend_name(); }
   model::WorkerStats stats() const override { return local_->stats(); }
-  /// Bytes sent to each follower so far (batch + table entries).
-  int64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   std::unique_ptr<model::ModelWorker> local_;
   std::vector<dist::ByteChannel*> followers_;
   kv::ReqToTokenTable* table_;  // its dirty ranges are this leader's to clear
   std::vector<std::byte> message_;
-  int64_t bytes_sent_ = 0;
 };
 
 /// A follower rank's loop: receives each step, writes its table entries into `table` (a mirror

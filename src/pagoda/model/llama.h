@@ -2,9 +2,8 @@
 /// LlamaModel: a Llama-family decoder's definition on the host: the validated config, the f32
 /// weights packed for the forward pass (q/k/v and gate/up fused, the q/k/v bias when the family
 /// has one), the per-layer attention parameters and the RoPE table. It computes nothing itself:
-/// the one layer loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h) or, for
-/// tests and tools on the host, by ModelRunner (model_runner.h). Immutable after construction;
-/// safe to share between threads.
+/// the one layer loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h).
+/// Immutable after construction; safe to share between threads.
 
 #include <cstdint>
 #include <span>

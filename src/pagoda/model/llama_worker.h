@@ -80,8 +80,6 @@ class LlamaWorker final : public ModelWorker {
   void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;
   std::string backend_name() const override { return backend_->name(); }
   WorkerStats stats() const override { return stats_; }
-  /// The captured decode buckets, ascending (empty without graphs).
-  const std::vector<int>& graph_batch_sizes() const { return buckets_; }
   /// Captured speculative (kTargetVerify) graphs.
   int num_verify_graphs() const { return static_cast<int>(verify_graphs_.size()); }
   static constexpr int kMaxVerifyGraphs = 48;

@@ -52,6 +52,20 @@ struct WorkerBatch {
   /// computed on the device where the ops can (ModelOps::top_k_logprobs); otherwise the worker
   /// returns the whole rows in `logits` instead and leaves top_ids empty.
   int32_t top_k = 0;
+  /// Several tokens per sequence: whether this step may emit more than one token per logit row
+  /// (a speculative worker, engine/spec_worker.h, then runs a round; every other worker ignores
+  /// this and the three fields below, which tensor parallelism does not send to followers).
+  /// The engine allows it on decode steps when no logits observer is installed and no waiting
+  /// request could be admitted instead.
+  bool allow_multi_token = false;
+  /// [bs] each sequence's whole token history (prompt ++ output so far; its query tokens are
+  /// the last ones). Valid for the run() call only.
+  std::vector<std::span<const int32_t>> context;
+  /// [bs] the most tokens sequence b may receive this step before it finishes (its
+  /// max_new_tokens and context budgets); >= 1.
+  std::vector<int32_t> max_emit;
+  /// [bs] the token that finishes sequence b when emitted (EOS), -1 = none.
+  std::vector<int32_t> stop_token;
 
   int batch_size() const { return forward.batch_size; }
   /// Σ logit_rows.
@@ -70,6 +84,15 @@ struct WorkerOutput {
   /// [Σ logit_rows, top_k] when WorkerBatch::top_k > 0 and the device computed them, else empty.
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
+  /// Several tokens per sequence (WorkerBatch::allow_multi_token): [bs] how many entries of
+  /// `tokens` belong to sequence b (in batch order; >= 1, at most max_emit[b]; only the last
+  /// one may be stop_token[b]). Empty: one token per logit row.
+  std::vector<int32_t> counts;
+  /// The mode the step ran in when the worker chose another than the batch's (kTargetVerify
+  /// for a speculative round) and the query tokens it computed then; kIdle = the batch's mode
+  /// and tokens.
+  attention::ForwardMode mode = attention::ForwardMode::kIdle;
+  int64_t num_tokens = 0;
 };
 
 /// Counters of a worker (cumulative).

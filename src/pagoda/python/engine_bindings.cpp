@@ -137,10 +137,10 @@ class PyEngine {
     return results;
   }
 
-  std::string backend_name() const { return engine_->backend_name(); }
+  std::string backend_name() const { return engine_->worker().backend_name(); }
   std::string model_name() const { return loaded_.config.name; }
   int vocab_size() const { return loaded_.config.vocab_size; }
-  int64_t leaked_pages() const { return engine_->leaked_pages(); }
+  int64_t leaked_pages() const { return engine_->memory().leaked_pages(); }
   std::tuple<int64_t, int64_t, int64_t, int64_t> cache_stats() const {
     const engine::EngineStats s = engine_->stats();
     return {s.cache.queried_tokens, s.cache.matched_tokens, s.generated_tokens, s.steps};

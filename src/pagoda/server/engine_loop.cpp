@@ -249,8 +249,8 @@ void EngineLoop::run() {
     for (auto& q : queries) {
       EngineSnapshot s;
       s.stats = engine_.stats();
-      s.leaked_pages = engine_.leaked_pages();
-      s.leaked_rows = engine_.leaked_rows();
+      s.leaked_pages = engine_.memory().leaked_pages();
+      s.leaked_rows = engine_.memory().leaked_rows();
       s.inflight = inflight();
       q.set_value(std::move(s));
     }

@@ -300,7 +300,7 @@ int run_server(const ServeOptions& o) {
                  "listen() with backlog {} failed", o.listen_backlog);
   std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d, "
               "disaggregation %s)\n",
-              o.host.c_str(), port, state.model_name.c_str(), engine.backend_name().c_str(),
+              o.host.c_str(), port, state.model_name.c_str(), engine.worker().backend_name().c_str(),
               state.max_context_len, o.disaggregation_mode.c_str());
   std::fflush(stdout);
 

@@ -50,8 +50,8 @@ TEST(EngineRetraction, TinyPoolRetractsResumesAndStaysExact) {
         expect_matches_naive(out, naive_greedy(prompts[i], max_new), "req " + std::to_string(i));
       }
       EXPECT_GT(retracted_requests, 0);
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_EQ(engine.leaked_rows(), 0);
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_rows(), 0);
       EXPECT_LE(st.scheduler.peak_used_tokens, 192);
     }
   }
@@ -93,7 +93,7 @@ TEST(EngineErrors, BadInputThrowsAndTheEngineKeepsServing) {
   expect_matches_naive(engine.output(good), naive_greedy(prompts[0], 6), "good");
   expect_matches_naive(engine.output(other), naive_greedy(prompts[1], 6), "other");
   EXPECT_THROW(engine.output(12345), Error);
-  EXPECT_EQ(engine.leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
 }
 
 TEST(EngineErrors, SingleRequestExhaustingKvIsAbortedOthersFinish) {
@@ -113,8 +113,8 @@ TEST(EngineErrors, SingleRequestExhaustingKvIsAbortedOthersFinish) {
     const RequestId after = engine.add_request({.prompt = prompts[1], .max_new_tokens = 4});
     engine.run_until_idle();
     expect_matches_naive(engine.output(after), naive_greedy(prompts[1], 4), "after");
-    EXPECT_EQ(engine.leaked_pages(), 0);
-    EXPECT_EQ(engine.leaked_rows(), 0);
+    EXPECT_EQ(engine.memory().leaked_pages(), 0);
+    EXPECT_EQ(engine.memory().leaked_rows(), 0);
   }
 }
 
@@ -144,7 +144,7 @@ TEST(EngineLimits, EosStopsAndContextCaps) {
   capped.run_until_idle();
   EXPECT_EQ(capped.output(id).finish_reason, FinishReason::kContext);
   EXPECT_EQ(capped.output(id).output_ids.size(), 10u);
-  EXPECT_EQ(capped.leaked_pages(), 0);
+  EXPECT_EQ(capped.memory().leaked_pages(), 0);
 }
 
 TEST(EngineSampling, SeededSamplingIsIndependentOfBatching) {
@@ -209,17 +209,17 @@ TEST(EngineAccounting, DrainedEngineGivesEveryPageBack) {
     for (const auto& p : prompts) engine.add_request({.prompt = p, .max_new_tokens = 5});
     engine.step();
     ASSERT_TRUE(engine.has_work());
-    EXPECT_THROW(engine.drain_prefix_cache(), Error);
+    EXPECT_THROW(engine.memory().drain_prefix_cache(), Error);
     engine.run_until_idle();
-    EXPECT_EQ(engine.leaked_pages(), 0);
-    EXPECT_TRUE(engine.idle_pages_accounted());
+    EXPECT_EQ(engine.memory().leaked_pages(), 0);
+    EXPECT_TRUE(engine.memory().idle_pages_accounted());
     const int64_t cached = engine.stats().pages_cached;
     if (radix) {
       EXPECT_GT(cached, 0);
     }
-    EXPECT_EQ(engine.drain_prefix_cache(), cached * 16);
-    EXPECT_EQ(engine.free_pages(), engine.total_pages());
-    EXPECT_EQ(engine.referenced_pages(), 0);
+    EXPECT_EQ(engine.memory().drain_prefix_cache(), cached * 16);
+    EXPECT_EQ(engine.memory().free_pages(), engine.memory().total_pages());
+    EXPECT_EQ(engine.memory().referenced_pages(), 0);
     EXPECT_EQ(engine.stats().pages_cached, 0);
   }
 }

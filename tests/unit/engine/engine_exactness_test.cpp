@@ -85,8 +85,8 @@ TEST_P(EngineExactness, GreedyMatchesNaiveInBusyBatches) {
     expect_matches_naive(out, naive_greedy(prompt, max_new),
                          case_name(c) + " request " + std::to_string(id));
   }
-  EXPECT_EQ(engine.leaked_pages(), 0);
-  EXPECT_EQ(engine.leaked_rows(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_rows(), 0);
   const EngineStats st = engine.stats();
   EXPECT_EQ(st.scheduler.cached_tokens > 0, c.radix);
   EXPECT_EQ(st.mixed_steps > 0, c.mixed);
@@ -117,7 +117,7 @@ TEST(EngineExactness, AloneEqualsBusyAndLpmPolicy) {
       expect_matches_naive(busy.output(ids[i]), naive_greedy(prompts[i], max_new),
                            "busy " + std::to_string(i));
     }
-    EXPECT_EQ(busy.leaked_pages(), 0);
+    EXPECT_EQ(busy.memory().leaked_pages(), 0);
   }
 }
 

@@ -50,12 +50,12 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
     }
   }
   out.stats = engine.stats();
-  EXPECT_EQ(engine.leaked_pages(), 0);
-  EXPECT_EQ(engine.leaked_host_pages(), 0);
-  engine.drain_prefix_cache();
-  engine.drain_host_cache();
-  EXPECT_EQ(engine.free_pages(), engine.total_pages());
-  EXPECT_EQ(engine.leaked_host_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
+  engine.memory().drain_prefix_cache();
+  engine.memory().drain_host_cache();
+  EXPECT_EQ(engine.memory().free_pages(), engine.memory().total_pages());
+  EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
   return out;
 }
 
@@ -160,7 +160,7 @@ TEST(EngineHiCacheAbort, AbortAfterALoadBackReleasesEverything) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>((i * 37) % 251);
   const RequestId first = engine.add_request({.prompt = a, .max_new_tokens = 4});
   engine.run_until_idle();
-  engine.drain_prefix_cache();  // a's pages now live only in the host tier
+  engine.memory().drain_prefix_cache();  // a's pages now live only in the host tier
   EXPECT_EQ(engine.stats().pages_cached, 0);
   a.push_back(7);
   const RequestId second = engine.add_request({.prompt = a, .max_new_tokens = 4});
@@ -170,8 +170,8 @@ TEST(EngineHiCacheAbort, AbortAfterALoadBackReleasesEverything) {
   engine.run_until_idle();
   EXPECT_EQ(engine.output(first).finish_reason, FinishReason::kLength);
   EXPECT_EQ(engine.output(second).finish_reason, FinishReason::kAbort);
-  EXPECT_EQ(engine.leaked_pages(), 0);
-  EXPECT_EQ(engine.leaked_host_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
 }
 
 }  // namespace

@@ -62,8 +62,8 @@ TEST(EngineAbort, AbortAtEveryStageFreesEverythingOthersUnchanged) {
       EXPECT_FALSE(engine.abort(victim));  // already finished: no effect
       EXPECT_EQ(engine.output(victim).finish_reason, FinishReason::kAbort) << int(before);
       EXPECT_EQ(engine.output(victim).state, RequestState::kFinished);
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_EQ(engine.leaked_rows(), 0);
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_rows(), 0);
       engine.run_until_idle();
       for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] == victim) continue;
@@ -72,11 +72,11 @@ TEST(EngineAbort, AbortAtEveryStageFreesEverythingOthersUnchanged) {
         expect_matches_naive(out, naive_greedy(prompts[i], max_new), "req " + std::to_string(i));
       }
       EXPECT_LE(engine.output(victim).output_ids.size(), static_cast<size_t>(abort_after_steps));
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_EQ(engine.leaked_rows(), 0);
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_rows(), 0);
       EXPECT_EQ(engine.stats().aborted_by_user, 2);
       EXPECT_THROW(engine.abort(12345), Error);
-      engine.check_integrity();
+      engine.memory().check_integrity();
     }
   }
 }
@@ -321,13 +321,13 @@ TEST(EngineTransfer, HeldKvMovedIntoPreallocatedPagesDecodesLikeOneEngine) {
       parked.push_back(decode.add_transfer_request({.prompt = prompts[i % 6], .max_new_tokens = 4}));
       EXPECT_EQ(decode.preallocate(parked.back()), i < 8) << i;
     }
-    EXPECT_TRUE(decode.idle_pages_accounted());
+    EXPECT_TRUE(decode.memory().idle_pages_accounted());
     for (RequestId id : parked) EXPECT_TRUE(decode.abort(id));
     for (Engine* e : {&prefill, &decode}) {
-      EXPECT_EQ(e->leaked_pages(), 0);
-      EXPECT_TRUE(e->idle_pages_accounted());
-      e->drain_prefix_cache();
-      EXPECT_EQ(e->free_pages(), e->total_pages());
+      EXPECT_EQ(e->memory().leaked_pages(), 0);
+      EXPECT_TRUE(e->memory().idle_pages_accounted());
+      e->memory().drain_prefix_cache();
+      EXPECT_EQ(e->memory().free_pages(), e->memory().total_pages());
     }
   }
 }

@@ -147,9 +147,9 @@ std::vector<std::vector<int32_t>> run_batch(Feature f, int page, const SpecConfi
       for (int s = 0; s < 4; ++s) engine.step();
   }
   engine.run_until_idle();
-  EXPECT_EQ(engine.leaked_pages(), 0);
-  EXPECT_EQ(engine.leaked_rows(), 0);
-  EXPECT_TRUE(engine.idle_pages_accounted());
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_rows(), 0);
+  EXPECT_TRUE(engine.memory().idle_pages_accounted());
   if (stats != nullptr) *stats = engine.stats();
   std::vector<std::vector<int32_t>> outs;
   for (RequestId id : ids) outs.push_back(engine.output(id).output_ids);

@@ -71,9 +71,9 @@ TEST_P(SpecMatrix, GreedyIsLosslessInABusyBatch) {
                              case_name(c) + " request " + std::to_string(i));
   const EngineStats st = engine.stats();
   EXPECT_GT(st.spec_steps, 0);
-  EXPECT_EQ(engine.leaked_pages(), 0);
-  EXPECT_EQ(engine.leaked_rows(), 0);
-  EXPECT_TRUE(engine.idle_pages_accounted());
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_rows(), 0);
+  EXPECT_TRUE(engine.memory().idle_pages_accounted());
   testing::report_spec_case(case_name(c), st, c.mode, c.topk);
   if (c.mode == SpecMode::kDraft) {
     EXPECT_GT(st.spec.mean_accept_length(), 1.0);

@@ -11,7 +11,7 @@
 #include "pagoda/model/host_sampling.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/model_ops.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #include "pagoda/spec/draft_tree.h"
 
 namespace pagoda::engine {
@@ -55,8 +55,8 @@ TEST(EngineSpec, ChunkedPrefillRadixAndFollowUpsStayLossless) {
       const EngineStats st = engine.stats();
       EXPECT_GT(st.spec_steps, 0);
       EXPECT_GT(st.scheduler.cached_tokens, 0);
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_TRUE(engine.idle_pages_accounted());
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_TRUE(engine.memory().idle_pages_accounted());
     }
   }
 }
@@ -94,9 +94,9 @@ TEST(EngineSpec, RetractionInTheMiddleOfSpeculation) {
         testing::expect_matches_naive(out, testing::naive_greedy(prompts[i], max_new),
                                       "req " + std::to_string(i));
       }
-      EXPECT_EQ(engine.leaked_pages(), 0);
-      EXPECT_EQ(engine.leaked_rows(), 0);
-      EXPECT_TRUE(engine.idle_pages_accounted());
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_rows(), 0);
+      EXPECT_TRUE(engine.memory().idle_pages_accounted());
     }
   }
 }
@@ -118,8 +118,8 @@ TEST(EngineSpec, AbortBetweenSpeculativeRounds) {
   for (size_t i : {0u, 2u, 3u})
     testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 16),
                                   "req " + std::to_string(i));
-  EXPECT_EQ(engine.leaked_pages(), 0);
-  EXPECT_TRUE(engine.idle_pages_accounted());
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
+  EXPECT_TRUE(engine.memory().idle_pages_accounted());
 }
 
 TEST(EngineSpec, EagleEchoHeadAcceptsExactlyTheTargetsRepeats) {
@@ -165,7 +165,7 @@ TEST(EngineSpec, EagleEchoHeadAcceptsExactlyTheTargetsRepeats) {
                 static_cast<long long>(engine.stats().spec.accepted), static_cast<long long>(expected));
     EXPECT_GT(expected, 0);
     EXPECT_EQ(engine.stats().spec.accepted, expected);
-    EXPECT_EQ(engine.leaked_pages(), 0);
+    EXPECT_EQ(engine.memory().leaked_pages(), 0);
   }
 }
 
@@ -191,7 +191,7 @@ TEST(EngineSpec, DifferentDraftModelAndEosStayLossless) {
     expect_lossless(engine.output(ids[i]).output_ids, plain[i], prompts[i], 12,
                     "req " + std::to_string(i));
   EXPECT_GT(engine.stats().spec_steps, 0);
-  EXPECT_EQ(engine.leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
 }
 
 TEST(EngineSpec, SamplingFollowsTheTargetDistribution) {
@@ -258,7 +258,7 @@ TEST(EngineSpec, SamplingFollowsTheTargetDistribution) {
   for (int64_t b : bins) chi2 += (b - n / 10.0) * (b - n / 10.0) / (n / 10.0);
   std::printf("[stat] spec sampling PIT chi-square %.2f (9 dof, limit 27.9)\n", chi2);
   EXPECT_LT(chi2, 27.9);
-  EXPECT_EQ(engine.leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
 }
 
 TEST(EngineSpec, SpeculatesWhileRequestsWaitForARunningSlot) {
@@ -281,7 +281,7 @@ TEST(EngineSpec, SpeculatesWhileRequestsWaitForARunningSlot) {
   for (size_t i = 0; i < ids.size(); ++i)
     testing::expect_matches_naive(engine.output(ids[i]), testing::naive_greedy(prompts[i], 12),
                                   "req " + std::to_string(i));
-  EXPECT_EQ(engine.leaked_pages(), 0);
+  EXPECT_EQ(engine.memory().leaked_pages(), 0);
 }
 
 TEST(EngineSpec, SwitchesItselfOffWhenNothingPays) {

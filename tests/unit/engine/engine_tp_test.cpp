@@ -74,7 +74,7 @@ RunResult run(int tp, int page_size, const std::string& backend,
       EXPECT_EQ(out.finish_reason, FinishReason::kLength) << out.error;
       res.tokens.push_back(out.output_ids);
     }
-    EXPECT_EQ(engine.leaked_pages(), 0);
+    EXPECT_EQ(engine.memory().leaked_pages(), 0);
   }
   EXPECT_EQ(group.follower_error(), "");
   return res;
@@ -174,7 +174,7 @@ TEST(EngineTp, SpeculationOnAShardedTargetStaysLossless) {
       if (mode == SpecMode::kDraft && topk == 1) {  // a chain accepts all of itself
         EXPECT_EQ(st.spec.accepted, st.spec.draft_tokens);
       }
-      EXPECT_EQ(engine.leaked_pages(), 0);
+      EXPECT_EQ(engine.memory().leaked_pages(), 0);
     }
     EXPECT_EQ(group.follower_error(), "");
   }

@@ -19,7 +19,7 @@
 #include "pagoda/platform/platform.h"
 #include "naive_llama.h"
 #include "pagoda/model/llama_worker.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #include "test_model.h"
 
 namespace pagoda::model {

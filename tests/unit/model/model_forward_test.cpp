@@ -1,5 +1,6 @@
-// LlamaModel + ModelRunner over a real paged KV pool and a registered backend, against the naive
-// double-precision model: logits of a two-chunk prefill and of several decode steps.
+// LlamaModel through the serving path (LlamaWorker: its paged KV pool, a registered backend, the
+// CPU ops) against the naive double-precision model: logits of a two-chunk prefill and of several
+// decode steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +16,7 @@
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/llama_worker.h"
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 #include "pagoda/model/sampler.h"
 #include "pagoda/platform/platform.h"
 #include "test_model.h"
@@ -83,15 +84,27 @@ TEST_P(ModelForward, MatchesNaiveLogits) {
     const int32_t num_pages = 64;
     kv::PageAllocator alloc(num_pages, page_size);
     kv::ReqToTokenTable table(2, 256);
-    kv::KvPool pool(model.kv_pool_config(num_pages, page_size), platform->allocator());
-    attention::BackendRegistry registry;
-    backends::register_builtin_backends(registry);
-    auto req = model.backend_requirements(page_size);
-    req.mixed_batches = true;
-    auto backend = registry.create(backend_name, req,
-                                   {.platform = platform.get(), .kv_pool = &pool,
-                                    .req_to_token = &table});
-    ModelRunner runner(model, *backend);
+    LlamaWorker worker(model, make_cpu_ops(*platform, DType::kF32),
+                       WorkerConfig{.page_size = page_size,
+                                    .num_pages = num_pages,
+                                    .backend = {.attention = backend_name},
+                                    .cuda_graph = false,
+                                    .max_batch_size = 2},
+                       table);
+    // One step: the logits of the sequence's last token (none for a non-final chunk).
+    std::vector<float> logits_out;
+    auto run = [&](const StepInput& in) -> std::span<const float> {
+      WorkerBatch b{.forward = build_forward_batch(in)};
+      for (const StepSequence& q : in.seqs) {
+        b.input_ids.insert(b.input_ids.end(), q.tokens.begin(), q.tokens.end());
+        b.logit_rows.push_back(q.want_logits ? 1 : 0);
+        b.sampling.push_back(SamplingParams{});
+        b.sample_step.push_back(0);
+      }
+      b.return_logits = true;
+      logits_out = worker.run(b).logits;
+      return logits_out;
+    };
 
     std::mt19937 rng(seed);
     std::vector<int32_t> tokens(23);
@@ -110,7 +123,7 @@ TEST_P(ModelForward, MatchesNaiveLogits) {
                 .seqs = {{.req_slot = row.value(), .prefix_len = 0,
                           .tokens = std::span(tokens).first(cut), .want_logits = false}},
                 .out_cache_loc = s1};
-    EXPECT_TRUE(runner.run(a).empty());
+    EXPECT_TRUE(run(a).empty());
     const SlotIndex last = s1.back();
     auto s2 = *alloc.alloc_extend(std::span(&cut, 1), std::span(&n, 1), std::span(&last, 1));
     table.write(row, cut, s2);
@@ -118,7 +131,7 @@ TEST_P(ModelForward, MatchesNaiveLogits) {
                 .seqs = {{.req_slot = row.value(), .prefix_len = cut,
                           .tokens = std::span(tokens).subspan(cut)}},
                 .out_cache_loc = s2};
-    auto logits = runner.run(b);
+    auto logits = run(b);
     EXPECT_LT(max_abs_diff(logits, ref), 2e-3);
 
     for (int step = 0; step < 6; ++step) {
@@ -133,7 +146,7 @@ TEST_P(ModelForward, MatchesNaiveLogits) {
                   .seqs = {{.req_slot = row.value(), .prefix_len = len - 1,
                             .tokens = std::span(tokens).subspan(len - 1, 1)}},
                   .out_cache_loc = s};
-      logits = runner.run(d);
+      logits = run(d);
       ASSERT_LT(max_abs_diff(logits, ref), 2e-3) << "decode step " << step;
     }
   }
@@ -166,7 +179,7 @@ TEST(ModelForwardBias, BiasesMatter) {
   EXPECT_THROW(LlamaModel(c0, w), Error);
 }
 
-TEST(ModelRunner, BuildsBatchesPerMode) {
+TEST(StepInput, BuildsBatchesPerMode) {
   const std::vector<int32_t> t = {5, 6, 7, 8};
   StepInput in{.mode = ForwardMode::kMixed,
                .seqs = {{.req_slot = 1, .prefix_len = 10, .tokens = std::span(t).first(3)},
@@ -184,7 +197,7 @@ TEST(ModelRunner, BuildsBatchesPerMode) {
   EXPECT_THROW(build_forward_batch(in), Error);
 }
 
-TEST(ModelRunner, CudaGraphBucketsAndPadding) {
+TEST(LlamaWorker, CudaGraphBucketsAndPadding) {
   const auto b = cuda_graph_batch_sizes(40);
   EXPECT_EQ(b, (std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40}));
   EXPECT_EQ(cuda_graph_batch_sizes(3), (std::vector<int>{1, 2, 3}));
@@ -206,7 +219,7 @@ TEST(ModelRunner, CudaGraphBucketsAndPadding) {
 // write slot 0, so the padded batch plans at page size 16 (row 0 would not be page-contiguous)
 // and every padded request sees exactly request 0's pages. Checked against the plan of request 0
 // alone (build_paged_plan), on random lengths.
-TEST(ModelRunner, VerifyGraphPadding) {
+TEST(LlamaWorker, VerifyGraphPadding) {
   const uint64_t seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);

@@ -358,36 +358,6 @@ HWY_INLINE bool SoftmaxBlock(float* HWY_RESTRICT s, int n, int npad, int t0, con
   return true;
 }
 
-/// acc[0, dpad) += Σ_j p[j] * vf[j, 0:dpad) for j in [0, n).
-HWY_INLINE void AccumulatePV(const float* HWY_RESTRICT p, int n, const float* HWY_RESTRICT vf,
-                             int ld, int dpad, float* HWY_RESTRICT acc) {
-  const DF d;
-  const int N = static_cast<int>(hn::Lanes(d));
-  int x = 0;
-  for (; x + 4 * N <= dpad; x += 4 * N) {
-    VF a0 = hn::LoadU(d, acc + x), a1 = hn::LoadU(d, acc + x + N);
-    VF a2 = hn::LoadU(d, acc + x + 2 * N), a3 = hn::LoadU(d, acc + x + 3 * N);
-    const float* v = vf + x;
-    for (int j = 0; j < n; ++j, v += ld) {
-      const VF pj = hn::Set(d, p[j]);
-      a0 = hn::MulAdd(pj, hn::LoadU(d, v), a0);
-      a1 = hn::MulAdd(pj, hn::LoadU(d, v + N), a1);
-      a2 = hn::MulAdd(pj, hn::LoadU(d, v + 2 * N), a2);
-      a3 = hn::MulAdd(pj, hn::LoadU(d, v + 3 * N), a3);
-    }
-    hn::StoreU(a0, d, acc + x);
-    hn::StoreU(a1, d, acc + x + N);
-    hn::StoreU(a2, d, acc + x + 2 * N);
-    hn::StoreU(a3, d, acc + x + 3 * N);
-  }
-  for (; x < dpad; x += N) {
-    VF a0 = hn::LoadU(d, acc + x);
-    const float* v = vf + x;
-    for (int j = 0; j < n; ++j, v += ld) a0 = hn::MulAdd(hn::Set(d, p[j]), hn::LoadU(d, v), a0);
-    hn::StoreU(a0, d, acc + x);
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Direct bf16 kernels (no f32 scratch copy of K/V). A u32 load of 2N bf16 values splits into two
 // f32 vectors with one shift (even elements) and one AND (odd elements). Dot products do not care

@@ -1,4 +1,4 @@
-#include "pagoda/model/model_runner.h"
+#include "pagoda/model/step_input.h"
 
 #include <algorithm>
 
@@ -44,41 +44,6 @@ ForwardBatch build_forward_batch(const StepInput& in) {
   }
   b.out_cache_loc = in.out_cache_loc;
   return b;
-}
-
-ModelRunner::ModelRunner(LlamaModel& model, attention::AttentionBackend& backend)
-    : model_(&model),
-      backend_(&backend),
-      platform_(platform::make_cpu_platform()),
-      ops_(make_cpu_ops(*platform_, DType::kF32)),
-      decoder_(std::make_unique<Decoder>(model, *ops_)) {}
-
-ModelRunner::~ModelRunner() = default;
-
-std::span<const float> ModelRunner::run(const StepInput& in) {
-  batch_ = build_forward_batch(in);
-  input_ids_.clear();
-  logit_rows_.clear();
-  int32_t row = 0;
-  for (const StepSequence& s : in.seqs) {
-    input_ids_.insert(input_ids_.end(), s.tokens.begin(), s.tokens.end());
-    row += static_cast<int32_t>(s.tokens.size());
-    if (s.want_logits) logit_rows_.push_back(row - 1);
-  }
-  const int64_t vocab = model_->config().vocab_size;
-  for (int32_t id : input_ids_)
-    PAGODA_REQUIRE(id >= 0 && id < vocab, kOutOfRange, "token id {} outside [0, {})", id, vocab);
-  const int64_t t = batch_.num_tokens();
-  const int64_t rows = static_cast<int64_t>(logit_rows_.size());
-  // CPU ops: the activations are host memory, staged directly.
-  decoder_->reserve(acts_, t, std::max<int64_t>(rows, 1));
-  std::copy(input_ids_.begin(), input_ids_.end(), acts_.ids());
-  std::copy(batch_.positions.begin(), batch_.positions.end(), acts_.positions());
-  std::copy(logit_rows_.begin(), logit_rows_.end(), acts_.logit_rows());
-  backend_->init_forward_metadata(batch_);
-  decoder_->forward(acts_, batch_, *backend_, t, rows);
-  logits_.assign(acts_.logits_f32(), acts_.logits_f32() + rows * vocab);
-  return logits_;
 }
 
 }  // namespace pagoda::model
