@@ -20,8 +20,9 @@
 /// pages of a request can be released, and a running request holds at most
 /// swa_live_pages_bound() SWA pages.
 ///
-/// Pages are named by id (1..num_pages, as in PageRun). Errors: bad input throws pagoda::Error before anything changes (as PageAllocator). Thread
-/// rules: not thread-safe; one scheduler thread owns it with the two allocators.
+/// Pages are named by id (1..num_pages, as in PageRun). Errors: bad input throws pagoda::Error
+/// before anything changes (as PageAllocator). Thread rules: not thread-safe; one scheduler
+/// thread owns it with the two allocators.
 
 #include <cstdint>
 #include <optional>

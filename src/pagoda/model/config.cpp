@@ -327,7 +327,9 @@ std::string_view hf_model_type(ModelFamily f) {
   return "?";
 }
 
-bool is_gemma_family(ModelFamily f) { return f == ModelFamily::kGemma2 || f == ModelFamily::kGemma3; }
+bool is_gemma_family(ModelFamily f) {
+  return f == ModelFamily::kGemma2 || f == ModelFamily::kGemma3;
+}
 
 namespace {
 
@@ -367,13 +369,12 @@ void check_model_type(const Reader& r, ModelFamily f) {
 /// Keys only the Gemma families have, and keys transformers' Gemma never reads: either on the
 /// other side is an error naming it (it would be silently ignored otherwise).
 void check_family_keys(const Reader& r, ModelFamily f) {
-  static constexpr const char* kGemmaOnly[] = {"hidden_activation", "query_pre_attn_scalar",
-                                               "rope_local_base_freq", "sliding_window_pattern",
-                                               "_sliding_window_pattern",
-                                               "use_bidirectional_attention"};
-  static constexpr const char* kNotGemma[] = {"use_sliding_window", "max_window_layers", "mlp_bias",
-                                              "pretraining_tp",     "use_mrope",
-                                              "partial_rotary_factor"};
+  static constexpr const char* kGemmaOnly[] = {
+      "hidden_activation",      "query_pre_attn_scalar",   "rope_local_base_freq",
+      "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention"};
+  static constexpr const char* kNotGemma[] = {"use_sliding_window", "max_window_layers",
+                                              "mlp_bias",           "pretraining_tp",
+                                              "use_mrope",          "partial_rotary_factor"};
   const bool gemma = is_gemma_family(f);
   const std::span<const char* const> refused =
       gemma ? std::span<const char* const>(kNotGemma) : std::span<const char* const>(kGemmaOnly);
@@ -381,9 +382,9 @@ void check_family_keys(const Reader& r, ModelFamily f) {
     PAGODA_REQUIRE(!r.has(k), kUnsupported, "config.json: {} is not a {} key (not supported)", k,
                    hf_architecture_name(f));
   PAGODA_REQUIRE(
-      f == ModelFamily::kGemma3 || (!r.has("sliding_window_pattern") &&
-                                    !r.has("_sliding_window_pattern") &&
-                                    !r.has("rope_local_base_freq")),
+      f == ModelFamily::kGemma3 ||
+          (!r.has("sliding_window_pattern") && !r.has("_sliding_window_pattern") &&
+           !r.has("rope_local_base_freq")),
       kUnsupported,
       "config.json: sliding_window_pattern / rope_local_base_freq are Gemma3ForCausalLM keys, "
       "not {} ones",
@@ -445,8 +446,7 @@ RopeConfig parse_rope_object(const json& s, const std::string& key, RopeConfig r
 /// 10000; transformers 5 writes rope_parameters {full_attention: {...}, sliding_attention: {...}}).
 RopeConfig parse_rope(const Reader& top, ModelFamily f, RopeConfig* local) {
   RopeConfig r;
-  r.theta = top.number_or("rope_theta",
-                          f == ModelFamily::kGemma3 ? 1e6 : 10000.0, 1e-9, 1e15);
+  r.theta = top.number_or("rope_theta", f == ModelFamily::kGemma3 ? 1e6 : 10000.0, 1e-9, 1e15);
   const double partial = top.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
   PAGODA_REQUIRE(partial == 1.0, kUnsupported,
                  "config.json: partial_rotary_factor {} is not supported (only 1.0)", partial);
@@ -464,8 +464,8 @@ RopeConfig parse_rope(const Reader& top, ModelFamily f, RopeConfig* local) {
                        "sliding_attention)",
                        k);
       if (p.contains("sliding_attention")) {
-        *local = parse_rope_object(p.at("sliding_attention"),
-                                   "rope_parameters.sliding_attention", *local);
+        *local = parse_rope_object(p.at("sliding_attention"), "rope_parameters.sliding_attention",
+                                   *local);
         PAGODA_REQUIRE(local->scaling == RopeScalingKind::kNone, kUnsupported,
                        "config.json: rope_parameters.sliding_attention: only the default rope "
                        "is supported on Gemma 3's local layers");
@@ -688,14 +688,14 @@ ModelConfig parse_config(const json& j) {
   c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", gemma);
   // Gemma 2's defaults are 50 / 30 (null: none); other families default to none.
   const bool g2 = c.family == ModelFamily::kGemma2;
-  c.attn_logit_softcap = static_cast<float>(
-      r.explicitly_null("attn_logit_softcapping")
-          ? 0.0
-          : r.number_or("attn_logit_softcapping", g2 ? 50.0 : 0.0, 0.0, 1e6));
-  c.final_logit_softcap = static_cast<float>(
-      r.explicitly_null("final_logit_softcapping")
-          ? 0.0
-          : r.number_or("final_logit_softcapping", g2 ? 30.0 : 0.0, 0.0, 1e6));
+  c.attn_logit_softcap =
+      static_cast<float>(r.explicitly_null("attn_logit_softcapping")
+                             ? 0.0
+                             : r.number_or("attn_logit_softcapping", g2 ? 50.0 : 0.0, 0.0, 1e6));
+  c.final_logit_softcap =
+      static_cast<float>(r.explicitly_null("final_logit_softcapping")
+                             ? 0.0
+                             : r.number_or("final_logit_softcapping", g2 ? 30.0 : 0.0, 0.0, 1e6));
   c.bos_token_id = parse_token_id(r, "bos_token_id", c.vocab_size);
   c.eos_token_id = parse_token_id(r, "eos_token_id", c.vocab_size);
   c.weights_dtype = parse_weights_dtype(r);

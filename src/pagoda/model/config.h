@@ -143,14 +143,15 @@ ModelConfig builtin_tiny_config();
 /// sliding_window_pattern, use_bidirectional_attention, soft caps) are read for those families
 /// and refused on the others; keys transformers' Gemma ignores (use_sliding_window, mlp_bias,
 /// ...) are refused on Gemma. Gemma 2 slides the even layers, Gemma 3 all but every
-/// sliding_window_pattern-th (default 6), unless layer_types says otherwise. Strict: every key must be one it implements (sizes, rope, windows,
-/// biases, token ids, soft caps) or known harmless metadata (transformers_version, use_cache,
-/// initializer_range, dropout rates, pad_token_id, ...); anything else that could change the
-/// computation is Error(kUnsupported) naming the key (e.g. mlp_bias: true, hidden_act other than
-/// silu, rope_scaling "dynamic"/"yarn", pretraining_tp != 1, quantization_config). Numbers are
-/// type- and range-checked before use: a string, a float where an integer belongs, a negative
-/// or absurd size is Error(kInvalidArgument) naming the key. Missing optional keys take the
-/// family's HF defaults (Mistral sliding_window 4096, Qwen2 use_sliding_window false).
+/// sliding_window_pattern-th (default 6), unless layer_types says otherwise. Strict: every key must
+/// be one it implements (sizes, rope, windows, biases, token ids, soft caps) or known harmless
+/// metadata (transformers_version, use_cache, initializer_range, dropout rates, pad_token_id, ...);
+/// anything else that could change the computation is Error(kUnsupported) naming the key (e.g.
+/// mlp_bias: true, hidden_act other than silu, rope_scaling "dynamic"/"yarn", pretraining_tp != 1,
+/// quantization_config). Numbers are type- and range-checked before use: a string, a float where an
+/// integer belongs, a negative or absurd size is Error(kInvalidArgument) naming the key. Missing
+/// optional keys take the family's HF defaults (Mistral sliding_window 4096, Qwen2
+/// use_sliding_window false).
 ModelConfig config_from_hf_json(const nlohmann::json& j);
 
 }  // namespace pagoda::model

@@ -157,8 +157,7 @@ class CpuOps final : public ModelOps {
     }
   }
   void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
-    model::gelu_tanh_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows,
-                         inter);
+    model::gelu_tanh_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inter);
   }
 
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {

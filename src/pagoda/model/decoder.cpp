@@ -92,8 +92,8 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
                                 .out_cache_loc = nullptr,
                                 .num_slots = kv_pool->num_slots()});
   }
-  const bool gemma_ops = c.sandwich_norms || c.qk_norm || c.embed_scale != 1.f ||
-                         c.activation != Activation::kSilu;
+  const bool gemma_ops =
+      c.sandwich_norms || c.qk_norm || c.embed_scale != 1.f || c.activation != Activation::kSilu;
   PAGODA_REQUIRE(!gemma_ops || ops.supports_gemma_ops(), kUnsupported,
                  "{} needs Gemma's dense ops (GeGLU, sandwich / q-k norms, embedding scale), "
                  "which the model ops on {} do not implement; run it on the CPU",
@@ -105,7 +105,8 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
     return ops.upload_f32(inv_f32);
   };
   const float* global_freq = upload_rope(model.rope());
-  const float* local_freq = c.local_rope.theta > 0.0 ? upload_rope(model.local_rope()) : global_freq;
+  const float* local_freq =
+      c.local_rope.theta > 0.0 ? upload_rope(model.local_rope()) : global_freq;
   layers_.reserve(model.packed_layers().size());
   // The weights of one layer every rank holds whole (norms; q/k norms are per head).
   auto gemma_ptrs = [&](LayerPtrs p, const LlamaModel::PackedLayer& w, int l) {
@@ -268,8 +269,8 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
         kv_pool_->v_scale(LayerId{l}) == 1.f) {
       KvStore st = stores_[static_cast<size_t>(l)];
       st.out_cache_loc = a.cache_loc();
-      stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(),
-                                  st, t, hq, hkv, d);
+      stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), st,
+                                  t, hq, hkv, d);
     }
     if (!stored)
       ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), a.k.get(),

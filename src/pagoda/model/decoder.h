@@ -6,7 +6,8 @@
 ///   per layer: qkv = h·Wqkvᵀ (+ bias); [q, k = rms_norm per head·w_q / w_k]; q, k = rope(q, k,
 ///              positions) with the layer's RoPE table;
 ///              o = backend.forward(q, k, v, layer, batch)   (writes K/V at out_cache_loc);
-///              x = o·Woᵀ; [x = rms_norm(x)·w_attn_out]; residual += x; h = rms_norm(residual)·w_post;
+///              x = o·Woᵀ; [x = rms_norm(x)·w_attn_out]; residual += x;
+///              h = rms_norm(residual)·w_post;
 ///              x = (act(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ; [x = rms_norm(x)·w_mlp_out]; residual += x;
 ///              h = rms_norm(residual)·w_in(next)
 ///   logits[r] = soft_cap(rms_norm(residual[rows[r]])·W_lmᵀ)    (f32)

@@ -552,10 +552,9 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
                    "Qwen2 configs need head_dim * heads == hidden_size");
   }
   if (c.family == ModelFamily::kLlama) j["attention_bias"] = c.qkv_bias;
-  PAGODA_REQUIRE(
-      c.qkv_bias == (c.family == ModelFamily::kQwen2) || c.family == ModelFamily::kLlama,
-      kUnsupported, "{} {} q/k/v biases", hf_architecture_name(c.family),
-      c.family == ModelFamily::kQwen2 ? "always has" : "never has");
+  PAGODA_REQUIRE(c.qkv_bias == (c.family == ModelFamily::kQwen2) || c.family == ModelFamily::kLlama,
+                 kUnsupported, "{} {} q/k/v biases", hf_architecture_name(c.family),
+                 c.family == ModelFamily::kQwen2 ? "always has" : "never has");
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   if (c.rope.scaling == RopeScalingKind::kLinear) {

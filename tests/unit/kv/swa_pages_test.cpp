@@ -228,11 +228,11 @@ TEST(SwaPages, BadInputIsRefusedUnchanged) {
   EXPECT_THROW(p.release_swa(twice), Error);
   EXPECT_TRUE(p.has_swa((*pages)[1]));
   // A second holder of the window side cannot outlive the full side.
-  p.retain({&twice[0], 1}, true);                      // full 2, SWA 2
-  p.free({&twice[0], 1}, false);                       // a holder keeps a stray SWA reference
-  EXPECT_THROW(p.free({&twice[0], 1}, true), Error);   // the last full holder cannot leave it
+  p.retain({&twice[0], 1}, true);                     // full 2, SWA 2
+  p.free({&twice[0], 1}, false);                      // a holder keeps a stray SWA reference
+  EXPECT_THROW(p.free({&twice[0], 1}, true), Error);  // the last full holder cannot leave it
   EXPECT_TRUE(p.has_swa(twice[0]));
-  p.release_swa({&twice[0], 1});                       // the stray reference goes
+  p.release_swa({&twice[0], 1});  // the stray reference goes
   p.free({&twice[0], 1}, true);
   p.free({&a, 1}, false);
   p.check_integrity();
@@ -281,12 +281,13 @@ TEST(SwaPages, Gemma3LayoutHoldsAQuarterOfTheFullPoolBytes) {
   const int64_t hybrid = full.num_referenced_pages() * page_bytes * kGlobal +
                          swa.num_referenced_pages() * page_bytes * kLocal;
   const int64_t dense = full.num_referenced_pages() * page_bytes * (kGlobal + kLocal);
-  std::printf("gemma3-1b layout, %lld tokens: full pool %d pages, SWA pool %d pages (peak %d, "
-              "during a %lld-token chunk); KV %.1f MiB with the SWA pool vs %.1f MiB in one full "
-              "pool (%.3fx)\n",
-              static_cast<long long>(len), full.num_referenced_pages(), swa.num_referenced_pages(),
-              swa_peak, static_cast<long long>(kChunk), hybrid / 1048576.0, dense / 1048576.0,
-              static_cast<double>(hybrid) / static_cast<double>(dense));
+  std::printf(
+      "gemma3-1b layout, %lld tokens: full pool %d pages, SWA pool %d pages (peak %d, "
+      "during a %lld-token chunk); KV %.1f MiB with the SWA pool vs %.1f MiB in one full "
+      "pool (%.3fx)\n",
+      static_cast<long long>(len), full.num_referenced_pages(), swa.num_referenced_pages(),
+      swa_peak, static_cast<long long>(kChunk), hybrid / 1048576.0, dense / 1048576.0,
+      static_cast<double>(hybrid) / static_cast<double>(dense));
   EXPECT_LE(swa.num_referenced_pages(), SwaPages::swa_live_pages_bound(kWindowLeft, kPage));
   EXPECT_LE(hybrid * 4, dense);
   p.free(std::span(pages).first(static_cast<size_t>(swa_from)), false);

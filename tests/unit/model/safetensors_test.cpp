@@ -49,11 +49,11 @@ TEST(Safetensors, F32CheckpointRoundTripsExactly) {
 TEST(Safetensors, GemmaCheckpointsRoundTrip) {
   for (const char* type : {"gemma2", "gemma3_text"}) {
     SCOPED_TRACE(type);
-    nlohmann::json j = {{"model_type", type},      {"vocab_size", 64},
-                        {"hidden_size", 32},       {"intermediate_size", 48},
-                        {"num_hidden_layers", 3},  {"num_attention_heads", 2},
+    nlohmann::json j = {{"model_type", type},       {"vocab_size", 64},
+                        {"hidden_size", 32},        {"intermediate_size", 48},
+                        {"num_hidden_layers", 3},   {"num_attention_heads", 2},
                         {"num_key_value_heads", 1}, {"head_dim", 16},
-                        {"sliding_window", 5},     {"query_pre_attn_scalar", 12}};
+                        {"sliding_window", 5},      {"query_pre_attn_scalar", 12}};
     if (std::string(type) == "gemma3_text") j["sliding_window_pattern"] = 3;
     const ModelConfig c = config_from_hf_json(j);
     const ModelWeights w = make_random_weights(c, 5);
