@@ -8,8 +8,8 @@ local RoPE base and linear RoPE scaling on the global layers only, query/key RMS
 the attention scores and the final logits (Gemma 2), GeGLU, the sandwich norms, (1 + w) norms,
 sqrt(hidden)-scaled embeddings, a tied (Gemma 3) and an untied (Gemma 2) head and
 query_pre_attn_scalar != head_dim. It runs
-`pagoda generate --dump-logits` (reference backend page 1, cpu backend page 16; one request and
-a batch of three of different lengths) and checks, teacher-forced on pagoda's own tokens:
+`pagoda generate --dump-logits` (reference backend page 1, cpu backend page 16, and cpu page 4
+with two tensor-parallel ranks; one request and a batch of three of different lengths) and checks, teacher-forced on pagoda's own tokens:
   * every generated step's logits equal the NumPy forward's within 1e-5 x max(1, max |logit|);
   * every greedy token is the NumPy argmax (where the top two are further apart than that);
   * the comparison sees each feature: the NumPy forward with one feature switched off differs
@@ -241,11 +241,11 @@ def main():
             batch = os.path.join(out, "batch.txt")
             with open(batch, "w") as f:
                 f.write("\n".join(",".join(map(str, p)) for p in prompts) + "\n")
-            for backend, page in (("reference", 1), ("cpu", 16)):
+            for backend, page, tp in (("reference", 1, 1), ("cpu", 16, 1), ("cpu", 4, 2)):
                 base = [a.pagoda, "generate", "--model", out, "--backend", backend,
-                        "--page-size", str(page), "--max-new-tokens", str(new_tokens),
-                        "--ignore-eos", "--json", "--dump-logits"]
-                label = f"{family} {backend} page {page}"
+                        "--page-size", str(page), "--tp", str(tp), "--max-new-tokens",
+                        str(new_tokens), "--ignore-eos", "--json", "--dump-logits"]
+                label = f"{family} {backend} page {page} tp {tp}"
                 single = run(base + ["--token-ids", ",".join(map(str, prompts[0]))])[0]
                 # The feature sweep once per family (it is the same reference each time).
                 feats = FEATURES[family] if backend == "reference" else []
