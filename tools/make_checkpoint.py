@@ -7,6 +7,12 @@ Layouts (the shapes of real models, random weights):
   tiny          LlamaForCausalLM, hidden 256, 4 layers, 4 q / 2 kv heads of 64, vocab 4096
   qwen2-tiny    Qwen2ForCausalLM (q/k/v biases), tied embeddings, theta 1e6, same small shapes
   mistral-tiny  MistralForCausalLM with a 32-token sliding window, same small shapes
+  gemma2-tiny   Gemma2ForCausalLM: alternating 32-token sliding / global layers, attention and
+                final soft caps, GeGLU, sandwich norms, tied; hidden 256, 4 layers
+  gemma3-tiny   Gemma3ForCausalLM (gemma3_text): 2 sliding (32 tokens, local RoPE base 10000) :
+                1 global layer (theta 1e6, linear scaling x8), q/k norms; hidden 256, 6 layers
+  gemma3-1b     the Gemma-3-1B text layout (26 layers, 5 local : 1 global, window 512, 1 KV
+                head of 256, vocab 262144)
   1b            the Llama-3.2-1B layout (1.24 B parameters, tied, llama3 rope scaling x32)
   8b            the Llama-3.1-8B layout (8.0 B parameters, untied, llama3 rope scaling x8)
   qwen2-0.5b    the Qwen2.5-0.5B layout (q/k/v biases, tied, vocab 151936)
@@ -68,6 +74,25 @@ LAYOUTS = {
                rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                  high_freq_factor=4.0, original_max_position_embeddings=8192),
                bos=128000, eos=128001),
+    "gemma2-tiny": dict(arch="gemma2", vocab_size=4096, hidden_size=256, intermediate_size=768,
+                        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=64, max_position_embeddings=4096, rope_theta=10000.0,
+                        rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=32,
+                        query_pre_attn_scalar=64, attn_logit_softcapping=50.0,
+                        final_logit_softcapping=30.0, bos=4000, eos=4001),
+    "gemma3-tiny": dict(arch="gemma3", vocab_size=4096, hidden_size=256, intermediate_size=768,
+                        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=64, max_position_embeddings=4096, rope_theta=1e6,
+                        rope_local_base_freq=10000.0, sliding_window_pattern=3,
+                        rope_scaling=dict(rope_type="linear", factor=8.0),
+                        rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=32,
+                        query_pre_attn_scalar=64, bos=4000, eos=4001),
+    "gemma3-1b": dict(arch="gemma3", vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                      num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                      head_dim=256, max_position_embeddings=32768, rope_theta=1e6,
+                      rope_local_base_freq=10000.0, sliding_window_pattern=6,
+                      rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=512,
+                      query_pre_attn_scalar=256, bos=262000, eos=262001),
     "qwen2-0.5b": dict(arch="qwen2", vocab_size=151936, hidden_size=896,
                        intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
@@ -92,8 +117,17 @@ def make_config(layout):
     bos, eos = spec.pop("bos"), spec.pop("eos")
     assert bos < spec["vocab_size"] and eos < spec["vocab_size"]
     rope_scaling = spec.pop("rope_scaling", None)
-    kwargs = dict(spec, bos_token_id=bos, eos_token_id=eos, hidden_act="silu")
-    if arch == "llama":
+    gemma = arch.startswith("gemma")
+    kwargs = dict(spec, bos_token_id=bos, eos_token_id=eos)
+    if gemma:
+        kwargs.update(hidden_activation="gelu_pytorch_tanh", attention_bias=False)
+    else:
+        kwargs.update(hidden_act="silu")
+    if arch == "gemma2":
+        cls = transformers.Gemma2Config
+    elif arch == "gemma3":
+        cls = transformers.Gemma3TextConfig
+    elif arch == "llama":
         cls = transformers.LlamaConfig
         kwargs.update(attention_bias=False, mlp_bias=False)
     elif arch == "qwen2":
@@ -111,11 +145,14 @@ def model_class(arch):
     import transformers
 
     return {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-            "mistral": transformers.MistralForCausalLM}[arch]
+            "mistral": transformers.MistralForCausalLM,
+            "gemma2": transformers.Gemma2ForCausalLM,
+            "gemma3": transformers.Gemma3ForCausalLM}[arch]
 
 
-def fill_weights(model, seed, threads):
-    """Seeded normal init, chunk-parallel; deterministic for any thread count."""
+def fill_weights(model, seed, threads, norm_mean=1.0):
+    """Seeded normal init, chunk-parallel; deterministic for any thread count. norm_mean 0 for
+    Gemma, whose norms scale by 1 + w."""
     import torch
 
     chunk = 1 << 24
@@ -123,7 +160,7 @@ def fill_weights(model, seed, threads):
     for name, p in model.named_parameters():  # tied parameters appear once
         flat = p.data.view(-1)
         if name.endswith("norm.weight"):
-            mean, std = 1.0, 0.02
+            mean, std = norm_mean, 0.02
         elif name.endswith(".bias"):
             mean, std = 0.0, 0.1
         else:
@@ -169,7 +206,20 @@ def synthetic_corpus(seed, n_lines=20000):
     return lines
 
 
-def write_tokenizer(out, config, seed):
+# Gemma's chat turns (its tokenizer's <start_of_turn> / <end_of_turn>; "assistant" is "model").
+GEMMA_TURNS = ("<start_of_turn>", "<end_of_turn>")
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+
+
+def write_tokenizer(out, config, seed, gemma=False):
+    """gemma: also the turn tokens (the two ids after the larger of BOS / EOS) and Gemma's chat
+    template in tokenizer_config.json."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from tokenizers import trainers
 
@@ -200,6 +250,10 @@ def write_tokenizer(out, config, seed):
     for i in range(len(vocab), first):
         vocab[f"<|unused_bpe_{i}|>"] = i
     names = {config.bos_token_id: BOS_TOKEN, config.eos_token_id: EOS_TOKEN}
+    if gemma:
+        assert last + 2 < config.vocab_size
+        names.update({last + 1: GEMMA_TURNS[0], last + 2: GEMMA_TURNS[1]})
+        last += 2
     data["added_tokens"] = [
         {"id": tid, "content": names.get(tid, f"<|reserved_special_token_{tid - first}|>"),
          "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
@@ -213,10 +267,14 @@ def write_tokenizer(out, config, seed):
     ids = check.encode("Hello world").ids
     assert ids[0] == config.bos_token_id and max(ids) < config.vocab_size, ids
     assert check.token_to_id(EOS_TOKEN) == config.eos_token_id
+    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
+                  "eos_token": EOS_TOKEN, "add_bos_token": True,
+                  "model_max_length": config.max_position_embeddings}
+    if gemma:
+        assert check.token_to_id(GEMMA_TURNS[1]) == last
+        tok_config["chat_template"] = GEMMA_CHAT_TEMPLATE
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TOKEN,
-                   "eos_token": EOS_TOKEN, "add_bos_token": True,
-                   "model_max_length": config.max_position_embeddings}, f, indent=2)
+        json.dump(tok_config, f, indent=2)
     return check.get_vocab_size()
 
 
@@ -307,12 +365,13 @@ def main():
     model = model.to(dtype).to_empty(device="cpu")
     if config.tie_word_embeddings:
         model.tie_weights()
-    fill_weights(model, args.seed, max(1, args.threads))
+    fill_weights(model, args.seed, max(1, args.threads),
+                 norm_mean=0.0 if arch.startswith("gemma") else 1.0)
     t_fill = time.time()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
     t_save = time.time()
-    n_tok = write_tokenizer(args.out, config, args.seed)
+    n_tok = write_tokenizer(args.out, config, args.seed, gemma=arch.startswith("gemma"))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.layout}: {n_params / 1e9:.3f} B parameters ({args.dtype}), tokenizer {n_tok} "
           f"tokens, in {args.out}: init {t_fill - t0:.1f} s, save {t_save - t_fill:.1f} s, "

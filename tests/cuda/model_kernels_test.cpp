@@ -22,18 +22,21 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <numbers>
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
-#include "pagoda/model/logit_processing.h"
 #include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/gemma_kernels.h"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
+#include "pagoda/model/logit_processing.h"
 
 namespace pagoda::model::cuda_kernels {
 namespace {
@@ -548,6 +551,85 @@ TEST(DenseKernels, SiluMulMatchesHost) {
             c.check(got[size_t(r * inter + i)], ref, (rel_tol(t) + 1e-6) * std::fabs(ref) + 1e-7,
                     r * inter + i);
           }
+        }
+      }
+    }
+  }
+}
+
+// Gemma's ops (gemma_kernels.h), f64 host references: scale (one product: rel_tol), GeGLU
+// (tanhf and a few products: (rel_tol + 1e-6) |ref| + 1e-7), and the in-place per-group RMSNorm
+// of q heads inside a fused qkv row (Gemma 3 shapes: 4 + 1 heads of 256 in a row of 6 heads)
+// and of whole hidden rows (2304): (rel_tol + 1e-5) |ref| + 1e-6. Elements outside the groups
+// must be left as they were.
+TEST(DenseKernels, GemmaOpsMatchHost) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(707);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  for (ActDType t : kAllTypes) {
+    const size_t es = size_t(act_dtype_size(t));
+    for (int64_t rows : kRows) {
+      SCOPED_TRACE(testing::Message() << name(t) << " rows " << rows);
+      {  // scale
+        const int64_t n = rows * 2304;
+        const Act x = random_act(t, size_t(n), rng);
+        auto d = to_device(x);
+        ASSERT_EQ(scale_inplace(t, d->p, n, 48.f, nullptr), cudaSuccess);
+        const auto got = decode(d->download<unsigned char>(), t, size_t(n));
+        Checker c{"scale"};
+        for (int64_t i = 0; i < n; ++i) {
+          const double ref = double(x.v[size_t(i)]) * 48.0;
+          c.check(got[size_t(i)], ref, rel_tol(t) * std::fabs(ref), i);
+        }
+      }
+      {  // gelu_tanh_mul
+        const int64_t inter = 6912;
+        const Act gu = random_act(t, size_t(rows * 2 * inter), rng, 0.f, 3.f);
+        auto d_gu = to_device(gu);
+        Dev d_out(size_t(rows * inter) * es);
+        d_out.poison();
+        ASSERT_EQ(gelu_tanh_mul(t, d_gu->p, d_out.p, rows, inter, nullptr), cudaSuccess);
+        const auto got = decode(d_out.download<unsigned char>(), t, size_t(rows * inter));
+        Checker c{"gelu_tanh_mul"};
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = 0; i < inter; ++i) {
+            const double g = gu.v[size_t(r * 2 * inter + i)];
+            const double u = gu.v[size_t(r * 2 * inter + inter + i)];
+            const double k = std::sqrt(2.0 / std::numbers::pi);
+            const double gelu = 0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * g * g * g)));
+            const double ref = gelu * u;
+            c.check(got[size_t(r * inter + i)], ref, (rel_tol(t) + 1e-6) * std::fabs(ref) + 1e-7,
+                    r * inter + i);
+          }
+        }
+      }
+      // rms_norm_groups: (row_stride, groups, dim) = q heads of a qkv row, and whole rows.
+      for (const auto& [stride, groups, dim] :
+           {std::tuple<int64_t, int64_t, int64_t>{6 * 256, 4, 256}, {2304, 1, 2304}}) {
+        const Act x = random_act(t, size_t(rows * stride), rng, 0.5f, 2.f);
+        const Act w = random_act(t, size_t(dim), rng, 1.f, 0.3f);
+        auto d_x = to_device(x);
+        auto d_w = to_device(w);
+        ASSERT_EQ(rms_norm_groups(t, d_x->p, rows, stride, groups, dim, d_w->p, 1e-6f, nullptr),
+                  cudaSuccess);
+        const auto got = decode(d_x->download<unsigned char>(), t, size_t(rows * stride));
+        Checker c{"rms_norm_groups"};
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t base = r * stride + g * dim;
+            double ss = 0;
+            for (int64_t i = 0; i < dim; ++i)
+              ss += double(x.v[size_t(base + i)]) * x.v[size_t(base + i)];
+            const double inv = 1.0 / std::sqrt(ss / double(dim) + 1e-6);
+            for (int64_t i = 0; i < dim; ++i) {
+              const double ref = double(x.v[size_t(base + i)]) * inv * w.v[size_t(i)];
+              c.check(got[size_t(base + i)], ref, (rel_tol(t) + 1e-5) * std::fabs(ref) + 1e-6,
+                      base + i);
+            }
+          }
+          for (int64_t i = groups * dim; i < stride; ++i)  // k/v heads untouched
+            c.check(got[size_t(r * stride + i)], x.v[size_t(r * stride + i)], 0.0, r * stride + i);
         }
       }
     }

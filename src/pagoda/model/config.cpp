@@ -1,6 +1,7 @@
 #include "pagoda/model/config.h"
 
 #include <cmath>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -14,11 +15,17 @@ bool ModelConfig::has_sliding_window() const {
   return false;
 }
 
+float ModelConfig::attention_scaling() const {
+  const double base = query_pre_attn_scalar > 0.0 ? query_pre_attn_scalar : double(head_dim);
+  return static_cast<float>(1.0 / std::sqrt(base));
+}
+
 int64_t ModelConfig::num_parameters() const {
   const int64_t h = hidden_size;
   const int64_t qd = int64_t{num_q_heads} * head_dim;
   const int64_t kvd = int64_t{num_kv_heads} * head_dim;
-  const int64_t per_layer = 2 * h + h * (qd + 2 * kvd) + qd * h + 3 * h * intermediate_size;
+  const int64_t norms = (sandwich_norms ? 4 * h : 2 * h) + (qk_norm ? 2 * head_dim : 0);
+  const int64_t per_layer = norms + h * (qd + 2 * kvd) + qd * h + 3 * h * intermediate_size;
   const int64_t embed = int64_t{vocab_size} * h;
   return embed + (tie_word_embeddings ? 0 : embed) + h + num_layers * per_layer;
 }
@@ -41,6 +48,10 @@ std::string_view hf_architecture_name(ModelFamily f) {
       return "MistralForCausalLM";
     case ModelFamily::kQwen2:
       return "Qwen2ForCausalLM";
+    case ModelFamily::kGemma2:
+      return "Gemma2ForCausalLM";
+    case ModelFamily::kGemma3:
+      return "Gemma3ForCausalLM";
   }
   return "?";
 }
@@ -101,6 +112,14 @@ void ModelConfig::validate() const {
   PAGODA_REQUIRE(
       weights_dtype == DType::kF32 || weights_dtype == DType::kF16 || weights_dtype == DType::kBF16,
       kInvalidArgument, "weights_dtype must be f32, f16 or bf16 (got {})", weights_dtype);
+  PAGODA_REQUIRE(std::isfinite(embed_scale) && embed_scale > 0.f, kInvalidArgument,
+                 "embed_scale must be finite and > 0 (got {})", embed_scale);
+  PAGODA_REQUIRE(std::isfinite(query_pre_attn_scalar) && query_pre_attn_scalar >= 0.0,
+                 kInvalidArgument, "query_pre_attn_scalar must be finite and >= 0 (got {})",
+                 query_pre_attn_scalar);
+  PAGODA_REQUIRE(std::isfinite(local_rope.theta) && local_rope.theta >= 0.0 &&
+                     local_rope.scaling == RopeScalingKind::kNone,
+                 kInvalidArgument, "the local RoPE needs a finite theta >= 0 and no scaling");
 }
 
 ModelConfig builtin_tiny_config() {
@@ -232,6 +251,12 @@ constexpr std::string_view kUnderstoodKeys[] = {
     "layer_types",
     "attn_logit_softcapping",
     "final_logit_softcapping",
+    "hidden_activation",
+    "query_pre_attn_scalar",
+    "rope_local_base_freq",
+    "sliding_window_pattern",
+    "_sliding_window_pattern",
+    "use_bidirectional_attention",
     "bos_token_id",
     "eos_token_id",
     "torch_dtype",
@@ -270,6 +295,7 @@ constexpr std::string_view kHarmlessKeys[] = {
     "is_decoder",
     "tie_encoder_decoder",
     "_attn_implementation_autoset",
+    "cache_implementation",  // Gemma's generation-time cache hint ("hybrid")
 };
 
 template <size_t N>
@@ -279,56 +305,98 @@ bool listed(const std::string_view (&list)[N], std::string_view key) {
   return false;
 }
 
+constexpr ModelFamily kFamilies[] = {ModelFamily::kLlama, ModelFamily::kMistral,
+                                     ModelFamily::kQwen2, ModelFamily::kGemma2,
+                                     ModelFamily::kGemma3};
+
+}  // namespace
+
+std::string_view hf_model_type(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kMistral:
+      return "mistral";
+    case ModelFamily::kQwen2:
+      return "qwen2";
+    case ModelFamily::kGemma2:
+      return "gemma2";
+    case ModelFamily::kGemma3:
+      return "gemma3_text";
+  }
+  return "?";
+}
+
+bool is_gemma_family(ModelFamily f) {
+  return f == ModelFamily::kGemma2 || f == ModelFamily::kGemma3;
+}
+
+namespace {
+
 ModelFamily parse_family(const Reader& r) {
   if (r.has("architectures")) {
     const json& a = r.at("architectures");
     PAGODA_REQUIRE(a.is_array() && a.size() == 1 && a[0].is_string(), kInvalidArgument,
                    "config.json: architectures must be a list of one name (got {})", show(a));
     const std::string arch = a[0].get<std::string>();
-    for (ModelFamily f : {ModelFamily::kLlama, ModelFamily::kMistral, ModelFamily::kQwen2})
+    for (ModelFamily f : kFamilies)
       if (arch == hf_architecture_name(f)) return f;
     throw_error(ErrorCode::kUnsupported,
                 "config.json: architectures '{}' is not supported (supported: LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM)",
+                "MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)",
                 arch);
   }
   PAGODA_REQUIRE(r.has("model_type"), kInvalidArgument,
                  "config.json has neither architectures nor model_type");
   const std::string type = r.string_or("model_type", "");
-  if (type == "llama") return ModelFamily::kLlama;
-  if (type == "mistral") return ModelFamily::kMistral;
-  if (type == "qwen2") return ModelFamily::kQwen2;
+  for (ModelFamily f : kFamilies)
+    if (type == hf_model_type(f)) return f;
   throw_error(ErrorCode::kUnsupported,
-              "config.json: model_type '{}' is not supported (supported: llama, mistral, qwen2)",
+              "config.json: model_type '{}' is not supported (supported: llama, mistral, qwen2, "
+              "gemma2, gemma3_text)",
               type);
 }
 
 void check_model_type(const Reader& r, ModelFamily f) {
   if (!r.has("model_type")) return;
   const std::string type = r.string_or("model_type", "");
-  const char* want = f == ModelFamily::kLlama     ? "llama"
-                     : f == ModelFamily::kMistral ? "mistral"
-                                                  : "qwen2";
+  const std::string_view want = hf_model_type(f);
   PAGODA_REQUIRE(type == want, kUnsupported,
                  "config.json: model_type '{}' does not match architectures {} (expected '{}')",
                  type, hf_architecture_name(f), want);
 }
 
-RopeConfig parse_rope(const Reader& top) {
-  RopeConfig r;
-  r.theta = top.number_or("rope_theta", 10000.0, 1e-9, 1e15);
-  const double partial = top.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
-  PAGODA_REQUIRE(partial == 1.0, kUnsupported,
-                 "config.json: partial_rotary_factor {} is not supported (only 1.0)", partial);
-  const bool params = top.has("rope_parameters");
-  PAGODA_REQUIRE(!(params && top.has("rope_scaling")), kUnsupported,
-                 "config.json: both rope_parameters and rope_scaling are set");
-  const char* key = params ? "rope_parameters" : "rope_scaling";
-  if (!top.has(key)) return r;
-  const json& s = top.at(key);
+/// Keys only the Gemma families have, and keys transformers' Gemma never reads: either on the
+/// other side is an error naming it (it would be silently ignored otherwise).
+void check_family_keys(const Reader& r, ModelFamily f) {
+  static constexpr const char* kGemmaOnly[] = {
+      "hidden_activation",      "query_pre_attn_scalar",   "rope_local_base_freq",
+      "sliding_window_pattern", "_sliding_window_pattern", "use_bidirectional_attention"};
+  static constexpr const char* kNotGemma[] = {"use_sliding_window", "max_window_layers",
+                                              "mlp_bias",           "pretraining_tp",
+                                              "use_mrope",          "partial_rotary_factor"};
+  const bool gemma = is_gemma_family(f);
+  const std::span<const char* const> refused =
+      gemma ? std::span<const char* const>(kNotGemma) : std::span<const char* const>(kGemmaOnly);
+  for (const char* k : refused)
+    PAGODA_REQUIRE(!r.has(k), kUnsupported, "config.json: {} is not a {} key (not supported)", k,
+                   hf_architecture_name(f));
+  PAGODA_REQUIRE(
+      f == ModelFamily::kGemma3 ||
+          (!r.has("sliding_window_pattern") && !r.has("_sliding_window_pattern") &&
+           !r.has("rope_local_base_freq")),
+      kUnsupported,
+      "config.json: sliding_window_pattern / rope_local_base_freq are Gemma3ForCausalLM keys, "
+      "not {} ones",
+      hf_architecture_name(f));
+}
+
+/// The rotary settings in the object `s` (rope_scaling, or rope_parameters of transformers 5),
+/// over `r` (its theta from the top level); `key` names it in errors.
+RopeConfig parse_rope_object(const json& s, const std::string& key, RopeConfig r) {
   PAGODA_REQUIRE(s.is_object(), kInvalidArgument, "config.json: {} must be an object (got {})", key,
                  show(s));
-  const Reader sr(s, std::string(key) + ".");
+  const Reader sr(s, key + ".");
   for (const auto& [k, v] : s.items()) {
     static constexpr std::string_view kRopeKeys[] = {"type",
                                                      "rope_type",
@@ -374,6 +442,41 @@ RopeConfig parse_rope(const Reader& top) {
   return r;
 }
 
+/// The global RoPE, and for Gemma 3 the local one (`local`, theta rope_local_base_freq, default
+/// 10000; transformers 5 writes rope_parameters {full_attention: {...}, sliding_attention: {...}}).
+RopeConfig parse_rope(const Reader& top, ModelFamily f, RopeConfig* local) {
+  RopeConfig r;
+  r.theta = top.number_or("rope_theta", f == ModelFamily::kGemma3 ? 1e6 : 10000.0, 1e-9, 1e15);
+  const double partial = top.number_or("partial_rotary_factor", 1.0, 0.0, 1.0);
+  PAGODA_REQUIRE(partial == 1.0, kUnsupported,
+                 "config.json: partial_rotary_factor {} is not supported (only 1.0)", partial);
+  const bool params = top.has("rope_parameters");
+  PAGODA_REQUIRE(!(params && top.has("rope_scaling")), kUnsupported,
+                 "config.json: both rope_parameters and rope_scaling are set");
+  const std::string key = params ? "rope_parameters" : "rope_scaling";
+  if (f == ModelFamily::kGemma3) {
+    *local = RopeConfig{.theta = top.number_or("rope_local_base_freq", 10000.0, 1e-9, 1e15)};
+    if (params && top.at("rope_parameters").contains("full_attention")) {
+      const json& p = top.at("rope_parameters");
+      for (const auto& [k, v] : p.items())
+        PAGODA_REQUIRE(k == "full_attention" || k == "sliding_attention", kUnsupported,
+                       "config.json: rope_parameters.{} is not supported (full_attention, "
+                       "sliding_attention)",
+                       k);
+      if (p.contains("sliding_attention")) {
+        *local = parse_rope_object(p.at("sliding_attention"), "rope_parameters.sliding_attention",
+                                   *local);
+        PAGODA_REQUIRE(local->scaling == RopeScalingKind::kNone, kUnsupported,
+                       "config.json: rope_parameters.sliding_attention: only the default rope "
+                       "is supported on Gemma 3's local layers");
+      }
+      return parse_rope_object(p.at("full_attention"), "rope_parameters.full_attention", r);
+    }
+  }
+  if (!top.has(key.c_str())) return r;
+  return parse_rope_object(top.at(key.c_str()), key, r);
+}
+
 int parse_token_id(const Reader& r, const char* key, int64_t vocab) {
   if (!r.has(key)) return -1;
   const json& v = r.at(key);
@@ -402,6 +505,8 @@ DType parse_weights_dtype(const Reader& r) {
 ///   Mistral: sliding_window (default 4096; null = none) on every layer.
 ///   Qwen2: only when use_sliding_window (default false): the layers l >= max_window_layers, or
 ///          those layer_types marks.
+///   Gemma 2 / 3: sliding_window (default 4096) on the layers l with (l + 1) % pattern != 0
+///          (pattern 2, Gemma 3 sliding_window_pattern default 6), or those layer_types marks.
 std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
   PAGODA_REQUIRE(f != ModelFamily::kMistral || !r.has("layer_types"), kUnsupported,
                  "config.json: layer_types on MistralForCausalLM is not supported "
@@ -423,6 +528,7 @@ std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
   int64_t window = -1;  // HF sliding_window; -1 = none
   bool enabled = false;
   int64_t first_sliding = 0;
+  int64_t pattern = 0;  // Gemma: every pattern-th layer is global; 0 = the max_window_layers rule
   switch (f) {
     case ModelFamily::kLlama:
       PAGODA_REQUIRE(
@@ -451,6 +557,7 @@ std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
                    ? -1
                    : r.integer_or("sliding_window", 4096, 1, kMaxPositions);
       first_sliding = r.integer_or("max_window_layers", 28, 0, kMaxLayers);
+      pattern = 0;
       // transformers < 4.53 reads max_window_layers, later versions layer_types: they must agree.
       if (enabled && window >= 0 && !types.empty() && r.has("max_window_layers")) {
         for (int l = 0; l < num_layers; ++l)
@@ -459,14 +566,60 @@ std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
                          types[l], first_sliding);
       }
       break;
+    case ModelFamily::kGemma2:
+    case ModelFamily::kGemma3:
+      enabled = true;
+      PAGODA_REQUIRE(!r.explicitly_null("sliding_window"), kUnsupported,
+                     "config.json: sliding_window null on {} is not supported",
+                     hf_architecture_name(f));
+      window = r.integer_or("sliding_window", 4096, 1, kMaxPositions);
+      pattern = f == ModelFamily::kGemma2 ? 2 : 6;
+      // transformers 5 also writes the pattern as _sliding_window_pattern: each must agree with
+      // layer_types (old transformers read the pattern, new ones layer_types).
+      for (const char* key : {"sliding_window_pattern", "_sliding_window_pattern"}) {
+        if (!r.has(key)) continue;
+        pattern = r.integer(key, 1, kMaxLayers);
+        for (int l = 0; l < static_cast<int>(types.size()); ++l)
+          PAGODA_REQUIRE((types[l] == "sliding_attention") == ((l + 1) % pattern != 0),
+                         kUnsupported, "config.json: layer_types[{}] = {} disagrees with {} {}", l,
+                         types[l], key, pattern);
+      }
+      PAGODA_REQUIRE(!(r.has("sliding_window_pattern") && r.has("_sliding_window_pattern")) ||
+                         r.integer("sliding_window_pattern", 1, kMaxLayers) ==
+                             r.integer("_sliding_window_pattern", 1, kMaxLayers),
+                     kUnsupported,
+                     "config.json: sliding_window_pattern and _sliding_window_pattern disagree");
+      break;
   }
   if (!enabled || window < 0) return {};
   std::vector<int> w(num_layers, -1);
   for (int l = 0; l < num_layers; ++l) {
-    const bool sliding = types.empty() ? l >= first_sliding : types[l] == "sliding_attention";
+    const bool by_rule = pattern > 0 ? (l + 1) % pattern != 0 : l >= first_sliding;
+    const bool sliding = types.empty() ? by_rule : types[l] == "sliding_attention";
     if (sliding) w[l] = static_cast<int>(window - 1);
   }
   return w;
+}
+
+/// The Gemma-only fields: GeGLU, (1 + w) norms, sqrt(hidden) embedding scale, sandwich norms,
+/// query_pre_attn_scalar (default 256), Gemma 3's q/k norms; bidirectional attention is refused.
+void parse_gemma(const Reader& r, ModelConfig& c) {
+  const std::string act = r.string_or("hidden_activation", "gelu_pytorch_tanh");
+  PAGODA_REQUIRE(act == "gelu_pytorch_tanh", kUnsupported,
+                 "config.json: hidden_activation '{}' is not supported (only gelu_pytorch_tanh)",
+                 act);
+  // transformers' Gemma reads hidden_activation only; a different hidden_act is ambiguous.
+  PAGODA_REQUIRE(!r.has("hidden_act") || r.string_or("hidden_act", "") == act, kUnsupported,
+                 "config.json: hidden_act '{}' differs from hidden_activation '{}' (not supported)",
+                 r.string_or("hidden_act", ""), act);
+  PAGODA_REQUIRE(!r.boolean_or("use_bidirectional_attention", false), kUnsupported,
+                 "config.json: use_bidirectional_attention true is not supported (causal only)");
+  c.activation = Activation::kGeluTanh;
+  c.norm_weight_offset = true;
+  c.embed_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  c.sandwich_norms = true;
+  c.qk_norm = c.family == ModelFamily::kGemma3;
+  c.query_pre_attn_scalar = r.number_or("query_pre_attn_scalar", 256.0, 1e-6, 1e9);
 }
 
 ModelConfig parse_config(const json& j) {
@@ -481,13 +634,15 @@ ModelConfig parse_config(const json& j) {
   ModelConfig c;
   c.family = parse_family(r);
   check_model_type(r, c.family);
+  check_family_keys(r, c.family);
+  const bool gemma = is_gemma_family(c.family);
   c.vocab_size = static_cast<int>(r.integer("vocab_size", 1, kMaxVocabSize));
   c.hidden_size = static_cast<int>(r.integer("hidden_size", 1, kMaxModelDim));
   c.intermediate_size = static_cast<int>(r.integer("intermediate_size", 1, kMaxModelDim));
   c.num_layers = static_cast<int>(r.integer("num_hidden_layers", 1, kMaxLayers));
   c.num_q_heads = static_cast<int>(r.integer("num_attention_heads", 1, kMaxHeads));
-  c.num_kv_heads =
-      static_cast<int>(r.integer_or("num_key_value_heads", c.num_q_heads, 1, kMaxHeads));
+  c.num_kv_heads = static_cast<int>(
+      r.integer_or("num_key_value_heads", gemma ? 4 : c.num_q_heads, 1, kMaxHeads));
   PAGODA_REQUIRE(c.num_q_heads % c.num_kv_heads == 0, kInvalidArgument,
                  "config.json: num_key_value_heads {} does not divide num_attention_heads {}",
                  c.num_kv_heads, c.num_q_heads);
@@ -500,6 +655,8 @@ ModelConfig parse_config(const json& j) {
                    "config.json: head_dim {} != hidden_size {} / num_attention_heads {} is not "
                    "supported for Qwen2ForCausalLM",
                    c.head_dim, c.hidden_size, c.num_q_heads);
+  } else if (gemma) {
+    c.head_dim = 256;  // transformers' Gemma default, whatever hidden_size / heads is
   } else {
     PAGODA_REQUIRE(even_split, kInvalidArgument,
                    "config.json: hidden_size {} is not a multiple of num_attention_heads {} and "
@@ -508,24 +665,50 @@ ModelConfig parse_config(const json& j) {
     c.head_dim = c.hidden_size / c.num_q_heads;
   }
   c.rms_norm_eps = static_cast<float>(r.number_or("rms_norm_eps", 1e-6, 1e-30, 0.5));
-  c.rope = parse_rope(r);
-  const int64_t default_max_pos = c.family == ModelFamily::kLlama     ? 2048
-                                  : c.family == ModelFamily::kMistral ? 4096 * 32
-                                                                      : 32768;
+  c.rope = parse_rope(r, c.family, &c.local_rope);
+  int64_t default_max_pos = 32768;
+  switch (c.family) {
+    case ModelFamily::kLlama:
+      default_max_pos = 2048;
+      break;
+    case ModelFamily::kMistral:
+      default_max_pos = 4096 * 32;
+      break;
+    case ModelFamily::kQwen2:
+      break;
+    case ModelFamily::kGemma2:
+      default_max_pos = 8192;
+      break;
+    case ModelFamily::kGemma3:
+      default_max_pos = 131072;
+      break;
+  }
   c.max_position_embeddings =
       static_cast<int>(r.integer_or("max_position_embeddings", default_max_pos, 1, kMaxPositions));
-  c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", false);
-  c.attn_logit_softcap = static_cast<float>(r.number_or("attn_logit_softcapping", 0.0, 0.0, 1e6));
-  c.final_logit_softcap = static_cast<float>(r.number_or("final_logit_softcapping", 0.0, 0.0, 1e6));
+  c.tie_word_embeddings = r.boolean_or("tie_word_embeddings", gemma);
+  // Gemma 2's defaults are 50 / 30 (null: none); other families default to none.
+  const bool g2 = c.family == ModelFamily::kGemma2;
+  c.attn_logit_softcap =
+      static_cast<float>(r.explicitly_null("attn_logit_softcapping")
+                             ? 0.0
+                             : r.number_or("attn_logit_softcapping", g2 ? 50.0 : 0.0, 0.0, 1e6));
+  c.final_logit_softcap =
+      static_cast<float>(r.explicitly_null("final_logit_softcapping")
+                             ? 0.0
+                             : r.number_or("final_logit_softcapping", g2 ? 30.0 : 0.0, 0.0, 1e6));
   c.bos_token_id = parse_token_id(r, "bos_token_id", c.vocab_size);
   c.eos_token_id = parse_token_id(r, "eos_token_id", c.vocab_size);
   c.weights_dtype = parse_weights_dtype(r);
 
-  const std::string act = r.string_or("hidden_act", "silu");
-  PAGODA_REQUIRE(act == "silu", kUnsupported,
-                 "config.json: hidden_act '{}' is not supported "
-                 "(only silu)",
-                 act);
+  if (gemma) {
+    parse_gemma(r, c);
+  } else {
+    const std::string act = r.string_or("hidden_act", "silu");
+    PAGODA_REQUIRE(act == "silu", kUnsupported,
+                   "config.json: hidden_act '{}' is not supported "
+                   "(only silu)",
+                   act);
+  }
   PAGODA_REQUIRE(!r.boolean_or("mlp_bias", false), kUnsupported,
                  "config.json: mlp_bias true is not supported");
   PAGODA_REQUIRE(r.integer_or("pretraining_tp", 1, INT64_MIN, INT64_MAX) == 1, kUnsupported,
@@ -548,6 +731,13 @@ ModelConfig parse_config(const json& j) {
                      "config.json: attention_bias false on Qwen2ForCausalLM is not supported "
                      "(Qwen2 always has q/k/v biases)");
       c.qkv_bias = true;
+      break;
+    case ModelFamily::kGemma2:
+    case ModelFamily::kGemma3:
+      PAGODA_REQUIRE(!attention_bias, kUnsupported,
+                     "config.json: attention_bias true on {} is not supported (q/k/v biases "
+                     "before Gemma's q/k norms are not implemented)",
+                     hf_architecture_name(c.family));
       break;
   }
   c.layer_window = parse_windows(r, c.family, c.num_layers);

@@ -1,6 +1,7 @@
 #pragma once
 /// ModelConfig: the hyper-parameters of a Llama-family decoder (Llama 2/3/3.1/3.2, Qwen2/2.5 with
-/// q/k/v biases, Mistral with a sliding window, optional Gemma-2-style soft caps). Filled from a
+/// q/k/v biases, Mistral with a sliding window, Gemma 2 and Gemma 3 text: interleaved local /
+/// global layers, soft caps, GeGLU, sandwich norms, q/k norms, scaled embeddings). Filled from a
 /// Hugging Face config.json (strictly: see config_from_hf_json) or from builtin_tiny_config().
 /// A plain value; validate() checks it.
 
@@ -22,10 +23,17 @@ enum class ModelFamily : uint8_t {
   kLlama,    ///< LlamaForCausalLM (model_type "llama")
   kMistral,  ///< MistralForCausalLM (model_type "mistral")
   kQwen2,    ///< Qwen2ForCausalLM (model_type "qwen2")
+  kGemma2,   ///< Gemma2ForCausalLM (model_type "gemma2")
+  kGemma3,   ///< Gemma3ForCausalLM (model_type "gemma3_text": the text-only Gemma 3)
 };
 
-/// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM".
+/// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma2ForCausalLM",
+/// "Gemma3ForCausalLM".
 std::string_view hf_architecture_name(ModelFamily f);
+/// config.json's model_type: "llama", "mistral", "qwen2", "gemma2", "gemma3_text".
+std::string_view hf_model_type(ModelFamily f);
+/// Gemma 2 or Gemma 3.
+bool is_gemma_family(ModelFamily f);
 
 /// Upper bounds config validation enforces before anything is allocated (generous: ~16x the
 /// largest open models), so products of sizes stay far from int64 overflow.
@@ -51,6 +59,12 @@ struct RopeConfig {
   double low_freq_factor = 1.0;          ///< llama3
   double high_freq_factor = 4.0;         ///< llama3
   int64_t original_max_position = 8192;  ///< llama3 original_max_position_embeddings
+};
+
+/// The MLP's gate activation: out = act(gate) * up.
+enum class Activation : uint8_t {
+  kSilu,      ///< SwiGLU (HF "silu")
+  kGeluTanh,  ///< GeGLU with the tanh approximation (HF "gelu_pytorch_tanh")
 };
 
 struct ModelConfig {
@@ -82,8 +96,33 @@ struct ModelConfig {
   /// converted to f32 on load whatever this says; it is the default compute dtype to pick.
   DType weights_dtype = DType::kF32;
 
+  // ---- Gemma (2 and 3) ----
+  Activation activation = Activation::kSilu;
+  /// RMSNorm scales by (1 + w) instead of w (Gemma's checkpoints store w - 1). LlamaModel adds
+  /// the 1 when it packs the weights; ModelWeights keep the checkpoint's values.
+  bool norm_weight_offset = false;
+  /// The embedding rows are multiplied by this before layer 0 (Gemma: sqrt(hidden_size)); the
+  /// tied LM head uses the unscaled table.
+  float embed_scale = 1.f;
+  /// Sandwich norms (Gemma): the attention output and the MLP output are each RMS-normalised
+  /// (LayerWeights::attn_out_norm / mlp_out_norm) before they join the residual stream.
+  bool sandwich_norms = false;
+  /// Per-head RMSNorm of q and k before RoPE (Gemma 3: LayerWeights::q_norm / k_norm, [head_dim]).
+  bool qk_norm = false;
+  /// Attention scores are scaled by 1 / sqrt(this) (HF query_pre_attn_scalar); 0 = head_dim.
+  double query_pre_attn_scalar = 0.0;
+  /// RoPE of the sliding-window layers (Gemma 3: theta rope_local_base_freq, no scaling);
+  /// theta 0 = the sliding layers use `rope` like the others.
+  RopeConfig local_rope{.theta = 0.0};
+
   /// Window of layer `l` (-1 = full attention).
   int window_of(int l) const { return layer_window.empty() ? -1 : layer_window[l]; }
+  /// The RoPE of layer `l`: local_rope for sliding layers when it is set, else rope.
+  const RopeConfig& rope_of(int l) const {
+    return local_rope.theta > 0.0 && window_of(l) >= 0 ? local_rope : rope;
+  }
+  /// The attention score scale: 1 / sqrt(query_pre_attn_scalar or head_dim).
+  float attention_scaling() const;
   bool has_sliding_window() const;
   /// Parameters (elements), for display.
   int64_t num_parameters() const;
@@ -97,16 +136,22 @@ struct ModelConfig {
 /// theta 10000, max context 4096.
 ModelConfig builtin_tiny_config();
 
-/// Parses a Hugging Face config.json object of a LlamaForCausalLM, MistralForCausalLM or
-/// Qwen2ForCausalLM checkpoint (`architectures`, else `model_type`, names the family; one of the
-/// two must be present). Strict: every key must be one it implements (sizes, rope, windows,
-/// biases, token ids, soft caps) or known harmless metadata (transformers_version, use_cache,
-/// initializer_range, dropout rates, pad_token_id, ...); anything else that could change the
-/// computation is Error(kUnsupported) naming the key (e.g. mlp_bias: true, hidden_act other than
-/// silu, rope_scaling "dynamic"/"yarn", pretraining_tp != 1, quantization_config). Numbers are
-/// type- and range-checked before use: a string, a float where an integer belongs, a negative
-/// or absurd size is Error(kInvalidArgument) naming the key. Missing optional keys take the
-/// family's HF defaults (Mistral sliding_window 4096, Qwen2 use_sliding_window false).
+/// Parses a Hugging Face config.json object of a LlamaForCausalLM, MistralForCausalLM,
+/// Qwen2ForCausalLM, Gemma2ForCausalLM or Gemma3ForCausalLM (gemma3_text) checkpoint
+/// (`architectures`, else `model_type`, names the family; one of the two must be present).
+/// Gemma keys (hidden_activation, query_pre_attn_scalar, rope_local_base_freq,
+/// sliding_window_pattern, use_bidirectional_attention, soft caps) are read for those families
+/// and refused on the others; keys transformers' Gemma ignores (use_sliding_window, mlp_bias,
+/// ...) are refused on Gemma. Gemma 2 slides the even layers, Gemma 3 all but every
+/// sliding_window_pattern-th (default 6), unless layer_types says otherwise. Strict: every key must
+/// be one it implements (sizes, rope, windows, biases, token ids, soft caps) or known harmless
+/// metadata (transformers_version, use_cache, initializer_range, dropout rates, pad_token_id, ...);
+/// anything else that could change the computation is Error(kUnsupported) naming the key (e.g.
+/// mlp_bias: true, hidden_act other than silu, rope_scaling "dynamic"/"yarn", pretraining_tp != 1,
+/// quantization_config). Numbers are type- and range-checked before use: a string, a float where an
+/// integer belongs, a negative or absurd size is Error(kInvalidArgument) naming the key. Missing
+/// optional keys take the family's HF defaults (Mistral sliding_window 4096, Qwen2
+/// use_sliding_window false).
 ModelConfig config_from_hf_json(const nlohmann::json& j);
 
 }  // namespace pagoda::model

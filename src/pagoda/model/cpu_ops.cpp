@@ -19,6 +19,19 @@ std::unique_ptr<ModelOps::Graph> ModelOps::capture(const std::function<void()>&)
               platform().name());
 }
 
+void ModelOps::scale(void*, int64_t, float) {
+  throw_error(ErrorCode::kUnsupported, "scale is not implemented on the '{}' platform",
+              platform().name());
+}
+void ModelOps::rms_norm_groups(void*, int64_t, int64_t, int64_t, int64_t, const void*, float) {
+  throw_error(ErrorCode::kUnsupported, "rms_norm_groups is not implemented on the '{}' platform",
+              platform().name());
+}
+void ModelOps::gelu_tanh_mul(const void*, void*, int64_t, int64_t) {
+  throw_error(ErrorCode::kUnsupported, "gelu_tanh_mul is not implemented on the '{}' platform",
+              platform().name());
+}
+
 namespace {
 
 class CpuOps final : public ModelOps {
@@ -131,6 +144,21 @@ class CpuOps final : public ModelOps {
   }
 
   void soft_cap(float* x, int64_t n, float cap) override { model::soft_cap(x, n, cap); }
+  bool supports_gemma_ops() const override { return true; }
+  void scale(void* x, int64_t n, float s) override {
+    float* p = static_cast<float*>(x);
+    for (int64_t i = 0; i < n; ++i) p[i] *= s;
+  }
+  void rms_norm_groups(void* x, int64_t rows, int64_t row_stride, int64_t groups, int64_t dim,
+                       const void* weight, float eps) override {
+    for (int64_t t = 0; t < rows; ++t) {
+      float* r = static_cast<float*>(x) + t * row_stride;
+      model::rms_norm(r, static_cast<const float*>(weight), r, groups, dim, eps);
+    }
+  }
+  void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
+    model::gelu_tanh_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inter);
+  }
 
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
     apply_logit_adjust(logits, vocab, std::span<const LogitAdjust>(adj, static_cast<size_t>(n)));

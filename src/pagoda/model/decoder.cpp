@@ -92,24 +92,47 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
                                 .out_cache_loc = nullptr,
                                 .num_slots = kv_pool->num_slots()});
   }
+  const bool gemma_ops =
+      c.sandwich_norms || c.qk_norm || c.embed_scale != 1.f || c.activation != Activation::kSilu;
+  PAGODA_REQUIRE(!gemma_ops || ops.supports_gemma_ops(), kUnsupported,
+                 "{} needs Gemma's dense ops (GeGLU, sandwich / q-k norms, embedding scale), "
+                 "which the model ops on {} do not implement; run it on the CPU",
+                 hf_architecture_name(c.family), ops.platform().name());
   final_norm_ = ops.upload(model.final_norm_weights());
-  const auto& inv = model.rope().inv_freq();
-  const std::vector<float> inv_f32(inv.begin(), inv.end());
-  inv_freq_ = ops.upload_f32(inv_f32);
+  auto upload_rope = [&](const Rope& rope) {
+    const auto& inv = rope.inv_freq();
+    const std::vector<float> inv_f32(inv.begin(), inv.end());
+    return ops.upload_f32(inv_f32);
+  };
+  const float* global_freq = upload_rope(model.rope());
+  const float* local_freq =
+      c.local_rope.theta > 0.0 ? upload_rope(model.local_rope()) : global_freq;
   layers_.reserve(model.packed_layers().size());
+  // The weights of one layer every rank holds whole (norms; q/k norms are per head).
+  auto gemma_ptrs = [&](LayerPtrs p, const LlamaModel::PackedLayer& w, int l) {
+    auto opt = [&](const std::vector<float>& v) { return v.empty() ? nullptr : ops.upload(v); };
+    p.attn_out_norm = opt(w.attn_out_norm);
+    p.mlp_out_norm = opt(w.mlp_out_norm);
+    p.q_norm = opt(w.q_norm);
+    p.k_norm = opt(w.k_norm);
+    p.inv_freq = &model.rope_of(l) == &model.rope() ? global_freq : local_freq;
+    return p;
+  };
   const bool tied = &model.lm_head_weights() == &model.embed_weights();
   if (tp == 1) {
     embed_ = ops.upload(model.embed_weights());
     lm_head_ = tied ? embed_ : ops.upload(model.lm_head_weights());
+    int l = 0;
     for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
       const std::span<const float> bias = qkv_bias_of(w);
-      layers_.push_back(LayerPtrs{.input_norm = ops.upload(w.input_norm),
-                                  .qkv = ops.upload(w.qkv_proj),
-                                  .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                                  .o_proj = ops.upload(w.o_proj),
-                                  .post_norm = ops.upload(w.post_norm),
-                                  .gate_up = ops.upload(w.gate_up),
-                                  .down = ops.upload(w.down_proj)});
+      layers_.push_back(gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
+                                             .qkv = ops.upload(w.qkv_proj),
+                                             .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
+                                             .o_proj = ops.upload(w.o_proj),
+                                             .post_norm = ops.upload(w.post_norm),
+                                             .gate_up = ops.upload(w.gate_up),
+                                             .down = ops.upload(w.down_proj)},
+                                   w, l++));
     }
     return;
   }
@@ -133,20 +156,22 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
   };
   embed_ = upload_owned(vocab_rows(model.embed_weights()));
   lm_head_ = tied ? embed_ : upload_owned(vocab_rows(model.lm_head_weights()));
+  int l = 0;
   for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
     const std::span<const float> bias = qkv_bias_of(w);
     std::vector<float> gate_up;
     gate_up.reserve(static_cast<size_t>(2 * inter_l * hd));
     append_rows(gate_up, w.gate_up, hd, r * inter_l, inter_l);
     append_rows(gate_up, w.gate_up, hd, inter + r * inter_l, inter_l);
-    layers_.push_back(LayerPtrs{
-        .input_norm = ops.upload(w.input_norm),
-        .qkv = upload_owned(qkv_rows(w.qkv_proj, hd)),
-        .qkv_bias = bias.empty() ? nullptr : upload_owned(qkv_rows(bias, 1)),
-        .o_proj = upload_owned(slice_cols(w.o_proj, hq * d, r * hq_l * d, hq_l * d)),
-        .post_norm = ops.upload(w.post_norm),
-        .gate_up = upload_owned(std::move(gate_up)),
-        .down = upload_owned(slice_cols(w.down_proj, inter, r * inter_l, inter_l))});
+    layers_.push_back(gemma_ptrs(
+        LayerPtrs{.input_norm = ops.upload(w.input_norm),
+                  .qkv = upload_owned(qkv_rows(w.qkv_proj, hd)),
+                  .qkv_bias = bias.empty() ? nullptr : upload_owned(qkv_rows(bias, 1)),
+                  .o_proj = upload_owned(slice_cols(w.o_proj, hq * d, r * hq_l * d, hq_l * d)),
+                  .post_norm = ops.upload(w.post_norm),
+                  .gate_up = upload_owned(std::move(gate_up)),
+                  .down = upload_owned(slice_cols(w.down_proj, inter, r * inter_l, inter_l))},
+        w, l++));
   }
 }
 
@@ -223,34 +248,50 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   };
   ops.embed(embed_, a.ids(), a.x.get(), t, hd, shard_.vocab_begin, shard_.vocab_rows);
   reduce_x();
+  if (c.embed_scale != 1.f) ops.scale(a.x.get(), t * hd, c.embed_scale);
+  // Gemma's sandwich norm of a block output (x, [t, hd]) before it joins the residual stream.
+  auto out_norm = [&](const void* weight) {
+    if (weight != nullptr) ops.rms_norm_groups(a.x.get(), t, hd, 1, hd, weight, eps);
+  };
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
     if (l > 0) capture_layer(l - 1);
     ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);
+    if (w.q_norm != nullptr) {  // per-head norms of q (heads [0, hq)) and k (the next hkv)
+      const int64_t es = static_cast<int64_t>(dtype_size(dt));
+      char* qkv = static_cast<char*>(a.qkv.get());
+      ops.rms_norm_groups(qkv, t, qkv_w, hq, d, w.q_norm, eps);
+      ops.rms_norm_groups(qkv + int64_t{hq} * d * es, t, qkv_w, hkv, d, w.k_norm, eps);
+    }
     bool stored = false;
     if (!stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
         kv_pool_->v_scale(LayerId{l}) == 1.f) {
       KvStore st = stores_[static_cast<size_t>(l)];
       st.out_cache_loc = a.cache_loc();
-      stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), inv_freq_, a.q.get(),
-                                  st, t, hq, hkv, d);
+      stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), st,
+                                  t, hq, hkv, d);
     }
     if (!stored)
-      ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), inv_freq_, a.q.get(), a.k.get(),
+      ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), a.k.get(),
                    a.v.get(), t, hq, hkv, d);
     if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
     backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
                     stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
     ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);
     reduce_x();
+    out_norm(w.attn_out_norm);
     ops.add_rms_norm(a.x.get(), residual, w.post_norm, a.h.get(), t, hd, eps, false);
     ops.linear(a.h.get(), w.gate_up, a.mlp.get(), t, 2 * inter, hd);
-    if (!ops.swiglu_linear(a.mlp.get(), w.down, a.x.get(), t, hd, inter)) {
+    if (c.activation == Activation::kGeluTanh) {
+      ops.gelu_tanh_mul(a.mlp.get(), a.act.get(), t, inter);
+      ops.linear(a.act.get(), w.down, a.x.get(), t, hd, inter);
+    } else if (!ops.swiglu_linear(a.mlp.get(), w.down, a.x.get(), t, hd, inter)) {
       ops.silu_mul(a.mlp.get(), a.act.get(), t, inter);
       ops.linear(a.act.get(), w.down, a.x.get(), t, hd, inter);
     }
     reduce_x();
+    out_norm(w.mlp_out_norm);
   }
   // The last layer's MLP output joins the residual stream; the final norm runs on logit rows.
   ops.add_rms_norm(a.x.get(), residual, final_norm_, a.h.get(), t, hd, eps, false);

@@ -2,12 +2,18 @@
 /// Decoder: the Llama-family layer loop, written once over ModelOps (ARCHITECTURE §1). It owns
 /// the model's weights as the ops store them (dtype and device of the ops) and runs
 ///
-///   residual = embed[ids]; h = rms_norm(residual)·w_in                       (layer 0)
-///   per layer: qkv = h·Wqkvᵀ (+ bias); q, k = rope(q, k, positions);
+///   residual = embed[ids]·embed_scale; h = rms_norm(residual)·w_in           (layer 0)
+///   per layer: qkv = h·Wqkvᵀ (+ bias); [q, k = rms_norm per head·w_q / w_k]; q, k = rope(q, k,
+///              positions) with the layer's RoPE table;
 ///              o = backend.forward(q, k, v, layer, batch)   (writes K/V at out_cache_loc);
-///              x = o·Woᵀ; residual += x; h = rms_norm(residual)·w_post;
-///              x = (silu(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ; residual += x; h = rms_norm(residual)·w_in(next)
+///              x = o·Woᵀ; [x = rms_norm(x)·w_attn_out]; residual += x;
+///              h = rms_norm(residual)·w_post;
+///              x = (act(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ; [x = rms_norm(x)·w_mlp_out]; residual += x;
+///              h = rms_norm(residual)·w_in(next)
 ///   logits[r] = soft_cap(rms_norm(residual[rows[r]])·W_lmᵀ)    (f32)
+/// The bracketed steps are Gemma's (config.qk_norm, config.sandwich_norms; act is SiLU or GeGLU
+/// per config.activation); they need ModelOps::supports_gemma_ops (Error(kUnsupported) naming
+/// the device otherwise, at construction).
 ///
 /// The residual stream is f32 whatever the weight dtype. forward() only enqueues work on the
 /// ops' stream: it is capturable into a CUDA graph when the backend's plan is (the worker
@@ -112,6 +118,9 @@ class Decoder {
  private:
   struct LayerPtrs {
     const void *input_norm, *qkv, *qkv_bias, *o_proj, *post_norm, *gate_up, *down;
+    // Gemma (null otherwise).
+    const void *attn_out_norm, *mlp_out_norm, *q_norm, *k_norm;
+    const float* inv_freq;  ///< the layer's RoPE frequencies (f32, device)
   };
   /// Uploads a weight slice; keeps the host copy only for the CPU ops (they use it in place).
   const void* upload_owned(std::vector<float> host);
@@ -130,7 +139,6 @@ class Decoder {
   const void* embed_ = nullptr;
   const void* lm_head_ = nullptr;
   const void* final_norm_ = nullptr;
-  const float* inv_freq_ = nullptr;
 };
 
 }  // namespace pagoda::model

@@ -155,6 +155,9 @@ EagleHead::EagleHead(EagleConfig config, EagleWeights weights, const LlamaModel&
       rope_(config_.rope, config_.head_dim) {
   const EagleConfig& c = config_;
   const ModelConfig& t = target.config();
+  PAGODA_REQUIRE(!is_gemma_family(t.family), kUnsupported,
+                 "EAGLE heads for a {} target are not supported (scaled embeddings, soft caps)",
+                 hf_architecture_name(t.family));
   PAGODA_REQUIRE(c.hidden_size == t.hidden_size, kInvalidArgument,
                  "eagle head hidden_size {} differs from the target's {}", c.hidden_size,
                  t.hidden_size);

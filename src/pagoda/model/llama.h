@@ -1,9 +1,10 @@
 #pragma once
 /// LlamaModel: a Llama-family decoder's definition on the host: the validated config, the f32
 /// weights packed for the forward pass (q/k/v and gate/up fused, the q/k/v bias when the family
-/// has one), the per-layer attention parameters and the RoPE table. It computes nothing itself:
-/// the one layer loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h).
-/// Immutable after construction; safe to share between threads.
+/// has one, Gemma's norm scales as 1 + w), the per-layer attention parameters and the RoPE
+/// tables (a second one for Gemma 3's local layers). It computes nothing itself: the one layer
+/// loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h). Immutable after
+/// construction; safe to share between threads.
 
 #include <cstdint>
 #include <span>
@@ -47,14 +48,26 @@ class LlamaModel {
     std::vector<float> post_norm;
     std::vector<float> gate_up;   ///< [2 * intermediate, hidden]
     std::vector<float> down_proj;
+    // Gemma (empty otherwise; see LayerWeights), scales already 1 + w.
+    std::vector<float> attn_out_norm;
+    std::vector<float> mlp_out_norm;
+    std::vector<float> q_norm;
+    std::vector<float> k_norm;
   };
   /// Read access for device implementations (model/cuda uploads these once).
   const std::vector<PackedLayer>& packed_layers() const { return packed_; }
   const std::vector<float>& embed_weights() const { return embed_; }
   /// The output projection [vocab, hidden] (the embedding when tied).
   const std::vector<float>& lm_head_weights() const { return lm_head_.empty() ? embed_ : lm_head_; }
+  /// The final norm's scale (1 + w for Gemma, as every packed norm weight).
   const std::vector<float>& final_norm_weights() const { return final_norm_; }
   const Rope& rope() const { return rope_; }
+  /// The RoPE of layer `l` (Gemma 3's sliding layers have their own base; config.rope_of).
+  const Rope& rope_of(int l) const {
+    return config_.local_rope.theta > 0.0 && config_.window_of(l) >= 0 ? local_rope_ : rope_;
+  }
+  /// The sliding layers' RoPE (config.local_rope; equal to rope() when that is unset).
+  const Rope& local_rope() const { return local_rope_; }
 
  private:
 
@@ -65,6 +78,7 @@ class LlamaModel {
   std::vector<PackedLayer> packed_;
   std::vector<attention::AttentionLayer> layers_;
   Rope rope_;
+  Rope local_rope_;  ///< a copy of rope_ unless config.local_rope is set
 };
 
 }  // namespace pagoda::model

@@ -116,6 +116,23 @@ class ModelOps {
   }
   /// x = cap * tanh(x / cap), f32, in place.
   virtual void soft_cap(float* x, int64_t n, float cap) = 0;
+
+  // ---- Gemma's extra dense ops ----
+  /// Whether scale / rms_norm_groups / gelu_tanh_mul are implemented. The defaults below throw
+  /// Error(kUnsupported); the Decoder checks this first and refuses a Gemma model on ops
+  /// without them, naming the device.
+  virtual bool supports_gemma_ops() const { return false; }
+  /// x[i] = x[i] * s for i < n (dtype() elements, f32 product, one rounding), in place.
+  virtual void scale(void* x, int64_t n, float s);
+  /// In-place RMSNorm of `groups` vectors of `dim` per row: for t < rows, g < groups, the
+  /// vector v at x + t * row_stride + g * dim (elements) becomes v / sqrt(mean(v²) + eps) *
+  /// weight[0, dim) (f32 math). Gemma's post-block norms (groups 1) and q/k norms (a row of the
+  /// fused qkv, groups = heads).
+  virtual void rms_norm_groups(void* x, int64_t rows, int64_t row_stride, int64_t groups,
+                               int64_t dim, const void* weight, float eps);
+  /// GeGLU: out[t, i] = gelu_tanh(g) * u with g, u = gate_up[t, i], gate_up[t, inter + i] and
+  /// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³))) (HF gelu_pytorch_tanh).
+  virtual void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter);
   /// Samples one id per row of logits [rows, vocab] (f32) with params[rows] (device memory);
   /// writes out_ids[rows] (device memory). Deterministic in (logits, seed, step).
   virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,

@@ -40,6 +40,19 @@ void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
   }
 }
 
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+  const float k = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+  for (int64_t t = 0; t < rows; ++t) {
+    const float* g = gate_up + t * 2 * inter;
+    const float* u = g + inter;
+    float* o = out + t * inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      const float x = g[i];
+      o[i] = 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x))) * u[i];
+    }
+  }
+}
+
 void soft_cap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }

@@ -26,6 +26,10 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
 /// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] for a fused [rows, 2 * inter] input.
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
 
+/// out[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, inter + i] (HF gelu_pytorch_tanh: 0.5 g
+/// (1 + tanh(sqrt(2/π) (g + 0.044715 g³))), f32).
+void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
+
 /// x = cap * tanh(x / cap) elementwise (cap > 0).
 void soft_cap(float* x, int64_t n, float cap);
 

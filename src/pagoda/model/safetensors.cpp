@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -446,7 +447,17 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
       lw.v_bias = src.read(p + "self_attn.v_proj.bias", {kvd});
     }
     lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
-    lw.post_norm = src.read(p + "post_attention_layernorm.weight", {h});
+    if (c.sandwich_norms) {  // Gemma: post_attention_layernorm is on the attention output
+      lw.attn_out_norm = src.read(p + "post_attention_layernorm.weight", {h});
+      lw.post_norm = src.read(p + "pre_feedforward_layernorm.weight", {h});
+      lw.mlp_out_norm = src.read(p + "post_feedforward_layernorm.weight", {h});
+    } else {
+      lw.post_norm = src.read(p + "post_attention_layernorm.weight", {h});
+    }
+    if (c.qk_norm) {
+      lw.q_norm = src.read(p + "self_attn.q_norm.weight", {c.head_dim});
+      lw.k_norm = src.read(p + "self_attn.k_norm.weight", {c.head_dim});
+    }
     lw.gate_proj = src.read(p + "mlp.gate_proj.weight", {inter, h});
     lw.up_proj = src.read(p + "mlp.up_proj.weight", {inter, h});
     lw.down_proj = src.read(p + "mlp.down_proj.weight", {h, inter});
@@ -488,7 +499,17 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
       t.push_back({p + "self_attn.v_proj.bias", {kvd}, lw.v_bias.data(), dtype});
     }
     t.push_back({p + "self_attn.o_proj.weight", {h, qd}, lw.o_proj.data(), dtype});
-    t.push_back({p + "post_attention_layernorm.weight", {h}, lw.post_norm.data(), dtype});
+    if (c.sandwich_norms) {
+      t.push_back({p + "post_attention_layernorm.weight", {h}, lw.attn_out_norm.data(), dtype});
+      t.push_back({p + "pre_feedforward_layernorm.weight", {h}, lw.post_norm.data(), dtype});
+      t.push_back({p + "post_feedforward_layernorm.weight", {h}, lw.mlp_out_norm.data(), dtype});
+    } else {
+      t.push_back({p + "post_attention_layernorm.weight", {h}, lw.post_norm.data(), dtype});
+    }
+    if (c.qk_norm) {
+      t.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, lw.q_norm.data(), dtype});
+      t.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, lw.k_norm.data(), dtype});
+    }
     t.push_back({p + "mlp.gate_proj.weight", {inter, h}, lw.gate_proj.data(), dtype});
     t.push_back({p + "mlp.up_proj.weight", {inter, h}, lw.up_proj.data(), dtype});
     t.push_back({p + "mlp.down_proj.weight", {h, inter}, lw.down_proj.data(), dtype});
@@ -497,12 +518,19 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
   if (!w.lm_head.empty()) t.push_back({"lm_head.weight", {v, h}, w.lm_head.data(), dtype});
   write_safetensors(dir / "model.safetensors", t);
 
-  const char* model_type = c.family == ModelFamily::kLlama     ? "llama"
-                           : c.family == ModelFamily::kMistral ? "mistral"
-                                                               : "qwen2";
+  const bool gemma = is_gemma_family(c.family);
+  PAGODA_REQUIRE(
+      c.sandwich_norms == gemma && c.norm_weight_offset == gemma &&
+          c.qk_norm == (c.family == ModelFamily::kGemma3) &&
+          c.activation == (gemma ? Activation::kGeluTanh : Activation::kSilu) &&
+          c.embed_scale == (gemma ? std::sqrt(static_cast<float>(c.hidden_size)) : 1.f) &&
+          (gemma || (c.query_pre_attn_scalar == 0.0 && c.local_rope.theta == 0.0)) &&
+          ((c.family == ModelFamily::kGemma3) == (c.local_rope.theta > 0.0)),
+      kUnsupported, "{} checkpoints cannot express this config's norms, activation or scales",
+      hf_architecture_name(c.family));
   nlohmann::json j = {
       {"architectures", {std::string(hf_architecture_name(c.family))}},
-      {"model_type", model_type},
+      {"model_type", std::string(hf_model_type(c.family))},
       {"vocab_size", c.vocab_size},
       {"hidden_size", c.hidden_size},
       {"intermediate_size", c.intermediate_size},
@@ -513,7 +541,7 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
       {"rope_theta", c.rope.theta},
       {"max_position_embeddings", c.max_position_embeddings},
       {"tie_word_embeddings", w.lm_head.empty()},
-      {"hidden_act", "silu"},
+      {gemma ? "hidden_activation" : "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu"},
       {"torch_dtype",
        dtype == DType::kF32 ? "float32" : (dtype == DType::kF16 ? "float16" : "bfloat16")},
   };
@@ -524,10 +552,9 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
                    "Qwen2 configs need head_dim * heads == hidden_size");
   }
   if (c.family == ModelFamily::kLlama) j["attention_bias"] = c.qkv_bias;
-  PAGODA_REQUIRE(
-      c.qkv_bias == (c.family != ModelFamily::kMistral) || c.family == ModelFamily::kLlama,
-      kUnsupported, "{} {} q/k/v biases", hf_architecture_name(c.family),
-      c.family == ModelFamily::kQwen2 ? "always has" : "never has");
+  PAGODA_REQUIRE(c.qkv_bias == (c.family == ModelFamily::kQwen2) || c.family == ModelFamily::kLlama,
+                 kUnsupported, "{} {} q/k/v biases", hf_architecture_name(c.family),
+                 c.family == ModelFamily::kQwen2 ? "always has" : "never has");
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_id >= 0) j["eos_token_id"] = c.eos_token_id;
   if (c.rope.scaling == RopeScalingKind::kLinear) {
@@ -559,6 +586,17 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
       PAGODA_REQUIRE(!c.has_sliding_window() || all_sliding, kUnsupported,
                      "MistralForCausalLM slides every layer or none");
       j["sliding_window"] = c.has_sliding_window() ? nlohmann::json(w_max + 1) : nlohmann::json();
+      break;
+    case ModelFamily::kGemma2:
+    case ModelFamily::kGemma3:
+      j["sliding_window"] = w_max >= 0 ? w_max + 1 : 4096;  // unused when no layer slides
+      j["layer_types"] = types;
+      j["query_pre_attn_scalar"] =
+          c.query_pre_attn_scalar > 0.0 ? c.query_pre_attn_scalar : double(c.head_dim);
+      if (c.family == ModelFamily::kGemma3) j["rope_local_base_freq"] = c.local_rope.theta;
+      // Gemma 2 defaults to caps of 50 / 30: an absent cap is written as null.
+      j["final_logit_softcapping"] = nullptr;
+      j["attn_logit_softcapping"] = nullptr;
       break;
     case ModelFamily::kQwen2: {
       // Sliding layers must be a suffix [max_window_layers, num_layers): the one pattern both

@@ -97,13 +97,14 @@ struct LoadedModel {
   ModelWeights weights;
 };
 
-/// Loads a Hugging Face LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM checkpoint
-/// folder: config.json (config_from_hf_json, strict) plus either model.safetensors.index.json
-/// (sharded; its weight_map names the files, plain names inside `dir`) or every *.safetensors
-/// file in the folder. Weights are converted to f32. Every tensor in the files must be one the
-/// model uses (only `*.rotary_emb.inv_freq` is ignored): a stray tensor, e.g. a q_proj.bias the
-/// config does not declare, is an Error naming it, as is a name in two shards, a missing or
-/// mismatched tensor, or a tied lm_head.weight that differs from the embedding.
+/// Loads a Hugging Face LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+/// Gemma2ForCausalLM / Gemma3ForCausalLM (text) checkpoint folder (Gemma: the four norms per layer
+/// and Gemma 3's self_attn.{q,k}_norm too): config.json (config_from_hf_json, strict) plus either
+/// model.safetensors.index.json (sharded; its weight_map names the files, plain names inside `dir`)
+/// or every *.safetensors file in the folder. Weights are converted to f32. Every tensor in the
+/// files must be one the model uses (only `*.rotary_emb.inv_freq` is ignored): a stray tensor, e.g.
+/// a q_proj.bias the config does not declare, is an Error naming it, as is a name in two shards, a
+/// missing or mismatched tensor, or a tied lm_head.weight that differs from the embedding.
 LoadedModel load_hf_checkpoint(const std::filesystem::path& dir);
 
 /// "builtin" → builtin_tiny_config() with make_random_weights(config, weight_seed); anything
@@ -113,8 +114,10 @@ LoadedModel load_model(const std::string& spec, uint64_t weight_seed);
 /// Writes `weights` as a HF checkpoint folder (config.json + model.safetensors in `dtype`) for
 /// config.family (q/k/v biases when config.qkv_bias; Llama with bias writes attention_bias).
 /// Windows: Mistral needs one window on every layer (or writes layer_types), Qwen2 writes
-/// use_sliding_window + layer_types; a Llama config with windows is Error(kUnsupported)
-/// (transformers' Llama has none). Used by tests and tools. `dir` is created if needed.
+/// use_sliding_window + layer_types, Gemma writes sliding_window + layer_types (and explicit null
+/// soft caps when there are none); a Llama config with windows is Error(kUnsupported)
+/// (transformers' Llama has none), as is a config whose Gemma fields do not match its family. Used
+/// by tests and tools. `dir` is created if needed.
 void save_hf_checkpoint(const std::filesystem::path& dir, const ModelConfig& config,
                         const ModelWeights& weights, DType dtype);
 

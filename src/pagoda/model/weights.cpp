@@ -52,6 +52,10 @@ void ModelWeights::validate(const ModelConfig& c) const {
     require_size(w.gate_proj, inter * h, p + "gate_proj");
     require_size(w.up_proj, inter * h, p + "up_proj");
     require_size(w.down_proj, h * inter, p + "down_proj");
+    require_size(w.attn_out_norm, c.sandwich_norms ? h : 0, p + "post_attention_layernorm");
+    require_size(w.mlp_out_norm, c.sandwich_norms ? h : 0, p + "post_feedforward_layernorm");
+    require_size(w.q_norm, c.qk_norm ? c.head_dim : 0, p + "q_norm");
+    require_size(w.k_norm, c.qk_norm ? c.head_dim : 0, p + "k_norm");
   }
 }
 
@@ -63,21 +67,22 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t inter = c.intermediate_size;
   const double in_h = 1.0 / std::sqrt(static_cast<double>(h));
+  const double norm_mean = c.norm_weight_offset ? 0.0 : 1.0;
   ModelWeights w;
   w.embed = normal_vec(rng, int64_t{c.vocab_size} * h, 0.0, 1.0);
   w.layers.resize(c.num_layers);
   for (LayerWeights& l : w.layers) {
-    l.input_norm = normal_vec(rng, h, 1.0, 0.1);
+    l.input_norm = normal_vec(rng, h, norm_mean, 0.1);
     l.q_proj = normal_vec(rng, qd * h, 0.0, in_h);
     l.k_proj = normal_vec(rng, kvd * h, 0.0, in_h);
     l.v_proj = normal_vec(rng, kvd * h, 0.0, in_h);
     l.o_proj = normal_vec(rng, h * qd, 0.0, 1.0 / std::sqrt(static_cast<double>(qd)));
-    l.post_norm = normal_vec(rng, h, 1.0, 0.1);
+    l.post_norm = normal_vec(rng, h, norm_mean, 0.1);
     l.gate_proj = normal_vec(rng, inter * h, 0.0, in_h);
     l.up_proj = normal_vec(rng, inter * h, 0.0, in_h);
     l.down_proj = normal_vec(rng, h * inter, 0.0, 1.0 / std::sqrt(static_cast<double>(inter)));
   }
-  w.final_norm = normal_vec(rng, h, 1.0, 0.1);
+  w.final_norm = normal_vec(rng, h, norm_mean, 0.1);
   if (!c.tie_word_embeddings) w.lm_head = normal_vec(rng, int64_t{c.vocab_size} * h, 0.0, in_h);
   // Drawn last so configs without biases keep the weights they always had.
   if (c.qkv_bias) {
@@ -85,6 +90,16 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
       l.q_bias = normal_vec(rng, qd, 0.0, 0.5);
       l.k_bias = normal_vec(rng, kvd, 0.0, 0.5);
       l.v_bias = normal_vec(rng, kvd, 0.0, 0.5);
+    }
+  }
+  for (LayerWeights& l : w.layers) {
+    if (c.sandwich_norms) {
+      l.attn_out_norm = normal_vec(rng, h, norm_mean, 0.1);
+      l.mlp_out_norm = normal_vec(rng, h, norm_mean, 0.1);
+    }
+    if (c.qk_norm) {
+      l.q_norm = normal_vec(rng, c.head_dim, norm_mean, 0.1);
+      l.k_norm = normal_vec(rng, c.head_dim, norm_mean, 0.1);
     }
   }
   return w;

@@ -22,6 +22,13 @@ struct LayerWeights {
   std::vector<float> gate_proj;   ///< [intermediate, hidden]
   std::vector<float> up_proj;     ///< [intermediate, hidden]
   std::vector<float> down_proj;   ///< [hidden, intermediate]
+  // Gemma (empty otherwise). post_norm above is Gemma's pre_feedforward_layernorm.
+  std::vector<float> attn_out_norm;  ///< [hidden] when config.sandwich_norms (HF Gemma's
+                                     ///< post_attention_layernorm, on the attention output)
+  std::vector<float> mlp_out_norm;   ///< [hidden] when config.sandwich_norms
+                                     ///< (post_feedforward_layernorm)
+  std::vector<float> q_norm;         ///< [head_dim] when config.qk_norm
+  std::vector<float> k_norm;         ///< [head_dim] when config.qk_norm
 };
 
 struct ModelWeights {
@@ -39,8 +46,9 @@ struct ModelWeights {
 
 /// Deterministic random weights from `seed` (same seed, same config → identical bits).
 /// Scales keep activations O(1) so logits are well separated: embedding N(0, 1), linear
-/// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²), q/k/v biases (when
-/// config.qkv_bias) N(0, 0.5²). Configs without biases draw exactly the numbers they always did.
+/// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²) (N(0, 0.1²) with
+/// config.norm_weight_offset, whose norms scale by 1 + w), q/k/v biases (when config.qkv_bias)
+/// N(0, 0.5²). Configs without biases or Gemma norms draw exactly the numbers they always did.
 ModelWeights make_random_weights(const ModelConfig& config, uint64_t seed);
 
 }  // namespace pagoda::model

@@ -4,6 +4,7 @@
 // valid config or a pagoda::Error.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -96,6 +97,44 @@ constexpr const char* kQwen2V5 = R"({
   "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
   "sliding_window": 8, "tie_word_embeddings": true, "transformers_version": "5.0.0",
   "use_cache": true, "use_sliding_window": true, "vocab_size": 300})";
+
+// gemma-2-2b's config.json (transformers 4.42).
+constexpr const char* kGemma2_2B = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": 1, "final_logit_softcapping": 30.0, "head_dim": 256,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+  "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+  "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "sliding_window": 4096, "torch_dtype": "float32", "transformers_version": "4.42.4",
+  "use_cache": true, "vocab_size": 256000})";
+
+// gemma-3-1b-it's config.json (transformers 4.50).
+constexpr const char* kGemma3_1B = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+  "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+  "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+  "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+  "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})";
+
+// A Gemma 3 text config as transformers 5 writes it (rope_parameters per layer type).
+constexpr const char* kGemma3V5 = R"({
+  "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 300,
+  "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+  "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0,
+                                         "rope_theta": 1000000.0},
+                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+  "sliding_window": 16, "sliding_window_pattern": 2, "_sliding_window_pattern": 2,
+  "use_bidirectional_attention": false, "dtype": "bfloat16"})";
 
 /// Expects `fn` to throw a pagoda::Error with `code` whose message contains `needle`.
 template <typename Fn>
@@ -206,6 +245,79 @@ TEST(ConfigFamilies, MistralWindow) {
                ErrorCode::kUnsupported, "layer_types");
 }
 
+TEST(ConfigFamilies, Gemma2) {
+  const ModelConfig c = config_from_hf_json(json::parse(kGemma2_2B));
+  EXPECT_EQ(c.family, ModelFamily::kGemma2);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_TRUE(c.norm_weight_offset);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FLOAT_EQ(c.embed_scale, 48.f);  // sqrt(2304)
+  EXPECT_FLOAT_EQ(c.attn_logit_softcap, 50.f);
+  EXPECT_FLOAT_EQ(c.final_logit_softcap, 30.f);
+  EXPECT_FLOAT_EQ(c.attention_scaling(), 1.f / 16.f);
+  for (int l = 0; l < 26; ++l) EXPECT_EQ(c.window_of(l), l % 2 == 0 ? 4095 : -1) << l;
+  EXPECT_EQ(c.local_rope.theta, 0.0);  // one RoPE for every layer
+  // Absent caps take Gemma 2's defaults; null switches them off.
+  EXPECT_FLOAT_EQ(parse_with(kGemma2_2B, "attn_logit_softcapping", "DELETE").attn_logit_softcap,
+                  50.f);
+  EXPECT_EQ(parse_with(kGemma2_2B, "final_logit_softcapping", "null").final_logit_softcap, 0.f);
+  EXPECT_FLOAT_EQ(parse_with(kGemma2_2B, "query_pre_attn_scalar", "224").attention_scaling(),
+                  static_cast<float>(1.0 / std::sqrt(224.0)));
+}
+
+TEST(ConfigFamilies, Gemma3Text) {
+  const ModelConfig c = config_from_hf_json(json::parse(kGemma3_1B));
+  EXPECT_EQ(c.family, ModelFamily::kGemma3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_EQ(c.attn_logit_softcap, 0.f);
+  EXPECT_EQ(c.final_logit_softcap, 0.f);
+  EXPECT_EQ(c.eos_token_id, 1);
+  EXPECT_EQ(c.num_kv_heads, 1);
+  EXPECT_EQ(c.weights_dtype, DType::kBF16);
+  for (int l = 0; l < 26; ++l) EXPECT_EQ(c.window_of(l), (l + 1) % 6 == 0 ? -1 : 511) << l;
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  EXPECT_DOUBLE_EQ(c.local_rope.theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.rope_of(0).theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.rope_of(5).theta, 1e6);
+  // rope_scaling applies to the global layers only.
+  const ModelConfig s =
+      parse_with(kGemma3_1B, "rope_scaling", R"({"rope_type": "linear", "factor": 8.0})");
+  EXPECT_EQ(s.rope.scaling, RopeScalingKind::kLinear);
+  EXPECT_EQ(s.local_rope.scaling, RopeScalingKind::kNone);
+  // Another pattern, and layer_types agreeing with it.
+  const ModelConfig p = parse_with(kGemma3_1B, "sliding_window_pattern", "2");
+  EXPECT_EQ(p.window_of(0), 511);
+  EXPECT_EQ(p.window_of(1), -1);
+  // transformers 5: rope_parameters per layer type, layer_types explicit.
+  const ModelConfig v = config_from_hf_json(json::parse(kGemma3V5));
+  EXPECT_EQ(v.window_of(0), 15);
+  EXPECT_EQ(v.window_of(1), -1);
+  EXPECT_DOUBLE_EQ(v.rope.theta, 1e6);
+  EXPECT_EQ(v.rope.scaling, RopeScalingKind::kLinear);
+  EXPECT_DOUBLE_EQ(v.rope.factor, 8.0);
+  EXPECT_DOUBLE_EQ(v.local_rope.theta, 10000.0);
+  EXPECT_EQ(v.head_dim, 32);
+  EXPECT_FLOAT_EQ(v.attention_scaling(), 1.f / 16.f);  // query_pre_attn_scalar default 256
+  expect_error([] { parse_with(kGemma3V5, "_sliding_window_pattern", "3"); },
+               ErrorCode::kUnsupported, "_sliding_window_pattern");
+}
+
+TEST(ConfigStrict, GemmaPatternsNameTheField) {
+  expect_error([] { parse_with(kGemma3_1B, "layer_types", R"(["full_attention"])"); },
+               ErrorCode::kInvalidArgument, "layer_types");
+  // layer_types that disagree with sliding_window_pattern.
+  json j = json::parse(kGemma3_1B);
+  j["num_hidden_layers"] = 2;
+  j["layer_types"] = {"sliding_attention", "sliding_attention"};
+  j["sliding_window_pattern"] = 2;
+  expect_error([&] { config_from_hf_json(j); }, ErrorCode::kUnsupported, "sliding_window_pattern");
+  // Harmless Gemma metadata.
+  EXPECT_NO_THROW(parse_with(kGemma3_1B, "cache_implementation", R"("hybrid")"));
+}
+
 TEST(ConfigStrict, UnsupportedFeaturesNameTheField) {
   struct Case {
     const char* base;
@@ -228,6 +340,21 @@ TEST(ConfigStrict, UnsupportedFeaturesNameTheField) {
       {kQwen25_05B, "attention_bias", "false", "attention_bias"},
       {kQwen25_05B, "head_dim", "128", "head_dim"},
       {kQwen25_05B, "use_mrope", "true", "use_mrope"},
+      {kGemma3_1B, "model_type", R"("gemma3")", "model_type"},
+      {kGemma3_1B, "hidden_activation", R"("gelu")", "hidden_activation"},
+      {kGemma2_2B, "hidden_act", R"("silu")", "hidden_act"},
+      {kGemma3_1B, "use_bidirectional_attention", "true", "use_bidirectional_attention"},
+      {kGemma2_2B, "use_bidirectional_attention", "true", "use_bidirectional_attention"},
+      {kGemma3_1B, "attention_bias", "true", "attention_bias"},
+      {kGemma3_1B, "sliding_window", "null", "sliding_window"},
+      {kGemma2_2B, "use_sliding_window", "true", "use_sliding_window"},
+      {kGemma2_2B, "mlp_bias", "false", "mlp_bias"},
+      {kGemma2_2B, "sliding_window_pattern", "2", "sliding_window_pattern"},
+      {kGemma2_2B, "rope_local_base_freq", "10000", "rope_local_base_freq"},
+      {kGemma3_1B, "rope_scaling", R"({"rope_type": "yarn", "factor": 4.0})", "yarn"},
+      {kLlama31_8B, "query_pre_attn_scalar", "128", "query_pre_attn_scalar"},
+      {kLlama31_8B, "hidden_activation", R"("silu")", "hidden_activation"},
+      {kQwen25_05B, "rope_local_base_freq", "10000", "rope_local_base_freq"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.key + " = " + c.value);

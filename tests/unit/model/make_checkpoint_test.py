@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """CTest: tools/make_checkpoint.py writes checkpoints pagoda loads, and pagoda's logits on them
-match transformers' (f32, greedy, tiny / qwen2-tiny / mistral-tiny layouts).
+match transformers' (f32, greedy, tiny / qwen2-tiny / mistral-tiny / gemma2-tiny / gemma3-tiny
+layouts).
 
 Skipped (exit 77, CTest SKIP_RETURN_CODE) when torch, transformers or tokenizers cannot be
 imported: they are too big to install on CI, so nothing is installed here. Set PAGODA_PYTHON to
@@ -17,8 +18,8 @@ import sys
 import tempfile
 
 SKIP = 77
-LAYOUTS = ["tiny", "qwen2-tiny", "mistral-tiny"]
-# 40 tokens: longer than mistral-tiny's 32-token window, so the window is exercised.
+LAYOUTS = ["tiny", "qwen2-tiny", "mistral-tiny", "gemma2-tiny", "gemma3-tiny"]
+# 40 tokens: longer than the 32-token windows of mistral-tiny and the Gemma layouts.
 PROMPT = [(i * 2654435761 + 7) % 3990 for i in range(40)]
 NEW_TOKENS = 4
 

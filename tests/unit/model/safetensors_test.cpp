@@ -46,6 +46,39 @@ TEST(Safetensors, F32CheckpointRoundTripsExactly) {
   EXPECT_EQ(m.weights.layers[0].k_proj, w.layers[0].k_proj);
 }
 
+TEST(Safetensors, GemmaCheckpointsRoundTrip) {
+  for (const char* type : {"gemma2", "gemma3_text"}) {
+    SCOPED_TRACE(type);
+    nlohmann::json j = {{"model_type", type},       {"vocab_size", 64},
+                        {"hidden_size", 32},        {"intermediate_size", 48},
+                        {"num_hidden_layers", 3},   {"num_attention_heads", 2},
+                        {"num_key_value_heads", 1}, {"head_dim", 16},
+                        {"sliding_window", 5},      {"query_pre_attn_scalar", 12}};
+    if (std::string(type) == "gemma3_text") j["sliding_window_pattern"] = 3;
+    const ModelConfig c = config_from_hf_json(j);
+    const ModelWeights w = make_random_weights(c, 5);
+    TempDir dir("pagoda_st_gemma");
+    save_hf_checkpoint(dir.path(), c, w, DType::kF32);
+    const LoadedModel m = load_hf_checkpoint(dir.path());
+    EXPECT_EQ(m.config.family, c.family);
+    EXPECT_EQ(m.config.layer_window, c.layer_window);
+    EXPECT_EQ(m.config.qk_norm, c.qk_norm);
+    EXPECT_EQ(m.config.attn_logit_softcap, c.attn_logit_softcap);
+    EXPECT_EQ(m.config.final_logit_softcap, c.final_logit_softcap);
+    EXPECT_EQ(m.config.attention_scaling(), c.attention_scaling());
+    EXPECT_EQ(m.config.local_rope.theta, c.local_rope.theta);
+    EXPECT_TRUE(m.weights.lm_head.empty());
+    ASSERT_EQ(m.weights.layers.size(), 3u);
+    for (size_t l = 0; l < 3; ++l) {
+      EXPECT_EQ(m.weights.layers[l].post_norm, w.layers[l].post_norm);
+      EXPECT_EQ(m.weights.layers[l].attn_out_norm, w.layers[l].attn_out_norm);
+      EXPECT_EQ(m.weights.layers[l].mlp_out_norm, w.layers[l].mlp_out_norm);
+      EXPECT_EQ(m.weights.layers[l].q_norm, w.layers[l].q_norm);
+      EXPECT_EQ(m.weights.layers[l].k_norm, w.layers[l].k_norm);
+    }
+  }
+}
+
 TEST(Safetensors, Bf16AndF16AreRoundedToNearest) {
   ModelConfig c = testing::test_model_config();
   c.tie_word_embeddings = true;

@@ -14,6 +14,7 @@
 #include "pagoda/core/float_convert.h"
 #include "pagoda/kernels/cuda/launch.h"
 #include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/gemma_kernels.h"
 #include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
@@ -225,6 +226,18 @@ class CudaOps final : public ModelOps {
   }
   void soft_cap(float* x, int64_t n, float cap) override {
     cuda_check(ck::soft_cap_inplace(x, n, cap, stream_), "soft_cap");
+  }
+  bool supports_gemma_ops() const override { return true; }
+  void scale(void* x, int64_t n, float s) override {
+    cuda_check(ck::scale_inplace(act_, x, n, s, stream_), "scale");
+  }
+  void rms_norm_groups(void* x, int64_t rows, int64_t row_stride, int64_t groups, int64_t dim,
+                       const void* weight, float eps) override {
+    cuda_check(ck::rms_norm_groups(act_, x, rows, row_stride, groups, dim, weight, eps, stream_),
+               "rms_norm_groups");
+  }
+  void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
+    cuda_check(ck::gelu_tanh_mul(act_, gate_up, out, rows, inter, stream_), "gelu_tanh_mul");
   }
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
     cuda_check(ck::adjust_logits(logits, vocab, reinterpret_cast<const ck::LogitAdjustEntry*>(adj),

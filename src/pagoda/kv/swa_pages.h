@@ -1,0 +1,90 @@
+#pragma once
+/// SwaPages: the sliding-window side of a hybrid KV pool (SGLang's SWAKVPool / SWA allocator,
+/// paged; docs/design/kv.md §SWA). A model with sliding-window layers keeps their K/V in a second,
+/// smaller pool: every full page (the full-attention layers' pool, a PageAllocator) may have one
+/// SWA page (the SWA pool, another PageAllocator of the same page size) holding the same token
+/// positions at the same in-page offsets. The SWA slot of full slot s is
+/// swa_page(page(s)) * P + s % P.
+///
+/// Holders. A full page's SWA page has its own reference count (the SWA allocator's): a request
+/// or the radix tree that holds a full page also holds its SWA page until it lets the window
+/// side go (release_swa) — a request whose window has slid past the page, or the tree evicting
+/// a node's window KV while keeping its full KV (a tombstone). When the SWA count of a page
+/// reaches 0 its SWA page is free and the full page has none any more (has_swa() false): the
+/// positions it holds can no longer be read by a sliding layer. Dropping a full page's last
+/// reference (free) also drops the SWA references its holder still had.
+///
+/// Window arithmetic (FlashInfer convention: a query at position p reads keys
+/// [p - window_left, p]). After kv_len tokens are cached, every later query has p >= kv_len, so
+/// positions below kv_len - window_left are dead for the sliding layers: swa_dead_pages() leading
+/// pages of a request can be released, and a running request holds at most
+/// swa_live_pages_bound() SWA pages.
+///
+/// Pages are named by id (1..num_pages, as in PageRun). Errors: bad input throws pagoda::Error
+/// before anything changes (as PageAllocator). Thread rules: not thread-safe; one scheduler
+/// thread owns it with the two allocators.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "pagoda/core/ids.h"
+#include "pagoda/kv/page_allocator.h"
+
+namespace pagoda::kv {
+
+class SwaPages {
+ public:
+  /// Both allocators must have the same page size and outlive this; `full` must be unused (no
+  /// page referenced) so every held full page is known here.
+  SwaPages(PageAllocator& full, PageAllocator& swa);
+
+  int32_t page_size() const { return full_->page_size(); }
+  PageAllocator& full() const { return *full_; }
+  PageAllocator& swa() const { return *swa_; }
+
+  /// Takes `num_pages` full pages and one SWA page for each (refcount 1 on both sides); returns
+  /// the full page ids, or an empty optional (nothing changed) when either pool is short.
+  std::optional<std::vector<int32_t>> alloc_pages(int32_t num_pages);
+  /// Adds a holder to each page named: the full page, and its SWA page when it has one and
+  /// `with_swa` (the radix tree retaining what a request inserted).
+  void retain(std::span<const int32_t> full_pages, bool with_swa);
+  /// Drops one holder's SWA reference for each page named (which must have an SWA page); the
+  /// full pages are untouched.
+  void release_swa(std::span<const int32_t> full_pages);
+  /// Drops one holder of each page named: its full reference, and its SWA reference when
+  /// `with_swa` (it had not released it). Pages reaching 0 return to their pools.
+  void free(std::span<const int32_t> full_pages, bool with_swa);
+
+  /// Whether full page `p` (referenced) still has an SWA page.
+  bool has_swa(int32_t p) const { return map_[static_cast<size_t>(p)] != 0; }
+  /// The SWA page of full page `p`, or 0 when it has none.
+  int32_t swa_page(int32_t p) const { return map_[static_cast<size_t>(p)]; }
+  /// The SWA slot of full slot `s`, or -1 when its page has no SWA page.
+  SlotIndex swa_slot(SlotIndex s) const;
+
+  /// Leading pages of a request with kv_len cached tokens that no later query of a layer with
+  /// `window_left` can read: max(0, (kv_len - window_left) / page_size).
+  static int64_t swa_dead_pages(int64_t kv_len, int window_left, int32_t page_size);
+  /// The most SWA pages a running request still needs after its dead ones are released: the
+  /// pages overlapping the window_left + 1 positions [kv_len - window_left, kv_len], i.e.
+  /// ceil((window_left + 1) / P) + 1 (a window straddles one more page than it fills).
+  static int64_t swa_live_pages_bound(int window_left, int32_t page_size);
+
+  /// Aborts (PAGODA_CHECK) when the map and the two allocators disagree: every full page with
+  /// an SWA page is referenced, SWA pages are referenced, no SWA page is mapped twice, and the
+  /// mapped SWA pages are exactly the referenced ones. O(num_pages).
+  void check_integrity() const;
+
+ private:
+  void require_referenced(std::span<const int32_t> full_pages, const char* what) const;
+  /// Drops one SWA reference from page `p`'s SWA page; unmaps it when it reaches 0.
+  void drop_swa(int32_t p);
+
+  PageAllocator* full_;
+  PageAllocator* swa_;
+  std::vector<int32_t> map_;  ///< full page -> SWA page (0 = none), size full.num_pages() + 1
+};
+
+}  // namespace pagoda::kv

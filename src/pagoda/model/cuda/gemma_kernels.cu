@@ -1,0 +1,152 @@
+// Gemma-only dense kernels (gemma_kernels.h). Built without fast math.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "pagoda/model/cuda/gemma_kernels.h"
+
+namespace pagoda::model::cuda_kernels {
+
+namespace {
+
+__device__ __forceinline__ float f32(float x) {
+  return x;
+}
+__device__ __forceinline__ float f32(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float f32(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T round_to(float x);
+template <>
+__device__ __forceinline__ float round_to<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half round_to<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 round_to<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+constexpr int kThreads = 256;
+
+unsigned blocks(int64_t n, int per_block) {
+  const int64_t b = (n + per_block - 1) / per_block;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > (int64_t{1} << 20) ? (int64_t{1} << 20) : b));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float s) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = round_to<T>(__fmul_rn(f32(x[i]), s));
+}
+
+/// One warp per vector (row t, group g); lanes stride over dim.
+template <typename T>
+__global__ void rms_norm_groups_kernel(T* x, int64_t rows, int64_t row_stride, int64_t groups,
+                                       int64_t dim, const T* __restrict__ weight, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       v < rows * groups; v += warps) {
+    const int64_t t = v / groups, g = v - t * groups;
+    T* p = x + t * row_stride + g * dim;
+    float ss = 0.f;
+    for (int64_t i = lane; i < dim; i += 32) {
+      const float a = f32(p[i]);
+      ss = __fmaf_rn(a, a, ss);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float inv = 1.f / sqrtf(ss / static_cast<float>(dim) + eps);
+    for (int64_t i = lane; i < dim; i += 32)
+      p[i] = round_to<T>(__fmul_rn(__fmul_rn(f32(p[i]), inv), f32(weight[i])));
+  }
+}
+
+template <typename T>
+__global__ void gelu_tanh_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ out,
+                                     int64_t rows, int64_t inter) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < rows * inter;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = j / inter, i = j - t * inter;
+    const float g = f32(gate_up[t * 2 * inter + i]);
+    const float u = f32(gate_up[t * 2 * inter + inter + i]);
+    const float inner =
+        __fmul_rn(k, __fadd_rn(g, __fmul_rn(0.044715f, __fmul_rn(g, __fmul_rn(g, g)))));
+    const float gelu = __fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.f, tanhf(inner)));
+    out[j] = round_to<T>(__fmul_rn(gelu, u));
+  }
+}
+
+template <template <typename> class Launch, typename... Args>
+cudaError_t dispatch(ActDType dtype, Args... args) {
+  switch (dtype) {
+    case ActDType::kF32:
+      return Launch<float>::run(args...);
+    case ActDType::kF16:
+      return Launch<__half>::run(args...);
+    case ActDType::kBF16:
+      return Launch<__nv_bfloat16>::run(args...);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T>
+struct ScaleLaunch {
+  static cudaError_t run(void* x, int64_t n, float s, cudaStream_t stream) {
+    scale_kernel<T><<<blocks(n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(x), n, s);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T>
+struct NormLaunch {
+  static cudaError_t run(void* x, int64_t rows, int64_t row_stride, int64_t groups, int64_t dim,
+                         const void* weight, float eps, cudaStream_t stream) {
+    rms_norm_groups_kernel<T><<<blocks(rows * groups, kThreads / 32), kThreads, 0, stream>>>(
+        static_cast<T*>(x), rows, row_stride, groups, dim, static_cast<const T*>(weight), eps);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T>
+struct GeluLaunch {
+  static cudaError_t run(const void* gate_up, void* out, int64_t rows, int64_t inter,
+                         cudaStream_t stream) {
+    gelu_tanh_mul_kernel<T><<<blocks(rows * inter, kThreads), kThreads, 0, stream>>>(
+        static_cast<const T*>(gate_up), static_cast<T*>(out), rows, inter);
+    return cudaGetLastError();
+  }
+};
+
+}  // namespace
+
+cudaError_t scale_inplace(ActDType dtype, void* x, int64_t n, float s, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  return dispatch<ScaleLaunch>(dtype, x, n, s, stream);
+}
+
+cudaError_t rms_norm_groups(ActDType dtype, void* x, int64_t rows, int64_t row_stride,
+                            int64_t groups, int64_t dim, const void* weight, float eps,
+                            cudaStream_t stream) {
+  if (rows <= 0 || groups <= 0 || dim <= 0) return cudaSuccess;
+  return dispatch<NormLaunch>(dtype, x, rows, row_stride, groups, dim, weight, eps, stream);
+}
+
+cudaError_t gelu_tanh_mul(ActDType dtype, const void* gate_up, void* out, int64_t rows,
+                          int64_t inter, cudaStream_t stream) {
+  if (rows <= 0 || inter <= 0) return cudaSuccess;
+  return dispatch<GeluLaunch>(dtype, gate_up, out, rows, inter, stream);
+}
+
+}  // namespace pagoda::model::cuda_kernels

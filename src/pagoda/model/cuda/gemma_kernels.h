@@ -1,0 +1,31 @@
+#pragma once
+/// Raw launchers of the Gemma-only dense kernels of the GPU model path (ModelOps::scale,
+/// rms_norm_groups, gelu_tanh_mul; see model_ops.h). Same conventions as dense_kernels.h: plain
+/// types (nvcc-compiled header), untyped activation pointers in `dtype`, f32 math without fast
+/// math and one rounding per output, enqueued on `stream`, no synchronisation or allocation
+/// (capturable), cudaSuccess when there is nothing to do. Scalar (not vectorised) kernels.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "pagoda/model/cuda/dense_kernels.h"
+
+namespace pagoda::model::cuda_kernels {
+
+/// x[i] = round(f32(x[i]) * s) for i in [0, n), in place.
+cudaError_t scale_inplace(ActDType dtype, void* x, int64_t n, float s, cudaStream_t stream);
+
+/// In-place RMSNorm of `groups` vectors of `dim` elements per row: the vector at
+/// x + t * row_stride + g * dim (elements) becomes round(v * inv * f32(weight[i])) with
+/// inv = 1 / sqrtf(sum(v²) / dim + eps) (f32 sum in a fixed order). One warp per vector.
+cudaError_t rms_norm_groups(ActDType dtype, void* x, int64_t rows, int64_t row_stride,
+                            int64_t groups, int64_t dim, const void* weight, float eps,
+                            cudaStream_t stream);
+
+/// GeGLU: out[t, i] = round(gelu_tanh(g) * u), g = f32(gate_up[t, i]), u = f32(gate_up[t, inter
+/// + i]), gelu_tanh(g) = 0.5 g (1 + tanhf(sqrt(2/π) (g + 0.044715 g³))), f32.
+cudaError_t gelu_tanh_mul(ActDType dtype, const void* gate_up, void* out, int64_t rows,
+                          int64_t inter, cudaStream_t stream);
+
+}  // namespace pagoda::model::cuda_kernels
