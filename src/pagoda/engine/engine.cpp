@@ -332,7 +332,7 @@ std::vector<PageId> Engine::prompt_pages(RequestId id) const {
   const Req& r = find_req(reqs_, id);
   PAGODA_REQUIRE(r.cache.req_slot.valid() && r.kv_len >= r.prompt_len, kFailedPrecondition,
                  "request {} holds no prompt KV", id);
-  const auto row = table_->row(r.cache.req_slot);
+  const auto row = memory_->table().row(r.cache.req_slot);
   std::vector<PageId> pages;
   for (int64_t pos = 0; pos < r.prompt_len; pos += config_.page_size)
     pages.push_back(PageId{static_cast<int32_t>(row[pos] / config_.page_size)});
