@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/hicache_options.h"
 #include "pagoda/core/error.h"
 #ifdef PAGODA_CLI_HAVE_SERVER
 #include "pagoda/server/server.h"
@@ -33,6 +34,7 @@ struct ServeCliOptions {
   double drain_timeout = 60;
   int64_t max_request_bytes = 8 << 20;
   int listen_backlog = 1024;
+  HiCacheOptions hicache{};
 };
 }  // namespace
 
@@ -83,6 +85,7 @@ void add_serve_command(CLI::App& app) {
                   "listen queue length for bursts of new connections (capped by the kernel's "
                   "net.core.somaxconn)")
       ->capture_default_str();
+  add_hicache_options(cmd, o->hicache);
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -108,6 +111,7 @@ void add_serve_command(CLI::App& app) {
     s.drain_timeout_s = o->drain_timeout;
     s.max_request_bytes = o->max_request_bytes;
     s.listen_backlog = o->listen_backlog;
+    s.hicache = make_hicache_config(o->hicache);
     const int rc = server::run_server(s);
     if (rc != 0) throw_error(ErrorCode::kInternal, "the server stopped with an error");
 #else

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "pagoda/core/dtype.h"
+#include "pagoda/tier/config.h"
 
 namespace pagoda::server {
 
@@ -38,6 +39,7 @@ struct ServeOptions {
   int64_t max_request_bytes = 8 << 20;  ///< larger request bodies get 413 (unread)
   int listen_backlog = 1024;          ///< listen queue length (the kernel caps it at somaxconn)
   double drain_timeout_s = 60;        ///< SIGTERM: longest wait for running requests
+  tier::HiCacheConfig hicache{};      ///< the hierarchical KV cache (off unless a host size)
 };
 
 /// Validates `o` (Error(kInvalidArgument) naming the option), loads the model, binds and serves
