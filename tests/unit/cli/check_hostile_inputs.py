@@ -57,8 +57,9 @@ for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
              ["page size"], [missing])
     run_case(f"{cmd[0]} unknown backend", cmd + ["--model", missing, "--backend", "nosuch"],
              ["attention backend 'nosuch'"], [missing])
-# Hierarchical cache options, also checked before the model is loaded.
-for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
+# Hierarchical cache options (one flag block on all three commands), checked before the model
+# is loaded.
+for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"], ["serve", "--port", "0"]):
     run_case(f"{cmd[0]} hicache ratio -1", cmd + ["--model", missing, "--hicache-ratio", "-1"],
              ["--hicache-ratio"], [missing])
     run_case(f"{cmd[0]} hicache ratio and size",
@@ -67,12 +68,15 @@ for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
     run_case(f"{cmd[0]} hicache write policy",
              cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-write-policy", "nope"],
              ["write policy 'nope'"], [missing])
-    run_case(f"{cmd[0]} hicache remote storage",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "redis://h:1"],
-             ["scheme 'redis'"], [missing])
-    run_case(f"{cmd[0]} hicache best_effort",
+    run_case(f"{cmd[0]} hicache remote storage port",
+             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "redis://h:0"],
+             ["port must be in"], [missing])
+    run_case(f"{cmd[0]} hicache storage scheme",
+             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "s3://b/k"],
+             ["scheme 's3'"], [missing])
+    run_case(f"{cmd[0]} hicache prefetch policy",
              cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x",
-                    "--hicache-prefetch-policy", "best_effort"], ["best_effort"], [missing])
+                    "--hicache-prefetch-policy", "nope"], ["prefetch policy 'nope'"], [missing])
 run_case("bench pool smaller than a page",
          ["bench", "--requests", "1", "--model", missing, "--page-size", "16", "--pool-tokens", "8"],
          ["pool of 8 tokens"], [missing])

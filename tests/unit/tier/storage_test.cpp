@@ -245,7 +245,7 @@ TEST(HiCacheStorage, PrefetchPoliciesAgainstASlowStorage) {
     const HiCacheConfig config{.host = {.ratio = 1},
                                .storage = "file:" + dir,
                                .prefetch = policy,
-                               .prefetch_timeout_base_s = 0.3,
+                               .prefetch_timeout_base_s = 1.0,
                                .prefetch_timeout_per_1k_tokens_s = 0};
     const auto start = std::chrono::steady_clock::now();
     testing::Harness h(32, 4, config, [&] {
@@ -268,8 +268,8 @@ TEST(HiCacheStorage, PrefetchPoliciesAgainstASlowStorage) {
       EXPECT_EQ(h.cache.prefetch_arrived(req), 17);
     } else {
       EXPECT_FALSE(h.cache.admission_ready(req, false));
-      EXPECT_TRUE(h.cache.admission_ready(req, true));  // waits for the 0.3 s deadline
-      EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(300));
+      EXPECT_TRUE(h.cache.admission_ready(req, true));  // waits for the 1 s deadline
+      EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1000));
       EXPECT_EQ(h.cache.prefetch_arrived(req), 8);
       expect = 8 * 4;
     }
