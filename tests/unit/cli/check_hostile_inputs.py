@@ -59,24 +59,19 @@ for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
              ["attention backend 'nosuch'"], [missing])
 # Hierarchical cache options (one flag block on all three commands), checked before the model
 # is loaded.
+HICACHE_CASES = [
+    (["--hicache-ratio", "-1"], "--hicache-ratio"),
+    (["--hicache-ratio", "2", "--hicache-size", "1G"], "not both"),
+    (["--hicache-ratio", "2", "--hicache-write-policy", "nope"], "write policy 'nope'"),
+    (["--hicache-ratio", "2", "--hicache-storage", "redis://h:0"], "port must be in"),
+    (["--hicache-ratio", "2", "--hicache-storage", "s3://b/k"], "scheme 's3'"),
+    (["--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x", "--hicache-prefetch-policy",
+      "nope"], "prefetch policy 'nope'"),
+]
 for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"], ["serve", "--port", "0"]):
-    run_case(f"{cmd[0]} hicache ratio -1", cmd + ["--model", missing, "--hicache-ratio", "-1"],
-             ["--hicache-ratio"], [missing])
-    run_case(f"{cmd[0]} hicache ratio and size",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-size", "1G"],
-             ["not both"], [missing])
-    run_case(f"{cmd[0]} hicache write policy",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-write-policy", "nope"],
-             ["write policy 'nope'"], [missing])
-    run_case(f"{cmd[0]} hicache remote storage port",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "redis://h:0"],
-             ["port must be in"], [missing])
-    run_case(f"{cmd[0]} hicache storage scheme",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "s3://b/k"],
-             ["scheme 's3'"], [missing])
-    run_case(f"{cmd[0]} hicache prefetch policy",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x",
-                    "--hicache-prefetch-policy", "nope"], ["prefetch policy 'nope'"], [missing])
+    for flags, expect in HICACHE_CASES:
+        run_case(f"{cmd[0]} {' '.join(flags)}", cmd + ["--model", missing, *flags], [expect],
+                 [missing])
 run_case("bench pool smaller than a page",
          ["bench", "--requests", "1", "--model", missing, "--page-size", "16", "--pool-tokens", "8"],
          ["pool of 8 tokens"], [missing])
