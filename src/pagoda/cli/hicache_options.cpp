@@ -92,20 +92,19 @@ nlohmann::json hicache_stats_json(const engine::EngineStats& st) {
           {"load_stalls", t.transfer.load_stalls},
           {"load_stall_s", t.transfer.load_stall_s},
           {"storage_hit_tokens", t.storage_hit_tokens},
-          {"storage",
-           t.has_storage ? nlohmann::json{{"puts", t.storage.puts},
-                                          {"put_skipped", t.storage.put_skipped},
-                                          {"put_errors", t.storage.put_errors},
-                                          {"get_hits", t.storage.get_hits},
-                                          {"get_misses", t.storage.get_misses},
-                                          {"corrupt_pages", t.storage.corrupt_pages},
-                                          {"errors", t.storage.errors},
-                                          {"prefetch_jobs", t.prefetch_jobs},
-                                          {"prefetch_pages", t.prefetch_pages},
-                                          {"prefetch_waits", t.prefetch_waits},
-                                          {"bytes_written", t.storage.bytes_written},
-                                          {"bytes_read", t.storage.bytes_read}}
-                         : nlohmann::json(nullptr)}};
+          {"storage", t.has_storage ? nlohmann::json{{"puts", t.storage.puts},
+                                                     {"put_skipped", t.storage.put_skipped},
+                                                     {"put_errors", t.storage.put_errors},
+                                                     {"get_hits", t.storage.get_hits},
+                                                     {"get_misses", t.storage.get_misses},
+                                                     {"corrupt_pages", t.storage.corrupt_pages},
+                                                     {"errors", t.storage.errors},
+                                                     {"prefetch_jobs", t.prefetch_jobs},
+                                                     {"prefetch_pages", t.prefetch_pages},
+                                                     {"prefetch_waits", t.prefetch_waits},
+                                                     {"bytes_written", t.storage.bytes_written},
+                                                     {"bytes_read", t.storage.bytes_read}}
+                                    : nlohmann::json(nullptr)}};
 }
 
 }  // namespace pagoda::cli

@@ -48,8 +48,7 @@ void render_counter(std::string& out, const char* name, const char* help, int64_
 }
 
 /// A counter family with one sample per label value.
-void render_labeled_counter(std::string& out, const char* name, const char* help,
-                            const char* label,
+void render_labeled_counter(std::string& out, const char* name, const char* help, const char* label,
                             std::initializer_list<std::pair<const char*, int64_t>> samples) {
   out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, help, name);
   for (const auto& [value, n] : samples)

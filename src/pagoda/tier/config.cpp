@@ -46,6 +46,13 @@ PrefetchPolicy parse_prefetch_policy(std::string_view name) {
               name);
 }
 
+std::chrono::steady_clock::duration HiCacheConfig::prefetch_timeout(int64_t tokens) const {
+  const double s = prefetch_timeout_base_s +
+                   prefetch_timeout_per_1k_tokens_s * static_cast<double>(tokens) / 1000.0;
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
 void HiCacheConfig::validate() const {
   PAGODA_REQUIRE(host.ratio == 0 || host.bytes == 0, kInvalidArgument,
                  "give either hicache_ratio or hicache_size, not both");

@@ -52,12 +52,7 @@ struct HiCacheConfig {
 
   bool enabled() const { return host.ratio != 0 || host.bytes != 0; }
   /// kTimeout's limit for a read-ahead of `tokens` tokens.
-  std::chrono::steady_clock::duration prefetch_timeout(int64_t tokens) const {
-    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(prefetch_timeout_base_s +
-                                      prefetch_timeout_per_1k_tokens_s *
-                                          static_cast<double>(tokens) / 1000.0));
-  }
+  std::chrono::steady_clock::duration prefetch_timeout(int64_t tokens) const;
   /// Throws Error(kInvalidArgument) naming the first bad field (sizes are checked against the
   /// device pool when the host pool is built, the storage when it is opened).
   void validate() const;

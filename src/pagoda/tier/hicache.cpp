@@ -209,20 +209,19 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
     const auto end = static_cast<size_t>(cap);
     // Pinned: the room-making below (and adopting the read-ahead) may evict host pages, never
     // these.
-    const int64_t run = host_run(first, end);
-    for (size_t i = first; i < first + static_cast<size_t>(run); ++i) host_.pin(keys_[i]);
-    int64_t fetched = 0;
+    const auto run = static_cast<size_t>(host_run(first, end));
+    for (size_t i = first; i < first + run; ++i) host_.pin(keys_[i]);
+    size_t fetched = 0;
     if (adopt_prefetch(req)) {
-      fetched = host_run(first + static_cast<size_t>(run), end);
-      for (size_t i = first + static_cast<size_t>(run); i < first + static_cast<size_t>(run + fetched); ++i)
-        host_.pin(keys_[i]);
+      fetched = static_cast<size_t>(host_run(first + run, end));
+      for (size_t i = first + run; i < first + run + fetched; ++i) host_.pin(keys_[i]);
     } else if (storage_ != nullptr && config_.prefetch != PrefetchPolicy::kBestEffort) {
-      fetched = fetch_from_storage(req.extra_key, first + static_cast<size_t>(run), end);
+      fetched = static_cast<size_t>(fetch_from_storage(req.extra_key, first + run, end));
     }
-    const int64_t total = run + fetched;
-    const bool loaded = total > 0 && load_back(req, m, first, total, run);
+    const auto total = static_cast<int64_t>(run + fetched);
+    const bool loaded = total > 0 && load_back(req, m, first, total, static_cast<int64_t>(run));
     if (total > 0 && !loaded) skipped = total * p;
-    for (size_t i = first; i < first + static_cast<size_t>(total); ++i) host_.unpin(keys_[i]);
+    for (size_t i = first; i < first + run + fetched; ++i) host_.unpin(keys_[i]);
     if (loaded) m = device_.match_prefix(key, max_prefix_len, req.prefix_slots);
   } else {
     forget(req);
@@ -275,7 +274,8 @@ int64_t HiCache::fetch_from_storage(std::string_view extra_key, size_t from, siz
   const std::span<const PageKey> want(keys_.data() + from, to - from);
   const int64_t present = storage_->batch_exists(want);
   if (present == 0) return 0;
-  const auto deadline = std::chrono::steady_clock::now() + config_.prefetch_timeout(present * page_size());
+  const auto deadline =
+      std::chrono::steady_clock::now() + config_.prefetch_timeout(present * page_size());
   std::vector<int32_t> pages = host_.reserve(present);
   size_t used = 0;
   int64_t got = 0;
@@ -302,12 +302,14 @@ void HiCache::prefetch(const cache::CacheRequest& req, int64_t max_prefix_len) {
   const int32_t p = page_size();
   const int64_t cap =
       std::min<int64_t>(max_prefix_len, static_cast<int64_t>(req.tokens.size())) / p;
-  const int64_t device_pages = device_.match_prefix(cache::RadixKey{req.tokens, req.extra_key},
-                                                    max_prefix_len, scratch_).length / p;
+  const int64_t device_pages =
+      device_.match_prefix(cache::RadixKey{req.tokens, req.extra_key}, max_prefix_len, scratch_)
+          .length /
+      p;
   if (device_pages >= cap) return;
   page_keys(req.extra_key, req.tokens, p, cap, keys_);
-  const auto from = static_cast<size_t>(device_pages +
-      host_run(static_cast<size_t>(device_pages), static_cast<size_t>(cap)));
+  const auto from = static_cast<size_t>(
+      device_pages + host_run(static_cast<size_t>(device_pages), static_cast<size_t>(cap)));
   // In flight at most the host tier's capacity: adopted pages must find room there.
   const int64_t n = std::min<int64_t>(cap - static_cast<int64_t>(from),
                                       host_.capacity_pages() - prefetch_inflight_pages_);
@@ -332,7 +334,7 @@ bool HiCache::admission_ready(const cache::CacheRequest& req, bool block) {
     ++tier_.prefetch_waits;
     return false;
   }
-  prefetcher_->wait(*f.job, timed ? f.deadline : std::chrono::steady_clock::time_point::max());
+  prefetcher_->wait(*f.job, timed ? std::optional(f.deadline) : std::nullopt);
   return true;
 }
 
@@ -357,7 +359,8 @@ bool HiCache::adopt_prefetch(const cache::CacheRequest& req) {
   forget(req);  // cancels what has not arrived (best_effort, timeout)
   const int64_t arrived = job->arrived();
   int64_t want = 0;
-  for (int64_t i = 0; i < arrived; ++i) want += !host_.contains(job->keys()[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < arrived; ++i)
+    want += !host_.contains(job->keys()[static_cast<size_t>(i)]);
   const std::vector<int32_t> pages = host_.reserve(want);
   size_t used = 0;
   for (int64_t i = 0; i < arrived; ++i) {

@@ -25,8 +25,8 @@
 ///
 /// Not thread-safe: the scheduler thread owns it; the copies run on the copy stream.
 
-#include <cstddef>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -59,10 +59,10 @@ struct TierStats {
   int64_t host_capacity_pages = 0;
   TransferStats transfer;
   bool has_storage = false;
-  StorageStats storage;             ///< the scheduler's and the prefetch thread's backends
-  int64_t prefetch_jobs = 0;        ///< read-aheads started for queued requests
-  int64_t prefetch_pages = 0;       ///< pages they brought into the host tier
-  int64_t prefetch_waits = 0;       ///< admissions the prefetch policy held back (scheduler rounds)
+  StorageStats storage;        ///< the scheduler's and the prefetch thread's backends
+  int64_t prefetch_jobs = 0;   ///< read-aheads started for queued requests
+  int64_t prefetch_pages = 0;  ///< pages they brought into the host tier
+  int64_t prefetch_waits = 0;  ///< admissions the prefetch policy held back (scheduler rounds)
 };
 
 /// What the tiers hold for a key: the device prefix, then its continuation in the host tier.
@@ -201,7 +201,7 @@ class HiCache final : public cache::PrefixCache {
   };
   std::unordered_map<const cache::CacheRequest*, Prefetch> prefetches_;
   int64_t prefetch_inflight_pages_ = 0;
-  std::unique_ptr<Prefetcher> prefetcher_;   ///< null without a storage tier
+  std::unique_ptr<Prefetcher> prefetcher_;  ///< null without a storage tier
   std::vector<TreePage> tree_pages_;      ///< per device page id
   std::vector<int32_t> evicted_;          ///< device pages removed by the current evict()
   std::vector<PageKey> keys_;             ///< scratch: page keys of one request

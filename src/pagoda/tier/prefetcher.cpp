@@ -35,9 +35,13 @@ std::shared_ptr<PrefetchJob> Prefetcher::start(std::vector<PageKey> keys) {
   return job;
 }
 
-bool Prefetcher::wait(const PrefetchJob& job, std::chrono::steady_clock::time_point deadline) {
+bool Prefetcher::wait(const PrefetchJob& job,
+                      std::optional<std::chrono::steady_clock::time_point> deadline) {
   std::unique_lock lock(mu_);
-  done_cv_.wait_until(lock, deadline, [&] { return job.done(); });
+  if (deadline)
+    done_cv_.wait_until(lock, *deadline, [&] { return job.done(); });
+  else
+    done_cv_.wait(lock, [&] { return job.done(); });
   return job.done();
 }
 
@@ -77,8 +81,8 @@ void Prefetcher::read(PrefetchJob& job) {
       job.data_[i].resize(job.page_bytes_);
       outs.emplace_back(job.data_[i]);
     }
-    const auto got = static_cast<size_t>(
-        storage_->batch_get(std::span(job.keys_).subspan(at, n), outs));
+    const auto got =
+        static_cast<size_t>(storage_->batch_get(std::span(job.keys_).subspan(at, n), outs));
     at += got;
     {
       std::lock_guard lock(mu_);

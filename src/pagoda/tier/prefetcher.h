@@ -18,6 +18,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <thread>
 #include <vector>
@@ -63,8 +64,9 @@ class Prefetcher {
 
   /// Queues a read-ahead of `keys` (chained page keys of one prefix, in order).
   std::shared_ptr<PrefetchJob> start(std::vector<PageKey> keys);
-  /// Blocks until `job` is done or `deadline` passes; returns job.done().
-  bool wait(const PrefetchJob& job, std::chrono::steady_clock::time_point deadline);
+  /// Blocks until `job` is done or `deadline` (none: no limit) passes; returns job.done().
+  bool wait(const PrefetchJob& job,
+            std::optional<std::chrono::steady_clock::time_point> deadline);
   /// The worker's backend counters (a copy taken after its last batch).
   StorageStats stats() const;
 

@@ -79,9 +79,10 @@ class RedisStorage final : public StorageBackend {
                                                 static_cast<size_t>(r.len));
         if (!decode_page_record(record, chunk[i], outs[at + i])) {
           ++stats_.corrupt_pages;
-          PAGODA_LOG_WARN("hicache storage: page {} in {} is corrupt (size, key or checksum); "
-                          "it is deleted and recomputed",
-                          chunk[i].hex(), describe());
+          PAGODA_LOG_WARN(
+              "hicache storage: page {} in {} is corrupt (size, key or checksum); "
+              "it is deleted and recomputed",
+              chunk[i].hex(), describe());
           std::vector<Reply> ignored;
           roundtrip(chunk.subspan(i, 1), "DEL", {}, ignored);  // a later put stores it again
           return n;
@@ -179,7 +180,8 @@ class RedisStorage final : public StorageBackend {
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string k = prefix_ + ":" + keys[i].hex();
       const bool set = !records.empty();
-      const char* argv[4] = {cmd, k.c_str(), set ? reinterpret_cast<const char*>(records[i].data()) : nullptr, "NX"};
+      const char* argv[4] = {
+          cmd, k.c_str(), set ? reinterpret_cast<const char*>(records[i].data()) : nullptr, "NX"};
       const size_t argl[4] = {std::strlen(cmd), k.size(), set ? records[i].size() : 0, 2};
       if (redisAppendCommandArgv(ctx_, set ? 4 : 2, argv, argl) != REDIS_OK) return lost();
     }

@@ -22,15 +22,17 @@ RedisSpec parse_redis(std::string_view spec) {
     r.prefix = std::string(rest.substr(slash + 1));
     rest = rest.substr(0, slash);
     PAGODA_REQUIRE(!r.prefix.empty() && r.prefix.find_first_of(" \t\r\n") == std::string::npos,
-                   kInvalidArgument, "hicache storage '{}': the key prefix after '/' must be a "
-                   "non-empty word", spec);
+                   kInvalidArgument,
+                   "hicache storage '{}': the key prefix after '/' must be a "
+                   "non-empty word",
+                   spec);
   }
   if (const size_t colon = rest.rfind(':'); colon != std::string_view::npos) {
     const std::string_view port = rest.substr(colon + 1);
     const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), r.port);
-    PAGODA_REQUIRE(ec == std::errc{} && end == port.data() + port.size() && r.port >= 1 &&
-                       r.port <= 65535,
-                   kInvalidArgument, "hicache storage '{}': the port must be in [1, 65535]", spec);
+    PAGODA_REQUIRE(
+        ec == std::errc{} && end == port.data() + port.size() && r.port >= 1 && r.port <= 65535,
+        kInvalidArgument, "hicache storage '{}': the port must be in [1, 65535]", spec);
     rest = rest.substr(0, colon);
   }
   PAGODA_REQUIRE(!rest.empty(), kInvalidArgument,

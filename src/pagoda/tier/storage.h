@@ -64,7 +64,8 @@ class StorageBackend {
   /// get() of keys[i] into outs[i] for each i in order, stopping at the first miss or corrupt
   /// page; returns how many leading pages were read. A remote backend sends the batch in one
   /// round trip.
-  virtual int64_t batch_get(std::span<const PageKey> keys, std::span<const std::span<std::byte>> outs);
+  virtual int64_t batch_get(std::span<const PageKey> keys,
+                            std::span<const std::span<std::byte>> outs);
   /// put() of every (keys[i], data[i]); returns how many were stored or already present.
   virtual int64_t batch_put(std::span<const PageKey> keys,
                             std::span<const std::span<const std::byte>> data);

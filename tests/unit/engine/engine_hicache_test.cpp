@@ -8,8 +8,8 @@
 #include <random>
 
 #include "engine_test_util.h"
-#include "redis_server.h"
 #include "pagoda/core/error.h"
+#include "redis_server.h"
 
 namespace pagoda::engine {
 namespace {
@@ -212,14 +212,15 @@ TEST(EngineHiCacheRedis, TwoEnginesShareOneServerAndSurviveItsDeath) {
   EXPECT_GT(third.stats.tier.prefetch_jobs, 0);
   EXPECT_GT(second.stats.scheduler.cached_tokens, first.stats.scheduler.cached_tokens);
   EXPECT_EQ(a.storage.errors + b.storage.errors + third.stats.tier.storage.errors, 0);
-  std::printf("cached prompt tokens: device only %lld, first engine %lld, second engine %lld "
-              "(%lld from storage), third (best_effort) %lld (%lld from storage)\n",
-              static_cast<long long>(device_only.stats.scheduler.cached_tokens),
-              static_cast<long long>(first.stats.scheduler.cached_tokens),
-              static_cast<long long>(second.stats.scheduler.cached_tokens),
-              static_cast<long long>(b.storage_hit_tokens),
-              static_cast<long long>(third.stats.scheduler.cached_tokens),
-              static_cast<long long>(third.stats.tier.storage_hit_tokens));
+  std::printf(
+      "cached prompt tokens: device only %lld, first engine %lld, second engine %lld "
+      "(%lld from storage), third (best_effort) %lld (%lld from storage)\n",
+      static_cast<long long>(device_only.stats.scheduler.cached_tokens),
+      static_cast<long long>(first.stats.scheduler.cached_tokens),
+      static_cast<long long>(second.stats.scheduler.cached_tokens),
+      static_cast<long long>(b.storage_hit_tokens),
+      static_cast<long long>(third.stats.scheduler.cached_tokens),
+      static_cast<long long>(third.stats.tier.storage_hit_tokens));
 
   // The server dies after the first turn: errors are counted, nothing else changes.
   cfg.hicache.storage = server.url("doomed");

@@ -29,10 +29,23 @@ class RedisServer {
     dir_ = std::filesystem::temp_directory_path() /
            ("pagoda_redis_" + std::to_string(::getpid()) + "_" + std::to_string(port_));
     std::filesystem::create_directories(dir_);
-    std::vector<std::string> args = {bin, "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", dir_.string(),
-                                     "--loglevel", "warning", "--logfile", (dir_ / "redis.log").string(),
-                                     "--protected-mode", "no"};
+    std::vector<std::string> args = {bin,
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_.string(),
+                                     "--loglevel",
+                                     "warning",
+                                     "--logfile",
+                                     (dir_ / "redis.log").string(),
+                                     "--protected-mode",
+                                     "no"};
     args.insert(args.end(), extra.begin(), extra.end());
     std::vector<char*> argv;  // built before fork: the child only calls async-signal-safe code
     for (auto& a : args) argv.push_back(a.data());

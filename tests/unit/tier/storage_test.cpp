@@ -6,9 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
-#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -192,18 +192,24 @@ struct Gate {
 
 class GatedStorage final : public StorageBackend {
  public:
-  GatedStorage(std::unique_ptr<StorageBackend> inner, Gate& gate) : inner_(std::move(inner)), gate_(&gate) {}
+  GatedStorage(std::unique_ptr<StorageBackend> inner, Gate& gate)
+      : inner_(std::move(inner)), gate_(&gate) {}
   std::string describe() const override { return "gated " + inner_->describe(); }
-  int64_t batch_exists(std::span<const PageKey> keys) override { return inner_->batch_exists(keys); }
+  int64_t batch_exists(std::span<const PageKey> keys) override {
+    return inner_->batch_exists(keys);
+  }
   bool get(const PageKey& key, std::span<std::byte> out) override {
     {
       std::unique_lock lock(gate_->mu);
-      gate_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return gate_->served < gate_->allowed; });
+      gate_->cv.wait_for(lock, std::chrono::seconds(10),
+                         [&] { return gate_->served < gate_->allowed; });
       ++gate_->served;
     }
     return inner_->get(key, out);
   }
-  bool put(const PageKey& key, std::span<const std::byte> data) override { return inner_->put(key, data); }
+  bool put(const PageKey& key, std::span<const std::byte> data) override {
+    return inner_->put(key, data);
+  }
   const StorageStats& stats() const override { return inner_->stats(); }
 
  private:
@@ -279,7 +285,7 @@ TEST(HiCacheStorage, PrefetchPoliciesAgainstASlowStorage) {
     EXPECT_EQ(s.prefetch_pages * 4, expect);
     EXPECT_EQ(s.host_hit_tokens, 0);
     EXPECT_EQ(h.cache.prefetch_arrived(req), -1);  // adopted: the job is gone
-    gate.allow(100);  // the cancelled read-ahead's last batch finishes
+    gate.allow(100);                               // the cancelled read-ahead's last batch finishes
   }
 }
 
@@ -294,7 +300,9 @@ TEST(RedisStorage, RoundTripCorruptionFullAndDeadServer) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
   }
   pagoda::testing::RedisServer server({"--maxmemory", "3mb", "--maxmemory-policy", "noeviction"});
-  if (!server.available()) GTEST_SKIP() << "redis-server / valkey-server is not installed (scripts/setup.sh installs redis-server)";
+  if (!server.available())
+    GTEST_SKIP()
+        << "redis-server / valkey-server is not installed (scripts/setup.sh installs redis-server)";
   const uint64_t seed = 17;
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
@@ -310,7 +318,7 @@ TEST(RedisStorage, RoundTripCorruptionFullAndDeadServer) {
   }
   std::vector<std::span<const std::byte>> data(pages.begin(), pages.begin() + 70);
   EXPECT_EQ(st->batch_put(std::span(keys).first(70), data), 70);  // two pipelined batches
-  EXPECT_TRUE(st->put(keys[0], pages[0]));                      // present: left alone
+  EXPECT_TRUE(st->put(keys[0], pages[0]));                        // present: left alone
   EXPECT_EQ(st->stats().puts, 70);
   EXPECT_EQ(st->stats().put_skipped, 1);
   EXPECT_EQ(st->batch_exists(keys), 70);
@@ -339,7 +347,8 @@ TEST(RedisStorage, RoundTripCorruptionFullAndDeadServer) {
   std::vector<std::span<const std::byte>> rest(pages.begin() + 70, pages.end());
   for (int round = 0; round < 20 && st->stats().put_errors == 0; ++round) {
     std::vector<PageKey> more;
-    for (int i = 0; i < 30; ++i) more.push_back(chain_key(keys[static_cast<size_t>(i)], std::vector<int32_t>{round}));
+    for (int i = 0; i < 30; ++i)
+      more.push_back(chain_key(keys[static_cast<size_t>(i)], std::vector<int32_t>{round}));
     st->batch_put(more, rest);
   }
   EXPECT_GT(st->stats().put_errors, 0);
@@ -358,7 +367,9 @@ TEST(RedisStorage, RoundTripCorruptionFullAndDeadServer) {
 /// HiCache over Redis: a second cache serves the first one's prefixes from the server.
 TEST(RedisStorage, SecondCacheServesTheFirstOnesPrefixes) {
   pagoda::testing::RedisServer server;
-  if (!server.available()) GTEST_SKIP() << "redis-server / valkey-server is not installed (scripts/setup.sh installs redis-server)";
+  if (!server.available())
+    GTEST_SKIP()
+        << "redis-server / valkey-server is not installed (scripts/setup.sh installs redis-server)";
   std::mt19937_64 rng(8);
   std::vector<int32_t> a(70);
   for (auto& t : a) t = static_cast<int32_t>(rng() % 500);
