@@ -289,6 +289,33 @@ TEST(HiCacheStorage, PrefetchPoliciesAgainstASlowStorage) {
   }
 }
 
+/// Read-aheads in flight are bounded by the host tier's capacity (adopted pages must find room);
+/// a queued request that is dropped (forget) cancels its read-ahead and gives its budget back.
+TEST(HiCacheStorage, ReadAheadBudgetAndForget) {
+  const std::string dir = fresh_dir("budget");
+  testing::Harness h(32, 4, {.host = {.ratio = 1}, .storage = "file:" + dir});  // 32 host pages
+  std::vector<cache::CacheRequest> reqs(4);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].tokens.resize(69);  // 17 pages each, none of them anywhere
+    for (size_t t = 0; t < 69; ++t) reqs[i].tokens[t] = static_cast<int32_t>(i * 1000 + t);
+  }
+  const int64_t limit = cache::scheduler_prefix_limit(69);
+  h.cache.prefetch(reqs[0], limit);  // 17 pages
+  h.cache.prefetch(reqs[1], limit);  // the 15 left
+  h.cache.prefetch(reqs[2], limit);  // none left: no read-ahead
+  EXPECT_EQ(h.cache.tier_stats().prefetch_jobs, 2);
+  EXPECT_EQ(h.cache.prefetch_arrived(reqs[2]), -1);
+  h.cache.forget(reqs[0]);
+  EXPECT_EQ(h.cache.prefetch_arrived(reqs[0]), -1);
+  h.cache.prefetch(reqs[3], limit);
+  EXPECT_EQ(h.cache.tier_stats().prefetch_jobs, 3);
+  EXPECT_TRUE(h.cache.admission_ready(reqs[3], true));  // wait_complete: the job finishes
+  EXPECT_EQ(h.cache.prefetch_arrived(reqs[3]), 0);       // nothing stored
+  // Admitted with nothing from storage: the whole prompt is computed.
+  EXPECT_EQ(h.run_request(reqs[3], true), 0);
+  EXPECT_EQ(h.cache.tier_stats().storage_hit_tokens, 0);
+}
+
 /// The Redis backend against a real server: round trip, batches, SET NX, a corrupt value and a
 /// full server read as counted misses and errors, a dead server as counted errors (never an
 /// exception), and reconnection once it is back.
