@@ -2,6 +2,8 @@
 // timeouts, reconnection with back-off. Contract: storage.h (make_redis_storage) and
 // docs/design/tier.md "Storage tier".
 #include <hiredis.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/time.h>
 
 #include <chrono>
@@ -20,6 +22,37 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using Reply = std::unique_ptr<redisReply, decltype(&freeReplyObject)>;
+
+/// hiredis writes with write(): a write into a connection the server closed raises SIGPIPE, whose
+/// default action ends the process. For its scope this blocks SIGPIPE in the calling thread and
+/// then discards one that the scope raised (the write itself fails with EPIPE and is counted).
+class SigpipeGuard {
+ public:
+  SigpipeGuard() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeGuard() {
+    sigset_t pending;
+    sigpending(&pending);
+    if (!was_pending_ && sigismember(&pending, SIGPIPE) == 1) {
+      const timespec now{};
+      sigtimedwait(&pipe_, nullptr, &now);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeGuard(const SigpipeGuard&) = delete;
+  SigpipeGuard& operator=(const SigpipeGuard&) = delete;
+
+ private:
+  sigset_t pipe_{};
+  sigset_t old_{};
+  bool was_pending_ = false;
+};
 
 /// Pages per pipelined round trip (bounds the client's buffers).
 constexpr size_t kBatch = 64;
@@ -140,6 +173,7 @@ class RedisStorage final : public StorageBackend {
   }
 
   bool connect() {
+    const SigpipeGuard guard;
     ctx_ = redisConnectWithTimeout(host_.c_str(), port_, timeout());
     bool ok = ctx_ != nullptr && ctx_->err == 0 && redisSetTimeout(ctx_, timeout()) == REDIS_OK;
     if (ok) {
@@ -177,6 +211,7 @@ class RedisStorage final : public StorageBackend {
       ++stats_.errors;
       return false;
     }
+    const SigpipeGuard guard;
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string k = prefix_ + ":" + keys[i].hex();
       const bool set = !records.empty();

@@ -383,6 +383,14 @@ TEST(RedisStorage, RoundTripCorruptionFullAndDeadServer) {
 
   // Dead: every call fails fast and is counted; nothing throws.
   server.kill();
+  // A large pipelined write into a connection the server closed raises no SIGPIPE (which would
+  // kill the process): it fails and is counted.
+  const std::vector<std::byte> big(1 << 20, std::byte{3});
+  std::vector<PageKey> big_keys;
+  for (int32_t i = 0; i < 8; ++i) big_keys.push_back(chain_key(root_key("big"), std::vector{i}));
+  const std::vector<std::span<const std::byte>> big_data(8, big);
+  EXPECT_EQ(same->batch_put(big_keys, big_data), 0);
+  EXPECT_EQ(same->stats().put_errors, 8);
   const int64_t errors = st->stats().errors;
   EXPECT_EQ(st->batch_exists(keys), 0);
   EXPECT_FALSE(st->get(keys[0], got[0]));
