@@ -20,6 +20,13 @@ set(PAGODA_HAVE_HTTPLIB ${HTTPLIB_FOUND})
 if(NOT HTTPLIB_FOUND)
   message(STATUS "cpp-httplib not found: `pagoda serve` is not built (apt install libcpp-httplib-dev)")
 endif()
+# The hierarchical KV cache's shared storage tier on Redis / Valkey (src/pagoda/tier): Debian's
+# libhiredis-dev. Optional: without it `--hicache-storage redis://...` says so.
+pkg_check_modules(HIREDIS QUIET IMPORTED_TARGET hiredis)
+set(PAGODA_HAVE_HIREDIS ${HIREDIS_FOUND})
+if(NOT HIREDIS_FOUND)
+  message(STATUS "hiredis not found: the redis:// HiCache storage is not built (apt install libhiredis-dev)")
+endif()
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS)
 if(PAGODA_BUILD_TESTS)

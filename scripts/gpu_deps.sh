@@ -2,8 +2,8 @@
 # The lent H200 machine's image lacks the dev files of three Debian libraries pagoda links (PCRE2,
 # ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them,
 # and cpp-httplib for `pagoda serve` (a compiled library whose header includes OpenSSL, zlib and
-# Brotli headers, so their dev packages come too), Highway (libhwy) for the CPU kernels, and the
-# nanobind wheel for the Python package:
+# Brotli headers, so their dev packages come too), Highway (libhwy) for the CPU kernels, hiredis
+# for the HiCache redis:// storage tier, and the nanobind wheel for the Python package:
 #
 #   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~22 MB)
 #   on the GPU machine:        source scripts/gpu_deps.sh env  # unpacks to /tmp/sys, sets pkg-config
@@ -16,7 +16,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
           libsentencepiece-dev libsentencepiece0 libprotobuf-lite32
           libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1
-          libhwy-dev libhwy1 libucx-dev libucx0 libxxhash-dev libxxhash0 libnuma1 librdmacm1 libibverbs1)
+          libhwy-dev libhwy1 libucx-dev libucx0 libxxhash-dev libxxhash0 libnuma1 librdmacm1 libibverbs1
+          libhiredis-dev libhiredis0.14)
 case "${1:-}" in
   fetch)
     mkdir -p "$root/.debs"

@@ -219,6 +219,23 @@ class PrefixCache {
   /// and clears prefix_slots, cache_protected_len and last_node (a tiered cache also takes the
   /// admission back out of its hit statistics). Throws (unchanged) like dec_lock_ref.
   virtual void unadmit(CacheRequest& req);
+  /// A request entered the scheduler's queue: a tiered cache starts reading the lower tiers'
+  /// continuation of its prefix in the background (tier::HiCache: the storage prefetch). No-op
+  /// here.
+  virtual void prefetch(const CacheRequest& req, int64_t max_prefix_len) {
+    (void)req;
+    (void)max_prefix_len;
+  }
+  /// Whether the scheduler may admit the queued `req` now (a tiered cache's prefetch policy
+  /// may want it to wait for its pages). With `block`, waits until it may (the policy's limit)
+  /// and returns true. Always true here.
+  virtual bool admission_ready(const CacheRequest& req, bool block) {
+    (void)req;
+    (void)block;
+    return true;
+  }
+  /// A queued request left without being admitted (cancelled): drops its prefetch. No-op here.
+  virtual void forget(const CacheRequest& req) { (void)req; }
 
  protected:
   /// Validates the request-side arguments of cache_*_req; throws before any change.

@@ -48,11 +48,13 @@ void add_hicache_options(CLI::App* cmd, HiCacheOptions& o) {
                   "write_through_selective (after 2 hits), write_back (on eviction)")
       ->capture_default_str();
   cmd->add_option("--hicache-storage", o.storage,
-                  "hierarchical KV cache: a storage tier below the host tier, file:DIR (pages "
-                  "leaving the host tier are kept there; any engine on DIR can reuse them)");
+                  "hierarchical KV cache: a storage tier below the host tier, file:DIR or "
+                  "redis://HOST[:PORT][/PREFIX] (pages leaving the host tier are kept there; "
+                  "any engine on the same store can reuse them)");
   cmd->add_option("--hicache-prefetch-policy", o.prefetch_policy,
-                  "how long an admission waits for its pages from storage: wait_complete or "
-                  "timeout (1 s + 0.25 s per 1,000 tokens); best_effort is not implemented yet")
+                  "how long a queued request's admission waits for the pages read ahead from "
+                  "storage: best_effort (not at all), wait_complete, or timeout (1 s + 0.25 s "
+                  "per 1,000 tokens)")
       ->capture_default_str();
 }
 
@@ -90,16 +92,19 @@ nlohmann::json hicache_stats_json(const engine::EngineStats& st) {
           {"load_stalls", t.transfer.load_stalls},
           {"load_stall_s", t.transfer.load_stall_s},
           {"storage_hit_tokens", t.storage_hit_tokens},
-          {"storage",
-           t.has_storage ? nlohmann::json{{"puts", t.storage.puts},
-                                          {"put_skipped", t.storage.put_skipped},
-                                          {"put_errors", t.storage.put_errors},
-                                          {"get_hits", t.storage.get_hits},
-                                          {"get_misses", t.storage.get_misses},
-                                          {"corrupt_pages", t.storage.corrupt_pages},
-                                          {"bytes_written", t.storage.bytes_written},
-                                          {"bytes_read", t.storage.bytes_read}}
-                         : nlohmann::json(nullptr)}};
+          {"storage", t.has_storage ? nlohmann::json{{"puts", t.storage.puts},
+                                                     {"put_skipped", t.storage.put_skipped},
+                                                     {"put_errors", t.storage.put_errors},
+                                                     {"get_hits", t.storage.get_hits},
+                                                     {"get_misses", t.storage.get_misses},
+                                                     {"corrupt_pages", t.storage.corrupt_pages},
+                                                     {"errors", t.storage.errors},
+                                                     {"prefetch_jobs", t.prefetch_jobs},
+                                                     {"prefetch_pages", t.prefetch_pages},
+                                                     {"prefetch_waits", t.prefetch_waits},
+                                                     {"bytes_written", t.storage.bytes_written},
+                                                     {"bytes_read", t.storage.bytes_read}}
+                                    : nlohmann::json(nullptr)}};
 }
 
 }  // namespace pagoda::cli

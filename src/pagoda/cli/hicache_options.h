@@ -1,8 +1,9 @@
 #pragma once
-/// The hierarchical KV cache's options shared by `pagoda generate` and `pagoda bench`
-/// (docs/design/tier.md): --hicache-ratio R | --hicache-size BYTES[K|M|G]
+/// The hierarchical KV cache's options, one block shared by `pagoda generate`, `pagoda bench`
+/// and `pagoda serve` (docs/design/tier.md): --hicache-ratio R | --hicache-size BYTES[K|M|G]
 /// --hicache-write-policy write_through|write_through_selective|write_back
-/// --hicache-storage file:DIR --hicache-prefetch-policy wait_complete|timeout.
+/// --hicache-storage file:DIR|redis://HOST[:PORT][/PREFIX]
+/// --hicache-prefetch-policy best_effort|wait_complete|timeout.
 
 #include <string>
 
@@ -18,7 +19,7 @@ struct HiCacheOptions {
   double ratio = 0;          ///< host pool = ratio x the device pool (0 = off)
   std::string size;          ///< host pool in bytes, with an optional K/M/G suffix (empty = off)
   std::string write_policy = "write_through";
-  std::string storage;       ///< "" or file:DIR
+  std::string storage;       ///< "", file:DIR or redis://HOST[:PORT][/PREFIX]
   std::string prefetch_policy = "wait_complete";
 };
 

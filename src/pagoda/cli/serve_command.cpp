@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/hicache_options.h"
 #include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/core/error.h"
 #ifdef PAGODA_CLI_HAVE_SERVER
@@ -38,6 +39,7 @@ struct ServeCliOptions {
   std::string disaggregation_mode = "null";
   double disaggregation_timeout = 30;
   std::string disaggregation_transfer_backend = "ucx";
+  HiCacheOptions hicache{};
 };
 }  // namespace
 
@@ -100,6 +102,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--disaggregation-transfer-backend", o->disaggregation_transfer_backend,
                   "KV transfer engine (ucx: host memory over TCP / shared memory)")
       ->capture_default_str();
+  add_hicache_options(cmd, o->hicache);
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -129,6 +132,7 @@ void add_serve_command(CLI::App& app) {
     s.disaggregation_mode = o->disaggregation_mode;
     s.disaggregation_timeout_s = o->disaggregation_timeout;
     s.disaggregation_transfer_backend = o->disaggregation_transfer_backend;
+    s.hicache = make_hicache_config(o->hicache);
     const int rc = server::run_server(s);
     if (rc != 0) throw_error(ErrorCode::kInternal, "the server stopped with an error");
 #else

@@ -47,6 +47,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, kv::PageAllocator& allocator
 void Scheduler::enqueue(Req* req) {
   req->state = RequestState::kWaiting;
   waiting_.push_back(req);
+  cache_->prefetch(req->cache, cache::scheduler_prefix_limit(req->num_tokens()));
 }
 
 int64_t Scheduler::pages_for(int64_t from_len, int64_t to_len) const {
@@ -192,6 +193,9 @@ void Scheduler::schedule_prefill(ScheduledStep& step, int64_t reserved_tokens) {
     }
     Req* r = waiting_.front();
     const bool alone = running_.empty() && chunked_ == nullptr && step.seqs.empty();
+    // The cache's prefetch policy may hold the queue's head for its pages (FCFS order is kept;
+    // running requests go on). With nothing else to run, wait here for what the policy allows.
+    if (!cache_->admission_ready(r->cache, alone)) break;
     if (!add_extend(r, budget, reserved, step)) {
       if (alone) {
         // Nothing else holds memory and it still does not fit: it never will.
@@ -331,6 +335,7 @@ void Scheduler::cancel(Req* req, FinishReason reason) {
   if (req->state == RequestState::kFinished) return;
   if (req->state == RequestState::kWaiting) {
     std::erase(waiting_, req);
+    cache_->forget(req->cache);
     req->state = RequestState::kFinished;
   } else if (std::erase(transferring_, req) > 0) {  // its KV never arrived: nothing to cache
     release_no_insert(req);

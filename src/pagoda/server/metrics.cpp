@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <initializer_list>
+#include <utility>
+
 namespace pagoda::server {
 
 Histogram::Histogram(std::vector<double> upper_bounds)
@@ -42,6 +45,51 @@ void render_gauge(std::string& out, const char* name, const char* help, double v
 /// format 0.0.4: the TYPE line names the samples that follow).
 void render_counter(std::string& out, const char* name, const char* help, int64_t v) {
   out += fmt::format("# HELP {} {}\n# TYPE {} counter\n{} {}\n", name, help, name, name, v);
+}
+
+/// A counter family with one sample per label value.
+void render_labeled_counter(std::string& out, const char* name, const char* help, const char* label,
+                            std::initializer_list<std::pair<const char*, int64_t>> samples) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, help, name);
+  for (const auto& [value, n] : samples)
+    out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, value, n);
+}
+
+/// The hierarchical KV cache's gauges and counters (docs/design/tier.md).
+void render_hicache(std::string& out, const tier::TierStats& t) {
+  render_gauge(out, "pagoda_hicache_host_pages_used", "Host-tier KV pages holding a prefix page.",
+               static_cast<double>(t.host_pages));
+  render_gauge(out, "pagoda_hicache_host_pages_free", "Host-tier KV pages free.",
+               static_cast<double>(t.host_capacity_pages - t.host_pages));
+  render_labeled_counter(out, "pagoda_hicache_hit_tokens_total",
+                         "Admitted prefix tokens by the tier they were found in.", "tier",
+                         {{"device", t.device_hit_tokens},
+                          {"host", t.host_hit_tokens},
+                          {"storage", t.storage_hit_tokens}});
+  render_labeled_counter(out, "pagoda_hicache_copied_bytes_total",
+                         "KV bytes copied between the device and the host tier.", "direction",
+                         {{"backup", t.transfer.bytes_d2h}, {"load", t.transfer.bytes_h2d}});
+  render_counter(out, "pagoda_hicache_load_stalls_total",
+                 "Layer waits that found their load-back unfinished.", t.transfer.load_stalls);
+  render_counter(out, "pagoda_hicache_load_skipped_tokens_total",
+                 "Host or storage hits recomputed: no device room for the load-back.",
+                 t.load_skipped_tokens);
+  render_counter(out, "pagoda_hicache_host_evicted_pages_total",
+                 "Pages evicted from the host tier (kept in storage when there is one).",
+                 t.host_evicted_pages);
+  if (!t.has_storage) return;
+  render_labeled_counter(out, "pagoda_hicache_storage_bytes_total",
+                         "KV page bytes read from and written to the storage tier.", "direction",
+                         {{"read", t.storage.bytes_read}, {"written", t.storage.bytes_written}});
+  render_labeled_counter(out, "pagoda_hicache_storage_errors_total",
+                         "Storage-tier failures: io (unreachable, timed out, an error answer), "
+                         "put (a failed write), corrupt (a page failing its checksum).",
+                         "kind",
+                         {{"io", t.storage.errors},
+                          {"put", t.storage.put_errors},
+                          {"corrupt", t.storage.corrupt_pages}});
+  render_counter(out, "pagoda_hicache_prefetch_pages_total",
+                 "Pages the storage read-ahead brought into the host tier.", t.prefetch_pages);
 }
 
 }  // namespace
@@ -93,6 +141,7 @@ std::string ServerMetrics::render(const EngineSnapshot& snap) const {
          "# TYPE pagoda_http_responses_total counter\n";
   for (const auto& [status, n] : responses_)
     out += fmt::format("pagoda_http_responses_total{{status=\"{}\"}} {}\n", status, n);
+  if (s.hicache) render_hicache(out, s.tier);
   render_histogram(out, "pagoda_time_to_first_token_seconds", "Arrival to first token.", ttft_);
   render_histogram(out, "pagoda_time_per_output_token_seconds",
                    "Mean time between output tokens of a request.", tpot_);

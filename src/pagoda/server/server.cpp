@@ -168,6 +168,7 @@ int run_server(const ServeOptions& o) {
   cfg.cuda_graph = o.cuda_graph;
   cfg.dtype = o.dtype;
   cfg.kv_dtype = o.kv_dtype;
+  cfg.hicache = o.hicache;
   cfg.validate();
   engine::Engine engine(llama, cfg, platform.get());
   state.max_context_len = engine.max_context_len();

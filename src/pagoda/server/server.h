@@ -15,6 +15,7 @@
 
 #include "pagoda/backends/kernel_options.h"
 #include "pagoda/core/dtype.h"
+#include "pagoda/tier/config.h"
 
 namespace pagoda::server {
 
@@ -47,6 +48,7 @@ struct ServeOptions {
   /// Room timeout: decode waits this long for pages + prefill + transfer; prefill for its part.
   double disaggregation_timeout_s = 30;
   std::string disaggregation_transfer_backend = "ucx";  ///< only "ucx" is built
+  tier::HiCacheConfig hicache{};      ///< the hierarchical KV cache (off unless a host size)
 };
 
 /// Validates `o` (Error(kInvalidArgument) naming the option), loads the model, binds and serves

@@ -46,6 +46,13 @@ PrefetchPolicy parse_prefetch_policy(std::string_view name) {
               name);
 }
 
+std::chrono::steady_clock::duration HiCacheConfig::prefetch_timeout(int64_t tokens) const {
+  const double s = prefetch_timeout_base_s +
+                   prefetch_timeout_per_1k_tokens_s * static_cast<double>(tokens) / 1000.0;
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
 void HiCacheConfig::validate() const {
   PAGODA_REQUIRE(host.ratio == 0 || host.bytes == 0, kInvalidArgument,
                  "give either hicache_ratio or hicache_size, not both");
@@ -55,9 +62,14 @@ void HiCacheConfig::validate() const {
                  host.bytes);
   PAGODA_REQUIRE(selective_threshold >= 1, kInvalidArgument,
                  "hicache selective threshold must be >= 1 (got {})", selective_threshold);
-  PAGODA_REQUIRE(prefetch != PrefetchPolicy::kBestEffort, kUnsupported,
-                 "hicache prefetch policy best_effort is not implemented yet (it needs a "
-                 "background prefetch thread); use wait_complete or timeout");
+  PAGODA_REQUIRE(std::isfinite(prefetch_timeout_base_s) && prefetch_timeout_base_s >= 0 &&
+                     std::isfinite(prefetch_timeout_per_1k_tokens_s) &&
+                     prefetch_timeout_per_1k_tokens_s >= 0 &&
+                     prefetch_timeout_base_s + prefetch_timeout_per_1k_tokens_s * 1e6 < 1e9,
+                 kInvalidArgument,
+                 "hicache prefetch timeouts must be finite and >= 0 (got {} s + {} s per 1,000 "
+                 "tokens)",
+                 prefetch_timeout_base_s, prefetch_timeout_per_1k_tokens_s);
   PAGODA_REQUIRE(storage.empty() || enabled(), kInvalidArgument,
                  "hicache storage needs a host tier (hicache_ratio or hicache_size)");
   if (!storage.empty()) check_storage_spec(storage);

@@ -2,7 +2,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -11,21 +10,11 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/log.h"
+#include "pagoda/tier/page_record.h"
 #include "pagoda/tier/storage.h"
 
 namespace pagoda::tier {
 namespace {
-
-constexpr std::array<char, 8> kMagic{'P', 'G', 'D', 'K', 'V', 'P', 'G', '1'};
-
-/// The file header: magic, the page key, payload bytes, payload checksum (all little-endian
-/// u64 words after the magic).
-struct Header {
-  std::array<char, 8> magic = kMagic;
-  uint64_t key_hi = 0, key_lo = 0;
-  uint64_t size = 0;
-  uint64_t sum_hi = 0, sum_lo = 0;
-};
 
 bool write_all(int fd, const void* data, size_t n) {
   const auto* p = static_cast<const char*>(data);
@@ -80,15 +69,13 @@ class FileStorage final : public StorageBackend {
       ++stats_.get_misses;
       return false;
     }
-    Header h;
+    PageHeader h;
     struct stat st {};
     const bool read_ok = ::fstat(fd, &st) == 0 &&
-                         static_cast<uint64_t>(st.st_size) == sizeof(Header) + out.size() &&
+                         static_cast<uint64_t>(st.st_size) == sizeof(PageHeader) + out.size() &&
                          read_all(fd, &h, sizeof h) && read_all(fd, out.data(), out.size());
     ::close(fd);
-    const PageKey sum = read_ok ? content_digest(out) : PageKey{};
-    if (!read_ok || h.magic != kMagic || h.key_hi != key.hi || h.key_lo != key.lo ||
-        h.size != out.size() || h.sum_hi != sum.hi || h.sum_lo != sum.lo) {
+    if (!read_ok || !page_header_matches(h, key, out)) {
       ++stats_.corrupt_pages;
       PAGODA_LOG_WARN("hicache storage: page {} in {} is corrupt (size, key or checksum); "
                       "it is removed and recomputed",
@@ -110,9 +97,7 @@ class FileStorage final : public StorageBackend {
     static std::atomic<uint64_t> counter{0};
     const std::string tmp =
         fmt::format("{}/.{}.{}.{}.tmp", dir_, key.hex(), ::getpid(), counter.fetch_add(1));
-    const PageKey sum = content_digest(data);
-    const Header h{.magic = kMagic, .key_hi = key.hi, .key_lo = key.lo, .size = data.size(),
-                   .sum_hi = sum.hi, .sum_lo = sum.lo};
+    const PageHeader h = make_page_header(key, data);
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     bool ok = fd >= 0 && write_all(fd, &h, sizeof h) && write_all(fd, data.data(), data.size()) &&
               ::fsync(fd) == 0;
@@ -151,22 +136,6 @@ class FileStorage final : public StorageBackend {
 
 std::unique_ptr<StorageBackend> make_file_storage(const std::string& dir) {
   return std::make_unique<FileStorage>(dir);
-}
-
-void check_storage_spec(std::string_view spec) {
-  const size_t colon = spec.find(':');
-  PAGODA_REQUIRE(colon != std::string_view::npos && colon > 0, kInvalidArgument,
-                 "hicache storage '{}' must look like file:DIR", spec);
-  const std::string_view scheme = spec.substr(0, colon);
-  PAGODA_REQUIRE(scheme == "file", kUnsupported,
-                 "hicache storage scheme '{}' is not in this build (have: file:DIR)", scheme);
-  PAGODA_REQUIRE(colon + 1 < spec.size(), kInvalidArgument,
-                 "hicache storage 'file:' needs a directory");
-}
-
-std::unique_ptr<StorageBackend> make_storage(std::string_view spec) {
-  check_storage_spec(spec);
-  return make_file_storage(std::string(spec.substr(spec.find(':') + 1)));
 }
 
 }  // namespace pagoda::tier

@@ -9,6 +9,9 @@
 namespace pagoda::tier {
 namespace {
 
+/// Host evictions written to storage per round trip.
+constexpr size_t kPutBatch = 32;
+
 const HiCacheConfig& validated(const HiCacheConfig& c) {
   c.validate();
   PAGODA_REQUIRE(c.enabled(), kInvalidArgument,
@@ -19,7 +22,8 @@ const HiCacheConfig& validated(const HiCacheConfig& c) {
 }  // namespace
 
 HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::KvPool& device_pool,
-                 platform::Platform& platform, const HiCacheConfig& config)
+                 platform::Platform& platform, const HiCacheConfig& config,
+                 StorageFactory open_storage)
     : PrefixCache(allocator, table),
       config_(validated(config)),
       allocator_(&allocator),
@@ -33,12 +37,18 @@ HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::K
                  kInvalidArgument, "HiCache: the device pool and the allocator differ in pages");
   host_.set_before_free([this] { controller_.synchronize(); });
   if (!config_.storage.empty()) {
-    storage_ = make_storage(config_.storage);
-    staging_.resize(static_cast<size_t>(kv::bytes_per_page(host_pool_.pool())));
-    // A page leaving the host tier stays in storage (the copies into it are done: before_free).
-    host_.set_on_evict([this](const PageKey& key, int32_t page) {
-      kv::read_page(host_pool_.pool(), page, staging_);
-      storage_->put(key, staging_);
+    if (!open_storage) open_storage = [this] { return make_storage(config_.storage); };
+    storage_ = open_storage();
+    const auto page_bytes = static_cast<size_t>(kv::bytes_per_page(host_pool_.pool()));
+    staging_.resize(page_bytes);
+    prefetcher_ = std::make_unique<Prefetcher>(open_storage(), page_bytes);
+    // A page leaving the host tier stays in storage (the copies into it are done: before_free):
+    // queued here, written in batches by flush_puts().
+    host_.set_on_evict([this, page_bytes](const PageKey& key, int32_t page) {
+      put_keys_.push_back(key);
+      put_pages_.emplace_back(page_bytes);
+      kv::read_page(host_pool_.pool(), page, put_pages_.back());
+      if (put_keys_.size() >= kPutBatch) flush_puts();
     });
   }
   device_.set_event_listener(
@@ -47,7 +57,18 @@ HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::K
       });
 }
 
-HiCache::~HiCache() { controller_.synchronize(); }
+HiCache::~HiCache() {
+  controller_.synchronize();
+  flush_puts();
+}
+
+void HiCache::flush_puts() {
+  if (put_keys_.empty()) return;
+  std::vector<std::span<const std::byte>> data(put_pages_.begin(), put_pages_.end());
+  storage_->batch_put(put_keys_, data);
+  put_keys_.clear();
+  put_pages_.clear();
+}
 
 cache::PrefixMatch HiCache::match_prefix(const cache::RadixKey& key, int64_t max_prefix_len,
                                          std::vector<SlotIndex>& out) {
@@ -117,6 +138,7 @@ void HiCache::backup_pages(std::span<const int32_t> pages, bool wait) {
     host_.add(tp.key, tp.parent, host[i]);
   }
   if (wait) controller_.synchronize();
+  if (storage_ != nullptr) flush_puts();
 }
 
 void HiCache::on_removed(std::span<const SlotIndex> slots) {
@@ -184,18 +206,25 @@ void HiCache::admit(cache::CacheRequest& req, int64_t max_prefix_len) {
   if (device_len / p < cap) {
     page_keys(req.extra_key, req.tokens, p, cap, keys_);
     const auto first = static_cast<size_t>(device_len / p);
-    const int64_t run = host_run(first, static_cast<size_t>(cap));
-    // Pinned: the room-making below may evict host pages, never these.
-    for (size_t i = first; i < first + static_cast<size_t>(run); ++i) host_.pin(keys_[i]);
-    const int64_t fetched =
-        storage_ != nullptr ? fetch_from_storage(req.extra_key, first + static_cast<size_t>(run),
-                                                 static_cast<size_t>(cap))
-                            : 0;
-    const int64_t total = run + fetched;
-    const bool loaded = total > 0 && load_back(req, m, first, total, run);
+    const auto end = static_cast<size_t>(cap);
+    // Pinned: the room-making below (and adopting the read-ahead) may evict host pages, never
+    // these.
+    const auto run = static_cast<size_t>(host_run(first, end));
+    for (size_t i = first; i < first + run; ++i) host_.pin(keys_[i]);
+    size_t fetched = 0;
+    if (adopt_prefetch(req)) {
+      fetched = static_cast<size_t>(host_run(first + run, end));
+      for (size_t i = first + run; i < first + run + fetched; ++i) host_.pin(keys_[i]);
+    } else if (storage_ != nullptr && config_.prefetch != PrefetchPolicy::kBestEffort) {
+      fetched = static_cast<size_t>(fetch_from_storage(req.extra_key, first + run, end));
+    }
+    const auto total = static_cast<int64_t>(run + fetched);
+    const bool loaded = total > 0 && load_back(req, m, first, total, static_cast<int64_t>(run));
     if (total > 0 && !loaded) skipped = total * p;
-    for (size_t i = first; i < first + static_cast<size_t>(total); ++i) host_.unpin(keys_[i]);
+    for (size_t i = first; i < first + run + fetched; ++i) host_.unpin(keys_[i]);
     if (loaded) m = device_.match_prefix(key, max_prefix_len, req.prefix_slots);
+  } else {
+    forget(req);
   }
   device_.inc_lock_ref(m.last_node);
   req.cache_protected_len = m.length;
@@ -245,11 +274,8 @@ int64_t HiCache::fetch_from_storage(std::string_view extra_key, size_t from, siz
   const std::span<const PageKey> want(keys_.data() + from, to - from);
   const int64_t present = storage_->batch_exists(want);
   if (present == 0) return 0;
-  // SGLang's timeout: 1 s plus 0.25 s per 1,000 tokens.
   const auto deadline =
-      std::chrono::steady_clock::now() +
-      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(
-          1.0 + 0.25 * static_cast<double>(present * page_size()) / 1000.0));
+      std::chrono::steady_clock::now() + config_.prefetch_timeout(present * page_size());
   std::vector<int32_t> pages = host_.reserve(present);
   size_t used = 0;
   int64_t got = 0;
@@ -267,7 +293,89 @@ int64_t HiCache::fetch_from_storage(std::string_view extra_key, size_t from, siz
     ++got;
   }
   host_.give_back(std::span<const int32_t>(pages).subspan(used));
+  flush_puts();
   return got;
+}
+
+void HiCache::prefetch(const cache::CacheRequest& req, int64_t max_prefix_len) {
+  if (prefetcher_ == nullptr || prefetches_.count(&req) != 0) return;
+  const int32_t p = page_size();
+  const int64_t cap =
+      std::min<int64_t>(max_prefix_len, static_cast<int64_t>(req.tokens.size())) / p;
+  const int64_t device_pages =
+      device_.match_prefix(cache::RadixKey{req.tokens, req.extra_key}, max_prefix_len, scratch_)
+          .length /
+      p;
+  if (device_pages >= cap) return;
+  page_keys(req.extra_key, req.tokens, p, cap, keys_);
+  const auto from = static_cast<size_t>(
+      device_pages + host_run(static_cast<size_t>(device_pages), static_cast<size_t>(cap)));
+  // In flight at most the host tier's capacity: adopted pages must find room there.
+  const int64_t n = std::min<int64_t>(cap - static_cast<int64_t>(from),
+                                      host_.capacity_pages() - prefetch_inflight_pages_);
+  if (n <= 0) return;
+  std::vector<PageKey> keys(keys_.begin() + static_cast<std::ptrdiff_t>(from),
+                            keys_.begin() + static_cast<std::ptrdiff_t>(from) + n);
+  prefetch_inflight_pages_ += n;
+  ++tier_.prefetch_jobs;
+  prefetches_.emplace(&req, Prefetch{.job = prefetcher_->start(std::move(keys)),
+                                     .parent = parent_key(req.extra_key, from),
+                                     .deadline = std::chrono::steady_clock::now() +
+                                                 config_.prefetch_timeout(n * p)});
+}
+
+bool HiCache::admission_ready(const cache::CacheRequest& req, bool block) {
+  const auto it = prefetches_.find(&req);
+  if (it == prefetches_.end() || config_.prefetch == PrefetchPolicy::kBestEffort) return true;
+  const Prefetch& f = it->second;
+  const bool timed = config_.prefetch == PrefetchPolicy::kTimeout;
+  if (f.job->done() || (timed && std::chrono::steady_clock::now() >= f.deadline)) return true;
+  if (!block) {
+    ++tier_.prefetch_waits;
+    return false;
+  }
+  prefetcher_->wait(*f.job, timed ? std::optional(f.deadline) : std::nullopt);
+  return true;
+}
+
+void HiCache::forget(const cache::CacheRequest& req) {
+  const auto it = prefetches_.find(&req);
+  if (it == prefetches_.end()) return;
+  it->second.job->cancel();
+  prefetch_inflight_pages_ -= static_cast<int64_t>(it->second.job->keys().size());
+  prefetches_.erase(it);
+}
+
+int64_t HiCache::prefetch_arrived(const cache::CacheRequest& req) const {
+  const auto it = prefetches_.find(&req);
+  return it == prefetches_.end() ? -1 : it->second.job->arrived();
+}
+
+bool HiCache::adopt_prefetch(const cache::CacheRequest& req) {
+  const auto it = prefetches_.find(&req);
+  if (it == prefetches_.end()) return false;
+  const std::shared_ptr<PrefetchJob> job = it->second.job;
+  PageKey parent = it->second.parent;
+  forget(req);  // cancels what has not arrived (best_effort, timeout)
+  const int64_t arrived = job->arrived();
+  int64_t want = 0;
+  for (int64_t i = 0; i < arrived; ++i)
+    want += !host_.contains(job->keys()[static_cast<size_t>(i)]);
+  const std::vector<int32_t> pages = host_.reserve(want);
+  size_t used = 0;
+  for (int64_t i = 0; i < arrived; ++i) {
+    const PageKey& k = job->keys()[static_cast<size_t>(i)];
+    if (!host_.contains(k)) {
+      if (used == pages.size()) break;  // the host tier is full: the rest is recomputed
+      kv::write_page(host_pool_.pool(), pages[used], job->page(i));
+      host_.add(k, parent, pages[used++]);
+      ++tier_.prefetch_pages;
+    }
+    parent = k;
+  }
+  host_.give_back(std::span<const int32_t>(pages).subspan(used));
+  flush_puts();
+  return true;
 }
 
 PageKey HiCache::parent_key(std::string_view extra_key, size_t index) const {
@@ -298,7 +406,11 @@ void HiCache::begin_forward() {
   controller_.begin_forward();
 }
 
-int64_t HiCache::drain_host() { return host_.evict(host_.num_entries()); }
+int64_t HiCache::drain_host() {
+  const int64_t n = host_.evict(host_.num_entries());
+  if (storage_ != nullptr) flush_puts();
+  return n;
+}
 
 const cache::CacheStats& HiCache::stats() const {
   const cache::CacheStats& d = device_.stats();
@@ -317,6 +429,7 @@ TierStats HiCache::tier_stats() const {
   if (storage_ != nullptr) {
     s.has_storage = true;
     s.storage = storage_->stats();
+    s.storage += prefetcher_->stats();
   }
   return s;
 }

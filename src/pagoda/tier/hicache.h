@@ -13,6 +13,10 @@
 ///   the device evicts it (and then waits). Device eviction of a page whose host copy is missing
 ///   makes one (write_through / write_back) when the host tier has room; the host tier evicts
 ///   its LRU leaves to make room, so a full host pool degrades to the device-only cache.
+/// - Storage tier: pages leaving the host tier are written to a StorageBackend (batched); a
+///   queued request's continuation is read ahead by a Prefetcher thread (prefetch()), adopted
+///   into the host tier at admit(), and the prefetch policy decides whether the admission
+///   waits for it (admission_ready()).
 /// - admit(): matches the device prefix, then its continuation in the host tier
 ///   (match_tiers()), allocates device pages for that continuation all or nothing (evicting
 ///   unlocked device leaves; when it cannot, the request recomputes), queues the load-back,
@@ -21,11 +25,13 @@
 ///
 /// Not thread-safe: the scheduler thread owns it; the copies run on the copy stream.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "pagoda/cache/radix_cache.h"
@@ -36,6 +42,7 @@
 #include "pagoda/tier/controller.h"
 #include "pagoda/tier/host_tier.h"
 #include "pagoda/tier/page_key.h"
+#include "pagoda/tier/prefetcher.h"
 #include "pagoda/tier/storage.h"
 
 namespace pagoda::tier {
@@ -52,7 +59,10 @@ struct TierStats {
   int64_t host_capacity_pages = 0;
   TransferStats transfer;
   bool has_storage = false;
-  StorageStats storage;
+  StorageStats storage;        ///< the scheduler's and the prefetch thread's backends
+  int64_t prefetch_jobs = 0;   ///< read-aheads started for queued requests
+  int64_t prefetch_pages = 0;  ///< pages they brought into the host tier
+  int64_t prefetch_waits = 0;  ///< admissions the prefetch policy held back (scheduler rounds)
 };
 
 /// What the tiers hold for a key: the device prefix, then its continuation in the host tier.
@@ -64,11 +74,14 @@ struct TierMatch {
 class HiCache final : public cache::PrefixCache {
  public:
   /// A hierarchical cache over the device `allocator` / `table` / `device_pool` (the worker's)
-  /// and a new host pool of `config.host` on `platform`'s pinned memory. Throws
-  /// Error(kInvalidArgument) for a bad config, kUnsupported when the platform has no copy
-  /// stream. Everything passed must outlive the cache.
+  /// and a new host pool of `config.host` on `platform`'s pinned memory. With a storage tier,
+  /// `open_storage` (default: make_storage(config.storage)) is called twice: the scheduler's
+  /// backend and the prefetch thread's. Throws Error(kInvalidArgument) for a bad config or a
+  /// storage that cannot be opened, kUnsupported when the platform has no copy stream.
+  /// Everything passed must outlive the cache.
   HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::KvPool& device_pool,
-          platform::Platform& platform, const HiCacheConfig& config);
+          platform::Platform& platform, const HiCacheConfig& config,
+          StorageFactory open_storage = {});
   ~HiCache() override;
 
   std::string_view name() const override { return "hicache"; }
@@ -97,6 +110,15 @@ class HiCache final : public cache::PrefixCache {
   /// Unlocks like PrefixCache::unadmit; the admission is not counted (its load-back stays:
   /// the pages are in the tree, and the next admission that uses them counts them as host hits).
   void unadmit(cache::CacheRequest& req) override;
+  /// With a storage tier: starts reading the pages of req's prefix continuation that neither
+  /// the device nor the host tier holds (at most the host tier's capacity in flight overall).
+  void prefetch(const cache::CacheRequest& req, int64_t max_prefix_len) override;
+  /// The prefetch policy: best_effort: always; wait_complete: once req's read-ahead is done;
+  /// timeout: once it is done or its deadline passed. `block` waits for that.
+  bool admission_ready(const cache::CacheRequest& req, bool block) override;
+  void forget(const cache::CacheRequest& req) override;
+  /// Pages of req's read-ahead that have arrived so far, or -1 when it has none (tests, logs).
+  int64_t prefetch_arrived(const cache::CacheRequest& req) const;
 
   /// Device prefix and host continuation of key[:min(len, max_prefix_len)], page aligned.
   /// Touches the device tree like match_prefix; changes nothing else.
@@ -152,6 +174,11 @@ class HiCache final : public cache::PrefixCache {
   /// stops at a miss, a corrupt page, a full host tier, or the timeout policy's deadline.
   /// Returns the pages now in the host tier.
   int64_t fetch_from_storage(std::string_view extra_key, size_t from, size_t to);
+  /// Moves the arrived pages of req's read-ahead (if any) into the host tier and drops it;
+  /// returns whether it had one.
+  bool adopt_prefetch(const cache::CacheRequest& req);
+  /// Writes the pages queued by host evictions to storage (one batch).
+  void flush_puts();
   /// The key of page keys_[index]'s parent.
   PageKey parent_key(std::string_view extra_key, size_t index) const;
   /// Host-tier continuation of keys_[from, to): the number of consecutive pages present.
@@ -163,7 +190,18 @@ class HiCache final : public cache::PrefixCache {
   HostTier host_;
   TierController controller_;
   std::unique_ptr<StorageBackend> storage_;  ///< null without a storage tier
-  std::vector<std::byte> staging_;           ///< one page, for storage reads and writes
+  std::vector<std::byte> staging_;           ///< one page, for storage reads
+  std::vector<PageKey> put_keys_;            ///< host evictions waiting for flush_puts()
+  std::vector<std::vector<std::byte>> put_pages_;
+  /// A queued request's read-ahead: its pages' parent (the key before the first) and deadline.
+  struct Prefetch {
+    std::shared_ptr<PrefetchJob> job;
+    PageKey parent;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::unordered_map<const cache::CacheRequest*, Prefetch> prefetches_;
+  int64_t prefetch_inflight_pages_ = 0;
+  std::unique_ptr<Prefetcher> prefetcher_;  ///< null without a storage tier
   std::vector<TreePage> tree_pages_;      ///< per device page id
   std::vector<int32_t> evicted_;          ///< device pages removed by the current evict()
   std::vector<PageKey> keys_;             ///< scratch: page keys of one request

@@ -61,22 +61,21 @@ for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
              ["page size"], [missing])
     run_case(f"{cmd[0]} unknown backend", cmd + ["--model", missing, "--backend", "nosuch"],
              ["attention backend 'nosuch'"], [missing])
-# Hierarchical cache options, also checked before the model is loaded.
-for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
-    run_case(f"{cmd[0]} hicache ratio -1", cmd + ["--model", missing, "--hicache-ratio", "-1"],
-             ["--hicache-ratio"], [missing])
-    run_case(f"{cmd[0]} hicache ratio and size",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-size", "1G"],
-             ["not both"], [missing])
-    run_case(f"{cmd[0]} hicache write policy",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-write-policy", "nope"],
-             ["write policy 'nope'"], [missing])
-    run_case(f"{cmd[0]} hicache remote storage",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "redis://h:1"],
-             ["scheme 'redis'"], [missing])
-    run_case(f"{cmd[0]} hicache best_effort",
-             cmd + ["--model", missing, "--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x",
-                    "--hicache-prefetch-policy", "best_effort"], ["best_effort"], [missing])
+# Hierarchical cache options (one flag block on all three commands), checked before the model
+# is loaded.
+HICACHE_CASES = [
+    (["--hicache-ratio", "-1"], "--hicache-ratio"),
+    (["--hicache-ratio", "2", "--hicache-size", "1G"], "not both"),
+    (["--hicache-ratio", "2", "--hicache-write-policy", "nope"], "write policy 'nope'"),
+    (["--hicache-ratio", "2", "--hicache-storage", "redis://h:0"], "port must be in"),
+    (["--hicache-ratio", "2", "--hicache-storage", "s3://b/k"], "scheme 's3'"),
+    (["--hicache-ratio", "2", "--hicache-storage", "file:/tmp/x", "--hicache-prefetch-policy",
+      "nope"], "prefetch policy 'nope'"),
+]
+for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"], ["serve", "--port", "0"]):
+    for flags, expect in HICACHE_CASES:
+        run_case(f"{cmd[0]} {' '.join(flags)}", cmd + ["--model", missing, *flags], [expect],
+                 [missing])
 # Kernel options: checked while the command line is parsed (before anything is built).
 for cmd in (["generate", "--prompt", "hi", "--model", missing], ["bench", "--model", missing],
             ["serve", "--model", missing], ["conformance", "--quick"], ["kernels"]):

@@ -4,10 +4,12 @@
 // tier serves hits the device tree lost, and no page leaks in either tier.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
+#include "redis_server.h"
 
 namespace pagoda::engine {
 namespace {
@@ -21,8 +23,10 @@ struct Turns {
 };
 
 /// `convs` conversations x `turns` turns: a shared system prompt, each turn appends the previous
-/// answer and a new user message. Every turn of every conversation is submitted at once.
-Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns, int max_new) {
+/// answer and a new user message. Every turn of every conversation is submitted at once;
+/// `after_turn(t)` runs once turn t has finished.
+Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns, int max_new,
+                    const std::function<void(int)>& after_turn = {}) {
   std::mt19937_64 rng(seed);
   auto rand_tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -48,6 +52,7 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
       out.outputs.push_back(o.output_ids);
       engine.release(ids[c]);
     }
+    if (after_turn) after_turn(t);
   }
   out.stats = engine.stats();
   EXPECT_EQ(engine.memory().leaked_pages(), 0);
@@ -172,6 +177,59 @@ TEST(EngineHiCacheAbort, AbortAfterALoadBackReleasesEverything) {
   EXPECT_EQ(engine.output(second).finish_reason, FinishReason::kAbort);
   EXPECT_EQ(engine.memory().leaked_pages(), 0);
   EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
+}
+
+/// The storage tier shared on a Redis server: a second engine serves the first one's prefixes
+/// from it, and a third one with the best_effort prefetch policy (which takes whatever has
+/// arrived, so its hits depend on timing) too, all with the same greedy tokens as the
+/// device-only run; a server killed mid-run turns into counted errors and recomputation, with
+/// the same tokens.
+TEST(EngineHiCacheRedis, TwoEnginesShareOneServerAndSurviveItsDeath) {
+  pagoda::testing::RedisServer server;
+  if (!server.available())
+    GTEST_SKIP() << "redis-server / valkey-server is not installed (scripts/setup.sh installs it)";
+  const uint64_t seed = 4343;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 256,
+                   .scheduler = SchedulerConfig{.max_running_requests = 4, .chunk_size = 32},
+                   .backend = testing::backend_named("cpu"),
+                   .check_integrity = true};
+  const Turns device_only = run_multiturn(cfg, seed, 4, 3, 4);
+  // A host tier as large as the device pool: the working set overflows into the server.
+  cfg.hicache = tier::HiCacheConfig{.host = {.ratio = 1}, .storage = server.url("shared")};
+  const Turns first = run_multiturn(cfg, seed, 4, 3, 4);
+  const Turns second = run_multiturn(cfg, seed, 4, 3, 4);
+  cfg.hicache.prefetch = tier::PrefetchPolicy::kBestEffort;
+  const Turns third = run_multiturn(cfg, seed, 4, 3, 4);
+  EXPECT_EQ(device_only.outputs, first.outputs);
+  EXPECT_EQ(device_only.outputs, second.outputs);
+  EXPECT_EQ(device_only.outputs, third.outputs);
+  const tier::TierStats& a = first.stats.tier;
+  const tier::TierStats& b = second.stats.tier;
+  EXPECT_GT(b.storage_hit_tokens, a.storage_hit_tokens);
+  EXPECT_GT(b.prefetch_pages, 0);
+  EXPECT_GT(third.stats.tier.prefetch_jobs, 0);
+  EXPECT_GT(second.stats.scheduler.cached_tokens, first.stats.scheduler.cached_tokens);
+  EXPECT_EQ(a.storage.errors + b.storage.errors + third.stats.tier.storage.errors, 0);
+  std::printf(
+      "cached prompt tokens: device only %lld, first engine %lld, second engine %lld "
+      "(%lld from storage), third (best_effort) %lld (%lld from storage)\n",
+      static_cast<long long>(device_only.stats.scheduler.cached_tokens),
+      static_cast<long long>(first.stats.scheduler.cached_tokens),
+      static_cast<long long>(second.stats.scheduler.cached_tokens),
+      static_cast<long long>(b.storage_hit_tokens),
+      static_cast<long long>(third.stats.scheduler.cached_tokens),
+      static_cast<long long>(third.stats.tier.storage_hit_tokens));
+
+  // The server dies after the first turn: errors are counted, nothing else changes.
+  cfg.hicache.storage = server.url("doomed");
+  cfg.hicache.prefetch = tier::PrefetchPolicy::kWaitComplete;
+  const Turns killed = run_multiturn(cfg, seed, 4, 3, 4, [&](int t) {
+    if (t == 0) server.kill();
+  });
+  EXPECT_EQ(device_only.outputs, killed.outputs);
+  EXPECT_GT(killed.stats.tier.storage.errors, 0);
 }
 
 }  // namespace

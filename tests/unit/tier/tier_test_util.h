@@ -158,11 +158,11 @@ class ManualPlatform final : public platform::Platform {
 
 /// A minimal scheduler around one HiCache: runs requests one at a time.
 struct Harness {
-  Harness(int32_t pages, int32_t page_size, HiCacheConfig config)
+  Harness(int32_t pages, int32_t page_size, HiCacheConfig config, StorageFactory storage = {})
       : alloc(pages, page_size),
         table(8, 4096),
         dev(small_pool(pages, page_size), platform->allocator()),
-        cache(alloc, table, dev, *platform, config) {}
+        cache(alloc, table, dev, *platform, config, std::move(storage)) {}
 
   /// Admits `tokens` (prefix checked after the forward's layer waits), computes the rest and
   /// finishes with an insert unless `keep`. Returns the admitted prefix length.
@@ -170,6 +170,12 @@ struct Harness {
     cache::CacheRequest local;
     cache::CacheRequest& req = keep ? *keep : local;
     req.tokens = tokens;
+    return run_request(req, keep == nullptr);
+  }
+
+  /// run() for a request whose tokens are set (e.g. queued earlier with prefetch()).
+  int64_t run_request(cache::CacheRequest& req, bool finish) {
+    const std::vector<int32_t>& tokens = req.tokens;
     const int64_t len = static_cast<int64_t>(tokens.size());
     cache.admit(req, cache::scheduler_prefix_limit(len));
     const int64_t pre = req.cache_protected_len;
@@ -191,7 +197,7 @@ struct Harness {
     EXPECT_TRUE(slots.has_value());
     testing::write_kv(dev, tokens, pre, *slots);
     table.write(req.req_slot, pre, *slots);
-    if (keep == nullptr) {
+    if (finish) {
       cache.cache_finished_req(req, len);
       table.free(req.req_slot);
     }
