@@ -315,58 +315,58 @@ RequestId Engine::add_request(GenerateRequest request) {
   return req.id;
 }
 
-RequestId Engine::add_transfer_request(GenerateRequest request) {
-  PAGODA_REQUIRE(config_.spec.mode == SpecMode::kNone, kUnsupported,
+RequestId EngineTransfer::add_request(GenerateRequest request) {
+  PAGODA_REQUIRE(engine_.config_.spec.mode == SpecMode::kNone, kUnsupported,
                  "a transferred (disaggregated) request needs speculative decoding off");
-  return create_request(std::move(request)).id;
+  return engine_.create_request(std::move(request)).id;
 }
 
-bool Engine::preallocate(RequestId id) {
-  Req& r = find_req(reqs_, id);
+bool EngineTransfer::preallocate(RequestId id) {
+  Req& r = find_req(engine_.reqs_, id);
   PAGODA_REQUIRE(r.state == RequestState::kWaiting && !r.admitted_once, kFailedPrecondition,
                  "request {} is not a transfer request waiting for its pages", id);
-  return scheduler_->preallocate(&r);
+  return engine_.scheduler_->preallocate(&r);
 }
 
-std::vector<PageId> Engine::prompt_pages(RequestId id) const {
-  const Req& r = find_req(reqs_, id);
+std::vector<PageId> EngineTransfer::prompt_pages(RequestId id) const {
+  const Req& r = find_req(engine_.reqs_, id);
   PAGODA_REQUIRE(r.cache.req_slot.valid() && r.kv_len >= r.prompt_len, kFailedPrecondition,
                  "request {} holds no prompt KV", id);
-  const auto row = memory_->table().row(r.cache.req_slot);
+  const auto row = engine_.memory_->table().row(r.cache.req_slot);
   std::vector<PageId> pages;
-  for (int64_t pos = 0; pos < r.prompt_len; pos += config_.page_size)
-    pages.push_back(PageId{static_cast<int32_t>(row[pos] / config_.page_size)});
+  for (int64_t pos = 0; pos < r.prompt_len; pos += engine_.config_.page_size)
+    pages.push_back(PageId{static_cast<int32_t>(row[pos] / engine_.config_.page_size)});
   return pages;
 }
 
-bool Engine::commit_transfer(RequestId id, int32_t first_token) {
-  Req& r = find_req(reqs_, id);
-  PAGODA_REQUIRE(first_token >= 0 && first_token < model_->config().vocab_size, kInvalidArgument,
-                 "first token {} outside the vocabulary [0, {})", first_token,
-                 model_->config().vocab_size);
+bool EngineTransfer::commit(RequestId id, int32_t first_token) {
+  Req& r = find_req(engine_.reqs_, id);
+  const model::ModelConfig& mc = engine_.model_->config();
+  PAGODA_REQUIRE(first_token >= 0 && first_token < mc.vocab_size, kInvalidArgument,
+                 "first token {} outside the vocabulary [0, {})", first_token, mc.vocab_size);
   PAGODA_REQUIRE(r.state == RequestState::kPrefilling && r.num_output() == 0 &&
                      r.kv_len == r.prompt_len,
                  kFailedPrecondition, "request {} is not waiting for its transferred KV", id);
-  scheduler_->complete_transfer(&r);
+  engine_.scheduler_->complete_transfer(&r);
   r.cache.tokens.push_back(first_token);
-  ++stats_.generated_tokens;
-  r.out.first_token_s = now();
+  ++engine_.stats_.generated_tokens;
+  r.out.first_token_s = engine_.now();
   bool done = false;
-  if (check_finished(r, first_token, model_->config().eos_token_id, max_context_len_)) {
-    scheduler_->finish(&r);
+  if (check_finished(r, first_token, mc.eos_token_id, engine_.max_context_len_)) {
+    engine_.scheduler_->finish(&r);
     r.out.finish_s = r.out.first_token_s;
     done = true;
   }
-  if (config_.check_integrity) memory_->check_integrity();
+  if (engine_.config_.check_integrity) engine_.memory_->check_integrity();
   return done;
 }
 
-void Engine::release_kv(RequestId id) {
-  Req& r = find_req(reqs_, id);
+void EngineTransfer::release_kv(RequestId id) {
+  Req& r = find_req(engine_.reqs_, id);
   PAGODA_REQUIRE(r.out.kv_held, kFailedPrecondition, "request {} holds no KV to release", id);
-  scheduler_->release_held(&r);
+  engine_.scheduler_->release_held(&r);
   r.out.kv_held = false;
-  if (config_.check_integrity) memory_->check_integrity();
+  if (engine_.config_.check_integrity) engine_.memory_->check_integrity();
 }
 
 Req& Engine::create_request(GenerateRequest request) {

@@ -167,6 +167,38 @@ std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DT
 /// weights are f16, else bf16 (an f32 checkpoint runs in bf16 unless f32 is asked for).
 DType default_model_dtype(const platform::Platform& platform, const model::ModelConfig& model);
 
+class Engine;
+
+/// Prefill–decode disaggregation hooks of an Engine (docs/design/pd.md), from Engine::transfer():
+/// a view of the engine, valid while it lives. Call between steps, on the engine's thread.
+class EngineTransfer {
+ public:
+  explicit EngineTransfer(Engine& engine) : engine_(engine) {}
+  /// Decode side: validates and records a request like Engine::add_request, but does not queue
+  /// it: its prompt KV comes from a prefill server. preallocate() reserves its memory.
+  RequestId add_request(GenerateRequest request);
+  /// Decode side: reserves the row and prompt pages of a request from add_request like an
+  /// admission (Scheduler::preallocate; the prefix cache's match, output(id).cached_tokens long
+  /// and page-aligned, is reused); false when they do not fit now (retry later). Throws
+  /// kFailedPrecondition for a request in another state.
+  bool preallocate(RequestId id);
+  /// The pages of positions [0, prompt_len) of a preallocated or held request, in order (the
+  /// last one may be partly used). Throws kFailedPrecondition when it holds no KV.
+  std::vector<PageId> prompt_pages(RequestId id) const;
+  /// Decode side: the prompt KV of a preallocated request is in its pages; `first_token` (sampled
+  /// by the prefill server) becomes its first output token and it joins the running requests.
+  /// Returns true when that token already finishes it (EOS, max_new_tokens 1, context).
+  /// Throws kInvalidArgument for a token outside the vocabulary, kFailedPrecondition for a
+  /// request that is not preallocated (nothing changed).
+  bool commit(RequestId id, int32_t first_token);
+  /// Prefill side: releases the row and KV that a finished hold_kv request still holds (its KV
+  /// goes to the prefix cache). Throws kFailedPrecondition when it holds none.
+  void release_kv(RequestId id);
+
+ private:
+  Engine& engine_;
+};
+
 class Engine {
  public:
   /// Builds the memory, cache and backend for `model` (which must outlive the engine). Uses
@@ -196,27 +228,8 @@ class Engine {
   bool abort(RequestId id);
   bool has_work() const { return scheduler_->has_work(); }
 
-  // Prefill–decode disaggregation (docs/design/pd.md). Call between steps.
-  /// Decode side: validates and records a request like add_request, but does not queue it: its
-  /// prompt KV comes from a prefill server. preallocate() reserves its memory.
-  RequestId add_transfer_request(GenerateRequest request);
-  /// Decode side: reserves the row and prompt pages of a request from add_transfer_request like
-  /// an admission (Scheduler::preallocate; the prefix cache's match, output(id).cached_tokens
-  /// long and page-aligned, is reused); false when they do not fit now (retry later).
-  /// Throws kFailedPrecondition for a request in another state.
-  bool preallocate(RequestId id);
-  /// The pages of positions [0, prompt_len) of a preallocated or held request, in order (the
-  /// last one may be partly used). Throws kFailedPrecondition when it holds no KV.
-  std::vector<PageId> prompt_pages(RequestId id) const;
-  /// Decode side: the prompt KV of a preallocated request is in its pages; `first_token` (sampled
-  /// by the prefill server) becomes its first output token and it joins the running requests.
-  /// Returns true when that token already finishes it (EOS, max_new_tokens 1, context).
-  /// Throws kInvalidArgument for a token outside the vocabulary, kFailedPrecondition for a
-  /// request that is not preallocated (nothing changed).
-  bool commit_transfer(RequestId id, int32_t first_token);
-  /// Prefill side: releases the row and KV that a finished hold_kv request still holds (its KV
-  /// goes to the prefix cache). Throws kFailedPrecondition when it holds none.
-  void release_kv(RequestId id);
+  /// The prefill–decode disaggregation hooks (EngineTransfer, docs/design/pd.md).
+  EngineTransfer transfer() { return EngineTransfer(*this); }
 
   /// Installs (or clears, with nullptr) the logits observer.
   void set_logits_observer(LogitsObserver observer) { logits_observer_ = std::move(observer); }
@@ -241,6 +254,7 @@ class Engine {
   double now() const;
 
  private:
+  friend class EngineTransfer;
   /// Validates `request` (add_request's checks) and records it (not queued).
   Req& create_request(GenerateRequest request);
   model::LlamaModel* model_;

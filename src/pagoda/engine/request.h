@@ -34,7 +34,7 @@ struct GenerateRequest {
   /// Prefix-cache namespace (SGLang's extra_key); requests only share KV within one namespace.
   std::string extra_key{};
   /// Prefill–decode disaggregation, prefill side (docs/design/pd.md): when the request finishes,
-  /// its row and prompt KV stay held (RequestOutput::kv_held) until Engine::release_kv.
+  /// its row and prompt KV stay held (RequestOutput::kv_held) until EngineTransfer::release_kv.
   bool hold_kv = false;
 };
 

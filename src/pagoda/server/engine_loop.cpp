@@ -120,7 +120,7 @@ std::pair<std::shared_ptr<RequestStream>, engine::RequestId> EngineLoop::submit_
   engine::RequestId id = -1;
   try {
     run_on_loop([&](engine::Engine& e) {
-      id = e.add_transfer_request(std::move(request));
+      id = e.transfer().add_request(std::move(request));
       live_[id] = stream;
       ids_[stream.get()] = id;
       stream->set_id(id);

@@ -84,9 +84,9 @@ class EngineLoop {
   void cancel(const std::shared_ptr<RequestStream>& stream);
   /// Runs `task` on the loop thread between steps and waits for it; an exception it throws is
   /// rethrown here. Afterwards every live request that the task finished (e.g. through
-  /// Engine::commit_transfer) is finished on its stream. Used by disaggregation (pd.h).
+  /// EngineTransfer::commit) is finished on its stream. Used by disaggregation (pd.h).
   void run_on_loop(std::function<void(engine::Engine&)> task);
-  /// Disaggregation, decode side: records `request` with Engine::add_transfer_request (not
+  /// Disaggregation, decode side: records `request` with EngineTransfer::add_request (not
   /// queued: its KV comes from a prefill server) and returns its stream and engine id. Admission
   /// control as submit (ApiError 503); engine validation errors as ApiError(400 / 413).
   std::pair<std::shared_ptr<RequestStream>, engine::RequestId> submit_transfer(

@@ -9,10 +9,10 @@
 ///      its KV layout, the destination pages, the first one to write (pages before it hold a
 ///      prefix its own radix cache matched) and its KvTransfer descriptor;
 ///   3. on the answer (first token, bytes, checksum) checks the room, the byte count and the
-///      checksum of the received pages, then commits (Engine::commit_transfer) and decodes.
+///      checksum of the received pages, then commits (EngineTransfer::commit) and decodes.
 /// The prefill server (PdPrefill) checks the layout and the room, runs the prefill with its own
 /// radix cache (max_new_tokens 1, hold_kv), writes the prompt's pages layer by layer into the
-/// decode server's pool (KvTransfer), caches its side (Engine::release_kv) and answers.
+/// decode server's pool (KvTransfer), caches its side (EngineTransfer::release_kv) and answers.
 /// Any failure frees the room's pages on the side that sees it and is counted (PdRooms).
 /// Thread rules: the handlers run on HTTP threads; engine work goes through EngineLoop.
 

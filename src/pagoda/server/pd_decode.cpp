@@ -99,9 +99,9 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   for (;;) {
     bool ok = false;
     pd.loop->run_on_loop([&](engine::Engine& e) {
-      ok = e.preallocate(id);
+      ok = e.transfer().preallocate(id);
       if (ok) {
-        pages = e.prompt_pages(id);
+        pages = e.transfer().prompt_pages(id);
         start = static_cast<size_t>(e.output(id).cached_tokens / pd.layout.page_size);
       }
     });
@@ -183,7 +183,7 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   pd.rooms.add_reused(start);
   try {
     pd.loop->run_on_loop([&](engine::Engine& e) {
-      e.commit_transfer(id, first);
+      e.transfer().commit(id, first);
       stream->push(first, nullptr);
     });
   } catch (const Error& e) {  // cancelled meanwhile (client gone), or a token outside the vocabulary

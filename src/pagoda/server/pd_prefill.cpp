@@ -89,7 +89,7 @@ struct PrefillRoom {
     if (held >= 0) {
       try {
         pd.loop->run_on_loop([id = held](engine::Engine& e) {
-          e.release_kv(id);
+          e.transfer().release_kv(id);
           e.release(id);
         });
       } catch (const std::exception&) {  // shutting down: the process frees everything
@@ -161,7 +161,7 @@ void handle_pd_bootstrap(PdContext& pd, const httplib::Request& req, httplib::Re
     if (room.held < 0 || tokens.empty())
       room.fail("prefill_error", u.error_status ? u.error_status : 500, u.error);
     std::vector<PageId> src;
-    pd.loop->run_on_loop([&](engine::Engine& e) { src = e.prompt_pages(u.id); });
+    pd.loop->run_on_loop([&](engine::Engine& e) { src = e.transfer().prompt_pages(u.id); });
     src.erase(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(b.start_page));
     b.pages.erase(b.pages.begin(), b.pages.begin() + static_cast<std::ptrdiff_t>(b.start_page));
 

@@ -295,18 +295,18 @@ TEST(EngineTransfer, HeldKvMovedIntoPreallocatedPagesDecodesLikeOneEngine) {
       ASSERT_TRUE(po.kv_held);
       ASSERT_EQ(po.output_ids.size(), 1u);
       EXPECT_THROW(prefill.release(pid), Error);  // its KV is still held
-      const RequestId did = decode.add_transfer_request({.prompt = p, .max_new_tokens = max_new});
-      ASSERT_TRUE(decode.preallocate(did));
-      EXPECT_THROW(decode.preallocate(did), Error);
+      const RequestId did = decode.transfer().add_request({.prompt = p, .max_new_tokens = max_new});
+      ASSERT_TRUE(decode.transfer().preallocate(did));
+      EXPECT_THROW(decode.transfer().preallocate(did), Error);
       // Pages of the prefix the decode engine's cache matched hold that KV already.
       const auto start = static_cast<std::ptrdiff_t>(decode.output(did).cached_tokens / page_size);
-      std::vector<PageId> src = prefill.prompt_pages(pid), dst = decode.prompt_pages(did);
+      std::vector<PageId> src = prefill.transfer().prompt_pages(pid), dst = decode.transfer().prompt_pages(did);
       src.erase(src.begin(), src.begin() + start);
       dst.erase(dst.begin(), dst.begin() + start);
       copy_pages(prefill.worker().kv_pool(), src, decode.worker().kv_pool(), dst);
-      EXPECT_THROW(decode.commit_transfer(did, 1 << 30), Error);  // outside the vocabulary
-      EXPECT_FALSE(decode.commit_transfer(did, po.output_ids[0]));
-      prefill.release_kv(pid);
+      EXPECT_THROW(decode.transfer().commit(did, 1 << 30), Error);  // outside the vocabulary
+      EXPECT_FALSE(decode.transfer().commit(did, po.output_ids[0]));
+      prefill.transfer().release_kv(pid);
       prefill.release(pid);
       got.push_back(did);
       decode.step();  // requests join a running batch one by one
@@ -318,8 +318,8 @@ TEST(EngineTransfer, HeldKvMovedIntoPreallocatedPagesDecodesLikeOneEngine) {
     // pages back; a refused one changes nothing.
     std::vector<RequestId> parked;
     for (int i = 0; i < 9; ++i) {
-      parked.push_back(decode.add_transfer_request({.prompt = prompts[i % 6], .max_new_tokens = 4}));
-      EXPECT_EQ(decode.preallocate(parked.back()), i < 8) << i;
+      parked.push_back(decode.transfer().add_request({.prompt = prompts[i % 6], .max_new_tokens = 4}));
+      EXPECT_EQ(decode.transfer().preallocate(parked.back()), i < 8) << i;
     }
     EXPECT_TRUE(decode.memory().idle_pages_accounted());
     for (RequestId id : parked) EXPECT_TRUE(decode.abort(id));
