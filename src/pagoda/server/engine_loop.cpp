@@ -65,6 +65,15 @@ EngineLoop::~EngineLoop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void EngineLoop::count_inflight_locked() {
+  if (!accepting_) throw ApiError(503, "service_unavailable", "the server is shutting down");
+  if (inflight_ >= max_inflight_)
+    throw ApiError(503, "service_unavailable",
+                   "the request queue is full (" + std::to_string(max_inflight_) +
+                       " requests in flight); retry later");
+  ++inflight_;
+}
+
 std::shared_ptr<RequestStream> EngineLoop::submit(engine::GenerateRequest request) {
   auto stream = std::make_shared<RequestStream>();
   stream->prompt_len = static_cast<int32_t>(request.prompt.size());
@@ -72,12 +81,7 @@ std::shared_ptr<RequestStream> EngineLoop::submit(engine::GenerateRequest reques
   stream->request = std::move(request);
   {
     std::lock_guard lock(mu_);
-    if (!accepting_) throw ApiError(503, "service_unavailable", "the server is shutting down");
-    if (inflight_ >= max_inflight_)
-      throw ApiError(503, "service_unavailable",
-                     "the request queue is full (" + std::to_string(max_inflight_) +
-                         " requests in flight); retry later");
-    ++inflight_;
+    count_inflight_locked();
     incoming_.push_back(stream);
   }
   cv_.notify_all();
@@ -110,12 +114,7 @@ std::pair<std::shared_ptr<RequestStream>, engine::RequestId> EngineLoop::submit_
   stream->prompt_len = static_cast<int32_t>(request.prompt.size());
   {
     std::lock_guard lock(mu_);
-    if (!accepting_) throw ApiError(503, "service_unavailable", "the server is shutting down");
-    if (inflight_ >= max_inflight_)
-      throw ApiError(503, "service_unavailable",
-                     "the request queue is full (" + std::to_string(max_inflight_) +
-                         " requests in flight); retry later");
-    ++inflight_;
+    count_inflight_locked();
   }
   engine::RequestId id = -1;
   try {

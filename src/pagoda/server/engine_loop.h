@@ -108,6 +108,9 @@ class EngineLoop {
   /// Runs `tasks` (loop thread), then finishes the streams of requests they finished.
   void run_tasks(std::vector<Task>& tasks);
   void finish_stream(engine::RequestId id, const engine::RequestOutput& out);
+  /// Under mu_: counts one more request in flight, or throws ApiError 503 when shutting down or
+  /// at max_inflight_ (nothing counted).
+  void count_inflight_locked();
 
   engine::Engine& engine_;
   ServerMetrics& metrics_;

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "pagoda/core/error.h"
+
 namespace pagoda::server {
 
 namespace {
@@ -142,6 +144,17 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   return ok;
+}
+
+int bind_listener(httplib::Server& svr, const std::string& host, int port) {
+  if (port == 0) {
+    port = svr.bind_to_any_port(host);
+    PAGODA_REQUIRE(port > 0, kInvalidArgument, "cannot bind {} (any port)", host);
+  } else {
+    PAGODA_REQUIRE(svr.bind_to_port(host, port), kInvalidArgument, "cannot bind {}:{}", host,
+                   port);
+  }
+  return port;
 }
 
 }  // namespace pagoda::server

@@ -15,6 +15,8 @@
 
 #include <httplib.h>
 
+#include <string>
+
 namespace pagoda::server {
 
 class HttpServer : public httplib::Server {
@@ -31,5 +33,10 @@ class HttpServer : public httplib::Server {
  private:
   bool process_and_close_socket(socket_t sock) override;
 };
+
+/// Binds `svr` to host:port (port 0: any free port) and returns the bound port. Throws
+/// Error(kInvalidArgument) naming the address when it cannot bind. `pagoda serve` and
+/// `pagoda router` both listen through it.
+int bind_listener(httplib::Server& svr, const std::string& host, int port);
 
 }  // namespace pagoda::server

@@ -22,6 +22,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/server/api_request.h"
+#include "pagoda/server/http_server.h"
 #include "pagoda/server/pd.h"
 #include "pagoda/server/server_state.h"
 
@@ -381,14 +382,7 @@ int run_router(const RouterOptions& o) {
     res.set_content(render_metrics(router), "text/plain; version=0.0.4");
   });
 
-  int port = o.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.host);
-    PAGODA_REQUIRE(port > 0, kInvalidArgument, "cannot bind {} (any port)", o.host);
-  } else {
-    PAGODA_REQUIRE(svr.bind_to_port(o.host, port), kInvalidArgument, "cannot bind {}:{}", o.host,
-                   port);
-  }
+  const int port = bind_listener(svr, o.host, o.port);
   std::printf("pagoda router: listening on http://%s:%d (%zu prefill, %zu decode, %s)\n",
               o.host.c_str(), port, o.prefill.size(), o.decode.size(), o.policy.c_str());
   std::fflush(stdout);

@@ -289,14 +289,7 @@ int run_server(const ServeOptions& o) {
     res.set_content(text, "text/plain; version=0.0.4");
   });
 
-  int port = o.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(o.host);
-    PAGODA_REQUIRE(port > 0, kInvalidArgument, "cannot bind {} (any port)", o.host);
-  } else {
-    PAGODA_REQUIRE(svr.bind_to_port(o.host, port), kInvalidArgument, "cannot bind {}:{}", o.host,
-                   port);
-  }
+  const int port = bind_listener(svr, o.host, o.port);
   PAGODA_REQUIRE(svr.set_listen_backlog(o.listen_backlog), kInternal,
                  "listen() with backlog {} failed", o.listen_backlog);
   std::printf("pagoda serve: listening on http://%s:%d (model %s, backend %s, context %d, "
