@@ -104,7 +104,8 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   auto platform = engine::make_platform(o.engine.args);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
-      o, *platform, (total + o.engine.args.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
+      o, *platform,
+      (total + o.engine.args.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
       static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft, &llama);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
@@ -179,7 +180,8 @@ void run_generate(const GenerateOptions& o) {
   auto platform = engine::make_platform(o.engine.args);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
-      o, *platform, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.engine.args.page_size) * 2,
+      o, *platform,
+      (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.engine.args.page_size) * 2,
       4, draft, &llama);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));

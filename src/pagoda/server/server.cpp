@@ -177,7 +177,8 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   }
 
   HttpServer svr;
-  const int threads = o.threads > 0 ? o.threads : std::min(512, o.engine.max_running + o.max_queue + 8);
+  const int threads =
+      o.threads > 0 ? o.threads : std::min(512, o.engine.max_running + o.max_queue + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr.set_payload_max_length(static_cast<size_t>(o.max_request_bytes));
   svr.set_keep_alive_max_count(1000);

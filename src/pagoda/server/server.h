@@ -29,7 +29,8 @@ struct ServeOptions {
   int port = 30000;                   ///< 0: any free port (printed on stdout)
   std::string api_key;                ///< empty: no authentication
   int max_queue = 256;                ///< requests accepted beyond max_running before 503
-  int threads = 0;                    ///< HTTP threads; 0 = engine.max_running + max_queue + 8, ≤ 512
+  int threads = 0;                    ///< HTTP threads; 0 = engine.max_running + max_queue + 8
+                                      ///< (at most 512)
   /// The engine (engine_args.h): serve's defaults are a 65,536-token pool and chunked prefill
   /// of 256 tokens; engine.max_running also bounds the HTTP threads and the in-flight count.
   engine::EngineArgs engine = [] {
