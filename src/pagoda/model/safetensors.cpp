@@ -410,6 +410,9 @@ void read_mla_layer(TensorSource& src, const ModelConfig& c, const std::string& 
 }
 
 std::string describe(const ModelConfig& c) {
+  if (c.is_mla())
+    return fmt::format("{}, q LoRA {}, dense MLP", hf_architecture_name(c.family),
+                       c.mla.q_lora_rank > 0 ? "yes" : "no (q_lora_rank null: q_proj)");
   return fmt::format("{}, q/k/v bias {}", hf_architecture_name(c.family),
                      c.qkv_bias ? "yes" : "no (a bias needs attention_bias: true or Qwen2)");
 }

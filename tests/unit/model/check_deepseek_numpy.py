@@ -11,7 +11,8 @@ requests of 41, 10 and 24 tokens, the first past the 32 YaRN original positions)
 teacher-forced on pagoda's own tokens:
   * every generated step's logits equal the NumPy forward's within 1e-5 x max(1, max |logit|);
   * every greedy token is the NumPy argmax (where the top two are further apart than that);
-  * `--tp 2` is refused with an error naming MLA;
+  * `--tp 2` is refused with an error naming MLA, and a checkpoint that does not match its config
+    (a kv_b_proj missing, q_lora_rank flipped) is refused naming the tensor;
   * the comparison sees each feature: the NumPy forward with one switched off (the interleaved
     RoPE layout read as rotate_half, the latent norm, the q LoRA norm, YaRN's frequencies, its
     cos/sin scale, the softmax mscale) differs from pagoda by more than 100x the tolerance.
@@ -22,11 +23,12 @@ rotate_half; full-sequence causal attention recomputed for every prefix), not fr
 
     check_deepseek_numpy.py --pagoda build/src/pagoda/cli/pagoda --tool tools/make_checkpoint.py
 
-Needs numpy (scripts/setup.sh installs it). Prints the seed.
+Needs numpy and safetensors (scripts/setup.sh installs them). Prints the seed.
 """
 
 import argparse
 import importlib.util
+import json
 import math
 import os
 import random
@@ -145,6 +147,36 @@ FEATURES = {
 }
 
 
+def check_refusals(pagoda, layout, out, tmp):
+    """A checkpoint that does not match its config is refused naming the tensor: one layer's
+    kv_b_proj missing; and a q_lora_rank flipped (q_proj expected but q_a_proj present, or the
+    reverse)."""
+    from safetensors.numpy import load_file, save_file
+
+    w = load_file(os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    lora = cfg["q_lora_rank"]
+    bad_cfg = dict(cfg, q_lora_rank=None if lora else 32)
+    kept = {k: v for k, v in w.items() if "1.self_attn.kv_b_proj" not in k}
+    cases = [("kv_b_proj missing", kept, cfg, "layers.1.self_attn.kv_b_proj"),
+             ("q_lora_rank flipped", w, bad_cfg, "q_proj" if lora else "q_a_proj")]
+    failures = 0
+    for name, tensors, c, needle in cases:
+        d = os.path.join(tmp, f"{layout}-{name.replace(' ', '-')}")
+        os.makedirs(d)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(c, f)
+        p = subprocess.run([pagoda, "generate", "--model", d, "--token-ids", "1,2"],
+                           capture_output=True, text=True)
+        msg = (p.stdout + p.stderr).strip()
+        ok = p.returncode != 0 and needle in msg
+        print(f"{'ok' if ok else 'FAIL'} {layout} {name} refused naming {needle}: {msg[-160:]}")
+        failures += int(not ok)
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pagoda", required=True)
@@ -180,6 +212,7 @@ def main():
                     feats = FEATURES[layout] if backend == "reference" and i == 0 else []
                     failures += check(forward, cfg, w, prompts[i], got, f"{label} batch[{i}]",
                                       feats)
+            failures += check_refusals(a.pagoda, layout, out, tmp)
             # Tensor parallelism with MLA is refused, naming it.
             p = subprocess.run(base + ["--tp", "2", "--token-ids", "1,2,3"], capture_output=True,
                                text=True)
