@@ -16,6 +16,13 @@ Layouts (the shapes of real models, random weights):
   1b            the Llama-3.2-1B layout (1.24 B parameters, tied, llama3 rope scaling x32)
   8b            the Llama-3.1-8B layout (8.0 B parameters, untied, llama3 rope scaling x8)
   qwen2-0.5b    the Qwen2.5-0.5B layout (q/k/v biases, tied, vocab 151936)
+  deepseek-v2-tiny  DeepseekV2ForCausalLM, dense MLP: MLA without q LoRA (kv_lora_rank 64,
+                qk nope 32 / rope 16, v 32), 4 heads, hidden 256, 3 layers, no RoPE scaling
+  deepseek-v3-tiny  DeepseekV3ForCausalLM, dense MLP (n_routed_experts 8 but
+                first_k_dense_replace = all 3 layers): MLA with q LoRA (q_lora_rank 96,
+                kv_lora_rank 64, nope 32 / rope 16, v 24), YaRN (factor 4 over 32 original
+                positions, mscale 0.8 / mscale_all_dim 0.6, so both the cos/sin scale and the
+                softmax mscale differ from 1)
   eagle1        an EAGLE-1 draft head for --target LAYOUT (fc [H, 2H] + bias, layers.0.* without
                 input_layernorm; embedding and lm_head shared from the target)
   eagle3        an EAGLE-3 draft head for --target LAYOUT (fc [H, 3H], midlayer.* with 2H
@@ -34,7 +41,12 @@ a tokenizer.json: byte-level BPE with the Llama-3 pre-tokenizer regex, trained h
 tokens <|begin_of_text|> / <|end_of_text|> at the config's bos / eos ids (< vocab_size), and a
 post-processor that prepends BOS, as Llama 3's does.
 
-Needs torch, transformers and tokenizers (works on a CPU-only machine).
+Needs torch, transformers and tokenizers (works on a CPU-only machine). The DeepSeek layouts
+need only numpy (and tokenizers for tokenizer.json, skipped with a note where it is missing):
+write_deepseek writes DeepSeek's own config.json keys and HF tensor names
+(model.layers.N.self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}, kv_a_proj_with_mqa,
+kv_a_layernorm, kv_b_proj, o_proj; mlp.{gate,up,down}_proj) with seeded normals: embedding
+N(0, 1), linears N(0, 1/in_features), norms 1 + N(0, 0.1^2), so logits are O(1) and well apart.
 """
 
 import argparse
@@ -98,6 +110,117 @@ LAYOUTS = {
                        num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
                        rms_norm_eps=1e-6, tie_word_embeddings=True, bos=151643, eos=151645),
 }
+
+# DeepSeek layouts: written with numpy (write_deepseek), DeepSeek's config.json keys.
+DEEPSEEK_LAYOUTS = {
+    "deepseek-v2-tiny": dict(
+        architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", vocab_size=4096,
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=32, rope_theta=10000.0, rope_scaling=None,
+        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        hidden_act="silu", attention_bias=False, n_routed_experts=None, first_k_dense_replace=0,
+        moe_layer_freq=1, bos_token_id=4000, eos_token_id=4001),
+    "deepseek-v3-tiny": dict(
+        architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=4096,
+        hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
+        qk_rope_head_dim=16, v_head_dim=24, rope_theta=10000.0,
+        rope_scaling=dict(type="yarn", factor=4.0, original_max_position_embeddings=32,
+                          beta_fast=32, beta_slow=1, mscale=0.8, mscale_all_dim=0.6),
+        max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        hidden_act="silu", attention_bias=False, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, moe_intermediate_size=64, first_k_dense_replace=3,
+        moe_layer_freq=1, num_nextn_predict_layers=0, topk_method="noaux_tc", n_group=1,
+        topk_group=1, routed_scaling_factor=2.5, scoring_func="sigmoid", norm_topk_prob=True,
+        bos_token_id=4000, eos_token_id=4001),
+}
+
+
+def deepseek_weights(cfg, rng):
+    """HF-named float32 arrays of a dense DeepSeek layout (scales in the module docstring)."""
+    import numpy as np
+
+    h, inter, hq = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"]
+    qr, r = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+
+    def lin(out_f, in_f):
+        return rng.normal(0, in_f ** -0.5, (out_f, in_f))
+
+    def norm(n):
+        return 1.0 + rng.normal(0, 0.1, n)
+
+    w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (cfg["vocab_size"], h)),
+         "model.norm.weight": norm(h)}
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = lin(cfg["vocab_size"], h)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        if qr:
+            w[a + "q_a_proj.weight"] = lin(qr, h)
+            w[a + "q_a_layernorm.weight"] = norm(qr)
+            w[a + "q_b_proj.weight"] = lin(hq * qk, qr)
+        else:
+            w[a + "q_proj.weight"] = lin(hq * qk, h)
+        w[a + "kv_a_proj_with_mqa.weight"] = lin(r + cfg["qk_rope_head_dim"], h)
+        w[a + "kv_a_layernorm.weight"] = norm(r)
+        w[a + "kv_b_proj.weight"] = lin(hq * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), r)
+        w[a + "o_proj.weight"] = lin(h, hq * cfg["v_head_dim"])
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+        w[p + "mlp.gate_proj.weight"] = lin(inter, h)
+        w[p + "mlp.up_proj.weight"] = lin(inter, h)
+        w[p + "mlp.down_proj.weight"] = lin(h, inter)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def save_safetensors(path, tensors, dtype_name):
+    """float32 arrays → one safetensors file in F32 or BF16 (round to nearest even)."""
+    import numpy as np
+
+    header, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name], dtype=np.float32)
+        if dtype_name == "bf16":
+            u = a.view(np.uint32).astype(np.uint64)
+            data = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+        else:
+            data = a.tobytes()
+        header[name] = {"dtype": "BF16" if dtype_name == "bf16" else "F32",
+                        "shape": list(a.shape), "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for b in blobs:
+            f.write(b)
+
+
+def write_deepseek(layout, dtype_name, seed, out, tokenizer=True):
+    """Writes a DeepSeek layout (config.json, model.safetensors, tokenizer.json when the
+    tokenizers package imports); returns (config dict, float32 weights as written)."""
+    import numpy as np
+
+    cfg = dict(DEEPSEEK_LAYOUTS[layout])
+    cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype_name]
+    w = deepseek_weights(cfg, np.random.default_rng(seed))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    save_safetensors(os.path.join(out, "model.safetensors"), w, dtype_name)
+    if tokenizer:
+        try:
+            import tokenizers  # noqa: F401
+        except ImportError:
+            print("tokenizers is not installed: no tokenizer.json (use --token-ids)")
+        else:
+            write_tokenizer(out, argparse.Namespace(**cfg), seed)
+    return cfg, w
+
 
 # Llama 3's pre-tokenizer split pattern (tokenizer.json of Meta-Llama-3).
 LLAMA3_PATTERN = (
@@ -343,7 +466,8 @@ def write_eagle_head(layout, target, dtype_name, seed, out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--layout", required=True, choices=sorted(LAYOUTS) + ["eagle1", "eagle3"])
+    ap.add_argument("--layout", required=True,
+                    choices=sorted(LAYOUTS) + sorted(DEEPSEEK_LAYOUTS) + ["eagle1", "eagle3"])
     ap.add_argument("--target", default="tiny", choices=sorted(LAYOUTS),
                     help="--layout eagle1|eagle3: the target layout the head drafts for")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
@@ -353,6 +477,11 @@ def main():
     args = ap.parse_args()
     if args.layout in ("eagle1", "eagle3"):
         write_eagle_head(args.layout, args.target, args.dtype, args.seed, args.out)
+        return 0
+    if args.layout in DEEPSEEK_LAYOUTS:
+        cfg, w = write_deepseek(args.layout, args.dtype, args.seed, args.out)
+        n = sum(x.size for x in w.values())
+        print(f"{args.layout}: {n / 1e6:.2f} M parameters ({args.dtype}), in {args.out}")
         return 0
 
     import torch

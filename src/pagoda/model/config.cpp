@@ -1,11 +1,13 @@
 #include "pagoda/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <span>
 
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
+#include "pagoda/model/config_reader.h"
 
 namespace pagoda::model {
 
@@ -17,7 +19,10 @@ bool ModelConfig::has_sliding_window() const {
 
 float ModelConfig::attention_scaling() const {
   const double base = query_pre_attn_scalar > 0.0 ? query_pre_attn_scalar : double(head_dim);
-  return static_cast<float>(1.0 / std::sqrt(base));
+  double m = 1.0;  // DeepSeek's YaRN: softmax_scale *= mscale² with mscale from mscale_all_dim
+  if (rope.scaling == RopeScalingKind::kYarn && rope.mscale_all_dim != 0.0)
+    m = yarn_get_mscale(rope.factor, rope.mscale_all_dim);
+  return static_cast<float>(m * m / std::sqrt(base));
 }
 
 int64_t ModelConfig::num_parameters() const {
@@ -25,7 +30,16 @@ int64_t ModelConfig::num_parameters() const {
   const int64_t qd = int64_t{num_q_heads} * head_dim;
   const int64_t kvd = int64_t{num_kv_heads} * head_dim;
   const int64_t norms = (sandwich_norms ? 4 * h : 2 * h) + (qk_norm ? 2 * head_dim : 0);
-  const int64_t per_layer = norms + h * (qd + 2 * kvd) + qd * h + 3 * h * intermediate_size;
+  int64_t per_layer = norms + h * (qd + 2 * kvd) + qd * h + 3 * h * intermediate_size;
+  if (is_mla()) {
+    const MlaConfig& m = mla;
+    const int64_t hq = num_q_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const int64_t q = m.q_lora_rank > 0 ? int64_t{m.q_lora_rank} * (h + 1) + hq * qk * m.q_lora_rank
+                                        : hq * qk * h;
+    const int64_t kv = (int64_t{m.kv_lora_rank} + m.qk_rope_head_dim) * h + m.kv_lora_rank +
+                       hq * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank;
+    per_layer = 2 * h + q + kv + hq * m.v_head_dim * h + 3 * h * intermediate_size;
+  }
   const int64_t embed = int64_t{vocab_size} * h;
   return embed + (tie_word_embeddings ? 0 : embed) + h + num_layers * per_layer;
 }
@@ -52,6 +66,10 @@ std::string_view hf_architecture_name(ModelFamily f) {
       return "Gemma2ForCausalLM";
     case ModelFamily::kGemma3:
       return "Gemma3ForCausalLM";
+    case ModelFamily::kDeepseekV2:
+      return "DeepseekV2ForCausalLM";
+    case ModelFamily::kDeepseekV3:
+      return "DeepseekV3ForCausalLM";
   }
   return "?";
 }
@@ -117,9 +135,43 @@ void ModelConfig::validate() const {
   PAGODA_REQUIRE(std::isfinite(query_pre_attn_scalar) && query_pre_attn_scalar >= 0.0,
                  kInvalidArgument, "query_pre_attn_scalar must be finite and >= 0 (got {})",
                  query_pre_attn_scalar);
+  PAGODA_REQUIRE(
+      rope.scaling != RopeScalingKind::kYarn ||
+          (rope.original_max_position > 0 && std::isfinite(rope.beta_fast) &&
+           std::isfinite(rope.beta_slow) && rope.beta_fast > 0.0 && rope.beta_slow > 0.0 &&
+           std::isfinite(rope.mscale) && std::isfinite(rope.mscale_all_dim)),
+      kInvalidArgument,
+      "yarn rope scaling needs original_max_position_embeddings > 0, beta_fast / "
+      "beta_slow > 0 and finite mscale / mscale_all_dim");
+  if (is_mla()) validate_mla();
   PAGODA_REQUIRE(std::isfinite(local_rope.theta) && local_rope.theta >= 0.0 &&
                      local_rope.scaling == RopeScalingKind::kNone,
                  kInvalidArgument, "the local RoPE needs a finite theta >= 0 and no scaling");
+}
+
+void ModelConfig::validate_mla() const {
+  const MlaConfig& m = mla;
+  const auto in = [](int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; };
+  PAGODA_REQUIRE(in(m.q_lora_rank, 0, kMaxModelDim) && in(m.kv_lora_rank, 1, kMaxModelDim),
+                 kInvalidArgument, "q_lora_rank {} / kv_lora_rank {} outside [0 / 1, {}]",
+                 m.q_lora_rank, m.kv_lora_rank, kMaxModelDim);
+  PAGODA_REQUIRE(in(m.qk_nope_head_dim, 1, kMaxHeadDim) && in(m.v_head_dim, 1, kMaxHeadDim) &&
+                     in(m.qk_rope_head_dim, 2, kMaxHeadDim) && m.qk_rope_head_dim % 2 == 0,
+                 kInvalidArgument,
+                 "qk_nope_head_dim {} / v_head_dim {} must be in [1, {}] and qk_rope_head_dim {} "
+                 "even in [2, {}]",
+                 m.qk_nope_head_dim, m.v_head_dim, kMaxHeadDim, m.qk_rope_head_dim, kMaxHeadDim);
+  PAGODA_REQUIRE(head_dim == m.qk_nope_head_dim + m.qk_rope_head_dim && num_kv_heads == num_q_heads,
+                 kInvalidArgument,
+                 "an MLA config has head_dim = qk_nope + qk_rope ({}, got {}) and as many kv "
+                 "heads as q heads ({}, got {})",
+                 m.qk_nope_head_dim + m.qk_rope_head_dim, head_dim, num_q_heads, num_kv_heads);
+  const int64_t hq = num_q_heads;
+  PAGODA_REQUIRE(
+      sat_mul(hq * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank) <= kMaxTensorElements &&
+          sat_mul(hq * head_dim, std::max(m.q_lora_rank, hidden_size)) <= kMaxTensorElements &&
+          sat_mul(hq * m.v_head_dim, hidden_size) <= kMaxTensorElements,
+      kInvalidArgument, "an MLA weight matrix would exceed {} elements", kMaxTensorElements);
 }
 
 ModelConfig builtin_tiny_config() {
@@ -147,82 +199,7 @@ ModelConfig builtin_tiny_config() {
 namespace {
 
 using nlohmann::json;
-
-/// A short printable form of a JSON value for error messages.
-std::string show(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
-}
-
-/// Reads typed, range-checked values from one JSON object; `where` prefixes key names in
-/// errors ("rope_scaling.factor").
-class Reader {
- public:
-  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {}
-
-  /// Present and not null.
-  bool has(const char* key) const {
-    auto it = j_.find(key);
-    return it != j_.end() && !it->is_null();
-  }
-  /// Present with the value null.
-  bool explicitly_null(const char* key) const {
-    auto it = j_.find(key);
-    return it != j_.end() && it->is_null();
-  }
-  const json& at(const char* key) const { return *j_.find(key); }
-  std::string name(const char* key) const { return where_ + key; }
-
-  int64_t integer(const char* key, int64_t lo, int64_t hi) const {
-    PAGODA_REQUIRE(has(key), kInvalidArgument, "config.json: {} is required", name(key));
-    return integer_value(at(key), name(key), lo, hi);
-  }
-  int64_t integer_or(const char* key, int64_t fallback, int64_t lo, int64_t hi) const {
-    return has(key) ? integer(key, lo, hi) : fallback;
-  }
-  double number_or(const char* key, double fallback, double lo, double hi) const {
-    if (!has(key)) return fallback;
-    const json& v = at(key);
-    PAGODA_REQUIRE(v.is_number(), kInvalidArgument, "config.json: {} must be a number (got {})",
-                   name(key), show(v));
-    const double x = v.get<double>();
-    PAGODA_REQUIRE(std::isfinite(x) && x >= lo && x <= hi, kInvalidArgument,
-                   "config.json: {} = {} outside [{}, {}]", name(key), x, lo, hi);
-    return x;
-  }
-  bool boolean_or(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    PAGODA_REQUIRE(at(key).is_boolean(), kInvalidArgument,
-                   "config.json: {} must be true or false (got {})", name(key), show(at(key)));
-    return at(key).get<bool>();
-  }
-  std::string string_or(const char* key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    PAGODA_REQUIRE(at(key).is_string(), kInvalidArgument,
-                   "config.json: {} must be a string (got {})", name(key), show(at(key)));
-    return at(key).get<std::string>();
-  }
-
-  static int64_t integer_value(const json& v, const std::string& name, int64_t lo, int64_t hi) {
-    PAGODA_REQUIRE(v.is_number_integer(), kInvalidArgument,
-                   "config.json: {} must be an integer (got {})", name, show(v));
-    int64_t x = 0;
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      x = u > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(u);
-    } else {
-      x = v.get<int64_t>();
-    }
-    PAGODA_REQUIRE(x >= lo && x <= hi, kInvalidArgument, "config.json: {} = {} outside [{}, {}]",
-                   name, x, lo, hi);
-    return x;
-  }
-
- private:
-  const json& j_;
-  std::string where_;
-};
+using namespace config_detail;
 
 /// Keys whose value pagoda reads (each is checked where it is parsed).
 constexpr std::string_view kUnderstoodKeys[] = {
@@ -298,16 +275,9 @@ constexpr std::string_view kHarmlessKeys[] = {
     "cache_implementation",  // Gemma's generation-time cache hint ("hybrid")
 };
 
-template <size_t N>
-bool listed(const std::string_view (&list)[N], std::string_view key) {
-  for (std::string_view k : list)
-    if (k == key) return true;
-  return false;
-}
-
-constexpr ModelFamily kFamilies[] = {ModelFamily::kLlama, ModelFamily::kMistral,
-                                     ModelFamily::kQwen2, ModelFamily::kGemma2,
-                                     ModelFamily::kGemma3};
+constexpr ModelFamily kFamilies[] = {
+    ModelFamily::kLlama,  ModelFamily::kMistral,    ModelFamily::kQwen2,     ModelFamily::kGemma2,
+    ModelFamily::kGemma3, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3};
 
 }  // namespace
 
@@ -323,6 +293,10 @@ std::string_view hf_model_type(ModelFamily f) {
       return "gemma2";
     case ModelFamily::kGemma3:
       return "gemma3_text";
+    case ModelFamily::kDeepseekV2:
+      return "deepseek_v2";
+    case ModelFamily::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -331,7 +305,15 @@ bool is_gemma_family(ModelFamily f) {
   return f == ModelFamily::kGemma2 || f == ModelFamily::kGemma3;
 }
 
-namespace {
+bool is_deepseek_family(ModelFamily f) {
+  return f == ModelFamily::kDeepseekV2 || f == ModelFamily::kDeepseekV3;
+}
+
+double yarn_get_mscale(double factor, double m) {
+  return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
+
+namespace config_detail {
 
 ModelFamily parse_family(const Reader& r) {
   if (r.has("architectures")) {
@@ -343,7 +325,8 @@ ModelFamily parse_family(const Reader& r) {
       if (arch == hf_architecture_name(f)) return f;
     throw_error(ErrorCode::kUnsupported,
                 "config.json: architectures '{}' is not supported (supported: LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM)",
+                "MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
                 arch);
   }
   PAGODA_REQUIRE(r.has("model_type"), kInvalidArgument,
@@ -353,7 +336,7 @@ ModelFamily parse_family(const Reader& r) {
     if (type == hf_model_type(f)) return f;
   throw_error(ErrorCode::kUnsupported,
               "config.json: model_type '{}' is not supported (supported: llama, mistral, qwen2, "
-              "gemma2, gemma3_text)",
+              "gemma2, gemma3_text, deepseek_v2, deepseek_v3)",
               type);
 }
 
@@ -365,6 +348,36 @@ void check_model_type(const Reader& r, ModelFamily f) {
                  "config.json: model_type '{}' does not match architectures {} (expected '{}')",
                  type, hf_architecture_name(f), want);
 }
+
+int parse_token_id(const Reader& r, const char* key, int64_t vocab) {
+  if (!r.has(key)) return -1;
+  const json& v = r.at(key);
+  if (v.is_array()) {
+    if (v.empty()) return -1;
+    for (const json& e : v) Reader::integer_value(e, r.name(key), 0, vocab - 1);
+    return static_cast<int>(Reader::integer_value(v[0], r.name(key), 0, vocab - 1));
+  }
+  return static_cast<int>(r.integer(key, 0, vocab - 1));
+}
+
+DType parse_weights_dtype(const Reader& r) {
+  const char* key = r.has("dtype") ? "dtype" : "torch_dtype";
+  const std::string s = r.string_or(key, "float32");
+  if (s == "float32") return DType::kF32;
+  if (s == "float16") return DType::kF16;
+  if (s == "bfloat16") return DType::kBF16;
+  throw_error(ErrorCode::kUnsupported,
+              "config.json: {} '{}' is not supported (supported: float32, float16, bfloat16)", key,
+              s);
+}
+
+bool is_harmless_key(std::string_view key) {
+  return listed(kHarmlessKeys, key);
+}
+
+}  // namespace config_detail
+
+namespace {
 
 /// Keys only the Gemma families have, and keys transformers' Gemma never reads: either on the
 /// other side is an error naming it (it would be silently ignored otherwise).
@@ -477,28 +490,6 @@ RopeConfig parse_rope(const Reader& top, ModelFamily f, RopeConfig* local) {
   return parse_rope_object(top.at(key.c_str()), key, r);
 }
 
-int parse_token_id(const Reader& r, const char* key, int64_t vocab) {
-  if (!r.has(key)) return -1;
-  const json& v = r.at(key);
-  if (v.is_array()) {
-    if (v.empty()) return -1;
-    for (const json& e : v) Reader::integer_value(e, r.name(key), 0, vocab - 1);
-    return static_cast<int>(Reader::integer_value(v[0], r.name(key), 0, vocab - 1));
-  }
-  return static_cast<int>(r.integer(key, 0, vocab - 1));
-}
-
-DType parse_weights_dtype(const Reader& r) {
-  const char* key = r.has("dtype") ? "dtype" : "torch_dtype";
-  const std::string s = r.string_or(key, "float32");
-  if (s == "float32") return DType::kF32;
-  if (s == "float16") return DType::kF16;
-  if (s == "bfloat16") return DType::kBF16;
-  throw_error(ErrorCode::kUnsupported,
-              "config.json: {} '{}' is not supported (supported: float32, float16, bfloat16)", key,
-              s);
-}
-
 /// Per-layer windows (FlashInfer convention, HF sliding_window - 1) by family:
 ///   Llama: none (transformers' Llama has no sliding window; a non-null sliding_window is an
 ///          error rather than silently different numbers).
@@ -590,6 +581,9 @@ std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
                      kUnsupported,
                      "config.json: sliding_window_pattern and _sliding_window_pattern disagree");
       break;
+    case ModelFamily::kDeepseekV2:
+    case ModelFamily::kDeepseekV3:
+      return {};  // parsed by config_deepseek.cpp, never here
   }
   if (!enabled || window < 0) return {};
   std::vector<int> w(num_layers, -1);
@@ -625,6 +619,8 @@ void parse_gemma(const Reader& r, ModelConfig& c) {
 ModelConfig parse_config(const json& j) {
   PAGODA_REQUIRE(j.is_object(), kInvalidArgument, "config.json must be a JSON object (got {})",
                  show(j));
+  if (const ModelFamily f = parse_family(Reader(j, "")); is_deepseek_family(f))
+    return parse_deepseek_config(j, f);
   for (const auto& [k, v] : j.items())
     PAGODA_REQUIRE(listed(kUnderstoodKeys, k) || listed(kHarmlessKeys, k), kUnsupported,
                    "config.json: key '{}' is not supported (pagoda does not implement what it "
@@ -682,6 +678,9 @@ ModelConfig parse_config(const json& j) {
     case ModelFamily::kGemma3:
       default_max_pos = 131072;
       break;
+    case ModelFamily::kDeepseekV2:
+    case ModelFamily::kDeepseekV3:
+      break;  // parsed by config_deepseek.cpp, never here
   }
   c.max_position_embeddings =
       static_cast<int>(r.integer_or("max_position_embeddings", default_max_pos, 1, kMaxPositions));
@@ -739,6 +738,9 @@ ModelConfig parse_config(const json& j) {
                      "before Gemma's q/k norms are not implemented)",
                      hf_architecture_name(c.family));
       break;
+    case ModelFamily::kDeepseekV2:
+    case ModelFamily::kDeepseekV3:
+      break;  // parsed by config_deepseek.cpp, never here
   }
   c.layer_window = parse_windows(r, c.family, c.num_layers);
   c.validate();

@@ -3,6 +3,7 @@
 /// q/k/v biases, Mistral with a sliding window, Gemma 2 and Gemma 3 text: interleaved local /
 /// global layers, soft caps, GeGLU, sandwich norms, q/k norms, scaled embeddings). Filled from a
 /// Hugging Face config.json (strictly: see config_from_hf_json) or from builtin_tiny_config().
+/// DeepSeek-V2 / V3 (dense MLP layers only) use multi-head latent attention: ModelConfig::mla.
 /// A plain value; validate() checks it.
 
 #include <cstdint>
@@ -20,20 +21,25 @@ namespace pagoda::model {
 /// `architectures` entry save_hf_checkpoint writes). The computation is the same decoder for all;
 /// the differences are data: qkv_bias, layer_window, rope.
 enum class ModelFamily : uint8_t {
-  kLlama,    ///< LlamaForCausalLM (model_type "llama")
-  kMistral,  ///< MistralForCausalLM (model_type "mistral")
-  kQwen2,    ///< Qwen2ForCausalLM (model_type "qwen2")
-  kGemma2,   ///< Gemma2ForCausalLM (model_type "gemma2")
-  kGemma3,   ///< Gemma3ForCausalLM (model_type "gemma3_text": the text-only Gemma 3)
+  kLlama,       ///< LlamaForCausalLM (model_type "llama")
+  kMistral,     ///< MistralForCausalLM (model_type "mistral")
+  kQwen2,       ///< Qwen2ForCausalLM (model_type "qwen2")
+  kGemma2,      ///< Gemma2ForCausalLM (model_type "gemma2")
+  kGemma3,      ///< Gemma3ForCausalLM (model_type "gemma3_text": the text-only Gemma 3)
+  kDeepseekV2,  ///< DeepseekV2ForCausalLM (model_type "deepseek_v2"): MLA, dense MLP only
+  kDeepseekV3,  ///< DeepseekV3ForCausalLM (model_type "deepseek_v3"): MLA, dense MLP only
 };
 
 /// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma2ForCausalLM",
-/// "Gemma3ForCausalLM".
+/// "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM".
 std::string_view hf_architecture_name(ModelFamily f);
-/// config.json's model_type: "llama", "mistral", "qwen2", "gemma2", "gemma3_text".
+/// config.json's model_type: "llama", "mistral", "qwen2", "gemma2", "gemma3_text",
+/// "deepseek_v2", "deepseek_v3".
 std::string_view hf_model_type(ModelFamily f);
 /// Gemma 2 or Gemma 3.
 bool is_gemma_family(ModelFamily f);
+/// DeepSeek-V2 or V3.
+bool is_deepseek_family(ModelFamily f);
 
 /// Upper bounds config validation enforces before anything is allocated (generous: ~16x the
 /// largest open models), so products of sizes stay far from int64 overflow.
@@ -50,6 +56,7 @@ enum class RopeScalingKind : uint8_t {
   kNone,
   kLinear,  ///< inv_freq / factor (positions interpolated)
   kLlama3,  ///< Llama 3.1 piecewise low/high-frequency scaling
+  kYarn,    ///< YaRN as DeepSeek-V2/V3 apply it (ramp between interpolated and original)
 };
 
 struct RopeConfig {
@@ -58,7 +65,28 @@ struct RopeConfig {
   double factor = 1.0;                   ///< linear and llama3
   double low_freq_factor = 1.0;          ///< llama3
   double high_freq_factor = 4.0;         ///< llama3
-  int64_t original_max_position = 8192;  ///< llama3 original_max_position_embeddings
+  int64_t original_max_position = 8192;  ///< llama3 / yarn original_max_position_embeddings
+  double beta_fast = 32.0;               ///< yarn: rotations at the high-frequency end
+  double beta_slow = 1.0;                ///< yarn: rotations at the low-frequency end
+  double mscale = 1.0;                   ///< yarn: cos/sin scale get_mscale(factor, mscale) / ...
+  double mscale_all_dim = 0.0;           ///< ... get_mscale(factor, mscale_all_dim); softmax scale
+};
+
+/// YaRN's magnitude correction: 1 for factor <= 1, else 0.1 · m · ln(factor) + 1 (DeepSeek's
+/// yarn_get_mscale).
+double yarn_get_mscale(double factor, double m);
+
+/// Multi-head latent attention (DeepSeek-V2/V3). kv_lora_rank 0 = not an MLA model. Per layer:
+/// q = [q_a_norm(h·W_qaᵀ)]·W_qbᵀ (q LoRA, q_lora_rank > 0) or h·W_qᵀ, [Hq, nope + rope];
+/// [c, k_pe] = h·W_kvaᵀ; latent = rms_norm(c)·w_kva_norm (kv_lora_rank); k_pe is one RoPE head
+/// shared by all q heads; kv_b_proj [Hq·(nope + v), kv_lora_rank] expands the latent to each
+/// head's k_nope and v. RoPE on the rope parts is DeepSeek's interleaved pairs (2i, 2i + 1).
+struct MlaConfig {
+  int q_lora_rank = 0;  ///< 0 = no q LoRA (q_proj)
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0;
+  int qk_rope_head_dim = 0;
+  int v_head_dim = 0;
 };
 
 /// The MLP's gate activation: out = act(gate) * up.
@@ -115,13 +143,22 @@ struct ModelConfig {
   /// theta 0 = the sliding layers use `rope` like the others.
   RopeConfig local_rope{.theta = 0.0};
 
+  // ---- DeepSeek (MLA) ----
+  /// kv_lora_rank > 0: every layer is MLA; head_dim is then qk_nope + qk_rope (the q·k width
+  /// of the non-absorbed form) and num_kv_heads == num_q_heads.
+  MlaConfig mla;
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
+  /// The rotary width: qk_rope_head_dim for MLA, head_dim otherwise.
+  int rope_dim() const { return is_mla() ? mla.qk_rope_head_dim : head_dim; }
+
   /// Window of layer `l` (-1 = full attention).
   int window_of(int l) const { return layer_window.empty() ? -1 : layer_window[l]; }
   /// The RoPE of layer `l`: local_rope for sliding layers when it is set, else rope.
   const RopeConfig& rope_of(int l) const {
     return local_rope.theta > 0.0 && window_of(l) >= 0 ? local_rope : rope;
   }
-  /// The attention score scale: 1 / sqrt(query_pre_attn_scalar or head_dim).
+  /// The attention score scale: 1 / sqrt(query_pre_attn_scalar or head_dim); with YaRN and
+  /// mscale_all_dim (DeepSeek) times yarn_get_mscale(factor, mscale_all_dim)².
   float attention_scaling() const;
   bool has_sliding_window() const;
   /// Parameters (elements), for display.
@@ -129,6 +166,9 @@ struct ModelConfig {
   /// Throws Error(kInvalidArgument) naming the first bad field (non-positive or absurd sizes
   /// beyond the kMax* bounds, heads not dividing, windows, token ids, dtype).
   void validate() const;
+
+ private:
+  void validate_mla() const;
 };
 
 /// The built-in tiny model: byte-level vocabulary (256 bytes + BOS 256 + EOS 257, padded to 320),
@@ -137,7 +177,9 @@ struct ModelConfig {
 ModelConfig builtin_tiny_config();
 
 /// Parses a Hugging Face config.json object of a LlamaForCausalLM, MistralForCausalLM,
-/// Qwen2ForCausalLM, Gemma2ForCausalLM or Gemma3ForCausalLM (gemma3_text) checkpoint
+/// Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (gemma3_text) or
+/// DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (config_deepseek.cpp: MLA, YaRN, dense MLP
+/// only: any layer with routed experts is Error(kUnsupported) naming the field) checkpoint
 /// (`architectures`, else `model_type`, names the family; one of the two must be present).
 /// Gemma keys (hidden_activation, query_pre_attn_scalar, rope_local_base_freq,
 /// sliding_window_pattern, use_bidirectional_attention, soft caps) are read for those families

@@ -32,6 +32,12 @@ void ModelOps::gelu_tanh_mul(const void*, void*, int64_t, int64_t) {
               platform().name());
 }
 
+void ModelOps::rope_interleaved(void*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*,
+                                const float*, float) {
+  throw_error(ErrorCode::kUnsupported, "rope_interleaved is not implemented on the '{}' platform",
+              platform().name());
+}
+
 namespace {
 
 class CpuOps final : public ModelOps {
@@ -158,6 +164,31 @@ class CpuOps final : public ModelOps {
   }
   void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
     model::gelu_tanh_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inter);
+  }
+
+  bool supports_mla_ops() const override { return true; }
+  void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
+                        int64_t group_stride, int64_t dim, const int32_t* positions,
+                        const float* inv_freq, float factor) override {
+    const int64_t half = dim / 2;
+    cos_.resize(static_cast<size_t>(half));
+    sin_.resize(static_cast<size_t>(half));
+    for (int64_t t = 0; t < rows; ++t) {
+      const float pos = static_cast<float>(positions[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];
+        cos_[i] = std::cos(angle) * factor;
+        sin_[i] = std::sin(angle) * factor;
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        float* v = static_cast<float*>(x) + t * row_stride + g * group_stride;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = v[2 * i], b = v[2 * i + 1];
+          v[2 * i] = a * cos_[i] - b * sin_[i];
+          v[2 * i + 1] = b * cos_[i] + a * sin_[i];
+        }
+      }
+    }
   }
 
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {

@@ -79,7 +79,7 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
     PAGODA_REQUIRE(tp == 1 || l.sinks.empty(), kUnsupported,
                    "tensor parallelism with attention sinks is not implemented");
     l.num_q_heads = shard_.num_q_heads;
-    l.num_kv_heads = shard_.num_kv_heads;
+    if (!l.is_mla) l.num_kv_heads = shard_.num_kv_heads;  // MLA: one latent head
   }
   if (kv_pool != nullptr && kv_pool->config().layout == kv::KvLayout::kMha &&
       kv_pool->config().dtype == ops.dtype() && kv_pool->device() == ops.device()) {
@@ -92,6 +92,14 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
                                 .out_cache_loc = nullptr,
                                 .num_slots = kv_pool->num_slots()});
   }
+  PAGODA_REQUIRE(!c.is_mla() || ops.supports_mla_ops(), kUnsupported,
+                 "{} (multi-head latent attention) needs the dense op rope_interleaved "
+                 "(DeepSeek's RoPE), which the model ops on {} do not implement; run it on the "
+                 "CPU",
+                 hf_architecture_name(c.family), ops.platform().name());
+  PAGODA_REQUIRE(!c.is_mla() || tp == 1, kUnsupported,
+                 "tensor parallelism with {} (MLA) is not implemented; use --tp 1",
+                 hf_architecture_name(c.family));
   const bool gemma_ops =
       c.sandwich_norms || c.qk_norm || c.embed_scale != 1.f || c.activation != Activation::kSilu;
   PAGODA_REQUIRE(!gemma_ops || ops.supports_gemma_ops(), kUnsupported,
@@ -125,14 +133,16 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
     int l = 0;
     for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
       const std::span<const float> bias = qkv_bias_of(w);
-      layers_.push_back(gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
-                                             .qkv = ops.upload(w.qkv_proj),
-                                             .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                                             .o_proj = ops.upload(w.o_proj),
-                                             .post_norm = ops.upload(w.post_norm),
-                                             .gate_up = ops.upload(w.gate_up),
-                                             .down = ops.upload(w.down_proj)},
-                                   w, l++));
+      layers_.push_back(
+          gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
+                               .qkv = w.qkv_proj.empty() ? nullptr : ops.upload(w.qkv_proj),
+                               .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
+                               .o_proj = ops.upload(w.o_proj),
+                               .post_norm = ops.upload(w.post_norm),
+                               .gate_up = ops.upload(w.gate_up),
+                               .down = ops.upload(w.down_proj)},
+                     w, l++));
+      if (c.is_mla()) upload_mla(layers_.back(), w);
     }
     return;
   }
@@ -208,6 +218,7 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
   }
   a.ints = make(3 * t + 2 * r, sizeof(int32_t));
   a.sample_params = make(r, sizeof(SampleRow));
+  if (c.is_mla()) a.mla = make(mla_scratch_elems(t), es);
   a.tokens = t;
   a.rows = r;
 }
@@ -257,28 +268,32 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
     if (l > 0) capture_layer(l - 1);
-    ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);
-    if (w.q_norm != nullptr) {  // per-head norms of q (heads [0, hq)) and k (the next hkv)
-      const int64_t es = static_cast<int64_t>(dtype_size(dt));
-      char* qkv = static_cast<char*>(a.qkv.get());
-      ops.rms_norm_groups(qkv, t, qkv_w, hq, d, w.q_norm, eps);
-      ops.rms_norm_groups(qkv + int64_t{hq} * d * es, t, qkv_w, hkv, d, w.k_norm, eps);
+    if (c.is_mla()) {
+      mla_attention(a, w, l, batch, backend, t);
+    } else {
+      ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);
+      if (w.q_norm != nullptr) {  // per-head norms of q (heads [0, hq)) and k (the next hkv)
+        const int64_t es = static_cast<int64_t>(dtype_size(dt));
+        char* qkv = static_cast<char*>(a.qkv.get());
+        ops.rms_norm_groups(qkv, t, qkv_w, hq, d, w.q_norm, eps);
+        ops.rms_norm_groups(qkv + int64_t{hq} * d * es, t, qkv_w, hkv, d, w.k_norm, eps);
+      }
+      bool stored = false;
+      if (!stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
+          kv_pool_->v_scale(LayerId{l}) == 1.f) {
+        KvStore st = stores_[static_cast<size_t>(l)];
+        st.out_cache_loc = a.cache_loc();
+        stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(),
+                                    st, t, hq, hkv, d);
+      }
+      if (!stored)
+        ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), a.k.get(),
+                     a.v.get(), t, hq, hkv, d);
+      if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
+      backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
+                      stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
+      ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);
     }
-    bool stored = false;
-    if (!stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
-        kv_pool_->v_scale(LayerId{l}) == 1.f) {
-      KvStore st = stores_[static_cast<size_t>(l)];
-      st.out_cache_loc = a.cache_loc();
-      stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), st,
-                                  t, hq, hkv, d);
-    }
-    if (!stored)
-      ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), a.k.get(),
-                   a.v.get(), t, hq, hkv, d);
-    if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
-    backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
-                    stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
-    ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);
     reduce_x();
     out_norm(w.attn_out_norm);
     ops.add_rms_norm(a.x.get(), residual, w.post_norm, a.h.get(), t, hd, eps, false);

@@ -11,6 +11,9 @@
 ///              x = (act(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ; [x = rms_norm(x)·w_mlp_out]; residual += x;
 ///              h = rms_norm(residual)·w_in(next)
 ///   logits[r] = soft_cap(rms_norm(residual[rows[r]])·W_lmᵀ)    (f32)
+/// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
+/// (decoder_mla.cpp): the absorbed form over the latent pool (needs ModelOps::supports_mla_ops;
+/// no tensor parallelism).
 /// The bracketed steps are Gemma's (config.qk_norm, config.sandwich_norms; act is SiLU or GeGLU
 /// per config.activation); they need ModelOps::supports_gemma_ops (Error(kUnsupported) naming
 /// the device otherwise, at construction).
@@ -49,6 +52,8 @@ struct Activations {
   int64_t tokens = 0;
   int64_t rows = 0;
   platform::DeviceBuffer residual, x, h, qkv, q, k, v, attn, mlp, act, sel, logits;
+  /// MLA models only: the attention block's scratch (Decoder::mla_attention's layout).
+  platform::DeviceBuffer mla;
   /// Tensor parallelism only: this rank's vocabulary shard of the logits [rows, V/N] and the
   /// all-gathered shards [N, rows, V/N] (f32).
   platform::DeviceBuffer shard_logits, gathered;
@@ -121,7 +126,18 @@ class Decoder {
     // Gemma (null otherwise).
     const void *attn_out_norm, *mlp_out_norm, *q_norm, *k_norm;
     const float* inv_freq;  ///< the layer's RoPE frequencies (f32, device)
+    // MLA (null otherwise): LlamaModel::PackedLayer's fields of the same names.
+    const void *q_a_proj, *q_a_norm, *q_proj, *kv_a_proj, *kv_a_norm, *w_uk_t, *w_uv;
   };
+  /// Elements of Activations::mla for `tokens` rows.
+  int64_t mla_scratch_elems(int64_t tokens) const;
+  /// One MLA layer's attention block: a.h (normed hidden) → a.x (o_proj output), writing the
+  /// new tokens' latent rows [rms_norm(c) | rope(k_pe)] into the pool through the backend.
+  void mla_attention(Activations& a, const LayerPtrs& w, int l,
+                     const attention::ForwardBatch& batch, attention::AttentionBackend& backend,
+                     int64_t t) const;
+  /// Fills p's MLA pointers (uploads) from w.
+  void upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const;
   /// Uploads a weight slice; keeps the host copy only for the CPU ops (they use it in place).
   const void* upload_owned(std::vector<float> host);
 

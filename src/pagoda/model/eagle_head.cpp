@@ -158,6 +158,8 @@ EagleHead::EagleHead(EagleConfig config, EagleWeights weights, const LlamaModel&
   PAGODA_REQUIRE(!is_gemma_family(t.family), kUnsupported,
                  "EAGLE heads for a {} target are not supported (scaled embeddings, soft caps)",
                  hf_architecture_name(t.family));
+  PAGODA_REQUIRE(!t.is_mla(), kUnsupported, "EAGLE heads for a {} (MLA) target are not supported",
+                 hf_architecture_name(t.family));
   PAGODA_REQUIRE(c.hidden_size == t.hidden_size, kInvalidArgument,
                  "eagle head hidden_size {} differs from the target's {}", c.hidden_size,
                  t.hidden_size);

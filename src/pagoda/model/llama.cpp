@@ -1,5 +1,6 @@
 #include "pagoda/model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -37,9 +38,9 @@ ModelConfig validated(ModelConfig c) {
 
 LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
     : config_(validated(std::move(config))),
-      rope_(config_.rope, config_.head_dim),
+      rope_(config_.rope, config_.rope_dim()),
       local_rope_(config_.local_rope.theta > 0.0 ? config_.local_rope : config_.rope,
-                  config_.head_dim) {
+                  config_.rope_dim()) {
   weights.validate(config_);
   const bool off = config_.norm_weight_offset;
   embed_ = weights.embed;
@@ -60,6 +61,7 @@ LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
         .q_norm = norm_scale(w.q_norm, off),
         .k_norm = norm_scale(w.k_norm, off),
     });
+    if (config_.is_mla()) pack_mla(w, packed_.back());
   }
   for (int l = 0; l < config_.num_layers; ++l) {
     layers_.push_back(attention::AttentionLayer{
@@ -72,11 +74,39 @@ LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
         .logit_cap = config_.attn_logit_softcap,
         .sliding_window = config_.window_of(l),
     });
+    if (config_.is_mla()) {  // the absorbed form over the latent pool
+      attention::AttentionLayer& a = layers_.back();
+      a.num_kv_heads = 1;
+      a.head_dim_qk = config_.mla.kv_lora_rank + config_.mla.qk_rope_head_dim;
+      a.head_dim_v = config_.mla.kv_lora_rank;
+      a.is_mla = true;
+    }
+  }
+}
+
+void LlamaModel::pack_mla(const LayerWeights& w, PackedLayer& p) const {
+  const MlaConfig& m = config_.mla;
+  const int64_t hq = config_.num_q_heads, r = m.kv_lora_rank, nope = m.qk_nope_head_dim;
+  const int64_t dv = m.v_head_dim;
+  p.qkv_proj.clear();
+  p.q_a_proj = w.q_a_proj;
+  p.q_a_norm = w.q_a_norm;
+  p.q_proj = m.q_lora_rank > 0 ? w.q_b_proj : w.q_proj;
+  p.kv_a_proj = w.kv_a_proj;
+  p.kv_a_norm = w.kv_a_norm;
+  p.w_uk_t.resize(static_cast<size_t>(hq * r * nope));
+  p.w_uv.resize(static_cast<size_t>(hq * dv * r));
+  for (int64_t h = 0; h < hq; ++h) {
+    const float* rows = w.kv_b_proj.data() + h * (nope + dv) * r;  // [nope + v, r] of head h
+    float* uk = p.w_uk_t.data() + h * r * nope;
+    for (int64_t i = 0; i < nope; ++i)
+      for (int64_t c = 0; c < r; ++c) uk[c * nope + i] = rows[i * r + c];
+    std::copy(rows + nope * r, rows + (nope + dv) * r, p.w_uv.begin() + h * dv * r);
   }
 }
 
 attention::BackendRequirements LlamaModel::backend_requirements(int page_size) const {
-  return attention::BackendRequirements{
+  attention::BackendRequirements req{
       .page_size = page_size,
       .head_dim_qk = config_.head_dim,
       .head_dim_v = config_.head_dim,
@@ -85,9 +115,23 @@ attention::BackendRequirements LlamaModel::backend_requirements(int page_size) c
       .sliding_window = config_.has_sliding_window(),
       .logit_cap = config_.attn_logit_softcap > 0.f,
   };
+  if (config_.is_mla()) {
+    req.head_dim_qk = config_.mla.kv_lora_rank + config_.mla.qk_rope_head_dim;
+    req.head_dim_v = config_.mla.kv_lora_rank;
+    req.mla = true;
+  }
+  return req;
 }
 
 kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size) const {
+  if (config_.is_mla())
+    return kv::KvPoolConfig{.layout = kv::KvLayout::kMla,
+                            .num_layers = config_.num_layers,
+                            .num_pages = num_pages,
+                            .page_size = page_size,
+                            .dtype = DType::kF32,
+                            .kv_lora_rank = config_.mla.kv_lora_rank,
+                            .rope_dim = config_.mla.qk_rope_head_dim};
   return kv::KvPoolConfig{
       .layout = kv::KvLayout::kMha,
       .num_layers = config_.num_layers,

@@ -1,8 +1,10 @@
 #pragma once
 /// LlamaModel: a Llama-family decoder's definition on the host: the validated config, the f32
 /// weights packed for the forward pass (q/k/v and gate/up fused, the q/k/v bias when the family
-/// has one, Gemma's norm scales as 1 + w), the per-layer attention parameters and the RoPE
-/// tables (a second one for Gemma 3's local layers). It computes nothing itself: the one layer
+/// has one, Gemma's norm scales as 1 + w; DeepSeek's kv_b_proj split per head into the absorbed
+/// W_UK / W_UV), the per-layer attention parameters (MLA: the absorbed form, Dqk = kv_lora +
+/// rope, Dv = kv_lora, one latent KV head) and the RoPE tables (a second one for Gemma 3's local
+/// layers; MLA: qk_rope_head_dim wide). It computes nothing itself: the one layer
 /// loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h). Immutable after
 /// construction; safe to share between threads.
 
@@ -30,9 +32,10 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   /// The per-layer attention parameters handed to the backend (layer_id = index).
   const std::vector<attention::AttentionLayer>& attention_layers() const { return layers_; }
-  /// What a backend must support to run this model (f32 q and KV).
+  /// What a backend must support to run this model (f32 q and KV; absorbed MLA for DeepSeek).
   attention::BackendRequirements backend_requirements(int page_size) const;
-  /// A KV pool shape for this model: f32, num_layers, num_kv_heads, head_dim.
+  /// A KV pool shape for this model: f32, num_layers, num_kv_heads, head_dim; MLA: one latent
+  /// row of kv_lora_rank + qk_rope_head_dim per token ([normed latent | roped k_pe]).
   kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size) const;
 
 
@@ -53,6 +56,18 @@ class LlamaModel {
     std::vector<float> mlp_out_norm;
     std::vector<float> q_norm;
     std::vector<float> k_norm;
+    // MLA (config.is_mla(); qkv_proj and qkv_bias are empty then). q_proj is the projection to
+    // [Hq·(nope + rope)]: q_b_proj after q_a_proj + q_a_norm with q LoRA, else HF q_proj.
+    std::vector<float> q_a_proj;   ///< [q_lora, hidden] (empty without q LoRA)
+    std::vector<float> q_a_norm;   ///< [q_lora]
+    std::vector<float> q_proj;     ///< [Hq·(nope + rope), q_lora or hidden]
+    std::vector<float> kv_a_proj;  ///< [kv_lora + rope, hidden]
+    std::vector<float> kv_a_norm;  ///< [kv_lora]
+    /// Per head h, W_UKᵀ: [Hq][kv_lora, nope] (kv_b_proj's k_nope rows of head h, transposed):
+    /// q_latent_h = q_nope_h·W_UK_h, the absorbed query.
+    std::vector<float> w_uk_t;
+    /// Per head h, W_UV: [Hq][v, kv_lora] (kv_b_proj's v rows of head h): v_h = o_latent_h·W_UVᵀ.
+    std::vector<float> w_uv;
   };
   /// Read access for device implementations (model/cuda uploads these once).
   const std::vector<PackedLayer>& packed_layers() const { return packed_; }
@@ -70,6 +85,8 @@ class LlamaModel {
   const Rope& local_rope() const { return local_rope_; }
 
  private:
+  /// Fills p's MLA fields from w (kv_b_proj split per head into W_UKᵀ and W_UV).
+  void pack_mla(const LayerWeights& w, PackedLayer& p) const;
 
   ModelConfig config_;
   std::vector<float> embed_;

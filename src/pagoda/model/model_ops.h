@@ -133,6 +133,19 @@ class ModelOps {
   /// GeGLU: out[t, i] = gelu_tanh(g) * u with g, u = gate_up[t, i], gate_up[t, inter + i] and
   /// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³))) (HF gelu_pytorch_tanh).
   virtual void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter);
+
+  // ---- DeepSeek MLA's extra dense op ----
+  /// Whether rope_interleaved is implemented. The default throws Error(kUnsupported); the
+  /// Decoder refuses an MLA model on ops without it, naming the device.
+  virtual bool supports_mla_ops() const { return false; }
+  /// Interleaved-pair RoPE (DeepSeek's layout) in place: for t < rows, g < groups, the vector v
+  /// of `dim` elements at x + t * row_stride + g * group_stride has each pair (v[2i], v[2i+1])
+  /// rotated by the f32 angle float(positions[t]) * inv_freq[i], both then multiplied by
+  /// `factor` (YaRN's cos / sin scale; 1 otherwise): v[2i] = f (a cos - b sin), v[2i+1] =
+  /// f (b cos + a sin).
+  virtual void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
+                                int64_t group_stride, int64_t dim, const int32_t* positions,
+                                const float* inv_freq, float factor);
   /// Samples one id per row of logits [rows, vocab] (f32) with params[rows] (device memory);
   /// writes out_ids[rows] (device memory). Deterministic in (logits, seed, step).
   virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -82,6 +83,23 @@ Rope::Rope(const RopeConfig& c, int head_dim) : head_dim_(head_dim) {
         f = (1.0 - smooth) * f / c.factor + smooth * f;
       }
     }
+  } else if (c.scaling == RopeScalingKind::kYarn) {
+    // DeepSeek's YaRN: original frequencies below the correction range, interpolated (/ factor)
+    // above it, a linear ramp between; cos / sin scaled by mscale / mscale_all_dim's mscale.
+    const double max_pos = static_cast<double>(c.original_max_position);
+    auto correction_dim = [&](double rotations) {
+      return head_dim * std::log(max_pos / (rotations * 2.0 * std::numbers::pi)) /
+             (2.0 * std::log(c.theta));
+    };
+    const double low = std::max(std::floor(correction_dim(c.beta_fast)), 0.0);
+    double high = std::min(std::ceil(correction_dim(c.beta_slow)), double(head_dim - 1));
+    if (low == high) high += 0.001;
+    for (int i = 0; i < half; ++i) {
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      inv_freq_[i] = inv_freq_[i] / c.factor * ramp + inv_freq_[i] * (1.0 - ramp);
+    }
+    attention_factor_ =
+        yarn_get_mscale(c.factor, c.mscale) / yarn_get_mscale(c.factor, c.mscale_all_dim);
   }
   inv_freq_f32_.assign(inv_freq_.begin(), inv_freq_.end());
 }

@@ -36,17 +36,21 @@ void soft_cap(float* x, int64_t n, float cap);
 /// Rotary embedding tables (HF "rotate_half" / NeoX layout: pairs (i, i + D/2)).
 class Rope {
  public:
-  /// inv_freq[i] = theta^(-2i/D), then linear or llama3 scaling as configured.
+  /// inv_freq[i] = theta^(-2i/D), then linear, llama3 or yarn scaling as configured.
   Rope(const RopeConfig& config, int head_dim);
   int head_dim() const { return head_dim_; }
   /// The (scaled) inverse frequencies, [head_dim / 2].
   const std::vector<double>& inv_freq() const { return inv_freq_; }
+  /// The factor on cos and sin: 1 except with YaRN (get_mscale(factor, mscale) /
+  /// get_mscale(factor, mscale_all_dim)). apply() ignores it (no family that calls it has YaRN).
+  double attention_factor() const { return attention_factor_; }
   /// Rotates `x` [rows, num_heads, head_dim] in place; row t uses positions[t].
   /// angle = float(position) * float(inv_freq) in f32, as HF computes it.
   void apply(float* x, std::span<const int32_t> positions, int num_heads) const;
 
  private:
   int head_dim_;
+  double attention_factor_ = 1.0;
   std::vector<double> inv_freq_;
   std::vector<float> inv_freq_f32_;
 };

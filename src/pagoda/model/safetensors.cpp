@@ -387,7 +387,32 @@ class TensorSource {
   std::set<std::string> used_;
 };
 
+/// One DeepSeek layer's attention tensors (HF DeepseekV2/V3 names).
+void read_mla_layer(TensorSource& src, const ModelConfig& c, const std::string& p,
+                    LayerWeights& lw) {
+  const MlaConfig& m = c.mla;
+  const int64_t h = c.hidden_size, hq = c.num_q_heads, qr = m.q_lora_rank;
+  const int64_t qk = int64_t{m.qk_nope_head_dim} + m.qk_rope_head_dim;
+  const std::string a = p + "self_attn.";
+  if (qr > 0) {
+    lw.q_a_proj = src.read(a + "q_a_proj.weight", {qr, h});
+    lw.q_a_norm = src.read(a + "q_a_layernorm.weight", {qr});
+    lw.q_b_proj = src.read(a + "q_b_proj.weight", {hq * qk, qr});
+  } else {
+    lw.q_proj = src.read(a + "q_proj.weight", {hq * qk, h});
+  }
+  lw.kv_a_proj =
+      src.read(a + "kv_a_proj_with_mqa.weight", {int64_t{m.kv_lora_rank} + m.qk_rope_head_dim, h});
+  lw.kv_a_norm = src.read(a + "kv_a_layernorm.weight", {m.kv_lora_rank});
+  lw.kv_b_proj =
+      src.read(a + "kv_b_proj.weight", {hq * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+  lw.o_proj = src.read(a + "o_proj.weight", {h, hq * m.v_head_dim});
+}
+
 std::string describe(const ModelConfig& c) {
+  if (c.is_mla())
+    return fmt::format("{}, q LoRA {}, dense MLP", hf_architecture_name(c.family),
+                       c.mla.q_lora_rank > 0 ? "yes" : "no (q_lora_rank null: q_proj)");
   return fmt::format("{}, q/k/v bias {}", hf_architecture_name(c.family),
                      c.qkv_bias ? "yes" : "no (a bias needs attention_bias: true or Qwen2)");
 }
@@ -438,15 +463,19 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
     const std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights& lw = w.layers[l];
     lw.input_norm = src.read(p + "input_layernorm.weight", {h});
-    lw.q_proj = src.read(p + "self_attn.q_proj.weight", {qd, h});
-    lw.k_proj = src.read(p + "self_attn.k_proj.weight", {kvd, h});
-    lw.v_proj = src.read(p + "self_attn.v_proj.weight", {kvd, h});
+    if (c.is_mla()) {
+      read_mla_layer(src, c, p, lw);
+    } else {
+      lw.q_proj = src.read(p + "self_attn.q_proj.weight", {qd, h});
+      lw.k_proj = src.read(p + "self_attn.k_proj.weight", {kvd, h});
+      lw.v_proj = src.read(p + "self_attn.v_proj.weight", {kvd, h});
+      lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
+    }
     if (c.qkv_bias) {
       lw.q_bias = src.read(p + "self_attn.q_proj.bias", {qd});
       lw.k_bias = src.read(p + "self_attn.k_proj.bias", {kvd});
       lw.v_bias = src.read(p + "self_attn.v_proj.bias", {kvd});
     }
-    lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
     if (c.sandwich_norms) {  // Gemma: post_attention_layernorm is on the attention output
       lw.attn_out_norm = src.read(p + "post_attention_layernorm.weight", {h});
       lw.post_norm = src.read(p + "pre_feedforward_layernorm.weight", {h});
@@ -480,6 +509,10 @@ LoadedModel load_model(const std::string& spec, uint64_t weight_seed) {
 void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWeights& w,
                         DType dtype) {
   w.validate(c);
+  PAGODA_REQUIRE(!c.is_mla(), kUnsupported,
+                 "saving {} (MLA) checkpoints is not implemented (tools/make_checkpoint.py writes "
+                 "them)",
+                 hf_architecture_name(c.family));
   fs::create_directories(dir);
   const int64_t h = c.hidden_size, v = c.vocab_size, inter = c.intermediate_size;
   const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
@@ -612,6 +645,9 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
       j["layer_types"] = types;
       break;
     }
+    case ModelFamily::kDeepseekV2:
+    case ModelFamily::kDeepseekV3:
+      break;  // refused above
   }
   if (c.final_logit_softcap > 0.f) j["final_logit_softcapping"] = c.final_logit_softcap;
   if (c.attn_logit_softcap > 0.f) j["attn_logit_softcapping"] = c.attn_logit_softcap;

@@ -23,6 +23,50 @@ void require_size(const std::vector<float>& v, int64_t expected, const std::stri
                  "weight {} has {} elements, expected {}", name, v.size(), expected);
 }
 
+/// The MLA tensors of one layer (q LoRA or q_proj, kv_a / kv_b, o_proj [hidden, Hq·v]).
+void validate_mla(const ModelConfig& c, const LayerWeights& w, const std::string& p) {
+  const MlaConfig& m = c.mla;
+  const int64_t h = c.hidden_size, hq = c.num_q_heads, qr = m.q_lora_rank;
+  const int64_t qk = int64_t{m.qk_nope_head_dim} + m.qk_rope_head_dim;
+  require_size(w.q_proj, qr > 0 ? 0 : hq * qk * h, p + "q_proj");
+  require_size(w.q_a_proj, qr * h, p + "q_a_proj");
+  require_size(w.q_a_norm, qr, p + "q_a_layernorm");
+  require_size(w.q_b_proj, qr > 0 ? hq * qk * qr : 0, p + "q_b_proj");
+  require_size(w.kv_a_proj, (int64_t{m.kv_lora_rank} + m.qk_rope_head_dim) * h,
+               p + "kv_a_proj_with_mqa");
+  require_size(w.kv_a_norm, m.kv_lora_rank, p + "kv_a_layernorm");
+  require_size(w.kv_b_proj, hq * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank,
+               p + "kv_b_proj");
+  require_size(w.o_proj, h * hq * m.v_head_dim, p + "o_proj");
+}
+
+/// Random MLA tensors for every layer (drawn after everything else).
+void random_mla(const ModelConfig& c, Rng& rng, ModelWeights& w, double norm_mean) {
+  const MlaConfig& m = c.mla;
+  const int64_t h = c.hidden_size, hq = c.num_q_heads, qr = m.q_lora_rank;
+  const int64_t qk = int64_t{m.qk_nope_head_dim} + m.qk_rope_head_dim;
+  const int64_t kva = int64_t{m.kv_lora_rank} + m.qk_rope_head_dim;
+  const double in_h = 1.0 / std::sqrt(static_cast<double>(h));
+  for (LayerWeights& l : w.layers) {
+    l.q_proj.clear();
+    l.k_proj.clear();
+    l.v_proj.clear();
+    if (qr > 0) {
+      l.q_a_proj = normal_vec(rng, qr * h, 0.0, in_h);
+      l.q_a_norm = normal_vec(rng, qr, norm_mean, 0.1);
+      l.q_b_proj = normal_vec(rng, hq * qk * qr, 0.0, 1.0 / std::sqrt(double(qr)));
+    } else {
+      l.q_proj = normal_vec(rng, hq * qk * h, 0.0, in_h);
+    }
+    l.kv_a_proj = normal_vec(rng, kva * h, 0.0, in_h);
+    l.kv_a_norm = normal_vec(rng, m.kv_lora_rank, norm_mean, 0.1);
+    l.kv_b_proj = normal_vec(rng, hq * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank, 0.0,
+                             1.0 / std::sqrt(double(m.kv_lora_rank)));
+    l.o_proj = normal_vec(rng, h * hq * m.v_head_dim, 0.0,
+                          1.0 / std::sqrt(static_cast<double>(hq * m.v_head_dim)));
+  }
+}
+
 }  // namespace
 
 void ModelWeights::validate(const ModelConfig& c) const {
@@ -40,14 +84,18 @@ void ModelWeights::validate(const ModelConfig& c) const {
     const LayerWeights& w = layers[l];
     const std::string p = "layers." + std::to_string(l) + ".";
     require_size(w.input_norm, h, p + "input_layernorm");
-    require_size(w.q_proj, qd * h, p + "q_proj");
-    require_size(w.k_proj, kvd * h, p + "k_proj");
-    require_size(w.v_proj, kvd * h, p + "v_proj");
+    if (c.is_mla()) {
+      validate_mla(c, w, p);
+    } else {
+      require_size(w.q_proj, qd * h, p + "q_proj");
+      require_size(w.o_proj, h * qd, p + "o_proj");
+    }
+    require_size(w.k_proj, c.is_mla() ? 0 : kvd * h, p + "k_proj");
+    require_size(w.v_proj, c.is_mla() ? 0 : kvd * h, p + "v_proj");
     const int64_t bq = c.qkv_bias ? qd : 0, bkv = c.qkv_bias ? kvd : 0;
     require_size(w.q_bias, bq, p + "q_proj.bias");
     require_size(w.k_bias, bkv, p + "k_proj.bias");
     require_size(w.v_bias, bkv, p + "v_proj.bias");
-    require_size(w.o_proj, h * qd, p + "o_proj");
     require_size(w.post_norm, h, p + "post_attention_layernorm");
     require_size(w.gate_proj, inter * h, p + "gate_proj");
     require_size(w.up_proj, inter * h, p + "up_proj");
@@ -102,6 +150,7 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
       l.k_norm = normal_vec(rng, c.head_dim, norm_mean, 0.1);
     }
   }
+  if (c.is_mla()) random_mla(c, rng, w, norm_mean);
   return w;
 }
 

@@ -29,6 +29,14 @@ struct LayerWeights {
                                      ///< (post_feedforward_layernorm)
   std::vector<float> q_norm;         ///< [head_dim] when config.qk_norm
   std::vector<float> k_norm;         ///< [head_dim] when config.qk_norm
+  // DeepSeek MLA (config.is_mla(); empty otherwise, and k_proj / v_proj are empty). q_proj is
+  // [Hq·(nope + rope), hidden] without q LoRA, empty with it. o_proj is [hidden, Hq·v].
+  std::vector<float> q_a_proj;   ///< [q_lora, hidden] (q LoRA)
+  std::vector<float> q_a_norm;   ///< [q_lora] (q LoRA)
+  std::vector<float> q_b_proj;   ///< [Hq·(nope + rope), q_lora] (q LoRA)
+  std::vector<float> kv_a_proj;  ///< [kv_lora + rope, hidden] (kv_a_proj_with_mqa)
+  std::vector<float> kv_a_norm;  ///< [kv_lora] (kv_a_layernorm)
+  std::vector<float> kv_b_proj;  ///< [Hq·(nope + v), kv_lora]: per head k_nope rows, then v
 };
 
 struct ModelWeights {
@@ -48,7 +56,8 @@ struct ModelWeights {
 /// Scales keep activations O(1) so logits are well separated: embedding N(0, 1), linear
 /// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²) (N(0, 0.1²) with
 /// config.norm_weight_offset, whose norms scale by 1 + w), q/k/v biases (when config.qkv_bias)
-/// N(0, 0.5²). Configs without biases or Gemma norms draw exactly the numbers they always did.
+/// N(0, 0.5²); MLA projections N(0, 1/in_features), their norms like the others. Configs
+/// without biases, Gemma norms or MLA draw exactly the numbers they always did.
 ModelWeights make_random_weights(const ModelConfig& config, uint64_t seed);
 
 }  // namespace pagoda::model

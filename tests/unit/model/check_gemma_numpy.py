@@ -27,14 +27,15 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from logit_check import check, run  # noqa: E402
 from safetensors.numpy import save_file
 
-TOL = 1e-5
 COMMON = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_attention_heads=4,
               num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, rms_norm_eps=1e-6,
               sliding_window=8, max_position_embeddings=4096, tie_word_embeddings=True,
@@ -182,41 +183,6 @@ FEATURES = {
 }
 
 
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        print("$", " ".join(cmd), "\n", p.stdout[-3000:], p.stderr[-3000:], file=sys.stderr)
-        raise SystemExit(f"command failed with rc {p.returncode}")
-    return [json.loads(line) for line in p.stdout.strip().splitlines()]
-
-
-def check(cfg, w, prompt, got, label, features):
-    """Compares one request's output with the reference; returns the number of failures."""
-    ids, steps = got["output_token_ids"], got["logits"]
-    seq = prompt + ids[:-1]
-    ref = forward(cfg, w, seq)[len(prompt) - 1:]
-    mine = np.array(steps, dtype=np.float64)
-    worst = float(np.abs(mine - ref).max())
-    tol = TOL * max(1.0, float(np.abs(ref).max()))
-    bad = worst > tol
-    for i, tok in enumerate(ids):
-        top2 = np.sort(ref[i])[-2:]
-        if top2[1] - top2[0] > 10 * tol and tok != int(np.argmax(ref[i])):
-            print(f"  {label}: step {i} token {tok} but the reference's argmax is "
-                  f"{int(np.argmax(ref[i]))}")
-            bad = True
-    gaps = []
-    for f in features:
-        gap = float(np.abs(mine - forward(cfg, w, seq, frozenset([f]))[len(prompt) - 1:]).max())
-        gaps.append(f"{f} {gap:.1e}")
-        if gap <= 100 * tol:
-            print(f"  {label}: without {f} the reference moves only {gap:.1e} (<= 100 x {tol:.0e})")
-            bad = True
-    print(f"{'FAIL' if bad else 'ok'} {label}: tokens {ids}, max |logit diff| {worst:.1e} "
-          f"(tol {tol:.0e}); without a feature: {', '.join(gaps) if gaps else '-'}", flush=True)
-    return int(bad)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pagoda", required=True)
@@ -249,9 +215,10 @@ def main():
                 single = run(base + ["--token-ids", ",".join(map(str, prompts[0]))])[0]
                 # The feature sweep once per family (it is the same reference each time).
                 feats = FEATURES[family] if backend == "reference" else []
-                failures += check(cfg, w, prompts[0], single, label, feats)
+                failures += check(forward, cfg, w, prompts[0], single, label, feats)
                 for i, got in enumerate(run(base + ["--batch-file", batch])):
-                    failures += check(cfg, w, prompts[i], got, f"{label} batch[{i}]", [])
+                    failures += check(forward, cfg, w, prompts[i], got, f"{label} batch[{i}]",
+                                      [])
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 

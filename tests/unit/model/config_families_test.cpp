@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
 
@@ -136,28 +137,11 @@ constexpr const char* kGemma3V5 = R"({
   "sliding_window": 16, "sliding_window_pattern": 2, "_sliding_window_pattern": 2,
   "use_bidirectional_attention": false, "dtype": "bfloat16"})";
 
-/// Expects `fn` to throw a pagoda::Error with `code` whose message contains `needle`.
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCode code, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "'" << e.what() << "' does not mention '" << needle << "'";
-  }
-}
+using testing::expect_error;
 
 /// Parses `base` with `key` set to `value` (a JSON text; "DELETE" removes the key).
 ModelConfig parse_with(const char* base, const std::string& key, const std::string& value) {
-  json j = json::parse(base);
-  if (value == "DELETE") {
-    j.erase(key);
-  } else {
-    j[key] = json::parse(value);
-  }
-  return config_from_hf_json(j);
+  return config_from_hf_json(testing::edited(base, key, value));
 }
 
 TEST(ConfigFamilies, Llama31WithLlama3Scaling) {
@@ -452,33 +436,9 @@ json random_value(std::mt19937_64& rng) {
 TEST(ConfigHostile, SeededMutationsGiveErrorsNeverCrashes) {
   const uint64_t seed = 20261130;
   std::printf("config mutation seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 rng(seed);
   const char* bases[] = {kLlama31_8B, kQwen25_05B, kMistral01, kQwen2V5};
-  int accepted = 0, rejected = 0;
-  for (int it = 0; it < 3000; ++it) {
-    json j = json::parse(bases[rng() % 4]);
-    const int edits = 1 + static_cast<int>(rng() % 3);
-    for (int e = 0; e < edits; ++e) {
-      std::vector<std::string> keys;
-      for (const auto& [k, v] : j.items()) keys.push_back(k);
-      const std::string key = keys[rng() % keys.size()];
-      if (rng() % 8 == 0) {
-        j.erase(key);
-      } else {
-        j[key] = random_value(rng);
-      }
-    }
-    try {
-      const ModelConfig c = config_from_hf_json(j);
-      EXPECT_NO_THROW(c.validate()) << "iteration " << it << ": " << j.dump();
-      ++accepted;
-    } catch (const Error&) {
-      ++rejected;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "iteration " << it << " (seed " << seed << "): non-pagoda exception "
-                    << e.what() << " for " << j.dump();
-    }
-  }
+  const auto [accepted, rejected] = testing::mutate_configs(
+      bases, [](std::mt19937_64& rng) { return random_value(rng); }, seed, 3000);
   EXPECT_GT(rejected, 0);
   std::printf("config mutations: %d accepted, %d rejected\n", accepted, rejected);
 }

@@ -1,0 +1,115 @@
+// Decoder::mla_attention: one DeepSeek-V2/V3 attention block in the absorbed form (decoder.h).
+//
+//   q      = [rms_norm(h·W_qaᵀ)·w_qa]·W_qbᵀ  or  h·W_qᵀ           [t, Hq, nope + rope]
+//   [c, k_pe] = h·W_kvaᵀ;  latent = rms_norm(c)·w_kva;  k_pe = rope_interleaved(k_pe)
+//   q_pe   = rope_interleaved(q[:, :, nope:])
+//   q_abs  = [q_nope_h·W_UK_h | q_pe_h] per head                   [t, Hq, kv_lora + rope]
+//   o_lat  = attention(q_abs, pool latent rows [latent | k_pe])    [t, Hq, kv_lora]
+//   x      = concat_h(o_lat_h·W_UV_hᵀ)·W_oᵀ
+// q_abs·[latent | k_pe] = q_nope·(W_UK·latent) + q_pe·k_pe is the non-absorbed score exactly,
+// and o_lat·W_UVᵀ is the non-absorbed output (V = W_UV·latent), so one path serves decode,
+// extend, prefix hits and verify. The layer's softmax scale (1/sqrt(nope + rope), times YaRN's
+// mscale²) is in the AttentionLayer.
+#include <algorithm>
+
+#include "pagoda/core/tensor_view.h"
+#include "pagoda/model/decoder.h"
+
+namespace pagoda::model {
+
+namespace {
+
+/// Offsets (elements) of the parts of Activations::mla for t rows.
+struct MlaScratch {
+  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, tmp_in = 0, tmp_out = 0, ov = 0, end = 0;
+  MlaScratch(const ModelConfig& c, int64_t t) {
+    const MlaConfig& m = c.mla;
+    const int64_t hq = c.num_q_heads, r = m.kv_lora_rank, p = m.qk_rope_head_dim;
+    const int64_t widest = std::max({int64_t{m.qk_nope_head_dim}, r, int64_t{m.v_head_dim}});
+    q = qa + t * m.q_lora_rank;
+    kv = q + t * hq * (m.qk_nope_head_dim + p);
+    q_abs = kv + t * (r + p);
+    o_lat = q_abs + t * hq * (r + p);
+    tmp_in = o_lat + t * hq * r;
+    tmp_out = tmp_in + t * widest;
+    ov = tmp_out + t * widest;
+    end = ov + t * hq * m.v_head_dim;
+  }
+};
+
+}  // namespace
+
+int64_t Decoder::mla_scratch_elems(int64_t tokens) const {
+  return MlaScratch(model_->config(), tokens).end;
+}
+
+void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
+  ModelOps& ops = *ops_;
+  p.q_a_proj = w.q_a_proj.empty() ? nullptr : ops.upload(w.q_a_proj);
+  p.q_a_norm = w.q_a_norm.empty() ? nullptr : ops.upload(w.q_a_norm);
+  p.q_proj = ops.upload(w.q_proj);
+  p.kv_a_proj = ops.upload(w.kv_a_proj);
+  p.kv_a_norm = ops.upload(w.kv_a_norm);
+  p.w_uk_t = ops.upload(w.w_uk_t);
+  p.w_uv = ops.upload(w.w_uv);
+}
+
+void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
+                            const attention::ForwardBatch& batch,
+                            attention::AttentionBackend& backend, int64_t t) const {
+  ModelOps& ops = *ops_;
+  const ModelConfig& c = model_->config();
+  const MlaConfig& m = c.mla;
+  const int64_t hd = c.hidden_size, hq = c.num_q_heads, qr = m.q_lora_rank;
+  const int64_t r = m.kv_lora_rank, p = m.qk_rope_head_dim, nope = m.qk_nope_head_dim;
+  const int64_t dv = m.v_head_dim, qk = nope + p;
+  const float eps = c.rms_norm_eps;
+  const DType dt = ops.dtype();
+  const Device dev = ops.device();
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  const MlaScratch s(c, t);
+  char* base = static_cast<char*>(a.mla.get());
+  auto at = [&](int64_t off) { return base + off * es; };
+  const auto* uk = static_cast<const char*>(w.w_uk_t);
+  const auto* uv = static_cast<const char*>(w.w_uv);
+  const float factor = static_cast<float>(model_->rope_of(l).attention_factor());
+
+  // q, and the latent row [c | k_pe] of every new token.
+  if (qr > 0) {
+    ops.linear(a.h.get(), w.q_a_proj, at(s.qa), t, qr, hd);
+    ops.rms_norm_groups(at(s.qa), t, qr, 1, qr, w.q_a_norm, eps);
+    ops.linear(at(s.qa), w.q_proj, at(s.q), t, hq * qk, qr);
+  } else {
+    ops.linear(a.h.get(), w.q_proj, at(s.q), t, hq * qk, hd);
+  }
+  ops.linear(a.h.get(), w.kv_a_proj, at(s.kv), t, r + p, hd);
+  ops.rms_norm_groups(at(s.kv), t, r + p, 1, r, w.kv_a_norm, eps);
+  ops.rope_interleaved(at(s.kv) + r * es, t, r + p, 1, 0, p, a.positions(), w.inv_freq, factor);
+  ops.rope_interleaved(at(s.q) + nope * es, t, hq * qk, hq, qk, p, a.positions(), w.inv_freq,
+                       factor);
+
+  // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h].
+  for (int64_t h = 0; h < hq; ++h) {
+    ops.copy_2d(at(s.tmp_in), nope * es, at(s.q) + h * qk * es, hq * qk * es, nope * es, t);
+    ops.linear(at(s.tmp_in), uk + h * r * nope * es, at(s.tmp_out), t, r, nope);
+    char* dst = at(s.q_abs) + h * (r + p) * es;
+    ops.copy_2d(dst, hq * (r + p) * es, at(s.tmp_out), r * es, r * es, t);
+    ops.copy_2d(dst + r * es, hq * (r + p) * es, at(s.q) + (h * qk + nope) * es, hq * qk * es,
+                p * es, t);
+  }
+  if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
+  backend.forward(TensorView(at(s.q_abs), dt, {t, hq, r + p}, dev),
+                  TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(),
+                  attn_layers_[static_cast<size_t>(l)], batch,
+                  TensorView(at(s.o_lat), dt, {t, hq, r}, dev), attention::SaveKv::kYes);
+
+  // Per head v_h = o_lat_h·W_UV_hᵀ into [t, Hq·v], then o_proj.
+  for (int64_t h = 0; h < hq; ++h) {
+    ops.copy_2d(at(s.tmp_in), r * es, at(s.o_lat) + h * r * es, hq * r * es, r * es, t);
+    ops.linear(at(s.tmp_in), uv + h * dv * r * es, at(s.tmp_out), t, dv, r);
+    ops.copy_2d(at(s.ov) + h * dv * es, hq * dv * es, at(s.tmp_out), dv * es, dv * es, t);
+  }
+  ops.linear(at(s.ov), w.o_proj, a.x.get(), t, hd, hq * dv);
+}
+
+}  // namespace pagoda::model

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""CTest: pagoda's DeepSeek-V2 / V3 (MLA, dense MLP) forward against an independent NumPy float64
+forward.
+
+The checkpoints are tools/make_checkpoint.py's `deepseek-v2-tiny` (no q LoRA, no RoPE scaling)
+and `deepseek-v3-tiny` (q LoRA, YaRN with factor 4 over 32 original positions, mscale 0.8 /
+mscale_all_dim 0.6: the cos/sin scale and the softmax mscale² both differ from 1; v_head_dim 24
+!= qk_nope_head_dim 32), float32, random weights from the printed seed. For each it runs
+`pagoda generate --dump-logits` (reference backend page 1, cpu backend page 16; a batch of three
+requests of 41, 10 and 24 tokens, the first past the 32 YaRN original positions) and checks,
+teacher-forced on pagoda's own tokens:
+  * every generated step's logits equal the NumPy forward's within 1e-5 x max(1, max |logit|);
+  * every greedy token is the NumPy argmax (where the top two are further apart than that);
+  * `--tp 2` is refused with an error naming MLA, and a checkpoint that does not match its config
+    (a kv_b_proj missing, q_lora_rank flipped) is refused naming the tensor;
+  * the comparison sees each feature: the NumPy forward with one switched off (the interleaved
+    RoPE layout read as rotate_half, the latent norm, the q LoRA norm, YaRN's frequencies, its
+    cos/sin scale, the softmax mscale) differs from pagoda by more than 100x the tolerance.
+The NumPy forward is the non-absorbed form written from the DeepSeek-V2/V3 Hugging Face modeling
+code (kv_b_proj expands the latent to per-head k_nope and v; q_pe / k_pe de-interleaved, then
+rotate_half; full-sequence causal attention recomputed for every prefix), not from pagoda's C++
+(which runs the absorbed form over the latent KV pool).
+
+    check_deepseek_numpy.py --pagoda build/src/pagoda/cli/pagoda --tool tools/make_checkpoint.py
+
+Needs numpy and safetensors (scripts/setup.sh installs them). Prints the seed.
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from logit_check import check, run  # noqa: E402
+
+
+
+def rms_norm(x, w, eps, on=True):
+    x = x.astype(np.float64)
+    if not on:
+        return x * w
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def yarn_mscale(scale, m):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+
+def rope_tables(cfg, t, off):
+    """cos / sin [T, rope] of DeepSeek's rotary embedding (YaRN when configured)."""
+    d, base = cfg["qk_rope_head_dim"], cfg["rope_theta"]
+    expo = (np.arange(0, d, 2, dtype=np.float32) / np.float32(d)).astype(np.float64)
+    inv = 1.0 / base ** expo
+    scale = 1.0
+    rs = cfg.get("rope_scaling")
+    if rs and rs["type"] == "yarn":
+        f, orig = rs["factor"], rs["original_max_position_embeddings"]
+
+        def corr(rot):
+            return d * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(corr(rs["beta_fast"])), 0)
+        high = min(math.ceil(corr(rs["beta_slow"])), d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
+        mask = 1.0 - ramp
+        if "yarn_freq" not in off:
+            inv = inv / f * (1 - mask) + inv * mask
+        if "yarn_cos_scale" not in off:
+            scale = yarn_mscale(f, rs["mscale"]) / yarn_mscale(f, rs["mscale_all_dim"])
+    ang = np.arange(t)[:, None].astype(np.float64) * inv[None, :]
+    emb = np.concatenate([ang, ang], axis=-1)
+    return np.cos(emb) * scale, np.sin(emb) * scale
+
+
+def apply_rope(x, cos, sin, off):
+    """x [T, heads, d]: DeepSeek's view(d/2, 2).transpose → rotate_half form."""
+    t, n, d = x.shape
+    if "interleave" not in off:
+        x = x.reshape(t, n, d // 2, 2).transpose(0, 1, 3, 2).reshape(t, n, d)
+    rot = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+def forward(cfg, w, ids, off=frozenset()):
+    """Logits [T, vocab] (float64) of the whole sequence; `off` names features switched off."""
+    g = {k: v.astype(np.float64) for k, v in w.items()}
+    hq, eps = cfg["num_attention_heads"], cfg["rms_norm_eps"]
+    nope, rope, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    r = cfg["kv_lora_rank"]
+    t = len(ids)
+    scale = (nope + rope) ** -0.5
+    rs = cfg.get("rope_scaling")
+    if rs and rs.get("mscale_all_dim") and "softmax_mscale" not in off:
+        m = yarn_mscale(rs["factor"], rs["mscale_all_dim"])
+        scale *= m * m
+    cos, sin = rope_tables(cfg, t, off)
+    causal = np.tril(np.ones((t, t), dtype=bool))
+    x = g["model.embed_tokens.weight"][ids]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        hs = rms_norm(x, g[p + "input_layernorm.weight"], eps)
+        if cfg["q_lora_rank"]:
+            qa = rms_norm(hs @ g[a + "q_a_proj.weight"].T, g[a + "q_a_layernorm.weight"], eps,
+                          "q_a_norm" not in off)
+            q = qa @ g[a + "q_b_proj.weight"].T
+        else:
+            q = hs @ g[a + "q_proj.weight"].T
+        q = q.reshape(t, hq, nope + rope)
+        q_nope, q_pe = q[..., :nope], q[..., nope:]
+        ckv = hs @ g[a + "kv_a_proj_with_mqa.weight"].T
+        c, k_pe = ckv[:, :r], ckv[:, r:].reshape(t, 1, rope)
+        kv = rms_norm(c, g[a + "kv_a_layernorm.weight"], eps, "kv_a_norm" not in off)
+        kv = (kv @ g[a + "kv_b_proj.weight"].T).reshape(t, hq, nope + dv)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+        q_pe, k_pe = apply_rope(q_pe, cos, sin, off), apply_rope(k_pe, cos, sin, off)
+        qs = np.concatenate([q_nope, q_pe], axis=-1)
+        ks = np.concatenate([k_nope, np.broadcast_to(k_pe, (t, hq, rope))], axis=-1)
+        o = np.empty((t, hq, dv))
+        for h in range(hq):
+            s = np.where(causal, qs[:, h] @ ks[:, h].T * scale, -np.inf)
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            o[:, h] = (s / s.sum(axis=-1, keepdims=True)) @ v[:, h]
+        x = x + o.reshape(t, hq * dv) @ g[a + "o_proj.weight"].T
+        hs = rms_norm(x, g[p + "post_attention_layernorm.weight"], eps)
+        gate = hs @ g[p + "mlp.gate_proj.weight"].T
+        up = hs @ g[p + "mlp.up_proj.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ g[p + "mlp.down_proj.weight"].T
+    head = g.get("lm_head.weight", g["model.embed_tokens.weight"])
+    return rms_norm(x, g["model.norm.weight"], eps) @ head.T
+
+
+FEATURES = {
+    "deepseek-v2-tiny": ["interleave", "kv_a_norm"],
+    "deepseek-v3-tiny": ["interleave", "kv_a_norm", "q_a_norm", "yarn_freq", "yarn_cos_scale",
+                         "softmax_mscale"],
+}
+
+
+def check_refusals(pagoda, layout, out, tmp):
+    """A checkpoint that does not match its config is refused naming the tensor: one layer's
+    kv_b_proj missing; and a q_lora_rank flipped (q_proj expected but q_a_proj present, or the
+    reverse)."""
+    from safetensors.numpy import load_file, save_file
+
+    w = load_file(os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    lora = cfg["q_lora_rank"]
+    bad_cfg = dict(cfg, q_lora_rank=None if lora else 32)
+    kept = {k: v for k, v in w.items() if "1.self_attn.kv_b_proj" not in k}
+    cases = [("kv_b_proj missing", kept, cfg, "layers.1.self_attn.kv_b_proj"),
+             ("q_lora_rank flipped", w, bad_cfg, "q_proj" if lora else "q_a_proj")]
+    failures = 0
+    for name, tensors, c, needle in cases:
+        d = os.path.join(tmp, f"{layout}-{name.replace(' ', '-')}")
+        os.makedirs(d)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(c, f)
+        p = subprocess.run([pagoda, "generate", "--model", d, "--token-ids", "1,2"],
+                           capture_output=True, text=True)
+        msg = (p.stdout + p.stderr).strip()
+        ok = p.returncode != 0 and needle in msg
+        print(f"{'ok' if ok else 'FAIL'} {layout} {name} refused naming {needle}: {msg[-160:]}")
+        failures += int(not ok)
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pagoda", required=True)
+    ap.add_argument("--tool", required=True, help="tools/make_checkpoint.py")
+    ap.add_argument("--seed", type=int, default=None)
+    a = ap.parse_args()
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
+    print(f"seed {seed}", flush=True)
+    spec = importlib.util.spec_from_file_location("make_checkpoint", a.tool)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    rng = np.random.default_rng(seed)
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for layout in FEATURES:
+            out = os.path.join(tmp, layout)
+            cfg, w = tool.write_deepseek(layout, "f32", int(rng.integers(1 << 30)), out,
+                                         tokenizer=False)
+            vocab = cfg["vocab_size"]
+            prompts = [[cfg["bos_token_id"]] + rng.integers(3, 3900, n).tolist()
+                       for n in (40, 9, 23)]
+            assert max(max(p) for p in prompts) < vocab
+            batch = os.path.join(out, "batch.txt")
+            with open(batch, "w") as f:
+                f.write("\n".join(",".join(map(str, p)) for p in prompts) + "\n")
+            for backend, page in (("reference", 1), ("cpu", 16)):
+                base = [a.pagoda, "generate", "--model", out, "--backend", backend,
+                        "--page-size", str(page), "--max-new-tokens", "5", "--ignore-eos",
+                        "--json", "--dump-logits"]
+                label = f"{layout} {backend} page {page}"
+                for i, got in enumerate(run(base + ["--batch-file", batch])):
+                    # The feature sweep once per layout (the same reference each time).
+                    feats = FEATURES[layout] if backend == "reference" and i == 0 else []
+                    failures += check(forward, cfg, w, prompts[i], got, f"{label} batch[{i}]",
+                                      feats)
+            failures += check_refusals(a.pagoda, layout, out, tmp)
+            # Tensor parallelism with MLA is refused, naming it.
+            p = subprocess.run(base + ["--tp", "2", "--token-ids", "1,2,3"], capture_output=True,
+                               text=True)
+            refused = p.returncode != 0 and "MLA" in p.stdout + p.stderr
+            print(f"{'ok' if refused else 'FAIL'} {layout} --tp 2 refused: "
+                  f"{(p.stdout + p.stderr).strip()[-200:]}")
+            failures += int(not refused)
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
