@@ -3,7 +3,8 @@
 // token prefix ending at a page boundary to {full page, window side present, locks}; it knows
 // nothing of nodes, splits or the cut code (cache::swa_usable_prefix). Random streams of
 // request-like inserts (fresh pages from both pools, a random leading part of their window side
-// already released, kTransfer or kRetain), matches (+ lock), unlocks, full evictions and window
+// already released, kTransfer or kRetain; a cached tombstone the caller brings the window side of
+// is revived), matches (+ lock), unlocks, full evictions and window
 // evictions. Checks after every operation: match length and slots equal the model's (longest
 // cached prefix, cut back to where the window before the match point is resident), insert's
 // prefix_len, each page's window locks, that evictions only take unlocked pages (whole leaves for
@@ -79,7 +80,8 @@ class SwaCacheModel {
     ASSERT_EQ(swa_.num_referenced_pages(), 0);
   }
 
-  int64_t matched = 0, cut = 0, swa_evicted = 0, full_evicted = 0, tombstone_inserts = 0;
+  int64_t matched = 0, cut = 0, swa_evicted = 0, full_evicted = 0, tombstone_inserts = 0,
+          revived = 0;
 
  private:
   /// A random sequence sharing prefixes with earlier ones (alphabet of 3 tokens).
@@ -150,6 +152,14 @@ class SwaCacheModel {
         RadixKey{t, ""}, slots,
         InsertOptions{.ownership = transfer ? SlotOwnership::kTransfer : SlotOwnership::kRetain});
     ASSERT_EQ(r.prefix_len, existing * p_) << "insert prefix_len";
+    // A cached tombstone comes back to life with the window side of the caller's duplicate.
+    for (int64_t k = 0; k < existing; ++k) {
+      MPage& mp = map_.at(prefix(t, (k + 1) * p_));
+      if (!mp.swa && k >= released) {
+        mp.swa = true;
+        ++revived;
+      }
+    }
     if (!transfer) kv::SwaPageRefs(pages_).free(slots);
     for (int64_t k = existing; k < n; ++k) {
       map_[prefix(t, (k + 1) * p_)] = MPage{.page = (*got)[static_cast<size_t>(k)],
@@ -273,7 +283,7 @@ TEST_P(SwaCacheProperty, RandomStreamMatchesModel) {
   const uint64_t seed = testing::property_seed();
   std::printf("PAGODA_SEED=%llu (page_size %d)\n", static_cast<unsigned long long>(seed), p);
   std::mt19937_64 pick(seed ^ static_cast<uint64_t>(p));
-  int64_t matched = 0, cut = 0, swa_evicted = 0, tombstones = 0;
+  int64_t matched = 0, cut = 0, swa_evicted = 0, tombstones = 0, revived = 0;
   for (int round = 0; round < 6; ++round) {
     // Windows from below one page to a few pages; the SWA pool is smaller than the full one.
     const int window = 1 + static_cast<int>(pick() % static_cast<uint64_t>(3 * p + 4));
@@ -286,14 +296,17 @@ TEST_P(SwaCacheProperty, RandomStreamMatchesModel) {
     cut += model.cut;
     swa_evicted += model.swa_evicted;
     tombstones += model.tombstone_inserts;
+    revived += model.revived;
   }
   std::printf("  matched %lld tokens, cut %lld, window sides evicted %lld, tombstones inserted "
-              "%lld\n",
+              "%lld, revived %lld\n",
               static_cast<long long>(matched), static_cast<long long>(cut),
-              static_cast<long long>(swa_evicted), static_cast<long long>(tombstones));
+              static_cast<long long>(swa_evicted), static_cast<long long>(tombstones),
+              static_cast<long long>(revived));
   EXPECT_GT(matched, 0) << "never hit: the stream tests too little";
   EXPECT_GT(cut, 0) << "no match was ever cut by the window rule";
   EXPECT_GT(swa_evicted, 0) << "never evicted a window side";
+  EXPECT_GT(revived, 0) << "no insert revived a tombstone";
 }
 
 INSTANTIATE_TEST_SUITE_P(Pages, SwaCacheProperty, ::testing::Values(1, 16, 64),

@@ -55,8 +55,30 @@ PrefixMatch SwaRadixCache::match_prefix(const RadixKey& key, int64_t max_prefix_
   return m;
 }
 
+void SwaRadixCache::revive(const RadixKey& key, std::span<const SlotIndex> slots) {
+  const int32_t p = page_size();
+  const auto len = static_cast<int64_t>(std::min(key.tokens.size(), slots.size())) / p * p;
+  if (len == 0) return;
+  // The tree's pages for the key (a match: it may split a node and refreshes access times; its
+  // counters are not the cache's, stats() keeps its own).
+  tree_.match_prefix(RadixKey{key.tokens.first(static_cast<size_t>(len)), key.extra_key}, len,
+                     scratch_);
+  for (size_t i = 0; i < scratch_.size(); i += static_cast<size_t>(p)) {
+    const int32_t tree_page = scratch_[i] / p;
+    const int32_t mine = slots[i] / p;
+    if (tree_page != mine && !pages_->has_swa(tree_page) && mine > 0 &&
+        mine <= pages_->full().num_pages() && pages_->has_swa(mine) &&
+        pages_->full().refcount(PageId{mine}) == 1 && pages_->full().refcount(PageId{tree_page}) == 1)
+      pages_->move_swa(mine, tree_page);
+  }
+}
+
 InsertResult SwaRadixCache::insert(const RadixKey& key, std::span<const SlotIndex> slots,
                                    InsertOptions options) {
+  const size_t len = std::min(key.tokens.size(), slots.size()) /
+                     static_cast<size_t>(page_size()) * static_cast<size_t>(page_size());
+  refs_.require_held_runs(slots.first(len));  // before revive changes anything
+  revive(key, slots);
   return tree_.insert(key, slots, options);
 }
 
@@ -95,12 +117,24 @@ void SwaRadixCache::dec_lock_ref(NodeHandle node) {
 
 void SwaRadixCache::cache_finished_req(CacheRequest& req, int64_t kv_len, FinishPolicy policy) {
   const NodeHandle old = req.last_node;
+  require_request(req, kv_len);
+  if (policy == FinishPolicy::kInsert) {
+    const int64_t key_len = kv_len / page_size() * page_size();
+    revive(RadixKey{std::span<const int32_t>(req.tokens).first(static_cast<size_t>(key_len)),
+                    req.extra_key},
+           table().read(req.req_slot, 0, key_len));
+  }
   tree_.cache_finished_req(req, kv_len, policy);
   if (old.has_node()) unlock_window(old.id);
 }
 
 void SwaRadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   const NodeHandle old = req.last_node;
+  require_request(req, fill_len);
+  const int64_t key_len = fill_len / page_size() * page_size();
+  revive(RadixKey{std::span<const int32_t>(req.tokens).first(static_cast<size_t>(key_len)),
+                  req.extra_key},
+         table().read(req.req_slot, 0, key_len));
   tree_.cache_unfinished_req(req, fill_len);
   lock_window(req.last_node);
   if (old.has_node()) unlock_window(old.id);

@@ -78,6 +78,11 @@ class SwaRadixCache final : public PrefixCache {
   /// Records that the tree used `page` now; `rank` orders pages of one use (position).
   void stamp(int32_t page, int64_t rank);
   bool swa_evictable(int32_t page) const;
+  /// Before storing `slots` (the caller's pages, one holder each) under key: revives every tree
+  /// page of the key that lost its window side with the caller's duplicate's window side
+  /// (SwaPages::move_swa), so a request that re-reads the tree's pages (cache_unfinished_req)
+  /// finds its window resident.
+  void revive(const RadixKey& key, std::span<const SlotIndex> slots);
 
   kv::SwaPages* pages_;
   kv::SwaPageRefs refs_;

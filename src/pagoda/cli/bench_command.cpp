@@ -50,6 +50,8 @@ struct BenchOptions {
   int max_running = 48;
   bool no_radix = false;
   bool no_mixed = false;
+  std::string swa_pool = "auto";  ///< --swa-pool auto|on|off
+  int64_t swa_pool_tokens = 0;
   bool json = false;
   std::string cuda_graph = "on";
   std::string dtype = "auto";
@@ -231,6 +233,10 @@ void run_bench(const BenchOptions& o) {
   cfg.page_size = o.page_size;
   cfg.pool_tokens = o.pool_tokens;
   cfg.radix_cache = !o.no_radix;
+  cfg.swa_pool = o.swa_pool == "on"    ? engine::SwaPoolMode::kOn
+                 : o.swa_pool == "off" ? engine::SwaPoolMode::kOff
+                                       : engine::SwaPoolMode::kAuto;
+  cfg.swa_pool_tokens = o.swa_pool_tokens;
   cfg.scheduler.max_running_requests = o.max_running;
   cfg.scheduler.chunk_size = o.chunk_size;
   cfg.scheduler.mixed_batches = !o.no_mixed;
@@ -362,13 +368,16 @@ void run_bench(const BenchOptions& o) {
   const int64_t referenced_after_drain = eng.memory().referenced_pages();
   const int64_t host_drained_pages = eng.memory().drain_host_cache();
   const bool drained_clean = free_after_drain == eng.memory().total_pages() &&
-                             referenced_after_drain == 0 && eng.memory().leaked_host_pages() == 0;
+                             referenced_after_drain == 0 && eng.memory().leaked_host_pages() == 0 &&
+                             eng.memory().swa_free_pages() == eng.memory().swa_total_pages();
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.worker().backend_name()},
       {"kernel_options", kernel_options_json(o.kernels)},
       {"page_size", o.page_size},
       {"pool_tokens", st.pool_tokens},
+      {"swa_pool_pages", st.swa_pages_total},
+      {"swa_peak_pages_per_request", st.scheduler.peak_swa_pages_per_request},
       {"requests", completed},
       {"failed_requests", failed},
       {"wall_s", wall},
@@ -584,6 +593,15 @@ void add_bench_command(CLI::App& app) {
   add_spec_options(cmd, o->spec);
   add_hicache_options(cmd, o->hicache);
   cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
+  cmd->add_option("--swa-pool", o->swa_pool,
+                  "sliding-window layers' KV in their own pool: auto (on for a model with "
+                  "windowed layers unless speculation or hicache is on), on, off (one full pool, "
+                  "the window as a mask)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--swa-pool-tokens", o->swa_pool_tokens,
+                  "SWA pool capacity in tokens (0 = as many as --pool-tokens)")
+      ->capture_default_str();
   cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->callback([o] { run_bench(*o); });

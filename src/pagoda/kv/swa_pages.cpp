@@ -60,6 +60,20 @@ bool SwaPages::attach_swa(std::span<const int32_t> full_pages) {
   return true;
 }
 
+void SwaPages::move_swa(int32_t from, int32_t to) {
+  const int32_t pages[2] = {from, to};
+  require_referenced(pages, "move_swa");
+  PAGODA_REQUIRE(from != to && has_swa(from) && !has_swa(to) &&
+                     full_->refcount(PageId{from}) == 1 && full_->refcount(PageId{to}) == 1 &&
+                     swa_->refcount(PageId{swa_page(from)}) == 1,
+                 kFailedPrecondition,
+                 "SwaPages::move_swa({} -> {}): needs two pages of one holder each, the first "
+                 "with an SWA page and the second without",
+                 from, to);
+  map_[static_cast<size_t>(to)] = map_[static_cast<size_t>(from)];
+  map_[static_cast<size_t>(from)] = 0;
+}
+
 void SwaPages::require_referenced(std::span<const int32_t> full_pages, const char* what) const {
   for (int32_t p : full_pages)
     PAGODA_REQUIRE(p >= 1 && p <= full_->num_pages() && full_->refcount(PageId{p}) > 0,

@@ -52,6 +52,10 @@ class SwaPages {
   /// changed) when the SWA pool has fewer free pages than named. Throws on a page that is not
   /// referenced once, already has an SWA page, or is named twice.
   [[nodiscard]] bool attach_swa(std::span<const int32_t> full_pages);
+  /// Moves the SWA page of full page `from` to full page `to` (which has none): the radix tree
+  /// reviving a tombstone with the window KV of a duplicate page holding the same tokens. Both
+  /// pages must have exactly one holder. Throws (unchanged) otherwise.
+  void move_swa(int32_t from, int32_t to);
   /// Adds a holder to each page named: the full page, and its SWA page when it has one and
   /// `with_swa` (the radix tree retaining what a request inserted).
   void retain(std::span<const int32_t> full_pages, bool with_swa);
