@@ -78,6 +78,14 @@ bool Scheduler::make_room(int64_t tokens) {
   return swa.num_free_pages() >= pages;
 }
 
+std::string Scheduler::pool_capacity() const {
+  const int64_t full = int64_t{allocator_->num_pages()} * page_size_;
+  if (swa_ == nullptr) return fmt::format("the pool holds {} tokens", full);
+  return fmt::format("the pool holds {} tokens and the SWA pool {} (it must hold a prefill chunk "
+                     "plus every running request's window)",
+                     full, int64_t{swa_->swa().num_pages()} * page_size_);
+}
+
 void Scheduler::use_swa(kv::SwaPages& pages, cache::SwaRadixCache* cache, int window_left) {
   PAGODA_CHECK(waiting_.empty() && running_.empty() && chunked_ == nullptr);
   PAGODA_REQUIRE(pages.page_size() == page_size_ && &pages.full() == allocator_ &&
@@ -199,10 +207,8 @@ void Scheduler::prepare_decode_memory(ScheduledStep& step) {
     Req* victim = order.back();
     order.pop_back();
     if (order.empty()) {
-      abort(victim, fmt::format("KV cache exhausted: the request needs {} tokens but the pool "
-                                "holds {} tokens",
-                                victim->kv_len + 1,
-                                int64_t{allocator_->num_pages()} * page_size_));
+      abort(victim, fmt::format("KV cache exhausted: the request needs {} tokens but {}",
+                                victim->kv_len + 1, pool_capacity()));
       step.aborted.push_back(victim);
     } else {
       retract(victim);
@@ -260,9 +266,8 @@ void Scheduler::schedule_prefill(ScheduledStep& step, int64_t reserved_tokens) {
       if (alone) {
         // Nothing else holds memory and it still does not fit: it never will.
         waiting_.pop_front();
-        abort(r, fmt::format("KV cache exhausted: the request needs {} tokens but the pool "
-                             "holds {} tokens",
-                             r->num_tokens(), int64_t{allocator_->num_pages()} * page_size_));
+        abort(r, fmt::format("KV cache exhausted: the request needs {} tokens but {}",
+                             r->num_tokens(), pool_capacity()));
         step.aborted.push_back(r);
         continue;
       }
@@ -433,7 +438,8 @@ void Scheduler::retract(Req* req) {
 }
 
 void Scheduler::abort(Req* req, std::string message) {
-  release_no_insert(req);
+  // A request refused at admission (it alone does not fit) holds no row, lock or pages.
+  if (req->cache.req_slot.valid()) release_no_insert(req);
   req->state = RequestState::kFinished;
   req->out.finish_reason = FinishReason::kError;
   req->out.error = std::move(message);

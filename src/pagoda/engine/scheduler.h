@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "pagoda/attention/forward_mode.h"
@@ -23,8 +24,8 @@
 #include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/kv/page_allocator.h"
-#include "pagoda/kv/swa_pages.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/kv/swa_pages.h"
 
 namespace pagoda::engine {
 
@@ -187,6 +188,8 @@ class Scheduler {
   int64_t reserved_for_running() const;
   int64_t pages_for(int64_t from_len, int64_t to_len) const;
   void update_peak();
+  /// "the pool holds N tokens" (and the SWA pool's size), for the exhaustion errors.
+  std::string pool_capacity() const;
   /// SWA pool: gives the fresh pages among `slots` (new allocations) their SWA pages.
   void attach_swa(std::span<const SlotIndex> slots);
   /// SWA pool: releases the window side of req's private pages below its window.

@@ -209,6 +209,26 @@ TEST(EngineSwa, SpeculativeDecodingOnTheSwaPoolIsRefused) {
   EXPECT_EQ(engine.stats().swa_pages_total, 0);
 }
 
+TEST(EngineSwa, AnExtendLargerThanTheSwaPoolIsAbortedNamingIt) {
+  static SwaModel m(mistral_window_config());
+  EngineConfig cfg;
+  cfg.page_size = 16;
+  cfg.pool_tokens = 1024;
+  cfg.swa_pool_tokens = 64;  // a 100-token prefill (no chunking) needs 7 SWA pages at once
+  cfg.max_context_len = 256;
+  cfg.scheduler.chunk_size = 0;
+  Engine engine(m.model, cfg);
+  const RequestId big = engine.add_request({.prompt = std::vector<int32_t>(100, 5),
+                                            .max_new_tokens = 4});
+  const RequestId small = engine.add_request({.prompt = {1, 2, 3}, .max_new_tokens = 4});
+  engine.run_until_idle();
+  const RequestOutput out = engine.output(big);
+  EXPECT_EQ(out.finish_reason, FinishReason::kError);
+  EXPECT_NE(out.error.find("SWA pool 64"), std::string::npos) << out.error;
+  EXPECT_EQ(engine.output(small).output_ids.size(), 4u) << "the engine kept serving";
+  EXPECT_EQ(engine.memory().leaked_swa_pages(), 0);
+}
+
 /// The measurement of docs/design/engine.md §12 (not run by CI: two 32k-token prefills take
 /// about a minute on two cores; run with --gtest_also_run_disabled_tests): the Gemma-3-1B
 /// attention layout (26 layers, 5 local : 1 global, window 512 tokens, page 16) with tiny
