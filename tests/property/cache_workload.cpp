@@ -1,6 +1,8 @@
 #include "cache_workload.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <random>
 #include <set>
 
 #include <fmt/format.h>
@@ -10,6 +12,15 @@
 #include "pagoda/core/error.h"
 
 namespace pagoda::testing {
+
+uint64_t property_seed() {
+  static const uint64_t seed = []() -> uint64_t {
+    if (const char* env = std::getenv("PAGODA_SEED")) return std::strtoull(env, nullptr, 10);
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) | rd();
+  }();
+  return seed;
+}
 
 struct CacheWorkload::Req {
   cache::CacheRequest cr;

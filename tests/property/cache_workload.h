@@ -27,6 +27,10 @@
 
 namespace pagoda::testing {
 
+/// The property tests' base seed: PAGODA_SEED when set (a replay), else random; the same value
+/// for the whole process (every test prints it).
+uint64_t property_seed();
+
 /// Where the workload's choices come from.
 class ChoiceSource {
  public:

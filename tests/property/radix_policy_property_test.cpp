@@ -20,20 +20,13 @@
 
 #include <fmt/format.h>
 
+#include "cache_workload.h"
+
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::testing {
 namespace {
-
-uint64_t base_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* env = std::getenv("PAGODA_SEED")) return std::strtoull(env, nullptr, 10);
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32) | rd();
-  }();
-  return seed;
-}
 
 struct Case {
   int32_t page_size;
@@ -250,7 +243,7 @@ class RadixPolicyProperty : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RadixPolicyProperty, MillionOperationsKeepPolicyOrderAndAccounting) {
   const Case c = GetParam();
-  const uint64_t seed = base_seed();
+  const uint64_t seed = property_seed();
   std::printf("PAGODA_SEED=%llu (page_size %d, policy %s, %lld ops)\n",
               static_cast<unsigned long long>(seed), c.page_size, c.policy,
               static_cast<long long>(kOpsPerCase));

@@ -92,8 +92,9 @@ RadixCache::RadixCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table,
   table_ = &table;
 }
 
-RadixCache::RadixCache(kv::PageRefs& pages, std::unique_ptr<EvictionPolicy> policy)
-    : PrefixCache(pages), policy_(policy ? std::move(policy) : make_lru_policy()) {
+RadixCache::RadixCache(kv::PageRefs& pages, std::unique_ptr<EvictionPolicy> policy,
+                       kv::ReqToTokenTable* table)
+    : PrefixCache(pages, table), policy_(policy ? std::move(policy) : make_lru_policy()) {
   tree_pages_.assign((static_cast<size_t>(pages.num_pages()) + 64) / 64, 0);
   const int32_t p = pages.page_size();
   page_shift_ = (p & (p - 1)) == 0 ? std::countr_zero(static_cast<uint32_t>(p)) : -1;
@@ -698,6 +699,30 @@ void RadixCache::dec_lock_ref(NodeHandle handle) {
 int32_t RadixCache::lock_ref(NodeHandle handle) const { return require_live(handle)->lock_ref; }
 
 int64_t RadixCache::node_length(NodeHandle handle) const { return require_live(handle)->len; }
+
+int64_t RadixCache::node_depth(NodeHandle handle) const {
+  int64_t depth = 0;
+  for (const PrefixNode* n = require_live(handle); n != root_; n = n->parent) depth += n->len;
+  return depth;
+}
+
+void RadixCache::path_tail_slots(NodeHandle handle, int64_t max_tokens,
+                                 std::vector<SlotIndex>& out) const {
+  PAGODA_REQUIRE(max_tokens >= 0, kInvalidArgument, "path_tail_slots: max_tokens {} < 0",
+                 max_tokens);
+  std::vector<const PrefixNode*> path;  // deepest first, until max_tokens are covered
+  int64_t covered = 0;
+  for (const PrefixNode* n = require_live(handle); n != root_ && covered < max_tokens;
+       n = n->parent) {
+    path.push_back(n);
+    covered += n->len;
+  }
+  size_t filled = 0;
+  for (auto it = path.rbegin(); it != path.rend(); ++it) append_slots(*it, (*it)->len, &out, filled);
+  out.resize(filled);
+  const int64_t skip = std::max<int64_t>(0, covered - max_tokens);
+  out.erase(out.begin(), out.begin() + skip);
+}
 
 int64_t RadixCache::evict(int64_t num_tokens) {
   PAGODA_REQUIRE(num_tokens >= 0, kInvalidArgument, "evict({}) < 0", num_tokens);

@@ -50,9 +50,10 @@ class RadixCache final : public PrefixCache {
   /// to LRU. All three must outlive the cache; the cache never owns pages beyond its references.
   RadixCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table,
              std::unique_ptr<EvictionPolicy> policy = nullptr);
-  /// An empty tree over any page-reference owner and no request table (match / insert / locks /
-  /// evict only; cache_*_req throw kFailedPrecondition).
-  explicit RadixCache(kv::PageRefs& pages, std::unique_ptr<EvictionPolicy> policy = nullptr);
+  /// An empty tree over any page-reference owner and optionally no request table (match /
+  /// insert / locks / evict only; cache_*_req throw kFailedPrecondition without one).
+  explicit RadixCache(kv::PageRefs& pages, std::unique_ptr<EvictionPolicy> policy = nullptr,
+                      kv::ReqToTokenTable* table = nullptr);
   ~RadixCache() override;
 
   std::string_view name() const override { return "radix"; }
@@ -83,6 +84,13 @@ class RadixCache final : public PrefixCache {
   /// Tokens stored in the subtree edge of `node` (its key length; 0 for the root). Throws on a
   /// stale handle.
   int64_t node_length(NodeHandle node) const;
+  /// The slots of the last min(max_tokens, depth) positions of the path root -> `node` (depth =
+  /// the node's end position), in position order, into `out` (overwritten). O(path nodes +
+  /// tokens written). Throws on a stale handle.
+  void path_tail_slots(NodeHandle node, int64_t max_tokens, std::vector<SlotIndex>& out) const;
+  /// The node's end position (tokens from the root to the end of its edge). Throws on a stale
+  /// handle.
+  int64_t node_depth(NodeHandle node) const;
   /// Every evictable leaf in eviction order (policy key, then node id), computed by a walk of the
   /// tree, independently of the internal heap; evict() must take them in this order.
   /// O(nodes log nodes); for tests and tools.

@@ -318,13 +318,16 @@ void run_bench(const BenchOptions& o) {
   const int64_t referenced_after_drain = eng.memory().referenced_pages();
   const int64_t host_drained_pages = eng.memory().drain_host_cache();
   const bool drained_clean = free_after_drain == eng.memory().total_pages() &&
-                             referenced_after_drain == 0 && eng.memory().leaked_host_pages() == 0;
+                             referenced_after_drain == 0 && eng.memory().leaked_host_pages() == 0 &&
+                             eng.memory().swa_free_pages() == eng.memory().swa_total_pages();
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.worker().backend_name()},
       {"kernel_options", kernel_options_json(args.backend.kernels)},
       {"page_size", args.page_size},
       {"pool_tokens", st.pool_tokens},
+      {"swa_pool_pages", st.swa_pages_total},
+      {"swa_peak_pages_per_request", st.scheduler.peak_swa_pages_per_request},
       {"requests", completed},
       {"failed_requests", failed},
       {"wall_s", wall},

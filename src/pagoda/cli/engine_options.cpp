@@ -47,6 +47,15 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                          "disable the radix prefix cache");
   cmd->add_flag_callback("--no-mixed", [&a] { a.mixed_batches = false; },
                          "no mixed extend + decode batches");
+  cmd->add_option("--swa-pool", a.swa_pool,
+                  "sliding-window layers' KV in their own pool: auto (on for a model with "
+                  "windowed layers unless speculation or hicache is on), on, off (one full pool, "
+                  "the window as a mask)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--swa-pool-tokens", a.swa_pool_tokens,
+                  "SWA pool capacity in tokens (0 = as many as --pool-tokens)")
+      ->capture_default_str();
   add_hicache_options(cmd, o.hicache);
 }
 

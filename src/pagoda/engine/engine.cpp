@@ -6,6 +6,7 @@
 
 #include "pagoda/cache/chunk_cache.h"
 #include "pagoda/cache/radix_cache.h"
+#include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/llama_worker.h"
@@ -185,6 +186,17 @@ void EngineConfig::validate() const {
   scheduler.validate(page_size);
   spec.validate();
   hicache.validate();
+  PAGODA_REQUIRE(swa_pool_tokens >= 0, kInvalidArgument, "swa_pool_tokens must be >= 0 (got {})",
+                 swa_pool_tokens);
+  if (swa_pool == SwaPoolMode::kOn) {
+    PAGODA_REQUIRE(spec.mode == SpecMode::kNone, kUnsupported,
+                   "the SWA pool (--swa-pool on) does not support speculative decoding (--spec "
+                   "{}) yet: turn one of them off",
+                   spec_mode_name(spec.mode));
+    PAGODA_REQUIRE(!hicache.enabled(), kUnsupported,
+                   "the SWA pool (--swa-pool on) does not support the hierarchical cache "
+                   "(hicache) yet: turn one of them off");
+  }
   if (hicache.enabled()) {
     PAGODA_REQUIRE(radix_cache, kInvalidArgument,
                    "the hierarchical cache (hicache) needs the radix cache (radix_cache off)");
@@ -233,6 +245,29 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                            max_context_len_);
   kv::PageAllocator& allocator = memory_->allocator();
   kv::ReqToTokenTable& table = memory_->table();
+  int swa_window = -1;  // the largest window of the model's layers (FlashInfer convention)
+  for (int l = 0; l < model.config().num_layers; ++l)
+    swa_window = std::max(swa_window, model.config().window_of(l));
+  bool swa = config.swa_pool == SwaPoolMode::kOn;
+  if (config.swa_pool == SwaPoolMode::kAuto)
+    swa = swa_window >= 0 && config.spec.mode == SpecMode::kNone && !config.hicache.enabled() &&
+          !make_worker && platform_->kind() == platform::PlatformKind::kCpu;
+  if (swa) {
+    PAGODA_REQUIRE(platform_->kind() == platform::PlatformKind::kCpu, kUnsupported,
+                   "the SWA pool (--swa-pool on) runs on the CPU path only (cpu and reference "
+                   "backends) yet: turn it off on the GPU");
+    PAGODA_REQUIRE(swa_window >= 0, kInvalidArgument,
+                   "the SWA pool (--swa-pool on) needs a model with sliding-window layers");
+    PAGODA_REQUIRE(!make_worker, kUnsupported,
+                   "the SWA pool (--swa-pool on) does not run with a custom worker (tensor "
+                   "parallelism) yet: turn one of them off");
+    const int64_t swa_pages =
+        config.swa_pool_tokens > 0 ? config.swa_pool_tokens / config.page_size : num_pages;
+    PAGODA_REQUIRE(swa_pages >= 1 && swa_pages <= num_pages, kInvalidArgument,
+                   "SWA pool of {} tokens: needs 1 to {} pages of {} tokens",
+                   config.swa_pool_tokens, num_pages, config.page_size);
+    memory_->enable_swa(static_cast<int32_t>(swa_pages));
+  }
   PAGODA_REQUIRE(!config.hicache.enabled() || !make_worker, kUnsupported,
                  "the hierarchical cache (hicache) does not support a custom worker (tensor "
                  "parallelism) yet");
@@ -244,7 +279,9 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                .cuda_graph = config.cuda_graph,
                                .max_batch_size = config.scheduler.max_running_requests,
                                .verify_graph_tokens = config.spec.worker_graph_tokens(
-                                   config.scheduler.max_running_requests)};
+                                   config.scheduler.max_running_requests),
+                               .comm = nullptr,
+                               .swa = memory_->swa_pages()};
   if (make_worker) {
     worker_ = make_worker(model, dtype, wc, table);
     PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
@@ -260,12 +297,19 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                               config.hicache);
     hicache = hi.get();
     cache = std::move(hi);
+  } else if (swa && config.radix_cache) {
+    cache = std::make_unique<cache::SwaRadixCache>(*memory_->swa_pages(), &table, swa_window);
+  } else if (swa) {
+    cache = std::make_unique<cache::ChunkCache>(*memory_->swa_refs(), &table);
   } else if (config.radix_cache) {
     cache = std::make_unique<cache::RadixCache>(allocator, table);
   } else {
     cache = std::make_unique<cache::ChunkCache>(allocator, table);
   }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, allocator, table, *cache);
+  if (swa)
+    scheduler_->use_swa(*memory_->swa_pages(),
+                        dynamic_cast<cache::SwaRadixCache*>(cache.get()), swa_window);
   memory_->set_cache(std::move(cache), hicache,
                      EngineMemory::Owners{
                          .live_requests = [this] {
@@ -279,7 +323,9 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                            int64_t live = 0;
                            for (const auto& [id, r] : reqs_) live += r->cache.req_slot.valid();
                            return live;
-                         }});
+                         },
+                         .request_private_swa_pages =
+                             [this] { return scheduler_->request_private_swa_pages(); }});
   if (config.spec.mode != SpecMode::kNone) {
     // With tensor parallelism the target runs sharded through the factory's worker; a draft
     // model or EAGLE head runs whole on this process's platform.
@@ -318,6 +364,8 @@ RequestId Engine::add_request(GenerateRequest request) {
 RequestId EngineTransfer::add_request(GenerateRequest request) {
   PAGODA_REQUIRE(engine_.config_.spec.mode == SpecMode::kNone, kUnsupported,
                  "a transferred (disaggregated) request needs speculative decoding off");
+  PAGODA_REQUIRE(engine_.memory_->swa_pages() == nullptr, kUnsupported,
+                 "a transferred (disaggregated) request needs the SWA pool off (--swa-pool off)");
   return engine_.create_request(std::move(request)).id;
 }
 
@@ -330,6 +378,9 @@ bool EngineTransfer::preallocate(RequestId id) {
 
 std::vector<PageId> EngineTransfer::prompt_pages(RequestId id) const {
   const Req& r = find_req(engine_.reqs_, id);
+  PAGODA_REQUIRE(engine_.memory_->swa_pages() == nullptr, kUnsupported,
+                 "the prompt KV of a model on the SWA pool cannot be transferred yet (its window "
+                 "layers are in the second pool): run with --swa-pool off");
   PAGODA_REQUIRE(r.cache.req_slot.valid() && r.kv_len >= r.prompt_len, kFailedPrecondition,
                  "request {} holds no prompt KV", id);
   const auto row = engine_.memory_->table().row(r.cache.req_slot);
@@ -536,6 +587,8 @@ EngineStats Engine::stats() const {
   s.pages_total = memory_->total_pages();
   s.pages_free = memory_->free_pages();
   s.pages_cached = cache.total_size() / config_.page_size;
+  s.swa_pages_total = memory_->swa_total_pages();
+  s.swa_pages_free = memory_->swa_free_pages();
   if (memory_->hicache() != nullptr) {
     s.hicache = true;
     s.tier = memory_->hicache()->tier_stats();

@@ -48,6 +48,15 @@
 
 namespace pagoda::engine {
 
+/// Whether the window layers keep their KV in the sliding-window pool (docs/design/engine.md
+/// §SWA).
+enum class SwaPoolMode : uint8_t {
+  kAuto,  ///< on for a model with windowed layers on the CPU path unless speculation, hicache
+          ///< or a custom worker (tensor parallelism) is asked for (then off)
+  kOn,    ///< on; refuses a model without windowed layers, the GPU and those combinations
+  kOff,   ///< the full pool for every layer, the window as a mask
+};
+
 struct EngineConfig {
   int32_t page_size = 16;
   /// KV pool capacity in tokens (rounded down to whole pages; page 0 is extra).
@@ -79,6 +88,10 @@ struct EngineConfig {
   /// the radix cache, the default worker (no tensor parallelism) and no draft model or EAGLE
   /// head (their KV pools would miss the pages loaded back).
   tier::HiCacheConfig hicache{};
+  SwaPoolMode swa_pool = SwaPoolMode::kAuto;
+  /// SWA pool capacity in tokens (whole pages); 0 = as many as pool_tokens. It must hold the
+  /// largest extend (a prefill chunk) plus every running request's window.
+  int64_t swa_pool_tokens = 0;
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
   /// scheduler limits, speculation, kernel options), Error(kUnsupported) for a backend name this
@@ -127,6 +140,8 @@ struct EngineStats {
   int64_t pages_total = 0;       ///< usable KV pages
   int64_t pages_free = 0;        ///< pages on the free list
   int64_t pages_cached = 0;      ///< pages held by the prefix cache (evictable or locked)
+  int64_t swa_pages_total = 0;   ///< SWA pool pages (0: the window layers use the full pool)
+  int64_t swa_pages_free = 0;
   bool hicache = false;          ///< the hierarchical cache is on (tier below)
   tier::TierStats tier;          ///< hits per tier, copies, host pool (hicache only)
   /// Reused prompt tokens / prompt tokens requested at admission.

@@ -33,11 +33,19 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
                  "--max-prefill-tokens must be >= 1 (got {})", a.max_prefill_tokens);
   PAGODA_REQUIRE(a.max_context_len >= 0, kInvalidArgument,
                  "--max-context-len must be >= 0 (got {})", a.max_context_len);
+  PAGODA_REQUIRE(a.swa_pool == "auto" || a.swa_pool == "on" || a.swa_pool == "off",
+                 kInvalidArgument, "--swa-pool must be auto, on or off (got '{}')", a.swa_pool);
+  PAGODA_REQUIRE(a.swa_pool_tokens >= 0, kInvalidArgument,
+                 "--swa-pool-tokens must be >= 0 (got {})", a.swa_pool_tokens);
   EngineConfig cfg;
   cfg.page_size = a.page_size;
   cfg.pool_tokens = a.pool_tokens;
   cfg.max_context_len = a.max_context_len;
   cfg.radix_cache = a.radix_cache;
+  cfg.swa_pool = a.swa_pool == "on"    ? SwaPoolMode::kOn
+                 : a.swa_pool == "off" ? SwaPoolMode::kOff
+                                       : SwaPoolMode::kAuto;
+  cfg.swa_pool_tokens = a.swa_pool_tokens;
   cfg.cuda_graph = a.cuda_graph;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");

@@ -36,6 +36,8 @@ struct EngineArgs {
   bool radix_cache = true;         ///< --no-radix turns it off
   bool mixed_batches = true;       ///< --no-mixed turns it off
   int32_t max_context_len = 0;     ///< --max-context-len (0 = the model's)
+  std::string swa_pool = "auto";   ///< --swa-pool: auto | on | off (engine.md §13)
+  int64_t swa_pool_tokens = 0;     ///< --swa-pool-tokens (0 = as many as --pool-tokens)
   tier::HiCacheConfig hicache{};   ///< --hicache-* (cli/hicache_options.h parses them)
 };
 

@@ -1,5 +1,7 @@
 #include "pagoda/engine/memory.h"
 
+#include "pagoda/cache/swa_radix_cache.h"
+
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 
@@ -17,6 +19,20 @@ EngineMemory::EngineMemory(int32_t num_pages, int32_t page_size, int32_t max_req
       table_(std::make_unique<kv::ReqToTokenTable>(max_reqs, max_context_len)) {}
 
 EngineMemory::~EngineMemory() { reset_cache(); }
+
+void EngineMemory::enable_swa(int32_t swa_pages) {
+  PAGODA_CHECK(cache_ == nullptr && swa_ == nullptr);
+  swa_ = std::make_unique<kv::PageAllocator>(swa_pages, allocator_->page_size());
+  swa_pages_ = std::make_unique<kv::SwaPages>(*allocator_, *swa_);
+  swa_refs_ = std::make_unique<kv::SwaPageRefs>(*swa_pages_);
+}
+
+int64_t EngineMemory::leaked_swa_pages() const {
+  if (swa_ == nullptr) return 0;
+  const auto* tree = dynamic_cast<const cache::SwaRadixCache*>(cache_.get());
+  const int64_t tree_pages = tree != nullptr ? tree->swa_tree_pages() : 0;
+  return unowned_page_references(*swa_, tree_pages + owners_.request_private_swa_pages());
+}
 
 void EngineMemory::set_cache(std::unique_ptr<cache::PrefixCache> cache, tier::HiCache* hicache,
                              Owners owners) {
@@ -78,6 +94,11 @@ void EngineMemory::check_integrity() const {
   table_->check_integrity();
   cache_->check_integrity();
   PAGODA_CHECK_EQ(leaked_pages(), 0);
+  if (swa_pages_ != nullptr) {
+    swa_pages_->check_integrity();
+    swa_pages_->check_holders_share();
+    PAGODA_CHECK_EQ(leaked_swa_pages(), 0);
+  }
   PAGODA_CHECK_EQ(leaked_host_pages(), 0);
   PAGODA_CHECK_EQ(leaked_rows(), 0);
   PAGODA_CHECK(idle_pages_accounted());

@@ -13,6 +13,7 @@
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/kv/swa_pages.h"
 #include "pagoda/tier/hicache.h"
 
 namespace pagoda::engine {
@@ -30,6 +31,8 @@ class EngineMemory {
     std::function<int64_t()> live_requests;
     std::function<int64_t()> request_private_pages;
     std::function<int64_t()> live_rows;
+    /// SWA pool only: the SWA pages requests hold privately (Scheduler::request_private_swa_pages).
+    std::function<int64_t()> request_private_swa_pages;
   };
 
   /// An allocator of `num_pages` pages of `page_size` tokens and a table of `max_reqs` rows of
@@ -45,6 +48,20 @@ class EngineMemory {
   void set_cache(std::unique_ptr<cache::PrefixCache> cache, tier::HiCache* hicache, Owners owners);
   /// Drops the cache first (the hierarchical cache finishes its copies into the worker's pool).
   void reset_cache();
+
+  /// Adds the sliding-window pool (docs/design/engine.md §SWA): an allocator of `swa_pages`
+  /// pages joined to allocator() by a kv::SwaPages. Before the cache and any allocation.
+  void enable_swa(int32_t swa_pages);
+  /// The SWA pool's pages map and its PageRefs view, or nullptr without one.
+  kv::SwaPages* swa_pages() const { return swa_pages_.get(); }
+  kv::SwaPageRefs* swa_refs() const { return swa_refs_.get(); }
+  /// SWA pages with a reference nobody the engine knows of holds: Σ SWA refcount − the tree's
+  /// pages that kept their window side − request-private SWA pages (0 unless a bug, or without
+  /// an SWA pool). O(pages).
+  int64_t leaked_swa_pages() const;
+  /// Free / all pages of the SWA pool (0 / 0 without one).
+  int64_t swa_free_pages() const { return swa_ ? swa_->num_free_pages() : 0; }
+  int64_t swa_total_pages() const { return swa_ ? swa_->num_pages() : 0; }
 
   kv::PageAllocator& allocator() { return *allocator_; }
   kv::ReqToTokenTable& table() { return *table_; }
@@ -83,6 +100,9 @@ class EngineMemory {
  private:
   std::unique_ptr<kv::PageAllocator> allocator_;
   std::unique_ptr<kv::ReqToTokenTable> table_;
+  std::unique_ptr<kv::PageAllocator> swa_;
+  std::unique_ptr<kv::SwaPages> swa_pages_;
+  std::unique_ptr<kv::SwaPageRefs> swa_refs_;
   std::unique_ptr<cache::PrefixCache> cache_;
   tier::HiCache* hicache_ = nullptr;  ///< cache_ when the hierarchical cache is on
   Owners owners_;

@@ -87,6 +87,9 @@ struct Req {
   /// Tokens whose K/V is in the pool (positions [0, kv_len) of the row). The last sampled token
   /// has no K/V yet, so kv_len == tokens.size() - 1 while decoding.
   int64_t kv_len = 0;
+  /// SWA pool: the leading pages of the row whose window side the request released already
+  /// (0 after a retraction).
+  int64_t swa_released_pages = 0;
   bool admitted_once = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   model::LogitProcessing logit_processing;  ///< validated at add_request

@@ -64,9 +64,77 @@ int64_t Scheduler::decode_need_tokens(const std::vector<Req*>& reqs) const {
 
 bool Scheduler::make_room(int64_t tokens) {
   const int64_t avail = allocator_->available_size();
-  if (avail >= tokens) return true;
-  cache_->evict(tokens - avail);
-  return allocator_->available_size() >= tokens;
+  if (avail < tokens) cache_->evict(tokens - avail);
+  if (allocator_->available_size() < tokens) return false;
+  if (swa_ == nullptr) return true;
+  // The SWA pool: the cache's window sides first (tombstones), then whole leaves.
+  const int64_t pages = (tokens + page_size_ - 1) / page_size_;
+  kv::PageAllocator& swa = swa_->swa();
+  if (swa.num_free_pages() < pages && swa_cache_ != nullptr)
+    swa_cache_->evict_swa(pages - swa.num_free_pages());
+  while (swa.num_free_pages() < pages &&
+         cache_->evict((pages - swa.num_free_pages()) * page_size_) > 0) {
+  }
+  return swa.num_free_pages() >= pages;
+}
+
+std::string Scheduler::pool_capacity() const {
+  const int64_t full = int64_t{allocator_->num_pages()} * page_size_;
+  if (swa_ == nullptr) return fmt::format("the pool holds {} tokens", full);
+  return fmt::format("the pool holds {} tokens and the SWA pool {} (it must hold a prefill chunk "
+                     "plus every running request's window)",
+                     full, int64_t{swa_->swa().num_pages()} * page_size_);
+}
+
+void Scheduler::use_swa(kv::SwaPages& pages, cache::SwaRadixCache* cache, int window_left) {
+  PAGODA_CHECK(waiting_.empty() && running_.empty() && chunked_ == nullptr);
+  PAGODA_REQUIRE(pages.page_size() == page_size_ && &pages.full() == allocator_ &&
+                     window_left >= 0,
+                 kInvalidArgument, "use_swa: pages over another pool or window_left {} < 0",
+                 window_left);
+  swa_ = &pages;
+  swa_cache_ = cache;
+  swa_window_ = window_left;
+}
+
+void Scheduler::attach_swa(std::span<const SlotIndex> slots) {
+  if (swa_ == nullptr) return;
+  std::vector<int32_t> fresh;
+  for (SlotIndex s : slots)
+    if (s % page_size_ == 0) fresh.push_back(s / page_size_);
+  const bool ok = swa_->attach_swa(fresh);
+  PAGODA_CHECK(ok, "no SWA pages after make_room");
+}
+
+void Scheduler::release_swa(Req* req) {
+  if (swa_ == nullptr) return;
+  const int64_t dead = kv::SwaPages::swa_dead_pages(req->kv_len, swa_window_, page_size_);
+  const int64_t from =
+      std::max(req->swa_released_pages, req->cache.cache_protected_len / page_size_);
+  if (from < dead) {
+    const auto row = table_->read(req->cache.req_slot, from * page_size_, (dead - from) * page_size_);
+    std::vector<int32_t> pages;
+    for (int64_t k = 0; k < dead - from; ++k)
+      pages.push_back(row[static_cast<size_t>(k * page_size_)] / page_size_);
+    swa_->release_swa(pages);
+    stats_.swa_released_pages += dead - from;
+  }
+  req->swa_released_pages = std::max(req->swa_released_pages, dead);
+  const int64_t held =
+      pages_for(0, req->kv_len) - std::max(req->swa_released_pages,
+                                           req->cache.cache_protected_len / page_size_);
+  stats_.peak_swa_pages_per_request = std::max(stats_.peak_swa_pages_per_request, held);
+}
+
+int64_t Scheduler::request_private_swa_pages() const {
+  int64_t pages = 0;
+  if (swa_ == nullptr) return 0;
+  for_each_active([&](const Req* r) {
+    const auto row = table_->row(r->cache.req_slot);
+    for (int64_t k = r->cache.cache_protected_len / page_size_; k < pages_for(0, r->kv_len); ++k)
+      pages += swa_->has_swa(row[static_cast<size_t>(k * page_size_)] / page_size_);
+  });
+  return pages;
 }
 
 int64_t Scheduler::reserved_for_running() const {
@@ -139,10 +207,8 @@ void Scheduler::prepare_decode_memory(ScheduledStep& step) {
     Req* victim = order.back();
     order.pop_back();
     if (order.empty()) {
-      abort(victim, fmt::format("KV cache exhausted: the request needs {} tokens but the pool "
-                                "holds {} tokens",
-                                victim->kv_len + 1,
-                                int64_t{allocator_->num_pages()} * page_size_));
+      abort(victim, fmt::format("KV cache exhausted: the request needs {} tokens but {}",
+                                victim->kv_len + 1, pool_capacity()));
       step.aborted.push_back(victim);
     } else {
       retract(victim);
@@ -200,9 +266,8 @@ void Scheduler::schedule_prefill(ScheduledStep& step, int64_t reserved_tokens) {
       if (alone) {
         // Nothing else holds memory and it still does not fit: it never will.
         waiting_.pop_front();
-        abort(r, fmt::format("KV cache exhausted: the request needs {} tokens but the pool "
-                             "holds {} tokens",
-                             r->num_tokens(), int64_t{allocator_->num_pages()} * page_size_));
+        abort(r, fmt::format("KV cache exhausted: the request needs {} tokens but {}",
+                             r->num_tokens(), pool_capacity()));
         step.aborted.push_back(r);
         continue;
       }
@@ -244,6 +309,12 @@ bool Scheduler::add_extend(Req* req, int64_t& budget, int64_t reserved_tokens,
                             new_token_ratio_));
   const int64_t capacity = allocator_->available_size() + cache_->evictable_size();
   if (!alone && hard + reserved_tokens + future > capacity) return undo();
+  if (swa_ != nullptr && !alone) {
+    // The SWA pool: this extend's pages and the next page of every running request's window.
+    const int64_t swa_capacity = swa_->swa().num_free_pages() +
+                                 (swa_cache_ != nullptr ? swa_cache_->swa_evictable_pages() : 0);
+    if (hard / page_size_ + static_cast<int64_t>(running_.size()) > swa_capacity) return undo();
+  }
   if (!make_room(hard)) return undo();
   if (is_new) {
     const auto row = table_->alloc();
@@ -258,6 +329,7 @@ bool Scheduler::add_extend(Req* req, int64_t& budget, int64_t reserved_tokens,
   auto slots = allocator_->alloc_extend(std::span(&pre, 1), std::span(&seq, 1),
                                         std::span(&last_loc, 1));
   PAGODA_CHECK(slots.has_value(), "alloc_extend failed after make_room({})", hard);
+  attach_swa(*slots);
   table_->write(row, prefix_len, *slots);
   step.out_cache_loc.insert(step.out_cache_loc.end(), slots->begin(), slots->end());
   step.seqs.push_back(ScheduledSeq{.req = req,
@@ -292,6 +364,7 @@ void Scheduler::alloc_decode(ScheduledStep& step) {
   }
   auto slots = allocator_->alloc_decode(seq_lens, last_loc);
   PAGODA_CHECK(slots.has_value(), "alloc_decode failed after prepare_decode_memory");
+  attach_swa(*slots);
   for (size_t i = 0; i < running_.size(); ++i) {
     Req* r = running_[i];
     table_->write(r->cache.req_slot, r->kv_len, std::span(&(*slots)[i], 1));
@@ -305,6 +378,7 @@ void Scheduler::alloc_decode(ScheduledStep& step) {
 void Scheduler::complete_extend(const ScheduledSeq& seq) {
   Req* req = seq.req;
   req->kv_len = seq.prefix_len + seq.num_tokens;
+  release_swa(req);  // before the chunk is cached: dead pages go in as tombstones
   if (!seq.completes_fill) {
     cache_->cache_unfinished_req(req->cache, req->kv_len);
     chunked_ = req;
@@ -319,6 +393,7 @@ void Scheduler::complete_extend(const ScheduledSeq& seq) {
 void Scheduler::complete_decode(Req* req, int64_t n) {
   PAGODA_CHECK_GE(n, 1);
   req->kv_len += n;
+  release_swa(req);
   if (n > 1) update_peak();  // a speculative round's kept tokens
 }
 
@@ -351,6 +426,7 @@ void Scheduler::release_no_insert(Req* req) {
   table_->free(req->cache.req_slot);
   req->cache.req_slot = ReqSlot{};
   req->kv_len = 0;
+  req->swa_released_pages = 0;
 }
 
 void Scheduler::retract(Req* req) {
@@ -362,7 +438,8 @@ void Scheduler::retract(Req* req) {
 }
 
 void Scheduler::abort(Req* req, std::string message) {
-  release_no_insert(req);
+  // A request refused at admission (it alone does not fit) holds no row, lock or pages.
+  if (req->cache.req_slot.valid()) release_no_insert(req);
   req->state = RequestState::kFinished;
   req->out.finish_reason = FinishReason::kError;
   req->out.error = std::move(message);
@@ -374,10 +451,7 @@ int64_t Scheduler::request_private_pages() const {
   auto count = [&](const Req* r) {
     pages += pages_for(0, r->kv_len) - r->cache.cache_protected_len / page_size_;
   };
-  for (const Req* r : running_) count(r);
-  for (const Req* r : transferring_) count(r);
-  for (const Req* r : held_) count(r);
-  if (chunked_ != nullptr) count(chunked_);
+  for_each_active(count);
   return pages;
 }
 
@@ -409,6 +483,7 @@ bool Scheduler::preallocate(Req* req) {
   auto slots = allocator_->alloc_extend(std::span(&pre, 1), std::span(&seq, 1),
                                         std::span(&last_loc, 1));
   PAGODA_CHECK(slots.has_value(), "alloc_extend failed after make_room({})", hard);
+  attach_swa(*slots);
   table_->write(*row, prefix, *slots);
   req->kv_len = len;
   req->state = RequestState::kPrefilling;

@@ -16,13 +16,16 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 #include "pagoda/attention/forward_mode.h"
 #include "pagoda/cache/prefix_cache.h"
+#include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/kv/swa_pages.h"
 
 namespace pagoda::engine {
 
@@ -81,6 +84,10 @@ struct SchedulerStats {
   int64_t retractions = 0;
   int64_t aborted = 0;
   int64_t peak_used_tokens = 0;  ///< max over steps of pool tokens not free and not evictable
+  /// SWA pool: the most SWA pages one request held privately after a step's releases (its
+  /// window plus the partial page; docs/design/engine.md §SWA).
+  int64_t peak_swa_pages_per_request = 0;
+  int64_t swa_released_pages = 0;  ///< window sides released by running requests
 };
 
 class Scheduler {
@@ -89,6 +96,16 @@ class Scheduler {
   /// max_context_len bounds a request's tokens. Throws kInvalidArgument on a bad config.
   Scheduler(const SchedulerConfig& config, kv::PageAllocator& allocator,
             kv::ReqToTokenTable& table, cache::PrefixCache& cache);
+
+  /// Puts the window layers on the SWA pool (docs/design/engine.md §SWA): every page the
+  /// scheduler allocates gets its SWA page (make_room evicts both pools: the cache's window
+  /// sides first, then whole leaves), and after every step a request releases the window side
+  /// of its private pages no later query reads (window_left: the model's largest window).
+  /// `cache` is the window-aware radix cache, or nullptr (no prefix cache). Before any request.
+  void use_swa(kv::SwaPages& pages, cache::SwaRadixCache* cache, int window_left);
+  /// SWA pages privately held by active requests (their private pages that kept the window
+  /// side).
+  int64_t request_private_swa_pages() const;
 
   const SchedulerConfig& config() const { return config_; }
   /// Appends a new request (state kWaiting) to the waiting queue.
@@ -171,11 +188,28 @@ class Scheduler {
   int64_t reserved_for_running() const;
   int64_t pages_for(int64_t from_len, int64_t to_len) const;
   void update_peak();
+  /// "the pool holds N tokens" (and the SWA pool's size), for the exhaustion errors.
+  std::string pool_capacity() const;
+  /// SWA pool: gives the fresh pages among `slots` (new allocations) their SWA pages.
+  void attach_swa(std::span<const SlotIndex> slots);
+  /// SWA pool: releases the window side of req's private pages below its window.
+  void release_swa(Req* req);
+  /// Calls f(req) for every active request (running, transferring, held, chunked).
+  template <typename F>
+  void for_each_active(F&& f) const {
+    for (const Req* r : running_) f(r);
+    for (const Req* r : transferring_) f(r);
+    for (const Req* r : held_) f(r);
+    if (chunked_ != nullptr) f(chunked_);
+  }
 
   SchedulerConfig config_;
   kv::PageAllocator* allocator_;
   kv::ReqToTokenTable* table_;
   cache::PrefixCache* cache_;
+  kv::SwaPages* swa_ = nullptr;            ///< the SWA pool (use_swa), else null
+  cache::SwaRadixCache* swa_cache_ = nullptr;
+  int swa_window_ = 0;
   int32_t page_size_;
   std::deque<Req*> waiting_;
   std::vector<Req*> running_;  ///< decoding requests, in admission order

@@ -45,6 +45,35 @@ std::optional<std::vector<int32_t>> SwaPages::alloc_pages(int32_t num_pages) {
   return pages;
 }
 
+bool SwaPages::attach_swa(std::span<const int32_t> full_pages) {
+  full_->require_held_pages(runs_of(full_pages));  // rejects a page named twice
+  for (int32_t p : full_pages)
+    PAGODA_REQUIRE(full_->refcount(PageId{p}) == 1 && !has_swa(p), kFailedPrecondition,
+                   "SwaPages::attach_swa: full page {} has {} holders{}", p,
+                   full_->refcount(PageId{p}), has_swa(p) ? " and an SWA page already" : "");
+  const auto n = static_cast<int64_t>(full_pages.size());
+  if (swa_->num_free_pages() < n) return false;
+  std::optional<std::vector<SlotIndex>> s = swa_->alloc(n * page_size());
+  PAGODA_CHECK(s.has_value());
+  for (size_t i = 0; i < full_pages.size(); ++i)
+    map_[static_cast<size_t>(full_pages[i])] = (*s)[i * static_cast<size_t>(page_size())] / page_size();
+  return true;
+}
+
+void SwaPages::move_swa(int32_t from, int32_t to) {
+  const int32_t pages[2] = {from, to};
+  require_referenced(pages, "move_swa");
+  PAGODA_REQUIRE(from != to && has_swa(from) && !has_swa(to) &&
+                     full_->refcount(PageId{from}) == 1 && full_->refcount(PageId{to}) == 1 &&
+                     swa_->refcount(PageId{swa_page(from)}) == 1,
+                 kFailedPrecondition,
+                 "SwaPages::move_swa({} -> {}): needs two pages of one holder each, the first "
+                 "with an SWA page and the second without",
+                 from, to);
+  map_[static_cast<size_t>(to)] = map_[static_cast<size_t>(from)];
+  map_[static_cast<size_t>(from)] = 0;
+}
+
 void SwaPages::require_referenced(std::span<const int32_t> full_pages, const char* what) const {
   for (int32_t p : full_pages)
     PAGODA_REQUIRE(p >= 1 && p <= full_->num_pages() && full_->refcount(PageId{p}) > 0,
@@ -124,6 +153,14 @@ int64_t SwaPages::swa_live_pages_bound(int window_left, int32_t page_size) {
   return (int64_t{window_left} + page_size) / page_size + 1;
 }
 
+void SwaPages::check_holders_share() const {
+  for (int32_t p = 1; p <= full_->num_pages(); ++p)
+    if (has_swa(p))
+      PAGODA_CHECK(swa_->refcount(PageId{swa_page(p)}) == full_->refcount(PageId{p}),
+                   "full page {} has {} holders but its SWA page {}", p,
+                   full_->refcount(PageId{p}), swa_->refcount(PageId{swa_page(p)}));
+}
+
 void SwaPages::check_integrity() const {
   full_->check_integrity();
   swa_->check_integrity();
@@ -140,6 +177,48 @@ void SwaPages::check_integrity() const {
     ++mapped;
   }
   PAGODA_CHECK(mapped == swa_->num_referenced_pages());
+}
+
+}  // namespace pagoda::kv
+
+namespace pagoda::kv {
+
+std::vector<PageRun> SwaPageRefs::page_runs(std::span<const SlotIndex> slots) const {
+  pages_->full().require_held_runs(slots);  // each page named once, by a run from its start
+  std::vector<PageRun> runs;
+  for (SlotIndex s : slots)
+    if (s % page_size() == 0) runs.push_back(PageRun{.first = s / page_size(), .count = 1});
+  return runs;
+}
+
+void SwaPageRefs::split(std::span<const PageRun> runs) {
+  with_.clear();
+  without_.clear();
+  for (const PageRun& r : runs)
+    for (int32_t p = r.first; p < r.first + r.count; ++p)
+      (pages_->has_swa(p) ? with_ : without_).push_back(p);
+}
+
+void SwaPageRefs::retain_pages(std::span<const PageRun> runs) {
+  pages_->full().require_held_pages(runs);  // before has_swa reads a page id
+  split(runs);
+  pages_->retain(with_, true);
+  pages_->retain(without_, false);
+}
+
+void SwaPageRefs::free_pages(std::span<const PageRun> runs) {
+  pages_->full().require_held_pages(runs);
+  split(runs);
+  pages_->free(with_, true);
+  pages_->free(without_, false);
+}
+
+void SwaPageRefs::retain(std::span<const SlotIndex> slots) {
+  retain_pages(page_runs(slots));
+}
+
+void SwaPageRefs::free(std::span<const SlotIndex> slots) {
+  free_pages(page_runs(slots));
 }
 
 }  // namespace pagoda::kv

@@ -47,6 +47,15 @@ class SwaPages {
   /// Takes `num_pages` full pages and one SWA page for each (refcount 1 on both sides); returns
   /// the full page ids, or an empty optional (nothing changed) when either pool is short.
   std::optional<std::vector<int32_t>> alloc_pages(int32_t num_pages);
+  /// Gives each named full page (referenced by one holder, without an SWA page; e.g. just taken
+  /// by PageAllocator::alloc_extend) an SWA page held by that holder. Returns false (nothing
+  /// changed) when the SWA pool has fewer free pages than named. Throws on a page that is not
+  /// referenced once, already has an SWA page, or is named twice.
+  [[nodiscard]] bool attach_swa(std::span<const int32_t> full_pages);
+  /// Moves the SWA page of full page `from` to full page `to` (which has none): the radix tree
+  /// reviving a tombstone with the window KV of a duplicate page holding the same tokens. Both
+  /// pages must have exactly one holder. Throws (unchanged) otherwise.
+  void move_swa(int32_t from, int32_t to);
   /// Adds a holder to each page named: the full page, and its SWA page when it has one and
   /// `with_swa` (the radix tree retaining what a request inserted).
   void retain(std::span<const int32_t> full_pages, bool with_swa);
@@ -72,6 +81,9 @@ class SwaPages {
   /// ceil((window_left + 1) / P) + 1 (a window straddles one more page than it fills).
   static int64_t swa_live_pages_bound(int window_left, int32_t page_size);
 
+  /// Aborts (PAGODA_CHECK) unless every SWA page's holders are exactly its full page's (the
+  /// SwaPageRefs rule: a page's SWA refcount is 0 or its full refcount). O(num_pages).
+  void check_holders_share() const;
   /// Aborts (PAGODA_CHECK) when the map and the two allocators disagree: every full page with
   /// an SWA page is referenced, SWA pages are referenced, no SWA page is mapped twice, and the
   /// mapped SWA pages are exactly the referenced ones. O(num_pages).
@@ -85,6 +97,42 @@ class SwaPages {
   PageAllocator* full_;
   PageAllocator* swa_;
   std::vector<int32_t> map_;  ///< full page -> SWA page (0 = none), size full.num_pages() + 1
+};
+
+/// The PageRefs view of a SwaPages under one rule: every holder of a full page also holds its SWA
+/// page while it has one (a page's SWA refcount is 0 or equal to its full refcount). retain()
+/// adds a holder to both sides (the SWA side when present); free() drops one from both. A holder
+/// that lets a page's window side go (SwaPages::release_swa) must be its only holder, which the
+/// engine guarantees: a request releases only its private pages, the radix tree only pages it
+/// alone holds. Lets a RadixCache (which knows one pool) keep both pools consistent.
+class SwaPageRefs final : public PageRefs {
+ public:
+  explicit SwaPageRefs(SwaPages& pages) : pages_(&pages) {}
+  SwaPages& pages() const { return *pages_; }
+
+  int32_t page_size() const override { return pages_->page_size(); }
+  int32_t num_pages() const override { return pages_->full().num_pages(); }
+  int32_t refcount(PageId page) const override { return pages_->full().refcount(page); }
+  void retain(std::span<const SlotIndex> slots) override;
+  void free(std::span<const SlotIndex> slots) override;
+  void require_held_runs(std::span<const SlotIndex> slots) const override {
+    pages_->full().require_held_runs(slots);
+  }
+  void retain_pages(std::span<const PageRun> runs) override;
+  void free_pages(std::span<const PageRun> runs) override;
+  void require_held_pages(std::span<const PageRun> runs) const override {
+    pages_->full().require_held_pages(runs);
+  }
+
+ private:
+  /// The pages named by slot runs (validated as PageAllocator::free would).
+  std::vector<PageRun> page_runs(std::span<const SlotIndex> slots) const;
+  /// Splits the distinct pages of `runs` into those with and without an SWA page.
+  void split(std::span<const PageRun> runs);
+
+  SwaPages* pages_;
+  std::vector<int32_t> with_;
+  std::vector<int32_t> without_;
 };
 
 }  // namespace pagoda::kv

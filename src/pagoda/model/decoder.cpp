@@ -225,7 +225,7 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
 
 void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
                       attention::AttentionBackend& backend, int64_t t, int64_t rows,
-                      const HiddenCapture* capture) const {
+                      const HiddenCapture* capture, const WindowSide* window) const {
   PAGODA_REQUIRE(t <= a.tokens && rows <= a.rows, kInvalidArgument,
                  "activations hold {} tokens / {} rows, forward needs {} / {}", a.tokens, a.rows,
                  t, rows);
@@ -278,8 +278,9 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
         ops.rms_norm_groups(qkv, t, qkv_w, hq, d, w.q_norm, eps);
         ops.rms_norm_groups(qkv + int64_t{hq} * d * es, t, qkv_w, hkv, d, w.k_norm, eps);
       }
+      const bool on_swa = window != nullptr && c.window_of(l) >= 0;
       bool stored = false;
-      if (!stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
+      if (!on_swa && !stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
           kv_pool_->v_scale(LayerId{l}) == 1.f) {
         KvStore st = stores_[static_cast<size_t>(l)];
         st.out_cache_loc = a.cache_loc();
@@ -290,8 +291,10 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
         ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), a.k.get(),
                      a.v.get(), t, hq, hkv, d);
       if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
-      backend.forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)], batch, o_view,
-                      stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
+      (on_swa ? *window->backend : backend)
+          .forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)],
+                   on_swa ? *window->batch : batch, o_view,
+                   stored ? attention::SaveKv::kNo : attention::SaveKv::kYes);
       ops.linear(a.attn.get(), w.o_proj, a.x.get(), t, hd, static_cast<int64_t>(hq) * d);
     }
     reduce_x();

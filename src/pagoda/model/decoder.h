@@ -78,6 +78,12 @@ struct HiddenCapture {
   float* dst = nullptr;
 };
 
+/// The window layers' side of a step on the SWA pool: their backend and batch.
+struct WindowSide {
+  attention::AttentionBackend* backend = nullptr;
+  const attention::ForwardBatch* batch = nullptr;
+};
+
 class Decoder {
  public:
   /// Uploads the weights of `model` through `ops` (converted to ops.dtype()). With `kv_pool`
@@ -114,9 +120,11 @@ class Decoder {
   /// a.logit_rows(). The backend must have planned `batch` (init_forward_metadata or a graph
   /// replay plan). Never synchronizes.
   /// With `capture`, also copies the requested layer outputs (layers in [0, num_layers)).
+  /// With `window` (the SWA pool, llama_worker.h), layers with a window attend through
+  /// window->backend over window->batch (planned too) and their K/V is saved by that backend.
   void forward(Activations& a, const attention::ForwardBatch& batch,
                attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
-               const HiddenCapture* capture = nullptr) const;
+               const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr) const;
   /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params().
   void sample(Activations& a, int64_t rows) const;
 

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <utility>
 
+#include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::model {
@@ -77,10 +78,31 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm);
+  table_ = &table;
+  if (config.swa != nullptr) {
+    PAGODA_REQUIRE(config.comm == nullptr, kUnsupported,
+                   "the SWA pool does not run with tensor parallelism yet (turn it off)");
+    PAGODA_REQUIRE(model.config().has_sliding_window(), kInvalidArgument,
+                   "an SWA pool for a model without sliding-window layers");
+    PAGODA_REQUIRE(config.swa->page_size() == config.page_size, kInvalidArgument,
+                   "SWA pool page size {} differs from the worker's {}",
+                   config.swa->page_size(), config.page_size);
+    for (int l = 0; l < model.config().num_layers; ++l)
+      swa_window_ = std::max(swa_window_, model.config().window_of(l));
+    kv::KvPoolConfig spc = model.kv_pool_config(config.swa->swa().num_pages(), config.page_size);
+    spc.dtype = config.kv_dtype;
+    swa_pool_ = std::make_unique<kv::KvPool>(spc, platform_->allocator());
+    swa_table_ = std::make_unique<kv::ReqToTokenTable>(table.max_reqs(), table.max_context_len());
+    for (int32_t r = 0; r < table.max_reqs(); ++r) (void)swa_table_->alloc();  // rows = the table's
+    const attention::BackendContext swa_ctx{
+        .platform = platform_, .kv_pool = swa_pool_.get(), .req_to_token = swa_table_.get()};
+    swa_backend_ = backends::make_backend(registry_, config.backend, req, swa_ctx);
+  }
   staging_ = std::make_unique<Staging>();
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
-  if (config.cuda_graph && ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
+  if (config.cuda_graph && config.swa == nullptr && ops_->supports_graphs() &&
+      backend_->capabilities().cuda_graph) {
     graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
     capture_graphs();
     if (config.verify_graph_tokens > 0) {
@@ -278,10 +300,52 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
   backend_->init_forward_metadata(f);
-  decoder_->forward(eager_, f, *backend_, t, nrows);
+  WindowSide window;
+  if (swa_backend_ != nullptr) {
+    window = WindowSide{.backend = swa_backend_.get(), .batch = &window_batch(f)};
+    swa_backend_->init_forward_metadata(*window.batch);
+  }
+  decoder_->forward(eager_, f, *backend_, t, nrows, nullptr,
+                    swa_backend_ != nullptr ? &window : nullptr);
   adjust_logits(eager_, b);
   decoder_->sample(eager_, nrows);
   return finish(eager_, nrows, b);
+}
+
+const ForwardBatch& LlamaWorker::window_batch(const ForwardBatch& f) {
+  const kv::SwaPages& swa = *config_.swa;
+  swa_batch_ = f;
+  for (int32_t& s : swa_batch_.out_cache_loc) {
+    s = swa.swa_slot(s);
+    PAGODA_CHECK(s >= 0, "a new token's page has no SWA page");
+  }
+  std::vector<SlotIndex> row;
+  for (int b = 0; b < f.batch_size; ++b) {
+    const ReqSlot r{f.req_pool_indices[static_cast<size_t>(b)]};
+    if (r.value() == 0) continue;  // padding
+    const bool decode = f.mode == ForwardMode::kDecode;
+    const int64_t kv_len = f.seq_lens[static_cast<size_t>(b)] +
+                           (f.mode == ForwardMode::kTargetVerify ? f.spec.num_draft_tokens : 0);
+    const int64_t first_q =
+        decode ? kv_len - 1 : int64_t{f.extend_prefix_lens[static_cast<size_t>(b)]};
+    // Every key a window layer reads: [first query - window, kv_len), from its page's start.
+    // Positions below are never read (the window masks them) but the planners want every page
+    // of a row contiguous: they point into the reserved page 0.
+    const int64_t p = config_.page_size;
+    const int64_t lo = std::max<int64_t>(0, first_q - swa_window_) / p * p;
+    const auto full = table_->read(r, lo, kv_len - lo);
+    row.resize(static_cast<size_t>(lo));
+    for (int64_t i = 0; i < lo; ++i) row[static_cast<size_t>(i)] = static_cast<SlotIndex>(i % p);
+    swa_table_->write(r, 0, row);
+    row.resize(full.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      row[i] = swa.swa_slot(full[i]);
+      PAGODA_CHECK(row[i] >= 0, "position {} of row {} is read by a window layer but its page "
+                      "has no SWA page", lo + static_cast<int64_t>(i), r.value());
+    }
+    swa_table_->write(r, lo, row);
+  }
+  return swa_batch_;
 }
 
 WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64_t nrows) {
@@ -302,6 +366,8 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
   backend_->init_forward_metadata(f);
+  PAGODA_REQUIRE(swa_backend_ == nullptr, kUnsupported,
+                 "hidden-state capture (EAGLE) does not run on the SWA pool");
   decoder_->forward(eager_, f, *backend_, t, nrows, &cap);
   adjust_logits(eager_, b);
   decoder_->sample(eager_, nrows);

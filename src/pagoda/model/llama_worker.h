@@ -31,6 +31,7 @@
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/builtin.h"
 #include "pagoda/dist/communicator.h"
+#include "pagoda/kv/swa_pages.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/decoder.h"
@@ -61,6 +62,12 @@ struct WorkerConfig {
   /// The worker then holds its rank's shard (Decoder) and a KV pool of Hkv/N heads. Every rank's
   /// worker must be given the same batches in the same order (TpLeaderWorker does that).
   dist::Communicator* comm = nullptr;
+  /// The sliding-window pool (docs/design/kv.md §SWA): when set, layers with a window keep their
+  /// K/V in a second KvPool of swa->swa().num_pages() pages and attend through a second backend
+  /// over a second request table that holds SWA slots (full slot s -> swa->swa_slot(s)); the
+  /// full layers keep the pool above. The scheduler keeps every position a window layer reads
+  /// mapped. Not with `comm` or CUDA graphs (refused / off). Must outlive the worker.
+  const kv::SwaPages* swa = nullptr;
 };
 
 class LlamaWorker final : public ModelWorker {
@@ -108,6 +115,10 @@ class LlamaWorker final : public ModelWorker {
   /// The graph path of a uniform verify batch; false (nothing done) when it does not apply.
   bool run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out);
 
+  /// With an SWA pool: rewrites the SWA table's rows for the window each request of `f` reads
+  /// and returns the window layers' batch (out_cache_loc in SWA slots).
+  const attention::ForwardBatch& window_batch(const attention::ForwardBatch& f);
+
   const LlamaModel* model_;
   std::unique_ptr<ModelOps> ops_;
   WorkerConfig config_;
@@ -117,6 +128,13 @@ class LlamaWorker final : public ModelWorker {
   std::unique_ptr<attention::AttentionBackend> backend_;
   std::unique_ptr<attention::AttentionBackend> graph_backend_;
   std::unique_ptr<Decoder> decoder_;
+  /// The SWA side (config.swa): pool, table of SWA slots, backend, the step's window batch.
+  const kv::ReqToTokenTable* table_ = nullptr;
+  std::unique_ptr<kv::KvPool> swa_pool_;
+  std::unique_ptr<kv::ReqToTokenTable> swa_table_;
+  std::unique_ptr<attention::AttentionBackend> swa_backend_;
+  attention::ForwardBatch swa_batch_;
+  int swa_window_ = 0;  ///< the largest window_left of the model's layers
   Activations eager_, graph_acts_;
   std::unique_ptr<Staging> staging_;
   std::vector<int> buckets_;
