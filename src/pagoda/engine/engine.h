@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <optional>
 #include <memory>
 #include <span>
@@ -35,6 +36,7 @@
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/spec_config.h"
 #include "pagoda/engine/spec_worker.h"
+#include "pagoda/engine/step_thread.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
@@ -79,6 +81,11 @@ struct EngineConfig {
   /// the radix cache, the default worker (no tensor parallelism) and no draft model or EAGLE
   /// head (their KV pools would miss the pages loaded back).
   tier::HiCacheConfig hicache{};
+  /// Overlap loop (docs/design/engine.md "Overlap"): the worker runs step N on its own thread
+  /// while the engine schedules step N + 1 (whose decode inputs are N's ids, resolved by the
+  /// worker) and then finishes step N's requests, one step late. Outputs are those of the plain
+  /// loop. Not with speculative decoding or the hierarchical cache.
+  bool overlap = false;
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
   /// scheduler limits, speculation, kernel options), Error(kUnsupported) for a backend name this
@@ -226,7 +233,7 @@ class Engine {
   /// Returns false (nothing changed) when the request has already finished. Throws kOutOfRange
   /// for an unknown id. Call between steps.
   bool abort(RequestId id);
-  bool has_work() const { return scheduler_->has_work(); }
+  bool has_work() const { return scheduler_->has_work() || inflight_ != nullptr; }
 
   /// The prefill–decode disaggregation hooks (EngineTransfer, docs/design/pd.md).
   EngineTransfer transfer() { return EngineTransfer(*this); }
@@ -255,8 +262,27 @@ class Engine {
 
  private:
   friend class EngineTransfer;
+  /// Overlap loop: a step the worker is running.
+  struct InFlight {
+    ScheduledStep s;  ///< seqs[i].req = nullptr once that request finished one step earlier
+    model::WorkerBatch batch;
+    std::future<model::WorkerOutput> result;
+    std::vector<ReqSlot> rows;  ///< rows of requests that finished meanwhile: freed after it
+  };
   /// Validates `request` (add_request's checks) and records it (not queued).
   Req& create_request(GenerateRequest request);
+  /// Records the token just appended to `r`'s tokens (observer, logprobs, counters, `out`).
+  void take_token(Req& r, std::span<const float> logits, double t, StepOutput& out);
+  /// The overlap loop's step: schedule and launch the next step, then resolve the running one.
+  StepOutput step_overlapped();
+  /// Overlap loop: builds the batch of `s`, hands it to the step thread and books it as done
+  /// (its sampled ids are placeholders in the requests' tokens until resolve()).
+  void launch(ScheduledStep s);
+  /// Overlap loop: waits for `f`'s ids, puts them in place of the placeholders and finishes
+  /// the requests they end (a request also in inflight_ loses that step's extra token).
+  void resolve(InFlight& f, StepOutput& out);
+  /// Overlap loop: resolves the in-flight step now (its output goes out with the next step).
+  void drain();
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
@@ -272,6 +298,10 @@ class Engine {
   LogitsObserver logits_observer_;
   RequestId next_id_ = 0;
   EngineStats stats_;
+  std::unique_ptr<InFlight> inflight_;     ///< overlap: the step the worker is running
+  StepOutput drained_;                     ///< overlap: resolved by drain(), not yet returned
+  std::vector<int32_t> future_ids_;        ///< overlap: the last step's ids (step thread only)
+  std::unique_ptr<StepThread> step_thread_;  ///< overlap only; last: it stops first
 };
 
 }  // namespace pagoda::engine

@@ -39,6 +39,7 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
   cfg.max_context_len = a.max_context_len;
   cfg.radix_cache = a.radix_cache;
   cfg.cuda_graph = a.cuda_graph;
+  cfg.overlap = a.overlap;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");
   cfg.scheduler.max_running_requests = a.max_running;
