@@ -348,11 +348,12 @@ RequestId Engine::add_request(GenerateRequest request) {
 RequestId EngineTransfer::add_request(GenerateRequest request) {
   PAGODA_REQUIRE(engine_.config_.spec.mode == SpecMode::kNone, kUnsupported,
                  "a transferred (disaggregated) request needs speculative decoding off");
+  PAGODA_REQUIRE(!engine_.config_.overlap, kUnsupported,
+                 "a transferred (disaggregated) request needs the overlap scheduler off");
   return engine_.create_request(std::move(request)).id;
 }
 
 bool EngineTransfer::preallocate(RequestId id) {
-  engine_.drain();
   Req& r = find_req(engine_.reqs_, id);
   PAGODA_REQUIRE(r.state == RequestState::kWaiting && !r.admitted_once, kFailedPrecondition,
                  "request {} is not a transfer request waiting for its pages", id);
@@ -371,7 +372,6 @@ std::vector<PageId> EngineTransfer::prompt_pages(RequestId id) const {
 }
 
 bool EngineTransfer::commit(RequestId id, int32_t first_token) {
-  engine_.drain();
   Req& r = find_req(engine_.reqs_, id);
   const model::ModelConfig& mc = engine_.model_->config();
   PAGODA_REQUIRE(first_token >= 0 && first_token < mc.vocab_size, kInvalidArgument,
@@ -394,7 +394,6 @@ bool EngineTransfer::commit(RequestId id, int32_t first_token) {
 }
 
 void EngineTransfer::release_kv(RequestId id) {
-  engine_.drain();
   Req& r = find_req(engine_.reqs_, id);
   PAGODA_REQUIRE(r.out.kv_held, kFailedPrecondition, "request {} holds no KV to release", id);
   engine_.scheduler_->release_held(&r);
@@ -421,6 +420,8 @@ Req& Engine::create_request(GenerateRequest request) {
                      config_.spec.mode == SpecMode::kNone,
                  kUnsupported,
                  "logit_bias, penalties and logprobs are not supported with speculative decoding");
+  PAGODA_REQUIRE(!request.hold_kv || !config_.overlap, kUnsupported,
+                 "hold_kv (a disaggregated prefill) needs the overlap scheduler off");
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
                  "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
                  "one output token)",
@@ -610,10 +611,7 @@ void Engine::resolve(InFlight& f, StepOutput& out) {
         if (n.req == r) n.req = nullptr;
       scheduler_->undo_decode(r);
     }
-    if (r->hold_kv) {
-      scheduler_->hold(r);
-      r->out.kv_held = true;
-    } else if (in_next) {  // the next step still reads its row
+    if (in_next) {  // the next step still reads its row
       inflight_->rows.push_back(scheduler_->finish_keep_row(r));
     } else {
       scheduler_->finish(r);
@@ -622,15 +620,13 @@ void Engine::resolve(InFlight& f, StepOutput& out) {
   count_step(out, stats_);
 }
 
-void Engine::drain() {
-  if (inflight_ == nullptr) return;
-  std::unique_ptr<InFlight> f = std::move(inflight_);
-  resolve(*f, drained_);
-}
-
 bool Engine::abort(RequestId id) {
   Req& r = find_req(reqs_, id);
-  if (r.state != RequestState::kFinished) drain();
+  if (r.state != RequestState::kFinished && inflight_ != nullptr) {
+    // Overlap: the step in flight is resolved first (its tokens go out with the next step).
+    std::unique_ptr<InFlight> f = std::move(inflight_);
+    resolve(*f, drained_);
+  }
   if (r.state == RequestState::kFinished) return false;
   scheduler_->cancel(&r, FinishReason::kAbort);
   r.out.finish_s = now();

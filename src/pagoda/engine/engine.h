@@ -84,7 +84,8 @@ struct EngineConfig {
   /// Overlap loop (docs/design/engine.md "Overlap"): the worker runs step N on its own thread
   /// while the engine schedules step N + 1 (whose decode inputs are N's ids, resolved by the
   /// worker) and then finishes step N's requests, one step late. Outputs are those of the plain
-  /// loop. Not with speculative decoding or the hierarchical cache.
+  /// loop. Not with speculative decoding, the hierarchical cache or disaggregation (hold_kv,
+  /// EngineTransfer).
   bool overlap = false;
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
@@ -281,8 +282,6 @@ class Engine {
   /// Overlap loop: waits for `f`'s ids, puts them in place of the placeholders and finishes
   /// the requests they end (a request also in inflight_ loses that step's extra token).
   void resolve(InFlight& f, StepOutput& out);
-  /// Overlap loop: resolves the in-flight step now (its output goes out with the next step).
-  void drain();
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
@@ -299,7 +298,7 @@ class Engine {
   RequestId next_id_ = 0;
   EngineStats stats_;
   std::unique_ptr<InFlight> inflight_;     ///< overlap: the step the worker is running
-  StepOutput drained_;                     ///< overlap: resolved by drain(), not yet returned
+  StepOutput drained_;                     ///< overlap: resolved by abort(), not yet returned
   std::vector<int32_t> future_ids_;        ///< overlap: the last step's ids (step thread only)
   std::unique_ptr<StepThread> step_thread_;  ///< overlap only; last: it stops first
 };

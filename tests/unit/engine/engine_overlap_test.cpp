@@ -169,7 +169,7 @@ TEST(EngineOverlap, AbortMidRunKeepsAPrefixAndLeaksNothing) {
   }
 }
 
-TEST(EngineOverlap, SpeculativeDecodingIsRefusedNamingBoth) {
+TEST(EngineOverlap, UnsupportedCombinationsAreRefused) {
   EngineConfig cfg = config(16, 2048);
   cfg.overlap = true;
   cfg.spec.mode = SpecMode::kNgram;
@@ -183,6 +183,16 @@ TEST(EngineOverlap, SpeculativeDecodingIsRefusedNamingBoth) {
     EXPECT_NE(what.find("speculative"), std::string::npos) << what;
   }
   EXPECT_THROW(Engine(test_model().model, cfg), Error);
+  // Disaggregation's hooks are refused too; the engine keeps serving.
+  cfg.spec.mode = SpecMode::kNone;
+  Engine engine(test_model().model, cfg);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  EXPECT_THROW(engine.add_request({.prompt = prompt, .max_new_tokens = 2, .hold_kv = true}),
+               Error);
+  EXPECT_THROW(engine.transfer().add_request({.prompt = prompt, .max_new_tokens = 2}), Error);
+  const RequestId id = engine.add_request({.prompt = prompt, .max_new_tokens = 2});
+  engine.run_until_idle();
+  EXPECT_EQ(engine.output(id).output_ids.size(), 2u);
 }
 
 }  // namespace
