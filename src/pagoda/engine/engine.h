@@ -14,7 +14,8 @@
 ///   engine.run_until_idle();
 ///   RequestOutput out = engine.output(id);
 ///
-/// Thread rules: one thread drives an engine. Contract: docs/design/engine.md.
+/// Thread rules: one thread drives an engine (with EngineConfig::overlap the worker runs the
+/// steps on the engine's StepThread). Contract: docs/design/engine.md.
 
 #include <chrono>
 #include <cstdint>
