@@ -11,6 +11,7 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   max_prefill_tokens                token budget of one prefill batch (8192)
   enable_prefix_caching / disable_radix_cache   radix prefix cache (on)
   enforce_eager / disable_cuda_graph    CUDA graphs of decode steps (on)
+  overlap / disable_overlap_schedule    overlap scheduler (off; docs/design/engine.md)
   dtype, kv_cache_dtype             'auto', 'float32', 'float16', 'bfloat16', 'fp8_e4m3', ...
   max_model_len / context_length    longest request (0 = the model's)
   schedule_policy                   'fcfs' or 'lpm' (longest prefix match; fcfs)
@@ -29,7 +30,7 @@ _ARG_ALIASES = {
     "max_running_requests": "max_running", "chunked_prefill_size": "chunk_size",
     "max_prefill_tokens": "max_prefill_tokens", "dtype": "dtype", "kv_cache_dtype": "kv_dtype",
     "max_model_len": "max_context_len", "context_length": "max_context_len",
-    "schedule_policy": "policy",
+    "schedule_policy": "policy", "overlap": "overlap",
 }
 # Arguments whose default (or a value meaning "the default") is accepted and changes nothing.
 _NEUTRAL = {"tensor_parallel_size": 1, "tp_size": 1, "trust_remote_code": None,
@@ -121,6 +122,8 @@ class LLM:
                 args.cuda_graph = not value
             elif name == "disable_cuda_graph":
                 args.cuda_graph = not value
+            elif name == "disable_overlap_schedule":
+                args.overlap = not value
             elif name == "weight_seed":
                 weight_seed = int(value)
             elif name == "seed":
@@ -206,8 +209,8 @@ _SERVE_ARGS = ("weight_seed", "served_model_name", "host", "port", "api_key", "m
                "chat_template", "drain_timeout_s")
 # Engine settings of pagoda.serve (EngineArgs: `pagoda serve`'s engine flags).
 _SERVE_ENGINE_ARGS = ("max_running", "backend", "page_size", "pool_tokens", "chunk_size",
-                      "max_prefill_tokens", "cuda_graph", "radix_cache", "mixed_batches",
-                      "max_context_len")
+                      "max_prefill_tokens", "cuda_graph", "overlap", "radix_cache",
+                      "mixed_batches", "max_context_len")
 
 
 def serve(model="builtin", *, dtype="auto", kv_cache_dtype="auto", policy="fcfs", **options):
@@ -215,8 +218,8 @@ def serve(model="builtin", *, dtype="auto", kv_cache_dtype="auto", policy="fcfs"
     SIGINT and returns its exit status. Options as `pagoda serve`'s flags with underscores
     (host, port, api_key, max_queue, chat_template, drain_timeout_s, served_model_name,
     weight_seed; engine: max_running, backend, page_size, pool_tokens, chunk_size,
-    max_prefill_tokens, cuda_graph, radix_cache, mixed_batches, max_context_len); policy 'fcfs'
-    or 'lpm'. Prints "pagoda serve: listening on http://HOST:PORT" once bound."""
+    max_prefill_tokens, cuda_graph, overlap, radix_cache, mixed_batches, max_context_len);
+    policy 'fcfs' or 'lpm'. Prints "pagoda serve: listening on http://HOST:PORT" once bound."""
     if not hasattr(_pagoda, "serve"):
         raise NotImplementedError("pagoda.serve: this build has no server (cpp-httplib was not "
                                   "found at configure time)")

@@ -40,6 +40,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
          "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->default_str(a.cuda_graph ? "on" : "off");
+  cmd->add_option_function<std::string>(
+         "--overlap", [&a](const std::string& v) { a.overlap = v == "on"; },
+         "overlap scheduler: prepare step N + 1 while the worker runs step N (on|off; not with "
+         "speculative decoding or hicache)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str(a.overlap ? "on" : "off");
   cmd->add_option("--max-context-len", a.max_context_len,
                   "longest request, prompt + output (0 = the model's)")
       ->capture_default_str();

@@ -3,7 +3,7 @@
 /// is the struct they fill and its one conversion to an EngineConfig): --backend,
 /// --prefill-backend, --decode-backend, --kernel-option, --page-size, --pool-tokens,
 /// --max-running, --chunk-size, --max-prefill-tokens, --policy, --dtype, --kv-dtype,
-/// --cuda-graph, --no-radix, --no-mixed, --max-context-len and the --hicache-* block
+/// --cuda-graph, --overlap, --no-radix, --no-mixed, --max-context-len and the --hicache-* block
 /// (hicache_options.h). Also the --host / --port / --threads block of serve and router.
 
 #include <string>

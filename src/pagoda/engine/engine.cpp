@@ -101,6 +101,25 @@ bool check_finished(Req& req, int32_t token, int32_t eos, int32_t max_context_le
   return true;
 }
 
+/// Row `row` of a step's logits (empty when the worker returned none).
+std::span<const float> logit_row(const model::WorkerOutput& result, size_t row, int64_t vocab) {
+  if (result.logits.empty()) return {};
+  return std::span<const float>(result.logits)
+      .subspan(row * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
+}
+
+/// Counts a completed step in `stats`.
+void count_step(const StepOutput& out, EngineStats& stats) {
+  ++stats.steps;
+  stats.computed_tokens += out.num_tokens;
+  switch (out.mode) {
+    case ForwardMode::kExtend: ++stats.extend_steps; break;
+    case ForwardMode::kDecode: ++stats.decode_steps; break;
+    case ForwardMode::kMixed: ++stats.mixed_steps; break;
+    default: break;
+  }
+}
+
 /// Fills `b` from a scheduled step. `observe`: every logit row's logits are wanted (a logits
 /// observer); `prefill_waits`: a waiting request could be admitted (no multi-token step then).
 void build_batch(const ScheduledStep& s, const model::ModelConfig& mc, int32_t max_context_len,
@@ -196,7 +215,17 @@ void EngineConfig::validate() const {
     PAGODA_REQUIRE(!hicache.enabled(), kUnsupported,
                    "the SWA pool (--swa-pool on) does not support the hierarchical cache "
                    "(hicache) yet: turn one of them off");
+    PAGODA_REQUIRE(!overlap, kUnsupported,
+                   "the SWA pool (--swa-pool on) does not run with the overlap scheduler "
+                   "(--overlap on) yet: turn one of them off");
   }
+  PAGODA_REQUIRE(!overlap || spec.mode == SpecMode::kNone, kUnsupported,
+                 "the overlap scheduler (overlap on) does not support speculative decoding "
+                 "(speculative mode '{}'): turn one of them off",
+                 spec_mode_name(spec.mode));
+  PAGODA_REQUIRE(!overlap || !hicache.enabled(), kUnsupported,
+                 "the overlap scheduler (overlap on) does not support the hierarchical cache "
+                 "(hicache) yet: turn one of them off");
   if (hicache.enabled()) {
     PAGODA_REQUIRE(radix_cache, kInvalidArgument,
                    "the hierarchical cache (hicache) needs the radix cache (radix_cache off)");
@@ -251,7 +280,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   bool swa = config.swa_pool == SwaPoolMode::kOn;
   if (config.swa_pool == SwaPoolMode::kAuto)
     swa = swa_window >= 0 && config.spec.mode == SpecMode::kNone && !config.hicache.enabled() &&
-          !make_worker && platform_->kind() == platform::PlatformKind::kCpu;
+          !config.overlap && !make_worker && platform_->kind() == platform::PlatformKind::kCpu;
   if (swa) {
     PAGODA_REQUIRE(platform_->kind() == platform::PlatformKind::kCpu, kUnsupported,
                    "the SWA pool (--swa-pool on) runs on the CPU path only (cpu and reference "
@@ -322,6 +351,8 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                          .live_rows = [this] {
                            int64_t live = 0;
                            for (const auto& [id, r] : reqs_) live += r->cache.req_slot.valid();
+                           if (inflight_ != nullptr)
+                             live += static_cast<int64_t>(inflight_->rows.size());
                            return live;
                          },
                          .request_private_swa_pages =
@@ -340,12 +371,14 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     spec_ = spec.get();
     worker_ = std::move(spec);
   }
+  if (config.overlap) step_thread_ = std::make_unique<StepThread>();
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;
 }
 
 Engine::~Engine() {
+  step_thread_.reset();  // the in-flight step ends before what it reads goes
   // The hierarchical cache finishes its copies into the worker's pool: it goes before the worker.
   scheduler_.reset();
   memory_->reset_cache();
@@ -366,6 +399,8 @@ RequestId EngineTransfer::add_request(GenerateRequest request) {
                  "a transferred (disaggregated) request needs speculative decoding off");
   PAGODA_REQUIRE(engine_.memory_->swa_pages() == nullptr, kUnsupported,
                  "a transferred (disaggregated) request needs the SWA pool off (--swa-pool off)");
+  PAGODA_REQUIRE(!engine_.config_.overlap, kUnsupported,
+                 "a transferred (disaggregated) request needs the overlap scheduler off");
   return engine_.create_request(std::move(request)).id;
 }
 
@@ -439,6 +474,8 @@ Req& Engine::create_request(GenerateRequest request) {
                      config_.spec.mode == SpecMode::kNone,
                  kUnsupported,
                  "logit_bias, penalties and logprobs are not supported with speculative decoding");
+  PAGODA_REQUIRE(!request.hold_kv || !config_.overlap, kUnsupported,
+                 "hold_kv (a disaggregated prefill) needs the overlap scheduler off");
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
                  "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
                  "one output token)",
@@ -453,7 +490,21 @@ Req& Engine::create_request(GenerateRequest request) {
   return ref;
 }
 
+void Engine::take_token(Req& r, std::span<const float> logits, double t, StepOutput& out) {
+  const int32_t token = r.cache.tokens.back();
+  if (logits_observer_) logits_observer_(r.id, logits);
+  if (r.logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
+    r.out.logprobs.push_back(model::token_logprobs(logits, token, r.logprobs));
+    out.logprobs.resize(out.tokens.size());
+    out.logprobs.push_back(r.out.logprobs.back());
+  }
+  ++stats_.generated_tokens;
+  if (r.out.first_token_s < 0) r.out.first_token_s = t;
+  out.tokens.emplace_back(r.id, token);
+}
+
 StepOutput Engine::step() {
+  if (config_.overlap) return step_overlapped();
   StepOutput out;
   ScheduledStep s = scheduler_->schedule();
   for (Req* r : s.aborted) {
@@ -494,23 +545,11 @@ StepOutput Engine::step() {
       scheduler_->complete_extend(q);
     }
     for (int32_t j = 0; j < n; ++j, ++row) {
-      const auto logits = result.logits.empty()
-                              ? std::span<const float>()
-                              : std::span<const float>(result.logits)
-                                    .subspan(row * static_cast<size_t>(vocab),
-                                             static_cast<size_t>(vocab));
-      if (logits_observer_) logits_observer_(r->id, logits);
-      const int32_t token = result.tokens[row];
-      if (r->logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
-        r->out.logprobs.push_back(model::token_logprobs(logits, token, r->logprobs));
-        out.logprobs.resize(out.tokens.size());
-        out.logprobs.push_back(r->out.logprobs.back());
-      }
-      r->cache.tokens.push_back(token);
-      ++stats_.generated_tokens;
-      if (r->out.first_token_s < 0) r->out.first_token_s = t;
-      out.tokens.emplace_back(r->id, token);
-      if (check_finished(*r, token, model_->config().eos_token_id, max_context_len_)) {
+      const auto logits = logit_row(result, row, vocab);
+      r->cache.tokens.push_back(result.tokens[row]);
+      take_token(*r, logits, t, out);
+      if (check_finished(*r, result.tokens[row], model_->config().eos_token_id,
+                         max_context_len_)) {
         PAGODA_CHECK(j == n - 1, "the worker emitted tokens past request {}'s finish", r->id);
         if (r->hold_kv) {  // a prefill server's request: its KV waits for the transfer
           scheduler_->hold(r);
@@ -523,20 +562,125 @@ StepOutput Engine::step() {
       }
     }
   }
-  ++stats_.steps;
-  stats_.computed_tokens += out.num_tokens;
-  switch (out.mode) {
-    case ForwardMode::kExtend: ++stats_.extend_steps; break;
-    case ForwardMode::kDecode: ++stats_.decode_steps; break;
-    case ForwardMode::kMixed: ++stats_.mixed_steps; break;
-    default: break;
-  }
+  count_step(out, stats_);
   if (config_.check_integrity) memory_->check_integrity();
   return out;
 }
 
+StepOutput Engine::step_overlapped() {
+  StepOutput out = std::exchange(drained_, StepOutput{});
+  std::unique_ptr<InFlight> prev = std::move(inflight_);
+  // Logit processing (penalties) reads a request's output so far: its ids must be known before
+  // its next batch is built, so that step is not overlapped.
+  if (prev != nullptr && std::ranges::any_of(prev->s.seqs, [](const ScheduledSeq& q) {
+        return q.req != nullptr && q.req->logit_processing.active();
+      })) {
+    resolve(*prev, out);
+    prev.reset();
+  }
+  ScheduledStep s = scheduler_->schedule();
+  for (Req* r : s.aborted) {
+    r->out.finish_s = now();
+    out.finished.push_back(r->id);
+  }
+  if (!s.empty()) launch(std::move(s));
+  if (prev != nullptr) resolve(*prev, out);
+  if (config_.check_integrity) memory_->check_integrity();
+  return out;
+}
+
+void Engine::launch(ScheduledStep s) {
+  auto f = std::make_unique<InFlight>();
+  f->s = std::move(s);
+  build_batch(f->s, model_->config(), max_context_len_, static_cast<bool>(logits_observer_),
+              scheduler_->wants_prefill(), f->batch);
+  f->batch.context.clear();  // views of token vectors that grow below; only speculation reads them
+  model::WorkerBatch* batch = &f->batch;
+  // The future-id slot: a negative input id -(k + 1) is the k-th id the previous step samples.
+  // The step thread runs the steps in order, so that step has written future_ids_ by now.
+  f->result = step_thread_->submit([this, batch] {
+    for (int32_t& id : batch->input_ids)
+      if (id < 0) id = future_ids_.at(static_cast<size_t>(-id - 1));
+    model::WorkerOutput o = worker_->run(*batch);
+    future_ids_ = o.tokens;
+    return o;
+  });
+  // Booked as done: the scheduler's next step follows this one (its KV is written by then).
+  int32_t k = 0;
+  for (const ScheduledSeq& q : f->s.seqs) {
+    if (q.is_decode) {
+      scheduler_->complete_decode(q.req, 1);
+    } else {
+      scheduler_->complete_extend(q);
+    }
+    if (q.completes_fill) {
+      q.req->cache.tokens.push_back(-++k);
+      ++q.req->unresolved;
+    }
+  }
+  inflight_ = std::move(f);
+}
+
+void Engine::resolve(InFlight& f, StepOutput& out) {
+  const model::WorkerOutput result = f.result.get();
+  for (ReqSlot row : f.rows) memory_->table().free(row);  // nothing reads them any more
+  out.mode = f.s.mode;
+  out.num_seqs = static_cast<int32_t>(f.s.seqs.size());
+  out.num_tokens = static_cast<int64_t>(f.batch.input_ids.size());
+  const double t = now();
+  size_t row = 0;
+  for (const ScheduledSeq& q : f.s.seqs) {
+    if (!q.completes_fill) continue;
+    const auto logits = logit_row(result, row, model_->config().vocab_size);
+    const int32_t token = result.tokens[row++];
+    Req* r = q.req;
+    if (r == nullptr) continue;  // it finished one step earlier: this extra token is discarded
+    // Its placeholder is the last token, or the one before the next step's placeholder.
+    std::vector<int32_t>& tokens = r->cache.tokens;
+    const bool in_next = r->unresolved == 2;
+    const int32_t next_placeholder = tokens.back();
+    if (in_next) tokens.pop_back();
+    tokens.back() = token;
+    r->unresolved = 0;
+    take_token(*r, logits, t, out);
+    // A request the scheduler aborted meanwhile (kError) keeps its reason.
+    const bool done = r->state == RequestState::kFinished ||
+                      check_finished(*r, token, model_->config().eos_token_id, max_context_len_);
+    if (!done) {
+      if (in_next) {
+        tokens.push_back(next_placeholder);
+        r->unresolved = 1;
+      }
+      continue;
+    }
+    if (r->state == RequestState::kFinished) continue;
+    r->out.finish_s = t;
+    out.finished.push_back(r->id);
+    if (r->state == RequestState::kWaiting) {  // retracted meanwhile
+      scheduler_->cancel(r, r->out.finish_reason);
+      continue;
+    }
+    if (in_next) {  // the next step computes one token too many for it: discard it, free its KV
+      for (ScheduledSeq& n : inflight_->s.seqs)
+        if (n.req == r) n.req = nullptr;
+      scheduler_->undo_decode(r);
+    }
+    if (in_next) {  // the next step still reads its row
+      inflight_->rows.push_back(scheduler_->finish_keep_row(r));
+    } else {
+      scheduler_->finish(r);
+    }
+  }
+  count_step(out, stats_);
+}
+
 bool Engine::abort(RequestId id) {
   Req& r = find_req(reqs_, id);
+  if (r.state != RequestState::kFinished && inflight_ != nullptr) {
+    // Overlap: the step in flight is resolved first (its tokens go out with the next step).
+    std::unique_ptr<InFlight> f = std::move(inflight_);
+    resolve(*f, drained_);
+  }
   if (r.state == RequestState::kFinished) return false;
   scheduler_->cancel(&r, FinishReason::kAbort);
   r.out.finish_s = now();
@@ -553,7 +697,8 @@ RequestOutput Engine::output(RequestId id) const {
   const Req& r = find_req(reqs_, id);
   RequestOutput o = r.out;
   o.state = r.state;
-  o.output_ids.assign(r.cache.tokens.begin() + r.prompt_len, r.cache.tokens.end());
+  o.output_ids.assign(r.cache.tokens.begin() + r.prompt_len,
+                      r.cache.tokens.end() - r.unresolved);  // placeholders are not ids yet
   return o;
 }
 
@@ -565,6 +710,7 @@ void Engine::release(RequestId id) {
 }
 
 EngineStats Engine::stats() const {
+  if (inflight_ != nullptr) inflight_->result.wait();  // the worker's counters are its thread's
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
   const cache::PrefixCache& cache = memory_->cache();

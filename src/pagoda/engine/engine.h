@@ -14,11 +14,13 @@
 ///   engine.run_until_idle();
 ///   RequestOutput out = engine.output(id);
 ///
-/// Thread rules: one thread drives an engine. Contract: docs/design/engine.md.
+/// Thread rules: one thread drives an engine (with EngineConfig::overlap the worker runs the
+/// steps on the engine's StepThread). Contract: docs/design/engine.md.
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <optional>
 #include <memory>
 #include <span>
@@ -35,6 +37,7 @@
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/spec_config.h"
 #include "pagoda/engine/spec_worker.h"
+#include "pagoda/engine/step_thread.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
@@ -92,6 +95,12 @@ struct EngineConfig {
   /// SWA pool capacity in tokens (whole pages); 0 = as many as pool_tokens. It must hold the
   /// largest extend (a prefill chunk) plus every running request's window.
   int64_t swa_pool_tokens = 0;
+  /// Overlap loop (docs/design/engine.md "Overlap"): the worker runs step N on its own thread
+  /// while the engine schedules step N + 1 (whose decode inputs are N's ids, resolved by the
+  /// worker) and then finishes step N's requests, one step late. Outputs are those of the plain
+  /// loop. Not with speculative decoding, the hierarchical cache or disaggregation (hold_kv,
+  /// EngineTransfer).
+  bool overlap = false;
 
   /// Throws Error(kInvalidArgument) naming the first bad field (page size, pool, context,
   /// scheduler limits, speculation, kernel options), Error(kUnsupported) for a backend name this
@@ -241,7 +250,7 @@ class Engine {
   /// Returns false (nothing changed) when the request has already finished. Throws kOutOfRange
   /// for an unknown id. Call between steps.
   bool abort(RequestId id);
-  bool has_work() const { return scheduler_->has_work(); }
+  bool has_work() const { return scheduler_->has_work() || inflight_ != nullptr; }
 
   /// The prefill–decode disaggregation hooks (EngineTransfer, docs/design/pd.md).
   EngineTransfer transfer() { return EngineTransfer(*this); }
@@ -270,8 +279,25 @@ class Engine {
 
  private:
   friend class EngineTransfer;
+  /// Overlap loop: a step the worker is running.
+  struct InFlight {
+    ScheduledStep s;  ///< seqs[i].req = nullptr once that request finished one step earlier
+    model::WorkerBatch batch;
+    std::future<model::WorkerOutput> result;
+    std::vector<ReqSlot> rows;  ///< rows of requests that finished meanwhile: freed after it
+  };
   /// Validates `request` (add_request's checks) and records it (not queued).
   Req& create_request(GenerateRequest request);
+  /// Records the token just appended to `r`'s tokens (observer, logprobs, counters, `out`).
+  void take_token(Req& r, std::span<const float> logits, double t, StepOutput& out);
+  /// The overlap loop's step: schedule and launch the next step, then resolve the running one.
+  StepOutput step_overlapped();
+  /// Overlap loop: builds the batch of `s`, hands it to the step thread and books it as done
+  /// (its sampled ids are placeholders in the requests' tokens until resolve()).
+  void launch(ScheduledStep s);
+  /// Overlap loop: waits for `f`'s ids, puts them in place of the placeholders and finishes
+  /// the requests they end (a request also in inflight_ loses that step's extra token).
+  void resolve(InFlight& f, StepOutput& out);
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
@@ -287,6 +313,10 @@ class Engine {
   LogitsObserver logits_observer_;
   RequestId next_id_ = 0;
   EngineStats stats_;
+  std::unique_ptr<InFlight> inflight_;     ///< overlap: the step the worker is running
+  StepOutput drained_;                     ///< overlap: resolved by abort(), not yet returned
+  std::vector<int32_t> future_ids_;        ///< overlap: the last step's ids (step thread only)
+  std::unique_ptr<StepThread> step_thread_;  ///< overlap only; last: it stops first
 };
 
 }  // namespace pagoda::engine

@@ -47,6 +47,7 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
                                        : SwaPoolMode::kAuto;
   cfg.swa_pool_tokens = a.swa_pool_tokens;
   cfg.cuda_graph = a.cuda_graph;
+  cfg.overlap = a.overlap;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");
   cfg.scheduler.max_running_requests = a.max_running;

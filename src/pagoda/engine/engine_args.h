@@ -33,6 +33,7 @@ struct EngineArgs {
   std::string dtype = "auto";      ///< --dtype: auto | f32 | f16 | bf16 ("" = auto)
   std::string kv_dtype = "auto";   ///< --kv-dtype: auto | f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2
   bool cuda_graph = true;          ///< --cuda-graph on|off
+  bool overlap = false;            ///< --overlap on|off (EngineConfig::overlap)
   bool radix_cache = true;         ///< --no-radix turns it off
   bool mixed_batches = true;       ///< --no-mixed turns it off
   int32_t max_context_len = 0;     ///< --max-context-len (0 = the model's)

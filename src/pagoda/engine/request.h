@@ -94,6 +94,9 @@ struct Req {
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   model::LogitProcessing logit_processing;  ///< validated at add_request
   int32_t logprobs = -1;                    ///< GenerateRequest::logprobs
+  /// Overlap loop: trailing entries of cache.tokens that are placeholders for ids still being
+  /// sampled (0–2; docs/design/engine.md "Overlap"). Always 0 without overlap.
+  int32_t unresolved = 0;
   RequestOutput out;
   Req(RequestId rid, GenerateRequest&& g, double now);
   int32_t num_output() const { return static_cast<int32_t>(cache.tokens.size()) - prompt_len; }

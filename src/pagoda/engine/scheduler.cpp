@@ -397,13 +397,25 @@ void Scheduler::complete_decode(Req* req, int64_t n) {
   if (n > 1) update_peak();  // a speculative round's kept tokens
 }
 
-void Scheduler::finish(Req* req) {
+void Scheduler::finish(Req* req) { table_->free(finish_keep_row(req)); }
+
+ReqSlot Scheduler::finish_keep_row(Req* req) {
   cache_->cache_finished_req(req->cache, req->kv_len, cache::FinishPolicy::kInsert);
-  table_->free(req->cache.req_slot);
+  const ReqSlot row = req->cache.req_slot;
   req->cache.req_slot = ReqSlot{};
   req->state = RequestState::kFinished;
   std::erase(running_, req);
   if (chunked_ == req) chunked_ = nullptr;
+  return row;
+}
+
+void Scheduler::undo_decode(Req* req) {
+  PAGODA_CHECK_GE(req->kv_len, 2);
+  --req->kv_len;
+  if (req->kv_len % page_size_ == 0) {  // the decode slot opened a fresh page
+    const SlotIndex slot = table_->row(req->cache.req_slot)[req->kv_len];
+    allocator_->free(std::span(&slot, 1));
+  }
 }
 
 void Scheduler::cancel(Req* req, FinishReason reason) {

@@ -123,6 +123,12 @@ class Scheduler {
   void complete_decode(Req* req, int64_t n = 1);
   /// Releases a finished request: cache_finished_req (insert), free the row, leave the queues.
   void finish(Req* req);
+  /// finish() that hands the request's row to the caller instead of freeing it (the overlap
+  /// loop frees it once the in-flight step that reads it is done).
+  ReqSlot finish_keep_row(Req* req);
+  /// Overlap loop: takes back the last complete_decode of `req` (its extra token is discarded):
+  /// kv_len − 1, and the page that decode slot opened is freed.
+  void undo_decode(Req* req);
   /// Ends a live request on the user's behalf (Engine::abort): a waiting request leaves the
   /// queue; an admitted one is released like finish() (its computed KV goes to the tree, which
   /// may reuse it). The request ends kFinished with `reason`. No effect on a finished request.

@@ -148,6 +148,7 @@ void bind_engine(nb::module_& m) {
       .def_rw("radix_cache", &EngineArgs::radix_cache)
       .def_rw("mixed_batches", &EngineArgs::mixed_batches)
       .def_rw("cuda_graph", &EngineArgs::cuda_graph)
+      .def_rw("overlap", &EngineArgs::overlap)
       .def_rw("dtype", &EngineArgs::dtype)
       .def_rw("kv_dtype", &EngineArgs::kv_dtype)
       .def_rw("max_context_len", &EngineArgs::max_context_len);

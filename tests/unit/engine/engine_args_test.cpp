@@ -46,6 +46,7 @@ TEST(EngineArgs, RandomValidArgsLandInTheConfig) {
     a.dtype = dtype_name;
     a.kv_dtype = kv_name;
     a.cuda_graph = rng() % 2;
+    a.overlap = rng() % 2;
     a.radix_cache = rng() % 2;
     a.mixed_batches = rng() % 2;
     a.max_context_len = static_cast<int32_t>(rng() % 8192);
@@ -62,6 +63,7 @@ TEST(EngineArgs, RandomValidArgsLandInTheConfig) {
     EXPECT_EQ(c.dtype, dtype);
     EXPECT_EQ(c.kv_dtype, kv_dtype);
     EXPECT_EQ(c.cuda_graph, a.cuda_graph);
+    EXPECT_EQ(c.overlap, a.overlap);
     EXPECT_EQ(c.radix_cache, a.radix_cache);
     EXPECT_EQ(c.scheduler.mixed_batches, a.mixed_batches);
     EXPECT_EQ(c.max_context_len, a.max_context_len);

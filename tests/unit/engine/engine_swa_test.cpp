@@ -209,6 +209,28 @@ TEST(EngineSwa, SpeculativeDecodingOnTheSwaPoolIsRefused) {
   EXPECT_EQ(engine.stats().swa_pages_total, 0);
 }
 
+TEST(EngineSwa, TheOverlapSchedulerOnTheSwaPoolIsRefused) {
+  EngineConfig cfg;
+  cfg.swa_pool = SwaPoolMode::kOn;
+  cfg.overlap = true;
+  try {
+    cfg.validate();
+    FAIL() << "validate accepted --swa-pool on with --overlap on";
+  } catch (const pagoda::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("--swa-pool on"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--overlap on"), std::string::npos) << e.what();
+  }
+  // The default (auto) keeps the overlap loop on the full pool.
+  static SwaModel m(mistral_window_config());
+  EngineConfig overlap;
+  overlap.overlap = true;
+  overlap.pool_tokens = 1024;
+  overlap.max_context_len = 256;
+  Engine engine(m.model, overlap);
+  EXPECT_EQ(engine.stats().swa_pages_total, 0);
+}
+
 TEST(EngineSwa, AnExtendLargerThanTheSwaPoolIsAbortedNamingIt) {
   static SwaModel m(mistral_window_config());
   EngineConfig cfg;

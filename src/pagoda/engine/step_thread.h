@@ -1,0 +1,67 @@
+#pragma once
+/// StepThread: one thread that runs the worker's steps in submission order, for the overlap
+/// loop (docs/design/engine.md "Overlap"). submit() queues a job and returns at once; the jobs
+/// run one after another, so a job sees everything the jobs before it wrote (the future-id
+/// slot). The destructor runs the queued jobs to the end, then joins.
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "pagoda/model/worker.h"
+
+namespace pagoda::engine {
+
+class StepThread {
+ public:
+  StepThread() : thread_([this] { loop(); }) {}
+  ~StepThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  StepThread(const StepThread&) = delete;
+  StepThread& operator=(const StepThread&) = delete;
+
+  /// Queues `job`; its result (or exception) comes through the future.
+  std::future<model::WorkerOutput> submit(std::function<model::WorkerOutput()> job) {
+    std::packaged_task<model::WorkerOutput()> task(std::move(job));
+    auto result = task.get_future();
+    {
+      std::lock_guard lock(mutex_);
+      jobs_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+    return result;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::packaged_task<model::WorkerOutput()> task;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        task = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::packaged_task<model::WorkerOutput()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  ///< last: starts after the members above exist
+};
+
+}  // namespace pagoda::engine
