@@ -90,6 +90,8 @@ struct Req {
   bool admitted_once = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   model::LogitProcessing logit_processing;  ///< validated at add_request
+  /// Counts of cache.tokens for the penalties (build_batch extends it; empty without them).
+  model::TokenCounts token_counts;
   int32_t logprobs = -1;                    ///< GenerateRequest::logprobs
   RequestOutput out;
   Req(RequestId rid, GenerateRequest&& g, double now);
