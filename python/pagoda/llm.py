@@ -17,6 +17,8 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   schedule_policy                   'fcfs' or 'lpm' (longest prefix match; fcfs)
   weight_seed                       the builtin model's random weights
   seed                              the sampling seed of requests whose SamplingParams.seed is None
+  kernel_options                    {name: value} as `--kernel-option NAME=VALUE` (e.g.
+                                    {"cpu_bf16": False}); ValueError naming an unknown name
 Anything else raises NotImplementedError naming it (tensor_parallel_size > 1, quantization, ...).
 """
 from dataclasses import dataclass, field
@@ -124,6 +126,8 @@ class LLM:
                 args.cuda_graph = not value
             elif name == "disable_overlap_schedule":
                 args.overlap = not value
+            elif name == "kernel_options":
+                args.kernel_options = dict(value or {})
             elif name == "weight_seed":
                 weight_seed = int(value)
             elif name == "seed":
@@ -210,7 +214,7 @@ _SERVE_ARGS = ("weight_seed", "served_model_name", "host", "port", "api_key", "m
 # Engine settings of pagoda.serve (EngineArgs: `pagoda serve`'s engine flags).
 _SERVE_ENGINE_ARGS = ("max_running", "backend", "page_size", "pool_tokens", "chunk_size",
                       "max_prefill_tokens", "cuda_graph", "overlap", "radix_cache",
-                      "mixed_batches", "max_context_len")
+                      "mixed_batches", "max_context_len", "kernel_options")
 
 
 def serve(model="builtin", *, dtype="auto", kv_cache_dtype="auto", policy="fcfs", **options):
@@ -218,8 +222,9 @@ def serve(model="builtin", *, dtype="auto", kv_cache_dtype="auto", policy="fcfs"
     SIGINT and returns its exit status. Options as `pagoda serve`'s flags with underscores
     (host, port, api_key, max_queue, chat_template, drain_timeout_s, served_model_name,
     weight_seed; engine: max_running, backend, page_size, pool_tokens, chunk_size,
-    max_prefill_tokens, cuda_graph, overlap, radix_cache, mixed_batches, max_context_len);
-    policy 'fcfs' or 'lpm'. Prints "pagoda serve: listening on http://HOST:PORT" once bound."""
+    max_prefill_tokens, cuda_graph, overlap, radix_cache, mixed_batches, max_context_len,
+    kernel_options {name: value}); policy 'fcfs' or 'lpm'. Prints "pagoda serve: listening on
+    http://HOST:PORT" once bound."""
     if not hasattr(_pagoda, "serve"):
         raise NotImplementedError("pagoda.serve: this build has no server (cpp-httplib was not "
                                   "found at configure time)")

@@ -1110,7 +1110,11 @@ TEST(Sampling, AdjustLogitsEqualsTheHost) {
     for (int i = 0; i < 50; ++i)
       p.logit_bias.emplace_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)),
                                 unit(rng) * 200.f - 100.f);
-    append_logit_adjust(prompt, output, p, static_cast<int32_t>(r), adj);
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), output.begin(), output.end());
+    TokenCounts counts;
+    counts.extend(all, static_cast<int32_t>(prompt.size()));
+    append_logit_adjust(counts, p, static_cast<int32_t>(r), adj);
   }
   Dev d_logits(logits.size() * sizeof(float));
   d_logits.upload(logits);

@@ -147,11 +147,10 @@ void build_batch(const ScheduledStep& s, const model::ModelConfig& mc, int32_t m
                                           .want_logits = q.completes_fill});
     b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
     if (q.completes_fill) {
-      const auto all = std::span<const int32_t>(r.cache.tokens);
-      model::append_logit_adjust(all.first(static_cast<size_t>(r.prompt_len)),
-                                 all.subspan(static_cast<size_t>(r.prompt_len)),
-                                 r.logit_processing, static_cast<int32_t>(rows++),
-                                 b.logit_adjust);
+      if (r.logit_processing.penalized())  // counts the tokens appended since the last step
+        q.req->token_counts.extend(r.cache.tokens, r.prompt_len);
+      model::append_logit_adjust(r.token_counts, r.logit_processing,
+                                 static_cast<int32_t>(rows++), b.logit_adjust);
     }
     b.logit_rows.push_back(q.completes_fill ? 1 : 0);
     b.sampling.push_back(r.sampling);

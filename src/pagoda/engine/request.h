@@ -93,6 +93,8 @@ struct Req {
   bool admitted_once = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   model::LogitProcessing logit_processing;  ///< validated at add_request
+  /// Counts of cache.tokens for the penalties (build_batch extends it; empty without them).
+  model::TokenCounts token_counts;
   int32_t logprobs = -1;                    ///< GenerateRequest::logprobs
   /// Overlap loop: trailing entries of cache.tokens that are placeholders for ids still being
   /// sampled (0–2; docs/design/engine.md "Overlap"). Always 0 without overlap.

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numeric>
-#include <map>
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
@@ -26,27 +26,64 @@ void LogitProcessing::validate(int64_t vocab) const {
   }
 }
 
-void append_logit_adjust(std::span<const int32_t> prompt, std::span<const int32_t> output,
-                         const LogitProcessing& p, int32_t row, std::vector<LogitAdjust>& out) {
+void TokenCounts::extend(std::span<const int32_t> tokens, int32_t prompt_len) {
+  PAGODA_CHECK(static_cast<int64_t>(tokens.size()) >= counted_ && prompt_len >= 0);
+  const auto old = static_cast<std::ptrdiff_t>(by_token_.size());
+  for (auto i = counted_; i < static_cast<int64_t>(tokens.size()); ++i)
+    by_token_.push_back(Count{.token = tokens[static_cast<size_t>(i)],
+                              .output = i < prompt_len ? 0 : 1,
+                              .prompt = i < prompt_len});
+  counted_ = static_cast<int64_t>(tokens.size());
+  // Sort the new tokens, merge them in, then fold each run of one token into its first entry.
+  auto by = [](const Count& a, const Count& b) { return a.token < b.token; };
+  std::sort(by_token_.begin() + old, by_token_.end(), by);
+  std::inplace_merge(by_token_.begin(), by_token_.begin() + old, by_token_.end(), by);
+  size_t kept = 0;
+  for (const Count& c : by_token_) {
+    if (kept > 0 && by_token_[kept - 1].token == c.token) {
+      by_token_[kept - 1].output += c.output;
+      by_token_[kept - 1].prompt = by_token_[kept - 1].prompt || c.prompt;
+    } else {
+      by_token_[kept++] = c;
+    }
+  }
+  by_token_.resize(kept);
+}
+
+void append_logit_adjust(const TokenCounts& counts, const LogitProcessing& p, int32_t row,
+                         std::vector<LogitAdjust>& out) {
   if (!p.active()) return;
-  std::map<int32_t, LogitAdjust> by_token;
-  auto entry = [&](int32_t token) -> LogitAdjust& {
-    auto [it, added] = by_token.try_emplace(token);
-    if (added) it->second = LogitAdjust{.row = row, .token = token};
-    return it->second;
+  // logit_bias sorted by token, the last entry of a token winning (stable sort, keep the last).
+  std::vector<std::pair<int32_t, float>> bias = p.logit_bias;
+  std::stable_sort(bias.begin(), bias.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  const bool rep = p.repetition_penalty != 1.f;
+  const bool sub = p.presence_penalty != 0.f || p.frequency_penalty != 0.f;
+  auto b = bias.begin();
+  auto emit_bias_below = [&](int64_t token) {  // the bias entries of tokens < token
+    for (; b != bias.end() && b->first < token; ++b) {
+      if (std::next(b) != bias.end() && std::next(b)->first == b->first) continue;
+      out.push_back(LogitAdjust{.row = row, .token = b->first, .bias = b->second});
+    }
   };
-  for (const auto& [token, bias] : p.logit_bias) entry(token).bias = bias;
-  if (p.repetition_penalty != 1.f) {
-    for (int32_t t : prompt) entry(t).rep = p.repetition_penalty;
-    for (int32_t t : output) entry(t).rep = p.repetition_penalty;
+  if (rep || sub) {
+    for (const TokenCounts::Count& c : counts.by_token()) {
+      const int32_t token = c.token;
+      emit_bias_below(token);
+      LogitAdjust e{.row = row, .token = token};
+      bool biased = false;
+      for (; b != bias.end() && b->first == token; ++b) {
+        e.bias = b->second;
+        biased = true;
+      }
+      if (rep) e.rep = p.repetition_penalty;
+      const bool counted_sub = sub && c.output > 0;
+      if (counted_sub)
+        e.sub = p.presence_penalty + p.frequency_penalty * static_cast<float>(c.output);
+      if (rep || counted_sub || biased) out.push_back(e);
+    }
   }
-  if (p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
-    std::map<int32_t, int32_t> count;
-    for (int32_t t : output) ++count[t];
-    for (const auto& [token, c] : count)
-      entry(token).sub = p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
-  }
-  for (const auto& [token, e] : by_token) out.push_back(e);
+  emit_bias_below(int64_t{1} << 32);
 }
 
 TokenLogprobs token_logprobs(std::span<const float> logits, int32_t token, int32_t top_n) {

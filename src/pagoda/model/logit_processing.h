@@ -24,19 +24,42 @@ struct LogitProcessing {
   /// (token, bias) pairs, bias in [-100, 100]; a token listed twice gets the last bias.
   std::vector<std::pair<int32_t, float>> logit_bias;
 
-  bool active() const {
-    return presence_penalty != 0.f || frequency_penalty != 0.f || repetition_penalty != 1.f ||
-           !logit_bias.empty();
+  bool active() const { return penalized() || !logit_bias.empty(); }
+  /// A penalty is on (it needs the sequence's TokenCounts).
+  bool penalized() const {
+    return presence_penalty != 0.f || frequency_penalty != 0.f || repetition_penalty != 1.f;
   }
   /// Throws Error(kInvalidArgument) for a value outside its range or a biased token outside
   /// [0, vocab).
   void validate(int64_t vocab) const;
 };
 
-/// Appends the entries of logit row `row` for a sequence with `prompt` and `output` tokens so far
+/// Running token counts of one sequence (prompt ++ output) for the penalties, kept up to date as
+/// its tokens grow so that a step costs O(distinct tokens), not a rescan of the whole history.
+class TokenCounts {
+ public:
+  struct Count {
+    int32_t token = 0;
+    int32_t output = 0;   ///< occurrences in the output
+    bool prompt = false;  ///< occurs in the prompt
+  };
+  /// Counts tokens[counted(), tokens.size()); the first `prompt_len` of `tokens` are the prompt.
+  /// `tokens` must start with the tokens counted so far (they only ever grow). O(distinct + new
+  /// tokens * log(new tokens)).
+  void extend(std::span<const int32_t> tokens, int32_t prompt_len);
+  int64_t counted() const { return counted_; }
+  /// Every token counted so far, once, sorted by token (a flat array: a step walks it in order).
+  std::span<const Count> by_token() const { return by_token_; }
+
+ private:
+  std::vector<Count> by_token_;
+  int64_t counted_ = 0;
+};
+
+/// Appends the entries of logit row `row` for a sequence whose tokens so far `counts` holds
 /// (sorted by token; none when !p.active()).
-void append_logit_adjust(std::span<const int32_t> prompt, std::span<const int32_t> output,
-                         const LogitProcessing& p, int32_t row, std::vector<LogitAdjust>& out);
+void append_logit_adjust(const TokenCounts& counts, const LogitProcessing& p, int32_t row,
+                         std::vector<LogitAdjust>& out);
 
 /// One sampled token's log-probabilities: the log-softmax of the logit row it was sampled from
 /// (after logit_bias and penalties, before temperature and top-k / top-p / min-p).

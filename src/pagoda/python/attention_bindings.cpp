@@ -43,15 +43,19 @@ DType dtype_named(const std::string& name, const char* what) {
 /// One BatchAttention implementation plus the device its tensors must live on.
 class PyBatchAttention {
  public:
-  PyBatchAttention(const std::string& backend, int num_threads, uintptr_t cuda_stream) {
+  PyBatchAttention(const std::string& backend, int num_threads, uintptr_t cuda_stream,
+                   const nb::dict& kernel_options) {
+    const backends::KernelOptions kernels = kernel_options_of(kernel_options);
     if (backend == "cpu") {
-      impl_ = backends::make_cpu_batch_attention({.num_threads = num_threads});
+      impl_ = backends::make_cpu_batch_attention({.num_threads = num_threads,
+                                                  .bf16_tiles = kernels.cpu_bf16,
+                                                  .bf16_decode = kernels.cpu_bf16_decode});
     } else if (backend == "reference") {
       impl_ = backends::make_reference_batch_attention();
     } else if (backend == "cuda") {
 #ifdef PAGODA_HAVE_CUDA_BACKEND
       impl_ = std::make_unique<backends::cuda::CudaBatchAttention>(
-          reinterpret_cast<cudaStream_t>(cuda_stream));
+          reinterpret_cast<cudaStream_t>(cuda_stream), kernels);
       device_ = DeviceKind::kCuda;
 #else
       throw_error(ErrorCode::kUnsupported,
@@ -139,6 +143,16 @@ std::vector<std::string> available_backends() {
 
 }  // namespace
 
+backends::KernelOptions kernel_options_of(const nb::dict& options) {
+  backends::KernelOptions o;
+  for (const auto& [name, value] : options) {
+    const std::string v = nb::isinstance<nb::bool_>(value) ? (nb::cast<bool>(value) ? "true" : "false")
+                                                           : std::string(nb::str(value).c_str());
+    backends::set_kernel_option(o, std::string(nb::str(name).c_str()) + "=" + v);
+  }
+  return o;
+}
+
 void bind_attention(nb::module_& m) {
   m.def("available_backends", &available_backends,
         "BatchAttention implementations in this build: 'cpu', 'reference' and, when built with "
@@ -148,11 +162,14 @@ void bind_attention(nb::module_& m) {
       "host int32 arrays, run() per layer. Causal masks are bottom-right aligned, window_left "
       "keeps window_left + 1 keys (-1: off), soft cap is cap * tanh(sm_scale * q.k / cap), LSE "
       "is base 2. Not thread-safe.")
-      .def(nb::init<const std::string&, int, uintptr_t>(), nb::arg("backend") = "cpu",
-           nb::arg("num_threads") = 0, nb::arg("cuda_stream") = 0,
+      .def(nb::init<const std::string&, int, uintptr_t, const nb::dict&>(),
+           nb::arg("backend") = "cpu", nb::arg("num_threads") = 0, nb::arg("cuda_stream") = 0,
+           nb::arg("kernel_options") = nb::dict(),
            "backend: 'cpu' (SIMD + OpenMP, num_threads threads; 0 = all), 'reference' (fp64 "
            "oracle) or 'cuda' (work goes to cuda_stream, a cudaStream_t as an integer; 0 = the "
-           "legacy default stream).")
+           "legacy default stream). kernel_options: {name: value} as `--kernel-option` "
+           "(cpu_bf16, cpu_bf16_decode for 'cpu'; the CUDA ones for 'cuda'); ValueError naming "
+           "an unknown name or a bad value.")
       .def_prop_ro("name", &PyBatchAttention::name)
       .def("plan", &PyBatchAttention::plan, nb::arg("qo_indptr"), nb::arg("kv_indptr"),
            nb::arg("kv_indices"), nb::arg("kv_last_page_len"), nb::arg("page_size"),

@@ -16,6 +16,7 @@
 #include "pagoda/engine/engine_args.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/safetensors.h"
+#include "pagoda/python/attention_bindings.h"
 #include "pagoda/tokenizer/load.h"
 #ifdef PAGODA_PYTHON_HAVE_SERVER
 #include "pagoda/server/server.h"
@@ -139,6 +140,15 @@ void bind_engine(nb::module_& m) {
       .def_prop_rw(
           "backend", [](const EngineArgs& a) { return a.backend.attention; },
           [](EngineArgs& a, const std::string& v) { a.backend.attention = v; })
+      .def_prop_rw(
+          "kernel_options",
+          [](const EngineArgs& a) {
+            nb::dict d;  // {name: value string}, every option (kernel_option_values)
+            for (const auto& [name, value] : backends::kernel_option_values(a.backend.kernels))
+              d[name.c_str()] = value;
+            return d;
+          },
+          [](EngineArgs& a, const nb::dict& v) { a.backend.kernels = kernel_options_of(v); })
       .def_rw("page_size", &EngineArgs::page_size)
       .def_rw("pool_tokens", &EngineArgs::pool_tokens)
       .def_rw("max_running", &EngineArgs::max_running)

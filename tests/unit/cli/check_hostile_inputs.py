@@ -12,7 +12,7 @@ line of every command that takes them, naming the option.
 
 Also: a drained `pagoda bench --json` reports leaked_pages 0 and, after evicting its prefix
 cache, every page free (pages_free_after_drain == pages_total, none referenced), and prints the
-kernel options it ran with.
+kernel options it ran with; with a file storage tier its storage puts equal the page files written.
 
 Usage: check_hostile_inputs.py PAGODA_BINARY WORK_DIR
 """
@@ -158,6 +158,26 @@ print(f"{'ok  ' if ok else 'FAIL'} bench drained accounting: " +
                                             "kernel_options")))
 if not ok:
     failures.append(f"bench drained accounting: rc={p.returncode} {j}")
+
+# With a file storage tier, the storage counters are read after the drain (evicting the host tier
+# writes its pages): puts equals the page files the run left in the storage folder.
+store = os.path.join(WORK, "bench_storage")
+if os.path.isdir(store):
+    for f in os.listdir(store):
+        os.remove(os.path.join(store, f))
+p = subprocess.run([PAGODA, "bench", "--requests", "6", "--max-new-tokens", "4", "--json",
+                    "--page-size", "4", "--hicache-ratio", "2", "--hicache-storage", f"file:{store}"],
+                   capture_output=True, text=True, timeout=120)
+try:
+    st = json.loads(p.stdout.strip().splitlines()[-1])["hicache"]["storage"]
+    files = [f for f in os.listdir(store) if f.endswith(".kvpage")]
+    ok = p.returncode == 0 and st["puts"] > 0 and st["puts"] == len(files) and st["put_errors"] == 0
+except (ValueError, KeyError, IndexError, TypeError, OSError) as e:
+    ok, st, files = False, {"error": str(e), "stderr": p.stderr[-2000:]}, []
+print(f"{'ok  ' if ok else 'FAIL'} bench storage counters after the drain: puts {st.get('puts')}, "
+      f"{len(files)} page files")
+if not ok:
+    failures.append(f"bench storage counters: rc={p.returncode} {st}")
 
 if failures:
     print(f"\n{len(failures)} case(s) failed:\n" + "\n".join(failures))

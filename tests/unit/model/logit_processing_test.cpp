@@ -2,7 +2,9 @@
 // (OpenAI presence / frequency over the output, HF / vLLM repetition over prompt + output).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <optional>
 #include <random>
@@ -45,7 +47,13 @@ TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
     p.validate(vocab);
     EXPECT_EQ(p.active(), r != 5);
     const size_t before = adj.size();
-    append_logit_adjust(prompt, output, p, r, adj);
+    std::vector<int32_t> all = prompt;  // counted in two pieces, as the engine's steps do
+    all.insert(all.end(), output.begin(), output.end());
+    TokenCounts counts;
+    const auto cut = static_cast<size_t>(rng() % (all.size() + 1));
+    counts.extend(std::span<const int32_t>(all).first(cut), static_cast<int32_t>(prompt.size()));
+    counts.extend(all, static_cast<int32_t>(prompt.size()));
+    append_logit_adjust(counts, p, r, adj);
     if (r == 5) {
       EXPECT_EQ(adj.size(), before) << "a plain row adds no entries";
     }
@@ -62,6 +70,43 @@ TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
       ASSERT_NEAR(logits[static_cast<size_t>(r) * vocab + v], w, 1e-5 * (1.0 + std::abs(w)))
           << "row " << r << " token " << v;
     }
+}
+
+// TokenCounts extended token by token and in random chunks against a from-scratch recount of
+// the prompt and the output at every point.
+TEST(LogitProcessing, IncrementalCountsMatchARecount) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 20; ++iter) {
+    const auto range = static_cast<uint64_t>(2 + rng() % 3000);  // small ranges repeat tokens
+    std::vector<int32_t> tokens(1 + rng() % 2000);
+    for (auto& t : tokens) t = static_cast<int32_t>(rng() % range);
+    const auto prompt_len = static_cast<int32_t>(1 + rng() % tokens.size());
+    TokenCounts counts;
+    size_t n = 0;
+    while (n < tokens.size()) {
+      n = std::min(tokens.size(), n + (rng() % 4 == 0 ? 1 + rng() % 300 : 1));
+      counts.extend(std::span<const int32_t>(tokens).first(n), prompt_len);
+      std::map<int32_t, TokenCounts::Count> want;
+      for (size_t i = 0; i < n; ++i) {
+        TokenCounts::Count& c = want[tokens[i]];
+        c.token = tokens[i];
+        if (static_cast<int32_t>(i) < prompt_len) c.prompt = true;
+        else ++c.output;
+      }
+      ASSERT_EQ(counts.counted(), static_cast<int64_t>(n));
+      ASSERT_EQ(counts.by_token().size(), want.size()) << "after " << n << " tokens";
+      auto got = counts.by_token().begin();
+      for (const auto& [t, c] : want) {  // in token order, each token once
+        ASSERT_EQ(got->token, t) << "after " << n << " tokens";
+        ASSERT_EQ(got->prompt, c.prompt) << "token " << t << " after " << n;
+        ASSERT_EQ(got->output, c.output) << "token " << t << " after " << n;
+        ++got;
+      }
+    }
+  }
 }
 
 // token_logprobs against log(softmax) in long double and a full sort (ties by id).

@@ -11,9 +11,11 @@ from pagoda import _pagoda
 from conftest import assert_close, assert_lse_close, bf16_bits, bf16_value, reference
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("backend,kernel_options",
+                         [("cpu", {}), ("reference", {}),
+                          ("cpu", {"cpu_bf16": False, "cpu_bf16_decode": True})])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_batch_attention_over_kv_pool(rng, backend, dtype):
+def test_batch_attention_over_kv_pool(rng, backend, kernel_options, dtype):
     hq, hkv, d, page_size, layers = 8, 2, 64, 16, 2
     alloc = _pagoda.PageAllocator(64, page_size)
     pool = _pagoda.KvPool(layers, 64, page_size, hkv, d, dtype)
@@ -39,7 +41,7 @@ def test_batch_attention_over_kv_pool(rng, backend, dtype):
         last.append(n - (pages - 1) * page_size)
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
     nnz = int(qo_indptr[-1])
-    attn = pagoda.BatchAttention(backend)
+    attn = pagoda.BatchAttention(backend, kernel_options=kernel_options)
     assert attn.name == backend
     attn.plan(qo_indptr, np.array(kv_indptr, np.int32), np.array(kv_indices, np.int32),
               np.array(last, np.int32), page_size, hq, hkv, d, d, dtype, dtype, "f32")
@@ -64,6 +66,13 @@ def test_batch_attention_errors():
         attn.run(np.zeros((1, 1, 8), np.float32), z, z, np.zeros((1, 1, 8), np.float32))
     with pytest.raises(ValueError, match="unknown backend"):
         pagoda.BatchAttention("tpu")
+    # Kernel options as `--kernel-option`: an unknown name or a bad value is named.
+    with pytest.raises(ValueError, match="unknown kernel option 'sm90_tmaa'"):
+        pagoda.BatchAttention("cpu", kernel_options={"sm90_tmaa": 0})
+    with pytest.raises(ValueError, match="merge_threads must be"):
+        pagoda.BatchAttention("cpu", kernel_options={"merge_threads": 48})
+    with pytest.raises(ValueError, match="cpu_bf16"):
+        pagoda.BatchAttention("cpu", kernel_options={"cpu_bf16": "maybe"})
     if "cuda" not in pagoda.available_backends():
         with pytest.raises(NotImplementedError, match="cuda"):
             pagoda.BatchAttention("cuda")

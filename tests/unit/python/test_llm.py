@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 import pagoda
+from pagoda import _pagoda
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
@@ -87,6 +88,23 @@ def test_builtin_text_and_seeded_sampling():
         assert o.prompt == text and o.prompt_token_ids == encode(text, True)
         assert len(o.outputs[0].token_ids) == 12 and o.outputs[0].finish_reason == "length"
         assert o.outputs[0].text == decode(o.outputs[0].token_ids, True)
+
+
+def test_kernel_options():
+    # {name: value} reaches EngineArgs as `--kernel-option NAME=VALUE` would.
+    args = _pagoda.EngineArgs()
+    args.kernel_options = {"cpu_bf16": False, "sm90_max_blocks": 3}
+    got = args.kernel_options
+    assert got["cpu_bf16"] == "false" and got["sm90_max_blocks"] == "3"
+    assert got["mla_decode"] == "true"  # the others keep their defaults
+    llm = pagoda.LLM("builtin", kernel_options={"cpu_bf16": False})
+    out = llm.generate(prompt_token_ids=[[1, 2, 3]],
+                       sampling_params=pagoda.SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="unknown kernel option 'sm90_tmaa'"):
+        pagoda.LLM("builtin", kernel_options={"sm90_tmaa": 0})
+    with pytest.raises(ValueError, match="merge_threads must be"):
+        pagoda.LLM("builtin", kernel_options={"merge_threads": 48})
 
 
 def test_unsupported_arguments_are_named():
