@@ -11,18 +11,10 @@
 #include <fmt/format.h>
 
 #include "cache_workload.h"
+#include "property_seed.h"
 
 namespace pagoda::testing {
 namespace {
-
-uint64_t base_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* env = std::getenv("PAGODA_SEED")) return std::strtoull(env, nullptr, 10);
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32) | rd();
-  }();
-  return seed;
-}
 
 struct Case {
   int32_t page_size;
@@ -36,7 +28,7 @@ class CacheProperty : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CacheProperty, RandomStreamMatchesModel) {
   const Case c = GetParam();
-  const uint64_t seed = base_seed();
+  const uint64_t seed = pagoda::testing::property_seed();
   std::printf("PAGODA_SEED=%llu (page_size %d, policy %s%s)\n",
               static_cast<unsigned long long>(seed), c.page_size, c.policy,
               c.chunk_cache ? ", chunk cache" : "");
