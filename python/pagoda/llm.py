@@ -13,6 +13,7 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   enforce_eager / disable_cuda_graph    CUDA graphs of decode steps (on)
   dtype, kv_cache_dtype             'auto', 'float32', 'float16', 'bfloat16', 'fp8_e4m3', ...
   max_model_len / context_length    longest request (0 = the model's)
+  schedule_policy                   'fcfs' or 'lpm' (longest prefix match; fcfs)
   weight_seed                       the builtin model's random weights
   seed                              the sampling seed of requests whose SamplingParams.seed is None
 Anything else raises NotImplementedError naming it (tensor_parallel_size > 1, quantization, ...).
@@ -24,10 +25,11 @@ from pagoda import _pagoda
 
 _ARG_ALIASES = {
     "backend": "backend", "attention_backend": "backend", "page_size": "page_size",
-    "pool_tokens": "pool_tokens", "max_num_seqs": "max_running_requests",
-    "max_running_requests": "max_running_requests", "chunked_prefill_size": "chunk_size",
+    "pool_tokens": "pool_tokens", "max_num_seqs": "max_running",
+    "max_running_requests": "max_running", "chunked_prefill_size": "chunk_size",
     "max_prefill_tokens": "max_prefill_tokens", "dtype": "dtype", "kv_cache_dtype": "kv_dtype",
     "max_model_len": "max_context_len", "context_length": "max_context_len",
+    "schedule_policy": "policy",
 }
 # Arguments whose default (or a value meaning "the default") is accepted and changes nothing.
 _NEUTRAL = {"tensor_parallel_size": 1, "tp_size": 1, "trust_remote_code": None,
@@ -201,27 +203,35 @@ def _as_params(p):
 
 
 _SERVE_ARGS = ("weight_seed", "served_model_name", "host", "port", "api_key", "max_queue",
-               "max_running", "backend", "page_size", "pool_tokens", "chunk_size",
-               "cuda_graph", "chat_template", "drain_timeout_s")
+               "chat_template", "drain_timeout_s")
+# Engine settings of pagoda.serve (EngineArgs: `pagoda serve`'s engine flags).
+_SERVE_ENGINE_ARGS = ("max_running", "backend", "page_size", "pool_tokens", "chunk_size",
+                      "max_prefill_tokens", "cuda_graph", "radix_cache", "mixed_batches",
+                      "max_context_len")
 
 
 def serve(model="builtin", *, dtype="auto", kv_cache_dtype="auto", policy="fcfs", **options):
     """Runs `pagoda serve` (the OpenAI-compatible server) in this process until SIGTERM /
     SIGINT and returns its exit status. Options as `pagoda serve`'s flags with underscores
-    (host, port, api_key, max_running, max_queue, backend, page_size, pool_tokens, chunk_size,
-    cuda_graph, chat_template, drain_timeout_s, served_model_name, weight_seed); policy 'fcfs'
+    (host, port, api_key, max_queue, chat_template, drain_timeout_s, served_model_name,
+    weight_seed; engine: max_running, backend, page_size, pool_tokens, chunk_size,
+    max_prefill_tokens, cuda_graph, radix_cache, mixed_batches, max_context_len); policy 'fcfs'
     or 'lpm'. Prints "pagoda serve: listening on http://HOST:PORT" once bound."""
     if not hasattr(_pagoda, "serve"):
         raise NotImplementedError("pagoda.serve: this build has no server (cpp-httplib was not "
                                   "found at configure time)")
     o = _pagoda.ServeOptions()
     o.model = str(model)
+    engine = o.engine
     for name, value in options.items():
-        if name not in _SERVE_ARGS:
+        if name in _SERVE_ARGS:
+            setattr(o, name, value)
+        elif name in _SERVE_ENGINE_ARGS:
+            setattr(engine, name, value)
+        else:
             raise NotImplementedError(f"pagoda.serve: option {name!r} is not supported")
-        setattr(o, name, value)
-    if policy not in ("fcfs", "lpm"):
-        raise ValueError(f"policy must be 'fcfs' or 'lpm', got {policy!r}")
-    o.lpm = policy == "lpm"
-    return _pagoda.serve(o, "" if dtype == "auto" else dtype,
-                         "" if kv_cache_dtype == "auto" else kv_cache_dtype)
+    engine.policy = policy
+    engine.dtype = "" if dtype in (None, "auto") else str(dtype)
+    engine.kv_dtype = "" if kv_cache_dtype in (None, "auto") else str(kv_cache_dtype)
+    o.engine = engine
+    return _pagoda.serve(o)

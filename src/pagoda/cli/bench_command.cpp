@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/hicache_options.h"
+#include "pagoda/cli/engine_options.h"
 #include "pagoda/cli/kernel_options_flag.h"
 #include "pagoda/cli/spec_bench.h"
 #include "pagoda/cli/spec_options.h"
@@ -36,24 +36,18 @@ struct BenchOptions {
   std::string model = "builtin";
   int tp = 1;
   uint64_t weight_seed = 0;
-  std::string backend;
-  backends::KernelOptions kernels;  ///< --kernel-option
-  std::string prefill_backend;
-  std::string decode_backend;
-  int page_size = 16;
-  int64_t pool_tokens = 12288;
+  EngineOptions engine = [] {  // bench's defaults
+    EngineOptions e;
+    e.args.pool_tokens = 12288;
+    e.args.policy = "lpm";
+    e.args.chunk_size = 256;
+    e.args.max_running = 48;
+    return e;
+  }();
   int requests = 600;
   uint64_t seed = 1;
   int max_new_tokens = 64;
-  std::string policy = "lpm";
-  int chunk_size = 256;
-  int max_running = 48;
-  bool no_radix = false;
-  bool no_mixed = false;
   bool json = false;
-  std::string cuda_graph = "on";
-  std::string dtype = "auto";
-  std::string kv_dtype = "auto";
   /// > 0: a fixed workload instead of conversations: `requests` independent prompts of
   /// input_len random tokens, each generating exactly output_len tokens, all queued at once.
   int input_len = 0;
@@ -65,7 +59,6 @@ struct BenchOptions {
   int conversations = 32;
   int turns = 4;
   int system_len = 256;
-  HiCacheOptions hicache{};
 };
 
 
@@ -173,9 +166,9 @@ void progress(int done, int total, double elapsed, int64_t out_tokens) {
 
 void run_bench(const BenchOptions& o) {
   prepare_host_threads();
-  const tier::HiCacheConfig hicache = make_hicache_config(o.hicache);
+  const engine::EngineArgs args = o.engine.resolve();
   const bool engine_workload = o.workload == "chat" || o.workload == "multiturn";
-  PAGODA_REQUIRE(!hicache.enabled() || (o.spec.mode == "none" && engine_workload),
+  PAGODA_REQUIRE(!args.hicache.enabled() || (o.spec.mode == "none" && engine_workload),
                  kInvalidArgument,
                  "--hicache-* runs with the chat or multiturn workload and no --spec");
   PAGODA_REQUIRE(o.workload != "multiturn" || o.spec.mode == "none", kInvalidArgument,
@@ -184,18 +177,9 @@ void run_bench(const BenchOptions& o) {
     SpecBenchArgs a;
     a.model = o.model;
     a.weight_seed = o.weight_seed;
-    a.backend.attention = o.backend;
-    a.backend.prefill = o.prefill_backend;
-    a.backend.decode = o.decode_backend;
-    a.backend.kernels = o.kernels;
-    a.page_size = o.page_size;
-    a.pool_tokens = o.pool_tokens;
+    a.engine = args;
     a.requests = o.requests;
     a.seed = o.seed;
-    a.max_running = o.max_running;
-    a.cuda_graph = o.cuda_graph == "on";
-    a.dtype = o.dtype;
-    a.kv_dtype = o.kv_dtype;
     a.workload = o.workload == "chat" ? "random" : o.workload;
     a.input_len = o.input_len > 0 ? o.input_len : 256;
     a.output_len = o.output_len;
@@ -207,8 +191,6 @@ void run_bench(const BenchOptions& o) {
   }
   PAGODA_REQUIRE(o.requests >= 1, kInvalidArgument, "--requests must be >= 1");
   PAGODA_REQUIRE(o.max_new_tokens >= 1, kInvalidArgument, "--max-new-tokens must be >= 1");
-  PAGODA_REQUIRE(o.policy == "fcfs" || o.policy == "lpm", kInvalidArgument,
-                 "--policy must be fcfs or lpm (got {})", o.policy);
   PAGODA_REQUIRE(o.input_len >= 0 && o.output_len >= 1, kInvalidArgument,
                  "--input-len must be >= 0 and --output-len >= 1");
   PAGODA_REQUIRE(o.workload != "multiturn" ||
@@ -216,35 +198,9 @@ void run_bench(const BenchOptions& o) {
                  kInvalidArgument,
                  "--workload multiturn needs --conversations, --turns, --system-len >= 1 and no "
                  "--input-len");
-  const std::optional<DType> dtype = parse_dtype_option(o.dtype, "--dtype");
-  const std::optional<DType> kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
-  backends::BackendSelection selection;
-  selection.attention = o.backend;
-  selection.prefill = o.prefill_backend;
-  selection.decode = o.decode_backend;
-  auto platform = engine::make_platform_for(selection);
-
-  engine::EngineConfig cfg;
-  cfg.cuda_graph = o.cuda_graph == "on";
-  cfg.dtype = dtype;
-  cfg.kv_dtype = kv_dtype;
-  cfg.page_size = o.page_size;
-  cfg.pool_tokens = o.pool_tokens;
-  cfg.radix_cache = !o.no_radix;
-  cfg.scheduler.max_running_requests = o.max_running;
-  cfg.scheduler.chunk_size = o.chunk_size;
-  cfg.scheduler.mixed_batches = !o.no_mixed;
-  cfg.scheduler.policy = o.policy == "lpm" ? engine::SchedulePolicy::kLongestPrefixMatch
-                                           : engine::SchedulePolicy::kFcfs;
-  cfg.backend.attention = o.backend.empty() && o.prefill_backend.empty() &&
-                                  o.decode_backend.empty()
-                              ? engine::default_backend_name(*platform)
-                              : o.backend;
-  cfg.backend.prefill = o.prefill_backend;
-  cfg.backend.decode = o.decode_backend;
-  cfg.backend.kernels = o.kernels;
-  cfg.hicache = hicache;
-  cfg.validate();  // before the (possibly large) model is loaded
+  auto platform = engine::make_platform(args);
+  // Checked before the (possibly large) model is loaded.
+  const engine::EngineConfig cfg = engine::make_engine_config(args, *platform);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
@@ -366,8 +322,8 @@ void run_bench(const BenchOptions& o) {
   nlohmann::json j = {
       {"model", loaded.config.name},
       {"backend", eng.worker().backend_name()},
-      {"kernel_options", kernel_options_json(o.kernels)},
-      {"page_size", o.page_size},
+      {"kernel_options", kernel_options_json(args.backend.kernels)},
+      {"page_size", args.page_size},
       {"pool_tokens", st.pool_tokens},
       {"requests", completed},
       {"failed_requests", failed},
@@ -397,7 +353,7 @@ void run_bench(const BenchOptions& o) {
       {"pages_free_after_drain", free_after_drain},
       {"pages_referenced_after_drain", referenced_after_drain},
       {"device_path", st.device_path},
-      {"cuda_graph", st.device_path && o.cuda_graph == "on"},
+      {"cuda_graph", st.device_path && args.cuda_graph},
       {"cuda_graphs", st.cuda_graphs},
       {"cuda_graph_steps", st.cuda_graph_steps},
       {"decode_steps", st.decode_steps},
@@ -420,7 +376,7 @@ void run_bench(const BenchOptions& o) {
   };
   if (st.hicache) {
     j["hicache"] = hicache_stats_json(st);
-    j["hicache"]["write_policy"] = o.hicache.write_policy;
+    j["hicache"]["write_policy"] = o.engine.hicache.write_policy;
     j["hicache"]["leaked_host_pages"] = leaked_host;
     j["hicache"]["host_pages_drained"] = host_drained_pages;
   }
@@ -444,8 +400,8 @@ void run_bench(const BenchOptions& o) {
   fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}), backend {}, page {}, pool {} "
              "tokens, policy {}, chunk {}\n",
              loaded.config.name, static_cast<double>(loaded.config.num_parameters()) / 1e6,
-             st.dtype, st.kv_dtype, eng.worker().backend_name(), o.page_size, st.pool_tokens, o.policy,
-             o.chunk_size);
+             st.dtype, st.kv_dtype, eng.worker().backend_name(), args.page_size, st.pool_tokens,
+             args.policy, args.chunk_size);
   auto row = [](const char* name, const std::string& value) {
     fmt::print("  {:<24} {:>16}\n", name, value);
   };
@@ -502,15 +458,6 @@ void run_bench(const BenchOptions& o) {
 
 }  // namespace
 
-std::optional<DType> parse_dtype_option(const std::string& value, const char* option) {
-  if (value == "auto") return std::nullopt;
-  const std::optional<DType> t = parse_dtype(value);
-  PAGODA_REQUIRE(t.has_value() && dtype_is_float(*t), kInvalidArgument,
-                 "{} must be auto, f32, f16, bf16, fp8_e4m3 or fp8_e5m2 (got '{}')", option,
-                 value);
-  return t;
-}
-
 void prepare_host_threads() {
   if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
     std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -532,35 +479,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--model", o->model, "builtin, or a Hugging Face checkpoint folder")
       ->capture_default_str();
   cmd->add_option("--weight-seed", o->weight_seed)->capture_default_str();
-  cmd->add_option("--tp", o->tp,
-                  "tensor parallelism: ranks (GPUs on CUDA, one process each; threads on the "
-                  "CPU)")
-      ->capture_default_str();
-  cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
-  add_kernel_option_flag(cmd, o->kernels);
-  cmd->add_option("--prefill-backend", o->prefill_backend, "backend for extend steps");
-  cmd->add_option("--decode-backend", o->decode_backend, "backend for decode steps");
-  cmd->add_option("--page-size", o->page_size)->capture_default_str();
-  cmd->add_option("--pool-tokens", o->pool_tokens, "KV pool capacity in tokens")
-      ->capture_default_str();
+  add_tp_option(cmd, o->tp);
+  add_engine_options(cmd, o->engine);
   cmd->add_option("--requests", o->requests, "requests (turns) in the workload")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "workload seed")->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "largest output length")
-      ->capture_default_str();
-  cmd->add_option("--policy", o->policy, "fcfs or lpm")->capture_default_str();
-  cmd->add_option("--chunk-size", o->chunk_size, "chunked prefill budget (0 = off)")
-      ->capture_default_str();
-  cmd->add_option("--max-running", o->max_running, "max running requests")->capture_default_str();
-  cmd->add_option("--cuda-graph", o->cuda_graph,
-                  "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
-  cmd->add_option("--dtype", o->dtype,
-                  "model weights/activations: auto (f32 on the CPU, bf16 on CUDA), f32, f16, bf16")
-      ->capture_default_str();
-  cmd->add_option("--kv-dtype", o->kv_dtype,
-                  "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
       ->capture_default_str();
   cmd->add_option("--input-len", o->input_len,
                   "fixed workload: prompt length of each of --requests independent requests "
@@ -582,9 +506,6 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--system-len", o->system_len, "multiturn: shared system prompt tokens")
       ->capture_default_str();
   add_spec_options(cmd, o->spec);
-  add_hicache_options(cmd, o->hicache);
-  cmd->add_flag("--no-radix", o->no_radix, "disable the radix prefix cache");
-  cmd->add_flag("--no-mixed", o->no_mixed, "no mixed extend + decode batches");
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->callback([o] { run_bench(*o); });
 }

@@ -5,10 +5,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include <optional>
 #include <string>
 
-#include "pagoda/core/dtype.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/platform/platform.h"
 
@@ -51,6 +49,7 @@ class TpRunner {
   TpRunner();
   ~TpRunner();
   TpRunner(TpRunner&&) noexcept;
+  TpRunner& operator=(TpRunner&&) noexcept;
   /// The Engine worker factory (empty for N = 1). Call once.
   engine::WorkerFactory factory(platform::Platform& platform);
 
@@ -64,16 +63,14 @@ class TpRunner {
 /// without NCCL or GPUs enough on CUDA).
 TpRunner start_tp(int tp, const platform::Platform& platform, const std::string& model,
                   uint64_t weight_seed);
+/// Registers `--tp N` (default 1) of generate, bench and serve.
+void add_tp_option(CLI::App* cmd, int& tp);
 
 /// Prepares the process for running the model on this host: OpenBLAS single-threaded (the
 /// attention backend owns the OpenMP threads) and OpenMP waiting passively, so BLAS and OpenMP do
 /// not spin against each other. OMP_WAIT_POLICY is read when the runtime loads, so when it is
 /// unset this re-executes the process with OMP_WAIT_POLICY=passive (never returns then).
 void prepare_host_threads();
-
-/// Parses a model or KV dtype option: "auto" → nullopt, else f32 / f16 / bf16 / fp8_e4m3 /
-/// fp8_e5m2 (Error(kInvalidArgument) naming `option` otherwise).
-std::optional<DType> parse_dtype_option(const std::string& value, const char* option);
 
 /// `pagoda bench`: synthetic serving workload on the engine (shared system prompts, multi-turn
 /// follow-ups); progress on stderr, then a summary table or one JSON object (--json).

@@ -12,8 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/hicache_options.h"
-#include "pagoda/cli/kernel_options_flag.h"
+#include "pagoda/cli/engine_options.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
@@ -38,19 +37,19 @@ struct GenerateOptions {
   int top_k = 0;
   float top_p = 1.f;
   uint64_t seed = 0;
-  std::string backend;
-  backends::KernelOptions kernels;  ///< --kernel-option
-  int page_size = 16;
+  /// The engine; a pool_tokens or max_running of 0 (the defaults) is sized to the prompts.
+  EngineOptions engine = [] {
+    EngineOptions e;
+    e.args.pool_tokens = 0;
+    e.args.max_running = 0;
+    return e;
+  }();
   bool ignore_eos = false;
   bool json = false;
   bool dump_logits = false;
-  std::string cuda_graph = "on";
-  std::string dtype = "auto";
-  std::string kv_dtype = "auto";
   float min_p = 0.f;
   int tp = 1;
   SpecOptions spec{};
-  HiCacheOptions hicache{};
 };
 
 std::vector<int32_t> parse_token_ids(const std::string& s) {
@@ -72,30 +71,18 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
   return ids;
 }
 
-/// The platform the --backend option runs on.
-std::unique_ptr<platform::Platform> platform_for(const GenerateOptions& o) {
-  backends::BackendSelection selection;
-  selection.attention = o.backend;
-  return engine::make_platform_for(selection);
-}
-
-/// The engine configuration of the options: a pool of at least `pool_tokens` (>= 4096) and
-/// `max_running` running requests.
+/// The engine configuration of the options. The pool holds at least `pool_tokens` (>= 4096)
+/// and `max_running` requests run at once, unless --pool-tokens / --max-running say otherwise.
 engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform::Platform& platform,
                                        int64_t pool_tokens, int32_t max_running,
                                        SpecDraft& draft,
                                        const model::LlamaModel* target = nullptr) {
-  engine::EngineConfig cfg;
+  engine::EngineArgs args = o.engine.resolve();
+  if (args.pool_tokens == 0) args.pool_tokens = std::max<int64_t>(4096, pool_tokens);
+  if (args.max_running == 0) args.max_running = max_running;
+  engine::EngineConfig cfg = engine::make_engine_config(args, platform);
   cfg.spec = make_spec_config(o.spec, draft, target);
-  cfg.hicache = make_hicache_config(o.hicache);
-  cfg.cuda_graph = o.cuda_graph == "on";
-  cfg.dtype = parse_dtype_option(o.dtype, "--dtype");
-  cfg.kv_dtype = parse_dtype_option(o.kv_dtype, "--kv-dtype");
-  cfg.page_size = o.page_size;
-  cfg.pool_tokens = std::max<int64_t>(4096, pool_tokens);
-  cfg.scheduler.max_running_requests = max_running;
-  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(platform) : o.backend;
-  cfg.backend.kernels = o.kernels;
+  cfg.validate();
   return cfg;
 }
 
@@ -114,10 +101,11 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   }
   PAGODA_REQUIRE(!prompts.empty(), kInvalidArgument, "--batch-file '{}' has no prompts",
                  o.batch_file);
-  auto platform = platform_for(o);
+  auto platform = engine::make_platform(o.engine.args);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
-      o, *platform, (total + o.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
+      o, *platform,
+      (total + o.engine.args.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
       static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft, &llama);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
@@ -160,7 +148,7 @@ void validate_engine_options(const GenerateOptions& o) {
     probe.spec.draft_model.clear();
   }
   SpecDraft none;
-  auto platform = platform_for(probe);
+  auto platform = engine::make_platform(probe.engine.args);
   engine_config_for(probe, *platform, 4096, 4, none).validate();
 }
 
@@ -189,10 +177,11 @@ void run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt =
       o.prompt.empty() ? parse_token_ids(o.token_ids) : tok->encode(o.prompt, true);
 
-  auto platform = platform_for(o);
+  auto platform = engine::make_platform(o.engine.args);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
-      o, *platform, (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.page_size) * 2,
+      o, *platform,
+      (static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.engine.args.page_size) * 2,
       4, draft, &llama);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
@@ -269,10 +258,7 @@ void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate from one prompt (greedy or sampled)");
   cmd->add_option("--model", opts->model, "builtin, or a Hugging Face checkpoint folder")
       ->capture_default_str();
-  cmd->add_option("--tp", opts->tp,
-                  "tensor parallelism: ranks (GPUs on CUDA, one process each; threads on the "
-                  "CPU)")
-      ->capture_default_str();
+  add_tp_option(cmd, opts->tp);
   cmd->add_option("--weight-seed", opts->weight_seed, "seed of the builtin model's weights")
       ->capture_default_str();
   cmd->add_option("--prompt", opts->prompt,
@@ -288,21 +274,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", opts->seed, "sampling seed")->capture_default_str();
   cmd->add_option("--min-p", opts->min_p, "drop tokens below min_p * p_max (0 = off)")
       ->capture_default_str();
-  cmd->add_option("--dtype", opts->dtype,
-                  "model weights/activations: auto (f32 on the CPU, bf16 on CUDA), f32, f16, bf16")
-      ->capture_default_str();
-  cmd->add_option("--kv-dtype", opts->kv_dtype,
-                  "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
-      ->capture_default_str();
-  cmd->add_option("--backend", opts->backend, "attention backend (default: the platform's)");
-  add_kernel_option_flag(cmd, opts->kernels);
-  cmd->add_option("--page-size", opts->page_size)->capture_default_str();
-  cmd->add_option("--cuda-graph", opts->cuda_graph,
-                  "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
+  add_engine_options(cmd, opts->engine);
+  cmd->get_option("--pool-tokens")
+      ->description("KV pool capacity in tokens (0 = twice the prompts and outputs, >= 4096)");
+  cmd->get_option("--max-running")
+      ->description("max running requests (0 = 4, or the --batch-file lines up to 64)");
   add_spec_options(cmd, opts->spec);
-  add_hicache_options(cmd, opts->hicache);
   cmd->add_flag("--ignore-eos", opts->ignore_eos, "keep generating after EOS");
   cmd->add_flag("--json", opts->json, "print one JSON object instead of streaming");
   cmd->add_flag("--dump-logits", opts->dump_logits,

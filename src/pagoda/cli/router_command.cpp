@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "pagoda/cli/commands.h"
+#include "pagoda/cli/engine_options.h"
 #include "pagoda/core/error.h"
 #ifdef PAGODA_CLI_HAVE_SERVER
 #include "pagoda/server/router.h"
@@ -31,8 +32,7 @@ void add_router_command(CLI::App& app) {
       ->required();
   cmd->add_option("--decode", o->decode, "decode servers (http://HOST:PORT, one or more)")
       ->required();
-  cmd->add_option("--host", o->host)->capture_default_str();
-  cmd->add_option("--port", o->port, "0 = any free port (printed)")->capture_default_str();
+  add_listen_options(cmd, o->host, o->port, o->threads, "HTTP threads");
   cmd->add_option("--policy", o->policy, "round_robin or least_load")
       ->check(CLI::IsMember({"round_robin", "least_load"}))
       ->capture_default_str();
@@ -41,7 +41,6 @@ void add_router_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "seconds to wait for an upstream byte")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "HTTP threads")->capture_default_str();
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     server::RouterOptions r;

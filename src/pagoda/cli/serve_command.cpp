@@ -3,8 +3,7 @@
 #include <memory>
 
 #include "pagoda/cli/commands.h"
-#include "pagoda/cli/hicache_options.h"
-#include "pagoda/cli/kernel_options_flag.h"
+#include "pagoda/cli/engine_options.h"
 #include "pagoda/core/error.h"
 #ifdef PAGODA_CLI_HAVE_SERVER
 #include "pagoda/server/server.h"
@@ -16,22 +15,19 @@ namespace {
 struct ServeCliOptions {
   std::string model = "builtin";
   uint64_t weight_seed = 0;
+  int tp = 1;
   std::string served_model_name;
   std::string host = "127.0.0.1";
   int port = 30000;
   std::string api_key;
   int max_queue = 256;
-  int max_running = 64;
   int threads = 0;
-  std::string backend;
-  backends::KernelOptions kernels;  ///< --kernel-option
-  int page_size = 16;
-  int64_t pool_tokens = 65536;
-  int chunk_size = 256;
-  std::string policy = "fcfs";
-  std::string dtype = "auto";
-  std::string kv_dtype = "auto";
-  std::string cuda_graph = "on";
+  EngineOptions engine = [] {  // serve's defaults (server::ServeOptions::engine)
+    EngineOptions e;
+    e.args.pool_tokens = 65536;
+    e.args.chunk_size = 256;
+    return e;
+  }();
   std::string chat_template;
   double drain_timeout = 60;
   int64_t max_request_bytes = 8 << 20;
@@ -39,7 +35,6 @@ struct ServeCliOptions {
   std::string disaggregation_mode = "null";
   double disaggregation_timeout = 30;
   std::string disaggregation_transfer_backend = "ucx";
-  HiCacheOptions hicache{};
 };
 }  // namespace
 
@@ -51,34 +46,16 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--weight-seed", o->weight_seed, "seed of the builtin model's weights")
       ->capture_default_str();
+  add_tp_option(cmd, o->tp);
   cmd->add_option("--served-model-name", o->served_model_name,
                   "the model id clients send (default: builtin or the folder's name)");
-  cmd->add_option("--host", o->host)->capture_default_str();
-  cmd->add_option("--port", o->port, "0 = any free port (printed)")->capture_default_str();
+  add_listen_options(cmd, o->host, o->port, o->threads,
+                     "HTTP threads (0 = max-running + max-queue + 8)");
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on /v1/*");
   cmd->add_option("--max-queue", o->max_queue,
                   "requests accepted beyond --max-running before answering 503")
       ->capture_default_str();
-  cmd->add_option("--max-running", o->max_running, "max running requests in the engine")
-      ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "HTTP threads (0 = max-running + max-queue + 8)")
-      ->capture_default_str();
-  cmd->add_option("--backend", o->backend, "attention backend (default: the platform's)");
-  add_kernel_option_flag(cmd, o->kernels);
-  cmd->add_option("--page-size", o->page_size)->capture_default_str();
-  cmd->add_option("--pool-tokens", o->pool_tokens, "KV pool capacity in tokens")
-      ->capture_default_str();
-  cmd->add_option("--chunk-size", o->chunk_size, "chunked prefill budget (0 = off)")
-      ->capture_default_str();
-  cmd->add_option("--policy", o->policy, "fcfs or lpm")
-      ->check(CLI::IsMember({"fcfs", "lpm"}))
-      ->capture_default_str();
-  cmd->add_option("--dtype", o->dtype, "auto, f32, f16, bf16")->capture_default_str();
-  cmd->add_option("--kv-dtype", o->kv_dtype, "auto, f32, f16, bf16, fp8_e4m3, fp8_e5m2")
-      ->capture_default_str();
-  cmd->add_option("--cuda-graph", o->cuda_graph, "with the cuda backend: on|off")
-      ->check(CLI::IsMember({"on", "off"}))
-      ->capture_default_str();
+  add_engine_options(cmd, o->engine);
   cmd->add_option("--chat-template", o->chat_template,
                   "Jinja file overriding the checkpoint's chat template");
   cmd->add_option("--drain-timeout", o->drain_timeout,
@@ -102,7 +79,6 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--disaggregation-transfer-backend", o->disaggregation_transfer_backend,
                   "KV transfer engine (ucx: host memory over TCP / shared memory)")
       ->capture_default_str();
-  add_hicache_options(cmd, o->hicache);
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -114,17 +90,8 @@ void add_serve_command(CLI::App& app) {
     s.port = o->port;
     s.api_key = o->api_key;
     s.max_queue = o->max_queue;
-    s.max_running = o->max_running;
     s.threads = o->threads;
-    s.backend = o->backend;
-    s.kernels = o->kernels;
-    s.page_size = o->page_size;
-    s.pool_tokens = o->pool_tokens;
-    s.chunk_size = o->chunk_size;
-    s.lpm = o->policy == "lpm";
-    s.dtype = parse_dtype_option(o->dtype, "--dtype");
-    s.kv_dtype = parse_dtype_option(o->kv_dtype, "--kv-dtype");
-    s.cuda_graph = o->cuda_graph == "on";
+    s.engine = o->engine.resolve();
     s.chat_template = o->chat_template;
     s.drain_timeout_s = o->drain_timeout;
     s.max_request_bytes = o->max_request_bytes;
@@ -132,8 +99,14 @@ void add_serve_command(CLI::App& app) {
     s.disaggregation_mode = o->disaggregation_mode;
     s.disaggregation_timeout_s = o->disaggregation_timeout;
     s.disaggregation_transfer_backend = o->disaggregation_transfer_backend;
-    s.hicache = make_hicache_config(o->hicache);
-    const int rc = server::run_server(s);
+    TpRunner tp_group;  // outlives run_server's engine
+    server::TpStart tp;
+    if (o->tp != 1)
+      tp = [&](platform::Platform& platform) {
+        tp_group = start_tp(o->tp, platform, o->model, o->weight_seed);
+        return tp_group.factory(platform);
+      };
+    const int rc = server::run_server(s, tp);
     if (rc != 0) throw_error(ErrorCode::kInternal, "the server stopped with an error");
 #else
     throw_error(ErrorCode::kUnsupported,

@@ -87,17 +87,8 @@ void run_spec_bench(const SpecBenchArgs& a) {
                  "--workload must be chat, repeat or random (got '{}')", a.workload);
   PAGODA_REQUIRE(a.requests >= 1 && a.input_len >= 2 && a.output_len >= 1, kInvalidArgument,
                  "--requests >= 1, --input-len >= 2 and --output-len >= 1 are needed");
-  auto platform = engine::make_platform_for(a.backend);
-  engine::EngineConfig cfg;
-  cfg.cuda_graph = a.cuda_graph;
-  cfg.dtype = parse_dtype_option(a.dtype, "--dtype");
-  cfg.kv_dtype = parse_dtype_option(a.kv_dtype, "--kv-dtype");
-  cfg.page_size = a.page_size;
-  cfg.pool_tokens = a.pool_tokens;
-  cfg.scheduler.max_running_requests = a.max_running;
-  cfg.backend = a.backend;
-  if (cfg.backend.attention.empty() && cfg.backend.prefill.empty() && cfg.backend.decode.empty())
-    cfg.backend.attention = engine::default_backend_name(*platform);
+  auto platform = engine::make_platform(a.engine);
+  const engine::EngineConfig cfg = engine::make_engine_config(a.engine, *platform);
   SpecDraft draft;
   engine::EngineConfig spec_cfg = cfg;
   spec_cfg.spec = make_spec_config(a.spec, draft);  // checks the options before loading
@@ -120,11 +111,11 @@ void run_spec_bench(const SpecBenchArgs& a) {
       {"model", loaded.config.name},
       {"backend", cfg.backend.attention},
       {"kernel_options", kernel_options_json(cfg.backend.kernels)},
-      {"page_size", a.page_size},
+      {"page_size", a.engine.page_size},
       {"tp", a.tp},
       {"workload", a.workload},
       {"requests", a.requests},
-      {"max_running", a.max_running},
+      {"max_running", a.engine.max_running},
       {"input_len", a.input_len},
       {"output_len", a.output_len},
       {"dtype", std::string(dtype_name(spec.stats.dtype))},
@@ -144,8 +135,8 @@ void run_spec_bench(const SpecBenchArgs& a) {
   } else {
     fmt::print("pagoda bench --spec {}: model {}, backend {}, page {}, tp {}, workload {}, {} "
                "requests ({} running), input {} / output {} tokens\n",
-               a.spec.mode, loaded.config.name, cfg.backend.attention, a.page_size, a.tp,
-               a.workload, a.requests, a.max_running, a.input_len, a.output_len);
+               a.spec.mode, loaded.config.name, cfg.backend.attention, a.engine.page_size, a.tp,
+               a.workload, a.requests, a.engine.max_running, a.input_len, a.output_len);
     auto row = [](const char* name, const std::string& value) {
       fmt::print("  {:<28} {:>20}\n", name, value);
     };

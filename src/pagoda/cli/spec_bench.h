@@ -7,23 +7,18 @@
 #include <cstdint>
 #include <string>
 
-#include "pagoda/backends/builtin.h"
 #include "pagoda/cli/spec_options.h"
+#include "pagoda/engine/engine_args.h"
 
 namespace pagoda::cli {
 
 struct SpecBenchArgs {
   std::string model = "builtin";
   uint64_t weight_seed = 0;
-  backends::BackendSelection backend{};
-  int page_size = 16;
-  int64_t pool_tokens = 12288;
+  /// Both runs' engine (engine_args.h); engine.max_running 1 = single stream.
+  engine::EngineArgs engine{};
   int requests = 16;
   uint64_t seed = 1;
-  int max_running = 1;        ///< 1 = single stream
-  bool cuda_graph = true;
-  std::string dtype = "auto";
-  std::string kv_dtype = "auto";
   /// random: independent random prompts; repeat: each prompt is a random span followed by a
   /// copy of it cut at a random point (editing / retrieval: the answer continues the copy).
   std::string workload = "repeat";

@@ -1,4 +1,5 @@
-// `--tp N` for generate and bench, and the hidden `pagoda tp-follower` that rank r > 0 runs.
+// `--tp N` for generate, bench and serve, and the hidden `pagoda tp-follower` that rank r > 0
+// runs.
 #include <unistd.h>
 
 #include <climits>
@@ -17,6 +18,7 @@ struct TpRunner::Groups {
 TpRunner::TpRunner() = default;
 TpRunner::~TpRunner() = default;
 TpRunner::TpRunner(TpRunner&&) noexcept = default;
+TpRunner& TpRunner::operator=(TpRunner&&) noexcept = default;
 
 engine::WorkerFactory TpRunner::factory(platform::Platform& platform) {
   if (groups_ == nullptr) return {};
@@ -41,6 +43,13 @@ TpRunner start_tp(int tp, const platform::Platform& platform, const std::string&
         std::make_unique<engine::TpProcessGroup>(tp, exe, model, weight_seed);
   }
   return r;
+}
+
+void add_tp_option(CLI::App* cmd, int& tp) {
+  cmd->add_option("--tp", tp,
+                  "tensor parallelism: ranks (GPUs on CUDA, one process each; threads on the "
+                  "CPU)")
+      ->capture_default_str();
 }
 
 void add_tp_follower_command(CLI::App& app) {

@@ -13,6 +13,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/engine/engine_args.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/safetensors.h"
 #include "pagoda/tokenizer/load.h"
@@ -25,28 +26,6 @@ namespace nb = nanobind;
 namespace pagoda::python {
 namespace {
 
-std::optional<DType> dtype_option(const std::string& name, const char* what) {
-  if (name.empty() || name == "auto") return std::nullopt;
-  const std::optional<DType> t = parse_dtype(name);
-  PAGODA_REQUIRE(t.has_value(), kInvalidArgument, "{}: unknown dtype '{}'", what, name);
-  return t;
-}
-
-/// Engine settings pagoda.LLM passes (names as in EngineConfig; see python/pagoda/llm.py).
-struct EngineArgs {
-  std::string backend;
-  int page_size = 16;
-  int64_t pool_tokens = 32768;
-  int max_running_requests = 64;
-  int chunk_size = 0;
-  int max_prefill_tokens = 8192;
-  bool radix_cache = true;
-  bool cuda_graph = true;
-  std::string dtype;
-  std::string kv_dtype;
-  int max_context_len = 0;
-};
-
 /// One request's sampling: (max_new_tokens, temperature, top_k, top_p, min_p, seed, ignore_eos).
 using Sampling = std::tuple<int, float, int, float, float, uint64_t, bool>;
 /// One finished request: (output ids, finish reason name, cached prompt tokens, error).
@@ -55,27 +34,15 @@ using Result = std::tuple<std::vector<int32_t>, std::string, int64_t, std::strin
 /// The model, its tokenizer, a platform and one Engine over them (members in dependency order).
 class PyEngine {
  public:
-  PyEngine(const std::string& model, uint64_t weight_seed, const EngineArgs& a)
-      : loaded_(model::load_model(model, weight_seed)), llama_(loaded_.config, loaded_.weights) {
+  /// The settings are checked (engine::make_engine_config) before the model loads.
+  PyEngine(const std::string& model, uint64_t weight_seed, const engine::EngineArgs& a)
+      : platform_(engine::make_platform(a)),
+        config_(engine::make_engine_config(a, *platform_)),
+        loaded_(model::load_model(model, weight_seed)),
+        llama_(loaded_.config, loaded_.weights) {
     if (model == "builtin" || tokenizer::has_tokenizer(model))
       tokenizer_ = tokenizer::make_tokenizer_for(model);
-    backends::BackendSelection selection;
-    selection.attention = a.backend;
-    platform_ = engine::make_platform_for(selection);
-    engine::EngineConfig cfg;
-    cfg.page_size = a.page_size;
-    cfg.pool_tokens = a.pool_tokens;
-    cfg.max_context_len = a.max_context_len;
-    cfg.radix_cache = a.radix_cache;
-    cfg.cuda_graph = a.cuda_graph;
-    cfg.dtype = dtype_option(a.dtype, "dtype");
-    cfg.kv_dtype = dtype_option(a.kv_dtype, "kv_cache_dtype");
-    cfg.scheduler.max_running_requests = a.max_running_requests;
-    cfg.scheduler.chunk_size = a.chunk_size;
-    cfg.scheduler.max_prefill_tokens = a.max_prefill_tokens;
-    cfg.backend.attention = a.backend.empty() ? engine::default_backend_name(*platform_) : a.backend;
-    cfg.validate();
-    engine_ = std::make_unique<engine::Engine>(llama_, cfg, platform_.get());
+    engine_ = std::make_unique<engine::Engine>(llama_, config_, platform_.get());
   }
 
   std::vector<int32_t> encode(const std::string& text, bool add_special_tokens) const {
@@ -153,25 +120,33 @@ class PyEngine {
     return *tokenizer_;
   }
 
+  std::unique_ptr<platform::Platform> platform_;
+  engine::EngineConfig config_;
   model::LoadedModel loaded_;
   model::LlamaModel llama_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
-  std::unique_ptr<platform::Platform> platform_;
   std::unique_ptr<engine::Engine> engine_;
 };
 
 }  // namespace
 
 void bind_engine(nb::module_& m) {
-  nb::class_<EngineArgs>(m, "EngineArgs", "Engine settings (see pagoda.LLM for their names).")
+  using engine::EngineArgs;
+  nb::class_<EngineArgs>(m, "EngineArgs",
+                         "Engine settings (engine_args.h; `pagoda serve`'s flags with "
+                         "underscores; see pagoda.LLM for its keyword names).")
       .def(nb::init<>())
-      .def_rw("backend", &EngineArgs::backend)
+      .def_prop_rw(
+          "backend", [](const EngineArgs& a) { return a.backend.attention; },
+          [](EngineArgs& a, const std::string& v) { a.backend.attention = v; })
       .def_rw("page_size", &EngineArgs::page_size)
       .def_rw("pool_tokens", &EngineArgs::pool_tokens)
-      .def_rw("max_running_requests", &EngineArgs::max_running_requests)
+      .def_rw("max_running", &EngineArgs::max_running)
       .def_rw("chunk_size", &EngineArgs::chunk_size)
       .def_rw("max_prefill_tokens", &EngineArgs::max_prefill_tokens)
+      .def_rw("policy", &EngineArgs::policy)
       .def_rw("radix_cache", &EngineArgs::radix_cache)
+      .def_rw("mixed_batches", &EngineArgs::mixed_batches)
       .def_rw("cuda_graph", &EngineArgs::cuda_graph)
       .def_rw("dtype", &EngineArgs::dtype)
       .def_rw("kv_dtype", &EngineArgs::kv_dtype)
@@ -179,7 +154,7 @@ void bind_engine(nb::module_& m) {
   nb::class_<PyEngine>(m, "Engine",
       "The continuous-batching engine over one model ('builtin' or a Hugging Face checkpoint "
       "folder). Not thread-safe; generate() releases the GIL while it runs.")
-      .def(nb::init<const std::string&, uint64_t, const EngineArgs&>(), nb::arg("model"),
+      .def(nb::init<const std::string&, uint64_t, const engine::EngineArgs&>(), nb::arg("model"),
            nb::arg("weight_seed"), nb::arg("args"))
       .def("encode", &PyEngine::encode, nb::arg("text"), nb::arg("add_special_tokens") = true)
       .def("decode", &PyEngine::decode, nb::arg("ids"), nb::arg("skip_special_tokens") = true,
@@ -205,25 +180,16 @@ void bind_engine(nb::module_& m) {
       .def_rw("port", &server::ServeOptions::port)
       .def_rw("api_key", &server::ServeOptions::api_key)
       .def_rw("max_queue", &server::ServeOptions::max_queue)
-      .def_rw("max_running", &server::ServeOptions::max_running)
-      .def_rw("backend", &server::ServeOptions::backend)
-      .def_rw("page_size", &server::ServeOptions::page_size)
-      .def_rw("pool_tokens", &server::ServeOptions::pool_tokens)
-      .def_rw("chunk_size", &server::ServeOptions::chunk_size)
-      .def_rw("lpm", &server::ServeOptions::lpm)
-      .def_rw("cuda_graph", &server::ServeOptions::cuda_graph)
+      .def_rw("engine", &server::ServeOptions::engine)
       .def_rw("chat_template", &server::ServeOptions::chat_template)
       .def_rw("drain_timeout_s", &server::ServeOptions::drain_timeout_s);
   m.def(
       "serve",
-      [](const server::ServeOptions& o, const std::string& dtype, const std::string& kv_dtype) {
-        server::ServeOptions s = o;
-        s.dtype = dtype_option(dtype, "dtype");
-        s.kv_dtype = dtype_option(kv_dtype, "kv_cache_dtype");
+      [](const server::ServeOptions& o) {
         nb::gil_scoped_release release;
-        return server::run_server(s);
+        return server::run_server(o);
       },
-      nb::arg("options"), nb::arg("dtype") = "", nb::arg("kv_dtype") = "",
+      nb::arg("options"),
       "Runs `pagoda serve` in this process until SIGTERM / SIGINT; returns its exit status.");
 #endif
 }

@@ -137,6 +137,10 @@ std::string ServerMetrics::render(const EngineSnapshot& snap) const {
                  generation_tokens_);
   render_counter(out, "pagoda_requests_finished_total", "Requests the engine finished (any reason).",
                  finished_);
+  render_counter(out, "pagoda_retractions_total",
+                 "Running requests moved back to the queue for lack of KV memory (their KV is "
+                 "recomputed).",
+                 s.scheduler.retractions);
   out += "# HELP pagoda_http_responses_total HTTP answers of the API endpoints by status.\n"
          "# TYPE pagoda_http_responses_total counter\n";
   for (const auto& [status, n] : responses_)

@@ -34,7 +34,6 @@ namespace {
 void validate(const ServeOptions& o) {
   PAGODA_REQUIRE(o.port >= 0 && o.port <= 65535, kInvalidArgument, "--port must be in [0, 65535]");
   PAGODA_REQUIRE(o.max_queue >= 0, kInvalidArgument, "--max-queue must be >= 0");
-  PAGODA_REQUIRE(o.max_running >= 1, kInvalidArgument, "--max-running must be >= 1");
   PAGODA_REQUIRE(o.threads >= 0 && o.threads <= 4096, kInvalidArgument,
                  "--threads must be in [0, 4096]");
   PAGODA_REQUIRE(o.max_request_bytes >= 1024, kInvalidArgument,
@@ -122,7 +121,7 @@ bool has_body(const httplib::Request& req) {
 
 }  // namespace
 
-int run_server(const ServeOptions& o) {
+int run_server(const ServeOptions& o, const TpStart& tp) {
   validate(o);
   // SIGTERM / SIGINT may land on any thread (OpenBLAS starts its own before main): the handler
   // only writes the signal number to a pipe that the signal thread reads.
@@ -138,6 +137,11 @@ int run_server(const ServeOptions& o) {
   // them after the first one is freed and then keep their pages in every thread's arena).
   ::mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
 
+  // The engine settings are checked before the model loads; the tensor-parallel ranks (if any)
+  // load theirs meanwhile.
+  std::unique_ptr<platform::Platform> platform = engine::make_platform(o.engine);
+  const engine::EngineConfig cfg = engine::make_engine_config(o.engine, *platform);
+  const engine::WorkerFactory make_worker = tp ? tp(*platform) : engine::WorkerFactory{};
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
   ServerState state;
@@ -153,29 +157,12 @@ int run_server(const ServeOptions& o) {
   state.vocab_size = loaded.config.vocab_size;
   load_chat_template(state, o);
 
-  backends::BackendSelection selection;
-  selection.attention = o.backend;
-  std::unique_ptr<platform::Platform> platform = engine::make_platform_for(selection);
-  engine::EngineConfig cfg;
-  cfg.page_size = o.page_size;
-  cfg.pool_tokens = o.pool_tokens;
-  cfg.scheduler.max_running_requests = o.max_running;
-  cfg.scheduler.chunk_size = o.chunk_size;
-  cfg.scheduler.policy = o.lpm ? engine::SchedulePolicy::kLongestPrefixMatch
-                               : engine::SchedulePolicy::kFcfs;
-  cfg.backend.attention = o.backend.empty() ? engine::default_backend_name(*platform) : o.backend;
-  cfg.backend.kernels = o.kernels;
-  cfg.cuda_graph = o.cuda_graph;
-  cfg.dtype = o.dtype;
-  cfg.kv_dtype = o.kv_dtype;
-  cfg.hicache = o.hicache;
-  cfg.validate();
-  engine::Engine engine(llama, cfg, platform.get());
+  engine::Engine engine(llama, cfg, platform.get(), make_worker);
   state.max_context_len = engine.max_context_len();
   state.pool_tokens = engine.stats().pool_tokens;
   state.seed_base = std::random_device{}();
   state.api_key = o.api_key;
-  state.max_inflight = static_cast<int64_t>(o.max_running) + o.max_queue;
+  state.max_inflight = static_cast<int64_t>(o.engine.max_running) + o.max_queue;
 
   ServerMetrics metrics;
   EngineLoop loop(engine, metrics, state.max_inflight);
@@ -190,7 +177,8 @@ int run_server(const ServeOptions& o) {
   }
 
   HttpServer svr;
-  const int threads = o.threads > 0 ? o.threads : std::min(512, o.max_running + o.max_queue + 8);
+  const int threads =
+      o.threads > 0 ? o.threads : std::min(512, o.engine.max_running + o.max_queue + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   svr.set_payload_max_length(static_cast<size_t>(o.max_request_bytes));
   svr.set_keep_alive_max_count(1000);

@@ -13,9 +13,11 @@
 #include <optional>
 #include <string>
 
-#include "pagoda/backends/kernel_options.h"
-#include "pagoda/core/dtype.h"
-#include "pagoda/tier/config.h"
+#include <functional>
+
+#include "pagoda/engine/engine.h"
+#include "pagoda/engine/engine_args.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::server {
 
@@ -27,17 +29,16 @@ struct ServeOptions {
   int port = 30000;                   ///< 0: any free port (printed on stdout)
   std::string api_key;                ///< empty: no authentication
   int max_queue = 256;                ///< requests accepted beyond max_running before 503
-  int max_running = 64;               ///< engine's max running requests
-  int threads = 0;                    ///< HTTP threads; 0 = max_running + max_queue + 8, ≤ 512
-  std::string backend;                ///< attention backend; empty = the platform's default
-  backends::KernelOptions kernels{};  ///< kernel variants (--kernel-option)
-  int page_size = 16;
-  int64_t pool_tokens = 65536;
-  int chunk_size = 256;               ///< chunked prefill budget (0 = off), as `pagoda bench`
-  bool lpm = false;                   ///< longest-prefix-match scheduling (default fcfs, as the engine)
-  std::optional<DType> dtype;          ///< nullopt: the platform's default
-  std::optional<DType> kv_dtype;       ///< nullopt: the model dtype
-  bool cuda_graph = true;
+  int threads = 0;                    ///< HTTP threads; 0 = engine.max_running + max_queue + 8
+                                      ///< (at most 512)
+  /// The engine (engine_args.h): serve's defaults are a 65,536-token pool and chunked prefill
+  /// of 256 tokens; engine.max_running also bounds the HTTP threads and the in-flight count.
+  engine::EngineArgs engine = [] {
+    engine::EngineArgs a;
+    a.pool_tokens = 65536;
+    a.chunk_size = 256;
+    return a;
+  }();
   std::string chat_template;          ///< file overriding the checkpoint's template
   int64_t max_request_bytes = 8 << 20;  ///< larger request bodies get 413 (unread)
   int listen_backlog = 1024;          ///< listen queue length (the kernel caps it at somaxconn)
@@ -48,12 +49,16 @@ struct ServeOptions {
   /// Room timeout: decode waits this long for pages + prefill + transfer; prefill for its part.
   double disaggregation_timeout_s = 30;
   std::string disaggregation_transfer_backend = "ucx";  ///< only "ucx" is built
-  tier::HiCacheConfig hicache{};      ///< the hierarchical KV cache (off unless a host size)
 };
+
+/// Tensor parallelism for run_server: starts the group on the server's platform (before the
+/// model loads) and returns the engine's worker factory (cli::start_tp); keep the group alive
+/// until run_server returns.
+using TpStart = std::function<engine::WorkerFactory(platform::Platform& platform)>;
 
 /// Validates `o` (Error(kInvalidArgument) naming the option), loads the model, binds and serves
 /// until SIGTERM / SIGINT. Prints "pagoda serve: listening on http://HOST:PORT" on stdout once
-/// bound. Returns the process exit status.
-int run_server(const ServeOptions& o);
+/// bound. Returns the process exit status. `tp` empty: one rank.
+int run_server(const ServeOptions& o, const TpStart& tp = {});
 
 }  // namespace pagoda::server

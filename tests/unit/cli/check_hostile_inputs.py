@@ -56,11 +56,50 @@ run_case("kernels verify mask beyond memory",
 run_case("kernels unknown backend", ["kernels", "--backend", "nosuch"], ["--backend 'nosuch'"])
 
 # Engine options before the model: the model path does not exist, so mentioning it is a failure.
-for cmd in (["generate", "--prompt", "hi"], ["bench", "--requests", "1"]):
-    run_case(f"{cmd[0]} page size 0", cmd + ["--model", missing, "--page-size", "0"],
-             ["page size"], [missing])
-    run_case(f"{cmd[0]} unknown backend", cmd + ["--model", missing, "--backend", "nosuch"],
-             ["attention backend 'nosuch'"], [missing])
+# serve, bench and generate share one engine flag block (cli/engine_options.h): each bad value
+# fails each command naming its flag, either as a pagoda::Error (exit 2) or as a command-line
+# parse error (CLI11's checks: exit 105).
+ENGINE_COMMANDS = (["generate", "--prompt", "hi"], ["bench", "--requests", "1"],
+                   ["serve", "--port", "0"])
+# (flag, bad value): the message names the flag; an unknown backend is named by its value.
+ENGINE_CASES = [(["--" + flag, value], "--" + flag) for flag, value in (
+    ("page-size", "0"), ("pool-tokens", "8"), ("max-running", "-1"), ("chunk-size", "24"),
+    ("max-prefill-tokens", "0"), ("policy", "lifo"), ("dtype", "f99"), ("kv-dtype", "int4"),
+    ("cuda-graph", "maybe"), ("max-context-len", "-1"))]
+ENGINE_CASES += [([flag, "nosuch"], "attention backend 'nosuch'")
+                 for flag in ("--backend", "--prefill-backend", "--decode-backend")]
+for cmd in ENGINE_COMMANDS:
+    for flags, expect in ENGINE_CASES:
+        p = subprocess.run([PAGODA] + cmd + ["--model", missing, *flags], capture_output=True,
+                           text=True, timeout=60)
+        err = p.stderr + p.stdout
+        ok = p.returncode in (2, 105) and expect in err and missing not in err
+        print(f"{'ok  ' if ok else 'FAIL'} {cmd[0]} {' '.join(flags)}: rc={p.returncode} "
+              f"{err.strip().splitlines()[-1] if err.strip() else ''}")
+        if not ok:
+            failures.append(f"{cmd[0]} {' '.join(flags)}: rc={p.returncode}, output:\n{err}")
+    # Every engine flag, each with a valid value that is not its default, is accepted: the
+    # command gets as far as loading the (missing) model and names it.
+    run_case(f"{cmd[0]} accepts every engine flag",
+             cmd + ["--model", missing, "--backend", "reference", "--page-size", "32",
+                    "--pool-tokens", "8192", "--max-running", "7", "--chunk-size", "64",
+                    "--max-prefill-tokens", "512", "--policy", "lpm", "--dtype", "f32",
+                    "--kv-dtype", "f32", "--cuda-graph", "off", "--max-context-len", "300",
+                    "--no-radix", "--no-mixed", "--kernel-option", "cpu_bf16=off"], [missing])
+# The same flag names on all three, as --help lists them.
+def flags_of(cmd):
+    out = subprocess.run([PAGODA, cmd, "--help"], capture_output=True, text=True, timeout=60).stdout
+    return {w.split("=")[0].split(":")[0] for w in out.split() if w.startswith("--")}
+ENGINE_FLAGS = {"--backend", "--prefill-backend", "--decode-backend", "--kernel-option",
+                "--page-size", "--pool-tokens", "--max-running", "--chunk-size",
+                "--max-prefill-tokens", "--policy", "--dtype", "--kv-dtype", "--cuda-graph",
+                "--max-context-len", "--no-radix", "--no-mixed", "--hicache-ratio", "--tp"}
+for cmd in ("generate", "bench", "serve"):
+    lacking = ENGINE_FLAGS - flags_of(cmd)
+    print(f"{'ok  ' if not lacking else 'FAIL'} {cmd} --help lists the engine flags "
+          f"(lacking: {sorted(lacking)})")
+    if lacking:
+        failures.append(f"{cmd} lacks engine flags {sorted(lacking)}")
 # Hierarchical cache options (one flag block on all three commands), checked before the model
 # is loaded.
 HICACHE_CASES = [
@@ -85,7 +124,7 @@ for cmd in (["generate", "--prompt", "hi", "--model", missing], ["bench", "--mod
              ["merge_threads must be"], [missing])
 run_case("bench pool smaller than a page",
          ["bench", "--requests", "1", "--model", missing, "--page-size", "16", "--pool-tokens", "8"],
-         ["pool of 8 tokens"], [missing])
+         ["--pool-tokens"], [missing])
 
 # A hostile config.json: a negative layer count with a sliding window (was "cannot create
 # std::vector larger than max_size()").

@@ -102,8 +102,13 @@ def test_unsupported_arguments_are_named():
         llm.generate("hi", pagoda.SamplingParams(top_p=0.0))
     with pytest.raises(ValueError, match="vocabulary"):
         llm.generate(prompt_token_ids=[[1, 2, 10**6]])
-    with pytest.raises(ValueError):
-        pagoda.LLM("builtin", page_size=0)
+    # The engine arguments go through engine::make_engine_config, which names the flag.
+    for kwargs, flag in (({"page_size": 0}, "--page-size"),
+                         ({"schedule_policy": "lifo"}, "--policy"),
+                         ({"kv_cache_dtype": "int4"}, "--kv-dtype"),
+                         ({"chunked_prefill_size": 24}, "--chunk-size")):
+        with pytest.raises(ValueError, match=flag):
+            pagoda.LLM("builtin", **kwargs)
 
 
 @pytest.mark.skipif(not hasattr(pagoda._pagoda, "serve"), reason="built without the server")

@@ -793,6 +793,44 @@ async def soak(server, n, seed, concurrency=32):
     return stats, rss
 
 
+def test_tp(pagoda, server, rng):
+    """`pagoda serve --tp 2` (the in-process group on the CPU): greedy completions, plain and
+    streamed, 8 at once, equal the --tp 1 server's; nothing leaks; exit 0 after SIGTERM."""
+    t0 = time.time()
+    prompts = ["".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 120)))
+               for _ in range(8)]
+    lengths = [rng.randint(1, 16) for _ in prompts]
+
+    def complete(c, i):
+        stream = i % 2 == 1
+        r = c.completions.create(model="builtin", prompt=prompts[i], max_tokens=lengths[i],
+                                 temperature=0, stream=stream, extra_body={"ignore_eos": True})
+        return "".join(ch.choices[0].text for ch in r) if stream else r.choices[0].text
+
+    def all_at_once(c):
+        out = [None] * len(prompts)
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, complete(c, i)))
+                   for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return out
+
+    want = all_at_once(client(server))
+    with Server(pagoda, "--tp", "2", "--max-running", "8", "--pool-tokens", "8192") as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        got = all_at_once(c)
+        c.close()  # no keep-alive connection left for the drain to wait out
+        h = s.wait_idle(20)
+        check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"--tp 2: 0 leaked: {h}")
+        check(s.stop() == 0, "--tp 2: exit status 0 after SIGTERM")
+    same = sum(a == b for a, b in zip(want, got))
+    print(f"serve --tp 2: {same} of {len(prompts)} greedy completions equal --tp 1's "
+          f"({time.time() - t0:.1f} s)")
+    check(same == len(prompts), f"serve --tp 2 equals --tp 1: {list(zip(want, got))}")
+
+
 def test_drain(pagoda):
     s = Server(pagoda)
     c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
@@ -846,6 +884,7 @@ def main():
         test_unsupported_fields(s)
         test_nonstream_disconnect(s)
         test_large_bodies(s)
+        test_tp(args.pagoda, s, rng)
         print(f"functional checks done ({time.time() - t0:.1f} s)")
         t1 = time.time()
         stats, rss = asyncio.run(soak(s, args.soak_requests, args.seed))

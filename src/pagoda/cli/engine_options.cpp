@@ -1,0 +1,60 @@
+#include "pagoda/cli/engine_options.h"
+
+#include "pagoda/cli/kernel_options_flag.h"
+
+namespace pagoda::cli {
+
+engine::EngineArgs EngineOptions::resolve() const {
+  engine::EngineArgs a = args;
+  a.hicache = make_hicache_config(hicache);
+  return a;
+}
+
+void add_engine_options(CLI::App* cmd, EngineOptions& o) {
+  engine::EngineArgs& a = o.args;
+  cmd->add_option("--backend", a.backend.attention, "attention backend (default: the platform's)");
+  cmd->add_option("--prefill-backend", a.backend.prefill, "backend for extend steps");
+  cmd->add_option("--decode-backend", a.backend.decode, "backend for decode steps");
+  add_kernel_option_flag(cmd, a.backend.kernels);
+  cmd->add_option("--page-size", a.page_size, "KV page size in tokens")->capture_default_str();
+  cmd->add_option("--pool-tokens", a.pool_tokens, "KV pool capacity in tokens")
+      ->capture_default_str();
+  cmd->add_option("--max-running", a.max_running, "max running requests in the engine")
+      ->capture_default_str();
+  cmd->add_option("--chunk-size", a.chunk_size, "chunked prefill budget (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--max-prefill-tokens", a.max_prefill_tokens,
+                  "token budget of one prefill batch without chunking")
+      ->capture_default_str();
+  cmd->add_option("--policy", a.policy, "fcfs or lpm (longest prefix match)")
+      ->check(CLI::IsMember({"fcfs", "lpm"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", a.dtype,
+                  "model weights/activations: auto (f32 on the CPU, bf16 on CUDA), f32, f16, bf16")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", a.kv_dtype,
+                  "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
+      ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--cuda-graph", [&a](const std::string& v) { a.cuda_graph = v == "on"; },
+         "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->default_str(a.cuda_graph ? "on" : "off");
+  cmd->add_option("--max-context-len", a.max_context_len,
+                  "longest request, prompt + output (0 = the model's)")
+      ->capture_default_str();
+  cmd->add_flag_callback("--no-radix", [&a] { a.radix_cache = false; },
+                         "disable the radix prefix cache");
+  cmd->add_flag_callback("--no-mixed", [&a] { a.mixed_batches = false; },
+                         "no mixed extend + decode batches");
+  add_hicache_options(cmd, o.hicache);
+}
+
+void add_listen_options(CLI::App* cmd, std::string& host, int& port, int& threads,
+                        const char* threads_help) {
+  cmd->add_option("--host", host)->capture_default_str();
+  cmd->add_option("--port", port, "0 = any free port (printed)")->capture_default_str();
+  cmd->add_option("--threads", threads, threads_help)->capture_default_str();
+}
+
+}  // namespace pagoda::cli

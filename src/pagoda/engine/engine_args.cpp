@@ -1,0 +1,58 @@
+#include "pagoda/engine/engine_args.h"
+
+#include "pagoda/core/error.h"
+
+namespace pagoda::engine {
+
+std::optional<DType> parse_dtype_arg(const std::string& value, std::string_view flag) {
+  if (value.empty() || value == "auto") return std::nullopt;
+  const std::optional<DType> t = parse_dtype(value);
+  PAGODA_REQUIRE(t.has_value() && dtype_is_float(*t), kInvalidArgument,
+                 "{} must be auto, f32, f16, bf16, fp8_e4m3 or fp8_e5m2 (got '{}')", flag, value);
+  return t;
+}
+
+std::unique_ptr<platform::Platform> make_platform(const EngineArgs& args) {
+  return make_platform_for(args.backend);
+}
+
+EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& platform) {
+  PAGODA_REQUIRE(a.policy == "fcfs" || a.policy == "lpm", kInvalidArgument,
+                 "--policy must be fcfs or lpm (got '{}')", a.policy);
+  PAGODA_REQUIRE(a.page_size >= 1, kInvalidArgument, "--page-size must be >= 1 (got {})",
+                 a.page_size);
+  PAGODA_REQUIRE(a.pool_tokens >= a.page_size, kInvalidArgument,
+                 "--pool-tokens must hold at least one page of {} tokens (got {})", a.page_size,
+                 a.pool_tokens);
+  PAGODA_REQUIRE(a.max_running >= 1, kInvalidArgument, "--max-running must be >= 1 (got {})",
+                 a.max_running);
+  PAGODA_REQUIRE(a.chunk_size >= 0 && a.chunk_size % a.page_size == 0, kInvalidArgument,
+                 "--chunk-size must be 0 (off) or a multiple of --page-size {} (got {})",
+                 a.page_size, a.chunk_size);
+  PAGODA_REQUIRE(a.max_prefill_tokens >= 1, kInvalidArgument,
+                 "--max-prefill-tokens must be >= 1 (got {})", a.max_prefill_tokens);
+  PAGODA_REQUIRE(a.max_context_len >= 0, kInvalidArgument,
+                 "--max-context-len must be >= 0 (got {})", a.max_context_len);
+  EngineConfig cfg;
+  cfg.page_size = a.page_size;
+  cfg.pool_tokens = a.pool_tokens;
+  cfg.max_context_len = a.max_context_len;
+  cfg.radix_cache = a.radix_cache;
+  cfg.cuda_graph = a.cuda_graph;
+  cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
+  cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");
+  cfg.scheduler.max_running_requests = a.max_running;
+  cfg.scheduler.chunk_size = a.chunk_size;
+  cfg.scheduler.max_prefill_tokens = a.max_prefill_tokens;
+  cfg.scheduler.mixed_batches = a.mixed_batches;
+  cfg.scheduler.policy =
+      a.policy == "lpm" ? SchedulePolicy::kLongestPrefixMatch : SchedulePolicy::kFcfs;
+  cfg.backend = a.backend;
+  if (a.backend.attention.empty() && a.backend.prefill.empty() && a.backend.decode.empty())
+    cfg.backend.attention = default_backend_name(platform);
+  cfg.hicache = a.hicache;
+  cfg.validate();
+  return cfg;
+}
+
+}  // namespace pagoda::engine

@@ -1,0 +1,55 @@
+#pragma once
+/// EngineArgs: the engine settings a user gives, one struct for every front end: the flags of
+/// `pagoda serve`, `bench` and `generate` (cli/engine_options.h registers them, with the same
+/// names: --page-size → page_size) and pagoda.LLM / pagoda.serve (python/engine_bindings.cpp).
+/// make_engine_config is the one conversion to an EngineConfig; it validates everything and
+/// names the flag of a bad value. Front ends set their own defaults before parsing (serve: a
+/// 65,536-token pool; bench: 12,288 and lpm; generate: a pool sized to its prompts).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "pagoda/backends/builtin.h"
+#include "pagoda/core/dtype.h"
+#include "pagoda/engine/engine.h"
+#include "pagoda/platform/platform.h"
+#include "pagoda/tier/config.h"
+
+namespace pagoda::engine {
+
+struct EngineArgs {
+  /// --backend / --prefill-backend / --decode-backend (empty: the platform's default) and
+  /// --kernel-option (backends/kernel_options.h).
+  backends::BackendSelection backend{};
+  int32_t page_size = 16;          ///< --page-size
+  int64_t pool_tokens = 32768;     ///< --pool-tokens: KV pool capacity
+  int32_t max_running = 64;        ///< --max-running: running requests at most
+  int32_t chunk_size = 0;          ///< --chunk-size: chunked prefill budget (0 = off)
+  int32_t max_prefill_tokens = 8192;  ///< --max-prefill-tokens: one prefill batch without chunks
+  std::string policy = "fcfs";     ///< --policy: fcfs | lpm (longest prefix match)
+  std::string dtype = "auto";      ///< --dtype: auto | f32 | f16 | bf16 ("" = auto)
+  std::string kv_dtype = "auto";   ///< --kv-dtype: auto | f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2
+  bool cuda_graph = true;          ///< --cuda-graph on|off
+  bool radix_cache = true;         ///< --no-radix turns it off
+  bool mixed_batches = true;       ///< --no-mixed turns it off
+  int32_t max_context_len = 0;     ///< --max-context-len (0 = the model's)
+  tier::HiCacheConfig hicache{};   ///< --hicache-* (cli/hicache_options.h parses them)
+};
+
+/// "auto" or "" → nullopt; else a float dtype name (f32, f16, bf16, fp8_e4m3, fp8_e5m2).
+/// Throws Error(kInvalidArgument) naming `flag` and the value.
+std::optional<DType> parse_dtype_arg(const std::string& value, std::string_view flag);
+
+/// The platform `args`' backends run on (make_platform_for).
+std::unique_ptr<platform::Platform> make_platform(const EngineArgs& args);
+
+/// The EngineConfig of `args` on `platform` (the default backend filled in when none is named),
+/// validated: Error(kInvalidArgument) naming the flag of a bad value (policy, dtype, sizes),
+/// kUnsupported for a backend this build lacks (EngineConfig::validate). Cheap: call it before
+/// loading a model.
+EngineConfig make_engine_config(const EngineArgs& args, const platform::Platform& platform);
+
+}  // namespace pagoda::engine

@@ -1,0 +1,111 @@
+// EngineArgs → EngineConfig (engine_args.h): random valid arguments land field by field in the
+// config; every bad value is an Error naming its flag; an unknown backend is kUnsupported.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagoda/core/error.h"
+#include "pagoda/engine/engine_args.h"
+
+namespace pagoda::engine {
+namespace {
+
+/// The error code and message of make_engine_config(args) (no code when it converts).
+std::pair<std::optional<ErrorCode>, std::string> convert_error(const EngineArgs& args) {
+  auto platform = make_platform(args);
+  try {
+    make_engine_config(args, *platform);
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {std::nullopt, ""};
+}
+
+TEST(EngineArgs, RandomValidArgsLandInTheConfig) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  const std::vector<std::pair<std::string, std::optional<DType>>> dtypes = {
+      {"auto", std::nullopt}, {"", std::nullopt}, {"f32", DType::kF32},
+      {"bf16", DType::kBF16}, {"f16", DType::kF16}};
+  for (int i = 0; i < 200; ++i) {
+    EngineArgs a;
+    const int32_t page_sizes[] = {1, 16, 32, 64};
+    a.page_size = page_sizes[rng() % 4];
+    a.pool_tokens = a.page_size * static_cast<int64_t>(1 + rng() % 4096);
+    a.max_running = static_cast<int32_t>(1 + rng() % 256);
+    a.chunk_size = a.page_size * static_cast<int32_t>(rng() % 64);
+    a.max_prefill_tokens = static_cast<int32_t>(1 + rng() % 16384);
+    a.policy = rng() % 2 ? "lpm" : "fcfs";
+    const auto& [dtype_name, dtype] = dtypes[rng() % dtypes.size()];
+    const auto& [kv_name, kv_dtype] = dtypes[rng() % dtypes.size()];
+    a.dtype = dtype_name;
+    a.kv_dtype = kv_name;
+    a.cuda_graph = rng() % 2;
+    a.radix_cache = rng() % 2;
+    a.mixed_batches = rng() % 2;
+    a.max_context_len = static_cast<int32_t>(rng() % 8192);
+    if (rng() % 2) a.backend.attention = "reference";
+    auto platform = make_platform(a);
+    const EngineConfig c = make_engine_config(a, *platform);
+    EXPECT_EQ(c.page_size, a.page_size);
+    EXPECT_EQ(c.pool_tokens, a.pool_tokens);
+    EXPECT_EQ(c.scheduler.max_running_requests, a.max_running);
+    EXPECT_EQ(c.scheduler.chunk_size, a.chunk_size);
+    EXPECT_EQ(c.scheduler.max_prefill_tokens, a.max_prefill_tokens);
+    EXPECT_EQ(c.scheduler.policy, a.policy == "lpm" ? SchedulePolicy::kLongestPrefixMatch
+                                                    : SchedulePolicy::kFcfs);
+    EXPECT_EQ(c.dtype, dtype);
+    EXPECT_EQ(c.kv_dtype, kv_dtype);
+    EXPECT_EQ(c.cuda_graph, a.cuda_graph);
+    EXPECT_EQ(c.radix_cache, a.radix_cache);
+    EXPECT_EQ(c.scheduler.mixed_batches, a.mixed_batches);
+    EXPECT_EQ(c.max_context_len, a.max_context_len);
+    // No backend named: the platform's default; else the one named.
+    EXPECT_EQ(c.backend.attention, a.backend.attention.empty() ? default_backend_name(*platform)
+                                                               : a.backend.attention);
+  }
+}
+
+TEST(EngineArgs, EveryBadValueNamesItsFlag) {
+  struct Case {
+    const char* flag;
+    void (*set)(EngineArgs&);
+  };
+  const Case cases[] = {
+      {"--page-size", [](EngineArgs& a) { a.page_size = 0; }},
+      {"--pool-tokens", [](EngineArgs& a) { a.pool_tokens = a.page_size - 1; }},
+      {"--max-running", [](EngineArgs& a) { a.max_running = 0; }},
+      {"--chunk-size", [](EngineArgs& a) { a.chunk_size = a.page_size + 1; }},
+      {"--chunk-size", [](EngineArgs& a) { a.chunk_size = -16; }},
+      {"--max-prefill-tokens", [](EngineArgs& a) { a.max_prefill_tokens = 0; }},
+      {"--policy", [](EngineArgs& a) { a.policy = "lifo"; }},
+      {"--dtype", [](EngineArgs& a) { a.dtype = "f99"; }},
+      {"--dtype", [](EngineArgs& a) { a.dtype = "i32"; }},
+      {"--kv-dtype", [](EngineArgs& a) { a.kv_dtype = "int4"; }},
+      {"--max-context-len", [](EngineArgs& a) { a.max_context_len = -1; }},
+  };
+  for (const Case& c : cases) {
+    EngineArgs a;
+    c.set(a);
+    const auto [code, message] = convert_error(a);
+    EXPECT_EQ(code, ErrorCode::kInvalidArgument) << c.flag << ": " << message;
+    EXPECT_NE(message.find(c.flag), std::string::npos) << message;
+  }
+  EngineArgs a;
+  a.backend.decode = "nosuch";
+  const auto [code, message] = convert_error(a);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(message.find("'nosuch'"), std::string::npos) << message;
+  a = EngineArgs{};
+  a.hicache.host.ratio = 2;
+  a.radix_cache = false;  // the hierarchical cache needs the radix cache
+  EXPECT_EQ(convert_error(a).first, ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagoda::engine
