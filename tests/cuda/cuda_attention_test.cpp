@@ -164,7 +164,7 @@ TEST(CudaDecode, MergeBlockSizes) {
   for (const char* t : {"32", "128", "160", "256", "384", "512"}) {
     kernel_options.cuda.merge_threads = std::atoi(t);
     for (int d : {64, 128, 256}) {
-      SCOPED_TRACE(testing::Message() << "merge_threads=" << t << " D " << d);
+      SCOPED_TRACE(::testing::Message() << "merge_threads=" << t << " D " << d);
       Problem p = decode_problem(5, 2000, 16, DType::kBF16, d, 40 + uint64_t(d));
       p.kv_lens[1] = 20000;  // many chunks (partials) for one row, a few for the rest
       EXPECT_GT(expect_ok(p, 2e-2, "decode").split_chunk, 0);
@@ -506,7 +506,7 @@ TEST(CudaExtend, PersistentUnitsAcrossBlocks) {
   };
   for (const Knob k : {Knob{1, true, true, -1}, Knob{3, false, false, -1},
                        Knob{5, true, true, 0}, Knob{7, false, false, 0}}) {
-    SCOPED_TRACE(testing::Message() << "sm90_max_blocks=" << k.blocks << " sm90_head_major="
+    SCOPED_TRACE(::testing::Message() << "sm90_max_blocks=" << k.blocks << " sm90_head_major="
                                     << k.head_major << " sm90_overlap=" << k.overlap
                                     << " sm90_pingpong=" << k.pingpong);
     kernel_options.cuda.sm90_max_blocks = k.blocks;

@@ -202,7 +202,7 @@ Cmp compare(const MlaRun& got, const MlaRun& want) {
 /// Runs p (host data h) on the CUDA backend and checks it against the reference and the
 /// expected path.
 void check(const Problem& p, const HostData& h, double tol, const char* want_path = "mla_decode") {
-  SCOPED_TRACE(testing::Message() << "seed " << p.seed << " page " << p.page_size << " hq " << p.hq
+  SCOPED_TRACE(::testing::Message() << "seed " << p.seed << " page " << p.page_size << " hq " << p.hq
                                   << " kv " << dtype_name(p.kv_dtype));
   const MlaRun got = run_cuda(p, h);
   const MlaRun want = reference_mla(p, h);
@@ -308,7 +308,7 @@ TEST_F(MlaDecode, MergeBlockSizes) {
   for (const char* t : {"32", "128", "160", "256", "384", "512"}) {
     kernel_options.cuda.merge_threads = std::atoi(t);
     for (int hq : {16, 128}) {
-      SCOPED_TRACE(testing::Message() << "merge_threads=" << t << " hq " << hq);
+      SCOPED_TRACE(::testing::Message() << "merge_threads=" << t << " hq " << hq);
       const uint64_t s = seed_ + 301 + uint64_t(i++);
       check(mla_problem(ragged(3, 3000, {1, 24000}, s), 64, hq, DType::kBF16, s), 1.5e-2);
     }
@@ -368,7 +368,7 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
         for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
           if (kv == DType::kFp8E4M3 && hq != 16 && hq != 128) continue;
           const uint64_t s = seed_ + 61 + uint64_t(i++);
-          SCOPED_TRACE(testing::Message() << "mla_sm90=" << sm90);
+          SCOPED_TRACE(::testing::Message() << "mla_sm90=" << sm90);
           check(mla_problem(ragged(4, 2000, {1, 64, 65, 9000}, s), ps, hq, kv, s),
                 kv == DType::kBF16 ? 1.5e-2 : 2e-2);
         }
@@ -388,7 +388,7 @@ TEST_F(MlaDecode, HopperAndMmaSyncKernels) {
   for (int hq : {16, 48}) {
     for (int ps : {16, 1}) {
       const uint64_t s = seed_ + 81 + uint64_t(hq + ps);
-      SCOPED_TRACE(testing::Message() << "default route, hq " << hq << " page " << ps);
+      SCOPED_TRACE(::testing::Message() << "default route, hq " << hq << " page " << ps);
       check(mla_problem(ragged(5, 2500, {2, 6000}, s), ps, hq, DType::kBF16, s), 1.5e-2);
     }
   }
@@ -410,7 +410,7 @@ TEST_F(MlaDecode, HopperTmaPagesTailsAndRescales) {
     for (DType kv : {DType::kBF16, DType::kFp8E4M3}) {
       for (int ps : {16, 64, 128, 256}) {
         const uint64_t s = seed_ + 91 + uint64_t(i++);
-        SCOPED_TRACE(testing::Message() << "mla_tma=" << tma << " seed " << s << " page "
+        SCOPED_TRACE(::testing::Message() << "mla_tma=" << tma << " seed " << s << " page "
                                         << ps << " kv " << dtype_name(kv));
         const Problem p = mla_problem({64, 640, 1000, 4096, 129, 11000}, ps, 128, kv, s);
         HostData h = make_host_data(p);
@@ -440,7 +440,7 @@ TEST_F(MlaDecode, HopperFewHeadsTransposed) {
       for (int hq : {1, 8, 16}) {
         for (int ps : {1, 16, 64}) {
           const uint64_t s = seed_ + 201 + uint64_t(i++);
-          SCOPED_TRACE(testing::Message() << "mla_sm90_small=" << small << " hq " << hq
+          SCOPED_TRACE(::testing::Message() << "mla_sm90_small=" << small << " hq " << hq
                                           << " page " << ps << " kv " << dtype_name(kv));
           const Problem p = mla_problem(ragged(5, 2500, {1, 2, 64, 65, 9000}, s), ps, hq, kv, s);
           HostData h = make_host_data(p);

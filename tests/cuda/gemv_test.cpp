@@ -87,7 +87,7 @@ struct Shape {
 
 /// Runs one problem and compares; w (device and host) is shared by the m values of a shape.
 void run_case(ActDType t, const Shape& s, int64_t m, const Mat& w, const void* d_w, Rng& rng) {
-  SCOPED_TRACE(testing::Message() << name(t) << " k " << s.k << " n " << s.n << " m " << m
+  SCOPED_TRACE(::testing::Message() << name(t) << " k " << s.k << " n " << s.n << " m " << m
                                   << (s.swiglu ? " swiglu" : "") << (s.f32_out ? " f32_out" : ""));
   ASSERT_TRUE(small_m_gemm_supported(t, m, s.n, s.k));
   const int64_t xk = s.swiglu ? 2 * s.k : s.k;

@@ -151,7 +151,7 @@ TEST(DenseKernels, EmbedRowsIsABitCopy) {
       const Act table = random_act(t, static_cast<size_t>(vocab * hidden), rng);
       auto d_table = to_device(table);
       for (int64_t rows : kRows) {
-        SCOPED_TRACE(testing::Message() << name(t) << " hidden " << hidden << " rows " << rows);
+        SCOPED_TRACE(::testing::Message() << name(t) << " hidden " << hidden << " rows " << rows);
         std::vector<int32_t> ids(static_cast<size_t>(rows));
         for (auto& id : ids) id = static_cast<int32_t>(rng() % vocab);
         Dev d_ids(ids.size() * 4), d_out(static_cast<size_t>(rows * hidden * act_dtype_size(t)));
@@ -194,7 +194,7 @@ TEST(DenseKernels, AddRmsNormMatchesHost) {
       for (int64_t rows : kRows) {
         for (ResidualOp op : {ResidualOp::kAssign, ResidualOp::kAdd}) {
           for (bool in_place : {false, true}) {
-            SCOPED_TRACE(testing::Message() << name(t) << " hidden " << hidden << " rows " << rows
+            SCOPED_TRACE(::testing::Message() << name(t) << " hidden " << hidden << " rows " << rows
                                             << " op " << int(op) << " in_place " << in_place);
             const size_t n = size_t(rows * hidden);
             const Act x = random_act(t, n, rng, 0.f, 2.f);
@@ -257,7 +257,7 @@ TEST(DenseKernels, RmsNormRowsSelectsRows) {
       d_res.upload(res);
       for (bool indexed : {true, false}) {
         const int64_t rows = indexed ? 7 : total_rows;
-        SCOPED_TRACE(testing::Message() << name(t) << " hidden " << hidden << " indexed "
+        SCOPED_TRACE(::testing::Message() << name(t) << " hidden " << hidden << " indexed "
                                         << indexed);
         std::vector<int32_t> idx = {299, 0, 17, 17, 150, 298, 1};
         Dev d_idx(idx.size() * 4), d_out(size_t(rows * hidden * act_dtype_size(t)));
@@ -300,7 +300,7 @@ TEST(DenseKernels, QkvBiasRopeMatchesHost) {
   for (ActDType t : kAllTypes) {
     for (const Shape& s : shapes) {
       for (bool with_bias : {false, true}) {
-        SCOPED_TRACE(testing::Message() << name(t) << " hq " << s.hq << " hkv " << s.hkv << " d "
+        SCOPED_TRACE(::testing::Message() << name(t) << " hq " << s.hq << " hkv " << s.hkv << " d "
                                         << s.d << " rows " << s.rows << " bias " << with_bias);
         const int heads = s.hq + 2 * s.hkv;
         const int64_t width = int64_t(heads) * s.d;
@@ -387,7 +387,7 @@ TEST(DenseKernels, QkvBiasRopeStoreWritesTheCache) {
     for (const Shape& s : shapes) {
       for (int variant = 0; variant < 3; ++variant) {  // 0: cache only; 1: + k/v; 2: + bias
         const bool with_bias = variant == 2, with_kv = variant >= 1;
-        SCOPED_TRACE(testing::Message() << name(t) << " hq " << s.hq << " hkv " << s.hkv << " d "
+        SCOPED_TRACE(::testing::Message() << name(t) << " hq " << s.hq << " hkv " << s.hkv << " d "
                                         << s.d << " rows " << s.rows << " variant " << variant);
         const int heads = s.hq + 2 * s.hkv;
         const int64_t width = int64_t(heads) * s.d;
@@ -534,7 +534,7 @@ TEST(DenseKernels, SiluMulMatchesHost) {
   for (ActDType t : kAllTypes) {
     for (int64_t inter : {int64_t{14336}, int64_t{1000}, int64_t{1001}}) {
       for (int64_t rows : kRows) {
-        SCOPED_TRACE(testing::Message() << name(t) << " inter " << inter << " rows " << rows);
+        SCOPED_TRACE(::testing::Message() << name(t) << " inter " << inter << " rows " << rows);
         const Act gu = random_act(t, size_t(rows * 2 * inter), rng, 0.f, 3.f);
         auto d_gu = to_device(gu);
         const size_t es = size_t(act_dtype_size(t));
@@ -570,7 +570,7 @@ TEST(DenseKernels, GemmaOpsMatchHost) {
   for (ActDType t : kAllTypes) {
     const size_t es = size_t(act_dtype_size(t));
     for (int64_t rows : kRows) {
-      SCOPED_TRACE(testing::Message() << name(t) << " rows " << rows);
+      SCOPED_TRACE(::testing::Message() << name(t) << " rows " << rows);
       {  // scale
         const int64_t n = rows * 2304;
         const Act x = random_act(t, size_t(n), rng);
@@ -646,7 +646,7 @@ TEST(DenseKernels, LogitsToF32SoftCap) {
   for (ActDType t : kAllTypes) {
     for (int64_t n : {int64_t{7} * vocab, int64_t{1001}}) {
       for (float cap : {0.f, 30.f}) {
-        SCOPED_TRACE(testing::Message() << name(t) << " n " << n << " cap " << cap);
+        SCOPED_TRACE(::testing::Message() << name(t) << " n " << n << " cap " << cap);
         const Act in = random_act(t, size_t(n), rng, 0.f, 20.f);
         auto d_in = to_device(in);
         Dev d_out(size_t(n) * 4);
@@ -788,7 +788,7 @@ TEST(Sampling, GreedyIsTheHostArgmaxWithTies) {
   const int64_t stride = vocab + 13;
   for (int64_t rows64 : kRows) {
     const int rows = static_cast<int>(rows64);
-    SCOPED_TRACE(testing::Message() << "rows " << rows);
+    SCOPED_TRACE(::testing::Message() << "rows " << rows);
     auto logits = random_logits(rng, rows, stride, vocab, true);
     std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
     for (int r = 0; r < rows; ++r) {
@@ -836,7 +836,7 @@ TEST(Sampling, FilteredDrawsStayInTheAllowedSet) {
   for (bool ties : {false, true}) {
     for (int64_t rows64 : kRows) {
       const int rows = static_cast<int>(rows64);
-      SCOPED_TRACE(testing::Message() << "rows " << rows << " bf16 ties " << ties);
+      SCOPED_TRACE(::testing::Message() << "rows " << rows << " bf16 ties " << ties);
       const auto logits = random_logits(rng, rows, vocab, vocab, ties);
       std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
       for (int r = 0; r < rows; ++r) params[size_t(r)] = random_filter_params(rng, r);
@@ -912,7 +912,7 @@ TEST(Sampling, SplitRowPathEqualsSingleBlock) {
       {16, 262144, 262144, true}, {64, 151936, 151939, true}, {300, 128256, 128256, true},
       {3, 1000, 1003, true},      {7, 4096, 4096, false}};
   for (const Case& cs : cases) {
-    SCOPED_TRACE(testing::Message() << "rows " << cs.rows << " vocab " << cs.vocab << " stride "
+    SCOPED_TRACE(::testing::Message() << "rows " << cs.rows << " vocab " << cs.vocab << " stride "
                                     << cs.stride << " ties " << cs.ties);
     const int rows_stored = cs.stride == 0 ? 1 : cs.rows;
     auto logits = random_logits(rng, rows_stored, cs.stride == 0 ? cs.vocab : cs.stride, cs.vocab,
@@ -1007,7 +1007,7 @@ TEST(Sampling, SplitRowPathReplaysInAGraph) {
   ASSERT_EQ(launch, cudaSuccess);
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int replay = 0; replay < 3; ++replay) {
-    SCOPED_TRACE(testing::Message() << "replay " << replay);
+    SCOPED_TRACE(::testing::Message() << "replay " << replay);
     const auto logits = random_logits(rng, rows, vocab, vocab, replay % 2 == 0);
     std::vector<SamplingRowParams> params(static_cast<size_t>(rows));
     for (int r = 0; r < rows; ++r) params[size_t(r)] = random_filter_params(rng, r + replay);
@@ -1050,7 +1050,7 @@ TEST(Sampling, FrequenciesMatchTheHostDistribution) {
   const uint64_t seed = test_seed(1010);
   std::cout << "seed " << seed << "\n";
   for (const Case& cs : cases) {
-    SCOPED_TRACE(testing::Message() << "T " << cs.t << " top_k " << cs.k << " top_p " << cs.p
+    SCOPED_TRACE(::testing::Message() << "T " << cs.t << " top_k " << cs.k << " top_p " << cs.p
                                     << " min_p " << cs.min_p);
     std::vector<SamplingRowParams> params(static_cast<size_t>(draws));
     for (int i = 0; i < draws; ++i)

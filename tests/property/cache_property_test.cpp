@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cache_workload.h"
+#include "property_seed.h"
 
 namespace pagoda::testing {
 namespace {
@@ -27,7 +28,7 @@ class CacheProperty : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CacheProperty, RandomStreamMatchesModel) {
   const Case c = GetParam();
-  const uint64_t seed = property_seed();
+  const uint64_t seed = pagoda::testing::property_seed();
   std::printf("PAGODA_SEED=%llu (page_size %d, policy %s%s)\n",
               static_cast<unsigned long long>(seed), c.page_size, c.policy,
               c.chunk_cache ? ", chunk cache" : "");

@@ -13,15 +13,6 @@
 
 namespace pagoda::testing {
 
-uint64_t property_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* env = std::getenv("PAGODA_SEED")) return std::strtoull(env, nullptr, 10);
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32) | rd();
-  }();
-  return seed;
-}
-
 struct CacheWorkload::Req {
   cache::CacheRequest cr;
   std::vector<uint64_t> tags;   ///< tags[i]: identity of tokens[0..i] in the request's namespace

@@ -24,12 +24,9 @@
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "property_seed.h"
 
 namespace pagoda::testing {
-
-/// The property tests' base seed: PAGODA_SEED when set (a replay), else random; the same value
-/// for the whole process (every test prints it).
-uint64_t property_seed();
 
 /// Where the workload's choices come from.
 class ChoiceSource {

@@ -23,17 +23,10 @@
 
 #include "pagoda/tier/hicache.h"
 #include "tier_test_util.h"
+#include "property_seed.h"
 
 namespace pagoda::tier {
 namespace {
-
-uint64_t base_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* env = std::getenv("PAGODA_SEED")) return std::strtoull(env, nullptr, 10);
-    return (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }();
-  return seed;
-}
 
 struct Case {
   int32_t page_size;
@@ -276,7 +269,7 @@ class HiCacheProperty : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HiCacheProperty, RandomOperationsKeepTheTiersConsistent) {
   const Case& c = GetParam();
-  const uint64_t seed = base_seed();
+  const uint64_t seed = pagoda::testing::property_seed();
   std::printf("PAGODA_SEED=%llu (page_size %d, policy %s, %s host)\n",
               static_cast<unsigned long long>(seed), c.page_size,
               std::string(write_policy_name(c.policy)).c_str(), c.big_host ? "big" : "small");

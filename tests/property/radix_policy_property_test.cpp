@@ -24,11 +24,12 @@
 
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/error.h"
+#include "property_seed.h"
 
 namespace pagoda::testing {
 namespace {
 
-struct Case {
+struct PolicyCase {
   int32_t page_size;
   const char* policy;
 };
@@ -40,7 +41,7 @@ constexpr size_t kMaxLocks = 4;
 
 class Stream {
  public:
-  Stream(const Case& c, uint64_t seed)
+  Stream(const PolicyCase& c, uint64_t seed)
       : P_(c.page_size),
         rng_(seed),
         alloc_(kPages, c.page_size),
@@ -239,11 +240,11 @@ class Stream {
   int64_t op_ = 0;
 };
 
-class RadixPolicyProperty : public ::testing::TestWithParam<Case> {};
+class RadixPolicyProperty : public ::testing::TestWithParam<PolicyCase> {};
 
 TEST_P(RadixPolicyProperty, MillionOperationsKeepPolicyOrderAndAccounting) {
-  const Case c = GetParam();
-  const uint64_t seed = property_seed();
+  const PolicyCase c = GetParam();
+  const uint64_t seed = pagoda::testing::property_seed();
   std::printf("PAGODA_SEED=%llu (page_size %d, policy %s, %lld ops)\n",
               static_cast<unsigned long long>(seed), c.page_size, c.policy,
               static_cast<long long>(kOpsPerCase));
@@ -258,10 +259,10 @@ TEST_P(RadixPolicyProperty, MillionOperationsKeepPolicyOrderAndAccounting) {
   EXPECT_GT(stream.matched(), 0);
 }
 
-std::vector<Case> all_cases() {
-  std::vector<Case> cases;
+std::vector<PolicyCase> all_cases() {
+  std::vector<PolicyCase> cases;
   for (int32_t p : {1, 4, 16, 64}) {
-    for (const char* policy : {"lru", "lfu", "fifo", "priority"}) cases.push_back(Case{p, policy});
+    for (const char* policy : {"lru", "lfu", "fifo", "priority"}) cases.push_back(PolicyCase{p, policy});
   }
   return cases;
 }

@@ -34,17 +34,6 @@ void require_size(size_t got, int64_t expected, const char* name) {
                  "eagle head tensor {} has {} elements, expected {}", name, got, expected);
 }
 
-/// Seeded normals (SplitMix64, as make_random_weights; a separate stream).
-class Rng : public SplitMix64 {
- public:
-  using SplitMix64::SplitMix64;
-  std::vector<float> normal(int64_t n, double mean, double sd) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = static_cast<float>(mean + sd * SplitMix64::normal());
-    return v;
-  }
-};
-
 std::vector<float> concat(std::initializer_list<const std::vector<float>*> parts) {
   std::vector<float> out;
   for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
@@ -363,29 +352,29 @@ EagleConfig eagle_config_for(const ModelConfig& t, EagleLayout layout, int draft
 }
 
 EagleWeights make_random_eagle_weights(const EagleConfig& c, const ModelConfig& t, uint64_t seed) {
-  Rng rng(seed ^ 0xEA61EEA61EEA61Eull);
+  SplitMix64 rng(seed ^ 0xEA61EEA61EEA61Eull);  // as make_random_weights; a separate stream
   const bool e3 = c.layout == EagleLayout::kEagle3;
   const int64_t h = c.hidden_size, qd = int64_t{c.num_q_heads} * c.head_dim,
                 kvd = int64_t{c.num_kv_heads} * c.head_dim, inter = c.intermediate_size;
   const int64_t in = e3 ? 2 * h : h, fc_in = e3 ? 3 * h : 2 * h;
-  auto lin = [&](int64_t out, int64_t k) { return rng.normal(out * k, 0.0, 1.0 / std::sqrt(double(k))); };
+  auto lin = [&](int64_t out, int64_t k) { return rng.normals(out * k, 0.0, 1.0 / std::sqrt(double(k))); };
   EagleWeights w;
   w.fc = lin(h, fc_in);
-  if (c.fc_bias) w.fc_bias = rng.normal(h, 0.0, 0.1);
+  if (c.fc_bias) w.fc_bias = rng.normals(h, 0.0, 0.1);
   if (e3) {
-    w.input_norm = rng.normal(h, 1.0, 0.1);
-    w.hidden_norm = rng.normal(h, 1.0, 0.1);
+    w.input_norm = rng.normals(h, 1.0, 0.1);
+    w.hidden_norm = rng.normals(h, 1.0, 0.1);
   }
   w.q_proj = lin(qd, in);
   w.k_proj = lin(kvd, in);
   w.v_proj = lin(kvd, in);
   w.o_proj = lin(h, qd);
-  w.post_norm = rng.normal(h, 1.0, 0.1);
+  w.post_norm = rng.normals(h, 1.0, 0.1);
   w.gate_proj = lin(inter, h);
   w.up_proj = lin(inter, h);
   w.down_proj = lin(h, inter);
   if (e3) {
-    w.norm = rng.normal(h, 1.0, 0.1);
+    w.norm = rng.normals(h, 1.0, 0.1);
     w.lm_head = lin(c.draft_vocab_size, h);
     // d2t: draft id d → a distinct target id (a seeded sorted sample, as real maps are sorted).
     std::vector<int64_t> ids(static_cast<size_t>(t.vocab_size));

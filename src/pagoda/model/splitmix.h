@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 namespace pagoda::model {
 
@@ -23,6 +24,12 @@ class SplitMix64 {
     const double u1 = uniform();
     const double u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+  /// n normals of mean `mean` and standard deviation `sd`, as floats.
+  std::vector<float> normals(int64_t n, double mean, double sd) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = static_cast<float>(mean + sd * normal());
+    return v;
   }
 
  private:

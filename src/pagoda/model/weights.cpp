@@ -13,9 +13,7 @@ namespace {
 using Rng = SplitMix64;
 
 std::vector<float> normal_vec(Rng& rng, int64_t n, double mean, double stddev) {
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<float>(mean + stddev * rng.normal());
-  return v;
+  return rng.normals(n, mean, stddev);
 }
 
 void require_size(const std::vector<float>& v, int64_t expected, const std::string& name) {

@@ -34,7 +34,8 @@ namespace {
 
 constexpr int kConnectTimeoutS = 5;
 constexpr int kHealthTimeoutS = 2;
-constexpr int kStreamWaitMs = 200;
+/// How long a streamed answer waits for the decode server's next chunk before checking again.
+constexpr int kRelayWaitMs = 200;
 
 struct Backend {
   std::string url;
@@ -243,7 +244,7 @@ void forward(Router& r, const httplib::Request& req, httplib::Response& res) {
         "text/event-stream",
         [up, d, &r](size_t, httplib::DataSink& sink) {
           std::unique_lock lock(up->mu);
-          up->cv.wait_for(lock, std::chrono::milliseconds(kStreamWaitMs),
+          up->cv.wait_for(lock, std::chrono::milliseconds(kRelayWaitMs),
                           [&] { return !up->chunks.empty() || up->done; });
           std::deque<std::string> chunks;
           chunks.swap(up->chunks);

@@ -10,8 +10,6 @@ namespace pagoda::tokenizer {
 
 namespace {
 
-constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
-
 /// Code points of a token from the ByteLevel alphabet back to bytes; a token with a character
 /// outside the alphabet keeps its UTF-8 bytes. The result is one lossily decoded string.
 class ByteLevelDecoder final : public Decoder {

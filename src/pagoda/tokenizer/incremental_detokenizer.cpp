@@ -8,8 +8,6 @@ namespace pagoda::tokenizer {
 
 namespace {
 
-constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
-
 bool ends_incomplete(std::string_view s) {
   return utf8_complete_prefix(s) < s.size() ||
          (s.size() >= 3 && s.substr(s.size() - 3) == kReplacementChar);

@@ -38,9 +38,13 @@ std::string translate_oniguruma(std::string_view pattern) {
       } else if (e == 'S') {
         out += "\\P{White_Space}";
       } else if (e == 'w') {
-        out += in_class ? std::string(kWord) : "[" + std::string(kWord) + "]";
+        if (!in_class) out += '[';
+        out += kWord;
+        if (!in_class) out += ']';
       } else if (e == 'W' && !in_class) {
-        out += "[^" + std::string(kWord) + "]";
+        out += "[^";
+        out += kWord;
+        out += ']';
       } else {
         out.push_back(c);
         out.push_back(e);

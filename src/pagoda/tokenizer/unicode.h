@@ -14,6 +14,9 @@
 
 namespace pagoda::tokenizer {
 
+/// U+FFFD REPLACEMENT CHARACTER in UTF-8: what undecodable bytes become.
+inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
+
 /// Whether `s` is well-formed UTF-8 (no surrogates, no overlongs, at most U+10FFFF).
 bool is_valid_utf8(std::string_view s);
 

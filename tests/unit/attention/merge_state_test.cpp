@@ -11,7 +11,7 @@ namespace {
 
 TEST(MergeState, MatchesDirectComputationOverUnion) {
   const uint64_t seed = 20260721;
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> nd;
   const int n = 3, h = 2, d = 5, la = 7, lb = 4;

@@ -147,7 +147,7 @@ TEST(CudaSchedule, Sm90OnlyDimsTakeThePrefillPathForEveryStep) {
   std::mt19937_64 rng(seed);
   auto uni = [&](int lo, int hi) { return lo + static_cast<int>(rng() % uint64_t(hi - lo + 1)); };
   for (int round = 0; round < 40; ++round) {
-    SCOPED_TRACE(testing::Message() << "seed " << seed << " round " << round);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " round " << round);
     const int page = std::vector<int>{1, 16, 64}[size_t(round % 3)];
     const int heads = round % 2 == 0 ? 16 : 4;
     const int bs = uni(1, 6);

@@ -64,17 +64,17 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
   return out;
 }
 
-struct Case {
+struct HiCacheCase {
   int32_t page_size;
   int32_t chunk;
   int32_t max_new = 6;  ///< long answers grow the decodes past the pool: retraction
   int turns = 4;
 };
 
-class EngineHiCache : public ::testing::TestWithParam<Case> {};
+class EngineHiCache : public ::testing::TestWithParam<HiCacheCase> {};
 
 TEST_P(EngineHiCache, SameTokensMoreHits) {
-  const Case c = GetParam();
+  const HiCacheCase c = GetParam();
   const uint64_t seed = 4300 + static_cast<uint64_t>(c.page_size);
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << c.page_size << " chunk "
                                     << c.chunk);
@@ -113,8 +113,8 @@ TEST_P(EngineHiCache, SameTokensMoreHits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pages, EngineHiCache,
-                         ::testing::Values(Case{1, 0}, Case{16, 0}, Case{16, 32}, Case{64, 64},
-                                           Case{16, 32, 48, 3}),
+                         ::testing::Values(HiCacheCase{1, 0}, HiCacheCase{16, 0}, HiCacheCase{16, 32}, HiCacheCase{64, 64},
+                                           HiCacheCase{16, 32, 48, 3}),
                          [](const auto& info) {
                            return "page" + std::to_string(info.param.page_size) + "_chunk" +
                                   std::to_string(info.param.chunk) + "_new" +

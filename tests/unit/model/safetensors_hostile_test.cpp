@@ -15,27 +15,14 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/model/safetensors.h"
+#include "temp_dir.h"
 #include "test_model.h"
 
 namespace pagoda::model {
 namespace {
 
 namespace fs = std::filesystem;
-
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + "_" +
-                                           std::to_string(reinterpret_cast<uintptr_t>(this)))) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testing::TempDir;
 
 /// Writes `header_len` (little endian), `header`, then `data_bytes` zero bytes.
 void write_raw(const fs::path& p, uint64_t header_len, const std::string& header,

@@ -28,7 +28,7 @@ TEST(Sampler, GreedyIsArgmax) {
 
 TEST(Sampler, SameSeedSameSequenceDifferentSeedDiffers) {
   const uint64_t seed = 12345;
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
   const SamplingParams p{.temperature = 1.0f, .top_k = 50, .top_p = 0.95f, .seed = seed};
   Sampler a(p), b(p), c(SamplingParams{.temperature = 1.0f, .top_k = 50, .top_p = 0.95f,
                                        .seed = seed + 1});
