@@ -16,7 +16,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
 
-namespace pagoda::model::testing {
+namespace pagoda::testing {
 
 /// Expects `fn` to throw a pagoda::Error with `code` whose message contains `needle`.
 template <typename Fn>
@@ -64,7 +64,7 @@ std::pair<int, int> mutate_configs(std::span<const char* const> bases, Value val
       }
     }
     try {
-      const ModelConfig c = config_from_hf_json(j);
+      const model::ModelConfig c = model::config_from_hf_json(j);
       EXPECT_NO_THROW(c.validate()) << "iteration " << it << ": " << j.dump();
       ++accepted;
     } catch (const Error&) {
@@ -77,4 +77,4 @@ std::pair<int, int> mutate_configs(std::span<const char* const> bases, Value val
   return {accepted, rejected};
 }
 
-}  // namespace pagoda::model::testing
+}  // namespace pagoda::testing
