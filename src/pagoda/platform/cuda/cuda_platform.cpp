@@ -5,15 +5,10 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/kernels/cuda/launch.h"
+#include "pagoda/platform/cuda/cuda_check.h"
 
 namespace pagoda::platform {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw_error(ErrorCode::kInternal, "{}: {}", what, cudaGetErrorString(e));
-  }
-}
 
 /// Device memory through plain cudaMalloc (no managed memory, no pooling).
 class CudaAllocator final : public Allocator {
@@ -25,7 +20,7 @@ class CudaAllocator final : public Allocator {
     PAGODA_REQUIRE(alignment <= 256, kInvalidArgument,
                    "cudaMalloc gives 256-byte alignment; {} requested", alignment);
     void* p = nullptr;
-    check(cudaSetDevice(ordinal_), "cudaSetDevice");
+    cuda_check(cudaSetDevice(ordinal_), "cudaSetDevice");
     const cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
@@ -42,19 +37,19 @@ class CudaAllocator final : public Allocator {
   // stream) and may return before a pageable H2D copy lands, so both sides are fenced.
   void copy_to_device(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   void copy_to_host(void* dst, const void* src, size_t bytes) override {
     if (!bytes) return;
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   }
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
     if (bytes) {
-      check(cudaMemset(dst, value, bytes), "cudaMemset");
-      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      cuda_check(cudaMemset(dst, value, bytes), "cudaMemset");
+      cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }
   }
 
@@ -96,18 +91,18 @@ class PinnedAllocator final : public Allocator {
 class CudaEvent final : public Event {
  public:
   explicit CudaEvent(cudaStream_t stream) : stream_(stream) {
-    check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
   }
   ~CudaEvent() override { (void)cudaEventDestroy(event_); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
-  void record() override { check(cudaEventRecord(event_, stream_), "cudaEventRecord"); }
-  void synchronize() override { check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  void record() override { cuda_check(cudaEventRecord(event_, stream_), "cudaEventRecord"); }
+  void synchronize() override { cuda_check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
   cudaEvent_t native() const { return event_; }
   bool done() override {
     const cudaError_t e = cudaEventQuery(event_);
     if (e == cudaErrorNotReady) return false;
-    check(e, "cudaEventQuery");
+    cuda_check(e, "cudaEventQuery");
     return true;
   }
 
@@ -120,7 +115,7 @@ class CudaEvent final : public Event {
 /// recorded on it, which the compute stream can wait for (CudaPlatform::wait_event).
 class CudaCopyStream final : public CopyStream {
  public:
-  CudaCopyStream() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  CudaCopyStream() { cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"); }
   ~CudaCopyStream() override {
     (void)cudaStreamSynchronize(stream_);
     (void)cudaStreamDestroy(stream_);
@@ -128,18 +123,18 @@ class CudaCopyStream final : public CopyStream {
   CudaCopyStream(const CudaCopyStream&) = delete;
   CudaCopyStream& operator=(const CudaCopyStream&) = delete;
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+    if (bytes) cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
   }
   std::unique_ptr<Event> record() override {
     auto e = std::make_unique<CudaEvent>(stream_);
     e->record();
     return e;
   }
-  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void synchronize() override { cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
   void wait(Event& event) override {
     auto* e = dynamic_cast<CudaEvent*>(&event);
     PAGODA_REQUIRE(e != nullptr, kInvalidArgument, "CopyStream::wait: not a CUDA event");
-    check(cudaStreamWaitEvent(stream_, e->native(), 0), "cudaStreamWaitEvent");
+    cuda_check(cudaStreamWaitEvent(stream_, e->native(), 0), "cudaStreamWaitEvent");
   }
 
  private:
@@ -155,16 +150,16 @@ std::unique_ptr<CopyStream> CudaPlatform::make_copy_stream() {
 void CudaPlatform::wait_event(Event& event) {
   auto* e = dynamic_cast<CudaEvent*>(&event);
   PAGODA_REQUIRE(e != nullptr, kInvalidArgument, "wait_event: not an event of the CUDA platform");
-  check(cudaStreamWaitEvent(stream_, e->native(), 0), "cudaStreamWaitEvent");
+  cuda_check(cudaStreamWaitEvent(stream_, e->native(), 0), "cudaStreamWaitEvent");
 }
 
 CudaPlatform::CudaPlatform(int ordinal) : ordinal_(ordinal) {
   const int n = cuda_device_count();
   PAGODA_REQUIRE(ordinal >= 0 && ordinal < n, kUnsupported,
                  "CUDA device {} does not exist ({} visible)", ordinal, n);
-  check(cudaSetDevice(ordinal), "cudaSetDevice");
+  cuda_check(cudaSetDevice(ordinal), "cudaSetDevice");
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+  cuda_check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
   caps_.sm_arch = prop.major * 10 + prop.minor;
   caps_.sm_count = prop.multiProcessorCount;
   caps_.max_smem_per_block = prop.sharedMemPerBlockOptin;
@@ -173,7 +168,7 @@ CudaPlatform::CudaPlatform(int ordinal) : ordinal_(ordinal) {
   caps_.num_cpu_threads = 1;
   allocator_ = std::make_unique<CudaAllocator>(ordinal);
   pinned_ = std::make_unique<PinnedAllocator>();
-  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 }
 
 CudaPlatform::~CudaPlatform() {
@@ -183,21 +178,21 @@ CudaPlatform::~CudaPlatform() {
   }
 }
 
-void CudaPlatform::synchronize() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+void CudaPlatform::synchronize() { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 void CudaPlatform::synchronize_stream() {
-  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
 void CudaPlatform::copy_to_device_async(void* dst, const void* host_src, size_t bytes) {
   if (bytes)
-    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+    cuda_check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
           "cudaMemcpyAsync H2D");
 }
 
 void CudaPlatform::copy_to_host_async(void* host_dst, const void* src, size_t bytes) {
   if (bytes)
-    check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
+    cuda_check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_),
           "cudaMemcpyAsync D2H");
 }
 

@@ -7,13 +7,10 @@
 #include <vector>
 
 #include "pagoda/core/error.h"
+#include "pagoda/platform/cuda/cuda_check.h"
 
 namespace pagoda::platform {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw_error(ErrorCode::kInternal, "{}: {}", what, cudaGetErrorString(e));
-}
 
 void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
@@ -32,7 +29,7 @@ double median(std::vector<double> v) {
 /// A device allocation freed on scope exit.
 struct DeviceMem {
   void* p = nullptr;
-  explicit DeviceMem(size_t bytes) { check(cudaMalloc(&p, bytes), "cudaMalloc"); }
+  explicit DeviceMem(size_t bytes) { cuda_check(cudaMalloc(&p, bytes), "cudaMalloc"); }
   ~DeviceMem() { (void)cudaFree(p); }
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
@@ -56,10 +53,10 @@ std::vector<double> time_runs(void* stream, int reps, Fn&& fn) {
 
 CudaEventTimer::CudaEventTimer(void* stream) : stream_(stream) {
   cudaEvent_t a = nullptr, b = nullptr;
-  check(cudaEventCreate(&a), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&a), "cudaEventCreate");
   if (const cudaError_t e = cudaEventCreate(&b); e != cudaSuccess) {
     (void)cudaEventDestroy(a);
-    check(e, "cudaEventCreate");
+    cuda_check(e, "cudaEventCreate");
   }
   start_ = a;
   stop_ = b;
@@ -71,42 +68,42 @@ CudaEventTimer::~CudaEventTimer() {
 }
 
 void CudaEventTimer::start() {
-  check(cudaEventRecord(as_event(start_), as_stream(stream_)), "cudaEventRecord");
+  cuda_check(cudaEventRecord(as_event(start_), as_stream(stream_)), "cudaEventRecord");
 }
 
 double CudaEventTimer::stop_ms() {
-  check(cudaEventRecord(as_event(stop_), as_stream(stream_)), "cudaEventRecord");
-  check(cudaEventSynchronize(as_event(stop_)), "cudaEventSynchronize");
+  cuda_check(cudaEventRecord(as_event(stop_), as_stream(stream_)), "cudaEventRecord");
+  cuda_check(cudaEventSynchronize(as_event(stop_)), "cudaEventSynchronize");
   float ms = 0;
-  check(cudaEventElapsedTime(&ms, as_event(start_), as_event(stop_)), "cudaEventElapsedTime");
+  cuda_check(cudaEventElapsedTime(&ms, as_event(start_), as_event(stop_)), "cudaEventElapsedTime");
   return ms;
 }
 
 size_t cuda_l2_bytes() {
   int dev = 0, l2 = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute(L2)");
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute(L2)");
   return static_cast<size_t>(l2);
 }
 
 CudaL2Flusher::CudaL2Flusher(void* stream)
     : stream_(stream), bytes_(std::max<size_t>(2 * cuda_l2_bytes(), size_t{256} << 20)) {
-  check(cudaMalloc(&buf_, bytes_), "cudaMalloc (L2 flush buffer)");
+  cuda_check(cudaMalloc(&buf_, bytes_), "cudaMalloc (L2 flush buffer)");
 }
 
 CudaL2Flusher::~CudaL2Flusher() { (void)cudaFree(buf_); }
 
 void CudaL2Flusher::flush() {
   static unsigned char value = 0;
-  check(cudaMemsetAsync(buf_, ++value, bytes_, as_stream(stream_)), "cudaMemsetAsync (L2 flush)");
+  cuda_check(cudaMemsetAsync(buf_, ++value, bytes_, as_stream(stream_)), "cudaMemsetAsync (L2 flush)");
 }
 
 double cuda_copy_bandwidth_gbps(void* stream) {
   const size_t bytes = size_t{1} << 30;
   DeviceMem src(bytes), dst(bytes);
-  check(cudaMemsetAsync(src.p, 1, bytes, as_stream(stream)), "cudaMemsetAsync");
+  cuda_check(cudaMemsetAsync(src.p, 1, bytes, as_stream(stream)), "cudaMemsetAsync");
   const auto ms = time_runs(stream, 5, [&] {
-    check(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)),
+    cuda_check(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, as_stream(stream)),
           "cudaMemcpyAsync D2D");
   });
   return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3) / 1e9;
@@ -117,8 +114,8 @@ double cuda_bf16_gemm_tflops(void* stream) {
   const size_t bytes = size_t{n} * n * 2;
   DeviceMem a(bytes), b(bytes), c(bytes);
   // 0x3c3c is the bf16 0.0115: finite products, no denormals.
-  check(cudaMemsetAsync(a.p, 0x3c, bytes, as_stream(stream)), "cudaMemsetAsync");
-  check(cudaMemsetAsync(b.p, 0x3c, bytes, as_stream(stream)), "cudaMemsetAsync");
+  cuda_check(cudaMemsetAsync(a.p, 0x3c, bytes, as_stream(stream)), "cudaMemsetAsync");
+  cuda_check(cudaMemsetAsync(b.p, 0x3c, bytes, as_stream(stream)), "cudaMemsetAsync");
   cublasHandle_t handle = nullptr;
   check_blas(cublasCreate(&handle), "cublasCreate");
   std::vector<double> ms;
