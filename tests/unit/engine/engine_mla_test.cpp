@@ -47,18 +47,8 @@ model::ModelConfig mla_config(bool q_lora) {
   return c;
 }
 
-struct MlaModel {
-  model::ModelConfig config;
-  model::ModelWeights weights;
-  model::LlamaModel model;
-  explicit MlaModel(bool q_lora)
-      : config(mla_config(q_lora)),
-        weights(model::make_random_weights(config, 20261206)),
-        model(config, weights) {}
-};
-
-MlaModel& mla_model(bool q_lora) {
-  static MlaModel with(true), without(false);
+testing::TestModel& mla_model(bool q_lora) {
+  static testing::TestModel with(mla_config(true), 20261206), without(mla_config(false), 20261206);
   return q_lora ? with : without;
 }
 

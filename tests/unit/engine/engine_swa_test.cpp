@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_test_util.h"
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
@@ -46,13 +47,7 @@ model::ModelConfig mistral_window_config() {
   return c;
 }
 
-struct SwaModel {
-  model::ModelConfig config;
-  model::ModelWeights weights;
-  model::LlamaModel model;
-  explicit SwaModel(model::ModelConfig c)
-      : config(std::move(c)), weights(model::make_random_weights(config, 7)), model(config, weights) {}
-};
+constexpr uint64_t kSwaWeightSeed = 7;
 
 uint64_t prompt_seed() {
   static const uint64_t seed = std::random_device{}();
@@ -178,61 +173,43 @@ void check_model(model::LlamaModel& model) {
 }
 
 TEST(EngineSwa, Gemma3LayoutSameTokensWithAndWithoutTheSwaPool) {
-  static SwaModel m(gemma3_tiny_config());
+  static testing::TestModel m(gemma3_tiny_config(), kSwaWeightSeed);
   check_model(m.model);
 }
 
 TEST(EngineSwa, MistralWindowSameTokensWithAndWithoutTheSwaPool) {
-  static SwaModel m(mistral_window_config());
+  static testing::TestModel m(mistral_window_config(), kSwaWeightSeed);
   check_model(m.model);
 }
 
+/// `combo` with --swa-pool on is refused (kUnsupported) naming both flags; with the default
+/// (auto) the engine runs `combo` on the full pool.
+void expect_swa_pool_refuses(EngineConfig combo, const std::string& flag) {
+  EngineConfig on = combo;
+  on.swa_pool = SwaPoolMode::kOn;
+  for (const std::string& needle : {std::string("--swa-pool on"), flag})
+    testing::expect_error([&] { on.validate(); }, ErrorCode::kUnsupported, needle);
+  static testing::TestModel m(mistral_window_config(), kSwaWeightSeed);
+  combo.pool_tokens = 1024;
+  combo.max_context_len = 256;
+  Engine engine(m.model, combo);
+  EXPECT_EQ(engine.stats().swa_pages_total, 0);
+}
+
 TEST(EngineSwa, SpeculativeDecodingOnTheSwaPoolIsRefused) {
-  EngineConfig cfg;
-  cfg.swa_pool = SwaPoolMode::kOn;
-  cfg.spec.mode = SpecMode::kNgram;
-  try {
-    cfg.validate();
-    FAIL() << "validate accepted --swa-pool on with --spec ngram";
-  } catch (const pagoda::Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("--swa-pool on"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--spec ngram"), std::string::npos) << e.what();
-  }
-  // The default (auto) keeps speculation on the full pool.
-  static SwaModel m(mistral_window_config());
   EngineConfig spec;
   spec.spec.mode = SpecMode::kNgram;
-  spec.pool_tokens = 1024;
-  spec.max_context_len = 256;
-  Engine engine(m.model, spec);
-  EXPECT_EQ(engine.stats().swa_pages_total, 0);
+  expect_swa_pool_refuses(spec, "--spec ngram");
 }
 
 TEST(EngineSwa, TheOverlapSchedulerOnTheSwaPoolIsRefused) {
-  EngineConfig cfg;
-  cfg.swa_pool = SwaPoolMode::kOn;
-  cfg.overlap = true;
-  try {
-    cfg.validate();
-    FAIL() << "validate accepted --swa-pool on with --overlap on";
-  } catch (const pagoda::Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("--swa-pool on"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("--overlap on"), std::string::npos) << e.what();
-  }
-  // The default (auto) keeps the overlap loop on the full pool.
-  static SwaModel m(mistral_window_config());
   EngineConfig overlap;
   overlap.overlap = true;
-  overlap.pool_tokens = 1024;
-  overlap.max_context_len = 256;
-  Engine engine(m.model, overlap);
-  EXPECT_EQ(engine.stats().swa_pages_total, 0);
+  expect_swa_pool_refuses(overlap, "--overlap on");
 }
 
 TEST(EngineSwa, AnExtendLargerThanTheSwaPoolIsAbortedNamingIt) {
-  static SwaModel m(mistral_window_config());
+  static testing::TestModel m(mistral_window_config(), kSwaWeightSeed);
   EngineConfig cfg;
   cfg.page_size = 16;
   cfg.pool_tokens = 1024;
@@ -265,7 +242,7 @@ TEST(EngineSwa, DISABLED_Gemma3_1BLayoutKvBytesAt32k) {
     "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 16,
     "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 512,
     "sliding_window_pattern": 6, "max_position_embeddings": 40000})"));
-  SwaModel m(c);
+  testing::TestModel m(c, kSwaWeightSeed);
   int full_layers = 0;
   for (int l = 0; l < c.num_layers; ++l) full_layers += c.window_of(l) < 0;
   const int window_layers = c.num_layers - full_layers;

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "naive_llama.h"
@@ -20,10 +21,14 @@ namespace pagoda::testing {
 
 inline constexpr uint64_t kWeightSeed = 20240611;
 
+/// A model with seeded random weights (the shared test model by default).
 struct TestModel {
-  model::ModelConfig config = test_model_config();
-  model::ModelWeights weights = model::make_random_weights(config, kWeightSeed);
-  model::LlamaModel model{config, weights};
+  explicit TestModel(model::ModelConfig c = test_model_config(), uint64_t seed = kWeightSeed)
+      : config(std::move(c)), weights(model::make_random_weights(config, seed)),
+        model(config, weights) {}
+  model::ModelConfig config;
+  model::ModelWeights weights;
+  model::LlamaModel model;
 };
 
 inline TestModel& test_model() {
