@@ -643,28 +643,24 @@ void Engine::resolve(InFlight& f, StepOutput& out) {
     r->unresolved = 0;
     take_token(*r, logits, t, out);
     // A request the scheduler aborted meanwhile (kError) keeps its reason.
-    const bool done = r->state == RequestState::kFinished ||
-                      check_finished(*r, token, model_->config().eos_token_id, max_context_len_);
-    if (!done) {
+    if (r->state == RequestState::kFinished) continue;
+    if (!check_finished(*r, token, model_->config().eos_token_id, max_context_len_)) {
       if (in_next) {
         tokens.push_back(next_placeholder);
         r->unresolved = 1;
       }
       continue;
     }
-    if (r->state == RequestState::kFinished) continue;
     r->out.finish_s = t;
     out.finished.push_back(r->id);
     if (r->state == RequestState::kWaiting) {  // retracted meanwhile
       scheduler_->cancel(r, r->out.finish_reason);
-      continue;
-    }
-    if (in_next) {  // the next step computes one token too many for it: discard it, free its KV
+    } else if (in_next) {
+      // The next step computes one token too many for it: discard it and free its KV; the next
+      // step still reads its row, which is freed after that step.
       for (ScheduledSeq& n : inflight_->s.seqs)
         if (n.req == r) n.req = nullptr;
       scheduler_->undo_decode(r);
-    }
-    if (in_next) {  // the next step still reads its row
       inflight_->rows.push_back(scheduler_->finish_keep_row(r));
     } else {
       scheduler_->finish(r);
