@@ -192,8 +192,39 @@ def tp_table(rec):
     return out
 
 
+def python_table(rec):
+    """pagoda.flashinfer vs FlashInfer on the same torch tensors in one process
+    (bench/python_vs_flashinfer.py): each side's median run() ms with its range, the ratio of the
+    medians (> 1: pagoda faster) and plan() ms; then the torch tests' line and pagoda.LLM vs
+    `pagoda bench` (bench/llm_vs_bench.py) where the record has them."""
+    p = rec["python"]
+    out = [f"### Python package: `pagoda.flashinfer` vs FlashInfer in one process — {header(rec)}", "",
+           "| case | check (o err, lse err) | pagoda run ms [range] | flashinfer run ms [range] | "
+           "flashinfer / pagoda | pagoda plan ms | flashinfer plan ms |", "|---|---|---|---|---|---|---|"]
+    for r in p.get("vs_flashinfer", []):
+        if "pagoda_ms" not in r:
+            out.append(f"| {r.get('case')} | {r.get('error', 'no samples')} | | | | | |")
+            continue
+        a, b = r["pagoda_ms"], r["flashinfer_ms"]
+        check = (f"{'ok' if r.get('ok') else 'MISMATCH'} ({r.get('o_err', 0):.1e}, "
+                 f"{r.get('lse_err', 0):.1e})")
+        out.append(f"| {r['case']} | {check} | {statistics.median(a):.3f} [{min(a):.3f}–{max(a):.3f}] | "
+                   f"{statistics.median(b):.3f} [{min(b):.3f}–{max(b):.3f}] | "
+                   f"{statistics.median(b) / statistics.median(a):.2f}× | "
+                   f"{fmt(r.get('pagoda_plan_ms'))} | {fmt(r.get('flashinfer_plan_ms'))} |")
+    if p.get("torch_tests"):
+        out += ["", f"torch tests (tests/unit/python/test_flashinfer_torch.py): {p['torch_tests'][:200]}"]
+    lb = p.get("llm_vs_bench")
+    if lb:
+        out += ["", f"`pagoda.LLM` vs `pagoda bench` ({lb.get('requests')} requests, "
+                    f"{lb.get('input_len')} in / {lb.get('output_len')} out, {lb.get('backend')}): "
+                    f"LLM {lb['median']['llm']:.0f}, bench {lb['median']['bench']:.0f} output tok/s; "
+                    f"LLM / bench {100 * lb['ratio']:.1f} %."]
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
-            ("spec", spec_table), ("serve", serve_table), ("tp", tp_table))
+            ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("python", python_table))
 
 
 def render(records):

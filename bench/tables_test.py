@@ -7,6 +7,7 @@ the tables and checks them against numbers computed here from the raw samples: p
 ratios peer / ours, their median and range, the verdict rule, % of ceiling, test counts, tp
 agreement. The seed (from the clock) is printed first."""
 import json
+import statistics
 import os
 import random
 import re
@@ -147,7 +148,16 @@ def main():
         for tp in (1, 2):
             with open(os.path.join(d, "tp", f"bench_8b_b64_tp{tp}.json"), "w") as f:
                 f.write("tensor parallel: 2 ranks\n" + json.dumps({"decode_step_ms": step[tp]}) + "\n")
-        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp")
+        os.makedirs(os.path.join(d, "python"))
+        pa = [rng.uniform(0.3, 0.4) for _ in range(7)]
+        pb = [rng.uniform(0.3, 0.4) for _ in range(7)]
+        write_jsonl(os.path.join(d, "python", "vs_flashinfer.jsonl"),
+                    [{"case": "decode_x", "ok": True, "o_err": 1e-3, "lse_err": 2e-4, "pagoda_ms": pa,
+                      "flashinfer_ms": pb, "pagoda_plan_ms": 0.1, "flashinfer_plan_ms": 0.4}])
+        with open(os.path.join(d, "python", "llm_vs_bench.json"), "w") as f:
+            json.dump({"backend": "cuda", "requests": 64, "input_len": 128, "output_len": 128,
+                       "median": {"llm": 980.0, "bench": 1000.0}, "ratio": 0.98}, f)
+        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp python")
 
         # The record: metadata, every sample (rounded to 10 ns), tests, tp agreement.
         expect(rec["commit"] == "abc1234" and rec["gpus"][0]["name"] == "NVIDIA H200", "metadata")
@@ -195,6 +205,11 @@ def main():
             expect(v in md, f"the synthetic run covers the verdict '{v}'")
         expect(f"{step[1] / step[2]:.2f}×" in md, "tp speed-up")
         expect(f"{same}/20 identical" in md, "tp identical line")
+
+        pline = next(ln for ln in md.splitlines() if ln.startswith("| decode_x |"))
+        want = f"{statistics.median(pb) / statistics.median(pa):.2f}×"
+        expect(want in pline and "ok (1.0e-03, 2.0e-04)" in pline, f"python row {pline}")
+        expect("LLM / bench 98.0 %" in md, "llm_vs_bench line")
 
         # One round: no verdict.
         d1 = os.path.join(tmp, "one")

@@ -143,8 +143,11 @@ def python(d):
     out = {"vs_flashinfer": read_jsonl(os.path.join(pdir, "vs_flashinfer.jsonl")),
            "llm_vs_bench": read_json(os.path.join(pdir, "llm_vs_bench.json"))}
     try:
-        out["torch_tests"] = open(os.path.join(pdir, "pytest_torch.log")).read().strip().splitlines()[-1]
-    except (OSError, IndexError):
+        lines = open(os.path.join(pdir, "pytest_torch.log")).read().strip().splitlines()
+        # pytest's summary line; a run that crashed (50a3320: a segfault on import) has none.
+        summary = [ln for ln in lines if re.search(r"\d+ (passed|failed|error)", ln)]
+        out["torch_tests"] = summary[-1] if summary else "no pytest summary: the run crashed (see the log)"
+    except OSError:
         pass
     return {k: v for k, v in out.items() if v}
 
