@@ -16,6 +16,8 @@ Checks, against references that are not the server's own code path:
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
+  * servers with --tp 2 and with --overlap on give the same greedy completions, 8 at once, as
+    the plain server;
   * a client that closes its stream mid-way frees its request (inflight 0, 0 leaked pages);
   * errors in OpenAI's shape: 400 naming the field, 401 without the key, 404 unknown model and
     route, 413 prompt longer than the context and body too large, 503 when the queue is full;
@@ -793,10 +795,12 @@ async def soak(server, n, seed, concurrency=32):
     return stats, rss
 
 
-def test_tp(pagoda, server, rng):
-    """`pagoda serve --tp 2` (the in-process group on the CPU): greedy completions, plain and
-    streamed, 8 at once, equal the --tp 1 server's; nothing leaks; exit 0 after SIGTERM."""
+def test_same_as(pagoda, server, rng, *flags):
+    """`pagoda serve FLAGS` (e.g. --tp 2, the in-process group on the CPU, or --overlap on): greedy
+    completions, plain and streamed, 8 at once, equal those of `server` (neither flag); nothing
+    leaks; exit 0 after SIGTERM."""
     t0 = time.time()
+    name = " ".join(flags)
     prompts = ["".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 120)))
                for _ in range(8)]
     lengths = [rng.randint(1, 16) for _ in prompts]
@@ -818,17 +822,17 @@ def test_tp(pagoda, server, rng):
         return out
 
     want = all_at_once(client(server))
-    with Server(pagoda, "--tp", "2", "--max-running", "8", "--pool-tokens", "8192") as s:
+    with Server(pagoda, *flags, "--max-running", "8", "--pool-tokens", "8192") as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
         got = all_at_once(c)
         c.close()  # no keep-alive connection left for the drain to wait out
         h = s.wait_idle(20)
-        check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"--tp 2: 0 leaked: {h}")
-        check(s.stop() == 0, "--tp 2: exit status 0 after SIGTERM")
+        check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"{name}: 0 leaked: {h}")
+        check(s.stop() == 0, f"{name}: exit status 0 after SIGTERM")
     same = sum(a == b for a, b in zip(want, got))
-    print(f"serve --tp 2: {same} of {len(prompts)} greedy completions equal --tp 1's "
+    print(f"serve {name}: {same} of {len(prompts)} greedy completions equal the plain server's "
           f"({time.time() - t0:.1f} s)")
-    check(same == len(prompts), f"serve --tp 2 equals --tp 1: {list(zip(want, got))}")
+    check(same == len(prompts), f"serve {name} equals the plain server: {list(zip(want, got))}")
 
 
 def test_drain(pagoda):
@@ -884,7 +888,8 @@ def main():
         test_unsupported_fields(s)
         test_nonstream_disconnect(s)
         test_large_bodies(s)
-        test_tp(args.pagoda, s, rng)
+        test_same_as(args.pagoda, s, rng, "--tp", "2")
+        test_same_as(args.pagoda, s, rng, "--overlap", "on")
         print(f"functional checks done ({time.time() - t0:.1f} s)")
         t1 = time.time()
         stats, rss = asyncio.run(soak(s, args.soak_requests, args.seed))
