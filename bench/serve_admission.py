@@ -23,15 +23,6 @@ import serve_bench  # noqa: E402
 from serve_harness import Server  # noqa: E402
 
 
-def gauges(text):
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("pagoda_") and "{" not in line and " " in line:
-            k, v = line.rsplit(" ", 1)
-            out[k] = float(v)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pagoda", required=True)
@@ -49,7 +40,7 @@ def main():
 
     def poll():
         while not stop.is_set():
-            samples.append(gauges(s.get_text("/metrics")))
+            samples.append(s.metrics())
             time.sleep(0.05)
 
     t = threading.Thread(target=poll)
@@ -62,17 +53,17 @@ def main():
     finally:
         stop.set()
         t.join()
-        last = gauges(s.get_text("/metrics"))
+        last = s.metrics()
         s.stop()
     mid = samples[len(samples) // 5: len(samples) - len(samples) // 5] or samples
-    mean = lambda k: sum(x.get(k, 0) for x in mid) / len(mid)  # noqa: E731
+    mean = lambda k: sum(x.get(k) for x in mid) / len(mid)  # noqa: E731
     print(f"pool {a.pool_tokens} chunk {a.chunk_size}: TTFT p50 {r['ttft_p50_ms']:.0f} ms "
           f"p99 {r['ttft_p99_ms']:.0f} ms, {r['output_tokens_per_s']:.0f} out tok/s, "
           f"failed {r['failed']} | pages used {mean('pagoda_kv_pages_used'):.0f} cached "
           f"{mean('pagoda_kv_pages_cached'):.0f} of {mean('pagoda_kv_pages_total'):.0f}, "
           f"running {mean('pagoda_requests_running'):.1f} waiting "
           f"{mean('pagoda_requests_waiting'):.1f}, retractions "
-          f"{last.get('pagoda_retractions_total', 0):.0f}")
+          f"{last.get('pagoda_retractions_total'):.0f}")
     return 0
 
 

@@ -9,21 +9,18 @@
 #include "pagoda/core/error.h"
 #include "pagoda/dist/communicator.h"
 #include "pagoda/dist/ipc_allreduce_kernel.h"
+#include "pagoda/platform/cuda/cuda_check.h"
 
 namespace pagoda::dist {
 
 namespace {
 
 using detail::IpcPeers;
+using platform::cuda_check;
 constexpr int kMaxRanks = detail::kIpcMaxRanks;
 constexpr int kMaxBlocks = detail::kIpcMaxBlocks;
 constexpr int kThreads = detail::kIpcThreads;
 constexpr size_t kFlagBytes = detail::kIpcFlagBytes;
-
-void cuda_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  throw_error(ErrorCode::kInternal, "{} failed: {}", what, cudaGetErrorString(e));
-}
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include <random>
 
 #include "pagoda/dist/ipc_allreduce.h"
+#include "pagoda/platform/cuda/cuda_check.h"
 #endif
 
 namespace pagoda::dist {
@@ -22,6 +23,8 @@ namespace pagoda::dist {
 #ifdef PAGODA_HAVE_NCCL
 
 namespace {
+
+using platform::cuda_check;
 
 void nccl_check(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
   if (r == ncclSuccess) return;
@@ -70,19 +73,19 @@ class NcclCommunicator final : public Communicator {
     std::uniform_real_distribution<float> u(-2.f, 2.f);
     for (float& x : host) x = u(rng);
     float* d = nullptr;
-    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float) * n * 2), "cudaMalloc");
-    cuda_ok(cudaMemcpy(d, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice), "cudaMemcpy");
-    cuda_ok(cudaMemcpy(d + n, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice),
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(float) * n * 2), "cudaMalloc");
+    cuda_check(cudaMemcpy(d, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_check(cudaMemcpy(d + n, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice),
             "cudaMemcpy");
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // before the stream reads them
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // before the stream reads them
     bool same = true;
     for (int rep = 0; rep < 3; ++rep) {  // several calls: the epochs and halves alternate
       ipc_->all_reduce_sum(d, n, DType::kF32);
       nccl_all_reduce(d + n, n, DType::kF32);
       std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
-      cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-      cuda_ok(cudaMemcpy(a.data(), d, sizeof(float) * n, cudaMemcpyDeviceToHost), "cudaMemcpy");
-      cuda_ok(cudaMemcpy(b.data(), d + n, sizeof(float) * n, cudaMemcpyDeviceToHost),
+      cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      cuda_check(cudaMemcpy(a.data(), d, sizeof(float) * n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      cuda_check(cudaMemcpy(b.data(), d + n, sizeof(float) * n, cudaMemcpyDeviceToHost),
               "cudaMemcpy");
       for (int64_t i = 0; i < n; ++i)
         same = same && std::fabs(a[static_cast<size_t>(i)] - b[static_cast<size_t>(i)]) <=
@@ -91,14 +94,14 @@ class NcclCommunicator final : public Communicator {
     (void)cudaFree(d);
     // Every rank must agree (NCCL all-reduce of the verdicts).
     float* v = nullptr;
-    cuda_ok(cudaMalloc(reinterpret_cast<void**>(&v), sizeof(float)), "cudaMalloc");
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&v), sizeof(float)), "cudaMalloc");
     const float mine = same ? 0.f : 1.f;
-    cuda_ok(cudaMemcpy(v, &mine, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
-    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda_check(cudaMemcpy(v, &mine, sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     nccl_all_reduce(v, 1, DType::kF32);
     float bad = 0.f;
-    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    cuda_ok(cudaMemcpy(&bad, v, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    cuda_check(cudaMemcpy(&bad, v, sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
     (void)cudaFree(v);
     if (bad != 0.f) {
       ipc_.reset();
@@ -141,10 +144,6 @@ class NcclCommunicator final : public Communicator {
   void live() const {
     PAGODA_REQUIRE(!aborted_.load(), kFailedPrecondition,
                    "the tensor-parallel group was aborted (a rank failed)");
-  }
-  static void cuda_ok(cudaError_t e, const char* what) {
-    if (e != cudaSuccess)
-      throw_error(ErrorCode::kInternal, "{} failed: {}", what, cudaGetErrorString(e));
   }
   ncclComm_t comm_;
   int rank_, world_;

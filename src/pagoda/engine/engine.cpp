@@ -1,6 +1,7 @@
 #include "pagoda/engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/ranges.h>
 
@@ -10,7 +11,6 @@
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/llama_worker.h"
-#include "pagoda/model/step_input.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
 #include "pagoda/model/cuda/cuda_ops.h"
 #endif
@@ -83,92 +83,6 @@ int32_t context_len_for(const model::LlamaModel& model, const EngineConfig& c) {
   const int32_t model_max = model.config().max_position_embeddings;
   PAGODA_REQUIRE(c.max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
   return c.max_context_len > 0 ? std::min(c.max_context_len, model_max) : model_max;
-}
-
-
-/// Sets req's finish reason when `token` (just appended) ends it: EOS (unless ignore_eos), then
-/// max_new_tokens, then the context; false when it goes on.
-bool check_finished(Req& req, int32_t token, int32_t eos, int32_t max_context_len) {
-  if (!req.ignore_eos && eos >= 0 && token == eos) {
-    req.out.finish_reason = FinishReason::kStop;
-  } else if (req.num_output() >= req.max_new_tokens) {
-    req.out.finish_reason = FinishReason::kLength;
-  } else if (req.num_tokens() >= max_context_len) {
-    req.out.finish_reason = FinishReason::kContext;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-/// Row `row` of a step's logits (empty when the worker returned none).
-std::span<const float> logit_row(const model::WorkerOutput& result, size_t row, int64_t vocab) {
-  if (result.logits.empty()) return {};
-  return std::span<const float>(result.logits)
-      .subspan(row * static_cast<size_t>(vocab), static_cast<size_t>(vocab));
-}
-
-/// Counts a completed step in `stats`.
-void count_step(const StepOutput& out, EngineStats& stats) {
-  ++stats.steps;
-  stats.computed_tokens += out.num_tokens;
-  switch (out.mode) {
-    case ForwardMode::kExtend: ++stats.extend_steps; break;
-    case ForwardMode::kDecode: ++stats.decode_steps; break;
-    case ForwardMode::kMixed: ++stats.mixed_steps; break;
-    default: break;
-  }
-}
-
-/// Fills `b` from a scheduled step. `observe`: every logit row's logits are wanted (a logits
-/// observer); `prefill_waits`: a waiting request could be admitted (no multi-token step then).
-void build_batch(const ScheduledStep& s, const model::ModelConfig& mc, int32_t max_context_len,
-                 bool observe, bool prefill_waits, model::WorkerBatch& b) {
-  model::StepInput in{.mode = s.mode, .seqs = {}, .out_cache_loc = s.out_cache_loc};
-  in.seqs.reserve(s.seqs.size());
-  b.input_ids.clear();
-  b.logit_rows.clear();
-  b.sampling.clear();
-  b.sample_step.clear();
-  b.logit_adjust.clear();
-  b.context.clear();
-  b.max_emit.clear();
-  b.stop_token.clear();
-  const int32_t eos = mc.eos_token_id;
-  int64_t rows = 0;  // logit rows so far
-  for (const ScheduledSeq& q : s.seqs) {
-    const Req& r = *q.req;
-    const auto tokens = std::span<const int32_t>(r.cache.tokens)
-                            .subspan(static_cast<size_t>(q.prefix_len),
-                                     static_cast<size_t>(q.num_tokens));
-    in.seqs.push_back(model::StepSequence{.req_slot = r.cache.req_slot.value(),
-                                          .prefix_len = static_cast<int32_t>(q.prefix_len),
-                                          .tokens = tokens,
-                                          .want_logits = q.completes_fill});
-    b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
-    if (q.completes_fill) {
-      if (r.logit_processing.penalized())  // counts the tokens appended since the last step
-        q.req->token_counts.extend(r.cache.tokens, r.prompt_len);
-      model::append_logit_adjust(r.token_counts, r.logit_processing,
-                                 static_cast<int32_t>(rows++), b.logit_adjust);
-    }
-    b.logit_rows.push_back(q.completes_fill ? 1 : 0);
-    b.sampling.push_back(r.sampling);
-    b.sample_step.push_back(r.num_output());
-    // What check_finished ends the request on: its stop token, and the tokens left before
-    // max_new_tokens or the context is reached.
-    b.context.emplace_back(r.cache.tokens);
-    b.max_emit.push_back(static_cast<int32_t>(
-        std::min<int64_t>(r.max_new_tokens - r.num_output(), max_context_len - r.num_tokens())));
-    b.stop_token.push_back(r.ignore_eos || eos < 0 ? -1 : eos);
-  }
-  b.forward = model::build_forward_batch(in);  // the one ForwardBatch builder (step_input.h)
-  bool any_logprobs = false;
-  for (const ScheduledSeq& q : s.seqs) any_logprobs |= q.completes_fill && q.req->logprobs >= 0;
-  b.return_logits = observe || any_logprobs;
-  // Several tokens per sequence only where nobody needs every row's logits and no waiting
-  // request could be admitted instead (a speculative worker then runs a round).
-  b.allow_multi_token = s.mode == ForwardMode::kDecode && !b.return_logits && !prefill_waits;
 }
 
 Req& find_req(const std::unordered_map<RequestId, std::unique_ptr<Req>>& reqs, RequestId id) {
@@ -258,8 +172,8 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     : model_(&model),
       config_(config),
       platform_(platform),
-      max_context_len_(context_len_for(model, config)),
-      start_(std::chrono::steady_clock::now()) {
+      max_context_len_(context_len_for(model, config)) {
+  const auto start = std::chrono::steady_clock::now();  // the time base of RequestOutput
   config.validate();
   const int64_t num_pages = config.pool_tokens / config.page_size;
   if (platform_ == nullptr) {
@@ -350,9 +264,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                          .live_rows = [this] {
                            int64_t live = 0;
                            for (const auto& [id, r] : reqs_) live += r->cache.req_slot.valid();
-                           if (inflight_ != nullptr)
-                             live += static_cast<int64_t>(inflight_->rows.size());
-                           return live;
+                           return live + (overlap_ != nullptr ? overlap_->held_rows() : 0);
                          },
                          .request_private_swa_pages =
                              [this] { return scheduler_->request_private_swa_pages(); }});
@@ -370,21 +282,20 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     spec_ = spec.get();
     worker_ = std::move(spec);
   }
-  if (config.overlap) step_thread_ = std::make_unique<StepThread>();
+  outputs_ = std::make_unique<OutputProcessor>(*scheduler_, model.config(), max_context_len_,
+                                               stats_, start);
+  if (config.overlap)
+    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_);
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;
 }
 
 Engine::~Engine() {
-  step_thread_.reset();  // the in-flight step ends before what it reads goes
+  overlap_.reset();  // the step in flight ends before what it reads goes
   // The hierarchical cache finishes its copies into the worker's pool: it goes before the worker.
   scheduler_.reset();
   memory_->reset_cache();
-}
-
-double Engine::now() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
 }
 
 RequestId Engine::add_request(GenerateRequest request) {
@@ -435,7 +346,7 @@ bool EngineTransfer::commit(RequestId id, int32_t first_token) {
   engine_.scheduler_->complete_transfer(&r);
   r.cache.tokens.push_back(first_token);
   ++engine_.stats_.generated_tokens;
-  r.out.first_token_s = engine_.now();
+  r.out.first_token_s = engine_.outputs_->now();
   bool done = false;
   if (check_finished(r, first_token, mc.eos_token_id, engine_.max_context_len_)) {
     engine_.scheduler_->finish(&r);
@@ -483,37 +394,24 @@ Req& Engine::create_request(GenerateRequest request) {
                  "prompt of {} tokens is larger than the whole KV pool ({} tokens)", len,
                  stats_.pool_tokens);
   const RequestId id = next_id_++;
-  auto req = std::make_unique<Req>(id, std::move(request), now());
+  auto req = std::make_unique<Req>(id, std::move(request), outputs_->now());
   Req& ref = *req;
   reqs_.emplace(id, std::move(req));
   return ref;
 }
 
-void Engine::take_token(Req& r, std::span<const float> logits, double t, StepOutput& out) {
-  const int32_t token = r.cache.tokens.back();
-  if (logits_observer_) logits_observer_(r.id, logits);
-  if (r.logprobs >= 0) {  // the row the worker sampled from (processed, before temperature)
-    r.out.logprobs.push_back(model::token_logprobs(logits, token, r.logprobs));
-    out.logprobs.resize(out.tokens.size());
-    out.logprobs.push_back(r.out.logprobs.back());
-  }
-  ++stats_.generated_tokens;
-  if (r.out.first_token_s < 0) r.out.first_token_s = t;
-  out.tokens.emplace_back(r.id, token);
-}
-
 StepOutput Engine::step() {
-  if (config_.overlap) return step_overlapped();
+  if (overlap_ != nullptr) {
+    StepOutput out = overlap_->step();
+    if (config_.check_integrity) memory_->check_integrity();
+    return out;
+  }
   StepOutput out;
   ScheduledStep s = scheduler_->schedule();
-  for (Req* r : s.aborted) {
-    r->out.finish_s = now();
-    out.finished.push_back(r->id);
-  }
+  outputs_->take_aborted(s, out);
   if (s.empty()) return out;
 
-  build_batch(s, model_->config(), max_context_len_, static_cast<bool>(logits_observer_),
-              scheduler_->wants_prefill(), batch_);
+  outputs_->build_batch(s, batch_);
   tier::HiCache* hicache = memory_->hicache();
   // The hierarchical cache's queued copies start now; layer l waits only for its own pages.
   if (hicache != nullptr) hicache->begin_forward();
@@ -531,9 +429,8 @@ StepOutput Engine::step() {
                        ? result.num_tokens
                        : static_cast<int64_t>(batch_.input_ids.size());
 
-  const int64_t vocab = model_->config().vocab_size;
   size_t row = 0;  // entry of result.tokens (a logit row when one token per row)
-  const double t = now();
+  const double t = outputs_->now();
   for (size_t i = 0; i < s.seqs.size(); ++i) {
     const ScheduledSeq& q = s.seqs[i];
     Req* r = q.req;
@@ -544,141 +441,23 @@ StepOutput Engine::step() {
       scheduler_->complete_extend(q);
     }
     for (int32_t j = 0; j < n; ++j, ++row) {
-      const auto logits = logit_row(result, row, vocab);
       r->cache.tokens.push_back(result.tokens[row]);
-      take_token(*r, logits, t, out);
-      if (check_finished(*r, result.tokens[row], model_->config().eos_token_id,
-                         max_context_len_)) {
+      if (outputs_->take(*r, result, row, t, out))
         PAGODA_CHECK(j == n - 1, "the worker emitted tokens past request {}'s finish", r->id);
-        if (r->hold_kv) {  // a prefill server's request: its KV waits for the transfer
-          scheduler_->hold(r);
-          r->out.kv_held = true;
-        } else {
-          scheduler_->finish(r);
-        }
-        r->out.finish_s = t;
-        out.finished.push_back(r->id);
-      }
     }
   }
-  count_step(out, stats_);
+  outputs_->count(out);
   if (config_.check_integrity) memory_->check_integrity();
   return out;
-}
-
-StepOutput Engine::step_overlapped() {
-  StepOutput out = std::exchange(drained_, StepOutput{});
-  std::unique_ptr<InFlight> prev = std::move(inflight_);
-  // Logit processing (penalties) reads a request's output so far: its ids must be known before
-  // its next batch is built, so that step is not overlapped.
-  if (prev != nullptr && std::ranges::any_of(prev->s.seqs, [](const ScheduledSeq& q) {
-        return q.req != nullptr && q.req->logit_processing.active();
-      })) {
-    resolve(*prev, out);
-    prev.reset();
-  }
-  ScheduledStep s = scheduler_->schedule();
-  for (Req* r : s.aborted) {
-    r->out.finish_s = now();
-    out.finished.push_back(r->id);
-  }
-  if (!s.empty()) launch(std::move(s));
-  if (prev != nullptr) resolve(*prev, out);
-  if (config_.check_integrity) memory_->check_integrity();
-  return out;
-}
-
-void Engine::launch(ScheduledStep s) {
-  auto f = std::make_unique<InFlight>();
-  f->s = std::move(s);
-  build_batch(f->s, model_->config(), max_context_len_, static_cast<bool>(logits_observer_),
-              scheduler_->wants_prefill(), f->batch);
-  f->batch.context.clear();  // views of token vectors that grow below; only speculation reads them
-  model::WorkerBatch* batch = &f->batch;
-  // The future-id slot: a negative input id -(k + 1) is the k-th id the previous step samples.
-  // The step thread runs the steps in order, so that step has written future_ids_ by now.
-  f->result = step_thread_->submit([this, batch] {
-    for (int32_t& id : batch->input_ids)
-      if (id < 0) id = future_ids_.at(static_cast<size_t>(-id - 1));
-    model::WorkerOutput o = worker_->run(*batch);
-    future_ids_ = o.tokens;
-    return o;
-  });
-  // Booked as done: the scheduler's next step follows this one (its KV is written by then).
-  int32_t k = 0;
-  for (const ScheduledSeq& q : f->s.seqs) {
-    if (q.is_decode) {
-      scheduler_->complete_decode(q.req, 1);
-    } else {
-      scheduler_->complete_extend(q);
-    }
-    if (q.completes_fill) {
-      q.req->cache.tokens.push_back(-++k);
-      ++q.req->unresolved;
-    }
-  }
-  inflight_ = std::move(f);
-}
-
-void Engine::resolve(InFlight& f, StepOutput& out) {
-  const model::WorkerOutput result = f.result.get();
-  for (ReqSlot row : f.rows) memory_->table().free(row);  // nothing reads them any more
-  out.mode = f.s.mode;
-  out.num_seqs = static_cast<int32_t>(f.s.seqs.size());
-  out.num_tokens = static_cast<int64_t>(f.batch.input_ids.size());
-  const double t = now();
-  size_t row = 0;
-  for (const ScheduledSeq& q : f.s.seqs) {
-    if (!q.completes_fill) continue;
-    const auto logits = logit_row(result, row, model_->config().vocab_size);
-    const int32_t token = result.tokens[row++];
-    Req* r = q.req;
-    if (r == nullptr) continue;  // it finished one step earlier: this extra token is discarded
-    // Its placeholder is the last token, or the one before the next step's placeholder.
-    std::vector<int32_t>& tokens = r->cache.tokens;
-    const bool in_next = r->unresolved == 2;
-    const int32_t next_placeholder = tokens.back();
-    if (in_next) tokens.pop_back();
-    tokens.back() = token;
-    r->unresolved = 0;
-    take_token(*r, logits, t, out);
-    // A request the scheduler aborted meanwhile (kError) keeps its reason.
-    if (r->state == RequestState::kFinished) continue;
-    if (!check_finished(*r, token, model_->config().eos_token_id, max_context_len_)) {
-      if (in_next) {
-        tokens.push_back(next_placeholder);
-        r->unresolved = 1;
-      }
-      continue;
-    }
-    r->out.finish_s = t;
-    out.finished.push_back(r->id);
-    if (r->state == RequestState::kWaiting) {  // retracted meanwhile
-      scheduler_->cancel(r, r->out.finish_reason);
-    } else if (in_next) {
-      // The next step computes one token too many for it: discard it and free its KV; the next
-      // step still reads its row, which is freed after that step.
-      for (ScheduledSeq& n : inflight_->s.seqs)
-        if (n.req == r) n.req = nullptr;
-      scheduler_->undo_decode(r);
-      inflight_->rows.push_back(scheduler_->finish_keep_row(r));
-    } else {
-      scheduler_->finish(r);
-    }
-  }
-  count_step(out, stats_);
 }
 
 bool Engine::abort(RequestId id) {
   Req& r = find_req(reqs_, id);
-  if (r.state != RequestState::kFinished && inflight_ != nullptr) {
-    // Overlap: the step in flight is resolved first (its tokens go out with the next step).
-    std::unique_ptr<InFlight> f = std::move(inflight_);
-    resolve(*f, drained_);
-  }
+  // Overlap: the step in flight is resolved first (its tokens go out with the next step).
+  if (r.state != RequestState::kFinished && overlap_ != nullptr) overlap_->drain();
   if (r.state == RequestState::kFinished) return false;
   scheduler_->cancel(&r, FinishReason::kAbort);
-  r.out.finish_s = now();
+  r.out.finish_s = outputs_->now();
   ++stats_.aborted_by_user;
   if (config_.check_integrity) memory_->check_integrity();
   return true;
@@ -705,7 +484,7 @@ void Engine::release(RequestId id) {
 }
 
 EngineStats Engine::stats() const {
-  if (inflight_ != nullptr) inflight_->result.wait();  // the worker's counters are its thread's
+  if (overlap_ != nullptr) overlap_->wait();  // the worker's counters are its thread's
   EngineStats s = stats_;
   s.scheduler = scheduler_->stats();
   const cache::PrefixCache& cache = memory_->cache();

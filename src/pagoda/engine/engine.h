@@ -14,16 +14,17 @@
 ///   engine.run_until_idle();
 ///   RequestOutput out = engine.output(id);
 ///
+/// The plain loop is step() here; with EngineConfig::overlap the steps run through OverlapLoop
+/// (overlap_loop.h). Both turn sampled ids into outputs and finishes through one
+/// OutputProcessor (output_processor.h).
+///
 /// Thread rules: one thread drives an engine (with EngineConfig::overlap the worker runs the
-/// steps on the engine's StepThread). Contract: docs/design/engine.md.
+/// steps on the OverlapLoop's StepThread). Contract: docs/design/engine.md.
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
-#include <future>
 #include <optional>
 #include <memory>
-#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -33,11 +34,12 @@
 #include "pagoda/backends/builtin.h"
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/engine/memory.h"
+#include "pagoda/engine/output_processor.h"
+#include "pagoda/engine/overlap_loop.h"
 #include "pagoda/engine/request.h"
 #include "pagoda/engine/scheduler.h"
 #include "pagoda/engine/spec_config.h"
 #include "pagoda/engine/spec_worker.h"
-#include "pagoda/engine/step_thread.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
@@ -109,18 +111,6 @@ struct EngineConfig {
   void validate() const;
 };
 
-/// What one step produced.
-struct StepOutput {
-  attention::ForwardMode mode = attention::ForwardMode::kIdle;
-  int32_t num_seqs = 0;
-  int64_t num_tokens = 0;                              ///< query tokens computed
-  std::vector<std::pair<RequestId, int32_t>> tokens;   ///< new tokens, batch order
-  std::vector<RequestId> finished;                     ///< finished (any reason) this step
-  /// logprobs[i] belongs to tokens[i] when that request asked for logprobs (then i < size);
-  /// other entries are empty, and the vector is empty when no request asked.
-  std::vector<model::TokenLogprobs> logprobs;
-};
-
 struct EngineStats {
   int64_t steps = 0;
   int64_t extend_steps = 0;
@@ -170,10 +160,6 @@ std::string default_backend_name(const platform::Platform& platform);
 /// the CPU otherwise. Error(kUnsupported) when "cuda" is named but this build or machine has
 /// no GPU.
 std::unique_ptr<platform::Platform> make_platform_for(const backends::BackendSelection& selection);
-
-/// Observer of every sampled row: (request, logits [vocab]) before sampling. Tests and tools only
-/// (installing one makes every step copy its logits to the host).
-using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
 
 /// Builds the worker an engine computes with, from the model, the compute dtype, the worker
 /// settings the engine derived from its config and the engine's request table (which the worker's
@@ -250,13 +236,17 @@ class Engine {
   /// Returns false (nothing changed) when the request has already finished. Throws kOutOfRange
   /// for an unknown id. Call between steps.
   bool abort(RequestId id);
-  bool has_work() const { return scheduler_->has_work() || inflight_ != nullptr; }
+  bool has_work() const {
+    return scheduler_->has_work() || (overlap_ != nullptr && overlap_->busy());
+  }
 
   /// The prefill–decode disaggregation hooks (EngineTransfer, docs/design/pd.md).
   EngineTransfer transfer() { return EngineTransfer(*this); }
 
   /// Installs (or clears, with nullptr) the logits observer.
-  void set_logits_observer(LogitsObserver observer) { logits_observer_ = std::move(observer); }
+  void set_logits_observer(LogitsObserver observer) {
+    outputs_->set_observer(std::move(observer));
+  }
 
   /// Snapshot of a request (any state). Throws kOutOfRange for an unknown id.
   RequestOutput output(RequestId id) const;
@@ -269,54 +259,30 @@ class Engine {
   /// ... (memory.h).
   EngineMemory& memory() { return *memory_; }
 
-  const EngineConfig& config() const { return config_; }
   int32_t max_context_len() const { return max_context_len_; }
   /// The worker that computes the steps (a SpecWorker around the target's when speculating);
   /// worker().backend_name() is the attention backend's name ("cpu", "reference", "hybrid(...)").
   model::ModelWorker& worker() { return *worker_; }
-  /// Seconds since the engine was built (the time base of RequestOutput).
-  double now() const;
 
  private:
   friend class EngineTransfer;
-  /// Overlap loop: a step the worker is running.
-  struct InFlight {
-    ScheduledStep s;  ///< seqs[i].req = nullptr once that request finished one step earlier
-    model::WorkerBatch batch;
-    std::future<model::WorkerOutput> result;
-    std::vector<ReqSlot> rows;  ///< rows of requests that finished meanwhile: freed after it
-  };
   /// Validates `request` (add_request's checks) and records it (not queued).
   Req& create_request(GenerateRequest request);
-  /// Records the token just appended to `r`'s tokens (observer, logprobs, counters, `out`).
-  void take_token(Req& r, std::span<const float> logits, double t, StepOutput& out);
-  /// The overlap loop's step: schedule and launch the next step, then resolve the running one.
-  StepOutput step_overlapped();
-  /// Overlap loop: builds the batch of `s`, hands it to the step thread and books it as done
-  /// (its sampled ids are placeholders in the requests' tokens until resolve()).
-  void launch(ScheduledStep s);
-  /// Overlap loop: waits for `f`'s ids, puts them in place of the placeholders and finishes
-  /// the requests they end (a request also in inflight_ loses that step's extra token).
-  void resolve(InFlight& f, StepOutput& out);
   model::LlamaModel* model_;
   EngineConfig config_;
   std::unique_ptr<platform::Platform> own_platform_;
   platform::Platform* platform_;
   int32_t max_context_len_;
-  std::chrono::steady_clock::time_point start_;
   std::unique_ptr<EngineMemory> memory_;
   std::unique_ptr<model::ModelWorker> worker_;
   const SpecWorker* spec_ = nullptr;  ///< worker_ when speculating (its counters)
   std::unique_ptr<Scheduler> scheduler_;
-  model::WorkerBatch batch_;  ///< reused per step
+  model::WorkerBatch batch_;  ///< the plain loop's, reused per step
   std::unordered_map<RequestId, std::unique_ptr<Req>> reqs_;
-  LogitsObserver logits_observer_;
   RequestId next_id_ = 0;
   EngineStats stats_;
-  std::unique_ptr<InFlight> inflight_;     ///< overlap: the step the worker is running
-  StepOutput drained_;                     ///< overlap: resolved by abort(), not yet returned
-  std::vector<int32_t> future_ids_;        ///< overlap: the last step's ids (step thread only)
-  std::unique_ptr<StepThread> step_thread_;  ///< overlap only; last: it stops first
+  std::unique_ptr<OutputProcessor> outputs_;
+  std::unique_ptr<OverlapLoop> overlap_;  ///< EngineConfig::overlap only; last: it stops first
 };
 
 }  // namespace pagoda::engine

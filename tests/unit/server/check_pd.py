@@ -9,7 +9,7 @@ Checks, against references that are not the disaggregated code path:
   * the official `openai` client through the router (completions, streamed chat) equals the
     colocated server; prompts sharing a prefix reuse the decode server's cached pages (counted)
     and still equal it;
-  * both sides count the same KV bytes and completed rooms in /metrics (prometheus_client parses it);
+  * both sides count the same KV bytes and completed rooms in /metrics (serve_harness.Metrics);
   * handshake: a page-size mismatch fails the request with a 502 naming "page size"; a decode
     server without the router's headers answers 400; n = 2 is a 400 naming n;
   * rejections, counted: a duplicate room (409), an unknown room (/pd/abort, 404), a fake
@@ -21,7 +21,7 @@ Checks, against references that are not the disaggregated code path:
     frees its side;
   * after everything: every surviving server idle with 0 leaked pages and rows, every page free
     or cached, no room left in any state.
-A missing `openai` or `prometheus_client` package is a FAILURE, not a skip.
+A missing `openai` package is a FAILURE, not a skip.
 Usage: check_pd.py --pagoda build/pagoda [--seed N]
 """
 import argparse
@@ -41,19 +41,17 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from serve_harness import Server  # noqa: E402
 
 openai = None
-text_string_to_metric_families = None
 
 
 def import_clients():
-    """Imports openai and prometheus_client (slow: done while the servers start)."""
-    global openai, text_string_to_metric_families
+    """Imports openai (slow: done while the servers start)."""
+    global openai
     try:
         import openai as client
-        from prometheus_client.parser import text_string_to_metric_families as parse
     except ImportError as e:
-        print(f"FAIL: {e}; scripts/setup.sh installs openai and prometheus_client")
+        print(f"FAIL: {e}; scripts/setup.sh installs openai")
         return False
-    openai, text_string_to_metric_families = client, parse
+    openai = client
     return True
 
 failures = []
@@ -104,18 +102,8 @@ def request(url, body, headers=None, path="/v1/completions"):
     return 200, text, reason, error
 
 
-def metric(server, name, **labels):
-    """Sum of the samples of `name` whose labels include `labels` (0 when none)."""
-    total = 0.0
-    for fam in text_string_to_metric_families(server.get_text("/metrics")):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
-
-
 def rooms_live(server):
-    return metric(server, "pagoda_pd_rooms")
+    return server.metric("pagoda_pd_rooms")
 
 
 def check_accounted(server, what, timeout=15.0):
@@ -168,13 +156,13 @@ def test_prefix_reuse(rng, router, colocated, decode):
     """Sequential prompts sharing a long prefix: the decode server reuses the prefix's pages from
     its own radix cache (counted, not transferred) and the text still equals the colocated one."""
     base = random_text(rng, 330)
-    before = metric(decode, "pagoda_pd_reused_pages_total")
+    before = decode.metric("pagoda_pd_reused_pages_total")
     for suffix in ("one", "two", "three"):
         body = {"model": "builtin", "prompt": base + suffix, "max_tokens": 5, "temperature": 0,
                 "ignore_eos": True}
         check(request(router.url, body)[1] == request(colocated.url, body)[1],
               f"prefix reuse: text of suffix {suffix!r} equals the colocated server's")
-    reused = metric(decode, "pagoda_pd_reused_pages_total") - before
+    reused = decode.metric("pagoda_pd_reused_pages_total") - before
     check(reused >= 2 * (330 // 16), f"prefix reuse: {reused} pages reused on the decode server")
 
 
@@ -199,7 +187,7 @@ def test_handshake_errors(p16, d16, d1, router):
     s, _, _, err = request(d1.url, {"model": "builtin", "prompt": "hello", "max_tokens": 2},
                            {"X-Pagoda-Bootstrap-Room": "5", "X-Pagoda-Bootstrap-Url": p16.url})
     check(s == 502 and "page size" in err, f"page-size mismatch named: {s} {err}")
-    check(metric(p16, "pagoda_pd_rejected_total", reason="layout_mismatch") == 1,
+    check(p16.metric("pagoda_pd_rejected_total", reason="layout_mismatch") == 1,
           "layout mismatch counted on the prefill side")
     s, _, _, err = request(d16.url, {"model": "builtin", "prompt": "hello", "max_tokens": 2})
     check(s == 400 and "router" in err, f"decode server without the router's headers: {s} {err}")
@@ -208,7 +196,7 @@ def test_handshake_errors(p16, d16, d1, router):
     check(s == 400 and "n 1" in err, f"n = 2 through the router: {s} {err}")
     # Unknown room: an abort for a room the prefill server does not hold.
     s, _ = p16.post("/pd/abort", {"room": 4242})
-    check(s == 404 and metric(p16, "pagoda_pd_rejected_total", reason="unknown_room") == 1,
+    check(s == 404 and p16.metric("pagoda_pd_rejected_total", reason="unknown_room") == 1,
           f"unknown room rejected and counted ({s})")
     # Duplicate room: a second request with a live room id.
     hdr = {"X-Pagoda-Bootstrap-Room": "777", "X-Pagoda-Bootstrap-Url": p16.url}
@@ -219,7 +207,7 @@ def test_handshake_errors(p16, d16, d1, router):
         while rooms_live(d16) == 0 and time.time() < deadline:
             time.sleep(0.01)
         s, _, _, err = request(d16.url, {"model": "builtin", "prompt": "z", "max_tokens": 2}, hdr)
-        check(s == 409 and metric(d16, "pagoda_pd_rejected_total", reason="duplicate_room") == 1,
+        check(s == 409 and d16.metric("pagoda_pd_rejected_total", reason="duplicate_room") == 1,
               f"duplicate room rejected and counted: {s} {err}")
         check(first.result()[0] == 200, "the first request of the room still completes")
 
@@ -268,14 +256,14 @@ def test_bad_transfers(d16, d_quick):
         FakePrefill.mode = mode
         s, _, _, err = request(d16.url, {"model": "builtin", "prompt": "x" * (40 + i), "max_tokens": 3},
                                {"X-Pagoda-Bootstrap-Room": str(900 + i), "X-Pagoda-Bootstrap-Url": url})
-        check(s == 502 and metric(d16, "pagoda_pd_rejected_total", reason=reason) == 1,
+        check(s == 502 and d16.metric("pagoda_pd_rejected_total", reason=reason) == 1,
               f"{mode} transfer rejected and counted: {s} {err}")
     # A prefill server that stalls past the room timeout (1 s on d_quick): 504, the pages freed,
     # the failure counted and an abort notice sent for the room.
     FakePrefill.mode = "stall"
     s, _, _, err = request(d_quick.url, {"model": "builtin", "prompt": "stall", "max_tokens": 3},
                            {"X-Pagoda-Bootstrap-Room": "31337", "X-Pagoda-Bootstrap-Url": url})
-    check(s == 504 and metric(d_quick, "pagoda_pd_room_failures_total", reason="timeout") == 1,
+    check(s == 504 and d_quick.metric("pagoda_pd_room_failures_total", reason="timeout") == 1,
           f"stalled prefill: the room times out: {s} {err}")
     check(wait_for(lambda: FakePrefill.aborted == [31337], 2), "stalled prefill: abort notice sent")
     check_accounted(d_quick, "decode server after a stalled prefill")
@@ -298,12 +286,12 @@ def test_kills(pagoda, pk, dk, pk2, dk3):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         # 1. The prefill server dies mid-prefill.
         f = pool.submit(request, rk.url, {"model": "builtin", "prompt": "p" * LONG, "max_tokens": 4})
-        check(wait_for(lambda: metric(pk, "pagoda_pd_rooms", state="prefilling") == 1),
+        check(wait_for(lambda: pk.metric("pagoda_pd_rooms", state="prefilling") == 1),
               "prefill kill: the room reached the prefill server")
         pk.proc.send_signal(signal.SIGKILL)
         s, _, _, err = f.result()
         check(s == 502, f"prefill killed: the client gets an error ({s} {err})")
-        check(metric(dk, "pagoda_pd_room_failures_total", reason="prefill_lost") >= 1,
+        check(dk.metric("pagoda_pd_room_failures_total", reason="prefill_lost") >= 1,
               "prefill killed: the decode server counts the lost room")
         check_accounted(dk, "decode server after the prefill server died")
         # 2. The decode server dies mid-stream.
@@ -311,7 +299,7 @@ def test_kills(pagoda, pk, dk, pk2, dk3):
         body = {"model": "builtin", "prompt": "d", "max_tokens": 3000, "ignore_eos": True,
                 "stream": True}
         f = pool.submit(request, rk2.url, body)
-        check(wait_for(lambda: metric(dk, "pagoda_pd_rooms_completed_total") >= 1),
+        check(wait_for(lambda: dk.metric("pagoda_pd_rooms_completed_total") >= 1),
               "decode kill: the stream started")
         time.sleep(0.2)
         dk.proc.send_signal(signal.SIGKILL)
@@ -322,13 +310,13 @@ def test_kills(pagoda, pk, dk, pk2, dk3):
         check_accounted(pk2, "prefill server after the decode server died mid-stream")
         # 3. The decode server dies while the prefill server prefills its room.
         f = pool.submit(request, rk3.url, {"model": "builtin", "prompt": "q" * LONG, "max_tokens": 4})
-        check(wait_for(lambda: metric(pk2, "pagoda_pd_rooms", state="prefilling") == 1),
+        check(wait_for(lambda: pk2.metric("pagoda_pd_rooms", state="prefilling") == 1),
               "decode kill mid-prefill: the room reached the prefill server")
         dk3.proc.send_signal(signal.SIGKILL)
         s, _, _, err = f.result()
         check(s == 502, f"decode killed mid-prefill: the client gets an error ({s} {err})")
         check_accounted(pk2, "prefill server after the decode server died mid-prefill")
-        check(metric(pk2, "pagoda_pd_room_failures_total") >= 1,
+        check(pk2.metric("pagoda_pd_room_failures_total") >= 1,
               "decode killed mid-prefill: the prefill server counts the failed room")
     stop_all([rk, rk2, rk3, pk2])
 
@@ -377,8 +365,8 @@ def main():
         test_prefix_reuse(rng, routers["16"], servers[("16", "null")], servers[("16", "decode")])
         p16, d16 = servers[("16", "prefill")], servers[("16", "decode")]
         for name in ("pagoda_pd_transfer_bytes_total", "pagoda_pd_rooms_completed_total"):
-            check(metric(p16, name) == metric(d16, name) and metric(p16, name) > 0,
-                  f"{name}: prefill {metric(p16, name)} == decode {metric(d16, name)}")
+            check(p16.metric(name) == d16.metric(name) and p16.metric(name) > 0,
+                  f"{name}: prefill {p16.metric(name)} == decode {d16.metric(name)}")
         test_handshake_errors(p16, d16, servers[("1", "decode")], routers["16"])
         test_bad_transfers(d16, servers[("16", "quick")])
         section(t0, "errors")

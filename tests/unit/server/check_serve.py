@@ -16,10 +16,13 @@ Checks, against references that are not the server's own code path:
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
+  * servers with --tp 2 and with --overlap on give the same greedy completions, 8 at once, as
+    the plain server;
   * a client that closes its stream mid-way frees its request (inflight 0, 0 leaked pages);
   * errors in OpenAI's shape: 400 naming the field, 401 without the key, 404 unknown model and
     route, 413 prompt longer than the context and body too large, 503 when the queue is full;
-  * /metrics parses with prometheus_client and its counters agree with what clients saw;
+  * /metrics parses with prometheus_client, serve_harness.Metrics reads the same samples, and
+    its counters agree with what clients saw;
   * a soak of --soak-requests random requests (random lengths, streaming or not, random
     disconnects) within a time bound: every request answered 200 or disconnected by us, then
     0 in flight, 0 leaked pages / rows, and resident memory flat after warm-up;
@@ -54,7 +57,7 @@ try:
 except ImportError as e:
     print(f"FAIL: {e}; scripts/setup.sh installs openai, prometheus_client and jinja2")
     sys.exit(1)
-from serve_harness import Server, large_body_memory  # noqa: E402
+from serve_harness import Metrics, Server, large_body_memory  # noqa: E402
 
 KEY = "sk-test-key"
 BUILTIN_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + "
@@ -182,7 +185,7 @@ def test_concurrent(pagoda, server, rng):
 
 def test_abort(server):
     c = client(server)
-    before = metrics(server)["pagoda_generation_tokens_total"]
+    before = server.metric("pagoda_generation_tokens_total")
     stream = c.completions.create(model="builtin", prompt="long one", max_tokens=3000,
                                   temperature=0, stream=True, extra_body={"ignore_eos": True})
     n = 0
@@ -194,7 +197,7 @@ def test_abort(server):
     h = server.wait_idle(10)
     check(h["inflight"] == 0, f"aborted stream leaves nothing in flight: {h}")
     check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"no leaked pages after abort: {h}")
-    generated = metrics(server)["pagoda_generation_tokens_total"] - before
+    generated = server.metric("pagoda_generation_tokens_total") - before
     check(5 <= generated < 3000, f"the aborted request stopped early ({generated} of 3000 tokens)")
 
 
@@ -566,7 +569,7 @@ def test_nonstream_disconnect(server):
     """A non-streamed request whose client leaves is aborted, not run to max_tokens."""
     _, models = server.get_json("/v1/models", {"Authorization": f"Bearer {KEY}"})
     n = models["data"][0]["max_model_len"] - 64
-    before = metrics(server)["pagoda_generation_tokens_total"]
+    before = server.metric("pagoda_generation_tokens_total")
     u = urllib.parse.urlparse(server.url)
     body = json.dumps({"model": "builtin", "prompt": "leave early", "max_tokens": n,
                        "ignore_eos": True}).encode()
@@ -576,7 +579,7 @@ def test_nonstream_disconnect(server):
                      .encode() + body)
         time.sleep(0.5)
     h = server.wait_idle(30)
-    generated = metrics(server)["pagoda_generation_tokens_total"] - before
+    generated = server.metric("pagoda_generation_tokens_total") - before
     check(h["inflight"] == 0 and h["leaked_pages"] == 0, f"nothing left after the disconnect: {h}")
     check(generated < n, f"the abandoned non-streamed request stopped early ({generated} of {n})")
 
@@ -609,6 +612,13 @@ def test_metrics_format(server):
             {family + "_bucket", family + "_sum", family + "_count"}
         check(name in allowed, f"/metrics sample {name} belongs to its TYPE line ({family} {kind})")
     fams = list(text_string_to_metric_families(text))
+    # serve_harness.Metrics (what the other tests and the benchmarks read) sees the samples
+    # prometheus_client sees, in order, without its _created ones.
+    want = [(x.name, x.labels, x.value) for f in fams for x in f.samples
+            if not x.name.endswith("_created")]
+    got = Metrics(text).samples
+    check(got == want, f"serve_harness.Metrics parses /metrics as prometheus_client: "
+          f"{[(a, b) for a, b in zip(got, want) if a != b][:3]} ({len(got)} vs {len(want)})")
     check(all(f.type != "unknown" for f in fams),
           f"no untyped families: {[f.name for f in fams if f.type == 'unknown']}")
     counters = {f.name: f for f in fams if f.type == "counter"}
@@ -619,19 +629,8 @@ def test_metrics_format(server):
               f"counter {name} parses with its samples: {f}")
 
 
-def metrics(server):
-    out = {}
-    for fam in text_string_to_metric_families(server.get_text("/metrics")):
-        for s in fam.samples:
-            if not s.labels or s.name.endswith("_total"):
-                out[s.name] = out.get(s.name, 0) + s.value
-            if s.name.endswith("_bucket") and s.labels.get("le") == "+Inf":
-                out[s.name + "_inf"] = s.value
-    return out
-
-
 def test_metrics(server):
-    m = metrics(server)
+    m = server.metrics()
     for name in ["pagoda_requests_running", "pagoda_requests_waiting", "pagoda_kv_pages_used",
                  "pagoda_kv_pages_cached", "pagoda_prefix_hit_rate", "pagoda_prompt_tokens_total",
                  "pagoda_generation_tokens_total", "pagoda_time_to_first_token_seconds_count",
@@ -640,18 +639,10 @@ def test_metrics(server):
         check(name in m, f"/metrics has {name}")
     check(m.get("pagoda_e2e_request_latency_seconds_count") == m.get("pagoda_requests_finished_total"),
           "e2e histogram counts every finished request")
-    check(m.get("pagoda_e2e_request_latency_seconds_bucket_inf") ==
+    check(m.get("pagoda_e2e_request_latency_seconds_bucket", le="+Inf") ==
           m.get("pagoda_e2e_request_latency_seconds_count"), "+Inf bucket equals the count")
     check(0.0 <= m.get("pagoda_prefix_hit_rate", -1) <= 1.0, "hit rate in [0, 1]")
     check(m.get("pagoda_kv_pages_leaked", 1) == 0, "no leaked pages in /metrics")
-
-
-def labeled(server, family, label):
-    """{label value: sample value} of one labeled counter family of /metrics."""
-    for fam in text_string_to_metric_families(server.get_text("/metrics")):
-        if fam.name == family:
-            return {s.labels[label]: s.value for s in fam.samples if label in s.labels}
-    return {}
 
 
 def test_hicache(pagoda, rng):
@@ -675,14 +666,14 @@ def test_hicache(pagoda, rng):
         for _ in range(4):  # each one evicts the previous prompts from the device, then the host
             ask(text(600))
         again = ask(long)
-        hits = labeled(s, "pagoda_hicache_hit_tokens", "tier")
-        m = metrics(s)
+        m = s.metrics()
+        hits = m.by_label("pagoda_hicache_hit_tokens_total", "tier")
         print(f"hicache serve: hit tokens by tier {hits}, storage bytes "
-              f"{labeled(s, 'pagoda_hicache_storage_bytes', 'direction')}")
+              f"{m.by_label('pagoda_hicache_storage_bytes_total', 'direction')}")
         check(again == first, f"same greedy answer after the prefix came back: {first!r} {again!r}")
         check(hits.get("host", 0) + hits.get("storage", 0) >= 512,
               f"the second request's prefix came from the host or storage tier: {hits}")
-        check(labeled(s, "pagoda_hicache_storage_errors", "kind") ==
+        check(m.by_label("pagoda_hicache_storage_errors_total", "kind") ==
               {"io": 0, "put": 0, "corrupt": 0}, "no storage errors")
         check("pagoda_hicache_host_pages_used" in m and "pagoda_hicache_host_pages_free" in m,
               "host pool gauges in /metrics")
@@ -793,10 +784,12 @@ async def soak(server, n, seed, concurrency=32):
     return stats, rss
 
 
-def test_tp(pagoda, server, rng):
-    """`pagoda serve --tp 2` (the in-process group on the CPU): greedy completions, plain and
-    streamed, 8 at once, equal the --tp 1 server's; nothing leaks; exit 0 after SIGTERM."""
+def test_same_as(pagoda, server, rng, *flags):
+    """`pagoda serve FLAGS` (e.g. --tp 2, the in-process group on the CPU, or --overlap on): greedy
+    completions, plain and streamed, 8 at once, equal those of `server` (neither flag); nothing
+    leaks; exit 0 after SIGTERM."""
     t0 = time.time()
+    name = " ".join(flags)
     prompts = ["".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 120)))
                for _ in range(8)]
     lengths = [rng.randint(1, 16) for _ in prompts]
@@ -818,17 +811,17 @@ def test_tp(pagoda, server, rng):
         return out
 
     want = all_at_once(client(server))
-    with Server(pagoda, "--tp", "2", "--max-running", "8", "--pool-tokens", "8192") as s:
+    with Server(pagoda, *flags, "--max-running", "8", "--pool-tokens", "8192") as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=60)
         got = all_at_once(c)
         c.close()  # no keep-alive connection left for the drain to wait out
         h = s.wait_idle(20)
-        check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"--tp 2: 0 leaked: {h}")
-        check(s.stop() == 0, "--tp 2: exit status 0 after SIGTERM")
+        check(h["leaked_pages"] == 0 and h["leaked_rows"] == 0, f"{name}: 0 leaked: {h}")
+        check(s.stop() == 0, f"{name}: exit status 0 after SIGTERM")
     same = sum(a == b for a, b in zip(want, got))
-    print(f"serve --tp 2: {same} of {len(prompts)} greedy completions equal --tp 1's "
+    print(f"serve {name}: {same} of {len(prompts)} greedy completions equal the plain server's "
           f"({time.time() - t0:.1f} s)")
-    check(same == len(prompts), f"serve --tp 2 equals --tp 1: {list(zip(want, got))}")
+    check(same == len(prompts), f"serve {name} equals the plain server: {list(zip(want, got))}")
 
 
 def test_drain(pagoda):
@@ -884,7 +877,8 @@ def main():
         test_unsupported_fields(s)
         test_nonstream_disconnect(s)
         test_large_bodies(s)
-        test_tp(args.pagoda, s, rng)
+        test_same_as(args.pagoda, s, rng, "--tp", "2")
+        test_same_as(args.pagoda, s, rng, "--overlap", "on")
         print(f"functional checks done ({time.time() - t0:.1f} s)")
         t1 = time.time()
         stats, rss = asyncio.run(soak(s, args.soak_requests, args.seed))

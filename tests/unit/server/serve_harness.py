@@ -29,6 +29,42 @@ def large_bodies(size, count):
     return [shapes[i % len(shapes)] for i in range(count)]
 
 
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?')
+
+
+class Metrics:
+    """The samples of a Prometheus text-format (0.0.4) page such as /metrics serves, for the
+    tests and the benchmarks without a client library (check_serve.py checks this parser
+    against prometheus_client's on the server's page). Comments and blank lines are skipped."""
+
+    def __init__(self, text):
+        self.samples = []  # (name, {label: value}, value)
+        for line in text.splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            m = _SAMPLE.match(line)
+            if m is None:
+                raise ValueError(f"not a Prometheus sample line: {line!r}")
+            labels = {k: re.sub(r"\\(.)", lambda e: "\n" if e[1] == "n" else e[1], v)
+                      for k, v in _LABEL.findall(m[2] or "")}
+            self.samples.append((m[1], labels, float(m[3])))
+
+    def get(self, name, default=0.0, **labels):
+        """The sum of the samples `name` whose labels include `labels` (a counter over all its
+        label values, one bucket with le="+Inf", ...); `default` when there is none."""
+        values = [v for n, ls, v in self.samples
+                  if n == name and all(ls.get(k) == w for k, w in labels.items())]
+        return sum(values) if values else default
+
+    def __contains__(self, name):
+        return any(n == name for n, _, _ in self.samples)
+
+    def by_label(self, name, label):
+        """{value of `label`: sample value} over the samples `name` that have `label`."""
+        return {ls[label]: v for n, ls, v in self.samples if n == name and label in ls}
+
+
 def proc_memory(pid):
     """(resident bytes, peak resident bytes) of process `pid` from /proc/PID/status."""
     fields = {}
@@ -90,6 +126,14 @@ class Server:
     def get_text(self, path):
         with urllib.request.urlopen(self.url + path, timeout=30) as r:
             return r.read().decode()
+
+    def metrics(self):
+        """/metrics now, parsed (Metrics)."""
+        return Metrics(self.get_text("/metrics"))
+
+    def metric(self, name, **labels):
+        """The sum of the /metrics samples `name` whose labels include `labels` (0 when none)."""
+        return self.metrics().get(name, **labels)
 
     def post(self, path, body, headers=None):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

@@ -1,24 +1,19 @@
 #pragma once
-/// Small RAII owners of CUDA memory used by the CUDA backend (device and pinned host), and the
-/// CUDA-error-to-Status/Error conversion used at its API boundary.
+/// Small RAII owners of CUDA memory used by the CUDA backend (device and pinned host); the
+/// backend's CUDA error conversion is platform's (cuda_check.h).
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <string>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/status.h"
+#include "pagoda/platform/cuda/cuda_check.h"
 
 namespace pagoda::backends::cuda {
 
-/// Status of a CUDA runtime call (kInternal naming `what` on failure).
-inline Status cuda_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::ok();
-  return Status(ErrorCode::kInternal, std::string(what) + ": " + cudaGetErrorString(e));
-}
-/// Throws Error(kInternal) when `e` is not cudaSuccess (API boundary only).
-inline void cuda_check(cudaError_t e, const char* what) { cuda_status(e, what).throw_if_error(); }
+using platform::cuda_check;
+using platform::cuda_status;
 
 /// Where a CudaMemory allocates: device memory (cudaMalloc) or page-locked host memory
 /// (cudaMallocHost).

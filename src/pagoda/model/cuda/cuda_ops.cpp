@@ -18,10 +18,12 @@
 #include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
+#include "pagoda/platform/cuda/cuda_check.h"
 
 namespace pagoda::model {
 
 namespace ck = cuda_kernels;
+using platform::cuda_check;
 
 static_assert(sizeof(SampleRow) == sizeof(ck::SamplingRowParams));
 static_assert(offsetof(SampleRow, temperature) == offsetof(ck::SamplingRowParams, temperature));
@@ -40,12 +42,6 @@ static_assert(offsetof(LogitAdjust, sub) == offsetof(ck::LogitAdjustEntry, sub))
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-
-void cuda_check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  throw_error(ErrorCode::kInternal, "{} failed: {} ({})", what, cudaGetErrorString(e),
-              static_cast<int>(e));
-}
 
 void cublas_check(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
