@@ -192,6 +192,34 @@ def tp_table(rec):
     return out
 
 
+def hicache_table(rec):
+    """Issue 43's multi-turn workload, device-only radix cache vs the host tier, per layout: hit
+    rate, throughput, TTFT, the output digests (equal = identical outputs), bytes loaded back and
+    the load stalls; the pinned copy bandwidth measured in the same call."""
+    h = rec["hicache"]
+    pc = h.get("pinned_copy") or {}
+    out = [f"### HiCache: multi-turn workload, device-only vs host tier — {header(rec)}", "",
+           f"Pinned host → device copy in the same call: {fmt(pc.get('h2d_pinned_gbps'), '.1f')} GB/s "
+           "(torch, 1 GiB, median of 10).", "",
+           "| layout | run | live KV / pool | prefix hit rate | output tok/s | TTFT p50 / p99 ms | "
+           "device / host hit tokens | loaded back MB | load stalls (s) | leaked (device / host) "
+           "| output digest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key in sorted(k for k in h if k != "pinned_copy"):
+        j = h[key]
+        layout, run = key.rsplit("_", 1)
+        t = j.get("hicache") or {}
+        hits = (f"{t.get('device_hit_tokens', '–')} / {t.get('host_hit_tokens', '–')}" if t
+                else f"{j.get('cached_tokens', '–')} / –")
+        out.append(f"| {layout} | {run} | {fmt(j.get('live_kv_over_pool'), '.1f')}× | "
+                   f"{100 * j.get('prefix_hit_rate', 0):.1f} % | {fmt(j.get('output_tokens_per_s'), '.0f')} | "
+                   f"{fmt(j.get('ttft_p50_ms'), '.0f')} / {fmt(j.get('ttft_p99_ms'), '.0f')} | {hits} | "
+                   f"{fmt(t.get('bytes_h2d', 0) / 1e6 if t else None, '.1f')} | "
+                   f"{t.get('load_stalls', '–')} ({fmt(t.get('load_stall_s'), '.3f')}) | "
+                   f"{j.get('leaked_pages', '–')} / {t.get('leaked_host_pages', '–')} | "
+                   f"`{j.get('output_digest', '–')}` |")
+    return out
+
+
 def python_table(rec):
     """pagoda.flashinfer vs FlashInfer on the same torch tensors in one process
     (bench/python_vs_flashinfer.py): each side's median run() ms with its range, the ratio of the
@@ -224,7 +252,8 @@ def python_table(rec):
 
 
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
-            ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("python", python_table))
+            ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
+            ("python", python_table))
 
 
 def render(records):

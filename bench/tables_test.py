@@ -157,7 +157,20 @@ def main():
         with open(os.path.join(d, "python", "llm_vs_bench.json"), "w") as f:
             json.dump({"backend": "cuda", "requests": 64, "input_len": 128, "output_len": 128,
                        "median": {"llm": 980.0, "bench": 1000.0}, "ratio": 0.98}, f)
-        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp python")
+        os.makedirs(os.path.join(d, "hicache"))
+        with open(os.path.join(d, "hicache", "pinned_copy.json"), "w") as f:
+            json.dump({"h2d_pinned_gbps": 52.25, "samples_ms": [20.5] * 10}, f)
+        hit = {"device": rng.uniform(0.1, 0.3), "host": rng.uniform(0.6, 0.9)}
+        for run in ("device", "host"):
+            j = {"prefix_hit_rate": hit[run], "output_tokens_per_s": 1000.0, "ttft_p50_ms": 10.0,
+                 "ttft_p99_ms": 40.0, "live_kv_over_pool": 4.2, "leaked_pages": 0,
+                 "cached_tokens": 100, "output_digest": "00ff"}
+            if run == "host":
+                j["hicache"] = {"device_hit_tokens": 100, "host_hit_tokens": 300, "bytes_h2d": 5e6,
+                                "load_stalls": 2, "load_stall_s": 0.004, "leaked_host_pages": 0}
+            with open(os.path.join(d, "hicache", f"1b_{run}.json"), "w") as f:
+                f.write("pagoda bench: ...\n" + json.dumps(j) + "\n")
+        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp python hicache")
 
         # The record: metadata, every sample (rounded to 10 ns), tests, tp agreement.
         expect(rec["commit"] == "abc1234" and rec["gpus"][0]["name"] == "NVIDIA H200", "metadata")
@@ -210,6 +223,12 @@ def main():
         want = f"{statistics.median(pb) / statistics.median(pa):.2f}×"
         expect(want in pline and "ok (1.0e-03, 2.0e-04)" in pline, f"python row {pline}")
         expect("LLM / bench 98.0 %" in md, "llm_vs_bench line")
+
+        expect("52.2 GB/s" in md or "52.3 GB/s" in md, "pinned copy")
+        for run in ("device", "host"):
+            line = next(ln for ln in md.splitlines() if ln.startswith(f"| 1b | {run} |"))
+            expect(f"{100 * hit[run]:.1f} %" in line, f"hicache hit rate {line}")
+        expect("| 100 / 300 | 5.0 | 2 (0.004) |" in md, "hicache host row")
 
         # One round: no verdict.
         d1 = os.path.join(tmp, "one")

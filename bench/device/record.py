@@ -16,6 +16,8 @@ The record (schema 1) holds what the tables are generated from, every sample inc
   serve       bench/serve_bench.py's results.json
   tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
               {"prompts", "identical", "first_token_identical"}}
+  hicache     {"pinned_copy": {"h2d_pinned_gbps", "samples_ms"}, "<layout>_<device|host>":
+              `pagoda bench --workload multiturn --json`}
   python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py
               row...], "llm_vs_bench": bench/llm_vs_bench.py's --json}
 Missing parts (a stage not run, a step that failed) are left out; the record says which stages
@@ -136,6 +138,15 @@ def tp(d):
     return out
 
 
+def hicache(d):
+    hdir = os.path.join(d, "hicache")
+    if not os.path.isdir(hdir):
+        return None
+    out = {os.path.basename(p)[:-5]: j for p in sorted(glob.glob(os.path.join(hdir, "*.json")))
+           if (j := read_json(p)) is not None}
+    return out or None
+
+
 def python(d):
     pdir = os.path.join(d, "python")
     if not os.path.isdir(pdir):
@@ -180,6 +191,7 @@ def build_record(d, kind, group, commit, stages):
                  if (j := read_json(p)) is not None} or None,
         "serve": read_json(os.path.join(d, "serve", "results.json")),
         "tp": tp(d),
+        "hicache": hicache(d),
         "python": python(d),
     }
     rec.update({k: v for k, v in parts.items() if v is not None})

@@ -20,6 +20,10 @@
 #                    python   build (with the Python package), the torch/CUDA tests of
 #                             pagoda.flashinfer, pagoda.flashinfer vs FlashInfer in one process
 #                             (bench/python_vs_flashinfer.py), pagoda.LLM vs `pagoda bench`
+#                    hicache  build, issue 43's multi-turn workload (live KV >= 4x the device
+#                             pool) on the 1B and 8B layouts: device-only radix cache, then the
+#                             host tier (write_through), the same conversations; and the pinned
+#                             host -> device copy bandwidth (torch) in the same call
 #                    all      every group above (longer than one 10-minute device call: one
 #                             group a call)
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
@@ -61,6 +65,7 @@ case "$GPUS:$GROUP" in
   1:engine) STAGES="build engine spec" ;;
   1:serve) STAGES="build serve" ;;
   1:python) STAGES="build python" ;;
+  1:hicache) STAGES="build hicache" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
   2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
@@ -238,6 +243,38 @@ if has serve; then
     --compare-input-len 512 --compare-output-len 256 --compare-requests 512 --compare-repeats 3 \
     > "$W/serve_bench.log" 2>&1
   say "serve_bench rc=$?"
+fi
+
+if has hicache; then
+  mkdir -p "$W/hicache"
+  # The pinned host -> device copy bandwidth the load-back is held against (torch, 1 GiB, 10 copies).
+  python3 -c '
+import json, torch
+n = 1 << 30
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True); d = torch.empty(n, dtype=torch.uint8, device="cuda")
+for _ in range(2): d.copy_(h, non_blocking=True)
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+ms = []
+for _ in range(10):
+    a.record(); d.copy_(h, non_blocking=True); b.record(); b.synchronize(); ms.append(a.elapsed_time(b))
+ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "samples_ms": ms}))' \
+    > "$W/hicache/pinned_copy.json" 2> "$W/hicache/pinned_copy.err"
+  say "pinned copy rc=$? $(cat "$W/hicache/pinned_copy.json")"
+  # 64 conversations x 6 turns over a 1,024-token system prompt, 128-token answers: about 65k
+  # live KV tokens against a 16k-token device pool (the record has live_kv_over_pool).
+  MT="--workload multiturn --conversations 64 --turns 6 --system-len 1024 --max-new-tokens 128
+      --pool-tokens 16384 --max-running 32 --page-size 16 --backend cuda --json"
+  for layout in 1b 8b; do
+    C=$(ckpt $layout)
+    for run in device host; do
+      extra=""
+      [ $run = host ] && extra="--hicache-ratio 8 --hicache-write-policy write_through"
+      # shellcheck disable=SC2086 # one word per flag
+      timeout 200 $P bench --model "$C" $MT $extra > "$W/hicache/${layout}_$run.json" \
+        2> "$W/hicache/${layout}_$run.err"
+      say "hicache $layout $run rc=$?"
+    done
+  done
 fi
 
 if has python; then
