@@ -1,11 +1,10 @@
 #include "pagoda/model/decoder.h"
 
-#include "pagoda/model/dsa_indexer.h"
-
 #include <algorithm>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/tensor_view.h"
+#include "pagoda/model/dsa_indexer.h"
 
 namespace pagoda::model {
 
