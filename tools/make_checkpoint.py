@@ -23,6 +23,9 @@ Layouts (the shapes of real models, random weights):
                 kv_lora_rank 64, nope 32 / rope 16, v 24), YaRN (factor 4 over 32 original
                 positions, mscale 0.8 / mscale_all_dim 0.6, so both the cos/sin scale and the
                 softmax mscale differ from 1)
+  deepseek-v32-tiny  DeepseekV32ForCausalLM: deepseek-v3-tiny plus DeepSeek sparse attention
+                (a lightning indexer per layer: 4 index heads of dim 32, index_topk 16, so
+                prompts past 16 tokens attend sparsely)
   eagle1        an EAGLE-1 draft head for --target LAYOUT (fc [H, 2H] + bias, layers.0.* without
                 input_layernorm; embedding and lm_head shared from the target)
   eagle3        an EAGLE-3 draft head for --target LAYOUT (fc [H, 3H], midlayer.* with 2H
@@ -45,8 +48,10 @@ Needs torch, transformers and tokenizers (works on a CPU-only machine). The Deep
 need only numpy (and tokenizers for tokenizer.json, skipped with a note where it is missing):
 write_deepseek writes DeepSeek's own config.json keys and HF tensor names
 (model.layers.N.self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}, kv_a_proj_with_mqa,
-kv_a_layernorm, kv_b_proj, o_proj; mlp.{gate,up,down}_proj) with seeded normals: embedding
-N(0, 1), linears N(0, 1/in_features), norms 1 + N(0, 0.1^2), so logits are O(1) and well apart.
+kv_a_layernorm, kv_b_proj, o_proj; mlp.{gate,up,down}_proj; with DSA self_attn.indexer.{wq_b,
+wk, k_norm (weight, bias), weights_proj}, drawn after everything else) with seeded normals:
+embedding N(0, 1), linears N(0, 1/in_features), norms 1 + N(0, 0.1^2) (the indexer's LayerNorm
+bias N(0, 0.1^2)), so logits are O(1) and well apart.
 """
 
 import argparse
@@ -135,6 +140,9 @@ DEEPSEEK_LAYOUTS = {
         topk_group=1, routed_scaling_factor=2.5, scoring_func="sigmoid", norm_topk_prob=True,
         bos_token_id=4000, eos_token_id=4001),
 }
+DEEPSEEK_LAYOUTS["deepseek-v32-tiny"] = dict(
+    DEEPSEEK_LAYOUTS["deepseek-v3-tiny"], architectures=["DeepseekV32ForCausalLM"],
+    model_type="deepseek_v32", index_n_heads=4, index_head_dim=32, index_topk=16)
 
 
 def deepseek_weights(cfg, rng):
@@ -173,6 +181,14 @@ def deepseek_weights(cfg, rng):
         w[p + "mlp.gate_proj.weight"] = lin(inter, h)
         w[p + "mlp.up_proj.weight"] = lin(inter, h)
         w[p + "mlp.down_proj.weight"] = lin(h, inter)
+    for l in range(cfg["num_hidden_layers"] if cfg.get("index_topk") else 0):
+        x = f"model.layers.{l}.self_attn.indexer."
+        ih, idim = cfg["index_n_heads"], cfg["index_head_dim"]
+        w[x + "wq_b.weight"] = lin(ih * idim, qr)
+        w[x + "wk.weight"] = lin(idim, h)
+        w[x + "k_norm.weight"] = norm(idim)
+        w[x + "k_norm.bias"] = rng.normal(0, 0.1, idim)
+        w[x + "weights_proj.weight"] = lin(ih, h)
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 

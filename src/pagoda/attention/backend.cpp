@@ -24,6 +24,13 @@ void AttentionBackend::forward(const TensorView& q, const TensorView& k, const T
               static_cast<int>(batch.mode));
 }
 
+void AttentionBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' has no DeepSeek sparse attention (no indexer metadata hook or sparse "
+              "MLA; {} top-k entries of k {} refused); use 'reference' or 'cpu'",
+              name(), topk.size(), k);
+}
+
 void AttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   throw_error(ErrorCode::kUnsupported,
               "backend '{}' does not support CUDA graphs (init_cuda_graph_state({}, {})); use a "

@@ -17,6 +17,7 @@
 /// shapes throw Error(kInvalidArgument). A backend never produces wrong numbers silently.
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ class ReqToTokenTable;
 }  // namespace pagoda::kv
 
 namespace pagoda::attention {
+
+struct IndexerMetadata;
 
 /// What a backend supports, as data (validation and the conformance matrix read it).
 struct BackendCapabilities {
@@ -53,6 +56,8 @@ struct BackendCapabilities {
   bool mixed_batches = false;
   bool cuda_graph = false;
   bool lse = false;                  ///< can return the softmax LSE
+  /// DeepSeek sparse attention: get_indexer_metadata and set_sparse_topk (attention/dsa.h).
+  bool dsa = false;
   std::string device = "cpu";        ///< "cpu" or "cuda"
 };
 
@@ -83,6 +88,17 @@ class AttentionBackend {
 
   /// Optional LSE output of the next forward: [num_tokens, Hq] f32 (base 2). Empty = none.
   void set_lse_output(const TensorView& lse) { lse_ = lse; }
+
+  // ---- DeepSeek sparse attention (capabilities().dsa; attention/dsa.h) ----
+  /// The step's indexer metadata, built by init_forward_metadata when the pool holds index
+  /// keys (KvPoolConfig::index_head_dim > 0); nullptr otherwise and on backends without DSA
+  /// (the default), which a DSA model refuses.
+  virtual const IndexerMetadata* get_indexer_metadata() const { return nullptr; }
+  /// Restricts the next forward (one layer) to the positions the indexer selected: topk is
+  /// [num_tokens, k] row-major, entries are positions < the row's visible count, -1 = unused.
+  /// The default throws Error(kUnsupported)
+  /// naming the backend (no sparse MLA).
+  virtual void set_sparse_topk(std::span<const int32_t> topk, int k);
 
   virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionLayer& layer, const ForwardBatch& batch,

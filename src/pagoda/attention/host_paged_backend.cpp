@@ -30,6 +30,7 @@ BackendCapabilities full_feature_capabilities() {
   c.mixed_batches = true;
   c.cuda_graph = false;
   c.lse = true;
+  c.dsa = true;
   c.device = "cpu";
   return c;
 }
@@ -51,6 +52,20 @@ void HostPagedBackend::init_forward_metadata(const ForwardBatch& batch) {
   planned_shape_.reset();  // the BatchAttention is planned on the first layer of the step
   planned_mode_ = batch.mode;
   planned_tokens_ = batch.num_tokens();
+  indexer_.reset();
+  sparse_next_ = false;
+  if (ctx_.kv_pool->config().index_head_dim > 0)
+    indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
+}
+
+void HostPagedBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
+  PAGODA_REQUIRE(indexer_.has_value(), kFailedPrecondition,
+                 "backend '{}': set_sparse_topk without indexer metadata (the pool has no index "
+                 "keys, or init_forward_metadata was not called)",
+                 name_);
+  sparse_plan_ = plan_;
+  apply_sparse_mask(sparse_plan_, *indexer_, topk, k);
+  sparse_next_ = true;
 }
 
 void HostPagedBackend::forward_extend(const TensorView& q, const TensorView& k,
@@ -72,6 +87,8 @@ void HostPagedBackend::run(const TensorView& q, const TensorView& k, const Tenso
                            const TensorView& out, SaveKv save) {
   const TensorView lse = lse_;
   lse_ = TensorView();  // the LSE output applies to one forward only
+  const bool sparse = sparse_next_;
+  sparse_next_ = false;  // so does the sparse selection
   PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
                  kFailedPrecondition,
                  "backend '{}': forward({}, {} tokens) without init_forward_metadata for it",
@@ -89,7 +106,10 @@ void HostPagedBackend::run(const TensorView& q, const TensorView& k, const Tenso
                              .q_dtype = q.dtype(),
                              .kv_dtype = pool.config().dtype,
                              .out_dtype = out.dtype()};
-  if (!planned_shape_ || !same_shape(*planned_shape_, shape)) {
+  if (sparse) {  // this layer's selection: plan with its mask, and replan dense after it
+    attn_->plan(sparse_plan_.input(), shape);
+    planned_shape_.reset();
+  } else if (!planned_shape_ || !same_shape(*planned_shape_, shape)) {
     attn_->plan(plan_.input(), shape);
     planned_shape_ = shape;
   }

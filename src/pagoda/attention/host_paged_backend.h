@@ -5,6 +5,9 @@
 ///   forward (per layer):   validate tensors, write the new K/V (save_new_kv), plan the
 ///                          BatchAttention for the layer's shape (only when it differs from the
 ///                          last one planned this step), run it over the pool's paged views.
+/// With index keys in the pool (DSA) init_forward_metadata also builds the IndexerMetadata, and a
+/// forward after set_sparse_topk plans the BatchAttention once more with the custom mask of the
+/// selected positions (attention/dsa.h), so every BatchAttention serves sparse MLA unchanged.
 /// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
 /// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
 
@@ -14,13 +17,14 @@
 
 #include "pagoda/attention/backend.h"
 #include "pagoda/attention/batch_attention.h"
+#include "pagoda/attention/dsa.h"
 #include "pagoda/attention/paged_plan.h"
 
 namespace pagoda::attention {
 
 /// Capabilities of a backend that implements every BatchAttention feature: f32/f16/bf16 queries,
 /// f32/f16/bf16/fp8 KV, MLA, window, soft cap, sinks, non-causal, tree mask, multi-step draft
-/// with any topk, mixed batches, LSE, any page size and head dim; device "cpu", no CUDA graphs
+/// with any topk, mixed batches, LSE, DSA, any page size and head dim; device "cpu", no CUDA graphs
 /// (a device backend sets those two on top).
 BackendCapabilities full_feature_capabilities();
 
@@ -41,6 +45,10 @@ class HostPagedBackend : public AttentionBackend {
   void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                       const AttentionLayer& layer, const ForwardBatch& batch,
                       const TensorView& out, SaveKv save) override;
+  const IndexerMetadata* get_indexer_metadata() const override {
+    return indexer_ ? &*indexer_ : nullptr;
+  }
+  void set_sparse_topk(std::span<const int32_t> topk, int k) override;
 
  private:
   void run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -56,6 +64,9 @@ class HostPagedBackend : public AttentionBackend {
   std::optional<AttentionShape> planned_shape_;  ///< shape attn_ is planned for this step
   ForwardMode planned_mode_ = ForwardMode::kIdle;
   int planned_tokens_ = 0;
+  std::optional<IndexerMetadata> indexer_;  ///< DSA pools only
+  bool sparse_next_ = false;                 ///< the next forward uses sparse_plan_
+  PagedPlan sparse_plan_;  ///< plan_ with the selection's custom mask
 };
 
 }  // namespace pagoda::attention

@@ -45,6 +45,8 @@ std::optional<std::string> unsupported_reason(const BackendCapabilities& caps,
         fmt::format("kv dtype {} (supports {})", req.kv_dtype, join_dtypes(caps.kv_dtypes)));
   }
   if (req.mla && !caps.mla) why.push_back("MLA (absorbed) attention");
+  if (req.dsa && !caps.dsa)
+    why.push_back("DeepSeek sparse attention (indexer metadata hook and sparse MLA)");
   if (!req.mla && !caps.mha_gqa_mqa) why.push_back("MHA/GQA/MQA attention (MLA only)");
   if (req.sliding_window && !caps.sliding_window) why.push_back("sliding window");
   if (req.logit_cap && !caps.logit_cap) why.push_back("logit soft cap");

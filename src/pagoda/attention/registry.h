@@ -21,6 +21,7 @@ struct BackendRequirements {
   DType q_dtype = DType::kBF16;
   DType kv_dtype = DType::kBF16;
   bool mla = false;
+  bool dsa = false;  ///< DeepSeek sparse attention (capabilities().dsa)
   bool sliding_window = false;
   bool logit_cap = false;
   bool sinks = false;

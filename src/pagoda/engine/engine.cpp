@@ -187,6 +187,10 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                            max_context_len_);
   kv::PageAllocator& allocator = memory_->allocator();
   kv::ReqToTokenTable& table = memory_->table();
+  PAGODA_REQUIRE(!model.config().is_dsa() || config.spec.mode == SpecMode::kNone, kUnsupported,
+                 "DeepSeek sparse attention (DSA, {}) does not support speculative decoding "
+                 "(speculative mode '{}') yet: its verify and draft steps have no indexer path",
+                 model.config().name, spec_mode_name(config.spec.mode));
   int swa_window = -1;  // the largest window of the model's layers (FlashInfer convention)
   for (int l = 0; l < model.config().num_layers; ++l)
     swa_window = std::max(swa_window, model.config().window_of(l));

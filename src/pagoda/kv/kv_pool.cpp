@@ -1,5 +1,6 @@
 #include "pagoda/kv/kv_pool.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -29,7 +30,12 @@ KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
     config_.num_kv_heads = 1;
     k_row_ = int64_t{c.kv_lora_rank} + c.rope_dim;
     v_row_ = c.kv_lora_rank;
+    PAGODA_REQUIRE(c.index_head_dim >= 0, kInvalidArgument, "index_head_dim {} < 0",
+                   c.index_head_dim);
+    index_row_ = c.index_head_dim > 0 ? int64_t{c.index_head_dim} + 4 : 0;
   }
+  PAGODA_REQUIRE(c.layout == KvLayout::kMla || c.index_head_dim == 0, kInvalidArgument,
+                 "index keys (index_head_dim {}) need an MLA pool", c.index_head_dim);
   num_slots_ = (int64_t{c.num_pages} + 1) * c.page_size;
   const size_t elem = dtype_size(c.dtype);
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -41,6 +47,11 @@ KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
       v_buffers_.push_back(platform::make_buffer(allocator, v_bytes));
       allocator.fill_bytes(v_buffers_.back().get(), 0, v_bytes);
     }
+    if (index_row_ > 0) {
+      const auto bytes = static_cast<size_t>(num_slots_ * index_row_);
+      index_buffers_.push_back(platform::make_buffer(allocator, bytes));
+      allocator.fill_bytes(index_buffers_.back().get(), 0, bytes);
+    }
   }
   k_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
   v_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
@@ -48,7 +59,8 @@ KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
 
 int64_t KvPool::bytes_per_token() const {
   const int64_t row = config_.layout == KvLayout::kMha ? k_row_ + v_row_ : k_row_;
-  return row * config_.num_layers * static_cast<int64_t>(dtype_size(config_.dtype));
+  return (row * static_cast<int64_t>(dtype_size(config_.dtype)) + index_row_) *
+         config_.num_layers;
 }
 
 void KvPool::require_layer(LayerId layer) const {
@@ -203,6 +215,45 @@ float KvPool::v_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const
                    int64_t{head} * config_.head_dim_v + d, v_scales_[layer.value()]);
 }
 
+void KvPool::set_index_keys(LayerId layer, std::span<const SlotIndex> loc, const float* k) {
+  require_layer(layer);
+  require_host("set_index_keys");
+  PAGODA_REQUIRE(index_row_ > 0, kInvalidArgument,
+                 "set_index_keys: the pool has no index keys (index_head_dim 0)");
+  for (size_t i = 0; i < loc.size(); ++i)
+    PAGODA_REQUIRE(loc[i] >= 0 && loc[i] < num_slots_, kOutOfRange,
+                   "set_index_keys: slot {} (token {}) outside [0, {})", loc[i], i, num_slots_);
+  const int64_t d = config_.index_head_dim;
+  auto* base = static_cast<uint8_t*>(index_buffers_[layer.value()].get());
+  for (size_t i = 0; i < loc.size(); ++i) {
+    const float* x = k + static_cast<int64_t>(i) * d;
+    float amax = 0.f;
+    for (int64_t j = 0; j < d; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float scale = amax > 0.f ? std::exp2(std::ceil(std::log2(amax / 448.f))) : 1.f;
+    uint8_t* row = base + static_cast<int64_t>(loc[i]) * index_row_;
+    for (int64_t j = 0; j < d; ++j) row[j] = f32_to_e4m3(x[j] / scale);
+    std::memcpy(row + d, &scale, sizeof(float));
+  }
+}
+
+const uint8_t* KvPool::index_rows(LayerId layer) const {
+  require_layer(layer);
+  require_host("index_rows");
+  PAGODA_REQUIRE(index_row_ > 0, kInvalidArgument, "the pool has no index keys");
+  return static_cast<const uint8_t*>(index_buffers_[layer.value()].get());
+}
+
+float KvPool::index_key_at(LayerId layer, SlotIndex slot, int32_t d) const {
+  const uint8_t* rows = index_rows(layer);
+  PAGODA_REQUIRE(slot >= 0 && slot < num_slots_ && d >= 0 && d < config_.index_head_dim,
+                 kOutOfRange, "index_key_at: slot {} / dim {} outside [{}, {}]", slot, d,
+                 num_slots_, config_.index_head_dim);
+  const uint8_t* row = rows + slot * index_row_;
+  float scale = 0.f;
+  std::memcpy(&scale, row + config_.index_head_dim, sizeof(float));
+  return e4m3_to_f32(row[d]) * scale;
+}
+
 void KvPool::fill(float value) {
   require_host("fill");
   auto fill_buffer = [&](void* base, int64_t row_elems) {
@@ -226,6 +277,8 @@ void KvPool::fill_bytes(uint8_t byte) {
   for (auto& b : v_buffers_) {
     allocator_->fill_bytes(b.get(), byte, static_cast<size_t>(num_slots_ * v_row_) * elem);
   }
+  for (auto& b : index_buffers_)
+    allocator_->fill_bytes(b.get(), byte, static_cast<size_t>(num_slots_ * index_row_));
 }
 
 void KvPool::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {
@@ -238,8 +291,8 @@ void KvPool::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> 
   if (src.empty()) return;
   const size_t elem = dtype_size(config_.dtype);
   std::vector<uint8_t> rows;
-  auto move = [&](void* base, int64_t row_elems) {
-    const size_t bytes = static_cast<size_t>(row_elems) * elem;
+  auto move = [&](void* base, int64_t row_elems, size_t elem_bytes) {
+    const size_t bytes = static_cast<size_t>(row_elems) * elem_bytes;
     auto* b = static_cast<uint8_t*>(base);
     rows.resize(bytes * src.size());
     for (size_t i = 0; i < src.size(); ++i)
@@ -249,8 +302,9 @@ void KvPool::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> 
       allocator_->copy_to_device(b + static_cast<size_t>(dst[i]) * bytes,
                                  rows.data() + i * bytes, bytes);
   };
-  for (auto& b : k_buffers_) move(b.get(), k_row_);
-  for (auto& b : v_buffers_) move(b.get(), v_row_);
+  for (auto& b : k_buffers_) move(b.get(), k_row_, elem);
+  for (auto& b : v_buffers_) move(b.get(), v_row_, elem);
+  for (auto& b : index_buffers_) move(b.get(), index_row_, 1);
 }
 
 }  // namespace pagoda::kv

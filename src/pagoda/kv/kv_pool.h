@@ -10,6 +10,11 @@
 ///        V [num_pages + 1, page_size, num_kv_heads, head_dim_v] (separate allocations).
 ///   MLA: per layer, one latent buffer [num_pages + 1, page_size, 1, kv_lora_rank + rope_dim];
 ///        k_view() is the whole row, v_view() the first kv_lora_rank elements of it.
+///   DSA index keys (MLA with index_head_dim > 0, DeepSeek-V3.2's lightning indexer): per layer
+///        one more buffer [num_pages + 1, page_size, index_head_dim + 4] bytes, the same slots
+///        as the latent rows: index_head_dim fp8 e4m3 codes, then the token's f32 scale (a power
+///        of two, 2^ceil(log2(amax / 448)), DeepSeek's ue8m0 block scale with one block per key).
+///        The stored key is code · scale. move_kv moves these rows with the latent rows.
 /// Storage dtype f32 / f16 / bf16 / fp8 e4m3 / fp8 e5m2 (fp8 stored as raw bytes). Per-layer
 /// scales: the stored value is convert(x / k_scale) (resp. v_scale); readers multiply back.
 ///
@@ -47,6 +52,7 @@ struct KvPoolConfig {
   // MLA
   int32_t kv_lora_rank = 0;
   int32_t rope_dim = 0;
+  int32_t index_head_dim = 0;  ///< MLA only: DSA index-key width (0 = no index keys)
 };
 
 /// Per-layer readiness of a pool's pages: the hierarchical cache's load-back copies pages into
@@ -106,6 +112,16 @@ class KvPool {
   float k_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const;
   float v_at(LayerId layer, SlotIndex slot, int32_t head, int32_t d) const;
 
+  /// Bytes of one index-key row (index_head_dim + 4; 0 without index keys).
+  int64_t index_row_bytes() const { return index_row_; }
+  /// Quantises n = loc.size() keys k [n, index_head_dim] (f32, host) of `layer` into the index
+  /// rows at `loc` (layout above). Validates the layer, the slots and that the pool has index
+  /// keys (kInvalidArgument / kOutOfRange, nothing written). Host pools only.
+  void set_index_keys(LayerId layer, std::span<const SlotIndex> loc, const float* k);
+  /// The index rows of `layer`, [num_slots, index_row_bytes()] (host pools only).
+  const uint8_t* index_rows(LayerId layer) const;
+  /// Element d of the stored index key of `slot` (code · scale), host pools only.
+  float index_key_at(LayerId layer, SlotIndex slot, int32_t d) const;
   /// Sets every stored element of every layer to convert(value) (e.g. NaN poisoning in tests;
   /// e4m3 has a NaN code, so NaN survives every dtype). Host pools only.
   void fill(float value);
@@ -143,6 +159,8 @@ class KvPool {
   int64_t v_row_ = 0;
   std::vector<platform::DeviceBuffer> k_buffers_;
   std::vector<platform::DeviceBuffer> v_buffers_;  ///< empty for MLA
+  std::vector<platform::DeviceBuffer> index_buffers_;  ///< DSA index rows (empty without)
+  int64_t index_row_ = 0;
   std::vector<float> k_scales_;
   std::vector<float> v_scales_;
   LayerGate* gate_ = nullptr;

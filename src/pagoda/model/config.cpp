@@ -39,6 +39,8 @@ int64_t ModelConfig::num_parameters() const {
     const int64_t kv = (int64_t{m.kv_lora_rank} + m.qk_rope_head_dim) * h + m.kv_lora_rank +
                        hq * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank;
     per_layer = 2 * h + q + kv + hq * m.v_head_dim * h + 3 * h * intermediate_size;
+    const int64_t ih = dsa.index_n_heads, id = dsa.index_head_dim;
+    per_layer += ih * id * m.q_lora_rank + id * h + 2 * id + ih * h;  // the DSA indexer
   }
   const int64_t embed = int64_t{vocab_size} * h;
   return embed + (tie_word_embeddings ? 0 : embed) + h + num_layers * per_layer;
@@ -70,6 +72,8 @@ std::string_view hf_architecture_name(ModelFamily f) {
       return "DeepseekV2ForCausalLM";
     case ModelFamily::kDeepseekV3:
       return "DeepseekV3ForCausalLM";
+    case ModelFamily::kDeepseekV32:
+      return "DeepseekV32ForCausalLM";
   }
   return "?";
 }
@@ -172,6 +176,18 @@ void ModelConfig::validate_mla() const {
           sat_mul(hq * head_dim, std::max(m.q_lora_rank, hidden_size)) <= kMaxTensorElements &&
           sat_mul(hq * m.v_head_dim, hidden_size) <= kMaxTensorElements,
       kInvalidArgument, "an MLA weight matrix would exceed {} elements", kMaxTensorElements);
+  if (dsa.index_topk == 0 && dsa.index_n_heads == 0 && dsa.index_head_dim == 0) return;
+  const DsaConfig& d = dsa;
+  PAGODA_REQUIRE(in(d.index_topk, 1, kMaxPositions) && in(d.index_n_heads, 1, kMaxHeads) &&
+                     in(d.index_head_dim, m.qk_rope_head_dim, kMaxHeadDim),
+                 kInvalidArgument,
+                 "DSA needs index_topk in [1, {}], index_n_heads in [1, {}] and index_head_dim in "
+                 "[qk_rope_head_dim {}, {}] (got {}, {}, {})",
+                 kMaxPositions, kMaxHeads, m.qk_rope_head_dim, kMaxHeadDim, d.index_topk,
+                 d.index_n_heads, d.index_head_dim);
+  PAGODA_REQUIRE(m.q_lora_rank > 0, kUnsupported,
+                 "DSA needs q LoRA (the indexer's queries come from the q LoRA latent; "
+                 "q_lora_rank is null)");
 }
 
 ModelConfig builtin_tiny_config() {
@@ -277,7 +293,8 @@ constexpr std::string_view kHarmlessKeys[] = {
 
 constexpr ModelFamily kFamilies[] = {
     ModelFamily::kLlama,  ModelFamily::kMistral,    ModelFamily::kQwen2,     ModelFamily::kGemma2,
-    ModelFamily::kGemma3, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3};
+    ModelFamily::kGemma3, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
+    ModelFamily::kDeepseekV32};
 
 }  // namespace
 
@@ -297,6 +314,8 @@ std::string_view hf_model_type(ModelFamily f) {
       return "deepseek_v2";
     case ModelFamily::kDeepseekV3:
       return "deepseek_v3";
+    case ModelFamily::kDeepseekV32:
+      return "deepseek_v32";
   }
   return "?";
 }
@@ -306,7 +325,8 @@ bool is_gemma_family(ModelFamily f) {
 }
 
 bool is_deepseek_family(ModelFamily f) {
-  return f == ModelFamily::kDeepseekV2 || f == ModelFamily::kDeepseekV3;
+  return f == ModelFamily::kDeepseekV2 || f == ModelFamily::kDeepseekV3 ||
+         f == ModelFamily::kDeepseekV32;
 }
 
 double yarn_get_mscale(double factor, double m) {
@@ -326,7 +346,7 @@ ModelFamily parse_family(const Reader& r) {
     throw_error(ErrorCode::kUnsupported,
                 "config.json: architectures '{}' is not supported (supported: LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)",
+                "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM)",
                 arch);
   }
   PAGODA_REQUIRE(r.has("model_type"), kInvalidArgument,
@@ -336,7 +356,7 @@ ModelFamily parse_family(const Reader& r) {
     if (type == hf_model_type(f)) return f;
   throw_error(ErrorCode::kUnsupported,
               "config.json: model_type '{}' is not supported (supported: llama, mistral, qwen2, "
-              "gemma2, gemma3_text, deepseek_v2, deepseek_v3)",
+              "gemma2, gemma3_text, deepseek_v2, deepseek_v3, deepseek_v32)",
               type);
 }
 
@@ -583,6 +603,7 @@ std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
       break;
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
+    case ModelFamily::kDeepseekV32:
       return {};  // parsed by config_deepseek.cpp, never here
   }
   if (!enabled || window < 0) return {};
@@ -680,6 +701,7 @@ ModelConfig parse_config(const json& j) {
       break;
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
+    case ModelFamily::kDeepseekV32:
       break;  // parsed by config_deepseek.cpp, never here
   }
   c.max_position_embeddings =
@@ -740,6 +762,7 @@ ModelConfig parse_config(const json& j) {
       break;
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
+    case ModelFamily::kDeepseekV32:
       break;  // parsed by config_deepseek.cpp, never here
   }
   c.layer_window = parse_windows(r, c.family, c.num_layers);

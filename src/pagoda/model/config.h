@@ -28,17 +28,19 @@ enum class ModelFamily : uint8_t {
   kGemma3,      ///< Gemma3ForCausalLM (model_type "gemma3_text": the text-only Gemma 3)
   kDeepseekV2,  ///< DeepseekV2ForCausalLM (model_type "deepseek_v2"): MLA, dense MLP only
   kDeepseekV3,  ///< DeepseekV3ForCausalLM (model_type "deepseek_v3"): MLA, dense MLP only
+  kDeepseekV32,  ///< DeepseekV32ForCausalLM (model_type "deepseek_v32"): MLA + DSA, dense MLP
 };
 
 /// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma2ForCausalLM",
-/// "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM".
+/// "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+/// "DeepseekV32ForCausalLM".
 std::string_view hf_architecture_name(ModelFamily f);
 /// config.json's model_type: "llama", "mistral", "qwen2", "gemma2", "gemma3_text",
-/// "deepseek_v2", "deepseek_v3".
+/// "deepseek_v2", "deepseek_v3", "deepseek_v32".
 std::string_view hf_model_type(ModelFamily f);
 /// Gemma 2 or Gemma 3.
 bool is_gemma_family(ModelFamily f);
-/// DeepSeek-V2 or V3.
+/// DeepSeek-V2, V3 or V3.2.
 bool is_deepseek_family(ModelFamily f);
 
 /// Upper bounds config validation enforces before anything is allocated (generous: ~16x the
@@ -87,6 +89,19 @@ struct MlaConfig {
   int qk_nope_head_dim = 0;
   int qk_rope_head_dim = 0;
   int v_head_dim = 0;
+};
+
+/// DeepSeek sparse attention (DeepSeek-V3.2's lightning indexer; model/dsa_indexer.h), on every
+/// layer when index_topk > 0 (needs MLA with q LoRA). Per layer, with qa the normed q LoRA
+/// latent and h the layer's normed hidden state:
+///   q_idx = qa·W_qbᵀ [index_n_heads, index_head_dim]; k_idx = LayerNorm(h·W_kᵀ) [index_head_dim];
+///   RoPE (NeoX half-split, the model's frequencies) on the first qk_rope_head_dim of each;
+///   w = h·W_wᵀ · n_heads^-½ · index_head_dim^-½;  score(t, s) = Σ_h w_h · ReLU(q_idx_h · k_idx_s)
+/// over the causally visible tokens s; attention then sees only the index_topk best.
+struct DsaConfig {
+  int index_n_heads = 0;
+  int index_head_dim = 0;
+  int index_topk = 0;  ///< 0 = dense MLA
 };
 
 /// The MLP's gate activation: out = act(gate) * up.
@@ -148,6 +163,9 @@ struct ModelConfig {
   /// of the non-absorbed form) and num_kv_heads == num_q_heads.
   MlaConfig mla;
   bool is_mla() const { return mla.kv_lora_rank > 0; }
+  /// DeepSeek-V3.2 (DeepseekV32ForCausalLM): DSA over the MLA layers.
+  DsaConfig dsa;
+  bool is_dsa() const { return dsa.index_topk > 0; }
   /// The rotary width: qk_rope_head_dim for MLA, head_dim otherwise.
   int rope_dim() const { return is_mla() ? mla.qk_rope_head_dim : head_dim; }
 

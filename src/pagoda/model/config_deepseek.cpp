@@ -1,5 +1,5 @@
-// The DeepSeek-V2 / V3 config.json parser (config.h, config_from_hf_json): multi-head latent
-// attention, YaRN, dense MLP layers only. As strict as the Llama-family parser: every key is
+// The DeepSeek-V2 / V3 / V3.2 config.json parser (config.h, config_from_hf_json): multi-head
+// latent attention, YaRN, DeepSeek sparse attention (V3.2's index_* keys), dense MLP layers only. As strict as the Llama-family parser: every key is
 // read and checked, one of the MoE bookkeeping keys (unread while no layer is MoE), or harmless
 // metadata; anything else is Error(kUnsupported) naming it.
 #include <string>
@@ -48,6 +48,15 @@ constexpr std::string_view kDeepseekKeys[] = {
     // DeepSeek's own checkpoints point at their modeling code, whose equations this implements.
     "auto_map",
 };
+
+/// DeepSeek-V3.2's lightning-indexer keys: required on deepseek_v32, refused elsewhere.
+constexpr const char* kDsaKeys[] = {"index_n_heads", "index_head_dim", "index_topk"};
+
+bool is_dsa_key(std::string_view key) {
+  for (const char* k : kDsaKeys)
+    if (key == k) return true;
+  return false;
+}
 
 /// Mixture-of-experts knobs: they change nothing while no layer is MoE (n_routed_experts 0 /
 /// null, or first_k_dense_replace covering every layer), which parse_deepseek_config checks.
@@ -157,11 +166,32 @@ MlaConfig parse_mla(const Reader& r) {
   return m;
 }
 
+/// The DSA fields (deepseek_v32 only; every one required: transformers' defaults are the
+/// 671B model's).
+DsaConfig parse_dsa(const Reader& r, ModelFamily f) {
+  if (f != ModelFamily::kDeepseekV32) {
+    for (const char* k : kDsaKeys)
+      PAGODA_REQUIRE(!r.has(k), kUnsupported,
+                     "config.json: key '{}' (DeepSeek sparse attention) is not supported on {}; "
+                     "DSA checkpoints are DeepseekV32ForCausalLM (model_type deepseek_v32)",
+                     k, hf_architecture_name(f));
+    return {};
+  }
+  for (const char* k : kDsaKeys)
+    PAGODA_REQUIRE(r.has(k), kInvalidArgument,
+                   "config.json: {} is required on DeepseekV32ForCausalLM", k);
+  return DsaConfig{
+      .index_n_heads = static_cast<int>(r.integer("index_n_heads", 1, kMaxHeads)),
+      .index_head_dim = static_cast<int>(r.integer("index_head_dim", 1, kMaxHeadDim)),
+      .index_topk = static_cast<int>(r.integer("index_topk", 1, kMaxPositions))};
+}
+
 }  // namespace
 
 ModelConfig parse_deepseek_config(const json& j, ModelFamily f) {
   for (const auto& [k, v] : j.items())
-    PAGODA_REQUIRE(listed(kDeepseekKeys, k) || listed(kMoeOnlyKeys, k) || is_harmless_key(k),
+    PAGODA_REQUIRE(listed(kDeepseekKeys, k) || listed(kMoeOnlyKeys, k) || is_dsa_key(k) ||
+                       is_harmless_key(k),
                    kUnsupported,
                    "config.json: key '{}' is not supported on {} (pagoda does not implement "
                    "what it would change)",
@@ -183,6 +213,7 @@ ModelConfig parse_deepseek_config(const json& j, ModelFamily f) {
                  c.num_kv_heads, c.num_q_heads);
   check_dense(r, c.num_layers);
   c.mla = parse_mla(r);
+  c.dsa = parse_dsa(r, f);
   c.head_dim = c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim;
   c.rms_norm_eps = static_cast<float>(r.number_or("rms_norm_eps", 1e-6, 1e-30, 0.5));
   c.rope = parse_deepseek_rope(r);

@@ -4,6 +4,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/tensor_view.h"
+#include "pagoda/model/dsa_indexer.h"
 
 namespace pagoda::model {
 
@@ -67,7 +68,9 @@ const void* Decoder::upload_owned(std::vector<float> host) {
   return ops_->upload(host_slices_.back());
 }
 
-Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool,
+Decoder::~Decoder() = default;
+
+Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
                  dist::Communicator* comm)
     : model_(&model), ops_(&ops), comm_(comm), kv_pool_(kv_pool) {
   const ModelConfig& c = model.config();
@@ -100,6 +103,14 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_po
   PAGODA_REQUIRE(!c.is_mla() || tp == 1, kUnsupported,
                  "tensor parallelism with {} (MLA) is not implemented; use --tp 1",
                  hf_architecture_name(c.family));
+  if (c.is_dsa()) {
+    PAGODA_REQUIRE(kv_pool != nullptr && kv_pool->config().index_head_dim ==
+                                             c.dsa.index_head_dim,
+                   kInvalidArgument,
+                   "{} (DeepSeek sparse attention) needs a KV pool with index keys of {} dims",
+                   hf_architecture_name(c.family), c.dsa.index_head_dim);
+    dsa_ = std::make_unique<DsaIndexer>(c, ops);  // refuses non-CPU ops, naming them
+  }
   const bool gemma_ops =
       c.sandwich_norms || c.qk_norm || c.embed_scale != 1.f || c.activation != Activation::kSilu;
   PAGODA_REQUIRE(!gemma_ops || ops.supports_gemma_ops(), kUnsupported,

@@ -13,7 +13,9 @@
 ///   logits[r] = soft_cap(rms_norm(residual[rows[r]])·W_lmᵀ)    (f32)
 /// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
 /// (decoder_mla.cpp): the absorbed form over the latent pool (needs ModelOps::supports_mla_ops;
-/// no tensor parallelism).
+/// no tensor parallelism). DSA models (config.is_dsa()) run DeepSeek-V3.2's lightning indexer
+/// first (dsa_indexer.h: index keys into the pool, top-k handed to the backend's sparse hook);
+/// CPU ops and a KV pool only (Error(kUnsupported) at construction otherwise).
 /// The bracketed steps are Gemma's (config.qk_norm, config.sandwich_norms; act is SiLU or GeGLU
 /// per config.activation); they need ModelOps::supports_gemma_ops (Error(kUnsupported) naming
 /// the device otherwise, at construction).
@@ -34,6 +36,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "pagoda/attention/backend.h"
@@ -45,6 +48,8 @@
 #include "pagoda/platform/platform.h"
 
 namespace pagoda::model {
+
+class DsaIndexer;
 
 /// Device activations for up to `tokens` query rows and `rows` logit rows. Grow-only; the
 /// graph runner keeps one fixed instance so captured addresses stay valid.
@@ -92,8 +97,10 @@ class Decoder {
   /// backend appends them.
   /// With `comm` (world size > 1; it must outlive the decoder) the decoder holds and computes
   /// only its rank's shard (see above); `kv_pool` then has Hkv/N heads.
-  Decoder(const LlamaModel& model, ModelOps& ops, const kv::KvPool* kv_pool = nullptr,
+  /// A DSA model needs `kv_pool` (its index keys are written there).
+  Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool = nullptr,
           dist::Communicator* comm = nullptr);
+  ~Decoder();
 
   /// The heads, MLP width and vocabulary rows one rank holds.
   struct Shard {
@@ -136,6 +143,8 @@ class Decoder {
     const float* inv_freq;  ///< the layer's RoPE frequencies (f32, device)
     // MLA (null otherwise): LlamaModel::PackedLayer's fields of the same names.
     const void *q_a_proj, *q_a_norm, *q_proj, *kv_a_proj, *kv_a_norm, *w_uk_t, *w_uv;
+    // DSA indexer (null otherwise): PackedLayer's idx_* fields.
+    const void *idx_wq_b, *idx_wk, *idx_k_norm, *idx_k_norm_bias, *idx_weights_proj;
   };
   /// Elements of Activations::mla for `tokens` rows.
   int64_t mla_scratch_elems(int64_t tokens) const;
@@ -159,7 +168,8 @@ class Decoder {
   std::vector<LayerPtrs> layers_;
   /// Per layer K / V cache base pointers for the fused store (empty: the backend appends).
   std::vector<KvStore> stores_;
-  const kv::KvPool* kv_pool_ = nullptr;
+  kv::KvPool* kv_pool_ = nullptr;
+  std::unique_ptr<DsaIndexer> dsa_;  ///< DSA models only
   const void* embed_ = nullptr;
   const void* lm_head_ = nullptr;
   const void* final_norm_ = nullptr;

@@ -9,11 +9,13 @@
 // q_abs·[latent | k_pe] = q_nope·(W_UK·latent) + q_pe·k_pe is the non-absorbed score exactly,
 // and o_lat·W_UVᵀ is the non-absorbed output (V = W_UV·latent), so one path serves decode,
 // extend, prefix hits and verify. The layer's softmax scale (1/sqrt(nope + rope), times YaRN's
-// mscale²) is in the AttentionLayer.
+// mscale²) is in the AttentionLayer. DSA models (dsa_indexer.h) restrict each row's attention
+// to the indexer's top-k positions through the backend's sparse hook.
 #include <algorithm>
 
 #include "pagoda/core/tensor_view.h"
 #include "pagoda/model/decoder.h"
+#include "pagoda/model/dsa_indexer.h"
 
 namespace pagoda::model {
 
@@ -52,6 +54,12 @@ void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
   p.kv_a_norm = ops.upload(w.kv_a_norm);
   p.w_uk_t = ops.upload(w.w_uk_t);
   p.w_uv = ops.upload(w.w_uv);
+  if (w.idx_wq_b.empty()) return;
+  p.idx_wq_b = ops.upload(w.idx_wq_b);
+  p.idx_wk = ops.upload(w.idx_wk);
+  p.idx_k_norm = ops.upload(w.idx_k_norm);
+  p.idx_k_norm_bias = ops.upload(w.idx_k_norm_bias);
+  p.idx_weights_proj = ops.upload(w.idx_weights_proj);
 }
 
 void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
@@ -98,6 +106,18 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
                 p * es, t);
   }
   if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
+  if (dsa_ != nullptr) {  // DSA: index keys, and the top-k the attention may see
+    auto f32 = [](const void* p) { return static_cast<const float*>(p); };
+    const DsaLayerWeights dw{.wq_b = f32(w.idx_wq_b),
+                             .wk = f32(w.idx_wk),
+                             .k_norm = f32(w.idx_k_norm),
+                             .k_norm_bias = f32(w.idx_k_norm_bias),
+                             .weights_proj = f32(w.idx_weights_proj),
+                             .inv_freq = w.inv_freq,
+                             .rope_factor = factor};
+    dsa_->run(LayerId{l}, dw, f32(a.h.get()), f32(at(s.qa)), a.positions(), batch, *kv_pool_,
+              backend);
+  }
   backend.forward(TensorView(at(s.q_abs), dt, {t, hq, r + p}, dev),
                   TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(),
                   attn_layers_[static_cast<size_t>(l)], batch,

@@ -94,6 +94,11 @@ void LlamaModel::pack_mla(const LayerWeights& w, PackedLayer& p) const {
   p.q_proj = m.q_lora_rank > 0 ? w.q_b_proj : w.q_proj;
   p.kv_a_proj = w.kv_a_proj;
   p.kv_a_norm = w.kv_a_norm;
+  p.idx_wq_b = w.idx_wq_b;
+  p.idx_wk = w.idx_wk;
+  p.idx_k_norm = w.idx_k_norm;
+  p.idx_k_norm_bias = w.idx_k_norm_bias;
+  p.idx_weights_proj = w.idx_weights_proj;
   p.w_uk_t.resize(static_cast<size_t>(hq * r * nope));
   p.w_uv.resize(static_cast<size_t>(hq * dv * r));
   for (int64_t h = 0; h < hq; ++h) {
@@ -119,6 +124,7 @@ attention::BackendRequirements LlamaModel::backend_requirements(int page_size) c
     req.head_dim_qk = config_.mla.kv_lora_rank + config_.mla.qk_rope_head_dim;
     req.head_dim_v = config_.mla.kv_lora_rank;
     req.mla = true;
+    req.dsa = config_.is_dsa();
   }
   return req;
 }
@@ -131,7 +137,8 @@ kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size
                             .page_size = page_size,
                             .dtype = DType::kF32,
                             .kv_lora_rank = config_.mla.kv_lora_rank,
-                            .rope_dim = config_.mla.qk_rope_head_dim};
+                            .rope_dim = config_.mla.qk_rope_head_dim,
+                            .index_head_dim = config_.dsa.index_head_dim};
   return kv::KvPoolConfig{
       .layout = kv::KvLayout::kMha,
       .num_layers = config_.num_layers,

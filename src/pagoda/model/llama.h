@@ -68,6 +68,8 @@ class LlamaModel {
     std::vector<float> w_uk_t;
     /// Per head h, W_UV: [Hq][v, kv_lora] (kv_b_proj's v rows of head h): v_h = o_latent_h·W_UVᵀ.
     std::vector<float> w_uv;
+    // DSA indexer (config.is_dsa(); LayerWeights' idx_* fields as they are).
+    std::vector<float> idx_wq_b, idx_wk, idx_k_norm, idx_k_norm_bias, idx_weights_proj;
   };
   /// Read access for device implementations (model/cuda uploads these once).
   const std::vector<PackedLayer>& packed_layers() const { return packed_; }

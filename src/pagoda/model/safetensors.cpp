@@ -407,12 +407,21 @@ void read_mla_layer(TensorSource& src, const ModelConfig& c, const std::string& 
   lw.kv_b_proj =
       src.read(a + "kv_b_proj.weight", {hq * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
   lw.o_proj = src.read(a + "o_proj.weight", {h, hq * m.v_head_dim});
+  if (!c.is_dsa()) return;
+  const int64_t ih = c.dsa.index_n_heads, id = c.dsa.index_head_dim;
+  const std::string x = a + "indexer.";
+  lw.idx_wq_b = src.read(x + "wq_b.weight", {ih * id, qr});
+  lw.idx_wk = src.read(x + "wk.weight", {id, h});
+  lw.idx_k_norm = src.read(x + "k_norm.weight", {id});
+  lw.idx_k_norm_bias = src.read(x + "k_norm.bias", {id});
+  lw.idx_weights_proj = src.read(x + "weights_proj.weight", {ih, h});
 }
 
 std::string describe(const ModelConfig& c) {
   if (c.is_mla())
-    return fmt::format("{}, q LoRA {}, dense MLP", hf_architecture_name(c.family),
-                       c.mla.q_lora_rank > 0 ? "yes" : "no (q_lora_rank null: q_proj)");
+    return fmt::format("{}, q LoRA {}, dense MLP{}", hf_architecture_name(c.family),
+                       c.mla.q_lora_rank > 0 ? "yes" : "no (q_lora_rank null: q_proj)",
+                       c.is_dsa() ? ", DSA indexer" : "");
   return fmt::format("{}, q/k/v bias {}", hf_architecture_name(c.family),
                      c.qkv_bias ? "yes" : "no (a bias needs attention_bias: true or Qwen2)");
 }
@@ -647,6 +656,7 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
     }
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
+    case ModelFamily::kDeepseekV32:
       break;  // refused above
   }
   if (c.final_logit_softcap > 0.f) j["final_logit_softcapping"] = c.final_logit_softcap;

@@ -36,6 +36,12 @@ void validate_mla(const ModelConfig& c, const LayerWeights& w, const std::string
   require_size(w.kv_b_proj, hq * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank,
                p + "kv_b_proj");
   require_size(w.o_proj, h * hq * m.v_head_dim, p + "o_proj");
+  const int64_t ih = c.dsa.index_n_heads, id = c.dsa.index_head_dim;
+  require_size(w.idx_wq_b, ih * id * qr, p + "indexer.wq_b");
+  require_size(w.idx_wk, id * h, p + "indexer.wk");
+  require_size(w.idx_k_norm, id, p + "indexer.k_norm.weight");
+  require_size(w.idx_k_norm_bias, id, p + "indexer.k_norm.bias");
+  require_size(w.idx_weights_proj, ih * h, p + "indexer.weights_proj");
 }
 
 /// Random MLA tensors for every layer (drawn after everything else).
@@ -62,6 +68,15 @@ void random_mla(const ModelConfig& c, Rng& rng, ModelWeights& w, double norm_mea
                              1.0 / std::sqrt(double(m.kv_lora_rank)));
     l.o_proj = normal_vec(rng, h * hq * m.v_head_dim, 0.0,
                           1.0 / std::sqrt(static_cast<double>(hq * m.v_head_dim)));
+  }
+  if (!c.is_dsa()) return;
+  const int64_t ih = c.dsa.index_n_heads, id = c.dsa.index_head_dim;
+  for (LayerWeights& l : w.layers) {
+    l.idx_wq_b = normal_vec(rng, ih * id * qr, 0.0, 1.0 / std::sqrt(double(qr)));
+    l.idx_wk = normal_vec(rng, id * h, 0.0, in_h);
+    l.idx_k_norm = normal_vec(rng, id, 1.0, 0.1);
+    l.idx_k_norm_bias = normal_vec(rng, id, 0.0, 0.1);
+    l.idx_weights_proj = normal_vec(rng, ih * h, 0.0, in_h);
   }
 }
 

@@ -37,6 +37,13 @@ struct LayerWeights {
   std::vector<float> kv_a_proj;  ///< [kv_lora + rope, hidden] (kv_a_proj_with_mqa)
   std::vector<float> kv_a_norm;  ///< [kv_lora] (kv_a_layernorm)
   std::vector<float> kv_b_proj;  ///< [Hq·(nope + v), kv_lora]: per head k_nope rows, then v
+  // DeepSeek-V3.2's indexer (config.is_dsa(); empty otherwise; HF self_attn.indexer.*), with
+  // In = index_n_heads, Id = index_head_dim.
+  std::vector<float> idx_wq_b;          ///< [In·Id, q_lora] (indexer.wq_b)
+  std::vector<float> idx_wk;            ///< [Id, hidden] (indexer.wk)
+  std::vector<float> idx_k_norm;        ///< [Id] (indexer.k_norm.weight, a LayerNorm)
+  std::vector<float> idx_k_norm_bias;   ///< [Id] (indexer.k_norm.bias)
+  std::vector<float> idx_weights_proj;  ///< [In, hidden] (indexer.weights_proj)
 };
 
 struct ModelWeights {
@@ -56,7 +63,9 @@ struct ModelWeights {
 /// Scales keep activations O(1) so logits are well separated: embedding N(0, 1), linear
 /// weights N(0, 1/in_features), norm weights 1 + N(0, 0.1²) (N(0, 0.1²) with
 /// config.norm_weight_offset, whose norms scale by 1 + w), q/k/v biases (when config.qkv_bias)
-/// N(0, 0.5²); MLA projections N(0, 1/in_features), their norms like the others. Configs
+/// N(0, 0.5²); MLA projections N(0, 1/in_features), their norms like the others; the DSA
+/// indexer (drawn last) linears N(0, 1/in_features), its LayerNorm 1 + N(0, 0.1²) and bias
+/// N(0, 0.1²). Configs
 /// without biases, Gemma norms or MLA draw exactly the numbers they always did.
 ModelWeights make_random_weights(const ModelConfig& config, uint64_t seed);
 

@@ -4,13 +4,17 @@
 // prompt run alone on the reference backend (page 1, no radix, no chunking). The forward itself
 // is checked against an independent NumPy forward by model_deepseek_numpy. What MLA does not
 // support is refused with an error naming it (EAGLE heads here; tensor parallelism in
-// model_deepseek_numpy).
+// model_deepseek_numpy). DeepSeek-V3.2's sparse attention (DSA): the same exactness with an
+// index_topk smaller than the prompts, dense MLA exactly (logprobs bit-equal) when every context
+// fits in index_topk, and speculative decoding refused naming DSA.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
 #include "engine_test_util.h"
+#include "pagoda/attention/host_paged_backend.h"
+#include "pagoda/attention/registry.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/decoder.h"
 #include "pagoda/model/eagle_head.h"
@@ -90,6 +94,33 @@ std::vector<std::vector<int32_t>> alone(model::LlamaModel& m,
   return out;
 }
 
+/// Runs `prompts` on `m` with `r` (the first half together, the rest after a few steps: they join
+/// running decodes) and checks every output against `want` and, with the radix cache, that some
+/// prefix hit; returns the engine's stats.
+EngineStats run_and_check(model::LlamaModel& m, const MlaRun& r,
+                          const std::vector<std::vector<int32_t>>& prompts,
+                          const std::vector<std::vector<int32_t>>& want, int max_new) {
+  Engine engine(m, config_of(r));
+  std::vector<RequestId> ids;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    if (i == prompts.size() / 2)
+      for (int s = 0; s < 3; ++s) engine.step();
+    ids.push_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = max_new}));
+  }
+  engine.run_until_idle();
+  int64_t cached = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const RequestOutput& out = engine.output(ids[i]);
+    EXPECT_EQ(out.state, RequestState::kFinished) << out.error;
+    EXPECT_EQ(out.output_ids, want[i]) << "prompt " << i;
+    cached += out.cached_tokens;
+  }
+  if (r.radix) {
+    EXPECT_GT(cached, 0) << "no prefix-cache hit";
+  }
+  return engine.stats();
+}
+
 TEST(EngineMla, IdenticalWithPrefixHitsChunkingPagesAndSpeculation) {
   const uint64_t seed = 5150;
   SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);
@@ -118,33 +149,97 @@ TEST(EngineMla, IdenticalWithPrefixHitsChunkingPagesAndSpeculation) {
                                std::to_string(r.page) + (r.radix ? " radix" : "") + " chunk " +
                                std::to_string(r.chunk) + " spec " + spec_mode_name(r.spec);
       SCOPED_TRACE(what);
-      Engine engine(m, config_of(r));
-      std::vector<RequestId> ids;
-      // The first half together, the rest after a few steps (they join running decodes).
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        if (i == prompts.size() / 2)
-          for (int s = 0; s < 3; ++s) engine.step();
-        ids.push_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = max_new}));
-      }
-      engine.run_until_idle();
-      int64_t cached = 0;
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        const RequestOutput& out = engine.output(ids[i]);
-        ASSERT_EQ(out.state, RequestState::kFinished) << out.error;
-        EXPECT_EQ(out.output_ids, want[i]) << "prompt " << i;
-        cached += out.cached_tokens;
-      }
-      if (r.radix) {
-        EXPECT_GT(cached, 0) << "no prefix-cache hit";
-      }
+      const EngineStats stats = run_and_check(m, r, prompts, want, max_new);
       if (r.spec != SpecMode::kNone) {  // verify rounds ran over the latent pool
-        EXPECT_GT(engine.stats().spec.rounds, 0);
+        EXPECT_GT(stats.spec.rounds, 0);
       }
       if (r.spec == SpecMode::kDraft) {  // self-draft: the drafted chains are accepted
-        EXPECT_GT(engine.stats().spec.accepted, 0);
+        EXPECT_GT(stats.spec.accepted, 0);
       }
     }
   }
+}
+
+/// mla_config(true) as DeepSeek-V3.2: a lightning indexer of 2 heads of 16 dims keeping `topk`.
+model::ModelConfig dsa_config(int topk) {
+  model::ModelConfig c = mla_config(true);
+  c.family = model::ModelFamily::kDeepseekV32;
+  c.dsa = model::DsaConfig{.index_n_heads = 2, .index_head_dim = 16, .index_topk = topk};
+  c.name = "dsa-test";
+  return c;
+}
+
+TEST(EngineMla, DsaIdenticalWithPrefixHitsChunkingAndPages) {
+  const uint64_t seed = 7207;
+  SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);
+  const int max_new = 8;
+  // The indexer weights are drawn after the MLA ones: the same seed gives mla_model(true)'s
+  // attention and MLP, so the dense run below differs only by the top-k.
+  static testing::TestModel sparse(dsa_config(12), 20261206);
+  std::vector<std::vector<int32_t>> prompts = testing::make_prompts(seed, 6);
+  const auto first = alone(sparse.model, prompts, max_new);
+  for (size_t i = 0; i < 2; ++i) {  // second turns: whole-prefix hits on any page size
+    auto follow = prompts[i];
+    follow.insert(follow.end(), first[i].begin(), first[i].end());
+    follow.insert(follow.end(), {40, 41, 42});
+    prompts.push_back(follow);
+  }
+  const auto want = alone(sparse.model, prompts, max_new);
+  EXPECT_NE(want, alone(mla_model(true).model, prompts, max_new))
+      << "top-12 of up to 86 tokens changed no greedy token: the sparse mask is not applied";
+  const MlaRun runs[] = {{"cpu", 1, true, 8}, {"cpu", 16, true, 16}, {"reference", 16, true, 0},
+                         {"cpu", 64, false, 64}};
+  for (const MlaRun& r : runs) {
+    SCOPED_TRACE(r.backend + " page " + std::to_string(r.page) + (r.radix ? " radix" : "") +
+                 " chunk " + std::to_string(r.chunk));
+    run_and_check(sparse.model, r, prompts, want, max_new);
+  }
+}
+
+TEST(EngineMla, DsaWithinTopkEqualsDenseMlaExactly) {
+  const uint64_t seed = 7208;
+  SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);
+  static testing::TestModel wide(dsa_config(128), 20261206);  // contexts stay below 128
+  const std::vector<std::vector<int32_t>> prompts = testing::make_prompts(seed, 4);
+  auto run = [&](model::LlamaModel& m) {
+    Engine engine(m, config_of(MlaRun{.backend = "cpu", .page = 16, .radix = true, .chunk = 16}));
+    std::vector<RequestId> ids;
+    for (const auto& p : prompts)
+      ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 6, .logprobs = 2}));
+    engine.run_until_idle();
+    std::vector<std::vector<float>> lp;
+    for (RequestId id : ids) {
+      const RequestOutput& out = engine.output(id);
+      EXPECT_EQ(out.state, RequestState::kFinished) << out.error;
+      lp.emplace_back();
+      for (const model::TokenLogprobs& t : out.logprobs) {
+        lp.back().push_back(t.logprob);
+        for (const auto& [tok, l] : t.top) lp.back().insert(lp.back().end(), {float(tok), l});
+      }
+    }
+    return lp;
+  };
+  const auto dense = run(mla_model(true).model);
+  EXPECT_EQ(run(wide.model), dense);  // bit-equal: the identity top-k skips the mask
+  ASSERT_FALSE(dense.empty());
+  EXPECT_FALSE(dense[0].empty());
+}
+
+TEST(EngineMla, DsaRefusesSpeculativeDecodingAndBackendsWithoutTheHook) {
+  static testing::TestModel sparse(dsa_config(12), 20261206);
+  try {
+    Engine engine(sparse.model, config_of(MlaRun{.spec = SpecMode::kNgram}));
+    ADD_FAILURE() << "DSA with n-gram speculation accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("DSA"), std::string::npos) << e.what();
+  }
+  // A backend without the indexer hook (the cuda backend's capabilities) is refused by name.
+  attention::BackendCapabilities caps = attention::full_feature_capabilities();
+  caps.dsa = false;
+  const auto why = attention::unsupported_reason(caps, sparse.model.backend_requirements(16));
+  ASSERT_TRUE(why.has_value());
+  EXPECT_NE(why->find("DeepSeek sparse attention"), std::string::npos) << *why;
 }
 
 /// CPU ops without the MLA op (as the CUDA ops are): everything else forwards.

@@ -154,6 +154,38 @@ TEST_F(KvPoolTest, MlaLatentAndValueView) {
                Error);
 }
 
+TEST_F(KvPoolTest, DsaIndexKeysQuantiseMoveAndCount) {
+  KvPoolConfig c{.layout = KvLayout::kMla, .num_layers = 2, .num_pages = 3, .page_size = 2,
+                 .dtype = DType::kF32, .kv_lora_rank = 4, .rope_dim = 2, .index_head_dim = 8};
+  KvPool pool(c, alloc());
+  EXPECT_EQ(pool.index_row_bytes(), 8 + 4);
+  EXPECT_EQ(pool.bytes_per_token(), 2 * (6 * 4 + 12));
+  // amax 3.5: scale 2^ceil(log2(3.5 / 448)) = 2^-7; 0.3 / 2^-7 = 38.4 → e4m3 40 (quantum 4).
+  std::vector<float> k{3.5f, -1.0f, 0.3f, 0.f, 0.001f, -3.5f, 2.0f, 1.25f};
+  pool.set_index_keys(LayerId(1), std::vector<SlotIndex>{5}, k.data());
+  const float scale = 1.0f / 128;
+  for (int d = 0; d < 8; ++d) {
+    const float want = e4m3_to_f32(f32_to_e4m3(k[d] / scale)) * scale;
+    EXPECT_EQ(pool.index_key_at(LayerId(1), 5, d), want) << "dim " << d;
+  }
+  EXPECT_EQ(pool.index_key_at(LayerId(1), 5, 2), 40.0f / 128);
+  EXPECT_EQ(pool.index_key_at(LayerId(0), 5, 0), 0.0f);  // the other layer untouched
+  // move_kv carries the index row with the latent row.
+  pool.move_kv(std::vector<SlotIndex>{5}, std::vector<SlotIndex>{2});
+  EXPECT_EQ(pool.index_key_at(LayerId(1), 2, 2), 40.0f / 128);
+  EXPECT_EQ(pool.index_key_at(LayerId(1), 2, 5), -3.5f);
+  // Bad slots write nothing; MHA pools and pools without index keys refuse.
+  EXPECT_THROW(pool.set_index_keys(LayerId(0), std::vector<SlotIndex>{1, 8}, k.data()), Error);
+  EXPECT_EQ(pool.index_key_at(LayerId(0), 1, 0), 0.0f);
+  KvPoolConfig plain = c;
+  plain.index_head_dim = 0;
+  KvPool none(plain, alloc());
+  EXPECT_THROW(none.set_index_keys(LayerId(0), std::vector<SlotIndex>{1}, k.data()), Error);
+  KvPoolConfig m = mha(DType::kF32);
+  m.index_head_dim = 8;
+  EXPECT_THROW(KvPool(m, alloc()), Error);
+}
+
 TEST_F(KvPoolTest, FillPoisonsWithNan) {
   for (DType dt : {DType::kF32, DType::kBF16, DType::kFp8E4M3, DType::kFp8E5M2}) {
     KvPool pool(mha(dt), alloc());

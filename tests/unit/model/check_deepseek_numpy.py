@@ -2,10 +2,12 @@
 """CTest: pagoda's DeepSeek-V2 / V3 (MLA, dense MLP) forward against an independent NumPy float64
 forward.
 
-The checkpoints are tools/make_checkpoint.py's `deepseek-v2-tiny` (no q LoRA, no RoPE scaling)
-and `deepseek-v3-tiny` (q LoRA, YaRN with factor 4 over 32 original positions, mscale 0.8 /
+The checkpoints are tools/make_checkpoint.py's `deepseek-v2-tiny` (no q LoRA, no RoPE scaling),
+`deepseek-v3-tiny` (q LoRA, YaRN with factor 4 over 32 original positions, mscale 0.8 /
 mscale_all_dim 0.6: the cos/sin scale and the softmax mscale² both differ from 1; v_head_dim 24
-!= qk_nope_head_dim 32), float32, random weights from the printed seed. For each it runs
+!= qk_nope_head_dim 32) and `deepseek-v32-tiny` (v3-tiny plus DeepSeek sparse attention with
+index_topk 16, so the 40- and 23-token prompts attend sparsely and the 9-token one densely),
+float32, random weights from the printed seed. For each it runs
 `pagoda generate --dump-logits` (reference backend page 1, cpu backend page 16; a batch of three
 requests of 41, 10 and 24 tokens, the first past the 32 YaRN original positions) and checks,
 teacher-forced on pagoda's own tokens:
@@ -15,7 +17,10 @@ teacher-forced on pagoda's own tokens:
     (a kv_b_proj missing, q_lora_rank flipped) is refused naming the tensor;
   * the comparison sees each feature: the NumPy forward with one switched off (the interleaved
     RoPE layout read as rotate_half, the latent norm, the q LoRA norm, YaRN's frequencies, its
-    cos/sin scale, the softmax mscale) differs from pagoda by more than 100x the tolerance.
+    cos/sin scale, the softmax mscale; DSA's top-k mask) differs from pagoda by more than 100x
+    the tolerance;
+  * DSA: an indexer tensor missing is refused naming it, index_* keys on a V3 config naming
+    the key, and a V3.2 config without q LoRA naming DSA's need for it.
 The NumPy forward is the non-absorbed form written from the DeepSeek-V2/V3 Hugging Face modeling
 code (kv_b_proj expands the latent to per-head k_nope and v; q_pe / k_pe de-interleaved, then
 rotate_half; full-sequence causal attention recomputed for every prefix), not from pagoda's C++
@@ -91,6 +96,50 @@ def apply_rope(x, cos, sin, off):
     return x * cos[:, None, :] + rot * sin[:, None, :]
 
 
+def fp8_e4m3(x):
+    """x rounded to the nearest fp8 e4m3fn value (ties to even; |x| <= 448 here): 3 mantissa
+    bits, quantum 2^(e - 3) for |x| in [2^e, 2^(e+1)), subnormal quantum 2^-9 below 2^-6."""
+    a = np.abs(x)
+    e = np.maximum(np.floor(np.log2(np.where(a > 0, a, 1.0))), -6.0)
+    quantum = 2.0 ** (e - 3)
+    return np.sign(x) * np.minimum(np.round(a / quantum) * quantum, 448.0)
+
+
+def neox_rope(x, cos, sin, rope):
+    """x [T, heads, d]: RoPE in the half-split (rotate_half) layout on dims [0, rope)."""
+    r = x[..., :rope]
+    rot = np.concatenate([-r[..., rope // 2:], r[..., :rope // 2]], axis=-1)
+    return np.concatenate([r * cos[:, None, :] + rot * sin[:, None, :], x[..., rope:]], axis=-1)
+
+
+def dsa_visible(cfg, g, a, hs, qa, cos, sin, off):
+    """DeepSeek-V3.2's lightning indexer: [T, T] bool, row i true at the index_topk best of
+    positions 0..i (score descending, then the earlier position), all of them when i < topk.
+    Written from DeepSeek's V3.2 indexer: k = LayerNorm(h·wkᵀ), q = qa·wq_bᵀ, half-split RoPE on
+    the first qk_rope_head_dim dims, score = Σ_h w_h ReLU(q_h·k) with w = h·weights_projᵀ
+    (n_heads·head_dim)^-½; the cached keys are fp8 e4m3 with a power-of-two scale per token."""
+    x = a + "indexer."
+    t, ih, idim = hs.shape[0], cfg["index_n_heads"], cfg["index_head_dim"]
+    rope, topk = cfg["qk_rope_head_dim"], cfg["index_topk"]
+    k = hs @ g[x + "wk.weight"].T
+    mu = k.mean(axis=-1, keepdims=True)
+    var = ((k - mu) ** 2).mean(axis=-1, keepdims=True)
+    k = (k - mu) / np.sqrt(var + 1e-6) * g[x + "k_norm.weight"] + g[x + "k_norm.bias"]
+    k = neox_rope(k[:, None, :], cos, sin, rope)[:, 0]
+    if "index_fp8" not in off:
+        amax = np.abs(k).max(axis=-1, keepdims=True)
+        scale = np.where(amax > 0, 2.0 ** np.ceil(np.log2(np.where(amax > 0, amax, 1) / 448)), 1)
+        k = fp8_e4m3(k / scale) * scale
+    q = neox_rope((qa @ g[x + "wq_b.weight"].T).reshape(t, ih, idim), cos, sin, rope)
+    wts = hs @ g[x + "weights_proj.weight"].T * (ih * idim) ** -0.5
+    score = np.einsum("th,ths->ts", wts, np.maximum(np.einsum("thd,sd->ths", q, k), 0.0))
+    vis = np.zeros((t, t), dtype=bool)
+    for i in range(t):
+        best = sorted(range(i + 1), key=lambda s: (-score[i, s], s))[:topk]
+        vis[i, best] = True
+    return vis
+
+
 def forward(cfg, w, ids, off=frozenset()):
     """Logits [T, vocab] (float64) of the whole sequence; `off` names features switched off."""
     g = {k: v.astype(np.float64) for k, v in w.items()}
@@ -110,6 +159,7 @@ def forward(cfg, w, ids, off=frozenset()):
         p = f"model.layers.{l}."
         a = p + "self_attn."
         hs = rms_norm(x, g[p + "input_layernorm.weight"], eps)
+        qa = None
         if cfg["q_lora_rank"]:
             qa = rms_norm(hs @ g[a + "q_a_proj.weight"].T, g[a + "q_a_layernorm.weight"], eps,
                           "q_a_norm" not in off)
@@ -126,9 +176,12 @@ def forward(cfg, w, ids, off=frozenset()):
         q_pe, k_pe = apply_rope(q_pe, cos, sin, off), apply_rope(k_pe, cos, sin, off)
         qs = np.concatenate([q_nope, q_pe], axis=-1)
         ks = np.concatenate([k_nope, np.broadcast_to(k_pe, (t, hq, rope))], axis=-1)
+        seen = causal
+        if cfg.get("index_topk") and "sparse" not in off:
+            seen = causal & dsa_visible(cfg, g, a, hs, qa, cos, sin, off)
         o = np.empty((t, hq, dv))
         for h in range(hq):
-            s = np.where(causal, qs[:, h] @ ks[:, h].T * scale, -np.inf)
+            s = np.where(seen, qs[:, h] @ ks[:, h].T * scale, -np.inf)
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             o[:, h] = (s / s.sum(axis=-1, keepdims=True)) @ v[:, h]
         x = x + o.reshape(t, hq * dv) @ g[a + "o_proj.weight"].T
@@ -144,6 +197,7 @@ FEATURES = {
     "deepseek-v2-tiny": ["interleave", "kv_a_norm"],
     "deepseek-v3-tiny": ["interleave", "kv_a_norm", "q_a_norm", "yarn_freq", "yarn_cos_scale",
                          "softmax_mscale"],
+    "deepseek-v32-tiny": ["sparse", "interleave", "q_a_norm"],
 }
 
 
@@ -159,8 +213,15 @@ def check_refusals(pagoda, layout, out, tmp):
     lora = cfg["q_lora_rank"]
     bad_cfg = dict(cfg, q_lora_rank=None if lora else 32)
     kept = {k: v for k, v in w.items() if "1.self_attn.kv_b_proj" not in k}
+    dsa = bool(cfg.get("index_topk"))
     cases = [("kv_b_proj missing", kept, cfg, "layers.1.self_attn.kv_b_proj"),
-             ("q_lora_rank flipped", w, bad_cfg, "q_proj" if lora else "q_a_proj")]
+             ("q_lora_rank flipped", w, bad_cfg,
+              "DSA needs q LoRA" if dsa else "q_proj" if lora else "q_a_proj")]
+    if dsa:  # an indexer tensor missing; the index keys on a V3 architecture
+        no_wk = {k: v for k, v in w.items() if "2.self_attn.indexer.wk" not in k}
+        as_v3 = dict(cfg, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3")
+        cases += [("indexer wk missing", no_wk, cfg, "layers.2.self_attn.indexer.wk"),
+                  ("index keys on V3", w, as_v3, "index_n_heads")]
     failures = 0
     for name, tensors, c, needle in cases:
         d = os.path.join(tmp, f"{layout}-{name.replace(' ', '-')}")

@@ -1,5 +1,5 @@
-// config_from_hf_json on DeepSeek-V2 / V3 config.json texts (config_deepseek.cpp): the MLA
-// fields, YaRN and its softmax mscale, the dense-only rule (any MoE layer is an error naming the
+// config_from_hf_json on DeepSeek-V2 / V3 / V3.2 config.json texts (config_deepseek.cpp): the MLA
+// fields, V3.2's sparse-attention (DSA) fields, YaRN and its softmax mscale, the dense-only rule (any MoE layer is an error naming the
 // field), strictness (unknown keys, wrong types, missing fields) and a seeded mutation loop that
 // must only ever give a valid config or a pagoda::Error.
 #include <gtest/gtest.h>
@@ -61,6 +61,48 @@ constexpr const char* kV3Dense = R"({
 
 using testing::edited;
 using testing::expect_error;
+
+/// kV3Dense as DeepSeek-V3.2 (DeepseekV32ForCausalLM): the indexer's three keys.
+std::string v32_dense() {
+  json j = json::parse(kV3Dense);
+  j["architectures"] = json::array({"DeepseekV32ForCausalLM"});
+  j["model_type"] = "deepseek_v32";
+  j["index_n_heads"] = 64;
+  j["index_head_dim"] = 128;
+  j["index_topk"] = 2048;
+  return j.dump();
+}
+
+TEST(ConfigDeepseek, V32DsaFieldsParseAndAreChecked) {
+  const std::string base = v32_dense();
+  const ModelConfig c = config_from_hf_json(json::parse(base));
+  EXPECT_EQ(c.family, ModelFamily::kDeepseekV32);
+  EXPECT_TRUE(c.is_mla());
+  EXPECT_TRUE(c.is_dsa());
+  EXPECT_EQ(c.dsa.index_n_heads, 64);
+  EXPECT_EQ(c.dsa.index_head_dim, 128);
+  EXPECT_EQ(c.dsa.index_topk, 2048);
+  EXPECT_FALSE(config_from_hf_json(json::parse(kV3Dense)).is_dsa());
+  struct Case {
+    std::string key, value, needle;
+    ErrorCode code;
+  };
+  const Case cases[] = {
+      {"index_topk", "DELETE", "index_topk", ErrorCode::kInvalidArgument},
+      {"index_n_heads", "DELETE", "index_n_heads", ErrorCode::kInvalidArgument},
+      {"index_topk", "0", "index_topk", ErrorCode::kInvalidArgument},
+      {"index_head_dim", "32", "index_head_dim", ErrorCode::kInvalidArgument},  // < rope 64
+      {"index_n_heads", "1.5", "index_n_heads", ErrorCode::kInvalidArgument},
+      {"q_lora_rank", "null", "q LoRA", ErrorCode::kUnsupported},
+      {"model_type", R"("deepseek_v3")", "model_type", ErrorCode::kUnsupported},
+      {"some_new_knob", "1", "some_new_knob", ErrorCode::kUnsupported},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.key + " = " + k.value);
+    expect_error([&] { config_from_hf_json(edited(base.c_str(), k.key, k.value)); }, k.code,
+                 k.needle);
+  }
+}
 
 TEST(ConfigDeepseek, V2LiteDenseVariantParses) {
   // The real file is MoE from layer 1: refused, naming the field.
@@ -177,7 +219,8 @@ TEST(ConfigDeepseek, SeededMutationsGiveErrorsNeverCrashes) {
     j["n_routed_experts"] = nullptr;
     return j.dump();
   }();
-  const char* bases[] = {kV3Dense, v2_dense.c_str()};
+  const std::string v32 = v32_dense();
+  const char* bases[] = {kV3Dense, v2_dense.c_str(), v32.c_str()};
   const auto [accepted, rejected] = testing::mutate_configs(
       bases, [&](std::mt19937_64& rng) { return values[rng() % std::size(values)]; }, seed, 2000);
   EXPECT_GT(accepted, 0);

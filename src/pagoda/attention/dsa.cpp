@@ -1,0 +1,74 @@
+#include "pagoda/attention/dsa.h"
+
+#include <algorithm>
+
+#include "pagoda/core/error.h"
+#include "pagoda/kv/req_to_token.h"
+
+namespace pagoda::attention {
+
+IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
+                                       const kv::ReqToTokenTable& req_to_token) {
+  const bool decode = batch.mode == ForwardMode::kDecode;
+  PAGODA_REQUIRE(batch.mode == ForwardMode::kIdle || batch.mode == ForwardMode::kExtend ||
+                     batch.mode == ForwardMode::kMixed || (decode && !batch.is_draft_step()),
+                 kUnsupported,
+                 "DeepSeek sparse attention (DSA) does not support {} steps{} (speculative "
+                 "decoding with DSA is not implemented)",
+                 forward_mode_name(batch.mode), batch.is_draft_step() ? " (multi-step draft)" : "");
+  IndexerMetadata m;
+  m.slot_indptr.push_back(0);
+  for (int b = 0; b < batch.batch_size; ++b) {
+    const int32_t kv_len = batch.seq_lens[b];
+    const int32_t qo_len = decode ? 1 : batch.extend_seq_lens[b];
+    PAGODA_REQUIRE(qo_len >= 1 && qo_len <= kv_len, kOutOfRange,
+                   "indexer metadata: request {} has {} query tokens over {} keys", b, qo_len,
+                   kv_len);
+    const auto row = req_to_token.read(ReqSlot(batch.req_pool_indices[b]), 0, kv_len);
+    m.slots.insert(m.slots.end(), row.begin(), row.end());
+    m.slot_indptr.push_back(static_cast<int32_t>(m.slots.size()));
+    for (int32_t i = 0; i < qo_len; ++i) {
+      m.row_request.push_back(b);
+      m.row_visible.push_back(kv_len - qo_len + i + 1);
+    }
+    m.max_visible = std::max(m.max_visible, kv_len);
+  }
+  PAGODA_REQUIRE(static_cast<int>(m.row_request.size()) == batch.num_tokens(), kInvalidArgument,
+                 "indexer metadata: {} query rows but {} tokens", m.row_request.size(),
+                 batch.num_tokens());
+  return m;
+}
+
+void apply_sparse_mask(PagedPlan& plan, const IndexerMetadata& meta,
+                       std::span<const int32_t> topk, int k) {
+  const auto rows = static_cast<int64_t>(meta.row_request.size());
+  PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(topk.size()) == rows * k &&
+                     plan.batch_size() + 1 == static_cast<int>(meta.slot_indptr.size()),
+                 kInvalidArgument,
+                 "sparse mask: {} top-k entries for {} rows of k {} ({} requests planned, {} in "
+                 "the metadata)",
+                 topk.size(), rows, k, plan.batch_size(), meta.slot_indptr.size() - 1);
+  std::vector<int64_t> indptr{0};
+  for (int b = 0; b < plan.batch_size(); ++b) {
+    const int64_t qo = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
+    indptr.push_back(indptr.back() + (qo * plan.kv_len(b) + 7) / 8);
+  }
+  std::vector<uint8_t> mask(static_cast<size_t>(indptr.back()), 0);
+  for (int64_t t = 0; t < rows; ++t) {
+    const int b = meta.row_request[t];
+    const int64_t i = t - plan.qo_indptr[b], kv = plan.kv_len(b);
+    for (int j = 0; j < k; ++j) {
+      const int32_t pos = topk[t * k + j];
+      if (pos < 0) continue;
+      PAGODA_REQUIRE(pos < meta.row_visible[t], kOutOfRange,
+                     "sparse mask: row {} selects position {} but sees only [0, {})", t, pos,
+                     meta.row_visible[t]);
+      const int64_t bit = i * kv + pos;
+      mask[indptr[b] + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+    }
+  }
+  plan.custom_mask = std::move(mask);
+  plan.mask_indptr = std::move(indptr);
+}
+
+}  // namespace pagoda::attention
