@@ -111,8 +111,9 @@ def step_profile(kernels, steps, sampler="sample_kernel"):
     """The last `steps` forwards summed per kernel group (short name and grid): per group the
     launches per step and, per step, the time (ns) and DRAM bytes (read + write), and the
     time-weighted mean of ncu's DRAM throughput (% of peak); per step the kernel count and time.
-    "uniform": every step launched the same kernel sequence. The first forward may be cut by the
-    profiling window (--launch-skip), so at least steps + 1 forwards are needed."""
+    "uniform": every step launched the same kernels (names and grids) in the same order. The
+    first forward may be cut by the profiling window (--launch-skip), so at least steps + 1
+    forwards are needed."""
     forwards = split_forwards(kernels, sampler)
     if len(forwards) < steps + 1:
         raise ValueError(f"{len(forwards)} forwards (sampler '{sampler}') in {len(kernels)} "
@@ -138,7 +139,7 @@ def step_profile(kernels, steps, sampler="sample_kernel"):
         out.append({"name": g["name"], "launches": g["launches"],
                     "ns": g["ns"], "bytes": g["bytes"],
                     "dram_pct": g["pct_ns"] / total if total else 0.0})
-    seqs = [[short(k["name"]) for k in fw] for fw in chosen]
+    seqs = [[(short(k["name"]), k["grid"]) for k in fw] for fw in chosen]
     return {"steps": steps, "forwards_seen": len(forwards), "profiled_kernels": len(kernels),
             "step_kernels": [len(fw) for fw in chosen],
             "step_ns": [sum(k["metrics"][TIME] for k in fw) for fw in chosen],

@@ -326,14 +326,15 @@ if has profile; then
     # Skip a lower bound of the kernels before the first decode step: the graph capture's eager
     # forwards (model/llama_worker.cpp capture_step: one, then two per captured batch size) at 7
     # kernels per layer (a decode layer launches 8 or more). Then every kernel to the end of the
-    # run is profiled; the summary takes the last $STEPS forwards (all decode: every request
-    # has the same lengths and they decode together to the end).
+    # run is profiled; the summary takes the last $STEPS forwards (all decode at the full batch:
+    # every request has the same lengths, one prefill batch takes them all (64 x 192 tokens is
+    # over the default 8,192 of --max-prefill-tokens) and they decode together to the end).
     skip=$(( (1 + 2 * graphs) * 7 * L ))
     t0=$(date +%s)
     timeout "$(cap 240)" "$NCU" --clock-control none --cache-control none --graph-profiling node \
       --launch-skip "$skip" --print-units base --print-kernel-base demangled --csv \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-      $P bench "${common[@]}" --input-len 192 --output-len $((STEPS + 3)) \
+      $P bench "${common[@]}" --input-len 192 --output-len $((STEPS + 3)) --max-prefill-tokens 16384 \
       > "$W/profile/$tag.ncu.csv" 2> "$W/profile/$tag.ncu.err"
     rc=$?
     echo "{\"layout\": \"$layout\", \"batch\": $bs, \"steps\": $STEPS, \"launch_skip\": $skip, \"input_len\": 192, \"output_len\": $((STEPS + 3)), \"timed_input_len\": 128, \"timed_output_len\": 128, \"ncu_rc\": $rc, \"ncu_seconds\": $(( $(date +%s) - t0 ))}" \
