@@ -13,7 +13,9 @@ k's ours median), shown as median [min–max]. Verdict: "faster" when every roun
 "slower" when every one is < 1, else "within noise" — no verdict is drawn from a single round
 ("1 round"). A peer cell says "refused" where the peer rejected the case and "n/a" where it has
 no kernel of that kind (SDPA on fp8 K/V or with a prefix). Decode rows add % of the copy bandwidth, the others % of the GEMM rate (the
-record's ceilings)."""
+record's ceilings).
+
+Decode step profile (records with "profile"): see profile_table."""
 import argparse
 import json
 import statistics
@@ -251,9 +253,70 @@ def python_table(rec):
     return out
 
 
+def profile_table(rec):
+    """Per profiled layout and batch (bench/device/run.sh's profile group): the kernels of the
+    last N decode steps grouped by name and grid, each group's mean time per step, its share of
+    the measured step (the unprofiled `pagoda bench`'s decode_step_ms), DRAM bytes, GB/s and % of
+    the copy ceiling; the step minus the kernel sum is the time between kernels (launch gaps)."""
+    p = rec["profile"]
+    copy = p.get("copy_gbps")
+    out = []
+    for tag, r in p.get("runs", {}).items():
+        out += [f"### Decode step profile: {r.get('layout', tag)} layout, batch {r.get('batch', '?')} "
+                f"— {header(rec)}", ""]
+        if "error" in r:
+            out += [f"No profile: {r['error'][:300]} (ncu rc {r.get('ncu_rc', '?')}).", ""]
+            continue
+        n = r["steps"]
+        step_us = r.get("bench", {}).get("decode_step_ms")
+        step_us = step_us * 1e3 if step_us else None
+        ks = [x / 1e3 for x in r["step_ns"]]
+        kern = statistics.mean(ks)
+        nbytes = sum(sum(g["bytes"]) for g in r["groups"]) / n
+        gbps = nbytes / (kern * 1e3)
+
+        def pct_copy(x):
+            return f"{100 * x / copy:.0f}%" if copy else "–"
+
+        gap = (f"the rest, {step_us - kern:.1f} µs ({100 * (step_us - kern) / step_us:.1f} %), is time "
+               "between kernels (launch gaps; negative where kernels overlap under programmatic "
+               "dependent launch)" if step_us else "no unprofiled step time")
+        out += [f"Measured decode step (`pagoda bench --json`, CUDA graphs, no profiler, "
+                f"{r.get('timed_input_len', '?')} in / {r.get('timed_output_len', '?')} out): "
+                f"{fmt(step_us, '.1f')} µs. Kernel time per step (ncu, the last {n} of "
+                f"{r['forwards_seen']} forwards at context {r.get('input_len', '?')}+, "
+                f"{statistics.mean(r['step_kernels']):.0f} kernels, "
+                f"{'the same sequence every step' if r['uniform'] else 'sequences differ between steps'}): "
+                f"{kern:.1f} µs [{min(ks):.1f}–{max(ks):.1f}] = "
+                f"{fmt(100 * kern / step_us if step_us else None, '.1f')} % of the step; {gap}. "
+                f"DRAM per step {nbytes / 1e6:.1f} MB, {gbps:.0f} GB/s over the kernel time = "
+                f"{pct_copy(gbps)} of the copy ceiling ({fmt(copy, '.0f')} GB/s). ncu: "
+                f"{r.get('ncu_passes') or '?'} pass(es) per kernel, launch-skip {r.get('launch_skip', '?')}, "
+                f"{r['profiled_kernels']} kernels profiled.", "",
+                "| kernel [grid] | launches per step | µs per step [min–max] | share of the step | "
+                "MB per step | GB/s | % of copy ceiling | ncu DRAM % of peak |",
+                "|---|---|---|---|---|---|---|---|"]
+        for g in r["groups"]:
+            us = [x / 1e3 for x in g["ns"]]
+            mean_us = statistics.mean(us)
+            mb = sum(g["bytes"]) / n / 1e6
+            g_gbps = sum(g["bytes"]) / sum(g["ns"]) if sum(g["ns"]) else 0.0
+            out.append(f"| `{g['name']}` | {statistics.mean(g['launches']):g} | {mean_us:.1f} "
+                       f"[{min(us):.1f}–{max(us):.1f}] | "
+                       f"{fmt(100 * mean_us / step_us if step_us else None, '.1f')} % | {mb:.2f} | "
+                       f"{g_gbps:.0f} | {pct_copy(g_gbps)} | {g['dram_pct']:.0f}% |")
+        if step_us:
+            out.append(f"| time between kernels (step − kernel sum) | | {step_us - kern:.1f} | "
+                       f"{100 * (step_us - kern) / step_us:.1f} % | | | | |")
+        out.append("")
+    if p.get("policy"):
+        out.append(f"Policy: {p['policy']}.")
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
-            ("python", python_table))
+            ("python", python_table), ("profile", profile_table))
 
 
 def render(records):

@@ -5,7 +5,9 @@ Writes what bench/device/run.sh leaves behind (gpu.csv, ctest's JUnit file, ours
 peers_r<k>.jsonl with random samples, ceilings, spec / tp outputs), folds it into a record, renders
 the tables and checks them against numbers computed here from the raw samples: per-round medians,
 ratios peer / ours, their median and range, the verdict rule, % of ceiling, test counts, tp
-agreement. The seed (from the clock) is printed first."""
+agreement, and the decode step profile (synthetic ncu logs in the details and raw CSV pages:
+per kernel group time, share of the step, bytes, GB/s, % of the copy ceiling, the gap between
+the step and its kernels). The seed (from the clock) is printed first."""
 import json
 import statistics
 import os
@@ -81,6 +83,119 @@ def make_run(d, rng, rounds, cases, peers):
     return truth
 
 
+# Synthetic kernels of a decode forward: (name as ncu prints it, the short name the tables show,
+# grid); a layer is LAYER, a forward LAYER * layers + TAIL; the sampler's kernel ends it.
+NORM = ("void pagoda::model::cuda::(anonymous namespace)::add_rms_norm_kernel<__nv_bfloat16, 8>"
+        "(__nv_bfloat16 *, const __nv_bfloat16 *, int)", "add_rms_norm_kernel<bf16,8>", "(1, 1, 1)")
+GEMM = "void pagoda::model::cuda::small_m_gemm_kernel<__nv_bfloat16, 1, 4>(const __nv_bfloat16 *, int)"
+LAYER = [NORM, (GEMM, "small_m_gemm_kernel<bf16,1,4>", "(96, 1, 1)"),
+         ("void pagoda::kernels::cuda::decode_tc_kernel<64, 16>(pagoda::kernels::cuda::DecodeParams)",
+          "decode_tc_kernel<64,16>", "(8, 4, 1)"),
+         (GEMM, "small_m_gemm_kernel<bf16,1,4>", "(64, 1, 1)"), NORM]
+TAIL = [("void pagoda::model::cuda::(anonymous namespace)::argmax_split_kernel(const float *, long, int)",
+         "argmax_split_kernel", "(16, 1, 1)"),
+        ("void pagoda::model::cuda::(anonymous namespace)::sample_kernel(const float *, long, int)",
+         "sample_kernel", "(1, 1, 1)")]
+PREFILL = ("void pagoda::kernels::cuda::prefill_sm90_kernel<128>(pagoda::kernels::cuda::Params)",
+           "prefill_sm90_kernel<128>", "(132, 1, 1)")
+HEAD = ["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream",
+        "Block Size", "Grid Size", "Device", "CC"]
+PROF_METRICS = ["dram__bytes_read.sum", "dram__bytes_write.sum",
+                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
+
+
+def q(cells):
+    return ",".join('"' + str(c) + '"' for c in cells) + "\n"
+
+
+def make_profile(d, rng, tag, steps, layers, raw, extra_last=False):
+    """A profiled run: a forward cut by the launch window, a prefill forward, steps + 2 decode
+    forwards (the last with one extra kernel when extra_last), as ncu prints it (the details page,
+    or with raw the raw page in other units). Returns {"groups": {key: {"launches", "ns", "bytes",
+    "pct_ns"} per summarised step}, "step_ns": [...], "step_ms", "forwards"}."""
+    layer = LAYER * layers + TAIL
+    fwds = [(layer[3:])]  # the first forward, cut by --launch-skip
+    fwds.append([PREFILL if k[1].startswith("decode") else k for k in layer])
+    fwds += [list(layer) for _ in range(steps + 2)]
+    if extra_last:
+        fwds[-1] = fwds[-1][:-2] + [NORM] + fwds[-1][-2:]
+    lines = ["==PROF== Connected to process 4242 (/tmp/b-device/pagoda)\n"]
+    lines.append(q(HEAD + (PROF_METRICS if raw else ["Section Name", "Metric Name", "Metric Unit",
+                                                      "Metric Value"])))
+    if raw:
+        lines.append(q([""] * len(HEAD) + ["Kbyte", "Mbyte", "%", "usecond"]))
+    truth = {"groups": {}, "step_ns": [], "forwards": len(fwds)}
+    kid = 0
+    for f, fw in enumerate(fwds):
+        s = f - (len(fwds) - steps)  # index among the summarised steps, < 0 before them
+        if s >= 0:
+            truth["step_ns"].append(0.0)
+        for name, short, grid in fw:
+            rd_kb, wr_mb = rng.randrange(1, 40000), round(rng.uniform(0.001, 5), 3)
+            us, pct = round(rng.uniform(1.5, 40), 4), round(rng.uniform(1, 95), 2)
+            rd, wr, ns = rd_kb * 1e3, wr_mb * 1e6, us * 1e3
+            base = [kid, 4242, "pagoda", "127.0.0.1", name, 1, 7, "(256, 1, 1)", grid, 0, "9.0"]
+            if raw:
+                lines.append(q(base + [f"{rd_kb:,}", f"{wr_mb:.3f}", f"{pct:.2f}", f"{us:.4f}"]))
+            else:
+                sec = "Command line profiler metrics"
+                lines += [q(base + [sec, PROF_METRICS[0], "byte", f"{int(rd):,}"]),
+                          q(base + [sec, PROF_METRICS[1], "byte", f"{int(round(wr)):,}"]),
+                          q(base + [sec, PROF_METRICS[2], "%", f"{pct:.2f}"]),
+                          q(base + [sec, PROF_METRICS[3], "nsecond", f"{ns:,.1f}"])]
+                wr, ns = round(wr), float(f"{ns:.1f}")
+            lines.append(f"==PROF== Profiling \"{short}\" - {kid}: 0%....50%....100% - 1 pass\n")
+            kid += 1
+            if s < 0:
+                continue
+            g = truth["groups"].setdefault(f"{short} {grid.replace(' ', '')}", {
+                "launches": [0] * steps, "ns": [0.0] * steps, "bytes": [0.0] * steps, "pct_ns": 0.0})
+            g["launches"][s] += 1
+            g["ns"][s] += ns
+            g["bytes"][s] += rd + wr
+            g["pct_ns"] += pct * ns
+            truth["step_ns"][s] += ns
+        if f == 1:  # the application's own output comes between ncu's lines
+            lines.append('{"note": "pagoda bench progress"}\n')
+    pdir = os.path.join(d, "profile")
+    os.makedirs(pdir, exist_ok=True)
+    with open(os.path.join(pdir, f"{tag}.ncu.csv"), "w") as f:
+        f.writelines(lines)
+    with open(os.path.join(pdir, f"{tag}.ncu.err"), "w") as f:
+        f.write("==PROF== Profiling \"x\" - 0: 0%....50%....100% - 2 passes\n" if raw else "")
+    truth["step_ms"] = rng.uniform(1.2, 1.6) * sum(truth["step_ns"]) / steps / 1e6
+    with open(os.path.join(pdir, f"{tag}.bench.json"), "w") as f:
+        json.dump({"decode_step_ms": truth["step_ms"], "cuda_graphs": 1, "decode_steps": 127}, f)
+    with open(os.path.join(pdir, f"{tag}.meta.json"), "w") as f:
+        json.dump({"layout": tag.split("_")[0], "batch": int(tag.split("_b")[1]), "steps": steps,
+                   "launch_skip": 336, "input_len": 192, "output_len": steps + 3,
+                   "timed_input_len": 128, "timed_output_len": 128, "ncu_rc": 0}, f)
+    return truth
+
+
+def check_profile(md, rec, tag, truth, steps, copy_gbps, uniform, passes):
+    r = rec["profile"]["runs"][tag]
+    expect(r.get("steps") == steps and r["forwards_seen"] == truth["forwards"], f"{tag} steps {r}")
+    expect(r["uniform"] == uniform and r["ncu_passes"] == passes, f"{tag} uniform / passes")
+    step_us = truth["step_ms"] * 1e3
+    ks = [x / 1e3 for x in truth["step_ns"]]
+    kern = sum(ks) / steps
+    want = (f"{kern:.1f} µs [{min(ks):.1f}–{max(ks):.1f}] = {100 * kern / step_us:.1f} % of the step; "
+            f"the rest, {step_us - kern:.1f} µs ({100 * (step_us - kern) / step_us:.1f} %)")
+    expect(want in md, f"{tag} step line: {want}")
+    nbytes = sum(sum(g["bytes"]) for g in truth["groups"].values()) / steps
+    expect(f"DRAM per step {nbytes / 1e6:.1f} MB, {nbytes / (kern * 1e3):.0f} GB/s" in md, f"{tag} DRAM")
+    section = md[md.index(f"### Decode step profile: {tag.split('_')[0]} layout, batch {tag.split('_b')[1]} "):]
+    for key, g in truth["groups"].items():
+        us = [x / 1e3 for x in g["ns"]]
+        mean = sum(us) / steps
+        gbps = sum(g["bytes"]) / sum(g["ns"])
+        row = (f"| `{key}` | {sum(g['launches']) / steps:g} | {mean:.1f} [{min(us):.1f}–{max(us):.1f}] | "
+               f"{100 * mean / step_us:.1f} % | {sum(g['bytes']) / steps / 1e6:.2f} | {gbps:.0f} | "
+               f"{100 * gbps / copy_gbps:.0f}% | {g['pct_ns'] / sum(g['ns']):.0f}% |")
+        expect(row in section[4:].split("### ")[0], f"{tag} row {row}")
+
+
 def run_record(d, out, stages):
     subprocess.run([sys.executable, RECORD, d, "--kind", "h200", "--group", "kernels",
                     "--commit", "abc1234", "--stages", stages, "--out", out], check=True,
@@ -122,7 +237,7 @@ def check_cases():
 
 def main():
     check_cases()
-    seed = int(time.time()) % 100000
+    seed = int(sys.argv[1]) if len(sys.argv) > 1 else int(time.time()) % 100000  # argv: rerun one
     print(f"seed {seed}")
     rng = random.Random(seed)
     cases = ["decode_p16_b64_l4096", "prefill_causal_b4_s4096", "mla_prefill_b4_s4096_h16"]
@@ -170,7 +285,16 @@ def main():
                                 "load_stalls": 2, "load_stall_s": 0.004, "leaked_host_pages": 0}
             with open(os.path.join(d, "hicache", f"1b_{run}.json"), "w") as f:
                 f.write("pagoda bench: ...\n" + json.dumps(j) + "\n")
-        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp python hicache")
+        steps = 4
+        prof = {"1b_b1": make_profile(d, rng, "1b_b1", steps, 3, raw=False),
+                "1b_b64": make_profile(d, rng, "1b_b64", steps, 2, raw=True, extra_last=True)}
+        # A run whose log has too few forwards: its table says so, the others are unaffected.
+        make_profile(d, rng, "8b_b1", steps, 2, raw=False)
+        with open(os.path.join(d, "profile", "8b_b1.ncu.csv")) as f:
+            cut = f.readlines()
+        with open(os.path.join(d, "profile", "8b_b1.ncu.csv"), "w") as f:
+            f.writelines(cut[:len(cut) // 3])
+        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp python hicache profile")
 
         # The record: metadata, every sample (rounded to 10 ns), tests, tp agreement.
         expect(rec["commit"] == "abc1234" and rec["gpus"][0]["name"] == "NVIDIA H200", "metadata")
@@ -229,6 +353,11 @@ def main():
             line = next(ln for ln in md.splitlines() if ln.startswith(f"| 1b | {run} |"))
             expect(f"{100 * hit[run]:.1f} %" in line, f"hicache hit rate {line}")
         expect("| 100 / 300 | 5.0 | 2 (0.004) |" in md, "hicache host row")
+        check_profile(md, rec, "1b_b1", prof["1b_b1"], steps, 4200.0, True, 1)
+        check_profile(md, rec, "1b_b64", prof["1b_b64"], steps, 4200.0, False, 2)
+        expect("sequences differ between steps" in md, "non-uniform steps named")
+        expect(re.search(r"8b layout, batch 1 .*\n\nNo profile: ValueError: \d+ forwards", md)
+               is not None, "a cut log gives an error line")
 
         # One round: no verdict.
         d1 = os.path.join(tmp, "one")

@@ -20,6 +20,11 @@ The record (schema 1) holds what the tables are generated from, every sample inc
               `pagoda bench --workload multiturn --json`}
   python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py
               row...], "llm_vs_bench": bench/llm_vs_bench.py's --json}
+  profile     {"copy_gbps", "policy", "runs": {"<layout>_b<batch>": run.sh's meta (layout, batch,
+              steps, launch_skip, lengths, ncu rc and seconds) + "bench" (the unprofiled
+              `pagoda bench --json`'s decode step) + "ncu_passes" + tools/ncu_forwards.py's
+              step_profile() of the ncu log (per kernel group and step: launches, ns, DRAM
+              bytes; per step: kernels, ns), or "error" where the log could not be read}}
 Missing parts (a stage not run, a step that failed) are left out; the record says which stages
 were asked for. Reading only: nothing in DIR is changed."""
 import argparse
@@ -31,6 +36,9 @@ import os
 import re
 import sys
 import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+import ncu_forwards  # noqa: E402 - tools/ncu_forwards.py
 
 
 def read_json(path):
@@ -103,12 +111,17 @@ def numbered(d, stem):
     return [found[k] for k in sorted(found)]
 
 
+def ceilings(d):
+    """peers.py --ceilings' values: {"copy_gbps", "gemm_tflops"}."""
+    return {r["ceiling"]: r["value"] for r in read_jsonl(os.path.join(d, "ceilings.jsonl"))
+            if "ceiling" in r}
+
+
 def kernels(d):
     ours, peers = numbered(d, "ours"), numbered(d, "peers")
     if not ours:
         return None
-    ceil = {r["ceiling"]: r["value"] for r in read_jsonl(os.path.join(d, "ceilings.jsonl"))
-            if "ceiling" in r}
+    ceil = ceilings(d)
     rounds = [{"ours": o, "peers": peers[i] if i < len(peers) else []} for i, o in enumerate(ours)]
     return {"ceilings": ceil, "rounds": rounds,
             "policy": "shuffled pages and random data on both sides; 3 warm-up calls, then 30 "
@@ -163,6 +176,39 @@ def python(d):
     return {k: v for k, v in out.items() if v}
 
 
+def profile(d):
+    pdir = os.path.join(d, "profile")
+    if not os.path.isdir(pdir):
+        return None
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(pdir, "*.meta.json"))):
+        tag = os.path.basename(path)[:-len(".meta.json")]
+        run = read_json(path) or {}
+        bench = read_json(os.path.join(pdir, tag + ".bench.json")) or {}
+        run["bench"] = {k: bench[k] for k in ("decode_step_ms", "decode_steps", "cuda_graph_steps",
+                                              "decode_batch_mean", "cuda_graphs") if k in bench}
+        logs = [os.path.join(pdir, tag + ext) for ext in (".ncu.csv", ".ncu.err")]
+        passes = [int(p) for f in logs if os.path.exists(f)
+                  for p in re.findall(r"- (\d+) pass", open(f, errors="replace").read())]
+        run["ncu_passes"] = max(passes, default=None)
+        try:
+            with open(logs[0], newline="", errors="replace") as f:
+                launched = ncu_forwards.read_kernels(f)
+            run.update(ncu_forwards.step_profile(launched, run.get("steps", 4)))
+        except (OSError, ValueError, KeyError) as e:
+            run["error"] = f"{type(e).__name__}: {e}"
+        runs[tag] = run
+    if not runs:
+        return None
+    return {"copy_gbps": ceilings(d).get("copy_gbps"), "runs": runs,
+            "policy": "ncu --graph-profiling node (CUDA graphs on, kernels timed inside them) "
+                      "--cache-control none --clock-control none, metrics gpu__time_duration.sum, "
+                      "dram__bytes_read.sum + dram__bytes_write.sum, dram__throughput.avg."
+                      "pct_of_peak_sustained_elapsed; kernels run one at a time, so a step's kernel "
+                      "sum has no launch gaps and no programmatic-dependent-launch overlap; the "
+                      "last N forwards of a run whose requests all decode together to the end"}
+
+
 def versions(d):
     out = {}
     try:
@@ -193,6 +239,7 @@ def build_record(d, kind, group, commit, stages):
         "tp": tp(d),
         "hicache": hicache(d),
         "python": python(d),
+        "profile": profile(d),
     }
     rec.update({k: v for k, v in parts.items() if v is not None})
     return rec

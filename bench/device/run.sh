@@ -24,15 +24,23 @@
 #                             pool) on the 1B and 8B layouts: device-only radix cache, then the
 #                             host tier (write_through), the same conversations; and the pinned
 #                             host -> device copy bandwidth (torch) in the same call
-#                    all      every group above (longer than one 10-minute device call: one
-#                             group a call)
+#                    profile  build, a decode step profile per layout and batch (1B at batch 1
+#                             and 64, then 8B at batch 1 if the budget allows): the unprofiled
+#                             step (`pagoda bench --json`, 128 in / 128 out, CUDA graphs) and ncu
+#                             per-kernel time and DRAM bytes of the last 4 decode steps of a run
+#                             at context 192 (--graph-profiling node: kernels timed inside the
+#                             graphs); needs ncu (nsys does not run on the device)
+#                    all      every group above but profile (longer than one 10-minute device
+#                             call: one group a call)
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
 #                             outputs (default)
 #   --commit SHA   the commit measured (the device copy of the tree may have no .git)
 #   --rounds N     interleaved kernel rounds (default 5): ours, peers, ours, peers, ...
-#   --budget S     kernel rounds end within S seconds of this run's start (default 550): a round
-#                  starts only with 60 s left and its steps are cut at the budget, so the call
-#                  ends inside its 10-minute limit; the record holds the rounds (and rows) that ran
+#   --budget S     kernel rounds and profile runs end within S seconds of this run's start
+#                  (default 550): a round starts only with 60 s left (a profile run with 150 s,
+#                  330 s when the 8B checkpoint is still to write) and its steps are cut at the
+#                  budget, so the call ends inside its 10-minute limit; the record holds the
+#                  rounds (rows, profile runs) that ran
 #   --sanitize     compute-sanitizer memcheck and racecheck on a quick subset of the attention
 #                  tests (decode, extend with prefix, tree mask, MLA decode) in the group's call
 # Carry `.debs` (scripts/gpu_deps.sh fetch: libraries the image lacks) and `.whl` (FlashInfer
@@ -66,6 +74,7 @@ case "$GPUS:$GROUP" in
   1:serve) STAGES="build serve" ;;
   1:python) STAGES="build python" ;;
   1:hicache) STAGES="build hicache" ;;
+  1:profile) STAGES="build profile" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
   2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
@@ -162,6 +171,11 @@ if has tests; then
   cp $B/Testing/Temporary/LastTest.log "$W/ctest_gpu_full.log" 2>/dev/null
 fi
 
+# Seconds left of the budget, and a step's limit cut to them: the call reaches finish() (the
+# record and logs) inside the device's limit.
+left() { echo $(( BUDGET - ($(date +%s) - start) )); }
+cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+
 if has kernels; then
   if [ -n "$FI_WARM" ]; then
     for pid in $FI_WARM; do wait "$pid"; done
@@ -171,11 +185,9 @@ if has kernels; then
     > "$W/ceilings.log" 2>&1
   peers=cudnn,flash
   [ -n "${PYTHONPATH:-}" ] && peers=$peers,flashinfer
-  # Every round's steps are cut to what is left of the budget, so the call always reaches
-  # finish() (the record and logs) inside the device's limit: at 14c5f24 a first round that
-  # started at 349 s was killed at 600 s with everything unwritten.
-  left() { echo $(( BUDGET - ($(date +%s) - start) )); }
-  cap() { local l; l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+  # Every round's steps are cut to what is left of the budget (left, cap), so the call always
+  # reaches finish() inside the device's limit: at 14c5f24 a first round that started at 349 s
+  # was killed at 600 s with everything unwritten.
   for k in $(seq 1 "$ROUNDS"); do
     if [ "$(left)" -lt 60 ]; then
       say "budget of $BUDGET s: $((k - 1)) of $ROUNDS rounds ran"
@@ -321,6 +333,50 @@ for i in range(20):
       --batch-file "$W/tp/prompts.txt" --max-new-tokens 24 --ignore-eos \
       > "$W/tp/gen_f32_tp$tp.jsonl" 2> "$W/tp/gen_f32_tp$tp.err"
     say "tp generate f32 tp$tp rc=$?"
+  done
+fi
+if has profile; then
+  mkdir -p "$W/profile"
+  python3 bench/cuda/peers.py bench/cuda/cases.json "$W/ceilings.jsonl" --peers "" --ceilings \
+    > "$W/ceilings.log" 2>&1
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null \
+    | head -1)
+  "$NCU" --version > "$W/profile/ncu_version.txt" 2>&1
+  say "ncu: ${NCU:-none} $(tail -1 "$W/profile/ncu_version.txt")"
+  STEPS=4  # decode steps summarised (the last ones of the profiled run)
+  [ -x "$NCU" ] || { say "no ncu on this machine: nothing profiled"; exit 1; }
+  for run in 1b:1 1b:64 8b:1; do
+    layout=${run%:*} bs=${run#*:} tag=${run/:/_b}
+    need=150  # the timed bench and the ncu run; a checkpoint to write first takes longer (8B)
+    [ -f "/tmp/ckpt-$layout/config.json" ] || need=$([ "$layout" = 1b ] && echo 180 || echo 330)
+    if [ "$(left)" -lt "$need" ]; then say "profile $tag skipped: $(left) s of the budget left"; continue; fi
+    C=$(ckpt "$layout")
+    L=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["num_hidden_layers"])' \
+      "$C/config.json")
+    common=(--model "$C" --backend cuda --json --requests "$bs" --max-running "$bs" --pool-tokens 65536
+            --chunk-size 0 --page-size 16)
+    # The step as bench/engine_real.py measures it: 128 in / 128 out, mean context 192.
+    timeout "$(cap 120)" $P bench "${common[@]}" --input-len 128 --output-len 128 \
+      > "$W/profile/$tag.bench.json" 2> "$W/profile/$tag.bench.err"
+    graphs=$(python3 -c 'import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["cuda_graphs"])' \
+      "$W/profile/$tag.bench.json" 2> /dev/null || echo 0)
+    # Skip a lower bound of the kernels before the first decode step: the graph capture's eager
+    # forwards (model/llama_worker.cpp capture_step: one, then two per captured batch size) at 7
+    # kernels per layer (a decode layer launches 8 or more). Then every kernel to the end of the
+    # run is profiled; the summary takes the last $STEPS forwards (all decode at the full batch:
+    # every request has the same lengths, one prefill batch takes them all (64 x 192 tokens is
+    # over the default 8,192 of --max-prefill-tokens) and they decode together to the end).
+    skip=$(( (1 + 2 * graphs) * 7 * L ))
+    t0=$(date +%s)
+    timeout "$(cap 240)" "$NCU" --clock-control none --cache-control none --graph-profiling node \
+      --launch-skip "$skip" --print-units base --print-kernel-base demangled --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+      $P bench "${common[@]}" --input-len 192 --output-len $((STEPS + 3)) --max-prefill-tokens 16384 \
+      > "$W/profile/$tag.ncu.csv" 2> "$W/profile/$tag.ncu.err"
+    rc=$?
+    echo "{\"layout\": \"$layout\", \"batch\": $bs, \"steps\": $STEPS, \"launch_skip\": $skip, \"input_len\": 192, \"output_len\": $((STEPS + 3)), \"timed_input_len\": 128, \"timed_output_len\": 128, \"ncu_rc\": $rc, \"ncu_seconds\": $(( $(date +%s) - t0 ))}" \
+      > "$W/profile/$tag.meta.json"
+    say "profile $tag: step $(grep -o '"decode_step_ms":[0-9.]*' "$W/profile/$tag.bench.json"), ncu rc=$rc ($(( $(date +%s) - t0 )) s, skip $skip, $(grep -c '^"' "$W/profile/$tag.ncu.csv") CSV rows)"
   done
 fi
 if has sanitize; then
