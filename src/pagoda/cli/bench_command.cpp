@@ -329,6 +329,8 @@ void run_bench(const BenchOptions& o) {
       {"page_size", args.page_size},
       {"pool_tokens", st.pool_tokens},
       {"swa_pool_pages", st.swa_pages_total},
+      {"kv_bytes", st.kv_bytes},
+      {"swa_kv_bytes", st.swa_kv_bytes},
       {"swa_peak_pages_per_request", st.scheduler.peak_swa_pages_per_request},
       {"requests", completed},
       {"failed_requests", failed},

@@ -496,6 +496,8 @@ EngineStats Engine::stats() const {
   const model::WorkerStats w = worker_->stats();
   s.device_path = w.device;
   s.cuda_graphs = w.num_graphs;
+  s.kv_bytes = w.kv_bytes;
+  s.swa_kv_bytes = w.swa_kv_bytes;
   s.cuda_graph_steps = w.graph_steps;
   s.spec_graph_steps = w.spec_graph_steps;
   if (spec_ != nullptr) {

@@ -141,6 +141,9 @@ struct EngineStats {
   int64_t pages_cached = 0;      ///< pages held by the prefix cache (evictable or locked)
   int64_t swa_pages_total = 0;   ///< SWA pool pages (0: the window layers use the full pool)
   int64_t swa_pages_free = 0;
+  int64_t kv_bytes = 0;          ///< bytes the KV pool allocated (with the SWA pool: its full
+                                 ///< layers only)
+  int64_t swa_kv_bytes = 0;      ///< bytes the SWA pool allocated (its window layers; 0: none)
   bool hicache = false;          ///< the hierarchical cache is on (tier below)
   tier::TierStats tier;          ///< hits per tier, copies, host pool (hicache only)
   /// Reused prompt tokens / prompt tokens requested at admission.

@@ -12,8 +12,8 @@ namespace pagoda::kv {
 KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
     : config_(config), allocator_(&allocator) {
   const auto& c = config_;
-  PAGODA_REQUIRE(c.num_layers >= 1 && c.num_pages >= 0 && c.page_size >= 1, kInvalidArgument,
-                 "KvPool needs num_layers >= 1, num_pages >= 0, page_size >= 1 (got {}, {}, {})",
+  PAGODA_REQUIRE(c.num_layers >= 0 && c.num_pages >= 0 && c.page_size >= 1, kInvalidArgument,
+                 "KvPool needs num_layers >= 0, num_pages >= 0, page_size >= 1 (got {}, {}, {})",
                  c.num_layers, c.num_pages, c.page_size);
   PAGODA_REQUIRE(dtype_is_float(c.dtype), kInvalidArgument,
                  "KvPool storage dtype must be f32, f16, bf16, fp8_e4m3 or fp8_e5m2, not {}", c.dtype);
@@ -42,10 +42,12 @@ KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
     const size_t k_bytes = static_cast<size_t>(num_slots_ * k_row_) * elem;
     k_buffers_.push_back(platform::make_buffer(allocator, k_bytes));
     allocator.fill_bytes(k_buffers_.back().get(), 0, k_bytes);
+    allocated_bytes_ += static_cast<int64_t>(k_bytes);
     if (c.layout == KvLayout::kMha) {
       const size_t v_bytes = static_cast<size_t>(num_slots_ * v_row_) * elem;
       v_buffers_.push_back(platform::make_buffer(allocator, v_bytes));
       allocator.fill_bytes(v_buffers_.back().get(), 0, v_bytes);
+      allocated_bytes_ += static_cast<int64_t>(v_bytes);
     }
     if (index_row_ > 0) {
       const auto bytes = static_cast<size_t>(num_slots_ * index_row_);

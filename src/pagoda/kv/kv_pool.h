@@ -18,6 +18,12 @@
 /// Storage dtype f32 / f16 / bf16 / fp8 e4m3 / fp8 e5m2 (fp8 stored as raw bytes). Per-layer
 /// scales: the stored value is convert(x / k_scale) (resp. v_scale); readers multiply back.
 ///
+/// Layers. A pool stores `num_layers` layers, indexed 0..num_layers-1 (LayerId is the pool's own
+/// index: with the SWA pool the model's full-attention layers live in one pool and its window
+/// layers in another, each numbered by rank among its kind, LlamaModel::pool_layer). A pool of 0
+/// layers allocates nothing: its pages are ids only (the full pool of a model whose every layer
+/// has a window).
+///
 /// Memory comes from a platform::Allocator; the pool owns it. Host pools (CPU allocator) support
 /// set_kv()/fill()/k_at(); device pools are written by the CUDA backend through the raw base
 /// pointers and strides (k_view/v_view). The pool knows nothing about requests. Not thread-safe.
@@ -67,8 +73,9 @@ class LayerGate {
 
 class KvPool {
  public:
-  /// Validates `config` (kInvalidArgument: non-positive sizes, a non-float dtype, MLA without a
-  /// rank) and allocates every layer from `allocator`, zero-filled. `allocator` must outlive the pool.
+  /// Validates `config` (kInvalidArgument: negative layers or pages, non-positive other sizes, a
+  /// non-float dtype, MLA without a rank) and allocates every layer from `allocator`,
+  /// zero-filled. `allocator` must outlive the pool.
   KvPool(const KvPoolConfig& config, platform::Allocator& allocator);
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
@@ -85,8 +92,9 @@ class KvPool {
   int64_t v_row_elems() const { return v_row_; }
   /// Bytes one token occupies over all layers (SGLang's cell_size).
   int64_t bytes_per_token() const;
-  /// Bytes of all buffers (num_slots() * bytes_per_token()).
-  int64_t total_bytes() const { return num_slots_ * bytes_per_token(); }
+  /// Bytes the constructor allocated for K/V (sum of its buffers' sizes; equals num_slots() *
+  /// bytes_per_token()).
+  int64_t total_bytes() const { return allocated_bytes_; }
 
   /// K of `layer`: [num_pages + 1, page_size, heads, head_dim] (MLA: heads 1, dim rank + rope) in
   /// the storage dtype. Throws kOutOfRange for a bad layer. The view lives as long as the pool.
@@ -157,6 +165,7 @@ class KvPool {
   int64_t num_slots_ = 0;
   int64_t k_row_ = 0;
   int64_t v_row_ = 0;
+  int64_t allocated_bytes_ = 0;
   std::vector<platform::DeviceBuffer> k_buffers_;
   std::vector<platform::DeviceBuffer> v_buffers_;  ///< empty for MLA
   std::vector<platform::DeviceBuffer> index_buffers_;  ///< DSA index rows (empty without)

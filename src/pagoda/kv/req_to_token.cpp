@@ -14,7 +14,7 @@ ReqToTokenTable::ReqToTokenTable(int32_t max_reqs, int32_t max_context_len)
                  max_context_len);
   table_.assign(static_cast<size_t>(max_reqs + 1) * static_cast<size_t>(max_context_len), 0);
   in_use_.assign(static_cast<size_t>(max_reqs) + 1, 0);
-  dirty_.assign(static_cast<size_t>(max_reqs) + 1, DirtyRange{});
+  dirty_.assign((static_cast<size_t>(max_reqs) + 1) * kNumMirrors, DirtyRange{});
   for (int32_t r = 1; r <= max_reqs; ++r) free_rows_.push_back(r);
 }
 
@@ -56,22 +56,25 @@ void ReqToTokenTable::write(ReqSlot row, int64_t begin, std::span<const SlotInde
   std::copy(slots.begin(), slots.end(),
             table_.begin() + static_cast<int64_t>(row.value()) * max_context_len_ + begin);
   if (slots.empty()) return;
-  DirtyRange& d = dirty_[static_cast<size_t>(row.value())];
-  if (d.begin == d.end) {
-    d = {begin, end};
-  } else {
-    d = {std::min(d.begin, begin), std::max(d.end, end)};
+  for (int m = 0; m < kNumMirrors; ++m) {
+    DirtyRange& d = dirty_[static_cast<size_t>(row.value()) * kNumMirrors + m];
+    if (d.begin == d.end) {
+      d = {begin, end};
+    } else {
+      d = {std::min(d.begin, begin), std::max(d.end, end)};
+    }
   }
 }
 
-ReqToTokenTable::DirtyRange ReqToTokenTable::dirty(ReqSlot row) const {
+ReqToTokenTable::DirtyRange ReqToTokenTable::dirty(ReqSlot row, Mirror mirror) const {
   require_row(row);
-  return dirty_[static_cast<size_t>(row.value())];
+  return dirty_[static_cast<size_t>(row.value()) * kNumMirrors + static_cast<size_t>(mirror)];
 }
 
-void ReqToTokenTable::mark_clean(ReqSlot row, int64_t upto) {
+void ReqToTokenTable::mark_clean(ReqSlot row, int64_t upto, Mirror mirror) {
   require_row(row);
-  DirtyRange& d = dirty_[static_cast<size_t>(row.value())];
+  DirtyRange& d =
+      dirty_[static_cast<size_t>(row.value()) * kNumMirrors + static_cast<size_t>(mirror)];
   if (d.end <= upto) {
     d = {};
   } else {

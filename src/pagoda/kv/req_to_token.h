@@ -5,9 +5,10 @@
 ///
 /// Storage is host memory today; data() / device() / row_stride() are the shape a device mirror
 /// will keep (a CUDA engine copies or mirrors the same layout). A copy kept elsewhere (the
-/// tensor-parallel followers' tables) follows through dirty ranges: every write widens its row's
-/// range, and the one consumer that mirrors the table marks what it sent clean, so a step costs
-/// what changed, not the rows' lengths. Thread rules: not thread-safe.
+/// tensor-parallel followers' tables, the SWA pool's table of kv::SwaTable) follows through dirty
+/// ranges: every write widens its row's range of every mirror (Mirror), and each mirror marks
+/// what it took clean in its own ranges, so a step costs what changed, not the rows' lengths.
+/// Thread rules: not thread-safe.
 
 #include <cstdint>
 #include <deque>
@@ -47,14 +48,21 @@ class ReqToTokenTable {
   /// Positions [begin, begin + len) of `row`; throws when the range leaves the row.
   std::span<const SlotIndex> read(ReqSlot row, int64_t begin, int64_t len) const;
 
-  /// Positions of `row` written since they were last marked clean, as one covering range
+  /// The copies that follow the table, each with its own dirty ranges.
+  enum class Mirror : uint8_t {
+    kFollowers,  ///< the tensor-parallel followers' tables (engine/tp.h)
+    kSwaTable,   ///< the SWA pool's request table (kv/swa_table.h)
+  };
+  static constexpr int kNumMirrors = 2;
+  /// Positions of `row` written since `mirror` last marked them clean, as one covering range
   /// [begin, end) (begin == end: nothing). Throws when the row is out of range.
   struct DirtyRange {
     int64_t begin = 0, end = 0;
   };
-  DirtyRange dirty(ReqSlot row) const;
-  /// Marks positions [0, upto) of `row` clean; dirty positions at or past `upto` stay dirty.
-  void mark_clean(ReqSlot row, int64_t upto);
+  DirtyRange dirty(ReqSlot row, Mirror mirror = Mirror::kFollowers) const;
+  /// Marks positions [0, upto) of `row` clean for `mirror`; dirty positions at or past `upto`
+  /// stay dirty.
+  void mark_clean(ReqSlot row, int64_t upto, Mirror mirror = Mirror::kFollowers);
 
   /// Raw table, row-major [max_reqs + 1, max_context_len] int32.
   const SlotIndex* data() const { return table_.data(); }
@@ -71,7 +79,7 @@ class ReqToTokenTable {
   int32_t max_context_len_;
   std::vector<SlotIndex> table_;
   std::vector<uint8_t> in_use_;
-  std::vector<DirtyRange> dirty_;  // per row
+  std::vector<DirtyRange> dirty_;  // per row, kNumMirrors each
   std::deque<int32_t> free_rows_;
 };
 

@@ -71,13 +71,15 @@ const void* Decoder::upload_owned(std::vector<float> host) {
 Decoder::~Decoder() = default;
 
 Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
-                 dist::Communicator* comm)
-    : model_(&model), ops_(&ops), comm_(comm), kv_pool_(kv_pool) {
+                 dist::Communicator* comm, bool swa_pool)
+    : model_(&model), ops_(&ops), comm_(comm), kv_pool_(kv_pool), swa_pool_(swa_pool) {
   const ModelConfig& c = model.config();
   const int tp = comm == nullptr ? 1 : comm->world_size();
   shard_ = shard_of(c, comm == nullptr ? 0 : comm->rank(), tp);
   if (tp == 1) comm_ = nullptr;
   attn_layers_ = model.attention_layers();
+  for (int l = 0; l < c.num_layers; ++l)
+    attn_layers_[static_cast<size_t>(l)].layer_id = model.pool_layer(l, swa_pool);
   for (attention::AttentionLayer& l : attn_layers_) {
     PAGODA_REQUIRE(tp == 1 || l.sinks.empty(), kUnsupported,
                    "tensor parallelism with attention sinks is not implemented");
@@ -89,11 +91,15 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     PAGODA_REQUIRE(kv_pool->config().num_kv_heads == shard_.num_kv_heads, kInvalidArgument,
                    "the KV pool has {} heads but this rank holds {}",
                    kv_pool->config().num_kv_heads, shard_.num_kv_heads);
-    for (int l = 0; l < c.num_layers; ++l)
-      stores_.push_back(KvStore{.k_cache = kv_pool->k_view(LayerId{l}).data(),
-                                .v_cache = kv_pool->v_view(LayerId{l}).data(),
-                                .out_cache_loc = nullptr,
-                                .num_slots = kv_pool->num_slots()});
+    stores_.resize(static_cast<size_t>(c.num_layers));
+    for (int l = 0; l < c.num_layers; ++l) {
+      if (swa_pool && c.window_of(l) >= 0) continue;  // stored by the SWA backend
+      const LayerId in_pool = attn_layers_[static_cast<size_t>(l)].layer_id;
+      stores_[static_cast<size_t>(l)] = KvStore{.k_cache = kv_pool->k_view(in_pool).data(),
+                                                .v_cache = kv_pool->v_view(in_pool).data(),
+                                                .out_cache_loc = nullptr,
+                                                .num_slots = kv_pool->num_slots()};
+    }
   }
   PAGODA_REQUIRE(!c.is_mla() || ops.supports_mla_ops(), kUnsupported,
                  "{} (multi-head latent attention) needs the dense op rope_interleaved "
@@ -240,6 +246,9 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   PAGODA_REQUIRE(t <= a.tokens && rows <= a.rows, kInvalidArgument,
                  "activations hold {} tokens / {} rows, forward needs {} / {}", a.tokens, a.rows,
                  t, rows);
+  PAGODA_REQUIRE(swa_pool_ == (window != nullptr), kInvalidArgument,
+                 "a decoder {} the SWA pool got a forward {} a window side",
+                 swa_pool_ ? "on" : "without", window != nullptr ? "with" : "without");
   ModelOps& ops = *ops_;
   const ModelConfig& c = model_->config();
   const int64_t hd = c.hidden_size, vocab = c.vocab_size, inter = shard_.intermediate;
@@ -289,10 +298,11 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
         ops.rms_norm_groups(qkv, t, qkv_w, hq, d, w.q_norm, eps);
         ops.rms_norm_groups(qkv + int64_t{hq} * d * es, t, qkv_w, hkv, d, w.k_norm, eps);
       }
-      const bool on_swa = window != nullptr && c.window_of(l) >= 0;
+      const bool on_swa = swa_pool_ && c.window_of(l) >= 0;
+      const LayerId in_pool = attn_layers[static_cast<size_t>(l)].layer_id;
       bool stored = false;
-      if (!on_swa && !stores_.empty() && kv_pool_->k_scale(LayerId{l}) == 1.f &&
-          kv_pool_->v_scale(LayerId{l}) == 1.f) {
+      if (!on_swa && !stores_.empty() && kv_pool_->k_scale(in_pool) == 1.f &&
+          kv_pool_->v_scale(in_pool) == 1.f) {
         KvStore st = stores_[static_cast<size_t>(l)];
         st.out_cache_loc = a.cache_loc();
         stored = ops.qkv_rope_store(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(),
@@ -301,7 +311,7 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
       if (!stored)
         ops.qkv_rope(a.qkv.get(), w.qkv_bias, a.positions(), w.inv_freq, a.q.get(), a.k.get(),
                      a.v.get(), t, hq, hkv, d);
-      if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
+      if (kv_pool_ != nullptr && !on_swa) kv_pool_->wait_layer(in_pool);  // HiCache load-back
       (on_swa ? *window->backend : backend)
           .forward(q_view, k_view, v_view, attn_layers[static_cast<size_t>(l)],
                    on_swa ? *window->batch : batch, o_view,

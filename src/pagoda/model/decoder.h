@@ -98,8 +98,12 @@ class Decoder {
   /// With `comm` (world size > 1; it must outlive the decoder) the decoder holds and computes
   /// only its rank's shard (see above); `kv_pool` then has Hkv/N heads.
   /// A DSA model needs `kv_pool` (its index keys are written there).
+  /// With `swa_pool` the pools are split by layer kind (llama_worker.h): `kv_pool` stores only
+  /// the full-attention layers, the window layers live in the SWA pool, and every forward needs
+  /// a WindowSide; layer l's AttentionLayer::layer_id (the index the backend reads its pool at)
+  /// is LlamaModel::pool_layer(l, true).
   Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool = nullptr,
-          dist::Communicator* comm = nullptr);
+          dist::Communicator* comm = nullptr, bool swa_pool = false);
   ~Decoder();
 
   /// The heads, MLP width and vocabulary rows one rank holds.
@@ -127,8 +131,9 @@ class Decoder {
   /// a.logit_rows(). The backend must have planned `batch` (init_forward_metadata or a graph
   /// replay plan). Never synchronizes.
   /// With `capture`, also copies the requested layer outputs (layers in [0, num_layers)).
-  /// With `window` (the SWA pool, llama_worker.h), layers with a window attend through
-  /// window->backend over window->batch (planned too) and their K/V is saved by that backend.
+  /// With the SWA pool (constructed with swa_pool; `window` is then required, and refused
+  /// without it), layers with a window attend through window->backend over window->batch
+  /// (planned too) and their K/V is saved by that backend.
   void forward(Activations& a, const attention::ForwardBatch& batch,
                attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
                const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr) const;
@@ -166,9 +171,11 @@ class Decoder {
   std::vector<attention::AttentionLayer> attn_layers_;
   std::deque<std::vector<float>> host_slices_;
   std::vector<LayerPtrs> layers_;
-  /// Per layer K / V cache base pointers for the fused store (empty: the backend appends).
+  /// Per model layer K / V cache base pointers for the fused store (empty: the backend appends;
+  /// with the SWA pool a window layer's entry is unused).
   std::vector<KvStore> stores_;
   kv::KvPool* kv_pool_ = nullptr;
+  bool swa_pool_ = false;
   std::unique_ptr<DsaIndexer> dsa_;  ///< DSA models only
   const void* embed_ = nullptr;
   const void* lm_head_ = nullptr;

@@ -129,10 +129,27 @@ attention::BackendRequirements LlamaModel::backend_requirements(int page_size) c
   return req;
 }
 
-kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size) const {
+LayerId LlamaModel::pool_layer(int l, bool split) const {
+  PAGODA_REQUIRE(l >= 0 && l < config_.num_layers, kOutOfRange, "layer {} of a {}-layer model",
+                 l, config_.num_layers);
+  if (!split) return LayerId{l};
+  const bool window = config_.window_of(l) >= 0;
+  int rank = 0;
+  for (int i = 0; i < l; ++i) rank += (config_.window_of(i) >= 0) == window;
+  return LayerId{rank};
+}
+
+kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size,
+                                            PoolLayers which) const {
+  int32_t layers = config_.num_layers;
+  if (which != PoolLayers::kAll) {
+    layers = 0;
+    for (int l = 0; l < config_.num_layers; ++l)
+      layers += (config_.window_of(l) >= 0) == (which == PoolLayers::kWindow);
+  }
   if (config_.is_mla())
     return kv::KvPoolConfig{.layout = kv::KvLayout::kMla,
-                            .num_layers = config_.num_layers,
+                            .num_layers = layers,
                             .num_pages = num_pages,
                             .page_size = page_size,
                             .dtype = DType::kF32,
@@ -141,7 +158,7 @@ kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size
                             .index_head_dim = config_.dsa.index_head_dim};
   return kv::KvPoolConfig{
       .layout = kv::KvLayout::kMha,
-      .num_layers = config_.num_layers,
+      .num_layers = layers,
       .num_pages = num_pages,
       .page_size = page_size,
       .dtype = DType::kF32,

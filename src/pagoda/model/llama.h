@@ -34,9 +34,18 @@ class LlamaModel {
   const std::vector<attention::AttentionLayer>& attention_layers() const { return layers_; }
   /// What a backend must support to run this model (f32 q and KV; absorbed MLA for DeepSeek).
   attention::BackendRequirements backend_requirements(int page_size) const;
-  /// A KV pool shape for this model: f32, num_layers, num_kv_heads, head_dim; MLA: one latent
-  /// row of kv_lora_rank + qk_rope_head_dim per token ([normed latent | roped k_pe]).
-  kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size) const;
+  /// Which layers a KV pool stores: all of them (one pool), or with the SWA pool (two pools split
+  /// by layer kind) the full-attention layers or the layers with a window.
+  enum class PoolLayers : uint8_t { kAll, kFull, kWindow };
+  /// A KV pool shape for this model: f32, num_kv_heads, head_dim, and the number of layers
+  /// `which` names; MLA: one latent row of kv_lora_rank + qk_rope_head_dim per token ([normed
+  /// latent | roped k_pe]).
+  kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size,
+                                  PoolLayers which = PoolLayers::kAll) const;
+  /// Layer l's index in the pool that stores it: l with one pool; with pools split by kind
+  /// (`split`), its rank among the layers of its kind (full-attention layers 0, 1, ... in the
+  /// full pool, window layers 0, 1, ... in the SWA pool).
+  LayerId pool_layer(int l, bool split) const;
 
 
  public:

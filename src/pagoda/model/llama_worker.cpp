@@ -61,7 +61,20 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  config.page_size, config.num_pages);
   PAGODA_REQUIRE(config.max_batch_size >= 1, kInvalidArgument,
                  "max_batch_size must be >= 1 (got {})", config.max_batch_size);
-  kv::KvPoolConfig pc = model.kv_pool_config(config.num_pages, config.page_size);
+  if (config.swa != nullptr) {
+    PAGODA_REQUIRE(config.comm == nullptr, kUnsupported,
+                   "the SWA pool does not run with tensor parallelism yet (turn it off)");
+    PAGODA_REQUIRE(model.config().has_sliding_window(), kInvalidArgument,
+                   "an SWA pool for a model without sliding-window layers");
+    PAGODA_REQUIRE(config.swa->page_size() == config.page_size, kInvalidArgument,
+                   "SWA pool page size {} differs from the worker's {}",
+                   config.swa->page_size(), config.page_size);
+  }
+  // With the SWA pool each pool stores only its kind of layers (LlamaModel::pool_layer).
+  const bool split = config.swa != nullptr;
+  using Kind = LlamaModel::PoolLayers;
+  kv::KvPoolConfig pc =
+      model.kv_pool_config(config.num_pages, config.page_size, split ? Kind::kFull : Kind::kAll);
   pc.dtype = config.kv_dtype;
   if (config.comm != nullptr)  // this rank's KV heads only
     pc.num_kv_heads = Decoder::shard_of(model.config(), config.comm->rank(),
@@ -77,25 +90,19 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   PAGODA_REQUIRE(backend_->capabilities().device == platform_->name(), kUnsupported,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
-  decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm);
-  table_ = &table;
-  if (config.swa != nullptr) {
-    PAGODA_REQUIRE(config.comm == nullptr, kUnsupported,
-                   "the SWA pool does not run with tensor parallelism yet (turn it off)");
-    PAGODA_REQUIRE(model.config().has_sliding_window(), kInvalidArgument,
-                   "an SWA pool for a model without sliding-window layers");
-    PAGODA_REQUIRE(config.swa->page_size() == config.page_size, kInvalidArgument,
-                   "SWA pool page size {} differs from the worker's {}",
-                   config.swa->page_size(), config.page_size);
+  decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
+  stats_.kv_bytes = pool_->total_bytes();
+  if (split) {
     for (int l = 0; l < model.config().num_layers; ++l)
       swa_window_ = std::max(swa_window_, model.config().window_of(l));
-    kv::KvPoolConfig spc = model.kv_pool_config(config.swa->swa().num_pages(), config.page_size);
+    kv::KvPoolConfig spc =
+        model.kv_pool_config(config.swa->swa().num_pages(), config.page_size, Kind::kWindow);
     spc.dtype = config.kv_dtype;
     swa_pool_ = std::make_unique<kv::KvPool>(spc, platform_->allocator());
-    swa_table_ = std::make_unique<kv::ReqToTokenTable>(table.max_reqs(), table.max_context_len());
-    for (int32_t r = 0; r < table.max_reqs(); ++r) (void)swa_table_->alloc();  // rows = the table's
+    stats_.swa_kv_bytes = swa_pool_->total_bytes();
+    swa_table_ = std::make_unique<kv::SwaTable>(table, *config.swa, swa_window_);
     const attention::BackendContext swa_ctx{
-        .platform = platform_, .kv_pool = swa_pool_.get(), .req_to_token = swa_table_.get()};
+        .platform = platform_, .kv_pool = swa_pool_.get(), .req_to_token = &swa_table_->table()};
     swa_backend_ = backends::make_backend(registry_, config.backend, req, swa_ctx);
   }
   staging_ = std::make_unique<Staging>();
@@ -299,7 +306,7 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   }
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
-  backend_->init_forward_metadata(f);
+  if (pool_->num_layers() > 0) backend_->init_forward_metadata(f);  // else every layer has a window
   WindowSide window;
   if (swa_backend_ != nullptr) {
     window = WindowSide{.backend = swa_backend_.get(), .batch = &window_batch(f)};
@@ -319,31 +326,15 @@ const ForwardBatch& LlamaWorker::window_batch(const ForwardBatch& f) {
     s = swa.swa_slot(s);
     PAGODA_CHECK(s >= 0, "a new token's page has no SWA page");
   }
-  std::vector<SlotIndex> row;
   for (int b = 0; b < f.batch_size; ++b) {
     const ReqSlot r{f.req_pool_indices[static_cast<size_t>(b)]};
     if (r.value() == 0) continue;  // padding
-    const bool decode = f.mode == ForwardMode::kDecode;
     const int64_t kv_len = f.seq_lens[static_cast<size_t>(b)] +
                            (f.mode == ForwardMode::kTargetVerify ? f.spec.num_draft_tokens : 0);
-    const int64_t first_q =
-        decode ? kv_len - 1 : int64_t{f.extend_prefix_lens[static_cast<size_t>(b)]};
-    // Every key a window layer reads: [first query - window, kv_len), from its page's start.
-    // Positions below are never read (the window masks them) but the planners want every page
-    // of a row contiguous: they point into the reserved page 0.
-    const int64_t p = config_.page_size;
-    const int64_t lo = std::max<int64_t>(0, first_q - swa_window_) / p * p;
-    const auto full = table_->read(r, lo, kv_len - lo);
-    row.resize(static_cast<size_t>(lo));
-    for (int64_t i = 0; i < lo; ++i) row[static_cast<size_t>(i)] = static_cast<SlotIndex>(i % p);
-    swa_table_->write(r, 0, row);
-    row.resize(full.size());
-    for (size_t i = 0; i < full.size(); ++i) {
-      row[i] = swa.swa_slot(full[i]);
-      PAGODA_CHECK(row[i] >= 0, "position {} of row {} is read by a window layer but its page "
-                      "has no SWA page", lo + static_cast<int64_t>(i), r.value());
-    }
-    swa_table_->write(r, lo, row);
+    const int64_t first_q = f.mode == ForwardMode::kDecode
+                                ? kv_len - 1
+                                : int64_t{f.extend_prefix_lens[static_cast<size_t>(b)]};
+    swa_table_->update(r, first_q, kv_len);  // every key a window layer reads, from its page
   }
   return swa_batch_;
 }
@@ -386,7 +377,7 @@ void LlamaWorker::move_kv(std::span<const SlotIndex> src, std::span<const SlotIn
   for (size_t i = 0; i < src.size(); ++i)
     PAGODA_REQUIRE(src[i] >= 0 && src[i] < slots && dst[i] >= 0 && dst[i] < slots, kOutOfRange,
                    "move_kv pair {} ({} -> {}) outside [0, {})", i, src[i], dst[i], slots);
-  if (src.empty()) return;
+  if (src.empty() || pool.num_layers() == 0) return;
   // One row per slot in each buffer: K rows and V rows (MHA) have the same size.
   const int layers = pool.config().num_layers;
   const bool mla = pool.config().layout == kv::KvLayout::kMla;

@@ -31,8 +31,9 @@
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/builtin.h"
 #include "pagoda/dist/communicator.h"
-#include "pagoda/kv/swa_pages.h"
 #include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/swa_pages.h"
+#include "pagoda/kv/swa_table.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/decoder.h"
 #include "pagoda/model/llama.h"
@@ -115,8 +116,8 @@ class LlamaWorker final : public ModelWorker {
   /// The graph path of a uniform verify batch; false (nothing done) when it does not apply.
   bool run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out);
 
-  /// With an SWA pool: rewrites the SWA table's rows for the window each request of `f` reads
-  /// and returns the window layers' batch (out_cache_loc in SWA slots).
+  /// With an SWA pool: brings the SWA table's rows of `f`'s requests up to date (kv::SwaTable,
+  /// incremental) and returns the window layers' batch (out_cache_loc in SWA slots).
   const attention::ForwardBatch& window_batch(const attention::ForwardBatch& f);
 
   const LlamaModel* model_;
@@ -129,9 +130,8 @@ class LlamaWorker final : public ModelWorker {
   std::unique_ptr<attention::AttentionBackend> graph_backend_;
   std::unique_ptr<Decoder> decoder_;
   /// The SWA side (config.swa): pool, table of SWA slots, backend, the step's window batch.
-  const kv::ReqToTokenTable* table_ = nullptr;
   std::unique_ptr<kv::KvPool> swa_pool_;
-  std::unique_ptr<kv::ReqToTokenTable> swa_table_;
+  std::unique_ptr<kv::SwaTable> swa_table_;
   std::unique_ptr<attention::AttentionBackend> swa_backend_;
   attention::ForwardBatch swa_batch_;
   int swa_window_ = 0;  ///< the largest window_left of the model's layers

@@ -104,6 +104,8 @@ struct WorkerStats {
   int64_t padded_rows = 0;   ///< dummy rows added by graph padding
   int num_graphs = 0;        ///< captured decode buckets
   bool device = false;       ///< computes on a GPU
+  int64_t kv_bytes = 0;      ///< bytes the KV pool allocated (KvPool::total_bytes)
+  int64_t swa_kv_bytes = 0;  ///< bytes the SWA pool allocated (0 without one)
 };
 
 class ModelWorker {

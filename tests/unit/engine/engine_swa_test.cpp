@@ -5,7 +5,7 @@
 // The on runs use small pools so admission waits, decoding retracts and the SWA side evicts,
 // chunked prefill (chunks of one or two pages, boundaries inside and across windows) and a
 // second wave of prompts that shares a long prefix with the first (prefix-cache hits), at pages
-// 1, 16 and 64, on the reference and cpu backends. Every run: identical tokens, 0 leaked pages
+// 1, 16 and 64 (at 16 also without the radix cache), on the reference and cpu backends. Every run: identical tokens, 0 leaked pages
 // in either pool, the SWA pool empty after draining the cache, and no request holding more SWA
 // pages than its window needs (window / page + 2). Speculative decoding with the pool on is
 // refused naming both. Prompts come from a printed seed.
@@ -128,6 +128,14 @@ void check_model(model::LlamaModel& model) {
       const Run got = generate(model, on, prompts);
       ASSERT_GT(got.stats.swa_pages_total, 0) << "the SWA pool is off";
       ASSERT_EQ(got.outputs, ref.outputs) << "SWA pool on vs off";
+      if (page == 16) {  // without the radix cache: ChunkCache over SwaPageRefs
+        EngineConfig no_radix = on;
+        no_radix.radix_cache = false;
+        const Run chunk = generate(model, no_radix, prompts);
+        ASSERT_GT(chunk.stats.swa_pages_total, 0);
+        ASSERT_EQ(chunk.outputs, ref.outputs) << "SWA pool on without the radix cache vs off";
+        retractions += chunk.stats.scheduler.retractions;
+      }
       EXPECT_LE(got.stats.scheduler.peak_swa_pages_per_request,
                 kv::SwaPages::swa_live_pages_bound(kWindowLeft, page));
       EXPECT_LE(got.stats.scheduler.peak_swa_pages_per_request, kWindowLeft / page + 2);
@@ -180,6 +188,45 @@ TEST(EngineSwa, Gemma3LayoutSameTokensWithAndWithoutTheSwaPool) {
 TEST(EngineSwa, MistralWindowSameTokensWithAndWithoutTheSwaPool) {
   static testing::TestModel m(mistral_window_config(), kSwaWeightSeed);
   check_model(m.model);
+}
+
+/// The bytes of `layers` layers of `pages` usable pages (plus the reserved page 0) of `page`
+/// tokens, K and V of `kv_heads` x `head_dim`, f32 (the CPU path's KV dtype).
+int64_t pool_bytes(int64_t layers, int64_t pages, int64_t page, int64_t kv_heads,
+                   int64_t head_dim) {
+  return layers * (pages + 1) * page * 2 * kv_heads * head_dim * int64_t{sizeof(float)};
+}
+
+// With the SWA pool each pool allocates only its kind of layers: the full pool the
+// full-attention layers (none for Mistral's window on every layer), the SWA pool the window
+// layers. The layer counts come from the configs above (Gemma-3 tiny: layer_types lists 3
+// sliding and 1 full layer; Mistral-style: a window on each of test_model_config's 2 layers).
+TEST(EngineSwa, EachPoolAllocatesOnlyItsLayerKind) {
+  struct Case {
+    model::ModelConfig config;
+    int64_t full_layers, window_layers;
+  };
+  for (const Case& c : {Case{gemma3_tiny_config(), 1, 3}, Case{mistral_window_config(), 0, 2}}) {
+    SCOPED_TRACE(c.config.name);
+    testing::TestModel m(c.config, kSwaWeightSeed);
+    const int64_t heads = c.config.num_kv_heads, dim = c.config.head_dim;
+    for (int32_t page : {1, 16}) {
+      EngineConfig cfg;
+      cfg.page_size = page;
+      cfg.pool_tokens = 1024;
+      cfg.swa_pool_tokens = 320;
+      cfg.max_context_len = 256;
+      cfg.swa_pool = SwaPoolMode::kOff;
+      const EngineStats off = Engine(m.model, cfg).stats();
+      EXPECT_EQ(off.kv_bytes,
+                pool_bytes(c.full_layers + c.window_layers, 1024 / page, page, heads, dim));
+      EXPECT_EQ(off.swa_kv_bytes, 0);
+      cfg.swa_pool = SwaPoolMode::kOn;
+      const EngineStats on = Engine(m.model, cfg).stats();
+      EXPECT_EQ(on.kv_bytes, pool_bytes(c.full_layers, 1024 / page, page, heads, dim));
+      EXPECT_EQ(on.swa_kv_bytes, pool_bytes(c.window_layers, 320 / page, page, heads, dim));
+    }
+  }
 }
 
 /// `combo` with --swa-pool on is refused (kUnsupported) naming both flags; with the default
@@ -285,6 +332,34 @@ TEST(EngineSwa, DISABLED_Gemma3_1BLayoutKvBytesAt32k) {
   std::printf("ratio on / off: %.3f held (%.3f with the evictable window sides)\n",
               bytes[1] / bytes[0], with_cache / bytes[0]);
   EXPECT_LE(bytes[1], 0.25 * bytes[0]);
+
+  // What the pools allocate at the real KV shape (1 KV head of 256, bf16), same pool sizes: the
+  // engines are only built (allocation is at construction), nothing runs.
+  model::ModelConfig real = c;
+  real.head_dim = 256;
+  testing::TestModel mr(real, kSwaWeightSeed);
+  int64_t allocated[2] = {0, 0};
+  for (SwaPoolMode mode : {SwaPoolMode::kOff, SwaPoolMode::kOn}) {
+    EngineConfig cfg;
+    cfg.page_size = 16;
+    cfg.pool_tokens = 34000;
+    cfg.max_context_len = 33000;
+    cfg.swa_pool = mode;
+    cfg.swa_pool_tokens = mode == SwaPoolMode::kOn ? 8192 : 0;
+    cfg.kv_dtype = DType::kBF16;
+    cfg.backend = testing::backend_named("cpu");
+    const EngineStats st = Engine(mr.model, cfg).stats();
+    const bool on = mode == SwaPoolMode::kOn;
+    allocated[on] = st.kv_bytes + st.swa_kv_bytes;
+    std::printf("swa pool %s: allocated %lld B full pool + %lld B SWA pool = %.1f MiB\n",
+                on ? "on " : "off", static_cast<long long>(st.kv_bytes),
+                static_cast<long long>(st.swa_kv_bytes),
+                static_cast<double>(allocated[on]) / (1 << 20));
+    EXPECT_EQ(st.kv_bytes, (on ? full_layers : c.num_layers) * int64_t{(34000 / 16 + 1) * 16} *
+                               2 * 256 * 2);
+  }
+  std::printf("allocated on / off: %.3f\n",
+              static_cast<double>(allocated[1]) / static_cast<double>(allocated[0]));
 }
 
 }  // namespace

@@ -197,6 +197,58 @@ TEST_F(KvPoolTest, FillPoisonsWithNan) {
   }
 }
 
+/// Forwards to another allocator and counts the bytes it hands out.
+class CountingAllocator final : public platform::Allocator {
+ public:
+  explicit CountingAllocator(platform::Allocator& inner) : inner_(&inner) {}
+  Device device() const override { return inner_->device(); }
+  void* allocate(size_t bytes, size_t alignment) override {
+    allocated += static_cast<int64_t>(bytes);
+    ++buffers;
+    return inner_->allocate(bytes, alignment);
+  }
+  void deallocate(void* ptr) override { inner_->deallocate(ptr); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override {
+    inner_->copy_to_device(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override {
+    inner_->copy_to_host(dst, src, bytes);
+  }
+  void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
+    inner_->fill_bytes(dst, value, bytes);
+  }
+  int64_t allocated = 0;
+  int buffers = 0;
+
+ private:
+  platform::Allocator* inner_;
+};
+
+// A pool allocates exactly its layers (the SWA pool's split by layer kind depends on it): K and V
+// of (pages + 1) x page_size rows per layer, nothing for a pool of 0 layers (page ids only).
+TEST_F(KvPoolTest, AllocatesExactlyItsLayers) {
+  for (int32_t layers : {0, 1, 3, 22}) {
+    SCOPED_TRACE(::testing::Message() << layers << " layers");
+    CountingAllocator counting(alloc());
+    KvPoolConfig c = mha(DType::kBF16);  // 2 heads, K dim 3, V dim 5
+    c.num_layers = layers;
+    c.num_pages = 7;
+    KvPool pool(c, counting);
+    const int64_t expected = int64_t{layers} * (7 + 1) * 4 * 2 * (3 + 5) * 2;
+    EXPECT_EQ(counting.allocated, expected);
+    EXPECT_EQ(counting.buffers, 2 * layers);
+    EXPECT_EQ(pool.total_bytes(), expected);
+    EXPECT_EQ(pool.num_layers(), layers);
+    EXPECT_THROW(pool.k_view(LayerId(layers)), Error);
+  }
+  CountingAllocator counting(alloc());
+  KvPoolConfig mla{.layout = KvLayout::kMla, .num_layers = 2, .num_pages = 5, .page_size = 2,
+                   .dtype = DType::kF16, .kv_lora_rank = 4, .rope_dim = 2};
+  KvPool pool(mla, counting);
+  EXPECT_EQ(counting.allocated, int64_t{2} * (5 + 1) * 2 * (4 + 2) * 2);
+  EXPECT_EQ(pool.total_bytes(), counting.allocated);
+}
+
 TEST_F(KvPoolTest, BadConfigs) {
   auto c = mha(DType::kI32);
   EXPECT_THROW(KvPool(c, alloc()), Error);
@@ -205,6 +257,9 @@ TEST_F(KvPoolTest, BadConfigs) {
   EXPECT_THROW(KvPool(c, alloc()), Error);
   KvPoolConfig mla{.layout = KvLayout::kMla, .num_layers = 1, .num_pages = 1, .page_size = 1};
   EXPECT_THROW(KvPool(mla, alloc()), Error);
+  c = mha(DType::kF16);
+  c.num_layers = -1;
+  EXPECT_THROW(KvPool(c, alloc()), Error);
 }
 
 }  // namespace

@@ -79,13 +79,18 @@ TEST(ReqToTokenTable, BadInputThrowsUnchanged) {
 // another table, mark [0, upto) clean. After every sync the mirror must hold the row's first
 // `upto` entries exactly as the table does, over random writes (rows reused, overlapping and
 // out-of-order ranges, syncs cut short) — checked against the table itself, not the ranges.
+// Two mirrors (the followers' and the SWA table's) sync on independent random schedules: each
+// must stay exact through its own ranges.
 TEST(ReqToTokenTable, DirtyRangesKeepAMirrorExact) {
   const uint32_t seed = 0xD1A7;
   std::printf("seed %u\n", seed);
   std::mt19937 rng(seed);
   constexpr int kRows = 6, kLen = 300;
   ReqToTokenTable t(kRows, kLen);
-  std::vector<SlotIndex> mirror(static_cast<size_t>(kRows + 1) * kLen, 0);
+  using Mirror = ReqToTokenTable::Mirror;
+  std::vector<SlotIndex> mirrors[2] = {
+      std::vector<SlotIndex>(static_cast<size_t>(kRows + 1) * kLen, 0),
+      std::vector<SlotIndex>(static_cast<size_t>(kRows + 1) * kLen, 0)};
   std::vector<ReqSlot> rows;
   while (auto r = t.alloc()) rows.push_back(*r);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint32_t>(n)); };
@@ -99,21 +104,26 @@ TEST(ReqToTokenTable, DirtyRangesKeepAMirrorExact) {
       for (SlotIndex& x : v) x = 1 + pick(1 << 20);
       t.write(row, begin, v);
       written += len;
-      const ReqToTokenTable::DirtyRange d = t.dirty(row);
-      ASSERT_LE(d.begin, begin);
-      ASSERT_GE(d.end, begin + len);
+      for (Mirror m : {Mirror::kFollowers, Mirror::kSwaTable}) {
+        const ReqToTokenTable::DirtyRange d = t.dirty(row, m);
+        ASSERT_LE(d.begin, begin);
+        ASSERT_GE(d.end, begin + len);
+      }
       continue;
     }
     const int64_t upto = 1 + pick(kLen);
-    const ReqToTokenTable::DirtyRange d = t.dirty(row);
+    const int which = pick(2);
+    const auto m = static_cast<Mirror>(which);
+    std::vector<SlotIndex>& mirror = mirrors[which];
+    const ReqToTokenTable::DirtyRange d = t.dirty(row, m);
     if (d.begin < d.end && d.begin < upto) {
       const int64_t end = std::min(d.end, upto);
       const auto src = t.read(row, d.begin, end - d.begin);
       std::copy(src.begin(), src.end(), mirror.begin() + row.value() * kLen + d.begin);
       sent += end - d.begin;
     }
-    t.mark_clean(row, upto);
-    const ReqToTokenTable::DirtyRange after = t.dirty(row);
+    t.mark_clean(row, upto, m);
+    const ReqToTokenTable::DirtyRange after = t.dirty(row, m);
     ASSERT_TRUE(after.begin == after.end || after.begin >= upto);
     const auto have = t.read(row, 0, upto);
     for (int64_t i = 0; i < upto; ++i) {
