@@ -7,14 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "gpu_test_common.h"
+#include "mla_test_layouts.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/config.h"
 #include "pagoda/model/llama.h"
@@ -241,46 +239,12 @@ TEST(CudaEngineSampling, SeededSamplingOnTheGpuIsIndependentOfBatching) {
 // CPU EngineMla tests make them). Greedy tokens equal the CPU reference engine's with CUDA graphs
 // on and off; the shared 37-token system prefix gives prefix-cache hits (extends over cached
 // latent rows); bf16 runs to the end with first-step logits within 5 % of the largest.
-struct MlaLayout {
-  std::string name;
-  const char* json;
-};
-
-const MlaLayout kMlaLayouts[] = {
-    {"deepseek_v2_tiny", R"({
-      "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
-      "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
-      "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": null,
-      "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-      "rope_theta": 10000.0, "rope_scaling": null, "max_position_embeddings": 4096,
-      "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "hidden_act": "silu",
-      "attention_bias": false, "n_routed_experts": null, "first_k_dense_replace": 0,
-      "moe_layer_freq": 1, "bos_token_id": 4000, "eos_token_id": 4001})"},
-    {"deepseek_v3_tiny", R"({
-      "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-      "vocab_size": 4096, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
-      "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 96,
-      "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 24,
-      "rope_theta": 10000.0,
-      "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
-                       "beta_fast": 32, "beta_slow": 1, "mscale": 0.8, "mscale_all_dim": 0.6},
-      "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "tie_word_embeddings": false,
-      "hidden_act": "silu", "attention_bias": false, "n_routed_experts": 8,
-      "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-      "first_k_dense_replace": 3, "moe_layer_freq": 1, "num_nextn_predict_layers": 0,
-      "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.5,
-      "scoring_func": "sigmoid", "norm_topk_prob": true, "bos_token_id": 4000,
-      "eos_token_id": 4001})"},
-};
-
-void PrintTo(const MlaLayout& l, std::ostream* os) { *os << l.name; }
-
 class CudaEngineMla : public ::testing::TestWithParam<std::tuple<MlaLayout, bool>> {};
 
 TEST_P(CudaEngineMla, GreedyTokensEqualCpuReferenceEngine) {
   PAGODA_REQUIRE_GPU();
   const auto& [layout, graphs] = GetParam();
-  const model::ModelConfig config = model::config_from_hf_json(nlohmann::json::parse(layout.json));
+  const model::ModelConfig config = mla_layout_config(layout);
   ASSERT_TRUE(config.is_mla());
   const uint64_t seed = 20261206;
   SCOPED_TRACE(::testing::Message() << layout.name << " weight seed " << seed << " prompt seed 31");
