@@ -1,9 +1,9 @@
 // Speculative decoding on the CUDA model path: greedy output with speculation (n-gram trees,
 // self-draft chains and trees; page sizes 1 and 16; f32 so verify and decode round alike) equals
-// the plain CUDA engine's token for token (a Llama and a DeepSeek MLA model), no page leaks, self-draft topk 1 accepts every drafted
-// token; KvPool::move_kv on a device pool (overlapping pairs); EAGLE heads (lossless, an echo
-// head accepting exactly the repeats, EagleRunner on CUDA ops vs CPU ops). Label "gpu": skipped
-// without a GPU.
+// the plain CUDA engine's token for token (a Llama and the DeepSeek MLA tiny layouts), no page
+// leaks, self-draft topk 1 accepts every drafted token; KvPool::move_kv on a device pool
+// (overlapping pairs); EAGLE heads (lossless, an echo head accepting exactly the repeats,
+// EagleRunner on CUDA ops vs CPU ops). Label "gpu": skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -43,7 +43,9 @@ inline const MlaLayout kMlaLayouts[] = {
       "eos_token_id": 4001})"},
 };
 
-inline void PrintTo(const MlaLayout& l, std::ostream* os) { *os << l.name; }
+inline void PrintTo(const MlaLayout& l, std::ostream* os) {
+  *os << l.name;
+}
 
 /// The layout's ModelConfig, parsed as a checkpoint's config.json is.
 inline model::ModelConfig mla_layout_config(const MlaLayout& l) {

@@ -32,8 +32,7 @@
 #include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/model/cuda/dense_kernels.h"
-#include "pagoda/model/cuda/gemma_kernels.h"
-#include "pagoda/model/cuda/mla_kernels.h"
+#include "pagoda/model/cuda/family_kernels.h"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
@@ -560,7 +559,7 @@ TEST(DenseKernels, SiluMulMatchesHost) {
   }
 }
 
-// Gemma's ops (gemma_kernels.h), f64 host references: scale (one product: rel_tol), GeGLU
+// Gemma's ops (family_kernels.h), f64 host references: scale (one product: rel_tol), GeGLU
 // (tanhf and a few products: (rel_tol + 1e-6) |ref| + 1e-7), and the in-place per-group RMSNorm
 // of q heads inside a fused qkv row (Gemma 3 shapes: 4 + 1 heads of 256 in a row of 6 heads)
 // and of whole hidden rows (2304): (rel_tol + 1e-5) |ref| + 1e-6. Elements outside the groups
@@ -639,7 +638,7 @@ TEST(DenseKernels, GemmaOpsMatchHost) {
   }
 }
 
-// rope_interleaved (mla_kernels.h) against the host op itself (the CPU ModelOps, f32) on the
+// rope_interleaved (family_kernels.h) against the host op itself (the CPU ModelOps, f32) on the
 // same dtype-rounded inputs, at DeepSeek-V2-Lite's shapes (the q_pe parts of 16 heads of 192 in a
 // q row, the k_pe tail of a 576 latent row) and an odd one (3 groups of 17 in 20: an odd last
 // element, gaps), with factor 1 and a YaRN cos/sin scale. Tolerance rel_tol |ref| + 2e-6 f (|a| +
