@@ -1,9 +1,9 @@
 // Speculative decoding on the CUDA model path: greedy output with speculation (n-gram trees,
 // self-draft chains and trees; page sizes 1 and 16; f32 so verify and decode round alike) equals
-// the plain CUDA engine's token for token, no page leaks, self-draft topk 1 accepts every drafted
-// token; KvPool::move_kv on a device pool (overlapping pairs); EAGLE heads (lossless, an echo
-// head accepting exactly the repeats, EagleRunner on CUDA ops vs CPU ops). Label "gpu": skipped
-// without a GPU.
+// the plain CUDA engine's token for token (a Llama and the DeepSeek MLA tiny layouts), no page
+// leaks, self-draft topk 1 accepts every drafted token; KvPool::move_kv on a device pool
+// (overlapping pairs); EAGLE heads (lossless, an echo head accepting exactly the repeats,
+// EagleRunner on CUDA ops vs CPU ops). Label "gpu": skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpu_test_common.h"
+#include "mla_test_layouts.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/config.h"
@@ -66,10 +67,9 @@ SpecRun run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t>>
   return r;
 }
 
-TEST(CudaSpec, GreedyIsLossless) {
-  PAGODA_REQUIRE_GPU();
-  const model::ModelConfig config = model::builtin_tiny_config();
-  model::LlamaModel m(config, model::make_random_weights(config, 20240611));
+/// Every speculation mode (n-gram trees, self-draft chains and trees), from graphs and eager, at
+/// pages 1 and 16, gives the plain CUDA engine's greedy tokens on `m`, without page leaks.
+void expect_lossless(model::LlamaModel& m) {
   const auto ps = repetitive_prompts(3, 6);
   for (int page : {1, 16}) {
     const SpecRun plain = run_engine(m, ps, page, {});
@@ -120,6 +120,25 @@ TEST(CudaSpec, GreedyIsLossless) {
                   static_cast<long long>(r.stats.draft_graph_steps));
      }
     }
+  }
+}
+
+TEST(CudaSpec, GreedyIsLossless) {
+  PAGODA_REQUIRE_GPU();
+  const model::ModelConfig config = model::builtin_tiny_config();
+  model::LlamaModel m(config, model::make_random_weights(config, 20240611));
+  expect_lossless(m);
+}
+
+// The same on the DeepSeek MLA tiny layouts (random weights): verify and draft forwards run the
+// absorbed decoder over the latent pool, the commit moves latent rows.
+TEST(CudaSpec, GreedyIsLosslessOnMla) {
+  PAGODA_REQUIRE_GPU();
+  for (const MlaLayout& layout : kMlaLayouts) {
+    SCOPED_TRACE(layout.name);
+    const model::ModelConfig config = mla_layout_config(layout);
+    model::LlamaModel m(config, model::make_random_weights(config, 20261206));
+    expect_lossless(m);
   }
 }
 

@@ -32,11 +32,13 @@
 #include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/model/cuda/dense_kernels.h"
-#include "pagoda/model/cuda/gemma_kernels.h"
+#include "pagoda/model/cuda/family_kernels.h"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
 #include "pagoda/model/logit_processing.h"
+#include "pagoda/model/model_ops.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::model::cuda_kernels {
 namespace {
@@ -557,7 +559,7 @@ TEST(DenseKernels, SiluMulMatchesHost) {
   }
 }
 
-// Gemma's ops (gemma_kernels.h), f64 host references: scale (one product: rel_tol), GeGLU
+// Gemma's ops (family_kernels.h), f64 host references: scale (one product: rel_tol), GeGLU
 // (tanhf and a few products: (rel_tol + 1e-6) |ref| + 1e-7), and the in-place per-group RMSNorm
 // of q heads inside a fused qkv row (Gemma 3 shapes: 4 + 1 heads of 256 in a row of 6 heads)
 // and of whole hidden rows (2304): (rel_tol + 1e-5) |ref| + 1e-6. Elements outside the groups
@@ -630,6 +632,80 @@ TEST(DenseKernels, GemmaOpsMatchHost) {
           }
           for (int64_t i = groups * dim; i < stride; ++i)  // k/v heads untouched
             c.check(got[size_t(r * stride + i)], x.v[size_t(r * stride + i)], 0.0, r * stride + i);
+        }
+      }
+    }
+  }
+}
+
+// rope_interleaved (family_kernels.h) against the host op itself (the CPU ModelOps, f32) on the
+// same dtype-rounded inputs, at DeepSeek-V2-Lite's shapes (the q_pe parts of 16 heads of 192 in a
+// q row, the k_pe tail of a 576 latent row) and an odd one (3 groups of 17 in 20: an odd last
+// element, gaps), with factor 1 and a YaRN cos/sin scale. Tolerance rel_tol |ref| + 2e-6 f (|a| +
+// |b|) + 1e-6: the angle is the same f32 product on both sides, sincosf is within 2 ulp of the
+// host's cosf / sinf, the rest is the same f32 ops. Everything outside the pairs is untouched.
+TEST(DenseKernels, RopeInterleavedMatchesHostOp) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(5050);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  auto cpu_platform = platform::make_cpu_platform();
+  auto host = make_cpu_ops(*cpu_platform, DType::kF32);
+  struct Shape {
+    int64_t row_stride, offset, groups, group_stride, dim;
+  };
+  const Shape shapes[] = {{16 * 192, 128, 16, 192, 64}, {576, 512, 1, 0, 64}, {64, 3, 3, 20, 17}};
+  for (ActDType t : kAllTypes) {
+    const size_t es = size_t(act_dtype_size(t));
+    for (const Shape& s : shapes) {
+      for (int64_t rows : kRows) {
+        for (float factor : {1.f, 1.3689f}) {
+          SCOPED_TRACE(::testing::Message() << name(t) << " row_stride " << s.row_stride
+                                            << " groups " << s.groups << " dim " << s.dim
+                                            << " rows " << rows << " factor " << factor);
+          const int64_t n = rows * s.row_stride;
+          const Act x = random_act(t, size_t(n), rng);
+          std::vector<int32_t> pos(static_cast<size_t>(rows));
+          for (auto& p : pos) p = static_cast<int32_t>(rng() % 131072);
+          std::vector<float> inv_freq(size_t(s.dim / 2));
+          for (size_t i = 0; i < inv_freq.size(); ++i)
+            inv_freq[i] = static_cast<float>(
+                std::pow(10000.0, -2.0 * double(i) / double(s.dim)) /
+                (1.0 + 3.0 * std::uniform_real_distribution<double>(0, 1)(rng)));
+          auto d_x = to_device(x);
+          Dev d_pos(pos.size() * 4), d_inv(std::max<size_t>(inv_freq.size(), 1) * 4);
+          d_pos.upload(pos);
+          if (!inv_freq.empty()) d_inv.upload(inv_freq);
+          ASSERT_EQ(rope_interleaved(t, static_cast<unsigned char*>(d_x->p) + s.offset * es,
+                                     rows, s.row_stride, s.groups, s.group_stride, s.dim,
+                                     static_cast<int32_t*>(d_pos.p),
+                                     static_cast<float*>(d_inv.p), factor, nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const auto got = decode(d_x->download<unsigned char>(), t, size_t(n));
+          std::vector<float> ref = x.v;
+          host->rope_interleaved(ref.data() + s.offset, rows, s.row_stride, s.groups,
+                                 s.group_stride, s.dim, pos.data(), inv_freq.data(), factor);
+          std::vector<int64_t> pair_of(size_t(n), -1);  // the index of each element's pair
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t g = 0; g < s.groups; ++g)
+              for (int64_t i = 0; i < s.dim / 2 * 2; ++i) {
+                const int64_t base = r * s.row_stride + s.offset + g * s.group_stride;
+                pair_of[size_t(base + i)] = base + (i & ~int64_t{1});
+              }
+          Checker c{"rope_interleaved"};
+          for (int64_t e = 0; e < n; ++e) {
+            const int64_t pair = pair_of[size_t(e)];
+            if (pair < 0) {  // bit-for-bit the input
+              c.check(got[size_t(e)], x.v[size_t(e)], 0.0, e);
+              continue;
+            }
+            const double ab = std::fabs(double(x.v[size_t(pair)])) +
+                              std::fabs(double(x.v[size_t(pair + 1)]));
+            const double ref_e = ref[size_t(e)];
+            c.check(got[size_t(e)], ref_e,
+                    rel_tol(t) * std::fabs(ref_e) + 2e-6 * factor * ab + 1e-6, e);
+          }
         }
       }
     }

@@ -242,7 +242,8 @@ TEST(EngineMla, DsaRefusesSpeculativeDecodingAndBackendsWithoutTheHook) {
   EXPECT_NE(why->find("DeepSeek sparse attention"), std::string::npos) << *why;
 }
 
-/// CPU ops without the MLA op (as the CUDA ops are): everything else forwards.
+/// CPU ops without the MLA op (as a device without rope_interleaved would be): everything else
+/// forwards.
 class NoMlaOps final : public model::ModelOps {
  public:
   explicit NoMlaOps(platform::Platform& p) : cpu_(model::make_cpu_ops(p, DType::kF32)) {}

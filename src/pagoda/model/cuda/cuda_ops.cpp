@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -14,7 +15,7 @@
 #include "pagoda/core/float_convert.h"
 #include "pagoda/kernels/cuda/launch.h"
 #include "pagoda/model/cuda/dense_kernels.h"
-#include "pagoda/model/cuda/gemma_kernels.h"
+#include "pagoda/model/cuda/family_kernels.h"
 #include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
@@ -59,6 +60,8 @@ ck::ActDType act_of(DType t) {
   throw_error(ErrorCode::kUnsupported, "the CUDA model computes in f32, f16 or bf16 (not {})",
               dtype_name(t));
 }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 cudaDataType_t cuda_type_of(DType t) {
   switch (t) {
@@ -162,7 +165,7 @@ class CudaOps final : public ModelOps {
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool f32_out) override {
     if (m == 0 || n == 0) return;
-    if (use_small_m(m, n, k, f32_out)) {
+    if (use_small_m(x, w, m, n, k, f32_out)) {
       cuda_check(ck::small_m_gemm(act_, x, w, y, f32_out, /*swiglu=*/false, m, n, k, stream_),
                  "small_m_gemm");
       return;
@@ -183,9 +186,14 @@ class CudaOps final : public ModelOps {
   /// (git show 1f78aca:bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at
   /// m = 1 on matrices up to ~64 M elements (1B q/k/v 5.1 vs 6.1 µs, down 10.2 vs 13.4) and on
   /// the f32-output LM head (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the
-  /// large m <= 2 matrices (8B gate_up 62 vs 56 µs) and from m = 4 on.
-  bool use_small_m(int64_t m, int64_t n, int64_t k, bool f32_out) const {
-    if (m > kSmallMMaxRows || !ck::small_m_gemm_supported(act_, m, n, k)) return false;
+  /// large m <= 2 matrices (8B gate_up 62 vs 56 µs) and from m = 4 on. small_m_gemm needs
+  /// 16-byte aligned x and w (MLA's per-head slices of W_UK / W_UV and its scratch rows may not
+  /// be): cuBLAS takes the rest.
+  bool use_small_m(const void* x, const void* w, int64_t m, int64_t n, int64_t k,
+                   bool f32_out) const {
+    if (m > kSmallMMaxRows || !ck::small_m_gemm_supported(act_, m, n, k) || !aligned16(x) ||
+        !aligned16(w))
+      return false;
     return f32_out || n * k <= (m == 1 ? kSmallM1MaxElems : kSmallM2MaxElems);
   }
   void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
@@ -198,7 +206,7 @@ class CudaOps final : public ModelOps {
   bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
                      int64_t k) override {
     if (m == 0 || m > kSwigluFuseMaxRows || (m > 1 && n * k > kSmallM2MaxElems) ||
-        !ck::small_m_gemm_supported(act_, m, n, k))
+        !ck::small_m_gemm_supported(act_, m, n, k) || !aligned16(gate_up) || !aligned16(w))
       return false;
     cuda_check(ck::small_m_gemm(act_, gate_up, w, y, /*f32_out=*/false, /*swiglu=*/true, m, n, k,
                                 stream_),
@@ -234,6 +242,14 @@ class CudaOps final : public ModelOps {
   }
   void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
     cuda_check(ck::gelu_tanh_mul(act_, gate_up, out, rows, inter, stream_), "gelu_tanh_mul");
+  }
+  bool supports_mla_ops() const override { return true; }
+  void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
+                        int64_t group_stride, int64_t dim, const int32_t* positions,
+                        const float* inv_freq, float factor) override {
+    cuda_check(ck::rope_interleaved(act_, x, rows, row_stride, groups, group_stride, dim,
+                                    positions, inv_freq, factor, stream_),
+               "rope_interleaved");
   }
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
     cuda_check(ck::adjust_logits(logits, vocab, reinterpret_cast<const ck::LogitAdjustEntry*>(adj),

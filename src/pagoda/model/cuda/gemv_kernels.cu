@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "pagoda/kernels/cuda/pdl.cuh"
+#include "pagoda/model/cuda/act_convert.cuh"
 #include "pagoda/model/cuda/gemv_kernels.h"
 
 namespace pagoda::model::cuda_kernels {
@@ -67,17 +68,6 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   unpack2<T>(v.y, f[2], f[3]);
   unpack2<T>(v.z, f[4], f[5]);
   unpack2<T>(v.w, f[6], f[7]);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
 }
 
 /// One reduce-scatter step over lanes lane ^ kOff: the lane with bit kOff set keeps (the sum of)
@@ -241,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm<T, kMT>())
       if constexpr (kF32Out) {
         static_cast<float*>(y)[i * n + row] = sum;
       } else {
-        static_cast<T*>(y)[i * n + row] = from_f32<T>(sum);
+        static_cast<T*>(y)[i * n + row] = round_to<T>(sum);
       }
     }
   }

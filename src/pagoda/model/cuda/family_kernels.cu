@@ -1,39 +1,15 @@
-// Gemma-only dense kernels (gemma_kernels.h). Built without fast math.
+// The model families' extra dense kernels (family_kernels.h). Built without fast math.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
-#include "pagoda/model/cuda/gemma_kernels.h"
+#include "pagoda/model/cuda/act_convert.cuh"
+#include "pagoda/model/cuda/family_kernels.h"
 
 namespace pagoda::model::cuda_kernels {
 
 namespace {
-
-__device__ __forceinline__ float f32(float x) {
-  return x;
-}
-__device__ __forceinline__ float f32(__half x) {
-  return __half2float(x);
-}
-__device__ __forceinline__ float f32(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T round_to(float x);
-template <>
-__device__ __forceinline__ float round_to<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half round_to<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 round_to<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 constexpr int kThreads = 256;
 
@@ -90,6 +66,28 @@ __global__ void gelu_tanh_mul_kernel(const T* __restrict__ gate_up, T* __restric
   }
 }
 
+/// One thread per pair (t, g, i), grid-stride.
+template <typename T>
+__global__ void rope_interleaved_kernel(T* x, int64_t rows, int64_t row_stride, int64_t groups,
+                                        int64_t group_stride, int64_t half,
+                                        const int32_t* __restrict__ positions,
+                                        const float* __restrict__ inv_freq, float factor) {
+  const int64_t pairs = rows * groups * half;
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < pairs;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = j % half, tg = j / half;
+    const int64_t t = tg / groups, g = tg - t * groups;
+    T* v = x + t * row_stride + g * group_stride + 2 * i;
+    float s, c;
+    sincosf(__fmul_rn(static_cast<float>(positions[t]), inv_freq[i]), &s, &c);
+    c = __fmul_rn(c, factor);
+    s = __fmul_rn(s, factor);
+    const float a = f32(v[0]), b = f32(v[1]);
+    v[0] = round_to<T>(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    v[1] = round_to<T>(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+  }
+}
+
 template <template <typename> class Launch, typename... Args>
 cudaError_t dispatch(ActDType dtype, Args... args) {
   switch (dtype) {
@@ -131,6 +129,18 @@ struct GeluLaunch {
   }
 };
 
+template <typename T>
+struct RopeLaunch {
+  static cudaError_t run(void* x, int64_t rows, int64_t row_stride, int64_t groups,
+                         int64_t group_stride, int64_t half, const int32_t* positions,
+                         const float* inv_freq, float factor, cudaStream_t stream) {
+    rope_interleaved_kernel<T><<<blocks(rows * groups * half, kThreads), kThreads, 0, stream>>>(
+        static_cast<T*>(x), rows, row_stride, groups, group_stride, half, positions, inv_freq,
+        factor);
+    return cudaGetLastError();
+  }
+};
+
 }  // namespace
 
 cudaError_t scale_inplace(ActDType dtype, void* x, int64_t n, float s, cudaStream_t stream) {
@@ -149,6 +159,17 @@ cudaError_t gelu_tanh_mul(ActDType dtype, const void* gate_up, void* out, int64_
                           int64_t inter, cudaStream_t stream) {
   if (rows <= 0 || inter <= 0) return cudaSuccess;
   return dispatch<GeluLaunch>(dtype, gate_up, out, rows, inter, stream);
+}
+
+cudaError_t rope_interleaved(ActDType dtype, void* x, int64_t rows, int64_t row_stride,
+                             int64_t groups, int64_t group_stride, int64_t dim,
+                             const int32_t* positions, const float* inv_freq, float factor,
+                             cudaStream_t stream) {
+  const int64_t half = dim / 2;
+  if (rows <= 0 || groups <= 0 || half <= 0) return cudaSuccess;
+  if (x == nullptr || positions == nullptr || inv_freq == nullptr) return cudaErrorInvalidValue;
+  return dispatch<RopeLaunch>(dtype, x, rows, row_stride, groups, group_stride, half, positions,
+                              inv_freq, factor, stream);
 }
 
 }  // namespace pagoda::model::cuda_kernels
