@@ -101,6 +101,17 @@ INSTANTIATE_TEST_SUITE_P(Matrix, EngineExactness, ::testing::ValuesIn(all_cases(
 // flip needs a margin under ~0.25). Skipped, saying why, where the mode cannot run.
 class EngineCpuGemm : public ::testing::TestWithParam<model::CpuGemm> {};
 
+}  // namespace
+}  // namespace pagoda::engine
+
+namespace pagoda::model {
+// Test names print the GEMM mode by name (found by ADL in CpuGemm's namespace).
+void PrintTo(CpuGemm g, std::ostream* os) { *os << cpu_gemm_name(g); }
+}  // namespace pagoda::model
+
+namespace pagoda::engine {
+namespace {
+
 TEST_P(EngineCpuGemm, GreedyMatchesNaive) {
   const model::CpuGemm gemm = GetParam();
   if (const std::string why = model::cpu_gemm_unavailable(gemm); !why.empty())

@@ -92,6 +92,13 @@ int32_t clear_top1(const std::vector<double>& ref, double tol) {
   return ref[idx[0]] - ref[idx[1]] > 2 * tol ? idx[0] : -1;
 }
 
+}  // namespace
+
+// Test names print the GEMM mode by name (found by ADL: outside the unnamed namespace).
+void PrintTo(CpuGemm g, std::ostream* os) { *os << cpu_gemm_name(g); }
+
+namespace {
+
 class ModelForward
     : public ::testing::TestWithParam<std::tuple<std::string, int, CpuGemm>> {};
 
