@@ -111,7 +111,13 @@ struct OnednnLinear::Impl {
       cache.erase(std::min_element(cache.begin(), cache.end(), [](const Cached& a, const Cached& b) {
         return a.last_use < b.last_use;
       }));
-    cache.push_back(Cached{m, clock, dnnl::matmul(matmul_pd(m, n, k, dtype, packed_md))});
+    try {
+      cache.push_back(Cached{m, clock, dnnl::matmul(matmul_pd(m, n, k, dtype, packed_md))});
+    } catch (const dnnl::error& e) {
+      throw_error(ErrorCode::kInternal,
+                  "oneDNN builds no {} matmul for M {} on its packed [{}, {}] weights: {}",
+                  dtype_name(dtype), m, n, k, e.what());
+    }
     return cache.back().primitive;
   }
 };
