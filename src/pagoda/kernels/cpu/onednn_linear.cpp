@@ -3,6 +3,7 @@
 #include "pagoda/kernels/cpu/onednn_linear.h"
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "pagoda/core/error.h"
@@ -54,6 +55,46 @@ constexpr int64_t kOnednnPackM = 32;
 
 }  // namespace
 
+// Not in the unnamed namespace: the Impl structs below hold one (-Wsubobject-linkage).
+namespace onednn_detail {
+
+/// The most recently used `capacity` matmul primitives by shape key; build(key) makes a missing
+/// one, and a dnnl::error becomes Error(kInternal) naming `what` the shape is.
+template <typename Key>
+class OnednnPrimitiveCache {
+ public:
+  explicit OnednnPrimitiveCache(size_t capacity) : capacity_(capacity) {}
+  template <typename Build, typename What>
+  dnnl::matmul& get(const Key& key, Build&& build, What&& what) {
+    ++clock_;
+    for (Entry& e : entries_)
+      if (e.key == key) return e.last_use = clock_, e.primitive;
+    if (entries_.size() == capacity_)
+      entries_.erase(std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& x, const Entry& y) {
+                                        return x.last_use < y.last_use;
+                                      }));
+    try {
+      entries_.push_back(Entry{key, clock_, dnnl::matmul(build())});
+    } catch (const dnnl::error& e) {
+      throw_error(ErrorCode::kInternal, "oneDNN builds no matmul for {}: {}", what(), e.what());
+    }
+    return entries_.back().primitive;
+  }
+
+ private:
+  struct Entry {
+    Key key;
+    uint64_t last_use = 0;
+    dnnl::matmul primitive;
+  };
+  size_t capacity_;
+  uint64_t clock_ = 0;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace onednn_detail
+
 std::string onednn_isa_name() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::sse41: return "sse41";
@@ -89,36 +130,18 @@ std::string onednn_linear_unavailable(DType weight_dtype) {
 }
 
 struct OnednnLinear::Impl {
-  struct Cached {
-    int64_t m = 0;
-    uint64_t last_use = 0;
-    dnnl::matmul primitive;
-  };
   int64_t n = 0, k = 0;
   DType dtype = DType::kF32;
   memory::desc packed_md;
   memory weights;
   dnnl::stream stream{onednn_engine()};
-  std::vector<Cached> cache;
-  uint64_t clock = 0;
+  onednn_detail::OnednnPrimitiveCache<int64_t> cache{kMaxCached};  ///< by M
   std::vector<uint16_t> x_bf16;  ///< the activations rounded to bf16 (bf16 weights)
 
   dnnl::matmul& primitive(int64_t m) {
-    ++clock;
-    for (Cached& c : cache)
-      if (c.m == m) return c.last_use = clock, c.primitive;
-    if (cache.size() == kMaxCached)
-      cache.erase(std::min_element(cache.begin(), cache.end(), [](const Cached& a, const Cached& b) {
-        return a.last_use < b.last_use;
-      }));
-    try {
-      cache.push_back(Cached{m, clock, dnnl::matmul(matmul_pd(m, n, k, dtype, packed_md))});
-    } catch (const dnnl::error& e) {
-      throw_error(ErrorCode::kInternal,
-                  "oneDNN builds no {} matmul for M {} on its packed [{}, {}] weights: {}",
-                  dtype_name(dtype), m, n, k, e.what());
-    }
-    return cache.back().primitive;
+    return cache.get(
+        m, [&] { return matmul_pd(m, n, k, dtype, packed_md); },
+        [&] { return fmt::format("{} M {} on its packed [{}, {}] weights", dtype_name(dtype), m, n, k); });
   }
 };
 
@@ -174,6 +197,45 @@ int64_t OnednnLinear::n() const { return impl_->n; }
 int64_t OnednnLinear::k() const { return impl_->k; }
 size_t OnednnLinear::weight_bytes() const { return impl_->packed_md.get_size(); }
 
+struct OnednnMatmul::Impl {
+  DType dtype = DType::kF32;
+  dnnl::stream stream{onednn_engine()};
+  onednn_detail::OnednnPrimitiveCache<std::tuple<int64_t, int64_t, int64_t, bool>> cache{kMaxCached};
+
+  memory::desc b_md(int64_t n, int64_t k, bool rows_are_n) const {
+    return memory::desc({k, n}, onednn_type(dtype), rows_are_n ? DnnlTag::ba : DnnlTag::ab);
+  }
+  dnnl::matmul& primitive(int64_t m, int64_t n, int64_t k, bool rows_are_n) {
+    return cache.get(
+        std::make_tuple(m, n, k, rows_are_n),
+        [&] { return matmul_pd(m, n, k, dtype, b_md(n, k, rows_are_n)); },
+        [&] { return fmt::format("{} [{}, {}] x [{}, {}]", dtype_name(dtype), m, k, k, n); });
+  }
+};
+
+OnednnMatmul::OnednnMatmul() : impl_(std::make_unique<Impl>()) {
+  const std::string f32_why = onednn_linear_unavailable(DType::kF32);
+  PAGODA_REQUIRE(f32_why.empty(), kUnsupported, "{}", f32_why);
+  impl_->dtype = onednn_linear_unavailable(DType::kBF16).empty() ? DType::kBF16 : DType::kF32;
+}
+OnednnMatmul::~OnednnMatmul() = default;
+OnednnMatmul::OnednnMatmul(OnednnMatmul&&) noexcept = default;
+OnednnMatmul& OnednnMatmul::operator=(OnednnMatmul&&) noexcept = default;
+
+DType OnednnMatmul::operand_dtype() const { return impl_->dtype; }
+
+void OnednnMatmul::run(const void* a, const void* b, float* c, int64_t m, int64_t n, int64_t k,
+                       bool b_rows_are_n) {
+  Impl& s = *impl_;
+  const memory::data_type t = onednn_type(s.dtype);
+  memory a_mem(memory::desc({m, k}, t, DnnlTag::ab), onednn_engine(), const_cast<void*>(a));
+  memory b_mem(s.b_md(n, k, b_rows_are_n), onednn_engine(), const_cast<void*>(b));
+  memory c_mem(memory::desc({m, n}, memory::data_type::f32, DnnlTag::ab), onednn_engine(), c);
+  s.primitive(m, n, k, b_rows_are_n)
+      .execute(s.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  s.stream.wait();
+}
+
 #else  // no oneDNN in this build
 
 namespace {
@@ -197,6 +259,14 @@ void OnednnLinear::forward(const float*, float*, int64_t) {}
 int64_t OnednnLinear::n() const { return 0; }
 int64_t OnednnLinear::k() const { return 0; }
 size_t OnednnLinear::weight_bytes() const { return 0; }
+
+struct OnednnMatmul::Impl {};
+OnednnMatmul::OnednnMatmul() { throw_error(ErrorCode::kUnsupported, "{}", kNoOnednn); }
+OnednnMatmul::~OnednnMatmul() = default;
+OnednnMatmul::OnednnMatmul(OnednnMatmul&&) noexcept = default;
+OnednnMatmul& OnednnMatmul::operator=(OnednnMatmul&&) noexcept = default;
+DType OnednnMatmul::operand_dtype() const { return DType::kF32; }
+void OnednnMatmul::run(const void*, const void*, float*, int64_t, int64_t, int64_t, bool) {}
 
 #endif
 

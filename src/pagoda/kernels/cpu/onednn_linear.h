@@ -16,6 +16,9 @@
 /// the packing and caching on any CPU). Without oneDNN in the build every query says that.
 ///
 /// Thread rules: one thread calls forward() at a time (oneDNN runs it on its OpenMP threads).
+///
+/// OnednnMatmul (below) is the same primitive for operands that change every call (the amx
+/// attention backend's Q·Kᵀ and P·V blocks): nothing is packed, primitives are cached by shape.
 
 #include <cstdint>
 #include <memory>
@@ -57,6 +60,33 @@ class OnednnLinear {
 
   /// Distinct M values kept with a built primitive.
   static constexpr size_t kMaxCached = 32;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// C[m, n] = A[m, k] · B in f32 (C row-major, contiguous), A [m, k] row-major, B either [n, k]
+/// row-major (b_rows_are_n: key rows for Q·Kᵀ) or [k, n] row-major (value rows for P·V). A and B
+/// hold `operand_dtype()` elements: bf16 (as uint16 bits) where oneDNN has a bf16 matmul on this
+/// CPU, else f32 — callers round their values to bf16 either way, so the products are the same
+/// exact bf16 × bf16 products and only the f32 accumulation order differs between the two.
+class OnednnMatmul {
+ public:
+  /// Throws Error(kUnsupported) when oneDNN has neither (a build without oneDNN).
+  OnednnMatmul();
+  ~OnednnMatmul();
+  OnednnMatmul(OnednnMatmul&&) noexcept;
+  OnednnMatmul& operator=(OnednnMatmul&&) noexcept;
+
+  /// kBF16 or kF32 (see above).
+  DType operand_dtype() const;
+  /// Runs the product (m, n, k >= 1). One thread at a time per object.
+  void run(const void* a, const void* b, float* c, int64_t m, int64_t n, int64_t k,
+           bool b_rows_are_n);
+
+  /// Distinct shapes kept with a built primitive.
+  static constexpr size_t kMaxCached = 64;
 
  private:
   struct Impl;
