@@ -7,6 +7,8 @@ same thread count, warm-up then median). Bytes and FLOPs use the same formulas a
 Each pagoda shape also runs with `--kernel-option cpu_bf16=0` (the f32 kernels without
 AVX512-BF16 dot products: the previous code path) in the same session, for an old/new comparison,
 and each decode shape with `--kernel-option cpu_bf16_decode=1` (the opt-in AVX512-BF16 decode).
+With --amx each extend shape also runs on the `amx` backend (bf16 matmuls through oneDNN: AMX
+tiles on Sapphire Rapids; its decode is the cpu kernels', so decode shapes are not repeated).
 Writes cpu_vs_torch.md and cpu_vs_torch.json into --out.
 """
 import argparse
@@ -48,9 +50,9 @@ def cpu_flags():
     return []
 
 
-def run_pagoda(exe, shape, threads, iters, kernel_options=()):
+def run_pagoda(exe, shape, threads, iters, kernel_options=(), backend="cpu"):
     op, b, l, q, hq, hk, d, p = shape
-    cmd = [exe, "kernels", "--backend", "cpu", "--op", op, "--batch", str(b), "--kv-len", str(l),
+    cmd = [exe, "kernels", "--backend", backend, "--op", op, "--batch", str(b), "--kv-len", str(l),
            "--q-len", str(q), "--q-heads", str(hq), "--kv-heads", str(hk), "--head-dim", str(d),
            "--page-size", str(p), "--kv-dtype", "bf16", "--threads", str(threads),
            "--iters", str(iters), "--json"]
@@ -106,6 +108,7 @@ def main():
     ap.add_argument("--threads", nargs="*", type=int, default=[])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-ab", action="store_true", help="skip the cpu_bf16=0 and cpu_bf16_decode=1 runs")
+    ap.add_argument("--amx", action="store_true", help="also time the amx backend on extend shapes")
     args = ap.parse_args()
     t_start = time.time()
     threads = args.threads or [2, os.cpu_count() or 2]
@@ -120,6 +123,9 @@ def main():
             if not args.no_ab and shape[0] == "decode":  # the opt-in AVX512-BF16 decode kernels
                 dec16 = run_pagoda(args.pagoda, shape, t, args.iters,
                                    kernel_options=["cpu_bf16_decode=1"])
+            amx = None
+            if args.amx and shape[0] != "decode":
+                amx = run_pagoda(args.pagoda, shape, t, args.iters, backend="amx")
             torch_ms, variant, variants, torch_version = time_torch(shape, t, args.iters)
             memory = shape[0] == "decode"
             unit = "GB/s" if memory else "TFLOP/s"
@@ -128,14 +134,15 @@ def main():
             torch_rate = ours_rate * scale
             rows.append((t, shape, ours, ours_rate, torch_ms, torch_rate, variant, unit, old))
             raw.append({"threads": t, "shape": shape, "pagoda": ours, "pagoda_f32_path": old,
-                        "pagoda_bf16_decode": dec16,
+                        "pagoda_bf16_decode": dec16, "pagoda_amx": amx,
                         "torch_ms": torch_ms, "torch_variant": variant,
                         "torch_variants": variants})
             print(f"threads={t} {shape[0]}: pagoda {ours['ms']:.3f} ms ({ours_rate:.3f} {unit}, "
                   f"{ours['pct_of_peak']:.1f}% of peak {ours['peak']:.2f}), torch {torch_ms:.3f} ms "
                   f"({variant}), speedup {torch_ms / ours['ms']:.2f}x"
                   + (f"; f32 path {old['ms']:.3f} ms" if old else "")
-                  + (f"; bf16 decode {dec16['ms']:.3f} ms" if dec16 else ""), flush=True)
+                  + (f"; bf16 decode {dec16['ms']:.3f} ms" if dec16 else "")
+                  + (f"; amx {amx['ms']:.3f} ms" if amx else ""), flush=True)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         f"# pagoda CPU backend vs PyTorch SDPA (CPU)",
@@ -164,6 +171,11 @@ def main():
             lines.append(f"- {r['threads']} threads, decode with cpu_bf16_decode=1: "
                          f"{d['ms']:.3f} ms, {d['gbps']:.3f} GB/s, {d['pct_of_peak']:.1f} % of "
                          f"{d['peak']:.2f}")
+        if r["pagoda_amx"]:
+            a = r["pagoda_amx"]
+            lines.append(f"- {r['threads']} threads, {r['shape'][0]} on the amx backend: "
+                         f"{a['ms']:.3f} ms, {a['tflops']:.3f} TFLOP/s (torch "
+                         f"{r['torch_ms']:.3f} ms: {r['torch_ms'] / a['ms']:.2f}x)")
     lines.append("")
     lines.append(f"bench wall time {time.time() - t_start:.0f} s (after the build)")
     os.makedirs(args.out, exist_ok=True)

@@ -27,6 +27,22 @@ set(PAGODA_HAVE_HIREDIS ${HIREDIS_FOUND})
 if(NOT HIREDIS_FOUND)
   message(STATUS "hiredis not found: the redis:// HiCache storage is not built (apt install libhiredis-dev)")
 endif()
+# oneDNN (Debian's libdnnl-dev): the bf16 matmul of the CPU model's --cpu-gemm onednn path
+# (kernels/cpu/onednn_linear.h). Found by header and library, not by its CMake package (that one
+# also requires the OpenCL headers of its GPU runtime, which pagoda does not use). Optional:
+# without it --cpu-gemm onednn says so. $DNNL_ROOT (a prefix such as /tmp/sys/usr: see
+# scripts/gpu_deps.sh) is searched first.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp HINTS ENV DNNL_ROOT PATH_SUFFIXES include)
+find_library(DNNL_LIBRARY dnnl HINTS ENV DNNL_ROOT PATH_SUFFIXES lib/x86_64-linux-gnu lib)
+if(DNNL_INCLUDE_DIR AND DNNL_LIBRARY)
+  add_library(pagoda_dnnl INTERFACE IMPORTED)
+  target_include_directories(pagoda_dnnl SYSTEM INTERFACE ${DNNL_INCLUDE_DIR})
+  target_link_libraries(pagoda_dnnl INTERFACE ${DNNL_LIBRARY})
+  set(PAGODA_HAVE_ONEDNN ON)
+else()
+  set(PAGODA_HAVE_ONEDNN OFF)
+  message(STATUS "oneDNN not found: --cpu-gemm onednn is not built (apt install libdnnl-dev)")
+endif()
 set(BLA_VENDOR OpenBLAS)
 find_package(BLAS)
 if(PAGODA_BUILD_TESTS)

@@ -3,9 +3,10 @@
 # ICU, SentencePiece; see cmake/Dependencies.cmake) and cannot download them. This carries them,
 # and cpp-httplib for `pagoda serve` (a compiled library whose header includes OpenSSL, zlib and
 # Brotli headers, so their dev packages come too), Highway (libhwy) for the CPU kernels, hiredis
-# for the HiCache redis:// storage tier, and the nanobind wheel for the Python package:
+# for the HiCache redis:// storage tier, oneDNN (libdnnl, and the OpenCL loader it links) for the
+# CPU model's --cpu-gemm onednn, and the nanobind wheel for the Python package:
 #
-#   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~22 MB)
+#   here (Debian, with apt):   scripts/gpu_deps.sh fetch      # writes .debs/ (git-ignored, ~29 MB)
 #   on the GPU machine:        source scripts/gpu_deps.sh env  # unpacks to /tmp/sys, sets pkg-config
 #
 # then configure as usual (cmake -S . -B /tmp/b -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a). Name
@@ -17,7 +18,7 @@ packages=(libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 
           libsentencepiece-dev libsentencepiece0 libprotobuf-lite32
           libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1
           libhwy-dev libhwy1 libucx-dev libucx0 libxxhash-dev libxxhash0 libnuma1 librdmacm1 libibverbs1
-          libhiredis-dev libhiredis0.14)
+          libhiredis-dev libhiredis0.14 libdnnl-dev libdnnl2 ocl-icd-libopencl1)
 case "${1:-}" in
   fetch)
     mkdir -p "$root/.debs"
@@ -32,6 +33,7 @@ case "${1:-}" in
     export PKG_CONFIG_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/sys/usr/share/pkgconfig
     export PKG_CONFIG_SYSROOT_DIR=/tmp/sys PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
     export LD_LIBRARY_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+    export DNNL_ROOT=/tmp/sys/usr  # cmake/Dependencies.cmake looks for oneDNN there first
     # The carried nanobind wheel, unpacked onto PYTHONPATH (CMake finds it through
     # `python3 -m nanobind --cmake_dir`); nothing is installed into the image's Python.
     for w in "$root"/.debs/nanobind-*.whl; do

@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build pkg-config python3 libgtest-dev libgmock-dev
           libbenchmark-dev libfmt-dev libcli11-dev nlohmann-json3-dev libhwy-dev libopenblas-dev
           libomp-dev libpcre2-dev libicu-dev libsentencepiece-dev python3-pip python3-dev
-          libcpp-httplib-dev libssl-dev libucx-dev libxxhash-dev libhiredis-dev redis-server)
+          libcpp-httplib-dev libssl-dev libucx-dev libxxhash-dev libhiredis-dev redis-server
+          libdnnl-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

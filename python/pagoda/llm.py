@@ -32,7 +32,7 @@ _ARG_ALIASES = {
     "max_running_requests": "max_running", "chunked_prefill_size": "chunk_size",
     "max_prefill_tokens": "max_prefill_tokens", "dtype": "dtype", "kv_cache_dtype": "kv_dtype",
     "max_model_len": "max_context_len", "context_length": "max_context_len",
-    "schedule_policy": "policy", "overlap": "overlap",
+    "schedule_policy": "policy", "overlap": "overlap", "cpu_gemm": "cpu_gemm",
 }
 # Arguments whose default (or a value meaning "the default") is accepted and changes nothing.
 _NEUTRAL = {"tensor_parallel_size": 1, "tp_size": 1, "trust_remote_code": None,

@@ -6,6 +6,11 @@
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/backends/reference/reference_backend.h"
 #include "pagoda/core/error.h"
+#ifdef PAGODA_HAVE_AMX_BACKEND
+#include <vector>
+
+#include "pagoda/backends/amx/amx_backend.h"
+#endif
 
 namespace pagoda::backends::conformance {
 namespace {
@@ -181,6 +186,57 @@ TEST(Conformance, MatrixPrintsDeclaredReasons) {
   EXPECT_NE(md.find("ref-nosinks / sinks: "), std::string::npos) << md;
   EXPECT_NE(md.find("unsupported"), std::string::npos) << md;
 }
+
+#ifdef PAGODA_HAVE_AMX_BACKEND
+// The amx BatchAttention refuses, naming them, what its capabilities do not declare (the
+// conformance grid above only sees the capabilities): f32 queries / KV and custom masks at plan,
+// window / soft cap / sinks at run; a bf16 extend it declares runs.
+TEST(Conformance, AmxRefusesUndeclaredFeaturesByName) {
+  auto attn = make_amx_batch_attention();
+  const std::vector<int32_t> qo = {0, 2}, kv = {0, 1}, pages = {0}, last = {2};
+  const attention::PagedPlanInput in{.qo_indptr = qo, .kv_indptr = kv, .kv_indices = pages,
+                                     .kv_last_page_len = last, .page_size = 4};
+  attention::AttentionShape shape{.num_qo_heads = 2, .num_kv_heads = 1, .head_dim_qk = 8,
+                                  .head_dim_v = 8};
+  auto code_and_message = [](auto&& f) -> std::pair<ErrorCode, std::string> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return {e.code(), e.what()};
+    }
+    return {ErrorCode::kInternal, "no error"};
+  };
+  attention::AttentionShape f32 = shape;
+  f32.q_dtype = f32.kv_dtype = f32.out_dtype = DType::kF32;
+  auto [code, msg] = code_and_message([&] { attn->plan(in, f32); });
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("bf16"), std::string::npos) << msg;
+  const std::vector<uint8_t> mask = {0xff};
+  const std::vector<int64_t> mask_indptr = {0, 1};
+  attention::PagedPlanInput masked = in;
+  masked.custom_mask = mask;
+  masked.mask_indptr = mask_indptr;
+  std::tie(code, msg) = code_and_message([&] { attn->plan(masked, shape); });
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("custom"), std::string::npos) << msg;
+
+  attn->plan(in, shape);
+  std::vector<uint16_t> q(2 * 2 * 8, 0x3f80), k(4 * 8, 0x3f80), v(4 * 8, 0x3f80), o(2 * 2 * 8);
+  const TensorView qv(q.data(), DType::kBF16, {2, 2, 8}), kc(k.data(), DType::kBF16, {1, 4, 1, 8}),
+      vc(v.data(), DType::kBF16, {1, 4, 1, 8}), ov(o.data(), DType::kBF16, {2, 2, 8});
+  for (auto set : {+[](attention::RunParams& p) { p.window_left = 1; },
+                   +[](attention::RunParams& p) { p.logit_cap = 5.f; }}) {
+    attention::RunParams p;
+    set(p);
+    std::tie(code, msg) = code_and_message([&] { attn->run(qv, kc, vc, ov, {}, p); });
+    EXPECT_EQ(code, ErrorCode::kUnsupported);
+    EXPECT_NE(msg.find("sliding window, soft cap and sinks"), std::string::npos) << msg;
+  }
+  // Every q, k, v element 1: softmax over equal scores, so every output element is exactly 1.
+  attn->run(qv, kc, vc, ov, {}, attention::RunParams{});
+  for (uint16_t b : o) EXPECT_EQ(b, 0x3f80);
+}
+#endif
 
 }  // namespace
 }  // namespace pagoda::backends::conformance

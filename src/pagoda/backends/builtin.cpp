@@ -5,6 +5,9 @@
 #ifdef PAGODA_HAVE_CPU_BACKEND
 #include "pagoda/backends/cpu/cpu_backend.h"
 #endif
+#ifdef PAGODA_HAVE_AMX_BACKEND
+#include "pagoda/backends/amx/amx_backend.h"
+#endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND
 #include "pagoda/backends/cuda/cuda_backend.h"
 #endif
@@ -18,6 +21,10 @@ void register_builtin_backends(BackendRegistry& registry, const KernelOptions& k
   register_reference_backend(registry);
 #ifdef PAGODA_HAVE_CPU_BACKEND
   register_cpu_backend(registry, {.bf16_tiles = kernels.cpu_bf16,
+                                  .bf16_decode = kernels.cpu_bf16_decode});
+#endif
+#ifdef PAGODA_HAVE_AMX_BACKEND
+  register_amx_backend(registry, {.bf16_tiles = kernels.cpu_bf16,
                                   .bf16_decode = kernels.cpu_bf16_decode});
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND

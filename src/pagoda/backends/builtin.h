@@ -3,7 +3,7 @@
 /// --prefill-attention-backend / --decode-attention-backend flags (sglang_spec §1.5).
 ///
 ///   attention::BackendRegistry registry;
-///   backends::register_builtin_backends(registry, selection.kernels);  // reference, cpu, cuda
+///   backends::register_builtin_backends(registry, selection.kernels);  // reference, cpu, amx, cuda
 ///   auto backend = backends::make_backend(registry, {.attention = "cpu"}, requirements, ctx);
 
 #include <memory>

@@ -25,6 +25,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/llama.h"
+#include "pagoda/model/model_ops.h"
 #include "pagoda/model/ops.h"
 #include "pagoda/model/safetensors.h"
 
@@ -366,6 +367,7 @@ void run_bench(const BenchOptions& o) {
       {"decode_steps", st.decode_steps},
       {"dtype", std::string(dtype_name(st.dtype))},
       {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
+      {"cpu_gemm", std::string(model::cpu_gemm_name(eng.config().cpu_gemm))},
       {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
       {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /
                                                    static_cast<double>(decode_steps)
@@ -405,11 +407,12 @@ void run_bench(const BenchOptions& o) {
     check_accounting();
     return;
   }
-  fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}), backend {}, page {}, pool {} "
-             "tokens, policy {}, chunk {}\n",
+  fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}, GEMMs {}), backend {}, page {}, "
+             "pool {} tokens, policy {}, chunk {}\n",
              loaded.config.name, static_cast<double>(loaded.config.num_parameters()) / 1e6,
-             st.dtype, st.kv_dtype, eng.worker().backend_name(), args.page_size, st.pool_tokens,
-             args.policy, args.chunk_size);
+             st.dtype, st.kv_dtype, model::cpu_gemm_name(eng.config().cpu_gemm),
+             eng.worker().backend_name(), args.page_size, st.pool_tokens, args.policy,
+             args.chunk_size);
   auto row = [](const char* name, const std::string& value) {
     fmt::print("  {:<24} {:>16}\n", name, value);
   };

@@ -35,6 +35,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--kv-dtype", a.kv_dtype,
                   "KV cache: auto (the model dtype), f32, f16, bf16, fp8_e4m3, fp8_e5m2")
       ->capture_default_str();
+  cmd->add_option("--cpu-gemm", a.cpu_gemm,
+                  "the CPU model's GEMMs: openblas (f32 weights), onednn (bf16 weights, oneDNN "
+                  "matmul; AMX / AVX512-BF16, needs AVX-512), onednn-f32, or auto (onednn where "
+                  "oneDNN reports avx512_core_bf16 or AMX, else openblas)")
+      ->check(CLI::IsMember({"openblas", "onednn", "onednn-f32", "auto"}))
+      ->capture_default_str();
   cmd->add_option_function<std::string>(
          "--cuda-graph", [&a](const std::string& v) { a.cuda_graph = v == "on"; },
          "with the cuda backend: replay decode steps from CUDA graphs (on|off)")

@@ -34,6 +34,9 @@
 #include "pagoda/backends/cpu/cpu_batch_attention.h"
 #include "pagoda/kernels/cpu/paged_attention.h"
 #endif
+#ifdef PAGODA_HAVE_AMX_BACKEND
+#include "pagoda/backends/amx/amx_backend.h"
+#endif
 #ifdef PAGODA_CLI_HAVE_CUDA
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
 #include "pagoda/platform/cuda/cuda_platform.h"
@@ -71,6 +74,9 @@ std::vector<std::string> known_backends() {
 #ifdef PAGODA_CLI_HAVE_CPU_BACKEND
   names.push_back("cpu");
 #endif
+#ifdef PAGODA_HAVE_AMX_BACKEND
+  names.push_back("amx");
+#endif
 #ifdef PAGODA_CLI_HAVE_CUDA
   names.push_back("cuda");
 #endif
@@ -85,6 +91,15 @@ std::unique_ptr<attention::BatchAttention> make_attention(const std::string& nam
 #ifdef PAGODA_CLI_HAVE_CPU_BACKEND
   if (name == "cpu") {
     return backends::make_cpu_batch_attention({.num_threads = threads,
+                                               .bf16_tiles = kernels.cpu_bf16,
+                                               .bf16_decode = kernels.cpu_bf16_decode});
+  }
+#endif
+#ifdef PAGODA_HAVE_AMX_BACKEND
+  if (name == "amx") {
+    // oneDNN's matmuls run on the OpenMP pool: size it to --threads like the cpu kernels.
+    omp_set_num_threads(threads);
+    return backends::make_amx_batch_attention({.num_threads = threads,
                                                .bf16_tiles = kernels.cpu_bf16,
                                                .bf16_decode = kernels.cpu_bf16_decode});
   }
@@ -387,7 +402,7 @@ void run_kernels(const KernelsArgs& a) {
 void add_kernels_command(CLI::App& app) {
   auto args = std::make_shared<KernelsArgs>();
   CLI::App* cmd = app.add_subcommand("kernels", "Time a BatchAttention backend on one shape");
-  cmd->add_option("--backend", args->backend, "cpu | reference | cuda (as built)")
+  cmd->add_option("--backend", args->backend, "cpu | amx | reference | cuda (as built)")
       ->capture_default_str();
   add_kernel_option_flag(cmd, args->kernels);
   cmd->add_option("--op", args->op, "decode | extend | verify")->capture_default_str();

@@ -98,8 +98,13 @@ DType default_model_dtype(const platform::Platform& platform, const model::Model
   return model.weights_dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
 }
 
-std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype) {
-  if (platform.kind() == platform::PlatformKind::kCpu) return model::make_cpu_ops(platform, dtype);
+std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype,
+                                                model::CpuGemm cpu_gemm) {
+  if (platform.kind() == platform::PlatformKind::kCpu)
+    return model::make_cpu_ops(platform, dtype, cpu_gemm);
+  PAGODA_REQUIRE(cpu_gemm == model::CpuGemm::kOpenBlas, kUnsupported,
+                 "--cpu-gemm {} is for the CPU model; this model runs on platform '{}'",
+                 model::cpu_gemm_name(cpu_gemm), platform.name());
 #ifdef PAGODA_HAVE_CUDA_MODEL
   return model::make_cuda_ops(platform, dtype);
 #else
@@ -151,6 +156,9 @@ void EngineConfig::validate() const {
   // pools, the worker or the model's device copy are built (the rest of a backend's
   // requirements depend on the model and are checked when the worker builds it).
   backend.kernels.validate();
+  const std::string gemm_why = model::cpu_gemm_unavailable(cpu_gemm);
+  PAGODA_REQUIRE(gemm_why.empty(), kUnsupported, "--cpu-gemm {}: {}",
+                 model::cpu_gemm_name(cpu_gemm), gemm_why);
   attention::BackendRegistry registry;
   backends::register_builtin_backends(registry);
   for (const std::string* name : {&backend.attention, &backend.prefill, &backend.decode}) {
@@ -227,12 +235,14 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                .verify_graph_tokens = config.spec.worker_graph_tokens(
                                    config.scheduler.max_running_requests),
                                .comm = nullptr,
-                               .swa = memory_->swa_pages()};
+                               .swa = memory_->swa_pages(),
+                               .cpu_gemm = config.cpu_gemm};
   if (make_worker) {
     worker_ = make_worker(model, dtype, wc, table);
     PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
   } else {
-    worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype), wc,
+    worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype, wc.cpu_gemm),
+                                                   wc,
                                                    table);
   }
   std::unique_ptr<cache::PrefixCache> cache;
@@ -277,7 +287,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     // model or EAGLE head runs whole on this process's platform.
     auto spec = std::make_unique<SpecWorker>(
         std::move(worker_), model, config.spec, wc,
-        [this, dtype] { return make_model_ops(*platform_, dtype); },
+        [this, dtype, gemm = config.cpu_gemm] { return make_model_ops(*platform_, dtype, gemm); },
         SpecMemory{.allocator = &allocator,
                    .table = &table,
                    .reserve_tokens = [s = scheduler_.get()](int64_t n) {

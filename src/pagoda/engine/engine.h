@@ -85,6 +85,9 @@ struct EngineConfig {
   std::optional<DType> dtype{};
   /// KV cache dtype; nullopt = the model dtype. fp8 (e4m3 / e5m2) uses per-layer scales of 1.
   std::optional<DType> kv_dtype{};
+  /// The CPU model's GEMMs (model_ops.h CpuGemm; --cpu-gemm): OpenBLAS on f32 weights, or
+  /// oneDNN on bf16 weights. Only the CPU platform takes a mode other than kOpenBlas.
+  model::CpuGemm cpu_gemm = model::CpuGemm::kOpenBlas;
   /// Speculative decoding (off by default): the worker becomes a SpecWorker (spec_worker.h)
   /// around the target's. Decode-only steps speculate; steps with a prefill run as usual (and
   /// the drafter follows them).
@@ -172,9 +175,10 @@ using WorkerFactory = std::function<std::unique_ptr<model::ModelWorker>(
     const model::LlamaModel& model, DType dtype, const model::WorkerConfig& config,
     kv::ReqToTokenTable& table)>;
 
-/// The model ops for `platform` in `dtype` (CPU: f32 only; CUDA: f32, f16, bf16). Throws
-/// Error(kUnsupported) naming what would work.
-std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype);
+/// The model ops for `platform` in `dtype` (CPU: f32 only, GEMMs per `cpu_gemm`; CUDA: f32,
+/// f16, bf16, and cpu_gemm must be kOpenBlas). Throws Error(kUnsupported) naming what would work.
+std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype,
+                                                model::CpuGemm cpu_gemm = model::CpuGemm::kOpenBlas);
 
 /// The dtype a plain run computes in: f32 on the CPU; on CUDA the checkpoint's f16 when its
 /// weights are f16, else bf16 (an f32 checkpoint runs in bf16 unless f32 is asked for).

@@ -192,7 +192,7 @@ WorkerFactory LocalTpGroup::factory() {
           kv::ReqToTokenTable mirror(rows, cols);
           model::WorkerConfig c = config;
           c.comm = comm.get();
-          model::LlamaWorker worker(model, make_model_ops(*p, dtype), c, mirror);
+          model::LlamaWorker worker(model, make_model_ops(*p, dtype, c.cpu_gemm), c, mirror);
           run_tp_follower(worker, mirror, *ch);
         } catch (const std::exception& e) {
           {
@@ -208,7 +208,7 @@ WorkerFactory LocalTpGroup::factory() {
     model::WorkerConfig c = config;
     c.comm = impl->leader_comm.get();
     auto local = std::make_unique<model::LlamaWorker>(
-        model, make_model_ops(*impl->leader_platform, dtype), c, table);
+        model, make_model_ops(*impl->leader_platform, dtype, c.cpu_gemm), c, table);
     std::vector<dist::ByteChannel*> ends;
     for (auto& e : impl->leader_ends) ends.push_back(e.get());
     return std::make_unique<TpLeaderWorker>(std::move(local), std::move(ends), table);

@@ -234,7 +234,8 @@ WorkerFactory TpProcessGroup::factory(platform::Platform& platform) {
     model::WorkerConfig c = config;
     c.comm = impl->comm.get();
     auto local =
-        std::make_unique<model::LlamaWorker>(model, make_model_ops(platform, dtype), c, table);
+        std::make_unique<model::LlamaWorker>(model, make_model_ops(platform, dtype, c.cpu_gemm),
+                                             c, table);
     std::vector<dist::ByteChannel*> ends;
     for (auto& e : impl->channels) ends.push_back(e.get());
     return std::make_unique<TpLeaderWorker>(std::move(local), std::move(ends), table);

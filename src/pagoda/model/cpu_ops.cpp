@@ -1,5 +1,6 @@
-// CpuOps: ModelOps on the host in f32 (OpenBLAS GEMMs, plain loops; see model_ops.h). The math
-// is the historical host path's: the same sums in the same order, so f32 outputs are unchanged.
+// CpuOps: ModelOps on the host in f32 (GEMMs through CpuGemmRunner: OpenBLAS or oneDNN; plain
+// loops; see model_ops.h). With OpenBLAS the math is the historical host path's: the same sums in
+// the same order, so f32 outputs are unchanged.
 #include <cmath>
 #include <cstring>
 #include <list>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "pagoda/core/error.h"
+#include "pagoda/model/cpu_gemm.h"
 #include "pagoda/model/host_sampling.h"
 #include "pagoda/model/logit_processing.h"
 #include "pagoda/model/model_ops.h"
@@ -42,7 +44,7 @@ namespace {
 
 class CpuOps final : public ModelOps {
  public:
-  explicit CpuOps(platform::Platform& platform) : platform_(&platform) {}
+  CpuOps(platform::Platform& platform, CpuGemm gemm) : platform_(&platform), gemm_(gemm) {}
   DType dtype() const override { return DType::kF32; }
   platform::Platform& platform() const override { return *platform_; }
 
@@ -100,8 +102,8 @@ class CpuOps final : public ModelOps {
 
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool) override {
-    model::linear(static_cast<const float*>(x), static_cast<const float*>(w),
-                  static_cast<float*>(y), m, n, k);
+    gemm_.linear(static_cast<const float*>(x), static_cast<const float*>(w),
+                 static_cast<float*>(y), m, n, k);
   }
 
   void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
@@ -204,6 +206,7 @@ class CpuOps final : public ModelOps {
 
  private:
   platform::Platform* platform_;
+  CpuGemmRunner gemm_;
   std::list<std::vector<float>> owned_;  ///< upload_f32 copies (stable addresses)
   std::vector<float> cos_, sin_;
   std::vector<int32_t> order_;
@@ -212,14 +215,14 @@ class CpuOps final : public ModelOps {
 
 }  // namespace
 
-std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype) {
+std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype, CpuGemm gemm) {
   PAGODA_REQUIRE(platform.kind() == platform::PlatformKind::kCpu, kInvalidArgument,
                  "CPU model ops need the CPU platform (got '{}')", platform.name());
   PAGODA_REQUIRE(dtype == DType::kF32, kUnsupported,
                  "the CPU model computes in f32 (requested {}); bf16/f16 checkpoints are "
                  "converted to f32 when loaded, use --dtype f32",
                  dtype_name(dtype));
-  return std::make_unique<CpuOps>(platform);
+  return std::make_unique<CpuOps>(platform, gemm);
 }
 
 }  // namespace pagoda::model

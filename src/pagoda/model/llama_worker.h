@@ -69,6 +69,10 @@ struct WorkerConfig {
   /// full layers keep the pool above. The scheduler keeps every position a window layer reads
   /// mapped. Not with `comm` or CUDA graphs (refused / off). Must outlive the worker.
   const kv::SwaPages* swa = nullptr;
+  /// The GEMM mode of the CPU ops a worker factory builds for this worker (engine's
+  /// make_model_ops; tensor-parallel ranks build their own). The worker itself takes its ops
+  /// ready-made and does not read it.
+  CpuGemm cpu_gemm = CpuGemm::kOpenBlas;
 };
 
 class LlamaWorker final : public ModelWorker {

@@ -15,7 +15,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "pagoda/core/device.h"
@@ -190,8 +193,32 @@ class ModelOps {
   virtual std::unique_ptr<Graph> capture(const std::function<void()>& body);
 };
 
-/// The CPU implementation: f32 only (OpenBLAS GEMMs). Throws Error(kUnsupported) for another
-/// dtype. `platform` must be a CPU platform and outlive the ops.
-std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype);
+/// Which library computes the CPU ops' GEMMs (`--cpu-gemm`; docs/design/model.md "CPU GEMMs").
+/// Activations, the residual stream and the GEMMs' outputs are f32 in every mode.
+enum class CpuGemm : uint8_t {
+  kOpenBlas,   ///< "openblas": f32 weights, cblas_sgemm (the default)
+  kOnednn,     ///< "onednn": bf16 weights (rounded to nearest even), oneDNN matmul on bf16
+               ///< activations, f32 accumulation (AMX / AVX512-BF16; needs AVX-512)
+  kOnednnF32,  ///< "onednn-f32": f32 weights through oneDNN's matmul (A/B against OpenBLAS)
+};
+
+/// "openblas", "onednn", "onednn-f32".
+std::string_view cpu_gemm_name(CpuGemm gemm);
+/// The mode named `name` (cpu_gemm_name's spellings); nullopt for another name.
+std::optional<CpuGemm> parse_cpu_gemm(std::string_view name);
+/// Why `gemm` cannot run on this CPU in this build ("" when it can): oneDNN missing from the
+/// build, or no bf16 matmul in oneDNN on this CPU (kernels/cpu/onednn_linear.h).
+std::string cpu_gemm_unavailable(CpuGemm gemm);
+/// What `--cpu-gemm auto` picks: kOnednn where oneDNN reports avx512_core_bf16 or AMX (native
+/// bf16 arithmetic), else kOpenBlas.
+CpuGemm auto_cpu_gemm();
+
+/// The CPU implementation: f32 activations; GEMM weights per `gemm` (kOpenBlas: the caller's f32
+/// arrays in place; the oneDNN modes: a packed copy of each weight matrix made when linear() first
+/// sees it, keyed by (w, n, k), owned by the ops). Throws Error(kUnsupported) for a dtype other
+/// than f32 or a `gemm` cpu_gemm_unavailable refuses. `platform` must be a CPU platform and
+/// outlive the ops.
+std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype,
+                                       CpuGemm gemm = CpuGemm::kOpenBlas);
 
 }  // namespace pagoda::model

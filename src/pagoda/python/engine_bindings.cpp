@@ -161,6 +161,7 @@ void bind_engine(nb::module_& m) {
       .def_rw("overlap", &EngineArgs::overlap)
       .def_rw("dtype", &EngineArgs::dtype)
       .def_rw("kv_dtype", &EngineArgs::kv_dtype)
+      .def_rw("cpu_gemm", &EngineArgs::cpu_gemm)
       .def_rw("max_context_len", &EngineArgs::max_context_len);
   nb::class_<PyEngine>(m, "Engine",
       "The continuous-batching engine over one model ('builtin' or a Hugging Face checkpoint "

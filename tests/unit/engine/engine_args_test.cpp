@@ -90,6 +90,7 @@ TEST(EngineArgs, EveryBadValueNamesItsFlag) {
       {"--dtype", [](EngineArgs& a) { a.dtype = "i32"; }},
       {"--kv-dtype", [](EngineArgs& a) { a.kv_dtype = "int4"; }},
       {"--max-context-len", [](EngineArgs& a) { a.max_context_len = -1; }},
+      {"--cpu-gemm", [](EngineArgs& a) { a.cpu_gemm = "mkl"; }},
   };
   for (const Case& c : cases) {
     EngineArgs a;
@@ -107,6 +108,30 @@ TEST(EngineArgs, EveryBadValueNamesItsFlag) {
   a.hicache.host.ratio = 2;
   a.radix_cache = false;  // the hierarchical cache needs the radix cache
   EXPECT_EQ(convert_error(a).first, ErrorCode::kInvalidArgument);
+}
+
+// --cpu-gemm: each mode lands in the config where it can run and is refused (kUnsupported,
+// naming the flag and the reason) where it cannot; auto follows oneDNN's native bf16.
+TEST(EngineArgs, CpuGemmModes) {
+  for (model::CpuGemm g :
+       {model::CpuGemm::kOpenBlas, model::CpuGemm::kOnednn, model::CpuGemm::kOnednnF32}) {
+    EngineArgs a;
+    a.cpu_gemm = std::string(model::cpu_gemm_name(g));
+    const std::string why = model::cpu_gemm_unavailable(g);
+    if (why.empty()) {
+      auto platform = make_platform(a);
+      EXPECT_EQ(make_engine_config(a, *platform).cpu_gemm, g) << a.cpu_gemm;
+    } else {
+      const auto [code, message] = convert_error(a);
+      EXPECT_EQ(code, ErrorCode::kUnsupported) << message;
+      EXPECT_NE(message.find("--cpu-gemm " + a.cpu_gemm), std::string::npos) << message;
+      EXPECT_NE(message.find(why), std::string::npos) << message;
+    }
+  }
+  EngineArgs a;
+  a.cpu_gemm = "auto";
+  auto platform = make_platform(a);
+  EXPECT_EQ(make_engine_config(a, *platform).cpu_gemm, model::auto_cpu_gemm());
 }
 
 }  // namespace

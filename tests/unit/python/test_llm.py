@@ -107,6 +107,16 @@ def test_kernel_options():
         pagoda.LLM("builtin", kernel_options={"merge_threads": 48})
 
 
+def test_cpu_gemm():
+    # pagoda's own engine argument (`--cpu-gemm`): a mode oneDNN runs everywhere, and a bad name.
+    llm = pagoda.LLM("builtin", cpu_gemm="onednn-f32")
+    out = llm.generate(prompt_token_ids=[[1, 2, 3]],
+                       sampling_params=pagoda.SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="--cpu-gemm must be"):
+        pagoda.LLM("builtin", cpu_gemm="mkl")
+
+
 def test_unsupported_arguments_are_named():
     with pytest.raises(NotImplementedError, match="tensor_parallel_size"):
         pagoda.LLM("builtin", tensor_parallel_size=2)

@@ -131,11 +131,13 @@ Report run_conformance(const attention::BackendRegistry& registry, const Options
         fmt::print("skipping '{}': no {} platform on this machine\n", n, device);
       }
     }
-    // A hybrid: reference prefill with the fastest other decode backend (or reference).
+    // A hybrid: reference prefill with the cpu kernels' decode where built (amx decodes on
+    // them too, over fewer dtypes), else another host backend's, else reference.
     std::string decode = "reference";
     for (const auto& n : registry.names()) {
       if (n != "reference" && registry.capabilities(n).device == "cpu") decode = n;
     }
+    if (registry.contains("cpu")) decode = "cpu";
     specs.push_back("reference+" + decode);
   }
   const std::vector<Case> cases = make_cases(options.quick, options.long_kv);

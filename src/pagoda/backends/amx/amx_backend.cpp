@@ -1,0 +1,32 @@
+#include "pagoda/backends/amx/amx_backend.h"
+
+#include <memory>
+
+namespace pagoda::backends {
+
+attention::BackendCapabilities AmxBackend::static_capabilities() {
+  attention::BackendCapabilities c;
+  c.q_dtypes = {DType::kBF16};
+  c.kv_dtypes = {DType::kBF16};
+  c.non_causal = true;
+  c.mixed_batches = true;
+  c.lse = true;
+  c.device = "cpu";
+  return c;
+}
+
+AmxBackend::AmxBackend(const attention::BackendContext& ctx, CpuAttentionOptions decode_options)
+    : HostPagedBackend(ctx, "amx", static_capabilities(),
+                       make_amx_batch_attention(decode_options)) {}
+
+void register_amx_backend(attention::BackendRegistry& registry, CpuAttentionOptions options) {
+  registry.add("amx",
+               "bf16 Q·Kᵀ / P·V through oneDNN matmul (AMX on Sapphire Rapids) over packed K/V "
+               "blocks on the host; decode on the cpu kernels",
+               AmxBackend::static_capabilities(),
+               [options](const attention::BackendContext& ctx) {
+                 return std::make_unique<AmxBackend>(ctx, options);
+               });
+}
+
+}  // namespace pagoda::backends

@@ -1,0 +1,50 @@
+#pragma once
+/// AmxBackend ("amx"): the HostPagedBackend whose extend / prefill / mixed steps compute Q·Kᵀ and
+/// P·V as bf16 matrix products through oneDNN's matmul primitive (AMX tiles on Sapphire Rapids,
+/// AVX512-BF16 or AVX-512 elsewhere: oneDNN's choice; docs/design/cpu_backend.md "amx backend").
+/// Decode-only steps run on the cpu backend's kernels (CpuBatchAttention) unchanged.
+///
+/// Extend, per (request, KV head): the request's K/V pages are gathered (packed) into contiguous
+/// bf16 blocks of kAmxKeyBlock keys (zero-padded), the group's query heads are stacked into one
+/// [group × qo_len, Dqk] bf16 operand, and per key block S = Q·Kᵀ and P·V run as matmuls with an
+/// online softmax in f32 between them (P rounded to bf16 for P·V; the LSE from the unrounded p).
+/// Where oneDNN has no bf16 matmul (AVX2 CPUs) the same bf16 operands are multiplied in f32:
+/// the products are exact either way, only the f32 accumulation order differs, so the backend
+/// runs and is conformance-tested on every CPU (slowly there).
+///
+/// Supported: bf16 queries and bf16 KV (f32 or bf16 output), GQA / MQA / MHA, any page size and
+/// head dims, causal (bottom-right) and non-causal masks, LSE, mixed batches. Declared refusals
+/// (capabilities; plan / run throw Error(kUnsupported) naming them too): f32 / f16 queries or
+/// KV (the CPU model's f32 activations therefore stay on "cpu"), fp8 KV, MLA, sliding window,
+/// soft cap, sinks, custom (tree) masks, multi-step draft. Not chosen by any platform by
+/// default (the CPU engine runs f32 queries and KV, which this backend refuses); select it with
+/// --backend amx / --prefill-backend amx on bf16 KV.
+
+#include <memory>
+
+#include "pagoda/attention/batch_attention.h"
+#include "pagoda/attention/host_paged_backend.h"
+#include "pagoda/attention/registry.h"
+#include "pagoda/backends/cpu/cpu_batch_attention.h"
+
+namespace pagoda::backends {
+
+/// Keys per block of the extend loop (a multiple of AMX's 16-row tiles and 32-pair bf16 K).
+inline constexpr int kAmxKeyBlock = 128;
+
+/// The amx BatchAttention; `decode_options` configure the cpu kernels that serve decode steps.
+/// Throws Error(kUnsupported) in a build without oneDNN.
+std::unique_ptr<attention::BatchAttention> make_amx_batch_attention(
+    CpuAttentionOptions decode_options = {});
+
+class AmxBackend : public attention::HostPagedBackend {
+ public:
+  explicit AmxBackend(const attention::BackendContext& ctx, CpuAttentionOptions decode_options = {});
+  /// What the header lists as supported.
+  static attention::BackendCapabilities static_capabilities();
+};
+
+/// Registers "amx" (every build with oneDNN); its factory builds AmxBackend(ctx, options).
+void register_amx_backend(attention::BackendRegistry& registry, CpuAttentionOptions options = {});
+
+}  // namespace pagoda::backends

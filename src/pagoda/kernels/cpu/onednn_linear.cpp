@@ -1,0 +1,273 @@
+// OnednnLinear over oneDNN's matmul primitive (see onednn_linear.h). Without oneDNN in the build
+// (PAGODA_HAVE_ONEDNN unset) every query names the missing package and construction throws.
+#include "pagoda/kernels/cpu/onednn_linear.h"
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+
+#ifdef PAGODA_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace pagoda::kernels::cpu {
+
+#ifdef PAGODA_HAVE_ONEDNN
+
+namespace {
+
+using dnnl::memory;
+using DnnlTag = memory::format_tag;
+
+dnnl::engine& onednn_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+memory::data_type onednn_type(DType t) {
+  return t == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
+}
+
+/// The matmul descriptor of y[m, n] = x[m, k] · w with w given by `weights` ({k, n}).
+dnnl::matmul::primitive_desc matmul_pd(int64_t m, int64_t n, int64_t k, DType t,
+                                       const memory::desc& weights) {
+  const memory::desc src({m, k}, onednn_type(t), DnnlTag::ab);
+  const memory::desc dst({m, n}, memory::data_type::f32, DnnlTag::ab);
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), onednn_engine());
+}
+
+/// The probe behind onednn_linear_unavailable: can a small matmul of this dtype be built here?
+bool onednn_matmul_builds(DType t) {
+  try {
+    (void)matmul_pd(1, 32, 32, t, memory::desc({32, 32}, onednn_type(t), DnnlTag::any));
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+/// The M at which the weights' preferred layout is queried (a prefill-sized tile: oneDNN's
+/// blocked weight layouts depend on N and K, not M).
+constexpr int64_t kOnednnPackM = 32;
+
+}  // namespace
+
+// Not in the unnamed namespace: the Impl structs below hold one (-Wsubobject-linkage).
+namespace onednn_detail {
+
+/// The most recently used `capacity` matmul primitives by shape key; build(key) makes a missing
+/// one, and a dnnl::error becomes Error(kInternal) naming `what` the shape is.
+template <typename Key>
+class OnednnPrimitiveCache {
+ public:
+  explicit OnednnPrimitiveCache(size_t capacity) : capacity_(capacity) {}
+  template <typename Build, typename What>
+  dnnl::matmul& get(const Key& key, Build&& build, What&& what) {
+    ++clock_;
+    for (Entry& e : entries_)
+      if (e.key == key) return e.last_use = clock_, e.primitive;
+    if (entries_.size() == capacity_)
+      entries_.erase(std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& x, const Entry& y) {
+                                        return x.last_use < y.last_use;
+                                      }));
+    try {
+      entries_.push_back(Entry{key, clock_, dnnl::matmul(build())});
+    } catch (const dnnl::error& e) {
+      throw_error(ErrorCode::kInternal, "oneDNN builds no matmul for {}: {}", what(), e.what());
+    }
+    return entries_.back().primitive;
+  }
+
+ private:
+  struct Entry {
+    Key key;
+    uint64_t last_use = 0;
+    dnnl::matmul primitive;
+  };
+  size_t capacity_;
+  uint64_t clock_ = 0;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace onednn_detail
+
+std::string onednn_isa_name() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+
+bool onednn_has_native_bf16() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
+std::string onednn_linear_unavailable(DType weight_dtype) {
+  if (weight_dtype != DType::kF32 && weight_dtype != DType::kBF16)
+    return fmt::format("oneDNN linear layers take f32 or bf16 weights, not {}",
+                       dtype_name(weight_dtype));
+  static const bool f32_ok = onednn_matmul_builds(DType::kF32);
+  static const bool bf16_ok = onednn_matmul_builds(DType::kBF16);
+  if (weight_dtype == DType::kF32 ? f32_ok : bf16_ok) return "";
+  const dnnl_version_t* v = dnnl_version();
+  return fmt::format("oneDNN {}.{}.{} has no {} matmul on this CPU (its ISA: {}; bf16 needs "
+                     "AVX-512)",
+                     v->major, v->minor, v->patch, dtype_name(weight_dtype), onednn_isa_name());
+}
+
+struct OnednnLinear::Impl {
+  int64_t n = 0, k = 0;
+  DType dtype = DType::kF32;
+  memory::desc packed_md;
+  memory weights;
+  dnnl::stream stream{onednn_engine()};
+  onednn_detail::OnednnPrimitiveCache<int64_t> cache{kMaxCached};  ///< by M
+  std::vector<uint16_t> x_bf16;  ///< the activations rounded to bf16 (bf16 weights)
+
+  dnnl::matmul& primitive(int64_t m) {
+    return cache.get(
+        m, [&] { return matmul_pd(m, n, k, dtype, packed_md); },
+        [&] { return fmt::format("{} M {} on its packed [{}, {}] weights", dtype_name(dtype), m, n, k); });
+  }
+};
+
+OnednnLinear::OnednnLinear(const float* w, int64_t n, int64_t k, DType weight_dtype) {
+  PAGODA_REQUIRE(n >= 1 && k >= 1, kInvalidArgument, "OnednnLinear: n and k must be >= 1 (got {}, {})",
+                 n, k);
+  const std::string why = onednn_linear_unavailable(weight_dtype);
+  PAGODA_REQUIRE(why.empty(), kUnsupported, "{}", why);
+  impl_ = std::make_unique<Impl>();
+  Impl& s = *impl_;
+  s.n = n, s.k = k, s.dtype = weight_dtype;
+  const memory::data_type t = onednn_type(weight_dtype);
+  s.packed_md = matmul_pd(kOnednnPackM, n, k, weight_dtype, memory::desc({k, n}, t, DnnlTag::any))
+                    .weights_desc();
+  // The HF [n, k] row-major array is the {k, n} weights tensor in layout `ba`.
+  const memory::desc plain_md({k, n}, t, DnnlTag::ba);
+  std::vector<uint16_t> rounded;
+  void* plain = const_cast<float*>(w);  // read only: the reorder's source
+  if (weight_dtype == DType::kBF16) {
+    rounded.resize(static_cast<size_t>(n * k));
+    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16_bits(w[i]);
+    plain = rounded.data();
+  }
+  const memory src(plain_md, onednn_engine(), plain);
+  s.weights = memory(s.packed_md, onednn_engine());
+  dnnl::reorder(src, s.weights).execute(s.stream, const_cast<memory&>(src), s.weights);
+  s.stream.wait();
+}
+
+OnednnLinear::~OnednnLinear() = default;
+OnednnLinear::OnednnLinear(OnednnLinear&&) noexcept = default;
+OnednnLinear& OnednnLinear::operator=(OnednnLinear&&) noexcept = default;
+
+void OnednnLinear::forward(const float* x, float* y, int64_t m) {
+  if (m == 0) return;
+  Impl& s = *impl_;
+  const memory::data_type t = onednn_type(s.dtype);
+  void* src = const_cast<float*>(x);  // read only
+  if (s.dtype == DType::kBF16) {
+    s.x_bf16.resize(static_cast<size_t>(m * s.k));
+    for (size_t i = 0; i < s.x_bf16.size(); ++i) s.x_bf16[i] = f32_to_bf16_bits(x[i]);
+    src = s.x_bf16.data();
+  }
+  memory src_mem(memory::desc({m, s.k}, t, DnnlTag::ab), onednn_engine(), src);
+  memory dst_mem(memory::desc({m, s.n}, memory::data_type::f32, DnnlTag::ab), onednn_engine(), y);
+  s.primitive(m).execute(s.stream, {{DNNL_ARG_SRC, src_mem},
+                                    {DNNL_ARG_WEIGHTS, s.weights},
+                                    {DNNL_ARG_DST, dst_mem}});
+  s.stream.wait();
+}
+
+int64_t OnednnLinear::n() const { return impl_->n; }
+int64_t OnednnLinear::k() const { return impl_->k; }
+size_t OnednnLinear::weight_bytes() const { return impl_->packed_md.get_size(); }
+
+struct OnednnMatmul::Impl {
+  DType dtype = DType::kF32;
+  dnnl::stream stream{onednn_engine()};
+  onednn_detail::OnednnPrimitiveCache<std::tuple<int64_t, int64_t, int64_t, bool>> cache{kMaxCached};
+
+  memory::desc b_md(int64_t n, int64_t k, bool rows_are_n) const {
+    return memory::desc({k, n}, onednn_type(dtype), rows_are_n ? DnnlTag::ba : DnnlTag::ab);
+  }
+  dnnl::matmul& primitive(int64_t m, int64_t n, int64_t k, bool rows_are_n) {
+    return cache.get(
+        std::make_tuple(m, n, k, rows_are_n),
+        [&] { return matmul_pd(m, n, k, dtype, b_md(n, k, rows_are_n)); },
+        [&] { return fmt::format("{} [{}, {}] x [{}, {}]", dtype_name(dtype), m, k, k, n); });
+  }
+};
+
+OnednnMatmul::OnednnMatmul() : impl_(std::make_unique<Impl>()) {
+  const std::string f32_why = onednn_linear_unavailable(DType::kF32);
+  PAGODA_REQUIRE(f32_why.empty(), kUnsupported, "{}", f32_why);
+  impl_->dtype = onednn_linear_unavailable(DType::kBF16).empty() ? DType::kBF16 : DType::kF32;
+}
+OnednnMatmul::~OnednnMatmul() = default;
+OnednnMatmul::OnednnMatmul(OnednnMatmul&&) noexcept = default;
+OnednnMatmul& OnednnMatmul::operator=(OnednnMatmul&&) noexcept = default;
+
+DType OnednnMatmul::operand_dtype() const { return impl_->dtype; }
+
+void OnednnMatmul::run(const void* a, const void* b, float* c, int64_t m, int64_t n, int64_t k,
+                       bool b_rows_are_n) {
+  Impl& s = *impl_;
+  const memory::data_type t = onednn_type(s.dtype);
+  memory a_mem(memory::desc({m, k}, t, DnnlTag::ab), onednn_engine(), const_cast<void*>(a));
+  memory b_mem(s.b_md(n, k, b_rows_are_n), onednn_engine(), const_cast<void*>(b));
+  memory c_mem(memory::desc({m, n}, memory::data_type::f32, DnnlTag::ab), onednn_engine(), c);
+  s.primitive(m, n, k, b_rows_are_n)
+      .execute(s.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  s.stream.wait();
+}
+
+#else  // no oneDNN in this build
+
+namespace {
+constexpr const char* kNoOnednn =
+    "this build has no oneDNN (install Debian's libdnnl-dev and reconfigure)";
+}
+
+std::string onednn_isa_name() { return "none"; }
+bool onednn_has_native_bf16() { return false; }
+std::string onednn_linear_unavailable(DType) { return kNoOnednn; }
+
+struct OnednnLinear::Impl {};
+
+OnednnLinear::OnednnLinear(const float*, int64_t, int64_t, DType) {
+  throw_error(ErrorCode::kUnsupported, "{}", kNoOnednn);
+}
+OnednnLinear::~OnednnLinear() = default;
+OnednnLinear::OnednnLinear(OnednnLinear&&) noexcept = default;
+OnednnLinear& OnednnLinear::operator=(OnednnLinear&&) noexcept = default;
+void OnednnLinear::forward(const float*, float*, int64_t) {}
+int64_t OnednnLinear::n() const { return 0; }
+int64_t OnednnLinear::k() const { return 0; }
+size_t OnednnLinear::weight_bytes() const { return 0; }
+
+struct OnednnMatmul::Impl {};
+OnednnMatmul::OnednnMatmul() { throw_error(ErrorCode::kUnsupported, "{}", kNoOnednn); }
+OnednnMatmul::~OnednnMatmul() = default;
+OnednnMatmul::OnednnMatmul(OnednnMatmul&&) noexcept = default;
+OnednnMatmul& OnednnMatmul::operator=(OnednnMatmul&&) noexcept = default;
+DType OnednnMatmul::operand_dtype() const { return DType::kF32; }
+void OnednnMatmul::run(const void*, const void*, float*, int64_t, int64_t, int64_t, bool) {}
+
+#endif
+
+}  // namespace pagoda::kernels::cpu
