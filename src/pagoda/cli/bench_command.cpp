@@ -367,7 +367,7 @@ void run_bench(const BenchOptions& o) {
       {"decode_steps", st.decode_steps},
       {"dtype", std::string(dtype_name(st.dtype))},
       {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
-      {"cpu_gemm", std::string(model::cpu_gemm_name(eng.config().cpu_gemm))},
+      {"cpu_gemm", std::string(model::cpu_gemm_name(cfg.cpu_gemm))},
       {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
       {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /
                                                    static_cast<double>(decode_steps)
@@ -410,7 +410,7 @@ void run_bench(const BenchOptions& o) {
   fmt::print("pagoda bench: model {} ({:.1f}M params, {} / KV {}, GEMMs {}), backend {}, page {}, "
              "pool {} tokens, policy {}, chunk {}\n",
              loaded.config.name, static_cast<double>(loaded.config.num_parameters()) / 1e6,
-             st.dtype, st.kv_dtype, model::cpu_gemm_name(eng.config().cpu_gemm),
+             st.dtype, st.kv_dtype, model::cpu_gemm_name(cfg.cpu_gemm),
              eng.worker().backend_name(), args.page_size, st.pool_tokens, args.policy,
              args.chunk_size);
   auto row = [](const char* name, const std::string& value) {
