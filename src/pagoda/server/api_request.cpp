@@ -204,11 +204,42 @@ void parse_logprobs(const json& body, ApiRequest& r) {
   }
 }
 
+/// response_format: {"type": "text" | "json_object" | "json_schema"}; json_schema carries
+/// {"name", "schema" (an object or a boolean), "strict", "description"} as OpenAI writes it.
+void parse_response_format(const json& body, ApiRequest& r) {
+  if (!present(body, "response_format")) return;
+  const json& f = body["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    throw_invalid("response_format", "must be an object with a string `type`");
+  const auto type = f["type"].get<std::string>();
+  if (type == "text" || type == "json_object") {
+    reject_unknown_keys(f, {"type"}, "response_format");
+    if (type == "json_object") r.response_format.type = ResponseFormat::Type::kJsonObject;
+    return;
+  }
+  if (type != "json_schema")
+    throw_invalid("response_format.type", "must be text, json_object or json_schema");
+  reject_unknown_keys(f, {"type", "json_schema"}, "response_format");
+  if (!present(f, "json_schema") || !f["json_schema"].is_object())
+    throw_invalid("response_format.json_schema", "must be an object with a `schema`");
+  const json& js = f["json_schema"];
+  reject_unknown_keys(js, {"name", "schema", "strict", "description"},
+                      "response_format.json_schema");
+  if (present(js, "name") && !js["name"].is_string())
+    throw_invalid("response_format.json_schema.name", "must be a string");
+  if (present(js, "strict") && !js["strict"].is_boolean())
+    throw_invalid("response_format.json_schema.strict", "must be a boolean");
+  if (!present(js, "schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+    throw_invalid("response_format.json_schema.schema", "must be a JSON schema (an object)");
+  r.response_format.type = ResponseFormat::Type::kJsonSchema;
+  r.response_format.schema = js["schema"].dump();
+}
+
 bool known_field(std::string_view key, Endpoint endpoint) {
   static constexpr std::string_view kCommon[] = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
       "stream_options", "ignore_eos", "n", "presence_penalty", "frequency_penalty", "logprobs",
-      "user", "stop_token_ids", "repetition_penalty", "logit_bias"};
+      "user", "stop_token_ids", "repetition_penalty", "logit_bias", "response_format"};
   static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
   static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
                                                "max_completion_tokens", "top_logprobs"};
@@ -373,6 +404,7 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
   }
   parse_logit_bias(body, r);
   parse_logprobs(body, r);
+  parse_response_format(body, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");
   if (r.echo && r.logprobs >= 0)
     throw_invalid("logprobs", "is not supported with echo (no prompt log-probabilities)");

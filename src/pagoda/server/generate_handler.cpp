@@ -324,6 +324,27 @@ void check_disaggregated(const ApiRequest& r, int64_t choices) {
     throw_invalid("presence_penalty", "penalties are not supported by a disaggregated server yet");
   if (!r.logit_bias.empty())
     throw_invalid("logit_bias", "not supported by a disaggregated server yet");
+  if (r.response_format.type != ResponseFormat::Type::kText)
+    throw_invalid("response_format", "not supported by a disaggregated server yet");
+}
+
+/// Structured output: a fresh constraint for one choice (null for plain text). 400 naming
+/// response_format when llguidance is not loaded or cannot compile the schema.
+std::shared_ptr<engine::TokenConstraint> response_constraint(const ServerState& s,
+                                                             const ApiRequest& r) {
+  if (r.response_format.type == ResponseFormat::Type::kText) return nullptr;
+  if (s.grammar == nullptr)
+    throw_invalid("response_format", "needs llguidance (grammar-constrained decoding), which "
+                                     "this server could not load: " + s.grammar_missing);
+  const bool object = r.response_format.type == ResponseFormat::Type::kJsonObject;
+  try {
+    return s.grammar->matcher(
+        object ? grammar::GrammarKind::kJsonObject : grammar::GrammarKind::kJsonSchema,
+        r.response_format.schema);
+  } catch (const Error& e) {
+    throw_invalid("response_format.json_schema.schema",
+                  "is not a JSON schema llguidance can compile: " + e.message());
+  }
 }
 
 /// The router's stamp on a request for a decode server (pd.h); 400 when it is missing.
@@ -379,6 +400,7 @@ void submit_choices(ServerState& s, Job& job) {
     throw_invalid("n", "prompts × n = " + std::to_string(total) +
                            " is more than this server runs and queues (" +
                            std::to_string(s.max_inflight) + ")");
+  std::shared_ptr<engine::TokenConstraint> first_constraint = response_constraint(s, r);
   const uint64_t serial = s.next_id.fetch_add(1);
   job.id = (job.chat() ? "chatcmpl-" : "cmpl-") + std::to_string(serial);
   job.created = static_cast<int64_t>(std::time(nullptr));
@@ -409,6 +431,7 @@ void submit_choices(ServerState& s, Job& job) {
                             .frequency_penalty = r.frequency_penalty,
                             .repetition_penalty = r.repetition_penalty,
                             .logit_bias = r.logit_bias};
+      g.constraint = c.index == 0 ? std::move(first_constraint) : response_constraint(s, r);
       try {
         c.stream = s.pd_decode != nullptr
                        ? pd_decode_room(*s.pd_decode, std::move(g), job.room, job.prefill_url)

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/grammar/grammar.h"
 #include "pagoda/server/api_request.h"
 #include "pagoda/server/chat_template.h"
 #include "pagoda/server/engine_loop.h"
@@ -33,6 +34,9 @@ struct ServerState {
   std::optional<ChatTemplate> chat_template;
   std::string bos_token, eos_token;  ///< template variables
   bool chat_add_special = false;     ///< encode rendered chats with the tokenizer's BOS
+  /// Structured output: llguidance over `tokenizer` (built once), or null and why not.
+  std::unique_ptr<grammar::Grammar> grammar;
+  std::string grammar_missing;
   EngineLoop* loop = nullptr;
   ServerMetrics* metrics = nullptr;
   std::atomic<uint64_t> next_id{1};

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pagoda/server/api_request.h"
 
 namespace pagoda::server {
@@ -126,6 +128,25 @@ TEST(ApiRequest, ParsesLogprobs) {
                 .logprobs,
             20);
   EXPECT_EQ(parse_api_request(chat + R"("logprobs":false})", Endpoint::kChat).logprobs, -1);
+}
+
+TEST(ApiRequest, ParsesResponseFormat) {
+  using Type = ResponseFormat::Type;
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x"})", Endpoint::kCompletions).response_format.type,
+            Type::kText);
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x","response_format":{"type":"text"}})",
+                              Endpoint::kCompletions).response_format.type, Type::kText);
+  EXPECT_EQ(parse_api_request(R"({"messages":[{"role":"user","content":"x"}],
+                                  "response_format":{"type":"json_object"}})",
+                              Endpoint::kChat).response_format.type, Type::kJsonObject);
+  const std::string schema =
+      R"({"type":"object","properties":{"a":{"type":"integer","minimum":-3}},"required":["a"]})";
+  const ApiRequest r = parse_api_request(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n",
+          "strict":true,"schema":)" + schema + "}}}",
+      Endpoint::kCompletions);
+  EXPECT_EQ(r.response_format.type, Type::kJsonSchema);
+  EXPECT_EQ(nlohmann::json::parse(r.response_format.schema), nlohmann::json::parse(schema));
 }
 
 TEST(ApiRequest, NamesTheBadField) {
@@ -257,8 +278,15 @@ TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", Endpoint::kChat, "tools"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none"})", Endpoint::kChat,
        "tool_choice"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       Endpoint::kChat, "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+       Endpoint::kChat, "response_format.type"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a"}}})",
+       Endpoint::kCompletions, "response_format.json_schema.schema"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{},"strict":1}}})",
+       Endpoint::kCompletions, "response_format.json_schema.strict"},
+      {R"({"prompt":"x","response_format":{"type":"json_object","schema":{}}})",
+       Endpoint::kCompletions, "response_format.schema"},
+      {R"({"prompt":"x","response_format":"json"})", Endpoint::kCompletions, "response_format"},
       {R"({"prompt":"x","suffix":"y"})", Endpoint::kCompletions, "suffix"},
       {R"({"prompt":"x","temprature":0})", Endpoint::kCompletions, "temprature"},
       {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", Endpoint::kChat, "echo"},
