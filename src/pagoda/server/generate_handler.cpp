@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 #include "pagoda/server/http_server.h"
 #include "pagoda/server/pd.h"
 #include "pagoda/server/server_state.h"
+#include "pagoda/server/tool_calls.h"
 #include "pagoda/tokenizer/incremental_detokenizer.h"
 
 namespace pagoda::server {
@@ -215,6 +218,14 @@ struct Job {
     }
     return text;
   }
+  /// A required tool call's choice (chat): its id and, once finished, its tool_calls entry
+  /// (nullopt when the call was cut short: then its text is answered as content).
+  std::string call_id(const Choice& c) const { return "call_" + id + "_" + std::to_string(c.index); }
+  std::optional<json> tool_call(const Choice& c) const {
+    if (!request.tool_call.has_value() || !c.finished || std::string_view(c.finish) != "stop")
+      return std::nullopt;
+    return tool_call_entry(c.out, call_id(c));
+  }
   bool all_finished() const {
     return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.finished; });
   }
@@ -256,6 +267,21 @@ bool stream_step(Job& job, httplib::DataSink& sink) {
       return true;
     }
     waited = true;
+    if (job.request.tool_call.has_value()) {  // a tool call is sent whole, when complete
+      c.out += text;
+      text.clear();
+      if (c.finished) {
+        if (std::optional<json> call = job.tool_call(c)) {
+          json ev = job.chunk(c.index, "", nullptr);
+          (*call)["index"] = 0;
+          ev["choices"][0]["delta"] = {{"tool_calls", json::array({*call})}};
+          if (!send_event(sink, dump(ev))) return false;
+          c.finish = "tool_calls";
+        } else {
+          text = c.out;
+        }
+      }
+    }
     Choice* lp = c.logprobs && !c.lp.empty() ? &c : nullptr;
     if ((!text.empty() || lp) && !send_event(sink, dump(job.chunk(c.index, text, nullptr, lp))))
       return false;
@@ -297,7 +323,12 @@ json response_json(const Job& job) {
   json choices = json::array();
   for (const Choice& c : job.choices) {
     json choice = {{"index", c.index}, {"finish_reason", c.finish}};
-    if (job.chat()) {
+    if (std::optional<json> call = job.tool_call(c)) {
+      choice["message"] = {{"role", "assistant"},
+                           {"content", nullptr},
+                           {"tool_calls", json::array({*call})}};
+      choice["finish_reason"] = "tool_calls";
+    } else if (job.chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", c.out}};
     } else {
       choice["text"] = c.echo + c.out;
@@ -332,6 +363,18 @@ void check_disaggregated(const ApiRequest& r, int64_t choices) {
 /// response_format when llguidance is not loaded or cannot compile the schema.
 std::shared_ptr<engine::TokenConstraint> response_constraint(const ServerState& s,
                                                              const ApiRequest& r) {
+  if (r.tool_call.has_value()) {
+    if (s.grammar == nullptr)
+      throw_invalid("tool_choice", "a required tool call needs llguidance (grammar-constrained "
+                                   "decoding), which this server could not load: " +
+                                       s.grammar_missing);
+    try {
+      return s.grammar->matcher(grammar::GrammarKind::kJsonSchema, tool_call_schema(r));
+    } catch (const Error& e) {
+      throw_invalid("tools", "a function's parameters are not a JSON schema llguidance can "
+                             "compile: " + e.message());
+    }
+  }
   if (r.response_format.type == ResponseFormat::Type::kText) return nullptr;
   if (s.grammar == nullptr)
     throw_invalid("response_format", "needs llguidance (grammar-constrained decoding), which "
@@ -373,7 +416,7 @@ void submit_choices(ServerState& s, Job& job) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echoes;
   if (r.endpoint == Endpoint::kChat) {
-    prompts.push_back(encode_chat(s, r.messages, r.add_generation_prompt));
+    prompts.push_back(encode_chat(s, r.messages, r.add_generation_prompt, r.tools));
     check_prompt_length(s, prompts.back(), "messages");
     echoes.emplace_back();
   } else {

@@ -11,8 +11,8 @@ Checks, against references that are not the server's own code path:
     greedy takes the best alternative, sorted and consistent;
   * logit_bias forces its token (greedy and sampled); a presence penalty reduces repeats; bad
     penalty / bias values are a 400 naming them;
-  * a 401 leaves nothing on its keep-alive connection; unimplemented fields (tools,
-    tool_choice, suffix, unknown ones) are a 400 naming them, a non-JSON
+  * a 401 leaves nothing on its keep-alive connection; unimplemented fields
+    (completions' tools, tool_choice auto, suffix, unknown ones) are a 400 naming them, a non-JSON
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
@@ -532,9 +532,12 @@ def test_unsupported_fields(server):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                           "properties": {}}}}
     cases = [
-        ("tools", lambda: c.chat.completions.create(model="builtin", messages=msgs, tools=[tool])),
+        ("tools", lambda: c.completions.create(model="builtin", prompt="x",
+                                               extra_body={"tools": [tool]})),
         ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
                                                           tool_choice="none")),
+        ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
+                                                          tools=[tool])),
         ("suffix", lambda: c.completions.create(model="builtin", prompt="x", suffix="y")),
         ("frobnicate", lambda: c.completions.create(model="builtin", prompt="x",
                                                     extra_body={"frobnicate": {"a": [1]}})),

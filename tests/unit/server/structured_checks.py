@@ -100,6 +100,7 @@ def test_structured_output(server, rng, client, check, api_error):
         except ValueError:
             ok = False
         check(ok, f"json_object seed {seed} gives a JSON object: {reason} {text[:300]!r}")
+    test_tool_calls(c, rng, msgs, check, api_error)
     # Bad formats: 400 naming the field, nothing generated.
     bad = [
         ({"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "frob"}}},
@@ -115,3 +116,61 @@ def test_structured_output(server, rng, client, check, api_error):
             check(False, f"response_format {fmt} is refused")
         except openai.BadRequestError as e:
             check(api_error(e).get("param") == field, f"400 names {field}: {api_error(e)}")
+
+
+def tool_call_of(r, stream):
+    """(tool_calls as [(id, name, arguments text)], finish_reason) of choice 0."""
+    if not stream:
+        m = r.choices[0].message
+        calls = [(t.id, t.function.name, t.function.arguments) for t in (m.tool_calls or [])]
+        return calls, r.choices[0].finish_reason, m.content
+    calls, reason, content = [], None, ""
+    for ch in r:
+        if not ch.choices:
+            continue
+        d = ch.choices[0].delta
+        content += d.content or ""
+        for t in d.tool_calls or []:
+            calls.append((t.id, t.function.name, t.function.arguments))
+        reason = ch.choices[0].finish_reason or reason
+    return calls, reason, content
+
+
+def test_tool_calls(c, rng, msgs, check, api_error):
+    """tool_choice "required" / a named function: the reply is one tool call, to a function of
+    the request, whose arguments validate against its parameters (jsonschema)."""
+    tools = [{"type": "function", "function": {"name": f"fn_{i}", "description": "a function",
+                                               "parameters": random_schema(rng)}}
+             for i in range(3)]
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for i, (choice, stream) in enumerate([("required", False), ("required", True),
+                                          ("fn_1", False), ("fn_2", True)]):
+        seed = rng.randrange(1 << 30)
+        tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+        r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools, tool_choice=tc,
+                                      max_tokens=3000, seed=seed, stream=stream)
+        calls, reason, content = tool_call_of(r, stream)
+        what = f"tool_choice {choice} stream={stream} seed {seed}"
+        ok = len(calls) == 1 and reason == "tool_calls" and not content and calls[0][0]
+        if ok:
+            _, name, args = calls[0]
+            ok = name in params and (choice == "required" or name == choice)
+            try:
+                jsonschema.validate(json.loads(args), params.get(name, {}))
+            except (ValueError, jsonschema.ValidationError) as e:
+                ok = False
+                what += f": {e}"
+        check(ok, f"{what} gives one valid call: {calls} {reason} {content!r}")
+    for tc, field in [("auto", "tool_choice"),
+                      ({"type": "function", "function": {"name": "nope"}},
+                       "tool_choice.function.name")]:
+        try:
+            c.chat.completions.create(model="builtin", messages=msgs, tools=tools,
+                                      tool_choice=tc, max_tokens=4)
+            check(False, f"tool_choice {tc} is refused")
+        except openai.BadRequestError as e:
+            check(api_error(e).get("param") == field, f"400 names {field}: {api_error(e)}")
+    r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools, tool_choice="none",
+                                  max_tokens=4)
+    check(not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length"),
+          f"tool_choice none answers text: {r.choices[0]}")
