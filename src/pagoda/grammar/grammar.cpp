@@ -145,12 +145,24 @@ std::unique_ptr<Grammar> Grammar::load(const std::string& library,
   impl->eos = eos;
 
   // Every id's bytes: special tokens as llguidance marks them (0xFF, then the name), ids past
-  // the tokenizer's vocabulary (padding) as empty tokens, which it never allows.
+  // the tokenizer's vocabulary (padding) as empty tokens, which it never allows. A token is
+  // decoded after a plain one ("a") and that one's text removed, so decoders that drop a
+  // leading space at the start of a text (SentencePiece, Metaspace) keep it.
   std::vector<uint32_t> lens(static_cast<size_t>(vocab_size), 0);
   std::string bytes;
+  std::vector<int32_t> pair = tok.encode("a", false);
+  const std::string lead = tok.decode(pair, false);
+  pair.push_back(0);
   for (int32_t id = 0; id < vocab_size && id < tok.vocab_size(); ++id) {
     const std::array<int32_t, 1> one{id};
-    std::string text = tok.decode(one, false);
+    std::string text;
+    if (tok.is_special(id) || id == eos || pair.size() == 1) {
+      text = tok.decode(one, false);
+    } else {
+      pair.back() = id;
+      text = tok.decode(pair, false);
+      text = text.starts_with(lead) ? text.substr(lead.size()) : tok.decode(one, false);
+    }
     if (tok.is_special(id) || id == eos) {
       if (text.empty()) text = "<[" + std::to_string(id) + "]>";
       text.insert(text.begin(), '\xFF');
