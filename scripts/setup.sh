@@ -40,6 +40,13 @@ python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("mistr
 python3 -c 'import openai' 2>/dev/null || pip_install openai
 python3 -c 'import prometheus_client' 2>/dev/null || pip_install prometheus_client
 python3 -c 'import jinja2' 2>/dev/null || pip_install jinja2
+# Structured output (src/pagoda/grammar): llguidance's C API ships in its wheel's _lib.abi3.so,
+# which `pagoda serve` loads at run time (with Debian's libpython3, from python3-dev); pinned
+# because grammar/llg_api.h declares this version's structs. jsonschema validates the
+# constrained output in the server tests (tests/unit/server/structured_checks.py).
+python3 -c 'import importlib.metadata as m, sys; sys.exit(m.version("llguidance") != "1.8.0")' \
+  2>/dev/null || pip_install 'llguidance==1.8.0'
+python3 -c 'import jsonschema' 2>/dev/null || pip_install jsonschema
 # The copy-model test (tests/unit/engine/check_copy_model.py) writes its checkpoint with
 # tools/make_copy_model.py: numpy and safetensors.
 python3 -c 'import numpy' 2>/dev/null || pip_install 'numpy<2.4'  # mistral-common's bound

@@ -27,8 +27,9 @@ ALLOWED = {
               "tokenizer", "dist"],
     "engine": ["core", "platform", "kv", "cache", "tier", "attention", "backends", "kernels", "spec",
                "model", "tokenizer", "dist"],
+    "grammar": ["core", "tokenizer", "engine"],
     "server": ["core", "platform", "kv", "cache", "tier", "attention", "backends", "kernels", "spec",
-               "model", "tokenizer", "engine", "dist", "disagg"],
+               "model", "tokenizer", "engine", "grammar", "dist", "disagg"],
     "cli": ["*"],
     "python": ["*"],
 }

@@ -35,6 +35,7 @@ struct ServeCliOptions {
   std::string disaggregation_mode = "null";
   double disaggregation_timeout = 30;
   std::string disaggregation_transfer_backend = "ucx";
+  std::string grammar_library;
 };
 }  // namespace
 
@@ -79,6 +80,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--disaggregation-transfer-backend", o->disaggregation_transfer_backend,
                   "KV transfer engine (ucx: host memory over TCP / shared memory)")
       ->capture_default_str();
+  cmd->add_option("--grammar-library", o->grammar_library,
+                  "llguidance's shared object (_lib.abi3.so of the llguidance Python package) "
+                  "for response_format; default: the one found when pagoda was configured");
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -99,6 +103,7 @@ void add_serve_command(CLI::App& app) {
     s.disaggregation_mode = o->disaggregation_mode;
     s.disaggregation_timeout_s = o->disaggregation_timeout;
     s.disaggregation_transfer_backend = o->disaggregation_transfer_backend;
+    s.grammar_library = o->grammar_library;
     TpRunner tp_group;  // outlives run_server's engine
     server::TpStart tp;
     if (o->tp != 1)

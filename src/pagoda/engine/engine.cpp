@@ -42,7 +42,8 @@ Req::Req(RequestId rid, GenerateRequest&& g, double now)
       hold_kv(g.hold_kv),
       sampling(g.sampling),
       logit_processing(std::move(g.logit_processing)),
-      logprobs(g.logprobs) {
+      logprobs(g.logprobs),
+      constraint(std::move(g.constraint)) {
   cache.tokens = std::move(g.prompt);
   cache.extra_key = std::move(g.extra_key);
   out.id = rid;
@@ -398,6 +399,8 @@ Req& Engine::create_request(GenerateRequest request) {
                      config_.spec.mode == SpecMode::kNone,
                  kUnsupported,
                  "logit_bias, penalties and logprobs are not supported with speculative decoding");
+  PAGODA_REQUIRE(request.constraint == nullptr || config_.spec.mode == SpecMode::kNone,
+                 kUnsupported, "structured output is not supported with speculative decoding");
   PAGODA_REQUIRE(!request.hold_kv || !config_.overlap, kUnsupported,
                  "hold_kv (a disaggregated prefill) needs the overlap scheduler off");
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,

@@ -10,7 +10,12 @@ namespace pagoda::engine {
 using attention::ForwardMode;
 
 bool check_finished(Req& req, int32_t token, int32_t eos, int32_t max_context_len) {
-  if (!req.ignore_eos && eos >= 0 && token == eos) {
+  if (req.constraint != nullptr && !req.constraint->error().empty()) {
+    req.out.finish_reason = FinishReason::kError;
+    req.out.error = "structured output: " + req.constraint->error();
+  } else if (!req.ignore_eos && eos >= 0 && token == eos) {
+    req.out.finish_reason = FinishReason::kStop;
+  } else if (req.constraint != nullptr && req.constraint->done()) {
     req.out.finish_reason = FinishReason::kStop;
   } else if (req.num_output() >= req.max_new_tokens) {
     req.out.finish_reason = FinishReason::kLength;
@@ -61,8 +66,16 @@ void OutputProcessor::build_batch(const ScheduledStep& s, model::WorkerBatch& b)
     if (q.completes_fill) {
       if (r.logit_processing.penalized())  // counts the tokens appended since the last step
         q.req->token_counts.extend(r.cache.tokens, r.prompt_len);
-      model::append_logit_adjust(r.token_counts, r.logit_processing, static_cast<int32_t>(rows++),
+      const size_t first = b.logit_adjust.size();
+      model::append_logit_adjust(r.token_counts, r.logit_processing, static_cast<int32_t>(rows),
                                  b.logit_adjust);
+      if (r.constraint != nullptr) {  // structured output: only the allowed tokens stay
+        std::vector<uint32_t> mask(static_cast<size_t>(model_.vocab_size + 31) / 32, 0);
+        r.constraint->allowed(mask);
+        model::append_token_mask(mask, model_.vocab_size, static_cast<int32_t>(rows), first,
+                                 b.logit_adjust);
+      }
+      ++rows;
     }
     b.logit_rows.push_back(q.completes_fill ? 1 : 0);
     b.sampling.push_back(r.sampling);
@@ -109,6 +122,8 @@ bool OutputProcessor::take(Req& r, const model::WorkerOutput& result, size_t row
   if (r.out.first_token_s < 0) r.out.first_token_s = t;
   out.tokens.emplace_back(r.id, token);
   if (r.state == RequestState::kFinished) return true;  // aborted meanwhile: keeps its reason
+  if (r.constraint != nullptr && (r.ignore_eos || token != model_.eos_token_id))
+    r.constraint->consume(token);
   if (!check_finished(r, token, model_.eos_token_id, max_context_len_)) return false;
   r.out.finish_s = t;
   out.finished.push_back(r.id);

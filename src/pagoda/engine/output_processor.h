@@ -53,8 +53,9 @@ struct StepOutput {
 /// (installing one makes every step copy its logits to the host).
 using LogitsObserver = std::function<void(RequestId, std::span<const float>)>;
 
-/// Sets req's finish reason when `token` (just appended) ends it: EOS (unless ignore_eos), then
-/// max_new_tokens, then the context; false when it goes on.
+/// Sets req's finish reason when `token` (just appended) ends it: a failed token constraint
+/// (error), EOS (unless ignore_eos), a complete constraint (stop), then max_new_tokens, then the
+/// context; false when it goes on.
 bool check_finished(Req& req, int32_t token, int32_t eos, int32_t max_context_len);
 
 class OutputProcessor {

@@ -14,10 +14,11 @@ OverlapLoop::~OverlapLoop() = default;
 StepOutput OverlapLoop::step() {
   StepOutput out = std::exchange(drained_, StepOutput{});
   std::unique_ptr<InFlight> prev = std::move(inflight_);
-  // Logit processing (penalties) reads a request's output so far: its ids must be known before
-  // its next batch is built, so that step is not overlapped.
+  // Logit processing (penalties) and token constraints read a request's output so far: its ids
+  // must be known before its next batch is built, so that step is not overlapped.
   if (prev != nullptr && std::ranges::any_of(prev->s.seqs, [](const ScheduledSeq& q) {
-        return q.req != nullptr && q.req->logit_processing.active();
+        return q.req != nullptr &&
+               (q.req->logit_processing.active() || q.req->constraint != nullptr);
       })) {
     resolve(*prev, out);
     prev.reset();

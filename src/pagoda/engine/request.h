@@ -3,12 +3,14 @@
 /// scheduler tracks them (Req). Contract: docs/design/engine.md.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pagoda/cache/prefix_cache.h"
+#include "pagoda/engine/token_constraint.h"
 #include "pagoda/model/logit_processing.h"
 #include "pagoda/model/sampler.h"
 
@@ -29,6 +31,9 @@ struct GenerateRequest {
   /// likely alternatives (RequestOutput::logprobs, StepOutput::logprobs; not with speculative
   /// decoding: Error(kUnsupported)).
   int32_t logprobs = -1;
+  /// Structured output: the tokens allowed at each step (token_constraint.h); null = any. One
+  /// per request (it holds the request's state); not with speculative decoding (kUnsupported).
+  std::shared_ptr<TokenConstraint> constraint{};
   /// Keep generating after EOS (benchmarks: every request produces max_new_tokens).
   bool ignore_eos = false;
   /// Prefix-cache namespace (SGLang's extra_key); requests only share KV within one namespace.
@@ -96,6 +101,7 @@ struct Req {
   /// Counts of cache.tokens for the penalties (build_batch extends it; empty without them).
   model::TokenCounts token_counts;
   int32_t logprobs = -1;                    ///< GenerateRequest::logprobs
+  std::shared_ptr<TokenConstraint> constraint;  ///< GenerateRequest::constraint
   /// Overlap loop: trailing entries of cache.tokens that are placeholders for ids still being
   /// sampled (0–2; docs/design/engine.md "Overlap"). Always 0 without overlap.
   int32_t unresolved = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <numeric>
 
 #include "pagoda/core/check.h"
@@ -48,6 +49,25 @@ void TokenCounts::extend(std::span<const int32_t> tokens, int32_t prompt_len) {
     }
   }
   by_token_.resize(kept);
+}
+
+void append_token_mask(std::span<const uint32_t> allowed, int64_t vocab, int32_t row,
+                       size_t first, std::vector<LogitAdjust>& out) {
+  PAGODA_CHECK(first <= out.size() && static_cast<int64_t>(allowed.size()) * 32 >= vocab);
+  const std::vector<LogitAdjust> had(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+  out.resize(first);
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  auto h = had.begin();  // the row's entries, sorted by token
+  for (int64_t t = 0; t < vocab; ++t) {
+    const bool ok = ((allowed[static_cast<size_t>(t / 32)] >> (t % 32)) & 1u) != 0;
+    if (h != had.end() && h->token == t) {
+      LogitAdjust e = *h++;
+      if (!ok) e.bias = kMasked;
+      out.push_back(e);
+    } else if (!ok) {
+      out.push_back(LogitAdjust{.row = row, .token = static_cast<int32_t>(t), .bias = kMasked});
+    }
+  }
 }
 
 void append_logit_adjust(const TokenCounts& counts, const LogitProcessing& p, int32_t row,

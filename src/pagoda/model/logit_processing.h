@@ -61,6 +61,13 @@ class TokenCounts {
 void append_logit_adjust(const TokenCounts& counts, const LogitProcessing& p, int32_t row,
                          std::vector<LogitAdjust>& out);
 
+/// Structured output: masks every token of row `row` outside `allowed` (bit t % 32 of word
+/// t / 32, covering [0, vocab)) to -inf. The row's entries already in `out` start at `first`
+/// (append_logit_adjust's); a disallowed token among them gets bias -inf, every other
+/// disallowed token a new entry, so the row still lists each token at most once.
+void append_token_mask(std::span<const uint32_t> allowed, int64_t vocab, int32_t row,
+                       size_t first, std::vector<LogitAdjust>& out);
+
 /// One sampled token's log-probabilities: the log-softmax of the logit row it was sampled from
 /// (after logit_bias and penalties, before temperature and top-k / top-p / min-p).
 struct TokenLogprobs {

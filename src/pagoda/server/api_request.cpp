@@ -2,6 +2,7 @@
 #include "pagoda/server/api_request.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -204,14 +205,116 @@ void parse_logprobs(const json& body, ApiRequest& r) {
   }
 }
 
+/// response_format: {"type": "text" | "json_object" | "json_schema"}; json_schema carries
+/// {"name", "schema" (an object or a boolean), "strict", "description"} as OpenAI writes it.
+void parse_response_format(const json& body, ApiRequest& r) {
+  if (!present(body, "response_format")) return;
+  const json& f = body["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    throw_invalid("response_format", "must be an object with a string `type`");
+  const auto type = f["type"].get<std::string>();
+  if (type == "text" || type == "json_object") {
+    reject_unknown_keys(f, {"type"}, "response_format");
+    if (type == "json_object") r.response_format.type = ResponseFormat::Type::kJsonObject;
+    return;
+  }
+  if (type != "json_schema")
+    throw_invalid("response_format.type", "must be text, json_object or json_schema");
+  reject_unknown_keys(f, {"type", "json_schema"}, "response_format");
+  if (!present(f, "json_schema") || !f["json_schema"].is_object())
+    throw_invalid("response_format.json_schema", "must be an object with a `schema`");
+  const json& js = f["json_schema"];
+  reject_unknown_keys(js, {"name", "schema", "strict", "description"},
+                      "response_format.json_schema");
+  if (present(js, "name") && !js["name"].is_string())
+    throw_invalid("response_format.json_schema.name", "must be a string");
+  if (present(js, "strict") && !js["strict"].is_boolean())
+    throw_invalid("response_format.json_schema.strict", "must be a boolean");
+  if (!present(js, "schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+    throw_invalid("response_format.json_schema.schema", "must be a JSON schema (an object)");
+  r.response_format.type = ResponseFormat::Type::kJsonSchema;
+  r.response_format.schema = js["schema"].dump();
+}
+
+/// Chat tools: [{"type": "function", "function": {"name", "description", "parameters",
+/// "strict"}}] and tool_choice "none" | "required" | {"type": "function", "function": {"name"}}.
+void parse_tools(const json& body, ApiRequest& r) {
+  if (present(body, "tools")) {
+    const json& list = body["tools"];
+    if (!list.is_array() || list.empty()) throw_invalid("tools", "must be a non-empty array");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string f = "tools[" + std::to_string(i) + "]";
+      const json& t = list[i];
+      if (!t.is_object() || !present(t, "type") || t["type"] != "function" ||
+          !present(t, "function") || !t["function"].is_object())
+        throw_invalid(f, "must be {\"type\": \"function\", \"function\": {...}}");
+      reject_unknown_keys(t, {"type", "function"}, f);
+      const json& fn = t["function"];
+      reject_unknown_keys(fn, {"name", "description", "parameters", "strict"}, f + ".function");
+      const bool named = present(fn, "name") && fn["name"].is_string() &&
+                         !fn["name"].get<std::string>().empty() &&
+                         fn["name"].get<std::string>().size() <= 64;
+      const std::string name = named ? fn["name"].get<std::string>() : std::string();
+      if (!named || !std::all_of(name.begin(), name.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '-';
+          }))
+        throw_invalid(f + ".function.name", "must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
+      for (const ToolSpec& other : r.tools)
+        if (other.name == name) throw_invalid(f + ".function.name", "repeats '" + name + "'");
+      if (present(fn, "description") && !fn["description"].is_string())
+        throw_invalid(f + ".function.description", "must be a string");
+      if (present(fn, "strict") && !fn["strict"].is_boolean())
+        throw_invalid(f + ".function.strict", "must be a boolean");
+      if (present(fn, "parameters") && !fn["parameters"].is_object())
+        throw_invalid(f + ".function.parameters", "must be a JSON schema (an object)");
+      r.tools.push_back(ToolSpec{.name = name,
+                                 .parameters = present(fn, "parameters")
+                                                   ? fn["parameters"].dump()
+                                                   : std::string(R"({"type":"object"})"),
+                                 .json = t.dump()});
+    }
+  }
+  if (!present(body, "tool_choice")) {
+    if (!r.tools.empty())
+      throw_invalid("tool_choice", "auto (the default with tools) is not supported: give "
+                                   "\"required\", a function, or \"none\"");
+    return;
+  }
+  const json& c = body["tool_choice"];
+  if (r.tools.empty()) throw_invalid("tool_choice", "needs tools");
+  if (c == "none") return;
+  if (c == "required") {
+    r.tool_call = "";
+  } else if (c == "auto") {
+    throw_invalid("tool_choice", "auto is not supported (pagoda cannot tell a model's tool-call "
+                                 "syntax from text): give \"required\", a function, or \"none\"");
+  } else if (c.is_object() && present(c, "type") && c["type"] == "function" &&
+             present(c, "function") && c["function"].is_object() &&
+             present(c["function"], "name") && c["function"]["name"].is_string()) {
+    reject_unknown_keys(c, {"type", "function"}, "tool_choice");
+    reject_unknown_keys(c["function"], {"name"}, "tool_choice.function");
+    const auto name = c["function"]["name"].get<std::string>();
+    if (std::none_of(r.tools.begin(), r.tools.end(),
+                     [&](const ToolSpec& t) { return t.name == name; }))
+      throw_invalid("tool_choice.function.name", "'" + name + "' is not one of the tools");
+    r.tool_call = name;
+  } else {
+    throw_invalid("tool_choice", "must be \"none\", \"required\" or {\"type\": \"function\", "
+                                 "\"function\": {\"name\": ...}}");
+  }
+  if (r.response_format.type != ResponseFormat::Type::kText)
+    throw_invalid("response_format", "cannot be combined with a required tool call");
+}
+
 bool known_field(std::string_view key, Endpoint endpoint) {
   static constexpr std::string_view kCommon[] = {
       "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
       "stream_options", "ignore_eos", "n", "presence_penalty", "frequency_penalty", "logprobs",
-      "user", "stop_token_ids", "repetition_penalty", "logit_bias"};
+      "user", "stop_token_ids", "repetition_penalty", "logit_bias", "response_format"};
   static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
   static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
-                                               "max_completion_tokens", "top_logprobs"};
+                                               "max_completion_tokens", "top_logprobs", "tools",
+                                               "tool_choice"};
   static constexpr std::string_view kTokenize[] = {"model", "prompt", "messages",
                                                    "add_generation_prompt", "add_special_tokens"};
   static constexpr std::string_view kDetokenize[] = {"model", "tokens"};
@@ -373,6 +476,8 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
   }
   parse_logit_bias(body, r);
   parse_logprobs(body, r);
+  parse_response_format(body, r);
+  if (endpoint == Endpoint::kChat) parse_tools(body, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");
   if (r.echo && r.logprobs >= 0)
     throw_invalid("logprobs", "is not supported with echo (no prompt log-probabilities)");

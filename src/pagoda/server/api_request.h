@@ -48,6 +48,21 @@ struct PromptInput {
 /// The most choices (prompts × n) one request may ask for (OpenAI's bound on n).
 inline constexpr int32_t kMaxChoices = 128;
 
+/// response_format: plain text (none), any JSON object, or JSON matching a JSON schema
+/// (structured output through grammar-constrained decoding; docs/design/server.md).
+struct ResponseFormat {
+  enum class Type : uint8_t { kText, kJsonObject, kJsonSchema };
+  Type type = Type::kText;
+  std::string schema;  ///< kJsonSchema: json_schema.schema as JSON text
+};
+
+/// One function of a chat request's `tools`.
+struct ToolSpec {
+  std::string name;        ///< [A-Za-z0-9_-]{1,64}, unique within the request
+  std::string parameters;  ///< its JSON schema as JSON text ({"type":"object"} when absent)
+  std::string json;        ///< the whole tool object as given (the chat template's `tools`)
+};
+
 /// One request after validation. Unset optional numbers mean "the server's default".
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -77,6 +92,13 @@ struct ApiRequest {
   /// -1: none; else each output token's log-probability and this many top alternatives
   /// (completions: `logprobs` N; chat: `logprobs: true` with `top_logprobs` N, default 0).
   int32_t logprobs = -1;
+  ResponseFormat response_format;
+  /// Chat `tools` (rendered by the chat template) and `tool_choice`: set when the reply must be a
+  /// tool call ("required": "" = any of `tools`; a named function: its name); unset for
+  /// tool_choice "none" (plain text). "auto" (and tools without tool_choice, which means auto)
+  /// is a 400: pagoda cannot tell a model's own tool-call syntax from text.
+  std::vector<ToolSpec> tools;
+  std::optional<std::string> tool_call;
 };
 
 /// The most top alternatives `logprobs` / `top_logprobs` may ask for (vLLM's default).
@@ -92,7 +114,7 @@ inline constexpr int64_t kMaxJsonContainers = int64_t{1} << 16;
 
 /// Parses and validates a request body. Throws ApiError(400) naming the field for malformed
 /// JSON, wrong types, out-of-range values, a top-level field this server does not implement
-/// (e.g. tools, tool_choice, response_format, suffix, or a misspelt one; a null
+/// (e.g. suffix, completions' tools, or a misspelt one; a null
 /// value counts as absent) and unsupported values (echo with logprobs, best_of ≠ n,
 /// prompts × n > kMaxChoices); ApiError(400) naming `body` past kMaxJsonDepth, kMaxJsonValues or
 /// kMaxJsonContainers. A SAX pass checks

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -15,6 +17,7 @@
 #include "pagoda/server/http_server.h"
 #include "pagoda/server/pd.h"
 #include "pagoda/server/server_state.h"
+#include "pagoda/server/tool_calls.h"
 #include "pagoda/tokenizer/incremental_detokenizer.h"
 
 namespace pagoda::server {
@@ -215,6 +218,14 @@ struct Job {
     }
     return text;
   }
+  /// A required tool call's choice (chat): its id and, once finished, its tool_calls entry
+  /// (nullopt when the call was cut short: then its text is answered as content).
+  std::string call_id(const Choice& c) const { return "call_" + id + "_" + std::to_string(c.index); }
+  std::optional<json> tool_call(const Choice& c) const {
+    if (!request.tool_call.has_value() || !c.finished || std::string_view(c.finish) != "stop")
+      return std::nullopt;
+    return tool_call_entry(c.out, call_id(c));
+  }
   bool all_finished() const {
     return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.finished; });
   }
@@ -256,6 +267,21 @@ bool stream_step(Job& job, httplib::DataSink& sink) {
       return true;
     }
     waited = true;
+    if (job.request.tool_call.has_value()) {  // a tool call is sent whole, when complete
+      c.out += text;
+      text.clear();
+      if (c.finished) {
+        if (std::optional<json> call = job.tool_call(c)) {
+          json ev = job.chunk(c.index, "", nullptr);
+          (*call)["index"] = 0;
+          ev["choices"][0]["delta"] = {{"tool_calls", json::array({*call})}};
+          if (!send_event(sink, dump(ev))) return false;
+          c.finish = "tool_calls";
+        } else {
+          text = c.out;
+        }
+      }
+    }
     Choice* lp = c.logprobs && !c.lp.empty() ? &c : nullptr;
     if ((!text.empty() || lp) && !send_event(sink, dump(job.chunk(c.index, text, nullptr, lp))))
       return false;
@@ -297,7 +323,12 @@ json response_json(const Job& job) {
   json choices = json::array();
   for (const Choice& c : job.choices) {
     json choice = {{"index", c.index}, {"finish_reason", c.finish}};
-    if (job.chat()) {
+    if (std::optional<json> call = job.tool_call(c)) {
+      choice["message"] = {{"role", "assistant"},
+                           {"content", nullptr},
+                           {"tool_calls", json::array({*call})}};
+      choice["finish_reason"] = "tool_calls";
+    } else if (job.chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", c.out}};
     } else {
       choice["text"] = c.echo + c.out;
@@ -324,6 +355,39 @@ void check_disaggregated(const ApiRequest& r, int64_t choices) {
     throw_invalid("presence_penalty", "penalties are not supported by a disaggregated server yet");
   if (!r.logit_bias.empty())
     throw_invalid("logit_bias", "not supported by a disaggregated server yet");
+  if (r.response_format.type != ResponseFormat::Type::kText)
+    throw_invalid("response_format", "not supported by a disaggregated server yet");
+}
+
+/// Structured output: a fresh constraint for one choice (null for plain text). 400 naming
+/// response_format when llguidance is not loaded or cannot compile the schema.
+std::shared_ptr<engine::TokenConstraint> response_constraint(const ServerState& s,
+                                                             const ApiRequest& r) {
+  if (r.tool_call.has_value()) {
+    if (s.grammar == nullptr)
+      throw_invalid("tool_choice", "a required tool call needs llguidance (grammar-constrained "
+                                   "decoding), which this server could not load: " +
+                                       s.grammar_missing);
+    try {
+      return s.grammar->matcher(grammar::GrammarKind::kJsonSchema, tool_call_schema(r));
+    } catch (const Error& e) {
+      throw_invalid("tools", "a function's parameters are not a JSON schema llguidance can "
+                             "compile: " + e.message());
+    }
+  }
+  if (r.response_format.type == ResponseFormat::Type::kText) return nullptr;
+  if (s.grammar == nullptr)
+    throw_invalid("response_format", "needs llguidance (grammar-constrained decoding), which "
+                                     "this server could not load: " + s.grammar_missing);
+  const bool object = r.response_format.type == ResponseFormat::Type::kJsonObject;
+  try {
+    return s.grammar->matcher(
+        object ? grammar::GrammarKind::kJsonObject : grammar::GrammarKind::kJsonSchema,
+        r.response_format.schema);
+  } catch (const Error& e) {
+    throw_invalid("response_format.json_schema.schema",
+                  "is not a JSON schema llguidance can compile: " + e.message());
+  }
 }
 
 /// The router's stamp on a request for a decode server (pd.h); 400 when it is missing.
@@ -352,7 +416,7 @@ void submit_choices(ServerState& s, Job& job) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echoes;
   if (r.endpoint == Endpoint::kChat) {
-    prompts.push_back(encode_chat(s, r.messages, r.add_generation_prompt));
+    prompts.push_back(encode_chat(s, r.messages, r.add_generation_prompt, r.tools));
     check_prompt_length(s, prompts.back(), "messages");
     echoes.emplace_back();
   } else {
@@ -379,6 +443,7 @@ void submit_choices(ServerState& s, Job& job) {
     throw_invalid("n", "prompts × n = " + std::to_string(total) +
                            " is more than this server runs and queues (" +
                            std::to_string(s.max_inflight) + ")");
+  std::shared_ptr<engine::TokenConstraint> first_constraint = response_constraint(s, r);
   const uint64_t serial = s.next_id.fetch_add(1);
   job.id = (job.chat() ? "chatcmpl-" : "cmpl-") + std::to_string(serial);
   job.created = static_cast<int64_t>(std::time(nullptr));
@@ -409,6 +474,7 @@ void submit_choices(ServerState& s, Job& job) {
                             .frequency_penalty = r.frequency_penalty,
                             .repetition_penalty = r.repetition_penalty,
                             .logit_bias = r.logit_bias};
+      g.constraint = c.index == 0 ? std::move(first_constraint) : response_constraint(s, r);
       try {
         c.stream = s.pd_decode != nullptr
                        ? pd_decode_room(*s.pd_decode, std::move(g), job.room, job.prefill_url)

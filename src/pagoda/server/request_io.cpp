@@ -72,7 +72,7 @@ int64_t resident_bytes() {
 }
 
 std::vector<int32_t> encode_chat(const ServerState& s, const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt) {
+                                 bool add_generation_prompt, const std::vector<ToolSpec>& tools) {
   if (!s.chat_template)
     throw ApiError(400, "invalid_request_error",
                    "this model has no chat template (start the server with --chat-template)",
@@ -80,10 +80,14 @@ std::vector<int32_t> encode_chat(const ServerState& s, const std::vector<ChatMes
   using ojson = nlohmann::ordered_json;
   ojson list = ojson::array();
   for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-  const ojson ctx = {{"messages", list},
-                     {"bos_token", s.bos_token},
-                     {"eos_token", s.eos_token},
-                     {"add_generation_prompt", add_generation_prompt}};
+  ojson ctx = {{"messages", list},
+               {"bos_token", s.bos_token},
+               {"eos_token", s.eos_token},
+               {"add_generation_prompt", add_generation_prompt}};
+  if (!tools.empty()) {
+    ctx["tools"] = ojson::array();
+    for (const ToolSpec& t : tools) ctx["tools"].push_back(ojson::parse(t.json));
+  }
   std::string text;
   try {
     text = s.chat_template->render(ctx);

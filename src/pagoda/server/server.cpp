@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
+#include "pagoda/core/log.h"
 #include "pagoda/engine/engine.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/safetensors.h"
@@ -58,6 +59,22 @@ std::string read_file(const std::filesystem::path& p, const char* what) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+/// Structured output (grammar/grammar.h): llguidance from --grammar-library, else from where
+/// configure found it. Without --grammar-library a failure only leaves response_format
+/// answered with a 400 saying why; a library the user named must load.
+void load_grammar(ServerState& s, const ServeOptions& o, int32_t eos) {
+  const std::string library =
+      o.grammar_library.empty() ? grammar::Grammar::default_library() : o.grammar_library;
+  try {
+    s.grammar = grammar::Grammar::load(library, *s.tokenizer, s.vocab_size, eos);
+    PAGODA_LOG_INFO("structured output: llguidance {} ({})", s.grammar->version(), library);
+  } catch (const Error& e) {
+    if (!o.grammar_library.empty()) throw;
+    s.grammar_missing = e.message();
+    PAGODA_LOG_WARN("structured output unavailable (response_format answers 400): {}", e.message());
+  }
 }
 
 /// A special token of tokenizer_config.json: a string or {"content": ...}.
@@ -156,6 +173,7 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   state.tokenizer = tokenizer::make_tokenizer_for(o.model);
   state.vocab_size = loaded.config.vocab_size;
   load_chat_template(state, o);
+  load_grammar(state, o, loaded.config.eos_token_id);
 
   engine::Engine engine(llama, cfg, platform.get(), make_worker);
   state.max_context_len = engine.max_context_len();

@@ -49,6 +49,10 @@ struct ServeOptions {
   /// Room timeout: decode waits this long for pages + prefill + transfer; prefill for its part.
   double disaggregation_timeout_s = 30;
   std::string disaggregation_transfer_backend = "ucx";  ///< only "ucx" is built
+  /// Structured output (response_format): llguidance's shared object. Empty: the one found at
+  /// configure time, and if it cannot load, response_format gets a 400 saying why; a library
+  /// given here that cannot load stops the server (Error(kUnsupported)).
+  std::string grammar_library;
 };
 
 /// Tensor parallelism for run_server: starts the group on the server's platform (before the

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "pagoda/grammar/grammar.h"
 #include "pagoda/server/api_request.h"
 #include "pagoda/server/chat_template.h"
 #include "pagoda/server/engine_loop.h"
@@ -33,6 +34,9 @@ struct ServerState {
   std::optional<ChatTemplate> chat_template;
   std::string bos_token, eos_token;  ///< template variables
   bool chat_add_special = false;     ///< encode rendered chats with the tokenizer's BOS
+  /// Structured output: llguidance over `tokenizer` (built once), or null and why not.
+  std::unique_ptr<grammar::Grammar> grammar;
+  std::string grammar_missing;
   EngineLoop* loop = nullptr;
   ServerMetrics* metrics = nullptr;
   std::atomic<uint64_t> next_id{1};
@@ -68,10 +72,12 @@ void check_api_request(const ServerState& s, const httplib::Request& req);
 void check_model(const ServerState& s, const std::optional<std::string>& model);
 /// After a request with a large body: returns freed heap pages to the system (malloc_trim).
 void release_request_memory(const httplib::Request& req);
-/// The ids of a chat rendered by the template (400 naming `messages` on a template or
-/// tokenizer error).
+/// The ids of a chat rendered by the template, with `tools` (the chat request's, as the
+/// template's `tools` variable, when any) (400 naming `messages` on a template or tokenizer
+/// error).
 std::vector<int32_t> encode_chat(const ServerState& s, const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt);
+                                 bool add_generation_prompt,
+                                 const std::vector<ToolSpec>& tools = {});
 /// The ids of a completions prompt (text encoded with the BOS when `add_special`; token ids
 /// checked against the vocabulary); 400 naming `field`.
 std::vector<int32_t> encode_prompt(const ServerState& s, const PromptInput& p,

@@ -72,6 +72,67 @@ TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
     }
 }
 
+// Structured output's mask (append_token_mask) on top of logit_bias and penalties: every token
+// outside the allowed bitmask ends at -inf, the others as the dense reference has them, and the
+// entries keep the worker's (row, token) order.
+TEST(LogitProcessing, TokenMaskLeavesOnlyAllowedTokens) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const int vocab = 3000, rows = 6;  // not a multiple of 32: the last mask word is partial
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(static_cast<size_t>(rows) * vocab);
+  for (float& x : logits) x = normal(rng);
+  std::vector<LogitAdjust> adj;
+  std::vector<std::vector<double>> want;
+  for (int r = 0; r < rows; ++r) {
+    std::vector<int32_t> prompt(40), output(static_cast<size_t>(rng() % 60));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % 500);
+    for (auto& t : output) t = static_cast<int32_t>(rng() % 500);
+    LogitProcessing p;
+    if (r % 2 == 0) {
+      p.presence_penalty = 0.5f;
+      p.repetition_penalty = 1.3f;
+      p.logit_bias = {{static_cast<int32_t>(rng() % 500), 5.f}, {2999, -3.f}};
+    }
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), output.begin(), output.end());
+    TokenCounts counts;
+    if (p.penalized()) counts.extend(all, static_cast<int32_t>(prompt.size()));
+    const size_t first = adj.size();
+    append_logit_adjust(counts, p, r, adj);
+    // Dense allowed sets (a few tokens, or most of them), as a bitmask.
+    const double keep = r % 3 == 0 ? 0.01 : r % 3 == 1 ? 0.5 : 0.99;
+    std::vector<uint32_t> mask(static_cast<size_t>(vocab + 31) / 32, 0);
+    std::vector<bool> ok(static_cast<size_t>(vocab));
+    for (int t = 0; t < vocab; ++t) {
+      ok[static_cast<size_t>(t)] = std::uniform_real_distribution<double>(0, 1)(rng) < keep;
+      if (ok[static_cast<size_t>(t)]) mask[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
+    }
+    append_token_mask(mask, vocab, r, first, adj);
+    std::vector<double> w = testing::reference_processed_logits(
+        std::span<const float>(logits).subspan(static_cast<size_t>(r) * vocab, vocab),
+        std::span<const int32_t>(prompt), std::span<const int32_t>(output), p);
+    for (int t = 0; t < vocab; ++t)
+      if (!ok[static_cast<size_t>(t)]) w[static_cast<size_t>(t)] = -INFINITY;
+    want.push_back(std::move(w));
+  }
+  for (size_t i = 1; i < adj.size(); ++i)
+    ASSERT_LT(std::pair(adj[i - 1].row, adj[i - 1].token), std::pair(adj[i].row, adj[i].token));
+  apply_logit_adjust(logits.data(), vocab, adj);
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < vocab; ++v) {
+      const double w = want[static_cast<size_t>(r)][static_cast<size_t>(v)];
+      const float got = logits[static_cast<size_t>(r) * vocab + v];
+      if (std::isinf(w)) {
+        ASSERT_TRUE(std::isinf(got) && got < 0) << "row " << r << " token " << v << " " << got;
+      } else {
+        ASSERT_NEAR(got, w, 1e-5 * (1.0 + std::abs(w))) << "row " << r << " token " << v;
+      }
+    }
+}
+
 // TokenCounts extended token by token and in random chunks against a from-scratch recount of
 // the prompt and the output at every point.
 TEST(LogitProcessing, IncrementalCountsMatchARecount) {

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pagoda/server/api_request.h"
 
 namespace pagoda::server {
@@ -126,6 +128,68 @@ TEST(ApiRequest, ParsesLogprobs) {
                 .logprobs,
             20);
   EXPECT_EQ(parse_api_request(chat + R"("logprobs":false})", Endpoint::kChat).logprobs, -1);
+}
+
+TEST(ApiRequest, ParsesResponseFormat) {
+  using Type = ResponseFormat::Type;
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x"})", Endpoint::kCompletions).response_format.type,
+            Type::kText);
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x","response_format":{"type":"text"}})",
+                              Endpoint::kCompletions).response_format.type, Type::kText);
+  EXPECT_EQ(parse_api_request(R"({"messages":[{"role":"user","content":"x"}],
+                                  "response_format":{"type":"json_object"}})",
+                              Endpoint::kChat).response_format.type, Type::kJsonObject);
+  const std::string schema =
+      R"({"type":"object","properties":{"a":{"type":"integer","minimum":-3}},"required":["a"]})";
+  const ApiRequest r = parse_api_request(
+      R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"n",
+          "strict":true,"schema":)" + schema + "}}}",
+      Endpoint::kCompletions);
+  EXPECT_EQ(r.response_format.type, Type::kJsonSchema);
+  EXPECT_EQ(nlohmann::json::parse(r.response_format.schema), nlohmann::json::parse(schema));
+}
+
+TEST(ApiRequest, ParsesToolsAndToolChoice) {
+  const std::string chat = R"({"messages":[{"role":"user","content":"x"}],"tools":[
+      {"type":"function","function":{"name":"get_w","parameters":{"type":"object",
+       "properties":{"c":{"type":"string"}}}}},{"type":"function","function":{"name":"f-2"}}],)";
+  ApiRequest r = parse_api_request(chat + R"("tool_choice":"required"})", Endpoint::kChat);
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(r.tools[0].name, "get_w");
+  EXPECT_EQ(nlohmann::json::parse(r.tools[0].parameters)["properties"]["c"]["type"], "string");
+  EXPECT_EQ(nlohmann::json::parse(r.tools[1].parameters), nlohmann::json::parse(R"({"type":"object"})"));
+  EXPECT_EQ(nlohmann::json::parse(r.tools[1].json)["function"]["name"], "f-2");
+  EXPECT_EQ(r.tool_call, std::optional<std::string>(""));
+  r = parse_api_request(chat + R"("tool_choice":{"type":"function","function":{"name":"f-2"}}})",
+                        Endpoint::kChat);
+  EXPECT_EQ(r.tool_call, std::optional<std::string>("f-2"));
+  r = parse_api_request(chat + R"("tool_choice":"none"})", Endpoint::kChat);
+  EXPECT_FALSE(r.tool_call.has_value());
+  EXPECT_EQ(r.tools.size(), 2u);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("n":1})", "tool_choice"},  // tools without tool_choice mean auto
+      {R"("tool_choice":"auto"})", "tool_choice"},
+      {R"("tool_choice":{"type":"function","function":{"name":"zz"}}})", "tool_choice.function.name"},
+      {R"("tool_choice":"required","response_format":{"type":"json_object"}})", "response_format"},
+  };
+  for (const auto& [tail, field] : bad) {
+    const ApiError e = expect_error(chat + tail, Endpoint::kChat);
+    EXPECT_EQ(e.param, field) << tail;
+  }
+  const std::string head = R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required",)";
+  const std::vector<std::pair<std::string, std::string>> bad_tools = {
+      {R"("tools":[{"type":"function","function":{"name":"a b"}}]})", "tools[0].function.name"},
+      {R"("tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"a"}}]})",
+       "tools[1].function.name"},
+      {R"("tools":[{"type":"function","function":{"name":"a","parameters":[]}}]})",
+       "tools[0].function.parameters"},
+      {R"("tools":[{"type":"function","function":{"name":"a","x":1}}]})", "tools[0].function.x"},
+      {R"("tools":[{"type":"retrieval"}]})", "tools[0]"},
+  };
+  for (const auto& [tail, field] : bad_tools) {
+    const ApiError e = expect_error(head + tail, Endpoint::kChat);
+    EXPECT_EQ(e.param, field) << tail;
+  }
 }
 
 TEST(ApiRequest, NamesTheBadField) {
@@ -257,8 +321,15 @@ TEST(ApiRequest, RefusesFieldsItDoesNotImplement) {
       {R"({"messages":[{"role":"user","content":"x"}],"tools":[]})", Endpoint::kChat, "tools"},
       {R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"none"})", Endpoint::kChat,
        "tool_choice"},
-      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_object"}})",
-       Endpoint::kChat, "response_format"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+       Endpoint::kChat, "response_format.type"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"name":"a"}}})",
+       Endpoint::kCompletions, "response_format.json_schema.schema"},
+      {R"({"prompt":"x","response_format":{"type":"json_schema","json_schema":{"schema":{},"strict":1}}})",
+       Endpoint::kCompletions, "response_format.json_schema.strict"},
+      {R"({"prompt":"x","response_format":{"type":"json_object","schema":{}}})",
+       Endpoint::kCompletions, "response_format.schema"},
+      {R"({"prompt":"x","response_format":"json"})", Endpoint::kCompletions, "response_format"},
       {R"({"prompt":"x","suffix":"y"})", Endpoint::kCompletions, "suffix"},
       {R"({"prompt":"x","temprature":0})", Endpoint::kCompletions, "temprature"},
       {R"({"messages":[{"role":"user","content":"x"}],"echo":true})", Endpoint::kChat, "echo"},

@@ -11,8 +11,8 @@ Checks, against references that are not the server's own code path:
     greedy takes the best alternative, sorted and consistent;
   * logit_bias forces its token (greedy and sampled); a presence penalty reduces repeats; bad
     penalty / bias values are a 400 naming them;
-  * a 401 leaves nothing on its keep-alive connection; unimplemented fields (tools,
-    response_format, suffix, unknown ones) are a 400 naming them, a non-JSON
+  * a 401 leaves nothing on its keep-alive connection; unimplemented fields
+    (completions' tools, tool_choice auto, suffix, unknown ones) are a 400 naming them, a non-JSON
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
@@ -58,6 +58,7 @@ except ImportError as e:
     print(f"FAIL: {e}; scripts/setup.sh installs openai, prometheus_client and jinja2")
     sys.exit(1)
 from serve_harness import Metrics, Server, large_body_memory  # noqa: E402
+from structured_checks import test_structured_output  # noqa: E402
 
 KEY = "sk-test-key"
 BUILTIN_TEMPLATE = ("{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + "
@@ -531,11 +532,12 @@ def test_unsupported_fields(server):
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
                                                                           "properties": {}}}}
     cases = [
-        ("tools", lambda: c.chat.completions.create(model="builtin", messages=msgs, tools=[tool])),
+        ("tools", lambda: c.completions.create(model="builtin", prompt="x",
+                                               extra_body={"tools": [tool]})),
         ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
                                                           tool_choice="none")),
-        ("response_format", lambda: c.chat.completions.create(
-            model="builtin", messages=msgs, response_format={"type": "json_object"})),
+        ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
+                                                          tools=[tool])),
         ("suffix", lambda: c.completions.create(model="builtin", prompt="x", suffix="y")),
         ("frobnicate", lambda: c.completions.create(model="builtin", prompt="x",
                                                     extra_body={"frobnicate": {"a": [1]}})),
@@ -875,6 +877,9 @@ def main():
         test_logprobs(s)
         test_auth_keep_alive(s)
         test_unsupported_fields(s)
+        t_so = time.time()
+        test_structured_output(s, rng, client, check, api_error)
+        print(f"structured output checks: {time.time() - t_so:.1f} s")
         test_nonstream_disconnect(s)
         test_large_bodies(s)
         test_same_as(args.pagoda, s, rng, "--tp", "2")
