@@ -4,8 +4,8 @@ match transformers' (f32, greedy, tiny / qwen2-tiny / mistral-tiny / gemma2-tiny
 layouts).
 
 Skipped (exit 77, CTest SKIP_RETURN_CODE) when torch, transformers or tokenizers cannot be
-imported: they are too big to install on CI, so nothing is installed here. Set PAGODA_PYTHON to
-a Python that has them (the test re-runs itself with it).
+imported: they are too big to install on CI, so nothing is installed here. CTest runs it with
+the Python that CMake's PAGODA_TORCH_PYTHON names (configure with a Python that has them).
 
     make_checkpoint_test.py --pagoda build/src/pagoda/cli/pagoda --tool tools/make_checkpoint.py
 """
@@ -51,10 +51,6 @@ def main():
     ap.add_argument("--tool", required=True)
     args = ap.parse_args()
 
-    other = os.environ.get("PAGODA_PYTHON")
-    if other and not os.environ.get("PAGODA_PYTHON_REEXEC"):
-        os.environ["PAGODA_PYTHON_REEXEC"] = "1"
-        os.execv(other, [other] + sys.argv)
     try:
         import tokenizers  # noqa: F401
         import torch
@@ -62,7 +58,7 @@ def main():
     except ImportError as e:
         print(f"SKIP: {e.name} is not importable by {sys.executable} ({e}); torch + "
               "transformers + tokenizers are too big for CI, so this test installs nothing. "
-              "Set PAGODA_PYTHON to a Python that has them to run it.")
+              "Configure with -DPAGODA_TORCH_PYTHON=<a Python that has them> to run it.")
         return SKIP
     print(f"torch {torch.__version__}, transformers {transformers.__version__}")
 
