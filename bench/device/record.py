@@ -130,16 +130,22 @@ def kernels(d):
                       "interleaved: ours, peers, ours, peers, ..."}
 
 
+def json_by_name(folder, prefix=""):
+    """{name: document} for folder/<prefix>*.json (name: the file name less the prefix and
+    ".json"); files that hold no JSON are left out."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(folder, prefix + "*.json"))):
+        j = read_json(path)
+        if j is not None:
+            out[os.path.basename(path)[len(prefix):-len(".json")]] = j
+    return out
+
+
 def tp(d):
     tdir = os.path.join(d, "tp")
     if not os.path.isdir(tdir):
         return None
-    bench = {}
-    for path in sorted(glob.glob(os.path.join(tdir, "bench_*.json"))):
-        j = read_json(path)
-        if j is not None:
-            bench[os.path.basename(path)[len("bench_"):-len(".json")]] = j
-    out = {"bench": bench}
+    out = {"bench": json_by_name(tdir, "bench_")}
     a = read_jsonl(os.path.join(tdir, "gen_f32_tp1.jsonl"))
     b = read_jsonl(os.path.join(tdir, "gen_f32_tp2.jsonl"))
     if a and len(a) == len(b):
@@ -155,9 +161,7 @@ def hicache(d):
     hdir = os.path.join(d, "hicache")
     if not os.path.isdir(hdir):
         return None
-    out = {os.path.basename(p)[:-5]: j for p in sorted(glob.glob(os.path.join(hdir, "*.json")))
-           if (j := read_json(p)) is not None}
-    return out or None
+    return json_by_name(hdir) or None
 
 
 def python(d):
@@ -233,8 +237,7 @@ def build_record(d, kind, group, commit, stages):
                        for p in glob.glob(os.path.join(d, "sanitize_*.log"))} or None,
         "kernels": kernels(d),
         "engine": read_json(os.path.join(d, "engine", "summary.json")),
-        "spec": {os.path.basename(p)[:-5]: j for p in sorted(glob.glob(os.path.join(d, "spec", "*.json")))
-                 if (j := read_json(p)) is not None} or None,
+        "spec": json_by_name(os.path.join(d, "spec")) or None,
         "serve": read_json(os.path.join(d, "serve", "results.json")),
         "tp": tp(d),
         "hicache": hicache(d),
