@@ -30,6 +30,10 @@ case "${1:-}" in
   env)
     mkdir -p /tmp/sys
     for f in "$root"/.debs/*.deb; do dpkg -x "$f" /tmp/sys; done
+    # Debian 12's hiredis.pc says libdir=/usr/lib (the library is in the multiarch folder), so
+    # CMake's imported target fell back to a bare -lhiredis the linker cannot find under /tmp/sys.
+    sed -i 's|^libdir=/usr/lib$|libdir=/usr/lib/x86_64-linux-gnu|' \
+      /tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig/hiredis.pc 2> /dev/null
     export PKG_CONFIG_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu/pkgconfig:/tmp/sys/usr/share/pkgconfig
     export PKG_CONFIG_SYSROOT_DIR=/tmp/sys PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1
     export LD_LIBRARY_PATH=/tmp/sys/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}

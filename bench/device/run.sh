@@ -143,7 +143,8 @@ fi
 
 if has build; then
   t0=$(date +%s)
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
+  # -U: pkg-config results are looked up again (a kept build folder may hold stale ones).
+  cmake -S . -B $B -G Ninja -U '__pkg_config_checked_*' -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DPAGODA_BUILD_BENCH=OFF > "$W/build.log" 2>&1
   # The GPU tests' binaries: every ctest -L gpu test named after a target of this build (the
   # others, the conformance runs, run the pagoda CLI).
