@@ -69,7 +69,9 @@ def main():
             subprocess.run([sys.executable, args.tool, "--layout", layout, "--dtype", "f32",
                             "--seed", "3", "--out", out, "--threads", "2"], check=True)
             res = subprocess.run(
-                [args.pagoda, "generate", "--model", out, "--token-ids",
+                # The CPU platform in f32, as transformers runs here: a CUDA build on a GPU
+                # machine would otherwise pick the cuda backend in bf16 (~1e-2 off).
+                [args.pagoda, "generate", "--backend", "cpu", "--model", out, "--token-ids",
                  ",".join(map(str, PROMPT)), "--max-new-tokens", str(NEW_TOKENS),
                  "--ignore-eos", "--json", "--dump-logits"],
                 capture_output=True, text=True)
