@@ -15,6 +15,7 @@
 #include "pagoda/engine/engine.h"
 #include "pagoda/engine/engine_args.h"
 #include "pagoda/model/llama.h"
+#include "pagoda/model/ops.h"
 #include "pagoda/model/safetensors.h"
 #include "pagoda/python/attention_bindings.h"
 #include "pagoda/tokenizer/load.h"
@@ -41,6 +42,10 @@ class PyEngine {
         config_(engine::make_engine_config(a, *platform_)),
         loaded_(model::load_model(model, weight_seed)),
         llama_(loaded_.config, loaded_.weights) {
+    // As the CLI's prepare_host_threads: OpenBLAS single-threaded, the attention backend owns
+    // the OpenMP threads (both spinning on 2 cores made LLM.generate 8x slower than `pagoda
+    // bench` on the CPU). python/pagoda/__init__.py sets OMP_WAIT_POLICY=passive where unset.
+    model::set_blas_num_threads(1);
     if (model == "builtin" || tokenizer::has_tokenizer(model))
       tokenizer_ = tokenizer::make_tokenizer_for(model);
     engine_ = std::make_unique<engine::Engine>(llama_, config_, platform_.get());
