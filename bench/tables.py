@@ -249,7 +249,9 @@ def python_table(rec):
         out += ["", f"`pagoda.LLM` vs `pagoda bench` ({lb.get('requests')} requests, "
                     f"{lb.get('input_len')} in / {lb.get('output_len')} out, {lb.get('backend')}): "
                     f"LLM {lb['median']['llm']:.0f}, bench {lb['median']['bench']:.0f} output tok/s; "
-                    f"LLM / bench {100 * lb['ratio']:.1f} %."]
+                    f"LLM / bench {100 * lb['ratio']:.1f} %."
+                    + (f" A second generate() on the same engine: {lb['median']['llm_warm']:.0f}."
+                       if "llm_warm" in lb["median"] else "")]
     return out
 
 
