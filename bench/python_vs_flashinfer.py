@@ -22,14 +22,21 @@ Prints a markdown table; --json appends one object per case. Needs torch with CU
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
 
 import flashinfer as fi
 import pagoda.flashinfer as pf
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "cuda"))
+from fi_jit import isolate_ninja_logs  # noqa: E402 - bench/cuda/fi_jit.py
+
+isolate_ninja_logs()  # the kernels group's peers compiled FlashInfer's modules this way
 
 DEV = "cuda"
 BF16 = torch.bfloat16

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cases import kind, load_cases  # bench/cuda/cases.py, beside this file
+from fi_jit import isolate_ninja_logs  # bench/cuda/fi_jit.py
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -127,6 +128,8 @@ def sdpa_fn(backend, c):
 def flashinfer_fns(c, ws):
     """(peer name, callable) pairs of FlashInfer for one case; raises where none applies."""
     import flashinfer  # noqa: PLC0415 - optional peer, carried as wheels
+
+    isolate_ninja_logs()
 
     gen = torch.Generator(device="cpu").manual_seed(42)
     kv, num, ids, kv_indptr, last = paged(c, gen)

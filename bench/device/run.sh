@@ -131,7 +131,9 @@ if has kernels && [ -n "${PYTHONPATH:-}" ]; then
   # FlashInfer compiles each kernel module on first use (about a minute each). A warm-up pass,
   # timings thrown away, one process per module (bench/cuda/cases.py --jit-groups) so they
   # compile in parallel, overlaps the build and the GPU tests; the timed rounds then find every
-  # module built (the cache lives on this machine while it stays warm).
+  # module built (the cache lives on this machine while it stays warm). bench/cuda/fi_jit.py gives
+  # each module its own ninja log: the parallel warm-ups shared one and corrupted it, and the
+  # round after them rebuilt modules (~280 s of the call at 1de75ef).
   g=0
   while read -r names; do
     g=$((g + 1))
