@@ -6,15 +6,15 @@
                                             README's table is exactly the one it printed
 
 The table sits between the markers <!-- conformance:begin --> and <!-- conformance:end -->.
-The run covers the CPU backends CI can execute (reference, cpu, their hybrid; the mutant always
-runs and must be caught)."""
+The run covers the CPU backends CI can execute (reference, cpu, their hybrid, and amx, whose
+oneDNN matmuls run without AMX too, more slowly; the mutant always runs and must be caught)."""
 import pathlib
 import subprocess
 import sys
 import tempfile
 
 BEGIN, END = "<!-- conformance:begin -->", "<!-- conformance:end -->"
-BACKENDS = "reference,cpu,reference+cpu"
+BACKENDS = "reference,cpu,reference+cpu,amx"
 
 
 def run_grid(pagoda: str) -> str:
