@@ -272,10 +272,12 @@ void parse_response_format(const json& body, ApiRequest& r) {
 }
 
 /// Chat tools: [{"type": "function", "function": {"name", "description", "parameters",
-/// "strict"}}] and tool_choice "none" | "required" | {"type": "function", "function": {"name"}}.
-void parse_tools(const json& body, ApiRequest& r) {
+/// "strict"}}] and tool_choice "none" | "auto" | "required" | {"type": "function", "function":
+/// {"name"}}. `body_text`: the body, parsed again keeping key order for the template's tools.
+void parse_tools(const json& body, std::string_view body_text, ApiRequest& r) {
   if (present(body, "tools")) {
     const json& list = body["tools"];
+    const auto ordered = nlohmann::ordered_json::parse(body_text.begin(), body_text.end());
     if (!list.is_array() || list.empty()) throw_invalid("tools", "must be a non-empty array");
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string f = "tools[" + std::to_string(i) + "]";
@@ -306,7 +308,7 @@ void parse_tools(const json& body, ApiRequest& r) {
                                  .parameters = present(fn, "parameters")
                                                    ? fn["parameters"].dump()
                                                    : std::string(R"({"type":"object"})"),
-                                 .json = t.dump()});
+                                 .json = ordered["tools"][i].dump()});
     }
   }
   if (!present(body, "tool_choice")) {
@@ -510,7 +512,7 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
   parse_logit_bias(body, r);
   parse_logprobs(body, r);
   parse_response_format(body, r);
-  if (endpoint == Endpoint::kChat) parse_tools(body, r);
+  if (endpoint == Endpoint::kChat) parse_tools(body, body_text, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");
   if (r.echo && r.logprobs >= 0)
     throw_invalid("logprobs", "is not supported with echo (no prompt log-probabilities)");

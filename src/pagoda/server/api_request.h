@@ -73,7 +73,7 @@ struct ResponseFormat {
 struct ToolSpec {
   std::string name;        ///< [A-Za-z0-9_-]{1,64}, unique within the request
   std::string parameters;  ///< its JSON schema as JSON text ({"type":"object"} when absent)
-  std::string json;        ///< the whole tool object as given (the chat template's `tools`)
+  std::string json;        ///< the tool object as given, in its key order (template `tools`)
 };
 
 /// One request after validation. Unset optional numbers mean "the server's default".
