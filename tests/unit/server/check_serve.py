@@ -29,7 +29,9 @@ Checks, against references that are not the server's own code path:
   * SIGTERM drains: a running stream finishes with [DONE], new requests get 503, exit status 0;
   * tool_choice auto (--tool-call-parser llama3): a reply without a call equals tool_choice
     none's text; one constrained to a call object is answered as tool_calls (structured_checks);
-    without the option, or with an unknown parser name, auto is refused naming it.
+    without the option, or with an unknown parser name, auto is refused naming it; a marker
+    that is a special token (llama3's <|python_tag|>, forced by logit_bias on a tiny checkpoint)
+    is in auto's text and not in none's.
 A missing `openai`, `prometheus_client`, `httpx` or `jinja2` package is a FAILURE, not a skip.
 Usage: check_serve.py --pagoda build/pagoda [--seed N] [--soak-requests N]
 """
@@ -44,6 +46,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -284,6 +287,43 @@ def test_auto_tools(server):
     check(r.usage.prompt_tokens == len(want.encode()) + 1,
           f"a tool conversation renders as jinja2 does: {r.usage.prompt_tokens} tokens vs "
           f"{len(want.encode()) + 1}")
+
+
+def test_marker_tokens(pagoda, rng, tmp):
+    """A tool-call marker that is a special token (llama3's <|python_tag|>), which detokenizing
+    skips, is written back into the reply for the parser with tool_choice auto only: on a tiny
+    checkpoint whose byte-level tokenizer has it as a special token, logit_bias forces it; auto's
+    text holds it (not a call: no JSON follows), none's is empty (streamed and not)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tokenizer"))
+    from check_against_hf import write_tiny_checkpoint
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    folder = pathlib.Path(tmp)
+    vocab = {ch: i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|python_tag|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    tag = tok.token_to_id("<|python_tag|>")
+    write_tiny_checkpoint(folder, 512, tok.token_to_id("<|begin_of_text|>"),
+                          tok.token_to_id("<|end_of_text|>"), rng)
+    (folder / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] + ': ' + m['content'] "
+                                       "+ '\n' }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with Server(pagoda, "--model", str(folder), "--chat-template", str(folder / "chat.jinja"),
+                "--tool-call-parser", "llama3", "--served-model-name", "tiny") as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for tc, want in (("auto", "<|python_tag|>" * 3), ("none", "")):
+            for stream in (False, True):
+                r = c.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                       "content": "hi"}],
+                                              tools=tools, tool_choice=tc, max_tokens=3,
+                                              temperature=0, logit_bias={str(tag): 100},
+                                              stream=stream, extra_body={"ignore_eos": True})
+                text = ("".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
+                        if stream else r.choices[0].message.content)
+                check(text == want, f"{tc} stream={stream}: the special marker token's text "
+                                    f"{'is' if want else 'is not'} in the reply: {text!r}")
 
 
 def test_queue_full(pagoda):
@@ -970,6 +1010,8 @@ def main():
         test_metrics(s)
         check(s.stop() == 0, "exit status 0 after SIGTERM")
     test_queue_full(args.pagoda)
+    with tempfile.TemporaryDirectory() as tmp:
+        test_marker_tokens(args.pagoda, rng, tmp)
     test_drain(args.pagoda)
     test_hicache(args.pagoda, rng)
     print(f"total {time.time() - t0:.1f} s")
