@@ -1,17 +1,21 @@
 // libFuzzer target for the server's untrusted inputs: the first byte picks the OpenAI request
-// parser (completions or chat body) or the chat-template renderer (the rest is a template,
-// rendered over a fixed conversation). Either must return or throw its documented error
-// (ApiError / TemplateError) — never crash, hang or leak; parsed requests must satisfy the
-// validated ranges.
+// parser (completions or chat body), the chat-template renderer (the rest is a template,
+// rendered over a fixed conversation) or a tool-call parser (the rest is a model's reply).
+// Each must return or throw its documented error (ApiError / TemplateError) — never crash, hang
+// or leak; parsed requests must satisfy the validated ranges; a reply streamed in two pieces
+// splits as the whole does.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "pagoda/server/api_request.h"
 #include "pagoda/server/chat_template.h"
+#include "pagoda/server/tool_parser.h"
 
 namespace {
 
@@ -70,15 +74,30 @@ void fuzz_template(std::string_view source) {
   }
 }
 
+void fuzz_tool_reply(std::string_view reply, uint8_t pick) {
+  using namespace pagoda::server;
+  static const std::vector<ToolSpec> tools = {{.name = "get_w"}, {.name = "f"}};
+  const auto f = static_cast<ToolCallFormat>(pick % 3);
+  const ParsedReply whole = parse_tool_calls(f, reply, tools);
+  ToolCallSplitter s(f, tools);
+  std::string content = s.push(reply.substr(0, pick % (reply.size() + 1)));
+  content += s.push(reply.substr(pick % (reply.size() + 1)));
+  const ParsedReply end = s.finish();
+  check(content + end.content == whole.content && end.calls == whole.calls);
+  for (const ParsedToolCall& c : whole.calls)
+    check(nlohmann::json::parse(c.arguments, nullptr, false).is_object());
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 3) {
+  switch (data[0] % 4) {
     case 0: fuzz_request(rest, pagoda::server::Endpoint::kCompletions); break;
     case 1: fuzz_request(rest, pagoda::server::Endpoint::kChat); break;
-    default: fuzz_template(rest); break;
+    case 2: fuzz_template(rest); break;
+    default: fuzz_tool_reply(rest, static_cast<uint8_t>(data[0] / 4)); break;
   }
   return 0;
 }

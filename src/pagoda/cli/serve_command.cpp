@@ -36,6 +36,7 @@ struct ServeCliOptions {
   double disaggregation_timeout = 30;
   std::string disaggregation_transfer_backend = "ucx";
   std::string grammar_library;
+  std::string tool_call_parser;
 };
 }  // namespace
 
@@ -83,6 +84,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--grammar-library", o->grammar_library,
                   "llguidance's shared object (_lib.abi3.so of the llguidance Python package) "
                   "for response_format; default: the one found when pagoda was configured");
+  cmd->add_option("--tool-call-parser", o->tool_call_parser,
+                  "the model's tool-call syntax, read back from replies for chat tool_choice "
+                  "\"auto\": qwen25 (also qwen, hermes), llama3 or mistral; without it \"auto\" "
+                  "gets a 400");
   cmd->callback([o] {
 #ifdef PAGODA_CLI_HAVE_SERVER
     prepare_host_threads();
@@ -104,6 +109,7 @@ void add_serve_command(CLI::App& app) {
     s.disaggregation_timeout_s = o->disaggregation_timeout;
     s.disaggregation_transfer_backend = o->disaggregation_transfer_backend;
     s.grammar_library = o->grammar_library;
+    s.tool_call_parser = o->tool_call_parser;
     TpRunner tp_group;  // outlives run_server's engine
     server::TpStart tp;
     if (o->tp != 1)

@@ -131,6 +131,31 @@ void parse_prompt(const json& body, ApiRequest& r) {
   }
 }
 
+/// An assistant message's `tool_calls`: [{id, type: "function", function: {name, arguments
+/// (a string)}}], checked and returned as JSON text. `field` names the message.
+std::string message_tool_calls(const json& calls, const std::string& field) {
+  const std::string f = field + ".tool_calls";
+  if (!calls.is_array()) throw_invalid(f, "must be an array");
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string fi = f + "[" + std::to_string(i) + "]";
+    const json& c = calls[i];
+    if (!c.is_object()) throw_invalid(fi, "must be an object");
+    reject_unknown_keys(c, {"id", "type", "function"}, fi);
+    if (!present(c, "id") || !c["id"].is_string()) throw_invalid(fi + ".id", "must be a string");
+    if (present(c, "type") && c["type"] != "function")
+      throw_invalid(fi + ".type", "must be \"function\"");
+    if (!present(c, "function") || !c["function"].is_object())
+      throw_invalid(fi + ".function", "must be an object");
+    const json& fn = c["function"];
+    reject_unknown_keys(fn, {"name", "arguments"}, fi + ".function");
+    if (!present(fn, "name") || !fn["name"].is_string())
+      throw_invalid(fi + ".function.name", "must be a string");
+    if (!present(fn, "arguments") || !fn["arguments"].is_string())
+      throw_invalid(fi + ".function.arguments", "must be a string (JSON text)");
+  }
+  return calls.dump();
+}
+
 void parse_messages(const json& body, ApiRequest& r) {
   if (!present(body, "messages")) throw_invalid("messages", "is required");
   const json& m = body["messages"];
@@ -141,9 +166,19 @@ void parse_messages(const json& body, ApiRequest& r) {
     const json& msg = m[i];
     if (!msg.contains("role") || !msg["role"].is_string() || msg["role"].get<std::string>().empty())
       throw_invalid(f + ".role", "must be a non-empty string");
-    if (!msg.contains("content")) throw_invalid(f + ".content", "is required");
-    reject_unknown_keys(msg, {"role", "content"}, f);
-    r.messages.push_back({msg["role"].get<std::string>(), content_text(msg["content"], f + ".content")});
+    reject_unknown_keys(msg, {"role", "content", "tool_calls", "tool_call_id"}, f);
+    ChatMessage out{.role = msg["role"].get<std::string>()};
+    if (present(msg, "tool_calls")) out.tool_calls = message_tool_calls(msg["tool_calls"], f);
+    if (!msg.contains("content") && out.tool_calls.empty())
+      throw_invalid(f + ".content", "is required");
+    out.null_content = !present(msg, "content") && !out.tool_calls.empty();
+    if (msg.contains("content")) out.content = content_text(msg["content"], f + ".content");
+    if (present(msg, "tool_call_id")) {
+      if (!msg["tool_call_id"].is_string())
+        throw_invalid(f + ".tool_call_id", "must be a string");
+      out.tool_call_id = msg["tool_call_id"].get<std::string>();
+    }
+    r.messages.push_back(std::move(out));
   }
 }
 
@@ -237,10 +272,12 @@ void parse_response_format(const json& body, ApiRequest& r) {
 }
 
 /// Chat tools: [{"type": "function", "function": {"name", "description", "parameters",
-/// "strict"}}] and tool_choice "none" | "required" | {"type": "function", "function": {"name"}}.
-void parse_tools(const json& body, ApiRequest& r) {
+/// "strict"}}] and tool_choice "none" | "auto" | "required" | {"type": "function", "function":
+/// {"name"}}. `body_text`: the body, parsed again keeping key order for the template's tools.
+void parse_tools(const json& body, std::string_view body_text, ApiRequest& r) {
   if (present(body, "tools")) {
     const json& list = body["tools"];
+    const auto ordered = nlohmann::ordered_json::parse(body_text.begin(), body_text.end());
     if (!list.is_array() || list.empty()) throw_invalid("tools", "must be a non-empty array");
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string f = "tools[" + std::to_string(i) + "]";
@@ -271,13 +308,11 @@ void parse_tools(const json& body, ApiRequest& r) {
                                  .parameters = present(fn, "parameters")
                                                    ? fn["parameters"].dump()
                                                    : std::string(R"({"type":"object"})"),
-                                 .json = t.dump()});
+                                 .json = ordered["tools"][i].dump()});
     }
   }
   if (!present(body, "tool_choice")) {
-    if (!r.tools.empty())
-      throw_invalid("tool_choice", "auto (the default with tools) is not supported: give "
-                                   "\"required\", a function, or \"none\"");
+    r.tool_auto = !r.tools.empty();  // OpenAI's default with tools
     return;
   }
   const json& c = body["tool_choice"];
@@ -286,8 +321,8 @@ void parse_tools(const json& body, ApiRequest& r) {
   if (c == "required") {
     r.tool_call = "";
   } else if (c == "auto") {
-    throw_invalid("tool_choice", "auto is not supported (pagoda cannot tell a model's tool-call "
-                                 "syntax from text): give \"required\", a function, or \"none\"");
+    r.tool_auto = true;
+    return;
   } else if (c.is_object() && present(c, "type") && c["type"] == "function" &&
              present(c, "function") && c["function"].is_object() &&
              present(c["function"], "name") && c["function"]["name"].is_string()) {
@@ -299,8 +334,8 @@ void parse_tools(const json& body, ApiRequest& r) {
       throw_invalid("tool_choice.function.name", "'" + name + "' is not one of the tools");
     r.tool_call = name;
   } else {
-    throw_invalid("tool_choice", "must be \"none\", \"required\" or {\"type\": \"function\", "
-                                 "\"function\": {\"name\": ...}}");
+    throw_invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": "
+                                 "\"function\", \"function\": {\"name\": ...}}");
   }
   if (r.response_format.type != ResponseFormat::Type::kText)
     throw_invalid("response_format", "cannot be combined with a required tool call");
@@ -477,7 +512,7 @@ ApiRequest parse_api_request(std::string_view body_text, Endpoint endpoint) {
   parse_logit_bias(body, r);
   parse_logprobs(body, r);
   parse_response_format(body, r);
-  if (endpoint == Endpoint::kChat) parse_tools(body, r);
+  if (endpoint == Endpoint::kChat) parse_tools(body, body_text, r);
   if (present(body, "echo")) r.echo = bool_field(body, "echo");
   if (r.echo && r.logprobs >= 0)
     throw_invalid("logprobs", "is not supported with echo (no prompt log-probabilities)");
@@ -517,6 +552,25 @@ DetokenizeRequest parse_detokenize_request(std::string_view body_text) {
     throw_invalid("tokens", "must be an array of token ids");
   if (!body["tokens"].empty()) r.tokens = *token_ids(body["tokens"], "tokens");
   return r;
+}
+
+nlohmann::ordered_json template_messages(const std::vector<ChatMessage>& messages) {
+  using ojson = nlohmann::ordered_json;
+  ojson list = ojson::array();
+  for (const ChatMessage& m : messages) {
+    ojson msg = {{"role", m.role}, {"content", m.null_content ? ojson(nullptr) : ojson(m.content)}};
+    if (!m.tool_calls.empty()) {
+      msg["tool_calls"] = ojson::parse(m.tool_calls);
+      for (ojson& call : msg["tool_calls"]) {
+        ojson& args = call["function"]["arguments"];
+        ojson parsed = ojson::parse(args.get<std::string>(), nullptr, false);
+        if (parsed.is_object()) args = std::move(parsed);
+      }
+    }
+    if (!m.tool_call_id.empty()) msg["tool_call_id"] = m.tool_call_id;
+    list.push_back(std::move(msg));
+  }
+  return list;
 }
 
 std::string client_text(std::string_view text) {

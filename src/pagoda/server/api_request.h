@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace pagoda::server {
 
 /// An error a handler answers with: HTTP status, OpenAI error `type`, message and the offending
@@ -35,7 +37,18 @@ struct ApiError : std::runtime_error {
 struct ChatMessage {
   std::string role;     ///< any non-empty string (the template decides what it accepts)
   std::string content;  ///< text; list-of-parts content is joined (text parts only)
+  /// An assistant turn's `tool_calls` ([{id, type "function", function {name, arguments}}],
+  /// JSON text; empty when none). Its `content` may then be null (`null_content`).
+  std::string tool_calls;
+  bool null_content = false;
+  std::string tool_call_id;  ///< a `tool` message's answer to this call id (empty: none)
 };
+
+/// The chat template's `messages` for `messages`, as Hugging Face templates expect them
+/// (transformers' apply_chat_template, vLLM and SGLang pass the same): {role, content} plus
+/// `tool_calls` with each function's `arguments` given as an object (the JSON text parsed; kept
+/// as the string when it is not a JSON object) and `tool_call_id`; null content stays null.
+nlohmann::ordered_json template_messages(const std::vector<ChatMessage>& messages);
 
 enum class Endpoint : uint8_t { kCompletions, kChat, kTokenize, kDetokenize };
 
@@ -60,7 +73,7 @@ struct ResponseFormat {
 struct ToolSpec {
   std::string name;        ///< [A-Za-z0-9_-]{1,64}, unique within the request
   std::string parameters;  ///< its JSON schema as JSON text ({"type":"object"} when absent)
-  std::string json;        ///< the whole tool object as given (the chat template's `tools`)
+  std::string json;        ///< the tool object as given, in its key order (template `tools`)
 };
 
 /// One request after validation. Unset optional numbers mean "the server's default".
@@ -93,12 +106,14 @@ struct ApiRequest {
   /// (completions: `logprobs` N; chat: `logprobs: true` with `top_logprobs` N, default 0).
   int32_t logprobs = -1;
   ResponseFormat response_format;
-  /// Chat `tools` (rendered by the chat template) and `tool_choice`: set when the reply must be a
-  /// tool call ("required": "" = any of `tools`; a named function: its name); unset for
-  /// tool_choice "none" (plain text). "auto" (and tools without tool_choice, which means auto)
-  /// is a 400: pagoda cannot tell a model's own tool-call syntax from text.
+  /// Chat `tools` (rendered by the chat template) and `tool_choice`: `tool_call` is set when the
+  /// reply must be a tool call ("required": "" = any of `tools`; a named function: its name);
+  /// `tool_auto` for "auto" (also tools without tool_choice): the model may call a function in
+  /// its own syntax, which the server's --tool-call-parser reads (tool_parser.h); neither for
+  /// "none" (plain text).
   std::vector<ToolSpec> tools;
   std::optional<std::string> tool_call;
+  bool tool_auto = false;
 };
 
 /// The most top alternatives `logprobs` / `top_logprobs` may ask for (vLLM's default).

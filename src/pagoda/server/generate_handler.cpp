@@ -34,6 +34,8 @@ constexpr int kClientClosedRequest = 499;
 /// How long a streamed request waits for its first unfinished choice before looking at the others.
 constexpr int kStreamWaitMs = 200;
 constexpr int kMultiChoiceWaitMs = 20;
+/// A reply without tool-call markers to restore.
+const std::vector<std::pair<int32_t, std::string>> kNoMarkers;
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
@@ -41,16 +43,23 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 /// matched on the text the client receives (client_text: invalid UTF-8 already U+FFFD); the
 /// detokenizer emits pieces that end on a complete sequence, so converting piece by piece gives
 /// the same text as converting the whole. A token of `stop_ids` ends the choice; its text is
-/// not sent, it is counted.
+/// not sent, it is counted. A special token of `markers` (a tool-call parser's marker, which
+/// detokenizing skips) is written as its text.
 struct TextState {
+  using Markers = std::vector<std::pair<int32_t, std::string>>;
   tokenizer::IncrementalDetokenizer detok;
   StopMatcher stop;
   const std::vector<int32_t>& stop_ids;
+  const Markers& markers;
   bool stopped_by_token = false;
   int64_t completion_tokens = 0;
   TextState(const tokenizer::Tokenizer& tok, const std::vector<int32_t>& prompt,
-            std::vector<std::string> stops, const std::vector<int32_t>& stop_token_ids)
-      : detok(tok, true, prompt), stop(std::move(stops)), stop_ids(stop_token_ids) {}
+            std::vector<std::string> stops, const std::vector<int32_t>& stop_token_ids,
+            const Markers& marker_tokens)
+      : detok(tok, true, prompt),
+        stop(std::move(stops)),
+        stop_ids(stop_token_ids),
+        markers(marker_tokens) {}
   bool stopped() const { return stop.stopped() || stopped_by_token; }
   /// Text of new tokens (stop strings cut). Tokens after a stop are not counted.
   std::string push(const std::vector<int32_t>& tokens) {
@@ -63,7 +72,10 @@ struct TextState {
         stopped_by_token = !stop.stopped();
         break;
       }
-      out += stop.push(client_text(detok.push(t)));
+      std::string piece = detok.push(t);
+      for (const auto& [id, text] : markers)
+        if (id == t) piece += detok.finish() + text;  // the text before it, then the marker
+      out += stop.push(client_text(piece));
     }
     return out;
   }
@@ -139,6 +151,7 @@ struct Choice {
   bool logprobs = false;
   json lp = json::array();  ///< logprobs entries not yet sent (streamed) / all (non-streamed)
   int64_t lp_chars = 0;     ///< completions: code points of the tokens already sent
+  std::unique_ptr<ToolCallSplitter> splitter;  ///< streamed tool_choice auto: text vs calls
 };
 
 /// Whatever a request's choices share.
@@ -218,13 +231,30 @@ struct Job {
     }
     return text;
   }
-  /// A required tool call's choice (chat): its id and, once finished, its tool_calls entry
-  /// (nullopt when the call was cut short: then its text is answered as content).
-  std::string call_id(const Choice& c) const { return "call_" + id + "_" + std::to_string(c.index); }
+  /// The id of a choice's k-th tool call.
+  std::string call_id(const Choice& c, size_t k) const {
+    return "call_" + id + "_" + std::to_string(c.index) + "_" + std::to_string(k);
+  }
+  /// A required tool call's choice (chat), once finished: its tool_calls entry (nullopt when
+  /// the call was cut short: then its text is answered as content).
   std::optional<json> tool_call(const Choice& c) const {
     if (!request.tool_call.has_value() || !c.finished || std::string_view(c.finish) != "stop")
       return std::nullopt;
-    return tool_call_entry(c.out, call_id(c));
+    return tool_call_entry(c.out, call_id(c, 0));
+  }
+  /// Calls parsed from a tool_choice auto reply as OpenAI's tool_calls (with `index` when
+  /// streamed); a reply that ended normally then finishes with "tool_calls".
+  json tool_calls_json(Choice& c, const std::vector<ParsedToolCall>& calls, bool streamed) const {
+    json out = json::array();
+    for (size_t k = 0; k < calls.size(); ++k) {
+      json e = {{"id", call_id(c, k)},
+                {"type", "function"},
+                {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+      if (streamed) e["index"] = k;
+      out.push_back(std::move(e));
+    }
+    if (!calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
+    return out;
   }
   bool all_finished() const {
     return std::all_of(choices.begin(), choices.end(), [](const Choice& c) { return c.finished; });
@@ -267,24 +297,35 @@ bool stream_step(Job& job, httplib::DataSink& sink) {
       return true;
     }
     waited = true;
-    if (job.request.tool_call.has_value()) {  // a tool call is sent whole, when complete
+    json calls = json::array();  // tool calls are sent whole, when complete
+    if (job.request.tool_call.has_value()) {
       c.out += text;
       text.clear();
       if (c.finished) {
         if (std::optional<json> call = job.tool_call(c)) {
-          json ev = job.chunk(c.index, "", nullptr);
           (*call)["index"] = 0;
-          ev["choices"][0]["delta"] = {{"tool_calls", json::array({*call})}};
-          if (!send_event(sink, dump(ev))) return false;
+          calls.push_back(std::move(*call));
           c.finish = "tool_calls";
         } else {
           text = c.out;
         }
       }
+    } else if (c.splitter) {  // tool_choice auto: text until a call's marker, then the calls
+      text = c.splitter->push(text);
+      if (c.finished) {
+        ParsedReply reply = c.splitter->finish();
+        text += reply.content;
+        calls = job.tool_calls_json(c, reply.calls, true);
+      }
     }
     Choice* lp = c.logprobs && !c.lp.empty() ? &c : nullptr;
     if ((!text.empty() || lp) && !send_event(sink, dump(job.chunk(c.index, text, nullptr, lp))))
       return false;
+    if (!calls.empty()) {
+      json ev = job.chunk(c.index, "", nullptr);
+      ev["choices"][0]["delta"] = {{"tool_calls", std::move(calls)}};
+      if (!send_event(sink, dump(ev))) return false;
+    }
     if (c.finished && !send_event(sink, dump(job.chunk(c.index, "", c.finish)))) return false;
   }
   if (!job.all_finished()) return true;
@@ -319,15 +360,23 @@ bool collect(Job& job) {
   return true;
 }
 
-json response_json(const Job& job) {
+json response_json(Job& job) {
   json choices = json::array();
-  for (const Choice& c : job.choices) {
+  for (Choice& c : job.choices) {
     json choice = {{"index", c.index}, {"finish_reason", c.finish}};
     if (std::optional<json> call = job.tool_call(c)) {
       choice["message"] = {{"role", "assistant"},
                            {"content", nullptr},
                            {"tool_calls", json::array({*call})}};
       choice["finish_reason"] = "tool_calls";
+    } else if (job.request.tool_auto) {
+      const ParsedReply reply = parse_tool_calls(*job.server->tool_format, c.out, job.request.tools);
+      choice["message"] = {{"role", "assistant"}, {"content", reply.content}};
+      if (!reply.calls.empty()) {
+        if (reply.content.empty()) choice["message"]["content"] = nullptr;
+        choice["message"]["tool_calls"] = job.tool_calls_json(c, reply.calls, false);
+        choice["finish_reason"] = c.finish;
+      }
     } else if (job.chat()) {
       choice["message"] = {{"role", "assistant"}, {"content", c.out}};
     } else {
@@ -413,6 +462,11 @@ void read_room(const httplib::Request& req, Job& job) {
 /// copy). Each copy reuses what of its prompt the prefix cache holds at admission.
 void submit_choices(ServerState& s, Job& job) {
   const ApiRequest& r = job.request;
+  if (r.tool_auto && !s.tool_format)
+    throw_invalid("tool_choice", "\"auto\" (the default with tools) needs the server started "
+                                 "with --tool-call-parser NAME (the model's tool-call syntax: "
+                                 "qwen25, llama3 or mistral); or give \"required\", a function, "
+                                 "or \"none\"");
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echoes;
   if (r.endpoint == Endpoint::kChat) {
@@ -458,7 +512,11 @@ void submit_choices(ServerState& s, Job& job) {
       c.prompt_len = prompt_len;
       c.echo = echoes[p];
       c.logprobs = r.logprobs >= 0;
-      c.text = std::make_unique<TextState>(*s.tokenizer, prompts[p], r.stop, job.request.stop_token_ids);
+      c.text = std::make_unique<TextState>(*s.tokenizer, prompts[p], r.stop,
+                                           job.request.stop_token_ids,
+                                           r.tool_auto ? s.tool_marker_ids : kNoMarkers);
+      if (r.tool_auto && r.stream)
+        c.splitter = std::make_unique<ToolCallSplitter>(*s.tool_format, job.request.tools);
       engine::GenerateRequest g;
       g.prompt = prompts[p];
       g.max_new_tokens = max_tokens;

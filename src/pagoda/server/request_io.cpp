@@ -78,9 +78,7 @@ std::vector<int32_t> encode_chat(const ServerState& s, const std::vector<ChatMes
                    "this model has no chat template (start the server with --chat-template)",
                    "messages");
   using ojson = nlohmann::ordered_json;
-  ojson list = ojson::array();
-  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-  ojson ctx = {{"messages", list},
+  ojson ctx = {{"messages", template_messages(messages)},
                {"bos_token", s.bos_token},
                {"eos_token", s.eos_token},
                {"add_generation_prompt", add_generation_prompt}};

@@ -51,6 +51,21 @@ void validate(const ServeOptions& o) {
   PAGODA_REQUIRE(o.disaggregation_transfer_backend == "ucx", kUnsupported,
                  "--disaggregation-transfer-backend '{}' is not built (have: ucx)",
                  o.disaggregation_transfer_backend);
+  std::string parsers;
+  for (const std::string& n : tool_call_format_names()) parsers += (parsers.empty() ? "" : ", ") + n;
+  PAGODA_REQUIRE(o.tool_call_parser.empty() || tool_call_format(o.tool_call_parser).has_value(),
+                 kInvalidArgument, "--tool-call-parser '{}' is not one of: {}", o.tool_call_parser,
+                 parsers);
+}
+
+/// Tool calls in the model's syntax (tool_parser.h): the --tool-call-parser format and the
+/// special tokens among its markers (written back into replies, where detokenizing skips them).
+void load_tool_parser(ServerState& s, const ServeOptions& o) {
+  if (o.tool_call_parser.empty()) return;
+  s.tool_format = tool_call_format(o.tool_call_parser);
+  for (const std::string& m : tool_call_markers(*s.tool_format))
+    if (std::optional<int32_t> id = s.tokenizer->token_to_id(m); id && s.tokenizer->is_special(*id))
+      s.tool_marker_ids.emplace_back(*id, m);
 }
 
 std::string read_file(const std::filesystem::path& p, const char* what) {
@@ -174,6 +189,7 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   state.vocab_size = loaded.config.vocab_size;
   load_chat_template(state, o);
   load_grammar(state, o, loaded.config.eos_token_id);
+  load_tool_parser(state, o);
 
   engine::Engine engine(llama, cfg, platform.get(), make_worker);
   state.max_context_len = engine.max_context_len();

@@ -53,6 +53,9 @@ struct ServeOptions {
   /// configure time, and if it cannot load, response_format gets a 400 saying why; a library
   /// given here that cannot load stops the server (Error(kUnsupported)).
   std::string grammar_library;
+  /// Tool calls in the model's own syntax for chat tool_choice "auto" (tool_parser.h): qwen25
+  /// (qwen, hermes), llama3 or mistral. Empty: "auto" gets a 400 naming this option.
+  std::string tool_call_parser;
 };
 
 /// Tensor parallelism for run_server: starts the group on the server's platform (before the

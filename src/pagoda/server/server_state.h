@@ -14,6 +14,7 @@
 #include "pagoda/server/chat_template.h"
 #include "pagoda/server/engine_loop.h"
 #include "pagoda/server/metrics.h"
+#include "pagoda/server/tool_parser.h"
 #include "pagoda/tokenizer/tokenizer.h"
 
 namespace httplib {
@@ -37,6 +38,10 @@ struct ServerState {
   /// Structured output: llguidance over `tokenizer` (built once), or null and why not.
   std::unique_ptr<grammar::Grammar> grammar;
   std::string grammar_missing;
+  /// Tool calls in the model's syntax (--tool-call-parser; unset: tool_choice auto is a 400) and
+  /// the special token ids among its markers, with their text.
+  std::optional<ToolCallFormat> tool_format;
+  std::vector<std::pair<int32_t, std::string>> tool_marker_ids;
   EngineLoop* loop = nullptr;
   ServerMetrics* metrics = nullptr;
   std::atomic<uint64_t> next_id{1};

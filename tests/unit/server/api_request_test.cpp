@@ -163,12 +163,20 @@ TEST(ApiRequest, ParsesToolsAndToolChoice) {
   r = parse_api_request(chat + R"("tool_choice":{"type":"function","function":{"name":"f-2"}}})",
                         Endpoint::kChat);
   EXPECT_EQ(r.tool_call, std::optional<std::string>("f-2"));
+  EXPECT_FALSE(r.tool_auto);
   r = parse_api_request(chat + R"("tool_choice":"none"})", Endpoint::kChat);
   EXPECT_FALSE(r.tool_call.has_value());
+  EXPECT_FALSE(r.tool_auto);
   EXPECT_EQ(r.tools.size(), 2u);
+  for (const char* tail : {R"("n":1})", R"("tool_choice":"auto"})"}) {  // no tool_choice = auto
+    r = parse_api_request(chat + tail, Endpoint::kChat);
+    EXPECT_TRUE(r.tool_auto && !r.tool_call.has_value()) << tail;
+  }
+  r = parse_api_request(chat + R"("tool_choice":"auto","response_format":{"type":"json_object"}})",
+                        Endpoint::kChat);
+  EXPECT_TRUE(r.tool_auto);
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {R"("n":1})", "tool_choice"},  // tools without tool_choice mean auto
-      {R"("tool_choice":"auto"})", "tool_choice"},
+      {R"("tool_choice":"sometimes"})", "tool_choice"},
       {R"("tool_choice":{"type":"function","function":{"name":"zz"}}})", "tool_choice.function.name"},
       {R"("tool_choice":"required","response_format":{"type":"json_object"}})", "response_format"},
   };
@@ -187,6 +195,54 @@ TEST(ApiRequest, ParsesToolsAndToolChoice) {
       {R"("tools":[{"type":"retrieval"}]})", "tools[0]"},
   };
   for (const auto& [tail, field] : bad_tools) {
+    const ApiError e = expect_error(head + tail, Endpoint::kChat);
+    EXPECT_EQ(e.param, field) << tail;
+  }
+}
+
+TEST(ApiRequest, ParsesToolTurnsForTheTemplate) {
+  const ApiRequest r = parse_api_request(R"({"messages":[
+      {"role":"user","content":"weather?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+        "function":{"name":"get_w","arguments":"{\"city\": \"Oslo\", \"n\": [1, 2]}"}},
+        {"id":"c2","type":"function","function":{"name":"f","arguments":"not json"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"sunny"},
+      {"role":"assistant","content":"ok"}]})",
+                                         Endpoint::kChat);
+  const nlohmann::ordered_json m = template_messages(r.messages);
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_TRUE(m[1]["content"].is_null());
+  EXPECT_EQ(m[1]["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["name"], "get_w");
+  // arguments reach the template as an object (as transformers, vLLM and SGLang pass them), in
+  // the client's key order; text that is not a JSON object stays a string.
+  EXPECT_EQ(m[1]["tool_calls"][0]["function"]["arguments"].dump(), R"({"city":"Oslo","n":[1,2]})");
+  EXPECT_EQ(m[1]["tool_calls"][1]["function"]["arguments"], "not json");
+  EXPECT_EQ(m[2]["role"], "tool");
+  EXPECT_EQ(m[2]["tool_call_id"], "c1");
+  EXPECT_EQ(m[2]["content"], "sunny");
+  EXPECT_FALSE(m[3].contains("tool_calls"));
+  EXPECT_FALSE(m[0].contains("tool_call_id"));
+  const std::string head = R"({"messages":[{"role":"assistant",)";
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {R"("tool_calls":{}}]})", "messages[0].tool_calls"},
+      {R"("tool_calls":[{"id":"a","type":"function","function":{"name":"f"}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"("tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":{}}}]}]})",
+       "messages[0].tool_calls[0].function.arguments"},
+      {R"("tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]}]})",
+       "messages[0].tool_calls[0].id"},
+      {R"("tool_calls":[{"id":"a","type":"x","function":{"name":"f","arguments":"{}"}}]}]})",
+       "messages[0].tool_calls[0].type"},
+      {R"("tool_calls":[{"id":"a","extra":1,"function":{"name":"f","arguments":"{}"}}]}]})",
+       "messages[0].tool_calls[0].extra"},
+      {R"("tool_calls":[{"id":"a","function":{"name":"f","arguments":"{}","x":2}}]}]})",
+       "messages[0].tool_calls[0].function.x"},
+      {R"("content":"x","tool_call_id":5}]})", "messages[0].tool_call_id"},
+      {R"("content":"x","name":"bob"}]})", "messages[0].name"},
+      {R"("tool_call_id":"a"}]})", "messages[0].content"},
+  };
+  for (const auto& [tail, field] : bad) {
     const ApiError e = expect_error(head + tail, Endpoint::kChat);
     EXPECT_EQ(e.param, field) << tail;
   }

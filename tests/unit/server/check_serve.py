@@ -12,7 +12,7 @@ Checks, against references that are not the server's own code path:
   * logit_bias forces its token (greedy and sampled); a presence penalty reduces repeats; bad
     penalty / bias values are a 400 naming them;
   * a 401 leaves nothing on its keep-alive connection; unimplemented fields
-    (completions' tools, tool_choice auto, suffix, unknown ones) are a 400 naming them, a non-JSON
+    (completions' tools, suffix, unknown ones) are a 400 naming them, a non-JSON
     Content-Type a 415; a non-streamed request whose client leaves stops early; 30 bodies of
     8 MB leave resident memory within 100 MB of idle;
   * 64 concurrent clients (streaming and not) all get the greedy text of their prompt;
@@ -26,7 +26,12 @@ Checks, against references that are not the server's own code path:
   * a soak of --soak-requests random requests (random lengths, streaming or not, random
     disconnects) within a time bound: every request answered 200 or disconnected by us, then
     0 in flight, 0 leaked pages / rows, and resident memory flat after warm-up;
-  * SIGTERM drains: a running stream finishes with [DONE], new requests get 503, exit status 0.
+  * SIGTERM drains: a running stream finishes with [DONE], new requests get 503, exit status 0;
+  * tool_choice auto (--tool-call-parser llama3): a reply without a call equals tool_choice
+    none's text; one constrained to a call object is answered as tool_calls (structured_checks);
+    without the option, or with an unknown parser name, auto is refused naming it; a marker
+    that is a special token (llama3's <|python_tag|>, forced by logit_bias on a tiny checkpoint)
+    is in auto's text and not in none's.
 A missing `openai`, `prometheus_client`, `httpx` or `jinja2` package is a FAILURE, not a skip.
 Usage: check_serve.py --pagoda build/pagoda [--seed N] [--soak-requests N]
 """
@@ -41,6 +46,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -243,9 +249,99 @@ def test_errors(server, pagoda):
     check(h["leaked_pages"] == 0, "no leaks after the error paths")
 
 
+def test_auto_tools(server):
+    """tool_choice auto (on the main server, started with --tool-call-parser llama3): a reply
+    without a call is the same text as with tool_choice none (greedy, streamed and not; the tools
+    are in the prompt either way), with no tool_calls; multi-turn tool messages (an assistant
+    turn with tool_calls, a tool answer) are rendered by the template: the
+    prompt's token count is jinja2's rendering of the built-in template (bytes + BOS)."""
+    c = client(server)
+    msgs = [{"role": "user", "content": "what is the weather?"}]
+    tools = [{"type": "function", "function": {"name": "get_w", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    kw = dict(model="builtin", messages=msgs, tools=tools, max_tokens=24, temperature=0)
+    plain = c.chat.completions.create(tool_choice="none", **kw).choices[0]
+    for stream in (False, True):
+        for extra in ({"tool_choice": "auto"}, {}):  # no tool_choice with tools means auto
+            r = c.chat.completions.create(stream=stream, **extra, **kw)
+            if stream:
+                chunks = [ch for ch in r if ch.choices]
+                text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+                calls = [t for ch in chunks for t in ch.choices[0].delta.tool_calls or []]
+                reason = chunks[-1].choices[0].finish_reason
+            else:
+                ch = r.choices[0]
+                text, calls, reason = ch.message.content, ch.message.tool_calls, ch.finish_reason
+            check(text == plain.message.content and not calls and reason == plain.finish_reason,
+                  f"auto {extra} stream={stream} without a call is plain text: {text!r} {calls} "
+                  f"{reason} vs {plain.message.content!r} {plain.finish_reason}")
+    # The built-in template concatenates content (null would fail there, as in jinja2): "".
+    turns = msgs + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_w", "arguments": json.dumps({"city": "Oslo"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    want = jinja2.Environment().from_string(BUILTIN_TEMPLATE).render(messages=turns,
+                                                                      add_generation_prompt=True)
+    r = c.chat.completions.create(model="builtin", messages=turns, tools=tools, max_tokens=2)
+    check(r.usage.prompt_tokens == len(want.encode()) + 1,
+          f"a tool conversation renders as jinja2 does: {r.usage.prompt_tokens} tokens vs "
+          f"{len(want.encode()) + 1}")
+
+
+def test_marker_tokens(pagoda, rng, tmp):
+    """A tool-call marker that is a special token (llama3's <|python_tag|>), which detokenizing
+    skips, is written back into the reply for the parser with tool_choice auto only: on a tiny
+    checkpoint whose byte-level tokenizer has it as a special token, logit_bias forces it; auto's
+    text holds it (not a call: no JSON follows), none's is empty (streamed and not)."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tokenizer"))
+    from check_against_hf import write_tiny_checkpoint
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    folder = pathlib.Path(tmp)
+    vocab = {ch: i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|python_tag|>"])
+    tok.save(str(folder / "tokenizer.json"))
+    tag = tok.token_to_id("<|python_tag|>")
+    write_tiny_checkpoint(folder, 512, tok.token_to_id("<|begin_of_text|>"),
+                          tok.token_to_id("<|end_of_text|>"), rng)
+    (folder / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] + ': ' + m['content'] "
+                                       "+ '\n' }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with Server(pagoda, "--model", str(folder), "--chat-template", str(folder / "chat.jinja"),
+                "--tool-call-parser", "llama3", "--served-model-name", "tiny") as s:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        for tc, want in (("auto", "<|python_tag|>" * 3), ("none", "")):
+            for stream in (False, True):
+                r = c.chat.completions.create(model="tiny", messages=[{"role": "user",
+                                                                       "content": "hi"}],
+                                              tools=tools, tool_choice=tc, max_tokens=3,
+                                              temperature=0, logit_bias={str(tag): 100},
+                                              stream=stream, extra_body={"ignore_eos": True})
+                text = ("".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
+                        if stream else r.choices[0].message.content)
+                check(text == want, f"{tc} stream={stream}: the special marker token's text "
+                                    f"{'is' if want else 'is not'} in the reply: {text!r}")
+
+
 def test_queue_full(pagoda):
     with Server(pagoda, "--max-running", "1", "--max-queue", "1") as s:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        # Without --tool-call-parser, tool_choice auto (also tools alone) is a 400 naming it.
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+        for extra in ({"tool_choice": "auto"}, {}):
+            try:
+                c.chat.completions.create(model="builtin", messages=[{"role": "user",
+                                                                      "content": "hi"}],
+                                          tools=[tool], max_tokens=2, **extra)
+                check(False, f"auto {extra} without --tool-call-parser is refused")
+            except openai.BadRequestError as e:
+                err = api_error(e)
+                check(err.get("param") == "tool_choice" and
+                      "--tool-call-parser" in err.get("message", ""),
+                      f"400 names tool_choice and --tool-call-parser: {err}")
         streams = [c.completions.create(model="builtin", prompt="hold", max_tokens=4000,
                                         stream=True, extra_body={"ignore_eos": True})
                    for _ in range(2)]
@@ -536,8 +632,6 @@ def test_unsupported_fields(server):
                                                extra_body={"tools": [tool]})),
         ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
                                                           tool_choice="none")),
-        ("tool_choice", lambda: c.chat.completions.create(model="builtin", messages=msgs,
-                                                          tools=[tool])),
         ("suffix", lambda: c.completions.create(model="builtin", prompt="x", suffix="y")),
         ("frobnicate", lambda: c.completions.create(model="builtin", prompt="x",
                                                     extra_body={"frobnicate": {"a": [1]}})),
@@ -862,8 +956,12 @@ def main():
     print(f"seed {args.seed}")
     rng = random.Random(args.seed)
     t0 = time.time()
+    bad = subprocess.run([args.pagoda, "serve", "--tool-call-parser", "nope"],
+                         capture_output=True, text=True)
+    check(bad.returncode != 0 and "--tool-call-parser" in bad.stderr + bad.stdout,
+          f"an unknown --tool-call-parser is refused: {bad.returncode} {bad.stderr[-300:]}")
     with Server(args.pagoda, "--api-key", KEY, "--max-running", "32", "--pool-tokens", "65536",
-                log=args.server_log) as s:
+                "--tool-call-parser", "llama3", log=args.server_log) as s:
         test_basics(args.pagoda, s, rng)
         test_concurrent(args.pagoda, s, rng)
         test_abort(s)
@@ -877,6 +975,7 @@ def main():
         test_logprobs(s)
         test_auth_keep_alive(s)
         test_unsupported_fields(s)
+        test_auto_tools(s)
         t_so = time.time()
         test_structured_output(s, rng, client, check, api_error)
         print(f"structured output checks: {time.time() - t_so:.1f} s")
@@ -911,6 +1010,8 @@ def main():
         test_metrics(s)
         check(s.stop() == 0, "exit status 0 after SIGTERM")
     test_queue_full(args.pagoda)
+    with tempfile.TemporaryDirectory() as tmp:
+        test_marker_tokens(args.pagoda, rng, tmp)
     test_drain(args.pagoda)
     test_hicache(args.pagoda, rng)
     print(f"total {time.time() - t0:.1f} s")

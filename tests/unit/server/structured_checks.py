@@ -4,6 +4,7 @@ text is valid JSON, and matches the schema, only because the grammar constrains 
 `jsonschema` package (an independent validator) checks it."""
 import json
 import string
+import time
 
 import openai
 
@@ -161,7 +162,7 @@ def test_tool_calls(c, rng, msgs, check, api_error):
                 ok = False
                 what += f": {e}"
         check(ok, f"{what} gives one valid call: {calls} {reason} {content!r}")
-    for tc, field in [("auto", "tool_choice"),
+    for tc, field in [("sometimes", "tool_choice"),
                       ({"type": "function", "function": {"name": "nope"}},
                        "tool_choice.function.name")]:
         try:
@@ -174,3 +175,43 @@ def test_tool_calls(c, rng, msgs, check, api_error):
                                   max_tokens=4)
     check(not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length"),
           f"tool_choice none answers text: {r.choices[0]}")
+    t0 = time.time()
+    test_auto_calls(c, rng, msgs, tools, check)
+    print(f"tool_choice auto checks: {time.time() - t0:.1f} s")
+
+
+def test_auto_calls(c, rng, msgs, tools, check):
+    """tool_choice auto on a server with --tool-call-parser llama3, whose calls are a JSON object
+    {"name", "parameters"}: response_format constrains the random model's reply to such an object
+    (naming a function of `tools`, arguments from its schema), so the reply is a call that the
+    parser must find: one tool call, arguments valid (jsonschema), no content, finish_reason
+    tool_calls, streamed and not. The same object naming no function of `tools` stays text."""
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for i, (name, stream) in enumerate([("fn_0", False), ("fn_1", True), ("absent", False),
+                                        ("absent", True)]):
+        seed = rng.randrange(1 << 30)
+        schema = {"type": "object", "properties": {"name": {"const": name},
+                                                   "parameters": params.get(name, params["fn_2"])},
+                  "required": ["name", "parameters"], "additionalProperties": False}
+        fmt = {"type": "json_schema", "json_schema": {"name": f"call{i}", "schema": schema}}
+        r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools,
+                                      tool_choice="auto", response_format=fmt, max_tokens=3000,
+                                      seed=seed, stream=stream)
+        calls, reason, content = tool_call_of(r, stream)
+        what = f"auto with a {name} call object, stream={stream} seed {seed}"
+        if name == "absent":
+            try:
+                ok = json.loads(content)["name"] == "absent" and not calls and reason == "stop"
+            except (ValueError, KeyError, TypeError):
+                ok = False
+            check(ok, f"{what} is text: {calls} {reason} {content!r}")
+            continue
+        ok = len(calls) == 1 and reason == "tool_calls" and not content and calls[0][0]
+        if ok:
+            ok = calls[0][1] == name
+            try:
+                jsonschema.validate(json.loads(calls[0][2]), params[name])
+            except (ValueError, jsonschema.ValidationError) as e:
+                ok = False
+                what += f": {e}"
+        check(ok, f"{what} gives that call: {calls} {reason} {content!r}")

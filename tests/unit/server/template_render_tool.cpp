@@ -1,6 +1,9 @@
 // Test tool: renders chat templates for check_chat_templates.py. Reads JSON lines
-// {"template": "<file>", "context": {...}} on stdin; writes one JSON line per input:
-// {"ok": true, "text": "..."} or {"ok": false, "error": "..."} (compile or render error).
+// {"template": "<file>", "context": {...}} on stdin, or {"template", "chat": <a chat request
+// body>, "context": {bos_token, eos_token, add_generation_prompt}} (the request parsed as the
+// server parses it, its messages and tools added to the context as the server adds them);
+// writes one JSON line per input: {"ok": true, "text": "..."} or {"ok": false, "error": "..."}
+// (compile or render error).
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -10,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pagoda/server/api_request.h"
 #include "pagoda/server/chat_template.h"
 
 int main() {
@@ -27,7 +31,15 @@ int main() {
         ss << f.rdbuf();
         t = std::make_shared<pagoda::server::ChatTemplate>(ss.str());
       }
-      out = {{"ok", true}, {"text", t->render(in.at("context"))}};
+      nlohmann::ordered_json ctx = in.at("context");
+      if (in.contains("chat")) {
+        const pagoda::server::ApiRequest r =
+            pagoda::server::parse_api_request(in["chat"].dump(), pagoda::server::Endpoint::kChat);
+        ctx["messages"] = pagoda::server::template_messages(r.messages);
+        for (const pagoda::server::ToolSpec& tool : r.tools)
+          ctx["tools"].push_back(nlohmann::ordered_json::parse(tool.json));
+      }
+      out = {{"ok", true}, {"text", t->render(ctx)}};
     } catch (const pagoda::server::TemplateError& e) {
       out = {{"ok", false}, {"error", e.what()}};
     }
