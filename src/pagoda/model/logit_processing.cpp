@@ -1,6 +1,7 @@
 #include "pagoda/model/logit_processing.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -121,19 +122,21 @@ void apply_token_mask(float* logits, int64_t vocab, std::span<const int32_t> row
   const int64_t words = token_mask_words(vocab);
   PAGODA_CHECK(mask.size() >= rows.size() * static_cast<size_t>(words));
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const int64_t tail = vocab - (words - 1) * 32;  // tokens in the last word, 1..32
+  const uint32_t past_vocab = tail == 32 ? 0u : ~((1u << tail) - 1u);
   for (size_t i = 0; i < rows.size(); ++i) {
     float* l = logits + static_cast<int64_t>(rows[i]) * vocab;
     const uint32_t* m = mask.data() + i * static_cast<size_t>(words);
     for (int64_t w = 0; w < words; ++w) {
-      const uint32_t bits = m[w];
+      // Bits past the vocabulary count as allowed, so they are never written.
+      const uint32_t bits = m[w] | (w + 1 == words ? past_vocab : 0u);
       if (bits == ~0u) continue;  // every token of the word allowed
-      const int64_t end = std::min<int64_t>(32, vocab - w * 32);
-      if (bits == 0) {  // none (most words of a narrow grammar state)
-        std::fill(l + w * 32, l + w * 32 + end, kMasked);
+      float* lw = l + w * 32;
+      if (bits == 0) {  // none (most words of a narrow grammar state); a whole word
+        std::fill(lw, lw + 32, kMasked);
         continue;
       }
-      for (int64_t b = 0; b < end; ++b)
-        if (((bits >> b) & 1u) == 0) l[w * 32 + b] = kMasked;
+      for (uint32_t x = ~bits; x != 0; x &= x - 1) lw[std::countr_zero(x)] = kMasked;
     }
   }
 }

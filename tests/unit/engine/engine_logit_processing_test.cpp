@@ -10,6 +10,7 @@
 #include "engine_spec_util.h"
 #include "engine_test_util.h"
 #include "logit_reference.h"
+#include "random_constraint.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::engine {
@@ -180,33 +181,6 @@ TEST(EngineLogitProcessing, LogprobsAreTheLogSoftmaxOfTheProcessedRow) {
   }
 }
 
-/// A TokenConstraint whose allowed set at output position k is a pseudo-random function of
-/// (key, k) (about 1 token in `every`, never none); it records any token sampled outside it.
-class RandomConstraint final : public TokenConstraint {
- public:
-  RandomConstraint(uint64_t key, int every, int vocab) : key_(key), every_(every), vocab_(vocab) {}
-  /// Whether `token` may come at output position k.
-  bool allows(int64_t k, int32_t token) const {
-    const uint64_t h = (key_ ^ static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull) +
-                       static_cast<uint64_t>(token) * 0xBF58476D1CE4E5B9ull;
-    return token == static_cast<int32_t>(key_ % static_cast<uint64_t>(vocab_)) ||
-           ((h ^ (h >> 29)) * 0x94D049BB133111EBull >> 40) % static_cast<uint64_t>(every_) == 0;
-  }
-  void allowed(std::span<uint32_t> mask) override {
-    for (int32_t t = 0; t < vocab_; ++t)
-      if (allows(pos_, t)) mask[static_cast<size_t>(t / 32)] |= 1u << (t % 32);
-  }
-  void consume(int32_t token) override { violations += allows(pos_++, token) ? 0 : 1; }
-  bool done() const override { return false; }
-  std::string error() const override { return {}; }
-  int violations = 0;
-
- private:
-  uint64_t key_;
-  int every_, vocab_;
-  int64_t pos_ = 0;
-};
-
 // Token constraints through the engine (WorkerBatch::mask_rows / token_mask, chunked prefill and
 // decode, mixed with plain and logit_bias requests): greedy outputs equal the naive model's argmax
 // over each step's allowed set (of the reference-processed logits), and sampled constrained
@@ -219,10 +193,10 @@ TEST(EngineLogitProcessing, TokenConstraintsMatchTheMaskedNaiveReference) {
   const int max_new = 12, n = 7;
   const int vocab = test_model().config.vocab_size;
   const auto prompts = testing::make_prompts(seed, n);
-  std::vector<std::shared_ptr<RandomConstraint>> cons(n);
+  std::vector<std::shared_ptr<testing::RandomConstraint>> cons(n);
   const int every[n] = {2, 8, 0, 40, 1000, 0, 8};  // 0: plain; 1000: mostly one token
   for (int i = 0; i < n; ++i)
-    if (every[i] > 0) cons[i] = std::make_shared<RandomConstraint>(rng(), every[i], vocab);
+    if (every[i] > 0) cons[i] = std::make_shared<testing::RandomConstraint>(rng(), every[i], vocab);
   std::vector<LogitProcessing> lps(n);
   lps[3].logit_bias = {{static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)), 100.f}};
   lps[5].presence_penalty = 1.f;
@@ -240,7 +214,7 @@ TEST(EngineLogitProcessing, TokenConstraintsMatchTheMaskedNaiveReference) {
                                       .logit_processing = lps[static_cast<size_t>(i)],
                                       .constraint = cons[static_cast<size_t>(i)],
                                       .ignore_eos = true}));
-  auto sampled = std::make_shared<RandomConstraint>(rng(), 8, vocab);
+  auto sampled = std::make_shared<testing::RandomConstraint>(rng(), 8, vocab);
   const RequestId sampled_id = engine.add_request(
       {.prompt = prompts[0], .max_new_tokens = max_new,
        .sampling = {.temperature = 1.f, .seed = rng()}, .constraint = sampled,

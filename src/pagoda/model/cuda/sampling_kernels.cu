@@ -560,7 +560,7 @@ __global__ void adjust_logits_kernel(float* logits, int64_t vocab, const LogitAd
 }
 
 constexpr int kMaskThreads = 256;
-constexpr int64_t kMaskChunk = 2048;  // logits of one row per block
+constexpr int64_t kMaskChunk = 8192;  // logits of one row per block (32 per thread)
 
 /// Block (i, c): mask row i (skipped when i >= *count), logits [c * kMaskChunk, +kMaskChunk).
 /// The 32 threads of a warp read one mask word (a broadcast) and write only masked logits.
