@@ -39,6 +39,7 @@
 #include "pagoda/model/logit_processing.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/platform/platform.h"
+#include "token_mask_reference.h"
 
 namespace pagoda::model::cuda_kernels {
 namespace {
@@ -1205,6 +1206,90 @@ TEST(Sampling, AdjustLogitsEqualsTheHost) {
   ASSERT_EQ(std::memcmp(got.data(), logits.data(), logits.size() * sizeof(float)), 0);
   EXPECT_EQ(adjust_logits(static_cast<float*>(d_logits.p), vocab, nullptr, 0, nullptr),
             cudaSuccess);  // nothing to do
+}
+
+// mask_logits (structured output's token masks) equals the host's apply_token_mask bit for bit
+// (checked against a per-token reference in model_tests) and the reference itself: rows without
+// a mask untouched, a one-token mask, vocabularies a multiple of 32 and not, poisoned bits past
+// the vocabulary, NaN-poisoned mask rows past the staged count (and real rows listed there), a
+// staged count of 0 a no-op. Greedy device sampling of the masked rows then gives the lowest-id
+// maximum among the allowed tokens; the same launch captured in a graph replays new counts.
+TEST(Sampling, MaskLogitsEqualsTheHost) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(4849);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 4.f);
+  for (const int64_t vocab : {int64_t{128256}, int64_t{151937}, int64_t{1000}}) {
+    SCOPED_TRACE(::testing::Message() << "vocab " << vocab);
+    const int rows = 11;
+    std::vector<float> logits(static_cast<size_t>(rows * vocab));
+    for (float& x : logits) x = normal(rng);
+    const testing::RandomTokenMasks m = testing::random_token_masks(rng, vocab, rows);
+    std::vector<int32_t> row_buf(static_cast<size_t>(rows));
+    for (int i = 0; i < rows; ++i) row_buf[static_cast<size_t>(i)] = rows - 1 - i;
+    std::copy(m.rows.begin(), m.rows.end(), row_buf.begin());
+    std::vector<uint32_t> mask_buf(static_cast<size_t>(rows * m.words), 0x7FC00000u);  // NaN
+    std::copy(m.packed.begin(), m.packed.end(), mask_buf.begin());
+    Dev d_logits(logits.size() * sizeof(float)), d_rows(row_buf.size() * sizeof(int32_t)),
+        d_mask(mask_buf.size() * sizeof(uint32_t)), d_count(sizeof(int32_t));
+    d_logits.upload(logits);
+    d_rows.upload(row_buf);
+    d_mask.upload(mask_buf);
+    auto* lp = static_cast<float*>(d_logits.p);
+    const auto* rp = static_cast<const int32_t*>(d_rows.p);
+    const auto* mp = static_cast<const uint32_t*>(d_mask.p);
+    const auto* cp = static_cast<const int32_t*>(d_count.p);
+    // A graph of the launch with count 0 staged: a no-op.
+    d_count.upload(std::vector<int32_t>{0});
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const cudaError_t launch = mask_logits(lp, vocab, rp, mp, cp, rows, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(launch, cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    auto got = d_logits.download<float>();
+    EXPECT_EQ(std::memcmp(got.data(), logits.data(), logits.size() * sizeof(float)), 0)
+        << "count 0 changed the logits";
+    // The real count, replayed through the same graph.
+    d_count.upload(std::vector<int32_t>{static_cast<int32_t>(m.rows.size())});
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    got = d_logits.download<float>();
+    std::vector<float> host = logits, want = logits;
+    apply_token_mask(host.data(), vocab, m.rows, m.packed);
+    testing::reference_token_mask(want, m);
+    ASSERT_EQ(std::memcmp(got.data(), host.data(), host.size() * sizeof(float)), 0);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+    // Greedy device sampling of the masked rows.
+    const size_t ws_bytes = sample_tokens_workspace_bytes(rows, static_cast<int>(vocab));
+    Dev d_params(rows * sizeof(SamplingRowParams)), d_out(rows * sizeof(int32_t)),
+        d_ws(std::max<size_t>(ws_bytes, 16));
+    d_params.upload(std::vector<SamplingRowParams>(static_cast<size_t>(rows),
+                                                   SamplingRowParams{.temperature = 0.f,
+                                                                     .top_k = 0,
+                                                                     .top_p = 1.f,
+                                                                     .min_p = 0.f,
+                                                                     .seed = 0,
+                                                                     .step = 0}));
+    ASSERT_EQ(sample_tokens(lp, vocab, static_cast<const SamplingRowParams*>(d_params.p), rows,
+                            static_cast<int>(vocab), static_cast<int32_t*>(d_out.p), d_ws.p,
+                            ws_bytes, nullptr),
+              cudaSuccess);
+    const auto ids = d_out.download<int32_t>();
+    for (size_t i = 0; i < m.rows.size(); ++i)
+      EXPECT_EQ(ids[static_cast<size_t>(m.rows[i])],
+                testing::reference_masked_argmax(logits, vocab, m.rows[i], m.allowed[i]))
+          << "row " << m.rows[i];
+  }
 }
 
 TEST(Sampling, RejectsBadShapes) {

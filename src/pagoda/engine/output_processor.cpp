@@ -48,6 +48,9 @@ void OutputProcessor::build_batch(const ScheduledStep& s, model::WorkerBatch& b)
   b.sampling.clear();
   b.sample_step.clear();
   b.logit_adjust.clear();
+  b.mask_rows.clear();
+  b.token_mask.clear();
+  const auto words = static_cast<size_t>(model::token_mask_words(model_.vocab_size));
   b.context.clear();
   b.max_emit.clear();
   b.stop_token.clear();
@@ -66,14 +69,13 @@ void OutputProcessor::build_batch(const ScheduledStep& s, model::WorkerBatch& b)
     if (q.completes_fill) {
       if (r.logit_processing.penalized())  // counts the tokens appended since the last step
         q.req->token_counts.extend(r.cache.tokens, r.prompt_len);
-      const size_t first = b.logit_adjust.size();
       model::append_logit_adjust(r.token_counts, r.logit_processing, static_cast<int32_t>(rows),
                                  b.logit_adjust);
-      if (r.constraint != nullptr) {  // structured output: only the allowed tokens stay
-        std::vector<uint32_t> mask(static_cast<size_t>(model_.vocab_size + 31) / 32, 0);
-        r.constraint->allowed(mask);
-        model::append_token_mask(mask, model_.vocab_size, static_cast<int32_t>(rows), first,
-                                 b.logit_adjust);
+      if (r.constraint != nullptr) {  // structured output: the matcher writes the row's mask
+        const size_t at = b.token_mask.size();
+        b.mask_rows.push_back(static_cast<int32_t>(rows));
+        b.token_mask.resize(at + words, 0u);  // zeroed, as allowed() expects
+        r.constraint->allowed(std::span<uint32_t>(b.token_mask).subspan(at, words));
       }
       ++rows;
     }

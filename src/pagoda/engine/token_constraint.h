@@ -1,9 +1,10 @@
 #pragma once
 /// TokenConstraint: a per-request limit on the tokens a request may sample next (structured
-/// output: a grammar matcher, grammar/grammar.h). The engine asks it for the allowed set before
-/// each of the request's sampling steps, masks every other token's logit to -inf (as LogitAdjust
-/// entries, model_ops.h: the same path as logit_bias, on every device), and tells it each token
-/// sampled. A request with one is never overlapped (its next mask needs the token) and is
+/// output: a grammar matcher, grammar/grammar.h). Before each of the request's sampling steps
+/// the engine has it write the allowed set straight into the step's packed bitmask
+/// (WorkerBatch::mask_rows / token_mask, worker.h); the worker's sampler masks every other
+/// token's logit to -inf (ModelOps::mask_logits, on every device, CUDA graphs included), and
+/// the engine tells it each token sampled. A request with one is never overlapped (its next mask needs the token) and is
 /// refused with speculative decoding. Contract: docs/design/engine.md "Token constraints".
 ///
 /// Thread rules: called from the engine's thread only, one call at a time.

@@ -1,6 +1,7 @@
 // CpuOps: ModelOps on the host in f32 (GEMMs through CpuGemmRunner: OpenBLAS or oneDNN; plain
 // loops; see model_ops.h). With OpenBLAS the math is the historical host path's: the same sums in
 // the same order, so f32 outputs are unchanged.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <list>
@@ -195,6 +196,13 @@ class CpuOps final : public ModelOps {
 
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
     apply_logit_adjust(logits, vocab, std::span<const LogitAdjust>(adj, static_cast<size_t>(n)));
+  }
+
+  void mask_logits(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* mask,
+                   const int32_t* count, int64_t max_rows) override {
+    const auto n = static_cast<size_t>(std::clamp<int64_t>(*count, 0, max_rows));
+    apply_token_mask(logits, vocab, std::span<const int32_t>(rows, n),
+                     std::span<const uint32_t>(mask, n * static_cast<size_t>(token_mask_words(vocab))));
   }
 
   void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,

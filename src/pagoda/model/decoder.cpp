@@ -233,8 +233,9 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
     a.shard_logits = make(r * shard_.vocab_rows, sizeof(float));
     a.gathered = make(r * c.vocab_size, sizeof(float));
   }
-  a.ints = make(3 * t + 2 * r, sizeof(int32_t));
+  a.ints = make(3 * t + 3 * r + 1, sizeof(int32_t));
   a.sample_params = make(r, sizeof(SampleRow));
+  a.token_mask = make(r * token_mask_words(c.vocab_size), sizeof(uint32_t));
   if (c.is_mla()) a.mla = make(mla_scratch_elems(t), es);
   a.tokens = t;
   a.rows = r;
@@ -354,9 +355,12 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     ops.soft_cap(a.logits_f32(), rows * vocab, c.final_logit_softcap);
 }
 
-void Decoder::sample(Activations& a, int64_t rows) const {
+void Decoder::sample(Activations& a, int64_t rows, bool masked) const {
   if (rows == 0) return;
-  ops_->sample(a.logits_f32(), a.params(), a.out_ids(), rows, model_->config().vocab_size);
+  const int64_t vocab = model_->config().vocab_size;
+  if (masked)
+    ops_->mask_logits(a.logits_f32(), vocab, a.mask_rows(), a.mask_words(), a.mask_count(), rows);
+  ops_->sample(a.logits_f32(), a.params(), a.out_ids(), rows, vocab);
 }
 
 }  // namespace pagoda::model

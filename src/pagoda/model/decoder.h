@@ -63,17 +63,23 @@ struct Activations {
   /// all-gathered shards [N, rows, V/N] (f32).
   platform::DeviceBuffer shard_logits, gathered;
   /// Device ints: ids [tokens], positions [tokens], out_cache_loc [tokens], logit row index
-  /// [rows], out ids [rows].
+  /// [rows], token-mask count [1], token-mask rows [rows], out ids [rows].
   platform::DeviceBuffer ints;
   /// Device sampling parameters [rows].
   platform::DeviceBuffer sample_params;
+  /// Device token masks [rows, token_mask_words(vocab)] (ModelOps::mask_logits), the first
+  /// *mask_count() of them in use.
+  platform::DeviceBuffer token_mask;
   int32_t* ids() const { return static_cast<int32_t*>(ints.get()); }
   int32_t* positions() const { return ids() + tokens; }
   int32_t* cache_loc() const { return ids() + 2 * tokens; }
   int32_t* logit_rows() const { return ids() + 3 * tokens; }
-  int32_t* out_ids() const { return ids() + 3 * tokens + rows; }
+  int32_t* mask_count() const { return ids() + 3 * tokens + rows; }
+  int32_t* mask_rows() const { return ids() + 3 * tokens + rows + 1; }
+  int32_t* out_ids() const { return ids() + 3 * tokens + 2 * rows + 1; }
   float* logits_f32() const { return static_cast<float*>(logits.get()); }
   SampleRow* params() const { return static_cast<SampleRow*>(sample_params.get()); }
+  uint32_t* mask_words() const { return static_cast<uint32_t*>(token_mask.get()); }
 };
 
 /// Layer outputs a forward copies out (EAGLE features): the residual stream after layer
@@ -137,8 +143,10 @@ class Decoder {
   void forward(Activations& a, const attention::ForwardBatch& batch,
                attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
                const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr) const;
-  /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params().
-  void sample(Activations& a, int64_t rows) const;
+  /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params(); with
+  /// `masked`, first applies the staged token masks (a.mask_count() of a.mask_rows() /
+  /// a.mask_words(), ModelOps::mask_logits) to the logits in place.
+  void sample(Activations& a, int64_t rows, bool masked) const;
 
  private:
   struct LayerPtrs {

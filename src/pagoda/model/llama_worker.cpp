@@ -163,6 +163,22 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
                    kInvalidArgument, "logit_adjust is not strictly ordered by (row, token) at {}",
                    i);
   }
+  const int64_t words = token_mask_words(vocab);
+  PAGODA_REQUIRE(b.token_mask.size() == b.mask_rows.size() * static_cast<size_t>(words),
+                 kInvalidArgument, "token_mask has {} words for {} mask rows of {} words",
+                 b.token_mask.size(), b.mask_rows.size(), words);
+  for (size_t i = 0; i < b.mask_rows.size(); ++i) {
+    const int32_t row = b.mask_rows[i];
+    PAGODA_REQUIRE(row >= 0 && row < logit_rows && (i == 0 || b.mask_rows[i - 1] < row),
+                   kInvalidArgument,
+                   "mask_rows[{}] = {} is outside [0, {}) or not above the one before", i, row,
+                   logit_rows);
+    PAGODA_REQUIRE(mask_allows_some(std::span<const uint32_t>(b.token_mask)
+                                        .subspan(i * static_cast<size_t>(words),
+                                                 static_cast<size_t>(words)),
+                                    vocab),
+                   kInvalidArgument, "the token mask of logit row {} allows no token", row);
+  }
   const bool extend = f.mode != ForwardMode::kDecode && f.mode != ForwardMode::kIdle;
   PAGODA_REQUIRE(!extend || static_cast<int>(f.extend_seq_lens.size()) == bs, kInvalidArgument,
                  "extend batch has {} extend lengths for {} sequences", f.extend_seq_lens.size(),
@@ -184,9 +200,12 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
 
 void LlamaWorker::stage(Activations& a, std::span<const int32_t> ids,
                         std::span<const int32_t> positions, std::span<const int32_t> cache_loc,
-                        std::span<const int32_t> rows, std::span<const SampleRow> params) {
-  // Layout of a.ints: ids | positions | slots [a.tokens each] | logit rows | out [a.rows each].
-  const size_t n_ints = static_cast<size_t>(3 * a.tokens + a.rows);
+                        std::span<const int32_t> rows, std::span<const SampleRow> params,
+                        std::span<const int32_t> mask_rows, std::span<const uint32_t> mask) {
+  // Layout of a.ints (decoder.h): ids | positions | slots [a.tokens each] | logit rows [a.rows]
+  // | mask count [1] | mask rows [a.rows] | out [a.rows]; staged up to the last mask row.
+  PAGODA_CHECK(static_cast<int64_t>(mask_rows.size()) <= a.rows);
+  const size_t n_ints = static_cast<size_t>(3 * a.tokens + a.rows + 1) + mask_rows.size();
   staging_->reserve(n_ints, static_cast<size_t>(a.rows), static_cast<size_t>(a.rows));
   int32_t* h = static_cast<int32_t*>(staging_->ints.get());
   std::fill(h, h + n_ints, 0);
@@ -194,7 +213,11 @@ void LlamaWorker::stage(Activations& a, std::span<const int32_t> ids,
   std::copy(positions.begin(), positions.end(), h + a.tokens);
   std::copy(cache_loc.begin(), cache_loc.end(), h + 2 * a.tokens);
   std::copy(rows.begin(), rows.end(), h + 3 * a.tokens);
+  h[3 * a.tokens + a.rows] = static_cast<int32_t>(mask_rows.size());
+  std::copy(mask_rows.begin(), mask_rows.end(), h + 3 * a.tokens + a.rows + 1);
   platform_->copy_to_device_async(a.ids(), h, n_ints * sizeof(int32_t));
+  if (!mask.empty())  // the words as build_batch wrote them (one async copy, no repacking)
+    platform_->copy_to_device_async(a.mask_words(), mask.data(), mask.size_bytes());
   if (!params.empty()) {
     SampleRow* hp = static_cast<SampleRow*>(staging_->params.get());
     std::copy(params.begin(), params.end(), hp);
@@ -279,7 +302,9 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   const int64_t nrows = static_cast<int64_t>(rows_.size());
 
   if (!b.hidden_layers.empty()) return run_with_hidden(b, t, nrows);
-  const bool adjust = !b.logit_adjust.empty();  // runs eagerly: the graphs sample unadjusted
+  // logit_adjust runs eagerly (the graphs sample unadjusted); token masks replay (their count,
+  // rows and words are staged into the graph's fixed buffers).
+  const bool adjust = !b.logit_adjust.empty();
   if (verify_backend_ != nullptr && f.mode == ForwardMode::kTargetVerify && !adjust) {
     WorkerOutput out;
     if (run_verify_graph(b, nrows, out)) return out;
@@ -298,14 +323,16 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
     std::iota(rows_.begin(), rows_.end(), 0);
     params_.resize(static_cast<size_t>(bs), SampleRow{});
     graph_backend_->init_forward_metadata_replay_cuda_graph(padded);
-    stage(graph_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
+    stage(graph_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_, b.mask_rows,
+          b.token_mask);
     graphs_[gi]->replay();
     ++stats_.graph_steps;
     stats_.padded_rows += bs - t;
     return finish(graph_acts_, nrows, b);
   }
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
-  stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
+  stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_, b.mask_rows,
+        b.token_mask);
   if (pool_->num_layers() > 0) backend_->init_forward_metadata(f);  // else every layer has a window
   WindowSide window;
   if (swa_backend_ != nullptr) {
@@ -315,7 +342,7 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
   decoder_->forward(eager_, f, *backend_, t, nrows, nullptr,
                     swa_backend_ != nullptr ? &window : nullptr);
   adjust_logits(eager_, b);
-  decoder_->sample(eager_, nrows);
+  decoder_->sample(eager_, nrows, !b.mask_rows.empty());
   return finish(eager_, nrows, b);
 }
 
@@ -355,13 +382,14 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
                           .dst = static_cast<float*>(hidden_buf_.get())};
   const ForwardBatch& f = b.forward;
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
-  stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_);
+  stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_, b.mask_rows,
+        b.token_mask);
   backend_->init_forward_metadata(f);
   PAGODA_REQUIRE(swa_backend_ == nullptr, kUnsupported,
                  "hidden-state capture (EAGLE) does not run on the SWA pool");
   decoder_->forward(eager_, f, *backend_, t, nrows, &cap);
   adjust_logits(eager_, b);
-  decoder_->sample(eager_, nrows);
+  decoder_->sample(eager_, nrows, !b.mask_rows.empty());
   std::vector<float> hidden(static_cast<size_t>(t * width));
   platform_->copy_to_host_async(hidden.data(), hidden_buf_.get(), bytes);
   WorkerOutput out = finish(eager_, nrows, b);  // synchronizes
@@ -427,7 +455,7 @@ bool LlamaWorker::run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOu
   params_.resize(static_cast<size_t>(rows), SampleRow{});
   if (it == verify_graphs_.end()) {
     // Capture on this batch: every run below writes the same K/V the replay writes.
-    stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
+    stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_, {}, {});
     it = verify_graphs_
              .emplace(key, capture_step(verify_acts_, padded, *verify_backend_, t, rows,
                                         verify_shape_known_))
@@ -435,7 +463,8 @@ bool LlamaWorker::run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOu
     stats_.num_spec_graphs = static_cast<int>(verify_graphs_.size());
   }
   verify_backend_->init_forward_metadata_replay_cuda_graph(padded);
-  stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_);
+  stage(verify_acts_, ids_, padded.positions, padded.out_cache_loc, rows_, params_, b.mask_rows,
+        b.token_mask);
   it->second->replay();
   ++stats_.spec_graph_steps;
   stats_.padded_rows += (bs - nreq) * int64_t{n};
@@ -449,7 +478,7 @@ std::unique_ptr<ModelOps::Graph> LlamaWorker::capture_step(Activations& a, const
                                                            bool& shape_known) {
   auto body = [&] {
     decoder_->forward(a, f, backend, t, rows);
-    decoder_->sample(a, rows);
+    decoder_->sample(a, rows, /*masked=*/true);  // a no-op while the staged count is 0
   };
   if (!shape_known) {  // the backend learns the layer shape from one eager forward
     backend.init_forward_metadata(f);
@@ -478,7 +507,7 @@ void LlamaWorker::capture_graphs() {
     std::vector<int32_t> ids(static_cast<size_t>(bs), 0), rows(static_cast<size_t>(bs));
     std::iota(rows.begin(), rows.end(), 0);
     const std::vector<SampleRow> params(static_cast<size_t>(bs), SampleRow{});
-    stage(graph_acts_, ids, dummy.positions, dummy.out_cache_loc, rows, params);
+    stage(graph_acts_, ids, dummy.positions, dummy.out_cache_loc, rows, params, {}, {});
     graphs[i] = capture_step(graph_acts_, dummy, *graph_backend_, bs, bs, shape_known);
   }
   platform_->synchronize_stream();

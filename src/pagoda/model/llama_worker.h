@@ -101,10 +101,12 @@ class LlamaWorker final : public ModelWorker {
  private:
   struct Staging;
   void validate(const WorkerBatch& b) const;
-  /// Host → device copies of ids, positions, row indices and params into `a`.
+  /// Host → device copies of ids, positions, row indices, params and token masks
+  /// (WorkerBatch::mask_rows / token_mask; at most a.rows) into `a`.
   void stage(Activations& a, std::span<const int32_t> ids, std::span<const int32_t> positions,
              std::span<const int32_t> cache_loc, std::span<const int32_t> rows,
-             std::span<const SampleRow> params);
+             std::span<const SampleRow> params, std::span<const int32_t> mask_rows,
+             std::span<const uint32_t> mask);
   /// Copies the sampled ids back (plus the logits / top-k the batch asks for) and waits.
   WorkerOutput finish(Activations& a, int64_t rows, const WorkerBatch& b);
   /// Applies b.logit_adjust to a's logits (uploaded through adjust_dev_); nothing when empty.

@@ -1,6 +1,7 @@
 #include "pagoda/model/logit_processing.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <iterator>
 #include <limits>
@@ -49,25 +50,6 @@ void TokenCounts::extend(std::span<const int32_t> tokens, int32_t prompt_len) {
     }
   }
   by_token_.resize(kept);
-}
-
-void append_token_mask(std::span<const uint32_t> allowed, int64_t vocab, int32_t row,
-                       size_t first, std::vector<LogitAdjust>& out) {
-  PAGODA_CHECK(first <= out.size() && static_cast<int64_t>(allowed.size()) * 32 >= vocab);
-  const std::vector<LogitAdjust> had(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
-  out.resize(first);
-  constexpr float kMasked = -std::numeric_limits<float>::infinity();
-  auto h = had.begin();  // the row's entries, sorted by token
-  for (int64_t t = 0; t < vocab; ++t) {
-    const bool ok = ((allowed[static_cast<size_t>(t / 32)] >> (t % 32)) & 1u) != 0;
-    if (h != had.end() && h->token == t) {
-      LogitAdjust e = *h++;
-      if (!ok) e.bias = kMasked;
-      out.push_back(e);
-    } else if (!ok) {
-      out.push_back(LogitAdjust{.row = row, .token = static_cast<int32_t>(t), .bias = kMasked});
-    }
-  }
 }
 
 void append_logit_adjust(const TokenCounts& counts, const LogitProcessing& p, int32_t row,
@@ -133,6 +115,40 @@ void apply_logit_adjust(float* logits, int64_t vocab, std::span<const LogitAdjus
     const float l1 = l + a.bias;
     l = (l1 > 0.f ? l1 / a.rep : l1 * a.rep) - a.sub;
   }
+}
+
+void apply_token_mask(float* logits, int64_t vocab, std::span<const int32_t> rows,
+                      std::span<const uint32_t> mask) {
+  const int64_t words = token_mask_words(vocab);
+  PAGODA_CHECK(mask.size() >= rows.size() * static_cast<size_t>(words));
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const int64_t tail = vocab - (words - 1) * 32;  // tokens in the last word, 1..32
+  const uint32_t past_vocab = tail == 32 ? 0u : ~((1u << tail) - 1u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* l = logits + static_cast<int64_t>(rows[i]) * vocab;
+    const uint32_t* m = mask.data() + i * static_cast<size_t>(words);
+    for (int64_t w = 0; w < words; ++w) {
+      // Bits past the vocabulary count as allowed, so they are never written.
+      const uint32_t bits = m[w] | (w + 1 == words ? past_vocab : 0u);
+      if (bits == ~0u) continue;  // every token of the word allowed
+      float* lw = l + w * 32;
+      if (bits == 0) {  // none (most words of a narrow grammar state); a whole word
+        std::fill(lw, lw + 32, kMasked);
+        continue;
+      }
+      for (uint32_t x = ~bits; x != 0; x &= x - 1) lw[std::countr_zero(x)] = kMasked;
+    }
+  }
+}
+
+bool mask_allows_some(std::span<const uint32_t> mask, int64_t vocab) {
+  const int64_t words = token_mask_words(vocab);
+  PAGODA_CHECK(static_cast<int64_t>(mask.size()) >= words);
+  for (int64_t w = 0; w + 1 < words; ++w)
+    if (mask[static_cast<size_t>(w)] != 0) return true;
+  const int64_t tail = vocab - (words - 1) * 32;  // tokens in the last word, 1..32
+  const uint32_t valid = tail == 32 ? ~0u : (1u << tail) - 1u;
+  return words > 0 && (mask[static_cast<size_t>(words - 1)] & valid) != 0;
 }
 
 }  // namespace pagoda::model

@@ -61,12 +61,16 @@ class TokenCounts {
 void append_logit_adjust(const TokenCounts& counts, const LogitProcessing& p, int32_t row,
                          std::vector<LogitAdjust>& out);
 
-/// Structured output: masks every token of row `row` outside `allowed` (bit t % 32 of word
-/// t / 32, covering [0, vocab)) to -inf. The row's entries already in `out` start at `first`
-/// (append_logit_adjust's); a disallowed token among them gets bias -inf, every other
-/// disallowed token a new entry, so the row still lists each token at most once.
-void append_token_mask(std::span<const uint32_t> allowed, int64_t vocab, int32_t row,
-                       size_t first, std::vector<LogitAdjust>& out);
+/// Structured output's token masks (WorkerBatch::mask_rows / token_mask; the host
+/// implementation of ModelOps::mask_logits): logit row rows[i] of logits [.., vocab] keeps token
+/// t only where bit t % 32 of mask[i * W + t / 32] is set (W = token_mask_words(vocab)); every
+/// other logit of the row becomes -inf. Bits at or past vocab are not read; other rows are
+/// untouched. mask.size() >= rows.size() * W.
+void apply_token_mask(float* logits, int64_t vocab, std::span<const int32_t> rows,
+                      std::span<const uint32_t> mask);
+
+/// Whether one row's mask (W words) allows a token below vocab.
+bool mask_allows_some(std::span<const uint32_t> mask, int64_t vocab);
 
 /// One sampled token's log-probabilities: the log-softmax of the logit row it was sampled from
 /// (after logit_bias and penalties, before temperature and top-k / top-p / min-p).

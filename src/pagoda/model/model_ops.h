@@ -49,6 +49,9 @@ struct LogitAdjust {
   float sub = 0.f;   ///< presence + frequency penalties
 };
 
+/// 32-bit words of one row's token bitmask over `vocab` tokens: ceil(vocab / 32).
+constexpr int64_t token_mask_words(int64_t vocab) { return (vocab + 31) / 32; }
+
 /// Where qkv_rope_store writes the new tokens' K and V: one layer's paged cache (slot-major
 /// [num_slots, hkv, head_dim] in the ops' dtype) and the device slot of each token.
 struct KvStore {
@@ -157,6 +160,15 @@ class ModelOps {
   /// Applies adj[n] (device memory) to logits [rows, vocab] (f32) in place; rows and tokens are
   /// in range (the caller checks) and no (row, token) appears twice.
   virtual void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) = 0;
+  /// Structured output's token masks, in place on logits [.., vocab] (f32): for i < *count,
+  /// logit row rows[i] keeps token t only where bit t % 32 of mask[i * W + t / 32] is set
+  /// (W = token_mask_words(vocab)); every other logit of the row becomes -inf. Bits at or past
+  /// vocab and mask rows at or past *count are never read. rows, mask and count are device
+  /// memory; *count <= max_rows, the rows are in range and distinct (the caller checks). The
+  /// work is sized for max_rows, so a captured graph replays it with any staged count (0: a
+  /// no-op).
+  virtual void mask_logits(float* logits, int64_t vocab, const int32_t* rows,
+                           const uint32_t* mask, const int32_t* count, int64_t max_rows) = 0;
 
   /// Top-`k` (k in [1, 16]) log-probabilities of each logit row [rows, vocab] (f32, device
   /// memory): ids [rows, k] sorted by logit descending then id ascending, logprobs [rows, k] =

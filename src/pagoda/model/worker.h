@@ -42,6 +42,14 @@ struct WorkerBatch {
   /// `row` indexing the Σ logit_rows logit rows. Empty = none (no cost). A batch that has some
   /// runs eagerly (no graph replay).
   std::vector<LogitAdjust> logit_adjust;
+  /// Structured output's token masks (engine/token_constraint.h), applied after logit_adjust:
+  /// the logit rows that are limited (strictly ascending, each < Σ logit_rows) and their
+  /// allowed-token bitmasks packed in that order, W = token_mask_words(vocab) words each: row
+  /// mask_rows[i] keeps token t iff bit t % 32 of token_mask[i * W + t / 32] is set, every other
+  /// logit becomes -inf (ModelOps::mask_logits). Bits at or past vocab are ignored; each mask
+  /// must allow a token below vocab. Empty = none. Masked batches replay graphs like others.
+  std::vector<int32_t> mask_rows;
+  std::vector<uint32_t> token_mask;
   /// Also return the f32 logits of every logit row (tests, tools, verify).
   bool return_logits = false;
   /// EAGLE heads: also return the outputs (residual stream after the layer, f32) of these

@@ -30,6 +30,8 @@ void encode_worker_batch(const WorkerBatch& b, dist::WireWriter& w) {
   w.put_vec(b.sampling);
   w.put_vec(b.sample_step);
   w.put_vec(b.logit_adjust);
+  w.put_vec(b.mask_rows);
+  w.put_vec(b.token_mask);
   w.put<uint8_t>(b.return_logits ? 1 : 0);
   w.put<int32_t>(b.top_k);
 }
@@ -60,6 +62,8 @@ void decode_worker_batch(dist::WireReader& r, WorkerBatch& b) {
   r.get_vec(b.sampling);
   r.get_vec(b.sample_step);
   r.get_vec(b.logit_adjust);
+  r.get_vec(b.mask_rows);
+  r.get_vec(b.token_mask);
   b.return_logits = r.get<uint8_t>() != 0;
   b.top_k = r.get<int32_t>();
   const size_t bs = static_cast<size_t>(f.batch_size);

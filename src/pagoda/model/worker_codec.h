@@ -1,7 +1,8 @@
 #pragma once
 /// The WorkerBatch on the wire: what the tensor-parallel leader sends every follower rank each
 /// step (the follower's worker then runs exactly the leader's batch). Every field of the batch
-/// (forward batch with its spec info, ids, logit rows, sampling, sample steps, return_logits)
+/// (forward batch with its spec info, ids, logit rows, sampling, sample steps, logit_adjust,
+/// token masks, return_logits, top_k)
 /// round-trips bit for bit.
 
 #include <cstddef>

@@ -189,6 +189,9 @@ TEST(WorkerCodec, RandomBatchesRoundTripBitForBit) {
                                 .bias = 1.5f,
                                 .rep = 1.25f,
                                 .sub = -0.5f});
+    b.mask_rows = ints(rng() % 3);
+    for (size_t i = 0; i < b.mask_rows.size() * 4; ++i)
+      b.token_mask.push_back(static_cast<uint32_t>(rng()));
     std::vector<std::byte> buf;
     WireWriter w(buf);
     model::encode_worker_batch(b, w);
@@ -202,6 +205,8 @@ TEST(WorkerCodec, RandomBatchesRoundTripBitForBit) {
     ASSERT_EQ(buf, again) << iter;
     EXPECT_EQ(d.forward.out_cache_loc, b.forward.out_cache_loc);
     EXPECT_EQ(d.sample_step, b.sample_step);
+    EXPECT_EQ(d.mask_rows, b.mask_rows);
+    EXPECT_EQ(d.token_mask, b.token_mask);
     ASSERT_EQ(d.logit_adjust.size(), b.logit_adjust.size());
     for (size_t i = 0; i < b.logit_adjust.size(); ++i)
       EXPECT_EQ(std::memcmp(&d.logit_adjust[i], &b.logit_adjust[i], sizeof(model::LogitAdjust)), 0);

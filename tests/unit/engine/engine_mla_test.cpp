@@ -285,6 +285,10 @@ class NoMlaOps final : public model::ModelOps {
   void adjust_logits(float* l, int64_t v, const model::LogitAdjust* a, int64_t n) override {
     cpu_->adjust_logits(l, v, a, n);
   }
+  void mask_logits(float* l, int64_t v, const int32_t* r, const uint32_t* m, const int32_t* c,
+                   int64_t n) override {
+    cpu_->mask_logits(l, v, r, m, c, n);
+  }
 
  private:
   std::unique_ptr<model::ModelOps> cpu_;

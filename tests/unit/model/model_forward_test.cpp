@@ -248,6 +248,74 @@ TEST(StepInput, BuildsBatchesPerMode) {
   EXPECT_THROW(build_forward_batch(in), Error);
 }
 
+// WorkerBatch token masks: a greedy row with a one-token mask samples that token (an unmasked
+// row of the same step is unaffected), and malformed masks are refused with kInvalidArgument
+// naming the problem, before anything is computed.
+TEST(LlamaWorker, TokenMasksApplyAndBadMasksAreRefused) {
+  const ModelConfig c = testing::test_model_config();
+  const ModelWeights w = make_random_weights(c, 5);
+  LlamaModel model(c, w);
+  auto platform = platform::make_cpu_platform();
+  kv::PageAllocator alloc(16, 16);
+  kv::ReqToTokenTable table(3, 64);
+  LlamaWorker worker(model, make_cpu_ops(*platform, DType::kF32),
+                     WorkerConfig{.page_size = 16, .num_pages = 16,
+                                  .backend = {.attention = "reference"}, .cuda_graph = false,
+                                  .max_batch_size = 2},
+                     table);
+  const std::vector<int32_t> tokens = {5, 9, 13};
+  const int32_t zero = 0, n = 3, none = -1;
+  std::vector<int32_t> prefix(2, zero), lens(2, n), last(2, none);
+  const auto slots = *alloc.alloc_extend(prefix, lens, last);
+  const ReqSlot r0 = *table.alloc(), r1 = *table.alloc();
+  table.write(r0, 0, std::span(slots).first(3));
+  table.write(r1, 0, std::span(slots).subspan(3));
+  StepInput in{.mode = ForwardMode::kExtend,
+               .seqs = {{.req_slot = r0.value(), .prefix_len = 0, .tokens = tokens},
+                        {.req_slot = r1.value(), .prefix_len = 0, .tokens = tokens}},
+               .out_cache_loc = slots};
+  WorkerBatch b{.forward = build_forward_batch(in)};
+  for (int i = 0; i < 2; ++i) {
+    b.input_ids.insert(b.input_ids.end(), tokens.begin(), tokens.end());
+    b.logit_rows.push_back(1);
+    b.sampling.push_back(SamplingParams{});
+    b.sample_step.push_back(0);
+  }
+  b.return_logits = true;
+  const int64_t words = token_mask_words(c.vocab_size);
+  const WorkerOutput plain = worker.run(b);
+  const int32_t forced = (plain.tokens[1] + 7) % c.vocab_size;  // not row 1's argmax
+  b.mask_rows = {1};
+  b.token_mask.assign(static_cast<size_t>(words), 0u);
+  b.token_mask[static_cast<size_t>(forced / 32)] = 1u << (forced % 32);
+  const WorkerOutput masked = worker.run(b);
+  EXPECT_EQ(masked.tokens[0], plain.tokens[0]);
+  EXPECT_EQ(masked.tokens[1], forced);
+  auto refused = [&](const WorkerBatch& bad, const std::string& words_in_message) {
+    try {
+      worker.run(bad);
+      ADD_FAILURE() << "accepted: " << words_in_message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words_in_message), std::string::npos) << e.what();
+    }
+  };
+  WorkerBatch bad = b;
+  bad.token_mask.pop_back();
+  refused(bad, "token_mask has");
+  bad = b;
+  bad.mask_rows = {2};  // only 2 logit rows
+  refused(bad, "mask_rows[0] = 2");
+  bad = b;
+  bad.mask_rows = {1, 1};
+  bad.token_mask.insert(bad.token_mask.end(), b.token_mask.begin(), b.token_mask.end());
+  refused(bad, "mask_rows[1] = 1");
+  bad = b;
+  std::fill(bad.token_mask.begin(), bad.token_mask.end(), 0u);
+  if (c.vocab_size % 32 != 0) bad.token_mask.back() = ~0u << (c.vocab_size % 32);  // past vocab
+  refused(bad, "allows no token");
+}
+
 TEST(LlamaWorker, CudaGraphBucketsAndPadding) {
   const auto b = cuda_graph_batch_sizes(40);
   EXPECT_EQ(b, (std::vector<int>{1, 2, 4, 8, 12, 16, 24, 32, 40}));

@@ -256,6 +256,11 @@ class CudaOps final : public ModelOps {
                                  n, stream_),
                "adjust_logits");
   }
+  void mask_logits(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* mask,
+                   const int32_t* count, int64_t max_rows) override {
+    cuda_check(ck::mask_logits(logits, vocab, rows, mask, count, max_rows, stream_),
+               "mask_logits");
+  }
   void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,
               int64_t vocab) override {
     PAGODA_REQUIRE(vocab <= ck::kMaxSampleVocab, kUnsupported,

@@ -559,7 +559,33 @@ __global__ void adjust_logits_kernel(float* logits, int64_t vocab, const LogitAd
   l = __fsub_rn(l1 > 0.f ? __fdiv_rn(l1, a.rep) : __fmul_rn(l1, a.rep), a.sub);
 }
 
+constexpr int kMaskThreads = 256;
+constexpr int64_t kMaskChunk = 8192;  // logits of one row per block (32 per thread)
+
+/// Block (i, c): mask row i (skipped when i >= *count), logits [c * kMaskChunk, +kMaskChunk).
+/// The 32 threads of a warp read one mask word (a broadcast) and write only masked logits.
+__global__ void mask_logits_kernel(float* logits, int64_t vocab, const int32_t* rows,
+                                   const uint32_t* mask, const int32_t* count) {
+  const int64_t i = blockIdx.x;
+  if (i >= *count) return;
+  const int64_t words = (vocab + 31) / 32;
+  float* l = logits + static_cast<int64_t>(rows[i]) * vocab;
+  const uint32_t* m = mask + i * words;
+  const int64_t end = min(vocab, (static_cast<int64_t>(blockIdx.y) + 1) * kMaskChunk);
+  for (int64_t t = blockIdx.y * kMaskChunk + threadIdx.x; t < end; t += blockDim.x)
+    if (((m[t >> 5] >> (t & 31)) & 1u) == 0) l[t] = -INFINITY;
+}
+
 }  // namespace
+
+cudaError_t mask_logits(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* mask,
+                        const int32_t* count, int64_t max_rows, cudaStream_t stream) {
+  if (max_rows <= 0 || vocab <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(max_rows),
+                  static_cast<unsigned>((vocab + kMaskChunk - 1) / kMaskChunk));
+  mask_logits_kernel<<<grid, kMaskThreads, 0, stream>>>(logits, vocab, rows, mask, count);
+  return cudaGetLastError();
+}
 
 cudaError_t adjust_logits(float* logits, int64_t vocab, const LogitAdjustEntry* adj, int64_t n,
                           cudaStream_t stream) {

@@ -69,6 +69,15 @@ static_assert(sizeof(LogitAdjustEntry) == 20, "LogitAdjustEntry is a 20-byte POD
 cudaError_t adjust_logits(float* logits, int64_t vocab, const LogitAdjustEntry* adj, int64_t n,
                           cudaStream_t stream);
 
+/// Structured output's token masks (model::ModelOps::mask_logits) on logits [.., vocab] (f32,
+/// device) in place: for i < *count, row rows[i] keeps token t only where bit t % 32 of
+/// mask[i * W + t / 32] is set (W = ceil(vocab / 32)); every other logit becomes -inf. rows,
+/// mask and count are device memory; the launch covers max_rows rows (blocks of rows past
+/// *count exit at once), so a captured graph replays it with any count <= max_rows. Bits past
+/// vocab and rows past *count are never read. cudaSuccess without a launch for max_rows <= 0.
+cudaError_t mask_logits(float* logits, int64_t vocab, const int32_t* rows, const uint32_t* mask,
+                        const int32_t* count, int64_t max_rows, cudaStream_t stream);
+
 /// Largest vocabulary sample_tokens accepts.
 inline constexpr int kMaxSampleVocab = 262144;
 
