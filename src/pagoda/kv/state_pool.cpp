@@ -8,7 +8,9 @@
 namespace pagoda::kv {
 
 StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape)
-    : num_layers_(num_layers), shape_(shape), block_floats_(shape.conv_floats() + shape.ssm_floats()) {
+    : num_layers_(num_layers),
+      shape_(shape),
+      block_floats_(shape.conv_floats() + shape.ssm_floats()) {
   PAGODA_REQUIRE(num_layers >= 1 && num_slots >= 1, kInvalidArgument,
                  "StatePool needs >= 1 layer and >= 1 slot (got {} layers, {} slots)", num_layers,
                  num_slots);
@@ -82,19 +84,22 @@ void StatePool::copy_slot(int32_t src, int32_t dst) {
   PAGODA_REQUIRE(src != dst, kInvalidArgument, "StatePool::copy_slot: slot {} onto itself", src);
   for (int32_t l = 0; l < num_layers_; ++l) {
     const auto from = data_.begin() + static_cast<std::ptrdiff_t>(block(l, src));
-    std::copy(from, from + block_floats_, data_.begin() + static_cast<std::ptrdiff_t>(block(l, dst)));
+    std::copy(from, from + block_floats_,
+              data_.begin() + static_cast<std::ptrdiff_t>(block(l, dst)));
   }
 }
 
 size_t StatePool::block(int32_t layer, int32_t slot) const {
-  PAGODA_REQUIRE(layer >= 0 && layer < num_layers_, kOutOfRange,
-                 "state layer {} outside [0, {})", layer, num_layers_);
+  PAGODA_REQUIRE(layer >= 0 && layer < num_layers_, kOutOfRange, "state layer {} outside [0, {})",
+                 layer, num_layers_);
   require_slot(slot);
   return (static_cast<size_t>(layer) * refcount_.size() + static_cast<size_t>(slot)) *
          static_cast<size_t>(block_floats_);
 }
 
-float* StatePool::conv_state(int32_t layer, int32_t slot) { return data_.data() + block(layer, slot); }
+float* StatePool::conv_state(int32_t layer, int32_t slot) {
+  return data_.data() + block(layer, slot);
+}
 const float* StatePool::conv_state(int32_t layer, int32_t slot) const {
   return data_.data() + block(layer, slot);
 }

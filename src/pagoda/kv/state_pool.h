@@ -108,7 +108,7 @@ class StatePool {
 
   int32_t num_layers_;
   StateShape shape_;
-  int64_t block_floats_;  ///< conv_floats + ssm_floats
+  int64_t block_floats_;     ///< conv_floats + ssm_floats
   std::vector<float> data_;  ///< [num_layers, num_slots, block_floats]
   std::vector<int32_t> refcount_;
   std::vector<int32_t> free_;  ///< a stack: the next alloc takes back()

@@ -9,7 +9,9 @@ namespace pagoda::model {
 
 namespace {
 
-float mamba_silu(float v) { return v / (1.f + std::exp(-v)); }
+float mamba_silu(float v) {
+  return v / (1.f + std::exp(-v));
+}
 
 /// softplus (torch's, linear above 20), clamped to the time-step limits.
 float mamba_time_step(float raw, float bias, const Mamba2Shape& s) {
@@ -27,8 +29,11 @@ void mamba_add_bias(float* rows, const float* bias, int64_t m, int64_t n) {
 }  // namespace
 
 kv::StateShape Mamba2Shape::state_shape() const {
-  return kv::StateShape{.conv_dim = conv_dim(), .conv_width = conv_kernel - 1,
-                        .num_heads = num_heads, .head_dim = head_dim, .state_size = state_size};
+  return kv::StateShape{.conv_dim = conv_dim(),
+                        .conv_width = conv_kernel - 1,
+                        .num_heads = num_heads,
+                        .head_dim = head_dim,
+                        .state_size = state_size};
 }
 
 void Mamba2Shape::validate() const {
@@ -87,7 +92,7 @@ void Mamba2Mixer::forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t l
 
   int64_t r0 = 0;
   for (const Mamba2Seq& q : seqs) {
-    float* row = proj_.data() + r0 * in_dim;
+    const float* row = proj_.data() + r0 * in_dim;
     conv(w, pool.conv_state(layer, q.slot), row + di, q.num_tokens);
     float* h = pool.ssm_state(layer, q.slot);
     const float* dt_raw = row + di + s.conv_dim();
@@ -102,7 +107,7 @@ void Mamba2Mixer::forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t l
   mamba_add_bias(out, w.out_bias, rows, s.hidden_size);
 }
 
-void Mamba2Mixer::conv(const Mamba2Weights& w, float* conv_state, float* rows, int64_t t) {
+void Mamba2Mixer::conv(const Mamba2Weights& w, float* conv_state, const float* rows, int64_t t) {
   const int64_t cd = shape_.conv_dim(), k = shape_.conv_kernel, past = k - 1;
   const int64_t in_dim = shape_.in_proj_dim();
   window_.resize(static_cast<size_t>((past + t) * cd));
@@ -147,8 +152,7 @@ void Mamba2Mixer::step(const Mamba2Weights& w, float* h, const float* xbc, const
   }
 }
 
-void Mamba2Mixer::scan(const Mamba2Weights& w, float* h, const float* dt_raw, int64_t t,
-                       float* y) {
+void Mamba2Mixer::scan(const Mamba2Weights& w, float* h, const float* dt_raw, int64_t t, float* y) {
   const Mamba2Shape& s = shape_;
   const int64_t p_dim = s.head_dim, n = s.state_size, di = s.d_inner(), cd = s.conv_dim();
   const int64_t in_dim = s.in_proj_dim(), heads = s.num_heads, per_group = heads / s.num_groups;

@@ -42,16 +42,16 @@ namespace pagoda::model {
 /// The sizes of one Mamba2 mixer (Bamba's mamba_* config fields).
 struct Mamba2Shape {
   int32_t hidden_size = 0;
-  int32_t num_heads = 0;    ///< mamba_n_heads
-  int32_t head_dim = 0;     ///< mamba_d_head; d_inner = num_heads · head_dim
-  int32_t state_size = 0;   ///< mamba_d_state
-  int32_t num_groups = 1;   ///< mamba_n_groups (divides num_heads)
-  int32_t conv_kernel = 4;  ///< mamba_d_conv (>= 1)
-  int32_t chunk_size = 256; ///< mamba_chunk_size
-  int32_t norm_groups = 1;  ///< groups of the gated RMSNorm (divides d_inner; Bamba: 1)
+  int32_t num_heads = 0;     ///< mamba_n_heads
+  int32_t head_dim = 0;      ///< mamba_d_head; d_inner = num_heads · head_dim
+  int32_t state_size = 0;    ///< mamba_d_state
+  int32_t num_groups = 1;    ///< mamba_n_groups (divides num_heads)
+  int32_t conv_kernel = 4;   ///< mamba_d_conv (>= 1)
+  int32_t chunk_size = 256;  ///< mamba_chunk_size
+  int32_t norm_groups = 1;   ///< groups of the gated RMSNorm (divides d_inner; Bamba: 1)
   float norm_eps = 1e-6f;
-  float dt_min = 0.f;       ///< time_step_limit
-  float dt_max = std::numeric_limits<float>::infinity();
+  float dt_min = 0.f;  ///< time_step_limit[0] (Δ is clamped to [dt_min, dt_max])
+  float dt_max = std::numeric_limits<float>::infinity();  ///< time_step_limit[1]
 
   int32_t d_inner() const { return num_heads * head_dim; }
   int32_t conv_dim() const { return d_inner() + 2 * num_groups * state_size; }
@@ -65,16 +65,16 @@ struct Mamba2Shape {
 
 /// One layer's weights (host f32, HF layouts); the biases may be null.
 struct Mamba2Weights {
-  const float* in_proj = nullptr;   ///< [in_proj_dim, hidden]
-  const float* in_bias = nullptr;   ///< [in_proj_dim]
-  const float* conv = nullptr;      ///< [conv_dim, conv_kernel] (conv1d.weight [conv_dim, 1, K])
-  const float* conv_bias = nullptr; ///< [conv_dim]
-  const float* dt_bias = nullptr;   ///< [num_heads]
-  const float* a_log = nullptr;     ///< [num_heads]
-  const float* d = nullptr;         ///< [num_heads]
-  const float* norm = nullptr;      ///< [d_inner]
-  const float* out_proj = nullptr;  ///< [hidden, d_inner]
-  const float* out_bias = nullptr;  ///< [hidden]
+  const float* in_proj = nullptr;    ///< [in_proj_dim, hidden]
+  const float* in_bias = nullptr;    ///< [in_proj_dim]
+  const float* conv = nullptr;       ///< [conv_dim, conv_kernel] (conv1d.weight [conv_dim, 1, K])
+  const float* conv_bias = nullptr;  ///< [conv_dim]
+  const float* dt_bias = nullptr;    ///< [num_heads]
+  const float* a_log = nullptr;      ///< [num_heads]
+  const float* d = nullptr;          ///< [num_heads]
+  const float* norm = nullptr;       ///< [d_inner]
+  const float* out_proj = nullptr;   ///< [hidden, d_inner]
+  const float* out_bias = nullptr;   ///< [hidden]
 };
 
 /// One sequence of a batch: its state slot and how many of the batch's rows are its new
@@ -103,7 +103,7 @@ class Mamba2Mixer {
  private:
   /// The conv + SiLU of one sequence's xBC rows (inside proj_, row stride in_proj_dim) into
   /// xbc_ [T, conv_dim]; updates the conv state.
-  void conv(const Mamba2Weights& w, float* conv_state, float* rows, int64_t t);
+  void conv(const Mamba2Weights& w, float* conv_state, const float* rows, int64_t t);
   /// One-step recurrence for one token: updates h (all heads), writes y [d_inner].
   void step(const Mamba2Weights& w, float* h, const float* xbc, const float* dt_raw, float* y);
   /// The chunked SSD scan of one sequence's t tokens from state h (updated), y [t, d_inner].
@@ -113,10 +113,10 @@ class Mamba2Mixer {
 
   Mamba2Shape shape_;
   ModelOps* ops_;
-  std::vector<float> proj_;  ///< [rows, in_proj_dim]
-  std::vector<float> xbc_;   ///< [rows of one sequence, conv_dim] after the conv
-  std::vector<float> y_;     ///< [rows, d_inner]
-  std::vector<float> window_;///< the conv inputs of one sequence: state rows then new rows
+  std::vector<float> proj_;    ///< [rows, in_proj_dim]
+  std::vector<float> xbc_;     ///< [rows of one sequence, conv_dim] after the conv
+  std::vector<float> y_;       ///< [rows, d_inner]
+  std::vector<float> window_;  ///< the conv inputs of one sequence: state rows then new rows
   std::vector<float> delta_, cum_, gram_;  ///< scan scratch: Δ, cumulative Δ·A, C·B per chunk
 };
 

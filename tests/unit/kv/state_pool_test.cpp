@@ -15,8 +15,8 @@
 namespace pagoda::kv {
 namespace {
 
-constexpr StateShape kStateShape{.conv_dim = 6, .conv_width = 3, .num_heads = 2, .head_dim = 3,
-                            .state_size = 4};
+constexpr StateShape kStateShape{
+    .conv_dim = 6, .conv_width = 3, .num_heads = 2, .head_dim = 3, .state_size = 4};
 
 /// Writes a pattern derived from `tag` into every layer's state of `slot`.
 void fill_state(StatePool& pool, int32_t slot, float tag) {
@@ -106,9 +106,9 @@ TEST(StatePool, SnapshotAndRestore) {
   const int32_t node = pool.alloc();  // a radix node's snapshot of the state at the prefix
   pool.copy_slot(req, node);
   EXPECT_EQ(state_contents(pool, node), at_prefix);
-  EXPECT_EQ(state_contents(pool, req), at_prefix);  // the source is unchanged
-  fill_state(pool, req, 9.f);                       // the request runs on
-  EXPECT_EQ(state_contents(pool, node), at_prefix); // the snapshot is its own copy
+  EXPECT_EQ(state_contents(pool, req), at_prefix);   // the source is unchanged
+  fill_state(pool, req, 9.f);                        // the request runs on
+  EXPECT_EQ(state_contents(pool, node), at_prefix);  // the snapshot is its own copy
   pool.free(req);
   const int32_t hit = pool.alloc();  // a later request hits the prefix: restore
   pool.copy_slot(node, hit);

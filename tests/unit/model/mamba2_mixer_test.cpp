@@ -26,13 +26,17 @@ namespace pagoda::model {
 namespace {
 
 struct MambaTestWeights {
-  std::vector<float> in_proj, in_bias, conv, conv_bias, dt_bias, a_log, d, norm, out_proj,
-      out_bias;
+  std::vector<float> in_proj, in_bias, conv, conv_bias, dt_bias, a_log, d, norm, out_proj, out_bias;
   Mamba2Weights view(bool biases) const {
-    return Mamba2Weights{.in_proj = in_proj.data(), .in_bias = biases ? in_bias.data() : nullptr,
-                         .conv = conv.data(), .conv_bias = biases ? conv_bias.data() : nullptr,
-                         .dt_bias = dt_bias.data(), .a_log = a_log.data(), .d = d.data(),
-                         .norm = norm.data(), .out_proj = out_proj.data(),
+    return Mamba2Weights{.in_proj = in_proj.data(),
+                         .in_bias = biases ? in_bias.data() : nullptr,
+                         .conv = conv.data(),
+                         .conv_bias = biases ? conv_bias.data() : nullptr,
+                         .dt_bias = dt_bias.data(),
+                         .a_log = a_log.data(),
+                         .d = d.data(),
+                         .norm = norm.data(),
+                         .out_proj = out_proj.data(),
                          .out_bias = biases ? out_bias.data() : nullptr};
   }
 };
@@ -50,7 +54,9 @@ struct OracleState {
   std::vector<double> h;     // [heads, head_dim, state]
 };
 
-double oracle_silu(double v) { return v / (1.0 + std::exp(-v)); }
+double oracle_silu(double v) {
+  return v / (1.0 + std::exp(-v));
+}
 
 /// One token through the layer in f64; returns out [hidden].
 std::vector<double> oracle_token(const Mamba2Shape& s, const MambaTestWeights& w, bool biases,
@@ -69,7 +75,8 @@ std::vector<double> oracle_token(const Mamba2Shape& s, const MambaTestWeights& w
   std::vector<double> xbc(static_cast<size_t>(cd));
   for (int c = 0; c < cd; ++c) {
     double acc = biases ? w.conv_bias[c] : 0.0;
-    for (int j = 0; j + 1 < k; ++j) acc += double{w.conv[size_t(c) * k + j]} * st.hist[size_t(j) * cd + c];
+    for (int j = 0; j + 1 < k; ++j)
+      acc += double{w.conv[size_t(c) * k + j]} * st.hist[size_t(j) * cd + c];
     acc += double{w.conv[size_t(c) * k + k - 1]} * xbc_in[c];
     xbc[c] = oracle_silu(acc);
   }
@@ -81,8 +88,7 @@ std::vector<double> oracle_token(const Mamba2Shape& s, const MambaTestWeights& w
   for (int hd = 0; hd < s.num_heads; ++hd) {
     const int g = hd / (s.num_heads / s.num_groups);
     const double v = dt[hd] + w.dt_bias[hd];
-    const double delta =
-        std::clamp(std::log1p(std::exp(v)), double{s.dt_min}, double{s.dt_max});
+    const double delta = std::clamp(std::log1p(std::exp(v)), double{s.dt_min}, double{s.dt_max});
     const double decay = std::exp(delta * -std::exp(double{w.a_log[hd]}));
     for (int p = 0; p < pd; ++p) {
       const double x = xbc[size_t(hd) * pd + p];
@@ -155,7 +161,8 @@ MambaCase random_case(std::mt19937_64& rng) {
 /// A layer's state of one slot, conv then SSM.
 std::vector<float> slot_state(const kv::StatePool& pool, int32_t layer, int32_t slot) {
   const kv::StateShape& sh = pool.shape();
-  std::vector<float> v(pool.conv_state(layer, slot), pool.conv_state(layer, slot) + sh.conv_floats());
+  std::vector<float> v(pool.conv_state(layer, slot),
+                       pool.conv_state(layer, slot) + sh.conv_floats());
   v.insert(v.end(), pool.ssm_state(layer, slot), pool.ssm_state(layer, slot) + sh.ssm_floats());
   return v;
 }
@@ -225,8 +232,8 @@ TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
     SCOPED_TRACE(::testing::Message()
                  << "iter " << iter << ": heads " << s.num_heads << " groups " << s.num_groups
                  << " head_dim " << s.head_dim << " state " << s.state_size << " d_conv "
-                 << s.conv_kernel << " chunk " << s.chunk_size << " norm groups "
-                 << s.norm_groups << " biases " << c.biases << " dt_max " << s.dt_max);
+                 << s.conv_kernel << " chunk " << s.chunk_size << " norm groups " << s.norm_groups
+                 << " biases " << c.biases << " dt_max " << s.dt_max);
     // Inputs and the oracle's outputs and final states per request.
     std::vector<int> len(kRequests);
     std::vector<std::vector<float>> inputs(kRequests);
@@ -342,8 +349,7 @@ TEST(Mamba2Mixer, RefusesBadBatchesUnchanged) {
   const std::vector<float> u = mamba_uniform(rng, 4 * size_t(s.hidden_size), -1, 1);
   std::vector<float> out(u.size(), -3.f);
   const Mamba2Weights w = c.w.view(c.biases);
-  auto refused = [&](ErrorCode code, std::vector<Mamba2Seq> seqs, int32_t layer,
-                     kv::StatePool& p) {
+  auto refused = [&](ErrorCode code, std::vector<Mamba2Seq> seqs, int32_t layer, kv::StatePool& p) {
     try {
       mixer.forward(w, p, layer, seqs, u.data(), out.data());
       ADD_FAILURE() << "no error";
