@@ -124,23 +124,11 @@ struct MambaCase {
   bool biases = true;
 };
 
-MambaCase random_case(std::mt19937_64& rng) {
-  auto pick = [&](int lo, int hi) { return lo + static_cast<int>(rng() % uint64_t(hi - lo + 1)); };
+/// Random weights (and biases on or off) for `shape`.
+MambaCase with_weights(const Mamba2Shape& shape, std::mt19937_64& rng) {
   MambaCase c;
-  Mamba2Shape& s = c.shape;
-  s.num_groups = pick(1, 2);
-  s.num_heads = s.num_groups * pick(1, 3);
-  s.head_dim = pick(2, 6);
-  s.state_size = pick(2, 8);
-  s.hidden_size = pick(4, 20);
-  s.conv_kernel = pick(1, 4);
-  s.chunk_size = pick(1, 8);
-  s.norm_groups = (rng() % 2 && s.d_inner() % 2 == 0) ? 2 : 1;
-  s.norm_eps = 1e-5f;
-  if (rng() % 2) {  // a time-step limit like Bamba's time_step_limit
-    s.dt_min = 0.01f;
-    s.dt_max = 0.8f;
-  }
+  c.shape = shape;
+  const Mamba2Shape& s = c.shape;
   c.biases = rng() % 2 == 0;
   const auto hid = size_t(s.hidden_size), di = size_t(s.d_inner()), cd = size_t(s.conv_dim());
   const auto heads = size_t(s.num_heads), in_dim = size_t(s.in_proj_dim());
@@ -156,6 +144,27 @@ MambaCase random_case(std::mt19937_64& rng) {
   c.w.out_proj = mamba_uniform(rng, hid * di, -out_scale, out_scale);
   c.w.out_bias = mamba_uniform(rng, hid, -0.2f, 0.2f);
   return c;
+}
+
+/// A small random shape (groups 1 or 2, d_conv 1..4, chunk 1..8, norm groups 1 or 2, with or
+/// without a time-step limit) with random weights.
+MambaCase random_case(std::mt19937_64& rng) {
+  auto pick = [&](int lo, int hi) { return lo + static_cast<int>(rng() % uint64_t(hi - lo + 1)); };
+  Mamba2Shape s;
+  s.num_groups = pick(1, 2);
+  s.num_heads = s.num_groups * pick(1, 3);
+  s.head_dim = pick(2, 6);
+  s.state_size = pick(2, 8);
+  s.hidden_size = pick(4, 20);
+  s.conv_kernel = pick(1, 4);
+  s.chunk_size = pick(1, 8);
+  s.norm_groups = (rng() % 2 && s.d_inner() % 2 == 0) ? 2 : 1;
+  s.norm_eps = 1e-5f;
+  if (rng() % 2) {  // a time-step limit like Bamba's time_step_limit
+    s.dt_min = 0.01f;
+    s.dt_max = 0.8f;
+  }
+  return with_weights(s, rng);
 }
 
 /// A layer's state of one slot, conv then SSM.
@@ -218,6 +227,111 @@ class MixerHarness {
   Mamba2Mixer& mixer_;
 };
 
+/// Runs requests of lengths `len` through `c`'s layer four ways (one prefill; decode steps;
+/// ragged calls cut at random points; a prefix snapshot into another slot and continued there),
+/// each against the oracle, and checks the final states and the bytes of what no call names.
+void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64& rng,
+                ModelOps& ops) {
+  const int num_requests = static_cast<int>(len.size());
+  const Mamba2Shape& s = c.shape;
+  // Inputs and the oracle's outputs and final states per request.
+  std::vector<std::vector<float>> inputs(num_requests);
+  std::vector<std::vector<std::vector<double>>> want(num_requests);
+  std::vector<std::vector<double>> final_state(num_requests);
+  for (int r = 0; r < num_requests; ++r) {
+    inputs[r] = mamba_uniform(rng, size_t(len[r]) * size_t(s.hidden_size), -1.f, 1.f);
+    OracleState st{std::vector<double>(size_t(s.conv_kernel - 1) * size_t(s.conv_dim()), 0.0),
+                   std::vector<double>(size_t(s.state_shape().ssm_floats()), 0.0)};
+    for (int t = 0; t < len[r]; ++t)
+      want[r].push_back(
+          oracle_token(s, c.w, c.biases, st, inputs[r].data() + size_t(t) * size_t(s.hidden_size)));
+    final_state[r] = oracle_state(st);
+  }
+
+  kv::StatePool pool(2, 4 * num_requests + 3, s.state_shape());
+  Mamba2Mixer mixer(s, ops);
+  MixerHarness run(c, inputs, want, pool, mixer);
+  auto take = [&] {
+    std::vector<int32_t> v;
+    for (int r = 0; r < num_requests; ++r) v.push_back(pool.alloc());
+    return v;
+  };
+  const std::vector<int32_t> prefill = take(), decode = take(), split = take(), restore = take();
+  // Bystanders: random contents that no call may touch, in layer 0 of every held slot and in
+  // both layers of two slots no call names.
+  const int32_t by0 = pool.alloc(), by1 = pool.alloc();
+  struct Kept {
+    int32_t slot, layer;
+    std::vector<float> bytes;
+  };
+  std::vector<Kept> untouched;
+  for (int32_t slot = 0; slot < pool.num_slots(); ++slot)
+    for (int32_t layer = 0; layer < 2 && pool.refcount(slot) > 0; ++layer) {
+      if (layer == 1 && slot != by0 && slot != by1) continue;
+      const kv::StateShape sh = s.state_shape();
+      const std::vector<float> r1 = mamba_uniform(rng, size_t(sh.conv_floats()), -1, 1);
+      std::copy(r1.begin(), r1.end(), pool.conv_state(layer, slot));
+      const std::vector<float> r2 = mamba_uniform(rng, size_t(sh.ssm_floats()), -1, 1);
+      std::copy(r2.begin(), r2.end(), pool.ssm_state(layer, slot));
+      untouched.push_back({slot, layer, slot_state(pool, layer, slot)});
+    }
+
+  // 1. One prefill call for all three requests.
+  std::vector<Piece> all;
+  for (int r = 0; r < num_requests; ++r) all.push_back({r, 0, len[r]});
+  run.call(all, prefill);
+  // 2. Decode: one token of every unfinished request per call.
+  for (int t = 0; t < *std::max_element(len.begin(), len.end()); ++t) {
+    std::vector<Piece> step;
+    for (int r = 0; r < num_requests; ++r)
+      if (t < len[r]) step.push_back({r, t, 1});
+    run.call(step, decode);
+  }
+  // 3. Ragged calls cut at random points; a request sits out some calls.
+  std::vector<int> done(num_requests, 0);
+  while (done != len) {
+    std::vector<Piece> pieces;
+    for (int r = 0; r < num_requests; ++r) {
+      if (done[r] == len[r] || rng() % 4 == 0) continue;
+      const int n = 1 + static_cast<int>(rng() % uint64_t(len[r] - done[r]));
+      pieces.push_back({r, done[r], n});
+      done[r] += n;
+    }
+    if (!pieces.empty()) run.call(pieces, split);
+  }
+  // 4. A prefix in a scratch slot, snapshot into another slot, the scratch slot freed (zeroed),
+  //    the rest continued from the snapshot.
+  std::vector<int32_t> resumed = restore;
+  for (int r = 0; r < num_requests; ++r) {
+    const int cut = static_cast<int>(rng() % uint64_t(len[r] + 1));
+    if (cut > 0) run.call({{r, 0, cut}}, restore);
+    resumed[size_t(r)] = pool.alloc();
+    pool.copy_slot(restore[size_t(r)], resumed[size_t(r)]);
+    pool.free(restore[size_t(r)]);
+    if (cut < len[r]) run.call({{r, cut, len[r] - cut}}, resumed);
+  }
+  if (::testing::Test::HasFatalFailure()) return;
+
+  for (const std::vector<int32_t>* slots :
+       std::array<const std::vector<int32_t>*, 4>{&prefill, &decode, &split, &resumed})
+    for (int r = 0; r < num_requests; ++r) {
+      const std::vector<float> got = slot_state(pool, 1, (*slots)[size_t(r)]);
+      ASSERT_EQ(got.size(), final_state[r].size());
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], final_state[r][i], 2e-4 * std::max(1.0, std::fabs(final_state[r][i])))
+            << "final state of request " << r << " float " << i;
+    }
+  // The restore slots were freed (zeroed) and reused for snapshots: the rest kept their bytes.
+  for (const Kept& kept : untouched) {
+    if (std::count(restore.begin(), restore.end(), kept.slot) ||
+        std::count(resumed.begin(), resumed.end(), kept.slot))
+      continue;
+    EXPECT_EQ(slot_state(pool, kept.layer, kept.slot), kept.bytes)
+        << "slot " << kept.slot << " layer " << kept.layer;
+  }
+  pool.check_integrity();
+}
+
 TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
   const uint64_t seed = std::random_device{}();
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -225,7 +339,6 @@ TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
   std::mt19937_64 rng(seed);
   auto platform = platform::make_cpu_platform();
   std::unique_ptr<ModelOps> ops = make_cpu_ops(*platform, DType::kF32);
-  constexpr int kRequests = 3;
   for (int iter = 0; iter < 8; ++iter) {
     const MambaCase c = random_case(rng);
     const Mamba2Shape& s = c.shape;
@@ -234,105 +347,31 @@ TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
                  << " head_dim " << s.head_dim << " state " << s.state_size << " d_conv "
                  << s.conv_kernel << " chunk " << s.chunk_size << " norm groups " << s.norm_groups
                  << " biases " << c.biases << " dt_max " << s.dt_max);
-    // Inputs and the oracle's outputs and final states per request.
-    std::vector<int> len(kRequests);
-    std::vector<std::vector<float>> inputs(kRequests);
-    std::vector<std::vector<std::vector<double>>> want(kRequests);
-    std::vector<std::vector<double>> final_state(kRequests);
-    for (int r = 0; r < kRequests; ++r) {
-      len[r] = 1 + static_cast<int>(rng() % 30);
-      inputs[r] = mamba_uniform(rng, size_t(len[r]) * size_t(s.hidden_size), -1.f, 1.f);
-      OracleState st{std::vector<double>(size_t(s.conv_kernel - 1) * size_t(s.conv_dim()), 0.0),
-                     std::vector<double>(size_t(s.state_shape().ssm_floats()), 0.0)};
-      for (int t = 0; t < len[r]; ++t)
-        want[r].push_back(oracle_token(s, c.w, c.biases, st,
-                                       inputs[r].data() + size_t(t) * size_t(s.hidden_size)));
-      final_state[r] = oracle_state(st);
-    }
-
-    kv::StatePool pool(2, 4 * kRequests + 3, s.state_shape());
-    Mamba2Mixer mixer(s, *ops);
-    MixerHarness run(c, inputs, want, pool, mixer);
-    auto take = [&] {
-      std::vector<int32_t> v;
-      for (int r = 0; r < kRequests; ++r) v.push_back(pool.alloc());
-      return v;
-    };
-    const std::vector<int32_t> prefill = take(), decode = take(), split = take(), restore = take();
-    // Bystanders: random contents that no call may touch, in layer 0 of every held slot and in
-    // both layers of two slots no call names.
-    const int32_t by0 = pool.alloc(), by1 = pool.alloc();
-    struct Kept {
-      int32_t slot, layer;
-      std::vector<float> bytes;
-    };
-    std::vector<Kept> untouched;
-    for (int32_t slot = 0; slot < pool.num_slots(); ++slot)
-      for (int32_t layer = 0; layer < 2 && pool.refcount(slot) > 0; ++layer) {
-        if (layer == 1 && slot != by0 && slot != by1) continue;
-        const kv::StateShape sh = s.state_shape();
-        const std::vector<float> r1 = mamba_uniform(rng, size_t(sh.conv_floats()), -1, 1);
-        std::copy(r1.begin(), r1.end(), pool.conv_state(layer, slot));
-        const std::vector<float> r2 = mamba_uniform(rng, size_t(sh.ssm_floats()), -1, 1);
-        std::copy(r2.begin(), r2.end(), pool.ssm_state(layer, slot));
-        untouched.push_back({slot, layer, slot_state(pool, layer, slot)});
-      }
-
-    // 1. One prefill call for all three requests.
-    std::vector<Piece> all;
-    for (int r = 0; r < kRequests; ++r) all.push_back({r, 0, len[r]});
-    run.call(all, prefill);
-    // 2. Decode: one token of every unfinished request per call.
-    for (int t = 0; t < *std::max_element(len.begin(), len.end()); ++t) {
-      std::vector<Piece> step;
-      for (int r = 0; r < kRequests; ++r)
-        if (t < len[r]) step.push_back({r, t, 1});
-      run.call(step, decode);
-    }
-    // 3. Ragged calls cut at random points; a request sits out some calls.
-    std::vector<int> done(kRequests, 0);
-    while (done != len) {
-      std::vector<Piece> pieces;
-      for (int r = 0; r < kRequests; ++r) {
-        if (done[r] == len[r] || rng() % 4 == 0) continue;
-        const int n = 1 + static_cast<int>(rng() % uint64_t(len[r] - done[r]));
-        pieces.push_back({r, done[r], n});
-        done[r] += n;
-      }
-      if (!pieces.empty()) run.call(pieces, split);
-    }
-    // 4. A prefix in a scratch slot, snapshot into another slot, the scratch slot freed (zeroed),
-    //    the rest continued from the snapshot.
-    std::vector<int32_t> resumed = restore;
-    for (int r = 0; r < kRequests; ++r) {
-      const int cut = static_cast<int>(rng() % uint64_t(len[r] + 1));
-      if (cut > 0) run.call({{r, 0, cut}}, restore);
-      resumed[size_t(r)] = pool.alloc();
-      pool.copy_slot(restore[size_t(r)], resumed[size_t(r)]);
-      pool.free(restore[size_t(r)]);
-      if (cut < len[r]) run.call({{r, cut, len[r] - cut}}, resumed);
-    }
+    std::vector<int> len(3);
+    for (int& n : len) n = 1 + static_cast<int>(rng() % 30);
+    check_case(c, len, rng, *ops);
     if (HasFatalFailure()) return;
-
-    for (const std::vector<int32_t>* slots :
-         std::array<const std::vector<int32_t>*, 4>{&prefill, &decode, &split, &resumed})
-      for (int r = 0; r < kRequests; ++r) {
-        const std::vector<float> got = slot_state(pool, 1, (*slots)[size_t(r)]);
-        ASSERT_EQ(got.size(), final_state[r].size());
-        for (size_t i = 0; i < got.size(); ++i)
-          ASSERT_NEAR(got[i], final_state[r][i], 2e-4 * std::max(1.0, std::fabs(final_state[r][i])))
-              << "final state of request " << r << " float " << i;
-      }
-    // The restore slots were freed (zeroed) and reused for snapshots: the rest kept their bytes.
-    for (const Kept& kept : untouched) {
-      if (std::count(restore.begin(), restore.end(), kept.slot) ||
-          std::count(resumed.begin(), resumed.end(), kept.slot))
-        continue;
-      EXPECT_EQ(slot_state(pool, kept.layer, kept.slot), kept.bytes)
-          << "slot " << kept.slot << " layer " << kept.layer;
-    }
-    pool.check_integrity();
   }
+}
+
+// A Bamba-like layer at a realistic ratio of sizes (d_state 64, 16 heads of 16, d_conv 4, SSD
+// chunks of 64) over a 300-token request (chunk boundaries inside the prompt, a last partial
+// chunk) beside a 130-token and a 1-token one.
+TEST(Mamba2Mixer, BambaLikeShapeLongRequest) {
+  const uint64_t seed = std::random_device{}();
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  auto platform = platform::make_cpu_platform();
+  std::unique_ptr<ModelOps> ops = make_cpu_ops(*platform, DType::kF32);
+  const Mamba2Shape shape{.hidden_size = 128,
+                          .num_heads = 16,
+                          .head_dim = 16,
+                          .state_size = 64,
+                          .num_groups = 1,
+                          .conv_kernel = 4,
+                          .chunk_size = 64};
+  check_case(with_weights(shape, rng), {300, 130, 1}, rng, *ops);
 }
 
 TEST(Mamba2Mixer, RefusesBadBatchesUnchanged) {
