@@ -332,15 +332,24 @@ void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64
   pool.check_integrity();
 }
 
-TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  auto platform = platform::make_cpu_platform();
-  std::unique_ptr<ModelOps> ops = make_cpu_ops(*platform, DType::kF32);
+/// A fresh random seed (printed, and in every failure's trace) and the CPU f32 ops.
+class Mamba2MixerRandom : public ::testing::Test {
+ protected:
+  Mamba2MixerRandom() : seed_(std::random_device{}()), rng_(seed_) {
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
+  }
+  ::testing::Message trace() const { return ::testing::Message() << "seed " << seed_; }
+
+  const uint64_t seed_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<platform::Platform> platform_ = platform::make_cpu_platform();
+  std::unique_ptr<ModelOps> ops_ = make_cpu_ops(*platform_, DType::kF32);
+};
+
+TEST_F(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
+  SCOPED_TRACE(trace());
   for (int iter = 0; iter < 8; ++iter) {
-    const MambaCase c = random_case(rng);
+    const MambaCase c = random_case(rng_);
     const Mamba2Shape& s = c.shape;
     SCOPED_TRACE(::testing::Message()
                  << "iter " << iter << ": heads " << s.num_heads << " groups " << s.num_groups
@@ -348,8 +357,8 @@ TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
                  << s.conv_kernel << " chunk " << s.chunk_size << " norm groups " << s.norm_groups
                  << " biases " << c.biases << " dt_max " << s.dt_max);
     std::vector<int> len(3);
-    for (int& n : len) n = 1 + static_cast<int>(rng() % 30);
-    check_case(c, len, rng, *ops);
+    for (int& n : len) n = 1 + static_cast<int>(rng_() % 30);
+    check_case(c, len, rng_, *ops_);
     if (HasFatalFailure()) return;
   }
 }
@@ -357,13 +366,8 @@ TEST(Mamba2Mixer, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
 // A Bamba-like layer at a realistic ratio of sizes (d_state 64, 16 heads of 16, d_conv 4, SSD
 // chunks of 64) over a 300-token request (chunk boundaries inside the prompt, a last partial
 // chunk) beside a 130-token and a 1-token one.
-TEST(Mamba2Mixer, BambaLikeShapeLongRequest) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  auto platform = platform::make_cpu_platform();
-  std::unique_ptr<ModelOps> ops = make_cpu_ops(*platform, DType::kF32);
+TEST_F(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
+  SCOPED_TRACE(trace());
   const Mamba2Shape shape{.hidden_size = 128,
                           .num_heads = 16,
                           .head_dim = 16,
@@ -371,7 +375,7 @@ TEST(Mamba2Mixer, BambaLikeShapeLongRequest) {
                           .num_groups = 1,
                           .conv_kernel = 4,
                           .chunk_size = 64};
-  check_case(with_weights(shape, rng), {300, 130, 1}, rng, *ops);
+  check_case(with_weights(shape, rng_), {300, 130, 1}, rng_, *ops_);
 }
 
 TEST(Mamba2Mixer, RefusesBadBatchesUnchanged) {
