@@ -1,0 +1,153 @@
+#include "pagoda/kv/state_pool.h"
+
+#include <algorithm>
+
+#include "pagoda/core/check.h"
+#include "pagoda/core/error.h"
+
+namespace pagoda::kv {
+
+StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape)
+    : num_layers_(num_layers),
+      shape_(shape),
+      block_floats_(shape.conv_floats() + shape.ssm_floats()) {
+  PAGODA_REQUIRE(num_layers >= 1 && num_slots >= 1, kInvalidArgument,
+                 "StatePool needs >= 1 layer and >= 1 slot (got {} layers, {} slots)", num_layers,
+                 num_slots);
+  PAGODA_REQUIRE(shape.conv_dim >= 1 && shape.conv_width >= 0 && shape.num_heads >= 1 &&
+                     shape.head_dim >= 1 && shape.state_size >= 1,
+                 kInvalidArgument,
+                 "StatePool shape: conv_dim {}, conv_width {}, heads {}, head_dim {}, state {} "
+                 "(all >= 1, conv_width >= 0)",
+                 shape.conv_dim, shape.conv_width, shape.num_heads, shape.head_dim,
+                 shape.state_size);
+  data_.assign(static_cast<size_t>(num_layers) * static_cast<size_t>(num_slots) *
+                   static_cast<size_t>(block_floats_),
+               0.f);
+  refcount_.assign(static_cast<size_t>(num_slots), 0);
+  free_.reserve(static_cast<size_t>(num_slots));
+  for (int32_t s = num_slots - 1; s >= 0; --s) free_.push_back(s);  // slot 0 is taken first
+}
+
+int64_t StatePool::bytes_per_slot() const {
+  return int64_t{num_layers_} * block_floats_ * static_cast<int64_t>(sizeof(float));
+}
+
+std::optional<int32_t> StatePool::try_alloc() {
+  if (free_.empty()) return std::nullopt;
+  const int32_t s = free_.back();
+  free_.pop_back();
+  refcount_[static_cast<size_t>(s)] = 1;
+  return s;
+}
+
+int32_t StatePool::alloc() {
+  std::optional<int32_t> s = try_alloc();
+  PAGODA_REQUIRE(s.has_value(), kResourceExhausted,
+                 "state pool exhausted: all {} slots are held (raise the state pool size or "
+                 "admit fewer requests)",
+                 num_slots());
+  return *s;
+}
+
+void StatePool::require_slot(int32_t slot) const {
+  PAGODA_REQUIRE(slot >= 0 && slot < num_slots(), kOutOfRange, "state slot {} outside [0, {})",
+                 slot, num_slots());
+}
+
+void StatePool::require_held(int32_t slot, const char* what) const {
+  require_slot(slot);
+  PAGODA_REQUIRE(refcount_[static_cast<size_t>(slot)] > 0, kFailedPrecondition,
+                 "StatePool::{}: state slot {} is not held", what, slot);
+}
+
+int32_t StatePool::refcount(int32_t slot) const {
+  require_slot(slot);
+  return refcount_[static_cast<size_t>(slot)];
+}
+
+void StatePool::retain(int32_t slot) {
+  require_held(slot, "retain");
+  ++refcount_[static_cast<size_t>(slot)];
+}
+
+void StatePool::free(int32_t slot) {
+  require_held(slot, "free");
+  if (--refcount_[static_cast<size_t>(slot)] > 0) return;
+  zero(slot);
+  free_.push_back(slot);
+}
+
+void StatePool::copy_slot(int32_t src, int32_t dst) {
+  require_held(src, "copy_slot (source)");
+  require_held(dst, "copy_slot (destination)");
+  PAGODA_REQUIRE(src != dst, kInvalidArgument, "StatePool::copy_slot: slot {} onto itself", src);
+  for (int32_t l = 0; l < num_layers_; ++l) {
+    const auto from = data_.begin() + static_cast<std::ptrdiff_t>(block(l, src));
+    std::copy(from, from + block_floats_,
+              data_.begin() + static_cast<std::ptrdiff_t>(block(l, dst)));
+  }
+}
+
+size_t StatePool::block(int32_t layer, int32_t slot) const {
+  PAGODA_REQUIRE(layer >= 0 && layer < num_layers_, kOutOfRange, "state layer {} outside [0, {})",
+                 layer, num_layers_);
+  require_slot(slot);
+  return (static_cast<size_t>(layer) * refcount_.size() + static_cast<size_t>(slot)) *
+         static_cast<size_t>(block_floats_);
+}
+
+float* StatePool::conv_state(int32_t layer, int32_t slot) {
+  return data_.data() + block(layer, slot);
+}
+const float* StatePool::conv_state(int32_t layer, int32_t slot) const {
+  return data_.data() + block(layer, slot);
+}
+float* StatePool::ssm_state(int32_t layer, int32_t slot) {
+  return conv_state(layer, slot) + shape_.conv_floats();
+}
+const float* StatePool::ssm_state(int32_t layer, int32_t slot) const {
+  return conv_state(layer, slot) + shape_.conv_floats();
+}
+
+void StatePool::zero(int32_t slot) {
+  for (int32_t l = 0; l < num_layers_; ++l) {
+    const auto from = data_.begin() + static_cast<std::ptrdiff_t>(block(l, slot));
+    std::fill(from, from + block_floats_, 0.f);
+  }
+}
+
+std::vector<int32_t> StatePool::leaked(std::span<const int32_t> holders) const {
+  std::vector<int32_t> known(refcount_.size(), 0);
+  for (int32_t s : holders) {
+    require_slot(s);
+    ++known[static_cast<size_t>(s)];
+  }
+  std::vector<int32_t> out;
+  for (size_t s = 0; s < known.size(); ++s) {
+    PAGODA_REQUIRE(known[s] <= refcount_[s], kFailedPrecondition,
+                   "state slot {} is named by {} holders but held {} times", s, known[s],
+                   refcount_[s]);
+    if (known[s] < refcount_[s]) out.push_back(static_cast<int32_t>(s));
+  }
+  return out;
+}
+
+void StatePool::check_integrity() const {
+  std::vector<char> on_free(refcount_.size(), 0);
+  for (int32_t s : free_) {
+    PAGODA_CHECK(s >= 0 && s < num_slots(), "free state slot {} outside the pool", s);
+    PAGODA_CHECK(!on_free[static_cast<size_t>(s)], "state slot {} on the free list twice", s);
+    on_free[static_cast<size_t>(s)] = 1;
+    PAGODA_CHECK_EQ(refcount_[static_cast<size_t>(s)], 0);
+    for (int32_t l = 0; l < num_layers_; ++l) {
+      const float* b = conv_state(l, s);
+      PAGODA_CHECK(std::all_of(b, b + block_floats_, [](float v) { return v == 0.f; }),
+                   "free state slot {} (layer {}) is not zero", s, l);
+    }
+  }
+  for (size_t s = 0; s < refcount_.size(); ++s)
+    PAGODA_CHECK(on_free[s] || refcount_[s] > 0, "state slot {} is neither free nor held", s);
+}
+
+}  // namespace pagoda::kv
