@@ -223,9 +223,6 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                    config.swa_pool_tokens, num_pages, config.page_size);
     memory_->enable_swa(static_cast<int32_t>(swa_pages));
   }
-  PAGODA_REQUIRE(!config.hicache.enabled() || !make_worker, kUnsupported,
-                 "the hierarchical cache (hicache) does not support a custom worker (tensor "
-                 "parallelism) yet");
   const model::WorkerConfig wc{.page_size = config.page_size,
                                .num_pages = static_cast<int32_t>(num_pages),
                                .kv_dtype = kv_dtype,
@@ -249,9 +246,12 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   std::unique_ptr<cache::PrefixCache> cache;
   tier::HiCache* hicache = nullptr;
   if (config.hicache.enabled()) {
-    // The host tier copies to and from the worker's pool, so it comes after the worker.
+    // The host tier copies to and from the worker's pool, so it comes after the worker. A
+    // worker that runs other ranks (tensor parallelism: rank 0's pool is one head shard) is the
+    // TierPeers that mirrors every page copy to their pools.
     auto hi = std::make_unique<tier::HiCache>(allocator, table, worker_->kv_pool(), *platform_,
-                                              config.hicache);
+                                              config.hicache, tier::StorageFactory{},
+                                              dynamic_cast<tier::TierPeers*>(worker_.get()));
     hicache = hi.get();
     cache = std::move(hi);
   } else if (swa && config.radix_cache) {

@@ -6,6 +6,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/dist/wire.h"
 #include "pagoda/model/worker_codec.h"
+#include "pagoda/kv/host_pool.h"
 #include "pagoda/platform/platform.h"
 
 namespace pagoda::engine {
@@ -14,7 +15,13 @@ using attention::ForwardMode;
 
 namespace {
 
-enum class MessageKind : uint8_t { kBatch = 1, kStop = 2, kMoveKv = 3 };
+enum class MessageKind : uint8_t {
+  kBatch = 1,
+  kStop = 2,
+  kMoveKv = 3,
+  kTierStart = 4,   ///< i32 host pages: build the host pool shard and the tier controller
+  kTierCopies = 5,  ///< backups (device, host), loads (host, device), u8 synchronize
+};
 
 /// How many req→token entries of sequence b the batch's attention reads.
 int64_t entries_read(const attention::ForwardBatch& f, int b) {
@@ -43,7 +50,50 @@ TpLeaderWorker::~TpLeaderWorker() {
   }
 }
 
+void TpLeaderWorker::tier_start(int32_t host_pages) {
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kTierStart));
+  w.put(host_pages);
+  for (dist::ByteChannel* c : followers_) c->send(message_);
+}
+
+void TpLeaderWorker::tier_backup(std::span<const int32_t> device_pages,
+                                 std::span<const int32_t> host_pages) {
+  backup_device_.insert(backup_device_.end(), device_pages.begin(), device_pages.end());
+  backup_host_.insert(backup_host_.end(), host_pages.begin(), host_pages.end());
+}
+
+void TpLeaderWorker::tier_load(std::span<const int32_t> host_pages,
+                               std::span<const int32_t> device_pages) {
+  load_host_.insert(load_host_.end(), host_pages.begin(), host_pages.end());
+  load_device_.insert(load_device_.end(), device_pages.begin(), device_pages.end());
+}
+
+void TpLeaderWorker::tier_synchronize() {
+  if (tier_unsynced_ || !backup_device_.empty() || !load_host_.empty()) send_tier_copies(true);
+}
+
+void TpLeaderWorker::send_tier_copies(bool sync) {
+  if (!sync && backup_device_.empty() && load_host_.empty()) return;
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kTierCopies));
+  w.put_vec(backup_device_);
+  w.put_vec(backup_host_);
+  w.put_vec(load_host_);
+  w.put_vec(load_device_);
+  w.put(static_cast<uint8_t>(sync));
+  for (dist::ByteChannel* c : followers_) c->send(message_);
+  backup_device_.clear();
+  backup_host_.clear();
+  load_host_.clear();
+  load_device_.clear();
+  tier_unsynced_ = !sync;
+}
+
 model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
+  send_tier_copies(false);  // the followers queue them before this step, as rank 0 did
   const attention::ForwardBatch& f = batch.forward;
   message_.clear();
   dist::WireWriter w(message_);
@@ -93,6 +143,7 @@ void TpLeaderWorker::move_kv(std::span<const SlotIndex> src, std::span<const Slo
   // Rank 0 first: its pool has the shape of every rank's, so what it refuses (kOutOfRange,
   // nothing changed) never reaches a follower, and what it accepts every follower can apply.
   local_->move_kv(src, dst);
+  send_tier_copies(false);  // copies queued before the move stay before it on the followers
   message_.clear();
   dist::WireWriter w(message_);
   w.put(static_cast<uint8_t>(MessageKind::kMoveKv));
@@ -102,16 +153,40 @@ void TpLeaderWorker::move_kv(std::span<const SlotIndex> src, std::span<const Slo
 }
 
 void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
-                     dist::ByteChannel& channel) {
+                     dist::ByteChannel& channel, platform::Platform& platform) {
   while (table.alloc().has_value()) {
   }
   std::vector<std::byte> msg;
   model::WorkerBatch batch;
-  std::vector<int32_t> entries, move_src, move_dst;
+  std::vector<int32_t> entries, move_src, move_dst, load_src, load_dst;
+  // The hierarchical cache's shard on this rank (kTierStart); the controller goes first.
+  std::unique_ptr<kv::HostKvPool> host;
+  std::unique_ptr<tier::TierController> tier;
   while (channel.recv(msg)) {
     dist::WireReader r(msg);
     const auto kind = static_cast<MessageKind>(r.get<uint8_t>());
     if (kind == MessageKind::kStop) return;
+    if (kind == MessageKind::kTierStart) {
+      PAGODA_REQUIRE(tier == nullptr, kInvalidArgument,
+                     "tensor-parallel follower: the hierarchical cache started twice");
+      const auto pages = r.get<int32_t>();
+      host = std::make_unique<kv::HostKvPool>(worker.kv_pool().config(), pages,
+                                              platform.pinned_allocator());
+      tier = std::make_unique<tier::TierController>(platform, worker.kv_pool(), *host);
+      continue;
+    }
+    if (kind == MessageKind::kTierCopies) {
+      PAGODA_REQUIRE(tier != nullptr, kInvalidArgument,
+                     "tensor-parallel follower: tier copies before the hierarchical cache started");
+      r.get_vec(move_src);
+      r.get_vec(move_dst);
+      r.get_vec(load_src);
+      r.get_vec(load_dst);
+      tier->backup(move_src, move_dst);
+      tier->load(load_src, load_dst);
+      if (r.get<uint8_t>() != 0) tier->synchronize();
+      continue;
+    }
     if (kind == MessageKind::kMoveKv) {  // rank 0 applied it already: it cannot fail here
       r.get_vec(move_src);
       r.get_vec(move_dst);
@@ -128,6 +203,14 @@ void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
       table.write(ReqSlot(row), begin, entries);
     }
     model::decode_worker_batch(r, batch);
+    // This rank's queued copies start now; its forward waits per layer for its own load-back.
+    if (tier != nullptr) tier->begin_forward();
+    struct EndForward {
+      tier::TierController* t;
+      ~EndForward() {
+        if (t != nullptr) t->end_forward();
+      }
+    } end_forward{tier.get()};
     try {
       (void)worker.run(batch);
     } catch (const Error& e) {
@@ -193,7 +276,7 @@ WorkerFactory LocalTpGroup::factory() {
           model::WorkerConfig c = config;
           c.comm = comm.get();
           model::LlamaWorker worker(model, make_model_ops(*p, dtype, c.cpu_gemm), c, mirror);
-          run_tp_follower(worker, mirror, *ch);
+          run_tp_follower(worker, mirror, *ch, *p);
         } catch (const std::exception& e) {
           {
             std::lock_guard<std::mutex> lock(impl->mu);

@@ -33,11 +33,15 @@
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/worker.h"
+#include "pagoda/platform/platform.h"
+#include "pagoda/tier/controller.h"
 
 namespace pagoda::engine {
 
-/// Rank 0's worker: forwards every batch to the followers, then runs its own shard.
-class TpLeaderWorker final : public model::ModelWorker {
+/// Rank 0's worker: forwards every batch to the followers, then runs its own shard. It is also
+/// the hierarchical cache's TierPeers: the scheduler's tier controller mirrors its page copies
+/// to the followers through it (each follower keeps its own host pool shard and controller).
+class TpLeaderWorker final : public model::ModelWorker, public tier::TierPeers {
  public:
   /// `local` is rank 0's worker (built over the group's communicator); `followers` the channels
   /// to ranks 1..N-1 (must outlive this worker); `table` the engine's request table, whose dirty
@@ -59,19 +63,38 @@ class TpLeaderWorker final : public model::ModelWorker {
   std::string backend_name() const override { return local_->backend_name(); }
   model::WorkerStats stats() const override { return local_->stats(); }
 
+  /// TierPeers: tier_start is sent at once; backups and loads are buffered and sent before the
+  /// next batch, K/V move or synchronize (a follower's controller queues them until its next
+  /// forward or synchronize anyway, so the order it sees is rank 0's); tier_synchronize is sent
+  /// when copies were mirrored since the last one.
+  void tier_start(int32_t host_pages) override;
+  void tier_backup(std::span<const int32_t> device_pages,
+                   std::span<const int32_t> host_pages) override;
+  void tier_load(std::span<const int32_t> host_pages,
+                 std::span<const int32_t> device_pages) override;
+  void tier_synchronize() override;
+
  private:
+  /// Sends the buffered tier copies (and a synchronize when `sync`) to every follower.
+  void send_tier_copies(bool sync);
+
   std::unique_ptr<model::ModelWorker> local_;
   std::vector<dist::ByteChannel*> followers_;
   kv::ReqToTokenTable* table_;  // its dirty ranges are this leader's to clear
   std::vector<std::byte> message_;
+  /// Tier copies not sent yet: backups (device -> host) and loads (host -> device).
+  std::vector<int32_t> backup_device_, backup_host_, load_host_, load_device_;
+  bool tier_unsynced_ = false;  ///< copies mirrored since the followers' last synchronize
 };
 
 /// A follower rank's loop: receives each step, writes its table entries into `table` (a mirror
-/// of the leader's, same shape; every row is marked in use here) and runs `worker`. Returns when
-/// the leader stops the group or its channel closes. Rethrows a worker error other than a
-/// rejected batch (kInvalidArgument / kOutOfRange).
+/// of the leader's, same shape; every row is marked in use here) and runs `worker`. With the
+/// hierarchical cache it builds its own host pool shard and tier controller on `platform` (the
+/// worker's) when the leader says so, applies the mirrored copies in order and gates each
+/// forward on its own load-back. Returns when the leader stops the group or its channel closes.
+/// Rethrows a worker error other than a rejected batch (kInvalidArgument / kOutOfRange).
 void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
-                     dist::ByteChannel& channel);
+                     dist::ByteChannel& channel, platform::Platform& platform);
 
 /// An in-process tensor-parallel group of `tp` ranks on the CPU (one thread per follower) for
 /// tests and tools: factory() is an Engine WorkerFactory whose worker is rank 0's leader.

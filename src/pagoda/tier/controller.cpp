@@ -17,15 +17,17 @@ void append(std::vector<int32_t>& dst, std::span<const int32_t> src) {
 }  // namespace
 
 TierController::TierController(platform::Platform& platform, kv::KvPool& device,
-                               kv::HostKvPool& host)
+                               kv::HostKvPool& host, TierPeers* peers)
     : platform_(&platform),
       device_(&device),
       host_(&host),
+      peers_(peers),
       stream_(platform.make_copy_stream()),
       page_bytes_(kv::bytes_per_page(device)) {
   PAGODA_REQUIRE(host.pool().config().page_size == device.page_size() &&
                      kv::bytes_per_page(host.pool()) == page_bytes_,
                  kInvalidArgument, "tier controller: host and device pools differ in geometry");
+  if (peers_ != nullptr) peers_->tier_start(host.num_pages());
 }
 
 TierController::~TierController() {
@@ -39,6 +41,7 @@ void TierController::backup(std::span<const int32_t> device_pages,
                  "backup: {} device pages but {} host pages", device_pages.size(), host_pages.size());
   append(backups_.src, device_pages);
   append(backups_.dst, host_pages);
+  if (peers_ != nullptr) peers_->tier_backup(device_pages, host_pages);
 }
 
 void TierController::load(std::span<const int32_t> host_pages,
@@ -47,6 +50,7 @@ void TierController::load(std::span<const int32_t> host_pages,
                  "load: {} host pages but {} device pages", host_pages.size(), device_pages.size());
   append(loads_.src, host_pages);
   append(loads_.dst, device_pages);
+  if (peers_ != nullptr) peers_->tier_load(host_pages, device_pages);
 }
 
 int64_t TierController::submit(const kv::KvPool& src, kv::KvPool& dst, Pending& pending,
@@ -118,6 +122,7 @@ void TierController::wait(LayerId layer) {
 }
 
 void TierController::synchronize() {
+  if (peers_ != nullptr) peers_->tier_synchronize();
   flush();
   if (!loads_.src.empty()) {
     submit_loads();

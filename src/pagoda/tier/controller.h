@@ -17,6 +17,13 @@
 /// - synchronize() submits everything queued and waits: the scheduler calls it (through HiCache)
 ///   before device or host pages that a copy may touch are freed.
 ///
+/// - Tensor parallelism: each rank holds its own head shard of the KV in its own device pool,
+///   so each rank has its own host pool and its own controller. The scheduler's controller
+///   (rank 0's) mirrors every backup(), load() and synchronize() to the other ranks through
+///   TierPeers, in its own order; a peer's controller runs begin_forward() / end_forward()
+///   around each of its rank's forwards. One tree, one host page allocator, the same page ids
+///   on every rank.
+///
 /// Threads: one thread (the scheduler's) calls every method; the copies run on the stream
 /// (on the CPU platform: a worker thread).
 
@@ -45,11 +52,33 @@ struct TransferStats {
   int64_t load_stalls = 0;    ///< layer waits that found the layer not yet loaded
 };
 
+/// The other tensor-parallel ranks' page copies, as the scheduler's controller sees them (a
+/// tensor-parallel leader worker implements it: engine/tp.h). Each peer holds its own shard of
+/// every device page and host page; it applies the calls in the order they are made, relative
+/// to each other and to the forwards and K/V moves the worker sends it, and runs its own
+/// controller's begin_forward() / end_forward() around each forward.
+class TierPeers {
+ public:
+  virtual ~TierPeers() = default;
+  /// Every peer builds a host pool of `host_pages` pages of its own shard's geometry and a
+  /// controller over it and its device pool. Called once, before any other call.
+  virtual void tier_start(int32_t host_pages) = 0;
+  /// TierController::backup / load / synchronize on every peer (a peer's synchronize comes
+  /// after everything queued before it, and before its next forward).
+  virtual void tier_backup(std::span<const int32_t> device_pages,
+                           std::span<const int32_t> host_pages) = 0;
+  virtual void tier_load(std::span<const int32_t> host_pages,
+                         std::span<const int32_t> device_pages) = 0;
+  virtual void tier_synchronize() = 0;
+};
+
 class TierController final : public kv::LayerGate {
  public:
   /// Copies between `device` and `host` (same geometry) on a new copy stream of `platform`
-  /// (Error(kUnsupported) when the platform has none). All three must outlive the controller.
-  TierController(platform::Platform& platform, kv::KvPool& device, kv::HostKvPool& host);
+  /// (Error(kUnsupported) when the platform has none), mirrored to `peers` when given (the
+  /// other tensor-parallel ranks; tier_start is called here). All must outlive the controller.
+  TierController(platform::Platform& platform, kv::KvPool& device, kv::HostKvPool& host,
+                 TierPeers* peers = nullptr);
   ~TierController() override;
   TierController(const TierController&) = delete;
   TierController& operator=(const TierController&) = delete;
@@ -75,7 +104,8 @@ class TierController final : public kv::LayerGate {
   /// LayerGate: the compute stream waits for `layer`'s load-back event of this step.
   void wait(LayerId layer) override;
 
-  /// Submits everything queued and blocks until every copy has finished.
+  /// Submits everything queued and blocks until every copy has finished (on the peers: before
+  /// their next forward or K/V move).
   void synchronize();
 
   const TransferStats& stats() const { return stats_; }
@@ -93,6 +123,7 @@ class TierController final : public kv::LayerGate {
   platform::Platform* platform_;
   kv::KvPool* device_;
   kv::HostKvPool* host_;
+  TierPeers* peers_;
   std::unique_ptr<platform::CopyStream> stream_;
   int64_t page_bytes_ = 0;
   Pending backups_;

@@ -12,10 +12,15 @@ namespace {
 /// Host evictions written to storage per round trip.
 constexpr size_t kPutBatch = 32;
 
-const HiCacheConfig& validated(const HiCacheConfig& c) {
+const HiCacheConfig& validated(const HiCacheConfig& c, bool tensor_parallel) {
   c.validate();
   PAGODA_REQUIRE(c.enabled(), kInvalidArgument,
                  "HiCache needs a host pool size (hicache_ratio or hicache_size)");
+  PAGODA_REQUIRE(c.storage.empty() || !tensor_parallel, kUnsupported,
+                 "the hierarchical cache's storage tier (hicache_storage '{}') does not run with "
+                 "tensor parallelism yet (its page records would need every rank's heads): drop "
+                 "the storage tier or run with one rank",
+                 c.storage);
   return c;
 }
 
@@ -23,13 +28,13 @@ const HiCacheConfig& validated(const HiCacheConfig& c) {
 
 HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::KvPool& device_pool,
                  platform::Platform& platform, const HiCacheConfig& config,
-                 StorageFactory open_storage)
+                 StorageFactory open_storage, TierPeers* peers)
     : PrefixCache(allocator, table),
-      config_(validated(config)),
+      config_(validated(config, peers != nullptr)),
       allocator_(&allocator),
       host_pool_(device_pool.config(), config.host, platform.pinned_allocator()),
       host_(host_pool_.pages()),
-      controller_(platform, device_pool, host_pool_),
+      controller_(platform, device_pool, host_pool_, peers),
       tree_pages_(static_cast<size_t>(allocator.num_pages()) + 1),
       device_(allocator, table) {
   PAGODA_REQUIRE(device_pool.page_size() == allocator.page_size() &&

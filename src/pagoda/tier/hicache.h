@@ -78,10 +78,12 @@ class HiCache final : public cache::PrefixCache {
   /// `open_storage` (default: make_storage(config.storage)) is called twice: the scheduler's
   /// backend and the prefetch thread's. Throws Error(kInvalidArgument) for a bad config or a
   /// storage that cannot be opened, kUnsupported when the platform has no copy stream.
-  /// Everything passed must outlive the cache.
+  /// With tensor parallelism `device_pool` is rank 0's shard and `peers` the other ranks: every
+  /// page copy is mirrored to them (TierController); a storage tier is then kUnsupported (a
+  /// page record would need every rank's shard). Everything passed must outlive the cache.
   HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::KvPool& device_pool,
           platform::Platform& platform, const HiCacheConfig& config,
-          StorageFactory open_storage = {});
+          StorageFactory open_storage = {}, TierPeers* peers = nullptr);
   ~HiCache() override;
 
   std::string_view name() const override { return "hicache"; }
