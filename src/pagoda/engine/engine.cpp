@@ -142,9 +142,6 @@ void EngineConfig::validate() const {
                  "the overlap scheduler (overlap on) does not support speculative decoding "
                  "(speculative mode '{}'): turn one of them off",
                  spec_mode_name(spec.mode));
-  PAGODA_REQUIRE(!overlap || !hicache.enabled(), kUnsupported,
-                 "the overlap scheduler (overlap on) does not support the hierarchical cache "
-                 "(hicache) yet: turn one of them off");
   if (hicache.enabled()) {
     PAGODA_REQUIRE(radix_cache, kInvalidArgument,
                    "the hierarchical cache (hicache) needs the radix cache (radix_cache off)");
@@ -299,8 +296,14 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   }
   outputs_ = std::make_unique<OutputProcessor>(*scheduler_, model.config(), max_context_len_,
                                                stats_, start);
-  if (config.overlap)
-    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_);
+  if (config.overlap) {
+    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_, hicache);
+    // The tier's copies that free or back up pages wait for the steps in flight first.
+    if (hicache != nullptr)
+      hicache->set_step_barrier([this] {
+        if (overlap_ != nullptr) overlap_->step_barrier();
+      });
+  }
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;

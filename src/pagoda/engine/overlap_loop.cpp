@@ -1,13 +1,15 @@
 #include "pagoda/engine/overlap_loop.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 namespace pagoda::engine {
 
 OverlapLoop::OverlapLoop(Scheduler& scheduler, model::ModelWorker& worker,
-                         kv::ReqToTokenTable& table, OutputProcessor& outputs)
-    : scheduler_(scheduler), worker_(worker), table_(table), outputs_(outputs) {}
+                         kv::ReqToTokenTable& table, OutputProcessor& outputs,
+                         tier::HiCache* hicache)
+    : scheduler_(scheduler), worker_(worker), table_(table), outputs_(outputs), hicache_(hicache) {}
 
 OverlapLoop::~OverlapLoop() = default;
 
@@ -50,11 +52,22 @@ void OverlapLoop::launch(ScheduledStep s) {
   outputs_.build_batch(f->s, f->batch);
   f->batch.context.clear();  // views of token vectors that grow below; only speculation reads them
   model::WorkerBatch* batch = &f->batch;
+  // The copies queued so far run on the step thread right before this step's forward (after
+  // the step before it); copies queued from here on go with the next step.
+  auto copies = std::make_shared<tier::StepCopies>(
+      hicache_ != nullptr ? hicache_->begin_step() : tier::StepCopies{});
   // The future-id slot: a negative input id -(k + 1) is the k-th id the previous step samples.
   // The step thread runs the steps in order, so that step has written future_ids_ by now.
-  f->result = thread_.submit([this, batch] {
+  f->result = thread_.submit([this, batch, copies] {
     for (int32_t& id : batch->input_ids)
       if (id < 0) id = future_ids_.at(static_cast<size_t>(-id - 1));
+    if (hicache_ != nullptr) hicache_->begin_forward(std::move(*copies));
+    struct EndForward {
+      tier::HiCache* hi;
+      ~EndForward() {
+        if (hi != nullptr) hi->end_forward();
+      }
+    } end_forward{hicache_};
     model::WorkerOutput o = worker_.run(*batch);
     future_ids_ = o.tokens;
     return o;

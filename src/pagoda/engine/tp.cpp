@@ -1,6 +1,7 @@
 #include "pagoda/engine/tp.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <mutex>
 
 #include "pagoda/core/error.h"
@@ -58,42 +59,19 @@ void TpLeaderWorker::tier_start(int32_t host_pages) {
   for (dist::ByteChannel* c : followers_) c->send(message_);
 }
 
-void TpLeaderWorker::tier_backup(std::span<const int32_t> device_pages,
-                                 std::span<const int32_t> host_pages) {
-  backup_device_.insert(backup_device_.end(), device_pages.begin(), device_pages.end());
-  backup_host_.insert(backup_host_.end(), host_pages.begin(), host_pages.end());
-}
-
-void TpLeaderWorker::tier_load(std::span<const int32_t> host_pages,
-                               std::span<const int32_t> device_pages) {
-  load_host_.insert(load_host_.end(), host_pages.begin(), host_pages.end());
-  load_device_.insert(load_device_.end(), device_pages.begin(), device_pages.end());
-}
-
-void TpLeaderWorker::tier_synchronize() {
-  if (tier_unsynced_ || !backup_device_.empty() || !load_host_.empty()) send_tier_copies(true);
-}
-
-void TpLeaderWorker::send_tier_copies(bool sync) {
-  if (!sync && backup_device_.empty() && load_host_.empty()) return;
+void TpLeaderWorker::tier_copies(const tier::StepCopies& copies, bool sync) {
   message_.clear();
   dist::WireWriter w(message_);
   w.put(static_cast<uint8_t>(MessageKind::kTierCopies));
-  w.put_vec(backup_device_);
-  w.put_vec(backup_host_);
-  w.put_vec(load_host_);
-  w.put_vec(load_device_);
+  w.put_vec(copies.backup_device);
+  w.put_vec(copies.backup_host);
+  w.put_vec(copies.load_host);
+  w.put_vec(copies.load_device);
   w.put(static_cast<uint8_t>(sync));
   for (dist::ByteChannel* c : followers_) c->send(message_);
-  backup_device_.clear();
-  backup_host_.clear();
-  load_host_.clear();
-  load_device_.clear();
-  tier_unsynced_ = !sync;
 }
 
 model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
-  send_tier_copies(false);  // the followers queue them before this step, as rank 0 did
   const attention::ForwardBatch& f = batch.forward;
   message_.clear();
   dist::WireWriter w(message_);
@@ -143,7 +121,6 @@ void TpLeaderWorker::move_kv(std::span<const SlotIndex> src, std::span<const Slo
   // Rank 0 first: its pool has the shape of every rank's, so what it refuses (kOutOfRange,
   // nothing changed) never reaches a follower, and what it accepts every follower can apply.
   local_->move_kv(src, dst);
-  send_tier_copies(false);  // copies queued before the move stay before it on the followers
   message_.clear();
   dist::WireWriter w(message_);
   w.put(static_cast<uint8_t>(MessageKind::kMoveKv));
@@ -158,7 +135,8 @@ void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
   }
   std::vector<std::byte> msg;
   model::WorkerBatch batch;
-  std::vector<int32_t> entries, move_src, move_dst, load_src, load_dst;
+  std::vector<int32_t> entries, move_src, move_dst;
+  tier::StepCopies copies;
   // The hierarchical cache's shard on this rank (kTierStart); the controller goes first.
   std::unique_ptr<kv::HostKvPool> host;
   std::unique_ptr<tier::TierController> tier;
@@ -178,12 +156,12 @@ void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
     if (kind == MessageKind::kTierCopies) {
       PAGODA_REQUIRE(tier != nullptr, kInvalidArgument,
                      "tensor-parallel follower: tier copies before the hierarchical cache started");
-      r.get_vec(move_src);
-      r.get_vec(move_dst);
-      r.get_vec(load_src);
-      r.get_vec(load_dst);
-      tier->backup(move_src, move_dst);
-      tier->load(load_src, load_dst);
+      r.get_vec(copies.backup_device);
+      r.get_vec(copies.backup_host);
+      r.get_vec(copies.load_host);
+      r.get_vec(copies.load_device);
+      tier->backup(copies.backup_device, copies.backup_host);
+      tier->load(copies.load_host, copies.load_device);
       if (r.get<uint8_t>() != 0) tier->synchronize();
       continue;
     }
@@ -233,6 +211,17 @@ struct LocalTpGroup::Impl {
   mutable std::mutex mu;
   std::string error;
   bool used = false;
+  /// Followers done with building their workers (or failed): the factory returns only then, so
+  /// the model they read may go as soon as the engine does (e.g. its constructor throws).
+  int built = 0;
+  std::condition_variable built_cv;
+  void follower_built() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++built;
+    }
+    built_cv.notify_all();
+  }
 };
 
 LocalTpGroup::LocalTpGroup(int tp) : impl_(std::make_unique<Impl>()) {
@@ -270,12 +259,15 @@ WorkerFactory LocalTpGroup::factory() {
       dist::ByteChannel* ch = impl->follower_ends[static_cast<size_t>(r - 1)].get();
       impl->threads.emplace_back([impl, &model, dtype, config, rows, cols, ch,
                                   comm = std::shared_ptr<dist::Communicator>(std::move(comm))] {
+        bool built = false;
         try {
           std::unique_ptr<platform::Platform> p = platform::make_cpu_platform();
           kv::ReqToTokenTable mirror(rows, cols);
           model::WorkerConfig c = config;
           c.comm = comm.get();
           model::LlamaWorker worker(model, make_model_ops(*p, dtype, c.cpu_gemm), c, mirror);
+          built = true;
+          impl->follower_built();
           run_tp_follower(worker, mirror, *ch, *p);
         } catch (const std::exception& e) {
           {
@@ -283,8 +275,13 @@ WorkerFactory LocalTpGroup::factory() {
             impl->error = e.what();
           }
           impl->group->abort();
+          if (!built) impl->follower_built();
         }
       });
+    }
+    {
+      std::unique_lock<std::mutex> lock(impl->mu);
+      impl->built_cv.wait(lock, [impl] { return impl->built == impl->tp - 1; });
     }
     impl->leader_platform = platform::make_cpu_platform();
     impl->leader_comm = impl->group->communicator(0);

@@ -63,28 +63,16 @@ class TpLeaderWorker final : public model::ModelWorker, public tier::TierPeers {
   std::string backend_name() const override { return local_->backend_name(); }
   model::WorkerStats stats() const override { return local_->stats(); }
 
-  /// TierPeers: tier_start is sent at once; backups and loads are buffered and sent before the
-  /// next batch, K/V move or synchronize (a follower's controller queues them until its next
-  /// forward or synchronize anyway, so the order it sees is rank 0's); tier_synchronize is sent
-  /// when copies were mirrored since the last one.
+  /// TierPeers: each is one message to every follower, on the channel of the batches (so a
+  /// follower sees the copies, batches and K/V moves in rank 0's order).
   void tier_start(int32_t host_pages) override;
-  void tier_backup(std::span<const int32_t> device_pages,
-                   std::span<const int32_t> host_pages) override;
-  void tier_load(std::span<const int32_t> host_pages,
-                 std::span<const int32_t> device_pages) override;
-  void tier_synchronize() override;
+  void tier_copies(const tier::StepCopies& copies, bool sync) override;
 
  private:
-  /// Sends the buffered tier copies (and a synchronize when `sync`) to every follower.
-  void send_tier_copies(bool sync);
-
   std::unique_ptr<model::ModelWorker> local_;
   std::vector<dist::ByteChannel*> followers_;
   kv::ReqToTokenTable* table_;  // its dirty ranges are this leader's to clear
   std::vector<std::byte> message_;
-  /// Tier copies not sent yet: backups (device -> host) and loads (host -> device).
-  std::vector<int32_t> backup_device_, backup_host_, load_host_, load_device_;
-  bool tier_unsynced_ = false;  ///< copies mirrored since the followers' last synchronize
 };
 
 /// A follower rank's loop: receives each step, writes its table entries into `table` (a mirror
@@ -108,7 +96,9 @@ class LocalTpGroup {
   LocalTpGroup& operator=(const LocalTpGroup&) = delete;
 
   /// The factory (call it once: one engine per group). Followers build their workers on their
-  /// own CPU platforms from the same model, dtype and worker config.
+  /// own CPU platforms from the same model, dtype and worker config; the factory returns once
+  /// they have (so nothing reads the model after the engine is gone, even when the engine's
+  /// constructor throws after its worker was built).
   WorkerFactory factory();
   /// A follower thread's error message ("" while none failed).
   std::string follower_error() const;

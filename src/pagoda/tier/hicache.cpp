@@ -395,7 +395,7 @@ void HiCache::unadmit(cache::CacheRequest& req) {
   std::erase_if(pending_, [&](const Admission& a) { return a.req == &req; });
 }
 
-void HiCache::begin_forward() {
+StepCopies HiCache::begin_step() {
   for (const Admission& a : pending_) {
     ++stats_.match_calls;
     stats_.queried_tokens += a.queried;
@@ -411,7 +411,7 @@ void HiCache::begin_forward() {
     }
   }
   pending_.clear();
-  controller_.begin_forward();
+  return controller_.take();
 }
 
 int64_t HiCache::drain_host() {
