@@ -10,6 +10,7 @@
 #include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#include "pagoda/engine/tp.h"
 #include "pagoda/model/llama_worker.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
 #include "pagoda/model/cuda/cuda_ops.h"
@@ -297,7 +298,8 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   outputs_ = std::make_unique<OutputProcessor>(*scheduler_, model.config(), max_context_len_,
                                                stats_, start);
   if (config.overlap) {
-    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_, hicache);
+    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_, hicache,
+                                             dynamic_cast<TpLeaderWorker*>(worker_.get()));
     // The tier's copies that free or back up pages wait for the steps in flight first.
     if (hicache != nullptr)
       hicache->set_step_barrier([this] {

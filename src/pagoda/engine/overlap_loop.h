@@ -48,11 +48,16 @@
 
 namespace pagoda::engine {
 
+class TpLeaderWorker;
+
 class OverlapLoop {
  public:
-  /// `hicache`: the hierarchical cache, or nullptr.
+  /// `hicache`: the hierarchical cache, or nullptr. `tp`: `worker` when it is a
+  /// tensor-parallel leader (its table entries are staged at launch, on this thread), else
+  /// nullptr.
   OverlapLoop(Scheduler& scheduler, model::ModelWorker& worker, kv::ReqToTokenTable& table,
-              OutputProcessor& outputs, tier::HiCache* hicache = nullptr);
+              OutputProcessor& outputs, tier::HiCache* hicache = nullptr,
+              TpLeaderWorker* tp = nullptr);
   ~OverlapLoop();
   OverlapLoop(const OverlapLoop&) = delete;
   OverlapLoop& operator=(const OverlapLoop&) = delete;
@@ -89,6 +94,7 @@ class OverlapLoop {
   kv::ReqToTokenTable& table_;
   OutputProcessor& outputs_;
   tier::HiCache* hicache_;
+  TpLeaderWorker* tp_;
   std::unique_ptr<InFlight> inflight_;
   StepOutput drained_;               ///< resolved by drain(), not yet returned
   std::vector<int32_t> future_ids_;  ///< the last step's ids (step thread only)

@@ -71,11 +71,10 @@ void TpLeaderWorker::tier_copies(const tier::StepCopies& copies, bool sync) {
   for (dist::ByteChannel* c : followers_) c->send(message_);
 }
 
-model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
+std::vector<std::byte> TpLeaderWorker::stage_table(const model::WorkerBatch& batch) {
   const attention::ForwardBatch& f = batch.forward;
-  message_.clear();
-  dist::WireWriter w(message_);
-  w.put(static_cast<uint8_t>(MessageKind::kBatch));
+  std::vector<std::byte> out;
+  dist::WireWriter w(out);
   // The table entries the batch reads that were written since the followers last got them:
   // each row's dirty range, cut at what the batch reads (the rest stays dirty for later).
   struct Run {
@@ -111,9 +110,22 @@ model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
     w.put(r.begin);
     w.put_vec(table_->read(ReqSlot(r.row), r.begin, r.len));
   }
+  for (const Run& r : runs) table_->mark_clean(ReqSlot(r.row), r.upto);
+  return out;
+}
+
+model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
+  return run_staged(batch, stage_table(batch));
+}
+
+model::WorkerOutput TpLeaderWorker::run_staged(const model::WorkerBatch& batch,
+                                               std::span<const std::byte> table_entries) {
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kBatch));
+  message_.insert(message_.end(), table_entries.begin(), table_entries.end());
   model::encode_worker_batch(batch, w);
   for (dist::ByteChannel* c : followers_) c->send(message_);
-  for (const Run& r : runs) table_->mark_clean(ReqSlot(r.row), r.upto);
   return local_->run(batch);
 }
 

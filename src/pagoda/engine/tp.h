@@ -55,6 +55,14 @@ class TpLeaderWorker final : public model::ModelWorker, public tier::TierPeers {
   TpLeaderWorker& operator=(const TpLeaderWorker&) = delete;
 
   model::WorkerOutput run(const model::WorkerBatch& batch) override;
+  /// run() in two halves, for the overlap scheduler, whose step thread runs a step while the
+  /// scheduler's thread writes the table for the next one: stage_table() on the scheduler's
+  /// thread when the step is launched (reads the batch's dirty table entries and marks them
+  /// clean: the table's dirty ranges are touched by that thread only), run_staged() on the step
+  /// thread with its result (sends it with the batch, runs rank 0's shard).
+  std::vector<std::byte> stage_table(const model::WorkerBatch& batch);
+  model::WorkerOutput run_staged(const model::WorkerBatch& batch,
+                                 std::span<const std::byte> table_entries);
   /// Moves the rows on rank 0, then on every follower (speculative commits: each rank's pool
   /// holds its own heads of the same slots).
   void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;

@@ -176,17 +176,16 @@ TEST(EngineHiCacheTp, TwoRanksGiveTheTokensOfOneRankAndOfNoTier) {
 
 /// The overlap scheduler: the tier's copies run on the step thread right before the forward
 /// that reads them, after the step in flight, and every eviction waits for the step in flight.
-/// The same greedy tokens as the plain loop, with host hits, under write-through (backups of
-/// pages a launched step is still writing) and write-back (evictions that copy pages out while
-/// the next step is being prepared). One rank: tensor parallelism with the overlap scheduler
-/// has a hang of its own, with or without the tiers (docs/design/tier.md).
+/// The same greedy tokens as the plain loop, with host hits, on 1 and 2 ranks, under
+/// write-through (backups of pages a launched step is still writing) and write-back (evictions
+/// that copy pages out while the next step is being prepared).
 TEST(EngineHiCacheOverlap, SameTokensAsThePlainLoop) {
   const uint64_t seed = 4391;
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  const int tp = 1;
-  for (const tier::WritePolicy policy :
-       {tier::WritePolicy::kWriteThrough, tier::WritePolicy::kWriteBack}) {
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " policy "
+  for (const auto& [policy, tp] : {std::pair{tier::WritePolicy::kWriteThrough, 1},
+                                   std::pair{tier::WritePolicy::kWriteBack, 1},
+                                   std::pair{tier::WritePolicy::kWriteThrough, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " tp " << tp << " policy "
                                       << static_cast<int>(policy));
     EngineConfig cfg{.page_size = 16,
                      .pool_tokens = 256,
