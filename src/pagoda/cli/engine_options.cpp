@@ -49,7 +49,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option_function<std::string>(
          "--overlap", [&a](const std::string& v) { a.overlap = v == "on"; },
          "overlap scheduler: prepare step N + 1 while the worker runs step N (on|off; not with "
-         "speculative decoding or hicache)")
+         "speculative decoding)")
       ->check(CLI::IsMember({"on", "off"}))
       ->default_str(a.overlap ? "on" : "off");
   cmd->add_option("--max-context-len", a.max_context_len,

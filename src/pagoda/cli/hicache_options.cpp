@@ -42,7 +42,8 @@ void add_hicache_options(CLI::App* cmd, HiCacheOptions& o) {
                   "pool (0 = off)")
       ->capture_default_str();
   cmd->add_option("--hicache-size", o.size,
-                  "hierarchical KV cache: the host tier in bytes (suffix K, M or G)");
+                  "hierarchical KV cache: the host tier in bytes (suffix K, M or G; per rank "
+                  "with --tp)");
   cmd->add_option("--hicache-write-policy", o.write_policy,
                   "when device pages get a host copy: write_through (when stored), "
                   "write_through_selective (after 2 hits), write_back (on eviction)")
@@ -50,7 +51,7 @@ void add_hicache_options(CLI::App* cmd, HiCacheOptions& o) {
   cmd->add_option("--hicache-storage", o.storage,
                   "hierarchical KV cache: a storage tier below the host tier, file:DIR or "
                   "redis://HOST[:PORT][/PREFIX] (pages leaving the host tier are kept there; "
-                  "any engine on the same store can reuse them)");
+                  "any engine on the same store can reuse them; not with --tp > 1 yet)");
   cmd->add_option("--hicache-prefetch-policy", o.prefetch_policy,
                   "how long a queued request's admission waits for the pages read ahead from "
                   "storage: best_effort (not at all), wait_complete, or timeout (1 s + 0.25 s "

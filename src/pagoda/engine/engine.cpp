@@ -10,6 +10,7 @@
 #include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#include "pagoda/engine/tp.h"
 #include "pagoda/model/llama_worker.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
 #include "pagoda/model/cuda/cuda_ops.h"
@@ -142,9 +143,6 @@ void EngineConfig::validate() const {
                  "the overlap scheduler (overlap on) does not support speculative decoding "
                  "(speculative mode '{}'): turn one of them off",
                  spec_mode_name(spec.mode));
-  PAGODA_REQUIRE(!overlap || !hicache.enabled(), kUnsupported,
-                 "the overlap scheduler (overlap on) does not support the hierarchical cache "
-                 "(hicache) yet: turn one of them off");
   if (hicache.enabled()) {
     PAGODA_REQUIRE(radix_cache, kInvalidArgument,
                    "the hierarchical cache (hicache) needs the radix cache (radix_cache off)");
@@ -223,9 +221,6 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                    config.swa_pool_tokens, num_pages, config.page_size);
     memory_->enable_swa(static_cast<int32_t>(swa_pages));
   }
-  PAGODA_REQUIRE(!config.hicache.enabled() || !make_worker, kUnsupported,
-                 "the hierarchical cache (hicache) does not support a custom worker (tensor "
-                 "parallelism) yet");
   const model::WorkerConfig wc{.page_size = config.page_size,
                                .num_pages = static_cast<int32_t>(num_pages),
                                .kv_dtype = kv_dtype,
@@ -249,9 +244,12 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   std::unique_ptr<cache::PrefixCache> cache;
   tier::HiCache* hicache = nullptr;
   if (config.hicache.enabled()) {
-    // The host tier copies to and from the worker's pool, so it comes after the worker.
+    // The host tier copies to and from the worker's pool, so it comes after the worker. A
+    // worker that runs other ranks (tensor parallelism: rank 0's pool is one head shard) is the
+    // TierPeers that mirrors every page copy to their pools.
     auto hi = std::make_unique<tier::HiCache>(allocator, table, worker_->kv_pool(), *platform_,
-                                              config.hicache);
+                                              config.hicache, tier::StorageFactory{},
+                                              dynamic_cast<tier::TierPeers*>(worker_.get()));
     hicache = hi.get();
     cache = std::move(hi);
   } else if (swa && config.radix_cache) {
@@ -299,8 +297,15 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   }
   outputs_ = std::make_unique<OutputProcessor>(*scheduler_, model.config(), max_context_len_,
                                                stats_, start);
-  if (config.overlap)
-    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_);
+  if (config.overlap) {
+    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_, hicache,
+                                             dynamic_cast<TpLeaderWorker*>(worker_.get()));
+    // The tier's copies that free or back up pages wait for the steps in flight first.
+    if (hicache != nullptr)
+      hicache->set_step_barrier([this] {
+        if (overlap_ != nullptr) overlap_->step_barrier();
+      });
+  }
   stats_.pool_tokens = num_pages * config.page_size;
   stats_.dtype = dtype;
   stats_.kv_dtype = kv_dtype;

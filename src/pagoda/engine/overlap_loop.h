@@ -18,6 +18,17 @@
 ///     resolved before the next one is scheduled.
 ///   - Outputs (ids, finish reasons, KV in the prefix cache) are the plain loop's; pages of
 ///     finished requests come back one step later.
+///   - Hierarchical cache (`hicache`): launch takes the copies queued so far for the step
+///     (HiCache::begin_step, on this thread) and the step thread runs them before the forward
+///     (HiCache::begin_forward: backups, then the load-back per layer; end_forward after it), so
+///     a load-back is ordered after the step before (which may still read or write the page it
+///     lands in) and before the step that reads it, and a write-through backup of pages booked
+///     by a launched step runs only after that step wrote them (it is queued after the launch,
+///     so it goes with the next step). Every synchronize of the tier controller (device and
+///     host evictions, write-back) first waits for the steps in flight (step_barrier(), which
+///     the engine installs as the cache's step barrier), so no copy touches a page the step in
+///     flight uses and the two threads never use the controller at once. Steps whose
+///     scheduling evicts lose their overlap; the others keep it.
 ///
 /// Thread rules: one thread (the engine's) calls it; the worker runs only on the step thread
 /// while a step is in flight (wait() before reading the worker's state). `scheduler`, `worker`,
@@ -33,13 +44,20 @@
 #include "pagoda/engine/step_thread.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/worker.h"
+#include "pagoda/tier/hicache.h"
 
 namespace pagoda::engine {
 
+class TpLeaderWorker;
+
 class OverlapLoop {
  public:
+  /// `hicache`: the hierarchical cache, or nullptr. `tp`: `worker` when it is a
+  /// tensor-parallel leader (its table entries are staged at launch, on this thread), else
+  /// nullptr.
   OverlapLoop(Scheduler& scheduler, model::ModelWorker& worker, kv::ReqToTokenTable& table,
-              OutputProcessor& outputs);
+              OutputProcessor& outputs, tier::HiCache* hicache = nullptr,
+              TpLeaderWorker* tp = nullptr);
   ~OverlapLoop();
   OverlapLoop(const OverlapLoop&) = delete;
   OverlapLoop& operator=(const OverlapLoop&) = delete;
@@ -55,6 +73,8 @@ class OverlapLoop {
   bool busy() const { return inflight_ != nullptr; }
   /// Rows of finished requests that the step in flight still reads (the row audit counts them).
   int64_t held_rows() const;
+  /// Blocks until every launched step has run (the hierarchical cache's step barrier).
+  void step_barrier() { thread_.wait_idle(); }
 
  private:
   /// A step the worker is running.
@@ -73,6 +93,8 @@ class OverlapLoop {
   model::ModelWorker& worker_;
   kv::ReqToTokenTable& table_;
   OutputProcessor& outputs_;
+  tier::HiCache* hicache_;
+  TpLeaderWorker* tp_;
   std::unique_ptr<InFlight> inflight_;
   StepOutput drained_;               ///< resolved by drain(), not yet returned
   std::vector<int32_t> future_ids_;  ///< the last step's ids (step thread only)

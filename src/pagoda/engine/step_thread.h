@@ -42,6 +42,12 @@ class StepThread {
     return result;
   }
 
+  /// Blocks until every job submitted so far has run.
+  void wait_idle() {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [this] { return jobs_.empty() && !running_; });
+  }
+
  private:
   void loop() {
     for (;;) {
@@ -52,15 +58,23 @@ class StepThread {
         if (jobs_.empty()) return;
         task = std::move(jobs_.front());
         jobs_.pop_front();
+        running_ = true;
       }
       task();
+      {
+        std::lock_guard lock(mutex_);
+        running_ = false;
+      }
+      idle_.notify_all();
     }
   }
 
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable idle_;  ///< wait_idle(): a job finished
   std::deque<std::packaged_task<model::WorkerOutput()>> jobs_;
   bool stop_ = false;
+  bool running_ = false;  ///< a job runs now
   std::thread thread_;  ///< last: starts after the members above exist
 };
 

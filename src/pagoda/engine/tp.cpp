@@ -1,11 +1,13 @@
 #include "pagoda/engine/tp.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <mutex>
 
 #include "pagoda/core/error.h"
 #include "pagoda/dist/wire.h"
 #include "pagoda/model/worker_codec.h"
+#include "pagoda/kv/host_pool.h"
 #include "pagoda/platform/platform.h"
 
 namespace pagoda::engine {
@@ -14,7 +16,13 @@ using attention::ForwardMode;
 
 namespace {
 
-enum class MessageKind : uint8_t { kBatch = 1, kStop = 2, kMoveKv = 3 };
+enum class MessageKind : uint8_t {
+  kBatch = 1,
+  kStop = 2,
+  kMoveKv = 3,
+  kTierStart = 4,   ///< i32 host pages: build the host pool shard and the tier controller
+  kTierCopies = 5,  ///< backups (device, host), loads (host, device), u8 synchronize
+};
 
 /// How many req→token entries of sequence b the batch's attention reads.
 int64_t entries_read(const attention::ForwardBatch& f, int b) {
@@ -43,11 +51,30 @@ TpLeaderWorker::~TpLeaderWorker() {
   }
 }
 
-model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
-  const attention::ForwardBatch& f = batch.forward;
+void TpLeaderWorker::tier_start(int32_t host_pages) {
   message_.clear();
   dist::WireWriter w(message_);
-  w.put(static_cast<uint8_t>(MessageKind::kBatch));
+  w.put(static_cast<uint8_t>(MessageKind::kTierStart));
+  w.put(host_pages);
+  for (dist::ByteChannel* c : followers_) c->send(message_);
+}
+
+void TpLeaderWorker::tier_copies(const tier::StepCopies& copies, bool sync) {
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kTierCopies));
+  w.put_vec(copies.backup_device);
+  w.put_vec(copies.backup_host);
+  w.put_vec(copies.load_host);
+  w.put_vec(copies.load_device);
+  w.put(static_cast<uint8_t>(sync));
+  for (dist::ByteChannel* c : followers_) c->send(message_);
+}
+
+std::vector<std::byte> TpLeaderWorker::stage_table(const model::WorkerBatch& batch) {
+  const attention::ForwardBatch& f = batch.forward;
+  std::vector<std::byte> out;
+  dist::WireWriter w(out);
   // The table entries the batch reads that were written since the followers last got them:
   // each row's dirty range, cut at what the batch reads (the rest stays dirty for later).
   struct Run {
@@ -83,9 +110,22 @@ model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
     w.put(r.begin);
     w.put_vec(table_->read(ReqSlot(r.row), r.begin, r.len));
   }
+  for (const Run& r : runs) table_->mark_clean(ReqSlot(r.row), r.upto);
+  return out;
+}
+
+model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
+  return run_staged(batch, stage_table(batch));
+}
+
+model::WorkerOutput TpLeaderWorker::run_staged(const model::WorkerBatch& batch,
+                                               std::span<const std::byte> table_entries) {
+  message_.clear();
+  dist::WireWriter w(message_);
+  w.put(static_cast<uint8_t>(MessageKind::kBatch));
+  message_.insert(message_.end(), table_entries.begin(), table_entries.end());
   model::encode_worker_batch(batch, w);
   for (dist::ByteChannel* c : followers_) c->send(message_);
-  for (const Run& r : runs) table_->mark_clean(ReqSlot(r.row), r.upto);
   return local_->run(batch);
 }
 
@@ -102,16 +142,41 @@ void TpLeaderWorker::move_kv(std::span<const SlotIndex> src, std::span<const Slo
 }
 
 void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
-                     dist::ByteChannel& channel) {
+                     dist::ByteChannel& channel, platform::Platform& platform) {
   while (table.alloc().has_value()) {
   }
   std::vector<std::byte> msg;
   model::WorkerBatch batch;
   std::vector<int32_t> entries, move_src, move_dst;
+  tier::StepCopies copies;
+  // The hierarchical cache's shard on this rank (kTierStart); the controller goes first.
+  std::unique_ptr<kv::HostKvPool> host;
+  std::unique_ptr<tier::TierController> tier;
   while (channel.recv(msg)) {
     dist::WireReader r(msg);
     const auto kind = static_cast<MessageKind>(r.get<uint8_t>());
     if (kind == MessageKind::kStop) return;
+    if (kind == MessageKind::kTierStart) {
+      PAGODA_REQUIRE(tier == nullptr, kInvalidArgument,
+                     "tensor-parallel follower: the hierarchical cache started twice");
+      const auto pages = r.get<int32_t>();
+      host = std::make_unique<kv::HostKvPool>(worker.kv_pool().config(), pages,
+                                              platform.pinned_allocator());
+      tier = std::make_unique<tier::TierController>(platform, worker.kv_pool(), *host);
+      continue;
+    }
+    if (kind == MessageKind::kTierCopies) {
+      PAGODA_REQUIRE(tier != nullptr, kInvalidArgument,
+                     "tensor-parallel follower: tier copies before the hierarchical cache started");
+      r.get_vec(copies.backup_device);
+      r.get_vec(copies.backup_host);
+      r.get_vec(copies.load_host);
+      r.get_vec(copies.load_device);
+      tier->backup(copies.backup_device, copies.backup_host);
+      tier->load(copies.load_host, copies.load_device);
+      if (r.get<uint8_t>() != 0) tier->synchronize();
+      continue;
+    }
     if (kind == MessageKind::kMoveKv) {  // rank 0 applied it already: it cannot fail here
       r.get_vec(move_src);
       r.get_vec(move_dst);
@@ -128,6 +193,14 @@ void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
       table.write(ReqSlot(row), begin, entries);
     }
     model::decode_worker_batch(r, batch);
+    // This rank's queued copies start now; its forward waits per layer for its own load-back.
+    if (tier != nullptr) tier->begin_forward();
+    struct EndForward {
+      tier::TierController* t;
+      ~EndForward() {
+        if (t != nullptr) t->end_forward();
+      }
+    } end_forward{tier.get()};
     try {
       (void)worker.run(batch);
     } catch (const Error& e) {
@@ -150,6 +223,17 @@ struct LocalTpGroup::Impl {
   mutable std::mutex mu;
   std::string error;
   bool used = false;
+  /// Followers done with building their workers (or failed): the factory returns only then, so
+  /// the model they read may go as soon as the engine does (e.g. its constructor throws).
+  int built = 0;
+  std::condition_variable built_cv;
+  void follower_built() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++built;
+    }
+    built_cv.notify_all();
+  }
 };
 
 LocalTpGroup::LocalTpGroup(int tp) : impl_(std::make_unique<Impl>()) {
@@ -187,21 +271,29 @@ WorkerFactory LocalTpGroup::factory() {
       dist::ByteChannel* ch = impl->follower_ends[static_cast<size_t>(r - 1)].get();
       impl->threads.emplace_back([impl, &model, dtype, config, rows, cols, ch,
                                   comm = std::shared_ptr<dist::Communicator>(std::move(comm))] {
+        bool built = false;
         try {
           std::unique_ptr<platform::Platform> p = platform::make_cpu_platform();
           kv::ReqToTokenTable mirror(rows, cols);
           model::WorkerConfig c = config;
           c.comm = comm.get();
           model::LlamaWorker worker(model, make_model_ops(*p, dtype, c.cpu_gemm), c, mirror);
-          run_tp_follower(worker, mirror, *ch);
+          built = true;
+          impl->follower_built();
+          run_tp_follower(worker, mirror, *ch, *p);
         } catch (const std::exception& e) {
           {
             std::lock_guard<std::mutex> lock(impl->mu);
             impl->error = e.what();
           }
           impl->group->abort();
+          if (!built) impl->follower_built();
         }
       });
+    }
+    {
+      std::unique_lock<std::mutex> lock(impl->mu);
+      impl->built_cv.wait(lock, [impl] { return impl->built == impl->tp - 1; });
     }
     impl->leader_platform = platform::make_cpu_platform();
     impl->leader_comm = impl->group->communicator(0);

@@ -33,11 +33,15 @@
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/worker.h"
+#include "pagoda/platform/platform.h"
+#include "pagoda/tier/controller.h"
 
 namespace pagoda::engine {
 
-/// Rank 0's worker: forwards every batch to the followers, then runs its own shard.
-class TpLeaderWorker final : public model::ModelWorker {
+/// Rank 0's worker: forwards every batch to the followers, then runs its own shard. It is also
+/// the hierarchical cache's TierPeers: the scheduler's tier controller mirrors its page copies
+/// to the followers through it (each follower keeps its own host pool shard and controller).
+class TpLeaderWorker final : public model::ModelWorker, public tier::TierPeers {
  public:
   /// `local` is rank 0's worker (built over the group's communicator); `followers` the channels
   /// to ranks 1..N-1 (must outlive this worker); `table` the engine's request table, whose dirty
@@ -51,6 +55,14 @@ class TpLeaderWorker final : public model::ModelWorker {
   TpLeaderWorker& operator=(const TpLeaderWorker&) = delete;
 
   model::WorkerOutput run(const model::WorkerBatch& batch) override;
+  /// run() in two halves, for the overlap scheduler, whose step thread runs a step while the
+  /// scheduler's thread writes the table for the next one: stage_table() on the scheduler's
+  /// thread when the step is launched (reads the batch's dirty table entries and marks them
+  /// clean: the table's dirty ranges are touched by that thread only), run_staged() on the step
+  /// thread with its result (sends it with the batch, runs rank 0's shard).
+  std::vector<std::byte> stage_table(const model::WorkerBatch& batch);
+  model::WorkerOutput run_staged(const model::WorkerBatch& batch,
+                                 std::span<const std::byte> table_entries);
   /// Moves the rows on rank 0, then on every follower (speculative commits: each rank's pool
   /// holds its own heads of the same slots).
   void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;
@@ -58,6 +70,11 @@ class TpLeaderWorker final : public model::ModelWorker {
   kv::KvPool& kv_pool() override { return local_->kv_pool(); }
   std::string backend_name() const override { return local_->backend_name(); }
   model::WorkerStats stats() const override { return local_->stats(); }
+
+  /// TierPeers: each is one message to every follower, on the channel of the batches (so a
+  /// follower sees the copies, batches and K/V moves in rank 0's order).
+  void tier_start(int32_t host_pages) override;
+  void tier_copies(const tier::StepCopies& copies, bool sync) override;
 
  private:
   std::unique_ptr<model::ModelWorker> local_;
@@ -67,11 +84,13 @@ class TpLeaderWorker final : public model::ModelWorker {
 };
 
 /// A follower rank's loop: receives each step, writes its table entries into `table` (a mirror
-/// of the leader's, same shape; every row is marked in use here) and runs `worker`. Returns when
-/// the leader stops the group or its channel closes. Rethrows a worker error other than a
-/// rejected batch (kInvalidArgument / kOutOfRange).
+/// of the leader's, same shape; every row is marked in use here) and runs `worker`. With the
+/// hierarchical cache it builds its own host pool shard and tier controller on `platform` (the
+/// worker's) when the leader says so, applies the mirrored copies in order and gates each
+/// forward on its own load-back. Returns when the leader stops the group or its channel closes.
+/// Rethrows a worker error other than a rejected batch (kInvalidArgument / kOutOfRange).
 void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
-                     dist::ByteChannel& channel);
+                     dist::ByteChannel& channel, platform::Platform& platform);
 
 /// An in-process tensor-parallel group of `tp` ranks on the CPU (one thread per follower) for
 /// tests and tools: factory() is an Engine WorkerFactory whose worker is rank 0's leader.
@@ -85,7 +104,9 @@ class LocalTpGroup {
   LocalTpGroup& operator=(const LocalTpGroup&) = delete;
 
   /// The factory (call it once: one engine per group). Followers build their workers on their
-  /// own CPU platforms from the same model, dtype and worker config.
+  /// own CPU platforms from the same model, dtype and worker config; the factory returns once
+  /// they have (so nothing reads the model after the engine is gone, even when the engine's
+  /// constructor throws after its worker was built).
   WorkerFactory factory();
   /// A follower thread's error message ("" while none failed).
   std::string follower_error() const;

@@ -271,7 +271,7 @@ int tp_follower_main(int fd, int rank, int tp, const std::string& model_spec,
     kv::ReqToTokenTable table(s.table_rows, s.table_cols);
     s.worker.comm = comm.get();
     model::LlamaWorker worker(*llama, make_model_ops(gpu, s.dtype), s.worker, table);
-    run_tp_follower(worker, table, *channel);
+    run_tp_follower(worker, table, *channel, gpu);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pagoda: tensor-parallel rank %d: %s\n", rank, e.what());

@@ -11,6 +11,8 @@ namespace pagoda::kv {
 namespace {
 
 KvPoolConfig with_pages(KvPoolConfig c, int32_t pages) {
+  PAGODA_REQUIRE(pages >= 1, kInvalidArgument, "a host pool needs at least one page (got {})",
+                 pages);
   c.num_pages = pages;
   return c;
 }
@@ -142,7 +144,9 @@ void write_page(KvPool& pool, int32_t page, std::span<const std::byte> in) {
 
 HostKvPool::HostKvPool(const KvPoolConfig& device, const HostPoolSize& size,
                        platform::Allocator& pinned)
-    : pool_(with_pages(device, host_pool_pages(device, size)), pinned),
-      pages_(pool_.config().num_pages, device.page_size) {}
+    : HostKvPool(device, host_pool_pages(device, size), pinned) {}
+
+HostKvPool::HostKvPool(const KvPoolConfig& device, int32_t pages, platform::Allocator& pinned)
+    : pool_(with_pages(device, pages), pinned), pages_(pool_.config().num_pages, device.page_size) {}
 
 }  // namespace pagoda::kv

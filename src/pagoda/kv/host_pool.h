@@ -72,6 +72,9 @@ class HostKvPool {
   /// memory from `pinned` (Platform::pinned_allocator(); plain aligned memory on the CPU), which
   /// must outlive the pool.
   HostKvPool(const KvPoolConfig& device, const HostPoolSize& size, platform::Allocator& pinned);
+  /// The same with exactly `pages` usable pages (>= 1): a tensor-parallel rank's shard of a host
+  /// tier whose page count rank 0 chose (every rank's host pool has the same pages).
+  HostKvPool(const KvPoolConfig& device, int32_t pages, platform::Allocator& pinned);
 
   KvPool& pool() { return pool_; }
   const KvPool& pool() const { return pool_; }

@@ -1,5 +1,7 @@
 #include "pagoda/tier/controller.h"
 
+#include <utility>
+
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 
@@ -17,15 +19,17 @@ void append(std::vector<int32_t>& dst, std::span<const int32_t> src) {
 }  // namespace
 
 TierController::TierController(platform::Platform& platform, kv::KvPool& device,
-                               kv::HostKvPool& host)
+                               kv::HostKvPool& host, TierPeers* peers)
     : platform_(&platform),
       device_(&device),
       host_(&host),
+      peers_(peers),
       stream_(platform.make_copy_stream()),
       page_bytes_(kv::bytes_per_page(device)) {
   PAGODA_REQUIRE(host.pool().config().page_size == device.page_size() &&
                      kv::bytes_per_page(host.pool()) == page_bytes_,
                  kInvalidArgument, "tier controller: host and device pools differ in geometry");
+  if (peers_ != nullptr) peers_->tier_start(host.num_pages());
 }
 
 TierController::~TierController() {
@@ -37,61 +41,78 @@ void TierController::backup(std::span<const int32_t> device_pages,
                             std::span<const int32_t> host_pages) {
   PAGODA_REQUIRE(device_pages.size() == host_pages.size(), kInvalidArgument,
                  "backup: {} device pages but {} host pages", device_pages.size(), host_pages.size());
-  append(backups_.src, device_pages);
-  append(backups_.dst, host_pages);
+  append(queued_.backup_device, device_pages);
+  append(queued_.backup_host, host_pages);
 }
 
 void TierController::load(std::span<const int32_t> host_pages,
                           std::span<const int32_t> device_pages) {
   PAGODA_REQUIRE(device_pages.size() == host_pages.size(), kInvalidArgument,
                  "load: {} host pages but {} device pages", host_pages.size(), device_pages.size());
-  append(loads_.src, host_pages);
-  append(loads_.dst, device_pages);
+  append(queued_.load_host, host_pages);
+  append(queued_.load_device, device_pages);
 }
 
-int64_t TierController::submit(const kv::KvPool& src, kv::KvPool& dst, Pending& pending,
-                               bool layer_events) {
+StepCopies TierController::take() { return std::exchange(queued_, StepCopies{}); }
+
+void TierController::submit(const kv::KvPool& from, kv::KvPool& to, std::span<const int32_t> src,
+                            std::span<const int32_t> dst, bool layer_events) {
   // The copies start after everything already enqueued on the compute stream (a K/V write or
   // move of a page being backed up, the last reader of a page being overwritten).
   const std::unique_ptr<platform::Event> compute = platform_->make_event();
   compute->record();
   stream_->wait(*compute);
-  const auto runs = kv::page_copy_runs(pending.src, pending.dst);
+  const auto runs = kv::page_copy_runs(src, dst);
   const kv::CopyFn copy = [this](void* d, const void* s, size_t n) { stream_->copy(d, s, n); };
-  for (int32_t l = 0; l < src.num_layers(); ++l) {
-    kv::copy_layer_pages(src, dst, LayerId{l}, runs, copy);
+  for (int32_t l = 0; l < from.num_layers(); ++l) {
+    kv::copy_layer_pages(from, to, LayerId{l}, runs, copy);
     if (layer_events) layer_.push_back(stream_->record());
   }
   last_ = stream_->record();
-  const auto n = static_cast<int64_t>(pending.src.size());
-  pending = Pending{};
-  return n;
+}
+
+void TierController::submit_all(const StepCopies& c, bool layer_events) {
+  if (!c.backup_device.empty()) {
+    submit(*device_, host_->pool(), c.backup_device, c.backup_host, false);
+    const auto n = static_cast<int64_t>(c.backup_device.size());
+    stats_.backup_pages += n;
+    stats_.bytes_d2h += n * page_bytes_;
+    ++stats_.backup_batches;
+  }
+  layer_.clear();
+  if (!c.load_host.empty()) {
+    submit(host_->pool(), *device_, c.load_host, c.load_device, layer_events);
+    const auto n = static_cast<int64_t>(c.load_host.size());
+    stats_.load_pages += n;
+    stats_.bytes_h2d += n * page_bytes_;
+    ++stats_.load_batches;
+  }
 }
 
 void TierController::flush() {
-  if (backups_.src.empty()) return;
-  const int64_t n = submit(*device_, host_->pool(), backups_, false);
-  stats_.backup_pages += n;
-  stats_.bytes_d2h += n * page_bytes_;
-  ++stats_.backup_batches;
+  if (queued_.backup_device.empty()) return;
+  StepCopies b;
+  b.backup_device = std::move(queued_.backup_device);
+  b.backup_host = std::move(queued_.backup_host);
+  queued_.backup_device.clear();
+  queued_.backup_host.clear();
+  if (peers_ != nullptr) {
+    peers_->tier_copies(b, false);
+    peers_unsynced_ = true;
+  }
+  submit_all(b, false);
 }
 
 bool TierController::idle() {
-  return backups_.src.empty() && loads_.src.empty() && (last_ == nullptr || last_->done());
+  return queued_.empty() && (last_ == nullptr || last_->done());
 }
 
-void TierController::submit_loads() {
-  layer_.clear();
-  if (loads_.src.empty()) return;
-  const int64_t n = submit(host_->pool(), *device_, loads_, true);
-  stats_.load_pages += n;
-  stats_.bytes_h2d += n * page_bytes_;
-  ++stats_.load_batches;
-}
-
-void TierController::begin_forward() {
-  flush();
-  submit_loads();
+void TierController::begin_forward(StepCopies copies) {
+  if (peers_ != nullptr && !copies.empty()) {
+    peers_->tier_copies(copies, false);
+    peers_unsynced_ = true;
+  }
+  submit_all(copies, true);
   device_->set_layer_gate(this);
   gate_installed_ = true;
 }
@@ -118,11 +139,13 @@ void TierController::wait(LayerId layer) {
 }
 
 void TierController::synchronize() {
-  flush();
-  if (!loads_.src.empty()) {
-    submit_loads();
-    layer_.clear();  // waited for below; a forward of this step then finds nothing pending
+  if (barrier_) barrier_();
+  const StepCopies c = take();
+  if (peers_ != nullptr && (peers_unsynced_ || !c.empty())) {
+    peers_->tier_copies(c, true);
+    peers_unsynced_ = false;
   }
+  submit_all(c, false);  // loads waited for below: a forward of this step finds nothing pending
   if (last_ == nullptr || last_->done()) return;
   const auto t0 = std::chrono::steady_clock::now();
   stream_->synchronize();

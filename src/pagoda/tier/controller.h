@@ -17,11 +17,25 @@
 /// - synchronize() submits everything queued and waits: the scheduler calls it (through HiCache)
 ///   before device or host pages that a copy may touch are freed.
 ///
-/// Threads: one thread (the scheduler's) calls every method; the copies run on the stream
-/// (on the CPU platform: a worker thread).
+/// - Tensor parallelism: each rank holds its own head shard of the KV in its own device pool,
+///   so each rank has its own host pool and its own controller. The scheduler's controller
+///   (rank 0's) mirrors every backup(), load() and synchronize() to the other ranks through
+///   TierPeers, in its own order; a peer's controller runs begin_forward() / end_forward()
+///   around each of its rank's forwards. One tree, one host page allocator, the same page ids
+///   on every rank.
+///
+/// - Overlap scheduler: the scheduler's thread queues copies and take()s them when it launches
+///   a step; the step thread runs begin_forward(copies) / the forward / end_forward(); the
+///   scheduler's thread calls synchronize() only through the step barrier (set_step_barrier:
+///   wait until the step in flight has run), so the two threads never use the controller at
+///   once and no copy reads or overwrites a page the step in flight still writes or reads.
+///
+/// Threads: one thread at a time (the scheduler's; the step thread between take() and the end
+/// of that step's forward); the copies run on the stream (on the CPU platform: a worker thread).
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -45,11 +59,37 @@ struct TransferStats {
   int64_t load_stalls = 0;    ///< layer waits that found the layer not yet loaded
 };
 
+/// Page copies queued for one step: backups (device -> host pages) and load-backs (host ->
+/// device pages), pairwise.
+struct StepCopies {
+  std::vector<int32_t> backup_device, backup_host;
+  std::vector<int32_t> load_host, load_device;
+  bool empty() const { return backup_device.empty() && load_host.empty(); }
+};
+
+/// The other tensor-parallel ranks' page copies, as the scheduler's controller sees them (a
+/// tensor-parallel leader worker implements it: engine/tp.h). Each peer holds its own shard of
+/// every device page and host page and its own controller; it applies the calls in the order
+/// they are made, relative to the forwards and K/V moves the worker sends it, and runs its
+/// controller's begin_forward() / end_forward() around each forward.
+class TierPeers {
+ public:
+  virtual ~TierPeers() = default;
+  /// Every peer builds a host pool of `host_pages` pages of its own shard's geometry and a
+  /// controller over it and its device pool. Called once, before any other call.
+  virtual void tier_start(int32_t host_pages) = 0;
+  /// Every peer queues `copies` (TierController::backup / load), then with `sync` runs
+  /// TierController::synchronize before its next forward or K/V move.
+  virtual void tier_copies(const StepCopies& copies, bool sync) = 0;
+};
+
 class TierController final : public kv::LayerGate {
  public:
   /// Copies between `device` and `host` (same geometry) on a new copy stream of `platform`
-  /// (Error(kUnsupported) when the platform has none). All three must outlive the controller.
-  TierController(platform::Platform& platform, kv::KvPool& device, kv::HostKvPool& host);
+  /// (Error(kUnsupported) when the platform has none), mirrored to `peers` when given (the
+  /// other tensor-parallel ranks; tier_start is called here). All must outlive the controller.
+  TierController(platform::Platform& platform, kv::KvPool& device, kv::HostKvPool& host,
+                 TierPeers* peers = nullptr);
   ~TierController() override;
   TierController(const TierController&) = delete;
   TierController& operator=(const TierController&) = delete;
@@ -65,9 +105,17 @@ class TierController final : public kv::LayerGate {
   /// Queues copies of host pages -> device pages for the next begin_forward(). The device pages
   /// must not be read before the forward's wait_layer, the host pages stay allocated until then.
   void load(std::span<const int32_t> host_pages, std::span<const int32_t> device_pages);
-  /// Submits queued backups, then the queued loads layer by layer (one event per layer), and
-  /// installs the controller as the device pool's layer gate (also when nothing is loaded).
-  void begin_forward();
+  /// Takes the queued copies out (for begin_forward(StepCopies)): the overlap scheduler takes
+  /// them on the scheduler's thread when it launches a step, so copies queued later go with the
+  /// next step.
+  StepCopies take();
+  /// Mirrors `copies` to the peers, submits the backups, then the loads layer by layer (one
+  /// event per layer), and installs the controller as the device pool's layer gate (also when
+  /// nothing is loaded). With the overlap scheduler the step thread calls it (and end_forward
+  /// and, through the gate, wait): the scheduler's thread then calls only backup, load and take,
+  /// and synchronize after the step barrier.
+  void begin_forward(StepCopies copies);
+  void begin_forward() { begin_forward(take()); }
   /// Makes the compute stream wait for this step's whole load-back (a no-op when the forward
   /// already waited for every layer) and removes the gate: a page loaded in a step is complete
   /// for every later step.
@@ -75,28 +123,32 @@ class TierController final : public kv::LayerGate {
   /// LayerGate: the compute stream waits for `layer`'s load-back event of this step.
   void wait(LayerId layer) override;
 
-  /// Submits everything queued and blocks until every copy has finished.
+  /// Runs the step barrier, submits everything queued and blocks until every copy has finished
+  /// (on the peers: before their next forward or K/V move).
   void synchronize();
+  /// Called first by synchronize(): the overlap scheduler's wait until the step in flight has
+  /// run, so no copy or forward of it touches the pages about to be freed or backed up.
+  void set_step_barrier(std::function<void()> barrier) { barrier_ = std::move(barrier); }
 
   const TransferStats& stats() const { return stats_; }
 
  private:
-  struct Pending {
-    std::vector<int32_t> src;
-    std::vector<int32_t> dst;
-  };
-  void submit_loads();
-  /// Enqueues `pending`'s pages from `src` to `dst`, layer by layer (an event after each layer
-  /// when `layer_events`), then last_; clears `pending` and returns its page count.
-  int64_t submit(const kv::KvPool& src, kv::KvPool& dst, Pending& pending, bool layer_events);
+  /// Submits `c`'s backups, then its loads (layer events when `layer_events`).
+  void submit_all(const StepCopies& c, bool layer_events);
+  /// Enqueues pages src[i] -> dst[i] from `from` to `to`, layer by layer (an event after each
+  /// layer when `layer_events`), then last_.
+  void submit(const kv::KvPool& from, kv::KvPool& to, std::span<const int32_t> src,
+              std::span<const int32_t> dst, bool layer_events);
 
   platform::Platform* platform_;
   kv::KvPool* device_;
   kv::HostKvPool* host_;
+  TierPeers* peers_;
   std::unique_ptr<platform::CopyStream> stream_;
   int64_t page_bytes_ = 0;
-  Pending backups_;
-  Pending loads_;
+  StepCopies queued_;
+  bool peers_unsynced_ = false;  ///< copies mirrored since the peers' last synchronize
+  std::function<void()> barrier_;
   std::unique_ptr<platform::Event> last_;                 ///< after the last submitted copy
   std::vector<std::unique_ptr<platform::Event>> layer_;   ///< this step's per-layer load events
   bool gate_installed_ = false;

@@ -12,10 +12,15 @@ namespace {
 /// Host evictions written to storage per round trip.
 constexpr size_t kPutBatch = 32;
 
-const HiCacheConfig& validated(const HiCacheConfig& c) {
+const HiCacheConfig& validated(const HiCacheConfig& c, bool tensor_parallel) {
   c.validate();
   PAGODA_REQUIRE(c.enabled(), kInvalidArgument,
                  "HiCache needs a host pool size (hicache_ratio or hicache_size)");
+  PAGODA_REQUIRE(c.storage.empty() || !tensor_parallel, kUnsupported,
+                 "the hierarchical cache's storage tier (hicache_storage '{}') does not run with "
+                 "tensor parallelism yet (its page records would need every rank's heads): drop "
+                 "the storage tier or run with one rank",
+                 c.storage);
   return c;
 }
 
@@ -23,13 +28,13 @@ const HiCacheConfig& validated(const HiCacheConfig& c) {
 
 HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::KvPool& device_pool,
                  platform::Platform& platform, const HiCacheConfig& config,
-                 StorageFactory open_storage)
+                 StorageFactory open_storage, TierPeers* peers)
     : PrefixCache(allocator, table),
-      config_(validated(config)),
+      config_(validated(config, peers != nullptr)),
       allocator_(&allocator),
       host_pool_(device_pool.config(), config.host, platform.pinned_allocator()),
       host_(host_pool_.pages()),
-      controller_(platform, device_pool, host_pool_),
+      controller_(platform, device_pool, host_pool_, peers),
       tree_pages_(static_cast<size_t>(allocator.num_pages()) + 1),
       device_(allocator, table) {
   PAGODA_REQUIRE(device_pool.page_size() == allocator.page_size() &&
@@ -390,7 +395,7 @@ void HiCache::unadmit(cache::CacheRequest& req) {
   std::erase_if(pending_, [&](const Admission& a) { return a.req == &req; });
 }
 
-void HiCache::begin_forward() {
+StepCopies HiCache::begin_step() {
   for (const Admission& a : pending_) {
     ++stats_.match_calls;
     stats_.queried_tokens += a.queried;
@@ -406,7 +411,7 @@ void HiCache::begin_forward() {
     }
   }
   pending_.clear();
-  controller_.begin_forward();
+  return controller_.take();
 }
 
 int64_t HiCache::drain_host() {

@@ -28,10 +28,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pagoda/cache/radix_cache.h"
@@ -78,10 +80,12 @@ class HiCache final : public cache::PrefixCache {
   /// `open_storage` (default: make_storage(config.storage)) is called twice: the scheduler's
   /// backend and the prefetch thread's. Throws Error(kInvalidArgument) for a bad config or a
   /// storage that cannot be opened, kUnsupported when the platform has no copy stream.
-  /// Everything passed must outlive the cache.
+  /// With tensor parallelism `device_pool` is rank 0's shard and `peers` the other ranks: every
+  /// page copy is mirrored to them (TierController); a storage tier is then kUnsupported (a
+  /// page record would need every rank's shard). Everything passed must outlive the cache.
   HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::KvPool& device_pool,
           platform::Platform& platform, const HiCacheConfig& config,
-          StorageFactory open_storage = {});
+          StorageFactory open_storage = {}, TierPeers* peers = nullptr);
   ~HiCache() override;
 
   std::string_view name() const override { return "hicache"; }
@@ -124,9 +128,19 @@ class HiCache final : public cache::PrefixCache {
   /// Touches the device tree like match_prefix; changes nothing else.
   TierMatch match_tiers(const cache::RadixKey& key, int64_t max_prefix_len);
   /// Around each forward: counts the step's admissions (hits per tier), submits queued copies
-  /// and gates the device pool per layer.
-  void begin_forward();
+  /// and gates the device pool per layer: begin_forward(begin_step()).
+  void begin_forward() { begin_forward(begin_step()); }
+  /// The two halves, for the overlap scheduler: begin_step() on the scheduler's thread when the
+  /// step is launched (counts its admissions, takes the copies queued for it), begin_forward()
+  /// and end_forward() on the step thread around its forward.
+  StepCopies begin_step();
+  void begin_forward(StepCopies copies) { controller_.begin_forward(std::move(copies)); }
   void end_forward() { controller_.end_forward(); }
+  /// The overlap scheduler's wait for the step in flight, run before every synchronize (device
+  /// evictions, host evictions, write-back): TierController::set_step_barrier.
+  void set_step_barrier(std::function<void()> barrier) {
+    controller_.set_step_barrier(std::move(barrier));
+  }
   /// Submits every queued copy and waits for all of them.
   void synchronize() { controller_.synchronize(); }
   /// Evicts the whole host tier (an idle engine's drain); returns pages evicted.

@@ -9,6 +9,7 @@
 
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
+#include "pagoda/engine/tp.h"
 #include "redis_server.h"
 
 namespace pagoda::engine {
@@ -25,8 +26,9 @@ struct Turns {
 /// `convs` conversations x `turns` turns: a shared system prompt, each turn appends the previous
 /// answer and a new user message. Every turn of every conversation is submitted at once;
 /// `after_turn(t)` runs once turn t has finished.
+/// `tp` > 1 runs the model over an in-process tensor-parallel group of that many ranks.
 Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns, int max_new,
-                    const std::function<void(int)>& after_turn = {}) {
+                    const std::function<void(int)>& after_turn = {}, int tp = 1) {
   std::mt19937_64 rng(seed);
   auto rand_tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -35,7 +37,8 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
   };
   const auto system = rand_tokens(40);
   std::vector<std::vector<int32_t>> history(static_cast<size_t>(convs), system);
-  Engine engine(test_model().model, cfg);
+  LocalTpGroup group(tp);
+  Engine engine(test_model().model, cfg, nullptr, tp > 1 ? group.factory() : WorkerFactory{});
   Turns out;
   for (int t = 0; t < turns; ++t) {
     std::vector<RequestId> ids;
@@ -61,6 +64,7 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
   engine.memory().drain_host_cache();
   EXPECT_EQ(engine.memory().free_pages(), engine.memory().total_pages());
   EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
+  EXPECT_EQ(group.follower_error(), "");
   return out;
 }
 
@@ -136,6 +140,83 @@ TEST(EngineHiCacheSpec, NgramSpeculationGivesTheSameTokens) {
   EXPECT_EQ(spec_only.outputs, tiered.outputs);
   EXPECT_GT(tiered.stats.spec_steps, 0);
   EXPECT_GT(tiered.stats.tier.host_hit_tokens, 0);
+}
+
+/// Tensor parallelism: each rank keeps its own head shard of every host page, and the one
+/// scheduler-side tier controller mirrors every load-back and backup to the other rank in its
+/// own order. Two ranks with the host tier give the same greedy tokens as two ranks without it
+/// and as one rank with it (f32), with host hits, under both write-through and write-back (whose
+/// device evictions wait for their backups on every rank).
+TEST(EngineHiCacheTp, TwoRanksGiveTheTokensOfOneRankAndOfNoTier) {
+  const uint64_t seed = 4377;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  for (const auto& [page, policy] :
+       {std::pair{16, tier::WritePolicy::kWriteThrough}, std::pair{1, tier::WritePolicy::kWriteBack}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << page << " policy "
+                                      << static_cast<int>(policy));
+    EngineConfig cfg{.page_size = page,
+                     .pool_tokens = 256,
+                     .scheduler = SchedulerConfig{.max_running_requests = 4, .chunk_size = 32},
+                     .backend = testing::backend_named("cpu"),
+                     .check_integrity = true};
+    const Turns no_tier = run_multiturn(cfg, seed, 6, 4, 6, {}, 2);
+    cfg.hicache = tier::HiCacheConfig{.host = {.ratio = 8}, .write_policy = policy};
+    const Turns one_rank = run_multiturn(cfg, seed, 6, 4, 6, {}, 1);
+    const Turns two_ranks = run_multiturn(cfg, seed, 6, 4, 6, {}, 2);
+    EXPECT_EQ(no_tier.outputs, two_ranks.outputs);
+    EXPECT_EQ(one_rank.outputs, two_ranks.outputs);
+    const tier::TierStats& t = two_ranks.stats.tier;
+    EXPECT_GT(t.host_hit_tokens, 0);
+    EXPECT_GT(t.transfer.load_pages, 0);
+    EXPECT_GT(t.transfer.backup_pages, 0);
+    EXPECT_EQ(t.host_hit_tokens, one_rank.stats.tier.host_hit_tokens);
+    EXPECT_GT(two_ranks.stats.scheduler.cached_tokens, no_tier.stats.scheduler.cached_tokens);
+  }
+}
+
+/// The overlap scheduler: the tier's copies run on the step thread right before the forward
+/// that reads them, after the step in flight, and every eviction waits for the step in flight.
+/// The same greedy tokens as the plain loop, with host hits, on 1 and 2 ranks, under
+/// write-through (backups of pages a launched step is still writing) and write-back (evictions
+/// that copy pages out while the next step is being prepared).
+TEST(EngineHiCacheOverlap, SameTokensAsThePlainLoop) {
+  const uint64_t seed = 4391;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  for (const auto& [policy, tp] : {std::pair{tier::WritePolicy::kWriteThrough, 1},
+                                   std::pair{tier::WritePolicy::kWriteBack, 1},
+                                   std::pair{tier::WritePolicy::kWriteThrough, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " tp " << tp << " policy "
+                                      << static_cast<int>(policy));
+    EngineConfig cfg{.page_size = 16,
+                     .pool_tokens = 256,
+                     .scheduler = SchedulerConfig{.max_running_requests = 4, .chunk_size = 32},
+                     .backend = testing::backend_named("cpu"),
+                     .check_integrity = true,
+                     .hicache = tier::HiCacheConfig{.host = {.ratio = 8}, .write_policy = policy}};
+    const Turns plain = run_multiturn(cfg, seed, 6, 4, 6, {}, tp);
+    cfg.overlap = true;
+    const Turns overlapped = run_multiturn(cfg, seed, 6, 4, 6, {}, tp);
+    EXPECT_EQ(plain.outputs, overlapped.outputs);
+    EXPECT_GT(overlapped.stats.tier.host_hit_tokens, 0);
+    EXPECT_GT(overlapped.stats.tier.transfer.backup_pages, 0);
+  }
+}
+
+TEST(EngineHiCacheTp, AStorageTierIsRefusedByName) {
+  LocalTpGroup group(2);
+  EngineConfig cfg{.page_size = 16,
+                   .pool_tokens = 256,
+                   .backend = testing::backend_named("cpu"),
+                   .hicache = tier::HiCacheConfig{.host = {.ratio = 2},
+                                                  .storage = "file:" + ::testing::TempDir() +
+                                                             "/tp_storage"}};
+  try {
+    Engine engine(test_model().model, cfg, nullptr, group.factory());
+    ADD_FAILURE() << "a storage tier with tensor parallelism was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("hicache_storage"), std::string::npos) << e.what();
+  }
 }
 
 TEST(EngineHiCacheConfig, BadOrUnsupportedCombinationsAreErrors) {

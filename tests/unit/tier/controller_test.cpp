@@ -1,9 +1,11 @@
 // The tier controller: batched backups, per-layer load-back events consumed through the device
-// pool's layer gate, and in-order submission (a load never overtakes an earlier backup).
+// pool's layer gate, in-order submission (a load never overtakes an earlier backup), and the
+// mirroring of every copy to the other tensor-parallel ranks (TierPeers).
 #include "pagoda/tier/controller.h"
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <random>
 
 #include "pagoda/core/error.h"
@@ -112,6 +114,89 @@ TEST(TierController, ThreadStreamRandomTraffic) {
   EXPECT_EQ(ctl.stats().backup_pages, 32);
   EXPECT_EQ(ctl.stats().load_pages, 32);
   EXPECT_THROW(ctl.load(std::vector<int32_t>{1}, std::vector<int32_t>{}), Error);
+}
+
+/// A second tensor-parallel rank in this process: its own device pool shard (one KV head where
+/// rank 0 has two), and, once started, its own host pool and controller, applying the mirrored
+/// copies as a follower rank does.
+struct PeerRank final : TierPeers {
+  PeerRank(platform::Platform& p, const kv::KvPoolConfig& c) : platform(&p), dev(c, p.allocator()) {}
+  void tier_start(int32_t host_pages) override {
+    host = std::make_unique<kv::HostKvPool>(dev.config(), host_pages, platform->pinned_allocator());
+    ctl = std::make_unique<TierController>(*platform, dev, *host);
+  }
+  void tier_copies(const StepCopies& c, bool sync) override {
+    ++messages;
+    ctl->backup(c.backup_device, c.backup_host);
+    ctl->load(c.load_host, c.load_device);
+    if (sync) {
+      ++syncs;
+      ctl->synchronize();
+    }
+  }
+  platform::Platform* platform;
+  kv::KvPool dev;
+  std::unique_ptr<kv::HostKvPool> host;
+  std::unique_ptr<TierController> ctl;
+  int messages = 0, syncs = 0;
+};
+
+TEST(TierController, EveryCopyReachesThePeerRankInOrder) {
+  const uint64_t seed = 4312;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  constexpr int32_t kPage = 4, kPages = 24;
+  auto platform = platform::make_cpu_platform();
+  kv::KvPoolConfig shard = small_pool(kPages, kPage);
+  shard.num_kv_heads = 1;
+  kv::KvPool dev(small_pool(kPages, kPage), platform->allocator());
+  kv::HostKvPool host(dev.config(), {.ratio = 1}, platform->pinned_allocator());
+  PeerRank peer(*platform, shard);
+  TierController ctl(*platform, dev, host, &peer);
+  ASSERT_NE(peer.host, nullptr);
+  EXPECT_EQ(peer.host->num_pages(), host.num_pages());
+  std::vector<int32_t> tokens(kPages * kPage);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % 13);
+  std::vector<int32_t> pages(kPages);
+  for (int32_t i = 0; i < kPages; ++i) pages[static_cast<size_t>(i)] = i + 1;
+  testing::write_kv(dev, tokens, 0, slots_of(pages, kPage));
+  testing::write_kv(peer.dev, tokens, 0, slots_of(pages, kPage));
+  // Random batches of backups, some submitted by a step, some by a synchronize; then both
+  // devices are wiped and everything comes back into a permutation in one step.
+  std::vector<int32_t> host_pages = pages;
+  std::shuffle(host_pages.begin(), host_pages.end(), rng);
+  for (size_t b = 0; b < pages.size(); b += 6) {
+    ctl.backup(std::span(pages).subspan(b, 6), std::span(host_pages).subspan(b, 6));
+    if (rng() % 2) {
+      ctl.begin_forward();
+      peer.ctl->begin_forward();  // the peer's forward follows the mirrored copies
+      peer.ctl->end_forward();
+      ctl.end_forward();
+    }
+  }
+  ctl.synchronize();
+  const int messages = peer.messages;
+  ctl.synchronize();  // nothing mirrored since the last one: no message
+  EXPECT_EQ(peer.messages, messages);
+  dev.fill(0.f);
+  peer.dev.fill(0.f);
+  std::vector<int32_t> target = pages;
+  std::shuffle(target.begin(), target.end(), rng);
+  ctl.load(host_pages, target);
+  ctl.begin_forward();
+  peer.ctl->begin_forward();
+  for (int32_t l = 0; l < dev.num_layers(); ++l) {
+    dev.wait_layer(LayerId{l});
+    peer.dev.wait_layer(LayerId{l});
+  }
+  peer.ctl->end_forward();
+  ctl.end_forward();
+  // Page i's tokens are now in device page target[i] on both ranks, each with its own heads.
+  EXPECT_TRUE(kv_matches_all(dev, tokens, slots_of(target, kPage)));
+  EXPECT_TRUE(kv_matches_all(peer.dev, tokens, slots_of(target, kPage)));
+  EXPECT_EQ(peer.ctl->stats().backup_pages, kPages);
+  EXPECT_EQ(peer.ctl->stats().load_pages, kPages);
+  EXPECT_GE(peer.syncs, 1);
 }
 
 }  // namespace
