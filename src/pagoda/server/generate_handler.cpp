@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
@@ -463,10 +464,11 @@ void read_room(const httplib::Request& req, Job& job) {
 void submit_choices(ServerState& s, Job& job) {
   const ApiRequest& r = job.request;
   if (r.tool_auto && !s.tool_format)
-    throw_invalid("tool_choice", "\"auto\" (the default with tools) needs the server started "
-                                 "with --tool-call-parser NAME (the model's tool-call syntax: "
-                                 "qwen25, llama3 or mistral); or give \"required\", a function, "
-                                 "or \"none\"");
+    throw_invalid("tool_choice",
+                  fmt::format("\"auto\" (the default with tools) needs the server started with "
+                              "--tool-call-parser NAME (the model's tool-call syntax: {}); or "
+                              "give \"required\", a function, or \"none\"",
+                              fmt::join(tool_call_format_names(), ", ")));
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> echoes;
   if (r.endpoint == Endpoint::kChat) {

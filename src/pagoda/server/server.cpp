@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "pagoda/core/error.h"
@@ -51,11 +52,9 @@ void validate(const ServeOptions& o) {
   PAGODA_REQUIRE(o.disaggregation_transfer_backend == "ucx", kUnsupported,
                  "--disaggregation-transfer-backend '{}' is not built (have: ucx)",
                  o.disaggregation_transfer_backend);
-  std::string parsers;
-  for (const std::string& n : tool_call_format_names()) parsers += (parsers.empty() ? "" : ", ") + n;
   PAGODA_REQUIRE(o.tool_call_parser.empty() || tool_call_format(o.tool_call_parser).has_value(),
                  kInvalidArgument, "--tool-call-parser '{}' is not one of: {}", o.tool_call_parser,
-                 parsers);
+                 fmt::join(tool_call_format_names(), ", "));
 }
 
 /// Tool calls in the model's syntax (tool_parser.h): the --tool-call-parser format and the

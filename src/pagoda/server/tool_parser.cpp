@@ -3,6 +3,7 @@
 #include "pagoda/server/tool_parser.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -157,15 +158,26 @@ ParsedReply split_at(ToolCallFormat f, std::string_view s, size_t at,
 
 }  // namespace
 
+namespace {
+/// Every name of `serve --tool-call-parser` and its format (SGLang's names).
+constexpr std::pair<std::string_view, ToolCallFormat> kFormatNames[] = {
+    {"qwen25", ToolCallFormat::kQwen25}, {"qwen", ToolCallFormat::kQwen25},
+    {"hermes", ToolCallFormat::kQwen25}, {"llama3", ToolCallFormat::kLlama3},
+    {"mistral", ToolCallFormat::kMistral}};
+}  // namespace
+
 std::optional<ToolCallFormat> tool_call_format(std::string_view name) {
-  if (name == "qwen25" || name == "qwen" || name == "hermes") return ToolCallFormat::kQwen25;
-  if (name == "llama3") return ToolCallFormat::kLlama3;
-  if (name == "mistral") return ToolCallFormat::kMistral;
+  for (const auto& [n, f] : kFormatNames)
+    if (n == name) return f;
   return std::nullopt;
 }
 
 const std::vector<std::string>& tool_call_format_names() {
-  static const std::vector<std::string> names = {"qwen25", "qwen", "hermes", "llama3", "mistral"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& [n, f] : kFormatNames) v.emplace_back(n);
+    return v;
+  }();
   return names;
 }
 
