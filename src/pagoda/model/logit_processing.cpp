@@ -117,13 +117,20 @@ void apply_logit_adjust(float* logits, int64_t vocab, std::span<const LogitAdjus
   }
 }
 
+namespace {
+/// The bits of a mask's last word that name tokens (the rest lie past the vocabulary).
+uint32_t last_word_bits(int64_t vocab) {
+  const int64_t tail = vocab - (token_mask_words(vocab) - 1) * 32;  // 1..32
+  return tail == 32 ? ~0u : (1u << tail) - 1u;
+}
+}  // namespace
+
 void apply_token_mask(float* logits, int64_t vocab, std::span<const int32_t> rows,
                       std::span<const uint32_t> mask) {
   const int64_t words = token_mask_words(vocab);
   PAGODA_CHECK(mask.size() >= rows.size() * static_cast<size_t>(words));
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
-  const int64_t tail = vocab - (words - 1) * 32;  // tokens in the last word, 1..32
-  const uint32_t past_vocab = tail == 32 ? 0u : ~((1u << tail) - 1u);
+  const uint32_t past_vocab = ~last_word_bits(vocab);
   for (size_t i = 0; i < rows.size(); ++i) {
     float* l = logits + static_cast<int64_t>(rows[i]) * vocab;
     const uint32_t* m = mask.data() + i * static_cast<size_t>(words);
@@ -146,9 +153,7 @@ bool mask_allows_some(std::span<const uint32_t> mask, int64_t vocab) {
   PAGODA_CHECK(static_cast<int64_t>(mask.size()) >= words);
   for (int64_t w = 0; w + 1 < words; ++w)
     if (mask[static_cast<size_t>(w)] != 0) return true;
-  const int64_t tail = vocab - (words - 1) * 32;  // tokens in the last word, 1..32
-  const uint32_t valid = tail == 32 ? ~0u : (1u << tail) - 1u;
-  return words > 0 && (mask[static_cast<size_t>(words - 1)] & valid) != 0;
+  return words > 0 && (mask[static_cast<size_t>(words - 1)] & last_word_bits(vocab)) != 0;
 }
 
 }  // namespace pagoda::model
