@@ -2,6 +2,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "pagoda/platform/platform.h"
@@ -28,6 +29,15 @@ class ThreadCopyStream final : public CopyStream {
       std::lock_guard lock(mu_);
       queue_.push_back(Task{dst, src, bytes});
       ++enqueued_;
+    }
+    work_cv_.notify_one();
+  }
+
+  void copy_batch(std::span<const Op> ops) override {
+    {
+      std::lock_guard lock(mu_);
+      for (const Op& op : ops) queue_.push_back(Task{op.dst, op.src, op.bytes});
+      enqueued_ += ops.size();
     }
     work_cv_.notify_one();
   }

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,11 +77,25 @@ class Event {
 /// the ordering and waiting logic runs for real. Not thread-safe: one thread enqueues.
 class CopyStream {
  public:
+  /// One copy of a batch: `bytes` from `src` to `dst`.
+  struct Op {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
   virtual ~CopyStream() = default;
   /// Enqueues a copy of `bytes` from `src` to `dst` (host or this platform's device memory;
   /// host memory should come from pinned_allocator()). Both must stay valid, and `src`
   /// unchanged, until an event recorded after this call completes. Never blocks.
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  /// Enqueues `ops` as copy() would, in one call: they run after every copy enqueued before and
+  /// before every copy enqueued after, in no order among themselves (their ranges must not
+  /// overlap). CUDA: one cudaMemcpyBatchAsync instead of one cudaMemcpyAsync per op (a host
+  /// tier's page runs are often one page each: thousands of calls per step); default: copy()
+  /// per op.
+  virtual void copy_batch(std::span<const Op> ops) {
+    for (const Op& op : ops) copy(op.dst, op.src, op.bytes);
+  }
   /// An event that completes when every copy enqueued so far has finished.
   virtual std::unique_ptr<Event> record() = 0;
   /// Copies enqueued after this call start only once `event` (e.g. one recorded on the compute

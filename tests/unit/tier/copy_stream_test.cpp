@@ -2,6 +2,7 @@
 // synchronize() wait for exactly what was enqueued before them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -43,6 +44,49 @@ TEST(CopyStream, RunsInOrderAndEventsWait) {
   stream->synchronize();
   EXPECT_TRUE(e->done());
   EXPECT_EQ(big_dst, big);
+}
+
+TEST(CopyStream, BatchesKeepStreamOrder) {
+  const uint64_t seed = 977;
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  auto platform = make_cpu_platform();
+  auto stream = platform->make_copy_stream();
+  // 64-byte pages of a 512-page buffer. Each round: single copies of random pages, then a
+  // batch of disjoint shuffled pages (one page each, as a host tier's runs often are), then
+  // single copies again: later writes win only if batches keep their place in the stream.
+  constexpr size_t kPage = 64, kPages = 512;
+  std::vector<uint8_t> dst(kPage * kPages, 0), expect(dst.size(), 0);
+  std::vector<std::vector<uint8_t>> sources;
+  std::vector<size_t> perm(kPages);
+  for (int round = 0; round < 40; ++round) {
+    auto source = [&] {
+      sources.emplace_back(kPage);
+      for (auto& b : sources.back()) b = static_cast<uint8_t>(rng());
+      return sources.back().data();
+    };
+    sources.reserve(sources.size() + 3 * kPages);  // the pointers taken below stay valid
+    auto single = [&] {
+      const size_t p = rng() % kPages;
+      const uint8_t* s = source();
+      stream->copy(dst.data() + p * kPage, s, kPage);
+      std::memcpy(expect.data() + p * kPage, s, kPage);
+    };
+    for (int i = 0; i < 8; ++i) single();
+    for (size_t i = 0; i < kPages; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<CopyStream::Op> ops;
+    for (size_t i = 0; i < 1 + rng() % kPages; ++i) {
+      const uint8_t* s = source();
+      ops.push_back({dst.data() + perm[i] * kPage, s, i % 7 == 3 ? 0 : kPage});
+      std::memcpy(expect.data() + perm[i] * kPage, s, ops.back().bytes);
+    }
+    stream->copy_batch(ops);
+    for (int i = 0; i < 8; ++i) single();
+  }
+  auto e = stream->record();
+  e->synchronize();
+  EXPECT_EQ(dst, expect);
 }
 
 TEST(CopyStream, WaitEventBlocksTheCpuComputeStream) {

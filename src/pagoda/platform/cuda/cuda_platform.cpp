@@ -1,7 +1,9 @@
 #include "pagoda/platform/cuda/cuda_platform.h"
 
 #include <cstring>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/kernels/cuda/launch.h"
@@ -125,6 +127,27 @@ class CudaCopyStream final : public CopyStream {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
   }
+  void copy_batch(std::span<const Op> ops) override {
+    dsts_.clear();
+    srcs_.clear();
+    sizes_.clear();
+    for (const Op& op : ops) {
+      if (op.bytes == 0) continue;
+      dsts_.push_back(op.dst);
+      srcs_.push_back(op.src);
+      sizes_.push_back(op.bytes);
+    }
+    if (dsts_.empty()) return;
+    // One attribute for every copy: sources read in stream order (after what the stream waited
+    // for), and the copies may yield to the compute stream's kernels.
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attr_index = 0;
+    cuda_check(cudaMemcpyBatchAsync(dsts_.data(), srcs_.data(), sizes_.data(), dsts_.size(),
+                                    &attr, &attr_index, 1, stream_),
+               "cudaMemcpyBatchAsync");
+  }
   std::unique_ptr<Event> record() override {
     auto e = std::make_unique<CudaEvent>(stream_);
     e->record();
@@ -139,6 +162,9 @@ class CudaCopyStream final : public CopyStream {
 
  private:
   cudaStream_t stream_ = nullptr;
+  std::vector<void*> dsts_;  ///< copy_batch's arrays, kept to reuse their memory
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
 };
 
 }  // namespace
