@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "engine_pd_util.h"
 #include "gpu_test_common.h"
 #include "pagoda/disagg/kv_layout.h"
 #include "pagoda/disagg/staging.h"
@@ -84,31 +85,24 @@ TEST(CudaPdEngine, StagedTransferBetweenTwoEnginesDecodesLikeOne) {
     const engine::RequestId pid =
         prefill.add_request({.prompt = p, .max_new_tokens = 1, .ignore_eos = true, .hold_kv = true});
     prefill.run_until_idle();
-    const engine::RequestOutput po = prefill.output(pid);
-    ASSERT_TRUE(po.kv_held);
+    ASSERT_TRUE(prefill.output(pid).kv_held);
     const engine::RequestId did =
         decode.transfer().add_request({.prompt = p, .max_new_tokens = max_new, .ignore_eos = true});
     ASSERT_TRUE(decode.transfer().preallocate(did));
-    const auto start = static_cast<std::ptrdiff_t>(decode.output(did).cached_tokens / 16);
-    std::vector<PageId> src = prefill.transfer().prompt_pages(pid);
-    std::vector<PageId> dst = decode.transfer().prompt_pages(did);
-    src.erase(src.begin(), src.begin() + start);
-    dst.erase(dst.begin(), dst.begin() + start);
-    disagg::StagingLease room = in.take(static_cast<int32_t>(dst.size()));
-    ASSERT_EQ(room.size(), dst.size());
+    const testing::PdPages pages = testing::pd_pages(prefill, pid, decode, did);
+    disagg::StagingLease room = in.take(static_cast<int32_t>(pages.dst.size()));
+    ASSERT_EQ(room.size(), pages.dst.size());
     auto computed = gpu_p->make_event();
     computed->record();
     const disagg::StagedSend sent =
-        disagg::send_staged(*gpu_p, from, computed.get(), out, src, room.pages(), put, {},
+        disagg::send_staged(*gpu_p, from, computed.get(), out, pages.src, room.pages(), put, {},
                             std::chrono::steady_clock::now() + std::chrono::seconds(30));
     ASSERT_TRUE(sent.transfer.ok) << sent.transfer.error;
     EXPECT_EQ(sent.checksum, disagg::pages_checksum(in.regions(), in.page_bytes(), room.pages()));
     auto mark = gpu_d->make_event();
     mark->record();
-    disagg::unstage(*gpu_d, in, room.pages(), to, dst, mark.get());
-    EXPECT_FALSE(decode.transfer().commit(did, po.output_ids[0]));
-    prefill.transfer().release_kv(pid);
-    prefill.release(pid);
+    disagg::unstage(*gpu_d, in, room.pages(), to, pages.dst, mark.get());
+    EXPECT_FALSE(testing::pd_commit(prefill, pid, decode, did));
     got.push_back(did);
     decode.step();  // requests join a running batch one by one
   }
