@@ -208,8 +208,16 @@ std::unique_ptr<PdContext> make_pd_context(PdRole role, engine::Engine& engine,
   const int64_t pages = (tokens + pool.page_size() - 1) / pool.page_size();
   PAGODA_REQUIRE(pages <= INT32_MAX / pool.page_size() - 1, kInvalidArgument,
                  "--disaggregation-staging-tokens {} is too large", tokens);
-  pd->staging = std::make_unique<disagg::StagingPool>(pool.config(), static_cast<int32_t>(pages),
-                                                      platform.pinned_allocator());
+  try {
+    pd->staging = std::make_unique<disagg::StagingPool>(
+        pool.config(), static_cast<int32_t>(pages), platform.pinned_allocator());
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    throw_error(ErrorCode::kResourceExhausted,
+                "the KV transfer's staging of {} tokens does not fit in pinned memory (lower "
+                "--disaggregation-staging-tokens): {}",
+                tokens, e.what());
+  }
   pd->transfer = disagg::make_ucx_transfer(pd->staging->regions());
   pd->timeout_s = timeout_s;
   return pd;
