@@ -80,6 +80,9 @@ class LlamaModel {
     // DSA indexer (config.is_dsa(); LayerWeights' idx_* fields as they are).
     std::vector<float> idx_wq_b, idx_wk, idx_k_norm, idx_k_norm_bias, idx_weights_proj;
   };
+  /// Elements of every weight array the forward uses (packed layers, embedding, LM head, final
+  /// norm): a device copy holds this many values in the model dtype (engine pool sizing).
+  int64_t weight_elements() const;
   /// Read access for device implementations (model/cuda uploads these once).
   const std::vector<PackedLayer>& packed_layers() const { return packed_; }
   const std::vector<float>& embed_weights() const { return embed_; }
