@@ -229,6 +229,22 @@ def gtest_cases(path):
             for suite in j.get("testsuites", []) for case in suite.get("testsuite", [])]
 
 
+def conformance_result(adir):
+    """The amx row's result cell of `pagoda conformance --output` (e.g. "pass (108 run, 98
+    unsupported)"), or the log's last line when the matrix is missing."""
+    try:
+        for line in open(os.path.join(adir, "conformance.md"), errors="replace"):
+            if line.startswith("| amx |"):
+                return line.strip().strip("|").split("|")[-1].strip()
+    except OSError:
+        pass
+    try:
+        lines = open(os.path.join(adir, "conformance.log"), errors="replace").read().strip().splitlines()
+        return lines[-1] if lines else None
+    except OSError:
+        return None
+
+
 def amx(d):
     adir = os.path.join(d, "amx")
     if not os.path.isdir(adir):
@@ -237,8 +253,7 @@ def amx(d):
     try:
         out["cpu"] = open(os.path.join(adir, "cpu_model.txt")).read().strip()
         out["cpu_flags"] = open(os.path.join(adir, "cpu_flags.txt")).read().split()
-        lines = open(os.path.join(adir, "conformance.log"), errors="replace").read().strip().splitlines()
-        out["conformance"] = lines[-1] if lines else None
+        out["conformance"] = conformance_result(adir)
     except OSError:
         pass
     for name in ("model_tests", "engine_tests"):

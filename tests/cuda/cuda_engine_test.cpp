@@ -194,6 +194,9 @@ TEST(CudaEngineGraph, TokenConstraintsReplayAndEqualTheCpuEngine) {
     cfg.scheduler.max_running_requests = 8;  // the 5 requests decode together (bucket 8)
     cfg.backend.attention = cuda ? "cuda" : "reference";
     cfg.cuda_graph = graphs;
+    // f32 on both sides: the device default (bf16) moved request 0 off the CPU engine's greedy
+    // tokens after 17 steps at add2600 (eager and graphs agreeing with each other).
+    cfg.dtype = DType::kF32;
     Engine eng(m, cfg, gpu.get());
     std::vector<std::shared_ptr<testing::RandomConstraint>> cons;
     std::vector<RequestId> ids;
