@@ -72,13 +72,16 @@ std::vector<int32_t> parse_token_ids(const std::string& s) {
 }
 
 /// The engine configuration of the options. The pool holds at least `pool_tokens` (>= 4096)
-/// and `max_running` requests run at once, unless --pool-tokens / --max-running say otherwise.
+/// and `max_running` requests run at once, unless --pool-tokens (or --kv-cache-memory /
+/// --mem-fraction-static) / --max-running say otherwise.
 engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform::Platform& platform,
                                        int64_t pool_tokens, int32_t max_running,
                                        SpecDraft& draft,
                                        const model::LlamaModel* target = nullptr) {
   engine::EngineArgs args = o.engine.resolve();
-  if (args.pool_tokens == 0) args.pool_tokens = std::max<int64_t>(4096, pool_tokens);
+  const bool from_memory = args.kv_cache_memory > 0 || args.mem_fraction_static > 0;
+  if (args.pool_tokens == 0 && !from_memory)
+    args.pool_tokens = std::max<int64_t>(4096, pool_tokens);
   if (args.max_running == 0) args.max_running = max_running;
   engine::EngineConfig cfg = engine::make_engine_config(args, platform);
   cfg.spec = make_spec_config(o.spec, draft, target);
