@@ -19,6 +19,7 @@
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/llama_worker.h"
+#include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
@@ -102,9 +103,7 @@ EngineConfig config(int page_size, int64_t pool_tokens) {
 }
 
 TEST(EngineOverlap, SameOutputsAsThePlainLoop) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] EngineOverlap.SameOutputsAsThePlainLoop %llu\n",
-              static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   const Workload w = make_workload(seed);
   // EOS is a token the first greedy request emits, so requests stop at EOS at different steps.
   model::ModelConfig c = test_model().config;
@@ -112,8 +111,7 @@ TEST(EngineOverlap, SameOutputsAsThePlainLoop) {
   model::LlamaModel eos_model(c, test_model().weights);
   for (int page_size : {1, 16}) {
     for (int chunk : {0, 16}) {
-      SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << page_size
-                                        << " chunk " << chunk);
+      SCOPED_TRACE(::testing::Message() << "page " << page_size << " chunk " << chunk);
       EngineConfig cfg = config(page_size, 4096);
       cfg.scheduler.chunk_size = chunk;
       const LoopRun plain = run(eos_model, cfg, w, false);
@@ -133,14 +131,12 @@ TEST(EngineOverlap, SameOutputsAsThePlainLoop) {
 }
 
 TEST(EngineOverlap, RetractionUnderASmallPoolStaysExact) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] EngineOverlap.RetractionUnderASmallPoolStaysExact %llu\n",
-              static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   Workload w;
   for (const auto& p : testing::make_prompts(seed, 8))
     w.first.push_back({.prompt = p, .max_new_tokens = 20, .ignore_eos = true});
   for (int page_size : {1, 16}) {
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << page_size);
+    SCOPED_TRACE(::testing::Message() << "page " << page_size);
     EngineConfig cfg = config(page_size, 192);
     cfg.scheduler.new_token_ratio = NewTokenRatio{.init = 0.0, .min = 0.0, .decay = 0.0};
     const LoopRun plain = run(test_model().model, cfg, w, false);
@@ -218,10 +214,7 @@ class StagingWorker final : public model::ModelWorker {
 };
 
 TEST(EngineOverlap, EachStepIsStagedOnceOnTheEngineThreadThenRunWithItsStaging) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] EngineOverlap.EachStepIsStagedOnce %llu\n",
-              static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   const Workload w = make_workload(seed);
   const EngineConfig cfg = config(16, 4096);
   const LoopRun ref = run(test_model().model, cfg, w, false);  // the default worker, plain loop
