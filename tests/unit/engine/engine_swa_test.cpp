@@ -236,8 +236,7 @@ TEST(EngineSwa, KvCacheMemorySplitsOneBudgetBetweenThePools) {
   static testing::TestModel m(gemma3_tiny_config(), kSwaWeightSeed);
   const int64_t heads = m.config.num_kv_heads, dim = m.config.head_dim;
   const int64_t token_full = 1 * 2 * heads * dim * 4, token_swa = 3 * 2 * heads * dim * 4;
-  const uint64_t seed = prompt_seed();
-  std::printf("prompt seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed(testing::process_seed());
   const auto prompts = swa_prompts(seed);
   for (const auto& [page, ratio] : {std::pair{1, 0.25}, std::pair{16, 0.8}}) {
     {
