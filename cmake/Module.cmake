@@ -18,11 +18,13 @@ function(pagoda_add_module)
 endfunction()
 
 # pagoda_add_test(NAME <name> SOURCES ... DEPS ... [LABELS ...])
-# One GoogleTest executable registered with CTest through gtest_discover_tests.
+# One GoogleTest executable registered with CTest through gtest_discover_tests, with the shared
+# test helpers (pagoda_test_support: tests/support).
 include(GoogleTest)
 function(pagoda_add_test)
   cmake_parse_arguments(T "" "NAME" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main pagoda_warnings)
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} pagoda_test_support GTest::gtest
+                                          GTest::gtest_main pagoda_warnings)
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${T_LABELS}")
 endfunction()

@@ -26,6 +26,7 @@
 #include "pagoda/model/weights.h"
 #include "pagoda/platform/cuda/cuda_platform.h"
 #include "pagoda/spec/draft_tree.h"
+#include "test_seed.h"
 
 namespace pagoda {
 namespace {
@@ -49,15 +50,10 @@ std::vector<float> slot_rows(platform::Platform& p, kv::KvPool& pool, int layer,
   return out;
 }
 
-std::mt19937_64 seeded_rng() {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  return std::mt19937_64(seed);
-}
-
 TEST(CudaSpecGraph, VerifyGraphMatchesEager) {
   if (platform::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937_64 rng = seeded_rng();
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 20240611));
   const int64_t vocab = config.vocab_size;
@@ -174,7 +170,8 @@ TEST(CudaSpecGraph, VerifyGraphMatchesEager) {
 
 TEST(CudaSpecGraph, MoveKvKernelMatchesHostMoves) {
   if (platform::cuda_device_count() == 0) GTEST_SKIP() << "no GPU";
-  std::mt19937_64 rng = seeded_rng();
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
   const model::ModelConfig config = model::builtin_tiny_config();
   model::LlamaModel m(config, model::make_random_weights(config, 7));
   auto gpu = platform::make_cuda_platform();

@@ -40,6 +40,7 @@
 #include "pagoda/model/model_ops.h"
 #include "pagoda/platform/platform.h"
 #include "token_mask_reference.h"
+#include "test_seed.h"
 
 namespace pagoda::model::cuda_kernels {
 namespace {
@@ -1330,8 +1331,7 @@ namespace {
 // fewer finite logits than k (the tail is id -1, -inf), every k from 1 to 16.
 TEST(TopKKernels, MatchesAHostSort) {
   PAGODA_REQUIRE_GPU();
-  const uint64_t seed = 0x70b6c0ffeeull ^ static_cast<uint64_t>(std::random_device{}());
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const pagoda::testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const int64_t vocab = 128256;
   const int rows = 6;

@@ -1,6 +1,6 @@
 // Property test: long random scheduler-like operation streams over the allocator, the request
 // table and the prefix caches, checked against the model in cache_workload.h after every step.
-// The seed comes from std::random_device unless PAGODA_SEED is set; it is always printed.
+// The seed comes from std::random_device unless PAGODA_TEST_SEED is set; it is always printed.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "cache_workload.h"
-#include "property_seed.h"
+#include "test_seed.h"
 
 namespace pagoda::testing {
 namespace {
@@ -28,11 +28,10 @@ class CacheProperty : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CacheProperty, RandomStreamMatchesModel) {
   const Case c = GetParam();
-  const uint64_t seed = pagoda::testing::property_seed();
-  std::printf("PAGODA_SEED=%llu (page_size %d, policy %s%s)\n",
-              static_cast<unsigned long long>(seed), c.page_size, c.policy,
+  const pagoda::testing::TestSeed seed(pagoda::testing::process_seed());  // one for every case
+  std::printf("page_size %d, policy %s%s\n", c.page_size, c.policy,
               c.chunk_cache ? ", chunk cache" : "");
-  // Each case derives its own stream from the seed, so one PAGODA_SEED replays every case.
+  // Each case derives its own stream from the seed, so one PAGODA_TEST_SEED replays every case.
   RandomChoices src(seed ^ (static_cast<uint64_t>(c.page_size) << 40) ^
                     std::hash<std::string>()(c.policy) ^ (c.chunk_cache ? 0x5A5Au : 0u));
   WorkloadConfig config{.page_size = c.page_size,
@@ -46,10 +45,9 @@ TEST_P(CacheProperty, RandomStreamMatchesModel) {
     for (int64_t i = 0; i < c.steps; ++i) workload.step(src);
     workload.drain();
   } catch (const WorkloadMismatch& e) {
-    FAIL() << e.what() << "\nreplay with PAGODA_SEED=" << seed;
+    FAIL() << e.what();
   } catch (const std::exception& e) {
-    FAIL() << "unexpected exception at step " << workload.steps() << ": " << e.what()
-           << "\nreplay with PAGODA_SEED=" << seed;
+    FAIL() << "unexpected exception at step " << workload.steps() << ": " << e.what();
   }
   const auto& s = workload.stats();
   std::printf("  %lld steps, hit rate %.3f, evicted %lld tokens\n",

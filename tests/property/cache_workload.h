@@ -24,7 +24,6 @@
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
-#include "property_seed.h"
 
 namespace pagoda::testing {
 

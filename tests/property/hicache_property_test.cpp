@@ -10,7 +10,7 @@
 // device refcounts == tree pages + request pages, host references == host-tier entries.
 // Small-host cases also run a storage tier (file backend) whose pages the test corrupts or
 // deletes at random: such a page is a miss and the prefix is recomputed, never wrong KV.
-// The seed comes from std::random_device unless PAGODA_SEED is set; it is always printed.
+// The seed comes from std::random_device unless PAGODA_TEST_SEED is set; it is always printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,7 +23,7 @@
 
 #include "pagoda/tier/hicache.h"
 #include "tier_test_util.h"
-#include "property_seed.h"
+#include "test_seed.h"
 
 namespace pagoda::tier {
 namespace {
@@ -269,9 +269,8 @@ class HiCacheProperty : public ::testing::TestWithParam<Case> {};
 
 TEST_P(HiCacheProperty, RandomOperationsKeepTheTiersConsistent) {
   const Case& c = GetParam();
-  const uint64_t seed = pagoda::testing::property_seed();
-  std::printf("PAGODA_SEED=%llu (page_size %d, policy %s, %s host)\n",
-              static_cast<unsigned long long>(seed), c.page_size,
+  const pagoda::testing::TestSeed seed(pagoda::testing::process_seed());  // one for every case
+  std::printf("page_size %d, policy %s, %s host\n", c.page_size,
               std::string(write_policy_name(c.policy)).c_str(), c.big_host ? "big" : "small");
   const uint64_t case_seed = seed ^ (static_cast<uint64_t>(c.page_size) << 40) ^
                              (static_cast<uint64_t>(c.policy) << 50) ^ (c.big_host ? 1ull << 60 : 0);
@@ -279,7 +278,7 @@ TEST_P(HiCacheProperty, RandomOperationsKeepTheTiersConsistent) {
   for (int i = 0; i < 400 && !::testing::Test::HasFatalFailure(); ++i) {
     run.step();
     if (::testing::Test::HasFatalFailure()) {
-      FAIL() << "step " << i << "; replay with PAGODA_SEED=" << seed;
+      FAIL() << "step " << i;
     }
   }
   run.finish_all();
@@ -287,7 +286,6 @@ TEST_P(HiCacheProperty, RandomOperationsKeepTheTiersConsistent) {
   if (c.big_host && c.policy != WritePolicy::kWriteThroughSelective) {
     EXPECT_GT(run.host_hits, 0) << "the host tier never served a hit";
   }
-  if (::testing::Test::HasFailure()) ADD_FAILURE() << "replay with PAGODA_SEED=" << seed;
 }
 
 std::vector<Case> cases() {

@@ -10,7 +10,7 @@
 //     == total;
 //   * policy order: a single-leaf eviction removes exactly the first leaf of evictable_leaves()
 //     (computed by a tree walk, independently of the eviction heap), and only it;
-// and check_integrity() of both every 64 operations. PAGODA_SEED=<n> replays a run.
+// and check_integrity() of both every 64 operations. PAGODA_TEST_SEED=<n> replays a run.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -24,7 +24,7 @@
 
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/error.h"
-#include "property_seed.h"
+#include "test_seed.h"
 
 namespace pagoda::testing {
 namespace {
@@ -244,16 +244,15 @@ class RadixPolicyProperty : public ::testing::TestWithParam<PolicyCase> {};
 
 TEST_P(RadixPolicyProperty, MillionOperationsKeepPolicyOrderAndAccounting) {
   const PolicyCase c = GetParam();
-  const uint64_t seed = pagoda::testing::property_seed();
-  std::printf("PAGODA_SEED=%llu (page_size %d, policy %s, %lld ops)\n",
-              static_cast<unsigned long long>(seed), c.page_size, c.policy,
+  const pagoda::testing::TestSeed seed(pagoda::testing::process_seed());  // one for every case
+  std::printf("page_size %d, policy %s, %lld ops\n", c.page_size, c.policy,
               static_cast<long long>(kOpsPerCase));
   Stream stream(c, seed ^ (static_cast<uint64_t>(c.page_size) << 40) ^
                        std::hash<std::string>()(c.policy));
   try {
     stream.run(kOpsPerCase);
   } catch (const std::exception& e) {
-    FAIL() << e.what() << "\nreplay with PAGODA_SEED=" << seed;
+    FAIL() << e.what();
   }
   EXPECT_GT(stream.evicted(), 0);
   EXPECT_GT(stream.matched(), 0);

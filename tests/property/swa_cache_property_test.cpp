@@ -10,7 +10,7 @@
 // prefix_len, each page's window locks, that evictions only take unlocked pages (whole leaves for
 // the full side, unlocked window sides for the SWA side) and stop only when nothing evictable is
 // left, both pools' referenced-page counts, and check_integrity(). Pages 1, 16, 64; the seed is
-// printed (PAGODA_SEED replays it).
+// printed (PAGODA_TEST_SEED replays it).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include "cache_workload.h"
 
 #include "pagoda/cache/swa_radix_cache.h"
+#include "test_seed.h"
 
 namespace pagoda::cache {
 namespace {
@@ -280,8 +281,8 @@ class SwaCacheProperty : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(SwaCacheProperty, RandomStreamMatchesModel) {
   const int32_t p = GetParam();
-  const uint64_t seed = testing::property_seed();
-  std::printf("PAGODA_SEED=%llu (page_size %d)\n", static_cast<unsigned long long>(seed), p);
+  const pagoda::testing::TestSeed seed(pagoda::testing::process_seed());  // one for every case
+  std::printf("page_size %d\n", p);
   std::mt19937_64 pick(seed ^ static_cast<uint64_t>(p));
   int64_t matched = 0, cut = 0, swa_evicted = 0, tombstones = 0, revived = 0;
   for (int round = 0; round < 6; ++round) {
@@ -291,7 +292,7 @@ TEST_P(SwaCacheProperty, RandomStreamMatchesModel) {
     for (int i = 0; i < 700 && !::testing::Test::HasFatalFailure(); ++i) model.step();
     if (!::testing::Test::HasFatalFailure()) model.drain();
     ASSERT_FALSE(::testing::Test::HasFatalFailure())
-        << "window " << window << "; replay with PAGODA_SEED=" << seed;
+        << "window " << window;
     matched += model.matched;
     cut += model.cut;
     swa_evicted += model.swa_evicted;

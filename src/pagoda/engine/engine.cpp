@@ -11,7 +11,6 @@
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/pool_sizing.h"
-#include "pagoda/engine/tp.h"
 #include "pagoda/model/llama_worker.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
 #include "pagoda/model/cuda/cuda_ops.h"
@@ -289,8 +288,11 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                .comm = nullptr,
                                .swa = memory_->swa_pages(),
                                .cpu_gemm = config.cpu_gemm};
+  tier::TierPeers* tier_peers = nullptr;
   if (make_worker) {
-    worker_ = make_worker(model, dtype, wc, table);
+    BuiltWorker built = make_worker(model, dtype, wc, table);
+    worker_ = std::move(built.worker);
+    tier_peers = built.tier_peers;
     PAGODA_REQUIRE(worker_ != nullptr, kInvalidArgument, "the worker factory returned no worker");
   } else {
     worker_ = std::make_unique<model::LlamaWorker>(model, make_model_ops(*platform_, dtype, wc.cpu_gemm),
@@ -301,11 +303,10 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   tier::HiCache* hicache = nullptr;
   if (config.hicache.enabled()) {
     // The host tier copies to and from the worker's pool, so it comes after the worker. A
-    // worker that runs other ranks (tensor parallelism: rank 0's pool is one head shard) is the
-    // TierPeers that mirrors every page copy to their pools.
+    // worker that runs other ranks (tensor parallelism: rank 0's pool is one head shard) came
+    // with the TierPeers that mirror every page copy to their pools.
     auto hi = std::make_unique<tier::HiCache>(allocator, table, worker_->kv_pool(), *platform_,
-                                              config.hicache, tier::StorageFactory{},
-                                              dynamic_cast<tier::TierPeers*>(worker_.get()));
+                                              config.hicache, tier::StorageFactory{}, tier_peers);
     hicache = hi.get();
     cache = std::move(hi);
   } else if (swa && config.radix_cache) {
@@ -354,8 +355,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   outputs_ = std::make_unique<OutputProcessor>(*scheduler_, model.config(), max_context_len_,
                                                stats_, start);
   if (config.overlap) {
-    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_, hicache,
-                                             dynamic_cast<TpLeaderWorker*>(worker_.get()));
+    overlap_ = std::make_unique<OverlapLoop>(*scheduler_, *worker_, table, *outputs_, hicache);
     // The tier's copies that free or back up pages wait for the steps in flight first.
     if (hicache != nullptr)
       hicache->set_step_barrier([this] {
@@ -490,15 +490,8 @@ StepOutput Engine::step() {
   if (s.empty()) return out;
 
   outputs_->build_batch(s, batch_);
-  tier::HiCache* hicache = memory_->hicache();
   // The hierarchical cache's queued copies start now; layer l waits only for its own pages.
-  if (hicache != nullptr) hicache->begin_forward();
-  struct EndForward {
-    tier::HiCache* hi;
-    ~EndForward() {
-      if (hi != nullptr) hi->end_forward();
-    }
-  } end_forward{hicache};
+  const tier::ForwardScope forward(memory_->hicache());
   const model::WorkerOutput result = worker_->run(batch_);
   // A worker that ran the step otherwise (a speculative round) says so.
   out.mode = result.mode != ForwardMode::kIdle ? result.mode : s.mode;

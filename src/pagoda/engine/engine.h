@@ -178,13 +178,25 @@ std::string default_backend_name(const platform::Platform& platform);
 /// no GPU.
 std::unique_ptr<platform::Platform> make_platform_for(const backends::BackendSelection& selection);
 
+/// What a WorkerFactory builds: the worker and, when it runs other ranks whose device pools
+/// hold shards of its pages (tensor parallelism), the mirror the hierarchical cache sends its
+/// page copies through (owned by the worker, usually the worker itself; null otherwise). A
+/// factory that returns just the worker converts.
+struct BuiltWorker {
+  BuiltWorker(std::unique_ptr<model::ModelWorker> w,  // NOLINT(google-explicit-constructor)
+              tier::TierPeers* peers = nullptr)
+      : worker(std::move(w)), tier_peers(peers) {}
+  std::unique_ptr<model::ModelWorker> worker;
+  tier::TierPeers* tier_peers;
+};
+
 /// Builds the worker an engine computes with, from the model, the compute dtype, the worker
 /// settings the engine derived from its config and the engine's request table (which the worker's
 /// backend reads). The default builds a LlamaWorker on the engine's platform; tensor parallelism
-/// (engine/tp.h) builds a TpLeaderWorker.
-using WorkerFactory = std::function<std::unique_ptr<model::ModelWorker>(
-    const model::LlamaModel& model, DType dtype, const model::WorkerConfig& config,
-    kv::ReqToTokenTable& table)>;
+/// (engine/tp.h) builds a TpLeaderWorker, also its tier peers.
+using WorkerFactory = std::function<BuiltWorker(const model::LlamaModel& model, DType dtype,
+                                                const model::WorkerConfig& config,
+                                                kv::ReqToTokenTable& table)>;
 
 /// The model ops for `platform` in `dtype` (CPU: f32 only, GEMMs per `cpu_gemm`; CUDA: f32,
 /// f16, bf16, and cpu_gemm must be kOpenBlas). Throws Error(kUnsupported) naming what would work.

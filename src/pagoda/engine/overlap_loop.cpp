@@ -4,19 +4,12 @@
 #include <memory>
 #include <utility>
 
-#include "pagoda/engine/tp.h"
-
 namespace pagoda::engine {
 
 OverlapLoop::OverlapLoop(Scheduler& scheduler, model::ModelWorker& worker,
                          kv::ReqToTokenTable& table, OutputProcessor& outputs,
-                         tier::HiCache* hicache, TpLeaderWorker* tp)
-    : scheduler_(scheduler),
-      worker_(worker),
-      table_(table),
-      outputs_(outputs),
-      hicache_(hicache),
-      tp_(tp) {}
+                         tier::HiCache* hicache)
+    : scheduler_(scheduler), worker_(worker), table_(table), outputs_(outputs), hicache_(hicache) {}
 
 OverlapLoop::~OverlapLoop() = default;
 
@@ -63,23 +56,17 @@ void OverlapLoop::launch(ScheduledStep s) {
   // the step before it); copies queued from here on go with the next step.
   auto copies = std::make_shared<tier::StepCopies>(
       hicache_ != nullptr ? hicache_->begin_step() : tier::StepCopies{});
-  // Tensor parallelism: the table entries the followers need are read here, before the
-  // scheduler writes the next step's (the table's dirty ranges stay on this thread).
-  auto entries = std::make_shared<std::vector<std::byte>>(
-      tp_ != nullptr ? tp_->stage_table(f->batch) : std::vector<std::byte>{});
+  // What the worker reads from the scheduler's host state is staged here, before the scheduler
+  // writes the next step's (tensor parallelism: the table entries the followers need, so the
+  // table's dirty ranges stay on this thread).
+  auto staged = std::make_shared<std::vector<std::byte>>(worker_.stage(f->batch));
   // The future-id slot: a negative input id -(k + 1) is the k-th id the previous step samples.
   // The step thread runs the steps in order, so that step has written future_ids_ by now.
-  f->result = thread_.submit([this, batch, copies, entries] {
+  f->result = thread_.submit([this, batch, copies, staged] {
     for (int32_t& id : batch->input_ids)
       if (id < 0) id = future_ids_.at(static_cast<size_t>(-id - 1));
-    if (hicache_ != nullptr) hicache_->begin_forward(std::move(*copies));
-    struct EndForward {
-      tier::HiCache* hi;
-      ~EndForward() {
-        if (hi != nullptr) hi->end_forward();
-      }
-    } end_forward{hicache_};
-    model::WorkerOutput o = tp_ != nullptr ? tp_->run_staged(*batch, *entries) : worker_.run(*batch);
+    const tier::ForwardScope forward(hicache_, std::move(*copies));
+    model::WorkerOutput o = worker_.run_staged(*batch, *staged);
     future_ids_ = o.tokens;
     return o;
   });

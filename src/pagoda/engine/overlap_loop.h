@@ -8,7 +8,10 @@
 ///     complete_extend), and each request whose k-th logit row it samples gets the placeholder
 ///     -(k + 1) as its last token (Req::unresolved counts them, at most 2). The next step's batch
 ///     carries those placeholders as input ids; the step thread replaces them with the ids the
-///     previous step sampled before it runs that step (the jobs run in order).
+///     previous step sampled before it runs that step (the jobs run in order). The worker
+///     stages the step on this thread at launch (ModelWorker::stage: what it reads from host
+///     state the scheduler writes next, e.g. a tensor-parallel leader's table entries) and the
+///     step thread runs it with what was staged (ModelWorker::run_staged).
 ///   - resolve: waits for a step's ids, puts them in place of the placeholders and records them
 ///     through OutputProcessor::take, the plain loop's finish path, one step late. A request it
 ///     finishes that is also in the step in flight loses that step's token (never returned) and
@@ -48,16 +51,11 @@
 
 namespace pagoda::engine {
 
-class TpLeaderWorker;
-
 class OverlapLoop {
  public:
-  /// `hicache`: the hierarchical cache, or nullptr. `tp`: `worker` when it is a
-  /// tensor-parallel leader (its table entries are staged at launch, on this thread), else
-  /// nullptr.
+  /// `hicache`: the hierarchical cache, or nullptr.
   OverlapLoop(Scheduler& scheduler, model::ModelWorker& worker, kv::ReqToTokenTable& table,
-              OutputProcessor& outputs, tier::HiCache* hicache = nullptr,
-              TpLeaderWorker* tp = nullptr);
+              OutputProcessor& outputs, tier::HiCache* hicache = nullptr);
   ~OverlapLoop();
   OverlapLoop(const OverlapLoop&) = delete;
   OverlapLoop& operator=(const OverlapLoop&) = delete;
@@ -94,7 +92,6 @@ class OverlapLoop {
   kv::ReqToTokenTable& table_;
   OutputProcessor& outputs_;
   tier::HiCache* hicache_;
-  TpLeaderWorker* tp_;
   std::unique_ptr<InFlight> inflight_;
   StepOutput drained_;               ///< resolved by drain(), not yet returned
   std::vector<int32_t> future_ids_;  ///< the last step's ids (step thread only)

@@ -41,6 +41,14 @@ TpLeaderWorker::TpLeaderWorker(std::unique_ptr<model::ModelWorker> local,
   // the first time a batch reads it.
 }
 
+BuiltWorker TpLeaderWorker::make(std::unique_ptr<model::ModelWorker> local,
+                                 std::vector<dist::ByteChannel*> followers,
+                                 kv::ReqToTokenTable& table) {
+  auto leader = std::make_unique<TpLeaderWorker>(std::move(local), std::move(followers), table);
+  tier::TierPeers* peers = leader.get();
+  return BuiltWorker(std::move(leader), peers);
+}
+
 TpLeaderWorker::~TpLeaderWorker() {
   const std::byte stop{static_cast<uint8_t>(MessageKind::kStop)};
   for (dist::ByteChannel* c : followers_) {
@@ -71,7 +79,7 @@ void TpLeaderWorker::tier_copies(const tier::StepCopies& copies, bool sync) {
   for (dist::ByteChannel* c : followers_) c->send(message_);
 }
 
-std::vector<std::byte> TpLeaderWorker::stage_table(const model::WorkerBatch& batch) {
+std::vector<std::byte> TpLeaderWorker::stage(const model::WorkerBatch& batch) {
   const attention::ForwardBatch& f = batch.forward;
   std::vector<std::byte> out;
   dist::WireWriter w(out);
@@ -115,7 +123,7 @@ std::vector<std::byte> TpLeaderWorker::stage_table(const model::WorkerBatch& bat
 }
 
 model::WorkerOutput TpLeaderWorker::run(const model::WorkerBatch& batch) {
-  return run_staged(batch, stage_table(batch));
+  return run_staged(batch, stage(batch));
 }
 
 model::WorkerOutput TpLeaderWorker::run_staged(const model::WorkerBatch& batch,
@@ -194,13 +202,7 @@ void run_tp_follower(model::ModelWorker& worker, kv::ReqToTokenTable& table,
     }
     model::decode_worker_batch(r, batch);
     // This rank's queued copies start now; its forward waits per layer for its own load-back.
-    if (tier != nullptr) tier->begin_forward();
-    struct EndForward {
-      tier::TierController* t;
-      ~EndForward() {
-        if (t != nullptr) t->end_forward();
-      }
-    } end_forward{tier.get()};
+    const tier::ForwardScope forward(tier.get());
     try {
       (void)worker.run(batch);
     } catch (const Error& e) {
@@ -255,7 +257,7 @@ std::string LocalTpGroup::follower_error() const {
 WorkerFactory LocalTpGroup::factory() {
   Impl* impl = impl_.get();
   return [impl](const model::LlamaModel& model, DType dtype, const model::WorkerConfig& config,
-                kv::ReqToTokenTable& table) -> std::unique_ptr<model::ModelWorker> {
+                kv::ReqToTokenTable& table) -> BuiltWorker {
     PAGODA_REQUIRE(!impl->used, kFailedPrecondition, "a LocalTpGroup serves one engine");
     impl->used = true;
     // Check the split before starting threads (every rank would fail the same way).
@@ -303,7 +305,7 @@ WorkerFactory LocalTpGroup::factory() {
         model, make_model_ops(*impl->leader_platform, dtype, c.cpu_gemm), c, table);
     std::vector<dist::ByteChannel*> ends;
     for (auto& e : impl->leader_ends) ends.push_back(e.get());
-    return std::make_unique<TpLeaderWorker>(std::move(local), std::move(ends), table);
+    return TpLeaderWorker::make(std::move(local), std::move(ends), table);
   };
 }
 

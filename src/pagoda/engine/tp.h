@@ -39,8 +39,9 @@
 namespace pagoda::engine {
 
 /// Rank 0's worker: forwards every batch to the followers, then runs its own shard. It is also
-/// the hierarchical cache's TierPeers: the scheduler's tier controller mirrors its page copies
-/// to the followers through it (each follower keeps its own host pool shard and controller).
+/// the hierarchical cache's TierPeers (the group's factories return it as BuiltWorker::
+/// tier_peers): the scheduler's tier controller mirrors its page copies to the followers
+/// through it (each follower keeps its own host pool shard and controller).
 class TpLeaderWorker final : public model::ModelWorker, public tier::TierPeers {
  public:
   /// `local` is rank 0's worker (built over the group's communicator); `followers` the channels
@@ -49,20 +50,23 @@ class TpLeaderWorker final : public model::ModelWorker, public tier::TierPeers {
   /// batch reads and marks them clean, so the cost follows what changed, not the rows' lengths.
   TpLeaderWorker(std::unique_ptr<model::ModelWorker> local,
                  std::vector<dist::ByteChannel*> followers, kv::ReqToTokenTable& table);
+  /// The leader as a group's WorkerFactory returns it: the worker, and itself as the tier peers.
+  static BuiltWorker make(std::unique_ptr<model::ModelWorker> local,
+                          std::vector<dist::ByteChannel*> followers, kv::ReqToTokenTable& table);
   /// Tells the followers to stop (they return from run_tp_follower).
   ~TpLeaderWorker() override;
   TpLeaderWorker(const TpLeaderWorker&) = delete;
   TpLeaderWorker& operator=(const TpLeaderWorker&) = delete;
 
   model::WorkerOutput run(const model::WorkerBatch& batch) override;
-  /// run() in two halves, for the overlap scheduler, whose step thread runs a step while the
-  /// scheduler's thread writes the table for the next one: stage_table() on the scheduler's
+  /// The ModelWorker staging hook, for the overlap scheduler, whose step thread runs a step
+  /// while the scheduler's thread writes the table for the next one: stage() on the scheduler's
   /// thread when the step is launched (reads the batch's dirty table entries and marks them
   /// clean: the table's dirty ranges are touched by that thread only), run_staged() on the step
   /// thread with its result (sends it with the batch, runs rank 0's shard).
-  std::vector<std::byte> stage_table(const model::WorkerBatch& batch);
+  std::vector<std::byte> stage(const model::WorkerBatch& batch) override;
   model::WorkerOutput run_staged(const model::WorkerBatch& batch,
-                                 std::span<const std::byte> table_entries);
+                                 std::span<const std::byte> table_entries) override;
   /// Moves the rows on rank 0, then on every follower (speculative commits: each rank's pool
   /// holds its own heads of the same slots).
   void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;

@@ -212,7 +212,7 @@ WorkerFactory TpProcessGroup::factory(platform::Platform& platform) {
   Impl* impl = impl_.get();
   return [impl, &platform](const model::LlamaModel& model, DType dtype,
                            const model::WorkerConfig& config,
-                           kv::ReqToTokenTable& table) -> std::unique_ptr<model::ModelWorker> {
+                           kv::ReqToTokenTable& table) -> BuiltWorker {
     PAGODA_REQUIRE(!impl->used, kFailedPrecondition, "a TpProcessGroup serves one engine");
     impl->used = true;
     (void)model::Decoder::shard_of(model.config(), 0, impl->tp);
@@ -238,7 +238,7 @@ WorkerFactory TpProcessGroup::factory(platform::Platform& platform) {
                                              c, table);
     std::vector<dist::ByteChannel*> ends;
     for (auto& e : impl->channels) ends.push_back(e.get());
-    return std::make_unique<TpLeaderWorker>(std::move(local), std::move(ends), table);
+    return TpLeaderWorker::make(std::move(local), std::move(ends), table);
   };
 }
 

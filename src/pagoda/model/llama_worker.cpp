@@ -19,6 +19,13 @@ int64_t WorkerBatch::num_logit_rows() const {
   return n;
 }
 
+std::vector<std::byte> ModelWorker::stage(const WorkerBatch& /*batch*/) { return {}; }
+
+WorkerOutput ModelWorker::run_staged(const WorkerBatch& batch,
+                                     std::span<const std::byte> /*staged*/) {
+  return run(batch);
+}
+
 void ModelWorker::move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) {
   kv_pool().move_kv(src, dst);
 }

@@ -7,6 +7,7 @@
 /// weights, activations, CUDA graphs and sampling. With tensor parallelism rank 0 broadcasts the
 /// WorkerBatch to every rank's worker; a speculative loop composes a draft and a target worker.
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -122,6 +123,17 @@ class ModelWorker {
   /// Runs the step and returns the sampled ids (and logits on request). Throws Error on bad
   /// input (kInvalidArgument / kOutOfRange, nothing computed) or a device failure (kInternal).
   virtual WorkerOutput run(const WorkerBatch& batch) = 0;
+  /// run() in two halves, for a caller that runs the step on another thread while its own
+  /// thread writes host state for the next step (the overlap scheduler, engine/overlap_loop.h,
+  /// whose scheduler writes the request table while the step thread runs the step before).
+  /// stage() runs on the caller's thread when the step is launched, before that state changes
+  /// again, and copies out what the step needs from it (opaque bytes); run_staged() then runs
+  /// the step with them on any thread. run(b) computes what run_staged(b, stage(b)) does.
+  /// Default: nothing to stage (a worker that reads only device state and the batch);
+  /// run_staged = run. A tensor-parallel leader (engine/tp.h) stages the table entries its
+  /// followers have not seen yet.
+  virtual std::vector<std::byte> stage(const WorkerBatch& batch);
+  virtual WorkerOutput run_staged(const WorkerBatch& batch, std::span<const std::byte> staged);
   /// The KV pool the scheduler's slots index.
   virtual kv::KvPool& kv_pool() = 0;
   /// Moves the K/V of slot src[i] to slot dst[i] in every layer (speculative commit; the

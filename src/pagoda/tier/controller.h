@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "pagoda/kv/host_pool.h"
@@ -153,6 +154,33 @@ class TierController final : public kv::LayerGate {
   std::vector<std::unique_ptr<platform::Event>> layer_;   ///< this step's per-layer load events
   bool gate_installed_ = false;
   TransferStats stats_;
+};
+
+/// One forward of a tier (a TierController, or the HiCache that owns one): begins it at
+/// construction (begin_forward(), or begin_forward(copies) for copies taken earlier) and ends
+/// it (end_forward()) on every exit from the scope, a throwing forward included, so the device
+/// pool never keeps a stale layer gate. A null tier does nothing. If begin_forward throws,
+/// nothing is ended (nothing began).
+///
+///   ForwardScope forward(hicache);   // nullptr without a hierarchical cache
+///   worker.run(batch);
+template <class Tier>
+class ForwardScope {
+ public:
+  explicit ForwardScope(Tier* tier) : tier_(tier) {
+    if (tier_ != nullptr) tier_->begin_forward();
+  }
+  ForwardScope(Tier* tier, StepCopies copies) : tier_(tier) {
+    if (tier_ != nullptr) tier_->begin_forward(std::move(copies));
+  }
+  ~ForwardScope() {
+    if (tier_ != nullptr) tier_->end_forward();
+  }
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+
+ private:
+  Tier* tier_;
 };
 
 }  // namespace pagoda::tier

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "pagoda/backends/cuda/cuda_schedule.h"
+#include "test_seed.h"
 
 namespace pagoda::backends::cuda {
 namespace {
@@ -214,8 +215,7 @@ TEST(CudaSchedule, TunedDimsKeepTheDecodeKernelForDecodeSteps) {
 // against counts taken bit by bit here: free columns are 1 in every row, and a row's position is
 // the number of keys it sees minus one (a tree node's prefix + depth).
 TEST(CudaSchedule, MaskPositionsCountEachRowsVisibleKeys) {
-  const unsigned seed = std::random_device{}();
-  std::printf("seed %u\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 40; ++trial) {
     const int bs = 1 + int(rng() % 4);

@@ -3,7 +3,7 @@
 /// divisors 1..72 (the GQA group sizes and kv head counts of common models), the dividends around
 /// every multiple and power of two up to 2^31 - 1 for the divisors 1..4096, and random dividends
 /// for random divisors up to 2^31 - 1. Header-only code: no GPU, no CUDA toolkit. Seed printed;
-/// PAGODA_TEST_SEED overrides it.
+/// PAGODA_TEST_SEED replays it.
 
 #include <gtest/gtest.h>
 
@@ -14,12 +14,10 @@
 #include <vector>
 
 #include "pagoda/kernels/cuda/fast_div.h"
-#include "seed.h"
+#include "test_seed.h"
 
 namespace pagoda::kernels::cuda::detail {
 namespace {
-
-using pagoda::test::test_seed;
 
 constexpr int kMaxInt = 2147483647;
 
@@ -71,8 +69,7 @@ TEST(FastDiv, AroundMultiplesAndPowersOfTwo) {
 }
 
 TEST(FastDiv, RandomDividendsAndDivisors) {
-  const uint32_t seed = test_seed();
-  std::printf("fast_div seed %u (PAGODA_TEST_SEED to re-run)\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   for (int c = 0; c < 20000; ++c) {
     // Divisors of every magnitude (log-uniform), dividends uniform in [0, 2^31).
@@ -81,7 +78,7 @@ TEST(FastDiv, RandomDividendsAndDivisors) {
     const FastDiv f = FastDiv::make(d);
     for (int t = 0; t < 50; ++t) {
       const int x = static_cast<int>(rng() & 0x7fffffffu);
-      ASSERT_TRUE(check(f, x)) << "seed " << seed;
+      ASSERT_TRUE(check(f, x));
     }
   }
 }

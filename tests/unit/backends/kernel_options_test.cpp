@@ -14,7 +14,7 @@
 #include "pagoda/backends/builtin.h"
 #include "pagoda/backends/kernel_options.h"
 #include "pagoda/core/error.h"
-#include "seed.h"
+#include "test_seed.h"
 
 namespace pagoda::backends {
 namespace {
@@ -60,8 +60,7 @@ TEST(KernelOptions, DefaultsAreTheKernelsOwn) {
 // Random assignments of every option, in random order and spellings; the expected values are
 // kept by the test (a name -> text map), not read back from the code under test.
 TEST(KernelOptions, RandomAssignmentsRoundTrip) {
-  const uint32_t seed = test::test_seed();
-  std::printf("seed %u (PAGODA_TEST_SEED to repeat)\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   const Values defaults = values_of(KernelOptions{});
   for (int round = 0; round < 50; ++round) {

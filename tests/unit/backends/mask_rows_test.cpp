@@ -7,7 +7,7 @@
 /// kv_len, at the kernel's 16 and 8 score n-tiles per lane. Each mask sits alone in a vector of
 /// exactly its bytes, so a read past the request's mask is a heap overflow under
 /// AddressSanitizer (CI's sanitizer stage runs this test).
-/// Header-only code: no GPU, no CUDA toolkit. Seed printed; PAGODA_TEST_SEED overrides it.
+/// Header-only code: no GPU, no CUDA toolkit. Seed printed; PAGODA_TEST_SEED replays it.
 
 #include <gtest/gtest.h>
 
@@ -18,12 +18,10 @@
 #include <vector>
 
 #include "pagoda/kernels/cuda/mask_rows.h"
-#include "seed.h"
+#include "test_seed.h"
 
 namespace pagoda::kernels::cuda::detail {
 namespace {
-
-using pagoda::test::test_seed;
 
 /// One request's mask, with its custom bits (if any) in a vector of exactly their bytes, and
 /// their rows' positions (visible keys - 1) and mask-free columns as the CUDA planner makes them.
@@ -127,15 +125,13 @@ void check_random_rows(uint32_t seed, int cases) {
 }
 
 TEST(MaskRows, MatchesVisibleOnRandomRows128Keys) {
-  const uint32_t seed = test_seed();
-  std::printf("mask_rows seed %u (PAGODA_TEST_SEED to re-run)\n", seed);
+  const pagoda::testing::TestSeed seed;
   check_random_rows<16>(seed, 600);
 }
 
 TEST(MaskRows, MatchesVisibleOnRandomRows64Keys) {
-  const uint32_t seed = test_seed() + 1;
-  std::printf("mask_rows seed %u (PAGODA_TEST_SEED to re-run)\n", seed - 1);
-  check_random_rows<8>(seed, 600);
+  const pagoda::testing::TestSeed seed;
+  check_random_rows<8>(seed + 1, 600);
 }
 
 // Under a custom mask the window keeps a row's last W + 1 visible keys (a tree node at position
@@ -145,9 +141,8 @@ TEST(MaskRows, MatchesVisibleOnRandomRows64Keys) {
 // ones); and the mask-free form the kernels run on the columns every row sees (bits cleared,
 // positions kept) agrees with it there.
 TEST(MaskRows, CustomMaskWindowKeepsTheLastVisibleKeys) {
-  const uint32_t seed = test_seed() + 2;
-  std::printf("mask_rows seed %u (PAGODA_TEST_SEED to re-run)\n", seed - 2);
-  std::mt19937 rng(seed);
+  const pagoda::testing::TestSeed seed;
+  std::mt19937 rng(seed + 2);
   int cut = 0;
   for (int c = 0; c < 400; ++c) {
     Request r;

@@ -19,7 +19,7 @@
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/platform/platform.h"
-#include "seed.h"
+#include "test_seed.h"
 
 namespace pagoda::backends {
 namespace {
@@ -57,9 +57,7 @@ double max_diff(const std::vector<float>& got, const std::vector<double>& want) 
 }
 
 TEST(SparseMla, HostBackendsAttendToExactlyTheSelectedPositions) {
-  const uint32_t seed = test::test_seed();
-  std::printf("sparse MLA seed %u\n", seed);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   auto platform = platform::make_cpu_platform();

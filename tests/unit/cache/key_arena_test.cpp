@@ -1,7 +1,8 @@
 // KeyArena: blocks never overlap, keep their contents until released, are at most 25 % larger
 // than asked, and every slab goes back once its blocks are released. Random sizes and orders;
-// PAGODA_SEED=<n> replays a run.
+// PAGODA_TEST_SEED=<n> replays a run.
 #include "pagoda/cache/key_arena.h"
+#include "test_seed.h"
 
 #include <gtest/gtest.h>
 
@@ -24,9 +25,7 @@ TEST(KeyArena, ClassesFitAndWasteAtMostAQuarter) {
 }
 
 TEST(KeyArena, RandomBlocksKeepContentsAndSlabsReturn) {
-  const char* env = std::getenv("PAGODA_SEED");
-  const auto seed = env != nullptr ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-  std::printf("PAGODA_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  const pagoda::testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   KeyArena arena;
   struct Live {

@@ -12,6 +12,7 @@
 #include "cache_test_util.h"
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/core/error.h"
+#include "test_seed.h"
 
 namespace pagoda::cache {
 namespace {
@@ -198,10 +199,7 @@ TEST_P(RadixApiTest, EvictedNodesGiveTheirMemoryBackAndAreReused) {
 TEST_P(RadixApiTest, RunAndScatteredValuesSplitMatchAndEvictExactly) {
   // A node stores its slots only when they are not one run of consecutive pages; both forms must
   // split, match, report events and free exactly the same pages.
-  const char* env = std::getenv("PAGODA_SEED");
-  const auto seed = env != nullptr ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10))
-                                   : std::random_device{}();
-  std::printf("PAGODA_SEED=%u\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   Slots pool = pages(12 * P());  // pages 1..12, one run
   std::vector<Slots> page_slots;

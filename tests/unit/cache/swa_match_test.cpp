@@ -12,6 +12,7 @@
 
 #include "pagoda/cache/swa_match.h"
 #include "pagoda/core/error.h"
+#include "test_seed.h"
 
 namespace pagoda::cache {
 namespace {
@@ -29,8 +30,7 @@ int64_t oracle(const std::vector<SlotIndex>& slots, const kv::SwaPages& pages, i
 }
 
 TEST(SwaMatch, UsablePrefixMatchesTheOracle) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const pagoda::testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   int64_t cut = 0, total = 0;
   for (int round = 0; round < 400; ++round) {

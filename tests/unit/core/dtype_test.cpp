@@ -9,14 +9,10 @@
 
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/float_convert.h"
+#include "test_seed.h"
 
 namespace pagoda {
 namespace {
-
-uint32_t test_seed() {
-  static const uint32_t seed = std::random_device{}();
-  return seed;
-}
 
 // Nearest of all finite codes to x (ties -> even code), saturating, as the fp8 encoders promise.
 // Compared by value, since +0 and -0 are equally near.
@@ -49,8 +45,8 @@ TEST(DType, NamesRoundTrip) {
 }
 
 TEST(FloatConvert, F16MatchesCompiler) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const testing::TestSeed seed(testing::process_seed());
+  std::mt19937 rng(seed);
   std::uniform_int_distribution<uint32_t> bits;
   for (int i = 0; i < 200000; ++i) {
     float x = std::bit_cast<float>(bits(rng));
@@ -72,8 +68,8 @@ TEST(FloatConvert, F16MatchesCompiler) {
 }
 
 TEST(FloatConvert, Bf16RoundsToNearestEven) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const testing::TestSeed seed(testing::process_seed());
+  std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1000.f, 1000.f);
   for (int i = 0; i < 100000; ++i) {
     const float x = u(rng);
@@ -90,8 +86,8 @@ TEST(FloatConvert, Bf16RoundsToNearestEven) {
 }
 
 TEST(FloatConvert, Fp8E4M3NearestSaturating) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const testing::TestSeed seed(testing::process_seed());
+  std::mt19937 rng(seed);
   EXPECT_EQ(e4m3_to_f32(0x7E), 448.0f);
   EXPECT_TRUE(std::isnan(e4m3_to_f32(0x7F)));
   EXPECT_EQ(e4m3_to_f32(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
@@ -111,8 +107,8 @@ TEST(FloatConvert, Fp8E4M3NearestSaturating) {
 }
 
 TEST(FloatConvert, Fp8E5M2NearestSaturating) {
-  std::mt19937 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed " << test_seed());
+  const testing::TestSeed seed(testing::process_seed());
+  std::mt19937 rng(seed);
   EXPECT_EQ(e5m2_to_f32(0x7B), 57344.0f);
   EXPECT_TRUE(std::isinf(e5m2_to_f32(0x7C)));
   auto decode = [](uint32_t c) { return e5m2_to_f32(static_cast<uint8_t>(c)); };

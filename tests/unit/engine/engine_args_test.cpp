@@ -10,6 +10,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/engine/engine_args.h"
+#include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
@@ -26,8 +27,7 @@ std::pair<std::optional<ErrorCode>, std::string> convert_error(const EngineArgs&
 }
 
 TEST(EngineArgs, RandomValidArgsLandInTheConfig) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const std::vector<std::pair<std::string, std::optional<DType>>> dtypes = {
       {"auto", std::nullopt}, {"", std::nullopt}, {"f32", DType::kF32},

@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <mutex>
 #include <random>
 
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/tp.h"
+#include "pagoda/model/llama_worker.h"
 #include "redis_server.h"
 
 namespace pagoda::engine {
@@ -21,14 +23,17 @@ struct Turns {
   std::vector<std::vector<int32_t>> outputs;  ///< per request, in submission order
   EngineStats stats;
   int64_t retractions = 0;
+  tier::TransferStats drained;  ///< the tier's copies once both caches were drained
 };
 
 /// `convs` conversations x `turns` turns: a shared system prompt, each turn appends the previous
 /// answer and a new user message. Every turn of every conversation is submitted at once;
 /// `after_turn(t)` runs once turn t has finished.
-/// `tp` > 1 runs the model over an in-process tensor-parallel group of that many ranks.
+/// `tp` > 1 runs the model over an in-process tensor-parallel group of that many ranks;
+/// otherwise `make_worker` builds the worker when given.
 Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns, int max_new,
-                    const std::function<void(int)>& after_turn = {}, int tp = 1) {
+                    const std::function<void(int)>& after_turn = {}, int tp = 1,
+                    const WorkerFactory& make_worker = {}) {
   std::mt19937_64 rng(seed);
   auto rand_tokens = [&](size_t n) {
     std::vector<int32_t> t(n);
@@ -38,7 +43,7 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
   const auto system = rand_tokens(40);
   std::vector<std::vector<int32_t>> history(static_cast<size_t>(convs), system);
   LocalTpGroup group(tp);
-  Engine engine(test_model().model, cfg, nullptr, tp > 1 ? group.factory() : WorkerFactory{});
+  Engine engine(test_model().model, cfg, nullptr, tp > 1 ? group.factory() : make_worker);
   Turns out;
   for (int t = 0; t < turns; ++t) {
     std::vector<RequestId> ids;
@@ -65,6 +70,7 @@ Turns run_multiturn(const EngineConfig& cfg, uint64_t seed, int convs, int turns
   EXPECT_EQ(engine.memory().free_pages(), engine.memory().total_pages());
   EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
   EXPECT_EQ(group.follower_error(), "");
+  out.drained = engine.stats().tier.transfer;
   return out;
 }
 
@@ -199,6 +205,59 @@ TEST(EngineHiCacheOverlap, SameTokensAsThePlainLoop) {
     EXPECT_EQ(plain.outputs, overlapped.outputs);
     EXPECT_GT(overlapped.stats.tier.host_hit_tokens, 0);
     EXPECT_GT(overlapped.stats.tier.transfer.backup_pages, 0);
+  }
+}
+
+/// The tier peers a worker factory returns with its worker (BuiltWorker::tier_peers, what a
+/// tensor-parallel leader is) are the ones the hierarchical cache mirrors its copies to: they
+/// are started once with the host pool's page count and get every page the controller backs up
+/// or loads back, in the plain loop and in the overlap loop.
+class CountingPeers final : public tier::TierPeers {
+ public:
+  void tier_start(int32_t host_pages) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    starts.push_back(host_pages);
+  }
+  void tier_copies(const tier::StepCopies& copies, bool /*sync*/) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    backup_pages += static_cast<int64_t>(copies.backup_device.size());
+    load_pages += static_cast<int64_t>(copies.load_host.size());
+  }
+  std::vector<int32_t> starts;
+  int64_t backup_pages = 0, load_pages = 0;
+
+ private:
+  std::mutex mu_;
+};
+
+TEST(EngineHiCachePeers, AFactorysTierPeersGetEveryCopy) {
+  const uint64_t seed = 4397;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  auto platform = platform::make_cpu_platform();
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " overlap " << overlap);
+    CountingPeers peers;
+    const WorkerFactory factory = [&](const model::LlamaModel& m, DType dtype,
+                                      const model::WorkerConfig& wc, kv::ReqToTokenTable& table) {
+      return BuiltWorker(
+          std::make_unique<model::LlamaWorker>(m, make_model_ops(*platform, dtype), wc, table),
+          &peers);
+    };
+    EngineConfig cfg{.page_size = 16,
+                     .pool_tokens = 256,
+                     .scheduler = SchedulerConfig{.max_running_requests = 4, .chunk_size = 32},
+                     .backend = testing::backend_named("cpu"),
+                     .check_integrity = true,
+                     .hicache = tier::HiCacheConfig{.host = {.ratio = 8}}};
+    cfg.overlap = overlap;
+    const Turns t = run_multiturn(cfg, seed, 5, 3, 6, {}, 1, factory);
+    const tier::TransferStats& copied = t.drained;  // the drains submit what was still queued
+    ASSERT_EQ(peers.starts.size(), 1u);
+    EXPECT_EQ(peers.starts[0], t.stats.tier.host_capacity_pages);
+    EXPECT_GT(copied.load_pages, 0);
+    EXPECT_GT(copied.backup_pages, 0);
+    EXPECT_EQ(peers.load_pages, copied.load_pages);
+    EXPECT_EQ(peers.backup_pages, copied.backup_pages);
   }
 }
 

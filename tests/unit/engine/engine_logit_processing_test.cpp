@@ -12,6 +12,7 @@
 #include "logit_reference.h"
 #include "random_constraint.h"
 #include "pagoda/core/error.h"
+#include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
@@ -48,9 +49,7 @@ int repeats(const std::vector<int32_t>& t) {
 }
 
 TEST(EngineLogitProcessing, GreedyMatchesTheNaiveReference) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> unit(0.f, 1.f);
   const int max_new = 16;
@@ -118,9 +117,7 @@ TEST(EngineLogitProcessing, PresencePenaltyStopsRepetition) {
 // penalties, before temperature): the naive model fed the engine's tokens, its logits through the
 // reference processing, log-softmax in double.
 TEST(EngineLogitProcessing, LogprobsAreTheLogSoftmaxOfTheProcessedRow) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const int vocab = test_model().config.vocab_size;
   const auto prompts = testing::make_prompts(seed, 4);
@@ -186,9 +183,7 @@ TEST(EngineLogitProcessing, LogprobsAreTheLogSoftmaxOfTheProcessedRow) {
 // over each step's allowed set (of the reference-processed logits), and sampled constrained
 // requests only ever draw allowed tokens. The test model's vocabulary (300) is not a multiple of 32.
 TEST(EngineLogitProcessing, TokenConstraintsMatchTheMaskedNaiveReference) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const int max_new = 12, n = 7;
   const int vocab = test_model().config.vocab_size;

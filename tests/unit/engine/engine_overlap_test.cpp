@@ -1,16 +1,25 @@
 // The overlap loop (EngineConfig::overlap, docs/design/engine.md "Overlap") against the plain
 // loop as the reference: the same requests give the same ids and finish reasons with overlap on
 // and off (greedy and seeded sampling, pages 1 and 16, chunked prefill, prefix hits, EOS and
-// max_new_tokens at different steps, n > 1, retraction, abort), and no page or row leaks.
+// max_new_tokens at different steps, n > 1, retraction, abort), and no page or row leaks. The
+// worker's staging hook (ModelWorker::stage / run_staged): the overlap loop stages each step
+// once on the engine's thread at launch and runs it with what was staged, in order, on the step
+// thread; the plain loop only calls run().
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
+#include "pagoda/model/llama_worker.h"
+#include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
@@ -55,9 +64,10 @@ struct LoopRun {
   size_t first_step_tokens = 0;
 };
 
-LoopRun run(model::LlamaModel& model, EngineConfig cfg, const Workload& w, bool overlap) {
+LoopRun run(model::LlamaModel& model, EngineConfig cfg, const Workload& w, bool overlap,
+            const WorkerFactory& make_worker = {}) {
   cfg.overlap = overlap;
-  Engine engine(model, cfg);
+  Engine engine(model, cfg, nullptr, make_worker);
   std::vector<RequestId> ids;
   for (const auto& g : w.first) ids.push_back(engine.add_request(g));
   LoopRun r;
@@ -93,9 +103,7 @@ EngineConfig config(int page_size, int64_t pool_tokens) {
 }
 
 TEST(EngineOverlap, SameOutputsAsThePlainLoop) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] EngineOverlap.SameOutputsAsThePlainLoop %llu\n",
-              static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   const Workload w = make_workload(seed);
   // EOS is a token the first greedy request emits, so requests stop at EOS at different steps.
   model::ModelConfig c = test_model().config;
@@ -103,8 +111,7 @@ TEST(EngineOverlap, SameOutputsAsThePlainLoop) {
   model::LlamaModel eos_model(c, test_model().weights);
   for (int page_size : {1, 16}) {
     for (int chunk : {0, 16}) {
-      SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << page_size
-                                        << " chunk " << chunk);
+      SCOPED_TRACE(::testing::Message() << "page " << page_size << " chunk " << chunk);
       EngineConfig cfg = config(page_size, 4096);
       cfg.scheduler.chunk_size = chunk;
       const LoopRun plain = run(eos_model, cfg, w, false);
@@ -124,20 +131,109 @@ TEST(EngineOverlap, SameOutputsAsThePlainLoop) {
 }
 
 TEST(EngineOverlap, RetractionUnderASmallPoolStaysExact) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] EngineOverlap.RetractionUnderASmallPoolStaysExact %llu\n",
-              static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   Workload w;
   for (const auto& p : testing::make_prompts(seed, 8))
     w.first.push_back({.prompt = p, .max_new_tokens = 20, .ignore_eos = true});
   for (int page_size : {1, 16}) {
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << page_size);
+    SCOPED_TRACE(::testing::Message() << "page " << page_size);
     EngineConfig cfg = config(page_size, 192);
     cfg.scheduler.new_token_ratio = NewTokenRatio{.init = 0.0, .min = 0.0, .decay = 0.0};
     const LoopRun plain = run(test_model().model, cfg, w, false);
     const LoopRun overlap = run(test_model().model, cfg, w, true);
     expect_same(plain, overlap);
     EXPECT_GT(overlap.retractions, 0);
+  }
+}
+
+/// What a StagingWorker saw (it outlives the engine that owns the worker).
+struct StagingLog {
+  std::mutex mu;
+  int64_t staged = 0, staged_runs = 0, plain_runs = 0;
+  int64_t worker_steps = 0;  ///< the inner worker's steps when the engine let it go
+  std::vector<std::string> problems;
+};
+
+/// The default worker behind a recorder of the staging hook. stage() hands out the step's
+/// launch number and its batch's shape as the staged bytes; run_staged() checks that they come
+/// back with that batch, once and in launch order, and where each half ran.
+class StagingWorker final : public model::ModelWorker {
+ public:
+  StagingWorker(std::unique_ptr<model::ModelWorker> inner, std::thread::id engine_thread,
+                StagingLog& log)
+      : inner_(std::move(inner)), engine_thread_(engine_thread), log_(log) {}
+  ~StagingWorker() override { log_.worker_steps = inner_->stats().steps; }
+  StagingWorker(const StagingWorker&) = delete;
+  StagingWorker& operator=(const StagingWorker&) = delete;
+
+  model::WorkerOutput run(const model::WorkerBatch& batch) override {
+    {
+      std::lock_guard<std::mutex> lock(log_.mu);
+      ++log_.plain_runs;
+    }
+    return inner_->run(batch);
+  }
+  std::vector<std::byte> stage(const model::WorkerBatch& batch) override {
+    std::lock_guard<std::mutex> lock(log_.mu);
+    if (std::this_thread::get_id() != engine_thread_)
+      log_.problems.push_back("step " + std::to_string(log_.staged) + " staged off the engine thread");
+    const std::array<int64_t, 3> shape = {log_.staged++, batch.batch_size(),
+                                          batch.forward.seq_lens_sum()};
+    std::vector<std::byte> bytes(sizeof(shape));
+    std::memcpy(bytes.data(), shape.data(), sizeof(shape));
+    return bytes;
+  }
+  model::WorkerOutput run_staged(const model::WorkerBatch& batch,
+                                 std::span<const std::byte> staged) override {
+    {
+      std::lock_guard<std::mutex> lock(log_.mu);
+      const std::string run = "run " + std::to_string(log_.staged_runs);
+      std::array<int64_t, 3> shape{};
+      if (staged.size() != sizeof(shape)) {
+        log_.problems.push_back(run + " got " + std::to_string(staged.size()) + " staged bytes");
+      } else {
+        std::memcpy(shape.data(), staged.data(), sizeof(shape));
+        if (shape[0] != log_.staged_runs || shape[1] != batch.batch_size() ||
+            shape[2] != batch.forward.seq_lens_sum())
+          log_.problems.push_back(run + " got step " + std::to_string(shape[0]) + "'s staging");
+      }
+      if (std::this_thread::get_id() == engine_thread_)
+        log_.problems.push_back(run + " ran on the engine thread");
+      ++log_.staged_runs;
+    }
+    return inner_->run(batch);
+  }
+  kv::KvPool& kv_pool() override { return inner_->kv_pool(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  model::WorkerStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::unique_ptr<model::ModelWorker> inner_;
+  std::thread::id engine_thread_;
+  StagingLog& log_;
+};
+
+TEST(EngineOverlap, EachStepIsStagedOnceOnTheEngineThreadThenRunWithItsStaging) {
+  const testing::TestSeed seed;
+  const Workload w = make_workload(seed);
+  const EngineConfig cfg = config(16, 4096);
+  const LoopRun ref = run(test_model().model, cfg, w, false);  // the default worker, plain loop
+  auto platform = platform::make_cpu_platform();
+  for (bool overlap : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "overlap " << overlap);
+    StagingLog log;
+    const WorkerFactory factory = [&](const model::LlamaModel& m, DType dtype,
+                                      const model::WorkerConfig& wc, kv::ReqToTokenTable& table) {
+      return BuiltWorker(std::make_unique<StagingWorker>(
+          std::make_unique<model::LlamaWorker>(m, make_model_ops(*platform, dtype), wc, table),
+          std::this_thread::get_id(), log));
+    };
+    expect_same(ref, run(test_model().model, cfg, w, overlap, factory));
+    EXPECT_TRUE(log.problems.empty()) << log.problems.front();
+    EXPECT_GT(log.worker_steps, 0);
+    EXPECT_EQ(log.staged, overlap ? log.worker_steps : 0);
+    EXPECT_EQ(log.staged_runs, overlap ? log.worker_steps : 0);
+    EXPECT_EQ(log.plain_runs, overlap ? 0 : log.worker_steps);
   }
 }
 

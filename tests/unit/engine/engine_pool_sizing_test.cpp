@@ -12,6 +12,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/engine/pool_sizing.h"
+#include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
@@ -44,8 +45,7 @@ int64_t largest_fitting(const PoolBudget& b) {
 }
 
 TEST(PoolSizing, RandomBudgetsFillWholePagesAndRespectTheRatio) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   int sized = 0, refused = 0;
   for (int i = 0; i < 20000; ++i) {
@@ -129,8 +129,7 @@ TEST(PoolSizing, BadInputsAreRefusedByName) {
 }
 
 TEST(PoolSizing, FractionLeavesTheRestOfTheStaticShare) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   for (int i = 0; i < 2000; ++i) {
     const int64_t total = int64_t{1} << (30 + rng() % 8);

@@ -24,6 +24,7 @@
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
+#include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
@@ -50,11 +51,6 @@ model::ModelConfig mistral_window_config() {
 }
 
 constexpr uint64_t kSwaWeightSeed = 7;
-
-uint64_t prompt_seed() {
-  static const uint64_t seed = std::random_device{}();
-  return seed;
-}
 
 /// Two waves: the second shares a 70-token prefix with the first (prefix-cache hits).
 std::vector<std::vector<int32_t>> swa_prompts(uint64_t seed) {
@@ -103,9 +99,8 @@ Run generate(model::LlamaModel& model, const EngineConfig& cfg,
 }
 
 void check_model(model::LlamaModel& model) {
-  const uint64_t seed = prompt_seed();
-  std::printf("prompt seed %llu (%s)\n", static_cast<unsigned long long>(seed),
-              model.config().name.c_str());
+  const testing::TestSeed seed(testing::process_seed());  // the prompts of every model
+  std::printf("model %s\n", model.config().name.c_str());
   const auto prompts = swa_prompts(seed);
   int64_t retractions = 0, hits = 0, swa_evicted = 0;
   for (const std::string& backend : testing::exactness_backends()) {
@@ -241,8 +236,7 @@ TEST(EngineSwa, KvCacheMemorySplitsOneBudgetBetweenThePools) {
   static testing::TestModel m(gemma3_tiny_config(), kSwaWeightSeed);
   const int64_t heads = m.config.num_kv_heads, dim = m.config.head_dim;
   const int64_t token_full = 1 * 2 * heads * dim * 4, token_swa = 3 * 2 * heads * dim * 4;
-  const uint64_t seed = prompt_seed();
-  std::printf("prompt seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed(testing::process_seed());
   const auto prompts = swa_prompts(seed);
   for (const auto& [page, ratio] : {std::pair{1, 0.25}, std::pair{16, 0.8}}) {
     {

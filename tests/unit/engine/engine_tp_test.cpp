@@ -186,7 +186,7 @@ TEST(EngineTp, RejectedBatchKeepsTheGroupInStep) {
   const model::WorkerConfig wc{.page_size = 1, .num_pages = 256, .kv_dtype = DType::kF32,
                                .backend = backend_named("reference")};
   std::unique_ptr<model::ModelWorker> w =
-      group.factory()(tp_model().model, DType::kF32, wc, table);
+      group.factory()(tp_model().model, DType::kF32, wc, table).worker;
   const ReqSlot row = *table.alloc();
   std::vector<int32_t> slots(8);
   for (int i = 0; i < 8; ++i) slots[i] = 10 + i;

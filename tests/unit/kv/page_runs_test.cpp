@@ -1,7 +1,7 @@
 // PageRefs page-run operations (retain_pages / free_pages / require_held_pages): PageAllocator's
 // O(pages) overrides against the slot-list operations on a twin allocator and a plain refcount
 // model, on random runs (ascending, shuffled, inside free groups, bad input), plus the default
-// PageRefs expansion and the backup/restore rules. PAGODA_SEED=<n> replays a run.
+// PageRefs expansion and the backup/restore rules. PAGODA_TEST_SEED=<n> replays a run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,18 +13,10 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/kv/page_allocator.h"
+#include "test_seed.h"
 
 namespace pagoda::kv {
 namespace {
-
-uint64_t test_seed() {
-  static const uint64_t seed = []() -> uint64_t {
-    if (const char* env = std::getenv("PAGODA_SEED")) return std::strtoull(env, nullptr, 10);
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32) | rd();
-  }();
-  return seed;
-}
 
 std::vector<SlotIndex> slots_of(std::span<const PageRun> runs, int32_t page_size) {
   std::vector<SlotIndex> out;
@@ -70,8 +62,7 @@ bool same_outcome(PageAllocator& runs_side, PageAllocator& slots_side, F&& by_ru
 }
 
 TEST(PageRuns, MatchSlotOperationsOnRandomRuns) {
-  const uint64_t seed = test_seed();
-  std::printf("PAGODA_SEED=%llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   for (int32_t P : {1, 4, 16}) {
     std::mt19937_64 rng(seed ^ static_cast<uint64_t>(P));
     constexpr int32_t kPages = 2048;

@@ -11,6 +11,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/kv/state_pool.h"
+#include "test_seed.h"
 
 namespace pagoda::kv {
 namespace {
@@ -170,9 +171,7 @@ TEST(StatePool, LeakAccounting) {
 // A random mix of request allocations, node snapshots (retained by a second holder at times),
 // restores and frees, against a model holding every slot's expected contents and holders.
 TEST(StatePool, RandomWorkloadMatchesModel) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   StatePool pool(2, 8, kStateShape);
   std::vector<int32_t> holders;  // one entry per reference

@@ -17,6 +17,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/kv/swa_pages.h"
+#include "test_seed.h"
 
 namespace pagoda::kv {
 namespace {
@@ -192,8 +193,7 @@ class SwaModel {
 };
 
 TEST(SwaPages, RandomWorkloadsMatchTheModel) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   for (int round = 0; round < 24; ++round) {
     const int32_t page = std::vector<int32_t>{1, 2, 4, 16}[rng() % 4];

@@ -17,6 +17,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/kv/swa_table.h"
+#include "test_seed.h"
 
 namespace pagoda::kv {
 namespace {
@@ -185,8 +186,7 @@ class SwaTableWorkload {
 };
 
 TEST(SwaTable, IncrementalUpdateEqualsARebuild) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   int64_t updates = 0, written = 0, row_lengths = 0;
   for (int32_t page : {1, 4, 16}) {
     for (int window : {0, 3, 17, 40}) {

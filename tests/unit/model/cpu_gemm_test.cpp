@@ -13,6 +13,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/model/cpu_gemm.h"
+#include "test_seed.h"
 
 namespace pagoda::model {
 namespace {
@@ -72,9 +73,8 @@ TEST(CpuGemm, NamesRoundTripAndUnknownIsNone) {
 TEST(CpuGemm, OnednnF32MatchesDoubleReference) {
   if (const std::string why = cpu_gemm_unavailable(CpuGemm::kOnednnF32); !why.empty())
     GTEST_SKIP() << why;
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu, oneDNN ISA %s\n", static_cast<unsigned long long>(seed),
-              kernels::cpu::onednn_isa_name().c_str());
+  const testing::TestSeed seed;
+  std::printf("oneDNN ISA %s\n", kernels::cpu::onednn_isa_name().c_str());
   std::mt19937_64 rng(seed);
   const GemmData a = random_weights(rng, 96, 80), b = random_weights(rng, 40, 80);
   CpuGemmRunner runner(CpuGemm::kOnednnF32);
@@ -98,9 +98,8 @@ TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
     }
     GTEST_SKIP() << "bf16 numerics not checked: " << why;
   }
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu, oneDNN ISA %s\n", static_cast<unsigned long long>(seed),
-              kernels::cpu::onednn_isa_name().c_str());
+  const testing::TestSeed seed;
+  std::printf("oneDNN ISA %s\n", kernels::cpu::onednn_isa_name().c_str());
   std::mt19937_64 rng(seed);
   const GemmData a = random_weights(rng, 128, 96);
   CpuGemmRunner runner(CpuGemm::kOnednn);

@@ -18,6 +18,7 @@
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/dsa_indexer.h"
 #include "pagoda/platform/platform.h"
+#include "test_seed.h"
 
 namespace pagoda::model {
 namespace {
@@ -120,8 +121,7 @@ std::vector<float> normal(std::mt19937_64& rng, size_t n, double sd) {
 }
 
 TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
-  const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const ModelConfig c = dsa_test_config();
   auto platform = platform::make_cpu_platform();

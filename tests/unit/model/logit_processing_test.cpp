@@ -17,14 +17,13 @@
 #include "pagoda/model/model_ops.h"
 #include "pagoda/platform/platform.h"
 #include "token_mask_reference.h"
+#include "test_seed.h"
 
 namespace pagoda::model {
 namespace {
 
 TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const int vocab = 4096, rows = 8;
   std::normal_distribution<float> normal(0.f, 3.f);
@@ -81,9 +80,7 @@ TEST(LogitProcessing, MatchesDenseReferenceOnRandomRows) {
 // every token outside the allowed bitmask ends at -inf, the others as the dense reference has
 // them.
 TEST(LogitProcessing, TokenMaskLeavesOnlyAllowedTokens) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const int vocab = 3000, rows = 6;  // not a multiple of 32: the last mask word is partial
   std::normal_distribution<float> normal(0.f, 3.f);
@@ -147,9 +144,7 @@ TEST(LogitProcessing, TokenMaskLeavesOnlyAllowedTokens) {
 // of 32 and the bits past it are poisoned, as are the mask buffer's words past the staged count
 // (NaN patterns) and the row list past it (real rows, which a read past the count would mask).
 TEST(LogitProcessing, TokenMaskOnTheHostSamplerMatchesAReference) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   auto platform = platform::make_cpu_platform();
   auto ops = make_cpu_ops(*platform, DType::kF32);
@@ -241,9 +236,7 @@ TEST(LogitProcessing, MaskAllowsSomeReadsOnlyTheVocabulary) {
 // TokenCounts extended token by token and in random chunks against a from-scratch recount of
 // the prompt and the output at every point.
 TEST(LogitProcessing, IncrementalCountsMatchARecount) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   for (int iter = 0; iter < 20; ++iter) {
     const auto range = static_cast<uint64_t>(2 + rng() % 3000);  // small ranges repeat tokens
@@ -277,9 +270,7 @@ TEST(LogitProcessing, IncrementalCountsMatchARecount) {
 
 // token_logprobs against log(softmax) in long double and a full sort (ties by id).
 TEST(LogitProcessing, TokenLogprobsAreTheLogSoftmax) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("[seed] %llu\n", static_cast<unsigned long long>(seed));
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 4.f);
   for (int iter = 0; iter < 20; ++iter) {

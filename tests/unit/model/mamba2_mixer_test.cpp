@@ -21,6 +21,7 @@
 #include "pagoda/kv/state_pool.h"
 #include "pagoda/model/mamba2_mixer.h"
 #include "pagoda/platform/platform.h"
+#include "test_seed.h"
 
 namespace pagoda::model {
 namespace {
@@ -335,19 +336,13 @@ void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64
 /// A fresh random seed (printed, and in every failure's trace) and the CPU f32 ops.
 class Mamba2MixerRandom : public ::testing::Test {
  protected:
-  Mamba2MixerRandom() : seed_(std::random_device{}()), rng_(seed_) {
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed_));
-  }
-  ::testing::Message trace() const { return ::testing::Message() << "seed " << seed_; }
-
-  const uint64_t seed_;
-  std::mt19937_64 rng_;
+  const testing::TestSeed seed_;
+  std::mt19937_64 rng_{seed_};
   std::unique_ptr<platform::Platform> platform_ = platform::make_cpu_platform();
   std::unique_ptr<ModelOps> ops_ = make_cpu_ops(*platform_, DType::kF32);
 };
 
 TEST_F(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
-  SCOPED_TRACE(trace());
   for (int iter = 0; iter < 8; ++iter) {
     const MambaCase c = random_case(rng_);
     const Mamba2Shape& s = c.shape;
@@ -367,7 +362,6 @@ TEST_F(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
 // chunks of 64) over a 300-token request (chunk boundaries inside the prompt, a last partial
 // chunk) beside a 130-token and a 1-token one.
 TEST_F(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
-  SCOPED_TRACE(trace());
   const Mamba2Shape shape{.hidden_size = 128,
                           .num_heads = 16,
                           .head_dim = 16,

@@ -22,6 +22,7 @@
 #include "pagoda/model/sampler.h"
 #include "pagoda/platform/platform.h"
 #include "test_model.h"
+#include "test_seed.h"
 
 namespace pagoda::model {
 namespace {
@@ -339,8 +340,7 @@ TEST(LlamaWorker, CudaGraphBucketsAndPadding) {
 // and every padded request sees exactly request 0's pages. Checked against the plan of request 0
 // alone (build_paged_plan), on random lengths.
 TEST(LlamaWorker, VerifyGraphPadding) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   constexpr int kPage = 16, n = 5;
   kv::ReqToTokenTable table(4, 256);

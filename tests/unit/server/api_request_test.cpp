@@ -12,15 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/server/api_request.h"
+#include "test_seed.h"
 
 namespace pagoda::server {
 namespace {
-
-/// PAGODA_TEST_SEED when set (to replay a failure), else a random seed; tests print it.
-unsigned test_seed() {
-  const char* env = std::getenv("PAGODA_TEST_SEED");
-  return env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-}
 
 ApiError expect_error(const std::string& body, Endpoint ep = Endpoint::kCompletions) {
   try {
@@ -324,8 +319,7 @@ TEST(ApiRequest, NamesTheBadField) {
 /// Reference: the emitted text is the whole text cut before the stop string that completes first
 /// (a direct search of the whole text).
 TEST(StopMatcher, MatchesADirectSearchOnRandomChunks) {
-  const unsigned seed = test_seed();
-  std::printf("seed %u\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   const std::string alphabet = "abc";
   for (int iter = 0; iter < 3000; ++iter) {
@@ -359,15 +353,15 @@ TEST(StopMatcher, MatchesADirectSearchOnRandomChunks) {
       const size_t k = std::min(text.size() - p, static_cast<size_t>(rng() % 5));
       const std::string piece = m.push(text.substr(p, k));
       got += piece;
-      for (const auto& s : stops) ASSERT_EQ(got.find(s), std::string::npos) << "seed " << seed;
+      for (const auto& s : stops) ASSERT_EQ(got.find(s), std::string::npos);
       p += k;
       if (m.stopped()) break;
     }
     if (!m.stopped()) got += m.finish();
-    ASSERT_EQ(m.stopped(), cut != std::string::npos) << "seed " << seed << " text " << text;
+    ASSERT_EQ(m.stopped(), cut != std::string::npos) << "text " << text;
     std::string all;
     for (const auto& s : stops) all += "'" + s + "' ";
-    ASSERT_EQ(got, want) << "seed " << seed << " text " << text << " stops " << all;
+    ASSERT_EQ(got, want) << "text " << text << " stops " << all;
   }
 }
 
@@ -435,8 +429,7 @@ TEST(ApiRequest, BoundsNestingAndValueCount) {
 }
 
 TEST(ClientText, ValidUtf8IsUnchangedOnRandomText) {
-  const unsigned seed = test_seed();
-  std::printf("client_text seed %u\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   for (int trial = 0; trial < 200; ++trial) {
     std::string s;

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pagoda/server/tool_parser.h"
-#include "../backends/seed.h"  // pagoda::test::test_seed
+#include "test_seed.h"
 
 namespace pagoda::server {
 namespace {
@@ -198,8 +198,7 @@ std::string random_reply(ToolCallFormat f, std::mt19937& rng, std::string& conte
 }
 
 TEST(ToolParser, RandomRepliesWholeAndStreamed) {
-  const unsigned seed = test::test_seed();
-  std::printf("tool parser seed %u\n", seed);
+  const pagoda::testing::TestSeed seed;
   std::mt19937 rng(seed);
   for (auto f : {ToolCallFormat::kQwen25, ToolCallFormat::kLlama3, ToolCallFormat::kMistral}) {
     for (int i = 0; i < 300; ++i) {
@@ -209,9 +208,9 @@ TEST(ToolParser, RandomRepliesWholeAndStreamed) {
       std::vector<size_t> cuts;
       for (int k = 0; k < 4; ++k) cuts.push_back(1 + rng() % 9);
       for (const ParsedReply& r : {parse(f, reply), split_in(f, reply, cuts)}) {
-        ASSERT_EQ(r.content, content) << "seed " << seed << " format " << static_cast<int>(f)
+        ASSERT_EQ(r.content, content) << "format " << static_cast<int>(f)
                                       << " reply " << reply;
-        ASSERT_EQ(r.calls, calls) << "seed " << seed << " reply " << reply;
+        ASSERT_EQ(r.calls, calls) << "reply " << reply;
       }
     }
   }

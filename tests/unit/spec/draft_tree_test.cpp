@@ -14,6 +14,7 @@
 #include "pagoda/spec/draft_tree.h"
 #include "pagoda/spec/ngram.h"
 #include "pagoda/spec/tree_builder.h"
+#include "test_seed.h"
 
 namespace pagoda::spec {
 namespace {
@@ -281,8 +282,7 @@ TEST(Ngram, EveryPathOccursInTheContext) {
 // top_candidates vs a brute force (stable sort of every id by logit, long-double log-softmax) on
 // random rows with many exact ties (logits drawn from a small set), vocabulary 50,000.
 TEST(TopCandidates, MatchesAFullSort) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < 6; ++trial) {
     const size_t vocab = trial < 3 ? 50000 : 1 + rng() % 40;
