@@ -445,6 +445,10 @@ Req& Engine::create_request(GenerateRequest request) {
                  kUnsupported, "structured output is not supported with speculative decoding");
   PAGODA_REQUIRE(!request.hold_kv || !config_.overlap, kUnsupported,
                  "hold_kv (a disaggregated prefill) needs the overlap scheduler off");
+  PAGODA_REQUIRE(!request.hold_kv || !mc.has_linear_layers(), kUnsupported,
+                 "hold_kv (a disaggregated prefill) is not supported on {} (the hybrid state "
+                 "pool's Mamba2 states are not transferred)",
+                 model::hf_architecture_name(mc.family));
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
                  "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
                  "one output token)",

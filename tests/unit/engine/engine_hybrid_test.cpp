@@ -173,7 +173,19 @@ TEST(EngineHybrid, RefusesWhatCannotFollowTheState) {
   hicache.hicache.host.ratio = 2.0;
   refused(hicache, "the hierarchical cache");
   Engine engine(m, hybrid_config("reference", 1));
-  EXPECT_THROW(engine.transfer().add_request({.prompt = {3, 4}, .max_new_tokens = 2}), Error);
+  for (bool prefill_side : {false, true}) {
+    SCOPED_TRACE(prefill_side ? "hold_kv" : "transfer");
+    try {
+      if (prefill_side) {
+        engine.add_request({.prompt = {3, 4}, .max_new_tokens = 2, .hold_kv = true});
+      } else {
+        engine.transfer().add_request({.prompt = {3, 4}, .max_new_tokens = 2});
+      }
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("hybrid state pool"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
