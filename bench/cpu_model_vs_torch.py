@@ -26,7 +26,7 @@ MODES = ["openblas", "onednn", "onednn-f32"]
 
 
 def run_pagoda(exe, model, mode, threads, input_len, output_len):
-    cmd = [exe, "bench", "--model", model, "--cpu-gemm", mode, "--requests", "1",
+    cmd = [exe, "bench", "--model", model, "--backend", "cpu", "--cpu-gemm", mode, "--requests", "1",
            "--input-len", str(input_len), "--output-len", str(output_len),
            "--pool-tokens", str(max(4096, 2 * (input_len + output_len))), "--json"]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))

@@ -316,9 +316,61 @@ def profile_table(rec):
     return out
 
 
+def amx_table(rec):
+    """Issue 51 on the device host's CPU: the AMX / oneDNN gtests' results, the amx conformance
+    line, attention (cpu and amx backends) vs torch SDPA per shape and thread count, and the CPU
+    model per --cpu-gemm mode vs transformers bf16 (bench/cpu_vs_torch.py,
+    bench/cpu_model_vs_torch.py: medians; torch timed in the same session)."""
+    a = rec["amx"]
+    out = [f"### Intel AMX CPU backend (issue 51) — commit `{rec.get('commit', 'unknown')}`, "
+           f"{rec.get('date', '?')}, CPU {a.get('cpu', '?')}", "",
+           f"CPU flags: {' '.join(a.get('cpu_flags', [])) or 'none of avx512* / amx*'}.", ""]
+    for name, cases in a.get("gtests", {}).items():
+        by = {}
+        for c in cases:
+            by.setdefault(c["result"], []).append(c["name"])
+        counts = ", ".join(f"{len(v)} {k.lower()}" for k, v in sorted(by.items()))
+        bad = by.get("FAILED", []) + by.get("SKIPPED", [])
+        out.append(f"- {name}: {counts}" + (f" ({', '.join(bad[:8])})" if bad else ""))
+    if a.get("conformance"):
+        out.append(f"- `pagoda conformance --backends amx`: {a['conformance']}")
+    rows = a.get("cpu_vs_torch") or []
+    if rows:
+        out += ["", "| threads | op (B, keys, q, heads q/kv, D, page) | backend | pagoda ms | torch SDPA ms "
+                "| torch / pagoda |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            shape = r.get("shape", [])
+            desc = f"{shape[0]} ({', '.join(str(x) for x in shape[1:4])}, {shape[4]}/{shape[5]}, " \
+                   f"{shape[6]}, {shape[7]})" if len(shape) == 8 else str(shape)
+            tms = r.get("torch_ms")
+            for key in sorted(k for k in r if k == "pagoda" or k.startswith("pagoda_")):
+                p = r[key]
+                if not isinstance(p, dict) or "ms" not in p:
+                    continue
+                out.append(f"| {r.get('threads')} | {desc} | {p.get('backend', key)} | {p['ms']:.2f} | "
+                           f"{fmt(tms, '.2f')} | {fmt(tms / p['ms'] if tms else None, '.2f')}× |")
+    m = a.get("cpu_model_vs_torch") or {}
+    if m.get("rows"):
+        out += ["", f"CPU model ({m.get('args', {}).get('model', '?')}, prompt "
+                    f"{m.get('args', {}).get('input_len')}, {m.get('args', {}).get('output_len')} "
+                    "tokens, one request):", "",
+                "| threads | engine | decode ms / token | TTFT (pagoda) / prefill (transformers) ms |",
+                "|---|---|---|---|"]
+        for row in m["rows"]:
+            for mode, r in row.get("pagoda", {}).items():
+                out.append(f"| {row['threads']} | pagoda {mode} | "
+                           + (f"refused: {r['refused'][:120]} | |" if "refused" in r
+                              else f"{r['decode_ms']:.1f} | {r['ttft_ms']:.0f} |"))
+            tr = row.get("torch") or {}
+            out.append(f"| {row['threads']} | transformers bf16 | "
+                       + (f"{tr['refused'][:120]} | |" if "refused" in tr
+                          else f"{tr['decode_ms']:.1f} | {tr['prefill_ms']:.0f} |"))
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
-            ("python", python_table), ("profile", profile_table))
+            ("python", python_table), ("profile", profile_table), ("amx", amx_table))
 
 
 def render(records):

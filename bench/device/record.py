@@ -20,6 +20,10 @@ The record (schema 1) holds what the tables are generated from, every sample inc
               `pagoda bench --workload multiturn --json`}
   python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py
               row...], "llm_vs_bench": bench/llm_vs_bench.py's --json}
+  amx         {"cpu": model name and threads, "cpu_flags": [avx512* / amx* flags], "gtests": {binary: [{"name", "result",
+              "seconds"}]} (gtest's JSON), "conformance": its last line,
+              "cpu_vs_torch": bench/cpu_vs_torch.py's rows, "cpu_model_vs_torch":
+              bench/cpu_model_vs_torch.py's document} (issue 51, the device host's CPU)
   profile     {"copy_gbps", "policy", "runs": {"<layout>_b<batch>": run.sh's meta (layout, batch,
               steps, launch_skip, lengths, ncu rc and seconds) + "bench" (the unprofiled
               `pagoda bench --json`'s decode step) + "ncu_passes" + tools/ncu_forwards.py's
@@ -213,6 +217,39 @@ def profile(d):
                       "last N forwards of a run whose requests all decode together to the end"}
 
 
+def gtest_cases(path):
+    """[{"name", "result", "seconds"}] of a gtest --gtest_output=json file (None when absent);
+    result is gtest's ("COMPLETED", "SKIPPED", ...) or "FAILED" for a case with failures."""
+    j = read_json(path)
+    if j is None:
+        return None
+    return [{"name": f"{suite['name']}.{case['name']}",
+             "result": "FAILED" if case.get("failures") else case.get("result", "?"),
+             "seconds": float(str(case.get("time", "0")).rstrip("s") or 0)}
+            for suite in j.get("testsuites", []) for case in suite.get("testsuite", [])]
+
+
+def amx(d):
+    adir = os.path.join(d, "amx")
+    if not os.path.isdir(adir):
+        return None
+    out = {"gtests": {}}
+    try:
+        out["cpu"] = open(os.path.join(adir, "cpu_model.txt")).read().strip()
+        out["cpu_flags"] = open(os.path.join(adir, "cpu_flags.txt")).read().split()
+        lines = open(os.path.join(adir, "conformance.log"), errors="replace").read().strip().splitlines()
+        out["conformance"] = lines[-1] if lines else None
+    except OSError:
+        pass
+    for name in ("model_tests", "engine_tests"):
+        cases = gtest_cases(os.path.join(adir, name + ".json"))
+        if cases is not None:
+            out["gtests"][name] = cases
+    out["cpu_vs_torch"] = read_json(os.path.join(adir, "cpu_vs_torch.json"))
+    out["cpu_model_vs_torch"] = read_json(os.path.join(adir, "cpu_model_vs_torch.json"))
+    return {k: v for k, v in out.items() if v}
+
+
 def versions(d):
     out = {}
     try:
@@ -243,6 +280,7 @@ def build_record(d, kind, group, commit, stages):
         "hicache": hicache(d),
         "python": python(d),
         "profile": profile(d),
+        "amx": amx(d),
     }
     rec.update({k: v for k, v in parts.items() if v is not None})
     return rec

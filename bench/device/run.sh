@@ -30,6 +30,12 @@
 #                             per-kernel time and DRAM bytes of the last 4 decode steps of a run
 #                             at context 192 (--graph-profiling node: kernels timed inside the
 #                             graphs); needs ncu (nsys does not run on the device)
+#                    amx      build, issue 51 on the device host's CPU (a Xeon; the GPU idles):
+#                             the AMX / oneDNN tests (CpuGemm, model forward, EngineCpuGemm),
+#                             `pagoda conformance --backends amx`, bench/cpu_vs_torch.py (the cpu
+#                             and amx attention backends vs torch SDPA at 2 and all threads) and
+#                             bench/cpu_model_vs_torch.py (the 1B layout per --cpu-gemm mode vs
+#                             transformers bf16)
 #                    all      every group above but profile (longer than one 10-minute device
 #                             call: one group a call)
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
@@ -75,6 +81,7 @@ case "$GPUS:$GROUP" in
   1:python) STAGES="build python" ;;
   1:hicache) STAGES="build hicache" ;;
   1:profile) STAGES="build profile" ;;
+  1:amx) STAGES="build amx" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
   2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
@@ -158,6 +165,7 @@ if has build; then
   has kernels && targets="$targets pagoda_cuda_bench"
   has sanitize && targets="$targets cuda_attention_tests"
   has python && targets="$targets pagoda_python"
+  has amx && targets="$targets model_tests engine_tests"
   # shellcheck disable=SC2086 # one word per target
   timeout 480 ninja -C $B $targets >> "$W/build.log" 2>&1
   rc=$?
@@ -382,6 +390,33 @@ if has profile; then
     say "profile $tag: step $(grep -o '"decode_step_ms":[0-9.]*' "$W/profile/$tag.bench.json"), ncu rc=$rc ($(( $(date +%s) - t0 )) s, skip $skip, $(grep -c '^"' "$W/profile/$tag.ncu.csv") CSV rows)"
   done
 fi
+if has amx; then
+  mkdir -p "$W/amx"
+  grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(amx|avx512)' | sort | tr '\n' ' ' \
+    > "$W/amx/cpu_flags.txt"
+  echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) threads" > "$W/amx/cpu_model.txt"
+  say "CPU: $(cat "$W/amx/cpu_model.txt"); $(cat "$W/amx/cpu_flags.txt")"
+  timeout "$(cap 120)" $B/tests/unit/model/model_tests --gtest_filter='CpuGemm*:*ModelForward*' \
+    --gtest_output="json:$W/amx/model_tests.json" > "$W/amx/model_tests.log" 2>&1
+  say "model_tests (CpuGemm, forward) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$W/amx/model_tests.log" | tr '\n' ' ')"
+  timeout "$(cap 120)" $B/tests/unit/engine/engine_tests --gtest_filter='*EngineCpuGemm*:EngineArgs.*' \
+    --gtest_output="json:$W/amx/engine_tests.json" > "$W/amx/engine_tests.log" 2>&1
+  say "engine_tests (EngineCpuGemm) rc=$? $(grep -E '^\[  (PASSED|FAILED)' "$W/amx/engine_tests.log" | tr '\n' ' ')"
+  timeout "$(cap 120)" $P conformance --backends amx --seed 1234 --output "$W/amx/conformance.md" \
+    > "$W/amx/conformance.log" 2>&1
+  say "conformance amx rc=$? $(tail -1 "$W/amx/conformance.log")"
+  timeout "$(cap 200)" python3 bench/cpu_vs_torch.py --pagoda $P --out "$W/amx" --threads 2 "$(nproc)" \
+    --amx --no-ab > "$W/amx/cpu_vs_torch.log" 2>&1
+  say "cpu_vs_torch rc=$?"
+  if [ "$(left)" -gt 150 ]; then
+    timeout "$(cap 240)" python3 bench/cpu_model_vs_torch.py --pagoda $P --model "$(ckpt 1b)" \
+      --out "$W/amx" --threads 2 > "$W/amx/cpu_model_vs_torch.log" 2>&1
+    say "cpu_model_vs_torch rc=$?"
+  else
+    say "cpu_model_vs_torch skipped: $(left) s of the budget left"
+  fi
+fi
+
 if has sanitize; then
   san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
   for tool in memcheck racecheck; do

@@ -5,7 +5,11 @@ pagoda.serve(...), which runs `pagoda serve` in this process.
 Engine arguments (vLLM / SGLang spellings accepted where they mean the same thing):
   backend / attention_backend       attention backend ('cpu', 'reference', 'cuda', ...)
   page_size                         KV page size in tokens (16)
-  pool_tokens                       KV pool capacity in tokens (32768)
+  pool_tokens                       KV pool capacity in tokens (32768), or instead:
+  mem_fraction_static / gpu_memory_utilization   weights + KV take this fraction of the
+                                    device's memory (the host's RAM on the CPU)
+  kv_cache_memory_bytes             the KV pools' bytes
+  swa_full_tokens_ratio             SWA pool tokens per full-pool token when sized from memory
   max_num_seqs / max_running_requests    running requests (64)
   chunked_prefill_size              chunked prefill budget in tokens (0 = off)
   max_prefill_tokens                token budget of one prefill batch (8192)
@@ -33,7 +37,11 @@ _ARG_ALIASES = {
     "max_prefill_tokens": "max_prefill_tokens", "dtype": "dtype", "kv_cache_dtype": "kv_dtype",
     "max_model_len": "max_context_len", "context_length": "max_context_len",
     "schedule_policy": "policy", "overlap": "overlap", "cpu_gemm": "cpu_gemm",
+    "mem_fraction_static": "mem_fraction_static", "gpu_memory_utilization": "mem_fraction_static",
+    "kv_cache_memory_bytes": "kv_cache_memory", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
 }
+# Engine arguments that size the KV pool from memory instead of pool_tokens.
+_MEMORY_SIZING = ("mem_fraction_static", "gpu_memory_utilization", "kv_cache_memory_bytes")
 # Arguments whose default (or a value meaning "the default") is accepted and changes nothing.
 _NEUTRAL = {"tensor_parallel_size": 1, "tp_size": 1, "trust_remote_code": None,
             "tokenizer": None, "skip_tokenizer_init": False}
@@ -138,6 +146,11 @@ class LLM:
             else:
                 raise NotImplementedError(f"pagoda.LLM: engine argument {name}={value!r} is "
                                           "not supported")
+        given = [k for k in _MEMORY_SIZING if k in engine_args]
+        if len(given) > 1:
+            raise ValueError(f"pagoda.LLM: {' and '.join(given)} both size the KV pool: give one")
+        if given and "pool_tokens" not in engine_args:
+            args.pool_tokens = 0  # sized from memory; both given: the engine names the conflict
         self._engine = _pagoda.Engine(str(model), weight_seed, args)
 
     @property

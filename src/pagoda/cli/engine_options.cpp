@@ -6,6 +6,8 @@ namespace pagoda::cli {
 
 engine::EngineArgs EngineOptions::resolve() const {
   engine::EngineArgs a = args;
+  // A pool sized from memory (CLI11 refused --pool-tokens beside these).
+  if (a.kv_cache_memory > 0 || a.mem_fraction_static > 0) a.pool_tokens = 0;
   a.hicache = make_hicache_config(hicache);
   return a;
 }
@@ -17,8 +19,17 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--decode-backend", a.backend.decode, "backend for decode steps");
   add_kernel_option_flag(cmd, a.backend.kernels);
   cmd->add_option("--page-size", a.page_size, "KV page size in tokens")->capture_default_str();
-  cmd->add_option("--pool-tokens", a.pool_tokens, "KV pool capacity in tokens")
-      ->capture_default_str();
+  CLI::Option* pool = cmd->add_option("--pool-tokens", a.pool_tokens, "KV pool capacity in tokens")
+                          ->capture_default_str();
+  cmd->add_option("--kv-cache-memory", a.kv_cache_memory,
+                  "size the KV pool(s) from this many bytes instead of --pool-tokens (vLLM's "
+                  "kv_cache_memory_bytes)")
+      ->excludes(pool);
+  cmd->add_option("--mem-fraction-static", a.mem_fraction_static,
+                  "size the KV pool(s) so that weights and KV take this fraction of the device's "
+                  "memory (SGLang's; the host's RAM on the CPU) instead of --pool-tokens")
+      ->excludes(pool)
+      ->excludes("--kv-cache-memory");
   cmd->add_option("--max-running", a.max_running, "max running requests in the engine")
       ->capture_default_str();
   cmd->add_option("--chunk-size", a.chunk_size, "chunked prefill budget (0 = off)")
@@ -66,7 +77,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--swa-pool-tokens", a.swa_pool_tokens,
-                  "SWA pool capacity in tokens (0 = as many as --pool-tokens)")
+                  "SWA pool capacity in tokens (0 = as many as --pool-tokens, or by "
+                  "--swa-full-tokens-ratio when the pools are sized from memory)")
+      ->capture_default_str();
+  cmd->add_option("--swa-full-tokens-ratio", a.swa_full_tokens_ratio,
+                  "with the pools sized from memory: SWA pool tokens per full-pool token, (0, 1]")
       ->capture_default_str();
   add_hicache_options(cmd, o.hicache);
 }

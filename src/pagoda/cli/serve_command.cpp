@@ -35,6 +35,7 @@ struct ServeCliOptions {
   std::string disaggregation_mode = "null";
   double disaggregation_timeout = 30;
   std::string disaggregation_transfer_backend = "ucx";
+  int64_t disaggregation_staging_tokens = 0;
   std::string grammar_library;
   std::string tool_call_parser;
 };
@@ -81,6 +82,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--disaggregation-transfer-backend", o->disaggregation_transfer_backend,
                   "KV transfer engine (ucx: host memory over TCP / shared memory)")
       ->capture_default_str();
+  cmd->add_option("--disaggregation-staging-tokens", o->disaggregation_staging_tokens,
+                  "pinned host staging of the KV transfer, in tokens (0: the context length): "
+                  "the decode side refuses a room whose prompt KV does not fit, the prefill "
+                  "side sends in chunks of it")
+      ->capture_default_str();
   cmd->add_option("--grammar-library", o->grammar_library,
                   "llguidance's shared object (_lib.abi3.so of the llguidance Python package) "
                   "for response_format; default: the one found when pagoda was configured");
@@ -108,6 +114,7 @@ void add_serve_command(CLI::App& app) {
     s.disaggregation_mode = o->disaggregation_mode;
     s.disaggregation_timeout_s = o->disaggregation_timeout;
     s.disaggregation_transfer_backend = o->disaggregation_transfer_backend;
+    s.disaggregation_staging_tokens = o->disaggregation_staging_tokens;
     s.grammar_library = o->grammar_library;
     s.tool_call_parser = o->tool_call_parser;
     TpRunner tp_group;  // outlives run_server's engine

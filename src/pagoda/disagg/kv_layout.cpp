@@ -42,7 +42,8 @@ std::string layout_mismatch(const KvLayout& a, const KvLayout& b) {
 
 std::vector<MemRegion> regions_of(const kv::KvPool& pool) {
   PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported,
-                 "the KV transfer reads host pools only (the GPU engine, NCCL, is not built)");
+                 "the KV transfer registers host pools only (a device pool goes through its "
+                 "staging pool)");
   const std::vector<uint64_t> page_bytes = page_bytes_of(pool);
   const auto pages = static_cast<uint64_t>(pool.num_slots() / pool.page_size());
   std::vector<MemRegion> out;
@@ -99,24 +100,40 @@ std::vector<WriteOp> page_write_ops(std::span<const PageId> src_pages,
   return ops;
 }
 
-uint64_t pages_checksum(std::span<const MemRegion> regions, std::span<const uint64_t> page_bytes,
-                        std::span<const PageId> pages) {
+PagesChecksum::PagesChecksum() : state_(XXH3_createState()) {
+  PAGODA_REQUIRE(state_ != nullptr, kInternal, "XXH3_createState failed");
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+PagesChecksum::~PagesChecksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void PagesChecksum::update(std::span<const MemRegion> regions, std::span<const uint64_t> page_bytes,
+                           std::span<const PageId> pages) {
   PAGODA_REQUIRE(regions.size() == page_bytes.size(), kInvalidArgument,
                  "checksum: {} regions, {} page sizes", regions.size(), page_bytes.size());
-  XXH3_state_t* state = XXH3_createState();
-  PAGODA_REQUIRE(state != nullptr, kInternal, "XXH3_createState failed");
-  XXH3_64bits_reset(state);
-  for (size_t r = 0; r < regions.size(); ++r) {
-    for (PageId p : pages) {
-      const uint64_t off = static_cast<uint64_t>(p.value()) * page_bytes[r];
-      PAGODA_REQUIRE(p.value() >= 0 && off + page_bytes[r] <= regions[r].bytes, kOutOfRange,
-                     "checksum: page {} outside region {}", p.value(), r);
-      XXH3_64bits_update(state, static_cast<const char*>(regions[r].base) + off, page_bytes[r]);
-    }
-  }
-  const uint64_t h = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
-  return h;
+  for (PageId p : pages)
+    for (size_t r = 0; r < regions.size(); ++r)
+      PAGODA_REQUIRE(p.value() >= 0 && (static_cast<uint64_t>(p.value()) + 1) * page_bytes[r] <=
+                                           regions[r].bytes,
+                     kOutOfRange, "checksum: page {} outside region {}", p.value(), r);
+  auto* state = static_cast<XXH3_state_t*>(state_);
+  for (PageId p : pages)
+    for (size_t r = 0; r < regions.size(); ++r)
+      XXH3_64bits_update(state,
+                         static_cast<const char*>(regions[r].base) +
+                             static_cast<uint64_t>(p.value()) * page_bytes[r],
+                         page_bytes[r]);
+}
+
+uint64_t PagesChecksum::digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
+uint64_t pages_checksum(std::span<const MemRegion> regions, std::span<const uint64_t> page_bytes,
+                        std::span<const PageId> pages) {
+  PagesChecksum c;
+  c.update(regions, page_bytes, pages);
+  return c.digest();
 }
 
 }  // namespace pagoda::disagg

@@ -39,7 +39,7 @@ KvLayout layout_of(const kv::KvPool& pool, const std::string& model, uint64_t we
 std::string layout_mismatch(const KvLayout& a, const KvLayout& b);
 
 /// The host regions of `pool`: K then V of each layer (2 * num_layers regions). Host pools only
-/// (Error(kUnsupported) for a device pool: the NCCL engine is not built).
+/// (Error(kUnsupported) for a device pool: a transfer registers its staging pool, staging.h).
 std::vector<MemRegion> regions_of(const kv::KvPool& pool);
 
 /// Bytes of one page of one region of `pool` (page_size rows of K, or of V; K and V rows have the
@@ -53,8 +53,27 @@ std::vector<WriteOp> page_write_ops(std::span<const PageId> src_pages,
                                     std::span<const PageId> dst_pages,
                                     std::span<const uint64_t> page_bytes);
 
-/// XXH3 (64-bit) of `pages` of every region, in region-major order: what a sender computes over
-/// its source pages and a receiver over the destination pages after the transfer.
+/// XXH3 (64-bit) over pages of every region in page-major order (page p's region 0, 1, ...,
+/// then the next page), fed in pieces: updating with pages [a, b) then [b, c) digests what one
+/// update with [a, c) does, so a sender can hash its staging chunk by chunk. Not thread-safe.
+class PagesChecksum {
+ public:
+  PagesChecksum();
+  ~PagesChecksum();
+  PagesChecksum(const PagesChecksum&) = delete;
+  PagesChecksum& operator=(const PagesChecksum&) = delete;
+  /// Adds `pages` of `regions` (page_bytes[r] bytes per page of region r). Throws kInvalidArgument
+  /// for mismatched lists, kOutOfRange for a page outside a region (checked before hashing).
+  void update(std::span<const MemRegion> regions, std::span<const uint64_t> page_bytes,
+              std::span<const PageId> pages);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  ///< XXH3_state_t
+};
+
+/// PagesChecksum of `pages` in one piece: what a sender computes over its staged source pages and
+/// a receiver over its staging pages after the transfer.
 uint64_t pages_checksum(std::span<const MemRegion> regions, std::span<const uint64_t> page_bytes,
                         std::span<const PageId> pages);
 

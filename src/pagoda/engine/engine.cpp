@@ -10,6 +10,7 @@
 #include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#include "pagoda/engine/pool_sizing.h"
 #include "pagoda/engine/tp.h"
 #include "pagoda/model/llama_worker.h"
 #ifdef PAGODA_HAVE_CUDA_MODEL
@@ -100,6 +101,46 @@ DType default_model_dtype(const platform::Platform& platform, const model::Model
   return model.weights_dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
 }
 
+namespace {
+
+/// The pools' sizes: pool_tokens as given (the SWA pool: swa_pool_tokens, or as many), or from
+/// a memory budget (kv_cache_memory, or mem_fraction_static of the platform's memory, less the
+/// weights a device worker has still to upload) split by pool_sizing.h.
+PoolSizes engine_pool_sizes(const model::LlamaModel& model, const EngineConfig& c,
+                            const platform::Platform& platform, DType dtype, DType kv_dtype,
+                            bool swa, bool custom_worker) {
+  if (c.pool_tokens > 0)
+    return {.pool_tokens = c.pool_tokens,
+            .swa_pool_tokens = !swa ? 0 : c.swa_pool_tokens > 0 ? c.swa_pool_tokens : c.pool_tokens};
+  PAGODA_REQUIRE(!custom_worker, kUnsupported,
+                 "sizing the KV pool from memory (kv_cache_memory, mem_fraction_static) covers "
+                 "the engine's own worker: with a custom worker (tensor parallelism) give "
+                 "pool_tokens");
+  using Kind = model::LlamaModel::PoolLayers;
+  auto bytes_per_token = [&](Kind kind) {
+    kv::KvPoolConfig pc = model.kv_pool_config(1, c.page_size, kind);
+    pc.dtype = kv_dtype;
+    return kv::kv_bytes_per_token(pc);
+  };
+  PoolBudget b{.page_size = c.page_size,
+               .full_bytes_per_token = bytes_per_token(swa ? Kind::kFull : Kind::kAll),
+               .swa_bytes_per_token = swa ? bytes_per_token(Kind::kWindow) : 0,
+               .swa_full_tokens_ratio = c.swa_full_tokens_ratio,
+               .swa_pool_tokens = c.swa_pool_tokens};
+  // The CPU model computes on the host weights already loaded; a device worker uploads its
+  // copy after the pools are allocated.
+  const int64_t pending = platform.kind() == platform::PlatformKind::kCpu
+                              ? 0
+                              : model.weight_elements() * static_cast<int64_t>(dtype_size(dtype));
+  b.budget_bytes = c.kv_cache_memory > 0
+                       ? c.kv_cache_memory
+                       : kv_budget_from_fraction(platform.memory_info(), c.mem_fraction_static,
+                                                 pending);
+  return size_pools(b);
+}
+
+}  // namespace
+
 std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DType dtype,
                                                 model::CpuGemm cpu_gemm) {
   if (platform.kind() == platform::PlatformKind::kCpu)
@@ -118,9 +159,21 @@ std::unique_ptr<model::ModelOps> make_model_ops(platform::Platform& platform, DT
 
 void EngineConfig::validate() const {
   PAGODA_REQUIRE(page_size >= 1, kInvalidArgument, "page size must be >= 1 (got {})", page_size);
-  const int64_t num_pages = pool_tokens / page_size;
-  PAGODA_REQUIRE(num_pages >= 1 && num_pages < (int64_t{1} << 30) / page_size, kInvalidArgument,
-                 "pool of {} tokens at page size {} is out of range", pool_tokens, page_size);
+  PAGODA_REQUIRE((pool_tokens > 0) + (kv_cache_memory > 0) + (mem_fraction_static > 0) == 1 &&
+                     pool_tokens >= 0 && kv_cache_memory >= 0 && mem_fraction_static >= 0,
+                 kInvalidArgument,
+                 "give exactly one KV pool size: pool_tokens ({}), kv_cache_memory ({} bytes) or "
+                 "mem_fraction_static ({})",
+                 pool_tokens, kv_cache_memory, mem_fraction_static);
+  if (pool_tokens > 0) {
+    const int64_t num_pages = pool_tokens / page_size;
+    PAGODA_REQUIRE(num_pages >= 1 && num_pages < (int64_t{1} << 30) / page_size, kInvalidArgument,
+                   "pool of {} tokens at page size {} is out of range", pool_tokens, page_size);
+  }
+  PAGODA_REQUIRE(mem_fraction_static < 1, kInvalidArgument,
+                 "mem_fraction_static must be in (0, 1) (got {})", mem_fraction_static);
+  PAGODA_REQUIRE(swa_full_tokens_ratio > 0 && swa_full_tokens_ratio <= 1, kInvalidArgument,
+                 "swa_full_tokens_ratio must be in (0, 1] (got {})", swa_full_tokens_ratio);
   PAGODA_REQUIRE(max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
   scheduler.validate(page_size);
   spec.validate();
@@ -182,18 +235,12 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
       max_context_len_(context_len_for(model, config)) {
   const auto start = std::chrono::steady_clock::now();  // the time base of RequestOutput
   config.validate();
-  const int64_t num_pages = config.pool_tokens / config.page_size;
   if (platform_ == nullptr) {
     own_platform_ = platform::make_cpu_platform();
     platform_ = own_platform_.get();
   }
   const DType dtype = config.dtype.value_or(default_model_dtype(*platform_, model.config()));
   const DType kv_dtype = config.kv_dtype.value_or(dtype);
-  memory_ = std::make_unique<EngineMemory>(static_cast<int32_t>(num_pages), config.page_size,
-                                           config.scheduler.max_running_requests,
-                                           max_context_len_);
-  kv::PageAllocator& allocator = memory_->allocator();
-  kv::ReqToTokenTable& table = memory_->table();
   PAGODA_REQUIRE(!model.config().is_dsa() || config.spec.mode == SpecMode::kNone, kUnsupported,
                  "DeepSeek sparse attention (DSA, {}) does not support speculative decoding "
                  "(speculative mode '{}') yet: its verify and draft steps have no indexer path",
@@ -240,11 +287,20 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     PAGODA_REQUIRE(!make_worker, kUnsupported,
                    "the SWA pool (--swa-pool on) does not run with a custom worker (tensor "
                    "parallelism) yet: turn one of them off");
-    const int64_t swa_pages =
-        config.swa_pool_tokens > 0 ? config.swa_pool_tokens / config.page_size : num_pages;
+  }
+  const PoolSizes sizes =
+      engine_pool_sizes(model, config, *platform_, dtype, kv_dtype, swa, static_cast<bool>(make_worker));
+  const int64_t num_pages = sizes.pool_tokens / config.page_size;
+  memory_ = std::make_unique<EngineMemory>(static_cast<int32_t>(num_pages), config.page_size,
+                                           config.scheduler.max_running_requests,
+                                           max_context_len_);
+  kv::PageAllocator& allocator = memory_->allocator();
+  kv::ReqToTokenTable& table = memory_->table();
+  if (swa) {
+    const int64_t swa_pages = sizes.swa_pool_tokens / config.page_size;
     PAGODA_REQUIRE(swa_pages >= 1 && swa_pages <= num_pages, kInvalidArgument,
                    "SWA pool of {} tokens: needs 1 to {} pages of {} tokens",
-                   config.swa_pool_tokens, num_pages, config.page_size);
+                   sizes.swa_pool_tokens, num_pages, config.page_size);
     memory_->enable_swa(static_cast<int32_t>(swa_pages));
   }
   const model::WorkerConfig wc{.page_size = config.page_size,

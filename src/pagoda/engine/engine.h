@@ -64,8 +64,19 @@ enum class SwaPoolMode : uint8_t {
 
 struct EngineConfig {
   int32_t page_size = 16;
-  /// KV pool capacity in tokens (rounded down to whole pages; page 0 is extra).
+  /// KV pool capacity in tokens (rounded down to whole pages; page 0 is extra). 0: sized from
+  /// memory by kv_cache_memory or mem_fraction_static (exactly one of the three is given;
+  /// docs/design/engine.md "Pool sizing").
   int64_t pool_tokens = 32768;
+  /// The KV pools' bytes together (vLLM's kv_cache_memory_bytes); 0: not this way.
+  int64_t kv_cache_memory = 0;
+  /// SGLang's --mem-fraction-static in (0, 1): the weights and the KV pools together take this
+  /// fraction of the device's memory (engine/pool_sizing.h); 0: not this way. The engine's own
+  /// worker only (a custom worker, tensor parallelism, gives pool_tokens).
+  double mem_fraction_static = 0;
+  /// With an SWA pool sized from memory and swa_pool_tokens 0: SWA tokens per full-pool token,
+  /// in (0, 1] (SGLang's swa_full_tokens_ratio).
+  double swa_full_tokens_ratio = 0.8;
   /// Longest request (prompt + output); 0 = the model's max_position_embeddings.
   int32_t max_context_len = 0;
   /// Share KV between requests through the radix tree (false: ChunkCache, no sharing).

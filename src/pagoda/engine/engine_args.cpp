@@ -21,9 +21,22 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
                  "--policy must be fcfs or lpm (got '{}')", a.policy);
   PAGODA_REQUIRE(a.page_size >= 1, kInvalidArgument, "--page-size must be >= 1 (got {})",
                  a.page_size);
-  PAGODA_REQUIRE(a.pool_tokens >= a.page_size, kInvalidArgument,
+  const bool from_memory = a.kv_cache_memory != 0 || a.mem_fraction_static != 0;
+  PAGODA_REQUIRE(!from_memory || a.pool_tokens == 0, kInvalidArgument,
+                 "--pool-tokens {} with --kv-cache-memory / --mem-fraction-static: give one KV "
+                 "pool size",
+                 a.pool_tokens);
+  PAGODA_REQUIRE(a.kv_cache_memory == 0 || a.mem_fraction_static == 0, kInvalidArgument,
+                 "--kv-cache-memory and --mem-fraction-static both given: give one");
+  PAGODA_REQUIRE(from_memory || a.pool_tokens >= a.page_size, kInvalidArgument,
                  "--pool-tokens must hold at least one page of {} tokens (got {})", a.page_size,
                  a.pool_tokens);
+  PAGODA_REQUIRE(a.kv_cache_memory >= 0, kInvalidArgument,
+                 "--kv-cache-memory must be >= 0 bytes (got {})", a.kv_cache_memory);
+  PAGODA_REQUIRE(a.mem_fraction_static >= 0 && a.mem_fraction_static < 1, kInvalidArgument,
+                 "--mem-fraction-static must be in (0, 1) (got {})", a.mem_fraction_static);
+  PAGODA_REQUIRE(a.swa_full_tokens_ratio > 0 && a.swa_full_tokens_ratio <= 1, kInvalidArgument,
+                 "--swa-full-tokens-ratio must be in (0, 1] (got {})", a.swa_full_tokens_ratio);
   PAGODA_REQUIRE(a.max_running >= 1, kInvalidArgument, "--max-running must be >= 1 (got {})",
                  a.max_running);
   PAGODA_REQUIRE(a.chunk_size >= 0 && a.chunk_size % a.page_size == 0, kInvalidArgument,
@@ -40,6 +53,9 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
   EngineConfig cfg;
   cfg.page_size = a.page_size;
   cfg.pool_tokens = a.pool_tokens;
+  cfg.kv_cache_memory = a.kv_cache_memory;
+  cfg.mem_fraction_static = a.mem_fraction_static;
+  cfg.swa_full_tokens_ratio = a.swa_full_tokens_ratio;
   cfg.max_context_len = a.max_context_len;
   cfg.radix_cache = a.radix_cache;
   cfg.swa_pool = a.swa_pool == "on"    ? SwaPoolMode::kOn

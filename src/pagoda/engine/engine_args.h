@@ -25,7 +25,11 @@ struct EngineArgs {
   /// --kernel-option (backends/kernel_options.h).
   backends::BackendSelection backend{};
   int32_t page_size = 16;          ///< --page-size
-  int64_t pool_tokens = 32768;     ///< --pool-tokens: KV pool capacity
+  /// --pool-tokens: KV pool capacity; 0 when the pool is sized from memory (the next two).
+  int64_t pool_tokens = 32768;
+  int64_t kv_cache_memory = 0;       ///< --kv-cache-memory: the KV pools' bytes (0: not given)
+  double mem_fraction_static = 0;    ///< --mem-fraction-static (0: not given)
+  double swa_full_tokens_ratio = 0.8;  ///< --swa-full-tokens-ratio
   int32_t max_running = 64;        ///< --max-running: running requests at most
   int32_t chunk_size = 0;          ///< --chunk-size: chunked prefill budget (0 = off)
   int32_t max_prefill_tokens = 8192;  ///< --max-prefill-tokens: one prefill batch without chunks

@@ -17,15 +17,6 @@ KvPoolConfig with_pages(KvPoolConfig c, int32_t pages) {
   return c;
 }
 
-int64_t page_bytes_of(const KvPoolConfig& c) {
-  // KvPool::bytes_per_token without allocating a pool: rows over all layers.
-  const int64_t hv = c.head_dim_v == 0 ? c.head_dim : c.head_dim_v;
-  const int64_t row = c.layout == KvLayout::kMha
-                          ? int64_t{c.num_kv_heads} * (c.head_dim + hv)
-                          : int64_t{c.kv_lora_rank} + c.rope_dim;
-  return row * c.num_layers * c.page_size * static_cast<int64_t>(dtype_size(c.dtype));
-}
-
 }  // namespace
 
 int32_t host_pool_pages(const KvPoolConfig& device, const HostPoolSize& size) {
@@ -41,7 +32,7 @@ int32_t host_pool_pages(const KvPoolConfig& device, const HostPoolSize& size) {
   } else {
     PAGODA_REQUIRE(size.bytes > 0, kInvalidArgument, "hicache_size must be positive (got {} bytes)",
                    size.bytes);
-    const int64_t per_page = page_bytes_of(device);
+    const int64_t per_page = kv_bytes_per_token(device) * device.page_size;
     PAGODA_REQUIRE(per_page > 0, kInvalidArgument, "host pool: the device pool has empty pages");
     pages = static_cast<double>(size.bytes / per_page);
   }

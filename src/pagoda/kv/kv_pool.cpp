@@ -59,11 +59,28 @@ KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
   v_scales_.assign(static_cast<size_t>(c.num_layers), 1.0f);
 }
 
-int64_t KvPool::bytes_per_token() const {
-  const int64_t row = config_.layout == KvLayout::kMha ? k_row_ + v_row_ : k_row_;
-  return (row * static_cast<int64_t>(dtype_size(config_.dtype)) + index_row_) *
-         config_.num_layers;
+int64_t kv_bytes_per_token(const KvPoolConfig& c) {
+  PAGODA_REQUIRE(c.num_layers >= 0 && dtype_is_float(c.dtype), kInvalidArgument,
+                 "a KV pool needs num_layers >= 0 and a float dtype (got {}, {})", c.num_layers,
+                 c.dtype);
+  const int64_t elem = static_cast<int64_t>(dtype_size(c.dtype));
+  int64_t row = 0;  // bytes of one token in one layer
+  if (c.layout == KvLayout::kMha) {
+    PAGODA_REQUIRE(c.num_kv_heads >= 1 && c.head_dim >= 1 && c.head_dim_v >= 0, kInvalidArgument,
+                   "MHA pool needs num_kv_heads, head_dim >= 1");
+    row = int64_t{c.num_kv_heads} * (c.head_dim + (c.head_dim_v == 0 ? c.head_dim : c.head_dim_v)) *
+          elem;
+  } else {
+    PAGODA_REQUIRE(c.kv_lora_rank >= 1 && c.rope_dim >= 0 && c.index_head_dim >= 0,
+                   kInvalidArgument, "MLA pool needs kv_lora_rank >= 1, rope_dim and "
+                   "index_head_dim >= 0");
+    row = (int64_t{c.kv_lora_rank} + c.rope_dim) * elem +
+          (c.index_head_dim > 0 ? int64_t{c.index_head_dim} + 4 : 0);
+  }
+  return row * c.num_layers;
 }
+
+int64_t KvPool::bytes_per_token() const { return kv_bytes_per_token(config_); }
 
 void KvPool::require_layer(LayerId layer) const {
   PAGODA_REQUIRE(layer.value() >= 0 && layer.value() < config_.num_layers, kOutOfRange,

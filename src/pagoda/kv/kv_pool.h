@@ -71,6 +71,12 @@ class LayerGate {
   virtual void wait(LayerId layer) = 0;
 };
 
+/// Bytes one token of a pool of `config` occupies over its layers (SGLang's cell_size: K and V
+/// rows, or the MLA latent row, in config.dtype, plus the DSA index key and its f32 scale),
+/// computed without allocating: what KvPool::bytes_per_token() returns for that pool. Throws
+/// Error(kInvalidArgument) for a shape the pool would refuse.
+int64_t kv_bytes_per_token(const KvPoolConfig& config);
+
 class KvPool {
  public:
   /// Validates `config` (kInvalidArgument: negative layers or pages, non-positive other sizes, a

@@ -188,6 +188,20 @@ LayerId LlamaModel::pool_layer(int l, bool split) const {
   return LayerId{rank};
 }
 
+int64_t LlamaModel::weight_elements() const {
+  auto n = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size()); };
+  int64_t total = n(embed_) + n(lm_head_) + n(final_norm_);
+  for (const PackedLayer& p : packed_) {
+    for (const std::vector<float>* v :
+         {&p.input_norm, &p.qkv_proj, &p.qkv_bias, &p.o_proj, &p.post_norm, &p.gate_up,
+          &p.down_proj, &p.attn_out_norm, &p.mlp_out_norm, &p.q_norm, &p.k_norm, &p.q_a_proj,
+          &p.q_a_norm, &p.q_proj, &p.kv_a_proj, &p.kv_a_norm, &p.w_uk_t, &p.w_uv, &p.idx_wq_b,
+          &p.idx_wk, &p.idx_k_norm, &p.idx_k_norm_bias, &p.idx_weights_proj})
+      total += n(*v);
+  }
+  return total;
+}
+
 kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size,
                                             PoolLayers which) const {
   int32_t layers = config_.num_attention_layers();

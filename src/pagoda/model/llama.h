@@ -91,6 +91,9 @@ class LlamaModel {
     std::vector<float> ssm_in_proj, ssm_in_bias, ssm_conv, ssm_conv_bias, ssm_dt_bias, ssm_a_log,
         ssm_d, ssm_norm, ssm_out_proj, ssm_out_bias;
   };
+  /// Elements of every weight array the forward uses (packed layers, embedding, LM head, final
+  /// norm): a device copy holds this many values in the model dtype (engine pool sizing).
+  int64_t weight_elements() const;
   /// Read access for device implementations (model/cuda uploads these once).
   const std::vector<PackedLayer>& packed_layers() const { return packed_; }
   const std::vector<float>& embed_weights() const { return embed_; }

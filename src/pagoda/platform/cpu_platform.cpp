@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <new>
 
 #include "pagoda/core/error.h"
@@ -89,6 +91,24 @@ void Platform::copy_to_host_async(void* host_dst, const void* src, size_t bytes)
 }
 
 std::unique_ptr<Event> Platform::make_event() { return std::make_unique<HostEvent>(); }
+
+MemoryInfo Platform::memory_info() const {
+  // MemAvailable (what the kernel can hand out without swapping: free plus reclaimable cache),
+  // not sysinfo's freeram, which leaves the page cache out.
+  std::ifstream in("/proc/meminfo");
+  MemoryInfo m;
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemTotal:") m.total_bytes = kib * 1024;
+    if (key == "MemAvailable:") m.free_bytes = kib * 1024;
+  }
+  PAGODA_REQUIRE(m.total_bytes > 0 && m.free_bytes > 0, kInternal,
+                 "/proc/meminfo gave no MemTotal / MemAvailable: the host's free memory is unknown");
+  return m;
+}
 
 std::unique_ptr<CopyStream> Platform::make_copy_stream() {
   throw_error(ErrorCode::kUnsupported, "platform '{}' has no copy stream (hierarchical KV cache)",

@@ -58,6 +58,13 @@ struct Capabilities {
 
 enum class PlatformKind { kCpu, kCuda };
 
+/// The platform's memory now: what a new allocation can still get (free) of the whole (total).
+/// Host: MemAvailable and MemTotal of /proc/meminfo; CUDA: cudaMemGetInfo of the device.
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 /// A point in the platform's stream (cudaEvent_t on CUDA; trivially complete on the CPU).
 class Event {
  public:
@@ -120,6 +127,9 @@ class Platform {
   virtual std::string default_attention_backend() const = 0;
   /// Blocks until all work queued on the device has finished (no-op on the CPU).
   virtual void synchronize() {}
+  /// The device's memory now (MemoryInfo; the host's by default). Throws Error(kInternal) when
+  /// the system cannot tell.
+  virtual MemoryInfo memory_info() const;
 
   // ---- Streams, events and asynchronous copies (the model worker's step pipeline). ----
   /// The platform's one compute stream as an opaque handle (cudaStream_t on CUDA, nullptr on the

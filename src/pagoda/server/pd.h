@@ -5,14 +5,17 @@
 /// prefill server's URL (headers kRoomHeader, kPrefillHeader). The decode server (PdDecode):
 ///   1. records the request (EngineLoop::submit_transfer) and preallocates its prompt's KV pages
 ///      like an admission (retrying until they fit or the room times out);
-///   2. POSTs the bootstrap message to the prefill server's /pd/bootstrap: room, prompt, sampling,
-///      its KV layout, the destination pages, the first one to write (pages before it hold a
-///      prefix its own radix cache matched) and its KvTransfer descriptor;
+///   2. leases staging pages for the prompt pages it does not have (disagg::StagingPool) and POSTs
+///      the bootstrap message to the prefill server's /pd/bootstrap: room, prompt, sampling, its
+///      KV layout, the first prompt page to send (pages before it hold a prefix its own radix
+///      cache matched), the staging pages they go to and its KvTransfer descriptor;
 ///   3. on the answer (first token, bytes, checksum) checks the room, the byte count and the
-///      checksum of the received pages, then commits (EngineTransfer::commit) and decodes.
+///      checksum of its staging pages, copies them into the pool pages (disagg::unstage), then
+///      commits (EngineTransfer::commit) and decodes.
 /// The prefill server (PdPrefill) checks the layout and the room, runs the prefill with its own
-/// radix cache (max_new_tokens 1, hold_kv), writes the prompt's pages layer by layer into the
-/// decode server's pool (KvTransfer), caches its side (EngineTransfer::release_kv) and answers.
+/// radix cache (max_new_tokens 1, hold_kv), sends the prompt's pages through its staging into the
+/// decode server's staging (disagg::send_staged: layer by layer, in chunks of its staging), caches
+/// its side (EngineTransfer::release_kv) and answers.
 /// Any failure frees the room's pages on the side that sees it and is counted (PdRooms).
 /// Thread rules: the handlers run on HTTP threads; engine work goes through EngineLoop.
 
@@ -30,6 +33,7 @@
 
 #include "pagoda/disagg/kv_layout.h"
 #include "pagoda/disagg/kv_transfer.h"
+#include "pagoda/disagg/staging.h"
 #include "pagoda/server/engine_loop.h"
 
 namespace httplib {
@@ -79,18 +83,26 @@ class PdRooms {
   uint64_t reused_pages_ = 0;
 };
 
-/// What both roles share: the engine's KV regions behind a KvTransfer, the layout, timeouts.
+/// What both roles share: the engine's platform and KV pool, the staging pool whose regions the
+/// KvTransfer registers, the layout, timeouts.
 struct PdContext {
   explicit PdContext(PdRole r) : role(r), rooms(r) {}
   PdRole role;
   EngineLoop* loop = nullptr;
+  platform::Platform* platform = nullptr;
+  kv::KvPool* pool = nullptr;  ///< the engine's (device or host)
   disagg::KvLayout layout;
-  std::vector<disagg::MemRegion> regions;
-  std::vector<uint64_t> page_bytes;
-  std::unique_ptr<disagg::KvTransfer> transfer;
+  std::unique_ptr<disagg::StagingPool> staging;
+  std::unique_ptr<disagg::KvTransfer> transfer;  ///< over staging->regions()
   double timeout_s = 30;
   PdRooms rooms;
 };
+
+/// /metrics of a disaggregated server: the rooms' (PdRooms::render) and the staging pages.
+std::string render_pd_metrics(const PdContext& pd);
+/// An event marking the current end of the engine's compute stream (recorded on the engine
+/// loop's thread, between steps): copies of a room's pages wait for it.
+std::unique_ptr<platform::Event> compute_mark(PdContext& pd);
 
 // The bootstrap message's pieces (pd_common.cpp).
 nlohmann::json layout_json(const disagg::KvLayout& l);
@@ -100,11 +112,14 @@ std::string to_hex(std::span<const std::byte> bytes);
 /// Throws ApiError(400) for a string that is not hex.
 std::vector<std::byte> from_hex(const std::string& hex);
 
-/// Builds the context of `role` over `engine`'s KV pool (call before the loop starts). Throws
-/// Error(kUnsupported) for a device pool or a build without the transfer engine.
+/// Builds the context of `role` over `engine`'s KV pool on `platform` (call before the loop
+/// starts), with a staging pool of `staging_tokens` tokens (rounded up to pages; 0: the engine's
+/// context length). Throws Error(kUnsupported) for an MLA pool or a build without the transfer
+/// engine, kResourceExhausted when the pinned staging cannot be allocated.
 std::unique_ptr<PdContext> make_pd_context(PdRole role, engine::Engine& engine,
-                                           EngineLoop& loop, const std::string& model,
-                                           uint64_t weights, double timeout_s);
+                                           platform::Platform& platform, EngineLoop& loop,
+                                           const std::string& model, uint64_t weights,
+                                           double timeout_s, int64_t staging_tokens);
 
 /// Decode side: runs steps 1–3 above for one request and returns its stream, whose first token
 /// is already pushed. Throws ApiError: 503 (no room before the timeout, queue full), 502 (the

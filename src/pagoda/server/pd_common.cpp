@@ -175,16 +175,50 @@ std::vector<std::byte> from_hex(const std::string& hex) {
   return out;
 }
 
+std::string render_pd_metrics(const PdContext& pd) {
+  return pd.rooms.render() +
+         fmt::format(
+             "# HELP pagoda_pd_staging_pages Pinned staging pages of the KV transfer.\n"
+             "# TYPE pagoda_pd_staging_pages gauge\n"
+             "pagoda_pd_staging_pages{{state=\"free\"}} {}\n"
+             "pagoda_pd_staging_pages{{state=\"total\"}} {}\n",
+             pd.staging->free_pages(), pd.staging->capacity());
+}
+
+std::unique_ptr<platform::Event> compute_mark(PdContext& pd) {
+  std::unique_ptr<platform::Event> mark;
+  pd.loop->run_on_loop([&](engine::Engine&) {
+    mark = pd.platform->make_event();
+    mark->record();
+  });
+  return mark;
+}
+
 std::unique_ptr<PdContext> make_pd_context(PdRole role, engine::Engine& engine,
-                                           EngineLoop& loop, const std::string& model,
-                                           uint64_t weights, double timeout_s) {
+                                           platform::Platform& platform, EngineLoop& loop,
+                                           const std::string& model, uint64_t weights,
+                                           double timeout_s, int64_t staging_tokens) {
   kv::KvPool& pool = engine.worker().kv_pool();
   auto pd = std::make_unique<PdContext>(role);
   pd->loop = &loop;
+  pd->platform = &platform;
+  pd->pool = &pool;
   pd->layout = disagg::layout_of(pool, model, weights, engine.stats().dtype);
-  pd->regions = disagg::regions_of(pool);
-  pd->page_bytes = disagg::page_bytes_of(pool);
-  pd->transfer = disagg::make_ucx_transfer(pd->regions);
+  const int64_t tokens = staging_tokens > 0 ? staging_tokens : engine.max_context_len();
+  const int64_t pages = (tokens + pool.page_size() - 1) / pool.page_size();
+  PAGODA_REQUIRE(pages <= INT32_MAX / pool.page_size() - 1, kInvalidArgument,
+                 "--disaggregation-staging-tokens {} is too large", tokens);
+  try {
+    pd->staging = std::make_unique<disagg::StagingPool>(
+        pool.config(), static_cast<int32_t>(pages), platform.pinned_allocator());
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kResourceExhausted) throw;
+    throw_error(ErrorCode::kResourceExhausted,
+                "the KV transfer's staging of {} tokens does not fit in pinned memory (lower "
+                "--disaggregation-staging-tokens): {}",
+                tokens, e.what());
+  }
+  pd->transfer = disagg::make_ucx_transfer(pd->staging->regions());
   pd->timeout_s = timeout_s;
   return pd;
 }

@@ -40,12 +40,16 @@ struct RoomGuard {
   }
   [[noreturn]] void fail(const std::string& reason, int status, const std::string& message) {
     failure = reason;
-    throw ApiError(status, status == 503 ? "service_unavailable" : "server_error", message);
+    throw ApiError(status,
+                   status == 503   ? "service_unavailable"
+                   : status < 500 ? "invalid_request_error"
+                                  : "server_error",
+                   message);
   }
 };
 
 json bootstrap_body(const PdContext& pd, const engine::GenerateRequest& g, uint64_t room,
-                    const std::vector<PageId>& pages, size_t start_page) {
+                    std::span<const PageId> pages, size_t start_page) {
   json ids = json::array();
   for (PageId p : pages) ids.push_back(p.value());
   return {{"room", room},
@@ -111,7 +115,25 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
     std::this_thread::sleep_for(std::chrono::milliseconds(kPreallocRetryMs));
   }
 
-  // 2. Bootstrap: the prefill server prefills and writes the pages.
+  // Staging pages for the pages to receive: the whole room at once (the prefill server's answer
+  // is the only sign that they are complete).
+  const auto moved = std::span<const PageId>(pages).subspan(start);
+  if (moved.size() > static_cast<size_t>(pd.staging->capacity()))
+    guard.fail("staging_too_small", 400,
+               "the prompt's KV (" + std::to_string(moved.size()) +
+                   " pages to transfer) exceeds this decode server's transfer staging (" +
+                   std::to_string(pd.staging->capacity()) +
+                   " pages): raise --disaggregation-staging-tokens");
+  disagg::StagingLease staging;
+  for (;;) {
+    staging = pd.staging->take(static_cast<int32_t>(moved.size()));
+    if (!staging.empty()) break;
+    if (Clock::now() > deadline)
+      guard.fail("no_staging_room", 503, "no transfer staging free within the room timeout");
+    std::this_thread::sleep_for(std::chrono::milliseconds(kPreallocRetryMs));
+  }
+
+  // 2. Bootstrap: the prefill server prefills and writes the pages into the staging.
   pd.rooms.set_state(room, "bootstrapping");
   const auto t0 = Clock::now();
   httplib::Client cli(prefill_url);
@@ -124,7 +146,7 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
   cli.set_read_timeout(sec, usec);
   cli.set_write_timeout(sec, usec);
   const httplib::Result res =
-      cli.Post("/pd/bootstrap", bootstrap_body(pd, g, room, pages, start).dump(),
+      cli.Post("/pd/bootstrap", bootstrap_body(pd, g, room, staging.pages(), start).dump(),
                "application/json");
   if (!res) {
     // A read that ends at the deadline is the timeout (httplib rounds it); one that ends earlier
@@ -165,19 +187,28 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
                                         std::to_string(field("room")) + ", not " +
                                         std::to_string(room));
   }
-  const auto moved = std::span<const PageId>(pages).subspan(start);
   uint64_t expected = 0;
-  for (uint64_t b : pd.page_bytes) expected += b * moved.size();
+  for (uint64_t b : pd.staging->page_bytes()) expected += b * moved.size();
   if (field("bytes") != expected) {
     pd.rooms.reject("short_transfer");
     guard.fail("short_transfer", 502, "short KV transfer: " + std::to_string(field("bytes")) +
                                           " of " + std::to_string(expected) + " bytes");
   }
-  if (field("checksum") != disagg::pages_checksum(pd.regions, pd.page_bytes, moved)) {
+  if (field("checksum") !=
+      disagg::pages_checksum(pd.staging->regions(), pd.staging->page_bytes(), staging.pages())) {
     pd.rooms.reject("corrupt_transfer");
     guard.fail("corrupt_transfer", 502, "corrupt KV transfer: the checksum of the received pages "
                                         "differs from the prefill server's");
   }
+  // Into the pool pages, after the compute stream's last use of them (a previous owner's).
+  try {
+    disagg::unstage(*pd.platform, *pd.staging, staging.pages(), *pd.pool, moved,
+                    compute_mark(pd).get());
+  } catch (const Error& e) {
+    guard.fail("unstage_failed", 502, std::string("cannot copy the received KV into the pool: ") +
+                                          e.what());
+  }
+  staging = disagg::StagingLease();
   const auto first = static_cast<int32_t>(field("first_token"));
   pd.rooms.add_transfer(expected, std::chrono::duration<double>(Clock::now() - t0).count());
   pd.rooms.add_reused(start);

@@ -26,8 +26,8 @@ struct Bootstrap {
   uint64_t room = 0;
   engine::GenerateRequest request;
   disagg::KvLayout layout;
-  std::vector<PageId> pages;
-  size_t start_page = 0;  ///< pages before it are in the decode server's cache: not written
+  std::vector<PageId> pages;  ///< the decode server's staging pages of prompt pages start_page...
+  size_t start_page = 0;  ///< pages before it are in the decode server's cache: not sent
   std::vector<std::byte> descriptor;
 };
 
@@ -70,8 +70,8 @@ Bootstrap parse_bootstrap(const std::string& body) {
       throw_invalid("pages", "must hold page ids >= 1");
     b.pages.emplace_back(p.get<int32_t>());
   }
-  if (!get("start_page").is_number_unsigned() || get("start_page").get<uint64_t>() >= b.pages.size())
-    throw_invalid("start_page", "must be a page index below the number of pages");
+  if (!get("start_page").is_number_unsigned() || get("start_page").get<uint64_t>() > INT32_MAX)
+    throw_invalid("start_page", "must be a page index");
   b.start_page = get("start_page").get<size_t>();
   if (!get("descriptor").is_string()) throw_invalid("descriptor", "must be a hex string");
   b.descriptor = from_hex(get("descriptor").get<std::string>());
@@ -123,11 +123,12 @@ void handle_pd_bootstrap(PdContext& pd, const httplib::Request& req, httplib::Re
     const size_t want_pages =
         (b.request.prompt.size() + static_cast<size_t>(pd.layout.page_size) - 1) /
         static_cast<size_t>(pd.layout.page_size);
-    if (b.pages.size() != want_pages) {
+    if (b.start_page >= want_pages || b.pages.size() != want_pages - b.start_page) {
       pd.rooms.reject("malformed_bootstrap");
-      throw_invalid("pages", std::to_string(b.pages.size()) + " pages for a prompt of " +
-                                 std::to_string(b.request.prompt.size()) + " tokens (need " +
-                                 std::to_string(want_pages) + ")");
+      throw_invalid("pages", std::to_string(b.pages.size()) + " pages from page " +
+                                 std::to_string(b.start_page) + " for a prompt of " +
+                                 std::to_string(b.request.prompt.size()) + " tokens (" +
+                                 std::to_string(want_pages) + " pages)");
     }
     if (!pd.rooms.open(b.room, "prefilling")) {
       pd.rooms.reject("duplicate_room");
@@ -161,29 +162,32 @@ void handle_pd_bootstrap(PdContext& pd, const httplib::Request& req, httplib::Re
     if (room.held < 0 || tokens.empty())
       room.fail("prefill_error", u.error_status ? u.error_status : 500, u.error);
     std::vector<PageId> src;
-    pd.loop->run_on_loop([&](engine::Engine& e) { src = e.transfer().prompt_pages(u.id); });
+    std::unique_ptr<platform::Event> computed;  // the prefill's KV writes are before it
+    pd.loop->run_on_loop([&](engine::Engine& e) {
+      src = e.transfer().prompt_pages(u.id);
+      computed = pd.platform->make_event();
+      computed->record();
+    });
     src.erase(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(b.start_page));
-    b.pages.erase(b.pages.begin(), b.pages.begin() + static_cast<std::ptrdiff_t>(b.start_page));
 
-    // The transfer: layer by layer (K and V regions), checking between layers that the decode
-    // server still waits.
+    // The transfer: through the staging, layer by layer (K and V regions), checking between
+    // layers that the decode server still waits.
     pd.rooms.set_state(b.room, "transferring");
     const auto t0 = Clock::now();
-    const std::vector<disagg::WriteOp> ops = disagg::page_write_ops(src, b.pages, pd.page_bytes);
-    const size_t per_region = ops.size() / pd.page_bytes.size();
-    uint64_t bytes = 0;
-    for (size_t r = 0; r < pd.page_bytes.size(); r += 2) {
-      if (gone()) room.fail("decode_gone", 499, "the decode server gave up on the room");
-      const auto layer = std::span(ops).subspan(r * per_region, 2 * per_region);
+    const disagg::PutFn put = [&](std::span<const disagg::WriteOp> ops) {
       const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-      const disagg::TransferResult t = pd.transfer->write(b.descriptor, layer, std::max(left, 0.0));
-      bytes += t.bytes;
-      if (!t.ok)
-        room.fail(t.timed_out ? "timeout" : "transfer_failed", t.timed_out ? 504 : 502,
-                  "KV transfer to the decode server failed: " + t.error);
-    }
+      return pd.transfer->write(b.descriptor, ops, std::max(left, 0.0));
+    };
+    const disagg::StagedSend sent = disagg::send_staged(
+        *pd.platform, *pd.pool, computed.get(), *pd.staging, src, b.pages, put, gone, deadline);
+    if (sent.stopped) room.fail("decode_gone", 499, "the decode server gave up on the room");
+    const disagg::TransferResult& t = sent.transfer;
+    if (!t.ok)
+      room.fail(t.timed_out ? "timeout" : "transfer_failed", t.timed_out ? 504 : 502,
+                "KV transfer to the decode server failed: " + t.error);
+    const uint64_t bytes = t.bytes;
+    const uint64_t checksum = sent.checksum;
     pd.rooms.add_transfer(bytes, std::chrono::duration<double>(Clock::now() - t0).count());
-    const uint64_t checksum = disagg::pages_checksum(pd.regions, pd.page_bytes, src);
     room.failure.clear();
     res.set_content(json{{"room", b.room},
                          {"first_token", tokens.front()},

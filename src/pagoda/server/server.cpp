@@ -49,6 +49,8 @@ void validate(const ServeOptions& o) {
                  o.disaggregation_mode);
   PAGODA_REQUIRE(o.disaggregation_timeout_s > 0, kInvalidArgument,
                  "--disaggregation-timeout must be > 0");
+  PAGODA_REQUIRE(o.disaggregation_staging_tokens >= 0, kInvalidArgument,
+                 "--disaggregation-staging-tokens must be >= 0 (0: the context length)");
   PAGODA_REQUIRE(o.disaggregation_transfer_backend == "ucx", kUnsupported,
                  "--disaggregation-transfer-backend '{}' is not built (have: ucx)",
                  o.disaggregation_transfer_backend);
@@ -204,8 +206,9 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   std::unique_ptr<PdContext> pd;
   if (o.disaggregation_mode != "null") {
     pd = make_pd_context(o.disaggregation_mode == "prefill" ? PdRole::kPrefill : PdRole::kDecode,
-                         engine, loop, state.model_name,
-                         o.model == "builtin" ? o.weight_seed : 0, o.disaggregation_timeout_s);
+                         engine, *platform, loop, state.model_name,
+                         o.model == "builtin" ? o.weight_seed : 0, o.disaggregation_timeout_s,
+                         o.disaggregation_staging_tokens);
     if (pd->role == PdRole::kDecode) state.pd_decode = pd.get();
   }
 
@@ -303,7 +306,7 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   }
   svr.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     std::string text = metrics.render(loop.snapshot());
-    if (pd != nullptr) text += pd->rooms.render();
+    if (pd != nullptr) text += render_pd_metrics(*pd);
     text += "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
             "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " +
             std::to_string(resident_bytes()) + "\n";

@@ -49,6 +49,9 @@ struct ServeOptions {
   /// Room timeout: decode waits this long for pages + prefill + transfer; prefill for its part.
   double disaggregation_timeout_s = 30;
   std::string disaggregation_transfer_backend = "ucx";  ///< only "ucx" is built
+  /// Pinned staging pages of the KV transfer, in tokens (0: the context length): on the decode
+  /// side the most prompt KV one room may receive, on the prefill side its chunk (pd.md).
+  int64_t disaggregation_staging_tokens = 0;
   /// Structured output (response_format): llguidance's shared object. Empty: the one found at
   /// configure time, and if it cannot load, response_format gets a 400 saying why; a library
   /// given here that cannot load stops the server (Error(kUnsupported)).

@@ -1,8 +1,13 @@
 // disagg: the page write ops of random page maps against a page-by-page copy, the UCX engine on
 // loopback (random page maps, page sizes 1 and 16, several regions: destination pages equal the
 // source pages byte for byte, every other byte untouched, checksums agree), and its input checks;
-// the handshake layout's mismatch messages.
+// the handshake layout's mismatch messages; the staged transfer (pool -> staging -> UCX ->
+// staging -> pool on the CPU platform's copy streams) against a direct page copy of the pools,
+// with a sender staging smaller than the request (chunks) and its failure exits.
 #include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
 
 #include <cstdio>
 #include <cstring>
@@ -12,6 +17,7 @@
 #include "pagoda/core/error.h"
 #include "pagoda/disagg/kv_layout.h"
 #include "pagoda/disagg/kv_transfer.h"
+#include "pagoda/disagg/staging.h"
 
 namespace pagoda::disagg {
 namespace {
@@ -137,6 +143,151 @@ TEST(KvLayout, MismatchNamesTheFirstDifferingField) {
   b = a;
   b.num_kv_heads = 4;
   EXPECT_NE(layout_mismatch(a, b).find("KV heads"), std::string::npos);
+}
+
+/// A host KV pool (MHA, f32, 3 layers, 2 heads x 32 dims) of `pages` pages.
+kv::KvPoolConfig staged_config(int page_size, int pages) {
+  return kv::KvPoolConfig{.layout = kv::KvLayout::kMha, .num_layers = 3, .num_pages = pages,
+                          .page_size = page_size, .dtype = DType::kF32, .num_kv_heads = 2,
+                          .head_dim = 32};
+}
+
+/// Every K and V buffer of `pool`, as bytes (layer-major: K then V).
+std::vector<std::span<std::byte>> buffers(const kv::KvPool& pool) {
+  std::vector<std::span<std::byte>> out;
+  const auto rows = static_cast<size_t>(pool.num_slots());
+  for (int32_t l = 0; l < pool.num_layers(); ++l) {
+    const LayerId layer{l};
+    out.emplace_back(static_cast<std::byte*>(pool.k_view(layer).data()),
+                     rows * static_cast<size_t>(pool.k_row_elems()) * sizeof(float));
+    out.emplace_back(static_cast<std::byte*>(pool.v_view(layer).data()),
+                     rows * static_cast<size_t>(pool.v_row_elems()) * sizeof(float));
+  }
+  return out;
+}
+
+TEST(StagedTransfer, MovesExactlyTheMappedPagesThroughChunkedStaging) {
+  if (!have_ucx_transfer()) GTEST_SKIP() << "UCX not in this build";
+  const uint64_t seed = 0x57A6ED;
+  std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  auto platform = platform::make_cpu_platform();
+  for (int page_size : {1, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page size " << page_size);
+    const int pages = page_size == 1 ? 400 : 48;
+    kv::KvPool src(staged_config(page_size, pages), platform->allocator());
+    kv::KvPool dst(staged_config(page_size, pages), platform->allocator());
+    for (std::span<std::byte> b : buffers(src))
+      for (std::byte& x : b) x = static_cast<std::byte>(rng());
+    dst.fill(std::nanf(""));
+    // The sender's staging holds 7 pages: every room but the smallest goes in chunks.
+    StagingPool out(src.config(), 7, platform->pinned_allocator());
+    StagingPool in(dst.config(), pages, platform->pinned_allocator());
+    auto sender = make_ucx_transfer(out.regions());
+    auto receiver = make_ucx_transfer(in.regions());
+    const std::vector<std::byte> peer = receiver->descriptor();
+    for (int trial = 0; trial < 4; ++trial) {
+      // The reference: the pools' buffers with pages dp[i] = sp[i], copied byte by byte.
+      const int n = 1 + static_cast<int>(rng() % static_cast<uint64_t>(pages / 2));
+      const auto sp = random_pages(n, pages + 1, rng), dp = random_pages(n, pages + 1, rng);
+      std::vector<std::vector<std::byte>> want;
+      for (std::span<std::byte> b : buffers(dst)) want.emplace_back(b.begin(), b.end());
+      const auto from = buffers(src);
+      for (size_t r = 0; r < want.size(); ++r) {
+        const size_t page = from[r].size() / static_cast<size_t>(pages + 1);
+        for (size_t i = 0; i < sp.size(); ++i)
+          std::memcpy(want[r].data() + static_cast<size_t>(dp[i].value()) * page,
+                      from[r].data() + static_cast<size_t>(sp[i].value()) * page, page);
+      }
+      // The receiver's staging pages are not contiguous: a random hold is leased first.
+      StagingLease hold = in.take(static_cast<int32_t>(rng() % 5));
+      StagingLease room = in.take(n);
+      ASSERT_EQ(room.size(), static_cast<size_t>(n));
+      const PutFn put = [&](std::span<const WriteOp> ops) { return sender->write(peer, ops, 30); };
+      const StagedSend sent =
+          send_staged(*platform, src, nullptr, out, sp, room.pages(), put, {},
+                      std::chrono::steady_clock::now() + std::chrono::seconds(30));
+      ASSERT_TRUE(sent.transfer.ok) << sent.transfer.error;
+      EXPECT_FALSE(sent.stopped);
+      EXPECT_EQ(sent.transfer.bytes,
+                static_cast<uint64_t>(n) * 6 * 2 * 32 * sizeof(float) * static_cast<uint64_t>(page_size));
+      EXPECT_EQ(sent.checksum, pages_checksum(in.regions(), in.page_bytes(), room.pages()));
+      EXPECT_EQ(out.free_pages(), out.capacity());
+      unstage(*platform, in, room.pages(), dst, dp, nullptr);
+      const auto got = buffers(dst);
+      for (size_t r = 0; r < want.size(); ++r)
+        EXPECT_EQ(std::memcmp(got[r].data(), want[r].data(), want[r].size()), 0)
+            << "trial " << trial << " buffer " << r;
+    }
+    EXPECT_EQ(in.free_pages(), in.capacity());
+    // A room larger than the receiver's staging is refused; an unstage to a page outside the
+    // pool copies nothing.
+    EXPECT_THROW(in.take(in.capacity() + 1), Error);
+    StagingLease room = in.take(2);
+    const std::vector<PageId> outside = {PageId{1}, PageId{pages + 1}};
+    const std::vector<std::vector<std::byte>> before = [&] {
+      std::vector<std::vector<std::byte>> b;
+      for (std::span<std::byte> x : buffers(dst)) b.emplace_back(x.begin(), x.end());
+      return b;
+    }();
+    EXPECT_THROW(unstage(*platform, in, room.pages(), dst, outside, nullptr), Error);
+    const auto after = buffers(dst);
+    for (size_t r = 0; r < before.size(); ++r)
+      EXPECT_EQ(std::memcmp(after[r].data(), before[r].data(), before[r].size()), 0);
+  }
+}
+
+TEST(StagedTransfer, EveryExitReturnsTheStagingPages) {
+  auto platform = platform::make_cpu_platform();
+  kv::KvPool pool(staged_config(16, 32), platform->allocator());
+  StagingPool staging(pool.config(), 4, platform->pinned_allocator());
+  const std::vector<PageId> src = {PageId{3}, PageId{9}, PageId{10}, PageId{11}, PageId{2},
+                                   PageId{30}, PageId{31}};
+  const std::vector<PageId> dst = {PageId{1}, PageId{2}, PageId{3}, PageId{4}, PageId{5},
+                                   PageId{6}, PageId{7}};
+  const auto soon = [] { return std::chrono::steady_clock::now() + std::chrono::seconds(5); };
+  int puts = 0;
+  const PutFn ok = [&](std::span<const WriteOp> ops) {
+    ++puts;
+    TransferResult r{.ok = true};
+    for (const WriteOp& op : ops) r.bytes += op.bytes;
+    return r;
+  };
+  // Two chunks (4 + 3 pages) of 3 layers: 6 puts.
+  StagedSend s = send_staged(*platform, pool, nullptr, staging, src, dst, ok, {}, soon());
+  EXPECT_TRUE(s.transfer.ok);
+  EXPECT_EQ(puts, 6);
+  // Stopped before the second layer's put, a failed put, a source page outside the pool.
+  puts = 0;
+  s = send_staged(*platform, pool, nullptr, staging, src, dst, ok, [&] { return puts == 1; },
+                  soon());
+  EXPECT_TRUE(s.stopped);
+  EXPECT_FALSE(s.transfer.ok);
+  const PutFn broken = [](std::span<const WriteOp>) {
+    return TransferResult{.ok = false, .timed_out = true, .error = "peer gone"};
+  };
+  s = send_staged(*platform, pool, nullptr, staging, src, dst, broken, {}, soon());
+  EXPECT_FALSE(s.transfer.ok);
+  EXPECT_TRUE(s.transfer.timed_out);
+  EXPECT_EQ(s.transfer.error, "peer gone");
+  const std::vector<PageId> bad = {PageId{33}};
+  EXPECT_THROW(send_staged(*platform, pool, nullptr, staging, bad, std::span(dst).first(1), ok,
+                           {}, soon()),
+               Error);
+  EXPECT_THROW(send_staged(*platform, pool, nullptr, staging, src, std::span(dst).first(2), ok,
+                           {}, soon()),
+               Error);
+  EXPECT_EQ(staging.free_pages(), staging.capacity());
+  // No staging page comes free before the deadline: timed out, nothing put.
+  {
+    StagingLease all = staging.take(staging.capacity());
+    puts = 0;
+    s = send_staged(*platform, pool, nullptr, staging, src, dst, ok, {},
+                    std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+    EXPECT_TRUE(s.transfer.timed_out);
+    EXPECT_EQ(puts, 0);
+  }
+  EXPECT_EQ(staging.free_pages(), staging.capacity());
 }
 
 }  // namespace

@@ -91,6 +91,21 @@ TEST(EngineArgs, EveryBadValueNamesItsFlag) {
       {"--kv-dtype", [](EngineArgs& a) { a.kv_dtype = "int4"; }},
       {"--max-context-len", [](EngineArgs& a) { a.max_context_len = -1; }},
       {"--cpu-gemm", [](EngineArgs& a) { a.cpu_gemm = "mkl"; }},
+      {"--pool-tokens", [](EngineArgs& a) { a.kv_cache_memory = int64_t{1} << 30; }},
+      {"--mem-fraction-static", [](EngineArgs& a) {
+         a.pool_tokens = 0;
+         a.mem_fraction_static = 1.0;
+       }},
+      {"--mem-fraction-static", [](EngineArgs& a) {
+         a.pool_tokens = 0;
+         a.kv_cache_memory = int64_t{1} << 30;
+         a.mem_fraction_static = 0.5;
+       }},
+      {"--kv-cache-memory", [](EngineArgs& a) {
+         a.pool_tokens = 0;
+         a.kv_cache_memory = -1;
+       }},
+      {"--swa-full-tokens-ratio", [](EngineArgs& a) { a.swa_full_tokens_ratio = 0; }},
   };
   for (const Case& c : cases) {
     EngineArgs a;

@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 
+#include "engine_pd_util.h"
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kv/req_to_token.h"
@@ -298,16 +299,10 @@ TEST(EngineTransfer, HeldKvMovedIntoPreallocatedPagesDecodesLikeOneEngine) {
       const RequestId did = decode.transfer().add_request({.prompt = p, .max_new_tokens = max_new});
       ASSERT_TRUE(decode.transfer().preallocate(did));
       EXPECT_THROW(decode.transfer().preallocate(did), Error);
-      // Pages of the prefix the decode engine's cache matched hold that KV already.
-      const auto start = static_cast<std::ptrdiff_t>(decode.output(did).cached_tokens / page_size);
-      std::vector<PageId> src = prefill.transfer().prompt_pages(pid), dst = decode.transfer().prompt_pages(did);
-      src.erase(src.begin(), src.begin() + start);
-      dst.erase(dst.begin(), dst.begin() + start);
-      copy_pages(prefill.worker().kv_pool(), src, decode.worker().kv_pool(), dst);
+      const testing::PdPages pages = testing::pd_pages(prefill, pid, decode, did);
+      copy_pages(prefill.worker().kv_pool(), pages.src, decode.worker().kv_pool(), pages.dst);
       EXPECT_THROW(decode.transfer().commit(did, 1 << 30), Error);  // outside the vocabulary
-      EXPECT_FALSE(decode.transfer().commit(did, po.output_ids[0]));
-      prefill.transfer().release_kv(pid);
-      prefill.release(pid);
+      EXPECT_FALSE(testing::pd_commit(prefill, pid, decode, did));
       got.push_back(did);
       decode.step();  // requests join a running batch one by one
     }

@@ -12,8 +12,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -227,6 +229,68 @@ TEST(EngineSwa, EachPoolAllocatesOnlyItsLayerKind) {
       EXPECT_EQ(on.swa_kv_bytes, pool_bytes(c.window_layers, 320 / page, page, heads, dim));
     }
   }
+}
+
+// One byte budget (kv_cache_memory) split between the pools (engine/pool_sizing.h): the bytes
+// the pools allocate (the worker's own count) fit the budget and leave less than one page of
+// the two pools; the SWA pool holds floor(ratio · full pages); without the SWA pool one pool
+// takes it all; the engine then generates what a pool_tokens engine of the same sizes does.
+// mem_fraction_static: a fraction below what is in use is refused naming it, and a custom
+// worker (tensor parallelism) with either memory size is refused.
+TEST(EngineSwa, KvCacheMemorySplitsOneBudgetBetweenThePools) {
+  static testing::TestModel m(gemma3_tiny_config(), kSwaWeightSeed);
+  const int64_t heads = m.config.num_kv_heads, dim = m.config.head_dim;
+  const int64_t token_full = 1 * 2 * heads * dim * 4, token_swa = 3 * 2 * heads * dim * 4;
+  const uint64_t seed = prompt_seed();
+  std::printf("prompt seed %llu\n", static_cast<unsigned long long>(seed));
+  const auto prompts = swa_prompts(seed);
+  for (const auto& [page, ratio] : {std::pair{1, 0.25}, std::pair{16, 0.8}}) {
+    {
+      SCOPED_TRACE(::testing::Message() << "page " << page << " ratio " << ratio);
+      EngineConfig cfg;
+      cfg.page_size = page;
+      cfg.pool_tokens = 0;
+      cfg.kv_cache_memory = 3'000'000;
+      cfg.swa_full_tokens_ratio = ratio;
+      cfg.max_context_len = 256;
+      const auto got = generate(m.model, cfg, prompts);
+      const int64_t full = got.stats.pool_tokens / page, swa = got.stats.swa_pages_total;
+      EXPECT_EQ(swa, static_cast<int64_t>(std::floor(ratio * static_cast<double>(full))));
+      EXPECT_EQ(got.stats.kv_bytes, (full + 1) * page * token_full);
+      EXPECT_EQ(got.stats.swa_kv_bytes, (swa + 1) * page * token_swa);
+      const int64_t used = got.stats.kv_bytes + got.stats.swa_kv_bytes;
+      EXPECT_LE(used, cfg.kv_cache_memory);
+      EXPECT_GT(used + page * (token_full + token_swa), cfg.kv_cache_memory);
+      EngineConfig by_tokens = cfg;  // the same sizes given in tokens: the same outputs
+      by_tokens.kv_cache_memory = 0;
+      by_tokens.pool_tokens = full * page;
+      by_tokens.swa_pool_tokens = swa * page;
+      EXPECT_EQ(generate(m.model, by_tokens, prompts).outputs, got.outputs);
+    }
+    EngineConfig one = EngineConfig{};
+    one.page_size = page;
+    one.pool_tokens = 0;
+    one.kv_cache_memory = 3'000'000;
+    one.swa_pool = SwaPoolMode::kOff;
+    const EngineStats s = Engine(m.model, one).stats();
+    EXPECT_EQ(s.swa_kv_bytes, 0);
+    EXPECT_LE(s.kv_bytes, one.kv_cache_memory);
+    EXPECT_GT(s.kv_bytes + page * (token_full + token_swa), one.kv_cache_memory);
+  }
+  EngineConfig tiny;
+  tiny.pool_tokens = 0;
+  tiny.mem_fraction_static = 1e-6;  // less than this process alone uses
+  testing::expect_error([&] { Engine(m.model, tiny); }, ErrorCode::kResourceExhausted,
+                        "mem_fraction_static");
+  EngineConfig tp = tiny;
+  tp.mem_fraction_static = 0;
+  tp.kv_cache_memory = 3'000'000;
+  const WorkerFactory no_worker = [](const model::LlamaModel&, DType, const model::WorkerConfig&,
+                                     kv::ReqToTokenTable&) -> std::unique_ptr<model::ModelWorker> {
+    return nullptr;
+  };
+  testing::expect_error([&] { Engine(m.model, tp, nullptr, no_worker); }, ErrorCode::kUnsupported,
+                        "give pool_tokens");
 }
 
 /// `combo` with --swa-pool on is refused (kUnsupported) naming both flags; with the default

@@ -117,6 +117,19 @@ def test_cpu_gemm():
         pagoda.LLM("builtin", cpu_gemm="mkl")
 
 
+def test_kv_pool_sized_from_memory():
+    # vLLM's kv_cache_memory_bytes (and SGLang's mem_fraction_static) size the pool instead of
+    # pool_tokens; both kinds at once are refused by name.
+    llm = pagoda.LLM("builtin", kv_cache_memory_bytes=4 << 20)
+    out = llm.generate(prompt_token_ids=[[1, 2, 3]],
+                       sampling_params=pagoda.SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="--pool-tokens"):
+        pagoda.LLM("builtin", pool_tokens=4096, kv_cache_memory_bytes=4 << 20)
+    with pytest.raises(ValueError, match="both size the KV pool"):
+        pagoda.LLM("builtin", mem_fraction_static=0.5, gpu_memory_utilization=0.5)
+
+
 def test_unsupported_arguments_are_named():
     with pytest.raises(NotImplementedError, match="tensor_parallel_size"):
         pagoda.LLM("builtin", tensor_parallel_size=2)

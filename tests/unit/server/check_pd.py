@@ -19,8 +19,11 @@ Checks, against references that are not the disaggregated code path:
     decode server frees the room (failure counted); kill -9 of the decode server mid-stream: the
     stream ends with an error event; kill -9 of the decode server mid-prefill: the prefill server
     frees its side;
+  * the KV goes through pinned staging on both sides: the page size 16 prefill server's staging
+    holds 4 pages, so its rooms go in chunks (and still equal the colocated server); a decode
+    server whose staging is smaller than a room refuses it with a 400 naming the flag (counted);
   * after everything: every surviving server idle with 0 leaked pages and rows, every page free
-    or cached, no room left in any state.
+    or cached, every staging page free, no room left in any state.
 A missing `openai` package is a FAILURE, not a skip.
 Usage: check_pd.py --pagoda build/pagoda [--seed N]
 """
@@ -117,6 +120,10 @@ def check_accounted(server, what, timeout=15.0):
           f"{what}: idle without leaks: {h}")
     check(h.get("kv_pages_free", -1) + h.get("kv_pages_cached", -1) == h.get("kv_pages_total"),
           f"{what}: every page free or cached: {h}")
+    m = server.metrics()
+    staging = (m.get("pagoda_pd_staging_pages", state="free"),
+               m.get("pagoda_pd_staging_pages", state="total"))
+    check(staging[0] == staging[1], f"{what}: every staging page free: {staging}")
 
 
 def random_text(rng, n):
@@ -230,7 +237,7 @@ class FakePrefill(BaseHTTPRequestHandler):
             time.sleep(1.5)
         lay = body["layout"]
         per_page = 2 * lay["num_layers"] * lay["page_size"] * lay["num_kv_heads"] * lay["head_dim"] * 4
-        full = per_page * (len(body["pages"]) - body["start_page"])
+        full = per_page * len(body["pages"])  # the staging pages of prompt pages start_page...
         ans = {"room": body["room"] + (1 if FakePrefill.mode == "room" else 0), "first_token": 65,
                "bytes": full - (per_page if FakePrefill.mode == "short" else 0), "checksum": 12345}
         data = json.dumps(ans).encode()
@@ -247,7 +254,7 @@ class FakePrefill(BaseHTTPRequestHandler):
         pass
 
 
-def test_bad_transfers(d16, d_quick):
+def test_bad_transfers(d16, d_quick, p16):
     fake = ThreadingHTTPServer(("127.0.0.1", 0), FakePrefill)
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{fake.server_address[1]}"
@@ -268,6 +275,13 @@ def test_bad_transfers(d16, d_quick):
     check(wait_for(lambda: FakePrefill.aborted == [31337], 2), "stalled prefill: abort notice sent")
     check_accounted(d_quick, "decode server after a stalled prefill")
     fake.shutdown()
+    # A room larger than the decode server's staging (16 pages on d_quick): refused, counted.
+    s, _, _, err = request(d_quick.url, {"model": "builtin", "prompt": "s" * 600, "max_tokens": 2},
+                           {"X-Pagoda-Bootstrap-Room": "31338", "X-Pagoda-Bootstrap-Url": p16.url})
+    check(s == 400 and "--disaggregation-staging-tokens" in err and
+          d_quick.metric("pagoda_pd_room_failures_total", reason="staging_too_small") == 1,
+          f"room larger than the decode staging refused: {s} {err}")
+    check_accounted(d_quick, "decode server after a room larger than its staging")
 
 
 def wait_for(cond, timeout=10.0):
@@ -341,10 +355,13 @@ def main():
     servers = {}
     for ps in ("16", "1"):
         for mode in ("null", "prefill", "decode"):
+            # The page size 16 prefill server sends in chunks of a 4-page staging.
+            staging = ["--disaggregation-staging-tokens", "64"] if (ps, mode) == ("16", "prefill") else []
             servers[(ps, mode)] = Server(args.pagoda, *POOL, "--page-size", ps,
-                                         "--disaggregation-mode", mode, wait=False)
+                                         "--disaggregation-mode", mode, *staging, wait=False)
     servers[("16", "quick")] = Server(args.pagoda, *POOL, "--disaggregation-mode", "decode",
-                                      "--disaggregation-timeout", "1", wait=False)
+                                      "--disaggregation-timeout", "1",
+                                      "--disaggregation-staging-tokens", "256", wait=False)
     doomed = [Server(args.pagoda, *POOL, "--disaggregation-mode", m, wait=False)
               for m in ("prefill", "decode", "prefill", "decode")]
     if not import_clients():
@@ -368,7 +385,7 @@ def main():
             check(p16.metric(name) == d16.metric(name) and p16.metric(name) > 0,
                   f"{name}: prefill {p16.metric(name)} == decode {d16.metric(name)}")
         test_handshake_errors(p16, d16, servers[("1", "decode")], routers["16"])
-        test_bad_transfers(d16, servers[("16", "quick")])
+        test_bad_transfers(d16, servers[("16", "quick")], p16)
         section(t0, "errors")
         test_kills(args.pagoda, *doomed)
         section(t0, "kills")

@@ -206,6 +206,13 @@ CudaPlatform::~CudaPlatform() {
 
 void CudaPlatform::synchronize() { cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
+MemoryInfo CudaPlatform::memory_info() const {
+  size_t free = 0, total = 0;
+  cuda_check(cudaSetDevice(ordinal_), "cudaSetDevice");
+  cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return {.free_bytes = static_cast<int64_t>(free), .total_bytes = static_cast<int64_t>(total)};
+}
+
 void CudaPlatform::synchronize_stream() {
   cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }

@@ -31,6 +31,8 @@ class CudaPlatform final : public Platform {
   Allocator& allocator() override { return *allocator_; }
   std::string default_attention_backend() const override { return "cuda"; }
   void synchronize() override;
+  /// cudaMemGetInfo of the device.
+  MemoryInfo memory_info() const override;
   void* native_stream() const override { return stream_; }
   void synchronize_stream() override;
   void copy_to_device_async(void* dst, const void* host_src, size_t bytes) override;
