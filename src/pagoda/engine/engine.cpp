@@ -136,6 +136,12 @@ PoolSizes engine_pool_sizes(const model::LlamaModel& model, const EngineConfig& 
                        ? c.kv_cache_memory
                        : kv_budget_from_fraction(platform.memory_info(), c.mem_fraction_static,
                                                  pending);
+  if (model.config().has_linear_layers()) {  // the worker's state pool comes out of the budget
+    const kv::StateShape s = model::mamba2_shape(model.config()).state_shape();
+    b.budget_bytes -= int64_t{c.scheduler.max_running_requests} *
+                      model.config().num_linear_layers() *
+                      (s.conv_floats() + s.ssm_floats()) * static_cast<int64_t>(sizeof(float));
+  }
   return size_pools(b);
 }
 

@@ -196,7 +196,9 @@ int64_t LlamaModel::weight_elements() const {
          {&p.input_norm, &p.qkv_proj, &p.qkv_bias, &p.o_proj, &p.post_norm, &p.gate_up,
           &p.down_proj, &p.attn_out_norm, &p.mlp_out_norm, &p.q_norm, &p.k_norm, &p.q_a_proj,
           &p.q_a_norm, &p.q_proj, &p.kv_a_proj, &p.kv_a_norm, &p.w_uk_t, &p.w_uv, &p.idx_wq_b,
-          &p.idx_wk, &p.idx_k_norm, &p.idx_k_norm_bias, &p.idx_weights_proj})
+          &p.idx_wk, &p.idx_k_norm, &p.idx_k_norm_bias, &p.idx_weights_proj, &p.ssm_in_proj,
+          &p.ssm_in_bias, &p.ssm_conv, &p.ssm_conv_bias, &p.ssm_dt_bias, &p.ssm_a_log, &p.ssm_d,
+          &p.ssm_norm, &p.ssm_out_proj, &p.ssm_out_bias})
       total += n(*v);
   }
   return total;
