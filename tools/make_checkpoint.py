@@ -26,6 +26,9 @@ Layouts (the shapes of real models, random weights):
   deepseek-v32-tiny  DeepseekV32ForCausalLM: deepseek-v3-tiny plus DeepSeek sparse attention
                 (a lightning indexer per layer: 4 index heads of dim 32, index_topk 16, so
                 prompts past 16 tokens attend sparsely)
+  bamba-tiny    BambaForCausalLM: 5 layers, attention at layers 1 and 3 (4 q / 2 kv heads of 32,
+                RoPE on the first half of each head), Mamba2 elsewhere (8 heads of 32, d_state
+                16, 2 groups, d_conv 4, SSD chunks of 8, conv bias), hidden 128, vocab 4096
   eagle1        an EAGLE-1 draft head for --target LAYOUT (fc [H, 2H] + bias, layers.0.* without
                 input_layernorm; embedding and lm_head shared from the target)
   eagle3        an EAGLE-3 draft head for --target LAYOUT (fc [H, 3H], midlayer.* with 2H
@@ -46,12 +49,17 @@ post-processor that prepends BOS, as Llama 3's does.
 
 Needs torch, transformers and tokenizers (works on a CPU-only machine). The DeepSeek layouts
 need only numpy (and tokenizers for tokenizer.json, skipped with a note where it is missing):
-write_deepseek writes DeepSeek's own config.json keys and HF tensor names
+write_numpy_layout writes DeepSeek's own config.json keys and HF tensor names
 (model.layers.N.self_attn.{q_proj | q_a_proj, q_a_layernorm, q_b_proj}, kv_a_proj_with_mqa,
 kv_a_layernorm, kv_b_proj, o_proj; mlp.{gate,up,down}_proj; with DSA self_attn.indexer.{wq_b,
 wk, k_norm (weight, bias), weights_proj}, drawn after everything else) with seeded normals:
 embedding N(0, 1), linears N(0, 1/in_features), norms 1 + N(0, 0.1^2) (the indexer's LayerNorm
-bias N(0, 0.1^2)), so logits are O(1) and well apart.
+bias N(0, 0.1^2)), so logits are O(1) and well apart. The Bamba layout is written the same
+way (write_numpy_layout) in transformers' BambaConfig keys and BambaForCausalLM tensor names
+(model.final_layernorm, layers.N.{input_layernorm, pre_ff_layernorm, feed_forward.*,
+self_attn.* | mamba.{in_proj, conv1d (weight [conv_dim, 1, d_conv], bias), dt_bias, A_log, D,
+norm, out_proj}}): conv N(0, 1/d_conv), conv bias N(0, 0.1^2), dt_bias N(-1, 0.5^2), A_log
+log U(1, 16), D and the gated norm 1 + N(0, 0.1^2).
 """
 
 import argparse
@@ -116,7 +124,7 @@ LAYOUTS = {
                        rms_norm_eps=1e-6, tie_word_embeddings=True, bos=151643, eos=151645),
 }
 
-# DeepSeek layouts: written with numpy (write_deepseek), DeepSeek's config.json keys.
+# DeepSeek layouts: written with numpy (write_numpy_layout), DeepSeek's config.json keys.
 DEEPSEEK_LAYOUTS = {
     "deepseek-v2-tiny": dict(
         architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", vocab_size=4096,
@@ -145,6 +153,81 @@ DEEPSEEK_LAYOUTS["deepseek-v32-tiny"] = dict(
     model_type="deepseek_v32", index_n_heads=4, index_head_dim=32, index_topk=16)
 
 
+# Bamba (Mamba2 + attention hybrid): written with numpy (write_numpy_layout), transformers'
+# BambaConfig keys as save_pretrained writes them (mamba_d_head resolved, partial_rotary_factor
+# 0.5, which BambaConfig fixes).
+BAMBA_LAYOUTS = {
+    "bamba-tiny": dict(
+        architectures=["BambaForCausalLM"], model_type="bamba", vocab_size=4096, hidden_size=128,
+        intermediate_size=256, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+        attn_layer_indices=[1, 3], mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8,
+        mamba_conv_bias=True, mamba_proj_bias=False, time_step_min=0.001, time_step_max=0.1,
+        z_loss_coefficient=0.0, num_logits_to_keep=1, partial_rotary_factor=0.5,
+        rope_theta=10000.0, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, hidden_act="silu", attention_dropout=0.0,
+        initializer_range=0.02, use_cache=True, pad_token_id=0, bos_token_id=4000,
+        eos_token_id=4001),
+}
+
+
+def normal_init(rng):
+    """The numpy layouts' draws: lin(out, in) N(0, 1/in) [out, in]; norm(n) 1 + N(0, 0.1^2)."""
+    def lin(out_f, in_f):
+        return rng.normal(0, in_f ** -0.5, (out_f, in_f))
+
+    def norm(n):
+        return 1.0 + rng.normal(0, 0.1, n)
+
+    return lin, norm
+
+
+def bamba_weights(cfg, rng):
+    """HF-named float32 arrays of a Bamba layout (scales in the module docstring)."""
+    import numpy as np
+
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    d = h // hq
+    nh, di = cfg["mamba_n_heads"], cfg["mamba_expand"] * h
+    cd = di + 2 * cfg["mamba_n_groups"] * cfg["mamba_d_state"]
+    k = cfg["mamba_d_conv"]
+    lin, norm = normal_init(rng)
+
+    w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (cfg["vocab_size"], h)),
+         "model.final_layernorm.weight": norm(h)}
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = lin(cfg["vocab_size"], h)
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        if l in cfg["attn_layer_indices"]:
+            a = p + "self_attn."
+            w[a + "q_proj.weight"] = lin(hq * d, h)
+            w[a + "k_proj.weight"] = lin(hkv * d, h)
+            w[a + "v_proj.weight"] = lin(hkv * d, h)
+            w[a + "o_proj.weight"] = lin(h, hq * d)
+        else:
+            m = p + "mamba."
+            w[m + "in_proj.weight"] = lin(di + cd + nh, h)
+            w[m + "conv1d.weight"] = rng.normal(0, k ** -0.5, (cd, 1, k))
+            if cfg["mamba_conv_bias"]:
+                w[m + "conv1d.bias"] = rng.normal(0, 0.1, cd)
+            w[m + "dt_bias"] = rng.normal(-1.0, 0.5, nh)
+            w[m + "A_log"] = np.log(rng.uniform(1.0, 16.0, nh))
+            w[m + "D"] = norm(nh)
+            w[m + "norm.weight"] = norm(di)
+            w[m + "out_proj.weight"] = lin(h, di)
+            if cfg["mamba_proj_bias"]:
+                w[m + "in_proj.bias"] = rng.normal(0, 0.1, di + cd + nh)
+                w[m + "out_proj.bias"] = rng.normal(0, 0.1, h)
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "pre_ff_layernorm.weight"] = norm(h)
+        w[p + "feed_forward.gate_proj.weight"] = lin(inter, h)
+        w[p + "feed_forward.up_proj.weight"] = lin(inter, h)
+        w[p + "feed_forward.down_proj.weight"] = lin(h, inter)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
 def deepseek_weights(cfg, rng):
     """HF-named float32 arrays of a dense DeepSeek layout (scales in the module docstring)."""
     import numpy as np
@@ -152,12 +235,7 @@ def deepseek_weights(cfg, rng):
     h, inter, hq = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"]
     qr, r = cfg["q_lora_rank"], cfg["kv_lora_rank"]
     qk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
-
-    def lin(out_f, in_f):
-        return rng.normal(0, in_f ** -0.5, (out_f, in_f))
-
-    def norm(n):
-        return 1.0 + rng.normal(0, 0.1, n)
+    lin, norm = normal_init(rng)
 
     w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (cfg["vocab_size"], h)),
          "model.norm.weight": norm(h)}
@@ -216,14 +294,15 @@ def save_safetensors(path, tensors, dtype_name):
             f.write(b)
 
 
-def write_deepseek(layout, dtype_name, seed, out, tokenizer=True):
-    """Writes a DeepSeek layout (config.json, model.safetensors, tokenizer.json when the
-    tokenizers package imports); returns (config dict, float32 weights as written)."""
+def write_numpy_layout(layout, dtype_name, seed, out, tokenizer=True):
+    """Writes a DeepSeek or Bamba layout (config.json, model.safetensors, tokenizer.json when
+    the tokenizers package imports); returns (config dict, float32 weights as written)."""
     import numpy as np
 
-    cfg = dict(DEEPSEEK_LAYOUTS[layout])
+    bamba = layout in BAMBA_LAYOUTS
+    cfg = dict(BAMBA_LAYOUTS[layout] if bamba else DEEPSEEK_LAYOUTS[layout])
     cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype_name]
-    w = deepseek_weights(cfg, np.random.default_rng(seed))
+    w = (bamba_weights if bamba else deepseek_weights)(cfg, np.random.default_rng(seed))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -236,6 +315,7 @@ def write_deepseek(layout, dtype_name, seed, out, tokenizer=True):
         else:
             write_tokenizer(out, argparse.Namespace(**cfg), seed)
     return cfg, w
+
 
 
 # Llama 3's pre-tokenizer split pattern (tokenizer.json of Meta-Llama-3).
@@ -483,7 +563,8 @@ def write_eagle_head(layout, target, dtype_name, seed, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layout", required=True,
-                    choices=sorted(LAYOUTS) + sorted(DEEPSEEK_LAYOUTS) + ["eagle1", "eagle3"])
+                    choices=sorted(LAYOUTS) + sorted(DEEPSEEK_LAYOUTS) + sorted(BAMBA_LAYOUTS) +
+                    ["eagle1", "eagle3"])
     ap.add_argument("--target", default="tiny", choices=sorted(LAYOUTS),
                     help="--layout eagle1|eagle3: the target layout the head drafts for")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
@@ -494,8 +575,8 @@ def main():
     if args.layout in ("eagle1", "eagle3"):
         write_eagle_head(args.layout, args.target, args.dtype, args.seed, args.out)
         return 0
-    if args.layout in DEEPSEEK_LAYOUTS:
-        cfg, w = write_deepseek(args.layout, args.dtype, args.seed, args.out)
+    if args.layout in DEEPSEEK_LAYOUTS or args.layout in BAMBA_LAYOUTS:
+        cfg, w = write_numpy_layout(args.layout, args.dtype, args.seed, args.out)
         n = sum(x.size for x in w.values())
         print(f"{args.layout}: {n / 1e6:.2f} M parameters ({args.dtype}), in {args.out}")
         return 0

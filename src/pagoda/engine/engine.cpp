@@ -135,6 +135,12 @@ PoolSizes engine_pool_sizes(const model::LlamaModel& model, const EngineConfig& 
                        ? c.kv_cache_memory
                        : kv_budget_from_fraction(platform.memory_info(), c.mem_fraction_static,
                                                  pending);
+  if (model.config().has_linear_layers()) {  // the worker's state pool comes out of the budget
+    const kv::StateShape s = model::mamba2_shape(model.config()).state_shape();
+    b.budget_bytes -= int64_t{c.scheduler.max_running_requests} *
+                      model.config().num_linear_layers() *
+                      (s.conv_floats() + s.ssm_floats()) * static_cast<int64_t>(sizeof(float));
+  }
   return size_pools(b);
 }
 
@@ -244,6 +250,32 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                  "DeepSeek sparse attention (DSA, {}) does not support speculative decoding "
                  "(speculative mode '{}') yet: its verify and draft steps have no indexer path",
                  model.config().name, spec_mode_name(config.spec.mode));
+  // Hybrid models (Mamba2 layers: Bamba) keep a recurrent state per request in the worker's
+  // state pool (docs/design/state_pool.md); what cannot follow that state yet is refused.
+  const bool hybrid = model.config().has_linear_layers();
+  if (hybrid) {
+    const std::string_view arch = model::hf_architecture_name(model.config().family);
+    PAGODA_REQUIRE(platform_->kind() == platform::PlatformKind::kCpu, kUnsupported,
+                   "{} (Mamba2 layers on the hybrid state pool) runs on the CPU path only (cpu "
+                   "and reference backends): there are no CUDA Mamba2 kernels yet",
+                   arch);
+    PAGODA_REQUIRE(config.spec.mode == SpecMode::kNone, kUnsupported,
+                   "{} (hybrid state pool) does not support speculative decoding (speculative "
+                   "mode '{}'): rejected draft tokens would need a rollback of the Mamba2 state",
+                   arch, spec_mode_name(config.spec.mode));
+    PAGODA_REQUIRE(!config.hicache.enabled(), kUnsupported,
+                   "{} (hybrid state pool) does not support the hierarchical cache (hicache): "
+                   "the host tier keeps no Mamba2 states",
+                   arch);
+    PAGODA_REQUIRE(!config.overlap, kUnsupported,
+                   "{} (hybrid state pool) does not run with the overlap scheduler (overlap "
+                   "on): a decode it takes back would already have advanced the Mamba2 state",
+                   arch);
+    PAGODA_REQUIRE(!make_worker, kUnsupported,
+                   "{} (hybrid state pool) does not run with a custom worker (tensor "
+                   "parallelism)",
+                   arch);
+  }
   int swa_window = -1;  // the largest window of the model's layers (FlashInfer convention)
   for (int l = 0; l < model.config().num_layers; ++l)
     swa_window = std::max(swa_window, model.config().window_of(l));
@@ -313,12 +345,19 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     cache = std::make_unique<cache::SwaRadixCache>(*memory_->swa_pages(), &table, swa_window);
   } else if (swa) {
     cache = std::make_unique<cache::ChunkCache>(*memory_->swa_refs(), &table);
-  } else if (config.radix_cache) {
+  } else if (config.radix_cache && !hybrid) {
+    // A hybrid model's prefix hit would need the Mamba2 state at the match point, which no
+    // radix node keeps yet: it reuses no prefix (ChunkCache).
     cache = std::make_unique<cache::RadixCache>(allocator, table);
   } else {
     cache = std::make_unique<cache::ChunkCache>(allocator, table);
   }
   scheduler_ = std::make_unique<Scheduler>(config.scheduler, allocator, table, *cache);
+  if (hybrid) {
+    kv::StatePool* states = worker_->state_pool();
+    PAGODA_CHECK(states != nullptr, "the worker of a hybrid model has no state pool");
+    scheduler_->use_state_pool(*states);
+  }
   if (swa)
     scheduler_->use_swa(*memory_->swa_pages(),
                         dynamic_cast<cache::SwaRadixCache*>(cache.get()), swa_window);
@@ -387,6 +426,10 @@ RequestId EngineTransfer::add_request(GenerateRequest request) {
                  "a transferred (disaggregated) request needs the SWA pool off (--swa-pool off)");
   PAGODA_REQUIRE(!engine_.config_.overlap, kUnsupported,
                  "a transferred (disaggregated) request needs the overlap scheduler off");
+  PAGODA_REQUIRE(!engine_.model_->config().has_linear_layers(), kUnsupported,
+                 "a transferred (disaggregated) request is not supported on {} (the hybrid state "
+                 "pool's Mamba2 states are not transferred)",
+                 model::hf_architecture_name(engine_.model_->config().family));
   return engine_.create_request(std::move(request)).id;
 }
 
@@ -464,6 +507,10 @@ Req& Engine::create_request(GenerateRequest request) {
                  kUnsupported, "structured output is not supported with speculative decoding");
   PAGODA_REQUIRE(!request.hold_kv || !config_.overlap, kUnsupported,
                  "hold_kv (a disaggregated prefill) needs the overlap scheduler off");
+  PAGODA_REQUIRE(!request.hold_kv || !mc.has_linear_layers(), kUnsupported,
+                 "hold_kv (a disaggregated prefill) is not supported on {} (the hybrid state "
+                 "pool's Mamba2 states are not transferred)",
+                 model::hf_architecture_name(mc.family));
   PAGODA_REQUIRE(len < max_context_len_, kInvalidArgument,
                  "prompt of {} tokens does not fit the context of {} tokens (it needs room for "
                  "one output token)",
@@ -518,8 +565,22 @@ StepOutput Engine::step() {
     }
   }
   outputs_->count(out);
-  if (config_.check_integrity) memory_->check_integrity();
+  if (config_.check_integrity) check_integrity();
   return out;
+}
+
+std::vector<int32_t> Engine::leaked_states() const {
+  const kv::StatePool* states = worker_->state_pool();
+  if (states == nullptr) return {};
+  return states->leaked(scheduler_->request_state_slots());
+}
+
+void Engine::check_integrity() {
+  memory_->check_integrity();
+  if (const kv::StatePool* states = worker_->state_pool(); states != nullptr) {
+    states->check_integrity();
+    PAGODA_CHECK(leaked_states().empty(), "a state slot is held by no active request");
+  }
 }
 
 bool Engine::abort(RequestId id) {
@@ -530,7 +591,7 @@ bool Engine::abort(RequestId id) {
   scheduler_->cancel(&r, FinishReason::kAbort);
   r.out.finish_s = outputs_->now();
   ++stats_.aborted_by_user;
-  if (config_.check_integrity) memory_->check_integrity();
+  if (config_.check_integrity) check_integrity();
   return true;
 }
 

@@ -317,8 +317,14 @@ bool Scheduler::add_extend(Req* req, int64_t& budget, int64_t reserved_tokens,
   }
   if (!make_room(hard)) return undo();
   if (is_new) {
+    std::optional<int32_t> state;
+    if (state_ != nullptr && !(state = state_->try_alloc())) return undo();
     const auto row = table_->alloc();
-    if (!row) return undo();
+    if (!row) {
+      if (state) state_->free(*state);
+      return undo();
+    }
+    if (state) req->state_slot = *state;
     req->cache.req_slot = *row;
     table_->write(*row, 0, req->cache.prefix_slots);
   }
@@ -403,6 +409,7 @@ ReqSlot Scheduler::finish_keep_row(Req* req) {
   cache_->cache_finished_req(req->cache, req->kv_len, cache::FinishPolicy::kInsert);
   const ReqSlot row = req->cache.req_slot;
   req->cache.req_slot = ReqSlot{};
+  free_state(req);
   req->state = RequestState::kFinished;
   std::erase(running_, req);
   if (chunked_ == req) chunked_ = nullptr;
@@ -437,8 +444,23 @@ void Scheduler::release_no_insert(Req* req) {
   cache_->cache_finished_req(req->cache, req->kv_len, cache::FinishPolicy::kNoInsert);
   table_->free(req->cache.req_slot);
   req->cache.req_slot = ReqSlot{};
+  free_state(req);
   req->kv_len = 0;
   req->swa_released_pages = 0;
+}
+
+void Scheduler::free_state(Req* req) {
+  if (req->state_slot < 0) return;
+  state_->free(req->state_slot);  // zeroed: a re-admission starts from a fresh state
+  req->state_slot = -1;
+}
+
+std::vector<int32_t> Scheduler::request_state_slots() const {
+  std::vector<int32_t> slots;
+  for_each_active([&](const Req* r) {
+    if (r->state_slot >= 0) slots.push_back(r->state_slot);
+  });
+  return slots;
 }
 
 void Scheduler::retract(Req* req) {

@@ -25,6 +25,7 @@
 #include "pagoda/engine/request.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/kv/state_pool.h"
 #include "pagoda/kv/swa_pages.h"
 
 namespace pagoda::engine {
@@ -103,6 +104,15 @@ class Scheduler {
   /// of its private pages no later query reads (window_left: the model's largest window).
   /// `cache` is the window-aware radix cache, or nullptr (no prefix cache). Before any request.
   void use_swa(kv::SwaPages& pages, cache::SwaRadixCache* cache, int window_left);
+  /// Gives every admitted request a slot of `pool` (a hybrid model's Mamba2 state,
+  /// docs/design/state_pool.md): taken at admission with the request row (the admission waits
+  /// when none is free) and freed with the row at finish, abort, cancel and retraction. A
+  /// retracted request's state is dropped: it is re-admitted with a fresh slot and prefills its
+  /// tokens (prompt and output so far) again. The prefix cache must reuse nothing (ChunkCache):
+  /// a prefix hit would skip the tokens that build the state. Before any request.
+  void use_state_pool(kv::StatePool& pool) { state_ = &pool; }
+  /// The state slots active requests hold (StatePool::leaked's holders).
+  std::vector<int32_t> request_state_slots() const;
   /// SWA pages privately held by active requests (their private pages that kept the window
   /// side).
   int64_t request_private_swa_pages() const;
@@ -190,6 +200,8 @@ class Scheduler {
   void abort(Req* req, std::string message);
   /// Releases a request's KV without inserting it and frees its row.
   void release_no_insert(Req* req);
+  /// Frees req's state slot (hybrid models), if it holds one.
+  void free_state(Req* req);
   void sort_waiting();
   int64_t reserved_for_running() const;
   int64_t pages_for(int64_t from_len, int64_t to_len) const;
@@ -214,6 +226,7 @@ class Scheduler {
   kv::ReqToTokenTable* table_;
   cache::PrefixCache* cache_;
   kv::SwaPages* swa_ = nullptr;            ///< the SWA pool (use_swa), else null
+  kv::StatePool* state_ = nullptr;         ///< the state pool (use_state_pool), else null
   cache::SwaRadixCache* swa_cache_ = nullptr;
   int swa_window_ = 0;
   int32_t page_size_;

@@ -11,6 +11,18 @@
 
 namespace pagoda::model {
 
+bool ModelConfig::has_linear_layers() const {
+  for (uint8_t k : linear_layer)
+    if (k != 0) return true;
+  return false;
+}
+
+int ModelConfig::num_attention_layers() const {
+  int n = num_layers;
+  for (uint8_t k : linear_layer) n -= k != 0;
+  return n;
+}
+
 bool ModelConfig::has_sliding_window() const {
   for (int w : layer_window)
     if (w >= 0) return true;
@@ -43,7 +55,16 @@ int64_t ModelConfig::num_parameters() const {
     per_layer += ih * id * m.q_lora_rank + id * h + 2 * id + ih * h;  // the DSA indexer
   }
   const int64_t embed = int64_t{vocab_size} * h;
-  return embed + (tie_word_embeddings ? 0 : embed) + h + num_layers * per_layer;
+  int64_t linear = 0;  // a Mamba2 layer replaces the attention block
+  if (has_linear_layers()) {
+    const MambaConfig& m = mamba;
+    const int64_t di = m.d_inner(), cd = m.conv_dim(), proj = di + cd + m.num_heads;
+    const int64_t mixer = proj * h + cd * m.conv_kernel + 3 * m.num_heads + di + h * di +
+                          (m.conv_bias ? cd : 0) + (m.proj_bias ? proj + h : 0);
+    const int64_t attn = h * (qd + 2 * kvd) + qd * h;
+    linear = num_linear_layers() * (mixer - attn);
+  }
+  return linear + embed + (tie_word_embeddings ? 0 : embed) + h + num_layers * per_layer;
 }
 
 namespace {
@@ -74,6 +95,8 @@ std::string_view hf_architecture_name(ModelFamily f) {
       return "DeepseekV3ForCausalLM";
     case ModelFamily::kDeepseekV32:
       return "DeepseekV32ForCausalLM";
+    case ModelFamily::kBamba:
+      return "BambaForCausalLM";
   }
   return "?";
 }
@@ -148,6 +171,10 @@ void ModelConfig::validate() const {
       "yarn rope scaling needs original_max_position_embeddings > 0, beta_fast / "
       "beta_slow > 0 and finite mscale / mscale_all_dim");
   if (is_mla()) validate_mla();
+  if (!linear_layer.empty()) validate_mamba();
+  PAGODA_REQUIRE(rotary_dim >= 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0,
+                 kInvalidArgument, "rotary_dim {} must be even and in [0, head_dim {}]",
+                 rotary_dim, head_dim);
   PAGODA_REQUIRE(std::isfinite(local_rope.theta) && local_rope.theta >= 0.0 &&
                      local_rope.scaling == RopeScalingKind::kNone,
                  kInvalidArgument, "the local RoPE needs a finite theta >= 0 and no scaling");
@@ -188,6 +215,31 @@ void ModelConfig::validate_mla() const {
   PAGODA_REQUIRE(m.q_lora_rank > 0, kUnsupported,
                  "DSA needs q LoRA (the indexer's queries come from the q LoRA latent; "
                  "q_lora_rank is null)");
+}
+
+void ModelConfig::validate_mamba() const {
+  const MambaConfig& m = mamba;
+  PAGODA_REQUIRE(static_cast<int>(linear_layer.size()) == num_layers, kInvalidArgument,
+                 "linear_layer has {} entries for {} layers", linear_layer.size(), num_layers);
+  PAGODA_REQUIRE(!is_mla() && !has_sliding_window(), kInvalidArgument,
+                 "Mamba2 layers beside MLA or sliding-window layers are not a supported layout");
+  const auto in = [](int64_t v, int64_t hi) { return v > 0 && v <= hi; };
+  PAGODA_REQUIRE(in(m.num_heads, kMaxHeads) && in(m.head_dim, kMaxHeadDim) &&
+                     in(m.state_size, kMaxHeadDim) && in(m.num_groups, kMaxHeads) &&
+                     m.num_heads % m.num_groups == 0 && in(m.conv_kernel, 64) &&
+                     in(m.chunk_size, kMaxPositions),
+                 kInvalidArgument,
+                 "Mamba2 sizes: heads {}, head dim {}, state {}, groups {} (dividing the heads), "
+                 "conv kernel {} (at most 64), chunk {}",
+                 m.num_heads, m.head_dim, m.state_size, m.num_groups, m.conv_kernel, m.chunk_size);
+  PAGODA_REQUIRE(sat_mul(int64_t{m.d_inner()} + m.conv_dim() + m.num_heads, hidden_size) <=
+                     kMaxTensorElements,
+                 kInvalidArgument, "the Mamba2 in_proj would exceed {} elements",
+                 kMaxTensorElements);
+  PAGODA_REQUIRE(!std::isnan(m.dt_min) && !std::isnan(m.dt_max) && m.dt_min >= 0.0 &&
+                     m.dt_max > m.dt_min,
+                 kInvalidArgument, "time_step_limit ({}, {}) needs 0 <= min < max", m.dt_min,
+                 m.dt_max);
 }
 
 ModelConfig builtin_tiny_config() {
@@ -294,7 +346,7 @@ constexpr std::string_view kHarmlessKeys[] = {
 constexpr ModelFamily kFamilies[] = {
     ModelFamily::kLlama,  ModelFamily::kMistral,    ModelFamily::kQwen2,     ModelFamily::kGemma2,
     ModelFamily::kGemma3, ModelFamily::kDeepseekV2, ModelFamily::kDeepseekV3,
-    ModelFamily::kDeepseekV32};
+    ModelFamily::kDeepseekV32, ModelFamily::kBamba};
 
 }  // namespace
 
@@ -316,6 +368,8 @@ std::string_view hf_model_type(ModelFamily f) {
       return "deepseek_v3";
     case ModelFamily::kDeepseekV32:
       return "deepseek_v32";
+    case ModelFamily::kBamba:
+      return "bamba";
   }
   return "?";
 }
@@ -346,7 +400,8 @@ ModelFamily parse_family(const Reader& r) {
     throw_error(ErrorCode::kUnsupported,
                 "config.json: architectures '{}' is not supported (supported: LlamaForCausalLM, "
                 "MistralForCausalLM, Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
-                "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM)",
+                "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV32ForCausalLM, "
+                "BambaForCausalLM)",
                 arch);
   }
   PAGODA_REQUIRE(r.has("model_type"), kInvalidArgument,
@@ -356,7 +411,7 @@ ModelFamily parse_family(const Reader& r) {
     if (type == hf_model_type(f)) return f;
   throw_error(ErrorCode::kUnsupported,
               "config.json: model_type '{}' is not supported (supported: llama, mistral, qwen2, "
-              "gemma2, gemma3_text, deepseek_v2, deepseek_v3, deepseek_v32)",
+              "gemma2, gemma3_text, deepseek_v2, deepseek_v3, deepseek_v32, bamba)",
               type);
 }
 
@@ -604,7 +659,8 @@ std::vector<int> parse_windows(const Reader& r, ModelFamily f, int num_layers) {
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
     case ModelFamily::kDeepseekV32:
-      return {};  // parsed by config_deepseek.cpp, never here
+    case ModelFamily::kBamba:
+      return {};  // parsed by config_deepseek.cpp / config_bamba.cpp, never here
   }
   if (!enabled || window < 0) return {};
   std::vector<int> w(num_layers, -1);
@@ -640,8 +696,9 @@ void parse_gemma(const Reader& r, ModelConfig& c) {
 ModelConfig parse_config(const json& j) {
   PAGODA_REQUIRE(j.is_object(), kInvalidArgument, "config.json must be a JSON object (got {})",
                  show(j));
-  if (const ModelFamily f = parse_family(Reader(j, "")); is_deepseek_family(f))
-    return parse_deepseek_config(j, f);
+  const ModelFamily family = parse_family(Reader(j, ""));
+  if (is_deepseek_family(family)) return parse_deepseek_config(j, family);
+  if (family == ModelFamily::kBamba) return parse_bamba_config(j);
   for (const auto& [k, v] : j.items())
     PAGODA_REQUIRE(listed(kUnderstoodKeys, k) || listed(kHarmlessKeys, k), kUnsupported,
                    "config.json: key '{}' is not supported (pagoda does not implement what it "
@@ -702,7 +759,8 @@ ModelConfig parse_config(const json& j) {
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
     case ModelFamily::kDeepseekV32:
-      break;  // parsed by config_deepseek.cpp, never here
+    case ModelFamily::kBamba:
+      break;  // parsed by config_deepseek.cpp / config_bamba.cpp, never here
   }
   c.max_position_embeddings =
       static_cast<int>(r.integer_or("max_position_embeddings", default_max_pos, 1, kMaxPositions));
@@ -763,7 +821,8 @@ ModelConfig parse_config(const json& j) {
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
     case ModelFamily::kDeepseekV32:
-      break;  // parsed by config_deepseek.cpp, never here
+    case ModelFamily::kBamba:
+      break;  // parsed by config_deepseek.cpp / config_bamba.cpp, never here
   }
   c.layer_window = parse_windows(r, c.family, c.num_layers);
   c.validate();

@@ -29,14 +29,15 @@ enum class ModelFamily : uint8_t {
   kDeepseekV2,  ///< DeepseekV2ForCausalLM (model_type "deepseek_v2"): MLA, dense MLP only
   kDeepseekV3,  ///< DeepseekV3ForCausalLM (model_type "deepseek_v3"): MLA, dense MLP only
   kDeepseekV32,  ///< DeepseekV32ForCausalLM (model_type "deepseek_v32"): MLA + DSA, dense MLP
+  kBamba,  ///< BambaForCausalLM (model_type "bamba"): Mamba2 layers beside attention layers
 };
 
 /// "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Gemma2ForCausalLM",
 /// "Gemma3ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
-/// "DeepseekV32ForCausalLM".
+/// "DeepseekV32ForCausalLM", "BambaForCausalLM".
 std::string_view hf_architecture_name(ModelFamily f);
 /// config.json's model_type: "llama", "mistral", "qwen2", "gemma2", "gemma3_text",
-/// "deepseek_v2", "deepseek_v3", "deepseek_v32".
+/// "deepseek_v2", "deepseek_v3", "deepseek_v32", "bamba".
 std::string_view hf_model_type(ModelFamily f);
 /// Gemma 2 or Gemma 3.
 bool is_gemma_family(ModelFamily f);
@@ -104,6 +105,24 @@ struct DsaConfig {
   int index_topk = 0;  ///< 0 = dense MLA
 };
 
+/// The Mamba2 (SSD) layers of a hybrid model (Bamba's mamba_* fields; model/mamba2_mixer.h
+/// computes one). num_heads 0 = no linear layers.
+struct MambaConfig {
+  int num_heads = 0;    ///< mamba_n_heads
+  int head_dim = 0;     ///< mamba_d_head; num_heads · head_dim = d_inner = mamba_expand · hidden
+  int state_size = 0;   ///< mamba_d_state
+  int num_groups = 1;   ///< mamba_n_groups (divides num_heads)
+  int conv_kernel = 4;  ///< mamba_d_conv
+  int chunk_size = 256; ///< mamba_chunk_size
+  bool conv_bias = true;   ///< mamba_conv_bias: conv1d.bias present
+  bool proj_bias = false;  ///< mamba_proj_bias: in_proj.bias and out_proj.bias present
+  double dt_min = 0.0;     ///< time_step_limit[0] (Δ is clamped to [dt_min, dt_max])
+  double dt_max = 0.0;     ///< time_step_limit[1]; +inf = no upper bound
+
+  int d_inner() const { return num_heads * head_dim; }
+  int conv_dim() const { return d_inner() + 2 * num_groups * state_size; }
+};
+
 /// The MLP's gate activation: out = act(gate) * up.
 enum class Activation : uint8_t {
   kSilu,      ///< SwiGLU (HF "silu")
@@ -169,6 +188,24 @@ struct ModelConfig {
   /// The rotary width: qk_rope_head_dim for MLA, head_dim otherwise.
   int rope_dim() const { return is_mla() ? mla.qk_rope_head_dim : head_dim; }
 
+  // ---- Hybrid (Bamba: Mamba2 layers beside attention layers) ----
+  /// RoPE on the first rotary_dim of each head's head_dim (NeoX pairs (i, i + rotary_dim / 2)
+  /// inside them); the rest passes through. 0 = the whole head (every family but Bamba, whose
+  /// transformers config fixes partial_rotary_factor 0.5). LlamaModel maps it onto the full-
+  /// width NeoX RoPE (llama.h).
+  int rotary_dim = 0;
+  /// The Mamba2 layers' sizes (mamba.num_heads > 0 when linear_layer has an entry set).
+  MambaConfig mamba;
+  /// linear_layer[l] != 0: layer l is a Mamba2 layer (no attention, no KV; its state lives in
+  /// a kv::StatePool slot per sequence). Empty = every layer attends.
+  std::vector<uint8_t> linear_layer;
+  bool is_linear_layer(int l) const { return !linear_layer.empty() && linear_layer[l] != 0; }
+  /// Some layer is a Mamba2 layer (the model needs a state pool).
+  bool has_linear_layers() const;
+  /// Layers that attend (and keep KV).
+  int num_attention_layers() const;
+  int num_linear_layers() const { return num_layers - num_attention_layers(); }
+
   /// Window of layer `l` (-1 = full attention).
   int window_of(int l) const { return layer_window.empty() ? -1 : layer_window[l]; }
   /// The RoPE of layer `l`: local_rope for sliding layers when it is set, else rope.
@@ -187,6 +224,7 @@ struct ModelConfig {
 
  private:
   void validate_mla() const;
+  void validate_mamba() const;
 };
 
 /// The built-in tiny model: byte-level vocabulary (256 bytes + BOS 256 + EOS 257, padded to 320),
@@ -196,6 +234,8 @@ ModelConfig builtin_tiny_config();
 
 /// Parses a Hugging Face config.json object of a LlamaForCausalLM, MistralForCausalLM,
 /// Qwen2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (gemma3_text) or
+/// BambaForCausalLM (config_bamba.cpp: attn_layer_indices, the mamba_* fields, partial RoPE
+/// 0.5; anything Bamba does not compute exactly is Error naming the field),
 /// DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (config_deepseek.cpp: MLA, YaRN, dense MLP
 /// only: any layer with routed experts is Error(kUnsupported) naming the field) checkpoint
 /// (`architectures`, else `model_type`, names the family; one of the two must be present).

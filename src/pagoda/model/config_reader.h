@@ -110,5 +110,7 @@ DType parse_weights_dtype(const Reader& r);
 bool is_harmless_key(std::string_view key);
 /// The DeepSeek-V2 / V3 parse of a config.json object whose family is `f` (config_deepseek.cpp).
 ModelConfig parse_deepseek_config(const nlohmann::json& j, ModelFamily f);
+/// The Bamba parse of a config.json object whose family is BambaForCausalLM (config_bamba.cpp).
+ModelConfig parse_bamba_config(const nlohmann::json& j);
 
 }  // namespace pagoda::model::config_detail

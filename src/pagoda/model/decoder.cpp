@@ -79,7 +79,37 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
   if (tp == 1) comm_ = nullptr;
   attn_layers_ = model.attention_layers();
   for (int l = 0; l < c.num_layers; ++l)
-    attn_layers_[static_cast<size_t>(l)].layer_id = model.pool_layer(l, swa_pool);
+    if (!c.is_linear_layer(l))
+      attn_layers_[static_cast<size_t>(l)].layer_id = model.pool_layer(l, swa_pool);
+  if (c.has_linear_layers()) {
+    PAGODA_REQUIRE(tp == 1, kUnsupported,
+                   "tensor parallelism with {} (Mamba2 layers on the hybrid state pool) is not "
+                   "implemented; use --tp 1",
+                   hf_architecture_name(c.family));
+    PAGODA_REQUIRE(ops.device().is_cpu() && ops.dtype() == DType::kF32, kUnsupported,
+                   "{} (Mamba2 layers on the hybrid state pool) runs on the CPU in f32 only: the "
+                   "{} model ops have no causal conv or SSD scan kernels; use the cpu or "
+                   "reference backend",
+                   hf_architecture_name(c.family), ops.platform().name());
+    mixer_ = std::make_unique<Mamba2Mixer>(mamba2_shape(c), ops);
+    int32_t next = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const LlamaModel::PackedLayer& w = model.packed_layers()[static_cast<size_t>(l)];
+      const bool linear = c.is_linear_layer(l);
+      auto ptr = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+      state_layer_.push_back(linear ? next++ : -1);
+      ssm_weights_.push_back(Mamba2Weights{.in_proj = ptr(w.ssm_in_proj),
+                                           .in_bias = ptr(w.ssm_in_bias),
+                                           .conv = ptr(w.ssm_conv),
+                                           .conv_bias = ptr(w.ssm_conv_bias),
+                                           .dt_bias = ptr(w.ssm_dt_bias),
+                                           .a_log = ptr(w.ssm_a_log),
+                                           .d = ptr(w.ssm_d),
+                                           .norm = ptr(w.ssm_norm),
+                                           .out_proj = ptr(w.ssm_out_proj),
+                                           .out_bias = ptr(w.ssm_out_bias)});
+    }
+  }
   for (attention::AttentionLayer& l : attn_layers_) {
     PAGODA_REQUIRE(tp == 1 || l.sinks.empty(), kUnsupported,
                    "tensor parallelism with attention sinks is not implemented");
@@ -94,6 +124,7 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     stores_.resize(static_cast<size_t>(c.num_layers));
     for (int l = 0; l < c.num_layers; ++l) {
       if (swa_pool && c.window_of(l) >= 0) continue;  // stored by the SWA backend
+      if (c.is_linear_layer(l)) continue;              // a Mamba2 layer keeps no KV
       const LayerId in_pool = attn_layers_[static_cast<size_t>(l)].layer_id;
       stores_[static_cast<size_t>(l)] = KvStore{.k_cache = kv_pool->k_view(in_pool).data(),
                                                 .v_cache = kv_pool->v_view(in_pool).data(),
@@ -154,7 +185,7 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
           gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
                                .qkv = w.qkv_proj.empty() ? nullptr : ops.upload(w.qkv_proj),
                                .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                               .o_proj = ops.upload(w.o_proj),
+                               .o_proj = w.o_proj.empty() ? nullptr : ops.upload(w.o_proj),
                                .post_norm = ops.upload(w.post_norm),
                                .gate_up = ops.upload(w.gate_up),
                                .down = ops.upload(w.down_proj)},
@@ -243,7 +274,8 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
 
 void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
                       attention::AttentionBackend& backend, int64_t t, int64_t rows,
-                      const HiddenCapture* capture, const WindowSide* window) const {
+                      const HiddenCapture* capture, const WindowSide* window,
+                      const StateSide* state) const {
   PAGODA_REQUIRE(t <= a.tokens && rows <= a.rows, kInvalidArgument,
                  "activations hold {} tokens / {} rows, forward needs {} / {}", a.tokens, a.rows,
                  t, rows);
@@ -252,6 +284,15 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
                  swa_pool_ ? "on" : "without", window != nullptr ? "with" : "without");
   ModelOps& ops = *ops_;
   const ModelConfig& c = model_->config();
+  if (mixer_ != nullptr) {
+    PAGODA_REQUIRE(state != nullptr && state->pool != nullptr, kInvalidArgument,
+                   "{} has Mamba2 layers: its forward needs the sequences' state slots",
+                   hf_architecture_name(c.family));
+    int64_t n = 0;
+    for (const Mamba2Seq& q : state->seqs) n += q.num_tokens;
+    PAGODA_REQUIRE(n == t, kInvalidArgument,
+                   "the state slots' sequences hold {} tokens but the forward has {}", n, t);
+  }
   const int64_t hd = c.hidden_size, vocab = c.vocab_size, inter = shard_.intermediate;
   const int hq = shard_.num_q_heads, hkv = shard_.num_kv_heads, d = c.head_dim;
   const int64_t qkv_w = static_cast<int64_t>(hq + 2 * hkv) * d;
@@ -289,7 +330,11 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
     if (l > 0) capture_layer(l - 1);
-    if (c.is_mla()) {
+    if (c.is_linear_layer(l)) {
+      mixer_->forward(ssm_weights_[static_cast<size_t>(l)], *state->pool,
+                      state_layer_[static_cast<size_t>(l)], state->seqs,
+                      static_cast<const float*>(a.h.get()), static_cast<float*>(a.x.get()));
+    } else if (c.is_mla()) {
       mla_attention(a, w, l, batch, backend, t);
     } else {
       ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);

@@ -11,6 +11,10 @@
 ///              x = (act(h·Wgᵀ) * h·Wuᵀ)·Wdᵀ; [x = rms_norm(x)·w_mlp_out]; residual += x;
 ///              h = rms_norm(residual)·w_in(next)
 ///   logits[r] = soft_cap(rms_norm(residual[rows[r]])·W_lmᵀ)    (f32)
+/// A hybrid model's Mamba2 layers (config.is_linear_layer: Bamba) replace those lines by the
+/// Mamba2Mixer over the step's StateSide (x = mixer(h), reading and updating each sequence's
+/// state slot); CPU f32 ops and no tensor parallelism only (Error(kUnsupported) naming the
+/// hybrid state pool at construction otherwise).
 /// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
 /// (decoder_mla.cpp): the absorbed form over the latent pool (needs ModelOps::supports_mla_ops;
 /// no tensor parallelism). DSA models (config.is_dsa()) run DeepSeek-V3.2's lightning indexer
@@ -43,7 +47,9 @@
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/dist/communicator.h"
 #include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/state_pool.h"
 #include "pagoda/model/llama.h"
+#include "pagoda/model/mamba2_mixer.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/platform/platform.h"
 
@@ -95,6 +101,13 @@ struct WindowSide {
   const attention::ForwardBatch* batch = nullptr;
 };
 
+/// The Mamba2 layers' side of a step on a hybrid model: the state pool (one layer per Mamba2
+/// layer, in layer order) and, in batch order, each sequence's state slot and query-token count.
+struct StateSide {
+  kv::StatePool* pool = nullptr;
+  std::span<const Mamba2Seq> seqs;
+};
+
 class Decoder {
  public:
   /// Uploads the weights of `model` through `ops` (converted to ops.dtype()). With `kv_pool`
@@ -140,9 +153,12 @@ class Decoder {
   /// With the SWA pool (constructed with swa_pool; `window` is then required, and refused
   /// without it), layers with a window attend through window->backend over window->batch
   /// (planned too) and their K/V is saved by that backend.
+  /// A hybrid model needs `state` (its query-token counts summing to `tokens`; refused
+  /// without it), and the Mamba2 layers update its slots in place.
   void forward(Activations& a, const attention::ForwardBatch& batch,
                attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
-               const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr) const;
+               const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr,
+               const StateSide* state = nullptr) const;
   /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params(); with
   /// `masked`, first applies the staged token masks (a.mask_count() of a.mask_rows() /
   /// a.mask_words(), ModelOps::mask_logits) to the logits in place.
@@ -185,6 +201,11 @@ class Decoder {
   kv::KvPool* kv_pool_ = nullptr;
   bool swa_pool_ = false;
   std::unique_ptr<DsaIndexer> dsa_;  ///< DSA models only
+  /// Hybrid models: the Mamba2 mixer (scratch, hence mutable), each Mamba2 layer's weights and
+  /// its layer in the state pool (-1 for an attention layer).
+  std::unique_ptr<Mamba2Mixer> mixer_;
+  std::vector<Mamba2Weights> ssm_weights_;
+  std::vector<int32_t> state_layer_;
   const void* embed_ = nullptr;
   const void* lm_head_ = nullptr;
   const void* final_norm_ = nullptr;

@@ -29,6 +29,30 @@ std::vector<float> norm_scale(const std::vector<float>& w, bool offset) {
   return out;
 }
 
+/// Partial RoPE (rotary_dim r < head_dim d: NeoX pairs (i, i + r/2) for i < r/2, the last d - r
+/// dims unrotated) laid out for the full-width NeoX RoPE, whose pairs are (j, j + d/2): each
+/// head's rows of a q or k projection [heads·d, cols] are reordered so that new row j < r/2 is
+/// old row j, new row d/2 + j is old row r/2 + j, and the d - r unrotated rows fill the rest in
+/// order. Rope(config, d, r) gives the pairs past r/2 frequency 0. q and k of a head are
+/// permuted alike, so every q·k (the only use of q and k) is unchanged.
+void permute_partial_rope(std::vector<float>& w, int heads, int d, int r, int64_t cols) {
+  std::vector<int> from(static_cast<size_t>(d));  // new row -> old row within a head
+  const int half = d / 2, rh = r / 2, pass = half - rh;
+  for (int j = 0; j < rh; ++j) {
+    from[static_cast<size_t>(j)] = j;
+    from[static_cast<size_t>(half + j)] = rh + j;
+  }
+  for (int j = 0; j < pass; ++j) {
+    from[static_cast<size_t>(rh + j)] = r + j;
+    from[static_cast<size_t>(half + rh + j)] = r + pass + j;
+  }
+  const std::vector<float> old = w;
+  for (int h = 0; h < heads; ++h)
+    for (int j = 0; j < d; ++j)
+      std::copy_n(old.begin() + (int64_t{h} * d + from[static_cast<size_t>(j)]) * cols, cols,
+                  w.begin() + (int64_t{h} * d + j) * cols);
+}
+
 ModelConfig validated(ModelConfig c) {
   c.validate();
   return c;
@@ -38,19 +62,26 @@ ModelConfig validated(ModelConfig c) {
 
 LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
     : config_(validated(std::move(config))),
-      rope_(config_.rope, config_.rope_dim()),
+      rope_(config_.rope, config_.rope_dim(), config_.rotary_dim),
       local_rope_(config_.local_rope.theta > 0.0 ? config_.local_rope : config_.rope,
-                  config_.rope_dim()) {
+                  config_.rope_dim(), config_.rotary_dim) {
   weights.validate(config_);
   const bool off = config_.norm_weight_offset;
   embed_ = weights.embed;
   lm_head_ = weights.lm_head;
   final_norm_ = norm_scale(weights.final_norm, off);
   packed_.reserve(config_.num_layers);
+  const int d = config_.head_dim, r = config_.rotary_dim;
+  const bool partial = r > 0 && r < d;
   for (const LayerWeights& w : weights.layers) {
+    std::vector<float> q = w.q_proj, k = w.k_proj;
+    if (partial && !q.empty()) {
+      permute_partial_rope(q, config_.num_q_heads, d, r, config_.hidden_size);
+      permute_partial_rope(k, config_.num_kv_heads, d, r, config_.hidden_size);
+    }
     packed_.push_back(PackedLayer{
         .input_norm = norm_scale(w.input_norm, off),
-        .qkv_proj = concat(w.q_proj, w.k_proj, w.v_proj),
+        .qkv_proj = concat(q, k, w.v_proj),
         .qkv_bias = config_.qkv_bias ? concat(w.q_bias, w.k_bias, w.v_bias) : std::vector<float>{},
         .o_proj = w.o_proj,
         .post_norm = norm_scale(w.post_norm, off),
@@ -62,6 +93,17 @@ LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
         .k_norm = norm_scale(w.k_norm, off),
     });
     if (config_.is_mla()) pack_mla(w, packed_.back());
+    PackedLayer& p = packed_.back();
+    p.ssm_in_proj = w.ssm_in_proj;
+    p.ssm_in_bias = w.ssm_in_bias;
+    p.ssm_conv = w.ssm_conv;
+    p.ssm_conv_bias = w.ssm_conv_bias;
+    p.ssm_dt_bias = w.ssm_dt_bias;
+    p.ssm_a_log = w.ssm_a_log;
+    p.ssm_d = w.ssm_d;
+    p.ssm_norm = w.ssm_norm;
+    p.ssm_out_proj = w.ssm_out_proj;
+    p.ssm_out_bias = w.ssm_out_bias;
   }
   for (int l = 0; l < config_.num_layers; ++l) {
     layers_.push_back(attention::AttentionLayer{
@@ -132,6 +174,13 @@ attention::BackendRequirements LlamaModel::backend_requirements(int page_size) c
 LayerId LlamaModel::pool_layer(int l, bool split) const {
   PAGODA_REQUIRE(l >= 0 && l < config_.num_layers, kOutOfRange, "layer {} of a {}-layer model",
                  l, config_.num_layers);
+  if (config_.has_linear_layers()) {  // the KV pool holds the attention layers only
+    PAGODA_REQUIRE(!config_.is_linear_layer(l), kInvalidArgument,
+                   "layer {} is a Mamba2 layer: it has no KV pool layer", l);
+    int rank = 0;
+    for (int i = 0; i < l; ++i) rank += !config_.is_linear_layer(i);
+    return LayerId{rank};
+  }
   if (!split) return LayerId{l};
   const bool window = config_.window_of(l) >= 0;
   int rank = 0;
@@ -147,7 +196,9 @@ int64_t LlamaModel::weight_elements() const {
          {&p.input_norm, &p.qkv_proj, &p.qkv_bias, &p.o_proj, &p.post_norm, &p.gate_up,
           &p.down_proj, &p.attn_out_norm, &p.mlp_out_norm, &p.q_norm, &p.k_norm, &p.q_a_proj,
           &p.q_a_norm, &p.q_proj, &p.kv_a_proj, &p.kv_a_norm, &p.w_uk_t, &p.w_uv, &p.idx_wq_b,
-          &p.idx_wk, &p.idx_k_norm, &p.idx_k_norm_bias, &p.idx_weights_proj})
+          &p.idx_wk, &p.idx_k_norm, &p.idx_k_norm_bias, &p.idx_weights_proj, &p.ssm_in_proj,
+          &p.ssm_in_bias, &p.ssm_conv, &p.ssm_conv_bias, &p.ssm_dt_bias, &p.ssm_a_log, &p.ssm_d,
+          &p.ssm_norm, &p.ssm_out_proj, &p.ssm_out_bias})
       total += n(*v);
   }
   return total;
@@ -155,7 +206,7 @@ int64_t LlamaModel::weight_elements() const {
 
 kv::KvPoolConfig LlamaModel::kv_pool_config(int32_t num_pages, int32_t page_size,
                                             PoolLayers which) const {
-  int32_t layers = config_.num_layers;
+  int32_t layers = config_.num_attention_layers();
   if (which != PoolLayers::kAll) {
     layers = 0;
     for (int l = 0; l < config_.num_layers; ++l)

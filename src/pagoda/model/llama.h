@@ -4,7 +4,12 @@
 /// has one, Gemma's norm scales as 1 + w; DeepSeek's kv_b_proj split per head into the absorbed
 /// W_UK / W_UV), the per-layer attention parameters (MLA: the absorbed form, Dqk = kv_lora +
 /// rope, Dv = kv_lora, one latent KV head) and the RoPE tables (a second one for Gemma 3's local
-/// layers; MLA: qk_rope_head_dim wide). It computes nothing itself: the one layer
+/// layers; MLA: qk_rope_head_dim wide). A partial RoPE (config.rotary_dim < head_dim: Bamba)
+/// runs as the full-width NeoX RoPE: q/k projection rows are reordered per head so that its
+/// pairs are the NeoX pairs (j, j + head_dim/2), whose frequencies past rotary_dim/2 are 0
+/// (q·k is unchanged, and the KV pool keeps k in that order). Bamba's Mamba2 layers keep their
+/// mixer weights (PackedLayer::ssm_*) and no attention weights; the KV pool then holds the
+/// attention layers only (pool_layer). It computes nothing itself: the one layer
 /// loop is Decoder (decoder.h), run by a ModelWorker (llama_worker.h). Immutable after
 /// construction; safe to share between threads.
 
@@ -42,7 +47,9 @@ class LlamaModel {
   /// latent | roped k_pe]).
   kv::KvPoolConfig kv_pool_config(int32_t num_pages, int32_t page_size,
                                   PoolLayers which = PoolLayers::kAll) const;
-  /// Layer l's index in the pool that stores it: l with one pool; with pools split by kind
+  /// Layer l's index in the pool that stores it: l with one pool; with Mamba2 layers (hybrid
+  /// models) its rank among the attention layers (a Mamba2 layer has none: kInvalidArgument);
+  /// with pools split by kind
   /// (`split`), its rank among the layers of its kind (full-attention layers 0, 1, ... in the
   /// full pool, window layers 0, 1, ... in the SWA pool).
   LayerId pool_layer(int l, bool split) const;
@@ -79,6 +86,10 @@ class LlamaModel {
     std::vector<float> w_uv;
     // DSA indexer (config.is_dsa(); LayerWeights' idx_* fields as they are).
     std::vector<float> idx_wq_b, idx_wk, idx_k_norm, idx_k_norm_bias, idx_weights_proj;
+    // A Mamba2 layer (config.is_linear_layer; LayerWeights' ssm_* fields as they are, the
+    // attention fields empty).
+    std::vector<float> ssm_in_proj, ssm_in_bias, ssm_conv, ssm_conv_bias, ssm_dt_bias, ssm_a_log,
+        ssm_d, ssm_norm, ssm_out_proj, ssm_out_bias;
   };
   /// Elements of every weight array the forward uses (packed layers, embedding, LM head, final
   /// norm): a device copy holds this many values in the model dtype (engine pool sizing).

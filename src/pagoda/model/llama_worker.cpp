@@ -7,6 +7,7 @@
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#include "pagoda/model/logit_processing.h"
 
 namespace pagoda::model {
 
@@ -98,6 +99,10 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
+  if (model.config().has_linear_layers())
+    state_pool_ = std::make_unique<kv::StatePool>(model.config().num_linear_layers(),
+                                                  config.max_batch_size,
+                                                  mamba2_shape(model.config()).state_shape());
   stats_.kv_bytes = pool_->total_bytes();
   if (split) {
     for (int l = 0; l < model.config().num_layers; ++l)
@@ -186,6 +191,16 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
                                     vocab),
                    kInvalidArgument, "the token mask of logit row {} allows no token", row);
   }
+  PAGODA_REQUIRE(state_pool_ == nullptr ? b.state_slots.empty()
+                                        : static_cast<int>(b.state_slots.size()) == bs,
+                 kInvalidArgument, "{} state slots for {} sequences of a model {} Mamba2 layers",
+                 b.state_slots.size(), bs, state_pool_ == nullptr ? "without" : "with");
+  PAGODA_REQUIRE(state_pool_ == nullptr || (f.mode != ForwardMode::kTargetVerify &&
+                                            f.mode != ForwardMode::kDraftExtend &&
+                                            !f.is_draft_step()),
+                 kUnsupported,
+                 "speculative steps are not supported on a model with Mamba2 layers (the hybrid "
+                 "state pool has no rollback of rejected draft tokens)");
   const bool extend = f.mode != ForwardMode::kDecode && f.mode != ForwardMode::kIdle;
   PAGODA_REQUIRE(!extend || static_cast<int>(f.extend_seq_lens.size()) == bs, kInvalidArgument,
                  "extend batch has {} extend lengths for {} sequences", f.extend_seq_lens.size(),
@@ -347,10 +362,22 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
     swa_backend_->init_forward_metadata(*window.batch);
   }
   decoder_->forward(eager_, f, *backend_, t, nrows, nullptr,
-                    swa_backend_ != nullptr ? &window : nullptr);
+                    swa_backend_ != nullptr ? &window : nullptr, state_side(b));
   adjust_logits(eager_, b);
   decoder_->sample(eager_, nrows, !b.mask_rows.empty());
   return finish(eager_, nrows, b);
+}
+
+const StateSide* LlamaWorker::state_side(const WorkerBatch& b) {
+  if (state_pool_ == nullptr) return nullptr;
+  const ForwardBatch& f = b.forward;
+  state_seqs_.clear();
+  for (int i = 0; i < f.batch_size; ++i)
+    state_seqs_.push_back(Mamba2Seq{
+        .slot = b.state_slots[static_cast<size_t>(i)],
+        .num_tokens = f.mode == ForwardMode::kDecode ? 1 : f.extend_seq_lens[static_cast<size_t>(i)]});
+  state_side_ = StateSide{.pool = state_pool_.get(), .seqs = state_seqs_};
+  return &state_side_;
 }
 
 const ForwardBatch& LlamaWorker::window_batch(const ForwardBatch& f) {
@@ -394,7 +421,7 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
   backend_->init_forward_metadata(f);
   PAGODA_REQUIRE(swa_backend_ == nullptr, kUnsupported,
                  "hidden-state capture (EAGLE) does not run on the SWA pool");
-  decoder_->forward(eager_, f, *backend_, t, nrows, &cap);
+  decoder_->forward(eager_, f, *backend_, t, nrows, &cap, nullptr, state_side(b));
   adjust_logits(eager_, b);
   decoder_->sample(eager_, nrows, !b.mask_rows.empty());
   std::vector<float> hidden(static_cast<size_t>(t * width));

@@ -20,6 +20,10 @@
 /// writes, so capturing on live data is harmless. At most kMaxVerifyGraphs graphs; everything
 /// else runs eagerly.
 ///
+/// Hybrid models (Mamba2 layers): the worker also owns the state pool (max_batch_size slots);
+/// every batch names each sequence's slot (WorkerBatch::state_slots). No graphs are captured
+/// for them (the CPU path only).
+///
 /// Thread rules: one thread. The model, ops, platform and table must outlive the worker.
 
 #include <array>
@@ -87,6 +91,8 @@ class LlamaWorker final : public ModelWorker {
 
   WorkerOutput run(const WorkerBatch& batch) override;
   kv::KvPool& kv_pool() override { return *pool_; }
+  /// A hybrid model's state pool: max_batch_size slots, one layer per Mamba2 layer.
+  kv::StatePool* state_pool() override { return state_pool_.get(); }
   /// ModelOps::move_rows over every layer's K and V buffers when the ops have it (CUDA: two
   /// launches, no host sync), else KvPool::move_kv.
   void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override;
@@ -117,6 +123,8 @@ class LlamaWorker final : public ModelWorker {
   std::unique_ptr<ModelOps::Graph> capture_step(Activations& a, const attention::ForwardBatch& f,
                                                 attention::AttentionBackend& backend, int64_t t,
                                                 int64_t rows, bool& shape_known);
+  /// The Mamba2 layers' side of `b` (null for a model without them); valid until the next call.
+  const StateSide* state_side(const WorkerBatch& b);
   /// An eager step that also copies WorkerBatch::hidden_layers out (EAGLE features).
   WorkerOutput run_with_hidden(const WorkerBatch& b, int64_t t, int64_t nrows);
   /// The graph path of a uniform verify batch; false (nothing done) when it does not apply.
@@ -131,6 +139,9 @@ class LlamaWorker final : public ModelWorker {
   WorkerConfig config_;
   platform::Platform* platform_;
   std::unique_ptr<kv::KvPool> pool_;
+  std::unique_ptr<kv::StatePool> state_pool_;  ///< hybrid models only
+  std::vector<Mamba2Seq> state_seqs_;          ///< the step's StateSide sequences
+  StateSide state_side_;
   attention::BackendRegistry registry_;
   std::unique_ptr<attention::AttentionBackend> backend_;
   std::unique_ptr<attention::AttentionBackend> graph_backend_;

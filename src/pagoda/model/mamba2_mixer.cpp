@@ -36,6 +36,21 @@ kv::StateShape Mamba2Shape::state_shape() const {
                         .state_size = state_size};
 }
 
+Mamba2Shape mamba2_shape(const ModelConfig& c) {
+  const MambaConfig& m = c.mamba;
+  return Mamba2Shape{.hidden_size = c.hidden_size,
+                     .num_heads = m.num_heads,
+                     .head_dim = m.head_dim,
+                     .state_size = m.state_size,
+                     .num_groups = m.num_groups,
+                     .conv_kernel = m.conv_kernel,
+                     .chunk_size = m.chunk_size,
+                     .norm_groups = 1,
+                     .norm_eps = c.rms_norm_eps,
+                     .dt_min = static_cast<float>(m.dt_min),
+                     .dt_max = static_cast<float>(m.dt_max)};
+}
+
 void Mamba2Shape::validate() const {
   auto need = [](bool ok, const char* what) {
     PAGODA_REQUIRE(ok, kInvalidArgument, "Mamba2 mixer: {}", what);

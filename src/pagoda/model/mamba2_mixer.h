@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "pagoda/kv/state_pool.h"
+#include "pagoda/model/config.h"
 #include "pagoda/model/model_ops.h"
 
 namespace pagoda::model {
@@ -62,6 +63,10 @@ struct Mamba2Shape {
   /// Throws Error(kInvalidArgument) naming the first bad field.
   void validate() const;
 };
+
+/// The mixer shape of a hybrid model's Mamba2 layers (config.mamba; the gated norm has one
+/// group and rms_norm_eps, as Bamba's).
+Mamba2Shape mamba2_shape(const ModelConfig& config);
 
 /// One layer's weights (host f32, HF layouts); the biases may be null.
 struct Mamba2Weights {

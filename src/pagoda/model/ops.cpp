@@ -58,13 +58,16 @@ void soft_cap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
 
-Rope::Rope(const RopeConfig& c, int head_dim) : head_dim_(head_dim) {
+Rope::Rope(const RopeConfig& c, int head_dim, int rotary_dim) : head_dim_(head_dim) {
   PAGODA_CHECK(head_dim % 2 == 0);
-  const int half = head_dim / 2;
+  PAGODA_CHECK(rotary_dim >= 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0);
+  // The frequencies of a rotary_dim-wide RoPE; the pairs past it get 0 (no rotation).
+  const int dim = rotary_dim > 0 ? rotary_dim : head_dim;
+  const int half = dim / 2;
   inv_freq_.resize(half);
   for (int i = 0; i < half; ++i) {
     // HF: 1 / theta ** (arange(0, D, 2).float() / D), computed in f32.
-    const float expo = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(dim);
     inv_freq_[i] = 1.0 / std::pow(c.theta, static_cast<double>(expo));
   }
   if (c.scaling == RopeScalingKind::kLinear) {
@@ -88,11 +91,11 @@ Rope::Rope(const RopeConfig& c, int head_dim) : head_dim_(head_dim) {
     // above it, a linear ramp between; cos / sin scaled by mscale / mscale_all_dim's mscale.
     const double max_pos = static_cast<double>(c.original_max_position);
     auto correction_dim = [&](double rotations) {
-      return head_dim * std::log(max_pos / (rotations * 2.0 * std::numbers::pi)) /
+      return dim * std::log(max_pos / (rotations * 2.0 * std::numbers::pi)) /
              (2.0 * std::log(c.theta));
     };
     const double low = std::max(std::floor(correction_dim(c.beta_fast)), 0.0);
-    double high = std::min(std::ceil(correction_dim(c.beta_slow)), double(head_dim - 1));
+    double high = std::min(std::ceil(correction_dim(c.beta_slow)), double(dim - 1));
     if (low == high) high += 0.001;
     for (int i = 0; i < half; ++i) {
       const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
@@ -101,6 +104,7 @@ Rope::Rope(const RopeConfig& c, int head_dim) : head_dim_(head_dim) {
     attention_factor_ =
         yarn_get_mscale(c.factor, c.mscale) / yarn_get_mscale(c.factor, c.mscale_all_dim);
   }
+  inv_freq_.resize(static_cast<size_t>(head_dim / 2), 0.0);
   inv_freq_f32_.assign(inv_freq_.begin(), inv_freq_.end());
 }
 

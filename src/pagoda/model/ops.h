@@ -36,8 +36,11 @@ void soft_cap(float* x, int64_t n, float cap);
 /// Rotary embedding tables (HF "rotate_half" / NeoX layout: pairs (i, i + D/2)).
 class Rope {
  public:
-  /// inv_freq[i] = theta^(-2i/D), then linear, llama3 or yarn scaling as configured.
-  Rope(const RopeConfig& config, int head_dim);
+  /// inv_freq[i] = theta^(-2i/R), then linear, llama3 or yarn scaling as configured, for
+  /// i < R/2 with R = rotary_dim (0 = head_dim); inv_freq[i] = 0 (those pairs stay as they are)
+  /// for R/2 <= i < head_dim/2. LlamaModel lays a partial RoPE's pairs out so that this
+  /// full-width table rotates them (llama.h).
+  Rope(const RopeConfig& config, int head_dim, int rotary_dim = 0);
   int head_dim() const { return head_dim_; }
   /// The (scaled) inverse frequencies, [head_dim / 2].
   const std::vector<double>& inv_freq() const { return inv_freq_; }

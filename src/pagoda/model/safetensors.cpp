@@ -417,7 +417,63 @@ void read_mla_layer(TensorSource& src, const ModelConfig& c, const std::string& 
   lw.idx_weights_proj = src.read(x + "weights_proj.weight", {ih, h});
 }
 
+/// One layer's q/k/v/o projections (HF self_attn.*_proj.weight).
+void read_attention_proj(TensorSource& src, const ModelConfig& c, const std::string& p,
+                         LayerWeights& lw) {
+  const int64_t h = c.hidden_size, qd = int64_t{c.num_q_heads} * c.head_dim;
+  const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
+  lw.q_proj = src.read(p + "self_attn.q_proj.weight", {qd, h});
+  lw.k_proj = src.read(p + "self_attn.k_proj.weight", {kvd, h});
+  lw.v_proj = src.read(p + "self_attn.v_proj.weight", {kvd, h});
+  lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
+}
+
+/// One Bamba Mamba2 layer's mixer tensors (HF BambaMixer names; conv1d.weight is [conv_dim, 1,
+/// d_conv]).
+void read_mamba_layer(TensorSource& src, const ModelConfig& c, const std::string& p,
+                      LayerWeights& lw) {
+  const MambaConfig& m = c.mamba;
+  const int64_t h = c.hidden_size, di = m.d_inner(), cd = m.conv_dim(), nh = m.num_heads;
+  const int64_t proj = di + cd + nh;
+  const std::string x = p + "mamba.";
+  lw.ssm_in_proj = src.read(x + "in_proj.weight", {proj, h});
+  if (m.proj_bias) lw.ssm_in_bias = src.read(x + "in_proj.bias", {proj});
+  lw.ssm_conv = src.read(x + "conv1d.weight", {cd, 1, m.conv_kernel});
+  if (m.conv_bias) lw.ssm_conv_bias = src.read(x + "conv1d.bias", {cd});
+  lw.ssm_dt_bias = src.read(x + "dt_bias", {nh});
+  lw.ssm_a_log = src.read(x + "A_log", {nh});
+  lw.ssm_d = src.read(x + "D", {nh});
+  lw.ssm_norm = src.read(x + "norm.weight", {di});
+  lw.ssm_out_proj = src.read(x + "out_proj.weight", {h, di});
+  if (m.proj_bias) lw.ssm_out_bias = src.read(x + "out_proj.bias", {h});
+}
+
+/// A Bamba checkpoint (HF BambaForCausalLM names: final_layernorm, pre_ff_layernorm,
+/// feed_forward.*, self_attn.* on the attention layers, mamba.* on the others).
+void read_bamba_layers(TensorSource& src, const ModelConfig& c, ModelWeights& w) {
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    LayerWeights& lw = w.layers[static_cast<size_t>(l)];
+    lw.input_norm = src.read(p + "input_layernorm.weight", {h});
+    if (c.is_linear_layer(l)) {
+      read_mamba_layer(src, c, p, lw);
+    } else {
+      read_attention_proj(src, c, p, lw);
+    }
+    lw.post_norm = src.read(p + "pre_ff_layernorm.weight", {h});
+    lw.gate_proj = src.read(p + "feed_forward.gate_proj.weight", {inter, h});
+    lw.up_proj = src.read(p + "feed_forward.up_proj.weight", {inter, h});
+    lw.down_proj = src.read(p + "feed_forward.down_proj.weight", {h, inter});
+  }
+}
+
 std::string describe(const ModelConfig& c) {
+  if (c.has_linear_layers())
+    return fmt::format("{}, {} attention and {} Mamba2 layers, conv bias {}, in/out_proj bias {}",
+                       hf_architecture_name(c.family), c.num_attention_layers(),
+                       c.num_linear_layers(), c.mamba.conv_bias ? "yes" : "no",
+                       c.mamba.proj_bias ? "yes" : "no");
   if (c.is_mla())
     return fmt::format("{}, q LoRA {}, dense MLP{}", hf_architecture_name(c.family),
                        c.mla.q_lora_rank > 0 ? "yes" : "no (q_lora_rank null: q_proj)",
@@ -451,8 +507,9 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
   const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
   ModelWeights& w = m.weights;
+  const bool bamba = c.family == ModelFamily::kBamba;
   w.embed = src.read("model.embed_tokens.weight", {v, h});
-  w.final_norm = src.read("model.norm.weight", {h});
+  w.final_norm = src.read(bamba ? "model.final_layernorm.weight" : "model.norm.weight", {h});
   if (src.contains("lm_head.weight")) {
     w.lm_head = src.read("lm_head.weight", {v, h});
     // transformers ties the head to the embedding and ignores a stored copy: so do we, but a
@@ -468,17 +525,15 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
                    "checkpoint has no lm_head.weight and tie_word_embeddings is false");
   }
   w.layers.resize(c.num_layers);
-  for (int l = 0; l < c.num_layers; ++l) {
+  if (bamba) read_bamba_layers(src, c, w);
+  for (int l = 0; l < c.num_layers && !bamba; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights& lw = w.layers[l];
     lw.input_norm = src.read(p + "input_layernorm.weight", {h});
     if (c.is_mla()) {
       read_mla_layer(src, c, p, lw);
     } else {
-      lw.q_proj = src.read(p + "self_attn.q_proj.weight", {qd, h});
-      lw.k_proj = src.read(p + "self_attn.k_proj.weight", {kvd, h});
-      lw.v_proj = src.read(p + "self_attn.v_proj.weight", {kvd, h});
-      lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
+      read_attention_proj(src, c, p, lw);
     }
     if (c.qkv_bias) {
       lw.q_bias = src.read(p + "self_attn.q_proj.bias", {qd});
@@ -518,8 +573,8 @@ LoadedModel load_model(const std::string& spec, uint64_t weight_seed) {
 void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWeights& w,
                         DType dtype) {
   w.validate(c);
-  PAGODA_REQUIRE(!c.is_mla(), kUnsupported,
-                 "saving {} (MLA) checkpoints is not implemented (tools/make_checkpoint.py writes "
+  PAGODA_REQUIRE(!c.is_mla() && !c.has_linear_layers(), kUnsupported,
+                 "saving {} checkpoints is not implemented (tools/make_checkpoint.py writes "
                  "them)",
                  hf_architecture_name(c.family));
   fs::create_directories(dir);
@@ -657,6 +712,7 @@ void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWe
     case ModelFamily::kDeepseekV2:
     case ModelFamily::kDeepseekV3:
     case ModelFamily::kDeepseekV32:
+    case ModelFamily::kBamba:
       break;  // refused above
   }
   if (c.final_logit_softcap > 0.f) j["final_logit_softcapping"] = c.final_logit_softcap;

@@ -80,6 +80,50 @@ void random_mla(const ModelConfig& c, Rng& rng, ModelWeights& w, double norm_mea
   }
 }
 
+/// The Mamba2 tensors of one layer (empty on an attention layer).
+void validate_mamba(const ModelConfig& c, const LayerWeights& w, const std::string& p, bool on) {
+  const MambaConfig& m = c.mamba;
+  const int64_t h = on ? c.hidden_size : 0, di = m.d_inner(), cd = m.conv_dim();
+  const int64_t proj = di + cd + m.num_heads, nh = on ? m.num_heads : 0;
+  require_size(w.ssm_in_proj, proj * h, p + "mamba.in_proj.weight");
+  require_size(w.ssm_in_bias, on && m.proj_bias ? proj : 0, p + "mamba.in_proj.bias");
+  require_size(w.ssm_conv, on ? cd * m.conv_kernel : 0, p + "mamba.conv1d.weight");
+  require_size(w.ssm_conv_bias, on && m.conv_bias ? cd : 0, p + "mamba.conv1d.bias");
+  require_size(w.ssm_dt_bias, nh, p + "mamba.dt_bias");
+  require_size(w.ssm_a_log, nh, p + "mamba.A_log");
+  require_size(w.ssm_d, nh, p + "mamba.D");
+  require_size(w.ssm_norm, on ? di : 0, p + "mamba.norm.weight");
+  require_size(w.ssm_out_proj, h * di, p + "mamba.out_proj.weight");
+  require_size(w.ssm_out_bias, on && m.proj_bias ? h : 0, p + "mamba.out_proj.bias");
+}
+
+/// Random Mamba2 tensors for the linear layers (drawn after everything else); their attention
+/// tensors are dropped.
+void random_mamba(const ModelConfig& c, Rng& rng, ModelWeights& w) {
+  const MambaConfig& m = c.mamba;
+  const int64_t h = c.hidden_size, di = m.d_inner(), cd = m.conv_dim();
+  const int64_t proj = di + cd + m.num_heads;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (!c.is_linear_layer(l)) continue;
+    LayerWeights& x = w.layers[static_cast<size_t>(l)];
+    x.q_proj.clear();
+    x.k_proj.clear();
+    x.v_proj.clear();
+    x.o_proj.clear();
+    x.ssm_in_proj = normal_vec(rng, proj * h, 0.0, 1.0 / std::sqrt(double(h)));
+    if (m.proj_bias) x.ssm_in_bias = normal_vec(rng, proj, 0.0, 0.1);
+    x.ssm_conv = normal_vec(rng, cd * m.conv_kernel, 0.0, 1.0 / std::sqrt(double(m.conv_kernel)));
+    if (m.conv_bias) x.ssm_conv_bias = normal_vec(rng, cd, 0.0, 0.1);
+    x.ssm_dt_bias = normal_vec(rng, m.num_heads, -1.0, 0.5);
+    x.ssm_a_log.resize(static_cast<size_t>(m.num_heads));
+    for (float& a : x.ssm_a_log) a = static_cast<float>(std::log(1.0 + 15.0 * rng.uniform()));
+    x.ssm_d = normal_vec(rng, m.num_heads, 1.0, 0.1);
+    x.ssm_norm = normal_vec(rng, di, 1.0, 0.1);
+    x.ssm_out_proj = normal_vec(rng, h * di, 0.0, 1.0 / std::sqrt(double(di)));
+    if (m.proj_bias) x.ssm_out_bias = normal_vec(rng, h, 0.0, 0.1);
+  }
+}
+
 }  // namespace
 
 void ModelWeights::validate(const ModelConfig& c) const {
@@ -97,14 +141,16 @@ void ModelWeights::validate(const ModelConfig& c) const {
     const LayerWeights& w = layers[l];
     const std::string p = "layers." + std::to_string(l) + ".";
     require_size(w.input_norm, h, p + "input_layernorm");
+    const bool linear = c.is_linear_layer(static_cast<int>(l));
     if (c.is_mla()) {
       validate_mla(c, w, p);
     } else {
-      require_size(w.q_proj, qd * h, p + "q_proj");
-      require_size(w.o_proj, h * qd, p + "o_proj");
+      require_size(w.q_proj, linear ? 0 : qd * h, p + "q_proj");
+      require_size(w.o_proj, linear ? 0 : h * qd, p + "o_proj");
     }
-    require_size(w.k_proj, c.is_mla() ? 0 : kvd * h, p + "k_proj");
-    require_size(w.v_proj, c.is_mla() ? 0 : kvd * h, p + "v_proj");
+    require_size(w.k_proj, c.is_mla() || linear ? 0 : kvd * h, p + "k_proj");
+    require_size(w.v_proj, c.is_mla() || linear ? 0 : kvd * h, p + "v_proj");
+    validate_mamba(c, w, p, linear);
     const int64_t bq = c.qkv_bias ? qd : 0, bkv = c.qkv_bias ? kvd : 0;
     require_size(w.q_bias, bq, p + "q_proj.bias");
     require_size(w.k_bias, bkv, p + "k_proj.bias");
@@ -164,6 +210,7 @@ ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {
     }
   }
   if (c.is_mla()) random_mla(c, rng, w, norm_mean);
+  if (c.has_linear_layers()) random_mamba(c, rng, w);
   return w;
 }
 

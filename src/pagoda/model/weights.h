@@ -44,6 +44,18 @@ struct LayerWeights {
   std::vector<float> idx_k_norm;        ///< [Id] (indexer.k_norm.weight, a LayerNorm)
   std::vector<float> idx_k_norm_bias;   ///< [Id] (indexer.k_norm.bias)
   std::vector<float> idx_weights_proj;  ///< [In, hidden] (indexer.weights_proj)
+  // A Mamba2 layer (config.is_linear_layer(l); q/k/v/o_proj empty then; HF mamba.*), with
+  // P = d_inner + conv_dim + n_heads the in_proj rows. post_norm is Bamba's pre_ff_layernorm.
+  std::vector<float> ssm_in_proj;    ///< [P, hidden] (in_proj: z, xBC, dt)
+  std::vector<float> ssm_in_bias;    ///< [P] when mamba.proj_bias
+  std::vector<float> ssm_conv;       ///< [conv_dim, d_conv] (conv1d.weight [conv_dim, 1, K])
+  std::vector<float> ssm_conv_bias;  ///< [conv_dim] when mamba.conv_bias
+  std::vector<float> ssm_dt_bias;    ///< [n_heads]
+  std::vector<float> ssm_a_log;      ///< [n_heads] (A_log)
+  std::vector<float> ssm_d;          ///< [n_heads] (D)
+  std::vector<float> ssm_norm;       ///< [d_inner] (the gated RMSNorm's weight)
+  std::vector<float> ssm_out_proj;   ///< [hidden, d_inner]
+  std::vector<float> ssm_out_bias;   ///< [hidden] when mamba.proj_bias
 };
 
 struct ModelWeights {
@@ -65,7 +77,9 @@ struct ModelWeights {
 /// config.norm_weight_offset, whose norms scale by 1 + w), q/k/v biases (when config.qkv_bias)
 /// N(0, 0.5²); MLA projections N(0, 1/in_features), their norms like the others; the DSA
 /// indexer (drawn last) linears N(0, 1/in_features), its LayerNorm 1 + N(0, 0.1²) and bias
-/// N(0, 0.1²). Configs
+/// N(0, 0.1²); Mamba2 layers (drawn after that) in/out_proj N(0, 1/in_features), conv
+/// N(0, 1/d_conv), biases N(0, 0.1²), dt_bias N(-1, 0.5²), A_log log U(1, 16), D 1 + N(0, 0.1²),
+/// the gated norm 1 + N(0, 0.1²). Configs
 /// without biases, Gemma norms or MLA draw exactly the numbers they always did.
 ModelWeights make_random_weights(const ModelConfig& config, uint64_t seed);
 

@@ -20,6 +20,7 @@
 
 namespace pagoda::kv {
 class KvPool;
+class StatePool;
 }
 
 namespace pagoda::model {
@@ -75,6 +76,10 @@ struct WorkerBatch {
   std::vector<int32_t> max_emit;
   /// [bs] the token that finishes sequence b when emitted (EOS), -1 = none.
   std::vector<int32_t> stop_token;
+  /// Hybrid models (ModelWorker::state_pool() non-null): [bs] each sequence's slot in that pool,
+  /// held by its request (its Mamba2 layers' state, read and advanced by this step's tokens).
+  /// Empty for every other model.
+  std::vector<int32_t> state_slots;
 
   int batch_size() const { return forward.batch_size; }
   /// Σ logit_rows.
@@ -136,6 +141,10 @@ class ModelWorker {
   virtual WorkerOutput run_staged(const WorkerBatch& batch, std::span<const std::byte> staged);
   /// The KV pool the scheduler's slots index.
   virtual kv::KvPool& kv_pool() = 0;
+  /// The recurrent-state pool of a hybrid model's Mamba2 layers (one slot per running request,
+  /// WorkerBatch::state_slots; the scheduler allocates and frees them), or nullptr when the
+  /// model has none.
+  virtual kv::StatePool* state_pool() { return nullptr; }
   /// Moves the K/V of slot src[i] to slot dst[i] in every layer (speculative commit; the
   /// contract of KvPool::move_kv: overlap-safe, kOutOfRange for a bad slot, nothing changed).
   /// Default: KvPool::move_kv (host copies); the CUDA LlamaWorker runs one kernel pair instead.

@@ -34,12 +34,9 @@ rotate_half; full-sequence causal attention recomputed for every prefix), not fr
 Needs numpy and safetensors (scripts/setup.sh installs them). Prints the seed.
 """
 
-import argparse
-import importlib.util
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -47,7 +44,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from logit_check import check, run  # noqa: E402
+from logit_check import check, refused, run, setup  # noqa: E402
 
 
 
@@ -281,32 +278,18 @@ def check_refusals(pagoda, layout, out, tmp):
         save_file(tensors, os.path.join(d, "model.safetensors"))
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(c, f)
-        p = subprocess.run([pagoda, "generate", "--model", d, "--token-ids", "1,2"],
-                           capture_output=True, text=True)
-        msg = (p.stdout + p.stderr).strip()
-        ok = p.returncode != 0 and needle in msg
-        print(f"{'ok' if ok else 'FAIL'} {layout} {name} refused naming {needle}: {msg[-160:]}")
-        failures += int(not ok)
+        failures += refused([pagoda, "generate", "--model", d, "--token-ids", "1,2"], needle,
+                            f"{layout} {name}")
     return failures
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pagoda", required=True)
-    ap.add_argument("--tool", required=True, help="tools/make_checkpoint.py")
-    ap.add_argument("--seed", type=int, default=None)
-    a = ap.parse_args()
-    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
-    print(f"seed {seed}", flush=True)
-    spec = importlib.util.spec_from_file_location("make_checkpoint", a.tool)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    rng = np.random.default_rng(seed)
+    a, tool, rng = setup()
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         for layout in FEATURES:
             out = os.path.join(tmp, layout)
-            cfg, w = tool.write_deepseek(layout, "f32", int(rng.integers(1 << 30)), out,
+            cfg, w = tool.write_numpy_layout(layout, "f32", int(rng.integers(1 << 30)), out,
                                          tokenizer=False)
             vocab = cfg["vocab_size"]
             batch = os.path.join(out, "batch.txt")

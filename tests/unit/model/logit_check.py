@@ -1,7 +1,10 @@
 """Shared by the NumPy forward checks (check_gemma_numpy.py, check_deepseek_numpy.py): running
 `pagoda generate --json` and comparing a request's dumped logits with a float64 reference."""
 
+import argparse
+import importlib.util
 import json
+import random
 import subprocess
 import sys
 
@@ -16,6 +19,31 @@ def run(cmd):
         print("$", " ".join(cmd), "\n", p.stdout[-3000:], p.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"command failed with rc {p.returncode}")
     return [json.loads(line) for line in p.stdout.strip().splitlines()]
+
+
+def setup():
+    """Parses --pagoda, --tool (tools/make_checkpoint.py, loaded as a module) and --seed (drawn
+    when absent; printed); returns (args, the tool module, a numpy Generator of the seed)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pagoda", required=True)
+    ap.add_argument("--tool", required=True, help="tools/make_checkpoint.py")
+    ap.add_argument("--seed", type=int, default=None)
+    a = ap.parse_args()
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1 << 30)
+    print(f"seed {seed}", flush=True)
+    spec = importlib.util.spec_from_file_location("make_checkpoint", a.tool)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return a, tool, np.random.default_rng(seed)
+
+
+def refused(cmd, needle, label):
+    """Runs cmd, which must fail with `needle` in its output; prints; returns failures (0 / 1)."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    msg = (p.stdout + p.stderr).strip()
+    ok = p.returncode != 0 and needle in msg
+    print(f"{'ok' if ok else 'FAIL'} {label} refused naming {needle}: {msg[-160:]}")
+    return int(not ok)
 
 
 def check(forward, cfg, w, prompt, got, label, features):
