@@ -1,6 +1,7 @@
 #include "pagoda/attention/dsa.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "pagoda/core/error.h"
 #include "pagoda/kv/req_to_token.h"
@@ -39,36 +40,79 @@ IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
   return m;
 }
 
+namespace {
+
+/// Checks the selection's size, then calls fn(t, positions) for every row t with its selected
+/// positions sorted ascending, each checked against the row's visible range and for repeats.
+template <typename Fn>
+void for_each_selection(const IndexerMetadata& meta, std::span<const int32_t> topk, int k,
+                        const char* who, Fn&& fn) {
+  const auto rows = static_cast<int64_t>(meta.row_request.size());
+  PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(topk.size()) == rows * k, kInvalidArgument,
+                 "{}: {} top-k entries for {} rows of k {}", who, topk.size(), rows, k);
+  std::vector<int32_t> sel;
+  sel.reserve(static_cast<size_t>(k));
+  for (int64_t t = 0; t < rows; ++t) {
+    sel.clear();
+    for (const int32_t pos : topk.subspan(static_cast<size_t>(t * k), static_cast<size_t>(k))) {
+      PAGODA_REQUIRE(pos >= -1 && pos < meta.row_visible[t], kOutOfRange,
+                     "{}: row {} selects position {} but sees only [0, {}) (-1: unused)", who, t,
+                     pos, meta.row_visible[t]);
+      if (pos >= 0) sel.push_back(pos);
+    }
+    std::sort(sel.begin(), sel.end());
+    const auto twice = std::adjacent_find(sel.begin(), sel.end());
+    PAGODA_REQUIRE(twice == sel.end(), kInvalidArgument, "{}: row {} selects position {} twice",
+                   who, t, twice == sel.end() ? -1 : *twice);
+    fn(t, std::span<const int32_t>(sel));
+  }
+}
+
+}  // namespace
+
 void apply_sparse_mask(PagedPlan& plan, const IndexerMetadata& meta,
                        std::span<const int32_t> topk, int k) {
-  const auto rows = static_cast<int64_t>(meta.row_request.size());
-  PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(topk.size()) == rows * k &&
-                     plan.batch_size() + 1 == static_cast<int>(meta.slot_indptr.size()),
-                 kInvalidArgument,
-                 "sparse mask: {} top-k entries for {} rows of k {} ({} requests planned, {} in "
-                 "the metadata)",
-                 topk.size(), rows, k, plan.batch_size(), meta.slot_indptr.size() - 1);
+  PAGODA_REQUIRE(plan.batch_size() + 1 == static_cast<int>(meta.slot_indptr.size()),
+                 kInvalidArgument, "sparse mask: {} requests planned, {} in the metadata",
+                 plan.batch_size(), meta.slot_indptr.size() - 1);
   std::vector<int64_t> indptr{0};
   for (int b = 0; b < plan.batch_size(); ++b) {
     const int64_t qo = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
     indptr.push_back(indptr.back() + (qo * plan.kv_len(b) + 7) / 8);
   }
   std::vector<uint8_t> mask(static_cast<size_t>(indptr.back()), 0);
-  for (int64_t t = 0; t < rows; ++t) {
+  for_each_selection(meta, topk, k, "sparse mask", [&](int64_t t, std::span<const int32_t> sel) {
     const int b = meta.row_request[t];
     const int64_t i = t - plan.qo_indptr[b], kv = plan.kv_len(b);
-    for (int j = 0; j < k; ++j) {
-      const int32_t pos = topk[t * k + j];
-      if (pos < 0) continue;
-      PAGODA_REQUIRE(pos < meta.row_visible[t], kOutOfRange,
-                     "sparse mask: row {} selects position {} but sees only [0, {})", t, pos,
-                     meta.row_visible[t]);
+    for (const int32_t pos : sel) {
       const int64_t bit = i * kv + pos;
       mask[indptr[b] + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
     }
-  }
+  });
   plan.custom_mask = std::move(mask);
   plan.mask_indptr = std::move(indptr);
+}
+
+PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_t> topk, int k) {
+  const size_t rows = meta.row_request.size();
+  PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(rows) * k <= INT32_MAX, kInvalidArgument,
+                 "sparse gather: {} rows of k {} exceed the int32 index range", rows, k);
+  PagedPlan p;
+  p.page_size = 1;
+  p.qo_indptr.reserve(rows + 1);
+  p.kv_indptr.reserve(rows + 1);
+  p.kv_last_page_len.reserve(rows);
+  p.kv_indices.reserve(rows * static_cast<size_t>(k));
+  p.qo_indptr.push_back(0);
+  p.kv_indptr.push_back(0);
+  for_each_selection(meta, topk, k, "sparse gather", [&](int64_t t, std::span<const int32_t> sel) {
+    const int32_t* slots = meta.slots.data() + meta.slot_indptr[meta.row_request[t]];
+    for (const int32_t pos : sel) p.kv_indices.push_back(slots[pos]);
+    p.qo_indptr.push_back(static_cast<int32_t>(t + 1));
+    p.kv_indptr.push_back(static_cast<int32_t>(p.kv_indices.size()));
+    p.kv_last_page_len.push_back(sel.empty() ? 0 : 1);
+  });
+  return p;
 }
 
 }  // namespace pagoda::attention

@@ -1,8 +1,15 @@
 #pragma once
 /// DeepSeek sparse attention (DSA) on the attention side: the indexer metadata a backend builds
-/// once per step (SGLang's get_indexer_metadata) and the sparse mask that restricts one forward
-/// to the indexer's top-k positions. The indexer itself (projections, scores, top-k) is the
-/// model's (model/dsa_indexer.h); its keys live in the KvPool beside the latent rows.
+/// once per step (SGLang's get_indexer_metadata) and the two ways a host backend restricts one
+/// forward to the indexer's top-k positions: a custom mask over the step's plan, or a gather
+/// plan over the selected slots only (SparseAttentionPath). The indexer itself (projections,
+/// scores, top-k) is the model's (model/dsa_indexer.h); its keys live in the KvPool beside the
+/// latent rows.
+///
+/// A selection is topk [rows, k] (rows = the step's query tokens): row t attends to exactly the
+/// positions topk[t·k, (t+1)·k) lists, in any order, -1 entries unused. Both paths reject a
+/// position outside [0, row_visible[t]) (Error(kOutOfRange), also for entries below -1), a
+/// position listed twice in a row (kInvalidArgument) and wrong sizes (kInvalidArgument).
 ///
 /// Supported modes: kDecode (not a draft step), kExtend, kMixed. Speculative modes (verify,
 /// draft extend, multi-step draft) are Error(kUnsupported) naming DSA.
@@ -37,12 +44,30 @@ struct IndexerMetadata {
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token);
 
+/// How HostPagedBackend runs a forward after set_sparse_topk.
+enum class SparseAttentionPath : uint8_t {
+  /// apply_sparse_mask over the step's plan: every key of the request is still visited (O(kv)
+  /// per row) and a prefill's mask is qo × kv bits. The reference backend's path: the simplest
+  /// statement of the semantics, and an oracle for kGather.
+  kMask,
+  /// sparse_gather_plan: each query row is a request of its own over exactly its selected
+  /// slots (page size 1): O(k) per row in compute and memory. The cpu backend's path.
+  kGather,
+};
+
 /// Writes into plan.custom_mask / plan.mask_indptr the BatchAttention custom mask (packed bits,
 /// row-major [qo_len, kv_len] per request, little-endian in each byte) under which query row t
 /// sees exactly the positions topk[t·k, (t+1)·k) lists (-1 entries are unused). Checks each
-/// listed position against the row's visible range (Error(kOutOfRange)) and the sizes
-/// (kInvalidArgument); the plan is unchanged on error.
+/// listed position as above; the plan is unchanged on error.
 void apply_sparse_mask(PagedPlan& plan, const IndexerMetadata& meta,
                        std::span<const int32_t> topk, int k);
+
+/// The plan under which query row t attends to exactly its selected positions, without a mask:
+/// request t of the plan is row t alone (qo_len 1, so causal masking hides nothing) over the
+/// pool slots of its selected positions (meta.slots), in ascending position order, with page
+/// size 1 (view the pool token-granular: paged_cache_views(pool, layer, 1)). A row that selects
+/// nothing gets no keys (out 0, lse -inf). The output rows keep the step's token order. Checks
+/// as above. O(k log k) per row (the sort), never O(kv).
+PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_t> topk, int k);
 
 }  // namespace pagoda::attention

@@ -37,8 +37,13 @@ BackendCapabilities full_feature_capabilities() {
 
 HostPagedBackend::HostPagedBackend(const BackendContext& ctx, std::string name,
                                    BackendCapabilities caps,
-                                   std::unique_ptr<BatchAttention> attention)
-    : ctx_(ctx), name_(std::move(name)), caps_(std::move(caps)), attn_(std::move(attention)) {
+                                   std::unique_ptr<BatchAttention> attention,
+                                   SparseAttentionPath sparse_path)
+    : ctx_(ctx),
+      name_(std::move(name)),
+      caps_(std::move(caps)),
+      attn_(std::move(attention)),
+      sparse_path_(sparse_path) {
   PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
                  "backend '{}' needs a KvPool and a ReqToTokenTable in its BackendContext", name_);
   PAGODA_REQUIRE(ctx.kv_pool->device().is_cpu(), kUnsupported,
@@ -63,8 +68,13 @@ void HostPagedBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
                  "backend '{}': set_sparse_topk without indexer metadata (the pool has no index "
                  "keys, or init_forward_metadata was not called)",
                  name_);
-  sparse_plan_ = plan_;
-  apply_sparse_mask(sparse_plan_, *indexer_, topk, k);
+  if (sparse_path_ == SparseAttentionPath::kGather) {
+    sparse_plan_ = sparse_gather_plan(*indexer_, topk, k);
+  } else {
+    PagedPlan masked = plan_;
+    apply_sparse_mask(masked, *indexer_, topk, k);
+    sparse_plan_ = std::move(masked);
+  }
   sparse_next_ = true;
 }
 
@@ -106,14 +116,19 @@ void HostPagedBackend::run(const TensorView& q, const TensorView& k, const Tenso
                              .q_dtype = q.dtype(),
                              .kv_dtype = pool.config().dtype,
                              .out_dtype = out.dtype()};
-  if (sparse) {  // this layer's selection: plan with its mask, and replan dense after it
+  PAGODA_REQUIRE(!sparse || layer.sliding_window < 0, kUnsupported,
+                 "backend '{}': DeepSeek sparse attention with a sliding window (layer {}, window "
+                 "{}) is not implemented",
+                 name_, layer.layer_id, layer.sliding_window);
+  if (sparse) {  // this layer's selection: plan it, and replan dense after it
     attn_->plan(sparse_plan_.input(), shape);
     planned_shape_.reset();
   } else if (!planned_shape_ || !same_shape(*planned_shape_, shape)) {
     attn_->plan(plan_.input(), shape);
     planned_shape_ = shape;
   }
-  const PagedCacheViews views = paged_cache_views(pool, layer, plan_.page_size);
+  const PagedCacheViews views =
+      paged_cache_views(pool, layer, sparse ? sparse_plan_.page_size : plan_.page_size);
   // Validate the run's tensors before mutating the pool, then write the new K/V, then attend.
   PAGODA_REQUIRE(q.rank() == 3 && q.size(0) == batch.num_tokens() &&
                      q.size(1) == layer.num_q_heads && q.size(2) == layer.head_dim_qk,

@@ -6,8 +6,11 @@
 ///                          BatchAttention for the layer's shape (only when it differs from the
 ///                          last one planned this step), run it over the pool's paged views.
 /// With index keys in the pool (DSA) init_forward_metadata also builds the IndexerMetadata, and a
-/// forward after set_sparse_topk plans the BatchAttention once more with the custom mask of the
-/// selected positions (attention/dsa.h), so every BatchAttention serves sparse MLA unchanged.
+/// forward after set_sparse_topk plans the BatchAttention once more for that layer's selection
+/// (attention/dsa.h), on the backend's SparseAttentionPath: the step's plan with the custom mask
+/// of the selected positions (kMask), or the gather plan over the selected slots only, the pool
+/// viewed token-granular (kGather, O(k) per row). Either way every BatchAttention serves sparse
+/// MLA unchanged; a sparse forward of a layer with a sliding window is Error(kUnsupported).
 /// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
 /// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
 
@@ -32,8 +35,11 @@ class HostPagedBackend : public AttentionBackend {
  public:
   /// `ctx.kv_pool` and `ctx.req_to_token` must be non-null host objects that outlive the backend
   /// (Error(kInvalidArgument) otherwise; Error(kUnsupported) for a device pool).
+  /// `sparse_path`: how a forward after set_sparse_topk runs (the reference backend keeps
+  /// kMask, the cpu backend takes kGather).
   HostPagedBackend(const BackendContext& ctx, std::string name, BackendCapabilities caps,
-                   std::unique_ptr<BatchAttention> attention);
+                   std::unique_ptr<BatchAttention> attention,
+                   SparseAttentionPath sparse_path = SparseAttentionPath::kMask);
 
   std::string name() const override { return name_; }
   const BackendCapabilities& capabilities() const override { return caps_; }
@@ -59,6 +65,7 @@ class HostPagedBackend : public AttentionBackend {
   std::string name_;
   BackendCapabilities caps_;
   std::unique_ptr<BatchAttention> attn_;
+  SparseAttentionPath sparse_path_;
   PagedPlan plan_;
   bool planned_ = false;
   std::optional<AttentionShape> planned_shape_;  ///< shape attn_ is planned for this step
@@ -66,7 +73,7 @@ class HostPagedBackend : public AttentionBackend {
   int planned_tokens_ = 0;
   std::optional<IndexerMetadata> indexer_;  ///< DSA pools only
   bool sparse_next_ = false;                 ///< the next forward uses sparse_plan_
-  PagedPlan sparse_plan_;  ///< plan_ with the selection's custom mask
+  PagedPlan sparse_plan_;  ///< the selection's plan (kMask: plan_ + mask; kGather: per row)
 };
 
 }  // namespace pagoda::attention

@@ -127,6 +127,28 @@ void draft_extend_lengths(const Case& c, int b, int bs, Uniform& uniform_int, in
   }
 }
 
+/// The DSA selection of a request's `ext` query rows over `prefix` cached tokens: row i sees
+/// positions [0, prefix + i] and keeps the k of highest random score (0..3, so ties are common),
+/// ties to the lower position; appended to `topk` in score order, padded with -1, and set in
+/// the oracle row's mask.
+void select_topk(int k, int prefix, int ext, std::mt19937_64& rng, DenseRow& row,
+                 std::vector<int32_t>& topk) {
+  const int kv = prefix + ext;
+  row.bits.assign(static_cast<size_t>(ext) * kv, 0);
+  for (int i = 0; i < ext; ++i) {
+    std::vector<int> score(static_cast<size_t>(prefix + i + 1));
+    for (int& x : score) x = static_cast<int>(rng() % 4);
+    std::vector<int32_t> order(score.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return score[a] > score[b]; });
+    order.resize(std::min(order.size(), static_cast<size_t>(k)));
+    for (int32_t p : order) row.bits[static_cast<size_t>(i) * kv + p] = 1;
+    order.resize(static_cast<size_t>(k), -1);
+    topk.insert(topk.end(), order.begin(), order.end());
+  }
+}
+
 }  // namespace
 
 std::string device_of(const BackendRegistry& registry, const std::string& spec) {
@@ -252,6 +274,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
   if (c.mla) {
     pool_cfg.kv_lora_rank = c.head_dim_v;
     pool_cfg.rope_dim = c.head_dim_qk - c.head_dim_v;
+    pool_cfg.index_head_dim = c.dsa_topk > 0 ? 8 : 0;
   } else {
     pool_cfg.num_kv_heads = hkv;
     pool_cfg.head_dim = c.head_dim_qk;
@@ -296,6 +319,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
   batch.batch_size = bs;
   std::vector<int> new_tok;
   std::vector<DenseRow> dense;
+  std::vector<int32_t> dsa_topk;  // [tokens, c.dsa_topk], the step's DSA selection
   for (int b = 0; b < bs; ++b) {
     batch.req_pool_indices.push_back(rows[b].value());
     if (draft) {
@@ -346,6 +370,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
         std::copy(row.begin(), row.end(), r.bits.begin() + i * kv);
       }
     }
+    if (c.dsa_topk > 0) select_topk(c.dsa_topk, prefix[b], ext[b], rng, r, dsa_topk);
     dense.push_back(std::move(r));
   }
   if (draft) {
@@ -390,6 +415,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
       BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
       auto impl = make_under_test(registry, backend.spec, req, ctx);
       impl->init_forward_metadata(batch);
+      if (c.dsa_topk > 0) impl->set_sparse_topk(dsa_topk, c.dsa_topk);
       if (caps.lse) impl->set_lse_output(lse.view());
       impl->forward(q.view(), k_new.view(), v_new.view(), layer, batch, out.view());
     } else {
@@ -408,6 +434,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
         BackendContext ctx{.platform = device_platform, .kv_pool = &dev_pool, .req_to_token = &table};
         auto impl = make_under_test(registry, backend.spec, req, ctx);
         impl->init_forward_metadata(batch);
+        if (c.dsa_topk > 0) impl->set_sparse_topk(dsa_topk, c.dsa_topk);
         if (caps.lse) impl->set_lse_output(dlse.view);
         impl->forward(dq.view, dk.view, dv.view, layer, batch, dout.view);
         device_platform->synchronize();

@@ -18,6 +18,7 @@ std::string Case::describe() const {
   if (logit_cap > 0.f) s += fmt::format(" cap={}", logit_cap);
   if (sinks) s += " sinks";
   if (long_kv > 0) s += fmt::format(" long={}", long_kv);
+  if (dsa_topk > 0) s += fmt::format(" dsa k={}", dsa_topk);
   if (draft_step >= 0) s += fmt::format(" draft topk={} step={}/{}", topk, draft_step, num_steps);
   if (mode == ForwardMode::kDraftExtend) {
     s += fmt::format(" accepted 1..{} prefix<={}", num_steps + 1, max_len);
@@ -44,6 +45,7 @@ attention::BackendRequirements Case::requirements() const {
   r.topk = topk;
   r.multi_step_draft = draft_step >= 0;
   r.mixed_batches = mode == ForwardMode::kMixed;
+  r.dsa = dsa_topk > 0;
   return r;
 }
 
@@ -247,6 +249,17 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       v.topk = 2;
       v.num_draft_tokens = 4;
       cases.push_back(v);
+    }
+  }
+  // DeepSeek sparse attention: absorbed MLA restricted to a top-k selection of 12 positions
+  // (below most contexts of these cases, above the shortest), decode / extend / mixed steps.
+  for (int p : pick(quick, {64}, {1, 16, 64})) {
+    for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed}) {
+      if (quick && m == ForwardMode::kExtend) continue;
+      Case c = mla_case(m, p);
+      c.feature = "dsa";
+      c.dsa_topk = 12;
+      cases.push_back(c);
     }
   }
   // The non-absorbed MLA prefill (DeepSeek-style Q/K 192 = 128 nope + 64 rope, V 128, kv heads =

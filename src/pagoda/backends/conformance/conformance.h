@@ -70,6 +70,11 @@ struct Case {
   /// > 0: long context: even requests hold long_kv - (0..long_kv/4) tokens (request 0 exactly
   /// long_kv), odd requests are 1-token requests (decode: kv 1; extend: no prefix).
   int long_kv = 0;
+  /// > 0: DeepSeek sparse attention (MLA only): the pool holds index keys, and every query row
+  /// attends to the dsa_topk visible positions of highest random score (ties to the lower
+  /// position, as the indexer selects; a row that sees fewer keeps them all), handed to the
+  /// backend through set_sparse_topk; the oracle gets the selection as a custom mask.
+  int dsa_topk = 0;
 
   /// "decode p16 gqa8/2 d128 bf16/bf16 ..." (stable; used in failure messages).
   std::string describe() const;
@@ -90,8 +95,10 @@ struct MutantInfo {
 };
 /// Every mutant: causal shift, dropped sinks, window off by one, soft cap skipped, one mask bit
 /// flipped, page index off by one, split-KV merge with a wrong LSE, fp8 scale ignored, wrong GQA
-/// head mapping; and two draft-extend planning faults in front of the reference (draft extend
-/// planned as decode; each request's kv range one key short, its last accepted token left out).
+/// head mapping; two draft-extend planning faults in front of the reference (draft extend
+/// planned as decode; each request's kv range one key short, its last accepted token left out);
+/// and a DSA selection missing one token per row (the reference given each row's top-k without
+/// its first entry).
 const std::vector<MutantInfo>& mutant_family();
 /// The family member named `spec`, or nullptr.
 const MutantInfo* find_mutant(const std::string& spec);

@@ -1,6 +1,9 @@
 // The mutant family: one fault each (a ReferenceFaults fault of the reference oracle, or a
-// draft-extend planning fault in front of the reference backend), and the column that must
-// catch it.
+// draft-extend planning or DSA selection fault in front of the reference backend), and the
+// column that must catch it.
+#include <span>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "pagoda/attention/backend.h"
@@ -27,6 +30,7 @@ struct Member {
   MutantInfo info;
   ReferenceFaults faults;
   DraftExtendFault draft_extend = DraftExtendFault::kNone;
+  bool dsa_drop_first = false;  ///< each row's DSA selection without its first entry
 };
 
 /// The batch a backend with `fault` would plan for the kDraftExtend batch `b`.
@@ -60,12 +64,14 @@ ForwardBatch rewrite_draft_extend(const ForwardBatch& b, DraftExtendFault fault)
   return r;
 }
 
-/// The reference backend behind a draft-extend planning fault: kDraftExtend batches are
-/// rewritten before they reach it, every other mode passes through unchanged.
-class DraftExtendMutant final : public attention::AttentionBackend {
+/// The reference backend behind a planning fault: kDraftExtend batches are rewritten before
+/// they reach it (DraftExtendFault), or each row of a DSA selection loses its first entry
+/// (dsa_drop_first); everything else passes through unchanged.
+class PlanningMutant final : public attention::AttentionBackend {
  public:
-  DraftExtendMutant(std::unique_ptr<attention::AttentionBackend> inner, DraftExtendFault fault)
-      : inner_(std::move(inner)), fault_(fault) {}
+  PlanningMutant(std::unique_ptr<attention::AttentionBackend> inner, DraftExtendFault fault,
+                 bool dsa_drop_first)
+      : inner_(std::move(inner)), fault_(fault), dsa_drop_first_(dsa_drop_first) {}
 
   std::string name() const override { return inner_->name(); }
   const attention::BackendCapabilities& capabilities() const override {
@@ -92,6 +98,16 @@ class DraftExtendMutant final : public attention::AttentionBackend {
     pass_lse();
     inner_->forward_decode(q, k, v, layer, batch, out, save);
   }
+  const attention::IndexerMetadata* get_indexer_metadata() const override {
+    return inner_->get_indexer_metadata();
+  }
+  void set_sparse_topk(std::span<const int32_t> topk, int k) override {
+    std::vector<int32_t> faulty(topk.begin(), topk.end());
+    for (size_t row = 0; dsa_drop_first_ && row < faulty.size(); row += static_cast<size_t>(k)) {
+      faulty[row] = -1;
+    }
+    inner_->set_sparse_topk(faulty, k);
+  }
 
  private:
   void pass_lse() {
@@ -101,6 +117,7 @@ class DraftExtendMutant final : public attention::AttentionBackend {
 
   std::unique_ptr<attention::AttentionBackend> inner_;
   DraftExtendFault fault_;
+  bool dsa_drop_first_;
   ForwardBatch rewritten_;
 };
 
@@ -133,6 +150,11 @@ const std::vector<Member>& members() {
         "draft-extend kv range one key short (each request's last accepted token left out)"},
        {},
        DraftExtendFault::kKvShort},
+      {{"mutant:dsa-drop", "dsa",
+        "DSA top-k missing one token (each row's highest-scored position left out)"},
+       {},
+       DraftExtendFault::kNone,
+       true},
   };
   return all;
 }
@@ -176,8 +198,8 @@ std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec
                                                          const attention::BackendContext& ctx) {
   const Member& m = member(spec);
   auto reference = std::make_unique<ReferenceBackend>(ctx, m.faults, spec);
-  if (m.draft_extend == DraftExtendFault::kNone) return reference;
-  return std::make_unique<DraftExtendMutant>(std::move(reference), m.draft_extend);
+  if (m.draft_extend == DraftExtendFault::kNone && !m.dsa_drop_first) return reference;
+  return std::make_unique<PlanningMutant>(std::move(reference), m.draft_extend, m.dsa_drop_first);
 }
 
 }  // namespace pagoda::backends::conformance

@@ -6,6 +6,8 @@
 ///
 /// Plan once per step (build_paged_plan, then CpuBatchAttention::plan of the work partition for
 /// the first layer shape seen, re-planned only when a layer's shape differs), run per layer.
+/// DeepSeek sparse attention takes the gather path (attention/dsa.h SparseAttentionPath::kGather):
+/// a DSA layer reads only the selected latent rows, O(k) per query row.
 /// Host pools only. One caller thread at a time.
 
 #include "pagoda/attention/host_paged_backend.h"

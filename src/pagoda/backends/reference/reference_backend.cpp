@@ -7,7 +7,8 @@ namespace pagoda::backends {
 ReferenceBackend::ReferenceBackend(const attention::BackendContext& ctx, ReferenceFaults faults,
                                    std::string name)
     : HostPagedBackend(ctx, std::move(name), static_capabilities(),
-                       make_reference_batch_attention(faults)) {}
+                       make_reference_batch_attention(faults),
+                       attention::SparseAttentionPath::kMask) {}
 
 void register_reference_backend(attention::BackendRegistry& registry) {
   registry.add("reference", "fp64 host loops; the conformance oracle (slow, every feature)",

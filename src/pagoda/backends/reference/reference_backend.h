@@ -2,7 +2,10 @@
 /// ReferenceBackend: the HostPagedBackend over the reference BatchAttention (fp64 host loops).
 /// Supports every feature (decode, extend with prefix, mixed, causal / non-causal, sliding
 /// window, soft cap, sinks, tree-mask verify, multi-step draft with any topk and page size, MLA
-/// absorbed over an MLA pool, fp8 KV with scales, LSE) on host pools; no CUDA graphs.
+/// absorbed over an MLA pool, fp8 KV with scales, LSE, DeepSeek sparse attention) on host pools;
+/// no CUDA graphs. DSA keeps the mask path (attention/dsa.h SparseAttentionPath::kMask): every
+/// key visited under a bit per (row, position), the plain statement the cpu backend's gather
+/// path is checked against.
 
 #include <string>
 
