@@ -26,7 +26,7 @@
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/platform/platform.h"
-#include "seed.h"
+#include "test_seed.h"
 
 namespace pagoda::backends::sparse_gather_test {
 namespace {
@@ -159,10 +159,8 @@ TensorView as_dtype(DType dt, const std::vector<float>& x, std::vector<uint16_t>
 }
 
 TEST(SparseMla, GatherAndMaskPathsMatchFp64OverTheSelectedRowsOnRandomShapes) {
-  const uint32_t seed = test::test_seed();
-  std::printf("sparse gather seed %u\n", seed);
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937 rng(seed);
+  const pagoda::testing::TestSeed seed;
+  std::mt19937 rng(static_cast<uint32_t>(seed));
   std::normal_distribution<float> normal(0.f, 1.f);
   auto platform = platform::make_cpu_platform();
   constexpr int kTrials = 10;
