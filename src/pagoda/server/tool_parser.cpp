@@ -85,10 +85,12 @@ size_t call_start(ToolCallFormat f, std::string_view s, bool reply_start) {
   switch (f) {
     case ToolCallFormat::kQwen25: return s.find(kQwenOpen);
     case ToolCallFormat::kMistral: return s.find(kMistralTag);
-    case ToolCallFormat::kLlama3: {
+    case ToolCallFormat::kLlama3:
+    case ToolCallFormat::kJsonArray: {
+      const bool llama = f == ToolCallFormat::kLlama3;
       const size_t first = skip_space(s, 0);
-      if (reply_start && first < s.size() && s[first] == '{') return first;
-      return s.find(kPythonTag);
+      if (reply_start && first < s.size() && s[first] == (llama ? '{' : '[')) return first;
+      return llama ? s.find(kPythonTag) : std::string_view::npos;
     }
   }
   return std::string_view::npos;
@@ -115,11 +117,12 @@ ParsedReply parse_region(ToolCallFormat f, std::string_view s, const std::vector
       if (calls.empty()) r.content.append(s.substr(open, pos - open));
       r.calls.insert(r.calls.end(), calls.begin(), calls.end());
     }
-  } else if (f == ToolCallFormat::kMistral) {  // [TOOL_CALLS] array-or-object, repeated
-    while (pos < s.size()) {
-      const size_t tag = s.find(kMistralTag, pos);
+  } else if (f != ToolCallFormat::kLlama3) {  // [TOOL_CALLS] array-or-object, repeated
+    const std::string_view tag_text = f == ToolCallFormat::kMistral ? kMistralTag : "";
+    while (pos < s.size()) {  // (json_array: the same without a tag)
+      const size_t tag = s.find(tag_text, pos);
       if (tag == std::string_view::npos) break;
-      const size_t body = skip_space(s, tag + kMistralTag.size());
+      const size_t body = skip_space(s, tag + tag_text.size());
       const size_t end = body < s.size() && (s[body] == '[' || s[body] == '{')
                              ? json_end(s, body)
                              : std::string_view::npos;
@@ -186,6 +189,7 @@ std::vector<std::string> tool_call_markers(ToolCallFormat f) {
     case ToolCallFormat::kQwen25: return {std::string(kQwenOpen), std::string(kQwenClose)};
     case ToolCallFormat::kLlama3: return {std::string(kPythonTag)};
     case ToolCallFormat::kMistral: return {std::string(kMistralTag)};
+    case ToolCallFormat::kJsonArray: return {};
   }
   return {};
 }

@@ -7,6 +7,8 @@
 ///   llama3: {"name": ..., "parameters": {...}} (or "arguments"), after <|python_tag|> or as the
 ///     whole reply, several separated by ';';
 ///   mistral: [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...].
+/// And one that no parser name selects: json_array, the reply of tool_choice "required" or a
+/// named function, [{"name": ..., "arguments": {...}}, ...] (forced by a grammar).
 /// A call counts only when it is complete JSON naming one of the request's functions with an
 /// object of arguments; anything else (malformed JSON, an unknown function, a call cut by
 /// max_tokens) stays in the text, verbatim. Nothing is dropped except white space between calls.
@@ -23,13 +25,14 @@
 
 namespace pagoda::server {
 
-enum class ToolCallFormat : uint8_t { kQwen25, kLlama3, kMistral };
+enum class ToolCallFormat : uint8_t { kQwen25, kLlama3, kMistral, kJsonArray };
 
 /// The format a --tool-call-parser name selects; nullopt for an unknown name.
 std::optional<ToolCallFormat> tool_call_format(std::string_view name);
 /// The names tool_call_format accepts (for help text and errors).
 const std::vector<std::string>& tool_call_format_names();
-/// The marker texts that open a call in `f` ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]").
+/// The marker texts that open a call in `f` ("<tool_call>", "<|python_tag|>", "[TOOL_CALLS]";
+/// none for kJsonArray).
 /// Where a tokenizer has one as a special token, which detokenizing skips, the server writes
 /// its text back into the reply so that the parser sees it.
 std::vector<std::string> tool_call_markers(ToolCallFormat f);

@@ -120,6 +120,15 @@ TEST(ToolParser, Mistral) {
   expect_reply(f, "a [TOOL", "a [TOOL", {});
 }
 
+TEST(ToolParser, JsonArray) {  // tool_choice required / a named function
+  const auto f = ToolCallFormat::kJsonArray;
+  expect_reply(f, R"( [{"name": "get_w", "arguments": {"city":"Oslo"}}, {"arguments": {}, "name": "f-2"}] )",
+               "", {call("get_w", R"({"city":"Oslo"})"), call("f-2", "{}")});
+  expect_reply(f, R"([{"name": "get_w", "arguments": {"city")", R"([{"name": "get_w", "arguments": {"city")", {});
+  expect_reply(f, R"([{"name": "zz", "arguments": {}}])", R"([{"name": "zz", "arguments": {}}])", {});
+  EXPECT_TRUE(tool_call_markers(f).empty());
+}
+
 /// A random reply of format `f` from pieces whose meaning is known: text (words, white space,
 /// marker prefixes, braces), calls in the format's syntax, malformed calls; returns the reply and
 /// sets the content and calls a parser must find.
