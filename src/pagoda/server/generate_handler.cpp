@@ -242,18 +242,30 @@ struct Job {
     if (request.tool_call.has_value()) return ToolCallFormat::kJsonArray;
     return request.tool_auto ? server->tool_format : std::nullopt;
   }
-  /// Calls parsed from a reply as OpenAI's tool_calls (with `index` when
-  /// streamed); a reply that ended normally then finishes with "tool_calls".
-  json tool_calls_json(Choice& c, const std::vector<ParsedToolCall>& calls, bool streamed) const {
+  /// Calls parsed from a reply as OpenAI's tool_calls; a reply that ended normally then
+  /// finishes with "tool_calls".
+  json tool_calls_json(Choice& c, const std::vector<ParsedToolCall>& calls) const {
     json out = json::array();
-    for (size_t k = 0; k < calls.size(); ++k) {
-      json e = {{"id", call_id(c, k)},
-                {"type", "function"},
-                {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
-      if (streamed) e["index"] = k;
+    for (size_t k = 0; k < calls.size(); ++k)
+      out.push_back({{"id", call_id(c, k)},
+                     {"type", "function"},
+                     {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}});
+    if (!calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
+    return out;
+  }
+  /// Streamed call pieces as OpenAI's delta.tool_calls: a call's first piece has its index, id,
+  /// type and name, later ones its index and more argument text.
+  json call_deltas_json(const Choice& c, const std::vector<ToolCallDelta>& pieces) const {
+    json out = json::array();
+    for (const ToolCallDelta& d : pieces) {
+      json e = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+      if (!d.name.empty()) {
+        e["id"] = call_id(c, d.index);
+        e["type"] = "function";
+        e["function"]["name"] = d.name;
+      }
       out.push_back(std::move(e));
     }
-    if (!calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
     return out;
   }
   bool all_finished() const {
@@ -297,14 +309,17 @@ bool stream_step(Job& job, httplib::DataSink& sink) {
       return true;
     }
     waited = true;
-    json calls = json::array();  // tool calls are sent whole, when complete
+    json calls = json::array();  // pieces of tool calls, as they are written
     if (c.splitter) {  // text until a call's marker, then the calls
-      text = c.splitter->push(text);
+      SplitPiece piece = c.splitter->push(text);
+      text = std::move(piece.content);
       if (c.finished) {
-        ParsedReply reply = c.splitter->finish();
-        text += reply.content;
-        calls = job.tool_calls_json(c, reply.calls, true);
+        ToolCallSplitter::End end = c.splitter->finish();
+        text += end.rest.content;
+        piece.calls.insert(piece.calls.end(), end.rest.calls.begin(), end.rest.calls.end());
+        if (!end.calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
       }
+      calls = job.call_deltas_json(c, piece.calls);
     }
     Choice* lp = c.logprobs && !c.lp.empty() ? &c : nullptr;
     if ((!text.empty() || lp) && !send_event(sink, dump(job.chunk(c.index, text, nullptr, lp))))
@@ -357,7 +372,7 @@ json response_json(Job& job) {
       choice["message"] = {{"role", "assistant"}, {"content", reply.content}};
       if (!reply.calls.empty()) {
         if (reply.content.empty()) choice["message"]["content"] = nullptr;
-        choice["message"]["tool_calls"] = job.tool_calls_json(c, reply.calls, false);
+        choice["message"]["tool_calls"] = job.tool_calls_json(c, reply.calls);
         choice["finish_reason"] = c.finish;
       }
     } else if (job.chat()) {
@@ -398,26 +413,17 @@ void check_disaggregated(const ApiRequest& r, int64_t choices) {
 /// 400 naming the field when llguidance is not loaded or cannot compile the schema.
 std::shared_ptr<engine::TokenConstraint> response_constraint(const ServerState& s,
                                                              const ApiRequest& r) {
-  if (r.tool_call.has_value()) {
+  if (r.tool_call.has_value() || r.tool_auto) {  // required / named: JSON; auto: a lazy grammar
     if (s.grammar == nullptr)
-      throw_invalid("tool_choice", "a required tool call needs llguidance (grammar-constrained "
-                                   "decoding), which this server could not load: " +
-                                       s.grammar_missing);
+      throw_invalid("tool_choice", "tool calls (required, a function, or \"auto\", the default "
+                                   "with tools) need llguidance (grammar-constrained decoding), "
+                                   "which this server could not load: " + s.grammar_missing);
     try {
-      return s.grammar->matcher(grammar::GrammarKind::kJsonSchema, tool_call_schema(r));
-    } catch (const Error& e) {
-      throw_invalid("tools", "a function's parameters are not a JSON schema llguidance can "
-                             "compile: " + e.message());
-    }
-  }
-  if (r.tool_auto) {
-    if (s.grammar == nullptr)
-      throw_invalid("tool_choice", "\"auto\" (the default with tools) needs llguidance "
-                                   "(grammar-constrained decoding), which this server could not "
-                                   "load: " + s.grammar_missing);
-    try {
-      return s.grammar->matcher(grammar::GrammarKind::kLark,
-                                auto_tool_grammar(*s.tool_format, r, s.tool_marker_ids));
+      return r.tool_auto ? s.grammar->matcher(grammar::GrammarKind::kLark,
+                                              auto_tool_grammar(*s.tool_format, r,
+                                                                s.tool_marker_ids))
+                         : s.grammar->matcher(grammar::GrammarKind::kJsonSchema,
+                                              tool_call_schema(r));
     } catch (const Error& e) {
       throw_invalid("tools", "a function's parameters are not a JSON schema llguidance can "
                              "compile: " + e.message());

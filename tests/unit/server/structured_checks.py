@@ -127,24 +127,42 @@ def test_structured_output(server, rng, client, check, api_error):
 
 
 def tool_call_of(r, stream):
-    """(tool_calls as [(id, name, arguments text)], finish_reason, content) of choice 0; a stream
-    is accumulated by the `openai` SDK's own accumulator (ChatCompletionStreamState), which
-    merges tool-call deltas by index as OpenAI streams them."""
+    """(tool_calls as [(id, name, arguments text)], finish_reason, content, pieces) of choice 0;
+    a stream is accumulated by the `openai` SDK's own accumulator (ChatCompletionStreamState),
+    which merges tool-call deltas by index as OpenAI streams them; `pieces`: the number of
+    tool-call deltas it had (0 when not streamed)."""
+    pieces = 0
     if stream:
         state = ChatCompletionStreamState()
         for ch in r:
+            pieces += sum(len(c.delta.tool_calls or []) for c in ch.choices)
             state.handle_chunk(ch)
         r = state.current_completion_snapshot
     m = r.choices[0].message
     calls = [(t.id, t.function.name, t.function.arguments) for t in (m.tool_calls or [])]
-    return calls, r.choices[0].finish_reason, m.content
+    return calls, r.choices[0].finish_reason, m.content, pieces
+
+
+def both_ways(check, create, params, what, one, only=None):
+    """`create(stream)` (the same seeded request) non-streamed and streamed: each gives valid
+    calls (check_calls), the accumulated stream equals the reply (ids aside), and the stream
+    sent arguments in fragments (more deltas than calls). Returns the number of calls."""
+    got = [tool_call_of(create(stream), stream) for stream in (False, True)]
+    for stream, g in zip((False, True), got):
+        n = check_calls(check, g, params, f"{what} stream={stream}", one, only)
+    same = [([(name, args) for _, name, args in calls], reason, content or "")
+            for calls, reason, content, _ in got]
+    check(same[0] == same[1], f"{what}: streamed equals non-streamed: {same}")
+    check(got[1][3] > len(got[1][0]), f"{what}: arguments streamed in fragments ({got[1][3]} "
+                                      f"deltas for {len(got[1][0])} calls)")
+    return n
 
 
 def check_calls(check, got, params, what, one, only=None):
     """`got` (tool_call_of) is one call (`one`) or more, each with an id, to a function of
     `params` (only `only` when given) with arguments valid for its schema (jsonschema), no content
     and finish_reason tool_calls. Returns the number of calls."""
-    calls, reason, content = got
+    calls, reason, content = got[:3]
     ok = len(calls) >= 1 and (len(calls) == 1 or not one) and reason == "tool_calls" and \
         not content and all(cid for cid, _, _ in calls)
     for _, name, args in calls if ok else []:
@@ -161,22 +179,21 @@ def check_calls(check, got, params, what, one, only=None):
 def test_tool_calls(c, rng, msgs, check, api_error):
     """tool_choice "required" / a named function: the reply is one or more tool calls (one with
     parallel_tool_calls false), to functions of the request (the named one), whose arguments
-    validate against their parameters (jsonschema)."""
+    validate against their parameters (jsonschema); streamed (arguments in fragments, the SDK's
+    accumulation) equal to non-streamed for the same seed."""
     tools = [{"type": "function", "function": {"name": f"fn_{i}", "description": "a function",
                                                "parameters": random_schema(rng)}}
              for i in range(3)]
     params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    for choice, stream, parallel in [("required", False, None), ("required", True, False),
-                                     ("fn_1", False, False), ("fn_2", True, True)]:
+    for choice, parallel in [("required", None), ("fn_1", False), ("fn_2", True)]:
         seed = rng.randrange(1 << 30)
         tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
         extra = {} if parallel is None else {"parallel_tool_calls": parallel}
-        r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools, tool_choice=tc,
-                                      max_tokens=3000, seed=seed, stream=stream,
-                                      logit_bias=NO_SPACE, **extra)
-        check_calls(check, tool_call_of(r, stream), params,
-                    f"tool_choice {choice} stream={stream} parallel={parallel} seed {seed}",
-                    parallel is False, None if choice == "required" else choice)
+        both_ways(check, lambda stream: c.chat.completions.create(
+            model="builtin", messages=msgs, tools=tools, tool_choice=tc, max_tokens=3000,
+            seed=seed, stream=stream, logit_bias=NO_SPACE, **extra), params,
+            f"tool_choice {choice} parallel={parallel} seed {seed}", parallel is False,
+            None if choice == "required" else choice)
     test_parallel_calls(c, rng, msgs, tools, params, check)
     for tc, field, extra in [("sometimes", "tool_choice", {}),
                              ({"type": "function", "function": {"name": "nope"}},
@@ -230,19 +247,18 @@ def test_auto_calls(c, rng, msgs, tools, check, api_error):
     """tool_choice auto on a server with --tool-call-parser llama3, where a reply that opens with
     '{' is calls: logit_bias on '{' (the byte tokenizer: token 123) makes the random model open
     with it, and from there the lazy grammar keeps it to calls of the request's functions
-    separated by ';', whose arguments validate (jsonschema), streamed and not; one with
+    separated by ';', whose arguments validate (jsonschema); streamed (arguments in fragments,
+    the SDK's accumulation) equal to non-streamed for the same seed; one with
     parallel_tool_calls false. response_format with auto is a 400 naming it."""
     params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     counts = []
-    for stream, parallel in [(False, None), (True, True), (True, False)]:
+    for parallel in (None, False):
         seed = rng.randrange(1 << 30)
         extra = {} if parallel is None else {"parallel_tool_calls": parallel}
-        r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools,
-                                      tool_choice="auto", logit_bias={"123": 100, **NO_SPACE},
-                                      max_tokens=3000, seed=seed, stream=stream, **extra)
-        counts.append(check_calls(check, tool_call_of(r, stream), params,
-                                  f"auto stream={stream} parallel={parallel} seed {seed}",
-                                  parallel is False))
+        counts.append(both_ways(check, lambda stream: c.chat.completions.create(
+            model="builtin", messages=msgs, tools=tools, tool_choice="auto",
+            logit_bias={"123": 100, **NO_SPACE}, max_tokens=3000, seed=seed, stream=stream,
+            **extra), params, f"auto parallel={parallel} seed {seed}", parallel is False))
     print(f"auto: calls per reply {counts}")
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     for extra in ({"tool_choice": "auto"}, {}):
