@@ -136,8 +136,9 @@ std::optional<ParsedToolCall> to_call(const json& obj, std::string_view raw,
   if (!is_tool(name, tools)) return std::nullopt;
   const char* key = obj.contains("arguments") ? "arguments" : "parameters";
   if (!obj.contains(key)) return ParsedToolCall{name, "{}"};
-  if (!obj[key].is_object()) return std::nullopt;
-  return ParsedToolCall{name, std::string(*scan_call(raw, 0).arguments(raw))};
+  const std::optional<std::string_view> args = scan_call(raw, 0).arguments(raw);
+  if (!obj[key].is_object() || !args) return std::nullopt;
+  return ParsedToolCall{name, std::string(*args)};
 }
 
 /// The offsets of the objects of the JSON array that opens at s[pos] ('['), in order, up to the
