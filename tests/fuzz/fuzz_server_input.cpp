@@ -77,13 +77,23 @@ void fuzz_template(std::string_view source) {
 void fuzz_tool_reply(std::string_view reply, uint8_t pick) {
   using namespace pagoda::server;
   static const std::vector<ToolSpec> tools = {{.name = "get_w"}, {.name = "f"}};
-  const auto f = static_cast<ToolCallFormat>(pick % 3);
+  const auto f = static_cast<ToolCallFormat>(pick % 4);
   const ParsedReply whole = parse_tool_calls(f, reply, tools);
   ToolCallSplitter s(f, tools);
-  std::string content = s.push(reply.substr(0, pick % (reply.size() + 1)));
-  content += s.push(reply.substr(pick % (reply.size() + 1)));
-  const ParsedReply end = s.finish();
-  check(content + end.content == whole.content && end.calls == whole.calls);
+  std::string content;
+  size_t streamed = 0;  // calls named by the deltas so far: each first delta names the next
+  auto take = [&](const SplitPiece& p) {
+    content += p.content;
+    for (const ToolCallDelta& d : p.calls) {
+      check(d.index <= streamed && d.name.empty() == (d.index < streamed));
+      if (d.index == streamed) ++streamed;
+    }
+  };
+  take(s.push(reply.substr(0, pick % (reply.size() + 1))));
+  take(s.push(reply.substr(pick % (reply.size() + 1))));
+  const ToolCallSplitter::End end = s.finish();
+  take(end.rest);
+  check(content == whole.content && end.calls == whole.calls);
   for (const ParsedToolCall& c : whole.calls)
     check(nlohmann::json::parse(c.arguments, nullptr, false).is_object());
 }

@@ -191,8 +191,8 @@ std::shared_ptr<engine::TokenConstraint> Grammar::matcher(GrammarKind kind,
   impl_->init_defaults(&init, impl_->llg_tok);
   init.log_stderr_level = 0;  // errors come back through llg_matcher_get_error
   const bool object = kind == GrammarKind::kJsonObject;
-  llg::Matcher* m = impl_->new_matcher(&init, object ? "json_object" : "json_schema",
-                                       object ? "{}" : schema.c_str());
+  const char* type = object ? "json_object" : kind == GrammarKind::kLark ? "lark" : "json_schema";
+  llg::Matcher* m = impl_->new_matcher(&init, type, object ? "{}" : schema.c_str());
   const char* e = impl_->matcher_error(m);
   if (e != nullptr) {
     std::string message = e;

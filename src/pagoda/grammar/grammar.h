@@ -20,8 +20,10 @@
 
 namespace pagoda::grammar {
 
-/// What a response_format asks for: any JSON object, or JSON matching a JSON schema.
-enum class GrammarKind : uint8_t { kJsonObject, kJsonSchema };
+/// What a request asks for: any JSON object, JSON matching a JSON schema, or text matching a
+/// grammar in llguidance's Lark-like syntax (its docs/syntax.md; lazy lexemes let free text run
+/// until a trigger string, e.g. a tool call's marker).
+enum class GrammarKind : uint8_t { kJsonObject, kJsonSchema, kLark };
 
 class Grammar {
  public:
@@ -41,8 +43,8 @@ class Grammar {
   Grammar& operator=(const Grammar&) = delete;
 
   /// A fresh matcher for one request: kJsonObject ignores `schema`; kJsonSchema enforces the
-  /// JSON schema `schema` (JSON text). Throws Error(kInvalidArgument) with llguidance's
-  /// message for a schema it cannot compile. The matcher must not outlive this Grammar.
+  /// JSON schema `schema` (JSON text); kLark the grammar `schema`. Throws
+  /// Error(kInvalidArgument) with llguidance's message for one it cannot compile. The matcher must not outlive this Grammar.
   std::shared_ptr<engine::TokenConstraint> matcher(GrammarKind kind, const std::string& schema) const;
   /// llguidance's version string.
   std::string version() const;

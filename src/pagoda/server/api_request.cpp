@@ -311,8 +311,18 @@ void parse_tools(const json& body, std::string_view body_text, ApiRequest& r) {
                                  .json = ordered["tools"][i].dump()});
     }
   }
+  if (present(body, "parallel_tool_calls")) {
+    if (!body["parallel_tool_calls"].is_boolean())
+      throw_invalid("parallel_tool_calls", "must be a boolean");
+    if (r.tools.empty()) throw_invalid("parallel_tool_calls", "needs tools");
+    r.parallel_tool_calls = body["parallel_tool_calls"].get<bool>();
+  }
+  const bool text = r.response_format.type == ResponseFormat::Type::kText;
   if (!present(body, "tool_choice")) {
     r.tool_auto = !r.tools.empty();  // OpenAI's default with tools
+    if (r.tool_auto && !text)
+      throw_invalid("response_format", "cannot be combined with tools and tool_choice \"auto\" "
+                                       "(the default with tools): give tool_choice \"none\"");
     return;
   }
   const json& c = body["tool_choice"];
@@ -322,6 +332,7 @@ void parse_tools(const json& body, std::string_view body_text, ApiRequest& r) {
     r.tool_call = "";
   } else if (c == "auto") {
     r.tool_auto = true;
+    if (!text) throw_invalid("response_format", "cannot be combined with tool_choice \"auto\"");
     return;
   } else if (c.is_object() && present(c, "type") && c["type"] == "function" &&
              present(c, "function") && c["function"].is_object() &&
@@ -337,8 +348,7 @@ void parse_tools(const json& body, std::string_view body_text, ApiRequest& r) {
     throw_invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": "
                                  "\"function\", \"function\": {\"name\": ...}}");
   }
-  if (r.response_format.type != ResponseFormat::Type::kText)
-    throw_invalid("response_format", "cannot be combined with a required tool call");
+  if (!text) throw_invalid("response_format", "cannot be combined with a required tool call");
 }
 
 bool known_field(std::string_view key, Endpoint endpoint) {
@@ -349,7 +359,7 @@ bool known_field(std::string_view key, Endpoint endpoint) {
   static constexpr std::string_view kCompletions[] = {"prompt", "echo", "best_of"};
   static constexpr std::string_view kChat[] = {"messages", "add_generation_prompt",
                                                "max_completion_tokens", "top_logprobs", "tools",
-                                               "tool_choice"};
+                                               "tool_choice", "parallel_tool_calls"};
   static constexpr std::string_view kTokenize[] = {"model", "prompt", "messages",
                                                    "add_generation_prompt", "add_special_tokens"};
   static constexpr std::string_view kDetokenize[] = {"model", "tokens"};

@@ -114,6 +114,9 @@ struct ApiRequest {
   std::vector<ToolSpec> tools;
   std::optional<std::string> tool_call;
   bool tool_auto = false;
+  /// parallel_tool_calls (with tools; default true): false allows at most one call per reply
+  /// (the grammar of "required", a named function and "auto" admits one).
+  bool parallel_tool_calls = true;
 };
 
 /// The most top alternatives `logprobs` / `top_logprobs` may ask for (vLLM's default).

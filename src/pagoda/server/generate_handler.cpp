@@ -236,25 +236,36 @@ struct Job {
   std::string call_id(const Choice& c, size_t k) const {
     return "call_" + id + "_" + std::to_string(c.index) + "_" + std::to_string(k);
   }
-  /// A required tool call's choice (chat), once finished: its tool_calls entry (nullopt when
-  /// the call was cut short: then its text is answered as content).
-  std::optional<json> tool_call(const Choice& c) const {
-    if (!request.tool_call.has_value() || !c.finished || std::string_view(c.finish) != "stop")
-      return std::nullopt;
-    return tool_call_entry(c.out, call_id(c, 0));
+  /// How a chat reply is read for tool calls: json_array for a required call, the server's
+  /// --tool-call-parser format for "auto", none for plain text.
+  std::optional<ToolCallFormat> tool_format() const {
+    if (request.tool_call.has_value()) return ToolCallFormat::kJsonArray;
+    return request.tool_auto ? server->tool_format : std::nullopt;
   }
-  /// Calls parsed from a tool_choice auto reply as OpenAI's tool_calls (with `index` when
-  /// streamed); a reply that ended normally then finishes with "tool_calls".
-  json tool_calls_json(Choice& c, const std::vector<ParsedToolCall>& calls, bool streamed) const {
+  /// Calls parsed from a reply as OpenAI's tool_calls; a reply that ended normally then
+  /// finishes with "tool_calls".
+  json tool_calls_json(Choice& c, const std::vector<ParsedToolCall>& calls) const {
     json out = json::array();
-    for (size_t k = 0; k < calls.size(); ++k) {
-      json e = {{"id", call_id(c, k)},
-                {"type", "function"},
-                {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
-      if (streamed) e["index"] = k;
+    for (size_t k = 0; k < calls.size(); ++k)
+      out.push_back({{"id", call_id(c, k)},
+                     {"type", "function"},
+                     {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}});
+    if (!calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
+    return out;
+  }
+  /// Streamed call pieces as OpenAI's delta.tool_calls: a call's first piece has its index, id,
+  /// type and name, later ones its index and more argument text.
+  json call_deltas_json(const Choice& c, const std::vector<ToolCallDelta>& pieces) const {
+    json out = json::array();
+    for (const ToolCallDelta& d : pieces) {
+      json e = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+      if (!d.name.empty()) {
+        e["id"] = call_id(c, d.index);
+        e["type"] = "function";
+        e["function"]["name"] = d.name;
+      }
       out.push_back(std::move(e));
     }
-    if (!calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
     return out;
   }
   bool all_finished() const {
@@ -298,26 +309,17 @@ bool stream_step(Job& job, httplib::DataSink& sink) {
       return true;
     }
     waited = true;
-    json calls = json::array();  // tool calls are sent whole, when complete
-    if (job.request.tool_call.has_value()) {
-      c.out += text;
-      text.clear();
+    json calls = json::array();  // pieces of tool calls, as they are written
+    if (c.splitter) {  // text until a call's marker, then the calls
+      SplitPiece piece = c.splitter->push(text);
+      text = std::move(piece.content);
       if (c.finished) {
-        if (std::optional<json> call = job.tool_call(c)) {
-          (*call)["index"] = 0;
-          calls.push_back(std::move(*call));
-          c.finish = "tool_calls";
-        } else {
-          text = c.out;
-        }
+        ToolCallSplitter::End end = c.splitter->finish();
+        text += end.rest.content;
+        piece.calls.insert(piece.calls.end(), end.rest.calls.begin(), end.rest.calls.end());
+        if (!end.calls.empty() && std::string_view(c.finish) == "stop") c.finish = "tool_calls";
       }
-    } else if (c.splitter) {  // tool_choice auto: text until a call's marker, then the calls
-      text = c.splitter->push(text);
-      if (c.finished) {
-        ParsedReply reply = c.splitter->finish();
-        text += reply.content;
-        calls = job.tool_calls_json(c, reply.calls, true);
-      }
+      calls = job.call_deltas_json(c, piece.calls);
     }
     Choice* lp = c.logprobs && !c.lp.empty() ? &c : nullptr;
     if ((!text.empty() || lp) && !send_event(sink, dump(job.chunk(c.index, text, nullptr, lp))))
@@ -365,17 +367,12 @@ json response_json(Job& job) {
   json choices = json::array();
   for (Choice& c : job.choices) {
     json choice = {{"index", c.index}, {"finish_reason", c.finish}};
-    if (std::optional<json> call = job.tool_call(c)) {
-      choice["message"] = {{"role", "assistant"},
-                           {"content", nullptr},
-                           {"tool_calls", json::array({*call})}};
-      choice["finish_reason"] = "tool_calls";
-    } else if (job.request.tool_auto) {
-      const ParsedReply reply = parse_tool_calls(*job.server->tool_format, c.out, job.request.tools);
+    if (const std::optional<ToolCallFormat> f = job.tool_format()) {
+      const ParsedReply reply = parse_tool_calls(*f, c.out, job.request.tools);
       choice["message"] = {{"role", "assistant"}, {"content", reply.content}};
       if (!reply.calls.empty()) {
         if (reply.content.empty()) choice["message"]["content"] = nullptr;
-        choice["message"]["tool_calls"] = job.tool_calls_json(c, reply.calls, false);
+        choice["message"]["tool_calls"] = job.tool_calls_json(c, reply.calls);
         choice["finish_reason"] = c.finish;
       }
     } else if (job.chat()) {
@@ -407,19 +404,26 @@ void check_disaggregated(const ApiRequest& r, int64_t choices) {
     throw_invalid("logit_bias", "not supported by a disaggregated server yet");
   if (r.response_format.type != ResponseFormat::Type::kText)
     throw_invalid("response_format", "not supported by a disaggregated server yet");
+  if (r.tool_call.has_value() || r.tool_auto)
+    throw_invalid("tool_choice", "grammar-constrained tool calls are not supported by a "
+                                 "disaggregated server yet (give \"none\")");
 }
 
-/// Structured output: a fresh constraint for one choice (null for plain text). 400 naming
-/// response_format when llguidance is not loaded or cannot compile the schema.
+/// Structured output and tool calls: a fresh constraint for one choice (null for plain text).
+/// 400 naming the field when llguidance is not loaded or cannot compile the schema.
 std::shared_ptr<engine::TokenConstraint> response_constraint(const ServerState& s,
                                                              const ApiRequest& r) {
-  if (r.tool_call.has_value()) {
+  if (r.tool_call.has_value() || r.tool_auto) {  // required / named: JSON; auto: a lazy grammar
     if (s.grammar == nullptr)
-      throw_invalid("tool_choice", "a required tool call needs llguidance (grammar-constrained "
-                                   "decoding), which this server could not load: " +
-                                       s.grammar_missing);
+      throw_invalid("tool_choice", "tool calls (required, a function, or \"auto\", the default "
+                                   "with tools) need llguidance (grammar-constrained decoding), "
+                                   "which this server could not load: " + s.grammar_missing);
     try {
-      return s.grammar->matcher(grammar::GrammarKind::kJsonSchema, tool_call_schema(r));
+      return r.tool_auto ? s.grammar->matcher(grammar::GrammarKind::kLark,
+                                              auto_tool_grammar(*s.tool_format, r,
+                                                                s.tool_marker_ids))
+                         : s.grammar->matcher(grammar::GrammarKind::kJsonSchema,
+                                              tool_call_schema(r));
     } catch (const Error& e) {
       throw_invalid("tools", "a function's parameters are not a JSON schema llguidance can "
                              "compile: " + e.message());
@@ -517,8 +521,8 @@ void submit_choices(ServerState& s, Job& job) {
       c.text = std::make_unique<TextState>(*s.tokenizer, prompts[p], r.stop,
                                            job.request.stop_token_ids,
                                            r.tool_auto ? s.tool_marker_ids : kNoMarkers);
-      if (r.tool_auto && r.stream)
-        c.splitter = std::make_unique<ToolCallSplitter>(*s.tool_format, job.request.tools);
+      if (r.stream && job.tool_format())
+        c.splitter = std::make_unique<ToolCallSplitter>(*job.tool_format(), job.request.tools);
       engine::GenerateRequest g;
       g.prompt = prompts[p];
       g.max_new_tokens = max_tokens;

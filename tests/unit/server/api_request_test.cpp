@@ -167,18 +167,27 @@ TEST(ApiRequest, ParsesToolsAndToolChoice) {
     r = parse_api_request(chat + tail, Endpoint::kChat);
     EXPECT_TRUE(r.tool_auto && !r.tool_call.has_value()) << tail;
   }
-  r = parse_api_request(chat + R"("tool_choice":"auto","response_format":{"type":"json_object"}})",
+  EXPECT_TRUE(r.parallel_tool_calls);  // OpenAI's default
+  r = parse_api_request(chat + R"("tool_choice":"required","parallel_tool_calls":false})",
                         Endpoint::kChat);
-  EXPECT_TRUE(r.tool_auto);
+  EXPECT_FALSE(r.parallel_tool_calls);
   const std::vector<std::pair<std::string, std::string>> bad = {
       {R"("tool_choice":"sometimes"})", "tool_choice"},
       {R"("tool_choice":{"type":"function","function":{"name":"zz"}}})", "tool_choice.function.name"},
       {R"("tool_choice":"required","response_format":{"type":"json_object"}})", "response_format"},
+      {R"("tool_choice":"auto","response_format":{"type":"json_object"}})", "response_format"},
+      {R"("response_format":{"type":"json_object"}})", "response_format"},  // auto by default
+      {R"("parallel_tool_calls":"yes"})", "parallel_tool_calls"},
   };
   for (const auto& [tail, field] : bad) {
     const ApiError e = expect_error(chat + tail, Endpoint::kChat);
     EXPECT_EQ(e.param, field) << tail;
   }
+  // Without tools (chat), and on completions (not a field there): named.
+  EXPECT_EQ(expect_error(R"({"messages":[{"role":"user","content":"x"}],"parallel_tool_calls":true})",
+                         Endpoint::kChat).param, "parallel_tool_calls");
+  EXPECT_EQ(expect_error(R"({"prompt":"x","parallel_tool_calls":true})", Endpoint::kCompletions).param,
+            "parallel_tool_calls");
   const std::string head = R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required",)";
   const std::vector<std::pair<std::string, std::string>> bad_tools = {
       {R"("tools":[{"type":"function","function":{"name":"a b"}}]})", "tools[0].function.name"},

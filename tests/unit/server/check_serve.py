@@ -28,10 +28,11 @@ Checks, against references that are not the server's own code path:
     0 in flight, 0 leaked pages / rows, and resident memory flat after warm-up;
   * SIGTERM drains: a running stream finishes with [DONE], new requests get 503, exit status 0;
   * tool_choice auto (--tool-call-parser llama3): a reply without a call equals tool_choice
-    none's text; one constrained to a call object is answered as tool_calls (structured_checks);
-    without the option, or with an unknown parser name, auto is refused naming it; a marker
-    that is a special token (llama3's <|python_tag|>, forced by logit_bias on a tiny checkpoint)
-    is in auto's text and not in none's.
+    none's text; one that opens with '{' (logit_bias) is held by the lazy grammar to calls with
+    schema-valid arguments (structured_checks); without the option, or with an unknown parser
+    name, auto is refused naming it; markers that are tokens (forced by logit_bias on a tiny
+    checkpoint) start a schema-valid call for each parser, and a special one is in auto's text
+    and not in none's.
 A missing `openai`, `prometheus_client`, `httpx` or `jinja2` package is a FAILURE, not a skip.
 Usage: check_serve.py --pagoda build/pagoda [--seed N] [--soak-requests N]
 """
@@ -252,14 +253,17 @@ def test_errors(server, pagoda):
 def test_auto_tools(server):
     """tool_choice auto (on the main server, started with --tool-call-parser llama3): a reply
     without a call is the same text as with tool_choice none (greedy, streamed and not; the tools
-    are in the prompt either way), with no tool_calls; multi-turn tool messages (an assistant
+    are in the prompt either way; the ids >= 0x80 but EOS are banned by logit_bias in both, as
+    auto's grammar admits only valid UTF-8 text, no BOS and no padding), with no tool_calls;
+    multi-turn tool messages (an assistant
     turn with tool_calls, a tool answer) are rendered by the template: the
     prompt's token count is jinja2's rendering of the built-in template (bytes + BOS)."""
     c = client(server)
     msgs = [{"role": "user", "content": "what is the weather?"}]
     tools = [{"type": "function", "function": {"name": "get_w", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}}}}]
-    kw = dict(model="builtin", messages=msgs, tools=tools, max_tokens=24, temperature=0)
+    kw = dict(model="builtin", messages=msgs, tools=tools, max_tokens=24, temperature=0,
+              logit_bias={str(b): -100 for b in range(128, 320) if b != 257})
     plain = c.chat.completions.create(tool_choice="none", **kw).choices[0]
     for stream in (False, True):
         for extra in ({"tool_choice": "auto"}, {}):  # no tool_choice with tools means auto
@@ -290,40 +294,60 @@ def test_auto_tools(server):
 
 
 def test_marker_tokens(pagoda, rng, tmp):
-    """A tool-call marker that is a special token (llama3's <|python_tag|>), which detokenizing
-    skips, is written back into the reply for the parser with tool_choice auto only: on a tiny
-    checkpoint whose byte-level tokenizer has it as a special token, logit_bias forces it; auto's
-    text holds it (not a call: no JSON follows), none's is empty (streamed and not)."""
+    """Tool-call markers that are tokens of the tokenizer, on a tiny random checkpoint whose
+    byte-level tokenizer has <|python_tag|> and [TOOL_CALLS] as special tokens (which
+    detokenizing skips) and <tool_call>, </tool_call> as plain added tokens; logit_bias forces
+    the marker. Per parser (llama3, mistral, qwen25): tool_choice auto's lazy grammar turns the
+    reply from the marker on into a call whose arguments validate (jsonschema; one call with
+    parallel_tool_calls false), streamed (arguments in fragments, accumulated by the openai SDK)
+    equal to non-streamed (same seed). llama3 also: the special marker's text is written
+    back into auto's reply for the parser (a call cut short by max_tokens is text that starts
+    with it) and not into none's (streamed and not)."""
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tokenizer"))
     from check_against_hf import write_tiny_checkpoint
+    from structured_checks import both_ways, random_schema
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     folder = pathlib.Path(tmp)
     vocab = {ch: i for i, ch in enumerate(pre_tokenizers.ByteLevel.alphabet())}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|python_tag|>"])
+    tok.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|python_tag|>",
+                            "[TOOL_CALLS]"])
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
     tok.save(str(folder / "tokenizer.json"))
-    tag = tok.token_to_id("<|python_tag|>")
     write_tiny_checkpoint(folder, 512, tok.token_to_id("<|begin_of_text|>"),
                           tok.token_to_id("<|end_of_text|>"), rng)
     (folder / "chat.jinja").write_text("{% for m in messages %}{{ m['role'] + ': ' + m['content'] "
                                        "+ '\n' }}{% endfor %}")
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    with Server(pagoda, "--model", str(folder), "--chat-template", str(folder / "chat.jinja"),
-                "--tool-call-parser", "llama3", "--served-model-name", "tiny") as s:
-        c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
-        for tc, want in (("auto", "<|python_tag|>" * 3), ("none", "")):
-            for stream in (False, True):
-                r = c.chat.completions.create(model="tiny", messages=[{"role": "user",
-                                                                       "content": "hi"}],
-                                              tools=tools, tool_choice=tc, max_tokens=3,
-                                              temperature=0, logit_bias={str(tag): 100},
-                                              stream=stream, extra_body={"ignore_eos": True})
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": random_schema(rng)}}
+             for i in range(2)]
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    msgs = [{"role": "user", "content": "hi"}]
+    for parser, marker in (("llama3", "<|python_tag|>"), ("mistral", "[TOOL_CALLS]"),
+                           ("qwen25", "<tool_call>")):
+        with Server(pagoda, "--model", str(folder), "--chat-template", str(folder / "chat.jinja"),
+                    "--tool-call-parser", parser, "--served-model-name", "tiny") as s:
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+            bias = {str(tok.token_to_id(marker)): 100,  # and against white space (NO_SPACE)
+                    **{str(tok.encode(ch).ids[0]): -100 for ch in " \t\n\r"}}
+            seed = rng.randrange(1 << 30)
+            both_ways(check, lambda stream: c.chat.completions.create(
+                model="tiny", messages=msgs, tools=tools, logit_bias=bias, max_tokens=3000,
+                seed=seed, parallel_tool_calls=False, stream=stream), params,
+                f"{parser} auto seed {seed}", True)
+            if parser != "llama3":
+                continue
+            for tc, stream in (("auto", False), ("auto", True), ("none", False), ("none", True)):
+                r = c.chat.completions.create(model="tiny", messages=msgs, tools=tools,
+                                              tool_choice=tc, max_tokens=3, temperature=0,
+                                              logit_bias=bias, stream=stream,
+                                              extra_body={"ignore_eos": True})
                 text = ("".join(ch.choices[0].delta.content or "" for ch in r if ch.choices)
                         if stream else r.choices[0].message.content)
-                check(text == want, f"{tc} stream={stream}: the special marker token's text "
-                                    f"{'is' if want else 'is not'} in the reply: {text!r}")
+                check(text.startswith(marker) if tc == "auto" else text == "",
+                      f"{tc} stream={stream}: the special marker token's text "
+                      f"{'is' if tc == 'auto' else 'is not'} in the reply: {text!r}")
 
 
 def test_queue_full(pagoda):

@@ -1,5 +1,6 @@
-"""Structured output (response_format) through `pagoda serve`, with the official `openai` client
-(check_serve.py runs it on its builtin-model server). The builtin model has random weights: its
+"""Structured output (response_format) and tool calls (tool_choice required / named / auto,
+parallel_tool_calls) through `pagoda serve`, with the official `openai` client (check_serve.py
+runs it on its builtin-model server). The builtin model has random weights: its
 text is valid JSON, and matches the schema, only because the grammar constrains every token; the
 `jsonschema` package (an independent validator) checks it."""
 import json
@@ -7,11 +8,17 @@ import string
 import time
 
 import openai
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 try:
     import jsonschema
 except ImportError:  # scripts/setup.sh installs it; without it the checks cannot run
     jsonschema = None
+
+
+# logit_bias against white space: the random model would fill the room JSON allows between
+# tokens with it; a grammar never needs it, so replies stay short.
+NO_SPACE = {str(b): -100 for b in b" \t\n\r"}
 
 
 def random_schema(rng, depth=0):
@@ -120,98 +127,144 @@ def test_structured_output(server, rng, client, check, api_error):
 
 
 def tool_call_of(r, stream):
-    """(tool_calls as [(id, name, arguments text)], finish_reason) of choice 0."""
-    if not stream:
-        m = r.choices[0].message
-        calls = [(t.id, t.function.name, t.function.arguments) for t in (m.tool_calls or [])]
-        return calls, r.choices[0].finish_reason, m.content
-    calls, reason, content = [], None, ""
-    for ch in r:
-        if not ch.choices:
-            continue
-        d = ch.choices[0].delta
-        content += d.content or ""
-        for t in d.tool_calls or []:
-            calls.append((t.id, t.function.name, t.function.arguments))
-        reason = ch.choices[0].finish_reason or reason
-    return calls, reason, content
+    """(tool_calls as [(id, name, arguments text)], finish_reason, content, pieces) of choice 0;
+    a stream is accumulated by the `openai` SDK's own accumulator (ChatCompletionStreamState),
+    which merges tool-call deltas by index as OpenAI streams them; `pieces`: the number of
+    tool-call deltas it had (0 when not streamed)."""
+    pieces = 0
+    if stream:
+        state = ChatCompletionStreamState()
+        for ch in r:
+            pieces += sum(len(c.delta.tool_calls or []) for c in ch.choices)
+            state.handle_chunk(ch)
+        r = state.current_completion_snapshot
+    m = r.choices[0].message
+    calls = [(t.id, t.function.name, t.function.arguments) for t in (m.tool_calls or [])]
+    return calls, r.choices[0].finish_reason, m.content, pieces
+
+
+def both_ways(check, create, params, what, one, only=None):
+    """`create(stream)` (the same seeded request) non-streamed and streamed: each gives valid
+    calls (check_calls), the accumulated stream equals the reply (ids aside), and the stream
+    sent arguments in fragments (more deltas than calls). Returns the number of calls."""
+    got = [tool_call_of(create(stream), stream) for stream in (False, True)]
+    for stream, g in zip((False, True), got):
+        n = check_calls(check, g, params, f"{what} stream={stream}", one, only)
+    same = [([(name, args) for _, name, args in calls], reason, content or "")
+            for calls, reason, content, _ in got]
+    check(same[0] == same[1], f"{what}: streamed equals non-streamed: {same}")
+    check(got[1][3] > len(got[1][0]), f"{what}: arguments streamed in fragments ({got[1][3]} "
+                                      f"deltas for {len(got[1][0])} calls)")
+    return n
+
+
+def check_calls(check, got, params, what, one, only=None):
+    """`got` (tool_call_of) is one call (`one`) or more, each with an id, to a function of
+    `params` (only `only` when given) with arguments valid for its schema (jsonschema), no content
+    and finish_reason tool_calls. Returns the number of calls."""
+    calls, reason, content = got[:3]
+    ok = len(calls) >= 1 and (len(calls) == 1 or not one) and reason == "tool_calls" and \
+        not content and all(cid for cid, _, _ in calls)
+    for _, name, args in calls if ok else []:
+        ok = ok and name in params and (only is None or name == only)
+        try:
+            jsonschema.validate(json.loads(args), params.get(name, {}))
+        except (ValueError, jsonschema.ValidationError) as e:
+            ok = False
+            what += f": {e}"
+    check(ok, f"{what} gives {'one' if one else 'some'} valid call(s): {calls} {reason} {content!r}")
+    return len(calls)
 
 
 def test_tool_calls(c, rng, msgs, check, api_error):
-    """tool_choice "required" / a named function: the reply is one tool call, to a function of
-    the request, whose arguments validate against its parameters (jsonschema)."""
+    """tool_choice "required" / a named function: the reply is one or more tool calls (one with
+    parallel_tool_calls false), to functions of the request (the named one), whose arguments
+    validate against their parameters (jsonschema); streamed (arguments in fragments, the SDK's
+    accumulation) equal to non-streamed for the same seed."""
     tools = [{"type": "function", "function": {"name": f"fn_{i}", "description": "a function",
                                                "parameters": random_schema(rng)}}
              for i in range(3)]
     params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    for i, (choice, stream) in enumerate([("required", False), ("required", True),
-                                          ("fn_1", False), ("fn_2", True)]):
+    for choice, parallel in [("required", None), ("fn_1", False), ("fn_2", True)]:
         seed = rng.randrange(1 << 30)
         tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
-        r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools, tool_choice=tc,
-                                      max_tokens=3000, seed=seed, stream=stream)
-        calls, reason, content = tool_call_of(r, stream)
-        what = f"tool_choice {choice} stream={stream} seed {seed}"
-        ok = len(calls) == 1 and reason == "tool_calls" and not content and calls[0][0]
-        if ok:
-            _, name, args = calls[0]
-            ok = name in params and (choice == "required" or name == choice)
-            try:
-                jsonschema.validate(json.loads(args), params.get(name, {}))
-            except (ValueError, jsonschema.ValidationError) as e:
-                ok = False
-                what += f": {e}"
-        check(ok, f"{what} gives one valid call: {calls} {reason} {content!r}")
-    for tc, field in [("sometimes", "tool_choice"),
-                      ({"type": "function", "function": {"name": "nope"}},
-                       "tool_choice.function.name")]:
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        both_ways(check, lambda stream: c.chat.completions.create(
+            model="builtin", messages=msgs, tools=tools, tool_choice=tc, max_tokens=3000,
+            seed=seed, stream=stream, logit_bias=NO_SPACE, **extra), params,
+            f"tool_choice {choice} parallel={parallel} seed {seed}", parallel is False,
+            None if choice == "required" else choice)
+    test_parallel_calls(c, rng, msgs, tools, params, check)
+    for tc, field, extra in [("sometimes", "tool_choice", {}),
+                             ({"type": "function", "function": {"name": "nope"}},
+                              "tool_choice.function.name", {}),
+                             ("required", "parallel_tool_calls", {"parallel_tool_calls": 1})]:
         try:
             c.chat.completions.create(model="builtin", messages=msgs, tools=tools,
-                                      tool_choice=tc, max_tokens=4)
-            check(False, f"tool_choice {tc} is refused")
+                                      tool_choice=tc, max_tokens=4, **extra)
+            check(False, f"tool_choice {tc} {extra} is refused")
         except openai.BadRequestError as e:
             check(api_error(e).get("param") == field, f"400 names {field}: {api_error(e)}")
+    try:
+        c.chat.completions.create(model="builtin", messages=msgs, max_tokens=4,
+                                  parallel_tool_calls=False)
+        check(False, "parallel_tool_calls without tools is refused")
+    except openai.BadRequestError as e:
+        check(api_error(e).get("param") == "parallel_tool_calls", f"400 names it: {api_error(e)}")
     r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools, tool_choice="none",
                                   max_tokens=4)
     check(not r.choices[0].message.tool_calls and r.choices[0].finish_reason in ("stop", "length"),
           f"tool_choice none answers text: {r.choices[0]}")
     t0 = time.time()
-    test_auto_calls(c, rng, msgs, tools, check)
+    test_auto_calls(c, rng, msgs, tools, check, api_error)
     print(f"tool_choice auto checks: {time.time() - t0:.1f} s")
 
 
-def test_auto_calls(c, rng, msgs, tools, check):
-    """tool_choice auto on a server with --tool-call-parser llama3, whose calls are a JSON object
-    {"name", "parameters"}: response_format constrains the random model's reply to such an object
-    (naming a function of `tools`, arguments from its schema), so the reply is a call that the
-    parser must find: one tool call, arguments valid (jsonschema), no content, finish_reason
-    tool_calls, streamed and not. The same object naming no function of `tools` stays text."""
-    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
-    for i, (name, stream) in enumerate([("fn_0", False), ("fn_1", True), ("absent", False),
-                                        ("absent", True)]):
+def test_parallel_calls(c, rng, msgs, tools, params, check):
+    """parallel_tool_calls on the same seeded tool_choice "required" request: true may give
+    several calls (logit_bias +2 on ',' makes it likely; up to 6 seeds until one does), false
+    exactly one, the first of true's (the same tokens until maxItems 1 closes the array)."""
+    calls = {}
+    for _ in range(6):
         seed = rng.randrange(1 << 30)
-        schema = {"type": "object", "properties": {"name": {"const": name},
-                                                   "parameters": params.get(name, params["fn_2"])},
-                  "required": ["name", "parameters"], "additionalProperties": False}
-        fmt = {"type": "json_schema", "json_schema": {"name": f"call{i}", "schema": schema}}
-        r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools,
-                                      tool_choice="auto", response_format=fmt, max_tokens=3000,
-                                      seed=seed, stream=stream)
-        calls, reason, content = tool_call_of(r, stream)
-        what = f"auto with a {name} call object, stream={stream} seed {seed}"
-        if name == "absent":
-            try:
-                ok = json.loads(content)["name"] == "absent" and not calls and reason == "stop"
-            except (ValueError, KeyError, TypeError):
-                ok = False
-            check(ok, f"{what} is text: {calls} {reason} {content!r}")
-            continue
-        ok = len(calls) == 1 and reason == "tool_calls" and not content and calls[0][0]
-        if ok:
-            ok = calls[0][1] == name
-            try:
-                jsonschema.validate(json.loads(calls[0][2]), params[name])
-            except (ValueError, jsonschema.ValidationError) as e:
-                ok = False
-                what += f": {e}"
-        check(ok, f"{what} gives that call: {calls} {reason} {content!r}")
+        for parallel in (True, False):
+            r = c.chat.completions.create(model="builtin", messages=msgs, tools=tools,
+                                          tool_choice="required", max_tokens=3000, seed=seed,
+                                          logit_bias={**NO_SPACE, "44": 2},
+                                          parallel_tool_calls=parallel)
+            got = tool_call_of(r, False)
+            check_calls(check, got, params, f"required parallel={parallel} seed {seed}",
+                        not parallel)
+            calls[parallel] = [(name, args) for _, name, args in got[0]]
+        check(calls[False] == calls[True][:1],
+              f"seed {seed}: parallel false's call is parallel true's first: {calls}")
+        if len(calls[True]) > 1:
+            break
+    check(len(calls[True]) > 1, f"parallel_tool_calls true gave several calls: {calls}")
+
+
+def test_auto_calls(c, rng, msgs, tools, check, api_error):
+    """tool_choice auto on a server with --tool-call-parser llama3, where a reply that opens with
+    '{' is calls: logit_bias on '{' (the byte tokenizer: token 123) makes the random model open
+    with it, and from there the lazy grammar keeps it to calls of the request's functions
+    separated by ';', whose arguments validate (jsonschema); streamed (arguments in fragments,
+    the SDK's accumulation) equal to non-streamed for the same seed; one with
+    parallel_tool_calls false. response_format with auto is a 400 naming it."""
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    counts = []
+    for parallel in (None, False):
+        seed = rng.randrange(1 << 30)
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        counts.append(both_ways(check, lambda stream: c.chat.completions.create(
+            model="builtin", messages=msgs, tools=tools, tool_choice="auto",
+            logit_bias={"123": 100, **NO_SPACE}, max_tokens=3000, seed=seed, stream=stream,
+            **extra), params, f"auto parallel={parallel} seed {seed}", parallel is False))
+    print(f"auto: calls per reply {counts}")
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    for extra in ({"tool_choice": "auto"}, {}):
+        try:
+            c.chat.completions.create(model="builtin", messages=msgs, tools=tools, max_tokens=4,
+                                      response_format=fmt, **extra)
+            check(False, f"response_format with auto {extra} is refused")
+        except openai.BadRequestError as e:
+            check(api_error(e).get("param") == "response_format", f"400 names it: {api_error(e)}")

@@ -26,26 +26,43 @@ ParsedReply parse(ToolCallFormat f, std::string_view text) {
   return parse_tool_calls(f, text, parser_tools());
 }
 
-/// The reply streamed through a ToolCallSplitter in `cuts`-sized pieces (cycled).
-ParsedReply split_in(ToolCallFormat f, std::string_view text, const std::vector<size_t>& cuts) {
+/// The reply streamed through a ToolCallSplitter in `cuts`-sized pieces (cycled): its content
+/// and the calls finish() reports, which the call pieces joined by index must equal when
+/// `pieces_whole` (a reply a grammar admits; not one cut inside a call or with a malformed call
+/// that looks like one while it is written).
+ParsedReply split_in(ToolCallFormat f, std::string_view text, const std::vector<size_t>& cuts,
+                     bool pieces_whole = true) {
   ToolCallSplitter s(f, parser_tools());
-  std::string content;
+  ParsedReply joined;
+  auto take = [&](const SplitPiece& p) {
+    joined.content += p.content;
+    for (const ToolCallDelta& d : p.calls) {
+      EXPECT_LE(d.index, joined.calls.size()) << text;
+      EXPECT_EQ(d.name.empty(), d.index < joined.calls.size()) << text;  // the first names it
+      if (d.index == joined.calls.size()) joined.calls.push_back({d.name, ""});
+      if (d.index < joined.calls.size()) joined.calls[d.index].arguments += d.arguments;
+    }
+  };
   size_t pos = 0;
   for (size_t i = 0; pos < text.size(); ++i) {
     const size_t n = std::min(text.size() - pos, cuts[i % cuts.size()]);
-    content += s.push(text.substr(pos, n));
+    take(s.push(text.substr(pos, n)));
     pos += n;
   }
-  ParsedReply end = s.finish();
-  end.content.insert(0, content);
-  return end;
+  const ToolCallSplitter::End end = s.finish();
+  take(end.rest);
+  if (pieces_whole) {
+    EXPECT_EQ(joined.calls, end.calls) << text;
+  }
+  return {joined.content, end.calls};
 }
 
 ParsedToolCall call(const std::string& name, const std::string& args) { return {name, args}; }
 
 void expect_reply(ToolCallFormat f, const std::string& text, const std::string& content,
-                  const std::vector<ParsedToolCall>& calls) {
-  for (const ParsedReply& r : {parse(f, text), split_in(f, text, {1}), split_in(f, text, {3, 7})}) {
+                  const std::vector<ParsedToolCall>& calls, bool pieces_whole = true) {
+  for (const ParsedReply& r : {parse(f, text), split_in(f, text, {1}, pieces_whole),
+                               split_in(f, text, {3, 7}, pieces_whole)}) {
     EXPECT_EQ(r.content, content) << text;
     EXPECT_EQ(r.calls, calls) << text;
   }
@@ -65,17 +82,17 @@ TEST(ToolParser, Qwen25) {
   const auto f = ToolCallFormat::kQwen25;
   expect_reply(f, "plain text, no call", "plain text, no call", {});
   expect_reply(f, "<tool_call>\n{\"name\": \"get_w\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
-               "", {call("get_w", R"({"city":"Oslo"})")});
+               "", {call("get_w", R"({"city": "Oslo"})")});
   expect_reply(f,
                "Let me look.\n<tool_call>\n{\"name\": \"get_w\", \"arguments\": {}}\n</tool_call>\n"
                "<tool_call>{\"arguments\": {\"a\": [1, \"}\"]}, \"name\": \"f-2\"}</tool_call>",
-               "Let me look.\n\n", {call("get_w", "{}"), call("f-2", R"({"a":[1,"}"]})")});
+               "Let me look.\n\n", {call("get_w", "{}"), call("f-2", R"({"a": [1, "}"]})")});
   // Malformed JSON, an unknown function, arguments that are not an object: text, verbatim.
   for (const std::string bad : {"<tool_call>{\"name\": \"get_w\", \"arguments\": {}</tool_call>",
                                 "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>",
                                 "<tool_call>{\"name\": \"get_w\", \"arguments\": 3}</tool_call>",
                                 "<tool_call>[1]</tool_call>"})
-    expect_reply(f, "a " + bad + " b", "a " + bad + " b", {});
+    expect_reply(f, "a " + bad + " b", "a " + bad + " b", {}, false);
   // One bad block among good ones stays text; the good one is a call.
   expect_reply(f, "<tool_call>{\"name\": \"x\"}</tool_call>\n<tool_call>{\"name\": \"f-2\"}</tool_call>",
                "<tool_call>{\"name\": \"x\"}</tool_call>\n", {call("f-2", "{}")});
@@ -87,9 +104,9 @@ TEST(ToolParser, Qwen25) {
 TEST(ToolParser, Llama3) {
   const auto f = ToolCallFormat::kLlama3;
   expect_reply(f, "{\"name\": \"get_w\", \"parameters\": {\"city\": \"Oslo\"}}", "",
-               {call("get_w", R"({"city":"Oslo"})")});
+               {call("get_w", R"({"city": "Oslo"})")});
   expect_reply(f, "<|python_tag|>{\"name\": \"f-2\", \"arguments\": {\"x\": 1}}", "",
-               {call("f-2", R"({"x":1})")});
+               {call("f-2", R"({"x": 1})")});
   expect_reply(f,
                "  \n{\"name\": \"get_w\", \"parameters\": {}}; {\"name\": \"f-2\", \"parameters\": {}}",
                "", {call("get_w", "{}"), call("f-2", "{}")});
@@ -108,16 +125,31 @@ TEST(ToolParser, Llama3) {
 TEST(ToolParser, Mistral) {
   const auto f = ToolCallFormat::kMistral;
   expect_reply(f, "[TOOL_CALLS] [{\"name\": \"get_w\", \"arguments\": {\"c\": \"]\"}}, {\"name\": \"f-2\", \"arguments\": {}}]",
-               "", {call("get_w", R"({"c":"]"})"), call("f-2", "{}")});
+               "", {call("get_w", R"({"c": "]"})"), call("f-2", "{}")});
   expect_reply(f, "ok [TOOL_CALLS][{\"name\": \"f-2\", \"arguments\": {}}] then",
                "ok  then", {call("f-2", "{}")});
   // One unknown function in the array: the whole block is text.
   const std::string bad = "[TOOL_CALLS] [{\"name\": \"f-2\", \"arguments\": {}}, {\"name\": \"q\"}]";
-  expect_reply(f, bad, bad, {});
+  expect_reply(f, bad, bad, {}, false);
   expect_reply(f, "[TOOL_CALLS] not json", "[TOOL_CALLS] not json", {});
   expect_reply(f, "[TOOL_CALLS] [{\"name\": \"f-2\"", "[TOOL_CALLS] [{\"name\": \"f-2\"", {});
   expect_reply(f, "[TOOL_CALLS] []", "[TOOL_CALLS] []", {});
   expect_reply(f, "a [TOOL", "a [TOOL", {});
+}
+
+TEST(ToolParser, JsonArray) {  // tool_choice required / a named function
+  const auto f = ToolCallFormat::kJsonArray;
+  expect_reply(f, R"( [{"name": "get_w", "arguments": {"city":"Oslo"}}, {"arguments": {}, "name": "f-2"}] )",
+               "", {call("get_w", R"({"city":"Oslo"})"), call("f-2", "{}")});
+  // Cut short inside a call: text, though its first piece was streamed.
+  expect_reply(f, R"([{"name": "get_w", "arguments": {"city")", R"([{"name": "get_w", "arguments": {"city")", {},
+               false);
+  ToolCallSplitter cut(f, parser_tools());
+  const SplitPiece piece = cut.push(R"([{"name": "get_w", "arguments": {"ci)");
+  EXPECT_EQ(piece.calls, (std::vector<ToolCallDelta>{{0, "get_w", R"({"ci)"}}));
+  EXPECT_EQ(cut.push(R"(ty": "Os)").calls, (std::vector<ToolCallDelta>{{0, "", R"(ty": "Os)"}}));
+  expect_reply(f, R"([{"name": "zz", "arguments": {}}])", R"([{"name": "zz", "arguments": {}}])", {});
+  EXPECT_TRUE(tool_call_markers(f).empty());
 }
 
 /// A random reply of format `f` from pieces whose meaning is known: text (words, white space,
@@ -133,13 +165,16 @@ std::string random_reply(ToolCallFormat f, std::mt19937& rng, std::string& conte
     for (int n = static_cast<int>(rng() % 4); n > 0; --n) t += pick(words);
     return t;
   };
-  auto good = [&](const char* args_key) {
+  auto good = [&](const char* args_key) {  // name and arguments in either order
     const std::string name = pick({"get_w", "f-2"});
     nlohmann::json args = nlohmann::json::object();
     for (int n = static_cast<int>(rng() % 3); n > 0; --n)
       args["k" + std::to_string(rng() % 9)] = pick({"v", "}{", "x]\"y", "日"});
-    calls.push_back({name, args.dump()});
-    return nlohmann::json{{"name", name}, {args_key, args}}.dump(rng() % 2 ? 1 : -1);
+    const std::string text = args.dump(rng() % 2 ? 1 : -1);
+    calls.push_back({name, text});
+    const std::string n = "\"name\": " + nlohmann::json(name).dump();
+    const std::string a = "\"" + std::string(args_key) + "\": " + text;
+    return "{" + (rng() % 2 ? n + ", " + a : a + ", " + n) + "}";
   };
   const std::string bad_call = pick({R"({"name": "nope", "arguments": {}})",
                                      R"({"name": "get_w", "arguments": [1]})", R"({"name": 5})"});
