@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_util.h"
+#include "test_seed.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kv/state_pool.h"
 #include "pagoda/model/config.h"
@@ -40,10 +41,8 @@ testing::TestModel& bamba_model() {
   return m;
 }
 
-uint64_t hybrid_prompt_seed() {
-  static const uint64_t seed = std::random_device{}();
-  return seed;
-}
+/// The prompts' seed, one per process (alone_outputs caches each prompt's output).
+uint64_t hybrid_prompt_seed() { return testing::process_seed(); }
 
 std::vector<std::vector<int32_t>> hybrid_prompts(uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -95,8 +94,8 @@ const std::vector<std::vector<int32_t>>& alone_outputs() {
 }
 
 TEST(EngineHybrid, ConcurrentRequestsEqualEachRunAlone) {
-  std::printf("prompt seed %llu\n", static_cast<unsigned long long>(hybrid_prompt_seed()));
-  const auto prompts = hybrid_prompts(hybrid_prompt_seed());
+  const testing::TestSeed seed(hybrid_prompt_seed());
+  const auto prompts = hybrid_prompts(seed);
   const auto& want = alone_outputs();
   for (const std::string& backend : testing::exactness_backends()) {
     for (int page : {1, 16}) {
@@ -123,7 +122,8 @@ TEST(EngineHybrid, ConcurrentRequestsEqualEachRunAlone) {
 }
 
 TEST(EngineHybrid, RetractionUnderKvPressureAndAbortKeepOutputsAndLeakNothing) {
-  const auto prompts = hybrid_prompts(hybrid_prompt_seed());
+  const testing::TestSeed seed(hybrid_prompt_seed());
+  const auto prompts = hybrid_prompts(seed);
   const auto& want = alone_outputs();
   for (const std::string& backend : testing::exactness_backends()) {
     SCOPED_TRACE(backend);

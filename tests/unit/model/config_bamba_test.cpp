@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config_test_util.h"
+#include "test_seed.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
 
@@ -117,8 +118,7 @@ TEST(ConfigBamba, RefusesWhatItDoesNotImplementNamingTheField) {
 }
 
 TEST(ConfigBamba, SeededMutationsGiveErrorsNeverCrashes) {
-  const uint64_t seed = std::random_device{}();
-  std::printf("bamba config mutation seed %llu\n", static_cast<unsigned long long>(seed));
+  const testing::TestSeed seed;
   const json values[] = {json(nullptr), json(0),   json(-3),    json(64),
                          json(int64_t{1} << 40),  json(1.5), json("x"),  json(true),
                          json::array({1, "y"}),   json::array({0, 1}),   json("auto")};
