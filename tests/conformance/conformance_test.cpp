@@ -7,7 +7,15 @@
 #include "pagoda/backends/reference/reference_backend.h"
 #include "pagoda/core/error.h"
 #ifdef PAGODA_HAVE_AMX_BACKEND
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
 #include <vector>
+
+#include "pagoda/core/float_convert.h"
+#include "test_seed.h"
 
 #include "pagoda/backends/amx/amx_backend.h"
 #endif
@@ -235,6 +243,104 @@ TEST(Conformance, AmxRefusesUndeclaredFeaturesByName) {
   // Every q, k, v element 1: softmax over equal scores, so every output element is exactly 1.
   attn->run(qv, kc, vc, ov, {}, attention::RunParams{});
   for (uint16_t b : o) EXPECT_EQ(b, 0x3f80);
+}
+
+// Long extends, which the grid (at most 16 new tokens a request) never gives: the amx extend
+// loop's query tiles (64 positions) and their causal key-block bound, against an fp64 softmax
+// written here, on random bf16 values over shuffled pages (page 16), GQA 8 / 2, causal over
+// prefixes and non-causal; the output starts NaN and the pages past each request are NaN too.
+TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> val(-1.f, 1.f);
+  const int hq = 8, hk = 2, d = 64, page = 16;
+  const std::vector<int32_t> prefix = {37, 0, 5}, ext = {200, 150, 64};
+  std::vector<int32_t> qo = {0}, kv = {0}, last, indices;
+  int32_t pages_total = 0;
+  for (size_t b = 0; b < prefix.size(); ++b) {
+    const int32_t len = prefix[b] + ext[b], n = (len + page - 1) / page;
+    qo.push_back(qo.back() + ext[b]);
+    kv.push_back(kv.back() + n);
+    last.push_back(len - (n - 1) * page);
+    pages_total += n;
+  }
+  const int32_t cache_pages = pages_total + 3;  // pages no request uses stay NaN
+  std::vector<int32_t> ids(static_cast<size_t>(cache_pages));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  indices.assign(ids.begin(), ids.begin() + pages_total);
+  const auto bits = [&](float x) { return f32_to_bf16_bits(x); };
+  const int64_t nnz = qo.back();
+  std::vector<uint16_t> q(static_cast<size_t>(nnz * hq * d)), k(static_cast<size_t>(cache_pages) * page * hk * d,
+                                                                  bits(std::nanf(""))),
+      v(k.size(), bits(std::nanf("")));
+  for (uint16_t& x : q) x = bits(val(rng));
+  for (size_t b = 0; b < prefix.size(); ++b)
+    for (int32_t j = 0; j < prefix[b] + ext[b]; ++j)
+      for (int h = 0; h < hk; ++h)
+        for (int e = 0; e < d; ++e) {
+          const size_t at = ((static_cast<size_t>(indices[kv[b] + j / page]) * page + j % page) * hk + h) * d + e;
+          k[at] = bits(val(rng));
+          v[at] = bits(val(rng));
+        }
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  for (bool causal : {true, false}) {
+    SCOPED_TRACE(causal ? "causal" : "non-causal");
+    auto attn = make_amx_batch_attention();
+    const attention::PagedPlanInput in{.qo_indptr = qo, .kv_indptr = kv, .kv_indices = indices,
+                                       .kv_last_page_len = last, .page_size = page};
+    const attention::AttentionShape shape{.num_qo_heads = hq, .num_kv_heads = hk, .head_dim_qk = d,
+                                          .head_dim_v = d, .q_dtype = DType::kBF16,
+                                          .kv_dtype = DType::kBF16, .out_dtype = DType::kF32};
+    attn->plan(in, shape);
+    std::vector<float> out(static_cast<size_t>(nnz * hq * d), std::nanf("")),
+        lse(static_cast<size_t>(nnz * hq), std::nanf(""));
+    attention::RunParams params;
+    params.sm_scale = scale;
+    params.mask = causal ? attention::MaskKind::kCausal : attention::MaskKind::kNonCausal;
+    attn->run(TensorView(q.data(), DType::kBF16, {nnz, hq, d}),
+              TensorView(k.data(), DType::kBF16, {cache_pages, page, hk, d}),
+              TensorView(v.data(), DType::kBF16, {cache_pages, page, hk, d}),
+              TensorView(out.data(), DType::kF32, {nnz, hq, d}),
+              TensorView(lse.data(), DType::kF32, {nnz, hq}), params);
+    double worst = 0, worst_lse = 0;
+    for (size_t b = 0; b < prefix.size(); ++b) {
+      const int32_t len = prefix[b] + ext[b];
+      for (int32_t i = 0; i < ext[b]; ++i)
+        for (int h = 0; h < hq; ++h) {
+          const int g = h / (hq / hk);
+          const int32_t visible = causal ? prefix[b] + i + 1 : len;
+          std::vector<double> sc(static_cast<size_t>(visible));
+          double mx = -1e300;
+          const size_t qat = (static_cast<size_t>(qo[b] + i) * hq + h) * d;
+          auto kv_at = [&](int32_t j) {
+            return ((static_cast<size_t>(indices[kv[b] + j / page]) * page + j % page) * hk + g) * d;
+          };
+          for (int32_t j = 0; j < visible; ++j) {
+            double dot = 0;
+            for (int e = 0; e < d; ++e)
+              dot += double{bf16_bits_to_f32(q[qat + e])} * bf16_bits_to_f32(k[kv_at(j) + e]);
+            sc[static_cast<size_t>(j)] = dot * scale;
+            mx = std::max(mx, sc[static_cast<size_t>(j)]);
+          }
+          double sum = 0;
+          std::vector<double> o(static_cast<size_t>(d), 0.0);
+          for (int32_t j = 0; j < visible; ++j) {
+            const double p = std::exp(sc[static_cast<size_t>(j)] - mx);
+            sum += p;
+            for (int e = 0; e < d; ++e) o[static_cast<size_t>(e)] += p * bf16_bits_to_f32(v[kv_at(j) + e]);
+          }
+          for (int e = 0; e < d; ++e)
+            worst = std::max(worst, std::abs(out[qat + static_cast<size_t>(e)] - o[static_cast<size_t>(e)] / sum));
+          const double want_lse = (mx + std::log(sum)) / std::log(2.0);
+          worst_lse = std::max(worst_lse, std::abs(lse[qat / d] - want_lse));
+        }
+    }
+    std::printf("amx long extends (%s): max |out err| %.2e, max |lse err| %.2e\n",
+                causal ? "causal" : "non-causal", worst, worst_lse);
+    EXPECT_LT(worst, 4e-3);  // P is rounded to bf16 for P·V (relative 2^-9 per weight)
+    EXPECT_LT(worst_lse, 1e-4);
+  }
 }
 #endif
 

@@ -4,10 +4,14 @@
 /// AVX512-BF16 or AVX-512 elsewhere: oneDNN's choice; docs/design/cpu_backend.md "amx backend").
 /// Decode-only steps run on the cpu backend's kernels (CpuBatchAttention) unchanged.
 ///
-/// Extend, per (request, KV head): the request's K/V pages are gathered (packed) into contiguous
-/// bf16 blocks of kAmxKeyBlock keys (zero-padded), the group's query heads are stacked into one
-/// [group × qo_len, Dqk] bf16 operand, and per key block S = Q·Kᵀ and P·V run as matmuls with an
-/// online softmax in f32 between them (P rounded to bf16 for P·V; the LSE from the unrounded p).
+/// Extend: per (request, KV head) the request's K/V pages are gathered (packed) into contiguous
+/// bf16 blocks of kAmxKeyBlock keys (zero-padded); then per work item — a tile of 64 query
+/// positions of one request and KV head, the group's query heads stacked into one
+/// [group × tile, Dqk] bf16 operand — S = Q·Kᵀ and P·V run as matmuls per key block with an
+/// online softmax in f32 between them (P rounded to bf16 for P·V; the LSE from the unrounded p),
+/// over the key blocks up to the tile's last visible key only (causal). Gathers and tiles run in
+/// OpenMP parallel loops, one oneDNN matmul object and scratch per thread (oneDNN itself runs
+/// single-threaded inside them: no nested parallelism).
 /// Where oneDNN has no bf16 matmul (AVX2 CPUs) the same bf16 operands are multiplied in f32:
 /// the products are exact either way, only the f32 accumulation order differs, so the backend
 /// runs and is conformance-tested on every CPU (slowly there).

@@ -1,8 +1,12 @@
 // AmxBatchAttention: the extend path of the amx backend over oneDNN matmuls (see amx_backend.h).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <numbers>
 #include <vector>
 
@@ -27,6 +31,7 @@ class AmxOperand {
     bytes_.assign(n * dtype_size(t), 0);
   }
   void* data() { return bytes_.data(); }
+  const void* data() const { return bytes_.data(); }
   /// Element i = the bf16 value with bits `b`.
   void set_bits(size_t i, uint16_t b) {
     if (t_ == DType::kBF16) {
@@ -47,6 +52,23 @@ uint16_t amx_bits_at(const TensorView& t, int64_t offset) {
   std::memcpy(&b, static_cast<const unsigned char*>(t.data()) + 2 * offset, 2);
   return b;
 }
+
+/// Query positions per work item of the extend loop: a tile of kAmxQueryTile positions of one
+/// request and KV head (rows = group × tile) reads the key blocks up to its last visible key only.
+constexpr int64_t kAmxQueryTile = 64;
+
+/// One thread's matmul object (oneDNN: one thread at a time per object) and scratch.
+struct AmxScratch {
+  std::unique_ptr<kernels::cpu::OnednnMatmul> mm;
+  AmxOperand qa, pa;
+  std::vector<float> s, pv, acc, m, l;
+};
+
+/// One (request, KV head)'s keys and values, gathered into contiguous zero-padded blocks.
+struct AmxHeadKv {
+  AmxOperand k, v;
+  int64_t kv_len = 0;
+};
 
 class AmxBatchAttention final : public attention::BatchAttention {
  public:
@@ -94,111 +116,159 @@ class AmxBatchAttention final : public attention::BatchAttention {
     for (int32_t p : kv_indices_)
       PAGODA_REQUIRE(p < pages, kOutOfRange, "amx: page id {} outside the cache of {} pages", p,
                      pages);
-    if (!mm_) mm_ = std::make_unique<kernels::cpu::OnednnMatmul>();
+    const auto threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
+    if (scratch_.size() < threads) scratch_.resize(threads);
+    for (AmxScratch& sc : scratch_)
+      if (!sc.mm) sc.mm = std::make_unique<kernels::cpu::OnednnMatmul>();
+    const DType t = scratch_[0].mm->operand_dtype();
     const bool causal = params.mask == attention::MaskKind::kCausal;
-    for (int b = 0; b + 1 < static_cast<int>(qo_indptr_.size()); ++b) {
-      const int32_t npages = kv_indptr_[b + 1] - kv_indptr_[b];
-      const int64_t kv_len =
-          npages == 0 ? 0 : int64_t{npages - 1} * page_size_ + kv_last_[static_cast<size_t>(b)];
-      for (int hk = 0; hk < shape_.num_kv_heads; ++hk)
-        run_head_group(b, hk, kv_len, causal, params.sm_scale, q, k_cache, v_cache, out, lse);
-    }
+    const int batch = static_cast<int>(qo_indptr_.size()) - 1;
+    const int hk_count = shape_.num_kv_heads;
+    // Work items: (request, KV head, query tile), the heaviest (latest, causal) tiles first.
+    items_.clear();
+    for (int b = 0; b < batch; ++b)
+      for (int64_t i0 = 0; i0 < qo_indptr_[b + 1] - qo_indptr_[b]; i0 += kAmxQueryTile)
+        for (int hk = 0; hk < hk_count; ++hk) items_.push_back({b, hk, i0});
+    std::reverse(items_.begin(), items_.end());
+    heads_.resize(static_cast<size_t>(batch) * hk_count);
+    // oneDNN and the loops below may throw; nothing leaves an OpenMP region but its first error.
+    std::exception_ptr error;
+    std::mutex error_mu;
+    auto guarded = [&](auto&& fn) {
+      try {
+        fn();
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+      }
+    };
+    const auto groups = static_cast<int64_t>(heads_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t g = 0; g < groups; ++g)
+      guarded([&] { gather_kv(static_cast<int>(g / hk_count), static_cast<int>(g % hk_count), t,
+                              k_cache, v_cache); });
+    if (error) std::rethrow_exception(error);
+    const auto n_items = static_cast<int64_t>(items_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t w = 0; w < n_items; ++w)
+      guarded([&] {
+        run_tile(items_[static_cast<size_t>(w)], causal, params.sm_scale, q, out, lse,
+                 scratch_[static_cast<size_t>(omp_get_thread_num())]);
+      });
+    if (error) std::rethrow_exception(error);
   }
 
  private:
-  /// One request's query heads of KV head `hk`: rows r = hl * qo + i (hl < group, i < qo).
-  void run_head_group(int b, int hk, int64_t kv_len, bool causal, float sm_scale,
-                      const TensorView& q, const TensorView& kc, const TensorView& vc,
-                      const TensorView& out, const TensorView& lse) {
-    const int64_t t0 = qo_indptr_[b], qo = qo_indptr_[b + 1] - t0;
-    if (qo == 0) return;
-    const int group = shape_.num_qo_heads / shape_.num_kv_heads;
-    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v, rows = group * qo;
-    const int64_t blk = kAmxKeyBlock;
-    const int64_t padded = (kv_len + blk - 1) / blk * blk;
-    const DType t = mm_->operand_dtype();
-    // Operands: the stacked queries and the gathered (packed) keys and values of this request.
-    qa_.reset(t, static_cast<size_t>(rows * dq));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t d = 0; d < dq; ++d)
-        qa_.set_bits(static_cast<size_t>(r * dq + d),
-                     amx_bits_at(q, (t0 + r % qo) * q.stride(0) +
-                                        (int64_t{hk} * group + r / qo) * q.stride(1) +
-                                        d * q.stride(2)));
-    ka_.reset(t, static_cast<size_t>(padded * dq));
-    va_.reset(t, static_cast<size_t>(padded * dv));
-    for (int64_t j = 0; j < kv_len; ++j) {
+  struct Item {
+    int b, hk;
+    int64_t i0;  ///< first query position of the tile (within the request)
+  };
+
+  /// Request b's keys and values of KV head hk into heads_[b · Hk + hk] (blocks of kAmxKeyBlock
+  /// keys, zero-padded).
+  void gather_kv(int b, int hk, DType t, const TensorView& kc, const TensorView& vc) {
+    AmxHeadKv& h = heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk];
+    const int32_t npages = kv_indptr_[b + 1] - kv_indptr_[b];
+    h.kv_len = npages == 0 ? 0 : int64_t{npages - 1} * page_size_ + kv_last_[static_cast<size_t>(b)];
+    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v, blk = kAmxKeyBlock;
+    const int64_t padded = (h.kv_len + blk - 1) / blk * blk;
+    h.k.reset(t, static_cast<size_t>(padded * dq));
+    h.v.reset(t, static_cast<size_t>(padded * dv));
+    for (int64_t j = 0; j < h.kv_len; ++j) {
       const int64_t page = kv_indices_[static_cast<size_t>(kv_indptr_[b] + j / page_size_)];
       const int64_t slot = j % page_size_;
       const int64_t kbase = page * kc.stride(0) + slot * kc.stride(1) + hk * kc.stride(2);
       const int64_t vbase = page * vc.stride(0) + slot * vc.stride(1) + hk * vc.stride(2);
       for (int64_t d = 0; d < dq; ++d)
-        ka_.set_bits(static_cast<size_t>(j * dq + d), amx_bits_at(kc, kbase + d * kc.stride(3)));
+        h.k.set_bits(static_cast<size_t>(j * dq + d), amx_bits_at(kc, kbase + d * kc.stride(3)));
       for (int64_t d = 0; d < dv; ++d)
-        va_.set_bits(static_cast<size_t>(j * dv + d), amx_bits_at(vc, vbase + d * vc.stride(3)));
+        h.v.set_bits(static_cast<size_t>(j * dv + d), amx_bits_at(vc, vbase + d * vc.stride(3)));
     }
+  }
+
+  /// One tile: the query positions [i0, i0 + tq) of request b, every query head of KV head hk,
+  /// rows r = hl · tq + (i − i0); the key blocks up to the tile's last visible key.
+  void run_tile(const Item& it, bool causal, float sm_scale, const TensorView& q,
+                const TensorView& out, const TensorView& lse, AmxScratch& sc) {
+    const int b = it.b, hk = it.hk;
+    const AmxHeadKv& h = heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk];
+    const int64_t t0 = qo_indptr_[b], qo = qo_indptr_[b + 1] - t0, kv_len = h.kv_len;
+    const int64_t tq = std::min(kAmxQueryTile, qo - it.i0);
+    const int group = shape_.num_qo_heads / shape_.num_kv_heads;
+    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v, rows = group * tq;
+    const int64_t blk = kAmxKeyBlock;
+    const DType t = sc.mm->operand_dtype();
+    sc.qa.reset(t, static_cast<size_t>(rows * dq));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t d = 0; d < dq; ++d)
+        sc.qa.set_bits(static_cast<size_t>(r * dq + d),
+                       amx_bits_at(q, (t0 + it.i0 + r % tq) * q.stride(0) +
+                                          (int64_t{hk} * group + r / tq) * q.stride(1) +
+                                          d * q.stride(2)));
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    m_.assign(static_cast<size_t>(rows), kNegInf);
-    l_.assign(static_cast<size_t>(rows), 0.f);
-    acc_.assign(static_cast<size_t>(rows * dv), 0.f);
-    s_.resize(static_cast<size_t>(rows * blk));
-    pv_.resize(static_cast<size_t>(rows * dv));
-    pa_.reset(t, static_cast<size_t>(rows * blk));
-    const unsigned char* kbytes = static_cast<const unsigned char*>(ka_.data());
-    const unsigned char* vbytes = static_cast<const unsigned char*>(va_.data());
+    sc.m.assign(static_cast<size_t>(rows), kNegInf);
+    sc.l.assign(static_cast<size_t>(rows), 0.f);
+    sc.acc.assign(static_cast<size_t>(rows * dv), 0.f);
+    sc.s.resize(static_cast<size_t>(rows * blk));
+    sc.pv.resize(static_cast<size_t>(rows * dv));
+    sc.pa.reset(t, static_cast<size_t>(rows * blk));
+    const auto* kbytes = static_cast<const unsigned char*>(h.k.data());
+    const auto* vbytes = static_cast<const unsigned char*>(h.v.data());
     const size_t es = dtype_size(t);
-    for (int64_t j0 = 0; j0 < kv_len; j0 += blk) {
-      mm_->run(qa_.data(), kbytes + static_cast<size_t>(j0 * dq) * es, s_.data(), rows, blk, dq,
-               /*b_rows_are_n=*/true);
+    // Keys past the tile's last row's last visible key are visible to none of its rows.
+    const int64_t end = causal ? std::clamp<int64_t>(kv_len - qo + it.i0 + tq, 0, kv_len) : kv_len;
+    for (int64_t j0 = 0; j0 < end; j0 += blk) {
+      sc.mm->run(sc.qa.data(), kbytes + static_cast<size_t>(j0 * dq) * es, sc.s.data(), rows, blk,
+                 dq, /*b_rows_are_n=*/true);
       bool any = false;
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = r % qo;
+        const int64_t i = it.i0 + r % tq;
         const int64_t last = causal ? kv_len - qo + i : kv_len - 1;  // last visible key
         const int64_t n_vis = std::clamp<int64_t>(last - j0 + 1, 0, blk);
-        float* s = s_.data() + r * blk;
-        float mx = m_[static_cast<size_t>(r)];
+        float* s = sc.s.data() + r * blk;
+        float mx = sc.m[static_cast<size_t>(r)];
         for (int64_t j = 0; j < n_vis; ++j) mx = std::max(mx, s[j] * sm_scale);
-        const float alpha = mx == kNegInf ? 1.f : std::exp(m_[static_cast<size_t>(r)] - mx);
+        const float alpha = mx == kNegInf ? 1.f : std::exp(sc.m[static_cast<size_t>(r)] - mx);
         float sum = 0.f;
         for (int64_t j = 0; j < blk; ++j) {
           const float p = j < n_vis ? std::exp(s[j] * sm_scale - mx) : 0.f;
           sum += p;
-          pa_.set_bits(static_cast<size_t>(r * blk + j), f32_to_bf16_bits(p));
+          sc.pa.set_bits(static_cast<size_t>(r * blk + j), f32_to_bf16_bits(p));
         }
         any |= n_vis > 0;
-        m_[static_cast<size_t>(r)] = mx;
-        l_[static_cast<size_t>(r)] = l_[static_cast<size_t>(r)] * alpha + sum;
-        float* a = acc_.data() + r * dv;
+        sc.m[static_cast<size_t>(r)] = mx;
+        sc.l[static_cast<size_t>(r)] = sc.l[static_cast<size_t>(r)] * alpha + sum;
+        float* a = sc.acc.data() + r * dv;
         for (int64_t d = 0; d < dv; ++d) a[d] *= alpha;
       }
       if (!any) continue;
-      mm_->run(pa_.data(), vbytes + static_cast<size_t>(j0 * dv) * es, pv_.data(), rows, dv, blk,
-               /*b_rows_are_n=*/false);
-      for (size_t x = 0; x < acc_.size(); ++x) acc_[x] += pv_[x];
+      sc.mm->run(sc.pa.data(), vbytes + static_cast<size_t>(j0 * dv) * es, sc.pv.data(), rows, dv,
+                 blk, /*b_rows_are_n=*/false);
+      for (size_t x = 0; x < sc.acc.size(); ++x) sc.acc[x] += sc.pv[x];
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t tok = t0 + r % qo, head = int64_t{hk} * group + r / qo;
-      const float l = l_[static_cast<size_t>(r)];
+      const int64_t tok = t0 + it.i0 + r % tq, head = int64_t{hk} * group + r / tq;
+      const float l = sc.l[static_cast<size_t>(r)];
       for (int64_t d = 0; d < dv; ++d)
         write_from_f32(out.data(), out.dtype(),
                        static_cast<size_t>(tok * out.stride(0) + head * out.stride(1) +
                                            d * out.stride(2)),
-                       l > 0.f ? acc_[static_cast<size_t>(r * dv + d)] / l : 0.f);
+                       l > 0.f ? sc.acc[static_cast<size_t>(r * dv + d)] / l : 0.f);
       if (!lse.empty())
         lse.data_as<float>()[tok * lse.stride(0) + head * lse.stride(1)] =
-            l > 0.f ? (m_[static_cast<size_t>(r)] + std::log(l)) * std::numbers::log2e_v<float>
+            l > 0.f ? (sc.m[static_cast<size_t>(r)] + std::log(l)) * std::numbers::log2e_v<float>
                     : kNegInf;
     }
   }
 
   std::unique_ptr<attention::BatchAttention> decode_;
-  std::unique_ptr<kernels::cpu::OnednnMatmul> mm_;  ///< made on the first extend run
   AttentionShape shape_{};
   int page_size_ = 1;
   bool planned_ = false, decode_only_ = false;
   std::vector<int32_t> qo_indptr_, kv_indptr_, kv_indices_, kv_last_;
-  AmxOperand qa_, ka_, va_, pa_;
-  std::vector<float> s_, pv_, acc_, m_, l_;
+  std::vector<Item> items_;
+  std::vector<AmxHeadKv> heads_;       ///< per (request, KV head), refilled each extend run
+  std::vector<AmxScratch> scratch_;    ///< per OpenMP thread (matmul objects made once)
 };
 
 }  // namespace
