@@ -167,7 +167,7 @@ BAMBA_LAYOUTS = {
         rope_theta=10000.0, max_position_embeddings=4096, rms_norm_eps=1e-5,
         tie_word_embeddings=False, hidden_act="silu", attention_dropout=0.0,
         initializer_range=0.02, use_cache=True, pad_token_id=0, bos_token_id=4000,
-        eos_token_id=4001),
+        eos_token_id=4001, time_step_limit=[0.0, float("inf")]),  # json writes it as Infinity
 }
 
 

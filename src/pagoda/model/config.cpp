@@ -1,8 +1,11 @@
 #include "pagoda/model/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <span>
+#include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -837,6 +840,33 @@ ModelConfig config_from_hf_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     throw_error(ErrorCode::kInvalidArgument, "config.json: {}", e.what());
   }
+}
+
+nlohmann::json parse_config_json(std::string_view text) {
+  static constexpr std::string_view kInf = "Infinity";
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false, escaped = false;
+  auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out += c;
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if (text.substr(i, kInf.size()) == kInf && (i == 0 || !word_char(text[i - 1])) &&
+        (i + kInf.size() == text.size() || !word_char(text[i + kInf.size()]))) {
+      out += "1.7976931348623157e308";  // DBL_MAX
+      i += kInf.size() - 1;
+      continue;
+    }
+    out += c;
+  }
+  return nlohmann::json::parse(out);
 }
 
 }  // namespace pagoda::model

@@ -254,4 +254,11 @@ ModelConfig builtin_tiny_config();
 /// use_sliding_window false).
 ModelConfig config_from_hf_json(const nlohmann::json& j);
 
+/// A config.json as Python's json module writes it: strict JSON plus its literals Infinity and
+/// -Infinity (transformers' BambaConfig saves time_step_limit = (0.0, inf) that way), which
+/// nlohmann rejects. Outside strings they are read as ±DBL_MAX, which every bound that takes
+/// infinity treats alike (a limit no finite value reaches); NaN stays a parse error. Throws what
+/// nlohmann::json::parse throws.
+nlohmann::json parse_config_json(std::string_view text);
+
 }  // namespace pagoda::model

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -244,7 +245,7 @@ std::unique_ptr<EagleHead> load_eagle_head(const fs::path& dir, const LlamaModel
   json j;
   try {
     std::ifstream in(cp);
-    j = json::parse(in);
+    j = parse_config_json(std::string(std::istreambuf_iterator<char>(in), {}));
   } catch (const json::exception& e) {
     throw_error(ErrorCode::kInvalidArgument, "{}: {}", cp.string(), e.what());
   }

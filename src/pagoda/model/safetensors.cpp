@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 
@@ -492,7 +493,7 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
   {
     std::ifstream in(config_path);
     try {
-      j = nlohmann::json::parse(in);
+      j = parse_config_json(std::string(std::istreambuf_iterator<char>(in), {}));
     } catch (const nlohmann::json::exception& e) {
       throw_error(ErrorCode::kInvalidArgument, "{}: {}", config_path.string(), e.what());
     }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <string>
 
@@ -24,7 +25,7 @@ using testing::edited;
 using testing::expect_error;
 
 // A Bamba-9B-shaped config as transformers 4.x's save_pretrained writes it (mamba_d_head
-// resolved, partial_rotary_factor 0.5, time_step_limit left out: JSON has no Infinity).
+// resolved, partial_rotary_factor 0.5, time_step_limit left out: strict JSON has no Infinity).
 constexpr const char* kBamba9b = R"({
   "architectures": ["BambaForCausalLM"], "model_type": "bamba", "attention_dropout": 0.0,
   "attn_layer_indices": [9, 18, 27], "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "silu",
@@ -115,6 +116,28 @@ TEST(ConfigBamba, RefusesWhatItDoesNotImplementNamingTheField) {
   refused("head_dim", "66", kUnsupported, "head_dim");
   refused("model_type", R"("jamba")", kUnsupported, "model_type");
   refused("mamba_conv_bias", "1", kInvalidArgument, "mamba_conv_bias");
+}
+
+// Python's json writes transformers' default time_step_limit (0.0, inf) as [0.0, Infinity], which
+// strict JSON lacks: parse_config_json reads it (outside strings only) as DBL_MAX, no limit a
+// finite step reaches; NaN stays a parse error.
+TEST(ConfigBamba, PythonInfinityInConfigJsonIsReadAsNoLimit) {
+  std::string text = kBamba9b;
+  text.insert(text.rfind('}'), R"(, "time_step_limit": [0.0, Infinity], "x_note": "Infinity")");
+  EXPECT_THROW({ [[maybe_unused]] const json strict = json::parse(text); }, json::exception);
+  const json j = parse_config_json(text);
+  EXPECT_EQ(j["x_note"], "Infinity");  // inside a string: untouched
+  EXPECT_EQ(j["time_step_limit"][1].get<double>(), std::numeric_limits<double>::max());
+  json known = j;
+  known.erase("x_note");
+  const ModelConfig c = config_from_hf_json(known);
+  EXPECT_EQ(c.mamba.dt_min, 0.0);
+  EXPECT_GE(c.mamba.dt_max, std::numeric_limits<double>::max());
+  EXPECT_EQ(parse_config_json(R"({"a": -Infinity, "b": [Infinity]})")["a"].get<double>(),
+            -std::numeric_limits<double>::max());
+  for (const char* bad : {R"({"a": NaN})", R"({"a": Infinityx})"})
+    EXPECT_THROW({ [[maybe_unused]] const json j2 = parse_config_json(bad); }, json::exception)
+        << bad;
 }
 
 TEST(ConfigBamba, SeededMutationsGiveErrorsNeverCrashes) {
