@@ -136,10 +136,15 @@ PoolSizes engine_pool_sizes(const model::LlamaModel& model, const EngineConfig& 
                        : kv_budget_from_fraction(platform.memory_info(), c.mem_fraction_static,
                                                  pending);
   if (model.config().has_linear_layers()) {  // the worker's state pool comes out of the budget
-    const kv::StateShape s = model::mamba2_shape(model.config()).state_shape();
-    b.budget_bytes -= int64_t{c.scheduler.max_running_requests} *
-                      model.config().num_linear_layers() *
-                      (s.conv_floats() + s.ssm_floats()) * static_cast<int64_t>(sizeof(float));
+    // (one slot per running request: LlamaWorker's StatePool of max_batch_size slots)
+    const int64_t states = int64_t{c.scheduler.max_running_requests} *
+                           model.config().num_linear_layers() *
+                           model::mamba2_shape(model.config()).state_shape().bytes();
+    PAGODA_REQUIRE(states < b.budget_bytes, kResourceExhausted,
+                   "the KV budget of {} bytes does not cover the hybrid state pool ({} bytes for "
+                   "{} running requests)",
+                   b.budget_bytes, states, c.scheduler.max_running_requests);
+    b.budget_bytes -= states;
   }
   return size_pools(b);
 }

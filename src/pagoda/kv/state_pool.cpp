@@ -30,7 +30,7 @@ StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape)
 }
 
 int64_t StatePool::bytes_per_slot() const {
-  return int64_t{num_layers_} * block_floats_ * static_cast<int64_t>(sizeof(float));
+  return int64_t{num_layers_} * shape_.bytes();
 }
 
 std::optional<int32_t> StatePool::try_alloc() {

@@ -50,6 +50,8 @@ struct StateShape {
 
   int64_t conv_floats() const { return int64_t{conv_width} * conv_dim; }
   int64_t ssm_floats() const { return int64_t{num_heads} * head_dim * state_size; }
+  /// Bytes of one slot's state in one layer (f32 conv then SSM state).
+  int64_t bytes() const { return (conv_floats() + ssm_floats()) * int64_t{sizeof(float)}; }
   bool operator==(const StateShape&) const = default;
 };
 
