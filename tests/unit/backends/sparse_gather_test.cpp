@@ -84,6 +84,13 @@ Trial make_trial(int i, std::mt19937& rng) {
 
 /// The indexer's rule, written here: the min(k, visible) positions of highest score, ties to
 /// the lower position, in score order, padded with -1.
+/// The backend under test: cpu (the gather path) or reference (the mask path).
+std::unique_ptr<attention::AttentionBackend> sparse_backend(bool cpu,
+                                                            const attention::BackendContext& ctx) {
+  if (cpu) return std::make_unique<CpuBackend>(ctx);
+  return std::make_unique<ReferenceBackend>(ctx);
+}
+
 std::vector<int32_t> select_topk(const std::vector<int>& score, int k) {
   std::vector<int32_t> order(score.size());
   std::iota(order.begin(), order.end(), 0);
@@ -255,12 +262,7 @@ TEST(SparseMla, GatherAndMaskPathsMatchFp64OverTheSelectedRowsOnRandomShapes) {
       }
       const attention::BackendContext ctx{.platform = platform.get(), .kv_pool = &pool,
                                           .req_to_token = &table};
-      std::unique_ptr<attention::AttentionBackend> backend;
-      if (cpu) {
-        backend = std::make_unique<CpuBackend>(ctx);
-      } else {
-        backend = std::make_unique<ReferenceBackend>(ctx);
-      }
+      const std::unique_ptr<attention::AttentionBackend> backend = sparse_backend(cpu, ctx);
       backend->init_forward_metadata(f);
       const attention::IndexerMetadata* meta = backend->get_indexer_metadata();
       ASSERT_NE(meta, nullptr);
@@ -322,12 +324,7 @@ TEST(SparseMla, BadSelectionsAreRefusedByName) {
     table.write(row, 0, slots);
     const attention::BackendContext ctx{.platform = platform.get(), .kv_pool = &pool,
                                         .req_to_token = &table};
-    std::unique_ptr<attention::AttentionBackend> backend;
-    if (cpu) {
-      backend = std::make_unique<CpuBackend>(ctx);
-    } else {
-      backend = std::make_unique<ReferenceBackend>(ctx);
-    }
+    const std::unique_ptr<attention::AttentionBackend> backend = sparse_backend(cpu, ctx);
     // Two rows of one request: positions 18 and 19 of 20 (they see 19 and 20 positions).
     attention::ForwardBatch f{.mode = attention::ForwardMode::kExtend, .batch_size = 1,
                               .req_pool_indices = {row.value()}, .seq_lens = {20},
