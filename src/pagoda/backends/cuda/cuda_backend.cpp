@@ -49,6 +49,7 @@ CudaBackend::~CudaBackend() {
 BackendCapabilities CudaBackend::static_capabilities() {
   BackendCapabilities c = full_feature_capabilities();
   c.cuda_graph = true;
+  c.dsa = false;  // no sparse-MLA kernel yet: set_sparse_topk refuses (AttentionBackend's default)
   c.device = "cuda";
   return c;
 }
