@@ -10,6 +10,8 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
                                     device's memory (the host's RAM on the CPU)
   kv_cache_memory_bytes             the KV pools' bytes
   swa_full_tokens_ratio             SWA pool tokens per full-pool token when sized from memory
+  max_mamba_cache_size              hybrid (Mamba2) models: state slots, running requests' and
+                                    the radix cache's snapshots together (0 = 2 x max running)
   max_num_seqs / max_running_requests    running requests (64)
   chunked_prefill_size              chunked prefill budget in tokens (0 = off)
   max_prefill_tokens                token budget of one prefill batch (8192)
@@ -39,6 +41,7 @@ _ARG_ALIASES = {
     "schedule_policy": "policy", "overlap": "overlap", "cpu_gemm": "cpu_gemm",
     "mem_fraction_static": "mem_fraction_static", "gpu_memory_utilization": "mem_fraction_static",
     "kv_cache_memory_bytes": "kv_cache_memory", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
+    "max_mamba_cache_size": "max_mamba_cache_size",
 }
 # Engine arguments that size the KV pool from memory instead of pool_tokens.
 _MEMORY_SIZING = ("mem_fraction_static", "gpu_memory_utilization", "kv_cache_memory_bytes")

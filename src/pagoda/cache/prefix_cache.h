@@ -120,6 +120,9 @@ struct CacheRequest {
   /// Slots of the reused prefix: tree slots, then (after chunked prefill) the request's own
   /// partial last page.
   std::vector<SlotIndex> prefix_slots;
+  /// Hybrid models: the request's slot in the kv::StatePool (-1: none). MambaRadixCache restores
+  /// a hit's state into it at admit and snapshots it when the request's KV goes into the tree.
+  int32_t state_slot = -1;
 };
 
 /// Hit and eviction counters (tokens), cumulative since construction.
@@ -136,6 +139,15 @@ struct CacheStats {
                                      static_cast<double>(queried_tokens);
   }
 };
+
+/// A cache that wraps a tree and cuts its matches (SwaRadixCache, MambaRadixCache): the tree's
+/// insert and evict counters with the wrapper's own match counters.
+inline CacheStats with_match_counts(CacheStats tree, const CacheStats& matches) {
+  tree.match_calls = matches.match_calls;
+  tree.queried_tokens = matches.queried_tokens;
+  tree.matched_tokens = matches.matched_tokens;
+  return tree;
+}
 
 enum class CacheEvent : uint8_t { kStored, kRemoved };
 /// Observer of tree changes (SGLang's KV events): the key segment and slots of a node stored or

@@ -700,6 +700,17 @@ int32_t RadixCache::lock_ref(NodeHandle handle) const { return require_live(hand
 
 int64_t RadixCache::node_length(NodeHandle handle) const { return require_live(handle)->len; }
 
+bool RadixCache::is_live(NodeHandle handle) const {
+  return handle.node != nullptr && handle.id != 0 && handle.node->id == handle.id;
+}
+
+NodeHandle RadixCache::parent(NodeHandle handle) const {
+  const PrefixNode* n = require_live(handle);
+  return n == root_ ? NodeHandle{} : NodeHandle{n->parent, n->parent->id};
+}
+
+NodeHandle RadixCache::root() const { return NodeHandle{root_, root_->id}; }
+
 int64_t RadixCache::node_depth(NodeHandle handle) const {
   int64_t depth = 0;
   for (const PrefixNode* n = require_live(handle); n != root_; n = n->parent) depth += n->len;

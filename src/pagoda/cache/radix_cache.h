@@ -91,6 +91,14 @@ class RadixCache final : public PrefixCache {
   /// The node's end position (tokens from the root to the end of its edge). Throws on a stale
   /// handle.
   int64_t node_depth(NodeHandle node) const;
+  /// Whether `handle` names a node still in the tree (false once it was evicted; the root is
+  /// always live). Never throws.
+  bool is_live(NodeHandle handle) const;
+  /// The parent of `node` (no node for the root). A split keeps a node's handle on the lower
+  /// part (the edge's end) and gives the upper part a new node. Throws on a stale handle.
+  NodeHandle parent(NodeHandle node) const;
+  /// The root (the node of an empty match).
+  NodeHandle root() const;
   /// Every evictable leaf in eviction order (policy key, then node id), computed by a walk of the
   /// tree, independently of the internal heap; evict() must take them in this order.
   /// O(nodes log nodes); for tests and tools.

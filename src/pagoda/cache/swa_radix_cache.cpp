@@ -178,10 +178,7 @@ int64_t SwaRadixCache::swa_tree_pages() const {
 }
 
 const CacheStats& SwaRadixCache::stats() const {
-  stats_ = tree_.stats();
-  stats_.match_calls = match_stats_.match_calls;
-  stats_.queried_tokens = match_stats_.queried_tokens;
-  stats_.matched_tokens = match_stats_.matched_tokens;
+  stats_ = with_match_counts(tree_.stats(), match_stats_);
   return stats_;
 }
 

@@ -83,6 +83,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--swa-full-tokens-ratio", a.swa_full_tokens_ratio,
                   "with the pools sized from memory: SWA pool tokens per full-pool token, (0, 1]")
       ->capture_default_str();
+  cmd->add_option("--max-mamba-cache-size", a.max_mamba_cache_size,
+                  "hybrid (Mamba2) models: state slots for the running requests and the radix "
+                  "cache's state snapshots together (0 = twice --max-running with the radix "
+                  "cache, as many without)")
+      ->capture_default_str();
   add_hicache_options(cmd, o.hicache);
 }
 

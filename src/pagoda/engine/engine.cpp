@@ -102,6 +102,12 @@ DType default_model_dtype(const platform::Platform& platform, const model::Model
 
 namespace {
 
+/// A hybrid model's state pool slots (EngineConfig::max_mamba_cache_size).
+int32_t state_pool_slots(const EngineConfig& c) {
+  if (c.max_mamba_cache_size > 0) return c.max_mamba_cache_size;
+  return c.scheduler.max_running_requests * (c.radix_cache ? 2 : 1);
+}
+
 /// The pools' sizes: pool_tokens as given (the SWA pool: swa_pool_tokens, or as many), or from
 /// a memory budget (kv_cache_memory, or mem_fraction_static of the platform's memory, less the
 /// weights a device worker has still to upload) split by pool_sizing.h.
@@ -136,14 +142,14 @@ PoolSizes engine_pool_sizes(const model::LlamaModel& model, const EngineConfig& 
                        : kv_budget_from_fraction(platform.memory_info(), c.mem_fraction_static,
                                                  pending);
   if (model.config().has_linear_layers()) {  // the worker's state pool comes out of the budget
-    // (one slot per running request: LlamaWorker's StatePool of max_batch_size slots)
-    const int64_t states = int64_t{c.scheduler.max_running_requests} *
+    // (the running requests' slots and the radix cache's snapshots)
+    const int64_t states = int64_t{state_pool_slots(c)} *
                            model.config().num_linear_layers() *
                            model::mamba2_shape(model.config()).state_shape().bytes();
     PAGODA_REQUIRE(states < b.budget_bytes, kResourceExhausted,
                    "the KV budget of {} bytes does not cover the hybrid state pool ({} bytes for "
-                   "{} running requests)",
-                   b.budget_bytes, states, c.scheduler.max_running_requests);
+                   "{} state slots)",
+                   b.budget_bytes, states, state_pool_slots(c));
     b.budget_bytes -= states;
   }
   return size_pools(b);
@@ -185,6 +191,8 @@ void EngineConfig::validate() const {
   PAGODA_REQUIRE(swa_full_tokens_ratio > 0 && swa_full_tokens_ratio <= 1, kInvalidArgument,
                  "swa_full_tokens_ratio must be in (0, 1] (got {})", swa_full_tokens_ratio);
   PAGODA_REQUIRE(max_context_len >= 0, kInvalidArgument, "max_context_len must be >= 0");
+  PAGODA_REQUIRE(max_mamba_cache_size >= 0, kInvalidArgument,
+                 "max_mamba_cache_size must be >= 0 (got {})", max_mamba_cache_size);
   scheduler.validate(page_size);
   spec.validate();
   hicache.validate();
@@ -322,6 +330,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                                .max_batch_size = config.scheduler.max_running_requests,
                                .verify_graph_tokens = config.spec.worker_graph_tokens(
                                    config.scheduler.max_running_requests),
+                               .state_slots = hybrid ? state_pool_slots(config) : 0,
                                .comm = nullptr,
                                .swa = memory_->swa_pages(),
                                .cpu_gemm = config.cpu_gemm};
@@ -350,9 +359,10 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
     cache = std::make_unique<cache::SwaRadixCache>(*memory_->swa_pages(), &table, swa_window);
   } else if (swa) {
     cache = std::make_unique<cache::ChunkCache>(*memory_->swa_refs(), &table);
-  } else if (config.radix_cache && !hybrid) {
-    // A hybrid model's prefix hit would need the Mamba2 state at the match point, which no
-    // radix node keeps yet: it reuses no prefix (ChunkCache).
+  } else if (config.radix_cache && hybrid) {
+    // A hybrid model's hit needs the Mamba2 state at the match point: nodes keep snapshots.
+    cache = std::make_unique<cache::MambaRadixCache>(allocator, table, *worker_->state_pool());
+  } else if (config.radix_cache) {
     cache = std::make_unique<cache::RadixCache>(allocator, table);
   } else {
     cache = std::make_unique<cache::ChunkCache>(allocator, table);
@@ -361,7 +371,7 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   if (hybrid) {
     kv::StatePool* states = worker_->state_pool();
     PAGODA_CHECK(states != nullptr, "the worker of a hybrid model has no state pool");
-    scheduler_->use_state_pool(*states);
+    scheduler_->use_state_pool(*states, dynamic_cast<cache::MambaRadixCache*>(cache.get()));
   }
   if (swa)
     scheduler_->use_swa(*memory_->swa_pages(),
@@ -577,7 +587,12 @@ StepOutput Engine::step() {
 std::vector<int32_t> Engine::leaked_states() const {
   const kv::StatePool* states = worker_->state_pool();
   if (states == nullptr) return {};
-  return states->leaked(scheduler_->request_state_slots());
+  std::vector<int32_t> holders = scheduler_->request_state_slots();
+  if (const cache::MambaRadixCache* snapshots = scheduler_->state_cache(); snapshots != nullptr) {
+    const std::vector<int32_t> held = snapshots->state_slots();
+    holders.insert(holders.end(), held.begin(), held.end());
+  }
+  return states->leaked(holders);
 }
 
 void Engine::check_integrity() {

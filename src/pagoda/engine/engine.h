@@ -79,8 +79,13 @@ struct EngineConfig {
   double swa_full_tokens_ratio = 0.8;
   /// Longest request (prompt + output); 0 = the model's max_position_embeddings.
   int32_t max_context_len = 0;
-  /// Share KV between requests through the radix tree (false: ChunkCache, no sharing).
+  /// Share KV between requests through the radix tree (false: ChunkCache, no sharing). A hybrid
+  /// model's tree also keeps state snapshots (cache::MambaRadixCache).
   bool radix_cache = true;
+  /// Hybrid models (Mamba2 layers): the state pool's slots, the running requests' and the radix
+  /// cache's snapshots together (SGLang's --max-mamba-cache-size); 0 = twice
+  /// scheduler.max_running_requests with the radix cache, as many without.
+  int32_t max_mamba_cache_size = 0;
   SchedulerConfig scheduler{};
   /// Attention backend names (empty = the platform's default) and the kernel variants'
   /// options (backend.kernels: backends/kernel_options.h).

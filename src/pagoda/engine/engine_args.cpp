@@ -50,6 +50,8 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
                  kInvalidArgument, "--swa-pool must be auto, on or off (got '{}')", a.swa_pool);
   PAGODA_REQUIRE(a.swa_pool_tokens >= 0, kInvalidArgument,
                  "--swa-pool-tokens must be >= 0 (got {})", a.swa_pool_tokens);
+  PAGODA_REQUIRE(a.max_mamba_cache_size >= 0, kInvalidArgument,
+                 "--max-mamba-cache-size must be >= 0 (got {})", a.max_mamba_cache_size);
   EngineConfig cfg;
   cfg.page_size = a.page_size;
   cfg.pool_tokens = a.pool_tokens;
@@ -62,6 +64,7 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
                  : a.swa_pool == "off" ? SwaPoolMode::kOff
                                        : SwaPoolMode::kAuto;
   cfg.swa_pool_tokens = a.swa_pool_tokens;
+  cfg.max_mamba_cache_size = a.max_mamba_cache_size;
   cfg.cuda_graph = a.cuda_graph;
   cfg.overlap = a.overlap;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");

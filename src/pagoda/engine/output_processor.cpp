@@ -83,7 +83,7 @@ void OutputProcessor::build_batch(const ScheduledStep& s, model::WorkerBatch& b)
     b.logit_rows.push_back(q.completes_fill ? 1 : 0);
     b.sampling.push_back(r.sampling);
     b.sample_step.push_back(r.num_output());
-    if (r.state_slot >= 0) b.state_slots.push_back(r.state_slot);
+    if (r.cache.state_slot >= 0) b.state_slots.push_back(r.cache.state_slot);
     // What check_finished ends the request on: its stop token, and the tokens left before
     // max_new_tokens or the context is reached.
     b.context.emplace_back(r.cache.tokens);

@@ -95,9 +95,6 @@ struct Req {
   /// SWA pool: the leading pages of the row whose window side the request released already
   /// (0 after a retraction).
   int64_t swa_released_pages = 0;
-  /// Hybrid models: the request's slot in the worker's state pool (its Mamba2 layers' state),
-  /// taken at admission with the row and freed with it; -1 when it holds none.
-  int32_t state_slot = -1;
   bool admitted_once = false;
   model::SamplingParams sampling;  ///< validated at add_request; sampled on the worker
   model::LogitProcessing logit_processing;  ///< validated at add_request

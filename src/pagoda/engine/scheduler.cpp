@@ -282,11 +282,17 @@ void Scheduler::schedule_prefill(ScheduledStep& step, int64_t reserved_tokens) {
 bool Scheduler::add_extend(Req* req, int64_t& budget, int64_t reserved_tokens,
                            ScheduledStep& step) {
   const bool is_new = req->state == RequestState::kWaiting;
+  // A hybrid model's request takes its (zero) state slot first: a prefix hit restores the
+  // state into it at admit (cache::MambaRadixCache).
+  if (is_new && state_ != nullptr && !alloc_state(req)) return false;
   if (is_new) cache_->admit(req->cache, cache::scheduler_prefix_limit(req->num_tokens()));
   const int64_t prefix_len =
       is_new ? static_cast<int64_t>(req->cache.prefix_slots.size()) : req->kv_len;
   auto undo = [&] {
-    if (is_new) cache_->unadmit(req->cache);
+    if (is_new) {
+      cache_->unadmit(req->cache);
+      free_state(req);
+    }
     return false;
   };
   const int64_t remaining = req->num_tokens() - prefix_len;
@@ -317,14 +323,8 @@ bool Scheduler::add_extend(Req* req, int64_t& budget, int64_t reserved_tokens,
   }
   if (!make_room(hard)) return undo();
   if (is_new) {
-    std::optional<int32_t> state;
-    if (state_ != nullptr && !(state = state_->try_alloc())) return undo();
     const auto row = table_->alloc();
-    if (!row) {
-      if (state) state_->free(*state);
-      return undo();
-    }
-    if (state) req->state_slot = *state;
+    if (!row) return undo();
     req->cache.req_slot = *row;
     table_->write(*row, 0, req->cache.prefix_slots);
   }
@@ -449,16 +449,26 @@ void Scheduler::release_no_insert(Req* req) {
   req->swa_released_pages = 0;
 }
 
+bool Scheduler::alloc_state(Req* req) {
+  std::optional<int32_t> slot = state_->try_alloc();
+  // Radix snapshots give way to running requests (the least recently used first).
+  if (!slot && state_cache_ != nullptr && state_cache_->evict_states(1) > 0)
+    slot = state_->try_alloc();
+  if (!slot) return false;
+  req->cache.state_slot = *slot;
+  return true;
+}
+
 void Scheduler::free_state(Req* req) {
-  if (req->state_slot < 0) return;
-  state_->free(req->state_slot);  // zeroed: a re-admission starts from a fresh state
-  req->state_slot = -1;
+  if (req->cache.state_slot < 0) return;
+  state_->free(req->cache.state_slot);  // zeroed: a re-admission starts from a fresh state
+  req->cache.state_slot = -1;
 }
 
 std::vector<int32_t> Scheduler::request_state_slots() const {
   std::vector<int32_t> slots;
   for_each_active([&](const Req* r) {
-    if (r->state_slot >= 0) slots.push_back(r->state_slot);
+    if (r->cache.state_slot >= 0) slots.push_back(r->cache.state_slot);
   });
   return slots;
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "pagoda/attention/forward_mode.h"
+#include "pagoda/cache/mamba_radix_cache.h"
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/engine/request.h"
@@ -108,11 +109,19 @@ class Scheduler {
   /// docs/design/state_pool.md): taken at admission with the request row (the admission waits
   /// when none is free) and freed with the row at finish, abort, cancel and retraction. A
   /// retracted request's state is dropped: it is re-admitted with a fresh slot and prefills its
-  /// tokens (prompt and output so far) again. The prefix cache must reuse nothing (ChunkCache):
-  /// a prefix hit would skip the tokens that build the state. Before any request.
-  void use_state_pool(kv::StatePool& pool) { state_ = &pool; }
-  /// The state slots active requests hold (StatePool::leaked's holders).
+  /// tokens (prompt and output so far) again. The slot is taken before the prefix match, so the
+  /// prefix cache is either one that reuses nothing (ChunkCache) or `snapshots`, the cache that
+  /// restores a hit's state into the slot (cache::MambaRadixCache; its snapshots give way, least
+  /// recently used first, when a request finds no free slot). Before any request.
+  void use_state_pool(kv::StatePool& pool, cache::MambaRadixCache* snapshots = nullptr) {
+    state_ = &pool;
+    state_cache_ = snapshots;
+  }
+  /// The state slots active requests hold (StatePool::leaked's holders, with state_cache()'s
+  /// state_slots()).
   std::vector<int32_t> request_state_slots() const;
+  /// The state-snapshot cache of use_state_pool, or nullptr.
+  const cache::MambaRadixCache* state_cache() const { return state_cache_; }
   /// SWA pages privately held by active requests (their private pages that kept the window
   /// side).
   int64_t request_private_swa_pages() const;
@@ -200,6 +209,8 @@ class Scheduler {
   void abort(Req* req, std::string message);
   /// Releases a request's KV without inserting it and frees its row.
   void release_no_insert(Req* req);
+  /// Gives req a free state slot (dropping a snapshot when none is free); false when none.
+  bool alloc_state(Req* req);
   /// Frees req's state slot (hybrid models), if it holds one.
   void free_state(Req* req);
   void sort_waiting();
@@ -227,6 +238,7 @@ class Scheduler {
   cache::PrefixCache* cache_;
   kv::SwaPages* swa_ = nullptr;            ///< the SWA pool (use_swa), else null
   kv::StatePool* state_ = nullptr;         ///< the state pool (use_state_pool), else null
+  cache::MambaRadixCache* state_cache_ = nullptr;  ///< its snapshot cache (use_state_pool)
   cache::SwaRadixCache* swa_cache_ = nullptr;
   int swa_window_ = 0;
   int32_t page_size_;

@@ -101,7 +101,9 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
   if (model.config().has_linear_layers())
     state_pool_ = std::make_unique<kv::StatePool>(model.config().num_linear_layers(),
-                                                  config.max_batch_size,
+                                                  config.state_slots > 0
+                                                      ? config.state_slots
+                                                      : config.max_batch_size,
                                                   mamba2_shape(model.config()).state_shape());
   stats_.kv_bytes = pool_->total_bytes();
   if (split) {

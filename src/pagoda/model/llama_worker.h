@@ -20,7 +20,7 @@
 /// writes, so capturing on live data is harmless. At most kMaxVerifyGraphs graphs; everything
 /// else runs eagerly.
 ///
-/// Hybrid models (Mamba2 layers): the worker also owns the state pool (max_batch_size slots);
+/// Hybrid models (Mamba2 layers): the worker also owns the state pool (state_slots slots);
 /// every batch names each sequence's slot (WorkerBatch::state_slots). No graphs are captured
 /// for them (the CPU path only).
 ///
@@ -63,6 +63,9 @@ struct WorkerConfig {
   /// of at most this many query tokens (bucket × n); 0 = none. Needs cuda_graph and graph
   /// support. Costs activations for this many tokens and logit rows.
   int32_t verify_graph_tokens = 0;
+  /// Hybrid models: the state pool's slots, one per running request plus the radix cache's
+  /// state snapshots (engine: EngineConfig::max_mamba_cache_size); 0 = max_batch_size.
+  int32_t state_slots = 0;
   /// Tensor parallelism: this rank's communicator (world size > 1; must outlive the worker).
   /// The worker then holds its rank's shard (Decoder) and a KV pool of Hkv/N heads. Every rank's
   /// worker must be given the same batches in the same order (TpLeaderWorker does that).
@@ -91,7 +94,7 @@ class LlamaWorker final : public ModelWorker {
 
   WorkerOutput run(const WorkerBatch& batch) override;
   kv::KvPool& kv_pool() override { return *pool_; }
-  /// A hybrid model's state pool: max_batch_size slots, one layer per Mamba2 layer.
+  /// A hybrid model's state pool: WorkerConfig::state_slots slots, one layer per Mamba2 layer.
   kv::StatePool* state_pool() override { return state_pool_.get(); }
   /// ModelOps::move_rows over every layer's K and V buffers when the ops have it (CUDA: two
   /// launches, no host sync), else KvPool::move_kv.

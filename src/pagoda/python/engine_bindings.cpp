@@ -159,6 +159,7 @@ void bind_engine(nb::module_& m) {
       .def_rw("kv_cache_memory", &EngineArgs::kv_cache_memory)
       .def_rw("mem_fraction_static", &EngineArgs::mem_fraction_static)
       .def_rw("swa_full_tokens_ratio", &EngineArgs::swa_full_tokens_ratio)
+      .def_rw("max_mamba_cache_size", &EngineArgs::max_mamba_cache_size)
       .def_rw("max_running", &EngineArgs::max_running)
       .def_rw("chunk_size", &EngineArgs::chunk_size)
       .def_rw("max_prefill_tokens", &EngineArgs::max_prefill_tokens)

@@ -50,6 +50,7 @@ TEST(EngineArgs, RandomValidArgsLandInTheConfig) {
     a.radix_cache = rng() % 2;
     a.mixed_batches = rng() % 2;
     a.max_context_len = static_cast<int32_t>(rng() % 8192);
+    a.max_mamba_cache_size = static_cast<int32_t>(rng() % 300);
     if (rng() % 2) a.backend.attention = "reference";
     auto platform = make_platform(a);
     const EngineConfig c = make_engine_config(a, *platform);
@@ -67,6 +68,7 @@ TEST(EngineArgs, RandomValidArgsLandInTheConfig) {
     EXPECT_EQ(c.radix_cache, a.radix_cache);
     EXPECT_EQ(c.scheduler.mixed_batches, a.mixed_batches);
     EXPECT_EQ(c.max_context_len, a.max_context_len);
+    EXPECT_EQ(c.max_mamba_cache_size, a.max_mamba_cache_size);
     // No backend named: the platform's default; else the one named.
     EXPECT_EQ(c.backend.attention, a.backend.attention.empty() ? default_backend_name(*platform)
                                                                : a.backend.attention);
@@ -90,6 +92,7 @@ TEST(EngineArgs, EveryBadValueNamesItsFlag) {
       {"--dtype", [](EngineArgs& a) { a.dtype = "i32"; }},
       {"--kv-dtype", [](EngineArgs& a) { a.kv_dtype = "int4"; }},
       {"--max-context-len", [](EngineArgs& a) { a.max_context_len = -1; }},
+      {"--max-mamba-cache-size", [](EngineArgs& a) { a.max_mamba_cache_size = -2; }},
       {"--cpu-gemm", [](EngineArgs& a) { a.cpu_gemm = "mkl"; }},
       {"--pool-tokens", [](EngineArgs& a) { a.kv_cache_memory = int64_t{1} << 30; }},
       {"--mem-fraction-static", [](EngineArgs& a) {

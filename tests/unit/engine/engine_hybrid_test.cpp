@@ -9,9 +9,10 @@
 // prefill; then with a KV pool so small that decoding retracts requests (their state is dropped
 // and rebuilt by prefilling prompt + output again) and one request is aborted mid-decode. Every
 // run: identical tokens, 0 leaked pages, rows and states (check_integrity after every step,
-// which audits the state pool), every state slot free at the end. The radix cache reuses no
-// prefix for this model (ChunkCache), and what cannot follow the Mamba2 state is refused
-// naming the hybrid state pool.
+// which audits the state pool and the snapshots), every state slot free once the prefix cache
+// is drained. Multi-turn follow-ups hit the radix cache's state snapshots
+// (cache::MambaRadixCache): their outputs equal a cold run of the same prompts without a prefix
+// cache. What cannot follow the Mamba2 state is refused naming the hybrid state pool.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -66,15 +67,18 @@ EngineConfig hybrid_config(const std::string& backend, int page) {
                       .check_integrity = true};
 }
 
-/// The engine's audits after a run: nothing leaked, every state slot free again.
+/// The engine's audits after a run: nothing leaked; once the prefix cache is drained (its
+/// snapshots' slots with it), every state slot free again.
 void expect_clean(Engine& engine) {
   EXPECT_EQ(engine.memory().leaked_pages(), 0);
   EXPECT_EQ(engine.memory().leaked_rows(), 0);
   EXPECT_TRUE(engine.leaked_states().empty());
   const kv::StatePool* states = engine.worker().state_pool();
   ASSERT_NE(states, nullptr);
+  engine.memory().drain_prefix_cache();
   EXPECT_EQ(states->num_held(), 0);
   states->check_integrity();
+  EXPECT_TRUE(engine.leaked_states().empty());
 }
 
 /// Each prompt alone on the reference backend at page 1.
@@ -148,6 +152,69 @@ TEST(EngineHybrid, RetractionUnderKvPressureAndAbortKeepOutputsAndLeakNothing) {
     }
     EXPECT_GT(engine.stats().scheduler.retractions, 0) << "the pool did not force a retraction";
     expect_clean(engine);
+  }
+}
+
+TEST(EngineHybrid, MultiTurnFollowUpsRestoreStateSnapshotsAndEqualAColdRun) {
+  const testing::TestSeed seed(hybrid_prompt_seed());
+  const auto prompts = hybrid_prompts(seed);
+  std::mt19937_64 rng(seed ^ 0x7u);
+  for (const std::string& backend : testing::exactness_backends()) {
+    for (int page : {1, 16}) {
+      for (int chunk : {0, 16}) {
+        SCOPED_TRACE(::testing::Message() << backend << " page " << page << " chunk " << chunk);
+        EngineConfig cfg = hybrid_config(backend, page);
+        cfg.scheduler.chunk_size = chunk;
+        Engine warm(bamba_model().model, cfg);
+        // Turn 1: three conversations.
+        std::vector<std::vector<int32_t>> firsts{prompts[0], prompts[2], prompts[4]};
+        std::vector<RequestId> ids;
+        for (const auto& p : firsts)
+          ids.push_back(warm.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
+        warm.run_until_idle();
+        // Turn 2: each conversation so far plus new tokens; the first one twice (two branches
+        // restore the same snapshot, side by side).
+        std::vector<std::vector<int32_t>> follow;
+        std::vector<int64_t> turn1_kv;  // the KV each conversation's turn 1 ended with
+        for (size_t c = 0; c < firsts.size(); ++c) {
+          std::vector<int32_t> t = firsts[c];
+          const auto& out = warm.output(ids[c]).output_ids;
+          t.insert(t.end(), out.begin(), out.end());
+          turn1_kv.push_back(static_cast<int64_t>(t.size()) - 1);
+          for (int b = 0; b < (c == 0 ? 2 : 1); ++b) {
+            std::vector<int32_t> branch = t;
+            for (int i = 0; i < 5; ++i) branch.push_back(static_cast<int32_t>(3 + rng() % 297));
+            follow.push_back(branch);
+          }
+        }
+        const int64_t cached_before = warm.stats().scheduler.cached_tokens;
+        std::vector<RequestId> ids2;
+        for (const auto& p : follow)
+          ids2.push_back(warm.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
+        warm.run_until_idle();
+        const int64_t cached = warm.stats().scheduler.cached_tokens - cached_before;
+        EngineConfig cold_cfg = cfg;
+        cold_cfg.radix_cache = false;
+        Engine cold(bamba_model().model, cold_cfg);
+        std::vector<RequestId> cold_ids;
+        for (const auto& p : follow)
+          cold_ids.push_back(cold.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
+        cold.run_until_idle();
+        for (size_t i = 0; i < follow.size(); ++i)
+          EXPECT_EQ(warm.output(ids2[i]).output_ids, cold.output(cold_ids[i]).output_ids)
+              << "follow-up " << i;
+        EXPECT_EQ(cold.stats().scheduler.cached_tokens, 0);
+        if (page == 1) {
+          // Every turn 1 ended with a snapshot of its whole KV: each follow-up restores it.
+          const int64_t want = 2 * turn1_kv[0] + turn1_kv[1] + turn1_kv[2];
+          EXPECT_EQ(cached, want) << "not every follow-up restored its conversation's state";
+        } else if (chunk > 0) {
+          EXPECT_GT(cached, 0) << "no chunk-end snapshot was reused";
+        }
+        expect_clean(warm);
+        expect_clean(cold);
+      }
+    }
   }
 }
 
