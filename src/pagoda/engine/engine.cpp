@@ -391,7 +391,16 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                            return live + (overlap_ != nullptr ? overlap_->held_rows() : 0);
                          },
                          .request_private_swa_pages =
-                             [this] { return scheduler_->request_private_swa_pages(); }});
+                             [this] { return scheduler_->request_private_swa_pages(); },
+                         .states = worker_->state_pool(),
+                         .state_holders = [this] {
+                           std::vector<int32_t> holders = scheduler_->request_state_slots();
+                           if (const cache::MambaRadixCache* snaps = scheduler_->state_cache()) {
+                             const std::vector<int32_t> held = snaps->state_slots();
+                             holders.insert(holders.end(), held.begin(), held.end());
+                           }
+                           return holders;
+                         }});
   if (config.spec.mode != SpecMode::kNone) {
     // With tensor parallelism the target runs sharded through the factory's worker; a draft
     // model or EAGLE head runs whole on this process's platform.
@@ -580,27 +589,8 @@ StepOutput Engine::step() {
     }
   }
   outputs_->count(out);
-  if (config_.check_integrity) check_integrity();
+  if (config_.check_integrity) memory_->check_integrity();
   return out;
-}
-
-std::vector<int32_t> Engine::leaked_states() const {
-  const kv::StatePool* states = worker_->state_pool();
-  if (states == nullptr) return {};
-  std::vector<int32_t> holders = scheduler_->request_state_slots();
-  if (const cache::MambaRadixCache* snapshots = scheduler_->state_cache(); snapshots != nullptr) {
-    const std::vector<int32_t> held = snapshots->state_slots();
-    holders.insert(holders.end(), held.begin(), held.end());
-  }
-  return states->leaked(holders);
-}
-
-void Engine::check_integrity() {
-  memory_->check_integrity();
-  if (const kv::StatePool* states = worker_->state_pool(); states != nullptr) {
-    states->check_integrity();
-    PAGODA_CHECK(leaked_states().empty(), "a state slot is held by no active request");
-  }
 }
 
 bool Engine::abort(RequestId id) {
@@ -611,7 +601,7 @@ bool Engine::abort(RequestId id) {
   scheduler_->cancel(&r, FinishReason::kAbort);
   r.out.finish_s = outputs_->now();
   ++stats_.aborted_by_user;
-  if (config_.check_integrity) check_integrity();
+  if (config_.check_integrity) memory_->check_integrity();
   return true;
 }
 

@@ -290,15 +290,9 @@ class Engine {
 
   EngineStats stats() const;
   /// The host-side memory bookkeeping (allocator, request table, prefix cache) and its audits:
-  /// leaked_pages(), leaked_rows(), idle_pages_accounted(), check_integrity(), drain_prefix_cache()
-  /// ... (memory.h).
+  /// leaked_pages(), leaked_rows(), leaked_states(), idle_pages_accounted(), check_integrity(),
+  /// drain_prefix_cache() ... (memory.h).
   EngineMemory& memory() { return *memory_; }
-  /// Hybrid models: the state slots held but owned by no active request (StatePool::leaked);
-  /// empty otherwise. "0 leaked states" is a test invariant.
-  std::vector<int32_t> leaked_states() const;
-  /// memory().check_integrity(), plus the state pool's integrity and leaked_states() empty
-  /// (PAGODA_CHECK: aborts on a broken invariant).
-  void check_integrity();
 
   int32_t max_context_len() const { return max_context_len_; }
   /// The worker that computes the steps (a SpecWorker around the target's when speculating);

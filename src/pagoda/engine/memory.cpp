@@ -89,6 +89,11 @@ int64_t EngineMemory::leaked_rows() const {
   return (table_->max_reqs() - table_->num_free_rows()) - owners_.live_rows();
 }
 
+std::vector<int32_t> EngineMemory::leaked_states() const {
+  if (owners_.states == nullptr) return {};
+  return owners_.states->leaked(owners_.state_holders());
+}
+
 void EngineMemory::check_integrity() const {
   allocator_->check_integrity();
   table_->check_integrity();
@@ -102,6 +107,10 @@ void EngineMemory::check_integrity() const {
   PAGODA_CHECK_EQ(leaked_host_pages(), 0);
   PAGODA_CHECK_EQ(leaked_rows(), 0);
   PAGODA_CHECK(idle_pages_accounted());
+  if (owners_.states != nullptr) {
+    owners_.states->check_integrity();
+    PAGODA_CHECK(leaked_states().empty(), "a state slot is held by no active request or snapshot");
+  }
 }
 
 }  // namespace pagoda::engine

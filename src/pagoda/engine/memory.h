@@ -1,7 +1,8 @@
 #pragma once
 /// EngineMemory: the engine's host-side memory bookkeeping — the PageAllocator, the
-/// ReqToTokenTable and the prefix cache (RadixCache, ChunkCache or HiCache with its host tier) —
-/// and the audits that nothing leaks between them and the live requests (docs/design/engine.md
+/// ReqToTokenTable and the prefix cache (RadixCache, ChunkCache, MambaRadixCache or HiCache with
+/// its host tier) — and the audits that nothing leaks between them, the live requests and a
+/// hybrid model's state pool (docs/design/engine.md
 /// §4). The Engine builds it (Engine::memory()); tests, `pagoda bench` and the server read it.
 ///
 /// Thread rules: the engine's thread, between steps.
@@ -9,10 +10,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "pagoda/cache/prefix_cache.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/kv/state_pool.h"
 #include "pagoda/kv/swa_pages.h"
 #include "pagoda/tier/hicache.h"
 
@@ -33,6 +36,10 @@ class EngineMemory {
     std::function<int64_t()> live_rows;
     /// SWA pool only: the SWA pages requests hold privately (Scheduler::request_private_swa_pages).
     std::function<int64_t()> request_private_swa_pages;
+    /// Hybrid models only: the worker's state pool and the slots its known holders own (the
+    /// active requests' and the prefix cache's snapshots, one entry per reference).
+    const kv::StatePool* states = nullptr;
+    std::function<std::vector<int32_t>()> state_holders;
   };
 
   /// An allocator of `num_pages` pages of `page_size` tokens and a table of `max_reqs` rows of
@@ -79,6 +86,9 @@ class EngineMemory {
   bool idle_pages_accounted() const;
   /// Request rows in use by no live request (0 unless there is a bug).
   int64_t leaked_rows() const;
+  /// Hybrid models: the state slots held more often than their known holders account for
+  /// (StatePool::leaked; empty without a state pool or unless there is a bug).
+  std::vector<int32_t> leaked_states() const;
   /// When idle: evicts the whole prefix cache (every page back to the allocator) and returns the
   /// tokens evicted. Throws Error(kFailedPrecondition) while requests are waiting or running.
   int64_t drain_prefix_cache();
@@ -94,7 +104,8 @@ class EngineMemory {
   int64_t total_pages() const { return allocator_->num_pages(); }
   /// Pages whose refcount is not 0 (O(pages)).
   int64_t referenced_pages() const;
-  /// Aborts (PAGODA_CHECK) when allocator, table or cache invariants are broken.
+  /// Aborts (PAGODA_CHECK) when allocator, table, cache or state-pool invariants are broken or
+  /// anything leaked.
   void check_integrity() const;
 
  private:

@@ -72,13 +72,13 @@ EngineConfig hybrid_config(const std::string& backend, int page) {
 void expect_clean(Engine& engine) {
   EXPECT_EQ(engine.memory().leaked_pages(), 0);
   EXPECT_EQ(engine.memory().leaked_rows(), 0);
-  EXPECT_TRUE(engine.leaked_states().empty());
+  EXPECT_TRUE(engine.memory().leaked_states().empty());
   const kv::StatePool* states = engine.worker().state_pool();
   ASSERT_NE(states, nullptr);
   engine.memory().drain_prefix_cache();
   EXPECT_EQ(states->num_held(), 0);
   states->check_integrity();
-  EXPECT_TRUE(engine.leaked_states().empty());
+  EXPECT_TRUE(engine.memory().leaked_states().empty());
 }
 
 /// Each prompt alone on the reference backend at page 1.
