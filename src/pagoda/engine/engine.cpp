@@ -105,7 +105,10 @@ namespace {
 /// A hybrid model's state pool slots (EngineConfig::max_mamba_cache_size).
 int32_t state_pool_slots(const EngineConfig& c) {
   if (c.max_mamba_cache_size > 0) return c.max_mamba_cache_size;
-  return c.scheduler.max_running_requests * (c.radix_cache ? 2 : 1);
+  const int32_t running = c.scheduler.max_running_requests;
+  // One per running request, as many radix snapshots, and a speculative round's draft nodes.
+  return running * (c.radix_cache ? 2 : 1) +
+         (c.spec.mode == SpecMode::kNone ? 0 : running * c.spec.num_draft_tokens);
 }
 
 /// The pools' sizes: pool_tokens as given (the SWA pool: swa_pool_tokens, or as many), or from
@@ -272,9 +275,10 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                    "{} (Mamba2 layers on the hybrid state pool) runs on the CPU path only (cpu "
                    "and reference backends): there are no CUDA Mamba2 kernels yet",
                    arch);
-    PAGODA_REQUIRE(config.spec.mode == SpecMode::kNone, kUnsupported,
-                   "{} (hybrid state pool) does not support speculative decoding (speculative "
-                   "mode '{}'): rejected draft tokens would need a rollback of the Mamba2 state",
+    PAGODA_REQUIRE(config.spec.mode == SpecMode::kNone || config.spec.mode == SpecMode::kNgram,
+                   kUnsupported,
+                   "{} (hybrid state pool) speculates with n-gram drafts only (speculative mode "
+                   "'{}'): a draft model or EAGLE head would need Mamba2 states of its own",
                    arch, spec_mode_name(config.spec.mode));
     PAGODA_REQUIRE(!config.hicache.enabled(), kUnsupported,
                    "{} (hybrid state pool) does not support the hierarchical cache (hicache): "

@@ -82,9 +82,10 @@ struct EngineConfig {
   /// Share KV between requests through the radix tree (false: ChunkCache, no sharing). A hybrid
   /// model's tree also keeps state snapshots (cache::MambaRadixCache).
   bool radix_cache = true;
-  /// Hybrid models (Mamba2 layers): the state pool's slots, the running requests' and the radix
-  /// cache's snapshots together (SGLang's --max-mamba-cache-size); 0 = twice
-  /// scheduler.max_running_requests with the radix cache, as many without.
+  /// Hybrid models (Mamba2 layers): the state pool's slots, the running requests', the radix
+  /// cache's snapshots and a speculative round's draft nodes together (SGLang's
+  /// --max-mamba-cache-size); 0 = max_running_requests, as many again with the radix cache, and
+  /// max_running_requests × spec.num_draft_tokens more when speculating.
   int32_t max_mamba_cache_size = 0;
   SchedulerConfig scheduler{};
   /// Attention backend names (empty = the platform's default) and the kernel variants'

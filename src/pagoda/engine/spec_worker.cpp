@@ -10,6 +10,7 @@
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
 #include "pagoda/engine/spec_batch.h"
+#include "pagoda/kv/state_pool.h"
 #include "pagoda/model/host_sampling.h"
 #include "pagoda/spec/spec_kv.h"
 #include "pagoda/spec/tree_builder.h"
@@ -17,6 +18,35 @@
 namespace pagoda::engine {
 
 using attention::ForwardMode;
+
+namespace {
+
+/// A hybrid target's state slots for one round's draft nodes (Mamba2Seq::node_slots), given back
+/// when the round ends whatever happens (a freed slot is zeroed).
+class NodeStates {
+ public:
+  explicit NodeStates(kv::StatePool* pool) : pool_(pool) {}
+  ~NodeStates() {
+    for (int32_t slot : slots_) pool_->free(slot);
+  }
+  NodeStates(const NodeStates&) = delete;
+  NodeStates& operator=(const NodeStates&) = delete;
+  /// Takes n free slots (none without a pool); false when the pool has fewer free.
+  bool take(size_t n) {
+    if (pool_ == nullptr) return true;
+    if (static_cast<size_t>(pool_->num_free()) < n) return false;
+    while (slots_.size() < n) slots_.push_back(pool_->alloc());
+    return true;
+  }
+  const std::vector<int32_t>& slots() const { return slots_; }
+  kv::StatePool* pool() const { return pool_; }
+
+ private:
+  kv::StatePool* pool_;
+  std::vector<int32_t> slots_;
+};
+
+}  // namespace
 
 const char* spec_mode_name(SpecMode mode) {
   switch (mode) {
@@ -167,6 +197,10 @@ bool SpecWorker::round(const model::WorkerBatch& batch, model::WorkerOutput& out
     extra = std::max(std::min(sc.num_draft_tokens, candidates),
                      spec::TreeBuilder::max_beam_nodes(sc.topk, sc.steps));
   }
+  // A hybrid target's verify writes every node's Mamba2 state to a slot of its own (the
+  // requests' states stay until the round keeps its last accepted node's): none free, no round.
+  NodeStates node_states(target_->state_pool());
+  if (!node_states.take(bs * static_cast<size_t>(extra))) return false;
   // Does the round fit: the rows (context) and the pool (evicting the tree if needed)? The
   // root's slot (position kv_len) is the batch's; the other extra − 1 follow it.
   kv::PageAllocator& allocator = *memory_.allocator;
@@ -207,6 +241,15 @@ bool SpecWorker::round(const model::WorkerBatch& batch, model::WorkerOutput& out
                                spec_batch::tree_slots(bs, slots, extra, tree_size), sc);
     vb.logit_rows.assign(bs, tree_size);
     if (eagle_ != nullptr) vb.hidden_layers = eagle_->head().feature_layers();
+    if (node_states.pool() != nullptr) {
+      vb.state_slots = batch.state_slots;
+      vb.state_node_slots.assign(node_states.slots().begin(),
+                                 node_states.slots().begin() +
+                                     static_cast<int64_t>(bs) * tree_size);
+      for (const spec::DraftTree& tree : trees)
+        vb.state_node_parents.insert(vb.state_node_parents.end(), tree.parents.begin(),
+                                     tree.parents.end());
+    }
     for (const Seq& s : seqs) {
       vb.sampling.push_back(s.sampling);
       vb.return_logits = vb.return_logits || !s.sampling.is_greedy();
@@ -276,6 +319,12 @@ bool SpecWorker::round(const model::WorkerBatch& batch, model::WorkerOutput& out
     st.accepted += static_cast<int64_t>(a.nodes.size());
     st.emitted += static_cast<int64_t>(kv_nodes[b].size());
   }
+  if (node_states.pool() != nullptr)  // each request keeps its last kept node's state
+    for (size_t b = 0; b < bs; ++b)
+      node_states.pool()->copy_slot(
+          node_states.slots()[b * static_cast<size_t>(tree_size) +
+                              static_cast<size_t>(kv_nodes[b].back())],
+          batch.state_slots[b]);
   const spec::KvMoves moves = spec::commit_draft_slots(allocator, kv, slots, extra, kv_nodes);
   target_->move_kv(moves.src, moves.dst);
   const double t_extend = now_s();

@@ -98,6 +98,8 @@ class SpecWorker final : public model::ModelWorker {
 
   model::WorkerOutput run(const model::WorkerBatch& batch) override;
   kv::KvPool& kv_pool() override { return target_->kv_pool(); }
+  /// The target's (a hybrid target's rounds take a slot per draft node for the verify).
+  kv::StatePool* state_pool() override { return target_->state_pool(); }
   void move_kv(std::span<const SlotIndex> src, std::span<const SlotIndex> dst) override {
     target_->move_kv(src, dst);
   }

@@ -197,12 +197,23 @@ void LlamaWorker::validate(const WorkerBatch& b) const {
                                         : static_cast<int>(b.state_slots.size()) == bs,
                  kInvalidArgument, "{} state slots for {} sequences of a model {} Mamba2 layers",
                  b.state_slots.size(), bs, state_pool_ == nullptr ? "without" : "with");
-  PAGODA_REQUIRE(state_pool_ == nullptr || (f.mode != ForwardMode::kTargetVerify &&
-                                            f.mode != ForwardMode::kDraftExtend &&
+  PAGODA_REQUIRE(state_pool_ == nullptr || (f.mode != ForwardMode::kDraftExtend &&
                                             !f.is_draft_step()),
                  kUnsupported,
-                 "speculative steps are not supported on a model with Mamba2 layers (the hybrid "
-                 "state pool has no rollback of rejected draft tokens)");
+                 "draft steps are not supported on a model with Mamba2 layers (the hybrid state "
+                 "pool runs as a verify target only)");
+  PAGODA_REQUIRE(state_pool_ == nullptr || f.mode != ForwardMode::kTargetVerify ||
+                     !b.state_node_slots.empty(),
+                 kUnsupported,
+                 "a verify step on a model with Mamba2 layers needs a state slot per draft node "
+                 "(WorkerBatch::state_node_slots: the rollback of rejected draft tokens)");
+  PAGODA_REQUIRE((b.state_node_slots.empty() && b.state_node_parents.empty()) ||
+                     (state_pool_ != nullptr && f.mode == ForwardMode::kTargetVerify &&
+                      b.state_node_slots.size() == b.state_node_parents.size()),
+                 kInvalidArgument,
+                 "state node slots ({}) and parents ({}) are for a verify step of a model with "
+                 "Mamba2 layers, one each per draft node",
+                 b.state_node_slots.size(), b.state_node_parents.size());
   const bool extend = f.mode != ForwardMode::kDecode && f.mode != ForwardMode::kIdle;
   PAGODA_REQUIRE(!extend || static_cast<int>(f.extend_seq_lens.size()) == bs, kInvalidArgument,
                  "extend batch has {} extend lengths for {} sequences", f.extend_seq_lens.size(),
@@ -374,10 +385,25 @@ const StateSide* LlamaWorker::state_side(const WorkerBatch& b) {
   if (state_pool_ == nullptr) return nullptr;
   const ForwardBatch& f = b.forward;
   state_seqs_.clear();
-  for (int i = 0; i < f.batch_size; ++i)
-    state_seqs_.push_back(Mamba2Seq{
-        .slot = b.state_slots[static_cast<size_t>(i)],
-        .num_tokens = f.mode == ForwardMode::kDecode ? 1 : f.extend_seq_lens[static_cast<size_t>(i)]});
+  const bool tree = !b.state_node_slots.empty();
+  size_t node0 = 0;
+  for (int i = 0; i < f.batch_size; ++i) {
+    const int32_t n =
+        f.mode == ForwardMode::kDecode ? 1 : f.extend_seq_lens[static_cast<size_t>(i)];
+    Mamba2Seq q{.slot = b.state_slots[static_cast<size_t>(i)], .num_tokens = n};
+    if (tree) {
+      PAGODA_REQUIRE(node0 + static_cast<size_t>(n) <= b.state_node_slots.size(), kInvalidArgument,
+                     "{} state node slots for a verify step of more tokens",
+                     b.state_node_slots.size());
+      q.node_slots = std::span(b.state_node_slots).subspan(node0, static_cast<size_t>(n));
+      q.node_parents = std::span(b.state_node_parents).subspan(node0, static_cast<size_t>(n));
+      node0 += static_cast<size_t>(n);
+    }
+    state_seqs_.push_back(q);
+  }
+  PAGODA_REQUIRE(!tree || node0 == b.state_node_slots.size(), kInvalidArgument,
+                 "{} state node slots for a verify step of {} tokens", b.state_node_slots.size(),
+                 node0);
   state_side_ = StateSide{.pool = state_pool_.get(), .seqs = state_seqs_};
   return &state_side_;
 }

@@ -93,6 +93,21 @@ void Mamba2Mixer::forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t l
     pool.require_held(q.slot, "Mamba2 mixer");
     slots.push_back(q.slot);
     rows += q.num_tokens;
+    if (q.node_slots.empty() && q.node_parents.empty()) continue;
+    PAGODA_REQUIRE(std::ssize(q.node_slots) == q.num_tokens &&
+                       std::ssize(q.node_parents) == q.num_tokens,
+                   kInvalidArgument,
+                   "Mamba2 mixer: a tree verify of {} tokens needs as many node slots and parents "
+                   "(got {} and {})",
+                   q.num_tokens, q.node_slots.size(), q.node_parents.size());
+    for (int32_t t = 0; t < q.num_tokens; ++t) {
+      const int32_t parent = q.node_parents[static_cast<size_t>(t)];
+      PAGODA_REQUIRE(t == 0 ? parent == -1 : parent >= 0 && parent < t, kInvalidArgument,
+                     "Mamba2 mixer: node {}'s parent {} is not an earlier node (the root's is -1)",
+                     t, parent);
+      pool.require_held(q.node_slots[static_cast<size_t>(t)], "Mamba2 mixer (tree node)");
+      slots.push_back(q.node_slots[static_cast<size_t>(t)]);
+    }
   }
   std::sort(slots.begin(), slots.end());
   PAGODA_REQUIRE(std::adjacent_find(slots.begin(), slots.end()) == slots.end(), kInvalidArgument,
@@ -108,6 +123,11 @@ void Mamba2Mixer::forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t l
   int64_t r0 = 0;
   for (const Mamba2Seq& q : seqs) {
     const float* row = proj_.data() + r0 * in_dim;
+    if (!q.node_slots.empty()) {
+      tree_steps(w, pool, layer, q, row, y_.data() + r0 * di);
+      r0 += q.num_tokens;
+      continue;
+    }
     conv(w, pool.conv_state(layer, q.slot), row + di, q.num_tokens);
     float* h = pool.ssm_state(layer, q.slot);
     const float* dt_raw = row + di + s.conv_dim();
@@ -120,6 +140,24 @@ void Mamba2Mixer::forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t l
   gated_norm(w, y_.data(), rows);
   ops_->linear(y_.data(), w.out_proj, out, rows, s.hidden_size, di, /*f32_out=*/true);
   mamba_add_bias(out, w.out_bias, rows, s.hidden_size);
+}
+
+void Mamba2Mixer::tree_steps(const Mamba2Weights& w, kv::StatePool& pool, int32_t layer,
+                             const Mamba2Seq& q, const float* row, float* y) {
+  const int64_t in_dim = shape_.in_proj_dim(), di = shape_.d_inner();
+  const int64_t conv_n = pool.shape().conv_floats(), ssm_n = pool.shape().ssm_floats();
+  for (int32_t t = 0; t < q.num_tokens; ++t) {
+    const int32_t parent = q.node_parents[static_cast<size_t>(t)];
+    const int32_t from = parent < 0 ? q.slot : q.node_slots[static_cast<size_t>(parent)];
+    const int32_t node = q.node_slots[static_cast<size_t>(t)];
+    const float* c0 = pool.conv_state(layer, from);
+    const float* h0 = pool.ssm_state(layer, from);
+    std::copy(c0, c0 + conv_n, pool.conv_state(layer, node));
+    std::copy(h0, h0 + ssm_n, pool.ssm_state(layer, node));
+    const float* r = row + t * in_dim;
+    conv(w, pool.conv_state(layer, node), r + di, 1);
+    step(w, pool.ssm_state(layer, node), xbc_.data(), r + di + shape_.conv_dim(), y + t * di);
+  }
 }
 
 void Mamba2Mixer::conv(const Mamba2Weights& w, float* conv_state, const float* rows, int64_t t) {

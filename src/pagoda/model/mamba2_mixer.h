@@ -87,6 +87,13 @@ struct Mamba2Weights {
 struct Mamba2Seq {
   int32_t slot = 0;
   int32_t num_tokens = 0;
+  /// A tree verify (speculative decoding) when not empty: num_tokens slots, one per token
+  /// (a draft-tree node), and each node's parent among them (-1 for the first, the root, whose
+  /// parent state is `slot`'s; otherwise an earlier node). Node t's state is its parent's
+  /// advanced by token t (one recurrence step) and goes to node_slots[t]; `slot` is only read,
+  /// so a rejected draft costs nothing and the caller keeps the state of the last accepted node.
+  std::span<const int32_t> node_slots;
+  std::span<const int32_t> node_parents;
 };
 
 class Mamba2Mixer {
@@ -98,10 +105,12 @@ class Mamba2Mixer {
   const Mamba2Shape& shape() const { return shape_; }
 
   /// Runs the mixer for `seqs` (rows u [Σ num_tokens, hidden]) into out [Σ num_tokens,
-  /// hidden], reading and updating layer `layer`'s state of each sequence's slot in `pool`.
-  /// Throws Error (nothing changed) when the pool's state shape is not state_shape(), a slot is
-  /// not held or named twice, a count is < 1, or a weight other than a bias is null. Slots not
-  /// named are not touched.
+  /// hidden], reading and updating layer `layer`'s state of each sequence's slot in `pool` (a
+  /// tree verify: writing its node slots instead, Mamba2Seq::node_slots). Throws Error (nothing
+  /// changed) when the pool's state shape is not state_shape(), a slot is not held or named
+  /// twice (node slots included), a count is < 1, node slots or parents do not match the
+  /// count, a parent is not an earlier node (the first's is -1), or a weight other than a bias
+  /// is null. Slots not named are not touched.
   void forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t layer,
                std::span<const Mamba2Seq> seqs, const float* u, float* out);
 
@@ -111,6 +120,10 @@ class Mamba2Mixer {
   void conv(const Mamba2Weights& w, float* conv_state, const float* rows, int64_t t);
   /// One-step recurrence for one token: updates h (all heads), writes y [d_inner].
   void step(const Mamba2Weights& w, float* h, const float* xbc, const float* dt_raw, float* y);
+  /// A tree verify of one sequence (its proj_ rows from `row`, y rows from `y`): node by node,
+  /// the parent's state copied into the node's slot, then one conv and recurrence step there.
+  void tree_steps(const Mamba2Weights& w, kv::StatePool& pool, int32_t layer, const Mamba2Seq& q,
+                  const float* row, float* y);
   /// The chunked SSD scan of one sequence's t tokens from state h (updated), y [t, d_inner].
   void scan(const Mamba2Weights& w, float* h, const float* dt_raw, int64_t t, float* y);
   /// y ⊙ SiLU(z), then the grouped RMSNorm times w_norm, in place on rows of y.

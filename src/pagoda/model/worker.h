@@ -80,6 +80,12 @@ struct WorkerBatch {
   /// held by its request (its Mamba2 layers' state, read and advanced by this step's tokens).
   /// Empty for every other model.
   std::vector<int32_t> state_slots;
+  /// Hybrid models, kTargetVerify only: [Σ extend_seq_lens] a held state slot per draft-tree
+  /// node and each node's parent within its sequence (-1 for the root), sequences in order
+  /// (Mamba2Seq::node_slots / node_parents). The step writes every node's state there and
+  /// leaves state_slots unchanged; the caller copies the last accepted node's into its slot.
+  std::vector<int32_t> state_node_slots;
+  std::vector<int32_t> state_node_parents;
 
   int batch_size() const { return forward.batch_size; }
   /// Σ logit_rows.

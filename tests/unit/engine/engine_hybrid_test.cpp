@@ -218,6 +218,54 @@ TEST(EngineHybrid, MultiTurnFollowUpsRestoreStateSnapshotsAndEqualAColdRun) {
   }
 }
 
+TEST(EngineHybrid, NgramSpeculationRollsBackTheStateAndEqualsPlainDecoding) {
+  const testing::TestSeed seed(hybrid_prompt_seed());
+  std::mt19937_64 rng(seed ^ 0x5u);
+  // Prompts that repeat a span (the n-gram drafter proposes from them) and the random ones.
+  std::vector<std::vector<int32_t>> prompts = hybrid_prompts(seed);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<int32_t> span(static_cast<size_t>(5 + k * 3)), p;
+    for (int32_t& x : span) x = static_cast<int32_t>(3 + rng() % 297);
+    for (int r = 0; r < 4; ++r) p.insert(p.end(), span.begin(), span.end());
+    prompts.push_back(p);
+  }
+  for (const std::string& backend : testing::exactness_backends()) {
+    for (int page : {1, 16}) {
+      for (int topk : {1, 2}) {  // chains, then trees (node states from their parents)
+        SCOPED_TRACE(::testing::Message() << backend << " page " << page << " topk " << topk);
+        auto run = [&](bool speculate) {
+          EngineConfig cfg = hybrid_config(backend, page);
+          cfg.scheduler.max_running_requests = static_cast<int32_t>(prompts.size());
+          if (speculate) {
+            cfg.spec.mode = SpecMode::kNgram;
+            cfg.spec.topk = topk;
+            cfg.spec.steps = 3;
+            cfg.spec.num_draft_tokens = 5;
+            cfg.spec.min_accepted = 0.0;  // never pause
+          }
+          Engine engine(bamba_model().model, cfg);
+          std::vector<RequestId> ids;
+          for (const auto& p : prompts)
+            ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 24}));
+          engine.run_until_idle();
+          std::vector<std::vector<int32_t>> out;
+          for (RequestId id : ids) out.push_back(engine.output(id).output_ids);
+          int64_t accepted = -1;
+          if (const auto* sw = dynamic_cast<const SpecWorker*>(&engine.worker()))
+            accepted = sw->spec_stats().accept.accepted;
+          expect_clean(engine);
+          return std::pair(out, accepted);
+        };
+        const auto [plain, none] = run(false);
+        const auto [spec, accepted] = run(true);
+        for (size_t i = 0; i < prompts.size(); ++i)
+          EXPECT_EQ(spec[i], plain[i]) << "prompt " << i;
+        EXPECT_GT(accepted, 0) << "no draft token was accepted: the rollback never ran";
+      }
+    }
+  }
+}
+
 TEST(EngineHybrid, RefusesWhatCannotFollowTheState) {
   model::LlamaModel& m = bamba_model().model;
   auto refused = [&](EngineConfig cfg, const char* what) {
@@ -231,8 +279,8 @@ TEST(EngineHybrid, RefusesWhatCannotFollowTheState) {
     }
   };
   EngineConfig spec = hybrid_config("reference", 1);
-  spec.spec.mode = SpecMode::kNgram;
-  refused(spec, "speculative decoding");
+  spec.spec.mode = SpecMode::kDraft;  // self-draft: a draft model would need states of its own
+  refused(spec, "speculative decoding with a draft model");
   EngineConfig overlap = hybrid_config("reference", 1);
   overlap.overlap = true;
   refused(overlap, "the overlap scheduler");

@@ -18,7 +18,7 @@ every prompt's state is carried across calls), and checks, teacher-forced on pag
     reading group h % n_groups instead of h / (n_heads / n_groups), no conv bias, no D skip)
     differs from pagoda by more than 100x the tolerance;
   * refusals name what they refuse: a Mamba2 tensor missing (the tensor), `--tp 2` and
-    `--spec ngram` (the hybrid state pool).
+    `--spec draft` (the hybrid state pool; n-gram speculation runs).
 The NumPy forward is written from transformers' BambaForCausalLM equations with the Mamba2
 recurrence run token by token (h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t + D
 x_t), not from pagoda's C++ (which runs the chunked SSD form for prefill).
@@ -155,7 +155,7 @@ def full_forward(cfg, w, ids, off):
 
 
 def check_refusals(pagoda, out, tmp):
-    """A missing Mamba2 tensor is refused naming it; --tp 2 and --spec ngram naming the hybrid
+    """A missing Mamba2 tensor is refused naming it; --tp 2 and --spec draft naming the hybrid
     state pool."""
     from safetensors.numpy import load_file, save_file
 
@@ -171,7 +171,7 @@ def check_refusals(pagoda, out, tmp):
               "layers.2.mamba.D"),
              ("--tp 2", [pagoda, "generate", "--model", out, "--tp", "2", "--token-ids", "1,2"],
               "hybrid state pool"),
-             ("--spec ngram", [pagoda, "generate", "--model", out, "--spec", "ngram",
+             ("--spec draft", [pagoda, "generate", "--model", out, "--spec", "draft",
                                "--token-ids", "1,2"], "hybrid state pool")]
     for name, cmd, needle in cases:
         failures += refused(cmd, needle, name)

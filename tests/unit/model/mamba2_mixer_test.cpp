@@ -372,6 +372,84 @@ TEST_F(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
   check_case(with_weights(shape, rng_), {300, 130, 1}, rng_, *ops_);
 }
 
+// A tree verify (Mamba2Seq::node_slots, speculative decoding): a request's prefix is run into
+// its slot, then a random draft tree (each node's parent an earlier node) of fresh inputs, beside
+// a plain decode of a second request in the same call. Every node's output row and state must
+// equal the oracle run along the node's path from the prefix state; the request's own slot must
+// keep the prefix state (only read).
+TEST_F(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
+  for (int iter = 0; iter < 6; ++iter) {
+    const MambaCase c = random_case(rng_);
+    const Mamba2Shape& s = c.shape;
+    SCOPED_TRACE(::testing::Message() << "iter " << iter << ": d_conv " << s.conv_kernel
+                                      << " chunk " << s.chunk_size);
+    const auto hid = size_t(s.hidden_size);
+    const int prefix = 1 + static_cast<int>(rng_() % 12), nodes = 2 + static_cast<int>(rng_() % 7);
+    kv::StatePool pool(2, nodes + 3, s.state_shape());
+    Mamba2Mixer mixer(s, *ops_);
+    const int32_t slot = pool.alloc(), other = pool.alloc();
+    const OracleState zero{std::vector<double>(size_t(s.conv_kernel - 1) * size_t(s.conv_dim()), 0),
+                           std::vector<double>(size_t(s.state_shape().ssm_floats()), 0.0)};
+    OracleState st = zero;
+    const std::vector<float> pre = mamba_uniform(rng_, size_t(prefix) * hid, -1.f, 1.f);
+    for (int t = 0; t < prefix; ++t) oracle_token(s, c.w, c.biases, st, pre.data() + size_t(t) * hid);
+    std::vector<float> sink(pre.size());
+    const Mamba2Seq run_prefix{.slot = slot, .num_tokens = prefix};
+    mixer.forward(c.w.view(c.biases), pool, 1, std::span(&run_prefix, 1), pre.data(), sink.data());
+    const std::vector<float> prefix_state = slot_state(pool, 1, slot);
+
+    std::vector<int32_t> parents{-1}, node_slots;
+    for (int t = 1; t < nodes; ++t) parents.push_back(static_cast<int32_t>(rng_() % uint64_t(t)));
+    for (int t = 0; t < nodes; ++t) node_slots.push_back(pool.alloc());
+    const std::vector<float> u = mamba_uniform(rng_, size_t(nodes + 1) * hid, -1.f, 1.f);
+    std::vector<OracleState> node_state(static_cast<size_t>(nodes));
+    std::vector<std::vector<double>> want(static_cast<size_t>(nodes));
+    for (int t = 0; t < nodes; ++t) {
+      node_state[size_t(t)] = parents[size_t(t)] < 0 ? st : node_state[size_t(parents[size_t(t)])];
+      want[size_t(t)] =
+          oracle_token(s, c.w, c.biases, node_state[size_t(t)], u.data() + size_t(t) * hid);
+    }
+    OracleState other_st = zero;
+    const std::vector<double> other_want =
+        oracle_token(s, c.w, c.biases, other_st, u.data() + size_t(nodes) * hid);
+
+    const std::vector<Mamba2Seq> seqs{
+        {.slot = slot, .num_tokens = nodes, .node_slots = node_slots, .node_parents = parents},
+        {.slot = other, .num_tokens = 1}};
+    std::vector<float> out(u.size(), std::numeric_limits<float>::quiet_NaN());
+    mixer.forward(c.w.view(c.biases), pool, 1, seqs, u.data(), out.data());
+    for (int t = 0; t <= nodes; ++t) {
+      const std::vector<double>& ref = t < nodes ? want[size_t(t)] : other_want;
+      for (size_t i = 0; i < hid; ++i)
+        ASSERT_NEAR(out[size_t(t) * hid + i], ref[i], 2e-4 * std::max(1.0, std::fabs(ref[i])))
+            << "row " << t << " (parent " << (t < nodes ? parents[size_t(t)] : -2) << ") dim " << i;
+    }
+    for (int t = 0; t < nodes; ++t) {
+      const std::vector<float> got = slot_state(pool, 1, node_slots[size_t(t)]);
+      const std::vector<double> ref = oracle_state(node_state[size_t(t)]);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], ref[i], 2e-4 * std::max(1.0, std::fabs(ref[i])))
+            << "state of node " << t << " float " << i;
+    }
+    EXPECT_EQ(slot_state(pool, 1, slot), prefix_state) << "the verify changed the request's slot";
+    // A parent that is not an earlier node, and node slots that miss a token, change nothing.
+    std::vector<int32_t> bad = parents;
+    bad.back() = nodes - 1;
+    for (const Mamba2Seq& q : {Mamba2Seq{.slot = slot, .num_tokens = nodes, .node_slots = node_slots,
+                                         .node_parents = bad},
+                               Mamba2Seq{.slot = slot, .num_tokens = nodes,
+                                         .node_slots = std::span(node_slots).first(size_t(nodes - 1)),
+                                         .node_parents = parents}}) {
+      const std::vector<float> before = slot_state(pool, 1, node_slots[0]);
+      EXPECT_THROW(mixer.forward(c.w.view(c.biases), pool, 1, std::span(&q, 1), u.data(),
+                                 out.data()),
+                   Error);
+      EXPECT_EQ(slot_state(pool, 1, node_slots[0]), before);
+    }
+    pool.check_integrity();
+  }
+}
+
 TEST(Mamba2Mixer, RefusesBadBatchesUnchanged) {
   std::mt19937_64 rng(7);
   auto platform = platform::make_cpu_platform();
