@@ -26,6 +26,7 @@
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/platform/platform.h"
+#include "sparse_oracle.h"
 #include "test_seed.h"
 
 namespace pagoda::backends::sparse_gather_test {
@@ -101,41 +102,16 @@ std::vector<int32_t> select_topk(const std::vector<int>& score, int k) {
   return order;
 }
 
-struct Expected {
-  std::vector<double> out;  ///< [rows, heads, rank]
-  std::vector<double> lse;  ///< [rows, heads], base 2; -inf for a row that sees nothing
-};
+using Expected = testing::SparseExpected;
 
-/// fp64 softmax(scale · q · key) · value over `seen[r]` (row indices into `latent`, each row
+/// The fp64 oracle (sparse_oracle.h) over `seen[r]` (row indices into `latent`, each row
 /// [rank + rope]; the value is its first `rank` elements).
 Expected oracle(const Trial& t, const std::vector<float>& q, const std::vector<float>& latent,
                 const std::vector<std::vector<int>>& seen) {
-  const int d = t.dim();
-  Expected e{std::vector<double>(seen.size() * t.heads * t.rank, 0.0),
-             std::vector<double>(seen.size() * t.heads, -INFINITY)};
-  std::vector<double> s;
+  std::vector<std::vector<const float*>> keys(seen.size());
   for (size_t r = 0; r < seen.size(); ++r)
-    for (int h = 0; h < t.heads; ++h) {
-      if (seen[r].empty()) continue;
-      const float* qh = q.data() + (r * t.heads + h) * d;
-      s.clear();
-      for (int row : seen[r]) {
-        const float* key = latent.data() + static_cast<size_t>(row) * d;
-        double dot = 0;
-        for (int j = 0; j < d; ++j) dot += double(qh[j]) * key[j];
-        s.push_back(kScale * dot);
-      }
-      const double mx = *std::max_element(s.begin(), s.end());
-      double sum = 0;
-      for (double& x : s) sum += (x = std::exp(x - mx));
-      double* o = e.out.data() + (r * t.heads + h) * t.rank;
-      for (size_t j = 0; j < s.size(); ++j) {
-        const float* value = latent.data() + static_cast<size_t>(seen[r][j]) * d;
-        for (int c = 0; c < t.rank; ++c) o[c] += s[j] / sum * value[c];
-      }
-      e.lse[r * t.heads + h] = (mx + std::log(sum)) / std::log(2.0);
-    }
-  return e;
+    for (int row : seen[r]) keys[r].push_back(latent.data() + static_cast<size_t>(row) * t.dim());
+  return testing::sparse_mla_oracle(q, t.heads, t.dim(), t.rank, kScale, keys);
 }
 
 /// Largest |got - want| over outputs and LSEs (NaN counts as infinitely far; equal infinities

@@ -19,6 +19,7 @@
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/platform/platform.h"
+#include "sparse_oracle.h"
 #include "test_seed.h"
 
 namespace pagoda::backends {
@@ -27,27 +28,11 @@ namespace {
 constexpr int kRank = 32, kRope = 8, kDim = kRank + kRope, kHeads = 4, kTopk = 6;
 constexpr float kScaling = 0.15f;
 
-/// out [rows, heads, rank] of softmax(scaling·q·latent) over `seen[row]` positions (f64).
+/// out [rows, heads, rank] of softmax(scaling·q·latent) over `seen[row]` positions (f64,
+/// sparse_oracle.h).
 std::vector<double> sparse_oracle(const std::vector<float>& q,
                                   const std::vector<std::vector<const float*>>& seen) {
-  std::vector<double> out(seen.size() * kHeads * kRank, 0.0);
-  for (size_t r = 0; r < seen.size(); ++r)
-    for (int h = 0; h < kHeads; ++h) {
-      const float* qh = q.data() + (r * kHeads + h) * kDim;
-      std::vector<double> s;
-      for (const float* key : seen[r]) {
-        double dot = 0;
-        for (int d = 0; d < kDim; ++d) dot += double(qh[d]) * key[d];
-        s.push_back(kScaling * dot);
-      }
-      const double mx = *std::max_element(s.begin(), s.end());
-      double sum = 0;
-      for (double& x : s) sum += (x = std::exp(x - mx));
-      double* o = out.data() + (r * kHeads + h) * kRank;
-      for (size_t j = 0; j < s.size(); ++j)
-        for (int d = 0; d < kRank; ++d) o[d] += s[j] / sum * seen[r][j][d];
-    }
-  return out;
+  return testing::sparse_mla_oracle(q, kHeads, kDim, kRank, kScaling, seen).out;
 }
 
 double max_diff(const std::vector<float>& got, const std::vector<double>& want) {
