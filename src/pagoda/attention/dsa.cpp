@@ -11,17 +11,36 @@ namespace pagoda::attention {
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token) {
   const bool decode = batch.mode == ForwardMode::kDecode;
+  const bool verify = batch.mode == ForwardMode::kTargetVerify;
   PAGODA_REQUIRE(batch.mode == ForwardMode::kIdle || batch.mode == ForwardMode::kExtend ||
-                     batch.mode == ForwardMode::kMixed || (decode && !batch.is_draft_step()),
+                     batch.mode == ForwardMode::kMixed || verify ||
+                     (decode && !batch.is_draft_step()),
                  kUnsupported,
-                 "DeepSeek sparse attention (DSA) does not support {} steps{} (speculative "
-                 "decoding with DSA is not implemented)",
+                 "DeepSeek sparse attention (DSA) does not support {} steps{} (draft models and "
+                 "EAGLE heads do not draft for DSA: n-gram drafts only)",
                  forward_mode_name(batch.mode), batch.is_draft_step() ? " (multi-step draft)" : "");
   IndexerMetadata m;
   m.slot_indptr.push_back(0);
+  const int32_t tree = verify ? batch.spec.num_draft_tokens : 0;
+  m.tree_size = tree;
+  size_t mask0 = 0;  // request b's block of spec.tree_mask
   for (int b = 0; b < batch.batch_size; ++b) {
-    const int32_t kv_len = batch.seq_lens[b];
+    const int32_t kv_len = batch.seq_lens[b] + tree;
     const int32_t qo_len = decode ? 1 : batch.extend_seq_lens[b];
+    if (verify) {
+      const size_t cols = static_cast<size_t>(kv_len);
+      PAGODA_REQUIRE(qo_len == tree && batch.spec.tree_mask.size() >= mask0 + cols * tree,
+                     kInvalidArgument,
+                     "indexer metadata: verify request {} has {} rows and a tree mask of {} "
+                     "bytes for a tree of {}",
+                     b, qo_len, batch.spec.tree_mask.size(), tree);
+      for (int32_t i = 0; i < tree; ++i) {
+        m.row_tree_begin.push_back(batch.seq_lens[b]);
+        const uint8_t* row = batch.spec.tree_mask.data() + mask0 + static_cast<size_t>(i) * cols;
+        m.row_tree_bits.insert(m.row_tree_bits.end(), row + batch.seq_lens[b], row + cols);
+      }
+      mask0 += cols * static_cast<size_t>(tree);
+    }
     PAGODA_REQUIRE(qo_len >= 1 && qo_len <= kv_len, kOutOfRange,
                    "indexer metadata: request {} has {} query tokens over {} keys", b, qo_len,
                    kv_len);
@@ -55,9 +74,11 @@ void for_each_selection(const IndexerMetadata& meta, std::span<const int32_t> to
   for (int64_t t = 0; t < rows; ++t) {
     sel.clear();
     for (const int32_t pos : topk.subspan(static_cast<size_t>(t * k), static_cast<size_t>(k))) {
-      PAGODA_REQUIRE(pos >= -1 && pos < meta.row_visible[t], kOutOfRange,
-                     "{}: row {} selects position {} but sees only [0, {}) (-1: unused)", who, t,
-                     pos, meta.row_visible[t]);
+      PAGODA_REQUIRE(pos == -1 || meta.sees(t, pos), kOutOfRange,
+                     "{}: row {} selects position {}, which it does not see (its range is [0, "
+                     "{}){}; -1: unused)",
+                     who, t, pos, meta.row_visible[t],
+                     meta.tree_size > 0 ? ", draft nodes on its path only" : "");
       if (pos >= 0) sel.push_back(pos);
     }
     std::sort(sel.begin(), sel.end());

@@ -8,11 +8,12 @@
 ///
 /// A selection is topk [rows, k] (rows = the step's query tokens): row t attends to exactly the
 /// positions topk[t·k, (t+1)·k) lists, in any order, -1 entries unused. Both paths reject a
-/// position outside [0, row_visible[t]) (Error(kOutOfRange), also for entries below -1), a
+/// position the row does not see (IndexerMetadata::sees; Error(kOutOfRange), also for entries below -1), a
 /// position listed twice in a row (kInvalidArgument) and wrong sizes (kInvalidArgument).
 ///
-/// Supported modes: kDecode (not a draft step), kExtend, kMixed. Speculative modes (verify,
-/// draft extend, multi-step draft) are Error(kUnsupported) naming DSA.
+/// Supported modes: kDecode (not a draft step), kExtend, kMixed and kTargetVerify (each row sees
+/// the committed prefix and its own path of the draft tree). Draft modes (draft extend,
+/// multi-step draft) are Error(kUnsupported) naming DSA.
 
 #include <cstdint>
 #include <span>
@@ -37,10 +38,27 @@ struct IndexerMetadata {
   /// Request b's position p lives in pool slot slots[slot_indptr[b] + p] (p < its kv length).
   std::vector<int32_t> slots;
   int32_t max_visible = 0;  ///< max over rows of row_visible (0 for an empty batch)
+  /// kTargetVerify only (else empty / 0): the draft tree's nodes sit at positions
+  /// [row_tree_begin[t], row_tree_begin[t] + tree_size) of row t's request, and row t sees draft
+  /// position row_tree_begin[t] + j only when row_tree_bits[t * tree_size + j] is 1 (j is the
+  /// row's own node or an ancestor: SpecInfo::tree_mask).
+  int32_t tree_size = 0;
+  std::vector<int32_t> row_tree_begin;
+  std::vector<uint8_t> row_tree_bits;
+
+  /// Whether row t sees position pos of its request: pos in [0, row_visible[t]) and, in a tree
+  /// verify, not a draft node off the row's path.
+  bool sees(int64_t t, int32_t pos) const {
+    if (pos < 0 || pos >= row_visible[static_cast<size_t>(t)]) return false;
+    if (tree_size == 0 || pos < row_tree_begin[static_cast<size_t>(t)]) return true;
+    return row_tree_bits[static_cast<size_t>(t * tree_size + pos -
+                                             row_tree_begin[static_cast<size_t>(t)])] != 0;
+  }
 };
 
-/// Builds the metadata of `batch` from the request table. Error(kUnsupported) for speculative
-/// modes, kOutOfRange for lengths beyond the table.
+/// Builds the metadata of `batch` from the request table. Error(kUnsupported) for draft modes,
+/// kOutOfRange for lengths beyond the table, kInvalidArgument for a verify tree mask of the
+/// wrong size.
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token);
 

@@ -84,7 +84,10 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const float* h, co
     const int32_t visible = meta->row_visible[r];
     const int32_t* slots = meta->slots.data() + meta->slot_indptr[b];
     score_.assign(static_cast<size_t>(visible), 0.0);
+    order_.clear();
     for (int32_t p = 0; p < visible; ++p) {
+      if (!meta->sees(r, p)) continue;  // a tree verify: a draft node off the row's path
+      order_.push_back(p);
       const uint8_t* row = rows + static_cast<int64_t>(slots[p]) * row_bytes;
       float scale = 0.f;
       std::memcpy(&scale, row + d, sizeof(float));
@@ -98,9 +101,7 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const float* h, co
       }
       score_[p] = s;
     }
-    order_.resize(static_cast<size_t>(visible));
-    for (int32_t p = 0; p < visible; ++p) order_[p] = p;
-    const int32_t keep = std::min(visible, k);
+    const int32_t keep = std::min(static_cast<int32_t>(order_.size()), k);
     std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(),
                       [&](int32_t a, int32_t b2) {
                         return score_[a] != score_[b2] ? score_[a] > score_[b2] : a < b2;

@@ -62,6 +62,7 @@ struct MlaRun {
   bool radix = false;
   int chunk = 0;
   SpecMode spec = SpecMode::kNone;
+  int ngram_topk = 1;  ///< kNgram: branching (2: trees whose rows see only their own path)
 };
 
 EngineConfig config_of(const MlaRun& r) {
@@ -72,6 +73,11 @@ EngineConfig config_of(const MlaRun& r) {
                    .backend = testing::backend_named(r.backend),
                    .check_integrity = true};
   cfg.spec.mode = r.spec;
+  if (r.spec == SpecMode::kNgram && r.ngram_topk > 1) {
+    cfg.spec.topk = r.ngram_topk;
+    cfg.spec.num_draft_tokens = 6;
+    cfg.spec.min_accepted = 0.0;  // never pause: every decode step verifies a tree
+  }
   if (r.spec == SpecMode::kDraft) {  // self-draft: trees of topk 2, the target as drafter
     cfg.spec.topk = 2;
     cfg.spec.steps = 2;
@@ -187,12 +193,23 @@ TEST(EngineMla, DsaIdenticalWithPrefixHitsChunkingAndPages) {
   const auto want = alone(sparse.model, prompts, max_new);
   EXPECT_NE(want, alone(mla_model(true).model, prompts, max_new))
       << "top-12 of up to 86 tokens changed no greedy token: the sparse mask is not applied";
-  const MlaRun runs[] = {{"cpu", 1, true, 8}, {"cpu", 16, true, 16}, {"reference", 16, true, 0},
-                         {"cpu", 64, false, 64}};
+  // N-gram speculation: verify rows see the prefix and their own tree path (the indexer's
+  // metadata carries the tree mask), so the top-k, and the greedy tokens, are those of decoding.
+  const MlaRun runs[] = {{"cpu", 1, true, 8},
+                         {"cpu", 16, true, 16},
+                         {"reference", 16, true, 0},
+                         {"cpu", 64, false, 64},
+                         {"cpu", 16, true, 0, SpecMode::kNgram},
+                         {"reference", 1, true, 8, SpecMode::kNgram, 2},
+                         {"cpu", 64, false, 0, SpecMode::kNgram, 2}};
   for (const MlaRun& r : runs) {
     SCOPED_TRACE(r.backend + " page " + std::to_string(r.page) + (r.radix ? " radix" : "") +
-                 " chunk " + std::to_string(r.chunk));
-    run_and_check(sparse.model, r, prompts, want, max_new);
+                 " chunk " + std::to_string(r.chunk) + " spec " + spec_mode_name(r.spec) +
+                 " topk " + std::to_string(r.ngram_topk));
+    const EngineStats stats = run_and_check(sparse.model, r, prompts, want, max_new);
+    if (r.spec != SpecMode::kNone) {
+      EXPECT_GT(stats.spec.rounds, 0);
+    }
   }
 }
 
@@ -225,11 +242,11 @@ TEST(EngineMla, DsaWithinTopkEqualsDenseMlaExactly) {
   EXPECT_FALSE(dense[0].empty());
 }
 
-TEST(EngineMla, DsaRefusesSpeculativeDecodingAndBackendsWithoutTheHook) {
+TEST(EngineMla, DsaRefusesModelDraftersAndBackendsWithoutTheHook) {
   static testing::TestModel sparse(dsa_config(12), 20261206);
   try {
-    Engine engine(sparse.model, config_of(MlaRun{.spec = SpecMode::kNgram}));
-    ADD_FAILURE() << "DSA with n-gram speculation accepted";
+    Engine engine(sparse.model, config_of(MlaRun{.spec = SpecMode::kDraft}));
+    ADD_FAILURE() << "DSA with a draft model accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("DSA"), std::string::npos) << e.what();
