@@ -46,8 +46,8 @@ struct EngineArgs {
   int32_t max_context_len = 0;     ///< --max-context-len (0 = the model's)
   std::string swa_pool = "auto";   ///< --swa-pool: auto | on | off (engine.md §13)
   int64_t swa_pool_tokens = 0;     ///< --swa-pool-tokens (0 = as many as --pool-tokens)
-  /// --max-mamba-cache-size: a hybrid model's state slots, requests' and radix snapshots' (0 =
-  /// twice --max-running with the radix cache, as many without)
+  /// --max-mamba-cache-size: a hybrid model's state slots, requests', radix snapshots' and
+  /// draft nodes' (0: EngineConfig::max_mamba_cache_size's default)
   int32_t max_mamba_cache_size = 0;
   tier::HiCacheConfig hicache{};   ///< --hicache-* (cli/hicache_options.h parses them)
 };
