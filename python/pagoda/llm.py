@@ -12,7 +12,7 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   swa_full_tokens_ratio             SWA pool tokens per full-pool token when sized from memory
   max_mamba_cache_size              hybrid (Mamba2) models: state slots, running requests' and
                                     the radix cache's snapshots together (0 = 2 x max running,
-                                    more when speculating)
+                                    more at page_size > 1 and when speculating)
   max_num_seqs / max_running_requests    running requests (64)
   chunked_prefill_size              chunked prefill budget in tokens (0 = off)
   max_prefill_tokens                token budget of one prefill batch (8192)

@@ -58,20 +58,24 @@ void MambaRadixCache::admit(CacheRequest& req, int64_t max_prefix_len) {
 void MambaRadixCache::cache_finished_req(CacheRequest& req, int64_t kv_len,
                                          FinishPolicy policy) {
   tree_.cache_finished_req(req, kv_len, policy);
-  if (policy == FinishPolicy::kInsert) snapshot(req, kv_len);
+  if (policy != FinishPolicy::kInsert) return;
+  const int64_t aligned = kv_len / page_size() * page_size();
+  if (aligned == kv_len) {
+    snapshot(req, kv_len, req.state_slot);
+  } else if (aligned > 0 && req.aligned_state_slot >= 0 && req.aligned_state_len == aligned) {
+    snapshot(req, aligned, req.aligned_state_slot);
+  } else {
+    ++state_stats_.unaligned;
+  }
 }
 
 void MambaRadixCache::cache_unfinished_req(CacheRequest& req, int64_t fill_len) {
   tree_.cache_unfinished_req(req, fill_len);
-  snapshot(req, fill_len);
+  if (fill_len % page_size() == 0) snapshot(req, fill_len, req.state_slot);
 }
 
-void MambaRadixCache::snapshot(const CacheRequest& req, int64_t len) {
-  if (req.state_slot < 0 || len <= 0) return;
-  if (len % page_size() != 0) {
-    ++state_stats_.unaligned;
-    return;
-  }
+void MambaRadixCache::snapshot(const CacheRequest& req, int64_t len, int32_t slot) {
+  if (slot < 0 || len <= 0) return;
   const RadixKey key{std::span(req.tokens).first(static_cast<size_t>(len)), req.extra_key};
   const PrefixMatch m = tree_.match_prefix(key, kNoPrefixLimit, scratch_);
   PAGODA_CHECK_EQ(m.length, len);  // the tree just stored tokens[:len]
@@ -80,14 +84,14 @@ void MambaRadixCache::snapshot(const CacheRequest& req, int64_t len) {
     return;
   }
   sweep();
-  std::optional<int32_t> slot = states_->try_alloc();
-  if (!slot && evict_states(1) > 0) slot = states_->try_alloc();
-  if (!slot) {
+  std::optional<int32_t> fresh = states_->try_alloc();
+  if (!fresh && evict_states(1) > 0) fresh = states_->try_alloc();
+  if (!fresh) {
     ++state_stats_.no_slot;
     return;
   }
-  states_->copy_slot(req.state_slot, *slot);
-  snapshots_.emplace(m.last_node.id, Snapshot{m.last_node, *slot, ++clock_});
+  states_->copy_slot(slot, *fresh);
+  snapshots_.emplace(m.last_node.id, Snapshot{m.last_node, *fresh, ++clock_});
   ++state_stats_.taken;
 }
 

@@ -14,7 +14,9 @@
 ///    (req.state_slot >= 0, zeroed: a miss starts from the zero state).
 ///  - cache_finished_req (kInsert) and cache_unfinished_req: the RadixCache's, then a snapshot
 ///    of req.state_slot for the node ending at the request's KV length, when that length is page
-///    aligned (always at page 1; chunk ends are aligned) and the node has none yet. The slot comes
+///    aligned (always at page 1; chunk ends are aligned) and the node has none yet. A finish at
+///    an unaligned length snapshots req.aligned_state_slot instead, for the node ending at the
+///    length rounded down to a page, when req.aligned_state_len is that length. The slot comes
 ///    from the pool; when none is free the least recently used snapshot is dropped for it, and
 ///    when every slot is a request's there is no snapshot. kNoInsert takes none.
 ///  - A node evicted from the tree gives its slot back (found by a sweep at the next evict or
@@ -52,7 +54,8 @@ struct StateSnapshotStats {
   int64_t dropped = 0;    ///< snapshots dropped to free a slot (evict_states)
   int64_t released = 0;   ///< snapshots released because their node left the tree
   int64_t no_slot = 0;    ///< snapshots not taken: every slot was a request's
-  int64_t unaligned = 0;  ///< finishes not snapshotted: KV length not page aligned
+  int64_t unaligned = 0;  ///< finishes not snapshotted: KV length not page aligned and no
+                          ///< aligned state at its last page boundary
 };
 
 class MambaRadixCache final : public PrefixCache {
@@ -109,8 +112,9 @@ class MambaRadixCache final : public PrefixCache {
   };
   /// The deepest node at or above `node` with a live snapshot (the root when none).
   NodeHandle state_ancestor(NodeHandle node) const;
-  /// Snapshots req.state_slot for the node ending at `len` (the rules above).
-  void snapshot(const CacheRequest& req, int64_t len);
+  /// Snapshots `slot` (the request's state after `len` tokens) for the node ending at `len`
+  /// (the rules above).
+  void snapshot(const CacheRequest& req, int64_t len, int32_t slot);
   /// Releases the snapshots of evicted nodes; returns how many.
   int32_t sweep();
 

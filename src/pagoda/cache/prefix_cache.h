@@ -123,6 +123,12 @@ struct CacheRequest {
   /// Hybrid models: the request's slot in the kv::StatePool (-1: none). MambaRadixCache restores
   /// a hit's state into it at admit and snapshots it when the request's KV goes into the tree.
   int32_t state_slot = -1;
+  /// Hybrid models at page size > 1: a second slot the scheduler keeps holding the state after
+  /// the request's last page-aligned KV length that a step ended at (aligned_state_len; -1:
+  /// none). A finish whose KV length is not page aligned snapshots it for the node ending at
+  /// that length (MambaRadixCache).
+  int32_t aligned_state_slot = -1;
+  int64_t aligned_state_len = -1;
 };
 
 /// Hit and eviction counters (tokens), cumulative since construction.

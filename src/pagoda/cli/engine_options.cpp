@@ -85,9 +85,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->capture_default_str();
   cmd->add_option("--max-mamba-cache-size", a.max_mamba_cache_size,
                   "hybrid (Mamba2) models: state slots for the running requests and the radix "
-                  "cache's state snapshots together (0 = twice --max-running with the radix "
-                  "cache, as many without, plus --max-running x --spec-draft-tokens when "
-                  "speculating)")
+                  "cache's state snapshots together (0 = --max-running, twice that with the "
+                  "radix cache, three times at --page-size > 1, plus --max-running x "
+                  "--spec-draft-tokens when speculating)")
       ->capture_default_str();
   add_hicache_options(cmd, o.hicache);
 }

@@ -106,8 +106,9 @@ namespace {
 int32_t state_pool_slots(const EngineConfig& c) {
   if (c.max_mamba_cache_size > 0) return c.max_mamba_cache_size;
   const int32_t running = c.scheduler.max_running_requests;
-  // One per running request, as many radix snapshots, and a speculative round's draft nodes.
-  return running * (c.radix_cache ? 2 : 1) +
+  // One per running request (two at page > 1 with the radix cache: the aligned state), as many
+  // radix snapshots, and a speculative round's draft nodes.
+  return running * (c.radix_cache ? (c.page_size > 1 ? 3 : 2) : 1) +
          (c.spec.mode == SpecMode::kNone ? 0 : running * c.spec.num_draft_tokens);
 }
 

@@ -84,8 +84,9 @@ struct EngineConfig {
   bool radix_cache = true;
   /// Hybrid models (Mamba2 layers): the state pool's slots, the running requests', the radix
   /// cache's snapshots and a speculative round's draft nodes together (SGLang's
-  /// --max-mamba-cache-size); 0 = max_running_requests, as many again with the radix cache, and
-  /// max_running_requests × spec.num_draft_tokens more when speculating.
+  /// --max-mamba-cache-size); 0 = max_running_requests, as many again with the radix cache (and
+  /// again at page > 1: each request's aligned state), and max_running_requests ×
+  /// spec.num_draft_tokens more when speculating.
   int32_t max_mamba_cache_size = 0;
   SchedulerConfig scheduler{};
   /// Attention backend names (empty = the platform's default) and the kernel variants'

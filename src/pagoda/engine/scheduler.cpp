@@ -384,6 +384,7 @@ void Scheduler::alloc_decode(ScheduledStep& step) {
 void Scheduler::complete_extend(const ScheduledSeq& seq) {
   Req* req = seq.req;
   req->kv_len = seq.prefix_len + seq.num_tokens;
+  note_aligned_state(req);
   release_swa(req);  // before the chunk is cached: dead pages go in as tombstones
   if (!seq.completes_fill) {
     cache_->cache_unfinished_req(req->cache, req->kv_len);
@@ -399,6 +400,7 @@ void Scheduler::complete_extend(const ScheduledSeq& seq) {
 void Scheduler::complete_decode(Req* req, int64_t n) {
   PAGODA_CHECK_GE(n, 1);
   req->kv_len += n;
+  note_aligned_state(req);
   release_swa(req);
   if (n > 1) update_peak();  // a speculative round's kept tokens
 }
@@ -450,25 +452,41 @@ void Scheduler::release_no_insert(Req* req) {
 }
 
 bool Scheduler::alloc_state(Req* req) {
-  std::optional<int32_t> slot = state_->try_alloc();
+  // With the snapshot cache at page > 1, a second slot keeps the state at the last page
+  // boundary a step ended at (CacheRequest::aligned_state_slot).
+  const int need = state_cache_ != nullptr && page_size_ > 1 ? 2 : 1;
   // Radix snapshots give way to running requests (the least recently used first).
-  if (!slot && state_cache_ != nullptr && state_cache_->evict_states(1) > 0)
-    slot = state_->try_alloc();
-  if (!slot) return false;
-  req->cache.state_slot = *slot;
+  if (state_->num_free() < need && state_cache_ != nullptr)
+    state_cache_->evict_states(need - state_->num_free());
+  if (state_->num_free() < need) return false;
+  req->cache.state_slot = state_->alloc();
+  if (need == 2) {
+    req->cache.aligned_state_slot = state_->alloc();
+    req->cache.aligned_state_len = -1;
+  }
   return true;
 }
 
 void Scheduler::free_state(Req* req) {
-  if (req->cache.state_slot < 0) return;
-  state_->free(req->cache.state_slot);  // zeroed: a re-admission starts from a fresh state
+  // Zeroed: a re-admission starts from a fresh state.
+  if (req->cache.state_slot >= 0) state_->free(req->cache.state_slot);
+  if (req->cache.aligned_state_slot >= 0) state_->free(req->cache.aligned_state_slot);
   req->cache.state_slot = -1;
+  req->cache.aligned_state_slot = -1;
+  req->cache.aligned_state_len = -1;
+}
+
+void Scheduler::note_aligned_state(Req* req) {
+  if (req->cache.aligned_state_slot < 0 || req->kv_len % page_size_ != 0) return;
+  state_->copy_slot(req->cache.state_slot, req->cache.aligned_state_slot);
+  req->cache.aligned_state_len = req->kv_len;
 }
 
 std::vector<int32_t> Scheduler::request_state_slots() const {
   std::vector<int32_t> slots;
   for_each_active([&](const Req* r) {
     if (r->cache.state_slot >= 0) slots.push_back(r->cache.state_slot);
+    if (r->cache.aligned_state_slot >= 0) slots.push_back(r->cache.aligned_state_slot);
   });
   return slots;
 }

@@ -209,9 +209,12 @@ class Scheduler {
   void abort(Req* req, std::string message);
   /// Releases a request's KV without inserting it and frees its row.
   void release_no_insert(Req* req);
-  /// Gives req a free state slot (dropping a snapshot when none is free); false when none.
+  /// Gives req a free state slot, and with the snapshot cache at page > 1 its aligned-state slot
+  /// (dropping snapshots when too few are free); false when there are not enough.
   bool alloc_state(Req* req);
-  /// Frees req's state slot (hybrid models), if it holds one.
+  /// After a step: at a page-aligned kv_len, copies req's state into its aligned-state slot.
+  void note_aligned_state(Req* req);
+  /// Frees req's state slots (hybrid models), if it holds them.
   void free_state(Req* req);
   void sort_waiting();
   int64_t reserved_for_running() const;

@@ -204,13 +204,18 @@ TEST(EngineHybrid, MultiTurnFollowUpsRestoreStateSnapshotsAndEqualAColdRun) {
           EXPECT_EQ(warm.output(ids2[i]).output_ids, cold.output(cold_ids[i]).output_ids)
               << "follow-up " << i;
         EXPECT_EQ(cold.stats().scheduler.cached_tokens, 0);
-        if (page == 1) {
-          // Every turn 1 ended with a snapshot of its whole KV: each follow-up restores it.
-          const int64_t want = 2 * turn1_kv[0] + turn1_kv[1] + turn1_kv[2];
-          EXPECT_EQ(cached, want) << "not every follow-up restored its conversation's state";
-        } else if (chunk > 0) {
-          EXPECT_GT(cached, 0) << "no chunk-end snapshot was reused";
+        // Each turn 1 left a snapshot at its KV length rounded down to a page: at page 1 its whole
+        // KV; at page 16 the state a step ended at on that page boundary (the aligned-state
+        // slot: reached while decoding when the boundary is at or past the prompt, else as a
+        // chunk end). Each follow-up restores exactly that.
+        int64_t want = 0;
+        for (size_t c = 0; c < firsts.size(); ++c) {
+          const int64_t f = turn1_kv[c] / page * page;
+          const bool kept = f >= static_cast<int64_t>(firsts[c].size()) || chunk > 0;
+          want += (c == 0 ? 2 : 1) * (kept ? f : 0);
         }
+        EXPECT_EQ(cached, want) << "not every follow-up restored its conversation's state";
+        EXPECT_GT(cached, 0);
         expect_clean(warm);
         expect_clean(cold);
       }
@@ -229,11 +234,15 @@ TEST(EngineHybrid, NgramSpeculationRollsBackTheStateAndEqualsPlainDecoding) {
     for (int r = 0; r < 4; ++r) p.insert(p.end(), span.begin(), span.end());
     prompts.push_back(p);
   }
+  constexpr int kNew = 32;
   for (const std::string& backend : testing::exactness_backends()) {
+    int64_t accepted = 0;  // over the backend's runs: the rollback ran with drafts kept
     for (int page : {1, 16}) {
       for (int topk : {1, 2}) {  // chains, then trees (node states from their parents)
         SCOPED_TRACE(::testing::Message() << backend << " page " << page << " topk " << topk);
-        auto run = [&](bool speculate) {
+        // Plain decoding with the top-2 log-probabilities (the margin of each greedy token), or
+        // n-gram speculation (which returns no log-probabilities).
+        auto run = [&](bool speculate, std::vector<std::vector<float>>* margins) {
           EngineConfig cfg = hybrid_config(backend, page);
           cfg.scheduler.max_running_requests = static_cast<int32_t>(prompts.size());
           if (speculate) {
@@ -246,23 +255,41 @@ TEST(EngineHybrid, NgramSpeculationRollsBackTheStateAndEqualsPlainDecoding) {
           Engine engine(bamba_model().model, cfg);
           std::vector<RequestId> ids;
           for (const auto& p : prompts)
-            ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 24}));
+            ids.push_back(engine.add_request(
+                {.prompt = p, .max_new_tokens = kNew, .logprobs = speculate ? -1 : 2}));
           engine.run_until_idle();
           std::vector<std::vector<int32_t>> out;
-          for (RequestId id : ids) out.push_back(engine.output(id).output_ids);
-          int64_t accepted = -1;
+          for (RequestId id : ids) {
+            out.push_back(engine.output(id).output_ids);
+            if (margins == nullptr) continue;
+            margins->emplace_back();
+            for (const model::TokenLogprobs& t : engine.output(id).logprobs)
+              margins->back().push_back(t.top.size() < 2 ? 1e9f
+                                                          : t.top[0].second - t.top[1].second);
+          }
           if (const auto* sw = dynamic_cast<const SpecWorker*>(&engine.worker()))
-            accepted = sw->spec_stats().accept.accepted;
+            accepted += sw->spec_stats().accept.accepted;
           expect_clean(engine);
-          return std::pair(out, accepted);
+          return out;
         };
-        const auto [plain, none] = run(false);
-        const auto [spec, accepted] = run(true);
-        for (size_t i = 0; i < prompts.size(); ++i)
-          EXPECT_EQ(spec[i], plain[i]) << "prompt " << i;
-        EXPECT_GT(accepted, 0) << "no draft token was accepted: the rollback never ran";
+        std::vector<std::vector<float>> margins;
+        const auto plain = run(false, &margins);
+        const auto spec = run(true, nullptr);
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          ASSERT_EQ(spec[i].size(), plain[i].size()) << "prompt " << i;
+          for (size_t t = 0; t < spec[i].size(); ++t) {
+            if (spec[i][t] == plain[i][t]) continue;
+            // Verify runs the attention layers as an extend, decoding as decode steps: f32
+            // rounding may flip a near tie, and only that.
+            ASSERT_LT(margins[i][t], 1e-3f) << "prompt " << i << " token " << t << ": spec "
+                                            << spec[i][t] << ", plain " << plain[i][t];
+            std::printf("[note] prompt %zu: near tie at token %zu, comparison stops\n", i, t);
+            break;
+          }
+        }
       }
     }
+    EXPECT_GT(accepted, 0) << backend << ": no draft token was accepted: the rollback never ran";
   }
 }
 
