@@ -155,6 +155,18 @@ TEST(EngineHybrid, RetractionUnderKvPressureAndAbortKeepOutputsAndLeakNothing) {
   }
 }
 
+/// Adds every prompt (kMaxNew greedy tokens each), runs the engine idle, returns the outputs.
+std::vector<std::vector<int32_t>> run_all(Engine& engine,
+                                          const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<RequestId> ids;
+  for (const auto& p : prompts)
+    ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
+  engine.run_until_idle();
+  std::vector<std::vector<int32_t>> out;
+  for (RequestId id : ids) out.push_back(engine.output(id).output_ids);
+  return out;
+}
+
 TEST(EngineHybrid, MultiTurnFollowUpsRestoreStateSnapshotsAndEqualAColdRun) {
   const testing::TestSeed seed(hybrid_prompt_seed());
   const auto prompts = hybrid_prompts(seed);
@@ -167,19 +179,15 @@ TEST(EngineHybrid, MultiTurnFollowUpsRestoreStateSnapshotsAndEqualAColdRun) {
         cfg.scheduler.chunk_size = chunk;
         Engine warm(bamba_model().model, cfg);
         // Turn 1: three conversations.
-        std::vector<std::vector<int32_t>> firsts{prompts[0], prompts[2], prompts[4]};
-        std::vector<RequestId> ids;
-        for (const auto& p : firsts)
-          ids.push_back(warm.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
-        warm.run_until_idle();
+        const std::vector<std::vector<int32_t>> firsts{prompts[0], prompts[2], prompts[4]};
+        const auto turn1 = run_all(warm, firsts);
         // Turn 2: each conversation so far plus new tokens; the first one twice (two branches
         // restore the same snapshot, side by side).
         std::vector<std::vector<int32_t>> follow;
         std::vector<int64_t> turn1_kv;  // the KV each conversation's turn 1 ended with
         for (size_t c = 0; c < firsts.size(); ++c) {
           std::vector<int32_t> t = firsts[c];
-          const auto& out = warm.output(ids[c]).output_ids;
-          t.insert(t.end(), out.begin(), out.end());
+          t.insert(t.end(), turn1[c].begin(), turn1[c].end());
           turn1_kv.push_back(static_cast<int64_t>(t.size()) - 1);
           for (int b = 0; b < (c == 0 ? 2 : 1); ++b) {
             std::vector<int32_t> branch = t;
@@ -188,21 +196,14 @@ TEST(EngineHybrid, MultiTurnFollowUpsRestoreStateSnapshotsAndEqualAColdRun) {
           }
         }
         const int64_t cached_before = warm.stats().scheduler.cached_tokens;
-        std::vector<RequestId> ids2;
-        for (const auto& p : follow)
-          ids2.push_back(warm.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
-        warm.run_until_idle();
+        const auto warm_out = run_all(warm, follow);
         const int64_t cached = warm.stats().scheduler.cached_tokens - cached_before;
         EngineConfig cold_cfg = cfg;
         cold_cfg.radix_cache = false;
         Engine cold(bamba_model().model, cold_cfg);
-        std::vector<RequestId> cold_ids;
-        for (const auto& p : follow)
-          cold_ids.push_back(cold.add_request({.prompt = p, .max_new_tokens = kMaxNew}));
-        cold.run_until_idle();
+        const auto cold_out = run_all(cold, follow);
         for (size_t i = 0; i < follow.size(); ++i)
-          EXPECT_EQ(warm.output(ids2[i]).output_ids, cold.output(cold_ids[i]).output_ids)
-              << "follow-up " << i;
+          EXPECT_EQ(warm_out[i], cold_out[i]) << "follow-up " << i;
         EXPECT_EQ(cold.stats().scheduler.cached_tokens, 0);
         // Each turn 1 left a snapshot at its KV length rounded down to a page: at page 1 its whole
         // KV; at page 16 the state a step ended at on that page boundary (the aligned-state
