@@ -210,6 +210,80 @@ TEST(CudaSchedule, TunedDimsKeepTheDecodeKernelForDecodeSteps) {
   expect_prefill_items(s64, ext64, 4, 192);
 }
 
+// CUDA-graph launches are sized by schedule_items_bound (cuda_batch_attention.cpp): a captured
+// grid covers the items of any plan of its batch only if no schedule exceeds the bound. Random
+// decode, extend and verify-sized batches over short and very long contexts, on the decode
+// kernel's shapes (GQA at D 64 / 128, MHA), the MLA decode kernel's and the sm90-only dims,
+// against a wave computed here from the kernels' block rules (16 q heads per decode block, the
+// MLA block's heads), not the planner's.
+TEST(CudaSchedule, NoScheduleExceedsTheGraphItemsBound) {
+  const pagoda::testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  auto uni = [&](int lo, int hi) { return lo + static_cast<int>(rng() % uint64_t(hi - lo + 1)); };
+  struct Case {
+    attention::AttentionShape shape;
+    ScheduleConfig config;
+    int heads_per_block;  // q heads one decode block serves
+  };
+  std::vector<Case> cases;
+  for (const int blocks_per_sm : {1, 2, 4}) {
+    ScheduleConfig c;
+    c.decode_blocks_per_sm = blocks_per_sm;
+    c.sm90_prefill = blocks_per_sm != 2;
+    cases.push_back({{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim_qk = 64, .head_dim_v = 64},
+                     c, 16});
+    cases.push_back({{.num_qo_heads = 32, .num_kv_heads = 8, .head_dim_qk = 128,
+                      .head_dim_v = 128}, c, 16});
+    cases.push_back({{.num_qo_heads = 64, .num_kv_heads = 2, .head_dim_qk = 128,
+                      .head_dim_v = 128}, c, 16});  // group 32: two blocks per kv head
+    cases.push_back({{.num_qo_heads = 16, .num_kv_heads = 16, .head_dim_qk = 128,
+                      .head_dim_v = 128}, c, 16});
+  }
+  for (const int hq : {16, 64, 128}) {
+    ScheduleConfig c;
+    c.mla_decode = true;
+    c.decode_blocks_per_sm = 1;
+    c.decode_heads_per_block = hq == 16 ? 16 : 32;
+    cases.push_back({{.num_qo_heads = hq, .num_kv_heads = 1, .head_dim_qk = 576,
+                      .head_dim_v = 512}, c, c.decode_heads_per_block});
+  }
+  cases.push_back({mla_prefill_shape(16), sm90_only(), 16});
+  int splits = 0;
+  for (int round = 0; round < 600; ++round) {
+    const Case& k = cases[size_t(round) % cases.size()];
+    const int G = k.shape.num_qo_heads / k.shape.num_kv_heads;
+    const int units = k.shape.num_kv_heads * ((G + k.heads_per_block - 1) / k.heads_per_block);
+    const int64_t wave_blocks = int64_t(k.config.sm_count) * k.config.decode_blocks_per_sm;
+    const int wave = int((wave_blocks + units - 1) / units);
+    ASSERT_EQ(decode_wave_items(k.shape, k.config), wave) << "case " << round % cases.size();
+    const int kind = (round / int(cases.size())) % 3;  // decode, extend, verify-sized
+    const int bs = kind == 0 ? uni(1, round % 5 == 0 ? 300 : 8) : uni(1, 6);
+    std::vector<int> qo, kv;
+    for (int i = 0; i < bs; ++i) {
+      qo.push_back(kind == 0 ? 1 : kind == 1 ? uni(1, 900) : uni(2, 16));
+      kv.push_back(qo.back() + uni(0, rng() % 3 == 0 ? 60000 : 600));
+    }
+    const Batch b = make_batch(qo, kv, std::vector<int>{1, 16, 64}[size_t(round % 3)]);
+    int tokens = 0;
+    for (int q : qo) tokens += q;
+    ScheduleConfig c = k.config;
+    const int bound = schedule_items_bound(bs, tokens, G, wave);
+    c.max_items = bound;
+    const Schedule s = build_schedule(b.input(), k.shape, c);
+    SCOPED_TRACE(::testing::Message() << "round " << round << " bs " << bs << " tokens "
+                                      << tokens << " path " << kernel_path_name(s.path));
+    EXPECT_LE(s.num_items(), bound);
+    EXPECT_GE(bound, std::max(bs, wave));
+    if (s.chunk_tokens > 0) ++splits;
+    if ((s.path == KernelPath::kDecode || s.path == KernelPath::kMlaDecode) && s.chunk_tokens > 0) {
+      EXPECT_LE(int64_t(s.num_items()) * units, wave_blocks) << "a decode split fits one wave";
+    }
+    // The bound grows with the batch: a replay padded to its graph's batch stays inside it.
+    EXPECT_LE(bound, schedule_items_bound(bs + uni(0, 8), tokens + uni(0, 64), G, wave));
+  }
+  EXPECT_GT(splits, 20) << "the random batches should exercise split-KV schedules";
+}
+
 // mask_free_columns and mask_positions on random tree-verify masks (a cached prefix every row
 // sees, then a random tree over the draft tokens: each node sees its parent's keys and itself),
 // against counts taken bit by bit here: free columns are 1 in every row, and a row's position is

@@ -137,35 +137,25 @@ void CudaBatchAttention::ensure_workspace(int partials, int hq, int dv) {
   cap_partial_floats_ = n;
 }
 
+int CudaBatchAttention::graph_items_bound(int bs, int tokens) const {
+  return schedule_items_bound(bs, tokens, graph_group_, graph_decode_items_);
+}
+
 void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const AttentionShape& shape) {
   PAGODA_REQUIRE(cap.max_batch_size > 0 && cap.max_tokens > 0 && cap.max_pages > 0,
                  kInvalidArgument, "graph capacity needs positive batch, tokens and pages");
   graph_mode_ = false;
-  const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
-  // Decode items of one step: the split-KV planner keeps items × units within one wave
-  // (sm_count × blocks per SM), or one item per request without a split. A captured launch
-  // covers this many items; a looser bound only launches blocks that exit at once (on the H200,
-  // 8,448 empty blocks cost a 1-request decode ~12 µs per layer).
-  int decode_items = sm_count_ * 8;  // generic path
-  if (options_.mla_decode &&
-      kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_kv_heads,
-                            shape.head_dim_qk, shape.head_dim_v)) {
-    // One MLA decode block (16, 32 or 64 q heads) per SM: ceil(Hq / heads per block) per item
-    // (the heads per block do not depend on the page size, which is not known yet).
-    const int per_block = kc::mla_decode_block_heads(
-        shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads, options_.cuda);
-    const int units = (shape.num_qo_heads + per_block - 1) / per_block;
-    decode_items = (sm_count_ + units - 1) / units;
-  } else if (kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
-                                     shape.head_dim_qk, shape.head_dim_v)) {
-    const int units =
-        shape.num_kv_heads * ((group + kc::kDecodeMaxGroup - 1) / kc::kDecodeMaxGroup);
-    const int wave = sm_count_ * kc::decode_blocks_per_sm(shape.q_dtype, shape.kv_dtype,
-                                                          shape.head_dim_qk);
-    decode_items = (wave + units - 1) / std::max(units, 1);
-  }
-  const int items = std::max({cap.max_batch_size, decode_items,
-                              (cap.max_tokens * group + 63) / 64 + cap.max_batch_size});
+  // A captured launch covers graph_items_bound items; a looser bound only launches blocks that
+  // exit at once (on the H200, 8,448 empty blocks cost a 1-request decode ~12 µs per layer; on
+  // the H100 the batch-wide capacity's 784 x 8 blocks cost a 1-request decode 14.5 µs a layer
+  // at 1de75ef). Without a tuned decode kernel (the generic path) the split rules differ: a
+  // wave of 8 blocks per SM.
+  const ScheduleConfig cfg = schedule_config(shape);
+  const int decode_items =
+      cfg.fast_path || cfg.mla_decode ? decode_wave_items(shape, cfg) : sm_count_ * 8;
+  graph_decode_items_ = decode_items;
+  graph_group_ = std::max(shape.num_qo_heads / std::max(shape.num_kv_heads, 1), 1);
+  const int items = graph_items_bound(cap.max_batch_size, cap.max_tokens);
   ensure_capacity(cap.max_batch_size, cap.max_pages, items, cap.max_mask_bytes, cap.max_tokens);
   ensure_workspace(cap_items_, shape.num_qo_heads, shape.head_dim_v);
   graph_mode_ = true;
@@ -238,9 +228,7 @@ void put(unsigned char* base, size_t off, std::span<const T> v) {
 
 }  // namespace
 
-void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& shape) {
-  validate_input(in, shape);
-  const int bs = in.batch_size();
+ScheduleConfig CudaBatchAttention::schedule_config(const AttentionShape& shape) const {
   ScheduleConfig cfg;
   cfg.sm_count = sm_count_;
   cfg.force_prefill = force_prefill_;
@@ -262,11 +250,25 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
     cfg.decode_heads_per_block = kc::mla_decode_block_heads(
         shape.q_dtype, shape.kv_dtype, shape.out_dtype, shape.num_qo_heads, options_.cuda);
   }
-  if (graph_mode_) {  // a split must fit the frozen arena and workspace
-    cfg.max_items = cap_items_;
+  return cfg;
+}
+
+void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& shape) {
+  validate_input(in, shape);
+  const int bs = in.batch_size();
+  ScheduleConfig cfg = schedule_config(shape);
+  // Graph mode: a split must fit the frozen arena and workspace, and the launch grid of the
+  // batch's graph (the bound of this batch: a replay is padded to its captured batch).
+  const int grid_items =
+      graph_mode_ ? std::min(cap_items_, graph_items_bound(bs, bs > 0 ? in.qo_indptr[bs] : 0)) : 0;
+  if (graph_mode_) {
+    cfg.max_items = grid_items;
     cfg.max_partial_floats = cap_partial_floats_;
   }
   Schedule sched = build_schedule(in, shape, cfg);
+  PAGODA_REQUIRE(!graph_mode_ || sched.num_items() <= grid_items, kInternal,
+                 "CUDA-graph plan: {} work items exceed the bound {} of a batch of {} requests",
+                 sched.num_items(), grid_items, bs);
   const int64_t pages = in.kv_indptr[bs];
   const int64_t mask_bytes = in.custom_mask.empty() ? 0 : in.mask_indptr[bs];
   const std::vector<int32_t> mask_free = mask_bytes > 0 ? mask_free_columns(in)
@@ -324,6 +326,7 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   page_size_ = in.page_size;
   batch_size_ = bs;
   nnz_qo_ = schedule_.nnz_qo;
+  grid_items_ = grid_items;
   max_page_id_ = max_page;
   has_mask_ = mask_bytes > 0;
   max_mask_tail_ = max_tail;
@@ -491,13 +494,16 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.v_scale = params.v_scale;
   a.partial_o = static_cast<float*>(partial_o_.get());
   a.partial_lse = static_cast<float*>(partial_lse_.get());
-  a.grid_items = graph_mode_ ? cap_items_ : schedule_.num_items();
+  // A graph's launch is frozen at capture: its grids cover any plan of the captured batch (the
+  // merge kernel strides over its rows, so one block per request suffices).
+  const int graph_bs = std::max(batch_size_, 1);
+  a.grid_items = graph_mode_ ? grid_items_ : schedule_.num_items();
   a.grid_rows = graph_mode_ ? cap_tokens_ : nnz_qo_;
-  a.grid_merge = graph_mode_ ? cap_bs_ : schedule_.num_merges();
-  // The merge block follows the mean partials per row: this plan's, or in a graph (whose launch
-  // is frozen) the capacity's, items over rows.
+  a.grid_merge = graph_mode_ ? std::min(cap_bs_, graph_bs) : schedule_.num_merges();
+  // The merge block follows the mean partials per row: this plan's, or in a graph the grid's
+  // items over its requests.
   a.merge_parts =
-      graph_mode_ ? (cap_items_ + std::max(cap_bs_, 1) - 1) / std::max(cap_bs_, 1)
+      graph_mode_ ? (grid_items_ + graph_bs - 1) / graph_bs
       : schedule_.num_merges() > 0
           ? (schedule_.num_partials + schedule_.num_merges() - 1) / schedule_.num_merges()
           : 0;

@@ -49,8 +49,11 @@ class CudaBatchAttention final : public attention::BatchAttention {
                  const TensorView& out, const TensorView& lse,
                  const attention::RunParams& params) noexcept;
 
-  /// Freezes arena and workspace sizes (allocated now); launches then use capacity-sized grids
-  /// whose blocks read the real counts from the arena. Requires a later plan() per step.
+  /// Freezes arena and workspace sizes (allocated now). Launches then use grids sized by
+  /// graph_items_bound() of the planned batch, whose blocks read the real counts from the arena
+  /// and exit past them. Requires a later plan() per step. A captured launch keeps the grid of
+  /// the batch it was captured on, so a replayed plan must be of a batch with no more requests
+  /// and query rows (the workers pad a replay to its graph's captured batch).
   void enable_graph_mode(const GraphCapacity& cap, const attention::AttentionShape& shape);
   bool graph_mode() const { return graph_mode_; }
   /// Later plans take the prefill path even for one query per request (ScheduleConfig).
@@ -76,6 +79,12 @@ class CudaBatchAttention final : public attention::BatchAttention {
   struct Layout;  // arena offsets for the current capacities
   void ensure_capacity(int bs, int64_t pages, int items, int64_t mask_bytes, int tokens);
   void ensure_workspace(int partials, int hq, int dv);
+  /// The planner's inputs for `shape` on this device with these options (no capacities).
+  ScheduleConfig schedule_config(const attention::AttentionShape& shape) const;
+  /// Graph mode: the most work items a plan of `bs` requests and `tokens` query rows can have
+  /// (a schedule never exceeds it: decode items fit one wave, prefill items are row tiles of
+  /// >= 64 rows unless a split, which plan() caps at this bound); monotone in both.
+  int graph_items_bound(int bs, int tokens) const;
   const float* device_sinks(std::span<const float> sinks, Status& st) noexcept;
 
   cudaStream_t stream_ = nullptr;
@@ -86,6 +95,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
   KernelPath run_path_ = KernelPath::kGeneric;
   // capacities
   int cap_bs_ = 0, cap_items_ = 0, cap_tokens_ = 0;
+  int graph_decode_items_ = 0;  ///< decode items of one wave (enable_graph_mode)
+  int graph_group_ = 1;         ///< q heads per kv head of the graph's shape
   int64_t cap_pages_ = 0, cap_mask_ = 0;
   int64_t cap_partial_floats_ = 0;
   CudaBuffer arena_;
@@ -106,6 +117,7 @@ class CudaBatchAttention final : public attention::BatchAttention {
   int page_size_ = 1;
   int batch_size_ = 0;
   int nnz_qo_ = 0;
+  int grid_items_ = 0;  ///< graph mode: graph_items_bound of this plan's batch
   int32_t max_page_id_ = -1;
   bool has_mask_ = false;
   /// Custom mask: the most visible keys a row has past its request's mask-free columns (a tree

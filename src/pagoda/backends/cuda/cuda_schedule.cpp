@@ -156,6 +156,19 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
 
 }  // namespace
 
+int decode_wave_items(const attention::AttentionShape& shape, const ScheduleConfig& config) {
+  const int group = shape.num_qo_heads / std::max(shape.num_kv_heads, 1);
+  const int per_block =
+      std::max(1, config.mla_decode ? config.decode_heads_per_block : kMaxGroupPerBlock);
+  const int units = std::max(1, shape.num_kv_heads * ((group + per_block - 1) / per_block));
+  const int wave = config.sm_count * config.decode_blocks_per_sm;
+  return (wave + units - 1) / units;
+}
+
+int schedule_items_bound(int bs, int tokens, int group, int wave_items) {
+  return std::max({bs, wave_items, (tokens * std::max(group, 1) + 63) / 64 + bs, 1});
+}
+
 Schedule build_schedule(const attention::PagedPlanInput& in, const attention::AttentionShape& shape,
                         const ScheduleConfig& config) {
   Schedule s;

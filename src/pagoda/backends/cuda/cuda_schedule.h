@@ -64,6 +64,18 @@ struct Schedule {
   int num_merges() const { return static_cast<int>(merge_req.size()); }
 };
 
+/// Decode work items of one wave for `shape` under `config` (its sm_count, decode_blocks_per_sm,
+/// decode_heads_per_block and mla_decode): a split keeps items × units within the wave, so a
+/// decode step never has more than this many items unless it has more requests.
+int decode_wave_items(const attention::AttentionShape& shape, const ScheduleConfig& config);
+
+/// The most work items build_schedule gives a batch of `bs` requests and `tokens` query rows
+/// with config.max_items set to this bound (CUDA-graph launches are sized by it):
+/// max(bs, wave_items, ceil(tokens · group / 64) + bs) — decode items are one per request or
+/// fit one wave, prefill row tiles hold >= 64 packed rows, and a prefill split respects
+/// max_items. Monotone in bs and tokens.
+int schedule_items_bound(int bs, int tokens, int group, int wave_items);
+
 /// kv_len of every request of a validated plan input.
 std::vector<int32_t> kv_lengths(const attention::PagedPlanInput& in);
 
