@@ -16,6 +16,7 @@ namespace {
 template <typename Options, typename F>
 void for_each_option(Options& o, F&& f) {
   f("mla_decode", o.mla_decode);
+  f("decode_min_chunk", o.decode_min_chunk);
   f("mla_sm90", o.cuda.mla_sm90);
   f("mla_sm90_small", o.cuda.mla_sm90_small);
   f("mla_tma", o.cuda.mla_tma);
@@ -52,6 +53,9 @@ std::string print_value(int v) { return std::to_string(v); }
 }  // namespace
 
 void KernelOptions::validate() const {
+  PAGODA_REQUIRE(decode_min_chunk >= 16 && decode_min_chunk % 16 == 0, kInvalidArgument,
+                 "kernel option decode_min_chunk must be a multiple of 16 and >= 16, got {}",
+                 decode_min_chunk);
   PAGODA_REQUIRE(cuda.sm90_max_blocks >= 0, kInvalidArgument,
                  "kernel option sm90_max_blocks must be >= 0 (0 = no cap), got {}",
                  cuda.sm90_max_blocks);

@@ -30,6 +30,11 @@ struct KernelOptions {
   bool mla_decode = true;
   /// The Hopper (sm_90a) prefill / extend kernel where it runs (else the mma.sync kernel).
   bool sm90_prefill = true;
+  /// The shortest split-KV chunk of a decode step (keys, a multiple of 16, >= 16): a request is
+  /// split only into chunks at least this long (ScheduleConfig::min_chunk_tokens). 256 since the
+  /// split planner's start; shorter chunks spread a short context of a small batch over more
+  /// blocks (A/B: bench/results, issue 47).
+  int decode_min_chunk = 256;
   /// Launch variants of the tuned kernels (attention_params.h); only where their kernel runs.
   kernels::cuda::CudaLaunchVariants cuda{};
   // ---- CPU backend (docs/design/cpu_backend.md) ----
@@ -38,8 +43,9 @@ struct KernelOptions {
   /// The AVX512-BF16 decode micro-kernels (opt-in: no faster on the local Zen 4).
   bool cpu_bf16_decode = false;
 
-  /// Throws Error(kInvalidArgument) naming the first out-of-range field (sm90_max_blocks < 0,
-  /// sm90_pingpong outside -1..1, merge_threads not 0 or 32..512 in steps of 32).
+  /// Throws Error(kInvalidArgument) naming the first out-of-range field (decode_min_chunk not a
+  /// multiple of 16 >= 16, sm90_max_blocks < 0, sm90_pingpong outside -1..1, merge_threads not
+  /// 0 or 32..512 in steps of 32).
   void validate() const;
 };
 

@@ -46,8 +46,9 @@ TEST(KernelOptions, DefaultsAreTheKernelsOwn) {
   const KernelOptions o;
   const kernels::cuda::CudaLaunchVariants v;
   const Values d = values_of(o);
-  EXPECT_EQ(d.size(), 15u);
+  EXPECT_EQ(d.size(), 16u);
   EXPECT_EQ(d.at("mla_decode"), "true");
+  EXPECT_EQ(d.at("decode_min_chunk"), "256");
   EXPECT_EQ(d.at("sm90_prefill"), "true");
   EXPECT_EQ(d.at("sm90_pingpong"), std::to_string(v.sm90_pingpong));
   EXPECT_EQ(d.at("merge_threads"), "0");
@@ -76,6 +77,9 @@ TEST(KernelOptions, RandomAssignmentsRoundTrip) {
         text = canonical = std::to_string(v);
       } else if (name == "sm90_pingpong") {
         const int v = static_cast<int>(rng() % 3) - 1;
+        text = canonical = std::to_string(v);
+      } else if (name == "decode_min_chunk") {
+        const int v = 16 * (1 + static_cast<int>(rng() % 64));  // 16..1024
         text = canonical = std::to_string(v);
       } else if (name == "merge_threads") {
         const int v = static_cast<int>(rng() % 17) * 32;  // 0 (sized) or 32..512
@@ -110,6 +114,8 @@ TEST(KernelOptions, BadAssignmentsAreErrorsNamingThem) {
   expect_refused(o, "sm90_pingpong=2", "sm90_pingpong must be");
   expect_refused(o, "sm90_pingpong=-2", "sm90_pingpong must be");
   expect_refused(o, "sm90_max_blocks=-1", "sm90_max_blocks must be");
+  expect_refused(o, "decode_min_chunk=0", "decode_min_chunk must be");
+  expect_refused(o, "decode_min_chunk=40", "decode_min_chunk must be");
   expect_refused(o, "sm90_max_blocks=99999999999", "kernel option sm90_max_blocks");
   EXPECT_EQ(o.cuda.merge_threads, 64);
 }

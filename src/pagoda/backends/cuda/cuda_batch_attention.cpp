@@ -232,6 +232,7 @@ ScheduleConfig CudaBatchAttention::schedule_config(const AttentionShape& shape) 
   ScheduleConfig cfg;
   cfg.sm_count = sm_count_;
   cfg.force_prefill = force_prefill_;
+  cfg.min_chunk_tokens = options_.decode_min_chunk;
   cfg.fast_path = kc::fast_path_supported(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                           shape.head_dim_qk, shape.head_dim_v);
   if (cfg.fast_path) {
