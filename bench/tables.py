@@ -368,9 +368,41 @@ def amx_table(rec):
     return out
 
 
+def ab_table(rec):
+    """Kernel-option A/B of the engine's decode step (bench/device/ab_options.py): per batch and
+    variant, the step's median [min–max] over rounds and the ratio first variant / variant per
+    round (> 1: the variant's step is shorter), median [min–max], with the verdict rule."""
+    a = rec["ab"]
+    out = [f"### Kernel-option A/B, decode step ({a.get('model', '?')}, {a.get('input_len')} in / "
+           f"{a.get('output_len')} out, CUDA graphs) — {header(rec)}", "",
+           "| batch | variant | kernel options | step ms [min–max] | first / variant | verdict |",
+           "|---|---|---|---|---|---|"]
+    names = [v["name"] for v in a["variants"]]
+    opts = {v["name"]: ", ".join(v["options"]) or "defaults" for v in a["variants"]}
+    for bs in sorted({s["batch"] for s in a["samples"]}):
+        by = {n: {} for n in names}
+        for smp in a["samples"]:
+            if smp["batch"] == bs:
+                by[smp["variant"]][smp["round"]] = smp["decode_step_ms"]
+        base = by[names[0]]
+        for n in names:
+            v = by[n]
+            if not v:
+                continue
+            ratios = [base[r] / v[r] for r in sorted(v) if r in base]
+            vs = list(v.values())
+            cell = "–" if n == names[0] else \
+                f"{statistics.median(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}]"
+            out.append(f"| {bs} | {n} | {opts[n]} | {statistics.median(vs):.4f} "
+                       f"[{min(vs):.4f}–{max(vs):.4f}] | {cell} | "
+                       f"{'–' if n == names[0] else verdict(ratios)} |")
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
-            ("python", python_table), ("profile", profile_table), ("amx", amx_table))
+            ("python", python_table), ("profile", profile_table), ("amx", amx_table),
+            ("ab", ab_table))
 
 
 def render(records):

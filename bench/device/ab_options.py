@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Kernel-option A/B of the engine's decode step on the device: `pagoda bench --json` on one
 random checkpoint, alternating the variants round by round (A, B, ..., A, B, ...), every run
-with the same workload and engine settings. Writes one JSON record (commit, GPU, every sample)
-to --out and prints a median [min-max] line per (batch, variant) with the ratio to the first
+with the same workload and engine settings. Writes one JSON record (commit, GPU, every sample;
+bench/tables.py renders its "ab" table) to --out and prints a median [min-max] line per (batch, variant) with the ratio to the first
 variant (> 1: the variant's step is shorter).
 
   python3 bench/device/ab_options.py --pagoda build/pagoda --model /tmp/ckpt-1b --commit SHA \
@@ -46,8 +46,13 @@ def main():
     for v in args.variant:
         name, _, opts = v.partition("=")
         variants.append((name, [o for o in opts.split(",") if o]))
-    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip()
+    fields = ["name", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.max.mem"]
+    gpus = []
+    for line in subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                                "--format=csv,noheader"],
+                               capture_output=True, text=True).stdout.strip().splitlines():
+        v = [x.strip() for x in line.split(",")]
+        gpus.append(dict(zip(["name", "driver", "sm_mhz", "sm_max_mhz", "mem_max_mhz"], v)))
     samples = []
     for r in range(args.rounds):
         for bs in [int(b) for b in args.batches.split(",")]:
@@ -57,10 +62,13 @@ def main():
                                 "decode_step_ms": j["decode_step_ms"],
                                 "output_tok_s": j.get("output_tokens_per_s")})
                 print(f"round {r} batch {bs} {name}: {j['decode_step_ms']:.4f} ms", flush=True)
-    record = {"schema": "pagoda.ab_options/1", "commit": args.commit, "gpu": gpu,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "model": args.model, "input_len": args.input_len, "output_len": args.output_len,
-              "variants": [{"name": n, "options": o} for n, o in variants], "samples": samples}
+    record = {"commit": args.commit, "kind": "ab", "group": "ab",
+              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "gpus": gpus,
+              "ab": {"model": args.model, "input_len": args.input_len,
+                     "output_len": args.output_len,
+                     "variants": [{"name": n, "options": o} for n, o in variants],
+                     "samples": samples}}
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     base = variants[0][0]

@@ -31,10 +31,11 @@ struct KernelOptions {
   /// The Hopper (sm_90a) prefill / extend kernel where it runs (else the mma.sync kernel).
   bool sm90_prefill = true;
   /// The shortest split-KV chunk of a decode step (keys, a multiple of 16, >= 16): a request is
-  /// split only into chunks at least this long (ScheduleConfig::min_chunk_tokens). 256 since the
-  /// split planner's start; shorter chunks spread a short context of a small batch over more
-  /// blocks (A/B: bench/results, issue 47).
-  int decode_min_chunk = 256;
+  /// split only into chunks at least this long (ScheduleConfig::min_chunk_tokens); a long context
+  /// takes the chunk that fills one wave, so this only spreads short contexts of small batches
+  /// over more blocks. 64 (was 256): the 1B decode step at batch 1 0.7 % shorter, batch 64
+  /// within noise (H100, 24566f7, record h100_ab_min_chunk_24566f7.json).
+  int decode_min_chunk = 64;
   /// Launch variants of the tuned kernels (attention_params.h); only where their kernel runs.
   kernels::cuda::CudaLaunchVariants cuda{};
   // ---- CPU backend (docs/design/cpu_backend.md) ----

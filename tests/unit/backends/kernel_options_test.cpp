@@ -48,7 +48,7 @@ TEST(KernelOptions, DefaultsAreTheKernelsOwn) {
   const Values d = values_of(o);
   EXPECT_EQ(d.size(), 16u);
   EXPECT_EQ(d.at("mla_decode"), "true");
-  EXPECT_EQ(d.at("decode_min_chunk"), "256");
+  EXPECT_EQ(d.at("decode_min_chunk"), "64");
   EXPECT_EQ(d.at("sm90_prefill"), "true");
   EXPECT_EQ(d.at("sm90_pingpong"), std::to_string(v.sm90_pingpong));
   EXPECT_EQ(d.at("merge_threads"), "0");
