@@ -369,16 +369,16 @@ def amx_table(rec):
 
 
 def ab_table(rec):
-    """Kernel-option A/B of the engine's decode step (bench/device/ab_options.py): per batch and
+    """Engine-option A/B (kernel options, --overlap) of the decode step (bench/device/ab_options.py): per batch and
     variant, the step's median [min–max] over rounds and the ratio first variant / variant per
     round (> 1: the variant's step is shorter), median [min–max], with the verdict rule."""
     a = rec["ab"]
-    out = [f"### Kernel-option A/B, decode step ({a.get('model', '?')}, {a.get('input_len')} in / "
+    out = [f"### Engine-option A/B, decode step ({a.get('model', '?')}, {a.get('input_len')} in / "
            f"{a.get('output_len')} out, CUDA graphs) — {header(rec)}", "",
-           "| batch | variant | kernel options | step ms [min–max] | first / variant | verdict |",
+           "| batch | variant | options | step ms [min–max] | first / variant | verdict |",
            "|---|---|---|---|---|---|"]
     names = [v["name"] for v in a["variants"]]
-    opts = {v["name"]: ", ".join(v["options"]) or "defaults" for v in a["variants"]}
+    opts = {v["name"]: " ".join(v["options"]) or "defaults" for v in a["variants"]}
     for bs in sorted({s["batch"] for s in a["samples"]}):
         by = {n: {} for n in names}
         for smp in a["samples"]:

@@ -367,14 +367,14 @@ def main():
         md1 = tables(os.path.join(tmp, "one.json"))
         expect(re.search(r"\| decode_p16_b64_l4096 \|.*1 round \|", md1) is not None, "1 round")
 
-        # A kernel-option A/B record (bench/device/ab_options.py): per-round ratios first / variant.
+        # An engine-option A/B record (bench/device/ab_options.py): per-round ratios first / variant.
         ab_rounds = 3
         step_ms = {(bs, n, r): rng.uniform(1.0, 2.0) for bs in (1, 64) for n in ("a", "b")
                    for r in range(ab_rounds)}
         ab = {"commit": "def5678", "date": "2026-12-06T00:00:00Z",
               "gpus": [{"name": "NVIDIA H100", "driver": "1"}],
               "ab": {"model": "m", "input_len": 128, "output_len": 128,
-                     "variants": [{"name": "a", "options": []}, {"name": "b", "options": ["x=1"]}],
+                     "variants": [{"name": "a", "options": []}, {"name": "b", "options": ["--x", "1"]}],
                      "samples": [{"round": r, "batch": bs, "variant": n, "options": [],
                                   "decode_step_ms": v} for (bs, n, r), v in step_ms.items()]}}
         with open(os.path.join(tmp, "ab.json"), "w") as f:
@@ -385,7 +385,7 @@ def main():
             ratios = [step_ms[(bs, "a", r)] / step_ms[(bs, "b", r)] for r in range(ab_rounds)]
             bv = [step_ms[(bs, "b", r)] for r in range(ab_rounds)]
             v = ("faster" if min(ratios) > 1 else "slower" if max(ratios) < 1 else "within noise")
-            want = (f"| {bs} | b | x=1 | {statistics.median(bv):.4f} [{min(bv):.4f}–{max(bv):.4f}] | "
+            want = (f"| {bs} | b | --x 1 | {statistics.median(bv):.4f} [{min(bv):.4f}–{max(bv):.4f}] | "
                     f"{statistics.median(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}] | {v} |")
             expect(line == want, f"ab row {line!r} != {want!r}")
     print("ok")

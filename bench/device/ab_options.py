@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Kernel-option A/B of the engine's decode step on the device: `pagoda bench --json` on one
-random checkpoint, alternating the variants round by round (A, B, ..., A, B, ...), every run
-with the same workload and engine settings. Writes one JSON record (commit, GPU, every sample;
+"""Engine-option A/B of the decode step on the device: `pagoda bench --json` on one random
+checkpoint, alternating the variants round by round (A, B, ..., A, B, ...), every run with the
+same workload and engine settings plus the variant's own options (kernel options, --overlap). Writes one JSON record (commit, GPU, every sample;
 bench/tables.py renders its "ab" table) to --out and prints a median [min-max] line per (batch, variant) with the ratio to the first
 variant (> 1: the variant's step is shorter).
 
   python3 bench/device/ab_options.py --pagoda build/pagoda --model /tmp/ckpt-1b --commit SHA \
-      --batches 1,64 --rounds 3 --variant base= --variant chunk64=decode_min_chunk=64 --out ab.json
+      --batches 1,64 --rounds 3 --variant base= \
+      --variant chunk64="--kernel-option decode_min_chunk=64" --variant ovl="--overlap on" --out ab.json
 """
 import argparse
 import datetime
@@ -20,8 +21,7 @@ def bench(args, bs, options):
            "--requests", str(bs), "--max-running", str(bs), "--pool-tokens", "65536",
            "--chunk-size", "0", "--page-size", "16", "--input-len", str(args.input_len),
            "--output-len", str(args.output_len)]
-    for o in options:
-        cmd += ["--kernel-option", o]
+    cmd += options
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: rc {out.returncode}: {out.stderr[-2000:]}")
@@ -39,13 +39,13 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--timeout", type=int, default=120)
     ap.add_argument("--variant", action="append", required=True,
-                    help="NAME=OPT[,OPT...] (kernel options NAME=VALUE; empty for the defaults)")
+                    help="NAME=ARGS: more `pagoda bench` arguments, split at spaces (empty: none)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     variants = []
     for v in args.variant:
         name, _, opts = v.partition("=")
-        variants.append((name, [o for o in opts.split(",") if o]))
+        variants.append((name, opts.split()))
     fields = ["name", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.max.mem"]
     gpus = []
     for line in subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
