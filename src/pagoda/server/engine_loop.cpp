@@ -31,12 +31,9 @@ void RequestStream::set_id(engine::RequestId id) {
 }
 
 void RequestStream::push(int32_t token, const model::TokenLogprobs* logprobs) {
-  {
-    std::lock_guard lock(mu_);
-    tokens_.push_back(token);
-    if (logprobs != nullptr) logprobs_.push_back(*logprobs);
-  }
-  cv_.notify_one();
+  std::lock_guard lock(mu_);
+  tokens_.push_back(token);
+  if (logprobs != nullptr) logprobs_.push_back(*logprobs);
 }
 
 void RequestStream::finish(engine::FinishReason reason, std::string error, int error_status) {
@@ -74,8 +71,9 @@ void EngineLoop::count_inflight_locked() {
   ++inflight_;
 }
 
-std::shared_ptr<RequestStream> EngineLoop::submit(engine::GenerateRequest request) {
-  auto stream = std::make_shared<RequestStream>();
+std::shared_ptr<RequestStream> EngineLoop::submit(engine::GenerateRequest request,
+                                                  StreamWake wake) {
+  auto stream = std::make_shared<RequestStream>(wake);
   stream->prompt_len = static_cast<int32_t>(request.prompt.size());
   stream->want_logprobs = request.logprobs >= 0;
   stream->request = std::move(request);
@@ -263,7 +261,9 @@ void EngineLoop::run() {
         if (it == live_.end()) continue;
         const bool lp = it->second->want_logprobs && i < out.logprobs.size();
         it->second->push(out.tokens[i].second, lp ? &out.logprobs[i] : nullptr);
+        if (it->second->wake() == StreamWake::kEachToken) to_wake_.push_back(it->second);
       }
+      waker_.wake(to_wake_);  // off this thread (stream_waker.h); a finish below wakes at once
       for (engine::RequestId id : out.finished) finish_stream(id, engine_.output(id));
     } catch (const std::exception& e) {
       // A failed step: every live request ends with the error (the engine's state is unknown).

@@ -23,13 +23,22 @@
 
 #include "pagoda/engine/engine.h"
 #include "pagoda/server/metrics.h"
+#include "pagoda/server/stream_waker.h"
 
 namespace pagoda::server {
+
+/// When the reader of a RequestStream is woken.
+enum class StreamWake : uint8_t {
+  kEachToken,  ///< after every step that gave it tokens (streamed answers, stop strings)
+  kFinish,     ///< only when it finishes (a whole answer; the reader's wait() still times out)
+};
 
 /// The tokens of one request as the engine produces them. Written by the loop thread, read by
 /// one HTTP thread.
 class RequestStream {
  public:
+  explicit RequestStream(StreamWake wake = StreamWake::kEachToken) : wake_(wake) {}
+
   /// What wait() hands over: tokens since the last call, and the end when it came.
   struct Update {
     std::vector<int32_t> tokens;
@@ -45,9 +54,15 @@ class RequestStream {
   Update wait(int timeout_ms);
 
   // Loop thread side.
-  /// `logprobs`: the token's log-probabilities when the request asked for them, else nullptr.
+  /// Appends a token without waking the reader (the loop's StreamWaker calls notify() after
+  /// the step for kEachToken streams). `logprobs`: the token's log-probabilities when the
+  /// request asked for them, else nullptr.
   void push(int32_t token, const model::TokenLogprobs* logprobs);
+  /// Ends the stream and wakes the reader.
   void finish(engine::FinishReason reason, std::string error, int error_status);
+  /// Wakes the reader (any thread).
+  void notify() { cv_.notify_one(); }
+  StreamWake wake() const { return wake_; }
   /// At admission: the engine's id of the request.
   void set_id(engine::RequestId id);
 
@@ -56,6 +71,7 @@ class RequestStream {
   bool want_logprobs = false;  ///< request.logprobs >= 0 (set at submit)
 
  private:
+  const StreamWake wake_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<int32_t> tokens_;
@@ -75,10 +91,12 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
-  /// Queues `request`; its tokens arrive through the returned stream. Throws ApiError(503) when
-  /// `max_inflight` requests are in flight or the loop no longer accepts work. Engine-side
-  /// validation errors arrive as a finished Update with error_status 400 or 413.
-  std::shared_ptr<RequestStream> submit(engine::GenerateRequest request);
+  /// Queues `request`; its tokens arrive through the returned stream, whose reader `wake`
+  /// says when to wake. Throws ApiError(503) when `max_inflight` requests are in flight or the
+  /// loop no longer accepts work. Engine-side validation errors arrive as a finished Update with
+  /// error_status 400 or 413.
+  std::shared_ptr<RequestStream> submit(engine::GenerateRequest request,
+                                        StreamWake wake = StreamWake::kEachToken);
   /// Ends the request of `stream` (a client went away or a stop string matched); its KV is
   /// freed at the next step boundary. Idempotent.
   void cancel(const std::shared_ptr<RequestStream>& stream);
@@ -130,6 +148,8 @@ class EngineLoop {
   // Loop thread only.
   std::unordered_map<engine::RequestId, std::shared_ptr<RequestStream>> live_;
   std::unordered_map<const RequestStream*, engine::RequestId> ids_;
+  std::vector<std::shared_ptr<RequestStream>> to_wake_;  ///< a step's kEachToken streams
+  StreamWaker waker_;  ///< before thread_: the loop thread uses it until it is joined
   std::thread thread_;
 };
 

@@ -504,6 +504,11 @@ void submit_choices(ServerState& s, Job& job) {
                            " is more than this server runs and queues (" +
                            std::to_string(s.max_inflight) + ")");
   std::shared_ptr<engine::TokenConstraint> first_constraint = response_constraint(s, r);
+  // A whole answer that no stop string or stop token can end early needs its tokens only at the
+  // end: its HTTP thread is not woken per step (engine_loop.h StreamWake).
+  const StreamWake wake = !r.stream && r.stop.empty() && r.stop_token_ids.empty()
+                              ? StreamWake::kFinish
+                              : StreamWake::kEachToken;
   const uint64_t serial = s.next_id.fetch_add(1);
   job.id = (job.chat() ? "chatcmpl-" : "cmpl-") + std::to_string(serial);
   job.created = static_cast<int64_t>(std::time(nullptr));
@@ -542,7 +547,7 @@ void submit_choices(ServerState& s, Job& job) {
       try {
         c.stream = s.pd_decode != nullptr
                        ? pd_decode_room(*s.pd_decode, std::move(g), job.room, job.prefill_url)
-                       : s.loop->submit(std::move(g));
+                       : s.loop->submit(std::move(g), wake);
       } catch (const ApiError&) {  // the queue filled up part-way: nothing of this request runs
         job.choices.resize(static_cast<size_t>(c.index));
         job.cancel_all();

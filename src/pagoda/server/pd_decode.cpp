@@ -216,6 +216,7 @@ std::shared_ptr<RequestStream> pd_decode_room(PdContext& pd, engine::GenerateReq
     pd.loop->run_on_loop([&](engine::Engine& e) {
       e.transfer().commit(id, first);
       stream->push(first, nullptr);
+      stream->notify();
     });
   } catch (const Error& e) {  // cancelled meanwhile (client gone), or a token outside the vocabulary
     guard.fail("commit_failed", 502, std::string("cannot commit the transferred room: ") + e.what());
