@@ -50,12 +50,12 @@ void LinearAttentionBackend::init_forward_metadata(kv::StatePool& pool,
     if (q.node_slots.empty() && q.node_parents.empty()) continue;
     PAGODA_REQUIRE(capabilities().tree_verify, kUnsupported,
                    "{} has no tree verify (speculative decoding); use 'reference' or 'cpu'", who);
-    PAGODA_REQUIRE(std::ssize(q.node_slots) == q.num_tokens &&
-                       std::ssize(q.node_parents) == q.num_tokens,
-                   kInvalidArgument,
-                   "{}: a tree verify of {} tokens needs as many node slots and parents (got {} "
-                   "and {})",
-                   who, q.num_tokens, q.node_slots.size(), q.node_parents.size());
+    PAGODA_REQUIRE(
+        std::ssize(q.node_slots) == q.num_tokens && std::ssize(q.node_parents) == q.num_tokens,
+        kInvalidArgument,
+        "{}: a tree verify of {} tokens needs as many node slots and parents (got {} "
+        "and {})",
+        who, q.num_tokens, q.node_slots.size(), q.node_parents.size());
     for (int32_t t = 0; t < q.num_tokens; ++t) {
       const int32_t parent = q.node_parents[static_cast<size_t>(t)];
       PAGODA_REQUIRE(t == 0 ? parent == -1 : parent >= 0 && parent < t, kInvalidArgument,
@@ -89,15 +89,14 @@ void LinearAttentionBackend::init_forward_metadata(kv::StatePool& pool,
 void LinearAttentionBackend::forward(const LinearLayer& layer, const TensorView& xbc,
                                      const TensorView& dt, const TensorView& y) {
   const std::string who = fmt::format("linear-attention backend '{}'", name());
-  PAGODA_REQUIRE(pool_ != nullptr, kFailedPrecondition,
-                 "{}: forward before init_forward_metadata", who);
+  PAGODA_REQUIRE(pool_ != nullptr, kFailedPrecondition, "{}: forward before init_forward_metadata",
+                 who);
   const LinearShape& s = layer.shape;
   s.validate();
   PAGODA_REQUIRE(pool_->shape() == s.state_shape(), kInvalidArgument,
                  "{}: the state pool's shape does not match the layer's", who);
   PAGODA_REQUIRE(layer.state_layer >= 0 && layer.state_layer < pool_->num_layers(), kOutOfRange,
-                 "{}: state layer {} outside [0, {})", who, layer.state_layer,
-                 pool_->num_layers());
+                 "{}: state layer {} outside [0, {})", who, layer.state_layer, pool_->num_layers());
   const LinearWeights& w = layer.weights;
   PAGODA_REQUIRE(w.conv && w.dt_bias && w.a_log && w.d, kInvalidArgument,
                  "{}: a weight other than the conv bias is missing", who);

@@ -51,9 +51,9 @@ namespace pagoda::attention {
 /// What a linear-attention backend supports, as data (the registry and the conformance matrix
 /// read it).
 struct LinearCapabilities {
-  std::vector<DType> dtypes;  ///< xBC / dt / y dtypes; empty = any
-  bool tree_verify = false;   ///< LinearSeq::node_slots (speculative verify)
-  bool cuda_graph = false;    ///< capturable forward (address-stable plan)
+  std::vector<DType> dtypes;   ///< xBC / dt / y dtypes; empty = any
+  bool tree_verify = false;    ///< LinearSeq::node_slots (speculative verify)
+  bool cuda_graph = false;     ///< capturable forward (address-stable plan)
   std::string device = "cpu";  ///< "cpu" or "cuda": where xBC, dt, y, the weights and states live
 };
 

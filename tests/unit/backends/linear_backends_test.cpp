@@ -55,10 +55,12 @@ TEST(LinearSelection, FollowsTheAttentionSelectionUnlessNamed) {
 
 TEST(LinearSelection, ErrorsNameTheBackend) {
   auto r = builtin();
-  r.add("attn-only", "an attention backend without a linear kind",
-        attention::BackendCapabilities{},
-        [](const attention::BackendContext&) { return std::unique_ptr<attention::AttentionBackend>(); });
-  const auto [code, msg] = error_of([&] { make_linear_backend(r, {.attention = "attn-only"}, {}, {}); });
+  r.add("attn-only", "an attention backend without a linear kind", attention::BackendCapabilities{},
+        [](const attention::BackendContext&) {
+          return std::unique_ptr<attention::AttentionBackend>();
+        });
+  const auto [code, msg] =
+      error_of([&] { make_linear_backend(r, {.attention = "attn-only"}, {}, {}); });
   EXPECT_EQ(code, ErrorCode::kUnsupported);
   EXPECT_NE(msg.find("'attn-only'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("--linear-backend"), std::string::npos) << msg;
@@ -70,8 +72,8 @@ TEST(LinearSelection, ErrorsNameTheBackend) {
             std::string::npos)
       << msg2;
   // An unsupported combination: the host backends on a CUDA model.
-  const auto [code3, msg3] = error_of(
-      [&] { make_linear_backend(r, {.attention = "reference"}, {.device = "cuda"}, {}); });
+  const auto [code3, msg3] =
+      error_of([&] { make_linear_backend(r, {.attention = "reference"}, {.device = "cuda"}, {}); });
   EXPECT_EQ(code3, ErrorCode::kUnsupported);
   EXPECT_NE(msg3.find("linear-attention backend 'reference' cannot serve device cuda (runs on "
                       "cpu)"),
@@ -81,8 +83,12 @@ TEST(LinearSelection, ErrorsNameTheBackend) {
 
 /// A layer of small sizes with weights owned here.
 struct SmallLayer {
-  attention::LinearShape shape{.num_heads = 2, .head_dim = 2, .state_size = 2, .num_groups = 1,
-                               .conv_kernel = 3, .chunk_size = 4};
+  attention::LinearShape shape{.num_heads = 2,
+                               .head_dim = 2,
+                               .state_size = 2,
+                               .num_groups = 1,
+                               .conv_kernel = 3,
+                               .chunk_size = 4};
   std::vector<float> conv = std::vector<float>(size_t(shape.conv_dim() * shape.conv_kernel), 0.1f);
   std::vector<float> heads = std::vector<float>(size_t(shape.num_heads), 0.5f);
   attention::LinearLayer layer(int32_t state_layer) const {
@@ -124,65 +130,84 @@ TEST_P(LinearBackendContract, RefusesBadInputBeforeAnythingChanges) {
   };
   {
     const auto v = views(3);
-    refused(ErrorCode::kFailedPrecondition, [&] { b->forward(small.layer(0), v[0], v[1], v[2]); },
-            "forward before a plan");
+    refused(
+        ErrorCode::kFailedPrecondition, [&] { b->forward(small.layer(0), v[0], v[1], v[2]); },
+        "forward before a plan");
   }
   const std::vector<int32_t> nodes = {c}, root = {-1}, bad_root = {0};
   auto plan = [&](std::vector<LinearSeq> seqs) { b->init_forward_metadata(pool, seqs); };
-  refused(ErrorCode::kFailedPrecondition, [&] { plan({{.slot = 3, .num_tokens = 1}}); },
-          "a slot not held");
-  refused(ErrorCode::kOutOfRange, [&] { plan({{.slot = 9, .num_tokens = 1}}); },
-          "a slot outside the pool");
-  refused(ErrorCode::kInvalidArgument,
-          [&] { plan({{.slot = a, .num_tokens = 1}, {.slot = a, .num_tokens = 1}}); },
-          "one slot twice");
-  refused(ErrorCode::kInvalidArgument, [&] { plan({{.slot = a, .num_tokens = 0}}); },
-          "an empty sequence");
-  refused(ErrorCode::kInvalidArgument,
-          [&] { plan({{.slot = a, .num_tokens = 1, .node_slots = nodes, .node_parents = bad_root}}); },
-          "a root whose parent is not -1");
-  refused(ErrorCode::kInvalidArgument,
-          [&] { plan({{.slot = a, .num_tokens = 2, .node_slots = nodes, .node_parents = root}}); },
-          "node slots short of the count");
-  refused(ErrorCode::kInvalidArgument,
-          [&] { plan({{.slot = a, .num_tokens = 1, .node_slots = std::vector<int32_t>{a},
-                       .node_parents = root}}); },
-          "a node slot that is the sequence's own");
+  refused(
+      ErrorCode::kFailedPrecondition, [&] { plan({{.slot = 3, .num_tokens = 1}}); },
+      "a slot not held");
+  refused(
+      ErrorCode::kOutOfRange, [&] { plan({{.slot = 9, .num_tokens = 1}}); },
+      "a slot outside the pool");
+  refused(
+      ErrorCode::kInvalidArgument,
+      [&] {
+        plan({{.slot = a, .num_tokens = 1}, {.slot = a, .num_tokens = 1}});
+      },
+      "one slot twice");
+  refused(
+      ErrorCode::kInvalidArgument, [&] { plan({{.slot = a, .num_tokens = 0}}); },
+      "an empty sequence");
+  refused(
+      ErrorCode::kInvalidArgument,
+      [&] { plan({{.slot = a, .num_tokens = 1, .node_slots = nodes, .node_parents = bad_root}}); },
+      "a root whose parent is not -1");
+  refused(
+      ErrorCode::kInvalidArgument,
+      [&] { plan({{.slot = a, .num_tokens = 2, .node_slots = nodes, .node_parents = root}}); },
+      "node slots short of the count");
+  refused(
+      ErrorCode::kInvalidArgument,
+      [&] {
+        plan({{.slot = a,
+               .num_tokens = 1,
+               .node_slots = std::vector<int32_t>{a},
+               .node_parents = root}});
+      },
+      "a node slot that is the sequence's own");
   EXPECT_EQ(b->num_tokens(), 0) << "a refused plan replaced the previous one";
 
   plan({{.slot = a, .num_tokens = 3}});
   EXPECT_EQ(b->num_tokens(), 3);
   const auto v = views(3);
-  refused(ErrorCode::kOutOfRange, [&] { b->forward(small.layer(1), v[0], v[1], v[2]); },
-          "a state layer outside the pool");
+  refused(
+      ErrorCode::kOutOfRange, [&] { b->forward(small.layer(1), v[0], v[1], v[2]); },
+      "a state layer outside the pool");
   SmallLayer other;
   other.shape.state_size = 3;
-  refused(ErrorCode::kInvalidArgument, [&] { b->forward(other.layer(0), v[0], v[1], v[2]); },
-          "a layer whose state shape is not the pool's");
+  refused(
+      ErrorCode::kInvalidArgument, [&] { b->forward(other.layer(0), v[0], v[1], v[2]); },
+      "a layer whose state shape is not the pool's");
   attention::LinearLayer no_d = small.layer(0);
   no_d.weights.d = nullptr;
-  refused(ErrorCode::kInvalidArgument, [&] { b->forward(no_d, v[0], v[1], v[2]); },
-          "a missing weight");
+  refused(
+      ErrorCode::kInvalidArgument, [&] { b->forward(no_d, v[0], v[1], v[2]); }, "a missing weight");
   const auto short_views = views(2);
-  refused(ErrorCode::kInvalidArgument,
-          [&] { b->forward(small.layer(0), short_views[0], v[1], v[2]); },
-          "xBC rows short of the plan");
-  refused(ErrorCode::kUnsupported,
-          [&] {
-            b->forward(small.layer(0), v[0], v[1], TensorView(y.data(), DType::kBF16, {3, di}));
-          },
-          "a bf16 y");
-  refused(ErrorCode::kUnsupported,
-          [&] {
-            b->forward(small.layer(0), v[0], v[1],
-                       TensorView(y.data(), DType::kF32, {3, di}, Device::cuda(0)));
-          },
-          "a device y");
+  refused(
+      ErrorCode::kInvalidArgument, [&] { b->forward(small.layer(0), short_views[0], v[1], v[2]); },
+      "xBC rows short of the plan");
+  refused(
+      ErrorCode::kUnsupported,
+      [&] {
+        b->forward(small.layer(0), v[0], v[1], TensorView(y.data(), DType::kBF16, {3, di}));
+      },
+      "a bf16 y");
+  refused(
+      ErrorCode::kUnsupported,
+      [&] {
+        b->forward(small.layer(0), v[0], v[1],
+                   TensorView(y.data(), DType::kF32, {3, di}, Device::cuda(0)));
+      },
+      "a device y");
   b->forward(small.layer(0), v[0], v[1], v[2]);  // the good call runs
   EXPECT_TRUE(std::none_of(y.begin(), y.end(), [](float x) { return x == -7.f; }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Builtin, LinearBackendContract, ::testing::ValuesIn(builtin().linear_names()),
+INSTANTIATE_TEST_SUITE_P(Builtin, LinearBackendContract,
+                         ::testing::ValuesIn(builtin().linear_names()),
                          [](const auto& info) { return info.param; });
 
 /// A backend that declares no tree verify (and computes nothing).

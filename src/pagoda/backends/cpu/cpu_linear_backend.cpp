@@ -187,11 +187,10 @@ void CpuLinearBackend::scan(const LinearLayer& layer, float* h, const float* dt_
 }
 
 void register_cpu_linear_backend(attention::BackendRegistry& registry) {
-  registry.add_linear("cpu", "f32 Mamba2: chunked SSD scan for prefill, one-step decode",
-                      attention::host_linear_capabilities(),
-                      [](const attention::LinearBackendContext&) {
-                        return std::make_unique<CpuLinearBackend>();
-                      });
+  registry.add_linear(
+      "cpu", "f32 Mamba2: chunked SSD scan for prefill, one-step decode",
+      attention::host_linear_capabilities(),
+      [](const attention::LinearBackendContext&) { return std::make_unique<CpuLinearBackend>(); });
 }
 
 }  // namespace pagoda::backends

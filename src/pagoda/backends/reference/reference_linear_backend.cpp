@@ -20,8 +20,7 @@ struct State {
   std::vector<double> h;
 };
 
-State load(const kv::StatePool& pool, int32_t layer, int32_t slot, int32_t conv_dim,
-           bool stale) {
+State load(const kv::StatePool& pool, int32_t layer, int32_t slot, int32_t conv_dim, bool stale) {
   const kv::StateShape& sh = pool.shape();
   State s{std::vector<double>(static_cast<size_t>(sh.conv_floats() + conv_dim), 0.0),
           std::vector<double>(static_cast<size_t>(sh.ssm_floats()), 0.0)};
@@ -41,9 +40,13 @@ void store(const State& s, kv::StatePool& pool, int32_t layer, int32_t slot, int
   for (size_t i = 0; i < s.h.size(); ++i) h[i] = static_cast<float>(s.h[i]);
 }
 
-double softplus(double v) { return v > 20.0 ? v : std::log1p(std::exp(v)); }
+double softplus(double v) {
+  return v > 20.0 ? v : std::log1p(std::exp(v));
+}
 
-double silu(double v) { return v / (1.0 + std::exp(-v)); }
+double silu(double v) {
+  return v / (1.0 + std::exp(-v));
+}
 
 /// One token through the recurrence: conv over the window, SiLU, then one SSM step per head.
 /// Advances `s`; writes y [d_inner].
@@ -100,8 +103,8 @@ void ReferenceLinearBackend::run(const LinearLayer& layer, const TensorView& xbc
   const int32_t l = layer.state_layer, cd = layer.shape.conv_dim();
   auto token = [&](State& s, int64_t row) {
     advance(s, layer, xbc.data_as<const float>() + row * xbc.stride(0),
-            dt.data_as<const float>() + row * dt.stride(0),
-            y.data_as<float>() + row * y.stride(0), faults_.conv_shift);
+            dt.data_as<const float>() + row * dt.stride(0), y.data_as<float>() + row * y.stride(0),
+            faults_.conv_shift);
   };
   int64_t row = 0;
   for (const LinearSeq& q : seqs()) {
@@ -125,12 +128,11 @@ void ReferenceLinearBackend::run(const LinearLayer& layer, const TensorView& xbc
 }
 
 void register_reference_linear_backend(attention::BackendRegistry& registry) {
-  registry.add_linear("reference",
-                      "fp64 per-token Mamba2 recurrence (conv, then one SSM step per token)",
-                      attention::host_linear_capabilities(),
-                      [](const attention::LinearBackendContext&) {
-                        return std::make_unique<ReferenceLinearBackend>();
-                      });
+  registry.add_linear(
+      "reference", "fp64 per-token Mamba2 recurrence (conv, then one SSM step per token)",
+      attention::host_linear_capabilities(), [](const attention::LinearBackendContext&) {
+        return std::make_unique<ReferenceLinearBackend>();
+      });
 }
 
 }  // namespace pagoda::backends
