@@ -38,29 +38,32 @@ void LinearShape::validate() const {
 
 void LinearAttentionBackend::init_forward_metadata(kv::StatePool& pool,
                                                    std::span<const LinearSeq> seqs) {
-  const std::string who = fmt::format("linear-attention backend '{}'", name());
   std::vector<int32_t> slots, node_slots, node_parents;
   int64_t tokens = 0;
   for (const LinearSeq& q : seqs) {
-    PAGODA_REQUIRE(q.num_tokens >= 1, kInvalidArgument, "{}: sequence of {} tokens (>= 1)", who,
+    PAGODA_REQUIRE(q.num_tokens >= 1, kInvalidArgument,
+                   "linear-attention backend '{}': sequence of {} tokens (>= 1)", name(),
                    q.num_tokens);
     pool.require_held(q.slot, "linear-attention batch");
     slots.push_back(q.slot);
     tokens += q.num_tokens;
     if (q.node_slots.empty() && q.node_parents.empty()) continue;
     PAGODA_REQUIRE(capabilities().tree_verify, kUnsupported,
-                   "{} has no tree verify (speculative decoding); use 'reference' or 'cpu'", who);
+                   "linear-attention backend '{}' has no tree verify (speculative decoding); use "
+                   "'reference' or 'cpu'",
+                   name());
     PAGODA_REQUIRE(
         std::ssize(q.node_slots) == q.num_tokens && std::ssize(q.node_parents) == q.num_tokens,
         kInvalidArgument,
-        "{}: a tree verify of {} tokens needs as many node slots and parents (got {} "
-        "and {})",
-        who, q.num_tokens, q.node_slots.size(), q.node_parents.size());
+        "linear-attention backend '{}': a tree verify of {} tokens needs as many node slots and "
+        "parents (got {} and {})",
+        name(), q.num_tokens, q.node_slots.size(), q.node_parents.size());
     for (int32_t t = 0; t < q.num_tokens; ++t) {
       const int32_t parent = q.node_parents[static_cast<size_t>(t)];
       PAGODA_REQUIRE(t == 0 ? parent == -1 : parent >= 0 && parent < t, kInvalidArgument,
-                     "{}: node {}'s parent {} is not an earlier node (the root's is -1)", who, t,
-                     parent);
+                     "linear-attention backend '{}': node {}'s parent {} is not an earlier node "
+                     "(the root's is -1)",
+                     name(), t, parent);
       pool.require_held(q.node_slots[static_cast<size_t>(t)], "linear-attention tree node");
     }
     slots.insert(slots.end(), q.node_slots.begin(), q.node_slots.end());
@@ -69,7 +72,8 @@ void LinearAttentionBackend::init_forward_metadata(kv::StatePool& pool,
   }
   std::sort(slots.begin(), slots.end());
   PAGODA_REQUIRE(std::adjacent_find(slots.begin(), slots.end()) == slots.end(), kInvalidArgument,
-                 "{}: two sequences of one batch share a state slot", who);
+                 "linear-attention backend '{}': two sequences of one batch share a state slot",
+                 name());
   // Commit: the copies, with each tree's spans pointing into them.
   pool_ = &pool;
   node_slots_ = std::move(node_slots);
@@ -88,28 +92,34 @@ void LinearAttentionBackend::init_forward_metadata(kv::StatePool& pool,
 
 void LinearAttentionBackend::forward(const LinearLayer& layer, const TensorView& xbc,
                                      const TensorView& dt, const TensorView& y) {
-  const std::string who = fmt::format("linear-attention backend '{}'", name());
-  PAGODA_REQUIRE(pool_ != nullptr, kFailedPrecondition, "{}: forward before init_forward_metadata",
-                 who);
+  PAGODA_REQUIRE(pool_ != nullptr, kFailedPrecondition,
+                 "linear-attention backend '{}': forward before init_forward_metadata", name());
   const LinearShape& s = layer.shape;
   s.validate();
   PAGODA_REQUIRE(pool_->shape() == s.state_shape(), kInvalidArgument,
-                 "{}: the state pool's shape does not match the layer's", who);
+                 "linear-attention backend '{}': the state pool's shape does not match the layer's",
+                 name());
   PAGODA_REQUIRE(layer.state_layer >= 0 && layer.state_layer < pool_->num_layers(), kOutOfRange,
-                 "{}: state layer {} outside [0, {})", who, layer.state_layer, pool_->num_layers());
+                 "linear-attention backend '{}': state layer {} outside [0, {})", name(),
+                 layer.state_layer, pool_->num_layers());
   const LinearWeights& w = layer.weights;
   PAGODA_REQUIRE(w.conv && w.dt_bias && w.a_log && w.d, kInvalidArgument,
-                 "{}: a weight other than the conv bias is missing", who);
+                 "linear-attention backend '{}': a weight other than the conv bias is missing",
+                 name());
   const LinearCapabilities& caps = capabilities();
   auto check = [&](const TensorView& v, const char* what, int64_t cols) {
     PAGODA_REQUIRE(v.rank() == 2 && v.size(0) == num_tokens_ && v.size(1) == cols &&
                        (cols == 1 || v.stride(1) == 1) && v.stride(0) >= cols,
-                   kInvalidArgument, "{}: {} is {}, not [{}, {}] with contiguous rows", who, what,
-                   v.describe(), num_tokens_, cols);
-    const auto why = unsupported_reason(
-        caps, {.dtype = v.dtype(), .device = v.device().is_cpu() ? "cpu" : "cuda"});
-    PAGODA_REQUIRE(!why, kUnsupported, "{} cannot take {} {}: {}", who, what, v.describe(),
-                   why.value_or(""));
+                   kInvalidArgument,
+                   "linear-attention backend '{}': {} is {}, not [{}, {}] with contiguous rows",
+                   name(), what, v.describe(), num_tokens_, cols);
+    const std::string_view device = v.device().is_cpu() ? "cpu" : "cuda";
+    const bool dtype_ok = caps.dtypes.empty() || std::find(caps.dtypes.begin(), caps.dtypes.end(),
+                                                           v.dtype()) != caps.dtypes.end();
+    PAGODA_REQUIRE(
+        dtype_ok && caps.device == device, kUnsupported,
+        "linear-attention backend '{}' cannot take {} {}: {}", name(), what, v.describe(),
+        unsupported_reason(caps, {.dtype = v.dtype(), .device = std::string(device)}).value_or(""));
   };
   check(xbc, "xBC", s.conv_dim());
   check(dt, "dt", s.num_heads);
