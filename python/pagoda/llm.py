@@ -4,6 +4,8 @@ pagoda.serve(...), which runs `pagoda serve` in this process.
 
 Engine arguments (vLLM / SGLang spellings accepted where they mean the same thing):
   backend / attention_backend       attention backend ('cpu', 'reference', 'cuda', ...)
+  linear_backend                    hybrid (Mamba2) models: the linear layers' backend ('cpu',
+                                    'reference'; None / '' = the attention backend's)
   page_size                         KV page size in tokens (16)
   pool_tokens                       KV pool capacity in tokens (32768), or instead:
   mem_fraction_static / gpu_memory_utilization   weights + KV take this fraction of the
@@ -34,7 +36,8 @@ from typing import List, Optional, Union
 from pagoda import _pagoda
 
 _ARG_ALIASES = {
-    "backend": "backend", "attention_backend": "backend", "page_size": "page_size",
+    "backend": "backend", "attention_backend": "backend", "linear_backend": "linear_backend",
+    "page_size": "page_size",
     "pool_tokens": "pool_tokens", "max_num_seqs": "max_running",
     "max_running_requests": "max_running", "chunked_prefill_size": "chunk_size",
     "max_prefill_tokens": "max_prefill_tokens", "dtype": "dtype", "kv_cache_dtype": "kv_dtype",
@@ -123,7 +126,7 @@ class LLM:
                 target = _ARG_ALIASES[name]
                 if target in ("dtype", "kv_dtype"):
                     value = "" if value in (None, "auto") else str(value).replace("torch.", "")
-                elif target == "backend":
+                elif target in ("backend", "linear_backend"):
                     value = value or ""
                 elif value is None:
                     continue
@@ -229,8 +232,8 @@ def _as_params(p):
 _SERVE_ARGS = ("weight_seed", "served_model_name", "host", "port", "api_key", "max_queue",
                "chat_template", "drain_timeout_s")
 # Engine settings of pagoda.serve (EngineArgs: `pagoda serve`'s engine flags).
-_SERVE_ENGINE_ARGS = ("max_running", "backend", "page_size", "pool_tokens", "chunk_size",
-                      "max_prefill_tokens", "cuda_graph", "overlap", "radix_cache",
+_SERVE_ENGINE_ARGS = ("max_running", "backend", "linear_backend", "page_size", "pool_tokens",
+                      "chunk_size", "max_prefill_tokens", "cuda_graph", "overlap", "radix_cache",
                       "mixed_batches", "max_context_len", "kernel_options")
 
 
@@ -238,7 +241,7 @@ def serve(model="builtin", *, dtype="auto", kv_cache_dtype="auto", policy="fcfs"
     """Runs `pagoda serve` (the OpenAI-compatible server) in this process until SIGTERM /
     SIGINT and returns its exit status. Options as `pagoda serve`'s flags with underscores
     (host, port, api_key, max_queue, chat_template, drain_timeout_s, served_model_name,
-    weight_seed; engine: max_running, backend, page_size, pool_tokens, chunk_size,
+    weight_seed; engine: max_running, backend, linear_backend, page_size, pool_tokens, chunk_size,
     max_prefill_tokens, cuda_graph, overlap, radix_cache, mixed_batches, max_context_len,
     kernel_options {name: value}); policy 'fcfs' or 'lpm'. Prints "pagoda serve: listening on
     http://HOST:PORT" once bound."""

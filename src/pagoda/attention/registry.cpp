@@ -66,62 +66,136 @@ std::optional<std::string> unsupported_reason(const BackendCapabilities& caps,
   return fmt::format("{}", fmt::join(why, "; "));
 }
 
-void BackendRegistry::add(std::string name, std::string description, BackendCapabilities caps,
-                          Factory factory) {
-  PAGODA_REQUIRE(!name.empty(), kInvalidArgument, "attention backend name must not be empty");
-  PAGODA_REQUIRE(find(name) == nullptr, kInvalidArgument,
-                 "attention backend '{}' is already registered", name);
-  PAGODA_REQUIRE(static_cast<bool>(factory), kInvalidArgument,
-                 "attention backend '{}' registered without a factory", name);
-  entries_.push_back(
-      Entry{std::move(name), std::move(description), std::move(caps), std::move(factory)});
+std::optional<std::string> unsupported_reason(const LinearCapabilities& caps,
+                                              const LinearRequirements& req) {
+  std::vector<std::string> why;
+  if (!allowed(caps.dtypes, req.dtype)) {
+    why.push_back(fmt::format("dtype {} (supports {})", req.dtype, join_dtypes(caps.dtypes)));
+  }
+  if (req.tree_verify && !caps.tree_verify) why.push_back("tree verify (speculative decoding)");
+  if (req.cuda_graph && !caps.cuda_graph) why.push_back("CUDA graphs");
+  if (req.device != caps.device) {
+    why.push_back(fmt::format("device {} (runs on {})", req.device, caps.device));
+  }
+  if (why.empty()) return std::nullopt;
+  return fmt::format("{}", fmt::join(why, "; "));
 }
 
-bool BackendRegistry::contains(const std::string& name) const { return find(name) != nullptr; }
+namespace {
 
-std::vector<std::string> BackendRegistry::names() const {
+template <typename Table>
+const typename Table::Entry* find_in(const Table& t, const std::string& name) {
+  for (const auto& e : t.entries) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+template <typename Table>
+std::vector<std::string> names_in(const Table& t) {
   std::vector<std::string> out;
-  for (const auto& e : entries_) out.push_back(e.name);
+  for (const auto& e : t.entries) out.push_back(e.name);
   return out;
 }
 
-const BackendCapabilities& BackendRegistry::capabilities(const std::string& name) const {
-  const Entry* e = find(name);
-  PAGODA_REQUIRE(e != nullptr, kUnsupported, "unknown attention backend '{}' (registered: {})",
-                 name, fmt::join(names(), ", "));
+template <typename Table, typename Caps, typename Fn>
+void add_to(Table& t, std::string name, std::string description, Caps caps, Fn factory) {
+  PAGODA_REQUIRE(!name.empty(), kInvalidArgument, "{} backend name must not be empty", t.kind);
+  PAGODA_REQUIRE(find_in(t, name) == nullptr, kInvalidArgument,
+                 "{} backend '{}' is already registered", t.kind, name);
+  PAGODA_REQUIRE(static_cast<bool>(factory), kInvalidArgument,
+                 "{} backend '{}' registered without a factory", t.kind, name);
+  t.entries.push_back({std::move(name), std::move(description), std::move(caps),
+                       std::move(factory)});
+}
+
+template <typename Table>
+const auto& caps_in(const Table& t, const std::string& name) {
+  const auto* e = find_in(t, name);
+  PAGODA_REQUIRE(e != nullptr, kUnsupported, "unknown {} backend '{}' (registered: {})", t.kind,
+                 name, fmt::join(names_in(t), ", "));
   return e->caps;
 }
 
-void BackendRegistry::validate(const std::string& name, const BackendRequirements& req) const {
+/// The attention kind keeps its historical message ("backend 'x' cannot serve ...").
+template <typename Table, typename Req>
+void validate_in(const Table& t, const std::string& name, const Req& req) {
   std::vector<std::string> would;
-  for (const auto& e : entries_) {
+  for (const auto& e : t.entries) {
     if (!unsupported_reason(e.caps, req)) would.push_back(e.name);
   }
   const std::string alternatives =
       would.empty() ? std::string("none of the registered backends would")
                     : fmt::format("backends that would: {}", fmt::join(would, ", "));
-  const Entry* e = find(name);
-  PAGODA_REQUIRE(e != nullptr, kUnsupported, "unknown attention backend '{}' (registered: {}); {}",
-                 name, fmt::join(names(), ", "), alternatives);
+  const auto* e = find_in(t, name);
+  PAGODA_REQUIRE(e != nullptr, kUnsupported, "unknown {} backend '{}' (registered: {}); {}",
+                 t.kind, name, fmt::join(names_in(t), ", "), alternatives);
   const auto reason = unsupported_reason(e->caps, req);
-  PAGODA_REQUIRE(!reason, kUnsupported, "backend '{}' cannot serve {}; {}", name,
+  const std::string kind = std::string_view(t.kind) == "attention" ? "" : t.kind + std::string(" ");
+  PAGODA_REQUIRE(!reason, kUnsupported, "{}backend '{}' cannot serve {}; {}", kind, name,
                  reason.value_or(""), alternatives);
+}
+
+template <typename Table, typename Req, typename Ctx>
+auto create_in(const Table& t, const std::string& name, const Req& req, const Ctx& ctx) {
+  validate_in(t, name, req);
+  auto backend = find_in(t, name)->factory(ctx);
+  PAGODA_CHECK(backend != nullptr, "factory of {} backend '{}' returned null", t.kind, name);
+  return backend;
+}
+
+}  // namespace
+
+void BackendRegistry::add(std::string name, std::string description, BackendCapabilities caps,
+                          Factory factory) {
+  add_to(attention_, std::move(name), std::move(description), std::move(caps),
+         std::move(factory));
+}
+
+bool BackendRegistry::contains(const std::string& name) const {
+  return find_in(attention_, name) != nullptr;
+}
+
+std::vector<std::string> BackendRegistry::names() const { return names_in(attention_); }
+
+const BackendCapabilities& BackendRegistry::capabilities(const std::string& name) const {
+  return caps_in(attention_, name);
+}
+
+void BackendRegistry::validate(const std::string& name, const BackendRequirements& req) const {
+  validate_in(attention_, name, req);
 }
 
 std::unique_ptr<AttentionBackend> BackendRegistry::create(const std::string& name,
                                                           const BackendRequirements& req,
                                                           const BackendContext& ctx) const {
-  validate(name, req);
-  auto backend = find(name)->factory(ctx);
-  PAGODA_CHECK(backend != nullptr, "factory of backend '{}' returned null", name);
-  return backend;
+  return create_in(attention_, name, req, ctx);
 }
 
-const BackendRegistry::Entry* BackendRegistry::find(const std::string& name) const {
-  for (const auto& e : entries_) {
-    if (e.name == name) return &e;
-  }
-  return nullptr;
+void BackendRegistry::add_linear(std::string name, std::string description,
+                                 LinearCapabilities caps, LinearFactory factory) {
+  add_to(linear_, std::move(name), std::move(description), std::move(caps), std::move(factory));
+}
+
+bool BackendRegistry::contains_linear(const std::string& name) const {
+  return find_in(linear_, name) != nullptr;
+}
+
+std::vector<std::string> BackendRegistry::linear_names() const { return names_in(linear_); }
+
+const LinearCapabilities& BackendRegistry::linear_capabilities(const std::string& name) const {
+  return caps_in(linear_, name);
+}
+
+void BackendRegistry::validate_linear(const std::string& name,
+                                      const LinearRequirements& req) const {
+  validate_in(linear_, name, req);
+}
+
+std::unique_ptr<LinearAttentionBackend> BackendRegistry::create_linear(
+    const std::string& name, const LinearRequirements& req,
+    const LinearBackendContext& ctx) const {
+  return create_in(linear_, name, req, ctx);
 }
 
 }  // namespace pagoda::attention

@@ -17,6 +17,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_option("--backend", a.backend.attention, "attention backend (default: the platform's)");
   cmd->add_option("--prefill-backend", a.backend.prefill, "backend for extend steps");
   cmd->add_option("--decode-backend", a.backend.decode, "backend for decode steps");
+  cmd->add_option("--linear-backend", a.backend.linear,
+                  "backend for the linear (Mamba2) layers of a hybrid model (default: --backend's)");
   add_kernel_option_flag(cmd, a.backend.kernels);
   cmd->add_option("--page-size", a.page_size, "KV page size in tokens")->capture_default_str();
   CLI::Option* pool = cmd->add_option("--pool-tokens", a.pool_tokens, "KV pool capacity in tokens")

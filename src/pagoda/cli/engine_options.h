@@ -1,8 +1,8 @@
 #pragma once
 /// The engine flags of `pagoda serve`, `bench` and `generate`, one block (engine/engine_args.h
 /// is the struct they fill and its one conversion to an EngineConfig): --backend,
-/// --prefill-backend, --decode-backend, --kernel-option, --page-size, --pool-tokens (or
-/// --kv-cache-memory / --mem-fraction-static, --swa-full-tokens-ratio),
+/// --prefill-backend, --decode-backend, --linear-backend, --kernel-option, --page-size,
+/// --pool-tokens (or --kv-cache-memory / --mem-fraction-static, --swa-full-tokens-ratio),
 /// --max-running, --chunk-size, --max-prefill-tokens, --policy, --dtype, --kv-dtype, --cpu-gemm,
 /// --cuda-graph, --overlap, --no-radix, --no-mixed, --max-context-len and the --hicache-* block
 /// (hicache_options.h). Also the --host / --port / --threads block of serve and router.

@@ -247,6 +247,9 @@ void EngineConfig::validate() const {
                    kUnsupported, "attention backend '{}' does not support page size {} (it takes {})",
                    *name, page_size, fmt::join(caps.page_sizes, ", "));
   }
+  PAGODA_REQUIRE(backend.linear.empty() || registry.contains_linear(backend.linear), kUnsupported,
+                 "linear-attention backend '{}' (--linear-backend) is not in this build (have: {})",
+                 backend.linear, fmt::join(registry.linear_names(), ", "));
 }
 
 Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::Platform* platform,

@@ -89,7 +89,8 @@ struct EngineConfig {
   /// spec.num_draft_tokens more when speculating.
   int32_t max_mamba_cache_size = 0;
   SchedulerConfig scheduler{};
-  /// Attention backend names (empty = the platform's default) and the kernel variants'
+  /// Attention backend names (empty = the platform's default), a hybrid model's linear-layer
+  /// backend (backend.linear; empty = the attention selection's) and the kernel variants'
   /// options (backend.kernels: backends/kernel_options.h).
   backends::BackendSelection backend{};
   /// Run every check_integrity() after each step (tests).

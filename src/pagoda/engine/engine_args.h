@@ -21,8 +21,9 @@
 namespace pagoda::engine {
 
 struct EngineArgs {
-  /// --backend / --prefill-backend / --decode-backend (empty: the platform's default) and
-  /// --kernel-option (backends/kernel_options.h).
+  /// --backend / --prefill-backend / --decode-backend (empty: the platform's default),
+  /// --linear-backend (a hybrid model's Mamba2 layers; empty: --backend's) and --kernel-option
+  /// (backends/kernel_options.h).
   backends::BackendSelection backend{};
   int32_t page_size = 16;          ///< --page-size
   /// --pool-tokens: KV pool capacity; 0 when the pool is sized from memory (the next two).

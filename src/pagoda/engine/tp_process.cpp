@@ -43,6 +43,7 @@ void encode_settings(const Settings& s, dist::WireWriter& w) {
   w.put_str(c.backend.attention);
   w.put_str(c.backend.prefill);
   w.put_str(c.backend.decode);
+  w.put_str(c.backend.linear);
   w.put(c.backend.verify);
   w.put(c.backend.kernels);  // plain values; every rank runs the same binary
   w.put<uint8_t>(c.mixed_batches);
@@ -63,6 +64,7 @@ Settings decode_settings(dist::WireReader& r) {
   c.backend.attention = r.get_str();
   c.backend.prefill = r.get_str();
   c.backend.decode = r.get_str();
+  c.backend.linear = r.get_str();
   c.backend.verify = r.get<backends::VerifyRoute>();
   c.backend.kernels = r.get<backends::KernelOptions>();
   c.mixed_batches = r.get<uint8_t>() != 0;

@@ -285,13 +285,16 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   ModelOps& ops = *ops_;
   const ModelConfig& c = model_->config();
   if (mixer_ != nullptr) {
-    PAGODA_REQUIRE(state != nullptr && state->pool != nullptr, kInvalidArgument,
-                   "{} has Mamba2 layers: its forward needs the sequences' state slots",
+    PAGODA_REQUIRE(state != nullptr && state->pool != nullptr && state->backend != nullptr,
+                   kInvalidArgument,
+                   "{} has Mamba2 layers: its forward needs the sequences' state slots and a "
+                   "linear-attention backend",
                    hf_architecture_name(c.family));
     int64_t n = 0;
     for (const Mamba2Seq& q : state->seqs) n += q.num_tokens;
     PAGODA_REQUIRE(n == t, kInvalidArgument,
                    "the state slots' sequences hold {} tokens but the forward has {}", n, t);
+    state->backend->init_forward_metadata(*state->pool, state->seqs);  // once for every layer
   }
   const int64_t hd = c.hidden_size, vocab = c.vocab_size, inter = shard_.intermediate;
   const int hq = shard_.num_q_heads, hkv = shard_.num_kv_heads, d = c.head_dim;
@@ -331,9 +334,9 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
     if (l > 0) capture_layer(l - 1);
     if (c.is_linear_layer(l)) {
-      mixer_->forward(ssm_weights_[static_cast<size_t>(l)], *state->pool,
-                      state_layer_[static_cast<size_t>(l)], state->seqs,
-                      static_cast<const float*>(a.h.get()), static_cast<float*>(a.x.get()));
+      mixer_->forward(*state->backend, ssm_weights_[static_cast<size_t>(l)],
+                      state_layer_[static_cast<size_t>(l)], static_cast<const float*>(a.h.get()),
+                      static_cast<float*>(a.x.get()));
     } else if (c.is_mla()) {
       mla_attention(a, w, l, batch, backend, t);
     } else {

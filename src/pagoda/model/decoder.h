@@ -12,7 +12,8 @@
 ///              h = rms_norm(residual)·w_in(next)
 ///   logits[r] = soft_cap(rms_norm(residual[rows[r]])·W_lmᵀ)    (f32)
 /// A hybrid model's Mamba2 layers (config.is_linear_layer: Bamba) replace those lines by the
-/// Mamba2Mixer over the step's StateSide (x = mixer(h), reading and updating each sequence's
+/// Mamba2Mixer over the step's StateSide (x = mixer(h): its projections and norm here, the
+/// recurrence on the side's linear-attention backend, reading and updating each sequence's
 /// state slot); CPU f32 ops and no tensor parallelism only (Error(kUnsupported) naming the
 /// hybrid state pool at construction otherwise).
 /// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
@@ -102,10 +103,12 @@ struct WindowSide {
 };
 
 /// The Mamba2 layers' side of a step on a hybrid model: the state pool (one layer per Mamba2
-/// layer, in layer order) and, in batch order, each sequence's state slot and query-token count.
+/// layer, in layer order), in batch order each sequence's state slot and query-token count, and
+/// the linear-attention backend that runs their recurrence (forward() plans it once per step).
 struct StateSide {
   kv::StatePool* pool = nullptr;
   std::span<const Mamba2Seq> seqs;
+  attention::LinearAttentionBackend* backend = nullptr;
 };
 
 class Decoder {

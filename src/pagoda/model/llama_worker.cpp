@@ -99,12 +99,19 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
-  if (model.config().has_linear_layers())
+  if (model.config().has_linear_layers()) {
     state_pool_ = std::make_unique<kv::StatePool>(model.config().num_linear_layers(),
                                                   config.state_slots > 0
                                                       ? config.state_slots
                                                       : config.max_batch_size,
                                                   mamba2_shape(model.config()).state_shape());
+    // The Mamba2 layers' backend: --linear-backend, else the attention selection's.
+    linear_backend_ = backends::make_linear_backend(
+        registry_, config.backend,
+        {.dtype = ops_->dtype(), .tree_verify = false, .cuda_graph = false,
+         .device = platform_->name()},
+        {.platform = platform_});
+  }
   stats_.kv_bytes = pool_->total_bytes();
   if (split) {
     for (int l = 0; l < model.config().num_layers; ++l)
@@ -404,7 +411,8 @@ const StateSide* LlamaWorker::state_side(const WorkerBatch& b) {
   PAGODA_REQUIRE(!tree || node0 == b.state_node_slots.size(), kInvalidArgument,
                  "{} state node slots for a verify step of {} tokens", b.state_node_slots.size(),
                  node0);
-  state_side_ = StateSide{.pool = state_pool_.get(), .seqs = state_seqs_};
+  state_side_ =
+      StateSide{.pool = state_pool_.get(), .seqs = state_seqs_, .backend = linear_backend_.get()};
   return &state_side_;
 }
 

@@ -143,6 +143,8 @@ class LlamaWorker final : public ModelWorker {
   platform::Platform* platform_;
   std::unique_ptr<kv::KvPool> pool_;
   std::unique_ptr<kv::StatePool> state_pool_;  ///< hybrid models only
+  /// Hybrid models only: the Mamba2 layers' recurrence (backends::make_linear_backend).
+  std::unique_ptr<attention::LinearAttentionBackend> linear_backend_;
   std::vector<Mamba2Seq> state_seqs_;          ///< the step's StateSide sequences
   StateSide state_side_;
   attention::BackendRegistry registry_;

@@ -1,39 +1,30 @@
 #pragma once
-/// Mamba2Mixer: one Mamba2 (SSD) linear-attention layer on the CPU, as Bamba's BambaMixer
-/// (transformers) computes it; its recurrent state lives in a kv::StatePool slot per sequence
+/// Mamba2Mixer: one Mamba2 (SSD) linear-attention layer, as Bamba's BambaMixer (transformers)
+/// computes it; its recurrent state lives in a kv::StatePool slot per sequence
 /// (docs/design/state_pool.md). Per sequence of T new tokens, rows u_t [hidden] (the layer's
 /// normed input):
 ///
 ///   [z | xBC | dt] = u·W_inᵀ (+ b_in)        z [d_inner], xBC [conv_dim], dt [n_heads]
-///   xBC_t  = SiLU(b_conv + Σ_k w_conv[:, k] ⊙ xBC_{t-K+1+k})   causal depthwise conv, K = d_conv,
-///            inputs before this call's first token read from the conv state (zero when fresh)
-///   x | B | C = xBC_t                          x [n_heads, head_dim], B, C [n_groups, d_state];
-///                                              head h reads group h / (n_heads / n_groups)
-///   Δ_t    = clamp(softplus(dt_t + dt_bias), dt_min, dt_max),  A = -exp(A_log)   per head
-///   h_t    = exp(Δ_t·A)·h_{t-1} + Δ_t·x_t ⊗ B_t                 [head_dim, d_state] per head
-///   y_t    = h_t·C_t + D ⊙ x_t
+///   y_t    = the linear-attention backend's recurrence over xBC and dt (causal depthwise conv
+///            with the conv state, SiLU, h_t = exp(Δ_t·A)·h_{t-1} + Δ_t·x_t ⊗ B_t,
+///            y = h_t·C_t + D ⊙ x_t: attention/linear_backend.h), which advances the slot's state
 ///   g_t    = RMSNorm_groups(y_t ⊙ SiLU(z_t))·w_norm   (Bamba: gate, then the norm, over
 ///            norm_groups equal groups of d_inner; Bamba has 1 group)
 ///   out_t  = g_t·W_outᵀ (+ b_out)
 ///
-/// The state after the call's last token is written back to the slot: the conv state keeps the
-/// last d_conv - 1 xBC inputs (pre-conv), the SSM state h_T. A sequence of one token takes the
-/// one-step recurrence (decode); a longer one the chunked SSD form (prefill / extend): chunks of
-/// chunk_size tokens from the call's first token, each computing its outputs as a masked
-/// "attention" inside the chunk, y_t = Σ_{s<=t} exp(cumA_t - cumA_s)·(C_t·B_s)·Δ_s·x_s, plus
-/// exp(cumA_t)·(h_start·C_t) from the state entering the chunk, and passing
-/// exp(cumA_L)·h_start + Σ_s exp(cumA_L - cumA_s)·Δ_s·x_s ⊗ B_s to the next. Both forms are the
-/// same recurrence: prefill of T tokens equals T decode steps and any split into calls.
+/// The mixer owns the projections and the gated norm (model ops); the recurrence is the
+/// backend's ("reference": fp64 per token; "cpu": f32, chunked SSD scan for prefill), chosen per
+/// layer kind (backends/builtin.h make_linear_backend).
 ///
-/// Precision: f32 storage and arithmetic (the state as SGLang's default float32).
-/// Host memory only: the projections run through the CPU ModelOps (f32); the scan is plain C++.
-/// One thread.
+/// Precision: f32 storage and arithmetic of the projections and the norm. Host memory only: the
+/// projections run through the CPU ModelOps (f32), the norm is plain C++. One thread.
 
 #include <cstdint>
 #include <limits>
 #include <span>
 #include <vector>
 
+#include "pagoda/attention/linear_backend.h"
 #include "pagoda/kv/state_pool.h"
 #include "pagoda/model/config.h"
 #include "pagoda/model/model_ops.h"
@@ -58,8 +49,10 @@ struct Mamba2Shape {
   int32_t conv_dim() const { return d_inner() + 2 * num_groups * state_size; }
   /// in_proj rows: z, xBC, dt.
   int32_t in_proj_dim() const { return d_inner() + conv_dim() + num_heads; }
+  /// The recurrence's sizes (what the linear-attention backend sees).
+  attention::LinearShape linear() const;
   /// The state one layer keeps per slot.
-  kv::StateShape state_shape() const;
+  kv::StateShape state_shape() const { return linear().state_shape(); }
   /// Throws Error(kInvalidArgument) naming the first bad field.
   void validate() const;
 };
@@ -80,21 +73,16 @@ struct Mamba2Weights {
   const float* norm = nullptr;       ///< [d_inner]
   const float* out_proj = nullptr;   ///< [hidden, d_inner]
   const float* out_bias = nullptr;   ///< [hidden]
+
+  /// The weights the linear-attention backend reads (conv, conv_bias, dt_bias, a_log, d).
+  attention::LinearWeights linear() const {
+    return {.conv = conv, .conv_bias = conv_bias, .dt_bias = dt_bias, .a_log = a_log, .d = d};
+  }
 };
 
-/// One sequence of a batch: its state slot and how many of the batch's rows are its new
-/// tokens (consecutive rows, sequences in order).
-struct Mamba2Seq {
-  int32_t slot = 0;
-  int32_t num_tokens = 0;
-  /// A tree verify (speculative decoding) when not empty: num_tokens slots, one per token
-  /// (a draft-tree node), and each node's parent among them (-1 for the first, the root, whose
-  /// parent state is `slot`'s; otherwise an earlier node). Node t's state is its parent's
-  /// advanced by token t (one recurrence step) and goes to node_slots[t]; `slot` is only read,
-  /// so a rejected draft costs nothing and the caller keeps the state of the last accepted node.
-  std::span<const int32_t> node_slots;
-  std::span<const int32_t> node_parents;
-};
+/// One sequence of a batch (state slot, token count, optional draft-tree nodes): the
+/// linear-attention backend's LinearSeq.
+using Mamba2Seq = attention::LinearSeq;
 
 class Mamba2Mixer {
  public:
@@ -104,38 +92,25 @@ class Mamba2Mixer {
 
   const Mamba2Shape& shape() const { return shape_; }
 
-  /// Runs the mixer for `seqs` (rows u [Σ num_tokens, hidden]) into out [Σ num_tokens,
-  /// hidden], reading and updating layer `layer`'s state of each sequence's slot in `pool` (a
-  /// tree verify: writing its node slots instead, Mamba2Seq::node_slots). Throws Error (nothing
-  /// changed) when the pool's state shape is not state_shape(), a slot is not held or named
-  /// twice (node slots included), a count is < 1, node slots or parents do not match the
-  /// count, a parent is not an earlier node (the first's is -1), or a weight other than a bias
-  /// is null. Slots not named are not touched.
-  void forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t layer,
-               std::span<const Mamba2Seq> seqs, const float* u, float* out);
+  /// Runs layer `layer` of the step `backend` planned (LinearAttentionBackend::
+  /// init_forward_metadata over the pool and the sequences) on rows u [backend.num_tokens(),
+  /// hidden] into out [backend.num_tokens(), hidden]: the in projection, the backend's
+  /// recurrence on state layer `layer` (advancing each sequence's slot, or writing its node
+  /// slots for a tree verify), the gated norm and the out projection. Throws Error before
+  /// anything visible changes (out, the pool) when a weight other than a bias is null, and as
+  /// LinearAttentionBackend::forward (no plan, a pool whose state shape is not state_shape(), a
+  /// layer outside the pool). Slots not named are not touched.
+  void forward(attention::LinearAttentionBackend& backend, const Mamba2Weights& w, int32_t layer,
+               const float* u, float* out);
 
  private:
-  /// The conv + SiLU of one sequence's xBC rows (inside proj_, row stride in_proj_dim) into
-  /// xbc_ [T, conv_dim]; updates the conv state.
-  void conv(const Mamba2Weights& w, float* conv_state, const float* rows, int64_t t);
-  /// One-step recurrence for one token: updates h (all heads), writes y [d_inner].
-  void step(const Mamba2Weights& w, float* h, const float* xbc, const float* dt_raw, float* y);
-  /// A tree verify of one sequence (its proj_ rows from `row`, y rows from `y`): node by node,
-  /// the parent's state copied into the node's slot, then one conv and recurrence step there.
-  void tree_steps(const Mamba2Weights& w, kv::StatePool& pool, int32_t layer, const Mamba2Seq& q,
-                  const float* row, float* y);
-  /// The chunked SSD scan of one sequence's t tokens from state h (updated), y [t, d_inner].
-  void scan(const Mamba2Weights& w, float* h, const float* dt_raw, int64_t t, float* y);
   /// y ⊙ SiLU(z), then the grouped RMSNorm times w_norm, in place on rows of y.
   void gated_norm(const Mamba2Weights& w, float* y, int64_t rows) const;
 
   Mamba2Shape shape_;
   ModelOps* ops_;
-  std::vector<float> proj_;    ///< [rows, in_proj_dim]
-  std::vector<float> xbc_;     ///< [rows of one sequence, conv_dim] after the conv
-  std::vector<float> y_;       ///< [rows, d_inner]
-  std::vector<float> window_;  ///< the conv inputs of one sequence: state rows then new rows
-  std::vector<float> delta_, cum_, gram_;  ///< scan scratch: Δ, cumulative Δ·A, C·B per chunk
+  std::vector<float> proj_;  ///< [rows, in_proj_dim]
+  std::vector<float> y_;     ///< [rows, d_inner]
 };
 
 }  // namespace pagoda::model

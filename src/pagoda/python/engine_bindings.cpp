@@ -146,6 +146,9 @@ void bind_engine(nb::module_& m) {
           "backend", [](const EngineArgs& a) { return a.backend.attention; },
           [](EngineArgs& a, const std::string& v) { a.backend.attention = v; })
       .def_prop_rw(
+          "linear_backend", [](const EngineArgs& a) { return a.backend.linear; },
+          [](EngineArgs& a, const std::string& v) { a.backend.linear = v; })
+      .def_prop_rw(
           "kernel_options",
           [](const EngineArgs& a) {
             nb::dict d;  // {name: value string}, every option (kernel_option_values)

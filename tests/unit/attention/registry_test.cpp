@@ -83,5 +83,61 @@ TEST(Registry, UnsupportedReasonListsEveryMissingFeature) {
   EXPECT_FALSE(unsupported_reason(caps, BackendRequirements{}).has_value());
 }
 
+// The linear kind (Mamba2 layers) is a second table of the same registry: one name may be in
+// both, each kind resolves and fails on its own.
+BackendRegistry with_linear() {
+  BackendRegistry r = make_registry();  // attention: x, reference, cpu
+  const BackendRegistry::LinearFactory none = [](const LinearBackendContext&) {
+    return std::unique_ptr<LinearAttentionBackend>();
+  };
+  r.add_linear("reference", "host f32", {.dtypes = {DType::kF32}, .tree_verify = true}, none);
+  r.add_linear("gpu", "device", {.dtypes = {DType::kF32, DType::kBF16}, .device = "cuda"}, none);
+  return r;
+}
+
+TEST(Registry, LinearKindIsItsOwnTable) {
+  auto r = with_linear();
+  EXPECT_EQ(r.linear_names(), (std::vector<std::string>{"reference", "gpu"}));
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"x", "reference", "cpu"}));
+  EXPECT_TRUE(r.contains_linear("reference"));
+  EXPECT_FALSE(r.contains_linear("x")) << "an attention-only name has no linear kind";
+  EXPECT_FALSE(r.contains("gpu")) << "a linear-only name has no attention kind";
+  EXPECT_TRUE(r.linear_capabilities("reference").tree_verify);
+  EXPECT_THROW(r.add_linear("gpu", "again", {}, [](const LinearBackendContext&) {
+    return std::unique_ptr<LinearAttentionBackend>();
+  }),
+               Error);
+  EXPECT_EQ(r.linear_names().size(), 2u);
+}
+
+TEST(Registry, LinearErrorsNameTheBackendTheReasonAndWhatWould) {
+  const auto r = with_linear();
+  EXPECT_EQ(message_of([&] { r.validate_linear("x", LinearRequirements{}); }),
+            "unknown linear-attention backend 'x' (registered: reference, gpu); backends that "
+            "would: reference");
+  EXPECT_EQ(message_of([&] { r.validate_linear("reference", {.dtype = DType::kBF16}); }),
+            "linear-attention backend 'reference' cannot serve dtype bf16 (supports f32); none "
+            "of the registered backends would");
+  EXPECT_EQ(message_of([&] { r.validate_linear("gpu", {.tree_verify = true}); }),
+            "linear-attention backend 'gpu' cannot serve tree verify (speculative decoding); "
+            "device cpu (runs on cuda); backends that would: reference");
+  EXPECT_NE(message_of([&] { (void)r.linear_capabilities("cpu"); })
+                .find("unknown linear-attention backend 'cpu'"),
+            std::string::npos);
+  EXPECT_NO_THROW(r.validate_linear("gpu", {.dtype = DType::kBF16, .device = "cuda"}));
+}
+
+TEST(Registry, LinearUnsupportedReasonListsEveryMissingFeature) {
+  const LinearCapabilities caps{.dtypes = {DType::kF32}};
+  const auto why = unsupported_reason(
+      caps, LinearRequirements{
+                .dtype = DType::kF16, .tree_verify = true, .cuda_graph = true, .device = "cuda"});
+  ASSERT_TRUE(why.has_value());
+  for (const char* part : {"dtype f16 (supports f32)", "tree verify", "CUDA graphs",
+                           "device cuda (runs on cpu)"})
+    EXPECT_NE(why->find(part), std::string::npos) << part << " missing in: " << *why;
+  EXPECT_FALSE(unsupported_reason(caps, LinearRequirements{}).has_value());
+}
+
 }  // namespace
 }  // namespace pagoda::attention

@@ -68,6 +68,7 @@ ENGINE_CASES = [(["--" + flag, value], "--" + flag) for flag, value in (
     ("cuda-graph", "maybe"), ("max-context-len", "-1"))]
 ENGINE_CASES += [([flag, "nosuch"], "attention backend 'nosuch'")
                  for flag in ("--backend", "--prefill-backend", "--decode-backend")]
+ENGINE_CASES += [(["--linear-backend", "nosuch"], "linear-attention backend 'nosuch'")]
 for cmd in ENGINE_COMMANDS:
     for flags, expect in ENGINE_CASES:
         p = subprocess.run([PAGODA] + cmd + ["--model", missing, *flags], capture_output=True,
@@ -81,7 +82,8 @@ for cmd in ENGINE_COMMANDS:
     # Every engine flag, each with a valid value that is not its default, is accepted: the
     # command gets as far as loading the (missing) model and names it.
     run_case(f"{cmd[0]} accepts every engine flag",
-             cmd + ["--model", missing, "--backend", "reference", "--page-size", "32",
+             cmd + ["--model", missing, "--backend", "reference", "--linear-backend", "reference",
+                    "--page-size", "32",
                     "--pool-tokens", "8192", "--max-running", "7", "--chunk-size", "64",
                     "--max-prefill-tokens", "512", "--policy", "lpm", "--dtype", "f32",
                     "--kv-dtype", "f32", "--cuda-graph", "off", "--max-context-len", "300",
@@ -90,7 +92,8 @@ for cmd in ENGINE_COMMANDS:
 def flags_of(cmd):
     out = subprocess.run([PAGODA, cmd, "--help"], capture_output=True, text=True, timeout=60).stdout
     return {w.split("=")[0].split(":")[0] for w in out.split() if w.startswith("--")}
-ENGINE_FLAGS = {"--backend", "--prefill-backend", "--decode-backend", "--kernel-option",
+ENGINE_FLAGS = {"--backend", "--prefill-backend", "--decode-backend", "--linear-backend",
+                "--kernel-option",
                 "--page-size", "--pool-tokens", "--max-running", "--chunk-size",
                 "--max-prefill-tokens", "--policy", "--dtype", "--kv-dtype", "--cuda-graph",
                 "--max-context-len", "--no-radix", "--no-mixed", "--hicache-ratio", "--tp"}

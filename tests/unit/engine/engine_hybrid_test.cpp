@@ -301,6 +301,40 @@ TEST(EngineHybrid, NgramSpeculationRollsBackTheStateAndEqualsPlainDecoding) {
   }
 }
 
+// The Mamba2 layers run on the linear-attention backend of the selection (--backend NAME gives
+// NAME's linear kind) unless --linear-backend names another: each mix gives the outputs of the
+// prompts run alone; an unknown name is refused before anything is built, naming it.
+TEST(EngineHybrid, LinearBackendFollowsTheSelectionOrItsOwnFlag) {
+  const testing::TestSeed seed(hybrid_prompt_seed());
+  const auto prompts = hybrid_prompts(seed);
+  const auto& want = alone_outputs();
+  for (const std::string& attention : testing::exactness_backends()) {
+    for (const std::string& linear : testing::exactness_backends()) {
+      SCOPED_TRACE(attention + " attention, " + linear + " linear layers");
+      EngineConfig cfg = hybrid_config(attention, 16);
+      cfg.backend.linear = linear;
+      Engine engine(bamba_model().model, cfg);
+      std::vector<RequestId> ids;
+      for (size_t i = 0; i < 3; ++i)
+        ids.push_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = kMaxNew}));
+      engine.run_until_idle();
+      for (size_t i = 0; i < ids.size(); ++i)
+        EXPECT_EQ(engine.output(ids[i]).output_ids, want[i]) << "prompt " << i;
+    }
+  }
+  EngineConfig unknown = hybrid_config("reference", 1);
+  unknown.backend.linear = "mamba-kernels";
+  try {
+    Engine engine(bamba_model().model, unknown);
+    ADD_FAILURE() << "an unknown --linear-backend was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("linear-attention backend 'mamba-kernels'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(EngineHybrid, RefusesWhatCannotFollowTheState) {
   model::LlamaModel& m = bamba_model().model;
   auto refused = [&](EngineConfig cfg, const char* what) {

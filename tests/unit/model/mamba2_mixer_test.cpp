@@ -6,7 +6,8 @@
 // boundaries anywhere relative to the SSD chunk size), and as a prefix whose state is snapshot
 // into another slot (StatePool::copy_slot) and continued there; every output (NaN-poisoned
 // before each call) and every final state is compared with the oracle, and slots and layers
-// the calls do not name keep their bytes. Bad batches are refused with nothing changed.
+// the calls do not name keep their bytes. Bad batches are refused with nothing changed. Every
+// test runs once per linear-attention backend of the build (reference, and cpu when built).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,9 +15,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "pagoda/backends/builtin.h"
 #include "pagoda/core/error.h"
 #include "pagoda/kv/state_pool.h"
 #include "pagoda/model/mamba2_mixer.h"
@@ -25,6 +29,33 @@
 
 namespace pagoda::model {
 namespace {
+
+/// The mixer on one linear-attention backend; forward() plans the batch and runs one layer, as
+/// the decoder does per step and layer.
+class MixerOn {
+ public:
+  MixerOn(const Mamba2Shape& shape, ModelOps& ops, const std::string& backend) : mixer_(shape, ops) {
+    attention::BackendRegistry registry;
+    backends::register_builtin_backends(registry);
+    backend_ = registry.create_linear(backend, {}, {});
+  }
+  void forward(const Mamba2Weights& w, kv::StatePool& pool, int32_t layer,
+               std::span<const Mamba2Seq> seqs, const float* u, float* out) {
+    backend_->init_forward_metadata(pool, seqs);
+    mixer_.forward(*backend_, w, layer, u, out);
+  }
+
+ private:
+  Mamba2Mixer mixer_;
+  std::unique_ptr<attention::LinearAttentionBackend> backend_;
+};
+
+/// The linear-attention backends of this build.
+std::vector<std::string> linear_backends() {
+  attention::BackendRegistry registry;
+  backends::register_builtin_backends(registry);
+  return registry.linear_names();
+}
 
 struct MambaTestWeights {
   std::vector<float> in_proj, in_bias, conv, conv_bias, dt_bias, a_log, d, norm, out_proj, out_bias;
@@ -192,7 +223,7 @@ class MixerHarness {
  public:
   MixerHarness(const MambaCase& c, const std::vector<std::vector<float>>& inputs,
                const std::vector<std::vector<std::vector<double>>>& want, kv::StatePool& pool,
-               Mamba2Mixer& mixer)
+               MixerOn& mixer)
       : c_(c), inputs_(inputs), want_(want), pool_(pool), mixer_(mixer) {}
 
   /// Runs `pieces` as one batch on state layer 1 with each request r in slots[r]; checks every
@@ -225,14 +256,14 @@ class MixerHarness {
   const std::vector<std::vector<float>>& inputs_;
   const std::vector<std::vector<std::vector<double>>>& want_;
   kv::StatePool& pool_;
-  Mamba2Mixer& mixer_;
+  MixerOn& mixer_;
 };
 
 /// Runs requests of lengths `len` through `c`'s layer four ways (one prefill; decode steps;
 /// ragged calls cut at random points; a prefix snapshot into another slot and continued there),
 /// each against the oracle, and checks the final states and the bytes of what no call names.
 void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64& rng,
-                ModelOps& ops) {
+                ModelOps& ops, const std::string& backend) {
   const int num_requests = static_cast<int>(len.size());
   const Mamba2Shape& s = c.shape;
   // Inputs and the oracle's outputs and final states per request.
@@ -250,7 +281,7 @@ void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64
   }
 
   kv::StatePool pool(2, 4 * num_requests + 3, s.state_shape());
-  Mamba2Mixer mixer(s, ops);
+  MixerOn mixer(s, ops, backend);
   MixerHarness run(c, inputs, want, pool, mixer);
   auto take = [&] {
     std::vector<int32_t> v;
@@ -333,8 +364,9 @@ void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64
   pool.check_integrity();
 }
 
-/// A fresh random seed (printed, and in every failure's trace) and the CPU f32 ops.
-class Mamba2MixerRandom : public ::testing::Test {
+/// A fresh random seed (printed, and in every failure's trace) and the CPU f32 ops; the
+/// parameter is the linear-attention backend.
+class Mamba2MixerRandom : public ::testing::TestWithParam<std::string> {
  protected:
   const testing::TestSeed seed_;
   std::mt19937_64 rng_{seed_};
@@ -342,7 +374,7 @@ class Mamba2MixerRandom : public ::testing::Test {
   std::unique_ptr<ModelOps> ops_ = make_cpu_ops(*platform_, DType::kF32);
 };
 
-TEST_F(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
+TEST_P(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
   for (int iter = 0; iter < 8; ++iter) {
     const MambaCase c = random_case(rng_);
     const Mamba2Shape& s = c.shape;
@@ -353,7 +385,7 @@ TEST_F(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
                  << " biases " << c.biases << " dt_max " << s.dt_max);
     std::vector<int> len(3);
     for (int& n : len) n = 1 + static_cast<int>(rng_() % 30);
-    check_case(c, len, rng_, *ops_);
+    check_case(c, len, rng_, *ops_, GetParam());
     if (HasFatalFailure()) return;
   }
 }
@@ -361,7 +393,7 @@ TEST_F(Mamba2MixerRandom, PrefillDecodeSplitsAndRestoreMatchRecurrence) {
 // A Bamba-like layer at a realistic ratio of sizes (d_state 64, 16 heads of 16, d_conv 4, SSD
 // chunks of 64) over a 300-token request (chunk boundaries inside the prompt, a last partial
 // chunk) beside a 130-token and a 1-token one.
-TEST_F(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
+TEST_P(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
   const Mamba2Shape shape{.hidden_size = 128,
                           .num_heads = 16,
                           .head_dim = 16,
@@ -369,7 +401,7 @@ TEST_F(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
                           .num_groups = 1,
                           .conv_kernel = 4,
                           .chunk_size = 64};
-  check_case(with_weights(shape, rng_), {300, 130, 1}, rng_, *ops_);
+  check_case(with_weights(shape, rng_), {300, 130, 1}, rng_, *ops_, GetParam());
 }
 
 // A tree verify (Mamba2Seq::node_slots, speculative decoding): a request's prefix is run into
@@ -377,7 +409,7 @@ TEST_F(Mamba2MixerRandom, BambaLikeShapeLongRequest) {
 // a plain decode of a second request in the same call. Every node's output row and state must
 // equal the oracle run along the node's path from the prefix state; the request's own slot must
 // keep the prefix state (only read).
-TEST_F(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
+TEST_P(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
   for (int iter = 0; iter < 6; ++iter) {
     const MambaCase c = random_case(rng_);
     const Mamba2Shape& s = c.shape;
@@ -386,7 +418,7 @@ TEST_F(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
     const auto hid = size_t(s.hidden_size);
     const int prefix = 1 + static_cast<int>(rng_() % 12), nodes = 2 + static_cast<int>(rng_() % 7);
     kv::StatePool pool(2, nodes + 3, s.state_shape());
-    Mamba2Mixer mixer(s, *ops_);
+    MixerOn mixer(s, *ops_, GetParam());
     const int32_t slot = pool.alloc(), other = pool.alloc();
     const OracleState zero{std::vector<double>(size_t(s.conv_kernel - 1) * size_t(s.conv_dim()), 0),
                            std::vector<double>(size_t(s.state_shape().ssm_floats()), 0.0)};
@@ -450,13 +482,15 @@ TEST_F(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
   }
 }
 
-TEST(Mamba2Mixer, RefusesBadBatchesUnchanged) {
+using Mamba2MixerInput = ::testing::TestWithParam<std::string>;
+
+TEST_P(Mamba2MixerInput, RefusesBadBatchesUnchanged) {
   std::mt19937_64 rng(7);
   auto platform = platform::make_cpu_platform();
   std::unique_ptr<ModelOps> ops = make_cpu_ops(*platform, DType::kF32);
   MambaCase c = random_case(rng);
   const Mamba2Shape& s = c.shape;
-  Mamba2Mixer mixer(s, *ops);
+  MixerOn mixer(s, *ops, GetParam());
   kv::StatePool pool(1, 3, s.state_shape());
   const int32_t a = pool.alloc(), b = pool.alloc();
   std::fill(pool.ssm_state(0, a), pool.ssm_state(0, a) + s.state_shape().ssm_floats(), 0.5f);
@@ -487,6 +521,11 @@ TEST(Mamba2Mixer, RefusesBadBatchesUnchanged) {
   bad.num_groups = s.num_heads + 1;
   EXPECT_THROW(Mamba2Mixer(bad, *ops), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(LinearBackends, Mamba2MixerRandom, ::testing::ValuesIn(linear_backends()),
+                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(LinearBackends, Mamba2MixerInput, ::testing::ValuesIn(linear_backends()),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace pagoda::model

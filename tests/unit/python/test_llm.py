@@ -107,6 +107,22 @@ def test_kernel_options():
         pagoda.LLM("builtin", kernel_options={"merge_threads": 48})
 
 
+def test_linear_backend():
+    # --linear-backend (a hybrid model's Mamba2 layers): EngineArgs carries it; pagoda.LLM takes
+    # it, None meaning the attention backend's; an unknown name is refused by name.
+    args = _pagoda.EngineArgs()
+    assert args.linear_backend == ""
+    args.linear_backend = "reference"
+    assert args.linear_backend == "reference"
+    out = pagoda.LLM("builtin", linear_backend="reference").generate(
+        prompt_token_ids=[[1, 2, 3]],
+        sampling_params=pagoda.SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+    pagoda.LLM("builtin", linear_backend=None)
+    with pytest.raises(NotImplementedError, match="linear-attention backend 'nope'"):
+        pagoda.LLM("builtin", linear_backend="nope")
+
+
 def test_cpu_gemm():
     # pagoda's own engine argument (`--cpu-gemm`): a mode oneDNN runs everywhere, and a bad name.
     llm = pagoda.LLM("builtin", cpu_gemm="onednn-f32")

@@ -1,4 +1,8 @@
+#include <algorithm>
+#include <cmath>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "pagoda/backends/conformance/conformance.h"
 
@@ -7,7 +11,22 @@ namespace pagoda::backends::conformance {
 using attention::ForwardMode;
 using attention::MaskKind;
 
+namespace {
+
+std::string linear_describe(const Case& c) {
+  static constexpr const char* kOps[] = {"none", "prefill", "decode", "split", "restore", "verify"};
+  const attention::LinearShape& s = c.linear.shape;
+  std::string d = fmt::format("{} [{} H{} P{} N{} G{} K{} chunk {}", c.feature,
+                              kOps[static_cast<int>(c.linear.op)], s.num_heads, s.head_dim,
+                              s.state_size, s.num_groups, s.conv_kernel, s.chunk_size);
+  if (s.dt_min > 0.f || std::isfinite(s.dt_max)) d += fmt::format(" dt [{}, {}]", s.dt_min, s.dt_max);
+  return d + fmt::format(" tokens {}]", fmt::join(c.linear.lengths, ","));
+}
+
+}  // namespace
+
 std::string Case::describe() const {
+  if (linear.op != LinearOp::kNone) return linear_describe(*this);
   std::string s = fmt::format("{} [{} p{} h{}/{} d{}/{} q={} kv={}", feature,
                               attention::forward_mode_name(mode), page_size, num_q_heads,
                               num_kv_heads, head_dim_qk, head_dim_v, q_dtype, kv_dtype);
@@ -47,6 +66,10 @@ attention::BackendRequirements Case::requirements() const {
   r.mixed_batches = mode == ForwardMode::kMixed;
   r.dsa = dsa_topk > 0;
   return r;
+}
+
+attention::LinearRequirements Case::linear_requirements() const {
+  return {.dtype = DType::kF32, .tree_verify = linear.op == LinearOp::kVerify};
 }
 
 namespace {
@@ -172,6 +195,43 @@ void add_draft_extend_cases(std::vector<Case>& cases, bool quick) {
   mla.head_dim_v = 512;
   mla.max_len = 130;
 }
+
+namespace {
+
+/// The linear-* columns: three layer shapes (groups 2, 1 and one head per group; d_conv 4, 2
+/// and 1; one with a time-step limit), each op at SSD chunks of 4, 8 and 64 (quick: one chunk
+/// per shape), lengths around the chunk (1, q - 1, q, q + 1, 3q + 2); decode steps of 1 to 3
+/// tokens; trees of 4 and 8 nodes.
+void add_linear_cases(std::vector<Case>& cases, bool quick) {
+  const std::vector<attention::LinearShape> shapes = {
+      {.num_heads = 4, .head_dim = 4, .state_size = 8, .num_groups = 2, .conv_kernel = 4},
+      {.num_heads = 2, .head_dim = 8, .state_size = 16, .num_groups = 1, .conv_kernel = 2,
+       .dt_min = 0.01f, .dt_max = 0.8f},
+      {.num_heads = 3, .head_dim = 2, .state_size = 4, .num_groups = 3, .conv_kernel = 1}};
+  const std::vector<int> chunks = {4, 8, 64};
+  auto add = [&](const char* feature, LinearOp op, const attention::LinearShape& shape, int q,
+                 std::vector<int> lengths) {
+    Case c;
+    c.feature = feature;
+    c.linear = {.op = op, .shape = shape, .lengths = std::move(lengths)};
+    c.linear.shape.chunk_size = q;
+    cases.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (size_t j = 0; j < chunks.size(); ++j) {
+      if (quick && j != i) continue;
+      const int q = chunks[j];
+      const std::vector<int> around = {1, std::max(1, q - 1), q, q + 1, 3 * q + 2};
+      add("linear-prefill", LinearOp::kPrefill, shapes[i], q, around);
+      add("linear-split", LinearOp::kSplit, shapes[i], q, {3 * q + 2, q + 1, 5});
+      add("linear-restore", LinearOp::kRestore, shapes[i], q, {2 * q + 3, q, 2});
+    }
+    add("linear-decode", LinearOp::kDecode, shapes[i], 8, {1, 3, 2, 3});
+    add("linear-verify", LinearOp::kVerify, shapes[i], 8, {i == 0 ? 4 : 8, 1, 11});
+  }
+}
+
+}  // namespace
 
 std::vector<Case> make_cases(bool quick, int long_kv) {
   std::vector<Case> cases;
@@ -317,6 +377,7 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
   }
   if (long_kv > 0) add_long_cases(cases, quick, long_kv);
   add_draft_extend_cases(cases, quick);
+  add_linear_cases(cases, quick);
   return cases;
 }
 

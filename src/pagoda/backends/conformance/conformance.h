@@ -27,6 +27,15 @@
 /// single dropped key (oracle.h). The "draft-extend" column runs kDraftExtend batches: ragged
 /// accepted counts (1..num_steps+1, some requests with one) over prefixes from a few tokens to
 /// past the split-KV chunk size, some accepted runs crossing a page boundary.
+///
+/// The linear-* columns run the linear-attention (Mamba2) kind of each backend name
+/// (attention/linear_backend.h; a name without one, or a prefill+decode composition, is
+/// unsupported) on a real StatePool against an fp64 oracle of their own (linear_oracle.h):
+/// linear-prefill (lengths around the SSD chunk size, several chunk sizes), linear-decode
+/// (single steps), linear-split (a prefill cut into several calls), linear-restore (copy_slot,
+/// then continue, equals continuing the original) and linear-verify (draft trees, each node
+/// following its parent). Every case starts from random states, NaN-poisons y, and checks that
+/// the slots and layers it does not name keep their bytes (linear_runner.cpp).
 
 #include <cstdint>
 #include <string>
@@ -35,11 +44,30 @@
 
 #include "pagoda/attention/forward_mode.h"
 #include "pagoda/attention/layer.h"
+#include "pagoda/attention/linear_backend.h"
 #include "pagoda/attention/registry.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/platform/platform.h"
 
 namespace pagoda::backends::conformance {
+
+/// What a linear-layer case runs (the linear-* columns).
+enum class LinearOp : uint8_t {
+  kNone,     ///< an attention case
+  kPrefill,  ///< one call of every sequence
+  kDecode,   ///< single-token steps
+  kSplit,    ///< each sequence cut into several calls
+  kRestore,  ///< a prefix, copy_slot, then the rest in both slots
+  kVerify,   ///< a draft tree beside a decode and a prefill
+};
+
+/// A linear-layer case: the op, the layer's sizes and each sequence's tokens (kVerify: the
+/// tree's size first).
+struct LinearCase {
+  LinearOp op = LinearOp::kNone;
+  attention::LinearShape shape;
+  std::vector<int> lengths;
+};
 
 /// One conformance case: a batch shape, the layer's features and the step's mode.
 struct Case {
@@ -75,11 +103,15 @@ struct Case {
   /// position, as the indexer selects; a row that sees fewer keeps them all), handed to the
   /// backend through set_sparse_topk; the oracle gets the selection as a custom mask.
   int dsa_topk = 0;
+  /// linear.op != kNone: a linear-layer case; the attention fields above are unused.
+  LinearCase linear;
 
   /// "decode p16 gqa8/2 d128 bf16/bf16 ..." (stable; used in failure messages).
   std::string describe() const;
-  /// What a backend must support to run this case.
+  /// What a backend must support to run this case (an attention case).
   attention::BackendRequirements requirements() const;
+  /// What a linear-attention backend must support to run this case (a linear case).
+  attention::LinearRequirements linear_requirements() const;
 };
 
 /// The full grid (quick = false) or a representative subset covering every feature column;
@@ -98,7 +130,8 @@ struct MutantInfo {
 /// head mapping; two draft-extend planning faults in front of the reference (draft extend
 /// planned as decode; each request's kv range one key short, its last accepted token left out);
 /// and a DSA selection missing one token per row (the reference given each row's top-k without
-/// its first entry).
+/// its first entry); for the linear kind, a stale state (every call from a zero state) and a
+/// conv window one input early (the reference linear backend with a LinearFaults fault).
 const std::vector<MutantInfo>& mutant_family();
 /// The family member named `spec`, or nullptr.
 const MutantInfo* find_mutant(const std::string& spec);
@@ -118,7 +151,8 @@ struct BackendUnderTest {
   std::string target;           ///< a mutant's column (empty: any column)
 };
 
-/// Runs `c` on `backend` (built through `registry`) with inputs derived from `seed`.
+/// Runs `c` on `backend` (built through `registry`) with inputs derived from `seed`; a linear
+/// case on the spec's linear-attention kind (host states: `device_platform` unused).
 /// `device_platform` is the platform a device backend runs on (its name() must equal the
 /// backend's capabilities().device; the harness synchronises it around the run). CPU backends
 /// ignore it and get a fresh CPU platform per case. A device backend without a matching

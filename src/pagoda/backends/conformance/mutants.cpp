@@ -1,6 +1,7 @@
-// The mutant family: one fault each (a ReferenceFaults fault of the reference oracle, or a
-// draft-extend planning or DSA selection fault in front of the reference backend), and the
-// column that must catch it.
+// The mutant family: one fault each (a ReferenceFaults fault of the reference oracle, a
+// draft-extend planning or DSA selection fault in front of the reference backend, or a
+// LinearFaults fault of the reference linear backend), and the column that must catch it.
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "pagoda/backends/conformance/conformance.h"
 #include "pagoda/backends/conformance/tensors.h"
 #include "pagoda/backends/reference/reference_backend.h"
+#include "pagoda/backends/reference/reference_linear_backend.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::backends::conformance {
@@ -31,6 +33,8 @@ struct Member {
   ReferenceFaults faults;
   DraftExtendFault draft_extend = DraftExtendFault::kNone;
   bool dsa_drop_first = false;  ///< each row's DSA selection without its first entry
+  /// A linear-kind mutant: the reference linear backend with this fault.
+  std::optional<LinearFaults> linear;
 };
 
 /// The batch a backend with `fault` would plan for the kDraftExtend batch `b`.
@@ -155,6 +159,18 @@ const std::vector<Member>& members() {
        {},
        DraftExtendFault::kNone,
        true},
+      {{"mutant:stale-state", "linear-decode",
+        "linear state ignored (every call starts from a zero conv and SSM state)"},
+       {},
+       DraftExtendFault::kNone,
+       false,
+       LinearFaults{.stale_state = true}},
+      {{"mutant:conv-window", "linear-prefill",
+        "conv window off by one (token t reads inputs t-K..t-1, not t-K+1..t)"},
+       {},
+       DraftExtendFault::kNone,
+       false,
+       LinearFaults{.conv_shift = true}},
   };
   return all;
 }
@@ -200,6 +216,12 @@ std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec
   auto reference = std::make_unique<ReferenceBackend>(ctx, m.faults, spec);
   if (m.draft_extend == DraftExtendFault::kNone && !m.dsa_drop_first) return reference;
   return std::make_unique<PlanningMutant>(std::move(reference), m.draft_extend, m.dsa_drop_first);
+}
+
+std::unique_ptr<attention::LinearAttentionBackend> make_linear_mutant(const std::string& spec) {
+  const Member& m = member(spec);
+  if (!m.linear) return nullptr;
+  return std::make_unique<ReferenceLinearBackend>(*m.linear, spec);
 }
 
 }  // namespace pagoda::backends::conformance

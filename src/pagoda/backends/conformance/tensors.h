@@ -78,6 +78,15 @@ ReferenceFaults mutant_faults(const std::string& spec);
 std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec,
                                                          const attention::BackendContext& ctx);
 
+/// Runs linear case `c` (c.linear.op != kNone) on `backend`'s linear kind (linear_runner.cpp):
+/// kUnsupported when the spec has none (an attention-only name, a prefill+decode composition,
+/// an attention mutant) or it cannot serve the case.
+CaseResult run_linear_case(const attention::BackendRegistry& registry,
+                           const BackendUnderTest& backend, const Case& c, uint64_t seed);
+/// Mutant `spec` of the linear kind (the reference linear backend with its LinearFaults), or
+/// nullptr for an attention mutant. Errors as mutant_faults().
+std::unique_ptr<attention::LinearAttentionBackend> make_linear_mutant(const std::string& spec);
+
 /// Checks every output element was written (no NaN left from the poisoning) and is within
 /// atol + rtol * |expected|; LSE (when given) within expected.lse_tol, -inf exactly.
 CaseResult compare(const HostTensor& out, const HostTensor* lse, const Expected& expected,
