@@ -88,6 +88,7 @@ void LinearAttentionBackend::init_forward_metadata(kv::StatePool& pool,
     at += n;
   }
   num_tokens_ = tokens;
+  planned();
 }
 
 void LinearAttentionBackend::forward(const LinearLayer& layer, const TensorView& xbc,
@@ -107,6 +108,10 @@ void LinearAttentionBackend::forward(const LinearLayer& layer, const TensorView&
                  "linear-attention backend '{}': a weight other than the conv bias is missing",
                  name());
   const LinearCapabilities& caps = capabilities();
+  const std::string_view pool_device = pool_->device().is_cpu() ? "cpu" : "cuda";
+  PAGODA_REQUIRE(caps.device == pool_device, kUnsupported,
+                 "linear-attention backend '{}' runs on {} but the state pool lives on {}",
+                 name(), caps.device, pool_device);
   auto check = [&](const TensorView& v, const char* what, int64_t cols) {
     PAGODA_REQUIRE(v.rank() == 2 && v.size(0) == num_tokens_ && v.size(1) == cols &&
                        (cols == 1 || v.stride(1) == 1) && v.stride(0) >= cols,

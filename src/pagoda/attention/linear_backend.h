@@ -138,7 +138,8 @@ class LinearAttentionBackend {
   /// changes: kFailedPrecondition without a plan; kInvalidArgument for a bad shape, a pool whose
   /// state shape is not layer.shape.state_shape(), a null weight other than conv_bias, or views
   /// of the wrong sizes; kOutOfRange for a state layer outside the pool; kUnsupported for a
-  /// dtype or device the backend does not declare.
+  /// dtype or device the backend does not declare (the views' and the pool's: a host backend
+  /// needs a host StatePool, a device backend a pool on its device).
   void forward(const LinearLayer& layer, const TensorView& xbc, const TensorView& dt,
                const TensorView& y);
 
@@ -146,6 +147,9 @@ class LinearAttentionBackend {
   /// The planned pool and sequences (node spans point into this object's copies).
   kv::StatePool& pool() const { return *pool_; }
   std::span<const LinearSeq> seqs() const { return seqs_; }
+  /// Called at the end of every init_forward_metadata that succeeds, with the new plan in
+  /// pool() / seqs() (a device backend uploads it here, once per step). Default: nothing.
+  virtual void planned() {}
   /// forward() after validation (T >= 1).
   virtual void run(const LinearLayer& layer, const TensorView& xbc, const TensorView& dt,
                    const TensorView& y) = 0;

@@ -8,9 +8,19 @@
 namespace pagoda::kv {
 
 StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape)
+    : StatePool(num_layers, num_slots, shape, nullptr) {}
+
+StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape,
+                     platform::Platform& platform)
+    : StatePool(num_layers, num_slots, shape,
+                platform.kind() == platform::PlatformKind::kCpu ? nullptr : &platform) {}
+
+StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape,
+                     platform::Platform* device)
     : num_layers_(num_layers),
       shape_(shape),
-      block_floats_(shape.conv_floats() + shape.ssm_floats()) {
+      block_floats_(shape.conv_floats() + shape.ssm_floats()),
+      platform_(device) {
   PAGODA_REQUIRE(num_layers >= 1 && num_slots >= 1, kInvalidArgument,
                  "StatePool needs >= 1 layer and >= 1 slot (got {} layers, {} slots)", num_layers,
                  num_slots);
@@ -21,12 +31,22 @@ StatePool::StatePool(int32_t num_layers, int32_t num_slots, StateShape shape)
                  "(all >= 1, conv_width >= 0)",
                  shape.conv_dim, shape.conv_width, shape.num_heads, shape.head_dim,
                  shape.state_size);
-  data_.assign(static_cast<size_t>(num_layers) * static_cast<size_t>(num_slots) *
-                   static_cast<size_t>(block_floats_),
-               0.f);
+  const size_t floats = static_cast<size_t>(num_slots) * static_cast<size_t>(slot_stride_floats());
+  if (on_device()) {
+    device_ = platform::make_buffer(platform_->allocator(), floats * sizeof(float));
+    platform_->allocator().fill_bytes(device_.get(), 0, floats * sizeof(float));
+    base_ = static_cast<float*>(device_.get());
+  } else {
+    data_.assign(floats, 0.f);
+    base_ = data_.data();
+  }
   refcount_.assign(static_cast<size_t>(num_slots), 0);
   free_.reserve(static_cast<size_t>(num_slots));
   for (int32_t s = num_slots - 1; s >= 0; --s) free_.push_back(s);  // slot 0 is taken first
+}
+
+Device StatePool::device() const {
+  return on_device() ? platform_->device() : Device::cpu();
 }
 
 int64_t StatePool::bytes_per_slot() const {
@@ -82,10 +102,12 @@ void StatePool::copy_slot(int32_t src, int32_t dst) {
   require_held(src, "copy_slot (source)");
   require_held(dst, "copy_slot (destination)");
   PAGODA_REQUIRE(src != dst, kInvalidArgument, "StatePool::copy_slot: slot {} onto itself", src);
-  for (int32_t l = 0; l < num_layers_; ++l) {
-    const auto from = data_.begin() + static_cast<std::ptrdiff_t>(block(l, src));
-    std::copy(from, from + block_floats_,
-              data_.begin() + static_cast<std::ptrdiff_t>(block(l, dst)));
+  const int64_t n = slot_stride_floats();
+  if (on_device()) {
+    platform_->copy_async(base_ + dst * n, base_ + src * n,
+                          static_cast<size_t>(n) * sizeof(float));
+  } else {
+    std::copy(base_ + src * n, base_ + (src + 1) * n, base_ + dst * n);
   }
 }
 
@@ -93,15 +115,15 @@ size_t StatePool::block(int32_t layer, int32_t slot) const {
   PAGODA_REQUIRE(layer >= 0 && layer < num_layers_, kOutOfRange, "state layer {} outside [0, {})",
                  layer, num_layers_);
   require_slot(slot);
-  return (static_cast<size_t>(layer) * refcount_.size() + static_cast<size_t>(slot)) *
-         static_cast<size_t>(block_floats_);
+  return static_cast<size_t>(slot) * static_cast<size_t>(slot_stride_floats()) +
+         static_cast<size_t>(layer) * static_cast<size_t>(block_floats_);
 }
 
 float* StatePool::conv_state(int32_t layer, int32_t slot) {
-  return data_.data() + block(layer, slot);
+  return base_ + block(layer, slot);
 }
 const float* StatePool::conv_state(int32_t layer, int32_t slot) const {
-  return data_.data() + block(layer, slot);
+  return base_ + block(layer, slot);
 }
 float* StatePool::ssm_state(int32_t layer, int32_t slot) {
   return conv_state(layer, slot) + shape_.conv_floats();
@@ -110,10 +132,34 @@ const float* StatePool::ssm_state(int32_t layer, int32_t slot) const {
   return conv_state(layer, slot) + shape_.conv_floats();
 }
 
+std::vector<float> StatePool::read_state(int32_t layer, int32_t slot) const {
+  const float* from = conv_state(layer, slot);
+  if (!on_device()) return std::vector<float>(from, from + block_floats_);
+  std::vector<float> out(static_cast<size_t>(block_floats_));
+  platform_->synchronize_stream();
+  platform_->allocator().copy_to_host(out.data(), from, out.size() * sizeof(float));
+  return out;
+}
+
+void StatePool::write_state(int32_t layer, int32_t slot, std::span<const float> state) {
+  PAGODA_REQUIRE(static_cast<int64_t>(state.size()) == block_floats_, kInvalidArgument,
+                 "StatePool::write_state: {} floats for a state of {}", state.size(),
+                 block_floats_);
+  float* to = conv_state(layer, slot);
+  if (!on_device()) {
+    std::copy(state.begin(), state.end(), to);
+    return;
+  }
+  platform_->synchronize_stream();
+  platform_->allocator().copy_to_device(to, state.data(), state.size_bytes());
+}
+
 void StatePool::zero(int32_t slot) {
-  for (int32_t l = 0; l < num_layers_; ++l) {
-    const auto from = data_.begin() + static_cast<std::ptrdiff_t>(block(l, slot));
-    std::fill(from, from + block_floats_, 0.f);
+  const int64_t n = slot_stride_floats();
+  if (on_device()) {
+    platform_->fill_bytes_async(base_ + slot * n, 0, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    std::fill(base_ + slot * n, base_ + (slot + 1) * n, 0.f);
   }
 }
 
@@ -133,6 +179,17 @@ std::vector<int32_t> StatePool::leaked(std::span<const int32_t> holders) const {
   return out;
 }
 
+bool StatePool::slot_is_zero(int32_t slot) const {
+  const int64_t n = slot_stride_floats();
+  const float* from = base_ + slot * n;
+  auto zero = [](float v) { return v == 0.f; };
+  if (!on_device()) return std::all_of(from, from + n, zero);
+  std::vector<float> b(static_cast<size_t>(n));
+  platform_->synchronize_stream();
+  platform_->allocator().copy_to_host(b.data(), from, b.size() * sizeof(float));
+  return std::all_of(b.begin(), b.end(), zero);
+}
+
 void StatePool::check_integrity() const {
   std::vector<char> on_free(refcount_.size(), 0);
   for (int32_t s : free_) {
@@ -140,11 +197,7 @@ void StatePool::check_integrity() const {
     PAGODA_CHECK(!on_free[static_cast<size_t>(s)], "state slot {} on the free list twice", s);
     on_free[static_cast<size_t>(s)] = 1;
     PAGODA_CHECK_EQ(refcount_[static_cast<size_t>(s)], 0);
-    for (int32_t l = 0; l < num_layers_; ++l) {
-      const float* b = conv_state(l, s);
-      PAGODA_CHECK(std::all_of(b, b + block_floats_, [](float v) { return v == 0.f; }),
-                   "free state slot {} (layer {}) is not zero", s, l);
-    }
+    PAGODA_CHECK(slot_is_zero(s), "free state slot {} is not zero", s);
   }
   for (size_t s = 0; s < refcount_.size(); ++s)
     PAGODA_CHECK(on_free[s] || refcount_[s] > 0, "state slot {} is neither free nor held", s);

@@ -30,13 +30,30 @@
 /// references its caller knows of (the engine's requests and the radix tree's nodes) and lists
 /// the slots held more often than known: 0 leaked states is a test invariant.
 ///
+/// Memory. Storage is slot-major, [slot, layer, conv | SSM]: one slot's states over every layer
+/// are contiguous (slot_stride_floats() floats), so zeroing and copying a slot is one operation.
+/// A host pool (the first constructor, or a CPU platform) keeps it in host memory. A device pool
+/// (a constructor given a device Platform, e.g. CUDA) keeps the same layout in that device's
+/// memory (allocated through the platform's allocator, zeroed at construction): the slot
+/// bookkeeping (free list, reference counts) stays on the host, free() zeroes a released slot
+/// and copy_slot copies one through Platform::fill_bytes_async / copy_async, enqueued on the
+/// platform's stream (so they are ordered with the kernels that read and write the states on
+/// that stream, and return without waiting), and conv_state / ssm_state return device pointers
+/// (for kernels; never dereference them on the host). read_state / write_state copy one layer
+/// of one slot to or from the host synchronously on either kind (tests, the conformance
+/// harness); check_integrity reads the free slots back synchronously on a device pool.
+///
 /// Thread rules: not thread-safe; one scheduler thread owns it (the model's forward reads and
-/// writes slot contents through conv_state / ssm_state on that thread). Host memory only.
+/// writes slot contents through conv_state / ssm_state on that thread; a device pool's
+/// operations go to the platform's one stream from that thread).
 
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <vector>
+
+#include "pagoda/core/device.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::kv {
 
@@ -60,10 +77,21 @@ class StatePool {
   /// Throws Error(kInvalidArgument) unless num_layers >= 1, num_slots >= 1, conv_width >= 0 and
   /// the other sizes >= 1.
   StatePool(int32_t num_layers, int32_t num_slots, StateShape shape);
+  /// A pool in `platform`'s memory (a device pool unless `platform` is the CPU; see "Memory"),
+  /// zeroed before this returns. `platform` must outlive the pool. Same errors as above, and
+  /// kResourceExhausted when the allocation fails.
+  StatePool(int32_t num_layers, int32_t num_slots, StateShape shape, platform::Platform& platform);
+  StatePool(const StatePool&) = delete;
+  StatePool& operator=(const StatePool&) = delete;
 
   int32_t num_layers() const { return num_layers_; }
   int32_t num_slots() const { return static_cast<int32_t>(refcount_.size()); }
   const StateShape& shape() const { return shape_; }
+  /// Where the states live (Device::cpu() for a host pool).
+  Device device() const;
+  /// Floats from one slot's state block of a layer to the next slot's (num_layers blocks of
+  /// conv_floats + ssm_floats): kernels address slot s of layer l at conv_state(l, 0) + s * this.
+  int64_t slot_stride_floats() const { return int64_t{num_layers_} * block_floats_; }
   /// Bytes one slot takes over all layers (admission: states per byte budget).
   int64_t bytes_per_slot() const;
   int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
@@ -87,12 +115,20 @@ class StatePool {
   void require_held(int32_t slot, const char* what) const;
 
   /// Layer `layer`'s conv state of `slot` ([conv_width, conv_dim]) and SSM state
-  /// ([num_heads, head_dim, state_size]). Any slot in range (held or not: the caller's slot
-  /// rules apply); throws kOutOfRange for a layer or slot outside the pool.
+  /// ([num_heads, head_dim, state_size]): host pointers for a host pool, device pointers for a
+  /// device pool. Any slot in range (held or not: the caller's slot rules apply); throws
+  /// kOutOfRange for a layer or slot outside the pool.
   float* conv_state(int32_t layer, int32_t slot);
   const float* conv_state(int32_t layer, int32_t slot) const;
   float* ssm_state(int32_t layer, int32_t slot);
   const float* ssm_state(int32_t layer, int32_t slot) const;
+
+  /// Layer `layer`'s state of `slot` copied to the host: conv_floats then ssm_floats floats.
+  /// Synchronous (a device pool waits for its stream first). Throws as conv_state.
+  std::vector<float> read_state(int32_t layer, int32_t slot) const;
+  /// Overwrites layer `layer`'s state of `slot` with `state` (conv_floats then ssm_floats
+  /// floats; kInvalidArgument for another size). Synchronous. Throws as conv_state.
+  void write_state(int32_t layer, int32_t slot, std::span<const float> state);
 
   /// The slots whose refcount exceeds the number of times `holders` names them (leaked
   /// references), ascending. Throws kFailedPrecondition when a slot is named more often than it
@@ -106,12 +142,20 @@ class StatePool {
   void require_slot(int32_t slot) const;
   /// Offset of (layer, slot)'s state block: conv floats, then SSM floats.
   size_t block(int32_t layer, int32_t slot) const;
+  /// The constructors' body: a host pool when `device` is null.
+  StatePool(int32_t num_layers, int32_t num_slots, StateShape shape, platform::Platform* device);
   void zero(int32_t slot);
+  /// Every float of `slot` (all layers) is 0; reads a device pool back synchronously.
+  bool slot_is_zero(int32_t slot) const;
+  bool on_device() const { return platform_ != nullptr; }
 
   int32_t num_layers_;
   StateShape shape_;
   int64_t block_floats_;     ///< conv_floats + ssm_floats
-  std::vector<float> data_;  ///< [num_layers, num_slots, block_floats]
+  std::vector<float> data_;  ///< host pool: [num_slots, num_layers, block_floats]
+  platform::Platform* platform_ = nullptr;  ///< device pool: its platform (null: host)
+  platform::DeviceBuffer device_;           ///< device pool: the same layout in device memory
+  float* base_ = nullptr;                   ///< data_.data() or device_.get()
   std::vector<int32_t> refcount_;
   std::vector<int32_t> free_;  ///< a stack: the next alloc takes back()
 };

@@ -90,6 +90,14 @@ void Platform::copy_to_host_async(void* host_dst, const void* src, size_t bytes)
   allocator().copy_to_host(host_dst, src, bytes);
 }
 
+void Platform::copy_async(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void Platform::fill_bytes_async(void* dst, uint8_t value, size_t bytes) {
+  if (bytes) std::memset(dst, value, bytes);
+}
+
 std::unique_ptr<Event> Platform::make_event() { return std::make_unique<HostEvent>(); }
 
 MemoryInfo Platform::memory_info() const {

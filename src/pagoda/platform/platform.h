@@ -145,6 +145,12 @@ class Platform {
   /// Enqueues a device → host copy on the stream; `host_dst` is valid after the stream (or an
   /// event recorded after this call) completes.
   virtual void copy_to_host_async(void* host_dst, const void* src, size_t bytes);
+  /// Enqueues a copy of `bytes` between two non-overlapping ranges of this platform's memory
+  /// (device to device on CUDA) on the stream; std::memcpy on the CPU (the default).
+  virtual void copy_async(void* dst, const void* src, size_t bytes);
+  /// Enqueues setting `bytes` bytes of this platform's memory at `dst` to `value` on the stream;
+  /// std::memset on the CPU (the default).
+  virtual void fill_bytes_async(void* dst, uint8_t value, size_t bytes);
   /// Page-locked host memory for asynchronous copies (plain host memory on the CPU).
   virtual Allocator& pinned_allocator() { return allocator(); }
   /// A new event on this platform's stream.

@@ -229,6 +229,16 @@ void CudaPlatform::copy_to_host_async(void* host_dst, const void* src, size_t by
           "cudaMemcpyAsync D2H");
 }
 
+void CudaPlatform::copy_async(void* dst, const void* src, size_t bytes) {
+  if (bytes)
+    cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_),
+               "cudaMemcpyAsync D2D");
+}
+
+void CudaPlatform::fill_bytes_async(void* dst, uint8_t value, size_t bytes) {
+  if (bytes) cuda_check(cudaMemsetAsync(dst, value, bytes, stream_), "cudaMemsetAsync");
+}
+
 std::unique_ptr<Event> CudaPlatform::make_event() { return std::make_unique<CudaEvent>(stream_); }
 
 int cuda_device_count() noexcept {

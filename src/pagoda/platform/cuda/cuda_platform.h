@@ -37,6 +37,10 @@ class CudaPlatform final : public Platform {
   void synchronize_stream() override;
   void copy_to_device_async(void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host_async(void* host_dst, const void* src, size_t bytes) override;
+  /// cudaMemcpyAsync (device to device) on stream().
+  void copy_async(void* dst, const void* src, size_t bytes) override;
+  /// cudaMemsetAsync on stream().
+  void fill_bytes_async(void* dst, uint8_t value, size_t bytes) override;
   /// cudaHostAlloc'd (portable) host memory.
   Allocator& pinned_allocator() override { return *pinned_; }
   /// A cudaEvent (timing disabled) recorded on stream().
