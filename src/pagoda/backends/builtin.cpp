@@ -16,6 +16,7 @@
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND
 #include "pagoda/backends/cuda/cuda_backend.h"
+#include "pagoda/backends/cuda/cuda_linear_backend.h"
 #endif
 
 namespace pagoda::backends {
@@ -37,6 +38,7 @@ void register_builtin_backends(BackendRegistry& registry, const KernelOptions& k
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND
   register_cuda_backend(registry, kernels);
+  register_cuda_linear_backend(registry);
 #endif
 }
 

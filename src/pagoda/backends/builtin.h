@@ -20,7 +20,7 @@ namespace pagoda::backends {
 
 /// Registers every backend this build has: "reference" always, "cpu" and "cuda" when built; their
 /// factories build backends with `kernels` (a worker registers with its selection's options).
-/// The linear kind: "reference" always, "cpu" when the cpu backend is built.
+/// The linear kind: "reference" always, "cpu" and "cuda" when their backends are built.
 /// Explicit, never a static initialiser. Throws kInvalidArgument if one is already registered or
 /// `kernels` is invalid (KernelOptions::validate).
 void register_builtin_backends(attention::BackendRegistry& registry,

@@ -50,11 +50,14 @@ class MixerOn {
   std::unique_ptr<attention::LinearAttentionBackend> backend_;
 };
 
-/// The linear-attention backends of this build.
+/// The host linear-attention backends of this build (device ones: tests/cuda).
 std::vector<std::string> linear_backends() {
   attention::BackendRegistry registry;
   backends::register_builtin_backends(registry);
-  return registry.linear_names();
+  std::vector<std::string> out;
+  for (const std::string& name : registry.linear_names())
+    if (registry.linear_capabilities(name).device == "cpu") out.push_back(name);
+  return out;
 }
 
 struct MambaTestWeights {

@@ -152,7 +152,7 @@ struct BackendUnderTest {
 };
 
 /// Runs `c` on `backend` (built through `registry`) with inputs derived from `seed`; a linear
-/// case on the spec's linear-attention kind (host states: `device_platform` unused).
+/// case on the spec's linear-attention kind (a device one on a StatePool of `device_platform`).
 /// `device_platform` is the platform a device backend runs on (its name() must equal the
 /// backend's capabilities().device; the harness synchronises it around the run). CPU backends
 /// ignore it and get a fresh CPU platform per case. A device backend without a matching

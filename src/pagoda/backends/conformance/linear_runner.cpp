@@ -2,7 +2,10 @@
 // states, the backend's linear kind run call by call (init_forward_metadata, then forward over
 // strided xBC / dt / y views with NaN-poisoned y), every output row and final state checked
 // against linear_oracle over each whole logical sequence, and every slot and layer the case does
-// not name checked unchanged.
+// not name checked unchanged. A device backend (capabilities().device "cuda") runs on a device
+// StatePool of the harness's platform, with its weights, xBC / dt and y copied to and from that
+// device around each call; states are read and written through StatePool::read_state /
+// write_state either way.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -42,10 +45,20 @@ std::vector<double> widen(const std::vector<float>& v) {
   return {v.begin(), v.end()};
 }
 
-/// The spec's linear kind, or nullptr and the reason it has none or cannot serve `req`.
+/// `host` in a new buffer of `platform`'s memory.
+platform::DeviceBuffer device_copy(platform::Platform& platform, const std::vector<float>& host) {
+  platform::DeviceBuffer b =
+      platform::make_buffer(platform.allocator(), std::max<size_t>(host.size(), 1) * sizeof(float));
+  platform.allocator().copy_to_device(b.get(), host.data(), host.size() * sizeof(float));
+  return b;
+}
+
+/// The spec's linear kind, or nullptr and the reason it has none or cannot serve `req` (whose
+/// device is the backend's own: the case runs where the backend does).
 std::unique_ptr<LinearAttentionBackend> make_linear(const attention::BackendRegistry& registry,
                                                     const std::string& spec,
-                                                    const attention::LinearRequirements& req,
+                                                    attention::LinearRequirements req,
+                                                    platform::Platform* device_platform,
                                                     std::string& why) {
   if (spec.rfind("mutant", 0) == 0) {
     std::unique_ptr<LinearAttentionBackend> b = make_linear_mutant(spec);
@@ -58,9 +71,18 @@ std::unique_ptr<LinearAttentionBackend> make_linear(const attention::BackendRegi
     why = fmt::format("no linear-attention backend '{}' (registered: {})", spec,
                       fmt::join(registry.linear_names(), ", "));
   } else {
-    why = unsupported_reason(registry.linear_capabilities(spec), req).value_or("");
+    const attention::LinearCapabilities& caps = registry.linear_capabilities(spec);
+    req.device = caps.device;
+    why = unsupported_reason(caps, req).value_or("");
+    PAGODA_REQUIRE(!why.empty() || caps.device == "cpu" ||
+                       (device_platform != nullptr && device_platform->name() == caps.device),
+                   kFailedPrecondition,
+                   "linear-attention backend '{}' runs on {} but the harness has {} platform",
+                   spec, caps.device,
+                   device_platform != nullptr ? "a " + device_platform->name() : std::string("no"));
+    if (caps.device == "cpu") device_platform = nullptr;
   }
-  return why.empty() ? registry.create_linear(spec, req, {}) : nullptr;
+  return why.empty() ? registry.create_linear(spec, req, {.platform = device_platform}) : nullptr;
 }
 
 /// A logical sequence: its inputs, its slot's initial state and the oracle's answer.
@@ -80,8 +102,16 @@ struct Piece {
 
 class LinearCaseRun {
  public:
-  LinearCaseRun(const Case& c, uint64_t seed, LinearAttentionBackend& backend)
-      : s_(c.linear.shape), rng_(seed), backend_(backend), pool_(2, 64, s_.state_shape()) {
+  /// `device`: the platform of a device backend (its pool, weights and views live there), or
+  /// null for a host backend.
+  LinearCaseRun(const Case& c, uint64_t seed, LinearAttentionBackend& backend,
+                platform::Platform* device)
+      : s_(c.linear.shape),
+        rng_(seed),
+        backend_(backend),
+        device_(device),
+        pool_(device != nullptr ? std::make_unique<kv::StatePool>(2, 64, s_.state_shape(), *device)
+                                : std::make_unique<kv::StatePool>(2, 64, s_.state_shape())) {
     const auto cd = size_t(s_.conv_dim()), heads = size_t(s_.num_heads);
     conv_ = uniform(rng_, cd * size_t(s_.conv_kernel), -0.6f, 0.6f);
     if (rng_() % 2) conv_bias_ = uniform(rng_, cd, -0.2f, 0.2f);
@@ -89,6 +119,9 @@ class LinearCaseRun {
     a_log_ = uniform(rng_, heads, -1.f, 1.5f);
     d_ = uniform(rng_, heads, -1.f, 1.f);
     oracle_w_ = {widen(conv_), widen(conv_bias_), widen(dt_bias_), widen(a_log_), widen(d_)};
+    if (device_ != nullptr)
+      for (const std::vector<float>* w : {&conv_, &conv_bias_, &dt_bias_, &a_log_, &d_})
+        device_weights_.push_back(device_copy(*device_, *w));
   }
 
   /// A new logical sequence of `tokens` random inputs from a random state (the oracle's answer
@@ -110,26 +143,26 @@ class LinearCaseRun {
 
   /// A held slot holding `seq`'s initial state in the layer under test.
   int32_t slot_for(int seq) {
-    const int32_t slot = pool_.alloc();
+    const int32_t slot = pool_->alloc();
     const Sequence& q = seqs_[size_t(seq)];
-    std::copy(q.conv0.begin(), q.conv0.end(), pool_.conv_state(kLayer, slot));
-    std::copy(q.ssm0.begin(), q.ssm0.end(), pool_.ssm_state(kLayer, slot));
+    std::vector<float> state = q.conv0;
+    state.insert(state.end(), q.ssm0.begin(), q.ssm0.end());
+    pool_->write_state(kLayer, slot, state);
     return slot;
   }
-  kv::StatePool& pool() { return pool_; }
+  kv::StatePool& pool() { return *pool_; }
 
   /// Fills what the case will not name with random bytes and records them: layer 0 of every
   /// held slot and both layers of two more held slots. Call after the last alloc.
   void add_bystanders() {
-    const std::vector<int32_t> extra = {pool_.alloc(), pool_.alloc()};
-    for (int32_t slot = 0; slot < pool_.num_slots(); ++slot) {
-      if (pool_.refcount(slot) == 0) continue;
+    const std::vector<int32_t> extra = {pool_->alloc(), pool_->alloc()};
+    for (int32_t slot = 0; slot < pool_->num_slots(); ++slot) {
+      if (pool_->refcount(slot) == 0) continue;
       const bool both = std::count(extra.begin(), extra.end(), slot) > 0;
       for (int32_t layer = 0; layer <= (both ? 1 : 0); ++layer) {
-        const std::vector<float> conv = uniform(rng_, size_t(pool_.shape().conv_floats()), -1, 1);
-        const std::vector<float> ssm = uniform(rng_, size_t(pool_.shape().ssm_floats()), -1, 1);
-        std::copy(conv.begin(), conv.end(), pool_.conv_state(layer, slot));
-        std::copy(ssm.begin(), ssm.end(), pool_.ssm_state(layer, slot));
+        const kv::StateShape& sh = pool_->shape();
+        pool_->write_state(layer, slot,
+                           uniform(rng_, size_t(sh.conv_floats() + sh.ssm_floats()), -1, 1));
         kept_.push_back({slot, layer, state_of(layer, slot)});
       }
     }
@@ -165,18 +198,37 @@ class LinearCaseRun {
     }
     const int64_t rows = static_cast<int64_t>(in.size()) / in_w;
     std::vector<float> y(size_t(rows * y_w), kPoison);
-    backend_.init_forward_metadata(pool_, batch);
-    const attention::LinearLayer layer{
-        .state_layer = kLayer,
-        .shape = s_,
-        .weights = {.conv = conv_.data(),
-                    .conv_bias = conv_bias_.empty() ? nullptr : conv_bias_.data(),
-                    .dt_bias = dt_bias_.data(),
-                    .a_log = a_log_.data(),
-                    .d = d_.data()}};
-    backend_.forward(layer, TensorView(in.data(), DType::kF32, {rows, cd}, {in_w, 1}),
-                     TensorView(in.data() + cd, DType::kF32, {rows, heads}, {in_w, 1}),
-                     TensorView(y.data(), DType::kF32, {rows, di}, {y_w, 1}));
+    backend_.init_forward_metadata(*pool_, batch);
+    // The weights, xBC | dt rows and poisoned y where the backend runs.
+    auto weight = [&](size_t i, const std::vector<float>& host) -> const float* {
+      if (host.empty()) return nullptr;
+      return device_ != nullptr ? static_cast<const float*>(device_weights_[i].get())
+                                : host.data();
+    };
+    platform::DeviceBuffer in_dev, y_dev;
+    float* in_ptr = in.data();
+    float* y_ptr = y.data();
+    const Device where = device_ != nullptr ? device_->device() : Device::cpu();
+    if (device_ != nullptr) {
+      in_dev = device_copy(*device_, in);
+      y_dev = device_copy(*device_, y);
+      in_ptr = static_cast<float*>(in_dev.get());
+      y_ptr = static_cast<float*>(y_dev.get());
+    }
+    const attention::LinearLayer layer{.state_layer = kLayer,
+                                       .shape = s_,
+                                       .weights = {.conv = weight(0, conv_),
+                                                   .conv_bias = weight(1, conv_bias_),
+                                                   .dt_bias = weight(2, dt_bias_),
+                                                   .a_log = weight(3, a_log_),
+                                                   .d = weight(4, d_)}};
+    backend_.forward(layer, TensorView(in_ptr, DType::kF32, {rows, cd}, {in_w, 1}, where),
+                     TensorView(in_ptr + cd, DType::kF32, {rows, heads}, {in_w, 1}, where),
+                     TensorView(y_ptr, DType::kF32, {rows, di}, {y_w, 1}, where));
+    if (device_ != nullptr) {
+      device_->synchronize_stream();
+      device_->allocator().copy_to_host(y.data(), y_ptr, y.size() * sizeof(float));
+    }
     int64_t row = 0;
     for (const Piece& p : pieces) {
       for (int t = 0; t < p.n; ++t, ++row) {
@@ -199,11 +251,7 @@ class LinearCaseRun {
 
   /// Layer `layer`'s state of `slot`, conv then SSM.
   std::vector<float> state_of(int32_t layer, int32_t slot) const {
-    const kv::StateShape& sh = pool_.shape();
-    std::vector<float> v(pool_.conv_state(layer, slot),
-                         pool_.conv_state(layer, slot) + sh.conv_floats());
-    v.insert(v.end(), pool_.ssm_state(layer, slot), pool_.ssm_state(layer, slot) + sh.ssm_floats());
-    return v;
+    return pool_->read_state(layer, slot);
   }
 
   /// The first difference between `slot`'s state in the layer under test and `want`.
@@ -223,8 +271,8 @@ class LinearCaseRun {
     for (const Kept& k : kept_)
       if (state_of(k.layer, k.slot) != k.bytes)
         return fmt::format("slot {} layer {} (not named by the case) changed", k.slot, k.layer);
-    for (int32_t slot = 0; slot < pool_.num_slots(); ++slot)
-      for (int32_t layer = 0; layer < 2 && pool_.refcount(slot) == 0; ++layer)
+    for (int32_t slot = 0; slot < pool_->num_slots(); ++slot)
+      for (int32_t layer = 0; layer < 2 && pool_->refcount(slot) == 0; ++layer)
         for (float v : state_of(layer, slot))
           if (v != 0.f) return fmt::format("free slot {} layer {} written", slot, layer);
     return "";
@@ -246,8 +294,10 @@ class LinearCaseRun {
   LinearShape s_;
   std::mt19937_64 rng_;
   LinearAttentionBackend& backend_;
-  kv::StatePool pool_;
+  platform::Platform* device_;  ///< a device backend's platform, else null
+  std::unique_ptr<kv::StatePool> pool_;
   std::vector<float> conv_, conv_bias_, dt_bias_, a_log_, d_;
+  std::vector<platform::DeviceBuffer> device_weights_;  ///< conv_ .. d_ on device_
   LinearOracleWeights oracle_w_;
   std::vector<Sequence> seqs_;
   std::vector<Kept> kept_;
@@ -375,12 +425,13 @@ std::string run_verify(LinearCaseRun& run, const std::vector<int>& lengths) {
 }  // namespace
 
 CaseResult run_linear_case(const attention::BackendRegistry& registry,
-                           const BackendUnderTest& backend, const Case& c, uint64_t seed) {
+                           const BackendUnderTest& backend, const Case& c, uint64_t seed,
+                           platform::Platform* device_platform) {
   std::string why;
   std::unique_ptr<LinearAttentionBackend> b =
-      make_linear(registry, backend.spec, c.linear_requirements(), why);
+      make_linear(registry, backend.spec, c.linear_requirements(), device_platform, why);
   if (b == nullptr) return {Verdict::kUnsupported, why};
-  LinearCaseRun run(c, seed, *b);
+  LinearCaseRun run(c, seed, *b, b->capabilities().device == "cpu" ? nullptr : device_platform);
   std::string error;
   try {
     switch (c.linear.op) {

@@ -80,9 +80,11 @@ std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec
 
 /// Runs linear case `c` (c.linear.op != kNone) on `backend`'s linear kind (linear_runner.cpp):
 /// kUnsupported when the spec has none (an attention-only name, a prefill+decode composition,
-/// an attention mutant) or it cannot serve the case.
+/// an attention mutant) or it cannot serve the case. A device linear kind runs on
+/// `device_platform` (Error(kFailedPrecondition) when that is not its device's platform).
 CaseResult run_linear_case(const attention::BackendRegistry& registry,
-                           const BackendUnderTest& backend, const Case& c, uint64_t seed);
+                           const BackendUnderTest& backend, const Case& c, uint64_t seed,
+                           platform::Platform* device_platform);
 /// Mutant `spec` of the linear kind (the reference linear backend with its LinearFaults), or
 /// nullptr for an attention mutant. Errors as mutant_faults().
 std::unique_ptr<attention::LinearAttentionBackend> make_linear_mutant(const std::string& spec);

@@ -92,4 +92,22 @@ Status launch_move_rows(const MoveRowsArgs& a, cudaStream_t s) {
   return to_status(raw::move_rows(a, s), "move_rows launch");
 }
 
+Status launch_linear_recurrence(const LinearRecurrenceArgs& a, cudaStream_t s) {
+  if (a.num_seqs < 0)
+    return Status(ErrorCode::kInvalidArgument, "linear recurrence: negative size");
+  if (a.num_seqs == 0) return Status();
+  if (a.num_heads < 1 || a.head_dim < 1 || a.state_size < 1 || a.num_groups < 1 ||
+      a.num_heads % a.num_groups != 0 || a.conv_kernel < 1)
+    return Status(ErrorCode::kInvalidArgument, "linear recurrence: bad layer sizes");
+  if (a.num_seqs > 65535 || a.num_heads > 65535)
+    return Status(ErrorCode::kInvalidArgument,
+                  "linear recurrence: more than 65535 sequences or heads in one launch");
+  if (a.xbc == nullptr || a.dt == nullptr || a.y == nullptr || a.act == nullptr ||
+      a.conv == nullptr || a.dt_bias == nullptr || a.a_log == nullptr || a.d == nullptr ||
+      a.states == nullptr || a.seq_slot == nullptr || a.seq_start == nullptr ||
+      a.seq_nodes == nullptr)
+    return Status(ErrorCode::kInvalidArgument, "linear recurrence: null device pointer");
+  return to_status(raw::linear_recurrence(a, s), "linear recurrence launch");
+}
+
 }  // namespace pagoda::kernels::cuda

@@ -7,6 +7,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
 #include "pagoda/kernels/cuda/attention_params.h"
+#include "pagoda/kernels/cuda/linear_params.h"
 #include "pagoda/kernels/cuda/move_rows.h"
 
 namespace pagoda::kernels::cuda {
@@ -56,6 +57,11 @@ Status launch_append_kv(const AppendArgs& args, cudaStream_t stream);
 /// Row moves in device buffers (move_rows.h): kInvalidArgument for negative sizes, null pointers
 /// with work to do or a grid past CUDA's limits; kInternal when a launch fails.
 Status launch_move_rows(const MoveRowsArgs& args, cudaStream_t stream);
+
+/// The Mamba2 recurrence of one layer (linear_params.h: conv, then scan): kInvalidArgument for
+/// bad sizes, a null pointer with work to do, or more than 65535 sequences or heads (the grid);
+/// kInternal when a launch fails. Shared memory (linear_scan_smem_bytes) is the caller's check.
+Status launch_linear_recurrence(const LinearRecurrenceArgs& args, cudaStream_t stream);
 
 /// Resident decode blocks per SM for the given config (for the split-KV planner).
 int decode_blocks_per_sm(DType q, DType kv, int head_dim);
