@@ -714,6 +714,57 @@ TEST(DenseKernels, RopeInterleavedMatchesHostOp) {
   }
 }
 
+// The Mamba2 mixer's ops (family_kernels.h) against the CPU ops: gated_rms_norm (z rows strided
+// inside projection rows, 1 and 2 norm groups) within one rounding plus 2e-5 · |ref| (exp and
+// the sum of squares in another order), add_bias within one rounding of the f32 sum.
+TEST(DenseKernels, MambaOpsMatchHostOps) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(4949);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  auto cpu_platform = platform::make_cpu_platform();
+  auto host = make_cpu_ops(*cpu_platform, DType::kF32);
+  const int64_t dim = 256, z_stride = 3 * dim + 40;
+  for (ActDType t : kAllTypes) {
+    for (int64_t groups : {1, 2}) {
+      for (int64_t rows : {int64_t{1}, int64_t{7}, int64_t{300}}) {
+        SCOPED_TRACE(::testing::Message() << name(t) << " groups " << groups << " rows " << rows);
+        const Act y = random_act(ActDType::kF32, size_t(rows * dim), rng);
+        const Act z = random_act(ActDType::kF32, size_t(rows * z_stride), rng, 0.f, 2.f);
+        const Act w = random_act(ActDType::kF32, size_t(dim), rng, 1.f, 0.3f);
+        const Act bias = random_act(ActDType::kF32, size_t(dim), rng);
+        auto d_y = to_device(y), d_z = to_device(z), d_w = to_device(w), d_b = to_device(bias);
+        Dev d_out(size_t(rows * dim * act_dtype_size(t)));
+        d_out.poison();
+        ASSERT_EQ(gated_rms_norm(t, static_cast<float*>(d_y->p), static_cast<float*>(d_z->p),
+                                 z_stride, static_cast<float*>(d_w->p), d_out.p, rows, dim,
+                                 groups, 1e-6f, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> ref(size_t(rows * dim));
+        host->gated_rms_norm(y.v.data(), z.v.data(), z_stride, w.v.data(), ref.data(), rows, dim,
+                             groups, 1e-6f);
+        const auto got = decode(d_out.download<unsigned char>(), t, size_t(rows * dim));
+        {
+          Checker c{"gated_rms_norm"};
+          for (size_t i = 0; i < ref.size(); ++i)
+            c.check(got[i], ref[i], (rel_tol(t) + 2e-5) * std::fabs(ref[i]) + 1e-6, int64_t(i));
+        }
+        // add_bias on the normed rows (in t), in place.
+        ASSERT_EQ(add_bias_rows(t, d_out.p, static_cast<float*>(d_b->p), rows, dim, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto biased = decode(d_out.download<unsigned char>(), t, size_t(rows * dim));
+        Checker c{"add_bias_rows"};
+        for (size_t i = 0; i < ref.size(); ++i) {
+          const double want = double(got[i]) + double(bias.v[i % size_t(dim)]);
+          c.check(biased[i], want, rel_tol(t) * std::fabs(want) + 1e-7, int64_t(i));
+        }
+      }
+    }
+  }
+}
+
 // logits_to_f32_softcap: exact without a cap; with one, within 1e-6 |ref| + 1e-6 (tanhf).
 TEST(DenseKernels, LogitsToF32SoftCap) {
   REQUIRE_GPU();

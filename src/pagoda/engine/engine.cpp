@@ -273,14 +273,11 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                  "(speculative mode '{}'): draft-model and EAGLE draft steps have no indexer path",
                  model.config().name, spec_mode_name(config.spec.mode));
   // Hybrid models (Mamba2 layers: Bamba) keep a recurrent state per request in the worker's
-  // state pool (docs/design/state_pool.md); what cannot follow that state yet is refused.
+  // state pool (docs/design/state_pool.md), on the CPU or the GPU (there without CUDA graphs:
+  // the worker runs their steps eagerly); what cannot follow that state yet is refused.
   const bool hybrid = model.config().has_linear_layers();
   if (hybrid) {
     const std::string_view arch = model::hf_architecture_name(model.config().family);
-    PAGODA_REQUIRE(platform_->kind() == platform::PlatformKind::kCpu, kUnsupported,
-                   "{} (Mamba2 layers on the hybrid state pool) runs on the CPU path only (cpu "
-                   "and reference backends): there are no CUDA Mamba2 kernels yet",
-                   arch);
     PAGODA_REQUIRE(config.spec.mode == SpecMode::kNone || config.spec.mode == SpecMode::kNgram,
                    kUnsupported,
                    "{} (hybrid state pool) speculates with n-gram drafts only (speculative mode "

@@ -97,7 +97,8 @@ struct EngineConfig {
   bool check_integrity = false;
   /// With a CUDA backend (capabilities().device == "cuda"): capture decode steps into CUDA
   /// graphs per batch-size bucket (cuda_graph_batch_sizes(max_running_requests)) and replay
-  /// them. Ignored on the host path.
+  /// them. Ignored on the host path, and for a hybrid model (Mamba2 layers), whose steps run
+  /// eagerly (no linear-attention backend has graph hooks yet).
   bool cuda_graph = true;
   /// Weight and activation dtype; nullopt = default_model_dtype (f32 on the CPU; bf16, or the
   /// checkpoint's f16, on CUDA). The CPU computes in f32 only.

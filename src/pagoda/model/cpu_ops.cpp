@@ -35,6 +35,16 @@ void ModelOps::gelu_tanh_mul(const void*, void*, int64_t, int64_t) {
               platform().name());
 }
 
+void ModelOps::add_bias(void*, DType, const float*, int64_t, int64_t) {
+  throw_error(ErrorCode::kUnsupported, "add_bias is not implemented on the '{}' platform",
+              platform().name());
+}
+void ModelOps::gated_rms_norm(const float*, const float*, int64_t, const float*, void*, int64_t,
+                              int64_t, int64_t, float) {
+  throw_error(ErrorCode::kUnsupported, "gated_rms_norm is not implemented on the '{}' platform",
+              platform().name());
+}
+
 void ModelOps::rope_interleaved(void*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*,
                                 const float*, float) {
   throw_error(ErrorCode::kUnsupported, "rope_interleaved is not implemented on the '{}' platform",
@@ -167,6 +177,29 @@ class CpuOps final : public ModelOps {
   }
   void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
     model::gelu_tanh_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inter);
+  }
+
+  bool supports_mamba_ops() const override { return true; }
+  void add_bias(void* x, DType, const float* bias, int64_t rows, int64_t n) override {
+    float* r = static_cast<float*>(x);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t i = 0; i < n; ++i) r[t * n + i] += bias[i];
+  }
+  void gated_rms_norm(const float* y, const float* z, int64_t z_stride, const float* weight,
+                      void* out, int64_t rows, int64_t dim, int64_t groups, float eps) override {
+    const int64_t group = dim / groups;
+    for (int64_t t = 0; t < rows; ++t) {
+      float* v = static_cast<float*>(out) + t * dim;
+      const float* yt = y + t * dim;
+      const float* zt = z + t * z_stride;
+      for (int64_t i = 0; i < dim; ++i) v[i] = yt[i] * (zt[i] / (1.f + std::exp(-zt[i])));
+      for (int64_t g0 = 0; g0 < dim; g0 += group) {
+        float ss = 0.f;
+        for (int64_t i = g0; i < g0 + group; ++i) ss += v[i] * v[i];
+        const float inv = 1.f / std::sqrt(ss / static_cast<float>(group) + eps);
+        for (int64_t i = g0; i < g0 + group; ++i) v[i] *= inv * weight[i];
+      }
+    }
   }
 
   bool supports_mla_ops() const override { return true; }

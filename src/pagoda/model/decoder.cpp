@@ -86,28 +86,31 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
                    "tensor parallelism with {} (Mamba2 layers on the hybrid state pool) is not "
                    "implemented; use --tp 1",
                    hf_architecture_name(c.family));
-    PAGODA_REQUIRE(ops.device().is_cpu() && ops.dtype() == DType::kF32, kUnsupported,
-                   "{} (Mamba2 layers on the hybrid state pool) runs on the CPU in f32 only: the "
-                   "{} model ops have no causal conv or SSD scan kernels; use the cpu or "
-                   "reference backend",
-                   hf_architecture_name(c.family), ops.platform().name());
-    mixer_ = std::make_unique<Mamba2Mixer>(mamba2_shape(c), ops);
+    mixer_ = std::make_unique<Mamba2Mixer>(mamba2_shape(c), ops);  // refuses ops without its ops
+    // The projections in the ops' dtype, the small weights and biases in f32 (both on the ops'
+    // device; the CPU ops use the model's arrays in place or keep f32 copies).
+    auto mat = [&](const std::vector<float>& v) -> const void* {
+      return v.empty() ? nullptr : ops.upload(v);
+    };
+    auto vec = [&](const std::vector<float>& v) -> const float* {
+      return v.empty() ? nullptr : ops.upload_f32(v);
+    };
     int32_t next = 0;
     for (int l = 0; l < c.num_layers; ++l) {
       const LlamaModel::PackedLayer& w = model.packed_layers()[static_cast<size_t>(l)];
       const bool linear = c.is_linear_layer(l);
-      auto ptr = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
       state_layer_.push_back(linear ? next++ : -1);
-      ssm_weights_.push_back(Mamba2Weights{.in_proj = ptr(w.ssm_in_proj),
-                                           .in_bias = ptr(w.ssm_in_bias),
-                                           .conv = ptr(w.ssm_conv),
-                                           .conv_bias = ptr(w.ssm_conv_bias),
-                                           .dt_bias = ptr(w.ssm_dt_bias),
-                                           .a_log = ptr(w.ssm_a_log),
-                                           .d = ptr(w.ssm_d),
-                                           .norm = ptr(w.ssm_norm),
-                                           .out_proj = ptr(w.ssm_out_proj),
-                                           .out_bias = ptr(w.ssm_out_bias)});
+      ssm_weights_.push_back(!linear ? Mamba2Weights{}
+                                     : Mamba2Weights{.in_proj = mat(w.ssm_in_proj),
+                                                     .in_bias = vec(w.ssm_in_bias),
+                                                     .conv = vec(w.ssm_conv),
+                                                     .conv_bias = vec(w.ssm_conv_bias),
+                                                     .dt_bias = vec(w.ssm_dt_bias),
+                                                     .a_log = vec(w.ssm_a_log),
+                                                     .d = vec(w.ssm_d),
+                                                     .norm = vec(w.ssm_norm),
+                                                     .out_proj = mat(w.ssm_out_proj),
+                                                     .out_bias = vec(w.ssm_out_bias)});
     }
   }
   for (attention::AttentionLayer& l : attn_layers_) {
@@ -335,8 +338,7 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
     if (l > 0) capture_layer(l - 1);
     if (c.is_linear_layer(l)) {
       mixer_->forward(*state->backend, ssm_weights_[static_cast<size_t>(l)],
-                      state_layer_[static_cast<size_t>(l)], static_cast<const float*>(a.h.get()),
-                      static_cast<float*>(a.x.get()));
+                      state_layer_[static_cast<size_t>(l)], a.h.get(), a.x.get());
     } else if (c.is_mla()) {
       mla_attention(a, w, l, batch, backend, t);
     } else {

@@ -14,8 +14,9 @@
 /// A hybrid model's Mamba2 layers (config.is_linear_layer: Bamba) replace those lines by the
 /// Mamba2Mixer over the step's StateSide (x = mixer(h): its projections and norm here, the
 /// recurrence on the side's linear-attention backend, reading and updating each sequence's
-/// state slot); CPU f32 ops and no tensor parallelism only (Error(kUnsupported) naming the
-/// hybrid state pool at construction otherwise).
+/// state slot); ops with the Mamba2 dense ops (ModelOps::supports_mamba_ops: the CPU and CUDA
+/// ops) and no tensor parallelism only (Error(kUnsupported) at construction otherwise, naming
+/// the hybrid state pool or the ops).
 /// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
 /// (decoder_mla.cpp): the absorbed form over the latent pool (needs ModelOps::supports_mla_ops;
 /// no tensor parallelism). DSA models (config.is_dsa()) run DeepSeek-V3.2's lightning indexer

@@ -100,15 +100,15 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  backend_->capabilities().device, platform_->name());
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
   if (model.config().has_linear_layers()) {
-    state_pool_ = std::make_unique<kv::StatePool>(model.config().num_linear_layers(),
-                                                  config.state_slots > 0
-                                                      ? config.state_slots
-                                                      : config.max_batch_size,
-                                                  mamba2_shape(model.config()).state_shape());
-    // The Mamba2 layers' backend: --linear-backend, else the attention selection's.
+    state_pool_ = std::make_unique<kv::StatePool>(
+        model.config().num_linear_layers(),
+        config.state_slots > 0 ? config.state_slots : config.max_batch_size,
+        mamba2_shape(model.config()).state_shape(), *platform_);
+    // The Mamba2 layers' backend: --linear-backend, else the attention selection's. The mixer
+    // hands it f32 views whatever the ops' dtype.
     linear_backend_ = backends::make_linear_backend(
         registry_, config.backend,
-        {.dtype = ops_->dtype(), .tree_verify = false, .cuda_graph = false,
+        {.dtype = DType::kF32, .tree_verify = false, .cuda_graph = false,
          .device = platform_->name()},
         {.platform = platform_});
   }
@@ -129,8 +129,8 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   staging_ = std::make_unique<Staging>();
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
-  if (config.cuda_graph && config.swa == nullptr && ops_->supports_graphs() &&
-      backend_->capabilities().cuda_graph) {
+  if (config.cuda_graph && config.swa == nullptr && state_pool_ == nullptr &&
+      ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
     graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
     capture_graphs();
     if (config.verify_graph_tokens > 0) {

@@ -20,9 +20,11 @@
 /// writes, so capturing on live data is harmless. At most kMaxVerifyGraphs graphs; everything
 /// else runs eagerly.
 ///
-/// Hybrid models (Mamba2 layers): the worker also owns the state pool (state_slots slots);
-/// every batch names each sequence's slot (WorkerBatch::state_slots). No graphs are captured
-/// for them (the CPU path only).
+/// Hybrid models (Mamba2 layers): the worker also owns the state pool (state_slots slots, in the
+/// platform's memory: a device kv::StatePool on CUDA) and the linear-attention backend of the
+/// selection (make_linear_backend; f32 views on the platform's device); every batch names each
+/// sequence's slot (WorkerBatch::state_slots). No graphs are captured for them, whatever
+/// cuda_graph says: every step runs eagerly (no linear backend has capture / replay hooks).
 ///
 /// Thread rules: one thread. The model, ops, platform and table must outlive the worker.
 

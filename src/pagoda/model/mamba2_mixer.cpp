@@ -1,25 +1,10 @@
 #include "pagoda/model/mamba2_mixer.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "pagoda/core/error.h"
 
 namespace pagoda::model {
-
-namespace {
-
-float mamba_silu(float v) {
-  return v / (1.f + std::exp(-v));
-}
-
-void mamba_add_bias(float* rows, const float* bias, int64_t m, int64_t n) {
-  if (bias == nullptr) return;
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t i = 0; i < n; ++i) rows[r * n + i] += bias[i];
-}
-
-}  // namespace
 
 attention::LinearShape Mamba2Shape::linear() const {
   return attention::LinearShape{.num_heads = num_heads,
@@ -60,49 +45,50 @@ void Mamba2Shape::validate() const {
 
 Mamba2Mixer::Mamba2Mixer(const Mamba2Shape& shape, ModelOps& ops) : shape_(shape), ops_(&ops) {
   shape.validate();
-  PAGODA_REQUIRE(ops.device().is_cpu() && ops.dtype() == DType::kF32, kUnsupported,
-                 "the Mamba2 mixer runs on the CPU in f32 only: its projections and gated norm "
-                 "take host f32 ops, and the {} platform has no linear-attention backend yet",
+  PAGODA_REQUIRE(ops.supports_mamba_ops(), kUnsupported,
+                 "the Mamba2 mixer needs the model ops' add_bias and gated_rms_norm, which the {} "
+                 "ops do not implement",
                  ops.platform().name());
 }
 
+void Mamba2Mixer::reserve(int64_t rows) {
+  if (rows <= rows_) return;
+  platform::Platform& p = ops_->platform();
+  p.synchronize_stream();  // queued work may still use the old scratch
+  const int64_t r = std::max(rows, 2 * rows_);
+  const auto f32 = static_cast<int64_t>(sizeof(float));
+  const auto es = static_cast<int64_t>(dtype_size(ops_->dtype()));
+  proj_ = platform::make_buffer(p.allocator(), static_cast<size_t>(r * shape_.in_proj_dim() * f32));
+  y_ = platform::make_buffer(p.allocator(), static_cast<size_t>(r * shape_.d_inner() * f32));
+  normed_ = platform::make_buffer(p.allocator(), static_cast<size_t>(r * shape_.d_inner() * es));
+  rows_ = r;
+}
+
 void Mamba2Mixer::forward(attention::LinearAttentionBackend& backend, const Mamba2Weights& w,
-                          int32_t layer, const float* u, float* out) {
+                          int32_t layer, const void* u, void* out) {
   const Mamba2Shape& s = shape_;
   PAGODA_REQUIRE(w.in_proj && w.norm && w.out_proj, kInvalidArgument,
                  "Mamba2 mixer: a weight other than a bias is missing");
   const int64_t rows = backend.num_tokens();
   if (rows == 0) return;
+  reserve(rows);
+  ModelOps& ops = *ops_;
+  const Device dev = ops.device();
   const int64_t in_dim = s.in_proj_dim(), di = s.d_inner(), cd = s.conv_dim();
-  proj_.resize(static_cast<size_t>(rows * in_dim));
-  ops_->linear(u, w.in_proj, proj_.data(), rows, in_dim, s.hidden_size, /*f32_out=*/true);
-  mamba_add_bias(proj_.data(), w.in_bias, rows, in_dim);
-  y_.resize(static_cast<size_t>(rows * di));
+  auto* proj = static_cast<float*>(proj_.get());
+  auto* y = static_cast<float*>(y_.get());
+  ops.linear(u, w.in_proj, proj, rows, in_dim, s.hidden_size, /*f32_out=*/true);
+  if (w.in_bias != nullptr) ops.add_bias(proj, DType::kF32, w.in_bias, rows, in_dim);
   // xBC and dt are column blocks of the projection rows [z | xBC | dt].
-  const TensorView xbc(proj_.data() + di, DType::kF32, {rows, cd}, {in_dim, 1});
-  const TensorView dt(proj_.data() + di + cd, DType::kF32, {rows, int64_t{s.num_heads}},
-                      {in_dim, 1});
+  const TensorView xbc(proj + di, DType::kF32, {rows, cd}, {in_dim, 1}, dev);
+  const TensorView dt(proj + di + cd, DType::kF32, {rows, int64_t{s.num_heads}}, {in_dim, 1},
+                      dev);
   backend.forward({.state_layer = layer, .shape = s.linear(), .weights = w.linear()}, xbc, dt,
-                  TensorView(y_.data(), DType::kF32, {rows, di}));
-  gated_norm(w, y_.data(), rows);
-  ops_->linear(y_.data(), w.out_proj, out, rows, s.hidden_size, di, /*f32_out=*/true);
-  mamba_add_bias(out, w.out_bias, rows, s.hidden_size);
-}
-
-void Mamba2Mixer::gated_norm(const Mamba2Weights& w, float* y, int64_t rows) const {
-  const int64_t di = shape_.d_inner(), in_dim = shape_.in_proj_dim();
-  const int64_t group = di / shape_.norm_groups;
-  for (int64_t r = 0; r < rows; ++r) {
-    float* v = y + r * di;
-    const float* z = proj_.data() + r * in_dim;  // the gate: the first d_inner projections
-    for (int64_t i = 0; i < di; ++i) v[i] *= mamba_silu(z[i]);
-    for (int64_t g0 = 0; g0 < di; g0 += group) {
-      float ss = 0.f;
-      for (int64_t i = g0; i < g0 + group; ++i) ss += v[i] * v[i];
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(group) + shape_.norm_eps);
-      for (int64_t i = g0; i < g0 + group; ++i) v[i] *= inv * w.norm[i];
-    }
-  }
+                  TensorView(y, DType::kF32, {rows, di}, dev));
+  // The gate: the first d_inner projections of each row.
+  ops.gated_rms_norm(y, proj, in_dim, w.norm, normed_.get(), rows, di, s.norm_groups, s.norm_eps);
+  ops.linear(normed_.get(), w.out_proj, out, rows, s.hidden_size, di);
+  if (w.out_bias != nullptr) ops.add_bias(out, ops.dtype(), w.out_bias, rows, s.hidden_size);
 }
 
 }  // namespace pagoda::model

@@ -12,12 +12,17 @@
 ///            norm_groups equal groups of d_inner; Bamba has 1 group)
 ///   out_t  = g_t·W_outᵀ (+ b_out)
 ///
-/// The mixer owns the projections and the gated norm (model ops); the recurrence is the
-/// backend's ("reference": fp64 per token; "cpu": f32, chunked SSD scan for prefill), chosen per
-/// layer kind (backends/builtin.h make_linear_backend).
+/// The mixer owns the projections and the gated norm (model ops: linear, add_bias,
+/// gated_rms_norm); the recurrence is the backend's ("reference": fp64 per token; "cpu": f32,
+/// chunked SSD scan for prefill; "cuda": f32 kernels on the GPU), chosen per layer kind
+/// (backends/builtin.h make_linear_backend).
 ///
-/// Precision: f32 storage and arithmetic of the projections and the norm. Host memory only: the
-/// projections run through the CPU ModelOps (f32), the norm is plain C++. One thread.
+/// Precision and memory: u and out are the ops' dtype on the ops' device; the in projection
+/// writes f32 (ModelOps::linear's f32_out), so z, xBC, dt and the backend's y are f32 whatever
+/// the ops' dtype; the gated norm rounds once to the ops' dtype for the out projection. On the
+/// CPU every step is f32. Scratch (the projection rows, y, the normed rows) is the mixer's, in the
+/// ops' platform memory, grow-only (a growth synchronizes the platform's stream). Every step is
+/// enqueued on the ops' stream (nothing synchronizes otherwise). One thread.
 
 #include <cstdint>
 #include <limits>
@@ -61,9 +66,11 @@ struct Mamba2Shape {
 /// group and rms_norm_eps, as Bamba's).
 Mamba2Shape mamba2_shape(const ModelConfig& config);
 
-/// One layer's weights (host f32, HF layouts); the biases may be null.
+/// One layer's weights (HF layouts) on the ops' device: the two projections in the ops' dtype
+/// (ModelOps::upload), everything else f32 (upload_f32; on the CPU, host f32 arrays). The biases
+/// may be null.
 struct Mamba2Weights {
-  const float* in_proj = nullptr;    ///< [in_proj_dim, hidden]
+  const void* in_proj = nullptr;     ///< [in_proj_dim, hidden]
   const float* in_bias = nullptr;    ///< [in_proj_dim]
   const float* conv = nullptr;       ///< [conv_dim, conv_kernel] (conv1d.weight [conv_dim, 1, K])
   const float* conv_bias = nullptr;  ///< [conv_dim]
@@ -71,7 +78,7 @@ struct Mamba2Weights {
   const float* a_log = nullptr;      ///< [num_heads]
   const float* d = nullptr;          ///< [num_heads]
   const float* norm = nullptr;       ///< [d_inner]
-  const float* out_proj = nullptr;   ///< [hidden, d_inner]
+  const void* out_proj = nullptr;    ///< [hidden, d_inner]
   const float* out_bias = nullptr;   ///< [hidden]
 
   /// The weights the linear-attention backend reads (conv, conv_bias, dt_bias, a_log, d).
@@ -86,31 +93,35 @@ using Mamba2Seq = attention::LinearSeq;
 
 class Mamba2Mixer {
  public:
-  /// Throws Error(kInvalidArgument) for a bad shape (Mamba2Shape::validate). `ops` must be the
-  /// CPU ops (host f32) and outlive the mixer.
+  /// Throws Error(kInvalidArgument) for a bad shape (Mamba2Shape::validate), kUnsupported when
+  /// `ops` lack the Mamba2 dense ops (ModelOps::supports_mamba_ops), naming the platform. `ops`
+  /// must outlive the mixer.
   Mamba2Mixer(const Mamba2Shape& shape, ModelOps& ops);
 
   const Mamba2Shape& shape() const { return shape_; }
 
   /// Runs layer `layer` of the step `backend` planned (LinearAttentionBackend::
   /// init_forward_metadata over the pool and the sequences) on rows u [backend.num_tokens(),
-  /// hidden] into out [backend.num_tokens(), hidden]: the in projection, the backend's
+  /// hidden] into out [backend.num_tokens(), hidden] (both the ops' dtype, contiguous, on the
+  /// ops' device; `backend` runs there too, with f32 views): the in projection, the backend's
   /// recurrence on state layer `layer` (advancing each sequence's slot, or writing its node
   /// slots for a tree verify), the gated norm and the out projection. Throws Error before
   /// anything visible changes (out, the pool) when a weight other than a bias is null, and as
   /// LinearAttentionBackend::forward (no plan, a pool whose state shape is not state_shape(), a
   /// layer outside the pool). Slots not named are not touched.
   void forward(attention::LinearAttentionBackend& backend, const Mamba2Weights& w, int32_t layer,
-               const float* u, float* out);
+               const void* u, void* out);
 
  private:
-  /// y ⊙ SiLU(z), then the grouped RMSNorm times w_norm, in place on rows of y.
-  void gated_norm(const Mamba2Weights& w, float* y, int64_t rows) const;
+  /// Makes the scratch hold `rows` rows.
+  void reserve(int64_t rows);
 
   Mamba2Shape shape_;
   ModelOps* ops_;
-  std::vector<float> proj_;  ///< [rows, in_proj_dim]
-  std::vector<float> y_;     ///< [rows, d_inner]
+  int64_t rows_ = 0;              ///< rows the scratch holds
+  platform::DeviceBuffer proj_;   ///< [rows, in_proj_dim] f32: z | xBC | dt
+  platform::DeviceBuffer y_;      ///< [rows, d_inner] f32: the backend's output
+  platform::DeviceBuffer normed_; ///< [rows, d_inner] ops' dtype: the gated norm's output
 };
 
 }  // namespace pagoda::model

@@ -140,6 +140,22 @@ class ModelOps {
   /// gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³))) (HF gelu_pytorch_tanh).
   virtual void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter);
 
+  // ---- Mamba2's extra dense ops (hybrid models: model/mamba2_mixer.h) ----
+  /// Whether add_bias and gated_rms_norm are implemented. The defaults below throw
+  /// Error(kUnsupported); the Mamba2 mixer refuses ops without them, naming the device.
+  virtual bool supports_mamba_ops() const { return false; }
+  /// x[t, i] += bias[i] for t < rows, i < n, in place (an f32 add, one rounding to x's dtype).
+  /// x is [rows, n] contiguous in `x_dtype` (f32 or dtype()); bias [n] is f32.
+  virtual void add_bias(void* x, DType x_dtype, const float* bias, int64_t rows, int64_t n);
+  /// Mamba2's gated RMSNorm, the gate first (Bamba's norm_before_gate=False): for t < rows,
+  /// v = y[t, :] ⊙ SiLU(z[t, :]) (SiLU(a) = a / (1 + exp(-a))), then within each of `groups`
+  /// equal groups of `dim`, out[t, i] = v_i · (1 / sqrt(Σ_group v² / group + eps) · weight[i]),
+  /// all f32, rounded once to dtype(). y [rows, dim] f32 contiguous; z f32 with rows `z_stride`
+  /// floats apart; weight [dim] f32; out [rows, dim] dtype() (may not alias y or z).
+  virtual void gated_rms_norm(const float* y, const float* z, int64_t z_stride,
+                              const float* weight, void* out, int64_t rows, int64_t dim,
+                              int64_t groups, float eps);
+
   // ---- DeepSeek MLA's extra dense op ----
   /// Whether rope_interleaved is implemented. The default throws Error(kUnsupported); the
   /// Decoder refuses an MLA model on ops without it, naming the device.

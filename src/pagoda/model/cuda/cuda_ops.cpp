@@ -243,6 +243,16 @@ class CudaOps final : public ModelOps {
   void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
     cuda_check(ck::gelu_tanh_mul(act_, gate_up, out, rows, inter, stream_), "gelu_tanh_mul");
   }
+  bool supports_mamba_ops() const override { return true; }
+  void add_bias(void* x, DType x_dtype, const float* bias, int64_t rows, int64_t n) override {
+    cuda_check(ck::add_bias_rows(act_of(x_dtype), x, bias, rows, n, stream_), "add_bias_rows");
+  }
+  void gated_rms_norm(const float* y, const float* z, int64_t z_stride, const float* weight,
+                      void* out, int64_t rows, int64_t dim, int64_t groups, float eps) override {
+    cuda_check(ck::gated_rms_norm(act_, y, z, z_stride, weight, out, rows, dim, groups, eps,
+                                  stream_),
+               "gated_rms_norm");
+  }
   bool supports_mla_ops() const override { return true; }
   void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
                         int64_t group_stride, int64_t dim, const int32_t* positions,

@@ -4,7 +4,8 @@
 /// the tensor cores (f16/bf16 output, or f32 for the logits), and f32 with
 /// CUBLAS_COMPUTE_32F_PEDANTIC (no TF32) as the exact mode. The small fused kernels are
 /// dense_kernels.h (Gemma's and DeepSeek MLA's extra ops: family_kernels.h); sampling is
-/// sampling_kernels.h (Philox keyed by (seed, step)). Every call enqueues on the platform's
+/// sampling_kernels.h (Philox keyed by (seed, step)); the Mamba2 mixer's bias add and gated
+/// norm are family_kernels.h. Every call enqueues on the platform's
 /// stream; capture() records a CUDA graph of a body.
 ///
 /// Requirements: a CUDA platform (its native_stream()); one thread; not copyable.

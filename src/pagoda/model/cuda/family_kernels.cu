@@ -88,6 +88,45 @@ __global__ void rope_interleaved_kernel(T* x, int64_t rows, int64_t row_stride, 
   }
 }
 
+template <typename T>
+__global__ void add_bias_kernel(T* x, const float* __restrict__ bias, int64_t rows, int64_t n) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < rows * n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[j] = round_to<T>(__fadd_rn(f32(x[j]), bias[j % n]));
+}
+
+__device__ __forceinline__ float gated(const float* y, const float* z, int64_t i) {
+  const float g = z[i];
+  return __fmul_rn(y[i], __fdiv_rn(g, __fadd_rn(1.f, expf(-g))));
+}
+
+template <typename T>
+__global__ void gated_rms_norm_kernel(const float* __restrict__ y, const float* __restrict__ z,
+                                      int64_t z_stride, const float* __restrict__ weight,
+                                      T* __restrict__ out, int64_t rows, int64_t dim,
+                                      int64_t groups, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t group = dim / groups;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5);
+       v < rows * groups; v += warps) {
+    const int64_t t = v / groups, g0 = (v - t * groups) * group;
+    const float* yt = y + t * dim;
+    const float* zt = z + t * z_stride;
+    float ss = 0.f;
+    for (int64_t i = g0 + lane; i < g0 + group; i += 32) {
+      const float a = gated(yt, zt, i);
+      ss = __fmaf_rn(a, a, ss);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    const float mean = __fdiv_rn(ss, static_cast<float>(group));
+    const float inv = __fdiv_rn(1.f, sqrtf(__fadd_rn(mean, eps)));
+    for (int64_t i = g0 + lane; i < g0 + group; i += 32)
+      out[t * dim + i] = round_to<T>(__fmul_rn(gated(yt, zt, i), __fmul_rn(inv, weight[i])));
+  }
+}
+
 template <template <typename> class Launch, typename... Args>
 cudaError_t dispatch(ActDType dtype, Args... args) {
   switch (dtype) {
@@ -141,6 +180,27 @@ struct RopeLaunch {
   }
 };
 
+template <typename T>
+struct BiasLaunch {
+  static cudaError_t run(void* x, const float* bias, int64_t rows, int64_t n,
+                         cudaStream_t stream) {
+    add_bias_kernel<T><<<blocks(rows * n, kThreads), kThreads, 0, stream>>>(static_cast<T*>(x),
+                                                                             bias, rows, n);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T>
+struct GatedNormLaunch {
+  static cudaError_t run(const float* y, const float* z, int64_t z_stride, const float* weight,
+                         void* out, int64_t rows, int64_t dim, int64_t groups, float eps,
+                         cudaStream_t stream) {
+    gated_rms_norm_kernel<T><<<blocks(rows * groups, kThreads / 32), kThreads, 0, stream>>>(
+        y, z, z_stride, weight, static_cast<T*>(out), rows, dim, groups, eps);
+    return cudaGetLastError();
+  }
+};
+
 }  // namespace
 
 cudaError_t scale_inplace(ActDType dtype, void* x, int64_t n, float s, cudaStream_t stream) {
@@ -170,6 +230,21 @@ cudaError_t rope_interleaved(ActDType dtype, void* x, int64_t rows, int64_t row_
   if (x == nullptr || positions == nullptr || inv_freq == nullptr) return cudaErrorInvalidValue;
   return dispatch<RopeLaunch>(dtype, x, rows, row_stride, groups, group_stride, half, positions,
                               inv_freq, factor, stream);
+}
+
+cudaError_t add_bias_rows(ActDType dtype, void* x, const float* bias, int64_t rows, int64_t n,
+                          cudaStream_t stream) {
+  if (rows <= 0 || n <= 0) return cudaSuccess;
+  return dispatch<BiasLaunch>(dtype, x, bias, rows, n, stream);
+}
+
+cudaError_t gated_rms_norm(ActDType dtype, const float* y, const float* z, int64_t z_stride,
+                           const float* weight, void* out, int64_t rows, int64_t dim,
+                           int64_t groups, float eps, cudaStream_t stream) {
+  if (rows <= 0 || dim <= 0 || groups <= 0) return cudaSuccess;
+  if (dim % groups != 0) return cudaErrorInvalidValue;
+  return dispatch<GatedNormLaunch>(dtype, y, z, z_stride, weight, out, rows, dim, groups, eps,
+                                   stream);
 }
 
 }  // namespace pagoda::model::cuda_kernels

@@ -1,7 +1,8 @@
 #pragma once
 /// Raw launchers of the dense kernels of the GPU model path that only some model families use
 /// (Gemma: ModelOps::scale, rms_norm_groups, gelu_tanh_mul; DeepSeek MLA: rope_interleaved, and
-/// rms_norm_groups for its LoRA norms; see model_ops.h). Same conventions as dense_kernels.h:
+/// rms_norm_groups for its LoRA norms; Mamba2 (Bamba): add_bias, gated_rms_norm; see
+/// model_ops.h). Same conventions as dense_kernels.h:
 /// plain types (nvcc-compiled header), untyped activation pointers in `dtype`, f32 math without
 /// fast math and one rounding per output, enqueued on `stream`, no synchronisation or
 /// allocation (capturable), cudaSuccess when there is nothing to do. Scalar (not vectorised)
@@ -41,5 +42,20 @@ cudaError_t rope_interleaved(ActDType dtype, void* x, int64_t rows, int64_t row_
                              int64_t groups, int64_t group_stride, int64_t dim,
                              const int32_t* positions, const float* inv_freq, float factor,
                              cudaStream_t stream);
+
+// ---- Mamba2 (hybrid models' mixer; the recurrence is the cuda linear-attention backend's) ----
+
+/// x[t, i] = round(f32(x[t, i]) + bias[i]) for t < rows, i < n; x [rows, n] contiguous in
+/// `dtype`, bias [n] f32.
+cudaError_t add_bias_rows(ActDType dtype, void* x, const float* bias, int64_t rows, int64_t n,
+                          cudaStream_t stream);
+
+/// Gated RMSNorm, one warp per (row, group): v_i = y[t, i] · (z / (1 + expf(-z))) with
+/// z = z_rows[t · z_stride + i], ss = Σ_group v² (f32, lane-strided then a warp tree),
+/// out[t, i] = round(v_i · (1 / sqrtf(ss / group + eps) · weight[i])). y [rows, dim] f32, z f32
+/// rows z_stride apart, weight [dim] f32, out [rows, dim] `dtype`; groups divides dim.
+cudaError_t gated_rms_norm(ActDType dtype, const float* y, const float* z, int64_t z_stride,
+                           const float* weight, void* out, int64_t rows, int64_t dim,
+                           int64_t groups, float eps, cudaStream_t stream);
 
 }  // namespace pagoda::model::cuda_kernels
