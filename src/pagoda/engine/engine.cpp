@@ -268,12 +268,6 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   }
   const DType dtype = config.dtype.value_or(default_model_dtype(*platform_, model.config()));
   const DType kv_dtype = config.kv_dtype.value_or(dtype);
-  PAGODA_REQUIRE(!model.config().is_dsa() || config.spec.mode == SpecMode::kNone ||
-                     config.spec.mode == SpecMode::kNgram,
-                 kUnsupported,
-                 "DeepSeek sparse attention (DSA, {}) speculates with n-gram drafts only "
-                 "(speculative mode '{}'): draft-model and EAGLE draft steps have no indexer path",
-                 model.config().name, spec_mode_name(config.spec.mode));
   // Hybrid models (Mamba2 layers: Bamba) keep a recurrent state per request in the worker's
   // state pool (docs/design/state_pool.md); what cannot follow that state yet is refused.
   const bool hybrid = model.config().has_linear_layers();
