@@ -16,8 +16,8 @@ IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                      batch.mode == ForwardMode::kMixed || verify ||
                      (decode && !batch.is_draft_step()),
                  kUnsupported,
-                 "DeepSeek sparse attention (DSA) does not support {} steps{} (draft models and "
-                 "EAGLE heads do not draft for DSA: n-gram drafts only)",
+                 "DeepSeek sparse attention (DSA) does not support {} steps{} (multi-step "
+                 "draft batches: EAGLE heads do not draft for DSA targets)",
                  forward_mode_name(batch.mode), batch.is_draft_step() ? " (multi-step draft)" : "");
   IndexerMetadata m;
   m.slot_indptr.push_back(0);

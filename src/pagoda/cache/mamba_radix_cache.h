@@ -47,6 +47,12 @@
 
 namespace pagoda::cache {
 
+/// State slots one running request holds: its own, plus the aligned-state slot
+/// (CacheRequest::aligned_state_slot) when the snapshot cache runs at page > 1.
+constexpr int32_t request_state_slots(bool snapshot_cache, int page_size) {
+  return snapshot_cache && page_size > 1 ? 2 : 1;
+}
+
 /// Snapshot counters, cumulative since construction.
 struct StateSnapshotStats {
   int64_t taken = 0;      ///< snapshots copied into a node's slot

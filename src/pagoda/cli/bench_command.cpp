@@ -60,6 +60,8 @@ struct BenchOptions {
   int conversations = 32;
   int turns = 4;
   int system_len = 256;
+  /// multiturn: user message tokens per turn (0: 16..64 at random, a chat's short questions).
+  int user_len = 0;
 };
 
 
@@ -78,8 +80,9 @@ struct Workload {
 };
 
 /// --workload multiturn: `conversations` x `turns`, one shared system prompt of system_len
-/// tokens, a user message of 16..64 tokens per turn and max_new_tokens answers; each turn's
-/// prompt is the conversation so far (every previous answer included).
+/// tokens, a user message of user_len tokens per turn (16..64 at random when 0) and
+/// max_new_tokens answers; each turn's prompt is the conversation so far (every previous
+/// answer included).
 Workload make_multiturn(const BenchOptions& o, int32_t bos, int32_t vocab) {
   std::mt19937_64 rng(o.seed);
   const auto byte_vocab = static_cast<uint64_t>(std::min<int32_t>(vocab, 256));
@@ -93,7 +96,7 @@ Workload make_multiturn(const BenchOptions& o, int32_t bos, int32_t vocab) {
   for (int c = 0; c < o.conversations; ++c) {
     Conversation conv;
     for (int t = 0; t < o.turns; ++t) {
-      conv.user.push_back(tokens(16 + static_cast<int>(rng() % 49)));
+      conv.user.push_back(tokens(o.user_len > 0 ? o.user_len : 16 + static_cast<int>(rng() % 49)));
       conv.output_len.push_back(o.max_new_tokens);
     }
     if (bos >= 0) conv.history.push_back(bos);
@@ -195,10 +198,11 @@ void run_bench(const BenchOptions& o) {
   PAGODA_REQUIRE(o.input_len >= 0 && o.output_len >= 1, kInvalidArgument,
                  "--input-len must be >= 0 and --output-len >= 1");
   PAGODA_REQUIRE(o.workload != "multiturn" ||
-                     (o.conversations >= 1 && o.turns >= 1 && o.system_len >= 1 && o.input_len == 0),
+                     (o.conversations >= 1 && o.turns >= 1 && o.system_len >= 1 &&
+                      o.user_len >= 0 && o.input_len == 0),
                  kInvalidArgument,
-                 "--workload multiturn needs --conversations, --turns, --system-len >= 1 and no "
-                 "--input-len");
+                 "--workload multiturn needs --conversations, --turns, --system-len >= 1, "
+                 "--user-len >= 0 and no --input-len");
   auto platform = engine::make_platform(args);
   // Checked before the (possibly large) model is loaded.
   const engine::EngineConfig cfg = engine::make_engine_config(args, *platform);
@@ -515,6 +519,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--turns", o->turns, "multiturn: turns per conversation")->capture_default_str();
   cmd->add_option("--system-len", o->system_len, "multiturn: shared system prompt tokens")
+      ->capture_default_str();
+  cmd->add_option("--user-len", o->user_len,
+                  "multiturn: user message tokens per turn (0: 16..64 at random)")
       ->capture_default_str();
   add_spec_options(cmd, o->spec);
   cmd->add_flag("--json", o->json, "print one JSON object");

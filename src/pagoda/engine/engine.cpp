@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "pagoda/cache/chunk_cache.h"
+#include "pagoda/cache/mamba_radix_cache.h"
 #include "pagoda/cache/radix_cache.h"
 #include "pagoda/cache/swa_radix_cache.h"
 #include "pagoda/core/check.h"
@@ -106,9 +107,10 @@ namespace {
 int32_t state_pool_slots(const EngineConfig& c) {
   if (c.max_mamba_cache_size > 0) return c.max_mamba_cache_size;
   const int32_t running = c.scheduler.max_running_requests;
-  // One per running request (two at page > 1 with the radix cache: the aligned state), as many
-  // radix snapshots, and a speculative round's draft nodes.
-  return running * (c.radix_cache ? (c.page_size > 1 ? 3 : 2) : 1) +
+  // A running request's own (cache::request_state_slots), as many radix snapshots, and a
+  // speculative round's draft nodes.
+  return running * (cache::request_state_slots(c.radix_cache, c.page_size) +
+                    (c.radix_cache ? 1 : 0)) +
          (c.spec.mode == SpecMode::kNone ? 0 : running * c.spec.num_draft_tokens);
 }
 
@@ -266,12 +268,6 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   }
   const DType dtype = config.dtype.value_or(default_model_dtype(*platform_, model.config()));
   const DType kv_dtype = config.kv_dtype.value_or(dtype);
-  PAGODA_REQUIRE(!model.config().is_dsa() || config.spec.mode == SpecMode::kNone ||
-                     config.spec.mode == SpecMode::kNgram,
-                 kUnsupported,
-                 "DeepSeek sparse attention (DSA, {}) speculates with n-gram drafts only "
-                 "(speculative mode '{}'): draft-model and EAGLE draft steps have no indexer path",
-                 model.config().name, spec_mode_name(config.spec.mode));
   // Hybrid models (Mamba2 layers: Bamba) keep a recurrent state per request in the worker's
   // state pool (docs/design/state_pool.md), on the CPU or the GPU (there without CUDA graphs:
   // the worker runs their steps eagerly); what cannot follow that state yet is refused.

@@ -454,7 +454,7 @@ void Scheduler::release_no_insert(Req* req) {
 bool Scheduler::alloc_state(Req* req) {
   // With the snapshot cache at page > 1, a second slot keeps the state at the last page
   // boundary a step ended at (CacheRequest::aligned_state_slot).
-  const int need = state_cache_ != nullptr && page_size_ > 1 ? 2 : 1;
+  const int need = cache::request_state_slots(state_cache_ != nullptr, page_size_);
   // Radix snapshots give way to running requests (the least recently used first).
   if (state_->num_free() < need && state_cache_ != nullptr)
     state_cache_->evict_states(need - state_->num_free());

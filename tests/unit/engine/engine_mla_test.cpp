@@ -193,15 +193,19 @@ TEST(EngineMla, DsaIdenticalWithPrefixHitsChunkingAndPages) {
   const auto want = alone(sparse.model, prompts, max_new);
   EXPECT_NE(want, alone(mla_model(true).model, prompts, max_new))
       << "top-12 of up to 86 tokens changed no greedy token: the sparse mask is not applied";
-  // N-gram speculation: verify rows see the prefix and their own tree path (the indexer's
-  // metadata carries the tree mask), so the top-k, and the greedy tokens, are those of decoding.
+  // Speculation: verify rows see the prefix and their own tree path (the indexer's metadata
+  // carries the tree mask), so the top-k, and the greedy tokens, are those of decoding. N-gram
+  // drafts, and self-drafts (the DSA model drafting topk-2 trees: its chain steps are decodes,
+  // its tree steps verify-shaped, both with the indexer).
   const MlaRun runs[] = {{"cpu", 1, true, 8},
                          {"cpu", 16, true, 16},
                          {"reference", 16, true, 0},
                          {"cpu", 64, false, 64},
                          {"cpu", 16, true, 0, SpecMode::kNgram},
                          {"reference", 1, true, 8, SpecMode::kNgram, 2},
-                         {"cpu", 64, false, 0, SpecMode::kNgram, 2}};
+                         {"cpu", 64, false, 0, SpecMode::kNgram, 2},
+                         {"reference", 1, true, 8, SpecMode::kDraft},
+                         {"cpu", 16, true, 0, SpecMode::kDraft}};
   for (const MlaRun& r : runs) {
     SCOPED_TRACE(r.backend + " page " + std::to_string(r.page) + (r.radix ? " radix" : "") +
                  " chunk " + std::to_string(r.chunk) + " spec " + spec_mode_name(r.spec) +
@@ -242,15 +246,9 @@ TEST(EngineMla, DsaWithinTopkEqualsDenseMlaExactly) {
   EXPECT_FALSE(dense[0].empty());
 }
 
-TEST(EngineMla, DsaRefusesModelDraftersAndBackendsWithoutTheHook) {
+// EAGLE heads refuse every MLA target, DSA ones included (EngineMla.RefusesEagle).
+TEST(EngineMla, DsaRefusesBackendsWithoutTheHook) {
   static testing::TestModel sparse(dsa_config(12), 20261206);
-  try {
-    Engine engine(sparse.model, config_of(MlaRun{.spec = SpecMode::kDraft}));
-    ADD_FAILURE() << "DSA with a draft model accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("DSA"), std::string::npos) << e.what();
-  }
   // A backend without the indexer hook (the cuda backend's capabilities) is refused by name.
   attention::BackendCapabilities caps = attention::full_feature_capabilities();
   caps.dsa = false;
