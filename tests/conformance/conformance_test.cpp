@@ -246,7 +246,7 @@ TEST(Conformance, AmxRefusesUndeclaredFeaturesByName) {
 }
 
 // Long extends, which the grid (at most 16 new tokens a request) never gives: the amx extend
-// loop's query tiles (64 positions) and their causal key-block bound, against an fp64 softmax
+// loop's query tiles (64 positions), key blocks (256) and their causal bound, against an fp64 softmax
 // written here, on random bf16 values over shuffled pages (page 16), GQA 8 / 2, causal over
 // prefixes and non-causal; the output starts NaN and the pages past each request are NaN too.
 TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
@@ -254,7 +254,8 @@ TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> val(-1.f, 1.f);
   const int hq = 8, hk = 2, d = 64, page = 16;
-  const std::vector<int32_t> prefix = {37, 0, 5}, ext = {200, 150, 64};
+  // The last request crosses the 256-key blocks and ends inside a 64-key cut block.
+  const std::vector<int32_t> prefix = {37, 0, 5, 600}, ext = {200, 150, 64, 70};
   std::vector<int32_t> qo = {0}, kv = {0}, last, indices;
   int32_t pages_total = 0;
   for (size_t b = 0; b < prefix.size(); ++b) {

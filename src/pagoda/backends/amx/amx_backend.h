@@ -33,8 +33,11 @@
 
 namespace pagoda::backends {
 
-/// Keys per block of the extend loop (a multiple of AMX's 16-row tiles and 32-pair bf16 K).
-inline constexpr int kAmxKeyBlock = 128;
+/// Keys per block of the extend loop (a multiple of kAmxKeyAlign).
+inline constexpr int kAmxKeyBlock = 256;
+/// A block's key count is rounded up to a multiple of this (AMX's 16-row tiles and 32-pair bf16
+/// K; fewer distinct matmul shapes), and the gathered K/V are zero-padded to it.
+inline constexpr int kAmxKeyAlign = 64;
 
 /// The amx BatchAttention; `decode_options` configure the cpu kernels that serve decode steps.
 /// Throws Error(kUnsupported) in a build without oneDNN.
