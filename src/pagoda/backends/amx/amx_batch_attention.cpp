@@ -1,18 +1,20 @@
-// AmxBatchAttention: the extend path of the amx backend over oneDNN matmuls (see amx_backend.h).
+// AmxBatchAttention: the extend path of the amx backend: query tiles over key blocks, the two
+// products on AMX tiles or oneDNN (amx_operands.h), the online softmax between them
+// (kernels/cpu/softmax_rows.h). See amx_backend.h.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "pagoda/backends/amx/amx_backend.h"
+#include "pagoda/backends/amx/amx_operands.h"
 #include "pagoda/core/error.h"
-#include "pagoda/core/float_convert.h"
-#include "pagoda/kernels/cpu/onednn_linear.h"
+#include "pagoda/kernels/cpu/amx_tile.h"
 #include "pagoda/kernels/cpu/softmax_rows.h"
 
 namespace pagoda::backends {
@@ -23,38 +25,12 @@ using attention::AttentionShape;
 using attention::PagedPlanInput;
 using attention::RunParams;
 
-/// Operand storage in the matmul's dtype (bf16 bits or f32; every value stored is bf16-exact).
-/// Grows only: run after run it keeps its allocation, and nothing is zeroed that is overwritten.
-class AmxOperand {
- public:
-  /// Room for n elements of t (contents unspecified).
-  void reserve(DType t, size_t n) {
-    t_ = t;
-    const size_t words = (n * dtype_size(t) + 3) / 4;
-    if (words_.size() < words) words_.resize(words);
-  }
-  unsigned char* bytes() { return reinterpret_cast<unsigned char*>(words_.data()); }
-  const unsigned char* bytes() const {
-    return reinterpret_cast<const unsigned char*>(words_.data());
-  }
-  /// Elements [i, i + n) from the bf16 row `src` (rounded already: a copy or a widening).
-  void set_row(size_t i, const uint16_t* src, int64_t n) {
-    if (t_ == DType::kBF16) {
-      std::memcpy(bytes() + 2 * i, src, static_cast<size_t>(n) * 2);
-    } else {
-      float* dst = reinterpret_cast<float*>(bytes()) + i;
-      for (int64_t d = 0; d < n; ++d) dst[d] = bf16_bits_to_f32(src[d]);
-    }
-  }
-  /// Elements [i, i + n) = 0.
-  void zero(size_t i, size_t n) {
-    std::memset(bytes() + i * dtype_size(t_), 0, n * dtype_size(t_));
-  }
-
- private:
-  DType t_ = DType::kBF16;
-  std::vector<uint32_t> words_;
-};
+using amx_detail::amx_round_up;
+using amx_detail::AmxDims;
+using amx_detail::AmxHeadKv;
+using amx_detail::AmxOperand;
+using amx_detail::AmxPath;
+using amx_detail::AmxProducts;
 
 /// The bf16 row of tensor t at element offset `offset` (unit stride along it).
 const uint16_t* amx_row(const TensorView& t, int64_t offset) {
@@ -65,19 +41,12 @@ const uint16_t* amx_row(const TensorView& t, int64_t offset) {
 /// request and KV head (rows = group × tile) reads the key blocks up to its last visible key only.
 constexpr int64_t kAmxQueryTile = 64;
 
-/// One thread's matmul object (oneDNN: one thread at a time per object) and scratch.
+/// One thread's product engine and scratch.
 struct AmxScratch {
-  std::unique_ptr<kernels::cpu::OnednnMatmul> mm;
+  std::unique_ptr<AmxProducts> products;
   AmxOperand qa, pa;
   std::vector<float> s, acc, m, l;
   std::vector<int32_t> visible;
-};
-
-/// One (request, KV head)'s keys and values, gathered into contiguous rows, zero-padded to a
-/// multiple of kAmxKeyAlign keys.
-struct AmxHeadKv {
-  AmxOperand k, v;
-  int64_t kv_len = 0;
 };
 
 /// The contract of the unit-stride row copies: the last dimension of every tensor is contiguous.
@@ -89,8 +58,8 @@ void amx_require_rows(const TensorView& t, const char* what) {
 
 class AmxBatchAttention final : public attention::BatchAttention {
  public:
-  explicit AmxBatchAttention(CpuAttentionOptions decode_options)
-      : decode_(make_cpu_batch_attention(decode_options)) {}
+  explicit AmxBatchAttention(AmxOptions options)
+      : options_(options), decode_(make_cpu_batch_attention(options.decode)) {}
 
   std::string name() const override { return "amx"; }
 
@@ -137,11 +106,17 @@ class AmxBatchAttention final : public attention::BatchAttention {
     for (int32_t p : kv_indices_)
       PAGODA_REQUIRE(p < pages, kOutOfRange, "amx: page id {} outside the cache of {} pages", p,
                      pages);
+    const AmxPath path = options_.tiles &&
+                                 amx_detail::amx_tiles_fit(shape_.head_dim_qk, shape_.head_dim_v) &&
+                                 kernels::cpu::detail::amx_tiles_available()
+                             ? AmxPath::kTiles
+                             : AmxPath::kOnednn;
     const auto threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
     if (scratch_.size() < threads) scratch_.resize(threads);
     for (AmxScratch& sc : scratch_)
-      if (!sc.mm) sc.mm = std::make_unique<kernels::cpu::OnednnMatmul>();
-    const DType t = scratch_[0].mm->operand_dtype();
+      if (!sc.products || sc.products->path() != path)
+        sc.products = std::make_unique<AmxProducts>(path);
+    const DType t = scratch_[0].products->operand_dtype();
     const bool causal = params.mask == attention::MaskKind::kCausal;
     const int batch = static_cast<int>(qo_indptr_.size()) - 1;
     const int hk_count = shape_.num_kv_heads;
@@ -167,7 +142,7 @@ class AmxBatchAttention final : public attention::BatchAttention {
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t g = 0; g < groups; ++g)
       guarded([&] {
-        gather_kv(static_cast<int>(g / hk_count), static_cast<int>(g % hk_count), t, k_cache,
+        gather_kv(static_cast<int>(g / hk_count), static_cast<int>(g % hk_count), path, t, k_cache,
                   v_cache);
       });
     if (error) std::rethrow_exception(error);
@@ -187,70 +162,62 @@ class AmxBatchAttention final : public attention::BatchAttention {
     int64_t i0;  ///< first query position of the tile (within the request)
   };
 
-  /// Request b's keys and values of KV head hk into heads_[b · Hk + hk] (one row copy per key,
-  /// zero-padded to a multiple of kAmxKeyAlign keys).
-  void gather_kv(int b, int hk, DType t, const TensorView& kc, const TensorView& vc) {
-    AmxHeadKv& h = heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk];
+  /// Request b's keys and values of KV head hk into heads_[b · Hk + hk] (the path's layout).
+  void gather_kv(int b, int hk, AmxPath path, DType t, const TensorView& kc, const TensorView& vc) {
     const int32_t npages = kv_indptr_[b + 1] - kv_indptr_[b];
-    h.kv_len =
+    const int64_t kv_len =
         npages == 0 ? 0 : int64_t{npages - 1} * page_size_ + kv_last_[static_cast<size_t>(b)];
-    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v;
-    const int64_t padded = (h.kv_len + kAmxKeyAlign - 1) / kAmxKeyAlign * kAmxKeyAlign;
-    h.k.reserve(t, static_cast<size_t>(padded * dq));
-    h.v.reserve(t, static_cast<size_t>(padded * dv));
-    for (int64_t j = 0; j < h.kv_len; ++j) {
-      const int64_t page = kv_indices_[static_cast<size_t>(kv_indptr_[b] + j / page_size_)];
-      const int64_t slot = j % page_size_;
-      h.k.set_row(static_cast<size_t>(j * dq),
-                  amx_row(kc, page * kc.stride(0) + slot * kc.stride(1) + hk * kc.stride(2)), dq);
-      h.v.set_row(static_cast<size_t>(j * dv),
-                  amx_row(vc, page * vc.stride(0) + slot * vc.stride(1) + hk * vc.stride(2)), dv);
-    }
-    h.k.zero(static_cast<size_t>(h.kv_len * dq), static_cast<size_t>((padded - h.kv_len) * dq));
-    h.v.zero(static_cast<size_t>(h.kv_len * dv), static_cast<size_t>((padded - h.kv_len) * dv));
+    const int32_t* pages = kv_indices_.data() + kv_indptr_[b];
+    heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk].gather(
+        path, t, AmxDims::of(shape_.head_dim_qk, shape_.head_dim_v), kv_len, [&](int64_t j) {
+          const int64_t page = pages[j / page_size_], slot = j % page_size_;
+          return std::pair{
+              amx_row(kc, page * kc.stride(0) + slot * kc.stride(1) + hk * kc.stride(2)),
+              amx_row(vc, page * vc.stride(0) + slot * vc.stride(1) + hk * vc.stride(2))};
+        });
   }
 
   /// One tile: the query positions [i0, i0 + tq) of request b, every query head of KV head hk,
-  /// rows r = hl · tq + (i − i0); key blocks of up to kAmxKeyBlock keys (the last one cut to a
-  /// multiple of kAmxKeyAlign) up to the tile's last visible key.
+  /// rows r = hl · tq + (i − i0) (zero rows up to a multiple of 32); key blocks of up to
+  /// kAmxKeyBlock keys (the last one cut to a multiple of kAmxKeyAlign) up to the tile's last
+  /// visible key.
   void run_tile(const Item& it, bool causal, float sm_scale, const TensorView& q,
                 const TensorView& out, const TensorView& lse, AmxScratch& sc) {
     const int b = it.b, hk = it.hk;
     const AmxHeadKv& h = heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk];
-    const int64_t t0 = qo_indptr_[b], qo = qo_indptr_[b + 1] - t0, kv_len = h.kv_len;
+    const int64_t t0 = qo_indptr_[b], qo = qo_indptr_[b + 1] - t0, kv_len = h.kv_len();
     const int64_t tq = std::min(kAmxQueryTile, qo - it.i0);
     const int group = shape_.num_qo_heads / shape_.num_kv_heads;
-    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v, rows = group * tq;
-    const DType t = sc.mm->operand_dtype();
-    const auto urows = static_cast<size_t>(rows);
-    sc.qa.reserve(t, urows * static_cast<size_t>(dq));
+    const AmxDims dims = AmxDims::of(shape_.head_dim_qk, shape_.head_dim_v);
+    const int64_t rows = group * tq, rows_p = amx_round_up(rows, 32);
+    const DType t = sc.products->operand_dtype();
+    const auto urows = static_cast<size_t>(rows_p);
+    sc.qa.reserve(t, urows * static_cast<size_t>(dims.dqp));
     for (int64_t r = 0; r < rows; ++r)
-      sc.qa.set_row(static_cast<size_t>(r * dq),
+      sc.qa.set_row(static_cast<size_t>(r * dims.dqp),
                     amx_row(q, (t0 + it.i0 + r % tq) * q.stride(0) +
                                    (int64_t{hk} * group + r / tq) * q.stride(1)),
-                    dq);
+                    dims.dq, dims.dqp);
+    sc.qa.zero(static_cast<size_t>(rows * dims.dqp),
+               static_cast<size_t>((rows_p - rows) * dims.dqp));
     sc.m.assign(urows, -std::numeric_limits<float>::infinity());
     sc.l.assign(urows, 0.f);
-    sc.acc.assign(urows * static_cast<size_t>(dv), 0.f);
+    sc.acc.assign(urows * static_cast<size_t>(dims.dvp), 0.f);
     sc.s.resize(urows * kAmxKeyBlock);
-    sc.visible.resize(urows);
+    sc.visible.assign(urows, 0);  // padding rows see nothing
     sc.pa.reserve(t, urows * kAmxKeyBlock);
-    const size_t es = dtype_size(t);
     // Keys past the tile's last row's last visible key are visible to none of its rows.
     const int64_t end = causal ? std::clamp<int64_t>(kv_len - qo + it.i0 + tq, 0, kv_len) : kv_len;
     for (int64_t j0 = 0; j0 < end; j0 += kAmxKeyBlock) {
-      const int64_t n = (std::min<int64_t>(kAmxKeyBlock, end - j0) + kAmxKeyAlign - 1) /
-                        kAmxKeyAlign * kAmxKeyAlign;
+      const int64_t n = amx_round_up(std::min<int64_t>(kAmxKeyBlock, end - j0), kAmxKeyAlign);
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t last =
-            causal ? kv_len - qo + it.i0 + r % tq : kv_len - 1;  // last visible key
+        const int64_t last = causal ? kv_len - qo + it.i0 + r % tq : kv_len - 1;  // last visible
         sc.visible[static_cast<size_t>(r)] =
             static_cast<int32_t>(std::clamp<int64_t>(last - j0 + 1, 0, n));
       }
-      sc.mm->run(sc.qa.bytes(), h.k.bytes() + static_cast<size_t>(j0 * dq) * es, sc.s.data(), rows,
-                 n, dq, kernels::cpu::MatmulB::kRowsAreN);
+      sc.products->scores(sc.qa, rows_p, h, j0, n, sc.s.data());
       kernels::cpu::softmax_rows_block({.s = sc.s.data(),
-                                        .rows = static_cast<int>(rows),
+                                        .rows = static_cast<int>(rows_p),
                                         .n = static_cast<int>(n),
                                         .visible = sc.visible.data(),
                                         .scale = sm_scale,
@@ -259,9 +226,8 @@ class AmxBatchAttention final : public attention::BatchAttention {
                                         .p_dtype = t,
                                         .p = sc.pa.bytes(),
                                         .acc = sc.acc.data(),
-                                        .dv = static_cast<int>(dv)});
-      sc.mm->run(sc.pa.bytes(), h.v.bytes() + static_cast<size_t>(j0 * dv) * es, sc.acc.data(),
-                 rows, dv, n, kernels::cpu::MatmulB::kRowsAreK, kernels::cpu::MatmulC::kAccumulate);
+                                        .dv = static_cast<int>(dims.dvp)});
+      sc.products->pv(sc.pa, rows_p, h, j0, n, sc.acc.data());
     }
     auto* obytes = static_cast<unsigned char*>(out.data());
     const size_t os = dtype_size(out.dtype());
@@ -269,7 +235,7 @@ class AmxBatchAttention final : public attention::BatchAttention {
       const int64_t tok = t0 + it.i0 + r % tq, head = int64_t{hk} * group + r / tq;
       const float l = sc.l[static_cast<size_t>(r)];  // 0: no visible key (out 0, lse -inf)
       kernels::cpu::scale_row_to(
-          sc.acc.data() + r * dv, static_cast<int>(dv), l == 0.f ? 0.f : 1.f / l,
+          sc.acc.data() + r * dims.dvp, static_cast<int>(dims.dv), l == 0.f ? 0.f : 1.f / l,
           obytes + static_cast<size_t>(tok * out.stride(0) + head * out.stride(1)) * os,
           out.dtype());
       if (!lse.empty())
@@ -279,6 +245,7 @@ class AmxBatchAttention final : public attention::BatchAttention {
     }
   }
 
+  AmxOptions options_;
   std::unique_ptr<attention::BatchAttention> decode_;
   AttentionShape shape_{};
   int page_size_ = 1;
@@ -286,14 +253,13 @@ class AmxBatchAttention final : public attention::BatchAttention {
   std::vector<int32_t> qo_indptr_, kv_indptr_, kv_indices_, kv_last_;
   std::vector<Item> items_;
   std::vector<AmxHeadKv> heads_;     ///< per (request, KV head), refilled each extend run
-  std::vector<AmxScratch> scratch_;  ///< per OpenMP thread (matmul objects made once)
+  std::vector<AmxScratch> scratch_;  ///< per OpenMP thread (product engines made once per path)
 };
 
 }  // namespace
 
-std::unique_ptr<attention::BatchAttention> make_amx_batch_attention(
-    CpuAttentionOptions decode_options) {
-  return std::make_unique<AmxBatchAttention>(decode_options);
+std::unique_ptr<attention::BatchAttention> make_amx_batch_attention(AmxOptions options) {
+  return std::make_unique<AmxBatchAttention>(options);
 }
 
 }  // namespace pagoda::backends
