@@ -48,36 +48,49 @@ bool amx_tiles_available() {
   return ok;
 }
 
+namespace {
+
+/// One step of a 32 × 32 output block in tmm0-3: A tiles of 16 rows at a0 and a1 (rows `as` bytes
+/// apart), B tiles at b0 and b1 (rows `bs` bytes apart); each product right after the loads it
+/// needs, so the next loads overlap it.
+PAGODA_AMX_TARGET inline __attribute__((always_inline)) void block_step(
+    const void* a0, const void* a1, int64_t as, const void* b0, const void* b1, int64_t bs) {
+  _tile_loadd(4, a0, as);
+  _tile_loadd(6, b0, bs);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_loadd(7, b1, bs);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_loadd(5, a1, as);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
+/// tmm0-3 to the 32 × 32 f32 block at c (rows `cs` bytes apart, 16 columns of f32 per tile).
+PAGODA_AMX_TARGET inline __attribute__((always_inline)) void store_block(float* c, int64_t cs) {
+  float* c1 = reinterpret_cast<float*>(reinterpret_cast<char*>(c) + 16 * cs);
+  _tile_stored(0, c, cs);
+  _tile_stored(1, c + 16, cs);
+  _tile_stored(2, c1, cs);
+  _tile_stored(3, c1 + 16, cs);
+}
+
+}  // namespace
+
 PAGODA_AMX_TARGET void amx_scores(const uint16_t* q, int rows, int dk, const uint32_t* kb, int n,
                                   float* s) {
   _tile_loadconfig(&kAmxTileConfig);
-  const int64_t qs = int64_t{dk} * 2, ss = int64_t{n} * 4, group = int64_t{dk} / 2 * 16;
+  const int64_t qs = int64_t{dk} * 2, group = int64_t{dk} / 2 * 16;
   for (int r = 0; r < rows; r += 32) {
     const uint16_t* q0 = q + int64_t{r} * dk;
-    const uint16_t* q1 = q0 + int64_t{16} * dk;
     for (int c = 0; c < n; c += 32) {
       const uint32_t* k0 = kb + int64_t{c / 16} * group;
-      const uint32_t* k1 = k0 + group;
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      for (int e = 0; e < dk; e += 32) {
-        // Each product right after the loads it needs, so the next loads overlap it.
-        _tile_loadd(4, q0 + e, qs);
-        _tile_loadd(6, k0 + int64_t{e / 2} * 16, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, k1 + int64_t{e / 2} * 16, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, q1 + e, qs);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      float* s0 = s + int64_t{r} * n + c;
-      _tile_stored(0, s0, ss);
-      _tile_stored(1, s0 + 16, ss);
-      _tile_stored(2, s0 + int64_t{16} * n, ss);
-      _tile_stored(3, s0 + int64_t{16} * n + 16, ss);
+      for (int e = 0; e < dk; e += 32)
+        block_step(q0 + e, q0 + 16 * dk + e, qs, k0 + e / 2 * 16, k0 + group + e / 2 * 16, 64);
+      store_block(s + int64_t{r} * n + c, int64_t{n} * 4);
     }
   }
   _tile_release();
@@ -89,30 +102,17 @@ PAGODA_AMX_TARGET void amx_pv_accumulate(const uint16_t* p, int rows, int n, con
   const int64_t ps = int64_t{n} * 2, as = int64_t{dv} * 4;
   for (int r = 0; r < rows; r += 32) {
     const uint16_t* p0 = p + int64_t{r} * n;
-    const uint16_t* p1 = p0 + int64_t{16} * n;
     for (int x = 0; x < dv; x += 32) {
       float* a0 = acc + int64_t{r} * dv + x;
       float* a1 = a0 + int64_t{16} * dv;
       const uint32_t* v0 = vb + int64_t{x / 16} * ldv;
-      const uint32_t* v1 = v0 + ldv;
       _tile_loadd(0, a0, as);
       _tile_loadd(1, a0 + 16, as);
       _tile_loadd(2, a1, as);
       _tile_loadd(3, a1 + 16, as);
-      for (int j = 0; j < n; j += 32) {
-        _tile_loadd(4, p0 + j, ps);
-        _tile_loadd(6, v0 + int64_t{j / 2} * 16, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(7, v1 + int64_t{j / 2} * 16, 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_loadd(5, p1 + j, ps);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, a0, as);
-      _tile_stored(1, a0 + 16, as);
-      _tile_stored(2, a1, as);
-      _tile_stored(3, a1 + 16, as);
+      for (int j = 0; j < n; j += 32)
+        block_step(p0 + j, p0 + 16 * n + j, ps, v0 + j / 2 * 16, v0 + ldv + j / 2 * 16, 64);
+      store_block(a0, as);
     }
   }
   _tile_release();
