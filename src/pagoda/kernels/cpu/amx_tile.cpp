@@ -9,6 +9,11 @@
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #else
 #define PAGODA_AMX_TILE_X86 0
 #endif
