@@ -55,6 +55,7 @@ TEST(KernelOptions, DefaultsAreTheKernelsOwn) {
   EXPECT_EQ(d.at("sm90_max_blocks"), "0");
   EXPECT_EQ(d.at("cpu_bf16"), "true");
   EXPECT_EQ(d.at("cpu_bf16_decode"), "false");
+  EXPECT_EQ(d.at("amx_tiles"), "true");
   EXPECT_NO_THROW(o.validate());
 }
 
