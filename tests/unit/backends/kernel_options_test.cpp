@@ -46,7 +46,7 @@ TEST(KernelOptions, DefaultsAreTheKernelsOwn) {
   const KernelOptions o;
   const kernels::cuda::CudaLaunchVariants v;
   const Values d = values_of(o);
-  EXPECT_EQ(d.size(), 16u);
+  EXPECT_EQ(d.size(), 17u);
   EXPECT_EQ(d.at("mla_decode"), "true");
   EXPECT_EQ(d.at("decode_min_chunk"), "64");
   EXPECT_EQ(d.at("sm90_prefill"), "true");
