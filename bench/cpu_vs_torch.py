@@ -62,6 +62,16 @@ def run_pagoda(exe, shape, threads, iters, kernel_options=(), backend="cpu"):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def time_ms(fn, iters):
+    """The wall times of `iters` calls of fn, in ms."""
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return ts
+
+
 def time_torch(shape, threads, iters):
     import torch
     import torch.nn.functional as F
@@ -79,12 +89,7 @@ def time_torch(shape, threads, iters):
         with torch.inference_mode():
             for _ in range(3):
                 fn()
-            ts = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                fn()
-                ts.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(ts)
+            return statistics.median(time_ms(fn, iters))
 
     try:
         variants["sdpa_enable_gqa"] = bench(
@@ -178,10 +183,15 @@ def main():
                          f"{r['torch_ms']:.3f} ms: {r['torch_ms'] / a['ms']:.2f}x)")
     lines.append("")
     lines.append(f"bench wall time {time.time() - t_start:.0f} s (after the build)")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "cpu_vs_torch.md"), "w") as f:
+    write_results(args.out, "cpu_vs_torch", lines, raw)
+
+
+def write_results(out, stem, lines, raw):
+    """Writes <out>/<stem>.md (the lines) and <out>/<stem>.json (raw), and prints the lines."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, stem + ".md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(args.out, "cpu_vs_torch.json"), "w") as f:
+    with open(os.path.join(out, stem + ".json"), "w") as f:
         json.dump(raw, f, indent=1)
     print("\n".join(lines))
 

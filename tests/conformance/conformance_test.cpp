@@ -246,7 +246,7 @@ TEST(Conformance, AmxRefusesUndeclaredFeaturesByName) {
 }
 
 // Long extends, which the grid (at most 16 new tokens a request) never gives: the amx extend
-// loop's query tiles (64 positions) and their causal key-block bound, against an fp64 softmax
+// loop's query tiles (64 positions), key blocks (256) and their causal bound, against an fp64 softmax
 // written here, on random bf16 values over shuffled pages (page 16), GQA 8 / 2, causal over
 // prefixes and non-causal; the output starts NaN and the pages past each request are NaN too.
 TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
@@ -254,7 +254,8 @@ TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> val(-1.f, 1.f);
   const int hq = 8, hk = 2, d = 64, page = 16;
-  const std::vector<int32_t> prefix = {37, 0, 5}, ext = {200, 150, 64};
+  // The last request crosses the 256-key blocks and ends inside a 64-key cut block.
+  const std::vector<int32_t> prefix = {37, 0, 5, 600}, ext = {200, 150, 64, 70};
   std::vector<int32_t> qo = {0}, kv = {0}, last, indices;
   int32_t pages_total = 0;
   for (size_t b = 0; b < prefix.size(); ++b) {
@@ -284,9 +285,12 @@ TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
           v[at] = bits(val(rng));
         }
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
-  for (bool causal : {true, false}) {
-    SCOPED_TRACE(causal ? "causal" : "non-causal");
-    auto attn = make_amx_batch_attention();
+  for (int variant = 0; variant < 4; ++variant) {
+    // tiles: pagoda's AMX kernels where this CPU has AMX; false: oneDNN's matmul on any CPU.
+    const bool causal = variant % 2 == 0, tiles = variant < 2;
+    SCOPED_TRACE(::testing::Message() << (causal ? "causal" : "non-causal")
+                                      << (tiles ? ", amx tiles" : ", oneDNN"));
+    auto attn = make_amx_batch_attention({.tiles = tiles});
     const attention::PagedPlanInput in{.qo_indptr = qo, .kv_indptr = kv, .kv_indices = indices,
                                        .kv_last_page_len = last, .page_size = page};
     const attention::AttentionShape shape{.num_qo_heads = hq, .num_kv_heads = hk, .head_dim_qk = d,
@@ -336,8 +340,9 @@ TEST(Conformance, AmxLongExtendsAcrossQueryTilesMatchFp64) {
           worst_lse = std::max(worst_lse, std::abs(lse[qat / d] - want_lse));
         }
     }
-    std::printf("amx long extends (%s): max |out err| %.2e, max |lse err| %.2e\n",
-                causal ? "causal" : "non-causal", worst, worst_lse);
+    std::printf("amx long extends (%s, %s): max |out err| %.2e, max |lse err| %.2e\n",
+                causal ? "causal" : "non-causal", tiles ? "amx tiles" : "oneDNN", worst,
+                worst_lse);
     EXPECT_LT(worst, 4e-3);  // P is rounded to bf16 for P·V (relative 2^-9 per weight)
     EXPECT_LT(worst_lse, 1e-4);
   }

@@ -33,8 +33,9 @@ void register_builtin_backends(BackendRegistry& registry, const KernelOptions& k
   register_cpu_linear_backend(registry);
 #endif
 #ifdef PAGODA_HAVE_AMX_BACKEND
-  register_amx_backend(registry, {.bf16_tiles = kernels.cpu_bf16,
-                                  .bf16_decode = kernels.cpu_bf16_decode});
+  register_amx_backend(registry, {.decode = {.bf16_tiles = kernels.cpu_bf16,
+                                             .bf16_decode = kernels.cpu_bf16_decode},
+                                  .tiles = kernels.amx_tiles});
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND
   register_cuda_backend(registry, kernels);

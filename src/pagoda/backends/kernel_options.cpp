@@ -31,6 +31,7 @@ void for_each_option(Options& o, F&& f) {
   f("merge_threads", o.cuda.merge_threads);
   f("cpu_bf16", o.cpu_bf16);
   f("cpu_bf16_decode", o.cpu_bf16_decode);
+  f("amx_tiles", o.amx_tiles);
 }
 
 bool parse_value(std::string_view text, bool& out) {

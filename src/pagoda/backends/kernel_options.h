@@ -43,6 +43,10 @@ struct KernelOptions {
   bool cpu_bf16 = true;
   /// The AVX512-BF16 decode micro-kernels (opt-in: no faster on the local Zen 4).
   bool cpu_bf16_decode = false;
+  // ---- amx backend (docs/design/cpu_backend.md "amx backend") ----
+  /// pagoda's AMX tile micro-kernels for the extend products where the CPU has AMX (else
+  /// oneDNN's matmul; bench/results/amx_extend.md).
+  bool amx_tiles = true;
 
   /// Throws Error(kInvalidArgument) naming the first out-of-range field (decode_min_chunk not a
   /// multiple of 16 >= 16, sm90_max_blocks < 0, sm90_pingpong outside -1..1, merge_threads not

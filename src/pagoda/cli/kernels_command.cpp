@@ -99,9 +99,10 @@ std::unique_ptr<attention::BatchAttention> make_attention(const std::string& nam
   if (name == "amx") {
     // oneDNN's matmuls run on the OpenMP pool: size it to --threads like the cpu kernels.
     omp_set_num_threads(threads);
-    return backends::make_amx_batch_attention({.num_threads = threads,
-                                               .bf16_tiles = kernels.cpu_bf16,
-                                               .bf16_decode = kernels.cpu_bf16_decode});
+    return backends::make_amx_batch_attention({.decode = {.num_threads = threads,
+                                                          .bf16_tiles = kernels.cpu_bf16,
+                                                          .bf16_decode = kernels.cpu_bf16_decode},
+                                               .tiles = kernels.amx_tiles});
   }
 #endif
 #ifdef PAGODA_CLI_HAVE_CUDA

@@ -15,14 +15,13 @@ attention::BackendCapabilities AmxBackend::static_capabilities() {
   return c;
 }
 
-AmxBackend::AmxBackend(const attention::BackendContext& ctx, CpuAttentionOptions decode_options)
-    : HostPagedBackend(ctx, "amx", static_capabilities(),
-                       make_amx_batch_attention(decode_options)) {}
+AmxBackend::AmxBackend(const attention::BackendContext& ctx, AmxOptions options)
+    : HostPagedBackend(ctx, "amx", static_capabilities(), make_amx_batch_attention(options)) {}
 
-void register_amx_backend(attention::BackendRegistry& registry, CpuAttentionOptions options) {
+void register_amx_backend(attention::BackendRegistry& registry, AmxOptions options) {
   registry.add("amx",
-               "bf16 Q·Kᵀ / P·V through oneDNN matmul (AMX on Sapphire Rapids) over packed K/V "
-               "blocks on the host; decode on the cpu kernels",
+               "bf16 Q·Kᵀ / P·V on AMX tiles (oneDNN's matmul without AMX) over packed K/V on "
+               "the host; decode on the cpu kernels",
                AmxBackend::static_capabilities(),
                [options](const attention::BackendContext& ctx) {
                  return std::make_unique<AmxBackend>(ctx, options);

@@ -1,19 +1,21 @@
-// AmxBatchAttention: the extend path of the amx backend over oneDNN matmuls (see amx_backend.h).
+// AmxBatchAttention: the extend path of the amx backend: query tiles over key blocks, the two
+// products on AMX tiles or oneDNN (amx_operands.h), the online softmax between them
+// (kernels/cpu/softmax_rows.h). See amx_backend.h.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <exception>
 #include <limits>
 #include <mutex>
-#include <numbers>
+#include <utility>
 #include <vector>
 
 #include "pagoda/backends/amx/amx_backend.h"
+#include "pagoda/backends/amx/amx_operands.h"
 #include "pagoda/core/error.h"
-#include "pagoda/core/float_convert.h"
-#include "pagoda/kernels/cpu/onednn_linear.h"
+#include "pagoda/kernels/cpu/amx_tile.h"
+#include "pagoda/kernels/cpu/softmax_rows.h"
 
 namespace pagoda::backends {
 
@@ -23,57 +25,41 @@ using attention::AttentionShape;
 using attention::PagedPlanInput;
 using attention::RunParams;
 
-/// Operand buffer in the matmul's dtype (bf16 bits or f32); every value stored is bf16-exact.
-class AmxOperand {
- public:
-  void reset(DType t, size_t n) {
-    t_ = t;
-    bytes_.assign(n * dtype_size(t), 0);
-  }
-  void* data() { return bytes_.data(); }
-  const void* data() const { return bytes_.data(); }
-  /// Element i = the bf16 value with bits `b`.
-  void set_bits(size_t i, uint16_t b) {
-    if (t_ == DType::kBF16) {
-      std::memcpy(bytes_.data() + 2 * i, &b, 2);
-    } else {
-      const float f = bf16_bits_to_f32(b);
-      std::memcpy(bytes_.data() + 4 * i, &f, 4);
-    }
-  }
+using amx_detail::amx_round_up;
+using amx_detail::AmxDims;
+using amx_detail::AmxHeadKv;
+using amx_detail::AmxOperand;
+using amx_detail::AmxPath;
+using amx_detail::AmxProducts;
 
- private:
-  DType t_ = DType::kBF16;
-  std::vector<unsigned char> bytes_;
-};
-
-uint16_t amx_bits_at(const TensorView& t, int64_t offset) {
-  uint16_t b;
-  std::memcpy(&b, static_cast<const unsigned char*>(t.data()) + 2 * offset, 2);
-  return b;
+/// The bf16 row of tensor t at element offset `offset` (unit stride along it).
+const uint16_t* amx_row(const TensorView& t, int64_t offset) {
+  return static_cast<const uint16_t*>(t.data()) + offset;
 }
 
 /// Query positions per work item of the extend loop: a tile of kAmxQueryTile positions of one
 /// request and KV head (rows = group × tile) reads the key blocks up to its last visible key only.
 constexpr int64_t kAmxQueryTile = 64;
 
-/// One thread's matmul object (oneDNN: one thread at a time per object) and scratch.
+/// One thread's product engine and scratch.
 struct AmxScratch {
-  std::unique_ptr<kernels::cpu::OnednnMatmul> mm;
+  std::unique_ptr<AmxProducts> products;
   AmxOperand qa, pa;
-  std::vector<float> s, pv, acc, m, l;
+  std::vector<float> s, acc, m, l;
+  std::vector<int32_t> visible;
 };
 
-/// One (request, KV head)'s keys and values, gathered into contiguous zero-padded blocks.
-struct AmxHeadKv {
-  AmxOperand k, v;
-  int64_t kv_len = 0;
-};
+/// The contract of the unit-stride row copies: the last dimension of every tensor is contiguous.
+void amx_require_rows(const TensorView& t, const char* what) {
+  PAGODA_REQUIRE(t.numel() == 0 || t.stride(-1) == 1, kUnsupported,
+                 "amx: {} {} needs a contiguous last dimension (stride {})", what, t.describe(),
+                 t.stride(-1));
+}
 
 class AmxBatchAttention final : public attention::BatchAttention {
  public:
-  explicit AmxBatchAttention(CpuAttentionOptions decode_options)
-      : decode_(make_cpu_batch_attention(decode_options)) {}
+  explicit AmxBatchAttention(AmxOptions options)
+      : options_(options), decode_(make_cpu_batch_attention(options.decode)) {}
 
   std::string name() const override { return "amx"; }
 
@@ -81,11 +67,11 @@ class AmxBatchAttention final : public attention::BatchAttention {
     attention::validate_plan_input(in, shape, "amx");
     PAGODA_REQUIRE(in.custom_mask.empty(), kUnsupported,
                    "amx: custom (tree) masks are not supported (use the cpu backend)");
-    PAGODA_REQUIRE(shape.q_dtype == DType::kBF16 && shape.kv_dtype == DType::kBF16,
-                   kUnsupported, "amx: needs bf16 queries and KV (got q {}, KV {})",
-                   shape.q_dtype, shape.kv_dtype);
-    PAGODA_REQUIRE(shape.out_dtype == DType::kBF16 || shape.out_dtype == DType::kF32,
-                   kUnsupported, "amx: writes bf16 or f32 outputs (got {})", shape.out_dtype);
+    PAGODA_REQUIRE(shape.q_dtype == DType::kBF16 && shape.kv_dtype == DType::kBF16, kUnsupported,
+                   "amx: needs bf16 queries and KV (got q {}, KV {})", shape.q_dtype,
+                   shape.kv_dtype);
+    PAGODA_REQUIRE(shape.out_dtype == DType::kBF16 || shape.out_dtype == DType::kF32, kUnsupported,
+                   "amx: writes bf16 or f32 outputs (got {})", shape.out_dtype);
     bool decode_only = true;
     for (int b = 0; b < in.batch_size(); ++b)
       decode_only &= in.qo_indptr[b + 1] - in.qo_indptr[b] == 1;
@@ -112,15 +98,25 @@ class AmxBatchAttention final : public attention::BatchAttention {
                    "{}, {} sinks; use the cpu backend)",
                    params.window_left, params.logit_cap, params.sinks.size());
     if (decode_only_) return decode_->run(q, k_cache, v_cache, out, lse, params);
+    amx_require_rows(q, "q");
+    amx_require_rows(out, "out");
+    amx_require_rows(k_cache, "k_cache");
+    amx_require_rows(v_cache, "v_cache");
     const int64_t pages = k_cache.size(0);
     for (int32_t p : kv_indices_)
       PAGODA_REQUIRE(p < pages, kOutOfRange, "amx: page id {} outside the cache of {} pages", p,
                      pages);
+    const AmxPath path = options_.tiles &&
+                                 amx_detail::amx_tiles_fit(shape_.head_dim_qk, shape_.head_dim_v) &&
+                                 kernels::cpu::detail::amx_tiles_available()
+                             ? AmxPath::kTiles
+                             : AmxPath::kOnednn;
     const auto threads = static_cast<size_t>(std::max(1, omp_get_max_threads()));
     if (scratch_.size() < threads) scratch_.resize(threads);
     for (AmxScratch& sc : scratch_)
-      if (!sc.mm) sc.mm = std::make_unique<kernels::cpu::OnednnMatmul>();
-    const DType t = scratch_[0].mm->operand_dtype();
+      if (!sc.products || sc.products->path() != path)
+        sc.products = std::make_unique<AmxProducts>(path);
+    const DType t = scratch_[0].products->operand_dtype();
     const bool causal = params.mask == attention::MaskKind::kCausal;
     const int batch = static_cast<int>(qo_indptr_.size()) - 1;
     const int hk_count = shape_.num_kv_heads;
@@ -145,8 +141,10 @@ class AmxBatchAttention final : public attention::BatchAttention {
     const auto groups = static_cast<int64_t>(heads_.size());
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t g = 0; g < groups; ++g)
-      guarded([&] { gather_kv(static_cast<int>(g / hk_count), static_cast<int>(g % hk_count), t,
-                              k_cache, v_cache); });
+      guarded([&] {
+        gather_kv(static_cast<int>(g / hk_count), static_cast<int>(g % hk_count), path, t, k_cache,
+                  v_cache);
+      });
     if (error) std::rethrow_exception(error);
     const auto n_items = static_cast<int64_t>(items_.size());
 #pragma omp parallel for schedule(dynamic, 1)
@@ -164,118 +162,104 @@ class AmxBatchAttention final : public attention::BatchAttention {
     int64_t i0;  ///< first query position of the tile (within the request)
   };
 
-  /// Request b's keys and values of KV head hk into heads_[b · Hk + hk] (blocks of kAmxKeyBlock
-  /// keys, zero-padded).
-  void gather_kv(int b, int hk, DType t, const TensorView& kc, const TensorView& vc) {
-    AmxHeadKv& h = heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk];
+  /// Request b's keys and values of KV head hk into heads_[b · Hk + hk] (the path's layout).
+  void gather_kv(int b, int hk, AmxPath path, DType t, const TensorView& kc, const TensorView& vc) {
     const int32_t npages = kv_indptr_[b + 1] - kv_indptr_[b];
-    h.kv_len = npages == 0 ? 0 : int64_t{npages - 1} * page_size_ + kv_last_[static_cast<size_t>(b)];
-    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v, blk = kAmxKeyBlock;
-    const int64_t padded = (h.kv_len + blk - 1) / blk * blk;
-    h.k.reset(t, static_cast<size_t>(padded * dq));
-    h.v.reset(t, static_cast<size_t>(padded * dv));
-    for (int64_t j = 0; j < h.kv_len; ++j) {
-      const int64_t page = kv_indices_[static_cast<size_t>(kv_indptr_[b] + j / page_size_)];
-      const int64_t slot = j % page_size_;
-      const int64_t kbase = page * kc.stride(0) + slot * kc.stride(1) + hk * kc.stride(2);
-      const int64_t vbase = page * vc.stride(0) + slot * vc.stride(1) + hk * vc.stride(2);
-      for (int64_t d = 0; d < dq; ++d)
-        h.k.set_bits(static_cast<size_t>(j * dq + d), amx_bits_at(kc, kbase + d * kc.stride(3)));
-      for (int64_t d = 0; d < dv; ++d)
-        h.v.set_bits(static_cast<size_t>(j * dv + d), amx_bits_at(vc, vbase + d * vc.stride(3)));
-    }
+    const int64_t kv_len =
+        npages == 0 ? 0 : int64_t{npages - 1} * page_size_ + kv_last_[static_cast<size_t>(b)];
+    const int32_t* pages = kv_indices_.data() + kv_indptr_[b];
+    heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk].gather(
+        path, t, AmxDims::of(shape_.head_dim_qk, shape_.head_dim_v), kv_len, [&](int64_t j) {
+          const int64_t page = pages[j / page_size_], slot = j % page_size_;
+          return std::pair{
+              amx_row(kc, page * kc.stride(0) + slot * kc.stride(1) + hk * kc.stride(2)),
+              amx_row(vc, page * vc.stride(0) + slot * vc.stride(1) + hk * vc.stride(2))};
+        });
   }
 
   /// One tile: the query positions [i0, i0 + tq) of request b, every query head of KV head hk,
-  /// rows r = hl · tq + (i − i0); the key blocks up to the tile's last visible key.
+  /// rows r = hl · tq + (i − i0) (zero rows up to a multiple of 32); key blocks of up to
+  /// kAmxKeyBlock keys (the last one cut to a multiple of kAmxKeyAlign) up to the tile's last
+  /// visible key.
   void run_tile(const Item& it, bool causal, float sm_scale, const TensorView& q,
                 const TensorView& out, const TensorView& lse, AmxScratch& sc) {
     const int b = it.b, hk = it.hk;
     const AmxHeadKv& h = heads_[static_cast<size_t>(b) * shape_.num_kv_heads + hk];
-    const int64_t t0 = qo_indptr_[b], qo = qo_indptr_[b + 1] - t0, kv_len = h.kv_len;
+    const int64_t t0 = qo_indptr_[b], qo = qo_indptr_[b + 1] - t0, kv_len = h.kv_len();
     const int64_t tq = std::min(kAmxQueryTile, qo - it.i0);
     const int group = shape_.num_qo_heads / shape_.num_kv_heads;
-    const int64_t dq = shape_.head_dim_qk, dv = shape_.head_dim_v, rows = group * tq;
-    const int64_t blk = kAmxKeyBlock;
-    const DType t = sc.mm->operand_dtype();
-    sc.qa.reset(t, static_cast<size_t>(rows * dq));
+    const AmxDims dims = AmxDims::of(shape_.head_dim_qk, shape_.head_dim_v);
+    const int64_t rows = group * tq, rows_p = amx_round_up(rows, 32);
+    const DType t = sc.products->operand_dtype();
+    const auto urows = static_cast<size_t>(rows_p);
+    sc.qa.reserve(t, urows * static_cast<size_t>(dims.dqp));
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t d = 0; d < dq; ++d)
-        sc.qa.set_bits(static_cast<size_t>(r * dq + d),
-                       amx_bits_at(q, (t0 + it.i0 + r % tq) * q.stride(0) +
-                                          (int64_t{hk} * group + r / tq) * q.stride(1) +
-                                          d * q.stride(2)));
-    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    sc.m.assign(static_cast<size_t>(rows), kNegInf);
-    sc.l.assign(static_cast<size_t>(rows), 0.f);
-    sc.acc.assign(static_cast<size_t>(rows * dv), 0.f);
-    sc.s.resize(static_cast<size_t>(rows * blk));
-    sc.pv.resize(static_cast<size_t>(rows * dv));
-    sc.pa.reset(t, static_cast<size_t>(rows * blk));
-    const auto* kbytes = static_cast<const unsigned char*>(h.k.data());
-    const auto* vbytes = static_cast<const unsigned char*>(h.v.data());
-    const size_t es = dtype_size(t);
+      sc.qa.set_row(static_cast<size_t>(r * dims.dqp),
+                    amx_row(q, (t0 + it.i0 + r % tq) * q.stride(0) +
+                                   (int64_t{hk} * group + r / tq) * q.stride(1)),
+                    dims.dq, dims.dqp);
+    sc.qa.zero(static_cast<size_t>(rows * dims.dqp),
+               static_cast<size_t>((rows_p - rows) * dims.dqp));
+    sc.m.assign(urows, -std::numeric_limits<float>::infinity());
+    sc.l.assign(urows, 0.f);
+    sc.acc.assign(urows * static_cast<size_t>(dims.dvp), 0.f);
+    sc.s.resize(urows * kAmxKeyBlock);
+    sc.visible.assign(urows, 0);  // padding rows see nothing
+    sc.pa.reserve(t, urows * kAmxKeyBlock);
     // Keys past the tile's last row's last visible key are visible to none of its rows.
     const int64_t end = causal ? std::clamp<int64_t>(kv_len - qo + it.i0 + tq, 0, kv_len) : kv_len;
-    for (int64_t j0 = 0; j0 < end; j0 += blk) {
-      sc.mm->run(sc.qa.data(), kbytes + static_cast<size_t>(j0 * dq) * es, sc.s.data(), rows, blk,
-                 dq, /*b_rows_are_n=*/true);
-      bool any = false;
+    for (int64_t j0 = 0; j0 < end; j0 += kAmxKeyBlock) {
+      const int64_t n = amx_round_up(std::min<int64_t>(kAmxKeyBlock, end - j0), kAmxKeyAlign);
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t i = it.i0 + r % tq;
-        const int64_t last = causal ? kv_len - qo + i : kv_len - 1;  // last visible key
-        const int64_t n_vis = std::clamp<int64_t>(last - j0 + 1, 0, blk);
-        float* s = sc.s.data() + r * blk;
-        float mx = sc.m[static_cast<size_t>(r)];
-        for (int64_t j = 0; j < n_vis; ++j) mx = std::max(mx, s[j] * sm_scale);
-        const float alpha = mx == kNegInf ? 1.f : std::exp(sc.m[static_cast<size_t>(r)] - mx);
-        float sum = 0.f;
-        for (int64_t j = 0; j < blk; ++j) {
-          const float p = j < n_vis ? std::exp(s[j] * sm_scale - mx) : 0.f;
-          sum += p;
-          sc.pa.set_bits(static_cast<size_t>(r * blk + j), f32_to_bf16_bits(p));
-        }
-        any |= n_vis > 0;
-        sc.m[static_cast<size_t>(r)] = mx;
-        sc.l[static_cast<size_t>(r)] = sc.l[static_cast<size_t>(r)] * alpha + sum;
-        float* a = sc.acc.data() + r * dv;
-        for (int64_t d = 0; d < dv; ++d) a[d] *= alpha;
+        const int64_t last = causal ? kv_len - qo + it.i0 + r % tq : kv_len - 1;  // last visible
+        sc.visible[static_cast<size_t>(r)] =
+            static_cast<int32_t>(std::clamp<int64_t>(last - j0 + 1, 0, n));
       }
-      if (!any) continue;
-      sc.mm->run(sc.pa.data(), vbytes + static_cast<size_t>(j0 * dv) * es, sc.pv.data(), rows, dv,
-                 blk, /*b_rows_are_n=*/false);
-      for (size_t x = 0; x < sc.acc.size(); ++x) sc.acc[x] += sc.pv[x];
+      sc.products->scores(sc.qa, rows_p, h, j0, n, sc.s.data());
+      kernels::cpu::softmax_rows_block({.s = sc.s.data(),
+                                        .rows = static_cast<int>(rows_p),
+                                        .n = static_cast<int>(n),
+                                        .visible = sc.visible.data(),
+                                        .scale = sm_scale,
+                                        .m = sc.m.data(),
+                                        .l = sc.l.data(),
+                                        .p_dtype = t,
+                                        .p = sc.pa.bytes(),
+                                        .acc = sc.acc.data(),
+                                        .dv = static_cast<int>(dims.dvp)});
+      sc.products->pv(sc.pa, rows_p, h, j0, n, sc.acc.data());
     }
+    auto* obytes = static_cast<unsigned char*>(out.data());
+    const size_t os = dtype_size(out.dtype());
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t tok = t0 + it.i0 + r % tq, head = int64_t{hk} * group + r / tq;
-      const float l = sc.l[static_cast<size_t>(r)];
-      for (int64_t d = 0; d < dv; ++d)
-        write_from_f32(out.data(), out.dtype(),
-                       static_cast<size_t>(tok * out.stride(0) + head * out.stride(1) +
-                                           d * out.stride(2)),
-                       l > 0.f ? sc.acc[static_cast<size_t>(r * dv + d)] / l : 0.f);
+      const float l = sc.l[static_cast<size_t>(r)];  // 0: no visible key (out 0, lse -inf)
+      kernels::cpu::scale_row_to(
+          sc.acc.data() + r * dims.dvp, static_cast<int>(dims.dv), l == 0.f ? 0.f : 1.f / l,
+          obytes + static_cast<size_t>(tok * out.stride(0) + head * out.stride(1)) * os,
+          out.dtype());
       if (!lse.empty())
         lse.data_as<float>()[tok * lse.stride(0) + head * lse.stride(1)] =
-            l > 0.f ? (sc.m[static_cast<size_t>(r)] + std::log(l)) * std::numbers::log2e_v<float>
-                    : kNegInf;
+            l == 0.f ? -std::numeric_limits<float>::infinity()
+                     : sc.m[static_cast<size_t>(r)] + std::log2(l);
     }
   }
 
+  AmxOptions options_;
   std::unique_ptr<attention::BatchAttention> decode_;
   AttentionShape shape_{};
   int page_size_ = 1;
   bool planned_ = false, decode_only_ = false;
   std::vector<int32_t> qo_indptr_, kv_indptr_, kv_indices_, kv_last_;
   std::vector<Item> items_;
-  std::vector<AmxHeadKv> heads_;       ///< per (request, KV head), refilled each extend run
-  std::vector<AmxScratch> scratch_;    ///< per OpenMP thread (matmul objects made once)
+  std::vector<AmxHeadKv> heads_;     ///< per (request, KV head), refilled each extend run
+  std::vector<AmxScratch> scratch_;  ///< per OpenMP thread (product engines made once per path)
 };
 
 }  // namespace
 
-std::unique_ptr<attention::BatchAttention> make_amx_batch_attention(
-    CpuAttentionOptions decode_options) {
-  return std::make_unique<AmxBatchAttention>(decode_options);
+std::unique_ptr<attention::BatchAttention> make_amx_batch_attention(AmxOptions options) {
+  return std::make_unique<AmxBatchAttention>(options);
 }
 
 }  // namespace pagoda::backends

@@ -31,12 +31,20 @@ memory::data_type onednn_type(DType t) {
   return t == DType::kBF16 ? memory::data_type::bf16 : memory::data_type::f32;
 }
 
-/// The matmul descriptor of y[m, n] = x[m, k] · w with w given by `weights` ({k, n}).
+/// The matmul descriptor of y[m, n] = x[m, k] · w with w given by `weights` ({k, n}); with
+/// `accumulate` y += x · w (a sum post-op that reads y).
 dnnl::matmul::primitive_desc matmul_pd(int64_t m, int64_t n, int64_t k, DType t,
-                                       const memory::desc& weights) {
+                                       const memory::desc& weights, bool accumulate = false) {
   const memory::desc src({m, k}, onednn_type(t), DnnlTag::ab);
   const memory::desc dst({m, n}, memory::data_type::f32, DnnlTag::ab);
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), onednn_engine());
+  dnnl::primitive_attr attr;
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), attr,
+                                      onednn_engine());
 }
 
 /// The probe behind onednn_linear_unavailable: can a small matmul of this dtype be built here?
@@ -58,35 +66,36 @@ constexpr int64_t kOnednnPackM = 32;
 // Not in the unnamed namespace: the Impl structs below hold one (-Wsubobject-linkage).
 namespace onednn_detail {
 
-/// The most recently used `capacity` matmul primitives by shape key; build(key) makes a missing
-/// one, and a dnnl::error becomes Error(kInternal) naming `what` the shape is.
-template <typename Key>
+/// The most recently used `capacity` built matmuls (a Value holding the primitive) by shape key;
+/// build() makes a missing one, and a dnnl::error becomes Error(kInternal) naming `what` the
+/// shape is.
+template <typename Key, typename Value = dnnl::matmul>
 class OnednnPrimitiveCache {
  public:
   explicit OnednnPrimitiveCache(size_t capacity) : capacity_(capacity) {}
   template <typename Build, typename What>
-  dnnl::matmul& get(const Key& key, Build&& build, What&& what) {
+  Value& get(const Key& key, Build&& build, What&& what) {
     ++clock_;
     for (Entry& e : entries_)
-      if (e.key == key) return e.last_use = clock_, e.primitive;
+      if (e.key == key) return e.last_use = clock_, e.value;
     if (entries_.size() == capacity_)
       entries_.erase(std::min_element(entries_.begin(), entries_.end(),
                                       [](const Entry& x, const Entry& y) {
                                         return x.last_use < y.last_use;
                                       }));
     try {
-      entries_.push_back(Entry{key, clock_, dnnl::matmul(build())});
+      entries_.push_back(Entry{key, clock_, Value(build())});
     } catch (const dnnl::error& e) {
       throw_error(ErrorCode::kInternal, "oneDNN builds no matmul for {}: {}", what(), e.what());
     }
-    return entries_.back().primitive;
+    return entries_.back().value;
   }
 
  private:
   struct Entry {
     Key key;
     uint64_t last_use = 0;
-    dnnl::matmul primitive;
+    Value value;
   };
   size_t capacity_;
   uint64_t clock_ = 0;
@@ -198,17 +207,28 @@ int64_t OnednnLinear::k() const { return impl_->k; }
 size_t OnednnLinear::weight_bytes() const { return impl_->packed_md.get_size(); }
 
 struct OnednnMatmul::Impl {
+  /// One built shape: the primitive and its three memory objects (handles reset per run).
+  struct Bound {
+    dnnl::matmul primitive;
+    memory a, b, c;
+  };
+  using Key = std::tuple<int64_t, int64_t, int64_t, MatmulB, MatmulC>;
   DType dtype = DType::kF32;
   dnnl::stream stream{onednn_engine()};
-  onednn_detail::OnednnPrimitiveCache<std::tuple<int64_t, int64_t, int64_t, bool>> cache{kMaxCached};
+  onednn_detail::OnednnPrimitiveCache<Key, Bound> cache{kMaxCached};
 
-  memory::desc b_md(int64_t n, int64_t k, bool rows_are_n) const {
-    return memory::desc({k, n}, onednn_type(dtype), rows_are_n ? DnnlTag::ba : DnnlTag::ab);
-  }
-  dnnl::matmul& primitive(int64_t m, int64_t n, int64_t k, bool rows_are_n) {
+  Bound& bound(int64_t m, int64_t n, int64_t k, MatmulB b_layout, MatmulC c_mode) {
     return cache.get(
-        std::make_tuple(m, n, k, rows_are_n),
-        [&] { return matmul_pd(m, n, k, dtype, b_md(n, k, rows_are_n)); },
+        std::make_tuple(m, n, k, b_layout, c_mode),
+        [&] {
+          const memory::data_type t = onednn_type(dtype);
+          const memory::desc b_md({k, n}, t,
+                                  b_layout == MatmulB::kRowsAreN ? DnnlTag::ba : DnnlTag::ab);
+          const auto pd = matmul_pd(m, n, k, dtype, b_md, c_mode == MatmulC::kAccumulate);
+          return Bound{dnnl::matmul(pd), memory(pd.src_desc(), onednn_engine(), nullptr),
+                       memory(b_md, onednn_engine(), nullptr),
+                       memory(pd.dst_desc(), onednn_engine(), nullptr)};
+        },
         [&] { return fmt::format("{} [{}, {}] x [{}, {}]", dtype_name(dtype), m, k, k, n); });
   }
 };
@@ -225,14 +245,13 @@ OnednnMatmul& OnednnMatmul::operator=(OnednnMatmul&&) noexcept = default;
 DType OnednnMatmul::operand_dtype() const { return impl_->dtype; }
 
 void OnednnMatmul::run(const void* a, const void* b, float* c, int64_t m, int64_t n, int64_t k,
-                       bool b_rows_are_n) {
+                       MatmulB b_layout, MatmulC c_mode) {
   Impl& s = *impl_;
-  const memory::data_type t = onednn_type(s.dtype);
-  memory a_mem(memory::desc({m, k}, t, DnnlTag::ab), onednn_engine(), const_cast<void*>(a));
-  memory b_mem(s.b_md(n, k, b_rows_are_n), onednn_engine(), const_cast<void*>(b));
-  memory c_mem(memory::desc({m, n}, memory::data_type::f32, DnnlTag::ab), onednn_engine(), c);
-  s.primitive(m, n, k, b_rows_are_n)
-      .execute(s.stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  Impl::Bound& x = s.bound(m, n, k, b_layout, c_mode);
+  x.a.set_data_handle(const_cast<void*>(a));  // read only
+  x.b.set_data_handle(const_cast<void*>(b));  // read only
+  x.c.set_data_handle(c);
+  x.primitive.execute(s.stream, {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c}});
   s.stream.wait();
 }
 
@@ -266,7 +285,8 @@ OnednnMatmul::~OnednnMatmul() = default;
 OnednnMatmul::OnednnMatmul(OnednnMatmul&&) noexcept = default;
 OnednnMatmul& OnednnMatmul::operator=(OnednnMatmul&&) noexcept = default;
 DType OnednnMatmul::operand_dtype() const { return DType::kF32; }
-void OnednnMatmul::run(const void*, const void*, float*, int64_t, int64_t, int64_t, bool) {}
+void OnednnMatmul::run(const void*, const void*, float*, int64_t, int64_t, int64_t, MatmulB,
+                       MatmulC) {}
 
 #endif
 

@@ -66,11 +66,18 @@ class OnednnLinear {
   std::unique_ptr<Impl> impl_;
 };
 
-/// C[m, n] = A[m, k] · B in f32 (C row-major, contiguous), A [m, k] row-major, B either [n, k]
-/// row-major (b_rows_are_n: key rows for Q·Kᵀ) or [k, n] row-major (value rows for P·V). A and B
-/// hold `operand_dtype()` elements: bf16 (as uint16 bits) where oneDNN has a bf16 matmul on this
-/// CPU, else f32 — callers round their values to bf16 either way, so the products are the same
-/// exact bf16 × bf16 products and only the f32 accumulation order differs between the two.
+/// How OnednnMatmul::run reads B: [n, k] row-major (key rows, Q·Kᵀ) or [k, n] row-major (value
+/// rows, P·V).
+enum class MatmulB { kRowsAreN, kRowsAreK };
+/// Whether OnednnMatmul::run overwrites C (C = A·B) or adds the product to it (C += A·B, oneDNN's
+/// sum post-op: the accumulation happens inside the matmul, no separate pass over C).
+enum class MatmulC { kOverwrite, kAccumulate };
+
+/// C[m, n] = A[m, k] · B (or C += A · B) in f32 (C row-major, contiguous), A [m, k] row-major, B
+/// laid out as `b_layout` says. A and B hold `operand_dtype()` elements: bf16 (as uint16 bits)
+/// where oneDNN has a bf16 matmul on this CPU, else f32 — callers round their values to bf16
+/// either way, so the products are the same exact bf16 × bf16 products and only the f32
+/// accumulation order differs between the two.
 class OnednnMatmul {
  public:
   /// Throws Error(kUnsupported) when oneDNN has neither (a build without oneDNN).
@@ -83,7 +90,7 @@ class OnednnMatmul {
   DType operand_dtype() const;
   /// Runs the product (m, n, k >= 1). One thread at a time per object.
   void run(const void* a, const void* b, float* c, int64_t m, int64_t n, int64_t k,
-           bool b_rows_are_n);
+           MatmulB b_layout, MatmulC c_mode = MatmulC::kOverwrite);
 
   /// Distinct shapes kept with a built primitive.
   static constexpr size_t kMaxCached = 64;
