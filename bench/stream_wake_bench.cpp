@@ -25,7 +25,8 @@ void BM_WakeReaders(benchmark::State& state) {
   const bool use_waker = state.range(0) == 1;
   const int n = static_cast<int>(state.range(1));
   std::vector<std::shared_ptr<RequestStream>> streams;
-  for (int i = 0; i < n; ++i) streams.push_back(std::make_shared<RequestStream>(StreamWake::kEachToken));
+  for (int i = 0; i < n; ++i)
+    streams.push_back(std::make_shared<RequestStream>(StreamWake::kEachToken));
   std::atomic<bool> stop{false};
   std::vector<std::thread> readers;
   for (auto& s : streams) {
@@ -45,7 +46,8 @@ void BM_WakeReaders(benchmark::State& state) {
     } else {
       for (auto& s : streams) s->notify();
     }
-    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - t0;
+    state.SetIterationTime(spent.count());
     ++token;
   }
   stop = true;
