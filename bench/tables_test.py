@@ -375,7 +375,7 @@ def main():
               "gpus": [{"name": "NVIDIA H100", "driver": "1"}],
               "ab": {"model": "m", "input_len": 128, "output_len": 128,
                      "variants": [{"name": "a", "options": []}, {"name": "b", "options": ["--x", "1"]}],
-                     "samples": [{"round": r, "batch": bs, "variant": n, "options": [],
+                     "samples": [{"round": r, "batch": bs, "variant": n,
                                   "decode_step_ms": v} for (bs, n, r), v in step_ms.items()]}}
         with open(os.path.join(tmp, "ab.json"), "w") as f:
             json.dump(ab, f)

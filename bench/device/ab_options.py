@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Engine-option A/B of the decode step on the device: `pagoda bench --json` on one random
 checkpoint, alternating the variants round by round (A, B, ..., A, B, ...), every run with the
-same workload and engine settings plus the variant's own options (kernel options, --overlap). Writes one JSON record (commit, GPU, every sample;
-bench/tables.py renders its "ab" table) to --out and prints a median [min-max] line per (batch, variant) with the ratio to the first
+same workload and engine settings plus the variant's own options (kernel options, --overlap).
+Writes one JSON record (commit, GPU, every sample; bench/tables.py renders its "ab" table) to
+--out and prints a median [min-max] line per (batch, variant) with the ratio to the first
 variant (> 1: the variant's step is shorter).
 
   python3 bench/device/ab_options.py --pagoda build/pagoda --model /tmp/ckpt-1b --commit SHA \
       --batches 1,64 --rounds 3 --variant base= \
-      --variant chunk64="--kernel-option decode_min_chunk=64" --variant ovl="--overlap on" --out ab.json
+      --variant chunk64="--kernel-option decode_min_chunk=64" --variant ovl="--overlap on" \
+      --out ab.json
 """
 import argparse
 import datetime
@@ -58,7 +60,7 @@ def main():
         for bs in [int(b) for b in args.batches.split(",")]:
             for name, opts in variants:
                 j = bench(args, bs, opts)
-                samples.append({"round": r, "batch": bs, "variant": name, "options": opts,
+                samples.append({"round": r, "batch": bs, "variant": name,
                                 "decode_step_ms": j["decode_step_ms"],
                                 "output_tok_s": j.get("output_tokens_per_s")})
                 print(f"round {r} batch {bs} {name}: {j['decode_step_ms']:.4f} ms", flush=True)

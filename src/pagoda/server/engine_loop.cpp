@@ -256,14 +256,18 @@ void EngineLoop::run() {
     if (!engine_.has_work()) continue;
     try {
       const engine::StepOutput out = engine_.step();
+      std::vector<std::shared_ptr<RequestStream>> to_wake;  // the step's kEachToken streams
       for (size_t i = 0; i < out.tokens.size(); ++i) {
         auto it = live_.find(out.tokens[i].first);
         if (it == live_.end()) continue;
         const bool lp = it->second->want_logprobs && i < out.logprobs.size();
         it->second->push(out.tokens[i].second, lp ? &out.logprobs[i] : nullptr);
-        if (it->second->wake() == StreamWake::kEachToken) to_wake_.push_back(it->second);
+        // A request's tokens of one step are consecutive (speculation gives several): one wake.
+        if (it->second->wake() == StreamWake::kEachToken &&
+            (to_wake.empty() || to_wake.back() != it->second))
+          to_wake.push_back(it->second);
       }
-      waker_.wake(to_wake_);  // off this thread (stream_waker.h); a finish below wakes at once
+      waker_.wake(to_wake);  // off this thread (stream_waker.h); a finish below wakes at once
       for (engine::RequestId id : out.finished) finish_stream(id, engine_.output(id));
     } catch (const std::exception& e) {
       // A failed step: every live request ends with the error (the engine's state is unknown).

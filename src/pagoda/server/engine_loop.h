@@ -148,7 +148,6 @@ class EngineLoop {
   // Loop thread only.
   std::unordered_map<engine::RequestId, std::shared_ptr<RequestStream>> live_;
   std::unordered_map<const RequestStream*, engine::RequestId> ids_;
-  std::vector<std::shared_ptr<RequestStream>> to_wake_;  ///< a step's kEachToken streams
   StreamWaker waker_;  ///< before thread_: the loop thread uses it until it is joined
   std::thread thread_;
 };

@@ -1,9 +1,10 @@
 #pragma once
 /// StreamWaker: wakes the HTTP threads that read RequestStreams, on a thread of its own, so the
 /// engine loop thread does not pay for it. A condition variable's notify is a futex wake (a
-/// system call) whenever its reader sleeps: one per request per step cost the loop thread about
-/// 240 µs a step at 64 requests on a 2-core host (a local microbenchmark; 1.9 µs without the
-/// wakes), time the GPU then idles for without the overlap loop.
+/// system call) whenever its reader sleeps: 64 sleeping readers cost the loop thread 252 µs a
+/// step when it notified them itself, 11.9 µs handing them here (bench/stream_wake_bench.cpp,
+/// median of 3, the 2-core Xeon dev VM, 2026-12-06), time the GPU idles for without the
+/// overlap loop.
 ///
 /// The loop thread hands over the streams a step pushed tokens to (wake()); the waker thread
 /// calls their notify() in that order. A stream's reader sees its tokens no earlier than

@@ -137,8 +137,13 @@ void CudaBatchAttention::ensure_workspace(int partials, int hq, int dv) {
   cap_partial_floats_ = n;
 }
 
-int CudaBatchAttention::graph_items_bound(int bs, int tokens) const {
-  return schedule_items_bound(bs, tokens, graph_group_, graph_decode_items_);
+int CudaBatchAttention::graph_items_bound(const AttentionShape& shape, const ScheduleConfig& cfg,
+                                          int bs, int tokens) const {
+  // Without a tuned decode kernel (the generic path) the split rules differ: a wave of 8
+  // blocks per SM.
+  const int wave = cfg.fast_path || cfg.mla_decode ? decode_wave_items(shape, cfg) : sm_count_ * 8;
+  return schedule_items_bound(bs, tokens, shape.num_qo_heads / std::max(shape.num_kv_heads, 1),
+                              wave);
 }
 
 void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const AttentionShape& shape) {
@@ -148,14 +153,9 @@ void CudaBatchAttention::enable_graph_mode(const GraphCapacity& cap, const Atten
   // A captured launch covers graph_items_bound items; a looser bound only launches blocks that
   // exit at once (on the H200, 8,448 empty blocks cost a 1-request decode ~12 µs per layer; on
   // the H100 the batch-wide capacity's 784 x 8 blocks cost a 1-request decode 14.5 µs a layer
-  // at 1de75ef). Without a tuned decode kernel (the generic path) the split rules differ: a
-  // wave of 8 blocks per SM.
-  const ScheduleConfig cfg = schedule_config(shape);
-  const int decode_items =
-      cfg.fast_path || cfg.mla_decode ? decode_wave_items(shape, cfg) : sm_count_ * 8;
-  graph_decode_items_ = decode_items;
-  graph_group_ = std::max(shape.num_qo_heads / std::max(shape.num_kv_heads, 1), 1);
-  const int items = graph_items_bound(cap.max_batch_size, cap.max_tokens);
+  // at 1de75ef).
+  const int items =
+      graph_items_bound(shape, schedule_config(shape), cap.max_batch_size, cap.max_tokens);
   ensure_capacity(cap.max_batch_size, cap.max_pages, items, cap.max_mask_bytes, cap.max_tokens);
   ensure_workspace(cap_items_, shape.num_qo_heads, shape.head_dim_v);
   graph_mode_ = true;
@@ -261,7 +261,9 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
   // Graph mode: a split must fit the frozen arena and workspace, and the launch grid of the
   // batch's graph (the bound of this batch: a replay is padded to its captured batch).
   const int grid_items =
-      graph_mode_ ? std::min(cap_items_, graph_items_bound(bs, bs > 0 ? in.qo_indptr[bs] : 0)) : 0;
+      graph_mode_
+          ? std::min(cap_items_, graph_items_bound(shape, cfg, bs, bs > 0 ? in.qo_indptr[bs] : 0))
+          : 0;
   if (graph_mode_) {
     cfg.max_items = grid_items;
     cfg.max_partial_floats = cap_partial_floats_;

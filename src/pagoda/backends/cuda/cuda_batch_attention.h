@@ -81,10 +81,12 @@ class CudaBatchAttention final : public attention::BatchAttention {
   void ensure_workspace(int partials, int hq, int dv);
   /// The planner's inputs for `shape` on this device with these options (no capacities).
   ScheduleConfig schedule_config(const attention::AttentionShape& shape) const;
-  /// Graph mode: the most work items a plan of `bs` requests and `tokens` query rows can have
-  /// (a schedule never exceeds it: decode items fit one wave, prefill items are row tiles of
-  /// >= 64 rows unless a split, which plan() caps at this bound); monotone in both.
-  int graph_items_bound(int bs, int tokens) const;
+  /// Graph mode: the most work items a plan of `shape` (`cfg`: its schedule_config) over `bs`
+  /// requests and `tokens` query rows can have (a schedule never exceeds it: decode items fit
+  /// one wave, prefill items are row tiles of >= 64 rows unless a split, which plan() caps at
+  /// this bound); monotone in bs and tokens.
+  int graph_items_bound(const attention::AttentionShape& shape, const ScheduleConfig& cfg, int bs,
+                        int tokens) const;
   const float* device_sinks(std::span<const float> sinks, Status& st) noexcept;
 
   cudaStream_t stream_ = nullptr;
@@ -95,8 +97,6 @@ class CudaBatchAttention final : public attention::BatchAttention {
   KernelPath run_path_ = KernelPath::kGeneric;
   // capacities
   int cap_bs_ = 0, cap_items_ = 0, cap_tokens_ = 0;
-  int graph_decode_items_ = 0;  ///< decode items of one wave (enable_graph_mode)
-  int graph_group_ = 1;         ///< q heads per kv head of the graph's shape
   int64_t cap_pages_ = 0, cap_mask_ = 0;
   int64_t cap_partial_floats_ = 0;
   CudaBuffer arena_;
