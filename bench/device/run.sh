@@ -297,12 +297,12 @@ ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "sampl
   # there too, and decode dominates.
   MT="--workload multiturn --max-running 32 --page-size 16 --backend cuda --json"
   CHAT="--pool-tokens 16384 --conversations 64 --turns 6 --system-len 1024 --max-new-tokens 128"
-  for layout in 1b 8b; do
-    C=$(ckpt $layout)
-    DOC="--chunk-size 8192 --turns 4 --system-len 256 --user-len 2048 --max-new-tokens 32"
-    [ $layout = 1b ] && DOC="$DOC --pool-tokens 131072 --conversations 64" ||
-      DOC="$DOC --pool-tokens 65536 --conversations 32"
-    for shape in doc chat; do
+  for shape in doc chat; do  # both layouts' doc runs before any chat run
+    for layout in 1b 8b; do
+      C=$(ckpt $layout)
+      DOC="--chunk-size 8192 --turns 4 --system-len 256 --user-len 2048 --max-new-tokens 32"
+      [ $layout = 1b ] && DOC="$DOC --pool-tokens 131072 --conversations 64" ||
+        DOC="$DOC --pool-tokens 65536 --conversations 32"
       [ $shape = chat ] && wl=$CHAT || wl=$DOC
       for run in device host; do
         extra=""
