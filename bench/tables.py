@@ -206,7 +206,7 @@ def hicache_table(rec):
            "| layout | run | live KV / pool | prefix hit rate | output tok/s | TTFT p50 / p99 ms | "
            "device / host hit tokens | loaded back MB | load stalls (s) | leaked (device / host) "
            "| output digest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(k for k in h if k != "pinned_copy"):
+    for key in sorted(k for k in h if k != "pinned_copy" and not k.startswith("loadback_")):
         j = h[key]
         layout, run = key.rsplit("_", 1)
         t = j.get("hicache") or {}
@@ -219,6 +219,28 @@ def hicache_table(rec):
                    f"{t.get('load_stalls', '–')} ({fmt(t.get('load_stall_s'), '.3f')}) | "
                    f"{j.get('leaked_pages', '–')} / {t.get('leaked_host_pages', '–')} | "
                    f"`{j.get('output_digest', '–')}` |")
+    probes = sorted(k for k in h if k.startswith("loadback_"))
+    if probes:
+        out += ["", "Load-back probe (`pagoda bench --workload loadback`): one request's TTFT for "
+                "new tokens on a prefix that is cold (computed), in the device cache, or loaded back "
+                "from the host tier per layer during the extend; median [min – max] over rounds; the "
+                "copy rate is the loaded bytes over the whole host-case TTFT (a lower bound).", "",
+                "| layout | prefix + new tokens | cold ms | device ms | host ms | host / device | "
+                "cold / host | loaded MB | ≥ GB/s (of pinned) |", "|---|---|---|---|---|---|---|---|---|"]
+        for key in probes:
+            j = h[key]
+            t = j.get("ttft_ms") or {}
+            cell = {c: (f"{fmt(t[c]['median'], '.2f')} [{fmt(t[c]['min'], '.2f')} – "
+                        f"{fmt(t[c]['max'], '.2f')}]" if c in t else "–")
+                    for c in ("cold", "device", "host")}
+            gbps = j.get("load_gbps_lower_bound")
+            of = (f" ({100 * gbps / pc['h2d_pinned_gbps']:.0f} %)"
+                  if gbps and pc.get("h2d_pinned_gbps") else "")
+            out.append(f"| {key[len('loadback_'):]} | {j.get('prefix_tokens', '–')} + "
+                       f"{j.get('extend_tokens', '–')} | {cell['cold']} | {cell['device']} | "
+                       f"{cell['host']} | {fmt(j.get('host_over_device'), '.3f')}× | "
+                       f"{fmt(j.get('cold_over_host'), '.2f')}× | "
+                       f"{fmt(j.get('load_bytes', 0) / 1e6, '.1f')} | {fmt(gbps, '.1f')}{of} |")
     return out
 
 

@@ -285,6 +285,16 @@ def main():
                                 "load_stalls": 2, "load_stall_s": 0.004, "leaked_host_pages": 0}
             with open(os.path.join(d, "hicache", f"1b_{run}.json"), "w") as f:
                 f.write("pagoda bench: ...\n" + json.dumps(j) + "\n")
+        lb_ms = {c: sorted(rng.uniform(lo, lo * 1.2) for _ in range(5))
+                 for c, lo in (("cold", 60.0), ("device", 9.0), ("host", 10.0))}
+        with open(os.path.join(d, "hicache", "loadback_1b_e512.json"), "w") as f:
+            json.dump({"workload": "loadback", "prefix_tokens": 8192, "extend_tokens": 512,
+                       "load_bytes": 268435456,
+                       "ttft_ms": {c: {"median": v[2], "min": v[0], "max": v[4], "samples": v}
+                                   for c, v in lb_ms.items()},
+                       "host_over_device": lb_ms["host"][2] / lb_ms["device"][2],
+                       "cold_over_host": lb_ms["cold"][2] / lb_ms["host"][2],
+                       "load_gbps_lower_bound": 268435456 / (lb_ms["host"][2] * 1e6)}, f)
         steps = 4
         prof = {"1b_b1": make_profile(d, rng, "1b_b1", steps, 3, raw=False),
                 "1b_b64": make_profile(d, rng, "1b_b64", steps, 2, raw=True, extra_last=True)}
@@ -353,6 +363,14 @@ def main():
             line = next(ln for ln in md.splitlines() if ln.startswith(f"| 1b | {run} |"))
             expect(f"{100 * hit[run]:.1f} %" in line, f"hicache hit rate {line}")
         expect("| 100 / 300 | 5.0 | 2 (0.004) |" in md, "hicache host row")
+        lbl = next(ln for ln in md.splitlines() if ln.startswith("| 1b_e512 |"))
+        gbps = 268435456 / (lb_ms["host"][2] * 1e6)
+        expect(f"| 8192 + 512 | {lb_ms['cold'][2]:.2f} [{lb_ms['cold'][0]:.2f} – "
+               f"{lb_ms['cold'][4]:.2f}] |" in lbl and
+               f"{lb_ms['host'][2] / lb_ms['device'][2]:.3f}×" in lbl and
+               f"| 268.4 | {gbps:.1f} ({100 * gbps / 52.25:.0f} %) |" in lbl, f"loadback row {lbl}")
+        expect(not any(ln.startswith("| loadback") for ln in md.splitlines()),
+               "the probe is not a multiturn row")
         check_profile(md, rec, "1b_b1", prof["1b_b1"], steps, 4200.0, True, 1)
         check_profile(md, rec, "1b_b64", prof["1b_b64"], steps, 4200.0, False, 2)
         expect("sequences differ between steps" in md, "non-uniform steps named")

@@ -17,7 +17,8 @@ The record (schema 1) holds what the tables are generated from, every sample inc
   tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
               {"prompts", "identical", "first_token_identical"}}
   hicache     {"pinned_copy": {"h2d_pinned_gbps", "samples_ms"}, "<layout>_<device|host>":
-              `pagoda bench --workload multiturn --json`}
+              `pagoda bench --workload multiturn --json`, "loadback_<layout>_e<new tokens>":
+              `pagoda bench --workload loadback --json`}
   python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py
               row...], "llm_vs_bench": bench/llm_vs_bench.py's --json}
   amx         {"cpu": model name and threads, "cpu_flags": [avx512* / amx* flags], "gtests": {binary: [{"name", "result",

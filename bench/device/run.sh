@@ -22,8 +22,9 @@
 #                             (bench/python_vs_flashinfer.py), pagoda.LLM vs `pagoda bench`
 #                    hicache  build, issue 43's multi-turn workload (live KV >= 4x the device
 #                             pool) on the 1B and 8B layouts: device-only radix cache, then the
-#                             host tier (write_through), the same conversations; and the pinned
-#                             host -> device copy bandwidth (torch) in the same call
+#                             host tier (write_through), the same conversations; the load-back
+#                             probe (bench --workload loadback); and the pinned host -> device
+#                             copy bandwidth (torch) in the same call
 #                    profile  build, a decode step profile per layout and batch (1B at batch 1
 #                             and 64, then 8B at batch 1 if the budget allows): the unprofiled
 #                             step (`pagoda bench --json`, 128 in / 128 out, CUDA graphs) and ncu
@@ -304,6 +305,16 @@ ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "sampl
       [ $layout = 1b ] && DOC="$DOC --pool-tokens 131072 --conversations 64" ||
         DOC="$DOC --pool-tokens 65536 --conversations 32"
       [ $shape = chat ] && wl=$CHAT || wl=$DOC
+      # The load-back probe before the doc runs: the TTFT of new tokens on an 8k prefix that is
+      # cold, on the device or loaded back from the host tier (16 new tokens: the copy alone).
+      exts="16 512"; [ $layout = 8b ] && exts=512
+      for e in $exts; do
+        [ $shape = doc ] && [ "$(left)" -ge 150 ] || continue
+        timeout 200 $P bench --model "$C" --backend cuda --workload loadback --input-len 8192 \
+          --user-len $e --requests 5 --pool-tokens 65536 --hicache-ratio 2 --json \
+          > "$W/hicache/loadback_${layout}_e$e.json" 2> "$W/hicache/loadback_${layout}_e$e.err"
+        say "hicache loadback $layout +$e rc=$? $(tail -c 300 "$W/hicache/loadback_${layout}_e$e.err")"
+      done
       for run in device host; do
         extra=""
         tag=$layout; [ $shape = doc ] && tag=${layout}-doc

@@ -20,6 +20,7 @@
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/engine_options.h"
 #include "pagoda/cli/kernel_options_flag.h"
+#include "pagoda/cli/loadback_bench.h"
 #include "pagoda/cli/spec_bench.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
@@ -171,6 +172,19 @@ void progress(int done, int total, double elapsed, int64_t out_tokens) {
 void run_bench(const BenchOptions& o) {
   prepare_host_threads();
   const engine::EngineArgs args = o.engine.resolve();
+  if (o.workload == "loadback") {
+    PAGODA_REQUIRE(o.spec.mode == "none" && o.tp == 1, kInvalidArgument,
+                   "--workload loadback runs without --spec and at --tp 1");
+    run_loadback_bench({.model = o.model,
+                        .weight_seed = o.weight_seed,
+                        .engine = args,
+                        .prefix_len = o.input_len,
+                        .extend_len = o.user_len > 0 ? o.user_len : 256,
+                        .rounds = o.requests,
+                        .seed = o.seed,
+                        .json = o.json});
+    return;
+  }
   const bool engine_workload = o.workload == "chat" || o.workload == "multiturn";
   PAGODA_REQUIRE(!args.hicache.enabled() || (o.spec.mode == "none" && engine_workload),
                  kInvalidArgument,
@@ -512,8 +526,10 @@ void add_bench_command(CLI::App& app) {
                   "one shared system prompt, every answer kept in the next prompt), or with "
                   "--spec: repeat (prompts that repeat a span: editing / retrieval) or random; "
                   "--spec runs the workload without and with speculation and reports the "
-                  "speed-up")
-      ->check(CLI::IsMember({"chat", "multiturn", "repeat", "random"}))
+                  "speed-up; loadback (with --hicache-*): the TTFT of --user-len new tokens "
+                  "(default 256) on an --input-len-token prefix that is cold, on the device, or "
+                  "loaded back from the host tier, --requests rounds (loadback_bench.h)")
+      ->check(CLI::IsMember({"chat", "multiturn", "repeat", "random", "loadback"}))
       ->capture_default_str();
   cmd->add_option("--conversations", o->conversations, "multiturn: conversations")
       ->capture_default_str();
