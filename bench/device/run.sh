@@ -47,7 +47,7 @@
 #                             prefix (state snapshot restored) vs a cold one
 #                    all      every group above but profile and hybrid (longer than one 10-minute
 #                             device call: one group a call)
-#          no GPU:   hybrid   the same at CPU sizes (default for kind cpu): gemma3-1b-narrow at 8k,
+#          no GPU:   hybrid   the same at CPU sizes (default for kind cpu): gemma3-1b-narrow at 4k,
 #                             bamba-small at 1k vs 8k, a 2k prefix, f32, backend cpu
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
 #                             outputs (default)
@@ -165,7 +165,7 @@ ckpt() {  # ckpt LAYOUT [DTYPE] -> a random checkpoint of that layout (tools/mak
 # 2-core host in a few minutes). The checkpoints are written beside the build.
 if [ $GPUS = 0 ]; then
   HB=cpu HDT=f32 G_LAYOUT=gemma3-1b-narrow B_LAYOUT=bamba-small
-  SWA_CTX=8192 SWA_REQ=6 M_SHORT=1024 M_LONG=8192 PREFIX=2048 CHUNK=2048 SCAN_BATCH=16
+  SWA_CTX=4096 SWA_REQ=4 M_SHORT=1024 M_LONG=8192 PREFIX=2048 CHUNK=2048 SCAN_BATCH=16
 else
   HB=cuda HDT=bf16 G_LAYOUT=gemma3-1b B_LAYOUT=bamba-1b
   SWA_CTX=32768 SWA_REQ=12 M_SHORT=8192 M_LONG=65536 PREFIX=8192 CHUNK=8192 SCAN_BATCH=64
