@@ -416,6 +416,9 @@ def hybrid_table(rec):
     out = [f"### Hybrid models (issue 49): sliding-window pool and Mamba2 — {header(rec)}", "",
            f"Backend `{m.get('backend', '?')}`, {m.get('dtype', '?')} weights and KV.", ""]
 
+    def failed(j):  # a run that did not run, or failed (its error, run.sh's hy)
+        return "not run" if not j else f"failed (rc {j.get('rc')}): {j['error'][-160:].strip()}"
+
     def page_bytes(j, swa):
         n, b = (j.get("swa_pool_pages", 0), j.get("swa_kv_bytes", 0)) if swa else \
             (j.get("pages_total", 0), j.get("kv_bytes", 0))
@@ -429,8 +432,8 @@ def hybrid_table(rec):
                 "| decode step ms | vs one pool |", "|---|---|---|---|---|---|---|"]
         base = {}
         for k, j in steps.items():
-            if not j:
-                out.append(f"| {k} | – | – | – | – | – | – |")
+            if not j or "error" in j:
+                out.append(f"| {k} | {failed(j)} | | | | | |")
                 continue
             full = j["peak_kv_tokens"] / j["page_size"]
             swa = j.get("swa_peak_pages_per_request", 0) if j.get("swa_pool_pages") else 0
@@ -452,8 +455,8 @@ def hybrid_table(rec):
                 "vs one pool | failed |", "|---|---|---|---|---|---|"]
         n0 = (fits.get("off") or {}).get("decode_batch_max")
         for k, j in fits.items():
-            if not j:
-                out.append(f"| {k} | – | – | – | – | – |")
+            if not j or "error" in j:
+                out.append(f"| {k} | {failed(j)} | | | | |")
                 continue
             n = j.get("decode_batch_max")
             out.append(f"| {'one full pool' if k == 'off' else 'SWA pool'} | {j.get('pool_tokens')} | "

@@ -480,7 +480,11 @@ if has hybrid; then
     local name=$1 need=$2; shift 2
     if [ "$(left)" -lt "$need" ]; then say "hybrid $name skipped: $(left) s of the budget left"; return; fi
     timeout "$(cap 240)" $P "$@" > "$H/$name.json" 2> "$H/$name.err"
-    say "hybrid $name rc=$? $(grep -o '"\(decode_step_ms\|ms\|ttft_by_turn_ms\)":[^,]*' "$H/$name.json" | head -1)"
+    local rc=$?
+    # A refused or failed run keeps its reason in the record (the SWA pool is CPU-only so far).
+    [ $rc = 0 ] || python3 -c 'import json, sys; print(json.dumps({"error": sys.argv[1][-400:], "rc": int(sys.argv[2])}))' \
+      "$(grep -v '^\[' "$H/$name.err" | tail -2 | tr '\r\n' '  ')" $rc >> "$H/$name.json"
+    say "hybrid $name rc=$rc $(grep -o '"\(decode_step_ms\|ms\|ttft_by_turn_ms\|error\)":[^,]*' "$H/$name.json" | head -1)"
   }
   # 1. Gemma-3 layout, one request of SWA_CTX tokens (prompt + 128 out), radix cache off (random
   #    prompts share nothing): the window pool (on) vs one full pool (off), the same pool tokens.
