@@ -448,9 +448,14 @@ def main():
         make_hybrid(dc, rng)
         with open(os.path.join(dc, "cpu.txt"), "w") as f:
             f.write("Some Xeon CPU, 2 threads\n")
+        # A refused run (run.sh's hy writes its error as the JSON): the row says so.
+        with open(os.path.join(dc, "hybrid", "swa_fit_on.json"), "w") as f:
+            f.write(json.dumps({"error": "pagoda: the SWA pool runs on the CPU path only", "rc": 1}) + "\n")
         run_record(dc, os.path.join(tmp, "cpu.json"), "hybrid")
         mdc = tables(os.path.join(tmp, "cpu.json"))
         expect("CPU Some Xeon CPU, 2 threads" in mdc and "### Hybrid models" in mdc, "CPU header")
+        expect("| on | failed (rc 1): pagoda: the SWA pool runs on the CPU path only |" in mdc,
+               "a failed run's row")
 
         # One round: no verdict.
         d1 = os.path.join(tmp, "one")
