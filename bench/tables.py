@@ -427,7 +427,7 @@ def hybrid_table(rec):
     steps = {k: h.get(f"swa_step_{k}") for k in ("off", "on")}
     if any(steps.values()):
         out += [f"Gemma-3 layout `{m.get('gemma_layout', '?')}`, one request of {m.get('swa_ctx', '?')} "
-                "tokens (prompt + 128 out), radix cache off, chunks of 4,096, page 16:", "",
+                f"tokens (prompt + 128 out), radix cache off, chunks of {m.get('swa_chunk', '?')}, page 16:", "",
                 "| pools | full pages held | SWA pages held (peak) | KV bytes per request | vs one pool "
                 "| decode step ms | vs one pool |", "|---|---|---|---|---|---|---|"]
         base = {}
@@ -468,7 +468,7 @@ def hybrid_table(rec):
     if any(ms.values()):
         na = m.get("attention_layers", 0)
         out += [f"Bamba layout `{m.get('bamba_layout', '?')}` ({na} attention layers), decode at batch 1 "
-                "(no CUDA graphs for hybrid models): the step, the attention decode kernel alone "
+                "(256 steps; no CUDA graphs for hybrid models): the step, the attention decode kernel alone "
                 "(`pagoda kernels --op decode`, the model's attention shape) times the attention "
                 "layers, and the step less that:", "",
                 "| context | decode step ms | attention kernels ms | step − attention ms |",

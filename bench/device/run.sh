@@ -165,10 +165,10 @@ ckpt() {  # ckpt LAYOUT [DTYPE] -> a random checkpoint of that layout (tools/mak
 # 2-core host in a few minutes). The checkpoints are written beside the build.
 if [ $GPUS = 0 ]; then
   HB=cpu HDT=f32 G_LAYOUT=gemma3-1b-narrow B_LAYOUT=bamba-small
-  SWA_CTX=4096 SWA_REQ=4 M_SHORT=1024 M_LONG=8192 PREFIX=2048 CHUNK=2048 SCAN_BATCH=16
+  SWA_CTX=4096 SWA_CHUNK=1024 SWA_REQ=4 M_SHORT=1024 M_LONG=8192 PREFIX=2048 CHUNK=2048 SCAN_BATCH=16
 else
   HB=cuda HDT=bf16 G_LAYOUT=gemma3-1b B_LAYOUT=bamba-1b
-  SWA_CTX=32768 SWA_REQ=12 M_SHORT=8192 M_LONG=65536 PREFIX=8192 CHUNK=8192 SCAN_BATCH=64
+  SWA_CTX=32768 SWA_CHUNK=4096 SWA_REQ=12 M_SHORT=8192 M_LONG=65536 PREFIX=8192 CHUNK=8192 SCAN_BATCH=64
 fi
 HY_CKPT=""
 if has hybrid; then
@@ -488,7 +488,8 @@ if has hybrid; then
   }
   # 1. Gemma-3 layout, one request of SWA_CTX tokens (prompt + 128 out), radix cache off (random
   #    prompts share nothing): the window pool (on) vs one full pool (off), the same pool tokens.
-  GB=(bench --model "$G" --backend $HB --json --no-radix --page-size 16 --chunk-size 4096
+  #    Chunks of SWA_CHUNK: a prefilling request holds a chunk + the window in the SWA pool.
+  GB=(bench --model "$G" --backend $HB --json --no-radix --page-size 16 --chunk-size $SWA_CHUNK
       --max-context-len $SWA_CTX)
   for mode in off on; do
     hy swa_step_$mode 60 "${GB[@]}" --swa-pool $mode --requests 1 --max-running 1 \
@@ -505,12 +506,13 @@ if has hybrid; then
         --input-len $((SWA_CTX - 32)) --output-len 32
     done
   fi
-  # 3. Bamba: the decode step (batch 1) at M_SHORT and M_LONG tokens of context, and the
+  # 3. Bamba: the decode step (batch 1, 256 steps: 64 were too few on a shared 2-core host) at
+  #    M_SHORT and M_LONG tokens of context, and the
   #    attention layers' decode kernel alone at both lengths (the model's attention shape).
   MB=(bench --model "$M" --backend $HB --json --page-size 16 --chunk-size $CHUNK --requests 1
-      --max-running 1 --pool-tokens $((M_LONG + 2048)) --max-context-len $((M_LONG + 64)))
+      --max-running 1 --pool-tokens $((M_LONG + 2048)) --max-context-len $M_LONG)
   for ctx in $M_SHORT $M_LONG; do
-    hy mamba_step_$ctx 60 "${MB[@]}" --input-len $((ctx - 64)) --output-len 64
+    hy mamba_step_$ctx 60 "${MB[@]}" --input-len $((ctx - 256)) --output-len 256
   done
   read -r hq hkv hd <<< "$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"] // c["num_attention_heads"])' "$M/config.json")"
   read -r mh mp mn mg <<< "$(python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); print(c["mamba_n_heads"], c["mamba_d_head"], c["mamba_d_state"], c["mamba_n_groups"])' "$M/config.json")"
@@ -532,7 +534,7 @@ if has hybrid; then
       --pool-tokens $((4 * PREFIX)) --max-running 1)
   hy ttft_cached 60 "${TB[@]}"
   hy ttft_cold 60 "${TB[@]}" --no-radix
-  echo "{\"backend\": \"$HB\", \"dtype\": \"$HDT\", \"gemma_layout\": \"$G_LAYOUT\", \"bamba_layout\": \"$B_LAYOUT\", \"swa_ctx\": $SWA_CTX, \"swa_requests\": $SWA_REQ, \"swa_budget_bytes\": ${budget:-0}, \"mamba_short\": $M_SHORT, \"mamba_long\": $M_LONG, \"prefix\": $PREFIX, \"attention_layers\": $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["attn_layer_indices"]))' "$M/config.json")}" \
+  echo "{\"backend\": \"$HB\", \"dtype\": \"$HDT\", \"gemma_layout\": \"$G_LAYOUT\", \"bamba_layout\": \"$B_LAYOUT\", \"swa_ctx\": $SWA_CTX, \"swa_chunk\": $SWA_CHUNK, \"swa_requests\": $SWA_REQ, \"swa_budget_bytes\": ${budget:-0}, \"mamba_short\": $M_SHORT, \"mamba_long\": $M_LONG, \"prefix\": $PREFIX, \"attention_layers\": $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["attn_layer_indices"]))' "$M/config.json")}" \
     > "$H/meta.json"
 fi
 
