@@ -407,8 +407,9 @@ def hybrid_table(rec):
     request: KV bytes per request = full-pool pages held (peak_kv_tokens / page) x the full pool's
     bytes per page + the most SWA pages the request held x the SWA pool's bytes per page (bytes
     per page = the pool's allocation / (its pages + the reserved page 0)); the decode step and
-    its ratio on / off. One byte budget: the pools each run sized, and the most requests that
-    decoded together. Bamba: the decode step at two lengths, the attention decode kernel at
+    its ratio on / off. One byte budget: the pools each run sized, the requests whose KV the full
+    pool held at its peak (peak_kv_tokens / the context) and the most requests that decoded
+    together (fewer when a request finishes decoding before the next one's prefill ends). Bamba: the decode step at two lengths, the attention decode kernel at
     both (times the attention layers) and the step less it; the Mamba2 scan against the copy
     bandwidth and GEMM rate of the same process; turn 2's TTFT with the cache vs without."""
     h = rec["hybrid"]
@@ -451,16 +452,18 @@ def hybrid_table(rec):
         out += [f"One KV byte budget for both ({m.get('swa_budget_bytes', 0) / 2**20:.0f} MiB: 2.5 such "
                 f"requests in one full pool; SWA pool at 0.1 of the full pool's tokens), "
                 f"{m.get('swa_requests', '?')} requests queued:", "",
-                "| pools | full pool tokens | SWA pool tokens | requests decoding together (max) | "
-                "vs one pool | failed |", "|---|---|---|---|---|---|"]
+                "| pools | full pool tokens | SWA pool tokens | requests held at once (peak full-pool KV "
+                "/ request) | requests decoding together (max) | vs one pool | failed |",
+                "|---|---|---|---|---|---|---|"]
         n0 = (fits.get("off") or {}).get("decode_batch_max")
         for k, j in fits.items():
             if not j or "error" in j:
-                out.append(f"| {k} | {failed(j)} | | | | |")
+                out.append(f"| {k} | {failed(j)} | | | | | |")
                 continue
             n = j.get("decode_batch_max")
+            held = j["peak_kv_tokens"] / m["swa_ctx"] if j.get("peak_kv_tokens") and m.get("swa_ctx") else None
             out.append(f"| {'one full pool' if k == 'off' else 'SWA pool'} | {j.get('pool_tokens')} | "
-                       f"{j.get('swa_pool_pages', 0) * j.get('page_size', 0) or '–'} | {n} | "
+                       f"{j.get('swa_pool_pages', 0) * j.get('page_size', 0) or '–'} | {fmt(held, '.2f')} | {n} | "
                        f"{fmt(n / n0 if n and n0 else None, '.1f')}× | {j.get('failed_requests')} |")
         out.append("")
     short, long_ = m.get("mamba_short"), m.get("mamba_long")

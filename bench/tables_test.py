@@ -224,7 +224,8 @@ def make_hybrid(d, rng):
     for k in ("off", "on"):
         files[f"swa_fit_{k}"] = {"page_size": 16, "pool_tokens": 70000 if k == "off" else 350000,
                                  "swa_pool_pages": 0 if k == "off" else 2000,
-                                 "decode_batch_max": fit[k], "failed_requests": 0}
+                                 "decode_batch_max": fit[k], "failed_requests": 0,
+                                 "peak_kv_tokens": fit[k] * 32768 + 100}
     mstep = {8192: rng.uniform(3, 4), 65536: rng.uniform(3, 5)}
     attn = {8192: rng.uniform(0.01, 0.02), 65536: rng.uniform(0.05, 0.1)}
     for c in (8192, 65536):
@@ -263,7 +264,8 @@ def check_hybrid(md, t):
     expect(want in row, f"hybrid KV row {row!r} lacks {want!r}")
     expect(row.endswith(f"| {t['step_ratio']:.3f}× |"), f"hybrid step ratio {row!r}")
     row = next(ln for ln in sec.splitlines() if ln.startswith("| SWA pool |"))
-    expect(f"| {t['fit']['on']} | {t['fit']['on'] / t['fit']['off']:.1f}× | 0 |" in row, f"fit row {row!r}")
+    expect(f"| {t['fit']['on'] + 100 / 32768:.2f} | {t['fit']['on']} | {t['fit']['on'] / t['fit']['off']:.1f}× | 0 |"
+           in row, f"fit row {row!r}")
     expect(f"step {t['step_long_over_short']:.3f}×, step − attention {t['rest_ratio']:.3f}×" in sec,
            "hybrid 64k / 8k line")
     expect(f"| {t['scan_pct']:.1f} % |" in sec, "scan % of copy")
@@ -454,7 +456,7 @@ def main():
         run_record(dc, os.path.join(tmp, "cpu.json"), "hybrid")
         mdc = tables(os.path.join(tmp, "cpu.json"))
         expect("CPU Some Xeon CPU, 2 threads" in mdc and "### Hybrid models" in mdc, "CPU header")
-        expect("| on | failed (rc 1): pagoda: the SWA pool runs on the CPU path only |" in mdc,
+        expect("| on | failed (rc 1): pagoda: the SWA pool runs on the CPU path only | | | | | |" in mdc,
                "a failed run's row")
 
         # One round: no verdict.
