@@ -15,7 +15,8 @@ k's ours median), shown as median [min–max]. Verdict: "faster" when every roun
 no kernel of that kind (SDPA on fp8 K/V or with a prefix). Decode rows add % of the copy bandwidth, the others % of the GEMM rate (the
 record's ceilings).
 
-Decode step profile (records with "profile"): see profile_table."""
+Decode step profile (records with "profile"): see profile_table. Hybrid models (records with
+"hybrid", issue 49): see hybrid_table."""
 import argparse
 import json
 import statistics
@@ -27,6 +28,8 @@ def fmt(x, spec=".3f"):
 
 
 def header(rec):
+    if not rec.get("gpus") and rec.get("cpu"):  # a CPU run (run.sh kind cpu)
+        return f"commit `{rec.get('commit', 'unknown')}`, {rec.get('date', '?')}, CPU {rec['cpu']}"
     g = (rec.get("gpus") or [{}])[0]
     n = len(rec.get("gpus") or [])
     v = rec.get("versions", {})
@@ -421,10 +424,126 @@ def ab_table(rec):
     return out
 
 
+def hybrid_table(rec):
+    """Issue 49's hybrid benchmarks (bench/device/run.sh's hybrid group). Gemma-3 layout, one
+    request: KV bytes per request = full-pool pages held (peak_kv_tokens / page) x the full pool's
+    bytes per page + the most SWA pages the request held x the SWA pool's bytes per page (bytes
+    per page = the pool's allocation / (its pages + the reserved page 0)); the decode step and
+    its ratio on / off. One byte budget: the pools each run sized, the requests whose KV the full
+    pool held at its peak (peak_kv_tokens / the context) and the most requests that decoded
+    together (fewer when a request finishes decoding before the next one's prefill ends). Bamba: the decode step at two lengths, the attention decode kernel at
+    both (times the attention layers) and the step less it; the Mamba2 scan against the copy
+    bandwidth and GEMM rate of the same process; turn 2's TTFT with the cache vs without."""
+    h = rec["hybrid"]
+    m = h.get("meta", {})
+    out = [f"### Hybrid models (issue 49): sliding-window pool and Mamba2 — {header(rec)}", "",
+           f"Backend `{m.get('backend', '?')}`, {m.get('dtype', '?')} weights and KV.", ""]
+
+    def failed(j):  # a run that did not run, or failed (its error, run.sh's hy)
+        return "not run" if not j else f"failed (rc {j.get('rc')}): {j['error'][-160:].strip()}"
+
+    def page_bytes(j, swa):
+        n, b = (j.get("swa_pool_pages", 0), j.get("swa_kv_bytes", 0)) if swa else \
+            (j.get("pages_total", 0), j.get("kv_bytes", 0))
+        return b / (n + 1) if n else 0.0
+
+    steps = {k: h.get(f"swa_step_{k}") for k in ("off", "on")}
+    if any(steps.values()):
+        out += [f"Gemma-3 layout `{m.get('gemma_layout', '?')}`, one request of {m.get('swa_ctx', '?')} "
+                f"tokens (prompt + 128 out), radix cache off, chunks of {m.get('swa_chunk', '?')}, page 16:", "",
+                "| pools | full pages held | SWA pages held (peak) | KV bytes per request | vs one pool "
+                "| decode step ms | vs one pool |", "|---|---|---|---|---|---|---|"]
+        base = {}
+        for k, j in steps.items():
+            if not j or "error" in j:
+                out.append(f"| {k} | {failed(j)} | | | | | |")
+                continue
+            full = j["peak_kv_tokens"] / j["page_size"]
+            swa = j.get("swa_peak_pages_per_request", 0) if j.get("swa_pool_pages") else 0
+            kvb = full * page_bytes(j, False) + swa * page_bytes(j, True)
+            step = j.get("decode_step_ms")
+            if k == "off":
+                base = {"kvb": kvb, "step": step}
+            name = "one full pool (window as a mask)" if k == "off" else "window layers in the SWA pool"
+            out.append(f"| {name} | {full:.0f} | {swa if k == 'on' else '–'} | {kvb / 2**20:.1f} MiB | "
+                       f"{fmt(kvb / base['kvb'] if base.get('kvb') else None)}× | {fmt(step)} | "
+                       f"{fmt(step / base['step'] if base.get('step') and step else None)}× |")
+        out.append("")
+    fits = {k: h.get(f"swa_fit_{k}") for k in ("off", "on")}
+    if any(fits.values()):
+        out += [f"One KV byte budget for both ({m.get('swa_budget_bytes', 0) / 2**20:.0f} MiB: 2.5 such "
+                f"requests in one full pool; SWA pool at 0.1 of the full pool's tokens), "
+                f"{m.get('swa_requests', '?')} requests queued:", "",
+                "| pools | full pool tokens | SWA pool tokens | requests held at once (peak full-pool KV "
+                "/ request) | requests decoding together (max) | vs one pool | failed |",
+                "|---|---|---|---|---|---|---|"]
+        n0 = (fits.get("off") or {}).get("decode_batch_max")
+        for k, j in fits.items():
+            if not j or "error" in j:
+                out.append(f"| {k} | {failed(j)} | | | | | |")
+                continue
+            n = j.get("decode_batch_max")
+            held = j["peak_kv_tokens"] / m["swa_ctx"] if j.get("peak_kv_tokens") and m.get("swa_ctx") else None
+            out.append(f"| {'one full pool' if k == 'off' else 'SWA pool'} | {j.get('pool_tokens')} | "
+                       f"{j.get('swa_pool_pages', 0) * j.get('page_size', 0) or '–'} | {fmt(held, '.2f')} | {n} | "
+                       f"{fmt(n / n0 if n and n0 else None, '.1f')}× | {j.get('failed_requests')} |")
+        out.append("")
+    short, long_ = m.get("mamba_short"), m.get("mamba_long")
+    ms = {c: h.get(f"mamba_step_{c}") for c in (short, long_)}
+    if any(ms.values()):
+        na = m.get("attention_layers", 0)
+        out += [f"Bamba layout `{m.get('bamba_layout', '?')}` ({na} attention layers), decode at batch 1 "
+                "(256 steps; no CUDA graphs for hybrid models): the step, the attention decode kernel alone "
+                "(`pagoda kernels --op decode`, the model's attention shape) times the attention "
+                "layers, and the step less that:", "",
+                "| context | decode step ms | attention kernels ms | step − attention ms |",
+                "|---|---|---|---|"]
+        rest = {}
+        for c, j in ms.items():
+            a = (h.get(f"attn_decode_{c}") or {}).get("ms")
+            step = (j or {}).get("decode_step_ms")
+            rest[c] = step - na * a if step and a is not None else None
+            out.append(f"| {c} | {fmt(step)} | {fmt(na * a if a is not None else None)} | {fmt(rest[c])} |")
+        s0, s1 = ((ms[c] or {}).get("decode_step_ms") for c in (short, long_))
+        r0, r1 = rest.get(short), rest.get(long_)
+        out += ["", f"{long_} / {short}: step {fmt(s1 / s0 if s0 and s1 else None)}×, step − attention "
+                    f"{fmt(r1 / r0 if r0 and r1 else None)}× (target for the linear layers: within 10 %).",
+                ""]
+    scans = [(k, h[k]) for k in ("scan_decode", "scan_prefill") if h.get(k)]
+    if scans:
+        out += ["Mamba2 scan (`pagoda kernels --op linear-*`, the model's mixer shape; bytes: states read "
+                "and written once + xBC, dt and y rows; FLOPs: conv + 5 per state element per token):", "",
+                "| op | sequences × tokens | ms per layer [min] | tokens/s | GB/s | % of copy | TFLOP/s | "
+                "% of GEMM | copy GB/s (same run) |", "|---|---|---|---|---|---|---|---|---|"]
+        for k, j in scans:
+            out.append(f"| {j['op']} ({j.get('backend')}) | {j['batch']} × {j['tokens']} | {j['ms']:.4f} "
+                       f"[{j['ms_min']:.4f}] | {j['tokens_per_s']:.3g} | {j['gbps']:.1f} | "
+                       f"{j['pct_of_copy']:.1f} % | {j['tflops']:.3f} | {j['pct_of_gemm']:.2f} % "
+                       f"({j.get('gemm_kind')}) | {j['copy_gbps']:.0f} ({j.get('copy_kind')}) |")
+        out.append("")
+    tt = {k: h.get(f"ttft_{k}") for k in ("cached", "cold")}
+    if any(tt.values()):
+        def turn2(j):
+            t = (j or {}).get("ttft_by_turn_ms") or []
+            return t[1] if len(t) > 1 else None
+        a, b = turn2(tt["cached"]), turn2(tt["cold"])
+        out += [f"Prefix hit restoring the state: one conversation, turn 2 over a {m.get('prefix', '?')}-token "
+                "system prompt + turn 1 (64-token question, 16-token answer):", "",
+                "| run | turn 1 TTFT ms | turn 2 TTFT ms | prefix hit rate | output digest |",
+                "|---|---|---|---|---|"]
+        for k, j in tt.items():
+            t = (j or {}).get("ttft_by_turn_ms") or []
+            out.append(f"| {'radix cache (state snapshot restored)' if k == 'cached' else '--no-radix (cold)'} | "
+                       f"{fmt(t[0] if t else None, '.1f')} | {fmt(turn2(j), '.1f')} | "
+                       f"{100 * (j or {}).get('prefix_hit_rate', 0):.1f} % | `{(j or {}).get('output_digest', '–')}` |")
+        out += ["", f"Turn 2 cached / cold: {fmt(a / b if a and b else None)}× (target ≤ 0.2×)."]
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
             ("python", python_table), ("profile", profile_table), ("amx", amx_table),
-            ("ab", ab_table))
+            ("ab", ab_table), ("hybrid", hybrid_table))
 
 
 def render(records):

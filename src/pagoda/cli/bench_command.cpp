@@ -230,6 +230,7 @@ void run_bench(const BenchOptions& o) {
   int total_requests = 0;
   for (const Conversation& c : w.convs) total_requests += static_cast<int>(c.user.size());
   std::unordered_map<engine::RequestId, size_t> conv_of;
+  std::unordered_map<engine::RequestId, int> turn_of;  // the turn each request is
   auto submit = [&](size_t ci) {
     Conversation& c = w.convs[ci];
     const auto& user = c.user[c.next_turn];
@@ -241,12 +242,14 @@ void run_bench(const BenchOptions& o) {
         .ignore_eos = true,
         .extra_key = {}});
     conv_of[id] = ci;
+    turn_of[id] = c.next_turn;
   };
   for (size_t ci = 0; ci < w.convs.size(); ++ci) submit(ci);
   const bool rounds = o.workload == "multiturn";
 
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::vector<double> ttft, tpot;
+  std::vector<std::vector<double>> ttft_by_turn;  // per turn index (a conversation's n-th turn)
   int64_t in_tokens = 0, out_tokens = 0;
   int done = 0, failed = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -255,7 +258,7 @@ void run_bench(const BenchOptions& o) {
   };
   double last_print = -1.0;
   double decode_s = 0.0;  // wall time of pure decode steps
-  int64_t decode_steps = 0, decode_rows = 0;
+  int64_t decode_steps = 0, decode_rows = 0, decode_batch_max = 0;
   double extend_min_s = 0.0;  // fastest pure extend step (a prefill alone: its compute time)
   int64_t extend_min_tokens = 0;
   while (eng.has_work()) {
@@ -266,6 +269,7 @@ void run_bench(const BenchOptions& o) {
       decode_s += step_s;
       ++decode_steps;
       decode_rows += step.num_seqs;
+      decode_batch_max = std::max<int64_t>(decode_batch_max, step.num_seqs);
     } else if (step.mode == attention::ForwardMode::kExtend &&
                (extend_min_tokens == 0 || step_s < extend_min_s)) {
       extend_min_s = step_s;
@@ -282,6 +286,9 @@ void run_bench(const BenchOptions& o) {
         in_tokens += out.prompt_len;
         out_tokens += static_cast<int64_t>(out.output_ids.size());
         ttft.push_back(out.first_token_s - out.arrival_s);
+        const auto turn = static_cast<size_t>(turn_of.at(id));
+        if (ttft_by_turn.size() <= turn) ttft_by_turn.resize(turn + 1);
+        ttft_by_turn[turn].push_back(ttft.back());
         if (out.output_ids.size() > 1)
           tpot.push_back((out.finish_s - out.first_token_s) /
                          static_cast<double>(out.output_ids.size() - 1));
@@ -387,6 +394,7 @@ void run_bench(const BenchOptions& o) {
       {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
       {"cpu_gemm", std::string(model::cpu_gemm_name(cfg.cpu_gemm))},
       {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
+      {"decode_batch_max", decode_batch_max},
       {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /
                                                    static_cast<double>(decode_steps)
                                              : 0.0},
@@ -401,6 +409,11 @@ void run_bench(const BenchOptions& o) {
       {"cached_tokens", st.scheduler.cached_tokens},
       {"fill_tokens", st.scheduler.fill_tokens},
   };
+  // The median time to first token of each turn index: a follow-up turn (index >= 1) of the
+  // multiturn workload starts from its conversation's cached prefix, turn 0 from the system
+  // prompt alone.
+  j["ttft_by_turn_ms"] = nlohmann::json::array();
+  for (const auto& v : ttft_by_turn) j["ttft_by_turn_ms"].push_back(percentile(v, 50) * 1e3);
   if (st.hicache) {
     j["hicache"] = hicache_stats_json(st);
     j["hicache"]["write_policy"] = o.engine.hicache.write_policy;
