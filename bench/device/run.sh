@@ -501,7 +501,7 @@ if has hybrid; then
     if [ "$(left)" -lt "$need" ]; then say "hybrid $name skipped: $(left) s of the budget left"; return; fi
     timeout "$(cap 240)" $P "$@" > "$H/$name.json" 2> "$H/$name.err"
     local rc=$?
-    # A refused or failed run keeps its reason in the record (the SWA pool is CPU-only so far).
+    # A refused or failed run keeps its reason in the record.
     [ $rc = 0 ] || python3 -c 'import json, sys; print(json.dumps({"error": sys.argv[1][-400:], "rc": int(sys.argv[2])}))' \
       "$(grep -v '^\[' "$H/$name.err" | tail -2 | tr '\r\n' '  ')" $rc >> "$H/$name.json"
     say "hybrid $name rc=$rc $(grep -o '"\(decode_step_ms\|ms\|ttft_by_turn_ms\|error\)":[^,]*' "$H/$name.json" | head -1)"
