@@ -299,8 +299,11 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   // steps eagerly, docs/design/engine.md §13).
   bool swa = config.swa_pool == SwaPoolMode::kOn;
   if (config.swa_pool == SwaPoolMode::kAuto)
+    // On the GPU `auto` keeps one pool: SWA steps capture no CUDA graphs yet, and a default
+    // that drops the decode graphs of every Gemma / Mistral engine costs short contexts more
+    // than the pool saves; `on` trades the graphs for the memory.
     swa = swa_window >= 0 && config.spec.mode == SpecMode::kNone && !config.hicache.enabled() &&
-          !config.overlap && !make_worker;
+          !config.overlap && !make_worker && platform_->kind() == platform::PlatformKind::kCpu;
   if (swa) {
     PAGODA_REQUIRE(swa_window >= 0, kInvalidArgument,
                    "the SWA pool (--swa-pool on) needs a model with sliding-window layers");

@@ -227,6 +227,19 @@ void expect_swa_pool_refuses(EngineConfig combo, const std::string& flag) {
   EXPECT_EQ(engine.stats().swa_pages_total, 0);
 }
 
+/// The default (auto) on the CPU platform gives a windowed model the SWA pool and a model
+/// without windows none (on the GPU auto keeps one pool: engine.md §13).
+TEST(EngineSwa, AutoTurnsThePoolOnForAWindowedModelOnTheCpu) {
+  static testing::TestModel windowed(mistral_window_config(), kSwaWeightSeed);
+  EngineConfig cfg;
+  cfg.pool_tokens = 1024;
+  cfg.max_context_len = 256;
+  ASSERT_EQ(cfg.swa_pool, SwaPoolMode::kAuto);
+  EXPECT_GT(Engine(windowed.model, cfg).stats().swa_pages_total, 0);
+  static testing::TestModel dense(testing::test_model_config(), kSwaWeightSeed);
+  EXPECT_EQ(Engine(dense.model, cfg).stats().swa_pages_total, 0);
+}
+
 TEST(EngineSwa, SpeculativeDecodingOnTheSwaPoolIsRefused) {
   EngineConfig spec;
   spec.spec.mode = SpecMode::kNgram;

@@ -79,7 +79,7 @@ inline std::vector<std::vector<int32_t>> swa_retraction_prompts(uint64_t seed) {
 /// (boundaries inside and across windows).
 inline engine::EngineConfig swa_small_pools(engine::EngineConfig off) {
   const int32_t page = off.page_size;
-  off.swa_pool = engine::SwaPoolMode::kAuto;  // the default turns it on for these models
+  off.swa_pool = engine::SwaPoolMode::kOn;
   off.pool_tokens = page == 64 ? 448 : (page == 16 ? 192 : 160);
   off.swa_pool_tokens = page == 64 ? 320 : (page == 16 ? 96 : 48);
   off.scheduler.chunk_size = page == 1 ? 24 : page == 16 ? 32 : 64;
