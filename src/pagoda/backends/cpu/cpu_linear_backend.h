@@ -20,6 +20,13 @@ namespace pagoda::backends {
 
 class CpuLinearBackend final : public attention::LinearAttentionBackend {
  public:
+  /// Sequences of at least this many tokens take the chunked scan, shorter ones the per-token
+  /// recurrence (measured: docs/design/state_pool.md "The cpu backend's scan").
+  static constexpr int32_t kChunkedFromTokens = 2;
+  /// The scan's chunk: layer.shape.chunk_size, at most this (64 and 128 measured equal and ~25 %
+  /// faster than 256 at the bamba-1b shape: smaller masked C·Bᵀ products).
+  static constexpr int64_t kMaxChunk = 64;
+
   std::string name() const override { return "cpu"; }
   /// Host f32, tree verify, no CUDA graphs (attention::host_linear_capabilities).
   const attention::LinearCapabilities& capabilities() const override {
@@ -38,8 +45,11 @@ class CpuLinearBackend final : public attention::LinearAttentionBackend {
   /// One-step recurrence for one token: updates h (all heads), writes y [d_inner].
   void step(const attention::LinearLayer& layer, float* h, const float* xbc, const float* dt_raw,
             float* y) const;
-  /// The chunked SSD scan of one sequence's t tokens (xbc_ after conv) from state h (updated);
+  /// One-step recurrences over one sequence's t tokens (xbc_ after conv) from state h (updated);
   /// dt rows and y rows at the given strides.
+  void steps(const attention::LinearLayer& layer, float* h, const float* dt_raw,
+             int64_t dt_stride, int64_t t, float* y, int64_t y_stride) const;
+  /// The chunked SSD scan of the same (sgemm + OpenMP over heads).
   void scan(const attention::LinearLayer& layer, float* h, const float* dt_raw, int64_t dt_stride,
             int64_t t, float* y, int64_t y_stride);
   /// A tree verify of one sequence (rows from `row` of the views).
@@ -48,7 +58,9 @@ class CpuLinearBackend final : public attention::LinearAttentionBackend {
 
   std::vector<float> xbc_;     ///< [rows of one sequence, conv_dim] after the conv
   std::vector<float> window_;  ///< the conv inputs of one sequence: state rows then new rows
-  std::vector<float> delta_, cum_, gram_;  ///< scan scratch: Δ, cumulative Δ·A, C·B per chunk
+  std::vector<float> delta_;  ///< scan: Δ [t, H]
+  std::vector<float> gram_;   ///< scan: C·Bᵀ of one chunk per group [G, q, q]
+  std::vector<float> work_;   ///< scan: each OpenMP thread's per-head scratch
 };
 
 /// Registers the linear kind of "cpu" in `registry`.
