@@ -1,15 +1,17 @@
 #pragma once
 /// CpuLinearBackend: the "cpu" linear-attention (Mamba2) backend, f32 on the host (the state as
-/// SGLang's default float32). A sequence of one token takes the one-step recurrence (decode); a
-/// longer one the chunked SSD form (prefill / extend): chunks of layer.shape.chunk_size tokens
-/// from the call's first token, each computing its outputs as a masked "attention" inside the
-/// chunk, y_t = Σ_{s<=t} exp(cumA_t - cumA_s)·(C_t·B_s)·Δ_s·x_s, plus exp(cumA_t)·(h_start·C_t)
+/// SGLang's default float32). A sequence of fewer than kChunkedFromTokens tokens takes the
+/// one-step recurrence (decode); a longer one the chunked SSD form (prefill / extend): chunks of
+/// min(layer.shape.chunk_size, kMaxChunk) tokens from the call's first token, each computing its
+/// outputs as a masked "attention" inside the chunk, y_t = Σ_{s<=t} exp(cumA_t - cumA_s)·(C_t·B_s)·Δ_s·x_s, plus exp(cumA_t)·(h_start·C_t)
 /// from the state entering the chunk, and passing exp(cumA_L)·h_start +
 /// Σ_s exp(cumA_L - cumA_s)·Δ_s·x_s ⊗ B_s to the next. Both forms are the recurrence of
 /// attention/linear_backend.h: a prefill of T tokens equals T decode steps and any split into
 /// calls. A tree verify runs node by node: the parent's conv and SSM state copied into the
 /// node's slot, then one conv and recurrence step there.
-/// Host memory, f32 xBC / dt / y; tree verify; no CUDA graphs. Plain C++, one thread.
+/// The chunk's products are OpenBLAS sgemms (docs/design/state_pool.md "The cpu backend's scan"),
+/// heads on the OpenMP threads when OpenBLAS is single-threaded.
+/// Host memory, f32 xBC / dt / y; tree verify; no CUDA graphs.
 
 #include <vector>
 
