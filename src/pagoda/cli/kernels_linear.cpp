@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include "pagoda/attention/linear_backend.h"
 #include "pagoda/attention/registry.h"
@@ -97,7 +98,12 @@ void run_linear_kernels(const LinearKernelArgs& a) {
   std::vector<attention::LinearSeq> seqs;
   for (int32_t s : slots) seqs.push_back({.slot = s, .num_tokens = t_seq});
 
+  // The host backends run on the ceilings' threads: OpenMP's here, OpenBLAS's set by the host
+  // clock's sgemm (measured first, so the timed forwards see them too).
+  omp_set_num_threads(a.threads);
   auto clock = on_gpu ? make_cuda_clock(/*flush=*/false) : make_host_clock(a.threads, false);
+  const double copy_gbps = clock->copy_gbps();
+  const double gemm_tflops = clock->gemm_tflops();
   // One sample: every layer once. A prefill starts each sample from a fresh state (the zeroing
   // is outside the timed interval; frees + allocs of the same slots).
   auto sample_ms = [&] {
@@ -127,8 +133,6 @@ void run_linear_kernels(const LinearKernelArgs& a) {
                         5.0 * static_cast<double>(ss.ssm_floats()));
   const double gbps = bytes / (t_ms * 1e-3) / 1e9;
   const double tflops = flops / (t_ms * 1e-3) / 1e12;
-  const double copy_gbps = clock->copy_gbps();
-  const double gemm_tflops = clock->gemm_tflops();
 
   nlohmann::json j;
   j["backend"] = backend->name();

@@ -35,7 +35,7 @@ struct LinearKernelArgs {
   int chunk_size = 256;  ///< the SSD chunk (a hint to chunked backends)
   int iters = 20;
   int warmup = 3;
-  int threads = 1;  ///< the host ceilings' threads (the cpu linear backend runs on one)
+  int threads = 1;  ///< the host ceilings' threads and the host backends' OpenMP threads
   bool json = false;
 };
 
