@@ -111,6 +111,9 @@ class CpuOps final : public ModelOps {
                static_cast<const float*>(weight), o + r * hidden, 1, hidden, eps);
   }
 
+  void prepare_linear(const void* w, int64_t n, int64_t k) override {
+    gemm_.prepare(static_cast<const float*>(w), n, k);
+  }
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool) override {
     gemm_.linear(static_cast<const float*>(x), static_cast<const float*>(w),
