@@ -191,7 +191,11 @@ void OnednnLinear::forward(const float* x, float* y, int64_t m) {
   void* src = const_cast<float*>(x);  // read only
   if (s.dtype == DType::kBF16) {
     s.x_bf16.resize(static_cast<size_t>(m * s.k));
-    for (size_t i = 0; i < s.x_bf16.size(); ++i) s.x_bf16[i] = f32_to_bf16_bits(x[i]);
+    const auto count = static_cast<int64_t>(s.x_bf16.size());
+    uint16_t* xb = s.x_bf16.data();
+    // Over the threads for a prefill's rows (oneDNN's own pool: the same OpenMP threads).
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 15))
+    for (int64_t i = 0; i < count; ++i) xb[i] = f32_to_bf16_bits(x[i]);
     src = s.x_bf16.data();
   }
   memory src_mem(memory::desc({m, s.k}, t, DnnlTag::ab), onednn_engine(), src);
