@@ -85,6 +85,12 @@ class Torch:
                 "decode_ms": (full - prefill) / (output_len - 1), "torch": torch.__version__}
 
 
+def write_json(out, doc):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "cpu_model_vs_torch.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pagoda", required=True)
@@ -106,6 +112,13 @@ def main():
         torch_side = Torch(args.model)
     except ImportError as e:
         torch_why = f"torch / transformers not importable: {e}"
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
     rows = []
     for t in dict.fromkeys(args.threads):  # 2 and os.cpu_count() may coincide
         for n in args.requests:
@@ -123,17 +136,10 @@ def main():
             row["torch"] = ({"refused": torch_why} if torch_side is None else
                             torch_side.run(t, n, args.input_len, args.output_len, args.repeats))
             print(f"threads={t} N={n} transformers bf16: {row['torch']}", flush=True)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+            # After every row: a run cut short by its caller's timeout keeps the rows it made.
+            write_json(args.out, {"date": date, "cpu": cpu, "args": vars(args), "rows": rows})
     doc = {"date": date, "cpu": cpu, "args": vars(args), "rows": rows}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "cpu_model_vs_torch.json"), "w") as f:
-        json.dump(doc, f, indent=1)
+    write_json(args.out, doc)
     import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tables import cpu_model_table  # one renderer for this file and the device records
