@@ -376,20 +376,44 @@ def amx_table(rec):
                            f"{fmt(tms, '.2f')} | {fmt(tms / p['ms'] if tms else None, '.2f')}× |")
     m = a.get("cpu_model_vs_torch") or {}
     if m.get("rows"):
-        out += ["", f"CPU model ({m.get('args', {}).get('model', '?')}, prompt "
-                    f"{m.get('args', {}).get('input_len')}, {m.get('args', {}).get('output_len')} "
-                    "tokens, one request):", "",
-                "| threads | engine | decode ms / token | TTFT (pagoda) / prefill (transformers) ms |",
-                "|---|---|---|---|"]
-        for row in m["rows"]:
-            for mode, r in row.get("pagoda", {}).items():
-                out.append(f"| {row['threads']} | pagoda {mode} | "
-                           + (f"refused: {r['refused'][:120]} | |" if "refused" in r
-                              else f"{r['decode_ms']:.1f} | {r['ttft_ms']:.0f} |"))
-            tr = row.get("torch") or {}
-            out.append(f"| {row['threads']} | transformers bf16 | "
-                       + (f"{tr['refused'][:120]} | |" if "refused" in tr
-                          else f"{tr['decode_ms']:.1f} | {tr['prefill_ms']:.0f} |"))
+        out += [""] + cpu_model_table(m)
+    return out
+
+
+def cpu_model_table(m):
+    """bench/cpu_model_vs_torch.py's document: per thread count and batch of N prompts, pagoda
+    per --cpu-gemm mode and transformers bf16 generate on the same N prompts: output tok/s,
+    decode ms per step (the whole batch), TTFT p50 (pagoda) / 1-token generate (transformers),
+    pagoda's load time, and pagoda / transformers output tok/s (issue 51's target: >= 3x).
+    Older documents (one request, no output tok/s) show their columns with '–' where absent."""
+    args = m.get("args", {})
+    out = [f"CPU model ({args.get('model', '?')}, prompt {args.get('input_len')}, "
+           f"{args.get('output_len')} tokens per request):", "",
+           "| threads | N | engine | output tok/s | decode ms / step | TTFT (pagoda) / prefill "
+           "(transformers) ms | load s | pagoda / transformers tok/s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for row in m.get("rows", []):
+        n = row.get("requests", 1)
+        head = f"| {row['threads']} | {n} |"
+        if "skipped" in row:
+            out.append(f"{head} skipped: {row['skipped']} | | | | | |")
+            continue
+        tr = row.get("torch") or {}
+        t_tok = tr.get("output_tok_s")
+        for mode, r in row.get("pagoda", {}).items():
+            if "refused" in r:
+                out.append(f"{head} pagoda {mode} | refused: {r['refused'][:120]} | | | | |")
+                continue
+            tok = r.get("output_tok_s")
+            out.append(f"{head} pagoda {mode} | {fmt(tok, '.1f')} | {r['decode_ms']:.1f} | "
+                       f"{r['ttft_ms']:.0f} | {fmt(r.get('load_s'), '.1f')} | "
+                       f"{fmt(tok / t_tok if tok and t_tok else None, '.2f')}"
+                       f"{'×' if tok and t_tok else ''} |")
+        if "refused" in tr:
+            out.append(f"{head} transformers | {tr['refused'][:120]} | | | | |")
+        elif tr:
+            out.append(f"{head} transformers {tr.get('torch', '')} bf16 | {fmt(t_tok, '.1f')} | "
+                       f"{tr['decode_ms']:.1f} | {tr['prefill_ms']:.0f} | – | – |")
     return out
 
 

@@ -477,6 +477,41 @@ def main():
         expect("| on | failed (rc 1): pagoda: the SWA pool runs on the CPU path only | | | | | |" in mdc,
                "a failed run's row")
 
+        # Issue 51's CPU model rows (bench/cpu_model_vs_torch.py's document in the run's amx
+        # folder): per threads x N, pagoda's output tok/s over transformers' on the same prompts.
+        os.mkdir(os.path.join(d, "amx"))
+        doc = {"date": "2026-12-06 00:00 UTC", "cpu": "Xeon",
+               "args": {"model": "/tmp/llama-1b", "input_len": 128, "output_len": 32},
+               "rows": []}
+        for t in (2, 16):
+            for n in (1, 8):
+                tok, ttok = rng.uniform(5, 80), rng.uniform(2, 40)
+                doc["rows"].append({
+                    "threads": t, "requests": n,
+                    "pagoda": {"onednn": {"output_tok_s": tok, "decode_ms": rng.uniform(50, 200),
+                                          "ttft_ms": rng.uniform(300, 900), "load_s": 4.25,
+                                          "cpu_gemm": "onednn"},
+                               "openblas": {"refused": "--cpu-gemm openblas: no"}},
+                    "torch": {"output_tok_s": ttok, "prefill_ms": 400.0, "decode_ms": 120.0,
+                              "torch": "2.9"}})
+        doc["rows"].append({"threads": 16, "requests": 16, "pagoda": {}, "torch": None,
+                            "skipped": "the 240 s budget was spent"})
+        with open(os.path.join(d, "amx", "cpu_model_vs_torch.json"), "w") as f:
+            json.dump(doc, f)
+        run_record(d, os.path.join(tmp, "amx.json"), "build amx")
+        mdx = tables(os.path.join(tmp, "amx.json"))
+        for row in doc["rows"][:4]:
+            r, tr = row["pagoda"]["onednn"], row["torch"]
+            want = (f"| {row['threads']} | {row['requests']} | pagoda onednn | "
+                    f"{r['output_tok_s']:.1f} | {r['decode_ms']:.1f} | {r['ttft_ms']:.0f} | 4.2 | "
+                    f"{r['output_tok_s'] / tr['output_tok_s']:.2f}× |")
+            expect(want in mdx, f"cpu model row {want!r} missing")
+            expect(f"| {row['threads']} | {row['requests']} | transformers 2.9 bf16 | "
+                   f"{tr['output_tok_s']:.1f} | 120.0 | 400 | – | – |" in mdx, "transformers row")
+            expect(f"| {row['threads']} | {row['requests']} | pagoda openblas | refused: "
+                   "--cpu-gemm openblas: no |" in mdx, "refused row")
+        expect("| 16 | 16 | skipped: the 240 s budget was spent |" in mdx, "skipped row")
+
         # One round: no verdict.
         d1 = os.path.join(tmp, "one")
         os.mkdir(d1)
