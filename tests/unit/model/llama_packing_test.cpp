@@ -16,25 +16,6 @@
 namespace pagoda::model {
 namespace {
 
-ModelConfig mla_packing_config(bool q_lora) {
-  ModelConfig c;
-  c.family = ModelFamily::kDeepseekV3;
-  c.vocab_size = 320;
-  c.hidden_size = 128;
-  c.intermediate_size = 256;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 4;
-  c.mla = MlaConfig{.q_lora_rank = q_lora ? 48 : 0,
-                    .kv_lora_rank = 32,
-                    .qk_nope_head_dim = 16,
-                    .qk_rope_head_dim = 8,
-                    .v_head_dim = 12};
-  c.head_dim = 24;
-  c.name = "mla-packing";
-  return c;
-}
-
 using Field = std::vector<float> LlamaModel::PackedLayer::*;
 constexpr Field kFields[] = {
     &LlamaModel::PackedLayer::input_norm,   &LlamaModel::PackedLayer::qkv_proj,
@@ -54,7 +35,7 @@ TEST(LlamaModelPacking, MovedWeightsPackTheModelCopiedWeightsDo) {
   partial.rotary_dim = 32;  // RoPE on half of each head (q/k rows permuted when packed)
   partial.name = "partial-rope";
   for (const ModelConfig& c : {testing::test_model_config(), testing::qwen2_test_config(), partial,
-                               mla_packing_config(true), mla_packing_config(false)}) {
+                               testing::mla_test_config(true), testing::mla_test_config(false)}) {
     SCOPED_TRACE(c.name);
     const ModelWeights w = make_random_weights(c, seed);
     const LlamaModel copied(c, w);
