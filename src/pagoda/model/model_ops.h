@@ -249,8 +249,8 @@ CpuGemm auto_cpu_gemm();
 /// The CPU implementation: f32 activations; GEMM weights per `gemm` (kOpenBlas: the caller's f32
 /// arrays in place; the oneDNN modes: a packed copy of each weight matrix made by
 /// prepare_linear() -- the Decoder prepares its layers' and the LM head's at construction -- or
-/// else when linear() first sees it, keyed by (w, n, k), owned by the ops). Throws Error(kUnsupported) for a dtype other
-/// than f32 or a `gemm` cpu_gemm_unavailable refuses. `platform` must be a CPU platform and
+/// else when linear() first sees it, keyed by (w, n, k), owned by the ops). Throws
+/// Error(kUnsupported) for a dtype other than f32 or a `gemm` cpu_gemm_unavailable refuses. `platform` must be a CPU platform and
 /// outlive the ops.
 std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype,
                                        CpuGemm gemm = CpuGemm::kOpenBlas);
