@@ -37,6 +37,7 @@ void CpuLinearBackend::run(const LinearLayer& layer, const TensorView& xbc, cons
                            const TensorView& y) {
   kv::StatePool& pool = this->pool();
   const int32_t l = layer.state_layer;
+  layer_constants(layer);  // once per call, not per sequence or tree node
   int64_t r0 = 0;
   for (const LinearSeq& q : seqs()) {
     if (!q.node_slots.empty()) {
@@ -87,14 +88,21 @@ void CpuLinearBackend::tree_steps(const LinearLayer& layer, const LinearSeq& q, 
   }
 }
 
-void CpuLinearBackend::conv_inputs(const LinearLayer& layer, const float* conv_state,
-                                   const float* rows, int64_t stride, int64_t t) {
+void CpuLinearBackend::layer_constants(const LinearLayer& layer) {
   const attention::LinearWeights& w = layer.weights;
-  const int64_t cd = layer.shape.conv_dim(), k = layer.shape.conv_kernel, past = k - 1;
+  const int64_t cd = layer.shape.conv_dim(), k = layer.shape.conv_kernel;
   // The weights tap-major [k, cd] (they are channel-major [cd, k]): each tap a contiguous row.
   taps_.resize(static_cast<size_t>(k * cd));
   for (int64_t c = 0; c < cd; ++c)
     for (int64_t j = 0; j < k; ++j) taps_[j * cd + c] = w.conv[c * k + j];
+  const int64_t heads = layer.shape.num_heads;
+  a_.resize(static_cast<size_t>(heads));
+  for (int64_t hd = 0; hd < heads; ++hd) a_[hd] = -std::exp(w.a_log[hd]);
+}
+
+void CpuLinearBackend::conv_inputs(const LinearLayer& layer, const float* conv_state,
+                                   const float* rows, int64_t stride, int64_t t) {
+  const int64_t cd = layer.shape.conv_dim(), k = layer.shape.conv_kernel, past = k - 1;
   // Output row i's tap j reads the input at time i - past + j: the state's rows before the call.
   inputs_.resize(static_cast<size_t>(t * k));
   for (int64_t i = 0; i < t; ++i)
@@ -132,8 +140,6 @@ void CpuLinearBackend::time_steps(const LinearLayer& layer, const float* dt_raw,
                                   int64_t dt_stride, int64_t t) {
   const LinearShape& s = layer.shape;
   const int64_t heads = s.num_heads;
-  a_.resize(static_cast<size_t>(heads));
-  for (int64_t hd = 0; hd < heads; ++hd) a_[hd] = -std::exp(layer.weights.a_log[hd]);
   delta_.resize(static_cast<size_t>(t * heads));
   decay_.resize(static_cast<size_t>(t * heads));
   // On the scan's threads (one row for a decode or a tree node).

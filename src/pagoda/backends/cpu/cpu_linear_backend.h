@@ -51,8 +51,11 @@ class CpuLinearBackend final : public attention::LinearAttentionBackend {
            const TensorView& y) override;
 
  private:
-  /// Prepares the conv + SiLU of one sequence's t xBC rows (row stride `stride`): the tap-major
-  /// weights and each output row's input rows (from `conv_state` before the call's first row).
+  /// The layer's per-call constants: the conv weights tap-major (taps_) and A = -exp(a_log) (a_).
+  void layer_constants(const attention::LinearLayer& layer);
+  /// Prepares the conv + SiLU of one sequence's t xBC rows (row stride `stride`): each output
+  /// row's input rows (from `conv_state` before the call's first row; taps_ from
+  /// layer_constants).
   void conv_inputs(const attention::LinearLayer& layer, const float* conv_state, const float* rows,
                    int64_t stride, int64_t t);
   /// Prepared output rows [i0, i1) into xbc_ [i1 - i0, conv_dim] (the per-token paths).
@@ -62,7 +65,8 @@ class CpuLinearBackend final : public attention::LinearAttentionBackend {
   /// The conv state after the call: the last K - 1 inputs (after every conv row is computed).
   void conv_keep_inputs(const attention::LinearLayer& layer, float* conv_state, const float* rows,
                         int64_t stride, int64_t t);
-  /// Δ and exp(Δ·A) of t tokens (dt rows at `dt_stride`) into delta_ / decay_ [t, H] (and a_).
+  /// Δ and exp(Δ·A) of t tokens (dt rows at `dt_stride`) into delta_ / decay_ [t, H] (a_ from
+  /// layer_constants).
   void time_steps(const attention::LinearLayer& layer, const float* dt_raw, int64_t dt_stride,
                   int64_t t);
   /// One-step recurrence for one token (its Δ and exp(Δ·A) per head): updates h (all heads),
@@ -82,9 +86,9 @@ class CpuLinearBackend final : public attention::LinearAttentionBackend {
                   const TensorView& xbc, const TensorView& dt, const TensorView& y);
 
   std::vector<float> xbc_;     ///< after the conv: [rows, conv_dim] of one call, or of a chunk
-  std::vector<float> taps_;    ///< the conv weights tap-major [conv_kernel, conv_dim]
+  std::vector<float> taps_;    ///< conv weights tap-major [conv_kernel, conv_dim] (layer_constants)
   std::vector<const float*> inputs_;  ///< conv: each output row's input row per tap [t, K]
-  std::vector<float> a_;      ///< scan: A = -exp(a_log) [H]
+  std::vector<float> a_;      ///< A = -exp(a_log) [H] (layer_constants)
   std::vector<float> delta_;  ///< Δ [t, H] of the call's tokens (time_steps)
   std::vector<float> decay_;  ///< exp(Δ·A) [t, H]
   std::vector<float> gram_;   ///< scan: C·Bᵀ of one chunk per group [G, q, q], lower blocks
