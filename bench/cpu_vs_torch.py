@@ -7,8 +7,9 @@ same thread count, warm-up then median). Bytes and FLOPs use the same formulas a
 Each pagoda shape also runs with `--kernel-option cpu_bf16=0` (the f32 kernels without
 AVX512-BF16 dot products: the previous code path) in the same session, for an old/new comparison,
 and each decode shape with `--kernel-option cpu_bf16_decode=1` (the opt-in AVX512-BF16 decode).
-With --amx each extend shape also runs on the `amx` backend (bf16 matmuls through oneDNN: AMX
-tiles on Sapphire Rapids; its decode is the cpu kernels', so decode shapes are not repeated).
+With --amx every shape also runs on the `amx` backend (extend: AMX tile or oneDNN products;
+decode: the AMX decode kernel, kernels/cpu/amx_decode.h, reported with its share of the same run's
+memcpy bandwidth, issue 51's decode target).
 Writes cpu_vs_torch.md and cpu_vs_torch.json into --out.
 """
 import argparse
@@ -122,7 +123,7 @@ def main():
     ap.add_argument("--threads", nargs="*", type=int, default=[])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-ab", action="store_true", help="skip the cpu_bf16=0 and cpu_bf16_decode=1 runs")
-    ap.add_argument("--amx", action="store_true", help="also time the amx backend on extend shapes")
+    ap.add_argument("--amx", action="store_true", help="also time the amx backend on every shape")
     args = ap.parse_args()
     t_start = time.time()
     threads = args.threads or [2, os.cpu_count() or 2]
@@ -138,7 +139,7 @@ def main():
                 dec16 = run_pagoda(args.pagoda, shape, t, args.iters,
                                    kernel_options=["cpu_bf16_decode=1"])
             amx = None
-            if args.amx and shape[0] != "decode":
+            if args.amx:
                 amx = run_pagoda(args.pagoda, shape, t, args.iters, backend="amx")
             torch_ms, variant, variants, torch_version = time_torch(shape, t, args.iters)
             memory = shape[0] == "decode"
@@ -151,7 +152,7 @@ def main():
                         "pagoda_bf16_decode": dec16, "pagoda_amx": amx,
                         "torch_ms": torch_ms, "torch_variant": variant,
                         "torch_variants": variants})
-            print(f"threads={t} {shape[0]}: pagoda {ours['ms']:.3f} ms ({ours_rate:.3f} {unit}, "
+            print(f"threads={t} {shape[0]} {shape[1:]}: pagoda {ours['ms']:.3f} ms ({ours_rate:.3f} {unit}, "
                   f"{ours['pct_of_peak']:.1f}% of peak {ours['peak']:.2f}), torch {torch_ms:.3f} ms "
                   f"({variant}), speedup {torch_ms / ours['ms']:.2f}x"
                   + (f"; f32 path {old['ms']:.3f} ms" if old else "")
@@ -187,8 +188,11 @@ def main():
                          f"{d['peak']:.2f}")
         if r["pagoda_amx"]:
             a = r["pagoda_amx"]
+            rate = (f"{a['gbps']:.3f} GB/s, {a['pct_of_copy']:.1f} % of the run's memcpy "
+                    f"{a['copy_gbps']:.2f} GB/s" if r["shape"][0] == "decode"
+                    else f"{a['tflops']:.3f} TFLOP/s")
             lines.append(f"- {r['threads']} threads, {r['shape'][0]} on the amx backend: "
-                         f"{a['ms']:.3f} ms, {a['tflops']:.3f} TFLOP/s (torch "
+                         f"{a['ms']:.3f} ms, {rate} (torch "
                          f"{r['torch_ms']:.3f} ms: {r['torch_ms'] / a['ms']:.2f}x)")
     lines.append("")
     lines.append(f"bench wall time {time.time() - t_start:.0f} s (after the build)")

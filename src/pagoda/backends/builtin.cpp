@@ -34,7 +34,8 @@ void register_builtin_backends(BackendRegistry& registry, const KernelOptions& k
 #endif
 #ifdef PAGODA_HAVE_AMX_BACKEND
   register_amx_backend(registry, {.decode = {.bf16_tiles = kernels.cpu_bf16,
-                                             .bf16_decode = kernels.cpu_bf16_decode},
+                                             .bf16_decode = kernels.cpu_bf16_decode,
+                                             .amx_decode = kernels.amx_decode},
                                   .tiles = kernels.amx_tiles});
 #endif
 #ifdef PAGODA_HAVE_CUDA_BACKEND

@@ -32,6 +32,7 @@ void for_each_option(Options& o, F&& f) {
   f("cpu_bf16", o.cpu_bf16);
   f("cpu_bf16_decode", o.cpu_bf16_decode);
   f("amx_tiles", o.amx_tiles);
+  f("amx_decode", o.amx_decode);
 }
 
 bool parse_value(std::string_view text, bool& out) {

@@ -49,6 +49,10 @@ struct KernelOptions {
   /// 2 threads, a shared machine): prefill 2,048 B1 44.0 vs 47.5 ms, extend 512 on 4,096 B4
   /// 164–167 vs 171–176 ms (docs/design/cpu_backend.md "amx backend").
   bool amx_tiles = true;
+  /// The amx backend's AMX decode kernel (kernels/cpu/amx_decode.h) for decode steps where the CPU
+  /// has AMX (else the cpu backend's decode kernels). B16 × 8,192 keys, 32/8 heads, D 128, page
+  /// 16, 2 threads on the Xeon dev VM: see docs/design/cpu_backend.md "amx backend".
+  bool amx_decode = true;
 
   /// Throws Error(kInvalidArgument) naming the first out-of-range field (decode_min_chunk not a
   /// multiple of 16 >= 16, sm90_max_blocks < 0, sm90_pingpong outside -1..1, merge_threads not

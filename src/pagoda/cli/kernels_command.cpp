@@ -31,6 +31,7 @@
 #include "pagoda/cli/kernels_linear.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/platform/platform.h"
 #ifdef PAGODA_CLI_HAVE_CPU_BACKEND
 #include "pagoda/backends/cpu/cpu_batch_attention.h"
 #include "pagoda/kernels/cpu/paged_attention.h"
@@ -108,7 +109,8 @@ std::unique_ptr<attention::BatchAttention> make_attention(const std::string& nam
     omp_set_num_threads(threads);
     return backends::make_amx_batch_attention({.decode = {.num_threads = threads,
                                                           .bf16_tiles = kernels.cpu_bf16,
-                                                          .bf16_decode = kernels.cpu_bf16_decode},
+                                                          .bf16_decode = kernels.cpu_bf16_decode,
+                                                          .amx_decode = kernels.amx_decode},
                                                .tiles = kernels.amx_tiles});
   }
 #endif
@@ -124,15 +126,17 @@ std::unique_ptr<attention::BatchAttention> make_attention(const std::string& nam
 /// flush). One default per side of each comparison, so both sides run under one policy.
 bool flush_default(const std::string& backend) { return backend == "cuda"; }
 
-/// Where the timed tensors live: host vectors, or device copies of them (cuda). The KV copies are
-/// rotated between iterations; every copy holds its own random values (constant data would let
-/// the tensor cores run cooler and faster than on real K/V).
+/// Where the timed tensors live: host buffers from the CPU platform's allocator (as the engine's
+/// KV pool: 2 MiB aligned, transparent huge pages where the kernel grants them), or device copies
+/// (cuda). The KV copies are rotated between iterations; every copy holds its own random values
+/// (constant data would let the tensor cores run cooler and faster than on real K/V).
 struct KernelBuffers {
   Device device = Device::cpu();
   std::vector<void*> k, v;  // per copy; v empty for MLA
   void* q = nullptr;
   void* out = nullptr;
-  std::vector<std::vector<unsigned char>> host;  // owners on the host
+  std::unique_ptr<platform::Platform> cpu = platform::make_cpu_platform();
+  std::vector<platform::DeviceBuffer> host;  // owners on the host
 #ifdef PAGODA_CLI_HAVE_CUDA
   std::unique_ptr<platform::Platform> gpu;
   std::vector<platform::DeviceBuffer> dev;  // owners on the device
@@ -146,8 +150,9 @@ struct KernelBuffers {
       return dev.back().get();
     }
 #endif
-    host.push_back(std::move(buf));
-    return host.back().data();
+    host.push_back(platform::make_buffer(cpu->allocator(), std::max<size_t>(buf.size(), 1)));
+    if (!buf.empty()) std::memcpy(host.back().get(), buf.data(), buf.size());
+    return host.back().get();
   }
 };
 

@@ -4,7 +4,10 @@
 /// kernels/cpu/amx_tile.h) or through oneDNN's matmul primitive (CPUs without AMX, head dims that
 /// are not multiples of 32, or AmxOptions::tiles off; AVX512-BF16, AVX-512 or f32 there: oneDNN's
 /// choice); docs/design/cpu_backend.md "amx backend". Decode-only steps run on the cpu backend's
-/// kernels (CpuBatchAttention) unchanged.
+/// scheduler (CpuBatchAttention) with CpuAttentionOptions::amx_decode: its items whose rows all see
+/// every key (one query per request, ≤ 16 query heads per KV head, bf16, Dqk == Dv a multiple of
+/// 32) on the AMX decode kernel (kernels/cpu/amx_decode.h: Q·Kᵀ on tiles, P·V with vdpbf16ps), the
+/// others on the SIMD kernels.
 ///
 /// Extend: per (request, KV head) the request's K/V rows are gathered from the pages into
 /// contiguous bf16 (AMX: K in groups of 16 keys and V in key pairs, the tiles' B layout; oneDNN:
@@ -46,7 +49,9 @@ inline constexpr int kAmxKeyAlign = 64;
 
 /// The amx backend's configuration.
 struct AmxOptions {
-  CpuAttentionOptions decode;  ///< the cpu kernels that serve decode steps
+  /// The decode steps' scheduler and kernels (amx_decode: the AMX decode kernel where it applies
+  /// and the CPU has AMX; KernelOptions::amx_decode).
+  CpuAttentionOptions decode{.amx_decode = true};
   /// The extend products on pagoda's AMX tile micro-kernels where the CPU has AMX
   /// (KernelOptions::amx_tiles); false, or no AMX: oneDNN's matmul.
   bool tiles = true;

@@ -233,6 +233,7 @@ void CpuBatchAttention::run(const TensorView& q, const TensorView& k_cache,
   p.v_scale = params.v_scale;
   p.bf16_tiles = opt_.bf16_tiles;
   p.bf16_decode = opt_.bf16_decode;
+  p.amx_decode = opt_.amx_decode;
 
   kc::CpuSchedule sch;
   sch.items = plan_.items.data();

@@ -26,6 +26,7 @@ struct CpuAttentionOptions {
   int items_per_thread = 4;     ///< split KV until there are this many items per thread
   bool bf16_tiles = true;       ///< CpuAttentionParams::bf16_tiles (AVX512-BF16 extend tile)
   bool bf16_decode = false;     ///< CpuAttentionParams::bf16_decode (AVX512-BF16 decode)
+  bool amx_decode = false;      ///< CpuAttentionParams::amx_decode (the amx backend's decode)
 };
 
 /// Creates the CPU BatchAttention. Throws Error(kInvalidArgument) for bad options.

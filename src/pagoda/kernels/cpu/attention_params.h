@@ -73,6 +73,9 @@ struct CpuAttentionParams {
   /// faster than the f32 direct path, bench/results/cpu_attention.md).
   bool bf16_tiles = true;
   bool bf16_decode = false;
+  /// The AMX decode kernel (amx_decode.h) for the items it takes (one query position per row,
+  /// at most 16 rows per KV head, bf16, every key of the chunk visible); set by the amx backend.
+  bool amx_decode = false;
 };
 
 /// One unit of work: request `request`, KV heads [kv_head_begin, kv_head_end), query heads

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 
+#include "pagoda/kernels/cpu/amx_decode.h"
 #include "pagoda/kernels/cpu/output_writer.h"
 #include "pagoda/kernels/cpu/scratch_layout.h"
 #include "pagoda/kernels/cpu/tile_bf16.h"
@@ -106,6 +107,22 @@ void ProcessItem(const CpuAttentionParams& p, const CpuSchedule& sch, const CpuW
                  float* scratch) {
   if (TileEligible(p, it)) {
     ProcessItemTile(p, sch, it, scratch);
+    return;
+  }
+  if (detail::amx_decode_eligible(p, it)) {
+    const detail::ScratchLayout lay(sch.max_rows, sch.max_rows, p.head_dim_qk, p.head_dim_v,
+                                    sch.kv_block);
+    const detail::AmxDecodeScratch s{.q = reinterpret_cast<uint32_t*>(scratch + lay.q),
+                                     .k = reinterpret_cast<uint32_t*>(scratch + lay.k),
+                                     .s = scratch + lay.v,
+                                     .acc = scratch + lay.acc,
+                                     .ml = scratch + lay.amx_ml};
+    float* lse = scratch + lay.m;
+    detail::amx_decode_item(p, it, s, lse);
+    const int rows = (it.kv_head_end - it.kv_head_begin) * (it.q_end - it.q_begin) *
+                     (it.group_end - it.group_begin);
+    for (int r = 0; r < rows; ++r)
+      FinishRow(p, sch, it, r, scratch + lay.acc + static_cast<int64_t>(r) * p.head_dim_v, lse[r]);
     return;
   }
   const float neg_inf = -std::numeric_limits<float>::infinity();

@@ -61,6 +61,7 @@ struct ScratchLayout {
   int64_t m = 0;       ///< [max_rows] running max (natural units)
   int64_t l = 0;       ///< [max_rows] running sum
   int64_t tile = 0;    ///< the extend tile path's buffers (TileLayout, relative to this)
+  int64_t amx_ml = 0;  ///< [2, max_rows, 16] the AMX decode kernel's running max and sum
   int64_t total = 0;   ///< floats in all
 
   ScratchLayout(int max_rows, int max_rows_per_head, int dqk, int dv, int kv_block) {
@@ -84,6 +85,8 @@ struct ScratchLayout {
     at += round(max_rows);
     tile = at;
     at += round(TileLayout(max_rows, dqk, dv, kv_block).total);
+    amx_ml = at;
+    at += round(int64_t{32} * max_rows);
     total = at;
   }
 };
