@@ -7,8 +7,9 @@ and 8): N prompts of --input-len random tokens, --output-len greedy tokens each 
 both sides), on a Hugging Face checkpoint (e.g. `tools/make_checkpoint.py --layout 1b --dtype
 bf16 --out /tmp/llama-1b`).
 - pagoda: `pagoda bench --requests N` (all N submitted at once, continuous batching) per GEMM
-  mode (default onednn = bf16 weights through oneDNN's matmul, and openblas): output tok/s (all
-  output tokens / the serving wall time, load excluded), decode ms per step (a step decodes the
+  mode (default amx = bf16 weights on pagoda's AMX GEMM, onednn = bf16 weights through oneDNN's
+  matmul, and openblas): output tok/s (all output tokens / the serving wall time, load
+  excluded), decode ms per step (a step decodes the
   whole batch), TTFT p50, and load s (checkpoint read + weights packed; no request pays for
   packing). A mode pagoda refuses on this CPU is recorded with its reason.
 - transformers (when torch and transformers import), bf16: the N prompts in one batch, left
@@ -33,7 +34,7 @@ import statistics
 import subprocess
 import time
 
-MODES = ["onednn", "openblas"]
+MODES = ["amx", "onednn", "openblas"]
 
 
 def run_pagoda(exe, model, mode, threads, requests, input_len, output_len, timeout):

@@ -50,9 +50,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
       ->capture_default_str();
   cmd->add_option("--cpu-gemm", a.cpu_gemm,
                   "the CPU model's GEMMs: openblas (f32 weights), onednn (bf16 weights, oneDNN "
-                  "matmul; AMX / AVX512-BF16, needs AVX-512), onednn-f32, or auto (onednn where "
-                  "oneDNN reports avx512_core_bf16 or AMX, else openblas)")
-      ->check(CLI::IsMember({"openblas", "onednn", "onednn-f32", "auto"}))
+                  "matmul; AMX / AVX512-BF16, needs AVX-512), onednn-f32, amx (bf16 weights, "
+                  "pagoda's AMX GEMM; needs AMX), or auto (amx where the CPU has AMX, else onednn "
+                  "where oneDNN reports avx512_core_bf16, else openblas)")
+      ->check(CLI::IsMember({"openblas", "onednn", "onednn-f32", "amx", "auto"}))
       ->capture_default_str();
   cmd->add_option_function<std::string>(
          "--cuda-graph", [&a](const std::string& v) { a.cuda_graph = v == "on"; },

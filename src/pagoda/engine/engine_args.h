@@ -37,8 +37,8 @@ struct EngineArgs {
   std::string policy = "fcfs";     ///< --policy: fcfs | lpm (longest prefix match)
   std::string dtype = "auto";      ///< --dtype: auto | f32 | f16 | bf16 ("" = auto)
   std::string kv_dtype = "auto";   ///< --kv-dtype: auto | f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2
-  /// --cpu-gemm: openblas | onednn | onednn-f32 | auto (onednn where oneDNN reports native bf16:
-  /// avx512_core_bf16 or AMX; else openblas). model_ops.h CpuGemm.
+  /// --cpu-gemm: openblas | onednn | onednn-f32 | amx | auto (amx where the CPU has AMX, else
+  /// onednn where oneDNN reports native bf16, else openblas). model_ops.h CpuGemm.
   std::string cpu_gemm = "openblas";
   bool cuda_graph = true;          ///< --cuda-graph on|off
   bool overlap = false;            ///< --overlap on|off (EngineConfig::overlap)

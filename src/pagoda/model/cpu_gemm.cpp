@@ -11,23 +11,26 @@ std::string_view cpu_gemm_name(CpuGemm gemm) {
     case CpuGemm::kOpenBlas: return "openblas";
     case CpuGemm::kOnednn: return "onednn";
     case CpuGemm::kOnednnF32: return "onednn-f32";
+    case CpuGemm::kAmx: return "amx";
   }
   return "?";
 }
 
 std::optional<CpuGemm> parse_cpu_gemm(std::string_view name) {
-  for (CpuGemm g : {CpuGemm::kOpenBlas, CpuGemm::kOnednn, CpuGemm::kOnednnF32})
+  for (CpuGemm g : {CpuGemm::kOpenBlas, CpuGemm::kOnednn, CpuGemm::kOnednnF32, CpuGemm::kAmx})
     if (name == cpu_gemm_name(g)) return g;
   return std::nullopt;
 }
 
 std::string cpu_gemm_unavailable(CpuGemm gemm) {
   if (gemm == CpuGemm::kOpenBlas) return "";
+  if (gemm == CpuGemm::kAmx) return kernels::cpu::amx_linear_unavailable();
   return kernels::cpu::onednn_linear_unavailable(gemm == CpuGemm::kOnednn ? DType::kBF16
                                                                           : DType::kF32);
 }
 
 CpuGemm auto_cpu_gemm() {
+  if (cpu_gemm_unavailable(CpuGemm::kAmx).empty()) return CpuGemm::kAmx;
   return kernels::cpu::onednn_has_native_bf16() && cpu_gemm_unavailable(CpuGemm::kOnednn).empty()
              ? CpuGemm::kOnednn
              : CpuGemm::kOpenBlas;
@@ -49,21 +52,40 @@ kernels::cpu::OnednnLinear& CpuGemmRunner::packed(const float* w, int64_t n, int
   return it->second;
 }
 
+kernels::cpu::AmxLinear& CpuGemmRunner::packed_amx(const float* w, int64_t n, int64_t k) {
+  const auto key = std::make_tuple(w, n, k);
+  auto it = packed_amx_.find(key);
+  if (it == packed_amx_.end()) it = packed_amx_.emplace(key, kernels::cpu::AmxLinear(w, n, k)).first;
+  return it->second;
+}
+
 void CpuGemmRunner::prepare(const float* w, int64_t n, int64_t k) {
-  if (gemm_ != CpuGemm::kOpenBlas && n > 0 && k > 0) (void)packed(w, n, k);
+  if (gemm_ == CpuGemm::kOpenBlas || n <= 0 || k <= 0) return;
+  if (gemm_ == CpuGemm::kAmx) {
+    (void)packed_amx(w, n, k);
+  } else {
+    (void)packed(w, n, k);
+  }
 }
 
 void CpuGemmRunner::linear(const float* x, const float* w, float* y, int64_t m, int64_t n,
                            int64_t k) {
   if (gemm_ == CpuGemm::kOpenBlas) return model::linear(x, w, y, m, n, k);
   if (m == 0 || n == 0) return;
+  if (gemm_ == CpuGemm::kAmx) return packed_amx(w, n, k).forward(x, y, m);
   packed(w, n, k).forward(x, y, m);
 }
 
 bool CpuGemmRunner::swiglu_linear(const float* gate_up, const float* w, float* y, int64_t m,
                                   int64_t n, int64_t k) {
-  if (gemm_ != CpuGemm::kOnednn) return false;
+  if (gemm_ != CpuGemm::kOnednn && gemm_ != CpuGemm::kAmx) return false;
   if (m == 0 || n == 0) return true;
+  if (gemm_ == CpuGemm::kAmx) {
+    kernels::cpu::AmxLinear& lin = packed_amx(w, n, k);
+    silu_mul_bf16(gate_up, lin.input(m), m, k, lin.input_ld());
+    lin.forward_input(y, m);
+    return true;
+  }
   kernels::cpu::OnednnLinear& lin = packed(w, n, k);
   silu_mul_bf16(gate_up, static_cast<uint16_t*>(lin.input(m)), m, k);
   lin.forward_input(y, m);
@@ -73,6 +95,7 @@ bool CpuGemmRunner::swiglu_linear(const float* gate_up, const float* w, float* y
 size_t CpuGemmRunner::packed_bytes() const {
   size_t bytes = 0;
   for (const auto& [key, lin] : packed_) bytes += lin.weight_bytes();
+  for (const auto& [key, lin] : packed_amx_) bytes += lin.weight_bytes();
   return bytes;
 }
 

@@ -233,17 +233,20 @@ enum class CpuGemm : uint8_t {
   kOnednn,     ///< "onednn": bf16 weights (rounded to nearest even), oneDNN matmul on bf16
                ///< activations, f32 accumulation (AMX / AVX512-BF16; needs AVX-512)
   kOnednnF32,  ///< "onednn-f32": f32 weights through oneDNN's matmul (A/B against OpenBLAS)
+  kAmx,        ///< "amx": bf16 weights packed as AMX tiles, pagoda's AMX GEMM on bf16
+               ///< activations, f32 accumulation (kernels/cpu/amx_linear.h; needs AMX)
 };
 
-/// "openblas", "onednn", "onednn-f32".
+/// "openblas", "onednn", "onednn-f32", "amx".
 std::string_view cpu_gemm_name(CpuGemm gemm);
 /// The mode named `name` (cpu_gemm_name's spellings); nullopt for another name.
 std::optional<CpuGemm> parse_cpu_gemm(std::string_view name);
 /// Why `gemm` cannot run on this CPU in this build ("" when it can): oneDNN missing from the
-/// build, or no bf16 matmul in oneDNN on this CPU (kernels/cpu/onednn_linear.h).
+/// build, or no bf16 matmul in oneDNN on this CPU (kernels/cpu/onednn_linear.h), or no AMX.
 std::string cpu_gemm_unavailable(CpuGemm gemm);
-/// What `--cpu-gemm auto` picks: kOnednn where oneDNN reports avx512_core_bf16 or AMX (native
-/// bf16 arithmetic), else kOpenBlas.
+/// What `--cpu-gemm auto` picks: kAmx where the CPU has AMX (faster than oneDNN 2.6's matmul
+/// there, docs/design/model.md "CPU GEMMs"), else kOnednn where oneDNN reports avx512_core_bf16
+/// (native bf16 arithmetic), else kOpenBlas.
 CpuGemm auto_cpu_gemm();
 
 /// The CPU implementation: f32 activations; GEMM weights per `gemm` (kOpenBlas: the caller's f32

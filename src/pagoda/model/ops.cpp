@@ -59,10 +59,12 @@ void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
   });
 }
 
-void silu_mul_bf16(const float* gate_up, uint16_t* out, int64_t rows, int64_t inter) {
+void silu_mul_bf16(const float* gate_up, uint16_t* out, int64_t rows, int64_t inter,
+                   int64_t out_ld) {
+  const int64_t ld = out_ld > 0 ? out_ld : inter;
   over_row_chunks(rows, inter, [&](int64_t t, int64_t i, int64_t n) {
     const float* g = gate_up + t * 2 * inter + i;
-    silu_mul_bf16_span(g, g + inter, out + t * inter + i, n);
+    silu_mul_bf16_span(g, g + inter, out + t * ld + i, n);
   });
 }
 

@@ -134,7 +134,8 @@ TEST(EngineArgs, EveryBadValueNamesItsFlag) {
 // platform refuses every mode but openblas (the Xeon run at add2600 failed here).
 TEST(EngineArgs, CpuGemmModes) {
   for (model::CpuGemm g :
-       {model::CpuGemm::kOpenBlas, model::CpuGemm::kOnednn, model::CpuGemm::kOnednnF32}) {
+       {model::CpuGemm::kOpenBlas, model::CpuGemm::kOnednn, model::CpuGemm::kOnednnF32,
+        model::CpuGemm::kAmx}) {
     EngineArgs a;
     a.backend.attention = "reference";
     a.cpu_gemm = std::string(model::cpu_gemm_name(g));

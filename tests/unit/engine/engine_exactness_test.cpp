@@ -132,7 +132,8 @@ TEST_P(EngineCpuGemm, GreedyMatchesNaive) {
   for (const auto& p : prompts)
     ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = max_new}));
   engine.run_until_idle();
-  const double tie = gemm == model::CpuGemm::kOnednn ? 0.4 : 1e-3;
+  const bool bf16 = gemm == model::CpuGemm::kOnednn || gemm == model::CpuGemm::kAmx;
+  const double tie = bf16 ? 0.4 : 1e-3;
   for (size_t i = 0; i < ids.size(); ++i)
     expect_matches_naive(engine.output(ids[i]), naive_greedy(prompts[i], max_new),
                          std::string(model::cpu_gemm_name(gemm)) + " request " +
@@ -141,10 +142,12 @@ TEST_P(EngineCpuGemm, GreedyMatchesNaive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EngineCpuGemm,
-                         ::testing::Values(model::CpuGemm::kOnednnF32, model::CpuGemm::kOnednn),
+                         ::testing::Values(model::CpuGemm::kOnednnF32, model::CpuGemm::kOnednn,
+                                           model::CpuGemm::kAmx),
                          [](const auto& info) {
-                           return info.param == model::CpuGemm::kOnednn ? std::string("onednn_bf16")
-                                                                        : std::string("onednn_f32");
+                           return info.param == model::CpuGemm::kOnednn  ? std::string("onednn_bf16")
+                                  : info.param == model::CpuGemm::kAmx ? std::string("amx_bf16")
+                                                                       : std::string("onednn_f32");
                          });
 
 TEST(EngineExactness, AloneEqualsBusyAndLpmPolicy) {

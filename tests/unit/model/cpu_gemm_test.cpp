@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <iterator>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/kernels/cpu/amx_linear.h"
 #include "pagoda/model/cpu_gemm.h"
 #include "pagoda/model/ops.h"
 #include "test_seed.h"
@@ -67,12 +69,14 @@ void check_ms(CpuGemmRunner& runner, const GemmData& g, std::mt19937_64& rng,
 }
 
 TEST(CpuGemm, NamesRoundTripAndUnknownIsNone) {
-  for (CpuGemm g : {CpuGemm::kOpenBlas, CpuGemm::kOnednn, CpuGemm::kOnednnF32})
+  for (CpuGemm g : {CpuGemm::kOpenBlas, CpuGemm::kOnednn, CpuGemm::kOnednnF32, CpuGemm::kAmx})
     EXPECT_EQ(parse_cpu_gemm(cpu_gemm_name(g)), g);
   EXPECT_EQ(parse_cpu_gemm("mkl"), std::nullopt);
   EXPECT_EQ(cpu_gemm_unavailable(CpuGemm::kOpenBlas), "");
-  // auto picks oneDNN only where it has native bf16 (and can then run it).
-  EXPECT_EQ(auto_cpu_gemm() == CpuGemm::kOnednn, kernels::cpu::onednn_has_native_bf16());
+  // auto picks the AMX GEMM where it runs, else oneDNN where it has native bf16.
+  const bool amx = cpu_gemm_unavailable(CpuGemm::kAmx).empty();
+  EXPECT_EQ(auto_cpu_gemm() == CpuGemm::kAmx, amx);
+  EXPECT_EQ(auto_cpu_gemm() == CpuGemm::kOnednn, !amx && kernels::cpu::onednn_has_native_bf16());
 }
 
 TEST(CpuGemm, OnednnF32MatchesDoubleReference) {
@@ -129,6 +133,33 @@ TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
   check_ms(runner, a, rng, {1, 7, 64, 70, 7}, to_bf16, 1e-5);  // 70: 96 rows, 26 of them padding
   EXPECT_GE(runner.packed_bytes(), sizeof(uint16_t) * 128 * 96);
   EXPECT_LT(runner.packed_bytes(), sizeof(float) * 128 * 96);  // bf16: about half of f32
+}
+
+// pagoda's AMX GEMM (kernels/cpu/amx_linear.h): shapes that are not multiples of 32 (edge
+// blocks), k past one chunk (accumulator tiles stored and reloaded between chunks), more column
+// blocks than one work item takes, M of one tile (<= 16: decode), of whole and partial 32-row
+// blocks, and a shorter M after a longer one (stale operand rows must not leak in).
+TEST(CpuGemm, AmxMatchesRoundedReferenceOrRefuses) {
+  const std::string why = cpu_gemm_unavailable(CpuGemm::kAmx);
+  if (!why.empty()) {
+    try {
+      CpuGemmRunner runner(CpuGemm::kAmx);
+      ADD_FAILURE() << "constructed although unavailable: " << why;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(std::string(e.what()).find("--cpu-gemm amx"), std::string::npos) << e.what();
+    }
+    GTEST_SKIP() << "AMX GEMM not checked: " << why;
+  }
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  const GemmData a = random_weights(rng, 100, 70), b = random_weights(rng, 300, 1100);
+  CpuGemmRunner runner(CpuGemm::kAmx);
+  runner.prepare(b.w.data(), b.n, b.k);
+  EXPECT_GE(runner.packed_bytes(), sizeof(uint16_t) * 300 * 1100);
+  check_ms(runner, a, rng, {1, 7, 16, 17, 33, 64, 70, 7}, to_bf16, 1e-5);
+  check_ms(runner, b, rng, {40, 5, 96}, to_bf16, 1e-5);
+  EXPECT_LT(runner.packed_bytes(), sizeof(float) * (100 * 70 + 300 * 1100));
 }
 
 /// The f64 SwiGLU silu(g) * u of one element.
@@ -193,32 +224,77 @@ TEST(CpuGemm, SwigluLinearFusedInBf16ModeOnly) {
         << cpu_gemm_name(g);
     EXPECT_EQ(y[0], 7.f) << cpu_gemm_name(g) << " wrote although it declined";
   }
-  if (const std::string why = cpu_gemm_unavailable(CpuGemm::kOnednn); !why.empty())
-    GTEST_SKIP() << "the fused bf16 path is not checked: " << why;
-  CpuGemmRunner runner(CpuGemm::kOnednn);
-  // M 40 and 70: one padded product (64, 96 rows); 1 and 7: decode-sized; 7 again: cached.
-  for (int64_t m : {1, 7, 40, 70, 7}) {
-    SCOPED_TRACE(::testing::Message() << "m " << m);
-    const std::vector<float> gu = random_gate_up(rng, m, down.k, 2.f);
-    std::vector<float> y(static_cast<size_t>(m * down.n), NAN);
-    ASSERT_TRUE(runner.swiglu_linear(gu.data(), down.w.data(), y.data(), m, down.n, down.k));
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < down.n; ++j) {
-        // The operand as the reference rounds it; silu_mul_bf16 may differ by one bf16 ulp
-        // (2^-8 relative) on an element, so that much of each |a w| is allowed on top of the
-        // f32 accumulation.
-        double ref = 0, mag = 0;
-        for (int64_t i = 0; i < down.k; ++i) {
-          const double a = to_bf16(static_cast<float>(
-              swiglu_ref(gu[static_cast<size_t>(r * 2 * down.k + i)],
-                         gu[static_cast<size_t>(r * 2 * down.k + down.k + i)])));
-          const double p = a * to_bf16(down.w[static_cast<size_t>(j * down.k + i)]);
-          ref += p, mag += std::abs(p);
+  int checked = 0;
+  for (CpuGemm mode : {CpuGemm::kOnednn, CpuGemm::kAmx}) {
+    if (const std::string why = cpu_gemm_unavailable(mode); !why.empty()) {
+      std::printf("the fused bf16 path of --cpu-gemm %s is not checked: %s\n",
+                  std::string(cpu_gemm_name(mode)).c_str(), why.c_str());
+      continue;
+    }
+    ++checked;
+    SCOPED_TRACE(cpu_gemm_name(mode));
+    CpuGemmRunner runner(mode);
+    // M 40 and 70: padded products (64, 96 rows); 1 and 7: decode-sized; 7 again: cached.
+    for (int64_t m : {1, 7, 40, 70, 7}) {
+      SCOPED_TRACE(::testing::Message() << "m " << m);
+      const std::vector<float> gu = random_gate_up(rng, m, down.k, 2.f);
+      std::vector<float> y(static_cast<size_t>(m * down.n), NAN);
+      ASSERT_TRUE(runner.swiglu_linear(gu.data(), down.w.data(), y.data(), m, down.n, down.k));
+      for (int64_t r = 0; r < m; ++r)
+        for (int64_t j = 0; j < down.n; ++j) {
+          // The operand as the reference rounds it; silu_mul_bf16 may differ by one bf16 ulp
+          // (2^-8 relative) on an element, so that much of each |a w| is allowed on top of the
+          // f32 accumulation.
+          double ref = 0, mag = 0;
+          for (int64_t i = 0; i < down.k; ++i) {
+            const double a = to_bf16(static_cast<float>(
+                swiglu_ref(gu[static_cast<size_t>(r * 2 * down.k + i)],
+                           gu[static_cast<size_t>(r * 2 * down.k + down.k + i)])));
+            const double p = a * to_bf16(down.w[static_cast<size_t>(j * down.k + i)]);
+            ref += p, mag += std::abs(p);
+          }
+          ASSERT_NEAR(y[static_cast<size_t>(r * down.n + j)], ref,
+                      (1e-5 + 1.0 / 256) * mag + 1e-6)
+              << "row " << r << " col " << j;
         }
-        ASSERT_NEAR(y[static_cast<size_t>(r * down.n + j)], ref, (1e-5 + 1.0 / 256) * mag + 1e-6)
-            << "row " << r << " col " << j;
-      }
+    }
   }
+  if (checked == 0) GTEST_SKIP() << "no bf16 GEMM mode runs here";
+}
+
+TEST(AmxLinear, ForwardInputRefusesRowsItWasNotReadiedFor) {
+  if (const std::string why = kernels::cpu::amx_linear_unavailable(); !why.empty())
+    GTEST_SKIP() << why;
+  const std::vector<float> w(16 * 8, 1.f);
+  kernels::cpu::AmxLinear lin(w.data(), 16, 8);
+  std::vector<float> y(3 * 16);
+  (void)lin.input(2);
+  EXPECT_THROW(lin.forward_input(y.data(), 3), Error);
+  EXPECT_THROW(kernels::cpu::AmxLinear(w.data(), 0, 8), Error);
+  // A bf16 input written by hand at input_ld() apart: rows of ones and twos.
+  uint16_t* x = lin.input(2);
+  std::fill(x, x + 8, f32_to_bf16_bits(1.f));
+  std::fill(x + lin.input_ld(), x + lin.input_ld() + 8, f32_to_bf16_bits(2.f));
+  lin.forward_input(y.data(), 2);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], 8.f);
+    EXPECT_EQ(y[16 + j], 16.f);
+  }
+  // The operand buffer is the thread's, shared by every AmxLinear: another matrix's input()
+  // in between, or a NaN product before, must not leak in (k 40: padding columns 40..63 are
+  // read by the tile loads against zero weights).
+  const std::vector<float> wide_w(64 * 2048, 1.f), nan_x(4 * 2048, NAN);
+  kernels::cpu::AmxLinear wide(wide_w.data(), 64, 2048);
+  std::vector<float> wide_y(4 * 64);
+  wide.forward(nan_x.data(), wide_y.data(), 4);
+  EXPECT_TRUE(std::isnan(wide_y[0]));
+  const std::vector<float> w40(16 * 40, 0.5f), x40(3 * 40, 2.f);
+  kernels::cpu::AmxLinear narrow(w40.data(), 16, 40);
+  std::vector<float> y40(3 * 16, NAN);
+  narrow.forward(x40.data(), y40.data(), 3);
+  for (float v : y40) EXPECT_EQ(v, 40.f);
+  (void)wide.input(3);
+  EXPECT_THROW(narrow.forward_input(y40.data(), 3), Error);  // readied by another matrix
 }
 
 TEST(OnednnLinear, ForwardInputRefusesRowsItWasNotReadiedFor) {

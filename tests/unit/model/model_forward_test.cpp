@@ -77,7 +77,7 @@ double max_abs_diff(std::span<const float> a, const std::vector<double>& b) {
 /// bf16 path emulated in f32 (inputs rounded as oneDNN gets them) deviates by up to 5.5 % on
 /// these variants (the soft-capped one), so this leaves 2x headroom.
 double logit_tolerance(CpuGemm gemm, const std::vector<double>& ref) {
-  if (gemm != CpuGemm::kOnednn) return 2e-3;
+  if (gemm != CpuGemm::kOnednn && gemm != CpuGemm::kAmx) return 2e-3;
   double m = 1.0;
   for (double v : ref) m = std::max(m, std::abs(v));
   return 0.1 * m;
@@ -192,12 +192,12 @@ TEST_P(ModelForward, MatchesNaiveLogits) {
   EXPECT_GT(top1_checked, 0) << "no decode step had a clear top-1 at this tolerance";
 }
 
-/// Every backend × page size with OpenBLAS; the oneDNN modes on the last backend, page 16.
+/// Every backend × page size with OpenBLAS; the oneDNN and AMX modes on the last backend, page 16.
 std::vector<std::tuple<std::string, int, CpuGemm>> forward_cases() {
   std::vector<std::tuple<std::string, int, CpuGemm>> cases;
   for (const std::string& b : backend_names())
     for (int page : {1, 16}) cases.emplace_back(b, page, CpuGemm::kOpenBlas);
-  for (CpuGemm g : {CpuGemm::kOnednnF32, CpuGemm::kOnednn})
+  for (CpuGemm g : {CpuGemm::kOnednnF32, CpuGemm::kOnednn, CpuGemm::kAmx})
     cases.emplace_back(backend_names().back(), 16, g);
   return cases;
 }
@@ -209,6 +209,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, ModelForward, ::testing::ValuesIn(forward_cas
                                               std::to_string(std::get<1>(info.param));
                            if (g == CpuGemm::kOnednn) name += "_onednn_bf16";
                            if (g == CpuGemm::kOnednnF32) name += "_onednn_f32";
+                           if (g == CpuGemm::kAmx) name += "_amx_bf16";
                            return name;
                          });
 

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "pagoda/kernels/cpu/amx_tile.h"
+#include "pagoda/kernels/cpu/amx_support.h"
 #include "pagoda/kernels/cpu/paged_attention.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
@@ -62,16 +62,6 @@ bool amx_decode_eligible(const CpuAttentionParams& p, const CpuWorkItem& it) {
 #define PAGODA_AMX_DECODE_INLINE PAGODA_AMX_DECODE_TARGET inline __attribute__((always_inline))
 
 namespace {
-
-/// LDTILECFG's operand: tile 0 = C (16 keys × rows f32), 1 = A (16 keys × 32 bf16 of K),
-/// 2 = B (16 dim pairs × rows of Q).
-struct alignas(64) DecodeTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 /// 2^x for x <= 0 (lanes below -126 give 2^-126, callers zero the masked keys themselves):
 /// degree-6 minimax polynomial on the fraction, exponent by vscalefps; relative error < 2e-7.
@@ -175,10 +165,10 @@ PAGODA_AMX_DECODE_TARGET void amx_decode_item(const CpuAttentionParams& p, const
   auto* pp = reinterpret_cast<uint32_t*>(s.s + 256);  // [8 key pairs][16 rows] bf16 pairs
   std::fill(st, st + 256, 0.f);  // the C tile stores rph columns; the other lanes stay 0
 
-  DecodeTileConfig cfg;
-  cfg.rows[0] = cfg.rows[1] = cfg.rows[2] = 16;
+  // Tile 0 = C (16 keys × rows f32), 1 = A (16 keys × 32 bf16 of K), 2 = B (16 dim pairs ×
+  // rows of Q).
+  AmxTileConfig cfg;
   cfg.colsb[0] = cfg.colsb[2] = static_cast<uint16_t>(rph * 4);
-  cfg.colsb[1] = 64;
   _tile_loadconfig(&cfg);
 
   const auto* kbase = static_cast<const uint16_t*>(p.k.data);

@@ -5,10 +5,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
 #define PAGODA_AMX_TILE_X86 1
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #if defined(__GNUC__) && !defined(__clang__)
 // GCC 12's AVX-512 headers trip -Wuninitialized on their own _mm512_undefined_* (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -26,34 +23,7 @@ namespace pagoda::kernels::cpu::detail {
 
 namespace {
 
-/// LDTILECFG's 64-byte operand: palette 1, tiles 0-7 of 16 rows × 64 bytes.
-struct alignas(64) AmxTileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
 constexpr AmxTileConfig kAmxTileConfig{};
-
-/// arch_prctl requests of Linux 5.16+: permission for the AMX tile-data state (feature 18).
-constexpr int kArchReqXcompPerm = 0x1023;
-constexpr int kXfeatureXtiledata = 18;
-
-}  // namespace
-
-bool amx_tiles_available() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    const bool amx_bf16 = ((d >> 22) & 1) != 0, amx_tile = ((d >> 24) & 1) != 0;
-    return amx_bf16 && amx_tile &&
-           syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
-namespace {
 
 /// One step of a 32 × 32 output block in tmm0-3: A tiles of 16 rows at a0 and a1 (rows `as` bytes
 /// apart), B tiles at b0 and b1 (rows `bs` bytes apart); each product right after the loads it
@@ -178,9 +148,6 @@ PAGODA_AVX512_TARGET void amx_pack_v_pair(const uint16_t* a, const uint16_t* b, 
 
 #else  // not x86-64 Linux with GCC or Clang: never available, never called
 
-bool amx_tiles_available() {
-  return false;
-}
 void amx_scores(const uint16_t*, int, int, const uint32_t*, int, float*) {}
 void amx_pv_accumulate(const uint16_t*, int, int, const uint32_t*, int64_t, int, float*) {}
 void amx_pack_k_group(const uint16_t* const*, int, uint32_t*) {}

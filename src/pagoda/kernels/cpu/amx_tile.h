@@ -19,11 +19,9 @@
 
 #include <cstdint>
 
-namespace pagoda::kernels::cpu::detail {
+#include "pagoda/kernels/cpu/amx_support.h"
 
-/// True when the CPU has AMX tiles with bf16 and the OS lets this process use them (on Linux the
-/// first call asks for the tile-data permission). Evaluated once.
-bool amx_tiles_available();
+namespace pagoda::kernels::cpu::detail {
 
 /// s[r][j] = Σ_d q[r][d] k_j[d] for rows r < rows and keys j < n; kb points at the block's first
 /// group of 16 keys.

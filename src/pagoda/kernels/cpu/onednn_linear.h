@@ -42,8 +42,8 @@ std::string onednn_linear_unavailable(DType weight_dtype);
 /// without oneDNN in the build.
 std::string onednn_isa_name();
 
-/// True when oneDNN reports native bf16 arithmetic here: avx512_core_bf16 or AMX (what
-/// `--cpu-gemm auto` picks oneDNN on).
+/// True when oneDNN reports native bf16 arithmetic here: avx512_core_bf16 or AMX (`--cpu-gemm
+/// auto` picks oneDNN on such a CPU when it has no AMX: with AMX it picks pagoda's AMX GEMM).
 bool onednn_has_native_bf16();
 
 class OnednnLinear {
