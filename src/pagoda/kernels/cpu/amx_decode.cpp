@@ -177,15 +177,23 @@ PAGODA_AMX_DECODE_TARGET void amx_decode_item(const CpuAttentionParams& p, const
   const __m512 scale2 = _mm512_set1_ps(p.sm_scale * p.k_scale * kLog2eF);
   const __mmask16 live = static_cast<__mmask16>((1u << rph) - 1u);
   auto* kg = reinterpret_cast<uint16_t*>(s.k);  // [16][dim] gathered K rows of one head
-  int64_t koff[kBlockKeys], voff[kBlockKeys];
+  // Element offsets (head 0) of the block's keys, and of the next block's for the prefetch.
+  int64_t koff[kBlockKeys], voff[kBlockKeys], knext[kBlockKeys], vnext[kBlockKeys];
   const uint16_t* vrows[kBlockKeys];
+  auto offsets = [&](int t, int count, int64_t* ko, int64_t* vo) {
+    for (int j = 0; j < count; ++j) {
+      const int64_t page = pages[(t + j) / p.page_size], slot = (t + j) % p.page_size;
+      ko[j] = page * p.k.stride_page + slot * p.k.stride_slot;
+      vo[j] = page * p.v.stride_page + slot * p.v.stride_slot;
+    }
+  };
+  offsets(it.kv_begin, std::min(kBlockKeys, it.kv_end - it.kv_begin), knext, vnext);
   for (int t0 = it.kv_begin; t0 < it.kv_end; t0 += kBlockKeys) {
     const int n = std::min(kBlockKeys, it.kv_end - t0);
-    for (int j = 0; j < n; ++j) {
-      const int64_t page = pages[(t0 + j) / p.page_size], slot = (t0 + j) % p.page_size;
-      koff[j] = page * p.k.stride_page + slot * p.k.stride_slot;
-      voff[j] = page * p.v.stride_page + slot * p.v.stride_slot;
-    }
+    std::copy(knext, knext + n, koff);
+    std::copy(vnext, vnext + n, voff);
+    const int n_next = std::clamp(it.kv_end - t0 - kBlockKeys, 0, kBlockKeys);
+    offsets(t0 + kBlockKeys, n_next, knext, vnext);
     // One strided tile load per 32 dims where the 16 keys are consecutive slots of one page.
     const bool direct = n == kBlockKeys && (t0 % p.page_size) + kBlockKeys <= p.page_size;
     const int npairs = (n + 1) / 2;
@@ -194,17 +202,13 @@ PAGODA_AMX_DECODE_TARGET void amx_decode_item(const CpuAttentionParams& p, const
       // Software prefetch of the next (block, head) step's K and V rows into L1: page gathers
       // defeat the hardware streamers, and one step ahead (8 KB for D 128) keeps the prefetched
       // lines in L1 until used (a whole block ahead, 64 KB, measured ~10 % slower; none, 28 %).
-      const int ahead = hh + 1;
-      const int tn = t0 + (ahead / nh) * kBlockKeys, hn = it.kv_head_begin + ahead % nh;
-      const int n_next = std::min(kBlockKeys, it.kv_end - tn);
-      for (int j = 0; j < n_next; ++j) {
-        const int64_t page = pages[(tn + j) / p.page_size], slot = (tn + j) % p.page_size;
-        const auto* kr = reinterpret_cast<const char*>(kbase + page * p.k.stride_page +
-                                                       slot * p.k.stride_slot +
-                                                       int64_t{hn} * p.k.stride_head);
-        const auto* vr = reinterpret_cast<const char*>(vbase + page * p.v.stride_page +
-                                                       slot * p.v.stride_slot +
-                                                       int64_t{hn} * p.v.stride_head);
+      const bool last = hh + 1 == nh;
+      const int64_t hn = it.kv_head_begin + (last ? 0 : hh + 1);
+      const int64_t* kp = last ? knext : koff;
+      const int64_t* vp = last ? vnext : voff;
+      for (int j = 0, count = last ? n_next : n; j < count; ++j) {
+        const auto* kr = reinterpret_cast<const char*>(kbase + kp[j] + hn * p.k.stride_head);
+        const auto* vr = reinterpret_cast<const char*>(vbase + vp[j] + hn * p.v.stride_head);
         for (int x = 0; x < dim * 2; x += 64) {
           _mm_prefetch(kr + x, _MM_HINT_T0);
           _mm_prefetch(vr + x, _MM_HINT_T0);

@@ -2,7 +2,9 @@
 /// AmxLinear: one weight matrix of a linear layer, y[m, n] = x[m, k] · w[n, k]ᵀ (HF [out, in]
 /// layout), on pagoda's AMX bf16 GEMM: the CPU model's `--cpu-gemm amx` (docs/design/model.md
 /// "CPU GEMMs"). bf16 × bf16 products (exact in f32), f32 accumulation and output — the numerics
-/// of `--cpu-gemm onednn`; only the summation order differs.
+/// of `--cpu-gemm onednn` but for the summation order and forward()'s rounding of the f32
+/// activations (vcvtneps2bf16: nearest even, denormal inputs flushed to zero; onednn_linear
+/// rounds them with core's f32_to_bf16_bits).
 ///
 /// Weights: rounded to bf16 (nearest even) once, at construction, and packed as AMX B tiles: per
 /// block of 32 output columns and 32 inputs two 1 KB tiles [16 input pairs][16 columns], the
