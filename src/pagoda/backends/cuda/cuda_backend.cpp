@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pagoda/attention/dsa.h"
 #include "pagoda/attention/host_paged_backend.h"
 #include "pagoda/attention/kv_access.h"
 #include "pagoda/core/error.h"
@@ -49,7 +50,7 @@ CudaBackend::~CudaBackend() {
 BackendCapabilities CudaBackend::static_capabilities() {
   BackendCapabilities c = full_feature_capabilities();
   c.cuda_graph = true;
-  c.dsa = false;  // no sparse-MLA kernel yet: set_sparse_topk refuses (AttentionBackend's default)
+  c.dsa = true;  // sparse MLA on the gather plan (cuda_backend.h), eager steps
   c.device = "cuda";
   return c;
 }
@@ -72,6 +73,30 @@ void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> 
   planned_ = true;
   planned_mode_ = batch.mode;
   planned_tokens_ = batch.num_tokens();
+  indexer_.reset();
+  sparse_next_ = false;
+  if (ctx_.kv_pool->config().index_head_dim > 0)
+    indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
+}
+
+namespace {
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cuda::cuda_check(cudaStreamIsCapturing(stream, &cs), "cudaStreamIsCapturing");
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+void CudaBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
+  PAGODA_REQUIRE(indexer_.has_value(), kFailedPrecondition,
+                 "backend 'cuda': set_sparse_topk without indexer metadata (the pool has no index "
+                 "keys, or init_forward_metadata was not called)");
+  PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
+                 "backend 'cuda': DeepSeek sparse attention runs eagerly, not in a CUDA graph");
+  sparse_plan_ = sparse_gather_plan(*indexer_, topk, k);
+  sparse_next_ = true;
 }
 
 AttentionShape CudaBackend::shape_for(const AttentionLayer& layer, const TensorView& q,
@@ -136,21 +161,33 @@ void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView
   PAGODA_REQUIRE(layer.is_mla == (pool.config().layout == kv::KvLayout::kMla), kInvalidArgument,
                  "layer {} is {} but the pool is {}", layer.layer_id, layer.is_mla ? "MLA" : "MHA",
                  layer.is_mla ? "MHA" : "MLA");
+  const bool sparse = sparse_next_;
+  sparse_next_ = false;  // a selection applies to one forward
+  PAGODA_REQUIRE(!sparse || layer.sliding_window < 0, kUnsupported,
+                 "backend 'cuda': DeepSeek sparse attention with a sliding window (layer {}, "
+                 "window {}) is not implemented",
+                 layer.layer_id, layer.sliding_window);
   const AttentionShape shape = shape_for(layer, q, out);
-  if (!shape_ || !same_shape(*shape_, shape)) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    cuda::cuda_check(cudaStreamIsCapturing(stream_, &cs), "cudaStreamIsCapturing");
-    PAGODA_REQUIRE(cs == cudaStreamCaptureStatusNone, kFailedPrecondition,
+  if (!sparse && (!shape_ || !same_shape(*shape_, shape))) {
+    PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
                    "layer {} has a shape the captured plan was not made for; run one eager "
                    "forward of this shape before capturing", layer.layer_id);
     attn_->plan(plan_.input(), shape);
     shape_ = shape;
   }
   last_shape_ = shape;
-  const PagedCacheViews views = paged_cache_views(pool, layer, plan_.page_size);
   PAGODA_REQUIRE(q.rank() == 3 && q.size(0) == batch.num_tokens(), kInvalidArgument,
                  "q {} does not have {} rows", q.describe(), batch.num_tokens());
+  // The append reads the step's out_cache_loc, which a re-plan keeps (the arena's regions).
   if (save == SaveKv::kYes && batch.num_tokens() > 0) append_kv(layer, k, v, batch.num_tokens());
+  if (sparse) {  // this layer's selection; the next forward re-plans the dense plan
+    PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
+                   "backend 'cuda': DeepSeek sparse attention runs eagerly, not in a CUDA graph");
+    attn_->plan(sparse_plan_.input(), shape);
+    shape_.reset();
+  }
+  const PagedCacheViews views =
+      paged_cache_views(pool, layer, sparse ? sparse_plan_.page_size : plan_.page_size);
   attn_->run(q, views.k, views.v, out, lse, run_params_for(layer));
 }
 

@@ -17,6 +17,13 @@
 /// accepted counts: the prefill kernel is kept (never the decode one, even when every request
 /// accepted one token), and the captured K/V append's rows past the batch's tokens write slot 0
 /// (N must not exceed init_cuda_graph_state's max_num_tokens).
+///
+/// DeepSeek sparse attention (attention/dsa.h): with a pool of index keys, init_forward_metadata
+/// also builds the step's IndexerMetadata; after set_sparse_topk the next forward runs on
+/// sparse_gather_plan (each query row a request of its own over its selected slots, page size
+/// 1) with the same kernels (MLA: the decode kernels, every row having one query), and the
+/// forward after it re-plans the step's dense plan. Eager steps only: set_sparse_topk and a
+/// sparse forward are Error(kFailedPrecondition) while the stream is capturing.
 
 #include <cuda_runtime_api.h>
 
@@ -25,6 +32,7 @@
 #include <span>
 
 #include "pagoda/attention/backend.h"
+#include "pagoda/attention/dsa.h"
 #include "pagoda/attention/paged_plan.h"
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
@@ -49,6 +57,11 @@ class CudaBackend final : public attention::AttentionBackend {
   void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
                       const TensorView& out, attention::SaveKv save) override;
+
+  const attention::IndexerMetadata* get_indexer_metadata() const override {
+    return indexer_ ? &*indexer_ : nullptr;
+  }
+  void set_sparse_topk(std::span<const int32_t> topk, int k) override;
 
   void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
   void init_forward_metadata_capture_cuda_graph(const attention::ForwardBatch& batch) override;
@@ -86,6 +99,9 @@ class CudaBackend final : public attention::AttentionBackend {
   std::optional<attention::AttentionShape> shape_;      ///< shape of the uploaded schedule
   std::optional<attention::AttentionShape> last_shape_; ///< shape of the last forward
   int graph_max_bs_ = 0, graph_max_tokens_ = 0;
+  std::optional<attention::IndexerMetadata> indexer_;  ///< this step's (pools with index keys)
+  attention::PagedPlan sparse_plan_;                    ///< set_sparse_topk's gather plan
+  bool sparse_next_ = false;                            ///< the next forward runs sparse_plan_
 };
 
 /// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws
