@@ -36,8 +36,16 @@
 #                             and amx attention backends vs torch SDPA at 2 and all threads) and
 #                             bench/cpu_model_vs_torch.py (the 1B layout per --cpu-gemm mode vs
 #                             transformers bf16)
-#                    all      every group above but profile (longer than one 10-minute device
-#                             call: one group a call)
+#                    ab_kernels  build (the attention tests and the kernel benchmark only), the
+#                             GPU tests of the prepared sm90 prefill variants (kernel options, off
+#                             by default: sm90_fp8, sm90_mla_k64, sm90_unit_lists) and the sm90
+#                             prefill tests beside them, compute-sanitizer memcheck and racecheck
+#                             on their small test, then each variant against the options off on
+#                             issue 53's shapes (AB_VARIANTS below), every process in the same
+#                             call, in N interleaved rounds (the order reversed every other
+#                             round); no peers (the kernels group times them)
+#                    all      every group above but profile and ab_kernels (longer than one
+#                             10-minute device call: one group a call)
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
 #                             outputs (default)
 #   --commit SHA   the commit measured (the device copy of the tree may have no .git)
@@ -82,6 +90,7 @@ case "$GPUS:$GROUP" in
   1:hicache) STAGES="build hicache" ;;
   1:profile) STAGES="build profile" ;;
   1:amx) STAGES="build amx" ;;
+  1:ab_kernels) STAGES="build abtests abkernels" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
   2:tp) STAGES="build tp" ;;
   *) echo "run.sh: group '$GROUP' is not one for kind '$KIND'"; exit 2 ;;
@@ -161,8 +170,9 @@ if has build; then
     <(ctest --test-dir $B -L gpu -N 2>/dev/null | sed -n 's/^ *Test *#[0-9]*: //p' | sort -u) \
     <(ninja -C $B -t targets all 2>/dev/null | sed 's/:.*//' | sort -u) | tr '\n' ' ')
   targets=pagoda  # what every group runs; the GPU tests and the kernel benchmark where used
+  has abkernels && targets="cuda_attention_tests"  # ab_kernels: the kernels alone, no CLI
   has tests && targets="$targets $gpu_bins"
-  has kernels && targets="$targets pagoda_cuda_bench"
+  has kernels || has abkernels && targets="$targets pagoda_cuda_bench"
   has sanitize && targets="$targets cuda_attention_tests"
   has python && targets="$targets pagoda_python"
   has amx && targets="$targets model_tests engine_tests"
@@ -213,6 +223,63 @@ if has kernels; then
       --peers $peers > "$W/peers_r$k.log" 2>&1
     rc_p=$?
     say "kernel round $k: ours rc=$rc_o ($(wc -l < "$W/ours_r$k.jsonl") cases), peers rc=$rc_p ($(wc -l < "$W/peers_r$k.jsonl") rows)"
+  done
+fi
+
+# The prepared sm90 prefill variants (issue 53): NAME|CASES|OPTIONS, one a line. CASES: the
+# pagoda_cuda_bench name filter (comma-separated substrings); OPTIONS: its kernel options. The
+# base (every option at its default, main's kernels) runs the union of the cases in each round.
+AB_VARIANTS="fp8|fp8kv_|--kernel-option sm90_fp8=1
+mla_k64|mla_prefill,mla_extend|--kernel-option sm90_mla_k64=1
+mla_k64_tbt|mla_prefill,mla_extend|--kernel-option sm90_mla_k64=1 --kernel-option sm90_overlap=0
+unit_lists|prefill_causal_b16_s1024,prefill_causal_b1_s16384,prefill_causal_b4_s4096|--kernel-option sm90_unit_lists=1"
+
+# The variants' GPU tests and, with the options off, the sm90 prefill tests of the paths the
+# launcher's restructuring touched (the ctest -L gpu run of the tests group has every other one).
+AB_TESTS="CudaSm90Variants.*:CudaExtend.CausalWithPrefix:CudaExtend.NonCausalWindowCapSinksFp8"
+AB_TESTS="$AB_TESTS:CudaExtend.PersistentUnitsAcrossBlocks:CudaExtend.MlaPrefillDims192x128"
+
+if has abtests; then
+  t0=$(date +%s)
+  PAGODA_REQUIRE_GPU=1 timeout 240 $B/tests/cuda/cuda_attention_tests \
+    --gtest_filter="$AB_TESTS" --gtest_output="json:$W/ab_tests.json" \
+    > "$W/ab_tests.log" 2>&1
+  say "variant tests rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED)' "$W/ab_tests.log" | tr '\n' ' ')"
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+  for tool in memcheck racecheck; do
+    PAGODA_REQUIRE_GPU=1 timeout 100 "$san" --tool $tool --error-exitcode 9 \
+      $B/tests/cuda/cuda_attention_tests --gtest_filter='CudaSm90Variants.SanitizerSmall' \
+      > "$W/sanitize_ab_$tool.log" 2>&1
+    say "compute-sanitizer $tool (CudaSm90Variants.SanitizerSmall) rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$W/sanitize_ab_$tool.log")"
+  done
+fi
+
+if has abkernels; then
+  echo "$AB_VARIANTS" > "$W/ab_variants.txt"
+  all=$(echo "$AB_VARIANTS" | cut -d'|' -f2 | tr '\n' ',' | sed 's/,$//')
+  ab() {  # ab NAME CASES OPTIONS... -> ab_NAME_r$k.jsonl
+    local name=$1 cases=$2; shift 2
+    timeout "$(cap 150)" $B/tests/cuda/pagoda_cuda_bench bench/cuda/cases.json "$W/ab_${name}_r$k.jsonl" \
+      "$cases" "$@" > "$W/ab_${name}_r$k.log" 2>&1
+    echo "$name rc=$? ($(wc -l < "$W/ab_${name}_r$k.jsonl") cases)"
+  }
+  for k in $(seq 1 "$ROUNDS"); do
+    if [ "$(left)" -lt 60 ]; then
+      say "budget of $BUDGET s: $((k - 1)) of $ROUNDS A/B rounds ran"
+      break
+    fi
+    # Odd rounds: base first, then the variants; even rounds: the variants reversed, then base.
+    order=$(echo "$AB_VARIANTS" | cut -d'|' -f1)
+    [ $((k % 2)) = 0 ] && order=$(echo "$order" | tac)
+    line=""
+    [ $((k % 2)) = 1 ] && line="$line $(ab base "$all")"
+    for name in $order; do
+      spec=$(echo "$AB_VARIANTS" | grep "^$name|")
+      # shellcheck disable=SC2046 # the options split into words
+      line="$line; $(ab "$name" "$(echo "$spec" | cut -d'|' -f2)" $(echo "$spec" | cut -d'|' -f3))"
+    done
+    [ $((k % 2)) = 0 ] && line="$line; $(ab base "$all")"
+    say "A/B round $k:$line"
   done
 fi
 

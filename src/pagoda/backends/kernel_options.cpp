@@ -28,6 +28,9 @@ void for_each_option(Options& o, F&& f) {
   f("sm90_head_major", o.cuda.sm90_head_major);
   f("sm90_pingpong", o.cuda.sm90_pingpong);
   f("sm90_overlap", o.cuda.sm90_overlap);
+  f("sm90_fp8", o.cuda.sm90_fp8);
+  f("sm90_mla_k64", o.cuda.sm90_mla_k64);
+  f("sm90_unit_lists", o.cuda.sm90_unit_lists);
   f("merge_threads", o.cuda.merge_threads);
   f("cpu_bf16", o.cpu_bf16);
   f("cpu_bf16_decode", o.cpu_bf16_decode);

@@ -242,7 +242,7 @@ ScheduleConfig CudaBatchAttention::schedule_config(const AttentionShape& shape) 
   // The variants: what the device runs for this shape, where the options allow it.
   cfg.sm90_prefill = options_.sm90_prefill &&
                      kc::prefill_sm90_serves(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
-                                             shape.head_dim_qk, shape.head_dim_v);
+                                             shape.head_dim_qk, shape.head_dim_v, options_.cuda);
   cfg.mla_decode = options_.mla_decode &&
                    kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                          shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
@@ -268,6 +268,9 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
     cfg.max_items = grid_items;
     cfg.max_partial_floats = cap_partial_floats_;
   }
+  // Per-block unit lists for the sm90 prefill (LPT) instead of its own order: eager plans only
+  // (a captured launch keeps its grid and pointers).
+  cfg.unit_lists = options_.cuda.sm90_unit_lists && !graph_mode_ && cfg.sm90_prefill;
   Schedule sched = build_schedule(in, shape, cfg);
   PAGODA_REQUIRE(!graph_mode_ || sched.num_items() <= grid_items, kInternal,
                  "CUDA-graph plan: {} work items exceed the bound {} of a batch of {} requests",
@@ -280,6 +283,13 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
                                                         : std::vector<int32_t>();
   ensure_capacity(bs, pages, sched.num_items(), mask_bytes, std::max(sched.nnz_qo, 1));
   ensure_workspace(sched.num_partials, shape.num_qo_heads, shape.head_dim_v);
+  const size_t unit_bytes = 4 * (sched.unit_begin.size() + sched.unit_list.size());
+  if (unit_bytes > units_dev_.bytes()) {
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");  // queued work reads it
+    units_dev_.reset(unit_bytes * 3 / 2);
+    cuda_check(cudaEventSynchronize(upload_done_), "cudaEventSynchronize");
+    units_host_.reset(unit_bytes * 3 / 2);
+  }
 
   // Commit: the staging buffer may still be read by the previous upload.
   cuda_check(cudaEventSynchronize(upload_done_), "cudaEventSynchronize");
@@ -313,6 +323,13 @@ void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& sh
                                L.mask + size_t(mask_bytes) - L.mask_indptr, cudaMemcpyHostToDevice,
                                stream_),
                "mask upload");
+  }
+  if (unit_bytes > 0) {
+    auto* uh = static_cast<unsigned char*>(units_host_.get());
+    put(uh, 0, std::span<const int32_t>(sched.unit_begin));
+    put(uh, 4 * sched.unit_begin.size(), std::span<const int32_t>(sched.unit_list));
+    cuda_check(cudaMemcpyAsync(units_dev_.get(), uh, unit_bytes, cudaMemcpyHostToDevice, stream_),
+               "unit lists upload");
   }
   cuda_check(cudaEventRecord(upload_done_, stream_), "cudaEventRecord");
 
@@ -468,6 +485,11 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.plan.merge_tok = i32(L.merge_tok);
   a.plan.mask_free_cols = has_mask_ ? i32(L.mask_free) : nullptr;
   a.plan.mask_qpos = has_mask_ ? i32(L.mask_qpos) : nullptr;
+  if (!schedule_.unit_begin.empty()) {
+    a.unit_begin = static_cast<const int32_t*>(units_dev_.get());
+    a.unit_list = a.unit_begin + schedule_.unit_begin.size();
+    a.unit_blocks = static_cast<int>(schedule_.unit_begin.size()) - 1;
+  }
   a.page_size = page_size_;
   a.q = q.data();
   a.q_stride_n = q.stride(0);
@@ -523,8 +545,10 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
       v_cache.stride(1) % vec == 0 && v_cache.stride(2) % vec == 0;
   KernelPath path = schedule_.path;
   if (!fast_layout) path = KernelPath::kGeneric;
-  // The decode kernel copies fp8 rows in 16-byte chunks: every fp8 stride must be a multiple of 16.
-  if (path == KernelPath::kDecode && dtype_size(s.kv_dtype) == 1) {
+  // The decode kernel and the sm90 prefill (sm90_fp8) copy fp8 rows in 16-byte chunks: every
+  // fp8 stride must be a multiple of 16.
+  if ((path == KernelPath::kDecode || (path == KernelPath::kPrefill && schedule_.sm90_prefill)) &&
+      dtype_size(s.kv_dtype) == 1) {
     bool ok16 = true;
     for (int i = 0; i < 3; ++i) ok16 &= k_cache.stride(i) % 16 == 0 && v_cache.stride(i) % 16 == 0;
     if (!ok16) path = KernelPath::kGeneric;

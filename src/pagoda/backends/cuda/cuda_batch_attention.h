@@ -102,6 +102,10 @@ class CudaBatchAttention final : public attention::BatchAttention {
   CudaBuffer arena_;
   PinnedBuffer staging_;
   CudaBuffer partial_o_, partial_lse_;
+  /// The plan's sm90 prefill unit lists (Schedule::unit_begin, then unit_list), eager plans
+  /// only (KernelOptions' sm90_unit_lists); grown on demand.
+  CudaBuffer units_dev_;
+  PinnedBuffer units_host_;
   cudaEvent_t upload_done_ = nullptr;
   /// Device copies of attention sinks, keyed by the host address and checked against the host
   /// values on every run (a caller may reuse an address for other values).

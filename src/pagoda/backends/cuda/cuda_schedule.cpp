@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <queue>
+#include <utility>
 
 #include "pagoda/kernels/cuda/attention_params.h"
 
@@ -154,6 +157,37 @@ int prefill_split_chunk(const attention::PagedPlanInput& in, const attention::At
   return 0;
 }
 
+/// Schedule::unit_list by LPT over `blocks` blocks (at most one per unit): units in order of
+/// weight, heaviest first (stable: item order, then kv head), each to the least loaded block
+/// (the lowest index among equals).
+void build_unit_lists(Schedule& s, const std::vector<int64_t>& item_weight, int hkv, int blocks) {
+  const int64_t units = int64_t(item_weight.size()) * hkv;
+  const int g = static_cast<int>(std::min<int64_t>(blocks, units));
+  if (g <= 0) return;
+  std::vector<int32_t> order(item_weight.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t x, int32_t y) { return item_weight[x] > item_weight[y]; });
+  using Slot = std::pair<int64_t, int>;  // (load, block)
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<>> least;
+  for (int k = 0; k < g; ++k) least.push({0, k});
+  std::vector<std::vector<int32_t>> lists(static_cast<size_t>(g));
+  for (int32_t item : order) {
+    for (int h = 0; h < hkv; ++h) {
+      auto [load, k] = least.top();
+      least.pop();
+      lists[k].push_back(item * hkv + h);
+      least.push({load + item_weight[item], k});
+    }
+  }
+  s.unit_begin.assign(1, 0);
+  s.unit_list.reserve(static_cast<size_t>(units));
+  for (const auto& l : lists) {
+    s.unit_list.insert(s.unit_list.end(), l.begin(), l.end());
+    s.unit_begin.push_back(static_cast<int32_t>(s.unit_list.size()));
+  }
+}
+
 }  // namespace
 
 int decode_wave_items(const attention::AttentionShape& shape, const ScheduleConfig& config) {
@@ -254,13 +288,19 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
     return x.work > y.work;
   });
   const int chunk = prefill_split_chunk(in, shape, config, len, static_cast<int64_t>(tiles.size()));
+  // Unit weights for the unit lists: the 128-key tiles an item sees, plus one for its fixed cost.
+  const bool lists = config.unit_lists && config.sm90_prefill;
+  std::vector<int64_t> weight;
+  const int list_blocks = config.sm_count * std::max(config.prefill_blocks_per_sm, 1);
   if (chunk == 0) {
     for (const Tile& t : tiles) {
       s.item_req.push_back(t.b);
       s.item_a.push_back(t.t);
       s.item_b.push_back(0);
       s.item_partial.push_back(-1);
+      if (lists) weight.push_back((t.work + kKeyTile - 1) / kKeyTile + 1);
     }
+    if (lists) build_unit_lists(s, weight, shape.num_kv_heads, list_blocks);
     return s;
   }
   s.chunk_tokens = chunk;
@@ -286,8 +326,13 @@ Schedule build_schedule(const attention::PagedPlanInput& in, const attention::At
       s.item_a.push_back(t.t);
       s.item_b.push_back(c);
       s.item_partial.push_back(base[t.b] < 0 ? -1 : base[t.b] + c);
+      if (lists) {
+        const int64_t seen = std::clamp<int64_t>(t.work - int64_t(c) * chunk, 0, chunk);
+        weight.push_back((seen + kKeyTile - 1) / kKeyTile + 1);
+      }
     }
   }
+  if (lists) build_unit_lists(s, weight, shape.num_kv_heads, list_blocks);
   return s;
 }
 

@@ -48,6 +48,10 @@ struct ScheduleConfig {
   /// Take the prefill path even when every request has one query (a captured draft-extend
   /// graph must keep its kernel whatever the accepted counts of the replayed batch).
   bool force_prefill = false;
+  /// sm90 prefill plans: per-block unit lists (Schedule::unit_begin / unit_list) for
+  /// sm_count * prefill_blocks_per_sm blocks instead of the kernel's own round-robin order
+  /// (KernelOptions' sm90_unit_lists; the backend sets it for eager plans only).
+  bool unit_lists = false;
 };
 
 /// The schedule: work items (request, a, b, partial) and merge rows (request, first partial,
@@ -60,6 +64,13 @@ struct Schedule {
   int chunk_tokens = 0;           ///< split size in keys (0 = no split; decode or prefill path)
   bool sm90_prefill = false;      ///< kPrefill items sized for the sm90 kernel (config.sm90_prefill)
   int nnz_qo = 0;
+  /// With config.unit_lists on a kPrefill plan for the sm90 kernel: block k of
+  /// unit_begin.size() - 1 runs the units unit_list[unit_begin[k] .. unit_begin[k + 1]) in that
+  /// order, unit = work item · Hkv + kv head. Built by LPT: units heaviest first (128-key tiles
+  /// the item's rows see in its chunk, plus one for the unit's fixed cost), each to the block
+  /// with the least load so far. Empty: the kernel walks its own order (kItemSnake), which leaves
+  /// the busiest block ~3 % over the mean at B16 S1024 (tools/sm90_schedule_sim.py).
+  std::vector<int32_t> unit_begin, unit_list;
   int num_items() const { return static_cast<int>(item_req.size()); }
   int num_merges() const { return static_cast<int>(merge_req.size()); }
 };

@@ -72,6 +72,16 @@ struct CudaLaunchVariants {
   bool sm90_head_major = false; ///< sm90 prefill: head-major unit order (else item-major snake)
   int sm90_pingpong = -1;       ///< sm90 prefill ping-pong consumers: -1 at DQK >= 128, 0 off, 1 on
   bool sm90_overlap = true;     ///< sm90 prefill: intra-warpgroup softmax / GEMM overlap (D 128)
+  // Prepared sm90 prefill variants, off until measured (issue 53's A/B, bench/device/run.sh
+  // ab_kernels); each computes the same result:
+  /// fp8 e4m3 K/V at D 128 on the sm90 kernel (overlap schedule; the producer widens the raw
+  /// rows in shared memory), else on the mma.sync kernel.
+  bool sm90_fp8 = false;
+  /// DQK 192 / DV 128 (MLA prefill) at 64-key tiles and three stages, so it takes the overlap
+  /// schedule as D 128 does, else 128-key tiles tile by tile.
+  bool sm90_mla_k64 = false;
+  /// The plan's per-block unit lists (LPT, eager plans) instead of the kernel's snake order.
+  bool sm90_unit_lists = false;
   /// Split-KV merge block size: 32..512 in steps of 32, or 0 = sized by Dv and the partials.
   int merge_threads = 0;
 };
@@ -107,6 +117,14 @@ struct AttentionArgs {
   /// Mean partials per merge row the plan has (the merge kernel's block size follows it; any
   /// value is correct, 0 = unknown). A CUDA-graph plan gives its capacity's estimate.
   int merge_parts = 0;
+  /// sm90 prefill with per-block unit lists (backends/cuda Schedule::unit_begin / unit_list,
+  /// CudaLaunchVariants::sm90_unit_lists): block k runs units unit_list[unit_begin[k] ..
+  /// unit_begin[k + 1]), unit = item · Hkv + kv head, and the launch has exactly unit_blocks
+  /// blocks. nullptr = the kernel's own order. (Last in the struct: the kernels' parameter
+  /// offsets of every other field stay as they were.)
+  const int32_t* unit_begin = nullptr;
+  const int32_t* unit_list = nullptr;
+  int unit_blocks = 0;
 };
 
 /// KV append (KvPool::set_kv on the device): cache[loc[i]] = src[i] (converted; fp8 divides by

@@ -115,7 +115,10 @@
 /// DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style models) takes 128-key tiles
 /// and 2 stages (Q 48 KB + 2 x 80 KB).
 /// Supports 16-bit Q == KV types, DQK = DV = 64, 128 and 256, and DQK 192 / DV 128; fp8 KV uses
-/// prefill_kernel (D = DQK = DV) or the generic kernel.
+/// prefill_kernel (D = DQK = DV) or the generic kernel, unless the prepared variant (kernel option
+/// sm90_fp8, not measured yet) runs e4m3 K/V at D 128 here (KV = E4M3, below).
+
+#include <type_traits>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/pdl.cuh"
@@ -124,7 +127,10 @@
 
 namespace pagoda::kernels::cuda::detail {
 
-template <typename T, int DQK, int DV>
+/// kTileKeys: 0, the measured tile of each head dim (below); 64 at DQK 192 / DV 128, the
+/// KernelOptions::sm90_mla_k64 variant (64-key tiles, three stages, so the overlap schedule fits;
+/// not measured yet).
+template <typename T, int DQK, int DV, int kTileKeys = 0>
 struct PrefillSm90Config {
   // Consumer warpgroups of 64 packed rows each: three at D 64 (see the top of this file), two
   // elsewhere.
@@ -134,9 +140,12 @@ struct PrefillSm90Config {
   static constexpr int kRows = 64 * kConsumers;  // packed rows per block
   // Keys per tile and ring depth: 128 keys x 3 stages at D <= 128, 64 x 2 at D = 256 (O then
   // takes 128 registers per consumer thread), 128 x 2 at DQK 192 / DV 128 (K 48 KB + V 32 KB
-  // per stage; registers as at D = 128).
-  static constexpr int kKeys = DQK <= 192 ? 128 : 64;
-  static constexpr int kStages = DQK <= 128 ? 3 : 2;
+  // per stage; registers as at D = 128), or with kTileKeys 64 there 64 x 3 (the overlap
+  // schedule's two Q buffers, K ring of 2 and V ring of 3: 2 x 48 + 2 x 24 + 3 x 16 = 192 KB).
+  static_assert(kTileKeys == 0 || (kTileKeys == 64 && DQK == 192 && DV == 128),
+                "kTileKeys: 0, or 64 at DQK 192 / DV 128");
+  static constexpr int kKeys = kTileKeys > 0 ? kTileKeys : DQK <= 192 ? 128 : 64;
+  static constexpr int kStages = DQK <= 128 || kTileKeys == 64 ? 3 : 2;
   // The two-stage configurations (D 256, DQK 192) take their units from the producer's records
   // and their full K/V tiles by TMA; the three-stage ones (D 64, 128) walk the schedule in every
   // warpgroup and copy by cp.async, which measured faster there in the same H200 call
@@ -157,12 +166,12 @@ struct PrefillSm90Config {
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
   // Data: Q, then kStages (K, V) stages; under the overlap schedule (which pipelines across
   // units, see the top of this file) the same bytes hold two Q buffers, a 2-deep K ring and a
-  // 3-deep V ring instead.
-  static constexpr uint32_t kDataBytes = kQBytes + kStages * kStageBytes;
+  // 3-deep V ring instead: the larger of the two layouts (at D 128 the stages').
   static constexpr int kXKStages = 2, kXVStages = 3;
-  static_assert(!kCanOverlap ||
-                    2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes <= kDataBytes,
-                "the overlap schedule's rings do not fit the data bytes");
+  static constexpr uint32_t kTbtDataBytes = kQBytes + kStages * kStageBytes;
+  static constexpr uint32_t kXDataBytes =
+      kCanOverlap ? 2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes : 0;
+  static constexpr uint32_t kDataBytes = kTbtDataBytes > kXDataBytes ? kTbtDataBytes : kXDataBytes;
   // K and V rings (full / empty each), record ring, and the overlap schedule's Q `empty` pair.
   static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8 + 2 * 8;
   static constexpr uint32_t kRecBytes = 2 * 128;  // two Sm90UnitRec slots
@@ -218,9 +227,20 @@ struct Sm90Sched {
 
 /// Work item and kv head of round r of this block; false past the block's last unit. Items at
 /// or past plan.counts[1] (a graph's spare capacity) come back with item >= counts[1].
+/// kLists (KernelOptions::sm90_unit_lists): round r is entry r of this block's list in the
+/// plan's per-block unit lists (AttentionArgs::unit_begin / unit_list) instead of sc.order's.
+template <bool kLists>
 __device__ __forceinline__ bool sm90_unit(const AttentionArgs& a, const Sm90Sched& sc, int r,
                                           int& item, int& hkv) {
   const int g = gridDim.x, k = blockIdx.x;
+  if constexpr (kLists) {
+    const int i = __ldg(a.unit_begin + k) + r;
+    if (i >= __ldg(a.unit_begin + k + 1)) return false;
+    const int u = __ldg(a.unit_list + i);
+    item = sc.hkv.div(u);
+    hkv = u - item * a.num_kv_heads;
+    return true;
+  }
   const int units = a.grid_items * a.num_kv_heads;
   const int u = r * g + (sc.order == kItemSnake && (r & 1) ? g - 1 - k : k);
   if (u >= units) return false;
@@ -235,10 +255,11 @@ __device__ __forceinline__ bool sm90_unit(const AttentionArgs& a, const Sm90Sche
 }
 
 /// The next live unit at or after round r (r advances to it); false when the block is done.
+template <bool kLists>
 __device__ __forceinline__ bool sm90_next_unit(const AttentionArgs& a, const Sm90Sched& sc, int& r,
                                                int& item, int& hkv) {
   for (;; ++r) {
-    if (!sm90_unit(a, sc, r, item, hkv)) return false;
+    if (!sm90_unit<kLists>(a, sc, r, item, hkv)) return false;
     if (item < a.plan.counts[1]) return true;
   }
 }
@@ -386,17 +407,28 @@ __host__ __device__ __forceinline__ bool out_rows_aligned16(const AttentionArgs&
          a.o_stride_h % 8 == 0;
 }
 
-template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked>
-__global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
+/// The variants of the kernel options (default: off, the measured kernel): KV = E4M3
+/// (sm90_fp8: fp8 K/V widened by the producer), kTileKeys 64 (sm90_mla_k64: DQK 192 at 64-key
+/// tiles on the overlap schedule; PrefillSm90Config) and kUnitLists (sm90_unit_lists: the
+/// plan's per-block unit lists, sm90_unit).
+template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked, typename KV = T,
+          int kTileKeys = 0, bool kUnitLists = false>
+__global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV, kTileKeys>::kThreads, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, const Sm90Sched sched,
                         const __grid_constant__ Sm90KvMaps maps) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_wait();  // reads the K/V the previous kernel stored (pdl.cuh)
   pdl_launch_dependents();
-  using Cfg = PrefillSm90Config<T, DQK, DV>;
+  using Cfg = PrefillSm90Config<T, DQK, DV, kTileKeys>;
   // Ping-pong takes turns between exactly two consumers.
   constexpr bool kPingPong = kPingPongAsked && Cfg::kConsumers == 2;
   constexpr bool kOverlap = kOverlapAsked && Cfg::kCanOverlap;
+  // fp8 e4m3 K/V (kFp8): the producer copies a tile's raw rows into its stage and widens them
+  // there to T (fp8_widen_rows below); the consumers read T tiles as for 16-bit KV. D 128 under
+  // the overlap schedule only (cp.async copies: no TMA boxes of raw rows).
+  constexpr bool kFp8 = !std::is_same_v<KV, T>;
+  static_assert(!kFp8 || (std::is_same_v<KV, E4M3> && DQK == 128 && DV == 128 && kOverlap),
+                "fp8 KV: e4m3, D 128, the overlap schedule");
   // Under kOverlap K and V have rings of their own (full_k / empty_k, full_v / empty_v; the
   // consumers free K after the S GEMM and V after the next turn's P V GEMM) with their own
   // depths (PrefillSm90Config::kXKStages, kXVStages), the pipeline runs across units, and the
@@ -520,6 +552,41 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     };
     const int my_row = group_row0(lane / 4) + lane % 4;
     const bool looks_up = lane < kWarpRows;
+    // kFp8: a tile's raw e4m3 rows (128 bytes at D 128) are copied into the second 64-column atom
+    // of their stage (kRawOff on), in the places of the T chunks of the same numbers, and
+    // widened there (fp8_widen_rows). Raw chunk c8 of a row (dims 16 c8 .. + 15) becomes T chunks
+    // 2 (c8 % 4) and + 1 of atom c8 / 4: their swizzled places differ by XOR 16. This lane writes
+    // at w_base[g % 2] plus the same row step as group_so.
+    constexpr uint32_t kRawOff = uint32_t(kKeys) * 128u;
+    // This warp's rows of the tile in the stage at t0 and, with `two`, of the one at t1 (K or V:
+    // one layout at D 128), from raw to T, after the warp's copies of them have landed
+    // (cp_async_wait): the lane that copied a raw chunk widens it (widen16: exact for every
+    // e4m3 code). A chunk written to atom 1 lands on raw chunks of the same row that other lanes
+    // of this warp read, so each 4-row group is read, the warp syncs, then it is written; other
+    // groups' rows are untouched, and no other warp's rows are involved. The caller's
+    // fence_proxy_async then orders the writes before the consumers' wgmmas.
+    auto fp8_widen_rows = [&](uint32_t t0, bool two, uint32_t t1) {
+      const uint32_t w_base[2] = {
+          uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(0) + sub, 2 * (c8 & 3)),
+          uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(1) + sub, 2 * (c8 & 3))};
+      auto put = [&](uint32_t addr, const uint4& x) {
+        uint4 lo, hi;
+        widen16<T>(x, lo, hi);
+        st_shared16(addr, lo);
+        st_shared16(addr ^ 16u, hi);
+      };
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        const uint32_t step = uint32_t(group_row0(g) - group_row0(g & 1)) * 128u;
+        const uint32_t rd = kRawOff + group_so(g), wr = w_base[g & 1] + step;
+        uint4 x0, x1;
+        ld_shared16(t0 + rd, x0);
+        if (two) ld_shared16(t1 + rd, x1);
+        __syncwarp();
+        put(t0 + wr, x0);
+        if (two) put(t1 + wr, x1);
+      }
+    };
     int it = 0;  // tiles issued by this block over all its units: the ring position
     int ku = 0;  // units of this block so far: the record ring position
     int qk = 0;  // (kOverlap) units with tiles so far: the Q buffer ring position
@@ -537,7 +604,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       mbar_arrive(&rec_full[slot]);  // release: the consumers' wait acquires the record
     };
     int item = 0, hkv = 0;
-    for (int r = 0; sm90_next_unit(a, sched, r, item, hkv); ++r, ++ku) {
+    for (int r = 0; sm90_next_unit<kUnitLists>(a, sched, r, item, hkv); ++r, ++ku) {
       const PrefillWork work = prefill_work(a, item, Cfg::kRows, kKeys, gdiv);
       const int lo = work.lo, hi = work.hi, ntiles = work.ntiles;
       publish(work, item, hkv, mask_free_tiles(plan, work.mask, work.b, lo, hi, kKeys));
@@ -596,8 +663,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       const int i0 = i;
       // The kv head's K and V; a lookup lane offsets them to its row, a copying lane to its
       // 16-byte chunk of the row.
-      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
-      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
+      const KV* kg = static_cast<const KV*>(a.k.data) + hkv * a.k.head_stride;
+      const KV* vg = static_cast<const KV*>(a.v.data) + hkv * a.v.head_stride;
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + pdiv.div(kj)) : -1;
@@ -607,8 +674,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       // group g the lookup lane's row address `row` (the tensor's base when the row is past the
       // keys: its page < 0, and the chunks are zero-filled without a read) goes to the copying
       // lanes, each of which adds its 16-byte chunk; every atom column is an immediate offset.
-      auto copy_group = [&](uint32_t dst, const T* row, bool ok, int atoms) {
-        const T* src = row + c8 * 8;
+      auto copy_group = [&](uint32_t dst, const KV* row, bool ok, int atoms) {
+        const KV* src = row + c8 * (16 / int(sizeof(KV)));
 #pragma unroll
         for (int at = 0; at < atoms; ++at) {
           asm volatile(
@@ -617,13 +684,13 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
               "l"(src + at * 64), "r"(int(ok)));
         }
       };
-      auto copy_tile = [&](uint32_t dst, const T* row, int page, int atoms) {
+      auto copy_tile = [&](uint32_t dst, const KV* row, int page, int atoms) {
         const auto row_bits = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(row));
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
           const int src_lane = g * 4 + sub;
           copy_group(dst + group_so(g),
-                     reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, row_bits, src_lane)),
+                     reinterpret_cast<const KV*>(__shfl_sync(0xffffffffu, row_bits, src_lane)),
                      __shfl_sync(0xffffffffu, page, src_lane) >= 0, atoms);
         }
         cp_async_commit();
@@ -649,15 +716,20 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         for (; i < ntiles; ++i, ++it) {
           const int page = page_next;
           const int64_t o = pdiv.mod(lo + i * kKeys + my_row);
-          const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
-          const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
+          const KV* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+          const KV* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
           page_next = lookup(i + 1);  // in flight while this tile is issued
           const int sk = it % kKStages, sv = it % kVStages;
           if (it >= kKStages) mbar_wait(&empty_k[sk], ((it / kKStages) - 1) & 1);
-          copy_tile(k_addr + sk * kKStride, krow, page, DQK / 64);
+          copy_tile(k_addr + sk * kKStride + (kFp8 ? kRawOff : 0u), krow, page,
+                    kFp8 ? 1 : DQK / 64);
           if (it >= kVStages) mbar_wait(&empty_v[sv], ((it / kVStages) - 1) & 1);
-          copy_tile(v_addr + sv * kVStride, vrow, page, DV / 64);
+          copy_tile(v_addr + sv * kVStride + (kFp8 ? kRawOff : 0u), vrow, page, kFp8 ? 1 : DV / 64);
           cp_async_wait<1>();
+          if constexpr (kFp8) {  // this K, and the previous tile's V of this unit
+            fp8_widen_rows(k_addr + sk * kKStride, i > 0,
+                           v_addr + ((it + kVStages - 1) % kVStages) * kVStride);
+          }
           fence_proxy_async();
           __syncwarp();  // the warp's copies are ordered before lane 0's arrive (release)
           if (lane == 0) {
@@ -666,6 +738,10 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           }
         }
         cp_async_wait<0>();
+        if constexpr (kFp8) {  // the unit's last V
+          const uint32_t vb = v_addr + ((it - 1) % kVStages) * kVStride;
+          fp8_widen_rows(vb, false, vb);
+        }
         fence_proxy_async();
         __syncwarp();
         if (lane == 0) mbar_arrive(&full_v[(it - 1) % kVStages]);
@@ -674,8 +750,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
           const int page = page_next;
           const int64_t o = pdiv.mod(lo + i * kKeys + my_row);
-          const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
-          const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
+          const KV* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+          const KV* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
           page_next = lookup(i + 1);  // in flight while this tile is issued
           const uint32_t kdst = k_addr + s * kKStride;
           const uint32_t vdst = v_addr + s * kVStride;
@@ -757,7 +833,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     rec_wait(0);
     if (recs[0].item >= 0) load_q_own(recs[0].work, recs[0].hkv);
   } else {
-    sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
+    sched_live = sm90_next_unit<kUnitLists>(a, sched, sched_r, sched_item, sched_hkv);
     if (!kOverlap && sched_live) load_q_plan(sched_item, sched_hkv);
   }
 
@@ -892,7 +968,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         float zo[kDT][4] = {}, zm[2] = {neg_inf(), neg_inf()}, zl[2] = {0.f, 0.f};
         store_tile<T>(a, work, hkv, wr0, zm, zl, zo, lane, gdiv);
         ++sched_r;
-        sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
+        sched_live = sm90_next_unit<kUnitLists>(a, sched, sched_r, sched_item, sched_hkv);
         continue;
       }
       em[0] = m[0];  // the previous unit's state, for its epilogue in this unit's first turn
@@ -1058,7 +1134,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       }
       release_q();  // a unit of one tile; before the next unit's first turn waits for its Q
       ++sched_r;
-      sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
+      sched_live = sm90_next_unit<kUnitLists>(a, sched, sched_r, sched_item, sched_hkv);
       it += ntiles;
       ++qk;
       ew = work;
@@ -1105,7 +1181,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       }
     } else {
       ++sched_r;
-      sched_live = sm90_next_unit(a, sched, sched_r, sched_item, sched_hkv);
+      sched_live = sm90_next_unit<kUnitLists>(a, sched, sched_r, sched_item, sched_hkv);
       if (!kOverlap && sched_live) {
         named_bar_sync(3 + cw, 128);
         load_q_plan(sched_item, sched_hkv);
