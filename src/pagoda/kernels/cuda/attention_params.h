@@ -120,8 +120,8 @@ struct AttentionArgs {
   /// sm90 prefill with per-block unit lists (backends/cuda Schedule::unit_begin / unit_list,
   /// CudaLaunchVariants::sm90_unit_lists): block k runs units unit_list[unit_begin[k] ..
   /// unit_begin[k + 1]), unit = item · Hkv + kv head, and the launch has exactly unit_blocks
-  /// blocks. nullptr = the kernel's own order. (Last in the struct: the kernels' parameter
-  /// offsets of every other field stay as they were.)
+  /// blocks. nullptr = the kernel's own order. (Last in the struct: no other field's offset
+  /// moves; the kernel parameters after AttentionArgs move by its 24 more bytes.)
   const int32_t* unit_begin = nullptr;
   const int32_t* unit_list = nullptr;
   int unit_blocks = 0;
