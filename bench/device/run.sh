@@ -272,14 +272,15 @@ if has abkernels; then
     order=$(echo "$AB_VARIANTS" | cut -d'|' -f1)
     [ $((k % 2)) = 0 ] && order=$(echo "$order" | tac)
     line=""
-    [ $((k % 2)) = 1 ] && line="$line $(ab base "$all")"
+    add() { line="${line:+$line; }$1"; }
+    [ $((k % 2)) = 1 ] && add "$(ab base "$all")"
     for name in $order; do
       spec=$(echo "$AB_VARIANTS" | grep "^$name|")
       # shellcheck disable=SC2046 # the options split into words
-      line="$line; $(ab "$name" "$(echo "$spec" | cut -d'|' -f2)" $(echo "$spec" | cut -d'|' -f3))"
+      add "$(ab "$name" "$(echo "$spec" | cut -d'|' -f2)" $(echo "$spec" | cut -d'|' -f3))"
     done
-    [ $((k % 2)) = 0 ] && line="$line; $(ab base "$all")"
-    say "A/B round $k:$line"
+    [ $((k % 2)) = 0 ] && add "$(ab base "$all")"
+    say "A/B round $k: $line"
   done
 fi
 
