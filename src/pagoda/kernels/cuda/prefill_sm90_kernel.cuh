@@ -565,10 +565,10 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV, kTileKeys>::kThr
     // of this warp read, so each 4-row group is read, the warp syncs, then it is written; other
     // groups' rows are untouched, and no other warp's rows are involved. The caller's
     // fence_proxy_async then orders the writes before the consumers' wgmmas.
+    const uint32_t w_base[2] = {
+        uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(0) + sub, 2 * (c8 & 3)),
+        uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(1) + sub, 2 * (c8 & 3))};
     auto fp8_widen_rows = [&](uint32_t t0, bool two, uint32_t t1) {
-      const uint32_t w_base[2] = {
-          uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(0) + sub, 2 * (c8 & 3)),
-          uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(1) + sub, 2 * (c8 & 3))};
       auto put = [&](uint32_t addr, const uint4& x) {
         uint4 lo, hi;
         widen16<T>(x, lo, hi);
