@@ -15,7 +15,8 @@ k's ours median), shown as median [min–max]. Verdict: "faster" when every roun
 no kernel of that kind (SDPA on fp8 K/V or with a prefix). Decode rows add % of the copy bandwidth, the others % of the GEMM rate (the
 record's ceilings).
 
-Decode step profile (records with "profile"): see profile_table."""
+Decode step profile (records with "profile"): see profile_table. Hybrid models (records with
+"hybrid", issue 49): see hybrid_table."""
 import argparse
 import json
 import statistics
@@ -27,6 +28,8 @@ def fmt(x, spec=".3f"):
 
 
 def header(rec):
+    if not rec.get("gpus") and rec.get("cpu"):  # a CPU run (run.sh kind cpu)
+        return f"commit `{rec.get('commit', 'unknown')}`, {rec.get('date', '?')}, CPU {rec['cpu']}"
     g = (rec.get("gpus") or [{}])[0]
     n = len(rec.get("gpus") or [])
     v = rec.get("versions", {})
@@ -206,7 +209,7 @@ def hicache_table(rec):
            "| layout | run | live KV / pool | prefix hit rate | output tok/s | TTFT p50 / p99 ms | "
            "device / host hit tokens | loaded back MB | load stalls (s) | leaked (device / host) "
            "| output digest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(k for k in h if k != "pinned_copy"):
+    for key in sorted(k for k in h if k != "pinned_copy" and not k.startswith("loadback_")):
         j = h[key]
         layout, run = key.rsplit("_", 1)
         t = j.get("hicache") or {}
@@ -219,6 +222,28 @@ def hicache_table(rec):
                    f"{t.get('load_stalls', '–')} ({fmt(t.get('load_stall_s'), '.3f')}) | "
                    f"{j.get('leaked_pages', '–')} / {t.get('leaked_host_pages', '–')} | "
                    f"`{j.get('output_digest', '–')}` |")
+    probes = sorted(k for k in h if k.startswith("loadback_"))
+    if probes:
+        out += ["", "Load-back probe (`pagoda bench --workload loadback`): one request's TTFT for "
+                "new tokens on a prefix that is cold (computed), in the device cache, or loaded back "
+                "from the host tier per layer during the extend; median [min – max] over rounds; the "
+                "copy rate is the loaded bytes over the whole host-case TTFT (a lower bound).", "",
+                "| layout | prefix + new tokens | cold ms | device ms | host ms | host / device | "
+                "cold / host | loaded MB | ≥ GB/s (of pinned) |", "|---|---|---|---|---|---|---|---|---|"]
+        for key in probes:
+            j = h[key]
+            t = j.get("ttft_ms") or {}
+            cell = {c: (f"{fmt(t[c]['median'], '.2f')} [{fmt(t[c]['min'], '.2f')} – "
+                        f"{fmt(t[c]['max'], '.2f')}]" if c in t else "–")
+                    for c in ("cold", "device", "host")}
+            gbps = j.get("load_gbps_lower_bound")
+            of = (f" ({100 * gbps / pc['h2d_pinned_gbps']:.0f} %)"
+                  if gbps and pc.get("h2d_pinned_gbps") else "")
+            out.append(f"| {key[len('loadback_'):]} | {j.get('prefix_tokens', '–')} + "
+                       f"{j.get('extend_tokens', '–')} | {cell['cold']} | {cell['device']} | "
+                       f"{cell['host']} | {fmt(j.get('host_over_device'), '.3f')}× | "
+                       f"{fmt(j.get('cold_over_host'), '.2f')}× | "
+                       f"{fmt(j.get('load_bytes', 0) / 1e6, '.1f')} | {fmt(gbps, '.1f')}{of} |")
     return out
 
 
@@ -351,20 +376,44 @@ def amx_table(rec):
                            f"{fmt(tms, '.2f')} | {fmt(tms / p['ms'] if tms else None, '.2f')}× |")
     m = a.get("cpu_model_vs_torch") or {}
     if m.get("rows"):
-        out += ["", f"CPU model ({m.get('args', {}).get('model', '?')}, prompt "
-                    f"{m.get('args', {}).get('input_len')}, {m.get('args', {}).get('output_len')} "
-                    "tokens, one request):", "",
-                "| threads | engine | decode ms / token | TTFT (pagoda) / prefill (transformers) ms |",
-                "|---|---|---|---|"]
-        for row in m["rows"]:
-            for mode, r in row.get("pagoda", {}).items():
-                out.append(f"| {row['threads']} | pagoda {mode} | "
-                           + (f"refused: {r['refused'][:120]} | |" if "refused" in r
-                              else f"{r['decode_ms']:.1f} | {r['ttft_ms']:.0f} |"))
-            tr = row.get("torch") or {}
-            out.append(f"| {row['threads']} | transformers bf16 | "
-                       + (f"{tr['refused'][:120]} | |" if "refused" in tr
-                          else f"{tr['decode_ms']:.1f} | {tr['prefill_ms']:.0f} |"))
+        out += [""] + cpu_model_table(m)
+    return out
+
+
+def cpu_model_table(m):
+    """bench/cpu_model_vs_torch.py's document: per thread count and batch of N prompts, pagoda
+    per --cpu-gemm mode and transformers bf16 generate on the same N prompts: output tok/s,
+    decode ms per step (the whole batch), TTFT p50 (pagoda) / 1-token generate (transformers),
+    pagoda's load time, and pagoda / transformers output tok/s (issue 51's target: >= 3x).
+    Older documents (one request, no output tok/s) show their columns with '–' where absent."""
+    args = m.get("args", {})
+    out = [f"CPU model ({args.get('model', '?')}, prompt {args.get('input_len')}, "
+           f"{args.get('output_len')} tokens per request):", "",
+           "| threads | N | engine | output tok/s | decode ms / step | TTFT (pagoda) / prefill "
+           "(transformers) ms | load s | pagoda / transformers tok/s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for row in m.get("rows", []):
+        n = row.get("requests", 1)
+        head = f"| {row['threads']} | {n} |"
+        if "skipped" in row:
+            out.append(f"{head} skipped: {row['skipped']} | | | | | |")
+            continue
+        tr = row.get("torch") or {}
+        t_tok = tr.get("output_tok_s")
+        for mode, r in row.get("pagoda", {}).items():
+            if "refused" in r:
+                out.append(f"{head} pagoda {mode} | refused: {r['refused'][:120]} | | | | |")
+                continue
+            tok = r.get("output_tok_s")
+            out.append(f"{head} pagoda {mode} | {fmt(tok, '.1f')} | {r['decode_ms']:.1f} | "
+                       f"{r['ttft_ms']:.0f} | {fmt(r.get('load_s'), '.1f')} | "
+                       f"{fmt(tok / t_tok if tok and t_tok else None, '.2f')}"
+                       f"{'×' if tok and t_tok else ''} |")
+        if "refused" in tr:
+            out.append(f"{head} transformers | {tr['refused'][:120]} | | | | |")
+        elif tr:
+            out.append(f"{head} transformers {tr.get('torch', '')} bf16 | {fmt(t_tok, '.1f')} | "
+                       f"{tr['decode_ms']:.1f} | {tr['prefill_ms']:.0f} | – | – |")
     return out
 
 
@@ -453,10 +502,126 @@ def kernel_ab_table(rec):
     return out
 
 
+def hybrid_table(rec):
+    """Issue 49's hybrid benchmarks (bench/device/run.sh's hybrid group). Gemma-3 layout, one
+    request: KV bytes per request = full-pool pages held (peak_kv_tokens / page) x the full pool's
+    bytes per page + the most SWA pages the request held x the SWA pool's bytes per page (bytes
+    per page = the pool's allocation / (its pages + the reserved page 0)); the decode step and
+    its ratio on / off. One byte budget: the pools each run sized, the requests whose KV the full
+    pool held at its peak (peak_kv_tokens / the context) and the most requests that decoded
+    together (fewer when a request finishes decoding before the next one's prefill ends). Bamba: the decode step at two lengths, the attention decode kernel at
+    both (times the attention layers) and the step less it; the Mamba2 scan against the copy
+    bandwidth and GEMM rate of the same process; turn 2's TTFT with the cache vs without."""
+    h = rec["hybrid"]
+    m = h.get("meta", {})
+    out = [f"### Hybrid models (issue 49): sliding-window pool and Mamba2 — {header(rec)}", "",
+           f"Backend `{m.get('backend', '?')}`, {m.get('dtype', '?')} weights and KV.", ""]
+
+    def failed(j):  # a run that did not run, or failed (its error, run.sh's hy)
+        return "not run" if not j else f"failed (rc {j.get('rc')}): {j['error'][-160:].strip()}"
+
+    def page_bytes(j, swa):
+        n, b = (j.get("swa_pool_pages", 0), j.get("swa_kv_bytes", 0)) if swa else \
+            (j.get("pages_total", 0), j.get("kv_bytes", 0))
+        return b / (n + 1) if n else 0.0
+
+    steps = {k: h.get(f"swa_step_{k}") for k in ("off", "on")}
+    if any(steps.values()):
+        out += [f"Gemma-3 layout `{m.get('gemma_layout', '?')}`, one request of {m.get('swa_ctx', '?')} "
+                f"tokens (prompt + 128 out), radix cache off, chunks of {m.get('swa_chunk', '?')}, page 16:", "",
+                "| pools | full pages held | SWA pages held (peak) | KV bytes per request | vs one pool "
+                "| decode step ms | vs one pool |", "|---|---|---|---|---|---|---|"]
+        base = {}
+        for k, j in steps.items():
+            if not j or "error" in j:
+                out.append(f"| {k} | {failed(j)} | | | | | |")
+                continue
+            full = j["peak_kv_tokens"] / j["page_size"]
+            swa = j.get("swa_peak_pages_per_request", 0) if j.get("swa_pool_pages") else 0
+            kvb = full * page_bytes(j, False) + swa * page_bytes(j, True)
+            step = j.get("decode_step_ms")
+            if k == "off":
+                base = {"kvb": kvb, "step": step}
+            name = "one full pool (window as a mask)" if k == "off" else "window layers in the SWA pool"
+            out.append(f"| {name} | {full:.0f} | {swa if k == 'on' else '–'} | {kvb / 2**20:.1f} MiB | "
+                       f"{fmt(kvb / base['kvb'] if base.get('kvb') else None)}× | {fmt(step)} | "
+                       f"{fmt(step / base['step'] if base.get('step') and step else None)}× |")
+        out.append("")
+    fits = {k: h.get(f"swa_fit_{k}") for k in ("off", "on")}
+    if any(fits.values()):
+        out += [f"One KV byte budget for both ({m.get('swa_budget_bytes', 0) / 2**20:.0f} MiB: 2.5 such "
+                f"requests in one full pool; SWA pool at 0.1 of the full pool's tokens), "
+                f"{m.get('swa_requests', '?')} requests queued:", "",
+                "| pools | full pool tokens | SWA pool tokens | requests held at once (peak full-pool KV "
+                "/ request) | requests decoding together (max) | vs one pool | failed |",
+                "|---|---|---|---|---|---|---|"]
+        n0 = (fits.get("off") or {}).get("decode_batch_max")
+        for k, j in fits.items():
+            if not j or "error" in j:
+                out.append(f"| {k} | {failed(j)} | | | | | |")
+                continue
+            n = j.get("decode_batch_max")
+            held = j["peak_kv_tokens"] / m["swa_ctx"] if j.get("peak_kv_tokens") and m.get("swa_ctx") else None
+            out.append(f"| {'one full pool' if k == 'off' else 'SWA pool'} | {j.get('pool_tokens')} | "
+                       f"{j.get('swa_pool_pages', 0) * j.get('page_size', 0) or '–'} | {fmt(held, '.2f')} | {n} | "
+                       f"{fmt(n / n0 if n and n0 else None, '.1f')}× | {j.get('failed_requests')} |")
+        out.append("")
+    short, long_ = m.get("mamba_short"), m.get("mamba_long")
+    ms = {c: h.get(f"mamba_step_{c}") for c in (short, long_)}
+    if any(ms.values()):
+        na = m.get("attention_layers", 0)
+        out += [f"Bamba layout `{m.get('bamba_layout', '?')}` ({na} attention layers), decode at batch 1 "
+                "(256 steps; no CUDA graphs for hybrid models): the step, the attention decode kernel alone "
+                "(`pagoda kernels --op decode`, the model's attention shape) times the attention "
+                "layers, and the step less that:", "",
+                "| context | decode step ms | attention kernels ms | step − attention ms |",
+                "|---|---|---|---|"]
+        rest = {}
+        for c, j in ms.items():
+            a = (h.get(f"attn_decode_{c}") or {}).get("ms")
+            step = (j or {}).get("decode_step_ms")
+            rest[c] = step - na * a if step and a is not None else None
+            out.append(f"| {c} | {fmt(step)} | {fmt(na * a if a is not None else None)} | {fmt(rest[c])} |")
+        s0, s1 = ((ms[c] or {}).get("decode_step_ms") for c in (short, long_))
+        r0, r1 = rest.get(short), rest.get(long_)
+        out += ["", f"{long_} / {short}: step {fmt(s1 / s0 if s0 and s1 else None)}×, step − attention "
+                    f"{fmt(r1 / r0 if r0 and r1 else None)}× (target for the linear layers: within 10 %).",
+                ""]
+    scans = [(k, h[k]) for k in ("scan_decode", "scan_prefill") if h.get(k)]
+    if scans:
+        out += ["Mamba2 scan (`pagoda kernels --op linear-*`, the model's mixer shape; bytes: states read "
+                "and written once + xBC, dt and y rows; FLOPs: conv + 5 per state element per token):", "",
+                "| op | sequences × tokens | ms per layer [min] | tokens/s | GB/s | % of copy | TFLOP/s | "
+                "% of GEMM | copy GB/s (same run) |", "|---|---|---|---|---|---|---|---|---|"]
+        for k, j in scans:
+            out.append(f"| {j['op']} ({j.get('backend')}) | {j['batch']} × {j['tokens']} | {j['ms']:.4f} "
+                       f"[{j['ms_min']:.4f}] | {j['tokens_per_s']:.3g} | {j['gbps']:.1f} | "
+                       f"{j['pct_of_copy']:.1f} % | {j['tflops']:.3f} | {j['pct_of_gemm']:.2f} % "
+                       f"({j.get('gemm_kind')}) | {j['copy_gbps']:.0f} ({j.get('copy_kind')}) |")
+        out.append("")
+    tt = {k: h.get(f"ttft_{k}") for k in ("cached", "cold")}
+    if any(tt.values()):
+        def turn2(j):
+            t = (j or {}).get("ttft_by_turn_ms") or []
+            return t[1] if len(t) > 1 else None
+        a, b = turn2(tt["cached"]), turn2(tt["cold"])
+        out += [f"Prefix hit restoring the state: one conversation, turn 2 over a {m.get('prefix', '?')}-token "
+                "system prompt + turn 1 (64-token question, 16-token answer):", "",
+                "| run | turn 1 TTFT ms | turn 2 TTFT ms | prefix hit rate | output digest |",
+                "|---|---|---|---|---|"]
+        for k, j in tt.items():
+            t = (j or {}).get("ttft_by_turn_ms") or []
+            out.append(f"| {'radix cache (state snapshot restored)' if k == 'cached' else '--no-radix (cold)'} | "
+                       f"{fmt(t[0] if t else None, '.1f')} | {fmt(turn2(j), '.1f')} | "
+                       f"{100 * (j or {}).get('prefix_hit_rate', 0):.1f} % | `{(j or {}).get('output_digest', '–')}` |")
+        out += ["", f"Turn 2 cached / cold: {fmt(a / b if a and b else None)}× (target ≤ 0.2×)."]
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("kernel_ab", kernel_ab_table), ("engine", engine_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
             ("python", python_table), ("profile", profile_table), ("amx", amx_table),
-            ("ab", ab_table))
+            ("ab", ab_table), ("hybrid", hybrid_table))
 
 
 def render(records):

@@ -7,7 +7,9 @@ the tables and checks them against numbers computed here from the raw samples: p
 ratios peer / ours, their median and range, the verdict rule, % of ceiling, test counts, tp
 agreement, and the decode step profile (synthetic ncu logs in the details and raw CSV pages:
 per kernel group time, share of the step, bytes, GB/s, % of the copy ceiling, the gap between
-the step and its kernels). The seed (from the clock) is printed first."""
+the step and its kernels), and issue 49's hybrid tables (KV bytes per request from pages and pool
+bytes, the requests that fit, the step less the attention kernels, the scan's % of copy, turn 2's
+TTFT ratio). The seed (from the clock) is printed first."""
 import json
 import statistics
 import os
@@ -196,6 +198,81 @@ def check_profile(md, rec, tag, truth, steps, copy_gbps, uniform, passes):
         expect(row in section[4:].split("### ")[0], f"{tag} row {row}")
 
 
+def make_hybrid(d, rng):
+    """A synthetic hybrid run folder (run.sh's hybrid group); returns the numbers the tables
+    must show, computed here from the raw fields."""
+    h = os.path.join(d, "hybrid")
+    os.makedirs(h)
+    files = {"meta": {"backend": "cuda", "dtype": "bf16", "gemma_layout": "gemma3-1b",
+                      "bamba_layout": "bamba-1b", "swa_ctx": 32768, "swa_requests": 12,
+                      "swa_budget_bytes": 2 * 2**30, "mamba_short": 8192, "mamba_long": 65536,
+                      "prefix": 8192, "attention_layers": 2}}
+    full_pages = 2049
+    page_b = {"off": 26 * 16384, "on": 4 * 16384}
+    swa_b = 22 * 16384
+    pages = {"off": rng.randrange(2100, 2200), "on": rng.randrange(2100, 2200)}
+    swa_pages, swa_peak = rng.randrange(300, 600), rng.randrange(33, 66)
+    step = {"off": rng.uniform(2, 4), "on": rng.uniform(1, 2)}
+    for k in ("off", "on"):
+        j = {"page_size": 16, "peak_kv_tokens": full_pages * 16, "pages_total": pages[k],
+             "kv_bytes": page_b[k] * (pages[k] + 1), "decode_step_ms": step[k],
+             "swa_pool_pages": swa_pages if k == "on" else 0,
+             "swa_kv_bytes": swa_b * (swa_pages + 1) if k == "on" else 0,
+             "swa_peak_pages_per_request": swa_peak if k == "on" else 0}
+        files[f"swa_step_{k}"] = j
+    fit = {"off": 2, "on": rng.randrange(5, 12)}
+    for k in ("off", "on"):
+        files[f"swa_fit_{k}"] = {"page_size": 16, "pool_tokens": 70000 if k == "off" else 350000,
+                                 "swa_pool_pages": 0 if k == "off" else 2000,
+                                 "decode_batch_max": fit[k], "failed_requests": 0,
+                                 "peak_kv_tokens": fit[k] * 32768 + 100}
+    mstep = {8192: rng.uniform(3, 4), 65536: rng.uniform(3, 5)}
+    attn = {8192: rng.uniform(0.01, 0.02), 65536: rng.uniform(0.05, 0.1)}
+    for c in (8192, 65536):
+        files[f"mamba_step_{c}"] = {"decode_step_ms": mstep[c]}
+        files[f"attn_decode_{c}"] = {"ms": attn[c]}
+    scan = {"op": "linear-decode", "backend": "cuda", "batch": 64, "tokens": 1, "ms": 0.2,
+            "ms_min": 0.19, "tokens_per_s": 3.2e5, "gbps": rng.uniform(1000, 3000),
+            "copy_gbps": 3000.0, "tflops": 0.5, "gemm_tflops": 700.0, "copy_kind": "cuda_d2d_memcpy",
+            "gemm_kind": "cublas_bf16"}
+    scan["pct_of_copy"] = 100 * scan["gbps"] / scan["copy_gbps"]
+    scan["pct_of_gemm"] = 100 * scan["tflops"] / scan["gemm_tflops"]
+    files["scan_decode"] = scan
+    ttft = {"cached": [rng.uniform(100, 200), rng.uniform(5, 20)],
+            "cold": [rng.uniform(100, 200), rng.uniform(100, 200)]}
+    for k in ("cached", "cold"):
+        files[f"ttft_{k}"] = {"ttft_by_turn_ms": ttft[k], "prefix_hit_rate": 0.5 if k == "cached" else 0.0,
+                              "output_digest": "abcd"}
+    for name, j in files.items():
+        with open(os.path.join(h, name + ".json"), "w") as f:
+            f.write("pagoda: loading ...\n" + json.dumps(j) + "\n")
+    with open(os.path.join(h, "swa_step_on.err"), "w") as f:
+        f.write("progress\n")
+    kvb = {"off": full_pages * page_b["off"], "on": full_pages * page_b["on"] + swa_peak * swa_b}
+    rest = {c: mstep[c] - 2 * attn[c] for c in (8192, 65536)}
+    return {"kv_ratio": kvb["on"] / kvb["off"], "kv_on_mib": kvb["on"] / 2**20,
+            "step_ratio": step["on"] / step["off"], "fit": fit, "swa_peak": swa_peak,
+            "step_long_over_short": mstep[65536] / mstep[8192],
+            "rest_ratio": rest[65536] / rest[8192], "scan_pct": scan["pct_of_copy"],
+            "ttft_ratio": ttft["cached"][1] / ttft["cold"][1]}
+
+
+def check_hybrid(md, t):
+    sec = md[md.index("### Hybrid models (issue 49)"):]
+    row = next(ln for ln in sec.splitlines() if ln.startswith("| window layers in the SWA pool |"))
+    want = f"| 2049 | {t['swa_peak']} | {t['kv_on_mib']:.1f} MiB | {t['kv_ratio']:.3f}× |"
+    expect(want in row, f"hybrid KV row {row!r} lacks {want!r}")
+    expect(row.endswith(f"| {t['step_ratio']:.3f}× |"), f"hybrid step ratio {row!r}")
+    row = next(ln for ln in sec.splitlines() if ln.startswith("| SWA pool |"))
+    expect(f"| {t['fit']['on'] + 100 / 32768:.2f} | {t['fit']['on']} | {t['fit']['on'] / t['fit']['off']:.1f}× | 0 |"
+           in row, f"fit row {row!r}")
+    expect(f"step {t['step_long_over_short']:.3f}×, step − attention {t['rest_ratio']:.3f}×" in sec,
+           "hybrid 64k / 8k line")
+    expect(f"| {t['scan_pct']:.1f} % |" in sec, "scan % of copy")
+    expect(f"Turn 2 cached / cold: {t['ttft_ratio']:.3f}×" in sec, "ttft ratio")
+    expect("commit `abc1234`" in sec.splitlines()[0], "hybrid header names the commit")
+
+
 def run_record(d, out, stages):
     subprocess.run([sys.executable, RECORD, d, "--kind", "h200", "--group", "kernels",
                     "--commit", "abc1234", "--stages", stages, "--out", out], check=True,
@@ -285,6 +362,16 @@ def main():
                                 "load_stalls": 2, "load_stall_s": 0.004, "leaked_host_pages": 0}
             with open(os.path.join(d, "hicache", f"1b_{run}.json"), "w") as f:
                 f.write("pagoda bench: ...\n" + json.dumps(j) + "\n")
+        lb_ms = {c: sorted(rng.uniform(lo, lo * 1.2) for _ in range(5))
+                 for c, lo in (("cold", 60.0), ("device", 9.0), ("host", 10.0))}
+        with open(os.path.join(d, "hicache", "loadback_1b_e512.json"), "w") as f:
+            json.dump({"workload": "loadback", "prefix_tokens": 8192, "extend_tokens": 512,
+                       "load_bytes": 268435456,
+                       "ttft_ms": {c: {"median": v[2], "min": v[0], "max": v[4], "samples": v}
+                                   for c, v in lb_ms.items()},
+                       "host_over_device": lb_ms["host"][2] / lb_ms["device"][2],
+                       "cold_over_host": lb_ms["cold"][2] / lb_ms["host"][2],
+                       "load_gbps_lower_bound": 268435456 / (lb_ms["host"][2] * 1e6)}, f)
         steps = 4
         prof = {"1b_b1": make_profile(d, rng, "1b_b1", steps, 3, raw=False),
                 "1b_b64": make_profile(d, rng, "1b_b64", steps, 2, raw=True, extra_last=True)}
@@ -294,7 +381,14 @@ def main():
             cut = f.readlines()
         with open(os.path.join(d, "profile", "8b_b1.ncu.csv"), "w") as f:
             f.writelines(cut[:len(cut) // 3])
-        rec = run_record(d, os.path.join(tmp, "rec.json"), "build tests kernels tp python hicache profile")
+        hyb = make_hybrid(d, rng)
+        rec = run_record(d, os.path.join(tmp, "rec.json"),
+                         "build tests kernels tp python hicache profile hybrid")
+        expect(sorted(rec["hybrid"]) == sorted(["meta", "swa_step_off", "swa_step_on", "swa_fit_off",
+                                                "swa_fit_on", "mamba_step_8192", "mamba_step_65536",
+                                                "attn_decode_8192", "attn_decode_65536",
+                                                "scan_decode", "ttft_cached", "ttft_cold"]),
+               f"hybrid parts {sorted(rec['hybrid'])}")
 
         # The record: metadata, every sample (rounded to 10 ns), tests, tp agreement.
         expect(rec["commit"] == "abc1234" and rec["gpus"][0]["name"] == "NVIDIA H200", "metadata")
@@ -353,11 +447,70 @@ def main():
             line = next(ln for ln in md.splitlines() if ln.startswith(f"| 1b | {run} |"))
             expect(f"{100 * hit[run]:.1f} %" in line, f"hicache hit rate {line}")
         expect("| 100 / 300 | 5.0 | 2 (0.004) |" in md, "hicache host row")
+        lbl = next(ln for ln in md.splitlines() if ln.startswith("| 1b_e512 |"))
+        gbps = 268435456 / (lb_ms["host"][2] * 1e6)
+        expect(f"| 8192 + 512 | {lb_ms['cold'][2]:.2f} [{lb_ms['cold'][0]:.2f} – "
+               f"{lb_ms['cold'][4]:.2f}] |" in lbl and
+               f"{lb_ms['host'][2] / lb_ms['device'][2]:.3f}×" in lbl and
+               f"| 268.4 | {gbps:.1f} ({100 * gbps / 52.25:.0f} %) |" in lbl, f"loadback row {lbl}")
+        expect(not any(ln.startswith("| loadback") for ln in md.splitlines()),
+               "the probe is not a multiturn row")
+        check_hybrid(md, hyb)
         check_profile(md, rec, "1b_b1", prof["1b_b1"], steps, 4200.0, True, 1)
         check_profile(md, rec, "1b_b64", prof["1b_b64"], steps, 4200.0, False, 2)
         expect("sequences differ between steps" in md, "non-uniform steps named")
         expect(re.search(r"8b layout, batch 1 .*\n\nNo profile: ValueError: \d+ forwards", md)
                is not None, "a cut log gives an error line")
+
+        # A CPU record (run.sh kind cpu): no gpus, the header names the CPU.
+        dc = os.path.join(tmp, "cpu")
+        os.mkdir(dc)
+        make_hybrid(dc, rng)
+        with open(os.path.join(dc, "cpu.txt"), "w") as f:
+            f.write("Some Xeon CPU, 2 threads\n")
+        # A refused run (run.sh's hy writes its error as the JSON): the row says so.
+        with open(os.path.join(dc, "hybrid", "swa_fit_on.json"), "w") as f:
+            f.write(json.dumps({"error": "pagoda: the SWA pool runs on the CPU path only", "rc": 1}) + "\n")
+        run_record(dc, os.path.join(tmp, "cpu.json"), "hybrid")
+        mdc = tables(os.path.join(tmp, "cpu.json"))
+        expect("CPU Some Xeon CPU, 2 threads" in mdc and "### Hybrid models" in mdc, "CPU header")
+        expect("| on | failed (rc 1): pagoda: the SWA pool runs on the CPU path only | | | | | |" in mdc,
+               "a failed run's row")
+
+        # Issue 51's CPU model rows (bench/cpu_model_vs_torch.py's document in the run's amx
+        # folder): per threads x N, pagoda's output tok/s over transformers' on the same prompts.
+        os.mkdir(os.path.join(d, "amx"))
+        doc = {"date": "2026-12-06 00:00 UTC", "cpu": "Xeon",
+               "args": {"model": "/tmp/llama-1b", "input_len": 128, "output_len": 32},
+               "rows": []}
+        for t in (2, 16):
+            for n in (1, 8):
+                tok, ttok = rng.uniform(5, 80), rng.uniform(2, 40)
+                doc["rows"].append({
+                    "threads": t, "requests": n,
+                    "pagoda": {"onednn": {"output_tok_s": tok, "decode_ms": rng.uniform(50, 200),
+                                          "ttft_ms": rng.uniform(300, 900), "load_s": 4.25,
+                                          "cpu_gemm": "onednn"},
+                               "openblas": {"refused": "--cpu-gemm openblas: no"}},
+                    "torch": {"output_tok_s": ttok, "prefill_ms": 400.0, "decode_ms": 120.0,
+                              "torch": "2.9"}})
+        doc["rows"].append({"threads": 16, "requests": 16, "pagoda": {}, "torch": None,
+                            "skipped": "the 240 s budget was spent"})
+        with open(os.path.join(d, "amx", "cpu_model_vs_torch.json"), "w") as f:
+            json.dump(doc, f)
+        run_record(d, os.path.join(tmp, "amx.json"), "build amx")
+        mdx = tables(os.path.join(tmp, "amx.json"))
+        for row in doc["rows"][:4]:
+            r, tr = row["pagoda"]["onednn"], row["torch"]
+            want = (f"| {row['threads']} | {row['requests']} | pagoda onednn | "
+                    f"{r['output_tok_s']:.1f} | {r['decode_ms']:.1f} | {r['ttft_ms']:.0f} | 4.2 | "
+                    f"{r['output_tok_s'] / tr['output_tok_s']:.2f}× |")
+            expect(want in mdx, f"cpu model row {want!r} missing")
+            expect(f"| {row['threads']} | {row['requests']} | transformers 2.9 bf16 | "
+                   f"{tr['output_tok_s']:.1f} | 120.0 | 400 | – | – |" in mdx, "transformers row")
+            expect(f"| {row['threads']} | {row['requests']} | pagoda openblas | refused: "
+                   "--cpu-gemm openblas: no |" in mdx, "refused row")
+        expect("| 16 | 16 | skipped: the 240 s budget was spent |" in mdx, "skipped row")
 
         # One round: no verdict.
         d1 = os.path.join(tmp, "one")

@@ -29,6 +29,17 @@ Layouts (the shapes of real models, random weights):
   bamba-tiny    BambaForCausalLM: 5 layers, attention at layers 1 and 3 (4 q / 2 kv heads of 32,
                 RoPE on the first half of each head), Mamba2 elsewhere (8 heads of 32, d_state
                 16, 2 groups, d_conv 4, SSD chunks of 8, conv bias), hidden 128, vocab 4096
+  bamba-1b      Bamba-9B's Mamba2 mixer (heads of 64, d_state 128, 1 group, d_conv 4, SSD chunks
+                of 256, expand 2) at hidden 2048: 16 layers, attention at 5 and 11 (16 q / 4 kv
+                heads of 128), MLP 7168, vocab 32000, 131072 positions (1.2 B parameters; the
+                GPU benchmarks of bench/device/run.sh's hybrid group)
+  bamba-small   the same mixer head (64 x d_state 128, 1 group) at hidden 256: 6 layers,
+                attention at 2 (4 q / 2 kv heads of 64), MLP 512, vocab 4096, 131072 positions
+                (the hybrid group's CPU runs)
+  gemma3-1b-narrow  Gemma-3-1B's attention layout (26 layers, 5 local : 1 global, window 512,
+                4 q / 1 KV head of 256, so the same KV bytes per token as gemma3-1b) at hidden
+                256, MLP 768, vocab 4096; written with numpy (no torch or transformers: the
+                hybrid group's CPU runs)
   eagle1        an EAGLE-1 draft head for --target LAYOUT (fc [H, 2H] + bias, layers.0.* without
                 input_layernorm; embedding and lm_head shared from the target)
   eagle3        an EAGLE-3 draft head for --target LAYOUT (fc [H, 3H], midlayer.* with 2H
@@ -169,6 +180,30 @@ BAMBA_LAYOUTS = {
         initializer_range=0.02, use_cache=True, pad_token_id=0, bos_token_id=4000,
         eos_token_id=4001, time_step_limit=[0.0, float("inf")]),  # json writes it as Infinity
 }
+BAMBA_LAYOUTS["bamba-1b"] = dict(
+    BAMBA_LAYOUTS["bamba-tiny"], vocab_size=32000, hidden_size=2048, intermediate_size=7168,
+    num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, attn_layer_indices=[5, 11],
+    mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_chunk_size=256,
+    max_position_embeddings=131072, bos_token_id=1, eos_token_id=2)
+BAMBA_LAYOUTS["bamba-small"] = dict(
+    BAMBA_LAYOUTS["bamba-tiny"], hidden_size=256, intermediate_size=512, num_hidden_layers=6,
+    attn_layer_indices=[2], mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1,
+    mamba_d_state=128, mamba_chunk_size=256, max_position_embeddings=131072)
+
+# Gemma 3 text layouts written with numpy (write_numpy_layout: no torch or transformers), in
+# Gemma3TextConfig's config.json keys and Gemma3ForCausalLM's tensor names; draws as
+# gemma_weights says.
+GEMMA_NUMPY_LAYOUTS = {
+    "gemma3-1b-narrow": dict(
+        architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", vocab_size=4096,
+        hidden_size=256, intermediate_size=768, num_hidden_layers=26, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+        sliding_window_pattern=6, rope_theta=1e6, rope_local_base_freq=10000.0,
+        rms_norm_eps=1e-6, max_position_embeddings=32768, tie_word_embeddings=True,
+        hidden_activation="gelu_pytorch_tanh", attention_bias=False, attention_dropout=0.0,
+        final_logit_softcapping=None, attn_logit_softcapping=None, pad_token_id=0,
+        bos_token_id=4000, eos_token_id=4001),
+}
 
 
 def normal_init(rng):
@@ -225,6 +260,38 @@ def bamba_weights(cfg, rng):
         w[p + "feed_forward.gate_proj.weight"] = lin(inter, h)
         w[p + "feed_forward.up_proj.weight"] = lin(inter, h)
         w[p + "feed_forward.down_proj.weight"] = lin(h, inter)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def gemma_weights(cfg, rng):
+    """HF-named float32 arrays of a Gemma 3 text layout: embedding N(0, 0.1^2), linears
+    N(0, 1/in), norms N(0, 0.1^2) (Gemma's norms scale by 1 + w)."""
+    import numpy as np
+
+    h, inter, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    hq, hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    lin, _ = normal_init(rng)
+
+    def norm(n):
+        return rng.normal(0, 0.1, n)
+
+    w = {"model.embed_tokens.weight": rng.normal(0, 0.1, (cfg["vocab_size"], h)),
+         "model.norm.weight": norm(h)}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        w[a + "q_proj.weight"] = lin(hq * d, h)
+        w[a + "k_proj.weight"] = lin(hkv * d, h)
+        w[a + "v_proj.weight"] = lin(hkv * d, h)
+        w[a + "o_proj.weight"] = lin(h, hq * d)
+        w[a + "q_norm.weight"] = norm(d)
+        w[a + "k_norm.weight"] = norm(d)
+        w[p + "mlp.gate_proj.weight"] = lin(inter, h)
+        w[p + "mlp.up_proj.weight"] = lin(inter, h)
+        w[p + "mlp.down_proj.weight"] = lin(h, inter)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            w[p + n + ".weight"] = norm(h)
     return {k: v.astype(np.float32) for k, v in w.items()}
 
 
@@ -295,14 +362,18 @@ def save_safetensors(path, tensors, dtype_name):
 
 
 def write_numpy_layout(layout, dtype_name, seed, out, tokenizer=True):
-    """Writes a DeepSeek or Bamba layout (config.json, model.safetensors, tokenizer.json when
-    the tokenizers package imports); returns (config dict, float32 weights as written)."""
+    """Writes a DeepSeek, Bamba or numpy Gemma layout (config.json, model.safetensors,
+    tokenizer.json when the tokenizers package imports); returns (config dict, float32 weights
+    as written)."""
     import numpy as np
 
-    bamba = layout in BAMBA_LAYOUTS
-    cfg = dict(BAMBA_LAYOUTS[layout] if bamba else DEEPSEEK_LAYOUTS[layout])
+    for layouts, weights in ((BAMBA_LAYOUTS, bamba_weights), (DEEPSEEK_LAYOUTS, deepseek_weights),
+                             (GEMMA_NUMPY_LAYOUTS, gemma_weights)):
+        if layout in layouts:
+            cfg = dict(layouts[layout])
+            break
     cfg["torch_dtype"] = {"bf16": "bfloat16", "f32": "float32"}[dtype_name]
-    w = (bamba_weights if bamba else deepseek_weights)(cfg, np.random.default_rng(seed))
+    w = weights(cfg, np.random.default_rng(seed))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
@@ -313,7 +384,8 @@ def write_numpy_layout(layout, dtype_name, seed, out, tokenizer=True):
         except ImportError:
             print("tokenizers is not installed: no tokenizer.json (use --token-ids)")
         else:
-            write_tokenizer(out, argparse.Namespace(**cfg), seed)
+            write_tokenizer(out, argparse.Namespace(**cfg), seed,
+                            gemma=cfg["model_type"].startswith("gemma"))
     return cfg, w
 
 
@@ -564,7 +636,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layout", required=True,
                     choices=sorted(LAYOUTS) + sorted(DEEPSEEK_LAYOUTS) + sorted(BAMBA_LAYOUTS) +
-                    ["eagle1", "eagle3"])
+                    sorted(GEMMA_NUMPY_LAYOUTS) + ["eagle1", "eagle3"])
     ap.add_argument("--target", default="tiny", choices=sorted(LAYOUTS),
                     help="--layout eagle1|eagle3: the target layout the head drafts for")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
@@ -575,7 +647,7 @@ def main():
     if args.layout in ("eagle1", "eagle3"):
         write_eagle_head(args.layout, args.target, args.dtype, args.seed, args.out)
         return 0
-    if args.layout in DEEPSEEK_LAYOUTS or args.layout in BAMBA_LAYOUTS:
+    if any(args.layout in x for x in (DEEPSEEK_LAYOUTS, BAMBA_LAYOUTS, GEMMA_NUMPY_LAYOUTS)):
         cfg, w = write_numpy_layout(args.layout, args.dtype, args.seed, args.out)
         n = sum(x.size for x in w.values())
         print(f"{args.layout}: {n / 1e6:.2f} M parameters ({args.dtype}), in {args.out}")

@@ -5,7 +5,8 @@ Usage: record.py DIR --kind KIND --group GROUP --commit SHA --stages "build test
 
 The record (schema 1) holds what the tables are generated from, every sample included:
   commit, kind, group, stages, date (UTC), gpus (nvidia-smi: name, driver, memory, SM and memory
-  clocks now and at most, power limit), torch / cuDNN / FlashInfer versions;
+  clocks now and at most, power limit; empty for kind cpu), cpu (model name and threads),
+  torch / cuDNN / FlashInfer versions;
   build       {"rc", "seconds", "targets"}
   tests       [{"name", "status", "seconds"}] from ctest's JUnit file; sanitizers' summary lines
   kernels     {"ceilings": {"copy_gbps", "gemm_tflops"}, "rounds": [{"ours": [row...],
@@ -21,7 +22,8 @@ The record (schema 1) holds what the tables are generated from, every sample inc
   tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
               {"prompts", "identical", "first_token_identical"}}
   hicache     {"pinned_copy": {"h2d_pinned_gbps", "samples_ms"}, "<layout>_<device|host>":
-              `pagoda bench --workload multiturn --json`}
+              `pagoda bench --workload multiturn --json`, "loadback_<layout>_e<new tokens>":
+              `pagoda bench --workload loadback --json`}
   python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py
               row...], "llm_vs_bench": bench/llm_vs_bench.py's --json}
   amx         {"cpu": model name and threads, "cpu_flags": [avx512* / amx* flags], "gtests": {binary: [{"name", "result",
@@ -33,6 +35,10 @@ The record (schema 1) holds what the tables are generated from, every sample inc
               `pagoda bench --json`'s decode step) + "ncu_passes" + tools/ncu_forwards.py's
               step_profile() of the ncu log (per kernel group and step: launches, ns, DRAM
               bytes; per step: kernels, ns), or "error" where the log could not be read}}
+  hybrid      {"meta": run.sh's sizes (backend, dtype, layouts, lengths, the byte budget),
+              "swa_step_<off|on>", "swa_fit_<off|on>", "mamba_step_<ctx>", "ttft_cached",
+              "ttft_cold": `pagoda bench --json`; "attn_decode_<ctx>", "scan_decode",
+              "scan_prefill": `pagoda kernels --json`} (issue 49's hybrid benchmarks)
 Missing parts (a stage not run, a step that failed) are left out; the record says which stages
 were asked for. Reading only: nothing in DIR is changed."""
 import argparse
@@ -309,6 +315,10 @@ def build_record(d, kind, group, commit, stages):
     rec = {"schema": 1, "commit": commit, "kind": kind, "group": group, "stages": stages.split(),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "gpus": gpus(os.path.join(d, "gpu.csv")), "versions": versions(d)}
+    try:
+        rec["cpu"] = open(os.path.join(d, "cpu.txt")).read().strip()
+    except OSError:
+        pass
     parts = {
         "build": read_json(os.path.join(d, "build.json")),
         "tests": tests(d),
@@ -326,6 +336,7 @@ def build_record(d, kind, group, commit, stages):
         "python": python(d),
         "profile": profile(d),
         "amx": amx(d),
+        "hybrid": json_by_name(os.path.join(d, "hybrid")) or None,
     }
     rec.update({k: v for k, v in parts.items() if v is not None})
     return rec

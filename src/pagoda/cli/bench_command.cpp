@@ -20,6 +20,7 @@
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/engine_options.h"
 #include "pagoda/cli/kernel_options_flag.h"
+#include "pagoda/cli/loadback_bench.h"
 #include "pagoda/cli/spec_bench.h"
 #include "pagoda/cli/spec_options.h"
 #include "pagoda/core/error.h"
@@ -171,6 +172,19 @@ void progress(int done, int total, double elapsed, int64_t out_tokens) {
 void run_bench(const BenchOptions& o) {
   prepare_host_threads();
   const engine::EngineArgs args = o.engine.resolve();
+  if (o.workload == "loadback") {
+    PAGODA_REQUIRE(o.spec.mode == "none" && o.tp == 1, kInvalidArgument,
+                   "--workload loadback runs without --spec and at --tp 1");
+    run_loadback_bench({.model = o.model,
+                        .weight_seed = o.weight_seed,
+                        .engine = args,
+                        .prefix_len = o.input_len,
+                        .extend_len = o.user_len > 0 ? o.user_len : 256,
+                        .rounds = o.requests,
+                        .seed = o.seed,
+                        .json = o.json});
+    return;
+  }
   const bool engine_workload = o.workload == "chat" || o.workload == "multiturn";
   PAGODA_REQUIRE(!args.hicache.enabled() || (o.spec.mode == "none" && engine_workload),
                  kInvalidArgument,
@@ -207,15 +221,21 @@ void run_bench(const BenchOptions& o) {
   // Checked before the (possibly large) model is loaded.
   const engine::EngineConfig cfg = engine::make_engine_config(args, *platform);
   TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
+  // Load time: the checkpoint read, the weights packed and uploaded and the engine built (the
+  // CPU oneDNN modes pack every GEMM weight here, so no request's TTFT pays for it).
+  const auto load_t0 = std::chrono::steady_clock::now();
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
   model::LlamaModel llama(loaded.config, loaded.weights);
   loaded.weights = {};  // the model holds its own copy
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count();
 
   Workload w = make_workload(o, loaded.config.bos_token_id, loaded.config.vocab_size);
   int total_requests = 0;
   for (const Conversation& c : w.convs) total_requests += static_cast<int>(c.user.size());
   std::unordered_map<engine::RequestId, size_t> conv_of;
+  std::unordered_map<engine::RequestId, int> turn_of;  // the turn each request is
   auto submit = [&](size_t ci) {
     Conversation& c = w.convs[ci];
     const auto& user = c.user[c.next_turn];
@@ -227,12 +247,14 @@ void run_bench(const BenchOptions& o) {
         .ignore_eos = true,
         .extra_key = {}});
     conv_of[id] = ci;
+    turn_of[id] = c.next_turn;
   };
   for (size_t ci = 0; ci < w.convs.size(); ++ci) submit(ci);
   const bool rounds = o.workload == "multiturn";
 
   const bool tty = isatty(STDERR_FILENO) != 0;
   std::vector<double> ttft, tpot;
+  std::vector<std::vector<double>> ttft_by_turn;  // per turn index (a conversation's n-th turn)
   int64_t in_tokens = 0, out_tokens = 0;
   int done = 0, failed = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -241,7 +263,7 @@ void run_bench(const BenchOptions& o) {
   };
   double last_print = -1.0;
   double decode_s = 0.0;  // wall time of pure decode steps
-  int64_t decode_steps = 0, decode_rows = 0;
+  int64_t decode_steps = 0, decode_rows = 0, decode_batch_max = 0;
   double extend_min_s = 0.0;  // fastest pure extend step (a prefill alone: its compute time)
   int64_t extend_min_tokens = 0;
   while (eng.has_work()) {
@@ -252,6 +274,7 @@ void run_bench(const BenchOptions& o) {
       decode_s += step_s;
       ++decode_steps;
       decode_rows += step.num_seqs;
+      decode_batch_max = std::max<int64_t>(decode_batch_max, step.num_seqs);
     } else if (step.mode == attention::ForwardMode::kExtend &&
                (extend_min_tokens == 0 || step_s < extend_min_s)) {
       extend_min_s = step_s;
@@ -268,6 +291,9 @@ void run_bench(const BenchOptions& o) {
         in_tokens += out.prompt_len;
         out_tokens += static_cast<int64_t>(out.output_ids.size());
         ttft.push_back(out.first_token_s - out.arrival_s);
+        const auto turn = static_cast<size_t>(turn_of.at(id));
+        if (ttft_by_turn.size() <= turn) ttft_by_turn.resize(turn + 1);
+        ttft_by_turn[turn].push_back(ttft.back());
         if (out.output_ids.size() > 1)
           tpot.push_back((out.finish_s - out.first_token_s) /
                          static_cast<double>(out.output_ids.size() - 1));
@@ -340,6 +366,7 @@ void run_bench(const BenchOptions& o) {
       {"requests", completed},
       {"failed_requests", failed},
       {"wall_s", wall},
+      {"load_s", load_s},
       {"requests_per_s", completed / wall},
       {"input_tokens", in_tokens},
       {"output_tokens", out_tokens},
@@ -373,6 +400,7 @@ void run_bench(const BenchOptions& o) {
       {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
       {"cpu_gemm", std::string(model::cpu_gemm_name(cfg.cpu_gemm))},
       {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
+      {"decode_batch_max", decode_batch_max},
       {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /
                                                    static_cast<double>(decode_steps)
                                              : 0.0},
@@ -387,6 +415,11 @@ void run_bench(const BenchOptions& o) {
       {"cached_tokens", st.scheduler.cached_tokens},
       {"fill_tokens", st.scheduler.fill_tokens},
   };
+  // The median time to first token of each turn index: a follow-up turn (index >= 1) of the
+  // multiturn workload starts from its conversation's cached prefix, turn 0 from the system
+  // prompt alone.
+  j["ttft_by_turn_ms"] = nlohmann::json::array();
+  for (const auto& v : ttft_by_turn) j["ttft_by_turn_ms"].push_back(percentile(v, 50) * 1e3);
   if (st.hicache) {
     j["hicache"] = hicache_stats_json(st);
     j["hicache"]["write_policy"] = o.engine.hicache.write_policy;
@@ -421,6 +454,7 @@ void run_bench(const BenchOptions& o) {
     fmt::print("  {:<24} {:>16}\n", name, value);
   };
   row("requests", fmt::format("{} ({} failed)", completed, failed));
+  row("load time", fmt::format("{:.2f} s", load_s));
   row("wall time", fmt::format("{:.2f} s", wall));
   row("requests/s", fmt::format("{:.2f}", completed / wall));
   row("input tokens/s", fmt::format("{:.0f}", static_cast<double>(in_tokens) / wall));
@@ -512,8 +546,10 @@ void add_bench_command(CLI::App& app) {
                   "one shared system prompt, every answer kept in the next prompt), or with "
                   "--spec: repeat (prompts that repeat a span: editing / retrieval) or random; "
                   "--spec runs the workload without and with speculation and reports the "
-                  "speed-up")
-      ->check(CLI::IsMember({"chat", "multiturn", "repeat", "random"}))
+                  "speed-up; loadback (with --hicache-*): the TTFT of --user-len new tokens "
+                  "(default 256) on an --input-len-token prefix that is cold, on the device, or "
+                  "loaded back from the host tier, --requests rounds (loadback_bench.h)")
+      ->check(CLI::IsMember({"chat", "multiturn", "repeat", "random", "loadback"}))
       ->capture_default_str();
   cmd->add_option("--conversations", o->conversations, "multiturn: conversations")
       ->capture_default_str();

@@ -73,9 +73,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
   cmd->add_flag_callback("--no-mixed", [&a] { a.mixed_batches = false; },
                          "no mixed extend + decode batches");
   cmd->add_option("--swa-pool", a.swa_pool,
-                  "sliding-window layers' KV in their own pool: auto (on for a model with "
-                  "windowed layers unless speculation or hicache is on), on, off (one full pool, "
-                  "the window as a mask)")
+                  "sliding-window layers' KV in their own pool: auto (on the CPU for a model "
+                  "with windowed layers unless speculation or hicache is on; off on the GPU), on "
+                  "(on the GPU: steps without CUDA graphs), off (one full pool, the window as a "
+                  "mask)")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   cmd->add_option("--swa-pool-tokens", a.swa_pool_tokens,

@@ -28,6 +28,7 @@
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/kernel_clock.h"
 #include "pagoda/cli/kernel_options_flag.h"
+#include "pagoda/cli/kernels_linear.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 #ifdef PAGODA_CLI_HAVE_CPU_BACKEND
@@ -64,6 +65,12 @@ struct KernelsArgs {
   int flush_l2 = 0;  // +1 --flush-l2, -1 --no-flush-l2, 0: the backend's default (flush_default)
   backends::KernelOptions kernels;  // --kernel-option
   bool json = false;
+  // --op linear-*: the Mamba2 shape beyond --q-heads (H) and --head-dim (P); --kv-len is a
+  // prefill's tokens per sequence.
+  int state_size = 128;
+  int groups = 1;
+  int conv_kernel = 4;
+  int chunk_size = 256;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -159,12 +166,21 @@ std::vector<unsigned char> random_buffer(DType t, size_t n, std::mt19937_64& rng
 }
 
 void run_kernels(const KernelsArgs& a) {
+  if (a.op.starts_with("linear-")) {
+    run_linear_kernels({.backend = a.backend, .op = a.op, .batch = a.batch, .tokens = a.kv_len,
+                        .heads = a.q_heads, .head_dim = a.head_dim, .state_size = a.state_size,
+                        .groups = a.groups, .conv_kernel = a.conv_kernel,
+                        .chunk_size = a.chunk_size, .iters = a.iters, .warmup = a.warmup,
+                        .threads = std::max(1, a.threads), .json = a.json});
+    return;
+  }
   const auto kv_dtype = parse_dtype(a.kv_dtype);
   const auto q_dtype = parse_dtype(a.q_dtype);
   PAGODA_REQUIRE(kv_dtype && q_dtype, kInvalidArgument, "kernels: unknown dtype '{}' / '{}'",
                  a.kv_dtype, a.q_dtype);
   PAGODA_REQUIRE(a.op == "decode" || a.op == "extend" || a.op == "verify", kInvalidArgument,
-                 "kernels: --op must be decode, extend or verify (got '{}')", a.op);
+                 "kernels: --op must be decode, extend, verify, linear-decode or linear-prefill "
+                 "(got '{}')", a.op);
   PAGODA_REQUIRE(a.batch >= 1 && a.kv_len >= 1 && a.page_size >= 1 && a.iters >= 1 &&
                      a.q_heads >= 1 && a.kv_heads >= 1 && a.head_dim >= 1 && a.threads >= 0 &&
                      a.warmup >= 0,
@@ -406,14 +422,25 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "cpu | amx | reference | cuda (as built)")
       ->capture_default_str();
   add_kernel_option_flag(cmd, args->kernels);
-  cmd->add_option("--op", args->op, "decode | extend | verify")->capture_default_str();
+  cmd->add_option("--op", args->op,
+                  "decode | extend | verify (attention), linear-decode | linear-prefill (the "
+                  "Mamba2 recurrence of a linear-attention backend; kernels_linear.h)")
+      ->capture_default_str();
   cmd->add_option("--batch", args->batch, "requests")->capture_default_str();
-  cmd->add_option("--kv-len", args->kv_len, "keys per request (including the queries)")
+  cmd->add_option("--kv-len", args->kv_len,
+                  "keys per request (including the queries); linear-prefill: tokens per sequence")
       ->capture_default_str();
   cmd->add_option("--q-len", args->q_len, "queries per request (0: 1 decode, 8 verify, kv-len extend)");
-  cmd->add_option("--q-heads", args->q_heads)->capture_default_str();
+  cmd->add_option("--q-heads", args->q_heads, "attention q heads; linear-*: Mamba2 heads (H)")
+      ->capture_default_str();
   cmd->add_option("--kv-heads", args->kv_heads)->capture_default_str();
-  cmd->add_option("--head-dim", args->head_dim, "Dqk")->capture_default_str();
+  cmd->add_option("--head-dim", args->head_dim, "Dqk; linear-*: the Mamba2 head dim (P)")
+      ->capture_default_str();
+  cmd->add_option("--state-size", args->state_size, "linear-*: d_state (N)")->capture_default_str();
+  cmd->add_option("--groups", args->groups, "linear-*: B / C groups (G)")->capture_default_str();
+  cmd->add_option("--conv-kernel", args->conv_kernel, "linear-*: d_conv (K)")->capture_default_str();
+  cmd->add_option("--chunk-size", args->chunk_size, "linear-*: the SSD chunk hint")
+      ->capture_default_str();
   cmd->add_option("--head-dim-v", args->head_dim_v, "Dv (0: head-dim; smaller = MLA strided V)");
   cmd->add_option("--page-size", args->page_size)->capture_default_str();
   cmd->add_option("--kv-dtype", args->kv_dtype, "f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2")

@@ -295,14 +295,16 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
   int swa_window = -1;  // the largest window of the model's layers (FlashInfer convention)
   for (int l = 0; l < model.config().num_layers; ++l)
     swa_window = std::max(swa_window, model.config().window_of(l));
+  // The SWA pool runs on the CPU and the GPU (there without CUDA graphs: the worker runs its
+  // steps eagerly, docs/design/engine.md §13).
   bool swa = config.swa_pool == SwaPoolMode::kOn;
   if (config.swa_pool == SwaPoolMode::kAuto)
+    // On the GPU `auto` keeps one pool: SWA steps capture no CUDA graphs yet, and a default
+    // that drops the decode graphs of every Gemma / Mistral engine costs short contexts more
+    // than the pool saves; `on` trades the graphs for the memory.
     swa = swa_window >= 0 && config.spec.mode == SpecMode::kNone && !config.hicache.enabled() &&
           !config.overlap && !make_worker && platform_->kind() == platform::PlatformKind::kCpu;
   if (swa) {
-    PAGODA_REQUIRE(platform_->kind() == platform::PlatformKind::kCpu, kUnsupported,
-                   "the SWA pool (--swa-pool on) runs on the CPU path only (cpu and reference "
-                   "backends) yet: turn it off on the GPU");
     PAGODA_REQUIRE(swa_window >= 0, kInvalidArgument,
                    "the SWA pool (--swa-pool on) needs a model with sliding-window layers");
     PAGODA_REQUIRE(!make_worker, kUnsupported,

@@ -56,9 +56,11 @@ namespace pagoda::engine {
 /// Whether the window layers keep their KV in the sliding-window pool (docs/design/engine.md
 /// §SWA).
 enum class SwaPoolMode : uint8_t {
-  kAuto,  ///< on for a model with windowed layers on the CPU path unless speculation, hicache
-          ///< or a custom worker (tensor parallelism) is asked for (then off)
-  kOn,    ///< on; refuses a model without windowed layers, the GPU and those combinations
+  kAuto,  ///< on the CPU: on for a model with windowed layers unless speculation, hicache, the
+          ///< overlap scheduler or a custom worker (tensor parallelism) is asked for; on the GPU
+          ///< off (SWA steps run without CUDA graphs yet)
+  kOn,    ///< on (on the GPU without CUDA graphs); refuses a model without windowed layers and
+          ///< those combinations
   kOff,   ///< the full pool for every layer, the window as a mask
 };
 

@@ -38,10 +38,7 @@ CpuGemmRunner::CpuGemmRunner(CpuGemm gemm) : gemm_(gemm) {
   PAGODA_REQUIRE(why.empty(), kUnsupported, "--cpu-gemm {}: {}", cpu_gemm_name(gemm), why);
 }
 
-void CpuGemmRunner::linear(const float* x, const float* w, float* y, int64_t m, int64_t n,
-                           int64_t k) {
-  if (gemm_ == CpuGemm::kOpenBlas) return model::linear(x, w, y, m, n, k);
-  if (m == 0 || n == 0) return;
+kernels::cpu::OnednnLinear& CpuGemmRunner::packed(const float* w, int64_t n, int64_t k) {
   const auto key = std::make_tuple(w, n, k);
   auto it = packed_.find(key);
   if (it == packed_.end())
@@ -49,7 +46,18 @@ void CpuGemmRunner::linear(const float* x, const float* w, float* y, int64_t m, 
              .emplace(key, kernels::cpu::OnednnLinear(
                                w, n, k, gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32))
              .first;
-  it->second.forward(x, y, m);
+  return it->second;
+}
+
+void CpuGemmRunner::prepare(const float* w, int64_t n, int64_t k) {
+  if (gemm_ != CpuGemm::kOpenBlas && n > 0 && k > 0) (void)packed(w, n, k);
+}
+
+void CpuGemmRunner::linear(const float* x, const float* w, float* y, int64_t m, int64_t n,
+                           int64_t k) {
+  if (gemm_ == CpuGemm::kOpenBlas) return model::linear(x, w, y, m, n, k);
+  if (m == 0 || n == 0) return;
+  packed(w, n, k).forward(x, y, m);
 }
 
 size_t CpuGemmRunner::packed_bytes() const {

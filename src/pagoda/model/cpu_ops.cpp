@@ -93,14 +93,20 @@ class CpuOps final : public ModelOps {
   void add_rms_norm(const void* x, float* residual, const void* weight, void* out, int64_t rows,
                     int64_t hidden, float eps, bool first) override {
     const float* xs = static_cast<const float*>(x);
-    const size_t n = static_cast<size_t>(rows * hidden);
-    if (first) {
-      if (xs != residual) std::memcpy(residual, xs, n * sizeof(float));
-    } else {
-      for (size_t i = 0; i < n; ++i) residual[i] += xs[i];
+    const float* w = static_cast<const float*>(weight);
+    float* o = static_cast<float*>(out);
+    // Row by row (the add, then that row's norm), rows over the threads.
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * hidden >= kParallelMinElems)
+    for (int64_t t = 0; t < rows; ++t) {
+      float* r = residual + t * hidden;
+      const float* xr = xs + t * hidden;
+      if (!first) {
+        for (int64_t i = 0; i < hidden; ++i) r[i] += xr[i];
+      } else if (xr != r) {
+        std::memcpy(r, xr, static_cast<size_t>(hidden) * sizeof(float));
+      }
+      rms_norm(r, w, o + t * hidden, 1, hidden, eps);
     }
-    rms_norm(residual, static_cast<const float*>(weight), static_cast<float*>(out), rows, hidden,
-             eps);
   }
 
   void rms_norm_rows(const float* residual, const int32_t* row_index, const void* weight,
@@ -111,6 +117,9 @@ class CpuOps final : public ModelOps {
                static_cast<const float*>(weight), o + r * hidden, 1, hidden, eps);
   }
 
+  void prepare_linear(const void* w, int64_t n, int64_t k) override {
+    gemm_.prepare(static_cast<const float*>(w), n, k);
+  }
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool) override {
     gemm_.linear(static_cast<const float*>(x), static_cast<const float*>(w),
@@ -128,30 +137,34 @@ class CpuOps final : public ModelOps {
     const int64_t width = static_cast<int64_t>(hq + 2 * hkv) * d;
     const int64_t qw = static_cast<int64_t>(hq) * d, kw = static_cast<int64_t>(hkv) * d;
     const int half = d / 2;
-    cos_.resize(static_cast<size_t>(half));
-    sin_.resize(static_cast<size_t>(half));
-    for (int64_t t = 0; t < rows; ++t) {
-      const float* row = src + t * width;
-      float* dst[3] = {qo + t * qw, ko + t * kw, vo + t * kw};
-      const int64_t off[3] = {0, qw, qw + kw};
-      const int64_t len[3] = {qw, kw, kw};
-      for (int part = 0; part < 3; ++part)
-        for (int64_t i = 0; i < len[part]; ++i)
-          dst[part][i] = row[off[part] + i] + (b != nullptr ? b[off[part] + i] : 0.f);
-      const float pos = static_cast<float>(positions[t]);
-      for (int i = 0; i < half; ++i) {
-        const float angle = pos * inv_freq[i];
-        cos_[i] = std::cos(angle);
-        sin_[i] = std::sin(angle);
-      }
-      for (int part = 0; part < 2; ++part) {
-        const int heads = part == 0 ? hq : hkv;
-        for (int h = 0; h < heads; ++h) {
-          float* vec = dst[part] + static_cast<int64_t>(h) * d;
-          for (int i = 0; i < half; ++i) {
-            const float a = vec[i], c = vec[i + half];
-            vec[i] = a * cos_[i] - c * sin_[i];
-            vec[i + half] = c * cos_[i] + a * sin_[i];
+    // Rows over the threads, each thread with its own cos / sin table.
+#pragma omp parallel if (rows > 1 && rows * width >= kParallelMinElems)
+    {
+      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < rows; ++t) {
+        const float* row = src + t * width;
+        float* dst[3] = {qo + t * qw, ko + t * kw, vo + t * kw};
+        const int64_t off[3] = {0, qw, qw + kw};
+        const int64_t len[3] = {qw, kw, kw};
+        for (int part = 0; part < 3; ++part)
+          for (int64_t i = 0; i < len[part]; ++i)
+            dst[part][i] = row[off[part] + i] + (b != nullptr ? b[off[part] + i] : 0.f);
+        const float pos = static_cast<float>(positions[t]);
+        for (int i = 0; i < half; ++i) {
+          const float angle = pos * inv_freq[i];
+          cs[i] = std::cos(angle);
+          sn[i] = std::sin(angle);
+        }
+        for (int part = 0; part < 2; ++part) {
+          const int heads = part == 0 ? hq : hkv;
+          for (int h = 0; h < heads; ++h) {
+            float* vec = dst[part] + static_cast<int64_t>(h) * d;
+            for (int i = 0; i < half; ++i) {
+              const float a = vec[i], c = vec[i + half];
+              vec[i] = a * cs[i] - c * sn[i];
+              vec[i + half] = c * cs[i] + a * sn[i];
+            }
           }
         }
       }

@@ -195,6 +195,7 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
                      w, l++));
       if (c.is_mla()) upload_mla(layers_.back(), w);
     }
+    prepare_linears();
     return;
   }
   // This rank's slices (host copies, uploaded one at a time to bound host memory).
@@ -234,6 +235,29 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
                   .down = upload_owned(slice_cols(w.down_proj, inter, r * inter_l, inter_l))},
         w, l++));
   }
+  prepare_linears();
+}
+
+void Decoder::prepare_linears() {
+  const ModelConfig& c = model_->config();
+  ModelOps& ops = *ops_;
+  const int64_t hd = c.hidden_size, d = c.head_dim, inter = shard_.intermediate;
+  const int64_t hq = shard_.num_q_heads, hkv = shard_.num_kv_heads;
+  for (const LayerPtrs& w : layers_) {
+    if (w.qkv != nullptr) ops.prepare_linear(w.qkv, (hq + 2 * hkv) * d, hd);
+    if (w.o_proj != nullptr && !c.is_mla()) ops.prepare_linear(w.o_proj, hd, hq * d);
+    ops.prepare_linear(w.gate_up, 2 * inter, hd);
+    ops.prepare_linear(w.down, hd, inter);
+  }
+  if (mixer_ != nullptr) {
+    const Mamba2Shape s = mamba2_shape(c);
+    for (const Mamba2Weights& w : ssm_weights_) {
+      if (w.in_proj == nullptr) continue;  // an attention layer
+      ops.prepare_linear(w.in_proj, s.in_proj_dim(), s.hidden_size);
+      ops.prepare_linear(w.out_proj, s.hidden_size, s.d_inner());
+    }
+  }
+  ops.prepare_linear(lm_head_, shard_.vocab_rows, hd);
 }
 
 void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {

@@ -190,6 +190,10 @@ class Decoder {
   void upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const;
   /// Uploads a weight slice; keeps the host copy only for the CPU ops (they use it in place).
   const void* upload_owned(std::vector<float> host);
+  /// ModelOps::prepare_linear on every dense GEMM weight of the layers (q/k/v, o, gate/up,
+  /// down; the Mamba2 projections) and the LM head at this rank's shapes, so the first request
+  /// does not pack them (the CPU oneDNN modes). MLA and DSA weights are readied on first use.
+  void prepare_linears();
 
   const LlamaModel* model_;
   ModelOps* ops_;

@@ -94,6 +94,11 @@ class ModelOps {
   /// logit rows only).
   virtual void rms_norm_rows(const float* residual, const int32_t* row_index, const void* weight,
                              void* out, int64_t rows, int64_t hidden, float eps) = 0;
+  /// Readies the uploaded weight w [n, k] for linear() at that shape, so the first request
+  /// does not pay for it: the CPU ops' oneDNN modes pack (round to bf16 and reorder) it now
+  /// instead of on its first linear(). A no-op elsewhere (the default), and for a weight already
+  /// ready; a weight never prepared is readied on first use. Synchronous.
+  virtual void prepare_linear(const void* w, int64_t n, int64_t k) { (void)w, (void)n, (void)k; }
   /// y[m, n] = x[m, k] · w[n, k]ᵀ (HF [out, in] weights); y is dtype() or, with f32_out, f32.
   virtual void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
                       bool f32_out = false) = 0;
@@ -242,8 +247,9 @@ std::string cpu_gemm_unavailable(CpuGemm gemm);
 CpuGemm auto_cpu_gemm();
 
 /// The CPU implementation: f32 activations; GEMM weights per `gemm` (kOpenBlas: the caller's f32
-/// arrays in place; the oneDNN modes: a packed copy of each weight matrix made when linear() first
-/// sees it, keyed by (w, n, k), owned by the ops). Throws Error(kUnsupported) for a dtype other
+/// arrays in place; the oneDNN modes: a packed copy of each weight matrix made by
+/// prepare_linear() -- the Decoder prepares its layers' and the LM head's at construction -- or
+/// else when linear() first sees it, keyed by (w, n, k), owned by the ops). Throws Error(kUnsupported) for a dtype other
 /// than f32 or a `gemm` cpu_gemm_unavailable refuses. `platform` must be a CPU platform and
 /// outlive the ops.
 std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype,

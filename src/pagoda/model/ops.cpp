@@ -22,6 +22,7 @@ void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int6
 
 void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int64_t dim,
               float eps) {
+#pragma omp parallel for schedule(static) if (rows > 1 && rows * dim >= kParallelMinElems)
   for (int64_t t = 0; t < rows; ++t) {
     const float* xr = x + t * dim;
     float* o = out + t * dim;
@@ -33,12 +34,18 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
 }
 
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
-  for (int64_t t = 0; t < rows; ++t) {
-    const float* g = gate_up + t * 2 * inter;
-    const float* u = g + inter;
-    float* o = out + t * inter;
-    for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-  }
+  // Chunks of a row, so one decode row still spreads over the threads.
+  constexpr int64_t kChunk = 2048;
+  const int64_t chunks = (inter + kChunk - 1) / kChunk;
+#pragma omp parallel for collapse(2) schedule(static) if (rows * inter >= kParallelMinElems)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const float* g = gate_up + t * 2 * inter;
+      const float* u = g + inter;
+      float* o = out + t * inter;
+      for (int64_t i = c * kChunk, end = std::min(inter, i + kChunk); i < end; ++i)
+        o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+    }
 }
 
 void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {

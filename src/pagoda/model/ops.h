@@ -1,7 +1,9 @@
 #pragma once
 /// Dense f32 building blocks of the decoder on the host (CPU). GEMMs go through OpenBLAS
-/// (cblas_sgemm); the rest are plain loops. All arrays are row-major and must not alias unless
-/// stated. These are the seam for a device implementation (cuBLAS + small kernels): LlamaModel
+/// (cblas_sgemm); the rest are plain loops, split over the OpenMP threads (rows, or chunks of a
+/// long row) once the work passes kParallelMinElems elements: each element's arithmetic is the
+/// same whatever the split, so results do not depend on the thread count. All arrays are
+/// row-major and must not alias unless stated. These are the seam for a device implementation (cuBLAS + small kernels): LlamaModel
 /// calls only these functions for dense math.
 
 #include <cstdint>
@@ -11,6 +13,10 @@
 #include "pagoda/model/config.h"
 
 namespace pagoda::model {
+
+/// Elements below which the elementwise ops run on the calling thread alone (a decode row of a
+/// small model: an OpenMP fork would cost more than it saves).
+inline constexpr int64_t kParallelMinElems = int64_t{1} << 15;
 
 /// Sets the OpenBLAS thread count for this process (n >= 1). Process-wide; call before running.
 void set_blas_num_threads(int n);

@@ -182,6 +182,36 @@ print(f"{'ok  ' if ok else 'FAIL'} bench storage counters after the drain: puts 
 if not ok:
     failures.append(f"bench storage counters: rc={p.returncode} {st}")
 
+# The load-back probe (cli/loadback_bench.h) needs the host tier and a page-aligned prefix; its
+# host case loads back exactly the prefix's KV (twice the bytes for twice the prefix) and every
+# case is timed once per round.
+run_case("bench loadback without a host tier",
+         ["bench", "--workload", "loadback", "--input-len", "256", "--requests", "1"],
+         ["--hicache-ratio"])
+run_case("bench loadback unaligned prefix",
+         ["bench", "--workload", "loadback", "--input-len", "250", "--requests", "1",
+          "--hicache-ratio", "2"], ["multiple of --page-size"])
+lbs = {}
+for prefix in (512, 1024):
+    p = subprocess.run([PAGODA, "bench", "--workload", "loadback", "--input-len", str(prefix),
+                        "--user-len", "32", "--requests", "2", "--hicache-ratio", "2", "--page-size",
+                        "16", "--json"], capture_output=True, text=True, timeout=120)
+    try:
+        lbs[prefix] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {
+            "rc": p.returncode, "stderr": p.stderr[-2000:]}
+    except (ValueError, IndexError) as e:
+        lbs[prefix] = {"error": str(e), "stderr": p.stderr[-2000:]}
+try:
+    ok = (lbs[512]["load_bytes"] > 0 and lbs[1024]["load_bytes"] == 2 * lbs[512]["load_bytes"] and
+          all(len(lb["ttft_ms"][c]["samples"]) == 2 and lb["ttft_ms"][c]["min"] > 0
+              for lb in lbs.values() for c in ("cold", "device", "host")))
+except (KeyError, TypeError):
+    ok = False
+print(f"{'ok  ' if ok else 'FAIL'} bench loadback: bytes loaded back " +
+      ", ".join(f"{k}: {v.get('load_bytes')}" for k, v in lbs.items()))
+if not ok:
+    failures.append(f"bench loadback: {lbs}")
+
 if failures:
     print(f"\n{len(failures)} case(s) failed:\n" + "\n".join(failures))
     sys.exit(1)

@@ -24,79 +24,17 @@
 #include "engine_test_util.h"
 #include "pagoda/core/error.h"
 #include "pagoda/model/config.h"
+#include "swa_test_util.h"
 #include "test_seed.h"
 
 namespace pagoda::engine {
 namespace {
 
-constexpr int kWindowLeft = 15;  // HF sliding_window 16
-
-model::ModelConfig gemma3_tiny_config() {
-  model::ModelConfig c = model::config_from_hf_json(nlohmann::json::parse(R"({
-    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 300,
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
-    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
-    "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
-                    "full_attention"],
-    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 16,
-    "max_position_embeddings": 1024})"));
-  return c;
-}
-
-model::ModelConfig mistral_window_config() {
-  model::ModelConfig c = testing::test_model_config();
-  c.layer_window.assign(static_cast<size_t>(c.num_layers), kWindowLeft);
-  c.name = "test-mistral-window";
-  return c;
-}
-
-constexpr uint64_t kSwaWeightSeed = 7;
-
-/// Two waves: the second shares a 70-token prefix with the first (prefix-cache hits).
-std::vector<std::vector<int32_t>> swa_prompts(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  auto tokens = [&](int n) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    for (int32_t& x : t) x = static_cast<int32_t>(rng() % 300);
-    return t;
-  };
-  const std::vector<int32_t> system = tokens(70);
-  std::vector<std::vector<int32_t>> prompts;
-  for (int i = 0; i < 8; ++i) {
-    std::vector<int32_t> p = i % 3 == 2 ? std::vector<int32_t>{} : system;
-    const auto tail = tokens(5 + static_cast<int>(rng() % 50));
-    p.insert(p.end(), tail.begin(), tail.end());
-    prompts.push_back(p);
-  }
-  return prompts;
-}
-
-struct Run {
-  std::vector<std::vector<int32_t>> outputs;
-  EngineStats stats;
-};
-
-/// Runs `prompts` in waves of `wave` requests (each wave to completion).
-Run generate(model::LlamaModel& model, const EngineConfig& cfg,
-             const std::vector<std::vector<int32_t>>& prompts, int max_new = 20, size_t wave = 4) {
-  Engine engine(model, cfg);
-  Run run;
-  std::vector<RequestId> ids;
-  for (size_t first = 0; first < prompts.size(); first += wave) {
-    for (size_t i = first; i < std::min(prompts.size(), first + wave); ++i)
-      ids.push_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = max_new}));
-    engine.run_until_idle();
-  }
-  for (RequestId id : ids) run.outputs.push_back(engine.output(id).output_ids);
-  run.stats = engine.stats();
-  EXPECT_EQ(engine.memory().leaked_pages(), 0);
-  EXPECT_EQ(engine.memory().leaked_swa_pages(), 0);
-  EXPECT_EQ(engine.memory().leaked_rows(), 0);
-  engine.memory().drain_prefix_cache();
-  EXPECT_EQ(engine.memory().free_pages(), engine.memory().total_pages());
-  EXPECT_EQ(engine.memory().swa_free_pages(), engine.memory().swa_total_pages());
-  return run;
-}
+using testing::gemma3_tiny_config;
+using testing::kSwaWeightSeed;
+using testing::kSwaWindowLeft;
+using testing::mistral_window_config;
+using testing::swa_prompts;
 
 void check_model(model::LlamaModel& model) {
   const testing::TestSeed seed(testing::process_seed());  // the prompts of every model
@@ -113,29 +51,24 @@ void check_model(model::LlamaModel& model) {
       off.backend = testing::backend_named(backend);
       off.check_integrity = true;
       off.swa_pool = SwaPoolMode::kOff;
-      const Run ref = generate(model, off, prompts);
+      const testing::SwaRun ref = testing::swa_generate(model, off, prompts);
       ASSERT_EQ(ref.stats.swa_pages_total, 0);
 
-      EngineConfig on = off;
-      on.swa_pool = SwaPoolMode::kAuto;  // the default turns it on for these models
-      on.pool_tokens = page == 64 ? 448 : (page == 16 ? 192 : 160);
-      on.swa_pool_tokens = page == 64 ? 320 : (page == 16 ? 96 : 48);
-      on.scheduler.chunk_size = page == 1 ? 24 : page == 16 ? 32 : 64;
-      on.scheduler.new_token_ratio = NewTokenRatio{.init = 0.0, .min = 0.0, .decay = 0.0};
-      const Run got = generate(model, on, prompts);
+      const EngineConfig on = testing::swa_small_pools(off);
+      const testing::SwaRun got = testing::swa_generate(model, on, prompts);
       ASSERT_GT(got.stats.swa_pages_total, 0) << "the SWA pool is off";
       ASSERT_EQ(got.outputs, ref.outputs) << "SWA pool on vs off";
       if (page == 16) {  // without the radix cache: ChunkCache over SwaPageRefs
         EngineConfig no_radix = on;
         no_radix.radix_cache = false;
-        const Run chunk = generate(model, no_radix, prompts);
+        const testing::SwaRun chunk = testing::swa_generate(model, no_radix, prompts);
         ASSERT_GT(chunk.stats.swa_pages_total, 0);
         ASSERT_EQ(chunk.outputs, ref.outputs) << "SWA pool on without the radix cache vs off";
         retractions += chunk.stats.scheduler.retractions;
       }
       EXPECT_LE(got.stats.scheduler.peak_swa_pages_per_request,
-                kv::SwaPages::swa_live_pages_bound(kWindowLeft, page));
-      EXPECT_LE(got.stats.scheduler.peak_swa_pages_per_request, kWindowLeft / page + 2);
+                kv::SwaPages::swa_live_pages_bound(kSwaWindowLeft, page));
+      EXPECT_LE(got.stats.scheduler.peak_swa_pages_per_request, kSwaWindowLeft / page + 2);
       // At page 64 a request's window pages are the tree's by the time they die.
       if (page < 64) {
         EXPECT_GT(got.stats.scheduler.swa_released_pages, 0);
@@ -149,10 +82,7 @@ void check_model(model::LlamaModel& model) {
     // Decoding that must retract: four unrelated 60-token prompts growing by 40 tokens each in
     // a pool of 192 tokens (one request alone fits), admitted greedily.
     SCOPED_TRACE("retraction run");
-    std::mt19937_64 rng(seed + 1);
-    std::vector<std::vector<int32_t>> long_prompts(4, std::vector<int32_t>(60));
-    for (auto& p : long_prompts)
-      for (int32_t& x : p) x = static_cast<int32_t>(rng() % 300);
+    const auto long_prompts = testing::swa_retraction_prompts(seed + 1);
     EngineConfig off;
     off.page_size = 16;
     off.pool_tokens = 4096;
@@ -160,13 +90,9 @@ void check_model(model::LlamaModel& model) {
     off.backend = testing::backend_named(testing::exactness_backends().back());
     off.check_integrity = true;
     off.swa_pool = SwaPoolMode::kOff;
-    EngineConfig on = off;
-    on.swa_pool = SwaPoolMode::kOn;
-    on.pool_tokens = 192;
-    on.swa_pool_tokens = 96;
-    on.scheduler.new_token_ratio = NewTokenRatio{.init = 0.0, .min = 0.0, .decay = 0.0};
-    const Run ref = generate(model, off, long_prompts, 40);
-    const Run got = generate(model, on, long_prompts, 40);
+    const EngineConfig on = testing::swa_retraction_pools(off);
+    const testing::SwaRun ref = testing::swa_generate(model, off, long_prompts, 40);
+    const testing::SwaRun got = testing::swa_generate(model, on, long_prompts, 40);
     EXPECT_EQ(got.outputs, ref.outputs) << "SWA pool on vs off";
     retractions += got.stats.scheduler.retractions;
   }
@@ -247,7 +173,7 @@ TEST(EngineSwa, KvCacheMemorySplitsOneBudgetBetweenThePools) {
       cfg.kv_cache_memory = 3'000'000;
       cfg.swa_full_tokens_ratio = ratio;
       cfg.max_context_len = 256;
-      const auto got = generate(m.model, cfg, prompts);
+      const auto got = testing::swa_generate(m.model, cfg, prompts);
       const int64_t full = got.stats.pool_tokens / page, swa = got.stats.swa_pages_total;
       EXPECT_EQ(swa, static_cast<int64_t>(std::floor(ratio * static_cast<double>(full))));
       EXPECT_EQ(got.stats.kv_bytes, (full + 1) * page * token_full);
@@ -259,7 +185,7 @@ TEST(EngineSwa, KvCacheMemorySplitsOneBudgetBetweenThePools) {
       by_tokens.kv_cache_memory = 0;
       by_tokens.pool_tokens = full * page;
       by_tokens.swa_pool_tokens = swa * page;
-      EXPECT_EQ(generate(m.model, by_tokens, prompts).outputs, got.outputs);
+      EXPECT_EQ(testing::swa_generate(m.model, by_tokens, prompts).outputs, got.outputs);
     }
     EngineConfig one = EngineConfig{};
     one.page_size = page;
@@ -299,6 +225,19 @@ void expect_swa_pool_refuses(EngineConfig combo, const std::string& flag) {
   combo.max_context_len = 256;
   Engine engine(m.model, combo);
   EXPECT_EQ(engine.stats().swa_pages_total, 0);
+}
+
+/// The default (auto) on the CPU platform gives a windowed model the SWA pool and a model
+/// without windows none (on the GPU auto keeps one pool: engine.md §13).
+TEST(EngineSwa, AutoTurnsThePoolOnForAWindowedModelOnTheCpu) {
+  static testing::TestModel windowed(mistral_window_config(), kSwaWeightSeed);
+  EngineConfig cfg;
+  cfg.pool_tokens = 1024;
+  cfg.max_context_len = 256;
+  ASSERT_EQ(cfg.swa_pool, SwaPoolMode::kAuto);
+  EXPECT_GT(Engine(windowed.model, cfg).stats().swa_pages_total, 0);
+  static testing::TestModel dense(testing::test_model_config(), kSwaWeightSeed);
+  EXPECT_EQ(Engine(dense.model, cfg).stats().swa_pages_total, 0);
 }
 
 TEST(EngineSwa, SpeculativeDecodingOnTheSwaPoolIsRefused) {

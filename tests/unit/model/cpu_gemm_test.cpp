@@ -1,8 +1,8 @@
 // The CPU ops' GEMM modes (model/cpu_gemm.h over kernels/cpu/onednn_linear.h) against an f64
 // reference on random data: oneDNN f32 at f32 accuracy for several M (each a cached primitive,
 // one revisited), bf16 against the f64 product of the bf16-rounded inputs (where oneDNN has a
-// bf16 matmul; elsewhere the refusal and its reason), packed sizes (bf16 half of f32), and the
-// mode names.
+// bf16 matmul; elsewhere the refusal and its reason), packed sizes (bf16 half of f32), packing
+// ahead of use (prepare: once, then used by linear()), and the mode names.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,11 +78,28 @@ TEST(CpuGemm, OnednnF32MatchesDoubleReference) {
   std::mt19937_64 rng(seed);
   const GemmData a = random_weights(rng, 96, 80), b = random_weights(rng, 40, 80);
   CpuGemmRunner runner(CpuGemm::kOnednnF32);
-  // Two weight matrices, several M each (M = 3 twice: the cached primitive), interleaved.
+  // `a` packed up front (prepare, as at model load), `b` on first use: the same numbers, and
+  // prepare packs nothing twice.
+  runner.prepare(a.w.data(), a.n, a.k);
+  const size_t prepared = runner.packed_bytes();
+  EXPECT_GE(prepared, sizeof(float) * 96 * 80);
+  runner.prepare(a.w.data(), a.n, a.k);
+  EXPECT_EQ(runner.packed_bytes(), prepared);
+  // Two weight matrices, several M each (M = 3 twice: the cached primitive; 77: two 32-row
+  // blocks and a 13-row tail block), interleaved.
   check_ms(runner, a, rng, {1, 3, 32}, keep, 1e-5);
+  EXPECT_EQ(runner.packed_bytes(), prepared);  // a's linear() used the prepared copy
   check_ms(runner, b, rng, {77, 3}, keep, 1e-5);
   check_ms(runner, a, rng, {3, 5}, keep, 1e-5);
   EXPECT_GE(runner.packed_bytes(), sizeof(float) * (96 * 80 + 40 * 80));
+}
+
+TEST(CpuGemm, OpenBlasPreparesNothing) {
+  std::mt19937_64 rng(1);
+  const GemmData a = random_weights(rng, 8, 8);
+  CpuGemmRunner runner(CpuGemm::kOpenBlas);
+  runner.prepare(a.w.data(), a.n, a.k);
+  EXPECT_EQ(runner.packed_bytes(), 0u);
 }
 
 TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
@@ -104,7 +121,7 @@ TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
   const GemmData a = random_weights(rng, 128, 96);
   CpuGemmRunner runner(CpuGemm::kOnednn);
   // f32 accumulation of the bf16-rounded inputs: f32 summation error only.
-  check_ms(runner, a, rng, {1, 7, 64, 7}, to_bf16, 1e-5);
+  check_ms(runner, a, rng, {1, 7, 64, 70, 7}, to_bf16, 1e-5);  // 70: a block and a 6-row tail
   EXPECT_GE(runner.packed_bytes(), sizeof(uint16_t) * 128 * 96);
   EXPECT_LT(runner.packed_bytes(), sizeof(float) * 128 * 96);  // bf16: about half of f32
 }

@@ -1,5 +1,8 @@
 #include "pagoda/backends/cpu/cpu_linear_backend.h"
 
+#include <cblas.h>
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -23,6 +26,12 @@ float ssd_time_step(float raw, float bias, const LinearShape& s) {
   return std::clamp(sp, s.dt_min, s.dt_max);
 }
 
+/// exp(v), 0 below 1e-30 (exp(-69)): the scan's decay weights never feed denormals (each costs
+/// a microcode assist in sgemm's FMAs) and what they drop is below f32's resolution of O(1) sums.
+float flushed_exp(float v) {
+  return v < -69.f ? 0.f : std::exp(v);
+}
+
 }  // namespace
 
 void CpuLinearBackend::run(const LinearLayer& layer, const TensorView& xbc, const TensorView& dt,
@@ -41,8 +50,8 @@ void CpuLinearBackend::run(const LinearLayer& layer, const TensorView& xbc, cons
     float* h = pool.ssm_state(l, q.slot);
     const float* dt_raw = dt.data_as<const float>() + r0 * dt.stride(0);
     float* y_rows = y.data_as<float>() + r0 * y.stride(0);
-    if (q.num_tokens == 1)
-      step(layer, h, xbc_.data(), dt_raw, y_rows);
+    if (q.num_tokens < kChunkedFromTokens)
+      steps(layer, h, dt_raw, dt.stride(0), q.num_tokens, y_rows, y.stride(0));
     else
       scan(layer, h, dt_raw, dt.stride(0), q.num_tokens, y_rows, y.stride(0));
     r0 += q.num_tokens;
@@ -118,70 +127,99 @@ void CpuLinearBackend::step(const LinearLayer& layer, float* h, const float* xbc
   }
 }
 
+void CpuLinearBackend::steps(const LinearLayer& layer, float* h, const float* dt_raw,
+                             int64_t dt_stride, int64_t t, float* y, int64_t y_stride) const {
+  const int64_t cd = layer.shape.conv_dim();
+  for (int64_t i = 0; i < t; ++i)
+    step(layer, h, xbc_.data() + i * cd, dt_raw + i * dt_stride, y + i * y_stride);
+}
+
 void CpuLinearBackend::scan(const LinearLayer& layer, float* h, const float* dt_raw,
                             int64_t dt_stride, int64_t t, float* y, int64_t y_stride) {
   const LinearShape& s = layer.shape;
   const attention::LinearWeights& w = layer.weights;
   const int64_t p_dim = s.head_dim, n = s.state_size, di = s.d_inner(), cd = s.conv_dim();
-  const int64_t heads = s.num_heads, per_group = heads / s.num_groups;
-  const int64_t q = s.chunk_size;
+  const int64_t heads = s.num_heads, groups = s.num_groups, per_group = heads / groups;
+  const int64_t q = std::min({int64_t{s.chunk_size}, kMaxChunk, t});
   delta_.resize(static_cast<size_t>(t * heads));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t hd = 0; hd < heads; ++hd)
       delta_[i * heads + hd] = ssd_time_step(dt_raw[i * dt_stride + hd], w.dt_bias[hd], s);
-  cum_.resize(static_cast<size_t>(std::min(q, t)));
-  gram_.resize(static_cast<size_t>(std::min(q, t) * std::min(q, t)));
+  gram_.resize(static_cast<size_t>(groups * q * q));
+  // Per thread: cumulative Δ·A [q], decay weights [q], C scaled [q, N], the masked scores
+  // [q, q], Δ-weighted x [q, P].
+  const int64_t per_thread = 2 * q + q * n + q * q + q * p_dim;
+  work_.resize(static_cast<size_t>(omp_get_max_threads() * per_thread));
 
+  // Heads run on the OpenMP threads when OpenBLAS runs each sgemm on its caller's thread; a
+  // threaded OpenBLAS (pthreads) called from several threads at once oversubscribes the cores
+  // (20x slower measured), so then the heads run in turn and OpenBLAS threads each sgemm.
+  const bool heads_in_parallel = openblas_get_num_threads() == 1;
   for (int64_t c0 = 0; c0 < t; c0 += q) {
     const int64_t len = std::min(q, t - c0);
+    const int ln = static_cast<int>(len);
     const float* xbc = xbc_.data() + c0 * cd;  // row i of the chunk: xbc + i * cd
-    for (int64_t g = 0; g < s.num_groups; ++g) {
-      // gram[i, j] = C_i · B_j for j <= i (the group's "attention scores" inside the chunk).
+    // gram_g = C_g · B_gᵀ [len, len] (the group's "attention scores"; the upper half unused).
+    for (int64_t g = 0; g < groups; ++g)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ln, ln, static_cast<int>(n), 1.f,
+                  xbc + di + groups * n + g * n, static_cast<int>(cd), xbc + di + g * n,
+                  static_cast<int>(cd), 0.f, gram_.data() + g * q * q, ln);
+#pragma omp parallel for schedule(static) if (heads_in_parallel)
+    for (int64_t hd = 0; hd < heads; ++hd) {
+      float* cum = work_.data() + omp_get_thread_num() * per_thread;
+      float* r = cum + q;
+      float* cs = r + q;
+      float* m = cs + q * n;
+      float* xw = m + q * q;
+      const int64_t g = hd / per_group;
+      const float a = -std::exp(w.a_log[hd]);
+      const float* dl = delta_.data() + c0 * heads + hd;  // Δ of row i: dl[i * heads]
+      const float* b = xbc + di + g * n;
+      const float* c = xbc + di + groups * n + g * n;
+      const float* x = xbc + hd * p_dim;
+      float* hh = h + hd * p_dim * n;
+      float* yh = y + c0 * y_stride + hd * p_dim;
+      float run = 0.f;
+      for (int64_t i = 0; i < len; ++i) cum[i] = run += dl[i * heads] * a;
+      const float last = cum[len - 1];
+      // From the state entering the chunk: y_i = exp(cum_i)·(h·C_i).
       for (int64_t i = 0; i < len; ++i) {
-        const float* c = xbc + i * cd + di + s.num_groups * n + g * n;
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* b = xbc + j * cd + di + g * n;
-          float acc = 0.f;
-          for (int64_t k = 0; k < n; ++k) acc += c[k] * b[k];
-          gram_[i * len + j] = acc;
-        }
+        const float e = flushed_exp(cum[i]);
+        for (int64_t k = 0; k < n; ++k) cs[i * n + k] = e * c[i * cd + k];
       }
-      for (int64_t hd = g * per_group; hd < (g + 1) * per_group; ++hd) {
-        const float a = -std::exp(w.a_log[hd]);
-        float run = 0.f;
-        for (int64_t i = 0; i < len; ++i) cum_[i] = run += delta_[(c0 + i) * heads + hd] * a;
-        float* hh = h + hd * p_dim * n;
-        for (int64_t i = 0; i < len; ++i) {
-          const float* c = xbc + i * cd + di + s.num_groups * n + g * n;
-          const float* xi = xbc + i * cd + hd * p_dim;
-          float* yi = y + (c0 + i) * y_stride + hd * p_dim;
-          const float from_state = std::exp(cum_[i]);
-          for (int64_t p = 0; p < p_dim; ++p) {
-            float acc = 0.f;
-            for (int64_t k = 0; k < n; ++k) acc += hh[p * n + k] * c[k];
-            yi[p] = from_state * acc + w.d[hd] * xi[p];
-          }
-          for (int64_t j = 0; j <= i; ++j) {
-            const float coef =
-                std::exp(cum_[i] - cum_[j]) * gram_[i * len + j] * delta_[(c0 + j) * heads + hd];
-            const float* xj = xbc + j * cd + hd * p_dim;
-            for (int64_t p = 0; p < p_dim; ++p) yi[p] += coef * xj[p];
-          }
-        }
-        // The state leaving the chunk.
-        const float last = cum_[len - 1];
-        const float carry = std::exp(last);
-        for (int64_t e = 0; e < p_dim * n; ++e) hh[e] *= carry;
-        for (int64_t j = 0; j < len; ++j) {
-          const float coef = std::exp(last - cum_[j]) * delta_[(c0 + j) * heads + hd];
-          const float* xj = xbc + j * cd + hd * p_dim;
-          const float* b = xbc + j * cd + di + g * n;
-          for (int64_t p = 0; p < p_dim; ++p) {
-            const float cx = coef * xj[p];
-            for (int64_t k = 0; k < n; ++k) hh[p * n + k] += cx * b[k];
-          }
-        }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ln, static_cast<int>(p_dim),
+                  static_cast<int>(n), 1.f, cs, static_cast<int>(n), hh, static_cast<int>(n), 0.f,
+                  yh, static_cast<int>(y_stride));
+      // The state leaving the chunk: exp(cum_L)·h + Σ_j exp(cum_L - cum_j)·Δ_j·x_j ⊗ B_j.
+      for (int64_t j = 0; j < len; ++j) {
+        const float coef = flushed_exp(last - cum[j]) * dl[j * heads];
+        for (int64_t p = 0; p < p_dim; ++p) xw[j * p_dim + p] = coef * x[j * cd + p];
       }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(p_dim),
+                  static_cast<int>(n), ln, 1.f, xw, static_cast<int>(p_dim), b,
+                  static_cast<int>(cd), flushed_exp(last), hh, static_cast<int>(n));
+      // Inside the chunk: m[i, j] = gram[i, j]·exp(cum_i - cum_j)·Δ_j for j <= i, else 0. The
+      // decay weights r[j] = exp(cum_i - cum_j)·Δ_j advance by one factor exp(Δ_i·A) per row
+      // (a product, not an exponential per entry); below 1e-30 they are 0 (no denormals).
+      const float* gr = gram_.data() + g * q * q;
+      for (int64_t i = 0; i < len; ++i) {
+        const float decay = std::exp(dl[i * heads] * a);
+        float* mi = m + i * len;
+        const float* gi = gr + i * len;
+#pragma omp simd
+        for (int64_t j = 0; j < i; ++j) {
+          const float v = r[j] * decay;
+          r[j] = v < 1e-30f ? 0.f : v;
+        }
+        r[i] = dl[i * heads];
+#pragma omp simd
+        for (int64_t j = 0; j <= i; ++j) mi[j] = gi[j] * r[j];
+        std::fill(mi + i + 1, mi + len, 0.f);
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ln, static_cast<int>(p_dim), ln,
+                  1.f, m, ln, x, static_cast<int>(cd), 1.f, yh, static_cast<int>(y_stride));
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t p = 0; p < p_dim; ++p) yh[i * y_stride + p] += w.d[hd] * x[i * cd + p];
     }
   }
 }

@@ -3,6 +3,7 @@
 #include "pagoda/kernels/cpu/onednn_linear.h"
 
 #include <algorithm>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -56,6 +57,15 @@ bool onednn_matmul_builds(DType t) {
     return false;
   }
 }
+
+/// Rows per block of the activations. oneDNN 2.6's AMX matmul runs M that is not a multiple
+/// of 32 far slower than the next multiple (measured on the 2-core Xeon VM, 2 threads, bf16
+/// [M, 2048] x [2048, 16384]: M 256 15.3 ms, 258 25.7, 272 35.2, 288 17.8; [M, 8192] x [8192,
+/// 2048]: 256 7.3, 258 12.3, 288 9.0): its M tail streams the weights again with part-empty
+/// tiles. So an M past one block runs as its whole blocks plus one zero-padded block for the
+/// rest (a mixed step of 256 prefill tokens and 2 decode rows: 15.3 + 2.6 ms instead of 25.7).
+/// Up to one block (decode batches) M runs as it is: M 1, 8, 16 cost 1.5-1.7 ms there.
+constexpr int64_t kOnednnRowBlock = 32;
 
 /// The M at which the weights' preferred layout is queried (a prefill-sized tile: oneDNN's
 /// blocked weight layouts depend on N and K, not M).
@@ -145,7 +155,10 @@ struct OnednnLinear::Impl {
   memory weights;
   dnnl::stream stream{onednn_engine()};
   onednn_detail::OnednnPrimitiveCache<int64_t> cache{kMaxCached};  ///< by M
-  std::vector<uint16_t> x_bf16;  ///< the activations rounded to bf16 (bf16 weights)
+  /// The activations as the product reads them: rounded to bf16 (bf16 weights) and / or with
+  /// the tail block's zero rows (bytes).
+  std::vector<unsigned char> x_op;
+  std::vector<float> y_tail;  ///< the tail block's output [kOnednnRowBlock, n]
 
   dnnl::matmul& primitive(int64_t m) {
     return cache.get(
@@ -188,18 +201,44 @@ void OnednnLinear::forward(const float* x, float* y, int64_t m) {
   if (m == 0) return;
   Impl& s = *impl_;
   const memory::data_type t = onednn_type(s.dtype);
-  void* src = const_cast<float*>(x);  // read only
-  if (s.dtype == DType::kBF16) {
-    s.x_bf16.resize(static_cast<size_t>(m * s.k));
-    for (size_t i = 0; i < s.x_bf16.size(); ++i) s.x_bf16[i] = f32_to_bf16_bits(x[i]);
-    src = s.x_bf16.data();
+  const size_t es = s.dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
+  // Past kOnednnRowBlock rows, the rows past the last whole block run as a second product of
+  // one zero-padded block (see kOnednnRowBlock); y gets them from the block's scratch output.
+  const int64_t main = m > kOnednnRowBlock ? m - m % kOnednnRowBlock : m;
+  const int64_t tail = m - main;
+  const void* src = x;
+  if (s.dtype == DType::kBF16 || tail > 0) {
+    // The operand rows in the weights' dtype, then the tail's zero rows up to a whole block.
+    const int64_t rows = tail > 0 ? main + kOnednnRowBlock : m;
+    s.x_op.resize(static_cast<size_t>(rows * s.k) * es);
+    const auto count = m * s.k;
+    if (s.dtype == DType::kBF16) {
+      auto* xb = reinterpret_cast<uint16_t*>(s.x_op.data());
+      // Over the threads for a prefill's rows (oneDNN's own pool: the same OpenMP threads).
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 15))
+      for (int64_t i = 0; i < count; ++i) xb[i] = f32_to_bf16_bits(x[i]);
+    } else {
+      std::memcpy(s.x_op.data(), x, static_cast<size_t>(count) * es);
+    }
+    std::fill(s.x_op.begin() + static_cast<int64_t>(count * es), s.x_op.end(), 0);
+    src = s.x_op.data();
   }
-  memory src_mem(memory::desc({m, s.k}, t, DnnlTag::ab), onednn_engine(), src);
-  memory dst_mem(memory::desc({m, s.n}, memory::data_type::f32, DnnlTag::ab), onednn_engine(), y);
-  s.primitive(m).execute(s.stream, {{DNNL_ARG_SRC, src_mem},
-                                    {DNNL_ARG_WEIGHTS, s.weights},
-                                    {DNNL_ARG_DST, dst_mem}});
-  s.stream.wait();
+  auto run = [&](const void* a, float* out, int64_t rows) {
+    memory src_mem(memory::desc({rows, s.k}, t, DnnlTag::ab), onednn_engine(),
+                   const_cast<void*>(a));  // read only
+    memory dst_mem(memory::desc({rows, s.n}, memory::data_type::f32, DnnlTag::ab),
+                   onednn_engine(), out);
+    s.primitive(rows).execute(s.stream, {{DNNL_ARG_SRC, src_mem},
+                                         {DNNL_ARG_WEIGHTS, s.weights},
+                                         {DNNL_ARG_DST, dst_mem}});
+    s.stream.wait();
+  };
+  if (main > 0) run(src, y, main);
+  if (tail == 0) return;
+  s.y_tail.resize(static_cast<size_t>(kOnednnRowBlock * s.n));
+  run(static_cast<const unsigned char*>(src) + static_cast<size_t>(main * s.k) * es,
+      s.y_tail.data(), kOnednnRowBlock);
+  std::memcpy(y + main * s.n, s.y_tail.data(), static_cast<size_t>(tail * s.n) * sizeof(float));
 }
 
 int64_t OnednnLinear::n() const { return impl_->n; }

@@ -9,6 +9,8 @@
 /// arrive in f32 and are rounded to `weight_dtype` per call (oneDNN 2.6 has no mixed f32 × bf16
 /// matmul); the product accumulates and lands in f32. One primitive per distinct M is built on
 /// first use and cached (the most recent kMaxCached M values), against the packed weights' layout.
+/// M past 32 rows runs as its whole 32-row blocks plus one zero-padded block for the remaining
+/// rows (oneDNN 2.6's AMX matmul runs an M tail far slower: onednn_linear.cpp kOnednnRowBlock).
 ///
 /// Availability: oneDNN 2.6 implements bf16 matmul only on CPUs with AVX-512 (avx512_core and
 /// up); elsewhere (AVX2 machines) onednn_linear_unavailable(kBF16) says so, and a construction
