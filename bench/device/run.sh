@@ -423,6 +423,7 @@ ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "sampl
   for shape in doc chat; do  # both layouts' doc runs before any chat run
     for layout in 1b 8b; do
       C=$(ckpt $layout)
+      need=150; [ $layout = 1b ] && need=60  # a run's budget: an 8B process loads ~60 s of weights
       DOC="--chunk-size 8192 --turns 4 --system-len 256 --user-len 2048 --max-new-tokens 32"
       [ $layout = 1b ] && DOC="$DOC --pool-tokens 131072 --conversations 64" ||
         DOC="$DOC --pool-tokens 65536 --conversations 32"
@@ -431,7 +432,7 @@ ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "sampl
       # cold, on the device or loaded back from the host tier (16 new tokens: the copy alone).
       exts="16 512"; [ $layout = 8b ] && exts=512
       for e in $exts; do
-        [ $shape = doc ] && [ "$(left)" -ge 60 ] || continue
+        [ $shape = doc ] && [ "$(left)" -ge $need ] || continue
         timeout 200 $P bench --model "$C" --backend cuda --workload loadback --input-len 8192 \
           --user-len $e --requests 5 --pool-tokens 65536 --hicache-ratio 2 --json \
           > "$W/hicache/loadback_${layout}_e$e.json" 2> "$W/hicache/loadback_${layout}_e$e.err"
@@ -442,7 +443,6 @@ ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "sampl
         tag=$layout; [ $shape = doc ] && tag=${layout}-doc
         ratio=8; [ $shape = doc ] && ratio=5
         [ $run = host ] && extra="--hicache-ratio $ratio --hicache-write-policy write_through"
-        need=150; [ $layout = 1b ] && need=60  # an 8B process loads ~60 s of weights
         if [ "$(left)" -lt $need ]; then say "hicache $tag $run skipped: $(left) s of the budget left"; continue; fi
         # shellcheck disable=SC2086 # one word per flag
         timeout 200 $P bench --model "$C" $MT $wl $extra > "$W/hicache/${tag}_$run.json" \

@@ -27,9 +27,12 @@
 #include "pagoda/core/error.h"
 #include "pagoda/kv/state_pool.h"
 #include "pagoda/platform/cuda/cuda_platform.h"
+#include "random_floats.h"
 
 namespace pagoda {
 namespace {
+
+using pagoda::testing::uniform_floats;
 
 using attention::LinearSeq;
 using attention::LinearShape;
@@ -39,13 +42,6 @@ constexpr int64_t kPad = 3;      ///< extra floats per input and output row
 constexpr int32_t kSlots = 24;
 constexpr int32_t kLayer = 1;    ///< the layer under test; layer 0 is never named
 constexpr double kTol = 2e-4;
-
-std::vector<float> uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
 
 platform::DeviceBuffer on_device(platform::Platform& p, const std::vector<float>& host) {
   platform::DeviceBuffer b =
@@ -72,9 +68,10 @@ class Twin {
         dev_(2, kSlots, shape.state_shape(), gpu),
         cuda_({.platform = &gpu}) {
     const auto cd = size_t(shape.conv_dim()), h = size_t(shape.num_heads);
-    w_ = {uniform(rng_, cd * size_t(shape.conv_kernel), -0.6f, 0.6f),
-          rng_() % 2 ? uniform(rng_, cd, -0.2f, 0.2f) : std::vector<float>{},
-          uniform(rng_, h, -1.5f, 0.5f), uniform(rng_, h, -1.f, 1.5f), uniform(rng_, h, -1.f, 1.f)};
+    w_ = {uniform_floats(rng_, cd * size_t(shape.conv_kernel), -0.6f, 0.6f),
+          rng_() % 2 ? uniform_floats(rng_, cd, -0.2f, 0.2f) : std::vector<float>{},
+          uniform_floats(rng_, h, -1.5f, 0.5f), uniform_floats(rng_, h, -1.f, 1.5f),
+          uniform_floats(rng_, h, -1.f, 1.f)};
     for (const auto& v : w_) dev_w_.push_back(on_device(gpu, v));
   }
 
@@ -83,8 +80,8 @@ class Twin {
     const int32_t s = host_.alloc();
     EXPECT_EQ(dev_.alloc(), s);
     for (int32_t l = 0; l < 2; ++l) {
-      const auto v = uniform(rng_, size_t(host_.shape().conv_floats() + host_.shape().ssm_floats()),
-                             -1.f, 1.f);
+      const auto v = uniform_floats(
+          rng_, size_t(host_.shape().conv_floats() + host_.shape().ssm_floats()), -1.f, 1.f);
       host_.write_state(l, s, v);
       dev_.write_state(l, s, v);
     }
@@ -110,7 +107,7 @@ class Twin {
       named.push_back(p.slot);
       named.insert(named.end(), p.node_slots.begin(), p.node_slots.end());
     }
-    std::vector<float> in = uniform(rng_, size_t(rows * in_w), -1.f, 1.f);
+    std::vector<float> in = uniform_floats(rng_, size_t(rows * in_w), -1.f, 1.f);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t i = cd; i < cd + h; ++i) in[size_t(r * in_w + i)] -= 1.f;  // dt in [-2, 0]
       for (int64_t i = cd + h; i < in_w; ++i) in[size_t(r * in_w + i)] = kNaN;
@@ -304,7 +301,7 @@ TEST_F(CudaLinear, DevicePoolZeroesFreedSlotsAndCopiesOnItsStream) {
   const kv::StateShape& sh = pool.shape();
   std::vector<std::vector<float>> wrote;
   for (int32_t l = 0; l < 3; ++l) {
-    wrote.push_back(uniform(rng, size_t(sh.conv_floats() + sh.ssm_floats()), -1.f, 1.f));
+    wrote.push_back(uniform_floats(rng, size_t(sh.conv_floats() + sh.ssm_floats()), -1.f, 1.f));
     pool.write_state(l, a, wrote.back());
   }
   pool.copy_slot(a, b);

@@ -225,8 +225,7 @@ void run_bench(const BenchOptions& o) {
   // CPU oneDNN modes pack every GEMM weight here, so no request's TTFT pays for it).
   const auto load_t0 = std::chrono::steady_clock::now();
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
-  model::LlamaModel llama(loaded.config, loaded.weights);
-  loaded.weights = {};  // the model holds its own copy
+  model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_t0).count();

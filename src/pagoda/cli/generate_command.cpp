@@ -162,14 +162,14 @@ void run_generate(const GenerateOptions& o) {
     PAGODA_REQUIRE(o.prompt.empty() && o.token_ids.empty(), kInvalidArgument,
                    "--batch-file excludes --prompt and --token-ids");
     model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
-    model::LlamaModel llama(loaded.config, loaded.weights);
+    model::LlamaModel llama(loaded.config, std::move(loaded.weights));
     run_batch_file(o, llama, loaded);
     return;
   }
   PAGODA_REQUIRE(o.prompt.empty() != o.token_ids.empty(), kInvalidArgument,
                  "give exactly one of --prompt and --token-ids");
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
-  model::LlamaModel llama(loaded.config, loaded.weights);
+  model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   // The checkpoint's tokenizer (tokenizer.json / tokenizer.model); the builtin model, and a
   // checkpoint without tokenizer files driven by --token-ids, use the byte tokenizer.
   const std::unique_ptr<tokenizer::Tokenizer> tok =

@@ -69,8 +69,7 @@ void run_loadback_bench(const LoadbackBenchArgs& a) {
   auto platform = engine::make_platform(a.engine);
   const engine::EngineConfig cfg = engine::make_engine_config(a.engine, *platform);
   model::LoadedModel loaded = model::load_model(a.model, a.weight_seed);
-  model::LlamaModel llama(loaded.config, loaded.weights);
-  loaded.weights = {};
+  model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   engine::Engine eng(llama, cfg, platform.get());
 
   std::mt19937_64 rng(a.seed);

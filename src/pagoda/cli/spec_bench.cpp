@@ -94,7 +94,7 @@ void run_spec_bench(const SpecBenchArgs& a) {
   spec_cfg.spec = make_spec_config(a.spec, draft);  // checks the options before loading
   if (spec_cfg.spec.mode != engine::SpecMode::kEagle) spec_cfg.validate();
   model::LoadedModel loaded = model::load_model(a.model, a.weight_seed);
-  model::LlamaModel llama(loaded.config, loaded.weights);
+  model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   if (spec_cfg.spec.mode == engine::SpecMode::kEagle) {  // the head needs the target
     spec_cfg.spec = make_spec_config(a.spec, draft, &llama);
     spec_cfg.validate();

@@ -64,7 +64,8 @@ engine::SpecConfig make_spec_config(const SpecOptions& o, SpecDraft& draft,
   if (s.mode == engine::SpecMode::kDraft && !o.draft_model.empty()) {
     draft.loaded = std::make_unique<model::LoadedModel>(
         model::load_model(o.draft_model, o.draft_weight_seed));
-    draft.model = std::make_unique<model::LlamaModel>(draft.loaded->config, draft.loaded->weights);
+    draft.model = std::make_unique<model::LlamaModel>(draft.loaded->config,
+                                                       std::move(draft.loaded->weights));
     s.draft_model = draft.model.get();
   }
   s.validate();

@@ -255,7 +255,7 @@ int tp_follower_main(int fd, int rank, int tp, const std::string& model_spec,
     std::unique_ptr<model::LlamaModel> llama;
     {
       model::LoadedModel loaded = model::load_model(model_spec, weight_seed);
-      llama = std::make_unique<model::LlamaModel>(loaded.config, loaded.weights);
+      llama = std::make_unique<model::LlamaModel>(loaded.config, std::move(loaded.weights));
     }
     std::vector<std::byte> msg;
     if (!channel->recv(msg)) return 0;  // rank 0 stopped before building its engine

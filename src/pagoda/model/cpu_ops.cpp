@@ -137,10 +137,13 @@ class CpuOps final : public ModelOps {
     const int64_t width = static_cast<int64_t>(hq + 2 * hkv) * d;
     const int64_t qw = static_cast<int64_t>(hq) * d, kw = static_cast<int64_t>(hkv) * d;
     const int half = d / 2;
-    // Rows over the threads, each thread with its own cos / sin table.
+    // Rows over the threads, each thread with its own cos / sin table (kept between calls: this
+    // runs once per layer of every step).
 #pragma omp parallel if (rows > 1 && rows * width >= kParallelMinElems)
     {
-      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      thread_local std::vector<float> cs, sn;
+      cs.resize(static_cast<size_t>(half));
+      sn.resize(static_cast<size_t>(half));
 #pragma omp for schedule(static)
       for (int64_t t = 0; t < rows; ++t) {
         const float* row = src + t * width;

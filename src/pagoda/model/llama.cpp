@@ -60,41 +60,47 @@ ModelConfig validated(ModelConfig c) {
 
 }  // namespace
 
-LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
+LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
     : config_(validated(std::move(config))),
       rope_(config_.rope, config_.rope_dim(), config_.rotary_dim),
       local_rope_(config_.local_rope.theta > 0.0 ? config_.local_rope : config_.rope,
                   config_.rope_dim(), config_.rotary_dim) {
   weights.validate(config_);
   const bool off = config_.norm_weight_offset;
-  embed_ = weights.embed;
-  lm_head_ = weights.lm_head;
+  embed_ = std::move(weights.embed);
+  lm_head_ = std::move(weights.lm_head);
   final_norm_ = norm_scale(weights.final_norm, off);
   packed_.reserve(config_.num_layers);
   const int d = config_.head_dim, r = config_.rotary_dim;
   const bool partial = r > 0 && r < d;
-  for (const LayerWeights& w : weights.layers) {
-    std::vector<float> q = w.q_proj, k = w.k_proj;
+  // Each layer's matrices are moved or freed once packed (pack_mla reads its own fields first).
+  auto release = [](std::vector<float>& v) { std::vector<float>().swap(v); };
+  for (LayerWeights& w : weights.layers) {
+    if (config_.is_mla()) pack_mla(w, packed_.emplace_back());
+    std::vector<float> q = std::move(w.q_proj), k = std::move(w.k_proj);
     if (partial && !q.empty()) {
       permute_partial_rope(q, config_.num_q_heads, d, r, config_.hidden_size);
       permute_partial_rope(k, config_.num_kv_heads, d, r, config_.hidden_size);
     }
-    packed_.push_back(PackedLayer{
-        .input_norm = norm_scale(w.input_norm, off),
-        .qkv_proj = concat(q, k, w.v_proj),
-        .qkv_bias = config_.qkv_bias ? concat(w.q_bias, w.k_bias, w.v_bias) : std::vector<float>{},
-        .o_proj = w.o_proj,
-        .post_norm = norm_scale(w.post_norm, off),
-        .gate_up = concat(w.gate_proj, w.up_proj),
-        .down_proj = w.down_proj,
-        .attn_out_norm = norm_scale(w.attn_out_norm, off),
-        .mlp_out_norm = norm_scale(w.mlp_out_norm, off),
-        .q_norm = norm_scale(w.q_norm, off),
-        .k_norm = norm_scale(w.k_norm, off),
-    });
-    if (config_.is_mla()) pack_mla(w, packed_.back());
+    if (!config_.is_mla()) packed_.emplace_back();
     PackedLayer& p = packed_.back();
-    p.ssm_in_proj = w.ssm_in_proj;
+    p.input_norm = norm_scale(w.input_norm, off);
+    if (!config_.is_mla()) p.qkv_proj = concat(q, k, w.v_proj);
+    release(q);
+    release(k);
+    release(w.v_proj);
+    if (config_.qkv_bias) p.qkv_bias = concat(w.q_bias, w.k_bias, w.v_bias);
+    p.o_proj = std::move(w.o_proj);
+    p.post_norm = norm_scale(w.post_norm, off);
+    p.gate_up = concat(w.gate_proj, w.up_proj);
+    release(w.gate_proj);
+    release(w.up_proj);
+    p.down_proj = std::move(w.down_proj);
+    p.attn_out_norm = norm_scale(w.attn_out_norm, off);
+    p.mlp_out_norm = norm_scale(w.mlp_out_norm, off);
+    p.q_norm = norm_scale(w.q_norm, off);
+    p.k_norm = norm_scale(w.k_norm, off);
+    p.ssm_in_proj = std::move(w.ssm_in_proj);
     p.ssm_in_bias = w.ssm_in_bias;
     p.ssm_conv = w.ssm_conv;
     p.ssm_conv_bias = w.ssm_conv_bias;
@@ -102,7 +108,7 @@ LlamaModel::LlamaModel(ModelConfig config, const ModelWeights& weights)
     p.ssm_a_log = w.ssm_a_log;
     p.ssm_d = w.ssm_d;
     p.ssm_norm = w.ssm_norm;
-    p.ssm_out_proj = w.ssm_out_proj;
+    p.ssm_out_proj = std::move(w.ssm_out_proj);
     p.ssm_out_bias = w.ssm_out_bias;
   }
   for (int l = 0; l < config_.num_layers; ++l) {

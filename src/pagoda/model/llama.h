@@ -31,8 +31,11 @@ namespace pagoda::model {
 class LlamaModel {
  public:
   /// Validates config and weights (Error(kInvalidArgument) naming the mismatch) and packs the
-  /// weights for the forward pass (q/k/v and gate/up fused). `weights` is copied.
-  LlamaModel(ModelConfig config, const ModelWeights& weights);
+  /// weights for the forward pass (q/k/v and gate/up fused). Pass `std::move(weights)` where the
+  /// caller is done with them: the large matrices are then moved, and each layer's q/k/v and
+  /// gate/up freed once fused, so loading holds about one copy of the model instead of two
+  /// (an lvalue is copied first).
+  LlamaModel(ModelConfig config, ModelWeights weights);
 
   const ModelConfig& config() const { return config_; }
   /// The per-layer attention parameters handed to the backend (layer_id = index).

@@ -41,7 +41,7 @@ class PyEngine {
       : platform_(engine::make_platform(a)),
         config_(engine::make_engine_config(a, *platform_)),
         loaded_(model::load_model(model, weight_seed)),
-        llama_(loaded_.config, loaded_.weights) {
+        llama_(loaded_.config, std::move(loaded_.weights)) {
     // As the CLI's prepare_host_threads: OpenBLAS single-threaded, the attention backend owns
     // the OpenMP threads (both spinning on 2 cores made LLM.generate 8x slower than `pagoda
     // bench` on the CPU). python/pagoda/__init__.py sets OMP_WAIT_POLICY=passive where unset.

@@ -176,7 +176,7 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   const engine::EngineConfig cfg = engine::make_engine_config(o.engine, *platform);
   const engine::WorkerFactory make_worker = tp ? tp(*platform) : engine::WorkerFactory{};
   model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
-  model::LlamaModel llama(loaded.config, loaded.weights);
+  model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   ServerState state;
   state.model_name = !o.served_model_name.empty() ? o.served_model_name
                      : o.model == "builtin"

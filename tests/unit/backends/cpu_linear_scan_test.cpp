@@ -18,10 +18,13 @@
 
 #include "pagoda/backends/cpu/cpu_linear_backend.h"
 #include "pagoda/backends/reference/reference_linear_backend.h"
+#include "random_floats.h"
 #include "test_seed.h"
 
 namespace pagoda::backends {
 namespace {
+
+using pagoda::testing::uniform_floats;
 
 using attention::LinearLayer;
 using attention::LinearSeq;
@@ -29,13 +32,6 @@ using attention::LinearShape;
 
 /// |got - want| <= kTol · max(1, |want|): f32 rounding of ~1,000-token scans against fp64.
 constexpr double kTol = 1e-3;
-
-std::vector<float> uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 /// The largest |got - want| / max(1, |want|) over `n` floats (infinity for a non-finite got).
 double worst(const float* got, const float* want, int64_t n) {
@@ -56,12 +52,12 @@ void run_case(const ScanCase& sc, std::mt19937_64& rng) {
   const LinearShape& s = sc.shape;
   const int64_t cd = s.conv_dim(), di = s.d_inner(), h = s.num_heads;
   const auto heads = static_cast<size_t>(h);
-  const std::vector<float> conv = uniform(rng, size_t(cd * s.conv_kernel), -0.5f, 0.5f);
-  const std::vector<float> conv_bias = uniform(rng, size_t(cd), -0.1f, 0.1f);
-  const std::vector<float> dt_bias = uniform(rng, heads, -3.f, 0.f);
+  const std::vector<float> conv = uniform_floats(rng, size_t(cd * s.conv_kernel), -0.5f, 0.5f);
+  const std::vector<float> conv_bias = uniform_floats(rng, size_t(cd), -0.1f, 0.1f);
+  const std::vector<float> dt_bias = uniform_floats(rng, heads, -3.f, 0.f);
   // A = -exp(a_log) from -0.02 (states that outlive many chunks) to -7.
-  const std::vector<float> a_log = uniform(rng, heads, -4.f, 2.f);
-  const std::vector<float> d = uniform(rng, heads, 0.5f, 1.5f);
+  const std::vector<float> a_log = uniform_floats(rng, heads, -4.f, 2.f);
+  const std::vector<float> d = uniform_floats(rng, heads, 0.5f, 1.5f);
   const LinearLayer layer{.state_layer = 1,
                           .shape = s,
                           .weights = {.conv = conv.data(),
@@ -76,8 +72,8 @@ void run_case(const ScanCase& sc, std::mt19937_64& rng) {
     const int32_t a = want_pool.alloc();
     ASSERT_EQ(got_pool.alloc(), a);
     // The state already in the slot: a prefix hit or an earlier chunk.
-    const auto conv0 = uniform(rng, size_t(want_pool.shape().conv_floats()), -1.f, 1.f);
-    const auto ssm0 = uniform(rng, size_t(want_pool.shape().ssm_floats()), -1.f, 1.f);
+    const auto conv0 = uniform_floats(rng, size_t(want_pool.shape().conv_floats()), -1.f, 1.f);
+    const auto ssm0 = uniform_floats(rng, size_t(want_pool.shape().ssm_floats()), -1.f, 1.f);
     for (kv::StatePool* p : {&want_pool, &got_pool}) {
       std::copy(conv0.begin(), conv0.end(), p->conv_state(1, a));
       std::copy(ssm0.begin(), ssm0.end(), p->ssm_state(1, a));
@@ -99,8 +95,8 @@ void run_case(const ScanCase& sc, std::mt19937_64& rng) {
     }
     // Strided rows: xBC and y rows padded, as the mixer's views of larger projections are.
     const int64_t xs = cd + 3, ys = di + 5;
-    const std::vector<float> xbc = uniform(rng, size_t(rows * xs), -1.f, 1.f);
-    const std::vector<float> dt = uniform(rng, size_t(rows * h), -1.f, 1.f);
+    const std::vector<float> xbc = uniform_floats(rng, size_t(rows * xs), -1.f, 1.f);
+    const std::vector<float> dt = uniform_floats(rng, size_t(rows * h), -1.f, 1.f);
     const float nan = std::numeric_limits<float>::quiet_NaN();
     std::vector<float> want(size_t(rows * ys), nan), got(size_t(rows * ys), nan);
     auto forward = [&](attention::LinearAttentionBackend& b, kv::StatePool& pool,

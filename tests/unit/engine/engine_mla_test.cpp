@@ -19,40 +19,14 @@
 #include "pagoda/model/decoder.h"
 #include "pagoda/model/eagle_head.h"
 #include "pagoda/platform/platform.h"
+#include "test_model.h"
 
 namespace pagoda::engine {
 namespace {
 
-/// A small DeepSeek-V3-style config: q LoRA, YaRN with both mscales != 1, v != nope.
-model::ModelConfig mla_config(bool q_lora) {
-  model::ModelConfig c;
-  c.family = model::ModelFamily::kDeepseekV3;
-  c.vocab_size = 320;
-  c.hidden_size = 128;
-  c.intermediate_size = 256;
-  c.num_layers = 2;
-  c.num_q_heads = 4;
-  c.num_kv_heads = 4;
-  c.mla = model::MlaConfig{.q_lora_rank = q_lora ? 48 : 0,
-                           .kv_lora_rank = 32,
-                           .qk_nope_head_dim = 16,
-                           .qk_rope_head_dim = 8,
-                           .v_head_dim = 12};
-  c.head_dim = 24;
-  c.rope = model::RopeConfig{.theta = 10000.0,
-                             .scaling = model::RopeScalingKind::kYarn,
-                             .factor = 4.0,
-                             .original_max_position = 32,
-                             .mscale = 0.8,
-                             .mscale_all_dim = 0.6};
-  c.bos_token_id = 256;
-  c.eos_token_id = 257;
-  c.name = "mla-test";
-  return c;
-}
-
 testing::TestModel& mla_model(bool q_lora) {
-  static testing::TestModel with(mla_config(true), 20261206), without(mla_config(false), 20261206);
+  static testing::TestModel with(testing::mla_test_config(true), 20261206),
+      without(testing::mla_test_config(false), 20261206);
   return q_lora ? with : without;
 }
 
@@ -166,9 +140,10 @@ TEST(EngineMla, IdenticalWithPrefixHitsChunkingPagesAndSpeculation) {
   }
 }
 
-/// mla_config(true) as DeepSeek-V3.2: a lightning indexer of 2 heads of 16 dims keeping `topk`.
+/// mla_test_config(true) as DeepSeek-V3.2: a lightning indexer of 2 heads of 16 dims keeping
+/// `topk`.
 model::ModelConfig dsa_config(int topk) {
-  model::ModelConfig c = mla_config(true);
+  model::ModelConfig c = testing::mla_test_config(true);
   c.family = model::ModelFamily::kDeepseekV32;
   c.dsa = model::DsaConfig{.index_n_heads = 2, .index_head_dim = 16, .index_topk = topk};
   c.name = "dsa-test";

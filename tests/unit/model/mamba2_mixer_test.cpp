@@ -25,10 +25,13 @@
 #include "pagoda/kv/state_pool.h"
 #include "pagoda/model/mamba2_mixer.h"
 #include "pagoda/platform/platform.h"
+#include "random_floats.h"
 #include "test_seed.h"
 
 namespace pagoda::model {
 namespace {
+
+using pagoda::testing::uniform_floats;
 
 /// The mixer on one linear-attention backend; forward() plans the batch and runs one layer, as
 /// the decoder does per step and layer.
@@ -75,13 +78,6 @@ struct MambaTestWeights {
                          .out_bias = biases ? out_bias.data() : nullptr};
   }
 };
-
-std::vector<float> mamba_uniform(std::mt19937_64& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 /// The oracle's state of one request: the last K-1 conv inputs (oldest first) and h.
 struct OracleState {
@@ -168,16 +164,16 @@ MambaCase with_weights(const Mamba2Shape& shape, std::mt19937_64& rng) {
   const auto hid = size_t(s.hidden_size), di = size_t(s.d_inner()), cd = size_t(s.conv_dim());
   const auto heads = size_t(s.num_heads), in_dim = size_t(s.in_proj_dim());
   const float in_scale = 1.5f / std::sqrt(float(hid)), out_scale = 1.f / std::sqrt(float(di));
-  c.w.in_proj = mamba_uniform(rng, in_dim * hid, -in_scale, in_scale);
-  c.w.in_bias = mamba_uniform(rng, in_dim, -0.2f, 0.2f);
-  c.w.conv = mamba_uniform(rng, cd * size_t(s.conv_kernel), -0.6f, 0.6f);
-  c.w.conv_bias = mamba_uniform(rng, cd, -0.2f, 0.2f);
-  c.w.dt_bias = mamba_uniform(rng, heads, -1.5f, 0.5f);
-  c.w.a_log = mamba_uniform(rng, heads, -1.f, 1.5f);
-  c.w.d = mamba_uniform(rng, heads, -1.f, 1.f);
-  c.w.norm = mamba_uniform(rng, di, 0.5f, 1.5f);
-  c.w.out_proj = mamba_uniform(rng, hid * di, -out_scale, out_scale);
-  c.w.out_bias = mamba_uniform(rng, hid, -0.2f, 0.2f);
+  c.w.in_proj = uniform_floats(rng, in_dim * hid, -in_scale, in_scale);
+  c.w.in_bias = uniform_floats(rng, in_dim, -0.2f, 0.2f);
+  c.w.conv = uniform_floats(rng, cd * size_t(s.conv_kernel), -0.6f, 0.6f);
+  c.w.conv_bias = uniform_floats(rng, cd, -0.2f, 0.2f);
+  c.w.dt_bias = uniform_floats(rng, heads, -1.5f, 0.5f);
+  c.w.a_log = uniform_floats(rng, heads, -1.f, 1.5f);
+  c.w.d = uniform_floats(rng, heads, -1.f, 1.f);
+  c.w.norm = uniform_floats(rng, di, 0.5f, 1.5f);
+  c.w.out_proj = uniform_floats(rng, hid * di, -out_scale, out_scale);
+  c.w.out_bias = uniform_floats(rng, hid, -0.2f, 0.2f);
   return c;
 }
 
@@ -274,7 +270,7 @@ void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64
   std::vector<std::vector<std::vector<double>>> want(num_requests);
   std::vector<std::vector<double>> final_state(num_requests);
   for (int r = 0; r < num_requests; ++r) {
-    inputs[r] = mamba_uniform(rng, size_t(len[r]) * size_t(s.hidden_size), -1.f, 1.f);
+    inputs[r] = uniform_floats(rng, size_t(len[r]) * size_t(s.hidden_size), -1.f, 1.f);
     OracleState st{std::vector<double>(size_t(s.conv_kernel - 1) * size_t(s.conv_dim()), 0.0),
                    std::vector<double>(size_t(s.state_shape().ssm_floats()), 0.0)};
     for (int t = 0; t < len[r]; ++t)
@@ -304,9 +300,9 @@ void check_case(const MambaCase& c, const std::vector<int>& len, std::mt19937_64
     for (int32_t layer = 0; layer < 2 && pool.refcount(slot) > 0; ++layer) {
       if (layer == 1 && slot != by0 && slot != by1) continue;
       const kv::StateShape sh = s.state_shape();
-      const std::vector<float> r1 = mamba_uniform(rng, size_t(sh.conv_floats()), -1, 1);
+      const std::vector<float> r1 = uniform_floats(rng, size_t(sh.conv_floats()), -1, 1);
       std::copy(r1.begin(), r1.end(), pool.conv_state(layer, slot));
-      const std::vector<float> r2 = mamba_uniform(rng, size_t(sh.ssm_floats()), -1, 1);
+      const std::vector<float> r2 = uniform_floats(rng, size_t(sh.ssm_floats()), -1, 1);
       std::copy(r2.begin(), r2.end(), pool.ssm_state(layer, slot));
       untouched.push_back({slot, layer, slot_state(pool, layer, slot)});
     }
@@ -426,7 +422,7 @@ TEST_P(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
     const OracleState zero{std::vector<double>(size_t(s.conv_kernel - 1) * size_t(s.conv_dim()), 0),
                            std::vector<double>(size_t(s.state_shape().ssm_floats()), 0.0)};
     OracleState st = zero;
-    const std::vector<float> pre = mamba_uniform(rng_, size_t(prefix) * hid, -1.f, 1.f);
+    const std::vector<float> pre = uniform_floats(rng_, size_t(prefix) * hid, -1.f, 1.f);
     for (int t = 0; t < prefix; ++t) oracle_token(s, c.w, c.biases, st, pre.data() + size_t(t) * hid);
     std::vector<float> sink(pre.size());
     const Mamba2Seq run_prefix{.slot = slot, .num_tokens = prefix};
@@ -436,7 +432,7 @@ TEST_P(Mamba2MixerRandom, TreeVerifyNodesFollowTheirParents) {
     std::vector<int32_t> parents{-1}, node_slots;
     for (int t = 1; t < nodes; ++t) parents.push_back(static_cast<int32_t>(rng_() % uint64_t(t)));
     for (int t = 0; t < nodes; ++t) node_slots.push_back(pool.alloc());
-    const std::vector<float> u = mamba_uniform(rng_, size_t(nodes + 1) * hid, -1.f, 1.f);
+    const std::vector<float> u = uniform_floats(rng_, size_t(nodes + 1) * hid, -1.f, 1.f);
     std::vector<OracleState> node_state(static_cast<size_t>(nodes));
     std::vector<std::vector<double>> want(static_cast<size_t>(nodes));
     for (int t = 0; t < nodes; ++t) {
@@ -498,7 +494,7 @@ TEST_P(Mamba2MixerInput, RefusesBadBatchesUnchanged) {
   const int32_t a = pool.alloc(), b = pool.alloc();
   std::fill(pool.ssm_state(0, a), pool.ssm_state(0, a) + s.state_shape().ssm_floats(), 0.5f);
   const std::vector<float> before = slot_state(pool, 0, a);
-  const std::vector<float> u = mamba_uniform(rng, 4 * size_t(s.hidden_size), -1, 1);
+  const std::vector<float> u = uniform_floats(rng, 4 * size_t(s.hidden_size), -1, 1);
   std::vector<float> out(u.size(), -3.f);
   const Mamba2Weights w = c.w.view(c.biases);
   auto refused = [&](ErrorCode code, std::vector<Mamba2Seq> seqs, int32_t layer, kv::StatePool& p) {

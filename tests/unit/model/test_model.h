@@ -32,4 +32,32 @@ inline model::ModelConfig qwen2_test_config() {
   return c;
 }
 
+/// A small DeepSeek-V3-style config: q LoRA, YaRN with both mscales != 1, v != nope.
+inline model::ModelConfig mla_test_config(bool q_lora) {
+  model::ModelConfig c;
+  c.family = model::ModelFamily::kDeepseekV3;
+  c.vocab_size = 320;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 4;
+  c.mla = model::MlaConfig{.q_lora_rank = q_lora ? 48 : 0,
+                           .kv_lora_rank = 32,
+                           .qk_nope_head_dim = 16,
+                           .qk_rope_head_dim = 8,
+                           .v_head_dim = 12};
+  c.head_dim = 24;
+  c.rope = model::RopeConfig{.theta = 10000.0,
+                             .scaling = model::RopeScalingKind::kYarn,
+                             .factor = 4.0,
+                             .original_max_position = 32,
+                             .mscale = 0.8,
+                             .mscale_all_dim = 0.6};
+  c.bos_token_id = 256;
+  c.eos_token_id = 257;
+  c.name = "mla-test";
+  return c;
+}
+
 }  // namespace pagoda::testing
