@@ -24,6 +24,9 @@ SHAPES = [
     # op, batch, kv_len, q_len, q_heads, kv_heads, head_dim, page_size
     ("decode", 16, 8192, 1, 32, 8, 128, 16),
     ("extend", 1, 1024, 1024, 32, 8, 128, 16),
+    # issue 51's targets: an extend of 512 queries on 4,096 keys (B4) and a 2,048-token prefill
+    ("extend", 4, 4096, 512, 32, 8, 128, 16),
+    ("extend", 1, 2048, 2048, 32, 8, 128, 16),
 ]
 
 
@@ -83,6 +86,11 @@ def time_torch(shape, threads, iters):
     kt = torch.rand(b, hk, l, d, generator=g).sub_(0.5).to(torch.bfloat16)
     vt = torch.rand(b, hk, l, d, generator=g).sub_(0.5).to(torch.bfloat16)
     causal = op != "decode"
+    # An extend's queries are the last q of the l positions: query i sees keys [0, l - q + i]
+    # (bottom-right causal; torch's is_causal aligns top-left, so q < l needs the mask).
+    mask = (torch.ones(q, l, dtype=torch.bool).tril(l - q) if causal and q < l else None)
+    if mask is not None:
+        causal = False
     variants = {}
 
     def bench(fn):
@@ -93,13 +101,14 @@ def time_torch(shape, threads, iters):
 
     try:
         variants["sdpa_enable_gqa"] = bench(
-            lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=True))
+            lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, is_causal=causal,
+                                                   enable_gqa=True))
     except Exception as e:  # older torch or unsupported path
         variants["sdpa_enable_gqa_error"] = str(e)
     ke = kt.repeat_interleave(hq // hk, dim=1).contiguous()
     ve = vt.repeat_interleave(hq // hk, dim=1).contiguous()
     variants["sdpa_expanded_kv"] = bench(
-        lambda: F.scaled_dot_product_attention(qt, ke, ve, is_causal=causal))
+        lambda: F.scaled_dot_product_attention(qt, ke, ve, attn_mask=mask, is_causal=causal))
     del ke, ve
     timed = {k: v for k, v in variants.items() if isinstance(v, float)}
     best = min(timed, key=timed.get)

@@ -207,7 +207,7 @@ def hicache_table(rec):
            f"Pinned host → device copy in the same call: {fmt(pc.get('h2d_pinned_gbps'), '.1f')} GB/s "
            "(torch, 1 GiB, median of 10).", "",
            "| layout | run | live KV / pool | prefix hit rate | output tok/s | TTFT p50 / p99 ms | "
-           "device / host hit tokens | loaded back MB | load stalls (s) | leaked (device / host) "
+           "device / host (/ storage) hit tokens | loaded back MB | load stalls (s) | leaked (device / host) "
            "| output digest |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in sorted(k for k in h if k != "pinned_copy" and not k.startswith("loadback_")):
         j = h[key]
@@ -215,6 +215,8 @@ def hicache_table(rec):
         t = j.get("hicache") or {}
         hits = (f"{t.get('device_hit_tokens', '–')} / {t.get('host_hit_tokens', '–')}" if t
                 else f"{j.get('cached_tokens', '–')} / –")
+        if t.get("storage_hit_tokens"):
+            hits += f" / {t['storage_hit_tokens']} storage"
         out.append(f"| {layout} | {run} | {fmt(j.get('live_kv_over_pool'), '.1f')}× | "
                    f"{100 * j.get('prefix_hit_rate', 0):.1f} % | {fmt(j.get('output_tokens_per_s'), '.0f')} | "
                    f"{fmt(j.get('ttft_p50_ms'), '.0f')} / {fmt(j.get('ttft_p99_ms'), '.0f')} | {hits} | "

@@ -21,7 +21,7 @@ The record (schema 1) holds what the tables are generated from, every sample inc
   serve       bench/serve_bench.py's results.json
   tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
               {"prompts", "identical", "first_token_identical"}}
-  hicache     {"pinned_copy": {"h2d_pinned_gbps", "samples_ms"}, "<layout>_<device|host>":
+  hicache     {"pinned_copy": {"h2d_pinned_gbps", "samples_ms"}, "<layout>_<device|host|storage>":
               `pagoda bench --workload multiturn --json`, "loadback_<layout>_e<new tokens>":
               `pagoda bench --workload loadback --json`}
   python      {"torch_tests": pytest's last line, "vs_flashinfer": [bench/python_vs_flashinfer.py

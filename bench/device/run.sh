@@ -24,7 +24,8 @@
 #                             (bench/python_vs_flashinfer.py), pagoda.LLM vs `pagoda bench`
 #                    hicache  build, issue 43's multi-turn workload (live KV >= 4x the device
 #                             pool) on the 1B and 8B layouts: device-only radix cache, then the
-#                             host tier (write_through), the same conversations; the load-back
+#                             host tier (write_through), the same conversations (1B chat also
+#                             with a 1x host tier over a file storage tier); the load-back
 #                             probe (bench --workload loadback); and the pinned host -> device
 #                             copy bandwidth (torch) in the same call
 #                    profile  build, a decode step profile per layout and batch (1B at batch 1
@@ -438,16 +439,22 @@ ms.sort(); print(json.dumps({"h2d_pinned_gbps": n / (ms[5] * 1e-3) / 1e9, "sampl
           > "$W/hicache/loadback_${layout}_e$e.json" 2> "$W/hicache/loadback_${layout}_e$e.err"
         say "hicache loadback $layout +$e rc=$? $(tail -c 300 "$W/hicache/loadback_${layout}_e$e.err")"
       done
-      for run in device host; do
+      # storage (1B chat only: ~2 GB of pages on the device host's disk): a host tier of 1x the
+      # pool over a file store, so most pages evicted from the host tier are read back from disk.
+      runs="device host"; [ $shape = chat ] && [ $layout = 1b ] && runs="device host storage"
+      for run in $runs; do
         extra=""
         tag=$layout; [ $shape = doc ] && tag=${layout}-doc
         ratio=8; [ $shape = doc ] && ratio=5
         [ $run = host ] && extra="--hicache-ratio $ratio --hicache-write-policy write_through"
+        [ $run = storage ] && rm -rf "$W/hicache/store" && mkdir -p "$W/hicache/store" &&
+          extra="--hicache-ratio 1 --hicache-write-policy write_through --hicache-storage file:$W/hicache/store"
         if [ "$(left)" -lt $need ]; then say "hicache $tag $run skipped: $(left) s of the budget left"; continue; fi
         # shellcheck disable=SC2086 # one word per flag
         timeout 200 $P bench --model "$C" $MT $wl $extra > "$W/hicache/${tag}_$run.json" \
           2> "$W/hicache/${tag}_$run.err"
         say "hicache $tag $run rc=$?"
+        [ $run = storage ] && rm -rf "$W/hicache/store"  # not into the logs
       done
     done
   done

@@ -19,6 +19,9 @@ IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                  "DeepSeek sparse attention (DSA) does not support {} steps{} (multi-step "
                  "draft batches: EAGLE heads do not draft for DSA targets)",
                  forward_mode_name(batch.mode), batch.is_draft_step() ? " (multi-step draft)" : "");
+  PAGODA_REQUIRE(batch.kv_start.empty(), kUnsupported,
+                 "DeepSeek sparse attention (DSA) with ForwardBatch.kv_start (its positions "
+                 "index every key from 0)");
   IndexerMetadata m;
   m.slot_indptr.push_back(0);
   const int32_t tree = verify ? batch.spec.num_draft_tokens : 0;

@@ -56,9 +56,9 @@ struct IndexerMetadata {
   }
 };
 
-/// Builds the metadata of `batch` from the request table. Error(kUnsupported) for draft modes,
-/// kOutOfRange for lengths beyond the table, kInvalidArgument for a verify tree mask of the
-/// wrong size.
+/// Builds the metadata of `batch` from the request table. Error(kUnsupported) for draft modes and
+/// a ForwardBatch::kv_start, kOutOfRange for lengths beyond the table, kInvalidArgument for a
+/// verify tree mask of the wrong size.
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token);
 

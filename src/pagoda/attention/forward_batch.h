@@ -19,6 +19,16 @@
 ///   kIdle:         batch_size 0.
 /// req_to_token row req_pool_indices[b] holds the slots of positions [0, kv_len) of request b
 /// (after out_cache_loc has been written into it for this step's new tokens).
+///
+/// kv_start (empty = all 0) leaves a request's first keys out of the plan (SGLang's sliding-window
+/// kv_start_idx): request b's keys are positions [kv_start[b], kv_len) only, and its row is read
+/// from there. Every mask is relative to a row's last key (bottom-right causal, the sliding
+/// window), so dropping keys changes nothing as long as none of them is visible to any of the
+/// request's queries: the caller must keep kv_start[b] <= (first query position) - window_left
+/// (or 0) for every window the step's layers use, and a multiple of the pool's page size
+/// (build_paged_plan checks kv_start[b] <= first query position and the page multiple). The
+/// window layers' batch (model/llama_worker.h, window_batch) sets it so that their plan is
+/// O(window) instead of O(kv_len); not with a tree mask (kTargetVerify) or DSA index keys.
 
 #include <cstdint>
 #include <vector>
@@ -54,6 +64,7 @@ struct ForwardBatch {
   std::vector<int32_t> extend_seq_lens;    ///< [bs] extend modes only
   std::vector<int32_t> positions;          ///< [num_tokens] position of each query token
   std::vector<int32_t> out_cache_loc;      ///< [num_tokens] slot each new token's K/V is written to
+  std::vector<int32_t> kv_start;           ///< [bs] or empty: first key position per request (above)
   SpecInfo spec;
 
   /// Number of query tokens in this step (rows of q).

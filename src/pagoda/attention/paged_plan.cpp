@@ -45,7 +45,7 @@ class TableReader {
   TableReader(const kv::ReqToTokenTable& table, const ForwardBatch& batch)
       : table_(table), batch_(batch) {}
 
-  /// Appends positions [0, len) of request b's row to `out`.
+  /// Appends positions [kv_start(b), len) of request b's row to `out`.
   void append_prefix(int b, int len, std::vector<int32_t>& out) const {
     const int32_t row = batch_.req_pool_indices[b];
     PAGODA_REQUIRE(row >= 0 && row < table_.max_reqs() + 1, kOutOfRange,
@@ -55,13 +55,16 @@ class TableReader {
                    "request {}: kv length {} outside [0, {}] (the table's max_context_len)", b,
                    len, table_.max_context_len());
     const auto slots = table_.row(ReqSlot(row));
-    for (int i = 0; i < len; ++i) {
+    for (int i = kv_start(b); i < len; ++i) {
       PAGODA_REQUIRE(slots[i] >= 0, kInvalidArgument,
                      "request {}: position {} of table row {} holds no slot ({})", b, i, row,
                      slots[i]);
       out.push_back(slots[i]);
     }
   }
+
+  /// Request b's first key position (ForwardBatch::kv_start), validated by check_kv_start.
+  int kv_start(int b) const { return batch_.kv_start.empty() ? 0 : batch_.kv_start[b]; }
 
  private:
   const kv::ReqToTokenTable& table_;
@@ -71,6 +74,28 @@ class TableReader {
 void require_size(size_t got, int64_t want, const char* what) {
   PAGODA_REQUIRE(static_cast<int64_t>(got) == want, kInvalidArgument,
                  "ForwardBatch.{} has {} entries, expected {}", what, got, want);
+}
+
+/// ForwardBatch::kv_start: empty, or per request a multiple of the page size at or before the
+/// request's first query position (so every query keeps its own key); not under a tree mask.
+void check_kv_start(const ForwardBatch& batch, int page_size) {
+  if (batch.kv_start.empty()) return;
+  require_size(batch.kv_start.size(), batch.batch_size, "kv_start");
+  PAGODA_REQUIRE(batch.mode != ForwardMode::kTargetVerify, kUnsupported,
+                 "ForwardBatch.kv_start with target verify (its tree mask spans every key)");
+  if (batch.mode != ForwardMode::kDecode)
+    require_size(batch.extend_prefix_lens.size(), batch.batch_size, "extend_prefix_lens");
+  for (int b = 0; b < batch.batch_size; ++b) {
+    const int64_t first_query = batch.mode == ForwardMode::kDecode
+                                    ? int64_t{batch.seq_lens[b]} - (batch.is_draft_step() ? 0 : 1)
+                                    : int64_t{batch.extend_prefix_lens[b]};
+    const int32_t s = batch.kv_start[b];
+    PAGODA_REQUIRE(s >= 0 && s <= std::max<int64_t>(first_query, 0) && s % page_size == 0,
+                   kInvalidArgument,
+                   "request {}: kv_start {} must be a multiple of the page size {} in [0, {}] "
+                   "(its first query position)",
+                   b, s, page_size, std::max<int64_t>(first_query, 0));
+  }
 }
 
 TokenRows rows_for_decode(const ForwardBatch& batch, const TableReader& table) {
@@ -224,6 +249,7 @@ PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable&
   if (!batch.positions.empty()) {
     require_size(batch.positions.size(), batch.num_tokens(), "positions (one per query token)");
   }
+  check_kv_start(batch, pool_page_size);
   const TableReader table(req_to_token, batch);
   TokenRows rows;
   switch (batch.mode) {

@@ -41,7 +41,9 @@ struct PagedPlan {
 
 /// Builds the plan for `batch` (decode, extend, mixed, verify with tree mask, draft steps).
 /// Validates lengths against the table (Error(kOutOfRange) for rows or lengths beyond it) and
-/// checks that page-granular rows really are page-contiguous.
+/// checks that page-granular rows really are page-contiguous. A request's keys start at its
+/// ForwardBatch::kv_start (checked there; Error(kUnsupported) with a tree mask), so its cost is
+/// O(keys from kv_start) per request: O(window) for the window layers' batch.
 PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
                            int pool_page_size);
 

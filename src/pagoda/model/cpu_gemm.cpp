@@ -60,6 +60,16 @@ void CpuGemmRunner::linear(const float* x, const float* w, float* y, int64_t m, 
   packed(w, n, k).forward(x, y, m);
 }
 
+bool CpuGemmRunner::swiglu_linear(const float* gate_up, const float* w, float* y, int64_t m,
+                                  int64_t n, int64_t k) {
+  if (gemm_ != CpuGemm::kOnednn) return false;
+  if (m == 0 || n == 0) return true;
+  kernels::cpu::OnednnLinear& lin = packed(w, n, k);
+  silu_mul_bf16(gate_up, static_cast<uint16_t*>(lin.input(m)), m, k);
+  lin.forward_input(y, m);
+  return true;
+}
+
 size_t CpuGemmRunner::packed_bytes() const {
   size_t bytes = 0;
   for (const auto& [key, lin] : packed_) bytes += lin.weight_bytes();

@@ -23,6 +23,12 @@ class CpuGemmRunner {
   void prepare(const float* w, int64_t n, int64_t k);
   /// y[m, n] = x[m, k] · w[n, k]ᵀ, f32 in and out (w: f32 HF [out, in]).
   void linear(const float* x, const float* w, float* y, int64_t m, int64_t n, int64_t k);
+  /// y[m, n] = (silu(g) * u)[m, k] · w[n, k]ᵀ with g, u the halves of gate_up [m, 2k] (f32), in
+  /// the bf16 oneDNN mode only: the SwiGLU product is rounded to bf16 straight into the GEMM's
+  /// operand (ops.h silu_mul_bf16), no f32 intermediate. Returns false (nothing computed) in the
+  /// other modes, whose callers run silu_mul + linear (their f32 math unchanged).
+  bool swiglu_linear(const float* gate_up, const float* w, float* y, int64_t m, int64_t n,
+                     int64_t k);
   /// Bytes of the packed copies made so far (0 with OpenBLAS, which packs nothing).
   size_t packed_bytes() const;
 

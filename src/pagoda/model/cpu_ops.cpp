@@ -177,6 +177,11 @@ class CpuOps final : public ModelOps {
   void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter) override {
     model::silu_mul(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, inter);
   }
+  bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
+                     int64_t k) override {
+    return gemm_.swiglu_linear(static_cast<const float*>(gate_up), static_cast<const float*>(w),
+                               static_cast<float*>(y), m, n, k);
+  }
 
   void soft_cap(float* x, int64_t n, float cap) override { model::soft_cap(x, n, cap); }
   bool supports_gemma_ops() const override { return true; }

@@ -423,6 +423,10 @@ const ForwardBatch& LlamaWorker::window_batch(const ForwardBatch& f) {
     s = swa.swa_slot(s);
     PAGODA_CHECK(s >= 0, "a new token's page has no SWA page");
   }
+  // The plan reads each row from its window's first page on (O(window), not O(kv_len)); a
+  // verify step's tree mask spans every key, so it keeps the whole row (page 0 below the window).
+  const bool start = f.mode != ForwardMode::kTargetVerify;
+  swa_batch_.kv_start.assign(start ? static_cast<size_t>(f.batch_size) : 0, 0);
   for (int b = 0; b < f.batch_size; ++b) {
     const ReqSlot r{f.req_pool_indices[static_cast<size_t>(b)]};
     if (r.value() == 0) continue;  // padding
@@ -432,6 +436,9 @@ const ForwardBatch& LlamaWorker::window_batch(const ForwardBatch& f) {
                                 ? kv_len - 1
                                 : int64_t{f.extend_prefix_lens[static_cast<size_t>(b)]};
     swa_table_->update(r, first_q, kv_len);  // every key a window layer reads, from its page
+    if (start)
+      swa_batch_.kv_start[static_cast<size_t>(b)] =
+          static_cast<int32_t>(swa_table_->window_begin(first_q));
   }
   return swa_batch_;
 }

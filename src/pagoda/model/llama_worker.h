@@ -136,7 +136,8 @@ class LlamaWorker final : public ModelWorker {
   bool run_verify_graph(const WorkerBatch& b, int64_t nrows, WorkerOutput& out);
 
   /// With an SWA pool: brings the SWA table's rows of `f`'s requests up to date (kv::SwaTable,
-  /// incremental) and returns the window layers' batch (out_cache_loc in SWA slots).
+  /// incremental) and returns the window layers' batch (out_cache_loc in SWA slots, kv_start at
+  /// each request's window's first page except in a verify step).
   const attention::ForwardBatch& window_batch(const attention::ForwardBatch& f);
 
   const LlamaModel* model_;

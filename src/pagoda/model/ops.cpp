@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "pagoda/core/check.h"
+#include "pagoda/model/silu_bf16_span.h"
 
 namespace pagoda::model {
 
@@ -33,19 +34,36 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
   }
 }
 
-void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
-  // Chunks of a row, so one decode row still spreads over the threads.
+namespace {
+
+/// Calls f(t, i, n) for spans [i, i + n) of the rows t < rows of a gated activation of width
+/// `inter`, over the threads: chunks of a row, so one decode row still spreads over them.
+template <typename F>
+void over_row_chunks(int64_t rows, int64_t inter, const F& f) {
   constexpr int64_t kChunk = 2048;
   const int64_t chunks = (inter + kChunk - 1) / kChunk;
 #pragma omp parallel for collapse(2) schedule(static) if (rows * inter >= kParallelMinElems)
   for (int64_t t = 0; t < rows; ++t)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const float* g = gate_up + t * 2 * inter;
-      const float* u = g + inter;
-      float* o = out + t * inter;
-      for (int64_t i = c * kChunk, end = std::min(inter, i + kChunk); i < end; ++i)
-        o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
-    }
+    for (int64_t c = 0; c < chunks; ++c)
+      f(t, c * kChunk, std::min(inter, (c + 1) * kChunk) - c * kChunk);
+}
+
+}  // namespace
+
+void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {
+  over_row_chunks(rows, inter, [&](int64_t t, int64_t i0, int64_t n) {
+    const float* g = gate_up + t * 2 * inter;
+    const float* u = g + inter;
+    float* o = out + t * inter;
+    for (int64_t i = i0; i < i0 + n; ++i) o[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+  });
+}
+
+void silu_mul_bf16(const float* gate_up, uint16_t* out, int64_t rows, int64_t inter) {
+  over_row_chunks(rows, inter, [&](int64_t t, int64_t i, int64_t n) {
+    const float* g = gate_up + t * 2 * inter + i;
+    silu_mul_bf16_span(g, g + inter, out + t * inter + i, n);
+  });
 }
 
 void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter) {

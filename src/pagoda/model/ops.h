@@ -32,6 +32,13 @@ void rms_norm(const float* x, const float* weight, float* out, int64_t rows, int
 /// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] for a fused [rows, 2 * inter] input.
 void silu_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);
 
+/// silu_mul rounded to bf16 (RNE, as uint16 bits) as it is written: the operand of the next
+/// GEMM where that GEMM reads bf16 (the oneDNN bf16 path), with no f32 intermediate. exp is an
+/// inline polynomial (relative error about 1e-7; vectorized for AVX2 / AVX-512), so a value
+/// within that of a bf16 rounding boundary may round the other way than silu_mul's f32 result
+/// would: at most one bf16 ulp apart. NaN stays NaN.
+void silu_mul_bf16(const float* gate_up, uint16_t* out, int64_t rows, int64_t inter);
+
 /// out[t, i] = gelu_tanh(gate_up[t, i]) * gate_up[t, inter + i] (HF gelu_pytorch_tanh: 0.5 g
 /// (1 + tanh(sqrt(2/π) (g + 0.044715 g³))), f32).
 void gelu_tanh_mul(const float* gate_up, float* out, int64_t rows, int64_t inter);

@@ -5,7 +5,9 @@
 // or an earlier chunk of a chunked prefill), an extend continuing each sequence, then decode
 // steps; groups 1, 2 and 8. Outputs are NaN-poisoned before every call; every output row and
 // every slot's final conv and SSM state must match within f32 tolerance.
+#include <cblas.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -172,6 +174,50 @@ TEST(CpuLinearScan, ChunkedScanMatchesTheFp64RecurrenceAtRealisticSizes) {
     std::uniform_int_distribution<int32_t> ext(1, 300);
     for (size_t i = 0; i < sc.first.size(); ++i) sc.second.push_back(ext(rng));
     run_case(sc, rng);
+  }
+}
+
+/// Sets OpenBLAS to one thread and OpenMP to `threads` for its lifetime (restored after).
+class ScanThreads {
+ public:
+  explicit ScanThreads(int threads)
+      : blas_(openblas_get_num_threads()), omp_(omp_get_max_threads()) {
+    openblas_set_num_threads(1);
+    omp_set_num_threads(threads);
+  }
+  ~ScanThreads() {
+    openblas_set_num_threads(blas_);
+    omp_set_num_threads(omp_);
+  }
+  ScanThreads(const ScanThreads&) = delete;
+  ScanThreads& operator=(const ScanThreads&) = delete;
+
+ private:
+  int blas_, omp_;
+};
+
+/// With a single-threaded OpenBLAS the scan cuts each group's heads into blocks, at least one per
+/// OpenMP thread where the heads allow: 14 heads in 1 group at 1 / 3 / 5 threads are blocks of
+/// 14 / 5 + 5 + 4 / 3 + 3 + 3 + 3 + 2 heads, in 2 groups 7 / 4 + 3 / 3 + 3 + 1 per group; each
+/// equals the fp64 recurrence.
+TEST(CpuLinearScan, HeadBlocksOnTheOpenMpThreadsMatchTheFp64Recurrence) {
+  const pagoda::testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  for (const int threads : {1, 3, 5}) {
+    const ScanThreads scope(threads);
+    for (const int32_t groups : {1, 2}) {
+      SCOPED_TRACE(std::to_string(threads) + " threads, " + std::to_string(groups) + " groups");
+      ScanCase sc;
+      sc.shape = {.num_heads = 14,
+                  .head_dim = 32,
+                  .state_size = 64,
+                  .num_groups = groups,
+                  .conv_kernel = 4,
+                  .chunk_size = 256};
+      sc.first = ragged(rng, 4, CpuLinearBackend::kMaxChunk, 300);
+      sc.second = {45, 1, 70, 3};
+      run_case(sc, rng);
+    }
   }
 }
 

@@ -2,17 +2,22 @@
 // reference on random data: oneDNN f32 at f32 accuracy for several M (each a cached primitive,
 // one revisited), bf16 against the f64 product of the bf16-rounded inputs (where oneDNN has a
 // bf16 matmul; elsewhere the refusal and its reason), packed sizes (bf16 half of f32), packing
-// ahead of use (prepare: once, then used by linear()), and the mode names.
+// ahead of use (prepare: once, then used by linear()), the mode names, and the fused SwiGLU
+// product of the bf16 mode (silu_mul_bf16 against an f64 SwiGLU rounded to bf16; swiglu_linear
+// against the f64 product of that operand; the other modes decline it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <random>
 #include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/model/cpu_gemm.h"
+#include "pagoda/model/ops.h"
 #include "test_seed.h"
 
 namespace pagoda::model {
@@ -85,8 +90,8 @@ TEST(CpuGemm, OnednnF32MatchesDoubleReference) {
   EXPECT_GE(prepared, sizeof(float) * 96 * 80);
   runner.prepare(a.w.data(), a.n, a.k);
   EXPECT_EQ(runner.packed_bytes(), prepared);
-  // Two weight matrices, several M each (M = 3 twice: the cached primitive; 77: two 32-row
-  // blocks and a 13-row tail block), interleaved.
+  // Two weight matrices, several M each (M = 3 twice: the cached primitive; 77: one product of
+  // 96 rows, the last 19 zero padding), interleaved.
   check_ms(runner, a, rng, {1, 3, 32}, keep, 1e-5);
   EXPECT_EQ(runner.packed_bytes(), prepared);  // a's linear() used the prepared copy
   check_ms(runner, b, rng, {77, 3}, keep, 1e-5);
@@ -121,9 +126,121 @@ TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
   const GemmData a = random_weights(rng, 128, 96);
   CpuGemmRunner runner(CpuGemm::kOnednn);
   // f32 accumulation of the bf16-rounded inputs: f32 summation error only.
-  check_ms(runner, a, rng, {1, 7, 64, 70, 7}, to_bf16, 1e-5);  // 70: a block and a 6-row tail
+  check_ms(runner, a, rng, {1, 7, 64, 70, 7}, to_bf16, 1e-5);  // 70: 96 rows, 26 of them padding
   EXPECT_GE(runner.packed_bytes(), sizeof(uint16_t) * 128 * 96);
   EXPECT_LT(runner.packed_bytes(), sizeof(float) * 128 * 96);  // bf16: about half of f32
+}
+
+/// The f64 SwiGLU silu(g) * u of one element.
+double swiglu_ref(float g, float u) {
+  return static_cast<double>(g) / (1.0 + std::exp(-static_cast<double>(g))) * u;
+}
+
+/// gate_up [m, 2k] of normal draws scaled by `scale` (wide enough for exp's clamps).
+std::vector<float> random_gate_up(std::mt19937_64& rng, int64_t m, int64_t k, float scale) {
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> gu(static_cast<size_t>(m * 2 * k));
+  for (float& v : gu) v = d(rng);
+  return gu;
+}
+
+TEST(SiluMulBf16, WithinOneBf16UlpOfTheRoundedF64SwiGlu) {
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  const int64_t m = 5, k = 3000;  // k: a row of two 2048-element chunks, the second partial
+  std::vector<float> gu = random_gate_up(rng, m, k, 8.f);
+  // The exp clamps and the special values: large |g| (silu is g or 0), 0, NaN.
+  const float specials[] = {-100.f, -88.5f, -87.f, 87.5f, 89.f, 200.f, 0.f, -0.f, NAN};
+  for (size_t i = 0; i < std::size(specials); ++i) gu[i] = specials[i];
+  std::vector<uint16_t> out(static_cast<size_t>(m * k));
+  silu_mul_bf16(gu.data(), out.data(), m, k);
+  int64_t off_by_one = 0;
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t i = 0; i < k; ++i) {
+      const float g = gu[static_cast<size_t>(t * 2 * k + i)];
+      const float u = gu[static_cast<size_t>(t * 2 * k + k + i)];
+      const uint16_t got = out[static_cast<size_t>(t * k + i)];
+      if (std::isnan(g)) {
+        EXPECT_TRUE(std::isnan(bf16_bits_to_f32(got))) << "row " << t << " i " << i;
+        continue;
+      }
+      const uint16_t want = f32_to_bf16_bits(static_cast<float>(swiglu_ref(g, u)));
+      // Same sign and magnitude within one step of the bf16 grid (a value near a rounding
+      // boundary may land on either side; the bits of same-signed bf16 values are ordered).
+      // Past exp's clamp (g < -87) both are below 1e-30: zero for any sum they join.
+      const int diff = std::abs(static_cast<int>(got) - static_cast<int>(want));
+      const bool tiny = std::abs(bf16_bits_to_f32(got)) < 1e-30f &&
+                        std::abs(bf16_bits_to_f32(want)) < 1e-30f;
+      if (tiny) continue;
+      ASSERT_LE(diff, 1)
+          << "row " << t << " g " << g << " u " << u << ": " << bf16_bits_to_f32(got) << " vs "
+          << bf16_bits_to_f32(want);
+      off_by_one += diff;
+    }
+  // Rounding-boundary cases are rare: a systematic error (a wrong exp) would shift many.
+  EXPECT_LT(off_by_one, m * k / 100) << off_by_one << " of " << m * k << " one ulp off";
+}
+
+TEST(CpuGemm, SwigluLinearFusedInBf16ModeOnly) {
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  const GemmData down = random_weights(rng, 48, 72);  // [n, k]: k is the SwiGLU width
+  for (CpuGemm g : {CpuGemm::kOpenBlas, CpuGemm::kOnednnF32}) {
+    if (!cpu_gemm_unavailable(g).empty()) continue;
+    CpuGemmRunner runner(g);
+    std::vector<float> gu = random_gate_up(rng, 2, down.k, 2.f), y(2 * down.n, 7.f);
+    EXPECT_FALSE(runner.swiglu_linear(gu.data(), down.w.data(), y.data(), 2, down.n, down.k))
+        << cpu_gemm_name(g);
+    EXPECT_EQ(y[0], 7.f) << cpu_gemm_name(g) << " wrote although it declined";
+  }
+  if (const std::string why = cpu_gemm_unavailable(CpuGemm::kOnednn); !why.empty())
+    GTEST_SKIP() << "the fused bf16 path is not checked: " << why;
+  CpuGemmRunner runner(CpuGemm::kOnednn);
+  // M 40 and 70: one padded product (64, 96 rows); 1 and 7: decode-sized; 7 again: cached.
+  for (int64_t m : {1, 7, 40, 70, 7}) {
+    SCOPED_TRACE(::testing::Message() << "m " << m);
+    const std::vector<float> gu = random_gate_up(rng, m, down.k, 2.f);
+    std::vector<float> y(static_cast<size_t>(m * down.n), NAN);
+    ASSERT_TRUE(runner.swiglu_linear(gu.data(), down.w.data(), y.data(), m, down.n, down.k));
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < down.n; ++j) {
+        // The operand as the reference rounds it; silu_mul_bf16 may differ by one bf16 ulp
+        // (2^-8 relative) on an element, so that much of each |a w| is allowed on top of the
+        // f32 accumulation.
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < down.k; ++i) {
+          const double a = to_bf16(static_cast<float>(
+              swiglu_ref(gu[static_cast<size_t>(r * 2 * down.k + i)],
+                         gu[static_cast<size_t>(r * 2 * down.k + down.k + i)])));
+          const double p = a * to_bf16(down.w[static_cast<size_t>(j * down.k + i)]);
+          ref += p, mag += std::abs(p);
+        }
+        ASSERT_NEAR(y[static_cast<size_t>(r * down.n + j)], ref, (1e-5 + 1.0 / 256) * mag + 1e-6)
+            << "row " << r << " col " << j;
+      }
+  }
+}
+
+TEST(OnednnLinear, ForwardInputRefusesRowsItWasNotReadiedFor) {
+  if (const std::string why = cpu_gemm_unavailable(CpuGemm::kOnednnF32); !why.empty())
+    GTEST_SKIP() << why;
+  const std::vector<float> w(16 * 8, 1.f);
+  kernels::cpu::OnednnLinear lin(w.data(), 16, 8, DType::kF32);
+  std::vector<float> y(3 * 16);
+  (void)lin.input(2);
+  try {
+    lin.forward_input(y.data(), 3);
+    ADD_FAILURE() << "ran 3 rows on an input readied for 2";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+  }
+  // An f32 input written by hand: rows of ones and twos, [2, 8] · [16, 8]ᵀ of ones.
+  auto* x = static_cast<float*>(lin.input(2));
+  std::fill(x, x + 8, 1.f);
+  std::fill(x + 8, x + 16, 2.f);
+  lin.forward_input(y.data(), 2);
+  EXPECT_EQ(y[0], 8.f);
+  EXPECT_EQ(y[16 + 15], 16.f);
 }
 
 }  // namespace

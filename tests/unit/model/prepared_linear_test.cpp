@@ -1,7 +1,7 @@
 // Weights packed at load (ModelOps::prepare_linear): a LlamaWorker over the CPU ops in each
 // oneDNN mode, its ops wrapped in a recorder, prepares every GEMM weight of the layers and the LM
-// head while it is built (before any forward), every linear() of a prefill and a decode step then
-// runs on a prepared (weight, n, k), and the logits still match the naive f64 model (f32 modes at
+// head while it is built (before any forward), every linear() (and fused SwiGLU down product, the
+// bf16 mode's) of a prefill and a decode step then runs on a prepared (weight, n, k), and the logits still match the naive f64 model (f32 modes at
 // f32 accuracy, bf16 at its tolerance) -- packing moved, the math did not change.
 #include <gtest/gtest.h>
 
@@ -63,6 +63,12 @@ class RecordingOps final : public ModelOps {
   }
   void silu_mul(const void* gu, void* out, int64_t rows, int64_t inter) override {
     in_->silu_mul(gu, out, rows, inter);
+  }
+  bool swiglu_linear(const void* gu, const void* w, void* y, int64_t m, int64_t n,
+                     int64_t k) override {
+    const bool fused = in_->swiglu_linear(gu, w, y, m, n, k);
+    if (fused) used_->push_back({w, n, k});
+    return fused;
   }
   void soft_cap(float* x, int64_t n, float cap) override { in_->soft_cap(x, n, cap); }
   void sample(const float* l, const SampleRow* p, int32_t* ids, int64_t rows,

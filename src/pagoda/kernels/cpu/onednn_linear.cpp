@@ -61,11 +61,19 @@ bool onednn_matmul_builds(DType t) {
 /// Rows per block of the activations. oneDNN 2.6's AMX matmul runs M that is not a multiple
 /// of 32 far slower than the next multiple (measured on the 2-core Xeon VM, 2 threads, bf16
 /// [M, 2048] x [2048, 16384]: M 256 15.3 ms, 258 25.7, 272 35.2, 288 17.8; [M, 8192] x [8192,
-/// 2048]: 256 7.3, 258 12.3, 288 9.0): its M tail streams the weights again with part-empty
-/// tiles. So an M past one block runs as its whole blocks plus one zero-padded block for the
-/// rest (a mixed step of 256 prefill tokens and 2 decode rows: 15.3 + 2.6 ms instead of 25.7).
+/// 2048]: 256 7.3, 258 12.3, 288 9.0). So an M past one block runs as its whole blocks plus one
+/// zero-padded block for the rest (a mixed step of 256 prefill tokens and 2 decode rows: 15.3 +
+/// 2.6 ms instead of 25.7). One product of M rounded up to whole blocks was tried instead: it
+/// computes fewer rows but needs the whole output copied out of a padded buffer, and in the
+/// engine (8 x 128-token prompts, 2 threads) its gate/up products took as long or longer.
 /// Up to one block (decode batches) M runs as it is: M 1, 8, 16 cost 1.5-1.7 ms there.
 constexpr int64_t kOnednnRowBlock = 32;
+
+/// The operand rows an m-row product reads: m, or past one block its whole blocks and the
+/// zero-padded tail block.
+constexpr int64_t operand_rows(int64_t m) {
+  return m > kOnednnRowBlock ? (m + kOnednnRowBlock - 1) / kOnednnRowBlock * kOnednnRowBlock : m;
+}
 
 /// The M at which the weights' preferred layout is queried (a prefill-sized tile: oneDNN's
 /// blocked weight layouts depend on N and K, not M).
@@ -155,9 +163,10 @@ struct OnednnLinear::Impl {
   memory weights;
   dnnl::stream stream{onednn_engine()};
   onednn_detail::OnednnPrimitiveCache<int64_t> cache{kMaxCached};  ///< by M
-  /// The activations as the product reads them: rounded to bf16 (bf16 weights) and / or with
-  /// the tail block's zero rows (bytes).
+  /// The activations as the product reads them (input()): rounded to bf16 (bf16 weights)
+  /// and / or with the tail block's zero rows up to operand_rows (bytes).
   std::vector<unsigned char> x_op;
+  int64_t x_rows = 0;         ///< rows the last input() readied
   std::vector<float> y_tail;  ///< the tail block's output [kOnednnRowBlock, n]
 
   dnnl::matmul& primitive(int64_t m) {
@@ -197,34 +206,46 @@ OnednnLinear::~OnednnLinear() = default;
 OnednnLinear::OnednnLinear(OnednnLinear&&) noexcept = default;
 OnednnLinear& OnednnLinear::operator=(OnednnLinear&&) noexcept = default;
 
+void* OnednnLinear::input(int64_t m) {
+  Impl& s = *impl_;
+  const size_t es = s.dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
+  const auto row_bytes = static_cast<size_t>(s.k) * es;
+  s.x_op.resize(static_cast<size_t>(operand_rows(m)) * row_bytes);
+  std::fill(s.x_op.begin() + static_cast<int64_t>(static_cast<size_t>(m) * row_bytes),
+            s.x_op.end(), 0);
+  s.x_rows = m;
+  return s.x_op.data();
+}
+
 void OnednnLinear::forward(const float* x, float* y, int64_t m) {
   if (m == 0) return;
   Impl& s = *impl_;
-  const memory::data_type t = onednn_type(s.dtype);
-  const size_t es = s.dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
-  // Past kOnednnRowBlock rows, the rows past the last whole block run as a second product of
-  // one zero-padded block (see kOnednnRowBlock); y gets them from the block's scratch output.
-  const int64_t main = m > kOnednnRowBlock ? m - m % kOnednnRowBlock : m;
-  const int64_t tail = m - main;
-  const void* src = x;
-  if (s.dtype == DType::kBF16 || tail > 0) {
-    // The operand rows in the weights' dtype, then the tail's zero rows up to a whole block.
-    const int64_t rows = tail > 0 ? main + kOnednnRowBlock : m;
-    s.x_op.resize(static_cast<size_t>(rows * s.k) * es);
-    const auto count = m * s.k;
-    if (s.dtype == DType::kBF16) {
-      auto* xb = reinterpret_cast<uint16_t*>(s.x_op.data());
-      // Over the threads for a prefill's rows (oneDNN's own pool: the same OpenMP threads).
+  if (s.dtype == DType::kF32 && operand_rows(m) == m) return run(x, y, m);
+  void* in = input(m);
+  const int64_t count = m * s.k;
+  if (s.dtype == DType::kBF16) {
+    auto* xb = static_cast<uint16_t*>(in);
+    // Over the threads for a prefill's rows (oneDNN's own pool: the same OpenMP threads).
 #pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 15))
-      for (int64_t i = 0; i < count; ++i) xb[i] = f32_to_bf16_bits(x[i]);
-    } else {
-      std::memcpy(s.x_op.data(), x, static_cast<size_t>(count) * es);
-    }
-    std::fill(s.x_op.begin() + static_cast<int64_t>(count * es), s.x_op.end(), 0);
-    src = s.x_op.data();
+    for (int64_t i = 0; i < count; ++i) xb[i] = f32_to_bf16_bits(x[i]);
+  } else {
+    std::memcpy(in, x, static_cast<size_t>(count) * sizeof(float));
   }
-  auto run = [&](const void* a, float* out, int64_t rows) {
-    memory src_mem(memory::desc({rows, s.k}, t, DnnlTag::ab), onednn_engine(),
+  forward_input(y, m);
+}
+
+void OnednnLinear::forward_input(float* y, int64_t m) {
+  Impl& s = *impl_;
+  PAGODA_REQUIRE(m == s.x_rows, kInvalidArgument,
+                 "OnednnLinear::forward_input: {} rows, but input() readied {}", m, s.x_rows);
+  if (m > 0) run(s.x_op.data(), y, m);
+}
+
+void OnednnLinear::run(const void* x, float* y, int64_t m) {
+  Impl& s = *impl_;
+  const size_t es = s.dtype == DType::kBF16 ? sizeof(uint16_t) : sizeof(float);
+  auto product = [&](const void* a, float* out, int64_t rows) {
+    memory src_mem(memory::desc({rows, s.k}, onednn_type(s.dtype), DnnlTag::ab), onednn_engine(),
                    const_cast<void*>(a));  // read only
     memory dst_mem(memory::desc({rows, s.n}, memory::data_type::f32, DnnlTag::ab),
                    onednn_engine(), out);
@@ -233,11 +254,15 @@ void OnednnLinear::forward(const float* x, float* y, int64_t m) {
                                          {DNNL_ARG_DST, dst_mem}});
     s.stream.wait();
   };
-  if (main > 0) run(src, y, main);
+  // Past one block, the rows past the last whole block run as a second product of one
+  // zero-padded block (see kOnednnRowBlock); y gets them from the block's scratch output.
+  const int64_t main = m > kOnednnRowBlock ? m - m % kOnednnRowBlock : m;
+  const int64_t tail = m - main;
+  if (main > 0) product(x, y, main);
   if (tail == 0) return;
   s.y_tail.resize(static_cast<size_t>(kOnednnRowBlock * s.n));
-  run(static_cast<const unsigned char*>(src) + static_cast<size_t>(main * s.k) * es,
-      s.y_tail.data(), kOnednnRowBlock);
+  product(static_cast<const unsigned char*>(x) + static_cast<size_t>(main * s.k) * es,
+          s.y_tail.data(), kOnednnRowBlock);
   std::memcpy(y + main * s.n, s.y_tail.data(), static_cast<size_t>(tail * s.n) * sizeof(float));
 }
 
@@ -314,6 +339,9 @@ OnednnLinear::~OnednnLinear() = default;
 OnednnLinear::OnednnLinear(OnednnLinear&&) noexcept = default;
 OnednnLinear& OnednnLinear::operator=(OnednnLinear&&) noexcept = default;
 void OnednnLinear::forward(const float*, float*, int64_t) {}
+void* OnednnLinear::input(int64_t) { return nullptr; }
+void OnednnLinear::forward_input(float*, int64_t) {}
+void OnednnLinear::run(const void*, float*, int64_t) {}
 int64_t OnednnLinear::n() const { return 0; }
 int64_t OnednnLinear::k() const { return 0; }
 size_t OnednnLinear::weight_bytes() const { return 0; }

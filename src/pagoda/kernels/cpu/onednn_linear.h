@@ -7,10 +7,13 @@
 /// The weights are rounded (nearest even) and reordered once, at construction, into the layout
 /// oneDNN's matmul prefers for them (format_tag::any, queried for a reference M). Activations
 /// arrive in f32 and are rounded to `weight_dtype` per call (oneDNN 2.6 has no mixed f32 × bf16
-/// matmul); the product accumulates and lands in f32. One primitive per distinct M is built on
-/// first use and cached (the most recent kMaxCached M values), against the packed weights' layout.
-/// M past 32 rows runs as its whole 32-row blocks plus one zero-padded block for the remaining
-/// rows (oneDNN 2.6's AMX matmul runs an M tail far slower: onednn_linear.cpp kOnednnRowBlock).
+/// matmul), or are written by the caller straight into the operand buffer in `weight_dtype`
+/// (input() + forward_input(): a producer that rounds as it writes, e.g. the CPU ops' fused
+/// SwiGLU, saves the f32 pass); the product accumulates and lands in f32. One primitive per
+/// distinct M is built on first use and cached (the most recent kMaxCached M values), against the
+/// packed weights' layout. M past 32 rows runs as its whole 32-row blocks plus one zero-padded
+/// block for the remaining rows (oneDNN 2.6's AMX matmul runs an M tail far slower:
+/// onednn_linear.cpp kOnednnRowBlock).
 ///
 /// Availability: oneDNN 2.6 implements bf16 matmul only on CPUs with AVX-512 (avx512_core and
 /// up); elsewhere (AVX2 machines) onednn_linear_unavailable(kBF16) says so, and a construction
@@ -54,6 +57,14 @@ class OnednnLinear {
 
   /// y[m, n] = x[m, k] · wᵀ (f32 in and out, row-major, no aliasing). m >= 0.
   void forward(const float* x, float* y, int64_t m);
+  /// The operand buffer for an m-row product: [m, k] row-major in the weights' dtype (bf16 as
+  /// uint16 bits, RNE-rounded by the caller, or f32), which the caller fills and then runs with
+  /// forward_input(y, m). Its padding rows are already zero. Valid until the next call on this
+  /// object.
+  void* input(int64_t m);
+  /// y[m, n] = input · wᵀ (f32) for the m rows the last input(m) readied; any other m throws
+  /// Error(kInvalidArgument).
+  void forward_input(float* y, int64_t m);
 
   int64_t n() const;
   int64_t k() const;
@@ -64,6 +75,10 @@ class OnednnLinear {
   static constexpr size_t kMaxCached = 32;
 
  private:
+  /// The product of m rows of x (the weights' dtype; past 32 rows, readable up to the end of
+  /// the zero-padded tail block).
+  void run(const void* x, float* y, int64_t m);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -122,7 +122,8 @@ class CudaOps final : public ModelOps {
   void* upload(std::span<const float> host) override {
     const size_t n = host.size();
     if (dtype_ == DType::kF32) return keep(host.data(), std::max<size_t>(n, 1) * sizeof(float));
-    platform::DeviceBuffer buf = platform::make_buffer(platform_->allocator(), std::max<size_t>(n, 1) * 2);
+    platform::DeviceBuffer buf =
+        platform::make_buffer(platform_->allocator(), std::max<size_t>(n, 1) * 2);
     narrow_upload(host, static_cast<uint8_t*>(buf.get()));
     void* p = buf.get();
     owned_.push_back(std::move(buf));
