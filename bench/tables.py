@@ -450,6 +450,60 @@ def ab_table(rec):
     return out
 
 
+def kernel_ab_table(rec):
+    """Kernel-option A/B (bench/device/run.sh ab_kernels): per variant and case, the base's and the
+    variant's median over rounds of each round's median [range], the ratio base / variant per
+    round (> 1: the variant faster), median [min–max], with the verdict rule; the kernel each
+    side's plan was made for (sm90 or not, unit-list blocks) from the last round's rows. Then
+    the variant tests' counts and failures (ab_tests)."""
+    k = rec["kernel_ab"]
+    rounds = k.get("rounds", [])
+    out = [f"### Kernel-option A/B ({len(rounds)} interleaved rounds) — {header(rec)}", "",
+           f"Policy: {k.get('policy', '?')}.", "",
+           "| variant | options | case | base ms [range] | variant ms [range] | base / variant "
+           "[min–max] | verdict | kernel (base → variant) |", "|---|---|---|---|---|---|---|---|"]
+
+    def per_round(name):
+        """{case: [ms or None per round]}, and the last row of each case."""
+        ms, last = {}, {}
+        for i, rnd in enumerate(rounds):
+            for r in rnd.get(name, []):
+                ms.setdefault(r["case"], [None] * len(rounds))[i] = r["ms"]
+                last[r["case"]] = r
+        return ms, last
+
+    def kernel(r):
+        if r is None:
+            return "?"
+        word = r.get("path", "?") + (" sm90" if r.get("sm90") else "")
+        return word + (f" lists {r['unit_blocks']}" if r.get("unit_blocks") else "")
+
+    base, base_last = per_round("base")
+    for v in k.get("variants", []):
+        ms, last = per_round(v["name"])
+        for case, vs in ms.items():
+            bs = base.get(case, [])
+            ratios = [b / x for b, x in zip(bs, vs) if b and x]
+            got = [x for x in vs if x]
+            ref = [x for x in bs if x]
+            cell = (f"{statistics.median(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}]"
+                    if ratios else "–")
+            out.append(
+                f"| {v['name']} | {' '.join(v['options'])} | {case} | "
+                + (f"{statistics.median(ref):.4f} [{min(ref):.4f}–{max(ref):.4f}]" if ref else "–")
+                + f" | {statistics.median(got):.4f} [{min(got):.4f}–{max(got):.4f}] | {cell} | "
+                + f"{verdict(ratios) if ratios else '–'} | {kernel(base_last.get(case))} → "
+                + f"{kernel(last.get(case))} |")
+    t = rec.get("ab_tests")
+    if t:
+        failed = [x["name"] for x in t if x["result"] == "FAILED"]
+        out += ["", f"Variant tests: {len(t) - len(failed)} / {len(t)} passed"
+                + (f"; failed: {', '.join(failed)}" if failed else "") + "."]
+    for tool, lines in rec.get("sanitizers", {}).items():
+        out += ["", f"compute-sanitizer {tool}: " + ("; ".join(lines) or "no summary line")]
+    return out
+
+
 def hybrid_table(rec):
     """Issue 49's hybrid benchmarks (bench/device/run.sh's hybrid group). Gemma-3 layout, one
     request: KV bytes per request = full-pool pages held (peak_kv_tokens / page) x the full pool's
@@ -566,7 +620,7 @@ def hybrid_table(rec):
     return out
 
 
-SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("engine", engine_table),
+SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("kernel_ab", kernel_ab_table), ("engine", engine_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
             ("python", python_table), ("profile", profile_table), ("amx", amx_table),
             ("ab", ab_table), ("hybrid", hybrid_table))

@@ -541,6 +541,56 @@ def main():
             want = (f"| {bs} | b | --x 1 | {statistics.median(bv):.4f} [{min(bv):.4f}–{max(bv):.4f}] | "
                     f"{statistics.median(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}] | {v} |")
             expect(line == want, f"ab row {line!r} != {want!r}")
+
+        # A kernel-option A/B run (run.sh ab_kernels): ab_<name>_r<k>.jsonl of the base and each
+        # variant; per round the ratio base / variant of the round medians.
+        dk = os.path.join(tmp, "kab")
+        os.mkdir(dk)
+        with open(os.path.join(dk, "gpu.csv"), "w") as f:
+            f.write("0, NVIDIA H100 80GB HBM3, 580.1, 81559 MiB, 1980 MHz, 1980 MHz, 2619 MHz, 2619 MHz, 700.00 W\n")
+        with open(os.path.join(dk, "ab_variants.txt"), "w") as f:
+            f.write("fp8|fp8kv_|--kernel-option sm90_fp8=1\nk64|mla_|--kernel-option sm90_mla_k64=1\n")
+        kcases = {"fp8": ["fp8kv_a", "fp8kv_b"], "k64": ["mla_a"]}
+        kab_rounds = 4
+        kms = {}
+        for k in range(1, kab_rounds + 1):
+            rows = {"base": []}
+            for name, cs in kcases.items():
+                rows[name] = []
+                for c in cs:
+                    for side in ("base", name):
+                        samples = [rng.uniform(0.5, 1.5) for _ in range(30)]
+                        kms[(side, c, k)] = med(samples)
+                        rows[side].append({"case": c, "ms": med(samples), "samples_ms": samples,
+                                           "path": "prefill", "sm90": side != "base" or c == "mla_a",
+                                           "unit_blocks": 0})
+            for side, rs in rows.items():
+                write_jsonl(os.path.join(dk, f"ab_{side}_r{k}.jsonl"), rs)
+        with open(os.path.join(dk, "ab_tests.json"), "w") as f:
+            json.dump({"testsuites": [{"name": "CudaSm90Variants", "testsuite": [
+                {"name": "A", "result": "COMPLETED", "time": "1s"},
+                {"name": "B", "result": "COMPLETED", "time": "2s", "failures": [{"failure": "x"}]}]}]}, f)
+        krec = run_record(dk, os.path.join(tmp, "kab.json"), "build abtests abkernels")
+        expect(len(krec["kernel_ab"]["rounds"]) == kab_rounds, "kernel_ab rounds")
+        expect(krec["kernel_ab"]["variants"][1]["options"] == ["--kernel-option", "sm90_mla_k64=1"],
+               "kernel_ab options")
+        mdk = tables(os.path.join(tmp, "kab.json"))
+        print(mdk)
+        for name, cs in kcases.items():
+            for c in cs:
+                line = next(ln for ln in mdk.splitlines() if ln.startswith(f"| {name} |") and f"| {c} |" in ln)
+                base = [kms[("base", c, k)] for k in range(1, kab_rounds + 1)]
+                var = [kms[(name, c, k)] for k in range(1, kab_rounds + 1)]
+                ratios = [x / y for x, y in zip(base, var)]
+                v = ("faster" if min(ratios) > 1 else "slower" if max(ratios) < 1 else "within noise")
+                want = (f"{median_of(base):.4f} [{min(base):.4f}–{max(base):.4f}] | "
+                        f"{median_of(var):.4f} [{min(var):.4f}–{max(var):.4f}] | "
+                        f"{median_of(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}] | {v} |")
+                expect(want in line, f"kernel_ab row {line!r} lacks {want!r}")
+                expect(line.endswith("prefill sm90 |") and
+                       ("prefill sm90 →" if c == "mla_a" else "prefill →") in line,
+                       f"kernel_ab kernels {line!r}")
+        expect("Variant tests: 1 / 2 passed; failed: CudaSm90Variants.B." in mdk, "ab tests line")
     print("ok")
     return 0
 

@@ -3,6 +3,7 @@
 /// {"case", "ms" (median), "samples_ms" (every timed run), "bytes", "flops", "path", ...}.
 ///
 /// Usage: pagoda_cuda_bench CASES.json OUT.jsonl [NAME-FILTER] [--kernel-option NAME=VALUE]...
+/// (NAME-FILTER: comma-separated substrings, a case runs when its name contains one)
 /// (kernel options: backends/kernel_options.h; each JSON object carries them as "kernel_options").
 ///
 /// Timing policy (the same as bench/cuda/peers.py's, which mirrors triton.testing.do_bench):
@@ -227,6 +228,8 @@ void run_case(const Case& c, const backends::KernelOptions& kernels, FILE* out) 
   }
   j["chunk"] = attn.schedule().chunk_tokens;
   j["items"] = attn.schedule().num_items();
+  // Which prefill kernel the plan was made for (an A/B of kernel options must show it).
+  j["sm90"] = attn.schedule().sm90_prefill;
   j["flush_bytes"] = flusher.buffer_bytes();
   std::fprintf(out, "%s\n", j.dump().c_str());
   std::fflush(out);
@@ -244,7 +247,8 @@ int main(int argc, char** argv) {
                          "[--kernel-option NAME=VALUE]...\n");
     return 2;
   }
-  // Then: an optional name filter (only the cases whose name contains it) and kernel options.
+  // Then: an optional name filter (only the cases whose name contains one of its
+  // comma-separated parts) and kernel options.
   std::string filter;
   backends::KernelOptions kernels;
   for (int i = 3; i < argc; ++i) {
@@ -265,8 +269,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", argv[2]);
     return 2;
   }
+  auto wanted = [&](const std::string& name) {
+    if (filter.empty()) return true;
+    for (size_t b = 0; b <= filter.size();) {
+      const size_t e = std::min(filter.find(',', b), filter.size());
+      if (e > b && name.find(filter.substr(b, e - b)) != std::string::npos) return true;
+      b = e + 1;
+    }
+    return false;
+  };
   for (const Case& c : cases) {
-    if (!filter.empty() && c.name.find(filter) == std::string::npos) continue;
+    if (!wanted(c.name)) continue;
     run_case(c, kernels, out);
     std::printf("done %s\n", c.name.c_str());
   }

@@ -12,6 +12,10 @@ The record (schema 1) holds what the tables are generated from, every sample inc
   kernels     {"ceilings": {"copy_gbps", "gemm_tflops"}, "rounds": [{"ours": [row...],
               "peers": [row...]}]}: a row is pagoda_cuda_bench's / peers.py's JSON line (ms =
               median, samples_ms = every timed call), rounds in the order they ran
+  kernel_ab   {"variants": [{"name", "cases", "options"}], "rounds": [{"base": [row...], name:
+              [row...]}]} (run.sh ab_kernels: pagoda_cuda_bench with each variant's kernel options
+              and, in the same round, with none, "base"); ab_tests: the variant tests' gtest
+              cases ({"name", "result", "seconds"})
   engine      bench/engine_real.py's summary.json
   spec        {run name: `pagoda bench --spec ... --json`}
   serve       bench/serve_bench.py's results.json
@@ -138,6 +142,30 @@ def kernels(d):
                       "timed calls, each after an untimed 256 MiB device write (L2 flushed, as "
                       "triton's do_bench does), CUDA events around the call alone; rounds "
                       "interleaved: ours, peers, ours, peers, ..."}
+
+
+def kernel_ab(d):
+    """run.sh ab_kernels' rounds: ab_<name>_r<k>.jsonl per variant (and "base") and round, the
+    variants from ab_variants.txt (NAME|CASES|OPTIONS lines)."""
+    try:
+        lines = [ln.strip() for ln in open(os.path.join(d, "ab_variants.txt")) if ln.strip()]
+    except OSError:
+        return None
+    variants = []
+    for ln in lines:
+        name, cases, options = (ln.split("|") + ["", ""])[:3]
+        variants.append({"name": name, "cases": cases, "options": options.split()})
+    by_name = {v["name"]: numbered(d, "ab_" + v["name"]) for v in [{"name": "base"}, *variants]}
+    n = max((len(r) for r in by_name.values()), default=0)
+    if n == 0:
+        return None
+    rounds = [{name: rows[i] if i < len(rows) else [] for name, rows in by_name.items()}
+              for i in range(n)]
+    return {"variants": variants, "rounds": rounds,
+            "policy": "pagoda_cuda_bench's timing (see kernels) for each variant's cases with its "
+                      "kernel options and, in the same round, with the defaults (base); rounds "
+                      "alternate the order (base first, then the variants; then the variants "
+                      "reversed, then base)"}
 
 
 def json_by_name(folder, prefix=""):
@@ -298,6 +326,8 @@ def build_record(d, kind, group, commit, stages):
                        [ln.strip() for ln in open(p) if "SUMMARY" in ln]
                        for p in glob.glob(os.path.join(d, "sanitize_*.log"))} or None,
         "kernels": kernels(d),
+        "kernel_ab": kernel_ab(d),
+        "ab_tests": gtest_cases(os.path.join(d, "ab_tests.json")),
         "engine": read_json(os.path.join(d, "engine", "summary.json")),
         "spec": json_by_name(os.path.join(d, "spec")) or None,
         "serve": read_json(os.path.join(d, "serve", "results.json")),

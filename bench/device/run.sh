@@ -37,7 +37,7 @@
 #                    amx      build, issue 51 on the device host's CPU (a Xeon; the GPU idles):
 #                             the AMX / oneDNN tests (CpuGemm, model forward, EngineCpuGemm),
 #                             `pagoda conformance --backends amx`, bench/cpu_model_vs_torch.py (the
-#                             1B layout, 1 and 8 requests, --cpu-gemm onednn vs transformers bf16
+#                             1B layout, 1 and 8 requests, --cpu-gemm amx and onednn vs transformers bf16
 #                             generate on the same prompts, at 2 and all threads, rows cut by a
 #                             budget) and bench/cpu_vs_torch.py (the cpu and amx attention
 #                             backends vs torch SDPA at 2 and all threads)
@@ -48,8 +48,14 @@
 #                             attention kernel at both lengths, the Mamba2 scan (pagoda kernels
 #                             --op linear-*) against the copy bandwidth, and TTFT of a cached 8k
 #                             prefix (state snapshot restored) vs a cold one
-#                    all      every group above but profile and hybrid (longer than one 10-minute
-#                             device call: one group a call)
+#                    ab_kernels  build (the attention tests and the kernel benchmark only), the
+#                             sm90 prefill's GPU tests, compute-sanitizer memcheck and racecheck
+#                             on their small test, then kernel-option variants against the
+#                             defaults on issue 53's shapes (AB_VARIANTS below), every process in
+#                             the same call, in N interleaved rounds (the order reversed every
+#                             other round); no peers (the kernels group times them)
+#                    all      every group above but profile, hybrid and ab_kernels (longer than
+#                             one 10-minute device call: one group a call)
 #          no GPU:   hybrid   the same at CPU sizes (default for kind cpu): gemma3-1b-narrow at 4k,
 #                             bamba-small at 1k vs 8k, a 2k prefix, f32, backend cpu
 #          two GPUs: tp       build, TP decode (tp 1 vs tp 2, 1B and 8B) and tp 2 == tp 1 greedy
@@ -102,6 +108,7 @@ case "$GPUS:$GROUP" in
   1:hicache) STAGES="build hicache" ;;
   1:profile) STAGES="build profile" ;;
   1:amx) STAGES="build amx" ;;
+  1:ab_kernels) STAGES="build abtests abkernels" ;;
   1:hybrid|0:hybrid) STAGES="build hybrid" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
   2:tp) STAGES="build tp" ;;
@@ -214,8 +221,9 @@ if has build; then
     <(ninja -C $B -t targets all 2>/dev/null | sed 's/:.*//' | sort -u) |
     { [ -n "$FILTER" ] && grep -E "$FILTER" || cat; } | tr '\n' ' ')
   targets=pagoda  # what every group runs; the GPU tests and the kernel benchmark where used
+  has abkernels && targets="cuda_attention_tests"  # ab_kernels: the kernels alone, no CLI
   has tests && targets="$targets $gpu_bins"
-  has kernels && targets="$targets pagoda_cuda_bench"
+  has kernels || has abkernels && targets="$targets pagoda_cuda_bench"
   has sanitize && targets="$targets cuda_attention_tests"
   has python && targets="$targets pagoda_python"
   has amx && targets="$targets model_tests engine_tests"
@@ -271,6 +279,72 @@ if has kernels; then
     say "kernel round $k: ours rc=$rc_o ($(wc -l < "$W/ours_r$k.jsonl") cases), peers rc=$rc_p ($(wc -l < "$W/peers_r$k.jsonl") rows)"
   done
 fi
+
+# Kernel-option variants against the defaults (issue 53): NAME|CASES|OPTIONS, one a line. CASES:
+# the pagoda_cuda_bench name filter (comma-separated substrings); OPTIONS: its kernel options.
+# The base (every option at its default) runs the union of the cases in each round. Kept: the
+# overlap schedule off (fp8 K/V then takes the mma.sync kernel; 16-bit D 128 tile by tile), so
+# every record shows what the sm90 fp8 path and the overlap schedule gain. (The prepared
+# variants measured at dab988d: fp8 K/V on the sm90 kernel 3.36-3.80x, now the default; DQK 192
+# at 64-key tiles tile by tile 1.027-1.038x, now the default; on the overlap schedule
+# 0.995-1.003x, and per-block unit lists 0.93-1.01x, both deleted.)
+AB_VARIANTS="no_overlap|fp8kv_,prefill_causal_b4_s4096,prefill_causal_b16_s1024|--kernel-option sm90_overlap=0"
+
+# The sm90 prefill's GPU tests (the ctest -L gpu run of the tests group has every other one).
+AB_TESTS="CudaExtend.Sm90*:CudaExtend.CausalWithPrefix:CudaExtend.NonCausalWindowCapSinksFp8"
+AB_TESTS="$AB_TESTS:CudaExtend.PersistentUnitsAcrossBlocks:CudaExtend.MlaPrefill*"
+
+if has abtests; then
+  t0=$(date +%s)
+  PAGODA_REQUIRE_GPU=1 timeout 240 $B/tests/cuda/cuda_attention_tests \
+    --gtest_filter="$AB_TESTS" --gtest_output="json:$W/ab_tests.json" \
+    > "$W/ab_tests.log" 2>&1
+  say "variant tests rc=$? ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED)' "$W/ab_tests.log" | tr '\n' ' ')"
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null)
+  for tool in memcheck racecheck; do
+    PAGODA_REQUIRE_GPU=1 timeout 100 "$san" --tool $tool --error-exitcode 9 \
+      $B/tests/cuda/cuda_attention_tests --gtest_filter='CudaExtend.Sm90SanitizerSmall' \
+      > "$W/sanitize_ab_$tool.log" 2>&1
+    say "compute-sanitizer $tool (CudaExtend.Sm90SanitizerSmall) rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$W/sanitize_ab_$tool.log")"
+  done
+fi
+
+if has abkernels; then
+  echo "$AB_VARIANTS" > "$W/ab_variants.txt"
+  all=$(echo "$AB_VARIANTS" | cut -d'|' -f2 | tr '\n' ',' | sed 's/,$//')
+  ab() {  # ab NAME CASES OPTIONS... -> ab_NAME_r$k.jsonl
+    local name=$1 cases=$2; shift 2
+    timeout "$(cap 150)" $B/tests/cuda/pagoda_cuda_bench bench/cuda/cases.json "$W/ab_${name}_r$k.jsonl" \
+      "$cases" "$@" > "$W/ab_${name}_r$k.log" 2>&1
+    echo "$name rc=$? ($(wc -l < "$W/ab_${name}_r$k.jsonl") cases)"
+  }
+  for k in $(seq 1 "$ROUNDS"); do
+    if [ "$(left)" -lt 60 ]; then
+      say "budget of $BUDGET s: $((k - 1)) of $ROUNDS A/B rounds ran"
+      break
+    fi
+    # Odd rounds: base first, then the variants; even rounds: the variants reversed, then base.
+    order=$(echo "$AB_VARIANTS" | cut -d'|' -f1)
+    [ $((k % 2)) = 0 ] && order=$(echo "$order" | tac)
+    line=""
+    add() { line="${line:+$line; }$1"; }
+    [ $((k % 2)) = 1 ] && add "$(ab base "$all")"
+    for name in $order; do
+      spec=$(echo "$AB_VARIANTS" | grep "^$name|")
+      # shellcheck disable=SC2046 # the options split into words
+      add "$(ab "$name" "$(echo "$spec" | cut -d'|' -f2)" $(echo "$spec" | cut -d'|' -f3))"
+    done
+    [ $((k % 2)) = 0 ] && add "$(ab base "$all")"
+    say "A/B round $k: $line"
+  done
+fi
+
+ckpt() {  # ckpt LAYOUT [copy] -> a random bf16 checkpoint of that layout (tools/make_checkpoint.py)
+  local c=/tmp/ckpt-$1
+  [ -f "$c/config.json" ] || timeout 300 python3 tools/make_checkpoint.py --layout "$1" --dtype bf16 \
+    --seed 0 --out "$c" > "$W/ckpt_$1.log" 2>&1
+  echo "$c"
+}
 
 if has engine; then
   t0=$(date +%s)
@@ -491,11 +565,12 @@ if has amx; then
     > "$W/amx/conformance.log" 2>&1
   say "conformance amx rc=$? $(tail -1 "$W/amx/conformance.log")"
   # The model first (issue 51's end-to-end target), its rows cut by its own budget (a row that
-  # would start later is recorded as skipped): 2 and all threads, 1 and 8 requests, onednn.
+  # would start later is recorded as skipped): 2 and all threads, 1 and 8 requests, pagoda's own
+  # AMX GEMMs (--cpu-gemm amx, what auto picks on AMX CPUs) and oneDNN's.
   if [ "$(left)" -gt 150 ]; then
     mb=$(cap 260)
     timeout "$mb" python3 bench/cpu_model_vs_torch.py --pagoda $P --model "$(ckpt 1b)" \
-      --out "$W/amx" --threads 2 "$(nproc)" --requests 1 8 --modes onednn \
+      --out "$W/amx" --threads 2 "$(nproc)" --requests 1 8 --modes amx onednn \
       --budget $(( mb - 60 )) > "$W/amx/cpu_model_vs_torch.log" 2>&1
     say "cpu_model_vs_torch rc=$?"
   else

@@ -35,6 +35,7 @@ struct Result {
   bool outside_poisoned = true;  // no byte of the output buffer outside the view was written
   std::string path;
   int split_chunk = 0;
+  bool sm90 = false;  ///< the plan's items were made for the sm90 kernel
 };
 
 /// `tweak` may edit the host data (e.g. the custom mask) before upload and the reference.
@@ -96,6 +97,7 @@ Result run_problem(const Problem& p, const std::function<void(HostData&)>& tweak
   r.outside_poisoned = outside_poisoned;
   r.path = std::string(kernel_path_name(attn.run_path()));  // after run()'s layout fallback
   r.split_chunk = attn.split_chunk();
+  r.sm90 = attn.schedule().sm90_prefill;
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const float x = read_as_f32(ob.data(), out_dtype, i);
@@ -640,53 +642,176 @@ TEST(CudaExtend, Sm90TmaPagesAndTails) {
   }
   kernel_options = {};
 }
+// A DQK 192 / DV 128 problem (the non-absorbed MLA prefill), MHA at 16 heads.
+Problem mla_problem(std::vector<int> qo, std::vector<int> prefix, int ps, uint64_t seed) {
+  Problem p = extend_problem(std::move(qo), std::move(prefix), ps, 192, seed);
+  p.dv = 128;
+  p.hq = p.hkv = 16;
+  p.params.sm_scale = 1.f / std::sqrt(192.f);
+  return p;
+}
+
+// DQK 192 / DV 128 under the current kernel options (seeds seed .. seed + 3): MHA over ragged
+// prefixes (page 16, long causal rows), G 4 on page 1 with window, cap and sinks, a tree mask
+// over a prefix, non-causal on page 64.
+void expect_mla_prefill_problems(uint64_t seed, const char* want) {
+  expect_ok(mla_problem({300, 129, 5, 1000}, {0, 513, 2000, 37}, 16, seed), 2e-2, want);
+  std::vector<float> sinks(32, 0.25f);
+  Problem g4 = mla_problem({150, 40, 260}, {100, 500, 3000}, 1, seed + 1);
+  g4.hq = 32;
+  g4.hkv = 8;
+  g4.params.window_left = 700;
+  g4.params.logit_cap = 25.f;
+  g4.params.sinks = sinks;
+  expect_ok(g4, 2e-2, want);
+  Problem t = mla_problem({16, 64, 7}, {300, 1000, 50}, 16, seed + 2);
+  t.tree_mask = true;
+  expect_ok(t, 2e-2, want);
+  Problem nc = mla_problem({90, 17}, {10, 200}, 64, seed + 3);
+  nc.params.mask = attention::MaskKind::kNonCausal;
+  expect_ok(nc, 2e-2, want);
+}
+
+// Whether the sm90 kernel serves DQK 192 / DV 128 here (else the generic kernel does).
+bool mla_prefill_sm90() {
+  return kernels::cuda::prefill_sm90_serves(DType::kBF16, DType::kBF16, DType::kBF16, 192, 128);
+}
+
+// DQK 192 / DV 128: split-KV partials of short queries on a long context (seed) and a
+// decode-shaped batch (seed + 1; no decode kernel has these dims: the prefill path takes it).
+void expect_mla_split_and_decode(uint64_t seed, bool sm90) {
+  const char* want = sm90 ? "prefill" : "generic";
+  const Result r = expect_ok(mla_problem({6, 3}, {12000, 700}, 16, seed), 2e-2, want);
+  if (sm90) {
+    EXPECT_GT(r.split_chunk, 0);
+  }
+  expect_ok(mla_problem({1, 1, 1, 1, 1}, {4000, 17, 600, 0, 9000}, 16, seed + 1), 2e-2, want);
+}
+
+// fp8 e4m3 K/V on the sm90 kernel (D 128 under the overlap schedule; the producer copies each
+// tile's raw rows into its stage and widens them there). The plan takes the sm90 kernel for fp8
+// wherever it takes it for bf16 at D 128 (not at D 64, not with the overlap off). Against the f64 reference on the e4m3 values: pages 1 /
+// 16 / 64 with tails, a 4,100-key prefix (many tiles), GQA 4 and 1, f16 queries, k / v scales,
+// non-causal, window + cap + sinks, tree verify, split-KV partials; the launcher's grid and few
+// blocks (many units per block, the pipeline across units) with ping-pong on and off.
+TEST(CudaExtend, Sm90Fp8KvPagesScalesUnits) {
+  REQUIRE_GPU();
+  namespace kc = kernels::cuda;
+  const bool sm90 = kc::prefill_sm90_serves(DType::kBF16, DType::kBF16, DType::kBF16, 128, 128);
+  kc::CudaLaunchVariants on;
+  EXPECT_EQ(kc::prefill_sm90_serves(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128, 128, on),
+            sm90);
+  EXPECT_FALSE(kc::prefill_sm90_serves(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 64, 64, on));
+  on.sm90_overlap = false;
+  EXPECT_FALSE(kc::prefill_sm90_serves(DType::kBF16, DType::kFp8E4M3, DType::kBF16, 128, 128, on));
+  struct Knob {
+    int blocks, pingpong;  // 0: the launcher's grid; -1: the launcher's ping-pong
+  };
+  for (const Knob k : {Knob{0, -1}, Knob{3, 0}, Knob{5, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "sm90_max_blocks=" << k.blocks
+                                      << " sm90_pingpong=" << k.pingpong);
+    kernel_options = {};
+    kernel_options.cuda.sm90_max_blocks = k.blocks;
+    kernel_options.cuda.sm90_pingpong = k.pingpong;
+    for (int ps : {1, 16, 64}) {
+      SCOPED_TRACE("page " + std::to_string(ps));
+      Problem c = extend_problem({300, 129, 5, 33}, {0, 4100, 40, 0}, ps, 128, 90 + ps);
+      c.hq = 32;
+      c.hkv = 8;
+      c.kv_dtype = DType::kFp8E4M3;
+      c.params.k_scale = 0.5f;
+      c.params.v_scale = 1.75f;
+      EXPECT_EQ(expect_ok(c, 3e-2, "prefill").sm90, sm90);
+    }
+    Problem nc = extend_problem({90, 17}, {10, 200}, 16, 128, 94);
+    nc.kv_dtype = DType::kFp8E4M3;
+    nc.q_dtype = DType::kF16;
+    nc.params.mask = attention::MaskKind::kNonCausal;
+    EXPECT_EQ(expect_ok(nc, 3e-2, "prefill").sm90, sm90);
+    std::vector<float> sinks(8, 0.5f);
+    Problem w = extend_problem({150, 40}, {100, 2500}, 16, 128, 95);
+    w.kv_dtype = DType::kFp8E4M3;
+    w.hkv = 8;  // G 1
+    w.params.window_left = 300;
+    w.params.logit_cap = 20.f;
+    w.params.sinks = sinks;
+    expect_ok(w, 3e-2, "prefill");
+    Problem t = extend_problem({16, 64, 7}, {300, 1000, 50}, 16, 128, 96);
+    t.kv_dtype = DType::kFp8E4M3;
+    t.tree_mask = true;
+    expect_ok(t, 3e-2, "prefill");
+    Problem s = extend_problem({6, 3}, {12000, 700}, 16, 128, 97);
+    s.kv_dtype = DType::kFp8E4M3;
+    s.params.v_scale = 0.5f;
+    const Result r = expect_ok(s, 3e-2, "prefill");
+    if (sm90) {
+      EXPECT_GT(r.split_chunk, 0);
+    }
+  }
+  kernel_options = {};
+}
+
+// DQK 192 / DV 128 (64-key tiles, three stages, tile by tile) with ping-pong off, on the
+// launcher's grid and on 3 blocks (MlaPrefillDims192x128 runs the default ping-pong): the
+// problems there, units of exactly one 64-key tile, split-KV partials of short queries on a long
+// context and a decode-shaped batch.
+TEST(CudaExtend, MlaPrefill192PingPongOffOneTileUnits) {
+  REQUIRE_GPU();
+  const bool sm90 = mla_prefill_sm90();
+  const char* want = sm90 ? "prefill" : "generic";
+  for (const int blocks : {0, 3}) {
+    SCOPED_TRACE(::testing::Message() << "sm90_pingpong=0 sm90_max_blocks=" << blocks);
+    kernel_options = {};
+    kernel_options.cuda.sm90_pingpong = 0;
+    kernel_options.cuda.sm90_max_blocks = blocks;
+    expect_mla_prefill_problems(161, want);
+    expect_ok(mla_problem({64, 1, 63, 200}, {0, 64, 0, 4000}, 32, 165), 2e-2, want);
+    expect_mla_split_and_decode(166, sm90);
+  }
+  kernel_options = {};
+}
+
+// One small problem per configuration that the epilogue's and producer's hand-offs differ in,
+// quick enough for compute-sanitizer (memcheck and racecheck in bench/device/run.sh ab_kernels):
+// fp8 K/V at D 128 on 3 blocks (units, the pipeline across them, rows that are not a whole 64,
+// so the staged epilogue's row stores) and DQK 192 on 2 blocks.
+TEST(CudaExtend, Sm90SanitizerSmall) {
+  REQUIRE_GPU();
+  kernel_options = {};
+  kernel_options.cuda.sm90_max_blocks = 3;
+  Problem f = extend_problem({130, 20}, {70, 300}, 16, 128, 181);
+  f.kv_dtype = DType::kFp8E4M3;
+  f.params.v_scale = 1.5f;
+  expect_ok(f, 3e-2, "prefill");
+  kernel_options = {};
+  kernel_options.cuda.sm90_max_blocks = 2;
+  Problem m = extend_problem({100, 9}, {40, 200}, 16, 192, 182);
+  m.dv = 128;
+  m.hq = m.hkv = 4;
+  m.params.sm_scale = 1.f / std::sqrt(192.f);
+  expect_ok(m, 2e-2, mla_prefill_sm90() ? "prefill" : "generic");
+  kernel_options = {};
+}
+
 // DQK 192 / DV 128, the non-absorbed MLA prefill (DeepSeek-style: 128 nope + 64 rope dims of
-// Q and K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 2
-// stages. MHA over ragged prefixes (page 16, long causal rows), G 4 on page 1 with window, cap
+// Q and K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 3
+// stages of 64 keys. MHA over ragged prefixes (page 16, long causal rows), G 4 on page 1 with window, cap
 // and sinks, a tree mask over a prefix, split-KV partials of short queries on a long context, a
 // decode-shaped batch (no decode kernel has these dims: the prefill path takes it), and the
 // persistent grid capped at 3 blocks. Where the sm_90a kernel does not run, the generic kernel
 // serves the shape.
 TEST(CudaExtend, MlaPrefillDims192x128) {
   REQUIRE_GPU();
-  namespace kc = kernels::cuda;
-  const bool sm90 = kc::prefill_sm90_serves(DType::kBF16, DType::kBF16, DType::kBF16, 192, 128);
+  const bool sm90 = mla_prefill_sm90();
   const char* want = sm90 ? "prefill" : "generic";
   std::printf("DQK 192 / DV 128 runs the %s path\n", want);
-  auto mla = [](std::vector<int> qo, std::vector<int> prefix, int ps, uint64_t seed) {
-    Problem p = extend_problem(std::move(qo), std::move(prefix), ps, 192, seed);
-    p.dv = 128;
-    p.hq = p.hkv = 16;
-    p.params.sm_scale = 1.f / std::sqrt(192.f);
-    return p;
-  };
   for (const char* blocks : {"0", "3"}) {
     SCOPED_TRACE(std::string("sm90_max_blocks=") + blocks);
     kernel_options.cuda.sm90_max_blocks = std::atoi(blocks);
-    expect_ok(mla({300, 129, 5, 1000}, {0, 513, 2000, 37}, 16, 61), 2e-2, want);
-    std::vector<float> sinks(32, 0.25f);
-    Problem g4 = mla({150, 40, 260}, {100, 500, 3000}, 1, 62);
-    g4.hq = 32;
-    g4.hkv = 8;
-    g4.params.window_left = 700;
-    g4.params.logit_cap = 25.f;
-    g4.params.sinks = sinks;
-    expect_ok(g4, 2e-2, want);
-    Problem t = mla({16, 64, 7}, {300, 1000, 50}, 16, 63);
-    t.tree_mask = true;
-    expect_ok(t, 2e-2, want);
-    Problem nc = mla({90, 17}, {10, 200}, 64, 64);
-    nc.params.mask = attention::MaskKind::kNonCausal;
-    expect_ok(nc, 2e-2, want);
+    expect_mla_prefill_problems(61, want);
   }
   kernel_options = {};
-  Problem s = mla({6, 3}, {12000, 700}, 16, 65);
-  const Result r = expect_ok(s, 2e-2, want);
-  if (sm90) {
-    EXPECT_GT(r.split_chunk, 0);
-  }
-  Problem d = mla({1, 1, 1, 1, 1}, {4000, 17, 600, 0, 9000}, 16, 66);
-  expect_ok(d, 2e-2, want);
+  expect_mla_split_and_decode(65, sm90);
 }
 TEST(CudaGeneric, MlaF32AndOddDims) {
   REQUIRE_GPU();

@@ -242,7 +242,7 @@ ScheduleConfig CudaBatchAttention::schedule_config(const AttentionShape& shape) 
   // The variants: what the device runs for this shape, where the options allow it.
   cfg.sm90_prefill = options_.sm90_prefill &&
                      kc::prefill_sm90_serves(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
-                                             shape.head_dim_qk, shape.head_dim_v);
+                                             shape.head_dim_qk, shape.head_dim_v, options_.cuda);
   cfg.mla_decode = options_.mla_decode &&
                    kc::mla_decode_usable(shape.q_dtype, shape.kv_dtype, shape.out_dtype,
                                          shape.num_kv_heads, shape.head_dim_qk, shape.head_dim_v);
@@ -523,8 +523,10 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
       v_cache.stride(1) % vec == 0 && v_cache.stride(2) % vec == 0;
   KernelPath path = schedule_.path;
   if (!fast_layout) path = KernelPath::kGeneric;
-  // The decode kernel copies fp8 rows in 16-byte chunks: every fp8 stride must be a multiple of 16.
-  if (path == KernelPath::kDecode && dtype_size(s.kv_dtype) == 1) {
+  // The decode kernel and the sm90 prefill (fp8 at D 128) copy fp8 rows in 16-byte chunks: every
+  // fp8 stride must be a multiple of 16.
+  if ((path == KernelPath::kDecode || (path == KernelPath::kPrefill && schedule_.sm90_prefill)) &&
+      dtype_size(s.kv_dtype) == 1) {
     bool ok16 = true;
     for (int i = 0; i < 3; ++i) ok16 &= k_cache.stride(i) % 16 == 0 && v_cache.stride(i) % 16 == 0;
     if (!ok16) path = KernelPath::kGeneric;

@@ -169,6 +169,18 @@ __device__ __forceinline__ void widen16(const uint4& raw, uint4& lo, uint4& hi) 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+/// 16 bytes of shared memory at a shared-window address (volatile, ordered as a memory access).
+__device__ __forceinline__ void ld_shared16(uint32_t addr, uint4& v) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared16(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
 /// 16-byte cp.async (L2 only); zero-fills when !pred.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),

@@ -61,10 +61,11 @@ int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads,
 Status launch_mla_decode(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::mla_decode(a, s), "MLA decode launch");
 }
-bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v) {
+bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v,
+                         const CudaLaunchVariants& v) {
   ElemType eq{}, ekv{};
   if (out != q || !to_elem_type(q, eq) || !to_elem_type(kv, ekv)) return false;
-  return raw::prefill_sm90_supported(eq, ekv, head_dim_qk, head_dim_v);
+  return raw::prefill_sm90_supported(eq, ekv, head_dim_qk, head_dim_v, v);
 }
 Status launch_prefill(const AttentionArgs& a, cudaStream_t s) {
   return to_status(raw::prefill(a, s), "prefill launch");

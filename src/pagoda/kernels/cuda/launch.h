@@ -40,10 +40,13 @@ int mla_decode_block_heads(DType q, DType kv, DType out, int num_qo_heads,
 /// need launch_merge like launch_decode. kUnsupported for any other shape.
 Status launch_mla_decode(const AttentionArgs& args, cudaStream_t stream);
 /// True when the Hopper prefill kernel (prefill_sm90_kernel) serves these dtypes / head dims on
-/// the current device: sm_90 with the sm_90a image built, q = kv = out in {bf16, f16},
-/// Dqk == Dv in {64, 128, 256} or 192 / 128. A prefill plan that uses it (the plan's choice:
-/// KernelOptions::sm90_prefill) sets AttentionArgs::prefill_sm90 (items: prefill_rows_per_tile).
-bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v);
+/// the current device with the plan's variants: sm_90 with the sm_90a image built, q = kv = out
+/// in {bf16, f16}, Dqk == Dv in {64, 128, 256} or 192 / 128; with v.sm90_overlap also kv e4m3
+/// at Dqk = Dv = 128. A prefill plan that uses it (the plan's
+/// choice: KernelOptions::sm90_prefill) sets AttentionArgs::prefill_sm90 (items:
+/// prefill_rows_per_tile).
+bool prefill_sm90_serves(DType q, DType kv, DType out, int head_dim_qk, int head_dim_v,
+                         const CudaLaunchVariants& v = {});
 /// Paged flash attention over ragged queries (extend, prefill, tree verify, mixed): the sm90
 /// kernel when args.prefill_sm90 (kUnsupported when it cannot run here), else the mma.sync
 /// m16n8k16 kernel; work items of prefill_rows_per_tile(D, args.prefill_sm90) packed q rows.

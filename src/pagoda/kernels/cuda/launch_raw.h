@@ -13,8 +13,10 @@ cudaError_t decode(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream);
 /// The Hopper prefill (prefill_sm90_kernel) runs these types on the current device: sm_90 with
 /// the sm_90a image built, Q and KV share a 16-bit type, Dqk == Dv in {64, 128, 256} or
-/// 192 / 128. prefill() runs it when args.prefill_sm90.
-bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v);
+/// 192 / 128; with v.sm90_overlap also e4m3 KV at D 128. prefill() runs it
+/// when args.prefill_sm90.
+bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v,
+                            const CudaLaunchVariants& v);
 cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t generic(const AttentionArgs& args, cudaStream_t stream);
 cudaError_t merge(const AttentionArgs& args, cudaStream_t stream);

@@ -148,21 +148,10 @@ __device__ __forceinline__ void mla_widen_stage(uint32_t stage, int t128) {
   const uint32_t rd = stage + F::kOff + sw128_offset(r, c);
   const uint32_t wr = stage + uint32_t(c >> 2) * kCol + sw128_offset(r, 2 * (c & 3));
   uint4 x[4];
-  auto ld = [](uint32_t addr, uint4& v) {
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(addr)
-                 : "memory");
-  };
-  auto st = [](uint32_t addr, const uint4& v) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
-                 "r"(v.z), "r"(v.w)
-                 : "memory");
-  };
   auto read = [&]<int kAt>() {
     if (kAt < 4 || c < 4) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) ld(rd + kAt * kCol + 2048u * k, x[k]);
+      for (int k = 0; k < 4; ++k) ld_shared16(rd + kAt * kCol + 2048u * k, x[k]);
     }
   };
   auto write = [&]<int kAt>() {
@@ -172,8 +161,8 @@ __device__ __forceinline__ void mla_widen_stage(uint32_t stage, int t128) {
         uint4 lo, hi;
         widen16<__nv_bfloat16>(x[k], lo, hi);
         const uint32_t at = wr + 2 * kAt * kCol + 2048u * k;  // 32-byte aligned offsets
-        st(at, lo);
-        st(at ^ 16u, hi);
+        st_shared16(at, lo);
+        st_shared16(at ^ 16u, hi);
       }
     }
   };

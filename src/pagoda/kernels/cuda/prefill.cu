@@ -9,7 +9,8 @@ namespace pagoda::kernels::cuda::raw {
 cudaError_t prefill(const AttentionArgs& args, cudaStream_t stream) {
   if (args.grid_items == 0) return cudaSuccess;
   if (args.prefill_sm90) {  // items of prefill_rows_per_tile(D, true) rows: only the sm90 kernel
-    if (!prefill_sm90_supported(args.q_dtype, args.kv_dtype, args.head_dim_qk, args.head_dim_v)) {
+    if (!prefill_sm90_supported(args.q_dtype, args.kv_dtype, args.head_dim_qk, args.head_dim_v,
+                                args.variants)) {
       return cudaErrorNotSupported;
     }
     return prefill_sm90(args, stream);

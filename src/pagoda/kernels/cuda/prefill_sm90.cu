@@ -4,9 +4,7 @@
 #include <atomic>
 
 #include "pagoda/kernels/cuda/launch_raw.h"
-#include "pagoda/kernels/cuda/pdl.cuh"
-#include "pagoda/kernels/cuda/prefill_sm90_kernel.cuh"
-#include "pagoda/kernels/cuda/tma_map.h"
+#include "pagoda/kernels/cuda/prefill_sm90_launch.cuh"
 
 namespace pagoda::kernels::cuda::raw {
 namespace {
@@ -33,8 +31,13 @@ bool dispatch_sm90(ElemType q, int dqk, int dv, F&& f) {
 
 }  // namespace
 
-bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v) {
-  if (q != kv || (q != ElemType::kBF16 && q != ElemType::kF16)) return false;
+bool prefill_sm90_supported(ElemType q, ElemType kv, int head_dim_qk, int head_dim_v,
+                            const CudaLaunchVariants& v) {
+  if (q != ElemType::kBF16 && q != ElemType::kF16) return false;
+  // fp8 e4m3 K/V: D 128 under the overlap schedule only.
+  const bool fp8 =
+      kv == ElemType::kE4M3 && v.sm90_overlap && head_dim_qk == 128 && head_dim_v == 128;
+  if (q != kv && !fp8) return false;
   if (!sm90_dims(head_dim_qk, head_dim_v)) return false;
   return detail::device_runs_sm90a(
       detail::prefill_sm90_kernel<__nv_bfloat16, 128, 128, false, false>);
@@ -56,35 +59,6 @@ int device_sm_count() {
     cache[dev].store(v, std::memory_order_relaxed);
   }
   return v;
-}
-
-/// The K / V tensor maps of a launch whose tiles have `keys` keys (when `wanted`: the
-/// configuration copies by TMA, PrefillSm90Config::kRecords), with paged_box_rows() rows per
-/// box, else rows = 0 (every tile by cp.async). a.variants.sm90_tma = false turns TMA off.
-detail::Sm90KvMaps kv_maps(const AttentionArgs& a, int keys, bool wanted) {
-  detail::Sm90KvMaps m{};
-  if (!wanted || !a.variants.sm90_tma) return m;
-  const int ps = a.page_size;
-  const int rows = paged_box_rows(a.k, ps, keys);
-  if (rows == 0 || paged_box_rows(a.v, ps, keys) != rows) return m;
-  if (!encode_paged_map(m.k, a.k, a.kv_dtype, a.head_dim_qk, a.num_kv_heads, ps, rows) ||
-      !encode_paged_map(m.v, a.v, a.kv_dtype, a.head_dim_v, a.num_kv_heads, ps, rows)) {
-    return detail::Sm90KvMaps{};
-  }
-  m.rows = rows;
-  return m;
-}
-
-/// The output's tensor map for the staged epilogue's TMA stores (the overlap schedule only:
-/// `wanted`), when the group size divides a consumer's 64 rows and the output's rows are
-/// 16-byte aligned; else o_ok stays false (the consumers copy the rows themselves).
-/// a.variants.sm90_tma_store = false turns it off.
-void out_map(detail::Sm90KvMaps& m, const AttentionArgs& a, bool wanted) {
-  if (!wanted || !a.variants.sm90_tma_store) return;
-  const int G = a.num_qo_heads / a.num_kv_heads;
-  if (G <= 0 || 64 % G != 0 || !detail::out_rows_aligned16(a)) return;
-  m.o_ok = encode_out_map(m.o, a.out, a.out_dtype, a.head_dim_v, a.num_qo_heads, a.grid_rows,
-                          a.o_stride_n, a.o_stride_h, G, 64 / G);
 }
 
 }  // namespace
@@ -121,24 +95,13 @@ cudaError_t prefill_sm90(const AttentionArgs& args, cudaStream_t stream) {
   // Intra-warpgroup overlap of softmax and GEMMs (PrefillSm90Config::kCanOverlap: D 128).
   const bool overlap = v.sm90_overlap;
   const auto launch = [&]<typename T, int DQK, int DV>() {
-    using Cfg = detail::PrefillSm90Config<T, DQK, DV>;
     const bool pingpong = pp_env == -1 ? DQK >= 128 : pp_env == 1;
-    constexpr bool kCanOverlap = Cfg::kCanOverlap;
-    auto kernel = detail::prefill_sm90_kernel<T, DQK, DV, false, false>;
-    if (overlap && kCanOverlap) {
-      kernel = pingpong ? detail::prefill_sm90_kernel<T, DQK, DV, true, kCanOverlap>
-                        : detail::prefill_sm90_kernel<T, DQK, DV, false, kCanOverlap>;
-    } else if (pingpong) {
-      kernel = detail::prefill_sm90_kernel<T, DQK, DV, true, false>;
+    if (args.kv_dtype == ElemType::kE4M3) {  // prefill_sm90_supported: D 128, overlap on
+      st = prefill_sm90_fp8(args, sched, blocks, pingpong, stream);
+      return;
     }
-    st = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(Cfg::kSmemBytes));
-    if (st != cudaSuccess) return;
-    detail::Sm90KvMaps maps = kv_maps(args, Cfg::kKeys, Cfg::kRecords);
-    out_map(maps, args, overlap && kCanOverlap && DQK == DV);
-    st = launch_pdl(kernel, dim3(blocks), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
-                    detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale),
-                    sched, maps);
+    if (args.kv_dtype != args.q_dtype) return;  // cudaErrorNotSupported
+    st = launch_config<T, DQK, DV, T>(args, sched, blocks, pingpong, overlap, stream);
   };
   dispatch_sm90(args.q_dtype, args.head_dim_qk, args.head_dim_v, launch);
   return st;

@@ -36,11 +36,11 @@
 /// itself held warp 0, and the warpgroup's next GEMM with it, and lost 1.1-1.3 % at B4 S4096,
 /// page 1 and extend (twelfth session, bench/results/hopper_h200.md).
 /// A grid of one block per unit (KernelOptions::sm90_persistent off) is the non-persistent kernel.
-/// Unit records (PrefillSm90Config::kRecords, the two-stage configurations D 256 and DQK 192):
+/// Unit records (PrefillSm90Config::kRecords, the two-stage configuration D 256):
 /// only the producer walks the schedule and reads the plan; it publishes each unit (its work
 /// item, kv head, rows and keys: Sm90UnitRec) in a two-slot ring of shared-memory records with
 /// their own full / empty mbarriers, and the consumers take their units from there. The
-/// three-stage configurations (D 64, 128) walk the schedule in every warpgroup (sm90_next_unit,
+/// three-stage configurations (D 64, 128, DQK 192) walk the schedule in every warpgroup (sm90_next_unit,
 /// prefill_work), which measured faster there. Either way the consumers gather Q without
 /// integer divisions (it had a division and a modulo by G per 16-byte chunk; at d684115 a
 /// consumer warp ran ~1,800 instructions per unit switch, 1,262 once plus a 135-instruction Q
@@ -48,7 +48,7 @@
 /// S1024 on the once-per-unit code and 5 % on the Q loop).
 ///
 /// Roles (Cfg::kThreads: 384, 512 at D 64; one block per SM):
-///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D = 256) into a
+///  * warpgroup 0, producer: the K/V tiles of kKeys keys (128; 64 at D 256 and DQK 192) into a
 ///    kStages-deep ring of 128B-swizzled shared-memory tiles, each stage with a `full` and an
 ///    `empty` mbarrier (it waits on `empty` before reusing a stage; under the overlap schedule
 ///    K and V of a stage have a pair each, full_k / empty_k and full_v / empty_v). Every
@@ -61,7 +61,7 @@
 ///      tile of a unit whose first key is on a box boundary, except a last tile that ends past
 ///      the request's keys (a box copies whole page rows, and the unused rows of the last page
 ///      may hold anything: NaN there would reach O through P = 0 times V).
-///    - cp.async (every other tile: D 64 / 128, page sizes < 16, the tails, window starts off
+///    - cp.async (every other tile: D 64 / 128 / DQK 192, page sizes < 16, the tails, window starts off
 ///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this under tile
 ///      by tile, 35-54 % under the overlap, bench/results/hopper_h200.md): each
 ///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
@@ -112,10 +112,14 @@
 /// of 2, then the V ring of 3, in the same bytes), then the mbarriers (K and V rings, record
 /// ring, Q `empty` pair) and the two unit records. D = 256 takes 64-key tiles and 2 stages (Q 64
 /// KB, 2 x 64 KB), so the consumers' registers hold O (128 per thread) beside a 64-key score tile;
-/// DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style models) takes 128-key tiles
-/// and 2 stages (Q 48 KB + 2 x 80 KB).
+/// DQK 192 / DV 128 (the non-absorbed MLA prefill of DeepSeek-style models) takes 64-key tiles
+/// and 3 stages (Q 48 KB + 3 x 40 KB), tile by tile.
 /// Supports 16-bit Q == KV types, DQK = DV = 64, 128 and 256, and DQK 192 / DV 128; fp8 KV uses
-/// prefill_kernel (D = DQK = DV) or the generic kernel.
+/// prefill_kernel (D = DQK = DV) or the generic kernel, except e4m3 K/V at D 128 under the overlap
+/// schedule, which runs here (KV = E4M3, below; 3.4-3.8x the mma.sync kernel on the H100,
+/// bench/results/records/h100_ab_kernels_dab988d.json).
+
+#include <type_traits>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 #include "pagoda/kernels/cuda/pdl.cuh"
@@ -133,36 +137,38 @@ struct PrefillSm90Config {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kRows = 64 * kConsumers;  // packed rows per block
   // Keys per tile and ring depth: 128 keys x 3 stages at D <= 128, 64 x 2 at D = 256 (O then
-  // takes 128 registers per consumer thread), 128 x 2 at DQK 192 / DV 128 (K 48 KB + V 32 KB
-  // per stage; registers as at D = 128).
-  static constexpr int kKeys = DQK <= 192 ? 128 : 64;
-  static constexpr int kStages = DQK <= 128 ? 3 : 2;
-  // The two-stage configurations (D 256, DQK 192) take their units from the producer's records
-  // and their full K/V tiles by TMA; the three-stage ones (D 64, 128) walk the schedule in every
-  // warpgroup and copy by cp.async, which measured faster there in the same H200 call
-  // (bench/results/hopper_h200.md, 2026-12-02, fourth session: records cost 2-9 % at D 128
-  // wherever units have many tiles, TMA another 2-7 %; at D 256 / 192 both together gained
-  // 7-12 %).
+  // takes 128 registers per consumer thread), 64 x 3 at DQK 192 / DV 128 (K 24 KB + V 16 KB per
+  // stage; registers as at D = 128). DQK 192 took 128 x 2 with records and TMA before; 64 x 3,
+  // tile by tile, measured 1.027-1.038x faster on the H100 (MLA prefill B4 S4096, B1 S8192 and
+  // extend Q512 on 8k, h16; 5 interleaved rounds, bench/results/records/
+  // h100_ab_kernels_dab988d.json); the same tiles on the overlap schedule 0.995-1.003x.
+  static constexpr int kKeys = DQK <= 128 ? 128 : 64;
+  static constexpr int kStages = DQK <= 192 ? 3 : 2;
+  // The two-stage configuration (D 256) takes its units from the producer's records and its
+  // full K/V tiles by TMA; the three-stage ones walk the schedule in every warpgroup and copy by
+  // cp.async, which measured faster at D 128 in the same H200 call (bench/results/
+  // hopper_h200.md, 2026-12-02, fourth session: records cost 2-9 % at D 128 wherever units have
+  // many tiles, TMA another 2-7 %; at D 256 both together gained 7-12 %).
   static constexpr bool kRecords = kStages == 2;
   // Intra-warpgroup overlap of softmax and GEMMs (the consumers' kOverlap schedule): a consumer
   // then holds the V stage of tile i - 1 while tile i's K lands, so three stages are needed
   // (with two, the cp.async producer's publish of tile i waits for the stage of tile i - 1,
   // which the consumer frees only after tile i's softmax: a deadlock); and a second score tile
   // beside O and P, which three consumers' 152 registers do not hold (ptxas at D 64: 172 bytes
-  // of spills and serialised wgmmas). So D 128 only.
-  static constexpr bool kCanOverlap = kStages >= 3 && kConsumers == 2;
+  // of spills and serialised wgmmas). So D 128 only (DQK 192: slower, above).
+  static constexpr bool kCanOverlap = kStages >= 3 && kConsumers == 2 && DQK == DV;
   static constexpr uint32_t kQBytes = kRows * DQK * 2;
   static constexpr uint32_t kKTileBytes = kKeys * DQK * 2;            // one K tile
   static constexpr uint32_t kVTileBytes = kKeys * DV * 2;             // one V tile
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
   // Data: Q, then kStages (K, V) stages; under the overlap schedule (which pipelines across
   // units, see the top of this file) the same bytes hold two Q buffers, a 2-deep K ring and a
-  // 3-deep V ring instead.
-  static constexpr uint32_t kDataBytes = kQBytes + kStages * kStageBytes;
+  // 3-deep V ring instead: the larger of the two layouts (at D 128 the stages').
   static constexpr int kXKStages = 2, kXVStages = 3;
-  static_assert(!kCanOverlap ||
-                    2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes <= kDataBytes,
-                "the overlap schedule's rings do not fit the data bytes");
+  static constexpr uint32_t kTbtDataBytes = kQBytes + kStages * kStageBytes;
+  static constexpr uint32_t kXDataBytes =
+      kCanOverlap ? 2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes : 0;
+  static constexpr uint32_t kDataBytes = kTbtDataBytes > kXDataBytes ? kTbtDataBytes : kXDataBytes;
   // K and V rings (full / empty each), record ring, and the overlap schedule's Q `empty` pair.
   static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8 + 2 * 8;
   static constexpr uint32_t kRecBytes = 2 * 128;  // two Sm90UnitRec slots
@@ -386,7 +392,8 @@ __host__ __device__ __forceinline__ bool out_rows_aligned16(const AttentionArgs&
          a.o_stride_h % 8 == 0;
 }
 
-template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked>
+/// KV: T, or E4M3 (fp8 K/V widened by the producer; D 128 under the overlap schedule).
+template <typename T, int DQK, int DV, bool kPingPongAsked, bool kOverlapAsked, typename KV = T>
 __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     prefill_sm90_kernel(AttentionArgs a, LogitTransform xf, const Sm90Sched sched,
                         const __grid_constant__ Sm90KvMaps maps) {
@@ -397,6 +404,12 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // Ping-pong takes turns between exactly two consumers.
   constexpr bool kPingPong = kPingPongAsked && Cfg::kConsumers == 2;
   constexpr bool kOverlap = kOverlapAsked && Cfg::kCanOverlap;
+  // fp8 e4m3 K/V (kFp8): the producer copies a tile's raw rows into its stage and widens them
+  // there to T (fp8_widen_rows below); the consumers read T tiles as for 16-bit KV. D 128 under
+  // the overlap schedule only (cp.async copies: no TMA boxes of raw rows).
+  constexpr bool kFp8 = !std::is_same_v<KV, T>;
+  static_assert(!kFp8 || (std::is_same_v<KV, E4M3> && DQK == 128 && DV == 128 && kOverlap),
+                "fp8 KV: e4m3, D 128, the overlap schedule");
   // Under kOverlap K and V have rings of their own (full_k / empty_k, full_v / empty_v; the
   // consumers free K after the S GEMM and V after the next turn's P V GEMM) with their own
   // depths (PrefillSm90Config::kXKStages, kXVStages), the pipeline runs across units, and the
@@ -520,6 +533,41 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     };
     const int my_row = group_row0(lane / 4) + lane % 4;
     const bool looks_up = lane < kWarpRows;
+    // kFp8: a tile's raw e4m3 rows (128 bytes at D 128) are copied into the second 64-column atom
+    // of their stage (kRawOff on), in the places of the T chunks of the same numbers, and
+    // widened there (fp8_widen_rows). Raw chunk c8 of a row (dims 16 c8 .. + 15) becomes T chunks
+    // 2 (c8 % 4) and + 1 of atom c8 / 4: their swizzled places differ by XOR 16. This lane writes
+    // at w_base[g % 2] plus the same row step as group_so.
+    constexpr uint32_t kRawOff = uint32_t(kKeys) * 128u;
+    // This warp's rows of the tile in the stage at t0 and, with `two`, of the one at t1 (K or V:
+    // one layout at D 128), from raw to T, after the warp's copies of them have landed
+    // (cp_async_wait): the lane that copied a raw chunk widens it (widen16: exact for every
+    // e4m3 code). A chunk written to atom 1 lands on raw chunks of the same row that other lanes
+    // of this warp read, so each 4-row group is read, the warp syncs, then it is written; other
+    // groups' rows are untouched, and no other warp's rows are involved. The caller's
+    // fence_proxy_async then orders the writes before the consumers' wgmmas.
+    const uint32_t w_base[2] = {
+        uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(0) + sub, 2 * (c8 & 3)),
+        uint32_t(c8 >> 2) * kRawOff + sw128_offset(group_row0(1) + sub, 2 * (c8 & 3))};
+    auto fp8_widen_rows = [&](uint32_t t0, bool two, uint32_t t1) {
+      auto put = [&](uint32_t addr, const uint4& x) {
+        uint4 lo, hi;
+        widen16<T>(x, lo, hi);
+        st_shared16(addr, lo);
+        st_shared16(addr ^ 16u, hi);
+      };
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        const uint32_t step = uint32_t(group_row0(g) - group_row0(g & 1)) * 128u;
+        const uint32_t rd = kRawOff + group_so(g), wr = w_base[g & 1] + step;
+        uint4 x0, x1;
+        ld_shared16(t0 + rd, x0);
+        if (two) ld_shared16(t1 + rd, x1);
+        __syncwarp();
+        put(t0 + wr, x0);
+        if (two) put(t1 + wr, x1);
+      }
+    };
     int it = 0;  // tiles issued by this block over all its units: the ring position
     int ku = 0;  // units of this block so far: the record ring position
     int qk = 0;  // (kOverlap) units with tiles so far: the Q buffer ring position
@@ -596,8 +644,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       const int i0 = i;
       // The kv head's K and V; a lookup lane offsets them to its row, a copying lane to its
       // 16-byte chunk of the row.
-      const T* kg = static_cast<const T*>(a.k.data) + hkv * a.k.head_stride;
-      const T* vg = static_cast<const T*>(a.v.data) + hkv * a.v.head_stride;
+      const KV* kg = static_cast<const KV*>(a.k.data) + hkv * a.k.head_stride;
+      const KV* vg = static_cast<const KV*>(a.v.data) + hkv * a.v.head_stride;
       auto lookup = [&](int tile) -> int {
         const int kj = lo + tile * kKeys + my_row;
         return looks_up && tile < ntiles && kj < hi ? __ldg(pages + pdiv.div(kj)) : -1;
@@ -607,8 +655,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       // group g the lookup lane's row address `row` (the tensor's base when the row is past the
       // keys: its page < 0, and the chunks are zero-filled without a read) goes to the copying
       // lanes, each of which adds its 16-byte chunk; every atom column is an immediate offset.
-      auto copy_group = [&](uint32_t dst, const T* row, bool ok, int atoms) {
-        const T* src = row + c8 * 8;
+      auto copy_group = [&](uint32_t dst, const KV* row, bool ok, int atoms) {
+        const KV* src = row + c8 * (16 / int(sizeof(KV)));
 #pragma unroll
         for (int at = 0; at < atoms; ++at) {
           asm volatile(
@@ -617,13 +665,13 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
               "l"(src + at * 64), "r"(int(ok)));
         }
       };
-      auto copy_tile = [&](uint32_t dst, const T* row, int page, int atoms) {
+      auto copy_tile = [&](uint32_t dst, const KV* row, int page, int atoms) {
         const auto row_bits = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(row));
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
           const int src_lane = g * 4 + sub;
           copy_group(dst + group_so(g),
-                     reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, row_bits, src_lane)),
+                     reinterpret_cast<const KV*>(__shfl_sync(0xffffffffu, row_bits, src_lane)),
                      __shfl_sync(0xffffffffu, page, src_lane) >= 0, atoms);
         }
         cp_async_commit();
@@ -649,15 +697,20 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
         for (; i < ntiles; ++i, ++it) {
           const int page = page_next;
           const int64_t o = pdiv.mod(lo + i * kKeys + my_row);
-          const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
-          const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
+          const KV* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+          const KV* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
           page_next = lookup(i + 1);  // in flight while this tile is issued
           const int sk = it % kKStages, sv = it % kVStages;
           if (it >= kKStages) mbar_wait(&empty_k[sk], ((it / kKStages) - 1) & 1);
-          copy_tile(k_addr + sk * kKStride, krow, page, DQK / 64);
+          copy_tile(k_addr + sk * kKStride + (kFp8 ? kRawOff : 0u), krow, page,
+                    kFp8 ? 1 : DQK / 64);
           if (it >= kVStages) mbar_wait(&empty_v[sv], ((it / kVStages) - 1) & 1);
-          copy_tile(v_addr + sv * kVStride, vrow, page, DV / 64);
+          copy_tile(v_addr + sv * kVStride + (kFp8 ? kRawOff : 0u), vrow, page, kFp8 ? 1 : DV / 64);
           cp_async_wait<1>();
+          if constexpr (kFp8) {  // this K, and the previous tile's V of this unit
+            fp8_widen_rows(k_addr + sk * kKStride, i > 0,
+                           v_addr + ((it + kVStages - 1) % kVStages) * kVStride);
+          }
           fence_proxy_async();
           __syncwarp();  // the warp's copies are ordered before lane 0's arrive (release)
           if (lane == 0) {
@@ -666,6 +719,10 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           }
         }
         cp_async_wait<0>();
+        if constexpr (kFp8) {  // the unit's last V
+          const uint32_t vb = v_addr + ((it - 1) % kVStages) * kVStride;
+          fp8_widen_rows(vb, false, vb);
+        }
         fence_proxy_async();
         __syncwarp();
         if (lane == 0) mbar_arrive(&full_v[(it - 1) % kVStages]);
@@ -674,8 +731,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
           const int s = it % kStages, ph = ((it / kStages) - 1) & 1;
           const int page = page_next;
           const int64_t o = pdiv.mod(lo + i * kKeys + my_row);
-          const T* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
-          const T* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
+          const KV* krow = page < 0 ? kg : kg + (page * a.k.page_stride + o * a.k.token_stride);
+          const KV* vrow = page < 0 ? vg : vg + (page * a.v.page_stride + o * a.v.token_stride);
           page_next = lookup(i + 1);  // in flight while this tile is issued
           const uint32_t kdst = k_addr + s * kKStride;
           const uint32_t vdst = v_addr + s * kVStride;
@@ -837,6 +894,10 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       if (tma) {
         q_rel = slot + 1;
       } else {
+        // Every lane's reads of the staged rows before lane 0 hands the buffer back (the lanes
+        // of a warp are not ordered otherwise: racecheck saw the producer's next Q load race
+        // the unaligned rows' ld.shared without it).
+        __syncwarp();
         arrive_empty(&q_empty[slot]);
       }
     }
