@@ -474,8 +474,9 @@ void run_bench(const BenchOptions& o) {
                                  t.host_evicted_pages));
     row("moved d2h / h2d", fmt::format("{:.1f} / {:.1f} MB", t.transfer.bytes_d2h / 1e6,
                                        t.transfer.bytes_h2d / 1e6));
-    row("load stalls", fmt::format("{} ({:.1f} ms), copy waits {:.1f} ms", t.transfer.load_stalls,
-                                   t.transfer.load_stall_s * 1e3, t.transfer.d2h_wait_s * 1e3));
+    row("load stalls", fmt::format("{} ({:.1f} ms), copy waits {} ({:.1f} ms)",
+                                   t.transfer.load_stalls, t.transfer.load_stall_s * 1e3,
+                                   t.transfer.copy_waits, t.transfer.d2h_wait_s * 1e3));
     row("skipped loads / backups", fmt::format("{} tok / {} pages", t.load_skipped_tokens,
                                                t.backup_skipped_pages));
     if (t.has_storage)

@@ -90,6 +90,7 @@ nlohmann::json hicache_stats_json(const engine::EngineStats& st) {
           {"backup_batches", t.transfer.backup_batches},
           {"load_batches", t.transfer.load_batches},
           {"copy_wait_s", t.transfer.d2h_wait_s},
+          {"copy_waits", t.transfer.copy_waits},
           {"load_stalls", t.transfer.load_stalls},
           {"load_stall_s", t.transfer.load_stall_s},
           {"storage_hit_tokens", t.storage_hit_tokens},

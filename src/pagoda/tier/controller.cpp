@@ -1,5 +1,6 @@
 #include "pagoda/tier/controller.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "pagoda/core/check.h"
@@ -25,7 +26,9 @@ TierController::TierController(platform::Platform& platform, kv::KvPool& device,
       host_(&host),
       peers_(peers),
       stream_(platform.make_copy_stream()),
-      page_bytes_(kv::bytes_per_page(device)) {
+      page_bytes_(kv::bytes_per_page(device)),
+      touched_(static_cast<size_t>(device.config().num_pages) + 1, 0),
+      flag_(touched_.size(), 0) {
   PAGODA_REQUIRE(host.pool().config().page_size == device.page_size() &&
                      kv::bytes_per_page(host.pool()) == page_bytes_,
                  kInvalidArgument, "tier controller: host and device pools differ in geometry");
@@ -75,6 +78,11 @@ void TierController::submit(const kv::KvPool& from, kv::KvPool& to, std::span<co
     if (layer_events) layer_.push_back(stream_->record());
   }
   last_ = stream_->record();
+  ++submissions_;
+  for (int32_t page : &from == device_ ? src : dst)
+    touched_.at(static_cast<size_t>(page)) = submissions_;
+  while (!marks_.empty() && marks_.front().second->done()) marks_.pop_front();
+  marks_.emplace_back(submissions_, last_);
 }
 
 void TierController::submit_all(const StepCopies& c, bool layer_events) {
@@ -144,6 +152,30 @@ void TierController::wait(LayerId layer) {
   stats_.load_stall_s += seconds_since(t0);
 }
 
+void TierController::quiesce_pages(std::span<const int32_t> device_pages) {
+  if (peers_ != nullptr) return synchronize();
+  if (barrier_) barrier_();  // the step in flight has submitted its copies
+  for (int32_t page : device_pages) flag_.at(static_cast<size_t>(page)) = 1;
+  bool queued = false;
+  for (int32_t page : queued_.backup_device) queued |= flag_[static_cast<size_t>(page)] != 0;
+  for (int32_t page : queued_.load_device) queued |= flag_[static_cast<size_t>(page)] != 0;
+  uint64_t need = 0;
+  for (int32_t page : device_pages) {
+    flag_[static_cast<size_t>(page)] = 0;
+    need = std::max(need, touched_[static_cast<size_t>(page)]);
+  }
+  if (queued) return synchronize();
+  // Marks complete in submission order: the first one at or after `need` covers it.
+  while (!marks_.empty() && marks_.front().first < need) marks_.pop_front();
+  if (marks_.empty() || marks_.front().first != need) return;  // done and dropped, or none
+  platform::Event& e = *marks_.front().second;
+  if (e.done()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  e.synchronize();
+  ++stats_.copy_waits;
+  stats_.d2h_wait_s += seconds_since(t0);
+}
+
 void TierController::synchronize() {
   if (barrier_) barrier_();
   const StepCopies c = take();
@@ -155,6 +187,7 @@ void TierController::synchronize() {
   if (last_ == nullptr || last_->done()) return;
   const auto t0 = std::chrono::steady_clock::now();
   stream_->synchronize();
+  ++stats_.copy_waits;
   stats_.d2h_wait_s += seconds_since(t0);
 }
 

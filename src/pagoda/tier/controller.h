@@ -15,7 +15,10 @@
 ///   Each submission first makes the copy stream wait for the compute stream (an event recorded
 ///   on it), so no copy overtakes compute work enqueued before it.
 /// - synchronize() submits everything queued and waits: the scheduler calls it (through HiCache)
-///   before device or host pages that a copy may touch are freed.
+///   before host pages that a copy may touch are freed. quiesce_pages() waits only for the last
+///   submission that touched given device pages (each submission leaves a mark: an event and the
+///   pages it read or wrote), so evicting device pages whose copies finished long ago does not
+///   wait for the backups and load-backs of other pages still in flight.
 ///
 /// - Tensor parallelism: each rank holds its own head shard of the KV in its own device pool,
 ///   so each rank has its own host pool and its own controller. The scheduler's controller
@@ -26,15 +29,17 @@
 ///
 /// - Overlap scheduler: the scheduler's thread queues copies and take()s them when it launches
 ///   a step; the step thread runs begin_forward(copies) / the forward / end_forward(); the
-///   scheduler's thread calls synchronize() only through the step barrier (set_step_barrier:
-///   wait until the step in flight has run), so the two threads never use the controller at
-///   once and no copy reads or overwrites a page the step in flight still writes or reads.
+///   scheduler's thread calls synchronize() and quiesce_pages() only through the step barrier
+///   (set_step_barrier: wait until the step in flight has run), so the two threads never use the
+///   controller at once and no copy reads or overwrites a page the step in flight still writes or
+///   reads.
 ///
 /// Threads: one thread at a time (the scheduler's; the step thread between take() and the end
 /// of that step's forward); the copies run on the stream (on the CPU platform: a worker thread).
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -55,7 +60,9 @@ struct TransferStats {
   int64_t bytes_h2d = 0;
   int64_t backup_batches = 0;
   int64_t load_batches = 0;
-  double d2h_wait_s = 0;      ///< time the scheduler blocked waiting for copies (synchronize)
+  double d2h_wait_s = 0;      ///< time the scheduler blocked waiting for copies (synchronize,
+                              ///< quiesce_pages)
+  int64_t copy_waits = 0;     ///< times it blocked (d2h_wait_s is their sum)
   double load_stall_s = 0;    ///< time the forward blocked in wait_layer for a load-back
   int64_t load_stalls = 0;    ///< layer waits that found the layer not yet loaded
 };
@@ -127,6 +134,11 @@ class TierController final : public kv::LayerGate {
   /// Runs the step barrier, submits everything queued and blocks until every copy has finished
   /// (on the peers: before their next forward or K/V move).
   void synchronize();
+  /// Blocks until no submitted or queued copy reads or writes any of `device_pages` (device
+  /// pages about to be freed): runs the step barrier, then waits for the last submission that
+  /// touched one of them (copies submitted later keep running); when a queued copy touches one,
+  /// or with peers (their streams are theirs), it is synchronize().
+  void quiesce_pages(std::span<const int32_t> device_pages);
   /// Called first by synchronize(): the overlap scheduler's wait until the step in flight has
   /// run, so no copy or forward of it touches the pages about to be freed or backed up.
   void set_step_barrier(std::function<void()> barrier) { barrier_ = std::move(barrier); }
@@ -150,8 +162,15 @@ class TierController final : public kv::LayerGate {
   StepCopies queued_;
   bool peers_unsynced_ = false;  ///< copies mirrored since the peers' last synchronize
   std::function<void()> barrier_;
-  std::unique_ptr<platform::Event> last_;                 ///< after the last submitted copy
-  std::vector<std::unique_ptr<platform::Event>> layer_;   ///< this step's per-layer load events
+  std::shared_ptr<platform::Event> last_;  ///< after the last submitted copy
+  /// Submissions so far; touched_[page] = the number of the last one that read or wrote device
+  /// page `page` (0: none); marks_ = (number, its end event) of submissions that may still run,
+  /// oldest first (dropped once done).
+  uint64_t submissions_ = 0;
+  std::vector<uint64_t> touched_;
+  std::deque<std::pair<uint64_t, std::shared_ptr<platform::Event>>> marks_;
+  std::vector<char> flag_;  ///< quiesce_pages' scratch: one per device page
+  std::vector<std::unique_ptr<platform::Event>> layer_;  ///< this step's per-layer load events
   bool gate_installed_ = false;
   TransferStats stats_;
 };

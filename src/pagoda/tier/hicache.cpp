@@ -157,8 +157,9 @@ void HiCache::on_removed(std::span<const SlotIndex> slots) {
 void HiCache::finish_evictions() {
   if (evicted_.empty()) return;
   // A queued or running copy may still read (backup) or write (load-back) these pages; they go
-  // back to the allocator's users only after this returns.
-  controller_.synchronize();
+  // back to the allocator's users only after this returns. Only the copies of these pages are
+  // waited for (write_through backed them up when they were stored, usually long done).
+  controller_.quiesce_pages(evicted_);
   if (config_.write_policy != WritePolicy::kWriteThroughSelective) {
     std::sort(evicted_.begin(), evicted_.end());  // page order ~ insertion order: parents first
     backup_pages(evicted_, true);

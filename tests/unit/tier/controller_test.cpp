@@ -79,6 +79,44 @@ TEST(TierController, BackupThenLoadKeepOrder) {
   EXPECT_TRUE(ctl.idle());
 }
 
+// quiesce_pages (HiCache's device eviction) waits for the last submission that touched the
+// given device pages and for nothing after it: on the manual stream, which runs a copy only
+// when something waits for it, the later batch stays queued; a page no copy touched waits for
+// nothing; a page with a queued (unsubmitted) copy submits and waits for everything.
+TEST(TierController, QuiescePagesWaitsOnlyForTheirCopies) {
+  constexpr int32_t kPage = 2;
+  testing::ManualPlatform platform;
+  kv::KvPool dev(small_pool(10, kPage), platform.allocator());
+  kv::HostKvPool host(dev.config(), {.ratio = 1}, platform.pinned_allocator());
+  const std::vector<int32_t> a{11, 12, 13, 14}, b{21, 22};
+  testing::write_kv(dev, a, 0, slots_of(std::vector<int32_t>{1, 2}, kPage));
+  testing::write_kv(dev, b, 0, slots_of(std::vector<int32_t>{7}, kPage));
+  TierController ctl(platform, dev, host);
+  ctl.backup(std::vector<int32_t>{1, 2}, std::vector<int32_t>{3, 4});
+  ctl.flush();  // submission 1
+  ctl.backup(std::vector<int32_t>{7}, std::vector<int32_t>{8});
+  ctl.flush();  // submission 2
+  const uint64_t enqueued = platform.stream().enqueued;
+  ASSERT_GT(enqueued, 0u);
+  EXPECT_EQ(platform.stream().executed, 0u);
+  ctl.quiesce_pages(std::vector<int32_t>{9});  // never copied: nothing runs
+  EXPECT_EQ(platform.stream().executed, 0u);
+  ctl.quiesce_pages(std::vector<int32_t>{2});
+  EXPECT_TRUE(kv_matches_all(host.pool(), a, slots_of(std::vector<int32_t>{3, 4}, kPage)));
+  EXPECT_LT(platform.stream().executed, enqueued) << "the later batch ran too";
+  EXPECT_FALSE(kv_matches_all(host.pool(), b, slots_of(std::vector<int32_t>{8}, kPage)));
+  ctl.quiesce_pages(std::vector<int32_t>{1, 7});
+  EXPECT_EQ(platform.stream().executed, enqueued);
+  EXPECT_TRUE(kv_matches_all(host.pool(), b, slots_of(std::vector<int32_t>{8}, kPage)));
+  // Queued, not submitted: quiesce submits and waits for it.
+  ctl.backup(std::vector<int32_t>{7}, std::vector<int32_t>{5});
+  EXPECT_FALSE(kv_matches_all(host.pool(), b, slots_of(std::vector<int32_t>{5}, kPage)));
+  ctl.quiesce_pages(std::vector<int32_t>{7});
+  EXPECT_EQ(platform.stream().executed, platform.stream().enqueued);
+  EXPECT_TRUE(kv_matches_all(host.pool(), b, slots_of(std::vector<int32_t>{5}, kPage)));
+  EXPECT_TRUE(ctl.idle());
+}
+
 TEST(TierController, ThreadStreamRandomTraffic) {
   const uint64_t seed = 777;
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
