@@ -690,10 +690,11 @@ void expect_mla_split_and_decode(uint64_t seed, bool sm90) {
 
 // fp8 e4m3 K/V on the sm90 kernel (D 128 under the overlap schedule; the producer copies each
 // tile's raw rows into its stage and widens them there). The plan takes the sm90 kernel for fp8
-// wherever it takes it for bf16 at D 128 (not at D 64, not with the overlap off). Against the f64 reference on the e4m3 values: pages 1 /
-// 16 / 64 with tails, a 4,100-key prefix (many tiles), GQA 4 and 1, f16 queries, k / v scales,
-// non-causal, window + cap + sinks, tree verify, split-KV partials; the launcher's grid and few
-// blocks (many units per block, the pipeline across units) with ping-pong on and off.
+// wherever it takes it for bf16 at D 128 (not at D 64, not with the overlap off). Against the f64
+// reference on the e4m3 values: pages 1 / 16 / 64 with tails, a 4,100-key prefix (many tiles), GQA
+// 4 and 1, f16 queries, k / v scales, non-causal, window + cap + sinks, tree verify, split-KV
+// partials; the launcher's grid and few blocks (many units per block, the pipeline across units)
+// with ping-pong on and off.
 TEST(CudaExtend, Sm90Fp8KvPagesScalesUnits) {
   REQUIRE_GPU();
   namespace kc = kernels::cuda;
@@ -797,10 +798,10 @@ TEST(CudaExtend, Sm90SanitizerSmall) {
   kernel_options = {};
 }
 
-// DQK 192 / DV 128, the non-absorbed MLA prefill (DeepSeek-style: 128 nope + 64 rope dims of
-// Q and K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 3
-// stages of 64 keys. MHA over ragged prefixes (page 16, long causal rows), G 4 on page 1 with window, cap
-// and sinks, a tree mask over a prefix, split-KV partials of short queries on a long context, a
+// DQK 192 / DV 128, the non-absorbed MLA prefill (DeepSeek-style: 128 nope + 64 rope dims of Q and
+// K, 128 of V, kv heads = q heads): the sm90 kernel's 3-atom K and 2-atom V tiles, 3 stages of 64
+// keys. MHA over ragged prefixes (page 16, long causal rows), G 4 on page 1 with window, cap and
+// sinks, a tree mask over a prefix, split-KV partials of short queries on a long context, a
 // decode-shaped batch (no decode kernel has these dims: the prefill path takes it), and the
 // persistent grid capped at 3 blocks. Where the sm_90a kernel does not run, the generic kernel
 // serves the shape.

@@ -40,9 +40,9 @@
 /// only the producer walks the schedule and reads the plan; it publishes each unit (its work
 /// item, kv head, rows and keys: Sm90UnitRec) in a two-slot ring of shared-memory records with
 /// their own full / empty mbarriers, and the consumers take their units from there. The
-/// three-stage configurations (D 64, 128, DQK 192) walk the schedule in every warpgroup (sm90_next_unit,
-/// prefill_work), which measured faster there. Either way the consumers gather Q without
-/// integer divisions (it had a division and a modulo by G per 16-byte chunk; at d684115 a
+/// three-stage configurations (D 64, 128, DQK 192) walk the schedule in every warpgroup
+/// (sm90_next_unit, prefill_work), which measured faster there. Either way the consumers gather
+/// Q without integer divisions (it had a division and a modulo by G per 16-byte chunk; at d684115 a
 /// consumer warp ran ~1,800 instructions per unit switch, 1,262 once plus a 135-instruction Q
 /// loop about 4 times, against ~570 per key tile, and ncu put 19 % of all stall samples at B16
 /// S1024 on the once-per-unit code and 5 % on the Q loop).
@@ -61,9 +61,9 @@
 ///      tile of a unit whose first key is on a box boundary, except a last tile that ends past
 ///      the request's keys (a box copies whole page rows, and the unused rows of the last page
 ///      may hold anything: NaN there would reach O through P = 0 times V).
-///    - cp.async (every other tile: D 64 / 128 / DQK 192, page sizes < 16, the tails, window starts off
-///      a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this under tile
-///      by tile, 35-54 % under the overlap, bench/results/hopper_h200.md): each
+///    - cp.async (every other tile: D 64 / 128 / DQK 192, page sizes < 16, the tails, window
+///      starts off a box; at D 128 TMA boxes of 16-key pages measured 2-7 % slower than this
+///      under tile by tile, 35-54 % under the overlap, bench/results/hopper_h200.md): each
 ///      warp owns a quarter of the rows and a lane looks up the page of one of them (any page
 ///      size; the next tile's lookup is in flight while this one is issued); warp shuffles hand
 ///      the row addresses and pages to the copying lanes (8 per row, 4 rows per instruction,
