@@ -338,6 +338,18 @@ def profile_table(rec):
             out.append(f"| time between kernels (step − kernel sum) | | {step_us - kern:.1f} | "
                        f"{100 * (step_us - kern) / step_us:.1f} % | | | | |")
         out.append("")
+        ab = r.get("ab") or {}
+        base = [x for x in ab.get("base", []) if x]
+        for name, steps in ab.items():
+            got = [x for x in steps if x]
+            if name == "base" or not got or not base:
+                continue
+            ratios = [b / x for b, x in zip(ab["base"], steps) if b and x]
+            out += [f"Option A/B (`pagoda bench`, the same step, {len(got)} alternating rounds): "
+                    f"{name} {statistics.median(got):.4f} ms [{min(got):.4f}–{max(got):.4f}] "
+                    f"against no option {statistics.median(base):.4f} ms [{min(base):.4f}–"
+                    f"{max(base):.4f}]: base / {name} {statistics.median(ratios):.3f} "
+                    f"[{min(ratios):.3f}–{max(ratios):.3f}], {verdict(ratios)}.", ""]
     if p.get("policy"):
         out.append(f"Policy: {p['policy']}.")
     return out

@@ -375,6 +375,13 @@ def main():
         steps = 4
         prof = {"1b_b1": make_profile(d, rng, "1b_b1", steps, 3, raw=False),
                 "1b_b64": make_profile(d, rng, "1b_b64", steps, 2, raw=True, extra_last=True)}
+        # The batch-1 option A/B (run.sh's PROFILE_AB): two alternating rounds each; ratios are
+        # taken per round (base round k over variant round k).
+        ab_ms = {"base": [1.0, 1.1], "min_chunk512": [0.9, 1.0], "min_chunk256": [1.2, 0.95]}
+        for name, vals in ab_ms.items():
+            for k, v in enumerate(vals, 1):
+                with open(os.path.join(d, "profile", f"1b_b1.ab_{k}_{name}.json"), "w") as f:
+                    json.dump({"decode_step_ms": v}, f)
         # A run whose log has too few forwards: its table says so, the others are unaffected.
         make_profile(d, rng, "8b_b1", steps, 2, raw=False)
         with open(os.path.join(d, "profile", "8b_b1.ncu.csv")) as f:
@@ -457,6 +464,13 @@ def main():
                "the probe is not a multiturn row")
         check_hybrid(md, hyb)
         check_profile(md, rec, "1b_b1", prof["1b_b1"], steps, 4200.0, True, 1)
+        expect(rec["profile"]["runs"]["1b_b1"]["ab"] == ab_ms, "profile A/B steps")
+        expect("ab" not in rec["profile"]["runs"]["1b_b64"], "no A/B at batch 64")
+        expect("Option A/B (`pagoda bench`, the same step, 2 alternating rounds): min_chunk512 "
+               "0.9500 ms [0.9000–1.0000] against no option 1.0500 ms [1.0000–1.1000]: base / "
+               "min_chunk512 1.106 [1.100–1.111], faster." in md, "profile A/B line (faster)")
+        expect("base / min_chunk256 0.996 [0.833–1.158], within noise." in md,
+               "profile A/B line (within noise)")
         check_profile(md, rec, "1b_b64", prof["1b_b64"], steps, 4200.0, False, 2)
         expect("sequences differ between steps" in md, "non-uniform steps named")
         expect(re.search(r"8b layout, batch 1 .*\n\nNo profile: ValueError: \d+ forwards", md)

@@ -32,7 +32,8 @@ The record (schema 1) holds what the tables are generated from, every sample inc
               bench/cpu_model_vs_torch.py's document} (issue 51, the device host's CPU)
   profile     {"copy_gbps", "policy", "runs": {"<layout>_b<batch>": run.sh's meta (layout, batch,
               steps, launch_skip, lengths, ncu rc and seconds) + "bench" (the unprofiled
-              `pagoda bench --json`'s decode step) + "ncu_passes" + tools/ncu_forwards.py's
+              `pagoda bench --json`'s decode step) + at batch 1 "ab" ({option name: [decode
+              step ms per round]}, "base" without one) + "ncu_passes" + tools/ncu_forwards.py's
               step_profile() of the ncu log (per kernel group and step: launches, ns, DRAM
               bytes; per step: kernels, ns), or "error" where the log could not be read}}
   hybrid      {"meta": run.sh's sizes (backend, dtype, layouts, lengths, the byte budget),
@@ -229,6 +230,14 @@ def profile(d):
         bench = read_json(os.path.join(pdir, tag + ".bench.json")) or {}
         run["bench"] = {k: bench[k] for k in ("decode_step_ms", "decode_steps", "cuda_graph_steps",
                                               "decode_batch_mean", "cuda_graphs") if k in bench}
+        # Option A/B at batch 1 ({name: [decode_step_ms per round]}; "base": no option).
+        ab = {}
+        for f in sorted(glob.glob(os.path.join(pdir, tag + ".ab_*_*.json"))):
+            k, name = re.match(r".*\.ab_(\d+)_(\w+)\.json$", f).groups()
+            step = (read_json(f) or {}).get("decode_step_ms")
+            ab.setdefault(name, {})[int(k)] = step
+        if ab:
+            run["ab"] = {name: [v[k] for k in sorted(v)] for name, v in ab.items()}
         logs = [os.path.join(pdir, tag + ext) for ext in (".ncu.csv", ".ncu.err")]
         passes = [int(p) for f in logs if os.path.exists(f)
                   for p in re.findall(r"- (\d+) pass", open(f, errors="replace").read())]

@@ -33,7 +33,9 @@
 #                             step (`pagoda bench --json`, 128 in / 128 out, CUDA graphs) and ncu
 #                             per-kernel time and DRAM bytes of the last 4 decode steps of a run
 #                             at context 192 (--graph-profiling node: kernels timed inside the
-#                             graphs); needs ncu (nsys does not run on the device)
+#                             graphs); needs ncu (nsys does not run on the device); at batch 1
+#                             also the unprofiled step with each PROFILE_AB kernel option
+#                             against none, 2 alternating rounds (the decode split-KV floor)
 #                    amx      build, issue 51 on the device host's CPU (a Xeon; the GPU idles):
 #                             the AMX / oneDNN tests (CpuGemm, model forward, EngineCpuGemm),
 #                             `pagoda conformance --backends amx`, bench/cpu_model_vs_torch.py (the
@@ -514,6 +516,7 @@ if has profile; then
   "$NCU" --version > "$W/profile/ncu_version.txt" 2>&1
   say "ncu: ${NCU:-none} $(tail -1 "$W/profile/ncu_version.txt")"
   STEPS=4  # decode steps summarised (the last ones of the profiled run)
+  PROFILE_AB="min_chunk512|--kernel-option=decode_min_chunk=512 min_chunk256|--kernel-option=decode_min_chunk=256"
   [ -x "$NCU" ] || { say "no ncu on this machine: nothing profiled"; exit 1; }
   for run in 1b:1 1b:64 8b:1; do
     layout=${run%:*} bs=${run#*:} tag=${run/:/_b}
@@ -528,6 +531,19 @@ if has profile; then
     # The step as bench/engine_real.py measures it: 128 in / 128 out, mean context 192.
     timeout "$(cap 120)" $P bench "${common[@]}" --input-len 128 --output-len 128 \
       > "$W/profile/$tag.bench.json" 2> "$W/profile/$tag.bench.err"
+    # Batch 1: the same step with each PROFILE_AB option (one line each) and again with none,
+    # alternating twice (tag.ab_<round>_<name>.json; name "base" = no option): the decode plan's
+    # split-KV floor (a 192-token context splits into 64-key chunks and a merge per layer).
+    if [ "$bs" = 1 ]; then
+      for k in 1 2; do
+        for spec in "base|" $PROFILE_AB; do
+          name=${spec%%|*} opts=${spec#*|}
+          # shellcheck disable=SC2086 # the options split into words
+          timeout "$(cap 120)" $P bench "${common[@]}" --input-len 128 --output-len 128 $opts \
+            > "$W/profile/$tag.ab_${k}_$name.json" 2> /dev/null
+        done
+      done
+    fi
     graphs=$(python3 -c 'import json, sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["cuda_graphs"])' \
       "$W/profile/$tag.bench.json" 2> /dev/null || echo 0)
     # Skip a lower bound of the kernels before the first decode step: the graph capture's eager
