@@ -1,5 +1,4 @@
 #include <omp.h>
-#include <sys/mman.h>
 #include <sys/sysinfo.h>
 
 #include <algorithm>
@@ -10,31 +9,18 @@
 #include <new>
 
 #include "pagoda/core/error.h"
+#include "pagoda/core/host_memory.h"
 #include "pagoda/platform/platform.h"
 
 namespace pagoda::platform {
 namespace {
 
-/// Allocations of at least this many bytes start on a 2 MiB boundary and ask for transparent huge
-/// pages (madvise; honoured where THP is "always" or "madvise"): a KV pool or weight matrix read
-/// in 32 KB pages in random order takes a TLB miss per 4 KiB otherwise, which cost the decode
-/// kernels ~20 % of their bandwidth on a Sapphire Rapids VM.
-constexpr size_t kHugePageBytes = size_t{2} << 20;
-
 class HostAllocator final : public Allocator {
  public:
   Device device() const override { return Device::cpu(); }
+  /// Large buffers in transparent huge pages (core/host_memory.h).
   void* allocate(size_t bytes, size_t alignment) override {
-    if (bytes == 0) return nullptr;
-    alignment = std::max<size_t>(alignment, alignof(std::max_align_t));
-    const bool huge = bytes >= 2 * kHugePageBytes;
-    if (huge) alignment = std::max(alignment, kHugePageBytes);
-    const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-    void* p = std::aligned_alloc(alignment, rounded);
-    PAGODA_REQUIRE(p != nullptr, kResourceExhausted, "host allocation of {} bytes failed", bytes);
-    // Advisory only: a kernel without THP leaves the 4 KiB pages, which work the same.
-    if (huge) (void)madvise(p, rounded, MADV_HUGEPAGE);
-    return p;
+    return allocate_host(bytes, alignment);
   }
   void deallocate(void* ptr) override { std::free(ptr); }
   void copy_to_device(void* dst, const void* src, size_t bytes) override {

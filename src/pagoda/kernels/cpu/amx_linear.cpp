@@ -10,6 +10,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/core/host_memory.h"
 #include "pagoda/kernels/cpu/amx_support.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
@@ -41,15 +42,13 @@ using detail::FreeDeleter;
 
 constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/// `count` zeroed elements of T, 64-byte aligned.
+/// `count` zeroed elements of T, 64-byte aligned (large ones in huge pages: core/host_memory.h).
 template <class T>
 std::unique_ptr<T[], FreeDeleter> aligned_zeroed(size_t count) {
   const size_t bytes = static_cast<size_t>(round_up(static_cast<int64_t>(std::max<size_t>(
                                                         count * sizeof(T), 64)),
                                                     64));
-  void* p = std::aligned_alloc(64, bytes);
-  PAGODA_REQUIRE(p != nullptr, kResourceExhausted, "amx linear: allocation of {} bytes failed",
-                 bytes);
+  void* p = allocate_host(bytes, 64);
   std::memset(p, 0, bytes);
   return std::unique_ptr<T[], FreeDeleter>(static_cast<T*>(p));
 }
