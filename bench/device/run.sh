@@ -33,7 +33,7 @@
 #                             step (`pagoda bench --json`, 128 in / 128 out, CUDA graphs) and ncu
 #                             per-kernel time and DRAM bytes of the last 4 decode steps of a run
 #                             at context 192 (--graph-profiling node: kernels timed inside the
-#                             graphs); needs ncu (nsys does not run on the device); at batch 1
+#                             graphs); needs ncu (nsys does not run on the device); at 1B batch 1
 #                             also the unprofiled step with each PROFILE_AB kernel option
 #                             against none, 2 alternating rounds (the decode split-KV floor)
 #                    amx      build, issue 51 on the device host's CPU (a Xeon; the GPU idles):
@@ -531,10 +531,11 @@ if has profile; then
     # The step as bench/engine_real.py measures it: 128 in / 128 out, mean context 192.
     timeout "$(cap 120)" $P bench "${common[@]}" --input-len 128 --output-len 128 \
       > "$W/profile/$tag.bench.json" 2> "$W/profile/$tag.bench.err"
-    # Batch 1: the same step with each PROFILE_AB option (one line each) and again with none,
-    # alternating twice (tag.ab_<round>_<name>.json; name "base" = no option): the decode plan's
-    # split-KV floor (a 192-token context splits into 64-key chunks and a merge per layer).
-    if [ "$bs" = 1 ]; then
+    # 1B batch 1: the same step with each PROFILE_AB option and again with none, alternating
+    # twice (tag.ab_<round>_<name>.json; name "base" = no option): the decode plan's split-KV
+    # floor (a 192-token context splits into 64-key chunks and a merge per layer). ~60 s; not
+    # at 8B, whose every run loads ~60 s of weights.
+    if [ "$tag" = 1b_b1 ]; then
       for k in 1 2; do
         for spec in "base|" $PROFILE_AB; do
           name=${spec%%|*} opts=${spec#*|}
