@@ -25,6 +25,8 @@
 #define PAGODA_AMX_LINEAR_X86 0
 #endif
 
+#include "pagoda/kernels/cpu/amx_blocks.h"
+
 namespace pagoda::kernels::cpu {
 
 namespace detail {
@@ -110,22 +112,21 @@ PAGODA_AMX_LINEAR_TARGET void round_row_bf16(const float* src, uint16_t* dst, in
 }
 
 /// The 32-input steps [k0, k1) of one accumulator block in tiles 0-3: A tiles (rows `as` bytes
-/// apart) at a0 (rows 0-15) and a1 (rows 16-31; Half: none), the column block's two B tiles of
-/// each step at b + kb · 512 words; each product right after the loads it needs.
+/// apart) at a0 (rows 0-15) and a1 (rows 16-31; Half: none, tiles 2-3 unused), the column
+/// block's two B tiles of each step at b + kb · 512 words (amx_blocks.h's step).
 template <bool Half>
 PAGODA_AMX_LINEAR_TARGET inline __attribute__((always_inline)) void steps(
     const uint16_t* a0, const uint16_t* a1, int64_t as, const uint32_t* b, int64_t k0,
     int64_t k1) {
   for (int64_t kb = k0; kb < k1; ++kb) {
-    _tile_loadd(4, a0 + kb * 32, as);
-    _tile_loadd(6, b + kb * 512, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_loadd(7, b + kb * 512 + 256, 64);
-    _tile_dpbf16ps(1, 4, 7);
-    if constexpr (!Half) {
-      _tile_loadd(5, a1 + kb * 32, as);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+    if constexpr (Half) {
+      _tile_loadd(4, a0 + kb * 32, as);
+      _tile_loadd(6, b + kb * 512, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b + kb * 512 + 256, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    } else {
+      detail::amx_block_step(a0 + kb * 32, a1 + kb * 32, as, b + kb * 512, b + kb * 512 + 256, 64);
     }
   }
 }
@@ -158,7 +159,7 @@ PAGODA_AMX_LINEAR_TARGET void gemm_group(const uint16_t* a, int64_t lda, const u
         const uint16_t* a1 = a0 + 16 * lda;
         for (int64_t nb = nb0; nb < nb1; ++nb) {
           float* c = acc + (mb - mg) * 32 * kAccLd + (nb - nb0) * 32;
-          float* c1 = c + 16 * kAccLd;
+          // Half (rows <= 16): tiles 0-1 only, so a decode step moves half the accumulators.
           if (k0 == 0) {
             _tile_zero(0);
             _tile_zero(1);
@@ -166,13 +167,11 @@ PAGODA_AMX_LINEAR_TARGET void gemm_group(const uint16_t* a, int64_t lda, const u
               _tile_zero(2);
               _tile_zero(3);
             }
-          } else {
+          } else if (half) {
             _tile_loadd(0, c, cs);
             _tile_loadd(1, c + 16, cs);
-            if (!half) {
-              _tile_loadd(2, c1, cs);
-              _tile_loadd(3, c1 + 16, cs);
-            }
+          } else {
+            detail::amx_load_block(c, cs);
           }
           const uint32_t* b = w + nb * kb_total * 512;
           if (half) {
@@ -180,11 +179,11 @@ PAGODA_AMX_LINEAR_TARGET void gemm_group(const uint16_t* a, int64_t lda, const u
           } else {
             steps<false>(a0, a1, as, b, k0, k1);
           }
-          _tile_stored(0, c, cs);
-          _tile_stored(1, c + 16, cs);
-          if (!half) {
-            _tile_stored(2, c1, cs);
-            _tile_stored(3, c1 + 16, cs);
+          if (half) {
+            _tile_stored(0, c, cs);
+            _tile_stored(1, c + 16, cs);
+          } else {
+            detail::amx_store_block(c, cs);
           }
         }
       }
@@ -251,20 +250,23 @@ AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) : impl_(std::make_uni
   const int64_t kb_total = s.kp / 32, nb_total = s.np / 32;
   s.w = aligned_zeroed<uint32_t>(static_cast<size_t>(s.np * s.kp / 2));
   uint32_t* dst = s.w.get();
-#pragma omp parallel for schedule(static)
-  for (int64_t nb = 0; nb < nb_total; ++nb) {
-    for (int64_t kb = 0; kb < kb_total; ++kb) {
-      uint32_t* tile = dst + (nb * kb_total + kb) * 512;
-      for (int64_t col = 0; col < 32; ++col) {  // tile col / 16, column col % 16
-        const int64_t row = nb * 32 + col;
-        if (row >= n) break;
-        const float* src = w + row * k;
-        uint32_t* out = tile + (col / 16) * 256 + col % 16;
-        for (int64_t kp2 = 0; kp2 < 16; ++kp2) {
-          const int64_t i = kb * 32 + 2 * kp2;
-          const uint32_t lo = i < k ? f32_to_bf16_bits(src[i]) : 0;
-          const uint32_t hi = i + 1 < k ? f32_to_bf16_bits(src[i + 1]) : 0;
-          out[kp2 * 16] = lo | (hi << 16);
+#pragma omp parallel
+  {
+    // The column block's 32 rows rounded to bf16 (zero past n and past k), then per 32 inputs
+    // and 16 columns one B tile by amx_pack_k_group.
+    std::vector<uint16_t> rows(static_cast<size_t>(32 * s.kp));
+#pragma omp for schedule(static)
+    for (int64_t nb = 0; nb < nb_total; ++nb) {
+      std::fill(rows.begin(), rows.end(), uint16_t{0});
+      for (int64_t r = 0; r < 32 && nb * 32 + r < n; ++r) {
+        const float* src = w + (nb * 32 + r) * k;
+        for (int64_t i = 0; i < k; ++i) rows[r * s.kp + i] = f32_to_bf16_bits(src[i]);
+      }
+      for (int64_t kb = 0; kb < kb_total; ++kb) {
+        for (int half = 0; half < 2; ++half) {
+          const uint16_t* group[16];
+          for (int i = 0; i < 16; ++i) group[i] = rows.data() + (half * 16 + i) * s.kp + kb * 32;
+          detail::amx_pack_k_group(group, 32, dst + (nb * kb_total + kb) * 512 + half * 256);
         }
       }
     }

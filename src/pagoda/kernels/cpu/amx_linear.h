@@ -6,7 +6,8 @@
 /// activations (vcvtneps2bf16: nearest even, denormal inputs flushed to zero; onednn_linear
 /// rounds them with core's f32_to_bf16_bits).
 ///
-/// Weights: rounded to bf16 (nearest even) once, at construction, and packed as AMX B tiles: per
+/// Weights: rounded to bf16 (nearest even, subnormals kept) once, at construction, and packed as
+/// AMX B tiles by amx_pack_k_group (amx_blocks.h): per
 /// block of 32 output columns and 32 inputs two 1 KB tiles [16 input pairs][16 columns], the
 /// blocks of one column block contiguous along k (n and k zero-padded to multiples of 32).
 /// Activations: rounded to bf16 per call into a row-major operand whose row stride is k rounded

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "pagoda/kernels/cpu/amx_blocks.h"  // amx_pack_k_group makes kb
 #include "pagoda/kernels/cpu/amx_support.h"
 
 namespace pagoda::kernels::cpu::detail {
@@ -31,10 +32,6 @@ void amx_scores(const uint16_t* q, int rows, int dk, const uint32_t* kb, int n, 
 /// block's first key pair in the first 16-column block.
 void amx_pv_accumulate(const uint16_t* p, int rows, int n, const uint32_t* vb, int64_t ldv, int dv,
                        float* acc);
-
-/// kb group of 16 keys from their bf16 rows (dk values each, rows[i] of key 16 g + i):
-/// kb[d2 · 16 + i] = (rows[i][2 d2], rows[i][2 d2 + 1]) for d2 < dk / 2 (a 16 × dk/2 transpose).
-void amx_pack_k_group(const uint16_t* const* rows, int dk, uint32_t* kb);
 
 /// Key pair j2 of vb from the bf16 V rows of keys 2 j2 (a) and 2 j2 + 1 (b), dv values each:
 /// vb[c · ldv + i] = (a[16 c + i], b[16 c + i]) for c < dv / 16, vb pointing at pair j2 of block 0.
