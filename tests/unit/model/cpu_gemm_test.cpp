@@ -68,6 +68,22 @@ void check_ms(CpuGemmRunner& runner, const GemmData& g, std::mt19937_64& rng,
   }
 }
 
+/// Why `mode` cannot run here ("" when it can); when it cannot, checks that constructing a
+/// runner is an Error(kUnsupported) naming "--cpu-gemm <mode>", never a silent fallback.
+std::string expect_refusal_if_unavailable(CpuGemm mode) {
+  const std::string why = cpu_gemm_unavailable(mode);
+  if (why.empty()) return why;
+  const std::string flag = "--cpu-gemm " + std::string(cpu_gemm_name(mode));
+  try {
+    CpuGemmRunner runner(mode);
+    ADD_FAILURE() << "constructed although unavailable: " << why;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+  }
+  return why;
+}
+
 TEST(CpuGemm, NamesRoundTripAndUnknownIsNone) {
   for (CpuGemm g : {CpuGemm::kOpenBlas, CpuGemm::kOnednn, CpuGemm::kOnednnF32, CpuGemm::kAmx})
     EXPECT_EQ(parse_cpu_gemm(cpu_gemm_name(g)), g);
@@ -112,18 +128,8 @@ TEST(CpuGemm, OpenBlasPreparesNothing) {
 }
 
 TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
-  const std::string why = cpu_gemm_unavailable(CpuGemm::kOnednn);
-  if (!why.empty()) {
-    // The refusal is an Error naming the mode and the reason, never a silent fallback.
-    try {
-      CpuGemmRunner runner(CpuGemm::kOnednn);
-      ADD_FAILURE() << "constructed although unavailable: " << why;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-      EXPECT_NE(std::string(e.what()).find("--cpu-gemm onednn"), std::string::npos) << e.what();
-    }
+  if (const std::string why = expect_refusal_if_unavailable(CpuGemm::kOnednn); !why.empty())
     GTEST_SKIP() << "bf16 numerics not checked: " << why;
-  }
   const testing::TestSeed seed;
   std::printf("oneDNN ISA %s\n", kernels::cpu::onednn_isa_name().c_str());
   std::mt19937_64 rng(seed);
@@ -140,17 +146,8 @@ TEST(CpuGemm, OnednnBf16MatchesRoundedReferenceOrRefuses) {
 // blocks than one work item takes, M of one tile (<= 16: decode), of whole and partial 32-row
 // blocks, and a shorter M after a longer one (stale operand rows must not leak in).
 TEST(CpuGemm, AmxMatchesRoundedReferenceOrRefuses) {
-  const std::string why = cpu_gemm_unavailable(CpuGemm::kAmx);
-  if (!why.empty()) {
-    try {
-      CpuGemmRunner runner(CpuGemm::kAmx);
-      ADD_FAILURE() << "constructed although unavailable: " << why;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-      EXPECT_NE(std::string(e.what()).find("--cpu-gemm amx"), std::string::npos) << e.what();
-    }
+  if (const std::string why = expect_refusal_if_unavailable(CpuGemm::kAmx); !why.empty())
     GTEST_SKIP() << "AMX GEMM not checked: " << why;
-  }
   const testing::TestSeed seed;
   std::mt19937_64 rng(seed);
   const GemmData a = random_weights(rng, 100, 70), b = random_weights(rng, 300, 1100);
