@@ -145,8 +145,10 @@ TEST(EngineHybrid, RetractionUnderKvPressureAndAbortKeepOutputsAndLeakNothing) {
     for (const auto& p : prompts)
       ids.push_back(
           engine.add_request({.prompt = p, .max_new_tokens = kMaxNew, .ignore_eos = true}));
-    // One extra request, aborted once it decodes.
-    const RequestId victim = engine.add_request({.prompt = prompts[3], .max_new_tokens = 40});
+    // One extra request, aborted once it decodes (ignoring EOS too: with seed
+    // 13181314090197140148 its first token was EOS, so it finished before it ever decoded).
+    const RequestId victim = engine.add_request(
+        {.prompt = prompts[3], .max_new_tokens = 40, .ignore_eos = true});
     while (engine.has_work()) {
       engine.step();
       if (engine.output(victim).state == RequestState::kDecoding) engine.abort(victim);
