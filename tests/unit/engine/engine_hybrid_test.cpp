@@ -15,6 +15,7 @@
 // cache. What cannot follow the Mamba2 state is refused naming the hybrid state pool.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -98,6 +99,25 @@ std::vector<std::vector<int32_t>> alone_outputs_of(bool ignore_eos) {
 
 const std::vector<std::vector<int32_t>>& alone_outputs() {
   static const std::vector<std::vector<int32_t>> out = alone_outputs_of(false);
+  return out;
+}
+
+/// Per prompt, the top-2 logprob margin of each token of its alone run (alone_outputs: the same
+/// run with logprobs asked for, which change no token).
+const std::vector<std::vector<float>>& alone_margins() {
+  static const std::vector<std::vector<float>> out = [] {
+    std::vector<std::vector<float>> m;
+    for (const auto& p : hybrid_prompts(hybrid_prompt_seed())) {
+      Engine engine(bamba_model().model, hybrid_config("reference", 1));
+      const RequestId id =
+          engine.add_request({.prompt = p, .max_new_tokens = kMaxNew, .logprobs = 2});
+      engine.run_until_idle();
+      m.emplace_back();
+      for (const model::TokenLogprobs& t : engine.output(id).logprobs)
+        m.back().push_back(t.top.size() < 2 ? 1e9f : t.top[0].second - t.top[1].second);
+    }
+    return m;
+  }();
   return out;
 }
 
@@ -327,8 +347,20 @@ TEST(EngineHybrid, LinearBackendFollowsTheSelectionOrItsOwnFlag) {
       for (size_t i = 0; i < 3; ++i)
         ids.push_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = kMaxNew}));
       engine.run_until_idle();
-      for (size_t i = 0; i < ids.size(); ++i)
-        EXPECT_EQ(engine.output(ids[i]).output_ids, want[i]) << "prompt " << i;
+      // Equal to the alone run, but for an f32 flip of a near tie (the alone run's top-2 margin
+      // < 1e-3 there), after which the comparison stops.
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const std::vector<int32_t> got = engine.output(ids[i]).output_ids;
+        bool flipped = false;
+        for (size_t t = 0; t < std::min(got.size(), want[i].size()) && !flipped; ++t) {
+          if (got[t] == want[i][t]) continue;
+          ASSERT_LT(alone_margins()[i][t], 1e-3f) << "prompt " << i << " token " << t << ": "
+                                                  << got[t] << ", alone " << want[i][t];
+          std::printf("[note] prompt %zu: near tie at token %zu, comparison stops\n", i, t);
+          flipped = true;
+        }
+        if (!flipped) EXPECT_EQ(got, want[i]) << "prompt " << i;
+      }
     }
   }
   EngineConfig unknown = hybrid_config("reference", 1);
