@@ -359,7 +359,9 @@ TEST(EngineHybrid, LinearBackendFollowsTheSelectionOrItsOwnFlag) {
           std::printf("[note] prompt %zu: near tie at token %zu, comparison stops\n", i, t);
           flipped = true;
         }
-        if (!flipped) EXPECT_EQ(got, want[i]) << "prompt " << i;
+        if (!flipped) {
+          EXPECT_EQ(got, want[i]) << "prompt " << i;
+        }
       }
     }
   }
