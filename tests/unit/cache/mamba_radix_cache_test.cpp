@@ -288,7 +288,9 @@ void random_workload(int32_t page, bool roomy, uint64_t seed) {
     history.push_back(t);
     if (::testing::Test::HasFatalFailure()) return;
   }
-  EXPECT_GT(hits, 20) << "the workload barely hit";
+  // Hits over 300 seeds (page 1 / 4): roomy mean 107 / 79, least 85 / 52; tight mean 34 / 35,
+  // least 18 / 18 (a bound of 20 failed one seed in ~120). Far below those: a workload that hits.
+  EXPECT_GT(hits, roomy ? 30 : 8) << "the workload barely hit";
   if (roomy) EXPECT_EQ(f.cache.state_stats().no_slot, 0);
   else EXPECT_GT(f.cache.state_stats().dropped + f.cache.state_stats().released, 0);
   f.cache.evict(1 << 20);
