@@ -224,7 +224,8 @@ void run_bench(const BenchOptions& o) {
   // Load time: the checkpoint read, the weights packed and uploaded and the engine built (the
   // CPU oneDNN modes pack every GEMM weight here, so no request's TTFT pays for it).
   const auto load_t0 = std::chrono::steady_clock::now();
-  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LoadedModel loaded =
+      model::load_model(o.model, o.weight_seed, engine::load_options(args, *platform, o.tp > 1));
   model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
   const double load_s =

@@ -91,8 +91,8 @@ engine::EngineConfig engine_config_for(const GenerateOptions& o, const platform:
 
 /// --batch-file: every line's prompt (comma-separated ids) runs as one request of a single
 /// batch; one JSON object per line on stdout, in file order.
-void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
-                    const model::LoadedModel& loaded) {
+void run_batch_file(const GenerateOptions& o, platform::Platform& platform,
+                    model::LlamaModel& llama, const model::LoadedModel& loaded) {
   std::ifstream in(o.batch_file);
   PAGODA_REQUIRE(in.good(), kInvalidArgument, "cannot read --batch-file '{}'", o.batch_file);
   std::vector<std::vector<int32_t>> prompts;
@@ -104,14 +104,13 @@ void run_batch_file(const GenerateOptions& o, model::LlamaModel& llama,
   }
   PAGODA_REQUIRE(!prompts.empty(), kInvalidArgument, "--batch-file '{}' has no prompts",
                  o.batch_file);
-  auto platform = engine::make_platform(o.engine.args);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
-      o, *platform,
+      o, platform,
       (total + o.engine.args.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
       static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft, &llama);
-  TpRunner tp = start_tp(o.tp, *platform, o.model, o.weight_seed);
-  engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
+  TpRunner tp = start_tp(o.tp, platform, o.model, o.weight_seed);
+  engine::Engine eng(llama, cfg, &platform, tp.factory(platform));
   std::map<engine::RequestId, nlohmann::json> logits;
   if (o.dump_logits)
     eng.set_logits_observer([&](engine::RequestId id, std::span<const float> l) {
@@ -158,17 +157,19 @@ void validate_engine_options(const GenerateOptions& o) {
 void run_generate(const GenerateOptions& o) {
   prepare_host_threads();
   validate_engine_options(o);
+  PAGODA_REQUIRE(o.batch_file.empty() || (o.prompt.empty() && o.token_ids.empty()),
+                 kInvalidArgument, "--batch-file excludes --prompt and --token-ids");
+  PAGODA_REQUIRE(!o.batch_file.empty() || o.prompt.empty() != o.token_ids.empty(),
+                 kInvalidArgument, "give exactly one of --prompt and --token-ids");
+  auto platform = engine::make_platform(o.engine.args);
+  const model::LoadOptions load = engine::load_options(o.engine.args, *platform, o.tp > 1);
   if (!o.batch_file.empty()) {
-    PAGODA_REQUIRE(o.prompt.empty() && o.token_ids.empty(), kInvalidArgument,
-                   "--batch-file excludes --prompt and --token-ids");
-    model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+    model::LoadedModel loaded = model::load_model(o.model, o.weight_seed, load);
     model::LlamaModel llama(loaded.config, std::move(loaded.weights));
-    run_batch_file(o, llama, loaded);
+    run_batch_file(o, *platform, llama, loaded);
     return;
   }
-  PAGODA_REQUIRE(o.prompt.empty() != o.token_ids.empty(), kInvalidArgument,
-                 "give exactly one of --prompt and --token-ids");
-  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed, load);
   model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   // The checkpoint's tokenizer (tokenizer.json / tokenizer.model); the builtin model, and a
   // checkpoint without tokenizer files driven by --token-ids, use the byte tokenizer.
@@ -180,7 +181,6 @@ void run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt =
       o.prompt.empty() ? parse_token_ids(o.token_ids) : tok->encode(o.prompt, true);
 
-  auto platform = engine::make_platform(o.engine.args);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
       o, *platform,

@@ -69,19 +69,7 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
   cfg.overlap = a.overlap;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");
-  const bool on_cpu = platform.kind() == platform::PlatformKind::kCpu;
-  if (a.cpu_gemm == "auto") {
-    cfg.cpu_gemm = on_cpu ? model::auto_cpu_gemm() : model::CpuGemm::kOpenBlas;
-  } else {
-    const std::optional<model::CpuGemm> g = model::parse_cpu_gemm(a.cpu_gemm);
-    PAGODA_REQUIRE(g.has_value(), kInvalidArgument,
-                   "--cpu-gemm must be openblas, onednn, onednn-f32 or auto (got '{}')",
-                   a.cpu_gemm);
-    PAGODA_REQUIRE(on_cpu || *g == model::CpuGemm::kOpenBlas, kInvalidArgument,
-                   "--cpu-gemm {} is for the CPU model; this engine runs on platform '{}'",
-                   a.cpu_gemm, platform.name());
-    cfg.cpu_gemm = *g;
-  }
+  cfg.cpu_gemm = cpu_gemm_of(a, platform);
   cfg.scheduler.max_running_requests = a.max_running;
   cfg.scheduler.chunk_size = a.chunk_size;
   cfg.scheduler.max_prefill_tokens = a.max_prefill_tokens;
@@ -94,6 +82,24 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
   cfg.hicache = a.hicache;
   cfg.validate();
   return cfg;
+}
+
+model::CpuGemm cpu_gemm_of(const EngineArgs& a, const platform::Platform& platform) {
+  const bool on_cpu = platform.kind() == platform::PlatformKind::kCpu;
+  if (a.cpu_gemm == "auto") return on_cpu ? model::auto_cpu_gemm() : model::CpuGemm::kOpenBlas;
+  const std::optional<model::CpuGemm> g = model::parse_cpu_gemm(a.cpu_gemm);
+  PAGODA_REQUIRE(g.has_value(), kInvalidArgument,
+                 "--cpu-gemm must be openblas, onednn, onednn-f32, amx or auto (got '{}')",
+                 a.cpu_gemm);
+  PAGODA_REQUIRE(on_cpu || *g == model::CpuGemm::kOpenBlas, kInvalidArgument,
+                 "--cpu-gemm {} is for the CPU model; this engine runs on platform '{}'",
+                 a.cpu_gemm, platform.name());
+  return *g;
+}
+
+model::LoadOptions load_options(const EngineArgs& args, const platform::Platform& platform,
+                                bool tensor_parallel) {
+  return {.keep_bf16 = !tensor_parallel && model::cpu_gemm_reads_bf16(cpu_gemm_of(args, platform))};
 }
 
 }  // namespace pagoda::engine

@@ -15,6 +15,7 @@
 #include "pagoda/backends/builtin.h"
 #include "pagoda/core/dtype.h"
 #include "pagoda/engine/engine.h"
+#include "pagoda/model/safetensors.h"
 #include "pagoda/platform/platform.h"
 #include "pagoda/tier/config.h"
 
@@ -65,5 +66,15 @@ std::unique_ptr<platform::Platform> make_platform(const EngineArgs& args);
 /// kUnsupported for a backend this build lacks (EngineConfig::validate). Cheap: call it before
 /// loading a model.
 EngineConfig make_engine_config(const EngineArgs& args, const platform::Platform& platform);
+
+/// The GEMM mode `args` asks for on `platform` (--cpu-gemm; "auto": model::auto_cpu_gemm on the
+/// CPU, openblas elsewhere), as make_engine_config sets it; throws as that does for a bad name.
+model::CpuGemm cpu_gemm_of(const EngineArgs& args, const platform::Platform& platform);
+
+/// How to load the checkpoint an engine of `args` on `platform` serves: a bf16 checkpoint's
+/// dense GEMM matrices stay bf16 (model::LoadOptions::keep_bf16) where the model ops read bf16
+/// weights (the CPU's onednn and amx GEMMs) and one rank holds them (no `tensor_parallel`).
+model::LoadOptions load_options(const EngineArgs& args, const platform::Platform& platform,
+                                bool tensor_parallel);
 
 }  // namespace pagoda::engine

@@ -36,30 +36,42 @@ CpuGemm auto_cpu_gemm() {
              : CpuGemm::kOpenBlas;
 }
 
+bool cpu_gemm_reads_bf16(CpuGemm gemm) { return gemm == CpuGemm::kOnednn || gemm == CpuGemm::kAmx; }
+
 CpuGemmRunner::CpuGemmRunner(CpuGemm gemm) : gemm_(gemm) {
   const std::string why = cpu_gemm_unavailable(gemm);
   PAGODA_REQUIRE(why.empty(), kUnsupported, "--cpu-gemm {}: {}", cpu_gemm_name(gemm), why);
 }
 
-kernels::cpu::OnednnLinear& CpuGemmRunner::packed(const float* w, int64_t n, int64_t k) {
-  const auto key = std::make_tuple(w, n, k);
+kernels::cpu::OnednnLinear& CpuGemmRunner::packed(WeightRef w, int64_t n, int64_t k) {
+  const auto key = std::make_tuple(w.data, n, k);
   auto it = packed_.find(key);
-  if (it == packed_.end())
-    it = packed_
-             .emplace(key, kernels::cpu::OnednnLinear(
-                               w, n, k, gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32))
-             .first;
-  return it->second;
+  if (it != packed_.end()) return it->second;
+  if (w.bf16) {
+    PAGODA_REQUIRE(gemm_ == CpuGemm::kOnednn, kInternal, "bf16 weights in --cpu-gemm {}",
+                   cpu_gemm_name(gemm_));
+    return packed_
+        .emplace(key, kernels::cpu::OnednnLinear(static_cast<const uint16_t*>(w.data), n, k))
+        .first->second;
+  }
+  return packed_
+      .emplace(key, kernels::cpu::OnednnLinear(
+                        static_cast<const float*>(w.data), n, k,
+                        gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32))
+      .first->second;
 }
 
-kernels::cpu::AmxLinear& CpuGemmRunner::packed_amx(const float* w, int64_t n, int64_t k) {
-  const auto key = std::make_tuple(w, n, k);
+kernels::cpu::AmxLinear& CpuGemmRunner::packed_amx(WeightRef w, int64_t n, int64_t k) {
+  const auto key = std::make_tuple(w.data, n, k);
   auto it = packed_amx_.find(key);
-  if (it == packed_amx_.end()) it = packed_amx_.emplace(key, kernels::cpu::AmxLinear(w, n, k)).first;
-  return it->second;
+  if (it != packed_amx_.end()) return it->second;
+  return packed_amx_
+      .emplace(key, w.bf16 ? kernels::cpu::AmxLinear(static_cast<const uint16_t*>(w.data), n, k)
+                           : kernels::cpu::AmxLinear(static_cast<const float*>(w.data), n, k))
+      .first->second;
 }
 
-void CpuGemmRunner::prepare(const float* w, int64_t n, int64_t k) {
+void CpuGemmRunner::prepare(WeightRef w, int64_t n, int64_t k) {
   if (gemm_ == CpuGemm::kOpenBlas || n <= 0 || k <= 0) return;
   if (gemm_ == CpuGemm::kAmx) {
     (void)packed_amx(w, n, k);
@@ -68,15 +80,18 @@ void CpuGemmRunner::prepare(const float* w, int64_t n, int64_t k) {
   }
 }
 
-void CpuGemmRunner::linear(const float* x, const float* w, float* y, int64_t m, int64_t n,
+void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int64_t n,
                            int64_t k) {
-  if (gemm_ == CpuGemm::kOpenBlas) return model::linear(x, w, y, m, n, k);
+  if (gemm_ == CpuGemm::kOpenBlas) {
+    PAGODA_REQUIRE(!w.bf16, kInternal, "bf16 weights in --cpu-gemm openblas");
+    return model::linear(x, static_cast<const float*>(w.data), y, m, n, k);
+  }
   if (m == 0 || n == 0) return;
   if (gemm_ == CpuGemm::kAmx) return packed_amx(w, n, k).forward(x, y, m);
   packed(w, n, k).forward(x, y, m);
 }
 
-bool CpuGemmRunner::swiglu_linear(const float* gate_up, const float* w, float* y, int64_t m,
+bool CpuGemmRunner::swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m,
                                   int64_t n, int64_t k) {
   if (gemm_ != CpuGemm::kOnednn && gemm_ != CpuGemm::kAmx) return false;
   if (m == 0 || n == 0) return true;

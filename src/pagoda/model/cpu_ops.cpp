@@ -6,9 +6,11 @@
 #include <cstring>
 #include <list>
 #include <span>
+#include <unordered_set>
 #include <vector>
 
 #include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
 #include "pagoda/model/cpu_gemm.h"
 #include "pagoda/model/host_sampling.h"
 #include "pagoda/model/logit_processing.h"
@@ -20,6 +22,12 @@ namespace pagoda::model {
 std::unique_ptr<ModelOps::Graph> ModelOps::capture(const std::function<void()>&) {
   throw_error(ErrorCode::kUnsupported, "CUDA graphs are not available on the '{}' platform",
               platform().name());
+}
+
+void* ModelOps::upload_bf16(std::span<const uint16_t> host) {
+  std::vector<float> wide(host.size());
+  for (size_t i = 0; i < host.size(); ++i) wide[i] = bf16_bits_to_f32(host[i]);
+  return upload(wide);
 }
 
 void ModelOps::scale(void*, int64_t, float) {
@@ -67,6 +75,17 @@ class CpuOps final : public ModelOps {
   float* upload_f32(std::span<const float> host) override {
     owned_.emplace_back(host.begin(), host.end());
     return owned_.back().data();
+  }
+  /// In the bf16 GEMM modes the bf16 array is used in place (its GEMM packs it as it is); in the
+  /// others it is widened into a copy the ops own (their GEMMs and every other op read f32).
+  void* upload_bf16(std::span<const uint16_t> host) override {
+    if (gemm_.reads_bf16()) {
+      bf16_weights_.insert(host.data());
+      return const_cast<uint16_t*>(host.data());
+    }
+    std::vector<float>& wide = owned_.emplace_back(host.size());
+    for (size_t i = 0; i < host.size(); ++i) wide[i] = bf16_bits_to_f32(host[i]);
+    return wide.data();
   }
 
   void embed(const void* table, const int32_t* ids, void* out, int64_t rows, int64_t hidden,
@@ -118,12 +137,11 @@ class CpuOps final : public ModelOps {
   }
 
   void prepare_linear(const void* w, int64_t n, int64_t k) override {
-    gemm_.prepare(static_cast<const float*>(w), n, k);
+    gemm_.prepare(weight(w), n, k);
   }
   void linear(const void* x, const void* w, void* y, int64_t m, int64_t n, int64_t k,
               bool) override {
-    gemm_.linear(static_cast<const float*>(x), static_cast<const float*>(w),
-                 static_cast<float*>(y), m, n, k);
+    gemm_.linear(static_cast<const float*>(x), weight(w), static_cast<float*>(y), m, n, k);
   }
 
   void qkv_rope(const void* qkv, const void* bias, const int32_t* positions,
@@ -179,7 +197,7 @@ class CpuOps final : public ModelOps {
   }
   bool swiglu_linear(const void* gate_up, const void* w, void* y, int64_t m, int64_t n,
                      int64_t k) override {
-    return gemm_.swiglu_linear(static_cast<const float*>(gate_up), static_cast<const float*>(w),
+    return gemm_.swiglu_linear(static_cast<const float*>(gate_up), weight(w),
                                static_cast<float*>(y), m, n, k);
   }
 
@@ -269,7 +287,11 @@ class CpuOps final : public ModelOps {
  private:
   platform::Platform* platform_;
   CpuGemmRunner gemm_;
+  /// A weight pointer as the GEMMs read it: bf16 when upload_bf16 kept it in place.
+  WeightRef weight(const void* w) const { return {w, bf16_weights_.count(w) != 0}; }
+
   std::list<std::vector<float>> owned_;  ///< upload_f32 copies (stable addresses)
+  std::unordered_set<const void*> bf16_weights_;  ///< upload_bf16 arrays used in place
   std::vector<float> cos_, sin_;
   std::vector<int32_t> order_;
   std::vector<double> probs_;
@@ -281,8 +303,8 @@ std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype
   PAGODA_REQUIRE(platform.kind() == platform::PlatformKind::kCpu, kInvalidArgument,
                  "CPU model ops need the CPU platform (got '{}')", platform.name());
   PAGODA_REQUIRE(dtype == DType::kF32, kUnsupported,
-                 "the CPU model computes in f32 (requested {}); bf16/f16 checkpoints are "
-                 "converted to f32 when loaded, use --dtype f32",
+                 "the CPU model computes in f32 (requested {}); use --dtype f32 (a bf16 "
+                 "checkpoint's GEMM weights stay bf16 with --cpu-gemm onednn or amx)",
                  dtype_name(dtype));
   return std::make_unique<CpuOps>(platform, gemm);
 }

@@ -178,6 +178,11 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     return p;
   };
   const bool tied = &model.lm_head_weights() == &model.embed_weights();
+  // A GEMM matrix in the dtype the model keeps it (LlamaModel::Bf16Packed); nullptr when absent.
+  auto matrix = [&](const std::vector<float>& f32, const std::vector<uint16_t>& bf16) -> void* {
+    if (!bf16.empty()) return ops.upload_bf16(bf16);
+    return f32.empty() ? nullptr : ops.upload(f32);
+  };
   if (tp == 1) {
     embed_ = ops.upload(model.embed_weights());
     lm_head_ = tied ? embed_ : ops.upload(model.lm_head_weights());
@@ -186,18 +191,23 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
       const std::span<const float> bias = qkv_bias_of(w);
       layers_.push_back(
           gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
-                               .qkv = w.qkv_proj.empty() ? nullptr : ops.upload(w.qkv_proj),
+                               .qkv = matrix(w.qkv_proj, w.bf16.qkv_proj),
                                .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                               .o_proj = w.o_proj.empty() ? nullptr : ops.upload(w.o_proj),
+                               .o_proj = matrix(w.o_proj, w.bf16.o_proj),
                                .post_norm = ops.upload(w.post_norm),
-                               .gate_up = ops.upload(w.gate_up),
-                               .down = ops.upload(w.down_proj)},
+                               .gate_up = matrix(w.gate_up, w.bf16.gate_up),
+                               .down = matrix(w.down_proj, w.bf16.down_proj)},
                      w, l++));
       if (c.is_mla()) upload_mla(layers_.back(), w);
     }
     prepare_linears();
     return;
   }
+  for (const LlamaModel::PackedLayer& w : model.packed_layers())
+    PAGODA_REQUIRE(w.bf16.qkv_proj.empty() && w.bf16.o_proj.empty() && w.bf16.gate_up.empty() &&
+                       w.bf16.down_proj.empty(),
+                   kUnsupported,
+                   "tensor parallelism slices f32 weights: load the checkpoint without keep_bf16");
   // This rank's slices (host copies, uploaded one at a time to bound host memory).
   const int64_t hd = c.hidden_size, d = c.head_dim;
   const int64_t hq = c.num_q_heads, hkv = c.num_kv_heads, inter = c.intermediate_size;

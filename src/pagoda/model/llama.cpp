@@ -6,14 +6,16 @@
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
 
 namespace pagoda::model {
 
 namespace {
 
-std::vector<float> concat(const std::vector<float>& a, const std::vector<float>& b,
-                          const std::vector<float>& c = {}) {
-  std::vector<float> out;
+template <typename T>
+std::vector<T> concat(const std::vector<T>& a, const std::vector<T>& b,
+                      const std::vector<T>& c = {}) {
+  std::vector<T> out;
   out.reserve(a.size() + b.size() + c.size());
   out.insert(out.end(), a.begin(), a.end());
   out.insert(out.end(), b.begin(), b.end());
@@ -35,7 +37,8 @@ std::vector<float> norm_scale(const std::vector<float>& w, bool offset) {
 /// old row j, new row d/2 + j is old row r/2 + j, and the d - r unrotated rows fill the rest in
 /// order. Rope(config, d, r) gives the pairs past r/2 frequency 0. q and k of a head are
 /// permuted alike, so every q·k (the only use of q and k) is unchanged.
-void permute_partial_rope(std::vector<float>& w, int heads, int d, int r, int64_t cols) {
+template <typename T>
+void permute_partial_rope(std::vector<T>& w, int heads, int d, int r, int64_t cols) {
   std::vector<int> from(static_cast<size_t>(d));  // new row -> old row within a head
   const int half = d / 2, rh = r / 2, pass = half - rh;
   for (int j = 0; j < rh; ++j) {
@@ -46,11 +49,20 @@ void permute_partial_rope(std::vector<float>& w, int heads, int d, int r, int64_
     from[static_cast<size_t>(rh + j)] = r + j;
     from[static_cast<size_t>(half + rh + j)] = r + pass + j;
   }
-  const std::vector<float> old = w;
+  const std::vector<T> old = w;
   for (int h = 0; h < heads; ++h)
     for (int j = 0; j < d; ++j)
       std::copy_n(old.begin() + (int64_t{h} * d + from[static_cast<size_t>(j)]) * cols, cols,
                   w.begin() + (int64_t{h} * d + j) * cols);
+}
+
+/// Moves a bf16 matrix into its f32 field, widened (a fused group whose matrices the checkpoint
+/// stored in different dtypes is packed in f32).
+void widen_into(std::vector<uint16_t>& bf16, std::vector<float>& f32) {
+  if (bf16.empty()) return;
+  f32.resize(bf16.size());
+  for (size_t i = 0; i < bf16.size(); ++i) f32[i] = bf16_bits_to_f32(bf16[i]);
+  std::vector<uint16_t>().swap(bf16);
 }
 
 ModelConfig validated(ModelConfig c) {
@@ -77,25 +89,58 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
   auto release = [](std::vector<float>& v) { std::vector<float>().swap(v); };
   for (LayerWeights& w : weights.layers) {
     if (config_.is_mla()) pack_mla(w, packed_.emplace_back());
+    Bf16Matrices& b = w.bf16;
+    // A fused group stays bf16 only when the checkpoint stored each of its matrices in bf16.
+    const bool qkv16 = !b.q_proj.empty() && !b.k_proj.empty() && !b.v_proj.empty();
+    const bool gate_up16 = !b.gate_proj.empty() && !b.up_proj.empty();
+    if (!qkv16) {
+      widen_into(b.q_proj, w.q_proj);
+      widen_into(b.k_proj, w.k_proj);
+      widen_into(b.v_proj, w.v_proj);
+    }
+    if (!gate_up16) {
+      widen_into(b.gate_proj, w.gate_proj);
+      widen_into(b.up_proj, w.up_proj);
+    }
     std::vector<float> q = std::move(w.q_proj), k = std::move(w.k_proj);
+    std::vector<uint16_t> q16 = std::move(b.q_proj), k16 = std::move(b.k_proj);
     if (partial && !q.empty()) {
       permute_partial_rope(q, config_.num_q_heads, d, r, config_.hidden_size);
       permute_partial_rope(k, config_.num_kv_heads, d, r, config_.hidden_size);
     }
+    if (partial && qkv16) {
+      permute_partial_rope(q16, config_.num_q_heads, d, r, config_.hidden_size);
+      permute_partial_rope(k16, config_.num_kv_heads, d, r, config_.hidden_size);
+    }
     if (!config_.is_mla()) packed_.emplace_back();
     PackedLayer& p = packed_.back();
     p.input_norm = norm_scale(w.input_norm, off);
-    if (!config_.is_mla()) p.qkv_proj = concat(q, k, w.v_proj);
+    if (qkv16) {
+      p.bf16.qkv_proj = concat(q16, k16, b.v_proj);
+    } else if (!config_.is_mla()) {
+      p.qkv_proj = concat(q, k, w.v_proj);
+    }
     release(q);
     release(k);
     release(w.v_proj);
+    std::vector<uint16_t>().swap(q16);
+    std::vector<uint16_t>().swap(k16);
+    std::vector<uint16_t>().swap(b.v_proj);
     if (config_.qkv_bias) p.qkv_bias = concat(w.q_bias, w.k_bias, w.v_bias);
     p.o_proj = std::move(w.o_proj);
+    p.bf16.o_proj = std::move(b.o_proj);
     p.post_norm = norm_scale(w.post_norm, off);
-    p.gate_up = concat(w.gate_proj, w.up_proj);
+    if (gate_up16) {
+      p.bf16.gate_up = concat(b.gate_proj, b.up_proj);
+    } else {
+      p.gate_up = concat(w.gate_proj, w.up_proj);
+    }
     release(w.gate_proj);
     release(w.up_proj);
+    std::vector<uint16_t>().swap(b.gate_proj);
+    std::vector<uint16_t>().swap(b.up_proj);
     p.down_proj = std::move(w.down_proj);
+    p.bf16.down_proj = std::move(b.down_proj);
     p.attn_out_norm = norm_scale(w.attn_out_norm, off);
     p.mlp_out_norm = norm_scale(w.mlp_out_norm, off);
     p.q_norm = norm_scale(w.q_norm, off);
@@ -206,6 +251,9 @@ int64_t LlamaModel::weight_elements() const {
           &p.ssm_in_bias, &p.ssm_conv, &p.ssm_conv_bias, &p.ssm_dt_bias, &p.ssm_a_log, &p.ssm_d,
           &p.ssm_norm, &p.ssm_out_proj, &p.ssm_out_bias})
       total += n(*v);
+    for (const std::vector<uint16_t>* v :
+         {&p.bf16.qkv_proj, &p.bf16.o_proj, &p.bf16.gate_up, &p.bf16.down_proj})
+      total += static_cast<int64_t>(v->size());
   }
   return total;
 }

@@ -1,6 +1,7 @@
 #pragma once
-/// LlamaModel: a Llama-family decoder's definition on the host: the validated config, the f32
-/// weights packed for the forward pass (q/k/v and gate/up fused, the q/k/v bias when the family
+/// LlamaModel: a Llama-family decoder's definition on the host: the validated config, the
+/// weights (f32, or bf16 for the dense GEMM matrices a checkpoint kept in bf16) packed for the
+/// forward pass (q/k/v and gate/up fused, the q/k/v bias when the family
 /// has one, Gemma's norm scales as 1 + w; DeepSeek's kv_b_proj split per head into the absorbed
 /// W_UK / W_UV), the per-layer attention parameters (MLA: the absorbed form, Dqk = kv_lora +
 /// rope, Dv = kv_lora, one latent KV head) and the RoPE tables (a second one for Gemma 3's local
@@ -59,7 +60,13 @@ class LlamaModel {
 
 
  public:
-  /// One layer's weights as the forward pass uses them (f32, HF [out, in] layout).
+  /// The dense GEMM matrices a layer keeps in bf16 (bits) when the weights came with them
+  /// (LayerWeights::bf16, each fused group only when all its parts were bf16); each one filled
+  /// replaces PackedLayer's f32 field of the same name, which is then empty.
+  struct Bf16Packed {
+    std::vector<uint16_t> qkv_proj, o_proj, gate_up, down_proj;
+  };
+  /// One layer's weights as the forward pass uses them (f32 but for `bf16`, HF [out, in] layout).
   struct PackedLayer {
     std::vector<float> input_norm;
     std::vector<float> qkv_proj;  ///< [(Hq + 2 Hkv) * D, hidden]
@@ -93,6 +100,7 @@ class LlamaModel {
     // attention fields empty).
     std::vector<float> ssm_in_proj, ssm_in_bias, ssm_conv, ssm_conv_bias, ssm_dt_bias, ssm_a_log,
         ssm_d, ssm_norm, ssm_out_proj, ssm_out_bias;
+    Bf16Packed bf16;
   };
   /// Elements of every weight array the forward uses (packed layers, embedding, LM head, final
   /// norm): a device copy holds this many values in the model dtype (engine pool sizing).

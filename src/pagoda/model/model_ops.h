@@ -76,6 +76,11 @@ class ModelOps {
   /// A copy of `host` kept in f32 on the device and owned by the ops (RoPE frequencies); the
   /// argument may be a temporary.
   virtual float* upload_f32(std::span<const float> host) = 0;
+  /// A GEMM weight matrix given as bf16 bits (a checkpoint loaded with LoadOptions::keep_bf16),
+  /// for prepare_linear / linear / swiglu_linear only, with upload()'s lifetime rules. The
+  /// default widens it and calls upload() (right for ops that copy); the CPU ops override it
+  /// (their bf16 GEMM modes use the array in place, the others widen into a copy they own).
+  virtual void* upload_bf16(std::span<const uint16_t> host);
 
   /// out[t, :] = table[ids[t] - vocab_begin, :] for t < rows when vocab_begin <= ids[t] <
   /// vocab_begin + vocab_rows, else zeros (a vocabulary-parallel shard of `vocab_rows` rows;
@@ -248,9 +253,13 @@ std::string cpu_gemm_unavailable(CpuGemm gemm);
 /// there, docs/design/model.md "CPU GEMMs"), else kOnednn where oneDNN reports avx512_core_bf16
 /// (native bf16 arithmetic), else kOpenBlas.
 CpuGemm auto_cpu_gemm();
+/// True for the modes whose GEMMs read bf16 weights (onednn, amx): a bf16 checkpoint's matrices
+/// can stay bf16 from the file to the packed copy (LoadOptions::keep_bf16).
+bool cpu_gemm_reads_bf16(CpuGemm gemm);
 
 /// The CPU implementation: f32 activations; GEMM weights per `gemm` (kOpenBlas: the caller's f32
-/// arrays in place; the oneDNN modes: a packed copy of each weight matrix made by
+/// arrays in place; the oneDNN and amx modes: a packed copy of each weight matrix (from f32, or
+/// from bf16 uploaded by upload_bf16) made by
 /// prepare_linear() -- the Decoder prepares its layers' and the LM head's at construction -- or
 /// else when linear() first sees it, keyed by (w, n, k), owned by the ops). Throws
 /// Error(kUnsupported) for a dtype other than f32 or a `gemm` cpu_gemm_unavailable refuses. `platform` must be a CPU platform and

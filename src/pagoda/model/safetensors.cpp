@@ -253,6 +253,18 @@ std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   return out;
 }
 
+std::vector<uint16_t> SafetensorsFile::read_bf16(const std::string& name) const {
+  auto it = tensors_.find(name);
+  PAGODA_REQUIRE(it != tensors_.end(), kInvalidArgument, "{}: no tensor named {}", path_.string(),
+                 name);
+  const SafetensorInfo& info = it->second;
+  PAGODA_REQUIRE(info.dtype == DType::kBF16, kInvalidArgument,
+                 "{}: tensor {} has dtype {}, expected BF16", path_.string(), name, info.dtype);
+  std::vector<uint16_t> out(static_cast<size_t>(info.numel()));
+  std::memcpy(out.data(), map_ + data_offset_ + info.begin, out.size() * sizeof(uint16_t));
+  return out;
+}
+
 std::vector<int64_t> SafetensorsFile::read_i64(const std::string& name) const {
   auto it = tensors_.find(name);
   PAGODA_REQUIRE(it != tensors_.end(), kInvalidArgument, "{}: no tensor named {}", path_.string(),
@@ -364,6 +376,25 @@ class TensorSource {
 
   /// The tensor as f32, checked against `expected_shape`; marks it used.
   std::vector<float> read(const std::string& name, std::vector<int64_t> expected_shape) {
+    return checked(name, expected_shape).read_f32(name);
+  }
+
+  /// A dense GEMM matrix, checked like read(): into `bf16` as stored when `keep_bf16` and the
+  /// file stores it in BF16, else into `f32`.
+  void read_matrix(const std::string& name, std::vector<int64_t> expected_shape,
+                   std::vector<float>& f32, std::vector<uint16_t>& bf16) {
+    const SafetensorsFile& f = checked(name, expected_shape);
+    if (keep_bf16 && f.tensors().at(name).dtype == DType::kBF16) {
+      bf16 = f.read_bf16(name);
+    } else {
+      f32 = f.read_f32(name);
+    }
+  }
+
+  bool keep_bf16 = false;  ///< read_matrix's choice (LoadOptions::keep_bf16)
+
+  /// The file holding `name`, whose shape was checked against `expected_shape`; marks it used.
+  const SafetensorsFile& checked(const std::string& name, const std::vector<int64_t>& expected_shape) {
     auto it = where_.find(name);
     PAGODA_REQUIRE(it != where_.end(), kInvalidArgument, "checkpoint has no tensor {}", name);
     const SafetensorsFile& f = files_[it->second];
@@ -372,7 +403,7 @@ class TensorSource {
                    "tensor {} has shape [{}], expected [{}]", name, fmt::join(info.shape, ", "),
                    fmt::join(expected_shape, ", "));
     used_.insert(name);
-    return f.read_f32(name);
+    return f;
   }
 
   /// Throws naming the first tensor that was never read (rotary_emb.inv_freq buffers, which
@@ -427,10 +458,10 @@ void read_attention_proj(TensorSource& src, const ModelConfig& c, const std::str
                          LayerWeights& lw) {
   const int64_t h = c.hidden_size, qd = int64_t{c.num_q_heads} * c.head_dim;
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
-  lw.q_proj = src.read(p + "self_attn.q_proj.weight", {qd, h});
-  lw.k_proj = src.read(p + "self_attn.k_proj.weight", {kvd, h});
-  lw.v_proj = src.read(p + "self_attn.v_proj.weight", {kvd, h});
-  lw.o_proj = src.read(p + "self_attn.o_proj.weight", {h, qd});
+  src.read_matrix(p + "self_attn.q_proj.weight", {qd, h}, lw.q_proj, lw.bf16.q_proj);
+  src.read_matrix(p + "self_attn.k_proj.weight", {kvd, h}, lw.k_proj, lw.bf16.k_proj);
+  src.read_matrix(p + "self_attn.v_proj.weight", {kvd, h}, lw.v_proj, lw.bf16.v_proj);
+  src.read_matrix(p + "self_attn.o_proj.weight", {h, qd}, lw.o_proj, lw.bf16.o_proj);
 }
 
 /// One Bamba Mamba2 layer's mixer tensors (HF BambaMixer names; conv1d.weight is [conv_dim, 1,
@@ -467,9 +498,11 @@ void read_bamba_layers(TensorSource& src, const ModelConfig& c, ModelWeights& w)
       read_attention_proj(src, c, p, lw);
     }
     lw.post_norm = src.read(p + "pre_ff_layernorm.weight", {h});
-    lw.gate_proj = src.read(p + "feed_forward.gate_proj.weight", {inter, h});
-    lw.up_proj = src.read(p + "feed_forward.up_proj.weight", {inter, h});
-    lw.down_proj = src.read(p + "feed_forward.down_proj.weight", {h, inter});
+    src.read_matrix(p + "feed_forward.gate_proj.weight", {inter, h}, lw.gate_proj,
+                    lw.bf16.gate_proj);
+    src.read_matrix(p + "feed_forward.up_proj.weight", {inter, h}, lw.up_proj, lw.bf16.up_proj);
+    src.read_matrix(p + "feed_forward.down_proj.weight", {h, inter}, lw.down_proj,
+                    lw.bf16.down_proj);
   }
 }
 
@@ -489,7 +522,7 @@ std::string describe(const ModelConfig& c) {
 
 }  // namespace
 
-LoadedModel load_hf_checkpoint(const fs::path& dir) {
+LoadedModel load_hf_checkpoint(const fs::path& dir, const LoadOptions& options) {
   PAGODA_REQUIRE(fs::is_directory(dir), kInvalidArgument, "{} is not a directory", dir.string());
   const fs::path config_path = dir / "config.json";
   PAGODA_REQUIRE(fs::exists(config_path), kInvalidArgument, "{} has no config.json", dir.string());
@@ -508,6 +541,7 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
   if (m.config.name.empty()) m.config.name = dir.string();
   const ModelConfig& c = m.config;
   TensorSource src(dir);
+  src.keep_bf16 = options.keep_bf16;
   const int64_t h = c.hidden_size, v = c.vocab_size, inter = c.intermediate_size;
   const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
@@ -556,28 +590,33 @@ LoadedModel load_hf_checkpoint(const fs::path& dir) {
       lw.q_norm = src.read(p + "self_attn.q_norm.weight", {c.head_dim});
       lw.k_norm = src.read(p + "self_attn.k_norm.weight", {c.head_dim});
     }
-    lw.gate_proj = src.read(p + "mlp.gate_proj.weight", {inter, h});
-    lw.up_proj = src.read(p + "mlp.up_proj.weight", {inter, h});
-    lw.down_proj = src.read(p + "mlp.down_proj.weight", {h, inter});
+    src.read_matrix(p + "mlp.gate_proj.weight", {inter, h}, lw.gate_proj, lw.bf16.gate_proj);
+    src.read_matrix(p + "mlp.up_proj.weight", {inter, h}, lw.up_proj, lw.bf16.up_proj);
+    src.read_matrix(p + "mlp.down_proj.weight", {h, inter}, lw.down_proj, lw.bf16.down_proj);
   }
   src.require_all_used(fmt::format(" ({})", describe(c)));
   w.validate(c);
   return m;
 }
 
-LoadedModel load_model(const std::string& spec, uint64_t weight_seed) {
+LoadedModel load_model(const std::string& spec, uint64_t weight_seed, const LoadOptions& options) {
   if (spec == "builtin") {
     LoadedModel m;
     m.config = builtin_tiny_config();
     m.weights = make_random_weights(m.config, weight_seed);
     return m;
   }
-  return load_hf_checkpoint(spec);
+  return load_hf_checkpoint(spec, options);
 }
 
 void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWeights& w,
                         DType dtype) {
   w.validate(c);
+  for (const LayerWeights& lw : w.layers)
+    PAGODA_REQUIRE(lw.bf16.q_proj.empty() && lw.bf16.k_proj.empty() && lw.bf16.v_proj.empty() &&
+                       lw.bf16.o_proj.empty() && lw.bf16.gate_proj.empty() &&
+                       lw.bf16.up_proj.empty() && lw.bf16.down_proj.empty(),
+                   kUnsupported, "saving weights loaded with keep_bf16 is not implemented");
   PAGODA_REQUIRE(!c.is_mla() && !c.has_linear_layers(), kUnsupported,
                  "saving {} checkpoints is not implemented (tools/make_checkpoint.py writes "
                  "them)",

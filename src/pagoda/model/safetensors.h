@@ -64,6 +64,9 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
   /// The tensor converted to f32 (F32, F16, BF16 sources). Throws kInvalidArgument if absent.
   std::vector<float> read_f32(const std::string& name) const;
+  /// A BF16 tensor's values as they are stored (uint16 bits). Throws kInvalidArgument if absent
+  /// or of another dtype.
+  std::vector<uint16_t> read_bf16(const std::string& name) const;
   /// An I64 or BOOL tensor (EAGLE-3's d2t / t2d) as int64. Throws kInvalidArgument if absent or
   /// of another dtype (read_f32 likewise refuses integer tensors).
   std::vector<int64_t> read_i64(const std::string& name) const;
@@ -91,6 +94,15 @@ struct SafetensorToWrite {
 void write_safetensors(const std::filesystem::path& path,
                        const std::vector<SafetensorToWrite>& tensors);
 
+/// How load_hf_checkpoint keeps the tensors.
+struct LoadOptions {
+  /// Keep the dense GEMM matrices (q/k/v/o, gate/up/down of Llama-family attention layers) that
+  /// the checkpoint stores in BF16 as bf16 (LayerWeights::bf16) instead of widening them to f32:
+  /// for model ops whose GEMMs read bf16 (the CPU ops' onednn and amx modes; cpu_gemm_reads_bf16),
+  /// so a bf16 checkpoint is never widened. Every other tensor is f32 either way.
+  bool keep_bf16 = false;
+};
+
 /// A model loaded from disk.
 struct LoadedModel {
   ModelConfig config;
@@ -101,15 +113,18 @@ struct LoadedModel {
 /// Gemma2ForCausalLM / Gemma3ForCausalLM (text) checkpoint folder (Gemma: the four norms per layer
 /// and Gemma 3's self_attn.{q,k}_norm too): config.json (config_from_hf_json, strict) plus either
 /// model.safetensors.index.json (sharded; its weight_map names the files, plain names inside `dir`)
-/// or every *.safetensors file in the folder. Weights are converted to f32. Every tensor in the
+/// or every *.safetensors file in the folder. Weights are converted to f32 (but see
+/// LoadOptions::keep_bf16). Every tensor in the
 /// files must be one the model uses (only `*.rotary_emb.inv_freq` is ignored): a stray tensor, e.g.
 /// a q_proj.bias the config does not declare, is an Error naming it, as is a name in two shards, a
 /// missing or mismatched tensor, or a tied lm_head.weight that differs from the embedding.
-LoadedModel load_hf_checkpoint(const std::filesystem::path& dir);
+LoadedModel load_hf_checkpoint(const std::filesystem::path& dir, const LoadOptions& options = {});
 
-/// "builtin" → builtin_tiny_config() with make_random_weights(config, weight_seed); anything
-/// else is a checkpoint folder for load_hf_checkpoint(). Throws Error like those.
-LoadedModel load_model(const std::string& spec, uint64_t weight_seed);
+/// "builtin" → builtin_tiny_config() with make_random_weights(config, weight_seed) (f32;
+/// `options` does not apply); anything else is a checkpoint folder for load_hf_checkpoint().
+/// Throws Error like those.
+LoadedModel load_model(const std::string& spec, uint64_t weight_seed,
+                       const LoadOptions& options = {});
 
 /// Writes `weights` as a HF checkpoint folder (config.json + model.safetensors in `dtype`) for
 /// config.family (q/k/v biases when config.qkv_bias; Llama with bias writes attention_bias).

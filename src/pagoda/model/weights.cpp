@@ -21,6 +21,16 @@ void require_size(const std::vector<float>& v, int64_t expected, const std::stri
                  "weight {} has {} elements, expected {}", name, v.size(), expected);
 }
 
+/// A dense GEMM matrix in f32 or in bf16 (Bf16Matrices): one form holds `expected` values, the
+/// other none.
+void require_matrix(const std::vector<float>& f32, const std::vector<uint16_t>& bf16,
+                    int64_t expected, const std::string& name) {
+  if (bf16.empty()) return require_size(f32, expected, name);
+  PAGODA_REQUIRE(f32.empty(), kInvalidArgument, "weight {} is given both in f32 and in bf16", name);
+  PAGODA_REQUIRE(static_cast<int64_t>(bf16.size()) == expected, kInvalidArgument,
+                 "weight {} has {} bf16 elements, expected {}", name, bf16.size(), expected);
+}
+
 /// The MLA tensors of one layer (q LoRA or q_proj, kv_a / kv_b, o_proj [hidden, Hq·v]).
 void validate_mla(const ModelConfig& c, const LayerWeights& w, const std::string& p) {
   const MlaConfig& m = c.mla;
@@ -142,23 +152,28 @@ void ModelWeights::validate(const ModelConfig& c) const {
     const std::string p = "layers." + std::to_string(l) + ".";
     require_size(w.input_norm, h, p + "input_layernorm");
     const bool linear = c.is_linear_layer(static_cast<int>(l));
+    const Bf16Matrices& b = w.bf16;
+    if (c.is_mla() || linear)
+      PAGODA_REQUIRE(b.q_proj.empty() && b.k_proj.empty() && b.v_proj.empty() && b.o_proj.empty(),
+                     kInvalidArgument, "{}: bf16 attention matrices on an {} layer (f32 only)", p,
+                     linear ? "Mamba2" : "MLA");
     if (c.is_mla()) {
       validate_mla(c, w, p);
     } else {
-      require_size(w.q_proj, linear ? 0 : qd * h, p + "q_proj");
-      require_size(w.o_proj, linear ? 0 : h * qd, p + "o_proj");
+      require_matrix(w.q_proj, b.q_proj, linear ? 0 : qd * h, p + "q_proj");
+      require_matrix(w.o_proj, b.o_proj, linear ? 0 : h * qd, p + "o_proj");
     }
-    require_size(w.k_proj, c.is_mla() || linear ? 0 : kvd * h, p + "k_proj");
-    require_size(w.v_proj, c.is_mla() || linear ? 0 : kvd * h, p + "v_proj");
+    require_matrix(w.k_proj, b.k_proj, c.is_mla() || linear ? 0 : kvd * h, p + "k_proj");
+    require_matrix(w.v_proj, b.v_proj, c.is_mla() || linear ? 0 : kvd * h, p + "v_proj");
     validate_mamba(c, w, p, linear);
     const int64_t bq = c.qkv_bias ? qd : 0, bkv = c.qkv_bias ? kvd : 0;
     require_size(w.q_bias, bq, p + "q_proj.bias");
     require_size(w.k_bias, bkv, p + "k_proj.bias");
     require_size(w.v_bias, bkv, p + "v_proj.bias");
     require_size(w.post_norm, h, p + "post_attention_layernorm");
-    require_size(w.gate_proj, inter * h, p + "gate_proj");
-    require_size(w.up_proj, inter * h, p + "up_proj");
-    require_size(w.down_proj, h * inter, p + "down_proj");
+    require_matrix(w.gate_proj, b.gate_proj, inter * h, p + "gate_proj");
+    require_matrix(w.up_proj, b.up_proj, inter * h, p + "up_proj");
+    require_matrix(w.down_proj, b.down_proj, h * inter, p + "down_proj");
     require_size(w.attn_out_norm, c.sandwich_norms ? h : 0, p + "post_attention_layernorm");
     require_size(w.mlp_out_norm, c.sandwich_norms ? h : 0, p + "post_feedforward_layernorm");
     require_size(w.q_norm, c.qk_norm ? c.head_dim : 0, p + "q_norm");

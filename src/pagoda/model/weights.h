@@ -1,6 +1,8 @@
 #pragma once
-/// ModelWeights: the f32 parameters of a Llama-family decoder in Hugging Face layout. Every
-/// linear weight is row-major [out_features, in_features] (y = x · Wᵀ). Host memory, owned.
+/// ModelWeights: the parameters of a Llama-family decoder in Hugging Face layout, f32 but for
+/// the dense GEMM matrices a checkpoint loaded with LoadOptions::keep_bf16 keeps in bf16
+/// (LayerWeights::bf16). Every linear weight is row-major [out_features, in_features]
+/// (y = x · Wᵀ). Host memory, owned.
 
 #include <cstdint>
 #include <vector>
@@ -8,6 +10,14 @@
 #include "pagoda/model/config.h"
 
 namespace pagoda::model {
+
+/// A dense layer's GEMM matrices as bf16 bits, from a BF16 checkpoint loaded with
+/// LoadOptions::keep_bf16 (safetensors.h): each one filled here replaces the f32 field of the same
+/// name in LayerWeights, which is then empty. Attention layers of Llama-family models only (MLA
+/// and Mamba2 mixer weights stay f32); empty otherwise.
+struct Bf16Matrices {
+  std::vector<uint16_t> q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
 
 struct LayerWeights {
   std::vector<float> input_norm;  ///< [hidden]
@@ -56,6 +66,7 @@ struct LayerWeights {
   std::vector<float> ssm_norm;       ///< [d_inner] (the gated RMSNorm's weight)
   std::vector<float> ssm_out_proj;   ///< [hidden, d_inner]
   std::vector<float> ssm_out_bias;   ///< [hidden] when mamba.proj_bias
+  Bf16Matrices bf16;  ///< the bf16 form of q/k/v/o and gate/up/down (see above)
 };
 
 struct ModelWeights {
@@ -67,7 +78,8 @@ struct ModelWeights {
   /// The LM-head matrix [vocab, hidden] (the embedding when tied).
   const std::vector<float>& lm_head_matrix() const { return lm_head.empty() ? embed : lm_head; }
   /// Throws Error(kInvalidArgument) naming the first tensor whose size does not match `config`
-  /// (including a q/k/v bias present when config.qkv_bias is false, or missing when true).
+  /// (including a q/k/v bias present when config.qkv_bias is false, or missing when true, a
+  /// matrix given both in f32 and in bf16, and a bf16 matrix on an MLA or Mamba2 layer).
   void validate(const ModelConfig& config) const;
 };
 

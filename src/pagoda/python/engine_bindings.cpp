@@ -40,7 +40,8 @@ class PyEngine {
   PyEngine(const std::string& model, uint64_t weight_seed, const engine::EngineArgs& a)
       : platform_(engine::make_platform(a)),
         config_(engine::make_engine_config(a, *platform_)),
-        loaded_(model::load_model(model, weight_seed)),
+        loaded_(model::load_model(model, weight_seed,
+                                  engine::load_options(a, *platform_, /*tensor_parallel=*/false))),
         llama_(loaded_.config, std::move(loaded_.weights)) {
     // As the CLI's prepare_host_threads: OpenBLAS single-threaded, the attention backend owns
     // the OpenMP threads (both spinning on 2 cores made LLM.generate 8x slower than `pagoda

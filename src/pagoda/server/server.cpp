@@ -175,7 +175,8 @@ int run_server(const ServeOptions& o, const TpStart& tp) {
   std::unique_ptr<platform::Platform> platform = engine::make_platform(o.engine);
   const engine::EngineConfig cfg = engine::make_engine_config(o.engine, *platform);
   const engine::WorkerFactory make_worker = tp ? tp(*platform) : engine::WorkerFactory{};
-  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed);
+  model::LoadedModel loaded = model::load_model(
+      o.model, o.weight_seed, engine::load_options(o.engine, *platform, static_cast<bool>(tp)));
   model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   ServerState state;
   state.model_name = !o.served_model_name.empty() ? o.served_model_name

@@ -149,6 +149,12 @@ TEST(EngineArgs, CpuGemmModes) {
       EXPECT_NE(message.find("--cpu-gemm " + a.cpu_gemm), std::string::npos) << message;
       EXPECT_NE(message.find(why), std::string::npos) << message;
     }
+    // A bf16 checkpoint stays bf16 for the modes whose GEMMs read bf16, on one rank.
+    auto platform = make_platform(a);
+    EXPECT_EQ(load_options(a, *platform, false).keep_bf16,
+              g == model::CpuGemm::kOnednn || g == model::CpuGemm::kAmx)
+        << a.cpu_gemm;
+    EXPECT_FALSE(load_options(a, *platform, true).keep_bf16) << a.cpu_gemm;
   }
   EngineArgs a;
   a.backend.attention = "reference";

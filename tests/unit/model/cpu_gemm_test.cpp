@@ -159,6 +159,47 @@ TEST(CpuGemm, AmxMatchesRoundedReferenceOrRefuses) {
   EXPECT_LT(runner.packed_bytes(), sizeof(float) * (100 * 70 + 300 * 1100));
 }
 
+// bf16 weights (WeightRef of uint16 bits, as a checkpoint loaded with keep_bf16 gives them) in
+// the bf16 modes: the same products, bit for bit, as their values widened to f32, which the
+// tests above check against f64; OpenBLAS refuses them (CpuOps widens them for it instead).
+TEST(CpuGemm, Bf16WeightsComputeAsTheirWidenedValues) {
+  const testing::TestSeed seed;
+  std::mt19937_64 rng(seed);
+  GemmData g = random_weights(rng, 100, 300);
+  std::vector<uint16_t> bits(g.w.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    bits[i] = f32_to_bf16_bits(g.w[i]);
+    g.w[i] = bf16_bits_to_f32(bits[i]);
+  }
+  int checked = 0;
+  for (CpuGemm mode : {CpuGemm::kOnednn, CpuGemm::kAmx}) {
+    if (!cpu_gemm_unavailable(mode).empty()) continue;
+    SCOPED_TRACE(cpu_gemm_name(mode));
+    CpuGemmRunner wide(mode), kept(mode);
+    kept.prepare(bits.data(), g.n, g.k);
+    std::normal_distribution<float> d(0.f, 1.f);
+    for (int64_t m : {1, 17, 40}) {
+      std::vector<float> x(static_cast<size_t>(m * g.k));
+      for (float& v : x) v = d(rng);
+      std::vector<float> ya(static_cast<size_t>(m * g.n), NAN), yb = ya;
+      wide.linear(x.data(), g.w.data(), ya.data(), m, g.n, g.k);
+      kept.linear(x.data(), bits.data(), yb.data(), m, g.n, g.k);
+      for (size_t i = 0; i < ya.size(); ++i) ASSERT_EQ(ya[i], yb[i]) << "m " << m << " at " << i;
+    }
+    EXPECT_EQ(kept.packed_bytes(), wide.packed_bytes());
+    ++checked;
+  }
+  CpuGemmRunner blas(CpuGemm::kOpenBlas);
+  std::vector<float> x(static_cast<size_t>(g.k)), y(static_cast<size_t>(g.n));
+  try {
+    blas.linear(x.data(), bits.data(), y.data(), 1, g.n, g.k);
+    ADD_FAILURE() << "openblas ran bf16 weights";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInternal) << e.what();
+  }
+  if (checked == 0) GTEST_SKIP() << "no bf16 GEMM mode runs here (openblas refusal checked)";
+}
+
 /// The f64 SwiGLU silu(g) * u of one element.
 double swiglu_ref(float g, float u) {
   return static_cast<double>(g) / (1.0 + std::exp(-static_cast<double>(g))) * u;

@@ -236,7 +236,17 @@ void AmxLinear::Impl::run(float*, int64_t) const {}
 
 #endif
 
-AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) : impl_(std::make_unique<Impl>()) {
+namespace {
+
+/// Element i of row `row` of w as bf16 bits: f32 rounded (nearest even), bf16 as it is.
+inline uint16_t bf16_at(const float* w, int64_t i) { return f32_to_bf16_bits(w[i]); }
+inline uint16_t bf16_at(const uint16_t* w, int64_t i) { return w[i]; }
+
+}  // namespace
+
+template <typename T>
+void AmxLinear::pack(const T* w, int64_t n, int64_t k) {
+  impl_ = std::make_unique<Impl>();
   const std::string why = amx_linear_unavailable();
   PAGODA_REQUIRE(why.empty(), kUnsupported, "amx linear: {}", why);
   PAGODA_REQUIRE(n >= 1 && k >= 1, kInvalidArgument, "amx linear: n {} and k {} must be >= 1", n,
@@ -252,15 +262,15 @@ AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) : impl_(std::make_uni
   uint32_t* dst = s.w.get();
 #pragma omp parallel
   {
-    // The column block's 32 rows rounded to bf16 (zero past n and past k), then per 32 inputs
-    // and 16 columns one B tile by amx_pack_k_group.
+    // The column block's 32 rows in bf16 (zero past n and past k), then per 32 inputs and 16
+    // columns one B tile by amx_pack_k_group.
     std::vector<uint16_t> rows(static_cast<size_t>(32 * s.kp));
 #pragma omp for schedule(static)
     for (int64_t nb = 0; nb < nb_total; ++nb) {
       std::fill(rows.begin(), rows.end(), uint16_t{0});
       for (int64_t r = 0; r < 32 && nb * 32 + r < n; ++r) {
-        const float* src = w + (nb * 32 + r) * k;
-        for (int64_t i = 0; i < k; ++i) rows[r * s.kp + i] = f32_to_bf16_bits(src[i]);
+        const T* src = w + (nb * 32 + r) * k;
+        for (int64_t i = 0; i < k; ++i) rows[r * s.kp + i] = bf16_at(src, i);
       }
       for (int64_t kb = 0; kb < kb_total; ++kb) {
         for (int half = 0; half < 2; ++half) {
@@ -272,6 +282,9 @@ AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) : impl_(std::make_uni
     }
   }
 }
+
+AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) { pack(w, n, k); }
+AmxLinear::AmxLinear(const uint16_t* w_bf16, int64_t n, int64_t k) { pack(w_bf16, n, k); }
 
 AmxLinear::~AmxLinear() = default;
 AmxLinear::AmxLinear(AmxLinear&&) noexcept = default;

@@ -6,7 +6,8 @@
 /// activations (vcvtneps2bf16: nearest even, denormal inputs flushed to zero; onednn_linear
 /// rounds them with core's f32_to_bf16_bits).
 ///
-/// Weights: rounded to bf16 (nearest even, subnormals kept) once, at construction, and packed as
+/// Weights: rounded to bf16 (nearest even, subnormals kept; bf16 weights are taken as they are)
+/// once, at construction, and packed as
 /// AMX B tiles by amx_pack_k_group (amx_blocks.h): per
 /// block of 32 output columns and 32 inputs two 1 KB tiles [16 input pairs][16 columns], the
 /// blocks of one column block contiguous along k (n and k zero-padded to multiples of 32).
@@ -47,6 +48,9 @@ class AmxLinear {
   /// Packs w [n, k] (f32, row-major) as bf16 B tiles. n, k >= 1. Throws Error(kUnsupported)
   /// with amx_linear_unavailable's reason, Error(kInvalidArgument) for n or k < 1.
   AmxLinear(const float* w, int64_t n, int64_t k);
+  /// The same from bf16 weights (uint16 bits, row-major [n, k]), packed as they are: the packed
+  /// bytes equal those of the f32 constructor on the widened values.
+  AmxLinear(const uint16_t* w_bf16, int64_t n, int64_t k);
   ~AmxLinear();
   AmxLinear(AmxLinear&&) noexcept;
   AmxLinear& operator=(AmxLinear&&) noexcept;
@@ -71,6 +75,10 @@ class AmxLinear {
   size_t weight_bytes() const;
 
  private:
+  /// Both constructors: rounds (f32) or copies (bf16) w into the packed B tiles.
+  template <typename T>
+  void pack(const T* w, int64_t n, int64_t k);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -177,6 +177,22 @@ struct OnednnLinear::Impl {
 };
 
 OnednnLinear::OnednnLinear(const float* w, int64_t n, int64_t k, DType weight_dtype) {
+  if (weight_dtype != DType::kBF16) {
+    pack(w, n, k, weight_dtype);
+    return;
+  }
+  PAGODA_REQUIRE(n >= 1 && k >= 1, kInvalidArgument, "OnednnLinear: n and k must be >= 1 (got {}, {})",
+                 n, k);
+  std::vector<uint16_t> rounded(static_cast<size_t>(n * k));
+  for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16_bits(w[i]);
+  pack(rounded.data(), n, k, DType::kBF16);
+}
+
+OnednnLinear::OnednnLinear(const uint16_t* w_bf16, int64_t n, int64_t k) {
+  pack(w_bf16, n, k, DType::kBF16);
+}
+
+void OnednnLinear::pack(const void* w, int64_t n, int64_t k, DType weight_dtype) {
   PAGODA_REQUIRE(n >= 1 && k >= 1, kInvalidArgument, "OnednnLinear: n and k must be >= 1 (got {}, {})",
                  n, k);
   const std::string why = onednn_linear_unavailable(weight_dtype);
@@ -189,14 +205,7 @@ OnednnLinear::OnednnLinear(const float* w, int64_t n, int64_t k, DType weight_dt
                     .weights_desc();
   // The HF [n, k] row-major array is the {k, n} weights tensor in layout `ba`.
   const memory::desc plain_md({k, n}, t, DnnlTag::ba);
-  std::vector<uint16_t> rounded;
-  void* plain = const_cast<float*>(w);  // read only: the reorder's source
-  if (weight_dtype == DType::kBF16) {
-    rounded.resize(static_cast<size_t>(n * k));
-    for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16_bits(w[i]);
-    plain = rounded.data();
-  }
-  const memory src(plain_md, onednn_engine(), plain);
+  const memory src(plain_md, onednn_engine(), const_cast<void*>(w));  // read only: the source
   s.weights = memory(s.packed_md, onednn_engine());
   dnnl::reorder(src, s.weights).execute(s.stream, const_cast<memory&>(src), s.weights);
   s.stream.wait();
@@ -335,6 +344,10 @@ struct OnednnLinear::Impl {};
 OnednnLinear::OnednnLinear(const float*, int64_t, int64_t, DType) {
   throw_error(ErrorCode::kUnsupported, "{}", kNoOnednn);
 }
+OnednnLinear::OnednnLinear(const uint16_t*, int64_t, int64_t) {
+  throw_error(ErrorCode::kUnsupported, "{}", kNoOnednn);
+}
+void OnednnLinear::pack(const void*, int64_t, int64_t, DType) {}
 OnednnLinear::~OnednnLinear() = default;
 OnednnLinear::OnednnLinear(OnednnLinear&&) noexcept = default;
 OnednnLinear& OnednnLinear::operator=(OnednnLinear&&) noexcept = default;

@@ -51,6 +51,9 @@ class OnednnLinear {
   /// Copies w [n, k] (f32, row-major) in weight_dtype into oneDNN's packed layout. n, k >= 1.
   /// Throws Error(kUnsupported) with onednn_linear_unavailable's reason.
   OnednnLinear(const float* w, int64_t n, int64_t k, DType weight_dtype);
+  /// The same from bf16 weights (uint16 bits, row-major [n, k]; weight_dtype kBF16), reordered
+  /// as they are: the packed copy equals the f32 constructor's on the widened values.
+  OnednnLinear(const uint16_t* w_bf16, int64_t n, int64_t k);
   ~OnednnLinear();
   OnednnLinear(OnednnLinear&&) noexcept;
   OnednnLinear& operator=(OnednnLinear&&) noexcept;
@@ -75,6 +78,8 @@ class OnednnLinear {
   static constexpr size_t kMaxCached = 32;
 
  private:
+  /// Both constructors: w [n, k] in weight_dtype (f32, or bf16 bits) reordered into impl_.
+  void pack(const void* w, int64_t n, int64_t k, DType weight_dtype);
   /// The product of m rows of x (the weights' dtype; past 32 rows, readable up to the end of
   /// the zero-padded tail block).
   void run(const void* x, float* y, int64_t m);
