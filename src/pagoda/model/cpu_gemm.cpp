@@ -36,7 +36,9 @@ CpuGemm auto_cpu_gemm() {
              : CpuGemm::kOpenBlas;
 }
 
-bool cpu_gemm_reads_bf16(CpuGemm gemm) { return gemm == CpuGemm::kOnednn || gemm == CpuGemm::kAmx; }
+bool cpu_gemm_reads_bf16(CpuGemm gemm) {
+  return gemm == CpuGemm::kOnednn || gemm == CpuGemm::kAmx;
+}
 
 CpuGemmRunner::CpuGemmRunner(CpuGemm gemm) : gemm_(gemm) {
   const std::string why = cpu_gemm_unavailable(gemm);
@@ -55,9 +57,9 @@ kernels::cpu::OnednnLinear& CpuGemmRunner::packed(WeightRef w, int64_t n, int64_
         .first->second;
   }
   return packed_
-      .emplace(key, kernels::cpu::OnednnLinear(
-                        static_cast<const float*>(w.data), n, k,
-                        gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32))
+      .emplace(key,
+               kernels::cpu::OnednnLinear(static_cast<const float*>(w.data), n, k,
+                                          gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32))
       .first->second;
 }
 
@@ -80,8 +82,7 @@ void CpuGemmRunner::prepare(WeightRef w, int64_t n, int64_t k) {
   }
 }
 
-void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int64_t n,
-                           int64_t k) {
+void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int64_t n, int64_t k) {
   if (gemm_ == CpuGemm::kOpenBlas) {
     PAGODA_REQUIRE(!w.bf16, kInternal, "bf16 weights in --cpu-gemm openblas");
     return model::linear(x, static_cast<const float*>(w.data), y, m, n, k);
@@ -91,8 +92,8 @@ void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int
   packed(w, n, k).forward(x, y, m);
 }
 
-bool CpuGemmRunner::swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m,
-                                  int64_t n, int64_t k) {
+bool CpuGemmRunner::swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m, int64_t n,
+                                  int64_t k) {
   if (gemm_ != CpuGemm::kOnednn && gemm_ != CpuGemm::kAmx) return false;
   if (m == 0 || n == 0) return true;
   if (gemm_ == CpuGemm::kAmx) {

@@ -189,15 +189,14 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     int l = 0;
     for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
       const std::span<const float> bias = qkv_bias_of(w);
-      layers_.push_back(
-          gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
-                               .qkv = matrix(w.qkv_proj, w.bf16.qkv_proj),
-                               .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                               .o_proj = matrix(w.o_proj, w.bf16.o_proj),
-                               .post_norm = ops.upload(w.post_norm),
-                               .gate_up = matrix(w.gate_up, w.bf16.gate_up),
-                               .down = matrix(w.down_proj, w.bf16.down_proj)},
-                     w, l++));
+      layers_.push_back(gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
+                                             .qkv = matrix(w.qkv_proj, w.bf16.qkv_proj),
+                                             .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
+                                             .o_proj = matrix(w.o_proj, w.bf16.o_proj),
+                                             .post_norm = ops.upload(w.post_norm),
+                                             .gate_up = matrix(w.gate_up, w.bf16.gate_up),
+                                             .down = matrix(w.down_proj, w.bf16.down_proj)},
+                                   w, l++));
       if (c.is_mla()) upload_mla(layers_.back(), w);
     }
     prepare_linears();

@@ -135,7 +135,7 @@ class LlamaModel {
 
   ModelConfig config_;
   std::vector<float> embed_;
-  std::vector<float> lm_head_;  ///< empty when tied (embed_ is used) or in bf16
+  std::vector<float> lm_head_;                 ///< empty when tied (embed_ is used) or in bf16
   std::vector<uint16_t> embed16_, lm_head16_;  ///< the bf16 forms (see embed_bf16())
   std::vector<float> final_norm_;
   std::vector<PackedLayer> packed_;

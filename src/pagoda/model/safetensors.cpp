@@ -394,7 +394,8 @@ class TensorSource {
   bool keep_bf16 = false;  ///< read_matrix's choice (LoadOptions::keep_bf16)
 
   /// The file holding `name`, whose shape was checked against `expected_shape`; marks it used.
-  const SafetensorsFile& checked(const std::string& name, const std::vector<int64_t>& expected_shape) {
+  const SafetensorsFile& checked(const std::string& name,
+                                 const std::vector<int64_t>& expected_shape) {
     auto it = where_.find(name);
     PAGODA_REQUIRE(it != where_.end(), kInvalidArgument, "checkpoint has no tensor {}", name);
     const SafetensorsFile& f = files_[it->second];

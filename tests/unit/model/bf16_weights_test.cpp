@@ -64,7 +64,8 @@ constexpr MatrixField kMatrices[] = {
 /// `w` with every dense matrix, the embedding and the LM head rounded to bf16: `as_bits` puts them
 /// in the bf16 fields (the f32 ones emptied), else keeps them f32 (the widened values).
 ModelWeights rounded(ModelWeights w, bool as_bits) {
-  for (auto [f32, bf16] : {std::pair{&w.embed, &w.embed_bf16}, std::pair{&w.lm_head, &w.lm_head_bf16}}) {
+  for (auto [f32, bf16] :
+       {std::pair{&w.embed, &w.embed_bf16}, std::pair{&w.lm_head, &w.lm_head_bf16}}) {
     std::vector<uint16_t> bits = rounded_bits(*f32);
     if (as_bits) {
       *bf16 = std::move(bits);
@@ -143,7 +144,8 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
   ModelConfig partial = testing::test_model_config();
   partial.rotary_dim = 32;  // q/k rows permuted per head when packed
   partial.name = "partial-rope";
-  for (const ModelConfig& c : {testing::test_model_config(), testing::qwen2_test_config(), partial}) {
+  for (const ModelConfig& c :
+       {testing::test_model_config(), testing::qwen2_test_config(), partial}) {
     SCOPED_TRACE(c.name);
     const ModelWeights w = make_random_weights(c, seed);
     ModelWeights bits = rounded(w, true);
@@ -260,10 +262,10 @@ std::vector<float> forward_logits(const LlamaModel& model, CpuGemm gemm, uint64_
   const int32_t zero = 0, n = static_cast<int32_t>(tokens.size()), none = -1;
   auto s = *alloc.alloc_extend(std::span(&zero, 1), std::span(&n, 1), std::span(&none, 1));
   table.write(row, 0, s);
-  std::vector<float> logits = run(StepInput{
-      .mode = attention::ForwardMode::kExtend,
-      .seqs = {{.req_slot = row.value(), .prefix_len = 0, .tokens = std::span(tokens)}},
-      .out_cache_loc = s});
+  std::vector<float> logits = run(
+      StepInput{.mode = attention::ForwardMode::kExtend,
+                .seqs = {{.req_slot = row.value(), .prefix_len = 0, .tokens = std::span(tokens)}},
+                .out_cache_loc = s});
   for (int step = 0; step < 2; ++step) {
     tokens.push_back(static_cast<int32_t>(rng() % 256));
     const int32_t len = static_cast<int32_t>(tokens.size());
