@@ -224,8 +224,8 @@ void run_bench(const BenchOptions& o) {
   // Load time: the checkpoint read, the weights packed and uploaded and the engine built (the
   // CPU oneDNN modes pack every GEMM weight here, so no request's TTFT pays for it).
   const auto load_t0 = std::chrono::steady_clock::now();
-  const model::LoadOptions load = engine::load_options(args, *platform, o.tp > 1);
-  model::LoadedModel loaded = model::load_model(o.model, o.weight_seed, load);
+  model::LoadedModel loaded =
+      model::load_model(o.model, o.weight_seed, engine::load_options(args, *platform, o.tp > 1));
   model::LlamaModel llama(loaded.config, std::move(loaded.weights));
   engine::Engine eng(llama, cfg, platform.get(), tp.factory(*platform));
   const double load_s =
@@ -399,7 +399,7 @@ void run_bench(const BenchOptions& o) {
       {"dtype", std::string(dtype_name(st.dtype))},
       {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
       {"cpu_gemm", std::string(model::cpu_gemm_name(cfg.cpu_gemm))},
-      {"keep_bf16", load.keep_bf16},  // BF16-stored weights kept bf16 (model::LoadOptions)
+      {"bf16_weights", llama.has_bf16_weights()},  // kept bf16 (model::LoadOptions::keep_bf16)
       {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
       {"decode_batch_max", decode_batch_max},
       {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /

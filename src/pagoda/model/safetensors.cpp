@@ -556,11 +556,13 @@ LoadedModel load_hf_checkpoint(const fs::path& dir, const LoadOptions& options) 
     // copy that differs would mean two different models (compared as values: the two may be
     // stored in different dtypes).
     if (c.tie_word_embeddings) {
-      auto values = [](const std::vector<float>& f32, const std::vector<uint16_t>& bf16) {
-        return bf16.empty() ? f32 : widened_bf16(bf16);
-      };
-      PAGODA_REQUIRE(values(w.lm_head, w.lm_head_bf16) == values(w.embed, w.embed_bf16),
-                     kInvalidArgument,
+      // Widened only where the two forms differ (no copy of an f32 table).
+      const bool same =
+          w.lm_head_bf16.empty() == w.embed_bf16.empty()
+              ? w.lm_head == w.embed && w.lm_head_bf16 == w.embed_bf16
+              : (w.lm_head_bf16.empty() ? w.lm_head == widened_bf16(w.embed_bf16)
+                                        : widened_bf16(w.lm_head_bf16) == w.embed);
+      PAGODA_REQUIRE(same, kInvalidArgument,
                      "lm_head.weight differs from model.embed_tokens.weight although "
                      "tie_word_embeddings is true");
       w.lm_head.clear();

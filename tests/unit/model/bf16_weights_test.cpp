@@ -39,12 +39,6 @@ std::vector<uint16_t> rounded_bits(const std::vector<float>& v) {
   return out;
 }
 
-std::vector<float> widened(const std::vector<uint16_t>& b) {
-  std::vector<float> out(b.size());
-  for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_bits_to_f32(b[i]);
-  return out;
-}
-
 /// The seven dense matrices of a layer: f32 field, bf16 field, name.
 struct MatrixField {
   std::vector<float> LayerWeights::*f32;
@@ -71,7 +65,7 @@ ModelWeights rounded(ModelWeights w, bool as_bits) {
       *bf16 = std::move(bits);
       f32->clear();
     } else {
-      *f32 = widened(bits);
+      *f32 = widened_bf16(bits);
     }
   }
   for (LayerWeights& l : w.layers)
@@ -81,7 +75,7 @@ ModelWeights rounded(ModelWeights w, bool as_bits) {
         l.bf16.*m.bf16 = std::move(bits);
         (l.*m.f32).clear();
       } else {
-        l.*m.f32 = widened(bits);
+        l.*m.f32 = widened_bf16(bits);
       }
     }
   return w;
@@ -106,7 +100,7 @@ TEST(Bf16Weights, LoaderKeepsExactlyTheBf16StoredMatrices) {
       EXPECT_TRUE((kept.weights.layers[l].*m.f32).empty());
       EXPECT_EQ(kept.weights.layers[l].bf16.*m.bf16, want);
       EXPECT_TRUE((wide.weights.layers[l].bf16.*m.bf16).empty());
-      EXPECT_EQ(wide.weights.layers[l].*m.f32, widened(want));
+      EXPECT_EQ(wide.weights.layers[l].*m.f32, widened_bf16(want));
       EXPECT_TRUE((f32.weights.layers[l].bf16.*m.bf16).empty());  // stored F32: read as f32
       EXPECT_EQ(f32.weights.layers[l].*m.f32, w.layers[l].*m.f32);
     }
@@ -116,7 +110,7 @@ TEST(Bf16Weights, LoaderKeepsExactlyTheBf16StoredMatrices) {
   EXPECT_TRUE(kept.weights.embed.empty() && kept.weights.lm_head.empty());
   EXPECT_EQ(kept.weights.embed_bf16, rounded_bits(w.embed));
   EXPECT_EQ(kept.weights.lm_head_bf16, rounded_bits(w.lm_head));
-  EXPECT_EQ(widened(kept.weights.embed_bf16), wide.weights.embed);
+  EXPECT_EQ(widened_bf16(kept.weights.embed_bf16), wide.weights.embed);
   EXPECT_TRUE(f32.weights.embed_bf16.empty());
   EXPECT_EQ(f32.weights.embed, w.embed);
   // Tied: a stored lm_head equal to the embedding is dropped in either form.
@@ -150,15 +144,17 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
     const ModelWeights w = make_random_weights(c, seed);
     ModelWeights bits = rounded(w, true);
     // Layer 1's k_proj as the checkpoint might store it, in f32: its q/k/v group packs in f32.
-    bits.layers[1].k_proj = widened(bits.layers[1].bf16.k_proj);
+    bits.layers[1].k_proj = widened_bf16(bits.layers[1].bf16.k_proj);
     bits.layers[1].bf16.k_proj.clear();
     const LlamaModel wide(c, rounded(w, false));
     const LlamaModel kept(c, std::move(bits));
     EXPECT_EQ(kept.weight_elements(), wide.weight_elements());
     EXPECT_EQ(kept.lm_head_tied(), wide.lm_head_tied());
+    EXPECT_TRUE(kept.has_bf16_weights());
+    EXPECT_FALSE(wide.has_bf16_weights());
     EXPECT_TRUE(kept.embed_weights().empty() && kept.lm_head_weights().empty());
-    EXPECT_EQ(widened(kept.embed_bf16()), wide.embed_weights());
-    EXPECT_EQ(widened(kept.lm_head_bf16()), wide.lm_head_weights());
+    EXPECT_EQ(widened_bf16(kept.embed_bf16()), wide.embed_weights());
+    EXPECT_EQ(widened_bf16(kept.lm_head_bf16()), wide.lm_head_weights());
     for (size_t l = 0; l < wide.packed_layers().size(); ++l) {
       SCOPED_TRACE(::testing::Message() << "layer " << l);
       const LlamaModel::PackedLayer& a = wide.packed_layers()[l];
@@ -168,12 +164,12 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
         EXPECT_EQ(b.qkv_proj, a.qkv_proj);
       } else {
         EXPECT_TRUE(b.qkv_proj.empty());
-        EXPECT_EQ(widened(b.bf16.qkv_proj), a.qkv_proj);
+        EXPECT_EQ(widened_bf16(b.bf16.qkv_proj), a.qkv_proj);
       }
       EXPECT_TRUE(b.o_proj.empty() && b.gate_up.empty() && b.down_proj.empty());
-      EXPECT_EQ(widened(b.bf16.o_proj), a.o_proj);
-      EXPECT_EQ(widened(b.bf16.gate_up), a.gate_up);
-      EXPECT_EQ(widened(b.bf16.down_proj), a.down_proj);
+      EXPECT_EQ(widened_bf16(b.bf16.o_proj), a.o_proj);
+      EXPECT_EQ(widened_bf16(b.bf16.gate_up), a.gate_up);
+      EXPECT_EQ(widened_bf16(b.bf16.down_proj), a.down_proj);
       EXPECT_EQ(b.qkv_bias, a.qkv_bias);
     }
   }
@@ -213,7 +209,7 @@ TEST(Bf16Weights, ValidateRefusesTwiceGivenMisSizedAndMlaMatrices) {
   const ModelConfig c = testing::test_model_config();
   const ModelWeights w = make_random_weights(c, seed);
   ModelWeights twice = rounded(w, true);
-  twice.layers[0].gate_proj = widened(twice.layers[0].bf16.gate_proj);
+  twice.layers[0].gate_proj = widened_bf16(twice.layers[0].bf16.gate_proj);
   EXPECT_NE(error_of([&] { twice.validate(c); }, ErrorCode::kInvalidArgument)
                 .find("layers.0.gate_proj is given both in f32 and in bf16"),
             std::string::npos);

@@ -238,7 +238,7 @@ void AmxLinear::Impl::run(float*, int64_t) const {}
 
 namespace {
 
-/// Element i of row `row` of w as bf16 bits: f32 rounded (nearest even), bf16 as it is.
+/// Element i of w as bf16 bits: f32 rounded (nearest even), bf16 as it is.
 inline uint16_t bf16_at(const float* w, int64_t i) {
   return f32_to_bf16_bits(w[i]);
 }
