@@ -31,6 +31,14 @@ void AttentionBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
               name(), topk.size(), k);
 }
 
+void AttentionBackend::select_index_topk(LayerId layer, const IndexerQuery& /*q*/, int k,
+                                         std::span<int32_t> /*topk*/, std::span<float> /*scores*/) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' has no DeepSeek sparse attention indexer (select_index_topk for "
+              "layer {}, k {}); use 'reference' or 'cpu'",
+              name(), layer.value(), k);
+}
+
 void AttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   throw_error(ErrorCode::kUnsupported,
               "backend '{}' does not support CUDA graphs (init_cuda_graph_state({}, {})); use a "

@@ -37,6 +37,7 @@ class ReqToTokenTable;
 namespace pagoda::attention {
 
 struct IndexerMetadata;
+struct IndexerQuery;
 
 /// What a backend supports, as data (validation and the conformance matrix read it).
 struct BackendCapabilities {
@@ -58,6 +59,8 @@ struct BackendCapabilities {
   bool lse = false;                  ///< can return the softmax LSE
   /// DeepSeek sparse attention: get_indexer_metadata and set_sparse_topk (attention/dsa.h).
   bool dsa = false;
+  /// DSA's lightning indexer over the pool's index keys: select_index_topk.
+  bool dsa_indexer = false;
   std::string device = "cpu";        ///< "cpu" or "cuda"
 };
 
@@ -99,6 +102,14 @@ class AttentionBackend {
   /// The default throws Error(kUnsupported)
   /// naming the backend (no sparse MLA).
   virtual void set_sparse_topk(std::span<const int32_t> topk, int k);
+  /// The lightning indexer's selection for one layer of this step (capabilities().dsa_indexer):
+  /// scores every position each row sees against the pool's stored index keys of `layer` and
+  /// writes each row's k best positions to topk [num_tokens, k] and, when `scores` is not
+  /// empty, their scores (attention/dsa.h index_topk_host states the math, the order and the
+  /// padding). Call after init_forward_metadata; the result feeds set_sparse_topk. The default
+  /// throws Error(kUnsupported) naming the backend.
+  virtual void select_index_topk(LayerId layer, const IndexerQuery& q, int k,
+                                 std::span<int32_t> topk, std::span<float> scores);
 
   virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionLayer& layer, const ForwardBatch& batch,

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 
 #include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
+#include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 
 namespace pagoda::attention {
@@ -137,6 +141,78 @@ PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_
     p.kv_last_page_len.push_back(sel.empty() ? 0 : 1);
   });
   return p;
+}
+
+void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadata& meta,
+                     const IndexerQuery& q, int k, std::span<int32_t> topk, std::span<float> scores,
+                     const IndexerFaults& faults) {
+  PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported,
+                 "index_topk_host reads a host pool (this one is on {})",
+                 pool.device().to_string());
+  const int64_t d = pool.config().index_head_dim;
+  PAGODA_REQUIRE(pool.index_row_bytes() > 0, kInvalidArgument,
+                 "the DSA indexer needs a pool with index keys (index_head_dim 0)");
+  const auto rows = static_cast<int64_t>(meta.row_request.size());
+  PAGODA_REQUIRE(
+      k >= 1 && q.heads >= 1 && q.dim == d && q.q != nullptr && q.w != nullptr, kInvalidArgument,
+      "indexer: k {} and {} heads must be >= 1, dim {} must be the pool's index_head_dim "
+      "{}, q and w given",
+      k, q.heads, q.dim, d);
+  const auto want = static_cast<size_t>(rows * k);
+  PAGODA_REQUIRE(topk.size() == want && (scores.empty() || scores.size() == want), kInvalidArgument,
+                 "indexer: topk has {} entries and scores {} for {} rows x k {} (scores may be "
+                 "empty)",
+                 topk.size(), scores.size(), rows, k);
+  const uint8_t* base = pool.index_rows(layer);
+  const int64_t row_bytes = pool.index_row_bytes(), slots_total = pool.num_slots();
+  const int64_t shift = faults.key_page_shift ? pool.page_size() : 0;
+  std::vector<float> key(static_cast<size_t>(d));
+  std::vector<double> score;
+  std::vector<int32_t> order;
+  for (int64_t t = 0; t < rows; ++t) {
+    const int32_t b = meta.row_request[static_cast<size_t>(t)];
+    const int32_t visible = meta.row_visible[static_cast<size_t>(t)];
+    const int32_t* slots = meta.slots.data() + meta.slot_indptr[static_cast<size_t>(b)];
+    const float* qt = q.q + t * q.heads * d;
+    const float* wt = q.w + t * q.heads;
+    score.assign(static_cast<size_t>(visible), 0.0);
+    order.clear();
+    for (int32_t p = 0; p < visible; ++p) {
+      if (!meta.sees(t, p)) continue;  // a tree verify: a draft node off the row's path
+      order.push_back(p);
+      const uint8_t* row = base + (slots[p] + shift) % slots_total * row_bytes;
+      float scale = 1.f;
+      if (!faults.ignore_scale) std::memcpy(&scale, row + d, sizeof(float));
+      for (int64_t j = 0; j < d; ++j) key[static_cast<size_t>(j)] = e4m3_to_f32(row[j]) * scale;
+      double s = 0;
+      for (int32_t h = 0; h < q.heads; ++h) {
+        const float* qh = qt + int64_t{h} * d;
+        double dot = 0;
+        for (int64_t j = 0; j < d; ++j)
+          dot += static_cast<double>(qh[j]) * key[static_cast<size_t>(j)];
+        s += static_cast<double>(wt[h]) * std::max(dot, 0.0);
+      }
+      score[static_cast<size_t>(p)] = s;
+    }
+    const auto keep = std::min(order.size(), static_cast<size_t>(k));
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
+                      [&](int32_t a, int32_t c) {
+                        const double sa = score[static_cast<size_t>(a)];
+                        const double sc = score[static_cast<size_t>(c)];
+                        return sa != sc ? sa > sc : a < c;
+                      });
+    const size_t drop = faults.drop_best && keep > 0 ? 1 : 0;
+    for (size_t i = 0; i < static_cast<size_t>(k); ++i) {
+      const size_t at = static_cast<size_t>(t * k) + i;
+      const bool kept = i + drop < keep;
+      const int32_t p = kept ? order[i + drop] : -1;
+      topk[at] = p;
+      if (!scores.empty()) {
+        scores[at] = kept ? static_cast<float>(score[static_cast<size_t>(p)])
+                          : -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
 }
 
 }  // namespace pagoda::attention

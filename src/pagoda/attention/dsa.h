@@ -1,15 +1,16 @@
 #pragma once
 /// DeepSeek sparse attention (DSA) on the attention side: the indexer metadata a backend builds
-/// once per step (SGLang's get_indexer_metadata) and the two ways a host backend restricts one
-/// forward to the indexer's top-k positions: a custom mask over the step's plan, or a gather
-/// plan over the selected slots only (SparseAttentionPath). The indexer itself (projections,
-/// scores, top-k) is the model's (model/dsa_indexer.h); its keys live in the KvPool beside the
-/// latent rows.
+/// once per step (SGLang's get_indexer_metadata), the indexer's scores and top-k over the pool's
+/// index keys (AttentionBackend::select_index_topk; index_topk_host on host pools), and the two
+/// ways a host backend restricts one forward to the selected positions: a custom mask over the
+/// step's plan, or a gather plan over the selected slots only (SparseAttentionPath). The
+/// indexer's projections (queries, head weights, keys) are the model's (model/dsa_indexer.h);
+/// its keys live in the KvPool beside the latent rows.
 ///
 /// A selection is topk [rows, k] (rows = the step's query tokens): row t attends to exactly the
 /// positions topk[t·k, (t+1)·k) lists, in any order, -1 entries unused. Both paths reject a
-/// position the row does not see (IndexerMetadata::sees; Error(kOutOfRange), also for entries below -1), a
-/// position listed twice in a row (kInvalidArgument) and wrong sizes (kInvalidArgument).
+/// position the row does not see (IndexerMetadata::sees; Error(kOutOfRange), also for entries below
+/// -1), a position listed twice in a row (kInvalidArgument) and wrong sizes (kInvalidArgument).
 ///
 /// Supported modes: kDecode (not a draft step), kExtend, kMixed and kTargetVerify (each row sees
 /// the committed prefix and its own path of the draft tree). Draft modes (draft extend,
@@ -22,9 +23,12 @@
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/attention/paged_plan.h"
 
+#include "pagoda/core/ids.h"
+
 namespace pagoda::kv {
+class KvPool;
 class ReqToTokenTable;
-}
+}  // namespace pagoda::kv
 
 namespace pagoda::attention {
 
@@ -61,6 +65,37 @@ struct IndexerMetadata {
 /// verify tree mask of the wrong size.
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token);
+
+/// One layer's indexer queries for the step's rows (host memory, f32), as the model computes
+/// them: q [rows, heads, dim] with RoPE applied, w [rows, heads] the head weights (already scaled
+/// by (heads·dim)^-½). dim must be the pool's index_head_dim.
+struct IndexerQuery {
+  const float* q = nullptr;
+  const float* w = nullptr;
+  int32_t heads = 0;
+  int32_t dim = 0;
+};
+
+/// Faults for the conformance mutants (the reference backend's): none by default.
+struct IndexerFaults {
+  bool key_page_shift = false;  ///< each key read one page further on (slot + page size)
+  bool ignore_scale = false;    ///< the stored fp8 codes used without their scale
+  bool drop_best = false;       ///< each row's best position left out of its selection
+};
+
+/// The lightning indexer's selection over a host pool's index keys of `layer`: for each query
+/// row t and every position p the row sees (meta.sees),
+///   score(t, p) = Σ_h w[t, h] · ReLU(q[t, h] · key(p)),
+/// key(p) the stored key of slot meta.slots[...] dequantised (e4m3 code · its scale), products
+/// and sums in f64 in the order h, then d; topk[t·k, (t+1)·k) receives the min(k, seen) best
+/// positions in (score descending, position ascending) order — ties go to the earlier token —
+/// padded with -1, and scores (empty, or the same shape) their scores as f32 (-inf where -1).
+/// kInvalidArgument (nothing written) for sizes that disagree with meta, q or k < 1, a dim other
+/// than the pool's index_head_dim or a pool without index keys; kUnsupported for a device pool.
+/// O(rows · seen · heads · dim).
+void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadata& meta,
+                     const IndexerQuery& q, int k, std::span<int32_t> topk, std::span<float> scores,
+                     const IndexerFaults& faults = {});
 
 /// How HostPagedBackend runs a forward after set_sparse_topk.
 enum class SparseAttentionPath : uint8_t {

@@ -31,6 +31,7 @@ BackendCapabilities full_feature_capabilities() {
   c.cuda_graph = false;
   c.lse = true;
   c.dsa = true;
+  c.dsa_indexer = true;
   c.device = "cpu";
   return c;
 }
@@ -38,12 +39,13 @@ BackendCapabilities full_feature_capabilities() {
 HostPagedBackend::HostPagedBackend(const BackendContext& ctx, std::string name,
                                    BackendCapabilities caps,
                                    std::unique_ptr<BatchAttention> attention,
-                                   SparseAttentionPath sparse_path)
+                                   SparseAttentionPath sparse_path, IndexerFaults indexer_faults)
     : ctx_(ctx),
       name_(std::move(name)),
       caps_(std::move(caps)),
       attn_(std::move(attention)),
-      sparse_path_(sparse_path) {
+      sparse_path_(sparse_path),
+      indexer_faults_(indexer_faults) {
   PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
                  "backend '{}' needs a KvPool and a ReqToTokenTable in its BackendContext", name_);
   PAGODA_REQUIRE(ctx.kv_pool->device().is_cpu(), kUnsupported,
@@ -76,6 +78,15 @@ void HostPagedBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
     sparse_plan_ = std::move(masked);
   }
   sparse_next_ = true;
+}
+
+void HostPagedBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
+                                         std::span<int32_t> topk, std::span<float> scores) {
+  PAGODA_REQUIRE(indexer_.has_value(), kFailedPrecondition,
+                 "backend '{}': select_index_topk without indexer metadata (the pool has no "
+                 "index keys, or init_forward_metadata was not called)",
+                 name_);
+  index_topk_host(*ctx_.kv_pool, layer, *indexer_, q, k, topk, scores, indexer_faults_);
 }
 
 void HostPagedBackend::forward_extend(const TensorView& q, const TensorView& k,

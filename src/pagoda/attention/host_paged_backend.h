@@ -11,6 +11,7 @@
 /// of the selected positions (kMask), or the gather plan over the selected slots only, the pool
 /// viewed token-granular (kGather, O(k) per row). Either way every BatchAttention serves sparse
 /// MLA unchanged; a sparse forward of a layer with a sliding window is Error(kUnsupported).
+/// select_index_topk runs the indexer's scores and top-k on the host (index_topk_host).
 /// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
 /// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
 
@@ -37,9 +38,11 @@ class HostPagedBackend : public AttentionBackend {
   /// (Error(kInvalidArgument) otherwise; Error(kUnsupported) for a device pool).
   /// `sparse_path`: how a forward after set_sparse_topk runs (the reference backend keeps
   /// kMask, the cpu backend takes kGather).
+  /// `indexer_faults`: the conformance mutants' indexer faults (none by default).
   HostPagedBackend(const BackendContext& ctx, std::string name, BackendCapabilities caps,
                    std::unique_ptr<BatchAttention> attention,
-                   SparseAttentionPath sparse_path = SparseAttentionPath::kMask);
+                   SparseAttentionPath sparse_path = SparseAttentionPath::kMask,
+                   IndexerFaults indexer_faults = {});
 
   std::string name() const override { return name_; }
   const BackendCapabilities& capabilities() const override { return caps_; }
@@ -55,6 +58,9 @@ class HostPagedBackend : public AttentionBackend {
     return indexer_ ? &*indexer_ : nullptr;
   }
   void set_sparse_topk(std::span<const int32_t> topk, int k) override;
+  /// index_topk_host over the context's pool and this step's indexer metadata.
+  void select_index_topk(LayerId layer, const IndexerQuery& q, int k, std::span<int32_t> topk,
+                         std::span<float> scores) override;
 
  private:
   void run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -66,6 +72,7 @@ class HostPagedBackend : public AttentionBackend {
   BackendCapabilities caps_;
   std::unique_ptr<BatchAttention> attn_;
   SparseAttentionPath sparse_path_;
+  IndexerFaults indexer_faults_;
   PagedPlan plan_;
   bool planned_ = false;
   std::optional<AttentionShape> planned_shape_;  ///< shape attn_ is planned for this step

@@ -29,6 +29,7 @@ struct BackendRequirements {
   DType kv_dtype = DType::kBF16;
   bool mla = false;
   bool dsa = false;  ///< DeepSeek sparse attention (capabilities().dsa)
+  bool dsa_indexer = false;  ///< DSA's lightning indexer (capabilities().dsa_indexer)
   bool sliding_window = false;
   bool logit_cap = false;
   bool sinks = false;

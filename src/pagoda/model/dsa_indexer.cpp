@@ -1,12 +1,9 @@
 #include "pagoda/model/dsa_indexer.h"
 
-#include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "pagoda/attention/dsa.h"
 #include "pagoda/core/error.h"
-#include "pagoda/core/float_convert.h"
 
 namespace pagoda::model {
 
@@ -75,39 +72,13 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const float* h, co
   const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(nh * d)));
   for (float& x : w_) x *= wscale;
 
-  const uint8_t* rows = pool.index_rows(layer);
-  const int64_t row_bytes = pool.index_row_bytes();
-  topk_.assign(static_cast<size_t>(t * k), -1);
-  key_.resize(static_cast<size_t>(d));
-  for (int64_t r = 0; r < t; ++r) {
-    const int b = meta->row_request[r];
-    const int32_t visible = meta->row_visible[r];
-    const int32_t* slots = meta->slots.data() + meta->slot_indptr[b];
-    score_.assign(static_cast<size_t>(visible), 0.0);
-    order_.clear();
-    for (int32_t p = 0; p < visible; ++p) {
-      if (!meta->sees(r, p)) continue;  // a tree verify: a draft node off the row's path
-      order_.push_back(p);
-      const uint8_t* row = rows + static_cast<int64_t>(slots[p]) * row_bytes;
-      float scale = 0.f;
-      std::memcpy(&scale, row + d, sizeof(float));
-      for (int64_t j = 0; j < d; ++j) key_[j] = e4m3_to_f32(row[j]) * scale;
-      double s = 0;
-      for (int64_t hh = 0; hh < nh; ++hh) {
-        const float* q = q_.data() + (r * nh + hh) * d;
-        double dot = 0;
-        for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(q[j]) * key_[j];
-        s += static_cast<double>(w_[r * nh + hh]) * std::max(dot, 0.0);
-      }
-      score_[p] = s;
-    }
-    const int32_t keep = std::min(static_cast<int32_t>(order_.size()), k);
-    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(),
-                      [&](int32_t a, int32_t b2) {
-                        return score_[a] != score_[b2] ? score_[a] > score_[b2] : a < b2;
-                      });
-    std::copy(order_.begin(), order_.begin() + keep, topk_.begin() + r * k);
-  }
+  topk_.resize(static_cast<size_t>(t * k));
+  backend.select_index_topk(layer,
+                            attention::IndexerQuery{.q = q_.data(),
+                                                    .w = w_.data(),
+                                                    .heads = static_cast<int32_t>(nh),
+                                                    .dim = static_cast<int32_t>(d)},
+                            k, topk_, {});
   backend.set_sparse_topk(topk_, k);
 }
 

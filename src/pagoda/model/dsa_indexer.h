@@ -7,15 +7,17 @@
 ///   if some row sees more than index_topk positions (else dense MLA: nothing more is done):
 ///     q_idx = qa·W_qbᵀ, RoPE on dims [0, rope) of each head           [t, In, Id]
 ///     w     = h·W_wᵀ · In^-½ · Id^-½                                   [t, In]
-///     score(t, p) = Σ_h w_h · ReLU(q_idx_h · key(p)), key(p) the stored (dequantised) index key
-///                 of position p, for every position p the row sees (IndexerMetadata)
-///     top-k: the index_topk best positions by (score descending, position ascending: ties go
-///            to the earlier token); rows that see fewer list them all, padded with -1
+///     backend.select_index_topk(...): score(t, p) = Σ_h w_h · ReLU(q_idx_h · key(p)), key(p)
+///            the stored (dequantised) index key of position p, for every position p the row
+///            sees (IndexerMetadata); the index_topk best positions by (score descending,
+///            position ascending: ties go to the earlier token); rows that see fewer list them
+///            all, padded with -1 (attention/dsa.h index_topk_host on host pools)
 ///     backend.set_sparse_topk(...)                                        (the attention hook)
 /// RoPE is the NeoX half-split form (pairs (i, i + rope/2)), unlike MLA's interleaved pairs, with
 /// the layer's frequencies and YaRN cos/sin factor. Queries stay f32 and scores accumulate in
-/// f64 (DeepSeek's kernel quantises q to fp8 after a Hadamard rotation, an orthogonal map that
-/// changes only rounding; pagoda keeps the keys in fp8 as the cache format and nothing else).
+/// f64 on the host backends (DeepSeek's kernel quantises q to fp8 after a Hadamard rotation, an
+/// orthogonal map that changes only rounding; pagoda keeps the keys in fp8 as the cache format
+/// and nothing else).
 ///
 /// Host memory only (the CPU ModelOps): the Decoder refuses DSA on other devices. One thread.
 
@@ -65,9 +67,8 @@ class DsaIndexer {
 
   const ModelConfig* config_;
   ModelOps* ops_;
-  std::vector<float> k_, q_, w_, key_;
-  std::vector<double> score_;
-  std::vector<int32_t> order_, topk_;
+  std::vector<float> k_, q_, w_;
+  std::vector<int32_t> topk_;
 };
 
 }  // namespace pagoda::model

@@ -223,6 +223,7 @@ attention::BackendRequirements LlamaModel::backend_requirements(int page_size) c
     req.head_dim_v = config_.mla.kv_lora_rank;
     req.mla = true;
     req.dsa = config_.is_dsa();
+    req.dsa_indexer = config_.is_dsa();
   }
   return req;
 }

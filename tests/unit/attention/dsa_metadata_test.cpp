@@ -11,7 +11,9 @@
 
 #include "pagoda/attention/dsa.h"
 #include "pagoda/core/error.h"
+#include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/platform/platform.h"
 #include "test_seed.h"
 
 namespace pagoda::attention {
@@ -93,6 +95,50 @@ TEST(DsaMetadata, VerifyRowsSeeThePrefixAndTheirOwnTreePath) {
       }
     }
     EXPECT_EQ(e, plan.kv_indices.size());
+    // The indexer over random index keys at those slots, k at least every row's visible count:
+    // each row keeps exactly the positions it sees (never a draft node off its path), then -1.
+    {
+      auto platform = platform::make_cpu_platform();
+      kv::KvPool pool(kv::KvPoolConfig{.layout = kv::KvLayout::kMla,
+                                       .num_layers = 1,
+                                       .num_pages = 420,
+                                       .page_size = 1,
+                                       .dtype = DType::kF32,
+                                       .kv_lora_rank = 16,
+                                       .rope_dim = 16,
+                                       .index_head_dim = 8},
+                      platform->allocator());
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      for (int b = 0; b < bs; ++b) {
+        const auto& slots = row_slots[static_cast<size_t>(b)];
+        std::vector<float> keys(slots.size() * 8);
+        for (float& x : keys) x = u(rng);
+        pool.set_index_keys(LayerId(0), slots, keys.data());
+      }
+      const int n = bs * tree, heads = 2;
+      std::vector<float> q(static_cast<size_t>(n * heads * 8)), w(static_cast<size_t>(n * heads));
+      for (float& x : q) x = u(rng);
+      for (float& x : w) x = u(rng);
+      std::vector<int32_t> got(static_cast<size_t>(n * k), -7);
+      index_topk_host(pool, LayerId(0), meta,
+                      IndexerQuery{.q = q.data(), .w = w.data(), .heads = heads, .dim = 8}, k, got,
+                      {});
+      for (int r = 0; r < n; ++r) {
+        std::vector<int32_t> want, sel;
+        for (int p = 0; p < meta.row_visible[static_cast<size_t>(r)]; ++p)
+          if (meta.sees(r, p)) want.push_back(p);
+        for (int j = 0; j < k; ++j) {
+          const int32_t p = got[static_cast<size_t>(r * k + j)];
+          if (j < static_cast<int>(want.size())) {
+            sel.push_back(p);
+          } else {
+            EXPECT_EQ(p, -1) << "row " << r << " entry " << j;
+          }
+        }
+        std::sort(sel.begin(), sel.end());
+        EXPECT_EQ(sel, want) << "row " << r;
+      }
+    }
     if (off_row >= 0) {  // a draft node off the row's path is refused by name
       std::vector<int32_t> bad = topk;
       bad[static_cast<size_t>(off_row * k)] = off_pos;
@@ -124,6 +170,55 @@ TEST(DsaMetadata, VerifyTreeMaskOfTheWrongSizeIsRefused) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
   }
+}
+
+TEST(IndexTopkHost, BadArgumentsAreRefusedBeforeAnyWrite) {
+  auto platform = platform::make_cpu_platform();
+  const kv::KvPoolConfig mla{.layout = kv::KvLayout::kMla,
+                             .num_layers = 1,
+                             .num_pages = 4,
+                             .page_size = 4,
+                             .dtype = DType::kF32,
+                             .kv_lora_rank = 16,
+                             .rope_dim = 16,
+                             .index_head_dim = 8};
+  kv::KvPool pool(mla, platform->allocator());
+  kv::KvPoolConfig plain = mla;
+  plain.index_head_dim = 0;
+  kv::KvPool no_keys(plain, platform->allocator());
+  IndexerMetadata meta;  // two rows of one request, seeing 3 and 4 positions
+  meta.row_request = {0, 0};
+  meta.row_visible = {3, 4};
+  meta.slot_indptr = {0, 4};
+  meta.slots = {4, 5, 6, 7};
+  meta.max_visible = 4;
+  std::vector<float> q(2 * 2 * 8, 0.5f), w(2 * 2, 1.f);
+  const IndexerQuery good{.q = q.data(), .w = w.data(), .heads = 2, .dim = 8};
+  std::vector<int32_t> topk(2 * 3, -7);
+  std::vector<float> scores(2 * 3, 0.f);
+  auto refused = [&](const kv::KvPool& p, const IndexerQuery& iq, int k, std::span<int32_t> t,
+                     std::span<float> s, const char* what) {
+    try {
+      index_topk_host(p, LayerId(0), meta, iq, k, t, s);
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what << ": " << e.what();
+    }
+    EXPECT_TRUE(std::all_of(topk.begin(), topk.end(), [](int32_t x) { return x == -7; })) << what;
+  };
+  IndexerQuery wrong_dim = good;
+  wrong_dim.dim = 16;
+  IndexerQuery no_heads = good;
+  no_heads.heads = 0;
+  refused(pool, wrong_dim, 3, topk, scores, "a query dim other than the pool's");
+  refused(pool, no_heads, 3, topk, scores, "zero heads");
+  refused(pool, good, 0, std::span<int32_t>(topk).first(0), {}, "k 0");
+  refused(pool, good, 3, std::span<int32_t>(topk).first(5), {}, "a short topk");
+  refused(pool, good, 3, topk, std::span<float>(scores).first(4), "a short scores");
+  refused(no_keys, good, 3, topk, {}, "a pool without index keys");
+  // The same call with good arguments: row 0 keeps its 3 positions, row 1 three of its 4.
+  index_topk_host(pool, LayerId(0), meta, good, 3, topk, scores);
+  for (int32_t x : topk) EXPECT_GE(x, 0);
 }
 
 }  // namespace

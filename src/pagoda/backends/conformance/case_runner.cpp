@@ -48,35 +48,6 @@ int new_token(Scenario& s, std::mt19937_64& rng, DType model_dtype) {
   return id;
 }
 
-BackendCapabilities capabilities_of(const BackendRegistry& registry, const std::string& spec) {
-  if (spec.rfind("mutant", 0) == 0) return ReferenceBackend::static_capabilities();
-  const auto plus = spec.find('+');
-  if (plus != std::string::npos) {
-    return intersect_capabilities(registry.capabilities(spec.substr(0, plus)),
-                                  registry.capabilities(spec.substr(plus + 1)));
-  }
-  return registry.capabilities(spec);
-}
-
-std::unique_ptr<AttentionBackend> make_under_test(const BackendRegistry& registry,
-                                                  const std::string& spec,
-                                                  const BackendRequirements& req,
-                                                  const BackendContext& ctx) {
-  if (spec.rfind("mutant", 0) == 0) {
-    return make_mutant(spec, ctx);
-  }
-  const auto plus = spec.find('+');
-  if (plus != std::string::npos) {
-    return make_backend(registry,
-                        BackendSelection{.attention = {},
-                                         .prefill = spec.substr(0, plus),
-                                         .decode = spec.substr(plus + 1),
-                                         .verify = VerifyRoute::kPrefill},
-                        req, ctx);
-  }
-  return registry.create(spec, req, ctx);
-}
-
 /// Copies every layer of the host pool `src` into the device pool `dst` (same config).
 void upload_pool(const kv::KvPool& src, kv::KvPool& dst, platform::Allocator& allocator) {
   const size_t elem = dtype_size(src.config().dtype);
@@ -160,6 +131,35 @@ void select_topk(int k, int prefix, int ext, std::mt19937_64& rng, DenseRow& row
 
 }  // namespace
 
+BackendCapabilities capabilities_of(const BackendRegistry& registry, const std::string& spec) {
+  if (spec.rfind("mutant", 0) == 0) return ReferenceBackend::static_capabilities();
+  const auto plus = spec.find('+');
+  if (plus != std::string::npos) {
+    return intersect_capabilities(registry.capabilities(spec.substr(0, plus)),
+                                  registry.capabilities(spec.substr(plus + 1)));
+  }
+  return registry.capabilities(spec);
+}
+
+std::unique_ptr<AttentionBackend> make_under_test(const BackendRegistry& registry,
+                                                  const std::string& spec,
+                                                  const BackendRequirements& req,
+                                                  const BackendContext& ctx) {
+  if (spec.rfind("mutant", 0) == 0) {
+    return make_mutant(spec, ctx);
+  }
+  const auto plus = spec.find('+');
+  if (plus != std::string::npos) {
+    return make_backend(registry,
+                        BackendSelection{.attention = {},
+                                         .prefill = spec.substr(0, plus),
+                                         .decode = spec.substr(plus + 1),
+                                         .verify = VerifyRoute::kPrefill},
+                        req, ctx);
+  }
+  return registry.create(spec, req, ctx);
+}
+
 std::string device_of(const BackendRegistry& registry, const std::string& spec) {
   return capabilities_of(registry, spec).device;
 }
@@ -168,6 +168,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
                     const Case& c, uint64_t seed, platform::Platform* device_platform) {
   if (c.linear.op != LinearOp::kNone)
     return run_linear_case(registry, backend, c, seed, device_platform);
+  if (c.dsa_indexer) return run_indexer_case(registry, backend, c, seed);
   const BackendCapabilities caps = capabilities_of(registry, backend.spec);
   BackendRequirements req = c.requirements();
   req.device = caps.device;  // the case runs wherever the backend does

@@ -37,7 +37,7 @@ std::string Case::describe() const {
   if (logit_cap > 0.f) s += fmt::format(" cap={}", logit_cap);
   if (sinks) s += " sinks";
   if (long_kv > 0) s += fmt::format(" long={}", long_kv);
-  if (dsa_topk > 0) s += fmt::format(" dsa k={}", dsa_topk);
+  if (dsa_topk > 0) s += fmt::format(" dsa{} k={}", dsa_indexer ? "-indexer" : "", dsa_topk);
   if (draft_step >= 0) s += fmt::format(" draft topk={} step={}/{}", topk, draft_step, num_steps);
   if (mode == ForwardMode::kDraftExtend) {
     s += fmt::format(" accepted 1..{} prefix<={}", num_steps + 1, max_len);
@@ -65,6 +65,7 @@ attention::BackendRequirements Case::requirements() const {
   r.multi_step_draft = draft_step >= 0;
   r.mixed_batches = mode == ForwardMode::kMixed;
   r.dsa = dsa_topk > 0;
+  r.dsa_indexer = dsa_indexer;
   return r;
 }
 
@@ -319,6 +320,23 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       Case c = mla_case(m, p);
       c.feature = "dsa";
       c.dsa_topk = 12;
+      cases.push_back(c);
+    }
+  }
+  // The DSA lightning indexer of an absorbed-MLA layer: 4 index heads (num_q_heads) of 32
+  // dims (indexer_runner.cpp), k 16 (below most rows' visible positions), decode / extend /
+  // mixed steps; contexts up to 200 keys.
+  for (int p : pick(quick, {16}, {1, 16, 64})) {
+    for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend, ForwardMode::kMixed}) {
+      if (quick && m == ForwardMode::kExtend) continue;
+      Case c = mla_case(m, p);
+      c.feature = "dsa-indexer";
+      c.num_q_heads = 4;
+      c.q_dtype = c.kv_dtype = DType::kF32;  // the CPU DSA engine's dtypes (queries stay f32)
+      c.batch_size = 3;
+      c.dsa_topk = 16;
+      c.dsa_indexer = true;
+      c.max_len = 200;
       cases.push_back(c);
     }
   }

@@ -36,6 +36,12 @@
 /// then continue, equals continuing the original) and linear-verify (draft trees, each node
 /// following its parent). Every case starts from random states, NaN-poisons y, and checks that
 /// the slots and layers it does not name keep their bytes (linear_runner.cpp).
+///
+/// The dsa-indexer column runs a backend's DSA lightning indexer (select_index_topk) over a
+/// pool whose index keys are random (per-token magnitudes, so the fp8 scales differ; some keys
+/// repeated, and one row with zero head weights, so exact ties occur) on shuffled pages, the
+/// rest of the pool NaN-poisoned, against an fp64 oracle that quantises the keys itself
+/// (indexer_runner.cpp).
 
 #include <cstdint>
 #include <string>
@@ -103,6 +109,11 @@ struct Case {
   /// position, as the indexer selects; a row that sees fewer keeps them all), handed to the
   /// backend through set_sparse_topk; the oracle gets the selection as a custom mask.
   int dsa_topk = 0;
+  /// The dsa-indexer column (indexer_runner.cpp): no forward, but the backend's
+  /// select_index_topk with k = dsa_topk over a pool of random index keys on shuffled pages
+  /// (num_q_heads index heads of head_dim_qk), checked against an fp64 oracle of the scores,
+  /// the selection and its tie rule.
+  bool dsa_indexer = false;
   /// linear.op != kNone: a linear-layer case; the attention fields above are unused.
   LinearCase linear;
 
@@ -130,8 +141,10 @@ struct MutantInfo {
 /// head mapping; two draft-extend planning faults in front of the reference (draft extend
 /// planned as decode; each request's kv range one key short, its last accepted token left out);
 /// and a DSA selection missing one token per row (the reference given each row's top-k without
-/// its first entry); for the linear kind, a stale state (every call from a zero state) and a
-/// conv window one input early (the reference linear backend with a LinearFaults fault).
+/// its first entry); three faults of the reference's DSA indexer (each key read one page off,
+/// the keys' scales ignored, each row's best position left out); for the linear kind, a stale state
+/// (every call from a zero state) and a conv window one input early (the reference linear backend
+/// with a LinearFaults fault).
 const std::vector<MutantInfo>& mutant_family();
 /// The family member named `spec`, or nullptr.
 const MutantInfo* find_mutant(const std::string& spec);

@@ -1,6 +1,6 @@
-// The mutant family: one fault each (a ReferenceFaults fault of the reference oracle, a
-// draft-extend planning or DSA selection fault in front of the reference backend, or a
-// LinearFaults fault of the reference linear backend), and the column that must catch it.
+// The mutant family: one fault each (a ReferenceFaults fault of the reference oracle or of its
+// DSA indexer, a draft-extend planning or DSA selection fault in front of the reference backend, or
+// a LinearFaults fault of the reference linear backend), and the column that must catch it.
 #include <optional>
 #include <span>
 #include <vector>
@@ -112,6 +112,10 @@ class PlanningMutant final : public attention::AttentionBackend {
     }
     inner_->set_sparse_topk(faulty, k);
   }
+  void select_index_topk(LayerId layer, const attention::IndexerQuery& q, int k,
+                         std::span<int32_t> topk, std::span<float> scores) override {
+    inner_->select_index_topk(layer, q, k, topk, scores);
+  }
 
  private:
   void pass_lse() {
@@ -159,6 +163,14 @@ const std::vector<Member>& members() {
        {},
        DraftExtendFault::kNone,
        true},
+      {{"mutant:index-page", "dsa-indexer",
+        "DSA indexer keys read one page off (each position's slot + page size)"},
+       {.indexer = {.key_page_shift = true}}},
+      {{"mutant:index-scale", "dsa-indexer", "DSA index keys' fp8 scales ignored"},
+       {.indexer = {.ignore_scale = true}}},
+      {{"mutant:index-drop", "dsa-indexer",
+        "DSA indexer top-k missing one token (each row's best position left out)"},
+       {.indexer = {.drop_best = true}}},
       {{"mutant:stale-state", "linear-decode",
         "linear state ignored (every call starts from a zero conv and SSM state)"},
        {},

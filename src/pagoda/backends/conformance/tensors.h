@@ -78,6 +78,21 @@ ReferenceFaults mutant_faults(const std::string& spec);
 std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec,
                                                          const attention::BackendContext& ctx);
 
+/// The capabilities of a backend spec: a registry name, "prefill+decode" (their intersection)
+/// or a mutant (the reference's).
+attention::BackendCapabilities capabilities_of(const attention::BackendRegistry& registry,
+                                               const std::string& spec);
+/// The backend a spec names, over `ctx` (registry.create, a HybridBackend or make_mutant).
+std::unique_ptr<attention::AttentionBackend> make_under_test(
+    const attention::BackendRegistry& registry, const std::string& spec,
+    const attention::BackendRequirements& req, const attention::BackendContext& ctx);
+
+/// Runs dsa-indexer case `c` (c.dsa_indexer) on `backend` (indexer_runner.cpp): kUnsupported
+/// when its capabilities lack the indexer; host pools only (a device backend that declares the
+/// indexer fails the case: the harness does not upload index keys yet).
+CaseResult run_indexer_case(const attention::BackendRegistry& registry,
+                            const BackendUnderTest& backend, const Case& c, uint64_t seed);
+
 /// Runs linear case `c` (c.linear.op != kNone) on `backend`'s linear kind (linear_runner.cpp):
 /// kUnsupported when the spec has none (an attention-only name, a prefill+decode composition,
 /// an attention mutant) or it cannot serve the case. A device linear kind runs on

@@ -51,6 +51,7 @@ BackendCapabilities CudaBackend::static_capabilities() {
   BackendCapabilities c = full_feature_capabilities();
   c.cuda_graph = true;
   c.dsa = true;  // sparse MLA on the gather plan (cuda_backend.h), eager steps
+  c.dsa_indexer = false;  // no indexer-logits / top-k kernels yet (docs/design/dsa.md)
   c.device = "cuda";
   return c;
 }

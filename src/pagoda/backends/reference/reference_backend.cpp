@@ -8,7 +8,7 @@ ReferenceBackend::ReferenceBackend(const attention::BackendContext& ctx, Referen
                                    std::string name)
     : HostPagedBackend(ctx, std::move(name), static_capabilities(),
                        make_reference_batch_attention(faults),
-                       attention::SparseAttentionPath::kMask) {}
+                       attention::SparseAttentionPath::kMask, faults.indexer) {}
 
 void register_reference_backend(attention::BackendRegistry& registry) {
   registry.add("reference", "fp64 host loops; the conformance oracle (slow, every feature)",

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "pagoda/attention/batch_attention.h"
+#include "pagoda/attention/dsa.h"
 
 namespace pagoda::backends {
 
@@ -30,6 +31,8 @@ struct ReferenceFaults {
   /// Custom mask: the window measured from the query's row index (kv_len - qo_len + i) instead
   /// of its position in the mask (issue 52: a tree node's index is not its position).
   bool window_by_index = false;
+  /// The backend's DSA indexer (select_index_topk; not the BatchAttention's arithmetic).
+  attention::IndexerFaults indexer;
 };
 
 /// Creates the oracle. Host memory only (every view must be on the CPU). Not thread-safe.
