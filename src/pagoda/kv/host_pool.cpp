@@ -68,10 +68,11 @@ void copy_layer_pages(const KvPool& src, KvPool& dst, LayerId layer, std::span<c
                       const CopyFn& copy) {
   const KvPoolConfig& a = src.config();
   const KvPoolConfig& b = dst.config();
-  PAGODA_REQUIRE(a.layout == b.layout && a.num_layers == b.num_layers &&
-                     a.page_size == b.page_size && a.dtype == b.dtype &&
-                     src.k_row_elems() == dst.k_row_elems() && src.v_row_elems() == dst.v_row_elems(),
-                 kInvalidArgument, "copy_layer_pages: the two pools differ in geometry");
+  PAGODA_REQUIRE(
+      a.layout == b.layout && a.num_layers == b.num_layers && a.page_size == b.page_size &&
+          a.dtype == b.dtype && src.k_row_elems() == dst.k_row_elems() &&
+          src.v_row_elems() == dst.v_row_elems() && src.index_row_bytes() == dst.index_row_bytes(),
+      kInvalidArgument, "copy_layer_pages: the two pools differ in geometry");
   for (const PageCopy& r : runs) {
     PAGODA_REQUIRE(r.count >= 1 && r.src >= 0 && r.dst >= 0 &&
                        int64_t{r.src} + r.count <= int64_t{a.num_pages} + 1 &&
@@ -80,22 +81,26 @@ void copy_layer_pages(const KvPool& src, KvPool& dst, LayerId layer, std::span<c
                    r.src, r.count, r.dst, r.count, a.num_pages, b.num_pages);
   }
   const auto elem = static_cast<int64_t>(dtype_size(a.dtype));
-  auto copy_buffer = [&](const void* from, void* to, int64_t row_elems) {
-    const int64_t page = row_elems * a.page_size * elem;
+  auto copy_buffer = [&](const void* from, void* to, int64_t row_bytes) {
+    const int64_t page = row_bytes * a.page_size;
     for (const PageCopy& r : runs) {
       copy(static_cast<char*>(to) + r.dst * page, static_cast<const char*>(from) + r.src * page,
            static_cast<size_t>(r.count * page));
     }
   };
-  copy_buffer(src.k_view(layer).data(), dst.k_view(layer).data(), src.k_row_elems());
+  copy_buffer(src.k_view(layer).data(), dst.k_view(layer).data(), src.k_row_elems() * elem);
   if (a.layout == KvLayout::kMha) {
-    copy_buffer(src.v_view(layer).data(), dst.v_view(layer).data(), src.v_row_elems());
+    copy_buffer(src.v_view(layer).data(), dst.v_view(layer).data(), src.v_row_elems() * elem);
+  }
+  if (src.index_row_bytes() > 0) {  // DSA index keys: the same slots, their own buffer
+    copy_buffer(src.index_data(layer), dst.index_data(layer), src.index_row_bytes());
   }
 }
 
 namespace {
 
-/// Calls f(page_block, bytes) for page `page`'s K (and V) block of every layer, in order.
+/// Calls f(page_block, bytes) for page `page`'s K (and V, and DSA index-key) block of every
+/// layer, in order.
 template <typename F>
 void for_each_page_block(const KvPool& pool, int32_t page, size_t size, F&& f) {
   PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported, "page (de)serialisation needs a host pool");
@@ -111,6 +116,10 @@ void for_each_page_block(const KvPool& pool, int32_t page, size_t size, F&& f) {
     if (pool.config().layout == KvLayout::kMha) {
       const int64_t v = p * pool.v_row_elems() * elem;
       f(static_cast<char*>(pool.v_view(LayerId{l}).data()) + page * v, v);
+    }
+    if (pool.index_row_bytes() > 0) {
+      const int64_t x = p * pool.index_row_bytes();
+      f(static_cast<char*>(pool.index_data(LayerId{l})) + page * x, x);
     }
   }
 }

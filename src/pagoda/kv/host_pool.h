@@ -53,7 +53,8 @@ std::vector<PageCopy> page_copy_runs(std::span<const int32_t> src, std::span<con
 /// Raw copy callback: (dst, src, bytes), e.g. a CopyStream's copy.
 using CopyFn = std::function<void(void*, const void*, size_t)>;
 
-/// Calls `copy` once per run and buffer (K, and V for MHA) of `layer`, copying the runs' pages
+/// Calls `copy` once per run and buffer (K, V for MHA, the DSA index keys when the pools have
+/// them) of `layer`, copying the runs' pages
 /// from `src` to `dst`. The pools must have the same geometry except num_pages
 /// (kInvalidArgument) and every page must be in range (kOutOfRange); all of it is checked
 /// before the first call.
@@ -61,7 +62,8 @@ void copy_layer_pages(const KvPool& src, KvPool& dst, LayerId layer, std::span<c
                       const CopyFn& copy);
 
 /// Copies page `page` of every layer of a host pool into `out` (bytes_per_page(pool) bytes:
-/// per layer its K rows, then its V rows for MHA) / back from `in`. kInvalidArgument for a
+/// per layer its K rows, then its V rows for MHA, then its DSA index rows when the pool has
+/// them) / back from `in`. kInvalidArgument for a
 /// wrong size, kOutOfRange for a bad page, kUnsupported for a device pool; checked first.
 void read_page(const KvPool& pool, int32_t page, std::span<std::byte> out);
 void write_page(KvPool& pool, int32_t page, std::span<const std::byte> in);

@@ -262,6 +262,12 @@ const uint8_t* KvPool::index_rows(LayerId layer) const {
   return static_cast<const uint8_t*>(index_buffers_[layer.value()].get());
 }
 
+void* KvPool::index_data(LayerId layer) const {
+  require_layer(layer);
+  PAGODA_REQUIRE(index_row_ > 0, kInvalidArgument, "the pool has no index keys");
+  return index_buffers_[layer.value()].get();
+}
+
 float KvPool::index_key_at(LayerId layer, SlotIndex slot, int32_t d) const {
   const uint8_t* rows = index_rows(layer);
   PAGODA_REQUIRE(slot >= 0 && slot < num_slots_ && d >= 0 && d < config_.index_head_dim,

@@ -134,6 +134,9 @@ class KvPool {
   void set_index_keys(LayerId layer, std::span<const SlotIndex> loc, const float* k);
   /// The index rows of `layer`, [num_slots, index_row_bytes()] (host pools only).
   const uint8_t* index_rows(LayerId layer) const;
+  /// The same rows on the pool's device, for raw copies (page moves between pools): any device;
+  /// kInvalidArgument without index keys, kOutOfRange for a bad layer.
+  void* index_data(LayerId layer) const;
   /// Element d of the stored index key of `slot` (code · scale), host pools only.
   float index_key_at(LayerId layer, SlotIndex slot, int32_t d) const;
   /// Sets every stored element of every layer to convert(value) (e.g. NaN poisoning in tests;

@@ -40,9 +40,6 @@ HiCache::HiCache(kv::PageAllocator& allocator, kv::ReqToTokenTable& table, kv::K
   PAGODA_REQUIRE(device_pool.page_size() == allocator.page_size() &&
                      device_pool.config().num_pages == allocator.num_pages(),
                  kInvalidArgument, "HiCache: the device pool and the allocator differ in pages");
-  PAGODA_REQUIRE(device_pool.config().index_head_dim == 0, kUnsupported,
-                 "HiCache does not move DeepSeek sparse attention (DSA) index keys yet; run DSA "
-                 "models without the hierarchical cache");
   host_.set_before_free([this] { controller_.synchronize(); });
   if (!config_.storage.empty()) {
     if (!open_storage) open_storage = [this] { return make_storage(config_.storage); };

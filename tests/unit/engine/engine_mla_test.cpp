@@ -192,6 +192,45 @@ TEST(EngineMla, DsaIdenticalWithPrefixHitsChunkingAndPages) {
   }
 }
 
+// DSA under the hierarchical cache: the host tier moves each page's index keys with its latent
+// rows, so prefixes loaded back from the host select the same top-k. Three turns of six
+// conversations (~500 live tokens) over a 128-token device pool; every turn's tokens equal each
+// prompt run alone, and the host tier served hits.
+TEST(EngineMla, DsaWithTheHostTierGivesTheSameTokens) {
+  const uint64_t seed = 7208;
+  SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);
+  const int max_new = 6;
+  static testing::TestModel sparse(dsa_config(12), 20261206);
+  for (const int page : {1, 16}) {
+    SCOPED_TRACE(::testing::Message() << "page " << page);
+    EngineConfig cfg = config_of(MlaRun{"cpu", page, true, 0});
+    cfg.pool_tokens = 128;
+    cfg.scheduler.max_running_requests = 2;
+    cfg.hicache = tier::HiCacheConfig{.host = {.ratio = 8}};
+    Engine engine(sparse.model, cfg);
+    std::vector<std::vector<int32_t>> history = testing::make_prompts(seed, 6);
+    for (int turn = 0; turn < 3; ++turn) {
+      const auto want = alone(sparse.model, history, max_new);
+      std::vector<RequestId> ids;
+      for (const auto& h : history)
+        ids.push_back(engine.add_request({.prompt = h, .max_new_tokens = max_new}));
+      engine.run_until_idle();
+      for (size_t c = 0; c < ids.size(); ++c) {
+        const RequestOutput out = engine.output(ids[c]);
+        ASSERT_EQ(out.state, RequestState::kFinished) << out.error;
+        EXPECT_EQ(out.output_ids, want[c]) << "turn " << turn << " conversation " << c;
+        history[c].insert(history[c].end(), out.output_ids.begin(), out.output_ids.end());
+        history[c].insert(history[c].end(), {50, 51, static_cast<int32_t>(60 + turn)});
+        engine.release(ids[c]);
+      }
+    }
+    const EngineStats stats = engine.stats();
+    EXPECT_GT(stats.tier.host_hit_tokens, 0) << "the host tier served no hit";
+    EXPECT_EQ(engine.memory().leaked_pages(), 0);
+    EXPECT_EQ(engine.memory().leaked_host_pages(), 0);
+  }
+}
+
 TEST(EngineMla, DsaWithinTopkEqualsDenseMlaExactly) {
   const uint64_t seed = 7208;
   SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 
 #include "pagoda/core/error.h"
@@ -91,6 +92,85 @@ TEST(HostPool, RoundTripKeepsEveryLayer) {
                                       std::vector<kv::PageCopy>{{.src = 12, .dst = 1, .count = 2}},
                                       memcpy_fn),
                  Error);
+  }
+}
+
+// DSA pools (MLA with index keys, kv_pool.h): the index rows travel with their page in both
+// copy directions and in the storage serialisation, and a pool pair that differs in index width
+// is refused. Slots outside the copied pages keep their bytes.
+TEST(HostPool, DsaIndexKeysTravelWithTheirPages) {
+  for (const int32_t page_size : {1, 16}) {
+    const uint64_t seed = 2026120700 + static_cast<uint64_t>(page_size);
+    SCOPED_TRACE(::testing::Message() << "seed " << seed << " page " << page_size);
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(-3.f, 3.f);
+    auto platform = platform::make_cpu_platform();
+    const kv::KvPoolConfig cfg{.layout = kv::KvLayout::kMla,
+                               .num_layers = 2,
+                               .num_pages = 6,
+                               .page_size = page_size,
+                               .dtype = DType::kF32,
+                               .kv_lora_rank = 8,
+                               .rope_dim = 4,
+                               .index_head_dim = 16};
+    kv::KvPool dev(cfg, platform->allocator());
+    kv::HostKvPool host(cfg, {.ratio = 2}, platform->pinned_allocator());
+    EXPECT_EQ(kv::bytes_per_page(host.pool()), 2 * page_size * ((8 + 4) * 4 + 16 + 4));
+    const int32_t n = 6 * page_size;  // pages 1..6, every slot
+    std::vector<SlotIndex> slots(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) slots[static_cast<size_t>(i)] = page_size + i;
+    std::vector<float> keys(static_cast<size_t>(n) * 16);
+    for (int32_t l = 0; l < 2; ++l) {
+      for (float& x : keys) x = u(rng) * static_cast<float>(1 + l);
+      dev.set_index_keys(LayerId{l}, slots, keys.data());
+    }
+    auto key_at = [](const kv::KvPool& p, int32_t l, SlotIndex s) {
+      std::vector<float> v;
+      for (int32_t d = 0; d < 16; ++d) v.push_back(p.index_key_at(LayerId{l}, s, d));
+      return v;
+    };
+    const kv::CopyFn memcpy_fn = [](void* d, const void* s, size_t bytes) {
+      std::memcpy(d, s, bytes);
+    };
+    // Device pages 2, 3, 5 -> host pages 9, 10, 1; host page 4 stays untouched.
+    const std::vector<int32_t> from{2, 3, 5}, to{9, 10, 1};
+    host.pool().fill_bytes(0x5A);
+    for (int32_t l = 0; l < 2; ++l)
+      kv::copy_layer_pages(dev, host.pool(), LayerId{l}, kv::page_copy_runs(from, to), memcpy_fn);
+    for (int32_t l = 0; l < 2; ++l) {
+      for (size_t i = 0; i < from.size(); ++i) {
+        for (int32_t j = 0; j < page_size; ++j) {
+          EXPECT_EQ(key_at(host.pool(), l, to[i] * page_size + j),
+                    key_at(dev, l, from[i] * page_size + j))
+              << "layer " << l << " page " << from[i] << " row " << j;
+        }
+      }
+      const uint8_t* untouched = host.pool().index_rows(LayerId{l}) +
+                                 int64_t{4} * page_size * host.pool().index_row_bytes();
+      for (int64_t b = 0; b < page_size * host.pool().index_row_bytes(); ++b)
+        ASSERT_EQ(untouched[b], 0x5A) << "host page 4 was written, layer " << l;
+    }
+    // The storage serialisation of host page 9 carries the index rows into another pool.
+    std::vector<std::byte> record(static_cast<size_t>(kv::bytes_per_page(host.pool())));
+    kv::read_page(host.pool(), 9, record);
+    kv::HostKvPool other(cfg, {.ratio = 1}, platform->pinned_allocator());
+    kv::write_page(other.pool(), 3, record);
+    for (int32_t l = 0; l < 2; ++l)
+      for (int32_t j = 0; j < page_size; ++j)
+        EXPECT_EQ(key_at(other.pool(), l, 3 * page_size + j), key_at(dev, l, 2 * page_size + j));
+    // Back to the device after poisoning it: the rows return to their new pages.
+    dev.fill_bytes(0xFF);
+    for (int32_t l = 0; l < 2; ++l)
+      kv::copy_layer_pages(host.pool(), dev, LayerId{l}, kv::page_copy_runs(to, from), memcpy_fn);
+    for (int32_t l = 0; l < 2; ++l)
+      for (int32_t j = 0; j < page_size; ++j)
+        EXPECT_EQ(key_at(dev, l, 5 * page_size + j), key_at(host.pool(), l, page_size + j));
+    kv::KvPoolConfig narrower = cfg;
+    narrower.index_head_dim = 8;
+    kv::KvPool mismatch(narrower, platform->allocator());
+    EXPECT_THROW(
+        kv::copy_layer_pages(dev, mismatch, LayerId{0}, kv::page_copy_runs(from, to), memcpy_fn),
+        Error);
   }
 }
 
