@@ -10,6 +10,8 @@
 namespace pagoda {
 
 void* allocate_host(size_t bytes, size_t alignment) {
+  PAGODA_REQUIRE(alignment != 0 && (alignment & (alignment - 1)) == 0, kInvalidArgument,
+                 "host allocation alignment {} is not a power of two", alignment);
   if (bytes == 0) return nullptr;
   constexpr size_t kHugePage = size_t{2} << 20;
   alignment = std::max<size_t>(alignment, alignof(std::max_align_t));

@@ -7,7 +7,8 @@
 /// order takes a TLB miss per 4 KiB (the CPU decode kernels lost ~20 % of their bandwidth), and
 /// first-touching a buffer costs one page fault per 4 KiB (on the development VM 0.79 M fewer
 /// faults were 5.9–11.9 s less system time: bench/results/cpu_bf16_weights_vm.md).
-/// Throws Error(kResourceExhausted) when the allocation fails; bytes = 0 gives nullptr.
+/// Throws Error(kResourceExhausted) when the allocation fails, Error(kInvalidArgument) for an
+/// alignment that is not a power of two; bytes = 0 gives nullptr.
 
 #include <cstddef>
 
