@@ -77,12 +77,12 @@ void TierController::submit(const kv::KvPool& from, kv::KvPool& to, std::span<co
     stream_->copy_batch(ops);
     if (layer_events) layer_.push_back(stream_->record());
   }
-  last_ = stream_->record();
+  std::shared_ptr<platform::Event> end = stream_->record();
   ++submissions_;
   for (int32_t page : &from == device_ ? src : dst)
     touched_.at(static_cast<size_t>(page)) = submissions_;
   while (!marks_.empty() && marks_.front().second->done()) marks_.pop_front();
-  marks_.emplace_back(submissions_, last_);
+  marks_.emplace_back(submissions_, std::move(end));
 }
 
 void TierController::submit_all(const StepCopies& c, bool layer_events) {
@@ -118,7 +118,7 @@ void TierController::flush() {
 }
 
 bool TierController::idle() {
-  return queued_.empty() && (last_ == nullptr || last_->done());
+  return queued_.empty() && last_done();
 }
 
 void TierController::begin_forward(StepCopies copies) {
@@ -184,7 +184,7 @@ void TierController::synchronize() {
     peers_unsynced_ = false;
   }
   submit_all(c, false);  // loads waited for below: a forward of this step finds nothing pending
-  if (last_ == nullptr || last_->done()) return;
+  if (last_done()) return;
   const auto t0 = std::chrono::steady_clock::now();
   stream_->synchronize();
   ++stats_.copy_waits;

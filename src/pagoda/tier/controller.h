@@ -150,9 +150,11 @@ class TierController final : public kv::LayerGate {
   /// Submits `c`'s backups, then its loads (layer events when `layer_events`).
   void submit_all(const StepCopies& c, bool layer_events);
   /// Enqueues pages src[i] -> dst[i] from `from` to `to`, layer by layer (an event after each
-  /// layer when `layer_events`), then last_.
+  /// layer when `layer_events`), then its mark (marks_).
   void submit(const kv::KvPool& from, kv::KvPool& to, std::span<const int32_t> src,
               std::span<const int32_t> dst, bool layer_events);
+  /// Whether every submitted copy is done (none submitted: true).
+  bool last_done() const { return marks_.empty() || marks_.back().second->done(); }
 
   platform::Platform* platform_;
   kv::KvPool* device_;
@@ -163,10 +165,10 @@ class TierController final : public kv::LayerGate {
   StepCopies queued_;
   bool peers_unsynced_ = false;  ///< copies mirrored since the peers' last synchronize
   std::function<void()> barrier_;
-  std::shared_ptr<platform::Event> last_;  ///< after the last submitted copy
   /// Submissions so far; touched_[page] = the number of the last one that read or wrote device
   /// page `page` (0: none); marks_ = (number, its end event) of submissions that may still run,
-  /// oldest first (dropped once done).
+  /// oldest first (dropped once done; the newest is never dropped, so marks_.back() ends the
+  /// last submitted copy).
   uint64_t submissions_ = 0;
   std::vector<uint64_t> touched_;
   std::deque<std::pair<uint64_t, std::shared_ptr<platform::Event>>> marks_;
