@@ -22,7 +22,6 @@
 
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/attention/paged_plan.h"
-
 #include "pagoda/core/ids.h"
 
 namespace pagoda::kv {
