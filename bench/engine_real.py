@@ -121,20 +121,23 @@ def hf_generate(ckpt, dtype, batch, input_len, output_len, seed):
             "output_tokens_per_s": batch * new / wall}
 
 
-def agreement(args, ckpt, n=20, length=32):
+def agreement(pagoda, ckpt, out, n=20, length=32, device="cuda", backend="cuda"):
+    """pagoda's first generated token (its default dtype on `backend`: bf16 on cuda, f32 on the
+    cpu) against `transformers` fp32 on `device`, on n random prompts of `length` ids."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
     ps = prompts(n, length, model.config.vocab_size, 1234)
     with torch.no_grad():
-        logits = model(torch.tensor(ps, device="cuda")).logits[:, -1, :].float().cpu()
+        logits = model(torch.tensor(ps, device=device)).logits[:, -1, :].float().cpu()
     del model
-    torch.cuda.empty_cache()
-    batch_file = os.path.join(args.out, "agree_prompts.txt")
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    batch_file = os.path.join(out, "agree_prompts.txt")
     with open(batch_file, "w") as f:
         for p in ps:
             f.write(",".join(map(str, p)) + "\n")
-    cmd = [args.pagoda, "generate", "--model", ckpt, "--backend", "cuda", "--batch-file",
+    cmd = [pagoda, "generate", "--model", ckpt, "--backend", backend, "--batch-file",
            batch_file, "--max-new-tokens", "1", "--json", "--dump-logits"]
     log("$", " ".join(cmd))
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -209,7 +212,7 @@ def main():
             res["hf_b1"] = hf_generate(ckpt, torch.bfloat16, 1, il, ol, 7)
             if not single_only:
                 res["hf_b64"] = hf_generate(ckpt, torch.bfloat16, 64, il, ol, 7)
-                res["agreement"] = agreement(args, ckpt)
+                res["agreement"] = agreement(args.pagoda, ckpt, args.out)
         summary["layouts"][layout] = res
         json.dump(summary, open(os.path.join(args.out, "summary.json"), "w"), indent=1)
     print(json.dumps(summary, indent=1))

@@ -16,8 +16,10 @@ Layouts (the shapes of real models, random weights):
   1b            the Llama-3.2-1B layout (1.24 B parameters, tied, llama3 rope scaling x32)
   8b            the Llama-3.1-8B layout (8.0 B parameters, untied, llama3 rope scaling x8)
   qwen2-0.5b    the Qwen2.5-0.5B layout (q/k/v biases, tied, vocab 151936)
-  deepseek-v2-tiny  DeepseekV2ForCausalLM, dense MLP: MLA without q LoRA (kv_lora_rank 64,
-                qk nope 32 / rope 16, v 32), 4 heads, hidden 256, 3 layers, no RoPE scaling
+  deepseek-v2-tiny  DeepseekV2ForCausalLM, dense MLP (n_routed_experts 8 but
+                first_k_dense_replace = all 3 layers, as transformers' config requires an
+                int): MLA without q LoRA (kv_lora_rank 64, qk nope 32 / rope 16, v 32), 4
+                heads, hidden 256, 3 layers, no RoPE scaling
   deepseek-v3-tiny  DeepseekV3ForCausalLM, dense MLP (n_routed_experts 8 but
                 first_k_dense_replace = all 3 layers): MLA with q LoRA (q_lora_rank 96,
                 kv_lora_rank 64, nope 32 / rope 16, v 24), YaRN (factor 4 over 32 original
@@ -143,8 +145,11 @@ DEEPSEEK_LAYOUTS = {
         num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32,
         qk_rope_head_dim=16, v_head_dim=32, rope_theta=10000.0, rope_scaling=None,
         max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        hidden_act="silu", attention_bias=False, n_routed_experts=None, first_k_dense_replace=0,
-        moe_layer_freq=1, bos_token_id=4000, eos_token_id=4001),
+        hidden_act="silu", attention_bias=False, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, moe_intermediate_size=64, first_k_dense_replace=3,
+        moe_layer_freq=1, topk_method="greedy", n_group=1, topk_group=1,
+        routed_scaling_factor=1.0, scoring_func="softmax", norm_topk_prob=False,
+        bos_token_id=4000, eos_token_id=4001),
     "deepseek-v3-tiny": dict(
         architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=4096,
         hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
