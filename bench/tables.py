@@ -149,6 +149,20 @@ def engine_table(rec):
     return out
 
 
+def agreement_table(rec):
+    a = rec["agreement"]
+    out = [f"### First token vs transformers fp32 (bench/agreement_vs_transformers.py) — {header(rec)}",
+           "", f"pagoda on the {a.get('device', '?')} backend in its default dtype; 20 prompts of "
+           "random ids per layout.", "",
+           "| layout | prompt ids | first-token agreement | max abs logit diff | max abs logit |",
+           "|---|---|---|---|---|"]
+    for r in a.get("rows", []):
+        out.append(f"| {r['layout']} | {r.get('length', '–')} | {r['first_token_agree']} / "
+                   f"{r['prompts']} | {fmt(r.get('max_abs_logit_diff'), '.3g')} | "
+                   f"{fmt(r.get('max_abs_logit'), '.3g')} |")
+    return out
+
+
 def spec_table(rec):
     out = [f"### Speculative decoding A/B (same workload without, then with) — {header(rec)}", "",
            "| run | baseline out tok/s | spec out tok/s | speed-up | mean accept length | "
@@ -633,6 +647,7 @@ def hybrid_table(rec):
 
 
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("kernel_ab", kernel_ab_table), ("engine", engine_table),
+            ("agreement", agreement_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
             ("python", python_table), ("profile", profile_table), ("amx", amx_table),
             ("ab", ab_table), ("hybrid", hybrid_table))

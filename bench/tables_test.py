@@ -388,6 +388,13 @@ def main():
             cut = f.readlines()
         with open(os.path.join(d, "profile", "8b_b1.ncu.csv"), "w") as f:
             f.writelines(cut[:len(cut) // 3])
+        os.makedirs(os.path.join(d, "agree"))
+        agree = rng.randrange(15, 21)
+        with open(os.path.join(d, "agree", "result.json"), "w") as f:
+            f.write(json.dumps({"commit": "abc1234", "device": "cuda", "rows": [
+                {"layout": "deepseek-v3-tiny", "length": 300, "prompts": 20,
+                 "first_token_agree": agree, "max_abs_logit_diff": 0.0123,
+                 "max_abs_logit": 4.5}]}) + "\n")
         hyb = make_hybrid(d, rng)
         rec = run_record(d, os.path.join(tmp, "rec.json"),
                          "build tests kernels tp python hicache profile hybrid")
@@ -413,6 +420,7 @@ def main():
         md = tables(os.path.join(tmp, "rec.json"))
         print(md)
         expect("commit `abc1234`" in md and "driver 580.159.04" in md, "header")
+        expect(f"| deepseek-v3-tiny | 300 | {agree} / 20 | 0.0123 | 4.5 |" in md, "agreement row")
         expect("2 / 3 passed." in md, "test count")
         for c in cases:
             line = next(ln for ln in md.splitlines() if ln.startswith(f"| {c} |"))

@@ -17,6 +17,7 @@ The record (schema 1) holds what the tables are generated from, every sample inc
               and, in the same round, with none, "base"); ab_tests: the variant tests' gtest
               cases ({"name", "result", "seconds"})
   engine      bench/engine_real.py's summary.json
+  agreement   bench/agreement_vs_transformers.py's record (DeepSeek layouts vs transformers)
   spec        {run name: `pagoda bench --spec ... --json`}
   serve       bench/serve_bench.py's results.json
   tp          {"bench": {"<layout>_b<batch>_tp<n>": `pagoda bench --json`}, "generate_f32":
@@ -338,6 +339,7 @@ def build_record(d, kind, group, commit, stages):
         "kernel_ab": kernel_ab(d),
         "ab_tests": gtest_cases(os.path.join(d, "ab_tests.json")),
         "engine": read_json(os.path.join(d, "engine", "summary.json")),
+        "agreement": read_json(os.path.join(d, "agree", "result.json")),
         "spec": json_by_name(os.path.join(d, "spec")) or None,
         "serve": read_json(os.path.join(d, "serve", "results.json")),
         "tp": tp(d),

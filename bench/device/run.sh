@@ -16,7 +16,9 @@
 #                             build and tests took 383 s of the call, and the one round left was
 #                             cut before the fp8-KV and MLA peer rows twice (14c5f24, 50a3320)
 #                    engine   build, engine_real (1B and 8B layouts vs transformers in the same
-#                             call), speculative decoding A/Bs (each without, then with)
+#                             call), the DeepSeek-V2 / V3 tiny layouts' first tokens vs
+#                             transformers fp32 (bench/agreement_vs_transformers.py),
+#                             speculative decoding A/Bs (each without, then with)
 #                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings),
 #                             and compute-sanitizer with --sanitize
 #                    python   build (with the Python package), the torch/CUDA tests of
@@ -346,6 +348,11 @@ if has engine; then
   timeout 420 python3 bench/engine_real.py --pagoda $P --out "$W/engine" --layouts 1b,8b \
     --single-only 8b > "$W/engine.log" 2>&1
   say "engine_real rc=$? ($(( $(date +%s) - t0 )) s)"
+  # Issue 50: the DeepSeek MLA layouts (bf16 on the cuda backend) vs transformers fp32.
+  mkdir -p "$W/agree"
+  timeout 180 python3 bench/agreement_vs_transformers.py --pagoda $P --out "$W/agree" \
+    --device cuda --length 300 > "$W/agree/result.json" 2> "$W/agree.log"
+  say "agreement (DeepSeek layouts vs transformers) rc=$? $(tail -n 2 "$W/agree.log" | tr '\n' ' ')"
 fi
 
 if has spec; then
