@@ -26,7 +26,9 @@ Mamba2Shape mamba2_shape(const ModelConfig& c) {
                      .num_groups = m.num_groups,
                      .conv_kernel = m.conv_kernel,
                      .chunk_size = m.chunk_size,
-                     .norm_groups = 1,
+                     // mamba_ssm's RMSNormGated (group_size = d_inner / ngroups), which
+                     // transformers' BambaRMSNormGated follows since 5.x (Bamba-9B: 1 group).
+                     .norm_groups = m.num_groups,
                      .norm_eps = c.rms_norm_eps,
                      .dt_min = static_cast<float>(m.dt_min),
                      .dt_max = static_cast<float>(m.dt_max)};

@@ -9,7 +9,8 @@
 ///            with the conv state, SiLU, h_t = exp(Δ_t·A)·h_{t-1} + Δ_t·x_t ⊗ B_t,
 ///            y = h_t·C_t + D ⊙ x_t: attention/linear_backend.h), which advances the slot's state
 ///   g_t    = RMSNorm_groups(y_t ⊙ SiLU(z_t))·w_norm   (Bamba: gate, then the norm, over
-///            norm_groups equal groups of d_inner; Bamba has 1 group)
+///            norm_groups equal groups of d_inner: the model's n_groups, as mamba_ssm's
+///            RMSNormGated and transformers' BambaRMSNormGated group it)
 ///   out_t  = g_t·W_outᵀ (+ b_out)
 ///
 /// The mixer owns the projections and the gated norm (model ops: linear, add_bias,
@@ -45,7 +46,7 @@ struct Mamba2Shape {
   int32_t num_groups = 1;    ///< mamba_n_groups (divides num_heads)
   int32_t conv_kernel = 4;   ///< mamba_d_conv (>= 1)
   int32_t chunk_size = 256;  ///< mamba_chunk_size
-  int32_t norm_groups = 1;   ///< groups of the gated RMSNorm (divides d_inner; Bamba: 1)
+  int32_t norm_groups = 1;   ///< groups of the gated RMSNorm (divides d_inner; Bamba: n_groups)
   float norm_eps = 1e-6f;
   float dt_min = 0.f;  ///< time_step_limit[0] (Δ is clamped to [dt_min, dt_max])
   float dt_max = std::numeric_limits<float>::infinity();  ///< time_step_limit[1]

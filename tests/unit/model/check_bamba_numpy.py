@@ -15,7 +15,8 @@ every prompt's state is carried across calls), and checks, teacher-forced on pag
   * every greedy token is the NumPy argmax (where the top two are further apart than that);
   * the comparison sees each feature: the NumPy forward with one of them changed (RoPE on the
     whole head instead of its first half, the gated norm applied before the gate, head h
-    reading group h % n_groups instead of h / (n_heads / n_groups), no conv bias, no D skip)
+    reading group h % n_groups instead of h / (n_heads / n_groups), no conv bias, no D skip,
+    the gated norm over all of d_inner instead of each of its n_groups groups)
     differs from pagoda by more than 100x the tolerance;
   * refusals name what they refuse: a Mamba2 tensor missing (the tensor), `--tp 2` and
     `--spec draft` (the hybrid state pool; n-gram speculation runs).
@@ -38,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from logit_check import check, refused, run, setup  # noqa: E402
 
 LAYOUT = "bamba-tiny"
-FEATURES = ["partial_rope", "gate_order", "group_map", "conv_bias", "d_skip"]
+FEATURES = ["partial_rope", "gate_order", "group_map", "conv_bias", "d_skip", "norm_groups"]
 
 
 def rms_norm(x, w, eps):
@@ -119,10 +120,19 @@ def mamba(cfg, g, p, hs, off):
         y[s] = np.einsum("hpn,hn->hp", state, c[s]) + np.reshape(dd, (-1, 1)) * x[s]
     y = y.reshape(t, di)
     eps = cfg["rms_norm_eps"]
+    # The gated RMSNorm normalises each of n_groups equal groups of d_inner on its own
+    # (mamba_ssm's RMSNormGated group_size = d_inner / ngroups; transformers' BambaRMSNormGated).
+    ng = 1 if "norm_groups" in off else grp
+
+    def norm(v):
+        vg = v.reshape(t, ng, di // ng)
+        vg = vg / np.sqrt(np.mean(vg * vg, axis=-1, keepdims=True) + eps)
+        return vg.reshape(t, di) * g[m + "norm.weight"]
+
     if "gate_order" in off:  # norm, then gate
-        y = rms_norm(y, g[m + "norm.weight"], eps) * silu(z)
+        y = norm(y) * silu(z)
     else:
-        y = rms_norm(y * silu(z), g[m + "norm.weight"], eps)
+        y = norm(y * silu(z))
     return y @ g[m + "out_proj.weight"].T
 
 
