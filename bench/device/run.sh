@@ -16,9 +16,10 @@
 #                             build and tests took 383 s of the call, and the one round left was
 #                             cut before the fp8-KV and MLA peer rows twice (14c5f24, 50a3320)
 #                    engine   build, engine_real (1B and 8B layouts vs transformers in the same
-#                             call), the DeepSeek-V2 / V3 tiny layouts' first tokens vs
-#                             transformers fp32 (bench/agreement_vs_transformers.py),
-#                             speculative decoding A/Bs (each without, then with)
+#                             call), speculative decoding A/Bs (each without, then with)
+#                    agree    build, the first token vs transformers fp32 on 20 prompts of 300
+#                             ids (bench/agreement_vs_transformers.py --device cuda): the
+#                             DeepSeek-V2 / V3 tiny layouts, gemma3-1b, bamba-1b and 1b
 #                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings),
 #                             and compute-sanitizer with --sanitize
 #                    python   build (with the Python package), the torch/CUDA tests of
@@ -112,6 +113,7 @@ case "$GPUS:$GROUP" in
   1:hicache) STAGES="build hicache" ;;
   1:profile) STAGES="build profile" ;;
   1:amx) STAGES="build amx" ;;
+  1:agree) STAGES="build agree" ;;
   1:ab_kernels) STAGES="build abtests abkernels" ;;
   1:hybrid|0:hybrid) STAGES="build hybrid" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
@@ -348,11 +350,18 @@ if has engine; then
   timeout 420 python3 bench/engine_real.py --pagoda $P --out "$W/engine" --layouts 1b,8b \
     --single-only 8b > "$W/engine.log" 2>&1
   say "engine_real rc=$? ($(( $(date +%s) - t0 )) s)"
-  # Issue 50: the DeepSeek MLA layouts (bf16 on the cuda backend) vs transformers fp32.
+fi
+
+if has agree; then
+  # Issues 49 / 50: first tokens of pagoda (bf16, cuda backend) vs transformers fp32 on the GPU,
+  # the DeepSeek MLA layouts and the real-size hybrid ones, 20 prompts of 300 ids each.
   mkdir -p "$W/agree"
-  timeout 180 python3 bench/agreement_vs_transformers.py --pagoda $P --out "$W/agree" \
-    --device cuda --length 300 > "$W/agree/result.json" 2> "$W/agree.log"
-  say "agreement (DeepSeek layouts vs transformers) rc=$? $(tail -n 2 "$W/agree.log" | tr '\n' ' ')"
+  timeout "$(cap 500)" python3 bench/agreement_vs_transformers.py --pagoda $P --out "$W/agree" \
+    --device cuda --length 300 \
+    --layouts deepseek-v2-tiny,deepseek-v3-tiny,gemma3-1b,bamba-1b,1b \
+    > "$W/agree/result.json" 2> "$W/agree.log"
+  say "agreement vs transformers rc=$? $(grep '^| ' "$W/agree.log" | tail -n 5 | tr '\n' ' ')"
+  rm -rf "$W"/agree/*/  # the checkpoints, not into the logs
 fi
 
 if has spec; then
