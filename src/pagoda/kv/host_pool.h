@@ -5,7 +5,8 @@
 /// all-or-nothing allocation, check_integrity). Contract: docs/design/kv.md "Host pool".
 ///
 /// Layout: the device pool's, layer-major (per layer a K and a V buffer of
-/// [host_pages + 1, page_size, heads, dim]). One page of one layer is one contiguous block of
+/// [host_pages + 1, page_size, heads, dim]; MLA: the latent buffer, and with DSA the index-key
+/// buffer). One page of one layer is one contiguous block of
 /// page_size rows on both sides, and a run of consecutive pages on both sides is one copy.
 /// Chosen for the load-back, which goes layer by layer (layer i's attention waits only for
 /// layer i's pages): a layer's pages are then one copy per page run instead of a strided gather
@@ -54,17 +55,16 @@ std::vector<PageCopy> page_copy_runs(std::span<const int32_t> src, std::span<con
 using CopyFn = std::function<void(void*, const void*, size_t)>;
 
 /// Calls `copy` once per run and buffer (K, V for MHA, the DSA index keys when the pools have
-/// them) of `layer`, copying the runs' pages
-/// from `src` to `dst`. The pools must have the same geometry except num_pages
-/// (kInvalidArgument) and every page must be in range (kOutOfRange); all of it is checked
-/// before the first call.
+/// them) of `layer`, copying the runs' pages from `src` to `dst`. The pools must have the same
+/// geometry except num_pages (kInvalidArgument) and every page must be in range (kOutOfRange);
+/// all of it is checked before the first call.
 void copy_layer_pages(const KvPool& src, KvPool& dst, LayerId layer, std::span<const PageCopy> runs,
                       const CopyFn& copy);
 
 /// Copies page `page` of every layer of a host pool into `out` (bytes_per_page(pool) bytes:
 /// per layer its K rows, then its V rows for MHA, then its DSA index rows when the pool has
-/// them) / back from `in`. kInvalidArgument for a
-/// wrong size, kOutOfRange for a bad page, kUnsupported for a device pool; checked first.
+/// them) / back from `in`. kInvalidArgument for a wrong size, kOutOfRange for a bad page,
+/// kUnsupported for a device pool; checked first.
 void read_page(const KvPool& pool, int32_t page, std::span<std::byte> out);
 void write_page(KvPool& pool, int32_t page, std::span<const std::byte> in);
 
