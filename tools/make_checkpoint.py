@@ -189,7 +189,7 @@ BAMBA_LAYOUTS["bamba-1b"] = dict(
     BAMBA_LAYOUTS["bamba-tiny"], vocab_size=32000, hidden_size=2048, intermediate_size=7168,
     num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, attn_layer_indices=[5, 11],
     mamba_n_heads=64, mamba_d_head=64, mamba_n_groups=1, mamba_d_state=128, mamba_chunk_size=256,
-    max_position_embeddings=131072, bos_token_id=1, eos_token_id=2)
+    max_position_embeddings=131072, bos_token_id=31998, eos_token_id=31999)
 BAMBA_LAYOUTS["bamba-small"] = dict(
     BAMBA_LAYOUTS["bamba-tiny"], hidden_size=256, intermediate_size=512, num_hidden_layers=6,
     attn_layer_indices=[2], mamba_n_heads=8, mamba_d_head=64, mamba_n_groups=1,
