@@ -44,6 +44,25 @@ TEST(ConformanceOracle, SoftmaxLseAndCausalDecode) {
   EXPECT_NEAR(e.lse_tol[0], std::min(0.5 * -std::log2(1 - p_min), 1e-3 * (1 + std::fabs(e.lse.get(0)))), 1e-9);
 }
 
+// A query the backend may round (q_rounding, relative): the LSE tolerance grows to the largest
+// score move, scale · max_j |q k_j| · q_rounding / ln 2 (q = 8 over keys {1, 2, -1}: max |q k| =
+// 16, scale 1), which covers the LSE of a query moved by half that much, which the one-key-exact
+// tolerance of an unrounded query (about 3e-5 here: the lightest key weighs e^-24) refuses.
+TEST(ConformanceOracle, QueryRoundingWidensTheLseToleranceToItsBound) {
+  const DenseRow row{.qo_len = 1, .toks = {0, 1, 2}, .bits = {}};
+  const Expected exact = dense_oracle(kK, kV, 1, 1, {row}, q_of({8.f}, 1, 1), layer1(),
+                                      DType::kF32, false, 1);
+  const Expected rounded = dense_oracle(kK, kV, 1, 1, {row}, q_of({8.f}, 1, 1), layer1(),
+                                        DType::kF32, false, 1, 1.0 / 512);
+  const double bound = 16.0 / 512 / std::log(2.0);
+  EXPECT_LT(exact.lse_tol[0], 1e-4);
+  EXPECT_NEAR(rounded.lse_tol[0], bound, 1e-12);
+  const double f = 1 + 1.0 / 1024;
+  const double moved = log2_sum_exp({8.0 * f, 16.0 * f, -8.0 * f});
+  EXPECT_LE(std::fabs(moved - rounded.lse.get(0)), rounded.lse_tol[0]);
+  EXPECT_GT(std::fabs(moved - exact.lse.get(0)), exact.lse_tol[0]);
+}
+
 TEST(ConformanceOracle, CausalExtendWindowSinkAndCap) {
   // Two queries over three keys: query 0 sees keys 0..1, query 1 sees 0..2 (bottom-right causal).
   const DenseRow row{.qo_len = 2, .toks = {0, 1, 2}, .bits = {}};

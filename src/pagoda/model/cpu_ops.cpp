@@ -16,6 +16,7 @@
 #include "pagoda/model/logit_processing.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/model/ops.h"
+#include "pagoda/model/weights.h"
 
 namespace pagoda::model {
 
@@ -24,11 +25,7 @@ std::unique_ptr<ModelOps::Graph> ModelOps::capture(const std::function<void()>&)
               platform().name());
 }
 
-void* ModelOps::upload_bf16(std::span<const uint16_t> host) {
-  std::vector<float> wide(host.size());
-  for (size_t i = 0; i < host.size(); ++i) wide[i] = bf16_bits_to_f32(host[i]);
-  return upload(wide);
-}
+void* ModelOps::upload_bf16(std::span<const uint16_t> host) { return upload(widened_bf16(host)); }
 
 void ModelOps::scale(void*, int64_t, float) {
   throw_error(ErrorCode::kUnsupported, "scale is not implemented on the '{}' platform",
@@ -83,18 +80,21 @@ class CpuOps final : public ModelOps {
       bf16_weights_.insert(host.data());
       return const_cast<uint16_t*>(host.data());
     }
-    std::vector<float>& wide = owned_.emplace_back(host.size());
-    for (size_t i = 0; i < host.size(); ++i) wide[i] = bf16_bits_to_f32(host[i]);
-    return wide.data();
+    return owned_.emplace_back(widened_bf16(host)).data();
   }
 
   void embed(const void* table, const int32_t* ids, void* out, int64_t rows, int64_t hidden,
              int64_t vocab_begin, int64_t vocab_rows) override {
+    const bool bf16 = bf16_weights_.count(table) != 0;  // an upload_bf16 table: rows widened
     const float* t = static_cast<const float*>(table);
+    const uint16_t* t16 = static_cast<const uint16_t*>(table);
     float* o = static_cast<float*>(out);
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t local = static_cast<int64_t>(ids[i]) - vocab_begin;
-      if (local >= 0 && local < vocab_rows) {
+      if (local >= 0 && local < vocab_rows && bf16) {
+        for (int64_t d = 0; d < hidden; ++d)
+          o[i * hidden + d] = bf16_bits_to_f32(t16[local * hidden + d]);
+      } else if (local >= 0 && local < vocab_rows) {
         std::memcpy(o + i * hidden, t + local * hidden,
                     static_cast<size_t>(hidden) * sizeof(float));
       } else {

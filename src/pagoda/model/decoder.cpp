@@ -177,15 +177,15 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     p.inv_freq = &model.rope_of(l) == &model.rope() ? global_freq : local_freq;
     return p;
   };
-  const bool tied = &model.lm_head_weights() == &model.embed_weights();
+  const bool tied = model.lm_head_tied();
   // A GEMM matrix in the dtype the model keeps it (LlamaModel::Bf16Packed); nullptr when absent.
   auto matrix = [&](const std::vector<float>& f32, const std::vector<uint16_t>& bf16) -> void* {
     if (!bf16.empty()) return ops.upload_bf16(bf16);
     return f32.empty() ? nullptr : ops.upload(f32);
   };
   if (tp == 1) {
-    embed_ = ops.upload(model.embed_weights());
-    lm_head_ = tied ? embed_ : ops.upload(model.lm_head_weights());
+    embed_ = matrix(model.embed_weights(), model.embed_bf16());
+    lm_head_ = tied ? embed_ : matrix(model.lm_head_weights(), model.lm_head_bf16());
     int l = 0;
     for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
       const std::span<const float> bias = qkv_bias_of(w);
@@ -203,6 +203,8 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     prepare_linears();
     return;
   }
+  PAGODA_REQUIRE(model.embed_bf16().empty() && model.lm_head_bf16().empty(), kUnsupported,
+                 "tensor parallelism slices f32 weights: load the checkpoint without keep_bf16");
   for (const LlamaModel::PackedLayer& w : model.packed_layers())
     PAGODA_REQUIRE(w.bf16.qkv_proj.empty() && w.bf16.o_proj.empty() && w.bf16.gate_up.empty() &&
                        w.bf16.down_proj.empty(),

@@ -173,6 +173,13 @@ EagleHead::EagleHead(EagleConfig config, EagleWeights weights, const LlamaModel&
       feature_layers_.push_back(l);
     }
   }
+  // A target that keeps its embedding / LM head in bf16 (LoadOptions::keep_bf16) has no f32
+  // copy of them: the head widens its own (its runner gathers and uploads f32).
+  if (w_.embed.empty() && target.embed_weights().empty())
+    w_.embed = widened_bf16(target.embed_bf16());
+  if (w_.lm_head.empty() && target.lm_head_weights().empty() &&
+      c.draft_vocab_size == c.vocab_size)
+    w_.lm_head = widened_bf16(target.lm_head_bf16());
   const bool e3 = c.layout == EagleLayout::kEagle3;
   require_size(w_.fc.size(), h * (e3 ? 3 * h : 2 * h), "fc.weight");
   require_size(w_.fc_bias.size(), c.fc_bias ? h : 0, "fc.bias");

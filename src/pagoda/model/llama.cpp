@@ -6,7 +6,6 @@
 
 #include "pagoda/core/check.h"
 #include "pagoda/core/error.h"
-#include "pagoda/core/float_convert.h"
 
 namespace pagoda::model {
 
@@ -60,8 +59,7 @@ void permute_partial_rope(std::vector<T>& w, int heads, int d, int r, int64_t co
 /// stored in different dtypes is packed in f32).
 void widen_into(std::vector<uint16_t>& bf16, std::vector<float>& f32) {
   if (bf16.empty()) return;
-  f32.resize(bf16.size());
-  for (size_t i = 0; i < bf16.size(); ++i) f32[i] = bf16_bits_to_f32(bf16[i]);
+  f32 = widened_bf16(bf16);
   std::vector<uint16_t>().swap(bf16);
 }
 
@@ -81,6 +79,8 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
   const bool off = config_.norm_weight_offset;
   embed_ = std::move(weights.embed);
   lm_head_ = std::move(weights.lm_head);
+  embed16_ = std::move(weights.embed_bf16);
+  lm_head16_ = std::move(weights.lm_head_bf16);
   final_norm_ = norm_scale(weights.final_norm, off);
   packed_.reserve(config_.num_layers);
   const int d = config_.head_dim, r = config_.rotary_dim;
@@ -241,7 +241,8 @@ LayerId LlamaModel::pool_layer(int l, bool split) const {
 
 int64_t LlamaModel::weight_elements() const {
   auto n = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size()); };
-  int64_t total = n(embed_) + n(lm_head_) + n(final_norm_);
+  int64_t total = n(embed_) + n(lm_head_) + n(final_norm_) +
+                  static_cast<int64_t>(embed16_.size() + lm_head16_.size());
   for (const PackedLayer& p : packed_) {
     for (const std::vector<float>* v :
          {&p.input_norm, &p.qkv_proj, &p.qkv_bias, &p.o_proj, &p.post_norm, &p.gate_up,

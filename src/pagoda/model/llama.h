@@ -107,9 +107,18 @@ class LlamaModel {
   int64_t weight_elements() const;
   /// Read access for device implementations (model/cuda uploads these once).
   const std::vector<PackedLayer>& packed_layers() const { return packed_; }
+  /// The embedding [vocab, hidden] in f32; empty when the model keeps it in bf16 (embed_bf16).
   const std::vector<float>& embed_weights() const { return embed_; }
-  /// The output projection [vocab, hidden] (the embedding when tied).
-  const std::vector<float>& lm_head_weights() const { return lm_head_.empty() ? embed_ : lm_head_; }
+  /// The embedding as bf16 bits (LoadOptions::keep_bf16 on a BF16 checkpoint); else empty.
+  const std::vector<uint16_t>& embed_bf16() const { return embed16_; }
+  /// True when the output projection is the embedding (tied).
+  bool lm_head_tied() const { return lm_head_.empty() && lm_head16_.empty(); }
+  /// The output projection [vocab, hidden] in f32 (the embedding when tied); empty in bf16.
+  const std::vector<float>& lm_head_weights() const { return lm_head_tied() ? embed_ : lm_head_; }
+  /// The output projection as bf16 bits (the embedding's when tied); else empty.
+  const std::vector<uint16_t>& lm_head_bf16() const {
+    return lm_head_tied() ? embed16_ : lm_head16_;
+  }
   /// The final norm's scale (1 + w for Gemma, as every packed norm weight).
   const std::vector<float>& final_norm_weights() const { return final_norm_; }
   const Rope& rope() const { return rope_; }
@@ -126,7 +135,8 @@ class LlamaModel {
 
   ModelConfig config_;
   std::vector<float> embed_;
-  std::vector<float> lm_head_;  ///< empty when tied (embed_ is used)
+  std::vector<float> lm_head_;  ///< empty when tied (embed_ is used) or in bf16
+  std::vector<uint16_t> embed16_, lm_head16_;  ///< the bf16 forms (see embed_bf16())
   std::vector<float> final_norm_;
   std::vector<PackedLayer> packed_;
   std::vector<attention::AttentionLayer> layers_;

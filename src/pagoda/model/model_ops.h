@@ -76,8 +76,9 @@ class ModelOps {
   /// A copy of `host` kept in f32 on the device and owned by the ops (RoPE frequencies); the
   /// argument may be a temporary.
   virtual float* upload_f32(std::span<const float> host) = 0;
-  /// A GEMM weight matrix given as bf16 bits (a checkpoint loaded with LoadOptions::keep_bf16),
-  /// for prepare_linear / linear / swiglu_linear only, with upload()'s lifetime rules. The
+  /// A GEMM weight matrix or the embedding table given as bf16 bits (a checkpoint loaded with
+  /// LoadOptions::keep_bf16), for prepare_linear / linear / swiglu_linear and embed() only, with
+  /// upload()'s lifetime rules. The
   /// default widens it and calls upload() (right for ops that copy); the CPU ops override it
   /// (their bf16 GEMM modes use the array in place, the others widen into a copy they own).
   virtual void* upload_bf16(std::span<const uint16_t> host);

@@ -547,17 +547,23 @@ LoadedModel load_hf_checkpoint(const fs::path& dir, const LoadOptions& options) 
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
   ModelWeights& w = m.weights;
   const bool bamba = c.family == ModelFamily::kBamba;
-  w.embed = src.read("model.embed_tokens.weight", {v, h});
+  src.read_matrix("model.embed_tokens.weight", {v, h}, w.embed, w.embed_bf16);
   w.final_norm = src.read(bamba ? "model.final_layernorm.weight" : "model.norm.weight", {h});
   if (src.contains("lm_head.weight")) {
-    w.lm_head = src.read("lm_head.weight", {v, h});
+    src.read_matrix("lm_head.weight", {v, h}, w.lm_head, w.lm_head_bf16);
     // transformers ties the head to the embedding and ignores a stored copy: so do we, but a
-    // copy that differs would mean two different models.
+    // copy that differs would mean two different models (compared as values: the two may be
+    // stored in different dtypes).
     if (c.tie_word_embeddings) {
-      PAGODA_REQUIRE(w.lm_head == w.embed, kInvalidArgument,
+      auto values = [](const std::vector<float>& f32, const std::vector<uint16_t>& bf16) {
+        return bf16.empty() ? f32 : widened_bf16(bf16);
+      };
+      PAGODA_REQUIRE(values(w.lm_head, w.lm_head_bf16) == values(w.embed, w.embed_bf16),
+                     kInvalidArgument,
                      "lm_head.weight differs from model.embed_tokens.weight although "
                      "tie_word_embeddings is true");
       w.lm_head.clear();
+      w.lm_head_bf16.clear();
     }
   } else {
     PAGODA_REQUIRE(c.tie_word_embeddings, kInvalidArgument,
@@ -612,6 +618,8 @@ LoadedModel load_model(const std::string& spec, uint64_t weight_seed, const Load
 void save_hf_checkpoint(const fs::path& dir, const ModelConfig& c, const ModelWeights& w,
                         DType dtype) {
   w.validate(c);
+  PAGODA_REQUIRE(w.embed_bf16.empty() && w.lm_head_bf16.empty(), kUnsupported,
+                 "saving weights loaded with keep_bf16 is not implemented");
   for (const LayerWeights& lw : w.layers)
     PAGODA_REQUIRE(lw.bf16.q_proj.empty() && lw.bf16.k_proj.empty() && lw.bf16.v_proj.empty() &&
                        lw.bf16.o_proj.empty() && lw.bf16.gate_proj.empty() &&

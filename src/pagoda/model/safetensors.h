@@ -96,8 +96,9 @@ void write_safetensors(const std::filesystem::path& path,
 
 /// How load_hf_checkpoint keeps the tensors.
 struct LoadOptions {
-  /// Keep the dense GEMM matrices (q/k/v/o, gate/up/down of Llama-family attention layers) that
-  /// the checkpoint stores in BF16 as bf16 (LayerWeights::bf16) instead of widening them to f32:
+  /// Keep the dense GEMM matrices (q/k/v/o, gate/up/down of Llama-family attention layers), the
+  /// embedding and the LM head that the checkpoint stores in BF16 as bf16 (LayerWeights::bf16,
+  /// ModelWeights::embed_bf16 / lm_head_bf16) instead of widening them to f32:
   /// for model ops whose GEMMs read bf16 (the CPU ops' onednn and amx modes; cpu_gemm_reads_bf16),
   /// so a bf16 checkpoint is never widened. Every other tensor is f32 either way.
   bool keep_bf16 = false;

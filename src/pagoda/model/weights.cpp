@@ -4,6 +4,7 @@
 #include <string>
 
 #include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
 #include "pagoda/model/splitmix.h"
 
 namespace pagoda::model {
@@ -141,10 +142,10 @@ void ModelWeights::validate(const ModelConfig& c) const {
   const int64_t qd = int64_t{c.num_q_heads} * c.head_dim;
   const int64_t kvd = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t inter = c.intermediate_size;
-  require_size(embed, int64_t{c.vocab_size} * h, "embed_tokens");
+  require_matrix(embed, embed_bf16, int64_t{c.vocab_size} * h, "embed_tokens");
   require_size(final_norm, h, "norm");
-  if (!c.tie_word_embeddings || !lm_head.empty())
-    require_size(lm_head, int64_t{c.vocab_size} * h, "lm_head");
+  if (!c.tie_word_embeddings || !lm_head.empty() || !lm_head_bf16.empty())
+    require_matrix(lm_head, lm_head_bf16, int64_t{c.vocab_size} * h, "lm_head");
   PAGODA_REQUIRE(static_cast<int>(layers.size()) == c.num_layers, kInvalidArgument,
                  "{} layers of weights for {} layers", layers.size(), c.num_layers);
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -179,6 +180,12 @@ void ModelWeights::validate(const ModelConfig& c) const {
     require_size(w.q_norm, c.qk_norm ? c.head_dim : 0, p + "q_norm");
     require_size(w.k_norm, c.qk_norm ? c.head_dim : 0, p + "k_norm");
   }
+}
+
+std::vector<float> widened_bf16(std::span<const uint16_t> bits) {
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_bits_to_f32(bits[i]);
+  return out;
 }
 
 ModelWeights make_random_weights(const ModelConfig& c, uint64_t seed) {

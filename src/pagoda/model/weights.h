@@ -5,6 +5,7 @@
 /// (y = x · Wᵀ). Host memory, owned.
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "pagoda/model/config.h"
@@ -70,10 +71,13 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  std::vector<float> embed;       ///< [vocab, hidden]
+  std::vector<float> embed;       ///< [vocab, hidden]; empty when embed_bf16 holds it
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  ///< [hidden]
-  std::vector<float> lm_head;     ///< [vocab, hidden]; empty when tied to `embed`
+  std::vector<float> lm_head;     ///< [vocab, hidden]; empty when tied to `embed` (or in bf16)
+  /// The embedding / LM head as bf16 bits, from a BF16 checkpoint loaded with
+  /// LoadOptions::keep_bf16 (the f32 field is then empty; both lm_head forms empty when tied).
+  std::vector<uint16_t> embed_bf16, lm_head_bf16;
 
   /// The LM-head matrix [vocab, hidden] (the embedding when tied).
   const std::vector<float>& lm_head_matrix() const { return lm_head.empty() ? embed : lm_head; }
@@ -82,6 +86,9 @@ struct ModelWeights {
   /// matrix given both in f32 and in bf16, and a bf16 matrix on an MLA or Mamba2 layer).
   void validate(const ModelConfig& config) const;
 };
+
+/// bf16 bits widened to f32 (exact).
+std::vector<float> widened_bf16(std::span<const uint16_t> bits);
 
 /// Deterministic random weights from `seed` (same seed, same config → identical bits).
 /// Scales keep activations O(1) so logits are well separated: embedding N(0, 1), linear

@@ -1,8 +1,10 @@
-// bf16 weights kept bf16 (safetensors.h LoadOptions::keep_bf16, weights.h Bf16Matrices, the
-// Bf16Packed fields of LlamaModel, ModelOps::upload_bf16): the loader keeps exactly the dense GEMM
-// matrices a checkpoint stores in BF16 and their bits unchanged; packing them (fused q/k/v and
+// bf16 weights kept bf16 (safetensors.h LoadOptions::keep_bf16, weights.h Bf16Matrices and
+// embed_bf16 / lm_head_bf16, the Bf16Packed fields of LlamaModel, ModelOps::upload_bf16): the
+// loader keeps exactly the dense GEMM matrices, the embedding and the LM head a checkpoint stores
+// in BF16, their bits unchanged; packing them (fused q/k/v and
 // gate/up, the partial-RoPE row permutation, a group of mixed dtypes widened) gives the widened
-// model's packed matrices bit for bit; validate() refuses a matrix given twice, a wrong size and
+// model's packed matrices bit for bit; an EAGLE head over such a target widens its own embedding
+// and LM head; validate() refuses a matrix given twice, a wrong size and
 // bf16 on an MLA layer; and the forward pass of every CPU GEMM mode computes the same logits, bit
 // for bit, from the bf16 model as from the same values widened to f32 (which the naive-model
 // tests in model_forward_test.cpp check). Random weights with a printed seed.
@@ -18,6 +20,7 @@
 #include "pagoda/core/float_convert.h"
 #include "pagoda/kv/page_allocator.h"
 #include "pagoda/kv/req_to_token.h"
+#include "pagoda/model/eagle_head.h"
 #include "pagoda/model/llama.h"
 #include "pagoda/model/llama_worker.h"
 #include "pagoda/model/safetensors.h"
@@ -58,9 +61,18 @@ constexpr MatrixField kMatrices[] = {
     {&LayerWeights::down_proj, &Bf16Matrices::down_proj, "down_proj"},
 };
 
-/// `w` with every dense matrix rounded to bf16: `as_bits` puts them in the bf16 fields (the f32
-/// ones emptied), else keeps them f32 (the widened values).
+/// `w` with every dense matrix, the embedding and the LM head rounded to bf16: `as_bits` puts them
+/// in the bf16 fields (the f32 ones emptied), else keeps them f32 (the widened values).
 ModelWeights rounded(ModelWeights w, bool as_bits) {
+  for (auto [f32, bf16] : {std::pair{&w.embed, &w.embed_bf16}, std::pair{&w.lm_head, &w.lm_head_bf16}}) {
+    std::vector<uint16_t> bits = rounded_bits(*f32);
+    if (as_bits) {
+      *bf16 = std::move(bits);
+      f32->clear();
+    } else {
+      *f32 = widened(bits);
+    }
+  }
   for (LayerWeights& l : w.layers)
     for (const MatrixField& m : kMatrices) {
       std::vector<uint16_t> bits = rounded_bits(l.*m.f32);
@@ -100,7 +112,22 @@ TEST(Bf16Weights, LoaderKeepsExactlyTheBf16StoredMatrices) {
     EXPECT_EQ(kept.weights.layers[l].q_bias, wide.weights.layers[l].q_bias);
     EXPECT_EQ(kept.weights.layers[l].input_norm, wide.weights.layers[l].input_norm);
   }
-  EXPECT_EQ(kept.weights.embed, wide.weights.embed);
+  EXPECT_TRUE(kept.weights.embed.empty() && kept.weights.lm_head.empty());
+  EXPECT_EQ(kept.weights.embed_bf16, rounded_bits(w.embed));
+  EXPECT_EQ(kept.weights.lm_head_bf16, rounded_bits(w.lm_head));
+  EXPECT_EQ(widened(kept.weights.embed_bf16), wide.weights.embed);
+  EXPECT_TRUE(f32.weights.embed_bf16.empty());
+  EXPECT_EQ(f32.weights.embed, w.embed);
+  // Tied: a stored lm_head equal to the embedding is dropped in either form.
+  ModelConfig tied_c = c;
+  tied_c.tie_word_embeddings = true;
+  ModelWeights tied_w = w;
+  tied_w.lm_head.clear();
+  testing::TempDir tied_dir("pagoda_bf16_tied");
+  save_hf_checkpoint(tied_dir.path(), tied_c, tied_w, DType::kBF16);
+  const LoadedModel tied = load_hf_checkpoint(tied_dir.path(), {.keep_bf16 = true});
+  EXPECT_TRUE(tied.weights.lm_head.empty() && tied.weights.lm_head_bf16.empty());
+  EXPECT_EQ(tied.weights.embed_bf16, rounded_bits(w.embed));
   // Saving such weights would need the bf16 fields written: refused, not written as nothing.
   testing::TempDir again("pagoda_bf16_resave");
   try {
@@ -126,6 +153,10 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
     const LlamaModel wide(c, rounded(w, false));
     const LlamaModel kept(c, std::move(bits));
     EXPECT_EQ(kept.weight_elements(), wide.weight_elements());
+    EXPECT_EQ(kept.lm_head_tied(), wide.lm_head_tied());
+    EXPECT_TRUE(kept.embed_weights().empty() && kept.lm_head_weights().empty());
+    EXPECT_EQ(widened(kept.embed_bf16()), wide.embed_weights());
+    EXPECT_EQ(widened(kept.lm_head_bf16()), wide.lm_head_weights());
     for (size_t l = 0; l < wide.packed_layers().size(); ++l) {
       SCOPED_TRACE(::testing::Message() << "layer " << l);
       const LlamaModel::PackedLayer& a = wide.packed_layers()[l];
@@ -144,6 +175,22 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
       EXPECT_EQ(b.qkv_bias, a.qkv_bias);
     }
   }
+}
+
+// An EAGLE-1 head (the target's embedding and LM head) over a target that keeps them in bf16
+// widens its own copies: the values the f32 target would have shared.
+TEST(Bf16Weights, EagleHeadOverABf16TargetWidensItsEmbeddingAndLmHead) {
+  const testing::TestSeed seed;
+  const ModelConfig c = testing::test_model_config();
+  const ModelWeights w = make_random_weights(c, seed);
+  const LlamaModel wide(c, rounded(w, false));
+  const LlamaModel kept(c, rounded(w, true));
+  const EagleConfig ec = eagle_config_for(c, EagleLayout::kEagle1);
+  const EagleWeights ew = make_random_eagle_weights(ec, c, seed);
+  const EagleHead over_wide(ec, ew, wide), over_kept(ec, ew, kept);
+  EXPECT_EQ(&over_wide.embed(), &wide.embed_weights());  // shared, not copied
+  EXPECT_EQ(over_kept.embed(), wide.embed_weights());
+  EXPECT_EQ(over_kept.lm_head(), wide.lm_head_weights());
 }
 
 /// Runs `fn` and returns the Error's message, failing the test when nothing is thrown.

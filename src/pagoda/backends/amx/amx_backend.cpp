@@ -6,7 +6,7 @@ namespace pagoda::backends {
 
 attention::BackendCapabilities AmxBackend::static_capabilities() {
   attention::BackendCapabilities c;
-  c.q_dtypes = {DType::kBF16};
+  c.q_dtypes = {DType::kBF16, DType::kF32};
   c.kv_dtypes = {DType::kBF16};
   c.non_causal = true;
   c.mixed_batches = true;

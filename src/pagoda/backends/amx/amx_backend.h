@@ -23,14 +23,14 @@
 /// the products are exact either way, only the f32 accumulation order differs, so the backend
 /// runs and is conformance-tested on every CPU (slowly there).
 ///
-/// Supported: bf16 queries and bf16 KV (f32 or bf16 output), GQA / MQA / MHA, any page size and
-/// head dims, causal (bottom-right) and non-causal masks, LSE, mixed batches. q, out and the
-/// caches need a contiguous last dimension (Error(kUnsupported) otherwise, as on "cpu"). Declared refusals
-/// (capabilities; plan / run throw Error(kUnsupported) naming them too): f32 / f16 queries or
-/// KV (the CPU model's f32 activations therefore stay on "cpu"), fp8 KV, MLA, sliding window,
-/// soft cap, sinks, custom (tree) masks, multi-step draft. Not chosen by any platform by
-/// default (the CPU engine runs f32 queries and KV, which this backend refuses); select it with
-/// --backend amx / --prefill-backend amx on bf16 KV.
+/// Supported: bf16 or f32 queries (f32 rounded to bf16, nearest even, as the Q operand is packed:
+/// the CPU model's f32 activations), bf16 KV (f32 or bf16 output), GQA / MQA / MHA, any page size
+/// and head dims, causal (bottom-right) and non-causal masks, LSE, mixed batches. q, out and the
+/// caches need a contiguous last dimension (Error(kUnsupported) otherwise, as on "cpu"). Declared
+/// refusals (capabilities; plan / run throw Error(kUnsupported) naming them too): f16 queries, f32
+/// / f16 / fp8 KV, MLA, sliding window, soft cap, sinks, custom (tree) masks, multi-step draft.
+/// Not chosen by any platform by default (the CPU engine's default KV is f32, which this backend
+/// refuses); the CPU engine runs on it with --backend amx --kv-dtype bf16 (EngineAmx.*).
 
 #include <memory>
 

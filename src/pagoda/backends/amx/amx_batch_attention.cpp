@@ -14,6 +14,7 @@
 #include "pagoda/backends/amx/amx_backend.h"
 #include "pagoda/backends/amx/amx_operands.h"
 #include "pagoda/core/error.h"
+#include "pagoda/core/float_convert.h"
 #include "pagoda/kernels/cpu/amx_tile.h"
 #include "pagoda/kernels/cpu/softmax_rows.h"
 
@@ -47,6 +48,7 @@ struct AmxScratch {
   AmxOperand qa, pa;
   std::vector<float> s, acc, m, l;
   std::vector<int32_t> visible;
+  std::vector<uint16_t> q_row;  ///< an f32 query row rounded to bf16
 };
 
 /// The contract of the unit-stride row copies: the last dimension of every tensor is contiguous.
@@ -67,9 +69,10 @@ class AmxBatchAttention final : public attention::BatchAttention {
     attention::validate_plan_input(in, shape, "amx");
     PAGODA_REQUIRE(in.custom_mask.empty(), kUnsupported,
                    "amx: custom (tree) masks are not supported (use the cpu backend)");
-    PAGODA_REQUIRE(shape.q_dtype == DType::kBF16 && shape.kv_dtype == DType::kBF16, kUnsupported,
-                   "amx: needs bf16 queries and KV (got q {}, KV {})", shape.q_dtype,
-                   shape.kv_dtype);
+    PAGODA_REQUIRE((shape.q_dtype == DType::kBF16 || shape.q_dtype == DType::kF32) &&
+                       shape.kv_dtype == DType::kBF16,
+                   kUnsupported, "amx: needs bf16 or f32 queries and bf16 KV (got q {}, KV {})",
+                   shape.q_dtype, shape.kv_dtype);
     PAGODA_REQUIRE(shape.out_dtype == DType::kBF16 || shape.out_dtype == DType::kF32, kUnsupported,
                    "amx: writes bf16 or f32 outputs (got {})", shape.out_dtype);
     bool decode_only = true;
@@ -193,11 +196,18 @@ class AmxBatchAttention final : public attention::BatchAttention {
     const DType t = sc.products->operand_dtype();
     const auto urows = static_cast<size_t>(rows_p);
     sc.qa.reserve(t, urows * static_cast<size_t>(dims.dqp));
-    for (int64_t r = 0; r < rows; ++r)
-      sc.qa.set_row(static_cast<size_t>(r * dims.dqp),
-                    amx_row(q, (t0 + it.i0 + r % tq) * q.stride(0) +
-                                   (int64_t{hk} * group + r / tq) * q.stride(1)),
-                    dims.dq, dims.dqp);
+    const bool q_f32 = q.dtype() == DType::kF32;
+    sc.q_row.resize(q_f32 ? static_cast<size_t>(dims.dq) : 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = (t0 + it.i0 + r % tq) * q.stride(0) +
+                         (int64_t{hk} * group + r / tq) * q.stride(1);
+      const uint16_t* row = q_f32 ? sc.q_row.data() : amx_row(q, at);
+      if (q_f32) {  // rounded to bf16 (nearest even), the operand's dtype on every path
+        const float* src = q.data_as<float>() + at;
+        for (int64_t d = 0; d < dims.dq; ++d) sc.q_row[static_cast<size_t>(d)] = f32_to_bf16_bits(src[d]);
+      }
+      sc.qa.set_row(static_cast<size_t>(r * dims.dqp), row, dims.dq, dims.dqp);
+    }
     sc.qa.zero(static_cast<size_t>(rows * dims.dqp),
                static_cast<size_t>((rows_p - rows) * dims.dqp));
     sc.m.assign(urows, -std::numeric_limits<float>::infinity());

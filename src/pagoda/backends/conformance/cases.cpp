@@ -375,6 +375,14 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       }
     }
   }
+  // f32 queries over bf16 KV: the CPU model's activations on a bf16 pool (--kv-dtype bf16).
+  for (int p : pages) {
+    for (ForwardMode m : {ForwardMode::kDecode, ForwardMode::kExtend}) {
+      Case c = base("f32q-bf16kv", m, p, kGqa, 128);
+      c.q_dtype = DType::kF32;
+      cases.push_back(c);
+    }
+  }
   if (long_kv > 0) add_long_cases(cases, quick, long_kv);
   add_draft_extend_cases(cases, quick);
   add_linear_cases(cases, quick);

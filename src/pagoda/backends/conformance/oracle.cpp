@@ -54,7 +54,7 @@ double lse_sum_noise(int64_t n) {
 Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float>& v_store,
                       int k_row, int v_row, const std::vector<DenseRow>& rows, const HostTensor& q,
                       const attention::AttentionLayer& layer, DType kv_dtype, bool mla,
-                      int head_dim_v) {
+                      int head_dim_v, double q_rounding) {
   const int hq = layer.num_q_heads, hkv = layer.num_kv_heads;
   const int dqk = layer.head_dim_qk, dv = layer.head_dim_v;
   PAGODA_REQUIRE(hkv > 0 && hq % hkv == 0 && dv == head_dim_v && q.shape.size() == 3 &&
@@ -92,13 +92,18 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
       for (int h = 0; h < hq; ++h) {
         const int kvh = h / group;
         double m = layer.sinks.empty() ? -inf : double(layer.sinks[static_cast<size_t>(h)]);
+        double mag_max = 0;  // max over visible keys of scale · Σ_d |q_d k_d|
         bool any = false;
         for (int d = 0; d < dqk; ++d) qh[static_cast<size_t>(d)] = q.get((t * hq + h) * dqk + d);
         for (int64_t j = 0; j < kv; ++j) {
           if (!vis[static_cast<size_t>(j)]) continue;
           const double* k = dense.k.data() + (j * hkv + kvh) * dqk;
-          double dot = 0;
-          for (int d = 0; d < dqk; ++d) dot += qh[static_cast<size_t>(d)] * k[d];
+          double dot = 0, mag = 0;
+          for (int d = 0; d < dqk; ++d) {
+            dot += qh[static_cast<size_t>(d)] * k[d];
+            mag += std::fabs(qh[static_cast<size_t>(d)] * k[d]);
+          }
+          mag_max = std::max(mag_max, std::fabs(double(layer.scaling)) * mag);
           double x = double(layer.scaling) * dot;
           if (layer.logit_cap > 0.f) x = double(layer.logit_cap) * std::tanh(x / layer.logit_cap);
           s[static_cast<size_t>(j)] = x;
@@ -132,7 +137,11 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
         const double drop_one = p_min < 1.0 ? -std::log2(1.0 - p_min) : inf;
         const double scale = 1.0 + std::fabs(lse);
         const double noise = kLseNoise * scale + lse_sum_noise(n_vis);
-        e.lse_tol[static_cast<size_t>(idx)] = std::clamp(0.5 * drop_one, noise, 1e-3 * scale);
+        // A query rounded by up to q_rounding (relative) moves each score by at most
+        // q_rounding · scale · Σ|q_d k_d| (tanh's cap is 1-Lipschitz), so ln Z by the largest.
+        e.lse_tol[static_cast<size_t>(idx)] =
+            std::max(std::clamp(0.5 * drop_one, noise, 1e-3 * scale),
+                     q_rounding * mag_max / std::log(2.0));
       }
     }
   }

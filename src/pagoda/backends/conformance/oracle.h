@@ -25,7 +25,10 @@
 /// (|s| <~ 1.5) δ / 2 ~ 5e-5 against a floor of ~3.5e-5, so the guarantee holds on the CPU grid;
 /// tests/conformance proves it by running the reference with ReferenceFaults::drop_weakest_key.
 /// At 32,768 keys (the GPU grid's --long-kv) δ / 2 falls below the floor: the check is then as
-/// tight as f32 rounding allows, no longer one-key exact.
+/// tight as f32 rounding allows, no longer one-key exact. With `q_rounding` > 0 (a case whose
+/// backends may round the query, relative error up to q_rounding: f32 queries over bf16 KV, 2^-9)
+/// the tolerance is at least the largest score move that rounding can cause,
+/// q_rounding · scale · max_j Σ_d |q_d k_jd| / ln 2: such a case is not one-key exact.
 
 #include <cstdint>
 #include <vector>
@@ -46,6 +49,6 @@ double lse_sum_noise(int64_t n);
 Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float>& v_store,
                       int k_row, int v_row, const std::vector<DenseRow>& rows, const HostTensor& q,
                       const attention::AttentionLayer& layer, DType kv_dtype, bool mla,
-                      int head_dim_v);
+                      int head_dim_v, double q_rounding = 0);
 
 }  // namespace pagoda::backends::conformance
