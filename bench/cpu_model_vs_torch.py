@@ -52,7 +52,8 @@ def run_pagoda(exe, model, mode, threads, requests, input_len, output_len, timeo
         return {"refused": lines[-1] if lines else f"exit code {p.returncode}"}
     j = json.loads(p.stdout.strip().splitlines()[-1])
     return {"output_tok_s": j["output_tokens_per_s"], "decode_ms": j["decode_step_ms"],
-            "ttft_ms": j["ttft_p50_ms"], "load_s": j.get("load_s"), "cpu_gemm": j["cpu_gemm"]}
+            "ttft_ms": j["ttft_p50_ms"], "load_s": j.get("load_s"), "cpu_gemm": j["cpu_gemm"],
+            "bf16_weights": j.get("bf16_weights")}
 
 
 class Torch:

@@ -341,13 +341,6 @@ if has abkernels; then
   done
 fi
 
-ckpt() {  # ckpt LAYOUT [copy] -> a random bf16 checkpoint of that layout (tools/make_checkpoint.py)
-  local c=/tmp/ckpt-$1
-  [ -f "$c/config.json" ] || timeout 300 python3 tools/make_checkpoint.py --layout "$1" --dtype bf16 \
-    --seed 0 --out "$c" > "$W/ckpt_$1.log" 2>&1
-  echo "$c"
-}
-
 if has engine; then
   t0=$(date +%s)
   timeout 420 python3 bench/engine_real.py --pagoda $P --out "$W/engine" --layouts 1b,8b \

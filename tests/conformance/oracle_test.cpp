@@ -50,8 +50,8 @@ TEST(ConformanceOracle, SoftmaxLseAndCausalDecode) {
 // tolerance of an unrounded query (about 3e-5 here: the lightest key weighs e^-24) refuses.
 TEST(ConformanceOracle, QueryRoundingWidensTheLseToleranceToItsBound) {
   const DenseRow row{.qo_len = 1, .toks = {0, 1, 2}, .bits = {}};
-  const Expected exact = dense_oracle(kK, kV, 1, 1, {row}, q_of({8.f}, 1, 1), layer1(),
-                                      DType::kF32, false, 1);
+  const Expected exact =
+      dense_oracle(kK, kV, 1, 1, {row}, q_of({8.f}, 1, 1), layer1(), DType::kF32, false, 1);
   const Expected rounded = dense_oracle(kK, kV, 1, 1, {row}, q_of({8.f}, 1, 1), layer1(),
                                         DType::kF32, false, 1, 1.0 / 512);
   const double bound = 16.0 / 512 / std::log(2.0);

@@ -399,6 +399,7 @@ void run_bench(const BenchOptions& o) {
       {"dtype", std::string(dtype_name(st.dtype))},
       {"kv_dtype", std::string(dtype_name(st.kv_dtype))},
       {"cpu_gemm", std::string(model::cpu_gemm_name(cfg.cpu_gemm))},
+      {"bf16_weights", llama.has_bf16_weights()},  // kept bf16 (model::LoadOptions::keep_bf16)
       {"decode_step_ms", decode_steps > 0 ? decode_s / static_cast<double>(decode_steps) * 1e3 : 0.0},
       {"decode_batch_max", decode_batch_max},
       {"decode_batch_mean", decode_steps > 0 ? static_cast<double>(decode_rows) /

@@ -106,8 +106,7 @@ void run_batch_file(const GenerateOptions& o, platform::Platform& platform,
                  o.batch_file);
   SpecDraft draft;
   const engine::EngineConfig cfg = engine_config_for(
-      o, platform,
-      (total + o.engine.args.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
+      o, platform, (total + o.engine.args.page_size * 2 * static_cast<int64_t>(prompts.size())) * 2,
       static_cast<int32_t>(std::min<size_t>(prompts.size(), 64)), draft, &llama);
   TpRunner tp = start_tp(o.tp, platform, o.model, o.weight_seed);
   engine::Engine eng(llama, cfg, &platform, tp.factory(platform));
@@ -159,8 +158,8 @@ void run_generate(const GenerateOptions& o) {
   validate_engine_options(o);
   PAGODA_REQUIRE(o.batch_file.empty() || (o.prompt.empty() && o.token_ids.empty()),
                  kInvalidArgument, "--batch-file excludes --prompt and --token-ids");
-  PAGODA_REQUIRE(!o.batch_file.empty() || o.prompt.empty() != o.token_ids.empty(),
-                 kInvalidArgument, "give exactly one of --prompt and --token-ids");
+  PAGODA_REQUIRE(!o.batch_file.empty() || o.prompt.empty() != o.token_ids.empty(), kInvalidArgument,
+                 "give exactly one of --prompt and --token-ids");
   auto platform = engine::make_platform(o.engine.args);
   const model::LoadOptions load = engine::load_options(o.engine.args, *platform, o.tp > 1);
   if (!o.batch_file.empty()) {

@@ -5,8 +5,8 @@
 /// anything touches them (advisory: honoured where THP is "always" or "madvise"; elsewhere the
 /// 4 KiB pages work the same). Why: a KV pool or weight matrix read in 32 KB pieces in random
 /// order takes a TLB miss per 4 KiB (the CPU decode kernels lost ~20 % of their bandwidth), and
-/// first-touching a buffer costs one page fault per 4 KiB (~6 µs each on a VM: loading the 1B
-/// layout took 2.5 M faults, 15 s of system time).
+/// first-touching a buffer costs one page fault per 4 KiB (on the development VM 0.79 M fewer
+/// faults were 5.9–11.9 s less system time: bench/results/cpu_bf16_weights_vm.md).
 /// Throws Error(kResourceExhausted) when the allocation fails; bytes = 0 gives nullptr.
 
 #include <cstddef>

@@ -36,39 +36,46 @@ CpuGemm auto_cpu_gemm() {
              : CpuGemm::kOpenBlas;
 }
 
-bool cpu_gemm_reads_bf16(CpuGemm gemm) { return gemm == CpuGemm::kOnednn || gemm == CpuGemm::kAmx; }
+bool cpu_gemm_reads_bf16(CpuGemm gemm) {
+  return gemm == CpuGemm::kOnednn || gemm == CpuGemm::kAmx;
+}
 
 CpuGemmRunner::CpuGemmRunner(CpuGemm gemm) : gemm_(gemm) {
   const std::string why = cpu_gemm_unavailable(gemm);
   PAGODA_REQUIRE(why.empty(), kUnsupported, "--cpu-gemm {}: {}", cpu_gemm_name(gemm), why);
 }
 
-kernels::cpu::OnednnLinear& CpuGemmRunner::packed(WeightRef w, int64_t n, int64_t k) {
+namespace {
+
+/// The packed copy of (w, n, k) in `cache`, made by `make` if there is none.
+template <typename Map, typename Make>
+auto& find_or_pack(Map& cache, WeightRef w, int64_t n, int64_t k, Make make) {
   const auto key = std::make_tuple(w.data, n, k);
-  auto it = packed_.find(key);
-  if (it != packed_.end()) return it->second;
-  if (w.bf16) {
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make()).first;
+  return it->second;
+}
+
+}  // namespace
+
+kernels::cpu::OnednnLinear& CpuGemmRunner::packed(WeightRef w, int64_t n, int64_t k) {
+  return find_or_pack(packed_, w, n, k, [&] {
+    using kernels::cpu::OnednnLinear;
+    if (!w.bf16)
+      return OnednnLinear(static_cast<const float*>(w.data), n, k,
+                          gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32);
     PAGODA_REQUIRE(gemm_ == CpuGemm::kOnednn, kInternal, "bf16 weights in --cpu-gemm {}",
                    cpu_gemm_name(gemm_));
-    return packed_
-        .emplace(key, kernels::cpu::OnednnLinear(static_cast<const uint16_t*>(w.data), n, k))
-        .first->second;
-  }
-  return packed_
-      .emplace(key, kernels::cpu::OnednnLinear(
-                        static_cast<const float*>(w.data), n, k,
-                        gemm_ == CpuGemm::kOnednn ? DType::kBF16 : DType::kF32))
-      .first->second;
+    return OnednnLinear(static_cast<const uint16_t*>(w.data), n, k);
+  });
 }
 
 kernels::cpu::AmxLinear& CpuGemmRunner::packed_amx(WeightRef w, int64_t n, int64_t k) {
-  const auto key = std::make_tuple(w.data, n, k);
-  auto it = packed_amx_.find(key);
-  if (it != packed_amx_.end()) return it->second;
-  return packed_amx_
-      .emplace(key, w.bf16 ? kernels::cpu::AmxLinear(static_cast<const uint16_t*>(w.data), n, k)
-                           : kernels::cpu::AmxLinear(static_cast<const float*>(w.data), n, k))
-      .first->second;
+  return find_or_pack(packed_amx_, w, n, k, [&] {
+    using kernels::cpu::AmxLinear;
+    return w.bf16 ? AmxLinear(static_cast<const uint16_t*>(w.data), n, k)
+                  : AmxLinear(static_cast<const float*>(w.data), n, k);
+  });
 }
 
 void CpuGemmRunner::prepare(WeightRef w, int64_t n, int64_t k) {
@@ -80,8 +87,7 @@ void CpuGemmRunner::prepare(WeightRef w, int64_t n, int64_t k) {
   }
 }
 
-void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int64_t n,
-                           int64_t k) {
+void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int64_t n, int64_t k) {
   if (gemm_ == CpuGemm::kOpenBlas) {
     PAGODA_REQUIRE(!w.bf16, kInternal, "bf16 weights in --cpu-gemm openblas");
     return model::linear(x, static_cast<const float*>(w.data), y, m, n, k);
@@ -91,8 +97,8 @@ void CpuGemmRunner::linear(const float* x, WeightRef w, float* y, int64_t m, int
   packed(w, n, k).forward(x, y, m);
 }
 
-bool CpuGemmRunner::swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m,
-                                  int64_t n, int64_t k) {
+bool CpuGemmRunner::swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m, int64_t n,
+                                  int64_t k) {
   if (gemm_ != CpuGemm::kOnednn && gemm_ != CpuGemm::kAmx) return false;
   if (m == 0 || n == 0) return true;
   if (gemm_ == CpuGemm::kAmx) {

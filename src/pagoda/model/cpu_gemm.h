@@ -39,8 +39,7 @@ class CpuGemmRunner {
   /// the bf16 modes (onednn, amx) only: the SwiGLU product is rounded to bf16 straight into the
   /// GEMM's operand (ops.h silu_mul_bf16), no f32 intermediate. Returns false (nothing computed)
   /// in the other modes, whose callers run silu_mul + linear (their f32 math unchanged).
-  bool swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m, int64_t n,
-                     int64_t k);
+  bool swiglu_linear(const float* gate_up, WeightRef w, float* y, int64_t m, int64_t n, int64_t k);
   /// True in the modes whose GEMMs read bf16 weights (cpu_gemm_reads_bf16).
   bool reads_bf16() const { return cpu_gemm_reads_bf16(gemm_); }
   /// Bytes of the packed copies made so far (0 with OpenBLAS, which packs nothing).

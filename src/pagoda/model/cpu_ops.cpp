@@ -25,7 +25,9 @@ std::unique_ptr<ModelOps::Graph> ModelOps::capture(const std::function<void()>&)
               platform().name());
 }
 
-void* ModelOps::upload_bf16(std::span<const uint16_t> host) { return upload(widened_bf16(host)); }
+void* ModelOps::upload_bf16(std::span<const uint16_t> host) {
+  return upload(widened_bf16(host));
+}
 
 void ModelOps::scale(void*, int64_t, float) {
   throw_error(ErrorCode::kUnsupported, "scale is not implemented on the '{}' platform",
@@ -288,7 +290,9 @@ class CpuOps final : public ModelOps {
   platform::Platform* platform_;
   CpuGemmRunner gemm_;
   /// A weight pointer as the GEMMs read it: bf16 when upload_bf16 kept it in place.
-  WeightRef weight(const void* w) const { return {w, bf16_weights_.count(w) != 0}; }
+  WeightRef weight(const void* w) const {
+    return {w, bf16_weights_.count(w) != 0};
+  }
 
   std::list<std::vector<float>> owned_;  ///< upload_f32 copies (stable addresses)
   std::unordered_set<const void*> bf16_weights_;  ///< upload_bf16 arrays used in place

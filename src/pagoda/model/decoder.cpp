@@ -189,27 +189,21 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
     int l = 0;
     for (const LlamaModel::PackedLayer& w : model.packed_layers()) {
       const std::span<const float> bias = qkv_bias_of(w);
-      layers_.push_back(
-          gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
-                               .qkv = matrix(w.qkv_proj, w.bf16.qkv_proj),
-                               .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
-                               .o_proj = matrix(w.o_proj, w.bf16.o_proj),
-                               .post_norm = ops.upload(w.post_norm),
-                               .gate_up = matrix(w.gate_up, w.bf16.gate_up),
-                               .down = matrix(w.down_proj, w.bf16.down_proj)},
-                     w, l++));
+      layers_.push_back(gemma_ptrs(LayerPtrs{.input_norm = ops.upload(w.input_norm),
+                                             .qkv = matrix(w.qkv_proj, w.bf16.qkv_proj),
+                                             .qkv_bias = bias.empty() ? nullptr : ops.upload(bias),
+                                             .o_proj = matrix(w.o_proj, w.bf16.o_proj),
+                                             .post_norm = ops.upload(w.post_norm),
+                                             .gate_up = matrix(w.gate_up, w.bf16.gate_up),
+                                             .down = matrix(w.down_proj, w.bf16.down_proj)},
+                                   w, l++));
       if (c.is_mla()) upload_mla(layers_.back(), w);
     }
     prepare_linears();
     return;
   }
-  PAGODA_REQUIRE(model.embed_bf16().empty() && model.lm_head_bf16().empty(), kUnsupported,
+  PAGODA_REQUIRE(!model.has_bf16_weights(), kUnsupported,
                  "tensor parallelism slices f32 weights: load the checkpoint without keep_bf16");
-  for (const LlamaModel::PackedLayer& w : model.packed_layers())
-    PAGODA_REQUIRE(w.bf16.qkv_proj.empty() && w.bf16.o_proj.empty() && w.bf16.gate_up.empty() &&
-                       w.bf16.down_proj.empty(),
-                   kUnsupported,
-                   "tensor parallelism slices f32 weights: load the checkpoint without keep_bf16");
   // This rank's slices (host copies, uploaded one at a time to bound host memory).
   const int64_t hd = c.hidden_size, d = c.head_dim;
   const int64_t hq = c.num_q_heads, hkv = c.num_kv_heads, inter = c.intermediate_size;

@@ -177,8 +177,7 @@ EagleHead::EagleHead(EagleConfig config, EagleWeights weights, const LlamaModel&
   // copy of them: the head widens its own (its runner gathers and uploads f32).
   if (w_.embed.empty() && target.embed_weights().empty())
     w_.embed = widened_bf16(target.embed_bf16());
-  if (w_.lm_head.empty() && target.lm_head_weights().empty() &&
-      c.draft_vocab_size == c.vocab_size)
+  if (w_.lm_head.empty() && target.lm_head_weights().empty() && c.draft_vocab_size == c.vocab_size)
     w_.lm_head = widened_bf16(target.lm_head_bf16());
   const bool e3 = c.layout == EagleLayout::kEagle3;
   require_size(w_.fc.size(), h * (e3 ? 3 * h : 2 * h), "fc.weight");

@@ -55,12 +55,43 @@ void permute_partial_rope(std::vector<T>& w, int heads, int d, int r, int64_t co
                   w.begin() + (int64_t{h} * d + j) * cols);
 }
 
+template <typename T>
+void release(std::vector<T>& v) {
+  std::vector<T>().swap(v);
+}
+
+/// q, k and v fused into one [(Hq + 2 Hkv) D, hidden] matrix (q's and k's rows first permuted
+/// for a partial RoPE), each freed once fused; empty when q is (the other form, Mamba2 layers).
+template <typename T>
+std::vector<T> fuse_qkv(std::vector<T>& q, std::vector<T>& k, std::vector<T>& v,
+                        const ModelConfig& c) {
+  const int d = c.head_dim, r = c.rotary_dim;
+  if (r > 0 && r < d && !q.empty()) {
+    permute_partial_rope(q, c.num_q_heads, d, r, c.hidden_size);
+    permute_partial_rope(k, c.num_kv_heads, d, r, c.hidden_size);
+  }
+  std::vector<T> out = concat(q, k, v);
+  release(q);
+  release(k);
+  release(v);
+  return out;
+}
+
+/// a's rows then b's (gate / up), both freed once fused.
+template <typename T>
+std::vector<T> fuse(std::vector<T>& a, std::vector<T>& b) {
+  std::vector<T> out = concat(a, b);
+  release(a);
+  release(b);
+  return out;
+}
+
 /// Moves a bf16 matrix into its f32 field, widened (a fused group whose matrices the checkpoint
 /// stored in different dtypes is packed in f32).
 void widen_into(std::vector<uint16_t>& bf16, std::vector<float>& f32) {
   if (bf16.empty()) return;
   f32 = widened_bf16(bf16);
-  std::vector<uint16_t>().swap(bf16);
+  release(bf16);
 }
 
 ModelConfig validated(ModelConfig c) {
@@ -83,62 +114,36 @@ LlamaModel::LlamaModel(ModelConfig config, ModelWeights weights)
   lm_head16_ = std::move(weights.lm_head_bf16);
   final_norm_ = norm_scale(weights.final_norm, off);
   packed_.reserve(config_.num_layers);
-  const int d = config_.head_dim, r = config_.rotary_dim;
-  const bool partial = r > 0 && r < d;
   // Each layer's matrices are moved or freed once packed (pack_mla reads its own fields first).
-  auto release = [](std::vector<float>& v) { std::vector<float>().swap(v); };
   for (LayerWeights& w : weights.layers) {
     if (config_.is_mla()) pack_mla(w, packed_.emplace_back());
     Bf16Matrices& b = w.bf16;
-    // A fused group stays bf16 only when the checkpoint stored each of its matrices in bf16.
-    const bool qkv16 = !b.q_proj.empty() && !b.k_proj.empty() && !b.v_proj.empty();
-    const bool gate_up16 = !b.gate_proj.empty() && !b.up_proj.empty();
-    if (!qkv16) {
+    // A fused group stays bf16 only when the checkpoint stored each of its matrices in bf16;
+    // after this each matrix is in one form, the other empty.
+    if (b.q_proj.empty() || b.k_proj.empty() || b.v_proj.empty()) {
       widen_into(b.q_proj, w.q_proj);
       widen_into(b.k_proj, w.k_proj);
       widen_into(b.v_proj, w.v_proj);
     }
-    if (!gate_up16) {
+    if (b.gate_proj.empty() || b.up_proj.empty()) {
       widen_into(b.gate_proj, w.gate_proj);
       widen_into(b.up_proj, w.up_proj);
-    }
-    std::vector<float> q = std::move(w.q_proj), k = std::move(w.k_proj);
-    std::vector<uint16_t> q16 = std::move(b.q_proj), k16 = std::move(b.k_proj);
-    if (partial && !q.empty()) {
-      permute_partial_rope(q, config_.num_q_heads, d, r, config_.hidden_size);
-      permute_partial_rope(k, config_.num_kv_heads, d, r, config_.hidden_size);
-    }
-    if (partial && qkv16) {
-      permute_partial_rope(q16, config_.num_q_heads, d, r, config_.hidden_size);
-      permute_partial_rope(k16, config_.num_kv_heads, d, r, config_.hidden_size);
     }
     if (!config_.is_mla()) packed_.emplace_back();
     PackedLayer& p = packed_.back();
     p.input_norm = norm_scale(w.input_norm, off);
-    if (qkv16) {
-      p.bf16.qkv_proj = concat(q16, k16, b.v_proj);
-    } else if (!config_.is_mla()) {
-      p.qkv_proj = concat(q, k, w.v_proj);
+    if (config_.is_mla()) {
+      release(w.q_proj);  // pack_mla read it (no q LoRA)
+    } else {
+      p.qkv_proj = fuse_qkv(w.q_proj, w.k_proj, w.v_proj, config_);
+      p.bf16.qkv_proj = fuse_qkv(b.q_proj, b.k_proj, b.v_proj, config_);
     }
-    release(q);
-    release(k);
-    release(w.v_proj);
-    std::vector<uint16_t>().swap(q16);
-    std::vector<uint16_t>().swap(k16);
-    std::vector<uint16_t>().swap(b.v_proj);
     if (config_.qkv_bias) p.qkv_bias = concat(w.q_bias, w.k_bias, w.v_bias);
     p.o_proj = std::move(w.o_proj);
     p.bf16.o_proj = std::move(b.o_proj);
     p.post_norm = norm_scale(w.post_norm, off);
-    if (gate_up16) {
-      p.bf16.gate_up = concat(b.gate_proj, b.up_proj);
-    } else {
-      p.gate_up = concat(w.gate_proj, w.up_proj);
-    }
-    release(w.gate_proj);
-    release(w.up_proj);
-    std::vector<uint16_t>().swap(b.gate_proj);
-    std::vector<uint16_t>().swap(b.up_proj);
+    p.gate_up = fuse(w.gate_proj, w.up_proj);
+    p.bf16.gate_up = fuse(b.gate_proj, b.up_proj);
     p.down_proj = std::move(w.down_proj);
     p.bf16.down_proj = std::move(b.down_proj);
     p.attn_out_norm = norm_scale(w.attn_out_norm, off);
@@ -237,6 +242,15 @@ LayerId LlamaModel::pool_layer(int l, bool split) const {
   int rank = 0;
   for (int i = 0; i < l; ++i) rank += (config_.window_of(i) >= 0) == window;
   return LayerId{rank};
+}
+
+bool LlamaModel::has_bf16_weights() const {
+  if (!embed16_.empty() || !lm_head16_.empty()) return true;
+  for (const PackedLayer& p : packed_)
+    if (!p.bf16.qkv_proj.empty() || !p.bf16.o_proj.empty() || !p.bf16.gate_up.empty() ||
+        !p.bf16.down_proj.empty())
+      return true;
+  return false;
 }
 
 int64_t LlamaModel::weight_elements() const {

@@ -111,6 +111,8 @@ class LlamaModel {
   const std::vector<float>& embed_weights() const { return embed_; }
   /// The embedding as bf16 bits (LoadOptions::keep_bf16 on a BF16 checkpoint); else empty.
   const std::vector<uint16_t>& embed_bf16() const { return embed16_; }
+  /// True when any weight is kept in bf16 (a BF16 checkpoint loaded with keep_bf16).
+  bool has_bf16_weights() const;
   /// True when the output projection is the embedding (tied).
   bool lm_head_tied() const { return lm_head_.empty() && lm_head16_.empty(); }
   /// The output projection [vocab, hidden] in f32 (the embedding when tied); empty in bf16.
@@ -135,7 +137,7 @@ class LlamaModel {
 
   ModelConfig config_;
   std::vector<float> embed_;
-  std::vector<float> lm_head_;  ///< empty when tied (embed_ is used) or in bf16
+  std::vector<float> lm_head_;                 ///< empty when tied (embed_ is used) or in bf16
   std::vector<uint16_t> embed16_, lm_head16_;  ///< the bf16 forms (see embed_bf16())
   std::vector<float> final_norm_;
   std::vector<PackedLayer> packed_;

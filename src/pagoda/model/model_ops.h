@@ -263,8 +263,8 @@ bool cpu_gemm_reads_bf16(CpuGemm gemm);
 /// from bf16 uploaded by upload_bf16) made by
 /// prepare_linear() -- the Decoder prepares its layers' and the LM head's at construction -- or
 /// else when linear() first sees it, keyed by (w, n, k), owned by the ops). Throws
-/// Error(kUnsupported) for a dtype other than f32 or a `gemm` cpu_gemm_unavailable refuses. `platform` must be a CPU platform and
-/// outlive the ops.
+/// Error(kUnsupported) for a dtype other than f32 or a `gemm` cpu_gemm_unavailable refuses.
+/// `platform` must be a CPU platform and outlive the ops.
 std::unique_ptr<ModelOps> make_cpu_ops(platform::Platform& platform, DType dtype,
                                        CpuGemm gemm = CpuGemm::kOpenBlas);
 

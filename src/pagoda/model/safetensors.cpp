@@ -394,7 +394,8 @@ class TensorSource {
   bool keep_bf16 = false;  ///< read_matrix's choice (LoadOptions::keep_bf16)
 
   /// The file holding `name`, whose shape was checked against `expected_shape`; marks it used.
-  const SafetensorsFile& checked(const std::string& name, const std::vector<int64_t>& expected_shape) {
+  const SafetensorsFile& checked(const std::string& name,
+                                 const std::vector<int64_t>& expected_shape) {
     auto it = where_.find(name);
     PAGODA_REQUIRE(it != where_.end(), kInvalidArgument, "checkpoint has no tensor {}", name);
     const SafetensorsFile& f = files_[it->second];
@@ -555,11 +556,13 @@ LoadedModel load_hf_checkpoint(const fs::path& dir, const LoadOptions& options) 
     // copy that differs would mean two different models (compared as values: the two may be
     // stored in different dtypes).
     if (c.tie_word_embeddings) {
-      auto values = [](const std::vector<float>& f32, const std::vector<uint16_t>& bf16) {
-        return bf16.empty() ? f32 : widened_bf16(bf16);
-      };
-      PAGODA_REQUIRE(values(w.lm_head, w.lm_head_bf16) == values(w.embed, w.embed_bf16),
-                     kInvalidArgument,
+      // Widened only where the two forms differ (no copy of an f32 table).
+      const bool same =
+          w.lm_head_bf16.empty() == w.embed_bf16.empty()
+              ? w.lm_head == w.embed && w.lm_head_bf16 == w.embed_bf16
+              : (w.lm_head_bf16.empty() ? w.lm_head == widened_bf16(w.embed_bf16)
+                                        : widened_bf16(w.lm_head_bf16) == w.embed);
+      PAGODA_REQUIRE(same, kInvalidArgument,
                      "lm_head.weight differs from model.embed_tokens.weight although "
                      "tie_word_embeddings is true");
       w.lm_head.clear();

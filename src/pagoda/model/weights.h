@@ -67,11 +67,11 @@ struct LayerWeights {
   std::vector<float> ssm_norm;       ///< [d_inner] (the gated RMSNorm's weight)
   std::vector<float> ssm_out_proj;   ///< [hidden, d_inner]
   std::vector<float> ssm_out_bias;   ///< [hidden] when mamba.proj_bias
-  Bf16Matrices bf16;  ///< the bf16 form of q/k/v/o and gate/up/down (see above)
+  Bf16Matrices bf16;                 ///< the bf16 form of q/k/v/o and gate/up/down (see above)
 };
 
 struct ModelWeights {
-  std::vector<float> embed;       ///< [vocab, hidden]; empty when embed_bf16 holds it
+  std::vector<float> embed;  ///< [vocab, hidden]; empty when embed_bf16 holds it
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  ///< [hidden]
   std::vector<float> lm_head;     ///< [vocab, hidden]; empty when tied to `embed` (or in bf16)

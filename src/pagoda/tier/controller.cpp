@@ -155,16 +155,16 @@ void TierController::wait(LayerId layer) {
 void TierController::quiesce_pages(std::span<const int32_t> device_pages) {
   if (peers_ != nullptr) return synchronize();
   if (barrier_) barrier_();  // the step in flight has submitted its copies
+  flush();  // queued backups (of these pages, say) run now and leave their marks
   for (int32_t page : device_pages) flag_.at(static_cast<size_t>(page)) = 1;
-  bool queued = false;
-  for (int32_t page : queued_.backup_device) queued |= flag_[static_cast<size_t>(page)] != 0;
-  for (int32_t page : queued_.load_device) queued |= flag_[static_cast<size_t>(page)] != 0;
+  bool loading = false;  // a queued load-back into one of them: not expected, waited for whole
+  for (int32_t page : queued_.load_device) loading |= flag_[static_cast<size_t>(page)] != 0;
   uint64_t need = 0;
   for (int32_t page : device_pages) {
     flag_[static_cast<size_t>(page)] = 0;
     need = std::max(need, touched_[static_cast<size_t>(page)]);
   }
-  if (queued) return synchronize();
+  if (loading) return synchronize();
   // Marks complete in submission order: the first one at or after `need` covers it.
   while (!marks_.empty() && marks_.front().first < need) marks_.pop_front();
   if (marks_.empty() || marks_.front().first != need) return;  // done and dropped, or none

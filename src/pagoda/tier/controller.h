@@ -135,9 +135,10 @@ class TierController final : public kv::LayerGate {
   /// (on the peers: before their next forward or K/V move).
   void synchronize();
   /// Blocks until no submitted or queued copy reads or writes any of `device_pages` (device
-  /// pages about to be freed): runs the step barrier, then waits for the last submission that
-  /// touched one of them (copies submitted later keep running); when a queued copy touches one,
-  /// or with peers (their streams are theirs), it is synchronize().
+  /// pages about to be freed): runs the step barrier, submits the queued backups (flush()), then
+  /// waits for the last submission that touched one of them (copies submitted later keep
+  /// running); when a queued load-back writes one, or with peers (their streams are theirs), it
+  /// is synchronize().
   void quiesce_pages(std::span<const int32_t> device_pages);
   /// Called first by synchronize(): the overlap scheduler's wait until the step in flight has
   /// run, so no copy or forward of it touches the pages about to be freed or backed up.

@@ -156,14 +156,15 @@ void HiCache::on_removed(std::span<const SlotIndex> slots) {
 
 void HiCache::finish_evictions() {
   if (evicted_.empty()) return;
+  // Pages not yet on the host are backed up first (write_back; write_through's stragglers).
   // A queued or running copy may still read (backup) or write (load-back) these pages; they go
-  // back to the allocator's users only after this returns. Only the copies of these pages are
-  // waited for (write_through backed them up when they were stored, usually long done).
-  controller_.quiesce_pages(evicted_);
+  // back to the allocator's users only after this returns, and only the copies of these pages
+  // are waited for (one wait, covering the backups just issued).
   if (config_.write_policy != WritePolicy::kWriteThroughSelective) {
     std::sort(evicted_.begin(), evicted_.end());  // page order ~ insertion order: parents first
-    backup_pages(evicted_, true);
+    backup_pages(evicted_, false);
   }
+  controller_.quiesce_pages(evicted_);
   for (int32_t page : evicted_) tree_pages_[static_cast<size_t>(page)] = TreePage{};
   evicted_.clear();
 }

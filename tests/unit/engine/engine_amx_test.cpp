@@ -51,8 +51,8 @@ TEST(EngineAmx, GreedyMatchesNaiveForEachFamily) {
   if (!amx_registered()) GTEST_SKIP() << "this build has no amx backend (no oneDNN)";
   const uint64_t seed = 91;
   for (const model::ModelConfig& c : families()) {
-    SCOPED_TRACE(::testing::Message() << c.name << ", prompt seed " << seed << ", weight seed "
-                                      << testing::kWeightSeed);
+    SCOPED_TRACE(::testing::Message()
+                 << c.name << ", prompt seed " << seed << ", weight seed " << testing::kWeightSeed);
     TestModel m(c);
     Engine engine(m.model, amx_config());
     const int max_new = 8;

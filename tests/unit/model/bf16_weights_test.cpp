@@ -39,12 +39,6 @@ std::vector<uint16_t> rounded_bits(const std::vector<float>& v) {
   return out;
 }
 
-std::vector<float> widened(const std::vector<uint16_t>& b) {
-  std::vector<float> out(b.size());
-  for (size_t i = 0; i < b.size(); ++i) out[i] = bf16_bits_to_f32(b[i]);
-  return out;
-}
-
 /// The seven dense matrices of a layer: f32 field, bf16 field, name.
 struct MatrixField {
   std::vector<float> LayerWeights::*f32;
@@ -64,13 +58,14 @@ constexpr MatrixField kMatrices[] = {
 /// `w` with every dense matrix, the embedding and the LM head rounded to bf16: `as_bits` puts them
 /// in the bf16 fields (the f32 ones emptied), else keeps them f32 (the widened values).
 ModelWeights rounded(ModelWeights w, bool as_bits) {
-  for (auto [f32, bf16] : {std::pair{&w.embed, &w.embed_bf16}, std::pair{&w.lm_head, &w.lm_head_bf16}}) {
+  for (auto [f32, bf16] :
+       {std::pair{&w.embed, &w.embed_bf16}, std::pair{&w.lm_head, &w.lm_head_bf16}}) {
     std::vector<uint16_t> bits = rounded_bits(*f32);
     if (as_bits) {
       *bf16 = std::move(bits);
       f32->clear();
     } else {
-      *f32 = widened(bits);
+      *f32 = widened_bf16(bits);
     }
   }
   for (LayerWeights& l : w.layers)
@@ -80,7 +75,7 @@ ModelWeights rounded(ModelWeights w, bool as_bits) {
         l.bf16.*m.bf16 = std::move(bits);
         (l.*m.f32).clear();
       } else {
-        l.*m.f32 = widened(bits);
+        l.*m.f32 = widened_bf16(bits);
       }
     }
   return w;
@@ -105,7 +100,7 @@ TEST(Bf16Weights, LoaderKeepsExactlyTheBf16StoredMatrices) {
       EXPECT_TRUE((kept.weights.layers[l].*m.f32).empty());
       EXPECT_EQ(kept.weights.layers[l].bf16.*m.bf16, want);
       EXPECT_TRUE((wide.weights.layers[l].bf16.*m.bf16).empty());
-      EXPECT_EQ(wide.weights.layers[l].*m.f32, widened(want));
+      EXPECT_EQ(wide.weights.layers[l].*m.f32, widened_bf16(want));
       EXPECT_TRUE((f32.weights.layers[l].bf16.*m.bf16).empty());  // stored F32: read as f32
       EXPECT_EQ(f32.weights.layers[l].*m.f32, w.layers[l].*m.f32);
     }
@@ -115,7 +110,7 @@ TEST(Bf16Weights, LoaderKeepsExactlyTheBf16StoredMatrices) {
   EXPECT_TRUE(kept.weights.embed.empty() && kept.weights.lm_head.empty());
   EXPECT_EQ(kept.weights.embed_bf16, rounded_bits(w.embed));
   EXPECT_EQ(kept.weights.lm_head_bf16, rounded_bits(w.lm_head));
-  EXPECT_EQ(widened(kept.weights.embed_bf16), wide.weights.embed);
+  EXPECT_EQ(widened_bf16(kept.weights.embed_bf16), wide.weights.embed);
   EXPECT_TRUE(f32.weights.embed_bf16.empty());
   EXPECT_EQ(f32.weights.embed, w.embed);
   // Tied: a stored lm_head equal to the embedding is dropped in either form.
@@ -143,20 +138,23 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
   ModelConfig partial = testing::test_model_config();
   partial.rotary_dim = 32;  // q/k rows permuted per head when packed
   partial.name = "partial-rope";
-  for (const ModelConfig& c : {testing::test_model_config(), testing::qwen2_test_config(), partial}) {
+  for (const ModelConfig& c :
+       {testing::test_model_config(), testing::qwen2_test_config(), partial}) {
     SCOPED_TRACE(c.name);
     const ModelWeights w = make_random_weights(c, seed);
     ModelWeights bits = rounded(w, true);
     // Layer 1's k_proj as the checkpoint might store it, in f32: its q/k/v group packs in f32.
-    bits.layers[1].k_proj = widened(bits.layers[1].bf16.k_proj);
+    bits.layers[1].k_proj = widened_bf16(bits.layers[1].bf16.k_proj);
     bits.layers[1].bf16.k_proj.clear();
     const LlamaModel wide(c, rounded(w, false));
     const LlamaModel kept(c, std::move(bits));
     EXPECT_EQ(kept.weight_elements(), wide.weight_elements());
     EXPECT_EQ(kept.lm_head_tied(), wide.lm_head_tied());
+    EXPECT_TRUE(kept.has_bf16_weights());
+    EXPECT_FALSE(wide.has_bf16_weights());
     EXPECT_TRUE(kept.embed_weights().empty() && kept.lm_head_weights().empty());
-    EXPECT_EQ(widened(kept.embed_bf16()), wide.embed_weights());
-    EXPECT_EQ(widened(kept.lm_head_bf16()), wide.lm_head_weights());
+    EXPECT_EQ(widened_bf16(kept.embed_bf16()), wide.embed_weights());
+    EXPECT_EQ(widened_bf16(kept.lm_head_bf16()), wide.lm_head_weights());
     for (size_t l = 0; l < wide.packed_layers().size(); ++l) {
       SCOPED_TRACE(::testing::Message() << "layer " << l);
       const LlamaModel::PackedLayer& a = wide.packed_layers()[l];
@@ -166,12 +164,12 @@ TEST(Bf16Weights, PackingMatchesTheWidenedModel) {
         EXPECT_EQ(b.qkv_proj, a.qkv_proj);
       } else {
         EXPECT_TRUE(b.qkv_proj.empty());
-        EXPECT_EQ(widened(b.bf16.qkv_proj), a.qkv_proj);
+        EXPECT_EQ(widened_bf16(b.bf16.qkv_proj), a.qkv_proj);
       }
       EXPECT_TRUE(b.o_proj.empty() && b.gate_up.empty() && b.down_proj.empty());
-      EXPECT_EQ(widened(b.bf16.o_proj), a.o_proj);
-      EXPECT_EQ(widened(b.bf16.gate_up), a.gate_up);
-      EXPECT_EQ(widened(b.bf16.down_proj), a.down_proj);
+      EXPECT_EQ(widened_bf16(b.bf16.o_proj), a.o_proj);
+      EXPECT_EQ(widened_bf16(b.bf16.gate_up), a.gate_up);
+      EXPECT_EQ(widened_bf16(b.bf16.down_proj), a.down_proj);
       EXPECT_EQ(b.qkv_bias, a.qkv_bias);
     }
   }
@@ -211,7 +209,7 @@ TEST(Bf16Weights, ValidateRefusesTwiceGivenMisSizedAndMlaMatrices) {
   const ModelConfig c = testing::test_model_config();
   const ModelWeights w = make_random_weights(c, seed);
   ModelWeights twice = rounded(w, true);
-  twice.layers[0].gate_proj = widened(twice.layers[0].bf16.gate_proj);
+  twice.layers[0].gate_proj = widened_bf16(twice.layers[0].bf16.gate_proj);
   EXPECT_NE(error_of([&] { twice.validate(c); }, ErrorCode::kInvalidArgument)
                 .find("layers.0.gate_proj is given both in f32 and in bf16"),
             std::string::npos);
@@ -260,10 +258,10 @@ std::vector<float> forward_logits(const LlamaModel& model, CpuGemm gemm, uint64_
   const int32_t zero = 0, n = static_cast<int32_t>(tokens.size()), none = -1;
   auto s = *alloc.alloc_extend(std::span(&zero, 1), std::span(&n, 1), std::span(&none, 1));
   table.write(row, 0, s);
-  std::vector<float> logits = run(StepInput{
-      .mode = attention::ForwardMode::kExtend,
-      .seqs = {{.req_slot = row.value(), .prefix_len = 0, .tokens = std::span(tokens)}},
-      .out_cache_loc = s});
+  std::vector<float> logits = run(
+      StepInput{.mode = attention::ForwardMode::kExtend,
+                .seqs = {{.req_slot = row.value(), .prefix_len = 0, .tokens = std::span(tokens)}},
+                .out_cache_loc = s});
   for (int step = 0; step < 2; ++step) {
     tokens.push_back(static_cast<int32_t>(rng() % 256));
     const int32_t len = static_cast<int32_t>(tokens.size());

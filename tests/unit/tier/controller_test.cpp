@@ -115,6 +115,17 @@ TEST(TierController, QuiescePagesWaitsOnlyForTheirCopies) {
   EXPECT_EQ(platform.stream().executed, platform.stream().enqueued);
   EXPECT_TRUE(kv_matches_all(host.pool(), b, slots_of(std::vector<int32_t>{5}, kPage)));
   EXPECT_TRUE(ctl.idle());
+  // A queued backup of the page is submitted and waited for; a queued load-back into another
+  // page stays queued (a whole synchronize() would run it too).
+  ctl.backup(std::vector<int32_t>{7}, std::vector<int32_t>{6});
+  ctl.load(std::vector<int32_t>{3}, std::vector<int32_t>{9});
+  ctl.quiesce_pages(std::vector<int32_t>{7});
+  EXPECT_TRUE(kv_matches_all(host.pool(), b, slots_of(std::vector<int32_t>{6}, kPage)));
+  const std::vector<int32_t> a0(a.begin(), a.begin() + kPage);  // host page 3: a's first page
+  EXPECT_FALSE(kv_matches_all(dev, a0, slots_of(std::vector<int32_t>{9}, kPage)));
+  EXPECT_FALSE(ctl.idle());
+  ctl.synchronize();
+  EXPECT_TRUE(kv_matches_all(dev, a0, slots_of(std::vector<int32_t>{9}, kPage)));
 }
 
 TEST(TierController, ThreadStreamRandomTraffic) {

@@ -199,12 +199,13 @@ class AmxBatchAttention final : public attention::BatchAttention {
     const bool q_f32 = q.dtype() == DType::kF32;
     sc.q_row.resize(q_f32 ? static_cast<size_t>(dims.dq) : 0);
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t at = (t0 + it.i0 + r % tq) * q.stride(0) +
-                         (int64_t{hk} * group + r / tq) * q.stride(1);
+      const int64_t at =
+          (t0 + it.i0 + r % tq) * q.stride(0) + (int64_t{hk} * group + r / tq) * q.stride(1);
       const uint16_t* row = q_f32 ? sc.q_row.data() : amx_row(q, at);
       if (q_f32) {  // rounded to bf16 (nearest even), the operand's dtype on every path
         const float* src = q.data_as<float>() + at;
-        for (int64_t d = 0; d < dims.dq; ++d) sc.q_row[static_cast<size_t>(d)] = f32_to_bf16_bits(src[d]);
+        for (int64_t d = 0; d < dims.dq; ++d)
+          sc.q_row[static_cast<size_t>(d)] = f32_to_bf16_bits(src[d]);
       }
       sc.qa.set_row(static_cast<size_t>(r * dims.dqp), row, dims.dq, dims.dqp);
     }

@@ -103,10 +103,10 @@ Tolerance tolerance_for(DType out) {
   }
 }
 
-/// The dtype whose tolerance a case gets: its query's, or its KV's where that is a coarser
-/// activation dtype (a backend may round the query to the KV's dtype: amx's f32 queries over bf16
-/// KV).
-DType tolerance_dtype(DType q, DType kv) {
+/// The dtype a backend may compute the query in: the query's, or the KV's where that is a coarser
+/// activation dtype (amx rounds f32 queries to its bf16 KV). A case's tolerance is this dtype's,
+/// and the oracle's LSE bound allows the query's rounding to it (its unit roundoff).
+DType query_compute_dtype(DType q, DType kv) {
   auto rank = [](DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; };
   const bool kv_activation = kv == DType::kF32 || kv == DType::kF16 || kv == DType::kBF16;
   return kv_activation && rank(kv) > rank(q) ? kv : q;
@@ -462,12 +462,13 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
   }
 
   // ---- the oracle over a dense copy ----
-  // f32 queries over bf16 KV: a backend may round the query to bf16 (amx), relative 2^-9.
-  const double q_rounding =
-      c.q_dtype == DType::kF32 && c.kv_dtype == DType::kBF16 ? 1.0 / 512 : 0.0;
+  const DType qc = query_compute_dtype(c.q_dtype, c.kv_dtype);
+  const double q_rounding = qc == c.q_dtype          ? 0.0
+                            : qc == DType::kBF16 ? 1.0 / 512    // 2^-9
+                                                 : 1.0 / 2048;  // f16: 2^-11
   const Expected expected = dense_oracle(s.k_store, s.v_store, s.k_row, s.v_row, dense, q, layer,
                                          c.kv_dtype, c.mla, c.head_dim_v, q_rounding);
-  const Tolerance tol = tolerance_for(tolerance_dtype(c.q_dtype, c.kv_dtype));
+  const Tolerance tol = tolerance_for(qc);
   return compare(out, caps.lse ? &lse : nullptr, expected, tol.atol, tol.rtol);
 }
 

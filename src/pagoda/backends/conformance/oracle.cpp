@@ -139,9 +139,8 @@ Expected dense_oracle(const std::vector<float>& k_store, const std::vector<float
         const double noise = kLseNoise * scale + lse_sum_noise(n_vis);
         // A query rounded by up to q_rounding (relative) moves each score by at most
         // q_rounding · scale · Σ|q_d k_d| (tanh's cap is 1-Lipschitz), so ln Z by the largest.
-        e.lse_tol[static_cast<size_t>(idx)] =
-            std::max(std::clamp(0.5 * drop_one, noise, 1e-3 * scale),
-                     q_rounding * mag_max / std::log(2.0));
+        e.lse_tol[static_cast<size_t>(idx)] = std::max(
+            std::clamp(0.5 * drop_one, noise, 1e-3 * scale), q_rounding * mag_max / std::log(2.0));
       }
     }
   }

@@ -238,9 +238,13 @@ void AmxLinear::Impl::run(float*, int64_t) const {}
 
 namespace {
 
-/// Element i of row `row` of w as bf16 bits: f32 rounded (nearest even), bf16 as it is.
-inline uint16_t bf16_at(const float* w, int64_t i) { return f32_to_bf16_bits(w[i]); }
-inline uint16_t bf16_at(const uint16_t* w, int64_t i) { return w[i]; }
+/// Element i of w as bf16 bits: f32 rounded (nearest even), bf16 as it is.
+inline uint16_t bf16_at(const float* w, int64_t i) {
+  return f32_to_bf16_bits(w[i]);
+}
+inline uint16_t bf16_at(const uint16_t* w, int64_t i) {
+  return w[i];
+}
 
 }  // namespace
 
@@ -283,8 +287,12 @@ void AmxLinear::pack(const T* w, int64_t n, int64_t k) {
   }
 }
 
-AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) { pack(w, n, k); }
-AmxLinear::AmxLinear(const uint16_t* w_bf16, int64_t n, int64_t k) { pack(w_bf16, n, k); }
+AmxLinear::AmxLinear(const float* w, int64_t n, int64_t k) {
+  pack(w, n, k);
+}
+AmxLinear::AmxLinear(const uint16_t* w_bf16, int64_t n, int64_t k) {
+  pack(w_bf16, n, k);
+}
 
 AmxLinear::~AmxLinear() = default;
 AmxLinear::AmxLinear(AmxLinear&&) noexcept = default;

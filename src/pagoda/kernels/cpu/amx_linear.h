@@ -13,12 +13,13 @@
 /// blocks of one column block contiguous along k (n and k zero-padded to multiples of 32).
 /// Activations: rounded to bf16 per call into a row-major operand whose row stride is k rounded
 /// up to 32 plus 32 elements (so the 16 rows of a tile load are not 4 KiB apart and do not share
-/// an L1 set), padded with rows to 16 (m ≤ 16) or a multiple of 32 (their results are dropped). Product: OpenMP threads
-/// take (group of kPanelBlocks column blocks, 32-row block) pairs; a pair runs its k range in
-/// chunks of kChunk inputs (the 32 × kChunk activation chunk stays in L1 while the group's
-/// column blocks stream their weights past it), four 16 × 16 f32 accumulator tiles per column
-/// block, loaded and stored between chunks; rows m ≤ 16 use one activation tile (half the TMUL
-/// work: decode). Whole 32 × 32 blocks are stored straight into y, edge blocks through scratch.
+/// an L1 set), padded with rows to 16 (m ≤ 16) or a multiple of 32 (their results are dropped).
+/// Product: OpenMP threads take (group of kPanelBlocks column blocks, 32-row block) pairs; a pair
+/// runs its k range in chunks of kChunk inputs (the 32 × kChunk activation chunk stays in L1 while
+/// the group's column blocks stream their weights past it), four 16 × 16 f32 accumulator tiles per
+/// column block, loaded and stored between chunks; rows m ≤ 16 use one activation tile (half the
+/// TMUL work: decode). Whole 32 × 32 blocks are stored straight into y, edge blocks through
+/// scratch.
 ///
 /// Availability: CPUs with AMX (amx_support.h); elsewhere amx_linear_unavailable() says so and a
 /// construction throws Error(kUnsupported) with that reason.

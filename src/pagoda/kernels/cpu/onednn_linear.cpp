@@ -177,12 +177,10 @@ struct OnednnLinear::Impl {
 };
 
 OnednnLinear::OnednnLinear(const float* w, int64_t n, int64_t k, DType weight_dtype) {
-  if (weight_dtype != DType::kBF16) {
+  if (weight_dtype != DType::kBF16 || n < 1 || k < 1) {  // pack() refuses n or k < 1 unread
     pack(w, n, k, weight_dtype);
     return;
   }
-  PAGODA_REQUIRE(n >= 1 && k >= 1, kInvalidArgument, "OnednnLinear: n and k must be >= 1 (got {}, {})",
-                 n, k);
   std::vector<uint16_t> rounded(static_cast<size_t>(n * k));
   for (size_t i = 0; i < rounded.size(); ++i) rounded[i] = f32_to_bf16_bits(w[i]);
   pack(rounded.data(), n, k, DType::kBF16);

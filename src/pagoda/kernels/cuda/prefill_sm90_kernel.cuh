@@ -163,12 +163,12 @@ struct PrefillSm90Config {
   static constexpr uint32_t kStageBytes = kKTileBytes + kVTileBytes;  // K, then V
   // Data: Q, then kStages (K, V) stages; under the overlap schedule (which pipelines across
   // units, see the top of this file) the same bytes hold two Q buffers, a 2-deep K ring and a
-  // 3-deep V ring instead: the larger of the two layouts (at D 128 the stages').
+  // 3-deep V ring instead (at D 128 exactly as many bytes).
+  static constexpr uint32_t kDataBytes = kQBytes + kStages * kStageBytes;
   static constexpr int kXKStages = 2, kXVStages = 3;
-  static constexpr uint32_t kTbtDataBytes = kQBytes + kStages * kStageBytes;
-  static constexpr uint32_t kXDataBytes =
-      kCanOverlap ? 2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes : 0;
-  static constexpr uint32_t kDataBytes = kTbtDataBytes > kXDataBytes ? kTbtDataBytes : kXDataBytes;
+  static_assert(!kCanOverlap ||
+                    2 * kQBytes + kXKStages * kKTileBytes + kXVStages * kVTileBytes <= kDataBytes,
+                "the overlap schedule's buffers exceed the stages'");
   // K and V rings (full / empty each), record ring, and the overlap schedule's Q `empty` pair.
   static constexpr uint32_t kBarBytes = 4 * kStages * 8 + 2 * 2 * 8 + 2 * 8;
   static constexpr uint32_t kRecBytes = 2 * 128;  // two Sm90UnitRec slots
@@ -357,10 +357,7 @@ __device__ __forceinline__ bool store_tile_staged(const AttentionArgs& a, const 
     if (pr < w.rows) {
       const int r = pr - g0;
       uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(stage + (c / 8) * kAtomStride + sw128_offset(r, c % 8))
-                   : "memory");
+      ld_shared16(stage + (c / 8) * kAtomStride + sw128_offset(r, c % 8), v);
       T* op = static_cast<T*>(a.out) + (w.q_begin + row.tok) * a.o_stride_n +
               (hkv * G + row.head) * a.o_stride_h + c * 8;
       *reinterpret_cast<uint4*>(op) = v;
@@ -871,17 +868,23 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // release_q waits for those reads and frees it, a turn later than the epilogue that issued
   // them (the wait there held warp 0, and with it the warpgroup's next GEMM).
   int q_rel = 0;
+  // Hands Q buffer `slot` back to the producer once every lane's reads of its staged rows are
+  // done (the lanes of a warp are not ordered otherwise: racecheck saw the producer's next Q
+  // load race the unaligned rows' ld.shared without the __syncwarp).
+  auto free_q = [&](int slot) {
+    __syncwarp();
+    arrive_empty(&q_empty[slot]);
+  };
   auto release_q = [&]() {
     if (q_rel == 0) return;
     if (warp == 0 && lane == 0) tma_store_wait_read();
-    __syncwarp();
-    arrive_empty(&q_empty[q_rel - 1]);
+    free_q(q_rel - 1);
     q_rel = 0;
   };
   auto epilogue = [&](const float(&mm)[2], const float(&ll)[2]) {
     const int slot = (qk - 1) & 1;  // qk already counts the pending unit
     bool tma = false;
-    if (kOverlap && DQK == DV && ew.partial < 0 && o_aligned) {
+    if (kOverlap && ew.partial < 0 && o_aligned) {
       tma = store_tile_staged<T, kDT, Cfg::kRows * 128>(
           a, ew, e_hkv, ew.r0 + cw * 64, warp, lane, mm, ll, o,
           q_addr + slot * Cfg::kQBytes + cw * 64 * 128, 3 + cw, maps.o_ok ? &maps.o : nullptr,
@@ -894,11 +897,7 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
       if (tma) {
         q_rel = slot + 1;
       } else {
-        // Every lane's reads of the staged rows before lane 0 hands the buffer back (the lanes
-        // of a warp are not ordered otherwise: racecheck saw the producer's next Q load race
-        // the unaligned rows' ld.shared without it).
-        __syncwarp();
-        arrive_empty(&q_empty[slot]);
+        free_q(slot);
       }
     }
 #pragma unroll

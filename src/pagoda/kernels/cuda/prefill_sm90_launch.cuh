@@ -75,7 +75,7 @@ cudaError_t launch_config(const AttentionArgs& args, const detail::Sm90Sched& sc
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Cfg::kSmemBytes));
   if (st != cudaSuccess) return st;
   detail::Sm90KvMaps maps = kv_maps(args, Cfg::kKeys, Cfg::kRecords);
-  out_map(maps, args, overlap && DQK == DV);
+  out_map(maps, args, overlap);  // overlap implies DQK == DV (kCanOverlap)
   return launch_pdl(kernel, dim3(blocks), dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, args,
                     detail::make_logit_transform(args.sm_scale, args.logit_cap, args.k_scale),
                     sched, maps);
