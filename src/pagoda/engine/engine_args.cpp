@@ -99,7 +99,9 @@ model::CpuGemm cpu_gemm_of(const EngineArgs& a, const platform::Platform& platfo
 
 model::LoadOptions load_options(const EngineArgs& args, const platform::Platform& platform,
                                 bool tensor_parallel) {
-  return {.keep_bf16 = !tensor_parallel && model::cpu_gemm_reads_bf16(cpu_gemm_of(args, platform))};
+  const bool cuda = platform.kind() == platform::PlatformKind::kCuda;
+  return {.keep_bf16 = !tensor_parallel &&
+                       (cuda || model::cpu_gemm_reads_bf16(cpu_gemm_of(args, platform)))};
 }
 
 }  // namespace pagoda::engine

@@ -73,7 +73,8 @@ model::CpuGemm cpu_gemm_of(const EngineArgs& args, const platform::Platform& pla
 
 /// How to load the checkpoint an engine of `args` on `platform` serves: a bf16 checkpoint's
 /// dense GEMM matrices stay bf16 (model::LoadOptions::keep_bf16) where the model ops read bf16
-/// weights (the CPU's onednn and amx GEMMs) and one rank holds them (no `tensor_parallel`).
+/// weights (the CPU's onednn and amx GEMMs; the CUDA ops, which copy them as they are into a bf16
+/// model and widen them for another dtype) and one rank holds them (no `tensor_parallel`).
 model::LoadOptions load_options(const EngineArgs& args, const platform::Platform& platform,
                                 bool tensor_parallel);
 

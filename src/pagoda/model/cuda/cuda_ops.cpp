@@ -135,6 +135,12 @@ class CudaOps final : public ModelOps {
   float* upload_f32(std::span<const float> host) override {
     return static_cast<float*>(keep(host.data(), std::max<size_t>(host.size(), 1) * 4));
   }
+  /// A bf16 model takes the bits as they are (the bytes upload() would make from their widened
+  /// values); another dtype widens them through upload().
+  void* upload_bf16(std::span<const uint16_t> host) override {
+    if (dtype_ != DType::kBF16) return ModelOps::upload_bf16(host);
+    return keep(host.data(), std::max<size_t>(host.size(), 1) * sizeof(uint16_t));
+  }
 
   void embed(const void* table, const int32_t* ids, void* out, int64_t rows, int64_t hidden,
              int64_t vocab_begin, int64_t vocab_rows) override {
