@@ -143,12 +143,8 @@ PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_
   return p;
 }
 
-void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadata& meta,
-                     const IndexerQuery& q, int k, std::span<int32_t> topk, std::span<float> scores,
-                     const IndexerFaults& faults) {
-  PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported,
-                 "index_topk_host reads a host pool (this one is on {})",
-                 pool.device().to_string());
+void check_index_query(const kv::KvPool& pool, const IndexerMetadata& meta, const IndexerQuery& q,
+                       int k, size_t topk_size, size_t scores_size) {
   const int64_t d = pool.config().index_head_dim;
   PAGODA_REQUIRE(pool.index_row_bytes() > 0, kInvalidArgument,
                  "the DSA indexer needs a pool with index keys (index_head_dim 0)");
@@ -159,10 +155,21 @@ void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadat
       "{}, q and w given",
       k, q.heads, q.dim, d);
   const auto want = static_cast<size_t>(rows * k);
-  PAGODA_REQUIRE(topk.size() == want && (scores.empty() || scores.size() == want), kInvalidArgument,
+  PAGODA_REQUIRE(topk_size == want && (scores_size == 0 || scores_size == want), kInvalidArgument,
                  "indexer: topk has {} entries and scores {} for {} rows x k {} (scores may be "
                  "empty)",
-                 topk.size(), scores.size(), rows, k);
+                 topk_size, scores_size, rows, k);
+}
+
+void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadata& meta,
+                     const IndexerQuery& q, int k, std::span<int32_t> topk, std::span<float> scores,
+                     const IndexerFaults& faults) {
+  PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported,
+                 "index_topk_host reads a host pool (this one is on {})",
+                 pool.device().to_string());
+  check_index_query(pool, meta, q, k, topk.size(), scores.size());
+  const int64_t d = pool.config().index_head_dim;
+  const auto rows = static_cast<int64_t>(meta.row_request.size());
   const uint8_t* base = pool.index_rows(layer);
   const int64_t row_bytes = pool.index_row_bytes(), slots_total = pool.num_slots();
   const int64_t shift = faults.key_page_shift ? pool.page_size() : 0;

@@ -82,6 +82,12 @@ struct IndexerFaults {
   bool drop_best = false;       ///< each row's best position left out of its selection
 };
 
+/// The argument checks of every select_index_topk (index_topk_host's, below): kInvalidArgument
+/// for a pool without index keys, k or heads < 1, a dim other than the pool's index_head_dim,
+/// null q or w, a topk of other than rows x k entries or scores neither empty nor that size.
+void check_index_query(const kv::KvPool& pool, const IndexerMetadata& meta, const IndexerQuery& q,
+                       int k, size_t topk_size, size_t scores_size);
+
 /// The lightning indexer's selection over a host pool's index keys of `layer`: for each query
 /// row t and every position p the row sees (meta.sees),
 ///   score(t, p) = Σ_h w[t, h] · ReLU(q[t, h] · key(p)),

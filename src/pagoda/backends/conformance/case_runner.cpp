@@ -168,7 +168,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
                     const Case& c, uint64_t seed, platform::Platform* device_platform) {
   if (c.linear.op != LinearOp::kNone)
     return run_linear_case(registry, backend, c, seed, device_platform);
-  if (c.dsa_indexer) return run_indexer_case(registry, backend, c, seed);
+  if (c.dsa_indexer) return run_indexer_case(registry, backend, c, seed, device_platform);
   const BackendCapabilities caps = capabilities_of(registry, backend.spec);
   BackendRequirements req = c.requirements();
   req.device = caps.device;  // the case runs wherever the backend does

@@ -5,11 +5,14 @@
 // 2^ceil(log2(amax / 448)) of each token (kv_pool.h).
 //
 // Per query row the oracle checks: min(k, visible) distinct positions the row sees, then -1
-// (score -inf); each returned score within 2e-6 · (1 + |s|) of the oracle's; the order is by
-// score (a bitwise tie in the backend's scores is ordered by position); and nothing left out
-// scores more than the last kept position, or as much when it is an earlier token (ties go to
-// the earlier token). Exact ties are made on purpose: some tokens repeat an earlier token's key,
-// and one row has zero head weights (every score 0: the row must keep its first k positions).
+// (score -inf); each returned score within tol(p) = 1e-6 · (1 + |s|) + 4e-6 · Σ_h |w_h| ·
+// Σ_d |q_hd · key_d| of the oracle's (f32 arithmetic on a device: (dim + heads) unit roundoffs
+// of the terms' magnitude); the order is by score (a bitwise tie in the backend's scores is
+// ordered by position); and nothing left out scores more than the last kept position (beyond
+// the tolerances), or as much when it is an earlier token (ties go to the earlier token).
+// Device backends get the same pool bytes on their device (the host pool's index rows copied).
+// Exact ties are made on purpose: some tokens repeat an earlier token's key, and one row has zero
+// head weights (every score 0: the row must keep its first k positions).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -58,17 +61,16 @@ std::vector<double> oracle_key(const float* x) {
 }  // namespace
 
 CaseResult run_indexer_case(const BackendRegistry& registry, const BackendUnderTest& backend,
-                            const Case& c, uint64_t seed) {
+                            const Case& c, uint64_t seed, platform::Platform* device_platform) {
   const BackendCapabilities caps = capabilities_of(registry, backend.spec);
   BackendRequirements req = c.requirements();
   req.device = caps.device;
   if (auto why = unsupported_reason(caps, req)) return {Verdict::kUnsupported, *why};
-  if (caps.device != "cpu") {
-    return {Verdict::kFail,
-            fmt::format("backend '{}' declares the DSA indexer on {}, but this harness builds "
-                        "index keys in host pools only",
-                        backend.spec, caps.device)};
-  }
+  const bool on_device = caps.device != "cpu";
+  PAGODA_REQUIRE(
+      !on_device || (device_platform != nullptr && device_platform->name() == caps.device),
+      kFailedPrecondition, "backend '{}' runs on {} but the harness has {} platform", backend.spec,
+      caps.device, device_platform != nullptr ? "a " + device_platform->name() : std::string("no"));
   std::mt19937_64 rng(seed);
   auto uniform_int = [&](int lo, int hi) {
     return std::uniform_int_distribution<int>(lo, hi)(rng);
@@ -159,13 +161,29 @@ CaseResult run_indexer_case(const BackendRegistry& registry, const BackendUnderT
   std::vector<float> scores(topk.size(), std::numeric_limits<float>::quiet_NaN());
 
   // ---- the backend under test ----
+  const IndexerQuery iq{.q = q.data(), .w = w.data(), .heads = heads, .dim = kIndexDim};
   try {
-    BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
-    auto impl = make_under_test(registry, backend.spec, req, ctx);
-    impl->init_forward_metadata(batch);
-    impl->select_index_topk(
-        layer, IndexerQuery{.q = q.data(), .w = w.data(), .heads = heads, .dim = kIndexDim}, k,
-        topk, scores);
+    if (!on_device) {
+      BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
+      auto impl = make_under_test(registry, backend.spec, req, ctx);
+      impl->init_forward_metadata(batch);
+      impl->select_index_topk(layer, iq, k, topk, scores);
+    } else {
+      // The same bytes on the device (every buffer 0xFF, then the host pool's index rows).
+      platform::Allocator& dev = device_platform->allocator();
+      kv::KvPool dev_pool(pool_cfg, dev);
+      dev_pool.fill_bytes(0xFF);
+      for (int32_t l = 0; l < pool_cfg.num_layers; ++l) {
+        dev.copy_to_device(dev_pool.index_data(LayerId(l)), pool.index_data(LayerId(l)),
+                           static_cast<size_t>(pool.num_slots() * pool.index_row_bytes()));
+      }
+      device_platform->synchronize();
+      BackendContext ctx{.platform = device_platform, .kv_pool = &dev_pool, .req_to_token = &table};
+      auto impl = make_under_test(registry, backend.spec, req, ctx);
+      impl->init_forward_metadata(batch);
+      impl->select_index_topk(layer, iq, k, topk, scores);
+      device_platform->synchronize();
+    }
   } catch (const Error& e) {
     return {Verdict::kFail, fmt::format("threw {}{}", e.what(),
                                         e.code() == ErrorCode::kUnsupported
@@ -181,17 +199,24 @@ CaseResult run_indexer_case(const BackendRegistry& registry, const BackendUnderT
   };
   for (int t = 0; t < n; ++t) {
     const int b = row_req[t], visible = row_pos[t] + 1;
-    std::vector<double> s(static_cast<size_t>(visible));
+    std::vector<double> s(static_cast<size_t>(visible)), tol(static_cast<size_t>(visible));
     for (int p = 0; p < visible; ++p) {
       const std::vector<double> key = oracle_key(keys[b].data() + p * kIndexDim);
-      double acc = 0;
+      double acc = 0, mag = 0;
       for (int h = 0; h < heads; ++h) {
-        double dot = 0;
-        for (int j = 0; j < kIndexDim; ++j)
-          dot += double{q[(static_cast<size_t>(t) * heads + h) * kIndexDim + j]} * key[j];
-        acc += double{w[static_cast<size_t>(t) * heads + h]} * std::max(dot, 0.0);
+        double dot = 0, dmag = 0;
+        for (int j = 0; j < kIndexDim; ++j) {
+          const double term =
+              double{q[(static_cast<size_t>(t) * heads + h) * kIndexDim + j]} * key[j];
+          dot += term;
+          dmag += std::fabs(term);
+        }
+        const double wh = w[static_cast<size_t>(t) * heads + h];
+        acc += wh * std::max(dot, 0.0);
+        mag += std::fabs(wh) * dmag;
       }
       s[p] = acc;
+      tol[p] = 1e-6 * (1 + std::fabs(acc)) + 4e-6 * mag;
     }
     const int m = std::min(k, visible);
     const int32_t* sel = topk.data() + static_cast<size_t>(t) * k;
@@ -212,13 +237,14 @@ CaseResult run_indexer_case(const BackendRegistry& registry, const BackendUnderT
                                    i, p, visible, m, k, visible));
       }
       kept[p] = 1;
-      if (!(std::fabs(got[i] - s[p]) <= 2e-6 * (1 + std::fabs(s[p])))) {
-        return fail(t, fmt::format("score of position {} is {}, the oracle's {}", p, got[i], s[p]));
+      if (!(std::fabs(got[i] - s[p]) <= tol[p])) {
+        return fail(t, fmt::format("score of position {} is {}, the oracle's {} (tolerance {})", p,
+                                   got[i], s[p], tol[p]));
       }
       if (i > 0) {
         const int32_t prev = sel[i - 1];
         const bool tie_order = got[i] == got[i - 1] && prev > p;
-        if (s[prev] < s[p] - 2e-6 * (1 + std::fabs(s[p])) || tie_order) {
+        if (s[prev] < s[p] - tol[p] - tol[prev] || tie_order) {
           return fail(t, fmt::format("positions {} ({}) then {} ({}): not in (score desc, "
                                      "position asc) order",
                                      prev, s[prev], p, s[p]));
@@ -229,7 +255,7 @@ CaseResult run_indexer_case(const BackendRegistry& registry, const BackendUnderT
     const int32_t last = sel[m - 1];
     for (int p = 0; p < visible; ++p) {
       if (kept[p]) continue;
-      if (s[p] > s[last] + 2e-6 * (1 + std::fabs(s[last])) || (s[p] == s[last] && p < last)) {
+      if (s[p] > s[last] + tol[p] + tol[last] || (s[p] == s[last] && p < last)) {
         return fail(t, fmt::format("position {} (score {}) left out while {} (score {}) was "
                                    "kept; ties go to the earlier token",
                                    p, s[p], last, s[last]));

@@ -88,10 +88,11 @@ std::unique_ptr<attention::AttentionBackend> make_under_test(
     const attention::BackendRequirements& req, const attention::BackendContext& ctx);
 
 /// Runs dsa-indexer case `c` (c.dsa_indexer) on `backend` (indexer_runner.cpp): kUnsupported
-/// when its capabilities lack the indexer; host pools only (a device backend that declares the
-/// indexer fails the case: the harness does not upload index keys yet).
+/// when its capabilities lack the indexer; a device backend on `device_platform` (its index rows
+/// copied to a device pool; Error(kFailedPrecondition) when that is not its device's platform).
 CaseResult run_indexer_case(const attention::BackendRegistry& registry,
-                            const BackendUnderTest& backend, const Case& c, uint64_t seed);
+                            const BackendUnderTest& backend, const Case& c, uint64_t seed,
+                            platform::Platform* device_platform);
 
 /// Runs linear case `c` (c.linear.op != kNone) on `backend`'s linear kind (linear_runner.cpp):
 /// kUnsupported when the spec has none (an attention-only name, a prefill+decode composition,

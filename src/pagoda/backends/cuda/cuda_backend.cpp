@@ -51,7 +51,7 @@ BackendCapabilities CudaBackend::static_capabilities() {
   BackendCapabilities c = full_feature_capabilities();
   c.cuda_graph = true;
   c.dsa = true;  // sparse MLA on the gather plan (cuda_backend.h), eager steps
-  c.dsa_indexer = false;  // no indexer-logits / top-k kernels yet (docs/design/dsa.md)
+  c.dsa_indexer = true;  // f32 scores + a stable segmented sort (kernels/cuda/dsa_indexer.h)
   c.device = "cuda";
   return c;
 }
@@ -190,6 +190,122 @@ void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView
   const PagedCacheViews views =
       paged_cache_views(pool, layer, sparse ? sparse_plan_.page_size : plan_.page_size);
   attn_->run(q, views.k, views.v, out, lse, run_params_for(layer));
+}
+
+namespace {
+
+/// 256-byte aligned offsets of consecutive regions in one device allocation.
+struct Regions {
+  size_t total = 0;
+  size_t add(size_t bytes) {
+    const size_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
+  }
+};
+
+}  // namespace
+
+void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
+                                    std::span<int32_t> topk, std::span<float> scores) {
+  PAGODA_REQUIRE(indexer_.has_value(), kFailedPrecondition,
+                 "backend 'cuda': select_index_topk without indexer metadata (the pool has no "
+                 "index keys, or init_forward_metadata was not called)");
+  PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
+                 "backend 'cuda': the DSA indexer runs eagerly, not in a CUDA graph");
+  const kv::KvPool& pool = *ctx_.kv_pool;
+  const IndexerMetadata& m = *indexer_;
+  check_index_query(pool, m, q, k, topk.size(), scores.size());
+  const int rows = static_cast<int>(m.row_request.size());
+  if (rows == 0) return;
+  const int maxv = m.max_visible, heads = q.heads, dim = q.dim, tree = m.tree_size;
+  // Per row: where its request's slots start and how many positions it sees.
+  std::vector<int32_t> slot_begin(static_cast<size_t>(rows)), seen(static_cast<size_t>(rows));
+  for (int t = 0; t < rows; ++t) {
+    slot_begin[t] = m.slot_indptr[static_cast<size_t>(m.row_request[t])];
+    int32_t n = m.row_visible[t];
+    if (tree > 0) {
+      n = 0;
+      for (int32_t p = 0; p < m.row_visible[t]; ++p) n += m.sees(t, p) ? 1 : 0;
+    }
+    seen[t] = n;
+  }
+  // Rows in chunks of at most 2^24 scores (16 bytes each of scratch) and 65535 rows.
+  const int chunk = std::max(1, std::min({rows, 65535, (1 << 24) / std::max(maxv, 1)}));
+  Regions r;
+  const size_t o_slots = r.add(m.slots.size() * 4), o_q = r.add(size_t(chunk) * heads * dim * 4),
+               o_w = r.add(size_t(chunk) * heads * 4), o_vis = r.add(size_t(chunk) * 4),
+               o_begin = r.add(size_t(chunk) * 4), o_seen = r.add(size_t(chunk) * 4),
+               o_tbegin = r.add(size_t(chunk) * 4), o_tbits = r.add(size_t(chunk) * tree),
+               o_off = r.add(size_t(chunk + 1) * 4), n_scores = size_t(chunk) * maxv,
+               o_keys = r.add(n_scores * 4), o_vals = r.add(n_scores * 4),
+               o_keys_out = r.add(n_scores * 4), o_vals_out = r.add(n_scores * 4),
+               temp_bytes = kernels::cuda::raw::dsa_index_temp_bytes(chunk, maxv),
+               o_temp = r.add(temp_bytes), o_topk = r.add(size_t(chunk) * k * 4),
+               o_scores = r.add(size_t(chunk) * k * 4);
+  if (index_scratch_.bytes() < r.total) index_scratch_.reset(r.total);
+  auto* base = static_cast<unsigned char*>(index_scratch_.get());
+  auto upload = [&](size_t at, const void* src, size_t bytes) {
+    if (bytes > 0)
+      cuda::cuda_check(cudaMemcpyAsync(base + at, src, bytes, cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync(indexer)");
+  };
+  upload(o_slots, m.slots.data(), m.slots.size() * 4);
+  std::vector<int32_t> offsets(static_cast<size_t>(chunk) + 1);
+  for (int t = 0; t <= chunk; ++t) offsets[t] = t * maxv;
+  upload(o_off, offsets.data(), offsets.size() * 4);
+  std::vector<int32_t> out_topk(static_cast<size_t>(chunk) * k);
+  std::vector<float> out_scores(static_cast<size_t>(chunk) * k);
+  for (int r0 = 0; r0 < rows; r0 += chunk) {
+    const int n = std::min(chunk, rows - r0);
+    upload(o_q, q.q + size_t(r0) * heads * dim, size_t(n) * heads * dim * 4);
+    upload(o_w, q.w + size_t(r0) * heads, size_t(n) * heads * 4);
+    upload(o_vis, m.row_visible.data() + r0, size_t(n) * 4);
+    upload(o_begin, slot_begin.data() + r0, size_t(n) * 4);
+    upload(o_seen, seen.data() + r0, size_t(n) * 4);
+    if (tree > 0) {
+      upload(o_tbegin, m.row_tree_begin.data() + r0, size_t(n) * 4);
+      upload(o_tbits, m.row_tree_bits.data() + size_t(r0) * tree, size_t(n) * tree);
+    }
+    kernels::cuda::DsaIndexArgs a;
+    a.index_rows = static_cast<const unsigned char*>(pool.index_data(layer));
+    a.row_bytes = pool.index_row_bytes();
+    a.dim = dim;
+    a.heads = heads;
+    a.rows = n;
+    a.max_visible = maxv;
+    a.k = k;
+    a.q = reinterpret_cast<const float*>(base + o_q);
+    a.w = reinterpret_cast<const float*>(base + o_w);
+    a.visible = reinterpret_cast<const int32_t*>(base + o_vis);
+    a.slot_begin = reinterpret_cast<const int32_t*>(base + o_begin);
+    a.slots = reinterpret_cast<const int32_t*>(base + o_slots);
+    a.seen = reinterpret_cast<const int32_t*>(base + o_seen);
+    a.tree_size = tree;
+    a.tree_begin = reinterpret_cast<const int32_t*>(base + o_tbegin);
+    a.tree_bits = base + o_tbits;
+    a.offsets = reinterpret_cast<const int32_t*>(base + o_off);
+    a.keys = reinterpret_cast<float*>(base + o_keys);
+    a.vals = reinterpret_cast<int32_t*>(base + o_vals);
+    a.keys_out = reinterpret_cast<float*>(base + o_keys_out);
+    a.vals_out = reinterpret_cast<int32_t*>(base + o_vals_out);
+    a.temp = base + o_temp;
+    a.temp_bytes = temp_bytes;
+    a.topk = reinterpret_cast<int32_t*>(base + o_topk);
+    a.topk_scores = reinterpret_cast<float*>(base + o_scores);
+    const Status st = kernels::cuda::launch_dsa_index_topk(a, stream_);
+    if (!st.is_ok()) throw_error(st.code(), "backend 'cuda': DSA indexer: {}", st.message());
+    cuda::cuda_check(cudaMemcpyAsync(out_topk.data(), a.topk, size_t(n) * k * 4,
+                                     cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync(indexer top-k)");
+    cuda::cuda_check(cudaMemcpyAsync(out_scores.data(), a.topk_scores, size_t(n) * k * 4,
+                                     cudaMemcpyDeviceToHost, stream_),
+                     "cudaMemcpyAsync(indexer scores)");
+    cuda::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(indexer)");
+    std::copy_n(out_topk.begin(), size_t(n) * k, topk.begin() + size_t(r0) * k);
+    if (!scores.empty())
+      std::copy_n(out_scores.begin(), size_t(n) * k, scores.begin() + size_t(r0) * k);
+  }
 }
 
 void CudaBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -36,6 +36,7 @@
 #include "pagoda/attention/paged_plan.h"
 #include "pagoda/attention/registry.h"
 #include "pagoda/backends/cuda/cuda_batch_attention.h"
+#include "pagoda/backends/cuda/cuda_memory.h"
 
 namespace pagoda::backends {
 
@@ -62,6 +63,11 @@ class CudaBackend final : public attention::AttentionBackend {
     return indexer_ ? &*indexer_ : nullptr;
   }
   void set_sparse_topk(std::span<const int32_t> topk, int k) override;
+  /// The indexer on the GPU (kernels/cuda/dsa_indexer.h: f32 scores, a stable segmented radix
+  /// sort): q, w and the results in host memory as for every backend (uploaded, and copied back
+  /// with a stream synchronisation: an eager step); rows in chunks of at most 2^24 scores.
+  void select_index_topk(LayerId layer, const attention::IndexerQuery& q, int k,
+                         std::span<int32_t> topk, std::span<float> scores) override;
 
   void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
   void init_forward_metadata_capture_cuda_graph(const attention::ForwardBatch& batch) override;
@@ -102,6 +108,7 @@ class CudaBackend final : public attention::AttentionBackend {
   std::optional<attention::IndexerMetadata> indexer_;  ///< this step's (pools with index keys)
   attention::PagedPlan sparse_plan_;                    ///< set_sparse_topk's gather plan
   bool sparse_next_ = false;                            ///< the next forward runs sparse_plan_
+  cuda::CudaBuffer index_scratch_;                      ///< select_index_topk's device arrays
 };
 
 /// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws

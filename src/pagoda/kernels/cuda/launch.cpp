@@ -93,6 +93,25 @@ Status launch_move_rows(const MoveRowsArgs& a, cudaStream_t s) {
   return to_status(raw::move_rows(a, s), "move_rows launch");
 }
 
+Status launch_dsa_index_topk(const DsaIndexArgs& a, cudaStream_t s) {
+  if (a.rows < 0 || a.max_visible < 0 || a.k < 1 || a.heads < 1 || a.dim < 1 ||
+      a.row_bytes < a.dim + 4)
+    return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: bad sizes");
+  if (a.rows == 0) return Status();
+  if (a.rows > 65535 || int64_t{a.rows} * a.max_visible > 0x7fffffff)
+    return Status(ErrorCode::kInvalidArgument,
+                  "dsa_index_topk: more than 65535 rows or 2^31 scores in one launch");
+  if (a.index_rows == nullptr || a.q == nullptr || a.w == nullptr || a.visible == nullptr ||
+      a.slot_begin == nullptr || a.slots == nullptr || a.seen == nullptr || a.offsets == nullptr ||
+      a.keys == nullptr || a.vals == nullptr || a.keys_out == nullptr || a.vals_out == nullptr ||
+      a.topk == nullptr || a.topk_scores == nullptr ||
+      (a.tree_size > 0 && (a.tree_begin == nullptr || a.tree_bits == nullptr)))
+    return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: null device pointer");
+  if (a.max_visible > 0 && a.temp_bytes < raw::dsa_index_temp_bytes(a.rows, a.max_visible))
+    return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: sort scratch too small");
+  return to_status(raw::dsa_index_topk(a, s), "dsa_index_topk launch");
+}
+
 Status launch_linear_recurrence(const LinearRecurrenceArgs& a, cudaStream_t s) {
   if (a.num_seqs < 0)
     return Status(ErrorCode::kInvalidArgument, "linear recurrence: negative size");

@@ -7,6 +7,7 @@
 #include "pagoda/core/dtype.h"
 #include "pagoda/core/status.h"
 #include "pagoda/kernels/cuda/attention_params.h"
+#include "pagoda/kernels/cuda/dsa_indexer.h"
 #include "pagoda/kernels/cuda/linear_params.h"
 #include "pagoda/kernels/cuda/move_rows.h"
 
@@ -60,6 +61,10 @@ Status launch_append_kv(const AppendArgs& args, cudaStream_t stream);
 /// Row moves in device buffers (move_rows.h): kInvalidArgument for negative sizes, null pointers
 /// with work to do or a grid past CUDA's limits; kInternal when a launch fails.
 Status launch_move_rows(const MoveRowsArgs& args, cudaStream_t stream);
+/// The DSA indexer's scores and top-k (dsa_indexer.h): kInvalidArgument for sizes out of range
+/// (k, heads, dim < 1, rows > 65535, rows x max_visible past int32, scratch smaller than
+/// dsa_index_temp_bytes), null pointers with work to do; kInternal when a launch fails.
+Status launch_dsa_index_topk(const DsaIndexArgs& args, cudaStream_t stream);
 
 /// The Mamba2 recurrence of one layer (linear_params.h: conv, then scan): kInvalidArgument for
 /// bad sizes, a null pointer with work to do, or more than 65535 sequences or heads (the grid);
