@@ -442,7 +442,9 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   uint64_t* rec_full = empty_v + kStages;  // [2]: the producer wrote the slot (1 arrival)
   uint64_t* rec_empty = rec_full + 2;      // [2]: every consumer thread read it (kCT arrivals)
   Sm90UnitRec* recs = reinterpret_cast<Sm90UnitRec*>(rec_empty + 2);
-  // [2] (kOverlap): Q buffer b is free again (every consumer warp stored its unit's O through it).
+  // [2] (kOverlap): Q buffer b is free again (every consumer thread stored its unit's O through
+  // it: one arrival per thread, as rec_empty, so each thread's own reads of the staged rows are
+  // released by its own arrival).
   // After the records (its 16 bytes are the last of kBarBytes).
   uint64_t* q_empty =
       reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(recs) + Cfg::kRecBytes);
@@ -461,8 +463,8 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
     mbar_init_ring(full_k, empty_k, kStages, 4, kCT / 32);
     mbar_init_ring(full_v, empty_v, kStages, 4, kCT / 32);
     if constexpr (kOverlap) {
-      mbar_init(&q_empty[0], kCT / 32);
-      mbar_init(&q_empty[1], kCT / 32);
+      mbar_init(&q_empty[0], kCT);
+      mbar_init(&q_empty[1], kCT);
       mbar_init_fence();
     }
   }
@@ -868,13 +870,10 @@ __global__ void __launch_bounds__(PrefillSm90Config<T, DQK, DV>::kThreads, 1)
   // release_q waits for those reads and frees it, a turn later than the epilogue that issued
   // them (the wait there held warp 0, and with it the warpgroup's next GEMM).
   int q_rel = 0;
-  // Hands Q buffer `slot` back to the producer once every lane's reads of its staged rows are
-  // done (the lanes of a warp are not ordered otherwise: racecheck saw the producer's next Q
-  // load race the unaligned rows' ld.shared without the __syncwarp).
-  auto free_q = [&](int slot) {
-    __syncwarp();
-    arrive_empty(&q_empty[slot]);
-  };
+  // Hands Q buffer `slot` back to the producer: every thread arrives after its own reads of the
+  // staged rows (racecheck saw the producer's next Q load race the unaligned rows' ld.shared
+  // when lane 0 arrived for its warp, with or without a __syncwarp before it; bd46912).
+  auto free_q = [&](int slot) { mbar_arrive(&q_empty[slot]); };
   auto release_q = [&]() {
     if (q_rel == 0) return;
     if (warp == 0 && lane == 0) tma_store_wait_read();
