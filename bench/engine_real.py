@@ -128,8 +128,9 @@ def agreement(pagoda, ckpt, out, n=20, length=32, device="cuda", backend="cuda")
 
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
     ps = prompts(n, length, model.config.vocab_size, 1234)
-    with torch.no_grad():
-        logits = model(torch.tensor(ps, device=device)).logits[:, -1, :].float().cpu()
+    with torch.no_grad():  # one prompt at a time: the hybrids' torch scan fallback is large
+        logits = torch.cat([model(torch.tensor([p], device=device)).logits[:, -1, :].float().cpu()
+                            for p in ps])
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
