@@ -160,6 +160,8 @@ def agreement_table(rec):
         out.append(f"| {r['layout']} | {r.get('length', '–')} | {r['first_token_agree']} / "
                    f"{r['prompts']} | {fmt(r.get('max_abs_logit_diff'), '.3g')} | "
                    f"{fmt(r.get('max_abs_logit'), '.3g')} |")
+    if a.get("note"):
+        out += ["", a["note"]]
     return out
 
 
