@@ -10,8 +10,8 @@ namespace pagoda::model {
 DsaIndexer::DsaIndexer(const ModelConfig& config, ModelOps& ops) : config_(&config), ops_(&ops) {
   PAGODA_REQUIRE(config.is_dsa(), kInvalidArgument, "DsaIndexer needs a DSA config");
   PAGODA_REQUIRE(ops.device().is_cpu(), kUnsupported,
-                 "DeepSeek sparse attention (DSA) runs on the CPU only: the {} platform has no "
-                 "indexer-logits, top-k or sparse-MLA kernels yet",
+                 "DeepSeek sparse attention (DSA) runs on the CPU only: the {} model ops have no "
+                 "DSA indexer projections (index keys, queries, head weights) yet",
                  ops.platform().name());
 }
 
