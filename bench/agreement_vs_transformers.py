@@ -19,10 +19,51 @@ import os
 import subprocess
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import engine_real  # noqa: E402  (the agreement measurement itself)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def greedy_agreement(pagoda, ckpt, out, n, length, new, device, backend):
+    """Greedy continuations of `new` tokens (pagoda's decode path: KV cache, windows, states)
+    against transformers fp32 `generate` on the same prompts: identical sequences, and the mean
+    length of the common prefix."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
+    ps = engine_real.prompts(n, length, model.config.vocab_size, 4321)
+    ref = []
+    with torch.no_grad():
+        for p in ps:
+            ids = torch.tensor([p], device=device)
+            o = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                               min_new_tokens=new, do_sample=False, pad_token_id=0)
+            ref.append(o[0, length:].tolist())
+    del model
+    batch_file = os.path.join(out, "greedy_prompts.txt")
+    with open(batch_file, "w") as f:
+        for p in ps:
+            f.write(",".join(map(str, p)) + "\n")
+    cmd = [pagoda, "generate", "--model", ckpt, "--backend", backend, "--batch-file", batch_file,
+           "--max-new-tokens", str(new), "--ignore-eos", "--json"]
+    engine_real.log("$", " ".join(cmd))
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        engine_real.log(p.stdout[-4000:], p.stderr[-4000:])
+        raise SystemExit("pagoda generate --batch-file failed")
+    ours = [json.loads(line)["output_token_ids"] for line in p.stdout.strip().splitlines()]
+    same, common = 0, 0
+    for a, b in zip(ours, ref):
+        same += int(a == b)
+        k = 0
+        while k < min(len(a), len(b)) and a[k] == b[k]:
+            k += 1
+        common += k
+    return {"greedy_new_tokens": new, "greedy_identical": same,
+            "greedy_mean_common_prefix": common / max(len(ref), 1)}
 
 
 def main():
@@ -33,6 +74,8 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--length", type=int, default=32, help="prompt ids per prompt")
+    ap.add_argument("--greedy", type=int, default=0,
+                    help="also compare greedy continuations of this many tokens (0: none)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     backend = "cuda" if args.device == "cuda" else "cpu"
@@ -47,6 +90,9 @@ def main():
         res = engine_real.agreement(args.pagoda, ckpt, args.out, n=args.prompts,
                                     length=args.length, device=args.device, backend=backend)
         res.update(layout=layout, device=args.device, backend=backend, length=args.length)
+        if args.greedy > 0:
+            res.update(greedy_agreement(args.pagoda, ckpt, args.out, args.prompts, args.length,
+                                        args.greedy, args.device, backend))
         rows.append(res)
         engine_real.log(json.dumps(res))
     record = {"commit": commit, "device": args.device, "rows": rows}
@@ -57,7 +103,10 @@ def main():
     for r in rows:
         print(f"| {r['layout']} | {r['device']} | {r['length']} | "
               f"{r['first_token_agree']} / {r['prompts']} | "
-              f"{r['max_abs_logit_diff']:.3g} | {r['max_abs_logit']:.3g} |", file=sys.stderr)
+              f"{r['max_abs_logit_diff']:.3g} | {r['max_abs_logit']:.3g} |"
+              + (f" greedy {r['greedy_new_tokens']}: {r['greedy_identical']} / {r['prompts']} "
+                 f"identical, common prefix {r['greedy_mean_common_prefix']:.1f}"
+                 if "greedy_identical" in r else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":
