@@ -71,8 +71,9 @@ class CudaSwaEngine : public ::testing::Test {
 
   /// A run on the GPU with the pool on: the pool is on, no CUDA graph was captured.
   SwaRun on_gpu(model::LlamaModel& m, const EngineConfig& cfg,
-                const std::vector<std::vector<int32_t>>& ps, int max_new = 20) {
-    SwaRun r = swa_generate(m, cfg, ps, max_new, 4, gpu_.get());
+                const std::vector<std::vector<int32_t>>& ps, int max_new = 20,
+                bool ignore_eos = false) {
+    SwaRun r = swa_generate(m, cfg, ps, max_new, 4, gpu_.get(), ignore_eos);
     EXPECT_GT(r.stats.swa_pages_total, 0) << "the SWA pool is off on the GPU";
     EXPECT_EQ(r.stats.cuda_graphs, 0) << "an SWA-pool engine captured CUDA graphs";
     return r;
@@ -110,8 +111,9 @@ class CudaSwaEngine : public ::testing::Test {
       SCOPED_TRACE("retraction run");
       const auto long_ps = testing::swa_retraction_prompts(seed_ + 1);
       const EngineConfig off = base_config(16, true);
-      const SwaRun ref = swa_generate(m, off, long_ps, 40, 4, gpu_.get());
-      const SwaRun got = on_gpu(m, testing::swa_retraction_pools(off), long_ps, 40);
+      // ignore_eos: a request stopping at EOS early leaves room, and nothing retracts.
+      const SwaRun ref = swa_generate(m, off, long_ps, 40, 4, gpu_.get(), true);
+      const SwaRun got = on_gpu(m, testing::swa_retraction_pools(off), long_ps, 40, true);
       EXPECT_EQ(got.outputs, ref.outputs) << "cuda: SWA pool on vs off";
       retractions += got.stats.scheduler.retractions;
     }

@@ -103,16 +103,19 @@ struct SwaRun {
 
 /// Runs `prompts` greedily in waves of `wave` requests (each wave to completion) on a fresh
 /// engine (on `platform`, default the CPU); expects 0 leaked pages in either pool and rows, and
-/// both pools empty once the prefix cache is drained.
+/// both pools empty once the prefix cache is drained. `ignore_eos`: every request decodes all
+/// max_new tokens (a run that must outgrow its pools).
 inline SwaRun swa_generate(model::LlamaModel& model, const engine::EngineConfig& cfg,
                            const std::vector<std::vector<int32_t>>& prompts, int max_new = 20,
-                           size_t wave = 4, platform::Platform* platform = nullptr) {
+                           size_t wave = 4, platform::Platform* platform = nullptr,
+                           bool ignore_eos = false) {
   engine::Engine engine(model, cfg, platform);
   SwaRun run;
   std::vector<engine::RequestId> ids;
   for (size_t first = 0; first < prompts.size(); first += wave) {
     for (size_t i = first; i < std::min(prompts.size(), first + wave); ++i)
-      ids.push_back(engine.add_request({.prompt = prompts[i], .max_new_tokens = max_new}));
+      ids.push_back(engine.add_request(
+          {.prompt = prompts[i], .max_new_tokens = max_new, .ignore_eos = ignore_eos}));
     engine.run_until_idle();
   }
   for (engine::RequestId id : ids) run.outputs.push_back(engine.output(id).output_ids);
