@@ -173,7 +173,11 @@ void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadat
   const uint8_t* base = pool.index_rows(layer);
   const int64_t row_bytes = pool.index_row_bytes(), slots_total = pool.num_slots();
   const int64_t shift = faults.key_page_shift ? pool.page_size() : 0;
-  std::vector<float> key(static_cast<size_t>(d));
+  // The dequantised keys of the current request's positions, decoded once for all of its rows
+  // (a prefill chunk's rows share them); rows of one request are consecutive.
+  std::vector<float> keys;
+  int32_t keyed_request = -1;
+  int64_t keyed = 0;  // positions of keyed_request decoded so far
   std::vector<double> score;
   std::vector<int32_t> order;
   for (int64_t t = 0; t < rows; ++t) {
@@ -182,21 +186,32 @@ void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadat
     const int32_t* slots = meta.slots.data() + meta.slot_indptr[static_cast<size_t>(b)];
     const float* qt = q.q + t * q.heads * d;
     const float* wt = q.w + t * q.heads;
+    if (b != keyed_request) {
+      keyed_request = b;
+      keyed = 0;
+    }
+    if (keyed < visible) {
+      keys.resize(static_cast<size_t>(visible * d));
+      for (; keyed < visible; ++keyed) {
+        const uint8_t* row = base + (slots[keyed] + shift) % slots_total * row_bytes;
+        float scale = 1.f;
+        if (!faults.ignore_scale) std::memcpy(&scale, row + d, sizeof(float));
+        for (int64_t j = 0; j < d; ++j)
+          keys[static_cast<size_t>(keyed * d + j)] = e4m3_to_f32(row[j]) * scale;
+      }
+    }
     score.assign(static_cast<size_t>(visible), 0.0);
     order.clear();
     for (int32_t p = 0; p < visible; ++p) {
       if (!meta.sees(t, p)) continue;  // a tree verify: a draft node off the row's path
       order.push_back(p);
-      const uint8_t* row = base + (slots[p] + shift) % slots_total * row_bytes;
-      float scale = 1.f;
-      if (!faults.ignore_scale) std::memcpy(&scale, row + d, sizeof(float));
-      for (int64_t j = 0; j < d; ++j) key[static_cast<size_t>(j)] = e4m3_to_f32(row[j]) * scale;
+      const float* key = keys.data() + int64_t{p} * d;
       double s = 0;
       for (int32_t h = 0; h < q.heads; ++h) {
         const float* qh = qt + int64_t{h} * d;
         double dot = 0;
         for (int64_t j = 0; j < d; ++j)
-          dot += static_cast<double>(qh[j]) * key[static_cast<size_t>(j)];
+          dot += static_cast<double>(qh[j]) * key[j];
         s += static_cast<double>(wt[h]) * std::max(dot, 0.0);
       }
       score[static_cast<size_t>(p)] = s;
