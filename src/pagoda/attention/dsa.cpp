@@ -210,8 +210,7 @@ void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadat
       for (int32_t h = 0; h < q.heads; ++h) {
         const float* qh = qt + int64_t{h} * d;
         double dot = 0;
-        for (int64_t j = 0; j < d; ++j)
-          dot += static_cast<double>(qh[j]) * key[j];
+        for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(qh[j]) * key[j];
         s += static_cast<double>(wt[h]) * std::max(dot, 0.0);
       }
       score[static_cast<size_t>(p)] = s;
