@@ -31,7 +31,9 @@
 
 #include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/dsa_kernels.h"
 #include "pagoda/model/cuda/family_kernels.h"
 #include "pagoda/model/cuda/philox.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
@@ -39,8 +41,8 @@
 #include "pagoda/model/logit_processing.h"
 #include "pagoda/model/model_ops.h"
 #include "pagoda/platform/platform.h"
-#include "token_mask_reference.h"
 #include "test_seed.h"
+#include "token_mask_reference.h"
 
 namespace pagoda::model::cuda_kernels {
 namespace {
@@ -708,6 +710,129 @@ TEST(DenseKernels, RopeInterleavedMatchesHostOp) {
             c.check(got[size_t(e)], ref_e,
                     rel_tol(t) * std::fabs(ref_e) + 2e-6 * factor * ab + 1e-6, e);
           }
+        }
+      }
+    }
+  }
+}
+
+// The DSA indexer's ops (dsa_kernels.h) at DeepSeek-V3.2's shapes (index_head_dim 128, RoPE on
+// its first 64 dims, 64 query heads) on kRows rows:
+// - store_index_keys writes kv::quantize_index_key's row bit for bit into a 0xFF-poisoned
+//   buffer at shuffled slots (every other slot untouched), on keys with random per-row
+//   magnitudes (scales from 2^-20 to 2^12), an all-zero key and keys whose amax / 448 is an
+//   exact power of two (the scale's edge);
+// - layer_norm_f32 against the CPU op (f64 statistics) within 3e-5 (|w x̂| + |b|) + 1e-6 (f32
+//   sums over 128 terms, two passes);
+// - rope_neox_f32 against the CPU op within 2e-6 factor (|a| + |b|) + 1e-6 (rope_interleaved's
+//   bound: the same f32 products, sincosf within 2 ulp), dims past the RoPE part bit for bit.
+TEST(DenseKernels, DsaIndexerOpsMatchHostOps) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(5151);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  auto cpu_platform = platform::make_cpu_platform();
+  auto host = make_cpu_ops(*cpu_platform, DType::kF32);
+  constexpr int64_t kDim = 128, kRope = 64, kHeads = 64;
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (int64_t rows : kRows) {
+    SCOPED_TRACE(::testing::Message() << "rows " << rows);
+    // store_index_keys.
+    std::vector<float> k(size_t(rows * kDim));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float mag = std::ldexp(1.f, static_cast<int>(rng() % 33) - 20);
+      for (int64_t j = 0; j < kDim; ++j) k[size_t(r * kDim + j)] = normal(rng) * mag;
+      if (r % 5 == 3) {  // amax / 448 an exact power of two: small values and one of 448 · 2^e
+        for (int64_t j = 0; j < kDim; ++j) k[size_t(r * kDim + j)] = normal(rng) / 64.f;
+        const float edge = 448.f * std::ldexp(1.f, static_cast<int>(rng() % 9) - 4);
+        k[size_t(r * kDim + int64_t(rng() % kDim))] = (rng() & 1) ? edge : -edge;
+      }
+      if (r == rows - 1 && rows > 1)
+        std::fill_n(k.begin() + r * kDim, kDim, 0.f);  // an all-zero key
+    }
+    const int64_t slots = rows * 3 + 5, row_bytes = kDim + 4;
+    std::vector<int32_t> loc(static_cast<size_t>(slots));
+    std::iota(loc.begin(), loc.end(), 0);
+    std::shuffle(loc.begin(), loc.end(), rng);
+    loc.resize(size_t(rows));
+    Dev d_k(k.size() * 4), d_loc(loc.size() * 4), d_rows(size_t(slots * row_bytes));
+    d_k.upload(k);
+    d_loc.upload(loc);
+    d_rows.poison();
+    ASSERT_EQ(store_index_keys(static_cast<float*>(d_k.p), static_cast<int32_t*>(d_loc.p), rows,
+                               kDim, d_rows.p, row_bytes, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got_rows = d_rows.download<uint8_t>();
+    std::vector<uint8_t> want_rows(size_t(slots * row_bytes), 0xFF);
+    for (int64_t r = 0; r < rows; ++r)
+      kv::quantize_index_key(k.data() + r * kDim, kDim,
+                             want_rows.data() + int64_t(loc[size_t(r)]) * row_bytes);
+    int64_t differ = 0;
+    for (size_t i = 0; i < got_rows.size(); ++i) differ += got_rows[i] != want_rows[i];
+    EXPECT_EQ(differ, 0) << "index-row bytes differing from kv::quantize_index_key";
+
+    // layer_norm_f32.
+    std::vector<float> x(static_cast<size_t>(rows * kDim)), w(static_cast<size_t>(kDim)),
+        b(static_cast<size_t>(kDim));
+    for (auto& v : x) v = normal(rng) * 3.f + 0.5f;
+    for (auto& v : w) v = 1.f + 0.1f * normal(rng);
+    for (auto& v : b) v = 0.1f * normal(rng);
+    Dev d_x(x.size() * 4), d_w(w.size() * 4), d_b(b.size() * 4);
+    d_x.upload(x);
+    d_w.upload(w);
+    d_b.upload(b);
+    ASSERT_EQ(layer_norm_f32(static_cast<float*>(d_x.p), rows, kDim, static_cast<float*>(d_w.p),
+                             static_cast<float*>(d_b.p), 1e-6f, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got_ln = d_x.download<float>();
+    std::vector<float> ref_ln = x;
+    host->layer_norm_f32(ref_ln.data(), rows, kDim, w.data(), b.data(), 1e-6f);
+    Checker ln{"layer_norm_f32"};
+    for (int64_t e = 0; e < rows * kDim; ++e) {
+      const int64_t j = e % kDim;
+      const double xhat = (double(ref_ln[size_t(e)]) - b[size_t(j)]) / w[size_t(j)];
+      ln.check(got_ln[size_t(e)], ref_ln[size_t(e)],
+               3e-5 * (std::fabs(w[size_t(j)] * xhat) + std::fabs(b[size_t(j)])) + 1e-6, e);
+    }
+
+    // rope_neox_f32 on keys (1 group) and queries (kHeads groups).
+    for (int64_t groups : {int64_t{1}, kHeads}) {
+      for (float factor : {1.f, 1.3689f}) {
+        SCOPED_TRACE(::testing::Message() << "groups " << groups << " factor " << factor);
+        std::vector<float> v(static_cast<size_t>(rows * groups * kDim));
+        for (auto& e : v) e = normal(rng);
+        std::vector<int32_t> pos(static_cast<size_t>(rows));
+        for (auto& p : pos) p = static_cast<int32_t>(rng() % 131072);
+        std::vector<float> inv_freq(static_cast<size_t>(kRope / 2));
+        for (size_t i = 0; i < inv_freq.size(); ++i)
+          inv_freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * double(i) / double(kRope)));
+        Dev d_v(v.size() * 4), d_pos(pos.size() * 4), d_inv(inv_freq.size() * 4);
+        d_v.upload(v);
+        d_pos.upload(pos);
+        d_inv.upload(inv_freq);
+        ASSERT_EQ(rope_neox_f32(static_cast<float*>(d_v.p), rows, groups, kDim, kRope,
+                                static_cast<int32_t*>(d_pos.p), static_cast<float*>(d_inv.p),
+                                factor, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = d_v.download<float>();
+        std::vector<float> ref = v;
+        host->rope_neox_f32(ref.data(), rows, groups, kDim, kRope, pos.data(), inv_freq.data(),
+                            factor);
+        Checker c{"rope_neox_f32"};
+        for (int64_t e = 0; e < int64_t(v.size()); ++e) {
+          const int64_t d = e % kDim;
+          if (d >= kRope) {  // bit-for-bit the input
+            c.check(got[size_t(e)], v[size_t(e)], 0.0, e);
+            continue;
+          }
+          const int64_t i = d % (kRope / 2), base = e - d;
+          const double ab = std::fabs(double(v[size_t(base + i)])) +
+                            std::fabs(double(v[size_t(base + i + kRope / 2)]));
+          c.check(got[size_t(e)], ref[size_t(e)],
+                  2e-6 * factor * ab + 1e-6 + 4e-6 * std::fabs(double(ref[size_t(e)])), e);
         }
       }
     }

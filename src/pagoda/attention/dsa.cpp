@@ -144,7 +144,11 @@ PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_
 }
 
 void check_index_query(const kv::KvPool& pool, const IndexerMetadata& meta, const IndexerQuery& q,
-                       int k, size_t topk_size, size_t scores_size) {
+                       int k, size_t topk_size, size_t scores_size, Device accepted) {
+  PAGODA_REQUIRE(q.device.is_cpu() || q.device == accepted, kInvalidArgument,
+                 "indexer: the queries are in {} memory, which this backend does not read "
+                 "(host memory{})",
+                 q.device.to_string(), accepted.is_cpu() ? "" : " or " + accepted.to_string());
   const int64_t d = pool.config().index_head_dim;
   PAGODA_REQUIRE(pool.index_row_bytes() > 0, kInvalidArgument,
                  "the DSA indexer needs a pool with index keys (index_head_dim 0)");

@@ -22,6 +22,7 @@
 
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/attention/paged_plan.h"
+#include "pagoda/core/device.h"
 #include "pagoda/core/ids.h"
 
 namespace pagoda::kv {
@@ -65,14 +66,17 @@ struct IndexerMetadata {
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token);
 
-/// One layer's indexer queries for the step's rows (host memory, f32), as the model computes
-/// them: q [rows, heads, dim] with RoPE applied, w [rows, heads] the head weights (already scaled
-/// by (heads·dim)^-½). dim must be the pool's index_head_dim.
+/// One layer's indexer queries for the step's rows (f32), as the model computes them:
+/// q [rows, heads, dim] with RoPE applied, w [rows, heads] the head weights (already scaled by
+/// (heads·dim)^-½). dim must be the pool's index_head_dim. `device` is where q and w live: host
+/// memory for every backend; a backend on a GPU also takes them in its device's memory
+/// (the CUDA model ops' indexer), the host backends refuse that (check_index_query).
 struct IndexerQuery {
   const float* q = nullptr;
   const float* w = nullptr;
   int32_t heads = 0;
   int32_t dim = 0;
+  Device device = Device::cpu();
 };
 
 /// Faults for the conformance mutants (the reference backend's): none by default.
@@ -84,9 +88,12 @@ struct IndexerFaults {
 
 /// The argument checks of every select_index_topk (index_topk_host's, below): kInvalidArgument
 /// for a pool without index keys, k or heads < 1, a dim other than the pool's index_head_dim,
-/// null q or w, a topk of other than rows x k entries or scores neither empty nor that size.
+/// null q or w, a topk of other than rows x k entries or scores neither empty nor that size,
+/// and q.device neither the host nor `accepted` (the backend's device; the host backends pass
+/// the CPU, so device queries are refused by name).
 void check_index_query(const kv::KvPool& pool, const IndexerMetadata& meta, const IndexerQuery& q,
-                       int k, size_t topk_size, size_t scores_size);
+                       int k, size_t topk_size, size_t scores_size,
+                       Device accepted = Device::cpu());
 
 /// The lightning indexer's selection over a host pool's index keys of `layer`: for each query
 /// row t and every position p the row sees (meta.sees),

@@ -9,6 +9,19 @@
 
 namespace pagoda::kv {
 
+void quantize_index_key(const float* x, int64_t dim, uint8_t* row) {
+  float amax = 0.f;
+  for (int64_t j = 0; j < dim; ++j) amax = std::max(amax, std::fabs(x[j]));
+  float scale = 1.f;
+  if (amax > 0.f) {
+    int e = 0;
+    const float m = std::frexp(amax / 448.f, &e);  // amax / 448 = m · 2^e, m in [0.5, 1)
+    scale = std::ldexp(1.f, m == 0.5f ? e - 1 : e);
+  }
+  for (int64_t j = 0; j < dim; ++j) row[j] = f32_to_e4m3(x[j] / scale);
+  std::memcpy(row + dim, &scale, sizeof(float));
+}
+
 KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)
     : config_(config), allocator_(&allocator) {
   const auto& c = config_;
@@ -244,15 +257,9 @@ void KvPool::set_index_keys(LayerId layer, std::span<const SlotIndex> loc, const
                    "set_index_keys: slot {} (token {}) outside [0, {})", loc[i], i, num_slots_);
   const int64_t d = config_.index_head_dim;
   auto* base = static_cast<uint8_t*>(index_buffers_[layer.value()].get());
-  for (size_t i = 0; i < loc.size(); ++i) {
-    const float* x = k + static_cast<int64_t>(i) * d;
-    float amax = 0.f;
-    for (int64_t j = 0; j < d; ++j) amax = std::max(amax, std::fabs(x[j]));
-    const float scale = amax > 0.f ? std::exp2(std::ceil(std::log2(amax / 448.f))) : 1.f;
-    uint8_t* row = base + static_cast<int64_t>(loc[i]) * index_row_;
-    for (int64_t j = 0; j < d; ++j) row[j] = f32_to_e4m3(x[j] / scale);
-    std::memcpy(row + d, &scale, sizeof(float));
-  }
+  for (size_t i = 0; i < loc.size(); ++i)
+    quantize_index_key(k + static_cast<int64_t>(i) * d, d,
+                       base + static_cast<int64_t>(loc[i]) * index_row_);
 }
 
 const uint8_t* KvPool::index_rows(LayerId layer) const {

@@ -13,8 +13,9 @@
 ///   DSA index keys (MLA with index_head_dim > 0, DeepSeek-V3.2's lightning indexer): per layer
 ///        one more buffer [num_pages + 1, page_size, index_head_dim + 4] bytes, the same slots
 ///        as the latent rows: index_head_dim fp8 e4m3 codes, then the token's f32 scale (a power
-///        of two, 2^ceil(log2(amax / 448)), DeepSeek's ue8m0 block scale with one block per key).
-///        The stored key is code · scale. move_kv moves these rows with the latent rows.
+///        of two, 2^ceil(log2(amax / 448)), DeepSeek's ue8m0 block scale with one block per key;
+///        quantize_index_key below). The stored key is code · scale. move_kv moves these rows
+///        with the latent rows.
 /// Storage dtype f32 / f16 / bf16 / fp8 e4m3 / fp8 e5m2 (fp8 stored as raw bytes). Per-layer
 /// scales: the stored value is convert(x / k_scale) (resp. v_scale); readers multiply back.
 ///
@@ -76,6 +77,12 @@ class LayerGate {
 /// computed without allocating: what KvPool::bytes_per_token() returns for that pool. Throws
 /// Error(kInvalidArgument) for a shape the pool would refuse.
 int64_t kv_bytes_per_token(const KvPoolConfig& config);
+
+/// One DSA index key x [dim] (f32) as its stored row (the layout above): scale = 2^e with e the
+/// least integer such that amax / 448 <= 2^e (amax / 448 rounded to f32 first; exact: taken
+/// from frexp, not a floating-point log), 1 for an all-zero key; row[j] = e4m3(x[j] / scale)
+/// (RNE, saturating), then the f32 scale. The CUDA ops' store_index_keys applies the same rule.
+void quantize_index_key(const float* x, int64_t dim, uint8_t* row);
 
 class KvPool {
  public:

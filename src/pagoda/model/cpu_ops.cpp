@@ -11,6 +11,7 @@
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
+#include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/cpu_gemm.h"
 #include "pagoda/model/host_sampling.h"
 #include "pagoda/model/logit_processing.h"
@@ -55,6 +56,24 @@ void ModelOps::gated_rms_norm(const float*, const float*, int64_t, const float*,
 void ModelOps::rope_interleaved(void*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*,
                                 const float*, float) {
   throw_error(ErrorCode::kUnsupported, "rope_interleaved is not implemented on the '{}' platform",
+              platform().name());
+}
+
+void ModelOps::layer_norm_f32(float*, int64_t, int64_t, const float*, const float*, float) {
+  throw_error(ErrorCode::kUnsupported, "layer_norm_f32 is not implemented on the '{}' platform",
+              platform().name());
+}
+void ModelOps::rope_neox_f32(float*, int64_t, int64_t, int64_t, int64_t, const int32_t*,
+                             const float*, float) {
+  throw_error(ErrorCode::kUnsupported, "rope_neox_f32 is not implemented on the '{}' platform",
+              platform().name());
+}
+void ModelOps::scale_f32(float*, int64_t, float) {
+  throw_error(ErrorCode::kUnsupported, "scale_f32 is not implemented on the '{}' platform",
+              platform().name());
+}
+void ModelOps::store_index_keys(const float*, const int32_t*, int64_t, int64_t, void*, int64_t) {
+  throw_error(ErrorCode::kUnsupported, "store_index_keys is not implemented on the '{}' platform",
               platform().name());
 }
 
@@ -266,6 +285,49 @@ class CpuOps final : public ModelOps {
         }
       }
     }
+  }
+
+  bool supports_dsa_ops() const override {
+    return true;
+  }
+  void layer_norm_f32(float* x, int64_t rows, int64_t dim, const float* weight, const float* bias,
+                      float eps) override {
+    for (int64_t t = 0; t < rows; ++t) {
+      float* v = x + t * dim;
+      double mean = 0, var = 0;
+      for (int64_t j = 0; j < dim; ++j) mean += v[j];
+      mean /= static_cast<double>(dim);
+      for (int64_t j = 0; j < dim; ++j) var += (v[j] - mean) * (v[j] - mean);
+      const double inv = 1.0 / std::sqrt(var / static_cast<double>(dim) + eps);
+      for (int64_t j = 0; j < dim; ++j)
+        v[j] = static_cast<float>((v[j] - mean) * inv * weight[j] + bias[j]);
+    }
+  }
+  void rope_neox_f32(float* x, int64_t rows, int64_t groups, int64_t dim, int64_t rope,
+                     const int32_t* positions, const float* inv_freq, float factor) override {
+    const int64_t half = rope / 2;
+    for (int64_t t = 0; t < rows; ++t) {
+      const float pos = static_cast<float>(positions[t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];
+        const float c = std::cos(angle) * factor, s = std::sin(angle) * factor;
+        for (int64_t g = 0; g < groups; ++g) {
+          float* v = x + (t * groups + g) * dim;
+          const float a = v[i], b = v[i + half];
+          v[i] = a * c - b * s;
+          v[i + half] = b * c + a * s;
+        }
+      }
+    }
+  }
+  void scale_f32(float* x, int64_t n, float s) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  void store_index_keys(const float* k, const int32_t* loc, int64_t rows, int64_t dim,
+                        void* index_rows, int64_t row_bytes) override {
+    auto* base = static_cast<uint8_t*>(index_rows);
+    for (int64_t t = 0; t < rows; ++t)
+      kv::quantize_index_key(k + t * dim, dim, base + loc[t] * row_bytes);
   }
 
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {

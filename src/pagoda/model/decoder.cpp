@@ -149,7 +149,7 @@ Decoder::Decoder(const LlamaModel& model, ModelOps& ops, kv::KvPool* kv_pool,
                    kInvalidArgument,
                    "{} (DeepSeek sparse attention) needs a KV pool with index keys of {} dims",
                    hf_architecture_name(c.family), c.dsa.index_head_dim);
-    dsa_ = std::make_unique<DsaIndexer>(c, ops);  // refuses non-CPU ops, naming them
+    dsa_ = std::make_unique<DsaIndexer>(c, ops);  // refuses ops without the DSA ops, by name
   }
   const bool gemma_ops =
       c.sandwich_norms || c.qk_norm || c.embed_scale != 1.f || c.activation != Activation::kSilu;

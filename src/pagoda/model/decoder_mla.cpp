@@ -57,8 +57,8 @@ void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
   if (w.idx_wq_b.empty()) return;
   p.idx_wq_b = ops.upload(w.idx_wq_b);
   p.idx_wk = ops.upload(w.idx_wk);
-  p.idx_k_norm = ops.upload(w.idx_k_norm);
-  p.idx_k_norm_bias = ops.upload(w.idx_k_norm_bias);
+  p.idx_k_norm = ops.upload_f32(w.idx_k_norm);  // the indexer's LayerNorm reads f32
+  p.idx_k_norm_bias = ops.upload_f32(w.idx_k_norm_bias);
   p.idx_weights_proj = ops.upload(w.idx_weights_proj);
 }
 
@@ -108,14 +108,14 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
   if (dsa_ != nullptr) {  // DSA: index keys, and the top-k the attention may see
     auto f32 = [](const void* p) { return static_cast<const float*>(p); };
-    const DsaLayerWeights dw{.wq_b = f32(w.idx_wq_b),
-                             .wk = f32(w.idx_wk),
+    const DsaLayerWeights dw{.wq_b = w.idx_wq_b,
+                             .wk = w.idx_wk,
                              .k_norm = f32(w.idx_k_norm),
                              .k_norm_bias = f32(w.idx_k_norm_bias),
-                             .weights_proj = f32(w.idx_weights_proj),
+                             .weights_proj = w.idx_weights_proj,
                              .inv_freq = w.inv_freq,
                              .rope_factor = factor};
-    dsa_->run(LayerId{l}, dw, f32(a.h.get()), f32(at(s.qa)), a.positions(), batch, *kv_pool_,
+    dsa_->run(LayerId{l}, dw, a.h.get(), at(s.qa), a.positions(), a.cache_loc(), batch, *kv_pool_,
               backend);
   }
   backend.forward(TensorView(at(s.q_abs), dt, {t, hq, r + p}, dev),

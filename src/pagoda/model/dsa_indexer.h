@@ -1,6 +1,7 @@
 #pragma once
-/// DsaIndexer: DeepSeek-V3.2's lightning indexer (config.h DsaConfig) on the CPU, run by
-/// Decoder::mla_attention before each layer's attention. Per layer and step:
+/// DsaIndexer: DeepSeek-V3.2's lightning indexer (config.h DsaConfig), run by
+/// Decoder::mla_attention before each layer's attention, on the model ops' device. Per layer
+/// and step:
 ///
 ///   k_idx = LayerNorm(h·W_kᵀ; eps 1e-6)·w + b, RoPE on dims [0, rope)   [t, Id]  → pool index
 ///           keys at out_cache_loc (fp8 e4m3 + power-of-two scale, kv_pool.h)
@@ -14,12 +15,15 @@
 ///            all, padded with -1 (attention/dsa.h index_topk_host on host pools)
 ///     backend.set_sparse_topk(...)                                        (the attention hook)
 /// RoPE is the NeoX half-split form (pairs (i, i + rope/2)), unlike MLA's interleaved pairs, with
-/// the layer's frequencies and YaRN cos/sin factor. Queries stay f32 and scores accumulate in
-/// f64 on the host backends (DeepSeek's kernel quantises q to fp8 after a Hadamard rotation, an
-/// orthogonal map that changes only rounding; pagoda keeps the keys in fp8 as the cache format
-/// and nothing else).
+/// the layer's frequencies and YaRN cos/sin factor. k_idx, q_idx and w are f32 (the projections
+/// write f32 from the ops' dtype); the host backends accumulate scores in f64 (DeepSeek's
+/// kernel quantises q to fp8 after a Hadamard rotation, an orthogonal map that changes only
+/// rounding; pagoda keeps the keys in fp8 as the cache format and nothing else).
 ///
-/// Host memory only (the CPU ModelOps): the Decoder refuses DSA on other devices. One thread.
+/// Every step is a ModelOps call (ModelOps::supports_dsa_ops), so the same code runs on the CPU
+/// and CUDA ops; q_idx and w reach the backend in the ops' device memory (IndexerQuery::device),
+/// the top-k comes back to the host (set_sparse_topk's plan is built there). Eager only: the
+/// backends refuse the indexer inside a CUDA graph. One thread.
 
 #include <cstdint>
 #include <span>
@@ -30,44 +34,48 @@
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/model/config.h"
 #include "pagoda/model/model_ops.h"
+#include "pagoda/platform/platform.h"
 
 namespace pagoda::model {
 
-/// One layer's indexer weights (host f32, HF [out, in]) and its RoPE.
+/// One layer's indexer weights on the ops' device: the projections in the ops' dtype (HF
+/// [out, in]), the norm's weight and bias and the RoPE frequencies f32.
 struct DsaLayerWeights {
-  const float* wq_b = nullptr;          ///< [In·Id, q_lora]
-  const float* wk = nullptr;            ///< [Id, hidden]
+  const void* wq_b = nullptr;           ///< [In·Id, q_lora]
+  const void* wk = nullptr;             ///< [Id, hidden]
   const float* k_norm = nullptr;        ///< [Id]
   const float* k_norm_bias = nullptr;   ///< [Id]
-  const float* weights_proj = nullptr;  ///< [In, hidden]
+  const void* weights_proj = nullptr;   ///< [In, hidden]
   const float* inv_freq = nullptr;      ///< [rope / 2]
   float rope_factor = 1.f;
 };
 
 class DsaIndexer {
  public:
-  /// `config` must be DSA (is_dsa()); `ops` must be the CPU ops (host pointers). Both outlive
-  /// the indexer.
+  /// `config` must be DSA (is_dsa()); `ops` must implement the DSA ops (supports_dsa_ops(),
+  /// else Error(kUnsupported) naming the device). Both outlive the indexer.
   DsaIndexer(const ModelConfig& config, ModelOps& ops);
 
-  /// Layer `layer`'s indexer for the t = batch.num_tokens() rows: h [t, hidden] (normed input),
-  /// qa [t, q_lora] (normed q latent), positions [t]. Writes the index keys into `pool` and,
-  /// when sparsity applies, hands the top-k to `backend` (Error(kUnsupported) naming it when it
-  /// has no indexer metadata). The top-k of the last call stays readable through last_topk().
-  void run(LayerId layer, const DsaLayerWeights& w, const float* h, const float* qa,
-           const int32_t* positions, const attention::ForwardBatch& batch, kv::KvPool& pool,
-           attention::AttentionBackend& backend);
-  /// The last run's selection [t, index_topk] (empty when that layer ran dense).
+  /// Layer `layer`'s indexer for the t = batch.num_tokens() rows, all on the ops' device:
+  /// h [t, hidden] (normed input) and qa [t, q_lora] (normed q latent) in the ops' dtype,
+  /// positions [t] and cache_loc [t] (batch.out_cache_loc's copy). Writes the index keys into
+  /// `pool` (on the ops' device) and, when sparsity applies, hands the top-k to `backend`
+  /// (Error(kUnsupported) naming it when it has no indexer metadata). The top-k of the last call
+  /// stays readable through last_topk().
+  void run(LayerId layer, const DsaLayerWeights& w, const void* h, const void* qa,
+           const int32_t* positions, const int32_t* cache_loc, const attention::ForwardBatch& batch,
+           kv::KvPool& pool, attention::AttentionBackend& backend);
+  /// The last run's selection [t, index_topk] (host; empty when that layer ran dense).
   std::span<const int32_t> last_topk() const { return topk_; }
 
  private:
-  /// RoPE (NeoX) on dims [0, rope) of `groups` vectors of `dim` per row of x [t, groups·dim].
-  void rope(float* x, int64_t t, int64_t groups, const int32_t* positions,
-            const DsaLayerWeights& w) const;
+  /// scratch_ holds at least `floats` f32 (grow-only, on the ops' device).
+  float* scratch(int64_t floats);
 
   const ModelConfig* config_;
   ModelOps* ops_;
-  std::vector<float> k_, q_, w_;
+  platform::DeviceBuffer scratch_;  ///< k_idx, q_idx, w for the largest step so far
+  int64_t scratch_floats_ = 0;
   std::vector<int32_t> topk_;
 };
 

@@ -130,7 +130,7 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
   if (config.cuda_graph && config.swa == nullptr && state_pool_ == nullptr &&
-      ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
+      !model.config().is_dsa() && ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
     graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
     capture_graphs();
     if (config.verify_graph_tokens > 0) {

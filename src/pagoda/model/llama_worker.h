@@ -25,6 +25,8 @@
 /// selection (make_linear_backend; f32 views on the platform's device); every batch names each
 /// sequence's slot (WorkerBatch::state_slots). No graphs are captured for them, whatever
 /// cuda_graph says: every step runs eagerly (no linear backend has capture / replay hooks).
+/// DeepSeek sparse attention (DSA) models run eagerly too: each layer's top-k comes back to the
+/// host, where the backend builds its sparse plan (model/dsa_indexer.h).
 ///
 /// Thread rules: one thread. The model, ops, platform and table must outlive the worker.
 

@@ -179,6 +179,32 @@ class ModelOps {
   virtual void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
                                 int64_t group_stride, int64_t dim, const int32_t* positions,
                                 const float* inv_freq, float factor);
+
+  // ---- DeepSeek DSA's extra dense ops (the lightning indexer, model/dsa_indexer.h) ----
+  /// Whether layer_norm_f32, rope_neox_f32, scale_f32 and store_index_keys are implemented. The
+  /// defaults below throw Error(kUnsupported); the Decoder refuses a DSA model on ops without
+  /// them, naming the device.
+  virtual bool supports_dsa_ops() const { return false; }
+  /// LayerNorm in place on x [rows, dim] (f32): v = (v - mean(v)) / sqrt(var(v) + eps) ·
+  /// weight + bias (the biased variance), weight and bias [dim] f32 (upload_f32). Statistics
+  /// in f64 on the CPU, in f32 (two passes) on CUDA.
+  virtual void layer_norm_f32(float* x, int64_t rows, int64_t dim, const float* weight,
+                              const float* bias, float eps);
+  /// NeoX-pair RoPE in place on the first `rope` dims of each of `groups` vectors of `dim` per
+  /// row of x [rows, groups·dim] (f32): for i < rope / 2 the pair (v[i], v[i + rope/2]) is
+  /// rotated by the f32 angle float(positions[t]) · inv_freq[i], cos and sin each multiplied by
+  /// `factor`: v[i] = a c − b s, v[i + rope/2] = b c + a s.
+  virtual void rope_neox_f32(float* x, int64_t rows, int64_t groups, int64_t dim, int64_t rope,
+                             const int32_t* positions, const float* inv_freq, float factor);
+  /// x[i] = x[i] · s for i < n (f32), in place.
+  virtual void scale_f32(float* x, int64_t n, float s);
+  /// Quantises rows of k [rows, dim] (f32) into a DSA index-key buffer (kv_pool.h's layout,
+  /// kv::quantize_index_key's rule, bit for bit): row t goes to index_rows + loc[t] ·
+  /// row_bytes (row_bytes = dim + 4). loc [rows] is device memory with valid slots (the
+  /// caller's out_cache_loc).
+  virtual void store_index_keys(const float* k, const int32_t* loc, int64_t rows, int64_t dim,
+                                void* index_rows, int64_t row_bytes);
+
   /// Samples one id per row of logits [rows, vocab] (f32) with params[rows] (device memory);
   /// writes out_ids[rows] (device memory). Deterministic in (logits, seed, step).
   virtual void sample(const float* logits, const SampleRow* params, int32_t* out_ids, int64_t rows,

@@ -191,7 +191,8 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
           }
         }
         backend.init_forward_metadata(f);
-        indexer.run(LayerId{0}, dw, hs.data(), qas.data(), f.positions.data(), f, pool, backend);
+        indexer.run(LayerId{0}, dw, hs.data(), qas.data(), f.positions.data(),
+                    f.out_cache_loc.data(), f, pool, backend);
         // The stored keys: the oracle's key, quantised with its scale (one quantum of slack
         // where f32 and f64 round to different sides of a midpoint).
         for (int r = 0; r < f.num_tokens(); ++r) {

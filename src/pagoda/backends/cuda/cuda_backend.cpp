@@ -215,7 +215,8 @@ void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
                  "backend 'cuda': the DSA indexer runs eagerly, not in a CUDA graph");
   const kv::KvPool& pool = *ctx_.kv_pool;
   const IndexerMetadata& m = *indexer_;
-  check_index_query(pool, m, q, k, topk.size(), scores.size());
+  check_index_query(pool, m, q, k, topk.size(), scores.size(), pool.device());
+  const bool q_on_device = q.device.is_cuda();  // the CUDA ops' indexer: read in place
   const int rows = static_cast<int>(m.row_request.size());
   if (rows == 0) return;
   const int maxv = m.max_visible, heads = q.heads, dim = q.dim, tree = m.tree_size;
@@ -258,8 +259,10 @@ void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
   std::vector<float> out_scores(static_cast<size_t>(chunk) * k);
   for (int r0 = 0; r0 < rows; r0 += chunk) {
     const int n = std::min(chunk, rows - r0);
-    upload(o_q, q.q + size_t(r0) * heads * dim, size_t(n) * heads * dim * 4);
-    upload(o_w, q.w + size_t(r0) * heads, size_t(n) * heads * 4);
+    if (!q_on_device) {
+      upload(o_q, q.q + size_t(r0) * heads * dim, size_t(n) * heads * dim * 4);
+      upload(o_w, q.w + size_t(r0) * heads, size_t(n) * heads * 4);
+    }
     upload(o_vis, m.row_visible.data() + r0, size_t(n) * 4);
     upload(o_begin, slot_begin.data() + r0, size_t(n) * 4);
     upload(o_seen, seen.data() + r0, size_t(n) * 4);
@@ -275,8 +278,8 @@ void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
     a.rows = n;
     a.max_visible = maxv;
     a.k = k;
-    a.q = reinterpret_cast<const float*>(base + o_q);
-    a.w = reinterpret_cast<const float*>(base + o_w);
+    a.q = q_on_device ? q.q + size_t(r0) * heads * dim : reinterpret_cast<const float*>(base + o_q);
+    a.w = q_on_device ? q.w + size_t(r0) * heads : reinterpret_cast<const float*>(base + o_w);
     a.visible = reinterpret_cast<const int32_t*>(base + o_vis);
     a.slot_begin = reinterpret_cast<const int32_t*>(base + o_begin);
     a.slots = reinterpret_cast<const int32_t*>(base + o_slots);

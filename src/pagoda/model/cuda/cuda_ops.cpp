@@ -15,6 +15,7 @@
 #include "pagoda/core/float_convert.h"
 #include "pagoda/kernels/cuda/launch.h"
 #include "pagoda/model/cuda/dense_kernels.h"
+#include "pagoda/model/cuda/dsa_kernels.h"
 #include "pagoda/model/cuda/family_kernels.h"
 #include "pagoda/model/cuda/gemv_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
@@ -266,6 +267,24 @@ class CudaOps final : public ModelOps {
     cuda_check(ck::rope_interleaved(act_, x, rows, row_stride, groups, group_stride, dim,
                                     positions, inv_freq, factor, stream_),
                "rope_interleaved");
+  }
+  bool supports_dsa_ops() const override { return true; }
+  void layer_norm_f32(float* x, int64_t rows, int64_t dim, const float* weight, const float* bias,
+                      float eps) override {
+    cuda_check(ck::layer_norm_f32(x, rows, dim, weight, bias, eps, stream_), "layer_norm_f32");
+  }
+  void rope_neox_f32(float* x, int64_t rows, int64_t groups, int64_t dim, int64_t rope,
+                     const int32_t* positions, const float* inv_freq, float factor) override {
+    cuda_check(ck::rope_neox_f32(x, rows, groups, dim, rope, positions, inv_freq, factor, stream_),
+               "rope_neox_f32");
+  }
+  void scale_f32(float* x, int64_t n, float s) override {
+    cuda_check(ck::scale_inplace(ck::ActDType::kF32, x, n, s, stream_), "scale_f32");
+  }
+  void store_index_keys(const float* k, const int32_t* loc, int64_t rows, int64_t dim,
+                        void* index_rows, int64_t row_bytes) override {
+    cuda_check(ck::store_index_keys(k, loc, rows, dim, index_rows, row_bytes, stream_),
+               "store_index_keys");
   }
   void adjust_logits(float* logits, int64_t vocab, const LogitAdjust* adj, int64_t n) override {
     cuda_check(ck::adjust_logits(logits, vocab, reinterpret_cast<const ck::LogitAdjustEntry*>(adj),
