@@ -51,15 +51,17 @@ void CudaLinearBackend::planned() {
   auto chunks_of = [&](const LinearSeq& q) {
     return chunkable ? kernels::cuda::ssd_chunks(q.num_tokens, !q.node_slots.empty()) : 0;
   };
+  auto tiles_of = [](const LinearSeq& q) {
+    return kernels::cuda::conv_tiles(q.num_tokens, !q.node_slots.empty());
+  };
   int32_t nodes = 0;
-  max_rows_ = num_chunks_ = max_chunks_ = 0;
+  num_tiles_ = num_chunks_ = 0;
   for (const LinearSeq& q : seqs) {
     nodes += static_cast<int32_t>(q.node_slots.size());
-    max_rows_ = std::max(max_rows_, q.num_tokens);
+    num_tiles_ += tiles_of(q);
     num_chunks_ += chunks_of(q);
-    max_chunks_ = std::max(max_chunks_, chunks_of(q));
   }
-  const size_t bytes = static_cast<size_t>(4 * s + 2 + 2 * nodes) * sizeof(int32_t);
+  const size_t bytes = static_cast<size_t>(5 * s + 3 + 2 * nodes) * sizeof(int32_t);
   const size_t act_bytes = static_cast<size_t>(num_tokens()) *
                            static_cast<size_t>(shape.conv_dim) * sizeof(float);
   const size_t ssd_bytes =
@@ -80,15 +82,18 @@ void CudaLinearBackend::planned() {
   int32_t* seq_slot = h;
   int32_t* seq_start = seq_slot + s;
   int32_t* seq_nodes = seq_start + s + 1;
-  int32_t* seq_chunk = seq_nodes + s;
+  int32_t* seq_tile = seq_nodes + s;
+  int32_t* seq_chunk = seq_tile + s + 1;
   int32_t* node_slot = seq_chunk + s + 1;
   int32_t* node_parent = node_slot + nodes;
-  int32_t row = 0, node = 0, chunk = 0;
+  int32_t row = 0, node = 0, tile = 0, chunk = 0;
   for (int32_t i = 0; i < s; ++i) {
     const LinearSeq& q = seqs[static_cast<size_t>(i)];
     seq_slot[i] = q.slot;
     seq_start[i] = row;
     seq_nodes[i] = q.node_slots.empty() ? -1 : node;
+    seq_tile[i] = tile;
+    tile += tiles_of(q);
     seq_chunk[i] = chunk;
     chunk += chunks_of(q);
     std::copy(q.node_slots.begin(), q.node_slots.end(), node_slot + node);
@@ -97,6 +102,7 @@ void CudaLinearBackend::planned() {
     row += q.num_tokens;
   }
   seq_start[s] = row;
+  seq_tile[s] = tile;
   seq_chunk[s] = chunk;
   platform_->copy_to_device_async(plan_dev_.get(), h, bytes);
   plan_uploaded_->record();
@@ -140,12 +146,12 @@ void CudaLinearBackend::run(const LinearLayer& layer, const TensorView& xbc, con
   a.seq_slot = plan;
   a.seq_start = plan + num_seqs_;
   a.seq_nodes = plan + 2 * num_seqs_ + 1;
-  a.seq_chunk = plan + 3 * num_seqs_ + 1;
-  a.node_slot = plan + 4 * num_seqs_ + 2;
+  a.seq_tile = plan + 3 * num_seqs_ + 1;
+  a.seq_chunk = plan + 4 * num_seqs_ + 2;
+  a.node_slot = plan + 5 * num_seqs_ + 3;
   a.node_parent = a.node_slot + num_nodes_;
-  a.max_rows = max_rows_;
+  a.num_tiles = num_tiles_;
   a.num_chunks = num_chunks_;
-  a.max_chunks = max_chunks_;
   a.chunk_states = static_cast<float*>(ssd_.get());
   kernels::cuda::launch_linear_recurrence(a, stream_).throw_if_error();
 }

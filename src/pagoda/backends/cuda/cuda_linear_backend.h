@@ -5,7 +5,7 @@
 /// device's memory.
 ///
 /// Per step, init_forward_metadata stages the plan (each sequence's slot, first row, tree
-/// offset and first SSD chunk; the tree nodes' slots and parents) in pinned memory and uploads
+/// offset, first conv tile and first SSD chunk; the tree nodes' slots and parents) in pinned memory and uploads
 /// it once into a device buffer on the platform's stream (both grow-only; a growth synchronizes
 /// the stream first). A sequence (not a tree) of kSsdChunkedFromTokens or more tokens gets
 /// ceil(tokens / kSsdChunk) chunks when the chunked scan's shared memory fits the device.
@@ -60,16 +60,16 @@ class CudaLinearBackend final : public attention::LinearAttentionBackend {
  private:
   platform::Platform* platform_;
   cudaStream_t stream_;
-  /// The plan as int32: seq_slot [S] | seq_start [S + 1] | seq_nodes [S] | seq_chunk [S + 1] |
-  /// node_slot [M] | node_parent [M], staged in plan_host_ (pinned) and uploaded to plan_dev_.
+  /// The plan as int32: seq_slot [S] | seq_start [S + 1] | seq_nodes [S] | seq_tile [S + 1] |
+  /// seq_chunk [S + 1] | node_slot [M] | node_parent [M], staged in plan_host_ (pinned) and
+  /// uploaded to plan_dev_.
   platform::DeviceBuffer plan_host_, plan_dev_;
   size_t plan_capacity_ = 0;  ///< bytes of each plan buffer
   std::unique_ptr<platform::Event> plan_uploaded_;  ///< the last upload (reads plan_host_)
   int32_t num_seqs_ = 0, num_nodes_ = 0;
   platform::DeviceBuffer act_;  ///< the conv's output [T, conv_dim] f32
   size_t act_capacity_ = 0;     ///< bytes
-  int32_t max_rows_ = 0;        ///< the most tokens of one sequence
-  int32_t num_chunks_ = 0, max_chunks_ = 0;  ///< SSD chunks of the plan; the most of one sequence
+  int32_t num_tiles_ = 0, num_chunks_ = 0;  ///< conv tiles and SSD chunks of the plan
   platform::DeviceBuffer ssd_;  ///< the chunked scan's scratch (ssd_scratch_floats) f32
   size_t ssd_capacity_ = 0;     ///< bytes
 };

@@ -19,4 +19,18 @@ __device__ __forceinline__ int conv_dim_of(const LinearRecurrenceArgs& a) {
   return a.num_heads * a.head_dim + 2 * a.num_groups * a.state_size;
 }
 
+/// The sequence that item k (< prefix[n]) of a prefix sum over n sequences belongs to: the s
+/// with prefix[s] <= k < prefix[s + 1] (sequences with no items skipped). Binary search.
+__device__ __forceinline__ int seq_of(const int32_t* prefix, int n, int k) {
+  int lo = 0, hi = n;  // prefix[lo] <= k < prefix[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (prefix[mid] <= k)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 }  // namespace pagoda::kernels::cuda::linear

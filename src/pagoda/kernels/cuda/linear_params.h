@@ -2,7 +2,7 @@
 /// The Mamba2 recurrence on the GPU (the cuda linear-attention backend, backends/cuda/
 /// cuda_linear_backend.h; the math is attention/linear_backend.h's): per layer, on one stream,
 ///
-///   1. conv: one thread per (sequence, conv channel, tile of kConvRows rows) writes
+///   1. conv: one thread per (conv channel, tile of kConvRows rows of one sequence) writes
 ///      SiLU(bias + Σ_k w·in) over the window [the slot's K-1 past inputs | the new rows] to act
 ///      [T, conv_dim]; the first tile (the only one that reads the old conv state) then writes the
 ///      last K-1 inputs back to the slot's conv state. A tree verify (one tile) takes each node's
@@ -66,11 +66,12 @@ struct LinearRecurrenceArgs {
   const int32_t* seq_nodes = nullptr;  ///< [num_seqs] offset of its tree nodes, -1 if none
   const int32_t* node_slot = nullptr;  ///< [nodes] each tree node's slot
   const int32_t* node_parent = nullptr;  ///< [nodes] parent node (index within its tree) or -1
-  int max_rows = 0;  ///< the most tokens of one sequence (the conv grid's row tiles)
-  // The chunked SSD scan (ssd_chunk_scan.cu). seq_chunk is always given (all zero: no chunks).
+  // The conv's row tiles and the chunked SSD scan's chunks (ssd_chunk_scan.cu): prefix sums
+  // over the sequences (conv_tiles, ssd_chunks); the grids cover the totals, no empty blocks.
+  const int32_t* seq_tile = nullptr;   ///< [num_seqs + 1] first conv tile of each sequence
+  int num_tiles = 0;                   ///< seq_tile[num_seqs]
   const int32_t* seq_chunk = nullptr;  ///< [num_seqs + 1] first SSD chunk of each sequence
   int num_chunks = 0;  ///< seq_chunk[num_seqs]; 0: the chunked scan is not launched
-  int max_chunks = 0;  ///< the most chunks of one sequence
   float* chunk_states = nullptr;  ///< scratch ssd_scratch_floats(num_chunks, H, P, N)
 };
 
@@ -90,6 +91,12 @@ constexpr int kSsdChunk = 64;
 constexpr int kSsdChunkedFromTokens = 16;
 /// Threads of each chunked-scan block: 16 x 16, each a 4 x 4 register tile of a 64 x 64 tile.
 constexpr int kSsdThreads = 256;
+
+/// The conv tiles of a sequence of `tokens` tokens: one for a tree (its nodes run in order) or
+/// an empty sequence, else ceil(tokens / kConvRows).
+inline int conv_tiles(int tokens, bool tree) {
+  return tree || tokens <= kConvRows ? 1 : (tokens + kConvRows - 1) / kConvRows;
+}
 
 /// The chunks of a sequence of `tokens` tokens (0 when it stays on the token scan).
 inline int ssd_chunks(int tokens, bool tree) {

@@ -2,8 +2,6 @@
 // then the selective scan with the [head_dim, state_size] state in shared memory, one token at a
 // time, for the sequences without SSD chunks (ssd_chunk_scan.cu runs the others). Tree verify:
 // each node from its parent's state, written to its own slot.
-#include <algorithm>
-
 #include "pagoda/kernels/cuda/linear_device.cuh"
 #include "pagoda/kernels/cuda/linear_params.h"
 
@@ -11,6 +9,7 @@ namespace pagoda::kernels::cuda {
 namespace {
 
 using linear::conv_dim_of;
+using linear::seq_of;
 using linear::silu;
 using linear::time_step;
 
@@ -23,20 +22,20 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-/// grid (ceil(conv_dim / kConvThreads), ceil(max_rows / kConvRows), num_seqs): thread = one
-/// channel of one tile of kConvRows rows of one sequence (a tree: the first tile, all nodes).
+/// grid (num_tiles, ceil(conv_dim / kConvThreads)): thread = one channel of one tile of
+/// kConvRows rows of one sequence (a tree: one tile, all its nodes).
 __global__ void linear_conv_kernel(LinearRecurrenceArgs a) {
   const int cd = conv_dim_of(a);
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int s = blockIdx.z, tile = blockIdx.y;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= cd) return;
+  const int s = seq_of(a.seq_tile, a.num_seqs, blockIdx.x);
+  const int tile = blockIdx.x - a.seq_tile[s];
   const int k = a.conv_kernel, past = k - 1;
   const float* w = a.conv + int64_t{c} * k;
   const float bias = a.conv_bias != nullptr ? a.conv_bias[c] : 0.f;
   const int row0 = a.seq_start[s], rows = a.seq_start[s + 1] - row0;
   const int nodes = a.seq_nodes[s];
   const int t0 = tile * kConvRows;
-  if (tile > 0 && (nodes >= 0 || t0 >= rows)) return;
   // Channel c of a slot's conv state: row r (r-th oldest past input) at [r * cd].
   float* own = a.states + int64_t{a.seq_slot[s]} * a.slot_stride + c;
   if (nodes < 0) {
@@ -145,9 +144,8 @@ namespace raw {
 cudaError_t linear_recurrence(const LinearRecurrenceArgs& a, cudaStream_t stream) {
   if (a.num_seqs == 0) return cudaSuccess;
   const int cd = a.num_heads * a.head_dim + 2 * a.num_groups * a.state_size;
-  const dim3 conv_grid(static_cast<unsigned>((cd + kConvThreads - 1) / kConvThreads),
-                       static_cast<unsigned>(std::max(1, (a.max_rows + kConvRows - 1) / kConvRows)),
-                       static_cast<unsigned>(a.num_seqs));
+  const dim3 conv_grid(static_cast<unsigned>(a.num_tiles),
+                       static_cast<unsigned>((cd + kConvThreads - 1) / kConvThreads));
   linear_conv_kernel<<<conv_grid, kConvThreads, 0, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;

@@ -8,12 +8,12 @@
 //
 // which is the token recurrence h = exp(Δ·A)·h + Δ·x ⊗ B, y = h·C + D·x unrolled over the
 // chunk. Three launches:
-//   1. ssd_chunk_state_kernel, grid (max_chunks, H, S): the chunk's own state
+//   1. ssd_chunk_state_kernel, grid (num_chunks, H): the chunk's own state
 //      S_c = Σ_j exp(cum_L - cum_j)·Δ_j·x_j ⊗ B_j [P, N] into the scratch, and exp(cum_L);
-//   2. ssd_state_pass_kernel, grid (P·N / 256, H, S): per state element, sequentially over
-//      the sequence's chunks: h = the slot's state; per chunk S_c <- h (the state entering it),
-//      h = exp(cum_L)·h + S_c; the final h into the slot;
-//   3. ssd_chunk_output_kernel, grid (max_chunks, H, S): y from the entering state in the
+//   2. ssd_state_pass_kernel, grid (P·N / 256, H): per state element and sequence with chunks,
+//      sequentially over its chunks: h = the slot's state; per chunk S_c <- h (the state
+//      entering it), h = exp(cum_L)·h + S_c; the final h into the slot;
+//   3. ssd_chunk_output_kernel, grid (num_chunks, H): y from the entering state in the
 //      scratch.
 // The matrix products run as f32 FMA on 4 x 4 register tiles from shared memory (fma_tile),
 // not on tensor cores: the layer's contract is f32 against an fp64 oracle at 2e-4, and bf16 or
@@ -25,6 +25,7 @@ namespace pagoda::kernels::cuda {
 namespace {
 
 using linear::conv_dim_of;
+using linear::seq_of;
 using linear::time_step;
 
 constexpr int kL = kSsdChunk;
@@ -60,23 +61,21 @@ struct OutputSmem {  // chunk outputs: delta [L] | cum [L] | c [L, cs] | u | x [
   __host__ __device__ int floats() const { return g() + kL * gs(); }
 };
 
-/// The chunk a block of a (max_chunks, H, S) grid serves.
+/// The chunk a block of a (num_chunks, H) grid serves.
 struct Chunk {
   int head, index;  ///< index: the chunk's place in the scratch
   int row0, len;    ///< its first row (of the call's T) and rows (1..L)
   int x, b, c;      ///< the columns of the head's x and its group's B and C in act
 };
-/// False when the block's sequence has fewer chunks (block-uniform).
-__device__ __forceinline__ bool chunk_of(const LinearRecurrenceArgs& a, Chunk& ch) {
-  const int s = blockIdx.z, c = blockIdx.x, hd = blockIdx.y;
-  const int first = a.seq_chunk[s];
-  if (c >= a.seq_chunk[s + 1] - first) return false;
+__device__ __forceinline__ Chunk chunk_of(const LinearRecurrenceArgs& a) {
+  const int index = blockIdx.x, hd = blockIdx.y;
+  const int s = seq_of(a.seq_chunk, a.num_seqs, index);
+  const int c = index - a.seq_chunk[s];  // within the sequence
   const int rows = a.seq_start[s + 1] - a.seq_start[s];
   const int g = hd / (a.num_heads / a.num_groups);
   const int b = a.num_heads * a.head_dim + g * a.state_size;
-  ch = {hd, first + c, a.seq_start[s] + c * kL, min(kL, rows - c * kL), hd * a.head_dim, b,
-        b + a.num_groups * a.state_size};
-  return true;
+  return {hd, index, a.seq_start[s] + c * kL, min(kL, rows - c * kL), hd * a.head_dim, b,
+          b + a.num_groups * a.state_size};
 }
 
 /// The kernels' dynamic shared memory; both layouts start with delta [L] | cum [L].
@@ -141,12 +140,11 @@ __device__ __forceinline__ void zero(float (&acc)[4][4]) {
     for (int v = 0; v < 4; ++v) acc[r][v] = 0.f;
 }
 
-/// grid (max_chunks, H, S), kSsdThreads threads, StateSmem: xw[i, p] = exp(cum_L - cum_i)·Δ_i·
+/// grid (num_chunks, H), kSsdThreads threads, StateSmem: xw[i, p] = exp(cum_L - cum_i)·Δ_i·
 /// x_i[p] and b[i, n] = B_i[n] (zero past len, P, N), then S_c = xwᵀ·b into the scratch
 /// [index, head] ([P, N]) and exp(cum_L) into the decays after the states.
 __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(LinearRecurrenceArgs a) {
-  Chunk ch;
-  if (!chunk_of(a, ch)) return;
+  const Chunk ch = chunk_of(a);
   chunk_time_steps(a, ch);
   const int p_dim = a.head_dim, n_dim = a.state_size, cd = conv_dim_of(a);
   const StateSmem lay(p_dim, n_dim);
@@ -187,47 +185,49 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(LinearRecu
                    ch.head] = expf(last);
 }
 
-/// grid (ceil(P·N / kPassThreads), H, S): thread = one element e of head `hd`'s [P, N] state of
-/// sequence s (with chunks): h = the slot's state; per chunk, the chunk's own state S_c is
-/// replaced by h (the state entering the chunk) and h = decay_c·h + S_c; the final h into the
-/// slot.
+/// grid (ceil(P·N / kPassThreads), H): thread = one element e of head `hd`'s [P, N] state,
+/// for each sequence with chunks in turn: h = the slot's state; per chunk, the chunk's own state
+/// S_c is replaced by h (the state entering the chunk) and h = decay_c·h + S_c; the final h into
+/// the slot.
 __global__ void __launch_bounds__(kPassThreads) ssd_state_pass_kernel(LinearRecurrenceArgs a) {
-  const int s = blockIdx.z, hd = blockIdx.y;
+  const int hd = blockIdx.y;
   const int64_t pn = int64_t{a.head_dim} * a.state_size;
   const int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const int first = a.seq_chunk[s], end = a.seq_chunk[s + 1];
-  if (first == end || e >= pn) return;
+  if (e >= pn) return;
   const int64_t head_stride = int64_t{a.num_heads} * pn;  // between consecutive chunks
   float* own = a.chunk_states + int64_t{hd} * pn + e;     // chunk c's S_c: own[c · head_stride]
   const float* decay = a.chunk_states + int64_t{a.num_chunks} * head_stride + hd;
-  float* slot = a.states + int64_t{a.seq_slot[s]} * a.slot_stride +
-                int64_t{a.conv_kernel - 1} * conv_dim_of(a) + int64_t{hd} * pn + e;
-  float h = *slot;
-  for (int c0 = first; c0 < end; c0 += kPassBatch) {
-    float part[kPassBatch], keep[kPassBatch];
+  for (int s = 0; s < a.num_seqs; ++s) {
+    const int first = a.seq_chunk[s], end = a.seq_chunk[s + 1];
+    if (first == end) continue;
+    float* slot = a.states + int64_t{a.seq_slot[s]} * a.slot_stride +
+                  int64_t{a.conv_kernel - 1} * conv_dim_of(a) + int64_t{hd} * pn + e;
+    float h = *slot;
+    for (int c0 = first; c0 < end; c0 += kPassBatch) {
+      float part[kPassBatch], keep[kPassBatch];
 #pragma unroll
-    for (int k = 0; k < kPassBatch; ++k)
-      if (c0 + k < end) {
-        part[k] = own[(c0 + k) * head_stride];
-        keep[k] = decay[int64_t{c0 + k} * a.num_heads];
-      }
+      for (int k = 0; k < kPassBatch; ++k)
+        if (c0 + k < end) {
+          part[k] = own[(c0 + k) * head_stride];
+          keep[k] = decay[int64_t{c0 + k} * a.num_heads];
+        }
 #pragma unroll
-    for (int k = 0; k < kPassBatch; ++k)
-      if (c0 + k < end) {
-        own[(c0 + k) * head_stride] = h;
-        h = keep[k] * h + part[k];
-      }
+      for (int k = 0; k < kPassBatch; ++k)
+        if (c0 + k < end) {
+          own[(c0 + k) * head_stride] = h;
+          h = keep[k] * h + part[k];
+        }
+    }
+    *slot = h;
   }
-  *slot = h;
 }
 
-/// grid (max_chunks, H, S), kSsdThreads threads, OutputSmem: c = C rows [L, N], u = Bᵀ
+/// grid (num_chunks, H), kSsdThreads threads, OutputSmem: c = C rows [L, N], u = Bᵀ
 /// [N, L], x [L, P] (zero past len, P, N); g[i, j] = (C_i·B_j)·exp(cum_i - cum_j)·Δ_j for
 /// j <= i (else 0); then u = h_inᵀ [N, P] (the entering state from the scratch) and
 /// y_i = g·x + exp(cum_i)·(c·u)_i + D·x_i for i < len, p < P.
 __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_output_kernel(LinearRecurrenceArgs a) {
-  Chunk ch;
-  if (!chunk_of(a, ch)) return;
+  const Chunk ch = chunk_of(a);
   chunk_time_steps(a, ch);
   const int p_dim = a.head_dim, n_dim = a.state_size, cd = conv_dim_of(a);
   const OutputSmem lay(p_dim, n_dim);
@@ -315,13 +315,12 @@ cudaError_t ssd_chunk_scan(const LinearRecurrenceArgs& a, cudaStream_t stream) {
   if (e == cudaSuccess)
     e = set_smem(reinterpret_cast<const void*>(ssd_chunk_output_kernel), output_smem);
   if (e != cudaSuccess) return e;
-  const dim3 chunks(static_cast<unsigned>(a.max_chunks), static_cast<unsigned>(a.num_heads),
-                    static_cast<unsigned>(a.num_seqs));
+  const dim3 chunks(static_cast<unsigned>(a.num_chunks), static_cast<unsigned>(a.num_heads));
   ssd_chunk_state_kernel<<<chunks, kSsdThreads, static_cast<size_t>(state_smem), stream>>>(a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   const int64_t pn = int64_t{a.head_dim} * a.state_size;
   const dim3 pass(static_cast<unsigned>((pn + kPassThreads - 1) / kPassThreads),
-                  static_cast<unsigned>(a.num_heads), static_cast<unsigned>(a.num_seqs));
+                  static_cast<unsigned>(a.num_heads));
   ssd_state_pass_kernel<<<pass, kPassThreads, 0, stream>>>(a);
   if ((e = cudaGetLastError()) != cudaSuccess) return e;
   ssd_chunk_output_kernel<<<chunks, kSsdThreads, static_cast<size_t>(output_smem), stream>>>(a);
