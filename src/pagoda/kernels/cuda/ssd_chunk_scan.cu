@@ -38,11 +38,12 @@ constexpr int kPassBatch = 8;
 constexpr int round64(int v) { return (v + 63) / 64 * 64; }
 
 /// The shared-memory layouts (floats), each array's offset; sizes in the kernels' comments.
-struct StateSmem {  // chunk states: delta [L] | cum [L] | xw [L, P64] | b [L, N64]
+struct StateSmem {  // chunk states: delta [L] | cum [L] | xwᵀ [P64, xs] | b [L, N64]
   int p64, n64;
   __host__ __device__ StateSmem(int p, int n) : p64(round64(p)), n64(round64(n)) {}
+  __host__ __device__ int xs() const { return kL + 4; }  // padded as OutputSmem's rows
   __host__ __device__ int xw() const { return 2 * kL; }
-  __host__ __device__ int b() const { return xw() + kL * p64; }
+  __host__ __device__ int b() const { return xw() + p64 * xs(); }
   __host__ __device__ int floats() const { return b() + kL * n64; }
 };
 struct OutputSmem {  // chunk outputs: delta [L] | cum [L] | c [L, cs] | u | x [L, P64] | g [L, gs]
@@ -112,26 +113,37 @@ __device__ void chunk_time_steps(const LinearRecurrenceArgs& a, const Chunk& ch)
   __syncthreads();
 }
 
-/// acc[r][v] += Σ_{k<kn} A(i0 + 16r, k) · bm[k·ldb + q0 + v] for r, v < 4, where
-/// A(i, k) = am[i·lda + k·astep]: thread (i0, q0 / 4) of 16 x 16 threads (i0 = tid / 16,
-/// q0 = 4·(tid % 16)) accumulates its 4 x 4 tile of a 64 x 64 product; both operands in shared
-/// memory, bm's rows 16-byte aligned (ldb and the column offset multiples of 4).
-__device__ __forceinline__ void fma_tile(float (&acc)[4][4], const float* am, int lda, int astep,
+/// acc[r][v] += Σ_{k<kn} am[(i0 + 16r)·lda + k] · bm[k·ldb + q0 + v] for r, v < 4: thread
+/// (i0, q0 / 4) of 16 x 16 threads (i0 = tid / 16, q0 = 4·(tid % 16)) accumulates its 4 x 4
+/// tile of a 64 x 64 product; both operands in shared memory, rows 16-byte aligned (lda, ldb
+/// and the offsets multiples of 4), kn a multiple of 4 (zero-padded past the data). Both
+/// operands load as float4 (4 A rows x 4 k, then 4 B rows): 8 loads per 64 FMAs, so the FMA
+/// pipe, not shared memory, bounds it.
+__device__ __forceinline__ void fma_tile(float (&acc)[4][4], const float* am, int lda,
                                          const float* bm, int ldb, int kn) {
   const int i0 = threadIdx.x / 16, q0 = threadIdx.x % 16 * 4;
-#pragma unroll 4
-  for (int k = 0; k < kn; ++k) {
-    const float4 b = *reinterpret_cast<const float4*>(bm + k * ldb + q0);
+#pragma unroll 2
+  for (int k = 0; k < kn; k += 4) {
+    float4 av[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const float v = am[(i0 + 16 * r) * lda + k * astep];
-      acc[r][0] += v * b.x;
-      acc[r][1] += v * b.y;
-      acc[r][2] += v * b.z;
-      acc[r][3] += v * b.w;
+    for (int r = 0; r < 4; ++r)
+      av[r] = *reinterpret_cast<const float4*>(am + (i0 + 16 * r) * lda + k);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const float4 b = *reinterpret_cast<const float4*>(bm + (k + kk) * ldb + q0);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float v = kk == 0 ? av[r].x : kk == 1 ? av[r].y : kk == 2 ? av[r].z : av[r].w;
+        acc[r][0] += v * b.x;
+        acc[r][1] += v * b.y;
+        acc[r][2] += v * b.z;
+        acc[r][3] += v * b.w;
+      }
     }
   }
 }
+
+constexpr int round4(int v) { return (v + 3) / 4 * 4; }
 
 __device__ __forceinline__ void zero(float (&acc)[4][4]) {
 #pragma unroll
@@ -140,7 +152,7 @@ __device__ __forceinline__ void zero(float (&acc)[4][4]) {
     for (int v = 0; v < 4; ++v) acc[r][v] = 0.f;
 }
 
-/// grid (num_chunks, H), kSsdThreads threads, StateSmem: xw[i, p] = exp(cum_L - cum_i)·Δ_i·
+/// grid (num_chunks, H), kSsdThreads threads, StateSmem: xwᵀ[p, i] = exp(cum_L - cum_i)·Δ_i·
 /// x_i[p] and b[i, n] = B_i[n] (zero past len, P, N), then S_c = xwᵀ·b into the scratch
 /// [index, head] ([P, N]) and exp(cum_L) into the decays after the states.
 __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(LinearRecurrenceArgs a) {
@@ -155,7 +167,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(LinearRecu
   const float last = cum[kL - 1];
   for (int e = threadIdx.x; e < kL * lay.p64; e += blockDim.x) {
     const int i = e / lay.p64, p = e % lay.p64;
-    xw[e] = i < ch.len && p < p_dim
+    xw[p * lay.xs() + i] = i < ch.len && p < p_dim
                 ? a.act[int64_t{ch.row0 + i} * cd + ch.x + p] * expf(last - cum[i]) * delta[i]
                 : 0.f;
   }
@@ -171,7 +183,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_state_kernel(LinearRecu
     for (int nb = 0; nb < lay.n64; nb += 64) {
       float acc[4][4];
       zero(acc);
-      fma_tile(acc, xw + pb, 1, lay.p64, b + nb, lay.n64, ch.len);
+      fma_tile(acc, xw + pb * lay.xs(), lay.xs(), b + nb, lay.n64, round4(ch.len));
 #pragma unroll
       for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -253,7 +265,7 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_output_kernel(LinearRec
   {
     float acc[4][4];
     zero(acc);
-    fma_tile(acc, c, lay.cs(), 1, u, lay.bs(), lay.n64);
+    fma_tile(acc, c, lay.cs(), u, lay.bs(), lay.n64);
 #pragma unroll
     for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -275,8 +287,8 @@ __global__ void __launch_bounds__(kSsdThreads) ssd_chunk_output_kernel(LinearRec
     float intra[4][4], enter[4][4];
     zero(intra);
     zero(enter);
-    fma_tile(intra, g, lay.gs(), 1, x + pb, lay.p64, ch.len);
-    fma_tile(enter, c, lay.cs(), 1, u + pb, lay.hs(), lay.n64);
+    fma_tile(intra, g, lay.gs(), x + pb, lay.p64, round4(ch.len));
+    fma_tile(enter, c, lay.cs(), u + pb, lay.hs(), lay.n64);
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int i = i0 + 16 * r;
