@@ -8,7 +8,9 @@
 // and a Bamba-sized head (64 x 128 state). Ops: prefills of 1, q - 1, q, q + 1, 3q + 2 tokens
 // at chunk hints q = 4, 8, 64; decode steps; prefills cut into calls at random points; a state
 // restored with copy_slot and continued in both slots; a draft tree with random parents beside
-// a decode and a prefill (the tree's own slot only read). Also the device pool's own contract
+// a decode and a prefill (the tree's own slot only read); long prefills (1000+ tokens, ragged
+// chunk tails, from random states) on the chunked SSD scan beside short ones on the token scan,
+// continued, restored and beside a tree. Also the device pool's own contract
 // (freed slots zeroed on the stream, copy_slot, check_integrity reading back) and the backend's
 // refusals of host pools and host views. Seed printed; PAGODA_TEST_SEED re-runs one.
 #include <gtest/gtest.h>
@@ -237,6 +239,40 @@ TEST_F(CudaLinear, PrefillsAcrossChunkSizesEqualTheReference) {
       (void)twin.slot();  // a bystander
       EXPECT_EQ(twin.call(pieces), "");
     }
+  }
+}
+
+// Long sequences on the chunked SSD scan (kernels/cuda/linear_params.h: kSsdChunk rows a chunk,
+// from kSsdChunkedFromTokens tokens) beside short ones on the token scan in the same calls:
+// lengths of many chunks with ragged tails, exactly one chunk, one past the threshold and one
+// below it, a decode row; every sequence from a random (nonzero) state; then prefill
+// continuations of the same slots (the state written by the chunked scan read back by it), a
+// restored copy continued beside its original, and a tree beside a long prefill.
+TEST_F(CudaLinear, LongPrefillsAcrossManyChunksEqualTheReference) {
+  for (const LinearShape& shape : shapes(256)) {
+    SCOPED_TRACE(::testing::Message() << "heads " << shape.num_heads << " x " << shape.head_dim
+                                      << " state " << shape.state_size);
+    Twin twin(*gpu_, shape, seed_ + 4);
+    std::vector<int32_t> slots;
+    for (int i = 0; i < 7; ++i) slots.push_back(twin.slot());
+    (void)twin.slot();  // a bystander
+    const std::vector<int32_t> first = {1000, 1337, 130, 64, 16, 15, 1};
+    std::vector<Piece> pieces;
+    for (size_t i = 0; i < first.size(); ++i) pieces.push_back({.slot = slots[i], .n = first[i]});
+    ASSERT_EQ(twin.call(pieces), "") << "first call";
+    ASSERT_EQ(twin.call({{.slot = slots[0], .n = 777}, {.slot = slots[1], .n = 1},
+                         {.slot = slots[2], .n = 65}, {.slot = slots[5], .n = 200}}),
+              "")
+        << "continuations";
+    twin.copy_slot(slots[1], slots[6]);
+    ASSERT_EQ(twin.call({{.slot = slots[6], .n = 321}, {.slot = slots[1], .n = 321}}), "")
+        << "restored copy beside its original";
+    Piece tree{.slot = slots[3], .n = 4};
+    for (int32_t t = 0; t < 4; ++t) {
+      tree.node_slots.push_back(twin.slot());
+      tree.node_parents.push_back(t - 1);
+    }
+    ASSERT_EQ(twin.call({tree, {.slot = slots[4], .n = 513}}), "") << "tree beside a prefill";
   }
 }
 

@@ -125,8 +125,13 @@ Status launch_linear_recurrence(const LinearRecurrenceArgs& a, cudaStream_t s) {
   if (a.xbc == nullptr || a.dt == nullptr || a.y == nullptr || a.act == nullptr ||
       a.conv == nullptr || a.dt_bias == nullptr || a.a_log == nullptr || a.d == nullptr ||
       a.states == nullptr || a.seq_slot == nullptr || a.seq_start == nullptr ||
-      a.seq_nodes == nullptr)
+      a.seq_nodes == nullptr || a.seq_tile == nullptr || a.seq_chunk == nullptr ||
+      (a.num_chunks > 0 && a.chunk_states == nullptr))
     return Status(ErrorCode::kInvalidArgument, "linear recurrence: null device pointer");
+  if (a.conv_kernel - 1 > kConvRows || a.num_tiles < a.num_seqs || a.num_chunks < 0)
+    return Status(ErrorCode::kInvalidArgument,
+                  "linear recurrence: a conv kernel wider than kConvRows + 1, fewer conv tiles "
+                  "than sequences or a negative chunk count");
   return to_status(raw::linear_recurrence(a, s), "linear recurrence launch");
 }
 

@@ -66,9 +66,11 @@ Status launch_move_rows(const MoveRowsArgs& args, cudaStream_t stream);
 /// dsa_index_temp_bytes), null pointers with work to do; kInternal when a launch fails.
 Status launch_dsa_index_topk(const DsaIndexArgs& args, cudaStream_t stream);
 
-/// The Mamba2 recurrence of one layer (linear_params.h: conv, then scan): kInvalidArgument for
-/// bad sizes, a null pointer with work to do, or more than 65535 sequences or heads (the grid);
-/// kInternal when a launch fails. Shared memory (linear_scan_smem_bytes) is the caller's check.
+/// The Mamba2 recurrence of one layer (linear_params.h: conv, token scan, chunked SSD scan):
+/// kInvalidArgument for bad sizes, a null pointer with work to do, a conv kernel wider than
+/// kConvRows + 1, a bad tile or chunk count, or more than 65535 sequences or heads; kInternal
+/// when a launch fails. Shared memory (linear_scan_smem_bytes,
+/// and ssd_chunk_smem_bytes when the plan has chunks) is the caller's check.
 Status launch_linear_recurrence(const LinearRecurrenceArgs& args, cudaStream_t stream);
 
 /// Resident decode blocks per SM for the given config (for the split-KV planner).

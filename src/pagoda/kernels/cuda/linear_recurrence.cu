@@ -1,59 +1,60 @@
 // The Mamba2 recurrence kernels (linear_params.h): the causal depthwise conv with its state,
 // then the selective scan with the [head_dim, state_size] state in shared memory, one token at a
-// time. Tree verify: each node from its parent's state, written to its own slot.
+// time, for the sequences without SSD chunks (ssd_chunk_scan.cu runs the others). Tree verify:
+// each node from its parent's state, written to its own slot.
+#include "pagoda/kernels/cuda/linear_device.cuh"
 #include "pagoda/kernels/cuda/linear_params.h"
 
 namespace pagoda::kernels::cuda {
 namespace {
 
+using linear::conv_dim_of;
+using linear::seq_of;
+using linear::silu;
+using linear::time_step;
+
 constexpr int kConvThreads = 128;
 constexpr int kScanThreads = 128;  // 4 warps; a warp owns rows p of the head's state
 constexpr int kDefaultSmemBytes = 48 * 1024;
-
-__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
-
-/// Δ = clamp(softplus(raw + bias), lo, hi), softplus as torch's (v itself above 20).
-__device__ __forceinline__ float time_step(float raw, float bias, float lo, float hi) {
-  const float v = raw + bias;
-  const float sp = v > 20.f ? v : log1pf(expf(v));
-  return fminf(fmaxf(sp, lo), hi);
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-__device__ __forceinline__ int conv_dim_of(const LinearRecurrenceArgs& a) {
-  return a.num_heads * a.head_dim + 2 * a.num_groups * a.state_size;
-}
-
-/// grid (ceil(conv_dim / kConvThreads), num_seqs): thread = one channel of one sequence.
+/// grid (num_tiles, ceil(conv_dim / kConvThreads)): thread = one channel of one tile of
+/// kConvRows rows of one sequence (a tree: one tile, all its nodes).
 __global__ void linear_conv_kernel(LinearRecurrenceArgs a) {
   const int cd = conv_dim_of(a);
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int s = blockIdx.y;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= cd) return;
+  const int s = seq_of(a.seq_tile, a.num_seqs, blockIdx.x);
+  const int tile = blockIdx.x - a.seq_tile[s];
   const int k = a.conv_kernel, past = k - 1;
   const float* w = a.conv + int64_t{c} * k;
   const float bias = a.conv_bias != nullptr ? a.conv_bias[c] : 0.f;
   const int row0 = a.seq_start[s], rows = a.seq_start[s + 1] - row0;
   const int nodes = a.seq_nodes[s];
+  const int t0 = tile * kConvRows;
   // Channel c of a slot's conv state: row r (r-th oldest past input) at [r * cd].
   float* own = a.states + int64_t{a.seq_slot[s]} * a.slot_stride + c;
   if (nodes < 0) {
-    // The window: the state's `past` rows, then the sequence's rows.
+    // The window: the state's `past` rows (read by tile 0 only: t0 >= kConvRows >= past
+    // otherwise), then the sequence's rows.
     auto in = [&](int i) {
       return i < past ? own[int64_t{i} * cd]
                       : a.xbc[int64_t{row0 + i - past} * a.xbc_stride + c];
     };
-    for (int t = 0; t < rows; ++t) {
+    const int t1 = min(rows, t0 + kConvRows);
+    for (int t = t0; t < t1; ++t) {
       float acc = bias;
       for (int j = 0; j < k; ++j) acc += w[j] * in(t + j);  // input at time t - (k - 1) + j
       a.act[int64_t{row0 + t} * cd + c] = silu(acc);
     }
-    // The last `past` inputs; ascending, so row rows + i (> i) is read before it is written.
-    for (int i = 0; i < past; ++i) own[int64_t{i} * cd] = in(rows + i);
+    // Tile 0, after its reads of the state: the last `past` inputs; ascending, so row rows + i
+    // (> i) is read before it is written.
+    if (tile == 0)
+      for (int i = 0; i < past; ++i) own[int64_t{i} * cd] = in(rows + i);
     return;
   }
   for (int t = 0; t < rows; ++t) {
@@ -72,7 +73,8 @@ __global__ void linear_conv_kernel(LinearRecurrenceArgs a) {
 }
 
 /// grid (num_seqs, num_heads), kScanThreads threads; dynamic shared memory
-/// linear_scan_smem_bytes: h [P, N], then x [P], B [N], C [N] of the current token.
+/// linear_scan_smem_bytes: h [P, N], then x [P], B [N], C [N] of the current token. Sequences
+/// with SSD chunks return at once.
 __global__ void linear_scan_kernel(LinearRecurrenceArgs a) {
   extern __shared__ float smem[];
   const int s = blockIdx.x, hd = blockIdx.y;
@@ -85,6 +87,7 @@ __global__ void linear_scan_kernel(LinearRecurrenceArgs a) {
   float* b = x + p_dim;
   float* c = b + n_dim;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
+  if (a.seq_chunk[s + 1] > a.seq_chunk[s]) return;  // the chunked scan's sequence
   const int row0 = a.seq_start[s], rows = a.seq_start[s + 1] - row0;
   const int nodes = a.seq_nodes[s];
   const int64_t head = int64_t{a.conv_kernel - 1} * cd + int64_t{hd} * pn;  // in a slot's block
@@ -141,8 +144,8 @@ namespace raw {
 cudaError_t linear_recurrence(const LinearRecurrenceArgs& a, cudaStream_t stream) {
   if (a.num_seqs == 0) return cudaSuccess;
   const int cd = a.num_heads * a.head_dim + 2 * a.num_groups * a.state_size;
-  const dim3 conv_grid(static_cast<unsigned>((cd + kConvThreads - 1) / kConvThreads),
-                       static_cast<unsigned>(a.num_seqs));
+  const dim3 conv_grid(static_cast<unsigned>(a.num_tiles),
+                       static_cast<unsigned>((cd + kConvThreads - 1) / kConvThreads));
   linear_conv_kernel<<<conv_grid, kConvThreads, 0, stream>>>(a);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -154,7 +157,9 @@ cudaError_t linear_recurrence(const LinearRecurrenceArgs& a, cudaStream_t stream
   }
   const dim3 scan_grid(static_cast<unsigned>(a.num_seqs), static_cast<unsigned>(a.num_heads));
   linear_scan_kernel<<<scan_grid, kScanThreads, static_cast<size_t>(smem), stream>>>(a);
-  return cudaGetLastError();
+  e = cudaGetLastError();
+  if (e != cudaSuccess || a.num_chunks == 0) return e;
+  return ssd_chunk_scan(a, stream);
 }
 
 }  // namespace raw
