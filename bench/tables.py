@@ -16,7 +16,7 @@ no kernel of that kind (SDPA on fp8 K/V or with a prefix). Decode rows add % of 
 record's ceilings).
 
 Decode step profile (records with "profile"): see profile_table. Hybrid models (records with
-"hybrid", issue 49): see hybrid_table."""
+"hybrid", issue 49): see hybrid_table. DSA decode (records with "dsa", issue 50): see dsa_table."""
 import argparse
 import json
 import statistics
@@ -648,11 +648,36 @@ def hybrid_table(rec):
     return out
 
 
+def dsa_table(rec):
+    """Issue 50's DSA decode step (bench/device/run.sh's dsa group, `pagoda kernels --op
+    dsa-decode`): per shape the dense MLA decode forward, the indexer (scores + top-k, the
+    selection back on the host) and the sparse forward (plan + attention), medians of interleaved
+    samples; DSA / dense and the indexer's share against the issue's targets (≤ 0.25×; top-k
+    within the indexer's time); GB/s of the rows each reads against the copy bandwidth of the
+    same process."""
+    out = [f"### DSA decode step vs dense MLA (issue 50) — {header(rec)}", "",
+           "| shape | dense ms | DSA ms (indexer + sparse) | DSA / dense | indexer share | dense GB/s "
+           "| indexer GB/s (index rows) | indexer TFLOP/s | copy GB/s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name, j in sorted(rec["dsa"].items()):
+        if "dense_ms" not in j:
+            out.append(f"| {name} | failed | | | | | | | |")
+            continue
+        out.append(f"| B{j['batch']} L{j['kv_len']} h{j['q_heads']} top-{j['topk']} | "
+                   f"{fmt(j['dense_ms'], '.3f')} | {fmt(j['dsa_ms'], '.3f')} "
+                   f"({fmt(j['indexer_ms'], '.3f')} + {fmt(j['sparse_ms'], '.3f')}) | "
+                   f"{fmt(j['dsa_over_dense'], '.3f')}× | {100 * j['indexer_share']:.0f} % | "
+                   f"{fmt(j['dense_gbps'], '.0f')} | {fmt(j['indexer_gbps'], '.0f')} | "
+                   f"{fmt(j['indexer_tflops'], '.2f')} | {fmt(j['copy_gbps'], '.0f')} |")
+    out += ["", "Target (H200): DSA / dense ≤ 0.25× at 128k, batch 16."]
+    return out
+
+
 SECTIONS = (("tests", tests_table), ("kernels", kernel_table), ("kernel_ab", kernel_ab_table), ("engine", engine_table),
             ("agreement", agreement_table),
             ("spec", spec_table), ("serve", serve_table), ("tp", tp_table), ("hicache", hicache_table),
             ("python", python_table), ("profile", profile_table), ("amx", amx_table),
-            ("ab", ab_table), ("hybrid", hybrid_table))
+            ("ab", ab_table), ("hybrid", hybrid_table), ("dsa", dsa_table))
 
 
 def render(records):

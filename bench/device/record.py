@@ -41,6 +41,8 @@ The record (schema 1) holds what the tables are generated from, every sample inc
               "swa_step_<off|on>", "swa_fit_<off|on>", "mamba_step_<ctx>", "ttft_cached",
               "ttft_cold": `pagoda bench --json`; "attn_decode_<ctx>", "scan_decode",
               "scan_prefill": `pagoda kernels --json`} (issue 49's hybrid benchmarks)
+  dsa         {"b<batch>_l<context>_h<q heads>": `pagoda kernels --op dsa-decode --json`} (issue
+              50's DSA decode step vs dense MLA)
 Missing parts (a stage not run, a step that failed) are left out; the record says which stages
 were asked for. Reading only: nothing in DIR is changed."""
 import argparse
@@ -348,6 +350,7 @@ def build_record(d, kind, group, commit, stages):
         "profile": profile(d),
         "amx": amx(d),
         "hybrid": json_by_name(os.path.join(d, "hybrid")) or None,
+        "dsa": json_by_name(os.path.join(d, "dsa")) or None,
     }
     rec.update({k: v for k, v in parts.items() if v is not None})
     return rec

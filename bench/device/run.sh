@@ -53,6 +53,10 @@
 #                             attention kernel at both lengths, the Mamba2 scan (pagoda kernels
 #                             --op linear-*) against the copy bandwidth, and TTFT of a cached 8k
 #                             prefix (state snapshot restored) vs a cold one
+#                    dsa      build, issue 50's DSA decode step (pagoda kernels --op dsa-decode,
+#                             kernels_dsa.h): the cuda backend's indexer (scores + top-k of
+#                             2,048) + sparse MLA vs dense MLA decode at the same context, batch
+#                             16 at 32k and 128k (h_q 128) and 128k at h_q 16
 #                    ab_kernels  build (the attention tests and the kernel benchmark only), the
 #                             sm90 prefill's GPU tests, compute-sanitizer memcheck and racecheck
 #                             on their small test, then kernel-option variants against the
@@ -114,6 +118,7 @@ case "$GPUS:$GROUP" in
   1:profile) STAGES="build profile" ;;
   1:amx) STAGES="build amx" ;;
   1:agree) STAGES="build agree" ;;
+  1:dsa) STAGES="build dsa" ;;
   1:ab_kernels) STAGES="build abtests abkernels" ;;
   1:hybrid|0:hybrid) STAGES="build hybrid" ;;
   1:all) STAGES="build tests kernels engine spec serve" ;;
@@ -675,6 +680,20 @@ if has hybrid; then
   hy ttft_cold 60 "${TB[@]}" --no-radix
   echo "{\"backend\": \"$HB\", \"dtype\": \"$HDT\", \"gemma_layout\": \"$G_LAYOUT\", \"bamba_layout\": \"$B_LAYOUT\", \"swa_ctx\": $SWA_CTX, \"swa_chunk\": $SWA_CHUNK, \"swa_requests\": $SWA_REQ, \"swa_budget_bytes\": ${budget:-0}, \"mamba_short\": $M_SHORT, \"mamba_long\": $M_LONG, \"prefix\": $PREFIX, \"attention_layers\": $(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["attn_layer_indices"]))' "$M/config.json")}" \
     > "$H/meta.json"
+fi
+
+if has dsa; then
+  # Issue 50's DSA decode step; every run's JSON goes to $W/dsa/<name>.json (record.py: "dsa").
+  mkdir -p "$W/dsa"
+  for shape in "b16_l32768_h128 16 32768 128" "b16_l131072_h128 16 131072 128" \
+               "b16_l131072_h16 16 131072 16"; do
+    read -r name bs len hq <<< "$shape"
+    if [ "$(left)" -lt 60 ]; then say "dsa $name skipped: $(left) s of the budget left"; continue; fi
+    timeout "$(cap 150)" $P kernels --backend cuda --op dsa-decode --batch $bs --kv-len $len \
+      --q-heads $hq --page-size 64 --kv-dtype bf16 --iters 10 --json \
+      > "$W/dsa/$name.json" 2> "$W/dsa/$name.err"
+    say "dsa $name rc=$? $(grep -o '"dsa_over_dense":[^,]*' "$W/dsa/$name.json")"
+  done
 fi
 
 if has sanitize; then

@@ -28,6 +28,7 @@
 #include "pagoda/cli/commands.h"
 #include "pagoda/cli/kernel_clock.h"
 #include "pagoda/cli/kernel_options_flag.h"
+#include "pagoda/cli/kernels_dsa.h"
 #include "pagoda/cli/kernels_linear.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
@@ -72,6 +73,10 @@ struct KernelsArgs {
   int groups = 1;
   int conv_kernel = 4;
   int chunk_size = 256;
+  // --op dsa-decode: the indexer's shape (--q-heads is the MLA query heads).
+  int index_heads = 64;
+  int index_dim = 128;
+  int topk = 2048;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -183,9 +188,26 @@ void run_kernels(const KernelsArgs& a) {
   const auto q_dtype = parse_dtype(a.q_dtype);
   PAGODA_REQUIRE(kv_dtype && q_dtype, kInvalidArgument, "kernels: unknown dtype '{}' / '{}'",
                  a.kv_dtype, a.q_dtype);
+  if (a.op == "dsa-decode") {
+    run_dsa_kernels({.backend = a.backend,
+                     .batch = a.batch,
+                     .kv_len = a.kv_len,
+                     .q_heads = a.q_heads,
+                     .page_size = a.page_size,
+                     .kv_dtype = *kv_dtype,
+                     .index_heads = a.index_heads,
+                     .index_dim = a.index_dim,
+                     .topk = a.topk,
+                     .iters = a.iters,
+                     .warmup = a.warmup,
+                     .threads = std::max(1, a.threads),
+                     .json = a.json});
+    return;
+  }
   PAGODA_REQUIRE(a.op == "decode" || a.op == "extend" || a.op == "verify", kInvalidArgument,
-                 "kernels: --op must be decode, extend, verify, linear-decode or linear-prefill "
-                 "(got '{}')", a.op);
+                 "kernels: --op must be decode, extend, verify, linear-decode, linear-prefill or "
+                 "dsa-decode (got '{}')",
+                 a.op);
   PAGODA_REQUIRE(a.batch >= 1 && a.kv_len >= 1 && a.page_size >= 1 && a.iters >= 1 &&
                      a.q_heads >= 1 && a.kv_heads >= 1 && a.head_dim >= 1 && a.threads >= 0 &&
                      a.warmup >= 0,
@@ -429,7 +451,9 @@ void add_kernels_command(CLI::App& app) {
   add_kernel_option_flag(cmd, args->kernels);
   cmd->add_option("--op", args->op,
                   "decode | extend | verify (attention), linear-decode | linear-prefill (the "
-                  "Mamba2 recurrence of a linear-attention backend; kernels_linear.h)")
+                  "Mamba2 recurrence of a linear-attention backend; kernels_linear.h), "
+                  "dsa-decode (an MLA decode step with the DSA indexer's selection vs dense; "
+                  "kernels_dsa.h)")
       ->capture_default_str();
   cmd->add_option("--batch", args->batch, "requests")->capture_default_str();
   cmd->add_option("--kv-len", args->kv_len,
@@ -446,6 +470,11 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--conv-kernel", args->conv_kernel, "linear-*: d_conv (K)")->capture_default_str();
   cmd->add_option("--chunk-size", args->chunk_size, "linear-*: the SSD chunk hint")
       ->capture_default_str();
+  cmd->add_option("--index-heads", args->index_heads, "dsa-decode: indexer heads")
+      ->capture_default_str();
+  cmd->add_option("--index-dim", args->index_dim, "dsa-decode: indexer head dim")
+      ->capture_default_str();
+  cmd->add_option("--topk", args->topk, "dsa-decode: tokens each row keeps")->capture_default_str();
   cmd->add_option("--head-dim-v", args->head_dim_v, "Dv (0: head-dim; smaller = MLA strided V)");
   cmd->add_option("--page-size", args->page_size)->capture_default_str();
   cmd->add_option("--kv-dtype", args->kv_dtype, "f32 | f16 | bf16 | fp8_e4m3 | fp8_e5m2")
