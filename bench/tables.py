@@ -656,7 +656,7 @@ def dsa_table(rec):
     within the indexer's time); GB/s of the rows each reads against the copy bandwidth of the
     same process."""
     out = [f"### DSA decode step vs dense MLA (issue 50) — {header(rec)}", "",
-           "| shape | dense ms | DSA ms (indexer + sparse) | DSA / dense | indexer share | dense GB/s "
+           "| shape | dense ms | DSA ms (indexer + sparse: plan, attention) | DSA / dense | indexer share | dense GB/s "
            "| indexer GB/s (index rows) | indexer TFLOP/s | copy GB/s |",
            "|---|---|---|---|---|---|---|---|---|"]
     for name, j in sorted(rec["dsa"].items()):
@@ -665,7 +665,8 @@ def dsa_table(rec):
             continue
         out.append(f"| B{j['batch']} L{j['kv_len']} h{j['q_heads']} top-{j['topk']} | "
                    f"{fmt(j['dense_ms'], '.3f')} | {fmt(j['dsa_ms'], '.3f')} "
-                   f"({fmt(j['indexer_ms'], '.3f')} + {fmt(j['sparse_ms'], '.3f')}) | "
+                   f"({fmt(j['indexer_ms'], '.3f')} + {fmt(j['sparse_ms'], '.3f')}: "
+                   f"{fmt(j.get('sparse_plan_ms'), '.3f')}, {fmt(j.get('sparse_attention_ms'), '.3f')}) | "
                    f"{fmt(j['dsa_over_dense'], '.3f')}× | {100 * j['indexer_share']:.0f} % | "
                    f"{fmt(j['dense_gbps'], '.0f')} | {fmt(j['indexer_gbps'], '.0f')} | "
                    f"{fmt(j['indexer_tflops'], '.2f')} | {fmt(j['copy_gbps'], '.0f')} |")

@@ -187,7 +187,7 @@ void run_dsa_kernels(const DsaKernelArgs& a) {
     return since_ms(t0);
   };
   struct DsaSample {
-    double indexer = 0, sparse = 0;
+    double indexer = 0, plan = 0, attention = 0;
   };
   auto dsa_ms = [&] {
     backend->init_forward_metadata(batch);
@@ -197,23 +197,26 @@ void run_dsa_kernels(const DsaKernelArgs& a) {
     plat->synchronize_stream();
     const auto t1 = Clock::now();
     backend->set_sparse_topk(topk, a.topk);
+    const auto t2 = Clock::now();
     backend->forward(q_v, k_v, TensorView(), spec, batch, o_v, attention::SaveKv::kNo);
     plat->synchronize_stream();
-    const auto t2 = Clock::now();
+    const auto t3 = Clock::now();
     using Ms = std::chrono::duration<double, std::milli>;
-    return DsaSample{Ms(t1 - t0).count(), Ms(t2 - t1).count()};
+    return DsaSample{Ms(t1 - t0).count(), Ms(t2 - t1).count(), Ms(t3 - t2).count()};
   };
   for (int w = 0; w < a.warmup; ++w) {
     dense_ms();
     dsa_ms();
   }
-  std::vector<double> dense, indexer, sparse, step;
+  std::vector<double> dense, indexer, plan, attn, sparse, step;
   for (int it = 0; it < a.iters; ++it) {
     dense.push_back(dense_ms());
     const DsaSample s = dsa_ms();
     indexer.push_back(s.indexer);
-    sparse.push_back(s.sparse);
-    step.push_back(s.indexer + s.sparse);
+    plan.push_back(s.plan);
+    attn.push_back(s.attention);
+    sparse.push_back(s.plan + s.attention);
+    step.push_back(s.indexer + s.plan + s.attention);
   }
   // Every selected position is a real one (rows see kv_len > topk tokens: no -1 padding).
   const int64_t selected =
@@ -247,12 +250,15 @@ void run_dsa_kernels(const DsaKernelArgs& a) {
   j["dense_ms"] = m_dense;
   j["indexer_ms"] = m_index;
   j["sparse_ms"] = m_sparse;
+  j["sparse_plan_ms"] = median(plan);
+  j["sparse_attention_ms"] = median(attn);
   j["dsa_ms"] = m_step;
   j["dsa_over_dense"] = m_step / m_dense;
   j["indexer_share"] = m_index / m_step;
   j["samples_dense_ms"] = dense;
   j["samples_indexer_ms"] = indexer;
   j["samples_sparse_ms"] = sparse;
+  j["samples_sparse_plan_ms"] = plan;
   j["dense_gbps"] = dense_bytes / (m_dense * 1e-3) / 1e9;
   j["indexer_gbps"] = index_bytes / (m_index * 1e-3) / 1e9;
   j["indexer_tflops"] = index_flops / (m_index * 1e-3) / 1e12;

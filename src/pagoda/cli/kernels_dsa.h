@@ -15,7 +15,8 @@
 /// every layer), on the steady clock between stream synchronisations:
 ///   dense    forward() of the layer over every cached token;
 ///   indexer  select_index_topk() (scores, top-k, the selection back on the host);
-///   sparse   set_sparse_topk() (the backend's plan of the selection) + forward();
+///   sparse   set_sparse_topk() (the backend's plan of the selection, host) + forward(), each
+///            timed too;
 /// the DSA step is indexer + sparse. Samples alternate dense and DSA; medians and every sample
 /// go to the JSON line. Bytes: dense reads every latent row once; the indexer every index row
 /// (index_dim + 4 bytes) once; sparse the selected latent rows. Errors: a bad size or an unknown
