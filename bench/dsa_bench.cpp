@@ -7,6 +7,9 @@
 // (V3.2's index_topk), each row's selection random distinct visible positions in random order.
 //   decode/<context>:  4 decode rows, contexts <context> - 0..3
 //   prefill/<context>: one request, a 128-token chunk ending at <context>
+// BM_DsaGatherPlan/<context>: sparse_gather_plan alone (the host plan every backend's
+// set_sparse_topk builds, the cuda backend's included) for 16 decode rows at <context>, issue
+// 50's DSA decode shape (B16, k 2,048).
 // Results: docs/design/dsa.md ("Gather path").
 #include <benchmark/benchmark.h>
 
@@ -16,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "pagoda/attention/dsa.h"
 #include "pagoda/attention/host_paged_backend.h"
 #include "pagoda/backends/cpu/cpu_backend.h"
 #include "pagoda/kv/kv_pool.h"
@@ -106,11 +110,42 @@ void run_layer(benchmark::State& state, bool prefill, attention::SparseAttention
   state.counters["rows"] = t;
 }
 
+void BM_DsaGatherPlan(benchmark::State& state) {
+  const int context = static_cast<int>(state.range(0)), bs = 16;
+  std::mt19937 rng(11);
+  kv::ReqToTokenTable table(bs, context);
+  attention::ForwardBatch f{.mode = attention::ForwardMode::kDecode, .batch_size = bs};
+  std::vector<SlotIndex> slots(static_cast<size_t>(context));
+  for (int b = 0; b < bs; ++b) {
+    std::iota(slots.begin(), slots.end(), 64 + b * context);
+    const ReqSlot row = *table.alloc();
+    table.write(row, 0, slots);
+    f.req_pool_indices.push_back(row.value());
+    f.seq_lens.push_back(context);
+    f.positions.push_back(context - 1);
+    f.out_cache_loc.push_back(slots.back());
+  }
+  const attention::IndexerMetadata meta = attention::build_indexer_metadata(f, table);
+  std::vector<int32_t> topk(static_cast<size_t>(bs) * kTopk), all(static_cast<size_t>(context));
+  for (int r = 0; r < bs; ++r) {
+    std::iota(all.begin(), all.end(), 0);
+    for (int j = 0; j < kTopk; ++j) {  // partial Fisher-Yates: random distinct positions
+      std::swap(all[j], all[j + rng() % (all.size() - j)]);
+      topk[static_cast<size_t>(r) * kTopk + j] = all[j];
+    }
+  }
+  for (auto _ : state) {
+    attention::PagedPlan plan = attention::sparse_gather_plan(meta, topk, kTopk);
+    benchmark::DoNotOptimize(plan.kv_indices.data());
+  }
+}
+
 void BM_DsaDecodeMask(benchmark::State& s) { run_layer(s, false, attention::SparseAttentionPath::kMask); }
 void BM_DsaDecodeGather(benchmark::State& s) { run_layer(s, false, attention::SparseAttentionPath::kGather); }
 void BM_DsaPrefillMask(benchmark::State& s) { run_layer(s, true, attention::SparseAttentionPath::kMask); }
 void BM_DsaPrefillGather(benchmark::State& s) { run_layer(s, true, attention::SparseAttentionPath::kGather); }
 
+BENCHMARK(BM_DsaGatherPlan)->Arg(32768)->Arg(131072)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_DsaDecodeMask)->Arg(4096)->Arg(8192)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DsaDecodeGather)->Arg(4096)->Arg(8192)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DsaPrefillMask)->Arg(4096)->Arg(8192)->Arg(16384)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);

@@ -1,6 +1,7 @@
 #include "pagoda/attention/dsa.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -70,6 +71,9 @@ namespace {
 
 /// Checks the selection's size, then calls fn(t, positions) for every row t with its selected
 /// positions sorted ascending, each checked against the row's visible range and for repeats.
+/// The positions go through a bitmap of the row's visible range (set, then read in order), not
+/// a sort: a decode row at 128k keeping 2,048 costs a 2,048-word scan instead of a 2,048-entry
+/// sort (16 such rows took ~2 ms of host time per layer with the sort).
 template <typename Fn>
 void for_each_selection(const IndexerMetadata& meta, std::span<const int32_t> topk, int k,
                         const char* who, Fn&& fn) {
@@ -78,20 +82,28 @@ void for_each_selection(const IndexerMetadata& meta, std::span<const int32_t> to
                  "{}: {} top-k entries for {} rows of k {}", who, topk.size(), rows, k);
   std::vector<int32_t> sel;
   sel.reserve(static_cast<size_t>(k));
+  std::vector<uint64_t> bits;
   for (int64_t t = 0; t < rows; ++t) {
-    sel.clear();
+    const int32_t visible = meta.row_visible[static_cast<size_t>(t)];
+    bits.assign(static_cast<size_t>(visible + 63) / 64, 0);
     for (const int32_t pos : topk.subspan(static_cast<size_t>(t * k), static_cast<size_t>(k))) {
-      PAGODA_REQUIRE(pos == -1 || meta.sees(t, pos), kOutOfRange,
+      if (pos == -1) continue;
+      PAGODA_REQUIRE(meta.sees(t, pos), kOutOfRange,
                      "{}: row {} selects position {}, which it does not see (its range is [0, "
                      "{}){}; -1: unused)",
-                     who, t, pos, meta.row_visible[t],
+                     who, t, pos, visible,
                      meta.tree_size > 0 ? ", draft nodes on its path only" : "");
-      if (pos >= 0) sel.push_back(pos);
+      uint64_t& word = bits[static_cast<size_t>(pos) / 64];
+      const uint64_t bit = uint64_t{1} << (pos % 64);
+      PAGODA_REQUIRE((word & bit) == 0, kInvalidArgument, "{}: row {} selects position {} twice",
+                     who, t, pos);
+      word |= bit;
     }
-    std::sort(sel.begin(), sel.end());
-    const auto twice = std::adjacent_find(sel.begin(), sel.end());
-    PAGODA_REQUIRE(twice == sel.end(), kInvalidArgument, "{}: row {} selects position {} twice",
-                   who, t, twice == sel.end() ? -1 : *twice);
+    sel.clear();
+    for (size_t w = 0; w < bits.size(); ++w) {
+      for (uint64_t word = bits[w]; word != 0; word &= word - 1)
+        sel.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(word))));
+    }
     fn(t, std::span<const int32_t>(sel));
   }
 }
