@@ -94,6 +94,27 @@ def pagoda_bench(args, ckpt, name, requests, max_running, input_len, output_len,
     return run_json(cmd, os.path.join(args.out, f"bench_{name}.json"))
 
 
+def checkpoint_weight_bytes(ckpt, cfg):
+    """Bytes of the checkpoint's tensors a decode step reads: all of them (from the
+    safetensors headers) but the input embedding, plus that matrix again when the LM head is
+    tied to it."""
+    total, embed = 0, 0
+    for name in sorted(os.listdir(ckpt)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(ckpt, name), "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for key, t in header.items():
+            if key == "__metadata__":
+                continue
+            size = t["data_offsets"][1] - t["data_offsets"][0]
+            total += size
+            if key.endswith("embed_tokens.weight"):
+                embed += size
+    return total - embed + (embed if cfg.get("tie_word_embeddings") else 0)
+
+
 def prompts(n, length, vocab, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, min(vocab, 100000), (n, length), generator=g).tolist()
@@ -186,25 +207,34 @@ def main():
         if not single_only:
             res["batch64"] = pagoda_bench(args, ckpt, f"{layout}_b64", 64, 64, il, ol)
             res["prefill2048"] = pagoda_bench(args, ckpt, f"{layout}_prefill", 4, 1, 2048, 1)
-        # Roofline of one decode step: every weight once (the LM head is the tied embedding or
-        # its own matrix) + the KV of the batch at its mean context.
-        h, L = cfg["hidden_size"], cfg["num_hidden_layers"]
-        kvh = cfg["num_key_value_heads"]
-        d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-        inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
-        per_layer = h * (cfg["num_attention_heads"] * d + 2 * kvh * d) + cfg["num_attention_heads"] * d * h + 3 * h * inter
-        weight_bytes = 2 * (L * per_layer + vocab * h)  # embedding rows read: negligible
+        # Roofline of one decode step: every weight once (the checkpoint's tensors but the
+        # embedding, whose few rows are read; the LM head is the tied embedding or its own
+        # matrix) + the KV of the batch at its mean context (the pool's bytes per token, from
+        # pagoda's own run: MHA K/V or the MLA latent row).
+        L = cfg["num_hidden_layers"]
+        weight_bytes = checkpoint_weight_bytes(ckpt, cfg)
         mean_ctx = il + ol / 2
         for key, bs in (("single", 1), ("batch64", 64)):
             if key not in res:
                 continue
-            kv_bytes = bs * mean_ctx * L * 2 * kvh * d * 2
+            r = res[key]
+            kv_per_token = r["kv_bytes"] / ((r["pages_total"] + 1) * r["page_size"])
+            kv_bytes = bs * mean_ctx * kv_per_token
             roof_ms = (weight_bytes + kv_bytes) / copy_bw * 1e3
-            step_ms = res[key]["decode_step_ms"]
-            res[key]["roofline_step_ms"] = roof_ms
-            res[key]["step_over_roofline"] = step_ms / roof_ms
+            r["weight_bytes"] = weight_bytes
+            r["kv_bytes_per_token"] = kv_per_token
+            r["roofline_step_ms"] = roof_ms
+            r["step_over_roofline"] = r["decode_step_ms"] / roof_ms
         pf = res.get("prefill2048", {"extend_step_min_tokens": 2048, "extend_step_min_ms": float("nan")})
-        flops = 2 * 2048 * (L * per_layer + vocab * h / 2048) + 4 * 2048 * 2048 / 2 * cfg["num_attention_heads"] * d * L
+        # FLOPs: 2 per weight per token (the head over the one sampled row) + causal attention
+        # (QK over the q/k head dim, PV over the value head dim; MLA: the non-absorbed 192 / 128).
+        hq = cfg["num_attention_heads"]
+        d = cfg.get("head_dim") or cfg["hidden_size"] // hq
+        dqk = cfg.get("qk_nope_head_dim", 0) + cfg.get("qk_rope_head_dim", 0) or d
+        dv = cfg.get("v_head_dim") or d
+        head = cfg["vocab_size"] * cfg["hidden_size"] * 2
+        flops = 2 * 2048 * (weight_bytes - head) / 2 + 2 * head / 2 \
+            + 2 * 2048 * 2048 / 2 * hq * (dqk + dv) * L
         pf["prefill_flops"] = flops
         assert pf["extend_step_min_tokens"] == 2048, pf
         pf["prefill_tflops"] = flops / (pf["extend_step_min_ms"] / 1e3) / 1e12

@@ -25,6 +25,11 @@ Layouts (the shapes of real models, random weights):
                 kv_lora_rank 64, nope 32 / rope 16, v 24), YaRN (factor 4 over 32 original
                 positions, mscale 0.8 / mscale_all_dim 0.6, so both the cos/sin scale and the
                 softmax mscale differ from 1)
+  deepseek-v2-lite  DeepSeek-V2-Lite's attention at real size with a dense MLP (issue 50's
+                engine layout: MoE is not implemented): 27 layers, hidden 2048, 16 heads, MLA
+                without q LoRA (kv_lora_rank 512, qk nope 128 / rope 64, v 128), YaRN (factor
+                40 over 4096, mscale 0.707 / 0.707), MLP 10944 in every layer
+                (first_k_dense_replace 27), vocab 102400, untied (2.6 B parameters)
   deepseek-v32-tiny  DeepseekV32ForCausalLM: deepseek-v3-tiny plus DeepSeek sparse attention
                 (a lightning indexer per layer: 4 index heads of dim 32, index_topk 16, so
                 prompts past 16 tokens attend sparsely)
@@ -164,6 +169,16 @@ DEEPSEEK_LAYOUTS = {
         topk_group=1, routed_scaling_factor=2.5, scoring_func="sigmoid", norm_topk_prob=True,
         bos_token_id=4000, eos_token_id=4001),
 }
+DEEPSEEK_LAYOUTS["deepseek-v2-lite"] = dict(
+    DEEPSEEK_LAYOUTS["deepseek-v2-tiny"], vocab_size=102400, hidden_size=2048,
+    intermediate_size=10944, num_hidden_layers=27, num_attention_heads=16,
+    num_key_value_heads=16, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+    v_head_dim=128, rope_scaling=dict(type="yarn", factor=40.0,
+                                      original_max_position_embeddings=4096, beta_fast=32,
+                                      beta_slow=1, mscale=0.707, mscale_all_dim=0.707),
+    max_position_embeddings=163840, n_routed_experts=64, n_shared_experts=2,
+    num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=27,
+    bos_token_id=100000, eos_token_id=100001)
 DEEPSEEK_LAYOUTS["deepseek-v32-tiny"] = dict(
     DEEPSEEK_LAYOUTS["deepseek-v3-tiny"], architectures=["DeepseekV32ForCausalLM"],
     model_type="deepseek_v32", index_n_heads=4, index_head_dim=32, index_topk=16)

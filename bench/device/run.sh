@@ -53,10 +53,13 @@
 #                             attention kernel at both lengths, the Mamba2 scan (pagoda kernels
 #                             --op linear-*) against the copy bandwidth, and TTFT of a cached 8k
 #                             prefix (state snapshot restored) vs a cold one
-#                    dsa      build, issue 50's DSA decode step (pagoda kernels --op dsa-decode,
-#                             kernels_dsa.h): the cuda backend's indexer (scores + top-k of
-#                             2,048) + sparse MLA vs dense MLA decode at the same context, batch
-#                             16 at 32k and 128k (h_q 128) and 128k at h_q 16
+#                    dsa      build, issue 50: the DSA decode step (pagoda kernels --op
+#                             dsa-decode, kernels_dsa.h): the cuda backend's indexer (scores +
+#                             top-k of 2,048) + sparse MLA vs dense MLA decode at the same
+#                             context, batch 16 at 32k and 128k (h_q 128) and 128k at h_q 16;
+#                             then the engine on the deepseek-v2-lite layout (engine_real.py,
+#                             no peer: batch 1 and 64 against the step roofline, a 2,048-token
+#                             prefill against the GEMM rate)
 #                    ab_kernels  build (the attention tests and the kernel benchmark only), the
 #                             sm90 prefill's GPU tests, compute-sanitizer memcheck and racecheck
 #                             on their small test, then kernel-option variants against the
@@ -694,6 +697,14 @@ if has dsa; then
       > "$W/dsa/$name.json" 2> "$W/dsa/$name.err"
     say "dsa $name rc=$? $(grep -o '"dsa_over_dense":[^,]*' "$W/dsa/$name.json")"
   done
+  if [ "$(left)" -ge 240 ]; then  # the checkpoint (2.6 B parameters, numpy) takes most of it
+    t0=$(date +%s)
+    timeout "$(cap 500)" python3 bench/engine_real.py --pagoda $P --out "$W/engine" \
+      --layouts deepseek-v2-lite --skip-peer > "$W/engine.log" 2>&1
+    say "engine_real deepseek-v2-lite rc=$? ($(( $(date +%s) - t0 )) s)"
+  else
+    say "engine_real deepseek-v2-lite skipped: $(left) s of the budget left"
+  fi
 fi
 
 if has sanitize; then
