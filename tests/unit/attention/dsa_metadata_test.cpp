@@ -216,6 +216,9 @@ TEST(IndexTopkHost, BadArgumentsAreRefusedBeforeAnyWrite) {
   refused(pool, good, 3, std::span<int32_t>(topk).first(5), {}, "a short topk");
   refused(pool, good, 3, topk, std::span<float>(scores).first(4), "a short scores");
   refused(no_keys, good, 3, topk, {}, "a pool without index keys");
+  IndexerQuery on_gpu = good;  // the CUDA model ops' queries: a host backend cannot read them
+  on_gpu.device = Device::cuda(0);
+  refused(pool, on_gpu, 3, topk, scores, "queries in device memory");
   // The same call with good arguments: row 0 keeps its 3 positions, row 1 three of its 4.
   index_topk_host(pool, LayerId(0), meta, good, 3, topk, scores);
   for (int32_t x : topk) EXPECT_GE(x, 0);
