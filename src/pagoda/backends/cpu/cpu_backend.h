@@ -7,7 +7,9 @@
 /// Plan once per step (build_paged_plan, then CpuBatchAttention::plan of the work partition for
 /// the first layer shape seen, re-planned only when a layer's shape differs), run per layer.
 /// DeepSeek sparse attention takes the gather path (attention/dsa.h SparseAttentionPath::kGather):
-/// a DSA layer reads only the selected latent rows, O(k) per query row.
+/// a DSA layer reads only the selected latent rows, O(k) per query row. The lightning indexer
+/// (select_index_topk) runs in f32 on OpenBLAS and OpenMP (cpu_indexer.h), not the reference's
+/// one-thread f64 index_topk_host.
 /// Host pools only. One caller thread at a time.
 
 #include "pagoda/attention/host_paged_backend.h"
@@ -26,6 +28,13 @@ class CpuBackend : public attention::HostPagedBackend {
   static attention::BackendCapabilities static_capabilities() {
     return attention::full_feature_capabilities();
   }
+
+  /// cpu_index_topk over the context's pool and this step's indexer metadata.
+  void select_index_topk(LayerId layer, const attention::IndexerQuery& q, int k,
+                         std::span<int32_t> topk, std::span<float> scores) override;
+
+ private:
+  const kv::KvPool* pool_;
 };
 
 /// Registers "cpu" in `registry`; its factory builds CpuBackend(ctx, options).
