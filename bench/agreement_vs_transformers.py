@@ -27,13 +27,10 @@ import engine_real  # noqa: E402  (the agreement measurement itself)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def greedy_agreement(pagoda, ckpt, out, n, length, new, device, backend):
+def greedy_agreement(pagoda, ckpt, out, n, length, new, device, backend, model):
     """Greedy continuations of `new` tokens (pagoda's decode path: KV cache, windows, states)
-    against transformers fp32 `generate` on the same prompts: identical sequences, and the mean
-    length of the common prefix."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
+    against transformers fp32 `generate` (`model`, engine_real.load_fp32's) on the same prompts:
+    identical sequences, and the mean length of the common prefix."""
     ps = engine_real.prompts(n, length, model.config.vocab_size, 4321)
     ref = []
     with torch.no_grad():
@@ -42,7 +39,6 @@ def greedy_agreement(pagoda, ckpt, out, n, length, new, device, backend):
             o = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
                                min_new_tokens=new, do_sample=False, pad_token_id=0)
             ref.append(o[0, length:].tolist())
-    del model
     batch_file = os.path.join(out, "greedy_prompts.txt")
     with open(batch_file, "w") as f:
         for p in ps:
@@ -87,26 +83,32 @@ def main():
         if not os.path.exists(os.path.join(ckpt, "config.json")):
             subprocess.run([sys.executable, os.path.join(ROOT, "tools", "make_checkpoint.py"),
                             "--layout", layout, "--seed", "0", "--out", ckpt], check=True)
+        model = engine_real.load_fp32(ckpt, args.device)  # once for both comparisons
         res = engine_real.agreement(args.pagoda, ckpt, args.out, n=args.prompts,
-                                    length=args.length, device=args.device, backend=backend)
+                                    length=args.length, device=args.device, backend=backend,
+                                    model=model)
         res.update(layout=layout, device=args.device, backend=backend, length=args.length)
         if args.greedy > 0:
             res.update(greedy_agreement(args.pagoda, ckpt, args.out, args.prompts, args.length,
-                                        args.greedy, args.device, backend))
+                                        args.greedy, args.device, backend, model))
+        del model
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
         rows.append(res)
         engine_real.log(json.dumps(res))
     record = {"commit": commit, "device": args.device, "rows": rows}
     print(json.dumps(record))
+    greedy = args.greedy > 0
     print("| layout | device | prompt ids | first-token agreement | max abs logit diff | "
-          "max abs logit |", file=sys.stderr)
-    print("|---|---|---|---|---|---|", file=sys.stderr)
+          "max abs logit |" + (" greedy continuations identical | mean common prefix |"
+                               if greedy else ""), file=sys.stderr)
+    print("|---|---|---|---|---|---|" + ("---|---|" if greedy else ""), file=sys.stderr)
     for r in rows:
         print(f"| {r['layout']} | {r['device']} | {r['length']} | "
               f"{r['first_token_agree']} / {r['prompts']} | "
               f"{r['max_abs_logit_diff']:.3g} | {r['max_abs_logit']:.3g} |"
-              + (f" greedy {r['greedy_new_tokens']}: {r['greedy_identical']} / {r['prompts']} "
-                 f"identical, common prefix {r['greedy_mean_common_prefix']:.1f}"
-                 if "greedy_identical" in r else ""), file=sys.stderr)
+              + (f" {r['greedy_identical']} / {r['prompts']} ({r['greedy_new_tokens']} tokens) | "
+                 f"{r['greedy_mean_common_prefix']:.1f} |" if greedy else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":

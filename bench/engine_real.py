@@ -142,19 +142,29 @@ def hf_generate(ckpt, dtype, batch, input_len, output_len, seed):
             "output_tokens_per_s": batch * new / wall}
 
 
-def agreement(pagoda, ckpt, out, n=20, length=32, device="cuda", backend="cuda"):
-    """pagoda's first generated token (its default dtype on `backend`: bf16 on cuda, f32 on the
-    cpu) against `transformers` fp32 on `device`, on n random prompts of `length` ids."""
+def load_fp32(ckpt, device):
+    """The checkpoint in transformers, fp32, on `device`, for inference."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
+
+
+def agreement(pagoda, ckpt, out, n=20, length=32, device="cuda", backend="cuda", model=None):
+    """pagoda's first generated token (its default dtype on `backend`: bf16 on cuda, f32 on the
+    cpu) against `transformers` fp32 on `device`, on n random prompts of `length` ids. `model`:
+    the checkpoint already loaded by load_fp32 (kept for the caller), else loaded and freed
+    here."""
+    own = model is None
+    if own:
+        model = load_fp32(ckpt, device)
     ps = prompts(n, length, model.config.vocab_size, 1234)
     with torch.no_grad():  # one prompt at a time: the hybrids' torch scan fallback is large
         logits = torch.cat([model(torch.tensor([p], device=device)).logits[:, -1, :].float().cpu()
                             for p in ps])
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    if own:
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
     batch_file = os.path.join(out, "agree_prompts.txt")
     with open(batch_file, "w") as f:
         for p in ps:
