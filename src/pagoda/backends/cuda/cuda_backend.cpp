@@ -194,16 +194,6 @@ void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView
 
 namespace {
 
-/// 256-byte aligned offsets of consecutive regions in one device allocation.
-struct Regions {
-  size_t total = 0;
-  size_t add(size_t bytes) {
-    const size_t at = total;
-    total += (bytes + 255) / 256 * 256;
-    return at;
-  }
-};
-
 }  // namespace
 
 void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
@@ -233,7 +223,7 @@ void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
   }
   // Rows in chunks of at most 2^24 scores (16 bytes each of scratch) and 65535 rows.
   const int chunk = std::max(1, std::min({rows, 65535, (1 << 24) / std::max(maxv, 1)}));
-  Regions r;
+  cuda::AlignedRegions r;
   const size_t o_slots = r.add(m.slots.size() * 4), o_q = r.add(size_t(chunk) * heads * dim * 4),
                o_w = r.add(size_t(chunk) * heads * 4), o_vis = r.add(size_t(chunk) * 4),
                o_begin = r.add(size_t(chunk) * 4), o_seen = r.add(size_t(chunk) * 4),

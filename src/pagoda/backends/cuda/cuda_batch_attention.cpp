@@ -26,13 +26,8 @@ struct CudaBatchAttention::Layout {
   std::vector<std::pair<size_t, size_t>> regions;
 
   Layout(int bs, int items, int tokens, int64_t pages, int64_t mask_bytes) {
-    size_t off = 0;
-    auto take = [&](size_t bytes) {
-      const size_t o = off;
-      off = (off + bytes + 255) / 256 * 256;
-      regions.emplace_back(o, bytes);
-      return o;
-    };
+    AlignedRegions r;
+    auto take = [&](size_t bytes) { return r.add(bytes); };
     counts = take(16);
     qo_indptr = take(4 * size_t(bs + 1));
     kv_indptr = take(4 * size_t(bs + 1));
@@ -54,7 +49,8 @@ struct CudaBatchAttention::Layout {
     mask_qpos = take(4 * size_t(tokens));
     mask = take(size_t(mask_bytes));
     cache_loc = take(4 * size_t(tokens));
-    total = off;
+    total = r.total;
+    regions = std::move(r.regions);
   }
 };
 

@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <utility>
+#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/status.h"
@@ -14,6 +16,20 @@ namespace pagoda::backends::cuda {
 
 using platform::cuda_check;
 using platform::cuda_status;
+
+/// Byte offsets of consecutive arrays in one allocation, each starting at a 256-byte boundary
+/// (cudaMalloc's alignment, so every array is aligned as an allocation of its own): add(bytes)
+/// returns the next array's offset and records (offset, bytes); total is the allocation's size.
+struct AlignedRegions {
+  size_t total = 0;
+  std::vector<std::pair<size_t, size_t>> regions;  ///< (offset, bytes) of each add(), in order
+  size_t add(size_t bytes) {
+    const size_t at = total;
+    total = (total + bytes + 255) / 256 * 256;
+    regions.emplace_back(at, bytes);
+    return at;
+  }
+};
 
 /// Where a CudaMemory allocates: device memory (cudaMalloc) or page-locked host memory
 /// (cudaMallocHost).
