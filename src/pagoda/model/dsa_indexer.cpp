@@ -34,6 +34,12 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const void* h, con
   const int64_t rope = c.mla.qk_rope_head_dim;
   const int k = c.dsa.index_topk;
   topk_.clear();
+  for (int64_t i = 0; i < t; ++i) {  // the ops trust the slots they write (kv_pool.h's rows)
+    const SlotIndex slot = batch.out_cache_loc[static_cast<size_t>(i)];
+    PAGODA_REQUIRE(slot >= 0 && slot < pool.num_slots(), kOutOfRange,
+                   "DSA indexer: token {} has slot {} outside the pool's [0, {})", i, slot,
+                   pool.num_slots());
+  }
   float* keys = scratch(t * (d + nh * d + nh));
   float* q = keys + t * d;
   float* wts = q + t * nh * d;

@@ -239,5 +239,57 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
   }
 }
 
+// A slot outside the pool (an engine bug) is refused by name before anything is written: the
+// model ops store the keys without checking (DsaIndexer checks for them).
+TEST(DsaIndexer, RefusesSlotsOutsideThePool) {
+  const ModelConfig c = dsa_test_config();
+  auto platform = platform::make_cpu_platform();
+  auto ops = make_cpu_ops(*platform, DType::kF32);
+  kv::KvPool pool({.layout = kv::KvLayout::kMla,
+                   .num_layers = 1,
+                   .num_pages = 2,
+                   .page_size = 4,
+                   .dtype = DType::kF32,
+                   .kv_lora_rank = 16,
+                   .rope_dim = kRope,
+                   .index_head_dim = kDim},
+                  platform->allocator());
+  pool.fill_bytes(0x5A);
+  kv::ReqToTokenTable table(1, 16);
+  backends::ReferenceBackend backend(
+      {.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table});
+  std::vector<float> w(static_cast<size_t>(kHeads * kDim * kQr), 0.1f), bias(kDim, 0.f),
+      norm(kDim, 1.f), inv(kRope / 2, 0.5f);
+  const DsaLayerWeights dw{.wq_b = w.data(),
+                           .wk = w.data(),
+                           .k_norm = norm.data(),
+                           .k_norm_bias = bias.data(),
+                           .weights_proj = w.data(),
+                           .inv_freq = inv.data(),
+                           .rope_factor = 1.f};
+  attention::ForwardBatch f;
+  f.mode = attention::ForwardMode::kExtend;
+  f.batch_size = 1;
+  f.req_pool_indices = {table.alloc()->value()};
+  f.seq_lens = {2};
+  f.extend_prefix_lens = {0};
+  f.extend_seq_lens = {2};
+  f.positions = {0, 1};
+  f.out_cache_loc = {5, static_cast<int32_t>(pool.num_slots())};  // the second one past the end
+  const std::vector<float> h(2 * kHidden, 1.f), qa(2 * kQr, 1.f);
+  DsaIndexer indexer(c, *ops);
+  try {
+    indexer.run(LayerId{0}, dw, h.data(), qa.data(), f.positions.data(), f.out_cache_loc.data(), f,
+                pool, backend);
+    ADD_FAILURE() << "a slot past the pool was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();
+  }
+  const uint8_t* rows = pool.index_rows(LayerId{0});
+  const auto bytes = static_cast<size_t>(pool.num_slots() * pool.index_row_bytes());
+  EXPECT_TRUE(std::all_of(rows, rows + bytes, [](uint8_t b) { return b == 0x5A; }))
+      << "index rows were written before the refusal";
+}
+
 }  // namespace
 }  // namespace pagoda::model
