@@ -222,9 +222,18 @@ TokenRows rows_for_verify(const ForwardBatch& batch, const TableReader& table, P
 
 /// True when every token i of the row sits at page_of(i) * P + i % P (sglang invariant 1).
 bool page_contiguous(std::span<const int32_t> slots, int page_size) {
-  for (size_t i = 0; i < slots.size(); ++i) {
-    if (static_cast<size_t>(slots[i] % page_size) != i % page_size) return false;
-    if (i % page_size != 0 && slots[i] != slots[i - 1] + 1) return false;
+  // Token i at page_of(i) * P + i % P: each page's first slot a multiple of P, the rest of the
+  // page consecutive after it. Checked per page (one remainder per page, not two divisions per
+  // token: a decode step plans every token of its context).
+  const size_t n = slots.size(), p = static_cast<size_t>(page_size);
+  for (size_t i0 = 0; i0 < n; i0 += p) {
+    const int32_t first = slots[i0];
+    if (first % page_size != 0) return false;
+    const size_t end = std::min(n, i0 + p);
+    bool consecutive = true;
+    for (size_t i = i0 + 1; i < end; ++i)
+      consecutive &= slots[i] == first + static_cast<int32_t>(i - i0);
+    if (!consecutive) return false;
   }
   return true;
 }
