@@ -44,15 +44,7 @@ void tile_fill(platform::Allocator& alloc, void* dst, size_t bytes,
 std::vector<uint8_t> random_values(size_t n, DType dtype, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> uni(-1.f, 1.f);
   std::vector<uint8_t> out(n * dtype_size(dtype));
-  for (size_t i = 0; i < n; ++i) {
-    const float x = uni(rng);
-    if (dtype == DType::kBF16) {
-      const uint16_t b = f32_to_bf16_bits(x);
-      std::memcpy(out.data() + 2 * i, &b, 2);
-    } else {
-      std::memcpy(out.data() + 4 * i, &x, 4);
-    }
-  }
+  for (size_t i = 0; i < n; ++i) write_from_f32(out.data(), dtype, i, uni(rng));
   return out;
 }
 
