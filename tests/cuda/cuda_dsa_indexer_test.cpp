@@ -5,7 +5,8 @@
 /// extend. The GPU scores in f32 and sorts with a stable radix sort, so where the two
 /// selections differ, each differing position must score within the f32 tolerance of the host's
 /// k-th score (a near tie at the cut); everywhere else the lists are equal, order included.
-/// The rest of the device pool is 0xFF (NaN). Label "gpu"; the seed is printed.
+/// The rest of the device pool is 0xFF (NaN). Then the device path (apply_index_topk) against
+/// the host path through the sparse MLA forward. Label "gpu"; the seed is printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "gpu_test_common.h"
 #include "pagoda/attention/dsa.h"
 #include "pagoda/backends/cuda/cuda_backend.h"
+#include "pagoda/core/float_convert.h"
 #include "pagoda/kv/kv_pool.h"
 #include "pagoda/kv/req_to_token.h"
 #include "pagoda/platform/cuda/cuda_platform.h"
@@ -134,6 +136,67 @@ TEST(CudaDsaIndexer, MatchesTheHostIndexerAtDeepSeekSizes) {
     }
   }
   std::printf("rows %d, rows whose selection differs at a near tie: %d\n", n, differing_rows);
+
+  // The device path (apply_index_topk: the selection stays on the GPU, written into the step's
+  // one sparse plan) attends to what the host path (select_index_topk + set_sparse_topk)
+  // selects: the sparse MLA forward of both over random latent rows (every other slot NaN)
+  // agrees to bf16 rounding (the rows come in score order, not position order, so the sums'
+  // order differs), and twice in a row bit for bit (the second layer reuses the plan).
+  constexpr int kRow = 576, kLora = 512, kQHeads = 16;
+  {
+    std::vector<uint16_t> latent(static_cast<size_t>(dev.num_slots()) * kRow, 0xFFFF);
+    for (size_t b = 0; b < rows.size(); ++b)
+      for (const int32_t slot : table.read(rows[b], 0, len[b]))
+        for (int j = 0; j < kRow; ++j)
+          latent[static_cast<size_t>(slot) * kRow + j] = f32_to_bf16_bits(u(rng));
+    gpu->allocator().copy_to_device(dev.k_view(LayerId(0)).data(), latent.data(),
+                                    latent.size() * 2);
+  }
+  std::vector<uint16_t> qh(static_cast<size_t>(n) * kQHeads * kRow);
+  for (uint16_t& x : qh) x = f32_to_bf16_bits(u(rng));
+  const size_t out_elems = static_cast<size_t>(n) * kQHeads * kLora;
+  auto qd = platform::make_buffer(gpu->allocator(), qh.size() * 2);
+  auto kd = platform::make_buffer(gpu->allocator(), static_cast<size_t>(n) * kRow * 2);
+  auto od = platform::make_buffer(gpu->allocator(), out_elems * 2);
+  gpu->allocator().copy_to_device(qd.get(), qh.data(), qh.size() * 2);
+  const Device d = gpu->device();
+  const TensorView qv(qd.get(), DType::kBF16, {n, kQHeads, kRow}, d);
+  const TensorView kvw(kd.get(), DType::kBF16, {n, 1, kRow}, d);
+  const TensorView ov(od.get(), DType::kBF16, {n, kQHeads, kLora}, d);
+  const AttentionLayer spec{.layer_id = LayerId(0),
+                            .num_q_heads = kQHeads,
+                            .num_kv_heads = 1,
+                            .head_dim_qk = kRow,
+                            .head_dim_v = kLora,
+                            .scaling = 1.f / std::sqrt(192.f),
+                            .is_mla = true};
+  auto forward = [&] {
+    const std::vector<uint16_t> nan(out_elems, 0xFFFF);
+    gpu->allocator().copy_to_device(od.get(), nan.data(), out_elems * 2);
+    backend.forward(qv, kvw, TensorView(), spec, batch, ov, SaveKv::kNo);
+    std::vector<uint16_t> o(out_elems);
+    gpu->allocator().copy_to_host(o.data(), od.get(), out_elems * 2);
+    return o;
+  };
+  backend.init_forward_metadata(batch);
+  backend.select_index_topk(LayerId(0), iq, kTopk, got, {});
+  backend.set_sparse_topk(got, kTopk);
+  const std::vector<uint16_t> via_host = forward();
+  backend.init_forward_metadata(batch);
+  backend.apply_index_topk(LayerId(0), iq, kTopk);
+  const std::vector<uint16_t> via_device = forward();
+  backend.apply_index_topk(LayerId(0), iq, kTopk);
+  const std::vector<uint16_t> again = forward();
+  double worst = 0;
+  for (size_t i = 0; i < out_elems; ++i) {
+    const float h = bf16_bits_to_f32(via_host[i]), g = bf16_bits_to_f32(via_device[i]);
+    ASSERT_TRUE(std::isfinite(h) && std::isfinite(g)) << "output " << i;
+    ASSERT_NEAR(g, h, 1e-2 + 1e-2 * std::fabs(h))
+        << "output " << i << " (row " << i / (kQHeads * kLora) << ")";
+    worst = std::max(worst, double(std::fabs(g - h)));
+    ASSERT_EQ(again[i], via_device[i]) << "output " << i << ": the second layer differs";
+  }
+  std::printf("sparse MLA, device vs host selection path: max |diff| %.3g\n", worst);
 }
 
 }  // namespace

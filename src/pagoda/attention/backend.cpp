@@ -1,5 +1,8 @@
 #include "pagoda/attention/backend.h"
 
+#include <vector>
+
+#include "pagoda/attention/dsa.h"
 #include "pagoda/core/error.h"
 
 namespace pagoda::attention {
@@ -37,6 +40,18 @@ void AttentionBackend::select_index_topk(LayerId layer, const IndexerQuery& /*q*
               "backend '{}' has no DeepSeek sparse attention indexer (select_index_topk for "
               "layer {}, k {}); use 'reference' or 'cpu'",
               name(), layer.value(), k);
+}
+
+void AttentionBackend::apply_index_topk(LayerId layer, const IndexerQuery& q, int k) {
+  const IndexerMetadata* meta = get_indexer_metadata();
+  PAGODA_REQUIRE(meta != nullptr, kFailedPrecondition,
+                 "backend '{}': apply_index_topk without indexer metadata (the pool has no index "
+                 "keys, or init_forward_metadata was not called)",
+                 name());
+  PAGODA_REQUIRE(k >= 1, kInvalidArgument, "apply_index_topk: k {} must be >= 1", k);
+  std::vector<int32_t> topk(meta->row_request.size() * static_cast<size_t>(k));
+  select_index_topk(layer, q, k, topk, {});
+  set_sparse_topk(topk, k);
 }
 
 void AttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {

@@ -110,6 +110,11 @@ class AttentionBackend {
   /// throws Error(kUnsupported) naming the backend.
   virtual void select_index_topk(LayerId layer, const IndexerQuery& q, int k,
                                  std::span<int32_t> topk, std::span<float> scores);
+  /// The indexer's selection for `layer` applied to the next forward: select_index_topk, then
+  /// set_sparse_topk with its result (their checks and errors). The default runs exactly those
+  /// two through host memory; a GPU backend may keep the selection on its device (no host round
+  /// trip: the cuda backend's).
+  virtual void apply_index_topk(LayerId layer, const IndexerQuery& q, int k);
 
   virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionLayer& layer, const ForwardBatch& batch,

@@ -155,6 +155,33 @@ PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_
   return p;
 }
 
+int32_t row_seen(const IndexerMetadata& meta, int64_t t) {
+  const int32_t visible = meta.row_visible[static_cast<size_t>(t)];
+  if (meta.tree_size == 0) return visible;
+  int32_t n = 0;
+  for (int32_t p = 0; p < visible; ++p) n += meta.sees(t, p) ? 1 : 0;
+  return n;
+}
+
+PagedPlan sparse_gather_shape(const IndexerMetadata& meta, int k) {
+  const size_t rows = meta.row_request.size();
+  PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(rows) * k <= INT32_MAX, kInvalidArgument,
+                 "sparse gather: {} rows of k {} exceed the int32 index range", rows, k);
+  PagedPlan p;
+  p.page_size = 1;
+  p.qo_indptr.resize(rows + 1);
+  p.kv_indptr.resize(rows + 1);
+  p.kv_last_page_len.resize(rows);
+  for (size_t t = 0; t < rows; ++t) {
+    const int32_t keep = std::min(k, row_seen(meta, static_cast<int64_t>(t)));
+    p.qo_indptr[t + 1] = static_cast<int32_t>(t + 1);
+    p.kv_indptr[t + 1] = p.kv_indptr[t] + keep;
+    p.kv_last_page_len[t] = keep == 0 ? 0 : 1;
+  }
+  p.kv_indices.assign(static_cast<size_t>(p.kv_indptr[rows]), 0);
+  return p;
+}
+
 void check_index_query(const kv::KvPool& pool, const IndexerMetadata& meta, const IndexerQuery& q,
                        int k, size_t topk_size, size_t scores_size, Device accepted) {
   PAGODA_REQUIRE(q.device.is_cpu() || q.device == accepted, kInvalidArgument,

@@ -135,4 +135,16 @@ void apply_sparse_mask(PagedPlan& plan, const IndexerMetadata& meta,
 /// as above. O(k log k) per row (the sort), never O(kv).
 PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_t> topk, int k);
 
+/// Positions row t sees (meta.sees over [0, row_visible[t])): what an indexer keeps of it is
+/// min(k, this).
+int32_t row_seen(const IndexerMetadata& meta, int64_t t);
+
+/// The plan sparse_gather_plan returns for every selection an indexer makes (row t keeps
+/// min(k, row_seen(t)) positions), with each kv_indices entry 0: a backend that selects on its
+/// device writes row t's selected slots into kv_indices[kv_indptr[t], kv_indptr[t + 1]) there
+/// (in any order: the row's attention does not depend on it), so one such plan serves every
+/// layer of the step. kInvalidArgument for k < 1 or rows x k past int32. O(rows) (O(visible)
+/// per row of a tree verify).
+PagedPlan sparse_gather_shape(const IndexerMetadata& meta, int k);
+
 }  // namespace pagoda::attention

@@ -14,11 +14,16 @@
 /// Each sample, after init_forward_metadata (untimed, as the engine builds it once per step for
 /// every layer), on the steady clock between stream synchronisations:
 ///   dense    forward() of the layer over every cached token;
-///   indexer  select_index_topk() (scores, top-k, the selection back on the host);
-///   sparse   set_sparse_topk() (the backend's plan of the selection, host) + forward(), each
-///            timed too;
-/// the DSA step is indexer + sparse. Samples alternate dense and DSA; medians and every sample
-/// go to the JSON line. Bytes: dense reads every latent row once; the indexer every index row
+///   first    apply_index_topk() + forward(): the step's first DSA layer (it also builds the
+///            step's sparse plan);
+///   indexer  apply_index_topk() alone (scores, top-k, the selection handed to the attention:
+///            on the device for cuda, through the host for the host backends);
+///   sparse   the sparse forward() alone;
+///   layer    apply_index_topk() + forward() with no synchronisation between them: the DSA
+///            layer as a model runs it (dsa_ms, what DSA / dense compares).
+/// Samples alternate dense and DSA; medians and every sample go to the JSON line; a last
+/// select_index_topk checks that every row selected min(topk, kv_len) positions. Bytes: dense
+/// reads every latent row once; the indexer every index row
 /// (index_dim + 4 bytes) once; sparse the selected latent rows. Errors: a bad size or an unknown
 /// backend throws pagoda::Error before anything is allocated.
 

@@ -33,7 +33,6 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const void* h, con
   const int64_t nh = c.dsa.index_n_heads, d = c.dsa.index_head_dim;
   const int64_t rope = c.mla.qk_rope_head_dim;
   const int k = c.dsa.index_topk;
-  topk_.clear();
   for (int64_t i = 0; i < t; ++i) {  // the ops trust the slots they write (kv_pool.h's rows)
     const SlotIndex slot = batch.out_cache_loc[static_cast<size_t>(i)];
     PAGODA_REQUIRE(slot >= 0 && slot < pool.num_slots(), kOutOfRange,
@@ -61,15 +60,13 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const void* h, con
   ops_->linear(h, w.weights_proj, wts, t, nh, hd, /*f32_out=*/true);
   ops_->scale_f32(wts, t * nh, static_cast<float>(1.0 / std::sqrt(static_cast<double>(nh * d))));
 
-  topk_.resize(static_cast<size_t>(t * k));
-  backend.select_index_topk(layer,
-                            attention::IndexerQuery{.q = q,
-                                                    .w = wts,
-                                                    .heads = static_cast<int32_t>(nh),
-                                                    .dim = static_cast<int32_t>(d),
-                                                    .device = ops_->device()},
-                            k, topk_, {});
-  backend.set_sparse_topk(topk_, k);
+  backend.apply_index_topk(layer,
+                           attention::IndexerQuery{.q = q,
+                                                   .w = wts,
+                                                   .heads = static_cast<int32_t>(nh),
+                                                   .dim = static_cast<int32_t>(d),
+                                                   .device = ops_->device()},
+                           k);
 }
 
 }  // namespace pagoda::model

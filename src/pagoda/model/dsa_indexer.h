@@ -8,12 +8,12 @@
 ///   if some row sees more than index_topk positions (else dense MLA: nothing more is done):
 ///     q_idx = qa·W_qbᵀ, RoPE on dims [0, rope) of each head           [t, In, Id]
 ///     w     = h·W_wᵀ · In^-½ · Id^-½                                   [t, In]
-///     backend.select_index_topk(...): score(t, p) = Σ_h w_h · ReLU(q_idx_h · key(p)), key(p)
+///     backend.apply_index_topk(...): score(t, p) = Σ_h w_h · ReLU(q_idx_h · key(p)), key(p)
 ///            the stored (dequantised) index key of position p, for every position p the row
 ///            sees (IndexerMetadata); the index_topk best positions by (score descending,
 ///            position ascending: ties go to the earlier token); rows that see fewer list them
-///            all, padded with -1 (attention/dsa.h index_topk_host on host pools)
-///     backend.set_sparse_topk(...)                                        (the attention hook)
+///            all, padded with -1 (attention/dsa.h index_topk_host on host pools), applied to
+///            the layer's next forward (select_index_topk + set_sparse_topk, or on the device)
 /// RoPE is the NeoX half-split form (pairs (i, i + rope/2)), unlike MLA's interleaved pairs, with
 /// the layer's frequencies and YaRN cos/sin factor. k_idx, q_idx and w are f32 (the projections
 /// write f32 from the ops' dtype); the host backends accumulate scores in f64 (DeepSeek's
@@ -21,13 +21,11 @@
 /// rounding; pagoda keeps the keys in fp8 as the cache format and nothing else).
 ///
 /// Every step is a ModelOps call (ModelOps::supports_dsa_ops), so the same code runs on the CPU
-/// and CUDA ops; q_idx and w reach the backend in the ops' device memory (IndexerQuery::device),
-/// the top-k comes back to the host (set_sparse_topk's plan is built there). Eager only: the
+/// and CUDA ops; q_idx and w reach the backend in the ops' device memory (IndexerQuery::device);
+/// the cuda backend keeps the top-k there (the host backends plan on the host). Eager only: the
 /// backends refuse the indexer inside a CUDA graph. One thread.
 
 #include <cstdint>
-#include <span>
-#include <vector>
 
 #include "pagoda/attention/backend.h"
 #include "pagoda/attention/forward_batch.h"
@@ -60,13 +58,10 @@ class DsaIndexer {
   /// h [t, hidden] (normed input) and qa [t, q_lora] (normed q latent) in the ops' dtype,
   /// positions [t] and cache_loc [t] (batch.out_cache_loc's copy). Writes the index keys into
   /// `pool` (on the ops' device) and, when sparsity applies, hands the top-k to `backend`
-  /// (Error(kUnsupported) naming it when it has no indexer metadata). The top-k of the last call
-  /// stays readable through last_topk().
+  /// (Error(kUnsupported) naming it when it has no indexer metadata).
   void run(LayerId layer, const DsaLayerWeights& w, const void* h, const void* qa,
            const int32_t* positions, const int32_t* cache_loc, const attention::ForwardBatch& batch,
            kv::KvPool& pool, attention::AttentionBackend& backend);
-  /// The last run's selection [t, index_topk] (host; empty when that layer ran dense).
-  std::span<const int32_t> last_topk() const { return topk_; }
 
  private:
   /// scratch_ holds at least `floats` f32 (grow-only, on the ops' device).
@@ -76,7 +71,6 @@ class DsaIndexer {
   ModelOps* ops_;
   platform::DeviceBuffer scratch_;  ///< k_idx, q_idx, w for the largest step so far
   int64_t scratch_floats_ = 0;
-  std::vector<int32_t> topk_;
 };
 
 }  // namespace pagoda::model

@@ -2,7 +2,8 @@
 // tree sees the committed prefix and only the draft nodes on its own path (itself and its
 // ancestors), as SpecInfo::tree_mask states. Random trees from a printed seed; the oracle walks
 // the parents (not the mask the batch carries); the selection checks refuse a draft node off a
-// row's path and the gather plan reads exactly the selected slots.
+// row's path and the gather plan reads exactly the selected slots; sparse_gather_shape is the
+// gather plan of every selection the indexer makes, whatever its k.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -137,7 +138,24 @@ TEST(DsaMetadata, VerifyRowsSeeThePrefixAndTheirOwnTreePath) {
         }
         std::sort(sel.begin(), sel.end());
         EXPECT_EQ(sel, want) << "row " << r;
+        EXPECT_EQ(row_seen(meta, r), static_cast<int32_t>(want.size())) << "row " << r;
       }
+      // A k below some rows' counts: the plan of the indexer's selection is the one a device
+      // backend plans before it selects (sparse_gather_shape), but for the slots.
+      const int k2 = 1 + static_cast<int>(rng() % static_cast<uint64_t>(k));
+      std::vector<int32_t> sel2(static_cast<size_t>(n * k2), -7);
+      index_topk_host(pool, LayerId(0), meta,
+                      IndexerQuery{.q = q.data(), .w = w.data(), .heads = heads, .dim = 8}, k2,
+                      sel2, {});
+      const PagedPlan gathered = sparse_gather_plan(meta, sel2, k2);
+      const PagedPlan shape = sparse_gather_shape(meta, k2);
+      EXPECT_EQ(shape.page_size, gathered.page_size);
+      EXPECT_EQ(shape.qo_indptr, gathered.qo_indptr) << "k " << k2;
+      EXPECT_EQ(shape.kv_indptr, gathered.kv_indptr) << "k " << k2;
+      EXPECT_EQ(shape.kv_last_page_len, gathered.kv_last_page_len) << "k " << k2;
+      EXPECT_EQ(shape.kv_indices.size(), gathered.kv_indices.size()) << "k " << k2;
+      EXPECT_TRUE(std::all_of(shape.kv_indices.begin(), shape.kv_indices.end(),
+                              [](int32_t x) { return x == 0; }));
     }
     if (off_row >= 0) {  // a draft node off the row's path is refused by name
       std::vector<int32_t> bad = topk;

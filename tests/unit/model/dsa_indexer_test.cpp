@@ -113,6 +113,17 @@ std::string check_topk(std::span<const int32_t> sel, const std::vector<double>& 
   return "";
 }
 
+/// The reference backend, keeping the last selection the indexer applied (apply_index_topk's
+/// default hands it to set_sparse_topk).
+struct RecordingBackend : backends::ReferenceBackend {
+  using ReferenceBackend::ReferenceBackend;
+  void set_sparse_topk(std::span<const int32_t> topk, int k) override {
+    selection.assign(topk.begin(), topk.end());
+    ReferenceBackend::set_sparse_topk(topk, k);
+  }
+  std::vector<int32_t> selection;
+};
+
 std::vector<float> normal(std::mt19937_64& rng, size_t n, double sd) {
   std::normal_distribution<double> d(0.0, sd);
   std::vector<float> v(n);
@@ -148,8 +159,8 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
                        .rope_dim = kRope, .index_head_dim = kDim},
                       platform->allocator());
       kv::ReqToTokenTable table(4, 128);
-      backends::ReferenceBackend backend({.platform = platform.get(), .kv_pool = &pool,
-                                          .req_to_token = &table});
+      RecordingBackend backend(
+          {.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table});
       // Two requests on shuffled pages: 40 and 11 tokens of prefill, then one decode each.
       std::vector<int32_t> page_ids(static_cast<size_t>(pages));
       std::iota(page_ids.begin(), page_ids.end(), 1);
@@ -191,6 +202,7 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
           }
         }
         backend.init_forward_metadata(f);
+        backend.selection.clear();
         indexer.run(LayerId{0}, dw, hs.data(), qas.data(), f.positions.data(),
                     f.out_cache_loc.data(), f, pool, backend);
         // The stored keys: the oracle's key, quantised with its scale (one quantum of slack
@@ -214,7 +226,7 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
           }
           stored[b].push_back(got);
         }
-        const std::span<const int32_t> sel = indexer.last_topk();
+        const std::span<const int32_t> sel = backend.selection;
         ASSERT_EQ(sel.size(), static_cast<size_t>(f.num_tokens() * kTopk));
         for (int r = 0; r < f.num_tokens(); ++r) {
           const int b = decode ? r : (r < lens[0] ? 0 : 1);

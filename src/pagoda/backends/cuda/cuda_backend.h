@@ -63,11 +63,19 @@ class CudaBackend final : public attention::AttentionBackend {
     return indexer_ ? &*indexer_ : nullptr;
   }
   void set_sparse_topk(std::span<const int32_t> topk, int k) override;
-  /// The indexer on the GPU (kernels/cuda/dsa_indexer.h: f32 scores, a stable segmented radix
-  /// sort): q, w and the results in host memory as for every backend (uploaded, and copied back
-  /// with a stream synchronisation: an eager step); rows in chunks of at most 2^24 scores.
+  /// The indexer on the GPU (kernels/cuda/dsa_indexer.h: tensor-core scores at f32 precision, a
+  /// radix select): the step's metadata is on the device since init_forward_metadata (uploaded
+  /// once, read by every layer); q and w in host memory are uploaded, in device memory read in
+  /// place; the results come back to the host with a stream synchronisation (an eager step);
+  /// rows in chunks of at most 2^24 scores. kUnsupported past the kernels' limits
+  /// (index_head_dim over 128 or not a multiple of 4, over 128 index heads, k over 4,096).
   void select_index_topk(LayerId layer, const attention::IndexerQuery& q, int k,
                          std::span<int32_t> topk, std::span<float> scores) override;
+  /// The same kernels with the selection kept on the device: the top-k kernel writes each row's
+  /// selected slots into the step's one sparse plan (attention/dsa.h sparse_gather_shape, planned
+  /// at the first sparse forward of the step and kept while every forward is sparse), so a layer
+  /// costs its kernels only: no host round trip, no synchronisation, no per-layer plan.
+  void apply_index_topk(LayerId layer, const attention::IndexerQuery& q, int k) override;
 
   void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
   void init_forward_metadata_capture_cuda_graph(const attention::ForwardBatch& batch) override;
@@ -108,7 +116,30 @@ class CudaBackend final : public attention::AttentionBackend {
   std::optional<attention::IndexerMetadata> indexer_;  ///< this step's (pools with index keys)
   attention::PagedPlan sparse_plan_;                    ///< set_sparse_topk's gather plan
   bool sparse_next_ = false;                            ///< the next forward runs sparse_plan_
-  cuda::CudaBuffer index_scratch_;                      ///< select_index_topk's device arrays
+  /// The step's indexer metadata on the device (upload_indexer_metadata): byte offsets of the
+  /// arrays DsaIndexArgs reads, all rows.
+  struct IndexMetaDevice {
+    cuda::CudaBuffer buffer;
+    size_t slots = 0, visible = 0, slot_begin = 0, seen = 0, tree_begin = 0, tree_bits = 0;
+  };
+  void upload_indexer_metadata();
+  /// select_index_topk's and apply_index_topk's checks.
+  void check_indexer_call(const attention::IndexerQuery& q, int k, size_t topk_size,
+                          size_t scores_size) const;
+  /// The indexer's launches: results to the host spans, or (slot_out_begin: the sparse plan's
+  /// kv_indptr on the device) the selected slots to sparse_slots() with no synchronisation.
+  void index_topk(LayerId layer, const attention::IndexerQuery& q, int k, std::span<int32_t> topk,
+                  std::span<float> scores, const int32_t* slot_out_begin);
+  /// The device sparse plan's kv_indices (after its kv_indptr in sparse_device_).
+  int32_t* sparse_slots();
+  IndexMetaDevice index_meta_;
+  bool sparse_on_device_ = false;      ///< the next sparse forward uses sparse_shape_
+  attention::PagedPlan sparse_shape_;  ///< the step's device sparse plan (kv_indices on device)
+  int sparse_shape_k_ = 0;             ///< its k (0: none this step)
+  /// The shape sparse_shape_ is planned with in attn_ (reset by any other plan).
+  std::optional<attention::AttentionShape> sparse_planned_;
+  cuda::CudaBuffer sparse_device_;  ///< [rows + 1] kv_indptr, then the selected slots
+  cuda::CudaBuffer index_scratch_;  ///< select_index_topk's per-layer arrays (q, w, scores, out)
 };
 
 /// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws

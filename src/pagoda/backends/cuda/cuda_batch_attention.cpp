@@ -250,7 +250,19 @@ ScheduleConfig CudaBatchAttention::schedule_config(const AttentionShape& shape) 
   return cfg;
 }
 
+void CudaBatchAttention::plan_with_device_indices(const PagedPlanInput& in,
+                                                  const AttentionShape& shape,
+                                                  const int32_t* device_kv_indices) {
+  PAGODA_REQUIRE(device_kv_indices != nullptr, kInvalidArgument,
+                 "plan_with_device_indices: null device kv_indices");
+  PAGODA_REQUIRE(!graph_mode_, kFailedPrecondition,
+                 "plan_with_device_indices: not in graph mode (a replay re-plans from the host)");
+  plan(in, shape);
+  device_kv_indices_ = device_kv_indices;
+}
+
 void CudaBatchAttention::plan(const PagedPlanInput& in, const AttentionShape& shape) {
+  device_kv_indices_ = nullptr;
   validate_input(in, shape);
   const int bs = in.batch_size();
   ScheduleConfig cfg = schedule_config(shape);
@@ -450,7 +462,7 @@ Status CudaBatchAttention::try_run(const TensorView& q, const TensorView& k_cach
   a.plan.counts = i32(L.counts);
   a.plan.qo_indptr = i32(L.qo_indptr);
   a.plan.kv_indptr = i32(L.kv_indptr);
-  a.plan.kv_indices = i32(L.kv_indices);
+  a.plan.kv_indices = device_kv_indices_ != nullptr ? device_kv_indices_ : i32(L.kv_indices);
   a.plan.kv_last_page_len = i32(L.kv_last);
   a.plan.custom_mask = has_mask_ ? base + L.mask : nullptr;
   a.plan.mask_indptr = reinterpret_cast<const int64_t*>(base + L.mask_indptr);

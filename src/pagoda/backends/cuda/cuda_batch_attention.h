@@ -42,6 +42,15 @@ class CudaBatchAttention final : public attention::BatchAttention {
 
   std::string name() const override { return "cuda"; }
   void plan(const attention::PagedPlanInput& input, const attention::AttentionShape& shape) override;
+  /// plan(), whose kernels then read kv_indices from `device_kv_indices` (device memory, at
+  /// least kv_indptr[bs] entries, written on the stream before run(): the DSA indexer's
+  /// selected slots) instead of input.kv_indices, which is still validated and uploaded (any
+  /// valid pages will do). The caller guarantees every device entry is a page below the caches'
+  /// size: run() checks only the host ones. Until the next plan(); eager only
+  /// (kFailedPrecondition in graph mode).
+  void plan_with_device_indices(const attention::PagedPlanInput& input,
+                                const attention::AttentionShape& shape,
+                                const int32_t* device_kv_indices);
   void run(const TensorView& q, const TensorView& k_cache, const TensorView& v_cache,
            const TensorView& out, const TensorView& lse, const attention::RunParams& params) override;
   /// run() without throwing (CUDA-graph paths): kInvalidArgument / kInternal on failure.
@@ -119,6 +128,7 @@ class CudaBatchAttention final : public attention::BatchAttention {
   int nnz_qo_ = 0;
   int grid_items_ = 0;  ///< graph mode: graph_items_bound of this plan's batch
   int32_t max_page_id_ = -1;
+  const int32_t* device_kv_indices_ = nullptr;  ///< plan_with_device_indices' (else the arena's)
   bool has_mask_ = false;
   /// Custom mask: the most visible keys a row has past its request's mask-free columns (a tree
   /// row's depth); a window shorter than this is refused (mask_rows.h: window_start).

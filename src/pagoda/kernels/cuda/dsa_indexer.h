@@ -1,11 +1,23 @@
 #pragma once
 /// DSA lightning-indexer kernels (attention/dsa.h index_topk_host states the math): per query row
 /// t and position p the row sees, score = Σ_h w[t, h] · ReLU(q[t, h] · key(p)) over the pool's
-/// fp8 e4m3 index keys (key = code · the row's f32 scale), in f32; then each row's k best
-/// positions by (score descending, position ascending) through a stable segmented radix sort
-/// (CUB). Three launches on `stream` (scores, sort, gather of the first k), no allocation, no
-/// host sync. A score of -0 is stored as +0 (the sort would order the two zeros apart; the
-/// host's f64 compare treats them as a tie). nvcc-safe (no core headers); launch.h's
+/// fp8 e4m3 index keys (key = code · the row's power-of-two f32 scale); then each row's k best
+/// positions in (score descending, position ascending) order. Two launches on `stream`, no
+/// allocation, no host sync:
+///   scores  tensor cores (mma.sync m16n8k16, f32 accumulation): the keys' e4m3 codes are exact
+///           in bf16; each query value is split into three bf16 parts (hi + mid + lo, 24 bits of
+///           mantissa, what f32 holds), the hi products and the rest accumulated apart, so a
+///           score carries f32-level error (dim + heads unit roundoffs of its terms). A warp owns
+///           16 heads (q in registers for the whole launch), a block 64 positions a tile; the
+///           scale multiplies the head sum (exact: a power of two).
+///   top-k   one 1,024-thread block per row: radix select on the scores' order-preserving bits
+///           (11/11/10-bit digits) finds the k-th best score T; the positions above T and the
+///           earliest ones equal to T (all of them when they fit: the common case) are gathered,
+///           then a bitonic sort orders them by (score descending, position ascending).
+/// Unseen positions (past the row's visible count, or draft nodes off its path) score -inf and
+/// are never read from the pool; a score of -0 is stored as +0 (one zero, as the host's f64
+/// compare sees it). Limits: dim ≤ 128 and a multiple of 4, heads ≤ 128, k ≤ 4,096
+/// (kUnsupported from launch_dsa_index_topk otherwise). nvcc-safe (no core headers); launch.h's
 /// launch_dsa_index_topk wraps raw::dsa_index_topk into a Status.
 
 #include <cuda_runtime_api.h>
@@ -15,12 +27,14 @@
 
 namespace pagoda::kernels::cuda {
 
+inline constexpr int kDsaMaxDim = 128, kDsaMaxHeads = 128, kDsaMaxTopk = 4096;
+
 struct DsaIndexArgs {
   const unsigned char* index_rows = nullptr;  ///< the layer's rows [num_slots, row_bytes]
-  int64_t row_bytes = 0;                      ///< dim codes, then the f32 scale
+  int64_t row_bytes = 0;                      ///< dim codes, then the f32 scale (a multiple of 4)
   int dim = 0, heads = 0;
   int rows = 0;         ///< query rows
-  int max_visible = 0;  ///< segment length of the score arrays (max over rows of visible)
+  int max_visible = 0;  ///< row stride of the score array (max over rows of visible)
   int k = 0;
   const float* q = nullptr;             ///< [rows, heads, dim]
   const float* w = nullptr;             ///< [rows, heads]
@@ -31,21 +45,17 @@ struct DsaIndexArgs {
   int tree_size = 0;                    ///< verify steps: ... except draft nodes off the path
   const int32_t* tree_begin = nullptr;  ///< [rows] (tree_size > 0)
   const uint8_t* tree_bits = nullptr;   ///< [rows, tree_size] (tree_size > 0)
-  const int32_t* offsets = nullptr;     ///< [rows + 1] = t * max_visible (the sort's segments)
-  float* keys = nullptr;                ///< scratch [rows * max_visible] (scores, -inf unseen)
-  int32_t* vals = nullptr;              ///< scratch [rows * max_visible] (positions)
-  float* keys_out = nullptr;            ///< scratch, same size
-  int32_t* vals_out = nullptr;          ///< scratch, same size
-  void* temp = nullptr;                 ///< the sort's scratch, temp_bytes (dsa_index_temp_bytes)
-  size_t temp_bytes = 0;
-  int32_t* topk = nullptr;       ///< out [rows, k], -1 padded
-  float* topk_scores = nullptr;  ///< out [rows, k], -inf padded
+  float* scores = nullptr;              ///< scratch [rows * max_visible] (-inf unseen)
+  int32_t* topk = nullptr;              ///< out [rows, k], -1 padded
+  float* topk_scores = nullptr;         ///< out [rows, k], -inf padded
+  /// Optional out: row t's selected pool slots (slots[slot_begin[t] + position], in the top-k's
+  /// order) at slot_out[slot_out_begin[t] + i], i < min(k, seen[t]): a sparse plan's kv_indices.
+  int32_t* slot_out = nullptr;
+  const int32_t* slot_out_begin = nullptr;  ///< [rows] (with slot_out)
 };
 
 namespace raw {
-/// Scratch bytes the sort needs for `rows` segments of `max_visible` (no launch).
-size_t dsa_index_temp_bytes(int rows, int max_visible);
-/// The three launches (none for zero rows); the first error. Sizes are checked by the caller.
+/// The two launches (none for zero rows); the first error. Sizes are checked by the caller.
 cudaError_t dsa_index_topk(const DsaIndexArgs& args, cudaStream_t stream);
 }  // namespace raw
 

@@ -95,20 +95,24 @@ Status launch_move_rows(const MoveRowsArgs& a, cudaStream_t s) {
 
 Status launch_dsa_index_topk(const DsaIndexArgs& a, cudaStream_t s) {
   if (a.rows < 0 || a.max_visible < 0 || a.k < 1 || a.heads < 1 || a.dim < 1 ||
-      a.row_bytes < a.dim + 4)
+      a.row_bytes < a.dim + 4 || a.row_bytes % 4 != 0)
     return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: bad sizes");
+  if (a.dim > kDsaMaxDim || a.dim % 4 != 0 || a.heads > kDsaMaxHeads || a.k > kDsaMaxTopk)
+    return Status(ErrorCode::kUnsupported,
+                  "dsa_index_topk: index_head_dim " + std::to_string(a.dim) + " (a multiple of " +
+                      "4 up to " + std::to_string(kDsaMaxDim) + "), " + std::to_string(a.heads) +
+                      " index heads (up to " + std::to_string(kDsaMaxHeads) + "), top-k " +
+                      std::to_string(a.k) + " (up to " + std::to_string(kDsaMaxTopk) + ")");
   if (a.rows == 0) return Status();
   if (a.rows > 65535 || int64_t{a.rows} * a.max_visible > 0x7fffffff)
     return Status(ErrorCode::kInvalidArgument,
                   "dsa_index_topk: more than 65535 rows or 2^31 scores in one launch");
   if (a.index_rows == nullptr || a.q == nullptr || a.w == nullptr || a.visible == nullptr ||
-      a.slot_begin == nullptr || a.slots == nullptr || a.seen == nullptr || a.offsets == nullptr ||
-      a.keys == nullptr || a.vals == nullptr || a.keys_out == nullptr || a.vals_out == nullptr ||
+      a.slot_begin == nullptr || a.slots == nullptr || a.seen == nullptr || a.scores == nullptr ||
       a.topk == nullptr || a.topk_scores == nullptr ||
-      (a.tree_size > 0 && (a.tree_begin == nullptr || a.tree_bits == nullptr)))
+      (a.tree_size > 0 && (a.tree_begin == nullptr || a.tree_bits == nullptr)) ||
+      (a.slot_out != nullptr && a.slot_out_begin == nullptr))
     return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: null device pointer");
-  if (a.max_visible > 0 && a.temp_bytes < raw::dsa_index_temp_bytes(a.rows, a.max_visible))
-    return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: sort scratch too small");
   return to_status(raw::dsa_index_topk(a, s), "dsa_index_topk launch");
 }
 

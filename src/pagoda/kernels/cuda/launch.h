@@ -62,8 +62,10 @@ Status launch_append_kv(const AppendArgs& args, cudaStream_t stream);
 /// with work to do or a grid past CUDA's limits; kInternal when a launch fails.
 Status launch_move_rows(const MoveRowsArgs& args, cudaStream_t stream);
 /// The DSA indexer's scores and top-k (dsa_indexer.h): kInvalidArgument for sizes out of range
-/// (k, heads, dim < 1, rows > 65535, rows x max_visible past int32, scratch smaller than
-/// dsa_index_temp_bytes), null pointers with work to do; kInternal when a launch fails.
+/// (k, heads, dim < 1, rows > 65535, rows x max_visible past int32, an index row not a whole
+/// number of words), null pointers with work to do; kUnsupported past the kernels' limits (dim
+/// over 128 or not a multiple of 4, over 128 heads, k over 4,096), naming them; kInternal when a
+/// launch fails.
 Status launch_dsa_index_topk(const DsaIndexArgs& args, cudaStream_t stream);
 
 /// The Mamba2 recurrence of one layer (linear_params.h: conv, token scan, chunked SSD scan):
