@@ -32,6 +32,7 @@
 #include "gpu_test_common.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/kv/kv_pool.h"
+#include "pagoda/model/cuda/cuda_ops.h"
 #include "pagoda/model/cuda/dense_kernels.h"
 #include "pagoda/model/cuda/dsa_kernels.h"
 #include "pagoda/model/cuda/family_kernels.h"
@@ -40,6 +41,7 @@
 #include "pagoda/model/cuda/topk_kernels.h"
 #include "pagoda/model/logit_processing.h"
 #include "pagoda/model/model_ops.h"
+#include "pagoda/platform/cuda/cuda_platform.h"
 #include "pagoda/platform/platform.h"
 #include "test_seed.h"
 #include "token_mask_reference.h"
@@ -834,6 +836,76 @@ TEST(DenseKernels, DsaIndexerOpsMatchHostOps) {
           c.check(got[size_t(e)], ref[size_t(e)],
                   2e-6 * factor * ab + 1e-6 + 4e-6 * std::fabs(double(ref[size_t(e)])), e);
         }
+      }
+    }
+  }
+}
+
+// CudaOps::linear_groups (MLA's per-head W_UK / W_UV projections as one strided-batched cuBLAS
+// GEMM) against an f64 triple loop over the same (dtype-rounded) values, at DeepSeek's shapes
+// (16 heads; 128 -> 512 into rows of 576 with the rope columns left alone, and 512 -> 128):
+// within the dtype's rounding of the output plus f32 accumulation; y's other columns keep their
+// poison.
+TEST(DenseKernels, LinearGroupsMatchesAnF64Reference) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(6161);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto gpu = platform::make_cuda_platform();
+  struct Shape {
+    int64_t n, k, x_group, y_group;
+  };
+  constexpr int64_t kGroups = 16;
+  for (const DType dt : {DType::kBF16, DType::kF32}) {
+    auto ops = model::make_cuda_ops(*gpu, dt);
+    const size_t es = dtype_size(dt);
+    for (const Shape sh : {Shape{512, 128, 192, 576}, Shape{128, 512, 512, 128}}) {
+      for (int64_t m : kRows) {
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dt) << " n " << sh.n << " k " << sh.k << " rows " << m);
+        const int64_t x_pitch = kGroups * sh.x_group, y_pitch = kGroups * sh.y_group;
+        std::vector<float> x(size_t(m * x_pitch)), w(size_t(kGroups * sh.n * sh.k));
+        auto rounded = [&](float v) {  // v as dtype dt holds it
+          uint8_t b[8];
+          write_from_f32(b, dt, 0, v);
+          return read_as_f32(b, dt, 0);
+        };
+        for (auto& v : x) v = rounded(normal(rng));
+        for (auto& v : w) v = rounded(normal(rng) / 16.f);
+        std::vector<uint8_t> xb(x.size() * es), wb(w.size() * es);
+        for (size_t i = 0; i < x.size(); ++i) write_from_f32(xb.data(), dt, i, x[i]);
+        for (size_t i = 0; i < w.size(); ++i) write_from_f32(wb.data(), dt, i, w[i]);
+        Dev d_x(xb.size()), d_w(wb.size()), d_y(size_t(m * y_pitch) * es);
+        d_x.upload(xb);
+        d_w.upload(wb);
+        d_y.poison();
+        ops->linear_groups(d_x.p, x_pitch, sh.x_group, d_w.p, d_y.p, y_pitch, sh.y_group, m, sh.n,
+                           sh.k, kGroups);
+        gpu->synchronize_stream();
+        const auto yb = d_y.download<uint8_t>();
+        Checker c{"linear_groups"};
+        const double unit = dt == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -23);
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t g = 0; g < kGroups; ++g)
+            for (int64_t j = 0; j < sh.y_group; ++j) {
+              const size_t at = size_t(t * y_pitch + g * sh.y_group + j);
+              const float got = read_as_f32(yb.data(), dt, at);
+              if (j >= sh.n) {  // not the group's output: untouched
+                if (!std::isnan(got))
+                  ADD_FAILURE() << "column " << j << " of group " << g << " written (" << got
+                                << ")";
+                continue;
+              }
+              double ref = 0, mag = 0;
+              for (int64_t i = 0; i < sh.k; ++i) {
+                const double a = x[size_t(t * x_pitch + g * sh.x_group + i)];
+                const double b = w[size_t((g * sh.n + j) * sh.k + i)];
+                ref += a * b;
+                mag += std::fabs(a * b);
+              }
+              c.check(got, ref, unit * std::fabs(ref) + 1e-6 * mag + 1e-30, int64_t(at));
+            }
       }
     }
   }

@@ -59,6 +59,12 @@ void ModelOps::rope_interleaved(void*, int64_t, int64_t, int64_t, int64_t, int64
               platform().name());
 }
 
+void ModelOps::linear_groups(const void*, int64_t, int64_t, const void*, void*, int64_t, int64_t,
+                             int64_t, int64_t, int64_t, int64_t) {
+  throw_error(ErrorCode::kUnsupported, "linear_groups is not implemented on the '{}' platform",
+              platform().name());
+}
+
 void ModelOps::layer_norm_f32(float*, int64_t, int64_t, const float*, const float*, float) {
   throw_error(ErrorCode::kUnsupported, "layer_norm_f32 is not implemented on the '{}' platform",
               platform().name());
@@ -263,6 +269,23 @@ class CpuOps final : public ModelOps {
   }
 
   bool supports_mla_ops() const override { return true; }
+  /// Each group gathered into a contiguous [m, k] block, linear(), scattered back.
+  void linear_groups(const void* x, int64_t x_pitch, int64_t x_group, const void* w, void* y,
+                     int64_t y_pitch, int64_t y_group, int64_t m, int64_t n, int64_t k,
+                     int64_t groups) override {
+    group_in_.resize(static_cast<size_t>(m * k));
+    group_out_.resize(static_cast<size_t>(m * n));
+    const auto* xf = static_cast<const float*>(x);
+    auto* yf = static_cast<float*>(y);
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t t = 0; t < m; ++t)
+        std::copy_n(xf + t * x_pitch + g * x_group, k, group_in_.data() + t * k);
+      linear(group_in_.data(), static_cast<const float*>(w) + g * n * k, group_out_.data(), m, n, k,
+             false);
+      for (int64_t t = 0; t < m; ++t)
+        std::copy_n(group_out_.data() + t * n, n, yf + t * y_pitch + g * y_group);
+    }
+  }
   void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
                         int64_t group_stride, int64_t dim, const int32_t* positions,
                         const float* inv_freq, float factor) override {
@@ -359,6 +382,7 @@ class CpuOps final : public ModelOps {
   std::list<std::vector<float>> owned_;  ///< upload_f32 copies (stable addresses)
   std::unordered_set<const void*> bf16_weights_;  ///< upload_bf16 arrays used in place
   std::vector<float> cos_, sin_;
+  std::vector<float> group_in_, group_out_;  // linear_groups' gathered rows
   std::vector<int32_t> order_;
   std::vector<double> probs_;
 };

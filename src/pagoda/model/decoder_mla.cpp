@@ -11,8 +11,6 @@
 // extend, prefix hits and verify. The layer's softmax scale (1/sqrt(nope + rope), times YaRN's
 // mscale²) is in the AttentionLayer. DSA models (dsa_indexer.h) restrict each row's attention
 // to the indexer's top-k positions through the backend's sparse hook.
-#include <algorithm>
-
 #include "pagoda/core/tensor_view.h"
 #include "pagoda/model/decoder.h"
 #include "pagoda/model/dsa_indexer.h"
@@ -23,18 +21,15 @@ namespace {
 
 /// Offsets (elements) of the parts of Activations::mla for t rows.
 struct MlaScratch {
-  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, tmp_in = 0, tmp_out = 0, ov = 0, end = 0;
+  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, ov = 0, end = 0;
   MlaScratch(const ModelConfig& c, int64_t t) {
     const MlaConfig& m = c.mla;
     const int64_t hq = c.num_q_heads, r = m.kv_lora_rank, p = m.qk_rope_head_dim;
-    const int64_t widest = std::max({int64_t{m.qk_nope_head_dim}, r, int64_t{m.v_head_dim}});
     q = qa + t * m.q_lora_rank;
     kv = q + t * hq * (m.qk_nope_head_dim + p);
     q_abs = kv + t * (r + p);
     o_lat = q_abs + t * hq * (r + p);
-    tmp_in = o_lat + t * hq * r;
-    tmp_out = tmp_in + t * widest;
-    ov = tmp_out + t * widest;
+    ov = o_lat + t * hq * r;
     end = ov + t * hq * m.v_head_dim;
   }
 };
@@ -78,8 +73,6 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   const MlaScratch s(c, t);
   char* base = static_cast<char*>(a.mla.get());
   auto at = [&](int64_t off) { return base + off * es; };
-  const auto* uk = static_cast<const char*>(w.w_uk_t);
-  const auto* uv = static_cast<const char*>(w.w_uv);
   const float factor = static_cast<float>(model_->rope_of(l).attention_factor());
 
   // q, and the latent row [c | k_pe] of every new token.
@@ -96,15 +89,11 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   ops.rope_interleaved(at(s.q) + nope * es, t, hq * qk, hq, qk, p, a.positions(), w.inv_freq,
                        factor);
 
-  // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h].
-  for (int64_t h = 0; h < hq; ++h) {
-    ops.copy_2d(at(s.tmp_in), nope * es, at(s.q) + h * qk * es, hq * qk * es, nope * es, t);
-    ops.linear(at(s.tmp_in), uk + h * r * nope * es, at(s.tmp_out), t, r, nope);
-    char* dst = at(s.q_abs) + h * (r + p) * es;
-    ops.copy_2d(dst, hq * (r + p) * es, at(s.tmp_out), r * es, r * es, t);
-    ops.copy_2d(dst + r * es, hq * (r + p) * es, at(s.q) + (h * qk + nope) * es, hq * qk * es,
-                p * es, t);
-  }
+  // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h] (the rope parts
+  // of all t·hq heads in one 2-D copy: a head's row is qk elements in q, r + p in q_abs).
+  ops.linear_groups(at(s.q), hq * qk, qk, w.w_uk_t, at(s.q_abs), hq * (r + p), r + p, t, r, nope,
+                    hq);
+  ops.copy_2d(at(s.q_abs) + r * es, (r + p) * es, at(s.q) + nope * es, qk * es, p * es, t * hq);
   if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
   if (dsa_ != nullptr) {  // DSA: index keys, and the top-k the attention may see
     auto f32 = [](const void* p) { return static_cast<const float*>(p); };
@@ -124,11 +113,7 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
                   TensorView(at(s.o_lat), dt, {t, hq, r}, dev), attention::SaveKv::kYes);
 
   // Per head v_h = o_lat_h·W_UV_hᵀ into [t, Hq·v], then o_proj.
-  for (int64_t h = 0; h < hq; ++h) {
-    ops.copy_2d(at(s.tmp_in), r * es, at(s.o_lat) + h * r * es, hq * r * es, r * es, t);
-    ops.linear(at(s.tmp_in), uv + h * dv * r * es, at(s.tmp_out), t, dv, r);
-    ops.copy_2d(at(s.ov) + h * dv * es, hq * dv * es, at(s.tmp_out), dv * es, dv * es, t);
-  }
+  ops.linear_groups(at(s.o_lat), hq * r, r, w.w_uv, at(s.ov), hq * dv, dv, t, dv, r, hq);
   ops.linear(at(s.ov), w.o_proj, a.x.get(), t, hd, hq * dv);
 }
 

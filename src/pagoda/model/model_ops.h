@@ -167,9 +167,9 @@ class ModelOps {
                               const float* weight, void* out, int64_t rows, int64_t dim,
                               int64_t groups, float eps);
 
-  // ---- DeepSeek MLA's extra dense op ----
-  /// Whether rope_interleaved is implemented. The default throws Error(kUnsupported); the
-  /// Decoder refuses an MLA model on ops without it, naming the device.
+  // ---- DeepSeek MLA's extra dense ops ----
+  /// Whether rope_interleaved and linear_groups are implemented. The default throws
+  /// Error(kUnsupported); the Decoder refuses an MLA model on ops without it, naming the device.
   virtual bool supports_mla_ops() const { return false; }
   /// Interleaved-pair RoPE (DeepSeek's layout) in place: for t < rows, g < groups, the vector v
   /// of `dim` elements at x + t * row_stride + g * group_stride has each pair (v[2i], v[2i+1])
@@ -179,6 +179,14 @@ class ModelOps {
   virtual void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
                                 int64_t group_stride, int64_t dim, const int32_t* positions,
                                 const float* inv_freq, float factor);
+  /// MLA's per-head projections (W_UK into the queries, W_UV out of the latent output) in one
+  /// call: for g < groups, t < m, j < n
+  ///   y[t·y_pitch + g·y_group + j] = Σ_{i<k} x[t·x_pitch + g·x_group + i] · w[(g·n + j)·k + i]
+  /// (w [groups, n, k]: each group's HF [out, in] matrix), elements of dtype(), pitches and
+  /// group offsets in elements. The default throws Error(kUnsupported) (supports_mla_ops).
+  virtual void linear_groups(const void* x, int64_t x_pitch, int64_t x_group, const void* w,
+                             void* y, int64_t y_pitch, int64_t y_group, int64_t m, int64_t n,
+                             int64_t k, int64_t groups);
 
   // ---- DeepSeek DSA's extra dense ops (the lightning indexer, model/dsa_indexer.h) ----
   /// Whether layer_norm_f32, rope_neox_f32, scale_f32 and store_index_keys are implemented. The

@@ -261,6 +261,23 @@ class CudaOps final : public ModelOps {
                "gated_rms_norm");
   }
   bool supports_mla_ops() const override { return true; }
+  /// One strided-batched cuBLAS GEMM: group g is yᵀ_g [n, m] = w_gᵀ · xᵀ_g in column-major terms,
+  /// the pitches as leading dimensions and the group offsets as batch strides (no copies).
+  void linear_groups(const void* x, int64_t x_pitch, int64_t x_group, const void* w, void* y,
+                     int64_t y_pitch, int64_t y_group, int64_t m, int64_t n, int64_t k,
+                     int64_t groups) override {
+    if (m == 0 || n == 0 || groups == 0) return;
+    const float alpha = 1.f, beta = 0.f;
+    const cudaDataType_t t = cuda_type_of(dtype_);
+    const cublasComputeType_t compute =
+        dtype_ == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    cublas_check(cublasGemmStridedBatchedEx(
+                     cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w, t, static_cast<int>(k), n * k, x, t,
+                     static_cast<int>(x_pitch), x_group, &beta, y, t, static_cast<int>(y_pitch),
+                     y_group, static_cast<int>(groups), compute, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmStridedBatchedEx");
+  }
   void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
                         int64_t group_stride, int64_t dim, const int32_t* positions,
                         const float* inv_freq, float factor) override {
