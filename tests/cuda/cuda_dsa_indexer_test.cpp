@@ -2,9 +2,10 @@
 /// dsa_indexer.h) at DeepSeek-V3.2's sizes (64 index heads of 128 dims, k 2,048) against the
 /// host indexer (attention/dsa.h index_topk_host, f64) over the same pool bytes: two requests of
 /// 3,000 and 5,000 cached tokens on shuffled 64-token pages, a decode row each and a 24-token
-/// extend. The GPU scores in f32 and sorts with a stable radix sort, so where the two
-/// selections differ, each differing position must score within the f32 tolerance of the host's
-/// k-th score (a near tie at the cut); everywhere else the lists are equal, order included.
+/// extend. Both round the queries to the key grid; the GPU accumulates in f32 (tensor cores)
+/// and selects by radix select, so where the two selections differ, each differing position
+/// must score within the f32 tolerance of the host's k-th score (a near tie at the cut);
+/// everywhere else the lists are equal, order included.
 /// The rest of the device pool is 0xFF (NaN). Then the device path (apply_index_topk) against
 /// the host path through the sparse MLA forward. Label "gpu"; the seed is printed.
 #include <gtest/gtest.h>

@@ -223,11 +223,13 @@ void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadat
   int64_t keyed = 0;  // positions of keyed_request decoded so far
   std::vector<double> score;
   std::vector<int32_t> order;
+  std::vector<float> qt(static_cast<size_t>(q.heads * d));  // row t's queries on the key grid
   for (int64_t t = 0; t < rows; ++t) {
     const int32_t b = meta.row_request[static_cast<size_t>(t)];
     const int32_t visible = meta.row_visible[static_cast<size_t>(t)];
     const int32_t* slots = meta.slots.data() + meta.slot_indptr[static_cast<size_t>(b)];
-    const float* qt = q.q + t * q.heads * d;
+    for (int32_t h = 0; h < q.heads; ++h)
+      kv::round_to_index_grid(q.q + (t * q.heads + h) * d, d, qt.data() + int64_t{h} * d);
     const float* wt = q.w + t * q.heads;
     if (b != keyed_request) {
       keyed_request = b;
@@ -251,7 +253,7 @@ void index_topk_host(const kv::KvPool& pool, LayerId layer, const IndexerMetadat
       const float* key = keys.data() + int64_t{p} * d;
       double s = 0;
       for (int32_t h = 0; h < q.heads; ++h) {
-        const float* qh = qt + int64_t{h} * d;
+        const float* qh = qt.data() + int64_t{h} * d;
         double dot = 0;
         for (int64_t j = 0; j < d; ++j) dot += static_cast<double>(qh[j]) * key[j];
         s += static_cast<double>(wt[h]) * std::max(dot, 0.0);

@@ -67,10 +67,11 @@ IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                                        const kv::ReqToTokenTable& req_to_token);
 
 /// One layer's indexer queries for the step's rows (f32), as the model computes them:
-/// q [rows, heads, dim] with RoPE applied, w [rows, heads] the head weights (already scaled by
-/// (heads·dim)^-½). dim must be the pool's index_head_dim. `device` is where q and w live: host
-/// memory for every backend; a backend on a GPU also takes them in its device's memory
-/// (the CUDA model ops' indexer), the host backends refuse that (check_index_query).
+/// q [rows, heads, dim] with RoPE applied (the indexer rounds each head to the key grid itself:
+/// index_topk_host), w [rows, heads] the head weights (already scaled by (heads·dim)^-½). dim must
+/// be the pool's index_head_dim. `device` is where q and w live: host memory for every backend; a
+/// backend on a GPU also takes them in its device's memory (the CUDA model ops' indexer), the host
+/// backends refuse that (check_index_query).
 struct IndexerQuery {
   const float* q = nullptr;
   const float* w = nullptr;
@@ -97,10 +98,13 @@ void check_index_query(const kv::KvPool& pool, const IndexerMetadata& meta, cons
 
 /// The lightning indexer's selection over a host pool's index keys of `layer`: for each query
 /// row t and every position p the row sees (meta.sees),
-///   score(t, p) = Σ_h w[t, h] · ReLU(q[t, h] · key(p)),
-/// key(p) the stored key of slot meta.slots[...] dequantised (e4m3 code · its scale), products
-/// and sums in f64 in the order h, then d; topk[t·k, (t+1)·k) receives the min(k, seen) best
-/// positions in (score descending, position ascending) order — ties go to the earlier token —
+///   score(t, p) = Σ_h w[t, h] · ReLU(q̂[t, h] · key(p)),
+/// key(p) the stored key of slot meta.slots[...] dequantised (e4m3 code · its scale) and q̂[t, h]
+/// the query head on the same grid (kv::round_to_index_grid: e4m3 codes with a power-of-two
+/// scale per head, as DeepSeek-V3.2 quantises its indexer queries; every backend's indexer
+/// does this, so a query-key product is a product of two e4m3 codes times two powers of two),
+/// products and sums in f64 in the order h, then d; topk[t·k, (t+1)·k) receives the min(k, seen)
+/// best positions in (score descending, position ascending) order — ties go to the earlier token —
 /// padded with -1, and scores (empty, or the same shape) their scores as f32 (-inf where -1).
 /// kInvalidArgument (nothing written) for sizes that disagree with meta, q or k < 1, a dim other
 /// than the pool's index_head_dim or a pool without index keys; kUnsupported for a device pool.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
@@ -20,6 +21,14 @@ void quantize_index_key(const float* x, int64_t dim, uint8_t* row) {
   }
   for (int64_t j = 0; j < dim; ++j) row[j] = f32_to_e4m3(x[j] / scale);
   std::memcpy(row + dim, &scale, sizeof(float));
+}
+
+void round_to_index_grid(const float* x, int64_t dim, float* out) {
+  std::vector<uint8_t> row(static_cast<size_t>(dim) + sizeof(float));
+  quantize_index_key(x, dim, row.data());
+  float scale = 0.f;
+  std::memcpy(&scale, row.data() + dim, sizeof(float));
+  for (int64_t j = 0; j < dim; ++j) out[j] = e4m3_to_f32(row[static_cast<size_t>(j)]) * scale;
 }
 
 KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)

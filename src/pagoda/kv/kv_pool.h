@@ -83,6 +83,10 @@ int64_t kv_bytes_per_token(const KvPoolConfig& config);
 /// from frexp, not a floating-point log), 1 for an all-zero key; row[j] = e4m3(x[j] / scale)
 /// (RNE, saturating), then the f32 scale. The CUDA ops' store_index_keys applies the same rule.
 void quantize_index_key(const float* x, int64_t dim, uint8_t* row);
+/// x [dim] on the index-key grid: out[j] = e4m3 code · scale of quantize_index_key(x), exact in
+/// f32. The DSA indexer's queries take this form per head (DeepSeek-V3.2 quantises them as its
+/// keys: e4m3 with a ue8m0 scale per 128-element block, here one block per head).
+void round_to_index_grid(const float* x, int64_t dim, float* out);
 
 class KvPool {
  public:

@@ -16,9 +16,10 @@
 ///            the layer's next forward (select_index_topk + set_sparse_topk, or on the device)
 /// RoPE is the NeoX half-split form (pairs (i, i + rope/2)), unlike MLA's interleaved pairs, with
 /// the layer's frequencies and YaRN cos/sin factor. k_idx, q_idx and w are f32 (the projections
-/// write f32 from the ops' dtype); the host backends accumulate scores in f64 (DeepSeek's
-/// kernel quantises q to fp8 after a Hadamard rotation, an orthogonal map that changes only
-/// rounding; pagoda keeps the keys in fp8 as the cache format and nothing else).
+/// write f32 from the ops' dtype); every backend's indexer rounds q_idx per head to the keys'
+/// e4m3 grid (power-of-two scale), as DeepSeek-V3.2 quantises its indexer queries to fp8 with
+/// ue8m0 block scales (after a Hadamard rotation, an orthogonal map pagoda leaves out: it
+/// changes only rounding); the host backends accumulate scores in f64.
 ///
 /// Every step is a ModelOps call (ModelOps::supports_dsa_ops), so the same code runs on the CPU
 /// and CUDA ops; q_idx and w reach the backend in the ops' device memory (IndexerQuery::device);

@@ -153,7 +153,8 @@ def dsa_visible(cfg, g, a, hs, qa, cos, sin, off):
     """DeepSeek-V3.2's lightning indexer: dsa_select of its scores.
     Written from DeepSeek's V3.2 indexer: k = LayerNorm(h·wkᵀ), q = qa·wq_bᵀ, half-split RoPE on
     the first qk_rope_head_dim dims, score = Σ_h w_h ReLU(q_h·k) with w = h·weights_projᵀ
-    (n_heads·head_dim)^-½; the cached keys are fp8 e4m3 with a power-of-two scale per token."""
+    (n_heads·head_dim)^-½; the cached keys are fp8 e4m3 with a power-of-two scale per token, the
+    queries the same per head (V3.2's fp8 indexer queries, ue8m0 block scales)."""
     x = a + "indexer."
     t, ih, idim = hs.shape[0], cfg["index_n_heads"], cfg["index_head_dim"]
     rope, topk = cfg["qk_rope_head_dim"], cfg["index_topk"]
@@ -165,22 +166,28 @@ def dsa_visible(cfg, g, a, hs, qa, cos, sin, off):
     q = neox_rope((qa @ g[x + "wq_b.weight"].T).reshape(t, ih, idim), cos, sin, rope)
     wts = hs @ g[x + "weights_proj.weight"].T * (ih * idim) ** -0.5
 
-    def scores(keys):
-        return np.einsum("th,ths->ts", wts, np.maximum(np.einsum("thd,sd->ths", q, keys), 0.0))
+    def scores(keys, queries):
+        return np.einsum("th,ths->ts", wts,
+                         np.maximum(np.einsum("thd,sd->ths", queries, keys), 0.0))
 
     if "index_fp8" in off:
-        return dsa_select(scores(k), topk)
+        return dsa_select(scores(k, q), topk)
     kq, mid, edge = fp8_scaled(k)
-    score = scores(kq)
+    qq, qmid, qedge = fp8_scaled(q)
+    score = scores(kq, qq)
     vis = dsa_select(score, topk)
     if off:
         return vis
-    near = mid < MIDPOINT_QUANTA
-    if near.any() and not np.array_equal(vis, dsa_select(scores(fp8_scaled(k, near)[0]), topk)):
+    near, qnear = mid < MIDPOINT_QUANTA, qmid < MIDPOINT_QUANTA
+    if near.any() and not np.array_equal(vis, dsa_select(scores(fp8_scaled(k, near)[0], qq), topk)):
         ILL_POSED.append(f"{a}: {int(near.sum())} index-key element(s) within {MIDPOINT_QUANTA} "
                          f"quanta of an fp8 rounding midpoint decide the top-k")
-    if (edge < SCALE_EDGE_LOG2).any():
-        ILL_POSED.append(f"{a}: a key's fp8 scale sits on a power-of-two edge")
+    if qnear.any() and not np.array_equal(vis,
+                                          dsa_select(scores(kq, fp8_scaled(q, qnear)[0]), topk)):
+        ILL_POSED.append(f"{a}: {int(qnear.sum())} indexer query element(s) within "
+                         f"{MIDPOINT_QUANTA} quanta of an fp8 rounding midpoint decide the top-k")
+    if (edge < SCALE_EDGE_LOG2).any() or (qedge < SCALE_EDGE_LOG2).any():
+        ILL_POSED.append(f"{a}: a key's or query head's fp8 scale sits on a power-of-two edge")
     for i in range(topk, t):
         row = np.sort(score[i, :i + 1])[::-1]
         gap = row[topk - 1] - row[topk]

@@ -70,22 +70,38 @@ struct Oracle {
       k[j] = (k[j] - mean) / std::sqrt(var / kDim + 1e-6) * k_norm[j] + k_bias[j];
     return rope(k, pos, 1);
   }
-  /// score(p) of one query row against stored keys keys[p].
-  std::vector<double> scores(const float* h, const float* qa, int pos,
-                             const std::vector<std::vector<double>>& keys) const {
+  /// One row's queries [kHeads, kDim] (RoPE applied) and head weights [kHeads] (scaled).
+  std::pair<std::vector<double>, std::vector<double>> query(const float* h, const float* qa,
+                                                            int pos) const {
     std::vector<double> q(kHeads * kDim, 0.0), w(kHeads, 0.0);
     for (int o = 0; o < kHeads * kDim; ++o)
       for (int c = 0; c < kQr; ++c) q[o] += double(wq_b[o * kQr + c]) * qa[c];
     q = rope(q, pos, kHeads);
-    for (int hh = 0; hh < kHeads; ++hh)
+    for (int hh = 0; hh < kHeads; ++hh) {
       for (int c = 0; c < kHidden; ++c) w[hh] += double(w_proj[hh * kHidden + c]) * h[c];
+      w[hh] /= std::sqrt(double(kHeads * kDim));
+    }
+    return {q, w};
+  }
+  /// score(p) of one query row (the queries and weights the indexer was handed, f32) against
+  /// stored keys keys[p]; each query head rounded to the e4m3 grid with its power-of-two scale.
+  static std::vector<double> scores(const float* q, const float* w,
+                                    const std::vector<std::vector<double>>& keys) {
+    std::vector<double> qq(kHeads * kDim);
+    for (int hh = 0; hh < kHeads; ++hh) {
+      double amax = 0;
+      for (int j = 0; j < kDim; ++j) amax = std::max(amax, std::fabs(double(q[hh * kDim + j])));
+      const double scale = amax > 0 ? std::exp2(std::ceil(std::log2(amax / 448))) : 1.0;
+      for (int j = 0; j < kDim; ++j)
+        qq[hh * kDim + j] = oracle_e4m3(q[hh * kDim + j] / scale) * scale;
+    }
     std::vector<double> s;
     for (const auto& k : keys) {
       double total = 0;
       for (int hh = 0; hh < kHeads; ++hh) {
         double dot = 0;
-        for (int j = 0; j < kDim; ++j) dot += q[hh * kDim + j] * k[j];
-        total += w[hh] / std::sqrt(double(kHeads * kDim)) * std::max(dot, 0.0);
+        for (int j = 0; j < kDim; ++j) dot += qq[hh * kDim + j] * k[j];
+        total += double(w[hh]) * std::max(dot, 0.0);
       }
       s.push_back(total);
     }
@@ -117,11 +133,19 @@ std::string check_topk(std::span<const int32_t> sel, const std::vector<double>& 
 /// default hands it to set_sparse_topk).
 struct RecordingBackend : backends::ReferenceBackend {
   using ReferenceBackend::ReferenceBackend;
+  void select_index_topk(LayerId layer, const attention::IndexerQuery& q, int k,
+                         std::span<int32_t> topk, std::span<float> scores) override {
+    const size_t rows = topk.size() / static_cast<size_t>(k);
+    queries.assign(q.q, q.q + rows * static_cast<size_t>(q.heads * q.dim));
+    weights.assign(q.w, q.w + rows * static_cast<size_t>(q.heads));
+    ReferenceBackend::select_index_topk(layer, q, k, topk, scores);
+  }
   void set_sparse_topk(std::span<const int32_t> topk, int k) override {
     selection.assign(topk.begin(), topk.end());
     ReferenceBackend::set_sparse_topk(topk, k);
   }
   std::vector<int32_t> selection;
+  std::vector<float> queries, weights;  ///< what the indexer was handed (host ops: f32)
 };
 
 std::vector<float> normal(std::mt19937_64& rng, size_t n, double sd) {
@@ -203,6 +227,7 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
         }
         backend.init_forward_metadata(f);
         backend.selection.clear();
+        backend.queries.clear();
         indexer.run(LayerId{0}, dw, hs.data(), qas.data(), f.positions.data(),
                     f.out_cache_loc.data(), f, pool, backend);
         // The stored keys: the oracle's key, quantised with its scale (one quantum of slack
@@ -233,7 +258,18 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
           const int p = f.positions[r];
           const std::vector<std::vector<double>> seen(stored[b].begin(),
                                                       stored[b].begin() + p + 1);
-          const auto score = o.scores(hs.data() + r * kHidden, qas.data() + r * kQr, p, seen);
+          // The queries and weights the model computed (f32) against the oracle's (f64); the
+          // scores then from the model's, so both round the same values to the fp8 grid.
+          const auto [oq, ow] = o.query(hs.data() + r * kHidden, qas.data() + r * kQr, p);
+          const float* mq = backend.queries.data() + size_t(r) * kHeads * kDim;
+          const float* mw = backend.weights.data() + size_t(r) * kHeads;
+          for (int e = 0; e < kHeads * kDim; ++e)
+            ASSERT_NEAR(mq[e], oq[size_t(e)], 1e-5 * (1 + std::fabs(oq[size_t(e)])))
+                << "row " << r << " query element " << e;
+          for (int hh = 0; hh < kHeads; ++hh)
+            ASSERT_NEAR(mw[hh], ow[size_t(hh)], 1e-6 * (1 + std::fabs(ow[size_t(hh)])))
+                << "row " << r << " head weight " << hh;
+          const auto score = Oracle::scores(mq, mw, seen);
           const auto row = sel.subspan(static_cast<size_t>(r) * kTopk, kTopk);
           EXPECT_EQ(check_topk(row, score), "") << "row " << r << " (position " << p << ")";
           if (ties) {  // every score is 0: the lowest positions, in order

@@ -1,8 +1,8 @@
 // The dsa-indexer column: a backend's DSA lightning indexer (select_index_topk) over a real
 // KvPool of index keys on shuffled pages, the rest of the pool NaN-poisoned, against an fp64
 // oracle written from the math (attention/dsa.h index_topk_host states it) that quantises the
-// keys itself: e4m3 codes, round to nearest even, times the power-of-two scale
-// 2^ceil(log2(amax / 448)) of each token (kv_pool.h).
+// keys and each query head itself: e4m3 codes, round to nearest even, times the power-of-two
+// scale 2^ceil(log2(amax / 448)) of each token or head (kv_pool.h).
 //
 // Per query row the oracle checks: min(k, visible) distinct positions the row sees, then -1
 // (score -inf); each returned score within tol(p) = 1e-6 · (1 + |s|) + 4e-6 · Σ_h |w_h| ·
@@ -48,7 +48,7 @@ double oracle_e4m3(double x) {
   return std::copysign(std::min(r, 448.0), x);
 }
 
-/// One token's key as the pool should store it: codes times the token's scale.
+/// One key (or query head) as the pool (or the indexer) rounds it: codes times its scale.
 std::vector<double> oracle_key(const float* x) {
   double amax = 0;
   for (int j = 0; j < kIndexDim; ++j) amax = std::max(amax, std::fabs(double{x[j]}));
@@ -200,14 +200,16 @@ CaseResult run_indexer_case(const BackendRegistry& registry, const BackendUnderT
   for (int t = 0; t < n; ++t) {
     const int b = row_req[t], visible = row_pos[t] + 1;
     std::vector<double> s(static_cast<size_t>(visible)), tol(static_cast<size_t>(visible));
+    std::vector<std::vector<double>> qt;  // the row's query heads on the key grid
+    for (int h = 0; h < heads; ++h)
+      qt.push_back(oracle_key(q.data() + (static_cast<size_t>(t) * heads + h) * kIndexDim));
     for (int p = 0; p < visible; ++p) {
       const std::vector<double> key = oracle_key(keys[b].data() + p * kIndexDim);
       double acc = 0, mag = 0;
       for (int h = 0; h < heads; ++h) {
         double dot = 0, dmag = 0;
         for (int j = 0; j < kIndexDim; ++j) {
-          const double term =
-              double{q[(static_cast<size_t>(t) * heads + h) * kIndexDim + j]} * key[j];
+          const double term = qt[static_cast<size_t>(h)][static_cast<size_t>(j)] * key[j];
           dot += term;
           dmag += std::fabs(term);
         }

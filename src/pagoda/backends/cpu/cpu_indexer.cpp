@@ -31,7 +31,7 @@ void cpu_index_topk(const kv::KvPool& pool, LayerId layer, const attention::Inde
     for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = e4m3_to_f32(static_cast<uint8_t>(c));
     return t;
   }();
-  std::vector<float> keys, s, score;
+  std::vector<float> keys, s, score, qt(static_cast<size_t>(heads * d));
   std::vector<int32_t> order;
   int32_t keyed_request = -1;
   int64_t keyed = 0;  // positions of keyed_request decoded so far
@@ -57,10 +57,12 @@ void cpu_index_topk(const kv::KvPool& pool, LayerId layer, const attention::Inde
     }
     order.clear();
     if (visible > 0) {
+      for (int64_t h = 0; h < heads; ++h)  // the queries on the key grid (attention/dsa.h)
+        kv::round_to_index_grid(q.q + (t * heads + h) * d, d, qt.data() + h * d);
       // S [heads, visible] = q_t [heads, d] · keys [visible, d]ᵀ.
       s.resize(static_cast<size_t>(heads * visible));
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(heads),
-                  static_cast<int>(visible), static_cast<int>(d), 1.f, q.q + t * heads * d,
+                  static_cast<int>(visible), static_cast<int>(d), 1.f, qt.data(),
                   static_cast<int>(d), keys.data(), static_cast<int>(d), 0.f, s.data(),
                   static_cast<int>(visible));
       score.assign(static_cast<size_t>(visible), 0.f);

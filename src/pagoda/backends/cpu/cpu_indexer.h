@@ -1,7 +1,8 @@
 #pragma once
 /// The cpu backend's DSA lightning indexer (AttentionBackend::select_index_topk; attention/dsa.h
 /// states the selection): index_topk_host's contract in f32 with OpenBLAS and OpenMP instead of
-/// f64 in one thread. Per request, its keys are decoded once (e4m3 code · scale, f32, in
+/// f64 in one thread (the queries rounded to the key grid as there). Per request, its keys are
+/// decoded once (e4m3 code · scale, f32, in
 /// parallel) for all of its rows; per row, S = q [heads, dim] · keysᵀ [dim, visible] is one
 /// sgemm, then score(p) = Σ_h w_h · max(S[h, p], 0) (f32, heads in order, vectorised over
 /// positions, parallel), and the top k by (score descending, position ascending) come from

@@ -323,6 +323,7 @@ void CudaBackend::index_topk(LayerId layer, const IndexerQuery& q, int k, std::s
     kernels::cuda::DsaIndexArgs a;
     a.index_rows = static_cast<const unsigned char*>(pool.index_data(layer));
     a.row_bytes = pool.index_row_bytes();
+    a.page_size = plan_.page_size;  // page-granular rows are page-contiguous (build_paged_plan)
     a.dim = dim;
     a.heads = heads;
     a.rows = n;

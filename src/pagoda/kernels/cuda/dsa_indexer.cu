@@ -1,6 +1,12 @@
 #include "pagoda/kernels/cuda/dsa_indexer.h"
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
 
@@ -11,20 +17,18 @@ using detail::mma16816;
 using detail::widen2;
 
 constexpr int kTile = 64;          // positions per scores tile
+constexpr int kStages = 3;         // tiles in flight per block (cp.async)
 constexpr int kTopkThreads = 512;  // one top-k block per row
-constexpr int kCtasPerSm = 4;      // scores blocks per SM the grid aims at (one wave)
 
 __device__ __forceinline__ uint32_t bf16_pair(__nv_bfloat16 lo, __nv_bfloat16 hi) {
   return static_cast<uint32_t>(__bfloat16_as_ushort(lo)) |
          (static_cast<uint32_t>(__bfloat16_as_ushort(hi)) << 16);
 }
 
-/// x = hi + mid + lo in bf16 (24 bits of mantissa: x's own, up to its last bit or two).
-__device__ __forceinline__ void split3(float x, __nv_bfloat16 (&p)[3]) {
-  p[0] = __float2bfloat16_rn(x);
-  const float r = x - __bfloat162float(p[0]);
-  p[1] = __float2bfloat16_rn(r);
-  p[2] = __float2bfloat16_rn(r - __bfloat162float(p[1]));
+/// 4-byte cp.async (the 16-byte one where a run's bytes allow it: cp_async16).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(detail::smem_addr(smem)),
+               "l"(gmem));
 }
 
 /// Whether row t sees position p (p < visible is the caller's).
@@ -34,102 +38,182 @@ __device__ __forceinline__ bool tree_sees(const DsaIndexArgs& a, int t, int p) {
   return j < 0 || a.tree_bits[static_cast<int64_t>(t) * a.tree_size + j] != 0;
 }
 
-// Block (x: a strided set of 64-position tiles, y: row t), one warp per 16 heads. Warp w keeps
-// A = q[t, 16w .. 16w + 16, :] in registers as three bf16 parts (zero past heads and dim); per
-// tile the block stages the keys as bf16 [64, 16 KS + 8] (the pad spreads the B-fragment reads
-// over all banks), each warp computes D = A · keysᵀ (16 heads x 8 positions per mma), applies
-// ReLU and its heads' weights and sums over its heads; the warps' partial sums are added in warp
-// order, times the key's scale.
+/// The scores kernel's launch constants (host-computed, uniform over the launch).
+struct ScoreLaunch {
+  int run = 1;             ///< positions per run of consecutive slots (gcd(page_size, 64))
+  int chunk = 4;           ///< bytes per cp.async (16 where every run is 16-byte aligned)
+  int stage_bytes = 0;     ///< kTile * row_bytes
+  int qscratch_bytes = 0;  ///< the prologue's quantised queries (aliases the stages)
+};
+
+/// The first slot of row t's run at position p (-1: past the row's visible positions).
+__device__ __forceinline__ int run_slot(const DsaIndexArgs& a, int t, int p) {
+  return p < a.visible[t] ? a.slots[a.slot_begin[t] + p] : -1;
+}
+
+/// Issues the copies of a tile's index rows (runs whose slot is >= 0) into `stage`, one group.
+__device__ __forceinline__ void issue_tile(const DsaIndexArgs& a, const ScoreLaunch& L,
+                                           const int* slot_s, unsigned char* stage) {
+  const int run_bytes = L.run * static_cast<int>(a.row_bytes), per_run = run_bytes / L.chunk;
+  const int total = (kTile / L.run) * per_run;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int r = i / per_run, off = (i - r * per_run) * L.chunk;
+    const int slot = slot_s[r];
+    if (slot < 0) continue;
+    const unsigned char* src = a.index_rows + static_cast<int64_t>(slot) * a.row_bytes + off;
+    unsigned char* dst = stage + r * run_bytes + off;
+    if (L.chunk == 16) {
+      detail::cp_async16(dst, src, true);
+    } else {
+      cp_async4(dst, src);
+    }
+  }
+  detail::cp_async_commit();
+}
+
+// Block (x: a strided set of 64-position tiles, y: row t), one warp per 16 index heads.
+// Prologue: each warp rounds its heads' queries to the key grid (kv::quantize_index_key's rule:
+// e4m3 codes, a power-of-two scale per head) and keeps the codes as bf16 A fragments (exact);
+// the scale folds into the head's weight. Then tiles in a kStages-deep cp.async pipeline: the
+// raw index rows [64, row_bytes] land in shared memory (16-byte copies per run of consecutive
+// slots), each warp computes D = codes_q · codes_kᵀ (16 heads x 8 positions per m16n8k16 mma;
+// the key codes widened to bf16 from the staged bytes, exact; a product of two e4m3 codes is
+// exact in f32), ReLU, its weights and a sum over its heads; the warps' partial sums are added
+// in warp order, times the key's scale. The k dimension is permuted (thread quad c owns words
+// [c·KS, (c+1)·KS) of a row, the same for A and B), which keeps the B reads off shared bank
+// conflicts for 128-dim keys (rows of 33 words).
 template <int KS>
-__global__ void __launch_bounds__(256) dsa_scores_kernel(DsaIndexArgs a) {
-  constexpr int DP = KS * 16, STRIDE = DP + 8, DW = DP / 4;
-  __shared__ __align__(16) __nv_bfloat16 keys_s[kTile * STRIDE];
-  __shared__ int64_t row_s[kTile];  // byte offset of the position's index row, -1 unseen
-  __shared__ float scale_s[kTile];
-  __shared__ float part_s[8][kTile];
+__global__ void __launch_bounds__(256) dsa_scores_kernel(DsaIndexArgs a, ScoreLaunch L) {
+  constexpr int DP = KS * 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int stage_region = max(kStages * L.stage_bytes, L.qscratch_bytes);
+  float* part_s = reinterpret_cast<float*>(smem + stage_region);  // [8][kTile]
+  int* slot_s = reinterpret_cast<int*>(part_s + 8 * kTile);       // [2][kTile]
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4, nwarps = blockDim.x / 32;
 
-  uint32_t A[3][KS][4];
+  // ---- prologue: the row's queries on the key grid, as A fragments ----
+  uint32_t A[KS][4];
+  float w0 = 0.f, w1 = 0.f;
   {
+    auto* qc = reinterpret_cast<__nv_bfloat16*>(smem);  // [16 nwarps][DP] codes (aliases stages)
     const float* q = a.q + static_cast<int64_t>(t) * a.heads * a.dim;
-    auto qv = [&](int h, int d) { return h < a.heads && d < a.dim ? q[h * a.dim + d] : 0.f; };
+    for (int i = 0; i < 16; ++i) {
+      const int h = 16 * warp + i;
+      float amax = 0.f;
+      if (h < a.heads)
+        for (int d = lane; d < a.dim; d += 32) amax = fmaxf(amax, fabsf(q[h * a.dim + d]));
 #pragma unroll
-    for (int s = 0; s < KS; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int h = 16 * warp + g + 8 * (i & 1), d = 16 * s + 2 * c + 8 * (i >> 1);
-        __nv_bfloat16 x0[3], x1[3];
-        split3(qv(h, d), x0);
-        split3(qv(h, d + 1), x1);
-#pragma unroll
-        for (int part = 0; part < 3; ++part) A[part][s][i] = bf16_pair(x0[part], x1[part]);
+      for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      float scale = 1.f;
+      if (amax > 0.f) {
+        int e = 0;
+        const float mant = frexpf(__fdiv_rn(amax, 448.f), &e);  // amax / 448 = mant · 2^e
+        scale = ldexpf(1.f, mant == 0.5f ? e - 1 : e);
       }
+      for (int d = lane; d < DP; d += 32) {
+        float v = 0.f;
+        if (h < a.heads && d < a.dim) {
+          const auto code = static_cast<__nv_fp8_storage_t>(
+              __nv_cvt_float_to_fp8(__fdiv_rn(q[h * a.dim + d], scale), __NV_SATFINITE, __NV_E4M3));
+          v = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+        }
+        qc[(16 * warp + i) * DP + d] = __float2bfloat16_rn(v);  // exact: an e4m3 value
+      }
+      const float wh = h < a.heads ? a.w[static_cast<int64_t>(t) * a.heads + h] * scale : 0.f;
+      if (i == g) w0 = wh;
+      if (i == g + 8) w1 = wh;
+    }
+    __syncwarp();
+    const __nv_bfloat16* r0 = qc + (16 * warp + g) * DP;
+    const __nv_bfloat16* r1 = r0 + 8 * DP;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      const int d0 = 4 * (c * KS + s);
+      A[s][0] = bf16_pair(r0[d0], r0[d0 + 1]);
+      A[s][1] = bf16_pair(r1[d0], r1[d0 + 1]);
+      A[s][2] = bf16_pair(r0[d0 + 2], r0[d0 + 3]);
+      A[s][3] = bf16_pair(r1[d0 + 2], r1[d0 + 3]);
+    }
   }
-  const float* w = a.w + static_cast<int64_t>(t) * a.heads;
-  const int h0 = 16 * warp + g;
-  const float w0 = h0 < a.heads ? w[h0] : 0.f, w1 = h0 + 8 < a.heads ? w[h0 + 8] : 0.f;
-  const int visible = a.visible[t], slot0 = a.slot_begin[t], code_words = a.dim / 4;
-  float* out = a.scores + static_cast<int64_t>(t) * a.max_visible;
+  __syncthreads();  // the stages reuse the query scratch
 
+  // ---- the tile pipeline ----
   const int tiles = (a.max_visible + kTile - 1) / kTile;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int p0 = tile * kTile;
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      const int p = p0 + i;
-      const bool sees = p < visible && tree_sees(a, t, p);
-      const int64_t off = sees ? static_cast<int64_t>(a.slots[slot0 + p]) * a.row_bytes : -1;
-      row_s[i] = off;
-      scale_s[i] = sees ? __ldg(reinterpret_cast<const float*>(a.index_rows + off + a.dim)) : 0.f;
+  const int mine = tiles > static_cast<int>(blockIdx.x)
+                       ? (tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x
+                       : 0;
+  const int nruns = kTile / L.run, visible = a.visible[t];
+  auto tile_p0 = [&](int i) { return (static_cast<int>(blockIdx.x) + i * gridDim.x) * kTile; };
+  auto slot_of = [&](int i, int r) {
+    return i < mine ? run_slot(a, t, tile_p0(i) + r * L.run) : -1;
+  };
+  auto stage = [&](int i) { return smem + (i % kStages) * L.stage_bytes; };
+  int next_slot = -1;  // the slot of this thread's run in tile i + 3 (tid < nruns)
+  {
+    __shared__ int first_s[2][kTile];  // the first two tiles' run slots
+    for (int r = threadIdx.x; r < nruns; r += blockDim.x) {
+      first_s[0][r] = slot_of(0, r);
+      first_s[1][r] = slot_of(1, r);
+      slot_s[r] = slot_of(2, r);  // slot_s[0]: tile 2, read at iteration 0
     }
+    if (static_cast<int>(threadIdx.x) < nruns) next_slot = slot_of(3, threadIdx.x);
     __syncthreads();
-    for (int i = threadIdx.x; i < kTile * DW; i += blockDim.x) {
-      const int pos = i / DW, word = i % DW;
-      const int64_t off = row_s[pos];
-      const uint32_t x = off >= 0 && word < code_words
-                             ? __ldg(reinterpret_cast<const uint32_t*>(a.index_rows + off) + word)
-                             : 0u;
-      const uint2 v = make_uint2(widen2<__nv_bfloat16>(__byte_perm(x, 0u, 0x1404)),
-                                 widen2<__nv_bfloat16>(__byte_perm(x, 0u, 0x3424)));
-      *reinterpret_cast<uint2*>(keys_s + pos * STRIDE + 4 * word) = v;
-    }
-    __syncthreads();
-#pragma unroll 2
-    for (int j = 0; j < kTile / 8; ++j) {
-      float hi[4] = {0.f, 0.f, 0.f, 0.f}, lo[4] = {0.f, 0.f, 0.f, 0.f};
-      const __nv_bfloat16* krow = keys_s + (8 * j + g) * STRIDE + 2 * c;
-#pragma unroll
-      for (int s = 0; s < KS; ++s) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + 16 * s);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + 16 * s + 8);
-        mma16816<__nv_bfloat16>(hi, A[0][s], b0, b1);
-        mma16816<__nv_bfloat16>(lo, A[1][s], b0, b1);
-        mma16816<__nv_bfloat16>(lo, A[2][s], b0, b1);
-      }
-      // D rows: heads h0 (d0, d1) and h0 + 8 (d2, d3); columns: positions 8j + 2c, + 1.
-      float v0 = w0 * fmaxf(hi[0] + lo[0], 0.f) + w1 * fmaxf(hi[2] + lo[2], 0.f);
-      float v1 = w0 * fmaxf(hi[1] + lo[1], 0.f) + w1 * fmaxf(hi[3] + lo[3], 0.f);
-#pragma unroll
-      for (int m = 4; m < 32; m <<= 1) {
-        v0 += __shfl_xor_sync(0xffffffffu, v0, m);
-        v1 += __shfl_xor_sync(0xffffffffu, v1, m);
-      }
-      if (g == 0) {
-        part_s[warp][8 * j + 2 * c] = v0;
-        part_s[warp][8 * j + 2 * c + 1] = v1;
-      }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-      const int p = p0 + i;
-      if (p >= a.max_visible) continue;
-      float s = 0.f;
-      for (int k = 0; k < nwarps; ++k) s += part_s[k][i];
-      s *= scale_s[i];
-      out[p] = row_s[i] < 0 ? detail::neg_inf() : (s == 0.f ? 0.f : s);  // -0 -> +0
-    }
-    __syncthreads();  // the next tile overwrites the shared arrays
+    issue_tile(a, L, first_s[0], stage(0));
+    issue_tile(a, L, first_s[1], stage(1));
   }
+  float* out = a.scores + static_cast<int64_t>(t) * a.max_visible;
+  for (int i = 0; i < mine; ++i) {
+    detail::cp_async_wait<1>();  // tile i's group (tile i + 1's may still fly)
+    __syncthreads();             // tile i staged; slot_s[i % 2] (tile i + 2) written
+    issue_tile(a, L, slot_s + (i % 2) * kTile, stage(i + 2));
+    if (static_cast<int>(threadIdx.x) < nruns) {
+      slot_s[((i + 1) % 2) * kTile + threadIdx.x] = next_slot;  // tile i + 3, read at i + 1
+      next_slot = slot_of(i + 4, threadIdx.x);
+    }
+    const int p0 = tile_p0(i);
+    const unsigned char* st = stage(i);
+    if (p0 < visible) {
+#pragma unroll 2
+      for (int j = 0; j < kTile / 8; ++j) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        const auto* krow =
+            reinterpret_cast<const uint32_t*>(st + (8 * j + g) * a.row_bytes) + c * KS;
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+          const uint32_t x = krow[s];
+          mma16816<__nv_bfloat16>(acc, A[s], widen2<__nv_bfloat16>(__byte_perm(x, 0u, 0x1404)),
+                                  widen2<__nv_bfloat16>(__byte_perm(x, 0u, 0x3424)));
+        }
+        // D rows: heads h0 (d0, d1) and h0 + 8 (d2, d3); columns: positions 8j + 2c, + 1.
+        float v0 = w0 * fmaxf(acc[0], 0.f) + w1 * fmaxf(acc[2], 0.f);
+        float v1 = w0 * fmaxf(acc[1], 0.f) + w1 * fmaxf(acc[3], 0.f);
+#pragma unroll
+        for (int m = 4; m < 32; m <<= 1) {
+          v0 += __shfl_xor_sync(0xffffffffu, v0, m);
+          v1 += __shfl_xor_sync(0xffffffffu, v1, m);
+        }
+        if (g == 0) {
+          part_s[warp * kTile + 8 * j + 2 * c] = v0;
+          part_s[warp * kTile + 8 * j + 2 * c + 1] = v1;
+        }
+      }
+    }
+    __syncthreads();  // the partial sums
+    for (int e = threadIdx.x; e < kTile; e += blockDim.x) {
+      const int p = p0 + e;
+      if (p >= a.max_visible) continue;
+      if (p >= visible || !tree_sees(a, t, p)) {
+        out[p] = detail::neg_inf();
+        continue;
+      }
+      float sum = 0.f;
+      for (int k = 0; k < nwarps; ++k) sum += part_s[k * kTile + e];
+      sum *= *reinterpret_cast<const float*>(st + e * a.row_bytes + a.dim);
+      out[p] = sum == 0.f ? 0.f : sum;  // -0 -> +0
+    }
+  }
+  detail::cp_async_wait<0>();  // no copy outlives the block
 }
 
 /// Order-preserving bits of a float (a larger key is a larger value; -inf below every finite).
@@ -266,8 +350,23 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(DsaIndexArgs a) 
 }
 
 template <int KS>
-cudaError_t launch_scores(const DsaIndexArgs& a, dim3 grid, cudaStream_t stream) {
-  dsa_scores_kernel<KS><<<grid, 32 * ((a.heads + 15) / 16), 0, stream>>>(a);
+cudaError_t launch_scores(const DsaIndexArgs& a, const ScoreLaunch& L, int smem,
+                          cudaStream_t stream) {
+  const int threads = 32 * ((a.heads + 15) / 16);
+  cudaError_t e = cudaFuncSetAttribute(dsa_scores_kernel<KS>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  int dev = 0, sms = 0, per_sm = 0;
+  if (e == cudaSuccess) e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess)
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dsa_scores_kernel<KS>, threads,
+                                                      static_cast<size_t>(smem));
+  if (e != cudaSuccess) return e;
+  // One wave: the blocks of a row split its tiles.
+  const int tiles = (a.max_visible + kTile - 1) / kTile;
+  const int per_row = max(1, min(tiles, (sms * max(per_sm, 1) + a.rows - 1) / a.rows));
+  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(a.rows));
+  dsa_scores_kernel<KS><<<grid, threads, smem, stream>>>(a, L);
   return cudaGetLastError();
 }
 
@@ -278,37 +377,41 @@ namespace raw {
 cudaError_t dsa_index_topk(const DsaIndexArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (a.max_visible > 0) {
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    const int tiles = (a.max_visible + kTile - 1) / kTile;
-    const int per_row = max(1, min(tiles, (sms * kCtasPerSm + a.rows - 1) / a.rows));
-    const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(a.rows));
-    switch ((a.dim + 15) / 16) {
+    const int ks = (a.dim + 15) / 16, heads_pad = (a.heads + 15) / 16 * 16;
+    ScoreLaunch L;
+    L.run = std::gcd(a.page_size, kTile);
+    const auto run_bytes = static_cast<int64_t>(L.run) * a.row_bytes;
+    L.chunk = run_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.index_rows) % 16 == 0 ? 16 : 4;
+    L.stage_bytes = static_cast<int>(kTile * a.row_bytes);
+    L.qscratch_bytes = heads_pad * ks * 16 * 2;
+    const int smem = std::max(kStages * L.stage_bytes, L.qscratch_bytes) +
+                     static_cast<int>(sizeof(float)) * 8 * kTile +
+                     static_cast<int>(sizeof(int)) * 2 * kTile;
+    cudaError_t e = cudaSuccess;
+    switch (ks) {
       case 1:
-        e = launch_scores<1>(a, grid, stream);
+        e = launch_scores<1>(a, L, smem, stream);
         break;
       case 2:
-        e = launch_scores<2>(a, grid, stream);
+        e = launch_scores<2>(a, L, smem, stream);
         break;
       case 3:
-        e = launch_scores<3>(a, grid, stream);
+        e = launch_scores<3>(a, L, smem, stream);
         break;
       case 4:
-        e = launch_scores<4>(a, grid, stream);
+        e = launch_scores<4>(a, L, smem, stream);
         break;
       case 5:
-        e = launch_scores<5>(a, grid, stream);
+        e = launch_scores<5>(a, L, smem, stream);
         break;
       case 6:
-        e = launch_scores<6>(a, grid, stream);
+        e = launch_scores<6>(a, L, smem, stream);
         break;
       case 7:
-        e = launch_scores<7>(a, grid, stream);
+        e = launch_scores<7>(a, L, smem, stream);
         break;
       case 8:
-        e = launch_scores<8>(a, grid, stream);
+        e = launch_scores<8>(a, L, smem, stream);
         break;
       default:
         return cudaErrorInvalidValue;

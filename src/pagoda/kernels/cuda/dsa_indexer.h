@@ -1,16 +1,17 @@
 #pragma once
 /// DSA lightning-indexer kernels (attention/dsa.h index_topk_host states the math): per query row
-/// t and position p the row sees, score = Σ_h w[t, h] · ReLU(q[t, h] · key(p)) over the pool's
-/// fp8 e4m3 index keys (key = code · the row's power-of-two f32 scale); then each row's k best
+/// t and position p the row sees, score = Σ_h w[t, h] · ReLU(q̂[t, h] · key(p)) over the pool's
+/// fp8 e4m3 index keys (key = code · the row's power-of-two f32 scale), q̂ each query head on
+/// the same grid (kv::quantize_index_key's rule, applied here); then each row's k best
 /// positions in (score descending, position ascending) order. Two launches on `stream`, no
 /// allocation, no host sync:
-///   scores  tensor cores (mma.sync m16n8k16, f32 accumulation): the keys' e4m3 codes are exact
-///           in bf16; each query value is split into three bf16 parts (hi + mid + lo, 24 bits of
-///           mantissa, what f32 holds), the hi products and the rest accumulated apart, so a
-///           score carries f32-level error (dim + heads unit roundoffs of its terms). A warp owns
-///           16 heads (q in registers for the whole launch), a block 64 positions a tile; the
-///           scale multiplies the head sum (exact: a power of two).
-///   top-k   one 1,024-thread block per row: radix select on the scores' order-preserving bits
+///   scores  tensor cores (mma.sync m16n8k16 on the e4m3 codes widened to bf16, exact; a
+///           product of two codes is exact in the f32 accumulator): a warp owns 16 heads (their
+///           codes in registers for the launch, the head scales folded into the weights), a
+///           block 64 positions a tile, tiles staged by cp.async three deep (16-byte copies per
+///           run of consecutive slots: gcd(page_size, 64) positions, the paged layout's
+///           contiguity); the key scale multiplies the head sum. One wave of blocks.
+///   top-k   one 512-thread block per row: radix select on the scores' order-preserving bits
 ///           (11/11/10-bit digits) finds the k-th best score T; the positions above T and the
 ///           earliest ones equal to T (all of them when they fit: the common case) are gathered,
 ///           then a bitonic sort orders them by (score descending, position ascending).
@@ -33,6 +34,9 @@ struct DsaIndexArgs {
   const unsigned char* index_rows = nullptr;  ///< the layer's rows [num_slots, row_bytes]
   int64_t row_bytes = 0;                      ///< dim codes, then the f32 scale (a multiple of 4)
   int dim = 0, heads = 0;
+  /// Every request's positions [i·P, (i+1)·P) sit at consecutive slots (the pool's pages when
+  /// the step's plan is page-granular; 1 otherwise).
+  int page_size = 1;
   int rows = 0;         ///< query rows
   int max_visible = 0;  ///< row stride of the score array (max over rows of visible)
   int k = 0;

@@ -94,7 +94,7 @@ Status launch_move_rows(const MoveRowsArgs& a, cudaStream_t s) {
 }
 
 Status launch_dsa_index_topk(const DsaIndexArgs& a, cudaStream_t s) {
-  if (a.rows < 0 || a.max_visible < 0 || a.k < 1 || a.heads < 1 || a.dim < 1 ||
+  if (a.rows < 0 || a.max_visible < 0 || a.k < 1 || a.heads < 1 || a.dim < 1 || a.page_size < 1 ||
       a.row_bytes < a.dim + 4 || a.row_bytes % 4 != 0)
     return Status(ErrorCode::kInvalidArgument, "dsa_index_topk: bad sizes");
   if (a.dim > kDsaMaxDim || a.dim % 4 != 0 || a.heads > kDsaMaxHeads || a.k > kDsaMaxTopk)
