@@ -93,13 +93,7 @@ void CudaBackend::upload_indexer_metadata() {
   std::vector<int32_t> slot_begin(rows), seen(rows);
   for (size_t t = 0; t < rows; ++t) {
     slot_begin[t] = m.slot_indptr[static_cast<size_t>(m.row_request[t])];
-    int32_t n = m.row_visible[t];
-    if (tree > 0) {
-      n = 0;
-      for (int32_t p = 0; p < m.row_visible[t]; ++p)
-        n += m.sees(static_cast<int64_t>(t), p) ? 1 : 0;
-    }
-    seen[t] = n;
+    seen[t] = row_seen(m, static_cast<int64_t>(t));
   }
   cuda::AlignedRegions r;
   index_meta_.slots = r.add(m.slots.size() * 4);
