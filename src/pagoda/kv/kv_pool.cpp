@@ -3,32 +3,35 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 
 namespace pagoda::kv {
 
-void quantize_index_key(const float* x, int64_t dim, uint8_t* row) {
+namespace {
+
+/// quantize_index_key's scale of x [dim] (the header states the rule).
+float index_key_scale(const float* x, int64_t dim) {
   float amax = 0.f;
   for (int64_t j = 0; j < dim; ++j) amax = std::max(amax, std::fabs(x[j]));
-  float scale = 1.f;
-  if (amax > 0.f) {
-    int e = 0;
-    const float m = std::frexp(amax / 448.f, &e);  // amax / 448 = m · 2^e, m in [0.5, 1)
-    scale = std::ldexp(1.f, m == 0.5f ? e - 1 : e);
-  }
+  if (amax == 0.f) return 1.f;
+  int e = 0;
+  const float m = std::frexp(amax / 448.f, &e);  // amax / 448 = m · 2^e, m in [0.5, 1)
+  return std::ldexp(1.f, m == 0.5f ? e - 1 : e);
+}
+
+}  // namespace
+
+void quantize_index_key(const float* x, int64_t dim, uint8_t* row) {
+  const float scale = index_key_scale(x, dim);
   for (int64_t j = 0; j < dim; ++j) row[j] = f32_to_e4m3(x[j] / scale);
   std::memcpy(row + dim, &scale, sizeof(float));
 }
 
 void round_to_index_grid(const float* x, int64_t dim, float* out) {
-  std::vector<uint8_t> row(static_cast<size_t>(dim) + sizeof(float));
-  quantize_index_key(x, dim, row.data());
-  float scale = 0.f;
-  std::memcpy(&scale, row.data() + dim, sizeof(float));
-  for (int64_t j = 0; j < dim; ++j) out[j] = e4m3_to_f32(row[static_cast<size_t>(j)]) * scale;
+  const float scale = index_key_scale(x, dim);
+  for (int64_t j = 0; j < dim; ++j) out[j] = e4m3_to_f32(f32_to_e4m3(x[j] / scale)) * scale;
 }
 
 KvPool::KvPool(const KvPoolConfig& config, platform::Allocator& allocator)

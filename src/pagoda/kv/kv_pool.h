@@ -81,7 +81,8 @@ int64_t kv_bytes_per_token(const KvPoolConfig& config);
 /// One DSA index key x [dim] (f32) as its stored row (the layout above): scale = 2^e with e the
 /// least integer such that amax / 448 <= 2^e (amax / 448 rounded to f32 first; exact: taken
 /// from frexp, not a floating-point log), 1 for an all-zero key; row[j] = e4m3(x[j] / scale)
-/// (RNE, saturating), then the f32 scale. The CUDA ops' store_index_keys applies the same rule.
+/// (RNE, saturating), then the f32 scale. The CUDA side applies the same rule bit for bit
+/// (kernels/cuda/index_key.cuh: the model ops' store_index_keys, the indexer's queries).
 void quantize_index_key(const float* x, int64_t dim, uint8_t* row);
 /// x [dim] on the index-key grid: out[j] = e4m3 code · scale of quantize_index_key(x), exact in
 /// f32. The DSA indexer's queries take this form per head (DeepSeek-V3.2 quantises them as its

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "pagoda/kernels/cuda/index_key.cuh"
 #include "pagoda/model/cuda/dsa_kernels.h"
 
 namespace pagoda::model::cuda_kernels {
@@ -83,16 +84,10 @@ __global__ void store_index_keys_kernel(const float* __restrict__ k,
     float amax = 0.f;
     for (int64_t i = lane; i < dim; i += 32) amax = fmaxf(amax, fabsf(v[i]));
     amax = warp_max(amax);
-    float scale = 1.f;
-    if (amax > 0.f) {
-      int e = 0;
-      const float m = frexpf(__fdiv_rn(amax, 448.f), &e);  // amax / 448 = m · 2^e, m in [0.5, 1)
-      scale = ldexpf(1.f, m == 0.5f ? e - 1 : e);
-    }
+    const float scale = kernels::cuda::index_key_scale(amax);
     unsigned char* row = index_rows + static_cast<int64_t>(loc[t]) * row_bytes;
     for (int64_t i = lane; i < dim; i += 32)
-      row[i] = static_cast<unsigned char>(
-          __nv_cvt_float_to_fp8(__fdiv_rn(v[i], scale), __NV_SATFINITE, __NV_E4M3));
+      row[i] = static_cast<unsigned char>(kernels::cuda::index_key_code(v[i], scale));
     if (lane == 0) memcpy(row + dim, &scale, sizeof(float));  // rows are byte-aligned only
   }
 }
