@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "pagoda/kernels/cuda/device_utils.cuh"
+#include "pagoda/kernels/cuda/index_key.cuh"
 
 namespace pagoda::kernels::cuda {
 namespace {
@@ -105,17 +106,11 @@ __global__ void __launch_bounds__(256) dsa_scores_kernel(DsaIndexArgs a, ScoreLa
         for (int d = lane; d < a.dim; d += 32) amax = fmaxf(amax, fabsf(q[h * a.dim + d]));
 #pragma unroll
       for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-      float scale = 1.f;
-      if (amax > 0.f) {
-        int e = 0;
-        const float mant = frexpf(__fdiv_rn(amax, 448.f), &e);  // amax / 448 = mant · 2^e
-        scale = ldexpf(1.f, mant == 0.5f ? e - 1 : e);
-      }
+      const float scale = index_key_scale(amax);
       for (int d = lane; d < DP; d += 32) {
         float v = 0.f;
         if (h < a.heads && d < a.dim) {
-          const auto code = static_cast<__nv_fp8_storage_t>(
-              __nv_cvt_float_to_fp8(__fdiv_rn(q[h * a.dim + d], scale), __NV_SATFINITE, __NV_E4M3));
+          const __nv_fp8_storage_t code = index_key_code(q[h * a.dim + d], scale);
           v = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
         }
         qc[(16 * warp + i) * DP + d] = __float2bfloat16_rn(v);  // exact: an e4m3 value
@@ -349,25 +344,41 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(DsaIndexArgs a) 
   }
 }
 
-template <int KS>
-cudaError_t launch_scores(const DsaIndexArgs& a, const ScoreLaunch& L, int smem,
-                          cudaStream_t stream) {
-  const int threads = 32 * ((a.heads + 15) / 16);
-  cudaError_t e = cudaFuncSetAttribute(dsa_scores_kernel<KS>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  int dev = 0, sms = 0, per_sm = 0;
-  if (e == cudaSuccess) e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess)
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dsa_scores_kernel<KS>, threads,
-                                                      static_cast<size_t>(smem));
+// The scores kernel's dynamic shared memory stays under the 48 KB default at the limits (dim 128,
+// 128 heads): the stages or the query codes, then the partial sums and run slots.
+static_assert(std::max(kStages * kTile * (kDsaMaxDim + 4), kDsaMaxHeads * kDsaMaxDim * 2) +
+                  (8 + 2) * kTile * 4 <=
+              48 * 1024);
+
+using ScoresKernel = void (*)(DsaIndexArgs, ScoreLaunch);
+/// dsa_scores_kernel<KS> at index KS - 1 (dims up to 16 KS).
+constexpr ScoresKernel kScoresKernels[] = {
+    dsa_scores_kernel<1>, dsa_scores_kernel<2>, dsa_scores_kernel<3>, dsa_scores_kernel<4>,
+    dsa_scores_kernel<5>, dsa_scores_kernel<6>, dsa_scores_kernel<7>, dsa_scores_kernel<8>};
+
+/// Blocks of `kernel` that fit the current device at once (SMs x blocks per SM at threads and
+/// smem): one wave. Every layer of a step asks the same, so the last answer is kept per thread.
+cudaError_t wave_blocks(ScoresKernel kernel, int threads, int smem, int& blocks) {
+  struct Last {
+    int dev = -1;
+    ScoresKernel kernel = nullptr;
+    int threads = 0, smem = 0, blocks = 0;
+  };
+  thread_local Last last;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
-  // One wave: the blocks of a row split its tiles.
-  const int tiles = (a.max_visible + kTile - 1) / kTile;
-  const int per_row = max(1, min(tiles, (sms * max(per_sm, 1) + a.rows - 1) / a.rows));
-  const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(a.rows));
-  dsa_scores_kernel<KS><<<grid, threads, smem, stream>>>(a, L);
-  return cudaGetLastError();
+  if (dev != last.dev || kernel != last.kernel || threads != last.threads || smem != last.smem) {
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads,
+                                                        static_cast<size_t>(smem));
+    if (e != cudaSuccess) return e;
+    last = Last{dev, kernel, threads, smem, sms * std::max(per_sm, 1)};
+  }
+  blocks = last.blocks;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -378,6 +389,7 @@ cudaError_t dsa_index_topk(const DsaIndexArgs& a, cudaStream_t stream) {
   if (a.rows == 0) return cudaSuccess;
   if (a.max_visible > 0) {
     const int ks = (a.dim + 15) / 16, heads_pad = (a.heads + 15) / 16 * 16;
+    if (ks < 1 || ks > 8) return cudaErrorInvalidValue;
     ScoreLaunch L;
     L.run = std::gcd(a.page_size, kTile);
     const auto run_bytes = static_cast<int64_t>(L.run) * a.row_bytes;
@@ -387,36 +399,17 @@ cudaError_t dsa_index_topk(const DsaIndexArgs& a, cudaStream_t stream) {
     const int smem = std::max(kStages * L.stage_bytes, L.qscratch_bytes) +
                      static_cast<int>(sizeof(float)) * 8 * kTile +
                      static_cast<int>(sizeof(int)) * 2 * kTile;
-    cudaError_t e = cudaSuccess;
-    switch (ks) {
-      case 1:
-        e = launch_scores<1>(a, L, smem, stream);
-        break;
-      case 2:
-        e = launch_scores<2>(a, L, smem, stream);
-        break;
-      case 3:
-        e = launch_scores<3>(a, L, smem, stream);
-        break;
-      case 4:
-        e = launch_scores<4>(a, L, smem, stream);
-        break;
-      case 5:
-        e = launch_scores<5>(a, L, smem, stream);
-        break;
-      case 6:
-        e = launch_scores<6>(a, L, smem, stream);
-        break;
-      case 7:
-        e = launch_scores<7>(a, L, smem, stream);
-        break;
-      case 8:
-        e = launch_scores<8>(a, L, smem, stream);
-        break;
-      default:
-        return cudaErrorInvalidValue;
-    }
+    const ScoresKernel kernel = kScoresKernels[ks - 1];
+    const int threads = 32 * (heads_pad / 16);
+    int blocks = 0;
+    const cudaError_t e = wave_blocks(kernel, threads, smem, blocks);
     if (e != cudaSuccess) return e;
+    // One wave: the blocks of a row split its tiles.
+    const int tiles = (a.max_visible + kTile - 1) / kTile;
+    const int per_row = std::max(1, std::min(tiles, (blocks + a.rows - 1) / a.rows));
+    kernel<<<dim3(static_cast<unsigned>(per_row), static_cast<unsigned>(a.rows)), threads, smem,
+             stream>>>(a, L);
+    if (cudaError_t le = cudaGetLastError(); le != cudaSuccess) return le;
   }
   dsa_topk_kernel<<<static_cast<unsigned>(a.rows), kTopkThreads, 0, stream>>>(a);
   return cudaGetLastError();
