@@ -133,12 +133,23 @@ void apply_sparse_mask(PagedPlan& plan, const IndexerMetadata& meta,
   plan.mask_indptr = std::move(indptr);
 }
 
-PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_t> topk, int k) {
-  const size_t rows = meta.row_request.size();
+namespace {
+
+/// An empty page-size-1 plan for `rows` query rows of at most k keys each (the sparse gather
+/// plans'); kInvalidArgument past the int32 index range.
+PagedPlan token_granular_plan(size_t rows, int k) {
   PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(rows) * k <= INT32_MAX, kInvalidArgument,
                  "sparse gather: {} rows of k {} exceed the int32 index range", rows, k);
   PagedPlan p;
   p.page_size = 1;
+  return p;
+}
+
+}  // namespace
+
+PagedPlan sparse_gather_plan(const IndexerMetadata& meta, std::span<const int32_t> topk, int k) {
+  const size_t rows = meta.row_request.size();
+  PagedPlan p = token_granular_plan(rows, k);
   p.qo_indptr.reserve(rows + 1);
   p.kv_indptr.reserve(rows + 1);
   p.kv_last_page_len.reserve(rows);
@@ -165,10 +176,7 @@ int32_t row_seen(const IndexerMetadata& meta, int64_t t) {
 
 PagedPlan sparse_gather_shape(const IndexerMetadata& meta, int k) {
   const size_t rows = meta.row_request.size();
-  PAGODA_REQUIRE(k >= 1 && static_cast<int64_t>(rows) * k <= INT32_MAX, kInvalidArgument,
-                 "sparse gather: {} rows of k {} exceed the int32 index range", rows, k);
-  PagedPlan p;
-  p.page_size = 1;
+  PagedPlan p = token_granular_plan(rows, k);
   p.qo_indptr.resize(rows + 1);
   p.kv_indptr.resize(rows + 1);
   p.kv_last_page_len.resize(rows);

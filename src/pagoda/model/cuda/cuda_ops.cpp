@@ -181,21 +181,23 @@ class CudaOps final : public ModelOps {
     const float alpha = 1.f, beta = 0.f;
     const cudaDataType_t in = cuda_type_of(dtype_);
     const cudaDataType_t out = f32_out ? CUDA_R_32F : in;
-    const cublasComputeType_t compute =
-        dtype_ == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    const cublasComputeType_t compute = compute_type();
     cublas_check(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n),
                               static_cast<int>(m), static_cast<int>(k), &alpha, w, in,
                               static_cast<int>(k), x, in, static_cast<int>(k), &beta, y, out,
                               static_cast<int>(n), compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   }
+  /// cuBLAS's accumulation for dtype(): f32, pedantic (no TF32) for an f32 model.
+  cublasComputeType_t compute_type() const {
+    return dtype_ == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  }
   /// Whether a decode GEMM goes to small_m_gemm rather than cuBLAS. gemv_bench on the H200
   /// (git show 1f78aca:bench/results/engine_real_h200/gemv_bench.txt): small_m_gemm wins at
   /// m = 1 on matrices up to ~64 M elements (1B q/k/v 5.1 vs 6.1 µs, down 10.2 vs 13.4) and on
   /// the f32-output LM head (118 vs 126 µs), at m = 2 up to ~25 M elements; cuBLAS wins on the
   /// large m <= 2 matrices (8B gate_up 62 vs 56 µs) and from m = 4 on. small_m_gemm needs
-  /// 16-byte aligned x and w (MLA's per-head slices of W_UK / W_UV and its scratch rows may not
-  /// be): cuBLAS takes the rest.
+  /// 16-byte aligned x and w (scratch rows at odd offsets may not be): cuBLAS takes the rest.
   bool use_small_m(const void* x, const void* w, int64_t m, int64_t n, int64_t k,
                    bool f32_out) const {
     if (m > kSmallMMaxRows || !ck::small_m_gemm_supported(act_, m, n, k) || !aligned16(x) ||
@@ -269,8 +271,7 @@ class CudaOps final : public ModelOps {
     if (m == 0 || n == 0 || groups == 0) return;
     const float alpha = 1.f, beta = 0.f;
     const cudaDataType_t t = cuda_type_of(dtype_);
-    const cublasComputeType_t compute =
-        dtype_ == DType::kF32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+    const cublasComputeType_t compute = compute_type();
     cublas_check(cublasGemmStridedBatchedEx(
                      cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                      static_cast<int>(k), &alpha, w, t, static_cast<int>(k), n * k, x, t,
