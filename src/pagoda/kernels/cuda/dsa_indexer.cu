@@ -346,9 +346,9 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(DsaIndexArgs a) 
 
 // The scores kernel's dynamic shared memory stays under the 48 KB default at the limits (dim 128,
 // 128 heads): the stages or the query codes, then the partial sums and run slots.
-static_assert(std::max(kStages * kTile * (kDsaMaxDim + 4), kDsaMaxHeads * kDsaMaxDim * 2) +
-                  (8 + 2) * kTile * 4 <=
-              48 * 1024);
+constexpr int kMaxStageBytes = kStages * kTile * (kDsaMaxDim + 4);
+constexpr int kMaxQueryBytes = kDsaMaxHeads * kDsaMaxDim * 2;
+static_assert(std::max(kMaxStageBytes, kMaxQueryBytes) + (8 + 2) * kTile * 4 <= 48 * 1024);
 
 using ScoresKernel = void (*)(DsaIndexArgs, ScoreLaunch);
 /// dsa_scores_kernel<KS> at index KS - 1 (dims up to 16 KS).
