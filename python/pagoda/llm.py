@@ -20,6 +20,8 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   max_prefill_tokens                token budget of one prefill batch (8192)
   enable_prefix_caching / disable_radix_cache   radix prefix cache (on)
   enforce_eager / disable_cuda_graph    CUDA graphs of decode steps (on)
+  mla_prefill                       MLA models' extend steps: 'auto' (expanded where it
+                                    applies) or 'absorbed' (`--mla-prefill`)
   overlap / disable_overlap_schedule    overlap scheduler (off; docs/design/engine.md)
   dtype, kv_cache_dtype             'auto', 'float32', 'float16', 'bfloat16', 'fp8_e4m3', ...
   max_model_len / context_length    longest request (0 = the model's)
@@ -45,7 +47,7 @@ _ARG_ALIASES = {
     "schedule_policy": "policy", "overlap": "overlap", "cpu_gemm": "cpu_gemm",
     "mem_fraction_static": "mem_fraction_static", "gpu_memory_utilization": "mem_fraction_static",
     "kv_cache_memory_bytes": "kv_cache_memory", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
-    "max_mamba_cache_size": "max_mamba_cache_size",
+    "max_mamba_cache_size": "max_mamba_cache_size", "mla_prefill": "mla_prefill",
 }
 # Engine arguments that size the KV pool from memory instead of pool_tokens.
 _MEMORY_SIZING = ("mem_fraction_static", "gpu_memory_utilization", "kv_cache_memory_bytes")

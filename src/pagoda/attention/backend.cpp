@@ -54,6 +54,31 @@ void AttentionBackend::apply_index_topk(LayerId layer, const IndexerQuery& q, in
   set_sparse_topk(topk, k);
 }
 
+void AttentionBackend::save_kv(const TensorView& /*k*/, const TensorView& /*v*/,
+                               const AttentionLayer& layer, const ForwardBatch& batch) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' has no ragged attention (save_kv of layer {}, {} tokens); use "
+              "'reference', 'cpu' or 'cuda'",
+              name(), layer.layer_id, batch.num_tokens());
+}
+
+void AttentionBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
+                                 const TensorView& /*k_out*/, const TensorView& /*v_out*/) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' has no ragged attention (gather_kv of layer {}, {} requests); use "
+              "'reference', 'cpu' or 'cuda'",
+              name(), layer.layer_id, batch.batch_size);
+}
+
+void AttentionBackend::forward_ragged(const TensorView& /*q*/, const TensorView& /*k*/,
+                                      const TensorView& /*v*/, const AttentionLayer& layer,
+                                      const ForwardBatch& batch, const TensorView& /*out*/) {
+  throw_error(ErrorCode::kUnsupported,
+              "backend '{}' has no ragged attention (forward_ragged of layer {}, {} tokens); use "
+              "'reference', 'cpu' or 'cuda'",
+              name(), layer.layer_id, batch.num_tokens());
+}
+
 void AttentionBackend::init_cuda_graph_state(int max_bs, int max_num_tokens) {
   throw_error(ErrorCode::kUnsupported,
               "backend '{}' does not support CUDA graphs (init_cuda_graph_state({}, {})); use a "

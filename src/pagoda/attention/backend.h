@@ -61,6 +61,8 @@ struct BackendCapabilities {
   bool dsa = false;
   /// DSA's lightning indexer over the pool's index keys: select_index_topk.
   bool dsa_indexer = false;
+  /// save_kv, gather_kv and forward_ragged (MLA's expanded prefill form, model/decoder.h).
+  bool ragged = false;
   std::string device = "cpu";        ///< "cpu" or "cuda"
 };
 
@@ -115,6 +117,37 @@ class AttentionBackend {
   /// two through host memory; a GPU backend may keep the selection on its device (no host round
   /// trip: the cuda backend's).
   virtual void apply_index_topk(LayerId layer, const IndexerQuery& q, int k);
+
+  // ---- Ragged attention (capabilities().ragged): K/V the caller computes from the pool ----
+  // An extend step's attention over keys that are not the pool's rows as stored: MLA's
+  // expanded (non-absorbed) prefill form expands the latent rows into per-head K/V through
+  // kv_b_proj. Per layer: save_kv (the new rows into the pool), gather_kv (every key row the
+  // step's requests see, out of the pool), the caller's transform, forward_ragged. kExtend and
+  // kMixed steps only, planned by init_forward_metadata; the ragged plan (attention/paged_plan.h
+  // build_ragged_plan) is built at the step's first gather_kv / forward_ragged (host work once
+  // per step). The defaults throw Error(kUnsupported) naming the backend.
+  /// Writes the step's new K/V into the pool at batch.out_cache_loc, as forward() with
+  /// SaveKv::kYes does first, and attends nothing (k, v as forward takes them).
+  virtual void save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
+                       const ForwardBatch& batch);
+  /// Copies the pool rows of every key the step's requests see into k_out [n, Hkv, Dqk] and
+  /// v_out [n, Hkv, Dv] (n = Σ seq_lens; request b's positions [0, seq_lens[b]) in order,
+  /// requests in batch order: build_ragged_plan's slots) in the pool's dtype, contiguous, on the
+  /// pool's device. An MLA pool copies its latent rows [n, 1, kv_lora + rope] to k_out, and
+  /// v_out must be empty. ForwardBatch::kv_start must be empty.
+  virtual void gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
+                         const TensorView& k_out, const TensorView& v_out);
+  /// Attention of q [num_tokens, Hq, Dqk] over k [n, Hkv, Dqk] and v [n, Hkv, Dv] (n = Σ
+  /// seq_lens; request b's keys are rows [o_b, o_b + seq_lens[b]), o_b = Σ_{j<b} seq_lens[j],
+  /// in position order: gather_kv's rows) into out [num_tokens, Hq, Dv], with the layer's mask,
+  /// window, soft cap and sinks, bottom-right causal as forward() (query i of request b sees
+  /// keys j <= extend_prefix_lens[b] + i). k and v share a float dtype (their own, not the
+  /// pool's; the layer's k_scale / v_scale are not applied) and may be strided per token and
+  /// head with a contiguous last dimension; layer.is_mla must be false. The pool is not read.
+  /// set_lse_output applies to forward() only.
+  virtual void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const AttentionLayer& layer, const ForwardBatch& batch,
+                              const TensorView& out);
 
   virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionLayer& layer, const ForwardBatch& batch,

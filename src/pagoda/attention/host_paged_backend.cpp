@@ -32,6 +32,7 @@ BackendCapabilities full_feature_capabilities() {
   c.lse = true;
   c.dsa = true;
   c.dsa_indexer = true;
+  c.ragged = true;
   c.device = "cpu";
   return c;
 }
@@ -61,6 +62,7 @@ void HostPagedBackend::init_forward_metadata(const ForwardBatch& batch) {
   planned_tokens_ = batch.num_tokens();
   indexer_.reset();
   sparse_next_ = false;
+  ragged_.reset();
   if (ctx_.kv_pool->config().index_head_dim > 0)
     indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
 }
@@ -103,6 +105,62 @@ void HostPagedBackend::forward_decode(const TensorView& q, const TensorView& k,
   run(q, k, v, layer, batch, out, save);
 }
 
+void HostPagedBackend::require_planned(const ForwardBatch& batch, const char* what) const {
+  PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
+                 kFailedPrecondition,
+                 "backend '{}': {}({}, {} tokens) without init_forward_metadata for it", name_,
+                 what, forward_mode_name(batch.mode), batch.num_tokens());
+}
+
+const RaggedPlan& HostPagedBackend::ragged(const ForwardBatch& batch) {
+  if (!ragged_) ragged_ = build_ragged_plan(batch, *ctx_.req_to_token);
+  return *ragged_;
+}
+
+void HostPagedBackend::save_kv(const TensorView& k, const TensorView& v,
+                               const AttentionLayer& layer, const ForwardBatch& batch) {
+  require_planned(batch, "save_kv");
+  save_new_kv(*ctx_.kv_pool, layer, batch, k, v);
+}
+
+void HostPagedBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
+                                 const TensorView& k_out, const TensorView& v_out) {
+  require_planned(batch, "gather_kv");
+  gather_pool_rows(*ctx_.kv_pool, layer.layer_id, ragged(batch).slots, k_out, v_out,
+                   fmt::format("backend '{}' gather_kv", name_));
+}
+
+void HostPagedBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                                      const AttentionLayer& layer, const ForwardBatch& batch,
+                                      const TensorView& out) {
+  require_planned(batch, "forward_ragged");
+  PAGODA_REQUIRE(!layer.is_mla, kInvalidArgument,
+                 "backend '{}': forward_ragged takes per-head K/V (layer {} is MLA)", name_,
+                 layer.layer_id);
+  PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
+                 "backend '{}': forward_ragged after set_sparse_topk (sparse attention reads the "
+                 "pool: use forward)",
+                 name_);
+  const RaggedPlan& r = ragged(batch);
+  const auto n = static_cast<int64_t>(r.slots.size());
+  PAGODA_REQUIRE(
+      k.rank() == 3 && v.rank() == 3 && k.size(0) == n && v.size(0) == n && k.dtype() == v.dtype(),
+      kInvalidArgument, "backend '{}': ragged K {} / V {} must be [{}, H, D] of one dtype", name_,
+      k.describe(), v.describe(), n);
+  const AttentionShape shape{.num_qo_heads = layer.num_q_heads,
+                             .num_kv_heads = layer.num_kv_heads,
+                             .head_dim_qk = layer.head_dim_qk,
+                             .head_dim_v = layer.head_dim_v,
+                             .q_dtype = q.dtype(),
+                             .kv_dtype = k.dtype(),
+                             .out_dtype = out.dtype()};
+  attn_->plan(r.plan.input(), shape);
+  planned_shape_.reset();  // the next forward plans the step's paged plan again
+  RunParams params = run_params_for(layer);
+  params.k_scale = params.v_scale = 1.f;
+  attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), params);
+}
+
 void HostPagedBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionLayer& layer, const ForwardBatch& batch,
                            const TensorView& out, SaveKv save) {
@@ -110,10 +168,7 @@ void HostPagedBackend::run(const TensorView& q, const TensorView& k, const Tenso
   lse_ = TensorView();  // the LSE output applies to one forward only
   const bool sparse = sparse_next_;
   sparse_next_ = false;  // so does the sparse selection
-  PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
-                 kFailedPrecondition,
-                 "backend '{}': forward({}, {} tokens) without init_forward_metadata for it",
-                 name_, forward_mode_name(batch.mode), batch.num_tokens());
+  require_planned(batch, "forward");
   kv::KvPool& pool = *ctx_.kv_pool;
   PAGODA_REQUIRE(layer.is_mla == (pool.config().layout == kv::KvLayout::kMla), kInvalidArgument,
                  "layer {} is {} but the pool is {}", layer.layer_id, layer.is_mla ? "MLA" : "MHA",

@@ -12,6 +12,10 @@
 /// viewed token-granular (kGather, O(k) per row). Either way every BatchAttention serves sparse
 /// MLA unchanged; a sparse forward of a layer with a sliding window is Error(kUnsupported).
 /// select_index_topk runs the indexer's scores and top-k on the host (index_topk_host).
+/// Ragged attention (backend.h): save_kv is save_new_kv; gather_kv copies the pool rows of the
+/// step's build_ragged_plan (built at the first call of the step); forward_ragged plans the
+/// BatchAttention on that plan over the caller's K/V viewed as page-size-1 caches (the next
+/// forward re-plans the step's paged plan).
 /// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
 /// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
 
@@ -58,11 +62,23 @@ class HostPagedBackend : public AttentionBackend {
     return indexer_ ? &*indexer_ : nullptr;
   }
   void set_sparse_topk(std::span<const int32_t> topk, int k) override;
+  void save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
+               const ForwardBatch& batch) override;
+  void gather_kv(const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& k_out,
+                 const TensorView& v_out) override;
+  void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out) override;
   /// index_topk_host over the context's pool and this step's indexer metadata.
   void select_index_topk(LayerId layer, const IndexerQuery& q, int k, std::span<int32_t> topk,
                          std::span<float> scores) override;
 
  private:
+  /// Error(kFailedPrecondition) unless init_forward_metadata planned `batch` (`what` names the
+  /// call).
+  void require_planned(const ForwardBatch& batch, const char* what) const;
+  /// The step's ragged plan, built on first use.
+  const RaggedPlan& ragged(const ForwardBatch& batch);
   void run(const TensorView& q, const TensorView& k, const TensorView& v,
            const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& out,
            SaveKv save);
@@ -81,6 +97,7 @@ class HostPagedBackend : public AttentionBackend {
   std::optional<IndexerMetadata> indexer_;  ///< DSA pools only
   bool sparse_next_ = false;                 ///< the next forward uses sparse_plan_
   PagedPlan sparse_plan_;  ///< the selection's plan (kMask: plan_ + mask; kGather: per row)
+  std::optional<RaggedPlan> ragged_;  ///< this step's, once a ragged call needed it
 };
 
 }  // namespace pagoda::attention

@@ -1,5 +1,7 @@
 #include "pagoda/attention/kv_access.h"
 
+#include <cstring>
+
 #include "pagoda/core/error.h"
 #include "pagoda/kv/kv_pool.h"
 
@@ -42,6 +44,59 @@ PagedCacheViews paged_cache_views(const kv::KvPool& pool, const AttentionLayer& 
     views.v = token_granular(views.v);
   }
   return views;
+}
+
+void check_gather_outputs(const kv::KvPool& pool, LayerId layer, int64_t rows,
+                          const TensorView& k_out, const TensorView& v_out, std::string_view who) {
+  const TensorView kc = pool.k_view(layer);
+  const bool mla = pool.config().layout == kv::KvLayout::kMla;
+  auto check = [&](const TensorView& t, const TensorView& cache, const char* what) {
+    PAGODA_REQUIRE(t.rank() == 3 && t.size(0) == rows && t.size(1) == cache.size(2) &&
+                       t.size(2) == cache.size(3) && t.dtype() == cache.dtype() &&
+                       t.device() == pool.device() && (t.numel() == 0 || t.is_contiguous()) &&
+                       (t.numel() == 0 || t.data() != nullptr),
+                   kInvalidArgument,
+                   "{}: gathered {} {} must be a contiguous [{}, {}, {}] {} tensor on {}", who,
+                   what, t.describe(), rows, cache.size(2), cache.size(3), cache.dtype(),
+                   pool.device().to_string());
+  };
+  check(k_out, kc, mla ? "latent rows" : "K");
+  if (mla) {
+    PAGODA_REQUIRE(v_out.rank() == 0 || v_out.numel() == 0, kInvalidArgument,
+                   "{}: an MLA pool gathers its latent rows into k_out only (v_out {} must be "
+                   "empty)",
+                   who, v_out.describe());
+  } else {
+    check(v_out, pool.v_view(layer), "V");
+  }
+}
+
+void gather_pool_rows(const kv::KvPool& pool, LayerId layer, std::span<const int32_t> slots,
+                      const TensorView& k_out, const TensorView& v_out, std::string_view who) {
+  const auto n = static_cast<int64_t>(slots.size());
+  check_gather_outputs(pool, layer, n, k_out, v_out, who);
+  PAGODA_REQUIRE(pool.device().is_cpu(), kUnsupported, "{}: gather_pool_rows reads host pools",
+                 who);
+  auto copy = [&](const TensorView& cache, int64_t row_elems, const TensorView& out) {
+    const size_t row = static_cast<size_t>(row_elems) * dtype_size(cache.dtype());
+    const auto* src = static_cast<const unsigned char*>(cache.data());
+    auto* dst = static_cast<unsigned char*>(out.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t s = slots[static_cast<size_t>(i)];
+      PAGODA_REQUIRE(s >= 0 && s < pool.num_slots(), kOutOfRange,
+                     "{}: slot {} outside the pool's {} slots", who, s, pool.num_slots());
+      std::memcpy(dst + static_cast<size_t>(i) * row, src + static_cast<size_t>(s) * row, row);
+    }
+  };
+  copy(pool.k_view(layer), pool.k_row_elems(), k_out);
+  if (pool.config().layout != kv::KvLayout::kMla)
+    copy(pool.v_view(layer), pool.v_row_elems(), v_out);
+}
+
+TensorView as_token_pages(const TensorView& t) {
+  PAGODA_REQUIRE(t.rank() == 3, kInvalidArgument, "{} is not [n, H, D]", t.describe());
+  return TensorView(t.data(), t.dtype(), {t.size(0), 1, t.size(1), t.size(2)},
+                    {t.stride(0), t.stride(0), t.stride(1), t.stride(2)}, t.device());
 }
 
 }  // namespace pagoda::attention

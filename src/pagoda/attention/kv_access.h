@@ -2,6 +2,10 @@
 /// Helpers every backend shares to touch the KvPool: writing the step's new K/V and viewing a
 /// layer's cache in the page size a PagedPlan was built for. Host-side; no kernels here.
 
+#include <cstdint>
+#include <span>
+#include <string_view>
+
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/attention/layer.h"
 #include "pagoda/core/tensor_view.h"
@@ -31,5 +35,21 @@ struct PagedCacheViews {
 /// Throws kInvalidArgument when plan_page_size is neither. Does not mutate.
 PagedCacheViews paged_cache_views(const kv::KvPool& pool, const AttentionLayer& layer,
                                   int plan_page_size);
+
+/// Checks gather_kv's outputs for `rows` rows of `layer` (AttentionBackend::gather_kv): k_out
+/// [rows, Hkv, Dk] and, MHA pools, v_out [rows, Hkv, Dv] (MLA pools: k_out [rows, 1, rank +
+/// rope], v_out empty), each in the pool's dtype, contiguous and on the pool's device. Throws
+/// kInvalidArgument whose message starts with `who`.
+void check_gather_outputs(const kv::KvPool& pool, LayerId layer, int64_t rows,
+                          const TensorView& k_out, const TensorView& v_out, std::string_view who);
+
+/// Copies the rows of `slots` of `layer` (K, and V for MHA pools) into k_out / v_out, checked by
+/// check_gather_outputs first. Host pools (the CUDA backend gathers on its device).
+void gather_pool_rows(const kv::KvPool& pool, LayerId layer, std::span<const int32_t> slots,
+                      const TensorView& k_out, const TensorView& v_out, std::string_view who);
+
+/// A [n, H, D] tensor as a page-size-1 BatchAttention cache [n, 1, H, D] (same memory and
+/// strides). Throws kInvalidArgument for another rank.
+TensorView as_token_pages(const TensorView& t);
 
 }  // namespace pagoda::attention

@@ -1,6 +1,7 @@
 #include "pagoda/attention/paged_plan.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "pagoda/core/check.h"
@@ -308,6 +309,36 @@ PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable&
     plan.kv_last_page_len.push_back(n == 0 ? 0 : static_cast<int32_t>(n - (n - 1) / page * page));
   }
   return plan;
+}
+
+RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token) {
+  PAGODA_REQUIRE(batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kMixed,
+                 kInvalidArgument, "a ragged plan is for extend or mixed steps, not {}",
+                 forward_mode_name(batch.mode));
+  PAGODA_REQUIRE(batch.kv_start.empty(), kInvalidArgument,
+                 "a ragged plan covers every key of a request (ForwardBatch.kv_start is set)");
+  const int bs = batch.batch_size;
+  PAGODA_REQUIRE(bs >= 0, kInvalidArgument, "batch_size {} < 0", bs);
+  require_size(batch.req_pool_indices.size(), bs, "req_pool_indices");
+  require_size(batch.seq_lens.size(), bs, "seq_lens");
+  TokenRows rows = rows_for_extend(batch, TableReader(req_to_token, batch));
+  PAGODA_REQUIRE(rows.tok_indptr.back() <= std::numeric_limits<int32_t>::max(), kOutOfRange,
+                 "a ragged plan of {} keys exceeds int32 indices", rows.tok_indptr.back());
+  RaggedPlan r;
+  PagedPlan& p = r.plan;
+  p.page_size = 1;
+  p.qo_indptr.assign(1, 0);
+  p.kv_indptr.assign(1, 0);
+  for (int b = 0; b < bs; ++b) {
+    const auto keys = static_cast<int32_t>(rows.tok_indptr[b + 1] - rows.tok_indptr[b]);
+    p.qo_indptr.push_back(p.qo_indptr.back() + rows.qo_lens[static_cast<size_t>(b)]);
+    p.kv_indptr.push_back(static_cast<int32_t>(rows.tok_indptr[b + 1]));
+    p.kv_last_page_len.push_back(keys > 0 ? 1 : 0);
+  }
+  p.kv_indices.resize(rows.slots.size());
+  std::iota(p.kv_indices.begin(), p.kv_indices.end(), 0);
+  r.slots = std::move(rows.slots);
+  return r;
 }
 
 }  // namespace pagoda::attention

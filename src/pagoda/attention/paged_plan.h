@@ -47,4 +47,19 @@ struct PagedPlan {
 PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
                            int pool_page_size);
 
+/// The ragged form of an extend step (AttentionBackend::gather_kv / forward_ragged).
+struct RaggedPlan {
+  /// Request b's extend_seq_lens[b] query rows over its seq_lens[b] keys, at page size 1: rows
+  /// [o_b, o_b + seq_lens[b]) of one key buffer (o_b = Σ_{j<b} seq_lens[j]; kv_indices 0, 1,
+  /// ..., n - 1).
+  PagedPlan plan;
+  /// The pool slot of each of those n rows: request b's positions [0, seq_lens[b]) from its
+  /// table row.
+  std::vector<int32_t> slots;
+};
+
+/// Builds the ragged form of a kExtend / kMixed `batch` (Error(kInvalidArgument) for another
+/// mode or a non-empty kv_start), with build_paged_plan's checks of the lengths and the table.
+RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token);
+
 }  // namespace pagoda::attention

@@ -60,6 +60,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
          "with the cuda backend: replay decode steps from CUDA graphs (on|off)")
       ->check(CLI::IsMember({"on", "off"}))
       ->default_str(a.cuda_graph ? "on" : "off");
+  cmd->add_option("--mla-prefill", a.mla_prefill,
+                  "MLA models' extend steps: auto (the expanded form, per-head K/V through "
+                  "kv_b_proj and the dense prefill kernels, where the step's keys fit the "
+                  "activations; else absorbed) or absorbed (always over the latent rows)")
+      ->check(CLI::IsMember({"auto", "absorbed"}))
+      ->capture_default_str();
   cmd->add_option_function<std::string>(
          "--overlap", [&a](const std::string& v) { a.overlap = v == "on"; },
          "overlap scheduler: prepare step N + 1 while the worker runs step N (on|off; not with "

@@ -326,19 +326,20 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
                    sizes.swa_pool_tokens, num_pages, config.page_size);
     memory_->enable_swa(static_cast<int32_t>(swa_pages));
   }
-  const model::WorkerConfig wc{.page_size = config.page_size,
-                               .num_pages = static_cast<int32_t>(num_pages),
-                               .kv_dtype = kv_dtype,
-                               .backend = config.backend,
-                               .mixed_batches = config.scheduler.mixed_batches,
-                               .cuda_graph = config.cuda_graph,
-                               .max_batch_size = config.scheduler.max_running_requests,
-                               .verify_graph_tokens = config.spec.worker_graph_tokens(
-                                   config.scheduler.max_running_requests),
-                               .state_slots = hybrid ? state_pool_slots(config) : 0,
-                               .comm = nullptr,
-                               .swa = memory_->swa_pages(),
-                               .cpu_gemm = config.cpu_gemm};
+  const model::WorkerConfig wc{
+      .page_size = config.page_size,
+      .num_pages = static_cast<int32_t>(num_pages),
+      .kv_dtype = kv_dtype,
+      .backend = config.backend,
+      .mixed_batches = config.scheduler.mixed_batches,
+      .cuda_graph = config.cuda_graph,
+      .max_batch_size = config.scheduler.max_running_requests,
+      .verify_graph_tokens = config.spec.worker_graph_tokens(config.scheduler.max_running_requests),
+      .state_slots = hybrid ? state_pool_slots(config) : 0,
+      .comm = nullptr,
+      .swa = memory_->swa_pages(),
+      .cpu_gemm = config.cpu_gemm,
+      .mla_prefill = config.mla_prefill};
   tier::TierPeers* tier_peers = nullptr;
   if (make_worker) {
     BuiltWorker built = make_worker(model, dtype, wc, table);

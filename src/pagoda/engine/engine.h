@@ -102,6 +102,9 @@ struct EngineConfig {
   /// them. Ignored on the host path, and for a hybrid model (Mamba2 layers), whose steps run
   /// eagerly (no linear-attention backend has graph hooks yet).
   bool cuda_graph = true;
+  /// MLA models: extend steps in the expanded form where it applies, or always absorbed
+  /// (model::MlaPrefill; --mla-prefill).
+  model::MlaPrefill mla_prefill = model::MlaPrefill::kAuto;
   /// Weight and activation dtype; nullopt = default_model_dtype (f32 on the CPU; bf16, or the
   /// checkpoint's f16, on CUDA). The CPU computes in f32 only.
   std::optional<DType> dtype{};

@@ -66,6 +66,10 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
   cfg.swa_pool_tokens = a.swa_pool_tokens;
   cfg.max_mamba_cache_size = a.max_mamba_cache_size;
   cfg.cuda_graph = a.cuda_graph;
+  PAGODA_REQUIRE(a.mla_prefill == "auto" || a.mla_prefill == "absorbed", kInvalidArgument,
+                 "--mla-prefill '{}': use auto or absorbed", a.mla_prefill);
+  cfg.mla_prefill =
+      a.mla_prefill == "absorbed" ? model::MlaPrefill::kAbsorbed : model::MlaPrefill::kAuto;
   cfg.overlap = a.overlap;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");

@@ -42,6 +42,7 @@ struct EngineArgs {
   /// onednn where oneDNN reports native bf16, else openblas). model_ops.h CpuGemm.
   std::string cpu_gemm = "openblas";
   bool cuda_graph = true;          ///< --cuda-graph on|off
+  std::string mla_prefill = "auto";  ///< --mla-prefill: auto | absorbed (model::MlaPrefill)
   bool overlap = false;            ///< --overlap on|off (EngineConfig::overlap)
   bool radix_cache = true;         ///< --no-radix turns it off
   bool mixed_batches = true;       ///< --no-mixed turns it off

@@ -18,13 +18,15 @@
 /// ops) and no tensor parallelism only (Error(kUnsupported) at construction otherwise, naming
 /// the hybrid state pool or the ops).
 /// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
-/// (decoder_mla.cpp): the absorbed form over the latent pool (needs ModelOps::supports_mla_ops;
-/// no tensor parallelism). DSA models (config.is_dsa()) run DeepSeek-V3.2's lightning indexer
-/// first (dsa_indexer.h: index keys into the pool, top-k handed to the backend's sparse hook);
-/// CPU ops and a KV pool only (Error(kUnsupported) at construction otherwise).
-/// The bracketed steps are Gemma's (config.qk_norm, config.sandwich_norms; act is SiLU or GeGLU
-/// per config.activation); they need ModelOps::supports_gemma_ops (Error(kUnsupported) naming
-/// the device otherwise, at construction).
+/// (decoder_mla.cpp): the absorbed form over the latent pool for decode, verify and draft steps,
+/// and for extend steps the expanded form (per-head K/V from the gathered latent rows through
+/// kv_b_proj, ragged attention) where expanded_mla allows it (MlaPrefill); needs
+/// ModelOps::supports_mla_ops; no tensor parallelism. DSA models (config.is_dsa()) run
+/// DeepSeek-V3.2's lightning indexer first (dsa_indexer.h: index keys into the pool, top-k handed
+/// to the backend's sparse hook); CPU ops and a KV pool only (Error(kUnsupported) at construction
+/// otherwise). The bracketed steps are Gemma's (config.qk_norm, config.sandwich_norms; act is SiLU
+/// or GeGLU per config.activation); they need ModelOps::supports_gemma_ops (Error(kUnsupported)
+/// naming the device otherwise, at construction).
 ///
 /// The residual stream is f32 whatever the weight dtype. forward() only enqueues work on the
 /// ops' stream: it is capturable into a CUDA graph when the backend's plan is (the worker
@@ -58,6 +60,12 @@
 namespace pagoda::model {
 
 class DsaIndexer;
+
+/// How MLA layers compute extend steps (decode, verify and draft steps are always absorbed).
+enum class MlaPrefill : uint8_t {
+  kAuto,      ///< the expanded form where Decoder::expanded_mla allows it, else absorbed
+  kAbsorbed,  ///< the absorbed form always
+};
 
 /// Device activations for up to `tokens` query rows and `rows` logit rows. Grow-only; the
 /// graph runner keeps one fixed instance so captured addresses stay valid.
@@ -163,6 +171,16 @@ class Decoder {
                attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
                const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr,
                const StateSide* state = nullptr) const;
+  /// MLA models: how extend steps are computed (kAuto at construction).
+  void set_mla_prefill(MlaPrefill form) { mla_prefill_ = form; }
+  /// Whether an MLA model's forward of `batch` with activations for `capacity` rows runs the
+  /// expanded form: kAuto, no DSA, a kExtend / kMixed step without kv_start, a backend with
+  /// ragged attention (capabilities().ragged), a pool in the ops' dtype (the gathered latent
+  /// rows feed the GEMMs as they are), and at most `capacity` keys in the step (Σ seq_lens: the
+  /// gathered rows and the expanded K / V live in the activations). Else the absorbed form.
+  bool expanded_mla(const attention::ForwardBatch& batch,
+                    const attention::AttentionBackend& backend, int64_t capacity) const;
+
   /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params(); with
   /// `masked`, first applies the staged token masks (a.mask_count() of a.mask_rows() /
   /// a.mask_words(), ModelOps::mask_logits) to the logits in place.
@@ -175,17 +193,18 @@ class Decoder {
     const void *attn_out_norm, *mlp_out_norm, *q_norm, *k_norm;
     const float* inv_freq;  ///< the layer's RoPE frequencies (f32, device)
     // MLA (null otherwise): LlamaModel::PackedLayer's fields of the same names.
-    const void *q_a_proj, *q_a_norm, *q_proj, *kv_a_proj, *kv_a_norm, *w_uk_t, *w_uv;
+    const void *q_a_proj, *q_a_norm, *q_proj, *kv_a_proj, *kv_a_norm, *w_uk_t, *w_uk, *w_uv;
     // DSA indexer (null otherwise): PackedLayer's idx_* fields.
     const void *idx_wq_b, *idx_wk, *idx_k_norm, *idx_k_norm_bias, *idx_weights_proj;
   };
   /// Elements of Activations::mla for `tokens` rows.
   int64_t mla_scratch_elems(int64_t tokens) const;
   /// One MLA layer's attention block: a.h (normed hidden) → a.x (o_proj output), writing the
-  /// new tokens' latent rows [rms_norm(c) | rope(k_pe)] into the pool through the backend.
+  /// new tokens' latent rows [rms_norm(c) | rope(k_pe)] into the pool through the backend; the
+  /// expanded form when `expanded` (expanded_mla's verdict for the step), else absorbed.
   void mla_attention(Activations& a, const LayerPtrs& w, int l,
                      const attention::ForwardBatch& batch, attention::AttentionBackend& backend,
-                     int64_t t) const;
+                     int64_t t, bool expanded) const;
   /// Fills p's MLA pointers (uploads) from w.
   void upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const;
   /// Uploads a weight slice; keeps the host copy only for the CPU ops (they use it in place).
@@ -209,6 +228,7 @@ class Decoder {
   kv::KvPool* kv_pool_ = nullptr;
   bool swa_pool_ = false;
   std::unique_ptr<DsaIndexer> dsa_;  ///< DSA models only
+  MlaPrefill mla_prefill_ = MlaPrefill::kAuto;
   /// Hybrid models: the Mamba2 mixer (scratch, hence mutable), each Mamba2 layer's weights and
   /// its layer in the state pool (-1 for an attention layer).
   std::unique_ptr<Mamba2Mixer> mixer_;

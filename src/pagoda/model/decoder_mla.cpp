@@ -1,16 +1,27 @@
-// Decoder::mla_attention: one DeepSeek-V2/V3 attention block in the absorbed form (decoder.h).
+// Decoder::mla_attention: one DeepSeek-V2/V3 attention block (decoder.h), absorbed or expanded.
 //
 //   q      = [rms_norm(h·W_qaᵀ)·w_qa]·W_qbᵀ  or  h·W_qᵀ           [t, Hq, nope + rope]
 //   [c, k_pe] = h·W_kvaᵀ;  latent = rms_norm(c)·w_kva;  k_pe = rope_interleaved(k_pe)
 //   q_pe   = rope_interleaved(q[:, :, nope:])
+// Absorbed (decode, verify, draft; extend where the expanded form is not chosen):
 //   q_abs  = [q_nope_h·W_UK_h | q_pe_h] per head                   [t, Hq, kv_lora + rope]
 //   o_lat  = attention(q_abs, pool latent rows [latent | k_pe])    [t, Hq, kv_lora]
-//   x      = concat_h(o_lat_h·W_UV_hᵀ)·W_oᵀ
-// q_abs·[latent | k_pe] = q_nope·(W_UK·latent) + q_pe·k_pe is the non-absorbed score exactly,
-// and o_lat·W_UVᵀ is the non-absorbed output (V = W_UV·latent), so one path serves decode,
-// extend, prefix hits and verify. The layer's softmax scale (1/sqrt(nope + rope), times YaRN's
-// mscale²) is in the AttentionLayer. DSA models (dsa_indexer.h) restrict each row's attention
-// to the indexer's top-k positions through the backend's sparse hook.
+//   o      = concat_h(o_lat_h·W_UV_hᵀ)
+// Expanded (extend steps, Decoder::expanded_mla; SGLang's MHA prefill form):
+//   the new latent rows go into the pool (save_kv); every row the step's requests see comes
+//   back out (gather_kv, n = Σ seq_lens rows: prefix and new, in position order);
+//   K_h    = [lat·W_UK_hᵀ | k_pe]  V_h = lat·W_UV_hᵀ                 [n, Hq, nope + rope], [n, Hq,
+//   v] o      = ragged attention(q, K, V)                              [t, Hq, v]
+// and x = o·W_oᵀ either way. q_abs·[latent | k_pe] = q_nope·(W_UK·latent) + q_pe·k_pe is the
+// expanded score exactly, and o_lat·W_UVᵀ the expanded output (V = W_UV·latent): the two forms
+// differ by rounding only. The expanded form costs a kv_b_proj GEMM per key and attends at
+// Dqk / Dv = nope + rope / v instead of kv_lora + rope / kv_lora per head (576 / 512 -> 192 / 128
+// at DeepSeek's sizes: the dense prefill kernels). The layer's softmax scale (1/sqrt(nope +
+// rope), times YaRN's mscale²) is in the AttentionLayer. DSA models (dsa_indexer.h) restrict
+// each row's attention to the indexer's top-k positions through the backend's sparse hook
+// (absorbed only).
+#include <algorithm>
+
 #include "pagoda/core/tensor_view.h"
 #include "pagoda/model/decoder.h"
 #include "pagoda/model/dsa_indexer.h"
@@ -19,18 +30,27 @@ namespace pagoda::model {
 
 namespace {
 
-/// Offsets (elements) of the parts of Activations::mla for t rows.
+/// Offsets (elements) of the parts of Activations::mla for a capacity of n rows (the same
+/// addresses whatever a step's row count: graphs capture them). The absorbed form uses qa, q,
+/// kv, q_abs, o_lat and ov; the expanded form qa, q, kv and ov, with the gathered latent rows
+/// (lat) and the expanded K / V of up to n keys where q_abs and o_lat are (past them when
+/// larger). Every part starts on a 64-element boundary.
 struct MlaScratch {
-  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, ov = 0, end = 0;
-  MlaScratch(const ModelConfig& c, int64_t t) {
+  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, lat = 0, k = 0, v = 0, ov = 0, end = 0;
+  MlaScratch(const ModelConfig& c, int64_t n) {
     const MlaConfig& m = c.mla;
     const int64_t hq = c.num_q_heads, r = m.kv_lora_rank, p = m.qk_rope_head_dim;
-    q = qa + t * m.q_lora_rank;
-    kv = q + t * hq * (m.qk_nope_head_dim + p);
-    q_abs = kv + t * (r + p);
-    o_lat = q_abs + t * hq * (r + p);
-    ov = o_lat + t * hq * r;
-    end = ov + t * hq * m.v_head_dim;
+    const int64_t qk = m.qk_nope_head_dim + p, dv = m.v_head_dim;
+    auto after = [](int64_t at, int64_t elems) { return (at + elems + 63) / 64 * 64; };
+    q = after(qa, n * m.q_lora_rank);
+    kv = after(q, n * hq * qk);
+    q_abs = after(kv, n * (r + p));
+    o_lat = after(q_abs, n * hq * (r + p));
+    lat = q_abs;
+    k = after(lat, n * (r + p));
+    v = after(k, n * hq * qk);
+    ov = std::max(after(o_lat, n * hq * r), after(v, n * hq * dv));
+    end = after(ov, n * hq * dv);
   }
 };
 
@@ -38,6 +58,15 @@ struct MlaScratch {
 
 int64_t Decoder::mla_scratch_elems(int64_t tokens) const {
   return MlaScratch(model_->config(), tokens).end;
+}
+
+bool Decoder::expanded_mla(const attention::ForwardBatch& batch,
+                           const attention::AttentionBackend& backend, int64_t capacity) const {
+  using attention::ForwardMode;
+  return model_->config().is_mla() && mla_prefill_ == MlaPrefill::kAuto && dsa_ == nullptr &&
+         (batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kMixed) &&
+         batch.kv_start.empty() && backend.capabilities().ragged && kv_pool_ != nullptr &&
+         kv_pool_->config().dtype == ops_->dtype() && batch.seq_lens_sum() <= capacity;
 }
 
 void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
@@ -48,6 +77,7 @@ void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
   p.kv_a_proj = ops.upload(w.kv_a_proj);
   p.kv_a_norm = ops.upload(w.kv_a_norm);
   p.w_uk_t = ops.upload(w.w_uk_t);
+  p.w_uk = ops.upload(w.w_uk);
   p.w_uv = ops.upload(w.w_uv);
   if (w.idx_wq_b.empty()) return;
   p.idx_wq_b = ops.upload(w.idx_wq_b);
@@ -59,7 +89,7 @@ void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
 
 void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
                             const attention::ForwardBatch& batch,
-                            attention::AttentionBackend& backend, int64_t t) const {
+                            attention::AttentionBackend& backend, int64_t t, bool expanded) const {
   ModelOps& ops = *ops_;
   const ModelConfig& c = model_->config();
   const MlaConfig& m = c.mla;
@@ -70,7 +100,7 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   const DType dt = ops.dtype();
   const Device dev = ops.device();
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  const MlaScratch s(c, t);
+  const MlaScratch s(c, a.tokens);
   char* base = static_cast<char*>(a.mla.get());
   auto at = [&](int64_t off) { return base + off * es; };
   const float factor = static_cast<float>(model_->rope_of(l).attention_factor());
@@ -89,31 +119,58 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   ops.rope_interleaved(at(s.q) + nope * es, t, hq * qk, hq, qk, p, a.positions(), w.inv_freq,
                        factor);
 
-  // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h] (the rope parts
-  // of all t·hq heads in one 2-D copy: a head's row is qk elements in q, r + p in q_abs).
-  ops.linear_groups(at(s.q), hq * qk, qk, w.w_uk_t, at(s.q_abs), hq * (r + p), r + p, t, r, nope,
-                    hq);
-  ops.copy_2d(at(s.q_abs) + r * es, (r + p) * es, at(s.q) + nope * es, qk * es, p * es, t * hq);
   if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
-  if (dsa_ != nullptr) {  // DSA: index keys, and the top-k the attention may see
-    auto f32 = [](const void* p) { return static_cast<const float*>(p); };
-    const DsaLayerWeights dw{.wq_b = w.idx_wq_b,
-                             .wk = w.idx_wk,
-                             .k_norm = f32(w.idx_k_norm),
-                             .k_norm_bias = f32(w.idx_k_norm_bias),
-                             .weights_proj = w.idx_weights_proj,
-                             .inv_freq = w.inv_freq,
-                             .rope_factor = factor};
-    dsa_->run(LayerId{l}, dw, a.h.get(), at(s.qa), a.positions(), a.cache_loc(), batch, *kv_pool_,
-              backend);
+  const attention::AttentionLayer& layer = attn_layers_[static_cast<size_t>(l)];
+  if (expanded) {
+    // The new latent rows into the pool, then all n rows the requests see out of it.
+    const int64_t n = batch.seq_lens_sum();
+    backend.save_kv(TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(), layer, batch);
+    backend.gather_kv(layer, batch, TensorView(at(s.lat), dt, {n, 1, r + p}, dev), TensorView());
+    // K_h = [lat·W_UK_hᵀ | k_pe]: k_pe into head 0, then doubled into the other heads (a span
+    // from head 0's rope part to head c-1's: the nope parts it carries are written next), then
+    // every head's nope part and V in one grouped GEMM each (x_group 0: all read lat).
+    const int64_t krow = hq * qk * es;
+    ops.copy_2d(at(s.k) + nope * es, krow, at(s.lat) + r * es, (r + p) * es, p * es, n);
+    for (int64_t h = 1; h < hq; h *= 2) {
+      const int64_t heads = std::min(h, hq - h);
+      ops.copy_2d(at(s.k) + (h * qk + nope) * es, krow, at(s.k) + nope * es, krow,
+                  ((heads - 1) * qk + p) * es, n);
+    }
+    ops.linear_groups(at(s.lat), r + p, 0, w.w_uk, at(s.k), hq * qk, qk, n, nope, r, hq);
+    ops.linear_groups(at(s.lat), r + p, 0, w.w_uv, at(s.v), hq * dv, dv, n, dv, r, hq);
+    attention::AttentionLayer per_head = layer;
+    per_head.num_kv_heads = static_cast<int>(hq);
+    per_head.head_dim_qk = static_cast<int>(qk);
+    per_head.head_dim_v = static_cast<int>(dv);
+    per_head.is_mla = false;
+    backend.forward_ragged(TensorView(at(s.q), dt, {t, hq, qk}, dev),
+                           TensorView(at(s.k), dt, {n, hq, qk}, dev),
+                           TensorView(at(s.v), dt, {n, hq, dv}, dev), per_head, batch,
+                           TensorView(at(s.ov), dt, {t, hq, dv}, dev));
+  } else {
+    // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h] (the rope parts
+    // of all t·hq heads in one 2-D copy: a head's row is qk elements in q, r + p in q_abs).
+    ops.linear_groups(at(s.q), hq * qk, qk, w.w_uk_t, at(s.q_abs), hq * (r + p), r + p, t, r, nope,
+                      hq);
+    ops.copy_2d(at(s.q_abs) + r * es, (r + p) * es, at(s.q) + nope * es, qk * es, p * es, t * hq);
+    if (dsa_ != nullptr) {  // DSA: index keys, and the top-k the attention may see
+      auto f32 = [](const void* p) { return static_cast<const float*>(p); };
+      const DsaLayerWeights dw{.wq_b = w.idx_wq_b,
+                               .wk = w.idx_wk,
+                               .k_norm = f32(w.idx_k_norm),
+                               .k_norm_bias = f32(w.idx_k_norm_bias),
+                               .weights_proj = w.idx_weights_proj,
+                               .inv_freq = w.inv_freq,
+                               .rope_factor = factor};
+      dsa_->run(LayerId{l}, dw, a.h.get(), at(s.qa), a.positions(), a.cache_loc(), batch, *kv_pool_,
+                backend);
+    }
+    backend.forward(TensorView(at(s.q_abs), dt, {t, hq, r + p}, dev),
+                    TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(), layer, batch,
+                    TensorView(at(s.o_lat), dt, {t, hq, r}, dev), attention::SaveKv::kYes);
+    // Per head v_h = o_lat_h·W_UV_hᵀ into [t, Hq·v].
+    ops.linear_groups(at(s.o_lat), hq * r, r, w.w_uv, at(s.ov), hq * dv, dv, t, dv, r, hq);
   }
-  backend.forward(TensorView(at(s.q_abs), dt, {t, hq, r + p}, dev),
-                  TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(),
-                  attn_layers_[static_cast<size_t>(l)], batch,
-                  TensorView(at(s.o_lat), dt, {t, hq, r}, dev), attention::SaveKv::kYes);
-
-  // Per head v_h = o_lat_h·W_UV_hᵀ into [t, Hq·v], then o_proj.
-  ops.linear_groups(at(s.o_lat), hq * r, r, w.w_uv, at(s.ov), hq * dv, dv, t, dv, r, hq);
   ops.linear(at(s.ov), w.o_proj, a.x.get(), t, hd, hq * dv);
 }
 

@@ -198,12 +198,14 @@ void LlamaModel::pack_mla(const LayerWeights& w, PackedLayer& p) const {
   p.idx_k_norm_bias = w.idx_k_norm_bias;
   p.idx_weights_proj = w.idx_weights_proj;
   p.w_uk_t.resize(static_cast<size_t>(hq * r * nope));
+  p.w_uk.resize(static_cast<size_t>(hq * nope * r));
   p.w_uv.resize(static_cast<size_t>(hq * dv * r));
   for (int64_t h = 0; h < hq; ++h) {
     const float* rows = w.kv_b_proj.data() + h * (nope + dv) * r;  // [nope + v, r] of head h
     float* uk = p.w_uk_t.data() + h * r * nope;
     for (int64_t i = 0; i < nope; ++i)
       for (int64_t c = 0; c < r; ++c) uk[c * nope + i] = rows[i * r + c];
+    std::copy(rows, rows + nope * r, p.w_uk.begin() + h * nope * r);
     std::copy(rows + nope * r, rows + (nope + dv) * r, p.w_uv.begin() + h * dv * r);
   }
 }
@@ -259,13 +261,18 @@ int64_t LlamaModel::weight_elements() const {
   int64_t total = n(embed_) + n(lm_head_) + n(final_norm_) +
                   static_cast<int64_t>(embed16_.size() + lm_head16_.size());
   for (const PackedLayer& p : packed_) {
-    for (const std::vector<float>* v :
-         {&p.input_norm, &p.qkv_proj, &p.qkv_bias, &p.o_proj, &p.post_norm, &p.gate_up,
-          &p.down_proj, &p.attn_out_norm, &p.mlp_out_norm, &p.q_norm, &p.k_norm, &p.q_a_proj,
-          &p.q_a_norm, &p.q_proj, &p.kv_a_proj, &p.kv_a_norm, &p.w_uk_t, &p.w_uv, &p.idx_wq_b,
-          &p.idx_wk, &p.idx_k_norm, &p.idx_k_norm_bias, &p.idx_weights_proj, &p.ssm_in_proj,
-          &p.ssm_in_bias, &p.ssm_conv, &p.ssm_conv_bias, &p.ssm_dt_bias, &p.ssm_a_log, &p.ssm_d,
-          &p.ssm_norm, &p.ssm_out_proj, &p.ssm_out_bias})
+    for (const std::vector<float>* v : {&p.input_norm,    &p.qkv_proj,        &p.qkv_bias,
+                                        &p.o_proj,        &p.post_norm,       &p.gate_up,
+                                        &p.down_proj,     &p.attn_out_norm,   &p.mlp_out_norm,
+                                        &p.q_norm,        &p.k_norm,          &p.q_a_proj,
+                                        &p.q_a_norm,      &p.q_proj,          &p.kv_a_proj,
+                                        &p.kv_a_norm,     &p.w_uk_t,          &p.w_uk,
+                                        &p.w_uv,          &p.idx_wq_b,        &p.idx_wk,
+                                        &p.idx_k_norm,    &p.idx_k_norm_bias, &p.idx_weights_proj,
+                                        &p.ssm_in_proj,   &p.ssm_in_bias,     &p.ssm_conv,
+                                        &p.ssm_conv_bias, &p.ssm_dt_bias,     &p.ssm_a_log,
+                                        &p.ssm_d,         &p.ssm_norm,        &p.ssm_out_proj,
+                                        &p.ssm_out_bias})
       total += n(*v);
     for (const std::vector<uint16_t>* v :
          {&p.bf16.qkv_proj, &p.bf16.o_proj, &p.bf16.gate_up, &p.bf16.down_proj})

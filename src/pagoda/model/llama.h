@@ -92,6 +92,9 @@ class LlamaModel {
     /// Per head h, W_UKᵀ: [Hq][kv_lora, nope] (kv_b_proj's k_nope rows of head h, transposed):
     /// q_latent_h = q_nope_h·W_UK_h, the absorbed query.
     std::vector<float> w_uk_t;
+    /// Per head h, W_UK: [Hq][nope, kv_lora] (kv_b_proj's k_nope rows of head h as they are):
+    /// k_nope_h = latent·W_UK_hᵀ, the expanded prefill form's keys.
+    std::vector<float> w_uk;
     /// Per head h, W_UV: [Hq][v, kv_lora] (kv_b_proj's v rows of head h): v_h = o_latent_h·W_UVᵀ.
     std::vector<float> w_uv;
     // DSA indexer (config.is_dsa(); LayerWeights' idx_* fields as they are).

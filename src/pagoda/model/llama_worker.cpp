@@ -99,6 +99,7 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
+  decoder_->set_mla_prefill(config.mla_prefill);
   if (model.config().has_linear_layers()) {
     state_pool_ = std::make_unique<kv::StatePool>(
         model.config().num_linear_layers(),

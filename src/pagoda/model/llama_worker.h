@@ -84,6 +84,8 @@ struct WorkerConfig {
   /// make_model_ops; tensor-parallel ranks build their own). The worker itself takes its ops
   /// ready-made and does not read it.
   CpuGemm cpu_gemm = CpuGemm::kOpenBlas;
+  /// MLA models: how extend steps are computed (Decoder::set_mla_prefill).
+  MlaPrefill mla_prefill = MlaPrefill::kAuto;
 };
 
 class LlamaWorker final : public ModelWorker {

@@ -9,6 +9,8 @@
 // fits in index_topk, and speculative decoding refused naming DSA.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -140,6 +142,55 @@ TEST(EngineMla, IdenticalWithPrefixHitsChunkingPagesAndSpeculation) {
   }
 }
 
+// The expanded prefill form (extend steps: per-head K/V through kv_b_proj, ragged attention;
+// model/decoder.h MlaPrefill) against the absorbed form on the same requests (prefix hits and
+// chunks, so extends over prefixes too): the same greedy tokens, logprobs within f32 rounding,
+// and not bit-equal (the two forms did run: they round differently).
+TEST(EngineMla, ExpandedPrefillAgreesWithAbsorbed) {
+  const uint64_t seed = 6021;
+  SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);
+  for (bool q_lora : {true, false}) {
+    SCOPED_TRACE(q_lora ? "q-lora" : "no q-lora");
+    model::LlamaModel& m = mla_model(q_lora).model;
+    std::vector<std::vector<int32_t>> prompts = testing::make_prompts(seed, 6);
+    auto run = [&](model::MlaPrefill form, const char* backend) {
+      EngineConfig cfg =
+          config_of(MlaRun{.backend = backend, .page = 16, .radix = true, .chunk = 16});
+      cfg.mla_prefill = form;
+      Engine engine(m, cfg);
+      std::vector<RequestId> ids;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        if (i == prompts.size() / 2)
+          for (int s = 0; s < 3; ++s) engine.step();
+        ids.push_back(
+            engine.add_request({.prompt = prompts[i], .max_new_tokens = 6, .logprobs = 1}));
+      }
+      engine.run_until_idle();
+      std::pair<std::vector<int32_t>, std::vector<float>> r;
+      for (RequestId id : ids) {
+        const RequestOutput& out = engine.output(id);
+        EXPECT_EQ(out.state, RequestState::kFinished) << out.error;
+        r.first.insert(r.first.end(), out.output_ids.begin(), out.output_ids.end());
+        for (const model::TokenLogprobs& t : out.logprobs) r.second.push_back(t.logprob);
+      }
+      return r;
+    };
+    for (const char* backend : {"reference", "cpu"}) {
+      SCOPED_TRACE(backend);
+      const auto absorbed = run(model::MlaPrefill::kAbsorbed, backend);
+      const auto expanded = run(model::MlaPrefill::kAuto, backend);
+      EXPECT_EQ(expanded.first, absorbed.first);
+      ASSERT_EQ(expanded.second.size(), absorbed.second.size());
+      ASSERT_FALSE(absorbed.second.empty());
+      double worst = 0;
+      for (size_t i = 0; i < absorbed.second.size(); ++i)
+        worst = std::max(worst, double(std::fabs(expanded.second[i] - absorbed.second[i])));
+      EXPECT_LE(worst, 1e-4);
+      EXPECT_NE(expanded.second, absorbed.second) << "the expanded form did not run";
+    }
+  }
+}
+
 /// mla_test_config(true) as DeepSeek-V3.2: a lightning indexer of 2 heads of 16 dims keeping
 /// `topk`.
 model::ModelConfig dsa_config(int topk) {
@@ -236,8 +287,11 @@ TEST(EngineMla, DsaWithinTopkEqualsDenseMlaExactly) {
   SCOPED_TRACE(::testing::Message() << "prompt seed " << seed);
   static testing::TestModel wide(dsa_config(128), 20261206);  // contexts stay below 128
   const std::vector<std::vector<int32_t>> prompts = testing::make_prompts(seed, 4);
+  // Dense MLA absorbed as DSA is (the expanded prefill form rounds differently).
   auto run = [&](model::LlamaModel& m) {
-    Engine engine(m, config_of(MlaRun{.backend = "cpu", .page = 16, .radix = true, .chunk = 16}));
+    EngineConfig cfg = config_of(MlaRun{.backend = "cpu", .page = 16, .radix = true, .chunk = 16});
+    cfg.mla_prefill = model::MlaPrefill::kAbsorbed;
+    Engine engine(m, cfg);
     std::vector<RequestId> ids;
     for (const auto& p : prompts)
       ids.push_back(engine.add_request({.prompt = p, .max_new_tokens = 6, .logprobs = 2}));

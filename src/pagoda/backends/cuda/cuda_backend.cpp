@@ -25,7 +25,8 @@ bool same_shape(const AttentionShape& a, const AttentionShape& b) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels) : ctx_(ctx) {
+CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels)
+    : ctx_(ctx), kernels_(kernels) {
   PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
                  "backend 'cuda' needs a KvPool and a ReqToTokenTable in its BackendContext");
   PAGODA_REQUIRE(ctx.kv_pool->device().is_cuda(), kUnsupported,
@@ -44,6 +45,7 @@ CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels
 
 CudaBackend::~CudaBackend() {
   attn_.reset();
+  ragged_attn_.reset();
   if (own_stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -52,6 +54,7 @@ BackendCapabilities CudaBackend::static_capabilities() {
   c.cuda_graph = true;
   c.dsa = true;  // sparse MLA on the gather plan (cuda_backend.h), eager steps
   c.dsa_indexer = true;  // f32 scores + a stable segmented sort (kernels/cuda/dsa_indexer.h)
+  c.ragged = true;       // eager extend steps (cuda_backend.h)
   c.device = "cuda";
   return c;
 }
@@ -79,6 +82,8 @@ void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> 
   sparse_on_device_ = false;
   sparse_shape_k_ = 0;
   sparse_planned_.reset();
+  ragged_.reset();
+  ragged_planned_.reset();
   if (ctx_.kv_pool->config().index_head_dim > 0) {
     indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
     upload_indexer_metadata();
@@ -189,15 +194,100 @@ void CudaBackend::append_kv(const AttentionLayer& layer, const TensorView& k, co
   if (!layer.is_mla) write(v, pool.v_view(layer.layer_id), layer.v_scale, "v");
 }
 
+void CudaBackend::require_planned(const ForwardBatch& batch, const char* what) const {
+  PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
+                 kFailedPrecondition,
+                 "backend 'cuda': {}({}, {} tokens) without init_forward_metadata for it", what,
+                 forward_mode_name(batch.mode), batch.num_tokens());
+}
+
+const RaggedPlan& CudaBackend::ragged(const ForwardBatch& batch) {
+  if (ragged_) return *ragged_;
+  PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
+                 "backend 'cuda': ragged attention runs eagerly, not in a CUDA graph");
+  RaggedPlan r = build_ragged_plan(batch, *ctx_.req_to_token);
+  const size_t bytes = std::max<size_t>(r.slots.size(), 1) * 4;
+  if (ragged_slots_.bytes() < bytes) ragged_slots_.reset(bytes);
+  if (!r.slots.empty())
+    cuda::cuda_check(cudaMemcpyAsync(ragged_slots_.get(), r.slots.data(), r.slots.size() * 4,
+                                     cudaMemcpyHostToDevice, stream_),
+                     "cudaMemcpyAsync(ragged slots)");
+  ragged_ = std::move(r);
+  return *ragged_;
+}
+
+void CudaBackend::save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
+                          const ForwardBatch& batch) {
+  require_planned(batch, "save_kv");
+  PAGODA_REQUIRE(layer.is_mla == (ctx_.kv_pool->config().layout == kv::KvLayout::kMla),
+                 kInvalidArgument, "layer {} is {} but the pool is {}", layer.layer_id,
+                 layer.is_mla ? "MLA" : "MHA", layer.is_mla ? "MHA" : "MLA");
+  if (batch.num_tokens() > 0) append_kv(layer, k, v, batch.num_tokens());
+}
+
+void CudaBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
+                            const TensorView& k_out, const TensorView& v_out) {
+  require_planned(batch, "gather_kv");
+  const kv::KvPool& pool = *ctx_.kv_pool;
+  const RaggedPlan& r = ragged(batch);
+  const auto n = static_cast<int64_t>(r.slots.size());
+  check_gather_outputs(pool, layer.layer_id, n, k_out, v_out, "backend 'cuda' gather_kv");
+  PAGODA_REQUIRE(n <= 0x7fffffff, kOutOfRange, "backend 'cuda': gather_kv of {} rows", n);
+  auto gather = [&](const TensorView& cache, int64_t row_elems, const TensorView& out) {
+    kernels::cuda::GatherRowsArgs a;
+    a.src = static_cast<const unsigned char*>(cache.data());
+    a.row_bytes = row_elems * static_cast<int64_t>(dtype_size(cache.dtype()));
+    a.rows = static_cast<const int32_t*>(ragged_slots_.get());
+    a.n = static_cast<int>(n);
+    a.dst = static_cast<unsigned char*>(out.data());
+    kernels::cuda::launch_gather_rows(a, stream_).throw_if_error();
+  };
+  gather(pool.k_view(layer.layer_id), pool.k_row_elems(), k_out);
+  if (pool.config().layout != kv::KvLayout::kMla)
+    gather(pool.v_view(layer.layer_id), pool.v_row_elems(), v_out);
+}
+
+void CudaBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                                 const AttentionLayer& layer, const ForwardBatch& batch,
+                                 const TensorView& out) {
+  require_planned(batch, "forward_ragged");
+  PAGODA_REQUIRE(!layer.is_mla, kInvalidArgument,
+                 "backend 'cuda': forward_ragged takes per-head K/V (layer {} is MLA)",
+                 layer.layer_id);
+  PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
+                 "backend 'cuda': forward_ragged after a DSA selection (sparse attention reads "
+                 "the pool: use forward)");
+  const RaggedPlan& r = ragged(batch);
+  const auto n = static_cast<int64_t>(r.slots.size());
+  PAGODA_REQUIRE(
+      k.rank() == 3 && v.rank() == 3 && k.size(0) == n && v.size(0) == n && k.dtype() == v.dtype(),
+      kInvalidArgument,
+      "backend 'cuda': ragged K {} / V {} must be [{}, H, D] of one "
+      "dtype",
+      k.describe(), v.describe(), n);
+  const AttentionShape shape{.num_qo_heads = layer.num_q_heads,
+                             .num_kv_heads = layer.num_kv_heads,
+                             .head_dim_qk = layer.head_dim_qk,
+                             .head_dim_v = layer.head_dim_v,
+                             .q_dtype = q.dtype(),
+                             .kv_dtype = k.dtype(),
+                             .out_dtype = out.dtype()};
+  if (!ragged_attn_) ragged_attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
+  if (!ragged_planned_ || !same_shape(*ragged_planned_, shape)) {
+    ragged_attn_->plan(r.plan.input(), shape);
+    ragged_planned_ = shape;
+  }
+  RunParams params = run_params_for(layer);
+  params.k_scale = params.v_scale = 1.f;
+  ragged_attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), params);
+}
+
 void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
                       const AttentionLayer& layer, const ForwardBatch& batch,
                       const TensorView& out, SaveKv save) {
   const TensorView lse = lse_;
   lse_ = TensorView();
-  PAGODA_REQUIRE(planned_ && planned_mode_ == batch.mode && planned_tokens_ == batch.num_tokens(),
-                 kFailedPrecondition,
-                 "backend 'cuda': forward({}, {} tokens) without init_forward_metadata for it",
-                 forward_mode_name(batch.mode), batch.num_tokens());
+  require_planned(batch, "forward");
   kv::KvPool& pool = *ctx_.kv_pool;
   PAGODA_REQUIRE(layer.is_mla == (pool.config().layout == kv::KvLayout::kMla), kInvalidArgument,
                  "layer {} is {} but the pool is {}", layer.layer_id, layer.is_mla ? "MLA" : "MHA",

@@ -24,6 +24,12 @@
 /// 1) with the same kernels (MLA: the decode kernels, every row having one query), and the
 /// forward after it re-plans the step's dense plan. Eager steps only: set_sparse_topk and a
 /// sparse forward are Error(kFailedPrecondition) while the stream is capturing.
+///
+/// Ragged attention (backend.h; eager extend steps): save_kv is the append kernel; gather_kv
+/// uploads the step's build_ragged_plan slots once (at its first ragged call) and copies the
+/// pool rows with one gather launch per buffer; forward_ragged runs a second CudaBatchAttention
+/// planned on the ragged plan once per step and shape (the 192/128 MLA prefill: the sm90 prefill
+/// kernel) over the caller's K/V.
 
 #include <cuda_runtime_api.h>
 
@@ -77,6 +83,14 @@ class CudaBackend final : public attention::AttentionBackend {
   /// costs its kernels only: no host round trip, no synchronisation, no per-layer plan.
   void apply_index_topk(LayerId layer, const attention::IndexerQuery& q, int k) override;
 
+  void save_kv(const TensorView& k, const TensorView& v, const attention::AttentionLayer& layer,
+               const attention::ForwardBatch& batch) override;
+  void gather_kv(const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+                 const TensorView& k_out, const TensorView& v_out) override;
+  void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+                      const TensorView& out) override;
+
   void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
   void init_forward_metadata_capture_cuda_graph(const attention::ForwardBatch& batch) override;
   void init_forward_metadata_replay_cuda_graph(const attention::ForwardBatch& batch) override;
@@ -99,6 +113,10 @@ class CudaBackend final : public attention::AttentionBackend {
            const TensorView& out, attention::SaveKv save);
   attention::AttentionShape shape_for(const attention::AttentionLayer& layer, const TensorView& q,
                                       const TensorView& out) const;
+  /// Error(kFailedPrecondition) unless `batch` is the planned step (`what` names the call).
+  void require_planned(const attention::ForwardBatch& batch, const char* what) const;
+  /// The step's ragged plan, built and its slots uploaded on first use (eager only).
+  const attention::RaggedPlan& ragged(const attention::ForwardBatch& batch);
   void append_kv(const attention::AttentionLayer& layer, const TensorView& k, const TensorView& v,
                  int num_tokens);
 
@@ -140,6 +158,11 @@ class CudaBackend final : public attention::AttentionBackend {
   std::optional<attention::AttentionShape> sparse_planned_;
   cuda::CudaBuffer sparse_device_;  ///< [rows + 1] kv_indptr, then the selected slots
   cuda::CudaBuffer index_scratch_;  ///< select_index_topk's per-layer arrays (q, w, scores, out)
+  KernelOptions kernels_;
+  std::optional<attention::RaggedPlan> ragged_;  ///< this step's, once a ragged call needed it
+  cuda::CudaBuffer ragged_slots_;                ///< its slots on the device
+  std::unique_ptr<cuda::CudaBatchAttention> ragged_attn_;    ///< forward_ragged's kernels
+  std::optional<attention::AttentionShape> ragged_planned_;  ///< shape ragged_attn_ holds
 };
 
 /// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws

@@ -57,6 +57,7 @@ HybridBackend::HybridBackend(std::unique_ptr<AttentionBackend> prefill,
   PAGODA_REQUIRE(prefill_ != nullptr && decode_ != nullptr, kInvalidArgument,
                  "HybridBackend needs both a prefill and a decode backend");
   caps_ = intersect_capabilities(prefill_->capabilities(), decode_->capabilities());
+  caps_.ragged = prefill_->capabilities().ragged;  // extend steps only: the prefill child's
 }
 
 std::string HybridBackend::name() const {
@@ -71,6 +72,22 @@ AttentionBackend& HybridBackend::backend_for(ForwardMode mode) const {
 
 void HybridBackend::init_forward_metadata(const ForwardBatch& batch) {
   backend_for(batch.mode).init_forward_metadata(batch);
+}
+
+void HybridBackend::save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
+                            const ForwardBatch& batch) {
+  backend_for(batch.mode).save_kv(k, v, layer, batch);
+}
+
+void HybridBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
+                              const TensorView& k_out, const TensorView& v_out) {
+  backend_for(batch.mode).gather_kv(layer, batch, k_out, v_out);
+}
+
+void HybridBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                                   const AttentionLayer& layer, const ForwardBatch& batch,
+                                   const TensorView& out) {
+  backend_for(batch.mode).forward_ragged(q, k, v, layer, batch, out);
 }
 
 void HybridBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,

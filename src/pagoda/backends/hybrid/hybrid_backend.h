@@ -1,8 +1,9 @@
 #pragma once
 /// HybridBackend: two backends composed by forward mode (sglang HybridAttnBackend, spec §1.5):
-/// kDecode and kIdle go to the decode backend, every other mode to the prefill backend; kTargetVerify
-/// goes to the prefill backend unless VerifyRoute::kDecode is chosen. Capabilities are the
-/// intersection of both; CUDA-graph hooks are delegated to the decode backend.
+/// kDecode and kIdle go to the decode backend, every other mode to the prefill backend;
+/// kTargetVerify goes to the prefill backend unless VerifyRoute::kDecode is chosen. Capabilities
+/// are the intersection of both; CUDA-graph hooks are delegated to the decode backend; the ragged
+/// calls (extend steps) go to the prefill backend, whose `ragged` capability the hybrid's is.
 
 #include <memory>
 
@@ -33,6 +34,13 @@ class HybridBackend final : public attention::AttentionBackend {
   void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
                       const TensorView& out, attention::SaveKv save) override;
+  void save_kv(const TensorView& k, const TensorView& v, const attention::AttentionLayer& layer,
+               const attention::ForwardBatch& batch) override;
+  void gather_kv(const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+                 const TensorView& k_out, const TensorView& v_out) override;
+  void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
+                      const TensorView& out) override;
   void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
                       const TensorView& out, attention::SaveKv save) override;

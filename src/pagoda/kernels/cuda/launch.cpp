@@ -93,6 +93,15 @@ Status launch_move_rows(const MoveRowsArgs& a, cudaStream_t s) {
   return to_status(raw::move_rows(a, s), "move_rows launch");
 }
 
+Status launch_gather_rows(const GatherRowsArgs& a, cudaStream_t s) {
+  if (a.n < 0 || a.row_bytes < 0)
+    return Status(ErrorCode::kInvalidArgument, "gather_rows: negative size");
+  if (a.n == 0 || a.row_bytes == 0) return Status();
+  if (a.src == nullptr || a.rows == nullptr || a.dst == nullptr)
+    return Status(ErrorCode::kInvalidArgument, "gather_rows: null device pointer");
+  return to_status(raw::gather_rows(a, s), "gather_rows launch");
+}
+
 Status launch_dsa_index_topk(const DsaIndexArgs& a, cudaStream_t s) {
   if (a.rows < 0 || a.max_visible < 0 || a.k < 1 || a.heads < 1 || a.dim < 1 || a.page_size < 1 ||
       a.row_bytes < a.dim + 4 || a.row_bytes % 4 != 0)

@@ -61,6 +61,9 @@ Status launch_append_kv(const AppendArgs& args, cudaStream_t stream);
 /// Row moves in device buffers (move_rows.h): kInvalidArgument for negative sizes, null pointers
 /// with work to do or a grid past CUDA's limits; kInternal when a launch fails.
 Status launch_move_rows(const MoveRowsArgs& args, cudaStream_t stream);
+/// A row gather (move_rows.h GatherRowsArgs): kInvalidArgument for negative sizes or null
+/// pointers with work to do; kInternal when the launch fails.
+Status launch_gather_rows(const GatherRowsArgs& args, cudaStream_t stream);
 /// The DSA indexer's scores and top-k (dsa_indexer.h): kInvalidArgument for sizes out of range
 /// (k, heads, dim < 1, rows > 65535, rows x max_visible past int32, an index row not a whole
 /// number of words), null pointers with work to do; kUnsupported past the kernels' limits (dim

@@ -36,9 +36,34 @@ cudaError_t launch_both(const MoveRowsArgs& a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+template <typename Word>
+__global__ void gather_rows_kernel(GatherRowsArgs a) {
+  const int i = blockIdx.x;
+  const int64_t words = a.row_bytes / static_cast<int64_t>(sizeof(Word));
+  const Word* src =
+      reinterpret_cast<const Word*>(a.src + static_cast<int64_t>(a.rows[i]) * a.row_bytes);
+  Word* dst = reinterpret_cast<Word*>(a.dst + static_cast<int64_t>(i) * a.row_bytes);
+  for (int64_t w = threadIdx.x; w < words; w += blockDim.x) dst[w] = src[w];
+}
+
+template <typename Word>
+cudaError_t launch_gather(const GatherRowsArgs& a, cudaStream_t s) {
+  const int64_t words = a.row_bytes / static_cast<int64_t>(sizeof(Word));
+  const unsigned threads = static_cast<unsigned>(words >= 256 ? 256 : (words + 31) / 32 * 32);
+  gather_rows_kernel<Word><<<static_cast<unsigned>(a.n), threads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 namespace raw {
+
+cudaError_t gather_rows(const GatherRowsArgs& a, cudaStream_t stream) {
+  if (a.n == 0 || a.row_bytes == 0) return cudaSuccess;
+  const bool words16 = a.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.src) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.dst) % 16 == 0;
+  return words16 ? launch_gather<uint4>(a, stream) : launch_gather<unsigned char>(a, stream);
+}
 
 cudaError_t move_rows(const MoveRowsArgs& a, cudaStream_t stream) {
   if (a.num_bases == 0 || a.num_pairs == 0 || a.row_bytes == 0) return cudaSuccess;

@@ -22,7 +22,21 @@ struct MoveRowsArgs {
   unsigned char* scratch = nullptr; ///< device, num_bases * num_pairs * row_bytes bytes
 };
 
+/// A row gather (AttentionBackend::gather_kv): dst row i = src row rows[i] for i < n, rows of
+/// row_bytes bytes, contiguous in dst and row_bytes apart in src. One launch, no allocation, no
+/// host sync; rows[i] are valid (the caller's). 16-byte words where row_bytes and both bases
+/// allow, else bytes.
+struct GatherRowsArgs {
+  const unsigned char* src = nullptr;
+  int64_t row_bytes = 0;
+  const int32_t* rows = nullptr;  ///< device [n]
+  int n = 0;
+  unsigned char* dst = nullptr;  ///< device, n * row_bytes bytes
+};
+
 namespace raw {
+/// The gather's launch (none when n or row_bytes is 0); the launch error.
+cudaError_t gather_rows(const GatherRowsArgs& args, cudaStream_t stream);
 /// The two launches (none when there is nothing to move); the launch error. Arguments are
 /// validated by launch_move_rows; row indices by the caller.
 cudaError_t move_rows(const MoveRowsArgs& args, cudaStream_t stream);
