@@ -433,6 +433,79 @@ TEST(CudaBackend, ExtendWithPrefixMatchesReference) {
   check_eager(m, ForwardMode::kMixed, {{40, 20}, {300, 1}, {0, 9}, {77, 1}}, 203, 1.6e-2);
 }
 
+// Ragged attention (save_kv, gather_kv, forward_ragged: MLA's expanded prefill form at
+// DeepSeek's 192 / 128, 16 heads) against the reference backend on the same step: the pools
+// equal after save_kv, the gathered rows bit-equal, the ragged outputs within tolerance.
+TEST(CudaBackend, RaggedMatchesReference) {
+  REQUIRE_GPU();
+  const uint64_t seed = 204;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Shape s;  // the pool: MHA, page 16, 8 / 2 heads of 128
+  const std::vector<Req> reqs = {{0, 150}, {200, 37}, {41, 1}, {0, 3}};
+  int pages = 4, ctx = 8;
+  for (const Req& r : reqs) {
+    pages += (r.prefix + r.ext + s.page_size - 1) / s.page_size;
+    ctx = std::max(ctx, r.prefix + r.ext + 8);
+  }
+  Rig rig(s, pages, static_cast<int>(reqs.size()) + 2, ctx, 1, seed);
+  const ForwardBatch b = rig.new_step(ForwardMode::kMixed, reqs);
+  const int64_t t = b.num_tokens(), n = b.seq_lens_sum();
+  const StepInputs in = random_inputs(rig, t);
+  DevStep d = alloc_step(rig, t);
+  load_step(rig, in, d);
+  BackendContext ctx_dev{
+      .platform = &rig.gpu(), .kv_pool = &rig.dev_pool(0), .req_to_token = &rig.table()};
+  BackendContext ctx_host{
+      .platform = &rig.cpu(), .kv_pool = &rig.host_pool(), .req_to_token = &rig.table()};
+  CudaBackend be(ctx_dev);
+  ReferenceBackend ref(ctx_host);
+  ASSERT_TRUE(be.capabilities().ragged);
+  be.init_forward_metadata(b);
+  ref.init_forward_metadata(b);
+  be.save_kv(d.k[1].view(t), d.v[1].view(t), rig.layer(1), b);
+  ref.save_kv(in.k[1].view(), in.v[1].view(), rig.layer(1), b);
+  rig.gpu().synchronize();
+  std::string first;
+  EXPECT_EQ(rig.pool_mismatches(0, 0, 0.0, first), 0) << "pool differs after save_kv; " << first;
+  // gather_kv: the device rows equal the host backend's bit for bit (NaN-poisoned first).
+  auto& a = rig.dev_alloc();
+  DevT gk = alloc_dev(n, s.hkv, s.d, s.kv_dtype, a), gv = alloc_dev(n, s.hkv, s.d, s.kv_dtype, a);
+  a.fill_bytes(gk.buf.get(), 0xFF, gk.bytes());
+  a.fill_bytes(gv.buf.get(), 0xFF, gv.bytes());
+  HostT hk(n, s.hkv, s.d, s.kv_dtype), hv(n, s.hkv, s.d, s.kv_dtype);
+  be.gather_kv(rig.layer(1), b, gk.view(), gv.view());
+  ref.gather_kv(rig.layer(1), b, hk.view(), hv.view());
+  rig.gpu().synchronize();
+  EXPECT_EQ(download(gk, n, a).bytes, hk.bytes) << "gathered K";
+  EXPECT_EQ(download(gv, n, a).bytes, hv.bytes) << "gathered V";
+  // forward_ragged at 192 / 128 over 16 heads (MHA): the sm90 prefill kernel on Hopper.
+  const int hq = 16, dqk = 192, dv = 128;
+  const HostT q = random_host(t, hq, dqk, DType::kBF16, rig.rng());
+  const HostT k = random_host(n, hq, dqk, DType::kBF16, rig.rng());
+  const HostT v = random_host(n, hq, dv, DType::kBF16, rig.rng());
+  DevT dq = alloc_dev(t, hq, dqk, DType::kBF16, a), dk = alloc_dev(n, hq, dqk, DType::kBF16, a),
+       dvv = alloc_dev(n, hq, dv, DType::kBF16, a), dout = alloc_dev(t, hq, dv, DType::kBF16, a);
+  a.copy_to_device(dq.buf.get(), q.bytes.data(), q.bytes.size());
+  a.copy_to_device(dk.buf.get(), k.bytes.data(), k.bytes.size());
+  a.copy_to_device(dvv.buf.get(), v.bytes.data(), v.bytes.size());
+  a.fill_bytes(dout.buf.get(), 0xFF, dout.bytes());
+  const AttentionLayer layer{.layer_id = LayerId(1),
+                             .num_q_heads = hq,
+                             .num_kv_heads = hq,
+                             .head_dim_qk = dqk,
+                             .head_dim_v = dv,
+                             .scaling = 1.f / std::sqrt(float(dqk))};
+  HostT want(t, hq, dv, DType::kBF16);
+  for (int round = 0; round < 2; ++round) {  // the second reuses the step's ragged plan
+    be.forward_ragged(dq.view(), dk.view(), dvv.view(), layer, b, dout.view());
+    rig.gpu().synchronize();
+    if (round == 0) ref.forward_ragged(q.view(), k.view(), v.view(), layer, b, want.view());
+    const HostT got = download(dout, t, a);
+    EXPECT_CLOSE(got, want, t, 1.6e-2, 1.6e-2);
+    a.fill_bytes(dout.buf.get(), 0xFF, dout.bytes());
+  }
+}
+
 TEST(CudaBackend, Fp8WithScalesMatchesReference) {
   REQUIRE_GPU();
   Shape s;
