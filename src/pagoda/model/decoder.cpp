@@ -266,9 +266,19 @@ void Decoder::prepare_linears() {
   ops.prepare_linear(lm_head_, shard_.vocab_rows, hd);
 }
 
-void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
-  if (tokens <= a.tokens && rows <= a.rows) return;
+void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows, int64_t mla_keys) const {
   const ModelConfig& c = model_->config();
+  if (c.is_mla() && mla_keys > a.mla_keys) {  // in steps of 4,096 keys, not doubled
+    ops_->platform().synchronize_stream();
+    a.mla_kv = {};
+    a.mla_keys = (mla_keys + 4095) / 4096 * 4096;
+    a.mla_kv = platform::make_buffer(
+        ops_->platform().allocator(),
+        static_cast<size_t>(mla_key_scratch_elems(a.mla_keys)) * dtype_size(ops_->dtype()));
+  }
+  if (tokens <= a.tokens && rows <= a.rows) return;
+  platform::DeviceBuffer mla_kv = std::move(a.mla_kv);  // kept across the rows' reallocation
+  const int64_t keys = a.mla_keys;
   const int64_t t = std::max({tokens, a.tokens * 2, int64_t{16}});
   const int64_t r = std::max({rows, a.rows * 2, int64_t{16}});
   platform::Platform& p = ops_->platform();
@@ -301,6 +311,8 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows) const {
   a.sample_params = make(r, sizeof(SampleRow));
   a.token_mask = make(r * token_mask_words(c.vocab_size), sizeof(uint32_t));
   if (c.is_mla()) a.mla = make(mla_scratch_elems(t), es);
+  a.mla_kv = std::move(mla_kv);
+  a.mla_keys = keys;
   a.tokens = t;
   a.rows = r;
 }
@@ -362,7 +374,8 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   auto out_norm = [&](const void* weight) {
     if (weight != nullptr) ops.rms_norm_groups(a.x.get(), t, hd, 1, hd, weight, eps);
   };
-  const bool expanded = c.is_mla() && expanded_mla(batch, backend, a.tokens);  // once a step
+  const bool expanded = c.is_mla() && batch.seq_lens_sum() <= a.mla_keys &&
+                        expanded_mla(batch, backend);  // once a step
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);

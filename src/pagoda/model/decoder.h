@@ -73,8 +73,11 @@ struct Activations {
   int64_t tokens = 0;
   int64_t rows = 0;
   platform::DeviceBuffer residual, x, h, qkv, q, k, v, attn, mlp, act, sel, logits;
-  /// MLA models only: the attention block's scratch (Decoder::mla_attention's layout).
-  platform::DeviceBuffer mla;
+  /// MLA models only: the attention block's scratch (Decoder::mla_attention's layout), and the
+  /// expanded form's gathered latent rows and K / V for up to mla_keys keys (Decoder::reserve's
+  /// mla_keys; none: every step absorbed).
+  platform::DeviceBuffer mla, mla_kv;
+  int64_t mla_keys = 0;
   /// Tensor parallelism only: this rank's vocabulary shard of the logits [rows, V/N] and the
   /// all-gathered shards [N, rows, V/N] (f32).
   platform::DeviceBuffer shard_logits, gathered;
@@ -154,9 +157,10 @@ class Decoder {
   const LlamaModel& model() const { return *model_; }
   const Shard& shard() const { return shard_; }
   ModelOps& ops() const { return *ops_; }
-  /// Makes `a` hold at least `tokens` query rows and `rows` logit rows (reallocates; contents
-  /// are lost). Synchronizes the stream before freeing old buffers.
-  void reserve(Activations& a, int64_t tokens, int64_t rows) const;
+  /// Makes `a` hold at least `tokens` query rows and `rows` logit rows, and an MLA model's
+  /// expanded form `mla_keys` keys (reallocates; contents are lost). Synchronizes the stream
+  /// before freeing old buffers.
+  void reserve(Activations& a, int64_t tokens, int64_t rows, int64_t mla_keys = 0) const;
   /// Enqueues the forward of `tokens` query rows of `batch` whose ids, positions and slots are
   /// already in a.ids() / a.positions() / a.cache_loc(), computing f32 logits for the `rows` query rows listed in
   /// a.logit_rows(). The backend must have planned `batch` (init_forward_metadata or a graph
@@ -173,13 +177,20 @@ class Decoder {
                const StateSide* state = nullptr) const;
   /// MLA models: how extend steps are computed (kAuto at construction).
   void set_mla_prefill(MlaPrefill form) { mla_prefill_ = form; }
-  /// Whether an MLA model's forward of `batch` with activations for `capacity` rows runs the
-  /// expanded form: kAuto, no DSA, a kExtend / kMixed step without kv_start, a backend with
-  /// ragged attention (capabilities().ragged), a pool in the ops' dtype (the gathered latent
-  /// rows feed the GEMMs as they are), and at most `capacity` keys in the step (Σ seq_lens: the
-  /// gathered rows and the expanded K / V live in the activations). Else the absorbed form.
+  /// Whether an MLA model's extend step `batch` suits the expanded form: kAuto, no DSA, a
+  /// kExtend / kMixed step without kv_start, a backend with ragged attention
+  /// (capabilities().ragged), a pool in the ops' dtype (the gathered latent rows feed the GEMMs
+  /// as they are), the step's keys' scratch (Σ seq_lens keys) within
+  /// kExpandedMlaScratchBytes, and fewer multiply-adds than the absorbed form (per request of n
+  /// new tokens over T keys, per head: expanded n·T·(nope + rope + v) + T·r·(nope + v) against
+  /// absorbed n·T·(2r + rope) + n·r·(nope + v), r = kv_lora: prefills and long extends go
+  /// expanded, decode rows with long contexts keep a mixed step absorbed). forward() runs it
+  /// when this holds and the activations were reserved for the step's keys (reserve's
+  /// mla_keys), else the absorbed form: the caller reserves Σ seq_lens keys when this holds.
   bool expanded_mla(const attention::ForwardBatch& batch,
-                    const attention::AttentionBackend& backend, int64_t capacity) const;
+                    const attention::AttentionBackend& backend) const;
+  /// The expanded form's key scratch bound (bytes of gathered latent rows and K / V per step).
+  static constexpr int64_t kExpandedMlaScratchBytes = int64_t{1} << 30;
 
   /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params(); with
   /// `masked`, first applies the staged token masks (a.mask_count() of a.mask_rows() /
@@ -197,11 +208,13 @@ class Decoder {
     // DSA indexer (null otherwise): PackedLayer's idx_* fields.
     const void *idx_wq_b, *idx_wk, *idx_k_norm, *idx_k_norm_bias, *idx_weights_proj;
   };
-  /// Elements of Activations::mla for `tokens` rows.
+  /// Elements of Activations::mla for `tokens` rows, and of Activations::mla_kv for `keys` keys.
   int64_t mla_scratch_elems(int64_t tokens) const;
+  int64_t mla_key_scratch_elems(int64_t keys) const;
   /// One MLA layer's attention block: a.h (normed hidden) → a.x (o_proj output), writing the
   /// new tokens' latent rows [rms_norm(c) | rope(k_pe)] into the pool through the backend; the
-  /// expanded form when `expanded` (expanded_mla's verdict for the step), else absorbed.
+  /// expanded form when `expanded` (expanded_mla's verdict for the step, the keys reserved),
+  /// else absorbed.
   void mla_attention(Activations& a, const LayerPtrs& w, int l,
                      const attention::ForwardBatch& batch, attention::AttentionBackend& backend,
                      int64_t t, bool expanded) const;

@@ -30,27 +30,32 @@ namespace pagoda::model {
 
 namespace {
 
-/// Offsets (elements) of the parts of Activations::mla for a capacity of n rows (the same
-/// addresses whatever a step's row count: graphs capture them). The absorbed form uses qa, q,
-/// kv, q_abs, o_lat and ov; the expanded form qa, q, kv and ov, with the gathered latent rows
-/// (lat) and the expanded K / V of up to n keys where q_abs and o_lat are (past them when
-/// larger). Every part starts on a 64-element boundary.
+/// Offsets (elements) of the parts of Activations::mla for t rows.
 struct MlaScratch {
-  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, lat = 0, k = 0, v = 0, ov = 0, end = 0;
-  MlaScratch(const ModelConfig& c, int64_t n) {
+  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, ov = 0, end = 0;
+  MlaScratch(const ModelConfig& c, int64_t t) {
     const MlaConfig& m = c.mla;
     const int64_t hq = c.num_q_heads, r = m.kv_lora_rank, p = m.qk_rope_head_dim;
-    const int64_t qk = m.qk_nope_head_dim + p, dv = m.v_head_dim;
+    q = qa + t * m.q_lora_rank;
+    kv = q + t * hq * (m.qk_nope_head_dim + p);
+    q_abs = kv + t * (r + p);
+    o_lat = q_abs + t * hq * (r + p);
+    ov = o_lat + t * hq * r;
+    end = ov + t * hq * m.v_head_dim;
+  }
+};
+
+/// Offsets (elements) of the parts of Activations::mla_kv for n keys: the gathered latent rows
+/// and the expanded K / V, each starting on a 64-element boundary.
+struct MlaKeyScratch {
+  int64_t lat = 0, k = 0, v = 0, end = 0;
+  MlaKeyScratch(const ModelConfig& c, int64_t n) {
+    const MlaConfig& m = c.mla;
+    const int64_t hq = c.num_q_heads;
     auto after = [](int64_t at, int64_t elems) { return (at + elems + 63) / 64 * 64; };
-    q = after(qa, n * m.q_lora_rank);
-    kv = after(q, n * hq * qk);
-    q_abs = after(kv, n * (r + p));
-    o_lat = after(q_abs, n * hq * (r + p));
-    lat = q_abs;
-    k = after(lat, n * (r + p));
-    v = after(k, n * hq * qk);
-    ov = std::max(after(o_lat, n * hq * r), after(v, n * hq * dv));
-    end = after(ov, n * hq * dv);
+    k = after(lat, n * (m.kv_lora_rank + m.qk_rope_head_dim));
+    v = after(k, n * hq * (m.qk_nope_head_dim + m.qk_rope_head_dim));
+    end = after(v, n * hq * m.v_head_dim);
   }
 };
 
@@ -60,13 +65,39 @@ int64_t Decoder::mla_scratch_elems(int64_t tokens) const {
   return MlaScratch(model_->config(), tokens).end;
 }
 
+int64_t Decoder::mla_key_scratch_elems(int64_t keys) const {
+  return MlaKeyScratch(model_->config(), keys).end;
+}
+
 bool Decoder::expanded_mla(const attention::ForwardBatch& batch,
-                           const attention::AttentionBackend& backend, int64_t capacity) const {
+                           const attention::AttentionBackend& backend) const {
   using attention::ForwardMode;
-  return model_->config().is_mla() && mla_prefill_ == MlaPrefill::kAuto && dsa_ == nullptr &&
-         (batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kMixed) &&
-         batch.kv_start.empty() && backend.capabilities().ragged && kv_pool_ != nullptr &&
-         kv_pool_->config().dtype == ops_->dtype() && batch.seq_lens_sum() <= capacity;
+  const ModelConfig& c = model_->config();
+  if (!c.is_mla() || mla_prefill_ != MlaPrefill::kAuto || dsa_ != nullptr ||
+      (batch.mode != ForwardMode::kExtend && batch.mode != ForwardMode::kMixed) ||
+      !batch.kv_start.empty() || !backend.capabilities().ragged || kv_pool_ == nullptr ||
+      kv_pool_->config().dtype != ops_->dtype() ||
+      batch.extend_seq_lens.size() != batch.seq_lens.size())
+    return false;
+  const MlaConfig& m = c.mla;
+  const int64_t key_bytes =
+      (m.kv_lora_rank + m.qk_rope_head_dim +
+       int64_t{c.num_q_heads} * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)) *
+      int64_t(dtype_size(ops_->dtype()));
+  if (batch.seq_lens_sum() * key_bytes > kExpandedMlaScratchBytes) return false;
+  // Multiply-adds per head: absorbed n·T·(2r + p) + n·r·(nope + v) (the wide dot products, the
+  // queries' W_UK and the outputs' W_UV), expanded n·T·(nope + rope + v) + T·r·(nope + v) (the
+  // narrow ones, kv_b_proj on every key).
+  const double r = m.kv_lora_rank, wide = 2 * r + m.qk_rope_head_dim,
+               narrow = m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim,
+               expand = r * (m.qk_nope_head_dim + m.v_head_dim);
+  double absorbed = 0, expanded = 0;
+  for (size_t b = 0; b < batch.seq_lens.size(); ++b) {
+    const double n = batch.extend_seq_lens[b], keys = batch.seq_lens[b];
+    absorbed += n * keys * wide + n * expand;
+    expanded += n * keys * narrow + keys * expand;
+  }
+  return expanded < absorbed;
 }
 
 void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
@@ -100,7 +131,7 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   const DType dt = ops.dtype();
   const Device dev = ops.device();
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  const MlaScratch s(c, a.tokens);
+  const MlaScratch s(c, t);
   char* base = static_cast<char*>(a.mla.get());
   auto at = [&](int64_t off) { return base + off * es; };
   const float factor = static_cast<float>(model_->rope_of(l).attention_factor());
@@ -124,28 +155,32 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   if (expanded) {
     // The new latent rows into the pool, then all n rows the requests see out of it.
     const int64_t n = batch.seq_lens_sum();
+    const MlaKeyScratch ks(c, a.mla_keys);
+    char* keys = static_cast<char*>(a.mla_kv.get());
+    auto key_at = [&](int64_t off) { return keys + off * es; };
     backend.save_kv(TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(), layer, batch);
-    backend.gather_kv(layer, batch, TensorView(at(s.lat), dt, {n, 1, r + p}, dev), TensorView());
+    backend.gather_kv(layer, batch, TensorView(key_at(ks.lat), dt, {n, 1, r + p}, dev),
+                      TensorView());
     // K_h = [lat·W_UK_hᵀ | k_pe]: k_pe into head 0, then doubled into the other heads (a span
     // from head 0's rope part to head c-1's: the nope parts it carries are written next), then
     // every head's nope part and V in one grouped GEMM each (x_group 0: all read lat).
     const int64_t krow = hq * qk * es;
-    ops.copy_2d(at(s.k) + nope * es, krow, at(s.lat) + r * es, (r + p) * es, p * es, n);
+    ops.copy_2d(key_at(ks.k) + nope * es, krow, key_at(ks.lat) + r * es, (r + p) * es, p * es, n);
     for (int64_t h = 1; h < hq; h *= 2) {
       const int64_t heads = std::min(h, hq - h);
-      ops.copy_2d(at(s.k) + (h * qk + nope) * es, krow, at(s.k) + nope * es, krow,
+      ops.copy_2d(key_at(ks.k) + (h * qk + nope) * es, krow, key_at(ks.k) + nope * es, krow,
                   ((heads - 1) * qk + p) * es, n);
     }
-    ops.linear_groups(at(s.lat), r + p, 0, w.w_uk, at(s.k), hq * qk, qk, n, nope, r, hq);
-    ops.linear_groups(at(s.lat), r + p, 0, w.w_uv, at(s.v), hq * dv, dv, n, dv, r, hq);
+    ops.linear_groups(key_at(ks.lat), r + p, 0, w.w_uk, key_at(ks.k), hq * qk, qk, n, nope, r, hq);
+    ops.linear_groups(key_at(ks.lat), r + p, 0, w.w_uv, key_at(ks.v), hq * dv, dv, n, dv, r, hq);
     attention::AttentionLayer per_head = layer;
     per_head.num_kv_heads = static_cast<int>(hq);
     per_head.head_dim_qk = static_cast<int>(qk);
     per_head.head_dim_v = static_cast<int>(dv);
     per_head.is_mla = false;
     backend.forward_ragged(TensorView(at(s.q), dt, {t, hq, qk}, dev),
-                           TensorView(at(s.k), dt, {n, hq, qk}, dev),
-                           TensorView(at(s.v), dt, {n, hq, dv}, dev), per_head, batch,
+                           TensorView(key_at(ks.k), dt, {n, hq, qk}, dev),
+                           TensorView(key_at(ks.v), dt, {n, hq, dv}, dev), per_head, batch,
                            TensorView(at(s.ov), dt, {t, hq, dv}, dev));
   } else {
     // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h] (the rope parts

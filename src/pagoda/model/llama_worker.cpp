@@ -373,7 +373,8 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
     stats_.padded_rows += bs - t;
     return finish(graph_acts_, nrows, b);
   }
-  decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
+  decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1),
+                    decoder_->expanded_mla(f, *backend_) ? f.seq_lens_sum() : 0);
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_, b.mask_rows,
         b.token_mask);
   if (pool_->num_layers() > 0) backend_->init_forward_metadata(f);  // else every layer has a window
@@ -459,7 +460,8 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
   const HiddenCapture cap{.layers = b.hidden_layers,
                           .dst = static_cast<float*>(hidden_buf_.get())};
   const ForwardBatch& f = b.forward;
-  decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1));
+  decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1),
+                    decoder_->expanded_mla(f, *backend_) ? f.seq_lens_sum() : 0);
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_, b.mask_rows,
         b.token_mask);
   backend_->init_forward_metadata(f);

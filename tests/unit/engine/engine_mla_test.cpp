@@ -17,7 +17,10 @@
 #include "engine_test_util.h"
 #include "pagoda/attention/host_paged_backend.h"
 #include "pagoda/attention/registry.h"
+#include "pagoda/backends/reference/reference_backend.h"
 #include "pagoda/core/error.h"
+#include "pagoda/kv/kv_pool.h"
+#include "pagoda/kv/req_to_token.h"
 #include "pagoda/model/decoder.h"
 #include "pagoda/model/eagle_head.h"
 #include "pagoda/platform/platform.h"
@@ -189,6 +192,87 @@ TEST(EngineMla, ExpandedPrefillAgreesWithAbsorbed) {
       EXPECT_NE(expanded.second, absorbed.second) << "the expanded form did not run";
     }
   }
+}
+
+/// ReferenceBackend with `ragged` turned off in its capabilities.
+class NoRagged final : public attention::AttentionBackend {
+ public:
+  explicit NoRagged(const attention::BackendContext& ctx) : ref_(ctx) {
+    caps_ = ref_.capabilities();
+    caps_.ragged = false;
+  }
+  std::string name() const override { return "no-ragged"; }
+  const attention::BackendCapabilities& capabilities() const override { return caps_; }
+  void init_forward_metadata(const attention::ForwardBatch& b) override {
+    ref_.init_forward_metadata(b);
+  }
+  void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& l, const attention::ForwardBatch& b,
+                      const TensorView& o, attention::SaveKv s) override {
+    ref_.forward_extend(q, k, v, l, b, o, s);
+  }
+  void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& l, const attention::ForwardBatch& b,
+                      const TensorView& o, attention::SaveKv s) override {
+    ref_.forward_decode(q, k, v, l, b, o, s);
+  }
+
+ private:
+  backends::ReferenceBackend ref_;
+  attention::BackendCapabilities caps_;
+};
+
+// Decoder::expanded_mla's verdicts on step shapes (the tiny layout: r 32, rope 8, nope 16, v 12).
+TEST(EngineMla, ExpandedFormChosenByStepShape) {
+  auto platform = platform::make_cpu_platform();
+  const model::LlamaModel& m = mla_model(true).model;
+  auto ops = model::make_cpu_ops(*platform, DType::kF32);
+  kv::KvPool pool(m.kv_pool_config(64, 16, model::LlamaModel::PoolLayers::kAll),
+                  platform->allocator());
+  kv::ReqToTokenTable table(4, 512);
+  const attention::BackendContext ctx{
+      .platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
+  backends::ReferenceBackend ref(ctx);
+  NoRagged plain(ctx);
+  model::Decoder dec(m, *ops, &pool);
+  // Requests of (prefix, new) tokens; kMixed when one is a decode row.
+  auto step = [](std::vector<std::pair<int, int>> reqs, attention::ForwardMode mode) {
+    attention::ForwardBatch b{.mode = mode, .batch_size = static_cast<int>(reqs.size())};
+    for (auto [pre, n] : reqs) {
+      b.req_pool_indices.push_back(1);
+      b.seq_lens.push_back(pre + n);
+      b.extend_prefix_lens.push_back(pre);
+      b.extend_seq_lens.push_back(n);
+    }
+    return b;
+  };
+  using attention::ForwardMode;
+  EXPECT_TRUE(dec.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), ref));  // a prefill
+  EXPECT_TRUE(dec.expanded_mla(step({{20, 60}, {0, 7}}, ForwardMode::kExtend), ref));
+  // Few new tokens over many keys: the absorbed form does less work.
+  EXPECT_FALSE(dec.expanded_mla(step({{200, 3}}, ForwardMode::kExtend), ref));
+  // A prefill of 30 beside a decode row of 200 keys: the decode row's expansion dominates.
+  EXPECT_FALSE(dec.expanded_mla(step({{0, 30}, {199, 1}}, ForwardMode::kMixed), ref));
+  EXPECT_TRUE(dec.expanded_mla(step({{0, 30}, {9, 1}}, ForwardMode::kMixed), ref));
+  // Other modes, a window's key start, a backend without ragged attention, the option.
+  attention::ForwardBatch decode{
+      .mode = ForwardMode::kDecode, .batch_size = 1, .req_pool_indices = {1}, .seq_lens = {100}};
+  EXPECT_FALSE(dec.expanded_mla(decode, ref));
+  attention::ForwardBatch windowed = step({{0, 100}}, ForwardMode::kExtend);
+  windowed.kv_start = {0};
+  EXPECT_FALSE(dec.expanded_mla(windowed, ref));
+  EXPECT_FALSE(dec.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), plain));
+  dec.set_mla_prefill(model::MlaPrefill::kAbsorbed);
+  EXPECT_FALSE(dec.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), ref));
+  // A pool in another dtype than the ops' (the gathered rows would need converting).
+  kv::KvPoolConfig pc16 = m.kv_pool_config(64, 16, model::LlamaModel::PoolLayers::kAll);
+  pc16.dtype = DType::kBF16;
+  kv::KvPool pool16(pc16, platform->allocator());
+  const attention::BackendContext ctx16{
+      .platform = platform.get(), .kv_pool = &pool16, .req_to_token = &table};
+  backends::ReferenceBackend ref16(ctx16);
+  model::Decoder dec16(m, *ops, &pool16);
+  EXPECT_FALSE(dec16.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), ref16));
 }
 
 /// mla_test_config(true) as DeepSeek-V3.2: a lightning indexer of 2 heads of 16 dims keeping
