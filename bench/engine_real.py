@@ -11,7 +11,8 @@ in this process's run:
   * pagoda single stream (`pagoda bench --requests 1 --max-running 1`) and 64 concurrent requests:
     decode step time and output tok/s, against the step roofline
         (weight bytes + KV bytes read per step) / copy bandwidth;
-  * pagoda prefill of a 2,048-token prompt: TTFT and FLOP/s against the GEMM rate;
+  * pagoda prefill of a 2,048-token prompt: TTFT and FLOP/s against the GEMM rate (MLA layouts:
+    also with --mla-prefill absorbed, the other extend form, in the same run);
   * `transformers` bf16 `generate` at batch 1 and 64 on the same prompt and output lengths
     (greedy, min_new_tokens = max_new_tokens so both produce every token);
   * agreement: pagoda bf16 first generated token vs `transformers` fp32 on 20 prompts, and the
@@ -217,6 +218,10 @@ def main():
         if not single_only:
             res["batch64"] = pagoda_bench(args, ckpt, f"{layout}_b64", 64, 64, il, ol)
             res["prefill2048"] = pagoda_bench(args, ckpt, f"{layout}_prefill", 4, 1, 2048, 1)
+            if "kv_lora_rank" in cfg:  # MLA: the absorbed extend form too (--mla-prefill A/B)
+                res["prefill2048_absorbed"] = pagoda_bench(
+                    args, ckpt, f"{layout}_prefill_absorbed", 4, 1, 2048, 1,
+                    ("--mla-prefill", "absorbed"))
         # Roofline of one decode step: every weight once (the checkpoint's tensors but the
         # embedding, whose few rows are read; the LM head is the tied embedding or its own
         # matrix) + the KV of the batch at its mean context (the pool's bytes per token, from

@@ -142,6 +142,11 @@ def engine_table(rec):
         if pf:
             out.append(f"| {layout} | prefill 2048 | TTFT step {fmt(pf.get('extend_step_min_ms'))} ms | "
                        f"{fmt(100 * pf['prefill_fraction_of_gemm'] if pf.get('prefill_fraction_of_gemm') else None, '.0f')}% of GEMM | | | |")
+        ab = res.get("prefill2048_absorbed")
+        if pf and ab:  # MLA: the same prefill in the absorbed form (--mla-prefill absorbed)
+            a_ms, e_ms = ab.get("extend_step_min_ms"), pf.get("extend_step_min_ms")
+            out.append(f"| {layout} | prefill 2048 absorbed | TTFT step {fmt(a_ms)} ms | expanded "
+                       f"{fmt(a_ms / e_ms if a_ms and e_ms else None, '.2f')}× faster | | | |")
         ag = res.get("agreement")
         if ag:
             out.append(f"| {layout} | agreement | first token {ag['first_token_agree']}/{ag['prompts']} "
