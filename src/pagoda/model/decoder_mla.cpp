@@ -10,8 +10,9 @@
 // Expanded (extend steps, Decoder::expanded_mla; SGLang's MHA prefill form):
 //   the new latent rows go into the pool (save_kv); every row the step's requests see comes
 //   back out (gather_kv, n = Σ seq_lens rows: prefix and new, in position order);
-//   K_h    = [lat·W_UK_hᵀ | k_pe]  V_h = lat·W_UV_hᵀ                 [n, Hq, nope + rope], [n, Hq,
-//   v] o      = ragged attention(q, K, V)                              [t, Hq, v]
+//   K_h    = [lat·W_UK_hᵀ | k_pe]                                   [n, Hq, nope + rope]
+//   V_h    = lat·W_UV_hᵀ                                            [n, Hq, v]
+//   o      = ragged attention(q, K, V)                              [t, Hq, v]
 // and x = o·W_oᵀ either way. q_abs·[latent | k_pe] = q_nope·(W_UK·latent) + q_pe·k_pe is the
 // expanded score exactly, and o_lat·W_UVᵀ the expanded output (V = W_UV·latent): the two forms
 // differ by rounding only. The expanded form costs a kv_b_proj GEMM per key and attends at

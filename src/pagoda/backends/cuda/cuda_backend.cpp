@@ -261,9 +261,7 @@ void CudaBackend::forward_ragged(const TensorView& q, const TensorView& k, const
   const auto n = static_cast<int64_t>(r.slots.size());
   PAGODA_REQUIRE(
       k.rank() == 3 && v.rank() == 3 && k.size(0) == n && v.size(0) == n && k.dtype() == v.dtype(),
-      kInvalidArgument,
-      "backend 'cuda': ragged K {} / V {} must be [{}, H, D] of one "
-      "dtype",
+      kInvalidArgument, "backend 'cuda': ragged K {} / V {} must be [{}, H, D] of one dtype",
       k.describe(), v.describe(), n);
   const AttentionShape shape{.num_qo_heads = layer.num_q_heads,
                              .num_kv_heads = layer.num_kv_heads,
