@@ -30,6 +30,9 @@ Layouts (the shapes of real models, random weights):
                 without q LoRA (kv_lora_rank 512, qk nope 128 / rope 64, v 128), YaRN (factor
                 40 over 4096, mscale 0.707 / 0.707), MLP 10944 in every layer
                 (first_k_dense_replace 27), vocab 102400, untied (2.6 B parameters)
+  deepseek-v2-lite-narrow  deepseek-v2-lite's attention (hidden 2048, 16 heads, the same MLA and
+                YaRN) in 4 layers with MLP 1024 and vocab 4096: the MLA prefill forms' CPU
+                A/B (--mla-prefill), 0.1 B parameters
   deepseek-v32-tiny  DeepseekV32ForCausalLM: deepseek-v3-tiny plus DeepSeek sparse attention
                 (a lightning indexer per layer: 4 index heads of dim 32, index_topk 16, so
                 prompts past 16 tokens attend sparsely)
@@ -179,6 +182,9 @@ DEEPSEEK_LAYOUTS["deepseek-v2-lite"] = dict(
     max_position_embeddings=163840, n_routed_experts=64, n_shared_experts=2,
     num_experts_per_tok=6, moe_intermediate_size=1408, first_k_dense_replace=27,
     bos_token_id=100000, eos_token_id=100001)
+DEEPSEEK_LAYOUTS["deepseek-v2-lite-narrow"] = dict(
+    DEEPSEEK_LAYOUTS["deepseek-v2-lite"], vocab_size=4096, intermediate_size=1024,
+    num_hidden_layers=4, first_k_dense_replace=4, bos_token_id=4000, eos_token_id=4001)
 DEEPSEEK_LAYOUTS["deepseek-v32-tiny"] = dict(
     DEEPSEEK_LAYOUTS["deepseek-v3-tiny"], architectures=["DeepseekV32ForCausalLM"],
     model_type="deepseek_v32", index_n_heads=4, index_head_dim=32, index_topk=16)
