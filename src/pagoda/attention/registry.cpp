@@ -49,6 +49,8 @@ std::optional<std::string> unsupported_reason(const BackendCapabilities& caps,
     why.push_back("DeepSeek sparse attention (indexer metadata hook and sparse MLA)");
   if (req.dsa_indexer && !caps.dsa_indexer)
     why.push_back("the DSA lightning indexer (select_index_topk: scores and top-k)");
+  if (req.ragged && !caps.ragged)
+    why.push_back("ragged attention (save_kv, gather_kv, forward_ragged)");
   if (!req.mla && !caps.mha_gqa_mqa) why.push_back("MHA/GQA/MQA attention (MLA only)");
   if (req.sliding_window && !caps.sliding_window) why.push_back("sliding window");
   if (req.logit_cap && !caps.logit_cap) why.push_back("logit soft cap");

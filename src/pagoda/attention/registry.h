@@ -30,6 +30,7 @@ struct BackendRequirements {
   bool mla = false;
   bool dsa = false;  ///< DeepSeek sparse attention (capabilities().dsa)
   bool dsa_indexer = false;  ///< DSA's lightning indexer (capabilities().dsa_indexer)
+  bool ragged = false;       ///< save_kv / gather_kv / forward_ragged (capabilities().ragged)
   bool sliding_window = false;
   bool logit_cap = false;
   bool sinks = false;

@@ -135,8 +135,8 @@ BackendCapabilities capabilities_of(const BackendRegistry& registry, const std::
   if (spec.rfind("mutant", 0) == 0) return ReferenceBackend::static_capabilities();
   const auto plus = spec.find('+');
   if (plus != std::string::npos) {
-    return intersect_capabilities(registry.capabilities(spec.substr(0, plus)),
-                                  registry.capabilities(spec.substr(plus + 1)));
+    return hybrid_capabilities(registry.capabilities(spec.substr(0, plus)),
+                               registry.capabilities(spec.substr(plus + 1)));
   }
   return registry.capabilities(spec);
 }
@@ -420,16 +420,37 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
                        .is_mla = c.mla};
   HostTensor out = filled_tensor({n, c.num_q_heads, c.head_dim_v}, c.q_dtype, kNaN);
   HostTensor lse = filled_tensor({n, c.num_q_heads}, DType::kF32, kNaN);
+  // The ragged column's gathered rows (every visible row of the step, NaN-poisoned).
+  const int64_t keys = batch.seq_lens_sum();
+  HostTensor gk, gv;
+  if (c.ragged) {
+    gk = filled_tensor({keys, hkv, c.head_dim_qk}, c.kv_dtype, kNaN);
+    gv = filled_tensor({keys, hkv, c.head_dim_v}, c.kv_dtype, kNaN);
+  }
+  const bool want_lse = caps.lse && !c.ragged;  // forward_ragged writes no LSE
+  // The step on `impl`: forward, or the ragged column's three calls.
+  auto attend = [&](AttentionBackend& impl, const TensorView& qv, const TensorView& kv,
+                    const TensorView& vv, const TensorView& ov, const TensorView& lv,
+                    const TensorView& gkv, const TensorView& gvv) {
+    impl.init_forward_metadata(batch);
+    if (c.dsa_topk > 0) impl.set_sparse_topk(dsa_topk, c.dsa_topk);
+    if (c.ragged) {
+      impl.save_kv(kv, vv, layer, batch);
+      impl.gather_kv(layer, batch, gkv, gvv);
+      impl.forward_ragged(qv, gkv, gvv, layer, batch, ov);
+      return;
+    }
+    if (want_lse) impl.set_lse_output(lv);
+    impl.forward(qv, kv, vv, layer, batch, ov);
+  };
 
   // ---- the backend under test: full path ----
   try {
     if (!on_device) {
       BackendContext ctx{.platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
       auto impl = make_under_test(registry, backend.spec, req, ctx);
-      impl->init_forward_metadata(batch);
-      if (c.dsa_topk > 0) impl->set_sparse_topk(dsa_topk, c.dsa_topk);
-      if (caps.lse) impl->set_lse_output(lse.view());
-      impl->forward(q.view(), k_new.view(), v_new.view(), layer, batch, out.view());
+      attend(*impl, q.view(), k_new.view(), v_new.view(), out.view(), lse.view(), gk.view(),
+             gv.view());
     } else {
       // Same bytes on the device: the pool (NaN outside the cached tokens), the inputs and the
       // NaN-poisoned outputs; synchronise before the run (pageable copies may still be in flight
@@ -440,15 +461,13 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
       upload_pool(pool, dev_pool, dev);
       const DeviceTensor dq = to_device(q, dev), dk = to_device(k_new, dev),
                          dv = to_device(v_new, dev), dout = to_device(out, dev),
-                         dlse = to_device(lse, dev);
+                         dlse = to_device(lse, dev), dgk = to_device(gk, dev),
+                         dgv = to_device(gv, dev);
       device_platform->synchronize();
       {
         BackendContext ctx{.platform = device_platform, .kv_pool = &dev_pool, .req_to_token = &table};
         auto impl = make_under_test(registry, backend.spec, req, ctx);
-        impl->init_forward_metadata(batch);
-        if (c.dsa_topk > 0) impl->set_sparse_topk(dsa_topk, c.dsa_topk);
-        if (caps.lse) impl->set_lse_output(dlse.view);
-        impl->forward(dq.view, dk.view, dv.view, layer, batch, dout.view);
+        attend(*impl, dq.view, dk.view, dv.view, dout.view, dlse.view, dgk.view, dgv.view);
         device_platform->synchronize();
       }
       copy_back(dout, out, dev);
@@ -470,7 +489,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
   const Expected expected = dense_oracle(s.k_store, s.v_store, s.k_row, s.v_row, dense, q, layer,
                                          c.kv_dtype, c.mla, c.head_dim_v, q_rounding);
   const Tolerance tol = tolerance_for(qc);
-  return compare(out, caps.lse ? &lse : nullptr, expected, tol.atol, tol.rtol);
+  return compare(out, want_lse ? &lse : nullptr, expected, tol.atol, tol.rtol);
 }
 
 }  // namespace pagoda::backends::conformance

@@ -36,6 +36,7 @@ std::string Case::describe() const {
   if (window_left >= 0) s += fmt::format(" window={}", window_left);
   if (logit_cap > 0.f) s += fmt::format(" cap={}", logit_cap);
   if (sinks) s += " sinks";
+  if (ragged) s += " ragged";
   if (long_kv > 0) s += fmt::format(" long={}", long_kv);
   if (dsa_topk > 0) s += fmt::format(" dsa{} k={}", dsa_indexer ? "-indexer" : "", dsa_topk);
   if (draft_step >= 0) s += fmt::format(" draft topk={} step={}/{}", topk, draft_step, num_steps);
@@ -66,6 +67,7 @@ attention::BackendRequirements Case::requirements() const {
   r.mixed_batches = mode == ForwardMode::kMixed;
   r.dsa = dsa_topk > 0;
   r.dsa_indexer = dsa_indexer;
+  r.ragged = ragged;
   return r;
 }
 
@@ -356,6 +358,20 @@ std::vector<Case> make_cases(bool quick, int long_kv) {
       v.num_draft_tokens = 4;
       v.tree_mask = true;
       cases.push_back(v);
+    }
+  }
+  // Ragged attention (save_kv, gather_kv, forward_ragged): the expanded MLA shape (192 / 128,
+  // kv heads = q heads) and GQA 8 / 2 at 128, extend and mixed steps.
+  for (int p : pick(quick, {16}, {1, 16, 64})) {
+    for (ForwardMode m : {ForwardMode::kExtend, ForwardMode::kMixed}) {
+      Case c = base("ragged", m, p, kMha, 192);
+      c.head_dim_v = 128;
+      c.ragged = true;
+      cases.push_back(c);
+      if (quick) continue;
+      Case g = base("ragged", m, p, kGqa, 128);
+      g.ragged = true;
+      cases.push_back(g);
     }
   }
   if (!quick) {

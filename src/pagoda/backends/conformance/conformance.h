@@ -114,6 +114,10 @@ struct Case {
   /// (num_q_heads index heads of head_dim_qk), checked against an fp64 oracle of the scores,
   /// the selection and its tie rule.
   bool dsa_indexer = false;
+  /// The ragged column: the step runs as MLA's expanded prefill form drives a backend
+  /// (save_kv of the new K/V, gather_kv of every visible row into NaN-poisoned buffers,
+  /// forward_ragged over them) instead of forward(); the same oracle as the paged step, no LSE.
+  bool ragged = false;
   /// linear.op != kNone: a linear-layer case; the attention fields above are unused.
   LinearCase linear;
 

@@ -1,6 +1,7 @@
 // The mutant family: one fault each (a ReferenceFaults fault of the reference oracle or of its
 // DSA indexer, a draft-extend planning or DSA selection fault in front of the reference backend, or
 // a LinearFaults fault of the reference linear backend), and the column that must catch it.
+#include <cstring>
 #include <optional>
 #include <span>
 #include <vector>
@@ -35,6 +36,7 @@ struct Member {
   bool dsa_drop_first = false;  ///< each row's DSA selection without its first entry
   /// A linear-kind mutant: the reference linear backend with this fault.
   std::optional<LinearFaults> linear;
+  bool ragged_shift = false;  ///< gather_kv's rows one position late per request
 };
 
 /// The batch a backend with `fault` would plan for the kDraftExtend batch `b`.
@@ -69,13 +71,17 @@ ForwardBatch rewrite_draft_extend(const ForwardBatch& b, DraftExtendFault fault)
 }
 
 /// The reference backend behind a planning fault: kDraftExtend batches are rewritten before
-/// they reach it (DraftExtendFault), or each row of a DSA selection loses its first entry
-/// (dsa_drop_first); everything else passes through unchanged.
+/// they reach it (DraftExtendFault), each row of a DSA selection loses its first entry
+/// (dsa_drop_first), or gather_kv hands each request's rows back one position late (its first
+/// row dropped, its last repeated: ragged_shift); everything else passes through unchanged.
 class PlanningMutant final : public attention::AttentionBackend {
  public:
   PlanningMutant(std::unique_ptr<attention::AttentionBackend> inner, DraftExtendFault fault,
-                 bool dsa_drop_first)
-      : inner_(std::move(inner)), fault_(fault), dsa_drop_first_(dsa_drop_first) {}
+                 bool dsa_drop_first, bool ragged_shift)
+      : inner_(std::move(inner)),
+        fault_(fault),
+        dsa_drop_first_(dsa_drop_first),
+        ragged_shift_(ragged_shift) {}
 
   std::string name() const override { return inner_->name(); }
   const attention::BackendCapabilities& capabilities() const override {
@@ -116,6 +122,31 @@ class PlanningMutant final : public attention::AttentionBackend {
                          std::span<int32_t> topk, std::span<float> scores) override {
     inner_->select_index_topk(layer, q, k, topk, scores);
   }
+  void save_kv(const TensorView& k, const TensorView& v, const attention::AttentionLayer& layer,
+               const ForwardBatch& batch) override {
+    inner_->save_kv(k, v, layer, batch);
+  }
+  void gather_kv(const attention::AttentionLayer& layer, const ForwardBatch& batch,
+                 const TensorView& k_out, const TensorView& v_out) override {
+    inner_->gather_kv(layer, batch, k_out, v_out);
+    if (!ragged_shift_) return;
+    for (const TensorView* t : {&k_out, &v_out}) {  // host, contiguous (check_gather_outputs)
+      if (t->numel() == 0) continue;
+      const size_t row = t->nbytes() / static_cast<size_t>(t->size(0));
+      auto* bytes = static_cast<unsigned char*>(t->data());
+      size_t first = 0;
+      for (int32_t len : batch.seq_lens) {
+        for (int32_t j = 0; j + 1 < len; ++j)
+          std::memcpy(bytes + (first + j) * row, bytes + (first + j + 1) * row, row);
+        first += static_cast<size_t>(len);
+      }
+    }
+  }
+  void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const attention::AttentionLayer& layer, const ForwardBatch& batch,
+                      const TensorView& out) override {
+    inner_->forward_ragged(q, k, v, layer, batch, out);
+  }
 
  private:
   void pass_lse() {
@@ -126,6 +157,7 @@ class PlanningMutant final : public attention::AttentionBackend {
   std::unique_ptr<attention::AttentionBackend> inner_;
   DraftExtendFault fault_;
   bool dsa_drop_first_;
+  bool ragged_shift_;
   ForwardBatch rewritten_;
 };
 
@@ -162,6 +194,13 @@ const std::vector<Member>& members() {
         "DSA top-k missing one token (each row's highest-scored position left out)"},
        {},
        DraftExtendFault::kNone,
+       true},
+      {{"mutant:ragged-shift", "ragged",
+        "gathered rows one position late (each request's first row dropped, its last repeated)"},
+       {},
+       DraftExtendFault::kNone,
+       false,
+       std::nullopt,
        true},
       {{"mutant:index-page", "dsa-indexer",
         "DSA indexer keys read one page off (each position's slot + page size)"},
@@ -226,8 +265,10 @@ std::unique_ptr<attention::AttentionBackend> make_mutant(const std::string& spec
                                                          const attention::BackendContext& ctx) {
   const Member& m = member(spec);
   auto reference = std::make_unique<ReferenceBackend>(ctx, m.faults, spec);
-  if (m.draft_extend == DraftExtendFault::kNone && !m.dsa_drop_first) return reference;
-  return std::make_unique<PlanningMutant>(std::move(reference), m.draft_extend, m.dsa_drop_first);
+  if (m.draft_extend == DraftExtendFault::kNone && !m.dsa_drop_first && !m.ragged_shift)
+    return reference;
+  return std::make_unique<PlanningMutant>(std::move(reference), m.draft_extend, m.dsa_drop_first,
+                                          m.ragged_shift);
 }
 
 std::unique_ptr<attention::LinearAttentionBackend> make_linear_mutant(const std::string& spec) {

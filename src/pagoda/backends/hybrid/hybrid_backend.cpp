@@ -51,13 +51,19 @@ BackendCapabilities intersect_capabilities(const BackendCapabilities& a,
   return c;
 }
 
+BackendCapabilities hybrid_capabilities(const BackendCapabilities& prefill,
+                                        const BackendCapabilities& decode) {
+  BackendCapabilities c = intersect_capabilities(prefill, decode);
+  c.ragged = prefill.ragged;
+  return c;
+}
+
 HybridBackend::HybridBackend(std::unique_ptr<AttentionBackend> prefill,
                              std::unique_ptr<AttentionBackend> decode, VerifyRoute verify)
     : prefill_(std::move(prefill)), decode_(std::move(decode)), verify_(verify) {
   PAGODA_REQUIRE(prefill_ != nullptr && decode_ != nullptr, kInvalidArgument,
                  "HybridBackend needs both a prefill and a decode backend");
-  caps_ = intersect_capabilities(prefill_->capabilities(), decode_->capabilities());
-  caps_.ragged = prefill_->capabilities().ragged;  // extend steps only: the prefill child's
+  caps_ = hybrid_capabilities(prefill_->capabilities(), decode_->capabilities());
 }
 
 std::string HybridBackend::name() const {

@@ -19,6 +19,11 @@ enum class VerifyRoute : uint8_t { kPrefill, kDecode };
 attention::BackendCapabilities intersect_capabilities(const attention::BackendCapabilities& a,
                                                       const attention::BackendCapabilities& b);
 
+/// A hybrid's capabilities: intersect_capabilities of both, and the ragged calls (extend steps
+/// only) as the prefill child has them.
+attention::BackendCapabilities hybrid_capabilities(const attention::BackendCapabilities& prefill,
+                                                   const attention::BackendCapabilities& decode);
+
 class HybridBackend final : public attention::AttentionBackend {
  public:
   /// Takes ownership of both children (non-null; Error(kInvalidArgument) otherwise).
