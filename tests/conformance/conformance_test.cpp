@@ -53,7 +53,7 @@ TEST(Conformance, QuickGridAllCpuBackendsPassAndEveryMutantIsCaughtInItsColumn) 
         << row.backend.spec << " not caught in " << row.backend.target << "\n" << report.markdown();
   }
   EXPECT_EQ(mutants, static_cast<int>(mutant_family().size()));
-  EXPECT_EQ(mutant_family().size(), 18u);
+  EXPECT_EQ(mutant_family().size(), 19u);
   EXPECT_TRUE(report.ok()) << report.markdown();
 }
 

@@ -31,6 +31,18 @@ class Probe final : public AttentionBackend {
     log_->push_back(name_ + ".decode." + std::string(forward_mode_name(b.mode)));
   }
   void init_cuda_graph_state(int, int) override { log_->push_back(name_ + ".graph"); }
+  void save_kv(const TensorView&, const TensorView&, const AttentionLayer&,
+               const ForwardBatch& b) override {
+    log_->push_back(name_ + ".save_kv." + std::string(forward_mode_name(b.mode)));
+  }
+  void gather_kv(const AttentionLayer&, const ForwardBatch& b, const TensorView&,
+                 const TensorView&) override {
+    log_->push_back(name_ + ".gather_kv." + std::string(forward_mode_name(b.mode)));
+  }
+  void forward_ragged(const TensorView&, const TensorView&, const TensorView&,
+                      const AttentionLayer&, const ForwardBatch& b, const TensorView&) override {
+    log_->push_back(name_ + ".ragged." + std::string(forward_mode_name(b.mode)));
+  }
 
  private:
   std::string name_;
@@ -75,6 +87,58 @@ TEST(Hybrid, VerifyOnDecodeRoute) {
   EXPECT_EQ(&h.backend_for(ForwardMode::kTargetVerify), &h.decode());
   EXPECT_EQ(&h.backend_for(ForwardMode::kIdle), &h.decode());
   EXPECT_EQ(&h.backend_for(ForwardMode::kMixed), &h.prefill());
+}
+
+// The ragged calls (extend steps) go to the prefill child, and the hybrid's `ragged` capability
+// is the prefill child's whatever the decode child has.
+TEST(Hybrid, RaggedCallsGoToThePrefillChild) {
+  std::vector<std::string> log;
+  BackendCapabilities pc, dc;
+  pc.ragged = true;
+  HybridBackend h(std::make_unique<Probe>("p", pc, &log), std::make_unique<Probe>("d", dc, &log));
+  EXPECT_TRUE(h.capabilities().ragged);
+  EXPECT_FALSE(hybrid_capabilities(dc, pc).ragged);
+  for (ForwardMode m : {ForwardMode::kExtend, ForwardMode::kMixed}) {
+    const ForwardBatch b{.mode = m};
+    h.save_kv({}, {}, AttentionLayer{}, b);
+    h.gather_kv(AttentionLayer{}, b, {}, {});
+    h.forward_ragged({}, {}, {}, AttentionLayer{}, b, {});
+  }
+  EXPECT_EQ(log,
+            (std::vector<std::string>{"p.save_kv.extend", "p.gather_kv.extend", "p.ragged.extend",
+                                      "p.save_kv.mixed", "p.gather_kv.mixed", "p.ragged.mixed"}));
+}
+
+// A backend without the ragged calls refuses them by name (AttentionBackend's defaults).
+TEST(Hybrid, DefaultRaggedCallsThrowUnsupported) {
+  class Plain final : public AttentionBackend {
+   public:
+    std::string name() const override { return "plain"; }
+    const BackendCapabilities& capabilities() const override { return caps_; }
+    void init_forward_metadata(const ForwardBatch&) override {}
+    void forward_extend(const TensorView&, const TensorView&, const TensorView&,
+                        const AttentionLayer&, const ForwardBatch&, const TensorView&,
+                        SaveKv) override {}
+    void forward_decode(const TensorView&, const TensorView&, const TensorView&,
+                        const AttentionLayer&, const ForwardBatch&, const TensorView&,
+                        SaveKv) override {}
+
+   private:
+    BackendCapabilities caps_;
+  } plain;
+  const ForwardBatch b{.mode = ForwardMode::kExtend};
+  for (int call = 0; call < 3; ++call) {
+    try {
+      if (call == 0) plain.save_kv({}, {}, AttentionLayer{}, b);
+      if (call == 1) plain.gather_kv(AttentionLayer{}, b, {}, {});
+      if (call == 2) plain.forward_ragged({}, {}, {}, AttentionLayer{}, b, {});
+      ADD_FAILURE() << "call " << call << " did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+      EXPECT_NE(e.message().find("'plain' has no ragged attention"), std::string::npos)
+          << e.message();
+    }
+  }
 }
 
 TEST(Hybrid, DefaultCudaGraphHooksThrowUnsupported) {

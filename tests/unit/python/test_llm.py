@@ -133,6 +133,19 @@ def test_cpu_gemm():
         pagoda.LLM("builtin", cpu_gemm="mkl")
 
 
+def test_mla_prefill():
+    # pagoda's own engine argument (`--mla-prefill`, MLA models' extend form): EngineArgs carries
+    # it, pagoda.LLM takes it (a model without MLA runs unchanged), and a bad value is refused.
+    args = _pagoda.EngineArgs()
+    assert args.mla_prefill == "auto"
+    out = pagoda.LLM("builtin", mla_prefill="absorbed").generate(
+        prompt_token_ids=[[1, 2, 3]],
+        sampling_params=pagoda.SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="--mla-prefill 'fast'"):
+        pagoda.LLM("builtin", mla_prefill="fast")
+
+
 def test_kv_pool_sized_from_memory():
     # vLLM's kv_cache_memory_bytes (and SGLang's mem_fraction_static) size the pool instead of
     # pool_tokens; both kinds at once are refused by name.
