@@ -69,6 +69,7 @@ struct AttentionShape {
   DType q_dtype = DType::kBF16;
   DType kv_dtype = DType::kBF16;
   DType out_dtype = DType::kBF16;
+  bool operator==(const AttentionShape&) const = default;
 };
 
 /// Per-layer values that may change between runs of one plan.

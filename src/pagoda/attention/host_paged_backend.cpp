@@ -5,16 +5,6 @@
 #include "pagoda/kv/kv_pool.h"
 
 namespace pagoda::attention {
-namespace {
-
-bool same_shape(const AttentionShape& a, const AttentionShape& b) {
-  return a.num_qo_heads == b.num_qo_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim_qk == b.head_dim_qk && a.head_dim_v == b.head_dim_v &&
-         a.q_dtype == b.q_dtype && a.kv_dtype == b.kv_dtype && a.out_dtype == b.out_dtype;
-}
-
-}  // namespace
-
 BackendCapabilities full_feature_capabilities() {
   BackendCapabilities c;
   c.q_dtypes = {DType::kF32, DType::kF16, DType::kBF16};
@@ -43,6 +33,7 @@ HostPagedBackend::HostPagedBackend(const BackendContext& ctx, std::string name,
                                    SparseAttentionPath sparse_path, IndexerFaults indexer_faults)
     : ctx_(ctx),
       name_(std::move(name)),
+      who_(fmt::format("backend '{}'", name_)),
       caps_(std::move(caps)),
       attn_(std::move(attention)),
       sparse_path_(sparse_path),
@@ -63,6 +54,7 @@ void HostPagedBackend::init_forward_metadata(const ForwardBatch& batch) {
   indexer_.reset();
   sparse_next_ = false;
   ragged_.reset();
+  ragged_shape_.reset();
   if (ctx_.kv_pool->config().index_head_dim > 0)
     indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
 }
@@ -127,38 +119,26 @@ void HostPagedBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch
                                  const TensorView& k_out, const TensorView& v_out) {
   require_planned(batch, "gather_kv");
   gather_pool_rows(*ctx_.kv_pool, layer.layer_id, ragged(batch).slots, k_out, v_out,
-                   fmt::format("backend '{}' gather_kv", name_));
+                   who_);
 }
 
 void HostPagedBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const AttentionLayer& layer, const ForwardBatch& batch,
                                       const TensorView& out) {
   require_planned(batch, "forward_ragged");
-  PAGODA_REQUIRE(!layer.is_mla, kInvalidArgument,
-                 "backend '{}': forward_ragged takes per-head K/V (layer {} is MLA)", name_,
-                 layer.layer_id);
   PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
                  "backend '{}': forward_ragged after set_sparse_topk (sparse attention reads the "
                  "pool: use forward)",
                  name_);
   const RaggedPlan& r = ragged(batch);
-  const auto n = static_cast<int64_t>(r.slots.size());
-  PAGODA_REQUIRE(
-      k.rank() == 3 && v.rank() == 3 && k.size(0) == n && v.size(0) == n && k.dtype() == v.dtype(),
-      kInvalidArgument, "backend '{}': ragged K {} / V {} must be [{}, H, D] of one dtype", name_,
-      k.describe(), v.describe(), n);
-  const AttentionShape shape{.num_qo_heads = layer.num_q_heads,
-                             .num_kv_heads = layer.num_kv_heads,
-                             .head_dim_qk = layer.head_dim_qk,
-                             .head_dim_v = layer.head_dim_v,
-                             .q_dtype = q.dtype(),
-                             .kv_dtype = k.dtype(),
-                             .out_dtype = out.dtype()};
-  attn_->plan(r.plan.input(), shape);
-  planned_shape_.reset();  // the next forward plans the step's paged plan again
-  RunParams params = run_params_for(layer);
-  params.k_scale = params.v_scale = 1.f;
-  attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), params);
+  const RaggedRun run = ragged_run(layer, q, k, v, out, static_cast<int64_t>(r.slots.size()),
+                                   who_);
+  if (ragged_shape_ != run.shape) {  // once per step and shape while every layer is ragged
+    attn_->plan(r.plan.input(), run.shape);
+    ragged_shape_ = run.shape;
+    planned_shape_.reset();  // the next forward plans the step's paged plan again
+  }
+  attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), run.params);
 }
 
 void HostPagedBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -189,9 +169,11 @@ void HostPagedBackend::run(const TensorView& q, const TensorView& k, const Tenso
   if (sparse) {  // this layer's selection: plan it, and replan dense after it
     attn_->plan(sparse_plan_.input(), shape);
     planned_shape_.reset();
-  } else if (!planned_shape_ || !same_shape(*planned_shape_, shape)) {
+    ragged_shape_.reset();
+  } else if (planned_shape_ != shape) {
     attn_->plan(plan_.input(), shape);
     planned_shape_ = shape;
+    ragged_shape_.reset();
   }
   const PagedCacheViews views =
       paged_cache_views(pool, layer, sparse ? sparse_plan_.page_size : plan_.page_size);

@@ -14,8 +14,8 @@
 /// select_index_topk runs the indexer's scores and top-k on the host (index_topk_host).
 /// Ragged attention (backend.h): save_kv is save_new_kv; gather_kv copies the pool rows of the
 /// step's build_ragged_plan (built at the first call of the step); forward_ragged plans the
-/// BatchAttention on that plan over the caller's K/V viewed as page-size-1 caches (the next
-/// forward re-plans the step's paged plan).
+/// BatchAttention on that plan (once per step and shape while no forward re-plans it) over the
+/// caller's K/V viewed as page-size-1 caches (the next forward re-plans the step's paged plan).
 /// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
 /// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
 
@@ -85,6 +85,7 @@ class HostPagedBackend : public AttentionBackend {
 
   BackendContext ctx_;
   std::string name_;
+  std::string who_;  ///< "backend '<name>'", the start of the ragged calls' messages
   BackendCapabilities caps_;
   std::unique_ptr<BatchAttention> attn_;
   SparseAttentionPath sparse_path_;
@@ -98,6 +99,7 @@ class HostPagedBackend : public AttentionBackend {
   bool sparse_next_ = false;                 ///< the next forward uses sparse_plan_
   PagedPlan sparse_plan_;  ///< the selection's plan (kMask: plan_ + mask; kGather: per row)
   std::optional<RaggedPlan> ragged_;  ///< this step's, once a ragged call needed it
+  std::optional<AttentionShape> ragged_shape_;  ///< shape attn_ holds ragged_'s plan at
 };
 
 }  // namespace pagoda::attention

@@ -93,6 +93,27 @@ void gather_pool_rows(const kv::KvPool& pool, LayerId layer, std::span<const int
     copy(pool.v_view(layer), pool.v_row_elems(), v_out);
 }
 
+RaggedRun ragged_run(const AttentionLayer& layer, const TensorView& q, const TensorView& k,
+                     const TensorView& v, const TensorView& out, int64_t rows,
+                     std::string_view who) {
+  PAGODA_REQUIRE(!layer.is_mla, kInvalidArgument,
+                 "{}: forward_ragged takes per-head K/V (layer {} is MLA)", who, layer.layer_id);
+  PAGODA_REQUIRE(k.rank() == 3 && v.rank() == 3 && k.size(0) == rows && v.size(0) == rows &&
+                     k.dtype() == v.dtype(),
+                 kInvalidArgument, "{}: ragged K {} / V {} must be [{}, H, D] of one dtype", who,
+                 k.describe(), v.describe(), rows);
+  RaggedRun r{.shape = {.num_qo_heads = layer.num_q_heads,
+                        .num_kv_heads = layer.num_kv_heads,
+                        .head_dim_qk = layer.head_dim_qk,
+                        .head_dim_v = layer.head_dim_v,
+                        .q_dtype = q.dtype(),
+                        .kv_dtype = k.dtype(),
+                        .out_dtype = out.dtype()},
+              .params = run_params_for(layer)};
+  r.params.k_scale = r.params.v_scale = 1.f;
+  return r;
+}
+
 TensorView as_token_pages(const TensorView& t) {
   PAGODA_REQUIRE(t.rank() == 3, kInvalidArgument, "{} is not [n, H, D]", t.describe());
   return TensorView(t.data(), t.dtype(), {t.size(0), 1, t.size(1), t.size(2)},

@@ -6,6 +6,7 @@
 #include <span>
 #include <string_view>
 
+#include "pagoda/attention/batch_attention.h"
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/attention/layer.h"
 #include "pagoda/core/tensor_view.h"
@@ -47,6 +48,18 @@ void check_gather_outputs(const kv::KvPool& pool, LayerId layer, int64_t rows,
 /// check_gather_outputs first. Host pools (the CUDA backend gathers on its device).
 void gather_pool_rows(const kv::KvPool& pool, LayerId layer, std::span<const int32_t> slots,
                       const TensorView& k_out, const TensorView& v_out, std::string_view who);
+
+/// forward_ragged's arguments checked and what it runs with (AttentionBackend::forward_ragged):
+/// a layer that is not MLA; k [rows, Hkv, Dqk] and v [rows, Hkv, Dv] of one dtype (q, out and
+/// the dims are BatchAttention::run's to check); the shape (KV dtype k's) and the layer's run
+/// parameters without fp8 scales. Throws kInvalidArgument whose message starts with `who`.
+struct RaggedRun {
+  AttentionShape shape;
+  RunParams params;
+};
+RaggedRun ragged_run(const AttentionLayer& layer, const TensorView& q, const TensorView& k,
+                     const TensorView& v, const TensorView& out, int64_t rows,
+                     std::string_view who);
 
 /// A [n, H, D] tensor as a page-size-1 BatchAttention cache [n, 1, H, D] (same memory and
 /// strides). Throws kInvalidArgument for another rank.

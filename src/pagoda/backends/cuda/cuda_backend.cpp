@@ -15,16 +15,6 @@ namespace pagoda::backends {
 
 using namespace pagoda::attention;
 
-namespace {
-
-bool same_shape(const AttentionShape& a, const AttentionShape& b) {
-  return a.num_qo_heads == b.num_qo_heads && a.num_kv_heads == b.num_kv_heads &&
-         a.head_dim_qk == b.head_dim_qk && a.head_dim_v == b.head_dim_v &&
-         a.q_dtype == b.q_dtype && a.kv_dtype == b.kv_dtype && a.out_dtype == b.out_dtype;
-}
-
-}  // namespace
-
 CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels)
     : ctx_(ctx), kernels_(kernels) {
   PAGODA_REQUIRE(ctx.kv_pool != nullptr && ctx.req_to_token != nullptr, kInvalidArgument,
@@ -251,33 +241,18 @@ void CudaBackend::forward_ragged(const TensorView& q, const TensorView& k, const
                                  const AttentionLayer& layer, const ForwardBatch& batch,
                                  const TensorView& out) {
   require_planned(batch, "forward_ragged");
-  PAGODA_REQUIRE(!layer.is_mla, kInvalidArgument,
-                 "backend 'cuda': forward_ragged takes per-head K/V (layer {} is MLA)",
-                 layer.layer_id);
   PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
                  "backend 'cuda': forward_ragged after a DSA selection (sparse attention reads "
                  "the pool: use forward)");
   const RaggedPlan& r = ragged(batch);
-  const auto n = static_cast<int64_t>(r.slots.size());
-  PAGODA_REQUIRE(
-      k.rank() == 3 && v.rank() == 3 && k.size(0) == n && v.size(0) == n && k.dtype() == v.dtype(),
-      kInvalidArgument, "backend 'cuda': ragged K {} / V {} must be [{}, H, D] of one dtype",
-      k.describe(), v.describe(), n);
-  const AttentionShape shape{.num_qo_heads = layer.num_q_heads,
-                             .num_kv_heads = layer.num_kv_heads,
-                             .head_dim_qk = layer.head_dim_qk,
-                             .head_dim_v = layer.head_dim_v,
-                             .q_dtype = q.dtype(),
-                             .kv_dtype = k.dtype(),
-                             .out_dtype = out.dtype()};
+  const RaggedRun run = ragged_run(layer, q, k, v, out, static_cast<int64_t>(r.slots.size()),
+                                   "backend 'cuda'");
   if (!ragged_attn_) ragged_attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
-  if (!ragged_planned_ || !same_shape(*ragged_planned_, shape)) {
-    ragged_attn_->plan(r.plan.input(), shape);
-    ragged_planned_ = shape;
+  if (ragged_planned_ != run.shape) {
+    ragged_attn_->plan(r.plan.input(), run.shape);
+    ragged_planned_ = run.shape;
   }
-  RunParams params = run_params_for(layer);
-  params.k_scale = params.v_scale = 1.f;
-  ragged_attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), params);
+  ragged_attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), run.params);
 }
 
 void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -297,7 +272,7 @@ void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView
                  "window {}) is not implemented",
                  layer.layer_id, layer.sliding_window);
   const AttentionShape shape = shape_for(layer, q, out);
-  if (!sparse && (!shape_ || !same_shape(*shape_, shape))) {
+  if (!sparse && (shape_ != shape)) {
     PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
                    "layer {} has a shape the captured plan was not made for; run one eager "
                    "forward of this shape before capturing", layer.layer_id);
@@ -316,7 +291,7 @@ void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView
     if (!sparse_on_device_) {
       attn_->plan(sparse_plan_.input(), shape);
       sparse_planned_.reset();
-    } else if (!sparse_planned_ || !same_shape(*sparse_planned_, shape)) {
+    } else if (sparse_planned_ != shape) {
       // The step's one sparse plan: every layer's selected slots are written in its place.
       attn_->plan_with_device_indices(sparse_shape_.input(), shape, sparse_slots());
       sparse_planned_ = shape;
