@@ -80,12 +80,10 @@ bool Decoder::expanded_mla(const attention::ForwardBatch& batch,
       kv_pool_->config().dtype != ops_->dtype() ||
       batch.extend_seq_lens.size() != batch.seq_lens.size())
     return false;
+  if (mla_key_scratch_elems(batch.seq_lens_sum()) * int64_t(dtype_size(ops_->dtype())) >
+      kExpandedMlaScratchBytes)
+    return false;
   const MlaConfig& m = c.mla;
-  const int64_t key_bytes =
-      (m.kv_lora_rank + m.qk_rope_head_dim +
-       int64_t{c.num_q_heads} * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)) *
-      int64_t(dtype_size(ops_->dtype()));
-  if (batch.seq_lens_sum() * key_bytes > kExpandedMlaScratchBytes) return false;
   // Multiply-adds per head: absorbed n·T·(2r + p) + n·r·(nope + v) (the wide dot products, the
   // queries' W_UK and the outputs' W_UV), expanded n·T·(nope + rope + v) + T·r·(nope + v) (the
   // narrow ones, kv_b_proj on every key).
