@@ -5,16 +5,20 @@
 /// the same grid (kv::quantize_index_key's rule, applied here); then each row's k best
 /// positions in (score descending, position ascending) order. Two launches on `stream`, no
 /// allocation, no host sync:
-///   scores  tensor cores (mma.sync m16n8k16 on the e4m3 codes widened to bf16, exact; a
-///           product of two codes is exact in the f32 accumulator): a warp owns 16 heads (their
-///           codes in registers for the launch, the head scales folded into the weights), a
-///           block 64 positions a tile, tiles staged by cp.async three deep (16-byte copies per
-///           run of consecutive slots: gcd(page_size, 64) positions, the paged layout's
-///           contiguity); the key scale multiplies the head sum. One wave of blocks.
-///   top-k   one 512-thread block per row: radix select on the scores' order-preserving bits
-///           (11/11/10-bit digits) finds the k-th best score T; the positions above T and the
-///           earliest ones equal to T (all of them when they fit: the common case) are gathered,
-///           then a bitonic sort orders them by (score descending, position ascending).
+///   scores  tensor cores (mma.sync m16n8k16 with positions as M and heads as N: the e4m3 key
+///           codes widened to f16 once per 32 heads, the query codes in registers; every
+///           product of two codes is exact in the f32 accumulator): 8-warp blocks, a warp 32
+///           heads of 16-position m-tiles, 128-position tiles staged by cp.async four deep
+///           (16-byte copies per run of consecutive slots: gcd(page_size, 64) positions, the
+///           paged layout's contiguity); the head scales fold into the weights, the key scale
+///           multiplies the head sum. One wave of blocks.
+///   top-k   radix select on the scores' order-preserving bits (11/11/10-bit digits) finds the
+///           k-th best score T; the positions above T and the earliest ones equal to T (all of
+///           them when they fit: the common case) are gathered, then a bitonic sort orders them
+///           by (score descending, position ascending). On sm_90 a row's positions are split
+///           over a thread-block cluster of up to 8 blocks (histograms summed through
+///           distributed shared memory, the candidates gathered into the first block); one
+///           512-thread block per row elsewhere.
 /// Unseen positions (past the row's visible count, or draft nodes off its path) score -inf and
 /// are never read from the pool; a score of -0 is stored as +0 (one zero, as the host's f64
 /// compare sees it). Limits: dim ≤ 128 and a multiple of 4, heads ≤ 128, k ≤ 4,096
