@@ -373,9 +373,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CudaEngineMla,
 // rows), the cuda backend's indexer (scores and top-k on the device, queries read in place) and
 // its sparse gather plan, against the CPU reference engine (host indexer, f64 scores). The
 // deepseek-v3-tiny layout with 4 index heads of 32 dims keeping 16 tokens: prompts of 38-77
-// tokens (and short ones, which stay dense) make most steps sparse. CUDA graphs are asked for
-// and not used (DSA steps run eagerly). The sparse mask changes greedy tokens (checked against
-// the same weights with index_topk 4096, so the comparison cannot pass with the mask ignored).
+// tokens (and short ones, which stay dense when eager) make most steps sparse. Twice: eager, and
+// with CUDA graphs (decode steps replayed: the indexer, top-k and sparse plan captured once per
+// batch size and replayed at every context; a graph step selects even below k, which equals
+// dense MLA up to rounding). The sparse mask changes greedy tokens (checked against the same
+// weights with index_topk 4096, so the comparison cannot pass with the mask ignored).
 TEST(CudaEngineDsa, GreedyTokensEqualCpuReferenceEngine) {
   PAGODA_REQUIRE_GPU();
   model::ModelConfig config = mla_layout_config(kMlaLayouts[1]);
@@ -386,22 +388,30 @@ TEST(CudaEngineDsa, GreedyTokensEqualCpuReferenceEngine) {
   model::LlamaModel m(config, model::make_random_weights(config, seed));
   const auto ps = prompts(31, 10, false);
   const RunResult ref = run_engine(m, ps, 16, false, false, 4);
-  const RunResult gpu = run_engine(m, ps, 16, true, true, 4);
-  ASSERT_EQ(ref.tokens.size(), gpu.tokens.size());
-  for (size_t i = 0; i < ps.size(); ++i) {
-    EXPECT_EQ(gpu.tokens[i].size(), 16u) << "prompt " << i;
-    EXPECT_EQ(gpu.tokens[i], ref.tokens[i]) << "prompt " << i;
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "CUDA graphs" : "eager");
+    const RunResult gpu = run_engine(m, ps, 16, true, graphs, 4);
+    ASSERT_EQ(ref.tokens.size(), gpu.tokens.size());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_EQ(gpu.tokens[i].size(), 16u) << "prompt " << i;
+      EXPECT_EQ(gpu.tokens[i], ref.tokens[i]) << "prompt " << i;
+    }
+    const float diff = max_logit_diff(ref, gpu);
+    std::printf(
+        "[deepseek_v32 tiny, topk 16, %s] max |logit cuda - cpu reference| = %.3g, cached "
+        "tokens %lld, graph steps %lld\n",
+        graphs ? "graphs" : "eager", diff,
+        static_cast<long long>(gpu.stats.scheduler.cached_tokens),
+        static_cast<long long>(gpu.stats.cuda_graph_steps));
+    EXPECT_LT(diff, 1e-3f);
+    EXPECT_TRUE(gpu.stats.device_path);
+    if (graphs) {
+      EXPECT_GT(gpu.stats.cuda_graph_steps, 0);
+    } else {
+      EXPECT_EQ(gpu.stats.cuda_graph_steps, 0);
+    }
+    EXPECT_GT(gpu.stats.scheduler.cached_tokens, 0);
   }
-  const float diff = max_logit_diff(ref, gpu);
-  std::printf(
-      "[deepseek_v32 tiny, topk 16] max |logit cuda - cpu reference| = %.3g, cached "
-      "tokens %lld, graph steps %lld\n",
-      diff, static_cast<long long>(gpu.stats.scheduler.cached_tokens),
-      static_cast<long long>(gpu.stats.cuda_graph_steps));
-  EXPECT_LT(diff, 1e-3f);
-  EXPECT_TRUE(gpu.stats.device_path);
-  EXPECT_EQ(gpu.stats.cuda_graph_steps, 0);
-  EXPECT_GT(gpu.stats.scheduler.cached_tokens, 0);
   model::ModelConfig dense_config = config;
   dense_config.dsa.index_topk = 4096;
   model::LlamaModel dense(dense_config, model::make_random_weights(dense_config, seed));

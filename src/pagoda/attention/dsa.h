@@ -42,6 +42,11 @@ struct IndexerMetadata {
   /// Request b's position p lives in pool slot slots[slot_indptr[b] + p] (p < its kv length).
   std::vector<int32_t> slots;
   int32_t max_visible = 0;  ///< max over rows of row_visible (0 for an empty batch)
+  /// The model's indexer selects even when no row sees more than k positions (rows that see
+  /// fewer keep them all: dense MLA up to rounding), so that the step's launches do not depend
+  /// on its lengths: a backend sets it for CUDA-graph steps (captured once, replayed at any
+  /// context). Otherwise such a step skips the selection and runs dense MLA exactly.
+  bool always_select = false;
   /// kTargetVerify only (else empty / 0): the draft tree's nodes sit at positions
   /// [row_tree_begin[t], row_tree_begin[t] + tree_size) of row t's request, and row t sees draft
   /// position row_tree_begin[t] + j only when row_tree_bits[t * tree_size + j] is 1 (j is the

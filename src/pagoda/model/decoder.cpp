@@ -311,6 +311,7 @@ void Decoder::reserve(Activations& a, int64_t tokens, int64_t rows, int64_t mla_
   a.sample_params = make(r, sizeof(SampleRow));
   a.token_mask = make(r * token_mask_words(c.vocab_size), sizeof(uint32_t));
   if (c.is_mla()) a.mla = make(mla_scratch_elems(t), es);
+  if (dsa_) a.dsa = make(dsa_->scratch_floats(t), sizeof(float));
   a.mla_kv = std::move(mla_kv);
   a.mla_keys = keys;
   a.tokens = t;

@@ -78,6 +78,8 @@ struct Activations {
   /// mla_keys; none: every step absorbed).
   platform::DeviceBuffer mla, mla_kv;
   int64_t mla_keys = 0;
+  /// DSA models only: the indexer's f32 scratch (DsaIndexer::scratch_floats of tokens).
+  platform::DeviceBuffer dsa;
   /// Tensor parallelism only: this rank's vocabulary shard of the logits [rows, V/N] and the
   /// all-gathered shards [N, rows, V/N] (f32).
   platform::DeviceBuffer shard_logits, gathered;

@@ -197,7 +197,7 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
                                .inv_freq = w.inv_freq,
                                .rope_factor = factor};
       dsa_->run(LayerId{l}, dw, a.h.get(), at(s.qa), a.positions(), a.cache_loc(), batch, *kv_pool_,
-                backend);
+                backend, static_cast<float*>(a.dsa.get()));
     }
     backend.forward(TensorView(at(s.q_abs), dt, {t, hq, r + p}, dev),
                     TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(), layer, batch,

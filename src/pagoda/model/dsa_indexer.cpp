@@ -15,19 +15,15 @@ DsaIndexer::DsaIndexer(const ModelConfig& config, ModelOps& ops) : config_(&conf
                  ops.platform().name());
 }
 
-float* DsaIndexer::scratch(int64_t floats) {
-  if (floats > scratch_floats_) {
-    scratch_ = platform::make_buffer(ops_->platform().allocator(),
-                                     static_cast<size_t>(floats) * sizeof(float));
-    scratch_floats_ = floats;
-  }
-  return static_cast<float*>(scratch_.get());
+int64_t DsaIndexer::scratch_floats(int64_t t) const {
+  const int64_t nh = config_->dsa.index_n_heads, d = config_->dsa.index_head_dim;
+  return t * (d + nh * d + nh);
 }
 
 void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const void* h, const void* qa,
                      const int32_t* positions, const int32_t* cache_loc,
                      const attention::ForwardBatch& batch, kv::KvPool& pool,
-                     attention::AttentionBackend& backend) {
+                     attention::AttentionBackend& backend, float* scratch) {
   const ModelConfig& c = *config_;
   const int64_t t = batch.num_tokens(), hd = c.hidden_size, qr = c.mla.q_lora_rank;
   const int64_t nh = c.dsa.index_n_heads, d = c.dsa.index_head_dim;
@@ -39,7 +35,7 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const void* h, con
                    "DSA indexer: token {} has slot {} outside the pool's [0, {})", i, slot,
                    pool.num_slots());
   }
-  float* keys = scratch(t * (d + nh * d + nh));
+  float* keys = scratch;
   float* q = keys + t * d;
   float* wts = q + t * nh * d;
   // The new tokens' index keys: LayerNorm, RoPE, quantised into the pool.
@@ -53,7 +49,8 @@ void DsaIndexer::run(LayerId layer, const DsaLayerWeights& w, const void* h, con
                  "backend '{}' builds no DSA indexer metadata (DeepSeek sparse attention needs "
                  "a backend with capabilities().dsa)",
                  backend.name());
-  if (meta->max_visible <= k) return;  // every row sees at most k tokens: dense MLA is exact
+  // Every row sees at most k tokens: dense MLA is exact (unless the backend's step must select).
+  if (meta->max_visible <= k && !meta->always_select) return;
 
   ops_->linear(qa, w.wq_b, q, t, nh * d, qr, /*f32_out=*/true);
   ops_->rope_neox_f32(q, t, nh, d, rope, positions, w.inv_freq, w.rope_factor);

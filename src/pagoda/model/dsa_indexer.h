@@ -23,8 +23,9 @@
 ///
 /// Every step is a ModelOps call (ModelOps::supports_dsa_ops), so the same code runs on the CPU
 /// and CUDA ops; q_idx and w reach the backend in the ops' device memory (IndexerQuery::device);
-/// the cuda backend keeps the top-k there (the host backends plan on the host). Eager only: the
-/// backends refuse the indexer inside a CUDA graph. One thread.
+/// the cuda backend keeps the top-k there (the host backends plan on the host) and captures
+/// decode steps in CUDA graphs (IndexerMetadata::always_select: the selection then runs at any
+/// length). The f32 scratch is the caller's (Activations::dsa: a graph's own). One thread.
 
 #include <cstdint>
 
@@ -57,21 +58,20 @@ class DsaIndexer {
 
   /// Layer `layer`'s indexer for the t = batch.num_tokens() rows, all on the ops' device:
   /// h [t, hidden] (normed input) and qa [t, q_lora] (normed q latent) in the ops' dtype,
-  /// positions [t] and cache_loc [t] (batch.out_cache_loc's copy). Writes the index keys into
-  /// `pool` (on the ops' device) and, when sparsity applies, hands the top-k to `backend`
-  /// (Error(kUnsupported) naming it when it has no indexer metadata).
+  /// positions [t] and cache_loc [t] (batch.out_cache_loc's copy), `scratch` at least
+  /// scratch_floats(t) f32. Writes the index keys into `pool` (on the ops' device) and, when
+  /// sparsity applies, hands the top-k to `backend` (Error(kUnsupported) naming it when it has
+  /// no indexer metadata).
   void run(LayerId layer, const DsaLayerWeights& w, const void* h, const void* qa,
            const int32_t* positions, const int32_t* cache_loc, const attention::ForwardBatch& batch,
-           kv::KvPool& pool, attention::AttentionBackend& backend);
+           kv::KvPool& pool, attention::AttentionBackend& backend, float* scratch);
+
+  /// The f32 scratch run() needs for t rows (k_idx, q_idx, w).
+  int64_t scratch_floats(int64_t t) const;
 
  private:
-  /// scratch_ holds at least `floats` f32 (grow-only, on the ops' device).
-  float* scratch(int64_t floats);
-
   const ModelConfig* config_;
   ModelOps* ops_;
-  platform::DeviceBuffer scratch_;  ///< k_idx, q_idx, w for the largest step so far
-  int64_t scratch_floats_ = 0;
 };
 
 }  // namespace pagoda::model

@@ -131,10 +131,11 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
   staging_->pinned = &platform_->pinned_allocator();
   stats_.device = platform_->kind() != platform::PlatformKind::kCpu;
   if (config.cuda_graph && config.swa == nullptr && state_pool_ == nullptr &&
-      !model.config().is_dsa() && ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
+      ops_->supports_graphs() && backend_->capabilities().cuda_graph) {
     graph_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
     capture_graphs();
-    if (config.verify_graph_tokens > 0) {
+    // Verify steps of a DSA model stay eager (the backends capture DSA decode steps only).
+    if (config.verify_graph_tokens > 0 && !model.config().is_dsa()) {
       const int cap = config.verify_graph_tokens;
       verify_backend_ = backends::make_backend(registry_, config.backend, req, ctx);
       verify_backend_->init_cuda_graph_state(cap, cap);

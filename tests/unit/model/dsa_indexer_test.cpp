@@ -228,8 +228,9 @@ TEST(DsaIndexer, KeysScoresAndTopkMatchTheOracleOnShuffledPages) {
         backend.init_forward_metadata(f);
         backend.selection.clear();
         backend.queries.clear();
+        std::vector<float> scratch(static_cast<size_t>(indexer.scratch_floats(f.num_tokens())));
         indexer.run(LayerId{0}, dw, hs.data(), qas.data(), f.positions.data(),
-                    f.out_cache_loc.data(), f, pool, backend);
+                    f.out_cache_loc.data(), f, pool, backend, scratch.data());
         // The stored keys: the oracle's key, quantised with its scale (one quantum of slack
         // where f32 and f64 round to different sides of a midpoint).
         for (int r = 0; r < f.num_tokens(); ++r) {
@@ -327,8 +328,9 @@ TEST(DsaIndexer, RefusesSlotsOutsideThePool) {
   const std::vector<float> h(2 * kHidden, 1.f), qa(2 * kQr, 1.f);
   DsaIndexer indexer(c, *ops);
   try {
+    std::vector<float> scratch(static_cast<size_t>(indexer.scratch_floats(f.num_tokens())));
     indexer.run(LayerId{0}, dw, h.data(), qa.data(), f.positions.data(), f.out_cache_loc.data(), f,
-                pool, backend);
+                pool, backend, scratch.data());
     ADD_FAILURE() << "a slot past the pool was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfRange) << e.what();

@@ -35,6 +35,7 @@ CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels
 
 CudaBackend::~CudaBackend() {
   attn_.reset();
+  sparse_attn_.reset();
   ragged_attn_.reset();
   if (own_stream_) (void)cudaStreamDestroy(stream_);
 }
@@ -42,8 +43,8 @@ CudaBackend::~CudaBackend() {
 BackendCapabilities CudaBackend::static_capabilities() {
   BackendCapabilities c = full_feature_capabilities();
   c.cuda_graph = true;
-  c.dsa = true;  // sparse MLA on the gather plan (cuda_backend.h), eager steps
-  c.dsa_indexer = true;  // f32 scores + a stable segmented sort (kernels/cuda/dsa_indexer.h)
+  c.dsa = true;          // sparse MLA on the gather plan (cuda_backend.h), graphable decode
+  c.dsa_indexer = true;  // tensor-core scores + a radix select (kernels/cuda/dsa_indexer.h)
   c.ragged = true;       // eager extend steps (cuda_backend.h)
   c.device = "cuda";
   return c;
@@ -80,59 +81,10 @@ void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> 
   }
 }
 
-void CudaBackend::upload_indexer_metadata() {
-  const IndexerMetadata& m = *indexer_;
-  const size_t rows = m.row_request.size();
-  const int tree = m.tree_size;
-  // Per row: where its request's slots start and how many positions it sees.
-  std::vector<int32_t> slot_begin(rows), seen(rows);
-  for (size_t t = 0; t < rows; ++t) {
-    slot_begin[t] = m.slot_indptr[static_cast<size_t>(m.row_request[t])];
-    seen[t] = row_seen(m, static_cast<int64_t>(t));
-  }
-  cuda::AlignedRegions r;
-  index_meta_.slots = r.add(m.slots.size() * 4);
-  index_meta_.visible = r.add(rows * 4);
-  index_meta_.slot_begin = r.add(rows * 4);
-  index_meta_.seen = r.add(rows * 4);
-  index_meta_.tree_begin = r.add(tree > 0 ? rows * 4 : 0);
-  index_meta_.tree_bits = r.add(tree > 0 ? rows * tree : 0);
-  if (index_meta_.buffer.bytes() < r.total) index_meta_.buffer.reset(r.total);
-  auto* base = static_cast<unsigned char*>(index_meta_.buffer.get());
-  auto upload = [&](size_t at, const void* src, size_t bytes) {
-    if (bytes > 0)
-      cuda::cuda_check(cudaMemcpyAsync(base + at, src, bytes, cudaMemcpyHostToDevice, stream_),
-                       "cudaMemcpyAsync(indexer metadata)");
-  };
-  upload(index_meta_.slots, m.slots.data(), m.slots.size() * 4);
-  upload(index_meta_.visible, m.row_visible.data(), rows * 4);
-  upload(index_meta_.slot_begin, slot_begin.data(), rows * 4);
-  upload(index_meta_.seen, seen.data(), rows * 4);
-  if (tree > 0) {
-    upload(index_meta_.tree_begin, m.row_tree_begin.data(), rows * 4);
-    upload(index_meta_.tree_bits, m.row_tree_bits.data(), rows * tree);
-  }
-}
-
-namespace {
-
-bool capturing(cudaStream_t stream) {
+bool CudaBackend::capturing() const {
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cuda::cuda_check(cudaStreamIsCapturing(stream, &cs), "cudaStreamIsCapturing");
+  cuda::cuda_check(cudaStreamIsCapturing(stream_, &cs), "cudaStreamIsCapturing");
   return cs != cudaStreamCaptureStatusNone;
-}
-
-}  // namespace
-
-void CudaBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
-  PAGODA_REQUIRE(indexer_.has_value(), kFailedPrecondition,
-                 "backend 'cuda': set_sparse_topk without indexer metadata (the pool has no index "
-                 "keys, or init_forward_metadata was not called)");
-  PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
-                 "backend 'cuda': DeepSeek sparse attention runs eagerly, not in a CUDA graph");
-  sparse_plan_ = sparse_gather_plan(*indexer_, topk, k);
-  sparse_next_ = true;
-  sparse_on_device_ = false;
 }
 
 AttentionShape CudaBackend::shape_for(const AttentionLayer& layer, const TensorView& q,
@@ -193,7 +145,7 @@ void CudaBackend::require_planned(const ForwardBatch& batch, const char* what) c
 
 const RaggedPlan& CudaBackend::ragged(const ForwardBatch& batch) {
   if (ragged_) return *ragged_;
-  PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
+  PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
                  "backend 'cuda': ragged attention runs eagerly, not in a CUDA graph");
   RaggedPlan r = build_ragged_plan(batch, *ctx_.req_to_token);
   const size_t bytes = std::max<size_t>(r.slots.size(), 1) * 4;
@@ -272,150 +224,36 @@ void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView
                  "window {}) is not implemented",
                  layer.layer_id, layer.sliding_window);
   const AttentionShape shape = shape_for(layer, q, out);
-  if (!sparse && (shape_ != shape)) {
-    PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
-                   "layer {} has a shape the captured plan was not made for; run one eager "
-                   "forward of this shape before capturing", layer.layer_id);
-    attn_->plan(plan_.input(), shape);
-    shape_ = shape;
-    sparse_planned_.reset();
-  }
   last_shape_ = shape;
   PAGODA_REQUIRE(q.rank() == 3 && q.size(0) == batch.num_tokens(), kInvalidArgument,
                  "q {} does not have {} rows", q.describe(), batch.num_tokens());
-  // The append reads the step's out_cache_loc, which a re-plan keeps (the arena's regions).
-  if (save == SaveKv::kYes && batch.num_tokens() > 0) append_kv(layer, k, v, batch.num_tokens());
-  if (sparse) {  // this layer's selection; a dense forward after it re-plans the dense plan
-    PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
-                   "backend 'cuda': DeepSeek sparse attention runs eagerly, not in a CUDA graph");
+  if (sparse) {  // this layer's selection, on sparse_attn_ (the dense plan stays in attn_)
     if (!sparse_on_device_) {
-      attn_->plan(sparse_plan_.input(), shape);
+      PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
+                     "backend 'cuda': a host DSA selection (set_sparse_topk) in a CUDA graph");
+      if (!sparse_attn_)
+        sparse_attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
+      sparse_attn_->plan(sparse_plan_.input(), shape);
       sparse_planned_.reset();
     } else if (sparse_planned_ != shape) {
-      // The step's one sparse plan: every layer's selected slots are written in its place.
-      attn_->plan_with_device_indices(sparse_shape_.input(), shape, sparse_slots());
-      sparse_planned_ = shape;
+      PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
+                     "layer {} has a shape the captured sparse plan was not made for",
+                     layer.layer_id);
+      plan_device_sparse(shape);
     }
-    shape_.reset();
+  } else if (shape_ != shape) {
+    PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
+                   "layer {} has a shape the captured plan was not made for; run one eager "
+                   "forward of this shape before capturing",
+                   layer.layer_id);
+    attn_->plan(plan_.input(), shape);
+    shape_ = shape;
   }
+  // The append reads the step's out_cache_loc (attn_'s, which a re-plan keeps).
+  if (save == SaveKv::kYes && batch.num_tokens() > 0) append_kv(layer, k, v, batch.num_tokens());
   // Sparse plans are token-granular (page size 1).
   const PagedCacheViews views = paged_cache_views(pool, layer, sparse ? 1 : plan_.page_size);
-  attn_->run(q, views.k, views.v, out, lse, run_params_for(layer));
-}
-
-void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
-                                    std::span<int32_t> topk, std::span<float> scores) {
-  check_indexer_call(q, k, topk.size(), scores.size());
-  index_topk(layer, q, k, topk, scores, nullptr);
-}
-
-void CudaBackend::apply_index_topk(LayerId layer, const IndexerQuery& q, int k) {
-  check_indexer_call(q, k, indexer_ ? indexer_->row_request.size() * static_cast<size_t>(k) : 0, 0);
-  const IndexerMetadata& m = *indexer_;
-  if (sparse_shape_k_ != k) {  // the step's sparse plan for this k, its kv_indptr on the device
-    sparse_shape_ = sparse_gather_shape(m, k);
-    sparse_shape_k_ = k;
-    sparse_planned_.reset();
-    const size_t rows = m.row_request.size(), total = sparse_shape_.kv_indices.size();
-    const size_t bytes = (rows + 1 + std::max<size_t>(total, 1)) * 4;
-    if (sparse_device_.bytes() < bytes) sparse_device_.reset(bytes);
-    cuda::cuda_check(cudaMemcpyAsync(sparse_device_.get(), sparse_shape_.kv_indptr.data(),
-                                     (rows + 1) * 4, cudaMemcpyHostToDevice, stream_),
-                     "cudaMemcpyAsync(sparse kv_indptr)");
-  }
-  index_topk(layer, q, k, {}, {}, static_cast<const int32_t*>(sparse_device_.get()));
-  sparse_next_ = true;
-  sparse_on_device_ = true;
-}
-
-int32_t* CudaBackend::sparse_slots() {
-  return static_cast<int32_t*>(sparse_device_.get()) + indexer_->row_request.size() + 1;
-}
-
-void CudaBackend::check_indexer_call(const IndexerQuery& q, int k, size_t topk_size,
-                                     size_t scores_size) const {
-  PAGODA_REQUIRE(indexer_.has_value(), kFailedPrecondition,
-                 "backend 'cuda': the DSA indexer without indexer metadata (the pool has no "
-                 "index keys, or init_forward_metadata was not called)");
-  PAGODA_REQUIRE(!capturing(stream_), kFailedPrecondition,
-                 "backend 'cuda': the DSA indexer runs eagerly, not in a CUDA graph");
-  check_index_query(*ctx_.kv_pool, *indexer_, q, k, topk_size, scores_size, ctx_.kv_pool->device());
-}
-
-void CudaBackend::index_topk(LayerId layer, const IndexerQuery& q, int k, std::span<int32_t> topk,
-                             std::span<float> scores, const int32_t* slot_out_begin) {
-  const kv::KvPool& pool = *ctx_.kv_pool;
-  const IndexerMetadata& m = *indexer_;
-  const bool q_on_device = q.device.is_cuda();  // the CUDA ops' indexer: read in place
-  const int rows = static_cast<int>(m.row_request.size());
-  if (rows == 0) return;
-  const int maxv = m.max_visible, heads = q.heads, dim = q.dim;
-  // Rows in chunks of at most 2^24 scores (4 bytes each of scratch) and 65535 rows.
-  const int chunk = std::max(1, std::min({rows, 65535, (1 << 24) / std::max(maxv, 1)}));
-  cuda::AlignedRegions r;
-  const size_t o_q = r.add(q_on_device ? 0 : size_t(chunk) * heads * dim * 4),
-               o_w = r.add(q_on_device ? 0 : size_t(chunk) * heads * 4),
-               o_scores = r.add(size_t(chunk) * maxv * 4), o_topk = r.add(size_t(chunk) * k * 4),
-               o_topk_scores = r.add(size_t(chunk) * k * 4);
-  if (index_scratch_.bytes() < r.total) index_scratch_.reset(r.total);
-  auto* base = static_cast<unsigned char*>(index_scratch_.get());
-  const auto* meta = static_cast<const unsigned char*>(index_meta_.buffer.get());
-  auto upload = [&](size_t at, const void* src, size_t bytes) {
-    if (bytes > 0)
-      cuda::cuda_check(cudaMemcpyAsync(base + at, src, bytes, cudaMemcpyHostToDevice, stream_),
-                       "cudaMemcpyAsync(indexer)");
-  };
-  auto meta_at = [&](size_t region, int r0) {
-    return reinterpret_cast<const int32_t*>(meta + region) + r0;
-  };
-  const size_t host_out = slot_out_begin != nullptr ? 0 : static_cast<size_t>(chunk) * k;
-  std::vector<int32_t> out_topk(host_out);
-  std::vector<float> out_scores(host_out);
-  for (int r0 = 0; r0 < rows; r0 += chunk) {
-    const int n = std::min(chunk, rows - r0);
-    if (!q_on_device) {
-      upload(o_q, q.q + size_t(r0) * heads * dim, size_t(n) * heads * dim * 4);
-      upload(o_w, q.w + size_t(r0) * heads, size_t(n) * heads * 4);
-    }
-    kernels::cuda::DsaIndexArgs a;
-    a.index_rows = static_cast<const unsigned char*>(pool.index_data(layer));
-    a.row_bytes = pool.index_row_bytes();
-    a.page_size = plan_.page_size;  // page-granular rows are page-contiguous (build_paged_plan)
-    a.dim = dim;
-    a.heads = heads;
-    a.rows = n;
-    a.max_visible = maxv;
-    a.k = k;
-    a.q = q_on_device ? q.q + size_t(r0) * heads * dim : reinterpret_cast<const float*>(base + o_q);
-    a.w = q_on_device ? q.w + size_t(r0) * heads : reinterpret_cast<const float*>(base + o_w);
-    a.visible = meta_at(index_meta_.visible, r0);
-    a.slot_begin = meta_at(index_meta_.slot_begin, r0);
-    a.slots = meta_at(index_meta_.slots, 0);
-    a.seen = meta_at(index_meta_.seen, r0);
-    a.tree_size = m.tree_size;
-    a.tree_begin = meta_at(index_meta_.tree_begin, r0);
-    a.tree_bits = meta + index_meta_.tree_bits + size_t(r0) * m.tree_size;
-    a.scores = reinterpret_cast<float*>(base + o_scores);
-    a.topk = reinterpret_cast<int32_t*>(base + o_topk);
-    a.topk_scores = reinterpret_cast<float*>(base + o_topk_scores);
-    if (slot_out_begin != nullptr) {
-      a.slot_out = sparse_slots();
-      a.slot_out_begin = slot_out_begin + r0;
-    }
-    const Status st = kernels::cuda::launch_dsa_index_topk(a, stream_);
-    if (!st.is_ok()) throw_error(st.code(), "backend 'cuda': DSA indexer: {}", st.message());
-    if (slot_out_begin != nullptr) continue;  // the selection stays on the device
-    cuda::cuda_check(cudaMemcpyAsync(out_topk.data(), a.topk, size_t(n) * k * 4,
-                                     cudaMemcpyDeviceToHost, stream_),
-                     "cudaMemcpyAsync(indexer top-k)");
-    cuda::cuda_check(cudaMemcpyAsync(out_scores.data(), a.topk_scores, size_t(n) * k * 4,
-                                     cudaMemcpyDeviceToHost, stream_),
-                     "cudaMemcpyAsync(indexer scores)");
-    cuda::cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(indexer)");
-    std::copy_n(out_topk.begin(), size_t(n) * k, topk.begin() + size_t(r0) * k);
-    if (!scores.empty())
-      std::copy_n(out_scores.begin(), size_t(n) * k, scores.begin() + size_t(r0) * k);
-  }
+  (sparse ? *sparse_attn_ : *attn_).run(q, views.k, views.v, out, lse, run_params_for(layer));
 }
 
 void CudaBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -450,6 +288,7 @@ void CudaBackend::init_forward_metadata_capture_cuda_graph(const ForwardBatch& b
     cap.max_batch_size = graph_max_bs_;
     cap.max_tokens = graph_max_tokens_;
     cap.max_pages = int64_t(graph_max_tokens_) * ((ctx_len + ps - 1) / ps + graph_max_tokens_);
+    graph_max_pages_ = cap.max_pages;
     cap.max_mask_bytes = int64_t(graph_max_tokens_) * (ctx_len + graph_max_tokens_) / 8 + graph_max_bs_;
     attn_->enable_graph_mode(cap, *last_shape_);
   }
@@ -463,6 +302,7 @@ void CudaBackend::init_forward_metadata_replay_cuda_graph(const ForwardBatch& ba
 void CudaBackend::plan_graph_step(const ForwardBatch& batch) {
   if (batch.mode != ForwardMode::kDraftExtend) {
     plan_step(batch, batch.out_cache_loc);
+    plan_graph_sparse();
     return;
   }
   // A draft-extend graph keeps the prefill kernel it captured, whatever the accepted counts

@@ -19,11 +19,16 @@
 /// (N must not exceed init_cuda_graph_state's max_num_tokens).
 ///
 /// DeepSeek sparse attention (attention/dsa.h): with a pool of index keys, init_forward_metadata
-/// also builds the step's IndexerMetadata; after set_sparse_topk the next forward runs on
-/// sparse_gather_plan (each query row a request of its own over its selected slots, page size
-/// 1) with the same kernels (MLA: the decode kernels, every row having one query), and the
-/// forward after it re-plans the step's dense plan. Eager steps only: set_sparse_topk and a
-/// sparse forward are Error(kFailedPrecondition) while the stream is capturing.
+/// also builds the step's IndexerMetadata and uploads what the indexer kernels read (the step's
+/// page table, per row its offset in it, visible and seen counts, tree bits: no per-token
+/// array). After set_sparse_topk (host selection) or apply_index_topk (device selection) the
+/// next forward runs a second CudaBatchAttention on a gather plan (each query row a request of
+/// its own over its selected slots, page size 1; MLA: the decode kernels), so the dense plan
+/// stays planned. CUDA graphs (decode steps, cuda_backend_dsa.cpp): in graph mode the indexer
+/// always selects (IndexerMetadata::always_select), its buffers have the graph's capacities
+/// (the score rows strided by the request table's context length), and the capture and replay
+/// hooks plan the step's device sparse plan, so a captured DSA layer replays at any context.
+/// set_sparse_topk and select_index_topk stay eager (host round trips).
 ///
 /// Ragged attention (backend.h; eager extend steps): save_kv is the append kernel; gather_kv
 /// uploads the step's build_ragged_plan slots once (at its first ragged call) and copies the
@@ -131,16 +136,29 @@ class CudaBackend final : public attention::AttentionBackend {
   std::optional<attention::AttentionShape> shape_;      ///< shape of the uploaded schedule
   std::optional<attention::AttentionShape> last_shape_; ///< shape of the last forward
   int graph_max_bs_ = 0, graph_max_tokens_ = 0;
+  int64_t graph_max_pages_ = 0;  ///< the dense plan's page capacity (graph mode)
   std::optional<attention::IndexerMetadata> indexer_;  ///< this step's (pools with index keys)
   attention::PagedPlan sparse_plan_;                    ///< set_sparse_topk's gather plan
   bool sparse_next_ = false;                            ///< the next forward runs sparse_plan_
   /// The step's indexer metadata on the device (upload_indexer_metadata): byte offsets of the
-  /// arrays DsaIndexArgs reads, all rows.
+  /// arrays DsaIndexArgs reads, all rows; in graph mode laid out once for the capacities.
   struct IndexMetaDevice {
     cuda::CudaBuffer buffer;
-    size_t slots = 0, visible = 0, slot_begin = 0, seen = 0, tree_begin = 0, tree_bits = 0;
+    size_t pages = 0, page_begin = 0, visible = 0, seen = 0, tree_begin = 0, tree_bits = 0;
+    bool fixed = false;  ///< graph mode: the layout of the capacities, never moved
   };
   void upload_indexer_metadata();
+  /// The step's device sparse plan for k (sparse_gather_shape; its kv_indptr uploaded to
+  /// sparse_device_, which graph mode sizes for its capacities once).
+  void prepare_sparse_shape(int k);
+  /// Plans sparse_attn_ on the device sparse plan for `shape` (graph mode: its capacities first).
+  void plan_device_sparse(const attention::AttentionShape& shape);
+  /// Graph mode (capture and replay hooks, after plan_step): the indexer always selects, and
+  /// once a capture has run a selection, the step's device sparse plan is planned here (a
+  /// replay runs no host code in the forward).
+  void plan_graph_sparse();
+  /// Whether stream() is capturing a CUDA graph.
+  bool capturing() const;
   /// select_index_topk's and apply_index_topk's checks.
   void check_indexer_call(const attention::IndexerQuery& q, int k, size_t topk_size,
                           size_t scores_size) const;
@@ -154,8 +172,11 @@ class CudaBackend final : public attention::AttentionBackend {
   bool sparse_on_device_ = false;      ///< the next sparse forward uses sparse_shape_
   attention::PagedPlan sparse_shape_;  ///< the step's device sparse plan (kv_indices on device)
   int sparse_shape_k_ = 0;             ///< its k (0: none this step)
-  /// The shape sparse_shape_ is planned with in attn_ (reset by any other plan).
+  /// The shape sparse_shape_ is planned with in sparse_attn_ (reset by any other plan).
   std::optional<attention::AttentionShape> sparse_planned_;
+  std::unique_ptr<cuda::CudaBatchAttention> sparse_attn_;  ///< sparse forwards' kernels
+  int graph_dsa_k_ = 0;  ///< graph mode: the k of the captured selections (0: none yet)
+  std::optional<attention::AttentionShape> graph_sparse_shape_;  ///< ... and their shape
   cuda::CudaBuffer sparse_device_;  ///< [rows + 1] kv_indptr, then the selected slots
   cuda::CudaBuffer index_scratch_;  ///< select_index_topk's per-layer arrays (q, w, scores, out)
   KernelOptions kernels_;

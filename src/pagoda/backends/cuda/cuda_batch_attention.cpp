@@ -255,8 +255,6 @@ void CudaBatchAttention::plan_with_device_indices(const PagedPlanInput& in,
                                                   const int32_t* device_kv_indices) {
   PAGODA_REQUIRE(device_kv_indices != nullptr, kInvalidArgument,
                  "plan_with_device_indices: null device kv_indices");
-  PAGODA_REQUIRE(!graph_mode_, kFailedPrecondition,
-                 "plan_with_device_indices: not in graph mode (a replay re-plans from the host)");
   plan(in, shape);
   device_kv_indices_ = device_kv_indices;
 }

@@ -46,8 +46,8 @@ class CudaBatchAttention final : public attention::BatchAttention {
   /// least kv_indptr[bs] entries, written on the stream before run(): the DSA indexer's
   /// selected slots) instead of input.kv_indices, which is still validated and uploaded (any
   /// valid pages will do). The caller guarantees every device entry is a page below the caches'
-  /// size: run() checks only the host ones. Until the next plan(); eager only
-  /// (kFailedPrecondition in graph mode).
+  /// size: run() checks only the host ones. Until the next plan(). In graph mode the launches
+  /// capture the pointer: a replay's plan must pass the one its capture had.
   void plan_with_device_indices(const attention::PagedPlanInput& input,
                                 const attention::AttentionShape& shape,
                                 const int32_t* device_kv_indices);

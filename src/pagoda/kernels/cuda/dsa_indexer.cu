@@ -69,9 +69,15 @@ struct ScoreLaunch {
   int stage_region = 0;  ///< max(the stages, the prologue's query codes), 16-byte multiple
 };
 
+/// The pool slot of row t's position p (through the step's page table).
+__device__ __forceinline__ int slot_of_position(const DsaIndexArgs& a, int t, int p) {
+  const int page = p / a.page_size;
+  return a.pages[a.page_begin[t] + page] * a.page_size + (p - page * a.page_size);
+}
+
 /// The first slot of row t's run at position p (-1: past the row's visible positions).
 __device__ __forceinline__ int run_slot(const DsaIndexArgs& a, int t, int p) {
-  return p < a.visible[t] ? a.slots[a.slot_begin[t] + p] : -1;
+  return p < a.visible[t] ? slot_of_position(a, t, p) : -1;
 }
 
 /// Issues the copies of a tile's index rows (runs whose slot is >= 0) into `stage`, one group.
@@ -166,11 +172,11 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2)
   const int dim_words = a.dim / 4;
 
   // ---- the tile pipeline ----
-  const int tiles = (a.max_visible + kTile - 1) / kTile;
+  const int visible = a.visible[t], tiles = (visible + kTile - 1) / kTile;
   const int mine = tiles > static_cast<int>(blockIdx.x)
                        ? (tiles - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x
                        : 0;
-  const int nruns = kTile / L.run, visible = a.visible[t];
+  const int nruns = kTile / L.run;
   auto tile_p0 = [&](int i) { return (static_cast<int>(blockIdx.x) + i * gridDim.x) * kTile; };
   auto slot_of = [&](int i, int r) {
     return i < mine ? run_slot(a, t, tile_p0(i) + r * L.run) : -1;
@@ -195,45 +201,43 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2)
     }
     const int p0 = tile_p0(i);
     const unsigned char* st = stage(i);
-    if (p0 < visible) {
-      for (int mt = mslot; mt < kTile / 16; mt += mslots) {
-        float acc[4][4] = {};
-        const auto* r0 = reinterpret_cast<const uint32_t*>(st + (16 * mt + g) * a.row_bytes);
-        const auto* r1 = reinterpret_cast<const uint32_t*>(st + (16 * mt + g + 8) * a.row_bytes);
+    for (int mt = mslot; mt < kTile / 16; mt += mslots) {
+      float acc[4][4] = {};
+      const auto* r0 = reinterpret_cast<const uint32_t*>(st + (16 * mt + g) * a.row_bytes);
+      const auto* r1 = reinterpret_cast<const uint32_t*>(st + (16 * mt + g + 8) * a.row_bytes);
 #pragma unroll
-        for (int s = 0; s < KS; ++s) {
-          const int word = c * KS + s;
-          const bool in = word < dim_words;
-          const uint32_t x0 = in ? r0[word] : 0u, x1 = in ? r1[word] : 0u;
-          uint32_t A[4];
-          e4m3x4_to_f16(x0, A[0], A[2]);  // row g: k 2c.. (bytes 0, 1), 2c + 8.. (2, 3)
-          e4m3x4_to_f16(x1, A[1], A[3]);  // row g + 8
+      for (int s = 0; s < KS; ++s) {
+        const int word = c * KS + s;
+        const bool in = word < dim_words;
+        const uint32_t x0 = in ? r0[word] : 0u, x1 = in ? r1[word] : 0u;
+        uint32_t A[4];
+        e4m3x4_to_f16(x0, A[0], A[2]);  // row g: k 2c.. (bytes 0, 1), 2c + 8.. (2, 3)
+        e4m3x4_to_f16(x1, A[1], A[3]);  // row g + 8
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) mma16816<__half>(acc[nt], A, B[nt][s][0], B[nt][s][1]);
-        }
-        // D: rows = positions g (d0, d1) and g + 8 (d2, d3); columns = heads 2c, 2c + 1.
-        float lo = 0.f, hi = 0.f;
+        for (int nt = 0; nt < 4; ++nt) mma16816<__half>(acc[nt], A, B[nt][s][0], B[nt][s][1]);
+      }
+      // D: rows = positions g (d0, d1) and g + 8 (d2, d3); columns = heads 2c, 2c + 1.
+      float lo = 0.f, hi = 0.f;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          lo += wr[nt][0] * fmaxf(acc[nt][0], 0.f) + wr[nt][1] * fmaxf(acc[nt][1], 0.f);
-          hi += wr[nt][0] * fmaxf(acc[nt][2], 0.f) + wr[nt][1] * fmaxf(acc[nt][3], 0.f);
-        }
+      for (int nt = 0; nt < 4; ++nt) {
+        lo += wr[nt][0] * fmaxf(acc[nt][0], 0.f) + wr[nt][1] * fmaxf(acc[nt][1], 0.f);
+        hi += wr[nt][0] * fmaxf(acc[nt][2], 0.f) + wr[nt][1] * fmaxf(acc[nt][3], 0.f);
+      }
 #pragma unroll
-        for (int m = 1; m < 4; m <<= 1) {
-          lo += __shfl_xor_sync(0xffffffffu, lo, m);
-          hi += __shfl_xor_sync(0xffffffffu, hi, m);
-        }
-        if (c == 0) {
-          part_s[hg * kTile + 16 * mt + g] = lo;
-          part_s[hg * kTile + 16 * mt + g + 8] = hi;
-        }
+      for (int m = 1; m < 4; m <<= 1) {
+        lo += __shfl_xor_sync(0xffffffffu, lo, m);
+        hi += __shfl_xor_sync(0xffffffffu, hi, m);
+      }
+      if (c == 0) {
+        part_s[hg * kTile + 16 * mt + g] = lo;
+        part_s[hg * kTile + 16 * mt + g + 8] = hi;
       }
     }
     __syncthreads();  // the partial sums
     for (int e = tid; e < kTile; e += blockDim.x) {
       const int p = p0 + e;
-      if (p >= a.max_visible) continue;
-      if (p >= visible || !tree_sees(a, t, p)) {
+      if (p >= visible) continue;
+      if (!tree_sees(a, t, p)) {
         out[p] = detail::neg_inf();
         continue;
       }
@@ -449,7 +453,7 @@ __global__ void __launch_bounds__(kTopkThreads) dsa_topk_kernel(DsaIndexArgs a) 
         out[i] = pos;
         out_s[i] = order_value(~static_cast<uint32_t>(v >> 32));
         if (a.slot_out != nullptr)
-          a.slot_out[a.slot_out_begin[t] + i] = a.slots[a.slot_begin[t] + pos];
+          a.slot_out[a.slot_out_begin[t] + i] = slot_of_position(a, t, pos);
       }
     }
   }

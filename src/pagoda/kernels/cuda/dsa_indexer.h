@@ -19,11 +19,11 @@
 ///           over a thread-block cluster of up to 8 blocks (histograms summed through
 ///           distributed shared memory, the candidates gathered into the first block); one
 ///           512-thread block per row elsewhere.
-/// Unseen positions (past the row's visible count, or draft nodes off its path) score -inf and
-/// are never read from the pool; a score of -0 is stored as +0 (one zero, as the host's f64
-/// compare sees it). Limits: dim ≤ 128 and a multiple of 4, heads ≤ 128, k ≤ 4,096
-/// (kUnsupported from launch_dsa_index_topk otherwise). nvcc-safe (no core headers); launch.h's
-/// launch_dsa_index_topk wraps raw::dsa_index_topk into a Status.
+/// Positions the row does not see are never read from the pool: draft nodes off its path score
+/// -inf, positions past its visible count are not written; a score of -0 is stored as +0 (one zero,
+/// as the host's f64 compare sees it). Limits: dim ≤ 128 and a multiple of 4, heads ≤ 128, k ≤
+/// 4,096 (kUnsupported from launch_dsa_index_topk otherwise). nvcc-safe (no core headers);
+/// launch.h's launch_dsa_index_topk wraps raw::dsa_index_topk into a Status.
 
 #include <cuda_runtime_api.h>
 
@@ -38,26 +38,28 @@ struct DsaIndexArgs {
   const unsigned char* index_rows = nullptr;  ///< the layer's rows [num_slots, row_bytes]
   int64_t row_bytes = 0;                      ///< dim codes, then the f32 scale (a multiple of 4)
   int dim = 0, heads = 0;
-  /// Every request's positions [i·P, (i+1)·P) sit at consecutive slots (the pool's pages when
-  /// the step's plan is page-granular; 1 otherwise).
-  int page_size = 1;
-  int rows = 0;         ///< query rows
-  int max_visible = 0;  ///< row stride of the score array (max over rows of visible)
+  int rows = 0;  ///< query rows
+  /// Row stride of the score scratch: at least every row's visible count (a CUDA graph passes
+  /// its capacity). Sizes the launch, with rows; the kernels read the real counts.
+  int max_visible = 0;
   int k = 0;
   const float* q = nullptr;             ///< [rows, heads, dim]
   const float* w = nullptr;             ///< [rows, heads]
   const int32_t* visible = nullptr;     ///< [rows] row t sees positions [0, visible[t]) ...
-  const int32_t* slot_begin = nullptr;  ///< [rows] ... at slots[slot_begin[t] + p]
-  const int32_t* slots = nullptr;
+  /// ... of its request, whose position p lives in slot pages[page_begin[t] + p / page_size] ·
+  /// page_size + p % page_size (the step's page table: the plan's kv_indices).
+  const int32_t* page_begin = nullptr;  ///< [rows]
+  const int32_t* pages = nullptr;
+  int page_size = 1;
   const int32_t* seen = nullptr;        ///< [rows] positions the row sees (kept: min(k, seen))
   int tree_size = 0;                    ///< verify steps: ... except draft nodes off the path
   const int32_t* tree_begin = nullptr;  ///< [rows] (tree_size > 0)
   const uint8_t* tree_bits = nullptr;   ///< [rows, tree_size] (tree_size > 0)
-  float* scores = nullptr;              ///< scratch [rows * max_visible] (-inf unseen)
+  float* scores = nullptr;  ///< scratch [rows * max_visible] (-inf where a row does not see)
   int32_t* topk = nullptr;              ///< out [rows, k], -1 padded
   float* topk_scores = nullptr;         ///< out [rows, k], -inf padded
-  /// Optional out: row t's selected pool slots (slots[slot_begin[t] + position], in the top-k's
-  /// order) at slot_out[slot_out_begin[t] + i], i < min(k, seen[t]): a sparse plan's kv_indices.
+  /// Optional out: row t's selected pool slots (in the top-k's order) at
+  /// slot_out[slot_out_begin[t] + i], i < min(k, seen[t]): a sparse plan's kv_indices.
   int32_t* slot_out = nullptr;
   const int32_t* slot_out_begin = nullptr;  ///< [rows] (with slot_out)
 };

@@ -117,7 +117,7 @@ Status launch_dsa_index_topk(const DsaIndexArgs& a, cudaStream_t s) {
     return Status(ErrorCode::kInvalidArgument,
                   "dsa_index_topk: more than 65535 rows or 2^31 scores in one launch");
   if (a.index_rows == nullptr || a.q == nullptr || a.w == nullptr || a.visible == nullptr ||
-      a.slot_begin == nullptr || a.slots == nullptr || a.seen == nullptr || a.scores == nullptr ||
+      a.page_begin == nullptr || a.pages == nullptr || a.seen == nullptr || a.scores == nullptr ||
       a.topk == nullptr || a.topk_scores == nullptr ||
       (a.tree_size > 0 && (a.tree_begin == nullptr || a.tree_bits == nullptr)) ||
       (a.slot_out != nullptr && a.slot_out_begin == nullptr))
