@@ -22,6 +22,8 @@ Engine arguments (vLLM / SGLang spellings accepted where they mean the same thin
   enforce_eager / disable_cuda_graph    CUDA graphs of decode steps (on)
   mla_prefill                       MLA models' extend steps: 'auto' (expanded where it
                                     applies) or 'absorbed' (`--mla-prefill`)
+  mla_window_keys                   keys per window of the expanded form (0: 1 GiB's worth;
+                                    `--mla-window-keys`)
   overlap / disable_overlap_schedule    overlap scheduler (off; docs/design/engine.md)
   dtype, kv_cache_dtype             'auto', 'float32', 'float16', 'bfloat16', 'fp8_e4m3', ...
   max_model_len / context_length    longest request (0 = the model's)
@@ -48,6 +50,7 @@ _ARG_ALIASES = {
     "mem_fraction_static": "mem_fraction_static", "gpu_memory_utilization": "mem_fraction_static",
     "kv_cache_memory_bytes": "kv_cache_memory", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
     "max_mamba_cache_size": "max_mamba_cache_size", "mla_prefill": "mla_prefill",
+    "mla_window_keys": "mla_window_keys",
 }
 # Engine arguments that size the KV pool from memory instead of pool_tokens.
 _MEMORY_SIZING = ("mem_fraction_static", "gpu_memory_utilization", "kv_cache_memory_bytes")

@@ -473,8 +473,8 @@ TEST(CudaBackend, RaggedMatchesReference) {
   a.fill_bytes(gk.buf.get(), 0xFF, gk.bytes());
   a.fill_bytes(gv.buf.get(), 0xFF, gv.bytes());
   HostT hk(n, s.hkv, s.d, s.kv_dtype), hv(n, s.hkv, s.d, s.kv_dtype);
-  be.gather_kv(rig.layer(1), b, gk.view(), gv.view());
-  ref.gather_kv(rig.layer(1), b, hk.view(), hv.view());
+  be.gather_kv(rig.layer(1), b, {}, gk.view(), gv.view());
+  ref.gather_kv(rig.layer(1), b, {}, hk.view(), hv.view());
   rig.gpu().synchronize();
   EXPECT_EQ(download(gk, n, a).bytes, hk.bytes) << "gathered K";
   EXPECT_EQ(download(gv, n, a).bytes, hv.bytes) << "gathered V";
@@ -497,9 +497,9 @@ TEST(CudaBackend, RaggedMatchesReference) {
                              .scaling = 1.f / std::sqrt(float(dqk))};
   HostT want(t, hq, dv, DType::kBF16);
   for (int round = 0; round < 2; ++round) {  // the second reuses the step's ragged plan
-    be.forward_ragged(dq.view(), dk.view(), dvv.view(), layer, b, dout.view());
+    be.forward_ragged(dq.view(), dk.view(), dvv.view(), layer, b, {}, dout.view(), {});
     rig.gpu().synchronize();
-    if (round == 0) ref.forward_ragged(q.view(), k.view(), v.view(), layer, b, want.view());
+    if (round == 0) ref.forward_ragged(q.view(), k.view(), v.view(), layer, b, {}, want.view(), {});
     const HostT got = download(dout, t, a);
     EXPECT_CLOSE(got, want, t, 1.6e-2, 1.6e-2);
     a.fill_bytes(dout.buf.get(), 0xFF, dout.bytes());

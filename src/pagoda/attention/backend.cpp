@@ -63,7 +63,8 @@ void AttentionBackend::save_kv(const TensorView& /*k*/, const TensorView& /*v*/,
 }
 
 void AttentionBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
-                                 const TensorView& /*k_out*/, const TensorView& /*v_out*/) {
+                                 const KeyWindows& /*windows*/, const TensorView& /*k_out*/,
+                                 const TensorView& /*v_out*/) {
   throw_error(ErrorCode::kUnsupported,
               "backend '{}' has no ragged attention (gather_kv of layer {}, {} requests); use "
               "'reference', 'cpu' or 'cuda'",
@@ -72,7 +73,8 @@ void AttentionBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch
 
 void AttentionBackend::forward_ragged(const TensorView& /*q*/, const TensorView& /*k*/,
                                       const TensorView& /*v*/, const AttentionLayer& layer,
-                                      const ForwardBatch& batch, const TensorView& /*out*/) {
+                                      const ForwardBatch& batch, const KeyWindows& /*windows*/,
+                                      const TensorView& /*out*/, const TensorView& /*lse*/) {
   throw_error(ErrorCode::kUnsupported,
               "backend '{}' has no ragged attention (forward_ragged of layer {}, {} tokens); use "
               "'reference', 'cpu' or 'cuda'",

@@ -124,30 +124,37 @@ class AttentionBackend {
   // kv_b_proj. Per layer: save_kv (the new rows into the pool), gather_kv (every key row the
   // step's requests see, out of the pool), the caller's transform, forward_ragged. kExtend and
   // kMixed steps only, planned by init_forward_metadata; the ragged plan (attention/paged_plan.h
-  // build_ragged_plan) is built at the step's first gather_kv / forward_ragged (host work once
-  // per step). The defaults throw Error(kUnsupported) naming the backend.
+  // build_ragged_plan) is built at the first gather_kv / forward_ragged of a step and of each
+  // KeyWindows (a long prefix in windows: one plan per window, kept until another is asked for).
+  // The defaults throw Error(kUnsupported) naming the backend.
   /// Writes the step's new K/V into the pool at batch.out_cache_loc, as forward() with
   /// SaveKv::kYes does first, and attends nothing (k, v as forward takes them).
   virtual void save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
                        const ForwardBatch& batch);
-  /// Copies the pool rows of every key the step's requests see into k_out [n, Hkv, Dqk] and
-  /// v_out [n, Hkv, Dv] (n = Σ seq_lens; request b's positions [0, seq_lens[b]) in order,
-  /// requests in batch order: build_ragged_plan's slots) in the pool's dtype, contiguous, on the
-  /// pool's device. An MLA pool copies its latent rows [n, 1, kv_lora + rope] to k_out, and
-  /// v_out must be empty. ForwardBatch::kv_start must be empty.
+  /// Copies the pool rows of the keys `windows` covers (forward_batch.h KeyWindows; all():
+  /// every key the step's requests see) into k_out [n, Hkv, Dqk] and v_out [n, Hkv, Dv] (n = the
+  /// windows' keys; request b's window positions in order, requests in batch order:
+  /// build_ragged_plan's slots) in the pool's dtype, contiguous, on the pool's device. An MLA
+  /// pool copies its latent rows [n, 1, kv_lora + rope] to k_out, and v_out must be empty.
+  /// ForwardBatch::kv_start must be empty.
   virtual void gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
-                         const TensorView& k_out, const TensorView& v_out);
-  /// Attention of q [num_tokens, Hq, Dqk] over k [n, Hkv, Dqk] and v [n, Hkv, Dv] (n = Σ
-  /// seq_lens; request b's keys are rows [o_b, o_b + seq_lens[b]), o_b = Σ_{j<b} seq_lens[j],
-  /// in position order: gather_kv's rows) into out [num_tokens, Hq, Dv], with the layer's mask,
-  /// window, soft cap and sinks, bottom-right causal as forward() (query i of request b sees
-  /// keys j <= extend_prefix_lens[b] + i). k and v share a float dtype (their own, not the
-  /// pool's; the layer's k_scale / v_scale are not applied) and may be strided per token and
-  /// head with a contiguous last dimension; layer.is_mla must be false. The pool is not read.
-  /// set_lse_output applies to forward() only.
+                         const KeyWindows& windows, const TensorView& k_out,
+                         const TensorView& v_out);
+  /// Attention of q [num_tokens, Hq, Dqk] over k [n, Hkv, Dqk] and v [n, Hkv, Dv] (gather_kv's
+  /// rows for the same `windows`: request b's keys are rows [o_b, o_b + keys_b), o_b = Σ_{j<b}
+  /// keys_j, in position order) into out [num_tokens, Hq, Dv], and into lse [num_tokens, Hq]
+  /// (f32, base 2, BatchAttention's; empty: none), with the layer's window, soft cap and sinks:
+  /// query i of request b (position extend_prefix_lens[b] + i) sees the keys at positions up to
+  /// its own (every key of a prefix window). A query with no key gets out 0 and lse -inf, so
+  /// the windows' states merge by LSE. k and v share a float dtype (their own, not the pool's;
+  /// the layer's k_scale / v_scale are not applied) and may be strided per token and head with
+  /// a contiguous last dimension; layer.is_mla must be false and its mask causal. Windows other
+  /// than all() take no sinks or sliding window (kUnsupported: they do not split by keys). The
+  /// pool is not read.
   virtual void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionLayer& layer, const ForwardBatch& batch,
-                              const TensorView& out);
+                              const KeyWindows& windows, const TensorView& out,
+                              const TensorView& lse);
 
   virtual void forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,
                               const AttentionLayer& layer, const ForwardBatch& batch,

@@ -31,6 +31,7 @@
 /// O(window) instead of O(kv_len); not with a tree mask (kTargetVerify) or DSA index keys.
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "pagoda/attention/forward_mode.h"
@@ -53,6 +54,18 @@ struct SpecInfo {
   /// [bs][topk][num_steps] slots holding the draft tokens' KV, flattened. Any slots: the planner
   /// falls back to token-granular (page size 1) indexing when a branch is not page-contiguous.
   std::vector<int32_t> draft_slots;
+};
+
+/// The keys of each request that one ragged call covers (AttentionBackend::gather_kv /
+/// forward_ragged): request b's positions [begin[b], end[b]). Both spans empty: every key the
+/// request sees, [0, seq_lens[b]). Otherwise both have batch_size entries, 0 <= begin <= end <=
+/// seq_lens[b], and the call's non-empty windows either all end at seq_lens[b] (a causal call:
+/// each query sees the window's keys up to its own position) or all end at or before
+/// extend_prefix_lens[b] (every query sees every key). A long prefix is attended in such
+/// windows and their states merged by LSE (SGLang's chunked prefix cache for MLA).
+struct KeyWindows {
+  std::span<const int32_t> begin, end;
+  bool all() const { return begin.empty() && end.empty(); }
 };
 
 struct ForwardBatch {

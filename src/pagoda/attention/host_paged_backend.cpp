@@ -104,8 +104,11 @@ void HostPagedBackend::require_planned(const ForwardBatch& batch, const char* wh
                  what, forward_mode_name(batch.mode), batch.num_tokens());
 }
 
-const RaggedPlan& HostPagedBackend::ragged(const ForwardBatch& batch) {
-  if (!ragged_) ragged_ = build_ragged_plan(batch, *ctx_.req_to_token);
+const RaggedPlan& HostPagedBackend::ragged(const ForwardBatch& batch, const KeyWindows& windows) {
+  if (!ragged_ || !ragged_->covers(windows)) {
+    ragged_ = build_ragged_plan(batch, *ctx_.req_to_token, windows);
+    ragged_shape_.reset();
+  }
   return *ragged_;
 }
 
@@ -116,29 +119,29 @@ void HostPagedBackend::save_kv(const TensorView& k, const TensorView& v,
 }
 
 void HostPagedBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
-                                 const TensorView& k_out, const TensorView& v_out) {
+                                 const KeyWindows& windows, const TensorView& k_out,
+                                 const TensorView& v_out) {
   require_planned(batch, "gather_kv");
-  gather_pool_rows(*ctx_.kv_pool, layer.layer_id, ragged(batch).slots, k_out, v_out,
-                   who_);
+  gather_pool_rows(*ctx_.kv_pool, layer.layer_id, ragged(batch, windows).slots, k_out, v_out, who_);
 }
 
 void HostPagedBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                                       const AttentionLayer& layer, const ForwardBatch& batch,
-                                      const TensorView& out) {
+                                      const KeyWindows& windows, const TensorView& out,
+                                      const TensorView& lse) {
   require_planned(batch, "forward_ragged");
   PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
                  "backend '{}': forward_ragged after set_sparse_topk (sparse attention reads the "
                  "pool: use forward)",
                  name_);
-  const RaggedPlan& r = ragged(batch);
-  const RaggedRun run = ragged_run(layer, q, k, v, out, static_cast<int64_t>(r.slots.size()),
-                                   who_);
-  if (ragged_shape_ != run.shape) {  // once per step and shape while every layer is ragged
+  const RaggedPlan& r = ragged(batch, windows);
+  const RaggedRun run = ragged_run(layer, r, q, k, v, out, who_);
+  if (ragged_shape_ != run.shape) {  // once per plan and shape while every layer is ragged
     attn_->plan(r.plan.input(), run.shape);
     ragged_shape_ = run.shape;
     planned_shape_.reset();  // the next forward plans the step's paged plan again
   }
-  attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), run.params);
+  attn_->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
 }
 
 void HostPagedBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -64,11 +64,12 @@ class HostPagedBackend : public AttentionBackend {
   void set_sparse_topk(std::span<const int32_t> topk, int k) override;
   void save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
                const ForwardBatch& batch) override;
-  void gather_kv(const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& k_out,
-                 const TensorView& v_out) override;
+  void gather_kv(const AttentionLayer& layer, const ForwardBatch& batch, const KeyWindows& windows,
+                 const TensorView& k_out, const TensorView& v_out) override;
   void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                       const AttentionLayer& layer, const ForwardBatch& batch,
-                      const TensorView& out) override;
+                      const KeyWindows& windows, const TensorView& out,
+                      const TensorView& lse) override;
   /// index_topk_host over the context's pool and this step's indexer metadata.
   void select_index_topk(LayerId layer, const IndexerQuery& q, int k, std::span<int32_t> topk,
                          std::span<float> scores) override;
@@ -77,8 +78,8 @@ class HostPagedBackend : public AttentionBackend {
   /// Error(kFailedPrecondition) unless init_forward_metadata planned `batch` (`what` names the
   /// call).
   void require_planned(const ForwardBatch& batch, const char* what) const;
-  /// The step's ragged plan, built on first use.
-  const RaggedPlan& ragged(const ForwardBatch& batch);
+  /// The step's ragged plan for `windows`, built when the kept one is for other windows.
+  const RaggedPlan& ragged(const ForwardBatch& batch, const KeyWindows& windows);
   void run(const TensorView& q, const TensorView& k, const TensorView& v,
            const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& out,
            SaveKv save);
@@ -98,7 +99,7 @@ class HostPagedBackend : public AttentionBackend {
   std::optional<IndexerMetadata> indexer_;  ///< DSA pools only
   bool sparse_next_ = false;                 ///< the next forward uses sparse_plan_
   PagedPlan sparse_plan_;  ///< the selection's plan (kMask: plan_ + mask; kGather: per row)
-  std::optional<RaggedPlan> ragged_;  ///< this step's, once a ragged call needed it
+  std::optional<RaggedPlan> ragged_;            ///< the last windows' of this step
   std::optional<AttentionShape> ragged_shape_;  ///< shape attn_ holds ragged_'s plan at
 };
 

@@ -93,11 +93,21 @@ void gather_pool_rows(const kv::KvPool& pool, LayerId layer, std::span<const int
     copy(pool.v_view(layer), pool.v_row_elems(), v_out);
 }
 
-RaggedRun ragged_run(const AttentionLayer& layer, const TensorView& q, const TensorView& k,
-                     const TensorView& v, const TensorView& out, int64_t rows,
+RaggedRun ragged_run(const AttentionLayer& layer, const RaggedPlan& plan, const TensorView& q,
+                     const TensorView& k, const TensorView& v, const TensorView& out,
                      std::string_view who) {
+  const auto rows = static_cast<int64_t>(plan.slots.size());
   PAGODA_REQUIRE(!layer.is_mla, kInvalidArgument,
                  "{}: forward_ragged takes per-head K/V (layer {} is MLA)", who, layer.layer_id);
+  PAGODA_REQUIRE(layer.mask == MaskKind::kCausal, kInvalidArgument,
+                 "{}: forward_ragged of a non-causal layer {} (the windows decide what a query "
+                 "sees)",
+                 who, layer.layer_id);
+  PAGODA_REQUIRE(plan.begin.empty() || (layer.sinks.empty() && layer.sliding_window < 0),
+                 kUnsupported,
+                 "{}: forward_ragged over key windows with attention sinks or a sliding window "
+                 "(layer {}): their states would not merge by LSE",
+                 who, layer.layer_id);
   PAGODA_REQUIRE(k.rank() == 3 && v.rank() == 3 && k.size(0) == rows && v.size(0) == rows &&
                      k.dtype() == v.dtype(),
                  kInvalidArgument, "{}: ragged K {} / V {} must be [{}, H, D] of one dtype", who,
@@ -111,6 +121,7 @@ RaggedRun ragged_run(const AttentionLayer& layer, const TensorView& q, const Ten
                         .out_dtype = out.dtype()},
               .params = run_params_for(layer)};
   r.params.k_scale = r.params.v_scale = 1.f;
+  r.params.mask = plan.mask;
   return r;
 }
 

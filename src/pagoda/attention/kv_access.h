@@ -9,6 +9,7 @@
 #include "pagoda/attention/batch_attention.h"
 #include "pagoda/attention/forward_batch.h"
 #include "pagoda/attention/layer.h"
+#include "pagoda/attention/paged_plan.h"
 #include "pagoda/core/tensor_view.h"
 
 namespace pagoda::kv {
@@ -49,16 +50,18 @@ void check_gather_outputs(const kv::KvPool& pool, LayerId layer, int64_t rows,
 void gather_pool_rows(const kv::KvPool& pool, LayerId layer, std::span<const int32_t> slots,
                       const TensorView& k_out, const TensorView& v_out, std::string_view who);
 
-/// forward_ragged's arguments checked and what it runs with (AttentionBackend::forward_ragged):
-/// a layer that is not MLA; k [rows, Hkv, Dqk] and v [rows, Hkv, Dv] of one dtype (q, out and
-/// the dims are BatchAttention::run's to check); the shape (KV dtype k's) and the layer's run
-/// parameters without fp8 scales. Throws kInvalidArgument whose message starts with `who`.
+/// forward_ragged's arguments checked and what it runs with (AttentionBackend::forward_ragged)
+/// over `plan` (the call's windows): a causal layer that is not MLA, and no sinks or sliding
+/// window with windows (kUnsupported); k [rows, Hkv, Dqk] and v [rows, Hkv, Dv] of one dtype
+/// (rows: the plan's keys; q, out, lse and the dims are BatchAttention::run's to check); the
+/// shape (KV dtype k's) and the layer's run parameters without fp8 scales, with the plan's mask.
+/// Throws kInvalidArgument whose message starts with `who`.
 struct RaggedRun {
   AttentionShape shape;
   RunParams params;
 };
-RaggedRun ragged_run(const AttentionLayer& layer, const TensorView& q, const TensorView& k,
-                     const TensorView& v, const TensorView& out, int64_t rows,
+RaggedRun ragged_run(const AttentionLayer& layer, const RaggedPlan& plan, const TensorView& q,
+                     const TensorView& k, const TensorView& v, const TensorView& out,
                      std::string_view who);
 
 /// A [n, H, D] tensor as a page-size-1 BatchAttention cache [n, 1, H, D] (same memory and

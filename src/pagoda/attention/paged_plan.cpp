@@ -48,15 +48,20 @@ class TableReader {
 
   /// Appends positions [kv_start(b), len) of request b's row to `out`.
   void append_prefix(int b, int len, std::vector<int32_t>& out) const {
+    append_range(b, kv_start(b), len, out);
+  }
+
+  /// Appends positions [lo, hi) of request b's row to `out` (lo <= hi checked by the caller).
+  void append_range(int b, int lo, int hi, std::vector<int32_t>& out) const {
     const int32_t row = batch_.req_pool_indices[b];
     PAGODA_REQUIRE(row >= 0 && row < table_.max_reqs() + 1, kOutOfRange,
                    "request {}: req_pool_index {} outside the table's rows [0, {})", b, row,
                    table_.max_reqs() + 1);
-    PAGODA_REQUIRE(len >= 0 && len <= table_.max_context_len(), kOutOfRange,
-                   "request {}: kv length {} outside [0, {}] (the table's max_context_len)", b,
-                   len, table_.max_context_len());
+    PAGODA_REQUIRE(hi >= 0 && hi <= table_.max_context_len(), kOutOfRange,
+                   "request {}: kv length {} outside [0, {}] (the table's max_context_len)", b, hi,
+                   table_.max_context_len());
     const auto slots = table_.row(ReqSlot(row));
-    for (int i = kv_start(b); i < len; ++i) {
+    for (int i = lo; i < hi; ++i) {
       PAGODA_REQUIRE(slots[i] >= 0, kInvalidArgument,
                      "request {}: position {} of table row {} holds no slot ({})", b, i, row,
                      slots[i]);
@@ -145,7 +150,9 @@ TokenRows rows_for_draft_step(const ForwardBatch& batch, const TableReader& tabl
   return rows;
 }
 
-TokenRows rows_for_extend(const ForwardBatch& batch, const TableReader& table) {
+/// `windows` (ragged plans): each request's keys are its window's positions instead.
+TokenRows rows_for_extend(const ForwardBatch& batch, const TableReader& table,
+                          const KeyWindows& windows = {}) {
   TokenRows rows;
   const int bs = batch.batch_size;
   require_size(batch.extend_seq_lens.size(), bs, "extend_seq_lens");
@@ -165,7 +172,10 @@ TokenRows rows_for_extend(const ForwardBatch& batch, const TableReader& table) {
     }
     total += ext;
     rows.qo_lens.push_back(ext);
-    table.append_prefix(b, batch.seq_lens[b], rows.slots);
+    if (windows.all())
+      table.append_prefix(b, batch.seq_lens[b], rows.slots);
+    else
+      table.append_range(b, windows.begin[b], windows.end[b], rows.slots);
     rows.tok_indptr.push_back(static_cast<int64_t>(rows.slots.size()));
   }
   require_size(batch.out_cache_loc.size(), total, "out_cache_loc (sum of extend_seq_lens)");
@@ -311,7 +321,8 @@ PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable&
   return plan;
 }
 
-RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token) {
+RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
+                             const KeyWindows& windows) {
   PAGODA_REQUIRE(batch.mode == ForwardMode::kExtend || batch.mode == ForwardMode::kMixed,
                  kInvalidArgument, "a ragged plan is for extend or mixed steps, not {}",
                  forward_mode_name(batch.mode));
@@ -321,10 +332,34 @@ RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTabl
   PAGODA_REQUIRE(bs >= 0, kInvalidArgument, "batch_size {} < 0", bs);
   require_size(batch.req_pool_indices.size(), bs, "req_pool_indices");
   require_size(batch.seq_lens.size(), bs, "seq_lens");
-  TokenRows rows = rows_for_extend(batch, TableReader(req_to_token, batch));
+  RaggedPlan r;
+  if (!windows.all()) {
+    require_size(windows.begin.size(), bs, "key windows (begin)");
+    require_size(windows.end.size(), bs, "key windows (end)");
+    require_size(batch.extend_prefix_lens.size(), bs, "extend_prefix_lens");
+    bool ends_at_len = false, ends_in_prefix = false;
+    for (int b = 0; b < bs; ++b) {
+      const int32_t lo = windows.begin[b], hi = windows.end[b], len = batch.seq_lens[b];
+      PAGODA_REQUIRE(lo >= 0 && lo <= hi && hi <= len, kInvalidArgument,
+                     "key window [{}, {}) of request {} is not inside its {} keys", lo, hi, b, len);
+      if (lo == hi) continue;
+      ends_at_len |= hi == len;
+      ends_in_prefix |= hi <= batch.extend_prefix_lens[b];
+      PAGODA_REQUIRE(hi == len || hi <= batch.extend_prefix_lens[b], kInvalidArgument,
+                     "key window [{}, {}) of request {} ends inside its new tokens (prefix {}, {} "
+                     "keys): a window ends at the request's last key or within its prefix",
+                     lo, hi, b, batch.extend_prefix_lens[b], len);
+    }
+    PAGODA_REQUIRE(!(ends_at_len && ends_in_prefix), kInvalidArgument,
+                   "key windows of one ragged call mix causal ones (ending at a request's last "
+                   "key) and prefix ones");
+    r.mask = ends_at_len || !ends_in_prefix ? MaskKind::kCausal : MaskKind::kNonCausal;
+    r.begin.assign(windows.begin.begin(), windows.begin.end());
+    r.end.assign(windows.end.begin(), windows.end.end());
+  }
+  TokenRows rows = rows_for_extend(batch, TableReader(req_to_token, batch), windows);
   PAGODA_REQUIRE(rows.tok_indptr.back() <= std::numeric_limits<int32_t>::max(), kOutOfRange,
                  "a ragged plan of {} keys exceeds int32 indices", rows.tok_indptr.back());
-  RaggedPlan r;
   PagedPlan& p = r.plan;
   p.page_size = 1;
   p.qo_indptr.assign(1, 0);
@@ -339,6 +374,11 @@ RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTabl
   std::iota(p.kv_indices.begin(), p.kv_indices.end(), 0);
   r.slots = std::move(rows.slots);
   return r;
+}
+
+bool RaggedPlan::covers(const KeyWindows& windows) const {
+  return std::equal(begin.begin(), begin.end(), windows.begin.begin(), windows.begin.end()) &&
+         std::equal(end.begin(), end.end(), windows.end.begin(), windows.end.end());
 }
 
 }  // namespace pagoda::attention

@@ -49,17 +49,26 @@ PagedPlan build_paged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable&
 
 /// The ragged form of an extend step (AttentionBackend::gather_kv / forward_ragged).
 struct RaggedPlan {
-  /// Request b's extend_seq_lens[b] query rows over its seq_lens[b] keys, at page size 1: rows
-  /// [o_b, o_b + seq_lens[b]) of one key buffer (o_b = Σ_{j<b} seq_lens[j]; kv_indices 0, 1,
-  /// ..., n - 1).
+  /// Request b's extend_seq_lens[b] query rows over the keys of its window (every key: its
+  /// seq_lens[b]), at page size 1: rows [o_b, o_b + keys_b) of one key buffer (o_b = Σ_{j<b}
+  /// keys_j; kv_indices 0, 1, ..., n - 1).
   PagedPlan plan;
-  /// The pool slot of each of those n rows: request b's positions [0, seq_lens[b]) from its
-  /// table row.
+  /// The pool slot of each of those n rows: request b's window positions from its table row.
   std::vector<int32_t> slots;
+  /// How the queries see the keys: kCausal (every key, or windows ending at each request's last
+  /// key: bottom-right causal over the window) or kNonCausal (windows inside the prefixes).
+  MaskKind mask = MaskKind::kCausal;
+  /// The windows the plan was built for (both empty: every key).
+  std::vector<int32_t> begin, end;
+  /// Whether this plan was built for `windows`.
+  bool covers(const KeyWindows& windows) const;
 };
 
-/// Builds the ragged form of a kExtend / kMixed `batch` (Error(kInvalidArgument) for another
-/// mode or a non-empty kv_start), with build_paged_plan's checks of the lengths and the table.
-RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token);
+/// Builds the ragged form of a kExtend / kMixed `batch` over `windows` (forward_batch.h
+/// KeyWindows: their rules checked, Error(kInvalidArgument)); Error(kInvalidArgument) for another
+/// mode or a non-empty kv_start, with build_paged_plan's checks of the lengths and the table.
+/// Reads only the windows' table entries.
+RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
+                             const KeyWindows& windows = {});
 
 }  // namespace pagoda::attention

@@ -66,6 +66,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions& o) {
                   "activations; else absorbed) or absorbed (always over the latent rows)")
       ->check(CLI::IsMember({"auto", "absorbed"}))
       ->capture_default_str();
+  cmd->add_option("--mla-window-keys", a.mla_window_keys,
+                  "MLA models' expanded form: keys gathered and expanded at once; a step of more "
+                  "keys attends to its prefixes in windows merged by LSE (0: as many as 1 GiB "
+                  "of key scratch holds)")
+      ->capture_default_str();
   cmd->add_option_function<std::string>(
          "--overlap", [&a](const std::string& v) { a.overlap = v == "on"; },
          "overlap scheduler: prepare step N + 1 while the worker runs step N (on|off; not with "

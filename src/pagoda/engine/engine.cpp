@@ -339,7 +339,8 @@ Engine::Engine(model::LlamaModel& model, const EngineConfig& config, platform::P
       .comm = nullptr,
       .swa = memory_->swa_pages(),
       .cpu_gemm = config.cpu_gemm,
-      .mla_prefill = config.mla_prefill};
+      .mla_prefill = config.mla_prefill,
+      .mla_window_keys = config.mla_window_keys};
   tier::TierPeers* tier_peers = nullptr;
   if (make_worker) {
     BuiltWorker built = make_worker(model, dtype, wc, table);

@@ -105,6 +105,9 @@ struct EngineConfig {
   /// MLA models: extend steps in the expanded form where it applies, or always absorbed
   /// (model::MlaPrefill; --mla-prefill).
   model::MlaPrefill mla_prefill = model::MlaPrefill::kAuto;
+  /// MLA models' expanded form: keys per window (a step of more keys attends to them in windows
+  /// merged by LSE); 0 = as many as 1 GiB of key scratch holds (--mla-window-keys).
+  int64_t mla_window_keys = 0;
   /// Weight and activation dtype; nullopt = default_model_dtype (f32 on the CPU; bf16, or the
   /// checkpoint's f16, on CUDA). The CPU computes in f32 only.
   std::optional<DType> dtype{};

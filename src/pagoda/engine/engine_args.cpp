@@ -70,6 +70,10 @@ EngineConfig make_engine_config(const EngineArgs& a, const platform::Platform& p
                  "--mla-prefill '{}': use auto or absorbed", a.mla_prefill);
   cfg.mla_prefill =
       a.mla_prefill == "absorbed" ? model::MlaPrefill::kAbsorbed : model::MlaPrefill::kAuto;
+  PAGODA_REQUIRE(a.mla_window_keys >= 0, kInvalidArgument,
+                 "--mla-window-keys {}: a key count (0: what 1 GiB of key scratch holds)",
+                 a.mla_window_keys);
+  cfg.mla_window_keys = a.mla_window_keys;
   cfg.overlap = a.overlap;
   cfg.dtype = parse_dtype_arg(a.dtype, "--dtype");
   cfg.kv_dtype = parse_dtype_arg(a.kv_dtype, "--kv-dtype");

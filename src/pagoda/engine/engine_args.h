@@ -43,6 +43,7 @@ struct EngineArgs {
   std::string cpu_gemm = "openblas";
   bool cuda_graph = true;          ///< --cuda-graph on|off
   std::string mla_prefill = "auto";  ///< --mla-prefill: auto | absorbed (model::MlaPrefill)
+  int64_t mla_window_keys = 0;       ///< --mla-window-keys (EngineConfig::mla_window_keys)
   bool overlap = false;            ///< --overlap on|off (EngineConfig::overlap)
   bool radix_cache = true;         ///< --no-radix turns it off
   bool mixed_batches = true;       ///< --no-mixed turns it off

@@ -65,6 +65,12 @@ void ModelOps::linear_groups(const void*, int64_t, int64_t, const void*, void*, 
               platform().name());
 }
 
+void ModelOps::merge_attention(const void*, const float*, float*, float*, void*, int64_t, int64_t,
+                               int64_t, bool) {
+  throw_error(ErrorCode::kUnsupported, "merge_attention is not implemented on the '{}' platform",
+              platform().name());
+}
+
 void ModelOps::layer_norm_f32(float*, int64_t, int64_t, const float*, const float*, float) {
   throw_error(ErrorCode::kUnsupported, "layer_norm_f32 is not implemented on the '{}' platform",
               platform().name());
@@ -284,6 +290,31 @@ class CpuOps final : public ModelOps {
              false);
       for (int64_t t = 0; t < m; ++t)
         std::copy_n(group_out_.data() + t * n, n, yf + t * y_pitch + g * y_group);
+    }
+  }
+  void merge_attention(const void* part_o, const float* part_lse, float* acc_o, float* acc_lse,
+                       void* out, int64_t rows, int64_t heads, int64_t dv, bool first) override {
+    const auto* part = static_cast<const float*>(part_o);
+    for (int64_t s = 0; s < rows * heads; ++s) {
+      const float b = part_lse[s];
+      float wa = 0.f, wb = b == -INFINITY ? 0.f : 1.f, m = b;
+      if (!first) {
+        const float a = acc_lse[s];
+        m = std::max(a, b);
+        if (m == -INFINITY) {
+          wb = 0.f;
+        } else {
+          const float ea = std::exp2(a - m), eb = std::exp2(b - m), sum = ea + eb;
+          wa = ea / sum;
+          wb = eb / sum;
+          m += std::log2(sum);
+        }
+      }
+      float* acc = acc_o + s * dv;
+      for (int64_t i = 0; i < dv; ++i)
+        acc[i] = first ? wb * part[s * dv + i] : wa * acc[i] + wb * part[s * dv + i];
+      acc_lse[s] = m;
+      if (out != nullptr) std::copy_n(acc, dv, static_cast<float*>(out) + s * dv);
     }
   }
   void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,

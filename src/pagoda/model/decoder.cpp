@@ -375,8 +375,8 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
   auto out_norm = [&](const void* weight) {
     if (weight != nullptr) ops.rms_norm_groups(a.x.get(), t, hd, 1, hd, weight, eps);
   };
-  const bool expanded = c.is_mla() && batch.seq_lens_sum() <= a.mla_keys &&
-                        expanded_mla(batch, backend);  // once a step
+  int64_t window_keys = c.is_mla() ? expanded_mla_keys(batch, backend) : 0;  // once a step
+  if (window_keys > a.mla_keys) window_keys = 0;  // not reserved: absorbed
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerPtrs& w = layers_[static_cast<size_t>(l)];
     ops.add_rms_norm(a.x.get(), residual, w.input_norm, a.h.get(), t, hd, eps, l == 0);
@@ -385,7 +385,7 @@ void Decoder::forward(Activations& a, const attention::ForwardBatch& batch,
       mixer_->forward(*state->backend, ssm_weights_[static_cast<size_t>(l)],
                       state_layer_[static_cast<size_t>(l)], a.h.get(), a.x.get());
     } else if (c.is_mla()) {
-      mla_attention(a, w, l, batch, backend, t, expanded);
+      mla_attention(a, w, l, batch, backend, t, window_keys);
     } else {
       ops.linear(a.h.get(), w.qkv, a.qkv.get(), t, qkv_w, hd);
       if (w.q_norm != nullptr) {  // per-head norms of q (heads [0, hq)) and k (the next hkv)

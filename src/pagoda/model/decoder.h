@@ -20,7 +20,7 @@
 /// DeepSeek's MLA layers replace the qkv / rope / attention / o_proj lines by mla_attention
 /// (decoder_mla.cpp): the absorbed form over the latent pool for decode, verify and draft steps,
 /// and for extend steps the expanded form (per-head K/V from the gathered latent rows through
-/// kv_b_proj, ragged attention) where expanded_mla allows it (MlaPrefill); needs
+/// kv_b_proj, ragged attention) where expanded_mla_keys allows it (MlaPrefill); needs
 /// ModelOps::supports_mla_ops; no tensor parallelism. DSA models (config.is_dsa()) run
 /// DeepSeek-V3.2's lightning indexer first (dsa_indexer.h: index keys into the pool, top-k handed
 /// to the backend's sparse hook); CPU ops and a KV pool only (Error(kUnsupported) at construction
@@ -63,7 +63,7 @@ class DsaIndexer;
 
 /// How MLA layers compute extend steps (decode, verify and draft steps are always absorbed).
 enum class MlaPrefill : uint8_t {
-  kAuto,      ///< the expanded form where Decoder::expanded_mla allows it, else absorbed
+  kAuto,      ///< the expanded form where Decoder::expanded_mla_keys allows it, else absorbed
   kAbsorbed,  ///< the absorbed form always
 };
 
@@ -177,21 +177,28 @@ class Decoder {
                attention::AttentionBackend& backend, int64_t tokens, int64_t rows,
                const HiddenCapture* capture = nullptr, const WindowSide* window = nullptr,
                const StateSide* state = nullptr) const;
-  /// MLA models: how extend steps are computed (kAuto at construction).
-  void set_mla_prefill(MlaPrefill form) { mla_prefill_ = form; }
-  /// Whether an MLA model's extend step `batch` suits the expanded form: kAuto, no DSA, a
-  /// kExtend / kMixed step without kv_start, a backend with ragged attention
-  /// (capabilities().ragged), a pool in the ops' dtype (the gathered latent rows feed the GEMMs
-  /// as they are), the step's keys' scratch (Σ seq_lens keys) within
-  /// kExpandedMlaScratchBytes, and fewer multiply-adds than the absorbed form (per request of n
-  /// new tokens over T keys, per head: expanded n·T·(nope + rope + v) + T·r·(nope + v) against
-  /// absorbed n·T·(2r + rope) + n·r·(nope + v), r = kv_lora: prefills and long extends go
-  /// expanded, decode rows with long contexts keep a mixed step absorbed). forward() runs it
-  /// when this holds and the activations were reserved for the step's keys (reserve's
-  /// mla_keys), else the absorbed form: the caller reserves Σ seq_lens keys when this holds.
-  bool expanded_mla(const attention::ForwardBatch& batch,
-                    const attention::AttentionBackend& backend) const;
-  /// The expanded form's key scratch bound (bytes of gathered latent rows and K / V per step).
+  /// MLA models: how extend steps are computed (kAuto at construction), and the expanded form's
+  /// keys per window (0: as many as kExpandedMlaScratchBytes of key scratch holds).
+  void set_mla_prefill(MlaPrefill form, int64_t window_keys) {
+    mla_prefill_ = form;
+    mla_window_keys_ = window_keys;
+  }
+  /// The keys per window of an MLA model's extend step `batch` in the expanded form, 0 when it
+  /// runs absorbed. Expanded: kAuto, no DSA, a kExtend / kMixed step without kv_start, a backend
+  /// with ragged attention (capabilities().ragged), a pool in the ops' dtype (the gathered
+  /// latent rows feed the GEMMs as they are), the step's new tokens within one window (a window
+  /// holds set_mla_prefill's window keys, or what kExpandedMlaScratchBytes of key scratch
+  /// holds), and fewer multiply-adds than the absorbed form (per request of n new tokens over T
+  /// keys, per head: expanded n·T·(nope + rope + v) + T·r·(nope + v) against absorbed
+  /// n·T·(2r + rope) + n·r·(nope + v), r = kv_lora: prefills and long extends go expanded,
+  /// decode rows with long contexts keep a mixed step absorbed). Returns min(Σ seq_lens, window
+  /// keys): the caller reserves that many keys (reserve's mla_keys), and forward() runs the
+  /// expanded form when they were reserved; a step of more keys attends to them in windows
+  /// (its new tokens causally, then its prefixes in windows of at most that many keys) merged
+  /// by LSE (ModelOps::merge_attention).
+  int64_t expanded_mla_keys(const attention::ForwardBatch& batch,
+                            const attention::AttentionBackend& backend) const;
+  /// The expanded form's key scratch bound (bytes of gathered latent rows and K / V per window).
   static constexpr int64_t kExpandedMlaScratchBytes = int64_t{1} << 30;
 
   /// Enqueues sampling of the `rows` logit rows into a.out_ids() with a.params(); with
@@ -215,11 +222,11 @@ class Decoder {
   int64_t mla_key_scratch_elems(int64_t keys) const;
   /// One MLA layer's attention block: a.h (normed hidden) → a.x (o_proj output), writing the
   /// new tokens' latent rows [rms_norm(c) | rope(k_pe)] into the pool through the backend; the
-  /// expanded form when `expanded` (expanded_mla's verdict for the step, the keys reserved),
-  /// else absorbed.
+  /// expanded form in windows of `window_keys` keys when that is > 0 (expanded_mla_keys' verdict
+  /// for the step, the keys reserved), else absorbed.
   void mla_attention(Activations& a, const LayerPtrs& w, int l,
                      const attention::ForwardBatch& batch, attention::AttentionBackend& backend,
-                     int64_t t, bool expanded) const;
+                     int64_t t, int64_t window_keys) const;
   /// Fills p's MLA pointers (uploads) from w.
   void upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const;
   /// Uploads a weight slice; keeps the host copy only for the CPU ops (they use it in place).
@@ -244,6 +251,7 @@ class Decoder {
   bool swa_pool_ = false;
   std::unique_ptr<DsaIndexer> dsa_;  ///< DSA models only
   MlaPrefill mla_prefill_ = MlaPrefill::kAuto;
+  int64_t mla_window_keys_ = 0;  ///< 0: kExpandedMlaScratchBytes' worth
   /// Hybrid models: the Mamba2 mixer (scratch, hence mutable), each Mamba2 layer's weights and
   /// its layer in the state pool (-1 for an attention layer).
   std::unique_ptr<Mamba2Mixer> mixer_;

@@ -7,12 +7,15 @@
 //   q_abs  = [q_nope_h·W_UK_h | q_pe_h] per head                   [t, Hq, kv_lora + rope]
 //   o_lat  = attention(q_abs, pool latent rows [latent | k_pe])    [t, Hq, kv_lora]
 //   o      = concat_h(o_lat_h·W_UV_hᵀ)
-// Expanded (extend steps, Decoder::expanded_mla; SGLang's MHA prefill form):
+// Expanded (extend steps, Decoder::expanded_mla_keys; SGLang's MHA prefill form):
 //   the new latent rows go into the pool (save_kv); every row the step's requests see comes
 //   back out (gather_kv, n = Σ seq_lens rows: prefix and new, in position order);
 //   K_h    = [lat·W_UK_hᵀ | k_pe]                                   [n, Hq, nope + rope]
 //   V_h    = lat·W_UV_hᵀ                                            [n, Hq, v]
 //   o      = ragged attention(q, K, V)                              [t, Hq, v]
+//   (more keys than a window holds: the same per key window, the new tokens' keys first, then
+//   the prefixes', each with its LSE, merged by ModelOps::merge_attention: SGLang's chunked
+//   prefix cache)
 // and x = o·W_oᵀ either way. q_abs·[latent | k_pe] = q_nope·(W_UK·latent) + q_pe·k_pe is the
 // expanded score exactly, and o_lat·W_UVᵀ the expanded output (V = W_UV·latent): the two forms
 // differ by rounding only. The expanded form costs a kv_b_proj GEMM per key and attends at
@@ -31,10 +34,13 @@ namespace pagoda::model {
 
 namespace {
 
-/// Offsets (elements) of the parts of Activations::mla for t rows.
+/// Offsets (elements of es bytes) of the parts of Activations::mla for t rows. The expanded
+/// form's window merge keeps f32 states there (acc_o [t, Hq, v], acc_lse and part_lse [t, Hq]),
+/// over q_abs and o_lat, which that form does not use, when they fit (DeepSeek's sizes), else
+/// after the rest.
 struct MlaScratch {
-  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, ov = 0, end = 0;
-  MlaScratch(const ModelConfig& c, int64_t t) {
+  int64_t qa = 0, q = 0, kv = 0, q_abs = 0, o_lat = 0, ov = 0, acc = 0, end = 0;
+  MlaScratch(const ModelConfig& c, int64_t t, int64_t es) {
     const MlaConfig& m = c.mla;
     const int64_t hq = c.num_q_heads, r = m.kv_lora_rank, p = m.qk_rope_head_dim;
     q = qa + t * m.q_lora_rank;
@@ -43,6 +49,9 @@ struct MlaScratch {
     o_lat = q_abs + t * hq * (r + p);
     ov = o_lat + t * hq * r;
     end = ov + t * hq * m.v_head_dim;
+    const int64_t acc_elems = (t * hq * (m.v_head_dim + 2) * 4 + es - 1) / es;
+    acc = acc_elems <= ov - q_abs ? q_abs : end;
+    if (acc == end) end += acc_elems;
   }
 };
 
@@ -63,15 +72,49 @@ struct MlaKeyScratch {
 }  // namespace
 
 int64_t Decoder::mla_scratch_elems(int64_t tokens) const {
-  return MlaScratch(model_->config(), tokens).end;
+  return MlaScratch(model_->config(), tokens, static_cast<int64_t>(dtype_size(ops_->dtype()))).end;
 }
 
 int64_t Decoder::mla_key_scratch_elems(int64_t keys) const {
   return MlaKeyScratch(model_->config(), keys).end;
 }
 
-bool Decoder::expanded_mla(const attention::ForwardBatch& batch,
-                           const attention::AttentionBackend& backend) const {
+namespace {
+
+/// The key windows of an expanded step whose keys exceed one window (Decoder::mla_attention):
+/// first every request's new tokens (causal), then the prefixes in windows of at most `keys`
+/// keys in all, request by request (each request at most one range a window).
+struct KeyWindowList {
+  std::vector<std::vector<int32_t>> begin, end;
+};
+KeyWindowList key_windows(const attention::ForwardBatch& batch, int64_t keys) {
+  const auto bs = static_cast<size_t>(batch.batch_size);
+  KeyWindowList w;
+  w.begin.emplace_back(batch.extend_prefix_lens.begin(), batch.extend_prefix_lens.end());
+  w.end.emplace_back(batch.seq_lens.begin(), batch.seq_lens.end());
+  int64_t used = keys;  // the current prefix window is full: open one at the first key
+  for (size_t b = 0; b < bs; ++b) {
+    for (int32_t pos = 0; pos < batch.extend_prefix_lens[b];) {
+      if (used == keys) {
+        w.begin.emplace_back(bs, 0);
+        w.end.emplace_back(bs, 0);
+        used = 0;
+      }
+      const auto take =
+          static_cast<int32_t>(std::min<int64_t>(batch.extend_prefix_lens[b] - pos, keys - used));
+      w.begin.back()[b] = pos;
+      w.end.back()[b] = pos + take;
+      pos += take;
+      used += take;
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+int64_t Decoder::expanded_mla_keys(const attention::ForwardBatch& batch,
+                                   const attention::AttentionBackend& backend) const {
   using attention::ForwardMode;
   const ModelConfig& c = model_->config();
   if (!c.is_mla() || mla_prefill_ != MlaPrefill::kAuto || dsa_ != nullptr ||
@@ -79,11 +122,17 @@ bool Decoder::expanded_mla(const attention::ForwardBatch& batch,
       !batch.kv_start.empty() || !backend.capabilities().ragged || kv_pool_ == nullptr ||
       kv_pool_->config().dtype != ops_->dtype() ||
       batch.extend_seq_lens.size() != batch.seq_lens.size())
-    return false;
-  if (mla_key_scratch_elems(batch.seq_lens_sum()) * int64_t(dtype_size(ops_->dtype())) >
-      kExpandedMlaScratchBytes)
-    return false;
+    return 0;
   const MlaConfig& m = c.mla;
+  int64_t window = mla_window_keys_;
+  if (window <= 0) {  // the most keys whose scratch fits the bound (its 3 parts' alignment too)
+    const int64_t per_key = mla_key_scratch_elems(1) - 2 * 64,
+                  elems = kExpandedMlaScratchBytes / int64_t(dtype_size(ops_->dtype()));
+    window = (elems - 3 * 64) / std::max<int64_t>(per_key, 1);
+  }
+  int64_t news = 0;
+  for (int32_t n : batch.extend_seq_lens) news += n;
+  if (news > window) return 0;  // the new tokens' window
   // Multiply-adds per head: absorbed n·T·(2r + p) + n·r·(nope + v) (the wide dot products, the
   // queries' W_UK and the outputs' W_UV), expanded n·T·(nope + rope + v) + T·r·(nope + v) (the
   // narrow ones, kv_b_proj on every key).
@@ -96,7 +145,7 @@ bool Decoder::expanded_mla(const attention::ForwardBatch& batch,
     absorbed += n * keys * wide + n * expand;
     expanded += n * keys * narrow + keys * expand;
   }
-  return expanded < absorbed;
+  return expanded < absorbed ? std::min(batch.seq_lens_sum(), window) : 0;
 }
 
 void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
@@ -119,7 +168,8 @@ void Decoder::upload_mla(LayerPtrs& p, const LlamaModel::PackedLayer& w) const {
 
 void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
                             const attention::ForwardBatch& batch,
-                            attention::AttentionBackend& backend, int64_t t, bool expanded) const {
+                            attention::AttentionBackend& backend, int64_t t,
+                            int64_t window_keys) const {
   ModelOps& ops = *ops_;
   const ModelConfig& c = model_->config();
   const MlaConfig& m = c.mla;
@@ -130,7 +180,7 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
   const DType dt = ops.dtype();
   const Device dev = ops.device();
   const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  const MlaScratch s(c, t);
+  const MlaScratch s(c, t, es);
   char* base = static_cast<char*>(a.mla.get());
   auto at = [&](int64_t off) { return base + off * es; };
   const float factor = static_cast<float>(model_->rope_of(l).attention_factor());
@@ -151,36 +201,57 @@ void Decoder::mla_attention(Activations& a, const LayerPtrs& w, int l,
 
   if (kv_pool_ != nullptr) kv_pool_->wait_layer(LayerId{l});  // HiCache load-back, layer l
   const attention::AttentionLayer& layer = attn_layers_[static_cast<size_t>(l)];
-  if (expanded) {
-    // The new latent rows into the pool, then all n rows the requests see out of it.
-    const int64_t n = batch.seq_lens_sum();
+  if (window_keys > 0) {
+    // The new latent rows into the pool; then per window of keys its latent rows out of it,
+    // expanded into per-head K / V and attended (all n keys at once when they fit a window).
     const MlaKeyScratch ks(c, a.mla_keys);
     char* keys = static_cast<char*>(a.mla_kv.get());
     auto key_at = [&](int64_t off) { return keys + off * es; };
     backend.save_kv(TensorView(at(s.kv), dt, {t, 1, r + p}, dev), TensorView(), layer, batch);
-    backend.gather_kv(layer, batch, TensorView(key_at(ks.lat), dt, {n, 1, r + p}, dev),
-                      TensorView());
-    // K_h = [lat·W_UK_hᵀ | k_pe]: k_pe into head 0, then doubled into the other heads (a span
-    // from head 0's rope part to head c-1's: the nope parts it carries are written next), then
-    // every head's nope part and V in one grouped GEMM each (x_group 0: all read lat).
-    const int64_t krow = hq * qk * es;
-    ops.copy_2d(key_at(ks.k) + nope * es, krow, key_at(ks.lat) + r * es, (r + p) * es, p * es, n);
-    for (int64_t h = 1; h < hq; h *= 2) {
-      const int64_t heads = std::min(h, hq - h);
-      ops.copy_2d(key_at(ks.k) + (h * qk + nope) * es, krow, key_at(ks.k) + nope * es, krow,
-                  ((heads - 1) * qk + p) * es, n);
-    }
-    ops.linear_groups(key_at(ks.lat), r + p, 0, w.w_uk, key_at(ks.k), hq * qk, qk, n, nope, r, hq);
-    ops.linear_groups(key_at(ks.lat), r + p, 0, w.w_uv, key_at(ks.v), hq * dv, dv, n, dv, r, hq);
     attention::AttentionLayer per_head = layer;
     per_head.num_kv_heads = static_cast<int>(hq);
     per_head.head_dim_qk = static_cast<int>(qk);
     per_head.head_dim_v = static_cast<int>(dv);
     per_head.is_mla = false;
-    backend.forward_ragged(TensorView(at(s.q), dt, {t, hq, qk}, dev),
-                           TensorView(key_at(ks.k), dt, {n, hq, qk}, dev),
-                           TensorView(key_at(ks.v), dt, {n, hq, dv}, dev), per_head, batch,
-                           TensorView(at(s.ov), dt, {t, hq, dv}, dev));
+    const TensorView q_view(at(s.q), dt, {t, hq, qk}, dev), o_view(at(s.ov), dt, {t, hq, dv}, dev);
+    // Window `windows` (n of its keys): gathered, expanded, attended into ov (and `lse`).
+    auto attend = [&](const attention::KeyWindows& windows, int64_t n, const TensorView& lse) {
+      backend.gather_kv(layer, batch, windows, TensorView(key_at(ks.lat), dt, {n, 1, r + p}, dev),
+                        TensorView());
+      // K_h = [lat·W_UK_hᵀ | k_pe]: k_pe into head 0, then doubled into the other heads (a span
+      // from head 0's rope part to head c-1's: the nope parts it carries are written next),
+      // then every head's nope part and V in one grouped GEMM each (x_group 0: all read lat).
+      const int64_t krow = hq * qk * es;
+      ops.copy_2d(key_at(ks.k) + nope * es, krow, key_at(ks.lat) + r * es, (r + p) * es, p * es, n);
+      for (int64_t h = 1; h < hq; h *= 2) {
+        const int64_t heads = std::min(h, hq - h);
+        ops.copy_2d(key_at(ks.k) + (h * qk + nope) * es, krow, key_at(ks.k) + nope * es, krow,
+                    ((heads - 1) * qk + p) * es, n);
+      }
+      ops.linear_groups(key_at(ks.lat), r + p, 0, w.w_uk, key_at(ks.k), hq * qk, qk, n, nope, r,
+                        hq);
+      ops.linear_groups(key_at(ks.lat), r + p, 0, w.w_uv, key_at(ks.v), hq * dv, dv, n, dv, r, hq);
+      backend.forward_ragged(q_view, TensorView(key_at(ks.k), dt, {n, hq, qk}, dev),
+                             TensorView(key_at(ks.v), dt, {n, hq, dv}, dev), per_head, batch,
+                             windows, o_view, lse);
+    };
+    const int64_t n_all = batch.seq_lens_sum();
+    if (n_all <= window_keys) {
+      attend({}, n_all, TensorView());
+    } else {  // windows merged by LSE into f32 states (MlaScratch::acc), the last into ov
+      auto* acc_o = reinterpret_cast<float*>(at(s.acc));
+      float* acc_lse = acc_o + t * hq * dv;
+      float* part_lse = acc_lse + t * hq;
+      const KeyWindowList list = key_windows(batch, window_keys);
+      for (size_t j = 0; j < list.begin.size(); ++j) {
+        const attention::KeyWindows wj{.begin = list.begin[j], .end = list.end[j]};
+        int64_t n = 0;
+        for (size_t b = 0; b < list.begin[j].size(); ++b) n += list.end[j][b] - list.begin[j][b];
+        attend(wj, n, TensorView(part_lse, DType::kF32, {t, hq}, dev));
+        ops.merge_attention(at(s.ov), part_lse, acc_o, acc_lse,
+                            j + 1 == list.begin.size() ? at(s.ov) : nullptr, t, hq, dv, j == 0);
+      }
+    }
   } else {
     // Absorb W_UK into each head's query: q_abs_h = [q_nope_h·W_UK_h | q_pe_h] (the rope parts
     // of all t·hq heads in one 2-D copy: a head's row is qk elements in q, r + p in q_abs).

@@ -99,7 +99,7 @@ LlamaWorker::LlamaWorker(const LlamaModel& model, std::unique_ptr<ModelOps> ops,
                  "backend '{}' runs on '{}' but the model runs on '{}'", backend_->name(),
                  backend_->capabilities().device, platform_->name());
   decoder_ = std::make_unique<Decoder>(model, *ops_, pool_.get(), config.comm, split);
-  decoder_->set_mla_prefill(config.mla_prefill);
+  decoder_->set_mla_prefill(config.mla_prefill, config.mla_window_keys);
   if (model.config().has_linear_layers()) {
     state_pool_ = std::make_unique<kv::StatePool>(
         model.config().num_linear_layers(),
@@ -375,7 +375,7 @@ WorkerOutput LlamaWorker::run(const WorkerBatch& b) {
     return finish(graph_acts_, nrows, b);
   }
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1),
-                    decoder_->expanded_mla(f, *backend_) ? f.seq_lens_sum() : 0);
+                    decoder_->expanded_mla_keys(f, *backend_));
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_, b.mask_rows,
         b.token_mask);
   if (pool_->num_layers() > 0) backend_->init_forward_metadata(f);  // else every layer has a window
@@ -462,7 +462,7 @@ WorkerOutput LlamaWorker::run_with_hidden(const WorkerBatch& b, int64_t t, int64
                           .dst = static_cast<float*>(hidden_buf_.get())};
   const ForwardBatch& f = b.forward;
   decoder_->reserve(eager_, t, std::max<int64_t>(nrows, 1),
-                    decoder_->expanded_mla(f, *backend_) ? f.seq_lens_sum() : 0);
+                    decoder_->expanded_mla_keys(f, *backend_));
   stage(eager_, b.input_ids, f.positions, f.out_cache_loc, rows_, params_, b.mask_rows,
         b.token_mask);
   backend_->init_forward_metadata(f);

@@ -84,8 +84,10 @@ struct WorkerConfig {
   /// make_model_ops; tensor-parallel ranks build their own). The worker itself takes its ops
   /// ready-made and does not read it.
   CpuGemm cpu_gemm = CpuGemm::kOpenBlas;
-  /// MLA models: how extend steps are computed (Decoder::set_mla_prefill).
+  /// MLA models: how extend steps are computed, and the expanded form's keys per window
+  /// (Decoder::set_mla_prefill).
   MlaPrefill mla_prefill = MlaPrefill::kAuto;
+  int64_t mla_window_keys = 0;
 };
 
 class LlamaWorker final : public ModelWorker {

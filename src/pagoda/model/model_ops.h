@@ -168,8 +168,9 @@ class ModelOps {
                               int64_t groups, float eps);
 
   // ---- DeepSeek MLA's extra dense ops ----
-  /// Whether rope_interleaved and linear_groups are implemented. The default throws
-  /// Error(kUnsupported); the Decoder refuses an MLA model on ops without it, naming the device.
+  /// Whether rope_interleaved, linear_groups and merge_attention are implemented. The default
+  /// throws Error(kUnsupported); the Decoder refuses an MLA model on ops without it, naming the
+  /// device.
   virtual bool supports_mla_ops() const { return false; }
   /// Interleaved-pair RoPE (DeepSeek's layout) in place: for t < rows, g < groups, the vector v
   /// of `dim` elements at x + t * row_stride + g * group_stride has each pair (v[2i], v[2i+1])
@@ -187,6 +188,17 @@ class ModelOps {
   virtual void linear_groups(const void* x, int64_t x_pitch, int64_t x_group, const void* w,
                              void* y, int64_t y_pitch, int64_t y_group, int64_t m, int64_t n,
                              int64_t k, int64_t groups);
+  /// Merges one key window's attention state into an accumulator (the expanded form's windows,
+  /// Decoder::mla_attention), per (row, head) state of rows × heads: part_o [.., dv] in dtype()
+  /// with its base-2 LSE part_lse (f32, AttentionBackend::forward_ragged's), acc_o [.., dv] and
+  /// acc_lse f32. first: acc = part. Otherwise with a = acc_lse, b = part_lse, m = max(a, b):
+  /// acc_o = (2^(a-m)·acc_o + 2^(b-m)·part_o) / (2^(a-m) + 2^(b-m)), acc_lse = m +
+  /// log2(2^(a-m) + 2^(b-m)); two -inf states (no key seen) give 0 and -inf. With `out`
+  /// (dtype(), [rows, heads, dv]) the merged values are also written there, rounded once. f32
+  /// math. The default throws Error(kUnsupported) (supports_mla_ops).
+  virtual void merge_attention(const void* part_o, const float* part_lse, float* acc_o,
+                               float* acc_lse, void* out, int64_t rows, int64_t heads, int64_t dv,
+                               bool first);
 
   // ---- DeepSeek DSA's extra dense ops (the lightning indexer, model/dsa_indexer.h) ----
   /// Whether layer_norm_f32, rope_neox_f32, scale_f32 and store_index_keys are implemented. The

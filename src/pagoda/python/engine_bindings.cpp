@@ -172,6 +172,7 @@ void bind_engine(nb::module_& m) {
       .def_rw("mixed_batches", &EngineArgs::mixed_batches)
       .def_rw("cuda_graph", &EngineArgs::cuda_graph)
       .def_rw("mla_prefill", &EngineArgs::mla_prefill)
+      .def_rw("mla_window_keys", &EngineArgs::mla_window_keys)
       .def_rw("overlap", &EngineArgs::overlap)
       .def_rw("dtype", &EngineArgs::dtype)
       .def_rw("kv_dtype", &EngineArgs::kv_dtype)

@@ -35,12 +35,13 @@ class Probe final : public AttentionBackend {
                const ForwardBatch& b) override {
     log_->push_back(name_ + ".save_kv." + std::string(forward_mode_name(b.mode)));
   }
-  void gather_kv(const AttentionLayer&, const ForwardBatch& b, const TensorView&,
+  void gather_kv(const AttentionLayer&, const ForwardBatch& b, const KeyWindows&, const TensorView&,
                  const TensorView&) override {
     log_->push_back(name_ + ".gather_kv." + std::string(forward_mode_name(b.mode)));
   }
   void forward_ragged(const TensorView&, const TensorView&, const TensorView&,
-                      const AttentionLayer&, const ForwardBatch& b, const TensorView&) override {
+                      const AttentionLayer&, const ForwardBatch& b, const KeyWindows&,
+                      const TensorView&, const TensorView&) override {
     log_->push_back(name_ + ".ragged." + std::string(forward_mode_name(b.mode)));
   }
 
@@ -101,8 +102,8 @@ TEST(Hybrid, RaggedCallsGoToThePrefillChild) {
   for (ForwardMode m : {ForwardMode::kExtend, ForwardMode::kMixed}) {
     const ForwardBatch b{.mode = m};
     h.save_kv({}, {}, AttentionLayer{}, b);
-    h.gather_kv(AttentionLayer{}, b, {}, {});
-    h.forward_ragged({}, {}, {}, AttentionLayer{}, b, {});
+    h.gather_kv(AttentionLayer{}, b, {}, {}, {});
+    h.forward_ragged({}, {}, {}, AttentionLayer{}, b, {}, {}, {});
   }
   EXPECT_EQ(log,
             (std::vector<std::string>{"p.save_kv.extend", "p.gather_kv.extend", "p.ragged.extend",
@@ -130,8 +131,8 @@ TEST(Hybrid, DefaultRaggedCallsThrowUnsupported) {
   for (int call = 0; call < 3; ++call) {
     try {
       if (call == 0) plain.save_kv({}, {}, AttentionLayer{}, b);
-      if (call == 1) plain.gather_kv(AttentionLayer{}, b, {}, {});
-      if (call == 2) plain.forward_ragged({}, {}, {}, AttentionLayer{}, b, {});
+      if (call == 1) plain.gather_kv(AttentionLayer{}, b, {}, {}, {});
+      if (call == 2) plain.forward_ragged({}, {}, {}, AttentionLayer{}, b, {}, {}, {});
       ADD_FAILURE() << "call " << call << " did not throw";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

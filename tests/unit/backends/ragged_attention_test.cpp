@@ -8,7 +8,8 @@
 //  - forward_ragged over caller K/V (GQA, Dqk != Dv, strided rows) equals an f64 attention
 //    written from the math (bottom-right causal per request; with a window and a soft cap too),
 //    and a key dropped from the oracle is seen;
-//  - misuse is an error naming it (decode steps, row counts, MLA layers, dtypes, no plan).
+//  - misuse is an error naming it (decode steps, row counts, MLA layers, dtypes, no plan);
+//  - key windows (a long prefix attended in parts) merge by LSE to the full attention.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -221,7 +222,7 @@ TEST(RaggedAttention, HostBackendsSaveGatherAndAttendAsTheMath) {
         const int64_t n = f.seq_lens_sum();
         std::vector<float> gk(size_t(n) * kdim, kNaN), gv(size_t(n) * vdim, kNaN);
         backend->gather_kv(
-            pool_layer, f, TensorView(gk.data(), DType::kF32, {n, hkv, kdim / hkv}),
+            pool_layer, f, {}, TensorView(gk.data(), DType::kF32, {n, hkv, kdim / hkv}),
             mla ? TensorView() : TensorView(gv.data(), DType::kF32, {n, hkv, vdim / hkv}));
         for (int b = 0, row = 0; b < 3; ++b) {
           for (int p = 0; p < f.seq_lens[b]; ++p, ++row) {
@@ -234,12 +235,12 @@ TEST(RaggedAttention, HostBackendsSaveGatherAndAttendAsTheMath) {
         }
         expect_error(ErrorCode::kInvalidArgument, "gathered", [&] {
           backend->gather_kv(
-              pool_layer, f, TensorView(gk.data(), DType::kF32, {n - 1, hkv, kdim / hkv}),
+              pool_layer, f, {}, TensorView(gk.data(), DType::kF32, {n - 1, hkv, kdim / hkv}),
               mla ? TensorView() : TensorView(gv.data(), DType::kF32, {n - 1, hkv, vdim / hkv}));
         });
         if (mla) {
           expect_error(ErrorCode::kInvalidArgument, "v_out", [&] {
-            backend->gather_kv(pool_layer, f, TensorView(gk.data(), DType::kF32, {n, 1, kdim}),
+            backend->gather_kv(pool_layer, f, {}, TensorView(gk.data(), DType::kF32, {n, 1, kdim}),
                                TensorView(gk.data(), DType::kF32, {n, 1, 32}));
           });
         }
@@ -266,22 +267,22 @@ TEST(RaggedAttention, HostBackendsSaveGatherAndAttendAsTheMath) {
                                            .logit_cap = cap,
                                            .sliding_window = window};
           std::vector<float> out(size_t(t) * kHq * kDv, kNaN);
-          backend->forward_ragged(qv, kv_k, kv_v, ragged, f,
-                                  TensorView(out.data(), DType::kF32, {t, kHq, kDv}));
+          backend->forward_ragged(qv, kv_k, kv_v, ragged, f, {},
+                                  TensorView(out.data(), DType::kF32, {t, kHq, kDv}), {});
           const double tol = 2e-5;
           EXPECT_LE(max_diff(out, oracle(f, q, k, v, 0.3f, window, cap)), tol);
           // The mutant: request 1 without its key 33 (its last two queries see it in both runs).
           EXPECT_GT(max_diff(out, oracle(f, q, k, v, 0.3f, window, cap, {1, 33})), 100 * tol);
           // Misuse.
           expect_error(ErrorCode::kInvalidArgument, "ragged K", [&] {
-            backend->forward_ragged(qv, kv_k.slice0(0, n - 1), kv_v.slice0(0, n - 1), ragged, f,
-                                    TensorView(out.data(), DType::kF32, {t, kHq, kDv}));
+            backend->forward_ragged(qv, kv_k.slice0(0, n - 1), kv_v.slice0(0, n - 1), ragged, f, {},
+                                    TensorView(out.data(), DType::kF32, {t, kHq, kDv}), {});
           });
           attention::AttentionLayer latent = ragged;
           latent.is_mla = true;
           expect_error(ErrorCode::kInvalidArgument, "MLA", [&] {
-            backend->forward_ragged(qv, kv_k, kv_v, latent, f,
-                                    TensorView(out.data(), DType::kF32, {t, kHq, kDv}));
+            backend->forward_ragged(qv, kv_k, kv_v, latent, f, {},
+                                    TensorView(out.data(), DType::kF32, {t, kHq, kDv}), {});
           });
         }
         // The pool's layer 1 rows after all that: what save_kv wrote (forward_ragged reads none).
@@ -297,7 +298,7 @@ TEST(RaggedAttention, HostBackendsSaveGatherAndAttendAsTheMath) {
         backend->init_forward_metadata(d);
         expect_error(ErrorCode::kInvalidArgument, "extend or mixed", [&] {
           backend->gather_kv(
-              pool_layer, d, TensorView(gk.data(), DType::kF32, {41, hkv, kdim / hkv}),
+              pool_layer, d, {}, TensorView(gk.data(), DType::kF32, {41, hkv, kdim / hkv}),
               mla ? TensorView() : TensorView(gv.data(), DType::kF32, {41, hkv, vdim / hkv}));
         });
       }
@@ -324,6 +325,145 @@ TEST(RaggedAttention, PlanListsEveryKeyOfEachRequest) {
   windowed.kv_start = {0, 0, 0};
   expect_error(ErrorCode::kInvalidArgument, "kv_start",
                [&] { (void)attention::build_ragged_plan(windowed, table); });
+}
+
+// Key windows (forward_batch.h KeyWindows): the mixed step's keys split into the new tokens'
+// window (causal) and two rounds of prefix windows (every query sees them; request 0 has no
+// prefix, so its queries see no key there: out 0, lse -inf), each attended over its own
+// caller rows with its LSE, merged by attention::merge_state, equal the f64 attention over all
+// keys; a window's gathered rows are the full gather's rows of its positions. Misuse: windows
+// mixing both kinds, one ending inside the new tokens, wrong sizes, sinks.
+TEST(RaggedAttention, KeyWindowsMergeToTheFullAttention) {
+  const pagoda::testing::TestSeed seed;
+  std::mt19937 rng(seed);
+  auto platform = platform::make_cpu_platform();
+  for (const bool cpu : {false, true}) {
+    SCOPED_TRACE(cpu ? "cpu" : "reference");
+    const int page = 16, pages = 128 / page + 8;
+    kv::KvPoolConfig pc{.layout = kv::KvLayout::kMha,
+                        .num_layers = 1,
+                        .num_pages = pages,
+                        .page_size = page,
+                        .dtype = DType::kF32,
+                        .num_kv_heads = 2,
+                        .head_dim = 12,
+                        .head_dim_v = 8};
+    kv::KvPool pool(pc, platform->allocator());
+    std::vector<float> fill = randn(static_cast<size_t>(pool.num_slots()) * 24, rng);
+    std::vector<float> fill_v = randn(static_cast<size_t>(pool.num_slots()) * 16, rng);
+    std::vector<SlotIndex> all(static_cast<size_t>(pool.num_slots()));
+    std::iota(all.begin(), all.end(), 0);
+    pool.set_kv(LayerId{0}, all, TensorView(fill.data(), DType::kF32, {pool.num_slots(), 2, 12}),
+                TensorView(fill_v.data(), DType::kF32, {pool.num_slots(), 2, 8}));
+    kv::ReqToTokenTable table(4, 128);
+    const attention::BackendContext ctx{
+        .platform = platform.get(), .kv_pool = &pool, .req_to_token = &table};
+    auto backend = make(cpu, ctx);
+    Step step = make_step(table, page, pages, rng);  // (prefix, new): (0, 19), (29, 6), (40, 1)
+    const ForwardBatch& f = step.batch;
+    backend->init_forward_metadata(f);
+    const int t = f.num_tokens();
+    const auto n = static_cast<int>(f.seq_lens_sum());
+    attention::AttentionLayer layer{.layer_id = LayerId{0},
+                                    .num_q_heads = kHq,
+                                    .num_kv_heads = kHkv,
+                                    .head_dim_qk = kDqk,
+                                    .head_dim_v = kDv,
+                                    .scaling = 0.3f};
+    // Caller K/V of every key (rows kPitch floats per head), and q.
+    std::vector<float> k = randn(size_t(n) * kHkv * kPitch, rng),
+                       v = randn(size_t(n) * kHkv * kPitch, rng),
+                       q = randn(size_t(t) * kHq * kDqk, rng);
+    const TensorView qv(q.data(), DType::kF32, {t, kHq, kDqk});
+    const std::vector<std::vector<int32_t>> begin{{0, 29, 40}, {0, 0, 0}, {0, 17, 23}},
+        end{{19, 35, 41}, {0, 17, 23}, {0, 29, 40}};
+    std::vector<float> gathered_all(size_t(n) * 24, kNaN), gathered_v(size_t(n) * 16, kNaN);
+    backend->gather_kv(layer, f, {}, TensorView(gathered_all.data(), DType::kF32, {n, 2, 12}),
+                       TensorView(gathered_v.data(), DType::kF32, {n, 2, 8}));
+    std::vector<float> acc_o, acc_lse;
+    for (size_t w = 0; w < begin.size(); ++w) {
+      SCOPED_TRACE(::testing::Message() << "window " << w);
+      const attention::KeyWindows win{.begin = begin[w], .end = end[w]};
+      // The window's rows: request by request, its positions in order.
+      std::vector<float> wk, wv;
+      std::vector<int64_t> rows;  // full-gather row of each window row
+      for (int b = 0, off = 0; b < 3; off += f.seq_lens[b], ++b)
+        for (int p = begin[w][b]; p < end[w][b]; ++p) rows.push_back(off + p);
+      const auto m = static_cast<int64_t>(rows.size());
+      for (int64_t r : rows) {
+        wk.insert(wk.end(), k.begin() + r * kHkv * kPitch, k.begin() + (r + 1) * kHkv * kPitch);
+        wv.insert(wv.end(), v.begin() + r * kHkv * kPitch, v.begin() + (r + 1) * kHkv * kPitch);
+      }
+      std::vector<float> gk(size_t(m) * 24, kNaN), gv(size_t(m) * 16, kNaN);
+      backend->gather_kv(layer, f, win, TensorView(gk.data(), DType::kF32, {m, 2, 12}),
+                         TensorView(gv.data(), DType::kF32, {m, 2, 8}));
+      for (int64_t i = 0; i < m; ++i) {
+        for (int d = 0; d < 24; ++d)
+          ASSERT_EQ(gk[size_t(i * 24 + d)], gathered_all[size_t(rows[i] * 24 + d)]) << i;
+        for (int d = 0; d < 16; ++d)
+          ASSERT_EQ(gv[size_t(i * 16 + d)], gathered_v[size_t(rows[i] * 16 + d)]) << i;
+      }
+      const TensorView kk(wk.data(), DType::kF32, {m, kHkv, kDqk}, {kHkv * kPitch, kPitch, 1},
+                          Device::cpu());
+      const TensorView vv(wv.data(), DType::kF32, {m, kHkv, kDv}, {kHkv * kPitch, kPitch, 1},
+                          Device::cpu());
+      std::vector<float> o(size_t(t) * kHq * kDv, kNaN), lse(size_t(t) * kHq, kNaN);
+      backend->forward_ragged(qv, kk, vv, layer, f, win,
+                              TensorView(o.data(), DType::kF32, {t, kHq, kDv}),
+                              TensorView(lse.data(), DType::kF32, {t, kHq}));
+      if (w > 0) {  // request 0's 19 queries see no key in a prefix window
+        for (int i = 0; i < 19 * kHq; ++i) ASSERT_EQ(lse[size_t(i)], -INFINITY) << i;
+        for (int i = 0; i < 19 * kHq * kDv; ++i) ASSERT_EQ(o[size_t(i)], 0.f) << i;
+      }
+      if (w == 0) {
+        acc_o = o;
+        acc_lse = lse;
+        continue;
+      }
+      std::vector<float> mo(acc_o.size()), ml(acc_lse.size());
+      attention::merge_state(TensorView(acc_o.data(), DType::kF32, {t, kHq, kDv}),
+                             TensorView(acc_lse.data(), DType::kF32, {t, kHq}),
+                             TensorView(o.data(), DType::kF32, {t, kHq, kDv}),
+                             TensorView(lse.data(), DType::kF32, {t, kHq}),
+                             TensorView(mo.data(), DType::kF32, {t, kHq, kDv}),
+                             TensorView(ml.data(), DType::kF32, {t, kHq}));
+      acc_o = mo;
+      acc_lse = ml;
+    }
+    const std::vector<double> want = oracle(f, q, k, v, 0.3f, -1, 0.f);
+    EXPECT_LE(max_diff(acc_o, want), 2e-5);
+    EXPECT_GT(max_diff(acc_o, oracle(f, q, k, v, 0.3f, -1, 0.f, {1, 20})), 2e-3)
+        << "a prefix key left out of the oracle is not seen";
+    // Misuse.
+    std::vector<float> o(size_t(t) * kHq * kDv);
+    const TensorView out(o.data(), DType::kF32, {t, kHq, kDv});
+    auto attend = [&](const std::vector<int32_t>& b, const std::vector<int32_t>& e,
+                      const attention::AttentionLayer& l) {
+      int64_t m = 0;
+      for (size_t i = 0; i < b.size(); ++i) m += e[i] - b[i];
+      const TensorView kk(k.data(), DType::kF32, {m, kHkv, kDqk}, {kHkv * kPitch, kPitch, 1},
+                          Device::cpu());
+      const TensorView vv(v.data(), DType::kF32, {m, kHkv, kDv}, {kHkv * kPitch, kPitch, 1},
+                          Device::cpu());
+      backend->forward_ragged(qv, kk, vv, l, f, {.begin = b, .end = e}, out, {});
+    };
+    expect_error(ErrorCode::kInvalidArgument, "mix", [&] {
+      attend({0, 0, 0}, {19, 10, 0}, layer);
+    });
+    expect_error(ErrorCode::kInvalidArgument, "ends inside", [&] {
+      attend({0, 0, 0}, {0, 31, 0}, layer);
+    });
+    expect_error(ErrorCode::kInvalidArgument, "not inside", [&] {
+      attend({0, 0, 0}, {0, 36, 0}, layer);
+    });
+    expect_error(ErrorCode::kInvalidArgument, "key windows", [&] {
+      attend({0, 0}, {0, 10}, layer);
+    });
+    const std::vector<float> sinks(kHq, 0.5f);
+    attention::AttentionLayer sunk = layer;
+    sunk.sinks = sinks;
+    expect_error(ErrorCode::kUnsupported, "sinks", [&] { attend({0, 0, 0}, {0, 10, 5}, sunk); });
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "pagoda/backends/cpu/cpu_backend.h"
@@ -150,11 +151,12 @@ TEST(SparseMla, GatherAndMaskPathsMatchFp64OverTheSelectedRowsOnRandomShapes) {
   for (int trial = 0; trial < kTrials; ++trial) {
     const Trial t = make_trial(trial, rng);
     const int bs = static_cast<int>(t.reqs.size()), d = t.dim();
-    std::string shape = "reqs";
-    for (const Request& r : t.reqs) shape += " " + std::to_string(r.prefix) + "+" + std::to_string(r.news);
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " page " << t.page << " "
-                                      << dtype_name(t.dtype) << " dim " << d << " heads "
-                                      << t.heads << " k " << t.k << " " << shape);
+    std::ostringstream shape;
+    shape << "reqs";
+    for (const Request& r : t.reqs) shape << ' ' << r.prefix << '+' << r.news;
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " page " << t.page << " " << dtype_name(t.dtype) << " dim "
+                 << d << " heads " << t.heads << " k " << t.k << " " << shape.str());
     // Logical rows: latent[first[b] + p] is position p of request b (a dense copy the oracle
     // reads), on shuffled pages; the pool is NaN elsewhere.
     std::vector<int> first(bs + 1, 0);

@@ -156,10 +156,11 @@ TEST(EngineMla, ExpandedPrefillAgreesWithAbsorbed) {
     SCOPED_TRACE(q_lora ? "q-lora" : "no q-lora");
     model::LlamaModel& m = mla_model(q_lora).model;
     std::vector<std::vector<int32_t>> prompts = testing::make_prompts(seed, 6);
-    auto run = [&](model::MlaPrefill form, const char* backend) {
+    auto run = [&](model::MlaPrefill form, const char* backend, int64_t window_keys = 0) {
       EngineConfig cfg =
           config_of(MlaRun{.backend = backend, .page = 16, .radix = true, .chunk = 16});
       cfg.mla_prefill = form;
+      cfg.mla_window_keys = window_keys;
       Engine engine(m, cfg);
       std::vector<RequestId> ids;
       for (size_t i = 0; i < prompts.size(); ++i) {
@@ -182,14 +183,19 @@ TEST(EngineMla, ExpandedPrefillAgreesWithAbsorbed) {
       SCOPED_TRACE(backend);
       const auto absorbed = run(model::MlaPrefill::kAbsorbed, backend);
       const auto expanded = run(model::MlaPrefill::kAuto, backend);
-      EXPECT_EQ(expanded.first, absorbed.first);
-      ASSERT_EQ(expanded.second.size(), absorbed.second.size());
-      ASSERT_FALSE(absorbed.second.empty());
-      double worst = 0;
-      for (size_t i = 0; i < absorbed.second.size(); ++i)
-        worst = std::max(worst, double(std::fabs(expanded.second[i] - absorbed.second[i])));
-      EXPECT_LE(worst, 1e-4);
-      EXPECT_NE(expanded.second, absorbed.second) << "the expanded form did not run";
+      // Windows of 24 keys: the chunks' prefixes (up to ~80 keys) in windows merged by LSE.
+      const auto windowed = run(model::MlaPrefill::kAuto, backend, 24);
+      for (const auto* form : {&expanded, &windowed}) {
+        EXPECT_EQ(form->first, absorbed.first);
+        ASSERT_EQ(form->second.size(), absorbed.second.size());
+        ASSERT_FALSE(absorbed.second.empty());
+        double worst = 0;
+        for (size_t i = 0; i < absorbed.second.size(); ++i)
+          worst = std::max(worst, double(std::fabs(form->second[i] - absorbed.second[i])));
+        EXPECT_LE(worst, 1e-4);
+        EXPECT_NE(form->second, absorbed.second) << "the expanded form did not run";
+      }
+      EXPECT_NE(windowed.second, expanded.second) << "no step ran in windows";
     }
   }
 }
@@ -247,23 +253,28 @@ TEST(EngineMla, ExpandedFormChosenByStepShape) {
     return b;
   };
   using attention::ForwardMode;
-  EXPECT_TRUE(dec.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), ref));  // a prefill
-  EXPECT_TRUE(dec.expanded_mla(step({{20, 60}, {0, 7}}, ForwardMode::kExtend), ref));
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 100}}, ForwardMode::kExtend), ref), 100);  // a prefill
+  EXPECT_EQ(dec.expanded_mla_keys(step({{20, 60}, {0, 7}}, ForwardMode::kExtend), ref), 87);
   // Few new tokens over many keys: the absorbed form does less work.
-  EXPECT_FALSE(dec.expanded_mla(step({{200, 3}}, ForwardMode::kExtend), ref));
+  EXPECT_EQ(dec.expanded_mla_keys(step({{200, 3}}, ForwardMode::kExtend), ref), 0);
   // A prefill of 30 beside a decode row of 200 keys: the decode row's expansion dominates.
-  EXPECT_FALSE(dec.expanded_mla(step({{0, 30}, {199, 1}}, ForwardMode::kMixed), ref));
-  EXPECT_TRUE(dec.expanded_mla(step({{0, 30}, {9, 1}}, ForwardMode::kMixed), ref));
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 30}, {199, 1}}, ForwardMode::kMixed), ref), 0);
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 30}, {9, 1}}, ForwardMode::kMixed), ref), 40);
   // Other modes, a window's key start, a backend without ragged attention, the option.
   attention::ForwardBatch decode{
       .mode = ForwardMode::kDecode, .batch_size = 1, .req_pool_indices = {1}, .seq_lens = {100}};
-  EXPECT_FALSE(dec.expanded_mla(decode, ref));
+  EXPECT_EQ(dec.expanded_mla_keys(decode, ref), 0);
   attention::ForwardBatch windowed = step({{0, 100}}, ForwardMode::kExtend);
   windowed.kv_start = {0};
-  EXPECT_FALSE(dec.expanded_mla(windowed, ref));
-  EXPECT_FALSE(dec.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), plain));
-  dec.set_mla_prefill(model::MlaPrefill::kAbsorbed);
-  EXPECT_FALSE(dec.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), ref));
+  EXPECT_EQ(dec.expanded_mla_keys(windowed, ref), 0);
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 100}}, ForwardMode::kExtend), plain), 0);
+  // Windows of 48 keys: more keys go in windows (48 reserved), more new tokens absorbed.
+  dec.set_mla_prefill(model::MlaPrefill::kAuto, 48);
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 40}}, ForwardMode::kExtend), ref), 40);
+  EXPECT_EQ(dec.expanded_mla_keys(step({{20, 40}}, ForwardMode::kExtend), ref), 48);
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 100}}, ForwardMode::kExtend), ref), 0);
+  dec.set_mla_prefill(model::MlaPrefill::kAbsorbed, 0);
+  EXPECT_EQ(dec.expanded_mla_keys(step({{0, 100}}, ForwardMode::kExtend), ref), 0);
   // A pool in another dtype than the ops' (the gathered rows would need converting).
   kv::KvPoolConfig pc16 = m.kv_pool_config(64, 16, model::LlamaModel::PoolLayers::kAll);
   pc16.dtype = DType::kBF16;
@@ -272,7 +283,7 @@ TEST(EngineMla, ExpandedFormChosenByStepShape) {
       .platform = platform.get(), .kv_pool = &pool16, .req_to_token = &table};
   backends::ReferenceBackend ref16(ctx16);
   model::Decoder dec16(m, *ops, &pool16);
-  EXPECT_FALSE(dec16.expanded_mla(step({{0, 100}}, ForwardMode::kExtend), ref16));
+  EXPECT_EQ(dec16.expanded_mla_keys(step({{0, 100}}, ForwardMode::kExtend), ref16), 0);
 }
 
 /// mla_test_config(true) as DeepSeek-V3.2: a lightning indexer of 2 heads of 16 dims keeping

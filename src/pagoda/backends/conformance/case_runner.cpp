@@ -427,7 +427,7 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
     gk = filled_tensor({keys, hkv, c.head_dim_qk}, c.kv_dtype, kNaN);
     gv = filled_tensor({keys, hkv, c.head_dim_v}, c.kv_dtype, kNaN);
   }
-  const bool want_lse = caps.lse && !c.ragged;  // forward_ragged writes no LSE
+  const bool want_lse = caps.lse;
   // The step on `impl`: forward, or the ragged column's three calls.
   auto attend = [&](AttentionBackend& impl, const TensorView& qv, const TensorView& kv,
                     const TensorView& vv, const TensorView& ov, const TensorView& lv,
@@ -436,8 +436,8 @@ CaseResult run_case(const BackendRegistry& registry, const BackendUnderTest& bac
     if (c.dsa_topk > 0) impl.set_sparse_topk(dsa_topk, c.dsa_topk);
     if (c.ragged) {
       impl.save_kv(kv, vv, layer, batch);
-      impl.gather_kv(layer, batch, gkv, gvv);
-      impl.forward_ragged(qv, gkv, gvv, layer, batch, ov);
+      impl.gather_kv(layer, batch, {}, gkv, gvv);
+      impl.forward_ragged(qv, gkv, gvv, layer, batch, {}, ov, want_lse ? lv : TensorView());
       return;
     }
     if (want_lse) impl.set_lse_output(lv);

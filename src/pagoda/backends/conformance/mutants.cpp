@@ -127,8 +127,9 @@ class PlanningMutant final : public attention::AttentionBackend {
     inner_->save_kv(k, v, layer, batch);
   }
   void gather_kv(const attention::AttentionLayer& layer, const ForwardBatch& batch,
-                 const TensorView& k_out, const TensorView& v_out) override {
-    inner_->gather_kv(layer, batch, k_out, v_out);
+                 const attention::KeyWindows& windows, const TensorView& k_out,
+                 const TensorView& v_out) override {
+    inner_->gather_kv(layer, batch, windows, k_out, v_out);
     if (!ragged_shift_) return;
     for (const TensorView* t : {&k_out, &v_out}) {  // host, contiguous (check_gather_outputs)
       if (t->numel() == 0) continue;
@@ -144,8 +145,9 @@ class PlanningMutant final : public attention::AttentionBackend {
   }
   void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const ForwardBatch& batch,
-                      const TensorView& out) override {
-    inner_->forward_ragged(q, k, v, layer, batch, out);
+                      const attention::KeyWindows& windows, const TensorView& out,
+                      const TensorView& lse) override {
+    inner_->forward_ragged(q, k, v, layer, batch, windows, out, lse);
   }
 
  private:

@@ -143,11 +143,11 @@ void CudaBackend::require_planned(const ForwardBatch& batch, const char* what) c
                  forward_mode_name(batch.mode), batch.num_tokens());
 }
 
-const RaggedPlan& CudaBackend::ragged(const ForwardBatch& batch) {
-  if (ragged_) return *ragged_;
+const RaggedPlan& CudaBackend::ragged(const ForwardBatch& batch, const KeyWindows& windows) {
+  if (ragged_ && ragged_->covers(windows)) return *ragged_;
   PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
                  "backend 'cuda': ragged attention runs eagerly, not in a CUDA graph");
-  RaggedPlan r = build_ragged_plan(batch, *ctx_.req_to_token);
+  RaggedPlan r = build_ragged_plan(batch, *ctx_.req_to_token, windows);
   const size_t bytes = std::max<size_t>(r.slots.size(), 1) * 4;
   if (ragged_slots_.bytes() < bytes) ragged_slots_.reset(bytes);
   if (!r.slots.empty())
@@ -155,6 +155,7 @@ const RaggedPlan& CudaBackend::ragged(const ForwardBatch& batch) {
                                      cudaMemcpyHostToDevice, stream_),
                      "cudaMemcpyAsync(ragged slots)");
   ragged_ = std::move(r);
+  ragged_planned_.reset();
   return *ragged_;
 }
 
@@ -168,10 +169,11 @@ void CudaBackend::save_kv(const TensorView& k, const TensorView& v, const Attent
 }
 
 void CudaBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
-                            const TensorView& k_out, const TensorView& v_out) {
+                            const KeyWindows& windows, const TensorView& k_out,
+                            const TensorView& v_out) {
   require_planned(batch, "gather_kv");
   const kv::KvPool& pool = *ctx_.kv_pool;
-  const RaggedPlan& r = ragged(batch);
+  const RaggedPlan& r = ragged(batch, windows);
   const auto n = static_cast<int64_t>(r.slots.size());
   check_gather_outputs(pool, layer.layer_id, n, k_out, v_out, "backend 'cuda' gather_kv");
   PAGODA_REQUIRE(n <= 0x7fffffff, kOutOfRange, "backend 'cuda': gather_kv of {} rows", n);
@@ -191,20 +193,20 @@ void CudaBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& bat
 
 void CudaBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const AttentionLayer& layer, const ForwardBatch& batch,
-                                 const TensorView& out) {
+                                 const KeyWindows& windows, const TensorView& out,
+                                 const TensorView& lse) {
   require_planned(batch, "forward_ragged");
   PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
                  "backend 'cuda': forward_ragged after a DSA selection (sparse attention reads "
                  "the pool: use forward)");
-  const RaggedPlan& r = ragged(batch);
-  const RaggedRun run = ragged_run(layer, q, k, v, out, static_cast<int64_t>(r.slots.size()),
-                                   "backend 'cuda'");
+  const RaggedPlan& r = ragged(batch, windows);
+  const RaggedRun run = ragged_run(layer, r, q, k, v, out, "backend 'cuda'");
   if (!ragged_attn_) ragged_attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
   if (ragged_planned_ != run.shape) {
     ragged_attn_->plan(r.plan.input(), run.shape);
     ragged_planned_ = run.shape;
   }
-  ragged_attn_->run(q, as_token_pages(k), as_token_pages(v), out, TensorView(), run.params);
+  ragged_attn_->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
 }
 
 void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -91,10 +91,12 @@ class CudaBackend final : public attention::AttentionBackend {
   void save_kv(const TensorView& k, const TensorView& v, const attention::AttentionLayer& layer,
                const attention::ForwardBatch& batch) override;
   void gather_kv(const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
-                 const TensorView& k_out, const TensorView& v_out) override;
+                 const attention::KeyWindows& windows, const TensorView& k_out,
+                 const TensorView& v_out) override;
   void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
-                      const TensorView& out) override;
+                      const attention::KeyWindows& windows, const TensorView& out,
+                      const TensorView& lse) override;
 
   void init_cuda_graph_state(int max_bs, int max_num_tokens) override;
   void init_forward_metadata_capture_cuda_graph(const attention::ForwardBatch& batch) override;
@@ -120,8 +122,10 @@ class CudaBackend final : public attention::AttentionBackend {
                                       const TensorView& out) const;
   /// Error(kFailedPrecondition) unless `batch` is the planned step (`what` names the call).
   void require_planned(const attention::ForwardBatch& batch, const char* what) const;
-  /// The step's ragged plan, built and its slots uploaded on first use (eager only).
-  const attention::RaggedPlan& ragged(const attention::ForwardBatch& batch);
+  /// The step's ragged plan for `windows`, built and its slots uploaded when the kept one is for
+  /// other windows (eager only).
+  const attention::RaggedPlan& ragged(const attention::ForwardBatch& batch,
+                                      const attention::KeyWindows& windows);
   void append_kv(const attention::AttentionLayer& layer, const TensorView& k, const TensorView& v,
                  int num_tokens);
 
@@ -180,7 +184,7 @@ class CudaBackend final : public attention::AttentionBackend {
   cuda::CudaBuffer sparse_device_;  ///< [rows + 1] kv_indptr, then the selected slots
   cuda::CudaBuffer index_scratch_;  ///< select_index_topk's per-layer arrays (q, w, scores, out)
   KernelOptions kernels_;
-  std::optional<attention::RaggedPlan> ragged_;  ///< this step's, once a ragged call needed it
+  std::optional<attention::RaggedPlan> ragged_;  ///< the last windows' of this step
   cuda::CudaBuffer ragged_slots_;                ///< its slots on the device
   std::unique_ptr<cuda::CudaBatchAttention> ragged_attn_;    ///< forward_ragged's kernels
   std::optional<attention::AttentionShape> ragged_planned_;  ///< shape ragged_attn_ holds

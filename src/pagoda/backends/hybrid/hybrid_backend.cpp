@@ -86,14 +86,16 @@ void HybridBackend::save_kv(const TensorView& k, const TensorView& v, const Atte
 }
 
 void HybridBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& batch,
-                              const TensorView& k_out, const TensorView& v_out) {
-  backend_for(batch.mode).gather_kv(layer, batch, k_out, v_out);
+                              const KeyWindows& windows, const TensorView& k_out,
+                              const TensorView& v_out) {
+  backend_for(batch.mode).gather_kv(layer, batch, windows, k_out, v_out);
 }
 
 void HybridBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                                    const AttentionLayer& layer, const ForwardBatch& batch,
-                                   const TensorView& out) {
-  backend_for(batch.mode).forward_ragged(q, k, v, layer, batch, out);
+                                   const KeyWindows& windows, const TensorView& out,
+                                   const TensorView& lse) {
+  backend_for(batch.mode).forward_ragged(q, k, v, layer, batch, windows, out, lse);
 }
 
 void HybridBackend::forward_extend(const TensorView& q, const TensorView& k, const TensorView& v,

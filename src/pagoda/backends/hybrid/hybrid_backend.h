@@ -42,10 +42,12 @@ class HybridBackend final : public attention::AttentionBackend {
   void save_kv(const TensorView& k, const TensorView& v, const attention::AttentionLayer& layer,
                const attention::ForwardBatch& batch) override;
   void gather_kv(const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
-                 const TensorView& k_out, const TensorView& v_out) override;
+                 const attention::KeyWindows& windows, const TensorView& k_out,
+                 const TensorView& v_out) override;
   void forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
-                      const TensorView& out) override;
+                      const attention::KeyWindows& windows, const TensorView& out,
+                      const TensorView& lse) override;
   void forward_decode(const TensorView& q, const TensorView& k, const TensorView& v,
                       const attention::AttentionLayer& layer, const attention::ForwardBatch& batch,
                       const TensorView& out, attention::SaveKv save) override;

@@ -18,6 +18,7 @@
 #include "pagoda/model/cuda/dsa_kernels.h"
 #include "pagoda/model/cuda/family_kernels.h"
 #include "pagoda/model/cuda/gemv_kernels.h"
+#include "pagoda/model/cuda/mla_kernels.h"
 #include "pagoda/model/cuda/sampling_kernels.h"
 #include "pagoda/model/cuda/topk_kernels.h"
 #include "pagoda/platform/cuda/cuda_check.h"
@@ -295,6 +296,12 @@ class CudaOps final : public ModelOps {
                      const int32_t* positions, const float* inv_freq, float factor) override {
     cuda_check(ck::rope_neox_f32(x, rows, groups, dim, rope, positions, inv_freq, factor, stream_),
                "rope_neox_f32");
+  }
+  void merge_attention(const void* part_o, const float* part_lse, float* acc_o, float* acc_lse,
+                       void* out, int64_t rows, int64_t heads, int64_t dv, bool first) override {
+    cuda_check(ck::merge_attention(act_, part_o, part_lse, acc_o, acc_lse, out, rows, heads, dv,
+                                   first, stream_),
+               "merge_attention");
   }
   void scale_f32(float* x, int64_t n, float s) override {
     cuda_check(ck::scale_inplace(ck::ActDType::kF32, x, n, s, stream_), "scale_f32");
