@@ -911,6 +911,86 @@ TEST(DenseKernels, LinearGroupsMatchesAnF64Reference) {
   }
 }
 
+// ModelOps::merge_attention (mla_kernels.h) on the CUDA ops: three windows' states of random
+// outputs (rounded to the dtype) and base-2 LSEs merged in turn, against an f64 softmax-weighted
+// sum written from the definition: every state within 4 f32 roundings, the last window's `out`
+// within one rounding of the dtype more. Some states are -inf in one window (no key seen: out
+// 0), one in every window (0 and -inf out). The accumulators start NaN-poisoned.
+TEST(DenseKernels, MergeAttentionMatchesTheSoftmaxWeightedSum) {
+  REQUIRE_GPU();
+  const uint64_t seed = test_seed(7117);
+  std::cout << "seed " << seed << "\n";
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto gpu = platform::make_cuda_platform();
+  constexpr int64_t kRowsM = 37, kHeads = 16, kDv = 128, kWindows = 3;
+  constexpr int64_t kStates = kRowsM * kHeads;
+  for (const DType dt : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto ops = model::make_cuda_ops(*gpu, dt);
+    const size_t es = dtype_size(dt);
+    std::vector<std::vector<float>> o(kWindows, std::vector<float>(size_t(kStates * kDv)));
+    std::vector<std::vector<float>> lse(kWindows, std::vector<float>(size_t(kStates)));
+    for (int64_t w = 0; w < kWindows; ++w)
+      for (int64_t st = 0; st < kStates; ++st) {
+        const bool empty = st == 5 || (st % 7 == w);  // state 5: no key in any window
+        lse[w][size_t(st)] = empty ? -INFINITY : 4.f * normal(rng);
+        for (int64_t d = 0; d < kDv; ++d) {
+          uint8_t b[8];
+          write_from_f32(b, dt, 0, empty ? 0.f : normal(rng));
+          o[w][size_t(st * kDv + d)] = read_as_f32(b, dt, 0);
+        }
+      }
+    Dev d_acc(size_t(kStates * kDv) * 4), d_acc_lse(size_t(kStates) * 4),
+        d_part(size_t(kStates * kDv) * es), d_lse(size_t(kStates) * 4),
+        d_out(size_t(kStates * kDv) * es);
+    d_acc.poison();
+    d_acc_lse.poison();
+    d_out.poison();
+    for (int64_t w = 0; w < kWindows; ++w) {
+      std::vector<uint8_t> pb(size_t(kStates * kDv) * es);
+      for (size_t i = 0; i < o[w].size(); ++i) write_from_f32(pb.data(), dt, i, o[w][i]);
+      d_part.upload(pb);
+      d_lse.upload(lse[w]);
+      ops->merge_attention(d_part.p, static_cast<const float*>(d_lse.p),
+                           static_cast<float*>(d_acc.p), static_cast<float*>(d_acc_lse.p),
+                           w + 1 == kWindows ? d_out.p : nullptr, kRowsM, kHeads, kDv, w == 0);
+    }
+    gpu->synchronize_stream();
+    const auto acc = d_acc.download<float>(), acc_lse = d_acc_lse.download<float>();
+    const auto ob = d_out.download<uint8_t>();
+    Checker c{"merge_attention"}, cl{"merge_attention lse"}, co{"merge_attention out"};
+    const double out_unit = dt == DType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -23);
+    for (int64_t st = 0; st < kStates; ++st) {
+      double m = -INFINITY;
+      for (int64_t w = 0; w < kWindows; ++w) m = std::max(m, double(lse[w][size_t(st)]));
+      if (m == -INFINITY) {  // no key anywhere
+        EXPECT_EQ(acc_lse[size_t(st)], -INFINITY) << st;
+        for (int64_t d = 0; d < kDv; ++d) {
+          EXPECT_EQ(acc[size_t(st * kDv + d)], 0.f) << st;
+          EXPECT_EQ(read_as_f32(ob.data(), dt, size_t(st * kDv + d)), 0.f) << st;
+        }
+        continue;
+      }
+      double sum = 0;
+      for (int64_t w = 0; w < kWindows; ++w) sum += std::exp2(double(lse[w][size_t(st)]) - m);
+      cl.check(acc_lse[size_t(st)], m + std::log2(sum), 1e-5 * (std::fabs(m) + 1), st);
+      for (int64_t d = 0; d < kDv; ++d) {
+        double ref = 0, mag = 0;
+        for (int64_t w = 0; w < kWindows; ++w) {
+          const double weight = std::exp2(double(lse[w][size_t(st)]) - m) / sum;
+          ref += weight * o[w][size_t(st * kDv + d)];
+          mag += weight * std::fabs(o[w][size_t(st * kDv + d)]);
+        }
+        const size_t at = size_t(st * kDv + d);
+        c.check(acc[at], ref, 4 * std::ldexp(1.0, -23) * mag * 8 + 1e-30, int64_t(at));
+        co.check(read_as_f32(ob.data(), dt, at), ref,
+                 out_unit * std::fabs(ref) + 32 * std::ldexp(1.0, -23) * mag + 1e-30, int64_t(at));
+      }
+    }
+  }
+}
+
 // The Mamba2 mixer's ops (family_kernels.h) against the CPU ops: gated_rms_norm (z rows strided
 // inside projection rows, 1 and 2 norm groups) within one rounding plus 2e-5 · |ref| (exp and
 // the sum of squares in another order), add_bias within one rounding of the f32 sum.

@@ -144,6 +144,14 @@ def test_mla_prefill():
     assert len(out[0].outputs[0].token_ids) == 4
     with pytest.raises(ValueError, match="--mla-prefill 'fast'"):
         pagoda.LLM("builtin", mla_prefill="fast")
+    # ... and its keys per window of the expanded form (`--mla-window-keys`).
+    assert args.mla_window_keys == 0
+    out = pagoda.LLM("builtin", mla_window_keys=64).generate(
+        prompt_token_ids=[[1, 2, 3]],
+        sampling_params=pagoda.SamplingParams(temperature=0, max_tokens=4))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="--mla-window-keys -1"):
+        pagoda.LLM("builtin", mla_window_keys=-1)
 
 
 def test_kv_pool_sized_from_memory():
