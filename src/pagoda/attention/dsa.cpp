@@ -14,7 +14,7 @@
 namespace pagoda::attention {
 
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
-                                       const kv::ReqToTokenTable& req_to_token) {
+                                       const kv::ReqToTokenTable& req_to_token, bool slots) {
   const bool decode = batch.mode == ForwardMode::kDecode;
   const bool verify = batch.mode == ForwardMode::kTargetVerify;
   PAGODA_REQUIRE(batch.mode == ForwardMode::kIdle || batch.mode == ForwardMode::kExtend ||
@@ -28,7 +28,7 @@ IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
                  "DeepSeek sparse attention (DSA) with ForwardBatch.kv_start (its positions "
                  "index every key from 0)");
   IndexerMetadata m;
-  m.slot_indptr.push_back(0);
+  if (slots) m.slot_indptr.push_back(0);
   const int32_t tree = verify ? batch.spec.num_draft_tokens : 0;
   m.tree_size = tree;
   size_t mask0 = 0;  // request b's block of spec.tree_mask
@@ -52,9 +52,11 @@ IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
     PAGODA_REQUIRE(qo_len >= 1 && qo_len <= kv_len, kOutOfRange,
                    "indexer metadata: request {} has {} query tokens over {} keys", b, qo_len,
                    kv_len);
-    const auto row = req_to_token.read(ReqSlot(batch.req_pool_indices[b]), 0, kv_len);
-    m.slots.insert(m.slots.end(), row.begin(), row.end());
-    m.slot_indptr.push_back(static_cast<int32_t>(m.slots.size()));
+    if (slots) {
+      const auto row = req_to_token.read(ReqSlot(batch.req_pool_indices[b]), 0, kv_len);
+      m.slots.insert(m.slots.end(), row.begin(), row.end());
+      m.slot_indptr.push_back(static_cast<int32_t>(m.slots.size()));
+    }
     for (int32_t i = 0; i < qo_len; ++i) {
       m.row_request.push_back(b);
       m.row_visible.push_back(kv_len - qo_len + i + 1);

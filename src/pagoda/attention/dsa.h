@@ -38,7 +38,7 @@ struct IndexerMetadata {
   /// [num_tokens] row t sees positions [0, row_visible[t]) of its request (causal: the row's
   /// own position + 1).
   std::vector<int32_t> row_visible;
-  std::vector<int32_t> slot_indptr;  ///< [bs + 1]
+  std::vector<int32_t> slot_indptr;  ///< [bs + 1] (empty: see build_indexer_metadata)
   /// Request b's position p lives in pool slot slots[slot_indptr[b] + p] (p < its kv length).
   std::vector<int32_t> slots;
   int32_t max_visible = 0;  ///< max over rows of row_visible (0 for an empty batch)
@@ -67,9 +67,11 @@ struct IndexerMetadata {
 
 /// Builds the metadata of `batch` from the request table. Error(kUnsupported) for draft modes and
 /// a ForwardBatch::kv_start, kOutOfRange for lengths beyond the table, kInvalidArgument for a
-/// verify tree mask of the wrong size.
+/// verify tree mask of the wrong size. Without `slots`, slot_indptr and slots stay empty (a
+/// backend that reads positions through its own page table: O(rows) instead of O(keys); the
+/// host paths need them).
 IndexerMetadata build_indexer_metadata(const ForwardBatch& batch,
-                                       const kv::ReqToTokenTable& req_to_token);
+                                       const kv::ReqToTokenTable& req_to_token, bool slots = true);
 
 /// One layer's indexer queries for the step's rows (f32), as the model computes them:
 /// q [rows, heads, dim] with RoPE applied (the indexer rounds each head to the key grid itself:

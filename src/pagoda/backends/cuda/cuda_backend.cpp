@@ -76,7 +76,8 @@ void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> 
   ragged_.reset();
   ragged_planned_.reset();
   if (ctx_.kv_pool->config().index_head_dim > 0) {
-    indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
+    // No per-token slots: the kernels read the page table (set_sparse_topk fills them).
+    indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token, /*slots=*/false);
     upload_indexer_metadata();
   }
 }

@@ -152,6 +152,9 @@ class CudaBackend final : public attention::AttentionBackend {
     bool fixed = false;  ///< graph mode: the layout of the capacities, never moved
   };
   void upload_indexer_metadata();
+  /// The step's IndexerMetadata::slots from the dense plan's page table (init_forward_metadata
+  /// builds it without them; set_sparse_topk's host plan needs them).
+  void fill_indexer_slots();
   /// The step's device sparse plan for k (sparse_gather_shape; its kv_indptr uploaded to
   /// sparse_device_, which graph mode sizes for its capacities once).
   void prepare_sparse_shape(int k);

@@ -76,9 +76,32 @@ void CudaBackend::set_sparse_topk(std::span<const int32_t> topk, int k) {
                  "keys, or init_forward_metadata was not called)");
   PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
                  "backend 'cuda': set_sparse_topk (a host selection) in a CUDA graph");
+  if (indexer_->slot_indptr.empty()) fill_indexer_slots();
   sparse_plan_ = sparse_gather_plan(*indexer_, topk, k);
   sparse_next_ = true;
   sparse_on_device_ = false;
+}
+
+void CudaBackend::fill_indexer_slots() {
+  IndexerMetadata& m = *indexer_;
+  const int bs = plan_.batch_size();
+  // Request b's keys: the longest of its rows' visible ranges (its last row sees them all).
+  std::vector<int32_t> keys(static_cast<size_t>(bs), 0);
+  for (size_t t = 0; t < m.row_request.size(); ++t) {
+    int32_t& kb = keys[static_cast<size_t>(m.row_request[t])];
+    kb = std::max(kb, m.row_visible[t]);
+  }
+  m.slot_indptr.assign(1, 0);
+  const int ps = plan_.page_size;
+  for (int b = 0; b < bs; ++b) {
+    PAGODA_REQUIRE(keys[static_cast<size_t>(b)] <= plan_.kv_len(b), kInternal,
+                   "backend 'cuda': request {} sees {} positions, its plan holds {}", b,
+                   keys[static_cast<size_t>(b)], plan_.kv_len(b));
+    const int32_t* pages = plan_.kv_indices.data() + plan_.kv_indptr[static_cast<size_t>(b)];
+    for (int32_t p = 0; p < keys[static_cast<size_t>(b)]; ++p)
+      m.slots.push_back(pages[p / ps] * ps + p % ps);
+    m.slot_indptr.push_back(static_cast<int32_t>(m.slots.size()));
+  }
 }
 
 void CudaBackend::select_index_topk(LayerId layer, const IndexerQuery& q, int k,
