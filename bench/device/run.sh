@@ -19,7 +19,9 @@
 #                             call), speculative decoding A/Bs (each without, then with)
 #                    agree    build, the first token vs transformers fp32 on 20 prompts of 300
 #                             ids (bench/agreement_vs_transformers.py --device cuda): the
-#                             DeepSeek-V2 / V3 tiny layouts, gemma3-1b, bamba-1b and 1b
+#                             DeepSeek-V2 / V3 tiny layouts, DeepSeek-V2-Lite's attention in 4
+#                             layers (deepseek-v2-lite-narrow: its prompts prefill in MLA's
+#                             expanded form), gemma3-1b, bamba-1b and 1b
 #                    serve    build, `pagoda serve` vs `pagoda bench` (same engine settings),
 #                             and compute-sanitizer with --sanitize
 #                    python   build (with the Python package), the torch/CUDA tests of
@@ -366,7 +368,7 @@ if has agree; then
   mkdir -p "$W/agree"
   timeout "$(cap 500)" python3 bench/agreement_vs_transformers.py --pagoda $P --out "$W/agree" \
     --device cuda --length 300 \
-    --layouts deepseek-v2-tiny,deepseek-v3-tiny,gemma3-1b,bamba-1b,1b \
+    --layouts deepseek-v2-tiny,deepseek-v3-tiny,deepseek-v2-lite-narrow,gemma3-1b,bamba-1b,1b \
     > "$W/agree/result.json" 2> "$W/agree.log"
   say "agreement vs transformers rc=$? $(grep '^| ' "$W/agree.log" | tail -n 5 | tr '\n' ' ')"
   rm -rf "$W"/agree/*/  # the checkpoints, not into the logs
