@@ -86,12 +86,13 @@ def run_json(cmd, out_path):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def pagoda_bench(args, ckpt, name, requests, max_running, input_len, output_len, extra=()):
+def pagoda_bench(args, ckpt, name, requests, max_running, input_len, output_len, extra=(),
+                 chunk=0):
     cmd = [args.pagoda, "bench", "--model", ckpt, "--backend", "cuda", "--json",
            "--requests", str(requests), "--max-running", str(max_running),
            "--input-len", str(input_len), "--output-len", str(output_len),
            "--pool-tokens", str(max(65536, requests * (input_len + output_len) * 2)),
-           "--chunk-size", "0", "--page-size", "16", *extra]
+           "--chunk-size", str(chunk), "--page-size", "16", *extra]
     return run_json(cmd, os.path.join(args.out, f"bench_{name}.json"))
 
 
@@ -222,6 +223,13 @@ def main():
                 res["prefill2048_absorbed"] = pagoda_bench(
                     args, ckpt, f"{layout}_prefill_absorbed", 4, 1, 2048, 1,
                     ("--mla-prefill", "absorbed"))
+                # A 8,192-token prompt in chunks of 1,024: the expanded form over each chunk's
+                # prefix in one key window, then in windows of 1,024 keys merged by LSE.
+                for name, extra in (("one_window", ()),
+                                    ("windows1024", ("--mla-window-keys", "1024"))):
+                    res[f"prefill8192_chunked_{name}"] = pagoda_bench(
+                        args, ckpt, f"{layout}_prefill8192_{name}", 2, 1, 8192, 1, extra,
+                        chunk=1024)
         # Roofline of one decode step: every weight once (the checkpoint's tensors but the
         # embedding, whose few rows are read; the LM head is the tied embedding or its own
         # matrix) + the KV of the batch at its mean context (the pool's bytes per token, from

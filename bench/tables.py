@@ -147,6 +147,13 @@ def engine_table(rec):
             a_ms, e_ms = ab.get("extend_step_min_ms"), pf.get("extend_step_min_ms")
             out.append(f"| {layout} | prefill 2048 absorbed | TTFT step {fmt(a_ms)} ms | expanded "
                        f"{fmt(a_ms / e_ms if a_ms and e_ms else None, '.2f')}× faster | | | |")
+        one, win = res.get("prefill8192_chunked_one_window"), res.get(
+            "prefill8192_chunked_windows1024")
+        if one and win:  # MLA: chunked prefill, prefixes in one key window vs windows of 1,024
+            o_ms, w_ms = one.get("ttft_p50_ms"), win.get("ttft_p50_ms")
+            out.append(f"| {layout} | prefill 8192 in chunks of 1024 | TTFT {fmt(o_ms)} ms one "
+                       f"key window, {fmt(w_ms)} ms windows of 1024 keys | windows "
+                       f"{fmt(o_ms / w_ms if o_ms and w_ms else None, '.2f')}× | | | |")
         ag = res.get("agreement")
         if ag:
             out.append(f"| {layout} | agreement | first token {ag['first_token_agree']}/{ag['prompts']} "

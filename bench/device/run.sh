@@ -61,7 +61,8 @@
 #                             context, batch 16 at 32k and 128k (h_q 128) and 128k at h_q 16;
 #                             then the engine on the deepseek-v2-lite layout (engine_real.py,
 #                             no peer: batch 1 and 64 against the step roofline, a 2,048-token
-#                             prefill against the GEMM rate)
+#                             prefill against the GEMM rate and absorbed, an 8,192-token prompt
+#                             in chunks of 1,024 with one key window vs windows of 1,024 keys)
 #                    ab_kernels  build (the attention tests and the kernel benchmark only), the
 #                             sm90 prefill's GPU tests, compute-sanitizer memcheck and racecheck
 #                             on their small test, then kernel-option variants against the
