@@ -36,7 +36,7 @@ CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels
 CudaBackend::~CudaBackend() {
   attn_.reset();
   sparse_attn_.reset();
-  ragged_attn_.reset();
+  ragged_.clear();
   if (own_stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -73,8 +73,7 @@ void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> 
   sparse_on_device_ = false;
   sparse_shape_k_ = 0;
   sparse_planned_.reset();
-  ragged_.reset();
-  ragged_planned_.reset();
+  ragged_used_ = 0;
   if (ctx_.kv_pool->config().index_head_dim > 0) {
     // No per-token slots: the kernels read the page table (set_sparse_topk fills them).
     indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token, /*slots=*/false);
@@ -144,20 +143,25 @@ void CudaBackend::require_planned(const ForwardBatch& batch, const char* what) c
                  forward_mode_name(batch.mode), batch.num_tokens());
 }
 
-const RaggedPlan& CudaBackend::ragged(const ForwardBatch& batch, const KeyWindows& windows) {
-  if (ragged_ && ragged_->covers(windows)) return *ragged_;
+CudaBackend::RaggedEntry& CudaBackend::ragged(const ForwardBatch& batch,
+                                              const KeyWindows& windows) {
+  for (size_t i = 0; i < ragged_used_; ++i)
+    if (ragged_[i].plan.covers(windows)) return ragged_[i];
   PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
                  "backend 'cuda': ragged attention runs eagerly, not in a CUDA graph");
   RaggedPlan r = build_ragged_plan(batch, *ctx_.req_to_token, windows);
+  if (ragged_used_ == ragged_.size()) ragged_.emplace_back();
+  RaggedEntry& e = ragged_[ragged_used_];
   const size_t bytes = std::max<size_t>(r.slots.size(), 1) * 4;
-  if (ragged_slots_.bytes() < bytes) ragged_slots_.reset(bytes);
-  if (!r.slots.empty())
-    cuda::cuda_check(cudaMemcpyAsync(ragged_slots_.get(), r.slots.data(), r.slots.size() * 4,
+  if (e.slots.bytes() < bytes) e.slots.reset(bytes);
+  e.plan = std::move(r);
+  if (!e.plan.slots.empty())
+    cuda::cuda_check(cudaMemcpyAsync(e.slots.get(), e.plan.slots.data(), e.plan.slots.size() * 4,
                                      cudaMemcpyHostToDevice, stream_),
                      "cudaMemcpyAsync(ragged slots)");
-  ragged_ = std::move(r);
-  ragged_planned_.reset();
-  return *ragged_;
+  e.planned.reset();
+  ++ragged_used_;
+  return e;
 }
 
 void CudaBackend::save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
@@ -174,15 +178,15 @@ void CudaBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& bat
                             const TensorView& v_out) {
   require_planned(batch, "gather_kv");
   const kv::KvPool& pool = *ctx_.kv_pool;
-  const RaggedPlan& r = ragged(batch, windows);
-  const auto n = static_cast<int64_t>(r.slots.size());
+  const RaggedEntry& e = ragged(batch, windows);
+  const auto n = static_cast<int64_t>(e.plan.slots.size());
   check_gather_outputs(pool, layer.layer_id, n, k_out, v_out, "backend 'cuda' gather_kv");
   PAGODA_REQUIRE(n <= 0x7fffffff, kOutOfRange, "backend 'cuda': gather_kv of {} rows", n);
   auto gather = [&](const TensorView& cache, int64_t row_elems, const TensorView& out) {
     kernels::cuda::GatherRowsArgs a;
     a.src = static_cast<const unsigned char*>(cache.data());
     a.row_bytes = row_elems * static_cast<int64_t>(dtype_size(cache.dtype()));
-    a.rows = static_cast<const int32_t*>(ragged_slots_.get());
+    a.rows = static_cast<const int32_t*>(e.slots.get());
     a.n = static_cast<int>(n);
     a.dst = static_cast<unsigned char*>(out.data());
     kernels::cuda::launch_gather_rows(a, stream_).throw_if_error();
@@ -200,14 +204,14 @@ void CudaBackend::forward_ragged(const TensorView& q, const TensorView& k, const
   PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
                  "backend 'cuda': forward_ragged after a DSA selection (sparse attention reads "
                  "the pool: use forward)");
-  const RaggedPlan& r = ragged(batch, windows);
-  const RaggedRun run = ragged_run(layer, r, q, k, v, out, "backend 'cuda'");
-  if (!ragged_attn_) ragged_attn_ = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
-  if (ragged_planned_ != run.shape) {
-    ragged_attn_->plan(r.plan.input(), run.shape);
-    ragged_planned_ = run.shape;
+  RaggedEntry& e = ragged(batch, windows);
+  const RaggedRun run = ragged_run(layer, e.plan, q, k, v, out, "backend 'cuda'");
+  if (!e.attn) e.attn = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
+  if (e.planned != run.shape) {
+    e.attn->plan(e.plan.plan.input(), run.shape);
+    e.planned = run.shape;
   }
-  ragged_attn_->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
+  e.attn->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
 }
 
 void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -31,16 +31,20 @@
 /// set_sparse_topk and select_index_topk stay eager (host round trips).
 ///
 /// Ragged attention (backend.h; eager extend steps): save_kv is the append kernel; gather_kv
-/// uploads the step's build_ragged_plan slots once (at its first ragged call) and copies the
-/// pool rows with one gather launch per buffer; forward_ragged runs a second CudaBatchAttention
-/// planned on the ragged plan once per step and shape (the 192/128 MLA prefill: the sm90 prefill
-/// kernel) over the caller's K/V.
+/// uploads the build_ragged_plan slots of each KeyWindows once a step (at its first ragged call)
+/// and copies the pool rows with one gather launch per buffer; forward_ragged runs a
+/// CudaBatchAttention of that plan, planned once per step and shape (the 192/128 MLA prefill:
+/// the sm90 prefill kernel). Each distinct windows of the step keeps its plan, slots and
+/// CudaBatchAttention (reused across steps), so the expanded form's key windows re-plan nothing
+/// across layers (a re-plan waits for the stream's earlier work: once per window and layer it
+/// would serialise the host and the GPU).
 
 #include <cuda_runtime_api.h>
 
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "pagoda/attention/backend.h"
 #include "pagoda/attention/dsa.h"
@@ -122,10 +126,16 @@ class CudaBackend final : public attention::AttentionBackend {
                                       const TensorView& out) const;
   /// Error(kFailedPrecondition) unless `batch` is the planned step (`what` names the call).
   void require_planned(const attention::ForwardBatch& batch, const char* what) const;
-  /// The step's ragged plan for `windows`, built and its slots uploaded when the kept one is for
-  /// other windows (eager only).
-  const attention::RaggedPlan& ragged(const attention::ForwardBatch& batch,
-                                      const attention::KeyWindows& windows);
+  /// One KeyWindows' ragged plan of the step: its slots on the device and the attention that
+  /// runs it (planned for `planned`).
+  struct RaggedEntry {
+    attention::RaggedPlan plan;
+    cuda::CudaBuffer slots;
+    std::unique_ptr<cuda::CudaBatchAttention> attn;
+    std::optional<attention::AttentionShape> planned;
+  };
+  /// The step's entry for `windows`: found, or built and its slots uploaded (eager only).
+  RaggedEntry& ragged(const attention::ForwardBatch& batch, const attention::KeyWindows& windows);
   void append_kv(const attention::AttentionLayer& layer, const TensorView& k, const TensorView& v,
                  int num_tokens);
 
@@ -187,10 +197,8 @@ class CudaBackend final : public attention::AttentionBackend {
   cuda::CudaBuffer sparse_device_;  ///< [rows + 1] kv_indptr, then the selected slots
   cuda::CudaBuffer index_scratch_;  ///< select_index_topk's per-layer arrays (q, w, scores, out)
   KernelOptions kernels_;
-  std::optional<attention::RaggedPlan> ragged_;  ///< the last windows' of this step
-  cuda::CudaBuffer ragged_slots_;                ///< its slots on the device
-  std::unique_ptr<cuda::CudaBatchAttention> ragged_attn_;    ///< forward_ragged's kernels
-  std::optional<attention::AttentionShape> ragged_planned_;  ///< shape ragged_attn_ holds
+  std::vector<RaggedEntry> ragged_;  ///< the first ragged_used_ are this step's
+  size_t ragged_used_ = 0;
 };
 
 /// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws
