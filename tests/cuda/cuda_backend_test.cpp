@@ -504,37 +504,44 @@ TEST(CudaBackend, RaggedMatchesReference) {
     EXPECT_CLOSE(got, want, t, 1.6e-2, 1.6e-2);
     a.fill_bytes(dout.buf.get(), 0xFF, dout.bytes());
   }
-  // Prefix key windows (every query sees them; requests 0 and 3 see none: out 0, lse -inf)
-  // with the LSE: the first m caller rows as the windows' keys, on both backends.
-  const std::vector<int32_t> wb{0, 50, 7, 0}, we{0, 170, 30, 0};
-  const attention::KeyWindows win{.begin = wb, .end = we};
-  const int64_t m = 120 + 23;
-  DevT glat = alloc_dev(m, s.hkv, s.d, s.kv_dtype, a),
-       glv = alloc_dev(m, s.hkv, s.d, s.kv_dtype, a);
-  HostT wk(m, s.hkv, s.d, s.kv_dtype), wv(m, s.hkv, s.d, s.kv_dtype);
-  be.gather_kv(rig.layer(1), b, win, glat.view(), glv.view());
-  ref.gather_kv(rig.layer(1), b, win, wk.view(), wv.view());
-  rig.gpu().synchronize();
-  EXPECT_EQ(download(glat, m, a).bytes, wk.bytes) << "window-gathered K";
-  EXPECT_EQ(download(glv, m, a).bytes, wv.bytes) << "window-gathered V";
-  platform::DeviceBuffer dlse = platform::make_buffer(a, size_t(t * hq) * 4);
-  a.fill_bytes(dlse.get(), 0xFF, size_t(t * hq) * 4);
-  std::vector<float> want_lse(size_t(t * hq));
-  be.forward_ragged(dq.view(), dk.view(m), dvv.view(m), layer, b, win, dout.view(),
-                    TensorView(dlse.get(), DType::kF32, {t, hq}, Device::cuda(0)));
-  ref.forward_ragged(q.view(), k.view().slice0(0, m), v.view().slice0(0, m), layer, b, win,
-                     want.view(), TensorView(want_lse.data(), DType::kF32, {t, hq}));
-  rig.gpu().synchronize();
-  EXPECT_CLOSE(download(dout, t, a), want, t, 1.6e-2, 1.6e-2);
-  std::vector<float> got_lse(size_t(t * hq));
-  a.copy_to_host(got_lse.data(), dlse.get(), got_lse.size() * 4);
-  for (size_t i = 0; i < got_lse.size(); ++i) {
-    if (std::isinf(want_lse[i])) {
-      EXPECT_EQ(got_lse[i], want_lse[i]) << "lse " << i;
-    } else {
-      EXPECT_NEAR(got_lse[i], want_lse[i], 1e-2 * (1 + std::fabs(want_lse[i]))) << "lse " << i;
+  // Key windows with the LSE, on both backends over the first m caller rows: prefix windows
+  // (every query sees them; requests 0 and 3 see none: out 0, lse -inf), then the new tokens'
+  // windows (causal within them).
+  auto check_windows = [&](const std::vector<int32_t>& wb, const std::vector<int32_t>& we) {
+    const attention::KeyWindows win{.begin = wb, .end = we};
+    int64_t m = 0;
+    for (size_t i = 0; i < wb.size(); ++i) m += we[i] - wb[i];
+    SCOPED_TRACE(::testing::Message() << "windows of " << m << " keys");
+    DevT glat = alloc_dev(m, s.hkv, s.d, s.kv_dtype, a),
+         glv = alloc_dev(m, s.hkv, s.d, s.kv_dtype, a);
+    HostT wk(m, s.hkv, s.d, s.kv_dtype), wv(m, s.hkv, s.d, s.kv_dtype);
+    be.gather_kv(rig.layer(1), b, win, glat.view(), glv.view());
+    ref.gather_kv(rig.layer(1), b, win, wk.view(), wv.view());
+    rig.gpu().synchronize();
+    EXPECT_EQ(download(glat, m, a).bytes, wk.bytes) << "window-gathered K";
+    EXPECT_EQ(download(glv, m, a).bytes, wv.bytes) << "window-gathered V";
+    platform::DeviceBuffer dlse = platform::make_buffer(a, size_t(t * hq) * 4);
+    a.fill_bytes(dlse.get(), 0xFF, size_t(t * hq) * 4);
+    a.fill_bytes(dout.buf.get(), 0xFF, dout.bytes());
+    std::vector<float> want_lse(size_t(t * hq));
+    be.forward_ragged(dq.view(), dk.view(m), dvv.view(m), layer, b, win, dout.view(),
+                      TensorView(dlse.get(), DType::kF32, {t, hq}, Device::cuda(0)));
+    ref.forward_ragged(q.view(), k.view().slice0(0, m), v.view().slice0(0, m), layer, b, win,
+                       want.view(), TensorView(want_lse.data(), DType::kF32, {t, hq}));
+    rig.gpu().synchronize();
+    EXPECT_CLOSE(download(dout, t, a), want, t, 1.6e-2, 1.6e-2);
+    std::vector<float> got_lse(size_t(t * hq));
+    a.copy_to_host(got_lse.data(), dlse.get(), got_lse.size() * 4);
+    for (size_t i = 0; i < got_lse.size(); ++i) {
+      if (std::isinf(want_lse[i])) {
+        EXPECT_EQ(got_lse[i], want_lse[i]) << "lse " << i;
+      } else {
+        EXPECT_NEAR(got_lse[i], want_lse[i], 1e-2 * (1 + std::fabs(want_lse[i]))) << "lse " << i;
+      }
     }
-  }
+  };
+  check_windows({0, 50, 7, 0}, {0, 170, 30, 0});
+  check_windows({0, 200, 41, 0}, {150, 237, 42, 3});
 }
 
 TEST(CudaBackend, Fp8WithScalesMatchesReference) {
