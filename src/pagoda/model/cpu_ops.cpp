@@ -9,6 +9,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "pagoda/attention/batch_attention.h"
 #include "pagoda/core/error.h"
 #include "pagoda/core/float_convert.h"
 #include "pagoda/kv/kv_pool.h"
@@ -292,30 +293,21 @@ class CpuOps final : public ModelOps {
         std::copy_n(group_out_.data() + t * n, n, yf + t * y_pitch + g * y_group);
     }
   }
+  /// attention::merge_state in place (f64 weights), after a copy for the first window.
   void merge_attention(const void* part_o, const float* part_lse, float* acc_o, float* acc_lse,
                        void* out, int64_t rows, int64_t heads, int64_t dv, bool first) override {
     const auto* part = static_cast<const float*>(part_o);
-    for (int64_t s = 0; s < rows * heads; ++s) {
-      const float b = part_lse[s];
-      float wa = 0.f, wb = b == -INFINITY ? 0.f : 1.f, m = b;
-      if (!first) {
-        const float a = acc_lse[s];
-        m = std::max(a, b);
-        if (m == -INFINITY) {
-          wb = 0.f;
-        } else {
-          const float ea = std::exp2(a - m), eb = std::exp2(b - m), sum = ea + eb;
-          wa = ea / sum;
-          wb = eb / sum;
-          m += std::log2(sum);
-        }
-      }
-      float* acc = acc_o + s * dv;
-      for (int64_t i = 0; i < dv; ++i)
-        acc[i] = first ? wb * part[s * dv + i] : wa * acc[i] + wb * part[s * dv + i];
-      acc_lse[s] = m;
-      if (out != nullptr) std::copy_n(acc, dv, static_cast<float*>(out) + s * dv);
+    if (first) {
+      std::copy_n(part, rows * heads * dv, acc_o);
+      std::copy_n(part_lse, rows * heads, acc_lse);
+    } else {
+      const TensorView acc(acc_o, DType::kF32, {rows, heads, dv}),
+          acc_s(acc_lse, DType::kF32, {rows, heads});
+      attention::merge_state(
+          acc, acc_s, TensorView(const_cast<float*>(part), DType::kF32, {rows, heads, dv}),
+          TensorView(const_cast<float*>(part_lse), DType::kF32, {rows, heads}), acc, acc_s);
     }
+    if (out != nullptr) std::copy_n(acc_o, rows * heads * dv, static_cast<float*>(out));
   }
   void rope_interleaved(void* x, int64_t rows, int64_t row_stride, int64_t groups,
                         int64_t group_stride, int64_t dim, const int32_t* positions,
