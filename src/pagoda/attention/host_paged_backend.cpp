@@ -53,8 +53,8 @@ void HostPagedBackend::init_forward_metadata(const ForwardBatch& batch) {
   planned_tokens_ = batch.num_tokens();
   indexer_.reset();
   sparse_next_ = false;
-  ragged_.reset();
-  ragged_shape_.reset();
+  ragged_.clear();
+  ragged_planned_.reset();
   if (ctx_.kv_pool->config().index_head_dim > 0)
     indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token);
 }
@@ -104,12 +104,9 @@ void HostPagedBackend::require_planned(const ForwardBatch& batch, const char* wh
                  what, forward_mode_name(batch.mode), batch.num_tokens());
 }
 
-const RaggedPlan& HostPagedBackend::ragged(const ForwardBatch& batch, const KeyWindows& windows) {
-  if (!ragged_ || !ragged_->covers(windows)) {
-    ragged_ = build_ragged_plan(batch, *ctx_.req_to_token, windows);
-    ragged_shape_.reset();
-  }
-  return *ragged_;
+size_t HostPagedBackend::ragged(const ForwardBatch& batch, const KeyWindows& windows) {
+  bool built = false;
+  return ragged_.find_or_build(batch, *ctx_.req_to_token, windows, built);
 }
 
 void HostPagedBackend::save_kv(const TensorView& k, const TensorView& v,
@@ -122,7 +119,8 @@ void HostPagedBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch
                                  const KeyWindows& windows, const TensorView& k_out,
                                  const TensorView& v_out) {
   require_planned(batch, "gather_kv");
-  gather_pool_rows(*ctx_.kv_pool, layer.layer_id, ragged(batch, windows).slots, k_out, v_out, who_);
+  gather_pool_rows(*ctx_.kv_pool, layer.layer_id, ragged_[ragged(batch, windows)].slots, k_out,
+                   v_out, who_);
 }
 
 void HostPagedBackend::forward_ragged(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -134,11 +132,11 @@ void HostPagedBackend::forward_ragged(const TensorView& q, const TensorView& k, 
                  "backend '{}': forward_ragged after set_sparse_topk (sparse attention reads the "
                  "pool: use forward)",
                  name_);
-  const RaggedPlan& r = ragged(batch, windows);
-  const RaggedRun run = ragged_run(layer, r, q, k, v, out, who_);
-  if (ragged_shape_ != run.shape) {  // once per plan and shape while every layer is ragged
-    attn_->plan(r.plan.input(), run.shape);
-    ragged_shape_ = run.shape;
+  const size_t i = ragged(batch, windows);
+  const RaggedRun run = ragged_run(layer, ragged_[i], q, k, v, out, who_);
+  if (ragged_planned_ != std::pair(i, run.shape)) {  // once per plan and shape while unchanged
+    attn_->plan(ragged_[i].plan.input(), run.shape);
+    ragged_planned_ = std::pair(i, run.shape);
     planned_shape_.reset();  // the next forward plans the step's paged plan again
   }
   attn_->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
@@ -172,11 +170,11 @@ void HostPagedBackend::run(const TensorView& q, const TensorView& k, const Tenso
   if (sparse) {  // this layer's selection: plan it, and replan dense after it
     attn_->plan(sparse_plan_.input(), shape);
     planned_shape_.reset();
-    ragged_shape_.reset();
+    ragged_planned_.reset();
   } else if (planned_shape_ != shape) {
     attn_->plan(plan_.input(), shape);
     planned_shape_ = shape;
-    ragged_shape_.reset();
+    ragged_planned_.reset();
   }
   const PagedCacheViews views =
       paged_cache_views(pool, layer, sparse ? sparse_plan_.page_size : plan_.page_size);

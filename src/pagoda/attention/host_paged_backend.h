@@ -13,8 +13,8 @@
 /// MLA unchanged; a sparse forward of a layer with a sliding window is Error(kUnsupported).
 /// select_index_topk runs the indexer's scores and top-k on the host (index_topk_host).
 /// Ragged attention (backend.h): save_kv is save_new_kv; gather_kv copies the pool rows of the
-/// step's build_ragged_plan (built at the first call of the step); forward_ragged plans the
-/// BatchAttention on that plan (once per step and shape while no forward re-plans it) over the
+/// step's build_ragged_plan (built at the first call of the step and windows); forward_ragged plans
+/// the BatchAttention on that plan (once per step and shape while no forward re-plans it) over the
 /// caller's K/V viewed as page-size-1 caches (the next forward re-plans the step's paged plan).
 /// A backend is a name, its capabilities and the BatchAttention that does the arithmetic.
 /// One caller thread at a time; no CUDA graphs (the hooks throw Error(kUnsupported)).
@@ -78,8 +78,8 @@ class HostPagedBackend : public AttentionBackend {
   /// Error(kFailedPrecondition) unless init_forward_metadata planned `batch` (`what` names the
   /// call).
   void require_planned(const ForwardBatch& batch, const char* what) const;
-  /// The step's ragged plan for `windows`, built when the kept one is for other windows.
-  const RaggedPlan& ragged(const ForwardBatch& batch, const KeyWindows& windows);
+  /// The index in ragged_ of the step's plan for `windows` (built on first use).
+  size_t ragged(const ForwardBatch& batch, const KeyWindows& windows);
   void run(const TensorView& q, const TensorView& k, const TensorView& v,
            const AttentionLayer& layer, const ForwardBatch& batch, const TensorView& out,
            SaveKv save);
@@ -99,8 +99,9 @@ class HostPagedBackend : public AttentionBackend {
   std::optional<IndexerMetadata> indexer_;  ///< DSA pools only
   bool sparse_next_ = false;                 ///< the next forward uses sparse_plan_
   PagedPlan sparse_plan_;  ///< the selection's plan (kMask: plan_ + mask; kGather: per row)
-  std::optional<RaggedPlan> ragged_;            ///< the last windows' of this step
-  std::optional<AttentionShape> ragged_shape_;  ///< shape attn_ holds ragged_'s plan at
+  RaggedPlans ragged_;     ///< this step's, one per windows a ragged call asked for
+  /// The ragged plan (index in ragged_) and shape attn_ holds.
+  std::optional<std::pair<size_t, AttentionShape>> ragged_planned_;
 };
 
 }  // namespace pagoda::attention

@@ -376,6 +376,19 @@ RaggedPlan build_ragged_plan(const ForwardBatch& batch, const kv::ReqToTokenTabl
   return r;
 }
 
+size_t RaggedPlans::find_or_build(const ForwardBatch& batch,
+                                  const kv::ReqToTokenTable& req_to_token,
+                                  const KeyWindows& windows, bool& built) {
+  for (size_t i = 0; i < plans_.size(); ++i)
+    if (plans_[i].covers(windows)) {
+      built = false;
+      return i;
+    }
+  plans_.push_back(build_ragged_plan(batch, req_to_token, windows));
+  built = true;
+  return plans_.size() - 1;
+}
+
 bool RaggedPlan::covers(const KeyWindows& windows) const {
   return std::equal(begin.begin(), begin.end(), windows.begin.begin(), windows.begin.end()) &&
          std::equal(end.begin(), end.end(), windows.end.begin(), windows.end.end());

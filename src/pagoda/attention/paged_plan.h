@@ -64,6 +64,22 @@ struct RaggedPlan {
   bool covers(const KeyWindows& windows) const;
 };
 
+/// The ragged plans of one step, one per distinct KeyWindows (a backend's gather_kv /
+/// forward_ragged): the expanded MLA form asks for the same windows at every layer, so each plan
+/// is built once a step. clear() at a new step.
+class RaggedPlans {
+ public:
+  /// The index of the step's plan for `windows`, built now (build_ragged_plan) when it has none;
+  /// `built` says which.
+  size_t find_or_build(const ForwardBatch& batch, const kv::ReqToTokenTable& req_to_token,
+                       const KeyWindows& windows, bool& built);
+  const RaggedPlan& operator[](size_t i) const { return plans_[i]; }
+  void clear() { plans_.clear(); }
+
+ private:
+  std::vector<RaggedPlan> plans_;
+};
+
 /// Builds the ragged form of a kExtend / kMixed `batch` over `windows` (forward_batch.h
 /// KeyWindows: their rules checked, Error(kInvalidArgument)); Error(kInvalidArgument) for another
 /// mode or a non-empty kv_start, with build_paged_plan's checks of the lengths and the table.

@@ -36,7 +36,7 @@ CudaBackend::CudaBackend(const BackendContext& ctx, const KernelOptions& kernels
 CudaBackend::~CudaBackend() {
   attn_.reset();
   sparse_attn_.reset();
-  ragged_.clear();
+  ragged_dev_.clear();
   if (own_stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -73,7 +73,7 @@ void CudaBackend::plan_step(const ForwardBatch& batch, std::span<const int32_t> 
   sparse_on_device_ = false;
   sparse_shape_k_ = 0;
   sparse_planned_.reset();
-  ragged_used_ = 0;
+  ragged_.clear();
   if (ctx_.kv_pool->config().index_head_dim > 0) {
     // No per-token slots: the kernels read the page table (set_sparse_topk fills them).
     indexer_ = build_indexer_metadata(batch, *ctx_.req_to_token, /*slots=*/false);
@@ -143,25 +143,24 @@ void CudaBackend::require_planned(const ForwardBatch& batch, const char* what) c
                  forward_mode_name(batch.mode), batch.num_tokens());
 }
 
-CudaBackend::RaggedEntry& CudaBackend::ragged(const ForwardBatch& batch,
-                                              const KeyWindows& windows) {
-  for (size_t i = 0; i < ragged_used_; ++i)
-    if (ragged_[i].plan.covers(windows)) return ragged_[i];
+size_t CudaBackend::ragged(const ForwardBatch& batch, const KeyWindows& windows) {
   PAGODA_REQUIRE(!capturing(), kFailedPrecondition,
                  "backend 'cuda': ragged attention runs eagerly, not in a CUDA graph");
-  RaggedPlan r = build_ragged_plan(batch, *ctx_.req_to_token, windows);
-  if (ragged_used_ == ragged_.size()) ragged_.emplace_back();
-  RaggedEntry& e = ragged_[ragged_used_];
-  const size_t bytes = std::max<size_t>(r.slots.size(), 1) * 4;
-  if (e.slots.bytes() < bytes) e.slots.reset(bytes);
-  e.plan = std::move(r);
-  if (!e.plan.slots.empty())
-    cuda::cuda_check(cudaMemcpyAsync(e.slots.get(), e.plan.slots.data(), e.plan.slots.size() * 4,
-                                     cudaMemcpyHostToDevice, stream_),
-                     "cudaMemcpyAsync(ragged slots)");
-  e.planned.reset();
-  ++ragged_used_;
-  return e;
+  bool built = false;
+  const size_t i = ragged_.find_or_build(batch, *ctx_.req_to_token, windows, built);
+  if (i == ragged_dev_.size()) ragged_dev_.emplace_back();
+  if (built) {
+    RaggedDevice& d = ragged_dev_[i];
+    const std::vector<int32_t>& slots = ragged_[i].slots;
+    const size_t bytes = std::max<size_t>(slots.size(), 1) * 4;
+    if (d.slots.bytes() < bytes) d.slots.reset(bytes);
+    if (!slots.empty())
+      cuda::cuda_check(cudaMemcpyAsync(d.slots.get(), slots.data(), slots.size() * 4,
+                                       cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync(ragged slots)");
+    d.planned.reset();
+  }
+  return i;
 }
 
 void CudaBackend::save_kv(const TensorView& k, const TensorView& v, const AttentionLayer& layer,
@@ -178,15 +177,15 @@ void CudaBackend::gather_kv(const AttentionLayer& layer, const ForwardBatch& bat
                             const TensorView& v_out) {
   require_planned(batch, "gather_kv");
   const kv::KvPool& pool = *ctx_.kv_pool;
-  const RaggedEntry& e = ragged(batch, windows);
-  const auto n = static_cast<int64_t>(e.plan.slots.size());
+  const size_t i = ragged(batch, windows);
+  const auto n = static_cast<int64_t>(ragged_[i].slots.size());
   check_gather_outputs(pool, layer.layer_id, n, k_out, v_out, "backend 'cuda' gather_kv");
   PAGODA_REQUIRE(n <= 0x7fffffff, kOutOfRange, "backend 'cuda': gather_kv of {} rows", n);
   auto gather = [&](const TensorView& cache, int64_t row_elems, const TensorView& out) {
     kernels::cuda::GatherRowsArgs a;
     a.src = static_cast<const unsigned char*>(cache.data());
     a.row_bytes = row_elems * static_cast<int64_t>(dtype_size(cache.dtype()));
-    a.rows = static_cast<const int32_t*>(e.slots.get());
+    a.rows = static_cast<const int32_t*>(ragged_dev_[i].slots.get());
     a.n = static_cast<int>(n);
     a.dst = static_cast<unsigned char*>(out.data());
     kernels::cuda::launch_gather_rows(a, stream_).throw_if_error();
@@ -204,14 +203,15 @@ void CudaBackend::forward_ragged(const TensorView& q, const TensorView& k, const
   PAGODA_REQUIRE(!sparse_next_, kFailedPrecondition,
                  "backend 'cuda': forward_ragged after a DSA selection (sparse attention reads "
                  "the pool: use forward)");
-  RaggedEntry& e = ragged(batch, windows);
-  const RaggedRun run = ragged_run(layer, e.plan, q, k, v, out, "backend 'cuda'");
-  if (!e.attn) e.attn = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
-  if (e.planned != run.shape) {
-    e.attn->plan(e.plan.plan.input(), run.shape);
-    e.planned = run.shape;
+  const size_t i = ragged(batch, windows);
+  RaggedDevice& d = ragged_dev_[i];
+  const RaggedRun run = ragged_run(layer, ragged_[i], q, k, v, out, "backend 'cuda'");
+  if (!d.attn) d.attn = std::make_unique<cuda::CudaBatchAttention>(stream_, kernels_);
+  if (d.planned != run.shape) {
+    d.attn->plan(ragged_[i].plan.input(), run.shape);
+    d.planned = run.shape;
   }
-  e.attn->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
+  d.attn->run(q, as_token_pages(k), as_token_pages(v), out, lse, run.params);
 }
 
 void CudaBackend::run(const TensorView& q, const TensorView& k, const TensorView& v,

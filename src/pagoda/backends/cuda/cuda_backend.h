@@ -126,16 +126,15 @@ class CudaBackend final : public attention::AttentionBackend {
                                       const TensorView& out) const;
   /// Error(kFailedPrecondition) unless `batch` is the planned step (`what` names the call).
   void require_planned(const attention::ForwardBatch& batch, const char* what) const;
-  /// One KeyWindows' ragged plan of the step: its slots on the device and the attention that
-  /// runs it (planned for `planned`).
-  struct RaggedEntry {
-    attention::RaggedPlan plan;
+  /// A ragged plan's device side: its slots and the attention that runs it (planned for
+  /// `planned`); ragged_dev_[i] serves ragged_[i], and is kept for the next steps' plan i.
+  struct RaggedDevice {
     cuda::CudaBuffer slots;
     std::unique_ptr<cuda::CudaBatchAttention> attn;
     std::optional<attention::AttentionShape> planned;
   };
-  /// The step's entry for `windows`: found, or built and its slots uploaded (eager only).
-  RaggedEntry& ragged(const attention::ForwardBatch& batch, const attention::KeyWindows& windows);
+  /// The index of the step's plan for `windows`, its slots uploaded when it is new (eager only).
+  size_t ragged(const attention::ForwardBatch& batch, const attention::KeyWindows& windows);
   void append_kv(const attention::AttentionLayer& layer, const TensorView& k, const TensorView& v,
                  int num_tokens);
 
@@ -197,8 +196,8 @@ class CudaBackend final : public attention::AttentionBackend {
   cuda::CudaBuffer sparse_device_;  ///< [rows + 1] kv_indptr, then the selected slots
   cuda::CudaBuffer index_scratch_;  ///< select_index_topk's per-layer arrays (q, w, scores, out)
   KernelOptions kernels_;
-  std::vector<RaggedEntry> ragged_;  ///< the first ragged_used_ are this step's
-  size_t ragged_used_ = 0;
+  attention::RaggedPlans ragged_;  ///< this step's, one per windows a ragged call asked for
+  std::vector<RaggedDevice> ragged_dev_;
 };
 
 /// Registers "cuda" in `registry`; its factory builds CudaBackend(ctx, kernels) (and throws
