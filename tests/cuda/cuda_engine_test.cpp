@@ -96,6 +96,15 @@ RunResult run_engine(model::LlamaModel& m, const std::vector<std::vector<int32_t
   return r;
 }
 
+/// Every prompt's greedy tokens in `got`: `len` of them, equal to the reference run's.
+void expect_tokens_equal(const RunResult& ref, const RunResult& got, size_t len) {
+  ASSERT_EQ(ref.tokens.size(), got.tokens.size());
+  for (size_t i = 0; i < ref.tokens.size(); ++i) {
+    EXPECT_EQ(got.tokens[i].size(), len) << "prompt " << i;
+    EXPECT_EQ(got.tokens[i], ref.tokens[i]) << "prompt " << i;
+  }
+}
+
 float max_logit_diff(const RunResult& a, const RunResult& b) {
   float d = 0.f;
   for (size_t i = 0; i < a.logits.size(); ++i)
@@ -319,11 +328,7 @@ TEST_P(CudaEngineMla, GreedyTokensEqualCpuReferenceEngine) {
   const auto ps = prompts(31, 10, false);
   const RunResult ref = run_engine(m, ps, 16, false, false, 4);
   const RunResult gpu = run_engine(m, ps, 16, true, graphs, 4);
-  ASSERT_EQ(ref.tokens.size(), gpu.tokens.size());
-  for (size_t i = 0; i < ps.size(); ++i) {
-    EXPECT_EQ(gpu.tokens[i].size(), 16u) << "prompt " << i;
-    EXPECT_EQ(gpu.tokens[i], ref.tokens[i]) << "prompt " << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_tokens_equal(ref, gpu, 16));
   const float diff = max_logit_diff(ref, gpu);
   std::printf("[%s, graphs %s] max |logit cuda - cpu reference| = %.3g, cached tokens %lld, "
               "graph steps %lld / decode steps %lld, graphs %d\n",
@@ -391,11 +396,7 @@ TEST(CudaEngineDsa, GreedyTokensEqualCpuReferenceEngine) {
   for (const bool graphs : {false, true}) {
     SCOPED_TRACE(graphs ? "CUDA graphs" : "eager");
     const RunResult gpu = run_engine(m, ps, 16, true, graphs, 4);
-    ASSERT_EQ(ref.tokens.size(), gpu.tokens.size());
-    for (size_t i = 0; i < ps.size(); ++i) {
-      EXPECT_EQ(gpu.tokens[i].size(), 16u) << "prompt " << i;
-      EXPECT_EQ(gpu.tokens[i], ref.tokens[i]) << "prompt " << i;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_tokens_equal(ref, gpu, 16));
     const float diff = max_logit_diff(ref, gpu);
     std::printf(
         "[deepseek_v32 tiny, topk 16, %s] max |logit cuda - cpu reference| = %.3g, cached "
